@@ -1,0 +1,445 @@
+"""Attention backends: availability, the CPU varlen reference backend, and call counting.
+
+The reference backend (``packcheck_flash_ref``) is registered through transformers' ``AttentionInterface``
+and calls transformers' own ``flash_attention_forward`` -> ``_flash_attention_forward``, so the code that
+turns ``position_ids`` / ``cu_seq_lens_q`` / ``attention_mask`` into varlen boundaries is the real one
+(``_is_packed_sequence``, ``prepare_fa_kwargs_from_position_ids``, ``_upad_input``,
+``_process_flash_attention_kwargs``). Only the kernel is replaced: :func:`varlen_reference_kernel` computes
+each segment exactly (fp32 softmax) on any device. It is a reference, never FlashAttention-2; the matrix
+labels it so.
+
+Heavy imports (torch, transformers) happen inside functions: importing this module is cheap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+#: attn_implementation name of the CPU varlen reference backend. It contains "flash" on purpose: transformers
+#: treats any name with "flash" as a flash backend (``is_flash_attention_requested``), so models take exactly
+#: the code path they take under FlashAttention-2 (no 4D mask, position_ids handed to attention).
+REFERENCE_BACKEND = "packcheck_flash_ref"
+
+#: Backends packcheck knows, in matrix column order.
+KNOWN_BACKENDS = ("eager", "sdpa", "flex_attention", REFERENCE_BACKEND, "flash_attention_2")
+
+BACKEND_LABELS = {
+    "eager": "eager",
+    "sdpa": "sdpa",
+    "flex_attention": "flex_attention",
+    REFERENCE_BACKEND: "varlen reference (CPU, not FA2)",
+    "flash_attention_2": "flash_attention_2",
+}
+
+
+@dataclass(frozen=True)
+class BackendAvailability:
+    """Whether a backend can run here, whether it has a backward pass, and why not."""
+
+    name: str
+    available: bool
+    reason: str = ""
+    backward: bool = True
+    backward_reason: str = ""
+
+
+def backend_availability(name: str, device: str = "cpu") -> BackendAvailability:
+    """Tell whether ``name`` can run on ``device`` with the installed libraries.
+
+    flash_attention_2 needs CUDA and the ``flash_attn`` package; flex_attention has no backward on CPU
+    (torch raises NotImplementedError, measured on torch 2.13.0+cpu).
+    """
+    if name == "flash_attention_2":
+        missing = []
+        if not device.startswith("cuda"):
+            missing.append(f"a CUDA device (running on {device})")
+        if importlib.util.find_spec("flash_attn") is None:
+            missing.append("the flash-attn package (not importable)")
+        if missing:
+            return BackendAvailability(name, False, "needs " + " and ".join(missing))
+        return BackendAvailability(name, True)
+    if name == "flex_attention" and not device.startswith("cuda"):
+        return BackendAvailability(
+            name, True, backward=False, backward_reason="flex_attention has no backward pass on CPU (forward-only)"
+        )
+    if name == REFERENCE_BACKEND:
+        ok, why = reference_backend_supported()
+        return BackendAvailability(name, ok, why)
+    return BackendAvailability(name, True)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The reference varlen kernel
+
+
+def varlen_reference_kernel(
+    q: Any,
+    k: Any,
+    v: Any,
+    cu_seqlens_q: Any,
+    cu_seqlens_k: Any,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    deterministic: bool = False,
+) -> Any:
+    """Exact per-segment attention with the signature of ``flash_attn.flash_attn_varlen_func``.
+
+    Args:
+        q: ``(total_q, num_heads, head_dim)``; k, v: ``(total_k, num_kv_heads, head_dim)``, any float dtype.
+        cu_seqlens_q, cu_seqlens_k: int32 ``(num_segments + 1,)``, starting at 0, ending at total tokens.
+        max_seqlen_q, max_seqlen_k: Python ints (unused by the computation, validated like FA2 does).
+        causal: bottom-right aligned causal mask, as in flash-attn >= 2.1.
+        window_size: ``(left, right)`` in tokens, -1 meaning unbounded (flash-attn convention).
+        softcap: ``softcap * tanh(scores / softcap)`` before the softmax when > 0 (gemma2).
+
+    Returns:
+        ``(total_q, num_heads, head_dim)`` in q's dtype. Softmax runs in float32.
+
+    Raises:
+        ValueError: cu_seqlens are not int32, do not start at 0 or do not end at the token count. These are
+            the same contract violations the CUDA kernel rejects or silently misreads.
+    """
+    import torch
+
+    _validate_cu_seqlens(cu_seqlens_q, q.shape[0], "cu_seqlens_q")
+    _validate_cu_seqlens(cu_seqlens_k, k.shape[0], "cu_seqlens_k")
+    if dropout_p:
+        raise ValueError(f"varlen reference kernel got dropout_p={dropout_p}: packcheck runs without dropout")
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    n_rep = q.shape[1] // k.shape[1]
+    out = torch.empty_like(q)
+    bounds_q = cu_seqlens_q.tolist()
+    bounds_k = cu_seqlens_k.tolist()
+    for i in range(len(bounds_q) - 1):
+        qs, qe, ks, ke = bounds_q[i], bounds_q[i + 1], bounds_k[i], bounds_k[i + 1]
+        if qe == qs:
+            continue
+        qi = q[qs:qe].transpose(0, 1).float()  # (H, Lq, D)
+        ki = k[ks:ke].transpose(0, 1).float().repeat_interleave(n_rep, dim=0)
+        vi = v[ks:ke].transpose(0, 1).float().repeat_interleave(n_rep, dim=0)
+        scores = torch.matmul(qi, ki.transpose(-1, -2)) * scale
+        if softcap and softcap > 0:
+            scores = softcap * torch.tanh(scores / softcap)
+        lq, lk = qe - qs, ke - ks
+        rows = torch.arange(lq, device=q.device)[:, None] + (lk - lq)  # bottom-right alignment
+        cols = torch.arange(lk, device=q.device)[None, :]
+        allowed = torch.ones(lq, lk, dtype=torch.bool, device=q.device)
+        if causal:
+            allowed &= cols <= rows
+        left, right = window_size if window_size is not None else (-1, -1)
+        if left is not None and left >= 0:
+            allowed &= cols >= rows - left
+        if right is not None and right >= 0:
+            allowed &= cols <= rows + right
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+        out[qs:qe] = torch.matmul(probs, vi).transpose(0, 1).to(q.dtype)
+    return out
+
+
+def dense_reference_kernel(
+    q: Any,
+    k: Any,
+    v: Any,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    deterministic: bool = False,
+) -> Any:
+    """``flash_attn_func`` signature: q ``(batch, seqlen_q, heads, dim)``; each row is one segment."""
+    import torch
+
+    b, lq = q.shape[0], q.shape[1]
+    lk = k.shape[1]
+    cu_q = torch.arange(0, (b + 1) * lq, lq, dtype=torch.int32, device=q.device)
+    cu_k = torch.arange(0, (b + 1) * lk, lk, dtype=torch.int32, device=q.device)
+    out = varlen_reference_kernel(
+        q.reshape(b * lq, *q.shape[2:]),
+        k.reshape(b * lk, *k.shape[2:]),
+        v.reshape(b * lk, *v.shape[2:]),
+        cu_q,
+        cu_k,
+        lq,
+        lk,
+        dropout_p,
+        softmax_scale,
+        causal,
+        window_size,
+        softcap,
+        deterministic,
+    )
+    return out.reshape(b, lq, *q.shape[2:])
+
+
+def _validate_cu_seqlens(cu: Any, total: int, name: str) -> None:
+    import torch
+
+    if cu.dtype != torch.int32:
+        raise ValueError(f"{name} has dtype {cu.dtype}; flash-attn varlen kernels require torch.int32")
+    if cu.ndim != 1 or int(cu[0]) != 0 or int(cu[-1]) != total:
+        raise ValueError(f"{name}={cu.tolist()} must start at 0 and end at the token count {total}")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Registration
+
+
+def reference_backend_supported() -> tuple[bool, str]:
+    """Feature-detect what the reference backend needs from transformers (present in 5.x)."""
+    try:
+        import transformers.modeling_flash_attention_utils as mfu
+        from transformers import AttentionInterface  # noqa: F401
+        from transformers.integrations import flash_attention  # noqa: F401
+    except ImportError as exc:
+        return False, f"transformers lacks the attention interface the reference backend needs ({exc})"
+    if not all(hasattr(mfu, n) for n in ("_lazy_imports", "lazy_import_flash_attention", "_pad_input", "_unpad_input")):
+        import transformers
+
+        return False, (
+            f"transformers {transformers.__version__} has no lazy_import_flash_attention: "
+            "the reference kernel cannot be routed through its flash preparation code"
+        )
+    return True, ""
+
+
+_REGISTERED = False
+
+
+def register_reference_backend() -> None:
+    """Register :data:`REFERENCE_BACKEND` with transformers (idempotent).
+
+    Wraps ``modeling_flash_attention_utils._lazy_imports`` (the kernel loader) so that, for this implementation
+    name only, it returns the reference kernels with transformers' own pad/unpad helpers; the caching and the
+    kwargs processing in ``lazy_import_flash_attention`` stay transformers' own. Every other name goes to the
+    original loader.
+    """
+    global _REGISTERED
+    if _REGISTERED:
+        return
+    ok, why = reference_backend_supported()
+    if not ok:
+        raise RuntimeError(why)
+    import transformers.modeling_flash_attention_utils as mfu
+    from transformers import AttentionInterface
+    from transformers.integrations.flash_attention import flash_attention_forward
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, flash_attention_mask
+
+    original = mfu._lazy_imports
+    this = sys.modules[__name__]
+
+    # Look the kernel up at call time, so that count_attention_calls can observe it. functools.wraps keeps the
+    # signature visible to transformers' _lazy_define_process_function, which reads it to pick the kwargs.
+    @functools.wraps(varlen_reference_kernel)
+    def varlen(*args, **kwargs):
+        return this.varlen_reference_kernel(*args, **kwargs)
+
+    kernels = (dense_reference_kernel, varlen, None, mfu._pad_input, mfu._unpad_input)
+
+    def _lazy_imports(implementation, *args, **kwargs):
+        if implementation == REFERENCE_BACKEND:
+            return kernels
+        return original(implementation, *args, **kwargs)
+
+    _lazy_imports.__wrapped__ = original  # type: ignore[attr-defined]
+    mfu._lazy_imports = _lazy_imports
+
+    def packcheck_flash_ref(module, query, key, value, attention_mask, **kwargs):
+        return flash_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    # flash_attention_forward asks get_target_dtype for the half dtype to cast fp32 inputs to, because real
+    # flash kernels take fp16/bf16 only. The reference kernel is exact in fp32, so no cast: this also avoids a
+    # StopIteration in 5.24 for models without nn.Linear (gpt2's Conv1D), a path real FA2 (bf16) never takes.
+    import transformers.integrations.flash_attention as fa_integration
+
+    original_target_dtype = fa_integration.get_target_dtype
+
+    def get_target_dtype(query, module):
+        if getattr(getattr(module, "config", None), "_attn_implementation", None) == REFERENCE_BACKEND:
+            return None
+        return original_target_dtype(query, module)
+
+    fa_integration.get_target_dtype = get_target_dtype
+
+    AttentionInterface.register(REFERENCE_BACKEND, packcheck_flash_ref)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(REFERENCE_BACKEND, flash_attention_mask)
+    _REGISTERED = True
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Call counting
+
+
+@dataclass
+class AttentionCall:
+    """One call of an attention function, as seen by :class:`AttentionProbe`."""
+
+    backend: str
+    isolated: bool | None  # did the boundaries of the packed examples reach this call? None: not decidable
+
+
+@dataclass
+class AttentionProbe:
+    """Counts attention calls per backend during a forward and checks that packed boundaries reached them.
+
+    ``segments``: lengths (tokens) of the examples packed into row 0, used to decide isolation from the mask,
+    the varlen cu_seqlens or the flex BlockMask that each call receives.
+    """
+
+    segments: list[int] | None = None
+    calls: list[AttentionCall] = field(default_factory=list)
+    varlen_calls: int = 0
+    varlen_boundaries: list[list[int]] = field(default_factory=list)
+    _inside: int = 0
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for c in self.calls:
+            out[c.backend] = out.get(c.backend, 0) + 1
+        return out
+
+    # Pairs (query index, key index) that cross a boundary in row 0: the first token of each later example
+    # against the last token of the example before it.
+    def _cross_pairs(self) -> list[tuple[int, int]]:
+        if not self.segments or len(self.segments) < 2:
+            return []
+        pairs, start = [], 0
+        for length in self.segments[:-1]:
+            start += length
+            pairs.append((start, start - 1))
+        return pairs
+
+    def isolation_from_mask(self, mask: Any) -> bool | None:
+        import torch
+
+        pairs = self._cross_pairs()
+        if not pairs:
+            return None
+        if mask is None:
+            return False
+        if type(mask).__name__ == "BlockMask":
+            mod = getattr(mask, "mask_mod", None)
+            if mod is None:
+                return None
+            z = torch.zeros((), dtype=torch.int64)
+            for qi, ki in pairs:
+                allowed = mod(z, z, torch.tensor(qi), torch.tensor(ki))
+                if bool(allowed):
+                    return False
+            return True
+        if isinstance(mask, torch.Tensor):
+            m = mask
+            while m.ndim > 2:
+                m = m[0]
+            for qi, ki in pairs:
+                if qi >= m.shape[-2] or ki >= m.shape[-1]:
+                    return None
+                val = m[qi, ki]
+                allowed = bool(val) if m.dtype == torch.bool else bool(val > torch.finfo(m.dtype).min / 2)
+                if allowed:
+                    return False
+            return True
+        return None
+
+    def isolation_from_cu_seqlens(self, cu: Any) -> bool | None:
+        if not self.segments or len(self.segments) < 2:
+            return None
+        bounds = set(cu.tolist())
+        start = 0
+        for length in self.segments[:-1]:
+            start += length
+            if start not in bounds:
+                return False
+        return True
+
+
+@contextlib.contextmanager
+def count_attention_calls(model: Any, segments: list[int] | None = None) -> Iterator[AttentionProbe]:
+    """Count attention calls (per backend) while the block runs.
+
+    Wraps every function in transformers' ``ALL_ATTENTION_FUNCTIONS``, the ``eager_attention_forward`` of the
+    model's own modeling module, and the reference varlen kernel, restoring them on exit. The model must be
+    called inside the block. Adds two Python calls per attention layer; no tensor work except the isolation
+    probe on a handful of mask entries.
+    """
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    probe = AttentionProbe(segments=segments)
+    mapping = ALL_ATTENTION_FUNCTIONS._global_mapping
+    saved_mapping = dict(mapping)
+    patched_modules: list[tuple[Any, str, Callable]] = []
+
+    def wrap(backend: str, fn: Callable) -> Callable:
+        def counted(module, query, key, value, attention_mask, *args, **kwargs):
+            if backend in ("flash_attention_2", "flash_attention_3", "flash_attention_4", REFERENCE_BACKEND):
+                isolated = None  # decided by the varlen kernel hook below (or by cu_seq_lens kwargs)
+                cu = kwargs.get("cu_seq_lens_q")
+                if cu is not None:
+                    isolated = probe.isolation_from_cu_seqlens(cu)
+            else:
+                isolated = probe.isolation_from_mask(attention_mask)
+            probe.calls.append(AttentionCall(backend, isolated))
+            probe._inside += 1
+            try:
+                return fn(module, query, key, value, attention_mask, *args, **kwargs)
+            finally:
+                probe._inside -= 1
+
+        counted.__wrapped__ = fn  # type: ignore[attr-defined]
+        return counted
+
+    for name, fn in saved_mapping.items():
+        mapping[name] = wrap(name.removeprefix("paged|"), fn)
+    for mod in {type(m).__module__ for m in model.modules()}:
+        module = sys.modules.get(mod)
+        fn = getattr(module, "eager_attention_forward", None)
+        if callable(fn):
+            patched_modules.append((module, "eager_attention_forward", fn))
+            setattr(module, "eager_attention_forward", wrap("eager", fn))
+
+    # The reference kernel: record the boundaries it really received.
+    this = sys.modules[__name__]
+    original_varlen = this.varlen_reference_kernel
+
+    def counted_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *args, **kwargs):
+        probe.varlen_calls += 1
+        probe.varlen_boundaries.append(cu_seqlens_q.tolist())
+        if probe.calls and probe.calls[-1].isolated is None:
+            probe.calls[-1].isolated = probe.isolation_from_cu_seqlens(cu_seqlens_q)
+        return original_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *args, **kwargs)
+
+    this.varlen_reference_kernel = counted_varlen
+
+    # Models outside the AttentionInterface (falcon's legacy path in 5.24) call torch's SDPA directly: count those
+    # calls, but not the ones made from inside a counted interface function.
+    import torch.nn.functional as F
+
+    original_sdpa = F.scaled_dot_product_attention
+
+    def counted_sdpa(*args, **kwargs):
+        if not probe._inside:
+            probe.calls.append(AttentionCall("sdpa (direct torch call)", probe.isolation_from_mask(kwargs.get("attn_mask", args[3] if len(args) > 3 else None))))
+        return original_sdpa(*args, **kwargs)
+
+    F.scaled_dot_product_attention = counted_sdpa
+    try:
+        yield probe
+    finally:
+        mapping.clear()
+        mapping.update(saved_mapping)
+        for module, attr, fn in patched_modules:
+            setattr(module, attr, fn)
+        this.varlen_reference_kernel = original_varlen
+        F.scaled_dot_product_attention = original_sdpa

@@ -1,0 +1,124 @@
+"""Example lengths -> flattened (packed), padded and solo batches.
+
+The packed batch always comes from transformers' own ``DataCollatorWithFlattening`` (the code under test),
+with the arguments the installed version supports (feature-detected from its signature).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+#: Example lengths (tokens) of the packed row. Longer than the shrunk sliding window (8), different from each
+#: other so that a boundary off by one token moves a measurable logit.
+DEFAULT_LENGTHS = (11, 7, 13)
+IGNORE_INDEX = -100
+
+# Architectures whose absolute position embeddings start at padding_idx + 1 (transformers' RoBERTa family);
+# the flattening collator must restart them there (position_ids_start, transformers >= 5.16).
+ROBERTA_LIKE = {"roberta", "xlm-roberta", "camembert", "roberta-prelayernorm", "xmod", "mpnet", "esm", "data2vec-text"}
+
+
+def position_ids_start(config: Any) -> int:
+    """The first position id of an example for this architecture: 0, or padding_idx + 1 for RoBERTa-likes."""
+    if config.model_type in ROBERTA_LIKE and config.pad_token_id is not None:
+        return int(config.pad_token_id) + 1
+    return 0
+
+
+def make_examples(config: Any, lengths: tuple[int, ...] = DEFAULT_LENGTHS, seed: int = 0) -> list[list[int]]:
+    """Random token ids (Python ints), one list per example, avoiding the config's special token ids."""
+    import torch
+
+    special = set()
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        value = getattr(config, key, None)
+        special.update(value if isinstance(value, list) else [value])
+    vocab = int(config.vocab_size)
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for n in lengths:
+        ids = torch.randint(0, vocab, (n * 2,), generator=gen).tolist()
+        ids = [i for i in ids if i not in special][:n]
+        while len(ids) < n:
+            ids.append(max(0, min(vocab - 1, 5 + len(ids))))
+        out.append(ids)
+    return out
+
+
+def collator_supports() -> set[str]:
+    """Keyword arguments of the installed ``DataCollatorWithFlattening`` (``return_flash_attn_kwargs`` from
+    4.52, ``return_seq_idx`` from 4.52, ``position_ids_start`` from 5.16)."""
+    from transformers import DataCollatorWithFlattening
+
+    return set(inspect.signature(DataCollatorWithFlattening.__init__).parameters)
+
+
+def default_collator_factory(**kwargs: Any) -> Callable[..., dict]:
+    """``DataCollatorWithFlattening(**kwargs)`` keeping only the arguments the installed version knows."""
+    from transformers import DataCollatorWithFlattening
+
+    supported = collator_supports()
+    return DataCollatorWithFlattening(**{k: v for k, v in kwargs.items() if k in supported})
+
+
+def packed_batch(
+    examples: list[list[int]],
+    collator_factory: Callable[..., Any] = default_collator_factory,
+    start: int = 0,
+    flash_kwargs: bool = False,
+    device: str = "cpu",
+) -> dict[str, Any]:
+    """One flattened row: ``input_ids``, ``labels``, ``position_ids`` int64 ``(1, total_tokens)``; with
+    ``flash_kwargs`` also ``cu_seq_lens_q/k`` int32 ``(num_examples + 1,)`` and ``max_length_q/k`` ints."""
+    collator = collator_factory(
+        return_position_ids=True, return_flash_attn_kwargs=flash_kwargs, position_ids_start=start
+    )
+    batch = collator([{"input_ids": list(e)} for e in examples], return_tensors="pt")
+    return {k: (v.to(device) if hasattr(v, "to") else v) for k, v in batch.items()}
+
+
+def padded_batch(examples: list[list[int]], pad_id: int, side: str = "right", start: int = 0, device: str = "cpu") -> dict[str, Any]:
+    """A padded batch ``(num_examples, max_len)``: input_ids, attention_mask, position_ids (restarting at
+    ``start`` on the first real token, as generate() does for left padding) and labels (-100 on padding)."""
+    import torch
+
+    width = max(len(e) for e in examples)
+    ids, mask, pos, labels = [], [], [], []
+    for e in examples:
+        pad = width - len(e)
+        real_pos = list(range(start, start + len(e)))
+        if side == "right":
+            ids.append(e + [pad_id] * pad)
+            mask.append([1] * len(e) + [0] * pad)
+            pos.append(real_pos + [start] * pad)
+            labels.append(e + [IGNORE_INDEX] * pad)
+        else:
+            ids.append([pad_id] * pad + e)
+            mask.append([0] * pad + [1] * len(e))
+            pos.append([start] * pad + real_pos)
+            labels.append([IGNORE_INDEX] * pad + e)
+    as_long = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
+    return {"input_ids": as_long(ids), "attention_mask": as_long(mask), "position_ids": as_long(pos), "labels": as_long(labels)}
+
+
+def real_token_rows(examples: list[list[int]], side: str) -> list[tuple[int, slice]]:
+    """For a padded batch: (row, slice of real tokens) per example."""
+    width = max(len(e) for e in examples)
+    return [(i, slice(0, len(e)) if side == "right" else slice(width - len(e), width)) for i, e in enumerate(examples)]
+
+
+def segment_slices(lengths: list[int]) -> list[slice]:
+    """Slices of each example in a flattened row."""
+    out, start = [], 0
+    for n in lengths:
+        out.append(slice(start, start + n))
+        start += n
+    return out
+
+
+def count_label_tokens(labels: Any) -> int:
+    """Number of label tokens that count in a causal-LM loss: labels != -100 after the one-token shift
+    (what Trainer passes as ``num_items_in_batch``)."""
+    return int((labels[..., 1:] != IGNORE_INDEX).sum())

@@ -1,0 +1,518 @@
+"""The checks. Each is a plain function ``check(bench) -> CheckResult``; no pytest in here.
+
+A :class:`Workbench` holds one built model (one model x backend x dtype) plus the examples, and caches the
+per-example reference logits, so all checks of a cell group share one model build and one reference run.
+Faults can be planted by handing the workbench another model or collator factory (see tests/).
+
+Upstream behaviour the checks rely on (transformers 5.24, FIELD-NOTES):
+- eager / sdpa / flex build a packed (block-diagonal) mask from ``position_ids`` only when there is no
+  attention_mask and no cache (``masking_utils.find_packed_sequence_indices``, transformers >= 4.54);
+- the flash path derives varlen boundaries from ``cu_seq_lens_q/k`` or from packed ``position_ids``
+  (``modeling_flash_attention_utils._flash_attention_forward``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import batches as B
+from .backends import REFERENCE_BACKEND, backend_availability, count_attention_calls
+from .results import CheckResult
+
+#: Check names in matrix order. ``collate`` is per model (no backend); the others per model x backend.
+CHECKS = ("collate", "position_ids", "isolation", "logits_parity", "loss_parity", "grad_parity", "backend", "cache_trap")
+MODEL_LEVEL_CHECKS = ("collate",)
+
+
+@dataclass
+class Workbench:
+    """Everything the checks of one cell group share.
+
+    ``model``: a causal LM in eval mode, no dropout. ``examples``: token id lists, lengths
+    :data:`batches.DEFAULT_LENGTHS`. ``tol``: the dtype's tolerances (see audit/tolerances.toml).
+    """
+
+    model: Any
+    config: Any
+    backend: str | None
+    dtype: str
+    tol: dict[str, float]
+    device: str = "cpu"
+    collator_factory: Callable[..., Any] = B.default_collator_factory
+    examples: list[list[int]] = field(default_factory=list)
+    _cache: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.examples:
+            self.examples = B.make_examples(self.config)
+
+    @property
+    def lengths(self) -> list[int]:
+        return [len(e) for e in self.examples]
+
+    @property
+    def start(self) -> int:
+        return B.position_ids_start(self.config)
+
+    @property
+    def pad_id(self) -> int:
+        pad = getattr(self.config, "pad_token_id", None)
+        return int(pad) if isinstance(pad, int) else 0
+
+    def packed(self, examples: list[list[int]] | None = None, **kwargs: Any) -> dict[str, Any]:
+        return B.packed_batch(examples or self.examples, self.collator_factory, self.start, device=self.device, **kwargs)
+
+    def forward(self, batch: dict[str, Any], grad: bool = False, **kwargs: Any) -> Any:
+        """Call the model as a packed-training user would, minus the cache (``use_cache=False``) unless
+        ``kwargs`` says otherwise. Keys the forward does not take are dropped, except position_ids."""
+        import torch
+
+        inputs = {k: v for k, v in batch.items() if k in self.accepted or k == "position_ids"}
+        inputs.update(kwargs)
+        inputs.setdefault("use_cache", False)
+        ctx = contextlib.nullcontext() if grad else torch.no_grad()
+        with ctx:
+            return self.model(**inputs)
+
+    @property
+    def accepted(self) -> set[str]:
+        params = inspect.signature(self.model.forward).parameters
+        names = set(params)
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            names |= {"cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx", "num_items_in_batch"}
+        return names
+
+    def solo_logits(self) -> list[Any]:
+        """Logits ``(len_i, vocab)`` float32 of each example run alone (positions from ``start``)."""
+        if "solo" not in self._cache:
+            import torch
+
+            outs = []
+            for e in self.examples:
+                ids = torch.tensor([e], device=self.device)
+                pos = torch.arange(self.start, self.start + len(e), device=self.device)[None]
+                outs.append(self.forward({"input_ids": ids, "position_ids": pos}).logits[0].float())
+            self._cache["solo"] = outs
+        return self._cache["solo"]
+
+    def packed_logits(self, batch: dict[str, Any] | None = None, **kwargs: Any) -> Any:
+        """Logits ``(total_tokens, vocab)`` float32 of the flattened row."""
+        return self.forward(batch or self.packed(), **kwargs).logits[0].float()
+
+    def diff_to_solo(self, logits: Any, skip_first: bool = False) -> tuple[float, list[float]]:
+        """Max abs diff of a packed row's logits against the solo runs, overall and per example."""
+        per = [
+            float((logits[s] - ref).abs().max())
+            for s, ref in zip(B.segment_slices(self.lengths), self.solo_logits(), strict=True)
+        ]
+        return max(per[1:] if skip_first else per), per
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.2e}"
+
+
+@contextlib.contextmanager
+def capture_warnings() -> Iterator[list[str]]:
+    """Collect Python warnings and transformers logger warnings raised in the block (messages only)."""
+    messages: list[str] = []
+
+    class Handler(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno >= logging.WARNING:
+                messages.append(record.getMessage())
+
+    handler = Handler()
+    logger = logging.getLogger("transformers")
+    logger.addHandler(handler)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            yield messages
+        finally:
+            logger.removeHandler(handler)
+            messages.extend(str(w.message) for w in caught)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 1. collate
+
+
+def check_collate(bench: Workbench) -> CheckResult:
+    """The flattening collator's contract on the examples plus one empty example.
+
+    Measures: per-token key lengths, position_ids restart at ``start`` (0, or padding_idx + 1 for RoBERTa-likes),
+    labels == -100 at every boundary, cu_seq_lens_q/k int32 from 0 to the token count, max_length_q/k Python
+    ints, empty examples dropped or rejected, non-token (integer) labels rejected with a clear error.
+    """
+    import torch
+
+    problems: list[str] = []
+    supported = B.collator_supports()
+    start = bench.start
+    if start and "position_ids_start" not in supported:
+        problems.append(f"architecture starts positions at {start} but the collator has no position_ids_start (added in 5.16)")
+    lengths = bench.lengths
+    features = [{"input_ids": list(e)} for e in bench.examples] + [{"input_ids": []}]
+    collator = bench.collator_factory(
+        return_position_ids=True, return_flash_attn_kwargs=True, return_seq_idx=True, position_ids_start=start
+    )
+    metrics: dict[str, Any] = {"lengths": lengths, "position_ids_start": start}
+    try:
+        batch = collator(features, return_tensors="pt")
+        empty = "dropped"
+    except ValueError as exc:
+        empty = f"rejected ({exc})"
+        batch = collator(features[:-1], return_tensors="pt")
+    metrics["empty_example"] = empty
+    total = sum(lengths)
+    token_keys = [k for k in ("input_ids", "labels", "position_ids", "seq_idx") if k in batch]
+    shapes = {k: tuple(batch[k].shape) for k in token_keys}
+    metrics["shapes"] = {k: list(v) for k, v in shapes.items()}
+    if any(s != (1, total) for s in shapes.values()):
+        problems.append(f"per-token keys differ from (1, {total}): {shapes}")
+    expected_pos = torch.cat([torch.arange(start, start + n) for n in lengths])
+    if "position_ids" not in batch:
+        problems.append("no position_ids returned")
+    elif batch["position_ids"].shape[-1] == total:
+        bad = (batch["position_ids"][0] != expected_pos).nonzero().flatten().tolist()
+        metrics["position_ids_mismatches"] = len(bad)
+        if bad:
+            problems.append(f"position_ids do not restart at {start} per example: {len(bad)} tokens wrong, first at index {bad[0]}")
+    if "labels" in batch and batch["labels"].shape[-1] == total:
+        starts = [s.start for s in B.segment_slices(lengths)]
+        unmasked = [i for i in starts if int(batch["labels"][0, i]) != B.IGNORE_INDEX]
+        metrics["unmasked_boundaries"] = len(unmasked)
+        if unmasked:
+            problems.append(f"labels not -100 at {len(unmasked)} example boundaries (token indices {unmasked})")
+    expected_cu = [0]
+    for n in lengths:
+        expected_cu.append(expected_cu[-1] + n)
+    for key in ("cu_seq_lens_q", "cu_seq_lens_k"):
+        if key not in batch:
+            if "return_flash_attn_kwargs" in supported:
+                problems.append(f"{key} missing although return_flash_attn_kwargs=True")
+            continue
+        cu = batch[key]
+        if cu.dtype != torch.int32:
+            problems.append(f"{key} dtype {cu.dtype}, flash-attn needs torch.int32")
+        if cu.tolist() != expected_cu:
+            problems.append(f"{key}={cu.tolist()}, expected {expected_cu}")
+    for key in ("max_length_q", "max_length_k"):
+        if key in batch and (type(batch[key]) is not int or batch[key] != max(lengths)):
+            problems.append(f"{key}={batch[key]!r} ({type(batch[key]).__name__}), expected Python int {max(lengths)}")
+    # Non-token labels (sequence classification): must be refused clearly, not mangled.
+    try:
+        out = collator([{"input_ids": list(e), "labels": 1} for e in bench.examples[:2]], return_tensors="pt")
+        metrics["integer_labels"] = f"accepted silently (labels shape {tuple(out['labels'].shape)})"
+        problems.append("integer (sequence-classification) labels accepted silently")
+    except (ValueError, TypeError) as exc:
+        clear = isinstance(exc, ValueError) or "label" in str(exc).lower()
+        metrics["integer_labels"] = f"{type(exc).__name__}: {exc}"
+        if not clear:
+            problems.append(f"integer labels raise an unclear {type(exc).__name__} inside the collator ({exc}) [labels contract]")
+    if problems:
+        return CheckResult("fail", metrics, "; ".join(problems))
+    return CheckResult("pass", metrics, f"contract holds for {len(lengths)} examples ({total} tokens); empty example {empty.split(' ')[0]}")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 2. position_ids
+
+
+def check_position_ids(bench: Workbench) -> CheckResult:
+    """The model consumes position_ids: the packed row with restarting ids vs a plain 0..n-1 range must
+    change the logits of the later examples by more than ``position_min_change``."""
+    import torch
+
+    if "position_ids" not in bench.accepted:
+        return CheckResult("fail", {}, f"{type(bench.model).__name__}.forward takes no position_ids: packed positions cannot reach the model")
+    batch = bench.packed()
+    packed = bench.packed_logits(batch)
+    plain = dict(batch)
+    total = sum(bench.lengths)
+    plain["position_ids"] = torch.arange(bench.start, bench.start + total, device=bench.device)[None]
+    ranged = bench.packed_logits(plain)
+    later = slice(bench.lengths[0], total)
+    change = float((packed[later] - ranged[later]).abs().max())
+    metrics = {"max_change": change, "threshold": bench.tol["position_min_change"]}
+    if change <= bench.tol["position_min_change"]:
+        return CheckResult("fail", metrics, f"position_ids ignored: restarting them changed later examples' logits by only {_fmt(change)}")
+    return CheckResult("pass", metrics, f"restarting position_ids changes later examples' logits by {_fmt(change)}")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 3. isolation
+
+
+def check_isolation(bench: Workbench) -> CheckResult:
+    """Perturb every token of the first example; the logits of the other examples must not move (max change
+    <= ``isolation_atol``). Negative control: the same probe on the row with plain 0..n-1 position_ids (no
+    boundaries) must move them by >= ``leak_min``, proving the probe can see a leak on this model."""
+    import torch
+
+    vocab = int(bench.config.vocab_size)
+    perturbed = [list(e) for e in bench.examples]
+    perturbed[0] = [(t + 1 + vocab // 2) % vocab for t in perturbed[0]]
+    rest = slice(bench.lengths[0], sum(bench.lengths))
+    base_batch, pert_batch = bench.packed(), bench.packed(perturbed)
+    moved = float((bench.packed_logits(base_batch)[rest] - bench.packed_logits(pert_batch)[rest]).abs().max())
+    total = sum(bench.lengths)
+    plain = torch.arange(bench.start, bench.start + total, device=bench.device)[None]
+    control = float(
+        (
+            bench.packed_logits({**base_batch, "position_ids": plain})[rest]
+            - bench.packed_logits({**pert_batch, "position_ids": plain})[rest]
+        ).abs().max()
+    )
+    metrics = {"max_change": moved, "negative_control_change": control, "atol": bench.tol["isolation_atol"]}
+    if moved > bench.tol["isolation_atol"]:
+        return CheckResult("fail", metrics, f"leak across boundaries: perturbing example 0 moved the other examples' logits by {_fmt(moved)}")
+    if control < bench.tol["leak_min"]:
+        return CheckResult("error", metrics, f"probe inconclusive: a planted leak (no boundaries) moved logits by only {_fmt(control)}")
+    return CheckResult("pass", metrics, f"other examples moved {_fmt(moved)} (a planted leak moves them {_fmt(control)})")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 4. logits parity
+
+
+def check_logits_parity(bench: Workbench) -> CheckResult:
+    """Packed logits vs each example alone (the verdict), and vs right- and left-padded batches (reported;
+    a padded batch that differs from the solo runs is named as such, not blamed on packing)."""
+    packed = bench.packed_logits()
+    worst, per = bench.diff_to_solo(packed)
+    metrics: dict[str, Any] = {"max_abs_diff_solo": worst, "per_example": per, "atol": bench.tol["logits_atol"]}
+    notes = []
+    for side in ("right", "left"):
+        pb = B.padded_batch(bench.examples, bench.pad_id, side, bench.start, bench.device)
+        out = bench.forward(pb).logits.float()
+        pad_vs_solo, pack_vs_pad = 0.0, 0.0
+        for (row, sl), seg, ref in zip(B.real_token_rows(bench.examples, side), B.segment_slices(bench.lengths), bench.solo_logits(), strict=True):
+            pad_vs_solo = max(pad_vs_solo, float((out[row, sl] - ref).abs().max()))
+            pack_vs_pad = max(pack_vs_pad, float((out[row, sl] - packed[seg]).abs().max()))
+        metrics[f"max_abs_diff_{side}_padded"] = pack_vs_pad
+        metrics[f"{side}_padded_vs_solo"] = pad_vs_solo
+        if pad_vs_solo > bench.tol["logits_atol"]:
+            notes.append(f"{side}-padded batch itself differs from solo runs by {_fmt(pad_vs_solo)}")
+    note = f" (note: {'; '.join(notes)})" if notes else ""
+    if worst > bench.tol["logits_atol"]:
+        bad = [i for i, d in enumerate(per) if d > bench.tol["logits_atol"]]
+        return CheckResult("fail", metrics, f"packed vs solo logits differ by {_fmt(worst)} (examples {bad}){note}")
+    return CheckResult("pass", metrics, f"packed vs solo max abs diff {_fmt(worst)}{note}")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 5. loss parity
+
+
+def _reference_loss(bench: Workbench, examples_idx: list[int]) -> tuple[float, int]:
+    """Sum of per-token cross-entropy over the given examples (solo runs) and the token count."""
+    import torch
+
+    total, count = 0.0, 0
+    for i in examples_idx:
+        logits = bench.solo_logits()[i]
+        target = torch.tensor(bench.examples[i][1:], device=bench.device)
+        total += float(torch.nn.functional.cross_entropy(logits[:-1], target, reduction="sum"))
+        count += len(target)
+    return total, count
+
+
+def check_loss_parity(bench: Workbench) -> CheckResult:
+    """Token-mean loss: packed vs right-padded vs the solo reference. Then gradient accumulation over two
+    micro-batches with sum reduction (``num_items_in_batch`` = label tokens != -100 after the shift, counted
+    over both micro-batches, as Trainer does since transformers 4.46): packed vs padded vs reference."""
+    import torch
+
+    ref_sum, ref_count = _reference_loss(bench, list(range(len(bench.examples))))
+    reference = ref_sum / ref_count
+    packed = bench.packed()
+    loss_packed = float(bench.forward(packed, labels=packed["labels"]).loss)
+    padded = B.padded_batch(bench.examples, bench.pad_id, "right", bench.start, bench.device)
+    loss_padded = float(bench.forward(padded, labels=padded["labels"]).loss)
+    # gradient accumulation: micro-batches [e0, e1] and [e2]
+    micro = [bench.examples[:2], bench.examples[2:]]
+    packed_mbs = [bench.packed(m) for m in micro]
+    padded_mbs = [B.padded_batch(m, bench.pad_id, "right", bench.start, bench.device) for m in micro]
+    n_packed = sum(B.count_label_tokens(mb["labels"]) for mb in packed_mbs)
+    n_padded = sum(B.count_label_tokens(mb["labels"]) for mb in padded_mbs)
+    ga_packed = sum(float(bench.forward(mb, labels=mb["labels"], num_items_in_batch=torch.tensor(n_packed)).loss) for mb in packed_mbs)
+    ga_padded = sum(float(bench.forward(mb, labels=mb["labels"], num_items_in_batch=torch.tensor(n_padded)).loss) for mb in padded_mbs)
+    atol = bench.tol["loss_atol"]
+    metrics = {
+        "loss_reference": reference,
+        "loss_packed": loss_packed,
+        "loss_padded": loss_padded,
+        "loss_delta": abs(loss_packed - reference),
+        "padded_delta": abs(loss_padded - reference),
+        "num_items_in_batch_packed": n_packed,
+        "num_items_in_batch_padded": n_padded,
+        "num_items_expected": ref_count,
+        "ga_loss_packed": ga_packed,
+        "ga_loss_padded": ga_padded,
+        "ga_delta": abs(ga_packed - reference),
+        "atol": atol,
+    }
+    problems = []
+    if n_packed != ref_count:
+        problems.append(f"num_items_in_batch {n_packed} from packed labels, expected {ref_count} ({n_packed - ref_count:+d}; a boundary label is not masked)")
+    if metrics["loss_delta"] > atol:
+        problems.append(f"token-mean loss packed {loss_packed:.6f} vs reference {reference:.6f} (delta {_fmt(metrics['loss_delta'])})")
+    if metrics["ga_delta"] > atol:
+        problems.append(f"grad-accum sum loss packed {ga_packed:.6f} vs reference {reference:.6f} (delta {_fmt(metrics['ga_delta'])})")
+    if problems:
+        return CheckResult("fail", metrics, "; ".join(problems))
+    return CheckResult("pass", metrics, f"loss delta {_fmt(metrics['loss_delta'])}, grad-accum delta {_fmt(metrics['ga_delta'])}, padded delta {_fmt(metrics['padded_delta'])}")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 6. gradient parity
+
+
+def check_grad_parity(bench: Workbench) -> CheckResult:
+    """After backward of the token-mean loss (train mode), every parameter's gradient, packed vs right-padded:
+    relative error ||g_packed - g_padded|| / ||g_padded|| over all parameters, the worst parameter, and the
+    cosine similarity."""
+    import torch
+
+    avail = backend_availability(bench.backend or "eager", bench.device)
+    if not avail.backward:
+        return CheckResult("skipped", {}, avail.backward_reason)
+    model = bench.model
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+    def grads(batch: dict[str, Any]) -> list[Any]:
+        model.zero_grad(set_to_none=True)
+        model.train()
+        try:
+            bench.forward(batch, grad=True, labels=batch["labels"]).loss.backward()
+        finally:
+            model.eval()
+        return [p.grad.detach().float().clone() if p.grad is not None else torch.zeros_like(p, dtype=torch.float32) for _, p in params]
+
+    g_packed = grads(bench.packed())
+    g_padded = grads(B.padded_batch(bench.examples, bench.pad_id, "right", bench.start, bench.device))
+    model.zero_grad(set_to_none=True)
+    flat_a = torch.cat([g.flatten() for g in g_packed])
+    flat_b = torch.cat([g.flatten() for g in g_padded])
+    rel = float((flat_a - flat_b).norm() / flat_b.norm().clamp_min(1e-30))
+    cos = float(torch.nn.functional.cosine_similarity(flat_a, flat_b, dim=0))
+    per = [(float((a - b).norm() / b.norm().clamp_min(1e-12)), n) for (n, _), a, b in zip(params, g_packed, g_padded, strict=True) if b.norm() > 0]
+    worst_rel, worst_name = max(per) if per else (0.0, "")
+    metrics = {"grad_rel_err": rel, "grad_cosine": cos, "worst_param": worst_name, "worst_param_rel_err": worst_rel,
+               "num_params": len(params), "rel_tol": bench.tol["grad_rel_err"], "cos_min": bench.tol["grad_cos_min"]}
+    if rel > bench.tol["grad_rel_err"] or cos < bench.tol["grad_cos_min"]:
+        return CheckResult("fail", metrics, f"gradients differ: rel err {_fmt(rel)}, cosine {cos:.6f}, worst {worst_name} ({_fmt(worst_rel)})")
+    return CheckResult("pass", metrics, f"grad rel err {_fmt(rel)}, cosine {cos:.7f} over {len(params)} tensors")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 7. backend / fallback
+
+
+def expected_attention_calls(model: Any) -> int:
+    """Attention modules a forward should call once each: innermost modules whose class name ends with
+    "Attention" (LlamaAttention, GPT2Attention, ...), skipping linear-attention / state-space mixers."""
+    count = 0
+    for module in model.modules():
+        name = type(module).__name__
+        if name.endswith("Attention") and not any(
+            type(child).__name__.endswith("Attention") for child in module.children()
+        ):
+            count += 1
+    return count
+
+
+_FALLBACK_WORDS = ("fall back", "falling back", "fallback", "not support", "instead of", "will be used")
+
+
+def check_backend(bench: Workbench) -> CheckResult:
+    """Requested vs effective attn_implementation; attention calls per backend in one packed forward (expected:
+    one per attention layer, all on the requested backend); whether the packed boundaries reached every call
+    (mask / cu_seq_lens inspected); fallback warnings logged during the forward."""
+    requested = bench.backend
+    effective = getattr(bench.model.config, "_attn_implementation", None)
+    expected = expected_attention_calls(bench.model)
+    with capture_warnings() as logged, count_attention_calls(bench.model, bench.lengths) as probe:
+        bench.packed_logits()
+    counts = probe.counts()
+    on_requested = sum(v for k, v in counts.items() if k == requested or (requested == "sdpa" and k.startswith("sdpa")))
+    others = {k: v for k, v in counts.items() if not (k == requested or (requested == "sdpa" and k.startswith("sdpa")))}
+    isolated = [c.isolated for c in probe.calls]
+    fallback_msgs = [m for m in logged if any(w in m.lower() for w in _FALLBACK_WORDS)]
+    metrics = {
+        "requested": requested,
+        "effective": effective,
+        "calls": counts,
+        "expected_calls": expected,
+        "varlen_kernel_calls": probe.varlen_calls,
+        "boundaries_reached": sum(1 for i in isolated if i),
+        "boundaries_missing": sum(1 for i in isolated if i is False),
+        "warnings": fallback_msgs[:3],
+    }
+    if effective != requested:
+        return CheckResult("fallback", metrics, f"requested {requested}, model runs {effective}")
+    if others:
+        return CheckResult("fallback", metrics, f"silent backend swap: requested {requested} but attention ran on {others}")
+    if fallback_msgs:
+        return CheckResult("fallback", metrics, f"fallback warning: {fallback_msgs[0][:160]}")
+    if expected and on_requested == 0:
+        return CheckResult("fail", metrics, f"no attention call reached {requested} (expected {expected})")
+    if on_requested != expected:
+        return CheckResult("fail", metrics, f"{on_requested} attention calls on {requested}, expected {expected} (one per attention layer)")
+    if requested == REFERENCE_BACKEND and probe.varlen_calls != on_requested:
+        return CheckResult("fail", metrics, f"varlen kernel called {probe.varlen_calls} times for {on_requested} attention calls: the dense path ran")
+    if metrics["boundaries_missing"]:
+        return CheckResult("fail", metrics, f"packed boundaries missing in {metrics['boundaries_missing']} of {len(isolated)} attention calls")
+    if expected == 0:
+        return CheckResult("pass", metrics, "no attention layers; nothing to dispatch")
+    return CheckResult("pass", metrics, f"{on_requested}/{expected} calls on {requested}, boundaries reached in all")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 8. the cache trap
+
+
+def check_cache_trap(bench: Workbench) -> CheckResult:
+    """Packed forward as a Trainer user calls it (train mode, labels, use_cache left as configured) vs with
+    use_cache=False, both against the solo runs. Fails when packing is correct only with use_cache=False:
+    a cache disables the packed mask on eager/sdpa/flex (masking_utils, transformers >= 4.54)."""
+    import torch
+
+    batch = bench.packed()
+    model = bench.model
+    model.train()
+    try:
+        with torch.no_grad():  # forward-only: no backward needed to see the mask, and flex has none on CPU
+            default_logits = model(**{k: v for k, v in batch.items() if k in ("input_ids", "position_ids", "labels")}).logits[0].float()
+    finally:
+        model.eval()
+    diff_default, _ = bench.diff_to_solo(default_logits)
+    diff_no_cache, _ = bench.diff_to_solo(bench.packed_logits(batch))
+    atol = bench.tol["logits_atol"]
+    metrics = {"config_use_cache": getattr(model.config, "use_cache", None), "max_abs_diff_default": diff_default,
+               "max_abs_diff_use_cache_false": diff_no_cache, "atol": atol}
+    if diff_default <= atol:
+        return CheckResult("pass", metrics, f"correct with defaults (diff {_fmt(diff_default)})")
+    if diff_no_cache <= atol:
+        return CheckResult("fail", metrics, f"cache trap: correct only with use_cache=False (default {_fmt(diff_default)} vs {_fmt(diff_no_cache)})")
+    return CheckResult("fail", metrics, f"wrong with and without use_cache (default {_fmt(diff_default)}, use_cache=False {_fmt(diff_no_cache)})")
+
+
+CHECK_FUNCTIONS: dict[str, Callable[[Workbench], CheckResult]] = {
+    "collate": check_collate,
+    "position_ids": check_position_ids,
+    "isolation": check_isolation,
+    "logits_parity": check_logits_parity,
+    "loss_parity": check_loss_parity,
+    "grad_parity": check_grad_parity,
+    "backend": check_backend,
+    "cache_trap": check_cache_trap,
+}

@@ -1,0 +1,353 @@
+"""Building models: a Hub ID / local directory / architecture name -> config -> (shrunk) model.
+
+``--packcheck-weights=random`` reads only ``config.json`` (through ``AutoConfig.from_pretrained``, so the real
+Hub loading and caching code runs), shrinks it with :func:`shrink_config` and builds random weights;
+``pretrained`` loads the real weights with ``AutoModelForCausalLM.from_pretrained``.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import PackcheckUsageError
+from .specs import ModelSpec
+
+# Target sizes of a shrunk config. Small enough for a 2-core CPU, big enough that every attention feature
+# still has room to matter (several heads per KV head, a window shorter than the examples).
+TINY_HEAD_DIM = 16
+TINY_HIDDEN = 64
+TINY_VOCAB = 512
+TINY_SLIDING_WINDOW = 8
+TINY_EXPERTS = 4
+
+# Keys set to a fixed small value when present (top level and in nested sub-configs such as dbrx's).
+_FIXED = {
+    "intermediate_size": 2 * TINY_HIDDEN,
+    "ffn_hidden_size": 2 * TINY_HIDDEN,
+    "ffn_dim": 2 * TINY_HIDDEN,
+    "n_inner": 2 * TINY_HIDDEN,
+    "moe_intermediate_size": TINY_HIDDEN // 2,
+    "shared_expert_intermediate_size": TINY_HIDDEN // 2,
+    "num_experts": TINY_EXPERTS,
+    "num_local_experts": TINY_EXPERTS,
+    "n_routed_experts": TINY_EXPERTS,
+    "moe_num_experts": TINY_EXPERTS,
+    "n_group": 1,
+    "topk_group": 1,
+    # MLA (deepseek_v3): keep the split into rope / no-rope parts, at a small size.
+    "kv_lora_rank": 32,
+    "q_lora_rank": 32,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 8,
+    "v_head_dim": TINY_HEAD_DIM,
+    # linear-attention / state-space layers (qwen3_next, mamba)
+    "linear_key_head_dim": TINY_HEAD_DIM,
+    "linear_value_head_dim": TINY_HEAD_DIM,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "state_size": 8,
+    "time_step_rank": 8,
+    "word_embed_proj_dim": TINY_HIDDEN,
+}
+_SPECIAL_TOKEN_KEYS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id")
+_LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
+_DROP_KEYS = ("quantization_config", "auto_map", "_name_or_path", "transformers_version")
+
+
+@dataclass
+class ResolvedModel:
+    """A model spec resolved to a config: what every cell records about its model."""
+
+    spec: ModelSpec
+    config: Any  # transformers.PretrainedConfig, original (not shrunk)
+    model_type: str
+    model_class: str
+    revision: str | None  # commit SHA when the Hub cache gives one
+    notes: list[str] = field(default_factory=list)
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "spec": self.spec.raw,
+            "label": self.spec.label,
+            "kind": self.spec.kind,
+            "revision": self.revision,
+            "model_type": self.model_type,
+            "model_class": self.model_class,
+        }
+
+
+def causal_lm_class_name(model_type: str) -> str | None:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    return name if isinstance(name, str) else (name[0] if name else None)
+
+
+def causal_lm_architectures() -> list[str]:
+    """Every model_type with a causal-LM class in the installed transformers, sorted."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
+def resolve_model(spec: ModelSpec, source: str, trust_remote_code: bool = False) -> ResolvedModel:
+    """Resolve a spec to its config, model_type, causal-LM class and revision, reading only ``config.json``.
+
+    Raises:
+        PackcheckUsageError: unknown Hub ID or revision, offline with nothing cached, gated repo, remote code
+            without ``--packcheck-trust-remote-code``, unknown model_type, or a model with no causal-LM head.
+    """
+    from transformers import CONFIG_MAPPING, AutoConfig
+
+    revision = None
+    if spec.kind == "arch":
+        if spec.name not in CONFIG_MAPPING:
+            from .errors import closest
+
+            raise PackcheckUsageError(
+                f"Unknown architecture 'arch:{spec.name}' (from {source}): not a model_type of the installed "
+                f"transformers.{closest(spec.name, list(CONFIG_MAPPING.keys()))} "
+                "`packcheck audit --all-architectures` lists the causal-LM ones."
+            )
+        config = CONFIG_MAPPING[spec.name]()
+    else:
+        config_dict, revision = _read_config_dict(spec, source)
+        if "auto_map" in config_dict and not trust_remote_code:
+            raise PackcheckUsageError(
+                f"Model '{spec.raw}' (from {source}) needs trust_remote_code (its config.json has auto_map): "
+                "packcheck refuses to run remote code; pass --packcheck-trust-remote-code if you trust this repo."
+            )
+        if config_dict.get("model_type") not in CONFIG_MAPPING and not trust_remote_code:
+            raise PackcheckUsageError(
+                f"Model '{spec.raw}' (from {source}) has model_type={config_dict.get('model_type')!r}, unknown to the "
+                "installed transformers: upgrade transformers, or pass --packcheck-trust-remote-code for remote code."
+            )
+        config = AutoConfig.from_pretrained(
+            spec.name, revision=spec.revision, trust_remote_code=trust_remote_code
+        )
+    model_type = config.model_type
+    cls = causal_lm_class_name(model_type)
+    if cls is None and not getattr(config, "auto_map", None):
+        raise PackcheckUsageError(
+            f"Model '{spec.raw}' (from {source}) is a '{model_type}' model with no causal-LM head in transformers: "
+            "packcheck checks causal language models; pick a decoder model."
+        )
+    return ResolvedModel(spec=spec, config=config, model_type=model_type, model_class=cls or "remote code", revision=revision)
+
+
+def _read_config_dict(spec: ModelSpec, source: str) -> tuple[dict[str, Any], str | None]:
+    import json
+
+    if spec.kind == "local":
+        path = Path(spec.name) / "config.json"
+        if not path.exists():
+            raise PackcheckUsageError(
+                f"Local model directory '{spec.raw}' (from {source}) has no config.json: point to a saved model folder."
+            )
+        return json.loads(path.read_text()), None
+
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub import errors as hub_errors
+
+    try:
+        path = hf_hub_download(spec.name, "config.json", revision=spec.revision)
+    except hub_errors.GatedRepoError:
+        raise PackcheckUsageError(
+            f"Model '{spec.raw}' (from {source}) is gated: accept its licence on the Hub and set HF_TOKEN "
+            "(or run `hf auth login`)."
+        ) from None
+    except hub_errors.RepositoryNotFoundError:
+        raise PackcheckUsageError(
+            f"Unknown Hub model ID '{spec.name}' (from {source}): check the spelling on the Hub, or log in for a private repo."
+        ) from None
+    except hub_errors.RevisionNotFoundError:
+        raise PackcheckUsageError(
+            f"Revision '{spec.revision}' of '{spec.name}' not found (from {source}): use an existing branch, tag or commit SHA."
+        ) from None
+    except hub_errors.LocalEntryNotFoundError:
+        rev = f" at revision '{spec.revision}'" if spec.revision else ""
+        raise PackcheckUsageError(
+            f"Model '{spec.raw}' (from {source}) is not in the local Hub cache{rev} and the Hub cannot be reached "
+            "(offline): run once online, or `hf download "
+            f"{spec.name} config.json`, or unset HF_HUB_OFFLINE."
+        ) from None
+    except hub_errors.EntryNotFoundError:
+        raise PackcheckUsageError(
+            f"Model '{spec.raw}' (from {source}) has no config.json: it is not a transformers model repo."
+        ) from None
+    resolved = Path(path).parent.name  # .../snapshots/<commit sha>/config.json
+    revision = resolved if Path(path).parent.parent.name == "snapshots" else spec.revision
+    return json.loads(Path(path).read_text()), revision
+
+
+def _per_layer_indices(d: dict[str, Any], n_layers: int) -> list[int]:
+    """Layers to keep: the first of each distinct value of every per-layer list (layer_types, no_rope_layers,
+    ...), so a shrunk model still has every kind of layer (sliding and full, linear and full attention)."""
+    keep = {0, 1} if n_layers > 1 else {0}
+    for value in d.values():
+        if isinstance(value, list) and len(value) == n_layers and n_layers > 1:
+            seen: set[str] = set()
+            for i, item in enumerate(value):
+                key = repr(item)
+                if key not in seen:
+                    seen.add(key)
+                    keep.add(i)
+    return sorted(keep)
+
+
+def shrink_config(config: Any) -> Any:
+    """A tiny copy of ``config`` that keeps what changes the attention path.
+
+    Kept: GQA ratio (num_attention_heads / num_key_value_heads), explicit head_dim (set to 16), every distinct
+    layer type (sliding / full / linear attention, NoPE layers), a sliding window (shortened to 8 tokens so the
+    examples exceed it), softcapping, rope scaling parameters, MoE routing (4 experts), MLA ranks. Shrunk: layer
+    count, hidden size, vocabulary (512; special token ids clamped into it).
+    Returns a new config object (``config`` is not modified).
+    """
+    d = copy.deepcopy(config.to_dict())
+    for key in _DROP_KEYS:
+        d.pop(key, None)
+    amap = dict(getattr(config, "attribute_map", {}) or {})
+
+    def real(key: str) -> str:
+        return amap.get(key, key) if key not in d and amap.get(key, key) in d else key
+
+    # layers
+    layer_key = next((real(k) for k in _LAYER_COUNT_KEYS if real(k) in d), None)
+    if layer_key is not None:
+        n_layers = int(d[layer_key])
+        keep = _per_layer_indices(d, n_layers)
+        for key, value in list(d.items()):
+            if isinstance(value, list) and len(value) == n_layers and n_layers > 1:
+                d[key] = [value[i] for i in keep]
+        d[layer_key] = len(keep)
+        for key in ("first_k_dense_replace", "max_window_layers"):
+            if isinstance(d.get(key), int):
+                d[key] = min(d[key], 1)
+        if isinstance(d.get("no_rope_layer_interval"), int):
+            d["no_rope_layer_interval"] = min(d["no_rope_layer_interval"], 2)
+
+    # heads, keeping the GQA ratio
+    heads_key = real("num_attention_heads")
+    if heads_key in d and isinstance(d[heads_key], int):
+        n_heads = d[heads_key]
+        kv_key = next((k for k in ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num") if isinstance(d.get(k), int)), None)
+        n_kv = d[kv_key] if kv_key else n_heads
+        if d.get("multi_query") is True:
+            n_kv = 1
+        ratio = max(1, n_heads // max(1, n_kv))
+        new_kv = 2 if ratio <= 4 else 1
+        new_heads = new_kv * ratio
+        if new_heads > 16:
+            new_heads, new_kv = 16, max(1, 16 // ratio)
+        d[heads_key] = new_heads
+        if kv_key:
+            d[kv_key] = new_kv
+        explicit_head_dim = isinstance(d.get("head_dim"), int)
+        hidden = new_heads * TINY_HEAD_DIM
+        if explicit_head_dim:
+            d["head_dim"] = TINY_HEAD_DIM
+            hidden = TINY_HIDDEN
+        hidden_key = real("hidden_size")
+        if hidden_key in d:
+            d[hidden_key] = hidden
+        if isinstance(d.get("query_pre_attn_scalar"), int | float):
+            d["query_pre_attn_scalar"] = TINY_HEAD_DIM
+    elif real("hidden_size") in d:
+        d[real("hidden_size")] = TINY_HIDDEN
+
+    if "qk_rope_head_dim" in d:  # MLA: head_dim is the rope part, qk_head_dim the sum
+        d["qk_rope_head_dim"], d["qk_nope_head_dim"] = _FIXED["qk_rope_head_dim"], _FIXED["qk_nope_head_dim"]
+        if "qk_head_dim" in d:
+            d["qk_head_dim"] = d["qk_rope_head_dim"] + d["qk_nope_head_dim"]
+        if "head_dim" in d:
+            d["head_dim"] = d["qk_rope_head_dim"]
+
+    def fix(sub: dict[str, Any]) -> None:
+        for key, value in _FIXED.items():
+            if key in ("qk_rope_head_dim", "qk_nope_head_dim"):
+                continue
+            if isinstance(sub.get(key), int) and not isinstance(sub.get(key), bool) and sub[key] > 0:
+                sub[key] = value if key != "num_experts_per_tok" else min(sub[key], 2)
+        if isinstance(sub.get("num_experts_per_tok"), int):
+            sub["num_experts_per_tok"] = min(sub["num_experts_per_tok"], 2)
+        if isinstance(sub.get("moe_top_k"), int):
+            sub["moe_top_k"] = min(sub["moe_top_k"], 2)
+
+    fix(d)
+    for value in d.values():
+        if isinstance(value, dict):
+            fix(value)
+    # dbrx keeps its sizes in sub-configs under other names
+    if isinstance(d.get("ffn_config"), dict):
+        d["ffn_config"]["ffn_hidden_size"] = 2 * TINY_HIDDEN
+    # transformers 5.24: DbrxConfig() builds an attn_config without rope_theta, which modeling_dbrx reads
+    # (AttributeError at build). Hub configs carry it; give the default config the top-level value.
+    if isinstance(d.get("attn_config"), dict) and "rope_theta" not in d["attn_config"]:
+        theta = (d.get("rope_parameters") or {}).get("rope_theta")
+        if theta is not None:
+            d["attn_config"]["rope_theta"] = theta
+
+    # no dropout: checks compare runs token by token, and call the model in train mode as trainers do
+    for sub in [d, *[v for v in d.values() if isinstance(v, dict)]]:
+        for key, value in list(sub.items()):
+            if isinstance(value, float) and ("dropout" in key or "pdrop" in key) and value > 0:
+                sub[key] = 0.0
+
+    # sliding window: shorter than the examples, so the window is exercised on every packed row
+    for key in ("sliding_window", "attention_window_size"):
+        if isinstance(d.get(key), int) and d[key] > TINY_SLIDING_WINDOW:
+            d[key] = TINY_SLIDING_WINDOW
+
+    # vocabulary
+    if isinstance(d.get("vocab_size"), int) and d["vocab_size"] > TINY_VOCAB:
+        d["vocab_size"] = TINY_VOCAB
+        for key in _SPECIAL_TOKEN_KEYS:
+            value = d.get(key)
+            if isinstance(value, int) and value >= TINY_VOCAB:
+                d[key] = TINY_VOCAB - 1 - _SPECIAL_TOKEN_KEYS.index(key)
+            elif isinstance(value, list):
+                d[key] = [v if v < TINY_VOCAB else TINY_VOCAB - 1 for v in value]
+    new = type(config).from_dict(d)
+    return new
+
+
+def build_model(
+    resolved: ResolvedModel,
+    attn_implementation: str,
+    dtype: str,
+    weights: str = "random",
+    device: str = "cpu",
+    seed: int = 0,
+    trust_remote_code: bool = False,
+) -> Any:
+    """Build the model for one cell group, in eval mode, on ``device``.
+
+    The config is deep-copied for every model: ``_from_config`` stores the object it gets, so a second model
+    built from the same config would switch the first one's attention backend (FIELD-NOTES, transformers 5.24).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch_dtype = getattr(torch, dtype)
+    if weights == "pretrained" and resolved.spec.kind != "arch":
+        model = AutoModelForCausalLM.from_pretrained(
+            resolved.spec.name,
+            revision=resolved.spec.revision,
+            attn_implementation=attn_implementation,
+            dtype=torch_dtype,
+            trust_remote_code=trust_remote_code,
+        )
+    else:
+        config = shrink_config(copy.deepcopy(resolved.config))
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(
+            config, attn_implementation=attn_implementation, dtype=torch_dtype, trust_remote_code=trust_remote_code
+        )
+    for module in model.modules():  # pretrained configs keep their dropout; checks need determinism
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    return model.to(device).eval()

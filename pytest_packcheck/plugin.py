@@ -1,0 +1,105 @@
+"""pytest hooks, options and registration only; the work happens in :mod:`pytest_packcheck.session`.
+
+Importing this module imports neither torch nor transformers: pytest loads every installed plugin on every
+run, also in projects that never use packcheck.
+
+Items are made in ``pytest_collection_modifyitems`` rather than by ``pytest_generate_tests``: packcheck runs
+in directories that hold no test file of the user's, so there is no test function to parametrize.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from .settings import OPTIONS
+
+_SESSION_KEY = pytest.StashKey["Any"]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("packcheck", "packcheck: padding-free packing checks")
+    for opt in OPTIONS:
+        kwargs: dict[str, Any] = {"dest": opt.dest, "help": opt.help}
+        if opt.action:
+            kwargs["action"] = opt.action
+            if opt.action == "store_true":
+                kwargs["default"] = False
+        group.addoption(opt.flag, **kwargs)
+        if opt.ini:
+            parser.addini(opt.ini, opt.help)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from .errors import PackcheckUsageError
+    from .settings import resolve
+
+    try:
+        settings = resolve(lambda dest: config.getoption(dest), lambda key: config.getini(key))
+        if settings is None:
+            return
+        from .session import PackcheckSession
+
+        state = PackcheckSession(config, settings)
+        config.stash[_SESSION_KEY] = state
+        config.pluginmanager.register(_ResultRecorder(state), "packcheck-results")
+    except PackcheckUsageError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def _state(config: pytest.Config) -> Any:
+    return config.stash.get(_SESSION_KEY, None)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    state = _state(config)
+    if state is None:
+        return
+    from .errors import PackcheckUsageError
+
+    try:
+        items[:0] = state.make_items(session)
+    except PackcheckUsageError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
+    report = yield
+    result_json = getattr(item, "result_json", None)
+    if call.when == "call" and result_json is not None:
+        from .session import RESULT_PROPERTY
+
+        report.user_properties.append((RESULT_PROPERTY, result_json))
+    return report
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    state = _state(session.config)
+    if state is None or hasattr(session.config, "workerinput"):
+        return
+    state.finish()
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    state = _state(config)
+    if state is None or state.document is None:
+        return
+    from .report import render_terminal
+
+    terminalreporter.write_sep("=", "packcheck summary")
+    for line in render_terminal(state.document, state.written):
+        terminalreporter.write_line(line)
+
+
+class _ResultRecorder:
+    """Gathers the cell results from every test report; on the xdist controller these include the workers'."""
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.state.record(report)

@@ -1,0 +1,205 @@
+"""Rendering: results document in, Markdown / terminal text out. Pure and deterministic."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from typing import Any
+
+from .results import STATUSES, SYMBOLS
+
+# The number that backs each check's verdict in the detail tables.
+KEY_METRIC = {
+    "position_ids": ("max_change", "Δ"),
+    "isolation": ("max_change", "Δ"),
+    "logits_parity": ("max_abs_diff_solo", "Δ"),
+    "loss_parity": ("loss_delta", "Δ"),
+    "grad_parity": ("grad_rel_err", "rel"),
+    "cache_trap": ("max_abs_diff_default", "Δ"),
+}
+LEGEND = {
+    "pass": "pass: measured within tolerance",
+    "fail": "fail: a measured number is out of tolerance (footnote gives it)",
+    "fallback": "fallback: the requested attention backend is not what ran",
+    "unsupported": "unsupported: the stack refuses this combination with an explicit error",
+    "skipped": "skipped: this environment lacks something (reason given)",
+    "error": "error: crashed (exception given)",
+}
+
+
+def escape_md(text: Any) -> str:
+    """Escape model-provided text for a Markdown table cell: no pipes, HTML, links or line breaks."""
+    s = " ".join(str(text).split())
+    s = s.replace("\\", "\\\\")
+    s = re.sub(r"([|<>\[\]`*_])", r"\\\1", s)
+    return s
+
+
+def _rank(status: str) -> int:
+    return STATUSES.index(status)
+
+
+def cell_status(statuses: list[str]) -> str:
+    """Worst verdict of a group, ignoring skipped checks unless all are skipped."""
+    ran = [s for s in statuses if s != "skipped"]
+    if not ran:
+        return "skipped"
+    return min(ran, key=_rank)
+
+
+def _fmt_metric(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.1e}"
+    return str(value)
+
+
+def _key_number(cell: dict[str, Any]) -> str:
+    m = cell.get("metrics", {})
+    if cell["check"] == "backend" and "calls" in m:
+        on = sum(m["calls"].values())
+        return f"{on}/{m.get('expected_calls', '?')} calls"
+    key = KEY_METRIC.get(cell["check"])
+    if key and key[0] in m:
+        return f"{key[1]} {_fmt_metric(m[key[0]])}"
+    return ""
+
+
+def render_markdown(doc: dict[str, Any]) -> str:
+    """The support matrix: rows = models, columns = backends (plus the model-level collate check), then per-model
+    detail tables with the number behind every verdict, footnotes, legend, tolerances and environment."""
+    from tabulate import tabulate
+
+    from .backends import BACKEND_LABELS
+
+    cells = doc["cells"]
+    env = doc["environment"]
+    settings = doc.get("settings", {})
+    models: dict[str, dict[str, Any]] = {}
+    for c in cells:
+        models.setdefault(c["model"]["label"], c["model"])
+    backends = [b for b in settings.get("backends", []) if any(c["backend"] == b for c in cells)] or sorted(
+        {c["backend"] for c in cells if c["backend"]}
+    )
+    dtypes = sorted({c["dtype"] for c in cells})
+    checks = [c for c in settings.get("checks", []) if any(x["check"] == c for x in cells)]
+    by_group: dict[tuple, list[dict]] = defaultdict(list)
+    for c in cells:
+        by_group[(c["model"]["label"], c["backend"], c["dtype"])].append(c)
+
+    footnotes: list[str] = []
+
+    def note(text: str) -> str:
+        footnotes.append(text)
+        return f"[^{len(footnotes)}]"
+
+    lines = [f"# packcheck support matrix{' — ' + escape_md(settings['audit']) if settings.get('audit') else ''}", ""]
+    lines += [
+        f"Measured with packcheck {env.get('packcheck')} on {escape_md(env.get('device_name'))} ({env.get('device')}): "
+        f"torch {env.get('torch')}, transformers {env.get('transformers')}, trl {env.get('trl')}, "
+        f"flash-attn {env.get('flash_attn')}, CUDA {env.get('cuda')}, Python {env.get('python')}. "
+        f"Weights: {settings.get('weights')}; dtypes: {', '.join(dtypes)}.",
+        "",
+        "Reproduce:",
+        "",
+        "```",
+        doc.get("command", ""),
+        "```",
+        "",
+    ]
+    totals = defaultdict(int)
+    for c in cells:
+        totals[c["status"]] += 1
+    lines.append("Cells: " + ", ".join(f"{SYMBOLS[s]} {s} {totals[s]}" for s in STATUSES if totals[s]) + f" (of {len(cells)}).")
+    lines.append("")
+    for dtype in dtypes:
+        lines += [f"## Matrix ({dtype})", ""]
+        headers = ["model", "model_type / class", "collate"] + [BACKEND_LABELS.get(b, b) for b in backends]
+        rows = []
+        for label, info in models.items():
+            rev = f" @{info['revision'][:10]}" if info.get("revision") else ""
+            row = [escape_md(label) + escape_md(rev), f"{escape_md(info['model_type'])} / {escape_md(info['model_class'])}"]
+            coll = by_group.get((label, None, dtype), [])
+            row.append(_summary_cell(coll, note) if coll else "")
+            for b in backends:
+                group = by_group.get((label, b, dtype), [])
+                row.append(_summary_cell(group, note) if group else "")
+            rows.append(row)
+        lines.append(tabulate(rows, headers=headers, tablefmt="github"))
+        lines.append("")
+    lines += ["## Legend", ""]
+    lines += [f"- {SYMBOLS[s]} {LEGEND[s]}" for s in STATUSES]
+    lines += [
+        "- Each cell summarises the checks of that model and backend; the detail tables below give every check's",
+        "  verdict with the number it rests on. packcheck_flash_ref is packcheck's CPU varlen reference: transformers'",
+        "  own flash-attention preparation code with an exact per-segment kernel. It is not FlashAttention-2.",
+        "",
+        "## Details",
+        "",
+    ]
+    for dtype in dtypes:
+        for label in models:
+            headers = ["backend"] + checks
+            rows = []
+            for b in [None, *backends]:
+                group = {c["check"]: c for c in by_group.get((label, b, dtype), [])}
+                if not group:
+                    continue
+                row = [BACKEND_LABELS.get(b, b) if b else "(model level)"]
+                for chk in checks:
+                    c = group.get(chk)
+                    row.append(f"{SYMBOLS[c['status']]} {_key_number(c)}".strip() if c else "")
+                rows.append(row)
+            lines += [f"### {escape_md(label)} ({dtype})", "", tabulate(rows, headers=headers, tablefmt="github"), ""]
+    tol = {c["dtype"]: c.get("tolerances", {}) for c in cells}
+    if tol:
+        keys = sorted({k for t in tol.values() for k in t})
+        lines += ["## Tolerances", "", f"Source: {escape_md(settings.get('tolerance_source', ''))}", ""]
+        lines.append(tabulate([[d] + [tol[d].get(k, "") for k in keys] for d in sorted(tol)], headers=["dtype", *keys], tablefmt="github"))
+        lines.append("")
+    lines += ["## Environment", "", tabulate([[k, escape_md(v)] for k, v in env.items()], headers=["", "value"], tablefmt="github"), ""]
+    if footnotes:
+        lines += ["## Notes", ""]
+        lines += [f"[^{i}]: {t}" for i, t in enumerate(footnotes, 1)]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _summary_cell(group: list[dict[str, Any]], note: Any) -> str:
+    status = cell_status([c["status"] for c in group])
+    parts = [SYMBOLS[status]]
+    for c in sorted(group, key=lambda c: (_rank(c["status"]), c["check"])):
+        if c["status"] == "pass":
+            continue
+        if c["status"] == "skipped" and status != "skipped":
+            parts.append(f"({c['check']} skipped{note(escape_md(c['check'] + ': ' + c['message']))})")
+            continue
+        parts.append(f"{c['check']}{note(escape_md(c['check'] + ' ' + c['status'] + ': ' + c['message']))}")
+        if status == "skipped":
+            break  # one reason is enough for an all-skipped cell
+    return " ".join(parts)
+
+
+def render_terminal(doc: dict[str, Any], paths: list[str]) -> list[str]:
+    """Lines for pytest's terminal summary: totals, one line per model and backend that is not all-pass."""
+    cells = doc["cells"]
+    totals = defaultdict(int)
+    for c in cells:
+        totals[c["status"]] += 1
+    lines = [
+        f"transformers {doc['environment'].get('transformers')}, torch {doc['environment'].get('torch')}, "
+        f"trl {doc['environment'].get('trl')}, device {doc['environment'].get('device')}",
+        "cells: " + ", ".join(f"{s} {totals[s]}" for s in STATUSES if totals[s]) + f" (total {len(cells)})",
+    ]
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for c in cells:
+        groups[(c["model"]["label"], c["backend"] or "(model level)", c["dtype"])].append(c)
+    for (label, backend, dtype), group in sorted(groups.items()):
+        status = cell_status([c["status"] for c in group])
+        bad = [f"{c['check']}={c['status']}" for c in group if c["status"] not in ("pass", "skipped")]
+        if bad or status == "skipped":
+            reason = ", ".join(bad) if bad else group[0]["message"][:80]
+            lines.append(f"  {status:11s} {label} / {backend} / {dtype}: {reason}")
+        else:
+            lines.append(f"  {status:11s} {label} / {backend} / {dtype}")
+    lines += [f"matrix written: {p}" for p in paths]
+    return lines

@@ -1,0 +1,151 @@
+"""Cell records, the results JSON (schema, environment fingerprint), load and write."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from .errors import PackcheckUsageError
+
+SCHEMA_VERSION = 1
+
+#: Verdicts, worst first. ``fallback``: the requested backend is not what ran. ``unsupported``: the stack
+#: refuses packing with an explicit error. ``skipped``: this environment lacks something.
+STATUSES = ("error", "fail", "fallback", "unsupported", "skipped", "pass")
+SYMBOLS = {"pass": "✅", "fail": "❌", "fallback": "⚠️", "unsupported": "🚫", "skipped": "⏭️", "error": "💥"}
+
+
+@dataclass
+class CheckResult:
+    """What a check returns: a verdict, the numbers it measured and a one-line message."""
+
+    status: str
+    metrics: dict[str, Any] = field(default_factory=dict)
+    message: str = ""
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown status {self.status!r}; expected one of {STATUSES}")
+
+
+@dataclass
+class CellResult:
+    """One cell of the matrix: model x backend x check x dtype."""
+
+    cell_id: str
+    model: dict[str, Any]
+    backend: str | None
+    check: str
+    dtype: str
+    status: str
+    metrics: dict[str, Any] = field(default_factory=dict)
+    message: str = ""
+    duration_s: float = 0.0
+    tolerances: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True, default=_jsonable)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CellResult:
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    return str(value)
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def environment(device: str = "cpu") -> dict[str, Any]:
+    """The versions and hardware a result was measured on. No paths, no tokens."""
+    env: dict[str, Any] = {
+        "python": platform.python_version(),
+        "platform": f"{platform.system()}-{platform.machine()}",
+        "packcheck": _version("packcheck"),
+        "torch": _version("torch"),
+        "transformers": _version("transformers"),
+        "trl": _version("trl"),
+        "flash_attn": _version("flash-attn") or _version("flash_attn"),
+        "device": device,
+        "cuda": None,
+        "device_name": platform.processor() or platform.machine(),
+        "cpu_threads": None,
+    }
+    try:
+        import torch
+
+        env["cuda"] = torch.version.cuda
+        env["cpu_threads"] = torch.get_num_threads()
+        if device.startswith("cuda") and torch.cuda.is_available():
+            env["device_name"] = torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    return env
+
+
+def build_document(cells: list[CellResult], env: dict[str, Any], settings: dict[str, Any], command: str) -> dict[str, Any]:
+    """The results JSON: schema_version, environment, settings, the reproducing command, and the cells."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "packcheck_version": env.get("packcheck"),
+        "environment": env,
+        "settings": settings,
+        "command": command,
+        "cells": [json.loads(c.to_json()) for c in sorted(cells, key=lambda c: c.cell_id)],
+    }
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write via a temp file in the same folder and rename, so a kill never leaves half a file.
+
+    Raises:
+        PackcheckUsageError: the folder cannot be created or written.
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise PackcheckUsageError(
+            f"Cannot write report {path} ({exc.strerror}): pass a writable --packcheck-report-dir."
+        ) from None
+
+
+def load_document(path: str | Path) -> dict[str, Any]:
+    """Load a results JSON written by packcheck.
+
+    Raises:
+        PackcheckUsageError: missing, not JSON, or a schema_version newer than this packcheck reads.
+    """
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PackcheckUsageError(f"Results file {p} does not exist: run `packcheck audit` first.") from None
+    except json.JSONDecodeError as exc:
+        raise PackcheckUsageError(f"Results file {p} is not valid JSON ({exc.msg}, line {exc.lineno}).") from None
+    version = data.get("schema_version") if isinstance(data, dict) else None
+    if not isinstance(version, int):
+        raise PackcheckUsageError(f"Results file {p} has no schema_version: it was not written by packcheck.")
+    if version > SCHEMA_VERSION:
+        raise PackcheckUsageError(
+            f"Results file {p} has schema_version {version}, newer than {SCHEMA_VERSION} that this packcheck reads: "
+            "upgrade packcheck."
+        )
+    return data

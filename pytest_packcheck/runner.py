@@ -1,0 +1,194 @@
+"""Plan the matrix (cells) and run one cell. Shared by the pytest plugin and the CLI.
+
+Models are built once per cell group (model x backend x dtype) and kept for the group's checks; the last
+group is cached per process, which suits pytest's in-order run and xdist's ``--dist loadgroup``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from .backends import REFERENCE_BACKEND, backend_availability, register_reference_backend
+from .checks import CHECK_FUNCTIONS, MODEL_LEVEL_CHECKS, Workbench
+from .models import ResolvedModel, build_model
+from .results import CellResult, CheckResult
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One planned cell. ``backend`` is None for model-level checks (collate)."""
+
+    model_index: int
+    label: str
+    backend: str | None
+    check: str
+    dtype: str
+
+    @property
+    def cell_id(self) -> str:
+        parts = [self.label, self.backend, self.check, self.dtype]
+        return "-".join(p for p in parts if p)
+
+    @property
+    def group(self) -> str:
+        return self.label
+
+
+def plan_cells(models: list[ResolvedModel], backends: tuple[str, ...], checks: tuple[str, ...], dtypes: tuple[str, ...]) -> list[Cell]:
+    """Cells in run order: model-major, then dtype, backend, check (so each model is built once per backend)."""
+    cells = []
+    for i, m in enumerate(models):
+        for dtype in dtypes:
+            for check in checks:
+                if check in MODEL_LEVEL_CHECKS:
+                    cells.append(Cell(i, m.spec.label, None, check, dtype))
+            for backend in backends:
+                for check in checks:
+                    if check not in MODEL_LEVEL_CHECKS:
+                        cells.append(Cell(i, m.spec.label, backend, check, dtype))
+    return cells
+
+
+# Errors with which transformers refuses a backend or packing explicitly: "unsupported" cells, not crashes.
+_UNSUPPORTED_MARKERS = (
+    "does not support an attention implementation",
+    "does not support flash attention",
+    "does not support flex",
+    "does not support `",
+    "can't keep packed sequences apart",
+    "is not supported",
+)
+
+
+def _classify_exception(exc: BaseException) -> str:
+    text = str(exc)
+    if isinstance(exc, ImportError):
+        return "skipped"
+    if isinstance(exc, (ValueError, NotImplementedError)) and any(m in text for m in _UNSUPPORTED_MARKERS):
+        return "unsupported"
+    return "error"
+
+
+def _short(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:300]}"
+
+
+@contextlib.contextmanager
+def _no_compile_on_cpu(backend: str | None, device: str) -> Iterator[None]:
+    """flex_attention on CPU: run torch's flex_attention and create_block_mask without inductor.
+
+    transformers compiles both; on CPU, inductor compiles C++ for every new shape and head size (20-25 s per
+    model, measured here with torch 2.13.0+cpu), which would make an audit of 26 architectures take 20 minutes.
+    Uncompiled, torch runs its own flex reference on the same BlockMask built from the same mask_mod by
+    transformers' masking code, so the packing plumbing under test is unchanged; only the fused kernel is not.
+    """
+    if backend != "flex_attention" or device.startswith("cuda"):
+        yield
+        return
+    import transformers.integrations.flex_attention as flex_integration
+    from torch.nn.attention.flex_attention import flex_attention
+
+    import transformers.masking_utils as masking_utils
+
+    compiled = flex_integration.compile_friendly_flex_attention
+    block_mask = masking_utils.create_block_mask
+
+    def eager_flex_attention(query, key, value, training=False, **kwargs):
+        return flex_attention(query, key, value, **kwargs)
+
+    def eager_block_mask(*args, **kwargs):
+        kwargs["_compile"] = False
+        return block_mask(*args, **kwargs)
+
+    flex_integration.compile_friendly_flex_attention = eager_flex_attention
+    masking_utils.create_block_mask = eager_block_mask
+    try:
+        yield
+    finally:
+        flex_integration.compile_friendly_flex_attention = compiled
+        masking_utils.create_block_mask = block_mask
+
+
+class CellRunner:
+    """Runs cells, keeping the last built model (per group) and the tolerances per dtype."""
+
+    def __init__(self, models: list[ResolvedModel], tolerances: dict[str, dict[str, float]], weights: str = "random",
+                 device: str = "cpu", trust_remote_code: bool = False) -> None:
+        self.models = models
+        self.tolerances = tolerances
+        self.weights = weights
+        self.device = device
+        self.trust_remote_code = trust_remote_code
+        self._key: tuple | None = None
+        self._bench: Workbench | BaseException | None = None
+
+    def workbench(self, cell: Cell) -> Workbench:
+        """Build (or reuse) the model of the cell's group. Raises what the build raised, every time."""
+        resolved = self.models[cell.model_index]
+        backend = cell.backend or "eager"
+        key = (cell.model_index, backend, cell.dtype)
+        if key != self._key:
+            self._key, self._bench = key, None
+            try:
+                if backend == REFERENCE_BACKEND:
+                    register_reference_backend()
+                model = build_model(resolved, backend, cell.dtype, self.weights, self.device, trust_remote_code=self.trust_remote_code)
+                self._bench = Workbench(model=model, config=model.config, backend=cell.backend, dtype=cell.dtype,
+                                        tol=self.tolerances[cell.dtype], device=self.device)
+            except Exception as exc:  # remembered: every cell of the group reports the same build failure
+                self._bench = exc
+        if isinstance(self._bench, BaseException):
+            raise self._bench
+        bench = self._bench
+        assert bench is not None
+        bench.backend = cell.backend
+        return bench
+
+    def run(self, cell: Cell) -> CellResult:
+        """Run one cell; never raises for a model or backend problem (those become the cell's verdict)."""
+        resolved = self.models[cell.model_index]
+        t0 = time.perf_counter()
+        result = self._run(cell)
+        return CellResult(
+            cell_id=cell.cell_id,
+            model=resolved.record(),
+            backend=cell.backend,
+            check=cell.check,
+            dtype=cell.dtype,
+            status=result.status,
+            metrics=result.metrics,
+            message=result.message,
+            duration_s=round(time.perf_counter() - t0, 4),
+            tolerances=self.tolerances.get(cell.dtype, {}),
+        )
+
+    def _run(self, cell: Cell) -> CheckResult:
+        if cell.backend is not None:
+            avail = backend_availability(cell.backend, self.device)
+            if not avail.available:
+                return CheckResult("skipped", {}, f"{cell.backend} {avail.reason}")
+        try:
+            bench = self.workbench(cell)
+        except Exception as exc:
+            status = _classify_exception(exc)
+            return CheckResult(status, {"stage": "build", "exception": _short(exc)}, f"model build: {_short(exc)}")
+        try:
+            with _no_compile_on_cpu(cell.backend, self.device):
+                return CHECK_FUNCTIONS[cell.check](bench)
+        except Exception as exc:
+            status = _classify_exception(exc)
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            return CheckResult(status, {"stage": "check", "exception": _short(exc), "where": f"{where.name}:{where.lineno}"},
+                               _short(exc))
+
+
+def result_for_report(result: CellResult) -> dict[str, Any]:
+    import json
+
+    return json.loads(result.to_json())

@@ -1,0 +1,131 @@
+"""The packcheck session behind the pytest hooks: plan items, run cells, gather results, write the matrix."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .errors import PackcheckUsageError
+from .settings import Settings
+
+RESULT_PROPERTY = "packcheck"
+
+
+class PackcheckItem(pytest.Item):
+    """One cell of the matrix as a test item."""
+
+    def __init__(self, *, cell: Any, session_state: PackcheckSession, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.cell = cell
+        self.state = session_state
+        self.result_json: str | None = None
+        self.add_marker(pytest.mark.xdist_group(name=cell.group))
+
+    def runtest(self) -> None:
+        result = self.state.runner().run(self.cell)
+        self.result_json = result.to_json()
+        if result.status in ("skipped", "unsupported"):
+            pytest.skip(f"{result.status}: {result.message}")
+        if result.status != "pass":
+            raise PackcheckCellFailure(result.status, result.message)
+
+    def repr_failure(self, excinfo: Any, style: Any = None) -> str:
+        if isinstance(excinfo.value, PackcheckCellFailure):
+            return f"{excinfo.value.status}: {excinfo.value.message}"
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self) -> tuple[str, int, str]:
+        return "packcheck", 0, f"packcheck cell {self.cell.cell_id}"
+
+
+class PackcheckCellFailure(Exception):
+    def __init__(self, status: str, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+        self.message = message
+
+
+class PackcheckSession:
+    """State of one pytest session (controller or xdist worker)."""
+
+    def __init__(self, config: pytest.Config, settings: Settings) -> None:
+        self.config = config
+        self.settings = settings
+        self.results: dict[str, dict[str, Any]] = {}
+        self.written: list[str] = []
+        self.document: dict[str, Any] | None = None
+        self._resolved: list[Any] | None = None
+        self._runner: Any = None
+        self._check_report_dir()
+
+    def _check_report_dir(self) -> None:
+        path = Path(self.settings.report_dir)
+        probe = path if path.exists() else next((p for p in path.parents if p.exists()), Path("."))
+        import os
+
+        if not os.access(probe, os.W_OK) or (path.exists() and not path.is_dir()):
+            raise PackcheckUsageError(
+                f"Report directory '{path}' (from --packcheck-report-dir) is not writable: pass a writable folder."
+            )
+
+    def resolved_models(self) -> list[Any]:
+        if self._resolved is None:
+            from .models import resolve_model
+            from .specs import parse_model_list
+
+            specs = parse_model_list(list(self.settings.models), self.settings.model_source)
+            self._resolved = [resolve_model(s, self.settings.model_source, self.settings.trust_remote_code) for s in specs]
+        return self._resolved
+
+    def runner(self) -> Any:
+        if self._runner is None:
+            from .runner import CellRunner
+
+            self._runner = CellRunner(self.resolved_models(), self.settings.tolerances, self.settings.weights,
+                                      self.settings.device, self.settings.trust_remote_code)
+        return self._runner
+
+    def make_items(self, session: pytest.Session) -> list[pytest.Item]:
+        from .runner import plan_cells
+
+        cells = plan_cells(self.resolved_models(), self.settings.backends, self.settings.checks, self.settings.dtypes)
+        if not cells:
+            raise PackcheckUsageError("The packcheck matrix is empty after filtering: check --packcheck-attn / --packcheck-checks.")
+        parent = PackcheckCollector.from_parent(session, name="packcheck", nodeid="packcheck")
+        return [PackcheckItem.from_parent(parent, name=f"packcheck[{c.cell_id}]", cell=c, session_state=self) for c in cells]
+
+    # results travel on reports (user_properties) so they survive xdist workers
+    def record(self, report: pytest.TestReport) -> None:
+        for key, value in getattr(report, "user_properties", []):
+            if key == RESULT_PROPERTY:
+                data = json.loads(value)
+                self.results[data["cell_id"]] = data
+
+    def finish(self) -> None:
+        from .report import render_markdown
+        from .results import CellResult, atomic_write, build_document, environment
+
+        if not self.results:
+            return
+        cells = [CellResult.from_dict(d) for d in self.results.values()]
+        command = "pytest " + " ".join(shlex.quote(f) for f in self.settings.reproduce_flags())
+        if self.settings.audit_name and sys.argv and Path(sys.argv[0]).name == "packcheck":
+            command = "packcheck " + " ".join(shlex.quote(a) for a in sys.argv[1:]) or "packcheck audit"
+        self.document = build_document(cells, environment(self.settings.device), self.settings.as_dict(), command)
+        out = Path(self.settings.report_dir)
+        md, js = out / "packcheck-matrix.md", out / "packcheck-matrix.json"
+        atomic_write(js, json.dumps(self.document, indent=1, sort_keys=False) + "\n")
+        atomic_write(md, render_markdown(self.document))
+        self.written = [str(md), str(js)]
+
+
+class PackcheckCollector(pytest.Collector):
+    """Parent node of the packcheck items (they are planned from the options, not from files)."""
+
+    def collect(self) -> list[pytest.Item]:
+        return []

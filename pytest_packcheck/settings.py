@@ -1,0 +1,244 @@
+"""Options (one table serves pytest and the CLI) resolved CLI > env > ini > default into a frozen Settings."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import PackcheckUsageError, closest
+
+OPT_MODELS = "--packcheck-models"
+OPT_AUDIT = "--packcheck-audit"
+OPT_ALL_ARCHS = "--packcheck-all-architectures"
+OPT_BACKENDS = "--packcheck-attn"
+OPT_CHECKS = "--packcheck-checks"
+OPT_DTYPES = "--packcheck-dtypes"
+OPT_WEIGHTS = "--packcheck-weights"
+OPT_DEVICE = "--packcheck-device"
+OPT_TRUST = "--packcheck-trust-remote-code"
+OPT_REPORT_DIR = "--packcheck-report-dir"
+OPT_TOLERANCES = "--packcheck-tolerances"
+OPT_TOLERANCE = "--packcheck-tolerance"
+
+DTYPES = ("float32", "bfloat16", "float16")
+WEIGHTS = ("random", "pretrained")
+
+
+@dataclass(frozen=True)
+class Option:
+    flag: str
+    help: str
+    ini: str | None = None  # ini key (durable settings)
+    env: str | None = None
+    default: Any = None
+    action: str | None = None
+    multiple: bool = False
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+OPTIONS = (
+    Option(OPT_MODELS, "Comma-separated model specs: org/name[@rev], a local directory, or arch:<model_type>. "
+           "Turns packcheck on.", ini="packcheck_models", env="PACKCHECK_MODELS"),
+    Option(OPT_AUDIT, "Audit definition: a name under audit/ (default) or a .toml path; its models are added.",
+           ini="packcheck_audit", env="PACKCHECK_AUDIT"),
+    Option(OPT_ALL_ARCHS, "Sweep every causal-LM architecture of the installed transformers (arch:<type>).",
+           action="store_true", default=False),
+    Option(OPT_BACKENDS, "Attention backends (attn_implementation), comma-separated. Default: eager, sdpa, "
+           "flex_attention, packcheck_flash_ref (CPU varlen reference), flash_attention_2.",
+           ini="packcheck_attn", env="PACKCHECK_ATTN"),
+    Option(OPT_CHECKS, "Checks to run, comma-separated (default: all).", ini="packcheck_checks", env="PACKCHECK_CHECKS"),
+    Option(OPT_DTYPES, "dtypes, comma-separated: float32, bfloat16, float16 (default float32 on CPU, bfloat16 on CUDA).",
+           ini="packcheck_dtypes", env="PACKCHECK_DTYPES"),
+    Option(OPT_WEIGHTS, "random: config.json only, shrunk, random weights; pretrained: the real weights. "
+           "Default: random on CPU, pretrained on CUDA.", ini="packcheck_weights", env="PACKCHECK_WEIGHTS"),
+    Option(OPT_DEVICE, "Device: cpu or cuda[:N] (default: cpu).", ini="packcheck_device", env="PACKCHECK_DEVICE", default="cpu"),
+    Option(OPT_TRUST, "Allow models that need trust_remote_code (refused otherwise).", action="store_true", default=False),
+    Option(OPT_REPORT_DIR, "Where packcheck-matrix.md / .json are written (default: reports).",
+           ini="packcheck_report_dir", env="PACKCHECK_REPORT_DIR", default="reports"),
+    Option(OPT_TOLERANCES, "Tolerance file (TOML, one table per dtype; default: audit/tolerances.toml).",
+           ini="packcheck_tolerances", env="PACKCHECK_TOLERANCES"),
+    Option(OPT_TOLERANCE, "Override one tolerance: [dtype.]key=value, e.g. float32.logits_atol=1e-3 (repeatable).",
+           action="append", multiple=True),
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a packcheck run needs, resolved and validated."""
+
+    models: tuple[str, ...]
+    model_source: str
+    backends: tuple[str, ...]
+    checks: tuple[str, ...]
+    dtypes: tuple[str, ...]
+    weights: str
+    device: str
+    trust_remote_code: bool
+    report_dir: str
+    tolerances: dict[str, dict[str, float]] = field(hash=False)
+    tolerance_source: str = ""
+    audit_name: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "models": list(self.models), "backends": list(self.backends), "checks": list(self.checks),
+            "dtypes": list(self.dtypes), "weights": self.weights, "device": self.device,
+            "trust_remote_code": self.trust_remote_code, "audit": self.audit_name,
+            "tolerance_source": self.tolerance_source,
+        }
+
+    def reproduce_flags(self) -> list[str]:
+        """Flags that reproduce this run (the report header prints them)."""
+        flags = [f"{OPT_MODELS}={','.join(self.models)}", f"{OPT_ATTN_FLAG}={','.join(self.backends)}",
+                 f"{OPT_CHECKS}={','.join(self.checks)}", f"{OPT_DTYPES}={','.join(self.dtypes)}",
+                 f"{OPT_WEIGHTS}={self.weights}", f"{OPT_DEVICE}={self.device}"]
+        if self.trust_remote_code:
+            flags.append(OPT_TRUST)
+        return flags
+
+
+OPT_ATTN_FLAG = OPT_BACKENDS
+
+
+def _split(value: str | list[str] | tuple[str, ...]) -> list[str]:
+    items = value.split(",") if isinstance(value, str) else [x for v in value for x in str(v).split(",")]
+    return [x.strip() for x in items if x.strip()]
+
+
+def _validate_names(values: list[str], allowed: tuple[str, ...], what: str, source: str) -> tuple[str, ...]:
+    for v in values:
+        if v not in allowed:
+            raise PackcheckUsageError(
+                f"Unknown {what} '{v}' (from {source}). Expected one of: {', '.join(allowed)}.{closest(v, allowed)}"
+            )
+    if not values:
+        raise PackcheckUsageError(f"Empty {what} list (from {source}): give at least one of {', '.join(allowed)}.")
+    return tuple(dict.fromkeys(values))
+
+
+def load_tolerances(path: str | None, overrides: list[str] | None, source: str) -> tuple[dict[str, dict[str, float]], str]:
+    """Tolerances per dtype from a TOML file plus ``[dtype.]key=value`` overrides.
+
+    Raises:
+        PackcheckUsageError: missing file, bad TOML, unknown dtype or key, or a non-numeric value.
+    """
+    from .specs import PACKAGE_AUDIT_DIR
+
+    default = PACKAGE_AUDIT_DIR / "tolerances.toml"
+    file = Path(path) if path else default
+    if not file.exists():
+        raise PackcheckUsageError(f"Tolerance file {file} (from {source}) does not exist: pass an existing TOML file.")
+    try:
+        data = tomllib.loads(file.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise PackcheckUsageError(f"Tolerance file {file} is not valid TOML ({exc}).") from None
+    base = tomllib.loads(default.read_text())
+    keys = tuple(base["float32"])
+    out: dict[str, dict[str, float]] = {}
+    for dtype, table in data.items():
+        if dtype not in DTYPES:
+            raise PackcheckUsageError(f"Tolerance file {file} has unknown dtype table [{dtype}]. Expected: {', '.join(DTYPES)}.{closest(dtype, DTYPES)}")
+        for key, value in table.items():
+            if key not in keys:
+                raise PackcheckUsageError(f"Tolerance file {file} has unknown key {dtype}.{key}. Expected: {', '.join(keys)}.{closest(key, keys)}")
+        out[dtype] = {**base.get(dtype, {}), **{k: float(v) for k, v in table.items()}}
+    for dtype in DTYPES:
+        out.setdefault(dtype, dict(base[dtype]))
+    label = str(file.name if file == default else file)
+    for item in overrides or []:
+        lhs, sep, rhs = item.partition("=")
+        dtype, _, key = lhs.rpartition(".")
+        targets = [dtype] if dtype else list(DTYPES)
+        if not sep or key not in keys or (dtype and dtype not in DTYPES):
+            raise PackcheckUsageError(
+                f"Bad tolerance override '{item}' (from {OPT_TOLERANCE}): write [dtype.]key=value with key one of {', '.join(keys)}.{closest(key, keys)}"
+            )
+        try:
+            number = float(rhs)
+        except ValueError:
+            raise PackcheckUsageError(f"Tolerance override '{item}' (from {OPT_TOLERANCE}) has a non-numeric value '{rhs}'.") from None
+        for t in targets:
+            out[t][key] = number
+        label += f" + {item}"
+    return out, label
+
+
+def resolve(get_option: Any, get_ini: Any) -> Settings | None:
+    """Resolve every option CLI > env > ini > default. ``get_option(dest)`` returns the CLI value or None,
+    ``get_ini(key)`` the ini value or None. Returns None when packcheck is not switched on (no models, no
+    audit, no --packcheck-all-architectures).
+
+    Raises:
+        PackcheckUsageError: any invalid value, with its source.
+    """
+    from .backends import KNOWN_BACKENDS
+    from .checks import CHECKS
+    from .specs import load_audit
+
+    def pick(opt: Option) -> tuple[Any, str]:
+        cli = get_option(opt.dest)
+        if cli not in (None, [], False):
+            return cli, opt.flag
+        if opt.env and os.environ.get(opt.env):
+            return os.environ[opt.env], f"${opt.env}"
+        if opt.ini and get_ini(opt.ini):
+            return get_ini(opt.ini), f"ini {opt.ini}"
+        return opt.default, "default"
+
+    by_flag = {o.flag: o for o in OPTIONS}
+    models_value, models_source = pick(by_flag[OPT_MODELS])
+    audit_value, audit_source = pick(by_flag[OPT_AUDIT])
+    all_archs, _ = pick(by_flag[OPT_ALL_ARCHS])
+    if not models_value and not audit_value and not all_archs:
+        return None
+    models: list[str] = _split(models_value) if models_value else []
+    audit = load_audit(audit_value) if audit_value else None
+    if audit:
+        models += [m for m in audit.models if m not in models]
+    if all_archs:
+        from .models import causal_lm_architectures
+
+        models += [f"arch:{a}" for a in causal_lm_architectures() if f"arch:{a}" not in models]
+    source = " + ".join(s for s, on in ((models_source, bool(models_value)), (f"audit {audit.path}" if audit else "", bool(audit)), (OPT_ALL_ARCHS, bool(all_archs))) if on)
+    if not models:
+        raise PackcheckUsageError(f"The model list (from {source}) is empty after filtering: give at least one model.")
+
+    device, _ = pick(by_flag[OPT_DEVICE])
+    device = str(device)
+    if not (device == "cpu" or device.startswith("cuda")):
+        raise PackcheckUsageError(f"Unknown device '{device}' (from {OPT_DEVICE}). Expected cpu or cuda[:N].")
+
+    def names(flag: str, allowed: tuple[str, ...], what: str, audit_default: tuple[str, ...] | None, default: tuple[str, ...]) -> tuple[str, ...]:
+        value, src = pick(by_flag[flag])
+        if value:
+            return _validate_names(_split(value), allowed, what, src)
+        if audit_default:
+            return _validate_names(list(audit_default), allowed, what, f"audit {audit.path if audit else ''}")
+        return default
+
+    backends = names(OPT_BACKENDS, KNOWN_BACKENDS, "backend", audit.backends if audit else None, KNOWN_BACKENDS)
+    checks = names(OPT_CHECKS, CHECKS, "check", audit.checks if audit else None, CHECKS)
+    checks = tuple(c for c in CHECKS if c in checks)
+    dtypes = names(OPT_DTYPES, DTYPES, "dtype", audit.dtypes if audit else None,
+                   ("bfloat16",) if device.startswith("cuda") else ("float32",))
+    weights_value, weights_src = pick(by_flag[OPT_WEIGHTS])
+    weights = str(weights_value or ("pretrained" if device.startswith("cuda") else "random"))
+    _validate_names([weights], WEIGHTS, "weights mode", weights_src)
+    trust, _ = pick(by_flag[OPT_TRUST])
+    report_dir, _ = pick(by_flag[OPT_REPORT_DIR])
+    tol_path, tol_src = pick(by_flag[OPT_TOLERANCES])
+    if not tol_path and audit and audit.tolerances:
+        tol_path, tol_src = str(Path(audit.path).parent / audit.tolerances), f"audit {audit.path}"
+    overrides = get_option(by_flag[OPT_TOLERANCE].dest) or []
+    tolerances, tol_label = load_tolerances(tol_path, overrides, tol_src)
+    return Settings(
+        models=tuple(models), model_source=source, backends=backends, checks=checks, dtypes=dtypes,
+        weights=weights, device=device, trust_remote_code=bool(trust), report_dir=str(report_dir),
+        tolerances=tolerances, tolerance_source=tol_label, audit_name=audit.name if audit else None,
+    )

@@ -1,0 +1,160 @@
+"""Model specs and the audit definitions read from ``audit/``.
+
+A model spec is one of:
+- ``org/name`` or ``org/name@revision``: a Hub model ID (branch, tag or commit SHA);
+- a local directory holding ``config.json`` (and weights for ``--packcheck-weights=pretrained``);
+- ``arch:<model_type>``: a tiny random model of an architecture of the installed transformers.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import PackcheckUsageError
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+# Wheels carry audit/ as pytest_packcheck/_audit (pyproject force-include); an editable install reads the
+# repository's audit/ folder directly.
+_HERE = Path(__file__).resolve().parent
+PACKAGE_AUDIT_DIR = _HERE / "_audit" if (_HERE / "_audit").is_dir() else _HERE.parent / "audit"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A parsed model spec. ``kind`` is "hub", "local" or "arch"."""
+
+    raw: str
+    kind: str
+    name: str  # Hub repo ID, absolute local path, or model_type
+    revision: str | None = None
+
+    @property
+    def label(self) -> str:
+        """The short label used in test ids and matrix rows."""
+        if self.kind == "arch":
+            return self.name
+        if self.kind == "local":
+            return Path(self.name).name
+        return self.name + (f"@{self.revision}" if self.revision else "")
+
+
+def parse_model_spec(raw: str, source: str) -> ModelSpec:
+    """Parse one model spec.
+
+    Raises:
+        PackcheckUsageError: the spec is malformed (names the value and ``source``, e.g. "--packcheck-models").
+    """
+    text = raw.strip()
+    if not text:
+        raise PackcheckUsageError(f"Empty model spec in {source}. Give org/name[@rev], a local directory or arch:<model_type>.")
+    if text.startswith("arch:"):
+        model_type = text.removeprefix("arch:").strip()
+        if not re.fullmatch(r"[a-z0-9_\-]+", model_type):
+            raise PackcheckUsageError(
+                f"Malformed model spec '{raw}' (from {source}): arch: takes a transformers model_type such as arch:llama."
+            )
+        return ModelSpec(raw=text, kind="arch", name=model_type)
+    if os.path.isdir(text):
+        return ModelSpec(raw=text, kind="local", name=str(Path(text).resolve()))
+    repo, _, revision = text.partition("@")
+    if "@" in text and not revision:
+        raise PackcheckUsageError(
+            f"Model spec '{raw}' (from {source}) ends with '@' but names no revision: write org/name@<branch|tag|sha> or drop the '@'."
+        )
+    if not _HUB_ID.match(repo):
+        raise PackcheckUsageError(
+            f"Malformed model spec '{raw}' (from {source}): expected a Hub ID org/name[@rev], an existing local "
+            "directory, or arch:<model_type>."
+        )
+    return ModelSpec(raw=text, kind="hub", name=repo, revision=revision or None)
+
+
+def parse_model_list(value: str | list[str], source: str) -> list[ModelSpec]:
+    """Parse a comma-separated list (or a list of strings) of specs, dropping duplicates, keeping order.
+
+    Raises:
+        PackcheckUsageError: a malformed spec, or an empty list.
+    """
+    items = value.split(",") if isinstance(value, str) else list(value)
+    specs: list[ModelSpec] = []
+    for item in items:
+        if not item.strip():
+            continue
+        spec = parse_model_spec(item, source)
+        if spec not in specs:
+            specs.append(spec)
+    if not specs:
+        raise PackcheckUsageError(
+            f"The model list from {source} is empty: give at least one model, e.g. --packcheck-models=arch:llama."
+        )
+    return specs
+
+
+@dataclass(frozen=True)
+class AuditDefinition:
+    """An audit file: which models, backends, checks and dtypes to run, and its tolerance profile."""
+
+    path: str
+    name: str
+    models: tuple[str, ...]
+    backends: tuple[str, ...] | None = None
+    checks: tuple[str, ...] | None = None
+    dtypes: tuple[str, ...] | None = None
+    tolerances: str | None = None
+
+
+_AUDIT_KEYS = {"name", "description", "models", "backends", "checks", "dtypes", "tolerances"}
+
+
+def resolve_audit_path(value: str) -> Path:
+    """An audit name (``default``) or path; names are looked up in ./audit/ then in the packaged audit/."""
+    path = Path(value)
+    if path.suffix == ".toml" and path.exists():
+        return path
+    for base in (Path.cwd() / "audit", PACKAGE_AUDIT_DIR):
+        candidate = base / f"{value}.toml"
+        if candidate.exists():
+            return candidate
+    raise PackcheckUsageError(
+        f"Audit '{value}' not found (looked for {path} and {value}.toml in ./audit and {PACKAGE_AUDIT_DIR}): "
+        "give an existing .toml file or the name of one under audit/."
+    )
+
+
+def load_audit(value: str) -> AuditDefinition:
+    """Read an audit definition (TOML).
+
+    Raises:
+        PackcheckUsageError: file missing, not TOML, unknown keys or no models.
+    """
+    path = resolve_audit_path(value)
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise PackcheckUsageError(f"Audit file {path} is not valid TOML ({exc}): fix the syntax.") from None
+    audit = data.get("audit", data)
+    unknown = set(audit) - _AUDIT_KEYS
+    if unknown:
+        raise PackcheckUsageError(
+            f"Audit file {path} has unknown keys {sorted(unknown)}: allowed are {sorted(_AUDIT_KEYS)}."
+        )
+    models = audit.get("models") or []
+    if not models:
+        raise PackcheckUsageError(f"Audit file {path} lists no models: add models = [\"arch:llama\", ...].")
+
+    def opt(key: str) -> tuple[str, ...] | None:
+        return tuple(audit[key]) if audit.get(key) else None
+
+    return AuditDefinition(
+        path=str(path),
+        name=audit.get("name", path.stem),
+        models=tuple(models),
+        backends=opt("backends"),
+        checks=opt("checks"),
+        dtypes=opt("dtypes"),
+        tolerances=audit.get("tolerances"),
+    )
