@@ -73,7 +73,8 @@ class Workbench:
         ``kwargs`` says otherwise. Keys the forward does not take are dropped, except position_ids."""
         import torch
 
-        inputs = {k: v for k, v in batch.items() if k in self.accepted or k == "position_ids"}
+        accepted = self.accepted
+        inputs = {k: v for k, v in batch.items() if accepted is None or k in accepted or k == "position_ids"}
         inputs.update(kwargs)
         inputs.setdefault("use_cache", False)
         ctx = contextlib.nullcontext() if grad else torch.no_grad()
@@ -81,12 +82,15 @@ class Workbench:
             return self.model(**inputs)
 
     @property
-    def accepted(self) -> set[str]:
+    def accepted(self) -> set[str] | None:
+        """Keyword arguments the model's forward takes by name; None when it takes ``**kwargs`` only."""
         params = inspect.signature(self.model.forward).parameters
-        names = set(params)
+        named = {n for n, p in params.items() if p.kind is not inspect.Parameter.VAR_KEYWORD}
+        if "input_ids" not in named and any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            return None
         if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-            names |= {"cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx", "num_items_in_batch"}
-        return names
+            named |= {"cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx", "num_items_in_batch"}
+        return named
 
     def solo_logits(self) -> list[Any]:
         """Logits ``(len_i, vocab)`` float32 of each example run alone (positions from ``start``)."""
@@ -231,7 +235,7 @@ def check_position_ids(bench: Workbench) -> CheckResult:
     change the logits of the later examples by more than ``position_min_change``."""
     import torch
 
-    if "position_ids" not in bench.accepted:
+    if bench.accepted is not None and "position_ids" not in bench.accepted:
         return CheckResult("fail", {}, f"{type(bench.model).__name__}.forward takes no position_ids: packed positions cannot reach the model")
     batch = bench.packed()
     packed = bench.packed_logits(batch)
@@ -463,6 +467,8 @@ def check_backend(bench: Workbench) -> CheckResult:
         return CheckResult("fallback", metrics, f"silent backend swap: requested {requested} but attention ran on {others}")
     if fallback_msgs:
         return CheckResult("fallback", metrics, f"fallback warning: {fallback_msgs[0][:160]}")
+    if expected and not counts and requested == "eager":
+        return CheckResult("skipped", metrics, f"{type(bench.model).__name__} computes eager attention inline (no dispatch function to count); isolation and parity checks still apply")
     if expected and on_requested == 0:
         return CheckResult("fail", metrics, f"no attention call reached {requested} (expected {expected})")
     if on_requested != expected:

@@ -65,17 +65,6 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         raise pytest.UsageError(str(exc)) from None
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
-    report = yield
-    result_json = getattr(item, "result_json", None)
-    if call.when == "call" and result_json is not None:
-        from .session import RESULT_PROPERTY
-
-        report.user_properties.append((RESULT_PROPERTY, result_json))
-    return report
-
-
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session) -> None:
     state = _state(session.config)

@@ -165,18 +165,18 @@ def render_markdown(doc: dict[str, Any]) -> str:
 
 
 def _summary_cell(group: list[dict[str, Any]], note: Any) -> str:
+    """Worst verdict, the checks that did not pass, and one footnote holding their messages. A group whose
+    checks all failed the same way (a model that did not build) gets one message, not one per check."""
     status = cell_status([c["status"] for c in group])
-    parts = [SYMBOLS[status]]
-    for c in sorted(group, key=lambda c: (_rank(c["status"]), c["check"])):
-        if c["status"] == "pass":
-            continue
-        if c["status"] == "skipped" and status != "skipped":
-            parts.append(f"({c['check']} skipped{note(escape_md(c['check'] + ': ' + c['message']))})")
-            continue
-        parts.append(f"{c['check']}{note(escape_md(c['check'] + ' ' + c['status'] + ': ' + c['message']))}")
-        if status == "skipped":
-            break  # one reason is enough for an all-skipped cell
-    return " ".join(parts)
+    bad = [c for c in sorted(group, key=lambda c: (_rank(c["status"]), c["check"])) if c["status"] != "pass"]
+    if not bad:
+        return SYMBOLS[status]
+    messages = {c["message"] for c in bad}
+    if len(bad) == len(group) and len(messages) == 1:
+        return f"{SYMBOLS[status]} {status}{note(escape_md(bad[0]['message']))}"
+    names = ", ".join(c["check"] + (" (skipped)" if c["status"] == "skipped" else "") for c in bad)
+    text = "; ".join(f"{c['check']} {c['status']}: {c['message']}" for c in bad)
+    return f"{SYMBOLS[status]} {names}{note(escape_md(text))}"
 
 
 def render_terminal(doc: dict[str, Any], paths: list[str]) -> list[str]:
@@ -196,6 +196,8 @@ def render_terminal(doc: dict[str, Any], paths: list[str]) -> list[str]:
     for (label, backend, dtype), group in sorted(groups.items()):
         status = cell_status([c["status"] for c in group])
         bad = [f"{c['check']}={c['status']}" for c in group if c["status"] not in ("pass", "skipped")]
+        if len({c["message"] for c in group}) == 1 and len(bad) == len(group):
+            bad = [f"{status} ({group[0]['message'][:90]})"]
         if bad or status == "skipped":
             reason = ", ".join(bad) if bad else group[0]["message"][:80]
             lines.append(f"  {status:11s} {label} / {backend} / {dtype}: {reason}")

@@ -29,6 +29,9 @@ class PackcheckItem(pytest.Item):
     def runtest(self) -> None:
         result = self.state.runner().run(self.cell)
         self.result_json = result.to_json()
+        # On the item's user_properties the result reaches every report of this item (so the xdist controller
+        # and --junitxml get it as a property).
+        self.user_properties.append((RESULT_PROPERTY, self.result_json))
         if result.status in ("skipped", "unsupported"):
             pytest.skip(f"{result.status}: {result.message}")
         if result.status != "pass":

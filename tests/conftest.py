@@ -1,0 +1,88 @@
+"""Shared fixtures: a local Hub cache holding real config.json files, and tiny model workbenches."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import tomllib
+from pathlib import Path
+
+import pytest
+
+HUB_CONFIGS = Path(__file__).resolve().parents[2] / "shared" / "hub-configs"
+LOCAL_HUB_CONFIGS = Path(__file__).resolve().parent / "data" / "hub-configs"
+REPO = Path(__file__).resolve().parents[1]
+
+
+def hub_configs_dir() -> Path:
+    """../shared/hub-configs when present (developer checkout), else the copy under tests/data."""
+    return HUB_CONFIGS if HUB_CONFIGS.is_dir() else LOCAL_HUB_CONFIGS
+
+
+def fake_sha(repo_id: str) -> str:
+    return hashlib.sha1(repo_id.encode()).hexdigest()
+
+
+def lay_out_hub_cache(hub_dir: Path, repo_ids: list[str]) -> dict[str, str]:
+    """Lay out ``hub_dir`` as huggingface_hub's cache does (blobs, snapshots/<sha>, refs/main) for the given
+    repos, each holding its real config.json. Returns repo_id -> commit SHA."""
+    shas = {}
+    for repo_id in repo_ids:
+        src = hub_configs_dir() / repo_id / "config.json"
+        base = hub_dir / f"models--{repo_id.replace('/', '--')}"
+        sha = fake_sha(repo_id)
+        blob = hashlib.sha256(src.read_bytes()).hexdigest()
+        (base / "blobs").mkdir(parents=True, exist_ok=True)
+        shutil.copy(src, base / "blobs" / blob)
+        snap = base / "snapshots" / sha
+        snap.mkdir(parents=True, exist_ok=True)
+        (snap / "config.json").symlink_to(Path("../../blobs") / blob)
+        (base / "refs").mkdir(exist_ok=True)
+        (base / "refs" / "main").write_text(sha)
+        shas[repo_id] = sha
+    return shas
+
+
+@pytest.fixture
+def offline_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """HF_HOME in a temp dir, HF_HUB_OFFLINE=1, with real configs of a few Hub models cached."""
+    home = tmp_path / "hf_home"
+    shas = lay_out_hub_cache(home / "hub", ["meta-llama/Llama-3.2-1B", "Qwen/Qwen2.5-0.5B", "facebook/opt-125m", "google/gemma-2-2b-it"])
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.setenv("HF_HUB_CACHE", str(home / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants as c
+
+    monkeypatch.setattr(c, "HF_HUB_CACHE", str(home / "hub"))
+    monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
+    try:
+        import transformers.utils.hub as th
+
+        monkeypatch.setattr(th, "HF_HUB_CACHE", str(home / "hub"), raising=False)
+    except ImportError:
+        pass
+    return shas
+
+
+@pytest.fixture(scope="session")
+def tolerances() -> dict:
+    return tomllib.loads((REPO / "audit" / "tolerances.toml").read_text())
+
+
+def make_bench(model_type: str, backend: str, tolerances: dict, **kwargs):
+    from pytest_packcheck.checks import Workbench
+    from pytest_packcheck.models import build_model, resolve_model
+    from pytest_packcheck.specs import parse_model_spec
+    from pytest_packcheck.backends import REFERENCE_BACKEND, register_reference_backend
+
+    if backend == REFERENCE_BACKEND:
+        register_reference_backend()
+    resolved = resolve_model(parse_model_spec(f"arch:{model_type}", "test"), "test")
+    model = build_model(resolved, backend, "float32")
+    return Workbench(model=model, config=model.config, backend=backend, dtype="float32", tol=tolerances["float32"], **kwargs)
+
+
+@pytest.fixture
+def llama_sdpa(tolerances):
+    """The correct stack: tiny llama on sdpa (checks call it with use_cache=False)."""
+    return make_bench("llama", "sdpa", tolerances)

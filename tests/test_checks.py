@@ -1,0 +1,125 @@
+"""Every check passes on the correct stack (tiny llama, sdpa, use_cache=False) and fails on its planted fault."""
+
+from __future__ import annotations
+
+import pytest
+
+from faults import DropPositionIds, SilentSwap, collator_label_leak, collator_no_reset, leaky_sdpa
+from pytest_packcheck import checks as C
+from pytest_packcheck.backends import REFERENCE_BACKEND
+
+CORRECT = ["collate_core", "position_ids", "isolation", "logits_parity", "loss_parity", "grad_parity", "backend"]
+
+
+@pytest.mark.parametrize("name", ["position_ids", "isolation", "logits_parity", "loss_parity", "grad_parity", "backend"])
+def test_checks_pass_on_correct_stack(llama_sdpa, name):
+    result = C.CHECK_FUNCTIONS[name](llama_sdpa)
+    assert result.status == "pass", result.message
+
+
+def test_correct_stack_numbers(llama_sdpa):
+    assert C.check_logits_parity(llama_sdpa).metrics["max_abs_diff_solo"] < 1e-5
+    iso = C.check_isolation(llama_sdpa).metrics
+    assert iso["max_change"] == 0.0 and iso["negative_control_change"] > 1e-2
+    loss = C.check_loss_parity(llama_sdpa).metrics
+    assert loss["num_items_in_batch_packed"] == loss["num_items_expected"] == sum(n - 1 for n in llama_sdpa.lengths)
+
+
+def test_collate_contract_holds_except_integer_labels(llama_sdpa):
+    result = C.check_collate(llama_sdpa)
+    # transformers 5.24 still raises TypeError('int' object is not subscriptable) for integer labels
+    assert "position_ids" not in result.message and "cu_seq_lens" not in result.message
+    assert result.metrics["position_ids_mismatches"] == 0 and result.metrics["unmasked_boundaries"] == 0
+    assert result.metrics["empty_example"] == "dropped"
+
+
+def test_collate_fails_when_positions_do_not_reset(llama_sdpa):
+    llama_sdpa.collator_factory = collator_no_reset
+    result = C.check_collate(llama_sdpa)
+    assert result.status == "fail" and "do not restart" in result.message
+    assert result.metrics["position_ids_mismatches"] == sum(llama_sdpa.lengths[1:])
+
+
+def test_isolation_and_parity_fail_when_positions_do_not_reset(llama_sdpa):
+    llama_sdpa.collator_factory = collator_no_reset
+    assert C.check_isolation(llama_sdpa).status == "fail"
+    assert C.check_logits_parity(llama_sdpa).status == "fail"
+
+
+def test_label_not_masked_at_boundary(llama_sdpa):
+    llama_sdpa.collator_factory = collator_label_leak
+    collate = C.check_collate(llama_sdpa)
+    assert collate.status == "fail" and collate.metrics["unmasked_boundaries"] == len(llama_sdpa.lengths)
+    loss = C.check_loss_parity(llama_sdpa)
+    assert loss.status == "fail"
+    # one extra label token per boundary inside a micro-batch ([e0, e1] and [e2]): the last token of e0 is
+    # trained to predict the first token of e1
+    assert loss.metrics["num_items_in_batch_packed"] - loss.metrics["num_items_expected"] == 1
+    assert "num_items_in_batch" in loss.message
+
+
+def test_model_that_drops_position_ids(llama_sdpa):
+    llama_sdpa.model = DropPositionIds(llama_sdpa.model)
+    result = C.check_position_ids(llama_sdpa)
+    assert result.status == "fail" and result.metrics["max_change"] == 0.0
+    assert C.check_isolation(llama_sdpa).status == "fail"
+
+
+def test_attention_that_leaks(llama_sdpa):
+    with leaky_sdpa():
+        iso = C.check_isolation(llama_sdpa)
+        logits = C.check_logits_parity(llama_sdpa)
+        grads = C.check_grad_parity(llama_sdpa)
+    assert iso.status == "fail" and iso.metrics["max_change"] > 1e-3
+    assert logits.status == "fail"
+    assert grads.status == "fail" and grads.metrics["grad_rel_err"] > 1e-3
+
+
+def test_backend_sees_missing_boundaries(llama_sdpa):
+    """A packed row whose mask never got the boundaries (here: a cache, so no packed mask is built)."""
+    from pytest_packcheck.backends import count_attention_calls
+
+    with count_attention_calls(llama_sdpa.model, llama_sdpa.lengths) as probe:
+        llama_sdpa.forward(llama_sdpa.packed(), use_cache=True)
+    assert [c.isolated for c in probe.calls] == [False, False]
+
+
+def test_silent_backend_swap(llama_sdpa):
+    llama_sdpa.model = SilentSwap(llama_sdpa.model)
+    result = C.check_backend(llama_sdpa)
+    assert result.status == "fallback", result.message
+    assert result.metrics["calls"] == {"eager": 2}
+
+
+def test_cache_trap_on_sdpa(llama_sdpa):
+    """FIELD-NOTES (5.24): a default forward builds a cache, which disables the packed mask."""
+    result = C.check_cache_trap(llama_sdpa)
+    assert result.status == "fail" and "use_cache=False" in result.message
+    assert result.metrics["max_abs_diff_default"] > 1e-2 > 1e-5 > result.metrics["max_abs_diff_use_cache_false"]
+
+
+def test_reference_backend_routes_through_flash_preparation(tolerances):
+    from conftest import make_bench
+
+    bench = make_bench("llama", REFERENCE_BACKEND, tolerances)
+    backend = C.check_backend(bench)
+    assert backend.status == "pass", backend.message
+    assert backend.metrics["varlen_kernel_calls"] == backend.metrics["expected_calls"] == 2
+    assert C.check_cache_trap(bench).status == "pass"  # the flash path ignores the cache when building boundaries
+    assert C.check_logits_parity(bench).metrics["max_abs_diff_solo"] < 1e-5
+
+
+def test_state_space_model_leaks(tolerances):
+    from conftest import make_bench
+
+    bench = make_bench("mamba", "eager", tolerances)
+    assert C.check_position_ids(bench).status == "fail"
+    assert C.check_isolation(bench).status == "fail"
+
+
+def test_flex_grad_parity_is_skipped_on_cpu(tolerances):
+    from conftest import make_bench
+
+    bench = make_bench("llama", "flex_attention", tolerances)
+    result = C.check_grad_parity(bench)
+    assert result.status == "skipped" and "forward-only" in result.message
