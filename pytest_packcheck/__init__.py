@@ -9,5 +9,5 @@ try:
     from importlib.metadata import version as _version
 
     __version__ = _version("packcheck")
-except Exception:  # pragma: no cover - running from a source tree without installation
+except Exception:  # noqa: BLE001 - running from a source tree without installation
     __version__ = "0.0.0"

@@ -407,7 +407,7 @@ def count_attention_calls(model: Any, segments: list[int] | None = None) -> Iter
         fn = getattr(module, "eager_attention_forward", None)
         if callable(fn):
             patched_modules.append((module, "eager_attention_forward", fn))
-            setattr(module, "eager_attention_forward", wrap("eager", fn))
+            module.eager_attention_forward = wrap("eager", fn)
 
     # The reference kernel: record the boundaries it really received.
     this = sys.modules[__name__]

@@ -99,7 +99,7 @@ def padded_batch(examples: list[list[int]], pad_id: int, side: str = "right", st
             mask.append([0] * pad + [1] * len(e))
             pos.append([start] * pad + real_pos)
             labels.append([IGNORE_INDEX] * pad + e)
-    as_long = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
+    as_long = lambda x: torch.tensor(x, dtype=torch.long, device=device)
     return {"input_ids": as_long(ids), "attention_mask": as_long(mask), "position_ids": as_long(pos), "labels": as_long(labels)}
 
 

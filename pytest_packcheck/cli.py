@@ -12,7 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .settings import OPT_ALL_ARCHS, OPT_AUDIT, OPT_MODELS, OPT_REPORT_DIR, OPTIONS
+from .settings import OPT_ALL_ARCHS, OPT_AUDIT, OPT_MODELS, OPTIONS
 
 _ALIASES = {OPT_MODELS: "--models", OPT_AUDIT: "--audit", OPT_ALL_ARCHS: "--all-architectures"}
 
@@ -60,7 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point. Exit codes: 0 matrix written (whatever the verdicts), 2 usage error, 3 internal error."""
     import pytest
 
+    argv = sys.argv[1:] if argv is None else argv
     ns = _parser().parse_args(argv)
+    import shlex
+
+    os.environ["PACKCHECK_REPRODUCE"] = "packcheck " + shlex.join(argv)
     args = _pytest_args(ns)
     workers = str(ns.workers)
     if workers not in ("0", "1"):
@@ -74,8 +78,6 @@ def main(argv: list[str] | None = None) -> int:
         full = [root, "--rootdir", root, "-p", "no:cacheprovider", "-o", "addopts=", "-o", "testpaths=",
                 "-c", os.devnull, *(["-q"] if ns.quiet else []), "-rN", *args, *ns.pytest_args]
         code = pytest.main(full)
-    report_dir = Path(_pytest_args(ns)[-1].split("=", 1)[1]) if False else None
-    del report_dir
     if code in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
         return 0
     if code == pytest.ExitCode.USAGE_ERROR:

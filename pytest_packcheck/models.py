@@ -149,8 +149,8 @@ def _read_config_dict(spec: ModelSpec, source: str) -> tuple[dict[str, Any], str
             )
         return json.loads(path.read_text()), None
 
-    from huggingface_hub import hf_hub_download
     from huggingface_hub import errors as hub_errors
+    from huggingface_hub import hf_hub_download
 
     try:
         path = hf_hub_download(spec.name, "config.json", revision=spec.revision)

@@ -94,10 +94,10 @@ def render_markdown(doc: dict[str, Any]) -> str:
 
     lines = [f"# packcheck support matrix{' — ' + escape_md(settings['audit']) if settings.get('audit') else ''}", ""]
     lines += [
-        f"Measured with packcheck {env.get('packcheck')} on {escape_md(env.get('device_name'))} ({env.get('device')}): "
+        (f"Measured with packcheck {env.get('packcheck')} on {escape_md(env.get('device_name'))} ({env.get('device')}): "
         f"torch {env.get('torch')}, transformers {env.get('transformers')}, trl {env.get('trl')}, "
         f"flash-attn {env.get('flash_attn')}, CUDA {env.get('cuda')}, Python {env.get('python')}. "
-        f"Weights: {settings.get('weights')}; dtypes: {', '.join(dtypes)}.",
+        f"Weights: {settings.get('weights')}; dtypes: {', '.join(dtypes)}."),
         "",
         "Reproduce:",
         "",
@@ -186,8 +186,8 @@ def render_terminal(doc: dict[str, Any], paths: list[str]) -> list[str]:
     for c in cells:
         totals[c["status"]] += 1
     lines = [
-        f"transformers {doc['environment'].get('transformers')}, torch {doc['environment'].get('torch')}, "
-        f"trl {doc['environment'].get('trl')}, device {doc['environment'].get('device')}",
+        (f"transformers {doc['environment'].get('transformers')}, torch {doc['environment'].get('torch')}, "
+        f"trl {doc['environment'].get('trl')}, device {doc['environment'].get('device')}"),
         "cells: " + ", ".join(f"{s} {totals[s]}" for s in STATUSES if totals[s]) + f" (total {len(cells)})",
     ]
     groups: dict[tuple, list[dict]] = defaultdict(list)

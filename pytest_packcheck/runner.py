@@ -93,8 +93,7 @@ def _no_compile_on_cpu(backend: str | None, device: str) -> Iterator[None]:
         return
     import transformers.integrations.flex_attention as flex_integration
     from torch.nn.attention.flex_attention import flex_attention
-
-    import transformers.masking_utils as masking_utils
+    from transformers import masking_utils
 
     compiled = flex_integration.compile_friendly_flex_attention
     block_mask = masking_utils.create_block_mask
@@ -141,7 +140,7 @@ class CellRunner:
                 model = build_model(resolved, backend, cell.dtype, self.weights, self.device, trust_remote_code=self.trust_remote_code)
                 self._bench = Workbench(model=model, config=model.config, backend=cell.backend, dtype=cell.dtype,
                                         tol=self.tolerances[cell.dtype], device=self.device)
-            except Exception as exc:  # remembered: every cell of the group reports the same build failure
+            except Exception as exc:  # noqa: BLE001 - remembered: every cell of the group reports the build failure
                 self._bench = exc
         if isinstance(self._bench, BaseException):
             raise self._bench
@@ -175,13 +174,13 @@ class CellRunner:
                 return CheckResult("skipped", {}, f"{cell.backend} {avail.reason}")
         try:
             bench = self.workbench(cell)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a broken model or backend is a cell, not a crash
             status = _classify_exception(exc)
             return CheckResult(status, {"stage": "build", "exception": _short(exc)}, f"model build: {_short(exc)}")
         try:
             with _no_compile_on_cpu(cell.backend, self.device):
                 return CHECK_FUNCTIONS[cell.check](bench)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a crashing check is an error cell
             status = _classify_exception(exc)
             where = traceback.extract_tb(exc.__traceback__)[-1]
             return CheckResult(status, {"stage": "check", "exception": _short(exc), "where": f"{where.name}:{where.lineno}"},

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -69,8 +69,6 @@ class PackcheckSession:
     def _check_report_dir(self) -> None:
         path = Path(self.settings.report_dir)
         probe = path if path.exists() else next((p for p in path.parents if p.exists()), Path("."))
-        import os
-
         if not os.access(probe, os.W_OK) or (path.exists() and not path.is_dir()):
             raise PackcheckUsageError(
                 f"Report directory '{path}' (from --packcheck-report-dir) is not writable: pass a writable folder."
@@ -117,8 +115,7 @@ class PackcheckSession:
             return
         cells = [CellResult.from_dict(d) for d in self.results.values()]
         command = "pytest " + " ".join(shlex.quote(f) for f in self.settings.reproduce_flags())
-        if self.settings.audit_name and sys.argv and Path(sys.argv[0]).name == "packcheck":
-            command = "packcheck " + " ".join(shlex.quote(a) for a in sys.argv[1:]) or "packcheck audit"
+        command = os.environ.get("PACKCHECK_REPRODUCE", command)  # set by `packcheck audit` to its own argv
         self.document = build_document(cells, environment(self.settings.device), self.settings.as_dict(), command)
         out = Path(self.settings.report_dir)
         md, js = out / "packcheck-matrix.md", out / "packcheck-matrix.json"

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from .errors import PackcheckUsageError, closest
 
@@ -144,7 +145,7 @@ def load_tolerances(path: str | None, overrides: list[str] | None, source: str) 
     for dtype, table in data.items():
         if dtype not in DTYPES:
             raise PackcheckUsageError(f"Tolerance file {file} has unknown dtype table [{dtype}]. Expected: {', '.join(DTYPES)}.{closest(dtype, DTYPES)}")
-        for key, value in table.items():
+        for key in table:
             if key not in keys:
                 raise PackcheckUsageError(f"Tolerance file {file} has unknown key {dtype}.{key}. Expected: {', '.join(keys)}.{closest(key, keys)}")
         out[dtype] = {**base.get(dtype, {}), **{k: float(v) for k, v in table.items()}}
@@ -193,7 +194,7 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
 
     by_flag = {o.flag: o for o in OPTIONS}
     models_value, models_source = pick(by_flag[OPT_MODELS])
-    audit_value, audit_source = pick(by_flag[OPT_AUDIT])
+    audit_value, _audit_source = pick(by_flag[OPT_AUDIT])
     all_archs, _ = pick(by_flag[OPT_ALL_ARCHS])
     if not models_value and not audit_value and not all_archs:
         return None

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 HUB_CONFIGS = Path(__file__).resolve().parents[2] / "shared" / "hub-configs"
 LOCAL_HUB_CONFIGS = Path(__file__).resolve().parent / "data" / "hub-configs"
@@ -70,10 +70,10 @@ def tolerances() -> dict:
 
 
 def make_bench(model_type: str, backend: str, tolerances: dict, **kwargs):
+    from pytest_packcheck.backends import REFERENCE_BACKEND, register_reference_backend
     from pytest_packcheck.checks import Workbench
     from pytest_packcheck.models import build_model, resolve_model
     from pytest_packcheck.specs import parse_model_spec
-    from pytest_packcheck.backends import REFERENCE_BACKEND, register_reference_backend
 
     if backend == REFERENCE_BACKEND:
         register_reference_backend()

@@ -16,7 +16,7 @@ class DropPositionIds(torch.nn.Module):
         self.inner = model
         self.config = model.config
 
-    def forward(self, input_ids=None, position_ids=None, **kwargs):  # noqa: ARG002 - dropped on purpose
+    def forward(self, input_ids=None, position_ids=None, **kwargs):
         return self.inner(input_ids=input_ids, **kwargs)
 
     def named_parameters(self, *args, **kwargs):

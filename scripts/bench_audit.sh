@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Benchmark: wall time of `packcheck audit` on the default set (and optionally --all-architectures), 2 workers.
+# Usage: scripts/bench_audit.sh [--all]   Prints the seconds; the brief's targets are 180 s (default) and 900 s (all).
+set -euo pipefail
+out=$(mktemp -d)
+args=()
+[[ "${1:-}" == "--all" ]] && args+=(--all-architectures)
+start=$(date +%s.%N)
+packcheck audit -q --packcheck-report-dir "$out" "${args[@]}" > "$out/log.txt" 2>&1 || { tail -20 "$out/log.txt"; exit 1; }
+end=$(date +%s.%N)
+cells=$(python3 -c "import json,sys; print(len(json.load(open('$out/packcheck-matrix.json'))['cells']))")
+printf 'packcheck audit %s: %.1f s wall, %s cells (%s)\n' "${args[*]:-default}" "$(echo "$end - $start" | bc)" "$cells" "$(nproc) cores"

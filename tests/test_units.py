@@ -1,0 +1,118 @@
+"""Unit tests of the pure modules: specs, config shrinking, tolerances, rendering, the reference kernel."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from pytest_packcheck.backends import varlen_reference_kernel
+from pytest_packcheck.errors import PackcheckUsageError
+from pytest_packcheck.models import resolve_model, shrink_config
+from pytest_packcheck.report import cell_status, render_markdown
+from pytest_packcheck.results import SCHEMA_VERSION, CellResult, build_document, load_document
+from pytest_packcheck.settings import load_tolerances
+from pytest_packcheck.specs import load_audit, parse_model_spec
+
+
+def test_parse_specs():
+    assert parse_model_spec("meta-llama/Llama-3.2-1B@abc123", "t").revision == "abc123"
+    assert parse_model_spec("arch:qwen3", "t").kind == "arch"
+    with pytest.raises(PackcheckUsageError, match="Malformed model spec 'a/b/c' \\(from t\\)"):
+        parse_model_spec("a/b/c", "t")
+
+
+def test_default_audit_lists_the_announced_architectures():
+    audit = load_audit("default")
+    names = {m.removeprefix("arch:") for m in audit.models}
+    assert {"llama", "mistral", "dbrx", "falcon", "qwen3_next", "mamba", "deepseek_v3"} <= names and len(names) == 26
+
+
+def test_shrink_keeps_attention_features(offline_hub):
+    from pytest_packcheck.specs import parse_model_spec as p
+
+    gemma = resolve_model(p("google/gemma-2-2b-it", "t"), "t").config
+    tiny = shrink_config(gemma)
+    assert tiny.num_attention_heads // tiny.num_key_value_heads == gemma.num_attention_heads // gemma.num_key_value_heads
+    assert set(tiny.layer_types) == {"sliding_attention", "full_attention"}
+    assert tiny.sliding_window == 8 and tiny.attn_logit_softcapping == gemma.attn_logit_softcapping
+    assert tiny.head_dim == 16 and tiny.vocab_size == 512
+    assert gemma.num_hidden_layers == 26  # the original is untouched
+    qwen = resolve_model(p("Qwen/Qwen2.5-0.5B", "t"), "t").config
+    tq = shrink_config(qwen)
+    assert tq.num_attention_heads // tq.num_key_value_heads == 7  # 14 / 2 heads: GQA ratio kept
+    llama = resolve_model(p("meta-llama/Llama-3.2-1B", "t"), "t")
+    assert shrink_config(llama.config).rope_parameters["rope_type"] == "llama3"
+    assert llama.revision == offline_hub["meta-llama/Llama-3.2-1B"]
+
+
+def test_shrink_keeps_hybrid_and_mla_layers():
+    from transformers import CONFIG_MAPPING
+
+    nxt = shrink_config(CONFIG_MAPPING["qwen3_next"]())
+    assert set(nxt.layer_types) == {"linear_attention", "full_attention"}
+    ds = shrink_config(CONFIG_MAPPING["deepseek_v3"]())
+    assert ds.kv_lora_rank == 32 and ds.qk_head_dim == ds.qk_rope_head_dim + ds.qk_nope_head_dim
+
+
+def test_tolerances_override_and_errors(tmp_path):
+    tol, label = load_tolerances(None, ["float32.logits_atol=1e-3", "loss_atol=2"], "t")
+    assert tol["float32"]["logits_atol"] == 1e-3 and tol["bfloat16"]["loss_atol"] == 2.0 and "logits_atol" in label
+    bad = tmp_path / "tol.toml"
+    bad.write_text("[float32]\nlogit_atol = 1\n")
+    with pytest.raises(PackcheckUsageError, match="unknown key float32.logit_atol.*Did you mean 'logits_atol'"):
+        load_tolerances(str(bad), [], "t")
+
+
+def test_reference_kernel_matches_sdpa_per_segment():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(9, 4, 8), torch.randn(9, 2, 8), torch.randn(9, 2, 8)
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32)
+    out = varlen_reference_kernel(q, k, v, cu, cu, 5, 5, causal=True)
+    for s, e in [(0, 4), (4, 9)]:
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            q[s:e].transpose(0, 1), k[s:e].transpose(0, 1).repeat_interleave(2, 0), v[s:e].transpose(0, 1).repeat_interleave(2, 0), is_causal=True
+        ).transpose(0, 1)
+        assert torch.allclose(out[s:e], ref, atol=1e-6)
+
+
+@pytest.mark.parametrize(("cu", "match"), [(torch.tensor([0, 4, 9]), "int32"), (torch.tensor([1, 9], dtype=torch.int32), "start at 0")])
+def test_reference_kernel_rejects_bad_cu_seqlens(cu, match):
+    q = torch.randn(9, 2, 8)
+    with pytest.raises(ValueError, match=match):
+        varlen_reference_kernel(q, q, q, cu, cu, 9, 9)
+
+
+def _cell(**kw):
+    base = {"cell_id": "m-sdpa-isolation-float32", "model": {"label": "m", "model_type": "llama", "model_class": "L", "revision": None},
+                "backend": "sdpa", "check": "isolation", "dtype": "float32", "status": "pass", "metrics": {"max_change": 0.0}, "message": "ok"}
+    base.update(kw)
+    return CellResult(**base)
+
+
+def test_markdown_escapes_model_strings_and_backs_verdicts_with_numbers():
+    evil = _cell(status="error", message="boom | <script>alert(1)</script> [x](http://evil)",
+                 model={"label": "a|b", "model_type": "llama", "model_class": "L", "revision": None})
+    doc = build_document([_cell(), evil, _cell(cell_id="m-sdpa-grad_parity-float32", check="grad_parity", status="fail",
+                                               metrics={"grad_rel_err": 0.25}, message="gradients differ")],
+                         {"transformers": "5.24.0", "torch": "2.13.0"}, {"backends": ["sdpa"], "checks": ["isolation", "grad_parity"]}, "pytest x")
+    md = render_markdown(doc)
+    assert "<script>" not in md and "[x](http" not in md and "\\[x\\]" in md and "a\\|b" in md
+    assert "rel 2.5e-01" in md and "Δ 0.0e+00" in md and "5.24.0" in md and "pytest x" in md
+
+
+def test_cell_status_ignores_skipped_unless_all_skipped():
+    assert cell_status(["pass", "skipped"]) == "pass"
+    assert cell_status(["skipped", "skipped"]) == "skipped"
+    assert cell_status(["pass", "fallback", "fail"]) == "fail"
+
+
+def test_load_document_schema(tmp_path):
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps({"schema_version": SCHEMA_VERSION + 1, "cells": []}))
+    with pytest.raises(PackcheckUsageError, match="schema_version 2, newer than 1"):
+        load_document(p)
+    p.write_text("{not json")
+    with pytest.raises(PackcheckUsageError, match="not valid JSON"):
+        load_document(p)
