@@ -67,6 +67,7 @@ class ResolvedModel:
     model_class: str
     revision: str | None  # commit SHA when the Hub cache gives one
     notes: list[str] = field(default_factory=list)
+    error: str | None = None  # the config itself cannot be built: every cell of this model is an error
 
     def record(self) -> dict[str, Any]:
         return {
@@ -112,7 +113,13 @@ def resolve_model(spec: ModelSpec, source: str, trust_remote_code: bool = False)
                 f"transformers.{closest(spec.name, list(CONFIG_MAPPING.keys()))} "
                 "`packcheck audit --all-architectures` lists the causal-LM ones."
             )
-        config = CONFIG_MAPPING[spec.name]()
+        try:
+            config = CONFIG_MAPPING[spec.name]()
+        except Exception as exc:  # noqa: BLE001 - a default config that does not validate is an error cell
+            cls = causal_lm_class_name(spec.name) or "?"
+            text = " ".join(str(exc).split())[:300]
+            return ResolvedModel(spec=spec, config=None, model_type=spec.name, model_class=cls, revision=None,
+                                 error=f"{type(exc).__name__} building the default {spec.name} config: {text}")
     else:
         config_dict, revision = _read_config_dict(spec, source)
         if "auto_map" in config_dict and not trust_remote_code:

@@ -135,6 +135,8 @@ class CellRunner:
         if key != self._key:
             self._key, self._bench = key, None
             try:
+                if resolved.error:
+                    raise RuntimeError(resolved.error)
                 if backend == REFERENCE_BACKEND:
                     register_reference_backend()
                 model = build_model(resolved, backend, cell.dtype, self.weights, self.device, trust_remote_code=self.trust_remote_code)
