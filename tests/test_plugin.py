@@ -109,3 +109,18 @@ def test_plugin_import_is_light():
     code = "import sys, pytest_packcheck.plugin; print('torch' in sys.modules, 'transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_local_directory_with_pretrained_weights(pytester, tmp_path):
+    """--packcheck-weights=pretrained loads saved weights with from_pretrained (local directory spec)."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=128)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "tiny-llama")
+    result = pytester.runpytest_subprocess(f"--packcheck-models={tmp_path / 'tiny-llama'}", "--packcheck-weights=pretrained",
+                                           "--packcheck-attn=sdpa", "--packcheck-checks=isolation,logits_parity", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
+    cells = _doc(pytester)["cells"]
+    assert {c["cell_id"] for c in cells} == {"tiny-llama-sdpa-isolation-float32", "tiny-llama-sdpa-logits_parity-float32"}
+    assert cells[0]["model"]["kind"] == "local"
