@@ -52,6 +52,14 @@ _FIXED = {
     "time_step_rank": 8,
     "word_embed_proj_dim": TINY_HIDDEN,
 }
+#: Random-weight models above this many parameters are refused (the shrink missed a size key).
+MAX_RANDOM_PARAMS = 30_000_000
+
+
+class ShrinkError(RuntimeError):
+    """packcheck could not make a tiny model of this config (a limit of packcheck, not of the model)."""
+
+
 _SPECIAL_TOKEN_KEYS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id")
 _LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
 _DROP_KEYS = ("quantization_config", "auto_map", "_name_or_path", "transformers_version")
@@ -217,7 +225,16 @@ def shrink_config(config: Any) -> Any:
     d = copy.deepcopy(config.to_dict())
     for key in _DROP_KEYS:
         d.pop(key, None)
-    amap = dict(getattr(config, "attribute_map", {}) or {})
+    _shrink_dict(d, dict(getattr(config, "attribute_map", {}) or {}))
+    return type(config).from_dict(d)
+
+
+def _shrink_dict(d: dict[str, Any], amap: dict[str, str]) -> None:
+    """Shrink one config dict in place, then every nested sub-config (text_config, vision_config, ...) of a
+    composite model."""
+    for key, value in d.items():
+        if isinstance(value, dict) and ("model_type" in value or key.endswith("_config")) and key not in ("attn_config", "ffn_config"):
+            _shrink_dict(value, {})
 
     def real(key: str) -> str:
         return amap.get(key, key) if key not in d and amap.get(key, key) in d else key
@@ -318,8 +335,6 @@ def shrink_config(config: Any) -> Any:
                 d[key] = TINY_VOCAB - 1 - _SPECIAL_TOKEN_KEYS.index(key)
             elif isinstance(value, list):
                 d[key] = [v if v < TINY_VOCAB else TINY_VOCAB - 1 for v in value]
-    new = type(config).from_dict(d)
-    return new
 
 
 def build_model(
@@ -349,7 +364,20 @@ def build_model(
             trust_remote_code=trust_remote_code,
         )
     else:
-        config = shrink_config(copy.deepcopy(resolved.config))
+        try:
+            config = shrink_config(copy.deepcopy(resolved.config))
+            # Count parameters on the meta device first: a config whose size keys the shrink does not know
+            # would otherwise allocate a full-size model (an OOM kill on a 24 GB machine, seen with llama4).
+            with torch.device("meta"):
+                probe = AutoModelForCausalLM.from_config(copy.deepcopy(config), trust_remote_code=trust_remote_code)
+            n_params = sum(p.numel() for p in probe.parameters())
+        except Exception as exc:
+            raise ShrinkError(f"packcheck's shrunk {resolved.model_type} config does not build: {type(exc).__name__}: {exc}") from exc
+        if n_params > MAX_RANDOM_PARAMS:
+            raise ShrinkError(
+                f"packcheck's shrink left {resolved.model_type} at {n_params / 1e6:.0f}M parameters (limit "
+                f"{MAX_RANDOM_PARAMS / 1e6:.0f}M): its config has size keys the shrink does not know"
+            )
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(
             config, attn_implementation=attn_implementation, dtype=torch_dtype, trust_remote_code=trust_remote_code
