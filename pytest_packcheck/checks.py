@@ -94,7 +94,8 @@ class Workbench:
 
     def solo_logits(self) -> list[Any]:
         """Logits ``(len_i, vocab)`` float32 of each example run alone (positions from ``start``)."""
-        if "solo" not in self._cache:
+        key = ("solo", id(self.model))
+        if key not in self._cache:
             import torch
 
             outs = []
@@ -102,11 +103,17 @@ class Workbench:
                 ids = torch.tensor([e], device=self.device)
                 pos = torch.arange(self.start, self.start + len(e), device=self.device)[None]
                 outs.append(self.forward({"input_ids": ids, "position_ids": pos}).logits[0].float())
-            self._cache["solo"] = outs
-        return self._cache["solo"]
+            self._cache[key] = outs
+        return self._cache[key]
 
     def packed_logits(self, batch: dict[str, Any] | None = None, **kwargs: Any) -> Any:
-        """Logits ``(total_tokens, vocab)`` float32 of the flattened row."""
+        """Logits ``(total_tokens, vocab)`` float32 of the flattened row (the default row's are cached, keyed by
+        the model and collator in use, so a planted fault swapped in by a test is never served stale logits)."""
+        if batch is None and not kwargs:
+            key = ("packed", id(self.model), id(self.collator_factory))
+            if key not in self._cache:
+                self._cache[key] = self.forward(self.packed()).logits[0].float()
+            return self._cache[key]
         return self.forward(batch or self.packed(), **kwargs).logits[0].float()
 
     def diff_to_solo(self, logits: Any, skip_first: bool = False) -> tuple[float, list[float]]:
@@ -238,7 +245,7 @@ def check_position_ids(bench: Workbench) -> CheckResult:
     if bench.accepted is not None and "position_ids" not in bench.accepted:
         return CheckResult("fail", {}, f"{type(bench.model).__name__}.forward takes no position_ids: packed positions cannot reach the model")
     batch = bench.packed()
-    packed = bench.packed_logits(batch)
+    packed = bench.packed_logits()
     plain = dict(batch)
     total = sum(bench.lengths)
     plain["position_ids"] = torch.arange(bench.start, bench.start + total, device=bench.device)[None]
@@ -266,7 +273,7 @@ def check_isolation(bench: Workbench) -> CheckResult:
     perturbed[0] = [(t + 1 + vocab // 2) % vocab for t in perturbed[0]]
     rest = slice(bench.lengths[0], sum(bench.lengths))
     base_batch, pert_batch = bench.packed(), bench.packed(perturbed)
-    moved = float((bench.packed_logits(base_batch)[rest] - bench.packed_logits(pert_batch)[rest]).abs().max())
+    moved = float((bench.packed_logits()[rest] - bench.packed_logits(pert_batch)[rest]).abs().max())
     total = sum(bench.lengths)
     plain = torch.arange(bench.start, bench.start + total, device=bench.device)[None]
     control = float(
@@ -445,7 +452,7 @@ def check_backend(bench: Workbench) -> CheckResult:
     effective = getattr(bench.model.config, "_attn_implementation", None)
     expected = expected_attention_calls(bench.model)
     with capture_warnings() as logged, count_attention_calls(bench.model, bench.lengths) as probe:
-        bench.packed_logits()
+        bench.forward(bench.packed())  # a real forward, never the cached logits
     counts = probe.counts()
     on_requested = sum(v for k, v in counts.items() if k == requested or (requested == "sdpa" and k.startswith("sdpa")))
     others = {k: v for k, v in counts.items() if not (k == requested or (requested == "sdpa" and k.startswith("sdpa")))}
@@ -501,7 +508,7 @@ def check_cache_trap(bench: Workbench) -> CheckResult:
     finally:
         model.eval()
     diff_default, _ = bench.diff_to_solo(default_logits)
-    diff_no_cache, _ = bench.diff_to_solo(bench.packed_logits(batch))
+    diff_no_cache, _ = bench.diff_to_solo(bench.packed_logits())
     atol = bench.tol["logits_atol"]
     metrics = {"config_use_cache": getattr(model.config, "use_cache", None), "max_abs_diff_default": diff_default,
                "max_abs_diff_use_cache_false": diff_no_cache, "atol": atol}

@@ -60,9 +60,12 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     from .errors import PackcheckUsageError
 
     try:
-        items[:0] = state.make_items(session)
+        cells = state.make_items(session)
     except PackcheckUsageError as exc:
         raise pytest.UsageError(str(exc)) from None
+    items[:0] = cells
+    # Tell reporters (the "collected N items" line) about the items made here.
+    config.hook.pytest_collectreport(report=pytest.CollectReport("packcheck", "passed", None, cells))
 
 
 @pytest.hookimpl(trylast=True)

@@ -105,11 +105,18 @@ def _no_compile_on_cpu(backend: str | None, device: str) -> Iterator[None]:
         kwargs["_compile"] = False
         return block_mask(*args, **kwargs)
 
+    import torch.nn.attention.flex_attention as torch_flex
+
     flex_integration.compile_friendly_flex_attention = eager_flex_attention
     masking_utils.create_block_mask = eager_block_mask
+    # torch's documented switch for running flex_attention's higher-order op without dynamo (forward only,
+    # which is all CPU offers): no tracing per shape. Parity against per-example runs still checks the result.
+    debug_flag = torch_flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG
+    torch_flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True
     try:
         yield
     finally:
+        torch_flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = debug_flag
         flex_integration.compile_friendly_flex_attention = compiled
         masking_utils.create_block_mask = block_mask
 

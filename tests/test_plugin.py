@@ -124,3 +124,9 @@ def test_local_directory_with_pretrained_weights(pytester, tmp_path):
     cells = _doc(pytester)["cells"]
     assert {c["cell_id"] for c in cells} == {"tiny-llama-sdpa-isolation-float32", "tiny-llama-sdpa-logits_parity-float32"}
     assert cells[0]["model"]["kind"] == "local"
+
+
+def test_missing_revision_offline(pytester, offline_hub):
+    result = pytester.runpytest_subprocess("--packcheck-models=meta-llama/Llama-3.2-1B@v9.9", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: Model 'meta-llama/Llama-3.2-1B@v9.9' (from --packcheck-models) is not in the local Hub cache at revision 'v9.9'*"])

@@ -116,3 +116,14 @@ def test_load_document_schema(tmp_path):
     p.write_text("{not json")
     with pytest.raises(PackcheckUsageError, match="not valid JSON"):
         load_document(p)
+
+
+def test_oversized_shrunk_model_is_refused_before_allocation(monkeypatch, tolerances):
+    """A config the shrink cannot make tiny is an error cell (counted on the meta device), never an OOM kill."""
+    from pytest_packcheck import models
+    from pytest_packcheck.runner import Cell, CellRunner
+
+    monkeypatch.setattr(models, "MAX_RANDOM_PARAMS", 1000)
+    resolved = resolve_model(parse_model_spec("arch:llama", "t"), "t")
+    result = CellRunner([resolved], tolerances).run(Cell(0, "llama", "sdpa", "isolation", "float32"))
+    assert result.status == "error" and "shrink left llama at" in result.message and "limit" in result.message
