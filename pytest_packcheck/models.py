@@ -28,6 +28,7 @@ _FIXED = {
     "intermediate_size": 2 * TINY_HIDDEN,
     "ffn_hidden_size": 2 * TINY_HIDDEN,
     "ffn_dim": 2 * TINY_HIDDEN,
+    "intermediate_size_mlp": 2 * TINY_HIDDEN,
     "n_inner": 2 * TINY_HIDDEN,
     "moe_intermediate_size": TINY_HIDDEN // 2,
     "shared_expert_intermediate_size": TINY_HIDDEN // 2,
@@ -51,6 +52,20 @@ _FIXED = {
     "state_size": 8,
     "time_step_rank": 8,
     "word_embed_proj_dim": TINY_HIDDEN,
+    # hybrid mamba2 blocks (falcon_h1 and friends): n_heads * d_head == d_ssm
+    "mamba_d_ssm": 64,
+    "mamba_n_heads": 8,
+    "mamba_d_head": 8,
+    "mamba_d_state": 16,
+    "mamba_chunk_size": 16,
+    # encoder-decoder families used as causal decoders (bart, blenderbot, ...)
+    "encoder_layers": 2,
+    "decoder_layers": 2,
+    "encoder_ffn_dim": 2 * TINY_HIDDEN,
+    "decoder_ffn_dim": 2 * TINY_HIDDEN,
+    "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4,
+    "d_model": TINY_HIDDEN,
 }
 #: Random-weight models above this many parameters are refused (the shrink missed a size key).
 MAX_RANDOM_PARAMS = 30_000_000
@@ -198,12 +213,18 @@ def _read_config_dict(spec: ModelSpec, source: str) -> tuple[dict[str, Any], str
     return json.loads(Path(path).read_text()), revision
 
 
+def _is_index_list(value: Any, n_layers: int) -> bool:
+    """A list of layer indices (moe_layers=[0, 1, ...]) rather than one entry per layer."""
+    return (isinstance(value, list) and bool(value) and all(type(v) is int for v in value)
+            and value == sorted(set(value)) and value[-1] < n_layers and len(set(value)) == len(value) and len(value) > 2)
+
+
 def _per_layer_indices(d: dict[str, Any], n_layers: int) -> list[int]:
     """Layers to keep: the first of each distinct value of every per-layer list (layer_types, no_rope_layers,
     ...), so a shrunk model still has every kind of layer (sliding and full, linear and full attention)."""
     keep = {0, 1} if n_layers > 1 else {0}
     for value in d.values():
-        if isinstance(value, list) and len(value) == n_layers and n_layers > 1:
+        if isinstance(value, list) and len(value) == n_layers and n_layers > 1 and not _is_index_list(value, n_layers):
             seen: set[str] = set()
             for i, item in enumerate(value):
                 key = repr(item)
@@ -245,7 +266,9 @@ def _shrink_dict(d: dict[str, Any], amap: dict[str, str]) -> None:
         n_layers = int(d[layer_key])
         keep = _per_layer_indices(d, n_layers)
         for key, value in list(d.items()):
-            if isinstance(value, list) and len(value) == n_layers and n_layers > 1:
+            if _is_index_list(value, n_layers):  # renumber layer indices into the kept layers
+                d[key] = [keep.index(i) for i in value if i in keep]
+            elif isinstance(value, list) and len(value) == n_layers and n_layers > 1:
                 d[key] = [value[i] for i in keep]
         d[layer_key] = len(keep)
         for key in ("first_k_dense_replace", "max_window_layers"):
@@ -322,7 +345,7 @@ def _shrink_dict(d: dict[str, Any], amap: dict[str, str]) -> None:
                 sub[key] = 0.0
 
     # sliding window: shorter than the examples, so the window is exercised on every packed row
-    for key in ("sliding_window", "attention_window_size"):
+    for key in ("sliding_window", "attention_window_size", "attention_chunk_size"):
         if isinstance(d.get(key), int) and d[key] > TINY_SLIDING_WINDOW:
             d[key] = TINY_SLIDING_WINDOW
 

@@ -85,11 +85,23 @@ class PackcheckSession:
 
     def runner(self) -> Any:
         if self._runner is None:
+            self._limit_threads()
             from .runner import CellRunner
 
             self._runner = CellRunner(self.resolved_models(), self.settings.tolerances, self.settings.weights,
                                       self.settings.device, self.settings.trust_remote_code)
         return self._runner
+
+    def _limit_threads(self) -> None:
+        """Under pytest-xdist, give each worker its share of the cores: tiny models on oversubscribed torch
+        thread pools run several times slower (2 workers x 2 threads on 2 cores)."""
+        worker = getattr(self.config, "workerinput", None)
+        if worker is None or os.environ.get("OMP_NUM_THREADS"):
+            return
+        import torch
+
+        workers = int(worker.get("workercount", 1) or 1)
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
     def make_items(self, session: pytest.Session) -> list[pytest.Item]:
         from .runner import plan_cells
