@@ -171,9 +171,13 @@ def _summary_cell(group: list[dict[str, Any]], note: Any) -> str:
     bad = [c for c in sorted(group, key=lambda c: (_rank(c["status"]), c["check"])) if c["status"] != "pass"]
     if not bad:
         return SYMBOLS[status]
-    messages = {c["message"] for c in bad}
-    if len(bad) == len(group) and len(messages) == 1:
-        return f"{SYMBOLS[status]} {status}{note(escape_md(bad[0]['message']))}"
+    ran_bad = [c for c in bad if c["status"] != "skipped"]
+    ran = [c for c in group if c["status"] != "skipped"]
+    if ran_bad and len(ran_bad) == len(ran) and len({c["message"] for c in ran_bad}) == 1:
+        # every check that ran failed the same way (the model did not build): one message
+        skipped = [c for c in bad if c["status"] == "skipped"]
+        extra = " " + " ".join(f"({c['check']} skipped{note(escape_md(c['check'] + ': ' + c['message']))})" for c in skipped) if skipped else ""
+        return f"{SYMBOLS[status]} {status}{note(escape_md(ran_bad[0]['message']))}{extra}"
     names = ", ".join(c["check"] + (" (skipped)" if c["status"] == "skipped" else "") for c in bad)
     text = "; ".join(f"{c['check']} {c['status']}: {c['message']}" for c in bad)
     return f"{SYMBOLS[status]} {names}{note(escape_md(text))}"
