@@ -38,14 +38,14 @@ def _parser() -> argparse.ArgumentParser:
 def _pytest_args(ns: argparse.Namespace) -> list[str]:
     args: list[str] = []
     given = {opt.dest: getattr(ns, opt.dest) for opt in OPTIONS}
-    if not given["packcheck_models"] and not given["packcheck_audit"] and not given["packcheck_all_architectures"]:
+    if given["packcheck_models"] is None and not given["packcheck_audit"] and not given["packcheck_all_architectures"]:
         given["packcheck_audit"] = "default"
     if given["packcheck_audit"] and not os.path.isabs(given["packcheck_audit"]) and given["packcheck_audit"].endswith(".toml"):
         given["packcheck_audit"] = str(Path(given["packcheck_audit"]).resolve())
     given["packcheck_report_dir"] = str(Path(given["packcheck_report_dir"] or "reports").resolve())
     for opt in OPTIONS:
         value = given[opt.dest]
-        if value in (None, False, []):
+        if value is None or value is False or value == []:
             continue
         if opt.action == "store_true":
             args.append(opt.flag)
@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             print("packcheck: pytest-xdist not installed; running in one process", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="packcheck-") as root:
         full = [root, "--rootdir", root, "-p", "no:cacheprovider", "-o", "addopts=", "-o", "testpaths=",
+                "-W", "ignore::pytest.PytestAssertRewriteWarning",
                 "-c", os.devnull, *(["-q"] if ns.quiet else []), "-rN", *args, *ns.pytest_args]
         code = pytest.main(full)
     if code in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):

@@ -191,7 +191,8 @@ def _read_config_dict(spec: ModelSpec, source: str) -> tuple[dict[str, Any], str
         ) from None
     except hub_errors.RepositoryNotFoundError:
         raise PackcheckUsageError(
-            f"Unknown Hub model ID '{spec.name}' (from {source}): check the spelling on the Hub, or log in for a private repo."
+            f"Unknown Hub model ID '{spec.name}' (from {source}): check the spelling on the Hub, or log in for a private "
+            f"repo{_arch_hint(spec.name)}."
         ) from None
     except hub_errors.RevisionNotFoundError:
         raise PackcheckUsageError(
@@ -201,8 +202,8 @@ def _read_config_dict(spec: ModelSpec, source: str) -> tuple[dict[str, Any], str
         rev = f" at revision '{spec.revision}'" if spec.revision else ""
         raise PackcheckUsageError(
             f"Model '{spec.raw}' (from {source}) is not in the local Hub cache{rev} and the Hub cannot be reached "
-            "(offline): run once online, or `hf download "
-            f"{spec.name} config.json`, or unset HF_HUB_OFFLINE."
+            f"(no network, or HF_HUB_OFFLINE=1): run once online or `hf download {spec.name} config.json`"
+            f"{_arch_hint(spec.name)}."
         ) from None
     except hub_errors.EntryNotFoundError:
         raise PackcheckUsageError(
@@ -217,6 +218,12 @@ def _is_index_list(value: Any, n_layers: int) -> bool:
     """A list of layer indices (moe_layers=[0, 1, ...]) rather than one entry per layer."""
     return (isinstance(value, list) and bool(value) and all(type(v) is int for v in value)
             and value == sorted(set(value)) and value[-1] < n_layers and len(set(value)) == len(value) and len(value) > 2)
+
+
+def _arch_hint(name: str) -> str:
+    from transformers import CONFIG_MAPPING
+
+    return f" (or did you mean arch:{name})" if "/" not in name and name in CONFIG_MAPPING else ""
 
 
 def _per_layer_indices(d: dict[str, Any], n_layers: int) -> list[int]:

@@ -32,6 +32,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "xdist_group(name): packcheck groups a model's cells on one xdist worker")
     from .errors import PackcheckUsageError
     from .settings import resolve
 
@@ -42,6 +43,9 @@ def pytest_configure(config: pytest.Config) -> None:
         from .session import PackcheckSession
 
         state = PackcheckSession(config, settings)
+        # Resolve the model specs now (config.json only), on the xdist controller too, so that a bad spec is
+        # one usage error before any worker starts, not an empty run.
+        state.resolved_models()
         config.stash[_SESSION_KEY] = state
         config.pluginmanager.register(_ResultRecorder(state), "packcheck-results")
     except PackcheckUsageError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -67,12 +68,28 @@ class PackcheckSession:
         self._check_report_dir()
 
     def _check_report_dir(self) -> None:
+        """Create the report folder and write a probe file now, so an unwritable folder is a usage error before
+        any cell runs (not a traceback after all of them)."""
+        if hasattr(self.config, "workerinput"):
+            return
         path = Path(self.settings.report_dir)
-        probe = path if path.exists() else next((p for p in path.parents if p.exists()), Path("."))
-        if not os.access(probe, os.W_OK) or (path.exists() and not path.is_dir()):
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=path, prefix=".packcheck-probe"):
+                pass
+        except OSError as exc:
             raise PackcheckUsageError(
-                f"Report directory '{path}' (from --packcheck-report-dir) is not writable: pass a writable folder."
-            )
+                f"Report directory '{path}' (from --packcheck-report-dir) is not writable ({exc.strerror}): "
+                "pass a writable folder."
+            ) from None
+        if self.settings.device.startswith("cuda"):
+            import torch
+
+            if not torch.cuda.is_available():
+                raise PackcheckUsageError(
+                    f"Device '{self.settings.device}' (from --packcheck-device) is not available: torch "
+                    f"{torch.__version__} sees no CUDA device. Use --packcheck-device=cpu."
+                )
 
     def resolved_models(self) -> list[Any]:
         if self._resolved is None:
@@ -126,7 +143,10 @@ class PackcheckSession:
         if not self.results:
             return
         cells = [CellResult.from_dict(d) for d in self.results.values()]
-        command = "pytest " + " ".join(shlex.quote(f) for f in self.settings.reproduce_flags())
+        flags = list(self.settings.reproduce_flags())
+        if self.config.option.keyword:
+            flags += ["-k", self.config.option.keyword]
+        command = "pytest " + " ".join(shlex.quote(f) for f in flags)
         command = os.environ.get("PACKCHECK_REPRODUCE", command)  # set by `packcheck audit` to its own argv
         self.document = build_document(cells, environment(self.settings.device), self.settings.as_dict(), command)
         out = Path(self.settings.report_dir)

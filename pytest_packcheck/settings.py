@@ -143,11 +143,18 @@ def load_tolerances(path: str | None, overrides: list[str] | None, source: str) 
     keys = tuple(base["float32"])
     out: dict[str, dict[str, float]] = {}
     for dtype, table in data.items():
-        if dtype not in DTYPES:
+        if isinstance(table, dict) and dtype not in DTYPES:
             raise PackcheckUsageError(f"Tolerance file {file} has unknown dtype table [{dtype}]. Expected: {', '.join(DTYPES)}.{closest(dtype, DTYPES)}")
         for key in table:
             if key not in keys:
                 raise PackcheckUsageError(f"Tolerance file {file} has unknown key {dtype}.{key}. Expected: {', '.join(keys)}.{closest(key, keys)}")
+        if not isinstance(table, dict):
+            raise PackcheckUsageError(f"Tolerance file {file} (from {source}) has a top-level key '{dtype}': put keys under a dtype table such as [float32].")
+        for key, value in table.items():
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise PackcheckUsageError(
+                    f"Tolerance {dtype}.{key} = {value!r} in {file} (from {source}) must be a non-negative number."
+                )
         out[dtype] = {**base.get(dtype, {}), **{k: float(v) for k, v in table.items()}}
     for dtype in DTYPES:
         out.setdefault(dtype, dict(base[dtype]))
@@ -163,7 +170,9 @@ def load_tolerances(path: str | None, overrides: list[str] | None, source: str) 
         try:
             number = float(rhs)
         except ValueError:
-            raise PackcheckUsageError(f"Tolerance override '{item}' (from {OPT_TOLERANCE}) has a non-numeric value '{rhs}'.") from None
+            number = -1.0
+        if not number >= 0:
+            raise PackcheckUsageError(f"Tolerance override '{item}' (from {OPT_TOLERANCE}) needs a non-negative number, got '{rhs}'.")
         for t in targets:
             out[t][key] = number
         label += f" + {item}"
@@ -184,7 +193,7 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
 
     def pick(opt: Option) -> tuple[Any, str]:
         cli = get_option(opt.dest)
-        if cli not in (None, [], False):
+        if cli is not None and cli is not False and cli != []:
             return cli, opt.flag
         if opt.env and os.environ.get(opt.env):
             return os.environ[opt.env], f"${opt.env}"
@@ -196,6 +205,8 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
     models_value, models_source = pick(by_flag[OPT_MODELS])
     audit_value, _audit_source = pick(by_flag[OPT_AUDIT])
     all_archs, _ = pick(by_flag[OPT_ALL_ARCHS])
+    if models_value is not None and models_source == OPT_MODELS and not _split(models_value):
+        raise PackcheckUsageError(f"The model list from {OPT_MODELS} is empty: give at least one model, e.g. {OPT_MODELS}=arch:llama.")
     if not models_value and not audit_value and not all_archs:
         return None
     models: list[str] = _split(models_value) if models_value else []

@@ -17,7 +17,8 @@ import tomllib
 
 from .errors import PackcheckUsageError
 
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+# org/name, or a legacy ID without an org (gpt2, bert-base-uncased)
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
 # Wheels carry audit/ as pytest_packcheck/_audit (pyproject force-include); an editable install reads the
 # repository's audit/ folder directly.
 _HERE = Path(__file__).resolve().parent

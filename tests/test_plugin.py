@@ -130,3 +130,28 @@ def test_missing_revision_offline(pytester, offline_hub):
     result = pytester.runpytest_subprocess("--packcheck-models=meta-llama/Llama-3.2-1B@v9.9", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: Model 'meta-llama/Llama-3.2-1B@v9.9' (from --packcheck-models) is not in the local Hub cache at revision 'v9.9'*"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--packcheck-models=arch:t5", "-n", "2"], "*'t5' model with no causal-LM head*"),
+        (["--packcheck-models=", ], "The model list from --packcheck-models is empty*"),
+        (["--packcheck-models=arch:llama", "--packcheck-report-dir=/proc/nope"], "Report directory '/proc/nope' (from --packcheck-report-dir) is not writable*"),
+        (["--packcheck-models=arch:llama", "--packcheck-device=cuda"], "Device 'cuda' (from --packcheck-device) is not available*"),
+        (["--packcheck-models=llama"], "*not in the local Hub cache*did you mean arch:llama)."),
+    ],
+)
+def test_more_usage_errors(pytester, offline_hub, args, message):
+    pytest.importorskip("xdist")
+    result = pytester.runpytest_subprocess(*args, "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: " + message])
+
+
+def test_tolerance_file_values_are_checked(pytester, tmp_path):
+    bad = tmp_path / "tol.toml"
+    bad.write_text('[float32]\nlogits_atol = "abc"\n')
+    result = pytester.runpytest_subprocess("--packcheck-models=arch:llama", f"--packcheck-tolerances={bad}", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: Tolerance float32.logits_atol = 'abc' in * must be a non-negative number."])
