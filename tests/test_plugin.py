@@ -84,7 +84,7 @@ def test_usage_errors_are_one_line(pytester, args, message):
 def test_hub_errors_offline(pytester, offline_hub):
     result = pytester.runpytest_subprocess("--packcheck-models=nobody/missing-model", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["ERROR: Model 'nobody/missing-model' (from --packcheck-models) is not in the local Hub cache*offline*"])
+    result.stderr.fnmatch_lines(["ERROR: Model 'nobody/missing-model' (from --packcheck-models) is not in the local Hub cache*HF_HUB_OFFLINE=1*"])
 
 
 def test_remote_code_refused(pytester, tmp_path):
