@@ -35,6 +35,10 @@ def escape_md(text: Any) -> str:
     return s
 
 
+def _v(env: dict[str, Any], key: str) -> str:
+    return str(env.get(key) or "not installed")
+
+
 def _rank(status: str) -> int:
     return STATUSES.index(status)
 
@@ -94,9 +98,9 @@ def render_markdown(doc: dict[str, Any]) -> str:
 
     lines = [f"# packcheck support matrix{' — ' + escape_md(settings['audit']) if settings.get('audit') else ''}", ""]
     lines += [
-        (f"Measured with packcheck {env.get('packcheck')} on {escape_md(env.get('device_name'))} ({env.get('device')}): "
-        f"torch {env.get('torch')}, transformers {env.get('transformers')}, trl {env.get('trl')}, "
-        f"flash-attn {env.get('flash_attn')}, CUDA {env.get('cuda')}, Python {env.get('python')}. "
+        (f"Measured with packcheck {_v(env, 'packcheck')} on {escape_md(env.get('device_name'))} ({env.get('device')}): "
+        f"torch {_v(env, 'torch')}, transformers {_v(env, 'transformers')}, trl {_v(env, 'trl')}, "
+        f"flash-attn {_v(env, 'flash_attn')}, CUDA {env.get('cuda') or 'none (CPU build)'}, Python {_v(env, 'python')}. "
         f"Weights: {settings.get('weights')}; dtypes: {', '.join(dtypes)}."),
         "",
         "Reproduce:",
