@@ -31,7 +31,17 @@ def _parser() -> argparse.ArgumentParser:
     audit.add_argument("-n", "--workers", default="2",
                        help="pytest-xdist workers (default 2; 0 runs in this process).")
     audit.add_argument("-q", "--quiet", action="store_true", help="Less pytest output.")
+    audit.add_argument("--save-baseline", action="store_true",
+                       help="Also copy the results JSON to <report dir>/baseline.json for `packcheck gate`.")
     audit.add_argument("pytest_args", nargs="*", help="Extra pytest arguments after --, e.g. -- -k sdpa.")
+    gate = sub.add_parser("gate", help="Compare a candidate results JSON with a baseline; exit 1 if a cell got worse.")
+    gate.add_argument("--baseline", required=True, help="Baseline results JSON (e.g. reports/baseline.json).")
+    gate.add_argument("--candidate", required=True, help="Candidate results JSON (e.g. from the upgraded stack).")
+    gate.add_argument("--allow", action="append", default=[], metavar="CELL=REASON",
+                      help="Accept a regression of a cell id or id prefix (e.g. 'opt-sdpa=known OPT leak'); repeatable.")
+    merge = sub.add_parser("merge", help="Join results JSON files (shards of one audit) and render the matrix.")
+    merge.add_argument("files", nargs="+", help="Results JSON files.")
+    merge.add_argument("-o", "--output-dir", default="reports", help="Where packcheck-matrix.md / .json go (default reports).")
     return parser
 
 
@@ -64,6 +74,15 @@ def main(argv: list[str] | None = None) -> int:
     ns = _parser().parse_args(argv)
     import shlex
 
+    from .errors import PackcheckUsageError
+
+    if ns.command in ("gate", "merge"):
+        try:
+            return _gate(ns) if ns.command == "gate" else _merge(ns)
+        except PackcheckUsageError as exc:
+            print(f"packcheck {ns.command}: error: {exc}", file=sys.stderr)
+            return 2
+
     os.environ["PACKCHECK_REPRODUCE"] = "packcheck " + shlex.join(argv)
     args = _pytest_args(ns)
     workers = str(ns.workers)
@@ -80,10 +99,51 @@ def main(argv: list[str] | None = None) -> int:
                 "-c", os.devnull, *(["-q"] if ns.quiet else []), "-rN", *args, *ns.pytest_args]
         code = pytest.main(full)
     if code in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+        if ns.save_baseline:
+            import shutil
+
+            out = Path(ns.packcheck_report_dir or "reports")
+            shutil.copyfile(out / "packcheck-matrix.json", out / "baseline.json")
+            print(f"baseline written: {out / 'baseline.json'}")
         return 0
     if code == pytest.ExitCode.USAGE_ERROR:
         return 2
     return 3 if code != pytest.ExitCode.INTERRUPTED else 130
+
+
+def _gate(ns: argparse.Namespace) -> int:
+    from .gate import compare, regressions, render_changes
+    from .results import load_document
+
+    allow = {}
+    for item in ns.allow:
+        cell, sep, reason = item.partition("=")
+        if not sep or not cell or not reason:
+            from .errors import PackcheckUsageError
+
+            raise PackcheckUsageError(f"--allow '{item}' needs CELL=REASON, e.g. --allow 'opt-sdpa=known OPT leak'.")
+        allow[cell] = reason
+    baseline, candidate = load_document(ns.baseline), load_document(ns.candidate)
+    changes = compare(baseline, candidate, allow)
+    print(render_changes(changes, baseline["environment"], candidate["environment"]))
+    bad = regressions(changes)
+    print(f"\npackcheck gate: {len(bad)} regression(s), {len(changes)} changed cell(s)")
+    return 1 if bad else 0
+
+
+def _merge(ns: argparse.Namespace) -> int:
+    import json
+
+    from .gate import merge
+    from .report import render_markdown
+    from .results import atomic_write, load_document
+
+    doc = merge([load_document(f) for f in ns.files])
+    out = Path(ns.output_dir)
+    atomic_write(out / "packcheck-matrix.json", json.dumps(doc, indent=1) + "\n")
+    atomic_write(out / "packcheck-matrix.md", render_markdown(doc))
+    print(f"merged {len(ns.files)} files, {len(doc['cells'])} cells into {out}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,118 @@
+"""Baseline comparison: which cells got worse between two results documents (and merging documents).
+
+A cell is matched by (model label, backend, check, dtype). It got worse when its verdict moved down the order
+pass > skipped > unsupported > fallback > fail > error, or when it stayed a pass but a parity number grew beyond
+the candidate's tolerance. Pure functions: documents in, rows and a verdict out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import PackcheckUsageError
+from .report import KEY_METRIC, escape_md
+from .results import SCHEMA_VERSION
+
+# Better first: a pass that becomes anything else is a regression; skipped -> unsupported is too.
+_ORDER = ("pass", "skipped", "unsupported", "fallback", "fail", "error")
+_TOLERANCE_FOR = {
+    "logits_parity": "logits_atol",
+    "isolation": "isolation_atol",
+    "loss_parity": "loss_atol",
+    "grad_parity": "grad_rel_err",
+    "cache_trap": "logits_atol",
+}
+
+
+@dataclass(frozen=True)
+class Change:
+    key: tuple[str, str | None, str, str]
+    baseline: str | None
+    candidate: str | None
+    worse: bool
+    detail: str
+    allowed: str | None = None
+
+
+def _key(cell: dict[str, Any]) -> tuple[str, str | None, str, str]:
+    return (cell["model"]["label"], cell["backend"], cell["check"], cell["dtype"])
+
+
+def compare(baseline: dict[str, Any], candidate: dict[str, Any], allow: dict[str, str] | None = None) -> list[Change]:
+    """Cells whose verdict or key number changed. ``allow`` maps a cell id (or a prefix of one, e.g.
+    ``opt-sdpa``) to the reason the regression is accepted."""
+    allow = allow or {}
+    base = {_key(c): c for c in baseline["cells"]}
+    cand = {_key(c): c for c in candidate["cells"]}
+    changes: list[Change] = []
+    for key in sorted(set(base) | set(cand), key=lambda k: tuple(str(x) for x in k)):
+        b, c = base.get(key), cand.get(key)
+        if c is None:
+            changes.append(Change(key, b["status"], None, False, "cell not in candidate"))
+            continue
+        if b is None:
+            changes.append(Change(key, None, c["status"], c["status"] != "pass", "new cell"))
+            continue
+        worse = _ORDER.index(c["status"]) > _ORDER.index(b["status"])
+        detail = f"{b['message'][:80]} -> {c['message'][:80]}" if b["status"] != c["status"] else ""
+        metric = KEY_METRIC.get(c["check"], (None,))[0]
+        tol_key = _TOLERANCE_FOR.get(c["check"])
+        if b["status"] == c["status"] == "pass" and metric and tol_key:
+            old, new = b["metrics"].get(metric), c["metrics"].get(metric)
+            tol = c.get("tolerances", {}).get(tol_key)
+            if isinstance(old, int | float) and isinstance(new, int | float) and tol is not None and new - old > tol:
+                worse, detail = True, f"{metric} {old:.2e} -> {new:.2e} (grew by more than {tol_key}={tol:g})"
+        if b["status"] != c["status"] or worse:
+            cell_id = c["cell_id"]
+            reason = next((r for k, r in allow.items() if cell_id == k or cell_id.startswith(k + "-")), None)
+            changes.append(Change(key, b["status"], c["status"], worse, detail, reason))
+    return changes
+
+
+def regressions(changes: list[Change]) -> list[Change]:
+    """Changes that got worse and are not allowed."""
+    return [c for c in changes if c.worse and c.allowed is None]
+
+
+def render_changes(changes: list[Change], baseline_env: dict[str, Any], candidate_env: dict[str, Any]) -> str:
+    """A Markdown table of the changed cells, with both environments' library versions."""
+    from tabulate import tabulate
+
+    def versions(env: dict[str, Any]) -> str:
+        return ", ".join(f"{k} {env.get(k) or 'not installed'}" for k in ("torch", "transformers", "trl", "flash_attn"))
+
+    head = [f"baseline: {versions(baseline_env)}", f"candidate: {versions(candidate_env)}", ""]
+    if not changes:
+        return "\n".join([*head, "No cell changed."])
+    rows = [
+        ["-".join(str(x) for x in ch.key if x), ch.baseline or "—", ch.candidate or "—",
+         "REGRESSION" if ch.worse and not ch.allowed else ("allowed: " + escape_md(ch.allowed) if ch.allowed else "better/neutral"),
+         escape_md(ch.detail)]
+        for ch in changes
+    ]
+    return "\n".join([*head, tabulate(rows, headers=["cell", "baseline", "candidate", "verdict", "detail"], tablefmt="github")])
+
+
+def merge(documents: list[dict[str, Any]]) -> dict[str, Any]:
+    """Join results documents (shards of one audit). Cells keep their own environment; a cell present in
+    several documents must agree, else it is an error.
+
+    Raises:
+        PackcheckUsageError: no documents, or one cell with two different verdicts.
+    """
+    if not documents:
+        raise PackcheckUsageError("packcheck merge got no results files: pass at least one JSON file.")
+    cells: dict[str, dict[str, Any]] = {}
+    for doc in documents:
+        for cell in doc["cells"]:
+            cell = {**cell, "environment": cell.get("environment", doc["environment"])}
+            prev = cells.get(cell["cell_id"])
+            if prev is not None and prev["status"] != cell["status"]:
+                raise PackcheckUsageError(
+                    f"Cell {cell['cell_id']} is '{prev['status']}' in one file and '{cell['status']}' in another: "
+                    "merge shards of one audit, or gate them against each other instead."
+                )
+            cells[cell["cell_id"]] = cell
+    first = documents[0]
+    return {**first, "schema_version": SCHEMA_VERSION, "cells": [cells[k] for k in sorted(cells)]}

@@ -1,0 +1,77 @@
+"""packcheck gate / merge on real result documents (a small audit run once per module)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pytest_packcheck.gate import compare, merge, regressions
+
+
+@pytest.fixture(scope="module")
+def baseline_path(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gate")
+    proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "audit", "--models", "arch:llama,arch:opt",
+                           "--packcheck-attn", "sdpa", "--packcheck-checks", "isolation,logits_parity", "-n", "0", "-q",
+                           "--save-baseline"], cwd=root, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return root / "reports" / "baseline.json"
+
+
+def _gate(*args):
+    return subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "gate", *args], capture_output=True, text=True, check=False)
+
+
+def test_same_results_pass_the_gate(baseline_path):
+    proc = _gate("--baseline", str(baseline_path), "--candidate", str(baseline_path))
+    assert proc.returncode == 0 and "0 regression(s)" in proc.stdout
+
+
+def test_pass_to_fail_is_a_regression_unless_allowed(baseline_path, tmp_path):
+    doc = json.loads(baseline_path.read_text())
+    worse = copy.deepcopy(doc)
+    cell = next(c for c in worse["cells"] if c["cell_id"] == "llama-sdpa-isolation-float32")
+    cell["status"], cell["message"] = "fail", "leak across boundaries: 3.1e-01"
+    cand = tmp_path / "cand.json"
+    cand.write_text(json.dumps(worse))
+    proc = _gate("--baseline", str(baseline_path), "--candidate", str(cand))
+    assert proc.returncode == 1 and "REGRESSION" in proc.stdout and "llama-sdpa-isolation-float32" in proc.stdout
+    proc = _gate("--baseline", str(baseline_path), "--candidate", str(cand), "--allow", "llama-sdpa=accepted for the test")
+    assert proc.returncode == 0 and "allowed: accepted for the test" in proc.stdout
+
+
+def test_parity_number_growing_beyond_tolerance_is_a_regression(baseline_path):
+    doc = json.loads(baseline_path.read_text())
+    worse = copy.deepcopy(doc)
+    cell = next(c for c in worse["cells"] if c["cell_id"] == "llama-sdpa-logits_parity-float32")
+    cell["metrics"]["max_abs_diff_solo"] += 2 * cell["tolerances"]["logits_atol"]
+    assert [c.key for c in regressions(compare(doc, worse))] == [("llama", "sdpa", "logits_parity", "float32")]
+    better = copy.deepcopy(doc)
+    opt = next(c for c in better["cells"] if c["cell_id"] == "opt-sdpa-isolation-float32")
+    opt["status"] = "pass"
+    assert regressions(compare(doc, better)) == [] and len(compare(doc, better)) == 1
+
+
+def test_gate_bad_inputs(baseline_path, tmp_path):
+    newer = tmp_path / "newer.json"
+    newer.write_text(json.dumps({"schema_version": 99, "cells": []}))
+    proc = _gate("--baseline", str(newer), "--candidate", str(baseline_path))
+    assert proc.returncode == 2 and "schema_version 99, newer than 1" in proc.stderr
+    proc = _gate("--baseline", str(tmp_path / "missing.json"), "--candidate", str(baseline_path))
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
+
+
+def test_merge_shards(baseline_path):
+    doc = json.loads(baseline_path.read_text())
+    a, b = copy.deepcopy(doc), copy.deepcopy(doc)
+    a["cells"], b["cells"] = doc["cells"][:2], doc["cells"][2:]
+    merged = merge([a, b])
+    assert [c["cell_id"] for c in merged["cells"]] == sorted(c["cell_id"] for c in doc["cells"])
+    b["cells"][0]["cell_id"] = a["cells"][0]["cell_id"]
+    b["cells"][0]["status"] = "error" if a["cells"][0]["status"] != "error" else "pass"
+    with pytest.raises(Exception, match="in one file and"):
+        merge([a, b])
