@@ -78,6 +78,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if state is None or hasattr(session.config, "workerinput"):
         return
     state.finish()
+    if state.regressions:
+        # the gate fails the session after the matrix is written; the summary below prints why
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
@@ -89,6 +92,10 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     terminalreporter.write_sep("=", "packcheck summary")
     for line in render_terminal(state.document, state.written):
         terminalreporter.write_line(line)
+    if state.settings.baseline:
+        terminalreporter.write_sep("=", f"packcheck gate against {state.settings.baseline}")
+        terminalreporter.write_line(state.gate_text)
+        terminalreporter.write_line(f"{len(state.regressions)} regression(s), {len(state.changes)} changed cell(s)")
 
 
 class _ResultRecorder:

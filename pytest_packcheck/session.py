@@ -63,6 +63,9 @@ class PackcheckSession:
         self.results: dict[str, dict[str, Any]] = {}
         self.written: list[str] = []
         self.document: dict[str, Any] | None = None
+        self.changes: list[Any] = []
+        self.regressions: list[Any] = []
+        self.gate_text = ""
         self._resolved: list[Any] | None = None
         self._runner: Any = None
         self._check_report_dir()
@@ -82,6 +85,10 @@ class PackcheckSession:
                 f"Report directory '{path}' (from --packcheck-report-dir) is not writable ({exc.strerror}): "
                 "pass a writable folder."
             ) from None
+        if self.settings.baseline:
+            from .results import load_document
+
+            load_document(self.settings.baseline)  # missing, corrupt or newer: a usage error before any cell runs
         if self.settings.device.startswith("cuda"):
             import torch
 
@@ -124,6 +131,9 @@ class PackcheckSession:
         from .runner import plan_cells
 
         cells = plan_cells(self.resolved_models(), self.settings.backends, self.settings.checks, self.settings.dtypes)
+        index, count = self.settings.shard
+        # whole models per shard (each model is built once), assigned round-robin in audit order
+        cells = [c for c in cells if c.model_index % count == index - 1]
         if not cells:
             raise PackcheckUsageError("The packcheck matrix is empty after filtering: check --packcheck-attn / --packcheck-checks.")
         parent = PackcheckCollector.from_parent(session, name="packcheck", nodeid="packcheck")
@@ -154,6 +164,14 @@ class PackcheckSession:
         atomic_write(js, json.dumps(self.document, indent=1, sort_keys=False) + "\n")
         atomic_write(md, render_markdown(self.document))
         self.written = [str(md), str(js)]
+        if self.settings.baseline:
+            from .gate import compare, regressions, render_changes
+            from .results import load_document
+
+            baseline = load_document(self.settings.baseline)
+            self.changes = compare(baseline, self.document)
+            self.gate_text = render_changes(self.changes, baseline["environment"], self.document["environment"])
+            self.regressions = regressions(self.changes)
 
 
 class PackcheckCollector(pytest.Collector):

@@ -23,6 +23,8 @@ OPT_TRUST = "--packcheck-trust-remote-code"
 OPT_REPORT_DIR = "--packcheck-report-dir"
 OPT_TOLERANCES = "--packcheck-tolerances"
 OPT_TOLERANCE = "--packcheck-tolerance"
+OPT_BASELINE = "--packcheck-baseline"
+OPT_SHARD = "--packcheck-shard"
 
 DTYPES = ("float32", "bfloat16", "float16")
 WEIGHTS = ("random", "pretrained")
@@ -66,6 +68,10 @@ OPTIONS = (
            ini="packcheck_tolerances", env="PACKCHECK_TOLERANCES"),
     Option(OPT_TOLERANCE, "Override one tolerance: [dtype.]key=value, e.g. float32.logits_atol=1e-3 (repeatable).",
            action="append", multiple=True),
+    Option(OPT_BASELINE, "Baseline results JSON: after the matrix is written, print the changed cells and fail the "
+           "session if a cell got worse (the same rules as `packcheck gate`).", ini="packcheck_baseline", env="PACKCHECK_BASELINE"),
+    Option(OPT_SHARD, "Run shard I of N (I/N, 1-based): a deterministic slice of the models, so a CI matrix can "
+           "spread an audit; join the JSON files with `packcheck merge`.", env="PACKCHECK_SHARD"),
 )
 
 
@@ -85,6 +91,8 @@ class Settings:
     tolerances: dict[str, dict[str, float]] = field(hash=False)
     tolerance_source: str = ""
     audit_name: str | None = None
+    baseline: str | None = None
+    shard: tuple[int, int] = (1, 1)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -101,6 +109,8 @@ class Settings:
                  f"{OPT_WEIGHTS}={self.weights}", f"{OPT_DEVICE}={self.device}"]
         if self.trust_remote_code:
             flags.append(OPT_TRUST)
+        if self.shard != (1, 1):
+            flags.append(f"{OPT_SHARD}={self.shard[0]}/{self.shard[1]}")
         return flags
 
 
@@ -249,7 +259,16 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
         tol_path, tol_src = str(Path(audit.path).parent / audit.tolerances), f"audit {audit.path}"
     overrides = get_option(by_flag[OPT_TOLERANCE].dest) or []
     tolerances, tol_label = load_tolerances(tol_path, overrides, tol_src)
+    baseline, _ = pick(by_flag[OPT_BASELINE])
+    shard_value, shard_src = pick(by_flag[OPT_SHARD])
+    shard = (1, 1)
+    if shard_value:
+        i, _, n = str(shard_value).partition("/")
+        if not (i.isdigit() and n.isdigit() and 1 <= int(i) <= int(n)):
+            raise PackcheckUsageError(f"Bad shard '{shard_value}' (from {shard_src}): write I/N with 1 <= I <= N, e.g. {OPT_SHARD}=2/4.")
+        shard = (int(i), int(n))
     return Settings(
+        baseline=str(baseline) if baseline else None, shard=shard,
         models=tuple(models), model_source=source, backends=backends, checks=checks, dtypes=dtypes,
         weights=weights, device=device, trust_remote_code=bool(trust), report_dir=str(report_dir),
         tolerances=tolerances, tolerance_source=tol_label, audit_name=audit.name if audit else None,

@@ -75,3 +75,34 @@ def test_merge_shards(baseline_path):
     b["cells"][0]["status"] = "error" if a["cells"][0]["status"] != "error" else "pass"
     with pytest.raises(Exception, match="in one file and"):
         merge([a, b])
+
+
+def test_pytest_baseline_fails_session_after_writing_matrix(pytester, baseline_path):
+    doc = json.loads(baseline_path.read_text())
+    cell = next(c for c in doc["cells"] if c["cell_id"] == "opt-sdpa-isolation-float32")
+    cell["status"] = "pass"  # pretend opt was fine before: today's measured leak is then a regression
+    base = pytester.path / "base.json"
+    base.write_text(json.dumps(doc))
+    result = pytester.runpytest_subprocess("--packcheck-models=arch:llama,arch:opt", "--packcheck-attn=sdpa",
+                                           "--packcheck-checks=isolation", f"--packcheck-baseline={base}", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*packcheck gate against*", "*opt-sdpa-isolation-float32*pass*fail*REGRESSION*", "1 regression(s)*"])
+    assert (pytester.path / "reports" / "packcheck-matrix.json").exists()
+
+
+def test_pytest_missing_baseline_is_usage_error(pytester):
+    result = pytester.runpytest_subprocess("--packcheck-models=arch:llama", "--packcheck-baseline=nope.json", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: Results file nope.json does not exist*"])
+
+
+def test_shards_partition_the_models(pytester):
+    ids = []
+    for shard in ("1/2", "2/2"):
+        result = pytester.runpytest_subprocess("--packcheck-models=arch:llama,arch:opt,arch:qwen2", "--packcheck-attn=sdpa",
+                                               "--packcheck-checks=isolation", f"--packcheck-shard={shard}", "-p", "no:cacheprovider",
+                                               f"--packcheck-report-dir=r{shard[0]}")
+        assert result.ret in (0, 1)
+        ids.append({c["cell_id"] for c in json.loads((pytester.path / f"r{shard[0]}" / "packcheck-matrix.json").read_text())["cells"]})
+    assert ids[0] == {"llama-sdpa-isolation-float32", "qwen2-sdpa-isolation-float32"}
+    assert ids[1] == {"opt-sdpa-isolation-float32"}
