@@ -8,7 +8,7 @@ Hub loading and caching code runs), shrinks it with :func:`shrink_config` and bu
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -89,7 +89,6 @@ class ResolvedModel:
     model_type: str
     model_class: str
     revision: str | None  # commit SHA when the Hub cache gives one
-    notes: list[str] = field(default_factory=list)
     error: str | None = None  # the config itself cannot be built: every cell of this model is an error
 
     def record(self) -> dict[str, Any]:

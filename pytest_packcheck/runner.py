@@ -11,7 +11,6 @@ import time
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 from .backends import REFERENCE_BACKEND, backend_availability, register_reference_backend
 from .checks import CHECK_FUNCTIONS, MODEL_LEVEL_CHECKS, Workbench
@@ -194,9 +193,3 @@ class CellRunner:
             where = traceback.extract_tb(exc.__traceback__)[-1]
             return CheckResult(status, {"stage": "check", "exception": _short(exc), "where": f"{where.name}:{where.lineno}"},
                                _short(exc))
-
-
-def result_for_report(result: CellResult) -> dict[str, Any]:
-    import json
-
-    return json.loads(result.to_json())

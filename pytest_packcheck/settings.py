@@ -104,7 +104,7 @@ class Settings:
 
     def reproduce_flags(self) -> list[str]:
         """Flags that reproduce this run (the report header prints them)."""
-        flags = [f"{OPT_MODELS}={','.join(self.models)}", f"{OPT_ATTN_FLAG}={','.join(self.backends)}",
+        flags = [f"{OPT_MODELS}={','.join(self.models)}", f"{OPT_BACKENDS}={','.join(self.backends)}",
                  f"{OPT_CHECKS}={','.join(self.checks)}", f"{OPT_DTYPES}={','.join(self.dtypes)}",
                  f"{OPT_WEIGHTS}={self.weights}", f"{OPT_DEVICE}={self.device}"]
         if self.trust_remote_code:
@@ -113,8 +113,6 @@ class Settings:
             flags.append(f"{OPT_SHARD}={self.shard[0]}/{self.shard[1]}")
         return flags
 
-
-OPT_ATTN_FLAG = OPT_BACKENDS
 
 
 def _split(value: str | list[str] | tuple[str, ...]) -> list[str]:
