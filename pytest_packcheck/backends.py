@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
+import inspect
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -26,14 +27,20 @@ from typing import Any
 #: the code path they take under FlashAttention-2 (no 4D mask, position_ids handed to attention).
 REFERENCE_BACKEND = "packcheck_flash_ref"
 
+#: attn_implementation name of the backend that runs PyTorch's own FlashAttention-2 varlen kernel
+#: (``torch.nn.attention.varlen.varlen_attn``, CUDA only) behind transformers' flash preparation code.
+TORCH_VARLEN_BACKEND = "packcheck_flash_torch_varlen"
+
 #: Backends packcheck knows, in matrix column order.
-KNOWN_BACKENDS = ("eager", "sdpa", "flex_attention", REFERENCE_BACKEND, "flash_attention_2")
+KNOWN_BACKENDS = ("eager", "sdpa", "flex_attention", REFERENCE_BACKEND, TORCH_VARLEN_BACKEND, "flash_attention_2")
+_VARLEN_BACKENDS = (REFERENCE_BACKEND, TORCH_VARLEN_BACKEND)
 
 BACKEND_LABELS = {
     "eager": "eager",
     "sdpa": "sdpa",
     "flex_attention": "flex_attention",
     REFERENCE_BACKEND: "varlen reference (CPU, not FA2)",
+    TORCH_VARLEN_BACKEND: "torch varlen_attn (PyTorch FA2 kernel)",
     "flash_attention_2": "flash_attention_2",
 }
 
@@ -71,6 +78,16 @@ def backend_availability(name: str, device: str = "cpu") -> BackendAvailability:
     if name == REFERENCE_BACKEND:
         ok, why = reference_backend_supported()
         return BackendAvailability(name, ok, why)
+    if name == TORCH_VARLEN_BACKEND:
+        missing = []
+        if not device.startswith("cuda"):
+            missing.append(f"a CUDA device (running on {device}): varlen_attn is CUDA-only")
+        if importlib.util.find_spec("torch.nn.attention.varlen") is None:
+            missing.append("torch.nn.attention.varlen (PyTorch >= 2.10)")
+        ok, why = reference_backend_supported()
+        if not ok:
+            missing.append(why)
+        return BackendAvailability(name, not missing, "needs " + " and ".join(missing) if missing else "")
     return BackendAvailability(name, True)
 
 
@@ -193,6 +210,92 @@ def _validate_cu_seqlens(cu: Any, total: int, name: str) -> None:
         raise ValueError(f"{name}={cu.tolist()} must start at 0 and end at the token count {total}")
 
 
+def _torch_varlen_attn() -> Any:
+    """PyTorch's varlen kernel, looked up at call time (tests put a CPU stand-in here)."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    return varlen_attn
+
+
+def build_torch_varlen_args(
+    q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: Any, max_seqlen_k: Any,
+    softmax_scale: float | None, causal: bool, window_size: tuple[int, int] | None, params: set[str],
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Map flash-attn's varlen call (as transformers makes it) onto ``varlen_attn``'s arguments.
+
+    Rules: cu_seq lens must be int32 (flash-attn and varlen_attn read them as int32); max lengths become Python
+    ints (a 0-d tensor forces a device sync and breaks torch.compile); flash-attn's ``causal`` + ``window_size``
+    (left, right) become varlen_attn's ``window_size`` (-1, 0) / (left, 0) in torch >= 2.11, or ``is_causal``
+    where the installed signature has it; GQA uses ``enable_gqa`` when available, else K/V heads are repeated.
+    ``params`` is the set of parameter names of the installed varlen_attn.
+
+    Raises:
+        ValueError: cu_seq lens not int32, not starting at 0 or not ending at the token count.
+    """
+    _validate_cu_seqlens(cu_seqlens_q, q.shape[0], "cu_seqlens_q")
+    _validate_cu_seqlens(cu_seqlens_k, k.shape[0], "cu_seqlens_k")
+    max_q, max_k = int(max_seqlen_q), int(max_seqlen_k)
+    kwargs: dict[str, Any] = {"scale": softmax_scale}
+    left, right = window_size if window_size is not None else (-1, -1)
+    if "is_causal" in params:
+        kwargs["is_causal"] = bool(causal)
+        if (left, right) != (-1, -1) and "window_size" in params:
+            kwargs["window_size"] = (left, right)
+    else:
+        kwargs["window_size"] = (left if left is not None else -1, 0) if causal else (left, right)
+    if q.shape[1] != k.shape[1]:
+        if "enable_gqa" in params:
+            kwargs["enable_gqa"] = True
+        else:
+            n_rep = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(n_rep, dim=1), v.repeat_interleave(n_rep, dim=1)
+    return (q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k), kwargs
+
+
+def torch_varlen_kernel(
+    q: Any,
+    k: Any,
+    v: Any,
+    cu_seqlens_q: Any,
+    cu_seqlens_k: Any,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    deterministic: bool = False,
+) -> Any:
+    """``flash_attn_varlen_func`` signature over ``torch.nn.attention.varlen.varlen_attn`` (CUDA).
+
+    q ``(total_q, heads, dim)``, k/v ``(total_k, kv_heads, dim)`` in bf16/fp16; returns ``(total_q, heads, dim)``.
+    No ``softcap`` parameter: transformers then refuses softcapped models (gemma2) with its own error, which
+    packcheck reports as unsupported.
+    """
+    if dropout_p:
+        raise ValueError(f"torch varlen kernel got dropout_p={dropout_p}: packcheck runs without dropout")
+    fn = _torch_varlen_attn()
+    params = set(inspect.signature(fn).parameters)
+    args, kwargs = build_torch_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                           softmax_scale, causal, window_size, params)
+    out = fn(*args, **kwargs)
+    return out[0] if isinstance(out, tuple) else out
+
+
+def dense_torch_varlen_kernel(q: Any, k: Any, v: Any, dropout_p: float = 0.0, softmax_scale: float | None = None,
+                              causal: bool = False, window_size: tuple[int, int] = (-1, -1), deterministic: bool = False) -> Any:
+    """``flash_attn_func`` signature: each batch row is one segment of the varlen kernel."""
+    import torch
+
+    b, lq, lk = q.shape[0], q.shape[1], k.shape[1]
+    cu_q = torch.arange(0, (b + 1) * lq, lq, dtype=torch.int32, device=q.device)
+    cu_k = torch.arange(0, (b + 1) * lk, lk, dtype=torch.int32, device=q.device)
+    out = sys.modules[__name__].torch_varlen_kernel(
+        q.reshape(b * lq, *q.shape[2:]), k.reshape(b * lk, *k.shape[2:]), v.reshape(b * lk, *v.shape[2:]),
+        cu_q, cu_k, lq, lk, dropout_p, softmax_scale, causal, window_size, deterministic)
+    return out.reshape(b, lq, *q.shape[2:])
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Registration
 
@@ -240,17 +343,24 @@ def register_reference_backend() -> None:
     original = mfu._lazy_imports
     this = sys.modules[__name__]
 
-    # Look the kernel up at call time, so that count_attention_calls can observe it. functools.wraps keeps the
-    # signature visible to transformers' _lazy_define_process_function, which reads it to pick the kwargs.
+    # Look the kernels up at call time, so that count_attention_calls can observe them. functools.wraps keeps
+    # the signature visible to transformers' _lazy_define_process_function, which reads it to pick the kwargs.
     @functools.wraps(varlen_reference_kernel)
     def varlen(*args, **kwargs):
         return this.varlen_reference_kernel(*args, **kwargs)
 
-    kernels = (dense_reference_kernel, varlen, None, mfu._pad_input, mfu._unpad_input)
+    @functools.wraps(torch_varlen_kernel)
+    def torch_varlen(*args, **kwargs):
+        return this.torch_varlen_kernel(*args, **kwargs)
+
+    kernels = {
+        REFERENCE_BACKEND: (dense_reference_kernel, varlen, None, mfu._pad_input, mfu._unpad_input),
+        TORCH_VARLEN_BACKEND: (dense_torch_varlen_kernel, torch_varlen, None, mfu._pad_input, mfu._unpad_input),
+    }
 
     def _lazy_imports(implementation, *args, **kwargs):
-        if implementation == REFERENCE_BACKEND:
-            return kernels
+        if implementation in kernels:
+            return kernels[implementation]
         return original(implementation, *args, **kwargs)
 
     _lazy_imports.__wrapped__ = original  # type: ignore[attr-defined]
@@ -267,14 +377,15 @@ def register_reference_backend() -> None:
     original_target_dtype = fa_integration.get_target_dtype
 
     def get_target_dtype(query, module):
-        if getattr(getattr(module, "config", None), "_attn_implementation", None) == REFERENCE_BACKEND:
+        if getattr(getattr(module, "config", None), "_attn_implementation", None) == REFERENCE_BACKEND:  # not torch varlen: it needs bf16/fp16
             return None
         return original_target_dtype(query, module)
 
     fa_integration.get_target_dtype = get_target_dtype
 
-    AttentionInterface.register(REFERENCE_BACKEND, packcheck_flash_ref)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(REFERENCE_BACKEND, flash_attention_mask)
+    for name in _VARLEN_BACKENDS:
+        AttentionInterface.register(name, packcheck_flash_ref)
+        ALL_MASK_ATTENTION_FUNCTIONS.register(name, flash_attention_mask)
     _REGISTERED = True
 
 
@@ -383,7 +494,7 @@ def count_attention_calls(model: Any, segments: list[int] | None = None) -> Iter
 
     def wrap(backend: str, fn: Callable) -> Callable:
         def counted(module, query, key, value, attention_mask, *args, **kwargs):
-            if backend in ("flash_attention_2", "flash_attention_3", "flash_attention_4", REFERENCE_BACKEND):
+            if backend in ("flash_attention_2", "flash_attention_3", "flash_attention_4", *_VARLEN_BACKENDS):
                 isolated = None  # decided by the varlen kernel hook below (or by cu_seq_lens kwargs)
                 cu = kwargs.get("cu_seq_lens_q")
                 if cu is not None:
@@ -411,16 +522,20 @@ def count_attention_calls(model: Any, segments: list[int] | None = None) -> Iter
 
     # The reference kernel: record the boundaries it really received.
     this = sys.modules[__name__]
-    original_varlen = this.varlen_reference_kernel
+    saved_kernels = {name: getattr(this, name) for name in ("varlen_reference_kernel", "torch_varlen_kernel")}
 
-    def counted_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *args, **kwargs):
-        probe.varlen_calls += 1
-        probe.varlen_boundaries.append(cu_seqlens_q.tolist())
-        if probe.calls and probe.calls[-1].isolated is None:
-            probe.calls[-1].isolated = probe.isolation_from_cu_seqlens(cu_seqlens_q)
-        return original_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *args, **kwargs)
+    def count_varlen(original_varlen: Callable) -> Callable:
+        def counted_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *args, **kwargs):
+            probe.varlen_calls += 1
+            probe.varlen_boundaries.append(cu_seqlens_q.tolist())
+            if probe.calls and probe.calls[-1].isolated is None:
+                probe.calls[-1].isolated = probe.isolation_from_cu_seqlens(cu_seqlens_q)
+            return original_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *args, **kwargs)
 
-    this.varlen_reference_kernel = counted_varlen
+        return counted_varlen
+
+    for name, fn in saved_kernels.items():
+        setattr(this, name, count_varlen(fn))
 
     # Models outside the AttentionInterface (falcon's legacy path in 5.24) call torch's SDPA directly: count those
     # calls, but not the ones made from inside a counted interface function.
@@ -441,5 +556,6 @@ def count_attention_calls(model: Any, segments: list[int] | None = None) -> Iter
         mapping.update(saved_mapping)
         for module, attr, fn in patched_modules:
             setattr(module, attr, fn)
-        this.varlen_reference_kernel = original_varlen
+        for name, fn in saved_kernels.items():
+            setattr(this, name, fn)
         F.scaled_dot_product_attention = original_sdpa

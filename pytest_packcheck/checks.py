@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import batches as B
-from .backends import REFERENCE_BACKEND, backend_availability, count_attention_calls
+from .backends import REFERENCE_BACKEND, TORCH_VARLEN_BACKEND, backend_availability, count_attention_calls
 from .results import CheckResult
 
 #: Check names in matrix order. ``collate`` is per model (no backend); the others per model x backend.
@@ -480,7 +480,7 @@ def check_backend(bench: Workbench) -> CheckResult:
         return CheckResult("fail", metrics, f"no attention call reached {requested} (expected {expected})")
     if on_requested != expected:
         return CheckResult("fail", metrics, f"{on_requested} attention calls on {requested}, expected {expected} (one per attention layer)")
-    if requested == REFERENCE_BACKEND and probe.varlen_calls != on_requested:
+    if requested in (REFERENCE_BACKEND, TORCH_VARLEN_BACKEND) and probe.varlen_calls != on_requested:
         return CheckResult("fail", metrics, f"varlen kernel called {probe.varlen_calls} times for {on_requested} attention calls: the dense path ran")
     if metrics["boundaries_missing"]:
         return CheckResult("fail", metrics, f"packed boundaries missing in {metrics['boundaries_missing']} of {len(isolated)} attention calls")

@@ -12,7 +12,7 @@ import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .backends import REFERENCE_BACKEND, backend_availability, register_reference_backend
+from .backends import REFERENCE_BACKEND, TORCH_VARLEN_BACKEND, backend_availability, register_reference_backend
 from .checks import CHECK_FUNCTIONS, MODEL_LEVEL_CHECKS, Workbench
 from .models import ResolvedModel, build_model
 from .results import CellResult, CheckResult
@@ -143,7 +143,7 @@ class CellRunner:
             try:
                 if resolved.error:
                     raise RuntimeError(resolved.error)
-                if backend == REFERENCE_BACKEND:
+                if backend in (REFERENCE_BACKEND, TORCH_VARLEN_BACKEND):
                     register_reference_backend()
                 model = build_model(resolved, backend, cell.dtype, self.weights, self.device, trust_remote_code=self.trust_remote_code)
                 self._bench = Workbench(model=model, config=model.config, backend=cell.backend, dtype=cell.dtype,

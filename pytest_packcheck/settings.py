@@ -53,7 +53,8 @@ OPTIONS = (
     Option(OPT_ALL_ARCHS, "Sweep every causal-LM architecture of the installed transformers (arch:<type>).",
            action="store_true", default=False),
     Option(OPT_BACKENDS, "Attention backends (attn_implementation), comma-separated. Default: eager, sdpa, "
-           "flex_attention, packcheck_flash_ref (CPU varlen reference), flash_attention_2.",
+           "flex_attention, packcheck_flash_ref (CPU varlen reference), packcheck_flash_torch_varlen (PyTorch's "
+           "varlen_attn, CUDA), flash_attention_2.",
            ini="packcheck_attn", env="PACKCHECK_ATTN"),
     Option(OPT_CHECKS, "Checks to run, comma-separated (default: all).", ini="packcheck_checks", env="PACKCHECK_CHECKS"),
     Option(OPT_DTYPES, "dtypes, comma-separated: float32, bfloat16, float16 (default float32 on CPU, bfloat16 on CUDA).",

@@ -124,3 +124,56 @@ def test_flex_grad_parity_is_skipped_on_cpu(tolerances):
     bench = make_bench("llama", "flex_attention", tolerances)
     result = C.check_grad_parity(bench)
     assert result.status == "skipped" and "forward-only" in result.message
+
+
+def test_torch_varlen_backend_logic_with_cpu_stand_in(tolerances, monkeypatch):
+    """The CUDA torch varlen backend's argument building, checked on CPU: a stand-in with varlen_attn's
+    signature records what it receives and computes with the exact reference kernel."""
+    import torch
+    from conftest import make_bench
+
+    from pytest_packcheck import backends
+    from pytest_packcheck.backends import TORCH_VARLEN_BACKEND, varlen_reference_kernel
+
+    seen = []
+
+    def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+                    window_size=(-1, -1), enable_gqa=False, seqused_k=None, block_table=None, num_splits=None):
+        seen.append({"cu_dtype": cu_seq_q.dtype, "max_types": (type(max_q), type(max_k)), "window": window_size,
+                     "gqa": enable_gqa, "heads": (query.shape[1], key.shape[1])})
+        causal, left = window_size[1] == 0, window_size[0]
+        return varlen_reference_kernel(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, softmax_scale=scale,
+                                       causal=causal, window_size=(left, -1))
+
+    monkeypatch.setattr(backends, "_torch_varlen_attn", lambda: varlen_attn)
+    bench = make_bench("mistral", TORCH_VARLEN_BACKEND, tolerances)  # GQA 4:1 and a sliding window of 8
+    assert C.check_logits_parity(bench).metrics["max_abs_diff_solo"] < 1e-5
+    backend = C.check_backend(bench)
+    assert backend.status == "pass" and backend.metrics["varlen_kernel_calls"] == 2
+    packed_calls = [s for s in seen if s["gqa"]]
+    assert packed_calls and all(s["cu_dtype"] == torch.int32 and s["max_types"] == (int, int) for s in seen)
+    # causal; the window (8 tokens, flash-attn's inclusive left = 7) once a segment is longer than it
+    assert {s["window"] for s in seen} <= {(-1, 0), (7, 0)} and (7, 0) in {s["window"] for s in seen}
+    assert packed_calls[0]["heads"] == (8, 2)  # GQA passed through, not expanded
+
+
+def test_torch_varlen_args_rules():
+    import torch
+
+    from pytest_packcheck.backends import build_torch_varlen_args
+
+    q, k = torch.zeros(9, 4, 8), torch.zeros(9, 2, 8)
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32)
+    args, kw = build_torch_varlen_args(q, k, k, cu, cu, torch.tensor(5), torch.tensor(5), None, True, (7, 7), {"window_size", "enable_gqa"})
+    assert args[5:] == (5, 5) and type(args[5]) is int and kw["window_size"] == (7, 0) and kw["enable_gqa"]
+    args, kw = build_torch_varlen_args(q, k, k, cu, cu, 5, 5, 0.5, True, (-1, -1), {"is_causal"})
+    assert kw == {"scale": 0.5, "is_causal": True} and args[1].shape[1] == 4  # older torch: K/V heads repeated
+    with pytest.raises(ValueError, match="int32"):
+        build_torch_varlen_args(q, k, k, cu.long(), cu.long(), 5, 5, None, True, (-1, -1), set())
+
+
+def test_torch_varlen_skips_on_cpu():
+    from pytest_packcheck.backends import TORCH_VARLEN_BACKEND, backend_availability
+
+    avail = backend_availability(TORCH_VARLEN_BACKEND, "cpu")
+    assert not avail.available and "CUDA" in avail.reason
