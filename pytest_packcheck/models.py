@@ -347,7 +347,8 @@ def _shrink_dict(d: dict[str, Any], amap: dict[str, str]) -> None:
     # no dropout: checks compare runs token by token, and call the model in train mode as trainers do
     for sub in [d, *[v for v in d.values() if isinstance(v, dict)]]:
         for key, value in list(sub.items()):
-            if isinstance(value, float) and ("dropout" in key or "pdrop" in key) and value > 0:
+            # also MoE router jitter (phimoe, switch): train-mode noise would make packed and reference runs differ
+            if isinstance(value, float) and ("dropout" in key or "pdrop" in key or "jitter" in key) and value > 0:
                 sub[key] = 0.0
 
     # sliding window: shorter than the examples, so the window is exercised on every packed row
