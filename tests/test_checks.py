@@ -177,3 +177,19 @@ def test_torch_varlen_skips_on_cpu():
 
     avail = backend_availability(TORCH_VARLEN_BACKEND, "cpu")
     assert not avail.available and "CUDA" in avail.reason
+
+
+def test_backend_flags_an_attention_fallback_warning_every_time(llama_sdpa, monkeypatch):
+    """A logged attention fallback is a fallback verdict, also when an earlier model already logged it
+    (transformers' warning_once would hide the repeat)."""
+    from transformers.utils import logging as hf_logging
+
+    inner = llama_sdpa.model.forward
+
+    def forward(*args, **kwargs):
+        hf_logging.get_logger("transformers.modeling_utils").warning_once("sdpa is not supported here, falling back to eager")
+        return inner(*args, **kwargs)
+
+    monkeypatch.setattr(llama_sdpa.model, "forward", forward)
+    assert C.check_backend(llama_sdpa).status == "fallback"
+    assert C.check_backend(llama_sdpa).status == "fallback"  # the second time too
