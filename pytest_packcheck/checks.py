@@ -446,7 +446,10 @@ def expected_attention_calls(model: Any) -> int:
     return count
 
 
-_ATTENTION_WORDS = ("attention", "attn", "sdpa", "flash", "eager", "flex")
+# names of attention backends as transformers writes them; "flash-linear-attention" (a linear-attention kernel
+# package) and causal_conv1d fallbacks are other components, reported but not a backend swap
+_ATTENTION_WORDS = ("sdpa", "eager", "flash_attention", "flex_attention", "scaled_dot_product", "attn_implementation",
+                    "attention implementation")
 _FALLBACK_WORDS = ("fall back", "falling back", "fallback", "not support", "instead of", "will be used")
 
 
@@ -475,6 +478,7 @@ def check_backend(bench: Workbench) -> CheckResult:
         "boundaries_reached": sum(1 for i in isolated if i),
         "boundaries_missing": sum(1 for i in isolated if i is False),
         "warnings": fallback_msgs[:3],
+        "other_fallback_warnings": [m[:200] for m in logged if m not in fallback_msgs and any(w in m.lower() for w in _FALLBACK_WORDS)][:3],
     }
     if effective != requested:
         return CheckResult("fallback", metrics, f"requested {requested}, model runs {effective}")
