@@ -165,40 +165,25 @@ def varlen_reference_kernel(
     return out
 
 
-def dense_reference_kernel(
-    q: Any,
-    k: Any,
-    v: Any,
-    dropout_p: float = 0.0,
-    softmax_scale: float | None = None,
-    causal: bool = False,
-    window_size: tuple[int, int] = (-1, -1),
-    softcap: float = 0.0,
-    deterministic: bool = False,
-) -> Any:
-    """``flash_attn_func`` signature: q ``(batch, seqlen_q, heads, dim)``; each row is one segment."""
+def _dense_as_varlen(varlen: Callable, q: Any, k: Any, v: Any, *args: Any) -> Any:
+    """Run a ``flash_attn_func``-style call (q ``(batch, seqlen, heads, dim)``) through a varlen kernel, each batch
+    row being one segment; ``args`` are the varlen kernel's arguments after max_seqlen_k."""
     import torch
 
-    b, lq = q.shape[0], q.shape[1]
-    lk = k.shape[1]
+    b, lq, lk = q.shape[0], q.shape[1], k.shape[1]
     cu_q = torch.arange(0, (b + 1) * lq, lq, dtype=torch.int32, device=q.device)
     cu_k = torch.arange(0, (b + 1) * lk, lk, dtype=torch.int32, device=q.device)
-    out = varlen_reference_kernel(
-        q.reshape(b * lq, *q.shape[2:]),
-        k.reshape(b * lk, *k.shape[2:]),
-        v.reshape(b * lk, *v.shape[2:]),
-        cu_q,
-        cu_k,
-        lq,
-        lk,
-        dropout_p,
-        softmax_scale,
-        causal,
-        window_size,
-        softcap,
-        deterministic,
-    )
-    return out.reshape(b, lq, *q.shape[2:])
+    flat = [x.reshape(-1, *x.shape[2:]) for x in (q, k, v)]
+    return varlen(*flat, cu_q, cu_k, lq, lk, *args).reshape(b, lq, *q.shape[2:])
+
+
+def dense_reference_kernel(q: Any, k: Any, v: Any, dropout_p: float = 0.0, softmax_scale: float | None = None,
+                           causal: bool = False, window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                           deterministic: bool = False) -> Any:
+    """``flash_attn_func`` signature over :func:`varlen_reference_kernel` (the unwrapped one: the call
+    counter counts varlen calls only, so a dense call is never mistaken for one)."""
+    return _dense_as_varlen(_UNCOUNTED["varlen_reference_kernel"], q, k, v, dropout_p, softmax_scale, causal,
+                            window_size, softcap, deterministic)
 
 
 def _validate_cu_seqlens(cu: Any, total: int, name: str) -> None:
@@ -284,16 +269,12 @@ def torch_varlen_kernel(
 
 def dense_torch_varlen_kernel(q: Any, k: Any, v: Any, dropout_p: float = 0.0, softmax_scale: float | None = None,
                               causal: bool = False, window_size: tuple[int, int] = (-1, -1), deterministic: bool = False) -> Any:
-    """``flash_attn_func`` signature: each batch row is one segment of the varlen kernel."""
-    import torch
+    """``flash_attn_func`` signature over :func:`torch_varlen_kernel` (unwrapped, as above)."""
+    return _dense_as_varlen(_UNCOUNTED["torch_varlen_kernel"], q, k, v, dropout_p, softmax_scale, causal,
+                            window_size, deterministic)
 
-    b, lq, lk = q.shape[0], q.shape[1], k.shape[1]
-    cu_q = torch.arange(0, (b + 1) * lq, lq, dtype=torch.int32, device=q.device)
-    cu_k = torch.arange(0, (b + 1) * lk, lk, dtype=torch.int32, device=q.device)
-    out = sys.modules[__name__].torch_varlen_kernel(
-        q.reshape(b * lq, *q.shape[2:]), k.reshape(b * lk, *k.shape[2:]), v.reshape(b * lk, *v.shape[2:]),
-        cu_q, cu_k, lq, lk, dropout_p, softmax_scale, causal, window_size, deterministic)
-    return out.reshape(b, lq, *q.shape[2:])
+
+_UNCOUNTED = {"varlen_reference_kernel": varlen_reference_kernel, "torch_varlen_kernel": torch_varlen_kernel}
 
 
 # --------------------------------------------------------------------------------------------------------------

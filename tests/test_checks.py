@@ -193,3 +193,14 @@ def test_backend_flags_an_attention_fallback_warning_every_time(llama_sdpa, monk
     monkeypatch.setattr(llama_sdpa.model, "forward", forward)
     assert C.check_backend(llama_sdpa).status == "fallback"
     assert C.check_backend(llama_sdpa).status == "fallback"  # the second time too
+
+
+def test_backend_sees_the_dense_flash_path(tolerances):
+    """Positions that never restart: transformers' flash path takes the dense kernel, which the backend check
+    must tell apart from the varlen kernel."""
+    from conftest import make_bench
+
+    bench = make_bench("llama", REFERENCE_BACKEND, tolerances, collator_factory=collator_no_reset)
+    result = C.check_backend(bench)
+    assert result.status == "fail" and result.metrics["varlen_kernel_calls"] == 0
+    assert "dense path ran" in result.message
