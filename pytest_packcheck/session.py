@@ -24,15 +24,13 @@ class PackcheckItem(pytest.Item):
         super().__init__(**kwargs)
         self.cell = cell
         self.state = session_state
-        self.result_json: str | None = None
         self.add_marker(pytest.mark.xdist_group(name=cell.group))
 
     def runtest(self) -> None:
         result = self.state.runner().run(self.cell)
-        self.result_json = result.to_json()
         # On the item's user_properties the result reaches every report of this item (so the xdist controller
         # and --junitxml get it as a property).
-        self.user_properties.append((RESULT_PROPERTY, self.result_json))
+        self.user_properties.append((RESULT_PROPERTY, result.to_json()))
         if result.status in ("skipped", "unsupported"):
             pytest.skip(f"{result.status}: {result.message}")
         if result.status != "pass":
@@ -68,11 +66,11 @@ class PackcheckSession:
         self.gate_text = ""
         self._resolved: list[Any] | None = None
         self._runner: Any = None
-        self._check_report_dir()
+        self._check_inputs()
 
-    def _check_report_dir(self) -> None:
-        """Create the report folder and write a probe file now, so an unwritable folder is a usage error before
-        any cell runs (not a traceback after all of them)."""
+    def _check_inputs(self) -> None:
+        """On the controller, before any cell runs: create the report folder and write a probe file, load the
+        baseline, and check the device, so each problem is a usage error now rather than a traceback later."""
         if hasattr(self.config, "workerinput"):
             return
         path = Path(self.settings.report_dir)
