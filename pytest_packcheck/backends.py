@@ -54,6 +54,9 @@ class BackendAvailability:
     reason: str = ""
     backward: bool = True
     backward_reason: str = ""
+    #: verdict of its cells when not available: "skipped" (this machine lacks something) or "unsupported"
+    #: (the installed transformers cannot express it)
+    status: str = "skipped"
 
 
 def backend_availability(name: str, device: str = "cpu") -> BackendAvailability:
@@ -77,7 +80,7 @@ def backend_availability(name: str, device: str = "cpu") -> BackendAvailability:
         )
     if name == REFERENCE_BACKEND:
         ok, why = reference_backend_supported()
-        return BackendAvailability(name, ok, why)
+        return BackendAvailability(name, ok, why, status="unsupported")
     if name == TORCH_VARLEN_BACKEND:
         missing = []
         if not device.startswith("cuda"):
@@ -282,24 +285,54 @@ _UNCOUNTED = {"varlen_reference_kernel": varlen_reference_kernel, "torch_varlen_
 
 
 def reference_backend_supported() -> tuple[bool, str]:
-    """Feature-detect what the reference backend needs from transformers (present in 5.x)."""
+    """Feature-detect what the reference backend needs from transformers: AttentionInterface and the flash
+    kernel loader ``modeling_flash_attention_utils._lazy_imports`` / ``lazy_import_flash_attention`` (4.56+;
+    before that the kernels were module globals imported from flash-attn, which packcheck does not emulate)."""
+    import transformers
+
     try:
         import transformers.modeling_flash_attention_utils as mfu
         from transformers import AttentionInterface  # noqa: F401
         from transformers.integrations import flash_attention  # noqa: F401
     except ImportError as exc:
-        return False, f"transformers lacks the attention interface the reference backend needs ({exc})"
+        return False, f"transformers {transformers.__version__} lacks the attention interface the reference backend needs ({exc})"
     if not all(hasattr(mfu, n) for n in ("_lazy_imports", "lazy_import_flash_attention", "_pad_input", "_unpad_input")):
-        import transformers
-
         return False, (
-            f"transformers {transformers.__version__} has no lazy_import_flash_attention: "
+            f"transformers {transformers.__version__} has no flash kernel loader (lazy_import_flash_attention, 4.56+): "
             "the reference kernel cannot be routed through its flash preparation code"
         )
+    if _kernel_tuple_arity(mfu) is None:
+        return False, f"transformers {transformers.__version__}: unknown _lazy_imports return layout"
     return True, ""
 
 
+def _kernel_tuple_arity(mfu: Any) -> int | None:
+    """How many kernels ``lazy_import_flash_attention`` unpacks from ``_lazy_imports``: 4 in 4.56 (func, varlen,
+    pad, unpad), 5 from 5.x (func, varlen, with_kvcache, pad, unpad). Read from its source with ast."""
+    import ast
+    import inspect
+    import textwrap
+
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(mfu.lazy_import_flash_attention)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+                and getattr(node.value.func, "id", None) == "_lazy_imports" and isinstance(node.targets[0], ast.Tuple)):
+            return len(node.targets[0].elts)
+    return None
+
+
 _REGISTERED = False
+#: [name of the packcheck varlen backend running now, name of the last one that ran]
+_ACTIVE: list[str | None] = [None, None]
+
+
+def _forget_loaded_kernels(mfu: Any) -> None:
+    for name in ("_flash_fn", "_flash_varlen_fn", "_pad_fn", "_unpad_fn", "_process_flash_kwargs_fn"):
+        if hasattr(mfu, name):
+            setattr(mfu, name, None)
 
 
 def register_reference_backend() -> None:
@@ -319,7 +352,10 @@ def register_reference_backend() -> None:
     import transformers.modeling_flash_attention_utils as mfu
     from transformers import AttentionInterface
     from transformers.integrations.flash_attention import flash_attention_forward
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, flash_attention_mask
+    try:
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, flash_attention_mask
+    except ImportError:  # before 4.53 each model builds its own mask; the flash path ignores it when None
+        ALL_MASK_ATTENTION_FUNCTIONS = flash_attention_mask = None
 
     original = mfu._lazy_imports
     this = sys.modules[__name__]
@@ -334,39 +370,54 @@ def register_reference_backend() -> None:
     def torch_varlen(*args, **kwargs):
         return this.torch_varlen_kernel(*args, **kwargs)
 
+    with_kvcache = (None,) if _kernel_tuple_arity(mfu) == 5 else ()
+    forget_on_switch = not with_kvcache  # 4.56 keeps the first kernels it loaded; 5.x keys them by name
     kernels = {
-        REFERENCE_BACKEND: (dense_reference_kernel, varlen, None, mfu._pad_input, mfu._unpad_input),
-        TORCH_VARLEN_BACKEND: (dense_torch_varlen_kernel, torch_varlen, None, mfu._pad_input, mfu._unpad_input),
+        REFERENCE_BACKEND: (dense_reference_kernel, varlen, *with_kvcache, mfu._pad_input, mfu._unpad_input),
+        TORCH_VARLEN_BACKEND: (dense_torch_varlen_kernel, torch_varlen, *with_kvcache, mfu._pad_input, mfu._unpad_input),
     }
 
     def _lazy_imports(implementation, *args, **kwargs):
         if implementation in kernels:
             return kernels[implementation]
+        if implementation is None and _ACTIVE[0] in kernels:
+            # 4.56 asks with implementation=None (its flash_attention_forward passes the name under another
+            # keyword); packcheck_flash_ref below says which of ours is running.
+            return kernels[_ACTIVE[0]]
         return original(implementation, *args, **kwargs)
 
     _lazy_imports.__wrapped__ = original  # type: ignore[attr-defined]
     mfu._lazy_imports = _lazy_imports
 
     def packcheck_flash_ref(module, query, key, value, attention_mask, **kwargs):
-        return flash_attention_forward(module, query, key, value, attention_mask, **kwargs)
+        name = getattr(getattr(module, "config", None), "_attn_implementation", REFERENCE_BACKEND)
+        if forget_on_switch and _ACTIVE[1] is not None and _ACTIVE[1] != name:
+            _forget_loaded_kernels(mfu)  # 4.56 caches the first kernels it loaded, whatever the name
+        _ACTIVE[0] = _ACTIVE[1] = name
+        try:
+            return flash_attention_forward(module, query, key, value, attention_mask, **kwargs)
+        finally:
+            _ACTIVE[0] = None
 
     # flash_attention_forward asks get_target_dtype for the half dtype to cast fp32 inputs to, because real
     # flash kernels take fp16/bf16 only. The reference kernel is exact in fp32, so no cast: this also avoids a
     # StopIteration in 5.24 for models without nn.Linear (gpt2's Conv1D), a path real FA2 (bf16) never takes.
     import transformers.integrations.flash_attention as fa_integration
 
-    original_target_dtype = fa_integration.get_target_dtype
+    original_target_dtype = getattr(fa_integration, "get_target_dtype", None)  # 5.x; 4.x computes it inline
 
     def get_target_dtype(query, module):
         if getattr(getattr(module, "config", None), "_attn_implementation", None) == REFERENCE_BACKEND:  # not torch varlen: it needs bf16/fp16
             return None
         return original_target_dtype(query, module)
 
-    fa_integration.get_target_dtype = get_target_dtype
+    if original_target_dtype is not None:
+        fa_integration.get_target_dtype = get_target_dtype
 
     for name in _VARLEN_BACKENDS:
         AttentionInterface.register(name, packcheck_flash_ref)
-        ALL_MASK_ATTENTION_FUNCTIONS.register(name, flash_attention_mask)
+        if ALL_MASK_ATTENTION_FUNCTIONS is not None:
+            ALL_MASK_ATTENTION_FUNCTIONS.register(name, flash_attention_mask)
     _REGISTERED = True
 
 

@@ -90,6 +90,7 @@ class ResolvedModel:
     model_class: str
     revision: str | None  # commit SHA when the Hub cache gives one
     error: str | None = None  # the config itself cannot be built: every cell of this model is an error
+    error_status: str = "error"  # "unsupported" where this transformers version does not know the model
 
     def record(self) -> dict[str, Any]:
         return {
@@ -367,6 +368,15 @@ def _shrink_dict(d: dict[str, Any], amap: dict[str, str]) -> None:
                 d[key] = [v if v < TINY_VOCAB else TINY_VOCAB - 1 for v in value]
 
 
+def dtype_kwarg(torch_dtype: Any) -> dict[str, Any]:
+    """``dtype=`` for ``from_pretrained`` / ``from_config`` from transformers 4.56 on, ``torch_dtype=`` before
+    (4.56 renamed it and deprecated the old name)."""
+    import transformers
+    from packaging.version import Version
+
+    return {"dtype" if Version(transformers.__version__).release >= (4, 56) else "torch_dtype": torch_dtype}
+
+
 def build_model(
     resolved: ResolvedModel,
     attn_implementation: str,
@@ -390,8 +400,8 @@ def build_model(
             resolved.spec.name,
             revision=resolved.spec.revision,
             attn_implementation=attn_implementation,
-            dtype=torch_dtype,
             trust_remote_code=trust_remote_code,
+            **dtype_kwarg(torch_dtype),
         )
     else:
         try:
@@ -410,7 +420,7 @@ def build_model(
             )
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(
-            config, attn_implementation=attn_implementation, dtype=torch_dtype, trust_remote_code=trust_remote_code
+            config, attn_implementation=attn_implementation, trust_remote_code=trust_remote_code, **dtype_kwarg(torch_dtype)
         )
     for module in model.modules():  # pretrained configs keep their dropout; checks need determinism
         if isinstance(module, torch.nn.Dropout):

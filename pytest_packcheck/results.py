@@ -48,6 +48,9 @@ class CellResult:
     message: str = ""
     duration_s: float = 0.0
     tolerances: dict[str, float] = field(default_factory=dict)
+    #: the version environment the cell ran in (label, requirements, resolved versions, its environment()),
+    #: None when it ran in the environment of the report
+    env: dict[str, Any] | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True, default=_jsonable)

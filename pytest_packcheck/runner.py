@@ -27,29 +27,37 @@ class Cell:
     backend: str | None
     check: str
     dtype: str
+    env: str | None = None  # version environment label (envs.VersionCombo.label); None: this environment
 
     @property
-    def cell_id(self) -> str:
+    def base_id(self) -> str:
+        """The id without the environment: what the run inside a version environment calls this cell."""
         parts = [self.label, self.backend, self.check, self.dtype]
         return "-".join(p for p in parts if p)
 
     @property
+    def cell_id(self) -> str:
+        return self.base_id + (f"@{self.env}" if self.env else "")
+
+    @property
     def group(self) -> str:
-        return self.label
+        """xdist group: a model here; a whole environment (one subprocess run) for version cells."""
+        return f"env:{self.env}" if self.env else self.label
 
 
-def plan_cells(models: list[ResolvedModel], backends: tuple[str, ...], checks: tuple[str, ...], dtypes: tuple[str, ...]) -> list[Cell]:
+def plan_cells(models: list[ResolvedModel], backends: tuple[str, ...], checks: tuple[str, ...], dtypes: tuple[str, ...],
+               env: str | None = None) -> list[Cell]:
     """Cells in run order: model-major, then dtype, backend, check (so each model is built once per backend)."""
     cells = []
     for i, m in enumerate(models):
         for dtype in dtypes:
             for check in checks:
                 if check in MODEL_LEVEL_CHECKS:
-                    cells.append(Cell(i, m.spec.label, None, check, dtype))
+                    cells.append(Cell(i, m.spec.label, None, check, dtype, env))
             for backend in backends:
                 for check in checks:
                     if check not in MODEL_LEVEL_CHECKS:
-                        cells.append(Cell(i, m.spec.label, backend, check, dtype))
+                        cells.append(Cell(i, m.spec.label, backend, check, dtype, env))
     return cells
 
 
@@ -64,8 +72,18 @@ _UNSUPPORTED_MARKERS = (
 )
 
 
+class ResolveError(RuntimeError):
+    """The model's config could not be resolved or built (carries the verdict: error or unsupported)."""
+
+    def __init__(self, message: str, status: str = "error") -> None:
+        super().__init__(message)
+        self.status = status
+
+
 def _classify_exception(exc: BaseException) -> str:
     text = str(exc)
+    if isinstance(exc, ResolveError):
+        return exc.status
     if isinstance(exc, ImportError):
         return "skipped"
     if isinstance(exc, (ValueError, NotImplementedError)) and any(m in text for m in _UNSUPPORTED_MARKERS):
@@ -92,10 +110,15 @@ def _no_compile_on_cpu(backend: str | None, device: str) -> Iterator[None]:
         return
     import transformers.integrations.flex_attention as flex_integration
     from torch.nn.attention.flex_attention import flex_attention
-    from transformers import masking_utils
 
+    try:  # 4.53+: masks are built in masking_utils; before, in the flex integration (create_block_causal_mask_flex)
+        from transformers import masking_utils
+    except ImportError:
+        masking_utils = None
+    mask_owner, mask_name = ((masking_utils, "create_block_mask") if masking_utils is not None
+                             else (flex_integration, "create_block_causal_mask_flex"))
     compiled = flex_integration.compile_friendly_flex_attention
-    block_mask = masking_utils.create_block_mask
+    block_mask = getattr(mask_owner, mask_name)
 
     def eager_flex_attention(query, key, value, training=False, **kwargs):
         return flex_attention(query, key, value, **kwargs)
@@ -107,7 +130,7 @@ def _no_compile_on_cpu(backend: str | None, device: str) -> Iterator[None]:
     import torch.nn.attention.flex_attention as torch_flex
 
     flex_integration.compile_friendly_flex_attention = eager_flex_attention
-    masking_utils.create_block_mask = eager_block_mask
+    setattr(mask_owner, mask_name, eager_block_mask)
     # torch's documented switch for running flex_attention's higher-order op without dynamo (forward only,
     # which is all CPU offers): no tracing per shape. Parity against per-example runs still checks the result.
     debug_flag = torch_flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG
@@ -117,7 +140,7 @@ def _no_compile_on_cpu(backend: str | None, device: str) -> Iterator[None]:
     finally:
         torch_flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = debug_flag
         flex_integration.compile_friendly_flex_attention = compiled
-        masking_utils.create_block_mask = block_mask
+        setattr(mask_owner, mask_name, block_mask)
 
 
 class CellRunner:
@@ -142,7 +165,7 @@ class CellRunner:
             self._key, self._bench = key, None
             try:
                 if resolved.error:
-                    raise RuntimeError(resolved.error)
+                    raise ResolveError(resolved.error, resolved.error_status)
                 if backend in (REFERENCE_BACKEND, TORCH_VARLEN_BACKEND):
                     register_reference_backend()
                 model = build_model(resolved, backend, cell.dtype, self.weights, self.device, trust_remote_code=self.trust_remote_code)
@@ -179,12 +202,13 @@ class CellRunner:
         if cell.backend is not None:
             avail = backend_availability(cell.backend, self.device)
             if not avail.available:
-                return CheckResult("skipped", {}, f"{cell.backend} {avail.reason}")
+                return CheckResult(avail.status, {}, f"{cell.backend} {avail.reason}")
         try:
             bench = self.workbench(cell)
         except Exception as exc:  # noqa: BLE001 - a broken model or backend is a cell, not a crash
             status = _classify_exception(exc)
-            return CheckResult(status, {"stage": "build", "exception": _short(exc)}, f"model build: {_short(exc)}")
+            text = str(exc) if isinstance(exc, ResolveError) else f"model build: {_short(exc)}"
+            return CheckResult(status, {"stage": "build", "exception": _short(exc)}, text)
         try:
             with _no_compile_on_cpu(cell.backend, self.device):
                 return CHECK_FUNCTIONS[cell.check](bench)

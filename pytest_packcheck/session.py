@@ -27,7 +27,7 @@ class PackcheckItem(pytest.Item):
         self.add_marker(pytest.mark.xdist_group(name=cell.group))
 
     def runtest(self) -> None:
-        result = self.state.runner().run(self.cell)
+        result = self.state.env_cell(self.cell) if self.cell.env else self.state.runner().run(self.cell)
         # On the item's user_properties the result reaches every report of this item (so the xdist controller
         # and --junitxml get it as a property).
         self.user_properties.append((RESULT_PROPERTY, result.to_json()))
@@ -66,6 +66,7 @@ class PackcheckSession:
         self.gate_text = ""
         self._resolved: list[Any] | None = None
         self._runner: Any = None
+        self._env_runs: dict[str, Any] = {}
         self._check_inputs()
 
     def _check_inputs(self) -> None:
@@ -98,12 +99,28 @@ class PackcheckSession:
 
     def resolved_models(self) -> list[Any]:
         if self._resolved is None:
-            from .models import resolve_model
             from .specs import parse_model_list
 
             specs = parse_model_list(list(self.settings.models), self.settings.model_source)
-            self._resolved = [resolve_model(s, self.settings.model_source, self.settings.trust_remote_code) for s in specs]
+            self._resolved = [self._resolve(s) for s in specs]
         return self._resolved
+
+    def _resolve(self, spec: Any) -> Any:
+        from .envs import CHILD_ENV_VAR
+        from .models import ResolvedModel, resolve_model
+
+        try:
+            return resolve_model(spec, self.settings.model_source, self.settings.trust_remote_code)
+        except PackcheckUsageError as exc:
+            if not os.environ.get(CHILD_ENV_VAR):
+                raise
+            # In a version environment the parent already resolved this spec with its own transformers: what
+            # this version cannot resolve (an architecture it does not have yet) is a cell it cannot express.
+            import transformers
+
+            return ResolvedModel(spec=spec, config=None, model_type=spec.name if spec.kind == "arch" else "?",
+                                 model_class="?", revision=None, error_status="unsupported",
+                                 error=f"transformers {transformers.__version__}: {exc}")
 
     def runner(self) -> Any:
         if self._runner is None:
@@ -128,7 +145,9 @@ class PackcheckSession:
     def make_items(self, session: pytest.Session) -> list[pytest.Item]:
         from .runner import plan_cells
 
-        cells = plan_cells(self.resolved_models(), self.settings.backends, self.settings.checks, self.settings.dtypes)
+        envs = [v.label for v in self.settings.versions] or [None]
+        cells = [c for env in envs for c in plan_cells(self.resolved_models(), self.settings.backends,
+                                                         self.settings.checks, self.settings.dtypes, env)]
         index, count = self.settings.shard
         # whole models per shard (each model is built once), assigned round-robin in audit order
         cells = [c for c in cells if c.model_index % count == index - 1]
@@ -136,6 +155,39 @@ class PackcheckSession:
             raise PackcheckUsageError("The packcheck matrix is empty after filtering: check --packcheck-attn / --packcheck-checks.")
         parent = PackcheckCollector.from_parent(session, name="packcheck", nodeid="packcheck")
         return [PackcheckItem.from_parent(parent, name=f"packcheck[{c.cell_id}]", cell=c, session_state=self) for c in cells]
+
+    def env_cell(self, cell: Any) -> Any:
+        """The result of a cell planned in a version environment: the first cell of an environment makes it
+        (or finds it cached) and runs every cell of this shard there in one subprocess."""
+        from .envs import run_in_env
+        from .results import CellResult
+
+        combo = next(v for v in self.settings.versions if v.label == cell.env)
+        run = self._env_runs.get(cell.env)
+        models = self.resolved_models()
+        if run is None:
+            index, count = self.settings.shard
+            specs = [m.spec.name if m.spec.kind == "local" else m.spec.raw
+                     for i, m in enumerate(models) if i % count == index - 1]
+            worker = getattr(self.config, "workerinput", None)
+            threads = max(1, (os.cpu_count() or 1) // int(worker.get("workercount", 1) or 1)) if worker else None
+            run = self._env_runs[cell.env] = run_in_env(combo, self.settings, specs, Path(self.settings.report_dir), threads)
+        env_record = {
+            "label": combo.label, "requirements": list(combo.requirements),
+            "versions": run.env.versions if run.env else {}, "environment": run.environment,
+            "env_created": run.env.created if run.env else None,
+            "env_seconds": run.env.seconds if run.env else None, "run_seconds": run.seconds, "log": run.log,
+        }
+        child = run.cells.get(cell.base_id)
+        if child is None:
+            message = run.error or f"the run in {combo.label} produced no result for this cell (see {run.log})"
+            return CellResult(cell_id=cell.cell_id, model=models[cell.model_index].record(), backend=cell.backend,
+                              check=cell.check, dtype=cell.dtype, status="error", message=message,
+                              tolerances=self.settings.tolerances.get(cell.dtype, {}), env=env_record)
+        result = CellResult.from_dict(child)
+        result.cell_id = cell.cell_id
+        result.env = env_record
+        return result
 
     # results travel on reports (user_properties) so they survive xdist workers
     def record(self, report: pytest.TestReport) -> None:

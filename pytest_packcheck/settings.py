@@ -25,6 +25,7 @@ OPT_TOLERANCES = "--packcheck-tolerances"
 OPT_TOLERANCE = "--packcheck-tolerance"
 OPT_BASELINE = "--packcheck-baseline"
 OPT_SHARD = "--packcheck-shard"
+OPT_VERSIONS = "--packcheck-versions"
 
 DTYPES = ("float32", "bfloat16", "float16")
 WEIGHTS = ("random", "pretrained")
@@ -73,6 +74,10 @@ OPTIONS = (
            "session if a cell got worse (the same rules as `packcheck gate`).", ini="packcheck_baseline", env="PACKCHECK_BASELINE"),
     Option(OPT_SHARD, "Run shard I of N (I/N, 1-based): a deterministic slice of the models, so a CI matrix can "
            "spread an audit; join the JSON files with `packcheck merge`.", env="PACKCHECK_SHARD"),
+    Option(OPT_VERSIONS, "Library versions to run under, each in its own uv environment over this torch: an axis "
+           "'transformers==4.51.3,5.24.0' (axes multiply) or a combination 'transformers==4.51.3 & trl==0.17.0' "
+           "(repeatable; ';' separates values in ini/env).", ini="packcheck_versions", env="PACKCHECK_VERSIONS",
+           action="append", multiple=True),
 )
 
 
@@ -94,6 +99,7 @@ class Settings:
     audit_name: str | None = None
     baseline: str | None = None
     shard: tuple[int, int] = (1, 1)
+    versions: tuple[Any, ...] = ()  # envs.VersionCombo, one per environment; () = this environment only
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -101,6 +107,7 @@ class Settings:
             "dtypes": list(self.dtypes), "weights": self.weights, "device": self.device,
             "trust_remote_code": self.trust_remote_code, "audit": self.audit_name,
             "tolerance_source": self.tolerance_source,
+            "versions": [v.label for v in self.versions],
         }
 
     def reproduce_flags(self) -> list[str]:
@@ -112,6 +119,7 @@ class Settings:
             flags.append(OPT_TRUST)
         if self.shard != (1, 1):
             flags.append(f"{OPT_SHARD}={self.shard[0]}/{self.shard[1]}")
+        flags += [f"{OPT_VERSIONS}={' & '.join(v.requirements)}" for v in self.versions]
         return flags
 
 
@@ -266,8 +274,17 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
         if not (i.isdigit() and n.isdigit() and 1 <= int(i) <= int(n)):
             raise PackcheckUsageError(f"Bad shard '{shard_value}' (from {shard_src}): write I/N with 1 <= I <= N, e.g. {OPT_SHARD}=2/4.")
         shard = (int(i), int(n))
+    versions_value, versions_src = pick(by_flag[OPT_VERSIONS])
+    if not versions_value and audit and audit.versions:
+        versions_value, versions_src = list(audit.versions), f"audit {audit.path}"
+    versions: tuple[Any, ...] = ()
+    if versions_value:
+        from .envs import parse_versions
+
+        values = [versions_value] if isinstance(versions_value, str) else list(versions_value)
+        versions = tuple(parse_versions(values, versions_src))
     return Settings(
-        baseline=str(baseline) if baseline else None, shard=shard,
+        baseline=str(baseline) if baseline else None, shard=shard, versions=versions,
         models=tuple(models), model_source=source, backends=backends, checks=checks, dtypes=dtypes,
         weights=weights, device=device, trust_remote_code=bool(trust), report_dir=str(report_dir),
         tolerances=tolerances, tolerance_source=tol_label, audit_name=audit.name if audit else None,

@@ -107,9 +107,10 @@ class AuditDefinition:
     checks: tuple[str, ...] | None = None
     dtypes: tuple[str, ...] | None = None
     tolerances: str | None = None
+    versions: tuple[str, ...] | None = None  # version axes / combinations, as for --packcheck-versions
 
 
-_AUDIT_KEYS = {"name", "description", "models", "backends", "checks", "dtypes", "tolerances"}
+_AUDIT_KEYS = {"name", "description", "models", "backends", "checks", "dtypes", "tolerances", "versions"}
 
 
 def resolve_audit_path(value: str) -> Path:
@@ -159,4 +160,5 @@ def load_audit(value: str) -> AuditDefinition:
         checks=opt("checks"),
         dtypes=opt("dtypes"),
         tolerances=audit.get("tolerances"),
+        versions=opt("versions"),
     )

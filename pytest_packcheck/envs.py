@@ -1,0 +1,487 @@
+"""Library-version environments: parse ``--packcheck-versions``, make one uv environment per combination, run
+the packcheck plugin in it (a subprocess) and hand back its results.
+
+An environment is a uv venv of this Python whose ``site-packages`` holds the requested libraries (and what they
+need), layered over this environment's hardware-bound packages (torch, triton, flash-attn, CUDA libraries):
+those are never installed again. They are linked into a separate *overlay* folder that a ``.pth`` file puts on
+``sys.path`` after the venv's own ``site-packages``; uv never sees the overlay, so it can neither download
+another torch nor write through the links (which it would do to linked folders inside ``site-packages``).
+Requirements on the hardware packages are dropped at resolution (a uv override with a never-true marker) and
+checked afterwards with ``packaging``: an environment whose libraries need another torch is an error, named.
+
+Environments are cached under ``$PACKCHECK_CACHE_DIR`` (default ``$XDG_CACHE_HOME/packcheck``, i.e.
+``~/.cache/packcheck``), one folder per exact requirement set and base environment (hash in the name), with
+uv's own cache beside them unless ``UV_CACHE_DIR`` is set. A folder is used only once its ``packcheck-env.json``
+is written, so a killed build is rebuilt, never half-used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from .errors import PackcheckUsageError
+
+#: Distributions bound to this machine's hardware or to the torch build: linked from the base environment,
+#: never installed into a version environment. Matched against canonical (PEP 503) names.
+HARDWARE_PATTERNS = (
+    r"torch", r"torchvision", r"torchaudio", r"triton", r"pytorch-triton.*", r"flash-attn.*", r"flash-attn-3",
+    r"nvidia-.*", r"cuda-.*", r"cupy-.*", r"xformers", r"causal-conv1d", r"mamba-ssm",
+)
+#: The libraries a user may put on the version axis (anything else pure-Python works too; these are checked
+#: for typos).
+KNOWN_LIBRARIES = ("transformers", "trl", "accelerate", "peft", "datasets", "tokenizers", "huggingface-hub", "kernels")
+#: What packcheck itself imports in the environment (its own code comes from the overlay).
+PACKCHECK_RUNTIME = ("pytest", "pytest-xdist", "packaging", "tabulate", "rich", "huggingface-hub")
+ENV_MARKER = "packcheck-env.json"
+_OPERATORS = ("==", "!=", "<=", ">=", "~=", "<", ">", "===")
+
+
+def canonical(name: str) -> str:
+    from packaging.utils import canonicalize_name
+
+    return str(canonicalize_name(name))
+
+
+def is_hardware_bound(name: str) -> bool:
+    return any(re.fullmatch(p, canonical(name)) for p in HARDWARE_PATTERNS)
+
+
+@dataclass(frozen=True)
+class VersionCombo:
+    """One environment to run in: requirement strings (PEP 508, normalised), e.g. ("transformers==4.51.3",)."""
+
+    requirements: tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        """Short label for cell ids and matrix columns: ``transformers==4.51.3+trl==0.17.0``."""
+        return "+".join(r.replace(" ", "") for r in self.requirements)
+
+    def names(self) -> list[str]:
+        from packaging.requirements import Requirement
+
+        return [canonical(Requirement(r).name) for r in self.requirements]
+
+
+def _parse_one(text: str, source: str) -> Any:
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    try:
+        req = Requirement(text)
+    except InvalidRequirement as exc:
+        raise PackcheckUsageError(
+            f"Unparsable version specifier '{text}' (from {source}): {str(exc).splitlines()[0]}. "
+            "Write e.g. transformers==4.51.3,5.24.0 or 'transformers>=4.54,<5'."
+        ) from None
+    if not req.specifier:
+        raise PackcheckUsageError(
+            f"Version specifier '{text}' (from {source}) names no version: write e.g. {req.name}==<version> or '{req.name}>=X,<Y'."
+        )
+    if req.url or req.marker:
+        raise PackcheckUsageError(f"Version specifier '{text}' (from {source}) has a URL or marker: give name and versions only.")
+    if is_hardware_bound(req.name):
+        raise PackcheckUsageError(
+            f"'{req.name}' (from {source}) is bound to this machine's hardware and is never reinstalled: version "
+            f"environments reuse the installed {req.name}. Run packcheck from an environment with the {req.name} you want."
+        )
+    known = set(KNOWN_LIBRARIES) | {canonical(d.metadata["Name"] or "") for d in metadata.distributions()}
+    if canonical(req.name) not in known:
+        from .errors import closest
+
+        hint = closest(canonical(req.name), KNOWN_LIBRARIES)
+        if hint:
+            raise PackcheckUsageError(f"Unknown library '{req.name}' in '{text}' (from {source}).{hint}")
+    return req
+
+
+def parse_axis(value: str, source: str) -> list[str]:
+    """One axis ``name<spec>[,<version or spec>...]`` -> requirement strings, one per alternative.
+
+    A bare version after a comma starts a new alternative (``transformers==4.51.3,4.57.1`` is two); an item
+    that starts with an operator extends the current one (``transformers>=4.54,<5`` is one).
+
+    Raises:
+        PackcheckUsageError: unparsable, no version, a hardware-bound package, or a misspelt library name.
+    """
+    text = value.strip()
+    m = re.match(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*(?:\[[^\]]*\])?)\s*(.*)$", text)
+    if not m or not m.group(2):
+        raise PackcheckUsageError(
+            f"Unparsable version specifier '{value}' (from {source}): write name==version[,version...], "
+            "e.g. transformers==4.51.3,5.24.0."
+        )
+    name, rest = m.group(1), m.group(2)
+    clauses: list[str] = []
+    for part in (p.strip() for p in rest.split(",")):
+        if not part:
+            raise PackcheckUsageError(f"Empty item in version specifier '{value}' (from {source}): remove the extra comma.")
+        if part.startswith(_OPERATORS):
+            # "<5" after ">=4.54" narrows that alternative; "==X" always starts a new one
+            if clauses and not part.startswith("=="):
+                clauses[-1] += "," + part
+            else:
+                clauses.append(part)
+        elif re.fullmatch(r"[0-9][0-9A-Za-z.+!*-]*", part):
+            clauses.append("==" + part)
+        else:
+            raise PackcheckUsageError(
+                f"Unparsable item '{part}' in version specifier '{value}' (from {source}): expected a version "
+                "(4.57.1) or a specifier (>=4.54)."
+            )
+    out = []
+    for clause in clauses:
+        req = _parse_one(f"{name}{clause}", source)
+        out.append(f"{req.name}{clause.replace(' ', '')}")
+    return list(dict.fromkeys(out))
+
+
+def parse_versions(values: list[str], source: str) -> list[VersionCombo]:
+    """``--packcheck-versions`` values -> the combinations to run.
+
+    Each value is an axis (``transformers==4.51.3,5.24.0``) or an explicit combination of several
+    requirements joined by ``&`` (``transformers==4.51.3 & trl==0.17.0``). Axes multiply (every combination);
+    explicit combinations are added as given.
+
+    Raises:
+        PackcheckUsageError: a bad specifier, or one library on two axes.
+    """
+    axes: dict[str, list[str]] = {}
+    combos: list[VersionCombo] = []
+    for value in values:
+        for item in (v for v in _split_top(value) if v.strip()):
+            if "&" in item:
+                reqs = []
+                for part in item.split("&"):
+                    alts = parse_axis(part, source)
+                    if len(alts) != 1:
+                        raise PackcheckUsageError(
+                            f"'{part.strip()}' in the combination '{item.strip()}' (from {source}) names {len(alts)} versions: "
+                            "a combination takes one version per library."
+                        )
+                    reqs.append(alts[0])
+                combo = VersionCombo(tuple(reqs))
+                if len(set(combo.names())) != len(reqs):
+                    raise PackcheckUsageError(f"The combination '{item.strip()}' (from {source}) names a library twice.")
+                combos.append(combo)
+                continue
+            alts = parse_axis(item, source)
+            from packaging.requirements import Requirement
+
+            name = canonical(Requirement(alts[0]).name)
+            if name in axes:
+                raise PackcheckUsageError(
+                    f"'{name}' is given twice as a version axis (from {source}): list its versions in one value, "
+                    f"e.g. {name}==A,B."
+                )
+            axes[name] = alts
+    if axes:
+        combos += [VersionCombo(tuple(c)) for c in itertools.product(*axes.values())]
+    unique = list(dict.fromkeys(combos))
+    if not unique:
+        raise PackcheckUsageError(f"No version given (from {source}): write e.g. transformers==4.51.3,5.24.0.")
+    return unique
+
+
+def _split_top(value: str) -> list[str]:
+    """Values may hold several axes separated by ';' (ini files and the audit TOML give lists instead)."""
+    return value.split(";")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Making environments
+
+
+class EnvError(Exception):
+    """An environment could not be made; the message says why in one line (it becomes the cells' message)."""
+
+
+@dataclass
+class VersionEnv:
+    """A ready environment."""
+
+    combo: VersionCombo
+    path: Path
+    python: Path
+    versions: dict[str, str]  # resolved versions of the requested libraries (and transformers, trl)
+    created: bool  # made now (cold) rather than found in the cache (warm)
+    seconds: float  # time to make or find it
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def cache_root() -> Path:
+    base = os.environ.get("PACKCHECK_CACHE_DIR")
+    if base:
+        return Path(base)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "packcheck"
+
+
+def _hardware_dists() -> list[metadata.Distribution]:
+    seen: dict[str, metadata.Distribution] = {}
+    for dist in metadata.distributions():
+        name = dist.metadata["Name"]
+        if name and is_hardware_bound(name) and canonical(name) not in seen:
+            seen[canonical(name)] = dist
+    return [seen[k] for k in sorted(seen)]
+
+
+def _package_root() -> Path:
+    return Path(__file__).resolve().parent
+
+
+def _base_requirements(combo: VersionCombo) -> list[str]:
+    """What every environment needs besides the combination: torch's own pure-Python dependencies (torch is
+    linked, its dependencies are not), packcheck's runtime, and this environment's transformers when the
+    combination does not name one (so an axis over trl alone changes only trl)."""
+    from packaging.requirements import Requirement
+
+    reqs: list[str] = []
+    names = set(combo.names())
+    for dist in _hardware_dists():
+        for text in dist.requires or []:
+            req = Requirement(text)
+            if req.marker and not req.marker.evaluate({"extra": ""}):
+                continue
+            if not is_hardware_bound(req.name) and canonical(req.name) not in names:
+                reqs.append(f"{req.name}{req.specifier}")
+    reqs += [p for p in PACKCHECK_RUNTIME if canonical(p) not in names]
+    if "transformers" not in names:
+        try:
+            reqs.append(f"transformers=={metadata.version('transformers')}")
+        except metadata.PackageNotFoundError:
+            reqs.append("transformers")
+    return list(dict.fromkeys(reqs))
+
+
+def env_key(combo: VersionCombo) -> str:
+    """Cache key: the exact requirement set plus what the environment is layered over."""
+    payload = {
+        "requirements": sorted(combo.requirements),
+        "base": sorted(_base_requirements(combo)),
+        "python": sys.version,
+        "executable": os.path.realpath(sys.executable),
+        "hardware": [f"{d.metadata['Name']}=={d.version}@{d.locate_file('')}" for d in _hardware_dists()],
+        "layout": 1,
+    }
+    digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
+    slug = re.sub(r"[^A-Za-z0-9.]+", "-", combo.label).strip("-")[:60]
+    return f"{slug}-{digest}"
+
+
+def _uv() -> str:
+    try:
+        import uv
+
+        return uv.find_uv_bin()
+    except (ImportError, FileNotFoundError):
+        found = shutil.which("uv")
+        if not found:
+            raise EnvError("uv is not installed: pip install uv (packcheck makes version environments with it)") from None
+        return found
+
+
+def _site_packages(env: Path) -> Path:
+    paths = sysconfig.get_paths(vars={"base": str(env), "platbase": str(env)})
+    return Path(paths["purelib"])
+
+
+def _link_overlay(overlay: Path) -> None:
+    """Link every top-level entry of the hardware-bound distributions, and packcheck's own package."""
+    overlay.mkdir(parents=True, exist_ok=True)
+    for dist in _hardware_dists():
+        root = Path(dist.locate_file(""))
+        tops = {Path(str(f)).parts[0] for f in (dist.files or []) if Path(str(f)).parts and Path(str(f)).parts[0] != ".."}
+        for top in sorted(tops):
+            src = root / top
+            if src.exists() and not (overlay / top).exists():
+                (overlay / top).symlink_to(src)
+    (overlay / "pytest_packcheck").symlink_to(_package_root())
+
+
+def _uv_reason(output: str) -> str:
+    """uv's explanation of a failed resolution, on one line."""
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    why = [ln.removeprefix("╰─▶ ").removeprefix("cause: ") for ln in lines if ln.startswith(("╰─▶", "Because", "And because", "cause:"))]
+    if not why:
+        why = [ln for ln in lines if "error" in ln.lower()] or lines[-2:]
+    return " ".join(" ".join(why).split())[:600]
+
+
+def _check_hardware_requirements(site: Path) -> None:
+    """Every requirement an installed library has on a hardware-bound package must hold for the linked one.
+
+    Raises:
+        EnvError: e.g. "accelerate 1.2 needs torch>=2.14: this environment's torch is 2.13.0+cpu".
+    """
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    linked = {canonical(d.metadata["Name"]): d.version for d in _hardware_dists()}
+    for dist in metadata.distributions(path=[str(site)]):
+        for text in dist.requires or []:
+            req = Requirement(text)
+            name = canonical(req.name)
+            if name not in linked or not req.specifier:
+                continue
+            if req.marker and not req.marker.evaluate({"extra": ""}):
+                continue
+            have = Version(linked[name])
+            if not req.specifier.contains(Version(have.public), prereleases=True):
+                raise EnvError(
+                    f"{dist.metadata['Name']} {dist.version} needs {req.name}{req.specifier}: this environment's "
+                    f"{req.name} is {linked[name]}, and packcheck never installs another (run from an environment that has it)"
+                )
+
+
+def ensure_env(combo: VersionCombo, log: Any = None) -> VersionEnv:
+    """Find or make the environment of ``combo``.
+
+    Raises:
+        EnvError: uv missing, resolution failed (uv's reason), or the libraries need another torch.
+    """
+    from filelock import FileLock
+
+    t0 = time.perf_counter()
+    root = cache_root() / "envs"
+    root.mkdir(parents=True, exist_ok=True)
+    key = env_key(combo)
+    path = root / key
+    with FileLock(str(root / f"{key}.lock")):
+        marker = path / ENV_MARKER
+        if marker.exists():
+            info = json.loads(marker.read_text())
+            return VersionEnv(combo, path, path / "bin" / "python", info["versions"], False,
+                              round(time.perf_counter() - t0, 3), info)
+        if path.exists():
+            shutil.rmtree(path)  # a build that was killed half-way
+        uv = _uv()
+        env = {**os.environ, "UV_CACHE_DIR": os.environ.get("UV_CACHE_DIR") or str(cache_root() / "uv")}
+        env.pop("VIRTUAL_ENV", None)
+        proc = subprocess.run([uv, "venv", "--quiet", "--python", sys.executable, str(path)],
+                              check=False, capture_output=True, text=True, env=env)
+        if proc.returncode:
+            raise EnvError(f"uv venv failed: {_uv_reason(proc.stderr)}")
+        site = _site_packages(path)
+        overlay = path / "packcheck-overlay"
+        _link_overlay(overlay)
+        (site / "_packcheck_overlay.pth").write_text(str(overlay) + "\n")
+        overrides = path / "packcheck-overrides.txt"
+        overrides.write_text("".join(f'{canonical(d.metadata["Name"])} ; python_version < "0"\n' for d in _hardware_dists()))
+        requirements = [*combo.requirements, *_base_requirements(combo)]
+        cmd = [uv, "pip", "install", "--python", str(path / "bin" / "python"), "--override", str(overrides), *requirements]
+        proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)
+        if log:
+            log(f"[{combo.label}] {' '.join(cmd[1:3])} ...: exit {proc.returncode}")
+        if proc.returncode:
+            shutil.rmtree(path, ignore_errors=True)
+            raise EnvError(f"{' '.join(combo.requirements)}: not installable: {_uv_reason(proc.stderr + proc.stdout)}")
+        try:
+            _check_hardware_requirements(site)
+        except EnvError:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        versions = {}
+        for dist in metadata.distributions(path=[str(site)]):
+            name = canonical(dist.metadata["Name"])
+            if name in set(combo.names()) | {"transformers", "trl", "accelerate", "tokenizers", "huggingface-hub"}:
+                versions[name] = dist.version
+        info = {"requirements": list(combo.requirements), "installed": requirements, "versions": versions,
+                "seconds": round(time.perf_counter() - t0, 3), "uv": proc.stderr.strip().splitlines()[:2]}
+        marker.write_text(json.dumps(info, indent=1) + "\n")
+    return VersionEnv(combo, path, path / "bin" / "python", versions, True, round(time.perf_counter() - t0, 3), info)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Running the plugin in an environment
+
+#: Set in the child run: its label; the child then turns a model its transformers cannot resolve into an
+#: "unsupported" model instead of a usage error (the parent resolved it with another version).
+CHILD_ENV_VAR = "PACKCHECK_ENV_LABEL"
+
+
+@dataclass
+class EnvRun:
+    """What one environment's run handed back."""
+
+    combo: VersionCombo
+    cells: dict[str, dict[str, Any]]  # child cell_id -> cell record
+    env: VersionEnv | None
+    error: str | None  # the environment could not be made, or the run produced no results
+    environment: dict[str, Any] = field(default_factory=dict)  # the child's environment() fingerprint
+    log: str | None = None  # the run's output, relative to the report folder
+    seconds: float = 0.0
+
+
+def _tolerance_toml(tolerances: dict[str, dict[str, float]]) -> str:
+    return "".join(f"[{d}]\n" + "".join(f"{k} = {v!r}\n" for k, v in t.items()) for d, t in tolerances.items())
+
+
+def run_in_env(combo: VersionCombo, settings: Any, models: list[str], report_dir: Path, threads: int | None = None) -> EnvRun:
+    """Make (or find) the environment of ``combo`` and run the packcheck plugin there on ``models`` with the
+    same backends, checks, dtypes, weights, device and tolerances. Never raises for an environment problem:
+    that becomes ``EnvRun.error``."""
+    import tempfile
+
+    from .settings import (
+        OPT_BACKENDS,
+        OPT_CHECKS,
+        OPT_DEVICE,
+        OPT_DTYPES,
+        OPT_MODELS,
+        OPT_REPORT_DIR,
+        OPT_TOLERANCES,
+        OPT_TRUST,
+        OPT_WEIGHTS,
+    )
+
+    t0 = time.perf_counter()
+    try:
+        env = ensure_env(combo)
+    except EnvError as exc:
+        return EnvRun(combo, {}, None, str(exc), seconds=round(time.perf_counter() - t0, 3))
+    slug = env.path.name
+    log_rel = f"logs/{slug}.log"
+    with tempfile.TemporaryDirectory(prefix="packcheck-env-") as tmp:
+        root = Path(tmp)
+        tol = root / "tolerances.toml"
+        tol.write_text(_tolerance_toml(settings.tolerances))
+        out = root / "out"
+        args = [str(env.python), "-m", "pytest", "-p", "pytest_packcheck.plugin", "-p", "no:cacheprovider",
+                str(root), "--rootdir", str(root), "-c", os.devnull, "-o", "addopts=", "-q", "-rN",
+                "-W", "ignore::pytest.PytestAssertRewriteWarning",
+                f"{OPT_MODELS}={','.join(models)}", f"{OPT_BACKENDS}={','.join(settings.backends)}",
+                f"{OPT_CHECKS}={','.join(settings.checks)}", f"{OPT_DTYPES}={','.join(settings.dtypes)}",
+                f"{OPT_WEIGHTS}={settings.weights}", f"{OPT_DEVICE}={settings.device}",
+                f"{OPT_TOLERANCES}={tol}", f"{OPT_REPORT_DIR}={out}"]
+        if settings.trust_remote_code:
+            args.append(OPT_TRUST)
+        child_env = {k: v for k, v in os.environ.items() if not k.startswith("PACKCHECK_") or k == "PACKCHECK_CACHE_DIR"}
+        child_env.pop("VIRTUAL_ENV", None)
+        child_env.pop("PYTHONPATH", None)  # the environment's own site-packages, nothing of this one
+        child_env[CHILD_ENV_VAR] = combo.label
+        if threads:
+            child_env["OMP_NUM_THREADS"] = str(threads)
+        proc = subprocess.run(args, check=False, capture_output=True, text=True, env=child_env, cwd=root)
+        log = report_dir / log_rel
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(f"$ {' '.join(args[1:])}\n# exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+        result = out / "packcheck-matrix.json"
+        if not result.exists():
+            tail = " | ".join(ln.strip() for ln in (proc.stderr or proc.stdout).strip().splitlines()[-3:])
+            return EnvRun(combo, {}, env, f"the run in {combo.label} wrote no results (exit {proc.returncode}; "
+                          f"{tail[:400]}; full output in {log_rel})", log=log_rel, seconds=round(time.perf_counter() - t0, 3))
+        doc = json.loads(result.read_text())
+    cells = {c["cell_id"]: c for c in doc["cells"]}
+    return EnvRun(combo, cells, env, None, doc.get("environment", {}), log_rel, round(time.perf_counter() - t0, 3))
