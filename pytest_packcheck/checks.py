@@ -26,7 +26,8 @@ from .backends import REFERENCE_BACKEND, TORCH_VARLEN_BACKEND, backend_availabil
 from .results import CheckResult
 
 #: Check names in matrix order. ``collate`` is per model (no backend); the others per model x backend.
-CHECKS = ("collate", "position_ids", "isolation", "logits_parity", "loss_parity", "grad_parity", "backend", "cache_trap")
+CHECKS = ("collate", "position_ids", "isolation", "logits_parity", "loss_parity", "grad_parity", "backend", "cache_trap",
+          "mask_trap")
 MODEL_LEVEL_CHECKS = ("collate",)
 
 
@@ -317,6 +318,25 @@ def check_logits_parity(bench: Workbench) -> CheckResult:
         metrics[f"{side}_padded_vs_solo"] = pad_vs_solo
         if pad_vs_solo > bench.tol["logits_atol"]:
             notes.append(f"{side}-padded batch itself differs from solo runs by {_fmt(pad_vs_solo)}")
+    if bench.start and "position_ids" in bench.packed():
+        # RoBERTa-likes count positions from padding_idx + 1; a collator without position_ids_start (before
+        # 5.16) restarts them at 0. Measure the row both ways, so the report separates shifted positions (what
+        # position_ids_start fixes) from boundaries that never reach attention (a leak that stays either way).
+        import torch
+
+        for name, first in (("zero_based", 0), ("start_based", bench.start)):
+            row = dict(bench.packed())
+            row["position_ids"] = torch.cat([torch.arange(first, first + n) for n in bench.lengths])[None].to(bench.device)
+            try:
+                metrics[f"max_abs_diff_{name}_positions"] = bench.diff_to_solo(bench.packed_logits(row))[0]
+            except Exception as exc:  # noqa: BLE001 - e.g. the 5.14 flash path derives no boundary from positions not starting at 0
+                metrics[f"max_abs_diff_{name}_positions"] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:120]}"
+
+        def show(value: Any) -> str:
+            return _fmt(value) if isinstance(value, float) else str(value)
+
+        notes.append(f"positions from {bench.start} (position_ids_start, 5.16+): {show(metrics['max_abs_diff_start_based_positions'])}, "
+                     f"from 0: {show(metrics['max_abs_diff_zero_based_positions'])}")
     note = f" (note: {'; '.join(notes)})" if notes else ""
     if worst > bench.tol["logits_atol"]:
         bad = [i for i, d in enumerate(per) if d > bench.tol["logits_atol"]]
@@ -531,6 +551,35 @@ def check_cache_trap(bench: Workbench) -> CheckResult:
     return CheckResult("fail", metrics, f"wrong with and without use_cache (default {_fmt(diff_default)}, use_cache=False {_fmt(diff_no_cache)})")
 
 
+# ------------------------------------------------------------------------------------------------------------
+# 9. the attention_mask trap
+
+
+def check_mask_trap(bench: Workbench) -> CheckResult:
+    """The packed row with an all-ones ``attention_mask`` added (what a padding collator or a hand-written
+    training loop passes along) vs without, both against the solo runs.
+
+    An attention_mask takes precedence over the packed position_ids everywhere transformers detects packing:
+    eager/sdpa/flex build the packed mask only when attention_mask is None (masking_utils, >= 4.54) and the
+    flash path unpads from the mask first (modeling_flash_attention_utils, 5.x). Fails when the mask makes
+    examples attend to each other; ``max_abs_diff_without_mask`` shows whether the row was right without it.
+    """
+    import torch
+
+    batch = dict(bench.packed())
+    batch["attention_mask"] = torch.ones_like(batch["input_ids"])
+    diff_mask, _ = bench.diff_to_solo(bench.packed_logits(batch))
+    diff_plain, _ = bench.diff_to_solo(bench.packed_logits())
+    atol = bench.tol["logits_atol"]
+    metrics = {"max_abs_diff_with_mask": diff_mask, "max_abs_diff_without_mask": diff_plain, "atol": atol}
+    if diff_mask <= atol:
+        return CheckResult("pass", metrics, f"boundaries hold with an all-ones attention_mask (diff {_fmt(diff_mask)})")
+    if diff_plain <= atol:
+        return CheckResult("fail", metrics, f"mask trap: an all-ones attention_mask overrides the packed boundaries "
+                           f"(diff {_fmt(diff_mask)}; without it {_fmt(diff_plain)})")
+    return CheckResult("fail", metrics, f"wrong with and without attention_mask (with {_fmt(diff_mask)}, without {_fmt(diff_plain)})")
+
+
 CHECK_FUNCTIONS: dict[str, Callable[[Workbench], CheckResult]] = {
     "collate": check_collate,
     "position_ids": check_position_ids,
@@ -540,4 +589,5 @@ CHECK_FUNCTIONS: dict[str, Callable[[Workbench], CheckResult]] = {
     "grad_parity": check_grad_parity,
     "backend": check_backend,
     "cache_trap": check_cache_trap,
+    "mask_trap": check_mask_trap,
 }

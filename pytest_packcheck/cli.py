@@ -12,9 +12,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .settings import OPT_ALL_ARCHS, OPT_AUDIT, OPT_MODELS, OPTIONS
+from .settings import OPT_ALL_ARCHS, OPT_AUDIT, OPT_MODELS, OPT_VERSIONS, OPTIONS
 
-_ALIASES = {OPT_MODELS: "--models", OPT_AUDIT: "--audit", OPT_ALL_ARCHS: "--all-architectures"}
+_ALIASES = {OPT_MODELS: "--models", OPT_AUDIT: "--audit", OPT_ALL_ARCHS: "--all-architectures", OPT_VERSIONS: "--versions"}
 
 
 def _parser() -> argparse.ArgumentParser:

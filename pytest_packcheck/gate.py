@@ -22,12 +22,13 @@ _TOLERANCE_FOR = {
     "loss_parity": "loss_atol",
     "grad_parity": "grad_rel_err",
     "cache_trap": "logits_atol",
+    "mask_trap": "logits_atol",
 }
 
 
 @dataclass(frozen=True)
 class Change:
-    key: tuple[str, str | None, str, str]
+    key: tuple[str, str | None, str, str, str | None]
     baseline: str | None
     candidate: str | None
     worse: bool
@@ -35,8 +36,9 @@ class Change:
     allowed: str | None = None
 
 
-def _key(cell: dict[str, Any]) -> tuple[str, str | None, str, str]:
-    return (cell["model"]["label"], cell["backend"], cell["check"], cell["dtype"])
+def _key(cell: dict[str, Any]) -> tuple[str, str | None, str, str, str | None]:
+    """Cells match on model, backend, check, dtype and version environment label (None outside --versions)."""
+    return (cell["model"]["label"], cell["backend"], cell["check"], cell["dtype"], (cell.get("env") or {}).get("label"))
 
 
 def compare(baseline: dict[str, Any], candidate: dict[str, Any], allow: dict[str, str] | None = None) -> list[Change]:
@@ -86,7 +88,7 @@ def render_changes(changes: list[Change], baseline_env: dict[str, Any], candidat
     if not changes:
         return "\n".join([*head, "No cell changed."])
     rows = [
-        ["-".join(str(x) for x in ch.key if x), ch.baseline or "—", ch.candidate or "—",
+        ["-".join(str(x) for x in ch.key[:4] if x) + (f"@{ch.key[4]}" if ch.key[4] else ""), ch.baseline or "—", ch.candidate or "—",
          "REGRESSION" if ch.worse and not ch.allowed else ("allowed: " + escape_md(ch.allowed) if ch.allowed else "better/neutral"),
          escape_md(ch.detail)]
         for ch in changes

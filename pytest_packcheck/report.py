@@ -16,6 +16,7 @@ KEY_METRIC = {
     "loss_parity": ("loss_delta", "Δ"),
     "grad_parity": ("grad_rel_err", "rel"),
     "cache_trap": ("max_abs_diff_default", "Δ"),
+    "mask_trap": ("max_abs_diff_with_mask", "Δ"),
 }
 LEGEND = {
     "pass": "pass: measured within tolerance",
@@ -86,9 +87,11 @@ def render_markdown(doc: dict[str, Any]) -> str:
     )
     dtypes = sorted({c["dtype"] for c in cells})
     checks = [c for c in settings.get("checks", []) if any(x["check"] == c for x in cells)]
+    envs = sorted({env_label(c) for c in cells}, key=lambda e: (e is not None, _env_sort_key(e, cells)))
+    versioned = envs != [None]
     by_group: dict[tuple, list[dict]] = defaultdict(list)
     for c in cells:
-        by_group[(c["model"]["label"], c["backend"], c["dtype"])].append(c)
+        by_group[(c["model"]["label"], c["backend"], c["dtype"], env_label(c))].append(c)
 
     footnotes: list[str] = []
 
@@ -98,7 +101,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
 
     lines = [f"# packcheck support matrix{' — ' + escape_md(settings['audit']) if settings.get('audit') else ''}", ""]
     lines += [
-        (f"Measured with packcheck {_v(env, 'packcheck')} on {escape_md(env.get('device_name'))} ({env.get('device')}): "
+        (f"{'Controller (each column below ran in its own version environment over its torch)' if versioned else 'Measured'} with packcheck {_v(env, 'packcheck')} on {escape_md(env.get('device_name'))} ({env.get('device')}): "
         f"torch {_v(env, 'torch')}, transformers {_v(env, 'transformers')}, trl {_v(env, 'trl')}, "
         f"flash-attn {_v(env, 'flash_attn')}, CUDA {env.get('cuda') or 'none (CPU build)'}, Python {_v(env, 'python')}. "
         f"Weights: {settings.get('weights')}; dtypes: {', '.join(dtypes)}."),
@@ -115,17 +118,35 @@ def render_markdown(doc: dict[str, Any]) -> str:
         totals[c["status"]] += 1
     lines.append("Cells: " + ", ".join(f"{SYMBOLS[s]} {s} {totals[s]}" for s in STATUSES if totals[s]) + f" (of {len(cells)}).")
     lines.append("")
+    if versioned:
+        lines += _environments_section(cells, envs)
     for dtype in dtypes:
         lines += [f"## Matrix ({dtype})", ""]
+        if versioned:
+            # one column per library-version environment, one row per model and backend
+            headers = ["model", "backend"] + [_env_header(e, cells) for e in envs]
+            rows = []
+            for label in models:
+                for b in [None, *backends]:
+                    if not any(by_group.get((label, b, dtype, e)) for e in envs):
+                        continue
+                    row = [escape_md(label), BACKEND_LABELS.get(b, b) if b else "collate"]
+                    for e in envs:
+                        group = by_group.get((label, b, dtype, e), [])
+                        row.append(_summary_cell(group, note) if group else "")
+                    rows.append(row)
+            lines.append(tabulate(rows, headers=headers, tablefmt="github"))
+            lines.append("")
+            continue
         headers = ["model", "model_type / class", "collate"] + [BACKEND_LABELS.get(b, b) for b in backends]
         rows = []
         for label, info in models.items():
             rev = f" @{info['revision'][:10]}" if info.get("revision") else ""
             row = [escape_md(label) + escape_md(rev), f"{escape_md(info['model_type'])} / {escape_md(info['model_class'])}"]
-            coll = by_group.get((label, None, dtype), [])
+            coll = by_group.get((label, None, dtype, None), [])
             row.append(_summary_cell(coll, note) if coll else "")
             for b in backends:
-                group = by_group.get((label, b, dtype), [])
+                group = by_group.get((label, b, dtype, None), [])
                 row.append(_summary_cell(group, note) if group else "")
             rows.append(row)
         lines.append(tabulate(rows, headers=headers, tablefmt="github"))
@@ -142,18 +163,21 @@ def render_markdown(doc: dict[str, Any]) -> str:
     ]
     for dtype in dtypes:
         for label in models:
-            headers = ["backend"] + checks
-            rows = []
-            for b in [None, *backends]:
-                group = {c["check"]: c for c in by_group.get((label, b, dtype), [])}
-                if not group:
-                    continue
-                row = [BACKEND_LABELS.get(b, b) if b else "(model level)"]
-                for chk in checks:
-                    c = group.get(chk)
-                    row.append(f"{SYMBOLS[c['status']]} {_key_number(c)}".strip() if c else "")
-                rows.append(row)
-            lines += [f"### {escape_md(label)} ({dtype})", "", tabulate(rows, headers=headers, tablefmt="github"), ""]
+            for e in envs:
+                headers = ["backend"] + checks
+                rows = []
+                for b in [None, *backends]:
+                    group = {c["check"]: c for c in by_group.get((label, b, dtype, e), [])}
+                    if not group:
+                        continue
+                    row = [BACKEND_LABELS.get(b, b) if b else "(model level)"]
+                    for chk in checks:
+                        c = group.get(chk)
+                        row.append(f"{SYMBOLS[c['status']]} {_key_number(c)}".strip() if c else "")
+                    rows.append(row)
+                if rows:
+                    where = f", {escape_md(_env_header(e, cells))}" if e else ""
+                    lines += [f"### {escape_md(label)} ({dtype}{where})", "", tabulate(rows, headers=headers, tablefmt="github"), ""]
     tol = {c["dtype"]: c.get("tolerances", {}) for c in cells}
     if tol:
         keys = sorted({k for t in tol.values() for k in t})
@@ -166,6 +190,61 @@ def render_markdown(doc: dict[str, Any]) -> str:
         lines += [f"[^{i}]: {t}" for i, t in enumerate(footnotes, 1)]
         lines.append("")
     return "\n".join(lines)
+
+
+def env_label(cell: dict[str, Any]) -> str | None:
+    """The version environment a cell ran in (its ``--packcheck-versions`` label), None for this one."""
+    return (cell.get("env") or {}).get("label")
+
+
+def _env_versions(label: str | None, cells: list[dict[str, Any]]) -> dict[str, str]:
+    for c in cells:
+        if env_label(c) == label and (c.get("env") or {}).get("versions"):
+            return c["env"]["versions"]
+    return {}
+
+
+def _env_sort_key(label: str | None, cells: list[dict[str, Any]]) -> tuple:
+    from packaging.version import InvalidVersion, Version
+
+    out = []
+    for name, version in sorted(_env_versions(label, cells).items()):
+        try:
+            out.append((name, Version(version)))
+        except InvalidVersion:
+            out.append((name, Version("0")))
+    return (tuple(out), label or "")
+
+
+def _env_header(label: str | None, cells: list[dict[str, Any]]) -> str:
+    """Column title: the resolved versions of what the label asked for, e.g. ``transformers 4.51.3``."""
+    if label is None:
+        return "this environment"
+    versions = _env_versions(label, cells)
+    asked = [r.split("=")[0].split("<")[0].split(">")[0].split("~")[0].split("!")[0] for r in label.split("+")]
+    parts = [f"{n} {versions[n]}" if n in versions else r for n, r in zip(asked, label.split("+"), strict=True)]
+    return ", ".join(parts)
+
+
+def _environments_section(cells: list[dict[str, Any]], envs: list[str | None]) -> list[str]:
+    """One row per version environment: what was asked, what was resolved, and how long it took to make."""
+    from tabulate import tabulate
+
+    rows = []
+    for e in envs:
+        info = next(((c.get("env") or {}) for c in cells if env_label(c) == e), {})
+        if e is None:
+            continue
+        child = info.get("environment") or {}
+        versions = ", ".join(f"{k} {v}" for k, v in sorted((info.get("versions") or {}).items())) or "not made"
+        made = info.get("env_created")
+        made_text = "—" if made is None else f"{'made' if made else 'cached'} in {info.get('env_seconds', 0):.1f} s"
+        rows.append([escape_md(e), escape_md(versions), escape_md(child.get("torch") or "—"), made_text,
+                     f"{info.get('run_seconds') or 0:.1f} s", escape_md(info.get("log") or "")])
+    return ["## Version environments", "",
+            "Each column of the matrix ran in its own uv environment over this machine's torch (never reinstalled); "
+            "the versions are what the requirement resolved to.", "",
+            tabulate(rows, headers=["requested", "resolved", "torch", "environment", "run", "log"], tablefmt="github"), ""]
 
 
 def _summary_cell(group: list[dict[str, Any]], note: Any) -> str:
@@ -200,7 +279,8 @@ def render_terminal(doc: dict[str, Any], paths: list[str]) -> list[str]:
     ]
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for c in cells:
-        groups[(c["model"]["label"], c["backend"] or "(model level)", c["dtype"])].append(c)
+        where = c["dtype"] + (f" @ {env_label(c)}" if env_label(c) else "")
+        groups[(c["model"]["label"], c["backend"] or "(model level)", where)].append(c)
     for (label, backend, dtype), group in sorted(groups.items()):
         status = cell_status([c["status"] for c in group])
         bad = [f"{c['check']}={c['status']}" for c in group if c["status"] not in ("pass", "skipped")]

@@ -85,3 +85,16 @@ class SilentSwap(torch.nn.Module):
             return self.inner(**kwargs)
         finally:
             self.inner.config._attn_implementation_internal = requested
+
+
+class DropAttentionMask(torch.nn.Module):
+    """The fix for the mask trap, as a wrapper: the attention_mask of a packed row is dropped before the model."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.inner = model
+        self.config = model.config
+
+    def forward(self, **kwargs):
+        kwargs.pop("attention_mask", None)
+        return self.inner(**kwargs)

@@ -99,6 +99,20 @@ def test_cache_trap_on_sdpa(llama_sdpa):
     assert result.metrics["max_abs_diff_use_cache_false"] < 1e-5
 
 
+def test_mask_trap_on_sdpa_and_its_fix(llama_sdpa):
+    """An all-ones attention_mask beside packed position_ids makes sdpa build a plain causal mask (leak);
+    dropping the mask (the fix) passes. The same check, two verdicts."""
+    from faults import DropAttentionMask
+
+    result = C.check_mask_trap(llama_sdpa)
+    assert result.status == "fail" and "overrides the packed boundaries" in result.message, result.message
+    assert result.metrics["max_abs_diff_with_mask"] > 1e-2 and result.metrics["max_abs_diff_without_mask"] < 1e-5
+    llama_sdpa.model = DropAttentionMask(llama_sdpa.model)
+    fixed = C.check_mask_trap(llama_sdpa)
+    assert fixed.status == "pass", fixed.message
+    assert fixed.metrics["max_abs_diff_with_mask"] < 1e-5
+
+
 def test_reference_backend_routes_through_flash_preparation(tolerances):
     from conftest import make_bench
 
