@@ -242,8 +242,8 @@ def _environments_section(cells: list[dict[str, Any]], envs: list[str | None]) -
         rows.append([escape_md(e), escape_md(versions), escape_md(child.get("torch") or "—"), made_text,
                      f"{info.get('run_seconds') or 0:.1f} s", escape_md(info.get("log") or "")])
     return ["## Version environments", "",
-            "Each column of the matrix ran in its own uv environment over this machine's torch (never reinstalled); "
-            "the versions are what the requirement resolved to.", "",
+            ("Each column of the matrix ran in its own uv environment over this machine's torch (never reinstalled); "
+             "the versions are what the requirement resolved to."), "",
             tabulate(rows, headers=["requested", "resolved", "torch", "environment", "run", "log"], tablefmt="github"), ""]
 
 
