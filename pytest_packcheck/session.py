@@ -67,7 +67,18 @@ class PackcheckSession:
         self._resolved: list[Any] | None = None
         self._runner: Any = None
         self._env_runs: dict[str, Any] = {}
+        self._pin_worker_gpu()
         self._check_inputs()
+
+    def _pin_worker_gpu(self) -> None:
+        """Under pytest-xdist on a machine with several GPUs, give each worker its own (CUDA_VISIBLE_DEVICES),
+        before anything initialises CUDA in the worker. One GPU or none: nothing changes."""
+        worker = getattr(self.config, "workerinput", None)
+        if worker is None or not self.settings.device.startswith("cuda"):
+            return
+        chosen = gpu_for_worker(str(worker.get("workerid", "")), visible_gpus())
+        if chosen is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = chosen
 
     def _check_inputs(self) -> None:
         """On the controller, before any cell runs: create the report folder and write a probe file, load the
@@ -222,6 +233,33 @@ class PackcheckSession:
             self.changes = compare(baseline, self.document)
             self.gate_text = render_changes(self.changes, baseline["environment"], self.document["environment"])
             self.regressions = regressions(self.changes)
+
+
+def visible_gpus() -> list[str]:
+    """GPU ids this process may use, without initialising CUDA: CUDA_VISIBLE_DEVICES when set, else the
+    indices ``nvidia-smi -L`` lists (none when it is missing)."""
+    import shutil
+    import subprocess
+
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [g.strip() for g in env.split(",") if g.strip()]
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return []
+    try:
+        out = subprocess.run([smi, "-L"], check=False, capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [str(i) for i, line in enumerate(ln for ln in out.splitlines() if ln.startswith("GPU "))]
+
+
+def gpu_for_worker(workerid: str, gpus: list[str]) -> str | None:
+    """The GPU of xdist worker ``gwN``: ``gpus[N % len(gpus)]``; None when fewer than two GPUs are visible or
+    the id is not an xdist worker id."""
+    if len(gpus) < 2 or not workerid.startswith("gw") or not workerid[2:].isdigit():
+        return None
+    return gpus[int(workerid[2:]) % len(gpus)]
 
 
 class PackcheckCollector(pytest.Collector):

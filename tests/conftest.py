@@ -43,6 +43,18 @@ def lay_out_hub_cache(hub_dir: Path, repo_ids: list[str]) -> dict[str, str]:
     return shas
 
 
+def pytest_collection_modifyitems(config, items):
+    """``slow`` tests (real version environments beyond the one in .ci/run) run on demand: PACKCHECK_RUN_SLOW=1."""
+    import os
+
+    if os.environ.get("PACKCHECK_RUN_SLOW") == "1":
+        return
+    skip = pytest.mark.skip(reason="slow: set PACKCHECK_RUN_SLOW=1 to run")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture
 def offline_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """HF_HOME in a temp dir, HF_HUB_OFFLINE=1, with real configs of a few Hub models cached."""

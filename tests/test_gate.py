@@ -49,7 +49,7 @@ def test_parity_number_growing_beyond_tolerance_is_a_regression(baseline_path):
     worse = copy.deepcopy(doc)
     cell = next(c for c in worse["cells"] if c["cell_id"] == "llama-sdpa-logits_parity-float32")
     cell["metrics"]["max_abs_diff_solo"] += 2 * cell["tolerances"]["logits_atol"]
-    assert [c.key for c in regressions(compare(doc, worse))] == [("llama", "sdpa", "logits_parity", "float32")]
+    assert [c.key for c in regressions(compare(doc, worse))] == [("llama", "sdpa", "logits_parity", "float32", None)]
     better = copy.deepcopy(doc)
     opt = next(c for c in better["cells"] if c["cell_id"] == "opt-sdpa-isolation-float32")
     opt["status"] = "pass"

@@ -1,0 +1,233 @@
+"""The version axis: parsing, environments layered over this torch, running the plugin in them, the matrix.
+
+The tests marked ``slow`` build real environments with other transformers versions from the package index
+(run them with ``PACKCHECK_RUN_SLOW=1 python -m pytest tests -m slow``); one real multi-version audit runs in
+``.ci/run`` (``test_real_audit_sdpa_before_and_after_packed_masks``).
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+import torch  # noqa: F401 - loaded before pytester's in-process runs snapshot sys.modules (numpy loads once)
+import transformers  # noqa: F401
+
+from pytest_packcheck import envs
+from pytest_packcheck.errors import PackcheckUsageError
+
+
+def test_axes_multiply_and_combinations_are_kept():
+    combos = envs.parse_versions(["transformers==4.51.3,5.24.0", "trl==0.19.1,1.16.0"], "--versions")
+    assert [c.label for c in combos] == [
+        "transformers==4.51.3+trl==0.19.1", "transformers==4.51.3+trl==1.16.0",
+        "transformers==5.24.0+trl==0.19.1", "transformers==5.24.0+trl==1.16.0",
+    ]
+    assert [c.requirements for c in envs.parse_versions(["transformers>=4.54, <5"], "x")] == [("transformers>=4.54,<5",)]
+    pairs = envs.parse_versions(["transformers==4.51.3 & trl==0.17.0", "transformers==5.24.0 & trl==1.16.0"], "x")
+    assert [c.requirements for c in pairs] == [("transformers==4.51.3", "trl==0.17.0"), ("transformers==5.24.0", "trl==1.16.0")]
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("transformers", "Unparsable version specifier 'transformers'"),
+    ("torch==2.5.1", "bound to this machine's hardware"),
+    ("transfromers==4.51.3", "Did you mean 'transformers'?"),
+    ("transformers==4.5x", "Unparsable version specifier 'transformers==4.5x'"),
+    ("transformers=4.51", "Unparsable item '=4.51'"),
+    ("transformers==4.51.3,,5.24.0", "Empty item"),
+    ("transformers==4.51.3,5.24.0 & trl==1.16.0", "a combination takes one version per library"),
+    ("transformers==4.51.3 & transformers==5.24.0", "names a library twice"),
+])
+def test_bad_version_specifiers_are_one_line_usage_errors(value, expected):
+    with pytest.raises(PackcheckUsageError) as exc:
+        envs.parse_versions([value], "--packcheck-versions")
+    message = str(exc.value)
+    assert expected in message and "--packcheck-versions" in message and "\n" not in message
+
+
+def test_same_library_on_two_axes_is_refused():
+    with pytest.raises(PackcheckUsageError, match="given twice"):
+        envs.parse_versions(["transformers==4.51.3", "transformers==5.24.0"], "--versions")
+
+
+def test_env_key_follows_the_exact_requirement_set():
+    a, b = envs.parse_versions(["transformers==4.51.3,5.24.0"], "x")
+    assert envs.env_key(a) == envs.env_key(a) != envs.env_key(b)
+    assert envs.env_key(a).startswith("transformers-4.51.3-")
+
+
+def test_hardware_bound_packages_are_linked_not_installed():
+    names = {envs.canonical(d.metadata["Name"]) for d in envs._hardware_dists()}
+    assert "torch" in names
+    base = envs._base_requirements(envs.parse_versions(["trl==1.16.0"], "x")[0])
+    assert not any(envs.is_hardware_bound(r.split("=")[0].split(">")[0].split("<")[0]) for r in base)
+    assert f"transformers=={metadata.version('transformers')}" in base  # an axis over trl alone keeps transformers
+    assert "sympy" in " ".join(base)  # torch's own pure-Python dependencies are installed, torch is not
+
+
+def _fake_dist(site: Path, name: str, version: str, requires: list[str]) -> None:
+    info = site / f"{name}-{version}.dist-info"
+    info.mkdir(parents=True)
+    lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}", *[f"Requires-Dist: {r}" for r in requires]]
+    (info / "METADATA").write_text("\n".join(lines) + "\n")
+
+
+def test_a_library_that_needs_another_torch_is_named(tmp_path):
+    """Planted: a library in the environment requires a torch the linked one does not satisfy."""
+    _fake_dist(tmp_path, "needs_new_torch", "1.0", ["torch>=99.0"])
+    with pytest.raises(envs.EnvError) as exc:
+        envs._check_hardware_requirements(tmp_path)
+    assert "needs_new_torch 1.0 needs torch>=99.0" in str(exc.value) and "never installs another" in str(exc.value)
+    ok = tmp_path / "ok"
+    _fake_dist(ok, "fine", "1.0", ["torch>=2.0", "numpy"])
+    envs._check_hardware_requirements(ok)  # no error
+
+
+def test_uv_reason_is_one_line():
+    out = ("  × No solution found when resolving dependencies:\n  ╰─▶ Because trl==1.16.0 depends on transformers>=4.56.2 and you "
+           "require transformers==4.51.3, we can conclude that your requirements are unsatisfiable.\n")
+    reason = envs._uv_reason(out)
+    assert reason.startswith("Because trl==1.16.0 depends on transformers>=4.56.2") and "\n" not in reason
+
+
+def test_gpu_per_xdist_worker():
+    from pytest_packcheck.session import gpu_for_worker
+
+    assert gpu_for_worker("gw0", ["0", "1"]) == "0" and gpu_for_worker("gw3", ["0", "1"]) == "1"
+    assert gpu_for_worker("gw1", ["4", "6", "7"]) == "6"
+    assert gpu_for_worker("gw1", ["0"]) is None and gpu_for_worker("gw1", []) is None
+    assert gpu_for_worker("master", ["0", "1"]) is None
+
+
+def _cell(label, env, status, backend="sdpa", check="isolation", versions=None):
+    return {"cell_id": f"{label}-{backend}-{check}-float32@{env}", "model": {"label": label, "model_type": label, "model_class": "X"},
+            "backend": backend, "check": check, "dtype": "float32", "status": status, "metrics": {"max_change": 0.28 if status == "fail" else 0.0},
+            "message": "leak" if status == "fail" else "ok", "tolerances": {"isolation_atol": 1e-5},
+            "env": {"label": env, "requirements": [env], "versions": versions or {"transformers": env.split("==")[1]},
+                    "environment": {"torch": "2.13.0+cpu"}, "env_created": False, "env_seconds": 0.05, "run_seconds": 9.0,
+                    "log": "logs/x.log"}}
+
+
+def _doc(cells):
+    from pytest_packcheck.results import SCHEMA_VERSION
+
+    return {"schema_version": SCHEMA_VERSION, "environment": {"torch": "2.13.0+cpu", "transformers": "5.24.0", "device": "cpu"},
+            "settings": {"backends": ["sdpa"], "checks": ["isolation"], "versions": []}, "command": "x", "cells": cells}
+
+
+def test_matrix_has_one_column_per_version_environment():
+    from pytest_packcheck.report import render_markdown
+
+    doc = _doc([_cell("llama", "transformers==5.24.0", "pass"), _cell("llama", "transformers==4.51.3", "fail")])
+    md = render_markdown(doc)
+    header = next(line for line in md.splitlines() if line.startswith("| model") and "transformers" in line)
+    assert header.index("transformers 4.51.3") < header.index("transformers 5.24.0")  # ordered by version
+    row = next(line for line in md.splitlines() if line.startswith("| llama ") and "sdpa" in line)
+    assert "❌" in row and "✅" in row
+    assert "## Version environments" in md and "cached in 0.1 s" in md
+    assert "### llama (float32, transformers 4.51.3)" in md
+
+
+def test_gate_compares_cells_of_the_same_environment():
+    from pytest_packcheck.gate import compare, regressions
+
+    base = _doc([_cell("llama", "transformers==4.51.3", "fail"), _cell("llama", "transformers==5.24.0", "pass")])
+    same = compare(base, base)
+    assert same == []
+    worse = _doc([_cell("llama", "transformers==4.51.3", "fail"), _cell("llama", "transformers==5.24.0", "fail")])
+    bad = regressions(compare(base, worse))
+    assert [c.key[4] for c in bad] == ["transformers==5.24.0"]
+
+
+def test_environment_that_cannot_be_made_becomes_error_cells(pytester, monkeypatch):
+    """An unsatisfiable combination is an error cell per cell, with uv's reason; the run and the matrix survive."""
+    def refuse(combo, log=None):
+        raise envs.EnvError(f"{' '.join(combo.requirements)}: not installable: Because trl>=1.16.0 depends on transformers>=4.56.2 ...")
+
+    monkeypatch.setattr(envs, "ensure_env", refuse)
+    result = pytester.runpytest("-p", "no:cacheprovider", "--packcheck-models=arch:llama", "--packcheck-attn=sdpa",
+                                "--packcheck-checks=isolation", "--packcheck-versions=transformers==4.51.3 & trl==1.16.0",
+                                f"--packcheck-report-dir={pytester.path / 'out'}")
+    result.assert_outcomes(failed=1)
+    doc = json.loads((pytester.path / "out" / "packcheck-matrix.json").read_text())
+    (cell,) = doc["cells"]
+    assert cell["cell_id"] == "llama-sdpa-isolation-float32@transformers==4.51.3+trl==1.16.0"
+    assert cell["status"] == "error" and "not installable: Because trl>=1.16.0" in cell["message"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Real environments (the package index is reachable; torch is never downloaded)
+
+
+@pytest.fixture(scope="module")
+def version_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("packcheck-cache")
+
+
+def _audit(pytester, monkeypatch, cache, versions: str, models: str, attn: str, checks: str) -> dict:
+    monkeypatch.setenv("PACKCHECK_CACHE_DIR", str(cache))
+    torch_before = metadata.distribution("torch").version
+    pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--packcheck-models={models}", f"--packcheck-attn={attn}",
+                       f"--packcheck-checks={checks}", f"--packcheck-versions={versions}",
+                       f"--packcheck-report-dir={pytester.path / 'out'}")
+    assert metadata.distribution("torch").version == torch_before
+    doc = json.loads((pytester.path / "out" / "packcheck-matrix.json").read_text())
+    return {c["cell_id"]: c for c in doc["cells"]}
+
+
+def test_real_audit_sdpa_before_and_after_packed_masks(pytester, monkeypatch, version_cache):
+    """eager and sdpa on a packed row: transformers 4.51.3 has no packed mask (before 4.54) -> examples attend
+    across boundaries; the installed 5.x -> pass (the checks run with use_cache=False). Each environment
+    reuses this torch: no torch is installed into it."""
+    current = metadata.version("transformers")
+    cells = _audit(pytester, monkeypatch, version_cache, f"transformers==4.51.3,{current}", "arch:llama", "eager,sdpa",
+                   "isolation,logits_parity")
+    for backend in ("eager", "sdpa"):
+        old = cells[f"llama-{backend}-isolation-float32@transformers==4.51.3"]
+        new = cells[f"llama-{backend}-isolation-float32@transformers=={current}"]
+        assert old["status"] == "fail" and old["metrics"]["max_change"] > 1e-2, old["message"]
+        assert new["status"] == "pass" and new["metrics"]["max_change"] < 1e-5, new["message"]
+        assert old["env"]["versions"]["transformers"] == "4.51.3"
+        assert old["env"]["environment"]["torch"] == metadata.distribution("torch").version
+        assert cells[f"llama-{backend}-logits_parity-float32@transformers==4.51.3"]["status"] == "fail"
+        assert cells[f"llama-{backend}-logits_parity-float32@transformers=={current}"]["status"] == "pass"
+    md = (pytester.path / "out" / "packcheck-matrix.md").read_text()
+    assert "transformers 4.51.3" in md and f"transformers {current}" in md
+
+
+@pytest.mark.slow
+def test_real_integer_labels_raise_inside_the_collator_on_4_56_2(pytester, monkeypatch, version_cache):
+    cells = _audit(pytester, monkeypatch, version_cache, "transformers==4.56.2", "arch:llama", "sdpa", "collate")
+    cell = cells["llama-collate-float32@transformers==4.56.2"]
+    assert cell["status"] == "fail" and "TypeError" in cell["metrics"]["integer_labels"]
+    assert "[labels contract]" in cell["message"]
+
+
+@pytest.mark.slow
+def test_real_all_ones_mask_overrides_boundaries_on_every_version(pytester, monkeypatch, version_cache):
+    """sdpa + an all-ones attention_mask -> leak on every version; without the mask -> pass from 4.54 on."""
+    versions = ["4.51.3", "4.56.2", "5.14.1", metadata.version("transformers")]
+    cells = _audit(pytester, monkeypatch, version_cache, "transformers==" + ",".join(versions), "arch:llama", "sdpa",
+                   "isolation,mask_trap")
+    for v in versions:
+        trap = cells[f"llama-sdpa-mask_trap-float32@transformers=={v}"]
+        assert trap["status"] == "fail" and trap["metrics"]["max_abs_diff_with_mask"] > 1e-2, (v, trap["message"])
+        isolation = cells[f"llama-sdpa-isolation-float32@transformers=={v}"]["status"]
+        assert isolation == ("fail" if v == "4.51.3" else "pass"), v
+
+
+@pytest.mark.slow
+def test_real_roberta_positions_and_leak_are_told_apart(pytester, monkeypatch, version_cache):
+    """xlm-roberta decoder on 5.14.1: the collator restarts positions at 0 (no position_ids_start) -> logits
+    differ by ~0.4; from padding_idx + 1 they differ by ~2e-3 on sdpa only: a leak that position_ids_start does
+    not fix (boundaries never reach attention), while the varlen path matches exactly on 5.24."""
+    cells = _audit(pytester, monkeypatch, version_cache, "transformers==5.14.1,5.24.0", "arch:xlm-roberta",
+                   "sdpa,packcheck_flash_ref", "logits_parity")
+    old = cells["xlm-roberta-sdpa-logits_parity-float32@transformers==5.14.1"]["metrics"]
+    assert old["max_abs_diff_solo"] > 0.1 and old["max_abs_diff_zero_based_positions"] > 0.1
+    assert 1e-4 < old["max_abs_diff_start_based_positions"] < 1e-1
+    new_sdpa = cells["xlm-roberta-sdpa-logits_parity-float32@transformers==5.24.0"]
+    assert new_sdpa["status"] == "fail" and 1e-4 < new_sdpa["metrics"]["max_abs_diff_solo"] < 1e-1
+    assert cells["xlm-roberta-packcheck_flash_ref-logits_parity-float32@transformers==5.24.0"]["status"] == "pass"
