@@ -476,7 +476,10 @@ def run_in_env(combo: VersionCombo, settings: Any, models: list[str], report_dir
         proc = subprocess.run(args, check=False, capture_output=True, text=True, env=child_env, cwd=root)
         log = report_dir / log_rel
         log.parent.mkdir(parents=True, exist_ok=True)
-        log.write_text(f"$ {' '.join(args[1:])}\n# exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+        text = f"$ {' '.join(args[1:])}\n# exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+        from .results import scrub
+
+        log.write_text(scrub(text))  # no tokens, no home-directory paths in what a report links to
         result = out / "packcheck-matrix.json"
         if not result.exists():
             tail = " | ".join(ln.strip() for ln in (proc.stderr or proc.stdout).strip().splitlines()[-3:])

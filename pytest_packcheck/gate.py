@@ -15,7 +15,7 @@ from .report import KEY_METRIC, escape_md
 from .results import SCHEMA_VERSION
 
 # Better first: a pass that becomes anything else is a regression; skipped -> unsupported is too.
-_ORDER = ("pass", "skipped", "unsupported", "fallback", "fail", "error")
+_ORDER = ("pass", "skipped", "unsupported", "fallback", "fail", "oom", "timeout", "error")
 _TOLERANCE_FOR = {
     "logits_parity": "logits_atol",
     "isolation": "isolation_atol",

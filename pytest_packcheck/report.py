@@ -24,7 +24,9 @@ LEGEND = {
     "fallback": "fallback: the requested attention backend is not what ran",
     "unsupported": "unsupported: the stack refuses this combination with an explicit error",
     "skipped": "skipped: this environment lacks something (reason given)",
-    "error": "error: crashed (exception given)",
+    "error": "error: crashed (exception, or the signal that killed the isolated child, given)",
+    "timeout": "timeout: no result within --packcheck-timeout (the hung child was killed)",
+    "oom": "oom: out of memory (memory figures given)",
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import tempfile
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
@@ -15,10 +16,13 @@ from .errors import PackcheckUsageError
 
 SCHEMA_VERSION = 1
 
-#: Verdicts, worst first. ``fallback``: the requested backend is not what ran. ``unsupported``: the stack
-#: refuses packing with an explicit error. ``skipped``: this environment lacks something.
-STATUSES = ("error", "fail", "fallback", "unsupported", "skipped", "pass")
-SYMBOLS = {"pass": "✅", "fail": "❌", "fallback": "⚠️", "unsupported": "🚫", "skipped": "⏭️", "error": "💥"}
+#: Verdicts, worst first. ``error``: crashed (exception, or the signal that killed the isolated child).
+#: ``timeout``: no result within --packcheck-timeout. ``oom``: out of memory (with the memory figures).
+#: ``fallback``: the requested backend is not what ran. ``unsupported``: the stack refuses packing with an
+#: explicit error. ``skipped``: this environment lacks something.
+STATUSES = ("error", "timeout", "oom", "fail", "fallback", "unsupported", "skipped", "pass")
+SYMBOLS = {"pass": "✅", "fail": "❌", "fallback": "⚠️", "unsupported": "🚫", "skipped": "⏭️", "error": "💥",
+           "timeout": "⏱️", "oom": "🧱"}
 
 
 @dataclass
@@ -112,8 +116,25 @@ def build_document(cells: list[CellResult], env: dict[str, Any], settings: dict[
     }
 
 
+_SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|API_KEY|ACCESS_KEY)", re.IGNORECASE)
+
+
+def scrub(text: str) -> str:
+    """Remove what must never reach a report, journal or log: the values of secret-looking environment
+    variables (HF_TOKEN, HUGGING_FACE_HUB_TOKEN, ..., 8+ characters) become ``***``, and the home directory
+    becomes ``~``."""
+    for name, value in os.environ.items():
+        if len(value) >= 8 and _SECRET_NAME.search(name) and value in text:
+            text = text.replace(value, "***")
+    home = os.path.expanduser("~")
+    if len(home) > 1:
+        text = text.replace(home, "~")
+    return text
+
+
 def atomic_write(path: Path, text: str) -> None:
-    """Write via a temp file in the same folder and rename, so a kill never leaves half a file.
+    """Write via a temp file in the same folder and rename, so a kill never leaves half a file. The text is
+    :func:`scrub`-bed first.
 
     Raises:
         PackcheckUsageError: the folder cannot be created or written.
@@ -122,7 +143,7 @@ def atomic_write(path: Path, text: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+            fh.write(scrub(text))
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; a report is an ordinary file

@@ -84,11 +84,52 @@ def _classify_exception(exc: BaseException) -> str:
     text = str(exc)
     if isinstance(exc, ResolveError):
         return exc.status
+    if _is_oom(exc):
+        return "oom"
     if isinstance(exc, ImportError):
         return "skipped"
     if isinstance(exc, (ValueError, NotImplementedError)) and any(m in text for m in _UNSUPPORTED_MARKERS):
         return "unsupported"
     return "error"
+
+
+def _is_oom(exc: BaseException) -> bool:
+    """MemoryError (host) or torch's OutOfMemoryError (CUDA, a RuntimeError subclass since torch 2.1)."""
+    if isinstance(exc, MemoryError):
+        return True
+    try:
+        import torch
+
+        return isinstance(exc, torch.OutOfMemoryError)
+    except (ImportError, AttributeError):
+        return "out of memory" in str(exc).lower()
+
+
+def memory_figures(device: str) -> dict[str, float]:
+    """Memory at the time of an OOM, in MiB: peak host RSS of this process; on CUDA, peak allocated, reserved,
+    and free / total on the device (torch.cuda.mem_get_info)."""
+    import resource
+
+    figures: dict[str, float] = {"host_peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+    if device.startswith("cuda"):
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            free, total = torch.cuda.mem_get_info()
+            figures.update({"cuda_peak_allocated_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1),
+                            "cuda_reserved_mib": round(torch.cuda.memory_reserved() / 2**20, 1),
+                            "cuda_free_mib": round(free / 2**20, 1), "cuda_total_mib": round(total / 2**20, 1)})
+    return figures
+
+
+def _recover_from_oom(device: str) -> None:
+    import gc
+
+    gc.collect()
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.empty_cache()
 
 
 def _short(exc: BaseException) -> str:
@@ -206,14 +247,27 @@ class CellRunner:
         try:
             bench = self.workbench(cell)
         except Exception as exc:  # noqa: BLE001 - a broken model or backend is a cell, not a crash
-            status = _classify_exception(exc)
-            text = str(exc) if isinstance(exc, ResolveError) else f"model build: {_short(exc)}"
-            return CheckResult(status, {"stage": "build", "exception": _short(exc)}, text)
+            return self._failed("build", exc)
         try:
             with _no_compile_on_cpu(cell.backend, self.device):
                 return CHECK_FUNCTIONS[cell.check](bench)
         except Exception as exc:  # noqa: BLE001 - a crashing check is an error cell
-            status = _classify_exception(exc)
+            return self._failed("check", exc)
+
+    def _failed(self, stage: str, exc: BaseException) -> CheckResult:
+        status = _classify_exception(exc)
+        metrics: dict[str, object] = {"stage": stage, "exception": _short(exc)}
+        if exc.__traceback__ is not None:
             where = traceback.extract_tb(exc.__traceback__)[-1]
-            return CheckResult(status, {"stage": "check", "exception": _short(exc), "where": f"{where.name}:{where.lineno}"},
-                               _short(exc))
+            metrics["where"] = f"{where.name}:{where.lineno}"
+        if status == "oom":
+            metrics.update(memory_figures(self.device))
+            if stage == "build":
+                self._key, self._bench = None, None  # do not keep a half-built model; the next cell retries
+            _recover_from_oom(self.device)
+            figures = ", ".join(f"{k} {v}" for k, v in metrics.items() if k.endswith("_mib"))
+            return CheckResult("oom", metrics, f"out of memory in {stage}: {_short(exc)} ({figures})")
+        if stage == "build":
+            text = str(exc) if isinstance(exc, ResolveError) else f"model build: {_short(exc)}"
+            return CheckResult(status, metrics, text)
+        return CheckResult(status, metrics, _short(exc))

@@ -27,7 +27,7 @@ class PackcheckItem(pytest.Item):
         self.add_marker(pytest.mark.xdist_group(name=cell.group))
 
     def runtest(self) -> None:
-        result = self.state.env_cell(self.cell) if self.cell.env else self.state.runner().run(self.cell)
+        result = self.state.result_for(self)
         # On the item's user_properties the result reaches every report of this item (so the xdist controller
         # and --junitxml get it as a property).
         self.user_properties.append((RESULT_PROPERTY, result.to_json()))
@@ -67,9 +67,24 @@ class PackcheckSession:
         self._resolved: list[Any] | None = None
         self._runner: Any = None
         self._env_runs: dict[str, Any] = {}
+        self._group_results: dict[str, dict[str, Any]] = {}
+        self.resumed: dict[str, dict[str, Any]] = {}
         self._pin_worker_gpu()
         self._check_inputs()
+        self._open_journal()
 
+    def _open_journal(self) -> None:
+        """The journal of finished cells. A fresh run empties it (on the controller, before any worker starts);
+        --packcheck-resume keeps it and takes the cells it holds for the same settings and versions."""
+        from .isolation import Journal, fingerprint
+        from .results import environment
+
+        fp = fingerprint(self.settings.as_dict(), environment(self.settings.device), self.settings.tolerances)
+        self.journal = Journal(Path(self.settings.report_dir) / "packcheck-journal.jsonl", fp)
+        if self.settings.resume:
+            self.resumed = self.journal.load()
+        elif not hasattr(self.config, "workerinput"):
+            self.journal.reset()
     def _pin_worker_gpu(self) -> None:
         """Under pytest-xdist on a machine with several GPUs, give each worker its own (CUDA_VISIBLE_DEVICES),
         before anything initialises CUDA in the worker. One GPU or none: nothing changes."""
@@ -167,6 +182,43 @@ class PackcheckSession:
         parent = PackcheckCollector.from_parent(session, name="packcheck", nodeid="packcheck")
         return [PackcheckItem.from_parent(parent, name=f"packcheck[{c.cell_id}]", cell=c, session_state=self) for c in cells]
 
+    def result_for(self, item: PackcheckItem) -> Any:
+        """The result of one item's cell: from the journal (resume), from its version environment, from the
+        forked child that runs its model's cells, or run here (--packcheck-isolation=none)."""
+        from .results import CellResult
+
+        cell = item.cell
+        if cell.cell_id in self.resumed:
+            return CellResult.from_dict(self.resumed[cell.cell_id])
+        if cell.env:
+            result = self.env_cell(cell)
+            self.journal.append(result.to_json())
+            return result
+        if self.settings.isolation == "none":
+            result = self.runner().run(cell)
+            self.journal.append(result.to_json())
+            return result
+        group = self._group_results.get(cell.group)
+        if group is None or cell.cell_id not in group:
+            from .isolation import run_isolated
+
+            todo = [i.cell for i in item.session.items
+                    if isinstance(i, PackcheckItem) and i.cell.group == cell.group and i.cell.cell_id not in self.resumed
+                    and i.cell.cell_id not in (group or {})]
+            if cell not in todo:
+                todo.insert(0, cell)
+            group = self._group_results.setdefault(cell.group, {})
+            group.update(run_isolated(todo, self.runner().run, self._failure,
+                                      lambda r: self.journal.append(r.to_json()), self.settings.timeout_s))
+        return group[cell.cell_id]
+
+    def _failure(self, cell: Any, status: str, message: str, metrics: dict[str, Any]) -> Any:
+        from .results import CellResult
+
+        return CellResult(cell_id=cell.cell_id, model=self.resolved_models()[cell.model_index].record(),
+                          backend=cell.backend, check=cell.check, dtype=cell.dtype, status=status, metrics=metrics,
+                          message=message, tolerances=self.settings.tolerances.get(cell.dtype, {}))
+
     def env_cell(self, cell: Any) -> Any:
         """The result of a cell planned in a version environment: the first cell of an environment makes it
         (or finds it cached) and runs every cell of this shard there in one subprocess."""
@@ -202,10 +254,35 @@ class PackcheckSession:
 
     # results travel on reports (user_properties) so they survive xdist workers
     def record(self, report: pytest.TestReport) -> None:
+        found = False
         for key, value in getattr(report, "user_properties", []):
             if key == RESULT_PROPERTY:
                 data = json.loads(value)
                 self.results[data["cell_id"]] = data
+                found = True
+        if not found and report.failed and "packcheck[" in report.nodeid:
+            self._record_lost(report)
+
+    def _record_lost(self, report: pytest.TestReport) -> None:
+        """A failed report without a result: the process running the cell died (an xdist worker crash with
+        --packcheck-isolation=none). The cell becomes an error cell with pytest's account of it."""
+        name = report.nodeid.split("packcheck[", 1)[1]
+        cell_id = name[: name.rfind("]")]
+        if cell_id in self.results:
+            return
+        cell = self._planned().get(cell_id)
+        if cell is None:
+            return
+        text = " ".join(str(report.longrepr).split())[-400:]
+        self.results[cell_id] = json.loads(self._failure(cell, "error", f"the process running this cell died: {text}",
+                                                         {"stage": "worker"}).to_json())
+
+    def _planned(self) -> dict[str, Any]:
+        from .runner import plan_cells
+
+        envs = [v.label for v in self.settings.versions] or [None]
+        return {c.cell_id: c for env in envs for c in plan_cells(self.resolved_models(), self.settings.backends,
+                                                                  self.settings.checks, self.settings.dtypes, env)}
 
     def finish(self) -> None:
         from .report import render_markdown

@@ -26,6 +26,10 @@ OPT_TOLERANCE = "--packcheck-tolerance"
 OPT_BASELINE = "--packcheck-baseline"
 OPT_SHARD = "--packcheck-shard"
 OPT_VERSIONS = "--packcheck-versions"
+OPT_TIMEOUT = "--packcheck-timeout"
+OPT_ISOLATION = "--packcheck-isolation"
+OPT_RESUME = "--packcheck-resume"
+ISOLATION = ("fork", "none")
 
 DTYPES = ("float32", "bfloat16", "float16")
 WEIGHTS = ("random", "pretrained")
@@ -78,6 +82,12 @@ OPTIONS = (
            "'transformers==4.51.3,5.24.0' (axes multiply) or a combination 'transformers==4.51.3 & trl==0.17.0' "
            "(repeatable; ';' separates values in ini/env).", ini="packcheck_versions", env="PACKCHECK_VERSIONS",
            action="append", multiple=True),
+    Option(OPT_TIMEOUT, "Seconds one cell may run (its model build included) before its child is killed and the "
+           "cell is a timeout (default 600; 0: no limit).", ini="packcheck_timeout", env="PACKCHECK_TIMEOUT"),
+    Option(OPT_ISOLATION, "fork (default where available): each model's cells run in a forked child, so a crash "
+           "or hang costs one cell; none: in this process.", ini="packcheck_isolation", env="PACKCHECK_ISOLATION"),
+    Option(OPT_RESUME, "Reuse the cells already in <report dir>/packcheck-journal.jsonl from an interrupted run with "
+           "the same settings and versions; run the rest.", action="store_true", default=False),
 )
 
 
@@ -100,6 +110,9 @@ class Settings:
     baseline: str | None = None
     shard: tuple[int, int] = (1, 1)
     versions: tuple[Any, ...] = ()  # envs.VersionCombo, one per environment; () = this environment only
+    timeout_s: float = 600.0  # per cell; 0 = no limit
+    isolation: str = "fork"
+    resume: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -283,7 +296,23 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
 
         values = [versions_value] if isinstance(versions_value, str) else list(versions_value)
         versions = tuple(parse_versions(values, versions_src))
+    timeout_value, timeout_src = pick(by_flag[OPT_TIMEOUT])
+    try:
+        timeout_s = 600.0 if timeout_value in (None, "") else float(timeout_value)
+    except ValueError:
+        timeout_s = -1.0
+    if not timeout_s >= 0:
+        raise PackcheckUsageError(f"Bad timeout '{timeout_value}' (from {timeout_src}): give seconds >= 0, e.g. {OPT_TIMEOUT}=300 (0: no limit).")
+    from .isolation import fork_available
+
+    isolation_value, isolation_src = pick(by_flag[OPT_ISOLATION])
+    isolation = str(isolation_value or ("fork" if fork_available() else "none"))
+    _validate_names([isolation], ISOLATION, "isolation mode", isolation_src)
+    if isolation == "fork" and not fork_available():
+        raise PackcheckUsageError(f"Isolation 'fork' (from {isolation_src}) is not available on this platform: use {OPT_ISOLATION}=none.")
+    resume, _ = pick(by_flag[OPT_RESUME])
     return Settings(
+        timeout_s=timeout_s, isolation=isolation, resume=bool(resume),
         baseline=str(baseline) if baseline else None, shard=shard, versions=versions,
         models=tuple(models), model_source=source, backends=backends, checks=checks, dtypes=dtypes,
         weights=weights, device=device, trust_remote_code=bool(trust), report_dir=str(report_dir),

@@ -1,0 +1,228 @@
+"""Crash isolation, per-cell timeouts and the results journal.
+
+A model's cells run in a forked child process (``fork`` copies the already-imported torch and transformers, so
+a child costs milliseconds, not an interpreter start). The child sends each cell's result through a pipe as
+soon as it has it; the parent appends it to the journal at once. When the child dies (abort, segfault, an
+OOM kill) the cell it was running becomes an ``error`` cell with the signal and the last lines of the child's
+output; when no result arrives within the timeout the child is killed and that cell is a ``timeout`` cell.
+Either way a new child takes the remaining cells: one broken cell never costs the others.
+
+The journal is a JSON-lines file, one finished cell per line, each stamped with the run's fingerprint
+(settings and library versions). ``--packcheck-resume`` takes the cells already journaled under the same
+fingerprint instead of running them again; a line cut off by a kill is skipped with a warning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from .errors import PackcheckWarning
+
+#: Default seconds a single cell may run (model build included) before its child is killed.
+DEFAULT_TIMEOUT_S = 600.0
+
+
+def fork_available() -> bool:
+    import multiprocessing
+
+    return "fork" in multiprocessing.get_all_start_methods()
+
+
+def _child_main(cells: list[Any], run_cell: Callable[[Any], Any], conn: Any, log_path: str) -> None:
+    """In the forked child: route stdout/stderr to the log, run the cells, send each result, exit hard."""
+    _die_with_parent()
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    code = 0
+    try:
+        for cell in cells:
+            conn.send(run_cell(cell).to_json())
+    except BaseException:  # noqa: BLE001 - anything escaping the runner: report through the exit code
+        import traceback
+
+        traceback.print_exc()
+        code = 70
+    finally:
+        try:
+            conn.close()
+            os.fsync(1)
+        except OSError:
+            pass
+        os._exit(code)  # no atexit handlers, no pytest teardown in the child
+
+
+def _die_with_parent() -> None:
+    """Linux: ask the kernel to SIGKILL this child when its parent dies (a killed audit leaves no orphan)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+
+
+def _tail(path: str, lines: int = 5) -> str:
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return ""
+    kept = [ln.strip() for ln in text.splitlines() if ln.strip()][-lines:]
+    return " | ".join(kept)[-600:]
+
+
+def _signal_name(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "no exit code"
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode}"
+
+
+def run_isolated(
+    cells: list[Any],
+    run_cell: Callable[[Any], Any],
+    make_failure: Callable[[Any, str, str, dict[str, Any]], Any],
+    on_result: Callable[[Any], None],
+    timeout_s: float | None = DEFAULT_TIMEOUT_S,
+) -> dict[str, Any]:
+    """Run ``cells`` (in order) in forked children; return cell_id -> result.
+
+    ``run_cell(cell)`` runs in the child and returns an object with ``to_json()``; the parent turns each JSON
+    back with ``CellResult.from_dict`` and calls ``on_result`` at once (the journal). ``make_failure(cell,
+    status, message, metrics)`` builds the result of a cell whose child crashed ("error") or hung ("timeout").
+    ``timeout_s`` None or 0: no limit.
+    """
+    import multiprocessing
+
+    from .results import CellResult
+
+    ctx = multiprocessing.get_context("fork")
+    results: dict[str, Any] = {}
+    pending = list(cells)
+    while pending:
+        fd, log_path = tempfile.mkstemp(prefix="packcheck-child-", suffix=".log")
+        os.close(fd)
+        reader, writer = ctx.Pipe(duplex=False)
+        t_start = time.perf_counter()
+        proc = ctx.Process(target=_child_main, args=(pending, run_cell, writer, log_path), daemon=True)
+        proc.start()
+        writer.close()
+        try:
+            while pending:
+                if not reader.poll(timeout_s or None):
+                    proc.kill()
+                    proc.join()
+                    cell = pending.pop(0)
+                    waited = time.perf_counter() - t_start
+                    result = make_failure(cell, "timeout", f"no result within {timeout_s:g} s (--packcheck-timeout); "
+                                          f"the child was killed. Last output: {_tail(log_path) or '(none)'}",
+                                          {"timeout_s": timeout_s, "waited_s": round(waited, 2)})
+                    results[cell.cell_id] = result
+                    on_result(result)
+                    break
+                try:
+                    message = reader.recv()
+                except (EOFError, OSError):
+                    proc.join()
+                    cell = pending.pop(0)
+                    how = _signal_name(proc.exitcode)
+                    result = make_failure(cell, "error", f"the isolated child crashed ({how}) running this cell. "
+                                          f"Last output: {_tail(log_path) or '(none)'}",
+                                          {"exitcode": proc.exitcode, "stage": "child"})
+                    results[cell.cell_id] = result
+                    on_result(result)
+                    break
+                result = CellResult.from_dict(json.loads(message))
+                cell = pending.pop(0)
+                if result.cell_id != cell.cell_id:  # a programming error, not a model problem: say so loudly
+                    raise RuntimeError(f"isolated child answered {result.cell_id} for {cell.cell_id}")
+                results[cell.cell_id] = result
+                on_result(result)
+                t_start = time.perf_counter()
+        finally:
+            reader.close()
+            if proc.is_alive():
+                proc.join(timeout=5)
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join()
+            Path(log_path).unlink(missing_ok=True)
+    return results
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Journal
+
+
+def fingerprint(settings: dict[str, Any], environment: dict[str, Any], tolerances: dict[str, Any]) -> str:
+    """What must match for a journaled cell to be reused: settings, tolerances and library versions."""
+    payload = {"settings": settings, "tolerances": tolerances,
+               "environment": {k: environment.get(k) for k in ("packcheck", "python", "torch", "transformers", "trl",
+                                                                "flash_attn", "device", "cuda", "device_name")}}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class Journal:
+    """Append-only JSON lines: ``{"fingerprint": ..., "cell": {...}}`` per finished cell. Several processes
+    (xdist workers) append to one file; a file lock keeps each line whole."""
+
+    def __init__(self, path: str | Path, fp: str) -> None:
+        self.path = Path(path)
+        self.fp = fp
+
+    def reset(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text("")
+
+    def append(self, cell_json: str) -> None:
+        from filelock import FileLock
+
+        from .results import scrub
+
+        line = scrub(json.dumps({"fingerprint": self.fp, "cell": json.loads(cell_json)}, sort_keys=True)) + "\n"
+        with FileLock(str(self.path) + ".lock"), open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(line)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def load(self) -> dict[str, dict[str, Any]]:
+        """Cells journaled under this fingerprint (the last line per cell wins). Lines that do not parse (cut
+        off by a kill) are skipped with a warning; lines of another fingerprint are ignored."""
+        if not self.path.exists():
+            return {}
+        cells: dict[str, dict[str, Any]] = {}
+        bad = 0
+        for line in _lines(self.path):
+            try:
+                entry = json.loads(line)
+                cell = entry["cell"]
+                cell_id = cell["cell_id"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                bad += 1
+                continue
+            if entry.get("fingerprint") == self.fp:
+                cells[cell_id] = cell
+        if bad:
+            warnings.warn(f"packcheck journal {self.path}: skipped {bad} unreadable line(s) (cut off by a kill?); "
+                          "those cells run again.", PackcheckWarning, stacklevel=2)
+        return cells
+
+
+def _lines(path: Path) -> Iterable[str]:
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            if line.strip():
+                yield line

@@ -1,0 +1,146 @@
+"""An audit that survives: planted crashes, hangs and OOMs cost one cell each; a SIGKILLed audit resumes
+without recomputing or losing a finished cell; no token or home path reaches an output file."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pytest_packcheck.isolation import Journal
+
+pytest_plugins = ["pytester"]
+
+# Loaded by the audit under test (pytester's conftest): plants faults into the check functions by model_type,
+# and logs every check that really runs (to prove that resume recomputes nothing).
+FAULTS_CONFTEST = '''
+import json, os, time
+import pytest_packcheck.checks as C
+
+_original = dict(C.CHECK_FUNCTIONS)
+
+
+def _wrap(name, fn):
+    def check(bench):
+        model_type = bench.config.model_type
+        with open(os.environ["PACKCHECK_TEST_RUNLOG"], "a") as fh:
+            fh.write(json.dumps([model_type, bench.backend, name]) + "\\n")
+        if name == "isolation":
+            if model_type == "gpt2":
+                os.abort()
+            if model_type == "gpt_neox":
+                time.sleep(3600)
+            if model_type == "qwen2":
+                raise MemoryError("planted: cannot allocate 64 GiB")
+        if model_type == "llama" and os.environ.get("PACKCHECK_TEST_SLOW"):
+            time.sleep(float(os.environ["PACKCHECK_TEST_SLOW"]))
+        return fn(bench)
+    return check
+
+
+for _name, _fn in _original.items():
+    C.CHECK_FUNCTIONS[_name] = _wrap(_name, _fn)
+'''
+
+MODELS = "arch:llama,arch:opt,arch:gpt2,arch:gpt_neox,arch:qwen2"
+
+
+def _cells(path: Path) -> dict[str, dict]:
+    return {c["cell_id"]: c for c in json.loads((path / "packcheck-matrix.json").read_text())["cells"]}
+
+
+def test_crash_hang_oom_each_cost_one_cell(pytester, tmp_path, monkeypatch):
+    pytester.makeconftest(FAULTS_CONFTEST)
+    monkeypatch.setenv("PACKCHECK_TEST_RUNLOG", str(tmp_path / "runlog.jsonl"))
+    result = pytester.runpytest_subprocess(
+        f"--packcheck-models={MODELS}", "--packcheck-attn=sdpa", "--packcheck-checks=isolation,logits_parity",
+        "--packcheck-timeout=8", "-p", "no:cacheprovider", f"--packcheck-report-dir={tmp_path / 'out'}")
+    cells = _cells(tmp_path / "out")
+    assert len(cells) == 10
+    crashed = cells["gpt2-sdpa-isolation-float32"]
+    assert crashed["status"] == "error" and "SIGABRT" in crashed["message"], crashed["message"]
+    hung = cells["gpt_neox-sdpa-isolation-float32"]
+    assert hung["status"] == "timeout" and hung["metrics"]["timeout_s"] == 8.0, hung["message"]
+    oom = cells["qwen2-sdpa-isolation-float32"]
+    assert oom["status"] == "oom" and oom["metrics"]["host_peak_rss_mib"] > 0 and "planted" in oom["message"]
+    assert cells["opt-sdpa-isolation-float32"]["status"] == "fail"  # a real leak, measured
+    # every other cell ran and is right, including the cells after each fault in the same model
+    for model in ("llama", "gpt2", "gpt_neox", "qwen2"):
+        assert cells[f"{model}-sdpa-logits_parity-float32"]["status"] == "pass", model
+    assert cells["llama-sdpa-isolation-float32"]["status"] == "pass"
+    result.stdout.fnmatch_lines(["*packcheck summary*"])
+
+
+def test_sigkill_then_resume_recomputes_nothing_and_loses_nothing(pytester, tmp_path):
+    pytester.makeconftest(FAULTS_CONFTEST)
+    out, runlog = tmp_path / "out", tmp_path / "runlog.jsonl"
+    env = {**os.environ, "PACKCHECK_TEST_RUNLOG": str(runlog), "PACKCHECK_TEST_SLOW": "0.6"}
+    args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--packcheck-models=arch:llama,arch:opt",
+            "--packcheck-attn=sdpa,eager", "--packcheck-checks=isolation,logits_parity,loss_parity",
+            f"--packcheck-report-dir={out}"]
+    proc = subprocess.Popen(args, cwd=pytester.path, env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    journal = out / "packcheck-journal.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and (not journal.exists() or len(journal.read_text().splitlines()) < 3):
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done = [json.loads(line)["cell"]["cell_id"] for line in journal.read_text().splitlines()]
+    assert 3 <= len(done) < 12, "the kill should land halfway"
+    assert not (out / "packcheck-matrix.json").exists()
+    with open(journal, "a") as fh:  # a line cut off by the kill
+        fh.write('{"fingerprint": "abc", "cell": {"cell_id": "llama-sd')
+    runlog.write_text("")
+    resumed = subprocess.run([*args, "--packcheck-resume", "-W", "always"], cwd=pytester.path, env=env,
+                             capture_output=True, text=True, timeout=300, check=False)
+    assert "skipped 1 unreadable line" in resumed.stdout + resumed.stderr
+    cells = _cells(out)
+    assert len(cells) == 2 * 2 * 3  # nothing lost
+    recomputed = {f"{m}-{b}-{c}-float32" for m, b, c in map(json.loads, runlog.read_text().splitlines())}
+    assert not recomputed & set(done), "a finished cell was computed again"
+    assert recomputed | set(done) == set(cells)
+
+
+def test_journal_skips_cut_lines_and_other_fingerprints(tmp_path):
+    journal = Journal(tmp_path / "j.jsonl", "fp1")
+    journal.reset()
+    journal.append(json.dumps({"cell_id": "a", "status": "pass"}))
+    Journal(tmp_path / "j.jsonl", "other").append(json.dumps({"cell_id": "b", "status": "pass"}))
+    with open(tmp_path / "j.jsonl", "a") as fh:
+        fh.write('{"fingerprint": "fp1", "cell": {"cell_')
+    with pytest.warns(UserWarning, match="skipped 1 unreadable line"):
+        assert list(journal.load()) == ["a"]
+
+
+def test_no_token_or_home_path_in_any_output_file(pytester, tmp_path, monkeypatch):
+    token = "hf_" + "Zq7" * 8
+    monkeypatch.setenv("HF_TOKEN", token)
+    monkeypatch.setenv("HUGGING_FACE_HUB_TOKEN", token)
+    model_dir = Path.home() / ".cache" / "packcheck-test-model"
+    model_dir.mkdir(parents=True, exist_ok=True)
+    from transformers import LlamaConfig
+
+    LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, vocab_size=512).save_pretrained(model_dir)
+    pytester.makeconftest(f'''
+def pytest_configure(config):
+    import warnings
+    warnings.warn("token in a message: {token}")
+''')
+    out = tmp_path / "out"
+    pytester.runpytest_subprocess(f"--packcheck-models={model_dir},arch:llama", "--packcheck-attn=sdpa",
+                                  "--packcheck-checks=isolation", "-p", "no:cacheprovider", f"--packcheck-report-dir={out}")
+    written = [p for p in out.rglob("*") if p.is_file()]
+    assert {p.name for p in written} >= {"packcheck-matrix.md", "packcheck-matrix.json", "packcheck-journal.jsonl"}
+    for path in written:
+        text = path.read_text(errors="replace")
+        assert token not in text, path
+        assert str(Path.home()) + "/" not in text, path
+    assert "~/.cache/packcheck-test-model" in (out / "packcheck-matrix.json").read_text()
