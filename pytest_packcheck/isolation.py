@@ -14,6 +14,7 @@ fingerprint instead of running them again; a line cut off by a kill is skipped w
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import os
@@ -91,6 +92,56 @@ def _signal_name(exitcode: int | None) -> str:
     return f"exit code {exitcode}"
 
 
+_WARM = False
+
+
+def warm_up(tolerances: dict[str, float], device: str, backends: Iterable[str] = ("sdpa",)) -> None:
+    """Once per process, before the first fork, on CPU only: run a tiny llama through the collator, packed and
+    padded forwards and a backward on each CPU backend of the run, calling the check functions directly (not
+    through CHECK_FUNCTIONS). Lazy imports and torch's first-call setup (flex_attention's above all) then
+    happen once here instead of in every child. On CUDA nothing is done: CUDA must not be initialised before
+    a fork.
+    """
+    global _WARM
+    if _WARM or not device.startswith("cpu"):
+        return
+    _WARM = True
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM, LlamaConfig
+
+        from . import checks
+        from .backends import REFERENCE_BACKEND, register_reference_backend
+        from .runner import _no_compile_on_cpu
+    except Exception:  # noqa: BLE001 - warming up is an optimisation; the cells report real problems
+        return
+    # One intra-op thread: torch then starts no OpenMP thread team in this process; a child forked after a
+    # team exists can deadlock in its first parallel region (libgomp is not fork-safe).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for backend in backends:
+            if backend not in ("eager", "sdpa", "flex_attention", REFERENCE_BACKEND):
+                continue
+            try:
+                if backend == REFERENCE_BACKEND:
+                    register_reference_backend()
+                config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                     num_key_value_heads=1, vocab_size=128, use_cache=False)
+                torch.manual_seed(0)
+                model = AutoModelForCausalLM.from_config(config, attn_implementation=backend).eval()
+                bench = checks.Workbench(model=model, config=model.config, backend=backend, dtype="float32", tol=tolerances)
+                with _no_compile_on_cpu(backend, device):
+                    checks.check_logits_parity(bench)
+                    checks.check_backend(bench)
+                    if backend != "flex_attention":
+                        checks.check_grad_parity(bench)
+            except Exception:  # noqa: BLE001, S112 - as above
+                continue
+    finally:
+        torch.set_num_threads(threads)
+
+
 def run_isolated(
     cells: list[Any],
     run_cell: Callable[[Any], Any],
@@ -117,6 +168,7 @@ def run_isolated(
         os.close(fd)
         reader, writer = ctx.Pipe(duplex=False)
         t_start = time.perf_counter()
+        gc.freeze()  # the child's collector then skips the parent's objects: no copy-on-write of their pages
         proc = ctx.Process(target=_child_main, args=(pending, run_cell, writer, log_path), daemon=True)
         proc.start()
         writer.close()

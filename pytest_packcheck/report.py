@@ -106,7 +106,9 @@ def render_markdown(doc: dict[str, Any]) -> str:
         (f"{'Controller (each column below ran in its own version environment over its torch)' if versioned else 'Measured'} with packcheck {_v(env, 'packcheck')} on {escape_md(env.get('device_name'))} ({env.get('device')}): "
         f"torch {_v(env, 'torch')}, transformers {_v(env, 'transformers')}, trl {_v(env, 'trl')}, "
         f"flash-attn {_v(env, 'flash_attn')}, CUDA {env.get('cuda') or 'none (CPU build)'}, Python {_v(env, 'python')}. "
-        f"Weights: {settings.get('weights')}; dtypes: {', '.join(dtypes)}."),
+        f"Weights: {settings.get('weights')}; dtypes: {', '.join(dtypes)}."
+        + (" Remote code: allowed by --packcheck-trust-remote-code (model repositories' own Python code ran)."
+           if settings.get("trust_remote_code") else "")),
         "",
         "Reproduce:",
         "",

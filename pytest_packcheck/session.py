@@ -200,7 +200,9 @@ class PackcheckSession:
             return result
         group = self._group_results.get(cell.group)
         if group is None or cell.cell_id not in group:
-            from .isolation import run_isolated
+            from .isolation import run_isolated, warm_up
+
+            warm_up(self.settings.tolerances.get("float32", {}), self.settings.device, self.settings.backends)
 
             todo = [i.cell for i in item.session.items
                     if isinstance(i, PackcheckItem) and i.cell.group == cell.group and i.cell.cell_id not in self.resumed

@@ -144,3 +144,37 @@ def pytest_configure(config):
         assert token not in text, path
         assert str(Path.home()) + "/" not in text, path
     assert "~/.cache/packcheck-test-model" in (out / "packcheck-matrix.json").read_text()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--packcheck-versions=transformers==4.5x"], "Unparsable version specifier 'transformers==4.5x' (from --packcheck-versions)*"),
+        (["--packcheck-versions=torch==2.5.1"], "'torch' (from --packcheck-versions) is bound to this machine's hardware*"),
+        (["--packcheck-timeout=soon"], "Bad timeout 'soon' (from --packcheck-timeout)*"),
+        (["--packcheck-isolation=thread"], "Unknown isolation mode 'thread' (from --packcheck-isolation)*"),
+    ],
+)
+def test_usage_errors_of_versions_timeout_isolation(pytester, args, message):
+    result = pytester.runpytest_subprocess("--packcheck-models=arch:llama", *args, "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: " + message])
+
+
+def test_gated_model_without_token_is_one_line(monkeypatch):
+    import huggingface_hub
+    from huggingface_hub import errors as hub_errors
+
+    from pytest_packcheck.errors import PackcheckUsageError
+    from pytest_packcheck.models import resolve_model
+    from pytest_packcheck.specs import parse_model_spec
+
+    class Response:  # what huggingface_hub's error constructors read
+        status_code, headers, url, request = 401, {}, "https://huggingface.co/x", None
+
+    def gated(*args, **kwargs):
+        raise hub_errors.GatedRepoError("Access to model meta-llama/Llama-3.1-8B is restricted.", response=Response())
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", gated)
+    with pytest.raises(PackcheckUsageError, match=r"^Model 'meta-llama/Llama-3.1-8B' \(from --packcheck-models\) is gated: .*HF_TOKEN"):
+        resolve_model(parse_model_spec("meta-llama/Llama-3.1-8B", "--packcheck-models"), "--packcheck-models")
