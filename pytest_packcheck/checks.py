@@ -268,6 +268,27 @@ def check_position_ids(bench: Workbench) -> CheckResult:
 # 3. isolation
 
 
+#: Module class-name fragments of layers that carry state along the sequence (state-space, linear attention,
+#: short convolutions): packed examples mix there whatever the attention backend does.
+_STATEFUL_FRAGMENTS = ("Mixer", "GatedDeltaNet", "DeltaNet", "LinearAttention", "ShortConv", "RGLRU", "Recurrent", "SSM",
+                       "RWKV", "Lightning")
+
+
+def stateful_layers(model: Any) -> list[str]:
+    """Class names of the model's sequence-state layers (``nn.Conv1d`` and mixers / linear attention / SSM
+    blocks, not their norms or wrapping layers), sorted and unique; [] for a pure attention model."""
+    import torch
+
+    names = set()
+    for module in model.modules():
+        name = type(module).__name__
+        if isinstance(module, torch.nn.Conv1d) or (
+            any(f in name for f in _STATEFUL_FRAGMENTS) and not name.endswith(("Norm", "Block", "Layer", "Model", "ForCausalLM"))
+        ):
+            names.add(name)
+    return sorted(names)
+
+
 def check_isolation(bench: Workbench) -> CheckResult:
     """Perturb every token of the first example; the logits of the other examples must not move (max change
     <= ``isolation_atol``). Negative control: the same probe on the row with plain 0..n-1 position_ids (no
@@ -288,7 +309,8 @@ def check_isolation(bench: Workbench) -> CheckResult:
             - bench.packed_logits({**pert_batch, "position_ids": plain})[rest]
         ).abs().max()
     )
-    metrics = {"max_change": moved, "negative_control_change": control, "atol": bench.tol["isolation_atol"]}
+    metrics = {"max_change": moved, "negative_control_change": control, "atol": bench.tol["isolation_atol"],
+               "stateful_layers": stateful_layers(bench.model)}
     if moved > bench.tol["isolation_atol"]:
         return CheckResult("fail", metrics, f"leak across boundaries: perturbing example 0 moved the other examples' logits by {_fmt(moved)}")
     if control < bench.tol["leak_min"]:
@@ -300,9 +322,44 @@ def check_isolation(bench: Workbench) -> CheckResult:
 # 4. logits parity
 
 
+def _two_row_probe(bench: Workbench) -> float | str | None:
+    """Two packed rows (batch size 2) of two examples each, position_ids restarting per example and no
+    cu_seq_lens: max abs diff of every example against its solo run. Which backends keep boundaries for
+    batch > 1 differs (transformers 5.24 derives flash boundaries from position_ids for batch size 1 only).
+    None when the examples do not split into two rows of equal length."""
+    import torch
+
+    ex = bench.examples
+    if len(ex) < 3:
+        return None
+    # rows [e0 + e1] and [e2 + a cut of e0] of equal length
+    first = ex[0] + ex[1]
+    cut = len(first) - len(ex[2])
+    if cut < 2 or cut > len(ex[0]):
+        return None
+    rows = [[ex[0], ex[1]], [ex[2], ex[0][:cut]]]
+    ids = torch.tensor([[t for e in r for t in e] for r in rows], device=bench.device)
+    pos = torch.tensor([[p for e in r for p in range(bench.start, bench.start + len(e))] for r in rows], device=bench.device)
+    try:
+        out = bench.forward({"input_ids": ids, "position_ids": pos}).logits.float()
+    except Exception as exc:  # noqa: BLE001 - a backend that refuses batch > 1 packed rows: say so
+        return f"{type(exc).__name__}: {' '.join(str(exc).split())[:120]}"
+    worst = 0.0
+    for r, row in enumerate(rows):
+        start = 0
+        for e in row:
+            ref = bench.forward({"input_ids": torch.tensor([e], device=bench.device),
+                                 "position_ids": torch.arange(bench.start, bench.start + len(e), device=bench.device)[None]}).logits[0].float()
+            worst = max(worst, float((out[r, start:start + len(e)] - ref).abs().max()))
+            start += len(e)
+    return worst
+
+
 def check_logits_parity(bench: Workbench) -> CheckResult:
     """Packed logits vs each example alone (the verdict), and vs right- and left-padded batches (reported;
     a padded batch that differs from the solo runs is named as such, not blamed on packing)."""
+    import torch
+
     packed = bench.packed_logits()
     worst, per = bench.diff_to_solo(packed)
     metrics: dict[str, Any] = {"max_abs_diff_solo": worst, "per_example": per, "atol": bench.tol["logits_atol"]}
@@ -337,6 +394,23 @@ def check_logits_parity(bench: Workbench) -> CheckResult:
 
         notes.append(f"positions from {bench.start} (position_ids_start, 5.16+): {show(metrics['max_abs_diff_start_based_positions'])}, "
                      f"from 0: {show(metrics['max_abs_diff_zero_based_positions'])}")
+    metrics["batch_has_position_ids"] = "position_ids" in bench.packed()
+    two_rows = _two_row_probe(bench)
+    if two_rows is not None:
+        metrics["max_abs_diff_two_rows"] = two_rows
+        if isinstance(two_rows, float) and two_rows > bench.tol["logits_atol"]:
+            notes.append(f"two packed rows (batch size 2, no cu_seq_lens) differ from solo by {_fmt(two_rows)}")
+    window = getattr(bench.config, "sliding_window", None)
+    if worst > bench.tol["logits_atol"] and isinstance(window, int) and 2 < window < max(bench.lengths):
+        # Examples no longer than the window: if these match and the long ones do not, the window is the cause.
+        short = [e[: max(2, window - 1)] for e in bench.examples]
+        solo = [bench.forward({"input_ids": torch.tensor([e], device=bench.device),
+                               "position_ids": torch.arange(bench.start, bench.start + len(e), device=bench.device)[None]}).logits[0].float()
+                for e in short]
+        row = bench.packed_logits(bench.packed(short))
+        offsets = B.segment_slices([len(e) for e in short])
+        metrics["sliding_window"] = window
+        metrics["max_abs_diff_within_window"] = max(float((row[sl] - ref).abs().max()) for sl, ref in zip(offsets, solo, strict=True))
     note = f" (note: {'; '.join(notes)})" if notes else ""
     if worst > bench.tol["logits_atol"]:
         bad = [i for i, d in enumerate(per) if d > bench.tol["logits_atol"]]
@@ -559,10 +633,10 @@ def check_mask_trap(bench: Workbench) -> CheckResult:
     """The packed row with an all-ones ``attention_mask`` added (what a padding collator or a hand-written
     training loop passes along) vs without, both against the solo runs.
 
-    An attention_mask takes precedence over the packed position_ids everywhere transformers detects packing:
-    eager/sdpa/flex build the packed mask only when attention_mask is None (masking_utils, >= 4.54) and the
-    flash path unpads from the mask first (modeling_flash_attention_utils, 5.x). Fails when the mask makes
-    examples attend to each other; ``max_abs_diff_without_mask`` shows whether the row was right without it.
+    eager/sdpa/flex build the packed mask only when attention_mask is None (masking_utils, >= 4.54), so the
+    mask wins there. The flash path unpads from a mask that has padding, but its mask function drops an
+    all-ones mask (measured: boundaries kept on 5.24). Fails when the mask makes examples attend to each other;
+    ``max_abs_diff_without_mask`` shows whether the row was right without it.
     """
     import torch
 

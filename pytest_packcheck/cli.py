@@ -134,11 +134,12 @@ def _gate(ns: argparse.Namespace) -> int:
 def _merge(ns: argparse.Namespace) -> int:
     import json
 
+    from .diagnose import diagnose_document
     from .gate import merge
     from .report import render_markdown
     from .results import atomic_write, load_document
 
-    doc = merge([load_document(f) for f in ns.files])
+    doc = diagnose_document(merge([load_document(f) for f in ns.files]))
     out = Path(ns.output_dir)
     atomic_write(out / "packcheck-matrix.json", json.dumps(doc, indent=1) + "\n")
     atomic_write(out / "packcheck-matrix.md", render_markdown(doc))

@@ -155,6 +155,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
             rows.append(row)
         lines.append(tabulate(rows, headers=headers, tablefmt="github"))
         lines.append("")
+    lines += _what_to_do(doc)
     lines += ["## Legend", ""]
     lines += [f"- {SYMBOLS[s]} {LEGEND[s]}" for s in STATUSES]
     lines += [
@@ -251,6 +252,61 @@ def _environments_section(cells: list[dict[str, Any]], envs: list[str | None]) -
             tabulate(rows, headers=["requested", "resolved", "torch", "environment", "run", "log"], tablefmt="github"), ""]
 
 
+def _cause_suffix(cell: dict[str, Any]) -> str:
+    d = cell.get("diagnosis") or {}
+    parts = []
+    if d.get("cause"):
+        parts.append(f"cause: {d['cause']}")
+    parts += [f"also: {f['cause']}" for f in d.get("findings", [])]
+    if d.get("known_faults"):
+        parts.append("known: " + ", ".join(d["known_faults"]))
+    return f" [{'; '.join(parts)}]" if parts else ""
+
+
+def _what_to_do(doc: dict[str, Any]) -> list[str]:
+    """The remedies, one line per cause and remedy, with the cells they apply to and the known faults."""
+    from .diagnose import CAUSES, load_known_faults
+
+    by: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for c in doc["cells"]:
+        d = c.get("diagnosis") or {}
+        if d.get("cause"):
+            by[(d["cause"], d["remedy"])].append(c)
+        for f in d.get("findings", []):
+            by[(f["cause"], f["remedy"])].append(c)
+    if not by:
+        return []
+    faults = {f.id: f for f in load_known_faults()}
+    lines = ["## What to do", "",
+             ("Each cause is read from what the cell's group measured (isolation, logits, loss, position, cache and mask "
+              "probes, attention calls); it explains the verdict and never changes it."), ""]
+    for (cause, fix), cells in sorted(by.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        groups = sorted({"-".join(x for x in (c["model"]["label"], c["backend"]) if x) + (f"@{env_label(c)}" if env_label(c) else "") for c in cells})
+        shown = ", ".join(groups[:6]) + (f" and {len(groups) - 6} more" if len(groups) > 6 else "")
+        known = sorted({k for c in cells for k in (c.get("diagnosis") or {}).get("known_faults", [])
+                        if faults.get(k) and faults[k].cause == cause})
+        known_text = f" Known: {', '.join(known)}." if known else ""
+        lines.append(f"- **{escape_md(cause)}** ({escape_md(CAUSES.get(cause, ''))}; {len(cells)} cells: {escape_md(shown)}): "
+                     f"{escape_md(fix)}.{known_text}")
+    lines.append("")
+    if doc.get("known_faults_not_seen"):
+        lines += ["Known faults whose window includes cells that passed (the window may be wrong, or the fault fixed):", ""]
+        for fid, cells in doc["known_faults_not_seen"].items():
+            lines.append(f"- {escape_md(fid)}: {len(cells)} cells passed, e.g. {escape_md(', '.join(cells[:3]))}")
+        lines.append("")
+    used = sorted({k for c in doc["cells"] for k in (c.get("diagnosis") or {}).get("known_faults", [])})
+    if used:
+        lines += ["Known faults seen (audit/known_faults.toml):", ""]
+        for fid in used:
+            f = faults.get(fid)
+            if f:
+                fixed = f"fixed in {f.library} {f.fixed_in}" if f.fixed_in else "not fixed in any version measured"
+                up = f" ({escape_md(f.upstream)})" if f.upstream else ""
+                lines.append(f"- {escape_md(fid)}{up}: {escape_md(f.summary)}; {f.library} {escape_md(f.versions)}; {fixed}.")
+        lines.append("")
+    return lines
+
+
 def _summary_cell(group: list[dict[str, Any]], note: Any) -> str:
     """Worst verdict, the checks that did not pass, and one footnote holding their messages. A group whose
     checks all failed the same way (a model that did not build) gets one message, not one per check."""
@@ -264,9 +320,9 @@ def _summary_cell(group: list[dict[str, Any]], note: Any) -> str:
         # every check that ran failed the same way (the model did not build): one message
         skipped = [c for c in bad if c["status"] == "skipped"]
         extra = " " + " ".join(f"({c['check']} skipped{note(escape_md(c['check'] + ': ' + c['message']))})" for c in skipped) if skipped else ""
-        return f"{SYMBOLS[status]} {status}{note(escape_md(ran_bad[0]['message']))}{extra}"
+        return f"{SYMBOLS[status]} {status}{note(escape_md(ran_bad[0]['message'] + _cause_suffix(ran_bad[0])))}{extra}"
     names = ", ".join(c["check"] + (" (skipped)" if c["status"] == "skipped" else "") for c in bad)
-    text = "; ".join(f"{c['check']} {c['status']}: {c['message']}" for c in bad)
+    text = "; ".join(f"{c['check']} {c['status']}: {c['message']}{_cause_suffix(c)}" for c in bad)
     return f"{SYMBOLS[status]} {names}{note(escape_md(text))}"
 
 

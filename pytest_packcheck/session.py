@@ -298,7 +298,9 @@ class PackcheckSession:
             flags += ["-k", self.config.option.keyword]
         command = "pytest " + " ".join(shlex.quote(f) for f in flags)
         command = os.environ.get("PACKCHECK_REPRODUCE", command)  # set by `packcheck audit` to its own argv
-        self.document = build_document(cells, environment(self.settings.device), self.settings.as_dict(), command)
+        from .diagnose import diagnose_document
+
+        self.document = diagnose_document(build_document(cells, environment(self.settings.device), self.settings.as_dict(), command))
         out = Path(self.settings.report_dir)
         md, js = out / "packcheck-matrix.md", out / "packcheck-matrix.json"
         atomic_write(js, json.dumps(self.document, indent=1, sort_keys=False) + "\n")

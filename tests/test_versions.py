@@ -12,8 +12,6 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
-import torch  # noqa: F401 - loaded before pytester's in-process runs snapshot sys.modules (numpy loads once)
-import transformers  # noqa: F401
 
 from pytest_packcheck import envs
 from pytest_packcheck.errors import PackcheckUsageError
@@ -141,15 +139,19 @@ def test_gate_compares_cells_of_the_same_environment():
     assert [c.key[4] for c in bad] == ["transformers==5.24.0"]
 
 
-def test_environment_that_cannot_be_made_becomes_error_cells(pytester, monkeypatch):
+def test_environment_that_cannot_be_made_becomes_error_cells(pytester):
     """An unsatisfiable combination is an error cell per cell, with uv's reason; the run and the matrix survive."""
-    def refuse(combo, log=None):
-        raise envs.EnvError(f"{' '.join(combo.requirements)}: not installable: Because trl>=1.16.0 depends on transformers>=4.56.2 ...")
+    pytester.makeconftest("""
+import pytest_packcheck.envs as envs
 
-    monkeypatch.setattr(envs, "ensure_env", refuse)
-    result = pytester.runpytest("-p", "no:cacheprovider", "--packcheck-models=arch:llama", "--packcheck-attn=sdpa",
-                                "--packcheck-checks=isolation", "--packcheck-versions=transformers==4.51.3 & trl==1.16.0",
-                                f"--packcheck-report-dir={pytester.path / 'out'}")
+def refuse(combo, log=None):
+    raise envs.EnvError(" ".join(combo.requirements) + ": not installable: Because trl>=1.16.0 depends on transformers>=4.56.2 ...")
+
+envs.ensure_env = refuse
+""")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--packcheck-models=arch:llama", "--packcheck-attn=sdpa",
+                                           "--packcheck-checks=isolation", "--packcheck-versions=transformers==4.51.3 & trl==1.16.0",
+                                           f"--packcheck-report-dir={pytester.path / 'out'}")
     result.assert_outcomes(failed=1)
     doc = json.loads((pytester.path / "out" / "packcheck-matrix.json").read_text())
     (cell,) = doc["cells"]
@@ -191,6 +193,9 @@ def test_real_audit_sdpa_before_and_after_packed_masks(pytester, monkeypatch, ve
         assert new["status"] == "pass" and new["metrics"]["max_change"] < 1e-5, new["message"]
         assert old["env"]["versions"]["transformers"] == "4.51.3"
         assert old["env"]["environment"]["torch"] == metadata.distribution("torch").version
+        assert old["diagnosis"]["cause"] == "leak" and "no-packed-mask-before-4.54" in old["diagnosis"]["known_faults"]
+        assert old["diagnosis"]["remedy"].startswith("upgrade transformers to >= 4.54")
+        assert new["diagnosis"] is None
         assert cells[f"llama-{backend}-logits_parity-float32@transformers==4.51.3"]["status"] == "fail"
         assert cells[f"llama-{backend}-logits_parity-float32@transformers=={current}"]["status"] == "pass"
     md = (pytester.path / "out" / "packcheck-matrix.md").read_text()
@@ -203,6 +208,8 @@ def test_real_integer_labels_raise_inside_the_collator_on_4_56_2(pytester, monke
     cell = cells["llama-collate-float32@transformers==4.56.2"]
     assert cell["status"] == "fail" and "TypeError" in cell["metrics"]["integer_labels"]
     assert "[labels contract]" in cell["message"]
+    assert cell["diagnosis"]["cause"] == "labels_contract"
+    assert "flattening-collator-integer-labels" in cell["diagnosis"]["known_faults"]
 
 
 @pytest.mark.slow
@@ -214,6 +221,8 @@ def test_real_all_ones_mask_overrides_boundaries_on_every_version(pytester, monk
     for v in versions:
         trap = cells[f"llama-sdpa-mask_trap-float32@transformers=={v}"]
         assert trap["status"] == "fail" and trap["metrics"]["max_abs_diff_with_mask"] > 1e-2, (v, trap["message"])
+        if v != "4.51.3":  # there the row leaks without the mask too: no mask to blame
+            assert "attention-mask-overrides-packing" in trap["diagnosis"]["known_faults"], v
         isolation = cells[f"llama-sdpa-isolation-float32@transformers=={v}"]["status"]
         assert isolation == ("fail" if v == "4.51.3" else "pass"), v
 
@@ -224,10 +233,15 @@ def test_real_roberta_positions_and_leak_are_told_apart(pytester, monkeypatch, v
     differ by ~0.4; from padding_idx + 1 they differ by ~2e-3 on sdpa only: a leak that position_ids_start does
     not fix (boundaries never reach attention), while the varlen path matches exactly on 5.24."""
     cells = _audit(pytester, monkeypatch, version_cache, "transformers==5.14.1,5.24.0", "arch:xlm-roberta",
-                   "sdpa,packcheck_flash_ref", "logits_parity")
+                   "sdpa,packcheck_flash_ref", "isolation,logits_parity")
     old = cells["xlm-roberta-sdpa-logits_parity-float32@transformers==5.14.1"]["metrics"]
     assert old["max_abs_diff_solo"] > 0.1 and old["max_abs_diff_zero_based_positions"] > 0.1
     assert 1e-4 < old["max_abs_diff_start_based_positions"] < 1e-1
+    diagnosis = cells["xlm-roberta-sdpa-logits_parity-float32@transformers==5.14.1"]["diagnosis"]
+    assert diagnosis["cause"] == "leak"  # the part that stays (isolation moves on sdpa)
+    assert [f["cause"] for f in diagnosis["findings"]] == ["wrong_positions"]  # the part position_ids_start fixes
+    assert "roberta-positions-without-position_ids_start" in diagnosis["known_faults"]
+    assert "5.16" in diagnosis["findings"][0]["remedy"]
     new_sdpa = cells["xlm-roberta-sdpa-logits_parity-float32@transformers==5.24.0"]
     assert new_sdpa["status"] == "fail" and 1e-4 < new_sdpa["metrics"]["max_abs_diff_solo"] < 1e-1
     assert cells["xlm-roberta-packcheck_flash_ref-logits_parity-float32@transformers==5.24.0"]["status"] == "pass"

@@ -1,0 +1,175 @@
+"""Cause classification, remedies and known faults: each cause from real measurements of a planted or real
+fault, and each rule able to fail on a synthetic group."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pytest_packcheck.diagnose import CAUSES, classify, diagnose_document, load_known_faults
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _audit(models: list[str], backends: tuple[str, ...], checks: tuple[str, ...], tolerances: dict, **bench_kwargs) -> dict:
+    """Run cells in this process (no plugin) and return a diagnosed document."""
+    from pytest_packcheck.models import resolve_model
+    from pytest_packcheck.results import build_document, environment
+    from pytest_packcheck.runner import CellRunner, plan_cells
+    from pytest_packcheck.specs import parse_model_spec
+
+    resolved = [resolve_model(parse_model_spec(m, "test"), "test") for m in models]
+    runner = CellRunner(resolved, tolerances)
+    cells = [runner.run(c) for c in plan_cells(resolved, backends, checks, ("float32",))]
+    return diagnose_document(build_document(cells, environment(), {"backends": list(backends), "checks": list(checks)}, "test"))
+
+
+def _by_id(doc: dict) -> dict[str, dict]:
+    return {c["cell_id"]: c for c in doc["cells"]}
+
+
+def test_state_space_leak_is_stateful_layers(tolerances):
+    """qwen3_next on the varlen reference: attention gets the boundaries (backend pass) yet examples mix in
+    the linear-attention / conv layers -> stateful_layers, not a generic leak; llama on the same backend passes."""
+    doc = _audit(["arch:qwen3_next", "arch:llama"], ("packcheck_flash_ref",), ("isolation", "logits_parity", "backend"), tolerances)
+    cells = _by_id(doc)
+    iso = cells["qwen3_next-packcheck_flash_ref-isolation-float32"]
+    assert iso["status"] == "fail" and cells["qwen3_next-packcheck_flash_ref-backend-float32"]["status"] == "pass"
+    assert "Qwen3NextGatedDeltaNet" in iso["metrics"]["stateful_layers"]
+    assert iso["diagnosis"]["cause"] == "stateful_layers"
+    assert "stateful-layers-mix-examples" in iso["diagnosis"]["known_faults"]
+    assert iso["diagnosis"]["remedy"].startswith("disable packing for this architecture")
+    assert cells["llama-packcheck_flash_ref-isolation-float32"]["diagnosis"] is None
+
+
+def test_opt_is_a_leak_on_sdpa_and_takes_position_ids(tolerances):
+    """The public report says OPT derives positions from the attention mask. On the installed transformers its
+    forward takes position_ids (restarting them changes the logits) and the failure is a leak on sdpa."""
+    doc = _audit(["arch:opt"], ("sdpa",), ("position_ids", "isolation", "logits_parity"), tolerances)
+    cells = _by_id(doc)
+    assert cells["opt-sdpa-position_ids-float32"]["status"] == "pass"
+    iso = cells["opt-sdpa-isolation-float32"]
+    assert iso["status"] == "fail" and iso["diagnosis"]["cause"] == "leak"
+    assert "flash backend" in iso["diagnosis"]["remedy"]
+
+
+def test_positions_without_position_ids_on_the_varlen_path(tolerances):
+    """Collator with return_flash_attn_kwargs=True and return_position_ids=False: boundaries reach attention,
+    positions run 0..N-1 across the row. With learned absolute positions (gpt2) every example but the first
+    differs -> cause wrong_positions, remedy: also return position_ids. With rotary positions (llama) the
+    shift cancels inside each isolated segment (RoPE is relative): parity holds, measured."""
+    from conftest import make_bench
+
+    from pytest_packcheck import checks as C
+    from pytest_packcheck.batches import default_collator_factory
+    from pytest_packcheck.diagnose import remedy
+
+    def no_positions(**kwargs):
+        return default_collator_factory(**{**kwargs, "return_position_ids": False, "return_flash_attn_kwargs": True})
+
+    gpt2 = make_bench("gpt2", "packcheck_flash_ref", tolerances, collator_factory=no_positions)
+    logits, iso = C.check_logits_parity(gpt2), C.check_isolation(gpt2)
+    assert logits.status == "fail" and "examples [1, 2]" in logits.message and logits.metrics["per_example"][0] < 1e-6
+    assert logits.metrics["batch_has_position_ids"] is False and iso.status != "fail"
+    group = {"logits_parity": _cell("logits_parity", logits), "isolation": _cell("isolation", iso)}
+    cause, _ = classify(group["logits_parity"], group, {})
+    assert cause == "wrong_positions"
+    assert remedy(cause, group["logits_parity"], {"transformers": "5.24.0"}).startswith("also return position_ids")
+    llama = make_bench("llama", "packcheck_flash_ref", tolerances, collator_factory=no_positions)
+    assert C.check_logits_parity(llama).metrics["max_abs_diff_solo"] < 1e-5
+
+
+def _cell(check: str, result, backend: str = "packcheck_flash_ref") -> dict:
+    return {"cell_id": f"m-{backend}-{check}-float32", "model": {"label": "m", "model_type": "llama"}, "backend": backend,
+            "check": check, "dtype": "float32", "status": result.status, "metrics": result.metrics, "message": result.message}
+
+
+def test_two_packed_rows_per_backend(tolerances):
+    """Batch size 2, two examples per row, no cu_seq_lens: sdpa keeps the boundaries, the flash path (5.x
+    derives them for batch size 1 only) does not; reported as a finding, the verdict stays pass."""
+    doc = _audit(["arch:llama"], ("sdpa", "packcheck_flash_ref"), ("logits_parity",), tolerances)
+    cells = _by_id(doc)
+    sdpa, flash = cells["llama-sdpa-logits_parity-float32"], cells["llama-packcheck_flash_ref-logits_parity-float32"]
+    assert sdpa["metrics"]["max_abs_diff_two_rows"] < 1e-5 and sdpa["diagnosis"] is None
+    assert flash["status"] == "pass" and flash["metrics"]["max_abs_diff_two_rows"] > 1e-2
+    assert [f["cause"] for f in flash["diagnosis"]["findings"]] == ["batch_rows"]
+    assert "flash-path-batch-size-one-only" in flash["diagnosis"]["known_faults"]
+
+
+def _group(**statuses_and_metrics) -> dict[str, dict]:
+    group = {}
+    for check, (status, metrics) in statuses_and_metrics.items():
+        group[check] = {"cell_id": f"m-sdpa-{check}-float32", "model": {"label": "m", "model_type": "llama"}, "backend": "sdpa",
+                        "check": check, "dtype": "float32", "status": status, "metrics": metrics, "message": f"{check} {status}"}
+    return group
+
+
+@pytest.mark.parametrize(("group", "check", "expected"), [
+    # isolation moves far beyond tolerance: a leak
+    (_group(isolation=("fail", {"max_change": 0.28, "atol": 1e-5, "stateful_layers": []}),
+            logits_parity=("fail", {"max_abs_diff_solo": 0.43, "atol": 1e-4})), "logits_parity", "leak"),
+    # isolation holds, logits far off: positions
+    (_group(isolation=("pass", {"max_change": 0.0, "atol": 1e-5, "stateful_layers": []}),
+            logits_parity=("fail", {"max_abs_diff_solo": 0.43, "atol": 1e-4})), "logits_parity", "wrong_positions"),
+    # isolation holds, logits just over tolerance: numerics
+    (_group(isolation=("pass", {"max_change": 0.0, "atol": 1e-5, "stateful_layers": []}),
+            logits_parity=("fail", {"max_abs_diff_solo": 3e-4, "atol": 1e-4})), "logits_parity", "kernel_numerics"),
+    # logits match, loss differs: normalisation
+    (_group(logits_parity=("pass", {"max_abs_diff_solo": 1e-7, "atol": 1e-4}),
+            loss_parity=("fail", {"loss_delta": 2e-2})), "loss_parity", "loss_normalisation"),
+    # parity fails only above the sliding window
+    (_group(isolation=("pass", {"max_change": 0.0, "atol": 1e-5, "stateful_layers": []}),
+            logits_parity=("fail", {"max_abs_diff_solo": 0.2, "atol": 1e-4, "sliding_window": 8,
+                                    "max_abs_diff_within_window": 1e-7})), "logits_parity", "sliding_window"),
+    (_group(cache_trap=("fail", {"max_abs_diff_default": 0.43, "max_abs_diff_use_cache_false": 1e-7, "atol": 1e-4})), "cache_trap", "cache_trap"),
+    (_group(mask_trap=("fail", {"max_abs_diff_with_mask": 0.43, "max_abs_diff_without_mask": 1e-7, "atol": 1e-4})), "mask_trap", "mask_override"),
+    (_group(position_ids=("fail", {"max_change": 0.0})), "position_ids", "ignores_position_ids"),
+    (_group(backend=("fallback", {})), "backend", "backend_swap"),
+    (_group(isolation=("timeout", {"timeout_s": 5.0})), "isolation", "hang"),
+    (_group(isolation=("oom", {"host_peak_rss_mib": 900.0})), "isolation", "out_of_memory"),
+])
+def test_classification_rules(group, check, expected):
+    cause, evidence = classify(group[check], group, {})
+    assert cause == expected and cause in CAUSES
+    assert evidence or expected in ("loss_normalisation",)
+
+
+def test_diagnosis_never_changes_a_verdict(tolerances):
+    doc = _audit(["arch:opt"], ("sdpa",), ("isolation", "cache_trap"), tolerances)
+    before = {c["cell_id"]: c["status"] for c in doc["cells"]}
+    again = diagnose_document(doc)
+    assert {c["cell_id"]: c["status"] for c in again["cells"]} == before
+
+
+def test_known_fault_that_did_not_show_is_reported():
+    from pytest_packcheck.diagnose import KnownFault
+
+    fault = KnownFault(id="x", upstream="", summary="s", library="transformers", versions="<4.54", architectures=("*",),
+                       backends=("sdpa",), checks=("isolation",), cause="leak", fixed_in="4.54", remedy="r", evidence="e")
+    cell = {"cell_id": "m-sdpa-isolation-float32", "model": {"label": "m", "model_type": "llama"}, "backend": "sdpa",
+            "check": "isolation", "dtype": "float32", "status": "pass", "metrics": {"max_change": 0.0}, "message": "ok",
+            "env": {"label": "transformers==4.51.3", "versions": {"transformers": "4.51.3"}}}
+    doc = diagnose_document({"environment": {"transformers": "5.24.0"}, "cells": [cell]}, [fault])
+    assert doc["known_faults_not_seen"] == {"x": ["m-sdpa-isolation-float32"]}
+    cell["env"]["versions"]["transformers"] = "4.56.2"  # outside the window: nothing expected
+    assert diagnose_document({"environment": {}, "cells": [cell]}, [fault])["known_faults_not_seen"] == {}
+
+
+def test_known_faults_file_is_valid_and_every_entry_has_a_test():
+    faults = load_known_faults()
+    assert len(faults) >= 7
+    for f in faults:
+        path, _, name = f.evidence.partition("::")
+        assert name and f"def {name}(" in (REPO / path).read_text(), f.id
+        assert f.remedy and f.summary
+
+
+def test_what_to_do_section_in_the_matrix(tolerances):
+    from pytest_packcheck.report import render_markdown
+
+    doc = _audit(["arch:llama"], ("sdpa",), ("logits_parity", "cache_trap"), tolerances)
+    md = render_markdown(doc)
+    section = md[md.index("## What to do"):md.index("## Legend")]
+    assert "**cache\\_trap**" in section and "use\\_cache=False" in section and "cache-disables-packed-mask" in section
+    assert "\\[cause: cache\\_trap; known: cache-disables-packed-mask\\]" in md
