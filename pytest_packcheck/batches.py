@@ -122,3 +122,21 @@ def count_label_tokens(labels: Any) -> int:
     """Number of label tokens that count in a causal-LM loss: labels != -100 after the one-token shift
     (what Trainer passes as ``num_items_in_batch``)."""
     return int((labels[..., 1:] != IGNORE_INDEX).sum())
+
+
+#: Lengths of TRL's padding-free probe row: 1027 tokens, padded to 1032 by pad_to_multiple_of=8.
+TRL_PROBE_LENGTHS = (400, 300, 327)
+
+
+def trl_collator_factory(**kwargs: Any) -> Callable[..., dict] | None:
+    """TRL's padding-free ``DataCollatorForLanguageModeling(**kwargs)`` (``trl.trainer.sft_trainer``, TRL >= 0.19;
+    ``padding_free`` from 0.16), keeping the arguments the installed version knows; None without TRL or
+    without padding_free."""
+    try:
+        from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+    except ImportError:
+        return None
+    params = set(inspect.signature(DataCollatorForLanguageModeling.__init__).parameters)
+    if "padding_free" not in params:
+        return None
+    return DataCollatorForLanguageModeling(**{k: v for k, v in kwargs.items() if k in params})

@@ -46,6 +46,7 @@ class Workbench:
     tol: dict[str, float]
     device: str = "cpu"
     collator_factory: Callable[..., Any] = B.default_collator_factory
+    trl_collator_factory: Callable[..., Any] = B.trl_collator_factory
     examples: list[list[int]] = field(default_factory=list)
     _cache: dict[str, Any] = field(default_factory=dict)
 
@@ -234,9 +235,51 @@ def check_collate(bench: Workbench) -> CheckResult:
         metrics["integer_labels"] = f"{type(exc).__name__}: {exc}"
         if not clear:
             problems.append(f"integer labels raise an unclear {type(exc).__name__} inside the collator ({exc}) [labels contract]")
+    problems += _trl_padding_free_probe(bench, metrics)
     if problems:
         return CheckResult("fail", metrics, "; ".join(problems))
     return CheckResult("pass", metrics, f"contract holds for {len(lengths)} examples ({total} tokens); empty example {empty.split(' ')[0]}")
+
+
+def _trl_padding_free_probe(bench: Workbench, metrics: dict[str, Any]) -> list[str]:
+    """TRL's padding-free collator with pad_to_multiple_of=8 on a 1027-token row: every per-token key
+    (input_ids, labels, position_ids, seq_idx) must be padded to the same 1032 tokens (a shorter position_ids
+    makes the model's rotary tables mismatch), position_ids restart per example, labels are -100 at each
+    example's first token and on the padding. Records ``trl_padding_free``; nothing when TRL is absent."""
+    import math
+
+    collator = bench.trl_collator_factory(pad_token_id=bench.pad_id, padding_free=True, pad_to_multiple_of=8,
+                                          return_position_ids=True)
+    if collator is None:
+        metrics["trl_padding_free"] = "not checked: trl with padding_free not installed"
+        return []
+    vocab = int(bench.config.vocab_size)
+    lengths = B.TRL_PROBE_LENGTHS
+    examples = [{"input_ids": [(7 * i + j) % (vocab - 1) + 1 for j in range(n)]} for i, n in enumerate(lengths)]
+    total = sum(lengths)
+    padded = math.ceil(total / 8) * 8
+    try:
+        batch = collator(examples)
+    except Exception as exc:  # noqa: BLE001 - the collator itself failing is the finding
+        metrics["trl_padding_free"] = f"{type(exc).__name__}: {exc}"
+        return [f"TRL padding-free collator raised {type(exc).__name__}: {exc}"]
+    shapes = {k: tuple(batch[k].shape) for k in ("input_ids", "labels", "position_ids", "seq_idx") if k in batch}
+    metrics["trl_padding_free"] = {"tokens": total, "pad_to_multiple_of": 8, "shapes": {k: list(v) for k, v in shapes.items()}}
+    problems = []
+    if any(v != (1, padded) for v in shapes.values()):
+        problems.append(f"TRL padding-free collator (pad_to_multiple_of=8, {total} tokens): per-token keys differ from "
+                        f"(1, {padded}): {shapes}")
+    elif "position_ids" in batch:
+        pos = batch["position_ids"][0].tolist()
+        starts = [sum(lengths[:i]) for i in range(len(lengths))]
+        wrong = [s for s, n in zip(starts, lengths, strict=True) if pos[s:s + n] != list(range(n))]
+        if wrong:
+            problems.append(f"TRL padding-free collator: position_ids do not restart at examples starting at {wrong}")
+        labels = batch["labels"][0].tolist()
+        unmasked = [s for s in starts if labels[s] != B.IGNORE_INDEX] + [i for i in range(total, padded) if labels[i] != B.IGNORE_INDEX]
+        if unmasked:
+            problems.append(f"TRL padding-free collator: labels not -100 at {len(unmasked)} boundary / padding tokens")
+    return problems
 
 
 # ------------------------------------------------------------------------------------------------------------

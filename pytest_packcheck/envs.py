@@ -310,6 +310,15 @@ def _link_overlay(overlay: Path) -> None:
     (overlay / "pytest_packcheck").symlink_to(_package_root())
 
 
+def _relink_package(overlay: Path) -> None:
+    """Point a cached environment at the packcheck that runs now (another checkout or version may have made it)."""
+    link = overlay / "pytest_packcheck"
+    if link.is_symlink() and Path(os.readlink(link)) != _package_root():
+        tmp = overlay / f".pytest_packcheck.{os.getpid()}"
+        tmp.symlink_to(_package_root())
+        os.replace(tmp, link)
+
+
 def _uv_reason(output: str) -> str:
     """uv's explanation of a failed resolution, on one line."""
     lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
@@ -361,6 +370,7 @@ def ensure_env(combo: VersionCombo, log: Any = None) -> VersionEnv:
     with FileLock(str(root / f"{key}.lock")):
         marker = path / ENV_MARKER
         if marker.exists():
+            _relink_package(path / "packcheck-overlay")
             info = json.loads(marker.read_text())
             return VersionEnv(combo, path, path / "bin" / "python", info["versions"], False,
                               round(time.perf_counter() - t0, 3), info)

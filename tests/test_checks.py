@@ -218,3 +218,30 @@ def test_backend_sees_the_dense_flash_path(tolerances):
     result = C.check_backend(bench)
     assert result.status == "fail" and result.metrics["varlen_kernel_calls"] == 0
     assert "dense path ran" in result.message
+
+
+def test_trl_padding_free_collator_pads_position_ids(llama_sdpa):
+    """TRL's padding-free collator, pad_to_multiple_of=8, a 1027-token row: every per-token key is 1032 long.
+    Planted: a collator that pads input_ids but leaves position_ids at 1027 -> a collate failure."""
+    pytest.importorskip("trl")
+    from pytest_packcheck.batches import trl_collator_factory
+
+    result = C.check_collate(llama_sdpa)
+    probe = result.metrics["trl_padding_free"]
+    assert probe["tokens"] == 1027 and set(map(tuple, probe["shapes"].values())) == {(1, 1032)}
+    assert "TRL" not in result.message
+
+    def short_positions(**kwargs):
+        inner = trl_collator_factory(**kwargs)
+
+        def collate(examples):
+            batch = inner(examples)
+            batch["position_ids"] = batch["position_ids"][:, :1027]
+            return batch
+
+        return collate
+
+    llama_sdpa.trl_collator_factory = short_positions
+    broken = C.check_collate(llama_sdpa)
+    assert broken.status == "fail" and "TRL padding-free collator (pad_to_multiple_of=8, 1027 tokens)" in broken.message
+    assert "'position_ids': (1, 1027)" in broken.message

@@ -173,3 +173,29 @@ def test_what_to_do_section_in_the_matrix(tolerances):
     section = md[md.index("## What to do"):md.index("## Legend")]
     assert "**cache\\_trap**" in section and "use\\_cache=False" in section and "cache-disables-packed-mask" in section
     assert "\\[cause: cache\\_trap; known: cache-disables-packed-mask\\]" in md
+
+
+def test_hybrid_given_seq_idx_refuses_instead_of_mixing(tolerances):
+    """qwen3_next with only position_ids mixes examples silently (a leak in its linear layers); given seq_idx /
+    cu_seq_lens on CPU it refuses with an error about causal_conv1d: an unsupported cell, cause
+    stateful_layers_refused."""
+    from conftest import make_bench
+
+    from pytest_packcheck import checks as C
+    from pytest_packcheck.batches import default_collator_factory
+    from pytest_packcheck.runner import _classify_exception
+
+    def with_seq_idx(**kwargs):
+        return default_collator_factory(**{**kwargs, "return_flash_attn_kwargs": True, "return_seq_idx": True})
+
+    bench = make_bench("qwen3_next", "sdpa", tolerances, collator_factory=with_seq_idx)
+    with pytest.raises(Exception) as exc:
+        C.check_logits_parity(bench)
+    assert "causal_conv1d" in str(exc.value)
+    assert _classify_exception(exc.value) == "unsupported"
+    cell = {"cell_id": "qwen3_next-sdpa-logits_parity-float32", "model": {"label": "qwen3_next", "model_type": "qwen3_next"},
+            "backend": "sdpa", "check": "logits_parity", "dtype": "float32", "status": "unsupported", "metrics": {},
+            "message": str(exc.value)}
+    assert classify(cell, {"logits_parity": cell}, {})[0] == "stateful_layers_refused"
+    silent = make_bench("qwen3_next", "sdpa", tolerances)
+    assert C.check_isolation(silent).status == "fail"

@@ -8,6 +8,7 @@ The tests marked ``slow`` build real environments with other transformers versio
 from __future__ import annotations
 
 import json
+import os
 from importlib import metadata
 from pathlib import Path
 
@@ -245,3 +246,12 @@ def test_real_roberta_positions_and_leak_are_told_apart(pytester, monkeypatch, v
     new_sdpa = cells["xlm-roberta-sdpa-logits_parity-float32@transformers==5.24.0"]
     assert new_sdpa["status"] == "fail" and 1e-4 < new_sdpa["metrics"]["max_abs_diff_solo"] < 1e-1
     assert cells["xlm-roberta-packcheck_flash_ref-logits_parity-float32@transformers==5.24.0"]["status"] == "pass"
+
+
+def test_cached_environment_follows_the_running_packcheck(tmp_path, monkeypatch):
+    """A cached environment made by another checkout is re-pointed at the packcheck that runs now."""
+    overlay = tmp_path / "packcheck-overlay"
+    overlay.mkdir()
+    (overlay / "pytest_packcheck").symlink_to(tmp_path)
+    envs._relink_package(overlay)
+    assert Path(os.readlink(overlay / "pytest_packcheck")) == envs._package_root()
