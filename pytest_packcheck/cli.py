@@ -39,6 +39,22 @@ def _parser() -> argparse.ArgumentParser:
     gate.add_argument("--candidate", required=True, help="Candidate results JSON (e.g. from the upgraded stack).")
     gate.add_argument("--allow", action="append", default=[], metavar="CELL=REASON",
                       help="Accept a regression of a cell id or id prefix (e.g. 'opt-sdpa=known OPT leak'); repeatable.")
+    bench = sub.add_parser("bench", help="Train the same examples padded and packed; report tokens/s, memory, speedup.",
+                           description="Packed vs padded training steps on synthetic token ids with a length profile.")
+    bench.add_argument("--model", default="arch:llama", help="Model spec (org/name, local dir, arch:<type>); default arch:llama.")
+    bench.add_argument("--profile", action="append", default=[],
+                       help="Length profile: flan, orcamath, uniform, fixed, or a file of lengths (repeatable; default flan and orcamath).")
+    bench.add_argument("--steps", type=int, default=10, help="Measured optimizer steps per mode (default 10).")
+    bench.add_argument("--warmup", type=int, default=2, help="Warm-up steps per mode, not measured (default 2).")
+    bench.add_argument("--batch-size", type=int, default=16, help="Examples per step (default 16).")
+    bench.add_argument("--max-length", type=int, default=2048, help="Longest example in tokens (default 2048).")
+    bench.add_argument("--attn", default=None, help="attn_implementation (default sdpa on CPU, packcheck_flash_torch_varlen on CUDA).")
+    bench.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu).")
+    bench.add_argument("--dtype", default=None, help="float32 / bfloat16 / float16 (default float32 on CPU, bfloat16 on CUDA).")
+    bench.add_argument("--full-size", action="store_true", help="Random weights at the config's real size (no shrink).")
+    bench.add_argument("--no-instrumentation", action="store_true", help="Skip the run with attention-call counting on.")
+    bench.add_argument("-o", "--output-dir", default="reports", help="Where <name>.md / .json go (default reports).")
+    bench.add_argument("--name", default="bench", help="File name stem (default bench).")
     merge = sub.add_parser("merge", help="Join results JSON files (shards of one audit) and render the matrix.")
     merge.add_argument("files", nargs="+", help="Results JSON files.")
     merge.add_argument("-o", "--output-dir", default="reports", help="Where packcheck-matrix.md / .json go (default reports).")
@@ -76,9 +92,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from .errors import PackcheckUsageError
 
-    if ns.command in ("gate", "merge"):
+    if ns.command in ("gate", "merge", "bench"):
         try:
-            return _gate(ns) if ns.command == "gate" else _merge(ns)
+            return {"gate": _gate, "merge": _merge, "bench": _bench}[ns.command](ns)
         except PackcheckUsageError as exc:
             print(f"packcheck {ns.command}: error: {exc}", file=sys.stderr)
             return 2
@@ -144,6 +160,58 @@ def _merge(ns: argparse.Namespace) -> int:
     atomic_write(out / "packcheck-matrix.json", json.dumps(doc, indent=1) + "\n")
     atomic_write(out / "packcheck-matrix.md", render_markdown(doc))
     print(f"merged {len(ns.files)} files, {len(doc['cells'])} cells into {out}")
+    return 0
+
+
+def _bench(ns: argparse.Namespace) -> int:
+    import json
+
+    from .backends import KNOWN_BACKENDS, REFERENCE_BACKEND, TORCH_VARLEN_BACKEND, register_reference_backend
+    from .bench import render_bench, run_bench
+    from .errors import PackcheckUsageError, closest
+    from .models import build_model, resolve_model
+    from .results import atomic_write, environment
+    from .settings import DTYPES
+    from .specs import parse_model_spec
+
+    cuda = ns.device.startswith("cuda")
+    attn = ns.attn or (TORCH_VARLEN_BACKEND if cuda else "sdpa")
+    dtype = ns.dtype or ("bfloat16" if cuda else "float32")
+    if attn not in KNOWN_BACKENDS:
+        raise PackcheckUsageError(f"Unknown backend '{attn}' (from --attn). Expected one of: {', '.join(KNOWN_BACKENDS)}.{closest(attn, KNOWN_BACKENDS)}")
+    if dtype not in DTYPES:
+        raise PackcheckUsageError(f"Unknown dtype '{dtype}' (from --dtype). Expected one of: {', '.join(DTYPES)}.{closest(dtype, DTYPES)}")
+    for name in ("steps", "batch_size", "max_length"):
+        if getattr(ns, name) < 1:
+            raise PackcheckUsageError(f"--{name.replace('_', '-')} {getattr(ns, name)} must be >= 1.")
+    if cuda:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise PackcheckUsageError(f"Device '{ns.device}' (from --device) is not available: torch sees no CUDA device. Use --device cpu.")
+    resolved = resolve_model(parse_model_spec(ns.model, "--model"), "--model")
+    if resolved.error:
+        raise PackcheckUsageError(f"Model '{ns.model}' (from --model) cannot be built: {resolved.error}")
+    if attn in (REFERENCE_BACKEND, TORCH_VARLEN_BACKEND):
+        register_reference_backend()
+    model = build_model(resolved, attn, dtype, "random", ns.device, shrink=not ns.full_size)
+    n_params = sum(p.numel() for p in model.parameters())
+    profiles = ns.profile or ["flan", "orcamath"]
+    results = []
+    for profile in profiles:
+        r = run_bench(model, profile=profile, steps=ns.steps, warmup=ns.warmup, batch_size=ns.batch_size,
+                      max_length=ns.max_length, device=ns.device, instrumentation=not ns.no_instrumentation)
+        r.update({"model": resolved.record(), "parameters": n_params, "attn_implementation": attn, "dtype": dtype})
+        results.append(r)
+        print(f"{profile}: speedup {r['speedup']:.2f}x (ideal {r['ideal_speedup']:.2f}x), padding {r['padding_overhead'] * 100:.0f} %, "
+              f"memory saved {r['memory_reduction'] if r['memory_reduction'] is not None else 'n/a'}, "
+              f"instrumentation {r.get('instrumentation_overhead', 'n/a')}")
+    env = environment(ns.device)
+    out = Path(ns.output_dir)
+    label = f"{resolved.spec.label} ({n_params / 1e6:.1f}M parameters{'' if ns.full_size else ', shrunk'})"
+    atomic_write(out / f"{ns.name}.json", json.dumps({"environment": env, "results": results}, indent=1) + "\n")
+    atomic_write(out / f"{ns.name}.md", render_bench(results, env, label))
+    print(f"bench written: {out / (ns.name + '.md')}, {out / (ns.name + '.json')}")
     return 0
 
 

@@ -385,6 +385,7 @@ def build_model(
     device: str = "cpu",
     seed: int = 0,
     trust_remote_code: bool = False,
+    shrink: bool = True,
 ) -> Any:
     """Build the model for one cell group, in eval mode, on ``device``.
 
@@ -401,6 +402,12 @@ def build_model(
             revision=resolved.spec.revision,
             attn_implementation=attn_implementation,
             trust_remote_code=trust_remote_code,
+            **dtype_kwarg(torch_dtype),
+        )
+    elif not shrink:  # full size, random weights (packcheck bench on a real config)
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(
+            copy.deepcopy(resolved.config), attn_implementation=attn_implementation, trust_remote_code=trust_remote_code,
             **dtype_kwarg(torch_dtype),
         )
     else:

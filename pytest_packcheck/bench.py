@@ -1,0 +1,228 @@
+"""``packcheck bench``: what packing buys. The same examples trained padded and packed, step for step.
+
+For a model and a length distribution, K optimizer steps (after W warm-up steps) are run twice on the same
+micro-batches: padded (``DataCollatorWithPadding``-style: each micro-batch padded to its longest example, labels
+-100 on the padding) and packed (``DataCollatorWithFlattening``: one row, position_ids restarting). Reported:
+useful tokens/s (label tokens that are not padding), step time, peak memory (``torch.cuda.max_memory_allocated``
+on CUDA), the padding overhead, the measured speedup and the ideal one (padded tokens / useful tokens), each a
+median over steps with its spread (min, max). A third packed run with packcheck's attention-call counting
+switched on measures what the instrumentation costs. Token ids are synthetic: the cost depends on lengths,
+not content. On CPU this is a smoke test of the machinery: no speed claims.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import PackcheckUsageError
+
+#: Built-in length profiles (tokens per example). flan: short instructions with a long tail (most under 300
+#: tokens, some past 1500), very variable; orcamath: longer and uniform-ish; uniform / fixed: for control.
+PROFILES = ("flan", "orcamath", "uniform", "fixed")
+
+
+def sample_lengths(profile: str, n: int, max_length: int, seed: int = 0, fixed: int = 512) -> list[int]:
+    """``n`` example lengths from a built-in profile or a file (one integer per line), capped at ``max_length``.
+
+    Raises:
+        PackcheckUsageError: unknown profile / missing file / a line that is not a positive integer.
+    """
+    rng = random.Random(seed)
+    if profile == "flan":
+        raw = [int(rng.lognormvariate(math.log(120), 1.0)) for _ in range(n)]  # median 120, p95 ~ 620
+    elif profile == "orcamath":
+        raw = [int(rng.gauss(480, 120)) for _ in range(n)]
+    elif profile == "uniform":
+        raw = [rng.randint(16, max_length) for _ in range(n)]
+    elif profile == "fixed":
+        raw = [fixed] * n
+    else:
+        path = Path(profile)
+        if not path.is_file():
+            raise PackcheckUsageError(
+                f"Unknown length profile '{profile}' (from --profile): use one of {', '.join(PROFILES)} or a file with one length per line."
+            )
+        values = []
+        for i, line in enumerate(path.read_text().split(), 1):
+            if not line.isdigit() or int(line) < 2:
+                raise PackcheckUsageError(f"Length file {path} line {i}: '{line}' is not an integer >= 2.")
+            values.append(int(line))
+        if not values:
+            raise PackcheckUsageError(f"Length file {path} (from --profile) holds no lengths.")
+        raw = [values[i % len(values)] for i in range(n)]
+    return [max(2, min(max_length, x)) for x in raw]
+
+
+@dataclass
+class RunStats:
+    """One mode's steps (medians over the measured steps, spread as [min, max])."""
+
+    mode: str
+    step_s: float
+    step_s_spread: list[float]
+    useful_tokens_per_s: float
+    tokens_per_step: float  # tokens the model processed per step (padding included)
+    useful_tokens_per_step: float
+    peak_memory_mib: float | None
+    losses: list[float] = field(default_factory=list)
+
+
+def _padded_micro_batch(examples: list[list[int]], pad_id: int, device: str) -> dict[str, Any]:
+    import torch
+
+    longest = max(len(e) for e in examples)
+    ids = torch.full((len(examples), longest), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(examples), longest), dtype=torch.long)
+    for i, e in enumerate(examples):
+        ids[i, : len(e)] = torch.tensor(e)
+        mask[i, : len(e)] = 1
+    labels = ids.masked_fill(mask == 0, -100)
+    return {"input_ids": ids.to(device), "attention_mask": mask.to(device), "labels": labels.to(device)}
+
+
+def _packed_micro_batch(examples: list[list[int]], device: str) -> dict[str, Any]:
+    from transformers import DataCollatorWithFlattening
+
+    batch = DataCollatorWithFlattening(return_position_ids=True)([{"input_ids": e} for e in examples], return_tensors="pt")
+    return {k: v.to(device) for k, v in batch.items() if k in ("input_ids", "labels", "position_ids")}
+
+
+def _useful(batch: dict[str, Any]) -> int:
+    """Label tokens that count in the loss (not -100, after the causal shift)."""
+    return int((batch["labels"][:, 1:] != -100).sum())
+
+
+def _run(model: Any, batches: list[dict[str, Any]], warmup: int, device: str, mode: str, instrument: bool = False) -> RunStats:
+    import contextlib
+
+    import torch
+
+    from .backends import count_attention_calls
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)  # the step's cost is forward + backward; SGD adds little
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    times, losses = [], []
+    for i, batch in enumerate(batches):
+        ctx = count_attention_calls(model) if instrument else contextlib.nullcontext()
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with ctx:
+            loss = model(**batch, use_cache=False).loss
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if cuda:
+            torch.cuda.synchronize()
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+            losses.append(round(float(loss.detach()), 5))
+    measured = batches[warmup:]
+    useful = statistics.median(_useful(b) for b in measured)
+    tokens = statistics.median(b["input_ids"].numel() for b in measured)
+    step = statistics.median(times)
+    per_s = statistics.median(_useful(b) / t for b, t in zip(measured, times, strict=True))
+    peak = round(torch.cuda.max_memory_allocated() / 2**20, 1) if cuda else None
+    return RunStats(mode, round(step, 5), [round(min(times), 5), round(max(times), 5)], round(per_s, 1), tokens, useful, peak, losses)
+
+
+def run_bench(model: Any, *, profile: str = "flan", steps: int = 10, warmup: int = 2, batch_size: int = 16,
+              max_length: int = 2048, device: str = "cpu", seed: int = 0, pad_id: int = 0,
+              instrumentation: bool = True) -> dict[str, Any]:
+    """Train ``warmup + steps`` steps padded, packed, and (``instrumentation``) packed with call counting, on
+    the same micro-batches of ``batch_size`` examples; return the figures (see the module docstring).
+
+    The model's weights are restored before each mode, so every mode starts from the same parameters.
+    """
+    import copy
+
+    vocab = int(model.config.vocab_size)
+    n = (steps + warmup) * batch_size
+    lengths = sample_lengths(profile, n, max_length, seed)
+    rng = random.Random(seed + 1)
+    examples = [[rng.randrange(1, vocab) for _ in range(length)] for length in lengths]
+    groups = [examples[i * batch_size:(i + 1) * batch_size] for i in range(steps + warmup)]
+    padded = [_padded_micro_batch(g, pad_id, device) for g in groups]
+    packed = [_packed_micro_batch(g, device) for g in groups]
+    state = copy.deepcopy(model.state_dict())
+    model.train()
+    runs = {}
+    for mode, batches in (("padded", padded), ("packed", packed)):
+        model.load_state_dict(state)
+        runs[mode] = _run(model, batches, warmup, device, mode)
+    overhead = None
+    if instrumentation:
+        # with and without call counting, interleaved on the same batches (order alternating), so drift and
+        # cache warmth hit both alike
+        model.load_state_dict(state)
+        plain, counted = [], []
+        for i, batch in enumerate(packed):
+            for instrument in ((False, True) if i % 2 == 0 else (True, False)):
+                t = _run(model, [batch, batch], 1, device, "packed", instrument).step_s
+                if i >= warmup:
+                    (counted if instrument else plain).append(t)
+        overhead = round(statistics.median(counted) / statistics.median(plain) - 1, 4)
+    model.load_state_dict(state)
+    pad, pack = runs["padded"], runs["packed"]
+    padded_tokens = sum(b["input_ids"].numel() for b in padded[warmup:])
+    real_tokens = sum(sum(len(e) for e in g) for g in groups[warmup:])
+    result = {
+        "profile": profile, "steps": steps, "warmup": warmup, "batch_size": batch_size, "max_length": max_length,
+        "device": device, "lengths": {"median": statistics.median(lengths), "min": min(lengths), "max": max(lengths),
+                                      "mean": round(statistics.fmean(lengths), 1)},
+        "runs": {k: asdict(v) for k, v in runs.items()},
+        "padding_overhead": round(padded_tokens / real_tokens - 1, 4),
+        "ideal_speedup": round(padded_tokens / real_tokens, 3),
+        "speedup": round(pack.useful_tokens_per_s / pad.useful_tokens_per_s, 3),
+        "memory_reduction": (round(1 - pack.peak_memory_mib / pad.peak_memory_mib, 4)
+                             if pack.peak_memory_mib and pad.peak_memory_mib else None),
+        "loss_first_step_delta": round(abs(pack.losses[0] - pad.losses[0]), 5) if pack.losses and pad.losses else None,
+    }
+    result["fraction_of_ideal"] = round(result["speedup"] / result["ideal_speedup"], 3)
+    if overhead is not None:
+        result["instrumentation_overhead"] = overhead
+    return result
+
+
+def render_bench(results: list[dict[str, Any]], env: dict[str, Any], model_label: str) -> str:
+    """Markdown: one row per profile, then the per-mode details."""
+    from tabulate import tabulate
+
+    from .report import escape_md
+
+    lines = [f"# packcheck bench — {escape_md(model_label)}", "",
+             (f"torch {env.get('torch')}, transformers {env.get('transformers')}, device {env.get('device')} "
+              f"({escape_md(env.get('device_name'))}), attention {escape_md(results[0].get('attn_implementation', ''))}, "
+              f"dtype {results[0].get('dtype', '')}."), ""]
+    if not str(env.get("device", "")).startswith("cuda"):
+        lines += ["CPU run: a smoke test of the machinery, not a speed claim.", ""]
+    rows = []
+    for r in results:
+        pad, pack = r["runs"]["padded"], r["runs"]["packed"]
+        mem = f"{r['memory_reduction'] * 100:.1f} %" if r["memory_reduction"] is not None else "n/a (CPU)"
+        inst = f"{r['instrumentation_overhead'] * 100:+.1f} %" if "instrumentation_overhead" in r else "—"
+        rows.append([r["profile"], r["lengths"]["median"], f"{r['padding_overhead'] * 100:.0f} %", f"{pad['useful_tokens_per_s']:.0f}",
+                     f"{pack['useful_tokens_per_s']:.0f}", f"{r['speedup']:.2f}x", f"{r['ideal_speedup']:.2f}x",
+                     f"{r['fraction_of_ideal'] * 100:.0f} %", mem, inst])
+    lines.append(tabulate(rows, headers=["profile", "median length", "padding", "padded tok/s", "packed tok/s", "speedup",
+                                         "ideal", "of ideal", "peak memory saved", "instrumentation"], tablefmt="github"))
+    lines += ["", ("Useful tokens are label tokens that are not padding. Figures are medians over the measured steps; "
+                   "step-time spreads (min-max) and peak memory per mode. The instrumentation overhead compares packed "
+                   "steps with and without attention-call counting, interleaved step by step on the same batches."), ""]
+    detail = []
+    for r in results:
+        for mode, run in r["runs"].items():
+            detail.append([r["profile"], mode, f"{run['step_s'] * 1000:.1f}", f"{run['step_s_spread'][0] * 1000:.1f}-{run['step_s_spread'][1] * 1000:.1f}",
+                           run["tokens_per_step"], run["useful_tokens_per_step"], run["peak_memory_mib"] if run["peak_memory_mib"] is not None else "n/a"])
+    lines.append(tabulate(detail, headers=["profile", "mode", "step ms", "min-max ms", "tokens/step", "useful/step", "peak MiB"], tablefmt="github"))
+    lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,63 @@
+"""packcheck bench on CPU: the machinery (a smoke test, no speed claims) and its arithmetic."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pytest_packcheck.bench import PROFILES, run_bench, sample_lengths
+from pytest_packcheck.errors import PackcheckUsageError
+
+
+def test_profiles_are_shaped_as_documented(tmp_path):
+    flan, orca = sample_lengths("flan", 2000, 4096), sample_lengths("orcamath", 2000, 4096)
+    import statistics
+
+    def cv(xs):
+        return statistics.pstdev(xs) / statistics.fmean(xs)
+
+    assert sorted(flan)[1000] < sorted(orca)[1000]  # shorter
+    assert cv(flan) > 2 * cv(orca)  # and much more variable
+    assert set(sample_lengths("fixed", 5, 4096)) == {512} and max(sample_lengths("uniform", 50, 100)) <= 100
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("10\n20\n")
+    assert sample_lengths(str(lengths), 3, 15) == [10, 15, 10]
+    lengths.write_text("10\nabc\n")
+    with pytest.raises(PackcheckUsageError, match="line 2: 'abc'"):
+        sample_lengths(str(lengths), 3, 15)
+    with pytest.raises(PackcheckUsageError, match="Unknown length profile 'flna'"):
+        sample_lengths("flna", 3, 15)
+    assert "flan" in PROFILES
+
+
+def test_bench_same_examples_same_first_loss(tolerances):
+    """Padded and packed see the same examples: the first step's token-mean loss is equal (same weights);
+    the padding overhead and the ideal speedup follow from the lengths."""
+    from conftest import make_bench
+
+    model = make_bench("llama", "sdpa", tolerances).model
+    r = run_bench(model, profile="flan", steps=2, warmup=1, batch_size=6, max_length=96, seed=3)
+    pad, pack = r["runs"]["padded"], r["runs"]["packed"]
+    assert pad["useful_tokens_per_step"] == pack["useful_tokens_per_step"] > 0
+    assert pack["tokens_per_step"] < pad["tokens_per_step"]
+    assert r["loss_first_step_delta"] < 1e-4
+    assert r["ideal_speedup"] == pytest.approx(1 + r["padding_overhead"], abs=1e-3)
+    assert r["speedup"] > 0 and isinstance(r["instrumentation_overhead"], float)
+    assert pad["peak_memory_mib"] is None  # CPU: no memory claim
+
+
+def test_bench_cli_writes_markdown_and_json(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "bench", "--steps", "1", "--warmup", "1",
+                           "--batch-size", "4", "--max-length", "64", "--profile", "flan", "-o", str(out)],
+                          capture_output=True, text=True, check=False, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads((out / "bench.json").read_text())
+    assert data["results"][0]["profile"] == "flan" and data["environment"]["torch"]
+    assert "smoke test" in (out / "bench.md").read_text()
+    bad = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "bench", "--attn", "sdpaa"],
+                         capture_output=True, text=True, check=False, timeout=120)
+    assert bad.returncode == 2 and "Unknown backend 'sdpaa' (from --attn)" in bad.stderr
