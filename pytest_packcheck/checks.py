@@ -27,8 +27,11 @@ from .results import CheckResult
 
 #: Check names in matrix order. ``collate`` is per model (no backend); the others per model x backend.
 CHECKS = ("collate", "position_ids", "isolation", "logits_parity", "loss_parity", "grad_parity", "backend", "cache_trap",
-          "mask_trap")
+          "mask_trap", "trainer")
 MODEL_LEVEL_CHECKS = ("collate",)
+#: Checks run when none are named: all but ``trainer`` (three Trainer runs per cell, ~3 s each on CPU; opt in
+#: with --packcheck-checks or audit/training.toml).
+DEFAULT_CHECKS = tuple(c for c in CHECKS if c != "trainer")
 
 
 @dataclass
@@ -697,6 +700,133 @@ def check_mask_trap(bench: Workbench) -> CheckResult:
     return CheckResult("fail", metrics, f"wrong with and without attention_mask (with {_fmt(diff_mask)}, without {_fmt(diff_plain)})")
 
 
+# ------------------------------------------------------------------------------------------------------------
+# 10. training as users run it: Trainer + DataCollatorWithFlattening
+
+
+TRAINER_STEPS = 3
+
+
+class _PaddingCollator:
+    """Right-padding collator for token lists (what DataCollatorForLanguageModeling(mlm=False) gives, without
+    needing a tokenizer): input_ids, attention_mask, labels -100 on the padding."""
+
+    def __init__(self, pad_id: int) -> None:
+        self.pad_id = pad_id
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
+        return B.padded_batch([f["input_ids"] for f in features], self.pad_id, "right")
+
+
+def _train(bench: Workbench, collator: Any, out_dir: str, use_cache: bool | None) -> tuple[list[float], list[float], dict[str, Any]]:
+    """TRAINER_STEPS optimizer steps of transformers' Trainer on the bench's examples (one batch of all of them
+    per step, fixed seed, SGD, constant LR, no clipping); per-step loss and grad norm from the log history, and
+    the parameters after the last step. The model's weights and config are restored afterwards."""
+    import copy
+
+    import torch
+    from transformers import Trainer, TrainingArguments
+
+    model = bench.model
+    state = copy.deepcopy(model.state_dict())
+    saved_cache = getattr(model.config, "use_cache", None)
+    if use_cache is not None:
+        model.config.use_cache = use_cache
+    args = TrainingArguments(
+        output_dir=out_dir, per_device_train_batch_size=len(bench.examples), max_steps=TRAINER_STEPS, learning_rate=1e-2,
+        lr_scheduler_type="constant", optim="sgd", max_grad_norm=1e9, logging_steps=1, save_strategy="no", report_to=[],
+        seed=0, data_seed=0, dataloader_num_workers=0, disable_tqdm=True, use_cpu=not bench.device.startswith("cuda"),
+        remove_unused_columns=False, warmup_steps=0, weight_decay=0.0,
+    )
+    data = [{"input_ids": list(e)} for e in bench.examples]
+    try:
+        trainer = Trainer(model=model, args=args, train_dataset=data, data_collator=collator)
+        from transformers.trainer_callback import PrinterCallback
+
+        trainer.remove_callback(PrinterCallback)  # the log history is read below; no printing
+        trainer.train()
+        logs = [h for h in trainer.state.log_history if "loss" in h and "grad_norm" in h]
+        params = {n: p.detach().float().clone() for n, p in model.named_parameters()}
+    finally:
+        model.load_state_dict(state)
+        if saved_cache is not None:
+            model.config.use_cache = saved_cache
+        model.eval()
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(0)
+    return [float(h["loss"]) for h in logs], [float(h["grad_norm"]) for h in logs], params
+
+
+def check_trainer(bench: Workbench) -> CheckResult:
+    """Training as a user runs it: transformers' ``Trainer`` with ``DataCollatorWithFlattening`` vs the same
+    steps with a padding collator (same examples, seed, SGD, constant LR, no clipping), TRAINER_STEPS steps.
+    Compares per-step loss (``loss_atol``), grad norm (relative, ``grad_rel_err``) and the parameters after the
+    last step (relative, ``grad_rel_err``). The packed run is made twice: with the model as configured (the
+    default ``use_cache=True`` of most configs builds a cache, so eager/sdpa/flex get no packed mask: the cache
+    trap, in training) and with ``use_cache=False``. Verdicts: pass when correct as configured; fail with
+    "needs use_cache=False" when only the second is right; fail when both are wrong."""
+    import tempfile
+
+    import torch
+
+    avail = backend_availability(bench.backend or "eager", bench.device)
+    if not avail.backward:
+        return CheckResult("skipped", {}, avail.backward_reason)
+    try:
+        from transformers import Trainer  # noqa: F401 - needs accelerate
+    except ImportError as exc:
+        return CheckResult("skipped", {}, f"transformers' Trainer is not importable ({exc})")
+    flat = bench.collator_factory(return_position_ids=True, position_ids_start=bench.start)
+    with tempfile.TemporaryDirectory(prefix="packcheck-trainer-") as tmp:
+        ref_loss, ref_norm, ref_params = _train(bench, _PaddingCollator(bench.pad_id), tmp, use_cache=False)
+        runs = {"as_configured": _train(bench, flat, tmp, use_cache=None), "use_cache_false": _train(bench, flat, tmp, use_cache=False)}
+    tol_loss, tol_rel = bench.tol["loss_atol"], bench.tol["grad_rel_err"]
+    ref_flat = torch.cat([p.flatten() for p in ref_params.values()])
+    metrics: dict[str, Any] = {"steps": TRAINER_STEPS, "padded_loss": ref_loss, "padded_grad_norm": ref_norm,
+                               "config_use_cache": getattr(bench.config, "use_cache", None)}
+    verdicts = {}
+    for name, (loss, norm, params) in runs.items():
+        loss_delta = max((abs(a - b) for a, b in zip(loss, ref_loss, strict=True)), default=float("inf"))
+        norm_rel = max((abs(a - b) / max(abs(b), 1e-12) for a, b in zip(norm, ref_norm, strict=True)), default=float("inf"))
+        flat_p = torch.cat([params[n].flatten() for n in ref_params])
+        param_rel = float((flat_p - ref_flat).norm() / ref_flat.norm().clamp_min(1e-30))
+        first_bad = next((i + 1 for i, (a, b) in enumerate(zip(loss, ref_loss, strict=True)) if abs(a - b) > tol_loss), None)
+        metrics[name] = {"loss": loss, "grad_norm": norm, "max_loss_delta": loss_delta, "max_grad_norm_rel": norm_rel,
+                         "param_rel_diff": param_rel, "first_diverging_step": first_bad}
+        verdicts[name] = len(loss) == len(ref_loss) == TRAINER_STEPS and loss_delta <= tol_loss and norm_rel <= tol_rel and param_rel <= tol_rel
+    metrics["max_loss_delta"] = metrics["as_configured"]["max_loss_delta"]
+    a, b = metrics["as_configured"], metrics["use_cache_false"]
+    # A padded reference normalised by the label count before the causal shift (Trainer's num_items_in_batch
+    # in 4.x) is scaled by shifted / unshifted tokens; the packed row masks each example's first label, so
+    # the two counts agree there. Name it when the ratio says so.
+    padded = B.padded_batch(bench.examples, bench.pad_id, "right")
+    unshifted = int((padded["labels"] != B.IGNORE_INDEX).sum())
+    shifted = B.count_label_tokens(padded["labels"])
+    if b["loss"] and ref_loss and ref_loss[0]:
+        ratio = ref_loss[0] / b["loss"][0]
+        metrics["padded_over_packed_loss"] = ratio
+        metrics["label_tokens_shifted_over_unshifted"] = shifted / unshifted
+        if not verdicts["use_cache_false"] and abs(ratio - shifted / unshifted) < 1e-3:
+            metrics["normalisation"] = "padded loss divided by the unshifted label count"
+    if verdicts["as_configured"]:
+        return CheckResult("pass", metrics, f"{TRAINER_STEPS} Trainer steps packed = padded as configured: loss delta "
+                           f"{_fmt(a['max_loss_delta'])}, grad norm rel {_fmt(a['max_grad_norm_rel'])}, params rel {_fmt(a['param_rel_diff'])}")
+    if verdicts["use_cache_false"]:
+        return CheckResult("fail", metrics, f"Trainer packed run correct only with use_cache=False: as configured loss differs "
+                           f"from step {a['first_diverging_step']} by up to {_fmt(a['max_loss_delta'])} (params rel {_fmt(a['param_rel_diff'])}); "
+                           f"with use_cache=False {_fmt(b['max_loss_delta'])}")
+    if "normalisation" in metrics:
+        return CheckResult("fail", metrics, f"Trainer loss normalisation differs: padded loss / packed loss = "
+                           f"{metrics['padded_over_packed_loss']:.4f} = label tokens after / before the shift ({shifted}/{unshifted}): "
+                           "the padded run divides by the unshifted count (num_items_in_batch)"
+                           + ("" if verdicts["as_configured"] or a["max_loss_delta"] == b["max_loss_delta"] else
+                              f"; as configured the packed run also differs from use_cache=False by "
+                              f"{_fmt(max(abs(x - y) for x, y in zip(a['loss'], b['loss'], strict=True)))} (cache trap)"))
+    return CheckResult("fail", metrics, f"Trainer packed run differs from padded (from step {b['first_diverging_step']}): "
+                       f"loss delta {_fmt(b['max_loss_delta'])} with use_cache=False, {_fmt(a['max_loss_delta'])} as configured; "
+                       f"params rel {_fmt(b['param_rel_diff'])}")
+
+
 CHECK_FUNCTIONS: dict[str, Callable[[Workbench], CheckResult]] = {
     "collate": check_collate,
     "position_ids": check_position_ids,
@@ -707,4 +837,5 @@ CHECK_FUNCTIONS: dict[str, Callable[[Workbench], CheckResult]] = {
     "backend": check_backend,
     "cache_trap": check_cache_trap,
     "mask_trap": check_mask_trap,
+    "trainer": check_trainer,
 }

@@ -12,9 +12,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .settings import OPT_ALL_ARCHS, OPT_AUDIT, OPT_MODELS, OPT_VERSIONS, OPTIONS
+from .settings import OPT_ALL_ARCHS, OPT_AUDIT, OPT_MODELS, OPT_RESUME, OPT_TIMEOUT, OPT_VERSIONS, OPTIONS
 
-_ALIASES = {OPT_MODELS: "--models", OPT_AUDIT: "--audit", OPT_ALL_ARCHS: "--all-architectures", OPT_VERSIONS: "--versions"}
+_ALIASES = {OPT_MODELS: "--models", OPT_AUDIT: "--audit", OPT_ALL_ARCHS: "--all-architectures", OPT_VERSIONS: "--versions",
+            OPT_RESUME: "--resume", OPT_TIMEOUT: "--timeout"}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             import xdist  # noqa: F401
 
-            args += ["-n", workers, "--dist", "loadgroup"]
+            args += ["-n", workers, "--dist", "loadscope"]
         except ImportError:
             print("packcheck: pytest-xdist not installed; running in one process", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="packcheck-") as root:
@@ -141,6 +142,13 @@ def _gate(ns: argparse.Namespace) -> int:
         allow[cell] = reason
     baseline, candidate = load_document(ns.baseline), load_document(ns.candidate)
     changes = compare(baseline, candidate, allow)
+    ids = {c["cell_id"] for c in baseline["cells"]} | {c["cell_id"] for c in candidate["cells"]}
+    for key in allow:
+        if not any(i == key or i.startswith(key + "-") for i in ids):
+            print(f"packcheck gate: warning: --allow '{key}' matches no cell of either file", file=sys.stderr)
+    if candidate.get("incomplete"):
+        print(f"packcheck gate: warning: the candidate run was incomplete ({candidate['incomplete']['reason']}); "
+              "its missing cells count as regressions", file=sys.stderr)
     print(render_changes(changes, baseline["environment"], candidate["environment"]))
     bad = regressions(changes)
     print(f"\npackcheck gate: {len(bad)} regression(s), {len(changes)} changed cell(s)")

@@ -40,7 +40,7 @@ CAUSES = {
 }
 #: A parity difference at most this many times the tolerance, with isolation holding, is kernel numerics.
 NUMERICS_FACTOR = 10.0
-_PARITY_CHECKS = ("isolation", "logits_parity", "loss_parity", "grad_parity", "backend", "cache_trap")
+_PARITY_CHECKS = ("isolation", "logits_parity", "loss_parity", "grad_parity", "backend", "cache_trap", "trainer")
 _MASKED_BACKENDS = ("eager", "sdpa", "flex_attention")
 
 
@@ -91,6 +91,11 @@ def classify(cell: dict[str, Any], group: dict[str, dict[str, Any]], model_level
         if "position" in cell["message"]:
             return "wrong_positions", cell["message"][:160]
         return "collator_contract", cell["message"][:160]
+    if check == "trainer":
+        if m.get("normalisation"):
+            return "loss_normalisation", cell["message"][:200]
+        if isinstance(m.get("use_cache_false"), dict) and "only with use_cache=False" in cell["message"]:
+            return "cache_trap", cell["message"][:200]
     if check == "position_ids":
         return "ignores_position_ids", f"restarting position_ids changed later examples by {m.get('max_change')}"
     if check == "cache_trap" and isinstance(m.get("max_abs_diff_use_cache_false"), float) and m["max_abs_diff_use_cache_false"] <= m.get("atol", 0):
@@ -143,6 +148,11 @@ def probe_findings(cell: dict[str, Any]) -> list[tuple[str, str]]:
             and worst > tol and shifted < worst / 10):
         out.append(("wrong_positions", (f"the collated row differs by {worst:.2e}; with positions from padding_idx + 1 "
                                         f"by {shifted:.2e} (what position_ids_start fixes)")))
+    a, b = _metric(cell, "as_configured"), _metric(cell, "use_cache_false")
+    if cell["check"] == "trainer" and isinstance(a, dict) and isinstance(b, dict) and a.get("loss") and b.get("loss"):
+        gap = max(abs(x - y) for x, y in zip(a["loss"], b["loss"], strict=False))
+        if gap > 1e-3:
+            out.append(("cache_trap", f"the packed run as configured differs from use_cache=False by {gap:.2e} in loss"))
     # only where the packed row itself is right: a row that already leaks says nothing more with two rows
     if cell["check"] == "logits_parity" and cell["status"] == "pass" and isinstance(two, float) and tol is not None and two > tol:
         out.append(("batch_rows", f"two packed rows differ from solo by {two:.2e}"))
@@ -162,7 +172,8 @@ def remedy(cause: str, cell: dict[str, Any], doc_env: dict[str, Any]) -> str:
         if backend in _MASKED_BACKENDS and tf is not None and tf < _v("4.54"):
             return "upgrade transformers to >= 4.54 (packed masks for eager/sdpa/flex), or use a flash backend"
         if backend in _MASKED_BACKENDS:
-            return "use a flash backend (flash_attention_2, or packcheck's varlen path): this model's eager/sdpa path does not keep packed boundaries"
+            return ("train with a flash backend (flash_attention_2/3) if its cells pass here (packcheck's varlen reference "
+                    "shows whether the flash path keeps the boundaries): this model's eager/sdpa/flex path does not")
         return "disable packing for this architecture on this backend"
     if cause == "wrong_positions":
         if m.get("batch_has_position_ids") is False:
@@ -173,7 +184,8 @@ def remedy(cause: str, cell: dict[str, Any], doc_env: dict[str, Any]) -> str:
             return "set position_ids_start=padding_idx + 1 on DataCollatorWithFlattening"
         return "check that position_ids restart at each example and reach the model's rotary / position embedding"
     return {
-        "cache_trap": "set use_cache=False (model.config.use_cache = False): TRL's SFTTrainer does, a plain Trainer does not",
+        "cache_trap": ("set use_cache=False (model.config.use_cache = False): TRL's SFTTrainer does, and transformers' "
+                       "Trainer does from 5.x (TrainingArguments.use_cache=False); a hand-written loop or a 4.x Trainer does not"),
         "mask_override": "do not pass attention_mask with packed rows (drop it from the batch)",
         "ignores_position_ids": "not supported for this architecture: disable packing for it",
         "sliding_window": "use a flash backend (the window is applied per segment), or keep examples shorter than the window",

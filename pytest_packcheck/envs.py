@@ -43,8 +43,9 @@ HARDWARE_PATTERNS = (
 #: The libraries a user may put on the version axis (anything else pure-Python works too; these are checked
 #: for typos).
 KNOWN_LIBRARIES = ("transformers", "trl", "accelerate", "peft", "datasets", "tokenizers", "huggingface-hub", "kernels")
-#: What packcheck itself imports in the environment (its own code comes from the overlay).
-PACKCHECK_RUNTIME = ("pytest", "pytest-xdist", "packaging", "tabulate", "rich", "huggingface-hub")
+#: What packcheck itself imports in the environment (its own code comes from the overlay); accelerate for
+#: transformers' Trainer (the trainer check).
+PACKCHECK_RUNTIME = ("pytest", "pytest-xdist", "packaging", "tabulate", "rich", "huggingface-hub", "filelock", "accelerate")
 ENV_MARKER = "packcheck-env.json"
 _OPERATORS = ("==", "!=", "<=", ">=", "~=", "<", ">", "===")
 
@@ -164,6 +165,10 @@ def parse_versions(values: list[str], source: str) -> list[VersionCombo]:
         for item in (v for v in _split_top(value) if v.strip()):
             if "&" in item:
                 reqs = []
+                if any(not part.strip() for part in item.split("&")):
+                    raise PackcheckUsageError(
+                        f"Empty requirement in the combination '{item.strip()}' (from {source}): write name==version on both sides of '&'."
+                    )
                 for part in item.split("&"):
                     alts = parse_axis(part, source)
                     if len(alts) != 1:

@@ -51,7 +51,13 @@ def compare(baseline: dict[str, Any], candidate: dict[str, Any], allow: dict[str
     for key in sorted(set(base) | set(cand), key=lambda k: tuple(str(x) for x in k)):
         b, c = base.get(key), cand.get(key)
         if c is None:
-            changes.append(Change(key, b["status"], None, False, "cell not in candidate"))
+            if not _planned_in(b, candidate):
+                changes.append(Change(key, b["status"], None, False, "not in the candidate's selection"))
+                continue
+            # planned by the candidate's settings but not there (a crash, an interrupted run): it cannot be
+            # shown to still pass, so a regression unless allowed
+            reason = next((r for k, r in allow.items() if b["cell_id"] == k or b["cell_id"].startswith(k + "-")), None)
+            changes.append(Change(key, b["status"], None, b["status"] == "pass", "cell missing in candidate", reason))
             continue
         if b is None:
             changes.append(Change(key, None, c["status"], c["status"] != "pass", "new cell"))
@@ -70,6 +76,16 @@ def compare(baseline: dict[str, Any], candidate: dict[str, Any], allow: dict[str
             reason = next((r for k, r in allow.items() if cell_id == k or cell_id.startswith(k + "-")), None)
             changes.append(Change(key, b["status"], c["status"], worse, detail, reason))
     return changes
+
+
+def _planned_in(cell: dict[str, Any], doc: dict[str, Any]) -> bool:
+    """Whether the document's settings (models, backends, checks, dtypes) cover this cell."""
+    settings = doc.get("settings") or {}
+    if not settings.get("checks"):
+        return True  # no settings recorded: assume the same selection
+    return (cell["check"] in settings.get("checks", []) and cell["dtype"] in settings.get("dtypes", [cell["dtype"]])
+            and (cell["backend"] is None or cell["backend"] in settings.get("backends", []))
+            and cell["model"].get("spec", cell["model"]["label"]) in settings.get("models", []))
 
 
 def regressions(changes: list[Change]) -> list[Change]:

@@ -245,8 +245,14 @@ class Journal:
         from .results import scrub
 
         line = scrub(json.dumps({"fingerprint": self.fp, "cell": json.loads(cell_json)}, sort_keys=True)) + "\n"
-        with FileLock(str(self.path) + ".lock"), open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(line)
+        with FileLock(str(self.path) + ".lock"), open(self.path, "a+b") as fh:
+            # a line cut off by a kill has no newline: end it first, so this line stays whole
+            fh.seek(0, os.SEEK_END)
+            if fh.tell():
+                fh.seek(-1, os.SEEK_END)
+                if fh.read(1) != b"\n":
+                    fh.write(b"\n")
+            fh.write(line.encode("utf-8"))
             fh.flush()
             os.fsync(fh.fileno())
 

@@ -32,7 +32,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "xdist_group(name): packcheck groups a model's cells on one xdist worker")
     from .errors import PackcheckUsageError
     from .settings import resolve
 
@@ -77,7 +76,14 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     state = _state(session.config)
     if state is None or hasattr(session.config, "workerinput"):
         return
-    state.finish()
+    from .errors import PackcheckUsageError
+
+    try:
+        state.finish(interrupted=session.exitstatus == pytest.ExitCode.INTERRUPTED or bool(session.shouldstop))
+    except PackcheckUsageError as exc:  # e.g. the report path became a directory: one line, not a traceback
+        session.config.get_terminal_writer().line(f"packcheck: error: {exc}", red=True)
+        session.exitstatus = pytest.ExitCode.USAGE_ERROR
+        return
     if state.regressions:
         # the gate fails the session after the matrix is written; the summary below prints why
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

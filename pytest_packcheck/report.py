@@ -117,6 +117,9 @@ def render_markdown(doc: dict[str, Any]) -> str:
         "```",
         "",
     ]
+    if doc.get("incomplete"):
+        inc = doc["incomplete"]
+        lines += [f"**⚠️ Incomplete: {escape_md(inc['reason'])} after {inc['cells']} cells; {escape_md(inc.get('resume', ''))}.**", ""]
     totals = defaultdict(int)
     for c in cells:
         totals[c["status"]] += 1
@@ -286,7 +289,7 @@ def _what_to_do(doc: dict[str, Any]) -> list[str]:
         known = sorted({k for c in cells for k in (c.get("diagnosis") or {}).get("known_faults", [])
                         if faults.get(k) and faults[k].cause == cause})
         known_text = f" Known: {', '.join(known)}." if known else ""
-        lines.append(f"- **{escape_md(cause)}** ({escape_md(CAUSES.get(cause, ''))}; {len(cells)} cells: {escape_md(shown)}): "
+        lines.append(f"- **{escape_md(cause)}** ({escape_md(CAUSES.get(cause, ''))}; {len(cells)} {'cell' if len(cells) == 1 else 'cells'}: {escape_md(shown)}): "
                      f"{escape_md(fix)}.{known_text}")
     lines.append("")
     if doc.get("known_faults_not_seen"):
@@ -313,6 +316,10 @@ def _summary_cell(group: list[dict[str, Any]], note: Any) -> str:
     status = cell_status([c["status"] for c in group])
     bad = [c for c in sorted(group, key=lambda c: (_rank(c["status"]), c["check"])) if c["status"] != "pass"]
     if not bad:
+        found = [c for c in group if (c.get("diagnosis") or {}).get("findings")]
+        if found:
+            text = "; ".join(f"{c['check']}: {f['cause']}: {f['evidence']}" for c in found for f in c["diagnosis"]["findings"])
+            return f"{SYMBOLS[status]} (finding){note(escape_md(text))}"
         return SYMBOLS[status]
     ran_bad = [c for c in bad if c["status"] != "skipped"]
     ran = [c for c in group if c["status"] != "skipped"]
@@ -324,6 +331,10 @@ def _summary_cell(group: list[dict[str, Any]], note: Any) -> str:
     names = ", ".join(c["check"] + (" (skipped)" if c["status"] == "skipped" else "") for c in bad)
     text = "; ".join(f"{c['check']} {c['status']}: {c['message']}{_cause_suffix(c)}" for c in bad)
     return f"{SYMBOLS[status]} {names}{note(escape_md(text))}"
+
+
+def _cut(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
 
 
 def render_terminal(doc: dict[str, Any], paths: list[str]) -> list[str]:
@@ -345,9 +356,9 @@ def render_terminal(doc: dict[str, Any], paths: list[str]) -> list[str]:
         status = cell_status([c["status"] for c in group])
         bad = [f"{c['check']}={c['status']}" for c in group if c["status"] not in ("pass", "skipped")]
         if len({c["message"] for c in group}) == 1 and len(bad) == len(group):
-            bad = [f"{status} ({group[0]['message'][:90]})"]
+            bad = [f"{status} ({_cut(group[0]['message'], 90)})"]
         if bad or status == "skipped":
-            reason = ", ".join(bad) if bad else group[0]["message"][:80]
+            reason = ", ".join(bad) if bad else _cut(group[0]["message"], 80)
             lines.append(f"  {status:11s} {label} / {backend} / {dtype}: {reason}")
         else:
             lines.append(f"  {status:11s} {label} / {backend} / {dtype}")

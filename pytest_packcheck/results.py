@@ -77,12 +77,22 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def _package_version() -> str | None:
+    """packcheck's version where it runs without its distribution (a version environment links the package)."""
+    try:
+        text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    except OSError:
+        return None
+    match = re.search(r'^version\s*=\s*"([^"]+)"', text, re.MULTILINE)
+    return match.group(1) if match else None
+
+
 def environment(device: str = "cpu") -> dict[str, Any]:
     """The versions and hardware a result was measured on. No paths, no tokens."""
     env: dict[str, Any] = {
         "python": platform.python_version(),
         "platform": f"{platform.system()}-{platform.machine()}",
-        "packcheck": _version("packcheck"),
+        "packcheck": _version("packcheck") or _package_version(),
         "torch": _version("torch"),
         "transformers": _version("transformers"),
         "trl": _version("trl"),
@@ -158,7 +168,8 @@ def load_document(path: str | Path) -> dict[str, Any]:
     """Load a results JSON written by packcheck.
 
     Raises:
-        PackcheckUsageError: missing, not JSON, or a schema_version newer than this packcheck reads.
+        PackcheckUsageError: missing, a directory, not JSON, a schema_version newer than this packcheck reads,
+            or no valid cells.
     """
     p = Path(path)
     try:
@@ -167,6 +178,8 @@ def load_document(path: str | Path) -> dict[str, Any]:
         raise PackcheckUsageError(f"Results file {p} does not exist: run `packcheck audit` first.") from None
     except json.JSONDecodeError as exc:
         raise PackcheckUsageError(f"Results file {p} is not valid JSON ({exc.msg}, line {exc.lineno}).") from None
+    except IsADirectoryError:
+        raise PackcheckUsageError(f"Results file {p} is a directory: pass a packcheck-matrix.json file.") from None
     version = data.get("schema_version") if isinstance(data, dict) else None
     if not isinstance(version, int):
         raise PackcheckUsageError(f"Results file {p} has no schema_version: it was not written by packcheck.")
@@ -175,4 +188,13 @@ def load_document(path: str | Path) -> dict[str, Any]:
             f"Results file {p} has schema_version {version}, newer than {SCHEMA_VERSION} that this packcheck reads: "
             "upgrade packcheck."
         )
+    cells = data.get("cells")
+    required = ("cell_id", "model", "backend", "check", "dtype", "status")
+    if not isinstance(cells, list) or not all(isinstance(c, dict) and all(k in c for k in required) for c in cells):
+        raise PackcheckUsageError(
+            f"Results file {p} has no valid 'cells' list (each cell needs {', '.join(required)}): it is not a packcheck results file."
+        )
+    if not all(isinstance(c["model"], dict) and "label" in c["model"] for c in cells):
+        raise PackcheckUsageError(f"Results file {p} has cells whose 'model' lacks a label: it is not a packcheck results file.")
+    data.setdefault("environment", {})
     return data

@@ -1,7 +1,7 @@
 """Plan the matrix (cells) and run one cell. Shared by the pytest plugin and the CLI.
 
 Models are built once per cell group (model x backend x dtype) and kept for the group's checks; the last
-group is cached per process, which suits pytest's in-order run and xdist's ``--dist loadgroup``.
+group is cached per process, which suits pytest's in-order run and xdist's ``--dist loadscope`` (one collector per group).
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -15,6 +16,9 @@ from .errors import PackcheckUsageError
 from .settings import Settings
 
 RESULT_PROPERTY = "packcheck"
+#: A folder for this session (made by the controller, inherited by xdist workers) where version-environment
+#: runs are shared.
+RUN_DIR_VAR = "PACKCHECK_RUN_DIR"
 
 
 class PackcheckItem(pytest.Item):
@@ -24,7 +28,6 @@ class PackcheckItem(pytest.Item):
         super().__init__(**kwargs)
         self.cell = cell
         self.state = session_state
-        self.add_marker(pytest.mark.xdist_group(name=cell.group))
 
     def runtest(self) -> None:
         result = self.state.result_for(self)
@@ -85,6 +88,9 @@ class PackcheckSession:
             self.resumed = self.journal.load()
         elif not hasattr(self.config, "workerinput"):
             self.journal.reset()
+        if not hasattr(self.config, "workerinput") and self.settings.versions:
+            self._run_dir = tempfile.TemporaryDirectory(prefix="packcheck-run-")
+            os.environ[RUN_DIR_VAR] = self._run_dir.name
     def _pin_worker_gpu(self) -> None:
         """Under pytest-xdist on a machine with several GPUs, give each worker its own (CUDA_VISIBLE_DEVICES),
         before anything initialises CUDA in the worker. One GPU or none: nothing changes."""
@@ -110,6 +116,12 @@ class PackcheckSession:
                 f"Report directory '{path}' (from --packcheck-report-dir) is not writable ({exc.strerror}): "
                 "pass a writable folder."
             ) from None
+        for name in ("packcheck-matrix.md", "packcheck-matrix.json", "packcheck-journal.jsonl"):
+            if (path / name).is_dir():
+                raise PackcheckUsageError(
+                    f"'{path / name}' (in --packcheck-report-dir) is a directory: packcheck writes a file there; "
+                    "move it or pass another --packcheck-report-dir."
+                )
         if self.settings.baseline:
             from .results import load_document
 
@@ -179,8 +191,18 @@ class PackcheckSession:
         cells = [c for c in cells if c.model_index % count == index - 1]
         if not cells:
             raise PackcheckUsageError("The packcheck matrix is empty after filtering: check --packcheck-attn / --packcheck-checks.")
-        parent = PackcheckCollector.from_parent(session, name="packcheck", nodeid="packcheck")
-        return [PackcheckItem.from_parent(parent, name=f"packcheck[{c.cell_id}]", cell=c, session_state=self) for c in cells]
+        # One collector per group (a model, or a version environment): node ids read
+        # packcheck::<group>::packcheck[<cell id>], so `--dist loadscope` keeps a group on one xdist worker.
+        # (xdist's loadgroup marks no longer reach the node id under pytest 9.2: it sets Node._nodeid, which
+        # pytest 9.2 no longer reads.)
+        root = PackcheckCollector.from_parent(session, name="packcheck", nodeid="packcheck")
+        parents: dict[str, PackcheckCollector] = {}
+        items = []
+        for c in cells:
+            if c.group not in parents:
+                parents[c.group] = PackcheckCollector.from_parent(root, name=c.group)
+            items.append(PackcheckItem.from_parent(parents[c.group], name=f"packcheck[{c.cell_id}]", cell=c, session_state=self))
+        return items
 
     def result_for(self, item: PackcheckItem) -> Any:
         """The result of one item's cell: from the journal (resume), from its version environment, from the
@@ -214,6 +236,34 @@ class PackcheckSession:
                                       lambda r: self.journal.append(r.to_json()), self.settings.timeout_s))
         return group[cell.cell_id]
 
+    def _shared_env_run(self, combo: Any, models: list[Any]) -> dict[str, Any]:
+        """Run the plugin in ``combo``'s environment once per session: xdist workers that get cells of the same
+        environment (any --dist mode) wait on a lock in the session's run folder and read the first one's results."""
+        from filelock import FileLock
+
+        from .envs import run_in_env
+
+        run_dir = Path(os.environ[RUN_DIR_VAR]) if os.environ.get(RUN_DIR_VAR) else None
+        stem = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in combo.label)
+        lock = FileLock(str(run_dir / f"{stem}.lock")) if run_dir else contextlib.nullcontext()
+        with lock:
+            saved = run_dir / f"{stem}.json" if run_dir else None
+            if saved is not None and saved.exists():
+                return json.loads(saved.read_text())
+            index, count = self.settings.shard
+            specs = [m.spec.name if m.spec.kind == "local" else m.spec.raw
+                     for i, m in enumerate(models) if i % count == index - 1]
+            worker = getattr(self.config, "workerinput", None)
+            threads = max(1, (os.cpu_count() or 1) // int(worker.get("workercount", 1) or 1)) if worker else None
+            run = run_in_env(combo, self.settings, specs, Path(self.settings.report_dir), threads)
+            data = {"label": combo.label, "requirements": list(combo.requirements),
+                    "versions": run.env.versions if run.env else {}, "environment": run.environment,
+                    "env_created": run.env.created if run.env else None, "env_seconds": run.env.seconds if run.env else None,
+                    "run_seconds": run.seconds, "log": run.log, "cells": run.cells, "error": run.error}
+            if saved is not None:
+                saved.write_text(json.dumps(data))
+            return data
+
     def _failure(self, cell: Any, status: str, message: str, metrics: dict[str, Any]) -> Any:
         from .results import CellResult
 
@@ -224,28 +274,18 @@ class PackcheckSession:
     def env_cell(self, cell: Any) -> Any:
         """The result of a cell planned in a version environment: the first cell of an environment makes it
         (or finds it cached) and runs every cell of this shard there in one subprocess."""
-        from .envs import run_in_env
         from .results import CellResult
 
         combo = next(v for v in self.settings.versions if v.label == cell.env)
         run = self._env_runs.get(cell.env)
         models = self.resolved_models()
         if run is None:
-            index, count = self.settings.shard
-            specs = [m.spec.name if m.spec.kind == "local" else m.spec.raw
-                     for i, m in enumerate(models) if i % count == index - 1]
-            worker = getattr(self.config, "workerinput", None)
-            threads = max(1, (os.cpu_count() or 1) // int(worker.get("workercount", 1) or 1)) if worker else None
-            run = self._env_runs[cell.env] = run_in_env(combo, self.settings, specs, Path(self.settings.report_dir), threads)
-        env_record = {
-            "label": combo.label, "requirements": list(combo.requirements),
-            "versions": run.env.versions if run.env else {}, "environment": run.environment,
-            "env_created": run.env.created if run.env else None,
-            "env_seconds": run.env.seconds if run.env else None, "run_seconds": run.seconds, "log": run.log,
-        }
-        child = run.cells.get(cell.base_id)
+            run = self._env_runs[cell.env] = self._shared_env_run(combo, models)
+        env_record = {k: run[k] for k in ("label", "requirements", "versions", "environment", "env_created", "env_seconds",
+                                          "run_seconds", "log")}
+        child = run["cells"].get(cell.base_id)
         if child is None:
-            message = run.error or f"the run in {combo.label} produced no result for this cell (see {run.log})"
+            message = run["error"] or f"the run in {combo.label} produced no result for this cell (see {run['log']})"
             return CellResult(cell_id=cell.cell_id, model=models[cell.model_index].record(), backend=cell.backend,
                               check=cell.check, dtype=cell.dtype, status="error", message=message,
                               tolerances=self.settings.tolerances.get(cell.dtype, {}), env=env_record)
@@ -286,7 +326,7 @@ class PackcheckSession:
         return {c.cell_id: c for env in envs for c in plan_cells(self.resolved_models(), self.settings.backends,
                                                                   self.settings.checks, self.settings.dtypes, env)}
 
-    def finish(self) -> None:
+    def finish(self, interrupted: bool = False) -> None:
         from .report import render_markdown
         from .results import CellResult, atomic_write, build_document, environment
 
@@ -301,6 +341,9 @@ class PackcheckSession:
         from .diagnose import diagnose_document
 
         self.document = diagnose_document(build_document(cells, environment(self.settings.device), self.settings.as_dict(), command))
+        if interrupted:
+            self.document["incomplete"] = {"reason": "the run was interrupted", "cells": len(cells),
+                                           "resume": "rerun the same command with --packcheck-resume"}
         out = Path(self.settings.report_dir)
         md, js = out / "packcheck-matrix.md", out / "packcheck-matrix.json"
         atomic_write(js, json.dumps(self.document, indent=1, sort_keys=False) + "\n")

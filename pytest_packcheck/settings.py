@@ -61,7 +61,7 @@ OPTIONS = (
            "flex_attention, packcheck_flash_ref (CPU varlen reference), packcheck_flash_torch_varlen (PyTorch's "
            "varlen_attn, CUDA), flash_attention_2.",
            ini="packcheck_attn", env="PACKCHECK_ATTN"),
-    Option(OPT_CHECKS, "Checks to run, comma-separated (default: all).", ini="packcheck_checks", env="PACKCHECK_CHECKS"),
+    Option(OPT_CHECKS, "Checks to run, comma-separated (default: all but trainer).", ini="packcheck_checks", env="PACKCHECK_CHECKS"),
     Option(OPT_DTYPES, "dtypes, comma-separated: float32, bfloat16, float16 (default float32 on CPU, bfloat16 on CUDA).",
            ini="packcheck_dtypes", env="PACKCHECK_DTYPES"),
     Option(OPT_WEIGHTS, "random: config.json only, shrunk, random weights; pretrained: the real weights. "
@@ -173,15 +173,15 @@ def load_tolerances(path: str | None, overrides: list[str] | None, source: str) 
     keys = tuple(base["float32"])
     out: dict[str, dict[str, float]] = {}
     for dtype, table in data.items():
-        if isinstance(table, dict) and dtype not in DTYPES:
-            raise PackcheckUsageError(f"Tolerance file {file} has unknown dtype table [{dtype}]. Expected: {', '.join(DTYPES)}.{closest(dtype, DTYPES)}")
-        for key in table:
-            if key not in keys:
-                raise PackcheckUsageError(f"Tolerance file {file} has unknown key {dtype}.{key}. Expected: {', '.join(keys)}.{closest(key, keys)}")
         if not isinstance(table, dict):
             raise PackcheckUsageError(f"Tolerance file {file} (from {source}) has a top-level key '{dtype}': put keys under a dtype table such as [float32].")
+        if dtype not in DTYPES:
+            raise PackcheckUsageError(f"Tolerance file {file} (from {source}) has unknown dtype table [{dtype}]. Expected: {', '.join(DTYPES)}.{closest(dtype, DTYPES)}")
+        for key in table:
+            if key not in keys:
+                raise PackcheckUsageError(f"Tolerance file {file} (from {source}) has unknown key {dtype}.{key}. Expected: {', '.join(keys)}.{closest(key, keys)}")
         for key, value in table.items():
-            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < float("inf"):
                 raise PackcheckUsageError(
                     f"Tolerance {dtype}.{key} = {value!r} in {file} (from {source}) must be a non-negative number."
                 )
@@ -193,7 +193,13 @@ def load_tolerances(path: str | None, overrides: list[str] | None, source: str) 
         lhs, sep, rhs = item.partition("=")
         dtype, _, key = lhs.rpartition(".")
         targets = [dtype] if dtype else list(DTYPES)
-        if not sep or key not in keys or (dtype and dtype not in DTYPES):
+        if not sep:
+            raise PackcheckUsageError(f"Bad tolerance override '{item}' (from {OPT_TOLERANCE}): write [dtype.]key=value, e.g. float32.logits_atol=1e-3.")
+        if dtype and dtype not in DTYPES:
+            raise PackcheckUsageError(
+                f"Bad tolerance override '{item}' (from {OPT_TOLERANCE}): unknown dtype '{dtype}'; expected one of {', '.join(DTYPES)}.{closest(dtype, DTYPES)}"
+            )
+        if key not in keys:
             raise PackcheckUsageError(
                 f"Bad tolerance override '{item}' (from {OPT_TOLERANCE}): write [dtype.]key=value with key one of {', '.join(keys)}.{closest(key, keys)}"
             )
@@ -201,7 +207,7 @@ def load_tolerances(path: str | None, overrides: list[str] | None, source: str) 
             number = float(rhs)
         except ValueError:
             number = -1.0
-        if not number >= 0:
+        if not 0 <= number < float("inf"):
             raise PackcheckUsageError(f"Tolerance override '{item}' (from {OPT_TOLERANCE}) needs a non-negative number, got '{rhs}'.")
         for t in targets:
             out[t][key] = number
@@ -218,7 +224,7 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
         PackcheckUsageError: any invalid value, with its source.
     """
     from .backends import KNOWN_BACKENDS
-    from .checks import CHECKS
+    from .checks import CHECKS, DEFAULT_CHECKS
     from .specs import load_audit
 
     def pick(opt: Option) -> tuple[Any, str]:
@@ -265,7 +271,7 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
         return default
 
     backends = names(OPT_BACKENDS, KNOWN_BACKENDS, "backend", audit.backends if audit else None, KNOWN_BACKENDS)
-    checks = names(OPT_CHECKS, CHECKS, "check", audit.checks if audit else None, CHECKS)
+    checks = names(OPT_CHECKS, CHECKS, "check", audit.checks if audit else None, DEFAULT_CHECKS)
     checks = tuple(c for c in CHECKS if c in checks)
     dtypes = names(OPT_DTYPES, DTYPES, "dtype", audit.dtypes if audit else None,
                    ("bfloat16",) if device.startswith("cuda") else ("float32",))
@@ -301,8 +307,8 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
         timeout_s = 600.0 if timeout_value in (None, "") else float(timeout_value)
     except ValueError:
         timeout_s = -1.0
-    if not timeout_s >= 0:
-        raise PackcheckUsageError(f"Bad timeout '{timeout_value}' (from {timeout_src}): give seconds >= 0, e.g. {OPT_TIMEOUT}=300 (0: no limit).")
+    if not 0 <= timeout_s <= 1e6:  # also nan and inf; beyond ~11 days the OS wait primitives overflow
+        raise PackcheckUsageError(f"Bad timeout '{timeout_value}' (from {timeout_src}): give seconds from 0 to 1000000, e.g. {OPT_TIMEOUT}=300 (0: no limit).")
     from .isolation import fork_available
 
     isolation_value, isolation_src = pick(by_flag[OPT_ISOLATION])

@@ -146,6 +146,11 @@ def load_audit(value: str) -> AuditDefinition:
             f"Audit file {path} has unknown keys {sorted(unknown)}: allowed are {sorted(_AUDIT_KEYS)}."
         )
     models = audit.get("models") or []
+    for key in ("models", "backends", "checks", "dtypes", "versions"):
+        if key in audit and not (isinstance(audit[key], list) and all(isinstance(x, str) for x in audit[key])):
+            raise PackcheckUsageError(
+                f"Audit file {path}: '{key}' must be a list of strings, e.g. {key} = [\"...\"], not {audit[key]!r}."
+            )
     if not models:
         raise PackcheckUsageError(f"Audit file {path} lists no models: add models = [\"arch:llama\", ...].")
 

@@ -245,3 +245,15 @@ def test_trl_padding_free_collator_pads_position_ids(llama_sdpa):
     broken = C.check_collate(llama_sdpa)
     assert broken.status == "fail" and "TRL padding-free collator (pad_to_multiple_of=8, 1027 tokens)" in broken.message
     assert "'position_ids': (1, 1027)" in broken.message
+
+
+def test_trainer_packed_equals_padded_and_catches_a_planted_fault(llama_sdpa):
+    """Trainer + DataCollatorWithFlattening vs a padding collator, 3 steps: equal on a correct stack; a collator
+    that does not restart position_ids (planted) makes the packed run diverge from step 1."""
+    pytest.importorskip("accelerate")
+    result = C.check_trainer(llama_sdpa)
+    assert result.status == "pass", result.message
+    assert result.metrics["as_configured"]["max_loss_delta"] < 1e-5 and len(result.metrics["padded_loss"]) == 3
+    llama_sdpa.collator_factory = collator_no_reset
+    broken = C.check_trainer(llama_sdpa)
+    assert broken.status == "fail" and broken.metrics["use_cache_false"]["first_diverging_step"] == 1, broken.message

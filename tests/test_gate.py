@@ -106,3 +106,27 @@ def test_shards_partition_the_models(pytester):
         ids.append({c["cell_id"] for c in json.loads((pytester.path / f"r{shard[0]}" / "packcheck-matrix.json").read_text())["cells"]})
     assert ids[0] == {"llama-sdpa-isolation-float32", "qwen2-sdpa-isolation-float32"}
     assert ids[1] == {"opt-sdpa-isolation-float32"}
+
+
+def test_missing_candidate_cell_is_a_regression_and_bad_files_are_usage_errors(baseline_path, tmp_path):
+    import json
+
+    from pytest_packcheck.errors import PackcheckUsageError
+    from pytest_packcheck.gate import compare, regressions
+    from pytest_packcheck.results import load_document
+
+    doc = load_document(baseline_path)
+    empty = {**doc, "cells": []}
+    bad = regressions(compare(doc, empty))
+    passing = [c for c in doc["cells"] if c["status"] == "pass"]
+    assert len(bad) == len(passing) > 0 and all(c.detail == "cell missing in candidate" for c in bad)
+    assert regressions(compare(doc, empty, {passing[0]["model"]["label"]: "dropped on purpose"})) != bad
+    for content, message in [({"schema_version": 1}, "no valid 'cells'"),
+                             ({"schema_version": 1, "cells": [{"cell_id": "x", "model": {}, "backend": None, "check": "c",
+                                                               "dtype": "float32", "status": "pass"}]}, "lacks a label")]:
+        path = tmp_path / "bad.json"
+        path.write_text(json.dumps(content))
+        with pytest.raises(PackcheckUsageError, match=message):
+            load_document(path)
+    with pytest.raises(PackcheckUsageError, match="is a directory"):
+        load_document(tmp_path)

@@ -115,8 +115,20 @@ def test_journal_skips_cut_lines_and_other_fingerprints(tmp_path):
     Journal(tmp_path / "j.jsonl", "other").append(json.dumps({"cell_id": "b", "status": "pass"}))
     with open(tmp_path / "j.jsonl", "a") as fh:
         fh.write('{"fingerprint": "fp1", "cell": {"cell_')
+    journal.append(json.dumps({"cell_id": "c", "status": "pass"}))  # after a cut-off line: starts on a new line
     with pytest.warns(UserWarning, match="skipped 1 unreadable line"):
-        assert list(journal.load()) == ["a"]
+        assert list(journal.load()) == ["a", "c"]
+
+
+def test_incomplete_run_is_marked_and_resume_has_a_short_flag():
+    from pytest_packcheck.cli import _parser
+    from pytest_packcheck.report import render_markdown
+
+    ns = _parser().parse_args(["audit", "--resume", "--timeout", "30"])
+    assert ns.packcheck_resume is True and ns.packcheck_timeout == "30"
+    doc = {"environment": {}, "settings": {}, "cells": [], "incomplete": {"reason": "the run was interrupted", "cells": 17,
+                                                                          "resume": "rerun the same command with --packcheck-resume"}}
+    assert "Incomplete: the run was interrupted after 17 cells" in render_markdown(doc)
 
 
 def test_no_token_or_home_path_in_any_output_file(pytester, tmp_path, monkeypatch):

@@ -21,8 +21,8 @@ def test_items_outcomes_and_matrix(pytester):
     outcomes = result.parseoutcomes()
     assert outcomes["passed"] >= 15 and outcomes["failed"] >= 5 and outcomes["skipped"] == 16
     result.stdout.fnmatch_lines(["*packcheck summary*", "*matrix written: reports/packcheck-matrix.md*"])
-    result.stdout.fnmatch_lines(["*PASSED packcheck::packcheck?llama-packcheck_flash_ref-isolation-float32?*"])
-    result.stdout.fnmatch_lines(["*FAILED packcheck::packcheck?opt-sdpa-isolation-float32?*"])
+    result.stdout.fnmatch_lines(["*PASSED packcheck::llama::packcheck?llama-packcheck_flash_ref-isolation-float32?*"])
+    result.stdout.fnmatch_lines(["*FAILED packcheck::opt::packcheck?opt-sdpa-isolation-float32?*"])
     result.stdout.fnmatch_lines(["fail: leak across boundaries: perturbing example 0 moved*"])
     doc = _doc(pytester)
     assert doc["schema_version"] == 1 and doc["environment"]["transformers"]

@@ -127,3 +127,39 @@ def test_oversized_shrunk_model_is_refused_before_allocation(monkeypatch, tolera
     resolved = resolve_model(parse_model_spec("arch:llama", "t"), "t")
     result = CellRunner([resolved], tolerances).run(Cell(0, "llama", "sdpa", "isolation", "float32"))
     assert result.status == "error" and "shrink left llama at" in result.message and "limit" in result.message
+
+
+def test_tolerance_file_and_override_errors_name_the_problem(tmp_path):
+    from pytest_packcheck.settings import load_tolerances
+
+    cases = [("logits_atol = 1\n", "top-level key 'logits_atol'"),
+             ("[float32]\nisolation_atol = nan\n", "must be a non-negative number"),
+             ("[float32]\nisolation_atol = inf\n", "must be a non-negative number"),
+             ("[fp32]\nlogits_atol = 1\n", "unknown dtype table [fp32]")]
+    for text, message in cases:
+        path = tmp_path / "tol.toml"
+        path.write_text(text)
+        with pytest.raises(PackcheckUsageError) as exc:
+            load_tolerances(str(path), [], "--packcheck-tolerances")
+        assert all(part in str(exc.value) for part in message.split(" * ")) and "--packcheck-tolerances" in str(exc.value)
+    for item, message in [("logits_atol", "write [dtype.]key=value"), ("fp32.logits_atol=1", "unknown dtype 'fp32'"),
+                          ("float32.logits_atol=nan", "non-negative number")]:
+        with pytest.raises(PackcheckUsageError, match=message.replace("[", r"\[").replace(".", r"\.")):
+            load_tolerances(None, [item], "x")
+
+
+def test_audit_file_lists_must_be_lists(tmp_path):
+    from pytest_packcheck.specs import load_audit
+
+    path = tmp_path / "a.toml"
+    path.write_text('[audit]\nmodels = "arch:llama"\n')
+    with pytest.raises(PackcheckUsageError, match="'models' must be a list of strings"):
+        load_audit(str(path))
+
+
+def test_timeout_must_be_finite():
+    from pytest_packcheck.settings import resolve
+
+    for value in ("inf", "1e400", "nan", "-1", "10000000"):
+        with pytest.raises(PackcheckUsageError, match=f"Bad timeout '{value}'"):
+            resolve(lambda dest, v=value: {"packcheck_models": "arch:llama", "packcheck_timeout": v}.get(dest), lambda key: None)

@@ -255,3 +255,21 @@ def test_cached_environment_follows_the_running_packcheck(tmp_path, monkeypatch)
     (overlay / "pytest_packcheck").symlink_to(tmp_path)
     envs._relink_package(overlay)
     assert Path(os.readlink(overlay / "pytest_packcheck")) == envs._package_root()
+
+
+@pytest.mark.slow
+def test_real_trainer_on_4_56_2_normalisation_and_cache(pytester, monkeypatch, version_cache):
+    """transformers 4.56.2's Trainer: the padded run's loss is divided by the label count before the shift
+    (28/31 of the packed one here), and the packed run as configured keeps use_cache=True (the cache trap);
+    5.24 (TrainingArguments.use_cache=False, shifted count) -> pass."""
+    current = metadata.version("transformers")
+    cells = _audit(pytester, monkeypatch, version_cache, f"transformers==4.56.2,{current}", "arch:llama", "sdpa", "trainer")
+    old = cells["llama-sdpa-trainer-float32@transformers==4.56.2"]
+    assert old["status"] == "fail" and old["metrics"]["normalisation"], old["message"]
+    assert abs(old["metrics"]["padded_over_packed_loss"] - 28 / 31) < 1e-3
+    assert old["metrics"]["as_configured"]["max_loss_delta"] > old["metrics"]["use_cache_false"]["max_loss_delta"] + 1e-3
+    assert old["diagnosis"]["cause"] == "loss_normalisation"
+    assert "trainer-num-items-before-shift" in old["diagnosis"]["known_faults"]
+    assert [f["cause"] for f in old["diagnosis"]["findings"]] == ["cache_trap"]
+    assert "trainer-keeps-config-use_cache" in old["diagnosis"]["known_faults"]
+    assert cells[f"llama-sdpa-trainer-float32@transformers=={current}"]["status"] == "pass"
