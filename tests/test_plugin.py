@@ -132,6 +132,13 @@ def test_missing_revision_offline(pytester, offline_hub):
     result.stderr.fnmatch_lines(["ERROR: Model 'meta-llama/Llama-3.2-1B@v9.9' (from --packcheck-models) is not in the local Hub cache at revision 'v9.9'*"])
 
 
+def test_report_path_that_is_a_directory_is_a_usage_error(pytester):
+    (pytester.path / "out" / "packcheck-matrix.md").mkdir(parents=True)
+    result = pytester.runpytest_subprocess("--packcheck-models=arch:llama", "--packcheck-report-dir=out", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: 'out/packcheck-matrix.md' (in --packcheck-report-dir) is a directory*"])
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
