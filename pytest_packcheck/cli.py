@@ -101,8 +101,12 @@ def main(argv: list[str] | None = None) -> int:
             return 2
 
     os.environ["PACKCHECK_REPRODUCE"] = "packcheck " + shlex.join(argv)
-    args = _pytest_args(ns)
     workers = str(ns.workers)
+    if not (workers.isdigit() or workers in ("auto", "logical")):
+        print(f"packcheck audit: error: -n/--workers '{workers}' must be a number of workers (0: this process) or auto.",
+              file=sys.stderr)
+        return 2
+    args = _pytest_args(ns)
     if workers not in ("0", "1"):
         try:
             import xdist  # noqa: F401

@@ -344,8 +344,8 @@ def render_terminal(doc: dict[str, Any], paths: list[str]) -> list[str]:
     for c in cells:
         totals[c["status"]] += 1
     lines = [
-        (f"transformers {doc['environment'].get('transformers')}, torch {doc['environment'].get('torch')}, "
-        f"trl {doc['environment'].get('trl')}, device {doc['environment'].get('device')}"),
+        (f"transformers {_v(doc['environment'], 'transformers')}, torch {_v(doc['environment'], 'torch')}, "
+        f"trl {_v(doc['environment'], 'trl')}, device {doc['environment'].get('device')}"),
         "cells: " + ", ".join(f"{s} {totals[s]}" for s in STATUSES if totals[s]) + f" (total {len(cells)})",
     ]
     groups: dict[tuple, list[dict]] = defaultdict(list)

@@ -29,3 +29,13 @@ def test_audit_usage_error_exit_code(tmp_path):
     proc = _run(["audit", "--models", "arch:llama", "--packcheck-attn", "nope", "-n", "0"], tmp_path)
     assert proc.returncode == 2
     assert "Unknown backend 'nope' (from --packcheck-attn)" in proc.stderr
+
+
+def test_bad_worker_count_is_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "audit", "-n", "abc", "--models", "arch:llama"],
+                          capture_output=True, text=True, check=False, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "packcheck audit: error: -n/--workers 'abc' must be a number of workers (0: this process) or auto."]
