@@ -323,6 +323,8 @@ def _summary_cell(group: list[dict[str, Any]], note: Any) -> str:
         return SYMBOLS[status]
     ran_bad = [c for c in bad if c["status"] != "skipped"]
     ran = [c for c in group if c["status"] != "skipped"]
+    if not ran and len({c["message"] for c in group}) == 1:  # the whole backend skipped for one reason
+        return f"{SYMBOLS['skipped']} skipped{note(escape_md(group[0]['message']))}"
     if ran_bad and len(ran_bad) == len(ran) and len({c["message"] for c in ran_bad}) == 1:
         # every check that ran failed the same way (the model did not build): one message
         skipped = [c for c in bad if c["status"] == "skipped"]
