@@ -27,11 +27,11 @@ from .results import CheckResult
 
 #: Check names in matrix order. ``collate`` is per model (no backend); the others per model x backend.
 CHECKS = ("collate", "position_ids", "isolation", "logits_parity", "loss_parity", "grad_parity", "backend", "cache_trap",
-          "mask_trap", "trainer")
+          "mask_trap", "trainer", "sft")
 MODEL_LEVEL_CHECKS = ("collate",)
-#: Checks run when none are named: all but ``trainer`` (three Trainer runs per cell, ~3 s each on CPU; opt in
-#: with --packcheck-checks or audit/training.toml).
-DEFAULT_CHECKS = tuple(c for c in CHECKS if c != "trainer")
+#: Checks run when none are named: all but the training ones, ``trainer`` and ``sft`` (whole Trainer /
+#: SFTTrainer runs per cell; opt in with --packcheck-checks or audit/training.toml).
+DEFAULT_CHECKS = tuple(c for c in CHECKS if c not in ("trainer", "sft"))
 
 
 @dataclass
@@ -827,6 +827,14 @@ def check_trainer(bench: Workbench) -> CheckResult:
                        f"params rel {_fmt(b['param_rel_diff'])}")
 
 
+def check_sft(bench: Workbench) -> CheckResult:
+    """TRL's SFTTrainer(packing=True) as configured by default: effective configuration, first-batch contract
+    and loss vs the per-example reference (:func:`pytest_packcheck.sft.check_sft`; TRL is imported only here)."""
+    from .sft import check_sft as run
+
+    return run(bench)
+
+
 CHECK_FUNCTIONS: dict[str, Callable[[Workbench], CheckResult]] = {
     "collate": check_collate,
     "position_ids": check_position_ids,
@@ -838,4 +846,5 @@ CHECK_FUNCTIONS: dict[str, Callable[[Workbench], CheckResult]] = {
     "cache_trap": check_cache_trap,
     "mask_trap": check_mask_trap,
     "trainer": check_trainer,
+    "sft": check_sft,
 }

@@ -96,6 +96,13 @@ def classify(cell: dict[str, Any], group: dict[str, dict[str, Any]], model_level
             return "loss_normalisation", cell["message"][:200]
         if isinstance(m.get("use_cache_false"), dict) and "only with use_cache=False" in cell["message"]:
             return "cache_trap", cell["message"][:200]
+    if check == "sft":
+        if "without boundaries" in cell["message"] or "all-ones attention_mask" in cell["message"]:
+            return "mask_override", cell["message"][:200]
+        if "first-batch loss" in cell["message"]:
+            iso = group.get("isolation")
+            return ("leak" if iso is not None and iso["status"] == "fail" else "loss_normalisation"), cell["message"][:200]
+        return "collator_contract", cell["message"][:200]
     if check == "position_ids":
         return "ignores_position_ids", f"restarting position_ids changed later examples by {m.get('max_change')}"
     if check == "cache_trap" and isinstance(m.get("max_abs_diff_use_cache_false"), float) and m["max_abs_diff_use_cache_false"] <= m.get("atol", 0):
@@ -175,6 +182,9 @@ def remedy(cause: str, cell: dict[str, Any], doc_env: dict[str, Any]) -> str:
             return ("train with a flash backend (flash_attention_2/3) if its cells pass here (packcheck's varlen reference "
                     "shows whether the flash path keeps the boundaries): this model's eager/sdpa/flex path does not")
         return "disable packing for this architecture on this backend"
+    if cause == "mask_override" and cell["check"] == "sft":
+        return ("set padding_free=True in SFTConfig (TRL >= 0.16) so packed rows carry position_ids and no attention_mask, "
+                "or upgrade TRL (1.16's bfd packing turns padding-free on)")
     if cause == "wrong_positions":
         if m.get("batch_has_position_ids") is False:
             return "also return position_ids from the collator (DataCollatorWithFlattening(return_position_ids=True))"

@@ -257,3 +257,19 @@ def test_trainer_packed_equals_padded_and_catches_a_planted_fault(llama_sdpa):
     llama_sdpa.collator_factory = collator_no_reset
     broken = C.check_trainer(llama_sdpa)
     assert broken.status == "fail" and broken.metrics["use_cache_false"]["first_diverging_step"] == 1, broken.message
+
+
+def test_sft_packing_reports_what_is_in_force_and_catches_a_leak(llama_sdpa):
+    """TRL SFTTrainer(packing=True) with an offline BPE tokenizer: TRL sets use_cache=False, sends cu_seq_lens,
+    and bfd packing turns padding-free on although padding_free=False was asked (named as an override); the
+    first-batch loss equals the per-example reference. Planted: sdpa that ignores the packed mask -> fail."""
+    pytest.importorskip("trl")
+    result = C.check_sft(llama_sdpa)
+    assert result.status == "pass", result.message
+    eff = result.metrics["effective"]
+    assert eff["use_cache"] is False and "cu_seq_lens_q" in result.metrics["keys"] and "attention_mask" not in result.metrics["keys"]
+    assert result.metrics["examples_in_row"] == 6 and result.metrics["loss_delta"] < 1e-5
+    assert result.metrics["overridden"].get("padding_free") == [False, True]
+    with leaky_sdpa():
+        leaked = C.check_sft(llama_sdpa)
+    assert leaked.status == "fail" and "first-batch loss" in leaked.message

@@ -273,3 +273,16 @@ def test_real_trainer_on_4_56_2_normalisation_and_cache(pytester, monkeypatch, v
     assert [f["cause"] for f in old["diagnosis"]["findings"]] == ["cache_trap"]
     assert "trainer-keeps-config-use_cache" in old["diagnosis"]["known_faults"]
     assert cells[f"llama-sdpa-trainer-float32@transformers=={current}"]["status"] == "pass"
+
+
+@pytest.mark.slow
+def test_real_trl_packing_without_padding_free_before_1_16(pytester, monkeypatch, version_cache):
+    """SFTTrainer(packing=True), defaults otherwise: trl 0.21 (transformers 4.56.2) feeds the packed rows with an
+    all-ones attention_mask and no position_ids -> fail, cause mask_override, with the versions in the report;
+    trl 1.16 (transformers 5.24) turns padding-free on -> pass, the override named."""
+    cells = _audit(pytester, monkeypatch, version_cache, "transformers==4.56.2 & trl==0.21.0", "arch:llama", "sdpa", "sft")
+    old = cells["llama-sdpa-sft-float32@transformers==4.56.2+trl==0.21.0"]
+    assert old["status"] == "fail" and "no position_ids" in old["message"] and "trl 0.21.0" in old["message"]
+    assert old["env"]["versions"]["trl"] == "0.21.0" and old["diagnosis"]["cause"] == "mask_override"
+    assert "trl-packing-without-padding-free" in old["diagnosis"]["known_faults"]
+    assert old["diagnosis"]["remedy"].startswith("set padding_free=True")

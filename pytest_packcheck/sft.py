@@ -1,0 +1,163 @@
+"""TRL's SFTTrainer as users configure it: what is really in force, and what its batches carry.
+
+Offline: the tokenizer is a small BPE trained with the ``tokenizers`` library on a few sentences (with a chat
+template), so no Hub access is needed. Version drift is feature-detected (``processing_class`` vs ``tokenizer``,
+``max_length`` vs ``max_seq_length``, ``padding_free`` from TRL 0.16, ``packing_strategy`` from 0.19); what the
+installed TRL cannot express is "unsupported" with the reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import tempfile
+from typing import Any
+
+from .results import CheckResult
+
+SENTENCES = [
+    "Packing puts several examples into one row.",
+    "Each example restarts its position ids at zero.",
+    "The attention kernel must keep the examples apart.",
+    "A short one.",
+    "Padding wastes compute on tokens that carry no label, so packing trains faster when lengths vary a lot.",
+    "Loss normalisation must count the same tokens in both runs.",
+]
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+
+
+def offline_tokenizer(vocab_size: int) -> Any:
+    """A ``PreTrainedTokenizerFast``: BPE trained on :data:`SENTENCES` (at most ``vocab_size`` tokens, so every
+    id fits a shrunk model), eos / pad tokens, a chat template."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=min(vocab_size, 300), special_tokens=["<pad>", "<eos>", "<unk>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(SENTENCES * 4, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>")
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def trl_features() -> dict[str, Any]:
+    """What the installed TRL offers: version, SFTConfig field names, SFTTrainer argument names."""
+    import trl
+    from trl import SFTConfig, SFTTrainer
+
+    fields = {f.name for f in dataclasses.fields(SFTConfig)}
+    params = set(inspect.signature(SFTTrainer.__init__).parameters)
+    return {"version": trl.__version__, "fields": fields, "params": params,
+            "max_length_key": "max_length" if "max_length" in fields else "max_seq_length" if "max_seq_length" in fields else None,
+            "tokenizer_key": "processing_class" if "processing_class" in params else "tokenizer"}
+
+
+def check_sft(bench: Any) -> CheckResult:
+    """SFTTrainer(packing=True) on six short texts, as configured by default for the installed TRL.
+
+    Reports the effective configuration next to the request (padding_free, packing_strategy, the collator
+    class, use_cache, attn_implementation; a silent override is named), checks the first batch's contract
+    (position_ids restart per example, labels -100 at each example's first token, cu_seq_lens where TRL emits
+    them, no attention_mask that would override the boundaries), and compares the model's loss on that batch
+    with the per-example reference (``loss_atol``). Fails on a broken contract or a loss beyond tolerance.
+    """
+    import torch
+
+    try:
+        feats = trl_features()
+    except ImportError as exc:
+        return CheckResult("skipped", {}, f"trl is not installed ({exc})")
+    missing = [f for f in ("packing", "padding_free") if f not in feats["fields"]]
+    if missing or feats["max_length_key"] is None:
+        return CheckResult("unsupported", {"trl": feats["version"]},
+                           f"not available in trl {feats['version']}: SFTConfig has no {', '.join(missing) or 'max_length'}")
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    vocab = int(bench.config.vocab_size)
+    tokenizer = offline_tokenizer(vocab)
+    requested = {"packing": True, "padding_free": False}
+    if "packing_strategy" in feats["fields"]:
+        requested["packing_strategy"] = next(f.default for f in dataclasses.fields(SFTConfig) if f.name == "packing_strategy")
+    cfg_kwargs = {"output_dir": tempfile.mkdtemp(prefix="packcheck-sft-"), "packing": True, "padding_free": False,
+                  feats["max_length_key"]: 512, "per_device_train_batch_size": 1, "max_steps": 1, "report_to": [],
+                  "save_strategy": "no", "use_cpu": not bench.device.startswith("cuda"), "dataset_text_field": "text",
+                  "seed": 0, "disable_tqdm": True}
+    cfg_kwargs = {k: v for k, v in cfg_kwargs.items() if k in feats["fields"] or k in ("output_dir",)}
+    args = SFTConfig(**cfg_kwargs)
+    model = bench.model
+    saved_cache = getattr(model.config, "use_cache", None)
+    try:
+        trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list([{"text": t} for t in SENTENCES]),
+                             **{feats["tokenizer_key"]: tokenizer})
+        # the collator is what pads or flattens: its padding_free is the one in force (bfd packing turns it on
+        # whatever SFTConfig.padding_free says, TRL 1.16)
+        collator_free = getattr(trainer.data_collator, "padding_free", None)
+        effective = {"packing": trainer.args.packing,
+                     "padding_free": collator_free if collator_free is not None else getattr(trainer.args, "padding_free", None),
+                     "packing_strategy": getattr(trainer.args, "packing_strategy", None),
+                     "collator": type(trainer.data_collator).__name__, "use_cache": getattr(model.config, "use_cache", None),
+                     "attn_implementation": getattr(model.config, "_attn_implementation", None)}
+        batch = next(iter(trainer.get_train_dataloader()))
+    finally:
+        if saved_cache is not None:
+            model.config.use_cache = saved_cache if getattr(model.config, "use_cache", None) is None else model.config.use_cache
+    overridden = {k: (v, effective.get(k)) for k, v in requested.items() if k in effective and effective[k] != v}
+    metrics: dict[str, Any] = {"trl": feats["version"], "requested": requested, "effective": effective,
+                               "overridden": {k: list(v) for k, v in overridden.items()}, "keys": sorted(batch)}
+    over = "; ".join(f"{k} requested {a} -> in force {b}" for k, (a, b) in overridden.items())
+    summary = (f"trl {feats['version']}: {effective['collator']}, padding_free={effective['padding_free']}, "
+               f"packing_strategy={effective['packing_strategy']}, use_cache={effective['use_cache']}"
+               + (f"; overridden: {over}" if over else ""))
+    problems = []
+    ids = batch["input_ids"].to(bench.device)
+    pos = batch.get("position_ids")
+    if "attention_mask" in batch and int((batch["attention_mask"] == 0).sum()) == 0 and batch["input_ids"].shape[0] == 1:
+        problems.append("the packed batch carries an all-ones attention_mask (it overrides the boundaries on eager/sdpa/flex)")
+    if pos is None:
+        problems.append("the packed batch carries no position_ids: examples are concatenated without boundaries")
+        return CheckResult("fail", metrics, "; ".join(problems) + f" ({summary})")
+    pos = pos.to(bench.device)
+    starts = (pos[0] == 0).nonzero().flatten().tolist()
+    metrics["examples_in_row"] = len(starts)
+    if len(starts) < 2:
+        problems.append(f"position_ids restart {len(starts)} time(s): the row is not packed")
+    labels = batch["labels"].to(bench.device)
+    unmasked = [s for s in starts if int(labels[0, s]) != -100]
+    if unmasked:
+        problems.append(f"labels not -100 at {len(unmasked)} example starts {unmasked[:5]}")
+    if "cu_seq_lens_q" in batch:
+        cu = batch["cu_seq_lens_q"].tolist()
+        metrics["cu_seq_lens_q"] = cu[:12]
+        if cu[: len(starts)] != starts:
+            problems.append(f"cu_seq_lens_q {cu[:8]} disagree with the position_ids restarts {starts[:8]}")
+    # loss on the batch as the trainer would feed it (use_cache as SFTTrainer left it) vs per-example runs
+    model.train()
+    try:
+        with torch.no_grad():
+            inputs = {k: (v.to(bench.device) if hasattr(v, "to") else v) for k, v in batch.items()
+                      if k in ("input_ids", "labels", "position_ids") or k.startswith(("cu_seq", "max_length"))}
+            packed_loss = float(model(**inputs).loss)
+            ends = starts[1:] + [int(ids.shape[1])]
+            total, count = 0.0, 0
+            for s, e in zip(starts, ends, strict=True):
+                seg_ids, seg_labels = ids[:, s:e], labels[:, s:e]
+                seg_pos = torch.arange(0, e - s, device=bench.device)[None]
+                logits = model(input_ids=seg_ids, position_ids=seg_pos, use_cache=False).logits[0, :-1].float()
+                target = seg_labels[0, 1:]
+                keep = target != -100
+                if keep.any():
+                    total += float(torch.nn.functional.cross_entropy(logits[keep], target[keep], reduction="sum"))
+                    count += int(keep.sum())
+    finally:
+        model.eval()
+    reference = total / max(count, 1)
+    metrics.update({"loss_packed": packed_loss, "loss_reference": reference, "loss_delta": abs(packed_loss - reference),
+                    "atol": bench.tol["loss_atol"]})
+    if abs(packed_loss - reference) > bench.tol["loss_atol"]:
+        problems.append(f"first-batch loss {packed_loss:.6f} vs per-example reference {reference:.6f} (delta {abs(packed_loss - reference):.2e})")
+    if problems:
+        return CheckResult("fail", metrics, "; ".join(problems) + f" ({summary})")
+    return CheckResult("pass", metrics, f"{summary}; {len(starts)} examples per row, loss delta {abs(packed_loss - reference):.2e}")
