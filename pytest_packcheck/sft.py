@@ -158,6 +158,58 @@ def check_sft(bench: Any) -> CheckResult:
                     "atol": bench.tol["loss_atol"]})
     if abs(packed_loss - reference) > bench.tol["loss_atol"]:
         problems.append(f"first-batch loss {packed_loss:.6f} vs per-example reference {reference:.6f} (delta {abs(packed_loss - reference):.2e})")
+    # the same examples trained STEPS steps packed vs padded (packing=False, padding_free=False), one step = all six
+    steps = _train_steps(bench, feats, tokenizer, cfg_kwargs, packing=True), _train_steps(bench, feats, tokenizer, cfg_kwargs, packing=False)
+    (p_loss, p_norm), (d_loss, d_norm) = steps
+    metrics["steps"] = {"packed_loss": p_loss, "padded_loss": d_loss, "packed_grad_norm": p_norm, "padded_grad_norm": d_norm}
+    if len(p_loss) == len(d_loss) == STEPS:
+        tol_loss, tol_norm = bench.tol["train_loss_atol"], bench.tol["train_grad_norm_rel"]
+        diverged = next((i + 1 for i, (a, b) in enumerate(zip(p_loss, d_loss, strict=True)) if abs(a - b) > tol_loss), None)
+        norm_rel = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(p_norm, d_norm, strict=True))
+        metrics["steps"].update({"first_diverging_step": diverged, "max_grad_norm_rel": norm_rel,
+                                 "max_loss_delta": max(abs(a - b) for a, b in zip(p_loss, d_loss, strict=True))})
+        if diverged:
+            problems.append(f"{STEPS}-step training: packed vs padded loss diverge at step {diverged} "
+                            f"({p_loss[diverged - 1]:.6f} vs {d_loss[diverged - 1]:.6f})")
+        elif norm_rel > tol_norm:
+            problems.append(f"{STEPS}-step training: grad norm differs by {norm_rel:.2e} (relative)")
+    else:
+        problems.append(f"{STEPS}-step training logged {len(p_loss)} packed / {len(d_loss)} padded steps")
     if problems:
         return CheckResult("fail", metrics, "; ".join(problems) + f" ({summary})")
-    return CheckResult("pass", metrics, f"{summary}; {len(starts)} examples per row, loss delta {abs(packed_loss - reference):.2e}")
+    return CheckResult("pass", metrics, f"{summary}; {len(starts)} examples per row, loss delta {abs(packed_loss - reference):.2e}; "
+                       f"{STEPS} steps packed = padded (loss delta {metrics['steps']['max_loss_delta']:.2e})")
+
+
+STEPS = 3
+
+
+def _train_steps(bench: Any, feats: dict[str, Any], tokenizer: Any, cfg_kwargs: dict[str, Any], packing: bool) -> tuple[list[float], list[float]]:
+    """STEPS SFTTrainer steps on the six texts, all of them in every step (packed: one row; padded: a batch of
+    six), SGD, constant LR, no clipping; per-step loss and grad norm. The model is restored afterwards."""
+    import copy
+
+    from datasets import Dataset
+    from transformers.trainer_callback import PrinterCallback
+    from trl import SFTConfig, SFTTrainer
+
+    model = bench.model
+    state = copy.deepcopy(model.state_dict())
+    saved_cache = getattr(model.config, "use_cache", None)
+    kwargs = {**cfg_kwargs, "packing": packing, "max_steps": STEPS, "per_device_train_batch_size": 1 if packing else len(SENTENCES),
+              "learning_rate": 1e-2, "lr_scheduler_type": "constant", "optim": "sgd", "max_grad_norm": 1e9,
+              "logging_steps": 1, "warmup_steps": 0, "weight_decay": 0.0, "data_seed": 0}
+    kwargs = {k: v for k, v in kwargs.items() if k in feats["fields"] or k == "output_dir"}
+    try:
+        trainer = SFTTrainer(model=model, args=SFTConfig(**kwargs),
+                             train_dataset=Dataset.from_list([{"text": t} for t in SENTENCES]), **{feats["tokenizer_key"]: tokenizer})
+        trainer.remove_callback(PrinterCallback)
+        trainer.train()
+        logs = [h for h in trainer.state.log_history if "loss" in h and "grad_norm" in h]
+    finally:
+        model.load_state_dict(state)
+        if saved_cache is not None:
+            model.config.use_cache = saved_cache
+        model.eval()
+        model.zero_grad(set_to_none=True)
+    return [float(h["loss"]) for h in logs], [float(h["grad_norm"]) for h in logs]

@@ -270,6 +270,8 @@ def test_sft_packing_reports_what_is_in_force_and_catches_a_leak(llama_sdpa):
     assert eff["use_cache"] is False and "cu_seq_lens_q" in result.metrics["keys"] and "attention_mask" not in result.metrics["keys"]
     assert result.metrics["examples_in_row"] == 6 and result.metrics["loss_delta"] < 1e-5
     assert result.metrics["overridden"].get("padding_free") == [False, True]
+    steps = result.metrics["steps"]  # 3 SFTTrainer steps packed vs padded (packing=False) on the same examples
+    assert len(steps["packed_loss"]) == 3 and steps["first_diverging_step"] is None and steps["max_loss_delta"] < 1e-4
     with leaky_sdpa():
         leaked = C.check_sft(llama_sdpa)
     assert leaked.status == "fail" and "first-batch loss" in leaked.message
