@@ -175,10 +175,21 @@ def check_sft(bench: Any) -> CheckResult:
             problems.append(f"{STEPS}-step training: grad norm differs by {norm_rel:.2e} (relative)")
     else:
         problems.append(f"{STEPS}-step training logged {len(p_loss)} packed / {len(d_loss)} padded steps")
+    if "gradient_checkpointing" in feats["fields"]:
+        # gradient checkpointing recomputes the forward in backward: the packed boundaries must survive it
+        g_loss, g_norm = _train_steps(bench, feats, tokenizer, {**cfg_kwargs, "gradient_checkpointing": True}, packing=True)
+        if len(g_loss) == len(p_loss) == STEPS:
+            gc_loss = max(abs(a - b) for a, b in zip(g_loss, p_loss, strict=True))
+            gc_norm = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(g_norm, p_norm, strict=True))
+            metrics["gradient_checkpointing"] = {"max_loss_delta": gc_loss, "max_grad_norm_rel": gc_norm}
+            if gc_loss > bench.tol["train_loss_atol"] or gc_norm > bench.tol["train_grad_norm_rel"]:
+                problems.append(f"gradient checkpointing changes the packed run: loss {gc_loss:.2e}, grad norm {gc_norm:.2e} relative")
     if problems:
         return CheckResult("fail", metrics, "; ".join(problems) + f" ({summary})")
     return CheckResult("pass", metrics, f"{summary}; {len(starts)} examples per row, loss delta {abs(packed_loss - reference):.2e}; "
-                       f"{STEPS} steps packed = padded (loss delta {metrics['steps']['max_loss_delta']:.2e})")
+                       f"{STEPS} steps packed = padded (loss delta {metrics['steps']['max_loss_delta']:.2e})"
+                       + (f"; gradient checkpointing: loss delta {metrics['gradient_checkpointing']['max_loss_delta']:.2e}"
+                          if "gradient_checkpointing" in metrics else ""))
 
 
 STEPS = 3
@@ -200,6 +211,7 @@ def _train_steps(bench: Any, feats: dict[str, Any], tokenizer: Any, cfg_kwargs: 
               "learning_rate": 1e-2, "lr_scheduler_type": "constant", "optim": "sgd", "max_grad_norm": 1e9,
               "logging_steps": 1, "warmup_steps": 0, "weight_decay": 0.0, "data_seed": 0}
     kwargs = {k: v for k, v in kwargs.items() if k in feats["fields"] or k == "output_dir"}
+    checkpointing = bool(kwargs.get("gradient_checkpointing"))
     try:
         trainer = SFTTrainer(model=model, args=SFTConfig(**kwargs),
                              train_dataset=Dataset.from_list([{"text": t} for t in SENTENCES]), **{feats["tokenizer_key"]: tokenizer})
@@ -207,6 +219,8 @@ def _train_steps(bench: Any, feats: dict[str, Any], tokenizer: Any, cfg_kwargs: 
         trainer.train()
         logs = [h for h in trainer.state.log_history if "loss" in h and "grad_norm" in h]
     finally:
+        if checkpointing and hasattr(model, "gradient_checkpointing_disable"):
+            model.gradient_checkpointing_disable()
         model.load_state_dict(state)
         if saved_cache is not None:
             model.config.use_cache = saved_cache

@@ -272,6 +272,7 @@ def test_sft_packing_reports_what_is_in_force_and_catches_a_leak(llama_sdpa):
     assert result.metrics["overridden"].get("padding_free") == [False, True]
     steps = result.metrics["steps"]  # 3 SFTTrainer steps packed vs padded (packing=False) on the same examples
     assert len(steps["packed_loss"]) == 3 and steps["first_diverging_step"] is None and steps["max_loss_delta"] < 1e-4
+    assert result.metrics["gradient_checkpointing"]["max_loss_delta"] < 1e-4  # on vs off, padding-free
     with leaky_sdpa():
         leaked = C.check_sft(llama_sdpa)
     assert leaked.status == "fail" and "first-batch loss" in leaked.message
