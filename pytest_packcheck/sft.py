@@ -175,6 +175,13 @@ def check_sft(bench: Any) -> CheckResult:
             problems.append(f"{STEPS}-step training: grad norm differs by {norm_rel:.2e} (relative)")
     else:
         problems.append(f"{STEPS}-step training logged {len(p_loss)} packed / {len(d_loss)} padded steps")
+    try:
+        content = packing_content()
+    except ImportError as exc:  # pack_dataset appeared in TRL 0.16
+        content = {"error": f"not available in trl {feats['version']}: {exc}"}
+    metrics["packing_content"] = content
+    problems += [f"pack_dataset strategy={k}: {p}" for k, v in content.items() if isinstance(v, dict) for p in v.get("problems", [])
+                 if not p.startswith("not available")]
     if "gradient_checkpointing" in feats["fields"]:
         # gradient checkpointing recomputes the forward in backward: the packed boundaries must survive it
         g_loss, g_norm = _train_steps(bench, feats, tokenizer, {**cfg_kwargs, "gradient_checkpointing": True}, packing=True)
@@ -227,3 +234,70 @@ def _train_steps(bench: Any, feats: dict[str, Any], tokenizer: Any, cfg_kwargs: 
         model.eval()
         model.zero_grad(set_to_none=True)
     return [float(h["loss"]) for h in logs], [float(h["grad_norm"]) for h in logs]
+
+
+#: Example lengths and row length of the packing-content probe: some examples longer than a row, some short.
+CONTENT_LENGTHS = (40, 10, 70, 25, 5, 90)
+CONTENT_SEQ_LENGTH = 64
+
+
+def packing_content(pack: Any = None, strategies: tuple[str, ...] = ("bfd", "bfd_split", "wrapped")) -> dict[str, Any]:
+    """Token accounting of TRL's ``pack_dataset`` per strategy, on examples whose token ids are unique (so
+    every output token traces back to one input position). Expected, from TRL's own documentation:
+    ``bfd`` keeps each example's first ``seq_length`` tokens, whole and starting at its first token (overflow
+    discarded); ``bfd_split`` loses nothing (overflow becomes its own segment); ``wrapped`` loses nothing but
+    an unfilled last row. No strategy may duplicate a token or exceed ``seq_length`` per row.
+
+    Returns strategy -> {tokens_in, tokens_out, lost, expected_lost, duplicated, rows, longest_row, problems}.
+    """
+    from datasets import Dataset
+
+    if pack is None:
+        from trl.data_utils import pack_dataset as pack
+    params = inspect.signature(pack).parameters
+    examples, start = [], 1
+    for n in CONTENT_LENGTHS:
+        examples.append(list(range(start, start + n)))
+        start += n
+    out: dict[str, Any] = {}
+    for strategy in strategies:
+        if "strategy" not in params and strategy != "bfd":
+            out[strategy] = {"problems": ["not available in this trl (pack_dataset has no strategy argument)"]}
+            continue
+        kwargs = {"strategy": strategy} if "strategy" in params else {}
+        try:
+            packed = pack(Dataset.from_list([{"input_ids": e} for e in examples]), CONTENT_SEQ_LENGTH, **kwargs)
+        except (ValueError, KeyError, TypeError) as exc:
+            out[strategy] = {"problems": [f"not available: {type(exc).__name__}: {exc}"]}
+            continue
+        rows = [list(r) for r in packed["input_ids"]]
+        tokens = [t for r in rows for t in r]
+        seen = set(tokens)
+        all_tokens = [t for e in examples for t in e]
+        lost = len(set(all_tokens) - seen)
+        if strategy == "bfd":
+            expected_lost = sum(max(0, len(e) - CONTENT_SEQ_LENGTH) for e in examples)
+        elif strategy == "wrapped":
+            expected_lost = len(all_tokens) % CONTENT_SEQ_LENGTH if len(tokens) < len(all_tokens) else 0
+        else:
+            expected_lost = 0
+        problems = []
+        if len(tokens) != len(seen):
+            problems.append(f"{len(tokens) - len(seen)} tokens duplicated")
+        if lost != expected_lost:
+            problems.append(f"{lost} tokens lost, {expected_lost} expected")
+        if any(len(r) > CONTENT_SEQ_LENGTH for r in rows):
+            problems.append(f"a row of {max(map(len, rows))} tokens exceeds seq_length {CONTENT_SEQ_LENGTH}")
+        if strategy == "bfd" and "seq_lengths" in packed.column_names:
+            firsts = {e[0] for e in examples}
+            for r, lengths in zip(rows, packed["seq_lengths"], strict=True):
+                at = 0
+                for n in lengths:
+                    if r[at] not in firsts:
+                        problems.append(f"a segment starts at token {r[at]}, not at an example's first token (its prompt is lost)")
+                        break
+                    at += n
+        out[strategy] = {"tokens_in": len(all_tokens), "tokens_out": len(tokens), "lost": lost, "expected_lost": expected_lost,
+                         "duplicated": len(tokens) - len(seen), "rows": len(rows), "longest_row": max(map(len, rows)),
+                         "problems": problems}
+    return out

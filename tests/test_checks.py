@@ -276,3 +276,24 @@ def test_sft_packing_reports_what_is_in_force_and_catches_a_leak(llama_sdpa):
     with leaky_sdpa():
         leaked = C.check_sft(llama_sdpa)
     assert leaked.status == "fail" and "first-batch loss" in leaked.message
+
+
+def test_packing_content_accounts_for_every_token():
+    """TRL's pack_dataset per strategy: bfd drops exactly the documented overflow and keeps every example's
+    start; bfd_split and wrapped lose nothing. Planted: a packer that drops one token per row."""
+    pytest.importorskip("trl")
+    from pytest_packcheck.sft import CONTENT_LENGTHS, CONTENT_SEQ_LENGTH, packing_content
+
+    content = packing_content()
+    assert content["bfd"]["lost"] == sum(max(0, n - CONTENT_SEQ_LENGTH) for n in CONTENT_LENGTHS) and not content["bfd"]["problems"]
+    assert content["bfd_split"]["lost"] == 0 and content["wrapped"]["duplicated"] == 0
+    assert all(not v["problems"] for v in content.values())
+
+    from trl.data_utils import pack_dataset
+
+    def lossy(dataset, seq_length, strategy="bfd"):
+        packed = pack_dataset(dataset, seq_length, strategy=strategy)
+        return packed.map(lambda row: {"input_ids": row["input_ids"][:-1]}, remove_columns=["seq_lengths"] if "seq_lengths" in packed.column_names else None)
+
+    broken = packing_content(pack=lossy)
+    assert all(any("tokens lost" in p for p in v["problems"]) for v in broken.values())
