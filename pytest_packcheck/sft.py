@@ -55,6 +55,18 @@ def trl_features() -> dict[str, Any]:
 
 
 def check_sft(bench: Any) -> CheckResult:
+    """See :func:`_check_sft`. SFTTrainer sets use_cache=False on the model it is given; the measurements run
+    with that (as training would), and the model's own setting is restored afterwards for the group's other
+    checks."""
+    saved = getattr(bench.model.config, "use_cache", None)
+    try:
+        return _check_sft(bench)
+    finally:
+        if saved is not None:
+            bench.model.config.use_cache = saved
+
+
+def _check_sft(bench: Any) -> CheckResult:
     """SFTTrainer(packing=True) on six short texts, as configured by default for the installed TRL.
 
     Reports the effective configuration next to the request (padding_free, packing_strategy, the collator
@@ -88,22 +100,17 @@ def check_sft(bench: Any) -> CheckResult:
     cfg_kwargs = {k: v for k, v in cfg_kwargs.items() if k in feats["fields"] or k in ("output_dir",)}
     args = SFTConfig(**cfg_kwargs)
     model = bench.model
-    saved_cache = getattr(model.config, "use_cache", None)
-    try:
-        trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list([{"text": t} for t in SENTENCES]),
-                             **{feats["tokenizer_key"]: tokenizer})
-        # the collator is what pads or flattens: its padding_free is the one in force (bfd packing turns it on
-        # whatever SFTConfig.padding_free says, TRL 1.16)
-        collator_free = getattr(trainer.data_collator, "padding_free", None)
-        effective = {"packing": trainer.args.packing,
-                     "padding_free": collator_free if collator_free is not None else getattr(trainer.args, "padding_free", None),
-                     "packing_strategy": getattr(trainer.args, "packing_strategy", None),
-                     "collator": type(trainer.data_collator).__name__, "use_cache": getattr(model.config, "use_cache", None),
-                     "attn_implementation": getattr(model.config, "_attn_implementation", None)}
-        batch = next(iter(trainer.get_train_dataloader()))
-    finally:
-        if saved_cache is not None:
-            model.config.use_cache = saved_cache if getattr(model.config, "use_cache", None) is None else model.config.use_cache
+    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list([{"text": t} for t in SENTENCES]),
+                         **{feats["tokenizer_key"]: tokenizer})
+    # the collator is what pads or flattens: its padding_free is the one in force (bfd packing turns it on
+    # whatever SFTConfig.padding_free says, TRL 1.16)
+    collator_free = getattr(trainer.data_collator, "padding_free", None)
+    effective = {"packing": trainer.args.packing,
+                 "padding_free": collator_free if collator_free is not None else getattr(trainer.args, "padding_free", None),
+                 "packing_strategy": getattr(trainer.args, "packing_strategy", None),
+                 "collator": type(trainer.data_collator).__name__, "use_cache": getattr(model.config, "use_cache", None),
+                 "attn_implementation": getattr(model.config, "_attn_implementation", None)}
+    batch = next(iter(trainer.get_train_dataloader()))
     overridden = {k: (v, effective.get(k)) for k, v in requested.items() if k in effective and effective[k] != v}
     metrics: dict[str, Any] = {"trl": feats["version"], "requested": requested, "effective": effective,
                                "overridden": {k: list(v) for k, v in overridden.items()}, "keys": sorted(batch)}

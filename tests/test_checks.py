@@ -266,6 +266,7 @@ def test_sft_packing_reports_what_is_in_force_and_catches_a_leak(llama_sdpa):
     pytest.importorskip("trl")
     result = C.check_sft(llama_sdpa)
     assert result.status == "pass", result.message
+    assert llama_sdpa.model.config.use_cache is True  # restored for the group's other checks
     eff = result.metrics["effective"]
     assert eff["use_cache"] is False and "cu_seq_lens_q" in result.metrics["keys"] and "attention_mask" not in result.metrics["keys"]
     assert result.metrics["examples_in_row"] == 6 and result.metrics["loss_delta"] < 1e-5
