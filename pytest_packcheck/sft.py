@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import itertools
 import tempfile
 from typing import Any
 
@@ -182,6 +183,13 @@ def _check_sft(bench: Any) -> CheckResult:
             problems.append(f"{STEPS}-step training: grad norm differs by {norm_rel:.2e} (relative)")
     else:
         problems.append(f"{STEPS}-step training logged {len(p_loss)} packed / {len(d_loss)} padded steps")
+    if "completion_only_loss" in feats["fields"]:
+        metrics["completion_only"] = _completion_only(bench, feats, tokenizer, cfg_kwargs)
+        if metrics["completion_only"]["prompt_tokens_in_loss"]:
+            problems.append(f"completion-only loss: {metrics['completion_only']['prompt_tokens_in_loss']} prompt tokens keep their labels")
+        if metrics["completion_only"]["segments_matched"] < len(SENTENCES):
+            problems.append(f"completion-only loss: {metrics['completion_only']['segments_matched']} of {len(SENTENCES)} "
+                            "prompt-completion examples found whole in the packed row")
     try:
         content = packing_content()
     except ImportError as exc:  # pack_dataset appeared in TRL 0.16
@@ -241,6 +249,35 @@ def _train_steps(bench: Any, feats: dict[str, Any], tokenizer: Any, cfg_kwargs: 
         model.eval()
         model.zero_grad(set_to_none=True)
     return [float(h["loss"]) for h in logs], [float(h["grad_norm"]) for h in logs]
+
+
+def _completion_only(bench: Any, feats: dict[str, Any], tokenizer: Any, cfg_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """SFTTrainer(packing=True) on prompt-completion pairs (TRL's default for them: completion_only_loss): in the
+    packed row, every prompt token must have label -100 and every completion token (after the first position
+    of its example) a label. Each packed segment is matched to its example by its prompt's token ids."""
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    pairs = [{"prompt": " ".join(t.split(" ")[:2]), "completion": " " + " ".join(t.split(" ")[2:] or ["end."])} for t in SENTENCES]
+    kwargs = {k: v for k, v in cfg_kwargs.items() if k != "dataset_text_field"}
+    trainer = SFTTrainer(model=bench.model, args=SFTConfig(**kwargs), train_dataset=Dataset.from_list(pairs),
+                         **{feats["tokenizer_key"]: tokenizer})
+    batch = next(iter(trainer.get_train_dataloader()))
+    ids, labels = batch["input_ids"][0].tolist(), batch["labels"][0].tolist()
+    pos = batch["position_ids"][0].tolist() if "position_ids" in batch else [0] + [1] * (len(ids) - 1)
+    starts = [i for i, p in enumerate(pos) if p == 0] + [len(ids)]
+    prompts = [tokenizer(p["prompt"])["input_ids"] for p in pairs]
+    matched, prompt_in_loss, completion_masked = 0, 0, 0
+    for s, e in itertools.pairwise(starts):
+        seg = ids[s:e]
+        prompt = next((p for p in prompts if seg[: len(p)] == p), None)
+        if prompt is None:
+            continue
+        matched += 1
+        prompt_in_loss += sum(1 for x in labels[s:s + len(prompt)] if x != -100)
+        completion_masked += sum(1 for x in labels[s + len(prompt):e] if x == -100)
+    return {"segments_matched": matched, "prompt_tokens_in_loss": prompt_in_loss, "completion_tokens_masked": completion_masked,
+            "completion_only_loss": getattr(trainer.args, "completion_only_loss", None)}
 
 
 #: Example lengths and row length of the packing-content probe: some examples longer than a row, some short.

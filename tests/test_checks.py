@@ -274,6 +274,8 @@ def test_sft_packing_reports_what_is_in_force_and_catches_a_leak(llama_sdpa):
     steps = result.metrics["steps"]  # 3 SFTTrainer steps packed vs padded (packing=False) on the same examples
     assert len(steps["packed_loss"]) == 3 and steps["first_diverging_step"] is None and steps["max_loss_delta"] < 1e-4
     assert result.metrics["gradient_checkpointing"]["max_loss_delta"] < 1e-4  # on vs off, padding-free
+    completion = result.metrics["completion_only"]  # prompt-completion pairs: prompts out of the loss
+    assert completion["segments_matched"] == 6 and completion["prompt_tokens_in_loss"] == 0
     with leaky_sdpa():
         leaked = C.check_sft(llama_sdpa)
     assert leaked.status == "fail" and "first-batch loss" in leaked.message
@@ -298,3 +300,20 @@ def test_packing_content_accounts_for_every_token():
 
     broken = packing_content(pack=lossy)
     assert all(any("tokens lost" in p for p in v["problems"]) for v in broken.values())
+
+
+def test_completion_only_probe_sees_prompt_tokens_in_the_loss(llama_sdpa):
+    """Planted: completion_only_loss=False on prompt-completion pairs -> the probe counts prompt tokens whose
+    labels were kept (with TRL's default they are all -100)."""
+    pytest.importorskip("trl")
+    import tempfile
+
+    from pytest_packcheck.sft import _completion_only, offline_tokenizer, trl_features
+
+    feats = trl_features()
+    base = {"output_dir": tempfile.mkdtemp(), "packing": True, "max_length": 512, "per_device_train_batch_size": 1,
+            "report_to": [], "use_cpu": True}
+    tokenizer = offline_tokenizer(int(llama_sdpa.config.vocab_size))
+    assert _completion_only(llama_sdpa, feats, tokenizer, base)["prompt_tokens_in_loss"] == 0
+    planted = _completion_only(llama_sdpa, feats, tokenizer, {**base, "completion_only_loss": False})
+    assert planted["segments_matched"] == 6 and planted["prompt_tokens_in_loss"] > 0
