@@ -718,20 +718,54 @@ class _PaddingCollator:
         return B.padded_batch([f["input_ids"] for f in features], self.pad_id, "right")
 
 
-def _train(bench: Workbench, collator: Any, out_dir: str, use_cache: bool | None) -> tuple[list[float], list[float], dict[str, Any]]:
-    """TRAINER_STEPS optimizer steps of transformers' Trainer on the bench's examples (one batch of all of them
-    per step, fixed seed, SGD, constant LR, no clipping); per-step loss and grad norm from the log history, and
-    the parameters after the last step. The model's weights and config are restored afterwards."""
+def _checkpointing(model: Any) -> bool:
+    """Whether activation (gradient) checkpointing is on: ``is_activation_checkpointing`` in 5.x,
+    ``is_gradient_checkpointing`` before (5.x keeps it, deprecated)."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(type(model), name):
+            return bool(getattr(model, name))
+    return False
+
+
+def train_and_restore(model: Any, make_trainer: Callable[[], Any]) -> tuple[list[float], list[float], dict[str, Any]]:
+    """Build a trainer with ``make_trainer()``, train it without printing its logs, and return the per-step loss
+    and grad norm from its log history plus the parameters after the last step. The model's weights,
+    ``config.use_cache`` (transformers' Trainer and TRL's SFTTrainer both set it) and gradient checkpointing are
+    restored afterwards, and the model is left in eval mode; the caller may set ``use_cache`` before the call."""
     import copy
 
+    from transformers.trainer_callback import PrinterCallback
+
+    state = copy.deepcopy(model.state_dict())
+    saved_cache = getattr(model.config, "use_cache", None)
+    checkpointing = _checkpointing(model)
+    try:
+        trainer = make_trainer()
+        trainer.remove_callback(PrinterCallback)  # the log history is read below; no printing
+        trainer.train()
+        logs = [h for h in trainer.state.log_history if "loss" in h and "grad_norm" in h]
+        params = {n: p.detach().float().clone() for n, p in model.named_parameters()}
+    finally:
+        if not checkpointing and _checkpointing(model):  # the trainer turned it on (gradient_checkpointing=True)
+            disable = "activation_checkpointing_disable" if hasattr(type(model), "activation_checkpointing_disable") else "gradient_checkpointing_disable"
+            getattr(model, disable)()
+        model.load_state_dict(state)
+        if saved_cache is not None:
+            model.config.use_cache = saved_cache
+        model.eval()
+        model.zero_grad(set_to_none=True)
+    return [float(h["loss"]) for h in logs], [float(h["grad_norm"]) for h in logs], params
+
+
+def _train(bench: Workbench, collator: Any, out_dir: str, use_cache: bool | None) -> tuple[list[float], list[float], dict[str, Any]]:
+    """TRAINER_STEPS optimizer steps of transformers' Trainer on the bench's examples (one batch of all of them
+    per step, fixed seed, SGD, constant LR, no clipping); per-step loss and grad norm, and the parameters after
+    the last step. ``use_cache`` None: the model as configured. The model is restored afterwards."""
     import torch
     from transformers import Trainer, TrainingArguments
 
     model = bench.model
-    state = copy.deepcopy(model.state_dict())
     saved_cache = getattr(model.config, "use_cache", None)
-    if use_cache is not None:
-        model.config.use_cache = use_cache
     args = TrainingArguments(
         output_dir=out_dir, per_device_train_batch_size=len(bench.examples), max_steps=TRAINER_STEPS, learning_rate=1e-2,
         lr_scheduler_type="constant", optim="sgd", max_grad_norm=1e9, logging_steps=1, save_strategy="no", report_to=[],
@@ -739,22 +773,18 @@ def _train(bench: Workbench, collator: Any, out_dir: str, use_cache: bool | None
         remove_unused_columns=False, warmup_steps=0, weight_decay=0.0,
     )
     data = [{"input_ids": list(e)} for e in bench.examples]
-    try:
-        trainer = Trainer(model=model, args=args, train_dataset=data, data_collator=collator)
-        from transformers.trainer_callback import PrinterCallback
 
-        trainer.remove_callback(PrinterCallback)  # the log history is read below; no printing
-        trainer.train()
-        logs = [h for h in trainer.state.log_history if "loss" in h and "grad_norm" in h]
-        params = {n: p.detach().float().clone() for n, p in model.named_parameters()}
+    def make_trainer() -> Any:
+        if use_cache is not None:
+            model.config.use_cache = use_cache
+        return Trainer(model=model, args=args, train_dataset=data, data_collator=collator)
+
+    try:
+        return train_and_restore(model, make_trainer)
     finally:
-        model.load_state_dict(state)
         if saved_cache is not None:
             model.config.use_cache = saved_cache
-        model.eval()
-        model.zero_grad(set_to_none=True)
         torch.manual_seed(0)
-    return [float(h["loss"]) for h in logs], [float(h["grad_norm"]) for h in logs], params
 
 
 def check_trainer(bench: Workbench) -> CheckResult:

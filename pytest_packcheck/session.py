@@ -181,11 +181,7 @@ class PackcheckSession:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
     def make_items(self, session: pytest.Session) -> list[pytest.Item]:
-        from .runner import plan_cells
-
-        envs = [v.label for v in self.settings.versions] or [None]
-        cells = [c for env in envs for c in plan_cells(self.resolved_models(), self.settings.backends,
-                                                         self.settings.checks, self.settings.dtypes, env)]
+        cells = list(self._planned().values())
         index, count = self.settings.shard
         # whole models per shard (each model is built once), assigned round-robin in audit order
         cells = [c for c in cells if c.model_index % count == index - 1]
@@ -320,6 +316,7 @@ class PackcheckSession:
                                                          {"stage": "worker"}).to_json())
 
     def _planned(self) -> dict[str, Any]:
+        """cell_id -> Cell for every cell of the run (each version environment, or this one), in run order."""
         from .runner import plan_cells
 
         envs = [v.label for v in self.settings.versions] or [None]

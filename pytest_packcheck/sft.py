@@ -61,13 +61,14 @@ def check_sft(bench: Any) -> CheckResult:
     checks."""
     saved = getattr(bench.model.config, "use_cache", None)
     try:
-        return _check_sft(bench)
+        with tempfile.TemporaryDirectory(prefix="packcheck-sft-") as out_dir:
+            return _check_sft(bench, out_dir)
     finally:
         if saved is not None:
             bench.model.config.use_cache = saved
 
 
-def _check_sft(bench: Any) -> CheckResult:
+def _check_sft(bench: Any, out_dir: str) -> CheckResult:
     """SFTTrainer(packing=True) on six short texts, as configured by default for the installed TRL.
 
     Reports the effective configuration next to the request (padding_free, packing_strategy, the collator
@@ -94,7 +95,7 @@ def _check_sft(bench: Any) -> CheckResult:
     requested = {"packing": True, "padding_free": False}
     if "packing_strategy" in feats["fields"]:
         requested["packing_strategy"] = next(f.default for f in dataclasses.fields(SFTConfig) if f.name == "packing_strategy")
-    cfg_kwargs = {"output_dir": tempfile.mkdtemp(prefix="packcheck-sft-"), "packing": True, "padding_free": False,
+    cfg_kwargs = {"output_dir": out_dir, "packing": True, "padding_free": False,
                   feats["max_length_key"]: 512, "per_device_train_batch_size": 1, "max_steps": 1, "report_to": [],
                   "save_strategy": "no", "use_cpu": not bench.device.startswith("cuda"), "dataset_text_field": "text",
                   "seed": 0, "disable_tqdm": True}
@@ -220,35 +221,19 @@ STEPS = 3
 def _train_steps(bench: Any, feats: dict[str, Any], tokenizer: Any, cfg_kwargs: dict[str, Any], packing: bool) -> tuple[list[float], list[float]]:
     """STEPS SFTTrainer steps on the six texts, all of them in every step (packed: one row; padded: a batch of
     six), SGD, constant LR, no clipping; per-step loss and grad norm. The model is restored afterwards."""
-    import copy
-
     from datasets import Dataset
-    from transformers.trainer_callback import PrinterCallback
     from trl import SFTConfig, SFTTrainer
 
-    model = bench.model
-    state = copy.deepcopy(model.state_dict())
-    saved_cache = getattr(model.config, "use_cache", None)
+    from .checks import train_and_restore
+
     kwargs = {**cfg_kwargs, "packing": packing, "max_steps": STEPS, "per_device_train_batch_size": 1 if packing else len(SENTENCES),
               "learning_rate": 1e-2, "lr_scheduler_type": "constant", "optim": "sgd", "max_grad_norm": 1e9,
               "logging_steps": 1, "warmup_steps": 0, "weight_decay": 0.0, "data_seed": 0}
     kwargs = {k: v for k, v in kwargs.items() if k in feats["fields"] or k == "output_dir"}
-    checkpointing = bool(kwargs.get("gradient_checkpointing"))
-    try:
-        trainer = SFTTrainer(model=model, args=SFTConfig(**kwargs),
-                             train_dataset=Dataset.from_list([{"text": t} for t in SENTENCES]), **{feats["tokenizer_key"]: tokenizer})
-        trainer.remove_callback(PrinterCallback)
-        trainer.train()
-        logs = [h for h in trainer.state.log_history if "loss" in h and "grad_norm" in h]
-    finally:
-        if checkpointing and hasattr(model, "gradient_checkpointing_disable"):
-            model.gradient_checkpointing_disable()
-        model.load_state_dict(state)
-        if saved_cache is not None:
-            model.config.use_cache = saved_cache
-        model.eval()
-        model.zero_grad(set_to_none=True)
-    return [float(h["loss"]) for h in logs], [float(h["grad_norm"]) for h in logs]
+    loss, norm, _ = train_and_restore(bench.model, lambda: SFTTrainer(
+        model=bench.model, args=SFTConfig(**kwargs), train_dataset=Dataset.from_list([{"text": t} for t in SENTENCES]),
+        **{feats["tokenizer_key"]: tokenizer}))
+    return loss, norm
 
 
 def _completion_only(bench: Any, feats: dict[str, Any], tokenizer: Any, cfg_kwargs: dict[str, Any]) -> dict[str, Any]:
