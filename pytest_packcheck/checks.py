@@ -25,13 +25,14 @@ from . import batches as B
 from .backends import REFERENCE_BACKEND, TORCH_VARLEN_BACKEND, backend_availability, count_attention_calls
 from .results import CheckResult
 
-#: Check names in matrix order. ``collate`` is per model (no backend); the others per model x backend.
+#: Check names in matrix order. :data:`MODEL_LEVEL_CHECKS` run per model (no backend); the others per model x backend.
 CHECKS = ("collate", "position_ids", "isolation", "logits_parity", "loss_parity", "grad_parity", "backend", "cache_trap",
-          "mask_trap", "trainer", "sft")
-MODEL_LEVEL_CHECKS = ("collate",)
-#: Checks run when none are named: all but the training ones, ``trainer`` and ``sft`` (whole Trainer /
-#: SFTTrainer runs per cell; opt in with --packcheck-checks or audit/training.toml).
-DEFAULT_CHECKS = tuple(c for c in CHECKS if c not in ("trainer", "sft"))
+          "mask_trap", "trainer", "sft", "sft_padding_free", "sft_strategies", "packing_content")
+MODEL_LEVEL_CHECKS = ("collate", "packing_content")
+#: Whole Trainer / SFTTrainer runs (and TRL's packer): opt in with --packcheck-checks or audit/training.toml.
+TRAINING_CHECKS = ("trainer", "sft", "sft_padding_free", "sft_strategies", "packing_content")
+#: Checks run when none are named: all but :data:`TRAINING_CHECKS`.
+DEFAULT_CHECKS = tuple(c for c in CHECKS if c not in TRAINING_CHECKS)
 
 
 @dataclass
@@ -757,27 +758,34 @@ def train_and_restore(model: Any, make_trainer: Callable[[], Any]) -> tuple[list
     return [float(h["loss"]) for h in logs], [float(h["grad_norm"]) for h in logs], params
 
 
-def _train(bench: Workbench, collator: Any, out_dir: str, use_cache: bool | None) -> tuple[list[float], list[float], dict[str, Any]]:
-    """TRAINER_STEPS optimizer steps of transformers' Trainer on the bench's examples (one batch of all of them
-    per step, fixed seed, SGD, constant LR, no clipping); per-step loss and grad norm, and the parameters after
-    the last step. ``use_cache`` None: the model as configured. The model is restored afterwards."""
+def _train(bench: Workbench, collator: Any, out_dir: str, use_cache: bool | None, examples: list[list[int]] | None = None,
+           batch_size: int | None = None, grad_accum: int = 1, steps: int = TRAINER_STEPS) -> tuple[list[float], list[float], dict[str, Any]]:
+    """``steps`` optimizer steps of transformers' Trainer on ``examples`` (default: the bench's, all of them in
+    one batch per step), fixed seed and data order, SGD, constant LR, no clipping; per-step loss and grad
+    norm, and the parameters after the last step. ``use_cache`` None: the model as configured. The model is
+    restored afterwards."""
     import torch
     from transformers import Trainer, TrainingArguments
 
     model = bench.model
+    examples = examples or bench.examples
     saved_cache = getattr(model.config, "use_cache", None)
     args = TrainingArguments(
-        output_dir=out_dir, per_device_train_batch_size=len(bench.examples), max_steps=TRAINER_STEPS, learning_rate=1e-2,
+        output_dir=out_dir, per_device_train_batch_size=batch_size or len(examples), max_steps=steps, learning_rate=1e-2,
         lr_scheduler_type="constant", optim="sgd", max_grad_norm=1e9, logging_steps=1, save_strategy="no", report_to=[],
         seed=0, data_seed=0, dataloader_num_workers=0, disable_tqdm=True, use_cpu=not bench.device.startswith("cuda"),
-        remove_unused_columns=False, warmup_steps=0, weight_decay=0.0,
+        remove_unused_columns=False, warmup_steps=0, weight_decay=0.0, gradient_accumulation_steps=grad_accum,
     )
-    data = [{"input_ids": list(e)} for e in bench.examples]
+    data = [{"input_ids": list(e)} for e in examples]
+
+    class _InOrder(Trainer):
+        def _get_train_sampler(self, *args: Any, **kwargs: Any) -> Any:  # fixed data order: micro-batches as listed
+            return torch.utils.data.SequentialSampler(self.train_dataset)
 
     def make_trainer() -> Any:
         if use_cache is not None:
             model.config.use_cache = use_cache
-        return Trainer(model=model, args=args, train_dataset=data, data_collator=collator)
+        return _InOrder(model=model, args=args, train_dataset=data, data_collator=collator)
 
     try:
         return train_and_restore(model, make_trainer)
@@ -785,6 +793,33 @@ def _train(bench: Workbench, collator: Any, out_dir: str, use_cache: bool | None
         if saved_cache is not None:
             model.config.use_cache = saved_cache
         torch.manual_seed(0)
+
+
+#: Lengths of the three extra examples of the gradient-accumulation probe (two micro-batches of three).
+GRAD_ACCUM_LENGTHS = (9, 12, 5)
+
+
+def _grad_accum(bench: Workbench, collator: Any, out_dir: str) -> dict[str, Any]:
+    """One optimizer step of Trainer with gradient_accumulation_steps=2 over two micro-batches of three
+    examples (the bench's and three more), use_cache=False. The ``num_items_in_batch`` the Trainer hands the
+    model with each micro-batch is captured by a forward pre-hook; it must be the label tokens != -100 after
+    the causal shift over both micro-batches (transformers >= 4.46 passes it where the model takes loss
+    kwargs). Returns the counts seen (None where the Trainer passed none), the expected count and the loss."""
+    model = bench.model
+    examples = list(bench.examples) + B.make_examples(bench.config, GRAD_ACCUM_LENGTHS, seed=1)
+    seen: list[int | None] = []
+
+    def capture(module: Any, args: Any, kwargs: dict[str, Any]) -> None:
+        n = kwargs.get("num_items_in_batch")
+        seen.append(None if n is None else int(n))
+
+    handle = model.register_forward_pre_hook(capture, with_kwargs=True)
+    try:
+        loss, norm, _ = _train(bench, collator, out_dir, use_cache=False, examples=examples, batch_size=3, grad_accum=2, steps=1)
+    finally:
+        handle.remove()
+    return {"num_items_in_batch": seen, "expected": sum(len(e) - 1 for e in examples), "micro_batches": len(seen),
+            "loss": loss, "grad_norm": norm}
 
 
 def check_trainer(bench: Workbench) -> CheckResult:
@@ -810,6 +845,7 @@ def check_trainer(bench: Workbench) -> CheckResult:
     with tempfile.TemporaryDirectory(prefix="packcheck-trainer-") as tmp:
         ref_loss, ref_norm, ref_params = _train(bench, _PaddingCollator(bench.pad_id), tmp, use_cache=False)
         runs = {"as_configured": _train(bench, flat, tmp, use_cache=None), "use_cache_false": _train(bench, flat, tmp, use_cache=False)}
+        ga_packed, ga_padded = _grad_accum(bench, flat, tmp), _grad_accum(bench, _PaddingCollator(bench.pad_id), tmp)
     tol_loss, tol_rel = bench.tol["loss_atol"], bench.tol["grad_rel_err"]
     ref_flat = torch.cat([p.flatten() for p in ref_params.values()])
     metrics: dict[str, Any] = {"steps": TRAINER_STEPS, "padded_loss": ref_loss, "padded_grad_norm": ref_norm,
@@ -838,9 +874,19 @@ def check_trainer(bench: Workbench) -> CheckResult:
         metrics["label_tokens_shifted_over_unshifted"] = shifted / unshifted
         if not verdicts["use_cache_false"] and abs(ratio - shifted / unshifted) < 1e-3:
             metrics["normalisation"] = "padded loss divided by the unshifted label count"
+    metrics["grad_accum"] = {"packed": ga_packed, "padded": ga_padded}
+    counts = {n for n in ga_packed["num_items_in_batch"] if n is not None}
+    if counts and counts != {ga_packed["expected"]}:
+        off = max(counts, key=lambda n: abs(n - ga_packed["expected"])) - ga_packed["expected"]
+        return CheckResult("fail", metrics, f"gradient accumulation 2 x 3 examples: Trainer passed num_items_in_batch "
+                           f"{sorted(counts)} with the packed micro-batches, expected {ga_packed['expected']} (label tokens "
+                           f"!= -100 after the shift; {off:+d}, and 2 x 2 example boundaries lie inside the packed rows: an unmasked "
+                           "boundary label adds one each)")
     if verdicts["as_configured"]:
         return CheckResult("pass", metrics, f"{TRAINER_STEPS} Trainer steps packed = padded as configured: loss delta "
-                           f"{_fmt(a['max_loss_delta'])}, grad norm rel {_fmt(a['max_grad_norm_rel'])}, params rel {_fmt(a['param_rel_diff'])}")
+                           f"{_fmt(a['max_loss_delta'])}, grad norm rel {_fmt(a['max_grad_norm_rel'])}, params rel {_fmt(a['param_rel_diff'])}; "
+                           + (f"grad accum 2 x 3: num_items_in_batch {ga_packed['expected']} as expected" if counts
+                              else "grad accum 2 x 3: the Trainer passes no num_items_in_batch to this model"))
     if verdicts["use_cache_false"]:
         return CheckResult("fail", metrics, f"Trainer packed run correct only with use_cache=False: as configured loss differs "
                            f"from step {a['first_diverging_step']} by up to {_fmt(a['max_loss_delta'])} (params rel {_fmt(a['param_rel_diff'])}); "
@@ -865,6 +911,27 @@ def check_sft(bench: Workbench) -> CheckResult:
     return run(bench)
 
 
+def check_sft_padding_free(bench: Workbench) -> CheckResult:
+    """TRL's SFTTrainer(packing=False, padding_free=True) vs padded (:func:`pytest_packcheck.sft.check_sft_padding_free`)."""
+    from .sft import check_sft_padding_free as run
+
+    return run(bench)
+
+
+def check_sft_strategies(bench: Workbench) -> CheckResult:
+    """TRL's SFTTrainer(packing=True) per packing_strategy vs padded (:func:`pytest_packcheck.sft.check_sft_strategies`)."""
+    from .sft import check_sft_strategies as run
+
+    return run(bench)
+
+
+def check_packing_content(bench: Workbench) -> CheckResult:
+    """Token accounting of TRL's pack_dataset per strategy (:func:`pytest_packcheck.sft.check_packing_content`)."""
+    from .sft import check_packing_content as run
+
+    return run(bench)
+
+
 CHECK_FUNCTIONS: dict[str, Callable[[Workbench], CheckResult]] = {
     "collate": check_collate,
     "position_ids": check_position_ids,
@@ -877,4 +944,7 @@ CHECK_FUNCTIONS: dict[str, Callable[[Workbench], CheckResult]] = {
     "mask_trap": check_mask_trap,
     "trainer": check_trainer,
     "sft": check_sft,
+    "sft_padding_free": check_sft_padding_free,
+    "sft_strategies": check_sft_strategies,
+    "packing_content": check_packing_content,
 }

@@ -7,7 +7,7 @@ changes one. Known faults come from ``audit/known_faults.toml``.
 
 Causes (``CAUSES``): leak, wrong_positions, loss_normalisation, kernel_numerics, cache_trap, mask_override,
 ignores_position_ids, sliding_window, stateful_layers, stateful_layers_refused, backend_swap, labels_contract,
-collator_contract, batch_rows; and crash / hang / out_of_memory for error, timeout and oom cells.
+collator_contract, batch_rows, packing_content; and crash / hang / out_of_memory for error, timeout and oom cells.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ CAUSES = {
     "labels_contract": "the collator's labels contract (non-token labels) is broken",
     "collator_contract": "the collator's output breaks the packing contract (lengths, positions, cu_seq_lens)",
     "batch_rows": "two packed rows (batch size > 1) without cu_seq_lens lose their boundaries on this backend",
+    "packing_content": "TRL's packer loses, duplicates or cuts tokens beyond what its strategy documents (a tail packed without its prompt)",
     "crash": "the cell crashed (see the exception)",
     "hang": "the cell did not finish within the timeout",
     "out_of_memory": "the cell ran out of memory",
@@ -96,10 +97,14 @@ def classify(cell: dict[str, Any], group: dict[str, dict[str, Any]], model_level
             return "loss_normalisation", cell["message"][:200]
         if isinstance(m.get("use_cache_false"), dict) and "only with use_cache=False" in cell["message"]:
             return "cache_trap", cell["message"][:200]
-    if check == "sft":
+    if check == "trainer" and "num_items_in_batch" in cell["message"]:
+        return "loss_normalisation", cell["message"][:200]
+    if check == "packing_content":
+        return "packing_content", cell["message"][:200]
+    if check in ("sft", "sft_padding_free", "sft_strategies"):
         if "without boundaries" in cell["message"] or "all-ones attention_mask" in cell["message"]:
             return "mask_override", cell["message"][:200]
-        if "first-batch loss" in cell["message"]:
+        if "first-batch loss" in cell["message"] or "3-step training" in cell["message"]:
             iso = group.get("isolation")
             return ("leak" if iso is not None and iso["status"] == "fail" else "loss_normalisation"), cell["message"][:200]
         return "collator_contract", cell["message"][:200]
@@ -185,6 +190,12 @@ def remedy(cause: str, cell: dict[str, Any], doc_env: dict[str, Any]) -> str:
     if cause == "mask_override" and cell["check"] == "sft":
         return ("set padding_free=True in SFTConfig (TRL >= 0.16) so packed rows carry position_ids and no attention_mask, "
                 "or upgrade TRL (1.16's bfd packing turns padding-free on)")
+    if cause == "packing_content":
+        trl = _v(library_version(cell, doc_env, "trl"))
+        if trl is not None and _v("0.27") <= trl < _v("0.29"):
+            return ("upgrade TRL to >= 0.29 (or pin <= 0.26: bfd drops the overflow there), or truncate examples to "
+                    "max_length before packing so there is no overflow")
+        return "truncate examples to max_length before packing, or use packing_strategy='bfd_split' knowingly; report it to TRL"
     if cause == "wrong_positions":
         if m.get("batch_has_position_ids") is False:
             return "also return position_ids from the collator (DataCollatorWithFlattening(return_position_ids=True))"

@@ -61,7 +61,7 @@ OPTIONS = (
            "flex_attention, packcheck_flash_ref (CPU varlen reference), packcheck_flash_torch_varlen (PyTorch's "
            "varlen_attn, CUDA), flash_attention_2.",
            ini="packcheck_attn", env="PACKCHECK_ATTN"),
-    Option(OPT_CHECKS, "Checks to run, comma-separated (default: all but trainer).", ini="packcheck_checks", env="PACKCHECK_CHECKS"),
+    Option(OPT_CHECKS, "Checks to run, comma-separated (default: all but the training checks trainer, sft, sft_padding_free, sft_strategies, packing_content).", ini="packcheck_checks", env="PACKCHECK_CHECKS"),
     Option(OPT_DTYPES, "dtypes, comma-separated: float32, bfloat16, float16 (default float32 on CPU, bfloat16 on CUDA).",
            ini="packcheck_dtypes", env="PACKCHECK_DTYPES"),
     Option(OPT_WEIGHTS, "random: config.json only, shrunk, random weights; pretrained: the real weights. "

@@ -8,10 +8,12 @@ installed TRL cannot express is "unsupported" with the reason.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import itertools
 import tempfile
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .results import CheckResult
@@ -55,30 +57,78 @@ def trl_features() -> dict[str, Any]:
             "tokenizer_key": "processing_class" if "processing_class" in params else "tokenizer"}
 
 
-def check_sft(bench: Any) -> CheckResult:
-    """See :func:`_check_sft`. SFTTrainer sets use_cache=False on the model it is given; the measurements run
-    with that (as training would), and the model's own setting is restored afterwards for the group's other
-    checks."""
-    saved = getattr(bench.model.config, "use_cache", None)
+#: Optimizer steps of each N-step comparison (all six texts in every step).
+STEPS = 3
+#: Packing strategies TRL documents (``pack_dataset``): the ones the installed version accepts are run. TRL 0.19
+#: has ffd (first fit decreasing) and wrapped; later versions bfd, bfd_split and wrapped; 0.17 only wraps.
+STRATEGIES = ("bfd", "bfd_split", "ffd", "wrapped")
+#: Strategies that keep every segment whole from its first token (the overflow of a long example is dropped).
+_WHOLE_SEGMENTS = ("bfd", "ffd")
+
+
+@contextlib.contextmanager
+def _quiet_datasets() -> Iterator[None]:
+    """No ``datasets`` progress bars in the logs while SFTTrainer tokenizes and packs (restored afterwards)."""
+    import datasets
+
+    was = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
     try:
-        with tempfile.TemporaryDirectory(prefix="packcheck-sft-") as out_dir:
-            return _check_sft(bench, out_dir)
+        yield
     finally:
-        if saved is not None:
-            bench.model.config.use_cache = saved
+        if was:
+            datasets.enable_progress_bars()
 
 
-def _check_sft(bench: Any, out_dir: str) -> CheckResult:
-    """SFTTrainer(packing=True) on six short texts, as configured by default for the installed TRL.
+@dataclasses.dataclass
+class _Sft:
+    """What every SFTTrainer check of a cell shares: the TRL features, the offline tokenizer, the base
+    SFTConfig keyword arguments (packing=True, padding_free=False, max length 512, one step, CPU or GPU)."""
 
-    Reports the effective configuration next to the request (padding_free, packing_strategy, the collator
-    class, use_cache, attn_implementation; a silent override is named), checks the first batch's contract
-    (position_ids restart per example, labels -100 at each example's first token, cu_seq_lens where TRL emits
-    them, no attention_mask that would override the boundaries), and compares the model's loss on that batch
-    with the per-example reference (``loss_atol``). Fails on a broken contract or a loss beyond tolerance.
-    """
-    import torch
+    bench: Any
+    feats: dict[str, Any]
+    tokenizer: Any
+    base: dict[str, Any]
 
+    def config(self, **overrides: Any) -> Any:
+        """An SFTConfig of ``base`` + ``overrides``, keeping only the fields the installed TRL has."""
+        from trl import SFTConfig
+
+        kwargs = {**self.base, **overrides}
+        return SFTConfig(**{k: v for k, v in kwargs.items() if k in self.feats["fields"] or k == "output_dir"})
+
+    def trainer(self, data: list[dict[str, Any]] | None = None, **overrides: Any) -> Any:
+        """An SFTTrainer on ``data`` (default: the six texts) with :meth:`config` ``(**overrides)``."""
+        from datasets import Dataset
+        from trl import SFTTrainer
+
+        rows = data if data is not None else [{"text": t} for t in SENTENCES]
+        return SFTTrainer(model=self.bench.model, args=self.config(**overrides), train_dataset=Dataset.from_list(rows),
+                          **{self.feats["tokenizer_key"]: self.tokenizer})
+
+    def train_steps(self, **overrides: Any) -> tuple[list[float], list[float]]:
+        """STEPS SFTTrainer steps on the six texts, all of them in every step (a packed run: one row; a padded or
+        padding-free run: a batch of six), SGD, constant LR, no clipping; per-step loss and grad norm. The model
+        is restored afterwards."""
+        from .checks import train_and_restore
+
+        packing = overrides.get("packing", self.base["packing"])
+        kwargs = {"max_steps": STEPS, "per_device_train_batch_size": 1 if packing else len(SENTENCES),
+                  "learning_rate": 1e-2, "lr_scheduler_type": "constant", "optim": "sgd", "max_grad_norm": 1e9,
+                  "logging_steps": 1, "warmup_steps": 0, "weight_decay": 0.0, "data_seed": 0, **overrides}
+        loss, norm, _ = train_and_restore(self.bench.model, lambda: self.trainer(**kwargs))
+        return loss, norm
+
+    def padded_steps(self) -> tuple[list[float], list[float]]:
+        """The reference: :meth:`train_steps` with packing=False, padding_free=False (cached per model)."""
+        key = ("sft_padded", id(self.bench.model), self.feats["version"])
+        if key not in self.bench._cache:
+            self.bench._cache[key] = self.train_steps(packing=False, padding_free=False)
+        return self.bench._cache[key]
+
+
+def _setup(bench: Any, out_dir: str) -> _Sft | CheckResult:
+    """The shared SFTTrainer set-up, or the skipped / unsupported verdict when TRL cannot run it."""
     try:
         feats = trl_features()
     except ImportError as exc:
@@ -87,53 +137,75 @@ def _check_sft(bench: Any, out_dir: str) -> CheckResult:
     if missing or feats["max_length_key"] is None:
         return CheckResult("unsupported", {"trl": feats["version"]},
                            f"not available in trl {feats['version']}: SFTConfig has no {', '.join(missing) or 'max_length'}")
-    from datasets import Dataset
-    from trl import SFTConfig, SFTTrainer
+    base = {"output_dir": out_dir, "packing": True, "padding_free": False, feats["max_length_key"]: 512,
+            "per_device_train_batch_size": 1, "max_steps": 1, "report_to": [], "save_strategy": "no",
+            "use_cpu": not bench.device.startswith("cuda"), "dataset_text_field": "text", "seed": 0, "disable_tqdm": True}
+    return _Sft(bench, feats, offline_tokenizer(int(bench.config.vocab_size)), base)
 
-    vocab = int(bench.config.vocab_size)
-    tokenizer = offline_tokenizer(vocab)
-    requested = {"packing": True, "padding_free": False}
-    if "packing_strategy" in feats["fields"]:
-        requested["packing_strategy"] = next(f.default for f in dataclasses.fields(SFTConfig) if f.name == "packing_strategy")
-    cfg_kwargs = {"output_dir": out_dir, "packing": True, "padding_free": False,
-                  feats["max_length_key"]: 512, "per_device_train_batch_size": 1, "max_steps": 1, "report_to": [],
-                  "save_strategy": "no", "use_cpu": not bench.device.startswith("cuda"), "dataset_text_field": "text",
-                  "seed": 0, "disable_tqdm": True}
-    cfg_kwargs = {k: v for k, v in cfg_kwargs.items() if k in feats["fields"] or k in ("output_dir",)}
-    args = SFTConfig(**cfg_kwargs)
+
+def _run_sft_check(bench: Any, body: Callable[[_Sft], CheckResult]) -> CheckResult:
+    """Run ``body`` on the shared set-up. SFTTrainer sets use_cache=False on the model it is given; the
+    measurements run with that (as training would), and the model's own settings (use_cache, special token
+    ids, in its config and generation config) are restored afterwards for the group's other checks."""
     model = bench.model
-    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list([{"text": t} for t in SENTENCES]),
-                         **{feats["tokenizer_key"]: tokenizer})
-    # the collator is what pads or flattens: its padding_free is the one in force (bfd packing turns it on
-    # whatever SFTConfig.padding_free says, TRL 1.16)
+    configs = [c for c in (model.config, getattr(model, "generation_config", None)) if c is not None]
+    # SFTTrainer also aligns the model's special token ids with its tokenizer's (TRL 1.x): put them back too
+    saved = [(c, k, getattr(c, k)) for c in configs for k in ("use_cache", *_TOKEN_IDS) if hasattr(c, k)]
+    try:
+        with tempfile.TemporaryDirectory(prefix="packcheck-sft-") as out_dir, _quiet_datasets():
+            sft = _setup(bench, out_dir)
+            return sft if isinstance(sft, CheckResult) else body(sft)
+    finally:
+        for config, key, value in saved:
+            setattr(config, key, value)
+
+
+_TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id")
+
+
+def _effective(trainer: Any) -> dict[str, Any]:
+    """What is in force after SFTTrainer was built. The collator is what pads or flattens: its padding_free
+    is the one in force (TRL 1.16's bfd packing turns it on whatever SFTConfig.padding_free says)."""
     collator_free = getattr(trainer.data_collator, "padding_free", None)
-    effective = {"packing": trainer.args.packing,
-                 "padding_free": collator_free if collator_free is not None else getattr(trainer.args, "padding_free", None),
-                 "packing_strategy": getattr(trainer.args, "packing_strategy", None),
-                 "collator": type(trainer.data_collator).__name__, "use_cache": getattr(model.config, "use_cache", None),
-                 "attn_implementation": getattr(model.config, "_attn_implementation", None)}
-    batch = next(iter(trainer.get_train_dataloader()))
+    model = trainer.model
+    return {"packing": trainer.args.packing,
+            "padding_free": collator_free if collator_free is not None else getattr(trainer.args, "padding_free", None),
+            "packing_strategy": getattr(trainer.args, "packing_strategy", None),
+            "collator": type(trainer.data_collator).__name__, "use_cache": getattr(model.config, "use_cache", None),
+            "attn_implementation": getattr(model.config, "_attn_implementation", None)}
+
+
+def _configuration(sft: _Sft, trainer: Any, requested: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """Metrics (TRL version, requested vs effective configuration, overrides) and a one-line summary."""
+    effective = _effective(trainer)
     overridden = {k: (v, effective.get(k)) for k, v in requested.items() if k in effective and effective[k] != v}
-    metrics: dict[str, Any] = {"trl": feats["version"], "requested": requested, "effective": effective,
-                               "overridden": {k: list(v) for k, v in overridden.items()}, "keys": sorted(batch)}
+    metrics = {"trl": sft.feats["version"], "requested": requested, "effective": effective,
+               "overridden": {k: list(v) for k, v in overridden.items()}}
     over = "; ".join(f"{k} requested {a} -> in force {b}" for k, (a, b) in overridden.items())
-    summary = (f"trl {feats['version']}: {effective['collator']}, padding_free={effective['padding_free']}, "
-               f"packing_strategy={effective['packing_strategy']}, use_cache={effective['use_cache']}"
-               + (f"; overridden: {over}" if over else ""))
+    summary = (f"trl {sft.feats['version']}: {effective['collator']}, packing={effective['packing']}, "
+               f"padding_free={effective['padding_free']}, packing_strategy={effective['packing_strategy']}, "
+               f"use_cache={effective['use_cache']}" + (f"; overridden: {over}" if over else ""))
+    return metrics, summary
+
+
+def _row_contract(bench: Any, batch: dict[str, Any], metrics: dict[str, Any]) -> tuple[list[str], list[int] | None]:
+    """The first batch of a packed or padding-free run: one row whose position_ids restart per example, labels
+    -100 at each example's first token, cu_seq_lens_q (where TRL emits them) at the restarts, and no all-ones
+    attention_mask (it would override the boundaries on eager / sdpa / flex). Returns the problems and the
+    example starts (None when the row has no position_ids)."""
     problems = []
-    ids = batch["input_ids"].to(bench.device)
-    pos = batch.get("position_ids")
+    metrics["keys"] = sorted(batch)
     if "attention_mask" in batch and int((batch["attention_mask"] == 0).sum()) == 0 and batch["input_ids"].shape[0] == 1:
         problems.append("the packed batch carries an all-ones attention_mask (it overrides the boundaries on eager/sdpa/flex)")
+    pos = batch.get("position_ids")
     if pos is None:
         problems.append("the packed batch carries no position_ids: examples are concatenated without boundaries")
-        return CheckResult("fail", metrics, "; ".join(problems) + f" ({summary})")
-    pos = pos.to(bench.device)
+        return problems, None
     starts = (pos[0] == 0).nonzero().flatten().tolist()
     metrics["examples_in_row"] = len(starts)
     if len(starts) < 2:
         problems.append(f"position_ids restart {len(starts)} time(s): the row is not packed")
-    labels = batch["labels"].to(bench.device)
+    labels = batch["labels"]
     unmasked = [s for s in starts if int(labels[0, s]) != -100]
     if unmasked:
         problems.append(f"labels not -100 at {len(unmasked)} example starts {unmasked[:5]}")
@@ -142,18 +214,28 @@ def _check_sft(bench: Any, out_dir: str) -> CheckResult:
         metrics["cu_seq_lens_q"] = cu[:12]
         if cu[: len(starts)] != starts:
             problems.append(f"cu_seq_lens_q {cu[:8]} disagree with the position_ids restarts {starts[:8]}")
-    # loss on the batch as the trainer would feed it (use_cache as SFTTrainer left it) vs per-example runs
+    return problems, starts
+
+
+def _first_batch_loss(bench: Any, batch: dict[str, Any], starts: list[int], metrics: dict[str, Any]) -> list[str]:
+    """The model's loss on the batch as the trainer feeds it (use_cache as SFTTrainer left it, train mode, no
+    grad) vs the per-example reference (each segment alone, positions from 0); ``loss_atol``."""
+    import torch
+
+    device = bench.device
+    model = bench.model
+    ids, labels = batch["input_ids"].to(device), batch["labels"].to(device)
     model.train()
     try:
         with torch.no_grad():
-            inputs = {k: (v.to(bench.device) if hasattr(v, "to") else v) for k, v in batch.items()
+            inputs = {k: (v.to(device) if hasattr(v, "to") else v) for k, v in batch.items()
                       if k in ("input_ids", "labels", "position_ids") or k.startswith(("cu_seq", "max_length"))}
             packed_loss = float(model(**inputs).loss)
             ends = starts[1:] + [int(ids.shape[1])]
             total, count = 0.0, 0
             for s, e in zip(starts, ends, strict=True):
                 seg_ids, seg_labels = ids[:, s:e], labels[:, s:e]
-                seg_pos = torch.arange(0, e - s, device=bench.device)[None]
+                seg_pos = torch.arange(0, e - s, device=device)[None]
                 logits = model(input_ids=seg_ids, position_ids=seg_pos, use_cache=False).logits[0, :-1].float()
                 target = seg_labels[0, 1:]
                 keep = target != -100
@@ -163,44 +245,72 @@ def _check_sft(bench: Any, out_dir: str) -> CheckResult:
     finally:
         model.eval()
     reference = total / max(count, 1)
-    metrics.update({"loss_packed": packed_loss, "loss_reference": reference, "loss_delta": abs(packed_loss - reference),
-                    "atol": bench.tol["loss_atol"]})
-    if abs(packed_loss - reference) > bench.tol["loss_atol"]:
-        problems.append(f"first-batch loss {packed_loss:.6f} vs per-example reference {reference:.6f} (delta {abs(packed_loss - reference):.2e})")
-    # the same examples trained STEPS steps packed vs padded (packing=False, padding_free=False), one step = all six
-    steps = _train_steps(bench, feats, tokenizer, cfg_kwargs, packing=True), _train_steps(bench, feats, tokenizer, cfg_kwargs, packing=False)
-    (p_loss, p_norm), (d_loss, d_norm) = steps
-    metrics["steps"] = {"packed_loss": p_loss, "padded_loss": d_loss, "packed_grad_norm": p_norm, "padded_grad_norm": d_norm}
-    if len(p_loss) == len(d_loss) == STEPS:
-        tol_loss, tol_norm = bench.tol["train_loss_atol"], bench.tol["train_grad_norm_rel"]
-        diverged = next((i + 1 for i, (a, b) in enumerate(zip(p_loss, d_loss, strict=True)) if abs(a - b) > tol_loss), None)
-        norm_rel = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(p_norm, d_norm, strict=True))
-        metrics["steps"].update({"first_diverging_step": diverged, "max_grad_norm_rel": norm_rel,
-                                 "max_loss_delta": max(abs(a - b) for a, b in zip(p_loss, d_loss, strict=True))})
-        if diverged:
-            problems.append(f"{STEPS}-step training: packed vs padded loss diverge at step {diverged} "
-                            f"({p_loss[diverged - 1]:.6f} vs {d_loss[diverged - 1]:.6f})")
-        elif norm_rel > tol_norm:
-            problems.append(f"{STEPS}-step training: grad norm differs by {norm_rel:.2e} (relative)")
-    else:
-        problems.append(f"{STEPS}-step training logged {len(p_loss)} packed / {len(d_loss)} padded steps")
-    if "completion_only_loss" in feats["fields"]:
-        metrics["completion_only"] = _completion_only(bench, feats, tokenizer, cfg_kwargs)
+    delta = abs(packed_loss - reference)
+    metrics.update({"loss_packed": packed_loss, "loss_reference": reference, "loss_delta": delta, "atol": bench.tol["loss_atol"]})
+    if delta > bench.tol["loss_atol"]:
+        return [f"first-batch loss {packed_loss:.6f} vs per-example reference {reference:.6f} (delta {delta:.2e})"]
+    return []
+
+
+def _compare_steps(bench: Any, run: tuple[list[float], list[float]], reference: tuple[list[float], list[float]],
+                   label: str) -> tuple[dict[str, Any], list[str]]:
+    """Per-step loss (``train_loss_atol``) and grad norm (relative, ``train_grad_norm_rel``) of ``run`` vs the
+    padded ``reference``: metrics and the problems (the first diverging step with both losses)."""
+    (loss, norm), (ref_loss, ref_norm) = run, reference
+    metrics: dict[str, Any] = {"loss": loss, "grad_norm": norm, "padded_loss": ref_loss, "padded_grad_norm": ref_norm}
+    if not (len(loss) == len(ref_loss) == STEPS):
+        return metrics, [f"{label}: {STEPS}-step training logged {len(loss)} steps, the padded run {len(ref_loss)}"]
+    tol_loss, tol_norm = bench.tol["train_loss_atol"], bench.tol["train_grad_norm_rel"]
+    diverged = next((i + 1 for i, (a, b) in enumerate(zip(loss, ref_loss, strict=True)) if abs(a - b) > tol_loss), None)
+    norm_rel = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(norm, ref_norm, strict=True))
+    metrics.update({"first_diverging_step": diverged, "max_grad_norm_rel": norm_rel,
+                    "max_loss_delta": max(abs(a - b) for a, b in zip(loss, ref_loss, strict=True))})
+    if diverged:
+        return metrics, [(f"{label}: {STEPS}-step training, packed vs padded loss diverge at step {diverged} "
+                          f"({loss[diverged - 1]:.6f} vs {ref_loss[diverged - 1]:.6f})")]
+    if norm_rel > tol_norm:
+        return metrics, [f"{label}: {STEPS}-step training, grad norm differs by {norm_rel:.2e} (relative)"]
+    return metrics, []
+
+
+def check_sft(bench: Any) -> CheckResult:
+    """SFTTrainer(packing=True) on six short texts, as configured by default for the installed TRL.
+
+    Reports the effective configuration next to the request (padding_free, packing_strategy, the collator
+    class, use_cache, attn_implementation; a silent override is named), checks the first batch's contract
+    (:func:`_row_contract`) and its loss against the per-example reference (``loss_atol``), trains STEPS steps
+    packed vs padded (``train_loss_atol``, ``train_grad_norm_rel``), with gradient checkpointing on vs off, and
+    probes completion-only labels on prompt-completion pairs. Fails on any of these.
+    """
+    return _run_sft_check(bench, _check_sft)
+
+
+def _check_sft(sft: _Sft) -> CheckResult:
+    bench = sft.bench
+    requested = {"packing": True, "padding_free": False}
+    if "packing_strategy" in sft.feats["fields"]:
+        requested["packing_strategy"] = next(f.default for f in dataclasses.fields(sft.config()) if f.name == "packing_strategy")
+    trainer = sft.trainer()
+    metrics, summary = _configuration(sft, trainer, requested)
+    batch = next(iter(trainer.get_train_dataloader()))
+    problems, starts = _row_contract(bench, batch, metrics)
+    if starts is None:
+        return CheckResult("fail", metrics, "; ".join(problems) + f" ({summary})")
+    problems += _first_batch_loss(bench, batch, starts, metrics)
+    packed = sft.train_steps(packing=True)
+    metrics["steps"], bad = _compare_steps(bench, packed, sft.padded_steps(), "packed")
+    problems += bad
+    if "completion_only_loss" in sft.feats["fields"]:
+        metrics["completion_only"] = _completion_only(bench, sft.feats, sft.tokenizer, sft.base)
         if metrics["completion_only"]["prompt_tokens_in_loss"]:
             problems.append(f"completion-only loss: {metrics['completion_only']['prompt_tokens_in_loss']} prompt tokens keep their labels")
         if metrics["completion_only"]["segments_matched"] < len(SENTENCES):
             problems.append(f"completion-only loss: {metrics['completion_only']['segments_matched']} of {len(SENTENCES)} "
                             "prompt-completion examples found whole in the packed row")
-    try:
-        content = packing_content()
-    except ImportError as exc:  # pack_dataset appeared in TRL 0.16
-        content = {"error": f"not available in trl {feats['version']}: {exc}"}
-    metrics["packing_content"] = content
-    problems += [f"pack_dataset strategy={k}: {p}" for k, v in content.items() if isinstance(v, dict) for p in v.get("problems", [])
-                 if not p.startswith("not available")]
-    if "gradient_checkpointing" in feats["fields"]:
+    if "gradient_checkpointing" in sft.feats["fields"]:
         # gradient checkpointing recomputes the forward in backward: the packed boundaries must survive it
-        g_loss, g_norm = _train_steps(bench, feats, tokenizer, {**cfg_kwargs, "gradient_checkpointing": True}, packing=True)
+        g_loss, g_norm = sft.train_steps(packing=True, gradient_checkpointing=True)
+        p_loss, p_norm = packed
         if len(g_loss) == len(p_loss) == STEPS:
             gc_loss = max(abs(a - b) for a, b in zip(g_loss, p_loss, strict=True))
             gc_norm = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(g_norm, p_norm, strict=True))
@@ -209,31 +319,105 @@ def _check_sft(bench: Any, out_dir: str) -> CheckResult:
                 problems.append(f"gradient checkpointing changes the packed run: loss {gc_loss:.2e}, grad norm {gc_norm:.2e} relative")
     if problems:
         return CheckResult("fail", metrics, "; ".join(problems) + f" ({summary})")
-    return CheckResult("pass", metrics, f"{summary}; {len(starts)} examples per row, loss delta {abs(packed_loss - reference):.2e}; "
+    return CheckResult("pass", metrics, f"{summary}; {len(starts)} examples per row, loss delta {metrics['loss_delta']:.2e}; "
                        f"{STEPS} steps packed = padded (loss delta {metrics['steps']['max_loss_delta']:.2e})"
                        + (f"; gradient checkpointing: loss delta {metrics['gradient_checkpointing']['max_loss_delta']:.2e}"
                           if "gradient_checkpointing" in metrics else ""))
 
 
-STEPS = 3
+def check_sft_padding_free(bench: Any) -> CheckResult:
+    """SFTTrainer(packing=False, padding_free=True): each batch of six texts is flattened into one row by TRL's
+    collator (no packing of the dataset). Effective configuration vs the request, the first batch's contract
+    and loss vs the per-example reference, and STEPS steps padding-free vs padded. Where the model's backend
+    builds no packed mask from position_ids (eager / sdpa before transformers 4.54) the examples attend to
+    each other and the loss diverges. ``padding_free`` appeared in TRL 0.16: before, "unsupported"."""
+    return _run_sft_check(bench, _check_sft_padding_free)
 
 
-def _train_steps(bench: Any, feats: dict[str, Any], tokenizer: Any, cfg_kwargs: dict[str, Any], packing: bool) -> tuple[list[float], list[float]]:
-    """STEPS SFTTrainer steps on the six texts, all of them in every step (packed: one row; padded: a batch of
-    six), SGD, constant LR, no clipping; per-step loss and grad norm. The model is restored afterwards."""
-    from datasets import Dataset
-    from trl import SFTConfig, SFTTrainer
+def _check_sft_padding_free(sft: _Sft) -> CheckResult:
+    bench = sft.bench
+    requested = {"packing": False, "padding_free": True}
+    # TRL 1.16 refuses max_length with padding-free batches that are not packed (it could not enforce it); the
+    # six texts are short, so no length limit is needed
+    mode = {"packing": False, "padding_free": True, sft.feats["max_length_key"]: None}
+    trainer = sft.trainer(**mode, per_device_train_batch_size=len(SENTENCES))
+    metrics, summary = _configuration(sft, trainer, requested)
+    batch = next(iter(trainer.get_train_dataloader()))
+    problems, starts = _row_contract(bench, batch, metrics)
+    if starts is None:
+        return CheckResult("fail", metrics, "; ".join(problems) + f" ({summary})")
+    problems += _first_batch_loss(bench, batch, starts, metrics)
+    metrics["steps"], bad = _compare_steps(bench, sft.train_steps(**mode), sft.padded_steps(), "padding-free")
+    problems += bad
+    if problems:
+        return CheckResult("fail", metrics, "; ".join(problems) + f" ({summary})")
+    return CheckResult("pass", metrics, f"{summary}; {len(starts)} examples per row, loss delta {metrics['loss_delta']:.2e}; "
+                       f"{STEPS} steps padding-free = padded (loss delta {metrics['steps']['max_loss_delta']:.2e})")
 
-    from .checks import train_and_restore
 
-    kwargs = {**cfg_kwargs, "packing": packing, "max_steps": STEPS, "per_device_train_batch_size": 1 if packing else len(SENTENCES),
-              "learning_rate": 1e-2, "lr_scheduler_type": "constant", "optim": "sgd", "max_grad_norm": 1e9,
-              "logging_steps": 1, "warmup_steps": 0, "weight_decay": 0.0, "data_seed": 0}
-    kwargs = {k: v for k, v in kwargs.items() if k in feats["fields"] or k == "output_dir"}
-    loss, norm, _ = train_and_restore(bench.model, lambda: SFTTrainer(
-        model=bench.model, args=SFTConfig(**kwargs), train_dataset=Dataset.from_list([{"text": t} for t in SENTENCES]),
-        **{feats["tokenizer_key"]: tokenizer}))
-    return loss, norm
+def check_sft_strategies(bench: Any) -> CheckResult:
+    """SFTTrainer(packing=True) once per packing_strategy the installed TRL accepts (bfd, bfd_split, wrapped),
+    STEPS steps each vs the padded run. ``bfd`` and ``bfd_split`` keep the boundaries (padding-free rows) and
+    must match the padded run; ``wrapped`` ignores boundaries by design (TRL's documentation), so its numbers
+    are reported but never fail the cell. ``packing_strategy`` appeared in TRL 0.19: before, "unsupported"."""
+    return _run_sft_check(bench, _check_sft_strategies)
+
+
+def _check_sft_strategies(sft: _Sft) -> CheckResult:
+    bench = sft.bench
+    if "packing_strategy" not in sft.feats["fields"]:
+        return CheckResult("unsupported", {"trl": sft.feats["version"]},
+                           f"not available in trl {sft.feats['version']}: SFTConfig has no packing_strategy (added in 0.19)")
+    metrics: dict[str, Any] = {"trl": sft.feats["version"], "strategies": {}}
+    problems, ran = [], []
+    reference = sft.padded_steps()
+    for strategy in STRATEGIES:
+        try:
+            trainer = sft.trainer(packing=True, packing_strategy=strategy)
+        except ValueError as exc:  # an older TRL refuses a strategy it does not have
+            metrics["strategies"][strategy] = {"available": False, "reason": str(exc).splitlines()[0][:200]}
+            continue
+        entry: dict[str, Any] = {"available": True, "effective": _effective(trainer)}
+        batch = next(iter(trainer.get_train_dataloader()))
+        entry["keys"] = sorted(batch)
+        steps, bad = _compare_steps(bench, sft.train_steps(packing=True, packing_strategy=strategy), reference, strategy)
+        entry["steps"] = steps
+        if strategy == "wrapped":
+            entry["by_design"] = "wrapped packing ignores example boundaries by design (TRL docs): measured, not compared for parity"
+        else:
+            problems += bad
+        metrics["strategies"][strategy] = entry
+        ran.append(f"{strategy} {steps.get('max_loss_delta', float('nan')):.2e}")
+    if not ran:
+        return CheckResult("unsupported", metrics, f"no packing strategy runs in trl {sft.feats['version']}")
+    summary = f"trl {sft.feats['version']}, {STEPS}-step loss delta vs padded: " + ", ".join(ran)
+    if metrics["strategies"].get("wrapped", {}).get("available"):
+        summary += " (wrapped: boundaries ignored by design, not failed)"
+    if problems:
+        return CheckResult("fail", metrics, "; ".join(problems) + f" ({summary})")
+    return CheckResult("pass", metrics, summary)
+
+
+def check_packing_content(bench: Any) -> CheckResult:
+    """Token accounting of TRL's ``pack_dataset`` per strategy (:func:`packing_content`): per model, no backend
+    (the packer never sees the model). ``pack_dataset`` appeared in TRL 0.16: before, "unsupported"."""
+    try:
+        import trl
+    except ImportError as exc:
+        return CheckResult("skipped", {}, f"trl is not installed ({exc})")
+    try:
+        with _quiet_datasets():
+            content = packing_content()
+    except ImportError as exc:
+        return CheckResult("unsupported", {"trl": trl.__version__}, f"not available in trl {trl.__version__}: {exc}")
+    problems = [f"{s}: {p}" for s, v in content.items() for p in v["problems"]]
+    metrics = {"trl": trl.__version__, "strategies": content}
+    ran = {s: v for s, v in content.items() if v.get("available", True)}
+    summary = "; ".join(f"{s}: {v['lost']} lost ({v['overflow']} overflow), {v['duplicated']} duplicated, {v['tail_starts']} tail starts"
+                        for s, v in ran.items())
+    if problems:
+        return CheckResult("fail", metrics, "; ".join(problems) + f" (trl {trl.__version__})")
+    return CheckResult("pass", metrics, f"trl {trl.__version__}: {summary}")
 
 
 def _completion_only(bench: Any, feats: dict[str, Any], tokenizer: Any, cfg_kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -244,7 +428,7 @@ def _completion_only(bench: Any, feats: dict[str, Any], tokenizer: Any, cfg_kwar
     from trl import SFTConfig, SFTTrainer
 
     pairs = [{"prompt": " ".join(t.split(" ")[:2]), "completion": " " + " ".join(t.split(" ")[2:] or ["end."])} for t in SENTENCES]
-    kwargs = {k: v for k, v in cfg_kwargs.items() if k != "dataset_text_field"}
+    kwargs = {k: v for k, v in cfg_kwargs.items() if k != "dataset_text_field" and (k in feats["fields"] or k == "output_dir")}
     trainer = SFTTrainer(model=bench.model, args=SFTConfig(**kwargs), train_dataset=Dataset.from_list(pairs),
                          **{feats["tokenizer_key"]: tokenizer})
     batch = next(iter(trainer.get_train_dataloader()))
@@ -265,68 +449,92 @@ def _completion_only(bench: Any, feats: dict[str, Any], tokenizer: Any, cfg_kwar
             "completion_only_loss": getattr(trainer.args, "completion_only_loss", None)}
 
 
-#: Example lengths and row length of the packing-content probe: some examples longer than a row, some short.
-CONTENT_LENGTHS = (40, 10, 70, 25, 5, 90)
-CONTENT_SEQ_LENGTH = 64
+#: The packing-content probes: (example lengths, seq_length). "mixed": some examples longer than a row, some
+#: short. "tails": two examples of 13 and 11 tokens into rows of 10, the case where TRL 0.27 / 0.28's bfd packs
+#: the two cut-off tails into a third row of their own (0.26 drops them).
+CONTENT_PROBES = {"mixed": ((40, 10, 70, 25, 5, 90), 64), "tails": ((13, 11), 10)}
 
 
-def packing_content(pack: Any = None, strategies: tuple[str, ...] = ("bfd", "bfd_split", "wrapped")) -> dict[str, Any]:
-    """Token accounting of TRL's ``pack_dataset`` per strategy, on examples whose token ids are unique (so
-    every output token traces back to one input position). Expected, from TRL's own documentation:
-    ``bfd`` keeps each example's first ``seq_length`` tokens, whole and starting at its first token (overflow
-    discarded); ``bfd_split`` loses nothing (overflow becomes its own segment); ``wrapped`` loses nothing but
-    an unfilled last row. No strategy may duplicate a token or exceed ``seq_length`` per row.
+def packing_content(pack: Any = None, strategies: tuple[str, ...] = STRATEGIES) -> dict[str, Any]:
+    """Token accounting of TRL's ``pack_dataset`` per strategy over :data:`CONTENT_PROBES`, on examples whose
+    token ids are unique (so every output token traces back to one input position).
 
-    Returns strategy -> {tokens_in, tokens_out, lost, expected_lost, duplicated, rows, longest_row, problems}.
+    What each strategy must do (TRL's documentation): ``bfd`` (and TRL 0.19's ``ffd``) keeps each example's first
+    ``seq_length`` tokens, whole and starting at its first token; its overflow may be dropped, but a segment that
+    starts inside an example (a truncated tail that lost its prompt) is a failure. ``bfd_split`` loses nothing (its split tails
+    are counted, not failed: splitting is what it is for). ``wrapped`` loses nothing, or exactly an unfilled last
+    row. No strategy may duplicate a token or exceed ``seq_length`` per row.
+
+    Returns strategy -> {available, lost, overflow, duplicated, tail_starts, rows, probes: {name: {...}},
+    problems}; the counts are summed over the probes. Raises ImportError when TRL has no ``pack_dataset``
+    (before 0.16).
     """
     from datasets import Dataset
 
     if pack is None:
         from trl.data_utils import pack_dataset as pack
     params = inspect.signature(pack).parameters
-    examples, start = [], 1
-    for n in CONTENT_LENGTHS:
-        examples.append(list(range(start, start + n)))
-        start += n
     out: dict[str, Any] = {}
     for strategy in strategies:
-        if "strategy" not in params and strategy != "bfd":
-            out[strategy] = {"problems": ["not available in this trl (pack_dataset has no strategy argument)"]}
+        if "strategy" not in params and strategy != "wrapped":  # TRL 0.17's pack_dataset only concatenates and cuts
+            out[strategy] = {"available": False, "problems": [], "reason": "pack_dataset has no strategy argument (it wraps)"}
             continue
-        kwargs = {"strategy": strategy} if "strategy" in params else {}
-        try:
-            packed = pack(Dataset.from_list([{"input_ids": e} for e in examples]), CONTENT_SEQ_LENGTH, **kwargs)
-        except (ValueError, KeyError, TypeError) as exc:
-            out[strategy] = {"problems": [f"not available: {type(exc).__name__}: {exc}"]}
-            continue
-        rows = [list(r) for r in packed["input_ids"]]
-        tokens = [t for r in rows for t in r]
-        seen = set(tokens)
-        all_tokens = [t for e in examples for t in e]
-        lost = len(set(all_tokens) - seen)
-        if strategy == "bfd":
-            expected_lost = sum(max(0, len(e) - CONTENT_SEQ_LENGTH) for e in examples)
-        elif strategy == "wrapped":
-            expected_lost = len(all_tokens) % CONTENT_SEQ_LENGTH if len(tokens) < len(all_tokens) else 0
-        else:
-            expected_lost = 0
-        problems = []
-        if len(tokens) != len(seen):
-            problems.append(f"{len(tokens) - len(seen)} tokens duplicated")
-        if lost != expected_lost:
-            problems.append(f"{lost} tokens lost, {expected_lost} expected")
-        if any(len(r) > CONTENT_SEQ_LENGTH for r in rows):
-            problems.append(f"a row of {max(map(len, rows))} tokens exceeds seq_length {CONTENT_SEQ_LENGTH}")
-        if strategy == "bfd" and "seq_lengths" in packed.column_names:
-            firsts = {e[0] for e in examples}
-            for r, lengths in zip(rows, packed["seq_lengths"], strict=True):
-                at = 0
-                for n in lengths:
-                    if r[at] not in firsts:
-                        problems.append(f"a segment starts at token {r[at]}, not at an example's first token (its prompt is lost)")
-                        break
-                    at += n
-        out[strategy] = {"tokens_in": len(all_tokens), "tokens_out": len(tokens), "lost": lost, "expected_lost": expected_lost,
-                         "duplicated": len(tokens) - len(seen), "rows": len(rows), "longest_row": max(map(len, rows)),
-                         "problems": problems}
+        entry: dict[str, Any] = {"available": True, "lost": 0, "overflow": 0, "duplicated": 0, "tail_starts": 0, "rows": 0,
+                                 "probes": {}, "problems": []}
+        for name, (lengths, seq_length) in CONTENT_PROBES.items():
+            examples, start = [], 1
+            for n in lengths:
+                examples.append(list(range(start, start + n)))
+                start += n
+            try:
+                packed = pack(Dataset.from_list([{"input_ids": e} for e in examples]), seq_length,
+                              **({"strategy": strategy} if "strategy" in params else {}))
+            except (ValueError, KeyError, TypeError) as exc:  # a strategy this TRL does not have
+                entry = {"available": False, "problems": [], "reason": f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"}
+                break
+            probe = _account(examples, [list(r) for r in packed["input_ids"]], seq_length, strategy,
+                             packed["seq_lengths"] if "seq_lengths" in packed.column_names else None)
+            entry["probes"][name] = probe
+            for key in ("lost", "overflow", "duplicated", "tail_starts", "rows"):
+                entry[key] += probe[key]
+            entry["problems"] += [f"{name} probe {list(lengths)} into {seq_length}: {p}" for p in probe.pop("problems")]
+        out[strategy] = entry
     return out
+
+
+def _account(examples: list[list[int]], rows: list[list[int]], seq_length: int, strategy: str,
+             seq_lengths: list[list[int]] | None) -> dict[str, Any]:
+    """One probe of :func:`packing_content`: counts and problems of ``rows`` packed from ``examples``."""
+    tokens = [t for r in rows for t in r]
+    seen = set(tokens)
+    all_tokens = [t for e in examples for t in e]
+    lost = len(set(all_tokens) - seen)
+    overflow = sum(max(0, len(e) - seq_length) for e in examples)
+    firsts = {e[0] for e in examples}
+    segment_starts = []
+    for r, lengths in zip(rows, seq_lengths or [[len(r)] for r in rows], strict=True):
+        at = 0
+        for n in lengths:
+            if n and at < len(r):
+                segment_starts.append(r[at])
+            at += n
+    tail_starts = [t for t in segment_starts if t not in firsts] if seq_lengths is not None else []
+    problems = []
+    if len(tokens) != len(seen):
+        problems.append(f"{len(tokens) - len(seen)} tokens duplicated")
+    if any(len(r) > seq_length for r in rows):
+        problems.append(f"a row of {max(map(len, rows))} tokens exceeds seq_length {seq_length}")
+    if strategy in _WHOLE_SEGMENTS:
+        if lost > overflow:
+            problems.append(f"{lost} tokens lost, at most the {overflow} overflow tokens may be")
+        if tail_starts:
+            problems.append(f"{len(tail_starts)} segments start inside an example (truncated tails that lost their prompt, "
+                            f"{lost} of {overflow} overflow tokens dropped, {len(rows)} rows)")
+    elif strategy == "wrapped":
+        if lost not in (0, len(all_tokens) % seq_length):
+            problems.append(f"{lost} tokens lost, none or the unfilled last row ({len(all_tokens) % seq_length}) may be")
+    elif lost:
+        problems.append(f"{lost} tokens lost, none may be")
+    return {"tokens_in": len(all_tokens), "tokens_out": len(tokens), "lost": lost, "overflow": overflow,
+            "duplicated": len(tokens) - len(seen), "tail_starts": len(tail_starts), "rows": len(rows),
+            "longest_row": max(map(len, rows), default=0), "problems": problems}

@@ -259,6 +259,23 @@ def test_trainer_packed_equals_padded_and_catches_a_planted_fault(llama_sdpa):
     assert broken.status == "fail" and broken.metrics["use_cache_false"]["first_diverging_step"] == 1, broken.message
 
 
+def test_trainer_grad_accum_counts_label_tokens_after_the_shift(llama_sdpa):
+    """Gradient accumulation 2 with packed micro-batches of 3 examples: the num_items_in_batch Trainer hands the
+    model is the label tokens != -100 after the shift over both micro-batches (the same for the padded run on
+    5.x). Planted: a collator that leaves the boundary labels unmasked -> 2 x 2 tokens too many -> fail."""
+    pytest.importorskip("accelerate")
+    result = C.check_trainer(llama_sdpa)
+    ga = result.metrics["grad_accum"]
+    lengths = [*llama_sdpa.lengths, *C.GRAD_ACCUM_LENGTHS]
+    assert ga["packed"]["expected"] == sum(n - 1 for n in lengths) == 51
+    assert ga["packed"]["num_items_in_batch"] == [51, 51] and ga["packed"]["micro_batches"] == 2
+    assert ga["padded"]["num_items_in_batch"] == [51, 51]
+    assert abs(ga["packed"]["loss"][0] - ga["padded"]["loss"][0]) < 1e-5
+    llama_sdpa.collator_factory = collator_label_leak
+    broken = C.check_trainer(llama_sdpa)
+    assert broken.status == "fail" and "num_items_in_batch [55]" in broken.message and "expected 51" in broken.message, broken.message
+
+
 def test_sft_packing_reports_what_is_in_force_and_catches_a_leak(llama_sdpa):
     """TRL SFTTrainer(packing=True) with an offline BPE tokenizer: TRL sets use_cache=False, sends cu_seq_lens,
     and bfd packing turns padding-free on although padding_free=False was asked (named as an override); the
@@ -272,7 +289,7 @@ def test_sft_packing_reports_what_is_in_force_and_catches_a_leak(llama_sdpa):
     assert result.metrics["examples_in_row"] == 6 and result.metrics["loss_delta"] < 1e-5
     assert result.metrics["overridden"].get("padding_free") == [False, True]
     steps = result.metrics["steps"]  # 3 SFTTrainer steps packed vs padded (packing=False) on the same examples
-    assert len(steps["packed_loss"]) == 3 and steps["first_diverging_step"] is None and steps["max_loss_delta"] < 1e-4
+    assert len(steps["loss"]) == len(steps["padded_loss"]) == 3 and steps["first_diverging_step"] is None and steps["max_loss_delta"] < 1e-4
     assert result.metrics["gradient_checkpointing"]["max_loss_delta"] < 1e-4  # on vs off, padding-free
     completion = result.metrics["completion_only"]  # prompt-completion pairs: prompts out of the loss
     assert completion["segments_matched"] == 6 and completion["prompt_tokens_in_loss"] == 0
@@ -282,14 +299,16 @@ def test_sft_packing_reports_what_is_in_force_and_catches_a_leak(llama_sdpa):
 
 
 def test_packing_content_accounts_for_every_token():
-    """TRL's pack_dataset per strategy: bfd drops exactly the documented overflow and keeps every example's
-    start; bfd_split and wrapped lose nothing. Planted: a packer that drops one token per row."""
+    """TRL's pack_dataset per strategy: bfd drops at most the overflow and starts every segment at an example's
+    first token; bfd_split and wrapped lose nothing. Planted: a packer that drops one token per row."""
     pytest.importorskip("trl")
-    from pytest_packcheck.sft import CONTENT_LENGTHS, CONTENT_SEQ_LENGTH, packing_content
+    from pytest_packcheck.sft import CONTENT_PROBES, packing_content
 
     content = packing_content()
-    assert content["bfd"]["lost"] == sum(max(0, n - CONTENT_SEQ_LENGTH) for n in CONTENT_LENGTHS) and not content["bfd"]["problems"]
-    assert content["bfd_split"]["lost"] == 0 and content["wrapped"]["duplicated"] == 0
+    overflow = sum(max(0, n - seq) for lengths, seq in CONTENT_PROBES.values() for n in lengths)
+    assert content["bfd"]["lost"] == content["bfd"]["overflow"] == overflow == 36 and content["bfd"]["tail_starts"] == 0
+    assert content["bfd"]["probes"]["tails"]["rows"] == 2  # 13 and 11 into 10: two rows, the tails dropped
+    assert content["bfd_split"]["lost"] == 0 and content["bfd_split"]["tail_starts"] > 0 and content["wrapped"]["duplicated"] == 0
     assert all(not v["problems"] for v in content.values())
 
     from trl.data_utils import pack_dataset
@@ -299,7 +318,58 @@ def test_packing_content_accounts_for_every_token():
         return packed.map(lambda row: {"input_ids": row["input_ids"][:-1]}, remove_columns=["seq_lengths"] if "seq_lengths" in packed.column_names else None)
 
     broken = packing_content(pack=lossy)
-    assert all(any("tokens lost" in p for p in v["problems"]) for v in broken.values())
+    assert all(any("tokens lost" in p for p in v["problems"]) for v in broken.values() if v["available"])
+    assert [s for s, v in broken.items() if v["available"]] == ["bfd", "bfd_split", "wrapped"]  # no ffd after 0.19
+
+
+def test_packing_content_catches_truncated_tails_packed_as_examples(llama_sdpa):
+    """Planted: bfd that packs the overflow tails as segments of their own (what TRL 0.27 / 0.28 do: 13 and 11
+    tokens into rows of 10 give a third row [11, 12, 13 | 111]) -> packing_content fails on bfd with the count."""
+    pytest.importorskip("trl")
+    from trl.data_utils import pack_dataset
+
+    from pytest_packcheck.sft import packing_content
+
+    def tails_kept(dataset, seq_length, strategy="bfd"):
+        return pack_dataset(dataset, seq_length, strategy="bfd_split" if strategy == "bfd" else strategy)
+
+    content = packing_content(pack=tails_kept, strategies=("bfd",))
+    tails = content["bfd"]["probes"]["tails"]
+    assert tails["rows"] == 3 and tails["tail_starts"] == 2 and tails["lost"] == 0
+    assert any("tails probe [13, 11] into 10: 2 segments start inside an example" in p for p in content["bfd"]["problems"])
+    result = C.check_packing_content(llama_sdpa)
+    assert result.status == "pass" and "bfd: 36 lost (36 overflow)" in result.message, result.message
+
+
+def test_sft_padding_free_without_packing_and_a_planted_leak(llama_sdpa):
+    """SFTTrainer(packing=False, padding_free=True): TRL flattens each batch of six into one row with
+    position_ids; on sdpa (transformers >= 4.54 builds the packed mask) the loss matches the per-example
+    reference and 3 steps match the padded run. Planted: sdpa that ignores the packed mask -> fail."""
+    pytest.importorskip("trl")
+    result = C.check_sft_padding_free(llama_sdpa)
+    assert result.status == "pass", result.message
+    assert result.metrics["effective"]["padding_free"] is True and result.metrics["effective"]["packing"] is False
+    assert result.metrics["examples_in_row"] == 6 and "attention_mask" not in result.metrics["keys"]
+    assert result.metrics["steps"]["max_loss_delta"] < 1e-4
+    assert llama_sdpa.model.config.use_cache is True and llama_sdpa.model.config.eos_token_id == 2  # restored
+    with leaky_sdpa():
+        leaked = C.check_sft_padding_free(llama_sdpa)
+    assert leaked.status == "fail" and "first-batch loss" in leaked.message and "padding-free: 3-step training" in leaked.message
+
+
+def test_sft_strategies_compare_each_packing_strategy_with_padded(llama_sdpa):
+    """Each packing_strategy 3 steps vs padded: bfd and bfd_split keep the boundaries (equal); wrapped joins
+    the examples by design (measured, not failed). Planted: a leaking sdpa -> bfd and bfd_split fail."""
+    pytest.importorskip("trl")
+    result = C.check_sft_strategies(llama_sdpa)
+    assert result.status == "pass", result.message
+    strategies = result.metrics["strategies"]
+    assert strategies["bfd"]["steps"]["max_loss_delta"] < 1e-4 and strategies["bfd_split"]["steps"]["max_loss_delta"] < 1e-4
+    assert strategies["wrapped"]["steps"]["max_loss_delta"] > 1e-3 and "by design" in strategies["wrapped"]["by_design"]
+    assert "attention_mask" in strategies["wrapped"]["keys"] and "position_ids" in strategies["bfd"]["keys"]
+    with leaky_sdpa():
+        leaked = C.check_sft_strategies(llama_sdpa)
+    assert leaked.status == "fail" and "bfd: 3-step training" in leaked.message and "bfd_split: 3-step" in leaked.message
 
 
 def test_completion_only_probe_sees_prompt_tokens_in_the_loss(llama_sdpa):

@@ -286,3 +286,43 @@ def test_real_trl_packing_without_padding_free_before_1_16(pytester, monkeypatch
     assert old["env"]["versions"]["trl"] == "0.21.0" and old["diagnosis"]["cause"] == "mask_override"
     assert "trl-packing-without-padding-free" in old["diagnosis"]["known_faults"]
     assert old["diagnosis"]["remedy"].startswith("set padding_free=True")
+
+
+@pytest.mark.slow
+def test_real_trl_padding_free_without_packing_on_4_51_3(pytester, monkeypatch, version_cache):
+    """transformers 4.51.3 + trl 0.17, sdpa, SFTConfig(padding_free=True) without packing: TRL flattens each batch
+    into one row with position_ids, but 4.51.3's sdpa builds no packed mask from them -> the examples attend to
+    each other and the loss diverges from the padded run at step 1; the report says why (backend + version).
+    trl 0.17 has no packing_strategy (unsupported, named) and its pack_dataset only wraps."""
+    cells = _audit(pytester, monkeypatch, version_cache, "transformers==4.51.3 & trl==0.17.0", "arch:llama", "sdpa",
+                   "isolation,sft_padding_free,sft_strategies,packing_content")
+    env = "@transformers==4.51.3+trl==0.17.0"
+    free = cells[f"llama-sdpa-sft_padding_free-float32{env}"]
+    assert free["status"] == "fail" and "padding-free: 3-step training" in free["message"], free["message"]
+    assert free["metrics"]["effective"]["padding_free"] is True and free["metrics"]["examples_in_row"] == 6
+    assert free["metrics"]["loss_delta"] > 1e-3 and free["metrics"]["steps"]["first_diverging_step"] == 1
+    assert free["diagnosis"]["cause"] == "leak" and "no-packed-mask-before-4.54" in free["diagnosis"]["known_faults"]
+    assert free["diagnosis"]["remedy"].startswith("upgrade transformers to >= 4.54")
+    assert cells[f"llama-sdpa-isolation-float32{env}"]["status"] == "fail"
+    strategies = cells[f"llama-sdpa-sft_strategies-float32{env}"]
+    assert strategies["status"] == "unsupported" and "not available in trl 0.17.0" in strategies["message"]
+    content = cells[f"llama-packing_content-float32{env}"]["metrics"]["strategies"]
+    assert [s for s, v in content.items() if v["available"]] == ["wrapped"]
+
+
+@pytest.mark.slow
+def test_real_trl_bfd_truncated_tails_0_27_and_0_28(pytester, monkeypatch, version_cache):
+    """pack_dataset(strategy='bfd') of two examples of 13 and 11 tokens into rows of 10: trl 0.26 drops the
+    overflow (two rows); 0.27 and 0.28 pack the two cut-off tails into a third row [11, 12, 13 | 111] -> a
+    packing-content failure on those versions, with the known fault and an upgrade remedy."""
+    cells = _audit(pytester, monkeypatch, version_cache, "trl==0.26.0,0.27.0,0.28.0", "arch:llama", "sdpa", "packing_content")
+    ok = cells["llama-packing_content-float32@trl==0.26.0"]
+    assert ok["status"] == "pass" and ok["metrics"]["strategies"]["bfd"]["probes"]["tails"]["rows"] == 2, ok["message"]
+    for v in ("0.27.0", "0.28.0"):
+        cell = cells[f"llama-packing_content-float32@trl=={v}"]
+        tails = cell["metrics"]["strategies"]["bfd"]["probes"]["tails"]
+        assert cell["status"] == "fail" and tails["rows"] == 3 and tails["tail_starts"] == 2 and tails["lost"] == 0, cell["message"]
+        assert "tails probe [13, 11] into 10: 2 segments start inside an example" in cell["message"]
+        assert cell["diagnosis"]["cause"] == "packing_content"
+        assert "trl-bfd-packs-truncated-tails" in cell["diagnosis"]["known_faults"]
+        assert cell["diagnosis"]["remedy"].startswith("upgrade TRL to >= 0.29")
