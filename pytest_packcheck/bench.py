@@ -193,6 +193,24 @@ def run_bench(model: Any, *, profile: str = "flan", steps: int = 10, warmup: int
     return result
 
 
+#: Headers of :func:`bench_table` rows.
+BENCH_HEADERS = ["profile", "median length", "padding", "padded tok/s", "packed tok/s", "speedup", "ideal", "of ideal",
+                 "peak memory saved", "instrumentation"]
+BENCH_NOTE = ("Useful tokens are label tokens that are not padding. Figures are medians over the measured steps; "
+              "step-time spreads (min-max) and peak memory per mode. The instrumentation overhead compares packed "
+              "steps with and without attention-call counting, interleaved step by step on the same batches.")
+
+
+def bench_row(r: dict[str, Any]) -> list[Any]:
+    """One result as a row under :data:`BENCH_HEADERS`."""
+    pad, pack = r["runs"]["padded"], r["runs"]["packed"]
+    mem = f"{r['memory_reduction'] * 100:.1f} %" if r["memory_reduction"] is not None else "n/a (CPU)"
+    inst = f"{r['instrumentation_overhead'] * 100:+.1f} %" if "instrumentation_overhead" in r else "—"
+    return [r["profile"], r["lengths"]["median"], f"{r['padding_overhead'] * 100:.0f} %", f"{pad['useful_tokens_per_s']:.0f}",
+            f"{pack['useful_tokens_per_s']:.0f}", f"{r['speedup']:.2f}x", f"{r['ideal_speedup']:.2f}x",
+            f"{r['fraction_of_ideal'] * 100:.0f} %", mem, inst]
+
+
 def render_bench(results: list[dict[str, Any]], env: dict[str, Any], model_label: str) -> str:
     """Markdown: one row per profile, then the per-mode details."""
     from tabulate import tabulate
@@ -205,19 +223,8 @@ def render_bench(results: list[dict[str, Any]], env: dict[str, Any], model_label
               f"dtype {results[0].get('dtype', '')}."), ""]
     if not str(env.get("device", "")).startswith("cuda"):
         lines += ["CPU run: a smoke test of the machinery, not a speed claim.", ""]
-    rows = []
-    for r in results:
-        pad, pack = r["runs"]["padded"], r["runs"]["packed"]
-        mem = f"{r['memory_reduction'] * 100:.1f} %" if r["memory_reduction"] is not None else "n/a (CPU)"
-        inst = f"{r['instrumentation_overhead'] * 100:+.1f} %" if "instrumentation_overhead" in r else "—"
-        rows.append([r["profile"], r["lengths"]["median"], f"{r['padding_overhead'] * 100:.0f} %", f"{pad['useful_tokens_per_s']:.0f}",
-                     f"{pack['useful_tokens_per_s']:.0f}", f"{r['speedup']:.2f}x", f"{r['ideal_speedup']:.2f}x",
-                     f"{r['fraction_of_ideal'] * 100:.0f} %", mem, inst])
-    lines.append(tabulate(rows, headers=["profile", "median length", "padding", "padded tok/s", "packed tok/s", "speedup",
-                                         "ideal", "of ideal", "peak memory saved", "instrumentation"], tablefmt="github"))
-    lines += ["", ("Useful tokens are label tokens that are not padding. Figures are medians over the measured steps; "
-                   "step-time spreads (min-max) and peak memory per mode. The instrumentation overhead compares packed "
-                   "steps with and without attention-call counting, interleaved step by step on the same batches."), ""]
+    lines.append(tabulate([bench_row(r) for r in results], headers=BENCH_HEADERS, tablefmt="github"))
+    lines += ["", BENCH_NOTE, ""]
     detail = []
     for r in results:
         for mode, run in r["runs"].items():
@@ -226,3 +233,58 @@ def render_bench(results: list[dict[str, Any]], env: dict[str, Any], model_label
     lines.append(tabulate(detail, headers=["profile", "mode", "step ms", "min-max ms", "tokens/step", "useful/step", "peak MiB"], tablefmt="github"))
     lines.append("")
     return "\n".join(lines)
+
+
+#: Backends ``packcheck audit --bench`` prefers for a model, fastest kernels first (the first the audit ran
+#: without an error / unsupported / skipped cell is benched).
+BENCH_BACKEND_PREFERENCE = ("flash_attention_3", "flash_attention_2", "packcheck_flash_torch_varlen", "sdpa",
+                            "flex_attention", "eager", "packcheck_flash_ref")
+
+
+def bench_backend(doc: dict[str, Any], label: str) -> str | None:
+    """The backend to bench ``label`` on: the first of :data:`BENCH_BACKEND_PREFERENCE` the audit ran for it
+    with at least one verdict (pass / fail / fallback)."""
+    ran = {c["backend"] for c in doc["cells"] if c["model"]["label"] == label and c["status"] in ("pass", "fail", "fallback")}
+    return next((b for b in BENCH_BACKEND_PREFERENCE if b in ran), None)
+
+
+def bench_audit(doc: dict[str, Any], profiles: list[str], steps: int, device: str, dtype: str | None = None,
+                log: Any = print) -> list[dict[str, Any]]:
+    """``packcheck bench`` for every model of an audit document (on :func:`bench_backend`, the audit's weights
+    and size), one entry per model and profile. A model that cannot be built or benched becomes an entry with
+    ``error`` (its reason), never an exception: the audit's results are already written."""
+    from .backends import REFERENCE_BACKEND, TORCH_VARLEN_BACKEND, register_reference_backend
+    from .models import build_model, resolve_model
+    from .specs import parse_model_spec
+
+    out: list[dict[str, Any]] = []
+    dtype = dtype or (doc.get("settings", {}).get("dtypes") or ["float32"])[0]
+    seen: dict[str, dict[str, Any]] = {}
+    for c in doc["cells"]:
+        seen.setdefault(c["model"]["label"], c["model"])
+    for label, model_info in seen.items():
+        backend = bench_backend(doc, label)
+        base = {"model": model_info, "attn_implementation": backend, "dtype": dtype}
+        if backend is None:
+            out += [{**base, "profile": p, "error": "no backend ran this model in the audit"} for p in profiles]
+            continue
+        try:
+            if backend in (REFERENCE_BACKEND, TORCH_VARLEN_BACKEND):
+                register_reference_backend()
+            resolved = resolve_model(parse_model_spec(model_info["spec"], "the audit"), "the audit")
+            if resolved.error:
+                raise RuntimeError(resolved.error)
+            model = build_model(resolved, backend, dtype, doc.get("settings", {}).get("weights", "random"), device)
+        except Exception as exc:  # noqa: BLE001 - a model that cannot be built is an entry, not a crash
+            out += [{**base, "profile": p, "error": f"build: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"} for p in profiles]
+            continue
+        for profile in profiles:
+            try:
+                r = run_bench(model, profile=profile, steps=steps, device=device)
+            except Exception as exc:  # noqa: BLE001 - same: the reason goes into the report
+                out.append({**base, "profile": profile, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"})
+                continue
+            out.append({**base, **r, "parameters": sum(p.numel() for p in model.parameters())})
+            log(f"bench {label} / {backend} / {profile}: speedup {r['speedup']:.2f}x (ideal {r['ideal_speedup']:.2f}x)")
+        del model
+    return out

@@ -729,10 +729,12 @@ def _checkpointing(model: Any) -> bool:
 
 
 def train_and_restore(model: Any, make_trainer: Callable[[], Any]) -> tuple[list[float], list[float], dict[str, Any]]:
-    """Build a trainer with ``make_trainer()``, train it without printing its logs, and return the per-step loss
-    and grad norm from its log history plus the parameters after the last step. The model's weights,
-    ``config.use_cache`` (transformers' Trainer and TRL's SFTTrainer both set it) and gradient checkpointing are
-    restored afterwards, and the model is left in eval mode; the caller may set ``use_cache`` before the call."""
+    """Build a trainer with ``make_trainer()``, train it without printing its logs, and return the per-step loss,
+    the grad norm from its log history, and the parameters after the last step. The loss is what the trainer's
+    own ``compute_loss`` returned, summed over the micro-batches of each optimizer step (the logged loss is
+    rounded to 4 decimals in transformers 4.x). The model's weights, ``config.use_cache`` (transformers' Trainer
+    and TRL's SFTTrainer both set it) and gradient checkpointing are restored afterwards, and the model is left
+    in eval mode; the caller may set ``use_cache`` before the call."""
     import copy
 
     from transformers.trainer_callback import PrinterCallback
@@ -743,8 +745,19 @@ def train_and_restore(model: Any, make_trainer: Callable[[], Any]) -> tuple[list
     try:
         trainer = make_trainer()
         trainer.remove_callback(PrinterCallback)  # the log history is read below; no printing
+        micro: list[float] = []
+        compute_loss = trainer.compute_loss
+
+        def recording(*args: Any, **kwargs: Any) -> Any:
+            out = compute_loss(*args, **kwargs)
+            micro.append(float((out[0] if isinstance(out, tuple) else out).detach()))
+            return out
+
+        trainer.compute_loss = recording
         trainer.train()
         logs = [h for h in trainer.state.log_history if "loss" in h and "grad_norm" in h]
+        accum = max(1, int(trainer.args.gradient_accumulation_steps))
+        losses = [sum(micro[i:i + accum]) for i in range(0, len(micro), accum)]
         params = {n: p.detach().float().clone() for n, p in model.named_parameters()}
     finally:
         if not checkpointing and _checkpointing(model):  # the trainer turned it on (gradient_checkpointing=True)
@@ -755,7 +768,45 @@ def train_and_restore(model: Any, make_trainer: Callable[[], Any]) -> tuple[list
             model.config.use_cache = saved_cache
         model.eval()
         model.zero_grad(set_to_none=True)
-    return [float(h["loss"]) for h in logs], [float(h["grad_norm"]) for h in logs], params
+    return losses, [float(h["grad_norm"]) for h in logs], params
+
+
+#: Learning rate of every training comparison (plain SGD, constant, no clipping).
+TRAIN_LR = 1e-2
+
+
+def reference_steps(model: Any, batch: dict[str, Any], steps: int, lr: float = TRAIN_LR) -> tuple[list[float], list[float], dict[str, Any]]:
+    """The reference the training checks compare with: ``steps`` plain SGD steps (no momentum, weight decay or
+    clipping) on one padded batch, written out by hand. Loss = the model's own token mean over the label tokens
+    != -100 after the shift (one batch, so no ``num_items_in_batch`` is needed and the mean is exact); train
+    mode, ``use_cache=False``. Per-step loss and grad norm (2-norm over all gradients) and the parameters after
+    the last step; the model is restored. Independent of how a Trainer version counts tokens: transformers'
+    Trainer normalises padded batches by the label count before the shift in 4.x, and in 5.24 for models whose
+    ``loss_type`` is not ForCausalLM (gpt2)."""
+    import copy
+
+    import torch
+
+    state = copy.deepcopy(model.state_dict())
+    device = next(model.parameters()).device
+    inputs = {k: v.to(device) for k, v in batch.items() if k in ("input_ids", "attention_mask", "labels")}
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    losses, norms = [], []
+    model.train()
+    try:
+        for _ in range(steps):
+            loss = model(**inputs, use_cache=False).loss
+            loss.backward()
+            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)))
+            losses.append(float(loss.detach()))
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        params = {n: p.detach().float().clone() for n, p in model.named_parameters()}
+    finally:
+        model.load_state_dict(state)
+        model.eval()
+        model.zero_grad(set_to_none=True)
+    return losses, norms, params
 
 
 def _train(bench: Workbench, collator: Any, out_dir: str, use_cache: bool | None, examples: list[list[int]] | None = None,
@@ -771,7 +822,7 @@ def _train(bench: Workbench, collator: Any, out_dir: str, use_cache: bool | None
     examples = examples or bench.examples
     saved_cache = getattr(model.config, "use_cache", None)
     args = TrainingArguments(
-        output_dir=out_dir, per_device_train_batch_size=batch_size or len(examples), max_steps=steps, learning_rate=1e-2,
+        output_dir=out_dir, per_device_train_batch_size=batch_size or len(examples), max_steps=steps, learning_rate=TRAIN_LR,
         lr_scheduler_type="constant", optim="sgd", max_grad_norm=1e9, logging_steps=1, save_strategy="no", report_to=[],
         seed=0, data_seed=0, dataloader_num_workers=0, disable_tqdm=True, use_cpu=not bench.device.startswith("cuda"),
         remove_unused_columns=False, warmup_steps=0, weight_decay=0.0, gradient_accumulation_steps=grad_accum,
@@ -823,13 +874,20 @@ def _grad_accum(bench: Workbench, collator: Any, out_dir: str) -> dict[str, Any]
 
 
 def check_trainer(bench: Workbench) -> CheckResult:
-    """Training as a user runs it: transformers' ``Trainer`` with ``DataCollatorWithFlattening`` vs the same
-    steps with a padding collator (same examples, seed, SGD, constant LR, no clipping), TRAINER_STEPS steps.
-    Compares per-step loss (``loss_atol``), grad norm (relative, ``grad_rel_err``) and the parameters after the
-    last step (relative, ``grad_rel_err``). The packed run is made twice: with the model as configured (the
-    default ``use_cache=True`` of most configs builds a cache, so eager/sdpa/flex get no packed mask: the cache
-    trap, in training) and with ``use_cache=False``. Verdicts: pass when correct as configured; fail with
-    "needs use_cache=False" when only the second is right; fail when both are wrong."""
+    """Training as a user runs it: transformers' ``Trainer`` with ``DataCollatorWithFlattening``, TRAINER_STEPS
+    steps (same examples, seed and order, SGD, constant LR, no clipping), against :func:`reference_steps` on the
+    right-padded batch: per-step loss (``loss_atol``), grad norm and the parameters after the last step
+    (relative, ``grad_rel_err``). The packed run is made twice: with the model as configured (the default
+    ``use_cache=True`` of most configs builds a cache, so eager/sdpa/flex get no packed mask: the cache trap, in
+    training) and with ``use_cache=False``. Then gradient accumulation 2 x 3 examples (:func:`_grad_accum`):
+    the ``num_items_in_batch`` Trainer passes with the packed micro-batches must be the shifted label count.
+
+    Trainer's own padded run is measured too and reported beside the verdict: Trainer normalises a padded batch
+    by its label count before the shift in 4.x, and in 5.24 for models whose ``loss_type`` is not ForCausalLM
+    (gpt2), which makes it differ from a correct packed run by shifted / unshifted tokens.
+
+    Verdicts: pass when the packed run is right as configured; fail with "correct only with use_cache=False";
+    fail when both are wrong, or on a wrong ``num_items_in_batch``."""
     import tempfile
 
     import torch
@@ -842,38 +900,44 @@ def check_trainer(bench: Workbench) -> CheckResult:
     except ImportError as exc:
         return CheckResult("skipped", {}, f"transformers' Trainer is not importable ({exc})")
     flat = bench.collator_factory(return_position_ids=True, position_ids_start=bench.start)
+    padded = B.padded_batch(bench.examples, bench.pad_id, "right")
+    ref_loss, ref_norm, ref_params = reference_steps(bench.model, padded, TRAINER_STEPS)
     with tempfile.TemporaryDirectory(prefix="packcheck-trainer-") as tmp:
-        ref_loss, ref_norm, ref_params = _train(bench, _PaddingCollator(bench.pad_id), tmp, use_cache=False)
-        runs = {"as_configured": _train(bench, flat, tmp, use_cache=None), "use_cache_false": _train(bench, flat, tmp, use_cache=False)}
+        runs = {"as_configured": _train(bench, flat, tmp, use_cache=None), "use_cache_false": _train(bench, flat, tmp, use_cache=False),
+                "padded_trainer": _train(bench, _PaddingCollator(bench.pad_id), tmp, use_cache=False)}
         ga_packed, ga_padded = _grad_accum(bench, flat, tmp), _grad_accum(bench, _PaddingCollator(bench.pad_id), tmp)
     tol_loss, tol_rel = bench.tol["loss_atol"], bench.tol["grad_rel_err"]
     ref_flat = torch.cat([p.flatten() for p in ref_params.values()])
-    metrics: dict[str, Any] = {"steps": TRAINER_STEPS, "padded_loss": ref_loss, "padded_grad_norm": ref_norm,
+    metrics: dict[str, Any] = {"steps": TRAINER_STEPS, "reference_loss": ref_loss, "reference_grad_norm": ref_norm,
                                "config_use_cache": getattr(bench.config, "use_cache", None)}
     verdicts = {}
     for name, (loss, norm, params) in runs.items():
-        loss_delta = max((abs(a - b) for a, b in zip(loss, ref_loss, strict=True)), default=float("inf"))
-        norm_rel = max((abs(a - b) / max(abs(b), 1e-12) for a, b in zip(norm, ref_norm, strict=True)), default=float("inf"))
+        loss_delta = max((abs(a - b) for a, b in zip(loss, ref_loss, strict=True)), default=float("inf")) if len(loss) == len(ref_loss) else float("inf")
+        norm_rel = max((abs(a - b) / max(abs(b), 1e-12) for a, b in zip(norm, ref_norm, strict=True)), default=float("inf")) if len(norm) == len(ref_norm) else float("inf")
         flat_p = torch.cat([params[n].flatten() for n in ref_params])
         param_rel = float((flat_p - ref_flat).norm() / ref_flat.norm().clamp_min(1e-30))
-        first_bad = next((i + 1 for i, (a, b) in enumerate(zip(loss, ref_loss, strict=True)) if abs(a - b) > tol_loss), None)
+        first_bad = next((i + 1 for i, (a, b) in enumerate(zip(loss, ref_loss, strict=False)) if abs(a - b) > tol_loss), None)
         metrics[name] = {"loss": loss, "grad_norm": norm, "max_loss_delta": loss_delta, "max_grad_norm_rel": norm_rel,
                          "param_rel_diff": param_rel, "first_diverging_step": first_bad}
-        verdicts[name] = len(loss) == len(ref_loss) == TRAINER_STEPS and loss_delta <= tol_loss and norm_rel <= tol_rel and param_rel <= tol_rel
+        verdicts[name] = loss_delta <= tol_loss and norm_rel <= tol_rel and param_rel <= tol_rel
     metrics["max_loss_delta"] = metrics["as_configured"]["max_loss_delta"]
     a, b = metrics["as_configured"], metrics["use_cache_false"]
-    # A padded reference normalised by the label count before the causal shift (Trainer's num_items_in_batch
-    # in 4.x) is scaled by shifted / unshifted tokens; the packed row masks each example's first label, so
-    # the two counts agree there. Name it when the ratio says so.
-    padded = B.padded_batch(bench.examples, bench.pad_id, "right")
+    # Trainer's own padded run: a loss scaled by shifted / unshifted label tokens is the 4.x (and 5.24 gpt2)
+    # normalisation by the count before the shift; the packed row masks each example's first label, so both
+    # counts agree there and the packed run is unaffected
     unshifted = int((padded["labels"] != B.IGNORE_INDEX).sum())
     shifted = B.count_label_tokens(padded["labels"])
-    if b["loss"] and ref_loss and ref_loss[0]:
-        ratio = ref_loss[0] / b["loss"][0]
-        metrics["padded_over_packed_loss"] = ratio
-        metrics["label_tokens_shifted_over_unshifted"] = shifted / unshifted
-        if not verdicts["use_cache_false"] and abs(ratio - shifted / unshifted) < 1e-3:
-            metrics["normalisation"] = "padded loss divided by the unshifted label count"
+    pt = metrics["padded_trainer"]
+    note = ""
+    if not verdicts["padded_trainer"] and pt["loss"] and ref_loss[0]:
+        ratio = pt["loss"][0] / ref_loss[0]
+        pt.update({"loss_ratio": ratio, "label_tokens_shifted_over_unshifted": shifted / unshifted})
+        if abs(ratio - shifted / unshifted) < 1e-3:
+            pt["normalisation"] = "divides by the label count before the shift"
+            note = (f"; Trainer's own padded run is off: loss x{ratio:.4f} = {shifted}/{unshifted} label tokens after / "
+                    "before the shift (it normalises padded batches by the unshifted count)")
+        else:
+            note = f"; Trainer's own padded run differs from the reference by {_fmt(pt['max_loss_delta'])}"
     metrics["grad_accum"] = {"packed": ga_packed, "padded": ga_padded}
     counts = {n for n in ga_packed["num_items_in_batch"] if n is not None}
     if counts and counts != {ga_packed["expected"]}:
@@ -881,26 +945,20 @@ def check_trainer(bench: Workbench) -> CheckResult:
         return CheckResult("fail", metrics, f"gradient accumulation 2 x 3 examples: Trainer passed num_items_in_batch "
                            f"{sorted(counts)} with the packed micro-batches, expected {ga_packed['expected']} (label tokens "
                            f"!= -100 after the shift; {off:+d}, and 2 x 2 example boundaries lie inside the packed rows: an unmasked "
-                           "boundary label adds one each)")
+                           "boundary label adds one each)" + note)
+    ga_text = (f"grad accum 2 x 3: num_items_in_batch {ga_packed['expected']} as expected" if counts
+               else "grad accum 2 x 3: the Trainer passes no num_items_in_batch to this model")
     if verdicts["as_configured"]:
-        return CheckResult("pass", metrics, f"{TRAINER_STEPS} Trainer steps packed = padded as configured: loss delta "
-                           f"{_fmt(a['max_loss_delta'])}, grad norm rel {_fmt(a['max_grad_norm_rel'])}, params rel {_fmt(a['param_rel_diff'])}; "
-                           + (f"grad accum 2 x 3: num_items_in_batch {ga_packed['expected']} as expected" if counts
-                              else "grad accum 2 x 3: the Trainer passes no num_items_in_batch to this model"))
+        return CheckResult("pass", metrics, f"{TRAINER_STEPS} Trainer steps packed = reference as configured: loss delta "
+                           f"{_fmt(a['max_loss_delta'])}, grad norm rel {_fmt(a['max_grad_norm_rel'])}, params rel "
+                           f"{_fmt(a['param_rel_diff'])}; {ga_text}" + note)
     if verdicts["use_cache_false"]:
         return CheckResult("fail", metrics, f"Trainer packed run correct only with use_cache=False: as configured loss differs "
                            f"from step {a['first_diverging_step']} by up to {_fmt(a['max_loss_delta'])} (params rel {_fmt(a['param_rel_diff'])}); "
-                           f"with use_cache=False {_fmt(b['max_loss_delta'])}")
-    if "normalisation" in metrics:
-        return CheckResult("fail", metrics, f"Trainer loss normalisation differs: padded loss / packed loss = "
-                           f"{metrics['padded_over_packed_loss']:.4f} = label tokens after / before the shift ({shifted}/{unshifted}): "
-                           "the padded run divides by the unshifted count (num_items_in_batch)"
-                           + ("" if verdicts["as_configured"] or a["max_loss_delta"] == b["max_loss_delta"] else
-                              f"; as configured the packed run also differs from use_cache=False by "
-                              f"{_fmt(max(abs(x - y) for x, y in zip(a['loss'], b['loss'], strict=True)))} (cache trap)"))
-    return CheckResult("fail", metrics, f"Trainer packed run differs from padded (from step {b['first_diverging_step']}): "
+                           f"with use_cache=False {_fmt(b['max_loss_delta'])}" + note)
+    return CheckResult("fail", metrics, f"Trainer packed run differs from the reference (from step {b['first_diverging_step']}): "
                        f"loss delta {_fmt(b['max_loss_delta'])} with use_cache=False, {_fmt(a['max_loss_delta'])} as configured; "
-                       f"params rel {_fmt(b['param_rel_diff'])}")
+                       f"params rel {_fmt(b['param_rel_diff'])}" + note)
 
 
 def check_sft(bench: Workbench) -> CheckResult:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 from .settings import OPT_ALL_ARCHS, OPT_AUDIT, OPT_MODELS, OPT_RESUME, OPT_TIMEOUT, OPT_VERSIONS, OPTIONS
 
+OPTIONS_BY_FLAG = {opt.flag: opt for opt in OPTIONS}
+
 _ALIASES = {OPT_MODELS: "--models", OPT_AUDIT: "--audit", OPT_ALL_ARCHS: "--all-architectures", OPT_VERSIONS: "--versions",
             OPT_RESUME: "--resume", OPT_TIMEOUT: "--timeout"}
 
@@ -34,6 +36,10 @@ def _parser() -> argparse.ArgumentParser:
     audit.add_argument("-q", "--quiet", action="store_true", help="Less pytest output.")
     audit.add_argument("--save-baseline", action="store_true",
                        help="Also copy the results JSON to <report dir>/baseline.json for `packcheck gate`.")
+    audit.add_argument("--bench", action="append", default=[], metavar="PROFILE",
+                       help="After the audit, bench each model packed vs padded on this length profile (flan, orcamath, "
+                            "uniform, fixed, or a file of lengths; repeatable): a 'speedup / memory' column in the matrix.")
+    audit.add_argument("--bench-steps", type=int, default=10, help="Measured steps per mode for --bench (default 10).")
     audit.add_argument("pytest_args", nargs="*", help="Extra pytest arguments after --, e.g. -- -k sdpa.")
     gate = sub.add_parser("gate", help="Compare a candidate results JSON with a baseline; exit 1 if a cell got worse.")
     gate.add_argument("--baseline", required=True, help="Baseline results JSON (e.g. reports/baseline.json).")
@@ -106,6 +112,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"packcheck audit: error: -n/--workers '{workers}' must be a number of workers (0: this process) or auto.",
               file=sys.stderr)
         return 2
+    if ns.bench:
+        from .bench import PROFILES
+
+        bad = next((p for p in ns.bench if p not in PROFILES and not Path(p).is_file()), None)
+        if bad is not None:
+            print(f"packcheck audit: error: unknown length profile '{bad}' (from --bench): use one of "
+                  f"{', '.join(PROFILES)} or a file with one length per line.", file=sys.stderr)
+            return 2
+        if ns.bench_steps < 1:
+            print(f"packcheck audit: error: --bench-steps {ns.bench_steps} must be >= 1.", file=sys.stderr)
+            return 2
+        if getattr(ns, OPTIONS_BY_FLAG[OPT_VERSIONS].dest):
+            print("packcheck audit: error: --bench measures in this environment only: run it without --versions "
+                  "(or run `packcheck bench` inside the version's environment).", file=sys.stderr)
+            return 2
     args = _pytest_args(ns)
     if workers not in ("0", "1"):
         try:
@@ -120,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
                 "-c", os.devnull, *(["-q"] if ns.quiet else []), "-rN", *args, *ns.pytest_args]
         code = pytest.main(full)
     if code in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+        if ns.bench:
+            _bench_into_report(ns, Path(ns.packcheck_report_dir or "reports"))
         if ns.save_baseline:
             import shutil
 
@@ -130,6 +153,24 @@ def main(argv: list[str] | None = None) -> int:
     if code == pytest.ExitCode.USAGE_ERROR:
         return 2
     return 3 if code != pytest.ExitCode.INTERRUPTED else 130
+
+
+def _bench_into_report(ns: argparse.Namespace, out: Path) -> None:
+    """Bench every model of the audit just written (``--bench``) and render the matrix again with the figures."""
+    import json
+
+    from .bench import bench_audit
+    from .report import render_markdown
+    from .results import atomic_write
+
+    path = out / "packcheck-matrix.json"
+    doc = json.loads(path.read_text())
+    device = doc.get("settings", {}).get("device", "cpu")
+    doc["bench"] = {"profiles": list(ns.bench), "steps": ns.bench_steps, "device": device,
+                    "results": bench_audit(doc, list(ns.bench), ns.bench_steps, device)}
+    atomic_write(path, json.dumps(doc, indent=1) + "\n")
+    atomic_write(out / "packcheck-matrix.md", render_markdown(doc))
+    print(f"bench figures added to {out / 'packcheck-matrix.md'}")
 
 
 def _gate(ns: argparse.Namespace) -> int:
@@ -171,6 +212,10 @@ def _merge(ns: argparse.Namespace) -> int:
     out = Path(ns.output_dir)
     atomic_write(out / "packcheck-matrix.json", json.dumps(doc, indent=1) + "\n")
     atomic_write(out / "packcheck-matrix.md", render_markdown(doc))
+    if doc.get("merged_settings_differ"):
+        print(f"packcheck merge: warning: these files are not shards of one audit (their settings differ in "
+              f"{', '.join(doc['merged_settings_differ'])}); the matrix shows the union of their cells and every command",
+              file=sys.stderr)
     print(f"merged {len(ns.files)} files, {len(doc['cells'])} cells into {out}")
     return 0
 

@@ -92,11 +92,8 @@ def classify(cell: dict[str, Any], group: dict[str, dict[str, Any]], model_level
         if "position" in cell["message"]:
             return "wrong_positions", cell["message"][:160]
         return "collator_contract", cell["message"][:160]
-    if check == "trainer":
-        if m.get("normalisation"):
-            return "loss_normalisation", cell["message"][:200]
-        if isinstance(m.get("use_cache_false"), dict) and "only with use_cache=False" in cell["message"]:
-            return "cache_trap", cell["message"][:200]
+    if check == "trainer" and isinstance(m.get("use_cache_false"), dict) and "only with use_cache=False" in cell["message"]:
+        return "cache_trap", cell["message"][:200]
     if check == "trainer" and "num_items_in_batch" in cell["message"]:
         return "loss_normalisation", cell["message"][:200]
     if check == "packing_content":
@@ -165,6 +162,11 @@ def probe_findings(cell: dict[str, Any]) -> list[tuple[str, str]]:
         gap = max(abs(x - y) for x, y in zip(a["loss"], b["loss"], strict=False))
         if gap > 1e-3:
             out.append(("cache_trap", f"the packed run as configured differs from use_cache=False by {gap:.2e} in loss"))
+    padded_trainer = _metric(cell, "padded_trainer")
+    if cell["check"] in ("trainer", "sft") and isinstance(padded_trainer, dict) and padded_trainer.get("normalisation"):
+        out.append(("loss_normalisation", (f"Trainer's own padded run: loss x{padded_trainer['loss_ratio']:.4f} = label tokens "
+                                           "after / before the shift (it divides by the unshifted count); the packed run "
+                                           "is measured against a correctly normalised reference")))
     # only where the packed row itself is right: a row that already leaks says nothing more with two rows
     if cell["check"] == "logits_parity" and cell["status"] == "pass" and isinstance(two, float) and tol is not None and two > tol:
         out.append(("batch_rows", f"two packed rows differ from solo by {two:.2e}"))
@@ -187,7 +189,11 @@ def remedy(cause: str, cell: dict[str, Any], doc_env: dict[str, Any]) -> str:
             return ("train with a flash backend (flash_attention_2/3) if its cells pass here (packcheck's varlen reference "
                     "shows whether the flash path keeps the boundaries): this model's eager/sdpa/flex path does not")
         return "disable packing for this architecture on this backend"
-    if cause == "mask_override" and cell["check"] == "sft":
+    if cause == "mask_override" and cell["check"] in ("sft", "sft_padding_free", "sft_strategies"):
+        trl = _v(library_version(cell, doc_env, "trl"))
+        if (m.get("effective") or {}).get("padding_free") and trl is not None and _v("0.21") <= trl < _v("0.24"):
+            return (f"TRL {trl} sends position_ids with padding_free only to flash_attention_2 (return_position_ids="
+                    "use_flash_attention): train with attn_implementation='flash_attention_2', or upgrade TRL to >= 0.24")
         return ("set padding_free=True in SFTConfig (TRL >= 0.16) so packed rows carry position_ids and no attention_mask, "
                 "or upgrade TRL (1.16's bfd packing turns padding-free on)")
     if cause == "packing_content":
@@ -215,7 +221,8 @@ def remedy(cause: str, cell: dict[str, Any], doc_env: dict[str, Any]) -> str:
         "backend_swap": "install the requested backend or request one that runs (see which ran in the backend cell)",
         "labels_contract": "use a padding collator for non-token (sequence-classification) labels",
         "collator_contract": "fix the collator's output (see the collate cell), or upgrade transformers",
-        "loss_normalisation": "normalise by num_items_in_batch over the whole accumulation step; keep labels -100 at boundaries",
+        "loss_normalisation": ("compare packed runs with a correctly normalised padded baseline, and count num_items_in_batch "
+                               "after the shift over the whole accumulation step; keep labels -100 at boundaries"),
         "kernel_numerics": "none needed: within a small multiple of the dtype tolerance; widen it if this dtype is expected to differ",
         "batch_rows": "pack one row per step (DataCollatorWithFlattening does), or pass cu_seq_lens_q/k with the batch",
         "crash": "see the exception; report it upstream if it is the library's",

@@ -114,7 +114,9 @@ def render_changes(changes: list[Change], baseline_env: dict[str, Any], candidat
 
 def merge(documents: list[dict[str, Any]]) -> dict[str, Any]:
     """Join results documents (shards of one audit). Cells keep their own environment; a cell present in
-    several documents must agree, else it is an error.
+    several documents must agree, else it is an error. Backends, checks and dtypes of the settings are the union;
+    documents whose settings differ otherwise (not shards of one audit) are named in ``merged_settings_differ``
+    and every command is kept.
 
     Raises:
         PackcheckUsageError: no documents, or one cell with two different verdicts.
@@ -133,4 +135,16 @@ def merge(documents: list[dict[str, Any]]) -> dict[str, Any]:
                 )
             cells[cell["cell_id"]] = cell
     first = documents[0]
-    return {**first, "schema_version": SCHEMA_VERSION, "cells": [cells[k] for k in sorted(cells)]}
+    settings = dict(first.get("settings", {}))
+    for key in ("backends", "checks", "dtypes"):  # the union, in first-seen order: every cell keeps its columns
+        union = [x for doc in documents for x in doc.get("settings", {}).get(key, [])]
+        if union:
+            settings[key] = list(dict.fromkeys(union))
+    differ = sorted({k for doc in documents[1:] for k in set(doc.get("settings", {})) | set(first.get("settings", {}))
+                     if k not in ("shard", "report_dir") and doc.get("settings", {}).get(k) != first.get("settings", {}).get(k)})
+    out = {**first, "schema_version": SCHEMA_VERSION, "settings": settings, "cells": [cells[k] for k in sorted(cells)]}
+    if differ:
+        out["merged_settings_differ"] = differ
+        commands = list(dict.fromkeys(doc.get("command", "") for doc in documents))
+        out["command"] = "\n".join(commands)
+    return out

@@ -17,6 +17,9 @@ KEY_METRIC = {
     "grad_parity": ("grad_rel_err", "rel"),
     "cache_trap": ("max_abs_diff_default", "Δ"),
     "mask_trap": ("max_abs_diff_with_mask", "Δ"),
+    "trainer": ("max_loss_delta", "loss Δ"),
+    "sft": ("loss_delta", "loss Δ"),
+    "sft_padding_free": ("loss_delta", "loss Δ"),
 }
 LEGEND = {
     "pass": "pass: measured within tolerance",
@@ -65,6 +68,10 @@ def _key_number(cell: dict[str, Any]) -> str:
     if cell["check"] == "backend" and "calls" in m:
         on = sum(m["calls"].values())
         return f"{on}/{m.get('expected_calls', '?')} calls"
+    if cell["check"] == "packing_content" and isinstance(m.get("strategies"), dict):
+        ran = {k: v for k, v in m["strategies"].items() if v.get("available")}
+        tails = sum(v["tail_starts"] for k, v in ran.items() if k in ("bfd", "ffd"))
+        return f"{tails} bfd tails, {sum(v['duplicated'] for v in ran.values())} dup" if ran else ""
     key = KEY_METRIC.get(cell["check"])
     if key and key[0] in m:
         return f"{key[1]} {_fmt_metric(m[key[0]])}"
@@ -95,7 +102,10 @@ def render_markdown(doc: dict[str, Any]) -> str:
     for c in cells:
         by_group[(c["model"]["label"], c["backend"], c["dtype"], env_label(c))].append(c)
 
+    # the per-model checks (no backend) share one column / row: named after them
+    model_level = " + ".join(sorted({c["check"] for c in cells if c["backend"] is None}, key=lambda x: x != "collate")) or "collate"
     footnotes: list[str] = []
+    bench = doc.get("bench")
 
     def note(text: str) -> str:
         footnotes.append(text)
@@ -137,7 +147,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
                 for b in [None, *backends]:
                     if not any(by_group.get((label, b, dtype, e)) for e in envs):
                         continue
-                    row = [escape_md(label), BACKEND_LABELS.get(b, b) if b else "collate"]
+                    row = [escape_md(label), BACKEND_LABELS.get(b, b) if b else model_level]
                     for e in envs:
                         group = by_group.get((label, b, dtype, e), [])
                         row.append(_summary_cell(group, note) if group else "")
@@ -145,7 +155,9 @@ def render_markdown(doc: dict[str, Any]) -> str:
             lines.append(tabulate(rows, headers=headers, tablefmt="github"))
             lines.append("")
             continue
-        headers = ["model", "model_type / class", "collate"] + [BACKEND_LABELS.get(b, b) for b in backends]
+        headers = ["model", "model_type / class", model_level] + [BACKEND_LABELS.get(b, b) for b in backends]
+        if bench:
+            headers.append("speedup / memory")
         rows = []
         for label, info in models.items():
             rev = f" @{info['revision'][:10]}" if info.get("revision") else ""
@@ -155,9 +167,14 @@ def render_markdown(doc: dict[str, Any]) -> str:
             for b in backends:
                 group = by_group.get((label, b, dtype, None), [])
                 row.append(_summary_cell(group, note) if group else "")
+            if bench:
+                row.append(_bench_cell([r for r in bench["results"] if r["model"]["label"] == label]))
             rows.append(row)
         lines.append(tabulate(rows, headers=headers, tablefmt="github"))
         lines.append("")
+    lines += _training_section(by_group, models, backends, dtypes, envs, cells)
+    if bench:
+        lines += _bench_section(bench)
     lines += _what_to_do(doc)
     lines += ["## Legend", ""]
     lines += [f"- {SYMBOLS[s]} {LEGEND[s]}" for s in STATUSES]
@@ -198,6 +215,129 @@ def render_markdown(doc: dict[str, Any]) -> str:
         lines += [f"[^{i}]: {t}" for i, t in enumerate(footnotes, 1)]
         lines.append("")
     return "\n".join(lines)
+
+
+def _bench_cell(results: list[dict[str, Any]]) -> str:
+    """The matrix's "speedup / memory" entry of one model: per profile, packed/padded useful tokens/s and the
+    peak-memory reduction (n/a on CPU)."""
+    parts = []
+    for r in results:
+        if "error" in r:
+            parts.append(f"{r['profile']}: not measured")
+            continue
+        mem = f"−{r['memory_reduction'] * 100:.0f} % mem" if r.get("memory_reduction") is not None else "mem n/a"
+        parts.append(f"{r['profile']} {r['speedup']:.2f}x / {mem}")
+    return "; ".join(parts)
+
+
+def _bench_section(bench: dict[str, Any]) -> list[str]:
+    """What packing buys (``packcheck audit --bench``): one row per model and profile, with its backend."""
+    from tabulate import tabulate
+
+    from .bench import BENCH_HEADERS, BENCH_NOTE, bench_row
+
+    rows, failed = [], []
+    for r in bench["results"]:
+        if "error" in r:
+            failed.append(f"- {escape_md(r['model']['label'])} / {r['profile']}: {escape_md(r['error'])}")
+            continue
+        rows.append([escape_md(r["model"]["label"]), r["attn_implementation"], r["dtype"], *bench_row(r)])
+    lines = ["## Packing payoff (packcheck bench)", "",
+             (f"{bench['steps']} measured steps per mode on {bench['device']}, same examples padded and packed. "
+              + ("CPU run: a smoke test of the machinery, not a speed claim. " if not str(bench["device"]).startswith("cuda") else "")
+              + BENCH_NOTE), ""]
+    if rows:
+        lines += [tabulate(rows, headers=["model", "backend", "dtype", *BENCH_HEADERS], tablefmt="github"), ""]
+    if failed:
+        lines += ["Not measured:", "", *failed, ""]
+    return lines
+
+
+#: Columns of the training-modes table: (header, check, how to read the cell's metrics).
+TRAINING_MODES = (
+    ("Trainer + flattening", "trainer", "trainer"),
+    ("Trainer grad accum", "trainer", "grad_accum"),
+    ("SFT packing (default)", "sft", "steps"),
+    ("SFT padding_free, no packing", "sft_padding_free", "steps"),
+    ("SFT bfd", "sft_strategies", "bfd"),
+    ("SFT bfd_split", "sft_strategies", "bfd_split"),
+    ("SFT ffd", "sft_strategies", "ffd"),
+    ("SFT wrapped", "sft_strategies", "wrapped"),
+)
+
+
+def _training_entry(cell: dict[str, Any], read: str) -> str:
+    """One training-mode cell: verdict symbol and the number behind it (max per-step loss delta vs padded)."""
+    m = cell.get("metrics", {})
+    sym = SYMBOLS[cell["status"]]
+    if cell["status"] in ("skipped", "unsupported", "error", "timeout", "oom"):
+        return sym if read in ("trainer", "steps") or cell["check"] != "sft_strategies" else ""
+    if read == "trainer":
+        a, b = m.get("as_configured") or {}, m.get("use_cache_false") or {}
+        text = f"{sym} {_fmt_metric(a.get('max_loss_delta'))}"
+        if "normalisation" in m:
+            text += f" (padded/packed loss {m['padded_over_packed_loss']:.3f})"
+        elif cell["status"] != "pass" and isinstance(b.get("max_loss_delta"), float) and b["max_loss_delta"] < a.get("max_loss_delta", 0):
+            text += f"; use_cache=False {_fmt_metric(b['max_loss_delta'])}"
+        return text
+    if read == "grad_accum":
+        ga = (m.get("grad_accum") or {}).get("packed") or {}
+        seen = sorted({n for n in ga.get("num_items_in_batch", []) if n is not None})
+        if not ga:
+            return ""
+        if not seen:
+            return "not passed"
+        ok = seen == [ga["expected"]]
+        return f"{'✅' if ok else '❌'} {'/'.join(map(str, seen))} of {ga['expected']}"
+    if read == "steps":
+        delta = (m.get("steps") or {}).get("max_loss_delta", m.get("loss_delta"))
+        return f"{sym} {_fmt_metric(delta)}" if delta is not None else f"{sym} (batch contract, see the notes)"
+    entry = (m.get("strategies") or {}).get(read)
+    if not entry:
+        return ""
+    if not entry.get("available"):
+        return "n/a"
+    delta = _fmt_metric((entry.get("steps") or {}).get("max_loss_delta"))
+    if read == "wrapped":
+        return f"ℹ️ {delta} (by design)"
+    bad = any(p.startswith(f"{read}:") for p in cell["message"].split("; ")) and cell["status"] == "fail"
+    return f"{'❌' if bad else '✅'} {delta}"
+
+
+def _training_section(by_group: dict[tuple, list[dict]], models: dict[str, Any], backends: list[str], dtypes: list[str],
+                      envs: list[str | None], cells: list[dict[str, Any]]) -> list[str]:
+    """The training-modes table (when the audit ran trainer / sft checks): one column per way of training
+    packed, each with its verdict and the max per-step loss delta against the padded run."""
+    from tabulate import tabulate
+
+    from .backends import BACKEND_LABELS
+
+    present = {c["check"] for c in cells}
+    modes = [(h, chk, read) for h, chk, read in TRAINING_MODES if chk in present]
+    if not modes:
+        return []
+    rows = []
+    for dtype in dtypes:
+        for label in models:
+            for b in backends:
+                for e in envs:
+                    group = {c["check"]: c for c in by_group.get((label, b, dtype, e), [])}
+                    entries = [_training_entry(group[chk], read) if chk in group else "" for _, chk, read in modes]
+                    if any(entries):
+                        rows.append([escape_md(label), BACKEND_LABELS.get(b, b)]
+                                    + ([escape_md(_env_header(e, cells))] if e else []) + entries)
+    if not rows:
+        return []
+    keep = [i for i in range(len(modes)) if any(r[-len(modes) + i] not in ("", "n/a") for r in rows)]
+    fixed = len(rows[0]) - len(modes)
+    rows = [r[:fixed] + [r[fixed + i] for i in keep] for r in rows]
+    headers = ["model", "backend"] + (["versions"] if fixed == 3 else []) + [modes[i][0] for i in keep]
+    return ["## Training modes", "",
+            ("Each column trains the same examples one way, packed, against the padded run: the number is the largest "
+             "per-step loss difference over the steps (grad accum: the num_items_in_batch Trainer passed, of the label "
+             "tokens after the shift). Wrapped packing joins examples by design (TRL's documentation) and is shown, "
+             "not judged."), "",
+            tabulate(rows, headers=headers, tablefmt="github"), ""]
 
 
 def env_label(cell: dict[str, Any]) -> str | None:

@@ -16,6 +16,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from .checks import TRAIN_LR
 from .results import CheckResult
 
 SENTENCES = [
@@ -114,16 +115,26 @@ class _Sft:
 
         packing = overrides.get("packing", self.base["packing"])
         kwargs = {"max_steps": STEPS, "per_device_train_batch_size": 1 if packing else len(SENTENCES),
-                  "learning_rate": 1e-2, "lr_scheduler_type": "constant", "optim": "sgd", "max_grad_norm": 1e9,
+                  "learning_rate": TRAIN_LR, "lr_scheduler_type": "constant", "optim": "sgd", "max_grad_norm": 1e9,
                   "logging_steps": 1, "warmup_steps": 0, "weight_decay": 0.0, "data_seed": 0, **overrides}
         loss, norm, _ = train_and_restore(self.bench.model, lambda: self.trainer(**kwargs))
         return loss, norm
 
+    def padded_batch(self) -> dict[str, Any]:
+        """The six texts as SFTTrainer(packing=False, padding_free=False) batches them: one right-padded batch."""
+        trainer = self.trainer(packing=False, padding_free=False, per_device_train_batch_size=len(SENTENCES))
+        return next(iter(trainer.get_train_dataloader()))
+
     def padded_steps(self) -> tuple[list[float], list[float]]:
-        """The reference: :meth:`train_steps` with packing=False, padding_free=False (cached per model)."""
+        """The reference: :func:`pytest_packcheck.checks.reference_steps` (STEPS hand-written SGD steps, token-mean
+        loss after the shift) on :meth:`padded_batch`, cached per model. Not SFTTrainer's own padded run: its
+        Trainer may normalise padded batches by the unshifted label count (transformers 4.x; gpt2 on 5.24)."""
+        from .checks import reference_steps
+
         key = ("sft_padded", id(self.bench.model), self.feats["version"])
         if key not in self.bench._cache:
-            self.bench._cache[key] = self.train_steps(packing=False, padding_free=False)
+            loss, norm, _ = reference_steps(self.bench.model, self.padded_batch(), STEPS)
+            self.bench._cache[key] = (loss, norm)
         return self.bench._cache[key]
 
 
@@ -171,7 +182,10 @@ def _effective(trainer: Any) -> dict[str, Any]:
     return {"packing": trainer.args.packing,
             "padding_free": collator_free if collator_free is not None else getattr(trainer.args, "padding_free", None),
             "packing_strategy": getattr(trainer.args, "packing_strategy", None),
-            "collator": type(trainer.data_collator).__name__, "use_cache": getattr(model.config, "use_cache", None),
+            "collator": type(trainer.data_collator).__name__,
+            # TRL 0.21-0.23 build it as use_flash_attention: False on every other backend
+            "return_position_ids": getattr(trainer.data_collator, "return_position_ids", None),
+            "use_cache": getattr(model.config, "use_cache", None),
             "attn_implementation": getattr(model.config, "_attn_implementation", None)}
 
 
@@ -199,7 +213,10 @@ def _row_contract(bench: Any, batch: dict[str, Any], metrics: dict[str, Any]) ->
         problems.append("the packed batch carries an all-ones attention_mask (it overrides the boundaries on eager/sdpa/flex)")
     pos = batch.get("position_ids")
     if pos is None:
-        problems.append("the packed batch carries no position_ids: examples are concatenated without boundaries")
+        effective = metrics.get("effective") or {}
+        why = (": padding_free is on, but the collator has return_position_ids=False (TRL builds it as use_flash_attention)"
+               if effective.get("padding_free") and effective.get("return_position_ids") is False else "")
+        problems.append(f"the packed batch carries no position_ids{why}: examples are concatenated without boundaries")
         return problems, None
     starts = (pos[0] == 0).nonzero().flatten().tolist()
     metrics["examples_in_row"] = len(starts)
@@ -300,6 +317,7 @@ def _check_sft(sft: _Sft) -> CheckResult:
     packed = sft.train_steps(packing=True)
     metrics["steps"], bad = _compare_steps(bench, packed, sft.padded_steps(), "packed")
     problems += bad
+    note = _padded_trainer_note(sft, metrics)
     if "completion_only_loss" in sft.feats["fields"]:
         metrics["completion_only"] = _completion_only(bench, sft.feats, sft.tokenizer, sft.base)
         if metrics["completion_only"]["prompt_tokens_in_loss"]:
@@ -318,11 +336,33 @@ def _check_sft(sft: _Sft) -> CheckResult:
             if gc_loss > bench.tol["train_loss_atol"] or gc_norm > bench.tol["train_grad_norm_rel"]:
                 problems.append(f"gradient checkpointing changes the packed run: loss {gc_loss:.2e}, grad norm {gc_norm:.2e} relative")
     if problems:
-        return CheckResult("fail", metrics, "; ".join(problems) + f" ({summary})")
+        return CheckResult("fail", metrics, "; ".join(problems) + f" ({summary})" + note)
     return CheckResult("pass", metrics, f"{summary}; {len(starts)} examples per row, loss delta {metrics['loss_delta']:.2e}; "
                        f"{STEPS} steps packed = padded (loss delta {metrics['steps']['max_loss_delta']:.2e})"
                        + (f"; gradient checkpointing: loss delta {metrics['gradient_checkpointing']['max_loss_delta']:.2e}"
-                          if "gradient_checkpointing" in metrics else ""))
+                          if "gradient_checkpointing" in metrics else "") + note)
+
+
+def _padded_trainer_note(sft: _Sft, metrics: dict[str, Any]) -> str:
+    """SFTTrainer's own padded run (packing=False, padding_free=False) against the hand-written reference, into
+    ``metrics["padded_trainer"]``; a note for the message when it is off (it never fails the packed check)."""
+    loss, norm = sft.train_steps(packing=False, padding_free=False)
+    ref_loss, _ = sft.padded_steps()
+    entry: dict[str, Any] = {"loss": loss, "grad_norm": norm}
+    metrics["padded_trainer"] = entry
+    if len(loss) != len(ref_loss) or not ref_loss[0]:
+        return ""
+    entry["max_loss_delta"] = max(abs(a - b) for a, b in zip(loss, ref_loss, strict=True))
+    if entry["max_loss_delta"] <= sft.bench.tol["train_loss_atol"]:
+        return ""
+    labels = sft.padded_batch()["labels"]
+    unshifted, shifted = int((labels != -100).sum()), int((labels[..., 1:] != -100).sum())
+    entry.update({"loss_ratio": loss[0] / ref_loss[0], "label_tokens_shifted_over_unshifted": shifted / unshifted})
+    if abs(entry["loss_ratio"] - shifted / unshifted) < 1e-3:
+        entry["normalisation"] = "divides by the label count before the shift"
+        return (f"; SFTTrainer's own padded run is off: loss x{entry['loss_ratio']:.4f} = {shifted}/{unshifted} label tokens "
+                "after / before the shift (its Trainer normalises padded batches by the unshifted count)")
+    return f"; SFTTrainer's own padded run differs from the reference by {entry['max_loss_delta']:.2e}"
 
 
 def check_sft_padding_free(bench: Any) -> CheckResult:

@@ -253,10 +253,33 @@ def test_trainer_packed_equals_padded_and_catches_a_planted_fault(llama_sdpa):
     pytest.importorskip("accelerate")
     result = C.check_trainer(llama_sdpa)
     assert result.status == "pass", result.message
-    assert result.metrics["as_configured"]["max_loss_delta"] < 1e-5 and len(result.metrics["padded_loss"]) == 3
+    assert result.metrics["as_configured"]["max_loss_delta"] < 1e-5 and len(result.metrics["reference_loss"]) == 3
+    assert result.metrics["padded_trainer"]["max_loss_delta"] < 1e-5  # Trainer's own padded run agrees on llama (5.x)
     llama_sdpa.collator_factory = collator_no_reset
     broken = C.check_trainer(llama_sdpa)
     assert broken.status == "fail" and broken.metrics["use_cache_false"]["first_diverging_step"] == 1, broken.message
+
+
+def test_trainer_reference_is_independent_of_trainer_normalisation(tolerances):
+    """gpt2 (loss_type None): transformers' Trainer divides a padded batch by its label count before the shift,
+    so Trainer's own padded run is off by 28/31; the packed run matches packcheck's hand-written reference and
+    passes, with the padded run's normalisation reported beside it. Same for SFTTrainer's padded run."""
+    pytest.importorskip("accelerate")
+    from conftest import make_bench
+    from transformers.loss.loss_utils import LOSS_MAPPING, ForCausalLMLoss
+
+    gpt2 = make_bench("gpt2", "sdpa", tolerances)
+    if LOSS_MAPPING.get(gpt2.model.loss_type) is ForCausalLMLoss:
+        pytest.skip("this transformers gives GPT2LMHeadModel a ForCausalLM loss_type: Trainer counts it right")
+    result = C.check_trainer(gpt2)
+    assert result.status == "pass", result.message
+    padded = result.metrics["padded_trainer"]
+    assert padded["normalisation"] and abs(padded["loss_ratio"] - 28 / 31) < 1e-3
+    assert "Trainer's own padded run is off: loss x0.90" in result.message
+    assert result.metrics["grad_accum"]["padded"]["num_items_in_batch"] == [57, 57]  # unshifted: 51 + 6 examples
+    pytest.importorskip("trl")
+    sft = C.check_sft(gpt2)
+    assert sft.status == "pass" and sft.metrics["padded_trainer"]["normalisation"], sft.message
 
 
 def test_trainer_grad_accum_counts_label_tokens_after_the_shift(llama_sdpa):

@@ -39,3 +39,35 @@ def test_bad_worker_count_is_one_line(tmp_path):
                           capture_output=True, text=True, check=False, cwd=tmp_path, timeout=120)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         "packcheck audit: error: -n/--workers 'abc' must be a number of workers (0: this process) or auto."]
+
+
+def test_audit_with_bench_adds_speedup_memory_column(tmp_path):
+    """`packcheck audit --bench FILE`: after the audit, each model is benched packed vs padded on its first
+    backend that ran; the JSON gets the figures, the matrix a "speedup / memory" column and a payoff section.
+    A model no backend ran (dbrx does not build) is "not measured" with its reason; the audit's cells stay."""
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("\n".join(str(n) for n in (12, 40, 7, 25, 60, 9, 33, 18)) + "\n")
+    audit = tmp_path / "small.toml"
+    audit.write_text('[audit]\nname = "small"\nmodels = ["arch:llama", "arch:dbrx"]\nbackends = ["sdpa"]\nchecks = ["isolation"]\n')
+    proc = _run(["audit", "--audit", str(audit), "-n", "0", "-q", "--bench", str(lengths), "--bench-steps", "2"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads((tmp_path / "reports" / "packcheck-matrix.json").read_text())
+    assert {c["cell_id"]: c["status"] for c in doc["cells"]}["llama-sdpa-isolation-float32"] == "pass"
+    llama, dbrx = (next(r for r in doc["bench"]["results"] if r["model"]["label"] == m) for m in ("llama", "dbrx"))
+    assert llama["attn_implementation"] == "sdpa" and llama["steps"] == 2 and llama["ideal_speedup"] > 1
+    assert llama["runs"]["packed"]["useful_tokens_per_step"] == llama["runs"]["padded"]["useful_tokens_per_step"]
+    assert dbrx["error"] == "no backend ran this model in the audit"
+    md = (tmp_path / "reports" / "packcheck-matrix.md").read_text()
+    header = next(line for line in md.splitlines() if line.startswith("| model"))
+    assert header.rstrip(" |").endswith("speedup / memory")
+    row = next(line for line in md.splitlines() if line.startswith("| llama"))
+    assert f"{lengths} {llama['speedup']:.2f}x / mem n/a" in row
+    assert "## Packing payoff (packcheck bench)" in md and "dbrx / " in md and "smoke test" in md
+
+
+def test_audit_bench_bad_input_is_refused_before_the_run(tmp_path):
+    proc = _run(["audit", "--models", "arch:llama", "-n", "0", "--bench", "flna"], tmp_path)
+    assert proc.returncode == 2 and "unknown length profile 'flna' (from --bench)" in proc.stderr
+    proc = _run(["audit", "--models", "arch:llama", "-n", "0", "--bench", "flan", "--versions", "transformers==4.56.2"], tmp_path)
+    assert proc.returncode == 2 and "--bench measures in this environment only" in proc.stderr
+    assert not (tmp_path / "reports").exists()

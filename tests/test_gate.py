@@ -71,6 +71,7 @@ def test_merge_shards(baseline_path):
     a["cells"], b["cells"] = doc["cells"][:2], doc["cells"][2:]
     merged = merge([a, b])
     assert [c["cell_id"] for c in merged["cells"]] == sorted(c["cell_id"] for c in doc["cells"])
+    assert "merged_settings_differ" not in merged  # shards of one audit
     b["cells"][0]["cell_id"] = a["cells"][0]["cell_id"]
     b["cells"][0]["status"] = "error" if a["cells"][0]["status"] != "error" else "pass"
     with pytest.raises(Exception, match="in one file and"):
@@ -130,3 +131,23 @@ def test_missing_candidate_cell_is_a_regression_and_bad_files_are_usage_errors(b
             load_document(path)
     with pytest.raises(PackcheckUsageError, match="is a directory"):
         load_document(tmp_path)
+
+
+def test_merge_of_unrelated_audits_warns_and_keeps_every_column(baseline_path, tmp_path):
+    """Two audits with other checks: the merged matrix keeps both documents' checks and commands, and
+    ``packcheck merge`` warns on stderr that they are not shards of one audit."""
+    doc = json.loads(baseline_path.read_text())
+    other = copy.deepcopy(doc)
+    other["settings"]["checks"] = ["packing_content"]
+    other["command"] = "packcheck audit --packcheck-checks packing_content"
+    for cell in other["cells"]:
+        cell["check"], cell["cell_id"] = "packing_content", cell["cell_id"] + "-other"
+    merged = merge([doc, other])
+    assert merged["merged_settings_differ"] == ["checks"]
+    assert merged["settings"]["checks"][-1] == "packing_content" and other["command"] in merged["command"]
+    (tmp_path / "a.json").write_text(json.dumps(doc))
+    (tmp_path / "b.json").write_text(json.dumps(other))
+    proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "merge", "-o", str(tmp_path / "out"),
+                           str(tmp_path / "a.json"), str(tmp_path / "b.json")], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "not shards of one audit" in proc.stderr and "checks" in proc.stderr

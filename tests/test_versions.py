@@ -129,6 +129,33 @@ def test_matrix_has_one_column_per_version_environment():
     assert "### llama (float32, transformers 4.51.3)" in md
 
 
+def test_training_modes_table_gives_each_mode_its_number():
+    """A column per way of training packed: Trainer (with the use_cache=False number when only that is right),
+    the grad-accum num_items_in_batch, SFT default / padding_free / each strategy; wrapped is shown, not judged;
+    a strategy the TRL version lacks is dropped from the table."""
+    from pytest_packcheck.report import render_markdown
+
+    env = "transformers==4.56.2"
+    trainer = _cell("llama", env, "fail", check="trainer")
+    trainer["metrics"] = {"as_configured": {"max_loss_delta": 0.05}, "use_cache_false": {"max_loss_delta": 1e-7},
+                          "grad_accum": {"packed": {"num_items_in_batch": [55, 55], "expected": 51}}}
+    strategies = _cell("llama", env, "fail", check="sft_strategies")
+    strategies["message"] = "bfd: 3-step training, packed vs padded loss diverge at step 1 (6.2 vs 6.0) (trl 0.21.0)"
+    strategies["metrics"] = {"strategies": {
+        "bfd": {"available": True, "steps": {"max_loss_delta": 0.2}},
+        "bfd_split": {"available": False, "reason": "ValueError"},
+        "wrapped": {"available": True, "steps": {"max_loss_delta": 6e-3}}}}
+    free = _cell("llama", env, "pass", check="sft_padding_free")
+    free["metrics"] = {"steps": {"max_loss_delta": 4.8e-7}}
+    md = render_markdown(_doc([trainer, strategies, free]))
+    section = md.split("## Training modes")[1].split("## ")[0]
+    header = next(line for line in section.splitlines() if line.startswith("| model"))
+    assert "SFT bfd " in header and "SFT wrapped" in header and "SFT bfd_split" not in header and "SFT ffd" not in header
+    row = next(line for line in section.splitlines() if line.startswith("| llama"))
+    assert "❌ 5.0e-02; use_cache=False 1.0e-07" in row and "❌ 55 of 51" in row
+    assert "✅ 4.8e-07" in row and "❌ 2.0e-01" in row and "ℹ️ 6.0e-03 (by design)" in row
+
+
 def test_gate_compares_cells_of_the_same_environment():
     from pytest_packcheck.gate import compare, regressions
 
@@ -259,33 +286,40 @@ def test_cached_environment_follows_the_running_packcheck(tmp_path, monkeypatch)
 
 @pytest.mark.slow
 def test_real_trainer_on_4_56_2_normalisation_and_cache(pytester, monkeypatch, version_cache):
-    """transformers 4.56.2's Trainer: the padded run's loss is divided by the label count before the shift
-    (28/31 of the packed one here), and the packed run as configured keeps use_cache=True (the cache trap);
+    """transformers 4.56.2's Trainer: the packed run as configured keeps use_cache=True (the cache trap: right
+    only with use_cache=False, against packcheck's hand-written reference), and Trainer's own padded run divides
+    by the label count before the shift (28/31 of the reference loss: a finding, not the packed run's fault);
     5.24 (TrainingArguments.use_cache=False, shifted count) -> pass."""
     current = metadata.version("transformers")
     cells = _audit(pytester, monkeypatch, version_cache, f"transformers==4.56.2,{current}", "arch:llama", "sdpa", "trainer")
     old = cells["llama-sdpa-trainer-float32@transformers==4.56.2"]
-    assert old["status"] == "fail" and old["metrics"]["normalisation"], old["message"]
-    assert abs(old["metrics"]["padded_over_packed_loss"] - 28 / 31) < 1e-3
-    assert old["metrics"]["as_configured"]["max_loss_delta"] > old["metrics"]["use_cache_false"]["max_loss_delta"] + 1e-3
-    assert old["diagnosis"]["cause"] == "loss_normalisation"
+    assert old["status"] == "fail" and "correct only with use_cache=False" in old["message"], old["message"]
+    assert old["metrics"]["use_cache_false"]["max_loss_delta"] < 1e-5 < old["metrics"]["as_configured"]["max_loss_delta"]
+    assert abs(old["metrics"]["padded_trainer"]["loss_ratio"] - 28 / 31) < 1e-3
+    assert old["metrics"]["grad_accum"]["packed"]["num_items_in_batch"] == [51, 51]
+    assert old["metrics"]["grad_accum"]["padded"]["num_items_in_batch"] == [57, 57]  # unshifted count
+    assert old["diagnosis"]["cause"] == "cache_trap" and "trainer-keeps-config-use_cache" in old["diagnosis"]["known_faults"]
+    assert "loss_normalisation" in [f["cause"] for f in old["diagnosis"]["findings"]]
     assert "trainer-num-items-before-shift" in old["diagnosis"]["known_faults"]
-    assert [f["cause"] for f in old["diagnosis"]["findings"]] == ["cache_trap"]
-    assert "trainer-keeps-config-use_cache" in old["diagnosis"]["known_faults"]
     assert cells[f"llama-sdpa-trainer-float32@transformers=={current}"]["status"] == "pass"
 
 
 @pytest.mark.slow
 def test_real_trl_packing_without_padding_free_before_1_16(pytester, monkeypatch, version_cache):
-    """SFTTrainer(packing=True), defaults otherwise: trl 0.21 (transformers 4.56.2) feeds the packed rows with an
-    all-ones attention_mask and no position_ids -> fail, cause mask_override, with the versions in the report;
-    trl 1.16 (transformers 5.24) turns padding-free on -> pass, the override named."""
-    cells = _audit(pytester, monkeypatch, version_cache, "transformers==4.56.2 & trl==0.21.0", "arch:llama", "sdpa", "sft")
-    old = cells["llama-sdpa-sft-float32@transformers==4.56.2+trl==0.21.0"]
-    assert old["status"] == "fail" and "no position_ids" in old["message"] and "trl 0.21.0" in old["message"]
-    assert old["env"]["versions"]["trl"] == "0.21.0" and old["diagnosis"]["cause"] == "mask_override"
-    assert "trl-packing-without-padding-free" in old["diagnosis"]["known_faults"]
-    assert old["diagnosis"]["remedy"].startswith("set padding_free=True")
+    """SFTTrainer(packing=True), defaults otherwise, sdpa: trl 0.21 (transformers 4.56.2) turns padding_free on
+    for bfd packing but builds its collator with return_position_ids=use_flash_attention, so the rows reach sdpa
+    with an all-ones attention_mask and no position_ids -> fail, cause mask_override, remedy flash_attention_2 or
+    TRL >= 0.24; the same with padding_free=True and no packing."""
+    cells = _audit(pytester, monkeypatch, version_cache, "transformers==4.56.2 & trl==0.21.0", "arch:llama", "sdpa",
+                   "sft,sft_padding_free")
+    for check in ("sft", "sft_padding_free"):
+        old = cells[f"llama-sdpa-{check}-float32@transformers==4.56.2+trl==0.21.0"]
+        assert old["status"] == "fail" and "no position_ids" in old["message"] and "trl 0.21.0" in old["message"], old["message"]
+        assert old["metrics"]["effective"]["padding_free"] is True and old["metrics"]["effective"]["return_position_ids"] is False
+        assert "return_position_ids=False (TRL builds it as use_flash_attention)" in old["message"]
+        assert old["env"]["versions"]["trl"] == "0.21.0" and old["diagnosis"]["cause"] == "mask_override"
+        assert old["diagnosis"]["known_faults"] == ["trl-padding-free-position-ids-only-with-flash"]
+        assert old["diagnosis"]["remedy"].startswith("TRL 0.21.0 sends position_ids with padding_free only to flash_attention_2")
 
 
 @pytest.mark.slow
@@ -295,7 +329,7 @@ def test_real_trl_padding_free_without_packing_on_4_51_3(pytester, monkeypatch, 
     each other and the loss diverges from the padded run at step 1; the report says why (backend + version).
     trl 0.17 has no packing_strategy (unsupported, named) and its pack_dataset only wraps."""
     cells = _audit(pytester, monkeypatch, version_cache, "transformers==4.51.3 & trl==0.17.0", "arch:llama", "sdpa",
-                   "isolation,sft_padding_free,sft_strategies,packing_content")
+                   "isolation,sft,sft_padding_free,sft_strategies,packing_content")
     env = "@transformers==4.51.3+trl==0.17.0"
     free = cells[f"llama-sdpa-sft_padding_free-float32{env}"]
     assert free["status"] == "fail" and "padding-free: 3-step training" in free["message"], free["message"]
@@ -304,6 +338,10 @@ def test_real_trl_padding_free_without_packing_on_4_51_3(pytester, monkeypatch, 
     assert free["diagnosis"]["cause"] == "leak" and "no-packed-mask-before-4.54" in free["diagnosis"]["known_faults"]
     assert free["diagnosis"]["remedy"].startswith("upgrade transformers to >= 4.54")
     assert cells[f"llama-sdpa-isolation-float32{env}"]["status"] == "fail"
+    packed = cells[f"llama-sdpa-sft-float32{env}"]  # packing=True alone: no padding_free before 0.21
+    assert packed["status"] == "fail" and packed["metrics"]["effective"]["padding_free"] is False
+    assert "trl-packing-without-padding-free" in packed["diagnosis"]["known_faults"]
+    assert packed["diagnosis"]["remedy"].startswith("set padding_free=True")
     strategies = cells[f"llama-sdpa-sft_strategies-float32{env}"]
     assert strategies["status"] == "unsupported" and "not available in trl 0.17.0" in strategies["message"]
     content = cells[f"llama-packing_content-float32{env}"]["metrics"]["strategies"]
