@@ -150,7 +150,9 @@ def _setup(bench: Any, out_dir: str) -> _Sft | CheckResult:
                            f"not available in trl {feats['version']}: SFTConfig has no {', '.join(missing) or 'max_length'}")
     base = {"output_dir": out_dir, "packing": True, "padding_free": False, feats["max_length_key"]: 512,
             "per_device_train_batch_size": 1, "max_steps": 1, "report_to": [], "save_strategy": "no",
-            "use_cpu": not bench.device.startswith("cuda"), "dataset_text_field": "text", "seed": 0, "disable_tqdm": True}
+            "use_cpu": not bench.device.startswith("cuda"), "dataset_text_field": "text", "seed": 0, "disable_tqdm": True,
+            # SFTConfig defaults to bf16=True (autocast, CPU included): the comparisons run in the model's dtype
+            "bf16": False, "fp16": False}
     return _Sft(bench, feats, offline_tokenizer(int(bench.config.vocab_size)), base)
 
 

@@ -410,3 +410,32 @@ def test_completion_only_probe_sees_prompt_tokens_in_the_loss(llama_sdpa):
     assert _completion_only(llama_sdpa, feats, tokenizer, base)["prompt_tokens_in_loss"] == 0
     planted = _completion_only(llama_sdpa, feats, tokenizer, {**base, "completion_only_loss": False})
     assert planted["segments_matched"] == 6 and planted["prompt_tokens_in_loss"] > 0
+
+
+def test_a_training_run_leaves_no_trace_on_the_model_or_the_next_trainer(llama_sdpa):
+    """A Trainer in bf16 (SFTConfig's default) makes accelerate wrap model.forward in autocast and keep
+    mixed_precision in its process-wide state; measured on transformers 4.56.2, a later float32 Trainer's sdpa
+    loss moved by 5e-6. train_and_restore undoes both: the model's forward and the packed loss are as before."""
+    pytest.importorskip("accelerate")
+    import tempfile
+
+    import torch
+    from accelerate.state import AcceleratorState
+    from transformers import Trainer, TrainingArguments
+
+    flat = llama_sdpa.collator_factory(return_position_ids=True, position_ids_start=llama_sdpa.start)
+    packed = flat([{"input_ids": e} for e in llama_sdpa.examples], return_tensors="pt")
+    model = llama_sdpa.model
+    model.train()
+    with torch.no_grad():
+        before = float(model(**packed, use_cache=False).loss)
+    with tempfile.TemporaryDirectory() as tmp:
+        args = TrainingArguments(output_dir=tmp, max_steps=1, bf16=True, use_cpu=True, report_to=[], save_strategy="no",
+                                 per_device_train_batch_size=3, remove_unused_columns=False, logging_steps=1)
+        C.train_and_restore(model, lambda: Trainer(model=model, args=args, train_dataset=[{"input_ids": e} for e in llama_sdpa.examples],
+                                                   data_collator=flat))
+    assert "forward" not in vars(model) and not AcceleratorState._shared_state
+    model.train()
+    with torch.no_grad():
+        assert float(model(**packed, use_cache=False).loss) == before
+    model.eval()
