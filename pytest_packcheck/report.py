@@ -68,6 +68,9 @@ def _key_number(cell: dict[str, Any]) -> str:
     if cell["check"] == "backend" and "calls" in m:
         on = sum(m["calls"].values())
         return f"{on}/{m.get('expected_calls', '?')} calls"
+    if cell["check"] == "collate" and "position_ids_mismatches" in m:
+        text = f"{m['position_ids_mismatches']} pos / {m.get('unmasked_boundaries', 0)} label errs"
+        return text + (" (int labels raise)" if str(m.get("integer_labels", "")).startswith("TypeError") else "")
     if cell["check"] == "packing_content" and isinstance(m.get("strategies"), dict):
         ran = {k: v for k, v in m["strategies"].items() if v.get("available")}
         tails = sum(v["tail_starts"] for k, v in ran.items() if k in ("bfd", "ffd"))

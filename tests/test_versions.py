@@ -364,3 +364,15 @@ def test_real_trl_bfd_truncated_tails_0_27_and_0_28(pytester, monkeypatch, versi
         assert cell["diagnosis"]["cause"] == "packing_content"
         assert "trl-bfd-packs-truncated-tails" in cell["diagnosis"]["known_faults"]
         assert cell["diagnosis"]["remedy"].startswith("upgrade TRL to >= 0.29")
+
+
+def test_collate_cell_shows_its_numbers_in_the_details():
+    """The details table backs a collate verdict with its counts: wrong position_ids, unmasked boundary labels,
+    and whether integer labels raise."""
+    from pytest_packcheck.report import _key_number
+
+    cell = _cell("llama", "transformers==5.24.0", "fail", backend=None, check="collate")
+    cell["metrics"] = {"position_ids_mismatches": 2, "unmasked_boundaries": 1, "integer_labels": "TypeError: 'int' object"}
+    assert _key_number(cell) == "2 pos / 1 label errs (int labels raise)"
+    cell["metrics"]["integer_labels"] = "refused clearly"
+    assert _key_number(cell) == "2 pos / 1 label errs"
