@@ -11,8 +11,9 @@ import argparse
 import os
 import statistics
 import time
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
 
