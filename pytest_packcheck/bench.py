@@ -27,7 +27,7 @@ from .errors import PackcheckUsageError
 PROFILES = ("flan", "orcamath", "uniform", "fixed")
 
 
-def sample_lengths(profile: str, n: int, max_length: int, seed: int = 0, fixed: int = 512) -> list[int]:
+def sample_lengths(profile: str, n: int, max_length: int, seed: int = 0, fixed: int = 512, source: str = "--profile") -> list[int]:
     """``n`` example lengths from a built-in profile or a file (one integer per line), capped at ``max_length``.
 
     Raises:
@@ -46,15 +46,15 @@ def sample_lengths(profile: str, n: int, max_length: int, seed: int = 0, fixed: 
         path = Path(profile)
         if not path.is_file():
             raise PackcheckUsageError(
-                f"Unknown length profile '{profile}' (from --profile): use one of {', '.join(PROFILES)} or a file with one length per line."
+                f"Unknown length profile '{profile}' (from {source}): use one of {', '.join(PROFILES)} or a file with one length per line."
             )
         values = []
         for i, line in enumerate(path.read_text().split(), 1):
             if not line.isdigit() or int(line) < 2:
-                raise PackcheckUsageError(f"Length file {path} line {i}: '{line}' is not an integer >= 2.")
+                raise PackcheckUsageError(f"Length file {path} (from {source}) line {i}: '{line}' is not an integer >= 2.")
             values.append(int(line))
         if not values:
-            raise PackcheckUsageError(f"Length file {path} (from --profile) holds no lengths.")
+            raise PackcheckUsageError(f"Length file {path} (from {source}) holds no lengths.")
         raw = [values[i % len(values)] for i in range(n)]
     return [max(2, min(max_length, x)) for x in raw]
 
@@ -266,7 +266,9 @@ def bench_audit(doc: dict[str, Any], profiles: list[str], steps: int, device: st
         backend = bench_backend(doc, label)
         base = {"model": model_info, "attn_implementation": backend, "dtype": dtype}
         if backend is None:
-            out += [{**base, "profile": p, "error": "no backend ran this model in the audit"} for p in profiles]
+            out += [{**base, "profile": p, "error": "no backend gave this model a verdict in the audit (every cell errored, was unsupported or skipped)"}
+                    for p in profiles]
+            log(f"bench {label}: not measured: no backend gave it a verdict in the audit")
             continue
         try:
             if backend in (REFERENCE_BACKEND, TORCH_VARLEN_BACKEND):
@@ -277,12 +279,14 @@ def bench_audit(doc: dict[str, Any], profiles: list[str], steps: int, device: st
             model = build_model(resolved, backend, dtype, doc.get("settings", {}).get("weights", "random"), device)
         except Exception as exc:  # noqa: BLE001 - a model that cannot be built is an entry, not a crash
             out += [{**base, "profile": p, "error": f"build: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"} for p in profiles]
+            log(f"bench {label} / {backend}: not measured: {out[-1]['error']}")
             continue
         for profile in profiles:
             try:
                 r = run_bench(model, profile=profile, steps=steps, device=device)
             except Exception as exc:  # noqa: BLE001 - same: the reason goes into the report
                 out.append({**base, "profile": profile, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"})
+                log(f"bench {label} / {backend} / {profile}: not measured: {out[-1]['error']}")
                 continue
             out.append({**base, **r, "parameters": sum(p.numel() for p in model.parameters())})
             log(f"bench {label} / {backend} / {profile}: speedup {r['speedup']:.2f}x (ideal {r['ideal_speedup']:.2f}x)")

@@ -112,14 +112,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"packcheck audit: error: -n/--workers '{workers}' must be a number of workers (0: this process) or auto.",
               file=sys.stderr)
         return 2
+    if ns.bench_steps != 10 and not ns.bench:
+        print("packcheck audit: warning: --bench-steps has no effect without --bench", file=sys.stderr)
     if ns.bench:
-        from .bench import PROFILES
+        from .bench import sample_lengths
 
-        bad = next((p for p in ns.bench if p not in PROFILES and not Path(p).is_file()), None)
-        if bad is not None:
-            print(f"packcheck audit: error: unknown length profile '{bad}' (from --bench): use one of "
-                  f"{', '.join(PROFILES)} or a file with one length per line.", file=sys.stderr)
-            return 2
+        ns.bench = list(dict.fromkeys(ns.bench))
+        for profile in ns.bench:  # the same checks `packcheck bench` makes, before the audit spends its time
+            try:
+                sample_lengths(profile, 1, 2048, source="--bench")
+            except PackcheckUsageError as exc:
+                print(f"packcheck audit: error: {exc}", file=sys.stderr)
+                return 2
         if ns.bench_steps < 1:
             print(f"packcheck audit: error: --bench-steps {ns.bench_steps} must be >= 1.", file=sys.stderr)
             return 2

@@ -7,7 +7,7 @@ changes one. Known faults come from ``audit/known_faults.toml``.
 
 Causes (``CAUSES``): leak, wrong_positions, loss_normalisation, kernel_numerics, cache_trap, mask_override,
 ignores_position_ids, sliding_window, stateful_layers, stateful_layers_refused, backend_swap, labels_contract,
-collator_contract, batch_rows, packing_content; and crash / hang / out_of_memory for error, timeout and oom cells.
+collator_contract, batch_rows, packing_content, packed_mismatch; and crash / hang / out_of_memory for error, timeout and oom cells.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ CAUSES = {
     "collator_contract": "the collator's output breaks the packing contract (lengths, positions, cu_seq_lens)",
     "batch_rows": "two packed rows (batch size > 1) without cu_seq_lens lose their boundaries on this backend",
     "packing_content": "TRL's packer loses, duplicates or cuts tokens beyond what its strategy documents (a tail packed without its prompt)",
+    "packed_mismatch": "the packed run differs from the reference, and the audit ran no isolation / logits check to say why",
     "crash": "the cell crashed (see the exception)",
     "hang": "the cell did not finish within the timeout",
     "out_of_memory": "the cell ran out of memory",
@@ -103,7 +104,9 @@ def classify(cell: dict[str, Any], group: dict[str, dict[str, Any]], model_level
             return "mask_override", cell["message"][:200]
         if "first-batch loss" in cell["message"] or "3-step training" in cell["message"]:
             iso = group.get("isolation")
-            return ("leak" if iso is not None and iso["status"] == "fail" else "loss_normalisation"), cell["message"][:200]
+            if iso is None or iso["status"] not in ("pass", "fail"):
+                return "packed_mismatch", cell["message"][:200]
+            return ("leak" if iso["status"] == "fail" else "loss_normalisation"), cell["message"][:200]
         return "collator_contract", cell["message"][:200]
     if check == "position_ids":
         return "ignores_position_ids", f"restarting position_ids changed later examples by {m.get('max_change')}"
@@ -144,6 +147,8 @@ def classify(cell: dict[str, Any], group: dict[str, dict[str, Any]], model_level
         return "leak", cell["message"][:160]
     if check == "backend":
         return ("leak" if cell["backend"] in _MASKED_BACKENDS else "collator_contract"), cell["message"][:160]
+    if check == "trainer" and status == "fail":
+        return "packed_mismatch", cell["message"][:200]
     return None, ""
 
 
@@ -225,6 +230,7 @@ def remedy(cause: str, cell: dict[str, Any], doc_env: dict[str, Any]) -> str:
                                "after the shift over the whole accumulation step; keep labels -100 at boundaries"),
         "kernel_numerics": "none needed: within a small multiple of the dtype tolerance; widen it if this dtype is expected to differ",
         "batch_rows": "pack one row per step (DataCollatorWithFlattening does), or pass cu_seq_lens_q/k with the batch",
+        "packed_mismatch": "add isolation and logits_parity to --packcheck-checks: they tell a leak from wrong positions",
         "crash": "see the exception; report it upstream if it is the library's",
         "hang": "raise --packcheck-timeout if the model is just slow; else see the last output",
         "out_of_memory": "use a smaller model or dtype, or run on a bigger device",

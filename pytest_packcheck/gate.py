@@ -143,6 +143,14 @@ def merge(documents: list[dict[str, Any]]) -> dict[str, Any]:
     differ = sorted({k for doc in documents[1:] for k in set(doc.get("settings", {})) | set(first.get("settings", {}))
                      if k not in ("shard", "report_dir") and doc.get("settings", {}).get(k) != first.get("settings", {}).get(k)})
     out = {**first, "schema_version": SCHEMA_VERSION, "settings": settings, "cells": [cells[k] for k in sorted(cells)]}
+    benches = [doc["bench"] for doc in documents if doc.get("bench")]
+    if benches:  # every file's bench results (shards bench their own models), one per model and profile
+        results: dict[tuple, dict[str, Any]] = {}
+        for bench in benches:
+            for r in bench.get("results", []):
+                results.setdefault((r["model"]["label"], r.get("profile")), r)
+        out["bench"] = {**benches[0], "profiles": list(dict.fromkeys(p for b in benches for p in b.get("profiles", []))),
+                        "results": list(results.values())}
     if differ:
         out["merged_settings_differ"] = differ
         commands = list(dict.fromkeys(doc.get("command", "") for doc in documents))

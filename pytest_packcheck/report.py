@@ -68,6 +68,10 @@ def _key_number(cell: dict[str, Any]) -> str:
     if cell["check"] == "backend" and "calls" in m:
         on = sum(m["calls"].values())
         return f"{on}/{m.get('expected_calls', '?')} calls"
+    if cell["check"] == "sft_strategies" and isinstance(m.get("strategies"), dict):
+        deltas = [(v.get("steps") or {}).get("max_loss_delta") for k, v in m["strategies"].items() if k != "wrapped" and v.get("available")]
+        deltas = [d for d in deltas if isinstance(d, float)]
+        return f"loss Δ {_fmt_metric(max(deltas))}" if deltas else ""
     if cell["check"] == "collate" and "position_ids_mismatches" in m:
         text = f"{m['position_ids_mismatches']} pos / {m.get('unmasked_boundaries', 0)} label errs"
         return text + (" (int labels raise)" if str(m.get("integer_labels", "")).startswith("TypeError") else "")
@@ -158,15 +162,17 @@ def render_markdown(doc: dict[str, Any]) -> str:
             lines.append(tabulate(rows, headers=headers, tablefmt="github"))
             lines.append("")
             continue
-        headers = ["model", "model_type / class", model_level] + [BACKEND_LABELS.get(b, b) for b in backends]
+        has_model_level = any(c["backend"] is None and c["dtype"] == dtype for c in cells)
+        headers = ["model", "model_type / class"] + ([model_level] if has_model_level else []) + [BACKEND_LABELS.get(b, b) for b in backends]
         if bench:
             headers.append("speedup / memory")
         rows = []
         for label, info in models.items():
             rev = f" @{info['revision'][:10]}" if info.get("revision") else ""
             row = [escape_md(label) + escape_md(rev), f"{escape_md(info['model_type'])} / {escape_md(info['model_class'])}"]
-            coll = by_group.get((label, None, dtype, None), [])
-            row.append(_summary_cell(coll, note) if coll else "")
+            if has_model_level:
+                coll = by_group.get((label, None, dtype, None), [])
+                row.append(_summary_cell(coll, note) if coll else "")
             for b in backends:
                 group = by_group.get((label, b, dtype, None), [])
                 row.append(_summary_cell(group, note) if group else "")
@@ -274,7 +280,7 @@ def _training_entry(cell: dict[str, Any], read: str) -> str:
     m = cell.get("metrics", {})
     sym = SYMBOLS[cell["status"]]
     if cell["status"] in ("skipped", "unsupported", "error", "timeout", "oom"):
-        return sym if read in ("trainer", "steps") or cell["check"] != "sft_strategies" else ""
+        return sym
     if read == "trainer":
         a, b = m.get("as_configured") or {}, m.get("use_cache_false") or {}
         text = f"{sym} {_fmt_metric(a.get('max_loss_delta'))}"
@@ -327,14 +333,15 @@ def _training_section(by_group: dict[tuple, list[dict]], models: dict[str, Any],
                     group = {c["check"]: c for c in by_group.get((label, b, dtype, e), [])}
                     entries = [_training_entry(group[chk], read) if chk in group else "" for _, chk, read in modes]
                     if any(entries):
-                        rows.append([escape_md(label), BACKEND_LABELS.get(b, b)]
+                        rows.append([escape_md(label), BACKEND_LABELS.get(b, b)] + ([dtype] if len(dtypes) > 1 else [])
                                     + ([escape_md(_env_header(e, cells))] if e else []) + entries)
     if not rows:
         return []
     keep = [i for i in range(len(modes)) if any(r[-len(modes) + i] not in ("", "n/a") for r in rows)]
     fixed = len(rows[0]) - len(modes)
     rows = [r[:fixed] + [r[fixed + i] for i in keep] for r in rows]
-    headers = ["model", "backend"] + (["versions"] if fixed == 3 else []) + [modes[i][0] for i in keep]
+    headers = (["model", "backend"] + (["dtype"] if len(dtypes) > 1 else []) + (["versions"] if any(e for e in envs) else [])
+               + [modes[i][0] for i in keep])
     return ["## Training modes", "",
             ("Each column trains the same examples one way, packed, against the padded run: the number is the largest "
              "per-step loss difference over the steps (grad accum: the num_items_in_batch Trainer passed, of the label "

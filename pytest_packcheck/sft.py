@@ -160,6 +160,11 @@ def _run_sft_check(bench: Any, body: Callable[[_Sft], CheckResult]) -> CheckResu
     """Run ``body`` on the shared set-up. SFTTrainer sets use_cache=False on the model it is given; the
     measurements run with that (as training would), and the model's own settings (use_cache, special token
     ids, in its config and generation config) are restored afterwards for the group's other checks."""
+    from .backends import backend_availability
+
+    avail = backend_availability(bench.backend or "eager", bench.device)
+    if not avail.backward:  # training needs a backward pass (flex_attention on CPU has none)
+        return CheckResult("skipped", {}, avail.backward_reason)
     model = bench.model
     configs = [c for c in (model.config, getattr(model, "generation_config", None)) if c is not None]
     # SFTTrainer also aligns the model's special token ids with its tokenizer's (TRL 1.x): put them back too
@@ -231,8 +236,9 @@ def _row_contract(bench: Any, batch: dict[str, Any], metrics: dict[str, Any]) ->
     if "cu_seq_lens_q" in batch:
         cu = batch["cu_seq_lens_q"].tolist()
         metrics["cu_seq_lens_q"] = cu[:12]
-        if cu[: len(starts)] != starts:
-            problems.append(f"cu_seq_lens_q {cu[:8]} disagree with the position_ids restarts {starts[:8]}")
+        if cu != [*starts, int(pos.shape[-1])]:
+            problems.append(f"cu_seq_lens_q {cu[:8]} disagree with the position_ids restarts {starts[:8]} and the row "
+                            f"length {int(pos.shape[-1])}")
     return problems, starts
 
 
@@ -577,6 +583,7 @@ def _account(examples: list[list[int]], rows: list[list[int]], seq_length: int, 
             problems.append(f"{lost} tokens lost, none or the unfilled last row ({len(all_tokens) % seq_length}) may be")
     elif lost:
         problems.append(f"{lost} tokens lost, none may be")
-    return {"tokens_in": len(all_tokens), "tokens_out": len(tokens), "lost": lost, "overflow": overflow,
+    return {"segments_known": seq_lengths is not None,  # without seq_lengths, tails cannot be told from examples
+            "tokens_in": len(all_tokens), "tokens_out": len(tokens), "lost": lost, "overflow": overflow,
             "duplicated": len(tokens) - len(seen), "tail_starts": len(tail_starts), "rows": len(rows),
             "longest_row": max(map(len, rows), default=0), "problems": problems}

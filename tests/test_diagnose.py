@@ -199,3 +199,25 @@ def test_hybrid_given_seq_idx_refuses_instead_of_mixing(tolerances):
     assert classify(cell, {"logits_parity": cell}, {})[0] == "stateful_layers_refused"
     silent = make_bench("qwen3_next", "sdpa", tolerances)
     assert C.check_isolation(silent).status == "fail"
+
+
+def test_training_failures_without_isolation_are_not_blamed_on_the_loss(tolerances):
+    """OPT leaks on sdpa. With only trainer and sft in the audit nothing says why the packed run differs: the
+    cause is packed_mismatch (add isolation / logits_parity), never loss_normalisation, and every failing cell
+    gets a diagnosis. With isolation in the audit, the same cells are a leak."""
+    pytest.importorskip("trl")
+    doc = _audit(["arch:opt"], ("sdpa",), ("trainer", "sft"), tolerances)
+    for check in ("trainer", "sft"):
+        cell = _by_id(doc)[f"opt-sdpa-{check}-float32"]
+        assert cell["status"] == "fail" and cell["diagnosis"]["cause"] == "packed_mismatch", (check, cell["diagnosis"])
+        assert "add isolation and logits_parity" in cell["diagnosis"]["remedy"]
+    doc = _audit(["arch:opt"], ("sdpa",), ("isolation", "trainer", "sft"), tolerances)
+    assert {_by_id(doc)[f"opt-sdpa-{c}-float32"]["diagnosis"]["cause"] for c in ("trainer", "sft")} == {"leak"}
+
+
+def test_sft_checks_skip_a_backend_without_backward(tolerances):
+    """flex_attention has no backward on CPU: the SFT checks are skipped with that reason, like the trainer check."""
+    pytest.importorskip("trl")
+    doc = _audit(["arch:llama"], ("flex_attention",), ("trainer", "sft", "sft_padding_free", "sft_strategies"), tolerances)
+    for cell in doc["cells"]:
+        assert cell["status"] == "skipped" and "backward" in cell["message"], (cell["cell_id"], cell["message"])

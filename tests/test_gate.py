@@ -142,7 +142,11 @@ def test_merge_of_unrelated_audits_warns_and_keeps_every_column(baseline_path, t
     other["command"] = "packcheck audit --packcheck-checks packing_content"
     for cell in other["cells"]:
         cell["check"], cell["cell_id"] = "packing_content", cell["cell_id"] + "-other"
+    doc["bench"] = {"profiles": ["flan"], "steps": 1, "device": "cpu", "results": [{"model": {"label": "a"}, "profile": "flan", "error": "x"}]}
+    other["bench"] = {"profiles": ["orcamath"], "steps": 1, "device": "cpu", "results": [{"model": {"label": "b"}, "profile": "orcamath", "error": "y"}]}
     merged = merge([doc, other])
+    assert [r["model"]["label"] for r in merged["bench"]["results"]] == ["a", "b"]  # every file's bench figures
+    assert merged["bench"]["profiles"] == ["flan", "orcamath"]
     assert merged["merged_settings_differ"] == ["checks"]
     assert merged["settings"]["checks"][-1] == "packing_content" and other["command"] in merged["command"]
     (tmp_path / "a.json").write_text(json.dumps(doc))

@@ -376,3 +376,18 @@ def test_collate_cell_shows_its_numbers_in_the_details():
     assert _key_number(cell) == "2 pos / 1 label errs (int labels raise)"
     cell["metrics"]["integer_labels"] = "refused clearly"
     assert _key_number(cell) == "2 pos / 1 label errs"
+
+
+def test_training_modes_rows_name_their_dtype_when_there_are_several():
+    from pytest_packcheck.report import render_markdown
+
+    cells = []
+    for dtype, delta in (("bfloat16", 8.6e-5), ("float16", 5.2e-6)):
+        cell = _cell("llama", "transformers==5.24.0", "pass", check="sft_padding_free")
+        cell["dtype"], cell["cell_id"] = dtype, cell["cell_id"].replace("float32", dtype)
+        cell["metrics"] = {"steps": {"max_loss_delta": delta}}
+        cells.append(cell)
+    section = render_markdown(_doc(cells)).split("## Training modes")[1].split("## ")[0]
+    assert "| dtype " in next(line for line in section.splitlines() if line.startswith("| model"))
+    assert any("bfloat16" in line and "8.6e-05" in line for line in section.splitlines())
+    assert any("float16" in line and "5.2e-06" in line and "bfloat16" not in line for line in section.splitlines())
