@@ -211,7 +211,7 @@ def _configuration(sft: _Sft, trainer: Any, requested: dict[str, Any]) -> tuple[
 
 def _row_contract(bench: Any, batch: dict[str, Any], metrics: dict[str, Any]) -> tuple[list[str], list[int] | None]:
     """The first batch of a packed or padding-free run: one row whose position_ids restart per example, labels
-    -100 at each example's first token, cu_seq_lens_q (where TRL emits them) at the restarts, and no all-ones
+    -100 at each example's first token, cu_seq_lens_q and seq_idx (where TRL emits them) at the restarts, and no all-ones
     attention_mask (it would override the boundaries on eager / sdpa / flex). Returns the problems and the
     example starts (None when the row has no position_ids)."""
     problems = []
@@ -233,6 +233,15 @@ def _row_contract(bench: Any, batch: dict[str, Any], metrics: dict[str, Any]) ->
     unmasked = [s for s in starts if int(labels[0, s]) != -100]
     if unmasked:
         problems.append(f"labels not -100 at {len(unmasked)} example starts {unmasked[:5]}")
+    if "seq_idx" in batch:  # TRL 1.x, for the short convolutions of linear-attention layers: example index per token
+        seq_idx = batch["seq_idx"][0].tolist()
+        bounds = [*starts, int(pos.shape[-1])]
+        expected = [i for i in range(len(starts)) for _ in range(bounds[i + 1] - bounds[i])]
+        metrics["seq_idx_matches"] = seq_idx == expected
+        if seq_idx != expected:
+            wrong = next(i for i, (a, b) in enumerate(zip(seq_idx, expected, strict=False)) if a != b) if len(seq_idx) == len(expected) else None
+            problems.append(f"seq_idx disagrees with the position_ids restarts (first at token {wrong}, length "
+                            f"{len(seq_idx)} vs {len(expected)})")
     if "cu_seq_lens_q" in batch:
         cu = batch["cu_seq_lens_q"].tolist()
         metrics["cu_seq_lens_q"] = cu[:12]

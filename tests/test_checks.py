@@ -439,3 +439,27 @@ def test_a_training_run_leaves_no_trace_on_the_model_or_the_next_trainer(llama_s
     with torch.no_grad():
         assert float(model(**packed, use_cache=False).loss) == before
     model.eval()
+
+
+def test_sft_row_contract_checks_cu_seq_lens_and_seq_idx(llama_sdpa):
+    """The batch contract on a hand-made padding-free row of examples of 3 and 2 tokens: right as built; a
+    cu_seq_lens with an extra boundary, a seq_idx that does not follow the restarts, and an unmasked boundary
+    label are each named (planted)."""
+    import torch
+
+    from pytest_packcheck.sft import _row_contract
+
+    def row(**over):
+        batch = {"input_ids": torch.tensor([[5, 6, 7, 8, 9]]), "position_ids": torch.tensor([[0, 1, 2, 0, 1]]),
+                 "labels": torch.tensor([[-100, 6, 7, -100, 9]]), "cu_seq_lens_q": torch.tensor([0, 3, 5], dtype=torch.int32),
+                 "seq_idx": torch.tensor([[0, 0, 0, 1, 1]], dtype=torch.int32)}
+        batch.update(over)
+        metrics: dict = {}
+        problems, starts = _row_contract(llama_sdpa, batch, metrics)
+        return problems, starts, metrics
+
+    problems, starts, metrics = row()
+    assert problems == [] and starts == [0, 3] and metrics["seq_idx_matches"] is True
+    assert "cu_seq_lens_q" in row(cu_seq_lens_q=torch.tensor([0, 2, 3, 5], dtype=torch.int32))[0][0]
+    assert "seq_idx disagrees" in row(seq_idx=torch.tensor([[0, 0, 1, 1, 1]], dtype=torch.int32))[0][0]
+    assert "labels not -100 at 1 example starts [3]" in row(labels=torch.tensor([[-100, 6, 7, 8, 9]]))[0][0]
