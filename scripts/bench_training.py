@@ -1,8 +1,9 @@
-"""Benchmark: wall time of the training checks (``trainer`` and ``sft``) for one tiny model and one backend.
+"""Benchmark: wall time of the training checks for one tiny model and one backend.
 
 Usage: python scripts/bench_training.py [model_type] [backend] [--repeat N]
-Prints the seconds per check and their sum (issue 4's target: under 20 s together on 2 cores), median over
-``--repeat`` runs after one warm-up run (imports, tokenizer training and first-call costs are paid there).
+Prints the seconds per training check (trainer, sft, sft_padding_free, sft_strategies, packing_content) and their
+sum (issue 4's target: under 20 s together on 2 cores), median over ``--repeat`` runs after one warm-up run
+(imports, tokenizer training and first-call costs are paid there).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def main() -> None:
     import torch
 
     from pytest_packcheck.backends import REFERENCE_BACKEND, register_reference_backend
-    from pytest_packcheck.checks import CHECK_FUNCTIONS, Workbench
+    from pytest_packcheck.checks import CHECK_FUNCTIONS, TRAINING_CHECKS, Workbench
     from pytest_packcheck.models import build_model, resolve_model
     from pytest_packcheck.specs import parse_model_spec
 
@@ -39,7 +40,10 @@ def main() -> None:
     resolved = resolve_model(parse_model_spec(f"arch:{args.model_type}", "bench"), "bench")
     model = build_model(resolved, args.backend, "float32")
     bench = Workbench(model=model, config=model.config, backend=args.backend, dtype="float32", tol=tol)
-    checks = [c for c in ("trainer", "sft") + tuple(c for c in CHECK_FUNCTIONS if c.startswith("sft_"))]
+    import datasets
+
+    datasets.disable_progress_bars()
+    checks = list(TRAINING_CHECKS)
     times: dict[str, list[float]] = {c: [] for c in checks}
     statuses: dict[str, str] = {}
     for i in range(args.repeat + 1):
