@@ -307,6 +307,23 @@ def _compare_steps(bench: Any, run: tuple[list[float], list[float]], reference: 
     return metrics, []
 
 
+def _packed_run(sft: _Sft, trainer: Any, requested: dict[str, Any], label: str,
+                **train: Any) -> tuple[dict[str, Any], str, list[str], list[int] | None, tuple[list[float], list[float]] | None]:
+    """What every packed / padding-free SFT mode is checked for: the configuration in force next to
+    ``requested``, the first batch's contract and loss, and STEPS steps (``train_steps(**train)``) against the
+    padded reference. Returns metrics, summary, problems, the example starts (None: the row has no
+    position_ids, nothing more was run) and the run's (losses, grad norms)."""
+    metrics, summary = _configuration(sft, trainer, requested)
+    batch = next(iter(trainer.get_train_dataloader()))
+    problems, starts = _row_contract(sft.bench, batch, metrics)
+    if starts is None:
+        return metrics, summary, problems, None, None
+    problems += _first_batch_loss(sft.bench, batch, starts, metrics)
+    run = sft.train_steps(**train)
+    metrics["steps"], bad = _compare_steps(sft.bench, run, sft.padded_steps(), label)
+    return metrics, summary, problems + bad, starts, run
+
+
 def check_sft(bench: Any) -> CheckResult:
     """SFTTrainer(packing=True) on six short texts, as configured by default for the installed TRL.
 
@@ -324,16 +341,9 @@ def _check_sft(sft: _Sft) -> CheckResult:
     requested = {"packing": True, "padding_free": False}
     if "packing_strategy" in sft.feats["fields"]:
         requested["packing_strategy"] = next(f.default for f in dataclasses.fields(sft.config()) if f.name == "packing_strategy")
-    trainer = sft.trainer()
-    metrics, summary = _configuration(sft, trainer, requested)
-    batch = next(iter(trainer.get_train_dataloader()))
-    problems, starts = _row_contract(bench, batch, metrics)
+    metrics, summary, problems, starts, packed = _packed_run(sft, sft.trainer(), requested, "packed", packing=True)
     if starts is None:
         return CheckResult("fail", metrics, "; ".join(problems) + f" ({summary})")
-    problems += _first_batch_loss(bench, batch, starts, metrics)
-    packed = sft.train_steps(packing=True)
-    metrics["steps"], bad = _compare_steps(bench, packed, sft.padded_steps(), "packed")
-    problems += bad
     note = _padded_trainer_note(sft, metrics)
     if "completion_only_loss" in sft.feats["fields"]:
         metrics["completion_only"] = _completion_only(bench, sft.feats, sft.tokenizer, sft.base)
@@ -392,20 +402,12 @@ def check_sft_padding_free(bench: Any) -> CheckResult:
 
 
 def _check_sft_padding_free(sft: _Sft) -> CheckResult:
-    bench = sft.bench
     requested = {"packing": False, "padding_free": True}
     # TRL 1.16 refuses max_length with padding-free batches that are not packed (it could not enforce it); the
     # six texts are short, so no length limit is needed
     mode = {"packing": False, "padding_free": True, sft.feats["max_length_key"]: None}
     trainer = sft.trainer(**mode, per_device_train_batch_size=len(SENTENCES))
-    metrics, summary = _configuration(sft, trainer, requested)
-    batch = next(iter(trainer.get_train_dataloader()))
-    problems, starts = _row_contract(bench, batch, metrics)
-    if starts is None:
-        return CheckResult("fail", metrics, "; ".join(problems) + f" ({summary})")
-    problems += _first_batch_loss(bench, batch, starts, metrics)
-    metrics["steps"], bad = _compare_steps(bench, sft.train_steps(**mode), sft.padded_steps(), "padding-free")
-    problems += bad
+    metrics, summary, problems, starts, _ = _packed_run(sft, trainer, requested, "padding-free", **mode)
     if problems:
         return CheckResult("fail", metrics, "; ".join(problems) + f" ({summary})")
     return CheckResult("pass", metrics, f"{summary}; {len(starts)} examples per row, loss delta {metrics['loss_delta']:.2e}; "
