@@ -349,6 +349,7 @@ def register_reference_backend() -> None:
     ok, why = reference_backend_supported()
     if not ok:
         raise RuntimeError(why)
+    import torch
     import transformers.modeling_flash_attention_utils as mfu
     from transformers import AttentionInterface
     from transformers.integrations.flash_attention import flash_attention_forward
@@ -394,10 +395,19 @@ def register_reference_backend() -> None:
         if forget_on_switch and _ACTIVE[1] is not None and _ACTIVE[1] != name:
             _forget_loaded_kernels(mfu)  # 4.56 caches the first kernels it loaded, whatever the name
         _ACTIVE[0] = _ACTIVE[1] = name
+        # 4.x picks the fp32 cast target inline: the first nn.Linear's dtype, a StopIteration for gpt2 / opt-style
+        # Conv1D models; a quantization dtype on the config short-cuts that (restored right after the call)
+        config = getattr(module, "config", None)
+        shortcut = (original_target_dtype is None and name == REFERENCE_BACKEND and config is not None
+                    and query.dtype == torch.float32 and not hasattr(config, "_pre_quantization_dtype"))
+        if shortcut:
+            config._pre_quantization_dtype = torch.float32
         try:
             return flash_attention_forward(module, query, key, value, attention_mask, **kwargs)
         finally:
             _ACTIVE[0] = None
+            if shortcut:
+                del config._pre_quantization_dtype
 
     # flash_attention_forward asks get_target_dtype for the half dtype to cast fp32 inputs to, because real
     # flash kernels take fp16/bf16 only. The reference kernel is exact in fp32, so no cast: this also avoids a

@@ -106,6 +106,8 @@ def classify(cell: dict[str, Any], group: dict[str, dict[str, Any]], model_level
             iso = group.get("isolation")
             if iso is None or iso["status"] not in ("pass", "fail"):
                 return "packed_mismatch", cell["message"][:200]
+            if iso["status"] == "fail" and _metric(iso, "stateful_layers"):
+                return "stateful_layers", f"layers {', '.join(_metric(iso, 'stateful_layers')[:3])}; {cell['message'][:160]}"
             return ("leak" if iso["status"] == "fail" else "loss_normalisation"), cell["message"][:200]
         return "collator_contract", cell["message"][:200]
     if check == "position_ids":
@@ -196,11 +198,11 @@ def remedy(cause: str, cell: dict[str, Any], doc_env: dict[str, Any]) -> str:
         return "disable packing for this architecture on this backend"
     if cause == "mask_override" and cell["check"] in ("sft", "sft_padding_free", "sft_strategies"):
         trl = _v(library_version(cell, doc_env, "trl"))
-        if (m.get("effective") or {}).get("padding_free") and trl is not None and _v("0.21") <= trl < _v("0.24"):
+        if (m.get("effective") or {}).get("padding_free") and trl is not None and _v("0.20") <= trl < _v("0.24"):
             return (f"TRL {trl} sends position_ids with padding_free only to flash_attention_2 (return_position_ids="
                     "use_flash_attention): train with attn_implementation='flash_attention_2', or upgrade TRL to >= 0.24")
         return ("set padding_free=True in SFTConfig (TRL >= 0.16) so packed rows carry position_ids and no attention_mask, "
-                "or upgrade TRL (1.16's bfd packing turns padding-free on)")
+                "or upgrade TRL (from 0.21 bfd packing turns padding-free on; from 0.24 position_ids reach every backend)")
     if cause == "packing_content":
         trl = _v(library_version(cell, doc_env, "trl"))
         if trl is not None and _v("0.27") <= trl < _v("0.29"):
@@ -217,7 +219,8 @@ def remedy(cause: str, cell: dict[str, Any], doc_env: dict[str, Any]) -> str:
         return "check that position_ids restart at each example and reach the model's rotary / position embedding"
     return {
         "cache_trap": ("set use_cache=False (model.config.use_cache = False): TRL's SFTTrainer does, and transformers' "
-                       "Trainer does from 5.x (TrainingArguments.use_cache=False); a hand-written loop or a 4.x Trainer does not"),
+                       "Trainer does on 5.14.1 and 5.24.0 (TrainingArguments.use_cache=False); a hand-written loop or the "
+                       "4.56.2 Trainer does not"),
         "mask_override": "do not pass attention_mask with packed rows (drop it from the batch)",
         "ignores_position_ids": "not supported for this architecture: disable packing for it",
         "sliding_window": "use a flash backend (the window is applied per segment), or keep examples shorter than the window",

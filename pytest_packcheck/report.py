@@ -401,7 +401,8 @@ def _environments_section(cells: list[dict[str, Any]], envs: list[str | None]) -
                      f"{info.get('run_seconds') or 0:.1f} s", escape_md(info.get("log") or "")])
     return ["## Version environments", "",
             ("Each column of the matrix ran in its own uv environment over this machine's torch (never reinstalled); "
-             "the versions are what the requirement resolved to."), "",
+             "the versions are what the requirement resolved to. Logs are written beside the report (logs/), with "
+             "secrets scrubbed; they are not part of the committed reports."), "",
             tabulate(rows, headers=["requested", "resolved", "torch", "environment", "run", "log"], tablefmt="github"), ""]
 
 
@@ -439,7 +440,9 @@ def _what_to_do(doc: dict[str, Any]) -> list[str]:
         known = sorted({k for c in cells for k in (c.get("diagnosis") or {}).get("known_faults", [])
                         if faults.get(k) and faults[k].cause == cause})
         known_text = f" Known: {', '.join(known)}." if known else ""
-        lines.append(f"- **{escape_md(cause)}** ({escape_md(CAUSES.get(cause, ''))}; {len(cells)} {'cell' if len(cells) == 1 else 'cells'}: {escape_md(shown)}): "
+        count = (f"{len(cells)} {'cell' if len(cells) == 1 else 'cells'} in {len(groups)} "
+                 f"{'model / backend' if len(groups) == 1 else 'models / backends'}")
+        lines.append(f"- **{escape_md(cause)}** ({escape_md(CAUSES.get(cause, ''))}; {count}: {escape_md(shown)}): "
                      f"{escape_md(fix)}.{known_text}")
     lines.append("")
     if doc.get("known_faults_not_seen"):

@@ -190,7 +190,7 @@ def _effective(trainer: Any) -> dict[str, Any]:
             "padding_free": collator_free if collator_free is not None else getattr(trainer.args, "padding_free", None),
             "packing_strategy": getattr(trainer.args, "packing_strategy", None),
             "collator": type(trainer.data_collator).__name__,
-            # TRL 0.21-0.23 build it as use_flash_attention: False on every other backend
+            # TRL 0.20-0.23 build it as use_flash_attention: False on every other backend
             "return_position_ids": getattr(trainer.data_collator, "return_position_ids", None),
             "use_cache": getattr(model.config, "use_cache", None),
             "attn_implementation": getattr(model.config, "_attn_implementation", None)}
@@ -438,13 +438,16 @@ def _check_sft_strategies(sft: _Sft) -> CheckResult:
             continue
         entry: dict[str, Any] = {"available": True, "effective": _effective(trainer)}
         batch = next(iter(trainer.get_train_dataloader()))
-        entry["keys"] = sorted(batch)
         steps, bad = _compare_steps(bench, sft.train_steps(packing=True, packing_strategy=strategy), reference, strategy)
         entry["steps"] = steps
         if strategy == "wrapped":
+            entry["keys"] = sorted(batch)
             entry["by_design"] = "wrapped packing ignores example boundaries by design (TRL docs): measured, not compared for parity"
         else:
-            problems += bad
+            # the row contract first: it says why the steps diverge (e.g. TRL 0.20-0.23 send no position_ids
+            # to non-flash backends)
+            contract, _ = _row_contract(bench, batch, entry)
+            problems += [f"{strategy}: {p}" for p in contract] + bad
         metrics["strategies"][strategy] = entry
         ran.append(f"{strategy} {steps.get('max_loss_delta', float('nan')):.2e}")
     if not ran:

@@ -305,13 +305,17 @@ def test_real_trainer_on_4_56_2_normalisation_and_cache(pytester, monkeypatch, v
 
 
 @pytest.mark.slow
-def test_real_trl_packing_without_padding_free_before_1_16(pytester, monkeypatch, version_cache):
+def test_real_trl_0_21_padding_free_without_position_ids_on_sdpa(pytester, monkeypatch, version_cache):
     """SFTTrainer(packing=True), defaults otherwise, sdpa: trl 0.21 (transformers 4.56.2) turns padding_free on
     for bfd packing but builds its collator with return_position_ids=use_flash_attention, so the rows reach sdpa
     with an all-ones attention_mask and no position_ids -> fail, cause mask_override, remedy flash_attention_2 or
     TRL >= 0.24; the same with padding_free=True and no packing."""
     cells = _audit(pytester, monkeypatch, version_cache, "transformers==4.56.2 & trl==0.21.0", "arch:llama", "sdpa",
-                   "sft,sft_padding_free")
+                   "sft,sft_padding_free,sft_strategies")
+    strategies = cells["llama-sdpa-sft_strategies-float32@transformers==4.56.2+trl==0.21.0"]
+    assert strategies["status"] == "fail" and "bfd: the packed batch carries no position_ids" in strategies["message"]
+    assert strategies["diagnosis"]["cause"] == "mask_override"
+    assert strategies["diagnosis"]["known_faults"] == ["trl-padding-free-position-ids-only-with-flash"]
     for check in ("sft", "sft_padding_free"):
         old = cells[f"llama-sdpa-{check}-float32@transformers==4.56.2+trl==0.21.0"]
         assert old["status"] == "fail" and "no position_ids" in old["message"] and "trl 0.21.0" in old["message"], old["message"]
@@ -323,7 +327,7 @@ def test_real_trl_packing_without_padding_free_before_1_16(pytester, monkeypatch
 
 
 @pytest.mark.slow
-def test_real_trl_padding_free_without_packing_on_4_51_3(pytester, monkeypatch, version_cache):
+def test_real_trl_0_17_on_4_51_3_packing_and_padding_free(pytester, monkeypatch, version_cache):
     """transformers 4.51.3 + trl 0.17, sdpa, SFTConfig(padding_free=True) without packing: TRL flattens each batch
     into one row with position_ids, but 4.51.3's sdpa builds no packed mask from them -> the examples attend to
     each other and the loss diverges from the padded run at step 1; the report says why (backend + version).
