@@ -867,6 +867,25 @@ def _train(bench: Workbench, collator: Any, out_dir: str, use_cache: bool | None
         torch.manual_seed(0)
 
 
+def padded_trainer_note(entry: dict[str, Any], ref_loss: list[float], labels: Any, who: str) -> str:
+    """A trainer's own padded run (``entry``: its per-step "loss" and "max_loss_delta" against ``ref_loss``) told
+    apart: a first-step loss equal to the reference's scaled by shifted / unshifted label tokens of ``labels``
+    is a normalisation by the label count before the causal shift (transformers 4.x; gpt2 on 5.24). A packed
+    row masks each example's first label, so both counts agree there and the packed run is unaffected. Adds
+    ``loss_ratio``, ``label_tokens_shifted_over_unshifted`` and ``normalisation`` to ``entry``; returns a note
+    for the check's message ("" when there is no first step to compare)."""
+    if not entry.get("loss") or not ref_loss or not ref_loss[0]:
+        return ""
+    unshifted, shifted = int((labels != B.IGNORE_INDEX).sum()), B.count_label_tokens(labels)
+    ratio = entry["loss"][0] / ref_loss[0]
+    entry.update({"loss_ratio": ratio, "label_tokens_shifted_over_unshifted": shifted / unshifted})
+    if abs(ratio - shifted / unshifted) < 1e-3:
+        entry["normalisation"] = "divides by the label count before the shift"
+        return (f"; {who}'s own padded run is off: loss x{ratio:.4f} = {shifted}/{unshifted} label tokens after / before "
+                "the shift (it divides padded batches by the unshifted count)")
+    return f"; {who}'s own padded run differs from the reference by {_fmt(entry['max_loss_delta'])}"
+
+
 #: Lengths of the three extra examples of the gradient-accumulation probe (two micro-batches of three).
 GRAD_ACCUM_LENGTHS = (9, 12, 5)
 
@@ -944,22 +963,8 @@ def check_trainer(bench: Workbench) -> CheckResult:
         verdicts[name] = loss_delta <= tol_loss and norm_rel <= tol_rel and param_rel <= tol_rel
     metrics["max_loss_delta"] = metrics["as_configured"]["max_loss_delta"]
     a, b = metrics["as_configured"], metrics["use_cache_false"]
-    # Trainer's own padded run: a loss scaled by shifted / unshifted label tokens is the 4.x (and 5.24 gpt2)
-    # normalisation by the count before the shift; the packed row masks each example's first label, so both
-    # counts agree there and the packed run is unaffected
-    unshifted = int((padded["labels"] != B.IGNORE_INDEX).sum())
-    shifted = B.count_label_tokens(padded["labels"])
     pt = metrics["padded_trainer"]
-    note = ""
-    if not verdicts["padded_trainer"] and pt["loss"] and ref_loss[0]:
-        ratio = pt["loss"][0] / ref_loss[0]
-        pt.update({"loss_ratio": ratio, "label_tokens_shifted_over_unshifted": shifted / unshifted})
-        if abs(ratio - shifted / unshifted) < 1e-3:
-            pt["normalisation"] = "divides by the label count before the shift"
-            note = (f"; Trainer's own padded run is off: loss x{ratio:.4f} = {shifted}/{unshifted} label tokens after / "
-                    "before the shift (it normalises padded batches by the unshifted count)")
-        else:
-            note = f"; Trainer's own padded run differs from the reference by {_fmt(pt['max_loss_delta'])}"
+    note = padded_trainer_note(pt, ref_loss, padded["labels"], "Trainer") if not verdicts["padded_trainer"] else ""
     metrics["grad_accum"] = {"packed": ga_packed, "padded": ga_padded}
     counts = {n for n in ga_packed["num_items_in_batch"] if n is not None}
     if counts and counts != {ga_packed["expected"]}:

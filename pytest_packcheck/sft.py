@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .checks import TRAIN_LR
+from .checks import TRAIN_LR, padded_trainer_note
 from .results import CheckResult
 
 SENTENCES = [
@@ -382,14 +382,7 @@ def _padded_trainer_note(sft: _Sft, metrics: dict[str, Any]) -> str:
     entry["max_loss_delta"] = max(abs(a - b) for a, b in zip(loss, ref_loss, strict=True))
     if entry["max_loss_delta"] <= sft.bench.tol["train_loss_atol"]:
         return ""
-    labels = sft.padded_batch()["labels"]
-    unshifted, shifted = int((labels != -100).sum()), int((labels[..., 1:] != -100).sum())
-    entry.update({"loss_ratio": loss[0] / ref_loss[0], "label_tokens_shifted_over_unshifted": shifted / unshifted})
-    if abs(entry["loss_ratio"] - shifted / unshifted) < 1e-3:
-        entry["normalisation"] = "divides by the label count before the shift"
-        return (f"; SFTTrainer's own padded run is off: loss x{entry['loss_ratio']:.4f} = {shifted}/{unshifted} label tokens "
-                "after / before the shift (its Trainer normalises padded batches by the unshifted count)")
-    return f"; SFTTrainer's own padded run differs from the reference by {entry['max_loss_delta']:.2e}"
+    return padded_trainer_note(entry, ref_loss, sft.padded_batch()["labels"], "SFTTrainer")
 
 
 def check_sft_padding_free(bench: Any) -> CheckResult:
