@@ -794,6 +794,10 @@ def _reset_accelerate_state() -> None:
 
 #: Learning rate of every training comparison (plain SGD, constant, no clipping).
 TRAIN_LR = 1e-2
+#: The TrainingArguments / SFTConfig recipe of every trainer run the checks make: what :func:`reference_steps`
+#: writes out by hand (plain SGD at TRAIN_LR, constant schedule, no warm-up, decay or clipping; a loss per step).
+TRAIN_RECIPE = {"learning_rate": TRAIN_LR, "lr_scheduler_type": "constant", "optim": "sgd", "max_grad_norm": 1e9,
+                "warmup_steps": 0, "weight_decay": 0.0, "logging_steps": 1, "seed": 0, "data_seed": 0}
 
 
 def reference_steps(model: Any, batch: dict[str, Any], steps: int, lr: float = TRAIN_LR) -> tuple[list[float], list[float], dict[str, Any]]:
@@ -843,10 +847,9 @@ def _train(bench: Workbench, collator: Any, out_dir: str, use_cache: bool | None
     examples = examples or bench.examples
     saved_cache = getattr(model.config, "use_cache", None)
     args = TrainingArguments(
-        output_dir=out_dir, per_device_train_batch_size=batch_size or len(examples), max_steps=steps, learning_rate=TRAIN_LR,
-        lr_scheduler_type="constant", optim="sgd", max_grad_norm=1e9, logging_steps=1, save_strategy="no", report_to=[],
-        seed=0, data_seed=0, dataloader_num_workers=0, disable_tqdm=True, use_cpu=not bench.device.startswith("cuda"),
-        remove_unused_columns=False, warmup_steps=0, weight_decay=0.0, gradient_accumulation_steps=grad_accum,
+        output_dir=out_dir, per_device_train_batch_size=batch_size or len(examples), max_steps=steps, save_strategy="no",
+        report_to=[], dataloader_num_workers=0, disable_tqdm=True, use_cpu=not bench.device.startswith("cuda"),
+        remove_unused_columns=False, gradient_accumulation_steps=grad_accum, **TRAIN_RECIPE,
     )
     data = [{"input_ids": list(e)} for e in examples]
 

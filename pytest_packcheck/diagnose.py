@@ -44,6 +44,8 @@ CAUSES = {
 NUMERICS_FACTOR = 10.0
 _PARITY_CHECKS = ("isolation", "logits_parity", "loss_parity", "grad_parity", "backend", "cache_trap", "trainer")
 _MASKED_BACKENDS = ("eager", "sdpa", "flex_attention")
+#: The SFTTrainer checks: they share the batch-contract and first-batch-loss messages.
+_SFT_CHECKS = ("sft", "sft_padding_free", "sft_strategies")
 
 
 def _v(text: str | None) -> Any:
@@ -99,7 +101,7 @@ def classify(cell: dict[str, Any], group: dict[str, dict[str, Any]], model_level
         return "loss_normalisation", cell["message"][:200]
     if check == "packing_content":
         return "packing_content", cell["message"][:200]
-    if check in ("sft", "sft_padding_free", "sft_strategies"):
+    if check in _SFT_CHECKS:
         if "without boundaries" in cell["message"] or "all-ones attention_mask" in cell["message"]:
             return "mask_override", cell["message"][:200]
         if "first-batch loss" in cell["message"] or "3-step training" in cell["message"]:
@@ -196,7 +198,7 @@ def remedy(cause: str, cell: dict[str, Any], doc_env: dict[str, Any]) -> str:
             return ("train with a flash backend (flash_attention_2/3) if its cells pass here (packcheck's varlen reference "
                     "shows whether the flash path keeps the boundaries): this model's eager/sdpa/flex path does not")
         return "disable packing for this architecture on this backend"
-    if cause == "mask_override" and cell["check"] in ("sft", "sft_padding_free", "sft_strategies"):
+    if cause == "mask_override" and cell["check"] in _SFT_CHECKS:
         trl = _v(library_version(cell, doc_env, "trl"))
         if (m.get("effective") or {}).get("padding_free") and trl is not None and _v("0.20") <= trl < _v("0.24"):
             return (f"TRL {trl} sends position_ids with padding_free only to flash_attention_2 (return_position_ids="

@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .checks import TRAIN_LR, padded_trainer_note
+from .checks import TRAIN_RECIPE, padded_trainer_note
 from .results import CheckResult
 
 SENTENCES = [
@@ -114,16 +114,18 @@ class _Sft:
         from .checks import train_and_restore
 
         packing = overrides.get("packing", self.base["packing"])
-        kwargs = {"max_steps": STEPS, "per_device_train_batch_size": 1 if packing else len(SENTENCES),
-                  "learning_rate": TRAIN_LR, "lr_scheduler_type": "constant", "optim": "sgd", "max_grad_norm": 1e9,
-                  "logging_steps": 1, "warmup_steps": 0, "weight_decay": 0.0, "data_seed": 0, **overrides}
+        kwargs = {"max_steps": STEPS, "per_device_train_batch_size": 1 if packing else len(SENTENCES), **TRAIN_RECIPE, **overrides}
         loss, norm, _ = train_and_restore(self.bench.model, lambda: self.trainer(**kwargs))
         return loss, norm
 
     def padded_batch(self) -> dict[str, Any]:
-        """The six texts as SFTTrainer(packing=False, padding_free=False) batches them: one right-padded batch."""
-        trainer = self.trainer(packing=False, padding_free=False, per_device_train_batch_size=len(SENTENCES))
-        return next(iter(trainer.get_train_dataloader()))
+        """The six texts as SFTTrainer(packing=False, padding_free=False) batches them: one right-padded batch
+        (cached per model, like the reference run on it)."""
+        key = ("sft_padded_batch", id(self.bench.model), self.feats["version"])
+        if key not in self.bench._cache:
+            trainer = self.trainer(packing=False, padding_free=False, per_device_train_batch_size=len(SENTENCES))
+            self.bench._cache[key] = next(iter(trainer.get_train_dataloader()))
+        return self.bench._cache[key]
 
     def padded_steps(self) -> tuple[list[float], list[float]]:
         """The reference: :func:`pytest_packcheck.checks.reference_steps` (STEPS hand-written SGD steps, token-mean
