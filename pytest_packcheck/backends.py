@@ -32,8 +32,12 @@ REFERENCE_BACKEND = "packcheck_flash_ref"
 TORCH_VARLEN_BACKEND = "packcheck_flash_torch_varlen"
 
 #: Backends packcheck knows, in matrix column order.
-KNOWN_BACKENDS = ("eager", "sdpa", "flex_attention", REFERENCE_BACKEND, TORCH_VARLEN_BACKEND, "flash_attention_2")
+KNOWN_BACKENDS = ("eager", "sdpa", "flex_attention", REFERENCE_BACKEND, TORCH_VARLEN_BACKEND, "flash_attention_2",
+                  "flash_attention_3")
 _VARLEN_BACKENDS = (REFERENCE_BACKEND, TORCH_VARLEN_BACKEND)
+#: Backends that run through transformers' ``_flash_attention_forward``: a packed row must reach their varlen
+#: kernel once per attention layer and never their dense one.
+FLASH_FAMILY = ("flash_attention_2", "flash_attention_3", "flash_attention_4", *_VARLEN_BACKENDS)
 
 BACKEND_LABELS = {
     "eager": "eager",
@@ -42,6 +46,7 @@ BACKEND_LABELS = {
     REFERENCE_BACKEND: "varlen reference (CPU, not FA2)",
     TORCH_VARLEN_BACKEND: "torch varlen_attn (PyTorch FA2 kernel)",
     "flash_attention_2": "flash_attention_2",
+    "flash_attention_3": "flash_attention_3",
 }
 
 
@@ -62,7 +67,9 @@ class BackendAvailability:
 def backend_availability(name: str, device: str = "cpu") -> BackendAvailability:
     """Tell whether ``name`` can run on ``device`` with the installed libraries.
 
-    flash_attention_2 needs CUDA and the ``flash_attn`` package; flex_attention has no backward on CPU
+    flash_attention_2 needs CUDA and the ``flash_attn`` package; flash_attention_3 needs a Hopper GPU (compute
+    capability 9.x) and ``flash_attn_interface`` (the flash-attn-3 build, as transformers' ``is_flash_attn_3_available``
+    looks for it); flex_attention has no backward on CPU
     (torch raises NotImplementedError, measured on torch 2.13.0+cpu).
     """
     if name == "flash_attention_2":
@@ -71,6 +78,19 @@ def backend_availability(name: str, device: str = "cpu") -> BackendAvailability:
             missing.append(f"a CUDA device (running on {device})")
         if importlib.util.find_spec("flash_attn") is None:
             missing.append("the flash-attn package (not importable)")
+        if missing:
+            return BackendAvailability(name, False, "needs " + " and ".join(missing))
+        return BackendAvailability(name, True)
+    if name == "flash_attention_3":
+        missing = []
+        if not device.startswith("cuda"):
+            missing.append(f"a CUDA device (running on {device})")
+        else:
+            major, minor = cuda_capability(device)
+            if major != 9:
+                missing.append(f"a Hopper GPU (compute capability 9.x; this one is {major}.{minor})")
+        if importlib.util.find_spec("flash_attn_interface") is None:
+            missing.append("the flash-attn-3 package (flash_attn_interface not importable)")
         if missing:
             return BackendAvailability(name, False, "needs " + " and ".join(missing))
         return BackendAvailability(name, True)
@@ -92,6 +112,13 @@ def backend_availability(name: str, device: str = "cpu") -> BackendAvailability:
             missing.append(why)
         return BackendAvailability(name, not missing, "needs " + " and ".join(missing) if missing else "")
     return BackendAvailability(name, True)
+
+
+def cuda_capability(device: str) -> tuple[int, int]:
+    """``torch.cuda.get_device_capability`` of ``device`` (e.g. ``(9, 0)`` on H100 / H200)."""
+    import torch
+
+    return torch.cuda.get_device_capability(torch.device(device))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -361,7 +388,7 @@ def register_reference_backend() -> None:
     original = mfu._lazy_imports
     this = sys.modules[__name__]
 
-    # Look the kernels up at call time, so that count_attention_calls can observe them. functools.wraps keeps
+    # Look the kernels up at call time (tests replace them). functools.wraps keeps
     # the signature visible to transformers' _lazy_define_process_function, which reads it to pick the kwargs.
     @functools.wraps(varlen_reference_kernel)
     def varlen(*args, **kwargs):
@@ -453,7 +480,10 @@ class AttentionProbe:
 
     segments: list[int] | None = None
     calls: list[AttentionCall] = field(default_factory=list)
+    #: calls of the varlen flash kernel (flash_attn_varlen_func or its stand-in) and of the dense one
+    #: (flash_attn_func: the whole row as one sequence), as transformers dispatched them
     varlen_calls: int = 0
+    dense_flash_calls: int = 0
     varlen_boundaries: list[list[int]] = field(default_factory=list)
     _inside: int = 0
 
@@ -523,7 +553,9 @@ def count_attention_calls(model: Any, segments: list[int] | None = None) -> Iter
     """Count attention calls (per backend) while the block runs.
 
     Wraps every function in transformers' ``ALL_ATTENTION_FUNCTIONS``, the ``eager_attention_forward`` of the
-    model's own modeling module, and the reference varlen kernel, restoring them on exit. The model must be
+    model's own modeling module, and the flash kernels transformers' ``_flash_attention_forward`` dispatches to
+    (varlen and dense, from ``lazy_import_flash_attention`` on 4.56+, the module's ``flash_attn_func`` /
+    ``flash_attn_varlen_func`` before), restoring them on exit. The model must be
     called inside the block. Adds two Python calls per attention layer; no tensor work except the isolation
     probe on a handful of mask entries.
     """
@@ -536,7 +568,7 @@ def count_attention_calls(model: Any, segments: list[int] | None = None) -> Iter
 
     def wrap(backend: str, fn: Callable) -> Callable:
         def counted(module, query, key, value, attention_mask, *args, **kwargs):
-            if backend in ("flash_attention_2", "flash_attention_3", "flash_attention_4", *_VARLEN_BACKENDS):
+            if backend in FLASH_FAMILY:
                 isolated = None  # decided by the varlen kernel hook below (or by cu_seq_lens kwargs)
                 cu = kwargs.get("cu_seq_lens_q")
                 if cu is not None:
@@ -562,22 +594,54 @@ def count_attention_calls(model: Any, segments: list[int] | None = None) -> Iter
             patched_modules.append((module, "eager_attention_forward", fn))
             module.eager_attention_forward = wrap("eager", fn)
 
-    # The reference kernel: record the boundaries it really received.
-    this = sys.modules[__name__]
-    saved_kernels = {name: getattr(this, name) for name in ("varlen_reference_kernel", "torch_varlen_kernel")}
+    # The flash kernels, at the point transformers dispatches to them (every flash-family backend: flash-attn 2/3,
+    # hub kernels, packcheck's two): count varlen and dense calls and record the boundaries the varlen kernel
+    # really received.
+    import transformers.modeling_flash_attention_utils as mfu
 
     def count_varlen(original_varlen: Callable) -> Callable:
-        def counted_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *args, **kwargs):
+        @functools.wraps(original_varlen)
+        def counted_varlen(*args, **kwargs):
+            cu = kwargs.get("cu_seqlens_q", args[3] if len(args) > 3 else None)
             probe.varlen_calls += 1
-            probe.varlen_boundaries.append(cu_seqlens_q.tolist())
-            if probe.calls and probe.calls[-1].isolated is None:
-                probe.calls[-1].isolated = probe.isolation_from_cu_seqlens(cu_seqlens_q)
-            return original_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *args, **kwargs)
+            if cu is not None:
+                probe.varlen_boundaries.append(cu.tolist())
+                if probe.calls and probe.calls[-1].isolated is None:
+                    probe.calls[-1].isolated = probe.isolation_from_cu_seqlens(cu)
+            return original_varlen(*args, **kwargs)
 
         return counted_varlen
 
-    for name, fn in saved_kernels.items():
-        setattr(this, name, count_varlen(fn))
+    def count_dense(original_dense: Callable) -> Callable:
+        @functools.wraps(original_dense)
+        def counted_dense(*args, **kwargs):
+            probe.dense_flash_calls += 1
+            if probe.calls and probe.calls[-1].isolated is None and probe.segments and len(probe.segments) > 1:
+                probe.calls[-1].isolated = False  # one dense call over the packed row: no boundaries
+            return original_dense(*args, **kwargs)
+
+        return counted_dense
+
+    saved_flash: dict[str, Callable] = {}
+    loader = getattr(mfu, "lazy_import_flash_attention", None)
+    if loader is not None:  # 4.56+: _flash_attention_forward asks the loader for the kernels on every call
+        saved_flash["lazy_import_flash_attention"] = loader
+
+        @functools.wraps(loader)
+        def counted_loader(*args, **kwargs):
+            kernels, *rest = loader(*args, **kwargs)  # ((flash_fn, varlen_fn, ...), process fn(s))
+            dense, varlen = kernels[0], kernels[1]
+            kernels = (count_dense(dense) if dense is not None else None,
+                       count_varlen(varlen) if varlen is not None else None, *kernels[2:])
+            return (kernels, *rest)
+
+        mfu.lazy_import_flash_attention = counted_loader
+    else:  # before 4.56 the flash-attn functions are module globals of modeling_flash_attention_utils
+        for name, wrapper in (("flash_attn_func", count_dense), ("flash_attn_varlen_func", count_varlen)):
+            fn = getattr(mfu, name, None)
+            if callable(fn):
+                saved_flash[name] = fn
+                setattr(mfu, name, wrapper(fn))
 
     # Models outside the AttentionInterface (falcon's legacy path in 5.24) call torch's SDPA directly: count those
     # calls, but not the ones made from inside a counted interface function.
@@ -598,6 +662,6 @@ def count_attention_calls(model: Any, segments: list[int] | None = None) -> Iter
         mapping.update(saved_mapping)
         for module, attr, fn in patched_modules:
             setattr(module, attr, fn)
-        for name, fn in saved_kernels.items():
-            setattr(this, name, fn)
+        for name, fn in saved_flash.items():
+            setattr(mfu, name, fn)
         F.scaled_dot_product_attention = original_sdpa

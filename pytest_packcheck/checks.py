@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import batches as B
-from .backends import REFERENCE_BACKEND, TORCH_VARLEN_BACKEND, backend_availability, count_attention_calls
+from .backends import FLASH_FAMILY, backend_availability, count_attention_calls
 from .results import CheckResult
 
 #: Check names in matrix order. :data:`MODEL_LEVEL_CHECKS` run per model (no backend); the others per model x backend.
@@ -616,6 +616,7 @@ def check_backend(bench: Workbench) -> CheckResult:
         "calls": counts,
         "expected_calls": expected,
         "varlen_kernel_calls": probe.varlen_calls,
+        "dense_kernel_calls": probe.dense_flash_calls,
         "boundaries_reached": sum(1 for i in isolated if i),
         "boundaries_missing": sum(1 for i in isolated if i is False),
         "warnings": fallback_msgs[:3],
@@ -633,8 +634,10 @@ def check_backend(bench: Workbench) -> CheckResult:
         return CheckResult("fail", metrics, f"no attention call reached {requested} (expected {expected})")
     if on_requested != expected:
         return CheckResult("fail", metrics, f"{on_requested} attention calls on {requested}, expected {expected} (one per attention layer)")
-    if requested in (REFERENCE_BACKEND, TORCH_VARLEN_BACKEND) and probe.varlen_calls != on_requested:
-        return CheckResult("fail", metrics, f"varlen kernel called {probe.varlen_calls} times for {on_requested} attention calls: the dense path ran")
+    if requested in FLASH_FAMILY and (probe.dense_flash_calls or probe.varlen_calls != on_requested):
+        return CheckResult("fail", metrics, (
+            f"varlen kernel called {probe.varlen_calls} times and the dense (padded) flash kernel "
+            f"{probe.dense_flash_calls} times for {on_requested} attention calls: the dense path ran"))
     if metrics["boundaries_missing"]:
         return CheckResult("fail", metrics, f"packed boundaries missing in {metrics['boundaries_missing']} of {len(isolated)} attention calls")
     if expected == 0:

@@ -261,8 +261,12 @@ def _shrink_dict(d: dict[str, Any], amap: dict[str, str]) -> None:
     """Shrink one config dict in place, then every nested sub-config (text_config, vision_config, ...) of a
     composite model."""
     for key, value in d.items():
-        if isinstance(value, dict) and ("model_type" in value or key.endswith("_config")) and key not in ("attn_config", "ffn_config"):
-            _shrink_dict(value, {})
+        if isinstance(value, dict) and ("model_type" in value or key.endswith("_config")):
+            # nested configs serialise the generic keys too; 5.17's DbrxFFNConfig rejects them as unknown kwargs
+            for drop in (*_DROP_KEYS, "output_attentions"):
+                value.pop(drop, None)
+            if key not in ("attn_config", "ffn_config"):
+                _shrink_dict(value, {})
 
     def real(key: str) -> str:
         return amap.get(key, key) if key not in d and amap.get(key, key) in d else key

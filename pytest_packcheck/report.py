@@ -67,7 +67,10 @@ def _key_number(cell: dict[str, Any]) -> str:
     m = cell.get("metrics", {})
     if cell["check"] == "backend" and "calls" in m:
         on = sum(m["calls"].values())
-        return f"{on}/{m.get('expected_calls', '?')} calls"
+        text = f"{on}/{m.get('expected_calls', '?')} calls"
+        if m.get("varlen_kernel_calls") or m.get("dense_kernel_calls"):  # a flash-family backend: which kernel ran
+            text += f", varlen {m.get('varlen_kernel_calls', 0)} / dense {m.get('dense_kernel_calls', 0)}"
+        return text
     if cell["check"] == "sft_strategies" and isinstance(m.get("strategies"), dict):
         deltas = [(v.get("steps") or {}).get("max_loss_delta") for k, v in m["strategies"].items() if k != "wrapped" and v.get("available")]
         deltas = [d for d in deltas if isinstance(d, float)]

@@ -59,7 +59,7 @@ OPTIONS = (
            action="store_true", default=False),
     Option(OPT_BACKENDS, "Attention backends (attn_implementation), comma-separated. Default: eager, sdpa, "
            "flex_attention, packcheck_flash_ref (CPU varlen reference), packcheck_flash_torch_varlen (PyTorch's "
-           "varlen_attn, CUDA), flash_attention_2.",
+           "varlen_attn, CUDA), flash_attention_2, flash_attention_3 (Hopper).",
            ini="packcheck_attn", env="PACKCHECK_ATTN"),
     Option(OPT_CHECKS, "Checks to run, comma-separated (default: all but the training checks trainer, sft, sft_padding_free, sft_strategies, packing_content).", ini="packcheck_checks", env="PACKCHECK_CHECKS"),
     Option(OPT_DTYPES, "dtypes, comma-separated: float32, bfloat16, float16 (default float32 on CPU, bfloat16 on CUDA).",

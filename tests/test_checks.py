@@ -120,6 +120,7 @@ def test_reference_backend_routes_through_flash_preparation(tolerances):
     backend = C.check_backend(bench)
     assert backend.status == "pass", backend.message
     assert backend.metrics["varlen_kernel_calls"] == backend.metrics["expected_calls"] == 2
+    assert backend.metrics["dense_kernel_calls"] == 0
     assert C.check_cache_trap(bench).status == "pass"  # the flash path ignores the cache when building boundaries
     assert C.check_logits_parity(bench).metrics["max_abs_diff_solo"] < 1e-5
 
@@ -186,6 +187,63 @@ def test_torch_varlen_args_rules():
         build_torch_varlen_args(q, k, k, cu.long(), cu.long(), 5, 5, None, True, (-1, -1), set())
 
 
+def test_torch_varlen_args_for_the_torch_2_11_signature():
+    """The device's torch 2.11.0 varlen_attn (read from its wheel): ``(query, key, value, cu_seq_q, cu_seq_k, max_q,
+    max_k, *, return_aux, scale, window_size)``, no enable_gqa and no is_causal: causal is window_size (-1, 0),
+    GQA heads are repeated."""
+    import torch
+
+    from pytest_packcheck.backends import build_torch_varlen_args
+
+    params = {"query", "key", "value", "cu_seq_q", "cu_seq_k", "max_q", "max_k", "return_aux", "scale", "window_size"}
+    q, k = torch.zeros(9, 4, 8), torch.zeros(9, 2, 8)
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32)
+    args, kw = build_torch_varlen_args(q, k, k, cu, cu, 5, 5, None, True, (-1, -1), params)
+    assert kw == {"scale": None, "window_size": (-1, 0)} and args[1].shape[1] == args[2].shape[1] == 4
+    args, kw = build_torch_varlen_args(q, k, k, cu, cu, 5, 5, None, True, (3, 3), params)
+    assert kw["window_size"] == (3, 0)
+
+
+def test_flash_kernel_counting_before_4_56(monkeypatch, llama_sdpa):
+    """transformers < 4.56 calls flash-attn's functions as module globals of modeling_flash_attention_utils (no
+    lazy loader): the counter wraps those, tells varlen from dense calls, and puts them back."""
+    import torch
+    import transformers.modeling_flash_attention_utils as mfu
+
+    from pytest_packcheck.backends import count_attention_calls
+
+    monkeypatch.delattr(mfu, "lazy_import_flash_attention")
+    dense, varlen = (lambda q, k, v, **kw: q), (lambda q, k, v, cu_seqlens_q, cu_seqlens_k, *a, **kw: q)
+    monkeypatch.setattr(mfu, "flash_attn_func", dense, raising=False)
+    monkeypatch.setattr(mfu, "flash_attn_varlen_func", varlen, raising=False)
+    cu = torch.tensor([0, 3, 7], dtype=torch.int32)
+    with count_attention_calls(llama_sdpa.model, [3, 4]) as probe:
+        mfu.flash_attn_varlen_func(None, None, None, cu_seqlens_q=cu, cu_seqlens_k=cu)
+        mfu.flash_attn_varlen_func(None, None, None, cu, cu)
+        mfu.flash_attn_func(None, None, None)
+    assert (probe.varlen_calls, probe.dense_flash_calls) == (2, 1)
+    assert probe.varlen_boundaries == [[0, 3, 7], [0, 3, 7]]
+    assert mfu.flash_attn_func is dense and mfu.flash_attn_varlen_func is varlen
+
+
+def test_flash_attention_3_availability_reasons(monkeypatch):
+    """flash_attention_3 needs CUDA, a Hopper GPU and flash_attn_interface; each missing piece is named."""
+    import importlib.util
+
+    from pytest_packcheck import backends
+
+    cpu = backends.backend_availability("flash_attention_3", "cpu")
+    assert not cpu.available and "CUDA device (running on cpu)" in cpu.reason and "flash-attn-3" in cpu.reason
+    monkeypatch.setattr(backends, "cuda_capability", lambda device: (8, 0))
+    ampere = backends.backend_availability("flash_attention_3", "cuda:0")
+    assert not ampere.available and "this one is 8.0" in ampere.reason
+    monkeypatch.setattr(backends, "cuda_capability", lambda device: (9, 0))
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "flash_attn_interface" else real_find_spec(name, *a))
+    assert backends.backend_availability("flash_attention_3", "cuda").available
+
+
 def test_torch_varlen_skips_on_cpu():
     from pytest_packcheck.backends import TORCH_VARLEN_BACKEND, backend_availability
 
@@ -217,7 +275,8 @@ def test_backend_sees_the_dense_flash_path(tolerances):
     bench = make_bench("llama", REFERENCE_BACKEND, tolerances, collator_factory=collator_no_reset)
     result = C.check_backend(bench)
     assert result.status == "fail" and result.metrics["varlen_kernel_calls"] == 0
-    assert "dense path ran" in result.message
+    assert result.metrics["dense_kernel_calls"] == result.metrics["expected_calls"] == 2  # counted, not inferred
+    assert "dense (padded) flash kernel 2 times" in result.message and result.metrics["boundaries_missing"] == 2
 
 
 def test_trl_padding_free_collator_pads_position_ids(llama_sdpa):
