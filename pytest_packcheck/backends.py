@@ -39,6 +39,13 @@ _VARLEN_BACKENDS = (REFERENCE_BACKEND, TORCH_VARLEN_BACKEND)
 #: kernel once per attention layer and never their dense one.
 FLASH_FAMILY = ("flash_attention_2", "flash_attention_3", "flash_attention_4", *_VARLEN_BACKENDS)
 
+#: Environment variable: set to 1 to run :data:`TORCH_VARLEN_BACKEND` on CPU through
+#: :func:`varlen_attn_stand_in` (torch 2.11's varlen_attn signature over the exact reference kernel). A
+#: rehearsal of the GPU pipeline (scripts/gpu_check.sh) that exercises every line but PyTorch's kernel; the
+#: environment and the matrix label say so, and no speed or numerics claim comes from it.
+STAND_IN_ENV = "PACKCHECK_TORCH_VARLEN_STAND_IN"
+STAND_IN_LABEL = "torch varlen_attn CPU STAND-IN (rehearsal, not FA2)"
+
 BACKEND_LABELS = {
     "eager": "eager",
     "sdpa": "sdpa",
@@ -62,6 +69,22 @@ class BackendAvailability:
     #: verdict of its cells when not available: "skipped" (this machine lacks something) or "unsupported"
     #: (the installed transformers cannot express it)
     status: str = "skipped"
+
+
+def stand_in_active() -> bool:
+    """Whether :data:`STAND_IN_ENV` is set to 1 in this process."""
+    import os
+
+    return os.environ.get(STAND_IN_ENV) == "1"
+
+
+def backend_labels(env: dict[str, Any] | None = None) -> dict[str, str]:
+    """Matrix column labels; the torch varlen column is labelled a stand-in when ``env`` (a results document's
+    environment) records that the stand-in ran."""
+    labels = dict(BACKEND_LABELS)
+    if (env or {}).get("torch_varlen_kernel") == "stand-in":
+        labels[TORCH_VARLEN_BACKEND] = STAND_IN_LABEL
+    return labels
 
 
 def backend_availability(name: str, device: str = "cpu") -> BackendAvailability:
@@ -103,7 +126,7 @@ def backend_availability(name: str, device: str = "cpu") -> BackendAvailability:
         return BackendAvailability(name, ok, why, status="unsupported")
     if name == TORCH_VARLEN_BACKEND:
         missing = []
-        if not device.startswith("cuda"):
+        if not device.startswith("cuda") and not stand_in_active():
             missing.append(f"a CUDA device (running on {device}): varlen_attn is CUDA-only")
         if importlib.util.find_spec("torch.nn.attention.varlen") is None:
             missing.append("torch.nn.attention.varlen (PyTorch >= 2.10)")
@@ -226,10 +249,36 @@ def _validate_cu_seqlens(cu: Any, total: int, name: str) -> None:
 
 
 def _torch_varlen_attn() -> Any:
-    """PyTorch's varlen kernel, looked up at call time (tests put a CPU stand-in here)."""
+    """PyTorch's varlen kernel, looked up at call time; :func:`varlen_attn_stand_in` when :data:`STAND_IN_ENV`
+    is set."""
+    if stand_in_active():
+        return varlen_attn_stand_in
     from torch.nn.attention.varlen import varlen_attn
 
     return varlen_attn
+
+
+def varlen_attn_stand_in(query: Any, key: Any, value: Any, cu_seq_q: Any, cu_seq_k: Any, max_q: int, max_k: int, *,
+                         return_aux: Any = None, scale: float | None = None, window_size: tuple[int, int] = (-1, -1)) -> Any:
+    """CPU stand-in with the signature of torch 2.11.0's ``torch.nn.attention.varlen.varlen_attn`` (read from its
+    wheel: no ``enable_gqa``, causal as ``window_size=(-1, 0)``), computing with :func:`varlen_reference_kernel`.
+
+    Checks what the CUDA kernel requires and would otherwise misread: int32 cu_seq tensors, Python-int max
+    lengths, equal q / k head counts (2.11 has no GQA), a ``(left, right)`` window.
+
+    Raises:
+        TypeError: max_q / max_k are not Python ints.
+        ValueError: cu_seq tensors not int32 / not spanning the tokens; q and k head counts differ.
+    """
+    if type(max_q) is not int or type(max_k) is not int:
+        raise TypeError(f"varlen_attn stand-in: max_q / max_k must be Python ints, got {type(max_q).__name__} / {type(max_k).__name__}")
+    if query.shape[1] != key.shape[1]:
+        raise ValueError(f"varlen_attn stand-in: torch 2.11's varlen_attn has no GQA: q has {query.shape[1]} heads, k {key.shape[1]}")
+    left, right = window_size
+    causal = right == 0
+    out = varlen_reference_kernel(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, softmax_scale=scale, causal=causal,
+                                  window_size=(left, -1 if causal else right))
+    return (out, None) if return_aux is not None else out
 
 
 def build_torch_varlen_args(

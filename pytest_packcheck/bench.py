@@ -215,18 +215,25 @@ def render_bench(results: list[dict[str, Any]], env: dict[str, Any], model_label
     """Markdown: one row per profile, then the per-mode details."""
     from tabulate import tabulate
 
+    from .backends import backend_labels
     from .report import escape_md
 
+    attn = results[0].get("attn_implementation", "") if results else ""
     lines = [f"# packcheck bench — {escape_md(model_label)}", "",
              (f"torch {env.get('torch')}, transformers {env.get('transformers')}, device {env.get('device')} "
-              f"({escape_md(env.get('device_name'))}), attention {escape_md(results[0].get('attn_implementation', ''))}, "
-              f"dtype {results[0].get('dtype', '')}."), ""]
+              f"({escape_md(env.get('device_name'))}), attention {escape_md(attn)} ({escape_md(backend_labels(env).get(attn, attn))}), "
+              f"dtype {results[0].get('dtype', '') if results else ''}."), ""]
     if not str(env.get("device", "")).startswith("cuda"):
         lines += ["CPU run: a smoke test of the machinery, not a speed claim.", ""]
-    lines.append(tabulate([bench_row(r) for r in results], headers=BENCH_HEADERS, tablefmt="github"))
-    lines += ["", BENCH_NOTE, ""]
-    detail = []
+    measured = [r for r in results if "error" not in r]
+    if measured:
+        lines.append(tabulate([bench_row(r) for r in measured], headers=BENCH_HEADERS, tablefmt="github"))
+        lines += ["", BENCH_NOTE, ""]
     for r in results:
+        if "error" in r:
+            lines += [f"- {escape_md(r['profile'])}: not measured: {escape_md(r['error'])}", ""]
+    detail = []
+    for r in measured:
         for mode, run in r["runs"].items():
             detail.append([r["profile"], mode, f"{run['step_s'] * 1000:.1f}", f"{run['step_s_spread'][0] * 1000:.1f}-{run['step_s_spread'][1] * 1000:.1f}",
                            run["tokens_per_step"], run["useful_tokens_per_step"], run["peak_memory_mib"] if run["peak_memory_mib"] is not None else "n/a"])

@@ -227,8 +227,14 @@ def _merge(ns: argparse.Namespace) -> int:
 def _bench(ns: argparse.Namespace) -> int:
     import json
 
-    from .backends import KNOWN_BACKENDS, REFERENCE_BACKEND, TORCH_VARLEN_BACKEND, register_reference_backend
-    from .bench import render_bench, run_bench
+    from .backends import (
+        KNOWN_BACKENDS,
+        REFERENCE_BACKEND,
+        TORCH_VARLEN_BACKEND,
+        backend_availability,
+        register_reference_backend,
+    )
+    from .bench import render_bench, run_bench, sample_lengths
     from .errors import PackcheckUsageError, closest
     from .models import build_model, resolve_model
     from .results import atomic_write, environment
@@ -250,6 +256,12 @@ def _bench(ns: argparse.Namespace) -> int:
 
         if not torch.cuda.is_available():
             raise PackcheckUsageError(f"Device '{ns.device}' (from --device) is not available: torch sees no CUDA device. Use --device cpu.")
+    avail = backend_availability(attn, ns.device)
+    if not avail.available:
+        raise PackcheckUsageError(f"Backend '{attn}' (from --attn) cannot run on {ns.device}: {avail.reason}.")
+    profiles = ns.profile or ["flan", "orcamath"]
+    for profile in profiles:  # a bad profile or lengths file is refused before the model is built
+        sample_lengths(profile, 1, ns.max_length, source="--profile")
     resolved = resolve_model(parse_model_spec(ns.model, "--model"), "--model")
     if resolved.error:
         raise PackcheckUsageError(f"Model '{ns.model}' (from --model) cannot be built: {resolved.error}")
@@ -257,23 +269,39 @@ def _bench(ns: argparse.Namespace) -> int:
         register_reference_backend()
     model = build_model(resolved, attn, dtype, "random", ns.device, shrink=not ns.full_size)
     n_params = sum(p.numel() for p in model.parameters())
-    profiles = ns.profile or ["flan", "orcamath"]
-    results = []
-    for profile in profiles:
-        r = run_bench(model, profile=profile, steps=ns.steps, warmup=ns.warmup, batch_size=ns.batch_size,
-                      max_length=ns.max_length, device=ns.device, instrumentation=not ns.no_instrumentation)
-        r.update({"model": resolved.record(), "parameters": n_params, "attn_implementation": attn, "dtype": dtype})
-        results.append(r)
-        print(f"{profile}: speedup {r['speedup']:.2f}x (ideal {r['ideal_speedup']:.2f}x), padding {r['padding_overhead'] * 100:.0f} %, "
-              f"memory saved {r['memory_reduction'] if r['memory_reduction'] is not None else 'n/a'}, "
-              f"instrumentation {r.get('instrumentation_overhead', 'n/a')}")
     env = environment(ns.device)
     out = Path(ns.output_dir)
     label = f"{resolved.spec.label} ({n_params / 1e6:.1f}M parameters{'' if ns.full_size else ', shrunk'})"
-    atomic_write(out / f"{ns.name}.json", json.dumps({"environment": env, "results": results}, indent=1) + "\n")
-    atomic_write(out / f"{ns.name}.md", render_bench(results, env, label))
+    results: list[dict] = []
+    for profile in profiles:
+        base = {"model": resolved.record(), "parameters": n_params, "attn_implementation": attn, "dtype": dtype, "profile": profile}
+        try:
+            r = run_bench(model, profile=profile, steps=ns.steps, warmup=ns.warmup, batch_size=ns.batch_size,
+                          max_length=ns.max_length, device=ns.device, instrumentation=not ns.no_instrumentation)
+        except Exception as exc:  # noqa: BLE001 - one profile failing (OOM, kernel error) keeps the others' figures
+            results.append({**base, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"})
+            print(f"{profile}: not measured: {results[-1]['error']}", file=sys.stderr)
+            _free_cuda(ns.device)
+        else:
+            results.append({**base, **r})
+            print(f"{profile}: speedup {r['speedup']:.2f}x (ideal {r['ideal_speedup']:.2f}x), padding {r['padding_overhead'] * 100:.0f} %, "
+                  f"memory saved {r['memory_reduction'] if r['memory_reduction'] is not None else 'n/a'}, "
+                  f"instrumentation {r.get('instrumentation_overhead', 'n/a')}")
+        # written after every profile: a run stopped by a time limit keeps what it measured
+        atomic_write(out / f"{ns.name}.json", json.dumps({"environment": env, "results": results}, indent=1) + "\n")
+        atomic_write(out / f"{ns.name}.md", render_bench(results, env, label))
     print(f"bench written: {out / (ns.name + '.md')}, {out / (ns.name + '.json')}")
-    return 0
+    return 1 if all("error" in r for r in results) else 0
+
+
+def _free_cuda(device: str) -> None:
+    if device.startswith("cuda"):
+        import gc
+
+        import torch
+
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

@@ -93,10 +93,11 @@ def render_markdown(doc: dict[str, Any]) -> str:
     detail tables with the number behind every verdict, footnotes, legend, tolerances and environment."""
     from tabulate import tabulate
 
-    from .backends import BACKEND_LABELS
+    from .backends import backend_labels
 
     cells = doc["cells"]
     env = doc["environment"]
+    labels = backend_labels(env)  # the torch varlen column relabelled when a stand-in ran
     settings = doc.get("settings", {})
     models: dict[str, dict[str, Any]] = {}
     for c in cells:
@@ -128,7 +129,10 @@ def render_markdown(doc: dict[str, Any]) -> str:
         f"flash-attn {_v(env, 'flash_attn')}, CUDA {env.get('cuda') or 'none (CPU build)'}, Python {_v(env, 'python')}. "
         f"Weights: {settings.get('weights')}; dtypes: {', '.join(dtypes)}."
         + (" Remote code: allowed by --packcheck-trust-remote-code (model repositories' own Python code ran)."
-           if settings.get("trust_remote_code") else "")),
+           if settings.get("trust_remote_code") else "")
+        + (" **Rehearsal: the torch varlen backend ran through a CPU stand-in kernel (PACKCHECK_TORCH_VARLEN_STAND_IN=1), "
+           "not PyTorch's FlashAttention-2 kernel; its cells test packcheck's plumbing, not the kernel.**"
+           if env.get("torch_varlen_kernel") == "stand-in" else "")),
         "",
         "Reproduce:",
         "",
@@ -157,7 +161,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
                 for b in [None, *backends]:
                     if not any(by_group.get((label, b, dtype, e)) for e in envs):
                         continue
-                    row = [escape_md(label), BACKEND_LABELS.get(b, b) if b else model_level]
+                    row = [escape_md(label), labels.get(b, b) if b else model_level]
                     for e in envs:
                         group = by_group.get((label, b, dtype, e), [])
                         row.append(_summary_cell(group, note) if group else "")
@@ -166,7 +170,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
             lines.append("")
             continue
         has_model_level = any(c["backend"] is None and c["dtype"] == dtype for c in cells)
-        headers = ["model", "model_type / class"] + ([model_level] if has_model_level else []) + [BACKEND_LABELS.get(b, b) for b in backends]
+        headers = ["model", "model_type / class"] + ([model_level] if has_model_level else []) + [labels.get(b, b) for b in backends]
         if bench:
             headers.append("speedup / memory")
         rows = []
@@ -184,7 +188,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
             rows.append(row)
         lines.append(tabulate(rows, headers=headers, tablefmt="github"))
         lines.append("")
-    lines += _training_section(by_group, models, backends, dtypes, envs, cells)
+    lines += _training_section(by_group, models, backends, dtypes, envs, cells, labels)
     if bench:
         lines += _bench_section(bench)
     lines += _what_to_do(doc)
@@ -207,7 +211,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
                     group = {c["check"]: c for c in by_group.get((label, b, dtype, e), [])}
                     if not group:
                         continue
-                    row = [BACKEND_LABELS.get(b, b) if b else "(model level)"]
+                    row = [labels.get(b, b) if b else "(model level)"]
                     for chk in checks:
                         c = group.get(chk)
                         row.append(f"{SYMBOLS[c['status']]} {_key_number(c)}".strip() if c else "")
@@ -317,12 +321,10 @@ def _training_entry(cell: dict[str, Any], read: str) -> str:
 
 
 def _training_section(by_group: dict[tuple, list[dict]], models: dict[str, Any], backends: list[str], dtypes: list[str],
-                      envs: list[str | None], cells: list[dict[str, Any]]) -> list[str]:
+                      envs: list[str | None], cells: list[dict[str, Any]], labels: dict[str, str]) -> list[str]:
     """The training-modes table (when the audit ran trainer / sft checks): one column per way of training
     packed, each with its verdict and the max per-step loss delta against the padded run."""
     from tabulate import tabulate
-
-    from .backends import BACKEND_LABELS
 
     present = {c["check"] for c in cells}
     modes = [(h, chk, read) for h, chk, read in TRAINING_MODES if chk in present]
@@ -336,7 +338,7 @@ def _training_section(by_group: dict[tuple, list[dict]], models: dict[str, Any],
                     group = {c["check"]: c for c in by_group.get((label, b, dtype, e), [])}
                     entries = [_training_entry(group[chk], read) if chk in group else "" for _, chk, read in modes]
                     if any(entries):
-                        rows.append([escape_md(label), BACKEND_LABELS.get(b, b)] + ([dtype] if len(dtypes) > 1 else [])
+                        rows.append([escape_md(label), labels.get(b, b)] + ([dtype] if len(dtypes) > 1 else [])
                                     + ([escape_md(_env_header(e, cells))] if e else []) + entries)
     if not rows:
         return []

@@ -102,16 +102,47 @@ def environment(device: str = "cpu") -> dict[str, Any]:
         "device_name": platform.processor() or platform.machine(),
         "cpu_threads": None,
     }
+    from .backends import stand_in_active
+
+    if stand_in_active():
+        env["torch_varlen_kernel"] = "stand-in"  # PACKCHECK_TORCH_VARLEN_STAND_IN=1: a CPU rehearsal
     try:
         import torch
 
         env["cuda"] = torch.version.cuda
         env["cpu_threads"] = torch.get_num_threads()
-        if device.startswith("cuda") and torch.cuda.is_available():
-            env["device_name"] = torch.cuda.get_device_name(0)
+        if device.startswith("cuda"):
+            env["device_name"] = cuda_device_name(device)
     except ImportError:
         pass
     return env
+
+
+def cuda_device_name(device: str) -> str:
+    """The GPU's name without initialising CUDA in this process (``nvidia-smi``): the audit's controller forks
+    the children that run the cells, and a child of a process that initialised CUDA cannot use CUDA ("Cannot
+    re-initialize CUDA in forked subprocess"). Falls back to torch once CUDA is initialised here anyway."""
+    import shutil
+    import subprocess
+
+    index = device.split(":", 1)[1] if ":" in device else "0"
+    visible = [g.strip() for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+    if visible and index.isdigit() and int(index) < len(visible):
+        index = visible[int(index)]
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader", "-i", index], check=False,
+                                 capture_output=True, text=True, timeout=20).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            out = ""
+        if out:
+            return out.splitlines()[0].strip()
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.get_device_name(torch.device(device))
+    return "unknown GPU (no nvidia-smi; CUDA not initialised in the controller)"
 
 
 def build_document(cells: list[CellResult], env: dict[str, Any], settings: dict[str, Any], command: str) -> dict[str, Any]:

@@ -6,13 +6,15 @@ import contextlib
 import json
 import os
 import shlex
+import sys
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .errors import PackcheckUsageError
+from .errors import PackcheckUsageError, PackcheckWarning
 from .settings import Settings
 
 RESULT_PROPERTY = "packcheck"
@@ -212,7 +214,7 @@ class PackcheckSession:
             result = self.env_cell(cell)
             self.journal.append(result.to_json())
             return result
-        if self.settings.isolation == "none":
+        if self.settings.isolation == "none" or self._cuda_initialised_here():
             result = self.runner().run(cell)
             self.journal.append(result.to_json())
             return result
@@ -231,6 +233,22 @@ class PackcheckSession:
             group.update(run_isolated(todo, self.runner().run, self._failure,
                                       lambda r: self.journal.append(r.to_json()), self.settings.timeout_s))
         return group[cell.cell_id]
+
+    def _cuda_initialised_here(self) -> bool:
+        """True when this process has initialised CUDA: a forked child could not use it, so the cells run here
+        (as with --packcheck-isolation=none), with one warning."""
+        if not self.settings.device.startswith("cuda") or "torch" not in sys.modules:
+            return False
+        import torch
+
+        if not torch.cuda.is_initialized():
+            return False
+        if not getattr(self, "_warned_cuda_fork", False):
+            self._warned_cuda_fork = True
+            warnings.warn(PackcheckWarning(
+                "CUDA was initialised in the audit's controller before its cells ran, so they run in this process "
+                "(forked children cannot use CUDA): a crashing cell can stop the run; --packcheck-isolation=none says so explicitly"))
+        return True
 
     def _shared_env_run(self, combo: Any, models: list[Any]) -> dict[str, Any]:
         """Run the plugin in ``combo``'s environment once per session: xdist workers that get cells of the same

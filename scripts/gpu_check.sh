@@ -2,42 +2,66 @@
 # GPU check (issue 5), prepared for one run on the lent GPU machine (one H200, torch 2.11 CUDA, transformers
 # 5.17, no flash-attn, no trl, no internet). Budget: under 6 minutes.
 #
-#   1. installs what is missing from carried wheels (.whl/, see .library/device/README.md: tabulate, rich,
-#      pytest-xdist, filelock, uv are the packages packcheck needs beyond torch / transformers / pytest);
+#   1. installs what is missing from carried wheels (.whl/, see .library/device/README.md; the device image
+#      already has tabulate, rich, pytest-xdist, filelock and packaging);
 #   2. runs the packcheck suite in bf16 on CUDA over the default architectures with sdpa, PyTorch's FA2 varlen
-#      kernel (packcheck_flash_torch_varlen) and flash_attention_2 (skipped with its reason: no flash-attn);
+#      kernel (packcheck_flash_torch_varlen), flash_attention_2 and flash_attention_3 (each skipped with its
+#      reason where the package is missing);
 #   3. runs `packcheck bench` for Llama-3.2-1B (the real config, random weights, full size) on the FLAN-like
 #      and OrcaMath-like profiles, padded vs packed on the same attention path (torch varlen: a padded batch is
 #      unpadded from its attention_mask inside attention, but every other layer computes on the padding), with
 #      the instrumentation overhead measured in the same run.
 #
 # Writes reports/gpu-audit/ (matrix .md / .json) and reports/gpu-bench.md / .json; copies them to $OUT when set.
-# Usage on the device: bash scripts/gpu_check.sh
+#
+#   bash scripts/gpu_check.sh              # on the device
+#   bash scripts/gpu_check.sh --rehearse   # on CPU: the same commands, small, with the torch varlen backend
+#                                          # running through a CPU stand-in kernel (PACKCHECK_TORCH_VARLEN_STAND_IN);
+#                                          # writes to ${REHEARSE_DIR:-/tmp/packcheck-gpu-rehearsal}, never reports/
 set -euo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-if [ -d .whl ]; then
+if [ "${1:-}" = "--rehearse" ]; then
+  export PACKCHECK_TORCH_VARLEN_STAND_IN=1
+  DEVICE=cpu
+  REPORTS=${REHEARSE_DIR:-/tmp/packcheck-gpu-rehearsal}
+  AUDIT_SCOPE=(--packcheck-models arch:llama,arch:mistral,arch:qwen2,arch:gpt2)
+  BENCH_SCOPE=(--model arch:llama --steps 2 --warmup 1 --batch-size 4 --max-length 256)
+else
+  DEVICE=cuda
+  REPORTS=reports
+  AUDIT_SCOPE=()  # the embedded default audit
+  BENCH_SCOPE=(--model tests/data/hub-configs/meta-llama/Llama-3.2-1B --full-size --steps 10 --warmup 3 --batch-size 16
+               --max-length 2048)
+fi
+if [ -d .whl ] && compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site:$PWD
 else
   export PYTHONPATH=$PWD
 fi
-python3 - <<'PY'
-import torch, transformers
-assert torch.cuda.is_available(), "no CUDA device"
-print("torch", torch.__version__, "transformers", transformers.__version__, torch.cuda.get_device_name(0))
+DEVICE=$DEVICE python3 - <<'PY'
+import os, torch, transformers
+print("torch", torch.__version__, "transformers", transformers.__version__)
+if os.environ["DEVICE"] == "cuda":
+    assert torch.cuda.is_available(), "no CUDA device"
+    # in a child: the audit's controller must not initialise CUDA before it forks the per-model children
+    import subprocess, sys
+    subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.get_device_name(0), torch.cuda.get_device_capability(0))"], check=False)
 PY
+mkdir -p "$REPORTS"
 start=$SECONDS
 # 2. the suite in bf16 (one process: each model's cells in a forked child that initialises CUDA itself)
-timeout 200 python3 -m pytest_packcheck.cli audit -q -n 0 --packcheck-device cuda --packcheck-dtypes bfloat16 \
-  --packcheck-weights random --packcheck-timeout 60 \
-  --packcheck-attn sdpa,packcheck_flash_torch_varlen,flash_attention_2 \
-  --packcheck-report-dir reports/gpu-audit || echo "audit exited $?"
+timeout 200 python3 -m pytest_packcheck.cli audit -q -n 0 "${AUDIT_SCOPE[@]}" --packcheck-device "$DEVICE" \
+  --packcheck-dtypes bfloat16 --packcheck-weights random --packcheck-timeout 60 \
+  --packcheck-attn sdpa,packcheck_flash_torch_varlen,flash_attention_2,flash_attention_3 \
+  --packcheck-report-dir "$REPORTS/gpu-audit" || echo "audit exited $?"
 echo "audit: $((SECONDS - start)) s"
 # 3. the payoff, on a ~1B Llama-class model
-timeout 150 python3 -m pytest_packcheck.cli bench --model tests/data/hub-configs/meta-llama/Llama-3.2-1B --full-size \
-  --device cuda --dtype bfloat16 --attn packcheck_flash_torch_varlen --profile flan --profile orcamath \
-  --steps 10 --warmup 3 --batch-size 16 --max-length 2048 -o reports --name gpu-bench || echo "bench exited $?"
+timeout 150 python3 -m pytest_packcheck.cli bench "${BENCH_SCOPE[@]}" --device "$DEVICE" --dtype bfloat16 \
+  --attn packcheck_flash_torch_varlen --profile flan --profile orcamath -o "$REPORTS" --name gpu-bench || echo "bench exited $?"
 echo "total: $((SECONDS - start)) s"
 if [ -n "${OUT:-}" ]; then
-  mkdir -p "$OUT/reports" && cp -r reports/gpu-audit reports/gpu-bench.* "$OUT/reports/" 2>/dev/null || true
+  mkdir -p "$OUT/reports/gpu-audit"
+  cp "$REPORTS"/gpu-audit/packcheck-matrix.* "$OUT/reports/gpu-audit/" 2>/dev/null || true
+  cp "$REPORTS"/gpu-bench.* "$OUT/reports/" 2>/dev/null || true
 fi

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -61,3 +62,49 @@ def test_bench_cli_writes_markdown_and_json(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "bench", "--attn", "sdpaa"],
                          capture_output=True, text=True, check=False, timeout=120)
     assert bad.returncode == 2 and "Unknown backend 'sdpaa' (from --attn)" in bad.stderr
+
+
+def test_bench_cli_refuses_a_backend_that_cannot_run_here(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "bench", "--attn", "packcheck_flash_torch_varlen",
+                           "-o", str(tmp_path)], capture_output=True, text=True, check=False, timeout=120,
+                          env={k: v for k, v in os.environ.items() if k != "PACKCHECK_TORCH_VARLEN_STAND_IN"})
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Backend 'packcheck_flash_torch_varlen' (from --attn) cannot run on cpu: needs a CUDA device" in proc.stderr
+
+
+def test_bench_cli_keeps_the_profiles_measured_before_one_fails(tmp_path, monkeypatch, capsys):
+    """A profile that crashes (an OOM on the GPU, say) becomes an entry with its reason; the figures of the
+    profiles before and after it are written."""
+    from pytest_packcheck import bench, cli
+
+    real = bench.run_bench
+
+    def flaky(model, **kwargs):
+        if kwargs["profile"] == "uniform":
+            raise RuntimeError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        return real(model, **kwargs)
+
+    monkeypatch.setattr(bench, "run_bench", flaky)
+    rc = cli.main(["bench", "--steps", "1", "--warmup", "1", "--batch-size", "3", "--max-length", "48", "--no-instrumentation",
+                   "--profile", "flan", "--profile", "uniform", "--profile", "fixed", "-o", str(tmp_path)])
+    assert rc == 0
+    results = json.loads((tmp_path / "bench.json").read_text())["results"]
+    assert [r["profile"] for r in results] == ["flan", "uniform", "fixed"]
+    assert "speedup" in results[0] and "speedup" in results[2] and "out of memory" in results[1]["error"]
+    assert "uniform: not measured: RuntimeError: CUDA out of memory" in (tmp_path / "bench.md").read_text()
+
+
+def test_gpu_bench_path_rehearsed_on_cpu_in_bf16(tmp_path):
+    """The command scripts/gpu_check.sh runs on the GPU (torch varlen backend, bfloat16, instrumentation on),
+    on CPU through the stand-in kernel: the md names the stand-in, the JSON records it."""
+    env = {**os.environ, "PACKCHECK_TORCH_VARLEN_STAND_IN": "1"}
+    proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "bench", "--attn", "packcheck_flash_torch_varlen",
+                           "--dtype", "bfloat16", "--steps", "2", "--warmup", "1", "--batch-size", "4", "--max-length", "64",
+                           "--profile", "flan", "-o", str(tmp_path), "--name", "gpu-bench"],
+                          capture_output=True, text=True, check=False, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads((tmp_path / "gpu-bench.json").read_text())
+    assert data["environment"]["torch_varlen_kernel"] == "stand-in"
+    r = data["results"][0]
+    assert r["dtype"] == "bfloat16" and r["loss_first_step_delta"] < 5e-2 and "instrumentation_overhead" in r
+    assert "CPU STAND-IN" in (tmp_path / "gpu-bench.md").read_text()

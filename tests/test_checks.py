@@ -172,6 +172,42 @@ def test_torch_varlen_backend_logic_with_cpu_stand_in(tolerances, monkeypatch):
     assert packed_calls[0]["heads"] == (8, 2)  # GQA passed through, not expanded
 
 
+def test_torch_varlen_stand_in_for_the_gpu_rehearsal(tolerances, monkeypatch):
+    """PACKCHECK_TORCH_VARLEN_STAND_IN=1 (scripts/gpu_check.sh --rehearse): the torch varlen backend runs on CPU
+    through the torch 2.11 signature; GQA is expanded before the call (2.11 has none), the boundaries reach it,
+    and the document records the stand-in so the matrix never labels it PyTorch's kernel."""
+    from conftest import make_bench
+
+    from pytest_packcheck.backends import STAND_IN_ENV, STAND_IN_LABEL, TORCH_VARLEN_BACKEND, backend_availability, backend_labels
+    from pytest_packcheck.results import environment
+
+    assert not backend_availability(TORCH_VARLEN_BACKEND, "cpu").available
+    monkeypatch.setenv(STAND_IN_ENV, "1")
+    assert backend_availability(TORCH_VARLEN_BACKEND, "cpu").available
+    bench = make_bench("mistral", TORCH_VARLEN_BACKEND, tolerances)  # GQA 4:1, sliding window 8
+    backend = C.check_backend(bench)
+    assert backend.status == "pass", backend.message
+    assert (backend.metrics["varlen_kernel_calls"], backend.metrics["dense_kernel_calls"]) == (2, 0)
+    assert C.check_logits_parity(bench).metrics["max_abs_diff_solo"] < 1e-5
+    env = environment("cpu")
+    assert env["torch_varlen_kernel"] == "stand-in" and backend_labels(env)[TORCH_VARLEN_BACKEND] == STAND_IN_LABEL
+
+
+def test_torch_varlen_stand_in_refuses_what_the_kernel_would_misread():
+    import torch
+
+    from pytest_packcheck.backends import varlen_attn_stand_in
+
+    q = torch.zeros(9, 4, 8)
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32)
+    with pytest.raises(TypeError, match="Python ints"):
+        varlen_attn_stand_in(q, q, q, cu, cu, torch.tensor(5), 5)
+    with pytest.raises(ValueError, match="no GQA"):
+        varlen_attn_stand_in(q, torch.zeros(9, 2, 8), torch.zeros(9, 2, 8), cu, cu, 5, 5)
+    with pytest.raises(ValueError, match="int32"):
+        varlen_attn_stand_in(q, q, q, cu.long(), cu.long(), 5, 5)
+
+
 def test_torch_varlen_args_rules():
     import torch
 

@@ -76,3 +76,32 @@ def test_audit_bench_bad_input_is_refused_before_the_run(tmp_path):
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == (
         f"packcheck audit: error: Length file {bad} (from --bench) line 2: 'abc' is not an integer >= 2.")
     assert not (tmp_path / "reports").exists()
+
+
+def test_gpu_check_script_rehearsed_on_cpu(tmp_path):
+    """scripts/gpu_check.sh gets one run on a lent GPU: its commands and flags are rehearsed here, small, with the
+    torch varlen backend on the CPU stand-in kernel. The audit must give the torch varlen column real verdicts
+    (the varlen kernel counted once per layer, the dense one never) and the bench both profiles."""
+    import os
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "REHEARSE_DIR": str(tmp_path), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env.pop("OUT", None)
+    proc = subprocess.run(["bash", str(repo / "scripts" / "gpu_check.sh"), "--rehearse"], cwd=repo, env=env,
+                          capture_output=True, text=True, check=False, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "audit exited" not in proc.stdout and "bench exited" not in proc.stdout, proc.stdout[-2000:]
+    doc = json.loads((tmp_path / "gpu-audit" / "packcheck-matrix.json").read_text())
+    assert doc["environment"]["torch_varlen_kernel"] == "stand-in" and doc["settings"]["dtypes"] == ["bfloat16"]
+    varlen = {c["model"]["label"]: c for c in doc["cells"]
+              if c["backend"] == "packcheck_flash_torch_varlen" and c["check"] == "backend"}
+    assert set(varlen) == {"llama", "mistral", "qwen2", "gpt2"}
+    for label, cell in varlen.items():
+        assert cell["status"] == "pass", (label, cell["message"])
+        assert cell["metrics"]["varlen_kernel_calls"] == cell["metrics"]["expected_calls"] > 0
+        assert cell["metrics"]["dense_kernel_calls"] == 0
+    assert "CPU STAND-IN" in (tmp_path / "gpu-audit" / "packcheck-matrix.md").read_text()
+    bench = json.loads((tmp_path / "gpu-bench.json").read_text())
+    assert [r["profile"] for r in bench["results"]] == ["flan", "orcamath"]
+    assert all("error" not in r and r["dtype"] == "bfloat16" for r in bench["results"])

@@ -395,3 +395,41 @@ def test_training_modes_rows_name_their_dtype_when_there_are_several():
     assert "| dtype " in next(line for line in section.splitlines() if line.startswith("| model"))
     assert any("bfloat16" in line and "8.6e-05" in line for line in section.splitlines())
     assert any("float16" in line and "5.2e-06" in line and "bfloat16" not in line for line in section.splitlines())
+
+
+def test_controller_never_initialises_cuda_before_forking(tmp_path, monkeypatch):
+    """The audit's controller forks a child per model; a child of a process that initialised CUDA cannot use it.
+    The environment record reads the GPU's name from nvidia-smi (a stand-in script here), never through torch;
+    and a controller that has initialised CUDA anyway runs its cells in-process, with a warning, instead of
+    forking children that would all fail."""
+    import types
+    import warnings
+
+    import torch
+
+    from pytest_packcheck.results import environment
+    from pytest_packcheck.session import PackcheckSession
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text('#!/bin/sh\necho "NVIDIA H200"\n')
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+
+    def no_init(*args, **kwargs):
+        raise AssertionError("CUDA initialised in the controller")
+
+    monkeypatch.setattr(torch.cuda, "_lazy_init", no_init)
+    monkeypatch.setattr(torch.cuda, "get_device_name", no_init)
+    assert environment("cuda:0")["device_name"] == "NVIDIA H200"
+
+    state = PackcheckSession.__new__(PackcheckSession)
+    state.settings = types.SimpleNamespace(device="cuda")
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    assert not state._cuda_initialised_here()
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert state._cuda_initialised_here() and state._cuda_initialised_here()
+    assert len([w for w in caught if "forked children cannot use CUDA" in str(w.message)]) == 1
+    state.settings = types.SimpleNamespace(device="cpu")
+    assert not state._cuda_initialised_here()
