@@ -140,7 +140,10 @@ def main(argv: list[str] | None = None) -> int:
         except ImportError:
             print("packcheck: pytest-xdist not installed; running in one process", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="packcheck-") as root:
-        full = [root, "--rootdir", root, "-p", "no:cacheprovider", "-o", "addopts=", "-o", "testpaths=",
+        # the plugin by module, the entry point blocked: the same with packcheck installed or only on PYTHONPATH
+        # (scripts/gpu_check.sh on the GPU machine)
+        full = [root, "--rootdir", root, "-p", "no:cacheprovider", "-p", "no:packcheck", "-p", "pytest_packcheck.plugin",
+                "-o", "addopts=", "-o", "testpaths=",
                 "-W", "ignore::pytest.PytestAssertRewriteWarning",
                 "-c", os.devnull, *(["-q"] if ns.quiet else []), "-rN", *args, *ns.pytest_args]
         code = pytest.main(full)
