@@ -4,7 +4,9 @@ For a model and a length distribution, K optimizer steps (after W warm-up steps)
 micro-batches: padded (``DataCollatorWithPadding``-style: each micro-batch padded to its longest example, labels
 -100 on the padding) and packed (``DataCollatorWithFlattening``: one row, position_ids restarting). Reported:
 useful tokens/s (label tokens that are not padding), step time, peak memory (``torch.cuda.max_memory_allocated``
-on CUDA), the padding overhead, the measured speedup and the ideal one (padded tokens / useful tokens), each a
+on CUDA), the padding overhead, the measured speedup and the ideal one (padded tokens / packed tokens =
+1 + padding overhead; slightly below padded / useful label tokens, which would also count each example's
+unlabelled first token as padding), each a
 median over steps with its spread (min, max). A third packed run with packcheck's attention-call counting
 switched on measures what the instrumentation costs. Token ids are synthetic: the cost depends on lengths,
 not content. On CPU this is a smoke test of the machinery: no speed claims.
