@@ -195,9 +195,53 @@ def run_bench(model: Any, *, profile: str = "flan", steps: int = 10, warmup: int
     return result
 
 
+#: Target keys of audit/bench_targets.toml: (result key, "min" or "max", label).
+TARGET_KEYS = {
+    "min_speedup": ("speedup", "min", "speedup (useful tokens/s, packed / padded)"),
+    "min_fraction_of_ideal": ("fraction_of_ideal", "min", "fraction of the ideal speedup"),
+    "min_memory_reduction": ("memory_reduction", "min", "peak memory saved"),
+    "max_instrumentation_overhead": ("instrumentation_overhead", "max", "instrumentation overhead"),
+}
+
+
+def load_targets(path: str | Path | None = None) -> dict[str, dict[str, float]]:
+    """audit/bench_targets.toml (or ``path``): ``{profile or "all": {key: value}}``.
+
+    Raises:
+        PackcheckUsageError: a key outside :data:`TARGET_KEYS` or a value that is not a number.
+    """
+    import tomllib
+
+    from .specs import PACKAGE_AUDIT_DIR
+
+    file = Path(path) if path else PACKAGE_AUDIT_DIR / "bench_targets.toml"
+    data = tomllib.loads(file.read_text())
+    for profile, table in data.items():
+        for key, value in table.items():
+            if key not in TARGET_KEYS or not isinstance(value, (int, float)):
+                raise PackcheckUsageError(
+                    f"{file} [{profile}] {key} = {value!r}: expected a number under one of {', '.join(TARGET_KEYS)}.")
+    return data
+
+
+def judge_targets(result: dict[str, Any], targets: dict[str, dict[str, float]], device: str) -> list[dict[str, Any]]:
+    """Each target that applies to ``result``'s profile, with the measured value and whether it is met.
+    ``met`` is None on CPU (a smoke test: no speed claims) or when the figure was not measured."""
+    out = []
+    for scope in ("all", result["profile"]):
+        for key, required in targets.get(scope, {}).items():
+            field_name, kind, label = TARGET_KEYS[key]
+            measured = result.get(field_name)
+            met = None
+            if device.startswith("cuda") and isinstance(measured, (int, float)):
+                met = measured >= required if kind == "min" else measured <= required
+            out.append({"target": key, "label": label, "required": required, "measured": measured, "met": met})
+    return out
+
+
 #: Headers of :func:`bench_table` rows.
 BENCH_HEADERS = ["profile", "median length", "padding", "padded tok/s", "packed tok/s", "speedup", "ideal", "of ideal",
-                 "peak memory saved", "instrumentation"]
+                 "peak memory saved", "instrumentation", "targets"]
 BENCH_NOTE = ("Useful tokens are label tokens that are not padding. Figures are medians over the measured steps; "
               "step-time spreads (min-max) and peak memory per mode. The instrumentation overhead compares packed "
               "steps with and without attention-call counting, interleaved step by step on the same batches.")
@@ -210,7 +254,18 @@ def bench_row(r: dict[str, Any]) -> list[Any]:
     inst = f"{r['instrumentation_overhead'] * 100:+.1f} %" if "instrumentation_overhead" in r else "—"
     return [r["profile"], r["lengths"]["median"], f"{r['padding_overhead'] * 100:.0f} %", f"{pad['useful_tokens_per_s']:.0f}",
             f"{pack['useful_tokens_per_s']:.0f}", f"{r['speedup']:.2f}x", f"{r['ideal_speedup']:.2f}x",
-            f"{r['fraction_of_ideal'] * 100:.0f} %", mem, inst]
+            f"{r['fraction_of_ideal'] * 100:.0f} %", mem, inst, _targets_summary(r.get("targets") or [])]
+
+
+def _targets_summary(targets: list[dict[str, Any]]) -> str:
+    """"3/4 met (missed: min_speedup)", "not judged" (CPU) or "—" (no target for this profile)."""
+    if not targets:
+        return "—"
+    judged = [t for t in targets if t["met"] is not None]
+    if not judged:
+        return "not judged"
+    missed = [t["target"] for t in judged if not t["met"]]
+    return f"{len(judged) - len(missed)}/{len(judged)} met" + (f" (missed: {', '.join(missed)})" if missed else "")
 
 
 def render_bench(results: list[dict[str, Any]], env: dict[str, Any], model_label: str) -> str:
@@ -234,6 +289,22 @@ def render_bench(results: list[dict[str, Any]], env: dict[str, Any], model_label
     for r in results:
         if "error" in r:
             lines += [f"- {escape_md(r['profile'])}: not measured: {escape_md(r['error'])}", ""]
+    judged = [(r["profile"], t) for r in measured for t in r.get("targets", [])]
+    if judged:
+        def shown(t: dict[str, Any]) -> str:
+            v = t["measured"]
+            if not isinstance(v, (int, float)):
+                return "not measured"
+            return f"{v:.2f}x" if t["target"] == "min_speedup" else f"{v * 100:.1f} %"
+
+        def required(t: dict[str, Any]) -> str:
+            op = ">=" if t["target"].startswith("min") else "<="
+            return f"{op} {t['required']:.2f}x" if t["target"] == "min_speedup" else f"{op} {t['required'] * 100:.0f} %"
+
+        verdict = {True: "met", False: "MISSED", None: "not judged (CPU)" if not str(env.get("device", "")).startswith("cuda") else "not measured"}
+        lines += ["Targets (audit/bench_targets.toml):", "",
+                  tabulate([[p, t["label"], required(t), shown(t), verdict[t["met"]]] for p, t in judged],
+                           headers=["profile", "target", "required", "measured", "verdict"], tablefmt="github"), ""]
     detail = []
     for r in measured:
         for mode, run in r["runs"].items():
@@ -267,6 +338,7 @@ def bench_audit(doc: dict[str, Any], profiles: list[str], steps: int, device: st
     from .specs import parse_model_spec
 
     out: list[dict[str, Any]] = []
+    targets = load_targets()
     dtype = dtype or (doc.get("settings", {}).get("dtypes") or ["float32"])[0]
     seen: dict[str, dict[str, Any]] = {}
     for c in doc["cells"]:
@@ -297,6 +369,7 @@ def bench_audit(doc: dict[str, Any], profiles: list[str], steps: int, device: st
                 out.append({**base, "profile": profile, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"})
                 log(f"bench {label} / {backend} / {profile}: not measured: {out[-1]['error']}")
                 continue
+            r["targets"] = judge_targets(r, targets, device)
             out.append({**base, **r, "parameters": sum(p.numel() for p in model.parameters())})
             log(f"bench {label} / {backend} / {profile}: speedup {r['speedup']:.2f}x (ideal {r['ideal_speedup']:.2f}x)")
         del model

@@ -237,7 +237,7 @@ def _bench(ns: argparse.Namespace) -> int:
         backend_availability,
         register_reference_backend,
     )
-    from .bench import render_bench, run_bench, sample_lengths
+    from .bench import judge_targets, load_targets, render_bench, run_bench, sample_lengths
     from .errors import PackcheckUsageError, closest
     from .models import build_model, resolve_model
     from .results import atomic_write, environment
@@ -262,6 +262,7 @@ def _bench(ns: argparse.Namespace) -> int:
     avail = backend_availability(attn, ns.device)
     if not avail.available:
         raise PackcheckUsageError(f"Backend '{attn}' (from --attn) cannot run on {ns.device}: {avail.reason}.")
+    targets = load_targets()
     profiles = ns.profile or ["flan", "orcamath"]
     for profile in profiles:  # a bad profile or lengths file is refused before the model is built
         sample_lengths(profile, 1, ns.max_length, source="--profile")
@@ -286,6 +287,7 @@ def _bench(ns: argparse.Namespace) -> int:
             print(f"{profile}: not measured: {results[-1]['error']}", file=sys.stderr)
             _free_cuda(ns.device)
         else:
+            r["targets"] = judge_targets(r, targets, ns.device)
             results.append({**base, **r})
             print(f"{profile}: speedup {r['speedup']:.2f}x (ideal {r['ideal_speedup']:.2f}x), padding {r['padding_overhead'] * 100:.0f} %, "
                   f"memory saved {r['memory_reduction'] if r['memory_reduction'] is not None else 'n/a'}, "

@@ -108,3 +108,23 @@ def test_gpu_bench_path_rehearsed_on_cpu_in_bf16(tmp_path):
     r = data["results"][0]
     assert r["dtype"] == "bfloat16" and r["loss_first_step_delta"] < 5e-2 and "instrumentation_overhead" in r
     assert "CPU STAND-IN" in (tmp_path / "gpu-bench.md").read_text()
+
+
+def test_targets_are_judged_on_cuda_only(tmp_path):
+    """audit/bench_targets.toml: on CUDA each target is met or missed from the measured figure; on CPU listed,
+    not judged. A planted shortfall (1.5x against 1.8x) is missed; a bad targets file is refused by name."""
+    from pytest_packcheck.bench import _targets_summary, judge_targets, load_targets
+
+    targets = load_targets()
+    assert targets["flan"]["min_speedup"] == 1.8 and targets["all"]["max_instrumentation_overhead"] == 0.02
+    good = {"profile": "flan", "speedup": 2.4, "fraction_of_ideal": 0.9, "memory_reduction": 0.3, "instrumentation_overhead": 0.004}
+    judged = judge_targets(good, targets, "cuda")
+    assert len(judged) == 4 and all(t["met"] for t in judged) and _targets_summary(judged) == "4/4 met"
+    short = judge_targets({**good, "speedup": 1.5}, targets, "cuda:0")
+    assert _targets_summary(short) == "3/4 met (missed: min_speedup)"
+    assert all(t["met"] is None for t in judge_targets(good, targets, "cpu"))
+    assert [t["target"] for t in judge_targets({**good, "profile": "orcamath"}, targets, "cuda")] == ["max_instrumentation_overhead"]
+    bad = tmp_path / "targets.toml"
+    bad.write_text("[flan]\nmin_speedupp = 1.8\n")
+    with pytest.raises(PackcheckUsageError, match="min_speedupp = 1.8"):
+        load_targets(bad)
