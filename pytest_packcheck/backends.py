@@ -337,14 +337,22 @@ def torch_varlen_kernel(
     softmax_scale: float | None = None,
     causal: bool = False,
     window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
     deterministic: bool = False,
 ) -> Any:
     """``flash_attn_varlen_func`` signature over ``torch.nn.attention.varlen.varlen_attn`` (CUDA).
 
     q ``(total_q, heads, dim)``, k/v ``(total_k, kv_heads, dim)`` in bf16/fp16; returns ``(total_q, heads, dim)``.
-    No ``softcap`` parameter: transformers then refuses softcapped models (gemma2) with its own error, which
-    packcheck reports as unsupported.
+
+    Raises:
+        NotImplementedError: ``softcap`` > 0 (gemma2's logit softcapping): varlen_attn has none. The parameter is
+            in the signature on purpose: transformers 5.17 drops a kwarg the kernel does not declare (the model
+            would run unsoftcapped and pass), 5.24 refuses it; declared and refused, the cell is unsupported on
+            both.
     """
+    if softcap:
+        raise NotImplementedError(f"torch varlen_attn does not support `softcap` (got {softcap}): this model's "
+                                  "attention logit softcapping cannot run on packcheck_flash_torch_varlen")
     if dropout_p:
         raise ValueError(f"torch varlen kernel got dropout_p={dropout_p}: packcheck runs without dropout")
     fn = _torch_varlen_attn()
@@ -356,10 +364,11 @@ def torch_varlen_kernel(
 
 
 def dense_torch_varlen_kernel(q: Any, k: Any, v: Any, dropout_p: float = 0.0, softmax_scale: float | None = None,
-                              causal: bool = False, window_size: tuple[int, int] = (-1, -1), deterministic: bool = False) -> Any:
+                              causal: bool = False, window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                              deterministic: bool = False) -> Any:
     """``flash_attn_func`` signature over :func:`torch_varlen_kernel` (unwrapped, as above)."""
     return _dense_as_varlen(_UNCOUNTED["torch_varlen_kernel"], q, k, v, dropout_p, softmax_scale, causal,
-                            window_size, deterministic)
+                            window_size, softcap, deterministic)
 
 
 _UNCOUNTED = {"varlen_reference_kernel": varlen_reference_kernel, "torch_varlen_kernel": torch_varlen_kernel}

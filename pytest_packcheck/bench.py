@@ -6,8 +6,9 @@ micro-batches: padded (``DataCollatorWithPadding``-style: each micro-batch padde
 useful tokens/s (label tokens that are not padding), step time, peak memory (``torch.cuda.max_memory_allocated``
 on CUDA), the padding overhead, the measured speedup and the ideal one (padded tokens / packed tokens =
 1 + padding overhead; slightly below padded / useful label tokens, which would also count each example's
-unlabelled first token as padding), each a
-median over steps with its spread (min, max). A third packed run with packcheck's attention-call counting
+unlabelled first token as padding). Tokens/s and the speedup are totals over the measured steps, like the
+ideal speedup; step times are medians with their spread (min, max), and so is the per-step speedup (step i holds
+the same examples in both modes). A third packed run with packcheck's attention-call counting
 switched on measures what the instrumentation costs. Token ids are synthetic: the cost depends on lengths,
 not content. On CPU this is a smoke test of the machinery: no speed claims.
 """
@@ -68,11 +69,14 @@ class RunStats:
     mode: str
     step_s: float
     step_s_spread: list[float]
+    #: total useful tokens / total time over the measured steps: the same aggregation as the ideal speedup (a
+    #: median of per-step rates would weight short and long steps alike and not compare with it)
     useful_tokens_per_s: float
-    tokens_per_step: float  # tokens the model processed per step (padding included)
+    tokens_per_step: float  # tokens the model processed per step (padding included), median
     useful_tokens_per_step: float
     peak_memory_mib: float | None
     losses: list[float] = field(default_factory=list)
+    step_times_s: list[float] = field(default_factory=list)
 
 
 def _padded_micro_batch(examples: list[list[int]], pad_id: int, device: str) -> dict[str, Any]:
@@ -132,9 +136,10 @@ def _run(model: Any, batches: list[dict[str, Any]], warmup: int, device: str, mo
     useful = statistics.median(_useful(b) for b in measured)
     tokens = statistics.median(b["input_ids"].numel() for b in measured)
     step = statistics.median(times)
-    per_s = statistics.median(_useful(b) / t for b, t in zip(measured, times, strict=True))
+    per_s = sum(_useful(b) for b in measured) / sum(times)
     peak = round(torch.cuda.max_memory_allocated() / 2**20, 1) if cuda else None
-    return RunStats(mode, round(step, 5), [round(min(times), 5), round(max(times), 5)], round(per_s, 1), tokens, useful, peak, losses)
+    return RunStats(mode, round(step, 5), [round(min(times), 5), round(max(times), 5)], round(per_s, 1), tokens, useful, peak,
+                    losses, [round(t, 6) for t in times])
 
 
 def run_bench(model: Any, *, profile: str = "flan", steps: int = 10, warmup: int = 2, batch_size: int = 16,
@@ -185,6 +190,8 @@ def run_bench(model: Any, *, profile: str = "flan", steps: int = 10, warmup: int
         "padding_overhead": round(padded_tokens / real_tokens - 1, 4),
         "ideal_speedup": round(padded_tokens / real_tokens, 3),
         "speedup": round(pack.useful_tokens_per_s / pad.useful_tokens_per_s, 3),
+        # step i holds the same examples in both modes: its speedup is padded time / packed time
+        "speedup_per_step": _spread([a / b for a, b in zip(pad.step_times_s, pack.step_times_s, strict=True)]),
         "memory_reduction": (round(1 - pack.peak_memory_mib / pad.peak_memory_mib, 4)
                              if pack.peak_memory_mib and pad.peak_memory_mib else None),
         "loss_first_step_delta": round(abs(pack.losses[0] - pad.losses[0]), 5) if pack.losses and pad.losses else None,
@@ -193,6 +200,10 @@ def run_bench(model: Any, *, profile: str = "flan", steps: int = 10, warmup: int
     if overhead is not None:
         result["instrumentation_overhead"] = overhead
     return result
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3), "max": round(max(values), 3)}
 
 
 #: Target keys of audit/bench_targets.toml: (result key, "min" or "max", label).
@@ -242,9 +253,11 @@ def judge_targets(result: dict[str, Any], targets: dict[str, dict[str, float]], 
 #: Headers of :func:`bench_table` rows.
 BENCH_HEADERS = ["profile", "median length", "padding", "padded tok/s", "packed tok/s", "speedup", "ideal", "of ideal",
                  "peak memory saved", "instrumentation", "targets"]
-BENCH_NOTE = ("Useful tokens are label tokens that are not padding. Figures are medians over the measured steps; "
-              "step-time spreads (min-max) and peak memory per mode. The instrumentation overhead compares packed "
-              "steps with and without attention-call counting, interleaved step by step on the same batches.")
+BENCH_NOTE = ("Useful tokens are label tokens that are not padding. Tokens/s and the speedup are totals over the "
+              "measured steps (as the ideal speedup is); step times are medians with their spread (min-max), the "
+              "per-step speedup spread is in the JSON (speedup_per_step), peak memory per mode. The instrumentation "
+              "overhead compares packed steps with and without attention-call counting, interleaved step by step on "
+              "the same batches.")
 
 
 def bench_row(r: dict[str, Any]) -> list[Any]:

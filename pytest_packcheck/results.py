@@ -140,7 +140,7 @@ def cuda_device_name(device: str) -> str:
             return out.splitlines()[0].strip()
     import torch
 
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_initialized():  # never is_available() first: it poisons fork unless asked through NVML
         return torch.cuda.get_device_name(torch.device(device))
     return "unknown GPU (no nvidia-smi; CUDA not initialised in the controller)"
 

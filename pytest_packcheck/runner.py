@@ -240,12 +240,19 @@ class CellRunner:
         )
 
     def _run(self, cell: Cell) -> CheckResult:
-        if cell.backend is not None:
-            avail = backend_availability(cell.backend, self.device)
-            if not avail.available:
-                return CheckResult(avail.status, {}, f"{cell.backend} {avail.reason}")
         try:
+            if cell.backend is not None:
+                avail = backend_availability(cell.backend, self.device)
+                if not avail.available:
+                    return CheckResult(avail.status, {}, f"{cell.backend} {avail.reason}")
             bench = self.workbench(cell)
+        except KeyError as exc:
+            if cell.backend is not None and exc.args and exc.args[0] == cell.backend:
+                # e.g. falcon on 5.17: FALCON_ATTENTION_CLASSES[config._attn_implementation], a fixed dict
+                return CheckResult("unsupported", {"stage": "build", "exception": _short(exc)}, (
+                    f"model build: the model picks its attention class from a fixed table by name (KeyError: "
+                    f"'{cell.backend}'): backends registered through AttentionInterface are not supported"))
+            return self._failed("build", exc)
         except Exception as exc:  # noqa: BLE001 - a broken model or backend is a cell, not a crash
             return self._failed("build", exc)
         try:

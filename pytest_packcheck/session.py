@@ -129,6 +129,9 @@ class PackcheckSession:
 
             load_document(self.settings.baseline)  # missing, corrupt or newer: a usage error before any cell runs
         if self.settings.device.startswith("cuda"):
+            # torch.cuda.is_available() calls cudaGetDeviceCount, which "poisons fork": the per-model children
+            # forked later could not use CUDA. Asked through NVML it does not (torch/cuda/__init__.py).
+            os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
             import torch
 
             if not torch.cuda.is_available():
@@ -235,20 +238,31 @@ class PackcheckSession:
         return group[cell.cell_id]
 
     def _cuda_initialised_here(self) -> bool:
-        """True when this process has initialised CUDA: a forked child could not use it, so the cells run here
-        (as with --packcheck-isolation=none), with one warning."""
+        """True when a child forked from this process could not use CUDA: this process initialised CUDA, or
+        something here asked the driver in a way that "poisons fork" (torch.cuda.is_available() without
+        PYTORCH_NVML_BASED_CUDA_CHECK=1, say), which a forked probe reads from torch's own bad-fork flag. The
+        cells then run here (as with --packcheck-isolation=none), with one warning, instead of in children
+        whose every cell would fail."""
         if not self.settings.device.startswith("cuda") or "torch" not in sys.modules:
             return False
+        cached = getattr(self, "_cuda_fork_verdict", None)
+        if cached is not None:
+            return cached
         import torch
 
-        if not torch.cuda.is_initialized():
-            return False
-        if not getattr(self, "_warned_cuda_fork", False):
-            self._warned_cuda_fork = True
+        unusable = torch.cuda.is_initialized()
+        if not unusable and hasattr(os, "fork"):
+            pid = os.fork()
+            if pid == 0:  # the probe child: torch's at-fork handler has set its flag if the parent poisoned fork
+                os._exit(1 if torch.cuda._is_in_bad_fork() else 0)
+            _, status = os.waitpid(pid, 0)
+            unusable = os.waitstatus_to_exitcode(status) != 0
+        self._cuda_fork_verdict = unusable
+        if unusable:
             warnings.warn(PackcheckWarning(
                 "CUDA was initialised in the audit's controller before its cells ran, so they run in this process "
                 "(forked children cannot use CUDA): a crashing cell can stop the run; --packcheck-isolation=none says so explicitly"))
-        return True
+        return unusable
 
     def _shared_env_run(self, combo: Any, models: list[Any]) -> dict[str, Any]:
         """Run the plugin in ``combo``'s environment once per session: xdist workers that get cells of the same

@@ -12,14 +12,29 @@
 #      unpadded from its attention_mask inside attention, but every other layer computes on the padding), with
 #      the instrumentation overhead measured in the same run.
 #
-# Writes reports/gpu-audit/ (matrix .md / .json) and reports/gpu-bench.md / .json; copies them to $OUT when set.
+# Writes reports/gpu-audit/ (matrix .md / .json, journal) and reports/gpu-bench.md / .json; copies them to $OUT
+# after each stage when OUT is set, with the whole log ($OUT/gpu_check.log). Worst case: ~20 s set-up + 180 s
+# audit + 120 s bench (+ 20 s grace each) = 340 s, under the 6 minutes.
 #
 #   bash scripts/gpu_check.sh              # on the device
 #   bash scripts/gpu_check.sh --rehearse   # on CPU: the same commands, small, with the torch varlen backend
 #                                          # running through a CPU stand-in kernel (PACKCHECK_TORCH_VARLEN_STAND_IN);
 #                                          # writes to ${REHEARSE_DIR:-/tmp/packcheck-gpu-rehearsal}, never reports/
 set -euo pipefail
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+# PYTORCH_NVML_BASED_CUDA_CHECK: torch.cuda.is_available() asks NVML instead of the driver, which would "poison
+# fork" (the audit forks one child per model after its controller checked the device)
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTORCH_NVML_BASED_CUDA_CHECK=1
+start=$SECONDS
+if [ -n "${OUT:-}" ]; then  # the whole log comes back (the tool's output_tail keeps only its last 12,000 characters)
+  mkdir -p "$OUT/reports/gpu-audit"
+  exec > >(tee "$OUT/gpu_check.log") 2>&1
+fi
+# copies what a stage wrote to $OUT at once: a later stage running out of time loses nothing (6 files in all)
+save() {
+  [ -n "${OUT:-}" ] || return 0
+  cp "$REPORTS"/gpu-audit/packcheck-matrix.* "$REPORTS"/gpu-audit/packcheck-journal.jsonl "$OUT/reports/gpu-audit/" 2>/dev/null || true
+  cp "$REPORTS"/gpu-bench.* "$OUT/reports/" 2>/dev/null || true
+}
 if [ "${1:-}" = "--rehearse" ]; then
   export PACKCHECK_TORCH_VARLEN_STAND_IN=1
   DEVICE=cpu
@@ -49,19 +64,16 @@ if os.environ["DEVICE"] == "cuda":
     subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.get_device_name(0), torch.cuda.get_device_capability(0))"], check=False)
 PY
 mkdir -p "$REPORTS"
-start=$SECONDS
-# 2. the suite in bf16 (one process: each model's cells in a forked child that initialises CUDA itself)
-timeout 200 python3 -m pytest_packcheck.cli audit -q -n 0 "${AUDIT_SCOPE[@]}" --packcheck-device "$DEVICE" \
+# 2. the suite in bf16 (one process: each model's cells in a forked child that initialises CUDA itself). At the
+# limit timeout sends SIGINT: pytest stops and packcheck still writes the matrix, marked incomplete.
+timeout -s INT -k 20 180 python3 -m pytest_packcheck.cli audit -q -n 0 "${AUDIT_SCOPE[@]}" --packcheck-device "$DEVICE" \
   --packcheck-dtypes bfloat16 --packcheck-weights random --packcheck-timeout 60 \
   --packcheck-attn sdpa,packcheck_flash_torch_varlen,flash_attention_2,flash_attention_3 \
   --packcheck-report-dir "$REPORTS/gpu-audit" || echo "audit exited $?"
-echo "audit: $((SECONDS - start)) s"
-# 3. the payoff, on a ~1B Llama-class model
-timeout 150 python3 -m pytest_packcheck.cli bench "${BENCH_SCOPE[@]}" --device "$DEVICE" --dtype bfloat16 \
+echo "audit done at $((SECONDS - start)) s"
+save
+# 3. the payoff, on a ~1B Llama-class model (the files are rewritten after each profile)
+timeout -s INT -k 20 120 python3 -m pytest_packcheck.cli bench "${BENCH_SCOPE[@]}" --device "$DEVICE" --dtype bfloat16 \
   --attn packcheck_flash_torch_varlen --profile flan --profile orcamath -o "$REPORTS" --name gpu-bench || echo "bench exited $?"
 echo "total: $((SECONDS - start)) s"
-if [ -n "${OUT:-}" ]; then
-  mkdir -p "$OUT/reports/gpu-audit"
-  cp "$REPORTS"/gpu-audit/packcheck-matrix.* "$OUT/reports/gpu-audit/" 2>/dev/null || true
-  cp "$REPORTS"/gpu-bench.* "$OUT/reports/" 2>/dev/null || true
-fi
+save

@@ -128,3 +128,41 @@ def test_targets_are_judged_on_cuda_only(tmp_path):
     bad.write_text("[flan]\nmin_speedupp = 1.8\n")
     with pytest.raises(PackcheckUsageError, match="min_speedupp = 1.8"):
         load_targets(bad)
+
+
+def test_speedup_and_ideal_use_the_same_aggregation(monkeypatch, tolerances):
+    """With step time exactly proportional to the tokens a step computes on (perfect packing), the measured
+    speedup must equal the ideal one. A median of per-step rates would not (helper review: 0.888 of ideal on the
+    flan lengths); planted here by a clock that advances by the batch's token count."""
+    from conftest import make_bench
+
+    from pytest_packcheck import bench
+
+    clock = {"t": 0.0}
+    real_run = bench._run
+
+    class Clock:
+        @staticmethod
+        def perf_counter():
+            return clock["t"]
+
+    def run(model, batches, warmup, device, mode, instrument=False):
+        original_forward = model.forward
+
+        def forward(*args, **kwargs):
+            clock["t"] += kwargs["input_ids"].numel() * 1e-3
+            return original_forward(*args, **kwargs)
+
+        model.forward = forward
+        try:
+            return real_run(model, batches, warmup, device, mode, instrument)
+        finally:
+            del model.forward
+
+    monkeypatch.setattr(bench, "time", Clock)
+    monkeypatch.setattr(bench, "_run", run)
+    model = make_bench("llama", "sdpa", tolerances).model
+    r = bench.run_bench(model, profile="flan", steps=6, warmup=1, batch_size=6, max_length=200, seed=5, instrumentation=False)
+    assert r["ideal_speedup"] > 1.3
+    assert r["speedup"] == pytest.approx(r["ideal_speedup"], rel=2e-3) and r["fraction_of_ideal"] == pytest.approx(1.0, abs=3e-3)
+    assert r["speedup_per_step"]["min"] <= r["speedup_per_step"]["median"] <= r["speedup_per_step"]["max"]

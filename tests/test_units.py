@@ -163,3 +163,32 @@ def test_timeout_must_be_finite():
     for value in ("inf", "1e400", "nan", "-1", "10000000"):
         with pytest.raises(PackcheckUsageError, match=f"Bad timeout '{value}'"):
             resolve(lambda dest, v=value: {"packcheck_models": "arch:llama", "packcheck_timeout": v}.get(dest), lambda key: None)
+
+
+def test_softcapped_model_on_torch_varlen_is_unsupported_not_silently_unsoftcapped(monkeypatch, tolerances):
+    """varlen_attn has no softcap. transformers 5.17 drops a kwarg the kernel does not declare (gemma2 would run
+    unsoftcapped and pass), 5.24 refuses it: the kernel declares softcap and refuses it, so both are unsupported."""
+    from pytest_packcheck.backends import STAND_IN_ENV, TORCH_VARLEN_BACKEND
+    from pytest_packcheck.runner import Cell, CellRunner
+
+    monkeypatch.setenv(STAND_IN_ENV, "1")
+    resolved = resolve_model(parse_model_spec("arch:gemma2", "t"), "t")
+    assert resolved.config.attn_logit_softcapping  # the real default config softcaps
+    result = CellRunner([resolved], tolerances).run(Cell(0, "gemma2", TORCH_VARLEN_BACKEND, "logits_parity", "float32"))
+    assert result.status == "unsupported", result.message
+    assert "torch varlen_attn does not support `softcap`" in result.message  # ours, not 5.24's own refusal
+
+
+def test_model_with_a_fixed_attention_table_is_unsupported(monkeypatch, tolerances):
+    """falcon on 5.17 looks its attention class up by name (FALCON_ATTENTION_CLASSES[...]): a KeyError naming the
+    backend at build time is the model refusing the backend, not a crash. Another KeyError stays an error."""
+    from pytest_packcheck import runner
+    from pytest_packcheck.runner import Cell, CellRunner
+
+    resolved = resolve_model(parse_model_spec("arch:llama", "t"), "t")
+    cells = CellRunner([resolved], tolerances)
+    monkeypatch.setattr(runner.CellRunner, "workbench", lambda self, cell: {}[cell.backend])
+    refused = cells.run(Cell(0, "llama", "sdpa", "isolation", "float32"))
+    assert refused.status == "unsupported" and "fixed table by name (KeyError: 'sdpa')" in refused.message
+    monkeypatch.setattr(runner.CellRunner, "workbench", lambda self, cell: {}["rope_theta"])
+    assert cells.run(Cell(0, "llama", "sdpa", "isolation", "float32")).status == "error"

@@ -422,14 +422,31 @@ def test_controller_never_initialises_cuda_before_forking(tmp_path, monkeypatch)
     monkeypatch.setattr(torch.cuda, "get_device_name", no_init)
     assert environment("cuda:0")["device_name"] == "NVIDIA H200"
 
-    state = PackcheckSession.__new__(PackcheckSession)
-    state.settings = types.SimpleNamespace(device="cuda")
+    def fresh(device="cuda"):
+        state = PackcheckSession.__new__(PackcheckSession)
+        state.settings = types.SimpleNamespace(device=device)
+        return state
+
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
-    assert not state._cuda_initialised_here()
-    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert not fresh()._cuda_initialised_here()  # the forked probe finds no bad-fork flag
+    # planted: the controller poisoned fork without initialising CUDA (what is_available() did before the NVML
+    # check): only the forked probe can tell
+    monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
+        state = fresh()
         assert state._cuda_initialised_here() and state._cuda_initialised_here()
     assert len([w for w in caught if "forked children cannot use CUDA" in str(w.message)]) == 1
-    state.settings = types.SimpleNamespace(device="cpu")
-    assert not state._cuda_initialised_here()
+    monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        assert fresh()._cuda_initialised_here()
+    assert not fresh("cpu")._cuda_initialised_here()
+    # the device check in the controller asks through NVML, which does not poison fork
+    monkeypatch.delenv("PYTORCH_NVML_BASED_CUDA_CHECK", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") == "1")
+    state = fresh()
+    state.config = types.SimpleNamespace()  # no workerinput: the controller
+    state.settings = types.SimpleNamespace(device="cuda", report_dir=str(tmp_path / "r"), baseline=None)
+    state._check_inputs()
