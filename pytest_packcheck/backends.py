@@ -95,28 +95,17 @@ def backend_availability(name: str, device: str = "cpu") -> BackendAvailability:
     looks for it); flex_attention has no backward on CPU
     (torch raises NotImplementedError, measured on torch 2.13.0+cpu).
     """
-    if name == "flash_attention_2":
+    if name in ("flash_attention_2", "flash_attention_3"):
         missing = []
         if not device.startswith("cuda"):
             missing.append(f"a CUDA device (running on {device})")
-        if importlib.util.find_spec("flash_attn") is None:
-            missing.append("the flash-attn package (not importable)")
-        if missing:
-            return BackendAvailability(name, False, "needs " + " and ".join(missing))
-        return BackendAvailability(name, True)
-    if name == "flash_attention_3":
-        missing = []
-        if not device.startswith("cuda"):
-            missing.append(f"a CUDA device (running on {device})")
-        else:
-            major, minor = cuda_capability(device)
-            if major != 9:
-                missing.append(f"a Hopper GPU (compute capability 9.x; this one is {major}.{minor})")
-        if importlib.util.find_spec("flash_attn_interface") is None:
-            missing.append("the flash-attn-3 package (flash_attn_interface not importable)")
-        if missing:
-            return BackendAvailability(name, False, "needs " + " and ".join(missing))
-        return BackendAvailability(name, True)
+        elif name == "flash_attention_3" and cuda_capability(device)[0] != 9:
+            missing.append("a Hopper GPU (compute capability 9.x; this one is {}.{})".format(*cuda_capability(device)))
+        module, package = {"flash_attention_2": ("flash_attn", "the flash-attn package"),
+                           "flash_attention_3": ("flash_attn_interface", "the flash-attn-3 package")}[name]
+        if importlib.util.find_spec(module) is None:
+            missing.append(f"{package} ({module} not importable)")
+        return _needs(name, missing)
     if name == "flex_attention" and not device.startswith("cuda"):
         return BackendAvailability(
             name, True, backward=False, backward_reason="flex_attention has no backward pass on CPU (forward-only)"
@@ -133,8 +122,12 @@ def backend_availability(name: str, device: str = "cpu") -> BackendAvailability:
         ok, why = reference_backend_supported()
         if not ok:
             missing.append(why)
-        return BackendAvailability(name, not missing, "needs " + " and ".join(missing) if missing else "")
+        return _needs(name, missing)
     return BackendAvailability(name, True)
+
+
+def _needs(name: str, missing: list[str]) -> BackendAvailability:
+    return BackendAvailability(name, not missing, "needs " + " and ".join(missing) if missing else "")
 
 
 def cuda_capability(device: str) -> tuple[int, int]:
@@ -671,11 +664,16 @@ def count_attention_calls(model: Any, segments: list[int] | None = None) -> Iter
     # per kernel, not once per call.
     wrapped: dict[int, Callable] = {}
 
-    def count_varlen(original_varlen: Callable) -> Callable:
-        if id(original_varlen) in wrapped:
-            return wrapped[id(original_varlen)]
+    def once_per_kernel(make: Callable[[Callable], Callable]) -> Callable[[Callable], Callable]:
+        def get(kernel: Callable) -> Callable:
+            if id(kernel) not in wrapped:
+                wrapped[id(kernel)] = functools.wraps(kernel)(make(kernel))
+            return wrapped[id(kernel)]
 
-        @functools.wraps(original_varlen)
+        return get
+
+    @once_per_kernel
+    def count_varlen(original_varlen: Callable) -> Callable:
         def counted_varlen(*args, **kwargs):
             probe.varlen_calls += 1
             cu = kwargs.get("cu_seqlens_q", args[3] if len(args) > 3 else None)
@@ -685,21 +683,16 @@ def count_attention_calls(model: Any, segments: list[int] | None = None) -> Iter
                     probe.calls[-1].isolated = probe.isolation_from_cu_seqlens(cu)
             return original_varlen(*args, **kwargs)
 
-        wrapped[id(original_varlen)] = counted_varlen
         return counted_varlen
 
+    @once_per_kernel
     def count_dense(original_dense: Callable) -> Callable:
-        if id(original_dense) in wrapped:
-            return wrapped[id(original_dense)]
-
-        @functools.wraps(original_dense)
         def counted_dense(*args, **kwargs):
             probe.dense_flash_calls += 1
             if probe.calls and probe.calls[-1].isolated is None and probe.segments and len(probe.segments) > 1:
                 probe.calls[-1].isolated = False  # one dense call over the packed row: no boundaries
             return original_dense(*args, **kwargs)
 
-        wrapped[id(original_dense)] = counted_dense
         return counted_dense
 
     saved_flash: dict[str, Callable] = {}
