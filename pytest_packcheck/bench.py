@@ -48,8 +48,11 @@ def sample_lengths(profile: str, n: int, max_length: int, seed: int = 0, fixed: 
     else:
         path = Path(profile)
         if not path.is_file():
+            looks_like_path = any(ch in profile for ch in "/\\.")
             raise PackcheckUsageError(
-                f"Unknown length profile '{profile}' (from {source}): use one of {', '.join(PROFILES)} or a file with one length per line."
+                (f"Length file '{profile}' (from {source}) does not exist or is not a file" if looks_like_path
+                 else f"Unknown length profile '{profile}' (from {source})")
+                + f": use one of {', '.join(PROFILES)} or a file with one length per line."
             )
         values = []
         for i, line in enumerate(path.read_text().split(), 1):
@@ -104,88 +107,100 @@ def _useful(batch: dict[str, Any]) -> int:
     return int((batch["labels"][:, 1:] != -100).sum())
 
 
-def _run(model: Any, batches: list[dict[str, Any]], warmup: int, device: str, mode: str, instrument: bool = False) -> RunStats:
+def _step(model: Any, optimizer: Any, batch: dict[str, Any], cuda: bool, instrument: bool) -> tuple[float, float, float | None]:
+    """One optimizer step: (seconds, loss, peak MiB of this step on CUDA else None). The peak is reset before the
+    step, so it is what this step needed on top of what stays allocated (weights, the batches)."""
     import contextlib
 
     import torch
 
     from .backends import count_attention_calls
 
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)  # the step's cost is forward + backward; SGD adds little
-    cuda = device.startswith("cuda")
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    times, losses = [], []
-    for i, batch in enumerate(batches):
-        ctx = count_attention_calls(model) if instrument else contextlib.nullcontext()
-        if cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        with ctx:
-            loss = model(**batch, use_cache=False).loss
-            loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if cuda:
-            torch.cuda.synchronize()
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-            losses.append(round(float(loss.detach()), 5))
-    measured = batches[warmup:]
+    ctx = count_attention_calls(model) if instrument else contextlib.nullcontext()
+    t0 = time.perf_counter()
+    with ctx:
+        loss = model(**batch, use_cache=False).loss
+        loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    if cuda:
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    peak = round(torch.cuda.max_memory_allocated() / 2**20, 1) if cuda else None
+    return seconds, round(float(loss.detach()), 5), peak
+
+
+def _stats(mode: str, measured: list[dict[str, Any]], times: list[float], losses: list[float], peaks: list[float | None]) -> RunStats:
     useful = statistics.median(_useful(b) for b in measured)
     tokens = statistics.median(b["input_ids"].numel() for b in measured)
-    step = statistics.median(times)
     per_s = sum(_useful(b) for b in measured) / sum(times)
-    peak = round(torch.cuda.max_memory_allocated() / 2**20, 1) if cuda else None
-    return RunStats(mode, round(step, 5), [round(min(times), 5), round(max(times), 5)], round(per_s, 1), tokens, useful, peak,
-                    losses, [round(t, 6) for t in times])
+    peak = max(peaks) if peaks and peaks[0] is not None else None
+    return RunStats(mode, round(statistics.median(times), 5), [round(min(times), 5), round(max(times), 5)], round(per_s, 1),
+                    tokens, useful, peak, losses, [round(t, 6) for t in times])
 
 
 def run_bench(model: Any, *, profile: str = "flan", steps: int = 10, warmup: int = 2, batch_size: int = 16,
               max_length: int = 2048, device: str = "cpu", seed: int = 0, pad_id: int = 0,
               instrumentation: bool = True) -> dict[str, Any]:
-    """Train ``warmup + steps`` steps padded, packed, and (``instrumentation``) packed with call counting, on
-    the same micro-batches of ``batch_size`` examples; return the figures (see the module docstring).
+    """Train ``warmup + steps`` steps on micro-batches of ``batch_size`` examples, each step once padded, once
+    packed and (``instrumentation``) once packed with packcheck's attention-call counting; return the figures
+    (see the module docstring).
 
-    The model's weights are restored before each mode, so every mode starts from the same parameters.
+    The modes are interleaved step by step, in an order that rotates from one step to the next, so warm-up
+    costs, clock drift and allocator growth fall on all modes alike (run one mode after the other, the first one
+    paid them: padded read up to 1.9x slower on identical batches). Timing does not depend on the weights'
+    values, so the modes share one model and one SGD optimizer; the first-step loss parity is measured before
+    any step, from the initial weights, which are restored at the end.
+
+    Raises:
+        PackcheckUsageError: ``steps`` or ``warmup`` below 1, ``max_length`` below 2.
     """
-    import copy
+    import torch
 
+    if steps < 1 or warmup < 1 or max_length < 2:
+        raise PackcheckUsageError(
+            f"bench needs steps >= 1, warmup >= 1 (the first step pays one-time costs) and max_length >= 2; got "
+            f"steps={steps}, warmup={warmup}, max_length={max_length}.")
     vocab = int(model.config.vocab_size)
     n = (steps + warmup) * batch_size
     lengths = sample_lengths(profile, n, max_length, seed)
+    clipped = sum(1 for x in sample_lengths(profile, n, 10**9, seed) if x > max_length)
     rng = random.Random(seed + 1)
     examples = [[rng.randrange(1, vocab) for _ in range(length)] for length in lengths]
     groups = [examples[i * batch_size:(i + 1) * batch_size] for i in range(steps + warmup)]
     padded = [_padded_micro_batch(g, pad_id, device) for g in groups]
     packed = [_packed_micro_batch(g, device) for g in groups]
-    state = copy.deepcopy(model.state_dict())
+    state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}  # off the GPU: no memory skew
+    cuda = device.startswith("cuda")
     model.train()
-    runs = {}
-    for mode, batches in (("padded", padded), ("packed", packed)):
+    with torch.no_grad():
+        first = {mode: float(model(**b[0], use_cache=False).loss) for mode, b in (("padded", padded), ("packed", packed))}
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)  # the step's cost is forward + backward; SGD adds little
+    modes = [("padded", padded, False), ("packed", packed, False)] + ([("counted", packed, True)] if instrumentation else [])
+    record: dict[str, tuple[list, list, list]] = {m: ([], [], []) for m, _, _ in modes}
+    try:
+        for i in range(warmup + steps):
+            for mode, batches, instrument in modes[i % len(modes):] + modes[:i % len(modes)]:
+                seconds, loss, peak = _step(model, optimizer, batches[i], cuda, instrument)
+                if i >= warmup:
+                    for slot, value in zip(record[mode], (seconds, loss, peak), strict=True):
+                        slot.append(value)
+    finally:
         model.load_state_dict(state)
-        runs[mode] = _run(model, batches, warmup, device, mode)
+    runs = {mode: _stats(mode, batches[warmup:], *record[mode]) for mode, batches, _ in modes[:2]}
+    pad, pack = runs["padded"], runs["packed"]
     overhead = None
     if instrumentation:
-        # with and without call counting, interleaved on the same batches (order alternating), so drift and
-        # cache warmth hit both alike
-        model.load_state_dict(state)
-        plain, counted = [], []
-        for i, batch in enumerate(packed):
-            for instrument in ((False, True) if i % 2 == 0 else (True, False)):
-                t = _run(model, [batch, batch], 1, device, "packed", instrument).step_s
-                if i >= warmup:
-                    (counted if instrument else plain).append(t)
-        overhead = round(statistics.median(counted) / statistics.median(plain) - 1, 4)
-    model.load_state_dict(state)
-    pad, pack = runs["padded"], runs["packed"]
+        overhead = round(statistics.median(record["counted"][0]) / statistics.median(record["packed"][0]) - 1, 4)
     padded_tokens = sum(b["input_ids"].numel() for b in padded[warmup:])
     real_tokens = sum(sum(len(e) for e in g) for g in groups[warmup:])
     result = {
         "profile": profile, "steps": steps, "warmup": warmup, "batch_size": batch_size, "max_length": max_length,
         "device": device, "lengths": {"median": statistics.median(lengths), "min": min(lengths), "max": max(lengths),
-                                      "mean": round(statistics.fmean(lengths), 1)},
+                                      "mean": round(statistics.fmean(lengths), 1), "clipped_to_max_length": clipped},
         "runs": {k: asdict(v) for k, v in runs.items()},
         "padding_overhead": round(padded_tokens / real_tokens - 1, 4),
         "ideal_speedup": round(padded_tokens / real_tokens, 3),
@@ -194,7 +209,7 @@ def run_bench(model: Any, *, profile: str = "flan", steps: int = 10, warmup: int
         "speedup_per_step": _spread([a / b for a, b in zip(pad.step_times_s, pack.step_times_s, strict=True)]),
         "memory_reduction": (round(1 - pack.peak_memory_mib / pad.peak_memory_mib, 4)
                              if pack.peak_memory_mib and pad.peak_memory_mib else None),
-        "loss_first_step_delta": round(abs(pack.losses[0] - pad.losses[0]), 5) if pack.losses and pad.losses else None,
+        "loss_first_step_delta": round(abs(first["packed"] - first["padded"]), 6),
     }
     result["fraction_of_ideal"] = round(result["speedup"] / result["ideal_speedup"], 3)
     if overhead is not None:
@@ -252,12 +267,13 @@ def judge_targets(result: dict[str, Any], targets: dict[str, dict[str, float]], 
 
 #: Headers of :func:`bench_table` rows.
 BENCH_HEADERS = ["profile", "median length", "padding", "padded tok/s", "packed tok/s", "speedup", "ideal", "of ideal",
-                 "peak memory saved", "instrumentation", "targets"]
+                 "peak memory saved", "loss Δ step 1", "instrumentation", "targets"]
 BENCH_NOTE = ("Useful tokens are label tokens that are not padding. Tokens/s and the speedup are totals over the "
               "measured steps (as the ideal speedup is); step times are medians with their spread (min-max), the "
               "per-step speedup spread is in the JSON (speedup_per_step), peak memory per mode. The instrumentation "
               "overhead compares packed steps with and without attention-call counting, interleaved step by step on "
-              "the same batches.")
+              "the same batches. Loss Δ step 1: packed vs padded loss on the first batch from the initial "
+              "weights (the same examples: ~0 when packing is right).")
 
 
 def bench_row(r: dict[str, Any]) -> list[Any]:
@@ -267,7 +283,26 @@ def bench_row(r: dict[str, Any]) -> list[Any]:
     inst = f"{r['instrumentation_overhead'] * 100:+.1f} %" if "instrumentation_overhead" in r else "—"
     return [r["profile"], r["lengths"]["median"], f"{r['padding_overhead'] * 100:.0f} %", f"{pad['useful_tokens_per_s']:.0f}",
             f"{pack['useful_tokens_per_s']:.0f}", f"{r['speedup']:.2f}x", f"{r['ideal_speedup']:.2f}x",
-            f"{r['fraction_of_ideal'] * 100:.0f} %", mem, inst, _targets_summary(r.get("targets") or [])]
+            f"{r['fraction_of_ideal'] * 100:.0f} %", mem, f"{r['loss_first_step_delta']:.1e}", inst,
+            _targets_summary(r.get("targets") or [])]
+
+
+def bench_caveats(results: list[dict[str, Any]]) -> list[str]:
+    """Lines that qualify the figures: lengths clipped to max_length, a speedup above the ideal one."""
+    out = []
+    for r in results:
+        if "error" in r:
+            continue
+        clipped = r["lengths"].get("clipped_to_max_length")
+        if clipped:
+            out.append(f"- {r['profile']}: {clipped} of {(r['steps'] + r['warmup']) * r['batch_size']} lengths were "
+                       f"clipped to max_length {r['max_length']}.")
+        if r["fraction_of_ideal"] > 1.05:
+            out.append(f"- {r['profile']}: the measured speedup is {r['fraction_of_ideal'] * 100:.0f} % of the ideal one. "
+                       "The ideal assumes cost proportional to tokens; above it, packed steps were cheaper per token "
+                       "than padded ones for another reason (timing noise, above all on CPU, or a padded-only cost "
+                       "such as a mask over the padding). See the per-step spread in the JSON (speedup_per_step).")
+    return out
 
 
 def _targets_summary(targets: list[dict[str, Any]]) -> str:
@@ -299,6 +334,9 @@ def render_bench(results: list[dict[str, Any]], env: dict[str, Any], model_label
     if measured:
         lines.append(tabulate([bench_row(r) for r in measured], headers=BENCH_HEADERS, tablefmt="github"))
         lines += ["", BENCH_NOTE, ""]
+        caveats = bench_caveats(measured)
+        if caveats:
+            lines += [*caveats, ""]
     for r in results:
         if "error" in r:
             lines += [f"- {escape_md(r['profile'])}: not measured: {escape_md(r['error'])}", ""]
@@ -342,7 +380,7 @@ def bench_backend(doc: dict[str, Any], label: str) -> str | None:
 
 
 def bench_audit(doc: dict[str, Any], profiles: list[str], steps: int, device: str, dtype: str | None = None,
-                log: Any = print) -> list[dict[str, Any]]:
+                log: Any = print, batch_size: int = 16, max_length: int = 2048) -> list[dict[str, Any]]:
     """``packcheck bench`` for every model of an audit document (on :func:`bench_backend`, the audit's weights
     and size), one entry per model and profile. A model that cannot be built or benched becomes an entry with
     ``error`` (its reason), never an exception: the audit's results are already written."""
@@ -377,7 +415,7 @@ def bench_audit(doc: dict[str, Any], profiles: list[str], steps: int, device: st
             continue
         for profile in profiles:
             try:
-                r = run_bench(model, profile=profile, steps=steps, device=device)
+                r = run_bench(model, profile=profile, steps=steps, device=device, batch_size=batch_size, max_length=max_length)
             except Exception as exc:  # noqa: BLE001 - same: the reason goes into the report
                 out.append({**base, "profile": profile, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"})
                 log(f"bench {label} / {backend} / {profile}: not measured: {out[-1]['error']}")

@@ -40,6 +40,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="After the audit, bench each model packed vs padded on this length profile (flan, orcamath, "
                             "uniform, fixed, or a file of lengths; repeatable): a 'speedup / memory' column in the matrix.")
     audit.add_argument("--bench-steps", type=int, default=10, help="Measured steps per mode for --bench (default 10).")
+    audit.add_argument("--bench-batch-size", type=int, default=16, help="Examples per step for --bench (default 16).")
+    audit.add_argument("--bench-max-length", type=int, default=2048, help="Longest example for --bench (default 2048).")
     audit.add_argument("pytest_args", nargs="*", help="Extra pytest arguments after --, e.g. -- -k sdpa.")
     gate = sub.add_parser("gate", help="Compare a candidate results JSON with a baseline; exit 1 if a cell got worse.")
     gate.add_argument("--baseline", required=True, help="Baseline results JSON (e.g. reports/baseline.json).")
@@ -112,8 +114,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"packcheck audit: error: -n/--workers '{workers}' must be a number of workers (0: this process) or auto.",
               file=sys.stderr)
         return 2
-    if ns.bench_steps != 10 and not ns.bench:
-        print("packcheck audit: warning: --bench-steps has no effect without --bench", file=sys.stderr)
+    for flag, value, default in (("--bench-steps", ns.bench_steps, 10), ("--bench-batch-size", ns.bench_batch_size, 16),
+                                 ("--bench-max-length", ns.bench_max_length, 2048)):
+        if value != default and not ns.bench:
+            print(f"packcheck audit: warning: {flag} has no effect without --bench", file=sys.stderr)
     if ns.bench:
         from .bench import sample_lengths
 
@@ -127,10 +131,16 @@ def main(argv: list[str] | None = None) -> int:
         if ns.bench_steps < 1:
             print(f"packcheck audit: error: --bench-steps {ns.bench_steps} must be >= 1.", file=sys.stderr)
             return 2
-        if getattr(ns, OPTIONS_BY_FLAG[OPT_VERSIONS].dest):
-            print("packcheck audit: error: --bench measures in this environment only: run it without --versions "
-                  "(or run `packcheck bench` inside the version's environment).", file=sys.stderr)
+        versions_from = _versions_source(ns)
+        if versions_from:
+            print(f"packcheck audit: error: --bench measures in this environment only, and {versions_from} asks for "
+                  "version environments: run it without versions (or run `packcheck bench` inside the version's "
+                  "environment).", file=sys.stderr)
             return 2
+        for flag, value, least in (("--bench-batch-size", ns.bench_batch_size, 1), ("--bench-max-length", ns.bench_max_length, 2)):
+            if value < least:
+                print(f"packcheck audit: error: {flag} {value} must be >= {least}.", file=sys.stderr)
+                return 2
     args = _pytest_args(ns)
     if workers not in ("0", "1"):
         try:
@@ -162,6 +172,25 @@ def main(argv: list[str] | None = None) -> int:
     return 3 if code != pytest.ExitCode.INTERRUPTED else 130
 
 
+def _versions_source(ns: argparse.Namespace) -> str | None:
+    """Where version environments were asked for (--packcheck-versions, its environment variable, or the audit
+    definition's ``versions``), or None."""
+    from .specs import load_audit
+
+    if getattr(ns, OPTIONS_BY_FLAG[OPT_VERSIONS].dest):
+        return "--packcheck-versions"
+    if os.environ.get(OPTIONS_BY_FLAG[OPT_VERSIONS].env or ""):
+        return f"${OPTIONS_BY_FLAG[OPT_VERSIONS].env}"
+    audit = ns.packcheck_audit or (None if ns.packcheck_models or ns.packcheck_all_architectures else "default")
+    if audit:
+        try:
+            if load_audit(audit).versions:
+                return f"the audit definition '{audit}'"
+        except Exception:  # noqa: BLE001 - a bad audit file is reported by the audit itself, with its own message
+            return None
+    return None
+
+
 def _bench_into_report(ns: argparse.Namespace, out: Path) -> None:
     """Bench every model of the audit just written (``--bench``) and render the matrix again with the figures."""
     import json
@@ -172,9 +201,15 @@ def _bench_into_report(ns: argparse.Namespace, out: Path) -> None:
 
     path = out / "packcheck-matrix.json"
     doc = json.loads(path.read_text())
+    if doc.get("settings", {}).get("versions"):  # asked for through an ini file: caught here, after the audit
+        print("packcheck audit: error: --bench measures in this environment only, and this audit ran in version "
+              "environments: its matrix is written without bench figures.", file=sys.stderr)
+        return
     device = doc.get("settings", {}).get("device", "cpu")
     doc["bench"] = {"profiles": list(ns.bench), "steps": ns.bench_steps, "device": device,
-                    "results": bench_audit(doc, list(ns.bench), ns.bench_steps, device)}
+                    "batch_size": ns.bench_batch_size, "max_length": ns.bench_max_length,
+                    "results": bench_audit(doc, list(ns.bench), ns.bench_steps, device, batch_size=ns.bench_batch_size,
+                                           max_length=ns.bench_max_length)}
     atomic_write(path, json.dumps(doc, indent=1) + "\n")
     atomic_write(out / "packcheck-matrix.md", render_markdown(doc))
     print(f"bench figures added to {out / 'packcheck-matrix.md'}")
@@ -251,21 +286,35 @@ def _bench(ns: argparse.Namespace) -> int:
         raise PackcheckUsageError(f"Unknown backend '{attn}' (from --attn). Expected one of: {', '.join(KNOWN_BACKENDS)}.{closest(attn, KNOWN_BACKENDS)}")
     if dtype not in DTYPES:
         raise PackcheckUsageError(f"Unknown dtype '{dtype}' (from --dtype). Expected one of: {', '.join(DTYPES)}.{closest(dtype, DTYPES)}")
-    for name in ("steps", "batch_size", "max_length"):
-        if getattr(ns, name) < 1:
-            raise PackcheckUsageError(f"--{name.replace('_', '-')} {getattr(ns, name)} must be >= 1.")
+    for name, least in (("steps", 1), ("warmup", 1), ("batch_size", 1), ("max_length", 2)):
+        if getattr(ns, name) < least:
+            why = " (the first step of each mode pays one-time costs; it is never timed)" if name == "warmup" else ""
+            raise PackcheckUsageError(f"--{name.replace('_', '-')} {getattr(ns, name)} must be >= {least}{why}.")
+    if not ns.name or any(ch in ns.name for ch in "/\\") or ns.name in (".", ".."):
+        raise PackcheckUsageError(f"--name '{ns.name}' must be a file name stem without a path: use -o/--output-dir for the folder.")
     if cuda:
         import torch
 
         if not torch.cuda.is_available():
             raise PackcheckUsageError(f"Device '{ns.device}' (from --device) is not available: torch sees no CUDA device. Use --device cpu.")
-    avail = backend_availability(attn, ns.device)
-    if not avail.available:
-        raise PackcheckUsageError(f"Backend '{attn}' (from --attn) cannot run on {ns.device}: {avail.reason}.")
     targets = load_targets()
     profiles = ns.profile or ["flan", "orcamath"]
     for profile in profiles:  # a bad profile or lengths file is refused before the model is built
         sample_lengths(profile, 1, ns.max_length, source="--profile")
+    avail = backend_availability(attn, ns.device)
+    if not avail.available:
+        raise PackcheckUsageError(f"Backend '{attn}' (from --attn) cannot run on {ns.device}: {avail.reason}.")
+    if not avail.backward:
+        raise PackcheckUsageError(f"Backend '{attn}' (from --attn) cannot train on {ns.device}: {avail.backward_reason}. "
+                                  "Use sdpa or eager there.")
+    out = Path(ns.output_dir)
+    try:  # before minutes of measuring, not after
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".packcheck-probe"):
+            pass
+    except OSError as exc:
+        raise PackcheckUsageError(f"Output directory '{out}' (from -o/--output-dir) is not writable ({exc.strerror}): "
+                                  "pass a writable folder.") from None
     resolved = resolve_model(parse_model_spec(ns.model, "--model"), "--model")
     if resolved.error:
         raise PackcheckUsageError(f"Model '{ns.model}' (from --model) cannot be built: {resolved.error}")
@@ -274,7 +323,6 @@ def _bench(ns: argparse.Namespace) -> int:
     model = build_model(resolved, attn, dtype, "random", ns.device, shrink=not ns.full_size)
     n_params = sum(p.numel() for p in model.parameters())
     env = environment(ns.device)
-    out = Path(ns.output_dir)
     label = f"{resolved.spec.label} ({n_params / 1e6:.1f}M parameters{'' if ns.full_size else ', shrunk'})"
     results: list[dict] = []
     for profile in profiles:

@@ -184,13 +184,13 @@ def render_markdown(doc: dict[str, Any]) -> str:
                 group = by_group.get((label, b, dtype, None), [])
                 row.append(_summary_cell(group, note) if group else "")
             if bench:
-                row.append(_bench_cell([r for r in bench["results"] if r["model"]["label"] == label]))
+                row.append(_bench_cell([r for r in bench["results"] if r["model"]["label"] == label], cells))
             rows.append(row)
         lines.append(tabulate(rows, headers=headers, tablefmt="github"))
         lines.append("")
     lines += _training_section(by_group, models, backends, dtypes, envs, cells, labels)
     if bench:
-        lines += _bench_section(bench)
+        lines += _bench_section(bench, cells)
     lines += _what_to_do(doc)
     lines += ["## Legend", ""]
     lines += [f"- {SYMBOLS[s]} {LEGEND[s]}" for s in STATUSES]
@@ -233,9 +233,16 @@ def render_markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _bench_cell(results: list[dict[str, Any]]) -> str:
+def _packing_fails(cells: list[dict[str, Any]], r: dict[str, Any]) -> list[str]:
+    """The checks that failed or errored for the benched model on the benched backend (a speedup there is the
+    speed of a wrong result)."""
+    return sorted({c["check"] for c in cells if c["model"]["label"] == r["model"]["label"]
+                   and c["backend"] == r.get("attn_implementation") and c["status"] in ("fail", "error", "fallback")})
+
+
+def _bench_cell(results: list[dict[str, Any]], cells: list[dict[str, Any]]) -> str:
     """The matrix's "speedup / memory" entry of one model: per profile, packed/padded useful tokens/s and the
-    peak-memory reduction (n/a on CPU)."""
+    peak-memory reduction (n/a on CPU); marked when the audit found packing wrong on the benched backend."""
     parts = []
     for r in results:
         if "error" in r:
@@ -243,27 +250,34 @@ def _bench_cell(results: list[dict[str, Any]]) -> str:
             continue
         mem = f"−{r['memory_reduction'] * 100:.0f} % mem" if r.get("memory_reduction") is not None else "mem n/a"
         parts.append(f"{r['profile']} {r['speedup']:.2f}x / {mem}")
-    return "; ".join(parts)
+    wrong = _packing_fails(cells, results[0]) if results else []
+    return "; ".join(parts) + (f" ⚠ packing wrong on {results[0]['attn_implementation']}" if wrong else "")
 
 
-def _bench_section(bench: dict[str, Any]) -> list[str]:
+def _bench_section(bench: dict[str, Any], cells: list[dict[str, Any]]) -> list[str]:
     """What packing buys (``packcheck audit --bench``): one row per model and profile, with its backend."""
     from tabulate import tabulate
 
-    from .bench import BENCH_HEADERS, BENCH_NOTE, bench_row
+    from .bench import BENCH_HEADERS, BENCH_NOTE, bench_caveats, bench_row
 
-    rows, failed = [], []
+    rows, failed, wrong = [], [], {}
     for r in bench["results"]:
         if "error" in r:
             failed.append(f"- {escape_md(r['model']['label'])} / {r['profile']}: {escape_md(r['error'])}")
             continue
-        rows.append([escape_md(r["model"]["label"]), r["attn_implementation"], r["dtype"], *bench_row(r)])
+        fails = _packing_fails(cells, r)
+        if fails:
+            wrong[(r["model"]["label"], r["attn_implementation"])] = fails
+        rows.append([escape_md(r["model"]["label"]) + (" ⚠" if fails else ""), r["attn_implementation"], r["dtype"], *bench_row(r)])
     lines = ["## Packing payoff (packcheck bench)", "",
              (f"{bench['steps']} measured steps per mode on {bench['device']}, same examples padded and packed. "
               + ("CPU run: a smoke test of the machinery, not a speed claim. " if not str(bench["device"]).startswith("cuda") else "")
               + BENCH_NOTE), ""]
     if rows:
         lines += [tabulate(rows, headers=["model", "backend", "dtype", *BENCH_HEADERS], tablefmt="github"), ""]
+        lines += [f"- ⚠ {escape_md(label)} on {backend}: the audit found packing wrong there ({', '.join(checks)}): "
+                  "this speedup is the speed of a different computation." for (label, backend), checks in wrong.items()]
+        lines += [*bench_caveats([r for r in bench["results"] if "error" not in r]), ""]
     if failed:
         lines += ["Not measured:", "", *failed, ""]
     return lines

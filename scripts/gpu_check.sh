@@ -40,7 +40,7 @@ if [ "${1:-}" = "--rehearse" ]; then
   DEVICE=cpu
   REPORTS=${REHEARSE_DIR:-/tmp/packcheck-gpu-rehearsal}
   AUDIT_SCOPE=(--packcheck-models arch:llama,arch:mistral,arch:qwen2,arch:gpt2)
-  BENCH_SCOPE=(--model arch:llama --steps 2 --warmup 1 --batch-size 4 --max-length 256)
+  BENCH_SCOPE=(--model arch:llama --steps 2 --warmup 1 --batch-size 4 --max-length 1024)  # orcamath (~480) unclipped
 else
   DEVICE=cuda
   REPORTS=reports

@@ -48,13 +48,14 @@ def test_audit_with_bench_adds_speedup_memory_column(tmp_path):
     lengths = tmp_path / "lengths.txt"
     lengths.write_text("\n".join(str(n) for n in (12, 40, 7, 25, 60, 9, 33, 18)) + "\n")
     audit = tmp_path / "small.toml"
-    audit.write_text('[audit]\nname = "small"\nmodels = ["arch:llama", "arch:dbrx"]\nbackends = ["sdpa"]\nchecks = ["isolation"]\n')
-    proc = _run(["audit", "--audit", str(audit), "-n", "0", "-q", "--bench", str(lengths), "--bench-steps", "2"], tmp_path)
+    audit.write_text('[audit]\nname = "small"\nmodels = ["arch:llama", "arch:dbrx", "arch:opt"]\nbackends = ["sdpa"]\nchecks = ["isolation"]\n')
+    proc = _run(["audit", "--audit", str(audit), "-n", "0", "-q", "--bench", str(lengths), "--bench-steps", "2",
+                 "--bench-batch-size", "4"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads((tmp_path / "reports" / "packcheck-matrix.json").read_text())
     assert {c["cell_id"]: c["status"] for c in doc["cells"]}["llama-sdpa-isolation-float32"] == "pass"
     llama, dbrx = (next(r for r in doc["bench"]["results"] if r["model"]["label"] == m) for m in ("llama", "dbrx"))
-    assert llama["attn_implementation"] == "sdpa" and llama["steps"] == 2 and llama["ideal_speedup"] > 1
+    assert llama["attn_implementation"] == "sdpa" and llama["steps"] == 2 and llama["batch_size"] == 4 and llama["ideal_speedup"] > 1
     assert llama["runs"]["packed"]["useful_tokens_per_step"] == llama["runs"]["padded"]["useful_tokens_per_step"]
     assert dbrx["error"].startswith("no backend gave this model a verdict in the audit")
     md = (tmp_path / "reports" / "packcheck-matrix.md").read_text()
@@ -63,6 +64,9 @@ def test_audit_with_bench_adds_speedup_memory_column(tmp_path):
     row = next(line for line in md.splitlines() if line.startswith("| llama"))
     assert f"{lengths} {llama['speedup']:.2f}x / mem n/a" in row
     assert "## Packing payoff (packcheck bench)" in md and "dbrx / " in md and "smoke test" in md
+    # OPT leaks on sdpa (isolation fails): its speedup is marked as the speed of a wrong result; llama's is not
+    assert "⚠ packing wrong on sdpa" in next(line for line in md.splitlines() if line.startswith("| opt"))
+    assert "⚠" not in row and "- ⚠ opt on sdpa: the audit found packing wrong there (isolation)" in md
 
 
 def test_audit_bench_bad_input_is_refused_before_the_run(tmp_path):
@@ -70,6 +74,17 @@ def test_audit_bench_bad_input_is_refused_before_the_run(tmp_path):
     assert proc.returncode == 2 and "Unknown length profile 'flna' (from --bench)" in proc.stderr
     proc = _run(["audit", "--models", "arch:llama", "-n", "0", "--bench", "flan", "--versions", "transformers==4.56.2"], tmp_path)
     assert proc.returncode == 2 and "--bench measures in this environment only" in proc.stderr
+    # versions asked for by the environment variable or by the audit definition: refused the same way
+    import os
+
+    env = {**os.environ, "PACKCHECK_VERSIONS": "transformers==4.56.2"}
+    proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "audit", "--models", "arch:llama", "-n", "0",
+                           "--bench", "flan"], cwd=tmp_path, capture_output=True, text=True, check=False, env=env)
+    assert proc.returncode == 2 and "and $PACKCHECK_VERSIONS asks for version environments" in proc.stderr
+    versioned = tmp_path / "v.toml"
+    versioned.write_text('[audit]\nname = "v"\nmodels = ["arch:llama"]\nversions = ["transformers==4.56.2"]\n')
+    proc = _run(["audit", "--audit", str(versioned), "-n", "0", "--bench", "flan"], tmp_path)
+    assert proc.returncode == 2 and f"the audit definition '{versioned}' asks for version environments" in proc.stderr
     bad = tmp_path / "bad.txt"
     bad.write_text("100\nabc\n")
     proc = _run(["audit", "--models", "arch:llama", "-n", "0", "--bench", str(bad)], tmp_path)
