@@ -8,8 +8,8 @@ on CUDA), the padding overhead, the measured speedup and the ideal one (padded t
 1 + padding overhead; slightly below padded / useful label tokens, which would also count each example's
 unlabelled first token as padding). Tokens/s and the speedup are totals over the measured steps, like the
 ideal speedup; step times are medians with their spread (min, max), and so is the per-step speedup (step i holds
-the same examples in both modes). A third packed run with packcheck's attention-call counting
-switched on measures what the instrumentation costs. Token ids are synthetic: the cost depends on lengths,
+the same examples in both modes). Each step runs a third time, packed with packcheck's attention-call
+counting on, to measure what the instrumentation costs; the three are interleaved in a rotating order. Token ids are synthetic: the cost depends on lengths,
 not content. On CPU this is a smoke test of the machinery: no speed claims.
 """
 
@@ -108,8 +108,8 @@ def _useful(batch: dict[str, Any]) -> int:
 
 
 def _step(model: Any, optimizer: Any, batch: dict[str, Any], cuda: bool, instrument: bool) -> tuple[float, float, float | None]:
-    """One optimizer step: (seconds, loss, peak MiB of this step on CUDA else None). The peak is reset before the
-    step, so it is what this step needed on top of what stays allocated (weights, the batches)."""
+    """One optimizer step: (seconds, loss, peak MiB on CUDA else None). The peak statistic is reset before the
+    step, so the peak is the most memory allocated at any moment of this step (weights and batches included)."""
     import contextlib
 
     import torch
