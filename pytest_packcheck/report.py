@@ -68,8 +68,9 @@ def _key_number(cell: dict[str, Any]) -> str:
     if cell["check"] == "backend" and "calls" in m:
         on = sum(m["calls"].values())
         text = f"{on}/{m.get('expected_calls', '?')} calls"
-        if m.get("varlen_kernel_calls") or m.get("dense_kernel_calls"):  # a flash-family backend: which kernel ran
-            text += f", varlen {m.get('varlen_kernel_calls', 0)} / dense {m.get('dense_kernel_calls', 0)}"
+        if "dense_kernel_calls" in m and (m.get("varlen_kernel_calls") or m["dense_kernel_calls"]):
+            # a flash-family backend: which kernel ran (results written before dense calls were counted: neither)
+            text += f", varlen {m.get('varlen_kernel_calls', 0)} / dense {m['dense_kernel_calls']}"
         return text
     if cell["check"] == "sft_strategies" and isinstance(m.get("strategies"), dict):
         deltas = [(v.get("steps") or {}).get("max_loss_delta") for k, v in m["strategies"].items() if k != "wrapped" and v.get("available")]
