@@ -105,6 +105,10 @@ def backend_availability(name: str, device: str = "cpu") -> BackendAvailability:
                            "flash_attention_3": ("flash_attn_interface", "the flash-attn-3 package")}[name]
         if importlib.util.find_spec(module) is None:
             missing.append(f"{package} ({module} not importable)")
+        elif name == "flash_attention_3" and not _distributed_as(module, "flash-attn-3"):
+            # transformers' is_flash_attn_3_available also requires the distribution's name (FA2/FA4 builds
+            # can ship a flash_attn_interface module too)
+            missing.append("the flash-attn-3 package (flash_attn_interface is installed by another distribution)")
         return _needs(name, missing)
     if name == "flex_attention" and not device.startswith("cuda"):
         return BackendAvailability(
@@ -124,6 +128,12 @@ def backend_availability(name: str, device: str = "cpu") -> BackendAvailability:
             missing.append(why)
         return _needs(name, missing)
     return BackendAvailability(name, True)
+
+
+def _distributed_as(module: str, distribution: str) -> bool:
+    from importlib.metadata import packages_distributions
+
+    return distribution in {d.replace("_", "-").lower() for d in packages_distributions().get(module, [])}
 
 
 def _needs(name: str, missing: list[str]) -> BackendAvailability:
@@ -645,23 +655,14 @@ def count_attention_calls(model: Any, segments: list[int] | None = None) -> Iter
         counted.__wrapped__ = fn  # type: ignore[attr-defined]
         return counted
 
-    for name, fn in saved_mapping.items():
-        mapping[name] = wrap(name.removeprefix("paged|"), fn)
-    for mod in {type(m).__module__ for m in model.modules()}:
-        module = sys.modules.get(mod)
-        fn = getattr(module, "eager_attention_forward", None)
-        if callable(fn):
-            patched_modules.append((module, "eager_attention_forward", fn))
-            module.eager_attention_forward = wrap("eager", fn)
-
     # The flash kernels, at the point transformers dispatches to them (every flash-family backend: flash-attn 2/3,
     # hub kernels, packcheck's two): count varlen and dense calls and record the boundaries the varlen kernel
-    # really received.
+    # really received. Boundaries are read (a device-to-host copy of cu_seqlens) only when the probe has segments
+    # to check them against: counting alone (packcheck bench's instrumentation) adds no synchronisation. Wrappers
+    # are made once per kernel, not once per call.
+    import torch.nn.functional as F
     import transformers.modeling_flash_attention_utils as mfu
 
-    # Boundaries are read (a device-to-host copy of cu_seqlens) only when the probe has segments to check them
-    # against: counting alone (packcheck bench's instrumentation) adds no synchronisation. Wrappers are made once
-    # per kernel, not once per call.
     wrapped: dict[int, Callable] = {}
 
     def once_per_kernel(make: Callable[[Callable], Callable]) -> Callable[[Callable], Callable]:
@@ -695,31 +696,17 @@ def count_attention_calls(model: Any, segments: list[int] | None = None) -> Iter
 
         return counted_dense
 
-    saved_flash: dict[str, Callable] = {}
     loader = getattr(mfu, "lazy_import_flash_attention", None)
-    if loader is not None:  # 4.56+: _flash_attention_forward asks the loader for the kernels on every call
-        saved_flash["lazy_import_flash_attention"] = loader
 
-        @functools.wraps(loader)
-        def counted_loader(*args, **kwargs):
-            kernels, *rest = loader(*args, **kwargs)  # ((flash_fn, varlen_fn, ...), process fn(s))
-            dense, varlen = kernels[0], kernels[1]
-            kernels = (count_dense(dense) if dense is not None else None,
-                       count_varlen(varlen) if varlen is not None else None, *kernels[2:])
-            return (kernels, *rest)
-
-        mfu.lazy_import_flash_attention = counted_loader
-    else:  # before 4.56 the flash-attn functions are module globals of modeling_flash_attention_utils
-        for name, wrapper in (("flash_attn_func", count_dense), ("flash_attn_varlen_func", count_varlen)):
-            fn = getattr(mfu, name, None)
-            if callable(fn):
-                saved_flash[name] = fn
-                setattr(mfu, name, wrapper(fn))
+    def counted_loader(*args, **kwargs):
+        kernels, *rest = loader(*args, **kwargs)  # ((flash_fn, varlen_fn, ...), process fn(s))
+        dense, varlen = kernels[0], kernels[1]
+        kernels = (count_dense(dense) if dense is not None else None,
+                   count_varlen(varlen) if varlen is not None else None, *kernels[2:])
+        return (kernels, *rest)
 
     # Models outside the AttentionInterface (falcon's legacy path in 5.24) call torch's SDPA directly: count those
     # calls, but not the ones made from inside a counted interface function.
-    import torch.nn.functional as F
-
     original_sdpa = F.scaled_dot_product_attention
 
     def counted_sdpa(*args, **kwargs):
@@ -727,8 +714,26 @@ def count_attention_calls(model: Any, segments: list[int] | None = None) -> Iter
             probe.calls.append(AttentionCall("sdpa (direct torch call)", probe.isolation_from_mask(kwargs.get("attn_mask", args[3] if len(args) > 3 else None))))
         return original_sdpa(*args, **kwargs)
 
-    F.scaled_dot_product_attention = counted_sdpa
-    try:
+    saved_flash: dict[str, Callable] = {}
+    try:  # every patch inside: a failure half-way still restores what was patched
+        for name, fn in saved_mapping.items():
+            mapping[name] = wrap(name.removeprefix("paged|"), fn)
+        for mod in {type(m).__module__ for m in model.modules()}:
+            module = sys.modules.get(mod)
+            fn = getattr(module, "eager_attention_forward", None)
+            if callable(fn):
+                patched_modules.append((module, "eager_attention_forward", fn))
+                module.eager_attention_forward = wrap("eager", fn)
+        if loader is not None:  # 4.56+: _flash_attention_forward asks the loader for the kernels on every call
+            saved_flash["lazy_import_flash_attention"] = loader
+            mfu.lazy_import_flash_attention = functools.wraps(loader)(counted_loader)
+        else:  # before 4.56 the flash-attn functions are module globals of modeling_flash_attention_utils
+            for name, wrapper in (("flash_attn_func", count_dense), ("flash_attn_varlen_func", count_varlen)):
+                fn = getattr(mfu, name, None)
+                if callable(fn):
+                    saved_flash[name] = fn
+                    setattr(mfu, name, wrapper(fn))
+        F.scaled_dot_product_attention = counted_sdpa
         yield probe
     finally:
         mapping.clear()

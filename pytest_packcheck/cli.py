@@ -307,6 +307,9 @@ def _bench(ns: argparse.Namespace) -> int:
     if not avail.backward:
         raise PackcheckUsageError(f"Backend '{attn}' (from --attn) cannot train on {ns.device}: {avail.backward_reason}. "
                                   "Use sdpa or eager there.")
+    resolved = resolve_model(parse_model_spec(ns.model, "--model"), "--model")
+    if resolved.error:
+        raise PackcheckUsageError(f"Model '{ns.model}' (from --model) cannot be built: {resolved.error}")
     out = Path(ns.output_dir)
     try:  # before minutes of measuring, not after
         out.mkdir(parents=True, exist_ok=True)
@@ -315,9 +318,6 @@ def _bench(ns: argparse.Namespace) -> int:
     except OSError as exc:
         raise PackcheckUsageError(f"Output directory '{out}' (from -o/--output-dir) is not writable ({exc.strerror}): "
                                   "pass a writable folder.") from None
-    resolved = resolve_model(parse_model_spec(ns.model, "--model"), "--model")
-    if resolved.error:
-        raise PackcheckUsageError(f"Model '{ns.model}' (from --model) cannot be built: {resolved.error}")
     if attn in (REFERENCE_BACKEND, TORCH_VARLEN_BACKEND):
         register_reference_backend()
     model = build_model(resolved, attn, dtype, "random", ns.device, shrink=not ns.full_size)
@@ -333,13 +333,14 @@ def _bench(ns: argparse.Namespace) -> int:
         except Exception as exc:  # noqa: BLE001 - one profile failing (OOM, kernel error) keeps the others' figures
             results.append({**base, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"})
             print(f"{profile}: not measured: {results[-1]['error']}", file=sys.stderr)
-            _free_cuda(ns.device)
         else:
             r["targets"] = judge_targets(r, targets, ns.device)
             results.append({**base, **r})
             print(f"{profile}: speedup {r['speedup']:.2f}x (ideal {r['ideal_speedup']:.2f}x), padding {r['padding_overhead'] * 100:.0f} %, "
                   f"memory saved {r['memory_reduction'] if r['memory_reduction'] is not None else 'n/a'}, "
                   f"instrumentation {r.get('instrumentation_overhead', 'n/a')}")
+        if "error" in results[-1]:
+            _free_cuda(ns.device)  # out of the except block: its traceback no longer holds the failed step's tensors
         # written after every profile: a run stopped by a time limit keeps what it measured
         atomic_write(out / f"{ns.name}.json", json.dumps({"environment": env, "results": results}, indent=1) + "\n")
         atomic_write(out / f"{ns.name}.md", render_bench(results, env, label))

@@ -234,11 +234,18 @@ def render_markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: Checks that bear on what bench computes (a packed row, use_cache=False, no attention_mask): cache_trap and
+#: mask_trap judge other ways of calling the model, the collate and training checks other code.
+_BENCH_RELEVANT_CHECKS = ("position_ids", "isolation", "logits_parity", "loss_parity", "grad_parity", "backend")
+
+
 def _packing_fails(cells: list[dict[str, Any]], r: dict[str, Any]) -> list[str]:
-    """The checks that failed or errored for the benched model on the benched backend (a speedup there is the
-    speed of a wrong result)."""
+    """The checks that failed (or fell back) for the benched model, backend and dtype among
+    :data:`_BENCH_RELEVANT_CHECKS`: a speedup there is the speed of a wrong result. Errors (inconclusive) are
+    not counted."""
     return sorted({c["check"] for c in cells if c["model"]["label"] == r["model"]["label"]
-                   and c["backend"] == r.get("attn_implementation") and c["status"] in ("fail", "error", "fallback")})
+                   and c["backend"] == r.get("attn_implementation") and c["dtype"] == r.get("dtype")
+                   and c["check"] in _BENCH_RELEVANT_CHECKS and c["status"] in ("fail", "fallback")})
 
 
 def _bench_cell(results: list[dict[str, Any]], cells: list[dict[str, Any]]) -> str:

@@ -120,24 +120,34 @@ def environment(device: str = "cpu") -> dict[str, Any]:
 
 def cuda_device_name(device: str) -> str:
     """The GPU's name without initialising CUDA in this process (``nvidia-smi``): the audit's controller forks
-    the children that run the cells, and a child of a process that initialised CUDA cannot use CUDA ("Cannot
-    re-initialize CUDA in forked subprocess"). Falls back to torch once CUDA is initialised here anyway."""
+    the children that run the cells, and a child of a process that initialised CUDA cannot use it ("Cannot
+    re-initialize CUDA in forked subprocess"). Falls back to torch once CUDA is initialised here anyway.
+
+    nvidia-smi numbers GPUs in PCI order, CUDA fastest first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``: with
+    different GPU models and another order, the names of all are given rather than a guess.
+    """
     import shutil
     import subprocess
 
-    index = device.split(":", 1)[1] if ":" in device else "0"
-    visible = [g.strip() for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
-    if visible and index.isdigit() and int(index) < len(visible):
-        index = visible[int(index)]
+    names: list[str] = []
     smi = shutil.which("nvidia-smi")
     if smi:
         try:
-            out = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader", "-i", index], check=False,
-                                 capture_output=True, text=True, timeout=20).stdout.strip()
+            out = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"], check=False,
+                                 capture_output=True, text=True, timeout=20).stdout
         except (OSError, subprocess.TimeoutExpired):
             out = ""
-        if out:
-            return out.splitlines()[0].strip()
+        names = [line.strip() for line in out.splitlines() if line.strip()]
+    if names:
+        index = device.split(":", 1)[1] if ":" in device else "0"
+        visible = [g.strip() for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+        if visible and index.isdigit() and int(index) < len(visible):
+            index = visible[int(index)]
+        if len(set(names)) == 1:
+            return names[0]
+        if os.environ.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID" and index.isdigit() and int(index) < len(names):
+            return names[int(index)]
+        return " / ".join(sorted(set(names))) + f" (mixed GPUs; which one is {device} depends on CUDA_DEVICE_ORDER)"
     import torch
 
     if torch.cuda.is_initialized():  # never is_available() first: it poisons fork unless asked through NVML

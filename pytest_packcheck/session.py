@@ -254,7 +254,11 @@ class PackcheckSession:
         if not unusable and hasattr(os, "fork"):
             pid = os.fork()
             if pid == 0:  # the probe child: torch's at-fork handler has set its flag if the parent poisoned fork
-                os._exit(1 if torch.cuda._is_in_bad_fork() else 0)
+                code = 2
+                try:
+                    code = 1 if torch.cuda._is_in_bad_fork() else 0
+                finally:  # never return into pytest: a second controller would run the session again
+                    os._exit(code)
             _, status = os.waitpid(pid, 0)
             unusable = os.waitstatus_to_exitcode(status) != 0
         self._cuda_fork_verdict = unusable

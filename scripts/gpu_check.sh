@@ -28,6 +28,7 @@ start=$SECONDS
 if [ -n "${OUT:-}" ]; then  # the whole log comes back (the tool's output_tail keeps only its last 12,000 characters)
   mkdir -p "$OUT/reports/gpu-audit"
   exec > >(tee "$OUT/gpu_check.log") 2>&1
+  tee_pid=$!
 fi
 # copies what a stage wrote to $OUT at once: a later stage running out of time loses nothing (6 files in all)
 save() {
@@ -77,3 +78,7 @@ timeout -s INT -k 20 120 python3 -m pytest_packcheck.cli bench "${BENCH_SCOPE[@]
   --attn packcheck_flash_torch_varlen --profile flan --profile orcamath -o "$REPORTS" --name gpu-bench || echo "bench exited $?"
 echo "total: $((SECONDS - start)) s"
 save
+if [ -n "${tee_pid:-}" ]; then  # let tee write the last lines before the script (and the tool's copy) ends
+  exec >&- 2>&-
+  wait "$tee_pid" 2>/dev/null || true
+fi

@@ -222,3 +222,30 @@ def test_bench_page_states_clipping_and_a_speedup_above_the_ideal():
     assert lines[0] == "- big.txt: 12 of 12 lengths were clipped to max_length 64."
     assert "214 % of the ideal one" in lines[1]
     assert bench_caveats([{**r, "fraction_of_ideal": 0.93, "lengths": {"clipped_to_max_length": 0}}]) == []
+
+
+def test_clipping_is_counted_on_the_draw_itself():
+    """uniform draws within its range (nothing to clip, also below 16 tokens); a file's long lines are clipped."""
+    from pytest_packcheck.bench import raw_lengths, sample_lengths
+
+    raw = raw_lengths("uniform", 64, 512)
+    assert max(raw) <= 512 and sum(x > 512 for x in raw) == 0
+    assert set(sample_lengths("uniform", 20, 8)) <= set(range(2, 9))  # max_length below uniform's 16: no crash
+    assert raw_lengths("flan", 200, 64) == raw_lengths("flan", 200, 4096)  # drawn independently of the cap
+
+
+def test_bench_warning_counts_only_checks_that_bear_on_the_benched_computation():
+    """A speedup is marked when isolation / logits / loss / grads / positions / backend failed on the benched
+    backend and dtype; cache_trap and mask_trap judge other calls (bench runs use_cache=False, no mask), and an
+    inconclusive (error) cell is not a verdict."""
+    from pytest_packcheck.report import _packing_fails
+
+    r = {"model": {"label": "llama"}, "attn_implementation": "sdpa", "dtype": "float32"}
+
+    def cell(check, status, dtype="float32", backend="sdpa"):
+        return {"model": {"label": "llama"}, "backend": backend, "dtype": dtype, "check": check, "status": status}
+
+    assert _packing_fails([cell("cache_trap", "fail"), cell("mask_trap", "fail"), cell("isolation", "pass"),
+                           cell("isolation", "error")], r) == []
+    assert _packing_fails([cell("isolation", "fail"), cell("logits_parity", "fail", dtype="bfloat16"),
+                           cell("loss_parity", "fail", backend="eager")], r) == ["isolation"]

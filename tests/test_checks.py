@@ -277,6 +277,11 @@ def test_flash_attention_3_availability_reasons(monkeypatch):
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: object() if name == "flash_attn_interface" else real_find_spec(name, *a))
+    # a flash_attn_interface module from another distribution (transformers' check wants flash-attn-3)
+    monkeypatch.setattr(backends, "_distributed_as", lambda module, dist: False)
+    other = backends.backend_availability("flash_attention_3", "cuda")
+    assert not other.available and "installed by another distribution" in other.reason
+    monkeypatch.setattr(backends, "_distributed_as", lambda module, dist: (module, dist) == ("flash_attn_interface", "flash-attn-3"))
     assert backends.backend_availability("flash_attention_3", "cuda").available
 
 

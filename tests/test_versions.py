@@ -421,6 +421,15 @@ def test_controller_never_initialises_cuda_before_forking(tmp_path, monkeypatch)
     monkeypatch.setattr(torch.cuda, "_lazy_init", no_init)
     monkeypatch.setattr(torch.cuda, "get_device_name", no_init)
     assert environment("cuda:0")["device_name"] == "NVIDIA H200"
+    # mixed GPUs: nvidia-smi counts in PCI order, CUDA fastest first unless CUDA_DEVICE_ORDER=PCI_BUS_ID
+    smi.write_text('#!/bin/sh\necho "NVIDIA H200"\necho "NVIDIA A10"\n')
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert "mixed GPUs" in environment("cuda:1")["device_name"]
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    assert environment("cuda:1")["device_name"] == "NVIDIA A10"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert environment("cuda:0")["device_name"] == "NVIDIA A10"
 
     def fresh(device="cuda"):
         state = PackcheckSession.__new__(PackcheckSession)
@@ -437,6 +446,17 @@ def test_controller_never_initialises_cuda_before_forking(tmp_path, monkeypatch)
         state = fresh()
         assert state._cuda_initialised_here() and state._cuda_initialised_here()
     assert len([w for w in caught if "forked children cannot use CUDA" in str(w.message)]) == 1
+    # a probe child that raises must exit, never return into pytest as a second controller
+    parent = os.getpid()
+
+    def broken():
+        raise RuntimeError("driver query failed")
+
+    monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", broken)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        assert fresh()._cuda_initialised_here()  # exit code 2: treated as unusable
+    assert os.getpid() == parent
     monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: False)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     with warnings.catch_warnings(record=True):
