@@ -130,41 +130,8 @@ def test_targets_are_judged_on_cuda_only(tmp_path):
         load_targets(bad)
 
 
-def test_speedup_and_ideal_use_the_same_aggregation(monkeypatch, tolerances):
-    """With step time exactly proportional to the tokens a step computes on (perfect packing), the measured
-    speedup must equal the ideal one. A median of per-step rates would not (helper review: 0.888 of ideal on the
-    flan lengths); planted here by a clock that advances by the batch's token count."""
-    from conftest import make_bench
-
-    from pytest_packcheck import bench
-
-    clock = {"t": 0.0}
-
-    class Clock:
-        @staticmethod
-        def perf_counter():
-            return clock["t"]
-
-    model = make_bench("llama", "sdpa", tolerances).model
-    original_forward = model.forward
-
-    def forward(*args, **kwargs):
-        clock["t"] += kwargs["input_ids"].numel() * 1e-3
-        return original_forward(*args, **kwargs)
-
-    monkeypatch.setattr(bench, "time", Clock)
-    monkeypatch.setattr(model, "forward", forward)
-    r = bench.run_bench(model, profile="flan", steps=6, warmup=1, batch_size=6, max_length=200, seed=5, instrumentation=False)
-    assert r["ideal_speedup"] > 1.3
-    assert r["speedup"] == pytest.approx(r["ideal_speedup"], rel=2e-3) and r["fraction_of_ideal"] == pytest.approx(1.0, abs=3e-3)
-    assert r["speedup_per_step"]["min"] <= r["speedup_per_step"]["median"] <= r["speedup_per_step"]["max"]
-
-
-def test_modes_are_interleaved_so_first_step_costs_hit_both(monkeypatch, tolerances):
-    """Identical batches (fixed lengths, no padding) under a planted drift: every forward costs a little less
-    than the one before (clocks ramping, caches warming). Run padded-then-packed, padded ran in the slow phase
-    (here it would read 1.145x; the helper review measured 1.93x on identical batches with --warmup 0). Rotating
-    the order each step shares the drift: within 3 % of 1.0. --warmup 0 is refused."""
+def _model_on_a_planted_clock(monkeypatch, tolerances, cost):
+    """A tiny llama whose every forward advances bench's clock by ``cost(call number, input_ids)`` seconds."""
     from conftest import make_bench
 
     from pytest_packcheck import bench
@@ -181,11 +148,36 @@ def test_modes_are_interleaved_so_first_step_costs_hit_both(monkeypatch, toleran
 
     def forward(*args, **kwargs):
         clock["calls"] += 1
-        clock["t"] += 1.0 + 0.2 * max(0, 40 - clock["calls"])  # calls 1-2: the no-grad first-loss probes
+        clock["t"] += cost(clock["calls"], kwargs["input_ids"])
         return original_forward(*args, **kwargs)
 
     monkeypatch.setattr(bench, "time", Clock)
     monkeypatch.setattr(model, "forward", forward)
+    return model
+
+
+def test_speedup_and_ideal_use_the_same_aggregation(monkeypatch, tolerances):
+    """With step time exactly proportional to the tokens a step computes on (perfect packing), the measured
+    speedup must equal the ideal one. A median of per-step rates would not (helper review: 0.888 of ideal on the
+    flan lengths); planted here by a clock that advances by the batch's token count."""
+    from pytest_packcheck import bench
+
+    model = _model_on_a_planted_clock(monkeypatch, tolerances, lambda call, ids: ids.numel() * 1e-3)
+    r = bench.run_bench(model, profile="flan", steps=6, warmup=1, batch_size=6, max_length=200, seed=5, instrumentation=False)
+    assert r["ideal_speedup"] > 1.3
+    assert r["speedup"] == pytest.approx(r["ideal_speedup"], rel=2e-3) and r["fraction_of_ideal"] == pytest.approx(1.0, abs=3e-3)
+    assert r["speedup_per_step"]["min"] <= r["speedup_per_step"]["median"] <= r["speedup_per_step"]["max"]
+
+
+def test_modes_are_interleaved_so_first_step_costs_hit_both(monkeypatch, tolerances):
+    """Identical batches (fixed lengths, no padding) under a planted drift: every forward costs a little less
+    than the one before (clocks ramping, caches warming). Run padded-then-packed, padded ran in the slow phase
+    (here it would read 1.145x; the helper review measured 1.93x on identical batches with --warmup 0). Rotating
+    the order each step shares the drift: within 3 % of 1.0. --warmup 0 is refused."""
+    from pytest_packcheck import bench
+
+    # calls 1-2 are the no-grad first-loss probes
+    model = _model_on_a_planted_clock(monkeypatch, tolerances, lambda call, ids: 1.0 + 0.2 * max(0, 40 - call))
     r = bench.run_bench(model, profile="fixed", steps=4, warmup=1, batch_size=2, max_length=40, instrumentation=True)
     assert r["ideal_speedup"] == 1.0 and abs(r["speedup"] - 1) < 0.03 and abs(r["instrumentation_overhead"]) < 0.03
     assert r["loss_first_step_delta"] < 1e-4
