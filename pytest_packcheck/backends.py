@@ -99,8 +99,8 @@ def backend_availability(name: str, device: str = "cpu") -> BackendAvailability:
         missing = []
         if not device.startswith("cuda"):
             missing.append(f"a CUDA device (running on {device})")
-        elif name == "flash_attention_3" and cuda_capability(device)[0] != 9:
-            missing.append("a Hopper GPU (compute capability 9.x; this one is {}.{})".format(*cuda_capability(device)))
+        elif name == "flash_attention_3" and (capability := cuda_capability(device))[0] != 9:
+            missing.append("a Hopper GPU (compute capability 9.x; this one is {}.{})".format(*capability))
         module, package = {"flash_attention_2": ("flash_attn", "the flash-attn package"),
                            "flash_attention_3": ("flash_attn_interface", "the flash-attn-3 package")}[name]
         if importlib.util.find_spec(module) is None:
@@ -236,9 +236,9 @@ def _dense_as_varlen(varlen: Callable, q: Any, k: Any, v: Any, *args: Any) -> An
 def dense_reference_kernel(q: Any, k: Any, v: Any, dropout_p: float = 0.0, softmax_scale: float | None = None,
                            causal: bool = False, window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                            deterministic: bool = False) -> Any:
-    """``flash_attn_func`` signature over :func:`varlen_reference_kernel` (the unwrapped one: the call
-    counter counts varlen calls only, so a dense call is never mistaken for one)."""
-    return _dense_as_varlen(_UNCOUNTED["varlen_reference_kernel"], q, k, v, dropout_p, softmax_scale, causal,
+    """``flash_attn_func`` signature over :func:`varlen_reference_kernel` (the call counter wraps the kernels
+    transformers' loader returns, so this inner varlen call is never counted as one)."""
+    return _dense_as_varlen(varlen_reference_kernel, q, k, v, dropout_p, softmax_scale, causal,
                             window_size, softcap, deterministic)
 
 
@@ -369,12 +369,10 @@ def torch_varlen_kernel(
 def dense_torch_varlen_kernel(q: Any, k: Any, v: Any, dropout_p: float = 0.0, softmax_scale: float | None = None,
                               causal: bool = False, window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                               deterministic: bool = False) -> Any:
-    """``flash_attn_func`` signature over :func:`torch_varlen_kernel` (unwrapped, as above)."""
-    return _dense_as_varlen(_UNCOUNTED["torch_varlen_kernel"], q, k, v, dropout_p, softmax_scale, causal,
+    """``flash_attn_func`` signature over :func:`torch_varlen_kernel` (not counted as a varlen call, as above)."""
+    return _dense_as_varlen(torch_varlen_kernel, q, k, v, dropout_p, softmax_scale, causal,
                             window_size, softcap, deterministic)
 
-
-_UNCOUNTED = {"varlen_reference_kernel": varlen_reference_kernel, "torch_varlen_kernel": torch_varlen_kernel}
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -456,23 +454,11 @@ def register_reference_backend() -> None:
         ALL_MASK_ATTENTION_FUNCTIONS = flash_attention_mask = None
 
     original = mfu._lazy_imports
-    this = sys.modules[__name__]
-
-    # Look the kernels up at call time (tests replace them). functools.wraps keeps
-    # the signature visible to transformers' _lazy_define_process_function, which reads it to pick the kwargs.
-    @functools.wraps(varlen_reference_kernel)
-    def varlen(*args, **kwargs):
-        return this.varlen_reference_kernel(*args, **kwargs)
-
-    @functools.wraps(torch_varlen_kernel)
-    def torch_varlen(*args, **kwargs):
-        return this.torch_varlen_kernel(*args, **kwargs)
-
     with_kvcache = (None,) if _kernel_tuple_arity(mfu) == 5 else ()
     forget_on_switch = not with_kvcache  # 4.56 keeps the first kernels it loaded; 5.x keys them by name
     kernels = {
-        REFERENCE_BACKEND: (dense_reference_kernel, varlen, *with_kvcache, mfu._pad_input, mfu._unpad_input),
-        TORCH_VARLEN_BACKEND: (dense_torch_varlen_kernel, torch_varlen, *with_kvcache, mfu._pad_input, mfu._unpad_input),
+        REFERENCE_BACKEND: (dense_reference_kernel, varlen_reference_kernel, *with_kvcache, mfu._pad_input, mfu._unpad_input),
+        TORCH_VARLEN_BACKEND: (dense_torch_varlen_kernel, torch_varlen_kernel, *with_kvcache, mfu._pad_input, mfu._unpad_input),
     }
 
     def _lazy_imports(implementation, *args, **kwargs):

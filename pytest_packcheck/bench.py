@@ -36,7 +36,11 @@ def sample_lengths(profile: str, n: int, max_length: int, seed: int = 0, fixed: 
     Raises:
         PackcheckUsageError: unknown profile / missing file / a line that is not a positive integer.
     """
-    return [max(2, min(max_length, x)) for x in raw_lengths(profile, n, max_length, seed, fixed, source)]
+    return _clip(raw_lengths(profile, n, max_length, seed, fixed, source), max_length)
+
+
+def _clip(raw: list[int], max_length: int) -> list[int]:
+    return [max(2, min(max_length, x)) for x in raw]
 
 
 def raw_lengths(profile: str, n: int, max_length: int, seed: int = 0, fixed: int = 512, source: str = "--profile") -> list[int]:
@@ -149,10 +153,10 @@ def _stats(mode: str, measured: list[dict[str, Any]], times: list[float], losses
 
 def run_bench(model: Any, *, profile: str = "flan", steps: int = 10, warmup: int = 2, batch_size: int = 16,
               max_length: int = 2048, device: str = "cpu", seed: int = 0, pad_id: int = 0,
-              instrumentation: bool = True) -> dict[str, Any]:
+              instrumentation: bool = True, targets: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:
     """Train ``warmup + steps`` steps on micro-batches of ``batch_size`` examples, each step once padded, once
     packed and (``instrumentation``) once packed with packcheck's attention-call counting; return the figures
-    (see the module docstring).
+    (see the module docstring), with ``targets`` (default audit/bench_targets.toml) judged on them.
 
     The modes are interleaved step by step, in an order that rotates from one step to the next, so warm-up
     costs, clock drift and allocator growth fall on all modes alike (run one mode after the other, the first one
@@ -172,7 +176,7 @@ def run_bench(model: Any, *, profile: str = "flan", steps: int = 10, warmup: int
     vocab = int(model.config.vocab_size)
     n = (steps + warmup) * batch_size
     raw = raw_lengths(profile, n, max_length, seed)
-    lengths = [max(2, min(max_length, x)) for x in raw]
+    lengths = _clip(raw, max_length)
     clipped = sum(1 for x in raw if x > max_length)
     rng = random.Random(seed + 1)
     examples = [[rng.randrange(1, vocab) for _ in range(length)] for length in lengths]
@@ -220,6 +224,7 @@ def run_bench(model: Any, *, profile: str = "flan", steps: int = 10, warmup: int
     result["fraction_of_ideal"] = round(result["speedup"] / result["ideal_speedup"], 3)
     if overhead is not None:
         result["instrumentation_overhead"] = overhead
+    result["targets"] = judge_targets(result, load_targets() if targets is None else targets, device)
     return result
 
 
@@ -422,12 +427,12 @@ def bench_audit(doc: dict[str, Any], profiles: list[str], steps: int, device: st
             continue
         for profile in profiles:
             try:
-                r = run_bench(model, profile=profile, steps=steps, device=device, batch_size=batch_size, max_length=max_length)
+                r = run_bench(model, profile=profile, steps=steps, device=device, batch_size=batch_size, max_length=max_length,
+                              targets=targets)
             except Exception as exc:  # noqa: BLE001 - same: the reason goes into the report
                 out.append({**base, "profile": profile, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"})
                 log(f"bench {label} / {backend} / {profile}: not measured: {out[-1]['error']}")
                 continue
-            r["targets"] = judge_targets(r, targets, device)
             out.append({**base, **r, "parameters": sum(p.numel() for p in model.parameters())})
             log(f"bench {label} / {backend} / {profile}: speedup {r['speedup']:.2f}x (ideal {r['ideal_speedup']:.2f}x)")
         del model

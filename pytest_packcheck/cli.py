@@ -272,7 +272,7 @@ def _bench(ns: argparse.Namespace) -> int:
         backend_availability,
         register_reference_backend,
     )
-    from .bench import judge_targets, load_targets, render_bench, run_bench, sample_lengths
+    from .bench import load_targets, render_bench, run_bench, sample_lengths
     from .errors import PackcheckUsageError, closest
     from .models import build_model, resolve_model
     from .results import atomic_write, environment
@@ -297,7 +297,7 @@ def _bench(ns: argparse.Namespace) -> int:
 
         if not torch.cuda.is_available():
             raise PackcheckUsageError(f"Device '{ns.device}' (from --device) is not available: torch sees no CUDA device. Use --device cpu.")
-    targets = load_targets()
+    targets = load_targets()  # a broken targets file is refused before anything is measured
     profiles = ns.profile or ["flan", "orcamath"]
     for profile in profiles:  # a bad profile or lengths file is refused before the model is built
         sample_lengths(profile, 1, ns.max_length, source="--profile")
@@ -329,12 +329,12 @@ def _bench(ns: argparse.Namespace) -> int:
         base = {"model": resolved.record(), "parameters": n_params, "attn_implementation": attn, "dtype": dtype, "profile": profile}
         try:
             r = run_bench(model, profile=profile, steps=ns.steps, warmup=ns.warmup, batch_size=ns.batch_size,
-                          max_length=ns.max_length, device=ns.device, instrumentation=not ns.no_instrumentation)
+                          max_length=ns.max_length, device=ns.device, instrumentation=not ns.no_instrumentation,
+                          targets=targets)
         except Exception as exc:  # noqa: BLE001 - one profile failing (OOM, kernel error) keeps the others' figures
             results.append({**base, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"})
             print(f"{profile}: not measured: {results[-1]['error']}", file=sys.stderr)
         else:
-            r["targets"] = judge_targets(r, targets, ns.device)
             results.append({**base, **r})
             print(f"{profile}: speedup {r['speedup']:.2f}x (ideal {r['ideal_speedup']:.2f}x), padding {r['padding_overhead'] * 100:.0f} %, "
                   f"memory saved {r['memory_reduction'] if r['memory_reduction'] is not None else 'n/a'}, "

@@ -138,13 +138,13 @@ def cuda_device_name(device: str) -> str:
         except (OSError, subprocess.TimeoutExpired):
             out = ""
         names = [line.strip() for line in out.splitlines() if line.strip()]
+    if len(set(names)) == 1:
+        return names[0]
     if names:
         index = device.split(":", 1)[1] if ":" in device else "0"
         visible = [g.strip() for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
         if visible and index.isdigit() and int(index) < len(visible):
             index = visible[int(index)]
-        if len(set(names)) == 1:
-            return names[0]
         if os.environ.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID" and index.isdigit() and int(index) < len(names):
             return names[int(index)]
         return " / ".join(sorted(set(names))) + f" (mixed GPUs; which one is {device} depends on CUDA_DEVICE_ORDER)"
