@@ -196,8 +196,7 @@ def _bench_into_report(ns: argparse.Namespace, out: Path) -> None:
     import json
 
     from .bench import bench_audit
-    from .report import render_markdown
-    from .results import atomic_write
+    from .report import write_reports
 
     path = out / "packcheck-matrix.json"
     doc = json.loads(path.read_text())
@@ -210,8 +209,7 @@ def _bench_into_report(ns: argparse.Namespace, out: Path) -> None:
                     "batch_size": ns.bench_batch_size, "max_length": ns.bench_max_length,
                     "results": bench_audit(doc, list(ns.bench), ns.bench_steps, device, batch_size=ns.bench_batch_size,
                                            max_length=ns.bench_max_length)}
-    atomic_write(path, json.dumps(doc, indent=1) + "\n")
-    atomic_write(out / "packcheck-matrix.md", render_markdown(doc))
+    write_reports(out, doc)
     print(f"bench figures added to {out / 'packcheck-matrix.md'}")
 
 
@@ -236,24 +234,22 @@ def _gate(ns: argparse.Namespace) -> int:
     if candidate.get("incomplete"):
         print(f"packcheck gate: warning: the candidate run was incomplete ({candidate['incomplete']['reason']}); "
               "its missing cells count as regressions", file=sys.stderr)
-    print(render_changes(changes, baseline["environment"], candidate["environment"]))
+    print(render_changes(changes, baseline["environment"], candidate["environment"], markdown=False))
     bad = regressions(changes)
     print(f"\npackcheck gate: {len(bad)} regression(s), {len(changes)} changed cell(s)")
     return 1 if bad else 0
 
 
 def _merge(ns: argparse.Namespace) -> int:
-    import json
 
     from .diagnose import diagnose_document
     from .gate import merge
-    from .report import render_markdown
-    from .results import atomic_write, load_document
+    from .report import write_reports
+    from .results import load_document
 
     doc = diagnose_document(merge([load_document(f) for f in ns.files]))
     out = Path(ns.output_dir)
-    atomic_write(out / "packcheck-matrix.json", json.dumps(doc, indent=1) + "\n")
-    atomic_write(out / "packcheck-matrix.md", render_markdown(doc))
+    write_reports(out, doc)
     if doc.get("merged_settings_differ"):
         print(f"packcheck merge: warning: these files are not shards of one audit (their settings differ in "
               f"{', '.join(doc['merged_settings_differ'])}); the matrix shows the union of their cells and every command",

@@ -11,19 +11,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import PackcheckUsageError
-from .report import KEY_METRIC, escape_md
+from .markdown import escape_md
+from .registry import SPECS
 from .results import SCHEMA_VERSION
 
 # Better first: a pass that becomes anything else is a regression; skipped -> unsupported is too.
 _ORDER = ("pass", "skipped", "unsupported", "fallback", "fail", "oom", "timeout", "error")
-_TOLERANCE_FOR = {
-    "logits_parity": "logits_atol",
-    "isolation": "isolation_atol",
-    "loss_parity": "loss_atol",
-    "grad_parity": "grad_rel_err",
-    "cache_trap": "logits_atol",
-    "mask_trap": "logits_atol",
-}
 
 
 @dataclass(frozen=True)
@@ -64,8 +57,9 @@ def compare(baseline: dict[str, Any], candidate: dict[str, Any], allow: dict[str
             continue
         worse = _ORDER.index(c["status"]) > _ORDER.index(b["status"])
         detail = f"{b['message'][:80]} -> {c['message'][:80]}" if b["status"] != c["status"] else ""
-        metric = KEY_METRIC.get(c["check"], (None,))[0]
-        tol_key = _TOLERANCE_FOR.get(c["check"])
+        spec = SPECS.get(c["check"])
+        metric = spec.key_metric[0] if spec and spec.key_metric else None
+        tol_key = spec.tolerance if spec else None
         if b["status"] == c["status"] == "pass" and metric and tol_key:
             old, new = b["metrics"].get(metric), c["metrics"].get(metric)
             tol = c.get("tolerances", {}).get(tol_key)
@@ -93,10 +87,14 @@ def regressions(changes: list[Change]) -> list[Change]:
     return [c for c in changes if c.worse and c.allowed is None]
 
 
-def render_changes(changes: list[Change], baseline_env: dict[str, Any], candidate_env: dict[str, Any]) -> str:
-    """A Markdown table of the changed cells, with both environments' library versions."""
+def render_changes(changes: list[Change], baseline_env: dict[str, Any], candidate_env: dict[str, Any], markdown: bool = True) -> str:
+    """A table of the changed cells, with both environments' library versions: GitHub Markdown (escaped), or
+    plain text for a terminal (``markdown=False``: no Markdown escapes)."""
     from tabulate import tabulate
 
+    from .markdown import plain
+
+    esc = escape_md if markdown else plain
     def versions(env: dict[str, Any]) -> str:
         return ", ".join(f"{k} {env.get(k) or 'not installed'}" for k in ("torch", "transformers", "trl", "flash_attn"))
 
@@ -105,11 +103,12 @@ def render_changes(changes: list[Change], baseline_env: dict[str, Any], candidat
         return "\n".join([*head, "No cell changed."])
     rows = [
         ["-".join(str(x) for x in ch.key[:4] if x) + (f"@{ch.key[4]}" if ch.key[4] else ""), ch.baseline or "—", ch.candidate or "—",
-         "REGRESSION" if ch.worse and not ch.allowed else ("allowed: " + escape_md(ch.allowed) if ch.allowed else "better/neutral"),
-         escape_md(ch.detail)]
+         "REGRESSION" if ch.worse and not ch.allowed else ("allowed: " + esc(ch.allowed) if ch.allowed else "better/neutral"),
+         esc(ch.detail)]
         for ch in changes
     ]
-    return "\n".join([*head, tabulate(rows, headers=["cell", "baseline", "candidate", "verdict", "detail"], tablefmt="github")])
+    return "\n".join([*head, tabulate(rows, headers=["cell", "baseline", "candidate", "verdict", "detail"],
+                                       tablefmt="github" if markdown else "simple")])
 
 
 def merge(documents: list[dict[str, Any]]) -> dict[str, Any]:

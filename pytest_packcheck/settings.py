@@ -10,6 +10,7 @@ from typing import Any
 import tomllib
 
 from .errors import PackcheckUsageError, closest
+from .registry import check_help
 
 OPT_MODELS = "--packcheck-models"
 OPT_AUDIT = "--packcheck-audit"
@@ -61,7 +62,7 @@ OPTIONS = (
            "flex_attention, packcheck_flash_ref (CPU varlen reference), packcheck_flash_torch_varlen (PyTorch's "
            "varlen_attn, CUDA), flash_attention_2, flash_attention_3 (Hopper).",
            ini="packcheck_attn", env="PACKCHECK_ATTN"),
-    Option(OPT_CHECKS, "Checks to run, comma-separated (default: all but the training checks trainer, sft, sft_padding_free, sft_strategies, packing_content).", ini="packcheck_checks", env="PACKCHECK_CHECKS"),
+    Option(OPT_CHECKS, check_help(), ini="packcheck_checks", env="PACKCHECK_CHECKS"),
     Option(OPT_DTYPES, "dtypes, comma-separated: float32, bfloat16, float16 (default float32 on CPU, bfloat16 on CUDA).",
            ini="packcheck_dtypes", env="PACKCHECK_DTYPES"),
     Option(OPT_WEIGHTS, "random: config.json only, shrunk, random weights; pretrained: the real weights. "
@@ -224,7 +225,7 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
         PackcheckUsageError: any invalid value, with its source.
     """
     from .backends import KNOWN_BACKENDS
-    from .checks import CHECKS, DEFAULT_CHECKS
+    from .registry import CHECKS, DEFAULT_CHECKS
     from .specs import load_audit
 
     def pick(opt: Option) -> tuple[Any, str]:
