@@ -623,7 +623,7 @@ def _reference_loss(bench: Workbench, examples_idx: list[int]) -> tuple[float, i
     total, count = 0.0, 0
     for i in examples_idx:
         logits = bench.solo_logits()[i]
-        target = torch.tensor(bench.examples[i][1:], device=bench.device)
+        target = torch.tensor(bench.examples[i][1:], dtype=torch.long, device=bench.device)  # long even when empty
         total += float(torch.nn.functional.cross_entropy(logits[:-1], target, reduction="sum"))
         count += len(target)
     return total, count
@@ -883,3 +883,150 @@ def check_mask_trap(bench: Workbench) -> CheckResult:
     cause, why = mismatch_cause(bench, diff_plain, atol)  # the row is wrong without the mask too: the model's own fault
     return CheckResult("fail", metrics, f"wrong with and without attention_mask (with {_fmt(diff_mask)}, without {_fmt(diff_plain)})",
                        cause=cause, evidence={**evidence, **why})
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 10. cross-backend parity, causality, edge lengths
+
+
+def _eager_twin(bench: Workbench) -> Any:
+    """A copy of the workbench's model on eager attention, same weights (cached per model): the reference every
+    other backend's per-example logits are compared with. ``set_attn_implementation`` from transformers 4.48 (it
+    reaches every sub-config); before, the configs' ``_attn_implementation`` is set directly."""
+    key = ("eager_twin", id(bench.model))
+    if key not in bench._cache:
+        import copy
+
+        twin = copy.deepcopy(bench.model)
+        setter = getattr(twin, "set_attn_implementation", None)
+        if callable(setter):
+            setter("eager")
+        else:
+            for module in twin.modules():
+                config = getattr(module, "config", None)
+                if config is not None and hasattr(config, "_attn_implementation_internal"):
+                    config._attn_implementation_internal = "eager"
+        bench._cache[key] = twin
+    return bench._cache[key]
+
+
+def window_probe_lengths(bench: Workbench) -> list[int]:
+    """Example lengths around the model's sliding window (window - 1, window, window + 3) when it has one within
+    64 tokens; [] otherwise."""
+    window = getattr(bench.config, "sliding_window", None)
+    if isinstance(window, int) and 2 < window <= 64:
+        return [window - 1, window, window + 3]
+    return []
+
+
+def _solo(model: Any, bench: Workbench, example: list[int]) -> Any:
+    import torch
+
+    ids = torch.tensor([example], device=bench.device)
+    pos = torch.arange(bench.start, bench.start + len(example), device=bench.device)[None]
+    with torch.no_grad():
+        return model(input_ids=ids, position_ids=pos, use_cache=False).logits[0].float()
+
+
+def check_cross_backend(bench: Workbench) -> CheckResult:
+    """This backend's per-example (unpacked) logits vs eager's on the same weights (a deep copy switched to eager),
+    on the bench's examples and on lengths around the sliding window (:func:`window_probe_lengths`): max abs
+    diff <= ``logits_atol``. Catches what packed-vs-solo cannot, because packed and solo runs share it: a backend
+    that applies another sliding window, softcap or scaling than eager. Not planned on eager (the reference).
+    Causes: sliding_window (only examples longer than the window differ), cross_backend."""
+    if bench.backend in (None, "eager"):
+        return CheckResult("skipped", {}, "eager is the reference other backends are compared with")
+    twin = _eager_twin(bench)
+    extra = B.make_examples(bench.config, tuple(window_probe_lengths(bench)), seed=3) if window_probe_lengths(bench) else []
+    diffs = []
+    for e in [*bench.examples, *extra]:
+        diffs.append((len(e), float((_solo(bench.model, bench, e) - _solo(twin, bench, e)).abs().max())))
+    atol = bench.tol["logits_atol"]
+    worst = max(d for _, d in diffs)
+    metrics = {"max_abs_diff_vs_eager": worst, "per_length": {str(n): d for n, d in diffs}, "atol": atol,
+               "window_probe_lengths": window_probe_lengths(bench)}
+    if worst <= atol:
+        return CheckResult("pass", metrics, f"per-example logits = eager's within {_fmt(worst)} on {len(diffs)} examples "
+                           f"(lengths {sorted({n for n, _ in diffs})})")
+    window = getattr(bench.config, "sliding_window", None)
+    bad = sorted({n for n, d in diffs if d > atol})
+    evidence = {"max_abs_diff_vs_eager": worst, "lengths_off": bad}
+    if isinstance(window, int) and all(n > window for n in bad) and any(n <= window for n, _ in diffs):
+        return CheckResult("fail", metrics, f"per-example logits differ from eager's by {_fmt(worst)} only above the "
+                           f"{window}-token sliding window (lengths {bad})", cause="sliding_window",
+                           evidence={**evidence, "sliding_window": window})
+    return CheckResult("fail", metrics, f"per-example logits differ from eager's by {_fmt(worst)} (lengths {bad}): this "
+                       "backend computes another attention than eager, packed or not", cause="cross_backend", evidence=evidence)
+
+
+def check_causality(bench: Workbench) -> CheckResult:
+    """For each example of the packed row, perturb its last token alone; no position before it (in that example or
+    an earlier one) may move (<= ``isolation_atol``), while the perturbed position's own logits must (>= ``leak_min``:
+    the perturbation reached the model). A causal model that leaks moves only later positions, so this tells
+    non-causal (bidirectional) attention from a leak, even when the boundaries hold. Cause: non_causal."""
+    vocab = int(bench.config.vocab_size)
+    base = bench.packed_logits()
+    change, own, first = 0.0, float("inf"), None
+    for k, sl in enumerate(B.segment_slices(bench.lengths)):
+        perturbed = [list(e) for e in bench.examples]
+        perturbed[k][-1] = (perturbed[k][-1] + 1 + vocab // 2) % vocab
+        moved = (base - bench.packed_logits(bench.packed(perturbed))).abs().amax(dim=-1)
+        last = sl.stop - 1
+        own = min(own, float(moved[last]))
+        if last:
+            before = float(moved[:last].max())
+            if before > change:
+                change = before
+                first = int((moved[:last] > bench.tol["isolation_atol"]).nonzero().flatten()[0]) if before > bench.tol["isolation_atol"] else first
+    metrics = {"max_change_earlier": change, "perturbed_position_change": own, "atol": bench.tol["isolation_atol"],
+               "leak_min": bench.tol["leak_min"]}
+    if change > bench.tol["isolation_atol"]:
+        return CheckResult("fail", metrics, f"not causal: changing an example's last token moved earlier positions' "
+                           f"logits by {_fmt(change)} (first at token {first})", cause="non_causal",
+                           evidence={"max_change_earlier": change, "first_position": first})
+    if own < bench.tol["leak_min"]:
+        return CheckResult("error", metrics, f"probe inconclusive: the perturbed tokens' own logits moved only {_fmt(own)}",
+                           cause="probe_inconclusive", evidence={"perturbed_position_change": own})
+    return CheckResult("pass", metrics, f"earlier positions moved {_fmt(change)} (the perturbed ones {_fmt(own)})")
+
+
+#: Rows of the edge-length probe: one-token examples (two adjacent), an example exactly at the sliding window
+#: (``w``, replaced by the window or 8), and one example much longer than the rest.
+EDGE_ROWS = ((1, 1, 9), ("w", 5), (40, 2, 3))
+
+
+def check_edge_lengths(bench: Workbench) -> CheckResult:
+    """Packed rows of edge lengths (:data:`EDGE_ROWS`) vs each example alone: max abs logits diff <=
+    ``logits_atol``, and the packed token-mean loss vs the per-example reference (one-token examples carry no
+    label) <= ``loss_atol``. Causes: as :func:`mismatch_cause`."""
+    import torch
+
+    window = getattr(bench.config, "sliding_window", None)
+    w = window if isinstance(window, int) and 2 < window <= 64 else 8
+    rows, worst_row, worst, loss_worst = [], None, 0.0, 0.0
+    for r, spec in enumerate(EDGE_ROWS):
+        lengths = tuple(w if n == "w" else n for n in spec)
+        examples = B.make_examples(bench.config, lengths, seed=10 + r)
+        batch = bench.packed(examples)
+        out = bench.forward(batch, labels=batch["labels"])
+        logits = out.logits[0].float()
+        solo = [_solo(bench.model, bench, e) for e in examples]
+        diff = max(float((logits[sl] - ref).abs().max()) for sl, ref in zip(B.segment_slices(list(lengths)), solo, strict=True))
+        total, count = 0.0, 0
+        for e, ref in zip(examples, solo, strict=True):
+            target = torch.tensor(e[1:], dtype=torch.long, device=bench.device)
+            total += float(torch.nn.functional.cross_entropy(ref[:-1], target, reduction="sum")) if len(target) else 0.0
+            count += len(target)
+        loss_delta = abs(float(out.loss) - total / max(count, 1))
+        rows.append({"lengths": list(lengths), "max_abs_diff": diff, "loss_delta": loss_delta})
+        if diff >= worst:
+            worst, worst_row = diff, list(lengths)
+        loss_worst = max(loss_worst, loss_delta)
+    metrics = {"rows": rows, "max_abs_diff": worst, "max_loss_delta": loss_worst, "atol": bench.tol["logits_atol"]}
+    if worst > bench.tol["logits_atol"] or loss_worst > bench.tol["loss_atol"]:
+        cause, evidence = mismatch_cause(bench, worst, bench.tol["logits_atol"]) if worst > bench.tol["logits_atol"] else (
+            "loss_normalisation", {"max_loss_delta": loss_worst})
+        return CheckResult("fail", metrics, f"edge lengths: packed vs solo logits differ by {_fmt(worst)} (row {worst_row}), "
+                           f"loss by {_fmt(loss_worst)}", cause=cause, evidence={**evidence, "row": worst_row})
+    return CheckResult("pass", metrics, f"{len(rows)} edge rows ({', '.join(str(r['lengths']) for r in rows)}): logits "
+                       f"{_fmt(worst)}, loss {_fmt(loss_worst)}")

@@ -58,6 +58,9 @@ CAUSES = {
     "padded_normalisation": "the trainer's own padded run divides by the label count before the causal shift (the padded side is wrong)",
     "packed_mismatch": "the packed run differs from the reference, and no probe in the cell could say why",
     "probe_inconclusive": "the probe could not see a planted leak on this model: its pass would mean nothing",
+    "cross_backend": "this backend's per-example (unpacked) logits differ from eager's on the same weights (another "
+                     "window, softcap or scaling): packed-vs-solo cannot see it, both share it",
+    "non_causal": "a later token changes earlier positions' logits: the backend runs non-causal (bidirectional) attention",
     "crash": "the cell crashed (see the exception)",
     "hang": "the cell did not finish within the timeout",
     "out_of_memory": "the cell ran out of memory",
@@ -83,6 +86,8 @@ class CheckSpec:
     bears_on_bench: bool = False
     causes: tuple[str, ...] = ()
     training: bool = False
+    #: backends this check is not planned on (cross_backend: eager is its reference)
+    skip_backends: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
@@ -130,6 +135,17 @@ REGISTRY: tuple[CheckSpec, ...] = (
               "the requested attn_implementation ran: one call per attention layer, packed boundaries reached, "
               "flash backends on the varlen kernel only",
               None, None, True, ("backend_swap", "leak", "dense_kernel", "call_count")),
+    CheckSpec("cross_backend", "checks:check_cross_backend", "backend", "correctness",
+              "each example alone on this backend = on eager with the same weights, incl. lengths around the sliding window",
+              ("max_abs_diff_vs_eager", "Δ eager"), "logits_atol", True, ("cross_backend", "sliding_window"),
+              skip_backends=("eager",)),
+    CheckSpec("causality", "checks:check_causality", "backend", "correctness",
+              "perturb each example's last token: no earlier position's logits may move (causal attention)",
+              ("max_change_earlier", "Δ"), "isolation_atol", True, ("non_causal", "probe_inconclusive")),
+    CheckSpec("edge_lengths", "checks:check_edge_lengths", "backend", "correctness",
+              "rows of edge lengths (one-token examples, two adjacent; one at the sliding window; one much longer) = "
+              "each example alone, logits and loss",
+              ("max_abs_diff", "Δ"), "logits_atol", True, (*_PARITY_CAUSES, "loss_normalisation")),
     CheckSpec("cache_trap", "checks:check_cache_trap", "backend", "hazard",
               "the packed row called with use_cache left as configured (a hand-written loop): a cache disables the "
               "packed mask on eager / sdpa / flex",

@@ -57,7 +57,7 @@ def plan_cells(models: list[ResolvedModel], backends: tuple[str, ...], checks: t
                     cells.append(Cell(i, m.spec.label, None, check, dtype, env))
             for backend in backends:
                 for check in checks:
-                    if check not in MODEL_LEVEL_CHECKS:
+                    if check not in MODEL_LEVEL_CHECKS and backend not in SPECS[check].skip_backends:
                         cells.append(Cell(i, m.spec.label, backend, check, dtype, env))
     return cells
 

@@ -10,7 +10,7 @@ import torch
 from pytest_packcheck.backends import varlen_reference_kernel
 from pytest_packcheck.errors import PackcheckUsageError
 from pytest_packcheck.models import resolve_model, shrink_config
-from pytest_packcheck.report import cell_status, render_markdown
+from pytest_packcheck.report import cell_status, render_details, render_markdown
 from pytest_packcheck.results import SCHEMA_VERSION, CellResult, build_document, load_document
 from pytest_packcheck.settings import load_tolerances
 from pytest_packcheck.specs import load_audit, parse_model_spec
@@ -97,7 +97,7 @@ def test_markdown_escapes_model_strings_and_backs_verdicts_with_numbers():
     doc = build_document([_cell(), evil, _cell(cell_id="m-sdpa-grad_parity-float32", check="grad_parity", status="fail",
                                                metrics={"grad_rel_err": 0.25}, message="gradients differ")],
                          {"transformers": "5.24.0", "torch": "2.13.0"}, {"backends": ["sdpa"], "checks": ["isolation", "grad_parity"]}, "pytest x")
-    md = render_markdown(doc)
+    md = render_markdown(doc) + render_details(doc)
     assert "<script>" not in md and "[x](http" not in md and "\\[x\\]" in md and "a\\|b" in md
     assert "rel 2.5e-01" in md and "Δ 0.0e+00" in md and "5.24.0" in md and "pytest x" in md
 
