@@ -23,6 +23,7 @@ cause codes and remedies of :mod:`pytest_packcheck.diagnose`.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
@@ -300,10 +301,16 @@ def _dtype_name(dtype: Any) -> str:
     return name if name in ("float32", "bfloat16", "float16") else "float32"
 
 
-def _versions() -> dict[str, Any]:
+@functools.cache
+def _installed_versions() -> tuple[tuple[str, Any], ...]:
+    """Read once per process: importlib.metadata parses each distribution's METADATA (~10 ms each)."""
     from .results import _version
 
-    return {lib: _version(lib) for lib in ("torch", "transformers", "trl", "accelerate", "flash-attn")}
+    return tuple((lib, _version(lib)) for lib in ("torch", "transformers", "trl", "accelerate", "flash-attn"))
+
+
+def _versions() -> dict[str, Any]:
+    return dict(_installed_versions())
 
 
 def _gradient_checkpointing(model: Any) -> bool:
@@ -336,7 +343,7 @@ def verify_packed_batch(
     runs in ``probes["padded"]``: whether turning packing off would train right.
 
     Cost: the packed forward plus one forward per labelled example of the row, under ``torch.no_grad`` in eval
-    mode; a mismatch adds at most three reruns to name the cause. The model's train/eval mode of every module, its
+    mode; a mismatch adds at most four reruns to name the cause (one more with ``padded_probe``). The model's train/eval mode of every module, its
     config and the torch RNG states (CPU and CUDA) are restored; no gradient is touched. Units: log-probs and
     losses in nats.
 
@@ -608,6 +615,12 @@ def _finish(result: GuardResult, model: Any) -> GuardResult:
 def _tolerances(tolerances: Mapping[str, Mapping[str, float]] | None) -> dict[str, dict[str, float]]:
     if tolerances is not None:
         return {k: dict(v) for k, v in tolerances.items()}
+    return {k: dict(v) for k, v in _default_tolerances().items()}
+
+
+@functools.cache
+def _default_tolerances() -> dict[str, dict[str, float]]:
+    """audit/tolerances.toml, read once per process."""
     from .settings import load_tolerances
 
     return load_tolerances(None, None, "default")[0]
