@@ -104,6 +104,29 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_line(f"{len(state.regressions)} regression(s), {len(state.changes)} changed cell(s)")
 
 
+@pytest.fixture
+def packcheck_verify(request: pytest.FixtureRequest) -> Any:
+    """Check a packed batch of your own on your own model (:func:`pytest_packcheck.guard.verify_packed_batch`,
+    raising :class:`~pytest_packcheck.guard.PackedBatchMismatch` with the one-line diagnosis on a mismatch).
+
+    Plain: ``def test_packing(packcheck_verify): packcheck_verify(model, collator(features))``. Parametrized
+    (``indirect=True``) with ``(model, batch)`` or ``{"model": ..., "batch": ..., **options}`` (callables are
+    called first, so models can be built lazily): the fixture runs the check and returns the result.
+    """
+    from .guard import verify_packed_batch
+
+    def verify(model: Any, batch: Any, **options: Any) -> Any:
+        options.setdefault("on_mismatch", "raise")
+        return verify_packed_batch(model, batch, **options)
+
+    param = getattr(request, "param", None)
+    if param is None:
+        return verify
+    spec = dict(param) if isinstance(param, dict) else {"model": param[0], "batch": param[1]}
+    model, batch = (v() if callable(v) and not hasattr(v, "forward") else v for v in (spec.pop("model"), spec.pop("batch")))
+    return verify(model, batch, **spec)
+
+
 class _ResultRecorder:
     """Gathers the cell results from every test report; on the xdist controller these include the workers'."""
 
