@@ -1,0 +1,204 @@
+"""``packcheck bisect``: the search on planted verdict sequences (no network), the release list, cell ids and specs,
+the CLI with an injected index and probe, and the known-fault windows against their recorded bisect results."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_packcheck import bisect as B
+from pytest_packcheck.errors import PackcheckUsageError
+
+RELEASES = ["4.57.1", "4.57.2", "4.57.3", "4.57.4", "4.57.5", "4.57.6", "5.0.0", "5.1.0", "5.2.0", "5.3.0", "5.4.0",
+            "5.5.0", "5.6.0", "5.7.0", "5.8.0", "5.9.0", "5.10.1", "5.11.0", "5.12.0", "5.13.0", "5.14.1"]
+
+
+def planted(holds: dict[str, bool | None]):
+    """A probe that answers from a planted table and records what it was asked."""
+    asked: list[str] = []
+
+    def probe(version: str) -> B.Probe:
+        asked.append(version)
+        return B.Probe(version, holds[version], "planted")
+
+    return probe, asked
+
+
+def step(boundary: str, holds_before: bool) -> dict[str, bool | None]:
+    from packaging.version import Version
+
+    return {v: (Version(v) < Version(boundary)) == holds_before for v in RELEASES}
+
+
+@pytest.mark.parametrize("boundary", RELEASES[1:])
+def test_first_fixed_is_found_wherever_it_is(boundary):
+    """bad is older: every release from the boundary on holds -> the boundary is the first fixed one."""
+    probe, asked = planted(step(boundary, holds_before=False))
+    res = B.bisect_releases(RELEASES, good=RELEASES[-1], bad=RELEASES[0], probe=probe)
+    assert res.outcome == "found" and res.direction == "first fixed"
+    assert res.first == boundary and res.last == RELEASES[RELEASES.index(boundary) - 1]
+    assert asked[:2] == [RELEASES[-1], RELEASES[0]]  # endpoints first, the good one first
+    assert len(asked) <= 2 + 5  # log2(21) rounded up, plus the endpoints
+    assert len(set(asked)) == len(asked)  # nothing probed twice
+
+
+@pytest.mark.parametrize("boundary", RELEASES[1:])
+def test_first_bad_is_found_wherever_it_is(boundary):
+    probe, asked = planted(step(boundary, holds_before=True))
+    res = B.bisect_releases(list(reversed(RELEASES)), good=RELEASES[0], bad=RELEASES[-1], probe=probe)
+    assert res.outcome == "found" and res.direction == "first bad"
+    assert (res.first, res.last) == (boundary, RELEASES[RELEASES.index(boundary) - 1])
+    assert len(asked) <= 7
+
+
+def test_releases_outside_the_endpoints_are_never_probed():
+    table = step("5.10.1", holds_before=False)
+    probe, asked = planted(table)
+    res = B.bisect_releases(RELEASES, good="5.12.0", bad="5.7.0", probe=probe)
+    assert res.first == "5.10.1" and res.last == "5.9.0"
+    assert res.releases == ["5.7.0", "5.8.0", "5.9.0", "5.10.1", "5.11.0", "5.12.0"]
+    assert set(asked) <= set(res.releases)
+
+
+def test_skipped_releases_are_passed_over_and_listed():
+    """Releases that cannot be judged (not installable, crash) are skipped like git bisect skip: the search
+    tries the next nearest one and still finds the boundary."""
+    table = step("5.5.0", holds_before=False)
+    unjudged = {"5.2.0", "5.3.0", "5.6.0", "5.7.0", "5.11.0"}
+    for v in unjudged:
+        table[v] = None
+    probe, asked = planted(table)
+    res = B.bisect_releases(RELEASES, good=RELEASES[-1], bad=RELEASES[0], probe=probe)
+    assert res.outcome == "found" and (res.first, res.last) == ("5.5.0", "5.4.0")
+    assert set(res.skipped) <= unjudged and res.skipped
+    assert all(v in asked for v in res.skipped)
+
+
+def test_skips_next_to_the_boundary_make_it_ambiguous():
+    table = step("5.5.0", holds_before=False)
+    table["5.5.0"] = table["5.4.0"] = None
+    probe, _ = planted(table)
+    res = B.bisect_releases(RELEASES, good=RELEASES[-1], bad=RELEASES[0], probe=probe)
+    assert res.outcome == "ambiguous" and res.first is None
+    assert res.candidates == ["5.4.0", "5.5.0", "5.6.0"] and res.last == "5.3.0"
+    assert "5.4.0, 5.5.0 could not be judged" in res.message
+
+
+@pytest.mark.parametrize(("good_holds", "bad_holds", "expected"), [
+    (False, False, "the --good endpoint 5.14.1 does not hold"),
+    (None, False, "the --good endpoint 5.14.1 could not be judged"),
+    (True, True, "the --bad endpoint 4.57.1 holds"),
+    (True, None, "the --bad endpoint 4.57.1 could not be judged"),
+])
+def test_endpoints_that_do_not_hold_stop_the_search(good_holds, bad_holds, expected):
+    table = step("5.0.0", holds_before=False)
+    table["5.14.1"], table["4.57.1"] = good_holds, bad_holds
+    probe, asked = planted(table)
+    res = B.bisect_releases(RELEASES, good="5.14.1", bad="4.57.1", probe=probe)
+    assert res.outcome == "endpoints" and res.first is None and expected in res.message
+    assert set(asked) <= {"5.14.1", "4.57.1"}  # nothing in between
+
+
+def test_adjacent_endpoints_need_no_probe_between():
+    probe, asked = planted({"5.9.0": False, "5.10.1": True})
+    res = B.bisect_releases(["5.9.0", "5.10.1"], good="5.10.1", bad="5.9.0", probe=probe)
+    assert (res.first, res.last, asked) == ("5.10.1", "5.9.0", ["5.10.1", "5.9.0"])
+
+
+def test_same_version_on_both_sides_is_refused():
+    with pytest.raises(ValueError, match="same version"):
+        B.bisect_releases(RELEASES, "5.0.0", "5.0", lambda v: B.Probe(v, True))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The package index page
+
+
+def test_yanked_and_pre_releases_are_left_out():
+    page = {"versions": ["5.9.0", "5.10.0", "5.10.1", "5.11.0rc1", "4.57.0"], "files": [
+        {"filename": "transformers-5.9.0-py3-none-any.whl", "yanked": False},
+        {"filename": "transformers-5.10.0-py3-none-any.whl", "yanked": "pushed from an old branch"},
+        {"filename": "transformers-5.10.0.tar.gz", "yanked": True},
+        {"filename": "transformers-5.10.1.tar.gz", "yanked": False},
+        {"filename": "transformers-5.10.1-py3-none-any.whl", "yanked": False},
+        {"filename": "transformers-5.11.0rc1-py3-none-any.whl", "yanked": False},
+        {"filename": "transformers-4.57.0-py3-none-any.whl", "yanked": True},
+        {"filename": "transformers-4.57.0.tar.gz", "yanked": False},  # one file still there: a release
+    ]}
+    releases, yanked = B.parse_simple_index(page)
+    assert releases == ["4.57.0", "5.9.0", "5.10.1"] and yanked == ["5.10.0"]
+    assert B.parse_simple_index(page, pre=True)[0] == ["4.57.0", "5.9.0", "5.10.1", "5.11.0rc1"]
+
+
+def test_release_notes_link_is_text_only():
+    assert B.release_notes_url("transformers", "5.10.1") == "https://github.com/huggingface/transformers/releases/tag/v5.10.1"
+    assert B.release_notes_url("TRL", "0.24.0") == "https://github.com/huggingface/trl/releases/tag/v0.24.0"
+    assert B.release_notes_url("somelib", "1.0") == ""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Cell ids and specs
+
+
+def test_cell_ids_parse_into_model_backend_check_dtype():
+    ref = B.parse_cell_id("llama-sdpa-trainer-float32", "CELL")
+    assert (ref.model, ref.backend, ref.check, ref.dtype) == ("arch:llama", "sdpa", "trainer", "float32")
+    ref = B.parse_cell_id("xlm-roberta-packcheck_flash_ref-logits_parity-float32@transformers==5.14.1", "CELL")
+    assert (ref.model, ref.backend, ref.check) == ("arch:xlm-roberta", "packcheck_flash_ref", "logits_parity")
+    ref = B.parse_cell_id("llama-packing_content-float32", "CELL")
+    assert (ref.model, ref.backend, ref.check) == ("arch:llama", None, "packing_content")
+
+
+@pytest.mark.parametrize(("cell", "expected"), [
+    ("llama-sdpa-trainer", "not a dtype"),
+    ("llama-sdpa-trainr-float32", "Did you mean 'trainer'?"),
+    ("llama-sdpaa-trainer-float32", "Did you mean 'sdpa'?"),
+    ("sdpa-trainer-float32", "names no model"),
+    ("llama", "is not model-backend-check-dtype"),
+])
+def test_bad_cell_ids_are_one_line_usage_errors(cell, expected):
+    with pytest.raises(PackcheckUsageError) as exc:
+        B.parse_cell_id(cell, "CELL")
+    assert expected in str(exc.value) and "CELL" in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_sides_name_the_library_that_moves_and_keep_the_rest_pinned():
+    sides = B.parse_sides("transformers==5.10.1 & trl==0.24.0", "transformers==5.9.0 & trl==0.24.0")
+    assert (sides.library, sides.good, sides.bad, sides.pinned) == ("transformers", "5.10.1", "5.9.0", ("trl==0.24.0",))
+
+
+@pytest.mark.parametrize(("good", "bad", "expected"), [
+    ("transformers>=5.10", "transformers==5.9.0", "is not one exact release"),
+    ("transformers==5.10.1", "trl==0.24.0", "name different libraries"),
+    ("transformers==5.10.1 & trl==0.25.0", "transformers==5.9.0 & trl==0.24.0", "differ in 2 libraries"),
+    ("transformers==5.10.1", "transformers==5.10.1", "differ in no library"),
+    ("transfromers==5.10.1", "transformers==5.9.0", "Did you mean 'transformers'?"),
+])
+def test_bad_sides_are_one_line_usage_errors(good, bad, expected):
+    with pytest.raises(PackcheckUsageError) as exc:
+        B.parse_sides(good, bad)
+    assert expected in str(exc.value) and "\n" not in str(exc.value)
+
+
+def _trainer_cell(status: str, ratio: float | None) -> dict:
+    padded = {"loss": [5.6], "max_loss_delta": 0.5}
+    if ratio is not None:
+        padded.update({"loss_ratio": ratio, "normalisation": "divides by the label count before the shift"})
+    return {"cell_id": "llama-sdpa-trainer-float32", "model": {"label": "llama", "model_type": "llama"}, "backend": "sdpa",
+            "check": "trainer", "dtype": "float32", "status": status, "message": "3 Trainer steps",
+            "metrics": {"max_loss_delta": 9.5e-7, "padded_trainer": padded}}
+
+
+def test_judge_reads_the_verdict_or_the_named_cause():
+    """Default: pass holds. With a cause: a passing cell whose diagnosis names the cause as a finding does not
+    hold (the 5.9.0 Trainer: packed run right, its padded run normalised before the shift)."""
+    assert B.judge(_trainer_cell("pass", 28 / 31), None, False, {})[0] is True
+    holds, detail = B.judge(_trainer_cell("pass", 28 / 31), "loss_normalisation", False, {})
+    assert holds is False and "loss_normalisation" in detail
+    assert B.judge(_trainer_cell("pass", None), "loss_normalisation", False, {})[0] is True
+    assert B.judge(_trainer_cell("fail", None), None, False, {})[0] is False
+    assert B.judge(_trainer_cell("error", None), None, False, {})[0] is None
+    assert B.judge(None, None, False, {})[0] is None
+    unsupported = {**_trainer_cell("unsupported", None), "message": "the varlen reference needs 4.56"}
+    assert B.judge(unsupported, None, False, {})[0] is None  # no verdict: skipped
+    assert B.judge(unsupported, None, True, {})[0] is False  # --supported: the floor is what is bisected
+    assert B.judge(_trainer_cell("fail", None), None, True, {})[0] is True
