@@ -276,6 +276,10 @@ class Sides:
     bad: str
     pinned: tuple[str, ...]  # requirement strings of the other libraries, as in both specs
 
+    def spec(self, version: str) -> str:
+        """The --good / --bad spec of ``version``: ``transformers==5.10.1 & trl==0.24.0``."""
+        return " & ".join((f"{self.library}=={version}", *self.pinned))
+
 
 def parse_sides(good: str, bad: str) -> Sides:
     """``--good`` / ``--bad`` specs (``transformers==5.10.1``, or a combination ``transformers==5.10.1 & trl==0.24.0``)
@@ -346,11 +350,15 @@ def judge(cell: dict[str, Any] | None, cause: str | None, supported: bool, doc_e
         return (True, f"{status}: {cell['message'][:120]}") if status in _VERDICTS else (None, f"{status}: {cell['message'][:160]}")
     if status not in _VERDICTS:
         return None, f"{status}: {cell['message'][:160]}"
-    if cause is None:
-        return status == "pass", cell["message"][:160]
     doc = diagnose_document({"environment": doc_env, "cells": [json.loads(json.dumps(cell))]}, faults=[])
     diagnosis = doc["cells"][0]["diagnosis"] or {}
     named = [(diagnosis.get("cause"), diagnosis.get("evidence", ""))] + [(f["cause"], f["evidence"]) for f in diagnosis.get("findings", [])]
+    if cause is None:
+        # a passing cell can still carry a finding (the Trainer's own padded run, two packed rows): named, so a
+        # user whose endpoint "holds" sees what --cause to bisect instead
+        findings = sorted({c for c, _ in named if c})
+        extra = f" [findings: {', '.join(findings)}; bisect one with --cause]" if status == "pass" and findings else ""
+        return status == "pass", cell["message"][:160] + extra
     hit = next((e for c, e in named if c == cause), None)
     if hit is not None:
         return False, f"{cause}: {hit[:160]}"
@@ -448,3 +456,81 @@ def output_name(record: dict[str, Any]) -> str:
     """File stem for the JSON record: ``<cell>--<library>-<good>-<bad>``."""
     stem = f"{record['cell']}--{record['library']}-{record['good']}-{record['bad']}"
     return re.sub(r"[^A-Za-z0-9._=+-]+", "_", stem)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The command
+
+
+def bisect_cell(cell_id: str, good: str, bad: str, *, model: str | None = None, pre: bool = False, cause: str | None = None,
+                supported: bool = False, output_dir: Any = "reports/bisect", log: Callable[[str], None] | None = None,
+                fetch: Callable[[str], dict[str, Any]] | None = None,
+                make_probe: Callable[..., Callable[[str], Probe]] | None = None) -> dict[str, Any]:
+    """``packcheck bisect``: check the input, list the releases between ``good`` and ``bad`` from the index, bisect
+    with one version environment per probe, write ``<output_dir>/<cell>--<library>-<good>-<bad>.json`` and
+    return the record (its ``path`` included). ``fetch`` and ``make_probe`` replace the index and the probe
+    (tests).
+
+    Raises:
+        PackcheckUsageError: a bad cell id, spec, cause or flag combination, an unreachable index, or an
+            unwritable output folder; all before anything is probed.
+    """
+    from pathlib import Path
+
+    from .diagnose import CAUSES
+    from .errors import closest
+
+    if cause is not None and cause not in CAUSES:
+        raise PackcheckUsageError(f"Unknown cause '{cause}' (from --cause). Expected one of: {', '.join(CAUSES)}.{closest(cause, tuple(CAUSES))}")
+    if cause and supported:
+        raise PackcheckUsageError("--cause and --supported ask different questions: give one (--supported bisects where a "
+                                  "cell stops being unsupported, --cause where a cause appears or goes).")
+    ref = parse_cell_id(cell_id, "CELL", model)
+    sides = parse_sides(good, bad)
+    log = log or (lambda line: print(line, flush=True))  # progress as it goes: each probe takes seconds
+    out = Path(output_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe_file = out / ".packcheck-write-probe"
+        probe_file.write_text("")
+        probe_file.unlink()
+    except OSError as exc:
+        raise PackcheckUsageError(f"Output directory '{out}' (from -o/--output-dir) is not writable ({exc.strerror}): "
+                                  "pass a writable folder.") from None
+    releases, yanked = parse_simple_index((fetch or fetch_index_page)(sides.library), pre=pre)
+    if log:
+        lo, hi = sorted((sides.good, sides.bad), key=_vkey)
+        inside = [v for v in releases if _vkey(lo) < _vkey(v) < _vkey(hi)]
+        log(f"packcheck bisect {ref.cell_id}: {sides.library} {lo} .. {hi}: {len(inside)} releases between"
+            f"{' (pre-releases included)' if pre else ''}; endpoints first")
+    probe = (make_probe or cell_probe)(ref, sides, out, cause=cause, supported=supported, log=log)
+    record = run_bisect(ref, sides, releases, yanked, probe, cause=cause, supported=supported)
+    path = out / f"{output_name(record)}.json"
+    from .results import atomic_write, scrub
+
+    atomic_write(path, scrub(json.dumps(record, indent=1)) + "\n")
+    record["path"] = str(path)
+    return record
+
+
+def gate_sides(base_cell: dict[str, Any], cand_cell: dict[str, Any], base_env: dict[str, Any],
+               cand_env: dict[str, Any]) -> tuple[Sides | None, str]:
+    """The sides of a gate regression: the one library (transformers or trl) whose version differs between the
+    baseline's cell (good) and the candidate's (bad); TRL stays pinned for the checks that use it.
+    (None, why) when no single library moved."""
+    from .diagnose import library_version
+
+    versions = {lib: (library_version(base_cell, base_env, lib), library_version(cand_cell, cand_env, lib))
+                for lib in ("transformers", "trl")}
+    moved = [lib for lib, (a, b) in versions.items() if a and b and _vkey(a) != _vkey(b)]
+    if len(moved) != 1:
+        what = "no library version" if not moved else "both transformers and trl"
+        return None, f"{what} changed between the baseline and the candidate: nothing to bisect on its own"
+    lib = moved[0]
+    pinned: tuple[str, ...] = ()
+    other = "trl" if lib == "transformers" else "transformers"
+    if other == "transformers" or base_cell["check"] in ("sft", "sft_padding_free", "sft_strategies", "packing_content"):
+        a, b = versions[other]
+        if a and a == b:
+            pinned = (f"{other}=={a}",)
+    return Sides(lib, versions[lib][0], versions[lib][1], pinned), ""

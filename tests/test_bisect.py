@@ -3,6 +3,8 @@ the CLI with an injected index and probe, and the known-fault windows against th
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from pytest_packcheck import bisect as B
@@ -202,3 +204,120 @@ def test_judge_reads_the_verdict_or_the_named_cause():
     assert B.judge(unsupported, None, False, {})[0] is None  # no verdict: skipped
     assert B.judge(unsupported, None, True, {})[0] is False  # --supported: the floor is what is bisected
     assert B.judge(_trainer_cell("fail", None), None, True, {})[0] is True
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The command, with the index and the probe replaced (no network, no environments)
+
+
+def _index_page(versions: list[str], yanked: tuple[str, ...] = ()) -> dict:
+    return {"versions": versions, "files": [{"filename": f"transformers-{v}-py3-none-any.whl", "yanked": v in yanked}
+                                            for v in versions]}
+
+
+@pytest.fixture
+def fake_world(monkeypatch):
+    """The index lists RELEASES plus a yanked 5.10.0; releases from 5.10.1 on hold, 5.3.0 cannot install."""
+    from packaging.version import Version
+
+    asked: list[str] = []
+    monkeypatch.setattr(B, "fetch_index_page", lambda library: _index_page([*RELEASES, "5.10.0"], yanked=("5.10.0",)))
+
+    def make_probe(ref, sides, out, cause=None, supported=False, log=None):
+        def probe(version):
+            asked.append(version)
+            if version == "5.3.0":
+                return B.Probe(version, None, "not judged: transformers==5.3.0: not installable", seconds=0.1)
+            ok = Version(version) >= Version("5.10.1")
+            return B.Probe(version, ok, "planted", "pass" if ok else "fail", "max_loss_delta 1.0e-02", 0.1, True)
+        return probe
+
+    monkeypatch.setattr(B, "cell_probe", make_probe)
+    return asked
+
+
+def test_cli_bisect_names_the_first_fixed_release_and_writes_json(fake_world, tmp_path, capsys):
+    from pytest_packcheck.cli import main
+
+    code = main(["bisect", "llama-sdpa-trainer-float32", "--good", "transformers==5.14.1", "--bad", "transformers==4.57.1",
+                 "-o", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "first fixed: transformers 5.10.1   (last bad: 5.9.0)" in out
+    assert "https://github.com/huggingface/transformers/releases/tag/v5.10.1" in out
+    assert "yanked, not probed: 5.10.0" in out and "5.10.0" not in fake_world
+    (path,) = tmp_path.glob("*.json")
+    record = json.loads(path.read_text())
+    assert record["first_fixed"] == "5.10.1" and record["last"] == "5.9.0" and record["first_bad"] is None
+    assert [p["version"] for p in record["probes"]] == fake_world and len(fake_world) <= 7
+    assert record["library"] == "transformers" and record["cell"] == "llama-sdpa-trainer-float32"
+
+
+def test_cli_bisect_endpoints_that_do_not_hold_exit_1(fake_world, tmp_path, capsys):
+    from pytest_packcheck.cli import main
+
+    code = main(["bisect", "llama-sdpa-trainer-float32", "--good", "transformers==5.9.0", "--bad", "transformers==5.14.1",
+                 "-o", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 1 and "endpoints: the --good endpoint 5.9.0 does not hold" in out
+    assert fake_world == ["5.9.0"]
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["llama-sdpa-trainer-float3", "--good", "transformers==5.14.1", "--bad", "transformers==4.57.1"], "not a dtype"),
+    (["llama-sdpa-trainer-float32", "--good", "transformers==5.14.1", "--bad", "transformers>=4.57"], "is not one exact release"),
+    (["llama-sdpa-trainer-float32", "--good", "transformers==5.14.1", "--bad", "transformers==4.57.1", "--cause", "leek"],
+     "Did you mean 'leak'?"),
+    (["llama-sdpa-trainer-float32", "--good", "transformers==5.14.1", "--bad", "transformers==4.57.1", "--cause", "leak",
+      "--supported"], "give one"),
+])
+def test_cli_bisect_usage_errors_exit_2_before_any_probe(fake_world, tmp_path, capsys, args, expected):
+    from pytest_packcheck.cli import main
+
+    code = main(["bisect", *args, "-o", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and expected in err and len(err.strip().splitlines()) == 1 and fake_world == []
+
+
+def test_unreachable_index_is_a_usage_error(monkeypatch):
+    monkeypatch.setenv(B.INDEX_ENV_VAR, "http://127.0.0.1:9/simple")
+    with pytest.raises(PackcheckUsageError, match=r"Cannot read the release list of 'transformers'.*PACKCHECK_INDEX_URL"):
+        B.fetch_index_page("transformers", timeout=2)
+
+
+def _gate_cell(version: str, status: str) -> dict:
+    return {"cell_id": "llama-sdpa-trainer-float32", "model": {"label": "llama", "model_type": "llama", "spec": "arch:llama"},
+            "backend": "sdpa", "check": "trainer", "dtype": "float32", "status": status, "message": status, "metrics": {},
+            "tolerances": {}}
+
+
+def _gate_doc(version: str, status: str, trl: str | None = "1.16.0") -> dict:
+    from pytest_packcheck.results import SCHEMA_VERSION
+
+    return {"schema_version": SCHEMA_VERSION, "environment": {"torch": "2.13.0+cpu", "transformers": version, "trl": trl},
+            "settings": {"backends": ["sdpa"], "checks": ["trainer"], "models": ["arch:llama"], "dtypes": ["float32"]},
+            "command": "x", "cells": [_gate_cell(version, status)]}
+
+
+def test_gate_sides_move_one_library_and_pin_trl_only_where_the_check_uses_it():
+    cell = _gate_cell("", "pass")
+    sides, why = B.gate_sides(cell, cell, {"transformers": "5.14.1", "trl": "1.16.0"}, {"transformers": "5.9.0", "trl": "1.16.0"})
+    assert (sides.library, sides.good, sides.bad, sides.pinned) == ("transformers", "5.14.1", "5.9.0", ())
+    sft = {**cell, "check": "sft"}
+    sides, _ = B.gate_sides(sft, sft, {"transformers": "5.14.1", "trl": "1.16.0"}, {"transformers": "5.9.0", "trl": "1.16.0"})
+    assert sides.pinned == ("trl==1.16.0",) and sides.spec("5.9.0") == "transformers==5.9.0 & trl==1.16.0"
+    sides, why = B.gate_sides(cell, cell, {"transformers": "5.14.1", "trl": "1.16.0"}, {"transformers": "5.9.0", "trl": "1.0.0"})
+    assert sides is None and "both transformers and trl" in why
+
+
+def test_gate_bisect_bisects_each_regression(fake_world, tmp_path, capsys, monkeypatch):
+    from pytest_packcheck.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    base, cand = tmp_path / "base.json", tmp_path / "cand.json"
+    base.write_text(json.dumps(_gate_doc("5.14.1", "pass")))
+    cand.write_text(json.dumps(_gate_doc("4.57.1", "fail")))
+    code = main(["gate", "--baseline", str(base), "--candidate", str(cand), "--bisect", "--bisect-output-dir", str(tmp_path / "b")])
+    out = capsys.readouterr().out
+    assert code == 1 and "1 regression(s)" in out
+    assert "first fixed: transformers 5.10.1" in out and list((tmp_path / "b").glob("*.json"))
