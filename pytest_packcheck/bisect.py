@@ -453,8 +453,11 @@ def render_text(record: dict[str, Any]) -> str:
 
 
 def output_name(record: dict[str, Any]) -> str:
-    """File stem for the JSON record: ``<cell>--<library>-<good>-<bad>``."""
+    """File stem for the JSON record: ``<cell>--<library>-<good>-<bad>``, plus ``--cause-<cause>`` or
+    ``--supported`` when the predicate is not the verdict (so two questions on one range keep two files)."""
     stem = f"{record['cell']}--{record['library']}-{record['good']}-{record['bad']}"
+    if record["predicate"] != "pass":
+        stem += "--" + record["predicate"].replace(" ", "-")
     return re.sub(r"[^A-Za-z0-9._=+-]+", "_", stem)
 
 

@@ -13,7 +13,7 @@ collator_contract, batch_rows, packing_content, packed_mismatch; and crash / han
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -221,8 +221,8 @@ def remedy(cause: str, cell: dict[str, Any], doc_env: dict[str, Any]) -> str:
         return "check that position_ids restart at each example and reach the model's rotary / position embedding"
     return {
         "cache_trap": ("set use_cache=False (model.config.use_cache = False): TRL's SFTTrainer does, and transformers' "
-                       "Trainer does on 5.14.1 and 5.24.0 (TrainingArguments.use_cache=False); a hand-written loop or the "
-                       "4.56.2 Trainer does not"),
+                       "Trainer does from 5.0.0 on (TrainingArguments.use_cache=False; bisected, 4.57.6 does not); a "
+                       "hand-written loop does not"),
         "mask_override": "do not pass attention_mask with packed rows (drop it from the batch)",
         "ignores_position_ids": "not supported for this architecture: disable packing for it",
         "sliding_window": "use a flash backend (the window is applied per segment), or keep examples shorter than the window",
@@ -260,6 +260,9 @@ class KnownFault:
     fixed_in: str
     remedy: str
     evidence: str
+    # how the window was measured: a `packcheck bisect` result (first_bad / first_fixed, last, measured, result
+    # file) or `unavailable` with the reason it cannot be bisected on CPU (tests/test_bisect.py compares them)
+    bisect: Any = field(default=None, compare=False, hash=False)
 
     def applies(self, cell: dict[str, Any], doc_env: dict[str, Any]) -> bool:
         """The cell is inside this fault's window: library version, architecture, backend and check."""
@@ -288,7 +291,8 @@ def load_known_faults(path: str | Path | None = None) -> list[KnownFault]:
     faults = []
     for raw in data.get("fault", []):
         try:
-            fault = KnownFault(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()})
+            fault = KnownFault(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k != "bisect"},
+                               bisect=raw.get("bisect"))
         except TypeError as exc:
             raise ValueError(f"{file}: entry {raw.get('id', '?')}: {exc}") from None
         if fault.cause not in CAUSES:

@@ -4,6 +4,7 @@ the CLI with an injected index and probe, and the known-fault windows against th
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -321,3 +322,81 @@ def test_gate_bisect_bisects_each_regression(fake_world, tmp_path, capsys, monke
     out = capsys.readouterr().out
     assert code == 1 and "1 regression(s)" in out
     assert "first fixed: transformers 5.10.1" in out and list((tmp_path / "b").glob("*.json"))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Known-fault windows against their recorded bisect results
+
+
+def _fault_window_problems(fault, root: Path) -> list[str]:
+    """What is wrong with one entry's window given its recorded bisect results ([] when it agrees)."""
+    from packaging.specifiers import SpecifierSet
+
+    rec = fault.bisect
+    if not isinstance(rec, dict):
+        return [f"{fault.id}: no [fault.bisect] table (a bisect result, or unavailable = why it cannot be bisected on CPU)"]
+    if not rec.get("results"):
+        return [] if len(rec.get("unavailable", "")) > 20 else [f"{fault.id}: neither results nor an 'unavailable' reason"]
+    problems = []
+    window = SpecifierSet(fault.versions)
+    inside = lambda v: window.contains(v, prereleases=True)
+    found = {"first_fixed": None, "first_bad": None}
+    for name in rec["results"]:
+        result = json.loads((root / name).read_text())
+        if result["outcome"] != "found" or result["library"] != fault.library:
+            problems.append(f"{fault.id}: {name} found no {fault.library} boundary ({result['outcome']})")
+            continue
+        if rec.get("measured") != result["measured"]:
+            problems.append(f"{fault.id}: measured {rec.get('measured')} is not {name}'s {result['measured']}")
+        if result["first_fixed"]:  # the window ends at the fix: the last bad release inside, the fix outside
+            found["first_fixed"] = result["first_fixed"]
+            if not (inside(result["last"]) and not inside(result["first_fixed"])):
+                problems.append(f"{fault.id}: window {fault.versions} disagrees with last bad {result['last']} / first fixed {result['first_fixed']}")
+            if fault.fixed_in != result["first_fixed"] or f">= {result['first_fixed']}" not in fault.remedy:
+                problems.append(f"{fault.id}: fixed_in / remedy must name the exact release {result['first_fixed']}")
+        else:  # the window starts at the first bad release
+            found["first_bad"] = result["first_bad"]
+            if not (inside(result["first_bad"]) and not inside(result["last"])):
+                problems.append(f"{fault.id}: window {fault.versions} disagrees with last good {result['last']} / first bad {result['first_bad']}")
+    for key, value in found.items():
+        if rec.get(key) != value:
+            problems.append(f"{fault.id}: recorded {key} {rec.get(key)} is not the results' {value}")
+    return problems
+
+
+def test_known_fault_windows_agree_with_their_recorded_bisect_results():
+    from pytest_packcheck.diagnose import load_known_faults
+    from pytest_packcheck.specs import PACKAGE_AUDIT_DIR
+
+    faults = load_known_faults()
+    problems = [p for f in faults for p in _fault_window_problems(f, PACKAGE_AUDIT_DIR.parent)]
+    assert problems == []
+    assert sum(1 for f in faults if f.bisect.get("results")) >= 2
+
+
+def test_a_window_that_disagrees_with_its_bisect_result_is_caught(tmp_path):
+    """Planted: the old trainer-num-items-before-shift window (<5.14) against a result that found 5.10.1."""
+    from pytest_packcheck.diagnose import KnownFault
+
+    result = {"outcome": "found", "library": "transformers", "first_fixed": "5.10.1", "first_bad": None, "last": "5.9.0",
+              "measured": "2026-11-20"}
+    (tmp_path / "r.json").write_text(json.dumps(result))
+    rec = {"first_fixed": "5.10.1", "last_bad": "5.9.0", "measured": "2026-11-20", "results": ["r.json"]}
+    fault = KnownFault("x", "", "s", "transformers", ">=4.46,<5.14", ("*",), ("*",), ("trainer",), "loss_normalisation",
+                       "5.14", "upgrade transformers to >= 5.14", "e", rec)
+    problems = _fault_window_problems(fault, tmp_path)
+    assert any("disagrees with last bad 5.9.0 / first fixed 5.10.1" in p for p in problems)
+    assert any("exact release 5.10.1" in p for p in problems)
+    fixed = KnownFault("x", "", "s", "transformers", ">=4.46,<5.10.1", ("*",), ("*",), ("trainer",), "loss_normalisation",
+                       "5.10.1", "upgrade transformers to >= 5.10.1", "e", rec)
+    assert _fault_window_problems(fixed, tmp_path) == []
+    wrong_record = KnownFault(*[getattr(fixed, k) for k in ("id", "upstream", "summary", "library", "versions", "architectures",
+                                                              "backends", "checks", "cause", "fixed_in", "remedy", "evidence")],
+                              {**rec, "first_fixed": "5.10.2"})
+    assert any("recorded first_fixed 5.10.2" in p for p in _fault_window_problems(wrong_record, tmp_path))
+
+
+def test_two_questions_on_one_range_keep_two_files():
+    base = {"cell": "llama-sdpa-trainer-float32", "library": "transformers", "good": "5.14.1", "bad": "4.57.1"}
+    names = {B.output_name({**base, "predicate": p}) for p in ("pass", "cause loss_normalisation", "supported")}
+    assert len(names) == 3 and "llama-sdpa-trainer-float32--transformers-5.14.1-4.57.1" in names
