@@ -42,6 +42,10 @@ def _parser() -> argparse.ArgumentParser:
     audit.add_argument("--bench-steps", type=int, default=10, help="Measured steps per mode for --bench (default 10).")
     audit.add_argument("--bench-batch-size", type=int, default=16, help="Examples per step for --bench (default 16).")
     audit.add_argument("--bench-max-length", type=int, default=2048, help="Longest example for --bench (default 2048).")
+    audit.add_argument("--verify-remedies", action="store_true",
+                       help="After the audit, run each failing cell again at the release its upgrade remedy names (one "
+                            "version environment per release) and judge setting remedies from the cell's own numbers: "
+                            "a 'Remedies verified' section in the matrix.")
     audit.add_argument("pytest_args", nargs="*", help="Extra pytest arguments after --, e.g. -- -k sdpa.")
     gate = sub.add_parser("gate", help="Compare a candidate results JSON with a baseline; exit 1 if a cell got worse.")
     gate.add_argument("--baseline", required=True, help="Baseline results JSON (e.g. reports/baseline.json).")
@@ -181,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     if code in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
         if ns.bench:
             _bench_into_report(ns, Path(ns.packcheck_report_dir or "reports"))
+        if ns.verify_remedies:
+            _verify_remedies_into_report(Path(ns.packcheck_report_dir or "reports"))
         if ns.save_baseline:
             import shutil
 
@@ -234,6 +240,24 @@ def _bench_into_report(ns: argparse.Namespace, out: Path) -> None:
     atomic_write(path, json.dumps(doc, indent=1) + "\n")
     atomic_write(out / "packcheck-matrix.md", render_markdown(doc))
     print(f"bench figures added to {out / 'packcheck-matrix.md'}")
+
+
+def _verify_remedies_into_report(out: Path) -> None:
+    """``--verify-remedies``: verify the remedies of the audit just written; the records go into the JSON
+    (``remedy_checks``) and a "Remedies verified" section is appended to the Markdown."""
+    import json
+
+    from .bisect import render_remedy_checks, verify_remedies
+    from .results import atomic_write
+
+    path = out / "packcheck-matrix.json"
+    doc = json.loads(path.read_text())
+    records = verify_remedies(doc, out, log=lambda line: print(line, flush=True))
+    atomic_write(path, json.dumps(doc, indent=1) + "\n")
+    md = out / "packcheck-matrix.md"
+    atomic_write(md, md.read_text().rstrip("\n") + "\n\n" + render_remedy_checks(records))
+    verified = sum(1 for r in records if r["verified"])
+    print(f"remedies verified: {verified} of {len(records)} (section 'Remedies verified' in {md})")
 
 
 def _gate(ns: argparse.Namespace) -> int:

@@ -400,3 +400,60 @@ def test_two_questions_on_one_range_keep_two_files():
     base = {"cell": "llama-sdpa-trainer-float32", "library": "transformers", "good": "5.14.1", "bad": "4.57.1"}
     names = {B.output_name({**base, "predicate": p}) for p in ("pass", "cause loss_normalisation", "supported")}
     assert len(names) == 3 and "llama-sdpa-trainer-float32--transformers-5.14.1-4.57.1" in names
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Verified remedies
+
+
+def _failing(check: str, cause: str, remedy: str, metrics: dict, version: str = "4.51.3", label: str = "llama") -> dict:
+    return {"cell_id": f"{label}-sdpa-{check}-float32", "model": {"label": label, "model_type": label, "spec": f"arch:{label}"},
+            "backend": "sdpa", "check": check, "dtype": "float32", "status": "fail", "message": "fail", "metrics": metrics,
+            "tolerances": {}, "diagnosis": {"cause": cause, "evidence": "", "remedy": remedy, "findings": [], "known_faults": []}}
+
+
+def test_remedies_are_verified_by_running_the_upgrade_or_reading_the_setting(tmp_path):
+    """Planted: at 4.54 llama's isolation holds (the upgrade remedy is verified) and opt's still leaks (not
+    verified, with its number); a cache trap whose use_cache=False number is within tolerance verifies the setting,
+    one outside it does not."""
+    from types import SimpleNamespace
+
+    upgrade = "upgrade transformers to >= 4.54 (packed masks for eager/sdpa/flex), or use a flash backend"
+    doc = {"environment": {"transformers": "4.51.3"}, "settings": {"weights": "random"}, "cells": [
+        _failing("isolation", "leak", upgrade, {"max_change": 0.28}),
+        _failing("isolation", "leak", upgrade, {"max_change": 0.3}, label="opt"),
+        _failing("cache_trap", "cache_trap", "set use_cache=False", {"max_abs_diff_use_cache_false": 1e-7, "atol": 1e-5}),
+        _failing("cache_trap", "cache_trap", "set use_cache=False", {"max_abs_diff_use_cache_false": 0.2, "atol": 1e-5}, label="opt"),
+    ]}
+    runs = []
+
+    def fake_run(combo, settings, models, report_dir):
+        runs.append((combo.label, models, settings.checks))
+        cells = {}
+        for label, status, change in (("llama", "pass", 1e-7), ("opt", "fail", 0.31)):
+            cells[label] = {**_failing("isolation", "leak", "", {"max_change": change, "atol": 1e-5}, label=label),
+                            "status": status, "message": "isolation", "diagnosis": None}
+        return SimpleNamespace(error=None, cells=cells, environment={"transformers": "4.54.0"})
+
+    records = B.verify_remedies(doc, tmp_path, run=fake_run, faults=[])
+    assert runs == [("transformers==4.54", ["arch:llama", "arch:opt"], ("isolation",))]  # one environment for both
+    by = {(r["cell_id"], r["kind"]): r for r in records}
+    assert by[("llama-sdpa-isolation-float32", "upgrade")]["verified"] is True
+    opt = by[("opt-sdpa-isolation-float32", "upgrade")]
+    assert opt["verified"] is False and "max_change 3.10e-01" in opt["detail"] and opt["at"] == "transformers==4.54"
+    assert by[("llama-sdpa-cache_trap-float32", "setting")]["verified"] is True
+    assert by[("opt-sdpa-cache_trap-float32", "setting")]["verified"] is False
+    md = B.render_remedy_checks(records)
+    assert "✔ verified at transformers==4.54: `llama-sdpa-isolation-float32`" in md and "2 of 4 remedies verified" in md
+    assert doc["remedy_checks"] == records
+
+
+def test_remedy_claims_parse_upgrades_from_diagnosis_findings_and_known_faults():
+    from pytest_packcheck.diagnose import load_known_faults
+
+    cell = _failing("trainer", "cache_trap", "set use_cache=False", {})
+    cell["diagnosis"]["findings"] = [{"cause": "loss_normalisation", "evidence": "", "remedy": "compare ... baseline"}]
+    cell["diagnosis"]["known_faults"] = ["trainer-num-items-before-shift", "trainer-keeps-config-use_cache"]
+    claims = B.remedy_claims(cell, load_known_faults())
+    upgrades = {(c["cause"], c["library"], c["version"]) for c in claims if c["kind"] == "upgrade"}
+    assert upgrades == {("loss_normalisation", "transformers", "5.10.1"), ("cache_trap", "transformers", "5.0.0")}
