@@ -192,8 +192,8 @@ def remedy(cause: str, cell: dict[str, Any], doc_env: dict[str, Any]) -> str:
     tf = _v(library_version(cell, doc_env, "transformers"))
     m = cell.get("metrics", {})
     if cause == "leak":
-        if backend in _MASKED_BACKENDS and tf is not None and tf < _v("4.54"):
-            return "upgrade transformers to >= 4.54 (packed masks for eager/sdpa/flex), or use a flash backend"
+        if backend in _MASKED_BACKENDS and tf is not None and tf < _v("4.53.1"):  # bisected: 4.53.0 has none
+            return "upgrade transformers to >= 4.53.1 (packed masks for eager/sdpa/flex), or use a flash backend"
         if backend in _MASKED_BACKENDS:
             return ("train with a flash backend (flash_attention_2/3) if its cells pass here (packcheck's varlen reference "
                     "shows whether the flash path keeps the boundaries): this model's eager/sdpa/flex path does not")
