@@ -241,7 +241,10 @@ def parse_cell_id(cell_id: str, source: str, model: str | None = None) -> CellRe
     from .settings import DTYPES
     from .specs import parse_model_spec
 
-    text = cell_id.strip().partition("@")[0] if "@transformers" in cell_id or "@trl" in cell_id else cell_id.strip()
+    text = cell_id.strip()
+    head, sep, env = text.rpartition("@")
+    if sep and "==" in env:  # a version environment's suffix (the gate prints it); a Hub revision has no '=='
+        text = head
     parts = text.rsplit("-", 2)
     example = "e.g. llama-sdpa-trainer-float32 (model-backend-check-dtype) or llama-collate-float32"
     if len(parts) != 3:
