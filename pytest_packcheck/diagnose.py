@@ -215,8 +215,8 @@ def remedy(cause: str, cell: dict[str, Any], doc_env: dict[str, Any]) -> str:
         if m.get("batch_has_position_ids") is False:
             return "also return position_ids from the collator (DataCollatorWithFlattening(return_position_ids=True))"
         if isinstance(m.get("max_abs_diff_start_based_positions"), float):
-            if tf is not None and tf < _v("5.16"):
-                return "upgrade transformers to >= 5.16 and set position_ids_start=padding_idx + 1 on the collator"
+            if tf is not None and tf < _v("5.15.0"):  # bisected: position_ids_start arrives in 5.15.0
+                return "upgrade transformers to >= 5.15.0 and set position_ids_start=padding_idx + 1 on the collator"
             return "set position_ids_start=padding_idx + 1 on DataCollatorWithFlattening"
         return "check that position_ids restart at each example and reach the model's rotary / position embedding"
     return {
