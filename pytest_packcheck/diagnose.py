@@ -208,7 +208,7 @@ def remedy(cause: str, cell: dict[str, Any], doc_env: dict[str, Any]) -> str:
     if cause == "packing_content":
         trl = _v(library_version(cell, doc_env, "trl"))
         if trl is not None and _v("0.27") <= trl < _v("0.29"):
-            return ("upgrade TRL to >= 0.29 (or pin <= 0.26: bfd drops the overflow there), or truncate examples to "
+            return ("upgrade TRL to >= 0.29.0 (or pin <= 0.26.2: bfd drops the overflow there), or truncate examples to "
                     "max_length before packing so there is no overflow")
         return "truncate examples to max_length before packing, or use packing_strategy='bfd_split' knowingly; report it to TRL"
     if cause == "wrong_positions":
