@@ -381,7 +381,7 @@ def dense_torch_varlen_kernel(q: Any, k: Any, v: Any, dropout_p: float = 0.0, so
 
 def reference_backend_supported() -> tuple[bool, str]:
     """Feature-detect what the reference backend needs from transformers: AttentionInterface and the flash
-    kernel loader ``modeling_flash_attention_utils._lazy_imports`` / ``lazy_import_flash_attention`` (4.56+;
+    kernel loader ``modeling_flash_attention_utils._lazy_imports`` / ``lazy_import_flash_attention`` (4.55.1+, bisected: 4.55.0 lacks it;
     before that the kernels were module globals imported from flash-attn, which packcheck does not emulate)."""
     import transformers
 
@@ -393,7 +393,7 @@ def reference_backend_supported() -> tuple[bool, str]:
         return False, f"transformers {transformers.__version__} lacks the attention interface the reference backend needs ({exc})"
     if not all(hasattr(mfu, n) for n in ("_lazy_imports", "lazy_import_flash_attention", "_pad_input", "_unpad_input")):
         return False, (
-            f"transformers {transformers.__version__} has no flash kernel loader (lazy_import_flash_attention, 4.56+): "
+            f"transformers {transformers.__version__} has no flash kernel loader (lazy_import_flash_attention, 4.55.1+): "
             "the reference kernel cannot be routed through its flash preparation code"
         )
     if _kernel_tuple_arity(mfu) is None:
@@ -610,7 +610,7 @@ def count_attention_calls(model: Any, segments: list[int] | None = None) -> Iter
 
     Wraps every function in transformers' ``ALL_ATTENTION_FUNCTIONS``, the ``eager_attention_forward`` of the
     model's own modeling module, and the flash kernels transformers' ``_flash_attention_forward`` dispatches to
-    (varlen and dense, from ``lazy_import_flash_attention`` on 4.56+, the module's ``flash_attn_func`` /
+    (varlen and dense, from ``lazy_import_flash_attention`` on 4.55.1+, the module's ``flash_attn_func`` /
     ``flash_attn_varlen_func`` before), restoring them on exit. The model must be
     called inside the block. Adds two Python calls per attention layer; no tensor work except the isolation
     probe on a handful of mask entries.
@@ -710,10 +710,10 @@ def count_attention_calls(model: Any, segments: list[int] | None = None) -> Iter
             if callable(fn):
                 patched_modules.append((module, "eager_attention_forward", fn))
                 module.eager_attention_forward = wrap("eager", fn)
-        if loader is not None:  # 4.56+: _flash_attention_forward asks the loader for the kernels on every call
+        if loader is not None:  # 4.55.1+: _flash_attention_forward asks the loader for the kernels on every call
             saved_flash["lazy_import_flash_attention"] = loader
             mfu.lazy_import_flash_attention = functools.wraps(loader)(counted_loader)
-        else:  # before 4.56 the flash-attn functions are module globals of modeling_flash_attention_utils
+        else:  # before 4.55.1 the flash-attn functions are module globals of modeling_flash_attention_utils
             for name, wrapper in (("flash_attn_func", count_dense), ("flash_attn_varlen_func", count_varlen)):
                 fn = getattr(mfu, name, None)
                 if callable(fn):

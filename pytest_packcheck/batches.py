@@ -16,7 +16,7 @@ DEFAULT_LENGTHS = (11, 7, 13)
 IGNORE_INDEX = -100
 
 # Architectures whose absolute position embeddings start at padding_idx + 1 (transformers' RoBERTa family);
-# the flattening collator must restart them there (position_ids_start, transformers >= 5.16).
+# the flattening collator must restart them there (position_ids_start, transformers >= 5.15.0, bisected).
 ROBERTA_LIKE = {"roberta", "xlm-roberta", "camembert", "roberta-prelayernorm", "xmod", "mpnet", "esm", "data2vec-text"}
 
 

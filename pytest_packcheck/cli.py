@@ -42,12 +42,37 @@ def _parser() -> argparse.ArgumentParser:
     audit.add_argument("--bench-steps", type=int, default=10, help="Measured steps per mode for --bench (default 10).")
     audit.add_argument("--bench-batch-size", type=int, default=16, help="Examples per step for --bench (default 16).")
     audit.add_argument("--bench-max-length", type=int, default=2048, help="Longest example for --bench (default 2048).")
+    audit.add_argument("--verify-remedies", action="store_true",
+                       help="After the audit, run each failing cell again at the release its upgrade remedy names (one "
+                            "version environment per release) and judge setting remedies from the cell's own numbers: "
+                            "a 'Remedies verified' section in the matrix.")
     audit.add_argument("pytest_args", nargs="*", help="Extra pytest arguments after --, e.g. -- -k sdpa.")
     gate = sub.add_parser("gate", help="Compare a candidate results JSON with a baseline; exit 1 if a cell got worse.")
     gate.add_argument("--baseline", required=True, help="Baseline results JSON (e.g. reports/baseline.json).")
     gate.add_argument("--candidate", required=True, help="Candidate results JSON (e.g. from the upgraded stack).")
     gate.add_argument("--allow", action="append", default=[], metavar="CELL=REASON",
                       help="Accept a regression of a cell id or id prefix (e.g. 'opt-sdpa=known OPT leak'); repeatable.")
+    gate.add_argument("--bisect", action="store_true",
+                      help="Bisect each regression it prints: the transformers or trl release between the two stacks "
+                           "that broke the cell (one version environment per probe; needs the package index).")
+    gate.add_argument("--bisect-output-dir", default="reports/bisect", help="Where --bisect writes its JSON (default reports/bisect).")
+    bisect = sub.add_parser("bisect", help="Name the release that broke (or fixed) one cell, from the package index.",
+                            description="Bisects the releases between --good and --bad, one version environment per "
+                                        "probe, endpoints first; releases that cannot install or crash are skipped.")
+    bisect.add_argument("cell", metavar="CELL", help="Cell id: model-backend-check-dtype, e.g. llama-sdpa-trainer-float32 "
+                                                     "(model-level checks: llama-collate-float32).")
+    bisect.add_argument("--good", required=True, metavar="SPEC",
+                        help="Where the cell holds: transformers==5.10.1, or 'transformers==5.10.1 & trl==0.24.0'.")
+    bisect.add_argument("--bad", required=True, metavar="SPEC",
+                        help="Where it does not: the same libraries, exactly one at another version. Either side may be "
+                             "the older one (first bad / first fixed).")
+    bisect.add_argument("--model", default=None, metavar="SPEC", help="Model spec to build (default arch:<the cell's model label>).")
+    bisect.add_argument("--pre", action="store_true", help="Include pre-releases (default: final releases only).")
+    bisect.add_argument("--cause", default=None, help="Judge by a cause instead of the verdict: the cell holds when its "
+                                                      "diagnosis does not name this cause (e.g. loss_normalisation).")
+    bisect.add_argument("--supported", action="store_true",
+                        help="Judge whether the cell is supported at all (unsupported is bad): a version floor.")
+    bisect.add_argument("-o", "--output-dir", default="reports/bisect", help="Where the JSON goes (default reports/bisect).")
     bench = sub.add_parser("bench", help="Train the same examples padded and packed; report tokens/s, memory, speedup.",
                            description="Packed vs padded training steps on synthetic token ids with a length profile.")
     bench.add_argument("--model", default="arch:llama", help="Model spec (org/name, local dir, arch:<type>); default arch:llama.")
@@ -101,9 +126,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from .errors import PackcheckUsageError
 
-    if ns.command in ("gate", "merge", "bench"):
+    if ns.command in ("gate", "merge", "bench", "bisect"):
         try:
-            return {"gate": _gate, "merge": _merge, "bench": _bench}[ns.command](ns)
+            return {"gate": _gate, "merge": _merge, "bench": _bench, "bisect": _bisect}[ns.command](ns)
         except PackcheckUsageError as exc:
             print(f"packcheck {ns.command}: error: {exc}", file=sys.stderr)
             return 2
@@ -160,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     if code in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
         if ns.bench:
             _bench_into_report(ns, Path(ns.packcheck_report_dir or "reports"))
+        if ns.verify_remedies:
+            _verify_remedies_into_report(Path(ns.packcheck_report_dir or "reports"))
         if ns.save_baseline:
             import shutil
 
@@ -213,6 +240,24 @@ def _bench_into_report(ns: argparse.Namespace, out: Path) -> None:
     print(f"bench figures added to {out / 'packcheck-matrix.md'}")
 
 
+def _verify_remedies_into_report(out: Path) -> None:
+    """``--verify-remedies``: verify the remedies of the audit just written; the records go into the JSON
+    (``remedy_checks``) and a "Remedies verified" section is appended to the Markdown."""
+    import json
+
+    from .bisect import render_remedy_checks, verify_remedies
+    from .results import atomic_write
+
+    path = out / "packcheck-matrix.json"
+    doc = json.loads(path.read_text())
+    records = verify_remedies(doc, out, log=lambda line: print(line, flush=True))
+    atomic_write(path, json.dumps(doc, indent=1) + "\n")
+    md = out / "packcheck-matrix.md"
+    atomic_write(md, md.read_text().rstrip("\n") + "\n\n" + render_remedy_checks(records))
+    verified = sum(1 for r in records if r["verified"])
+    print(f"remedies verified: {verified} of {len(records)} (section 'Remedies verified' in {md})")
+
+
 def _gate(ns: argparse.Namespace) -> int:
     from .gate import compare, regressions, render_changes
     from .results import load_document
@@ -237,7 +282,48 @@ def _gate(ns: argparse.Namespace) -> int:
     print(render_changes(changes, baseline["environment"], candidate["environment"], markdown=False))
     bad = regressions(changes)
     print(f"\npackcheck gate: {len(bad)} regression(s), {len(changes)} changed cell(s)")
+    if ns.bisect and bad:
+        _gate_bisect(bad, baseline, candidate, ns.bisect_output_dir)
     return 1 if bad else 0
+
+
+def _bisect(ns: argparse.Namespace) -> int:
+    """``packcheck bisect``: exit 0 with an answer, 1 when the endpoints do not hold or skips hide the boundary."""
+    from .bisect import bisect_cell, render_text
+
+    record = bisect_cell(ns.cell, ns.good, ns.bad, model=ns.model, pre=ns.pre, cause=ns.cause, supported=ns.supported,
+                         output_dir=ns.output_dir)
+    print(render_text(record))
+    print(f"bisect written: {record['path']}")
+    return 0 if record["outcome"] == "found" else 1
+
+
+def _gate_bisect(bad: list, baseline: dict, candidate: dict, output_dir: str) -> None:
+    """Bisect each regression of a gate run between the baseline's and the candidate's library versions."""
+    from .bisect import bisect_cell, gate_sides, render_text
+    from .errors import PackcheckUsageError
+    from .gate import _key
+
+    base_cells = {_key(c): c for c in baseline["cells"]}
+    cand_cells = {_key(c): c for c in candidate["cells"]}
+    for change in bad:
+        b, c = base_cells.get(change.key), cand_cells.get(change.key)
+        cell_id = (c or b)["cell_id"].partition("@")[0]
+        if b is None or c is None:
+            print(f"packcheck gate --bisect: {cell_id}: not bisected (the cell is missing on one side)")
+            continue
+        sides, why = gate_sides(b, c, baseline.get("environment", {}), candidate.get("environment", {}))
+        if sides is None:
+            print(f"packcheck gate --bisect: {cell_id}: not bisected ({why})")
+            continue
+        try:
+            record = bisect_cell(cell_id, sides.spec(sides.good), sides.spec(sides.bad), model=c["model"].get("spec"),
+                                 output_dir=output_dir)
+        except PackcheckUsageError as exc:
+            print(f"packcheck gate --bisect: {cell_id}: not bisected ({exc})")
+            continue
+        print(render_text(record))
+        print(f"bisect written: {record['path']}")
 
 
 def _merge(ns: argparse.Namespace) -> int:

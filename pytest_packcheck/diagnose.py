@@ -9,7 +9,7 @@ never changes a verdict. Known faults come from ``audit/known_faults.toml``.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -78,8 +78,8 @@ def remedy(cause: str, cell: dict[str, Any], doc_env: dict[str, Any]) -> str:
     tf = _v(library_version(cell, doc_env, "transformers"))
     m = cell.get("metrics", {})
     if cause == "leak":
-        if backend in _MASKED_BACKENDS and tf is not None and tf < _v("4.54"):
-            return "upgrade transformers to >= 4.54 (packed masks for eager/sdpa/flex), or use a flash backend"
+        if backend in _MASKED_BACKENDS and tf is not None and tf < _v("4.53.1"):  # bisected: 4.53.0 has none
+            return "upgrade transformers to >= 4.53.1 (packed masks for eager/sdpa/flex), or use a flash backend"
         if backend in _MASKED_BACKENDS:
             return ("train with a flash backend (flash_attention_2/3) if its cells pass here (packcheck's varlen reference "
                     "shows whether the flash path keeps the boundaries): this model's eager/sdpa/flex path does not")
@@ -94,21 +94,21 @@ def remedy(cause: str, cell: dict[str, Any], doc_env: dict[str, Any]) -> str:
     if cause == "packing_content":
         trl = _v(library_version(cell, doc_env, "trl"))
         if trl is not None and _v("0.27") <= trl < _v("0.29"):
-            return ("upgrade TRL to >= 0.29 (or pin <= 0.26: bfd drops the overflow there), or truncate examples to "
+            return ("upgrade TRL to >= 0.29.0 (or pin <= 0.26.2: bfd drops the overflow there), or truncate examples to "
                     "max_length before packing so there is no overflow")
         return "truncate examples to max_length before packing, or use packing_strategy='bfd_split' knowingly; report it to TRL"
     if cause == "wrong_positions":
         if m.get("batch_has_position_ids") is False:
             return "also return position_ids from the collator (DataCollatorWithFlattening(return_position_ids=True))"
         if isinstance(m.get("max_abs_diff_start_based_positions"), float):
-            if tf is not None and tf < _v("5.16"):
-                return "upgrade transformers to >= 5.16 and set position_ids_start=padding_idx + 1 on the collator"
+            if tf is not None and tf < _v("5.15.0"):  # bisected: position_ids_start arrives in 5.15.0
+                return "upgrade transformers to >= 5.15.0 and set position_ids_start=padding_idx + 1 on the collator"
             return "set position_ids_start=padding_idx + 1 on DataCollatorWithFlattening"
         return "check that position_ids restart at each example and reach the model's rotary / position embedding"
     return {
         "cache_trap": ("set use_cache=False (model.config.use_cache = False): TRL's SFTTrainer does, and transformers' "
-                       "Trainer does on 5.14.1 and 5.24.0 (TrainingArguments.use_cache=False); a hand-written loop or the "
-                       "4.56.2 Trainer does not"),
+                       "Trainer does from 5.0.0 on (TrainingArguments.use_cache=False; bisected, 4.57.6 does not); a "
+                       "hand-written loop does not"),
         "mask_override": "do not pass attention_mask with packed rows (drop it from the batch)",
         "ignores_position_ids": "not supported for this architecture: disable packing for it",
         "sliding_window": "use a flash backend (the window is applied per segment), or keep examples shorter than the window",
@@ -158,6 +158,9 @@ class KnownFault:
     fixed_in: str
     remedy: str
     evidence: str
+    # how the window was measured: a `packcheck bisect` result (first_bad / first_fixed, last, measured, result
+    # file) or `unavailable` with the reason it cannot be bisected on CPU (tests/test_bisect.py compares them)
+    bisect: Any = field(default=None, compare=False, hash=False)
 
     def applies(self, cell: dict[str, Any], doc_env: dict[str, Any]) -> bool:
         """The cell is inside this fault's window: library version, architecture, backend and check."""
@@ -186,7 +189,8 @@ def load_known_faults(path: str | Path | None = None) -> list[KnownFault]:
     faults = []
     for raw in data.get("fault", []):
         try:
-            fault = KnownFault(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()})
+            fault = KnownFault(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k != "bisect"},
+                               bisect=raw.get("bisect"))
         except TypeError as exc:
             raise ValueError(f"{file}: entry {raw.get('id', '?')}: {exc}") from None
         if fault.cause not in CAUSES:

@@ -210,7 +210,7 @@ def _audit(pytester, monkeypatch, cache, versions: str, models: str, attn: str, 
 
 
 def test_real_audit_sdpa_before_and_after_packed_masks(pytester, monkeypatch, version_cache):
-    """eager and sdpa on a packed row: transformers 4.51.3 has no packed mask (before 4.54) -> examples attend
+    """eager and sdpa on a packed row: transformers 4.51.3 has no packed mask (before 4.53.1) -> examples attend
     across boundaries; the installed 5.x -> pass (the checks run with use_cache=False). Each environment
     reuses this torch: no torch is installed into it."""
     current = metadata.version("transformers")
@@ -224,7 +224,7 @@ def test_real_audit_sdpa_before_and_after_packed_masks(pytester, monkeypatch, ve
         assert old["env"]["versions"]["transformers"] == "4.51.3"
         assert old["env"]["environment"]["torch"] == metadata.distribution("torch").version
         assert old["diagnosis"]["cause"] == "leak" and "no-packed-mask-before-4.54" in old["diagnosis"]["known_faults"]
-        assert old["diagnosis"]["remedy"].startswith("upgrade transformers to >= 4.54")
+        assert old["diagnosis"]["remedy"].startswith("upgrade transformers to >= 4.53.1")
         assert new["diagnosis"] is None
         assert cells[f"llama-{backend}-logits_parity-float32@transformers==4.51.3"]["status"] == "fail"
         assert cells[f"llama-{backend}-logits_parity-float32@transformers=={current}"]["status"] == "pass"
@@ -271,7 +271,7 @@ def test_real_roberta_positions_and_leak_are_told_apart(pytester, monkeypatch, v
     assert diagnosis["cause"] == "leak"  # the part that stays (isolation moves on sdpa)
     assert [f["cause"] for f in diagnosis["findings"]] == ["wrong_positions"]  # the part position_ids_start fixes
     assert "roberta-positions-without-position_ids_start" in diagnosis["known_faults"]
-    assert "5.16" in diagnosis["findings"][0]["remedy"]
+    assert ">= 5.15.0" in diagnosis["findings"][0]["remedy"]
     new_sdpa = cells["xlm-roberta-sdpa-logits_parity-float32@transformers==5.24.0"]
     assert new_sdpa["status"] == "fail" and 1e-4 < new_sdpa["metrics"]["max_abs_diff_solo"] < 1e-1
     assert cells["xlm-roberta-packcheck_flash_ref-logits_parity-float32@transformers==5.24.0"]["status"] == "pass"
@@ -342,7 +342,7 @@ def test_real_trl_0_17_on_4_51_3_packing_and_padding_free(pytester, monkeypatch,
     assert free["metrics"]["effective"]["padding_free"] is True and free["metrics"]["examples_in_row"] == 6
     assert free["metrics"]["loss_delta"] > 1e-3 and free["metrics"]["steps"]["first_diverging_step"] == 1
     assert free["diagnosis"]["cause"] == "leak" and "no-packed-mask-before-4.54" in free["diagnosis"]["known_faults"]
-    assert free["diagnosis"]["remedy"].startswith("upgrade transformers to >= 4.54")
+    assert free["diagnosis"]["remedy"].startswith("upgrade transformers to >= 4.53.1")
     assert cells[f"llama-sdpa-isolation-float32{env}"]["status"] == "fail"
     packed = cells[f"llama-sdpa-sft-float32{env}"]  # packing=True alone: no padding_free before 0.21
     assert packed["status"] == "fail" and packed["metrics"]["effective"]["padding_free"] is False
