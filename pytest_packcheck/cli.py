@@ -320,7 +320,14 @@ def _bench(ns: argparse.Namespace) -> int:
                                   "pass a writable folder.") from None
     if attn in (REFERENCE_BACKEND, TORCH_VARLEN_BACKEND):
         register_reference_backend()
-    model = build_model(resolved, attn, dtype, "random", ns.device, shrink=not ns.full_size)
+    try:  # a model that cannot run on this backend (mamba on sdpa) is refused before anything is measured
+        model = build_model(resolved, attn, dtype, "random", ns.device, shrink=not ns.full_size)
+    except Exception as exc:  # noqa: BLE001 - whatever transformers raises at build: one line, exit 2
+        text = " ".join(str(exc).split())
+        first = text if len(text) <= 300 else text[:300] + " ..."
+        hint = " (try --attn eager)" if attn != "eager" else ""
+        raise PackcheckUsageError(f"Model '{ns.model}' (from --model) cannot be built with --attn {attn} on {ns.device}: "
+                                  f"{type(exc).__name__}: {first}{hint}") from None
     n_params = sum(p.numel() for p in model.parameters())
     env = environment(ns.device)
     label = f"{resolved.spec.label} ({n_params / 1e6:.1f}M parameters{'' if ns.full_size else ', shrunk'})"

@@ -63,12 +63,12 @@ def compare(baseline: dict[str, Any], candidate: dict[str, Any], allow: dict[str
             changes.append(Change(key, None, c["status"], c["status"] != "pass", "new cell"))
             continue
         worse = _ORDER.index(c["status"]) > _ORDER.index(b["status"])
-        detail = f"{b['message'][:80]} -> {c['message'][:80]}" if b["status"] != c["status"] else ""
+        detail = f"{b.get('message', '')[:80]} -> {c.get('message', '')[:80]}" if b["status"] != c["status"] else ""
         metric = KEY_METRIC.get(c["check"], (None,))[0]
         tol_key = _TOLERANCE_FOR.get(c["check"])
         if b["status"] == c["status"] == "pass" and metric and tol_key:
-            old, new = b["metrics"].get(metric), c["metrics"].get(metric)
-            tol = c.get("tolerances", {}).get(tol_key)
+            old, new = (b.get("metrics") or {}).get(metric), (c.get("metrics") or {}).get(metric)
+            tol = (c.get("tolerances") or {}).get(tol_key)
             if isinstance(old, int | float) and isinstance(new, int | float) and tol is not None and new - old > tol:
                 worse, detail = True, f"{metric} {old:.2e} -> {new:.2e} (grew by more than {tol_key}={tol:g})"
         if b["status"] != c["status"] or worse:

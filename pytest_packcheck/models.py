@@ -155,9 +155,16 @@ def resolve_model(spec: ModelSpec, source: str, trust_remote_code: bool = False)
                 f"Model '{spec.raw}' (from {source}) has model_type={config_dict.get('model_type')!r}, unknown to the "
                 "installed transformers: upgrade transformers, or pass --packcheck-trust-remote-code for remote code."
             )
-        config = AutoConfig.from_pretrained(
-            spec.name, revision=spec.revision, trust_remote_code=trust_remote_code
-        )
+        try:
+            config = AutoConfig.from_pretrained(
+                spec.name, revision=spec.revision, trust_remote_code=trust_remote_code
+            )
+        except Exception as exc:  # noqa: BLE001 - a config.json transformers rejects (num_attention_heads: 0, ...)
+            text = " ".join(str(exc).split())[:300]
+            raise PackcheckUsageError(
+                f"Model '{spec.raw}' (from {source}): transformers cannot build a config from its config.json "
+                f"({type(exc).__name__}: {text}): fix the config.json or pick another model."
+            ) from None
     model_type = config.model_type
     cls = causal_lm_class_name(model_type)
     if cls is None and not getattr(config, "auto_map", None):
@@ -169,15 +176,13 @@ def resolve_model(spec: ModelSpec, source: str, trust_remote_code: bool = False)
 
 
 def _read_config_dict(spec: ModelSpec, source: str) -> tuple[dict[str, Any], str | None]:
-    import json
-
     if spec.kind == "local":
         path = Path(spec.name) / "config.json"
         if not path.exists():
             raise PackcheckUsageError(
                 f"Local model directory '{spec.raw}' (from {source}) has no config.json: point to a saved model folder."
             )
-        return json.loads(path.read_text()), None
+        return _parse_config_json(path, spec, source), None
 
     from huggingface_hub import errors as hub_errors
     from huggingface_hub import hf_hub_download
@@ -211,7 +216,32 @@ def _read_config_dict(spec: ModelSpec, source: str) -> tuple[dict[str, Any], str
         ) from None
     resolved = Path(path).parent.name  # .../snapshots/<commit sha>/config.json
     revision = resolved if Path(path).parent.parent.name == "snapshots" else spec.revision
-    return json.loads(Path(path).read_text()), revision
+    return _parse_config_json(Path(path), spec, source), revision
+
+
+def _parse_config_json(path: Path, spec: ModelSpec, source: str) -> dict[str, Any]:
+    """The JSON object in ``path``.
+
+    Raises:
+        PackcheckUsageError: not UTF-8 text, not JSON, or JSON that is not an object.
+    """
+    import json
+
+    where = f"Model '{spec.raw}' (from {source}): its config.json ({path})"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise PackcheckUsageError(f"{where} is not text (binary content): replace it with the model's config.json.") from None
+    except json.JSONDecodeError as exc:
+        raise PackcheckUsageError(f"{where} is not valid JSON ({exc.msg}, line {exc.lineno}): fix or replace it.") from None
+    except OSError as exc:
+        raise PackcheckUsageError(f"{where} cannot be read ({exc.strerror}): check its permissions.") from None
+    if not isinstance(data, dict):
+        raise PackcheckUsageError(
+            f"{where} holds a JSON {type(data).__name__}, not an object: a config.json is one object, e.g. "
+            '{"model_type": "llama", ...}.'
+        )
+    return data
 
 
 def _is_index_list(value: Any, n_layers: int) -> bool:

@@ -84,6 +84,11 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         session.config.get_terminal_writer().line(f"packcheck: error: {exc}", red=True)
         session.exitstatus = pytest.ExitCode.USAGE_ERROR
         return
+    except Exception as exc:  # noqa: BLE001 - never leave the previous run's matrix looking current
+        line = state.discard_stale_matrix(exc)
+        session.config.get_terminal_writer().line(f"packcheck: error: {line}", red=True)
+        session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
+        return
     if state.regressions:
         # the gate fails the session after the matrix is written; the summary below prints why
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

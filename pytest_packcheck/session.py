@@ -392,6 +392,21 @@ class PackcheckSession:
             self.regressions = regressions(self.changes)
 
 
+    def discard_stale_matrix(self, exc: BaseException) -> str:
+        """The matrix of this run could not be written: remove the previous run's files, so no stale matrix
+        looks current, and return the one line that says so."""
+        out = Path(self.settings.report_dir)
+        removed = []
+        for name in ("packcheck-matrix.md", "packcheck-matrix.json"):
+            with contextlib.suppress(OSError):
+                (out / name).unlink()
+                removed.append(name)
+        what = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+        gone = (f"; the previous {' and '.join(removed)} in {out} were removed so they are not taken for this run's"
+                if removed else "")
+        return f"the matrix could not be written ({what}){gone}. The journal keeps the finished cells: rerun with --packcheck-resume."
+
+
 def visible_gpus() -> list[str]:
     """GPU ids this process may use, without initialising CUDA: CUDA_VISIBLE_DEVICES when set, else the
     indices ``nvidia-smi -L`` lists (none when it is missing)."""
