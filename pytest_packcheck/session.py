@@ -383,12 +383,12 @@ class PackcheckSession:
         atomic_write(md, render_markdown(self.document))
         self.written = [str(md), str(js)]
         if self.settings.baseline:
-            from .gate import compare, regressions, render_changes
+            from .gate import compare, regressions, render_changes, stack
             from .results import load_document
 
             baseline = load_document(self.settings.baseline)
             self.changes = compare(baseline, self.document)
-            self.gate_text = render_changes(self.changes, baseline["environment"], self.document["environment"])
+            self.gate_text = render_changes(self.changes, stack(baseline), stack(self.document))
             self.regressions = regressions(self.changes)
 
 

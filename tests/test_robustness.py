@@ -4,6 +4,7 @@ fix (exit 2), or in the right result; never in a traceback, a lost report or a s
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -155,3 +156,147 @@ def test_a_matrix_that_cannot_be_written_removes_the_stale_one(tmp_path):
     line = PackcheckSession.discard_stale_matrix(state, ValueError("boom"))
     assert "ValueError: boom" in line and "were removed" in line and "--packcheck-resume" in line
     assert not (tmp_path / "packcheck-matrix.md").exists() and not (tmp_path / "packcheck-matrix.json").exists()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The upgrade gate across version environments
+
+def _env_cell(label, version, status, backend="sdpa", check="isolation", metrics=None):
+    combo = f"transformers=={version}"
+    env = {"label": combo, "requirements": [combo], "versions": {"transformers": version},
+           "environment": {"transformers": version, "torch": "2.13.0+cpu"}}
+    return _cell(f"{label}-{backend}-{check}-float32@{combo}", model={"label": label, "spec": f"arch:{label}"},
+                 backend=backend, check=check, status=status, env=env, metrics=metrics or {})
+
+
+def _versions_doc(cells, versions):
+    doc = _doc(cells, transformers="5.24.0")
+    doc["settings"]["models"] = ["arch:llama", "arch:opt"]
+    doc["settings"]["versions"] = [f"transformers=={v}" for v in versions]
+    return doc
+
+
+def test_two_files_of_different_version_environments_match_cell_by_cell(tmp_path):
+    from pytest_packcheck.gate import compare, regressions, render_changes, stack
+
+    base = _versions_doc([_env_cell("llama", "5.24.0", "pass"), _env_cell("opt", "5.24.0", "skipped"),
+                          _env_cell("opt", "5.24.0", "fail", backend="eager")], ["5.24.0"])
+    cand = _versions_doc([_env_cell("llama", "5.25.0", "fail"), _env_cell("opt", "5.25.0", "skipped"),
+                          _env_cell("opt", "5.25.0", "fail", backend="eager")], ["5.25.0"])
+    changes = compare(base, cand)
+    # skipped -> skipped and fail -> fail are unchanged: not changes, not regressions; no cell is "missing" or "new"
+    assert [(c.key, c.baseline, c.candidate) for c in changes] == [(("llama", "sdpa", "isolation", "float32", None), "pass", "fail")]
+    assert len(regressions(changes)) == 1
+    header = render_changes(changes, stack(base), stack(cand)).splitlines()[:2]
+    assert "transformers 5.24.0," in header[0] and header[0].endswith("(environment transformers==5.24.0)")
+    assert "transformers 5.25.0," in header[1] and header[1].endswith("(environment transformers==5.25.0)")
+    (tmp_path / "b.json").write_text(json.dumps(base))
+    (tmp_path / "c.json").write_text(json.dumps(cand))
+    proc = _cli(["gate", "--baseline", str(tmp_path / "b.json"), "--candidate", str(tmp_path / "c.json"),
+                 "--allow", "llama-sdpa-isolation-float32=accepted"], tmp_path)
+    assert proc.returncode == 0 and "allowed: accepted" in proc.stdout and "transformers 5.25.0" in proc.stdout, proc.stderr
+    proc = _cli(["gate", "--baseline", str(tmp_path / "b.json"), "--candidate", str(tmp_path / "c.json"),
+                 "--allow", "nothing-like-this=x"], tmp_path)
+    assert proc.returncode == 1 and "--allow 'nothing-like-this' matches no cell of either file" in proc.stderr
+
+
+def test_gate_between_two_environments_of_one_file(tmp_path):
+    doc = _versions_doc([_env_cell("llama", "5.24.0", "pass"), _env_cell("llama", "5.25.0", "pass"),
+                         _env_cell("opt", "5.24.0", "pass"), _env_cell("opt", "5.25.0", "fail"),
+                         _env_cell("opt", "5.24.0", "skipped", backend="eager"), _env_cell("opt", "5.25.0", "skipped", backend="eager")],
+                        ["5.24.0", "5.25.0"])
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(doc))
+    proc = _cli(["gate", "--baseline", str(path), "--baseline-env", "5.24.0", "--candidate-env", "transformers==5.25.0"], tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    assert "1 regression(s), 1 changed cell(s)" in proc.stdout and "opt-sdpa-isolation-float32" in proc.stdout
+    proc = _cli(["gate", "--baseline", str(path), "--baseline-env", "5.2", "--candidate-env", "5.25.0"], tmp_path)
+    assert proc.returncode == 2 and "'5.2' (from --baseline-env) matches 2 version environment" in proc.stderr
+    other = tmp_path / "one.json"
+    other.write_text(json.dumps(_versions_doc([_env_cell("llama", "5.26.0", "pass")], ["5.26.0"])))
+    proc = _cli(["gate", "--baseline", str(path), "--candidate", str(other)], tmp_path)
+    assert proc.returncode == 2 and "pick the one to compare with --baseline-env" in proc.stderr
+
+
+FAKE_ENVS = '''
+import os
+if os.environ.get("PACKCHECK_FAKE_ENVS"):
+    import pytest_packcheck.envs as envs
+
+    def run_in_env(combo, settings, models, report_dir, threads=None):
+        """Stand-in environments (no network): opt's sdpa isolation fails under the second version."""
+        from pathlib import Path
+
+        from pytest_packcheck.checks import MODEL_LEVEL_CHECKS
+
+        version = combo.requirements[0].split("==")[1]
+        cells = {}
+        for spec in models:
+            label = spec.removeprefix("arch:")
+            for backend in settings.backends:
+                for check in settings.checks:
+                    b = None if check in MODEL_LEVEL_CHECKS else backend
+                    cell_id = "-".join(x for x in (label, b, check, "float32") if x)
+                    status = "skipped" if backend.startswith("flash") else "pass"
+                    if label == "opt" and backend == "sdpa" and version == os.environ["PACKCHECK_FAKE_BAD"]:
+                        status = "fail"
+                    metrics = {"max_change": 0.3 if status == "fail" else 0.0, "negative_control_change": 0.3}
+                    cells[cell_id] = {"cell_id": cell_id, "model": {"label": label, "spec": spec}, "backend": b,
+                                      "check": check, "dtype": "float32", "status": status, "metrics": metrics, "message": status}
+        env = envs.VersionEnv(combo, Path("/nonexistent"), Path("/nonexistent"), {"transformers": version}, False, 0.0)
+        return envs.EnvRun(combo, cells, env, None, {"transformers": version, "torch": "2.13.0+cpu"}, None, 0.1)
+
+    envs.run_in_env = run_in_env
+'''
+
+
+def _example_commands() -> list[str]:
+    import yaml
+
+    repo = Path(__file__).resolve().parents[1]
+    workflow = yaml.safe_load((repo / "examples" / "packcheck-gate.yml").read_text())
+    runs = [step["run"] for job in workflow["jobs"].values() for step in job["steps"] if "run" in step]
+    return [r for r in runs if r.lstrip().startswith("packcheck ")]
+
+
+@pytest.mark.parametrize("bad_version", ["5.24.0", "5.25.0"])
+def test_example_workflow_gates_two_versions_in_one_command(tmp_path, bad_version):
+    """The packcheck commands of examples/packcheck-gate.yml, run as written, with stand-in version environments:
+    a leak that appears in the candidate is allowed by the example's --allow (exit 0); one that disappears is no
+    regression either; and an unallowed regression exits 1."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(FAKE_ENVS)
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'site'}:{repo}", "PACKCHECK_FAKE_ENVS": "1", "PACKCHECK_FAKE_BAD": bad_version,
+           "PACKCHECK_MODELS": "arch:llama,arch:opt", "PACKCHECK_ATTN": "sdpa,flash_attention_2", "PACKCHECK_CHECKS": "isolation",
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    commands = _example_commands()
+    assert len(commands) == 2 and "--gate" in commands[0] and "--candidate-env" in commands[1]
+    for command in commands:
+        proc = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True, check=False, timeout=600)
+        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert "baseline: torch 2.13.0+cpu, transformers 5.24.0," in proc.stdout and "(environment transformers==5.24.0)" in proc.stdout
+        assert "candidate: torch 2.13.0+cpu, transformers 5.25.0," in proc.stdout and "(environment transformers==5.25.0)" in proc.stdout
+        if bad_version == "5.25.0":
+            assert "allowed: OPT derives positions" in proc.stdout and "0 regression(s), 1 changed cell(s)" in proc.stdout
+        else:
+            assert "better/neutral" in proc.stdout and "0 regression(s)" in proc.stdout
+    # without the --allow, the leak the upgrade brings is a regression
+    if bad_version == "5.25.0":
+        proc = subprocess.run(["bash", "-c", commands[1].split("--allow")[0]], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, check=False, timeout=600)
+        assert proc.returncode == 1 and "REGRESSION" in proc.stdout
+
+
+def test_packcheck_models_variable_replaces_the_default_audit_and_is_in_the_reproduce_line(monkeypatch):
+    from pytest_packcheck.cli import _parser, _pytest_args, _reproduce_line
+
+    ns = _parser().parse_args(["audit", "-n", "0"])
+    assert "--packcheck-audit=default" in _pytest_args(ns)
+    monkeypatch.setenv("PACKCHECK_MODELS", "arch:llama")
+    assert not any(a.startswith("--packcheck-audit") for a in _pytest_args(ns))
+    assert _reproduce_line(["audit", "-n", "0"]) == "PACKCHECK_MODELS=arch:llama packcheck audit -n 0"
+    monkeypatch.delenv("PACKCHECK_MODELS")
+    monkeypatch.setenv("PACKCHECK_AUDIT", "training")
+    assert not any(a == "--packcheck-audit=default" for a in _pytest_args(ns))
