@@ -97,6 +97,8 @@ def _is_oom(exc: BaseException) -> bool:
     """MemoryError (host) or torch's OutOfMemoryError (CUDA, a RuntimeError subclass since torch 2.1)."""
     if isinstance(exc, MemoryError):
         return True
+    if isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc):  # torch's CPU allocator (a RuntimeError)
+        return True
     try:
         import torch
 

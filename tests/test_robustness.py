@@ -300,3 +300,88 @@ def test_packcheck_models_variable_replaces_the_default_audit_and_is_in_the_repr
     monkeypatch.delenv("PACKCHECK_MODELS")
     monkeypatch.setenv("PACKCHECK_AUDIT", "training")
     assert not any(a == "--packcheck-audit=default" for a in _pytest_args(ns))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Settings -> argv, one conversion
+
+
+def _every_setting_changed(tmp_path, monkeypatch):
+    from pytest_packcheck.cli import _parser
+    from pytest_packcheck.settings import OPTIONS, resolve
+
+    for opt in OPTIONS:
+        if opt.env:
+            monkeypatch.delenv(opt.env, raising=False)
+    argv = ["--packcheck-models=arch:llama,arch:opt", "--packcheck-attn=eager,sdpa", "--packcheck-checks=isolation,collate",
+            "--packcheck-dtypes=float32,bfloat16", "--packcheck-weights=pretrained", "--packcheck-device=cpu",
+            "--packcheck-trust-remote-code", f"--packcheck-report-dir={tmp_path / 'r'}", "--packcheck-tolerance=float32.logits_atol=0.5",
+            "--packcheck-baseline=base.json", "--packcheck-shard=2/3", "--packcheck-versions=transformers==4.56.2,5.24.0",
+            "--packcheck-versions=trl==0.21.0", "--packcheck-timeout=30", "--packcheck-isolation=none", "--packcheck-resume"]
+
+    def settings_of(args):
+        ns = _parser().parse_args(["audit", *args])
+        return resolve(lambda dest: getattr(ns, dest, None), lambda key: None)
+
+    return settings_of, settings_of(argv)
+
+
+def test_every_setting_survives_the_round_trip_through_argv(tmp_path, monkeypatch):
+    from dataclasses import fields
+
+    from pytest_packcheck.envs import _tolerance_toml
+
+    settings_of, settings = _every_setting_changed(tmp_path, monkeypatch)
+    tol = tmp_path / "tol.toml"
+    tol.write_text(_tolerance_toml(settings.tolerances))
+    again = settings_of(settings.to_args(tolerance_file=str(tol)))
+    labels = {"model_source", "tolerance_source"}  # where a value came from, not the value
+    for f in fields(settings):
+        if f.name not in labels:
+            assert getattr(again, f.name) == getattr(settings, f.name), f.name
+    assert settings.tolerances["float32"]["logits_atol"] == 0.5 and settings.timeout_s == 30 and settings.isolation == "none"
+    assert settings_of(settings.reproduce_flags()).versions == settings.versions
+
+
+def test_version_environment_child_keeps_timeout_and_isolation_and_has_a_limit(tmp_path, monkeypatch):
+    from pytest_packcheck import envs
+
+    _, settings = _every_setting_changed(tmp_path, monkeypatch)
+    combo = settings.versions[0]
+    monkeypatch.setattr(envs, "ensure_env", lambda c, log=None: envs.VersionEnv(c, tmp_path / "env", Path(sys.executable), {}, False, 0.0))
+    seen = {}
+
+    def fake_run(args, **kwargs):
+        seen.update(args=args, timeout=kwargs.get("timeout"))
+        raise subprocess.TimeoutExpired(args, kwargs.get("timeout"), output=b"", stderr=b"")
+
+    monkeypatch.setattr(envs.subprocess, "run", fake_run)
+    run = envs.run_in_env(combo, settings, ["arch:llama"], tmp_path / "reports")
+    assert "--packcheck-timeout=30" in seen["args"] and "--packcheck-isolation=none" in seen["args"]
+    assert "--packcheck-trust-remote-code" in seen["args"] and "--packcheck-weights=pretrained" in seen["args"]
+    assert not any(a.startswith(("--packcheck-versions", "--packcheck-shard", "--packcheck-baseline", "--packcheck-resume"))
+                   for a in seen["args"])
+    # 1 model x 2 dtypes x 2 checks x 2 backends at 30 s, plus 600 s of start-up
+    assert seen["timeout"] == 30 * 8 + 600
+    assert run.error and "killed: no end within 840 s" in run.error
+
+
+def test_cpu_allocation_failure_is_an_oom_cell_with_memory_figures():
+    import torch
+
+    from pytest_packcheck.runner import CellRunner
+
+    try:
+        torch.empty(2**60, dtype=torch.uint8)
+    except RuntimeError as exc:
+        error = exc
+    result = CellRunner([], {}, device="cpu")._failed("check", error)
+    assert result.status == "oom" and result.metrics["host_peak_rss_mib"] > 0 and "host_peak_rss_mib" in result.message
+
+
+@pytest.mark.parametrize("value", ["nope==1.0", "transformerz==5.24.0"])
+def test_unknown_library_in_versions_is_a_usage_error(tmp_path, value):
+    proc = _cli(["audit", "--models", "arch:llama", "--versions", value, "-n", "0"], tmp_path)
+    assert proc.returncode == 2 and not (tmp_path / "reports" / "packcheck-matrix.json").exists()
+    line = _one_error_line(proc.stderr, "ERROR:")
+    assert f"Unknown library '{value.split('==')[0]}'" in line and "(from --packcheck-versions)" in line
