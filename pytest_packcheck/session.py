@@ -118,6 +118,7 @@ class PackcheckSession:
                 f"Report directory '{path}' (from --packcheck-report-dir) is not writable ({exc.strerror}): "
                 "pass a writable folder."
             ) from None
+        self._lock_report_dir(path)
         for name in ("packcheck-matrix.md", "packcheck-matrix.json", "packcheck-journal.jsonl"):
             if (path / name).is_dir():
                 raise PackcheckUsageError(
@@ -139,6 +140,40 @@ class PackcheckSession:
                     f"Device '{self.settings.device}' (from --packcheck-device) is not available: torch "
                     f"{torch.__version__} sees no CUDA device. Use --packcheck-device=cpu."
                 )
+
+    def _lock_report_dir(self, path: Path) -> None:
+        """One run per report folder: a second audit writing there at the same time would replace the first's
+        matrix and journal. The lock is released at the end of the session (or by the OS when the process dies).
+
+        Raises:
+            PackcheckUsageError: another run holds the folder (named by its pid, command and start time).
+        """
+        import time
+
+        from filelock import FileLock, Timeout
+
+        self._report_lock = FileLock(str(path / ".packcheck-run.lock"))
+        owner = path / ".packcheck-run.json"
+        try:
+            self._report_lock.acquire(timeout=0)
+        except Timeout:
+            try:
+                info = json.loads(owner.read_text())
+                who = f"pid {info['pid']}, started {info['started']}: {info['command']}"
+            except (OSError, ValueError, KeyError, TypeError):
+                who = "unknown"
+            raise PackcheckUsageError(
+                f"Report directory '{path}' (from --packcheck-report-dir) is in use by another packcheck run ({who}): "
+                "wait for it to finish, or pass another --packcheck-report-dir.") from None
+        command = os.environ.get("PACKCHECK_REPRODUCE") or " ".join(shlex.quote(a) for a in sys.argv)
+        owner.write_text(json.dumps({"pid": os.getpid(), "command": command,
+                                     "started": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n")
+
+    def release(self) -> None:
+        """Release the report folder (pytest_unconfigure)."""
+        lock = getattr(self, "_report_lock", None)
+        if lock is not None and lock.is_locked:
+            lock.release(force=True)
 
     def resolved_models(self) -> list[Any]:
         if self._resolved is None:

@@ -385,3 +385,25 @@ def test_unknown_library_in_versions_is_a_usage_error(tmp_path, value):
     assert proc.returncode == 2 and not (tmp_path / "reports" / "packcheck-matrix.json").exists()
     line = _one_error_line(proc.stderr, "ERROR:")
     assert f"Unknown library '{value.split('==')[0]}'" in line and "(from --packcheck-versions)" in line
+
+
+def test_two_audits_on_one_report_folder_the_second_is_refused_naming_the_first(tmp_path):
+    import time
+
+    first = subprocess.Popen([sys.executable, "-m", "pytest_packcheck.cli", "audit", "--models", "arch:llama,arch:opt,arch:qwen2",
+                              "--packcheck-attn", "eager,sdpa", "-n", "0", "-q"], cwd=tmp_path, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    owner = tmp_path / "reports" / ".packcheck-run.json"
+    deadline = time.time() + 120
+    while time.time() < deadline and not owner.exists():
+        time.sleep(0.2)
+    second = _cli(["audit", "--models", "arch:gpt2", "-n", "0", "-q"], tmp_path)
+    _, err = first.communicate(timeout=600)
+    assert first.returncode == 0, err[-2000:]
+    assert second.returncode == 2
+    line = _one_error_line(second.stderr, "ERROR:")
+    assert "Report directory" in line and "is in use by another packcheck run (pid" in line and "--models arch:llama,arch:opt" in line
+    doc = json.loads((tmp_path / "reports" / "packcheck-matrix.json").read_text())
+    assert {c["model"]["label"] for c in doc["cells"]} == {"llama", "opt", "qwen2"}  # the first run's matrix, whole
+    third = _cli(["audit", "--models", "arch:gpt2", "--packcheck-attn", "sdpa", "--packcheck-checks", "isolation", "-n", "0", "-q"], tmp_path)
+    assert third.returncode == 0, third.stderr[-2000:]  # released at the end of the first run
