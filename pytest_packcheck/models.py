@@ -271,18 +271,20 @@ def _per_layer_indices(d: dict[str, Any], n_layers: int) -> list[int]:
     return sorted(keep)
 
 
-def shrink_config(config: Any) -> Any:
+def shrink_config(config: Any, keep_auto_map: bool = False) -> Any:
     """A tiny copy of ``config`` that keeps what changes the attention path.
 
     Kept: GQA ratio (num_attention_heads / num_key_value_heads), explicit head_dim (set to 16), every distinct
     layer type (sliding / full / linear attention, NoPE layers), a sliding window (shortened to 8 tokens so the
     examples exceed it), softcapping, rope scaling parameters, MoE routing (4 experts), MLA ranks. Shrunk: layer
     count, hidden size, vocabulary (512; special token ids clamped into it).
+    ``keep_auto_map``: keep the ``auto_map`` that remote-code models need to find their classes.
     Returns a new config object (``config`` is not modified).
     """
     d = copy.deepcopy(config.to_dict())
     for key in _DROP_KEYS:
-        d.pop(key, None)
+        if not (keep_auto_map and key == "auto_map"):  # remote code (--packcheck-trust-remote-code) needs it
+            d.pop(key, None)
     _shrink_dict(d, dict(getattr(config, "attribute_map", {}) or {}))
     return type(config).from_dict(d)
 
@@ -402,6 +404,20 @@ def _shrink_dict(d: dict[str, Any], amap: dict[str, str]) -> None:
                 d[key] = [v if v < TINY_VOCAB else TINY_VOCAB - 1 for v in value]
 
 
+class WeightsError(RuntimeError):
+    """``--packcheck-weights=pretrained`` loaded no tensor of the model (every cell of it is an error)."""
+
+
+def weight_counts(model: Any, info: dict[str, Any]) -> dict[str, int]:
+    """Tensors of the model's state dict that ``from_pretrained`` loaded, left missing (randomly initialised)
+    or found unexpected in the file, from its ``output_loading_info``."""
+    missing = set(info.get("missing_keys") or [])
+    total = len(model.state_dict())
+    return {"loaded": max(0, total - len(missing)), "missing": len(missing),
+            "unexpected": len(set(info.get("unexpected_keys") or [])),
+            "mismatched": len(info.get("mismatched_keys") or [])}
+
+
 def dtype_kwarg(torch_dtype: Any) -> dict[str, Any]:
     """``dtype=`` for ``from_pretrained`` / ``from_config`` from transformers 4.56 on, ``torch_dtype=`` before
     (4.56 renamed it and deprecated the old name)."""
@@ -431,13 +447,20 @@ def build_model(
 
     torch_dtype = getattr(torch, dtype)
     if weights == "pretrained" and resolved.spec.kind != "arch":
-        model = AutoModelForCausalLM.from_pretrained(
+        model, info = AutoModelForCausalLM.from_pretrained(
             resolved.spec.name,
             revision=resolved.spec.revision,
             attn_implementation=attn_implementation,
             trust_remote_code=trust_remote_code,
+            output_loading_info=True,
             **dtype_kwarg(torch_dtype),
         )
+        model.packcheck_weights = weight_counts(model, info)
+        if model.packcheck_weights["loaded"] == 0:
+            raise WeightsError(
+                f"--packcheck-weights=pretrained: the weights of '{resolved.spec.raw}' match no tensor of "
+                f"{type(model).__name__} ({model.packcheck_weights['missing']} missing, "
+                f"{model.packcheck_weights['unexpected']} unexpected): the model would run on random weights")
     elif not shrink:  # full size, random weights (packcheck bench on a real config)
         torch.manual_seed(seed)
         # initialised on the device: a 1.2B model's random init takes 20 s on 2 CPU cores, well under 1 s on a GPU
@@ -448,7 +471,7 @@ def build_model(
             )
     else:
         try:
-            config = shrink_config(copy.deepcopy(resolved.config))
+            config = shrink_config(copy.deepcopy(resolved.config), keep_auto_map=trust_remote_code)
             # Count parameters on the meta device first: a config whose size keys the shrink does not know
             # would otherwise allocate a full-size model (an OOM kill on a 24 GB machine, seen with llama4).
             with torch.device("meta"):

@@ -228,6 +228,9 @@ class CellRunner:
         resolved = self.models[cell.model_index]
         t0 = time.perf_counter()
         result = self._run(cell)
+        counts = getattr(getattr(self._bench, "model", None), "packcheck_weights", None)
+        if counts and self._key == (cell.model_index, cell.backend or "eager", cell.dtype):
+            result.metrics = {**result.metrics, "weights": counts}  # what --packcheck-weights=pretrained loaded
         return CellResult(
             cell_id=cell.cell_id,
             model=resolved.record(),

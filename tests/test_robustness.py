@@ -407,3 +407,51 @@ def test_two_audits_on_one_report_folder_the_second_is_refused_naming_the_first(
     assert {c["model"]["label"] for c in doc["cells"]} == {"llama", "opt", "qwen2"}  # the first run's matrix, whole
     third = _cli(["audit", "--models", "arch:gpt2", "--packcheck-attn", "sdpa", "--packcheck-checks", "isolation", "-n", "0", "-q"], tmp_path)
     assert third.returncode == 0, third.stderr[-2000:]  # released at the end of the first run
+
+
+def _saved_tiny_llama(folder: Path, matching: bool) -> Path:
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                         vocab_size=128)
+    model = AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(folder)
+    if not matching:  # a weights file of another model: no tensor name matches
+        (folder / "model.safetensors").unlink()
+        save_file({"transformer.h.0.attn.weight": torch.zeros(4, 4)}, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder
+
+
+@pytest.mark.parametrize("matching", [True, False])
+def test_pretrained_weights_are_counted_and_a_load_that_matched_nothing_is_refused(tmp_path, tolerances, matching):
+    from pytest_packcheck.diagnose import diagnose_document
+    from pytest_packcheck.models import resolve_model
+    from pytest_packcheck.report import render_markdown
+    from pytest_packcheck.results import build_document
+    from pytest_packcheck.runner import CellRunner, plan_cells
+    from pytest_packcheck.specs import parse_model_spec
+
+    folder = _saved_tiny_llama(tmp_path / "m", matching)
+    resolved = resolve_model(parse_model_spec(str(folder), "--packcheck-models"), "--packcheck-models")
+    runner = CellRunner([resolved], tolerances, weights="pretrained")
+    (cell,) = plan_cells([resolved], ("sdpa",), ("isolation",), ("float32",))
+    result = runner.run(cell)
+    if matching:
+        assert result.status == "pass", result.message
+        assert result.metrics["weights"]["loaded"] > 0 and result.metrics["weights"]["missing"] == 0
+    else:
+        assert result.status == "error" and "match no tensor of LlamaForCausalLM" in result.message
+        assert "random weights" in result.message
+    render_markdown(diagnose_document(build_document([result], {}, {"weights": "pretrained"}, "x")))  # renders
+
+
+def test_shrink_keeps_auto_map_for_remote_code_only():
+    from transformers import LlamaConfig
+
+    from pytest_packcheck.models import shrink_config
+
+    config = LlamaConfig(auto_map={"AutoModelForCausalLM": "modeling_x.XForCausalLM"})
+    assert shrink_config(config, keep_auto_map=True).auto_map == {"AutoModelForCausalLM": "modeling_x.XForCausalLM"}
+    assert not getattr(shrink_config(config), "auto_map", None)
