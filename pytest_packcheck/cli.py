@@ -66,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--warmup", type=int, default=2, help="Warm-up steps per mode, not measured (default 2).")
     bench.add_argument("--batch-size", type=int, default=16, help="Examples per step (default 16).")
     bench.add_argument("--max-length", type=int, default=2048, help="Longest example in tokens (default 2048).")
-    bench.add_argument("--attn", default=None, help="attn_implementation (default sdpa on CPU, packcheck_flash_torch_varlen on CUDA).")
+    bench.add_argument("--attn", "--packcheck-attn", dest="attn", default=None, help="attn_implementation (default sdpa on CPU, packcheck_flash_torch_varlen on CUDA).")
     bench.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu).")
     bench.add_argument("--dtype", default=None, help="float32 / bfloat16 / float16 (default float32 on CPU, bfloat16 on CUDA).")
     bench.add_argument("--full-size", action="store_true", help="Random weights at the config's real size (no shrink).")
