@@ -166,8 +166,10 @@ class PackcheckSession:
                 f"Report directory '{path}' (from --packcheck-report-dir) is in use by another packcheck run ({who}): "
                 "wait for it to finish, or pass another --packcheck-report-dir.") from None
         command = os.environ.get("PACKCHECK_REPRODUCE") or " ".join(shlex.quote(a) for a in sys.argv)
-        owner.write_text(json.dumps({"pid": os.getpid(), "command": command,
-                                     "started": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n")
+        from .results import scrub
+
+        owner.write_text(scrub(json.dumps({"pid": os.getpid(), "command": command,  # no token, no home path
+                                           "started": time.strftime("%Y-%m-%d %H:%M:%S")})) + "\n")
 
     def release(self) -> None:
         """Release the report folder (pytest_unconfigure)."""
