@@ -35,6 +35,7 @@ def pytest_configure(config: pytest.Config) -> None:
     from .errors import PackcheckUsageError
     from .settings import resolve
 
+    state = None
     try:
         settings = resolve(lambda dest: config.getoption(dest), lambda key: config.getini(key))
         if settings is None:
@@ -48,6 +49,8 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[_SESSION_KEY] = state
         config.pluginmanager.register(_ResultRecorder(state), "packcheck-results")
     except PackcheckUsageError as exc:
+        if state is not None:
+            state.release()
         raise pytest.UsageError(str(exc)) from None
 
 
@@ -84,9 +87,20 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         session.config.get_terminal_writer().line(f"packcheck: error: {exc}", red=True)
         session.exitstatus = pytest.ExitCode.USAGE_ERROR
         return
+    except Exception as exc:  # noqa: BLE001 - never leave the previous run's matrix looking current
+        line = state.discard_stale_matrix(exc)
+        session.config.get_terminal_writer().line(f"packcheck: error: {line}", red=True)
+        session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
+        return
     if state.regressions:
         # the gate fails the session after the matrix is written; the summary below prints why
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    state = _state(config)
+    if state is not None:
+        state.release()
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:

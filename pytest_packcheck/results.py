@@ -227,6 +227,27 @@ def atomic_write(path: Path, text: str) -> None:
         ) from None
 
 
+def cell_problem(cell: Any) -> str | None:
+    """What makes ``cell`` (a results-file cell or a journal line's cell) unusable, or None: the fields every
+    reader indexes must be there with the right types."""
+    if not isinstance(cell, dict):
+        return f"a cell is a JSON {type(cell).__name__}, not an object"
+    name = cell.get("cell_id", "?")
+    for key, kind in (("cell_id", str), ("check", str), ("dtype", str), ("status", str), ("model", dict)):
+        if not isinstance(cell.get(key), kind):
+            return f"cell {name!r} has {key}={cell.get(key)!r} (expected a {kind.__name__})"
+    if cell["status"] not in STATUSES:
+        return f"cell {name!r} has unknown status {cell['status']!r} (expected one of {', '.join(STATUSES)})"
+    if not isinstance(cell.get("backend"), str | None):
+        return f"cell {name!r} has backend={cell.get('backend')!r} (expected a string or null)"
+    for key, kind in (("metrics", dict), ("tolerances", dict), ("message", str), ("env", dict)):
+        if key in cell and not isinstance(cell[key], kind) and not (key == "env" and cell[key] is None):
+            return f"cell {name!r} has \"{key}\": {json.dumps(cell[key])[:40]} (expected a {'JSON object' if kind is dict else 'string'})"
+    if not isinstance(cell["model"].get("label"), str):
+        return f"cell {name!r} has a model without a label"
+    return None
+
+
 def load_document(path: str | Path) -> dict[str, Any]:
     """Load a results JSON written by packcheck.
 
@@ -259,6 +280,9 @@ def load_document(path: str | Path) -> dict[str, Any]:
         )
     if not all(isinstance(c["model"], dict) and "label" in c["model"] for c in cells):
         raise PackcheckUsageError(f"Results file {p} has cells whose 'model' lacks a label: it is not a packcheck results file.")
+    problem = next((cell_problem(c) for c in cells if cell_problem(c)), None)
+    if problem:
+        raise PackcheckUsageError(f"Results file {p} is corrupt: {problem}. Regenerate it with `packcheck audit`.")
     data.setdefault("environment", {})
     return upgrade(data)
 

@@ -103,6 +103,8 @@ def _is_oom(exc: BaseException) -> bool:
     """MemoryError (host) or torch's OutOfMemoryError (CUDA, a RuntimeError subclass since torch 2.1)."""
     if isinstance(exc, MemoryError):
         return True
+    if isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc):  # torch's CPU allocator (a RuntimeError)
+        return True
     try:
         import torch
 
@@ -232,6 +234,9 @@ class CellRunner:
         resolved = self.models[cell.model_index]
         t0 = time.perf_counter()
         result = self._run(cell)
+        counts = getattr(getattr(self._bench, "model", None), "packcheck_weights", None)
+        if counts and self._key == (cell.model_index, cell.backend or "eager", cell.dtype):
+            result.metrics = {**result.metrics, "weights": counts}  # what --packcheck-weights=pretrained loaded
         return CellResult(
             cell_id=cell.cell_id,
             model=resolved.record(),

@@ -125,15 +125,38 @@ class Settings:
         }
 
     def reproduce_flags(self) -> list[str]:
-        """Flags that reproduce this run (the report header prints them)."""
-        flags = [f"{OPT_MODELS}={','.join(self.models)}", f"{OPT_BACKENDS}={','.join(self.backends)}",
-                 f"{OPT_CHECKS}={','.join(self.checks)}", f"{OPT_DTYPES}={','.join(self.dtypes)}",
-                 f"{OPT_WEIGHTS}={self.weights}", f"{OPT_DEVICE}={self.device}"]
+        """Flags that reproduce this run (the report header prints them): :meth:`to_args` without the
+        settings left at their defaults."""
+        return self.to_args(skip_defaults=True)
+
+    def to_args(self, tolerance_file: str | None = None, models: list[str] | None = None, report_dir: str | None = None,
+                version_child: bool = False, skip_defaults: bool = False) -> list[str]:
+        """The ``--packcheck-*`` flags that resolve back into these settings: the one Settings -> argv conversion
+        (the report's Reproduce line, the version-environment children). ``tolerance_file``: a TOML file holding
+        ``self.tolerances`` (else the tolerances are not passed); ``models`` / ``report_dir`` replace this run's;
+        ``version_child``: for the run inside one version environment (no versions, baseline, shard or resume)."""
+        flags = [f"{OPT_MODELS}={','.join(models if models is not None else self.models)}",
+                 f"{OPT_BACKENDS}={','.join(self.backends)}", f"{OPT_CHECKS}={','.join(self.checks)}",
+                 f"{OPT_DTYPES}={','.join(self.dtypes)}", f"{OPT_WEIGHTS}={self.weights}", f"{OPT_DEVICE}={self.device}"]
         if self.trust_remote_code:
             flags.append(OPT_TRUST)
+        if report_dir is not None or not skip_defaults or self.report_dir != "reports":
+            flags.append(f"{OPT_REPORT_DIR}={report_dir if report_dir is not None else self.report_dir}")
+        if tolerance_file:
+            flags.append(f"{OPT_TOLERANCES}={tolerance_file}")
+        if not skip_defaults or self.timeout_s != 600.0:
+            flags.append(f"{OPT_TIMEOUT}={self.timeout_s:g}")
+        if not skip_defaults or self.isolation != "fork":
+            flags.append(f"{OPT_ISOLATION}={self.isolation}")
+        if version_child:
+            return flags
+        if self.baseline:
+            flags.append(f"{OPT_BASELINE}={self.baseline}")
         if self.shard != (1, 1):
             flags.append(f"{OPT_SHARD}={self.shard[0]}/{self.shard[1]}")
         flags += [f"{OPT_VERSIONS}={' & '.join(v.requirements)}" for v in self.versions]
+        if self.resume:
+            flags.append(OPT_RESUME)
         return flags
 
 

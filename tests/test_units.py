@@ -19,7 +19,8 @@ from pytest_packcheck.specs import load_audit, parse_model_spec
 def test_parse_specs():
     assert parse_model_spec("meta-llama/Llama-3.2-1B@abc123", "t").revision == "abc123"
     assert parse_model_spec("arch:qwen3", "t").kind == "arch"
-    with pytest.raises(PackcheckUsageError, match="Malformed model spec 'a/b/c' \\(from t\\)"):
+    # two slashes: only a path can look like that, so a missing one is "no such folder", not a Hub lookup
+    with pytest.raises(PackcheckUsageError, match="No such folder 'a/b/c' \\(from t\\)"):
         parse_model_spec("a/b/c", "t")
 
 
