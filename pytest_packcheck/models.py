@@ -271,7 +271,7 @@ def _per_layer_indices(d: dict[str, Any], n_layers: int) -> list[int]:
     return sorted(keep)
 
 
-def shrink_config(config: Any, keep_auto_map: bool = False) -> Any:
+def shrink_config(config: Any, keep_auto_map: bool = False, sliding_window: int = TINY_SLIDING_WINDOW) -> Any:
     """A tiny copy of ``config`` that keeps what changes the attention path.
 
     Kept: GQA ratio (num_attention_heads / num_key_value_heads), explicit head_dim (set to 16), every distinct
@@ -279,17 +279,18 @@ def shrink_config(config: Any, keep_auto_map: bool = False) -> Any:
     examples exceed it), softcapping, rope scaling parameters, MoE routing (4 experts), MLA ranks. Shrunk: layer
     count, hidden size, vocabulary (512; special token ids clamped into it).
     ``keep_auto_map``: keep the ``auto_map`` that remote-code models need to find their classes.
+    ``sliding_window``: the window a longer one is shortened to (tokens; ``--packcheck-sliding-window``).
     Returns a new config object (``config`` is not modified).
     """
     d = copy.deepcopy(config.to_dict())
     for key in _DROP_KEYS:
         if not (keep_auto_map and key == "auto_map"):  # remote code (--packcheck-trust-remote-code) needs it
             d.pop(key, None)
-    _shrink_dict(d, dict(getattr(config, "attribute_map", {}) or {}))
+    _shrink_dict(d, dict(getattr(config, "attribute_map", {}) or {}), sliding_window)
     return type(config).from_dict(d)
 
 
-def _shrink_dict(d: dict[str, Any], amap: dict[str, str]) -> None:
+def _shrink_dict(d: dict[str, Any], amap: dict[str, str], sliding_window: int = TINY_SLIDING_WINDOW) -> None:
     """Shrink one config dict in place, then every nested sub-config (text_config, vision_config, ...) of a
     composite model."""
     for key, value in d.items():
@@ -298,7 +299,7 @@ def _shrink_dict(d: dict[str, Any], amap: dict[str, str]) -> None:
             for drop in (*_DROP_KEYS, "output_attentions"):
                 value.pop(drop, None)
             if key not in ("attn_config", "ffn_config"):
-                _shrink_dict(value, {})
+                _shrink_dict(value, {}, sliding_window)
 
     def real(key: str) -> str:
         return amap.get(key, key) if key not in d and amap.get(key, key) in d else key
@@ -390,8 +391,8 @@ def _shrink_dict(d: dict[str, Any], amap: dict[str, str]) -> None:
 
     # sliding window: shorter than the examples, so the window is exercised on every packed row
     for key in ("sliding_window", "attention_window_size", "attention_chunk_size"):
-        if isinstance(d.get(key), int) and d[key] > TINY_SLIDING_WINDOW:
-            d[key] = TINY_SLIDING_WINDOW
+        if isinstance(d.get(key), int) and d[key] > sliding_window:
+            d[key] = sliding_window
 
     # vocabulary
     if isinstance(d.get("vocab_size"), int) and d["vocab_size"] > TINY_VOCAB:
@@ -436,6 +437,7 @@ def build_model(
     seed: int = 0,
     trust_remote_code: bool = False,
     shrink: bool = True,
+    sliding_window: int | None = None,
 ) -> Any:
     """Build the model for one cell group, in eval mode, on ``device``.
 
@@ -471,7 +473,8 @@ def build_model(
             )
     else:
         try:
-            config = shrink_config(copy.deepcopy(resolved.config), keep_auto_map=trust_remote_code)
+            config = shrink_config(copy.deepcopy(resolved.config), keep_auto_map=trust_remote_code,
+                                   sliding_window=sliding_window or TINY_SLIDING_WINDOW)
             # Count parameters on the meta device first: a config whose size keys the shrink does not know
             # would otherwise allocate a full-size model (an OOM kill on a 24 GB machine, seen with llama4).
             with torch.device("meta"):

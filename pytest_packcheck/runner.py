@@ -12,6 +12,7 @@ import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from . import batches as B
 from .backends import REFERENCE_BACKEND, TORCH_VARLEN_BACKEND, backend_availability, register_reference_backend
 from .checks import Workbench
 from .models import ResolvedModel, build_model
@@ -196,8 +197,11 @@ class CellRunner:
     """Runs cells, keeping the last built model (per group) and the tolerances per dtype."""
 
     def __init__(self, models: list[ResolvedModel], tolerances: dict[str, dict[str, float]], weights: str = "random",
-                 device: str = "cpu", trust_remote_code: bool = False) -> None:
+                 device: str = "cpu", trust_remote_code: bool = False, lengths: tuple[int, ...] | None = None,
+                 sliding_window: int | None = None) -> None:
         self.models = models
+        self.lengths = tuple(lengths) if lengths else None  # example lengths of the packed row (None: batches.DEFAULT_LENGTHS)
+        self.sliding_window = sliding_window  # window the shrink shortens a longer one to (None: models.TINY_SLIDING_WINDOW)
         self.tolerances = tolerances
         self.weights = weights
         self.device = device
@@ -217,9 +221,11 @@ class CellRunner:
                     raise ResolveError(resolved.error, resolved.error_status)
                 if backend in (REFERENCE_BACKEND, TORCH_VARLEN_BACKEND):
                     register_reference_backend()
-                model = build_model(resolved, backend, cell.dtype, self.weights, self.device, trust_remote_code=self.trust_remote_code)
+                model = build_model(resolved, backend, cell.dtype, self.weights, self.device, trust_remote_code=self.trust_remote_code,
+                                    sliding_window=self.sliding_window)
                 self._bench = Workbench(model=model, config=model.config, backend=cell.backend, dtype=cell.dtype,
-                                        tol=self.tolerances[cell.dtype], device=self.device)
+                                        tol=self.tolerances[cell.dtype], device=self.device,
+                                        examples=B.make_examples(model.config, self.lengths) if self.lengths else [])
             except Exception as exc:  # noqa: BLE001 - remembered: every cell of the group reports the build failure
                 self._bench = exc
         if isinstance(self._bench, BaseException):

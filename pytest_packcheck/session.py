@@ -213,7 +213,8 @@ class PackcheckSession:
             from .runner import CellRunner
 
             self._runner = CellRunner(self.resolved_models(), self.settings.tolerances, self.settings.weights,
-                                      self.settings.device, self.settings.trust_remote_code)
+                                      lengths=self.settings.lengths, sliding_window=self.settings.sliding_window,
+                                      device=self.settings.device, trust_remote_code=self.settings.trust_remote_code)
         return self._runner
 
     def _limit_threads(self) -> None:

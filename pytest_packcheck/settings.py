@@ -30,6 +30,8 @@ OPT_VERSIONS = "--packcheck-versions"
 OPT_TIMEOUT = "--packcheck-timeout"
 OPT_ISOLATION = "--packcheck-isolation"
 OPT_RESUME = "--packcheck-resume"
+OPT_LENGTHS = "--packcheck-lengths"
+OPT_SLIDING_WINDOW = "--packcheck-sliding-window"
 ISOLATION = ("fork", "none")
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -87,6 +89,10 @@ OPTIONS = (
            "cell is a timeout (default 600; 0: no limit).", ini="packcheck_timeout", env="PACKCHECK_TIMEOUT"),
     Option(OPT_ISOLATION, "fork (default where available): each model's cells run in a forked child, so a crash "
            "or hang costs one cell; none: in this process.", ini="packcheck_isolation", env="PACKCHECK_ISOLATION"),
+    Option(OPT_LENGTHS, "Token lengths of the examples packed into one row, comma-separated, each >= 1 (default "
+           "11,7,13; e.g. 11,1,13 puts a one-token example between two).", ini="packcheck_lengths", env="PACKCHECK_LENGTHS"),
+    Option(OPT_SLIDING_WINDOW, "The window (tokens, >= 2) a model's longer sliding window is shortened to when packcheck "
+           "shrinks it (default 8, so the examples exceed it).", ini="packcheck_sliding_window", env="PACKCHECK_SLIDING_WINDOW"),
     Option(OPT_RESUME, "Reuse the cells already in <report dir>/packcheck-journal.jsonl from an interrupted run with "
            "the same settings and versions; run the rest.", action="store_true", default=False),
 )
@@ -114,6 +120,8 @@ class Settings:
     timeout_s: float = 600.0  # per cell; 0 = no limit
     isolation: str = "fork"
     resume: bool = False
+    lengths: tuple[int, ...] = (11, 7, 13)  # batches.DEFAULT_LENGTHS
+    sliding_window: int = 8  # models.TINY_SLIDING_WINDOW
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -122,6 +130,7 @@ class Settings:
             "trust_remote_code": self.trust_remote_code, "audit": self.audit_name,
             "tolerance_source": self.tolerance_source,
             "versions": [v.label for v in self.versions],
+            "lengths": list(self.lengths), "sliding_window": self.sliding_window,
         }
 
     def reproduce_flags(self) -> list[str]:
@@ -148,6 +157,10 @@ class Settings:
             flags.append(f"{OPT_TIMEOUT}={self.timeout_s:g}")
         if not skip_defaults or self.isolation != "fork":
             flags.append(f"{OPT_ISOLATION}={self.isolation}")
+        if not skip_defaults or self.lengths != (11, 7, 13):
+            flags.append(f"{OPT_LENGTHS}={','.join(map(str, self.lengths))}")
+        if not skip_defaults or self.sliding_window != 8:
+            flags.append(f"{OPT_SLIDING_WINDOW}={self.sliding_window}")
         if version_child:
             return flags
         if self.baseline:
@@ -159,6 +172,19 @@ class Settings:
             flags.append(OPT_RESUME)
         return flags
 
+
+
+def parse_lengths(value: Any, source: str) -> tuple[int, ...]:
+    """Example lengths ``"11,1,13"`` -> (11, 1, 13).
+
+    Raises:
+        PackcheckUsageError: not whole numbers >= 1, or fewer than two (a packed row needs two examples).
+    """
+    parts = _split(str(value))
+    if len(parts) < 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
+        raise PackcheckUsageError(f"Bad example lengths '{value}' (from {source}): give at least two whole numbers >= 1, "
+                                  f"comma-separated, e.g. {OPT_LENGTHS}=11,1,13.")
+    return tuple(int(p) for p in parts)
 
 
 def _split(value: str | list[str] | tuple[str, ...]) -> list[str]:
@@ -341,7 +367,22 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
     if isolation == "fork" and not fork_available():
         raise PackcheckUsageError(f"Isolation 'fork' (from {isolation_src}) is not available on this platform: use {OPT_ISOLATION}=none.")
     resume, _ = pick(by_flag[OPT_RESUME])
+    lengths_value, lengths_src = pick(by_flag[OPT_LENGTHS])
+    if not lengths_value and audit and audit.lengths:
+        lengths_value, lengths_src = ",".join(map(str, audit.lengths)), f"audit {audit.path}"
+    lengths = parse_lengths(lengths_value, lengths_src) if lengths_value else (11, 7, 13)
+    window_value, window_src = pick(by_flag[OPT_SLIDING_WINDOW])
+    if window_value in (None, "") and audit and audit.sliding_window:
+        window_value, window_src = audit.sliding_window, f"audit {audit.path}"
+    sliding_window = 8
+    if window_value not in (None, ""):
+        text = str(window_value).strip()
+        if not text.isdigit() or int(text) < 2:
+            raise PackcheckUsageError(f"Bad sliding window '{window_value}' (from {window_src}): give a whole number of tokens "
+                                      f">= 2, e.g. {OPT_SLIDING_WINDOW}=16.")
+        sliding_window = int(text)
     return Settings(
+        lengths=lengths, sliding_window=sliding_window,
         timeout_s=timeout_s, isolation=isolation, resume=bool(resume),
         baseline=str(baseline) if baseline else None, shard=shard, versions=versions,
         models=tuple(models), model_source=source, backends=backends, checks=checks, dtypes=dtypes,

@@ -122,9 +122,12 @@ class AuditDefinition:
     dtypes: tuple[str, ...] | None = None
     tolerances: str | None = None
     versions: tuple[str, ...] | None = None  # version axes / combinations, as for --packcheck-versions
+    lengths: tuple[int, ...] | None = None  # example lengths of the packed row, as for --packcheck-lengths
+    sliding_window: int | None = None  # as for --packcheck-sliding-window
 
 
-_AUDIT_KEYS = {"name", "description", "models", "backends", "checks", "dtypes", "tolerances", "versions"}
+_AUDIT_KEYS = {"name", "description", "models", "backends", "checks", "dtypes", "tolerances", "versions", "lengths",
+               "sliding_window"}
 
 
 def resolve_audit_path(value: str) -> Path:
@@ -171,7 +174,17 @@ def load_audit(value: str) -> AuditDefinition:
     def opt(key: str) -> tuple[str, ...] | None:
         return tuple(audit[key]) if audit.get(key) else None
 
+    lengths = audit.get("lengths")
+    if lengths is not None and not (isinstance(lengths, list) and len(lengths) >= 2
+                                    and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in lengths)):
+        raise PackcheckUsageError(f"Audit file {path}: 'lengths' must list at least two whole numbers >= 1, e.g. "
+                                  f"lengths = [11, 1, 13], not {lengths!r}.")
+    window = audit.get("sliding_window")
+    if window is not None and not (isinstance(window, int) and not isinstance(window, bool) and window >= 2):
+        raise PackcheckUsageError(f"Audit file {path}: 'sliding_window' must be a whole number >= 2, e.g. "
+                                  f"sliding_window = 16, not {window!r}.")
     return AuditDefinition(
+        lengths=tuple(lengths) if lengths else None, sliding_window=window,
         path=str(path),
         name=audit.get("name", path.stem),
         models=tuple(models),

@@ -74,3 +74,40 @@ def test_reference_loss_takes_a_one_token_example(tolerances):
     result = C.check_loss_parity(bench)
     assert result.status == "pass", result.message
     assert result.metrics["num_items_expected"] == len(bench.examples[0]) - 1 + len(bench.examples[2]) - 1
+
+
+def test_lengths_and_sliding_window_reach_the_workbench(tolerances):
+    """--packcheck-lengths 11,1,13 packs a one-token example between two (the loss reference counts its zero labels);
+    --packcheck-sliding-window 16 is the window the shrink gives mistral."""
+    from pytest_packcheck.models import resolve_model
+    from pytest_packcheck.runner import Cell, CellRunner
+    from pytest_packcheck.specs import parse_model_spec
+
+    resolved = [resolve_model(parse_model_spec(m, "test"), "test") for m in ("arch:llama", "arch:mistral")]
+    runner = CellRunner(resolved, tolerances, lengths=(11, 1, 13), sliding_window=16)
+    loss = runner.run(Cell(0, "llama", "sdpa", "loss_parity", "float32"))
+    assert loss.status == "pass" and loss.metrics["num_items_expected"] == 10 + 0 + 12, loss.message
+    assert runner.workbench(Cell(1, "mistral", "sdpa", "isolation", "float32")).config.sliding_window == 16
+
+
+def test_bad_lengths_and_window_are_one_line_errors(tmp_path):
+    import pytest
+
+    from pytest_packcheck.errors import PackcheckUsageError
+    from pytest_packcheck.settings import OPT_LENGTHS, parse_lengths, resolve
+    from pytest_packcheck.specs import load_audit
+
+    for bad in ("11", "11,0,13", "a,b", "11,-1"):
+        with pytest.raises(PackcheckUsageError, match=f"Bad example lengths '{bad}' \\(from {OPT_LENGTHS}\\)"):
+            parse_lengths(bad, OPT_LENGTHS)
+    with pytest.raises(PackcheckUsageError, match="Bad sliding window '1' \\(from --packcheck-sliding-window\\)"):
+        resolve(lambda d: {"packcheck_models": "arch:llama", "packcheck_sliding_window": "1"}.get(d), lambda k: None)
+    audit = tmp_path / "a.toml"
+    audit.write_text('models = ["arch:llama"]\nlengths = [11, 1, 13]\nsliding_window = 12\n')
+    got = load_audit(str(audit))
+    assert got.lengths == (11, 1, 13) and got.sliding_window == 12
+    settings = resolve(lambda d: {"packcheck_audit": str(audit)}.get(d), lambda k: None)
+    assert settings.lengths == (11, 1, 13) and settings.sliding_window == 12
+    audit.write_text('models = ["arch:llama"]\nlengths = [11]\n')
+    with pytest.raises(PackcheckUsageError, match="'lengths' must list at least two"):
+        load_audit(str(audit))

@@ -317,7 +317,8 @@ def _every_setting_changed(tmp_path, monkeypatch):
             "--packcheck-dtypes=float32,bfloat16", "--packcheck-weights=pretrained", "--packcheck-device=cpu",
             "--packcheck-trust-remote-code", f"--packcheck-report-dir={tmp_path / 'r'}", "--packcheck-tolerance=float32.logits_atol=0.5",
             "--packcheck-baseline=base.json", "--packcheck-shard=2/3", "--packcheck-versions=transformers==4.56.2,5.24.0",
-            "--packcheck-versions=trl==0.21.0", "--packcheck-timeout=30", "--packcheck-isolation=none", "--packcheck-resume"]
+            "--packcheck-versions=trl==0.21.0", "--packcheck-timeout=30", "--packcheck-isolation=none", "--packcheck-resume",
+            "--packcheck-lengths=11,1,13", "--packcheck-sliding-window=16"]
 
     def settings_of(args):
         ns = _parser().parse_args(["audit", *args])
