@@ -33,7 +33,8 @@ fi
 # copies what a stage wrote to $OUT at once: a later stage running out of time loses nothing (6 files in all)
 save() {
   [ -n "${OUT:-}" ] || return 0
-  cp "$REPORTS"/gpu-audit/packcheck-matrix.* "$REPORTS"/gpu-audit/packcheck-journal.jsonl "$OUT/reports/gpu-audit/" 2>/dev/null || true
+  # at most 8 files come back from $OUT: the matrix (md, json, html), the details, the bench (md, json), the log
+  cp "$REPORTS"/gpu-audit/packcheck-matrix.* "$REPORTS"/gpu-audit/packcheck-details.md "$OUT/reports/gpu-audit/" 2>/dev/null || true
   cp "$REPORTS"/gpu-bench.* "$OUT/reports/" 2>/dev/null || true
 }
 if [ "${1:-}" = "--rehearse" ]; then
@@ -42,10 +43,12 @@ if [ "${1:-}" = "--rehearse" ]; then
   REPORTS=${REHEARSE_DIR:-/tmp/packcheck-gpu-rehearsal}
   AUDIT_SCOPE=(--packcheck-models arch:llama,arch:mistral,arch:qwen2,arch:gpt2)
   BENCH_SCOPE=(--model arch:llama --steps 2 --warmup 1 --batch-size 4 --max-length 1024)  # orcamath (~480) unclipped
+  AUDIT_LIMIT=420  # 2 CPU cores, maybe shared: the rehearsal checks the plumbing, not the speed
 else
   DEVICE=cuda
   REPORTS=reports
   AUDIT_SCOPE=()  # the embedded default audit
+  AUDIT_LIMIT=180
   BENCH_SCOPE=(--model tests/data/hub-configs/meta-llama/Llama-3.2-1B --full-size --steps 10 --warmup 3 --batch-size 16
                --max-length 2048)
 fi
@@ -67,7 +70,7 @@ PY
 mkdir -p "$REPORTS"
 # 2. the suite in bf16 (one process: each model's cells in a forked child that initialises CUDA itself). At the
 # limit timeout sends SIGINT: pytest stops and packcheck still writes the matrix, marked incomplete.
-timeout -s INT -k 20 180 python3 -m pytest_packcheck.cli audit -q -n 0 "${AUDIT_SCOPE[@]}" --packcheck-device "$DEVICE" \
+timeout -s INT -k 20 "$AUDIT_LIMIT" python3 -m pytest_packcheck.cli audit -q -n 0 "${AUDIT_SCOPE[@]}" --packcheck-device "$DEVICE" \
   --packcheck-dtypes bfloat16 --packcheck-weights random --packcheck-timeout 60 \
   --packcheck-attn sdpa,packcheck_flash_torch_varlen,flash_attention_2,flash_attention_3 \
   --packcheck-report-dir "$REPORTS/gpu-audit" || echo "audit exited $?"

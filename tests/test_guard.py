@@ -30,7 +30,7 @@ def _sft_trainer(bench, out_dir, callbacks=None, **overrides):
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
-    from pytest_packcheck.checks import TRAIN_RECIPE
+    from pytest_packcheck.training import TRAIN_RECIPE
     from pytest_packcheck.sft import SENTENCES, offline_tokenizer
 
     args = SFTConfig(output_dir=str(out_dir), packing=True, max_length=512, per_device_train_batch_size=1, max_steps=1,
@@ -44,7 +44,7 @@ def _trainer(bench, out_dir, collator, callback=None):
     """transformers' Trainer on the bench's three examples in one packed row, one SGD step."""
     from transformers import Trainer, TrainingArguments
 
-    from pytest_packcheck.checks import TRAIN_RECIPE
+    from pytest_packcheck.training import TRAIN_RECIPE
 
     args = TrainingArguments(output_dir=str(out_dir), per_device_train_batch_size=3, max_steps=1, save_strategy="no",
                              report_to=[], use_cpu=True, disable_tqdm=True, remove_unused_columns=False, **TRAIN_RECIPE)
@@ -61,7 +61,7 @@ def _params(model):
 
 def test_sft_packing_passes_and_first_step_is_bit_identical(tolerances, tmp_path):
     pytest.importorskip("trl")
-    from pytest_packcheck.checks import train_and_restore
+    from pytest_packcheck.training import train_and_restore
 
     bench = make_bench("llama", "sdpa", tolerances)
     callback = PackcheckCallback()

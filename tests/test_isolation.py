@@ -21,9 +21,9 @@ pytest_plugins = ["pytester"]
 # and logs every check that really runs (to prove that resume recomputes nothing).
 FAULTS_CONFTEST = '''
 import json, os, time
-import pytest_packcheck.checks as C
+import pytest_packcheck.registry as R
 
-_original = dict(C.CHECK_FUNCTIONS)
+_load = R.CheckSpec.load
 
 
 def _wrap(name, fn):
@@ -44,8 +44,11 @@ def _wrap(name, fn):
     return check
 
 
-for _name, _fn in _original.items():
-    C.CHECK_FUNCTIONS[_name] = _wrap(_name, _fn)
+def _planted_load(self):
+    return _wrap(self.name, _load(self))
+
+
+R.CheckSpec.load = _planted_load
 '''
 
 MODELS = "arch:llama,arch:opt,arch:gpt2,arch:gpt_neox,arch:qwen2"
