@@ -309,7 +309,7 @@ def test_real_trl_0_21_padding_free_without_position_ids_on_sdpa(pytester, monke
     """SFTTrainer(packing=True), defaults otherwise, sdpa: trl 0.21 (transformers 4.56.2) turns padding_free on
     for bfd packing but builds its collator with return_position_ids=use_flash_attention, so the rows reach sdpa
     with an all-ones attention_mask and no position_ids -> fail, cause mask_override, remedy flash_attention_2 or
-    TRL >= 0.24; the same with padding_free=True and no packing."""
+    TRL >= 0.23.1; the same with padding_free=True and no packing."""
     cells = _audit(pytester, monkeypatch, version_cache, "transformers==4.56.2 & trl==0.21.0", "arch:llama", "sdpa",
                    "sft,sft_padding_free,sft_strategies")
     strategies = cells["llama-sdpa-sft_strategies-float32@transformers==4.56.2+trl==0.21.0"]
