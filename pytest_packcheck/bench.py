@@ -333,7 +333,7 @@ def render_bench(results: list[dict[str, Any]], env: dict[str, Any], model_label
     from tabulate import tabulate
 
     from .backends import backend_labels
-    from .report import escape_md
+    from .markdown import escape_md
 
     attn = results[0].get("attn_implementation", "") if results else ""
     lines = [f"# packcheck bench — {escape_md(model_label)}", "",
@@ -437,3 +437,57 @@ def bench_audit(doc: dict[str, Any], profiles: list[str], steps: int, device: st
             log(f"bench {label} / {backend} / {profile}: speedup {r['speedup']:.2f}x (ideal {r['ideal_speedup']:.2f}x)")
         del model
     return out
+
+
+def _packing_fails(cells: list[dict[str, Any]], r: dict[str, Any]) -> list[str]:
+    """The checks that failed (or fell back) for the benched model, backend and dtype among the registry's
+    checks that bear on bench (a packed row, use_cache=False, no attention_mask): a speedup there is the speed
+    of a wrong result. Errors (inconclusive) are not counted."""
+    from .registry import BENCH_RELEVANT_CHECKS
+
+    return sorted({c["check"] for c in cells if c["model"]["label"] == r["model"]["label"]
+                   and c["backend"] == r.get("attn_implementation") and c["dtype"] == r.get("dtype")
+                   and c["check"] in BENCH_RELEVANT_CHECKS and c["status"] in ("fail", "fallback")})
+
+
+def bench_cell(results: list[dict[str, Any]], cells: list[dict[str, Any]]) -> str:
+    """The matrix's "speedup / memory" entry of one model: per profile, packed/padded useful tokens/s and the
+    peak-memory reduction (n/a on CPU); marked when the audit found packing wrong on the benched backend."""
+    parts = []
+    for r in results:
+        if "error" in r:
+            parts.append(f"{r['profile']}: not measured")
+            continue
+        mem = f"−{r['memory_reduction'] * 100:.0f} % mem" if r.get("memory_reduction") is not None else "mem n/a"
+        parts.append(f"{r['profile']} {r['speedup']:.2f}x / {mem}")
+    wrong = _packing_fails(cells, results[0]) if results else []
+    return "; ".join(parts) + (f" ⚠ packing wrong on {results[0]['attn_implementation']}" if wrong else "")
+
+
+def bench_section(bench: dict[str, Any], cells: list[dict[str, Any]]) -> list[str]:
+    """What packing buys (``packcheck audit --bench``): one row per model and profile, with its backend."""
+    from tabulate import tabulate
+
+    from .markdown import escape_md
+
+    rows, failed, wrong = [], [], {}
+    for r in bench["results"]:
+        if "error" in r:
+            failed.append(f"- {escape_md(r['model']['label'])} / {r['profile']}: {escape_md(r['error'])}")
+            continue
+        fails = _packing_fails(cells, r)
+        if fails:
+            wrong[(r["model"]["label"], r["attn_implementation"])] = fails
+        rows.append([escape_md(r["model"]["label"]) + (" ⚠" if fails else ""), r["attn_implementation"], r["dtype"], *bench_row(r)])
+    lines = ["## Packing payoff (packcheck bench)", "",
+             (f"{bench['steps']} measured steps per mode on {bench['device']}, same examples padded and packed. "
+              + ("CPU run: a smoke test of the machinery, not a speed claim. " if not str(bench["device"]).startswith("cuda") else "")
+              + BENCH_NOTE), ""]
+    if rows:
+        lines += [tabulate(rows, headers=["model", "backend", "dtype", *BENCH_HEADERS], tablefmt="github"), ""]
+        lines += [f"- ⚠ {escape_md(label)} on {backend}: the audit found packing wrong there ({', '.join(checks)}): "
+                  "this speedup is the speed of a different computation." for (label, backend), checks in wrong.items()]
+        lines += [*bench_caveats([r for r in bench["results"] if "error" not in r]), ""]
+    if failed:
+        lines += ["Not measured:", "", *failed, ""]
+    return lines

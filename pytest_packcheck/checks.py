@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import itertools
 import logging
 import warnings
 from collections.abc import Callable, Iterator
@@ -23,16 +24,10 @@ from typing import Any
 
 from . import batches as B
 from .backends import FLASH_FAMILY, backend_availability, count_attention_calls
-from .results import CheckResult
 
-#: Check names in matrix order. :data:`MODEL_LEVEL_CHECKS` run per model (no backend); the others per model x backend.
-CHECKS = ("collate", "position_ids", "isolation", "logits_parity", "loss_parity", "grad_parity", "backend", "cache_trap",
-          "mask_trap", "trainer", "sft", "sft_padding_free", "sft_strategies", "packing_content")
-MODEL_LEVEL_CHECKS = ("collate", "packing_content")
-#: Whole Trainer / SFTTrainer runs (and TRL's packer): opt in with --packcheck-checks or audit/training.toml.
-TRAINING_CHECKS = ("trainer", "sft", "sft_padding_free", "sft_strategies", "packing_content")
-#: Checks run when none are named: all but :data:`TRAINING_CHECKS`.
-DEFAULT_CHECKS = tuple(c for c in CHECKS if c not in TRAINING_CHECKS)
+# The check names, levels and roles live in the registry; re-exported here for code written against 0.1.
+from .registry import CHECKS, DEFAULT_CHECKS, MODEL_LEVEL_CHECKS, NUMERICS_FACTOR, TRAINING_CHECKS  # noqa: F401
+from .results import CheckResult
 
 
 @dataclass
@@ -166,124 +161,188 @@ def capture_warnings() -> Iterator[list[str]]:
 # 1. collate
 
 
-def check_collate(bench: Workbench) -> CheckResult:
-    """The flattening collator's contract on the examples plus one empty example.
+def _item(items: dict[str, Any], name: str, ok: bool, evidence: str, cause: str = "collator_contract") -> None:
+    items[name] = {"status": "pass" if ok else "fail", "evidence": evidence, **({} if ok else {"cause": cause})}
 
-    Measures: per-token key lengths, position_ids restart at ``start`` (0, or padding_idx + 1 for RoBERTa-likes),
-    labels == -100 at every boundary, cu_seq_lens_q/k int32 from 0 to the token count, max_length_q/k Python
-    ints, empty examples dropped or rejected, non-token (integer) labels rejected with a clear error.
+
+def _items_result(items: dict[str, Any], metrics: dict[str, Any], what: str) -> CheckResult:
+    """A contract check's verdict from its items: fail when any item failed; the cause is the first failed
+    item's, every other failed item's cause is a finding. Every item was checked on its own."""
+    metrics["items"] = items
+    failed = [(k, v) for k, v in items.items() if v["status"] == "fail"]
+    if not failed:
+        return CheckResult("pass", metrics, f"{what}: {len(items)} contract items hold")
+    (first, head), rest = failed[0], failed[1:]
+    return CheckResult("fail", metrics, "; ".join(f"{k}: {v['evidence']}" for k, v in failed),
+                       cause=head["cause"], evidence={"item": first, "detail": head["evidence"]},
+                       findings=[{"cause": v["cause"], "evidence": f"{k}: {v['evidence']}"} for k, v in rest
+                                 if v["cause"] != head["cause"]])
+
+
+def _describe_empty(batch: dict[str, Any], total: int, lengths: list[int]) -> tuple[bool, str]:
+    """What the collator did with an empty example appended to ``lengths``: (acceptable, what happened).
+    Dropped means every per-token key has ``total`` tokens and cu_seq_lens has no zero-length segment."""
+    shapes = {k: tuple(batch[k].shape) for k in ("input_ids", "labels", "position_ids", "seq_idx") if k in batch}
+    cu = batch.get("cu_seq_lens_q")
+    cu_list = cu.tolist() if cu is not None else None
+    zero_length = cu_list is not None and any(b == a for a, b in itertools.pairwise(cu_list))
+    if all(s[-1] == total for s in shapes.values()) and not zero_length:
+        return True, "dropped"
+    parts = [f"{k} {list(v)}" for k, v in shapes.items()]
+    text = "kept, not dropped: " + ", ".join(parts) + (f", cu_seq_lens_q {cu_list}" if cu_list is not None else "")
+    return False, text
+
+
+def check_collate(bench: Workbench) -> CheckResult:
+    """transformers' ``DataCollatorWithFlattening`` contract, each item checked and reported on its own
+    (``metrics["items"]``: status, evidence, cause), on the workbench's examples:
+
+    - ``position_ids_start``: an architecture whose positions start at padding_idx + 1 needs the collator's
+      ``position_ids_start`` (transformers >= 5.16);
+    - ``shapes``: input_ids, labels, position_ids, seq_idx all (1, total tokens);
+    - ``position_ids``: restart at ``start`` per example;
+    - ``labels``: -100 at every example's first token;
+    - ``cu_seq_lens``: cu_seq_lens_q/k int32, 0 .. total at the example boundaries;
+    - ``max_length``: max_length_q/k Python ints equal to the longest example;
+    - ``empty_example``: an empty example appended is dropped or refused with a ValueError (measured: dropped on
+      5.24; on 4.56.2 it is kept, labels (1, 9) against input_ids (1, 8), cu_seq_lens [0, 3, 8, 8]);
+    - ``integer_labels``: non-token (sequence-classification) labels refused with a clear error.
+
+    A stack finding (registry role): reported once per environment, never a model failure.
     """
     import torch
 
-    problems: list[str] = []
     supported = B.collator_supports()
     start = bench.start
-    if start and "position_ids_start" not in supported:
-        problems.append(f"architecture starts positions at {start} but the collator has no position_ids_start (added in 5.16)")
     lengths = bench.lengths
-    features = [{"input_ids": list(e)} for e in bench.examples] + [{"input_ids": []}]
+    total = sum(lengths)
+    items: dict[str, Any] = {}
+    metrics: dict[str, Any] = {"lengths": lengths, "position_ids_start": start}
+    if start:
+        _item(items, "position_ids_start", "position_ids_start" in supported,
+              f"positions start at {start}; the collator " + ("takes" if "position_ids_start" in supported else
+                                                               "has no") + " position_ids_start (added in 5.16)",
+              "wrong_positions")
     collator = bench.collator_factory(
         return_position_ids=True, return_flash_attn_kwargs=True, return_seq_idx=True, position_ids_start=start
     )
-    metrics: dict[str, Any] = {"lengths": lengths, "position_ids_start": start}
-    try:
-        batch = collator(features, return_tensors="pt")
-        empty = "dropped"
-    except ValueError as exc:
-        empty = f"rejected ({exc})"
-        batch = collator(features[:-1], return_tensors="pt")
-    metrics["empty_example"] = empty
-    total = sum(lengths)
+    batch = collator([{"input_ids": list(e)} for e in bench.examples], return_tensors="pt")
     token_keys = [k for k in ("input_ids", "labels", "position_ids", "seq_idx") if k in batch]
     shapes = {k: tuple(batch[k].shape) for k in token_keys}
     metrics["shapes"] = {k: list(v) for k, v in shapes.items()}
-    if any(s != (1, total) for s in shapes.values()):
-        problems.append(f"per-token keys differ from (1, {total}): {shapes}")
+    wrong = {k: list(v) for k, v in shapes.items() if v != (1, total)}
+    _item(items, "shapes", not wrong, f"per-token keys (1, {total})" if not wrong else f"keys differ from (1, {total}): {wrong}")
     expected_pos = torch.cat([torch.arange(start, start + n) for n in lengths])
     if "position_ids" not in batch:
-        problems.append("no position_ids returned")
-    elif batch["position_ids"].shape[-1] == total:
-        bad = (batch["position_ids"][0] != expected_pos).nonzero().flatten().tolist()
+        _item(items, "position_ids", False, "no position_ids returned", "wrong_positions")
+    else:
+        got = batch["position_ids"][0][:total]
+        bad = (got != expected_pos[: len(got)]).nonzero().flatten().tolist() + list(range(len(got), total))
         metrics["position_ids_mismatches"] = len(bad)
-        if bad:
-            problems.append(f"position_ids do not restart at {start} per example: {len(bad)} tokens wrong, first at index {bad[0]}")
-    if "labels" in batch and batch["labels"].shape[-1] == total:
+        _item(items, "position_ids", not bad, f"restart at {start} per example" if not bad else
+              f"do not restart at {start} per example: {len(bad)} tokens wrong, first at index {bad[0]}", "wrong_positions")
+    if "labels" in batch:
         starts = [s.start for s in B.segment_slices(lengths)]
-        unmasked = [i for i in starts if int(batch["labels"][0, i]) != B.IGNORE_INDEX]
+        labels = batch["labels"][0].tolist()
+        unmasked = [i for i in starts if i >= len(labels) or labels[i] != B.IGNORE_INDEX]
         metrics["unmasked_boundaries"] = len(unmasked)
-        if unmasked:
-            problems.append(f"labels not -100 at {len(unmasked)} example boundaries (token indices {unmasked})")
+        _item(items, "labels", not unmasked, f"-100 at all {len(starts)} example starts" if not unmasked else
+              f"not -100 at {len(unmasked)} example boundaries (token indices {unmasked})")
     expected_cu = [0]
     for n in lengths:
         expected_cu.append(expected_cu[-1] + n)
+    cu_problems = []
     for key in ("cu_seq_lens_q", "cu_seq_lens_k"):
         if key not in batch:
             if "return_flash_attn_kwargs" in supported:
-                problems.append(f"{key} missing although return_flash_attn_kwargs=True")
+                cu_problems.append(f"{key} missing although return_flash_attn_kwargs=True")
             continue
         cu = batch[key]
         if cu.dtype != torch.int32:
-            problems.append(f"{key} dtype {cu.dtype}, flash-attn needs torch.int32")
+            cu_problems.append(f"{key} dtype {cu.dtype}, flash-attn needs torch.int32")
         if cu.tolist() != expected_cu:
-            problems.append(f"{key}={cu.tolist()}, expected {expected_cu}")
-    for key in ("max_length_q", "max_length_k"):
-        if key in batch and (type(batch[key]) is not int or batch[key] != max(lengths)):
-            problems.append(f"{key}={batch[key]!r} ({type(batch[key]).__name__}), expected Python int {max(lengths)}")
-    # Non-token labels (sequence classification): must be refused clearly, not mangled.
+            cu_problems.append(f"{key}={cu.tolist()}, expected {expected_cu}")
+    if "return_flash_attn_kwargs" in supported:
+        _item(items, "cu_seq_lens", not cu_problems, f"int32 {expected_cu}" if not cu_problems else "; ".join(cu_problems))
+        max_problems = [f"{key}={batch[key]!r} ({type(batch[key]).__name__}), expected Python int {max(lengths)}"
+                        for key in ("max_length_q", "max_length_k")
+                        if key in batch and (type(batch[key]) is not int or batch[key] != max(lengths))]
+        _item(items, "max_length", not max_problems, f"Python int {max(lengths)}" if not max_problems else "; ".join(max_problems))
+    # an empty example, appended: dropped, refused, or kept (and then what it did to the row)
+    try:
+        with_empty = collator([{"input_ids": list(e)} for e in bench.examples] + [{"input_ids": []}], return_tensors="pt")
+        ok, empty = _describe_empty(with_empty, total, lengths)
+    except ValueError as exc:
+        ok, empty = True, f"rejected ({exc})"
+    metrics["empty_example"] = empty
+    _item(items, "empty_example", ok, empty, "empty_example")
+    # non-token labels (sequence classification): must be refused clearly, not mangled
     try:
         out = collator([{"input_ids": list(e), "labels": 1} for e in bench.examples[:2]], return_tensors="pt")
         metrics["integer_labels"] = f"accepted silently (labels shape {tuple(out['labels'].shape)})"
-        problems.append("integer (sequence-classification) labels accepted silently")
+        _item(items, "integer_labels", False, "integer (sequence-classification) labels accepted silently", "labels_contract")
     except (ValueError, TypeError) as exc:
         clear = isinstance(exc, ValueError) or "label" in str(exc).lower()
         metrics["integer_labels"] = f"{type(exc).__name__}: {exc}"
-        if not clear:
-            problems.append(f"integer labels raise an unclear {type(exc).__name__} inside the collator ({exc}) [labels contract]")
-    problems += _trl_padding_free_probe(bench, metrics)
-    if problems:
-        return CheckResult("fail", metrics, "; ".join(problems))
-    return CheckResult("pass", metrics, f"contract holds for {len(lengths)} examples ({total} tokens); empty example {empty.split(' ')[0]}")
+        _item(items, "integer_labels", clear, f"refused: {type(exc).__name__}: {exc}" if clear else
+              f"integer labels raise an unclear {type(exc).__name__} inside the collator ({exc})", "labels_contract")
+    return _items_result(items, metrics, f"DataCollatorWithFlattening, {len(lengths)} examples ({total} tokens)")
 
 
-def _trl_padding_free_probe(bench: Workbench, metrics: dict[str, Any]) -> list[str]:
-    """TRL's padding-free collator with pad_to_multiple_of=8 on a 1027-token row: every per-token key
-    (input_ids, labels, position_ids, seq_idx) must be padded to the same 1032 tokens (a shorter position_ids
-    makes the model's rotary tables mismatch), position_ids restart per example, labels are -100 at each
-    example's first token and on the padding. Records ``trl_padding_free``; nothing when TRL is absent."""
+def check_collate_trl(bench: Workbench) -> CheckResult:
+    """TRL's padding-free collator (``DataCollatorForLanguageModeling(padding_free=True)``) with
+    pad_to_multiple_of=8 on a 1027-token row, each item on its own (``metrics["items"]``):
+
+    - ``shapes``: input_ids, labels, position_ids, seq_idx all padded to the same 1032 tokens (a shorter
+      position_ids makes the model's rotary tables mismatch);
+    - ``position_ids``: restart at 0 per example;
+    - ``labels``: -100 at each example's first token;
+    - ``labels_padding``: -100 on the padding.
+
+    Each item is read on the tokens that exist, so a row whose keys have the wrong length still has its labels
+    looked at. Skipped when TRL (with padding_free) is not installed. A stack finding (registry role)."""
     import math
 
     collator = bench.trl_collator_factory(pad_token_id=bench.pad_id, padding_free=True, pad_to_multiple_of=8,
                                           return_position_ids=True)
     if collator is None:
-        metrics["trl_padding_free"] = "not checked: trl with padding_free not installed"
-        return []
+        return CheckResult("skipped", {}, "trl with padding_free is not installed")
     vocab = int(bench.config.vocab_size)
     lengths = B.TRL_PROBE_LENGTHS
     examples = [{"input_ids": [(7 * i + j) % (vocab - 1) + 1 for j in range(n)]} for i, n in enumerate(lengths)]
     total = sum(lengths)
     padded = math.ceil(total / 8) * 8
+    metrics: dict[str, Any] = {"tokens": total, "pad_to_multiple_of": 8}
     try:
         batch = collator(examples)
     except Exception as exc:  # noqa: BLE001 - the collator itself failing is the finding
-        metrics["trl_padding_free"] = f"{type(exc).__name__}: {exc}"
-        return [f"TRL padding-free collator raised {type(exc).__name__}: {exc}"]
+        metrics["exception"] = f"{type(exc).__name__}: {exc}"
+        return CheckResult("fail", metrics, f"TRL padding-free collator raised {type(exc).__name__}: {exc}",
+                           cause="collator_contract", evidence={"exception": metrics["exception"]})
     shapes = {k: tuple(batch[k].shape) for k in ("input_ids", "labels", "position_ids", "seq_idx") if k in batch}
-    metrics["trl_padding_free"] = {"tokens": total, "pad_to_multiple_of": 8, "shapes": {k: list(v) for k, v in shapes.items()}}
-    problems = []
-    if any(v != (1, padded) for v in shapes.values()):
-        problems.append(f"TRL padding-free collator (pad_to_multiple_of=8, {total} tokens): per-token keys differ from "
-                        f"(1, {padded}): {shapes}")
-    elif "position_ids" in batch:
+    metrics["shapes"] = {k: list(v) for k, v in shapes.items()}
+    items: dict[str, Any] = {}
+    wrong = {k: list(v) for k, v in shapes.items() if v != (1, padded)}
+    _item(items, "shapes", not wrong, f"per-token keys (1, {padded})" if not wrong else f"keys differ from (1, {padded}): {wrong}")
+    starts = [sum(lengths[:i]) for i in range(len(lengths))]
+    if "position_ids" in batch:
         pos = batch["position_ids"][0].tolist()
-        starts = [sum(lengths[:i]) for i in range(len(lengths))]
-        wrong = [s for s, n in zip(starts, lengths, strict=True) if pos[s:s + n] != list(range(n))]
-        if wrong:
-            problems.append(f"TRL padding-free collator: position_ids do not restart at examples starting at {wrong}")
+        bad = [s for s, n in zip(starts, lengths, strict=True) if pos[s:s + n] != list(range(n))]
+        _item(items, "position_ids", not bad, "restart at 0 per example" if not bad else
+              f"do not restart at the examples starting at {bad}", "collator_contract")
+    else:
+        _item(items, "position_ids", False, "no position_ids returned")
+    if "labels" in batch:
         labels = batch["labels"][0].tolist()
-        unmasked = [s for s in starts if labels[s] != B.IGNORE_INDEX] + [i for i in range(total, padded) if labels[i] != B.IGNORE_INDEX]
-        if unmasked:
-            problems.append(f"TRL padding-free collator: labels not -100 at {len(unmasked)} boundary / padding tokens")
-    return problems
+        at_starts = [s for s in starts if s >= len(labels) or labels[s] != B.IGNORE_INDEX]
+        _item(items, "labels", not at_starts, f"-100 at all {len(starts)} example starts" if not at_starts else
+              f"not -100 at the example starts {at_starts}")
+        on_pad = [i for i in range(total, min(padded, len(labels))) if labels[i] != B.IGNORE_INDEX]
+        _item(items, "labels_padding", not on_pad, f"-100 on {padded - total} padding tokens" if not on_pad else
+              f"not -100 on {len(on_pad)} padding tokens")
+    else:
+        _item(items, "labels", False, "no labels returned")
+    return _items_result(items, metrics, f"TRL padding-free collator, {len(lengths)} examples ({total} tokens, padded to {padded})")
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -296,7 +355,8 @@ def check_position_ids(bench: Workbench) -> CheckResult:
     import torch
 
     if bench.accepted is not None and "position_ids" not in bench.accepted:
-        return CheckResult("fail", {}, f"{type(bench.model).__name__}.forward takes no position_ids: packed positions cannot reach the model")
+        return CheckResult("fail", {}, f"{type(bench.model).__name__}.forward takes no position_ids: packed positions cannot reach the model",
+                           cause="ignores_position_ids", evidence={"forward_takes_position_ids": False})
     batch = bench.packed()
     packed = bench.packed_logits()
     plain = dict(batch)
@@ -307,7 +367,8 @@ def check_position_ids(bench: Workbench) -> CheckResult:
     change = float((packed[later] - ranged[later]).abs().max())
     metrics = {"max_change": change, "threshold": bench.tol["position_min_change"]}
     if change <= bench.tol["position_min_change"]:
-        return CheckResult("fail", metrics, f"position_ids ignored: restarting them changed later examples' logits by only {_fmt(change)}")
+        return CheckResult("fail", metrics, f"position_ids ignored: restarting them changed later examples' logits by only {_fmt(change)}",
+                           cause="ignores_position_ids", evidence={"max_change": change})
     return CheckResult("pass", metrics, f"restarting position_ids changes later examples' logits by {_fmt(change)}")
 
 
@@ -336,10 +397,19 @@ def stateful_layers(model: Any) -> list[str]:
     return sorted(names)
 
 
-def check_isolation(bench: Workbench) -> CheckResult:
-    """Perturb every token of the first example; the logits of the other examples must not move (max change
-    <= ``isolation_atol``). Negative control: the same probe on the row with plain 0..n-1 position_ids (no
-    boundaries) must move them by >= ``leak_min``, proving the probe can see a leak on this model."""
+_MASKED_BACKENDS = ("eager", "sdpa", "flex_attention")
+
+
+def leak_probe(bench: Workbench) -> dict[str, Any]:
+    """The isolation probe, once per workbench (cached): perturb every token of the first example and measure
+    how far the other examples' logits move (``max_change``); the same on the row with plain 0..n-1
+    position_ids (no boundaries: ``negative_control_change``); the model's stateful layers; and whether the
+    packed boundaries reached every attention call (``attention_boundaries``: "reached", "missing" or "none"
+    when the model has no attention call to inspect). Every parity check reads its cause from this, so a cell's
+    cause does not depend on which other checks ran."""
+    key = ("leak_probe", id(bench.model), id(bench.collator_factory))
+    if key in bench._cache:
+        return bench._cache[key]
     import torch
 
     vocab = int(bench.config.vocab_size)
@@ -356,12 +426,82 @@ def check_isolation(bench: Workbench) -> CheckResult:
             - bench.packed_logits({**pert_batch, "position_ids": plain})[rest]
         ).abs().max()
     )
+    try:
+        with count_attention_calls(bench.model, bench.lengths) as probe:
+            bench.forward(base_batch)
+        isolated = [c.isolated for c in probe.calls]
+        boundaries = "none" if not isolated else ("missing" if any(i is False for i in isolated) else "reached")
+    except Exception:  # noqa: BLE001 - a model the counter cannot wrap: decided by the backend kind below
+        boundaries = "unknown"
+    out = {"max_change": moved, "negative_control_change": control, "stateful_layers": stateful_layers(bench.model),
+           "attention_boundaries": boundaries}
+    bench._cache[key] = out
+    return out
+
+
+def mismatch_cause(bench: Workbench, diff: float | None = None, atol: float | None = None) -> tuple[str, dict[str, Any]]:
+    """The cause code of a packed-vs-reference difference, from measurements only (:func:`leak_probe`, the
+    sliding-window probe): ``stateful_layers`` when the examples mix although attention kept its boundaries (or
+    the model has no attention to keep them); ``kernel_numerics`` when the mixing, or ``diff`` with no mixing,
+    is within :data:`NUMERICS_FACTOR` times its tolerance; ``leak`` for any other mixing; ``sliding_window``
+    when examples within the window match and longer ones do not; else ``wrong_positions``."""
+    probe = leak_probe(bench)
+    moved, iso_tol = probe["max_change"], bench.tol["isolation_atol"]
+    evidence: dict[str, Any] = {"isolation_moved": moved, "isolation_atol": iso_tol}
+    if moved > iso_tol:
+        stateful = probe["stateful_layers"]
+        attention_kept = probe["attention_boundaries"] in ("reached", "none") or (
+            probe["attention_boundaries"] == "unknown" and bench.backend not in _MASKED_BACKENDS)
+        if stateful and attention_kept:
+            return "stateful_layers", {**evidence, "stateful_layers": stateful[:3], "attention_boundaries": probe["attention_boundaries"]}
+        if moved <= NUMERICS_FACTOR * iso_tol:
+            return "kernel_numerics", evidence
+        return "leak", evidence
+    window = _window_probe(bench)
+    if window is not None and window["max_abs_diff_within_window"] <= bench.tol["logits_atol"]:
+        return "sliding_window", {**evidence, **window}
+    if diff is not None and atol and diff <= NUMERICS_FACTOR * atol:
+        return "kernel_numerics", {**evidence, "diff": diff, "atol": atol}
+    return "wrong_positions", {**evidence, **({"diff": diff} if diff is not None else {})}
+
+
+def _window_probe(bench: Workbench) -> dict[str, Any] | None:
+    """Examples cut below the config's sliding window, packed vs solo (cached): None when the model has no
+    window shorter than the longest example."""
+    window = getattr(bench.config, "sliding_window", None)
+    if not (isinstance(window, int) and 2 < window < max(bench.lengths)):
+        return None
+    key = ("window", id(bench.model), id(bench.collator_factory))
+    if key not in bench._cache:
+        import torch
+
+        short = [e[: max(2, window - 1)] for e in bench.examples]
+        solo = [bench.forward({"input_ids": torch.tensor([e], device=bench.device),
+                               "position_ids": torch.arange(bench.start, bench.start + len(e), device=bench.device)[None]}).logits[0].float()
+                for e in short]
+        row = bench.packed_logits(bench.packed(short))
+        offsets = B.segment_slices([len(e) for e in short])
+        bench._cache[key] = {"sliding_window": window, "max_abs_diff_within_window":
+                             max(float((row[sl] - ref).abs().max()) for sl, ref in zip(offsets, solo, strict=True))}
+    return bench._cache[key]
+
+
+def check_isolation(bench: Workbench) -> CheckResult:
+    """Perturb every token of the first example; the logits of the other examples must not move (max change
+    <= ``isolation_atol``). Negative control: the same probe on the row with plain 0..n-1 position_ids (no
+    boundaries) must move them by >= ``leak_min``, proving the probe can see a leak on this model
+    (:func:`leak_probe`). Causes: leak, stateful_layers, kernel_numerics, probe_inconclusive."""
+    probe = leak_probe(bench)
+    moved, control = probe["max_change"], probe["negative_control_change"]
     metrics = {"max_change": moved, "negative_control_change": control, "atol": bench.tol["isolation_atol"],
-               "stateful_layers": stateful_layers(bench.model)}
+               "stateful_layers": probe["stateful_layers"], "attention_boundaries": probe["attention_boundaries"]}
     if moved > bench.tol["isolation_atol"]:
-        return CheckResult("fail", metrics, f"leak across boundaries: perturbing example 0 moved the other examples' logits by {_fmt(moved)}")
+        cause, evidence = mismatch_cause(bench)
+        return CheckResult("fail", metrics, f"leak across boundaries: perturbing example 0 moved the other examples' logits by {_fmt(moved)}",
+                           cause=cause, evidence=evidence)
     if control < bench.tol["leak_min"]:
-        return CheckResult("error", metrics, f"probe inconclusive: a planted leak (no boundaries) moved logits by only {_fmt(control)}")
+        return CheckResult("error", metrics, f"probe inconclusive: a planted leak (no boundaries) moved logits by only {_fmt(control)}",
+                           cause="probe_inconclusive", evidence={"negative_control_change": control, "leak_min": bench.tol["leak_min"]})
     return CheckResult("pass", metrics, f"other examples moved {_fmt(moved)} (a planted leak moves them {_fmt(control)})")
 
 
@@ -447,22 +587,29 @@ def check_logits_parity(bench: Workbench) -> CheckResult:
         metrics["max_abs_diff_two_rows"] = two_rows
         if isinstance(two_rows, float) and two_rows > bench.tol["logits_atol"]:
             notes.append(f"two packed rows (batch size 2, no cu_seq_lens) differ from solo by {_fmt(two_rows)}")
-    window = getattr(bench.config, "sliding_window", None)
-    if worst > bench.tol["logits_atol"] and isinstance(window, int) and 2 < window < max(bench.lengths):
-        # Examples no longer than the window: if these match and the long ones do not, the window is the cause.
-        short = [e[: max(2, window - 1)] for e in bench.examples]
-        solo = [bench.forward({"input_ids": torch.tensor([e], device=bench.device),
-                               "position_ids": torch.arange(bench.start, bench.start + len(e), device=bench.device)[None]}).logits[0].float()
-                for e in short]
-        row = bench.packed_logits(bench.packed(short))
-        offsets = B.segment_slices([len(e) for e in short])
-        metrics["sliding_window"] = window
-        metrics["max_abs_diff_within_window"] = max(float((row[sl] - ref).abs().max()) for sl, ref in zip(offsets, solo, strict=True))
+    if worst > bench.tol["logits_atol"]:
+        window = _window_probe(bench)
+        if window is not None:
+            metrics.update(window)
+    findings = []
+    if isinstance(two_rows, float) and two_rows > bench.tol["logits_atol"] and worst <= bench.tol["logits_atol"]:
+        # only where the packed row itself is right: a row that already leaks says nothing more with two rows
+        findings.append({"cause": "batch_rows", "evidence": f"two packed rows differ from solo by {_fmt(two_rows)}"})
+    shifted = metrics.get("max_abs_diff_start_based_positions")
+    if isinstance(shifted, float) and worst > bench.tol["logits_atol"] and shifted < worst / 10:
+        findings.append({"cause": "wrong_positions", "evidence": (
+            f"the collated row differs by {_fmt(worst)}; with positions from padding_idx + 1 by {_fmt(shifted)} "
+            "(what position_ids_start fixes)")})
     note = f" (note: {'; '.join(notes)})" if notes else ""
     if worst > bench.tol["logits_atol"]:
         bad = [i for i, d in enumerate(per) if d > bench.tol["logits_atol"]]
-        return CheckResult("fail", metrics, f"packed vs solo logits differ by {_fmt(worst)} (examples {bad}){note}")
-    return CheckResult("pass", metrics, f"packed vs solo max abs diff {_fmt(worst)}{note}")
+        cause, evidence = mismatch_cause(bench, worst, bench.tol["logits_atol"])
+        if cause == "wrong_positions" and isinstance(shifted, float):
+            evidence["start_based_positions_diff"] = shifted
+        return CheckResult("fail", metrics, f"packed vs solo logits differ by {_fmt(worst)} (examples {bad}){note}",
+                           cause=cause, evidence={**evidence, "max_abs_diff_solo": worst},
+                           findings=[f for f in findings if f["cause"] != cause])
+    return CheckResult("pass", metrics, f"packed vs solo max abs diff {_fmt(worst)}{note}", findings=findings)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -476,7 +623,7 @@ def _reference_loss(bench: Workbench, examples_idx: list[int]) -> tuple[float, i
     total, count = 0.0, 0
     for i in examples_idx:
         logits = bench.solo_logits()[i]
-        target = torch.tensor(bench.examples[i][1:], device=bench.device)
+        target = torch.tensor(bench.examples[i][1:], dtype=torch.long, device=bench.device)  # long even when empty
         total += float(torch.nn.functional.cross_entropy(logits[:-1], target, reduction="sum"))
         count += len(target)
     return total, count
@@ -525,7 +672,14 @@ def check_loss_parity(bench: Workbench) -> CheckResult:
     if metrics["ga_delta"] > atol:
         problems.append(f"grad-accum sum loss packed {ga_packed:.6f} vs reference {reference:.6f} (delta {_fmt(metrics['ga_delta'])})")
     if problems:
-        return CheckResult("fail", metrics, "; ".join(problems))
+        logits_diff, _ = bench.diff_to_solo(bench.packed_logits())
+        if n_packed != ref_count or logits_diff <= bench.tol["logits_atol"]:
+            # the logits match (or a label was not masked): labels or the count used to normalise
+            cause, evidence = "loss_normalisation", {"num_items_in_batch_packed": n_packed, "num_items_expected": ref_count,
+                                                      "logits_diff": logits_diff, "loss_delta": metrics["loss_delta"]}
+        else:
+            cause, evidence = mismatch_cause(bench, logits_diff, bench.tol["logits_atol"])
+        return CheckResult("fail", metrics, "; ".join(problems), cause=cause, evidence=evidence)
     return CheckResult("pass", metrics, f"loss delta {_fmt(metrics['loss_delta'])}, grad-accum delta {_fmt(metrics['ga_delta'])}, padded delta {_fmt(metrics['padded_delta'])}")
 
 
@@ -566,7 +720,19 @@ def check_grad_parity(bench: Workbench) -> CheckResult:
     metrics = {"grad_rel_err": rel, "grad_cosine": cos, "worst_param": worst_name, "worst_param_rel_err": worst_rel,
                "num_params": len(params), "rel_tol": bench.tol["grad_rel_err"], "cos_min": bench.tol["grad_cos_min"]}
     if rel > bench.tol["grad_rel_err"] or cos < bench.tol["grad_cos_min"]:
-        return CheckResult("fail", metrics, f"gradients differ: rel err {_fmt(rel)}, cosine {cos:.6f}, worst {worst_name} ({_fmt(worst_rel)})")
+        logits_diff, _ = bench.diff_to_solo(bench.packed_logits())
+        scale = float(flat_a.norm() / flat_b.norm().clamp_min(1e-30))
+        if logits_diff > bench.tol["logits_atol"]:
+            cause, evidence = mismatch_cause(bench, logits_diff, bench.tol["logits_atol"])
+        elif cos >= bench.tol["grad_cos_min"]:
+            # same direction, another length: the loss is normalised differently (e.g. 28/31 label tokens)
+            cause, evidence = "loss_normalisation", {"grad_norm_ratio": scale, "grad_cosine": cos}
+        else:
+            cause, evidence = ("kernel_numerics" if rel <= NUMERICS_FACTOR * bench.tol["grad_rel_err"] else "wrong_positions",
+                               {"grad_rel_err": rel, "logits_diff": logits_diff})
+        metrics["grad_norm_ratio"] = scale
+        return CheckResult("fail", metrics, f"gradients differ: rel err {_fmt(rel)}, cosine {cos:.6f}, norm ratio {scale:.4f}, "
+                           f"worst {worst_name} ({_fmt(worst_rel)})", cause=cause, evidence=evidence)
     return CheckResult("pass", metrics, f"grad rel err {_fmt(rel)}, cosine {cos:.7f} over {len(params)} tensors")
 
 
@@ -622,24 +788,32 @@ def check_backend(bench: Workbench) -> CheckResult:
         "warnings": fallback_msgs[:3],
         "other_fallback_warnings": [m[:200] for m in logged if m not in fallback_msgs and any(w in m.lower() for w in _FALLBACK_WORDS)][:3],
     }
+    swap = {"requested": requested, "effective": effective, "calls": counts}
     if effective != requested:
-        return CheckResult("fallback", metrics, f"requested {requested}, model runs {effective}")
+        return CheckResult("fallback", metrics, f"requested {requested}, model runs {effective}", cause="backend_swap", evidence=swap)
     if others:
-        return CheckResult("fallback", metrics, f"silent backend swap: requested {requested} but attention ran on {others}")
+        return CheckResult("fallback", metrics, f"silent backend swap: requested {requested} but attention ran on {others}",
+                           cause="backend_swap", evidence=swap)
     if fallback_msgs:
-        return CheckResult("fallback", metrics, f"fallback warning: {fallback_msgs[0][:160]}")
+        return CheckResult("fallback", metrics, f"fallback warning: {fallback_msgs[0][:160]}", cause="backend_swap",
+                           evidence={**swap, "warning": fallback_msgs[0][:160]})
     if expected and not counts and requested == "eager":
         return CheckResult("skipped", metrics, f"{type(bench.model).__name__} computes eager attention inline (no dispatch function to count); isolation and parity checks still apply")
+    count = {"attention_calls": on_requested, "attention_modules": expected}
     if expected and on_requested == 0:
-        return CheckResult("fail", metrics, f"no attention call reached {requested} (expected {expected})")
+        return CheckResult("fail", metrics, f"no attention call reached {requested} (expected {expected})", cause="backend_swap",
+                           evidence=count)
     if on_requested != expected:
-        return CheckResult("fail", metrics, f"{on_requested} attention calls on {requested}, expected {expected} (one per attention layer)")
+        return CheckResult("fail", metrics, f"{on_requested} attention calls on {requested}, expected {expected} (one per attention module "
+                           "found)", cause="call_count", evidence=count)
     if requested in FLASH_FAMILY and (probe.dense_flash_calls or probe.varlen_calls != on_requested):
         return CheckResult("fail", metrics, (
             f"varlen kernel called {probe.varlen_calls} times and the dense (padded) flash kernel "
-            f"{probe.dense_flash_calls} times for {on_requested} attention calls: the dense path ran"))
+            f"{probe.dense_flash_calls} times for {on_requested} attention calls: the dense path ran"),
+            cause="dense_kernel", evidence={"varlen_kernel_calls": probe.varlen_calls, "dense_kernel_calls": probe.dense_flash_calls})
     if metrics["boundaries_missing"]:
-        return CheckResult("fail", metrics, f"packed boundaries missing in {metrics['boundaries_missing']} of {len(isolated)} attention calls")
+        return CheckResult("fail", metrics, f"packed boundaries missing in {metrics['boundaries_missing']} of {len(isolated)} attention calls",
+                           cause="leak", evidence={"boundaries_missing": metrics["boundaries_missing"], "attention_calls": len(isolated)})
     if expected == 0:
         return CheckResult("skipped", metrics, f"{type(bench.model).__name__} has no attention layers: no backend to verify")
     return CheckResult("pass", metrics, f"{on_requested}/{expected} calls on {requested}, boundaries reached in all")
@@ -670,9 +844,13 @@ def check_cache_trap(bench: Workbench) -> CheckResult:
                "max_abs_diff_use_cache_false": diff_no_cache, "atol": atol}
     if diff_default <= atol:
         return CheckResult("pass", metrics, f"correct with defaults (diff {_fmt(diff_default)})")
+    evidence = {"max_abs_diff_default": diff_default, "max_abs_diff_use_cache_false": diff_no_cache, "atol": atol}
     if diff_no_cache <= atol:
-        return CheckResult("fail", metrics, f"cache trap: correct only with use_cache=False (default {_fmt(diff_default)} vs {_fmt(diff_no_cache)})")
-    return CheckResult("fail", metrics, f"wrong with and without use_cache (default {_fmt(diff_default)}, use_cache=False {_fmt(diff_no_cache)})")
+        return CheckResult("fail", metrics, f"cache trap: correct only with use_cache=False (default {_fmt(diff_default)} vs {_fmt(diff_no_cache)})",
+                           cause="cache_trap", evidence=evidence)
+    cause, why = mismatch_cause(bench, diff_no_cache, atol)  # the row is wrong without the cache too: the model's own fault
+    return CheckResult("fail", metrics, f"wrong with and without use_cache (default {_fmt(diff_default)}, use_cache=False {_fmt(diff_no_cache)})",
+                       cause=cause, evidence={**evidence, **why})
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -698,344 +876,157 @@ def check_mask_trap(bench: Workbench) -> CheckResult:
     metrics = {"max_abs_diff_with_mask": diff_mask, "max_abs_diff_without_mask": diff_plain, "atol": atol}
     if diff_mask <= atol:
         return CheckResult("pass", metrics, f"boundaries hold with an all-ones attention_mask (diff {_fmt(diff_mask)})")
+    evidence = {"max_abs_diff_with_mask": diff_mask, "max_abs_diff_without_mask": diff_plain, "atol": atol}
     if diff_plain <= atol:
         return CheckResult("fail", metrics, f"mask trap: an all-ones attention_mask overrides the packed boundaries "
-                           f"(diff {_fmt(diff_mask)}; without it {_fmt(diff_plain)})")
-    return CheckResult("fail", metrics, f"wrong with and without attention_mask (with {_fmt(diff_mask)}, without {_fmt(diff_plain)})")
+                           f"(diff {_fmt(diff_mask)}; without it {_fmt(diff_plain)})", cause="mask_override", evidence=evidence)
+    cause, why = mismatch_cause(bench, diff_plain, atol)  # the row is wrong without the mask too: the model's own fault
+    return CheckResult("fail", metrics, f"wrong with and without attention_mask (with {_fmt(diff_mask)}, without {_fmt(diff_plain)})",
+                       cause=cause, evidence={**evidence, **why})
 
 
 # ------------------------------------------------------------------------------------------------------------
-# 10. training as users run it: Trainer + DataCollatorWithFlattening
+# 10. cross-backend parity, causality, edge lengths
 
 
-TRAINER_STEPS = 3
+def _eager_twin(bench: Workbench) -> Any:
+    """A copy of the workbench's model on eager attention, same weights (cached per model): the reference every
+    other backend's per-example logits are compared with. ``set_attn_implementation`` from transformers 4.48 (it
+    reaches every sub-config); before, the configs' ``_attn_implementation`` is set directly."""
+    key = ("eager_twin", id(bench.model))
+    if key not in bench._cache:
+        import copy
+
+        twin = copy.deepcopy(bench.model)
+        setter = getattr(twin, "set_attn_implementation", None)
+        if callable(setter):
+            setter("eager")
+        else:
+            for module in twin.modules():
+                config = getattr(module, "config", None)
+                if config is not None and hasattr(config, "_attn_implementation_internal"):
+                    config._attn_implementation_internal = "eager"
+        bench._cache[key] = twin
+    return bench._cache[key]
 
 
-class _PaddingCollator:
-    """Right-padding collator for token lists (what DataCollatorForLanguageModeling(mlm=False) gives, without
-    needing a tokenizer): input_ids, attention_mask, labels -100 on the padding."""
-
-    def __init__(self, pad_id: int) -> None:
-        self.pad_id = pad_id
-
-    def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
-        return B.padded_batch([f["input_ids"] for f in features], self.pad_id, "right")
+def window_probe_lengths(bench: Workbench) -> list[int]:
+    """Example lengths around the model's sliding window (window - 1, window, window + 3) when it has one within
+    64 tokens; [] otherwise."""
+    window = getattr(bench.config, "sliding_window", None)
+    if isinstance(window, int) and 2 < window <= 64:
+        return [window - 1, window, window + 3]
+    return []
 
 
-def _checkpointing(model: Any) -> bool:
-    """Whether activation (gradient) checkpointing is on: ``is_activation_checkpointing`` in 5.x,
-    ``is_gradient_checkpointing`` before (5.x keeps it, deprecated)."""
-    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
-        if hasattr(type(model), name):
-            return bool(getattr(model, name))
-    return False
-
-
-def train_and_restore(model: Any, make_trainer: Callable[[], Any]) -> tuple[list[float], list[float], dict[str, Any]]:
-    """Build a trainer with ``make_trainer()``, train it without printing its logs, and return the per-step loss,
-    the grad norm from its log history, and the parameters after the last step. The loss is what the trainer's
-    own ``compute_loss`` returned, summed over the micro-batches of each optimizer step (the logged loss is
-    rounded to 4 decimals in transformers 4.x). The model's weights, ``config.use_cache`` (transformers' Trainer
-    and TRL's SFTTrainer both set it), gradient checkpointing and its ``forward`` (accelerate wraps it for mixed
-    precision) are restored afterwards, accelerate's process-wide state is reset, and the model is left in eval
-    mode; the caller may set ``use_cache`` before the call."""
-    import copy
-
-    from transformers.trainer_callback import PrinterCallback
-
-    state = copy.deepcopy(model.state_dict())
-    saved_cache = getattr(model.config, "use_cache", None)
-    checkpointing = _checkpointing(model)
-    own_forward = vars(model).get("forward")  # accelerate wraps model.forward on the instance for mixed precision
-    try:
-        trainer = make_trainer()
-        trainer.remove_callback(PrinterCallback)  # the log history is read below; no printing
-        micro: list[float] = []
-        compute_loss = trainer.compute_loss
-
-        def recording(*args: Any, **kwargs: Any) -> Any:
-            out = compute_loss(*args, **kwargs)
-            micro.append(float((out[0] if isinstance(out, tuple) else out).detach()))
-            return out
-
-        trainer.compute_loss = recording
-        trainer.train()
-        logs = [h for h in trainer.state.log_history if "loss" in h and "grad_norm" in h]
-        accum = max(1, int(trainer.args.gradient_accumulation_steps))
-        losses = [sum(micro[i:i + accum]) for i in range(0, len(micro), accum)]
-        params = {n: p.detach().float().clone() for n, p in model.named_parameters()}
-    finally:
-        if not checkpointing and _checkpointing(model):  # the trainer turned it on (gradient_checkpointing=True)
-            disable = "activation_checkpointing_disable" if hasattr(type(model), "activation_checkpointing_disable") else "gradient_checkpointing_disable"
-            getattr(model, disable)()
-        model.load_state_dict(state)
-        if saved_cache is not None:
-            model.config.use_cache = saved_cache
-        if vars(model).get("forward") is not own_forward:
-            if own_forward is None:
-                del model.forward
-            else:
-                model.forward = own_forward
-        model.eval()
-        model.zero_grad(set_to_none=True)
-        _reset_accelerate_state()
-    return losses, [float(h["grad_norm"]) for h in logs], params
-
-
-def _reset_accelerate_state() -> None:
-    """accelerate keeps one AcceleratorState per process, and a Trainer built later reuses what an earlier one
-    set (its mixed precision, for one): measured on transformers 4.56.2, an SFTTrainer run in bf16 changed a
-    later Trainer's float32 sdpa loss by 5e-6. Each training run starts from a fresh state."""
-    try:
-        from accelerate.state import AcceleratorState
-    except ImportError:
-        return
-    reset = getattr(AcceleratorState, "_reset_state", None)
-    if reset is not None:
-        reset()
-
-
-#: Learning rate of every training comparison (plain SGD, constant, no clipping).
-TRAIN_LR = 1e-2
-#: The TrainingArguments / SFTConfig recipe of every trainer run the checks make: what :func:`reference_steps`
-#: writes out by hand (plain SGD at TRAIN_LR, constant schedule, no warm-up, decay or clipping; a loss per step).
-TRAIN_RECIPE = {"learning_rate": TRAIN_LR, "lr_scheduler_type": "constant", "optim": "sgd", "max_grad_norm": 1e9,
-                "warmup_steps": 0, "weight_decay": 0.0, "logging_steps": 1, "seed": 0, "data_seed": 0}
-
-
-def reference_steps(model: Any, batch: dict[str, Any], steps: int, lr: float = TRAIN_LR) -> tuple[list[float], list[float], dict[str, Any]]:
-    """The reference the training checks compare with: ``steps`` plain SGD steps (no momentum, weight decay or
-    clipping) on one padded batch, written out by hand. Loss = the model's own token mean over the label tokens
-    != -100 after the shift (one batch, so no ``num_items_in_batch`` is needed and the mean is exact); train
-    mode, ``use_cache=False``. Per-step loss and grad norm (2-norm over all gradients) and the parameters after
-    the last step; the model is restored. Independent of how a Trainer version counts tokens: transformers'
-    Trainer normalises padded batches by the label count before the shift in 4.x, and in 5.24 for models whose
-    ``loss_type`` is not ForCausalLM (gpt2)."""
-    import copy
-
+def _solo(model: Any, bench: Workbench, example: list[int]) -> Any:
     import torch
 
-    state = copy.deepcopy(model.state_dict())
-    device = next(model.parameters()).device
-    inputs = {k: v.to(device) for k, v in batch.items() if k in ("input_ids", "attention_mask", "labels")}
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    losses, norms = [], []
-    model.train()
-    try:
-        for _ in range(steps):
-            loss = model(**inputs, use_cache=False).loss
-            loss.backward()
-            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)))
-            losses.append(float(loss.detach()))
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        params = {n: p.detach().float().clone() for n, p in model.named_parameters()}
-    finally:
-        model.load_state_dict(state)
-        model.eval()
-        model.zero_grad(set_to_none=True)
-    return losses, norms, params
+    ids = torch.tensor([example], device=bench.device)
+    pos = torch.arange(bench.start, bench.start + len(example), device=bench.device)[None]
+    with torch.no_grad():
+        return model(input_ids=ids, position_ids=pos, use_cache=False).logits[0].float()
 
 
-def _train(bench: Workbench, collator: Any, out_dir: str, use_cache: bool | None, examples: list[list[int]] | None = None,
-           batch_size: int | None = None, grad_accum: int = 1, steps: int = TRAINER_STEPS) -> tuple[list[float], list[float], dict[str, Any]]:
-    """``steps`` optimizer steps of transformers' Trainer on ``examples`` (default: the bench's, all of them in
-    one batch per step), fixed seed and data order, SGD, constant LR, no clipping; per-step loss and grad
-    norm, and the parameters after the last step. ``use_cache`` None: the model as configured. The model is
-    restored afterwards."""
-    import torch
-    from transformers import Trainer, TrainingArguments
-
-    model = bench.model
-    examples = examples or bench.examples
-    saved_cache = getattr(model.config, "use_cache", None)
-    args = TrainingArguments(
-        output_dir=out_dir, per_device_train_batch_size=batch_size or len(examples), max_steps=steps, save_strategy="no",
-        report_to=[], dataloader_num_workers=0, disable_tqdm=True, use_cpu=not bench.device.startswith("cuda"),
-        remove_unused_columns=False, gradient_accumulation_steps=grad_accum, **TRAIN_RECIPE,
-    )
-    data = [{"input_ids": list(e)} for e in examples]
-
-    class _InOrder(Trainer):
-        def _get_train_sampler(self, *args: Any, **kwargs: Any) -> Any:  # fixed data order: micro-batches as listed
-            return torch.utils.data.SequentialSampler(self.train_dataset)
-
-    def make_trainer() -> Any:
-        if use_cache is not None:
-            model.config.use_cache = use_cache
-        return _InOrder(model=model, args=args, train_dataset=data, data_collator=collator)
-
-    try:
-        return train_and_restore(model, make_trainer)
-    finally:
-        if saved_cache is not None:
-            model.config.use_cache = saved_cache
-        torch.manual_seed(0)
+def check_cross_backend(bench: Workbench) -> CheckResult:
+    """This backend's per-example (unpacked) logits vs eager's on the same weights (a deep copy switched to eager),
+    on the bench's examples and on lengths around the sliding window (:func:`window_probe_lengths`): max abs
+    diff <= ``logits_atol``. Catches what packed-vs-solo cannot, because packed and solo runs share it: a backend
+    that applies another sliding window, softcap or scaling than eager. Not planned on eager (the reference).
+    Causes: sliding_window (only examples longer than the window differ), cross_backend."""
+    if bench.backend in (None, "eager"):
+        return CheckResult("skipped", {}, "eager is the reference other backends are compared with")
+    twin = _eager_twin(bench)
+    extra = B.make_examples(bench.config, tuple(window_probe_lengths(bench)), seed=3) if window_probe_lengths(bench) else []
+    diffs = []
+    for e in [*bench.examples, *extra]:
+        diffs.append((len(e), float((_solo(bench.model, bench, e) - _solo(twin, bench, e)).abs().max())))
+    atol = bench.tol["logits_atol"]
+    worst = max(d for _, d in diffs)
+    metrics = {"max_abs_diff_vs_eager": worst, "per_length": {str(n): d for n, d in diffs}, "atol": atol,
+               "window_probe_lengths": window_probe_lengths(bench)}
+    if worst <= atol:
+        return CheckResult("pass", metrics, f"per-example logits = eager's within {_fmt(worst)} on {len(diffs)} examples "
+                           f"(lengths {sorted({n for n, _ in diffs})})")
+    window = getattr(bench.config, "sliding_window", None)
+    bad = sorted({n for n, d in diffs if d > atol})
+    evidence = {"max_abs_diff_vs_eager": worst, "lengths_off": bad}
+    if isinstance(window, int) and all(n > window for n in bad) and any(n <= window for n, _ in diffs):
+        return CheckResult("fail", metrics, f"per-example logits differ from eager's by {_fmt(worst)} only above the "
+                           f"{window}-token sliding window (lengths {bad})", cause="sliding_window",
+                           evidence={**evidence, "sliding_window": window})
+    return CheckResult("fail", metrics, f"per-example logits differ from eager's by {_fmt(worst)} (lengths {bad}): this "
+                       "backend computes another attention than eager, packed or not", cause="cross_backend", evidence=evidence)
 
 
-def padded_trainer_note(entry: dict[str, Any], ref_loss: list[float], labels: Any, who: str) -> str:
-    """A trainer's own padded run (``entry``: its per-step "loss" and "max_loss_delta" against ``ref_loss``) told
-    apart: a first-step loss equal to the reference's scaled by shifted / unshifted label tokens of ``labels``
-    is a normalisation by the label count before the causal shift (transformers 4.x; gpt2 on 5.24). A packed
-    row masks each example's first label, so both counts agree there and the packed run is unaffected. Adds
-    ``loss_ratio``, ``label_tokens_shifted_over_unshifted`` and ``normalisation`` to ``entry``; returns a note
-    for the check's message ("" when there is no first step to compare)."""
-    if not entry.get("loss") or not ref_loss or not ref_loss[0]:
-        return ""
-    unshifted, shifted = int((labels != B.IGNORE_INDEX).sum()), B.count_label_tokens(labels)
-    ratio = entry["loss"][0] / ref_loss[0]
-    entry.update({"loss_ratio": ratio, "label_tokens_shifted_over_unshifted": shifted / unshifted})
-    if abs(ratio - shifted / unshifted) < 1e-3:
-        entry["normalisation"] = "divides by the label count before the shift"
-        return (f"; {who}'s own padded run is off: loss x{ratio:.4f} = {shifted}/{unshifted} label tokens after / before "
-                "the shift (it divides padded batches by the unshifted count)")
-    return f"; {who}'s own padded run differs from the reference by {_fmt(entry['max_loss_delta'])}"
+def check_causality(bench: Workbench) -> CheckResult:
+    """For each example of the packed row, perturb its last token alone; no position before it (in that example or
+    an earlier one) may move (<= ``isolation_atol``), while the perturbed position's own logits must (>= ``leak_min``:
+    the perturbation reached the model). A causal model that leaks moves only later positions, so this tells
+    non-causal (bidirectional) attention from a leak, even when the boundaries hold. Cause: non_causal."""
+    vocab = int(bench.config.vocab_size)
+    base = bench.packed_logits()
+    change, own, first = 0.0, float("inf"), None
+    for k, sl in enumerate(B.segment_slices(bench.lengths)):
+        perturbed = [list(e) for e in bench.examples]
+        perturbed[k][-1] = (perturbed[k][-1] + 1 + vocab // 2) % vocab
+        moved = (base - bench.packed_logits(bench.packed(perturbed))).abs().amax(dim=-1)
+        last = sl.stop - 1
+        own = min(own, float(moved[last]))
+        if last:
+            before = float(moved[:last].max())
+            if before > change:
+                change = before
+                first = int((moved[:last] > bench.tol["isolation_atol"]).nonzero().flatten()[0]) if before > bench.tol["isolation_atol"] else first
+    metrics = {"max_change_earlier": change, "perturbed_position_change": own, "atol": bench.tol["isolation_atol"],
+               "leak_min": bench.tol["leak_min"]}
+    if change > bench.tol["isolation_atol"]:
+        return CheckResult("fail", metrics, f"not causal: changing an example's last token moved earlier positions' "
+                           f"logits by {_fmt(change)} (first at token {first})", cause="non_causal",
+                           evidence={"max_change_earlier": change, "first_position": first})
+    if own < bench.tol["leak_min"]:
+        return CheckResult("error", metrics, f"probe inconclusive: the perturbed tokens' own logits moved only {_fmt(own)}",
+                           cause="probe_inconclusive", evidence={"perturbed_position_change": own})
+    return CheckResult("pass", metrics, f"earlier positions moved {_fmt(change)} (the perturbed ones {_fmt(own)})")
 
 
-#: Lengths of the three extra examples of the gradient-accumulation probe (two micro-batches of three).
-GRAD_ACCUM_LENGTHS = (9, 12, 5)
+#: Rows of the edge-length probe: one-token examples (two adjacent), an example exactly at the sliding window
+#: (``w``, replaced by the window or 8), and one example much longer than the rest.
+EDGE_ROWS = ((1, 1, 9), ("w", 5), (40, 2, 3))
 
 
-def _grad_accum(bench: Workbench, collator: Any, out_dir: str) -> dict[str, Any]:
-    """One optimizer step of Trainer with gradient_accumulation_steps=2 over two micro-batches of three
-    examples (the bench's and three more), use_cache=False. The ``num_items_in_batch`` the Trainer hands the
-    model with each micro-batch is captured by a forward pre-hook; it must be the label tokens != -100 after
-    the causal shift over both micro-batches (transformers >= 4.46 passes it where the model takes loss
-    kwargs). Returns the counts seen (None where the Trainer passed none), the expected count and the loss."""
-    model = bench.model
-    examples = list(bench.examples) + B.make_examples(bench.config, GRAD_ACCUM_LENGTHS, seed=1)
-    seen: list[int | None] = []
-
-    def capture(module: Any, args: Any, kwargs: dict[str, Any]) -> None:
-        n = kwargs.get("num_items_in_batch")
-        seen.append(None if n is None else int(n))
-
-    handle = model.register_forward_pre_hook(capture, with_kwargs=True)
-    try:
-        loss, norm, _ = _train(bench, collator, out_dir, use_cache=False, examples=examples, batch_size=3, grad_accum=2, steps=1)
-    finally:
-        handle.remove()
-    return {"num_items_in_batch": seen, "expected": sum(len(e) - 1 for e in examples), "micro_batches": len(seen),
-            "loss": loss, "grad_norm": norm}
-
-
-def check_trainer(bench: Workbench) -> CheckResult:
-    """Training as a user runs it: transformers' ``Trainer`` with ``DataCollatorWithFlattening``, TRAINER_STEPS
-    steps (same examples, seed and order, SGD, constant LR, no clipping), against :func:`reference_steps` on the
-    right-padded batch: per-step loss (``train_loss_atol``), grad norm and the parameters after the last step
-    (relative, ``train_grad_norm_rel``). The packed run is made twice: with the model as configured (the default
-    ``use_cache=True`` of most configs builds a cache, so eager/sdpa/flex get no packed mask: the cache trap, in
-    training) and with ``use_cache=False``. Then gradient accumulation 2 x 3 examples (:func:`_grad_accum`):
-    the ``num_items_in_batch`` Trainer passes with the packed micro-batches must be the shifted label count.
-
-    Trainer's own padded run is measured too and reported beside the verdict: Trainer normalises a padded batch
-    by its label count before the shift in 4.x, and in 5.24 for models whose ``loss_type`` is not ForCausalLM
-    (gpt2), which makes it differ from a correct packed run by shifted / unshifted tokens.
-
-    Verdicts: pass when the packed run is right as configured; fail with "correct only with use_cache=False";
-    fail when both are wrong, or on a wrong ``num_items_in_batch``."""
-    import tempfile
-
+def check_edge_lengths(bench: Workbench) -> CheckResult:
+    """Packed rows of edge lengths (:data:`EDGE_ROWS`) vs each example alone: max abs logits diff <=
+    ``logits_atol``, and the packed token-mean loss vs the per-example reference (one-token examples carry no
+    label) <= ``loss_atol``. Causes: as :func:`mismatch_cause`."""
     import torch
 
-    avail = backend_availability(bench.backend or "eager", bench.device)
-    if not avail.backward:
-        return CheckResult("skipped", {}, avail.backward_reason)
-    try:
-        from transformers import Trainer  # noqa: F401 - needs accelerate
-    except ImportError as exc:
-        return CheckResult("skipped", {}, f"transformers' Trainer is not importable ({exc})")
-    flat = bench.collator_factory(return_position_ids=True, position_ids_start=bench.start)
-    padded = B.padded_batch(bench.examples, bench.pad_id, "right")
-    ref_loss, ref_norm, ref_params = reference_steps(bench.model, padded, TRAINER_STEPS)
-    with tempfile.TemporaryDirectory(prefix="packcheck-trainer-") as tmp:
-        runs = {"as_configured": _train(bench, flat, tmp, use_cache=None), "use_cache_false": _train(bench, flat, tmp, use_cache=False),
-                "padded_trainer": _train(bench, _PaddingCollator(bench.pad_id), tmp, use_cache=False)}
-        ga_packed, ga_padded = _grad_accum(bench, flat, tmp), _grad_accum(bench, _PaddingCollator(bench.pad_id), tmp)
-    # whole optimizer steps: the training tolerances (the sft checks use the same)
-    tol_loss, tol_rel = bench.tol["train_loss_atol"], bench.tol["train_grad_norm_rel"]
-    ref_flat = torch.cat([p.flatten() for p in ref_params.values()])
-    metrics: dict[str, Any] = {"steps": TRAINER_STEPS, "reference_loss": ref_loss, "reference_grad_norm": ref_norm,
-                               "config_use_cache": getattr(bench.config, "use_cache", None)}
-    verdicts = {}
-    for name, (loss, norm, params) in runs.items():
-        loss_delta = max((abs(a - b) for a, b in zip(loss, ref_loss, strict=True)), default=float("inf")) if len(loss) == len(ref_loss) else float("inf")
-        norm_rel = max((abs(a - b) / max(abs(b), 1e-12) for a, b in zip(norm, ref_norm, strict=True)), default=float("inf")) if len(norm) == len(ref_norm) else float("inf")
-        flat_p = torch.cat([params[n].flatten() for n in ref_params])
-        param_rel = float((flat_p - ref_flat).norm() / ref_flat.norm().clamp_min(1e-30))
-        first_bad = next((i + 1 for i, (a, b) in enumerate(zip(loss, ref_loss, strict=False)) if abs(a - b) > tol_loss), None)
-        metrics[name] = {"loss": loss, "grad_norm": norm, "max_loss_delta": loss_delta, "max_grad_norm_rel": norm_rel,
-                         "param_rel_diff": param_rel, "first_diverging_step": first_bad}
-        verdicts[name] = loss_delta <= tol_loss and norm_rel <= tol_rel and param_rel <= tol_rel
-    metrics["max_loss_delta"] = metrics["as_configured"]["max_loss_delta"]
-    a, b = metrics["as_configured"], metrics["use_cache_false"]
-    pt = metrics["padded_trainer"]
-    note = padded_trainer_note(pt, ref_loss, padded["labels"], "Trainer") if not verdicts["padded_trainer"] else ""
-    metrics["grad_accum"] = {"packed": ga_packed, "padded": ga_padded}
-    counts = {n for n in ga_packed["num_items_in_batch"] if n is not None}
-    if counts and counts != {ga_packed["expected"]}:
-        off = max(counts, key=lambda n: abs(n - ga_packed["expected"])) - ga_packed["expected"]
-        return CheckResult("fail", metrics, f"gradient accumulation 2 x 3 examples: Trainer passed num_items_in_batch "
-                           f"{sorted(counts)} with the packed micro-batches, expected {ga_packed['expected']} (label tokens "
-                           f"!= -100 after the shift; {off:+d}, and 2 x 2 example boundaries lie inside the packed rows: an unmasked "
-                           "boundary label adds one each)" + note)
-    ga_text = (f"grad accum 2 x 3: num_items_in_batch {ga_packed['expected']} as expected" if counts
-               else "grad accum 2 x 3: the Trainer passes no num_items_in_batch to this model")
-    if verdicts["as_configured"]:
-        return CheckResult("pass", metrics, f"{TRAINER_STEPS} Trainer steps packed = reference as configured: loss delta "
-                           f"{_fmt(a['max_loss_delta'])}, grad norm rel {_fmt(a['max_grad_norm_rel'])}, params rel "
-                           f"{_fmt(a['param_rel_diff'])}; {ga_text}" + note)
-    if verdicts["use_cache_false"]:
-        return CheckResult("fail", metrics, f"Trainer packed run correct only with use_cache=False: as configured loss differs "
-                           f"from step {a['first_diverging_step']} by up to {_fmt(a['max_loss_delta'])} (params rel {_fmt(a['param_rel_diff'])}); "
-                           f"with use_cache=False {_fmt(b['max_loss_delta'])}" + note)
-    return CheckResult("fail", metrics, f"Trainer packed run differs from the reference (from step {b['first_diverging_step']}): "
-                       f"loss delta {_fmt(b['max_loss_delta'])} with use_cache=False, {_fmt(a['max_loss_delta'])} as configured; "
-                       f"params rel {_fmt(b['param_rel_diff'])}" + note)
-
-
-def check_sft(bench: Workbench) -> CheckResult:
-    """TRL's SFTTrainer(packing=True) as configured by default: effective configuration, first-batch contract
-    and loss vs the per-example reference (:func:`pytest_packcheck.sft.check_sft`; TRL is imported only here)."""
-    from .sft import check_sft as run
-
-    return run(bench)
-
-
-def check_sft_padding_free(bench: Workbench) -> CheckResult:
-    """TRL's SFTTrainer(packing=False, padding_free=True) vs padded (:func:`pytest_packcheck.sft.check_sft_padding_free`)."""
-    from .sft import check_sft_padding_free as run
-
-    return run(bench)
-
-
-def check_sft_strategies(bench: Workbench) -> CheckResult:
-    """TRL's SFTTrainer(packing=True) per packing_strategy vs padded (:func:`pytest_packcheck.sft.check_sft_strategies`)."""
-    from .sft import check_sft_strategies as run
-
-    return run(bench)
-
-
-def check_packing_content(bench: Workbench) -> CheckResult:
-    """Token accounting of TRL's pack_dataset per strategy (:func:`pytest_packcheck.sft.check_packing_content`)."""
-    from .sft import check_packing_content as run
-
-    return run(bench)
-
-
-CHECK_FUNCTIONS: dict[str, Callable[[Workbench], CheckResult]] = {
-    "collate": check_collate,
-    "position_ids": check_position_ids,
-    "isolation": check_isolation,
-    "logits_parity": check_logits_parity,
-    "loss_parity": check_loss_parity,
-    "grad_parity": check_grad_parity,
-    "backend": check_backend,
-    "cache_trap": check_cache_trap,
-    "mask_trap": check_mask_trap,
-    "trainer": check_trainer,
-    "sft": check_sft,
-    "sft_padding_free": check_sft_padding_free,
-    "sft_strategies": check_sft_strategies,
-    "packing_content": check_packing_content,
-}
+    window = getattr(bench.config, "sliding_window", None)
+    w = window if isinstance(window, int) and 2 < window <= 64 else 8
+    rows, worst_row, worst, loss_worst = [], None, 0.0, 0.0
+    for r, spec in enumerate(EDGE_ROWS):
+        lengths = tuple(w if n == "w" else n for n in spec)
+        examples = B.make_examples(bench.config, lengths, seed=10 + r)
+        batch = bench.packed(examples)
+        out = bench.forward(batch, labels=batch["labels"])
+        logits = out.logits[0].float()
+        solo = [_solo(bench.model, bench, e) for e in examples]
+        diff = max(float((logits[sl] - ref).abs().max()) for sl, ref in zip(B.segment_slices(list(lengths)), solo, strict=True))
+        total, count = 0.0, 0
+        for e, ref in zip(examples, solo, strict=True):
+            target = torch.tensor(e[1:], dtype=torch.long, device=bench.device)
+            total += float(torch.nn.functional.cross_entropy(ref[:-1], target, reduction="sum")) if len(target) else 0.0
+            count += len(target)
+        loss_delta = abs(float(out.loss) - total / max(count, 1))
+        rows.append({"lengths": list(lengths), "max_abs_diff": diff, "loss_delta": loss_delta})
+        if diff >= worst:
+            worst, worst_row = diff, list(lengths)
+        loss_worst = max(loss_worst, loss_delta)
+    metrics = {"rows": rows, "max_abs_diff": worst, "max_loss_delta": loss_worst, "atol": bench.tol["logits_atol"]}
+    if worst > bench.tol["logits_atol"] or loss_worst > bench.tol["loss_atol"]:
+        cause, evidence = mismatch_cause(bench, worst, bench.tol["logits_atol"]) if worst > bench.tol["logits_atol"] else (
+            "loss_normalisation", {"max_loss_delta": loss_worst})
+        return CheckResult("fail", metrics, f"edge lengths: packed vs solo logits differ by {_fmt(worst)} (row {worst_row}), "
+                           f"loss by {_fmt(loss_worst)}", cause=cause, evidence={**evidence, "row": worst_row})
+    return CheckResult("pass", metrics, f"{len(rows)} edge rows ({', '.join(str(r['lengths']) for r in rows)}): logits "
+                       f"{_fmt(worst)}, loss {_fmt(loss_worst)}")

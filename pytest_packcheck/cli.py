@@ -46,10 +46,19 @@ def _parser() -> argparse.ArgumentParser:
                        help="After the audit, run each failing cell again at the release its upgrade remedy names (one "
                             "version environment per release) and judge setting remedies from the cell's own numbers: "
                             "a 'Remedies verified' section in the matrix.")
+    audit.add_argument("--gate", action="store_true",
+                       help="With --versions naming two environments (e.g. 'transformers==5.24.0,5.25.0'): after the "
+                            "audit, gate the second against the first cell by cell; exit 1 on a regression.")
+    audit.add_argument("--allow", action="append", default=[], metavar="CELL=REASON",
+                       help="For --gate: accept a regression of a cell id or id prefix; repeatable.")
     audit.add_argument("pytest_args", nargs="*", help="Extra pytest arguments after --, e.g. -- -k sdpa.")
     gate = sub.add_parser("gate", help="Compare a candidate results JSON with a baseline; exit 1 if a cell got worse.")
     gate.add_argument("--baseline", required=True, help="Baseline results JSON (e.g. reports/baseline.json).")
-    gate.add_argument("--candidate", required=True, help="Candidate results JSON (e.g. from the upgraded stack).")
+    gate.add_argument("--candidate", help="Candidate results JSON (e.g. from the upgraded stack; default: the "
+                                          "--baseline file, for --baseline-env / --candidate-env on one file).")
+    gate.add_argument("--baseline-env", metavar="LABEL", help="Compare only the cells of this version environment of "
+                      "the baseline file (its label, e.g. transformers==5.24.0, or a unique part of it such as 5.24.0).")
+    gate.add_argument("--candidate-env", metavar="LABEL", help="The same for the candidate file.")
     gate.add_argument("--allow", action="append", default=[], metavar="CELL=REASON",
                       help="Accept a regression of a cell id or id prefix (e.g. 'opt-sdpa=known OPT leak'); repeatable.")
     gate.add_argument("--bisect", action="store_true",
@@ -82,7 +91,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--warmup", type=int, default=2, help="Warm-up steps per mode, not measured (default 2).")
     bench.add_argument("--batch-size", type=int, default=16, help="Examples per step (default 16).")
     bench.add_argument("--max-length", type=int, default=2048, help="Longest example in tokens (default 2048).")
-    bench.add_argument("--attn", default=None, help="attn_implementation (default sdpa on CPU, packcheck_flash_torch_varlen on CUDA).")
+    bench.add_argument("--attn", "--packcheck-attn", dest="attn", default=None, help="attn_implementation (default sdpa on CPU, packcheck_flash_torch_varlen on CUDA).")
     bench.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu).")
     bench.add_argument("--dtype", default=None, help="float32 / bfloat16 / float16 (default float32 on CPU, bfloat16 on CUDA).")
     bench.add_argument("--full-size", action="store_true", help="Random weights at the config's real size (no shrink).")
@@ -98,8 +107,9 @@ def _parser() -> argparse.ArgumentParser:
 def _pytest_args(ns: argparse.Namespace) -> list[str]:
     args: list[str] = []
     given = {opt.dest: getattr(ns, opt.dest) for opt in OPTIONS}
-    if given["packcheck_models"] is None and not given["packcheck_audit"] and not given["packcheck_all_architectures"]:
-        given["packcheck_audit"] = "default"
+    from_env = any(os.environ.get(OPTIONS_BY_FLAG[flag].env or "") for flag in (OPT_MODELS, OPT_AUDIT))
+    if given["packcheck_models"] is None and not given["packcheck_audit"] and not given["packcheck_all_architectures"] and not from_env:
+        given["packcheck_audit"] = "default"  # $PACKCHECK_MODELS / $PACKCHECK_AUDIT replace the default audit (CLI > env)
     if given["packcheck_audit"] and not os.path.isabs(given["packcheck_audit"]) and given["packcheck_audit"].endswith(".toml"):
         given["packcheck_audit"] = str(Path(given["packcheck_audit"]).resolve())
     given["packcheck_report_dir"] = str(Path(given["packcheck_report_dir"] or "reports").resolve())
@@ -122,7 +132,6 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = sys.argv[1:] if argv is None else argv
     ns = _parser().parse_args(argv)
-    import shlex
 
     from .errors import PackcheckUsageError
 
@@ -133,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"packcheck {ns.command}: error: {exc}", file=sys.stderr)
             return 2
 
-    os.environ["PACKCHECK_REPRODUCE"] = "packcheck " + shlex.join(argv)
+    os.environ["PACKCHECK_REPRODUCE"] = _reproduce_line(argv)
     workers = str(ns.workers)
     if not (workers.isdigit() or workers in ("auto", "logical")):
         print(f"packcheck audit: error: -n/--workers '{workers}' must be a number of workers (0: this process) or auto.",
@@ -166,6 +175,15 @@ def main(argv: list[str] | None = None) -> int:
             if value < least:
                 print(f"packcheck audit: error: {flag} {value} must be >= {least}.", file=sys.stderr)
                 return 2
+    try:
+        allow = _parse_allow(ns.allow)
+        if ns.allow and not ns.gate:
+            raise PackcheckUsageError("--allow works with --gate (or `packcheck gate`): add --gate.")
+        if ns.gate:
+            _gate_environments(ns)
+    except PackcheckUsageError as exc:
+        print(f"packcheck audit: error: {exc}", file=sys.stderr)
+        return 2
     args = _pytest_args(ns)
     if workers not in ("0", "1"):
         try:
@@ -183,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
                 "-c", os.devnull, *(["-q"] if ns.quiet else []), "-rN", *args, *ns.pytest_args]
         code = pytest.main(full)
     if code in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+        if ns.gate:
+            return _gate_versions(Path(ns.packcheck_report_dir or "reports"), allow)
         if ns.bench:
             _bench_into_report(ns, Path(ns.packcheck_report_dir or "reports"))
         if ns.verify_remedies:
@@ -197,6 +217,54 @@ def main(argv: list[str] | None = None) -> int:
     if code == pytest.ExitCode.USAGE_ERROR:
         return 2
     return 3 if code != pytest.ExitCode.INTERRUPTED else 130
+
+
+def _gate_environments(ns: argparse.Namespace) -> tuple[str, str]:
+    """The two version environments ``audit --gate`` compares (baseline first, as given), before the audit runs.
+
+    Raises:
+        PackcheckUsageError: --versions does not name exactly two environments, or --bench / --save-baseline too.
+    """
+    from .envs import parse_versions
+    from .errors import PackcheckUsageError
+
+    values = getattr(ns, OPTIONS_BY_FLAG[OPT_VERSIONS].dest) or []
+    combos = parse_versions(values, "--versions") if values else []
+    if len(combos) != 2:
+        raise PackcheckUsageError(
+            f"--gate compares two version environments, and --versions names {len(combos)}"
+            f"{' (' + ', '.join(c.label for c in combos) + ')' if combos else ''}: write e.g. "
+            "--versions 'transformers==5.24.0,5.25.0' --gate (the first is the baseline).")
+    if ns.bench or ns.save_baseline:
+        raise PackcheckUsageError("--gate compares two version environments; run --bench / --save-baseline without it.")
+    return combos[0].label, combos[1].label
+
+
+def _gate_versions(out: Path, allow: dict[str, str]) -> int:
+    """``audit --versions A,B --gate``: gate environment B against A in the matrix just written."""
+    from .errors import PackcheckUsageError
+    from .gate import select_env
+    from .results import load_document
+
+    try:
+        doc = load_document(out / "packcheck-matrix.json")
+        labels = doc["settings"].get("versions") or []
+        if len(labels) != 2:
+            raise PackcheckUsageError(f"the matrix in {out} holds {len(labels)} version environments, not two.")
+        baseline, candidate = (select_env(doc, label, "--versions") for label in labels)
+    except PackcheckUsageError as exc:
+        print(f"packcheck audit: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"\npackcheck gate: {labels[1]} (candidate) against {labels[0]} (baseline)")
+    return _run_gate(baseline, candidate, allow, "packcheck gate")
+
+
+def _reproduce_line(argv: list[str]) -> str:
+    """The report's Reproduce line: the settings' environment variables that are set, then the command."""
+    import shlex
+
+    envs = [f"{opt.env}={shlex.quote(os.environ[opt.env])}" for opt in OPTIONS if opt.env and os.environ.get(opt.env)]
+    return " ".join([*envs, "packcheck " + shlex.join(argv)])
 
 
 def _versions_source(ns: argparse.Namespace) -> str | None:
@@ -223,8 +291,7 @@ def _bench_into_report(ns: argparse.Namespace, out: Path) -> None:
     import json
 
     from .bench import bench_audit
-    from .report import render_markdown
-    from .results import atomic_write
+    from .report import write_reports
 
     path = out / "packcheck-matrix.json"
     doc = json.loads(path.read_text())
@@ -237,8 +304,7 @@ def _bench_into_report(ns: argparse.Namespace, out: Path) -> None:
                     "batch_size": ns.bench_batch_size, "max_length": ns.bench_max_length,
                     "results": bench_audit(doc, list(ns.bench), ns.bench_steps, device, batch_size=ns.bench_batch_size,
                                            max_length=ns.bench_max_length)}
-    atomic_write(path, json.dumps(doc, indent=1) + "\n")
-    atomic_write(out / "packcheck-matrix.md", render_markdown(doc))
+    write_reports(out, doc)
     print(f"bench figures added to {out / 'packcheck-matrix.md'}")
 
 
@@ -260,32 +326,57 @@ def _verify_remedies_into_report(out: Path) -> None:
     print(f"remedies verified: {verified} of {len(records)} (section 'Remedies verified' in {md})")
 
 
-def _gate(ns: argparse.Namespace) -> int:
-    from .gate import compare, regressions, render_changes
-    from .results import load_document
+def _parse_allow(items: list[str]) -> dict[str, str]:
+    from .errors import PackcheckUsageError
 
     allow = {}
-    for item in ns.allow:
+    for item in items:
         cell, sep, reason = item.partition("=")
         if not sep or not cell or not reason:
-            from .errors import PackcheckUsageError
-
             raise PackcheckUsageError(f"--allow '{item}' needs CELL=REASON, e.g. --allow 'opt-sdpa=known OPT leak'.")
         allow[cell] = reason
-    baseline, candidate = load_document(ns.baseline), load_document(ns.candidate)
+    return allow
+
+
+def _gate(ns: argparse.Namespace) -> int:
+    from .errors import PackcheckUsageError
+    from .gate import select_env
+    from .results import load_document
+
+    allow = _parse_allow(ns.allow)
+    if ns.candidate is None and not (ns.baseline_env and ns.candidate_env):
+        raise PackcheckUsageError("packcheck gate needs --candidate FILE, or --baseline-env and --candidate-env to "
+                                  "compare two version environments of the --baseline file.")
+    baseline = load_document(ns.baseline)
+    candidate = load_document(ns.candidate) if ns.candidate else baseline
+    if ns.baseline_env:
+        baseline = select_env(baseline, ns.baseline_env, "--baseline-env")
+    if ns.candidate_env:
+        candidate = select_env(candidate, ns.candidate_env, "--candidate-env")
+    return _run_gate(baseline, candidate, allow, "packcheck gate", ns.bisect_output_dir if ns.bisect else None)
+
+
+def _run_gate(baseline: dict, candidate: dict, allow: dict[str, str], prog: str, bisect_dir: str | None = None) -> int:
+    """Print the changed cells (a rich table on a terminal, plain text otherwise), bisect each regression when
+    ``bisect_dir`` is given, and return 1 on a regression."""
+    from .gate import allowed_reason, compare, regressions, render_changes, stack
+
     changes = compare(baseline, candidate, allow)
     ids = {c["cell_id"] for c in baseline["cells"]} | {c["cell_id"] for c in candidate["cells"]}
     for key in allow:
-        if not any(i == key or i.startswith(key + "-") for i in ids):
-            print(f"packcheck gate: warning: --allow '{key}' matches no cell of either file", file=sys.stderr)
+        if not any(allowed_reason(i, {key: "x"}) for i in ids):
+            print(f"{prog}: warning: --allow '{key}' matches no cell of either file", file=sys.stderr)
     if candidate.get("incomplete"):
-        print(f"packcheck gate: warning: the candidate run was incomplete ({candidate['incomplete']['reason']}); "
+        print(f"{prog}: warning: the candidate run was incomplete ({candidate['incomplete']['reason']}); "
               "its missing cells count as regressions", file=sys.stderr)
-    print(render_changes(changes, baseline["environment"], candidate["environment"]))
+    if sys.stdout.isatty():
+        _print_changes_rich(changes, stack(baseline), stack(candidate))
+    else:
+        print(render_changes(changes, stack(baseline), stack(candidate), markdown=False))
     bad = regressions(changes)
-    print(f"\npackcheck gate: {len(bad)} regression(s), {len(changes)} changed cell(s)")
-    if ns.bisect and bad:
-        _gate_bisect(bad, baseline, candidate, ns.bisect_output_dir)
+    print(f"\n{prog}: {len(bad)} regression(s), {len(changes)} changed cell(s)")
+    if bisect_dir and bad:
+        _gate_bisect(bad, baseline, candidate, bisect_dir)
     return 1 if bad else 0
 
 
@@ -328,18 +419,40 @@ def _gate_bisect(bad: list, baseline: dict, candidate: dict, output_dir: str) ->
         print(f"bisect written: {record['path']}")
 
 
+
+def _print_changes_rich(changes: list, baseline_env: dict, candidate_env: dict) -> None:
+    """The gate's table for a terminal (rich): the same rows as :func:`gate.render_changes`, regressions in red."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from .gate import render_changes
+
+    head = render_changes([], baseline_env, candidate_env).splitlines()[:2]
+    console = Console()
+    for line in head:
+        console.print(line, highlight=False, markup=False)
+    if not changes:
+        console.print("No cell changed.")
+        return
+    table = Table("cell", "baseline", "candidate", "verdict", "detail")
+    for ch in changes:
+        cell = "-".join(str(x) for x in ch.key[:4] if x) + (f"@{ch.key[4]}" if ch.key[4] else "")
+        verdict = "REGRESSION" if ch.worse and not ch.allowed else (f"allowed: {ch.allowed}" if ch.allowed else "better/neutral")
+        table.add_row(cell, ch.baseline or "—", ch.candidate or "—", verdict, ch.detail,
+                      style="red" if verdict == "REGRESSION" else None)
+    console.print(table)
+
+
 def _merge(ns: argparse.Namespace) -> int:
-    import json
 
     from .diagnose import diagnose_document
     from .gate import merge
-    from .report import render_markdown
-    from .results import atomic_write, load_document
+    from .report import write_reports
+    from .results import load_document
 
     doc = diagnose_document(merge([load_document(f) for f in ns.files]))
     out = Path(ns.output_dir)
-    atomic_write(out / "packcheck-matrix.json", json.dumps(doc, indent=1) + "\n")
-    atomic_write(out / "packcheck-matrix.md", render_markdown(doc))
+    write_reports(out, doc)
     if doc.get("merged_settings_differ"):
         print(f"packcheck merge: warning: these files are not shards of one audit (their settings differ in "
               f"{', '.join(doc['merged_settings_differ'])}); the matrix shows the union of their cells and every command",
@@ -406,7 +519,14 @@ def _bench(ns: argparse.Namespace) -> int:
                                   "pass a writable folder.") from None
     if attn in (REFERENCE_BACKEND, TORCH_VARLEN_BACKEND):
         register_reference_backend()
-    model = build_model(resolved, attn, dtype, "random", ns.device, shrink=not ns.full_size)
+    try:  # a model that cannot run on this backend (mamba on sdpa) is refused before anything is measured
+        model = build_model(resolved, attn, dtype, "random", ns.device, shrink=not ns.full_size)
+    except Exception as exc:  # noqa: BLE001 - whatever transformers raises at build: one line, exit 2
+        text = " ".join(str(exc).split())
+        first = text if len(text) <= 300 else text[:300] + " ..."
+        hint = " (try --attn eager)" if attn != "eager" else ""
+        raise PackcheckUsageError(f"Model '{ns.model}' (from --model) cannot be built with --attn {attn} on {ns.device}: "
+                                  f"{type(exc).__name__}: {first}{hint}") from None
     n_params = sum(p.numel() for p in model.parameters())
     env = environment(ns.device)
     label = f"{resolved.spec.label} ({n_params / 1e6:.1f}M parameters{'' if ns.full_size else ', shrunk'})"

@@ -103,8 +103,9 @@ def _parse_one(text: str, source: str) -> Any:
         from .errors import closest
 
         hint = closest(canonical(req.name), KNOWN_LIBRARIES)
-        if hint:
-            raise PackcheckUsageError(f"Unknown library '{req.name}' in '{text}' (from {source}).{hint}")
+        raise PackcheckUsageError(
+            f"Unknown library '{req.name}' in '{text}' (from {source}).{hint or ''} A version axis takes one of "
+            f"{', '.join(KNOWN_LIBRARIES)}, or a library installed here.")
     return req
 
 
@@ -443,23 +444,20 @@ def _tolerance_toml(tolerances: dict[str, dict[str, float]]) -> str:
     return "".join(f"[{d}]\n" + "".join(f"{k} = {v!r}\n" for k, v in t.items()) for d, t in tolerances.items())
 
 
+def env_run_timeout(settings: Any, n_models: int) -> float | None:
+    """Seconds the whole run in one version environment may take: every cell at the per-cell timeout, plus 10
+    minutes of start-up; None when --packcheck-timeout is 0 (no limit)."""
+    if not settings.timeout_s:
+        return None
+    cells = max(1, n_models) * len(settings.dtypes) * len(settings.checks) * max(1, len(settings.backends))
+    return settings.timeout_s * cells + 600.0
+
+
 def run_in_env(combo: VersionCombo, settings: Any, models: list[str], report_dir: Path, threads: int | None = None) -> EnvRun:
     """Make (or find) the environment of ``combo`` and run the packcheck plugin there on ``models`` with the
     same backends, checks, dtypes, weights, device and tolerances. Never raises for an environment problem:
     that becomes ``EnvRun.error``."""
     import tempfile
-
-    from .settings import (
-        OPT_BACKENDS,
-        OPT_CHECKS,
-        OPT_DEVICE,
-        OPT_DTYPES,
-        OPT_MODELS,
-        OPT_REPORT_DIR,
-        OPT_TOLERANCES,
-        OPT_TRUST,
-        OPT_WEIGHTS,
-    )
 
     t0 = time.perf_counter()
     try:
@@ -476,19 +474,21 @@ def run_in_env(combo: VersionCombo, settings: Any, models: list[str], report_dir
         args = [str(env.python), "-m", "pytest", "-p", "pytest_packcheck.plugin", "-p", "no:cacheprovider",
                 str(root), "--rootdir", str(root), "-c", os.devnull, "-o", "addopts=", "-q", "-rN",
                 "-W", "ignore::pytest.PytestAssertRewriteWarning",
-                f"{OPT_MODELS}={','.join(models)}", f"{OPT_BACKENDS}={','.join(settings.backends)}",
-                f"{OPT_CHECKS}={','.join(settings.checks)}", f"{OPT_DTYPES}={','.join(settings.dtypes)}",
-                f"{OPT_WEIGHTS}={settings.weights}", f"{OPT_DEVICE}={settings.device}",
-                f"{OPT_TOLERANCES}={tol}", f"{OPT_REPORT_DIR}={out}"]
-        if settings.trust_remote_code:
-            args.append(OPT_TRUST)
+                *settings.to_args(tolerance_file=str(tol), models=models, report_dir=str(out), version_child=True)]
         child_env = {k: v for k, v in os.environ.items() if not k.startswith("PACKCHECK_") or k == "PACKCHECK_CACHE_DIR"}
         child_env.pop("VIRTUAL_ENV", None)
         child_env.pop("PYTHONPATH", None)  # the environment's own site-packages, nothing of this one
         child_env[CHILD_ENV_VAR] = combo.label
         if threads:
             child_env["OMP_NUM_THREADS"] = str(threads)
-        proc = subprocess.run(args, check=False, capture_output=True, text=True, env=child_env, cwd=root)
+        limit = env_run_timeout(settings, len(models))
+        try:
+            proc = subprocess.run(args, check=False, capture_output=True, text=True, env=child_env, cwd=root, timeout=limit)
+        except subprocess.TimeoutExpired as exc:  # the child's own per-cell timeouts failed to end it
+            def text_of(b: Any) -> str:
+                return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+            proc = subprocess.CompletedProcess(args, -9, text_of(exc.stdout),
+                                               text_of(exc.stderr) + f"\nkilled: no end within {limit:g} s")
         log = report_dir / log_rel
         log.parent.mkdir(parents=True, exist_ok=True)
         text = f"$ {' '.join(args[1:])}\n# exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"

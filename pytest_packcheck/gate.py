@@ -11,19 +11,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import PackcheckUsageError
-from .report import KEY_METRIC, escape_md
+from .markdown import escape_md
+from .registry import SPECS
 from .results import SCHEMA_VERSION
 
 # Better first: a pass that becomes anything else is a regression; skipped -> unsupported is too.
 _ORDER = ("pass", "skipped", "unsupported", "fallback", "fail", "oom", "timeout", "error")
-_TOLERANCE_FOR = {
-    "logits_parity": "logits_atol",
-    "isolation": "isolation_atol",
-    "loss_parity": "loss_atol",
-    "grad_parity": "grad_rel_err",
-    "cache_trap": "logits_atol",
-    "mask_trap": "logits_atol",
-}
 
 
 @dataclass(frozen=True)
@@ -41,12 +34,83 @@ def _key(cell: dict[str, Any]) -> tuple[str, str | None, str, str, str | None]:
     return (cell["model"]["label"], cell["backend"], cell["check"], cell["dtype"], (cell.get("env") or {}).get("label"))
 
 
+def _cross_key(cell: dict[str, Any]) -> tuple[str, str | None, str, str, str | None]:
+    """Cells of two different stacks match on model, backend, check and dtype only."""
+    return (*_key(cell)[:4], None)
+
+
+def env_labels(doc: dict[str, Any]) -> list[str | None]:
+    """The version-environment labels of a document's cells (None: cells run in the document's own environment),
+    in the order of its settings' ``versions`` (the order they were asked for), then as found."""
+    found = list(dict.fromkeys((c.get("env") or {}).get("label") for c in doc["cells"]))
+    order = [v for v in (doc.get("settings") or {}).get("versions") or [] if v in found]
+    return order + [f for f in found if f not in order]
+
+
+def select_env(doc: dict[str, Any], wanted: str, flag: str) -> dict[str, Any]:
+    """The part of ``doc`` that ran in one version environment: ``wanted`` is its label
+    (``transformers==5.24.0``), or a part of exactly one label (``5.24.0``). The returned document's
+    ``environment`` is that environment's stack.
+
+    Raises:
+        PackcheckUsageError: no label, or several, match ``wanted``.
+    """
+    labels = [x for x in env_labels(doc) if x]
+    chosen = [x for x in labels if x == wanted] or [x for x in labels if wanted in x]
+    if len(chosen) != 1:
+        have = ", ".join(labels) or "none (it was not run with --versions)"
+        why = "matches no" if not chosen else f"matches {len(chosen)}"
+        raise PackcheckUsageError(f"'{wanted}' (from {flag}) {why} version environment of the results file; its "
+                                  f"environments: {have}. Pass one of them.")
+    part = {**doc, "cells": [c for c in doc["cells"] if (c.get("env") or {}).get("label") == chosen[0]]}
+    part["environment"] = stack(part)
+    return part
+
+
+def stack(doc: dict[str, Any]) -> dict[str, Any]:
+    """The library stack a document's cells ran on: the document's environment, or, when every cell ran in the
+    same version environment, that environment's own fingerprint (with ``label``)."""
+    labels = env_labels(doc)
+    env = dict(doc.get("environment") or {})
+    if len(labels) == 1 and labels[0]:
+        record = next(c["env"] for c in doc["cells"] if c.get("env"))
+        env.update({k: v for k, v in (record.get("environment") or {}).items() if v is not None})
+        env.update({k.replace("-", "_"): v for k, v in (record.get("versions") or {}).items()})
+        env["label"] = labels[0]
+    return env
+
+
+def _match_with_env(baseline: dict[str, Any], candidate: dict[str, Any]) -> bool:
+    """Whether cells match on their version environment too: yes when both documents hold the same
+    environments (one audit run twice); no when each holds one stack (two stacks compared cell by cell).
+
+    Raises:
+        PackcheckUsageError: a document with several environments against one with others.
+    """
+    b, c = env_labels(baseline), env_labels(candidate)
+    if set(b) == set(c):
+        return True
+    for name, labels in (("baseline", b), ("candidate", c)):
+        if len(labels) > 1:
+            raise PackcheckUsageError(
+                f"The {name} holds {len(labels)} version environments ({', '.join(str(x) for x in labels)}) and the other "
+                f"file other ones: pick the one to compare with --{name}-env.")
+    return False
+
+
 def compare(baseline: dict[str, Any], candidate: dict[str, Any], allow: dict[str, str] | None = None) -> list[Change]:
     """Cells whose verdict or key number changed. ``allow`` maps a cell id (or a prefix of one, e.g.
-    ``opt-sdpa``) to the reason the regression is accepted."""
+    ``opt-sdpa``) to the reason the regression is accepted. Documents of different stacks (two version
+    environments, or two files made with different ``--versions``) match cells by model, backend, check and
+    dtype; an unchanged verdict that is not a pass is never a regression.
+
+    Raises:
+        PackcheckUsageError: see :func:`_match_with_env`.
+    """
     allow = allow or {}
-    base = {_key(c): c for c in baseline["cells"]}
-    cand = {_key(c): c for c in candidate["cells"]}
+    key = _key if _match_with_env(baseline, candidate) else _cross_key
+    base = {key(c): c for c in baseline["cells"]}
+    cand = {key(c): c for c in candidate["cells"]}
     changes: list[Change] = []
     for key in sorted(set(base) | set(cand), key=lambda k: tuple(str(x) for x in k)):
         b, c = base.get(key), cand.get(key)
@@ -56,26 +120,34 @@ def compare(baseline: dict[str, Any], candidate: dict[str, Any], allow: dict[str
                 continue
             # planned by the candidate's settings but not there (a crash, an interrupted run): it cannot be
             # shown to still pass, so a regression unless allowed
-            reason = next((r for k, r in allow.items() if b["cell_id"] == k or b["cell_id"].startswith(k + "-")), None)
+            reason = allowed_reason(b["cell_id"], allow)
             changes.append(Change(key, b["status"], None, b["status"] == "pass", "cell missing in candidate", reason))
             continue
         if b is None:
             changes.append(Change(key, None, c["status"], c["status"] != "pass", "new cell"))
             continue
         worse = _ORDER.index(c["status"]) > _ORDER.index(b["status"])
-        detail = f"{b['message'][:80]} -> {c['message'][:80]}" if b["status"] != c["status"] else ""
-        metric = KEY_METRIC.get(c["check"], (None,))[0]
-        tol_key = _TOLERANCE_FOR.get(c["check"])
+        detail = f"{b.get('message', '')[:80]} -> {c.get('message', '')[:80]}" if b["status"] != c["status"] else ""
+        spec = SPECS.get(c["check"])
+        metric = spec.key_metric[0] if spec and spec.key_metric else None
+        tol_key = spec.tolerance if spec else None
         if b["status"] == c["status"] == "pass" and metric and tol_key:
-            old, new = b["metrics"].get(metric), c["metrics"].get(metric)
-            tol = c.get("tolerances", {}).get(tol_key)
+            old, new = (b.get("metrics") or {}).get(metric), (c.get("metrics") or {}).get(metric)
+            tol = (c.get("tolerances") or {}).get(tol_key)
             if isinstance(old, int | float) and isinstance(new, int | float) and tol is not None and new - old > tol:
                 worse, detail = True, f"{metric} {old:.2e} -> {new:.2e} (grew by more than {tol_key}={tol:g})"
         if b["status"] != c["status"] or worse:
             cell_id = c["cell_id"]
-            reason = next((r for k, r in allow.items() if cell_id == k or cell_id.startswith(k + "-")), None)
+            reason = allowed_reason(cell_id, allow) if worse else None
             changes.append(Change(key, b["status"], c["status"], worse, detail, reason))
     return changes
+
+
+def allowed_reason(cell_id: str, allow: dict[str, str]) -> str | None:
+    """The reason ``allow`` gives for a cell id or a prefix of it (``opt-sdpa``), the version environment
+    (``@transformers==...``) left out or included."""
+    bare = cell_id.split("@", 1)[0]
+    return next((r for k, r in allow.items() if k in (cell_id, bare) or cell_id.startswith(k + "-")), None)
 
 
 def _planned_in(cell: dict[str, Any], doc: dict[str, Any]) -> bool:
@@ -93,23 +165,29 @@ def regressions(changes: list[Change]) -> list[Change]:
     return [c for c in changes if c.worse and c.allowed is None]
 
 
-def render_changes(changes: list[Change], baseline_env: dict[str, Any], candidate_env: dict[str, Any]) -> str:
-    """A Markdown table of the changed cells, with both environments' library versions."""
+def render_changes(changes: list[Change], baseline_env: dict[str, Any], candidate_env: dict[str, Any], markdown: bool = True) -> str:
+    """A table of the changed cells, with both environments' library versions: GitHub Markdown (escaped), or
+    plain text for a terminal (``markdown=False``: no Markdown escapes)."""
     from tabulate import tabulate
 
+    from .markdown import plain
+
+    esc = escape_md if markdown else plain
     def versions(env: dict[str, Any]) -> str:
-        return ", ".join(f"{k} {env.get(k) or 'not installed'}" for k in ("torch", "transformers", "trl", "flash_attn"))
+        text = ", ".join(f"{k} {env.get(k) or 'not installed'}" for k in ("torch", "transformers", "trl", "flash_attn"))
+        return text + (f" (environment {env['label']})" if env.get("label") else "")
 
     head = [f"baseline: {versions(baseline_env)}", f"candidate: {versions(candidate_env)}", ""]
     if not changes:
         return "\n".join([*head, "No cell changed."])
     rows = [
         ["-".join(str(x) for x in ch.key[:4] if x) + (f"@{ch.key[4]}" if ch.key[4] else ""), ch.baseline or "—", ch.candidate or "—",
-         "REGRESSION" if ch.worse and not ch.allowed else ("allowed: " + escape_md(ch.allowed) if ch.allowed else "better/neutral"),
-         escape_md(ch.detail)]
+         "REGRESSION" if ch.worse and not ch.allowed else ("allowed: " + esc(ch.allowed) if ch.allowed else "better/neutral"),
+         esc(ch.detail)]
         for ch in changes
     ]
-    return "\n".join([*head, tabulate(rows, headers=["cell", "baseline", "candidate", "verdict", "detail"], tablefmt="github")])
+    return "\n".join([*head, tabulate(rows, headers=["cell", "baseline", "candidate", "verdict", "detail"],
+                                       tablefmt="github" if markdown else "simple")])
 
 
 def merge(documents: list[dict[str, Any]]) -> dict[str, Any]:

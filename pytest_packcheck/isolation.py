@@ -261,21 +261,30 @@ class Journal:
         off by a kill) are skipped with a warning; lines of another fingerprint are ignored."""
         if not self.path.exists():
             return {}
+        from .results import cell_problem
+
         cells: dict[str, dict[str, Any]] = {}
         bad = 0
+        shapes: list[str] = []
         for line in _lines(self.path):
             try:
                 entry = json.loads(line)
-                cell = entry["cell"]
-                cell_id = cell["cell_id"]
-            except (json.JSONDecodeError, KeyError, TypeError):
+            except json.JSONDecodeError:
                 bad += 1
                 continue
+            problem = (cell_problem(entry.get("cell")) if isinstance(entry, dict)
+                       else f"a line is a JSON {type(entry).__name__}, not an object")
+            if problem:  # valid JSON of the wrong shape: edited by hand or written by something else
+                shapes.append(problem)
+                continue
             if entry.get("fingerprint") == self.fp:
-                cells[cell_id] = cell
+                cells[entry["cell"]["cell_id"]] = entry["cell"]
         if bad:
             warnings.warn(f"packcheck journal {self.path}: skipped {bad} unreadable line(s) (cut off by a kill?); "
                           "those cells run again.", PackcheckWarning, stacklevel=2)
+        if shapes:
+            warnings.warn(f"packcheck journal {self.path}: skipped {len(shapes)} line(s) that are not journal entries "
+                          f"(first: {shapes[0]}); those cells run again.", PackcheckWarning, stacklevel=2)
         return cells
 
 

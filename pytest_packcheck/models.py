@@ -155,9 +155,16 @@ def resolve_model(spec: ModelSpec, source: str, trust_remote_code: bool = False)
                 f"Model '{spec.raw}' (from {source}) has model_type={config_dict.get('model_type')!r}, unknown to the "
                 "installed transformers: upgrade transformers, or pass --packcheck-trust-remote-code for remote code."
             )
-        config = AutoConfig.from_pretrained(
-            spec.name, revision=spec.revision, trust_remote_code=trust_remote_code
-        )
+        try:
+            config = AutoConfig.from_pretrained(
+                spec.name, revision=spec.revision, trust_remote_code=trust_remote_code
+            )
+        except Exception as exc:  # noqa: BLE001 - a config.json transformers rejects (num_attention_heads: 0, ...)
+            text = " ".join(str(exc).split())[:300]
+            raise PackcheckUsageError(
+                f"Model '{spec.raw}' (from {source}): transformers cannot build a config from its config.json "
+                f"({type(exc).__name__}: {text}): fix the config.json or pick another model."
+            ) from None
     model_type = config.model_type
     cls = causal_lm_class_name(model_type)
     if cls is None and not getattr(config, "auto_map", None):
@@ -169,15 +176,13 @@ def resolve_model(spec: ModelSpec, source: str, trust_remote_code: bool = False)
 
 
 def _read_config_dict(spec: ModelSpec, source: str) -> tuple[dict[str, Any], str | None]:
-    import json
-
     if spec.kind == "local":
         path = Path(spec.name) / "config.json"
         if not path.exists():
             raise PackcheckUsageError(
                 f"Local model directory '{spec.raw}' (from {source}) has no config.json: point to a saved model folder."
             )
-        return json.loads(path.read_text()), None
+        return _parse_config_json(path, spec, source), None
 
     from huggingface_hub import errors as hub_errors
     from huggingface_hub import hf_hub_download
@@ -211,7 +216,32 @@ def _read_config_dict(spec: ModelSpec, source: str) -> tuple[dict[str, Any], str
         ) from None
     resolved = Path(path).parent.name  # .../snapshots/<commit sha>/config.json
     revision = resolved if Path(path).parent.parent.name == "snapshots" else spec.revision
-    return json.loads(Path(path).read_text()), revision
+    return _parse_config_json(Path(path), spec, source), revision
+
+
+def _parse_config_json(path: Path, spec: ModelSpec, source: str) -> dict[str, Any]:
+    """The JSON object in ``path``.
+
+    Raises:
+        PackcheckUsageError: not UTF-8 text, not JSON, or JSON that is not an object.
+    """
+    import json
+
+    where = f"Model '{spec.raw}' (from {source}): its config.json ({path})"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise PackcheckUsageError(f"{where} is not text (binary content): replace it with the model's config.json.") from None
+    except json.JSONDecodeError as exc:
+        raise PackcheckUsageError(f"{where} is not valid JSON ({exc.msg}, line {exc.lineno}): fix or replace it.") from None
+    except OSError as exc:
+        raise PackcheckUsageError(f"{where} cannot be read ({exc.strerror}): check its permissions.") from None
+    if not isinstance(data, dict):
+        raise PackcheckUsageError(
+            f"{where} holds a JSON {type(data).__name__}, not an object: a config.json is one object, e.g. "
+            '{"model_type": "llama", ...}.'
+        )
+    return data
 
 
 def _is_index_list(value: Any, n_layers: int) -> bool:
@@ -241,18 +271,20 @@ def _per_layer_indices(d: dict[str, Any], n_layers: int) -> list[int]:
     return sorted(keep)
 
 
-def shrink_config(config: Any) -> Any:
+def shrink_config(config: Any, keep_auto_map: bool = False) -> Any:
     """A tiny copy of ``config`` that keeps what changes the attention path.
 
     Kept: GQA ratio (num_attention_heads / num_key_value_heads), explicit head_dim (set to 16), every distinct
     layer type (sliding / full / linear attention, NoPE layers), a sliding window (shortened to 8 tokens so the
     examples exceed it), softcapping, rope scaling parameters, MoE routing (4 experts), MLA ranks. Shrunk: layer
     count, hidden size, vocabulary (512; special token ids clamped into it).
+    ``keep_auto_map``: keep the ``auto_map`` that remote-code models need to find their classes.
     Returns a new config object (``config`` is not modified).
     """
     d = copy.deepcopy(config.to_dict())
     for key in _DROP_KEYS:
-        d.pop(key, None)
+        if not (keep_auto_map and key == "auto_map"):  # remote code (--packcheck-trust-remote-code) needs it
+            d.pop(key, None)
     _shrink_dict(d, dict(getattr(config, "attribute_map", {}) or {}))
     return type(config).from_dict(d)
 
@@ -372,6 +404,20 @@ def _shrink_dict(d: dict[str, Any], amap: dict[str, str]) -> None:
                 d[key] = [v if v < TINY_VOCAB else TINY_VOCAB - 1 for v in value]
 
 
+class WeightsError(RuntimeError):
+    """``--packcheck-weights=pretrained`` loaded no tensor of the model (every cell of it is an error)."""
+
+
+def weight_counts(model: Any, info: dict[str, Any]) -> dict[str, int]:
+    """Tensors of the model's state dict that ``from_pretrained`` loaded, left missing (randomly initialised)
+    or found unexpected in the file, from its ``output_loading_info``."""
+    missing = set(info.get("missing_keys") or [])
+    total = len(model.state_dict())
+    return {"loaded": max(0, total - len(missing)), "missing": len(missing),
+            "unexpected": len(set(info.get("unexpected_keys") or [])),
+            "mismatched": len(info.get("mismatched_keys") or [])}
+
+
 def dtype_kwarg(torch_dtype: Any) -> dict[str, Any]:
     """``dtype=`` for ``from_pretrained`` / ``from_config`` from transformers 4.56 on, ``torch_dtype=`` before
     (4.56 renamed it and deprecated the old name)."""
@@ -401,13 +447,20 @@ def build_model(
 
     torch_dtype = getattr(torch, dtype)
     if weights == "pretrained" and resolved.spec.kind != "arch":
-        model = AutoModelForCausalLM.from_pretrained(
+        model, info = AutoModelForCausalLM.from_pretrained(
             resolved.spec.name,
             revision=resolved.spec.revision,
             attn_implementation=attn_implementation,
             trust_remote_code=trust_remote_code,
+            output_loading_info=True,
             **dtype_kwarg(torch_dtype),
         )
+        model.packcheck_weights = weight_counts(model, info)
+        if model.packcheck_weights["loaded"] == 0:
+            raise WeightsError(
+                f"--packcheck-weights=pretrained: the weights of '{resolved.spec.raw}' match no tensor of "
+                f"{type(model).__name__} ({model.packcheck_weights['missing']} missing, "
+                f"{model.packcheck_weights['unexpected']} unexpected): the model would run on random weights")
     elif not shrink:  # full size, random weights (packcheck bench on a real config)
         torch.manual_seed(seed)
         # initialised on the device: a 1.2B model's random init takes 20 s on 2 CPU cores, well under 1 s on a GPU
@@ -418,7 +471,7 @@ def build_model(
             )
     else:
         try:
-            config = shrink_config(copy.deepcopy(resolved.config))
+            config = shrink_config(copy.deepcopy(resolved.config), keep_auto_map=trust_remote_code)
             # Count parameters on the meta device first: a config whose size keys the shrink does not know
             # would otherwise allocate a full-size model (an OOM kill on a 24 GB machine, seen with llama4).
             with torch.device("meta"):

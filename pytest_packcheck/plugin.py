@@ -35,6 +35,7 @@ def pytest_configure(config: pytest.Config) -> None:
     from .errors import PackcheckUsageError
     from .settings import resolve
 
+    state = None
     try:
         settings = resolve(lambda dest: config.getoption(dest), lambda key: config.getini(key))
         if settings is None:
@@ -48,6 +49,8 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[_SESSION_KEY] = state
         config.pluginmanager.register(_ResultRecorder(state), "packcheck-results")
     except PackcheckUsageError as exc:
+        if state is not None:
+            state.release()
         raise pytest.UsageError(str(exc)) from None
 
 
@@ -84,9 +87,20 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         session.config.get_terminal_writer().line(f"packcheck: error: {exc}", red=True)
         session.exitstatus = pytest.ExitCode.USAGE_ERROR
         return
+    except Exception as exc:  # noqa: BLE001 - never leave the previous run's matrix looking current
+        line = state.discard_stale_matrix(exc)
+        session.config.get_terminal_writer().line(f"packcheck: error: {line}", red=True)
+        session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
+        return
     if state.regressions:
         # the gate fails the session after the matrix is written; the summary below prints why
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    state = _state(config)
+    if state is not None:
+        state.release()
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
@@ -102,6 +116,29 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_sep("=", f"packcheck gate against {state.settings.baseline}")
         terminalreporter.write_line(state.gate_text)
         terminalreporter.write_line(f"{len(state.regressions)} regression(s), {len(state.changes)} changed cell(s)")
+
+
+@pytest.fixture
+def packcheck_verify(request: pytest.FixtureRequest) -> Any:
+    """Check a packed batch of your own on your own model (:func:`pytest_packcheck.guard.verify_packed_batch`,
+    raising :class:`~pytest_packcheck.guard.PackedBatchMismatch` with the one-line diagnosis on a mismatch).
+
+    Plain: ``def test_packing(packcheck_verify): packcheck_verify(model, collator(features))``. Parametrized
+    (``indirect=True``) with ``(model, batch)`` or ``{"model": ..., "batch": ..., **options}`` (callables are
+    called first, so models can be built lazily): the fixture runs the check and returns the result.
+    """
+    from .guard import verify_packed_batch
+
+    def verify(model: Any, batch: Any, **options: Any) -> Any:
+        options.setdefault("on_mismatch", "raise")
+        return verify_packed_batch(model, batch, **options)
+
+    param = getattr(request, "param", None)
+    if param is None:
+        return verify
+    spec = dict(param) if isinstance(param, dict) else {"model": param[0], "batch": param[1]}
+    model, batch = (v() if callable(v) and not hasattr(v, "forward") else v for v in (spec.pop("model"), spec.pop("batch")))
+    return verify(model, batch, **spec)
 
 
 class _ResultRecorder:

@@ -1,44 +1,32 @@
-"""Rendering: results document in, Markdown / terminal text out. Pure and deterministic."""
+"""Rendering: results document in, Markdown / HTML / terminal text out. Pure and deterministic.
+
+A matrix cell's headline is decided by the checks whose registry role is ``correctness`` only: ✅ means every
+one of them that ran passed, and the ones that could not run are named ("not checked"). Hazards and stack
+findings are counted once per environment and backend above the matrix; a model that departs from its stack's
+pattern is marked (⚑) on its own cell.
+"""
 
 from __future__ import annotations
 
-import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any
 
+from .markdown import escape_md, plain
+from .registry import CAUSES, REGISTRY, ROLES, SPECS
 from .results import STATUSES, SYMBOLS
 
-# The number that backs each check's verdict in the detail tables.
-KEY_METRIC = {
-    "position_ids": ("max_change", "Δ"),
-    "isolation": ("max_change", "Δ"),
-    "logits_parity": ("max_abs_diff_solo", "Δ"),
-    "loss_parity": ("loss_delta", "Δ"),
-    "grad_parity": ("grad_rel_err", "rel"),
-    "cache_trap": ("max_abs_diff_default", "Δ"),
-    "mask_trap": ("max_abs_diff_with_mask", "Δ"),
-    "trainer": ("max_loss_delta", "loss Δ"),
-    "sft": ("loss_delta", "loss Δ"),
-    "sft_padding_free": ("loss_delta", "loss Δ"),
-}
 LEGEND = {
     "pass": "pass: measured within tolerance",
-    "fail": "fail: a measured number is out of tolerance (footnote gives it)",
+    "fail": "fail: a measured number is out of tolerance (the cause names what it shows)",
     "fallback": "fallback: the requested attention backend is not what ran",
     "unsupported": "unsupported: the stack refuses this combination with an explicit error",
-    "skipped": "skipped: this environment lacks something (reason given)",
-    "error": "error: crashed (exception, or the signal that killed the isolated child, given)",
+    "skipped": "not checked: this environment lacks something (reason given); never a pass",
+    "error": "error: crashed (exception, or the signal that killed the isolated child, given), or a probe was inconclusive",
     "timeout": "timeout: no result within --packcheck-timeout (the hung child was killed)",
     "oom": "oom: out of memory (memory figures given)",
 }
-
-
-def escape_md(text: Any) -> str:
-    """Escape model-provided text for a Markdown table cell: no pipes, HTML, links or line breaks."""
-    s = " ".join(str(text).split())
-    s = s.replace("\\", "\\\\")
-    s = re.sub(r"([|<>\[\]`*_])", r"\\\1", s)
-    return s
+#: The key number of each check (metrics key, label), from the registry.
+KEY_METRIC = {s.name: s.key_metric for s in REGISTRY if s.key_metric}
 
 
 def _v(env: dict[str, Any], key: str) -> str:
@@ -76,9 +64,9 @@ def _key_number(cell: dict[str, Any]) -> str:
         deltas = [(v.get("steps") or {}).get("max_loss_delta") for k, v in m["strategies"].items() if k != "wrapped" and v.get("available")]
         deltas = [d for d in deltas if isinstance(d, float)]
         return f"loss Δ {_fmt_metric(max(deltas))}" if deltas else ""
-    if cell["check"] == "collate" and "position_ids_mismatches" in m:
-        text = f"{m['position_ids_mismatches']} pos / {m.get('unmasked_boundaries', 0)} label errs"
-        return text + (" (int labels raise)" if str(m.get("integer_labels", "")).startswith("TypeError") else "")
+    if isinstance(m.get("items"), dict):  # a contract check: items held / checked
+        held = sum(1 for v in m["items"].values() if v.get("status") == "pass")
+        return f"{held}/{len(m['items'])} items"
     if cell["check"] == "packing_content" and isinstance(m.get("strategies"), dict):
         ran = {k: v for k, v in m["strategies"].items() if v.get("available")}
         tails = sum(v["tail_starts"] for k, v in ran.items() if k in ("bfd", "ffd"))
@@ -89,9 +77,246 @@ def _key_number(cell: dict[str, Any]) -> str:
     return ""
 
 
+def _role(cell: dict[str, Any]) -> str:
+    return cell.get("role") or (SPECS[cell["check"]].role if cell["check"] in SPECS else "correctness")
+
+
+def _cause_label(cause: str) -> str:
+    return cause.replace("_", " ")
+
+
+def headline(group: list[dict[str, Any]]) -> dict[str, Any]:
+    """The verdict of one matrix cell (one model, backend, dtype and environment) from its correctness checks
+    only: ``status`` (the worst that ran; "skipped" when none ran), ``causes`` (the diagnosed causes of the
+    correctness checks that did not pass, worst first), ``not_checked`` (correctness checks skipped, with their
+    reasons) and ``cells`` (the correctness cells). A group with no correctness check (only hazards were
+    asked for) takes every check."""
+    judged = [c for c in group if _role(c) == "correctness"] or list(group)
+    status = cell_status([c["status"] for c in judged])
+    bad = sorted((c for c in judged if c["status"] not in ("pass", "skipped")), key=lambda c: (_rank(c["status"]), c["check"]))
+    causes = list(dict.fromkeys((c.get("diagnosis") or {}).get("cause") or c.get("cause") or c["status"] for c in bad))
+    not_checked = {c["check"]: c["message"] for c in judged if c["status"] == "skipped"}
+    return {"status": status, "causes": causes, "not_checked": not_checked, "cells": judged, "bad": bad}
+
+
+def _headline_text(group: list[dict[str, Any]], marks: list[str] | None = None) -> str:
+    """A matrix cell: symbol, cause (or "not checked"), the correctness checks that could not run, and the ⚑ marks
+    of a model that departs from its stack's hazard pattern."""
+    h = headline(group)
+    status = h["status"]
+    if status == "pass":
+        text = SYMBOLS["pass"] + (f" (not checked: {', '.join(h['not_checked'])})" if h["not_checked"] else "")
+    elif status == "skipped":
+        text = f"{SYMBOLS['skipped']} not checked"
+    elif status in ("unsupported", "error", "timeout", "oom"):
+        named = {"unsupported": "refused", "error": "crash", "timeout": "timeout", "oom": "out of memory"}[status]
+        causes = [c for c in h["causes"] if c not in ("crash", "hang", "out_of_memory", status)]
+        text = f"{SYMBOLS[status]} {', '.join(_cause_label(c) for c in causes) or named}"
+    else:
+        text = f"{SYMBOLS[status]} {', '.join(_cause_label(c) for c in h['causes'])}"
+    return text + "".join(f" ⚑ {m}" for m in marks or [])
+
+
+# ------------------------------------------------------------------------------------------------------------
+# stack hazards and findings: counted once per environment, dtype and backend
+
+
+def _hazard_rows(cells: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
+    """Per (hazard, environment, dtype, backend): the models that show it and the models measured, from the
+    hazard checks' verdicts and the logits_parity probe of two packed rows (batch_rows)."""
+    out: dict[tuple, dict[str, Any]] = defaultdict(lambda: {"shown": [], "measured": [], "causes": Counter()})
+    for c in cells:
+        key_rest = (env_label(c), c["dtype"], c["backend"])
+        own = (c.get("diagnosis") or {}).get("cause") or c.get("cause")
+        if _role(c) == "hazard" and (c["status"] == "pass" or (c["status"] == "fail" and own in ("cache_trap", "mask_override"))):
+            # a hazard probe on a row that is wrong without the hazard too measures the model's own fault, already in
+            # its correctness verdict: not counted here
+            row = out[(c["check"], *key_rest)]
+            row["measured"].append(c["model"]["label"])
+            if c["status"] == "fail":
+                row["shown"].append(c["model"]["label"])
+                row["causes"][(c.get("diagnosis") or {}).get("cause") or c.get("cause")] += 1
+        if c["check"] == "logits_parity" and c["status"] == "pass" and isinstance((c.get("metrics") or {}).get("max_abs_diff_two_rows"), float):
+            row = out[("batch_rows", *key_rest)]
+            row["measured"].append(c["model"]["label"])
+            if any(f.get("cause") == "batch_rows" for f in c.get("findings") or []):
+                row["shown"].append(c["model"]["label"])
+                row["causes"]["batch_rows"] += 1
+    return out
+
+
+def departures(cells: list[dict[str, Any]]) -> dict[tuple, list[str]]:
+    """⚑ marks: per (model, environment, dtype, backend), the hazards where this model departs from the pattern of
+    the other models on its stack (shown where most are not, or the reverse). Needs at least three models."""
+    marks: dict[tuple, list[str]] = defaultdict(list)
+    for (hazard, env, dtype, backend), row in _hazard_rows(cells).items():
+        n, k = len(row["measured"]), len(row["shown"])
+        if n < 3 or k in (0, n):
+            continue
+        majority_shows = k * 2 > n
+        for model in row["measured"]:
+            if (model in row["shown"]) != majority_shows:
+                marks[(model, env, dtype, backend)].append(("no " if majority_shows else "") + _cause_label(hazard))
+    return marks
+
+
+_HAZARD_TITLES = {
+    "cache_trap": "cache trap: the packed row called with use_cache as configured (a hand-written loop)",
+    "mask_trap": "mask trap: an all-ones attention_mask beside the packed row",
+    "batch_rows": "two packed rows per batch without cu_seq_lens",
+}
+
+
+def _hazards_section(cells: list[dict[str, Any]], backends: list[str], labels: dict[str, str], envs: list[str | None]) -> list[str]:
+    """One table per environment and dtype: a row per hazard, a column per backend, "shown / measured" models;
+    the remedy once per hazard."""
+    from tabulate import tabulate
+
+    from .diagnose import remedy
+
+    rows = _hazard_rows(cells)
+    if not rows:
+        return []
+    lines = ["## Stack hazards (usage outside the standard contract; never a model failure)", "",
+             ("Each number is models showing the hazard / models measured, on that backend. The ✅ cells above hold "
+              "under the standard contract: use_cache=False (transformers' Trainer >= 5.0 and TRL set it), no "
+              "attention_mask beside the packed row, one packed row per micro-batch or cu_seq_lens_q/k with it."), ""]
+    for e in envs:
+        for dtype in sorted({k[2] for k in rows if k[1] == e}):
+            table = []
+            for hazard in ("cache_trap", "mask_trap", "batch_rows"):
+                entries = [rows.get((hazard, e, dtype, b)) for b in backends]
+                if not any(entries):
+                    continue
+                table.append([_HAZARD_TITLES[hazard]] + [f"{len(r['shown'])}/{len(r['measured'])}" if r else "—" for r in entries])
+            if table:
+                where = f" ({_env_header(e, cells)})" if e else ""
+                lines += [f"{dtype}{escape_md(where)}:", "",
+                          tabulate(table, headers=["hazard", *[labels.get(b, b) for b in backends]], tablefmt="github"), ""]
+    env_doc: dict[str, Any] = {}
+    for hazard in ("cache_trap", "mask_trap", "batch_rows"):
+        shown = [r for k, r in rows.items() if k[0] == hazard and r["shown"]]
+        if shown:
+            cause = next(iter(shown[0]["causes"])) or hazard
+            lines.append(f"- {_HAZARD_TITLES[hazard].split(':')[0]}: {escape_md(remedy(cause, {'backend': 'sdpa', 'check': hazard, 'metrics': {}}, env_doc))}.")
+    return lines + [""]
+
+
+def _findings_section(cells: list[dict[str, Any]], envs: list[str | None]) -> list[str]:
+    """The library stack's facts (checks whose role is ``finding``), once per environment: per contract item,
+    the models it holds on and fails on, with the evidence; models that depart are named."""
+    lines: list[str] = []
+    for e in envs:
+        for spec in [s for s in REGISTRY if s.role == "finding"]:
+            group = [c for c in cells if c["check"] == spec.name and env_label(c) == e]
+            if not group:
+                continue
+            where = f" ({_env_header(e, cells)})" if e else ""
+            ran = [c for c in group if c["status"] not in ("skipped",)]
+            if not ran:
+                lines.append(f"- **{spec.name}**{escape_md(where)}: not checked: {escape_md(group[0]['message'])}")
+                continue
+            items: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+            for c in ran:
+                its = (c.get("metrics") or {}).get("items")
+                if isinstance(its, dict):
+                    for name, it in its.items():
+                        items[name][f"{it['status']}: {it['evidence']}"].append(c["model"]["label"])
+                else:
+                    items["verdict"][f"{c['status']}: {c['message']}"].append(c["model"]["label"])
+            parts = []
+            for name, outcomes in items.items():
+                for text, models in sorted(outcomes.items(), key=lambda kv: -len(kv[1])):
+                    status, _, evidence = text.partition(": ")
+                    who = f"{len(models)}/{len(ran)} models" + ("" if len(models) * 2 > len(ran) else f" ({', '.join(models[:6])})")
+                    sym = SYMBOLS.get(status, "")
+                    parts.append(f"  - {sym} {name}: {escape_md(evidence[:220])} — {who}")
+            title = {"collate": "transformers' DataCollatorWithFlattening", "collate_trl": "TRL's padding-free collator",
+                     "packing_content": "TRL's pack_dataset"}.get(spec.name, spec.name)
+            lines.append(f"- **{title}** (`{spec.name}`){escape_md(where)}:")
+            lines += parts
+    if not lines:
+        return []
+    return ["## Stack findings (facts of the library stack, not of a model)", "",
+            "Each contract item is checked on its own; the count is the models it was measured on.", "", *lines, ""]
+
+
+def _not_checked_section(cells: list[dict[str, Any]], backends: list[str], labels: dict[str, str]) -> list[str]:
+    """What could not be looked at, once per backend and reason: never a pass."""
+    by: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for c in cells:
+        if c["status"] == "skipped" and _role(c) == "correctness":
+            by[(labels.get(c["backend"], c["backend"]) if c["backend"] else "(model level)", f"{c['check']}: {c['message']}"
+                if len({x['check'] for x in cells if x['backend'] == c['backend'] and x['status'] == 'skipped'
+                        and x['model']['label'] == c['model']['label']}) < 3 else c["message"])].add(c["model"]["label"])
+    if not by:
+        return []
+    lines = ["## Not checked", ""]
+    for (backend, why), models in sorted(by.items()):
+        lines.append(f"- {escape_md(backend)}, {len(models)} models: {escape_md(why[:200])}")
+    return lines + [""]
+
+
+def _answer_section(models: dict[str, Any], by_group: dict[tuple, list[dict]], backends: list[str], dtypes: list[str],
+                    labels: dict[str, str], marks: dict[tuple, list[str]]) -> list[str]:
+    """The answer, one line per model and dtype: safe backends, do-not-pack backends with the cause and its
+    number, and what was not checked."""
+    lines = ["## The answer", "",
+             ("Per model: where padding-free packing trains it the same as padding (fed as transformers' Trainer and "
+              "TRL feed it: restarting position_ids, no attention_mask, use_cache=False), where it does not and why, "
+              "and where packcheck could not look."), ""]
+    for dtype in dtypes:
+        if len(dtypes) > 1:
+            lines += [f"{dtype}:", ""]
+        for label in models:
+            safe, partial, bad, refused, unchecked = [], [], defaultdict(list), [], []
+            for b in backends:
+                group = by_group.get((label, b, dtype, None), [])
+                if not group:
+                    continue
+                h = headline(group)
+                name = labels.get(b, b)
+                if h["status"] == "pass":
+                    if h["not_checked"]:
+                        partial.append(f"{name} ({', '.join(h['not_checked'])} not checked: "
+                                       f"{escape_md(_cut(next(iter(h['not_checked'].values())), 70))})")
+                    else:
+                        safe.append(name)
+                elif h["status"] == "skipped":
+                    unchecked.append(name)
+                elif h["status"] in ("fail", "fallback"):
+                    first = h["bad"][0]
+                    number = _key_number(first)
+                    key = ", ".join(_cause_label(c) for c in h["causes"])
+                    bad[key].append((name, f"{first['check']} {number}".strip()))
+                else:
+                    refused.append(f"{name} ({' '.join(_headline_text(group).split(' ')[1:])})")
+            parts = []
+            if bad:
+                for cause, where in bad.items():
+                    desc = CAUSES.get(cause.replace(" ", "_"), "")
+                    parts.append(f"**do not pack** on {', '.join(w for w, _ in where)} ({cause}" + (f": {desc}" if desc else "")
+                                 + f"; {where[0][1]})")
+            if safe:
+                parts.append(f"safe on {', '.join(safe)}")
+            if partial:
+                parts.append(f"safe on {'; '.join(partial)}")
+            if refused:
+                parts.append(f"refused / crashed on {', '.join(refused)}")
+            if unchecked:
+                parts.append(f"not checked on {', '.join(unchecked)}")
+            flagged = sorted({m for b in backends for m in marks.get((label, None, dtype, b), [])})
+            if flagged:
+                parts.append(f"⚑ departs from its stack: {', '.join(flagged)}")
+            lines.append(f"- **{escape_md(label)}**: " + "; ".join(parts) + ".")
+        lines.append("")
+    return lines
+
+
 def render_markdown(doc: dict[str, Any]) -> str:
-    """The support matrix: rows = models, columns = backends (plus the model-level collate check), then per-model
-    detail tables with the number behind every verdict, footnotes, legend, tolerances and environment."""
+    """The support matrix: the answer (per model), the stack's hazards and findings (once each), the matrix
+    (rows = models, columns = backends; headline from the correctness checks), remedies, legend, then the
+    per-model details (every check's verdict and number) in collapsible blocks."""
     from tabulate import tabulate
 
     from .backends import backend_labels
@@ -107,21 +332,15 @@ def render_markdown(doc: dict[str, Any]) -> str:
         {c["backend"] for c in cells if c["backend"]}
     )
     dtypes = sorted({c["dtype"] for c in cells})
-    checks = [c for c in settings.get("checks", []) if any(x["check"] == c for x in cells)]
+    checks = [c for c in settings.get("checks", []) if any(x["check"] == c for x in cells)] or list(dict.fromkeys(
+        s.name for s in REGISTRY if any(x["check"] == s.name for x in cells)))
     envs = sorted({env_label(c) for c in cells}, key=lambda e: (e is not None, _env_sort_key(e, cells)))
     versioned = envs != [None]
     by_group: dict[tuple, list[dict]] = defaultdict(list)
     for c in cells:
         by_group[(c["model"]["label"], c["backend"], c["dtype"], env_label(c))].append(c)
-
-    # the per-model checks (no backend) share one column / row: named after them
-    model_level = " + ".join(sorted({c["check"] for c in cells if c["backend"] is None}, key=lambda x: x != "collate")) or "collate"
-    footnotes: list[str] = []
+    marks = departures(cells)
     bench = doc.get("bench")
-
-    def note(text: str) -> str:
-        footnotes.append(text)
-        return f"[^{len(footnotes)}]"
 
     lines = [f"# packcheck support matrix{' — ' + escape_md(settings['audit']) if settings.get('audit') else ''}", ""]
     lines += [
@@ -145,11 +364,13 @@ def render_markdown(doc: dict[str, Any]) -> str:
     if doc.get("incomplete"):
         inc = doc["incomplete"]
         lines += [f"**⚠️ Incomplete: {escape_md(inc['reason'])} after {inc['cells']} cells; {escape_md(inc.get('resume', ''))}.**", ""]
-    totals = defaultdict(int)
-    for c in cells:
-        totals[c["status"]] += 1
-    lines.append("Cells: " + ", ".join(f"{SYMBOLS[s]} {s} {totals[s]}" for s in STATUSES if totals[s]) + f" (of {len(cells)}).")
+    totals = Counter(c["status"] for c in cells)
+    lines.append("Checks run: " + ", ".join(f"{SYMBOLS[s]} {s} {totals[s]}" for s in STATUSES if totals[s]) + f" (of {len(cells)}).")
     lines.append("")
+    if not versioned:
+        lines += _answer_section(models, by_group, backends, dtypes, labels, marks)
+    lines += _hazards_section(cells, backends, labels, envs)
+    lines += _findings_section(cells, envs)
     if versioned:
         lines += _environments_section(cells, envs)
     for dtype in dtypes:
@@ -159,67 +380,62 @@ def render_markdown(doc: dict[str, Any]) -> str:
             headers = ["model", "backend"] + [_env_header(e, cells) for e in envs]
             rows = []
             for label in models:
-                for b in [None, *backends]:
+                for b in backends:
                     if not any(by_group.get((label, b, dtype, e)) for e in envs):
                         continue
-                    row = [escape_md(label), labels.get(b, b) if b else model_level]
+                    row = [escape_md(label), labels.get(b, b)]
                     for e in envs:
                         group = by_group.get((label, b, dtype, e), [])
-                        row.append(_summary_cell(group, note) if group else "")
+                        row.append(_headline_text(group, marks.get((label, e, dtype, b))) if group else "")
                     rows.append(row)
             lines.append(tabulate(rows, headers=headers, tablefmt="github"))
             lines.append("")
             continue
-        has_model_level = any(c["backend"] is None and c["dtype"] == dtype for c in cells)
-        headers = ["model", "model_type / class"] + ([model_level] if has_model_level else []) + [labels.get(b, b) for b in backends]
+        headers = ["model", "model_type / class"] + [labels.get(b, b) for b in backends]
         if bench:
             headers.append("speedup / memory")
         rows = []
         for label, info in models.items():
             rev = f" @{info['revision'][:10]}" if info.get("revision") else ""
             row = [escape_md(label) + escape_md(rev), f"{escape_md(info['model_type'])} / {escape_md(info['model_class'])}"]
-            if has_model_level:
-                coll = by_group.get((label, None, dtype, None), [])
-                row.append(_summary_cell(coll, note) if coll else "")
             for b in backends:
                 group = by_group.get((label, b, dtype, None), [])
-                row.append(_summary_cell(group, note) if group else "")
+                row.append(_headline_text(group, marks.get((label, None, dtype, b))) if group else "")
             if bench:
-                row.append(_bench_cell([r for r in bench["results"] if r["model"]["label"] == label], cells))
+                from .bench import bench_cell
+
+                row.append(bench_cell([r for r in bench["results"] if r["model"]["label"] == label], cells))
             rows.append(row)
         lines.append(tabulate(rows, headers=headers, tablefmt="github"))
         lines.append("")
+    lines += _not_checked_section(cells, backends, labels)
     lines += _training_section(by_group, models, backends, dtypes, envs, cells, labels)
     if bench:
-        lines += _bench_section(bench, cells)
+        from .bench import bench_section
+
+        lines += bench_section(bench, cells)
     lines += _what_to_do(doc)
     lines += ["## Legend", ""]
     lines += [f"- {SYMBOLS[s]} {LEGEND[s]}" for s in STATUSES]
     lines += [
-        "- Each cell summarises the checks of that model and backend; the detail tables below give every check's",
-        "  verdict with the number it rests on. packcheck_flash_ref is packcheck's CPU varlen reference: transformers'",
-        "  own flash-attention preparation code with an exact per-segment kernel. It is not FlashAttention-2.",
+        "- A matrix cell's verdict comes from its correctness checks only; the cause after ❌ is what they measured.",
+        "  \"(not checked: …)\" names correctness checks that could not run there: the ✅ covers the others only.",
+        ("- ⚑ marks a model that departs from its stack's hazard pattern (\"⚑ no cache trap\": most models on this "
+        "backend show it, this one does not)."),
+        ("- packcheck_flash_ref is packcheck's CPU varlen reference: transformers' own flash-attention preparation code "
+        "with an exact per-segment kernel. It is not FlashAttention-2."),
         "",
-        "## Details",
+        "Roles:",
+        "",
+        *[f"- **{r}**: {t}" for r, t in ROLES.items()],
+        "",
+        "Checks:",
+        "",
+        *[f"- `{s.name}` ({s.role}, per {s.level}{', training' if s.training else ''}): {s.summary}" for s in REGISTRY if s.name in checks],
         "",
     ]
-    for dtype in dtypes:
-        for label in models:
-            for e in envs:
-                headers = ["backend"] + checks
-                rows = []
-                for b in [None, *backends]:
-                    group = {c["check"]: c for c in by_group.get((label, b, dtype, e), [])}
-                    if not group:
-                        continue
-                    row = [labels.get(b, b) if b else "(model level)"]
-                    for chk in checks:
-                        c = group.get(chk)
-                        row.append(f"{SYMBOLS[c['status']]} {_key_number(c)}".strip() if c else "")
-                    rows.append(row)
-                if rows:
-                    where = f", {escape_md(_env_header(e, cells))}" if e else ""
-                    lines += [f"### {escape_md(label)} ({dtype}{where})", "", tabulate(rows, headers=headers, tablefmt="github"), ""]
+    lines += ["## Details", "", ("Every check's verdict, the number it rests on, and each non-pass message with its cause and "
+                                 "remedy, per model: `packcheck-details.md` beside this file."), ""]
     tol = {c["dtype"]: c.get("tolerances", {}) for c in cells}
     if tol:
         keys = sorted({k for t in tol.values() for k in t})
@@ -227,67 +443,85 @@ def render_markdown(doc: dict[str, Any]) -> str:
         lines.append(tabulate([[d] + [tol[d].get(k, "") for k in keys] for d in sorted(tol)], headers=["dtype", *keys], tablefmt="github"))
         lines.append("")
     lines += ["## Environment", "", tabulate([[k, escape_md(v)] for k, v in env.items()], headers=["", "value"], tablefmt="github"), ""]
-    if footnotes:
-        lines += ["## Notes", ""]
-        lines += [f"[^{i}]: {t}" for i, t in enumerate(footnotes, 1)]
-        lines.append("")
     return "\n".join(lines)
 
 
-#: Checks that bear on what bench computes (a packed row, use_cache=False, no attention_mask): cache_trap and
-#: mask_trap judge other ways of calling the model, the collate and training checks other code.
-_BENCH_RELEVANT_CHECKS = ("position_ids", "isolation", "logits_parity", "loss_parity", "grad_parity", "backend")
+def write_reports(out: Any, doc: dict[str, Any]) -> list[str]:
+    """Write ``packcheck-matrix.json``, ``.md``, ``.html`` and ``packcheck-details.md`` into the folder ``out`` (atomically, scrubbed);
+    returns their paths.
+
+    Raises:
+        PackcheckUsageError: the folder cannot be written.
+    """
+    import json
+    from pathlib import Path
+
+    from .html import render_html
+    from .results import atomic_write
+
+    out = Path(out)
+    paths = [out / "packcheck-matrix.md", out / "packcheck-matrix.json", out / "packcheck-matrix.html", out / "packcheck-details.md"]
+    atomic_write(paths[1], json.dumps(doc, indent=1, sort_keys=False) + "\n")
+    atomic_write(paths[0], render_markdown(doc))
+    atomic_write(paths[2], render_html(doc))
+    atomic_write(paths[3], render_details(doc))
+    return [str(p) for p in paths]
 
 
-def _packing_fails(cells: list[dict[str, Any]], r: dict[str, Any]) -> list[str]:
-    """The checks that failed (or fell back) for the benched model, backend and dtype among
-    :data:`_BENCH_RELEVANT_CHECKS`: a speedup there is the speed of a wrong result. Errors (inconclusive) are
-    not counted."""
-    return sorted({c["check"] for c in cells if c["model"]["label"] == r["model"]["label"]
-                   and c["backend"] == r.get("attn_implementation") and c["dtype"] == r.get("dtype")
-                   and c["check"] in _BENCH_RELEVANT_CHECKS and c["status"] in ("fail", "fallback")})
+def render_details(doc: dict[str, Any]) -> str:
+    """``packcheck-details.md``: per model, in a collapsible block, every check's verdict and key number per
+    backend, then each check that did not pass with its message, cause and remedy."""
+    from .backends import backend_labels
+
+    cells = doc["cells"]
+    labels = backend_labels(doc["environment"])
+    settings = doc.get("settings", {})
+    models = list(dict.fromkeys(c["model"]["label"] for c in cells))
+    backends = [b for b in settings.get("backends", []) if any(c["backend"] == b for c in cells)] or sorted(
+        {c["backend"] for c in cells if c["backend"]})
+    dtypes = sorted({c["dtype"] for c in cells})
+    checks = [c for c in settings.get("checks", []) if any(x["check"] == c for x in cells)] or list(dict.fromkeys(
+        s.name for s in REGISTRY if any(x["check"] == s.name for x in cells)))
+    envs = sorted({env_label(c) for c in cells}, key=lambda e: (e is not None, _env_sort_key(e, cells)))
+    by_group: dict[tuple, list[dict]] = defaultdict(list)
+    for c in cells:
+        by_group[(c["model"]["label"], c["backend"], c["dtype"], env_label(c))].append(c)
+    return "\n".join(_details(models, by_group, backends, dtypes, envs, checks, labels, cells))
 
 
-def _bench_cell(results: list[dict[str, Any]], cells: list[dict[str, Any]]) -> str:
-    """The matrix's "speedup / memory" entry of one model: per profile, packed/padded useful tokens/s and the
-    peak-memory reduction (n/a on CPU); marked when the audit found packing wrong on the benched backend."""
-    parts = []
-    for r in results:
-        if "error" in r:
-            parts.append(f"{r['profile']}: not measured")
-            continue
-        mem = f"−{r['memory_reduction'] * 100:.0f} % mem" if r.get("memory_reduction") is not None else "mem n/a"
-        parts.append(f"{r['profile']} {r['speedup']:.2f}x / {mem}")
-    wrong = _packing_fails(cells, results[0]) if results else []
-    return "; ".join(parts) + (f" ⚠ packing wrong on {results[0]['attn_implementation']}" if wrong else "")
-
-
-def _bench_section(bench: dict[str, Any], cells: list[dict[str, Any]]) -> list[str]:
-    """What packing buys (``packcheck audit --bench``): one row per model and profile, with its backend."""
+def _details(models: list[str], by_group: dict[tuple, list[dict]], backends: list[str], dtypes: list[str],
+             envs: list[str | None], checks: list[str], labels: dict[str, str], cells: list[dict[str, Any]]) -> list[str]:
     from tabulate import tabulate
 
-    from .bench import BENCH_HEADERS, BENCH_NOTE, bench_caveats, bench_row
-
-    rows, failed, wrong = [], [], {}
-    for r in bench["results"]:
-        if "error" in r:
-            failed.append(f"- {escape_md(r['model']['label'])} / {r['profile']}: {escape_md(r['error'])}")
-            continue
-        fails = _packing_fails(cells, r)
-        if fails:
-            wrong[(r["model"]["label"], r["attn_implementation"])] = fails
-        rows.append([escape_md(r["model"]["label"]) + (" ⚠" if fails else ""), r["attn_implementation"], r["dtype"], *bench_row(r)])
-    lines = ["## Packing payoff (packcheck bench)", "",
-             (f"{bench['steps']} measured steps per mode on {bench['device']}, same examples padded and packed. "
-              + ("CPU run: a smoke test of the machinery, not a speed claim. " if not str(bench["device"]).startswith("cuda") else "")
-              + BENCH_NOTE), ""]
-    if rows:
-        lines += [tabulate(rows, headers=["model", "backend", "dtype", *BENCH_HEADERS], tablefmt="github"), ""]
-        lines += [f"- ⚠ {escape_md(label)} on {backend}: the audit found packing wrong there ({', '.join(checks)}): "
-                  "this speedup is the speed of a different computation." for (label, backend), checks in wrong.items()]
-        lines += [*bench_caveats([r for r in bench["results"] if "error" not in r]), ""]
-    if failed:
-        lines += ["Not measured:", "", *failed, ""]
+    lines = ["# packcheck details", "", "Every check's verdict and the number it rests on, per model (click to open).", ""]
+    for label in models:
+        blocks = []
+        for dtype in dtypes:
+            for e in envs:
+                rows, notes = [], []
+                for b in [None, *backends]:
+                    group = {c["check"]: c for c in by_group.get((label, b, dtype, e), [])}
+                    if not group or all(c["status"] == "skipped" for c in group.values()):
+                        continue  # listed under "Not checked"
+                    row = [labels.get(b, b) if b else "(model level)"]
+                    for chk in checks:
+                        c = group.get(chk)
+                        row.append(f"{SYMBOLS[c['status']]} {_key_number(c)}".strip() if c else "")
+                        if c and c["status"] not in ("pass", "skipped"):
+                            d = c.get("diagnosis") or {}
+                            cause = f" — cause: {d['cause']}; remedy: {d['remedy']}" if d.get("cause") and d.get("remedy") else ""
+                            notes.append(f"- {labels.get(b, b) if b else 'model level'} / {chk} ({_role(c)}), {c['status']}: "
+                                         f"{escape_md(c['message'][:400])}{escape_md(cause)}")
+                    rows.append(row)
+                if rows:
+                    where = f", {_env_header(e, cells)}" if e else ""
+                    headers = ["backend"] + [f"{chk} ({SPECS[chk].role})" if chk in SPECS and SPECS[chk].role != "correctness" else chk
+                                             for chk in checks]
+                    blocks += [f"**{dtype}{escape_md(where)}**", "", tabulate(rows, headers=headers, tablefmt="github"), "", *notes, ""]
+        if blocks:
+            h = [headline(g) for (m, _, _, _), g in by_group.items() if m == label]
+            worst = cell_status([x["status"] for x in h])
+            lines += ["<details>", f"<summary>{SYMBOLS[worst]} {escape_md(label)}</summary>", "", *blocks, "</details>", ""]
     return lines
 
 
@@ -313,8 +547,9 @@ def _training_entry(cell: dict[str, Any], read: str) -> str:
     if read == "trainer":
         a, b = m.get("as_configured") or {}, m.get("use_cache_false") or {}
         text = f"{sym} {_fmt_metric(a.get('max_loss_delta'))}"
-        if "normalisation" in m:
-            text += f" (padded/packed loss {m['padded_over_packed_loss']:.3f})"
+        padded = m.get("padded_trainer") or {}
+        if padded.get("normalisation"):
+            text += f" (Trainer's padded run: loss x{padded['loss_ratio']:.3f})"
         elif cell["status"] != "pass" and isinstance(b.get("max_loss_delta"), float) and b["max_loss_delta"] < a.get("max_loss_delta", 0):
             text += f"; use_cache=False {_fmt_metric(b['max_loss_delta'])}"
         return text
@@ -433,23 +668,14 @@ def _environments_section(cells: list[dict[str, Any]], envs: list[str | None]) -
             tabulate(rows, headers=["requested", "resolved", "torch", "environment", "run", "log"], tablefmt="github"), ""]
 
 
-def _cause_suffix(cell: dict[str, Any]) -> str:
-    d = cell.get("diagnosis") or {}
-    parts = []
-    if d.get("cause"):
-        parts.append(f"cause: {d['cause']}")
-    parts += [f"also: {f['cause']}" for f in d.get("findings", [])]
-    if d.get("known_faults"):
-        parts.append("known: " + ", ".join(d["known_faults"]))
-    return f" [{'; '.join(parts)}]" if parts else ""
-
-
 def _what_to_do(doc: dict[str, Any]) -> list[str]:
     """The remedies, one line per cause and remedy, with the cells they apply to and the known faults."""
     from .diagnose import CAUSES, load_known_faults
 
     by: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for c in doc["cells"]:
+        if _role(c) == "hazard":
+            continue  # remedied once in the stack hazards section
         d = c.get("diagnosis") or {}
         if d.get("cause"):
             by[(d["cause"], d["remedy"])].append(c)
@@ -459,8 +685,8 @@ def _what_to_do(doc: dict[str, Any]) -> list[str]:
         return []
     faults = {f.id: f for f in load_known_faults()}
     lines = ["## What to do", "",
-             ("Each cause is read from what the cell's group measured (isolation, logits, loss, position, cache and mask "
-              "probes, attention calls); it explains the verdict and never changes it."), ""]
+             ("Each cause is the code its check returned with the numbers behind it (isolation, logits, loss, position "
+              "probes, attention calls); it explains the verdict and never changes it. Hazards are remedied above."), ""]
     for (cause, fix), cells in sorted(by.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         groups = sorted({"-".join(x for x in (c["model"]["label"], c["backend"]) if x) + (f"@{env_label(c)}" if env_label(c) else "") for c in cells})
         shown = ", ".join(groups[:6]) + (f" and {len(groups) - 6} more" if len(groups) > 6 else "")
@@ -490,59 +716,47 @@ def _what_to_do(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _summary_cell(group: list[dict[str, Any]], note: Any) -> str:
-    """Worst verdict, the checks that did not pass, and one footnote holding their messages. A group whose
-    checks all failed the same way (a model that did not build) gets one message, not one per check."""
-    status = cell_status([c["status"] for c in group])
-    bad = [c for c in sorted(group, key=lambda c: (_rank(c["status"]), c["check"])) if c["status"] != "pass"]
-    if not bad:
-        found = [c for c in group if (c.get("diagnosis") or {}).get("findings")]
-        if found:
-            text = "; ".join(f"{c['check']}: {f['cause']}: {f['evidence']}" for c in found for f in c["diagnosis"]["findings"])
-            return f"{SYMBOLS[status]} (finding){note(escape_md(text))}"
-        return SYMBOLS[status]
-    ran_bad = [c for c in bad if c["status"] != "skipped"]
-    ran = [c for c in group if c["status"] != "skipped"]
-    if not ran and len({c["message"] for c in group}) == 1:  # the whole backend skipped for one reason
-        return f"{SYMBOLS['skipped']} skipped{note(escape_md(group[0]['message']))}"
-    if ran_bad and len(ran_bad) == len(ran) and len({c["message"] for c in ran_bad}) == 1:
-        # every check that ran failed the same way (the model did not build): one message
-        skipped = [c for c in bad if c["status"] == "skipped"]
-        extra = " " + " ".join(f"({c['check']} skipped{note(escape_md(c['check'] + ': ' + c['message']))})" for c in skipped) if skipped else ""
-        return f"{SYMBOLS[status]} {status}{note(escape_md(ran_bad[0]['message'] + _cause_suffix(ran_bad[0])))}{extra}"
-    names = ", ".join(c["check"] + (" (skipped)" if c["status"] == "skipped" else "") for c in bad)
-    text = "; ".join(f"{c['check']} {c['status']}: {c['message']}{_cause_suffix(c)}" for c in bad)
-    return f"{SYMBOLS[status]} {names}{note(escape_md(text))}"
-
-
 def _cut(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
 def render_terminal(doc: dict[str, Any], paths: list[str]) -> list[str]:
-    """Lines for pytest's terminal summary: totals, one line per model and backend that is not all-pass."""
+    """Lines for pytest's terminal summary (plain text, no Markdown): versions, totals, one line per model and
+    backend with its headline verdict and cause, then the stack hazards once each."""
     cells = doc["cells"]
-    totals = defaultdict(int)
-    for c in cells:
-        totals[c["status"]] += 1
+    totals = Counter(c["status"] for c in cells)
     lines = [
         (f"transformers {_v(doc['environment'], 'transformers')}, torch {_v(doc['environment'], 'torch')}, "
         f"trl {_v(doc['environment'], 'trl')}, device {doc['environment'].get('device')}"),
-        "cells: " + ", ".join(f"{s} {totals[s]}" for s in STATUSES if totals[s]) + f" (total {len(cells)})",
+        "checks: " + ", ".join(f"{s} {totals[s]}" for s in STATUSES if totals[s]) + f" (total {len(cells)})",
     ]
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for c in cells:
         where = c["dtype"] + (f" @ {env_label(c)}" if env_label(c) else "")
         groups[(c["model"]["label"], c["backend"] or "(model level)", where)].append(c)
-    for (label, backend, dtype), group in sorted(groups.items()):
-        status = cell_status([c["status"] for c in group])
-        bad = [f"{c['check']}={c['status']}" for c in group if c["status"] not in ("pass", "skipped")]
-        if len({c["message"] for c in group}) == 1 and len(bad) == len(group):
-            bad = [f"{status} ({_cut(group[0]['message'], 90)})"]
-        if bad or status == "skipped":
-            reason = ", ".join(bad) if bad else _cut(group[0]["message"], 80)
-            lines.append(f"  {status:11s} {label} / {backend} / {dtype}: {reason}")
-        else:
-            lines.append(f"  {status:11s} {label} / {backend} / {dtype}")
+    marks = departures(cells)
+    for (label, backend, where), group in sorted(groups.items()):
+        if backend == "(model level)" and all(_role(c) == "finding" for c in group):
+            continue  # stack findings: summarised below
+        h = headline(group)
+        text = plain(_headline_text(group, marks.get((label, env_label(group[0]), group[0]["dtype"], group[0]["backend"]))))
+        reason = ""
+        if h["status"] in ("error", "timeout", "oom", "unsupported", "skipped") and h["cells"]:
+            reason = ": " + _cut(plain((h["bad"] or h["cells"])[0]["message"]), 90)
+        lines.append(f"  {h['status']:11s} {label} / {backend} / {where}: {text[2:].strip() or h['status']}{reason}")
+    for (hazard, env, dtype, backend), row in sorted(_hazard_rows(cells).items(), key=lambda kv: tuple(str(x) for x in kv[0])):
+        if row["shown"]:
+            lines.append(f"  hazard      {_cause_label(hazard)} on {backend} / {dtype}{f' @ {env}' if env else ''}: "
+                         f"{len(row['shown'])}/{len(row['measured'])} models")
+    found: dict[tuple[str, str], list[str]] = defaultdict(list)
+    measured: Counter = Counter()
+    for c in cells:
+        if _role(c) == "finding" and c["status"] in ("pass", "fail"):
+            measured[c["check"]] += 1
+            for name, it in ((c.get("metrics") or {}).get("items") or {"verdict": {"status": c["status"], "evidence": c["message"]}}).items():
+                if it.get("status") == "fail":
+                    found[(c["check"], f"{name}: {it['evidence']}")].append(c["model"]["label"])
+    for (check, text), models in sorted(found.items()):
+        lines.append(f"  finding     {check} {_cut(plain(text), 110)} ({len(models)}/{measured[check]} models)")
     lines += [f"matrix written: {p}" for p in paths]
     return lines

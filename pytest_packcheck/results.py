@@ -14,7 +14,9 @@ from typing import Any
 
 from .errors import PackcheckUsageError
 
-SCHEMA_VERSION = 1
+#: 2: cells carry ``role`` (from the check registry), ``cause``, ``evidence`` and ``findings`` (cause codes the
+#: check returned). A version-1 file is upgraded on load (role from the registry, no cause codes).
+SCHEMA_VERSION = 2
 
 #: Verdicts, worst first. ``error``: crashed (exception, or the signal that killed the isolated child).
 #: ``timeout``: no result within --packcheck-timeout. ``oom``: out of memory (with the memory figures).
@@ -27,15 +29,25 @@ SYMBOLS = {"pass": "✅", "fail": "❌", "fallback": "⚠️", "unsupported": "�
 
 @dataclass
 class CheckResult:
-    """What a check returns: a verdict, the numbers it measured and a one-line message."""
+    """What a check returns: a verdict, the numbers it measured, a one-line message, and the cause code
+    (:data:`registry.CAUSES`) of a verdict that is not a pass, with its evidence (numbers). ``findings``: causes
+    the check's probes saw beside its verdict, as ``{"cause", "evidence"}`` records (e.g. a two-row probe)."""
 
     status: str
     metrics: dict[str, Any] = field(default_factory=dict)
     message: str = ""
+    cause: str | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+    findings: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"unknown status {self.status!r}; expected one of {STATUSES}")
+        from .registry import CAUSES
+
+        for code in [self.cause, *(f.get("cause") for f in self.findings)]:
+            if code is not None and code not in CAUSES:
+                raise ValueError(f"unknown cause {code!r}; expected one of {tuple(CAUSES)}")
 
 
 @dataclass
@@ -55,6 +67,16 @@ class CellResult:
     #: the version environment the cell ran in (label, requirements, resolved versions, its environment()),
     #: None when it ran in the environment of the report
     env: dict[str, Any] | None = None
+    #: the check's role (registry): correctness decides the cell's headline; hazards and findings do not
+    role: str = "correctness"
+    cause: str | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+    findings: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        from .registry import role
+
+        self.role = role(self.check)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True, default=_jsonable)
@@ -205,6 +227,27 @@ def atomic_write(path: Path, text: str) -> None:
         ) from None
 
 
+def cell_problem(cell: Any) -> str | None:
+    """What makes ``cell`` (a results-file cell or a journal line's cell) unusable, or None: the fields every
+    reader indexes must be there with the right types."""
+    if not isinstance(cell, dict):
+        return f"a cell is a JSON {type(cell).__name__}, not an object"
+    name = cell.get("cell_id", "?")
+    for key, kind in (("cell_id", str), ("check", str), ("dtype", str), ("status", str), ("model", dict)):
+        if not isinstance(cell.get(key), kind):
+            return f"cell {name!r} has {key}={cell.get(key)!r} (expected a {kind.__name__})"
+    if cell["status"] not in STATUSES:
+        return f"cell {name!r} has unknown status {cell['status']!r} (expected one of {', '.join(STATUSES)})"
+    if not isinstance(cell.get("backend"), str | None):
+        return f"cell {name!r} has backend={cell.get('backend')!r} (expected a string or null)"
+    for key, kind in (("metrics", dict), ("tolerances", dict), ("message", str), ("env", dict)):
+        if key in cell and not isinstance(cell[key], kind) and not (key == "env" and cell[key] is None):
+            return f"cell {name!r} has \"{key}\": {json.dumps(cell[key])[:40]} (expected a {'JSON object' if kind is dict else 'string'})"
+    if not isinstance(cell["model"].get("label"), str):
+        return f"cell {name!r} has a model without a label"
+    return None
+
+
 def load_document(path: str | Path) -> dict[str, Any]:
     """Load a results JSON written by packcheck.
 
@@ -237,5 +280,23 @@ def load_document(path: str | Path) -> dict[str, Any]:
         )
     if not all(isinstance(c["model"], dict) and "label" in c["model"] for c in cells):
         raise PackcheckUsageError(f"Results file {p} has cells whose 'model' lacks a label: it is not a packcheck results file.")
+    problem = next((cell_problem(c) for c in cells if cell_problem(c)), None)
+    if problem:
+        raise PackcheckUsageError(f"Results file {p} is corrupt: {problem}. Regenerate it with `packcheck audit`.")
     data.setdefault("environment", {})
+    return upgrade(data)
+
+
+def upgrade(data: dict[str, Any]) -> dict[str, Any]:
+    """Bring an older results document to :data:`SCHEMA_VERSION` in place: version 1 cells get their role from
+    the registry and empty cause codes (their diagnosis, if any, is kept)."""
+    from .registry import role
+
+    if data.get("schema_version", SCHEMA_VERSION) < 2:
+        for c in data.get("cells", []):
+            c.setdefault("role", role(c["check"]))
+            c.setdefault("cause", None)
+            c.setdefault("evidence", {})
+            c.setdefault("findings", [])
+        data["schema_version"] = SCHEMA_VERSION
     return data

@@ -13,8 +13,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .backends import REFERENCE_BACKEND, TORCH_VARLEN_BACKEND, backend_availability, register_reference_backend
-from .checks import CHECK_FUNCTIONS, MODEL_LEVEL_CHECKS, Workbench
+from .checks import Workbench
 from .models import ResolvedModel, build_model
+from .registry import MODEL_LEVEL_CHECKS, SPECS
 from .results import CellResult, CheckResult
 
 
@@ -56,7 +57,7 @@ def plan_cells(models: list[ResolvedModel], backends: tuple[str, ...], checks: t
                     cells.append(Cell(i, m.spec.label, None, check, dtype, env))
             for backend in backends:
                 for check in checks:
-                    if check not in MODEL_LEVEL_CHECKS:
+                    if check not in MODEL_LEVEL_CHECKS and backend not in SPECS[check].skip_backends:
                         cells.append(Cell(i, m.spec.label, backend, check, dtype, env))
     return cells
 
@@ -70,6 +71,11 @@ _UNSUPPORTED_MARKERS = (
     "can't keep packed sequences apart",
     "is not supported",
 )
+
+
+#: Refusals that name stateful layers: the model cannot keep packed examples apart (transformers' mamba /
+#: causal_conv1d paths raise these for packed rows).
+_STATEFUL_REFUSALS = ("causal_conv1d", "can't keep packed sequences apart")
 
 
 class ResolveError(RuntimeError):
@@ -96,6 +102,8 @@ def _classify_exception(exc: BaseException) -> str:
 def _is_oom(exc: BaseException) -> bool:
     """MemoryError (host) or torch's OutOfMemoryError (CUDA, a RuntimeError subclass since torch 2.1)."""
     if isinstance(exc, MemoryError):
+        return True
+    if isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc):  # torch's CPU allocator (a RuntimeError)
         return True
     try:
         import torch
@@ -226,6 +234,9 @@ class CellRunner:
         resolved = self.models[cell.model_index]
         t0 = time.perf_counter()
         result = self._run(cell)
+        counts = getattr(getattr(self._bench, "model", None), "packcheck_weights", None)
+        if counts and self._key == (cell.model_index, cell.backend or "eager", cell.dtype):
+            result.metrics = {**result.metrics, "weights": counts}  # what --packcheck-weights=pretrained loaded
         return CellResult(
             cell_id=cell.cell_id,
             model=resolved.record(),
@@ -237,6 +248,9 @@ class CellRunner:
             message=result.message,
             duration_s=round(time.perf_counter() - t0, 4),
             tolerances=self.tolerances.get(cell.dtype, {}),
+            cause=result.cause,
+            evidence=result.evidence,
+            findings=result.findings,
         )
 
     def _run(self, cell: Cell) -> CheckResult:
@@ -257,7 +271,7 @@ class CellRunner:
             return self._failed("build", exc)
         try:
             with _no_compile_on_cpu(cell.backend, self.device):
-                return CHECK_FUNCTIONS[cell.check](bench)
+                return SPECS[cell.check].load()(bench)
         except Exception as exc:  # noqa: BLE001 - a crashing check is an error cell
             return self._failed("check", exc)
 
@@ -274,7 +288,10 @@ class CellRunner:
             _recover_from_oom(self.device)
             figures = ", ".join(f"{k} {v}" for k, v in metrics.items() if k.endswith("_mib"))
             return CheckResult("oom", metrics, f"out of memory in {stage}: {_short(exc)} ({figures})")
+        cause = None
+        if status == "unsupported" and any(m in str(exc) for m in _STATEFUL_REFUSALS):
+            cause = "stateful_layers_refused"
         if stage == "build":
             text = str(exc) if isinstance(exc, ResolveError) else f"model build: {_short(exc)}"
-            return CheckResult(status, metrics, text)
-        return CheckResult(status, metrics, _short(exc))
+            return CheckResult(status, metrics, text, cause=cause, evidence={"exception": _short(exc)} if cause else {})
+        return CheckResult(status, metrics, _short(exc), cause=cause, evidence={"exception": _short(exc)} if cause else {})

@@ -10,6 +10,7 @@ from typing import Any
 import tomllib
 
 from .errors import PackcheckUsageError, closest
+from .registry import check_help
 
 OPT_MODELS = "--packcheck-models"
 OPT_AUDIT = "--packcheck-audit"
@@ -61,7 +62,7 @@ OPTIONS = (
            "flex_attention, packcheck_flash_ref (CPU varlen reference), packcheck_flash_torch_varlen (PyTorch's "
            "varlen_attn, CUDA), flash_attention_2, flash_attention_3 (Hopper).",
            ini="packcheck_attn", env="PACKCHECK_ATTN"),
-    Option(OPT_CHECKS, "Checks to run, comma-separated (default: all but the training checks trainer, sft, sft_padding_free, sft_strategies, packing_content).", ini="packcheck_checks", env="PACKCHECK_CHECKS"),
+    Option(OPT_CHECKS, check_help(), ini="packcheck_checks", env="PACKCHECK_CHECKS"),
     Option(OPT_DTYPES, "dtypes, comma-separated: float32, bfloat16, float16 (default float32 on CPU, bfloat16 on CUDA).",
            ini="packcheck_dtypes", env="PACKCHECK_DTYPES"),
     Option(OPT_WEIGHTS, "random: config.json only, shrunk, random weights; pretrained: the real weights. "
@@ -124,15 +125,38 @@ class Settings:
         }
 
     def reproduce_flags(self) -> list[str]:
-        """Flags that reproduce this run (the report header prints them)."""
-        flags = [f"{OPT_MODELS}={','.join(self.models)}", f"{OPT_BACKENDS}={','.join(self.backends)}",
-                 f"{OPT_CHECKS}={','.join(self.checks)}", f"{OPT_DTYPES}={','.join(self.dtypes)}",
-                 f"{OPT_WEIGHTS}={self.weights}", f"{OPT_DEVICE}={self.device}"]
+        """Flags that reproduce this run (the report header prints them): :meth:`to_args` without the
+        settings left at their defaults."""
+        return self.to_args(skip_defaults=True)
+
+    def to_args(self, tolerance_file: str | None = None, models: list[str] | None = None, report_dir: str | None = None,
+                version_child: bool = False, skip_defaults: bool = False) -> list[str]:
+        """The ``--packcheck-*`` flags that resolve back into these settings: the one Settings -> argv conversion
+        (the report's Reproduce line, the version-environment children). ``tolerance_file``: a TOML file holding
+        ``self.tolerances`` (else the tolerances are not passed); ``models`` / ``report_dir`` replace this run's;
+        ``version_child``: for the run inside one version environment (no versions, baseline, shard or resume)."""
+        flags = [f"{OPT_MODELS}={','.join(models if models is not None else self.models)}",
+                 f"{OPT_BACKENDS}={','.join(self.backends)}", f"{OPT_CHECKS}={','.join(self.checks)}",
+                 f"{OPT_DTYPES}={','.join(self.dtypes)}", f"{OPT_WEIGHTS}={self.weights}", f"{OPT_DEVICE}={self.device}"]
         if self.trust_remote_code:
             flags.append(OPT_TRUST)
+        if report_dir is not None or not skip_defaults or self.report_dir != "reports":
+            flags.append(f"{OPT_REPORT_DIR}={report_dir if report_dir is not None else self.report_dir}")
+        if tolerance_file:
+            flags.append(f"{OPT_TOLERANCES}={tolerance_file}")
+        if not skip_defaults or self.timeout_s != 600.0:
+            flags.append(f"{OPT_TIMEOUT}={self.timeout_s:g}")
+        if not skip_defaults or self.isolation != "fork":
+            flags.append(f"{OPT_ISOLATION}={self.isolation}")
+        if version_child:
+            return flags
+        if self.baseline:
+            flags.append(f"{OPT_BASELINE}={self.baseline}")
         if self.shard != (1, 1):
             flags.append(f"{OPT_SHARD}={self.shard[0]}/{self.shard[1]}")
         flags += [f"{OPT_VERSIONS}={' & '.join(v.requirements)}" for v in self.versions]
+        if self.resume:
+            flags.append(OPT_RESUME)
         return flags
 
 
@@ -224,7 +248,7 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
         PackcheckUsageError: any invalid value, with its source.
     """
     from .backends import KNOWN_BACKENDS
-    from .checks import CHECKS, DEFAULT_CHECKS
+    from .registry import CHECKS, DEFAULT_CHECKS
     from .specs import load_audit
 
     def pick(opt: Option) -> tuple[Any, str]:

@@ -16,8 +16,8 @@ import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .checks import TRAIN_RECIPE, padded_trainer_note
 from .results import CheckResult
+from .training import TRAIN_RECIPE, padded_trainer_note
 
 SENTENCES = [
     "Packing puts several examples into one row.",
@@ -111,7 +111,7 @@ class _Sft:
         """STEPS SFTTrainer steps on the six texts, all of them in every step (a packed run: one row; a padded or
         padding-free run: a batch of six), SGD, constant LR, no clipping; per-step loss and grad norm. The model
         is restored afterwards."""
-        from .checks import train_and_restore
+        from .training import train_and_restore
 
         packing = overrides.get("packing", self.base["packing"])
         kwargs = {"max_steps": STEPS, "per_device_train_batch_size": 1 if packing else len(SENTENCES), **TRAIN_RECIPE, **overrides}
@@ -128,10 +128,10 @@ class _Sft:
         return self.bench._cache[key]
 
     def padded_steps(self) -> tuple[list[float], list[float]]:
-        """The reference: :func:`pytest_packcheck.checks.reference_steps` (STEPS hand-written SGD steps, token-mean
+        """The reference: :func:`pytest_packcheck.training.reference_steps` (STEPS hand-written SGD steps, token-mean
         loss after the shift) on :meth:`padded_batch`, cached per model. Not SFTTrainer's own padded run: its
         Trainer may normalise padded batches by the unshifted label count (transformers 4.x; gpt2 on 5.24)."""
-        from .checks import reference_steps
+        from .training import reference_steps
 
         key = ("sft_padded", id(self.bench.model), self.feats["version"])
         if key not in self.bench._cache:
@@ -218,7 +218,9 @@ def _row_contract(bench: Any, batch: dict[str, Any], metrics: dict[str, Any]) ->
     example starts (None when the row has no position_ids)."""
     problems = []
     metrics["keys"] = sorted(batch)
-    if "attention_mask" in batch and int((batch["attention_mask"] == 0).sum()) == 0 and batch["input_ids"].shape[0] == 1:
+    all_ones = "attention_mask" in batch and int((batch["attention_mask"] == 0).sum()) == 0 and batch["input_ids"].shape[0] == 1
+    metrics["row_contract"] = {"all_ones_attention_mask": all_ones, "position_ids": "position_ids" in batch}
+    if all_ones:
         problems.append("the packed batch carries an all-ones attention_mask (it overrides the boundaries on eager/sdpa/flex)")
     pos = batch.get("position_ids")
     if pos is None:
@@ -288,6 +290,43 @@ def _first_batch_loss(bench: Any, batch: dict[str, Any], starts: list[int], metr
     return []
 
 
+def _cause(bench: Any, metrics: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The cause code of a failed SFT mode, from what it measured: a row without boundaries (no position_ids, or
+    an all-ones attention_mask beside it) is ``mask_override``; a first-batch loss or a training run off the
+    reference is explained by :func:`pytest_packcheck.checks.mismatch_cause` (leak, stateful layers, ...), or
+    ``loss_normalisation`` when the packed logits match; any other broken row item is ``collator_contract``."""
+    from .checks import mismatch_cause
+
+    row = metrics.get("row_contract") or {}
+    if row.get("all_ones_attention_mask") or row.get("position_ids") is False:
+        return "mask_override", {k: v for k, v in row.items()}
+    steps = metrics.get("steps") or {}
+    off = (metrics.get("loss_delta") or 0) > bench.tol["loss_atol"] or steps.get("first_diverging_step") or (
+        steps.get("max_grad_norm_rel") or 0) > bench.tol["train_grad_norm_rel"]
+    if off:
+        logits_diff, _ = bench.diff_to_solo(bench.packed_logits())
+        evidence = {"loss_delta": metrics.get("loss_delta"), "steps_max_loss_delta": steps.get("max_loss_delta")}
+        if logits_diff <= bench.tol["logits_atol"]:
+            return "loss_normalisation", {**evidence, "logits_diff": logits_diff}
+        cause, why = mismatch_cause(bench, logits_diff, bench.tol["logits_atol"])
+        return cause, {**evidence, **why}
+    return "collator_contract", {k: v for k, v in row.items()}
+
+
+def _failed(bench: Any, metrics: dict[str, Any], text: str) -> CheckResult:
+    cause, evidence = _cause(bench, metrics)
+    return CheckResult("fail", metrics, text, cause=cause, evidence=evidence, findings=_padded_findings(metrics))
+
+
+def _padded_findings(metrics: dict[str, Any]) -> list[dict[str, Any]]:
+    padded = metrics.get("padded_trainer") or {}
+    if padded.get("normalisation"):
+        return [{"cause": "padded_normalisation", "evidence": (
+            f"SFTTrainer's own padded run: loss x{padded['loss_ratio']:.4f} = label tokens after / before the shift (it "
+            "divides by the unshifted count); the packed run is measured against a correctly normalised reference")}]
+    return []
+
+
 def _compare_steps(bench: Any, run: tuple[list[float], list[float]], reference: tuple[list[float], list[float]],
                    label: str) -> tuple[dict[str, Any], list[str]]:
     """Per-step loss (``train_loss_atol``) and grad norm (relative, ``train_grad_norm_rel``) of ``run`` vs the
@@ -345,7 +384,7 @@ def _check_sft(sft: _Sft) -> CheckResult:
         requested["packing_strategy"] = next(f.default for f in dataclasses.fields(sft.config()) if f.name == "packing_strategy")
     metrics, summary, problems, starts, packed = _packed_run(sft, sft.trainer(), requested, "packed", packing=True)
     if starts is None:
-        return CheckResult("fail", metrics, "; ".join(problems) + f" ({summary})")
+        return _failed(bench, metrics, "; ".join(problems) + f" ({summary})")
     note = _padded_trainer_note(sft, metrics)
     if "completion_only_loss" in sft.feats["fields"]:
         metrics["completion_only"] = _completion_only(bench, sft.feats, sft.tokenizer, sft.base)
@@ -365,11 +404,11 @@ def _check_sft(sft: _Sft) -> CheckResult:
             if gc_loss > bench.tol["train_loss_atol"] or gc_norm > bench.tol["train_grad_norm_rel"]:
                 problems.append(f"gradient checkpointing changes the packed run: loss {gc_loss:.2e}, grad norm {gc_norm:.2e} relative")
     if problems:
-        return CheckResult("fail", metrics, "; ".join(problems) + f" ({summary})" + note)
+        return _failed(bench, metrics, "; ".join(problems) + f" ({summary})" + note)
     return CheckResult("pass", metrics, f"{summary}; {len(starts)} examples per row, loss delta {metrics['loss_delta']:.2e}; "
                        f"{STEPS} steps packed = padded (loss delta {metrics['steps']['max_loss_delta']:.2e})"
                        + (f"; gradient checkpointing: loss delta {metrics['gradient_checkpointing']['max_loss_delta']:.2e}"
-                          if "gradient_checkpointing" in metrics else "") + note)
+                          if "gradient_checkpointing" in metrics else "") + note, findings=_padded_findings(metrics))
 
 
 def _padded_trainer_note(sft: _Sft, metrics: dict[str, Any]) -> str:
@@ -404,7 +443,7 @@ def _check_sft_padding_free(sft: _Sft) -> CheckResult:
     trainer = sft.trainer(**mode, per_device_train_batch_size=len(SENTENCES))
     metrics, summary, problems, starts, _ = _packed_run(sft, trainer, requested, "padding-free", **mode)
     if problems:
-        return CheckResult("fail", metrics, "; ".join(problems) + f" ({summary})")
+        return _failed(sft.bench, metrics, "; ".join(problems) + f" ({summary})")
     return CheckResult("pass", metrics, f"{summary}; {len(starts)} examples per row, loss delta {metrics['loss_delta']:.2e}; "
                        f"{STEPS} steps padding-free = padded (loss delta {metrics['steps']['max_loss_delta']:.2e})")
 
@@ -451,7 +490,11 @@ def _check_sft_strategies(sft: _Sft) -> CheckResult:
     if metrics["strategies"].get("wrapped", {}).get("available"):
         summary += " (wrapped: boundaries ignored by design, not failed)"
     if problems:
-        return CheckResult("fail", metrics, "; ".join(problems) + f" ({summary})")
+        # the first strategy that failed explains the cell (its row contract and steps)
+        bad = next(v for k, v in metrics["strategies"].items() if k != "wrapped" and v.get("available")
+                   and any(p.startswith(f"{k}:") for p in problems))
+        cause, evidence = _cause(bench, {**bad, "loss_delta": None, "steps": bad.get("steps")})
+        return CheckResult("fail", metrics, "; ".join(problems) + f" ({summary})", cause=cause, evidence=evidence)
     return CheckResult("pass", metrics, summary)
 
 
@@ -473,7 +516,9 @@ def check_packing_content(bench: Any) -> CheckResult:
     summary = "; ".join(f"{s}: {v['lost']} lost ({v['overflow']} overflow), {v['duplicated']} duplicated, {v['tail_starts']} tail starts"
                         for s, v in ran.items())
     if problems:
-        return CheckResult("fail", metrics, "; ".join(problems) + f" (trl {trl.__version__})")
+        return CheckResult("fail", metrics, "; ".join(problems) + f" (trl {trl.__version__})", cause="packing_content",
+                           evidence={s: {k: v[k] for k in ("lost", "duplicated", "tail_starts") if k in v} for s, v in content.items()
+                                     if v["problems"]})
     return CheckResult("pass", metrics, f"trl {trl.__version__}: {summary}")
 
 

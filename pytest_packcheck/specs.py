@@ -62,6 +62,11 @@ def parse_model_spec(raw: str, source: str) -> ModelSpec:
         return ModelSpec(raw=text, kind="arch", name=model_type)
     if os.path.isdir(text):
         return ModelSpec(raw=text, kind="local", name=str(Path(text).resolve()))
+    if _looks_local(text):
+        raise PackcheckUsageError(
+            f"No such folder '{raw}' (from {source}): the path does not exist here (checked before the Hub, since it "
+            "looks like a local path). Fix the path, or write a Hub ID as org/name."
+        )
     repo, _, revision = text.partition("@")
     if "@" in text and not revision:
         raise PackcheckUsageError(
@@ -73,6 +78,15 @@ def parse_model_spec(raw: str, source: str) -> ModelSpec:
             "directory, or arch:<model_type>."
         )
     return ModelSpec(raw=text, kind="hub", name=repo, revision=revision or None)
+
+
+def _looks_local(text: str) -> bool:
+    """A spec that can only be a path (./x, ../x, /x, ~/x, a.b/c/d), or whose first part is a local folder
+    (``models/llama`` with ``models/`` here): asking the Hub for it would only retry for half a minute."""
+    if text.startswith(("./", "../", "/", "~", ".\\")) or text.count("/") > 1 or "\\" in text:
+        return True
+    first = text.split("/", 1)[0]
+    return "/" in text and "@" not in text and os.path.isdir(first)
 
 
 def parse_model_list(value: str | list[str], source: str) -> list[ModelSpec]:

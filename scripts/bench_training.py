@@ -30,8 +30,9 @@ def main() -> None:
     import torch
 
     from pytest_packcheck.backends import REFERENCE_BACKEND, register_reference_backend
-    from pytest_packcheck.checks import CHECK_FUNCTIONS, TRAINING_CHECKS, Workbench
+    from pytest_packcheck.checks import Workbench
     from pytest_packcheck.models import build_model, resolve_model
+    from pytest_packcheck.registry import SPECS, TRAINING_CHECKS
     from pytest_packcheck.specs import parse_model_spec
 
     if args.backend == REFERENCE_BACKEND:
@@ -49,7 +50,7 @@ def main() -> None:
     for i in range(args.repeat + 1):
         for check in checks:
             t0 = time.perf_counter()
-            result = CHECK_FUNCTIONS[check](bench)
+            result = SPECS[check].load()(bench)
             if i:  # the first round is the warm-up
                 times[check].append(time.perf_counter() - t0)
             statuses[check] = result.status

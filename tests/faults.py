@@ -98,3 +98,36 @@ class DropAttentionMask(torch.nn.Module):
     def forward(self, **kwargs):
         kwargs.pop("attention_mask", None)
         return self.inner(**kwargs)
+
+
+@contextlib.contextmanager
+def bidirectional_sdpa():
+    """sdpa that keeps the packed boundaries but attends both ways inside each example (non-causal): the block
+    mask it is given, OR its transpose."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    mapping = ALL_ATTENTION_FUNCTIONS._global_mapping
+    original = mapping["sdpa"]
+
+    def bidirectional(module, query, key, value, attention_mask, **kwargs):
+        mask = attention_mask
+        if mask is not None and mask.dtype == torch.bool:
+            mask = mask | mask.transpose(-1, -2)
+        elif mask is not None:
+            mask = torch.maximum(mask, mask.transpose(-1, -2))
+        kwargs.pop("is_causal", None)
+        return original(module, query, key, value, mask, is_causal=False, **kwargs)
+
+    mapping["sdpa"] = bidirectional
+    try:
+        yield
+    finally:
+        mapping["sdpa"] = original
+
+
+@contextlib.contextmanager
+def windowless_sdpa():
+    """sdpa that drops the mask it is given and attends plain causally: on a sliding-window model, solo runs longer
+    than the window see beyond it (what a flash path applying another window than eager does)."""
+    with leaky_sdpa():
+        yield

@@ -230,7 +230,7 @@ def test_bench_warning_counts_only_checks_that_bear_on_the_benched_computation()
     """A speedup is marked when isolation / logits / loss / grads / positions / backend failed on the benched
     backend and dtype; cache_trap and mask_trap judge other calls (bench runs use_cache=False, no mask), and an
     inconclusive (error) cell is not a verdict."""
-    from pytest_packcheck.report import _packing_fails
+    from pytest_packcheck.bench import _packing_fails
 
     r = {"model": {"label": "llama"}, "attn_implementation": "sdpa", "dtype": "float32"}
 

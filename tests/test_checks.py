@@ -6,14 +6,17 @@ import pytest
 from faults import DropPositionIds, SilentSwap, collator_label_leak, collator_no_reset, leaky_sdpa
 
 from pytest_packcheck import checks as C
+from pytest_packcheck import sft as S
+from pytest_packcheck import training as T
 from pytest_packcheck.backends import REFERENCE_BACKEND
+from pytest_packcheck.registry import SPECS
 
 CORRECT = ["collate_core", "position_ids", "isolation", "logits_parity", "loss_parity", "grad_parity", "backend"]
 
 
 @pytest.mark.parametrize("name", ["position_ids", "isolation", "logits_parity", "loss_parity", "grad_parity", "backend"])
 def test_checks_pass_on_correct_stack(llama_sdpa, name):
-    result = C.CHECK_FUNCTIONS[name](llama_sdpa)
+    result = SPECS[name].load()(llama_sdpa)
     assert result.status == "pass", result.message
 
 
@@ -322,14 +325,16 @@ def test_backend_sees_the_dense_flash_path(tolerances):
 
 def test_trl_padding_free_collator_pads_position_ids(llama_sdpa):
     """TRL's padding-free collator, pad_to_multiple_of=8, a 1027-token row: every per-token key is 1032 long.
-    Planted: a collator that pads input_ids but leaves position_ids at 1027 -> a collate failure."""
+    Planted: a collator that pads input_ids but leaves position_ids at 1027 and unmasks the first label -> the
+    shapes item fails, and the labels item is still looked at (and fails) on its own."""
     pytest.importorskip("trl")
     from pytest_packcheck.batches import trl_collator_factory
 
-    result = C.check_collate(llama_sdpa)
-    probe = result.metrics["trl_padding_free"]
-    assert probe["tokens"] == 1027 and set(map(tuple, probe["shapes"].values())) == {(1, 1032)}
-    assert "TRL" not in result.message
+    result = C.check_collate_trl(llama_sdpa)
+    assert result.status == "pass", result.message
+    assert result.metrics["tokens"] == 1027 and set(map(tuple, result.metrics["shapes"].values())) == {(1, 1032)}
+    assert {k: v["status"] for k, v in result.metrics["items"].items()} == dict.fromkeys(
+        ("shapes", "position_ids", "labels", "labels_padding"), "pass")
 
     def short_positions(**kwargs):
         inner = trl_collator_factory(**kwargs)
@@ -337,26 +342,30 @@ def test_trl_padding_free_collator_pads_position_ids(llama_sdpa):
         def collate(examples):
             batch = inner(examples)
             batch["position_ids"] = batch["position_ids"][:, :1027]
+            batch["labels"][0, 400] = 5  # the second example's first label, unmasked
             return batch
 
         return collate
 
     llama_sdpa.trl_collator_factory = short_positions
-    broken = C.check_collate(llama_sdpa)
-    assert broken.status == "fail" and "TRL padding-free collator (pad_to_multiple_of=8, 1027 tokens)" in broken.message
-    assert "'position_ids': (1, 1027)" in broken.message
+    broken = C.check_collate_trl(llama_sdpa)
+    items = broken.metrics["items"]
+    assert broken.status == "fail" and broken.cause == "collator_contract"
+    assert items["shapes"]["status"] == "fail" and "'position_ids': [1, 1027]" in items["shapes"]["evidence"]
+    assert items["labels"]["status"] == "fail" and "[400]" in items["labels"]["evidence"]
+    assert items["position_ids"]["status"] == "pass" and items["labels_padding"]["status"] == "pass"
 
 
 def test_trainer_packed_equals_padded_and_catches_a_planted_fault(llama_sdpa):
     """Trainer + DataCollatorWithFlattening vs a padding collator, 3 steps: equal on a correct stack; a collator
     that does not restart position_ids (planted) makes the packed run diverge from step 1."""
     pytest.importorskip("accelerate")
-    result = C.check_trainer(llama_sdpa)
+    result = T.check_trainer(llama_sdpa)
     assert result.status == "pass", result.message
     assert result.metrics["as_configured"]["max_loss_delta"] < 1e-5 and len(result.metrics["reference_loss"]) == 3
     assert result.metrics["padded_trainer"]["max_loss_delta"] < 1e-5  # Trainer's own padded run agrees on llama (5.x)
     llama_sdpa.collator_factory = collator_no_reset
-    broken = C.check_trainer(llama_sdpa)
+    broken = T.check_trainer(llama_sdpa)
     assert broken.status == "fail" and broken.metrics["use_cache_false"]["first_diverging_step"] == 1, broken.message
 
 
@@ -371,14 +380,14 @@ def test_trainer_reference_is_independent_of_trainer_normalisation(tolerances):
     gpt2 = make_bench("gpt2", "sdpa", tolerances)
     if LOSS_MAPPING.get(gpt2.model.loss_type) is ForCausalLMLoss:
         pytest.skip("this transformers gives GPT2LMHeadModel a ForCausalLM loss_type: Trainer counts it right")
-    result = C.check_trainer(gpt2)
+    result = T.check_trainer(gpt2)
     assert result.status == "pass", result.message
     padded = result.metrics["padded_trainer"]
     assert padded["normalisation"] and abs(padded["loss_ratio"] - 28 / 31) < 1e-3
     assert "Trainer's own padded run is off: loss x0.90" in result.message
     assert result.metrics["grad_accum"]["padded"]["num_items_in_batch"] == [57, 57]  # unshifted: 51 + 6 examples
     pytest.importorskip("trl")
-    sft = C.check_sft(gpt2)
+    sft = S.check_sft(gpt2)
     assert sft.status == "pass" and sft.metrics["padded_trainer"]["normalisation"], sft.message
 
 
@@ -387,15 +396,15 @@ def test_trainer_grad_accum_counts_label_tokens_after_the_shift(llama_sdpa):
     model is the label tokens != -100 after the shift over both micro-batches (the same for the padded run on
     5.x). Planted: a collator that leaves the boundary labels unmasked -> 2 x 2 tokens too many -> fail."""
     pytest.importorskip("accelerate")
-    result = C.check_trainer(llama_sdpa)
+    result = T.check_trainer(llama_sdpa)
     ga = result.metrics["grad_accum"]
-    lengths = [*llama_sdpa.lengths, *C.GRAD_ACCUM_LENGTHS]
+    lengths = [*llama_sdpa.lengths, *T.GRAD_ACCUM_LENGTHS]
     assert ga["packed"]["expected"] == sum(n - 1 for n in lengths) == 51
     assert ga["packed"]["num_items_in_batch"] == [51, 51] and ga["packed"]["micro_batches"] == 2
     assert ga["padded"]["num_items_in_batch"] == [51, 51]
     assert abs(ga["packed"]["loss"][0] - ga["padded"]["loss"][0]) < 1e-5
     llama_sdpa.collator_factory = collator_label_leak
-    broken = C.check_trainer(llama_sdpa)
+    broken = T.check_trainer(llama_sdpa)
     assert broken.status == "fail" and "num_items_in_batch [55]" in broken.message and "expected 51" in broken.message, broken.message
 
 
@@ -404,7 +413,7 @@ def test_sft_packing_reports_what_is_in_force_and_catches_a_leak(llama_sdpa):
     and bfd packing turns padding-free on although padding_free=False was asked (named as an override); the
     first-batch loss equals the per-example reference. Planted: sdpa that ignores the packed mask -> fail."""
     pytest.importorskip("trl")
-    result = C.check_sft(llama_sdpa)
+    result = S.check_sft(llama_sdpa)
     assert result.status == "pass", result.message
     assert llama_sdpa.model.config.use_cache is True  # restored for the group's other checks
     eff = result.metrics["effective"]
@@ -417,7 +426,7 @@ def test_sft_packing_reports_what_is_in_force_and_catches_a_leak(llama_sdpa):
     completion = result.metrics["completion_only"]  # prompt-completion pairs: prompts out of the loss
     assert completion["segments_matched"] == 6 and completion["prompt_tokens_in_loss"] == 0
     with leaky_sdpa():
-        leaked = C.check_sft(llama_sdpa)
+        leaked = S.check_sft(llama_sdpa)
     assert leaked.status == "fail" and "first-batch loss" in leaked.message
 
 
@@ -460,7 +469,7 @@ def test_packing_content_catches_truncated_tails_packed_as_examples(llama_sdpa):
     tails = content["bfd"]["probes"]["tails"]
     assert tails["rows"] == 3 and tails["tail_starts"] == 2 and tails["lost"] == 0
     assert any("tails probe [13, 11] into 10: 2 segments start inside an example" in p for p in content["bfd"]["problems"])
-    result = C.check_packing_content(llama_sdpa)
+    result = S.check_packing_content(llama_sdpa)
     assert result.status == "pass" and "bfd: 36 lost (36 overflow)" in result.message, result.message
 
 
@@ -469,14 +478,14 @@ def test_sft_padding_free_without_packing_and_a_planted_leak(llama_sdpa):
     position_ids; on sdpa (transformers >= 4.54 builds the packed mask) the loss matches the per-example
     reference and 3 steps match the padded run. Planted: sdpa that ignores the packed mask -> fail."""
     pytest.importorskip("trl")
-    result = C.check_sft_padding_free(llama_sdpa)
+    result = S.check_sft_padding_free(llama_sdpa)
     assert result.status == "pass", result.message
     assert result.metrics["effective"]["padding_free"] is True and result.metrics["effective"]["packing"] is False
     assert result.metrics["examples_in_row"] == 6 and "attention_mask" not in result.metrics["keys"]
     assert result.metrics["steps"]["max_loss_delta"] < 1e-4
     assert llama_sdpa.model.config.use_cache is True and llama_sdpa.model.config.eos_token_id == 2  # restored
     with leaky_sdpa():
-        leaked = C.check_sft_padding_free(llama_sdpa)
+        leaked = S.check_sft_padding_free(llama_sdpa)
     assert leaked.status == "fail" and "first-batch loss" in leaked.message and "padding-free: 3-step training" in leaked.message
 
 
@@ -484,14 +493,14 @@ def test_sft_strategies_compare_each_packing_strategy_with_padded(llama_sdpa):
     """Each packing_strategy 3 steps vs padded: bfd and bfd_split keep the boundaries (equal); wrapped joins
     the examples by design (measured, not failed). Planted: a leaking sdpa -> bfd and bfd_split fail."""
     pytest.importorskip("trl")
-    result = C.check_sft_strategies(llama_sdpa)
+    result = S.check_sft_strategies(llama_sdpa)
     assert result.status == "pass", result.message
     strategies = result.metrics["strategies"]
     assert strategies["bfd"]["steps"]["max_loss_delta"] < 1e-4 and strategies["bfd_split"]["steps"]["max_loss_delta"] < 1e-4
     assert strategies["wrapped"]["steps"]["max_loss_delta"] > 1e-3 and "by design" in strategies["wrapped"]["by_design"]
     assert "attention_mask" in strategies["wrapped"]["keys"] and "position_ids" in strategies["bfd"]["keys"]
     with leaky_sdpa():
-        leaked = C.check_sft_strategies(llama_sdpa)
+        leaked = S.check_sft_strategies(llama_sdpa)
     assert leaked.status == "fail" and "bfd: 3-step training" in leaked.message and "bfd_split: 3-step" in leaked.message
 
 
@@ -532,7 +541,7 @@ def test_a_training_run_leaves_no_trace_on_the_model_or_the_next_trainer(llama_s
     with tempfile.TemporaryDirectory() as tmp:
         args = TrainingArguments(output_dir=tmp, max_steps=1, bf16=True, use_cpu=True, report_to=[], save_strategy="no",
                                  per_device_train_batch_size=3, remove_unused_columns=False, logging_steps=1)
-        C.train_and_restore(model, lambda: Trainer(model=model, args=args, train_dataset=[{"input_ids": e} for e in llama_sdpa.examples],
+        T.train_and_restore(model, lambda: Trainer(model=model, args=args, train_dataset=[{"input_ids": e} for e in llama_sdpa.examples],
                                                    data_collator=flat))
     assert "forward" not in vars(model) and not AcceleratorState._shared_state
     model.train()

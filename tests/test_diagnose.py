@@ -72,17 +72,18 @@ def test_positions_without_position_ids_on_the_varlen_path(tolerances):
     logits, iso = C.check_logits_parity(gpt2), C.check_isolation(gpt2)
     assert logits.status == "fail" and "examples [1, 2]" in logits.message and logits.metrics["per_example"][0] < 1e-6
     assert logits.metrics["batch_has_position_ids"] is False and iso.status != "fail"
-    group = {"logits_parity": _cell("logits_parity", logits), "isolation": _cell("isolation", iso)}
-    cause, _ = classify(group["logits_parity"], group, {})
-    assert cause == "wrong_positions"
-    assert remedy(cause, group["logits_parity"], {"transformers": "5.24.0"}).startswith("also return position_ids")
+    cell = _cell("logits_parity", logits)
+    cause, _ = classify(cell)
+    assert cause == logits.cause == "wrong_positions"
+    assert remedy(cause, cell, {"transformers": "5.24.0"}).startswith("also return position_ids")
     llama = make_bench("llama", "packcheck_flash_ref", tolerances, collator_factory=no_positions)
     assert C.check_logits_parity(llama).metrics["max_abs_diff_solo"] < 1e-5
 
 
 def _cell(check: str, result, backend: str = "packcheck_flash_ref") -> dict:
     return {"cell_id": f"m-{backend}-{check}-float32", "model": {"label": "m", "model_type": "llama"}, "backend": backend,
-            "check": check, "dtype": "float32", "status": result.status, "metrics": result.metrics, "message": result.message}
+            "check": check, "dtype": "float32", "status": result.status, "metrics": result.metrics, "message": result.message,
+            "cause": result.cause, "evidence": result.evidence, "findings": result.findings}
 
 
 def test_two_packed_rows_per_backend(tolerances):
@@ -97,49 +98,87 @@ def test_two_packed_rows_per_backend(tolerances):
     assert "flash-path-batch-size-one-only" in flash["diagnosis"]["known_faults"]
 
 
-def _group(**statuses_and_metrics) -> dict[str, dict]:
-    group = {}
-    for check, (status, metrics) in statuses_and_metrics.items():
-        group[check] = {"cell_id": f"m-sdpa-{check}-float32", "model": {"label": "m", "model_type": "llama"}, "backend": "sdpa",
-                        "check": check, "dtype": "float32", "status": status, "metrics": metrics, "message": f"{check} {status}"}
-    return group
+class _ProbedBench:
+    """What :func:`checks.mismatch_cause` reads, with the probes' numbers planted in the workbench cache."""
+
+    def __init__(self, moved: float, stateful: list[str], boundaries: str, backend: str = "sdpa",
+                 window: dict | None = None) -> None:
+        from pytest_packcheck.settings import load_tolerances
+
+        self.model, self.collator_factory, self.backend = object(), object(), backend
+        self.tol = load_tolerances(None, None, "test")[0]["float32"]
+        self.lengths = [11, 7, 13]
+        self.config = type("Config", (), {"sliding_window": 8 if window else None})()
+        self._cache = {("leak_probe", id(self.model), id(self.collator_factory)): {
+            "max_change": moved, "negative_control_change": 0.3, "stateful_layers": stateful, "attention_boundaries": boundaries}}
+        if window:
+            self._cache[("window", id(self.model), id(self.collator_factory))] = window
 
 
-@pytest.mark.parametrize(("group", "check", "expected"), [
+@pytest.mark.parametrize(("bench", "diff", "expected"), [
     # isolation moves far beyond tolerance: a leak
-    (_group(isolation=("fail", {"max_change": 0.28, "atol": 1e-5, "stateful_layers": []}),
-            logits_parity=("fail", {"max_abs_diff_solo": 0.43, "atol": 1e-4})), "logits_parity", "leak"),
-    # isolation holds, logits far off: positions
-    (_group(isolation=("pass", {"max_change": 0.0, "atol": 1e-5, "stateful_layers": []}),
-            logits_parity=("fail", {"max_abs_diff_solo": 0.43, "atol": 1e-4})), "logits_parity", "wrong_positions"),
-    # isolation holds, logits just over tolerance: numerics
-    (_group(isolation=("pass", {"max_change": 0.0, "atol": 1e-5, "stateful_layers": []}),
-            logits_parity=("fail", {"max_abs_diff_solo": 3e-4, "atol": 1e-4})), "logits_parity", "kernel_numerics"),
-    # logits match, loss differs: normalisation
-    (_group(logits_parity=("pass", {"max_abs_diff_solo": 1e-7, "atol": 1e-4}),
-            loss_parity=("fail", {"loss_delta": 2e-2})), "loss_parity", "loss_normalisation"),
+    (_ProbedBench(0.28, [], "missing"), 0.43, "leak"),
+    # ... within NUMERICS_FACTOR x isolation_atol (1e-5): numerics; just above it: a leak
+    (_ProbedBench(9.9e-5, [], "reached"), 3e-4, "kernel_numerics"),
+    (_ProbedBench(1.01e-4, [], "reached"), 3e-4, "leak"),
+    # stateful layers mix although attention kept its boundaries (or has none); with boundaries missing: a leak
+    (_ProbedBench(0.2, ["MambaMixer"], "reached"), 0.3, "stateful_layers"),
+    (_ProbedBench(0.2, ["MambaMixer"], "none"), 0.3, "stateful_layers"),
+    (_ProbedBench(0.2, ["MambaMixer"], "missing"), 0.3, "leak"),
+    # isolation holds, logits far off: positions; just over the logits tolerance: numerics
+    (_ProbedBench(0.0, [], "reached"), 0.43, "wrong_positions"),
+    (_ProbedBench(0.0, [], "reached"), 3e-4, "kernel_numerics"),
+    (_ProbedBench(0.0, [], "reached"), 1.01e-3, "wrong_positions"),
     # parity fails only above the sliding window
-    (_group(isolation=("pass", {"max_change": 0.0, "atol": 1e-5, "stateful_layers": []}),
-            logits_parity=("fail", {"max_abs_diff_solo": 0.2, "atol": 1e-4, "sliding_window": 8,
-                                    "max_abs_diff_within_window": 1e-7})), "logits_parity", "sliding_window"),
-    (_group(cache_trap=("fail", {"max_abs_diff_default": 0.43, "max_abs_diff_use_cache_false": 1e-7, "atol": 1e-4})), "cache_trap", "cache_trap"),
-    (_group(mask_trap=("fail", {"max_abs_diff_with_mask": 0.43, "max_abs_diff_without_mask": 1e-7, "atol": 1e-4})), "mask_trap", "mask_override"),
-    (_group(position_ids=("fail", {"max_change": 0.0})), "position_ids", "ignores_position_ids"),
-    (_group(backend=("fallback", {})), "backend", "backend_swap"),
-    (_group(isolation=("timeout", {"timeout_s": 5.0})), "isolation", "hang"),
-    (_group(isolation=("oom", {"host_peak_rss_mib": 900.0})), "isolation", "out_of_memory"),
+    (_ProbedBench(0.0, [], "reached", window={"sliding_window": 8, "max_abs_diff_within_window": 1e-7}), 0.2, "sliding_window"),
+    (_ProbedBench(0.0, [], "reached", window={"sliding_window": 8, "max_abs_diff_within_window": 2e-4}), 0.2, "wrong_positions"),
 ])
-def test_classification_rules(group, check, expected):
-    cause, evidence = classify(group[check], group, {})
-    assert cause == expected and cause in CAUSES
-    assert evidence or expected in ("loss_normalisation",)
+def test_mismatch_cause_rules(bench, diff, expected):
+    """Each boundary of :func:`checks.mismatch_cause` (leak vs numerics on isolation_atol, numerics vs positions on
+    logits_atol, stateful only with attention boundaries kept, the window) from planted probe numbers."""
+    from pytest_packcheck.checks import mismatch_cause
+
+    cause, evidence = mismatch_cause(bench, diff, bench.tol["logits_atol"])
+    assert cause == expected and cause in CAUSES and evidence
+
+
+def _status_cell(status: str, metrics: dict, cause: str | None = None) -> dict:
+    return {"cell_id": "m-sdpa-isolation-float32", "model": {"label": "m", "model_type": "llama"}, "backend": "sdpa",
+            "check": "isolation", "dtype": "float32", "status": status, "metrics": metrics, "message": "a message naming leak",
+            "cause": cause, "evidence": {"moved": 0.3} if cause else {}}
+
+
+@pytest.mark.parametrize(("cell", "expected"), [
+    (_status_cell("fail", {}, "stateful_layers"), "stateful_layers"),  # the check's code, never the message's words
+    (_status_cell("fallback", {"requested": "sdpa", "effective": "eager"}), "backend_swap"),
+    (_status_cell("timeout", {"timeout_s": 5.0}), "hang"),
+    (_status_cell("oom", {"host_peak_rss_mib": 900.0}), "out_of_memory"),
+    (_status_cell("error", {"stage": "check", "exception": "RuntimeError: x"}), "crash"),
+    (_status_cell("error", {}), None),
+    (_status_cell("fail", {}), "packed_mismatch"),  # a schema-1 cell: no code
+    (_status_cell("pass", {}, None), None),
+])
+def test_classification_reads_codes(cell, expected):
+    assert classify(cell)[0] == expected
 
 
 def test_diagnosis_never_changes_a_verdict(tolerances):
-    doc = _audit(["arch:opt"], ("sdpa",), ("isolation", "cache_trap"), tolerances)
-    before = {c["cell_id"]: c["status"] for c in doc["cells"]}
-    again = diagnose_document(doc)
-    assert {c["cell_id"]: c["status"] for c in again["cells"]} == before
+    import copy
+
+    from pytest_packcheck.models import resolve_model
+    from pytest_packcheck.results import build_document, environment
+    from pytest_packcheck.runner import CellRunner, plan_cells
+    from pytest_packcheck.specs import parse_model_spec
+
+    resolved = [resolve_model(parse_model_spec("arch:opt", "test"), "test")]
+    runner = CellRunner(resolved, tolerances)
+    cells = [runner.run(c) for c in plan_cells(resolved, ("sdpa",), ("isolation", "cache_trap"), ("float32",))]
+    doc = build_document(cells, environment(), {"backends": ["sdpa"], "checks": ["isolation", "cache_trap"]}, "test")
+    before = copy.deepcopy(doc)  # read before any diagnosis ran
+    diagnose_document(doc)
+    for b, a in zip(before["cells"], doc["cells"], strict=True):
+        assert {k: v for k, v in a.items() if k != "diagnosis"} == b
+    assert any(c["diagnosis"] for c in doc["cells"])
 
 
 def test_known_fault_that_did_not_show_is_reported():
@@ -170,9 +209,12 @@ def test_what_to_do_section_in_the_matrix(tolerances):
 
     doc = _audit(["arch:llama"], ("sdpa",), ("logits_parity", "cache_trap"), tolerances)
     md = render_markdown(doc)
-    section = md[md.index("## What to do"):md.index("## Legend")]
-    assert "**cache\\_trap**" in section and "use\\_cache=False" in section and "cache-disables-packed-mask" in section
-    assert "\\[cause: cache\\_trap; known: cache-disables-packed-mask\\]" in md
+    assert "## What to do" not in md  # llama's correctness checks pass: nothing to remedy for the model
+    hazards = md[md.index("## Stack hazards"):md.index("## Matrix")]
+    assert "cache trap" in hazards and "set use\\_cache=False" in hazards
+    doc = _audit(["arch:opt"], ("sdpa",), ("isolation", "cache_trap"), tolerances)
+    section = (md := render_markdown(doc))[md.index("## What to do"):md.index("## Legend")]
+    assert "**leak**" in section and "flash backend" in section and "cache" not in section.split("Known faults")[0]
 
 
 def test_hybrid_given_seq_idx_refuses_instead_of_mixing(tolerances):
@@ -193,26 +235,33 @@ def test_hybrid_given_seq_idx_refuses_instead_of_mixing(tolerances):
         C.check_logits_parity(bench)
     assert "causal_conv1d" in str(exc.value)
     assert _classify_exception(exc.value) == "unsupported"
-    cell = {"cell_id": "qwen3_next-sdpa-logits_parity-float32", "model": {"label": "qwen3_next", "model_type": "qwen3_next"},
-            "backend": "sdpa", "check": "logits_parity", "dtype": "float32", "status": "unsupported", "metrics": {},
-            "message": str(exc.value)}
-    assert classify(cell, {"logits_parity": cell}, {})[0] == "stateful_layers_refused"
+    from pytest_packcheck.runner import CellRunner
+
+    result = CellRunner([], tolerances)._failed("check", exc.value)
+    assert result.status == "unsupported" and result.cause == "stateful_layers_refused"
     silent = make_bench("qwen3_next", "sdpa", tolerances)
     assert C.check_isolation(silent).status == "fail"
 
 
-def test_training_failures_without_isolation_are_not_blamed_on_the_loss(tolerances):
-    """OPT leaks on sdpa. With only trainer and sft in the audit nothing says why the packed run differs: the
-    cause is packed_mismatch (add isolation / logits_parity), never loss_normalisation, and every failing cell
-    gets a diagnosis. With isolation in the audit, the same cells are a leak."""
+def test_training_failures_get_the_same_cause_whichever_checks_ran(tolerances):
+    """OPT leaks on sdpa. Each check measures its own cause (the isolation probe runs inside it), so trainer and
+    sft say "leak" with or without isolation in the audit, never loss_normalisation."""
     pytest.importorskip("trl")
-    doc = _audit(["arch:opt"], ("sdpa",), ("trainer", "sft"), tolerances)
+    alone = _audit(["arch:opt"], ("sdpa",), ("trainer", "sft"), tolerances)
+    together = _audit(["arch:opt"], ("sdpa",), ("isolation", "trainer", "sft"), tolerances)
     for check in ("trainer", "sft"):
-        cell = _by_id(doc)[f"opt-sdpa-{check}-float32"]
-        assert cell["status"] == "fail" and cell["diagnosis"]["cause"] == "packed_mismatch", (check, cell["diagnosis"])
-        assert "add isolation and logits_parity" in cell["diagnosis"]["remedy"]
-    doc = _audit(["arch:opt"], ("sdpa",), ("isolation", "trainer", "sft"), tolerances)
-    assert {_by_id(doc)[f"opt-sdpa-{c}-float32"]["diagnosis"]["cause"] for c in ("trainer", "sft")} == {"leak"}
+        a, b = _by_id(alone)[f"opt-sdpa-{check}-float32"], _by_id(together)[f"opt-sdpa-{check}-float32"]
+        assert a["status"] == "fail" and a["diagnosis"]["cause"] == b["diagnosis"]["cause"] == "leak", (check, a["diagnosis"])
+
+
+def test_stateful_cause_does_not_depend_on_the_checks_that_ran(tolerances):
+    """lfm2-like leaks: qwen3_next's logits_parity says "stateful_layers" with isolation,logits_parity only and
+    with the backend check in the audit too (before cause codes it read "leak" without the backend check)."""
+    few = _audit(["arch:qwen3_next"], ("packcheck_flash_ref",), ("isolation", "logits_parity"), tolerances)
+    many = _audit(["arch:qwen3_next"], ("packcheck_flash_ref",), ("isolation", "logits_parity", "backend"), tolerances)
+    for doc in (few, many):
+        cell = _by_id(doc)["qwen3_next-packcheck_flash_ref-logits_parity-float32"]
+        assert cell["diagnosis"]["cause"] == "stateful_layers", cell["diagnosis"]
 
 
 def test_sft_checks_skip_a_backend_without_backward(tolerances):

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from pytest_packcheck.gate import compare, merge, regressions
+from pytest_packcheck.results import SCHEMA_VERSION
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +61,7 @@ def test_gate_bad_inputs(baseline_path, tmp_path):
     newer = tmp_path / "newer.json"
     newer.write_text(json.dumps({"schema_version": 99, "cells": []}))
     proc = _gate("--baseline", str(newer), "--candidate", str(baseline_path))
-    assert proc.returncode == 2 and "schema_version 99, newer than 1" in proc.stderr
+    assert proc.returncode == 2 and f"schema_version 99, newer than {SCHEMA_VERSION}" in proc.stderr
     proc = _gate("--baseline", str(tmp_path / "missing.json"), "--candidate", str(baseline_path))
     assert proc.returncode == 2 and "does not exist" in proc.stderr
 

@@ -109,13 +109,17 @@ def test_sigkill_then_resume_recomputes_nothing_and_loses_nothing(pytester, tmp_
 
 
 def test_journal_skips_cut_lines_and_other_fingerprints(tmp_path):
+    def cell(cell_id):
+        return json.dumps({"cell_id": cell_id, "status": "pass", "model": {"label": "m"}, "backend": "sdpa",
+                           "check": "isolation", "dtype": "float32"})
+
     journal = Journal(tmp_path / "j.jsonl", "fp1")
     journal.reset()
-    journal.append(json.dumps({"cell_id": "a", "status": "pass"}))
-    Journal(tmp_path / "j.jsonl", "other").append(json.dumps({"cell_id": "b", "status": "pass"}))
+    journal.append(cell("a"))
+    Journal(tmp_path / "j.jsonl", "other").append(cell("b"))
     with open(tmp_path / "j.jsonl", "a") as fh:
         fh.write('{"fingerprint": "fp1", "cell": {"cell_')
-    journal.append(json.dumps({"cell_id": "c", "status": "pass"}))  # after a cut-off line: starts on a new line
+    journal.append(cell("c"))  # after a cut-off line: starts on a new line
     with pytest.warns(UserWarning, match="skipped 1 unreadable line"):
         assert list(journal.load()) == ["a", "c"]
 

@@ -1,0 +1,210 @@
+"""Every check, described once: what it runs, where, what its verdict means, and what it can find.
+
+The rest of packcheck reads checks from here: the plan (:mod:`runner`), the settings' allowed names and
+defaults, the report's headline verdict, key numbers and legend, the gate's tolerances, the diagnosis's cause
+codes, bench's warning mark, ``--help`` and the README's check table. Importing this module imports neither
+torch nor transformers (the plugin imports it while pytest loads).
+
+Roles decide what a verdict means for a matrix cell:
+
+- ``correctness``: the packed row as transformers' Trainer (5.x) and TRL feed it (``DataCollatorWithFlattening``
+  output, restarting ``position_ids``, no ``attention_mask``, ``use_cache=False``, one packed row per
+  micro-batch) trains the model the same as padding. Only these checks decide the cell's headline: ✅ means
+  every one that ran passed.
+- ``hazard``: a fact about using the model outside that contract (a cache, an ``attention_mask`` beside the
+  packed row). True and worth saying, once per stack; never a model failure.
+- ``finding``: a fact about the library stack that does not depend on the model (the collators' contracts,
+  TRL's packer). Reported once per environment with the count of models it was measured on.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+ROLES = {
+    "correctness": "decides the cell: padding-free packing, fed as transformers' Trainer and TRL feed it, trains the "
+                   "model the same as padding",
+    "hazard": "a usage hazard outside that contract (a cache, an attention_mask beside the packed row): reported once per "
+              "stack, never a model failure",
+    "finding": "a fact of the library stack (collator contract, TRL's packer), independent of the model: reported once per "
+               "environment",
+}
+LEVELS = {"model": "once per model (no attention backend)", "backend": "once per model x attention backend"}
+
+#: Cause codes a check can return, with what each means. The diagnosis maps a code to a remedy; it never reads
+#: a check's message.
+CAUSES = {
+    "leak": "examples attend across boundaries (the isolation probe moves)",
+    "wrong_positions": "boundaries hold (isolation passes) but positions differ from the per-example runs",
+    "loss_normalisation": "logits match but the loss differs: labels or the token count used to normalise",
+    "kernel_numerics": "differences within a small multiple of the dtype tolerance, no leak: kernel numerics",
+    "cache_trap": "correct only with use_cache=False: a cache disables the packed mask",
+    "mask_override": "an attention_mask beside the packed row overrides its boundaries",
+    "ignores_position_ids": "the model ignores position_ids (restarting them changes nothing)",
+    "sliding_window": "parity holds for examples shorter than the sliding window and fails above it",
+    "stateful_layers": "state-space / linear-attention / conv layers carry state across examples (attention is isolated)",
+    "stateful_layers_refused": "the model refuses packed rows: its stateful layers cannot keep examples apart here",
+    "backend_swap": "the requested attention backend is not the one that ran",
+    "dense_kernel": "the flash backend ran its dense (padded) kernel, not the varlen one: the row was attended whole",
+    "call_count": "attention calls counted differ from the attention modules found; parity decides whether it matters",
+    "labels_contract": "the collator's labels contract (non-token labels) is broken",
+    "collator_contract": "the collator's output breaks the packing contract (lengths, positions, cu_seq_lens)",
+    "empty_example": "an empty example is neither dropped nor refused: it leaves a zero-length segment or stray labels",
+    "batch_rows": "two packed rows (batch size > 1) without cu_seq_lens lose their boundaries on this backend",
+    "packing_content": "TRL's packer loses, duplicates or cuts tokens beyond what its strategy documents (a tail packed without its prompt)",
+    "padded_normalisation": "the trainer's own padded run divides by the label count before the causal shift (the padded side is wrong)",
+    "packed_mismatch": "the packed run differs from the reference, and no probe in the cell could say why",
+    "probe_inconclusive": "the probe could not see a planted leak on this model: its pass would mean nothing",
+    "cross_backend": "this backend's per-example (unpacked) logits differ from eager's on the same weights (another "
+                     "window, softcap or scaling): packed-vs-solo cannot see it, both share it",
+    "non_causal": "a later token changes earlier positions' logits: the backend runs non-causal (bidirectional) attention",
+    "crash": "the cell crashed (see the exception)",
+    "hang": "the cell did not finish within the timeout",
+    "out_of_memory": "the cell ran out of memory",
+}
+
+#: A parity difference at most this many times the tolerance, with isolation holding, is kernel numerics.
+NUMERICS_FACTOR = 10.0
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    """One check. ``function``: ``"module:function"`` inside pytest_packcheck, imported on first call.
+    ``key_metric``: (metrics key, label) of the number that backs the verdict; ``tolerance``: the tolerances key
+    that bounds it (the gate flags a pass whose number grew by more). ``causes``: the codes it can return."""
+
+    name: str
+    function: str
+    level: str
+    role: str
+    summary: str
+    key_metric: tuple[str, str] | None = None
+    tolerance: str | None = None
+    bears_on_bench: bool = False
+    causes: tuple[str, ...] = ()
+    training: bool = False
+    #: backends this check is not planned on (cross_backend: eager is its reference)
+    skip_backends: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.level not in LEVELS:
+            raise ValueError(f"check {self.name}: unknown level {self.level!r}")
+        if self.role not in ROLES:
+            raise ValueError(f"check {self.name}: unknown role {self.role!r}")
+        unknown = [c for c in self.causes if c not in CAUSES]
+        if unknown:
+            raise ValueError(f"check {self.name}: unknown causes {unknown}")
+
+    def load(self) -> Callable[[Any], Any]:
+        module, _, attr = self.function.partition(":")
+        return getattr(importlib.import_module(f"pytest_packcheck.{module}"), attr)
+
+
+_PARITY_CAUSES = ("leak", "stateful_layers", "kernel_numerics", "wrong_positions", "sliding_window")
+
+#: The checks in matrix order.
+REGISTRY: tuple[CheckSpec, ...] = (
+    CheckSpec("collate", "checks:check_collate", "model", "finding",
+              "transformers' DataCollatorWithFlattening contract, item by item: per-token key lengths, position_ids "
+              "restarts, labels -100 at boundaries, cu_seq_lens_q/k int32, max_length_q/k ints, an empty example, "
+              "integer labels",
+              causes=("collator_contract", "labels_contract", "wrong_positions", "empty_example")),
+    CheckSpec("collate_trl", "checks:check_collate_trl", "model", "finding",
+              "TRL's padding-free collator (pad_to_multiple_of=8), item by item: equal-length per-token keys, "
+              "position_ids restarts, labels -100 at example starts and on the padding",
+              causes=("collator_contract",)),
+    CheckSpec("position_ids", "checks:check_position_ids", "backend", "correctness",
+              "restarting position_ids must change later examples' logits (the model consumes them)",
+              ("max_change", "Δ"), None, True, ("ignores_position_ids",)),
+    CheckSpec("isolation", "checks:check_isolation", "backend", "correctness",
+              "perturb one example: the others' logits must not move; a planted leak (no boundaries) must move them",
+              ("max_change", "Δ"), "isolation_atol", True, ("leak", "stateful_layers", "kernel_numerics", "probe_inconclusive")),
+    CheckSpec("logits_parity", "checks:check_logits_parity", "backend", "correctness",
+              "packed logits = each example run alone (padded batches reported beside)",
+              ("max_abs_diff_solo", "Δ"), "logits_atol", True, (*_PARITY_CAUSES, "batch_rows")),
+    CheckSpec("loss_parity", "checks:check_loss_parity", "backend", "correctness",
+              "token-mean loss and gradient-accumulation sum loss (num_items_in_batch) = the per-example reference",
+              ("loss_delta", "Δ"), "loss_atol", True, (*_PARITY_CAUSES, "loss_normalisation")),
+    CheckSpec("grad_parity", "checks:check_grad_parity", "backend", "correctness",
+              "every parameter's gradient, packed vs right-padded: relative error, worst tensor, cosine",
+              ("grad_rel_err", "rel"), "grad_rel_err", True, (*_PARITY_CAUSES, "loss_normalisation")),
+    CheckSpec("backend", "checks:check_backend", "backend", "correctness",
+              "the requested attn_implementation ran: one call per attention layer, packed boundaries reached, "
+              "flash backends on the varlen kernel only",
+              None, None, True, ("backend_swap", "leak", "dense_kernel", "call_count")),
+    CheckSpec("cross_backend", "checks:check_cross_backend", "backend", "correctness",
+              "each example alone on this backend = on eager with the same weights, incl. lengths around the sliding window",
+              ("max_abs_diff_vs_eager", "Δ eager"), "logits_atol", True, ("cross_backend", "sliding_window"),
+              skip_backends=("eager",)),
+    CheckSpec("causality", "checks:check_causality", "backend", "correctness",
+              "perturb each example's last token: no earlier position's logits may move (causal attention)",
+              ("max_change_earlier", "Δ"), "isolation_atol", True, ("non_causal", "probe_inconclusive")),
+    CheckSpec("edge_lengths", "checks:check_edge_lengths", "backend", "correctness",
+              "rows of edge lengths (one-token examples, two adjacent; one at the sliding window; one much longer) = "
+              "each example alone, logits and loss",
+              ("max_abs_diff", "Δ"), "logits_atol", True, (*_PARITY_CAUSES, "loss_normalisation")),
+    CheckSpec("cache_trap", "checks:check_cache_trap", "backend", "hazard",
+              "the packed row called with use_cache left as configured (a hand-written loop): a cache disables the "
+              "packed mask on eager / sdpa / flex",
+              ("max_abs_diff_default", "Δ"), "logits_atol", False, ("cache_trap", *_PARITY_CAUSES)),
+    CheckSpec("mask_trap", "checks:check_mask_trap", "backend", "hazard",
+              "an all-ones attention_mask beside the packed row (a padding collator's habit) overrides the boundaries",
+              ("max_abs_diff_with_mask", "Δ"), "logits_atol", False, ("mask_override", *_PARITY_CAUSES)),
+    CheckSpec("trainer", "training:check_trainer", "backend", "correctness",
+              "transformers' Trainer + DataCollatorWithFlattening, 3 SGD steps vs a hand-written padded reference; "
+              "gradient accumulation's num_items_in_batch",
+              ("max_loss_delta", "loss Δ"), "train_loss_atol", False,
+              ("cache_trap", "loss_normalisation", "leak", "stateful_layers", "packed_mismatch", "padded_normalisation"),
+              training=True),
+    CheckSpec("sft", "sft:check_sft", "backend", "correctness",
+              "TRL's SFTTrainer(packing=True) as configured by default: effective configuration, first-batch row "
+              "contract and loss, 3 steps vs padded, gradient checkpointing, completion-only labels",
+              ("loss_delta", "loss Δ"), "train_loss_atol", False,
+              ("mask_override", "collator_contract", "leak", "stateful_layers", "loss_normalisation", "packed_mismatch",
+               "padded_normalisation"), training=True),
+    CheckSpec("sft_padding_free", "sft:check_sft_padding_free", "backend", "correctness",
+              "TRL's SFTTrainer(packing=False, padding_free=True) vs padded",
+              ("loss_delta", "loss Δ"), "train_loss_atol", False,
+              ("mask_override", "collator_contract", "leak", "stateful_layers", "loss_normalisation", "packed_mismatch"),
+              training=True),
+    CheckSpec("sft_strategies", "sft:check_sft_strategies", "backend", "correctness",
+              "TRL's SFTTrainer(packing=True) per packing_strategy (bfd, bfd_split; wrapped shown, not judged) vs padded",
+              None, "train_loss_atol", False,
+              ("mask_override", "collator_contract", "leak", "stateful_layers", "loss_normalisation", "packed_mismatch"),
+              training=True),
+    CheckSpec("packing_content", "sft:check_packing_content", "model", "finding",
+              "token accounting of TRL's pack_dataset per strategy: lost, duplicated, tails packed without their prompt",
+              None, None, False, ("packing_content",), training=True),
+)
+
+SPECS: dict[str, CheckSpec] = {s.name: s for s in REGISTRY}
+CHECKS: tuple[str, ...] = tuple(SPECS)
+#: Checks that run once per model, with no backend.
+MODEL_LEVEL_CHECKS: tuple[str, ...] = tuple(s.name for s in REGISTRY if s.level == "model")
+#: Whole Trainer / SFTTrainer runs (and TRL's packer): opt in with --packcheck-checks or audit/training.toml.
+TRAINING_CHECKS: tuple[str, ...] = tuple(s.name for s in REGISTRY if s.training)
+#: Checks run when none are named: all but :data:`TRAINING_CHECKS`.
+DEFAULT_CHECKS: tuple[str, ...] = tuple(s.name for s in REGISTRY if not s.training)
+#: Checks that bear on what bench computes (a packed row, use_cache=False, no attention_mask).
+BENCH_RELEVANT_CHECKS: tuple[str, ...] = tuple(s.name for s in REGISTRY if s.bears_on_bench)
+
+
+def role(check: str) -> str:
+    """The role of ``check`` (``"correctness"`` for a name this packcheck does not know: a newer results file)."""
+    spec = SPECS.get(check)
+    return spec.role if spec else "correctness"
+
+
+def check_help() -> str:
+    """The --packcheck-checks help text: every check with its role, the default set and the training set."""
+    return ("Checks to run, comma-separated. Default: " + ", ".join(DEFAULT_CHECKS) + ". Training checks (opt in): "
+            + ", ".join(TRAINING_CHECKS) + ". Roles: correctness decides a cell; hazards and findings are reported once "
+            "per stack. See `packcheck checks`.")
+
+
+def describe() -> list[tuple[str, str, str, str]]:
+    """(name, level, role, summary) of every check, in matrix order: the README table and ``packcheck checks``."""
+    return [(s.name, s.level, s.role + (", training" if s.training else ""), s.summary) for s in REGISTRY]

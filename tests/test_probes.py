@@ -1,0 +1,76 @@
+"""The probes that only a cross-backend, causality or edge-length view sees: each passes on the correct stack and
+fails on its planted fault with the right cause."""
+
+from __future__ import annotations
+
+from conftest import make_bench
+from faults import bidirectional_sdpa, windowless_sdpa
+
+from pytest_packcheck import checks as C
+from pytest_packcheck.runner import plan_cells
+
+
+def test_cross_backend_passes_on_sdpa_and_catches_a_backend_without_the_window(tolerances):
+    """mistral's window is shrunk to 8 tokens; sdpa per-example logits equal eager's on the same weights. A sdpa
+    that drops the window (packed and solo alike, so packed-vs-solo parity cannot see it) fails, cause
+    sliding_window, and the lengths at or below the window match."""
+    bench = make_bench("mistral", "sdpa", tolerances)
+    assert C.window_probe_lengths(bench) == [7, 8, 11]
+    ok = C.check_cross_backend(bench)
+    assert ok.status == "pass" and ok.metrics["max_abs_diff_vs_eager"] < 1e-5, ok.message
+    with windowless_sdpa():
+        bad = C.check_cross_backend(make_bench("mistral", "sdpa", tolerances))
+    assert bad.status == "fail" and bad.cause == "sliding_window", bad.message
+    assert bad.metrics["per_length"]["7"] < 1e-5 and bad.metrics["per_length"]["11"] > 1e-3
+
+
+def test_cross_backend_names_a_backend_that_differs_everywhere(tolerances):
+    """llama has no window: a sdpa that attends non-causally differs from eager at every length -> cross_backend."""
+    with bidirectional_sdpa():
+        result = C.check_cross_backend(make_bench("llama", "sdpa", tolerances))
+    assert result.status == "fail" and result.cause == "cross_backend", result.message
+
+
+def test_cross_backend_is_not_planned_on_eager():
+    class M:
+        class spec:
+            label = "m"
+
+    cells = plan_cells([M()], ("eager", "sdpa"), ("cross_backend", "isolation"), ("float32",))
+    assert [(c.backend, c.check) for c in cells] == [("eager", "isolation"), ("sdpa", "cross_backend"), ("sdpa", "isolation")]
+
+
+def test_causality_passes_and_catches_bidirectional_attention_that_keeps_boundaries(tolerances):
+    """A sdpa that is bidirectional inside each example keeps the boundaries (isolation passes) but a later token
+    moves earlier logits: causality fails, cause non_causal."""
+    bench = make_bench("llama", "sdpa", tolerances)
+    ok = C.check_causality(bench)
+    assert ok.status == "pass" and ok.metrics["max_change_earlier"] == 0.0 and ok.metrics["perturbed_position_change"] > 1e-2
+    with bidirectional_sdpa():
+        bench = make_bench("llama", "sdpa", tolerances)
+        iso, causal = C.check_isolation(bench), C.check_causality(bench)
+    assert iso.status == "pass", iso.message
+    assert causal.status == "fail" and causal.cause == "non_causal" and causal.metrics["max_change_earlier"] > 1e-3
+
+
+def test_edge_lengths_with_one_token_examples(tolerances):
+    """One-token examples (two adjacent), one at the window, one much longer: packed = solo on llama; the reference
+    loss takes examples without labels (an empty target tensor once crashed it). A collator whose positions do
+    not restart (so no boundaries) fails it as a leak."""
+    from faults import collator_no_reset
+
+    bench = make_bench("llama", "sdpa", tolerances)
+    ok = C.check_edge_lengths(bench)
+    assert ok.status == "pass", ok.message
+    assert [r["lengths"] for r in ok.metrics["rows"]] == [[1, 1, 9], [8, 5], [40, 2, 3]]
+    bench = make_bench("llama", "sdpa", tolerances, collator_factory=collator_no_reset)
+    bad = C.check_edge_lengths(bench)
+    assert bad.status == "fail" and bad.cause == "leak", (bad.cause, bad.message)  # no restarts: no boundaries
+
+
+def test_reference_loss_takes_a_one_token_example(tolerances):
+    bench = make_bench("llama", "sdpa", tolerances)
+    bench.examples = [bench.examples[0], [5], bench.examples[2]]
+    result = C.check_loss_parity(bench)
+    assert result.status == "pass", result.message
+    assert result.metrics["num_items_expected"] == len(bench.examples[0]) - 1 + len(bench.examples[2]) - 1

@@ -1,0 +1,214 @@
+"""The check registry and what a verdict means: the headline comes from correctness checks only, hazards and
+stack findings are counted once per stack, departures are marked, and every rendering reads the registry."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pytest_packcheck.registry import CAUSES, CHECKS, DEFAULT_CHECKS, REGISTRY, TRAINING_CHECKS, describe
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_every_check_is_described_once_and_loads():
+    assert len(CHECKS) == len(set(CHECKS)) == len(REGISTRY)
+    for spec in REGISTRY:
+        assert callable(spec.load()), spec.name
+        assert set(spec.causes) <= set(CAUSES) and spec.summary
+        if spec.tolerance:
+            from pytest_packcheck.settings import load_tolerances
+
+            assert spec.tolerance in load_tolerances(None, None, "test")[0]["float32"], spec.name
+    assert set(DEFAULT_CHECKS) | set(TRAINING_CHECKS) == set(CHECKS)
+    assert {s.name for s in REGISTRY if s.role == "hazard"} == {"cache_trap", "mask_trap"}
+    assert {s.name for s in REGISTRY if s.role == "finding"} == {"collate", "collate_trl", "packing_content"}
+
+
+def test_settings_help_and_readme_agree_with_the_registry():
+    from pytest_packcheck.settings import OPT_CHECKS, OPTIONS
+
+    help_text = next(o.help for o in OPTIONS if o.flag == OPT_CHECKS)
+    readme = (REPO / "README.md").read_text()
+    for name, level, role, summary in describe():
+        assert name in help_text
+        assert f"| `{name}` | {level} | {role} | {summary} |" in readme, name
+
+
+def _cell(model: str, backend: str | None, check: str, status: str, cause: str | None = None, **metrics) -> dict:
+    from pytest_packcheck.results import CellResult
+
+    c = CellResult(cell_id="-".join(x for x in (model, backend, check, "float32") if x), model={
+        "label": model, "model_type": model, "model_class": "M", "revision": None}, backend=backend, check=check,
+        dtype="float32", status=status, metrics=metrics, message=f"{check} {status}", cause=cause,
+        evidence={"moved": 0.3} if cause else {})
+    return json.loads(c.to_json())
+
+
+def _doc(cells: list[dict]) -> dict:
+    from pytest_packcheck.diagnose import diagnose_document
+
+    backends = sorted({c["backend"] for c in cells if c["backend"]})
+    checks = [s.name for s in REGISTRY if any(c["check"] == s.name for c in cells)]
+    return diagnose_document({"schema_version": 2, "environment": {"transformers": "5.24.0", "device": "cpu"}, "command": "x",
+                              "settings": {"backends": backends, "checks": checks}, "cells": cells})
+
+
+def _correct(model: str, backend: str = "sdpa", cache: str = "fail", mask: str = "fail") -> list[dict]:
+    cells = [_cell(model, backend, c, "pass", max_change=0.0) for c in ("isolation", "logits_parity", "loss_parity", "backend")]
+    cells.append(_cell(model, backend, "cache_trap", cache, "cache_trap" if cache == "fail" else None))
+    cells.append(_cell(model, backend, "mask_trap", mask, "mask_override" if mask == "fail" else None))
+    return cells
+
+
+def test_headline_ignores_hazards_and_names_the_cause():
+    from pytest_packcheck.report import headline, render_markdown
+
+    llama = _correct("llama")
+    opt = [_cell("opt", "sdpa", "isolation", "fail", "leak", max_change=0.3),
+           _cell("opt", "sdpa", "logits_parity", "fail", "leak"), _cell("opt", "sdpa", "backend", "pass")]
+    flex = _correct("qwen2", "flex_attention") + [_cell("qwen2", "flex_attention", "grad_parity", "skipped")]
+    doc = _doc(llama + opt + flex + [_cell("llama", None, "collate", "fail", "labels_contract")])
+    assert headline([c for c in doc["cells"] if c["model"]["label"] == "llama" and c["backend"] == "sdpa"])["status"] == "pass"
+    md = render_markdown(doc)
+    matrix = md[md.index("## Matrix"):]
+    row = {line.split("|")[1].strip(): line for line in matrix.splitlines() if line.startswith("| ")}
+    assert "| ✅ " in row["llama"] and "cache" not in row["llama"] and "collate" not in row["llama"]
+    assert "❌ leak" in row["opt"]
+    assert "✅ (not checked: grad\\_parity)" in row["qwen2"] or "✅ (not checked: grad_parity)" in row["qwen2"]
+    answer = md[md.index("## The answer"):md.index("## Stack")]
+    assert "**opt**: **do not pack** on sdpa (leak" in answer and "**llama**: safe on sdpa" in answer
+    hazards = md[md.index("## Stack hazards"):md.index("## Stack findings")]
+    assert "cache trap" in hazards and "| 1/1 " in hazards  # llama on sdpa: counted once, not a model failure
+
+
+def test_a_model_departing_from_its_stack_is_marked():
+    from pytest_packcheck.report import departures, render_markdown
+
+    cells = _correct("a") + _correct("b") + _correct("c") + _correct("d", cache="pass")
+    doc = _doc(cells)
+    assert departures(doc["cells"]) == {("d", None, "float32", "sdpa"): ["no cache trap"]}
+    md = render_markdown(doc)
+    assert "✅ ⚑ no cache trap" in md and md.count("⚑ no cache trap") >= 2  # matrix and answer
+
+
+def test_hazard_on_a_row_that_is_wrong_anyway_is_not_counted_as_the_hazard():
+    from pytest_packcheck.report import _hazard_rows
+
+    cells = _correct("a") + [_cell("m", "sdpa", "cache_trap", "fail", "leak")]
+    rows = _hazard_rows(_doc(cells)["cells"])
+    assert rows[("cache_trap", None, "float32", "sdpa")]["measured"] == ["a"]
+
+
+def test_stack_findings_are_listed_once_per_item_with_counts():
+    from pytest_packcheck.report import render_markdown
+
+    cells = []
+    for m in ("a", "b", "c"):
+        c = _cell(m, None, "collate", "fail", "labels_contract")
+        c["metrics"]["items"] = {"labels": {"status": "pass", "evidence": "-100 at all 3 example starts"},
+                                 "integer_labels": {"status": "fail", "evidence": "unclear TypeError", "cause": "labels_contract"}}
+        cells.append(c)
+    md = render_markdown(_doc(cells + _correct("a")))
+    findings = md[md.index("## Stack findings"):md.index("## Matrix")]
+    assert findings.count("integer_labels") == 1 and "3/3 models" in findings
+    assert "collate" not in md[md.index("## Matrix"):md.index("## Legend")].split("\n", 3)[2]  # no collate column
+
+
+def test_schema_1_results_file_is_upgraded_and_rendered():
+    """The golden version-1 file (a slice of the 0.1 default audit): roles come from the registry, cells without
+    cause codes get packed_mismatch, and llama on sdpa reads ✅ with the hazards counted once."""
+    from pytest_packcheck.diagnose import diagnose_document
+    from pytest_packcheck.report import render_markdown
+    from pytest_packcheck.results import SCHEMA_VERSION, load_document
+
+    doc = diagnose_document(load_document(REPO / "tests" / "data" / "schema-1.json"))
+    assert doc["schema_version"] == SCHEMA_VERSION
+    assert {c["role"] for c in doc["cells"] if c["check"] == "cache_trap"} == {"hazard"}
+    md = render_markdown(doc)
+    row = next(line for line in md.splitlines() if line.startswith("| llama "))
+    assert "✅" in row.split("|")[4]  # sdpa column (model, class, eager... order from settings)
+
+
+def test_terminal_summary_and_gate_table_are_plain_text():
+    from pytest_packcheck.gate import compare, render_changes
+    from pytest_packcheck.report import render_terminal
+
+    doc = _doc(_correct("llama") + [_cell("opt", "sdpa", "isolation", "fail", "leak", max_change=0.3)])
+    text = "\n".join(render_terminal(doc, ["x.md"]))
+    assert "\\_" not in text and "hazard      cache trap on sdpa / float32: 1/1 models" in text
+    worse = json.loads(json.dumps(doc))
+    worse["cells"][0]["status"] = "fail"
+    worse["cells"][0]["message"] = "a -> b | c"
+    table = render_changes(compare(doc, worse), {}, {}, markdown=False)
+    assert "REGRESSION" in table and "\\>" not in table and "\\|" not in table
+
+
+def test_html_report_is_self_contained_and_holds_every_group():
+    from pytest_packcheck.html import html_data, render_html
+
+    doc = _doc(_correct("llama") + [_cell("opt", "sdpa", "isolation", "fail", "leak", max_change=0.3)])
+    page = render_html(doc)
+    assert "http://" not in page and "https://" not in page and "<script src" not in page
+    data = html_data(doc)
+    assert set(data["groups"]) == {"llama|sdpa|float32|", "opt|sdpa|float32|"}
+    assert data["groups"]["opt|sdpa|float32|"]["checks"][0]["cause"] == "leak"
+
+
+def test_collate_items_are_checked_each_on_its_own(llama_sdpa):
+    """A collator that keeps an empty example as a zero-length segment (transformers 4.56.2's behaviour, planted)
+    fails the empty_example item and says what happened; every other item still holds."""
+    from pytest_packcheck import checks as C
+    from pytest_packcheck.batches import default_collator_factory
+
+    def keeps_empty(**kwargs):
+        inner = default_collator_factory(**kwargs)
+
+        def collate(features, return_tensors="pt"):
+            import torch
+
+            batch = inner([f for f in features if f["input_ids"]], return_tensors=return_tensors)
+            if any(not f["input_ids"] for f in features) and "labels" in batch and not isinstance(features[0].get("labels"), int):
+                batch["labels"] = torch.cat([batch["labels"], torch.tensor([[-100]])], dim=1)
+                batch["cu_seq_lens_q"] = torch.cat([batch["cu_seq_lens_q"], batch["cu_seq_lens_q"][-1:]])
+            return batch
+
+        return collate
+
+    llama_sdpa.collator_factory = keeps_empty
+    result = C.check_collate(llama_sdpa)
+    items = result.metrics["items"]
+    assert items["empty_example"]["status"] == "fail" and items["empty_example"]["cause"] == "empty_example"
+    assert "kept, not dropped" in items["empty_example"]["evidence"] and "labels [1, 32]" in items["empty_example"]["evidence"]
+    assert "cu_seq_lens_q [0, 11, 18, 31, 31]" in items["empty_example"]["evidence"]
+    assert all(items[k]["status"] == "pass" for k in ("shapes", "position_ids", "labels", "cu_seq_lens", "max_length"))
+
+
+@pytest.mark.slow
+def test_html_report_in_a_headless_browser(tmp_path):
+    """Debian's chromium loads the page, a click on a cell opens its details (checked in the DOM that chromium
+    dumps after the click), and a screenshot is taken. Slow (chromium start); needs `apt-get install chromium`."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    from pytest_packcheck.html import render_html
+
+    doc = _doc(_correct("llama") + [_cell("opt", "sdpa", "isolation", "fail", "leak", max_change=0.3)])
+    page = render_html(doc).replace(
+        "render();\n</script>", "render();\ndocument.querySelector('td.cell.fail').click();\n</script>")
+    path = tmp_path / "m.html"
+    path.write_text(page)
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run",
+             f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([chromium, *flags, "--dump-dom", path.as_uri()], capture_output=True, text=True, timeout=120,
+                         check=False).stdout
+    assert 'id="details" class=""' in dom or 'id="details" class="">' in dom or "<h3>opt / sdpa / float32</h3>" in dom
+    assert "<h3>opt / sdpa / float32</h3>" in dom and ">leak<" in dom
+    shot = tmp_path / "shot.png"
+    subprocess.run([chromium, *flags, f"--screenshot={shot}", "--window-size=1200,800", path.as_uri()],
+                   capture_output=True, timeout=120, check=False)
+    assert shot.exists() and shot.stat().st_size > 1000
