@@ -301,7 +301,7 @@ def test_real_trainer_on_4_56_2_normalisation_and_cache(pytester, monkeypatch, v
     assert old["metrics"]["grad_accum"]["packed"]["num_items_in_batch"] == [51, 51]
     assert old["metrics"]["grad_accum"]["padded"]["num_items_in_batch"] == [57, 57]  # unshifted count
     assert old["diagnosis"]["cause"] == "cache_trap" and "trainer-keeps-config-use_cache" in old["diagnosis"]["known_faults"]
-    assert "loss_normalisation" in [f["cause"] for f in old["diagnosis"]["findings"]]
+    assert "padded_normalisation" in [f["cause"] for f in old["diagnosis"]["findings"]]
     assert "trainer-num-items-before-shift" in old["diagnosis"]["known_faults"]
     assert cells[f"llama-sdpa-trainer-float32@transformers=={current}"]["status"] == "pass"
 
