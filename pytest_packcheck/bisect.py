@@ -368,19 +368,26 @@ def judge(cell: dict[str, Any] | None, cause: str | None, supported: bool, doc_e
     return True, f"no {cause} ({status}: {cell['message'][:100]})"
 
 
+def probe_settings(models: list[str], backends: tuple[str, ...], checks: tuple[str, ...], dtypes: tuple[str, ...],
+                   weights: str = "random") -> Any:
+    """The :class:`~pytest_packcheck.settings.Settings` of a probe run: those cells only, on CPU, default
+    tolerances and timeout, forked isolation."""
+    from .settings import Settings, load_tolerances
+
+    tolerances, source = load_tolerances(None, None, "default")
+    return Settings(models=tuple(models), model_source="packcheck bisect", backends=backends, checks=checks, dtypes=dtypes,
+                    weights=weights, device="cpu", trust_remote_code=False, report_dir="reports", tolerances=tolerances,
+                    tolerance_source=source)
+
+
 def cell_probe(ref: CellRef, sides: Sides, report_dir: Any, cause: str | None = None, supported: bool = False,
                log: Callable[[str], None] | None = None) -> Callable[[str], Probe]:
     """A probe for :func:`bisect_releases`: for a version of ``sides.library``, make (or find) the environment of
     that version plus the pinned libraries and run only the cell's model, backend, check and dtype there.
     An environment that cannot be made (uv's reason) is a skip, not a verdict."""
-    from types import SimpleNamespace
-
     from .envs import VersionCombo, run_in_env
-    from .settings import load_tolerances
 
-    tolerances, _ = load_tolerances(None, None, "default")
-    settings = SimpleNamespace(backends=(ref.backend or _MODEL_LEVEL_BACKEND,), checks=(ref.check,), dtypes=(ref.dtype,),
-                               weights="random", device="cpu", trust_remote_code=False, tolerances=tolerances)
+    settings = probe_settings([ref.model], (ref.backend or _MODEL_LEVEL_BACKEND,), (ref.check,), (ref.dtype,))
 
     def probe(version: str) -> Probe:
         combo = VersionCombo((f"{sides.library}=={version}", *sides.pinned))
@@ -602,8 +609,6 @@ def verify_remedies(doc: dict[str, Any], report_dir: Any, run: Callable[..., Any
     dtypes; it is "verified at X" when the cell's cause is gone there. A setting is judged from the cell's own
     measurement. Returns one record per (cell, remedy) and stores them as ``doc["remedy_checks"]``. ``run``
     replaces :func:`pytest_packcheck.envs.run_in_env` (tests)."""
-    from types import SimpleNamespace
-
     from .diagnose import library_version, load_known_faults
     from .envs import VersionCombo, run_in_env
 
@@ -631,18 +636,13 @@ def verify_remedies(doc: dict[str, Any], report_dir: Any, run: Callable[..., Any
                                                         ("sft", "sft_padding_free", "sft_strategies", "packing_content")) else None
             key = (claim["library"], claim["version"], f"{other}=={pin}" if pin else None)
             upgrades.setdefault(key, []).append((cell, record))
-    from .settings import load_tolerances
-
-    all_tol, _ = load_tolerances(None, None, "default")
     for (library, version, pin), items in upgrades.items():
         combo = VersionCombo(tuple(r for r in (f"{library}=={version}", pin) if r))
         cells = [c for c, _ in items]
-        settings = SimpleNamespace(
-            backends=tuple(dict.fromkeys(c["backend"] or _MODEL_LEVEL_BACKEND for c in cells)),
-            checks=tuple(dict.fromkeys(c["check"] for c in cells)), dtypes=tuple(dict.fromkeys(c["dtype"] for c in cells)),
-            weights=doc.get("settings", {}).get("weights", "random"), device="cpu", trust_remote_code=False,
-            tolerances=all_tol)
         models = list(dict.fromkeys(c["model"].get("spec") or f"arch:{c['model']['label']}" for c in cells))
+        settings = probe_settings(models, tuple(dict.fromkeys(c["backend"] or _MODEL_LEVEL_BACKEND for c in cells)),
+                                  tuple(dict.fromkeys(c["check"] for c in cells)), tuple(dict.fromkeys(c["dtype"] for c in cells)),
+                                  doc.get("settings", {}).get("weights", "random"))
         if log:
             log(f"verify remedies: {combo.label} for {len(items)} remedies ({', '.join(models)})")
         result = run(combo, settings, models, report_dir)

@@ -86,11 +86,11 @@ def remedy(cause: str, cell: dict[str, Any], doc_env: dict[str, Any]) -> str:
         return "disable packing for this architecture on this backend"
     if cause == "mask_override" and cell["check"] in ("sft", "sft_padding_free", "sft_strategies"):
         trl = _v(library_version(cell, doc_env, "trl"))
-        if (m.get("effective") or {}).get("padding_free") and trl is not None and _v("0.20") <= trl < _v("0.24"):
+        if (m.get("effective") or {}).get("padding_free") and trl is not None and _v("0.19.0") <= trl < _v("0.23.1"):
             return (f"TRL {trl} sends position_ids with padding_free only to flash_attention_2 (return_position_ids="
-                    "use_flash_attention): train with attn_implementation='flash_attention_2', or upgrade TRL to >= 0.24")
+                    "use_flash_attention): train with attn_implementation='flash_attention_2', or upgrade TRL to >= 0.23.1")
         return ("set padding_free=True in SFTConfig (TRL >= 0.16) so packed rows carry position_ids and no attention_mask, "
-                "or upgrade TRL (from 0.21 bfd packing turns padding-free on; from 0.24 position_ids reach every backend)")
+                "or upgrade TRL (from 0.21 bfd packing turns padding-free on; from 0.23.1 position_ids reach every backend)")
     if cause == "packing_content":
         trl = _v(library_version(cell, doc_env, "trl"))
         if trl is not None and _v("0.27") <= trl < _v("0.29"):

@@ -183,21 +183,28 @@ def test_bad_sides_are_one_line_usage_errors(good, bad, expected):
 
 
 def _trainer_cell(status: str, ratio: float | None) -> dict:
+    """A trainer cell as the check writes it: cause code on a failure, the padded-run normalisation as a finding."""
     padded = {"loss": [5.6], "max_loss_delta": 0.5}
+    findings = []
     if ratio is not None:
         padded.update({"loss_ratio": ratio, "normalisation": "divides by the label count before the shift"})
+        findings = [{"cause": "padded_normalisation", "evidence": {"loss_ratio": ratio}}]
     return {"cell_id": "llama-sdpa-trainer-float32", "model": {"label": "llama", "model_type": "llama"}, "backend": "sdpa",
             "check": "trainer", "dtype": "float32", "status": status, "message": "3 Trainer steps",
+            "cause": "cache_trap" if status == "fail" else None, "evidence": {}, "findings": findings,
             "metrics": {"max_loss_delta": 9.5e-7, "padded_trainer": padded}}
 
 
 def test_judge_reads_the_verdict_or_the_named_cause():
-    """Default: pass holds. With a cause: a passing cell whose diagnosis names the cause as a finding does not
-    hold (the 5.9.0 Trainer: packed run right, its padded run normalised before the shift)."""
-    assert B.judge(_trainer_cell("pass", 28 / 31), None, False, {})[0] is True
-    holds, detail = B.judge(_trainer_cell("pass", 28 / 31), "loss_normalisation", False, {})
-    assert holds is False and "loss_normalisation" in detail
-    assert B.judge(_trainer_cell("pass", None), "loss_normalisation", False, {})[0] is True
+    """Default: pass holds (a finding is named in the detail). With a cause: a passing cell whose diagnosis names
+    the cause as a finding does not hold (the 5.9.0 Trainer: packed run right, its padded run normalised before
+    the shift)."""
+    holds, detail = B.judge(_trainer_cell("pass", 28 / 31), None, False, {})
+    assert holds is True and "[findings: padded_normalisation; bisect one with --cause]" in detail
+    holds, detail = B.judge(_trainer_cell("pass", 28 / 31), "padded_normalisation", False, {})
+    assert holds is False and "padded_normalisation" in detail
+    assert B.judge(_trainer_cell("pass", None), "padded_normalisation", False, {})[0] is True
+    assert B.judge(_trainer_cell("fail", 28 / 31), "cache_trap", False, {})[0] is False
     assert B.judge(_trainer_cell("fail", None), None, False, {})[0] is False
     assert B.judge(_trainer_cell("error", None), None, False, {})[0] is None
     assert B.judge(None, None, False, {})[0] is None
@@ -409,6 +416,7 @@ def test_two_questions_on_one_range_keep_two_files():
 def _failing(check: str, cause: str, remedy: str, metrics: dict, version: str = "4.51.3", label: str = "llama") -> dict:
     return {"cell_id": f"{label}-sdpa-{check}-float32", "model": {"label": label, "model_type": label, "spec": f"arch:{label}"},
             "backend": "sdpa", "check": check, "dtype": "float32", "status": "fail", "message": "fail", "metrics": metrics,
+            "cause": cause, "evidence": {}, "findings": [],
             "tolerances": {}, "diagnosis": {"cause": cause, "evidence": "", "remedy": remedy, "findings": [], "known_faults": []}}
 
 
@@ -432,7 +440,8 @@ def test_remedies_are_verified_by_running_the_upgrade_or_reading_the_setting(tmp
         cells = {}
         for label, status, change in (("llama", "pass", 1e-7), ("opt", "fail", 0.31)):
             cells[label] = {**_failing("isolation", "leak", "", {"max_change": change, "atol": 1e-5}, label=label),
-                            "status": status, "message": "isolation", "diagnosis": None}
+                            "status": status, "message": "isolation", "diagnosis": None,
+                            "cause": "leak" if status == "fail" else None}
         return SimpleNamespace(error=None, cells=cells, environment={"transformers": "4.54.0"})
 
     records = B.verify_remedies(doc, tmp_path, run=fake_run, faults=[])
@@ -452,8 +461,8 @@ def test_remedy_claims_parse_upgrades_from_diagnosis_findings_and_known_faults()
     from pytest_packcheck.diagnose import load_known_faults
 
     cell = _failing("trainer", "cache_trap", "set use_cache=False", {})
-    cell["diagnosis"]["findings"] = [{"cause": "loss_normalisation", "evidence": "", "remedy": "compare ... baseline"}]
+    cell["diagnosis"]["findings"] = [{"cause": "padded_normalisation", "evidence": "", "remedy": "compare ... baseline"}]
     cell["diagnosis"]["known_faults"] = ["trainer-num-items-before-shift", "trainer-keeps-config-use_cache"]
     claims = B.remedy_claims(cell, load_known_faults())
     upgrades = {(c["cause"], c["library"], c["version"]) for c in claims if c["kind"] == "upgrade"}
-    assert upgrades == {("loss_normalisation", "transformers", "5.10.1"), ("cache_trap", "transformers", "5.0.0")}
+    assert upgrades == {("padded_normalisation", "transformers", "5.10.1"), ("cache_trap", "transformers", "5.0.0")}

@@ -301,7 +301,7 @@ def test_real_trainer_on_4_56_2_normalisation_and_cache(pytester, monkeypatch, v
     assert old["metrics"]["grad_accum"]["packed"]["num_items_in_batch"] == [51, 51]
     assert old["metrics"]["grad_accum"]["padded"]["num_items_in_batch"] == [57, 57]  # unshifted count
     assert old["diagnosis"]["cause"] == "cache_trap" and "trainer-keeps-config-use_cache" in old["diagnosis"]["known_faults"]
-    assert "loss_normalisation" in [f["cause"] for f in old["diagnosis"]["findings"]]
+    assert "padded_normalisation" in [f["cause"] for f in old["diagnosis"]["findings"]]
     assert "trainer-num-items-before-shift" in old["diagnosis"]["known_faults"]
     assert cells[f"llama-sdpa-trainer-float32@transformers=={current}"]["status"] == "pass"
 
@@ -311,7 +311,7 @@ def test_real_trl_0_21_padding_free_without_position_ids_on_sdpa(pytester, monke
     """SFTTrainer(packing=True), defaults otherwise, sdpa: trl 0.21 (transformers 4.56.2) turns padding_free on
     for bfd packing but builds its collator with return_position_ids=use_flash_attention, so the rows reach sdpa
     with an all-ones attention_mask and no position_ids -> fail, cause mask_override, remedy flash_attention_2 or
-    TRL >= 0.24; the same with padding_free=True and no packing."""
+    TRL >= 0.23.1; the same with padding_free=True and no packing."""
     cells = _audit(pytester, monkeypatch, version_cache, "transformers==4.56.2 & trl==0.21.0", "arch:llama", "sdpa",
                    "sft,sft_padding_free,sft_strategies")
     strategies = cells["llama-sdpa-sft_strategies-float32@transformers==4.56.2+trl==0.21.0"]
