@@ -125,6 +125,10 @@ def remedy(cause: str, cell: dict[str, Any], doc_env: dict[str, Any]) -> str:
         "empty_example": "drop empty examples before collating (the collator keeps them as a zero-length segment)",
         "padded_normalisation": ("the padded baseline is off, not the packed run: compare with transformers >= 5.10.1 "
                                  "(counts after the shift) or a hand-written reference"),
+        "padded_mismatch": ("the padded baseline is off, not the packed run: see the padded cell's per-step losses; "
+                            "compare packed runs with a hand-written reference"),
+        "completion_mask": ("upgrade TRL to >= 0.20 (0.19's packer drops the completion_mask column, so prompts are "
+                            "trained), or mask the prompt labels yourself before packing; check with the sft cell"),
         "probe_inconclusive": "run this model in float32 (the probe is conclusive there) to check isolation",
         "backend_swap": "install the requested backend or request one that runs (see which ran in the backend cell)",
         "labels_contract": "use a padding collator for non-token (sequence-classification) labels",

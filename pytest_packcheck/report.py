@@ -529,7 +529,9 @@ def _details(models: list[str], by_group: dict[tuple, list[dict]], backends: lis
 TRAINING_MODES = (
     ("Trainer + flattening", "trainer", "trainer"),
     ("Trainer grad accum", "trainer", "grad_accum"),
+    ("Trainer padded", "trainer_padded", "padded"),
     ("SFT packing (default)", "sft", "steps"),
+    ("SFT padded", "sft_padded", "padded"),
     ("SFT padding_free, no packing", "sft_padding_free", "steps"),
     ("SFT bfd", "sft_strategies", "bfd"),
     ("SFT bfd_split", "sft_strategies", "bfd_split"),
@@ -562,6 +564,9 @@ def _training_entry(cell: dict[str, Any], read: str) -> str:
             return "not passed"
         ok = seen == [ga["expected"]]
         return f"{'✅' if ok else '❌'} {'/'.join(map(str, seen))} of {ga['expected']}"
+    if read == "padded":  # the trainer's own padded run vs the hand-written reference
+        text = f"{sym} {_fmt_metric(m.get('max_loss_delta'))}"
+        return text + (f" (loss x{m['loss_ratio']:.3f})" if m.get("normalisation") else "")
     if read == "steps":
         delta = (m.get("steps") or {}).get("max_loss_delta", m.get("loss_delta"))
         return f"{sym} {_fmt_metric(delta)}" if delta is not None else f"{sym} (batch contract, see the notes)"

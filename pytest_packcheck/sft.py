@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .results import CheckResult
-from .training import TRAIN_RECIPE, padded_trainer_note
+from .training import TRAIN_RECIPE
 
 SENTENCES = [
     "Packing puts several examples into one row.",
@@ -107,16 +107,41 @@ class _Sft:
         return SFTTrainer(model=self.bench.model, args=self.config(**overrides), train_dataset=Dataset.from_list(rows),
                           **{self.feats["tokenizer_key"]: self.tokenizer})
 
-    def train_steps(self, **overrides: Any) -> tuple[list[float], list[float]]:
+    def train_steps(self, capture: dict[str, Any] | None = None, **overrides: Any) -> tuple[list[float], list[float]]:
         """STEPS SFTTrainer steps on the six texts, all of them in every step (a packed run: one row; a padded or
-        padding-free run: a batch of six), SGD, constant LR, no clipping; per-step loss and grad norm. The model
-        is restored afterwards."""
+        padding-free run: a batch of six), SGD, constant LR, no clipping; per-step loss (what the trainer's own
+        ``compute_loss`` returned) and grad norm. ``capture``: filled with the keyword arguments of the model's
+        first training forward (the first batch as the trainer fed it: use_cache, num_items_in_batch included).
+        The model is restored afterwards."""
         from .training import train_and_restore
 
         packing = overrides.get("packing", self.base["packing"])
         kwargs = {"max_steps": STEPS, "per_device_train_batch_size": 1 if packing else len(SENTENCES), **TRAIN_RECIPE, **overrides}
-        loss, norm, _ = train_and_restore(self.bench.model, lambda: self.trainer(**kwargs))
+
+        def first_forward(module: Any, args: Any, call: dict[str, Any]) -> None:
+            if capture is not None and not capture:
+                capture.update({k: (v.detach().clone() if hasattr(v, "detach") else v) for k, v in call.items()})
+                capture.setdefault("use_cache", getattr(module.config, "use_cache", None))
+
+        handle = self.bench.model.register_forward_pre_hook(first_forward, with_kwargs=True)
+        try:
+            loss, norm, _ = train_and_restore(self.bench.model, lambda: self.trainer(**kwargs))
+        finally:
+            handle.remove()
         return loss, norm
+
+    def examples(self) -> list[list[int]]:
+        """The six texts' token ids as SFTTrainer tokenizes them (EOS included): :meth:`padded_batch` without its
+        padding. Splits a packed row that carries no position_ids."""
+        batch = self.padded_batch()
+        return [row[mask.bool()].tolist() for row, mask in zip(batch["input_ids"], batch["attention_mask"], strict=True)]
+
+    def padded_trainer_steps(self) -> tuple[list[float], list[float]]:
+        """SFTTrainer's own padded run (packing=False, padding_free=False), STEPS steps, cached per model."""
+        key = ("sft_padded_trainer", id(self.bench.model), self.feats["version"])
+        if key not in self.bench._cache:
+            self.bench._cache[key] = self.train_steps(packing=False, padding_free=False)
+        return self.bench._cache[key]
 
     def padded_batch(self) -> dict[str, Any]:
         """The six texts as SFTTrainer(packing=False, padding_free=False) batches them: one right-padded batch
@@ -255,76 +280,157 @@ def _row_contract(bench: Any, batch: dict[str, Any], metrics: dict[str, Any]) ->
     return problems, starts
 
 
-def _first_batch_loss(bench: Any, batch: dict[str, Any], starts: list[int], metrics: dict[str, Any]) -> list[str]:
-    """The model's loss on the batch as the trainer feeds it (use_cache as SFTTrainer left it, train mode, no
-    grad) vs the per-example reference (each segment alone, positions from 0); ``loss_atol``."""
+#: The probes of an SFT mode, most specific first. Each runs whatever the others found and records its own item
+#: (``metrics["probes"][name]``: status pass / fail / not_checked, evidence, cause); the cell's cause is the first
+#: failed probe's in this order, the other failed probes' causes are its findings. Labels (prompt tokens trained)
+#: and a broken row are read off the batch; the loss probes measure what they do to training.
+PROBES = ("completion_only", "row_contract", "first_batch_loss", "steps", "gradient_checkpointing")
+
+
+def _record(metrics: dict[str, Any], name: str, status: str, evidence: str, cause: str | None = None,
+            numbers: dict[str, Any] | None = None) -> None:
+    """One probe's item in ``metrics["probes"]``: status ("pass", "fail", "not_checked"), evidence (one line),
+    cause code (a fail's), and the numbers behind the cause."""
+    metrics.setdefault("probes", {})[name] = {"status": status, "evidence": evidence, "cause": cause if status == "fail" else None,
+                                              **({"numbers": numbers} if numbers else {})}
+
+
+def _segment_starts(batch: dict[str, Any], examples: list[list[int]]) -> tuple[list[int] | None, str]:
+    """Where the examples of a one-row batch start, and how that was found: the ``position_ids`` restarts; else
+    the known examples' token ids matched one after another along the row (a row that carries no position_ids:
+    TRL 0.19 - 0.23 on non-flash backends); (None, why) when neither splits the whole row."""
+    pos = batch.get("position_ids")
+    if pos is not None:
+        return (pos[0] == 0).nonzero().flatten().tolist(), "position_ids"
+    row = batch["input_ids"][0].tolist()
+    pool = sorted((e for e in examples if e), key=len, reverse=True)
+    starts, at = [], 0
+    while at < len(row):
+        match = next((e for e in pool if row[at:at + len(e)] == e), None)
+        if match is None:
+            return None, f"no position_ids, and no known example starts at token {at} of {len(row)}"
+        starts.append(at)
+        at += len(match)
+    return starts, "the known examples' token ids (the row has no position_ids)"
+
+
+def _reference_loss(bench: Any, ids: Any, labels: Any, starts: list[int]) -> float:
+    """Token-mean loss of each segment of the row run alone (positions from 0, use_cache=False, train mode, no
+    grad), over the row's own labels after the shift inside each segment."""
     import torch
 
-    device = bench.device
-    model = bench.model
-    ids, labels = batch["input_ids"].to(device), batch["labels"].to(device)
+    device, model = bench.device, bench.model
+    ids, labels = ids.to(device), labels.to(device)
+    ends = starts[1:] + [int(ids.shape[1])]
+    total, count = 0.0, 0
     model.train()
     try:
         with torch.no_grad():
-            inputs = {k: (v.to(device) if hasattr(v, "to") else v) for k, v in batch.items()
-                      if k in ("input_ids", "labels", "position_ids") or k.startswith(("cu_seq", "max_length"))}
-            packed_loss = float(model(**inputs).loss)
-            ends = starts[1:] + [int(ids.shape[1])]
-            total, count = 0.0, 0
             for s, e in zip(starts, ends, strict=True):
-                seg_ids, seg_labels = ids[:, s:e], labels[:, s:e]
                 seg_pos = torch.arange(0, e - s, device=device)[None]
-                logits = model(input_ids=seg_ids, position_ids=seg_pos, use_cache=False).logits[0, :-1].float()
-                target = seg_labels[0, 1:]
+                logits = model(input_ids=ids[:, s:e], position_ids=seg_pos, use_cache=False).logits[0, :-1].float()
+                target = labels[0, s + 1:e]
                 keep = target != -100
                 if keep.any():
                     total += float(torch.nn.functional.cross_entropy(logits[keep], target[keep], reduction="sum"))
                     count += int(keep.sum())
     finally:
         model.eval()
-    reference = total / max(count, 1)
-    delta = abs(packed_loss - reference)
-    metrics.update({"loss_packed": packed_loss, "loss_reference": reference, "loss_delta": delta, "atol": bench.tol["loss_atol"]})
-    if delta > bench.tol["loss_atol"]:
-        return [f"first-batch loss {packed_loss:.6f} vs per-example reference {reference:.6f} (delta {delta:.2e})"]
-    return []
+    return total / max(count, 1)
 
 
-def _cause(bench: Any, metrics: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """The cause code of a failed SFT mode, from what it measured: a row without boundaries (no position_ids, or
-    an all-ones attention_mask beside it) is ``mask_override``; a first-batch loss or a training run off the
-    reference is explained by :func:`pytest_packcheck.checks.mismatch_cause` (leak, stateful layers, ...), or
-    ``loss_normalisation`` when the packed logits match; any other broken row item is ``collator_contract``."""
+def _first_batch_probe(sft: _Sft, first: dict[str, Any], trainer_loss: float, metrics: dict[str, Any], name: str = "first_batch_loss",
+                       prefix: str = "") -> None:
+    """The trainer's own loss on its first batch (what its ``compute_loss`` returned at step 1: train mode, the
+    use_cache and num_items_in_batch it passed; TRL 0.24's compute_loss passes use_cache=False whatever the
+    config says) vs each example of that batch alone (:func:`_reference_loss`), ``loss_atol``. The examples are
+    split at the position_ids restarts, else at the known examples' token ids; "not_checked" when neither
+    splits the row."""
+    bench = sft.bench
+    starts, source = _segment_starts(first, sft.examples())
+    metrics.update({"first_batch_use_cache": first.get("use_cache"), "first_batch_boundaries": source,
+                    "first_batch_num_items_in_batch": _int(first.get("num_items_in_batch"))})
+    if starts is None or "labels" not in first:
+        _record(metrics, name, "not_checked", f"{prefix}first-batch loss not checked: no boundaries to split at ({source})")
+        return
+    reference = _reference_loss(bench, first["input_ids"], first["labels"], starts)
+    delta = abs(trainer_loss - reference)
+    metrics.update({"loss_packed": trainer_loss, "loss_reference": reference, "loss_delta": delta, "atol": bench.tol["loss_atol"]})
+    text = (f"{prefix}first-batch loss {trainer_loss:.6f} (the trainer's own, use_cache={first.get('use_cache')}) vs per-example "
+            f"reference {reference:.6f} (delta {delta:.2e}; {len(starts)} examples split at {source.split(' (')[0]})")
+    if delta <= bench.tol["loss_atol"]:
+        _record(metrics, name, "pass", text)
+        return
+    cause, numbers = _loss_cause(bench, metrics)
+    _record(metrics, name, "fail", text, cause, numbers)
+
+
+def _int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _no_boundaries(row: dict[str, Any]) -> bool:
+    """The row contract found no boundaries: no position_ids, or an all-ones attention_mask beside them."""
+    return bool(row.get("all_ones_attention_mask")) or row.get("position_ids") is False
+
+
+def _loss_cause(bench: Any, metrics: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The cause of a loss probe off the reference: ``mask_override`` when the row carries no boundaries (the
+    row contract says why), else measured (:func:`pytest_packcheck.checks.mismatch_cause`: leak, stateful
+    layers, ...), or ``loss_normalisation`` when the packed logits match each example alone."""
     from .checks import mismatch_cause
 
     row = metrics.get("row_contract") or {}
-    if row.get("all_ones_attention_mask") or row.get("position_ids") is False:
-        return "mask_override", {k: v for k, v in row.items()}
-    steps = metrics.get("steps") or {}
-    off = (metrics.get("loss_delta") or 0) > bench.tol["loss_atol"] or steps.get("first_diverging_step") or (
-        steps.get("max_grad_norm_rel") or 0) > bench.tol["train_grad_norm_rel"]
-    if off:
-        logits_diff, _ = bench.diff_to_solo(bench.packed_logits())
-        evidence = {"loss_delta": metrics.get("loss_delta"), "steps_max_loss_delta": steps.get("max_loss_delta")}
-        if logits_diff <= bench.tol["logits_atol"]:
-            return "loss_normalisation", {**evidence, "logits_diff": logits_diff}
-        cause, why = mismatch_cause(bench, logits_diff, bench.tol["logits_atol"])
-        return cause, {**evidence, **why}
-    return "collator_contract", {k: v for k, v in row.items()}
+    if _no_boundaries(row):
+        return "mask_override", dict(row)
+    logits_diff, _ = bench.diff_to_solo(bench.packed_logits())
+    if logits_diff <= bench.tol["logits_atol"]:
+        return "loss_normalisation", {"logits_diff": logits_diff}
+    return mismatch_cause(bench, logits_diff, bench.tol["logits_atol"])
 
 
-def _failed(bench: Any, metrics: dict[str, Any], text: str) -> CheckResult:
-    cause, evidence = _cause(bench, metrics)
-    return CheckResult("fail", metrics, text, cause=cause, evidence=evidence, findings=_padded_findings(metrics))
+def _contract_probe(metrics: dict[str, Any], problems: list[str], starts: list[int] | None, name: str = "row_contract",
+                    prefix: str = "") -> None:
+    row = metrics.get("row_contract") or {}
+    if not problems:
+        _record(metrics, name, "pass", f"{prefix}{len(starts or [])} examples per row, position_ids restart at each")
+        return
+    cause = "mask_override" if _no_boundaries(row) else "collator_contract"
+    _record(metrics, name, "fail", "; ".join(prefix + p for p in problems), cause, dict(row))
 
 
-def _padded_findings(metrics: dict[str, Any]) -> list[dict[str, Any]]:
-    padded = metrics.get("padded_trainer") or {}
-    if padded.get("normalisation"):
-        return [{"cause": "padded_normalisation", "evidence": (
-            f"SFTTrainer's own padded run: loss x{padded['loss_ratio']:.4f} = label tokens after / before the shift (it "
-            "divides by the unshifted count); the packed run is measured against a correctly normalised reference")}]
-    return []
+def _steps_probe(sft: _Sft, run: tuple[list[float], list[float]], metrics: dict[str, Any], label: str,
+                 name: str = "steps") -> None:
+    metrics["steps"], bad = _compare_steps(sft.bench, run, sft.padded_steps(), label)
+    if not bad:
+        _record(metrics, name, "pass", f"{label}: {STEPS} steps = padded reference (loss delta {metrics['steps']['max_loss_delta']:.2e})")
+        return
+    cause, numbers = _loss_cause(sft.bench, metrics)
+    _record(metrics, name, "fail", "; ".join(bad), cause, numbers)
+
+
+def _verdict(metrics: dict[str, Any], summary: str, passed: str) -> CheckResult:
+    """The cell from its probes: pass when none failed (not-checked items named); else fail with every failed
+    probe's evidence, the first one's cause (in :data:`PROBES` order) and the others' as findings."""
+    probes = metrics.get("probes") or {}
+
+    def rank(name: str) -> int:
+        base = name.rsplit(":", 1)[-1]
+        return PROBES.index(base) if base in PROBES else len(PROBES)
+
+    failed = sorted((n for n, p in probes.items() if p["status"] == "fail"), key=rank)
+    unchecked = [p["evidence"] for p in probes.values() if p["status"] == "not_checked"]
+    if not failed:
+        return CheckResult("pass", metrics, passed + "".join(f"; {u}" for u in unchecked))
+    head = probes[failed[0]]
+    findings, seen = [], {head["cause"]}
+    for n in failed[1:]:
+        if probes[n]["cause"] and probes[n]["cause"] not in seen:
+            seen.add(probes[n]["cause"])
+            findings.append({"cause": probes[n]["cause"], "evidence": f"{n}: {probes[n]['evidence']}"[:300]})
+    text = "; ".join(probes[n]["evidence"] for n in failed) + "".join(f"; {u}" for u in unchecked) + f" ({summary})"
+    return CheckResult("fail", metrics, text, cause=head["cause"], evidence={"probe": failed[0], **(head.get("numbers") or {})},
+                       findings=findings)
 
 
 def _compare_steps(bench: Any, run: tuple[list[float], list[float]], reference: tuple[list[float], list[float]],
@@ -349,30 +455,35 @@ def _compare_steps(bench: Any, run: tuple[list[float], list[float]], reference: 
 
 
 def _packed_run(sft: _Sft, trainer: Any, requested: dict[str, Any], label: str,
-                **train: Any) -> tuple[dict[str, Any], str, list[str], list[int] | None, tuple[list[float], list[float]] | None]:
-    """What every packed / padding-free SFT mode is checked for: the configuration in force next to
-    ``requested``, the first batch's contract and loss, and STEPS steps (``train_steps(**train)``) against the
-    padded reference. Returns metrics, summary, problems, the example starts (None: the row has no
-    position_ids, nothing more was run) and the run's (losses, grad norms)."""
+                **train: Any) -> tuple[dict[str, Any], str, tuple[list[float], list[float]]]:
+    """What every packed / padding-free SFT mode is checked for, each probe on its own whatever the others
+    found: the configuration in force next to ``requested``, the first batch's row contract, the trainer's
+    first-batch loss vs each example alone, and STEPS steps (``train_steps(**train)``) against the padded
+    reference. Returns metrics (with ``probes``), the summary and the run's (losses, grad norms)."""
     metrics, summary = _configuration(sft, trainer, requested)
     batch = next(iter(trainer.get_train_dataloader()))
     problems, starts = _row_contract(sft.bench, batch, metrics)
-    if starts is None:
-        return metrics, summary, problems, None, None
-    problems += _first_batch_loss(sft.bench, batch, starts, metrics)
-    run = sft.train_steps(**train)
-    metrics["steps"], bad = _compare_steps(sft.bench, run, sft.padded_steps(), label)
-    return metrics, summary, problems + bad, starts, run
+    _contract_probe(metrics, problems, starts)
+    first: dict[str, Any] = {}
+    run = sft.train_steps(capture=first, **train)
+    if run[0]:
+        _first_batch_probe(sft, first or batch, run[0][0], metrics)
+    else:
+        _record(metrics, "first_batch_loss", "not_checked", "first-batch loss not checked: the trainer logged no step")
+    _steps_probe(sft, run, metrics, label)
+    return metrics, summary, run
 
 
 def check_sft(bench: Any) -> CheckResult:
     """SFTTrainer(packing=True) on six short texts, as configured by default for the installed TRL.
 
     Reports the effective configuration next to the request (padding_free, packing_strategy, the collator
-    class, use_cache, attn_implementation; a silent override is named), checks the first batch's contract
-    (:func:`_row_contract`) and its loss against the per-example reference (``loss_atol``), trains STEPS steps
-    packed vs padded (``train_loss_atol``, ``train_grad_norm_rel``), with gradient checkpointing on vs off, and
-    probes completion-only labels on prompt-completion pairs. Fails on any of these.
+    class, use_cache, attn_implementation; a silent override is named) and runs every probe whatever the others
+    found (:data:`PROBES`): the first batch's contract (:func:`_row_contract`), the trainer's own first-batch
+    loss against the per-example reference (``loss_atol``), STEPS steps packed vs the padded reference
+    (``train_loss_atol``, ``train_grad_norm_rel``), gradient checkpointing on vs off, and completion-only labels on
+    prompt-completion pairs. Fails on any of these, with the most specific probe's cause. SFTTrainer's own
+    padded run is the ``sft_padded`` check's.
     """
     return _run_sft_check(bench, _check_sft)
 
@@ -382,17 +493,9 @@ def _check_sft(sft: _Sft) -> CheckResult:
     requested = {"packing": True, "padding_free": False}
     if "packing_strategy" in sft.feats["fields"]:
         requested["packing_strategy"] = next(f.default for f in dataclasses.fields(sft.config()) if f.name == "packing_strategy")
-    metrics, summary, problems, starts, packed = _packed_run(sft, sft.trainer(), requested, "packed", packing=True)
-    if starts is None:
-        return _failed(bench, metrics, "; ".join(problems) + f" ({summary})")
-    note = _padded_trainer_note(sft, metrics)
+    metrics, summary, packed = _packed_run(sft, sft.trainer(), requested, "packed", packing=True)
     if "completion_only_loss" in sft.feats["fields"]:
-        metrics["completion_only"] = _completion_only(bench, sft.feats, sft.tokenizer, sft.base)
-        if metrics["completion_only"]["prompt_tokens_in_loss"]:
-            problems.append(f"completion-only loss: {metrics['completion_only']['prompt_tokens_in_loss']} prompt tokens keep their labels")
-        if metrics["completion_only"]["segments_matched"] < len(SENTENCES):
-            problems.append(f"completion-only loss: {metrics['completion_only']['segments_matched']} of {len(SENTENCES)} "
-                            "prompt-completion examples found whole in the packed row")
+        _completion_probe(metrics, _completion_only(bench, sft.feats, sft.tokenizer, sft.base))
     if "gradient_checkpointing" in sft.feats["fields"]:
         # gradient checkpointing recomputes the forward in backward: the packed boundaries must survive it
         g_loss, g_norm = sft.train_steps(packing=True, gradient_checkpointing=True)
@@ -401,37 +504,63 @@ def _check_sft(sft: _Sft) -> CheckResult:
             gc_loss = max(abs(a - b) for a, b in zip(g_loss, p_loss, strict=True))
             gc_norm = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(g_norm, p_norm, strict=True))
             metrics["gradient_checkpointing"] = {"max_loss_delta": gc_loss, "max_grad_norm_rel": gc_norm}
+            text = f"gradient checkpointing on vs off: loss {gc_loss:.2e}, grad norm {gc_norm:.2e} relative"
             if gc_loss > bench.tol["train_loss_atol"] or gc_norm > bench.tol["train_grad_norm_rel"]:
-                problems.append(f"gradient checkpointing changes the packed run: loss {gc_loss:.2e}, grad norm {gc_norm:.2e} relative")
-    if problems:
-        return _failed(bench, metrics, "; ".join(problems) + f" ({summary})" + note)
-    return CheckResult("pass", metrics, f"{summary}; {len(starts)} examples per row, loss delta {metrics['loss_delta']:.2e}; "
-                       f"{STEPS} steps packed = padded (loss delta {metrics['steps']['max_loss_delta']:.2e})"
-                       + (f"; gradient checkpointing: loss delta {metrics['gradient_checkpointing']['max_loss_delta']:.2e}"
-                          if "gradient_checkpointing" in metrics else "") + note, findings=_padded_findings(metrics))
+                _record(metrics, "gradient_checkpointing", "fail", f"{text}: gradient checkpointing changes the packed run",
+                        "packed_mismatch", {"max_loss_delta": gc_loss, "max_grad_norm_rel": gc_norm})
+            else:
+                _record(metrics, "gradient_checkpointing", "pass", text)
+        else:
+            _record(metrics, "gradient_checkpointing", "not_checked",
+                    f"gradient checkpointing not checked: {len(g_loss)} and {len(p_loss)} steps logged")
+    passed = (f"{summary}; {metrics.get('examples_in_row')} examples per row, first-batch loss delta {metrics.get('loss_delta', float('nan')):.2e}; "
+              f"{STEPS} steps packed = padded (loss delta {metrics['steps'].get('max_loss_delta', float('nan')):.2e})"
+              + (f"; gradient checkpointing: loss delta {metrics['gradient_checkpointing']['max_loss_delta']:.2e}"
+                 if "gradient_checkpointing" in metrics else ""))
+    return _verdict(metrics, summary, passed)
 
 
-def _padded_trainer_note(sft: _Sft, metrics: dict[str, Any]) -> str:
-    """SFTTrainer's own padded run (packing=False, padding_free=False) against the hand-written reference, into
-    ``metrics["padded_trainer"]``; a note for the message when it is off (it never fails the packed check)."""
-    loss, norm = sft.train_steps(packing=False, padding_free=False)
-    ref_loss, _ = sft.padded_steps()
-    entry: dict[str, Any] = {"loss": loss, "grad_norm": norm}
-    metrics["padded_trainer"] = entry
-    if len(loss) != len(ref_loss) or not ref_loss[0]:
-        return ""
-    entry["max_loss_delta"] = max(abs(a - b) for a, b in zip(loss, ref_loss, strict=True))
-    if entry["max_loss_delta"] <= sft.bench.tol["train_loss_atol"]:
-        return ""
-    return padded_trainer_note(entry, ref_loss, sft.padded_batch()["labels"], "SFTTrainer")
+def _completion_probe(metrics: dict[str, Any], found: dict[str, Any]) -> None:
+    metrics["completion_only"] = found
+    if found["segments_matched"] == 0:
+        _record(metrics, "completion_only", "not_checked",
+                f"completion-only loss not checked: no prompt-completion example found in the packed row ({found['boundaries']})")
+    elif found["prompt_tokens_in_loss"]:
+        _record(metrics, "completion_only", "fail",
+                f"completion-only loss: {found['prompt_tokens_in_loss']} prompt tokens keep their labels (prompts are trained; "
+                f"{found['segments_matched']} examples split at {found['boundaries'].split(' (')[0]})", "completion_mask",
+                {"prompt_tokens_in_loss": found["prompt_tokens_in_loss"], "completion_only_loss": found["completion_only_loss"]})
+    elif found["segments_matched"] < len(SENTENCES):
+        _record(metrics, "completion_only", "fail", f"completion-only loss: {found['segments_matched']} of {len(SENTENCES)} "
+                "prompt-completion examples found whole in the packed row", "collator_contract")
+    else:
+        _record(metrics, "completion_only", "pass", f"completion-only loss: prompts out of the loss in all {found['segments_matched']} examples")
+
+
+def check_sft_padded(bench: Any) -> CheckResult:
+    """SFTTrainer's own padded run (``packing=False, padding_free=False``), STEPS steps, against the hand-written
+    reference (:func:`pytest_packcheck.training.reference_steps` on the same padded batch): the padded side's
+    verdict. A loss off by label tokens after / before the shift is ``padded_normalisation`` (the trainer divides
+    padded batches by the unshifted count: transformers' Trainer up to 5.9, gpt2 on 5.24); the packed checks
+    compare with the reference, so a wrong padded side never shows as a packing fault."""
+    return _run_sft_check(bench, _check_sft_padded)
+
+
+def _check_sft_padded(sft: _Sft) -> CheckResult:
+    from .training import padded_verdict
+
+    result = padded_verdict(sft.bench, sft.padded_trainer_steps(), sft.padded_steps(), sft.padded_batch()["labels"], "SFTTrainer")
+    result.metrics["trl"] = sft.feats["version"]
+    return result
 
 
 def check_sft_padding_free(bench: Any) -> CheckResult:
     """SFTTrainer(packing=False, padding_free=True): each batch of six texts is flattened into one row by TRL's
     collator (no packing of the dataset). Effective configuration vs the request, the first batch's contract
-    and loss vs the per-example reference, and STEPS steps padding-free vs padded. Where the model's backend
-    builds no packed mask from position_ids (eager / sdpa before transformers 4.54) the examples attend to
-    each other and the loss diverges. ``padding_free`` appeared in TRL 0.16: before, "unsupported"."""
+    and the trainer's loss on it vs the per-example reference, and STEPS steps padding-free vs padded, each
+    probe on its own. Where the model's backend builds no packed mask from position_ids (eager / sdpa before
+    transformers 4.54) the examples attend to each other and the loss diverges. ``padding_free`` appeared in
+    TRL 0.16: before, "unsupported"."""
     return _run_sft_check(bench, _check_sft_padding_free)
 
 
@@ -441,18 +570,18 @@ def _check_sft_padding_free(sft: _Sft) -> CheckResult:
     # six texts are short, so no length limit is needed
     mode = {"packing": False, "padding_free": True, sft.feats["max_length_key"]: None}
     trainer = sft.trainer(**mode, per_device_train_batch_size=len(SENTENCES))
-    metrics, summary, problems, starts, _ = _packed_run(sft, trainer, requested, "padding-free", **mode)
-    if problems:
-        return _failed(sft.bench, metrics, "; ".join(problems) + f" ({summary})")
-    return CheckResult("pass", metrics, f"{summary}; {len(starts)} examples per row, loss delta {metrics['loss_delta']:.2e}; "
-                       f"{STEPS} steps padding-free = padded (loss delta {metrics['steps']['max_loss_delta']:.2e})")
+    metrics, summary, _ = _packed_run(sft, trainer, requested, "padding-free", **mode)
+    return _verdict(metrics, summary, f"{summary}; {metrics.get('examples_in_row')} examples per row, loss delta "
+                    f"{metrics.get('loss_delta', float('nan')):.2e}; {STEPS} steps padding-free = padded (loss delta "
+                    f"{metrics['steps'].get('max_loss_delta', float('nan')):.2e})")
 
 
 def check_sft_strategies(bench: Any) -> CheckResult:
     """SFTTrainer(packing=True) once per packing_strategy the installed TRL accepts (bfd, bfd_split, wrapped),
     STEPS steps each vs the padded run. ``bfd`` and ``bfd_split`` keep the boundaries (padding-free rows) and
-    must match the padded run; ``wrapped`` ignores boundaries by design (TRL's documentation), so its numbers
-    are reported but never fail the cell. ``packing_strategy`` appeared in TRL 0.19: before, "unsupported"."""
+    must match the padded run: each gets the row contract, first-batch loss and steps probes, on their own;
+    ``wrapped`` ignores boundaries by design (TRL's documentation), so its numbers are reported but never fail
+    the cell. ``packing_strategy`` appeared in TRL 0.19: before, "unsupported"."""
     return _run_sft_check(bench, _check_sft_strategies)
 
 
@@ -461,9 +590,8 @@ def _check_sft_strategies(sft: _Sft) -> CheckResult:
     if "packing_strategy" not in sft.feats["fields"]:
         return CheckResult("unsupported", {"trl": sft.feats["version"]},
                            f"not available in trl {sft.feats['version']}: SFTConfig has no packing_strategy (added in 0.19)")
-    metrics: dict[str, Any] = {"trl": sft.feats["version"], "strategies": {}}
-    problems, ran = [], []
-    reference = sft.padded_steps()
+    metrics: dict[str, Any] = {"trl": sft.feats["version"], "strategies": {}, "probes": {}}
+    ran = []
     for strategy in STRATEGIES:
         try:
             trainer = sft.trainer(packing=True, packing_strategy=strategy)
@@ -472,30 +600,29 @@ def _check_sft_strategies(sft: _Sft) -> CheckResult:
             continue
         entry: dict[str, Any] = {"available": True, "effective": _effective(trainer)}
         batch = next(iter(trainer.get_train_dataloader()))
-        steps, bad = _compare_steps(bench, sft.train_steps(packing=True, packing_strategy=strategy), reference, strategy)
-        entry["steps"] = steps
+        first: dict[str, Any] = {}
+        run = sft.train_steps(capture=first, packing=True, packing_strategy=strategy)
         if strategy == "wrapped":
+            entry["steps"], _ = _compare_steps(bench, run, sft.padded_steps(), strategy)
             entry["keys"] = sorted(batch)
             entry["by_design"] = "wrapped packing ignores example boundaries by design (TRL docs): measured, not compared for parity"
         else:
-            # the row contract first: it says why the steps diverge (e.g. TRL 0.20-0.23 send no position_ids
-            # to non-flash backends)
-            contract, _ = _row_contract(bench, batch, entry)
-            problems += [f"{strategy}: {p}" for p in contract] + bad
+            # every probe of the strategy on its own: the row contract says why the steps diverge (e.g. TRL
+            # 0.20-0.23 send no position_ids to non-flash backends), the loss probes say by how much
+            problems, starts = _row_contract(bench, batch, entry)
+            _contract_probe(entry, problems, starts, prefix=f"{strategy}: ")
+            if run[0]:
+                _first_batch_probe(sft, first or batch, run[0][0], entry, prefix=f"{strategy}: ")
+            _steps_probe(sft, run, entry, strategy)
+            metrics["probes"].update({f"{strategy}:{k}": v for k, v in entry.pop("probes").items()})
         metrics["strategies"][strategy] = entry
-        ran.append(f"{strategy} {steps.get('max_loss_delta', float('nan')):.2e}")
+        ran.append(f"{strategy} {entry['steps'].get('max_loss_delta', float('nan')):.2e}")
     if not ran:
         return CheckResult("unsupported", metrics, f"no packing strategy runs in trl {sft.feats['version']}")
     summary = f"trl {sft.feats['version']}, {STEPS}-step loss delta vs padded: " + ", ".join(ran)
     if metrics["strategies"].get("wrapped", {}).get("available"):
         summary += " (wrapped: boundaries ignored by design, not failed)"
-    if problems:
-        # the first strategy that failed explains the cell (its row contract and steps)
-        bad = next(v for k, v in metrics["strategies"].items() if k != "wrapped" and v.get("available")
-                   and any(p.startswith(f"{k}:") for p in problems))
-        cause, evidence = _cause(bench, {**bad, "loss_delta": None, "steps": bad.get("steps")})
-        return CheckResult("fail", metrics, "; ".join(problems) + f" ({summary})", cause=cause, evidence=evidence)
-    return CheckResult("pass", metrics, summary)
+    return _verdict(metrics, summary, summary)
 
 
 def check_packing_content(bench: Any) -> CheckResult:
@@ -525,21 +652,28 @@ def check_packing_content(bench: Any) -> CheckResult:
 def _completion_only(bench: Any, feats: dict[str, Any], tokenizer: Any, cfg_kwargs: dict[str, Any]) -> dict[str, Any]:
     """SFTTrainer(packing=True) on prompt-completion pairs (TRL's default for them: completion_only_loss): in the
     packed row, every prompt token must have label -100 and every completion token (after the first position
-    of its example) a label. Each packed segment is matched to its example by its prompt's token ids."""
+    of its example) a label. The row is split at its position_ids restarts, else (no position_ids: TRL 0.19 -
+    0.23 on non-flash backends) at the pairs' token ids as SFTTrainer(packing=False) tokenizes them; each
+    segment is matched to its example by its prompt's token ids. TRL 0.19's packer drops the completion mask
+    (measured: 0.19.1 trains the prompts, 0.20.0 does not)."""
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
     pairs = [{"prompt": " ".join(t.split(" ")[:2]), "completion": " " + " ".join(t.split(" ")[2:] or ["end."])} for t in SENTENCES]
     kwargs = {k: v for k, v in cfg_kwargs.items() if k != "dataset_text_field" and (k in feats["fields"] or k == "output_dir")}
-    trainer = SFTTrainer(model=bench.model, args=SFTConfig(**kwargs), train_dataset=Dataset.from_list(pairs),
-                         **{feats["tokenizer_key"]: tokenizer})
+
+    def build(**over: Any) -> Any:
+        return SFTTrainer(model=bench.model, args=SFTConfig(**{**kwargs, **over}), train_dataset=Dataset.from_list(pairs),
+                          **{feats["tokenizer_key"]: tokenizer})
+
+    trainer = build()
     batch = next(iter(trainer.get_train_dataloader()))
+    examples = [] if "position_ids" in batch else [list(e) for e in build(packing=False, padding_free=False).train_dataset["input_ids"]]
+    starts, source = _segment_starts(batch, examples)
     ids, labels = batch["input_ids"][0].tolist(), batch["labels"][0].tolist()
-    pos = batch["position_ids"][0].tolist() if "position_ids" in batch else [0] + [1] * (len(ids) - 1)
-    starts = [i for i, p in enumerate(pos) if p == 0] + [len(ids)]
     prompts = [tokenizer(p["prompt"])["input_ids"] for p in pairs]
     matched, prompt_in_loss, completion_masked = 0, 0, 0
-    for s, e in itertools.pairwise(starts):
+    for s, e in itertools.pairwise([*(starts or []), len(ids)] if starts else []):
         seg = ids[s:e]
         prompt = next((p for p in prompts if seg[: len(p)] == p), None)
         if prompt is None:
@@ -548,7 +682,8 @@ def _completion_only(bench: Any, feats: dict[str, Any], tokenizer: Any, cfg_kwar
         prompt_in_loss += sum(1 for x in labels[s:s + len(prompt)] if x != -100)
         completion_masked += sum(1 for x in labels[s + len(prompt):e] if x == -100)
     return {"segments_matched": matched, "prompt_tokens_in_loss": prompt_in_loss, "completion_tokens_masked": completion_masked,
-            "completion_only_loss": getattr(trainer.args, "completion_only_loss", None)}
+            "completion_only_loss": getattr(trainer.args, "completion_only_loss", None), "boundaries": source,
+            "dataset_columns": list(trainer.train_dataset.column_names)}
 
 
 #: The packing-content probes: (example lengths, seq_length). "mixed": some examples longer than a row, some

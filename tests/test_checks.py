@@ -386,9 +386,14 @@ def test_trainer_reference_is_independent_of_trainer_normalisation(tolerances):
     assert padded["normalisation"] and abs(padded["loss_ratio"] - 28 / 31) < 1e-3
     assert "Trainer's own padded run is off: loss x0.90" in result.message
     assert result.metrics["grad_accum"]["padded"]["num_items_in_batch"] == [57, 57]  # unshifted: 51 + 6 examples
+    padded_check = T.check_trainer_padded(gpt2)  # the padded side's own verdict (issue 16)
+    assert padded_check.status == "fail" and padded_check.cause == "padded_normalisation", padded_check.message
+    assert abs(padded_check.metrics["loss_ratio"] - 28 / 31) < 1e-3
     pytest.importorskip("trl")
     sft = S.check_sft(gpt2)
-    assert sft.status == "pass" and sft.metrics["padded_trainer"]["normalisation"], sft.message
+    assert sft.status == "pass", sft.message
+    sft_padded = S.check_sft_padded(gpt2)
+    assert sft_padded.status == "fail" and sft_padded.cause == "padded_normalisation", sft_padded.message
 
 
 def test_trainer_grad_accum_counts_label_tokens_after_the_shift(llama_sdpa):
