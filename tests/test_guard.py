@@ -30,8 +30,8 @@ def _sft_trainer(bench, out_dir, callbacks=None, **overrides):
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
-    from pytest_packcheck.training import TRAIN_RECIPE
     from pytest_packcheck.sft import SENTENCES, offline_tokenizer
+    from pytest_packcheck.training import TRAIN_RECIPE
 
     args = SFTConfig(output_dir=str(out_dir), packing=True, max_length=512, per_device_train_batch_size=1, max_steps=1,
                      report_to=[], save_strategy="no", use_cpu=True, bf16=False, fp16=False, disable_tqdm=True,
