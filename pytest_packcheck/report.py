@@ -93,7 +93,10 @@ def headline(group: list[dict[str, Any]]) -> dict[str, Any]:
     asked for) takes every check."""
     judged = [c for c in group if _role(c) == "correctness"] or list(group)
     status = cell_status([c["status"] for c in judged])
-    bad = sorted((c for c in judged if c["status"] not in ("pass", "skipped")), key=lambda c: (_rank(c["status"]), c["check"]))
+    # worst first; among equals the isolation probe, then the registry's order (the number that says most first)
+    order = {name: i for i, name in enumerate(["isolation", *(s for s in SPECS if s != "isolation")])}
+    bad = sorted((c for c in judged if c["status"] not in ("pass", "skipped")),
+                 key=lambda c: (_rank(c["status"]), order.get(c["check"], len(order)), c["check"]))
     causes = list(dict.fromkeys((c.get("diagnosis") or {}).get("cause") or c.get("cause") or c["status"] for c in bad))
     not_checked = {c["check"]: c["message"] for c in judged if c["status"] == "skipped"}
     return {"status": status, "causes": causes, "not_checked": not_checked, "cells": judged, "bad": bad}
@@ -278,8 +281,7 @@ def _answer_section(models: dict[str, Any], by_group: dict[tuple, list[dict]], b
                 name = labels.get(b, b)
                 if h["status"] == "pass":
                     if h["not_checked"]:
-                        partial.append(f"{name} ({', '.join(h['not_checked'])} not checked: "
-                                       f"{escape_md(_cut(next(iter(h['not_checked'].values())), 70))})")
+                        partial.append(f"{name} ({', '.join(h['not_checked'])} not checked, see below)")
                     else:
                         safe.append(name)
                 elif h["status"] == "skipped":
