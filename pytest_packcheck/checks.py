@@ -4,7 +4,7 @@ A :class:`Workbench` holds one built model (one model x backend x dtype) plus th
 per-example reference logits, so all checks of a cell group share one model build and one reference run.
 Faults can be planted by handing the workbench another model or collator factory (see tests/).
 
-Upstream behaviour the checks rely on (transformers 5.24, FIELD-NOTES):
+Upstream behaviour the checks rely on (transformers 5.24, read in its source; file names below):
 - eager / sdpa / flex build a packed (block-diagonal) mask from ``position_ids`` only when there is no
   attention_mask and no cache (``masking_utils.find_packed_sequence_indices``, transformers >= 4.54);
 - the flash path derives varlen boundaries from ``cu_seq_lens_q/k`` or from packed ``position_ids``

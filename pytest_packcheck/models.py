@@ -442,7 +442,8 @@ def build_model(
     """Build the model for one cell group, in eval mode, on ``device``.
 
     The config is deep-copied for every model: ``_from_config`` stores the object it gets, so a second model
-    built from the same config would switch the first one's attention backend (FIELD-NOTES, transformers 5.24).
+    built from the same config would switch the first one's attention backend (transformers 5.24,
+    ``PreTrainedModel._from_config`` keeps the config object it is given).
     """
     import torch
     from transformers import AutoModelForCausalLM

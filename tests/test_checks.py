@@ -95,7 +95,8 @@ def test_silent_backend_swap(llama_sdpa):
 
 
 def test_cache_trap_on_sdpa(llama_sdpa):
-    """FIELD-NOTES (5.24): a default forward builds a cache, which disables the packed mask."""
+    """transformers 5.24 (masking_utils.create_causal_mask: no packed mask when past_key_values is set): a default
+    forward builds a cache, which disables the packed mask."""
     result = C.check_cache_trap(llama_sdpa)
     assert result.status == "fail" and "use_cache=False" in result.message
     assert result.metrics["max_abs_diff_default"] > 1e-2
