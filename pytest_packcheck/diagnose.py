@@ -81,8 +81,9 @@ def remedy(cause: str, cell: dict[str, Any], doc_env: dict[str, Any]) -> str:
         if backend in _MASKED_BACKENDS and tf is not None and tf < _v("4.53.1"):  # bisected: 4.53.0 has none
             return "upgrade transformers to >= 4.53.1 (packed masks for eager/sdpa/flex), or use a flash backend"
         if backend in _MASKED_BACKENDS:
-            return ("train with a flash backend (flash_attention_2/3) if its cells pass here (packcheck's varlen reference "
-                    "shows whether the flash path keeps the boundaries): this model's eager/sdpa/flex path does not")
+            return ("do not pack on eager/sdpa/flex for this model; the flash path may keep the boundaries (see its "
+                    "varlen reference cell, packcheck's CPU stand-in for the FA2 preparation code): run packcheck with "
+                    "flash_attention_2 on your GPU before training with it packed")
         return "disable packing for this architecture on this backend"
     if cause == "mask_override" and cell["check"] in ("sft", "sft_padding_free", "sft_strategies"):
         trl = _v(library_version(cell, doc_env, "trl"))

@@ -136,6 +136,7 @@ def warm_up(tolerances: dict[str, float], device: str, backends: Iterable[str] =
                     checks.check_backend(bench)
                     if backend != "flex_attention":
                         checks.check_grad_parity(bench)
+                    checks.check_collate_trl(bench)  # imports TRL (seconds) once here, not in every forked child
             except Exception:  # noqa: BLE001, S112 - as above
                 continue
     finally:

@@ -181,7 +181,9 @@ def _hazards_section(cells: list[dict[str, Any]], backends: list[str], labels: d
     if not rows:
         return []
     lines = ["## Stack hazards (usage outside the standard contract; never a model failure)", "",
-             ("Each number is models showing the hazard / models measured, on that backend. The ✅ cells above hold "
+             ("Each number is models showing the hazard / models measured, on that backend. Measured: models whose packed "
+              "row is right without the hazard (a model already wrong without it is counted under its own verdict; "
+              "refused or crashed models are left out). The ✅ cells above hold "
               "under the standard contract: use_cache=False (transformers' Trainer >= 5.0 and TRL set it), no "
               "attention_mask beside the packed row, one packed row per micro-batch or cu_seq_lens_q/k with it."), ""]
     for e in envs:
@@ -267,7 +269,10 @@ def _answer_section(models: dict[str, Any], by_group: dict[tuple, list[dict]], b
     lines = ["## The answer", "",
              ("Per model: where padding-free packing trains it the same as padding (fed as transformers' Trainer and "
               "TRL feed it: restarting position_ids, no attention_mask, use_cache=False), where it does not and why, "
-              "and where packcheck could not look."), ""]
+              "and where packcheck could not look. Numbers: Δ is the largest absolute difference of logits (or loss, "
+              "in nats) against the reference, rel a relative error; tolerances at the end. \"varlen reference (CPU, "
+              "not FA2)\" is packcheck_flash_ref: transformers' flash-attention preparation code with an exact "
+              "per-segment kernel on CPU, a stand-in for the flash path, not FlashAttention-2 itself."), ""]
     for dtype in dtypes:
         if len(dtypes) > 1:
             lines += [f"{dtype}:", ""]
@@ -292,13 +297,15 @@ def _answer_section(models: dict[str, Any], by_group: dict[tuple, list[dict]], b
                     key = ", ".join(_cause_label(c) for c in h["causes"])
                     bad[key].append((name, f"{first['check']} {number}".strip()))
                 else:
-                    refused.append(f"{name} ({' '.join(_headline_text(group).split(' ')[1:])})")
+                    first = (h["bad"] or h["cells"])[0]
+                    refused.append(f"{name} ({' '.join(_headline_text(group).split(' ')[1:])}: "
+                                   f"{escape_md(_cut(' '.join(first['message'].split()), 90))})")
             parts = []
             if bad:
                 for cause, where in bad.items():
                     desc = CAUSES.get(cause.replace(" ", "_"), "")
-                    parts.append(f"**do not pack** on {', '.join(w for w, _ in where)} ({cause}" + (f": {desc}" if desc else "")
-                                 + f"; {where[0][1]})")
+                    parts.append(f"**do not pack** on {', '.join(w for w, _ in where)} with this stack ({cause}"
+                                 + (f": {desc}" if desc else "") + f"; {where[0][1]})")
             if safe:
                 parts.append(f"safe on {', '.join(safe)}")
             if partial:
@@ -367,7 +374,9 @@ def render_markdown(doc: dict[str, Any]) -> str:
         inc = doc["incomplete"]
         lines += [f"**⚠️ Incomplete: {escape_md(inc['reason'])} after {inc['cells']} cells; {escape_md(inc.get('resume', ''))}.**", ""]
     totals = Counter(c["status"] for c in cells)
-    lines.append("Checks run: " + ", ".join(f"{SYMBOLS[s]} {s} {totals[s]}" for s in STATUSES if totals[s]) + f" (of {len(cells)}).")
+    lines.append("Checks run (one per model x backend x check, hazards and findings included; the matrix shows one verdict "
+                 "per model and backend): " + ", ".join(f"{SYMBOLS[s]} {s} {totals[s]}" for s in STATUSES if totals[s])
+                 + f" (of {len(cells)}).")
     lines.append("")
     if not versioned:
         lines += _answer_section(models, by_group, backends, dtypes, labels, marks)
@@ -418,12 +427,13 @@ def render_markdown(doc: dict[str, Any]) -> str:
         lines += bench_section(bench, cells)
     lines += _what_to_do(doc)
     lines += ["## Legend", ""]
-    lines += [f"- {SYMBOLS[s]} {LEGEND[s]}" for s in STATUSES]
+    lines += [f"- {SYMBOLS[s]} {LEGEND[s]}" for s in STATUSES if totals[s]]
     lines += [
         "- A matrix cell's verdict comes from its correctness checks only; the cause after ❌ is what they measured.",
         "  \"(not checked: …)\" names correctness checks that could not run there: the ✅ covers the others only.",
-        ("- ⚑ marks a model that departs from its stack's hazard pattern (\"⚑ no cache trap\": most models on this "
-        "backend show it, this one does not)."),
+        "- Δ: largest absolute difference (logits, or loss in nats) against the reference; rel: relative error.",
+        *([("- ⚑ marks a model that departs from its stack's hazard pattern (\"⚑ no cache trap\": most models on this "
+            "backend show it, this one does not).")] if marks else []),
         ("- packcheck_flash_ref is packcheck's CPU varlen reference: transformers' own flash-attention preparation code "
         "with an exact per-segment kernel. It is not FlashAttention-2."),
         "",
@@ -677,7 +687,10 @@ def _environments_section(cells: list[dict[str, Any]], envs: list[str | None]) -
 
 def _what_to_do(doc: dict[str, Any]) -> list[str]:
     """The remedies, one line per cause and remedy, with the cells they apply to and the known faults."""
+    from .backends import backend_labels
     from .diagnose import CAUSES, load_known_faults
+
+    labels = backend_labels(doc.get("environment", {}))
 
     by: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for c in doc["cells"]:
@@ -695,12 +708,13 @@ def _what_to_do(doc: dict[str, Any]) -> list[str]:
              ("Each cause is the code its check returned with the numbers behind it (isolation, logits, loss, position "
               "probes, attention calls); it explains the verdict and never changes it. Hazards are remedied above."), ""]
     for (cause, fix), cells in sorted(by.items(), key=lambda kv: (-len(kv[1]), kv[0])):
-        groups = sorted({"-".join(x for x in (c["model"]["label"], c["backend"]) if x) + (f"@{env_label(c)}" if env_label(c) else "") for c in cells})
+        groups = sorted({" / ".join(x for x in (c["model"]["label"], labels.get(c["backend"], c["backend"])) if x)
+                         + (f" @ {env_label(c)}" if env_label(c) else "") for c in cells})
         shown = ", ".join(groups[:6]) + (f" and {len(groups) - 6} more" if len(groups) > 6 else "")
         known = sorted({k for c in cells for k in (c.get("diagnosis") or {}).get("known_faults", [])
                         if faults.get(k) and faults[k].cause == cause})
         known_text = f" Known: {', '.join(known)}." if known else ""
-        count = (f"{len(cells)} {'cell' if len(cells) == 1 else 'cells'} in {len(groups)} "
+        count = (f"{len(cells)} {'check' if len(cells) == 1 else 'checks'} in {len(groups)} "
                  f"{'model / backend' if len(groups) == 1 else 'models / backends'}")
         lines.append(f"- **{escape_md(cause)}** ({escape_md(CAUSES.get(cause, ''))}; {count}: {escape_md(shown)}): "
                      f"{escape_md(fix)}.{known_text}")
