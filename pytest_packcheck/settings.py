@@ -30,6 +30,7 @@ OPT_VERSIONS = "--packcheck-versions"
 OPT_TIMEOUT = "--packcheck-timeout"
 OPT_ISOLATION = "--packcheck-isolation"
 OPT_RESUME = "--packcheck-resume"
+OPT_CONFIG = "--packcheck-config"
 ISOLATION = ("fork", "none")
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -87,6 +88,9 @@ OPTIONS = (
            "cell is a timeout (default 600; 0: no limit).", ini="packcheck_timeout", env="PACKCHECK_TIMEOUT"),
     Option(OPT_ISOLATION, "fork (default where available): each model's cells run in a forked child, so a crash "
            "or hang costs one cell; none: in this process.", ini="packcheck_isolation", env="PACKCHECK_ISOLATION"),
+    Option(OPT_CONFIG, "Override one config value of every model: key=value (JSON value, or a string), dotted keys "
+           "reach sub-configs, e.g. attn_config.clip_qkv=8 (repeatable; a spec's own {key=value} wins). Recorded "
+           "in each cell's model record.", action="append", multiple=True),
     Option(OPT_RESUME, "Reuse the cells already in <report dir>/packcheck-journal.jsonl from an interrupted run with "
            "the same settings and versions; run the rest.", action="store_true", default=False),
 )
@@ -162,8 +166,20 @@ class Settings:
 
 
 def _split(value: str | list[str] | tuple[str, ...]) -> list[str]:
-    items = value.split(",") if isinstance(value, str) else [x for v in value for x in str(v).split(",")]
+    from .specs import split_top  # brace-aware: arch:dbrx{a=1,b=2} is one spec
+
+    items = split_top(value) if isinstance(value, str) else [x for v in value for x in split_top(str(v))]
     return [x.strip() for x in items if x.strip()]
+
+
+def _with_overrides(spec: str, common: tuple[tuple[str, Any], ...], fmt: Any, parse: Any) -> str:
+    """``spec`` with ``common`` overrides added; the spec's own values win."""
+    base, own = spec, ()
+    if spec.endswith("}") and "{" in spec:
+        base, _, body = spec[:-1].partition("{")
+        own = parse(body, f"in model spec '{spec}'")
+    merged = dict(common) | dict(own)
+    return f"{base}{{{fmt(list(merged.items()))}}}"
 
 
 def _validate_names(values: list[str], allowed: tuple[str, ...], what: str, source: str) -> tuple[str, ...]:
@@ -280,6 +296,13 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
     source = " + ".join(s for s, on in ((models_source, bool(models_value)), (f"audit {audit.path}" if audit else "", bool(audit)), (OPT_ALL_ARCHS, bool(all_archs))) if on)
     if not models:
         raise PackcheckUsageError(f"The model list (from {source}) is empty after filtering: give at least one model.")
+
+    config_items = get_option(by_flag[OPT_CONFIG].dest) or []
+    if config_items:  # folded into every spec, so the record, the Reproduce line and version children carry them
+        from .specs import format_overrides, parse_overrides
+
+        common = parse_overrides(",".join(config_items), f"from {OPT_CONFIG}")
+        models = [_with_overrides(m, common, format_overrides, parse_overrides) for m in models]
 
     device, _ = pick(by_flag[OPT_DEVICE])
     device = str(device)
