@@ -789,6 +789,8 @@ def check_backend(bench: Workbench) -> CheckResult:
     (mask / cu_seq_lens inspected); fallback warnings logged during the forward."""
     requested = bench.backend
     effective = getattr(bench.model.config, "_attn_implementation", None)
+    if requested and requested.startswith("paged|") and effective == requested.removeprefix("paged|"):
+        requested = effective  # transformers drops the prefix it deprecated (5.x: "only needed for paged|eager")
     found = expected_attention_calls(bench.model)
     with capture_warnings() as logged, count_attention_calls(bench.model, bench.lengths) as probe, \
             count_attention_module_runs(bench.model, probe.calls) as runs:

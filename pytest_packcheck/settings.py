@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -182,6 +183,29 @@ def _with_overrides(spec: str, common: tuple[tuple[str, Any], ...], fmt: Any, pa
     return f"{base}{{{fmt(list(merged.items()))}}}"
 
 
+def _validate_backends(values: list[str], source: str) -> tuple[str, ...]:
+    """packcheck's backends, or any attn_implementation the installed transformers knows (its attention
+    registry, a kernel-hub repo such as kernels-community/flash-attn, composed names such as paged|sdpa).
+
+    Raises:
+        PackcheckUsageError: an empty list, or a name transformers does not know (its own message quoted).
+    """
+    from .backends import KNOWN_BACKENDS, attn_implementation_refusal
+
+    for v in values:
+        if v in KNOWN_BACKENDS:
+            continue
+        refusal = attn_implementation_refusal(v) if re.fullmatch(r"[\w.|/\-:]+", v) else ("unknown", "not a name")
+        if refusal is not None and refusal[0] == "unknown":
+            raise PackcheckUsageError(
+                f"Unknown backend '{v}' (from {source}): the installed transformers does not take it as "
+                f"attn_implementation ({refusal[1][:160]}). Expected one of: {', '.join(KNOWN_BACKENDS)}, or a name "
+                f"of transformers' attention registry / a kernel-hub repo.{closest(v, KNOWN_BACKENDS)}")
+    if not values:
+        raise PackcheckUsageError(f"Empty backend list (from {source}): give at least one of {', '.join(KNOWN_BACKENDS)}.")
+    return tuple(dict.fromkeys(values))
+
+
 def _validate_names(values: list[str], allowed: tuple[str, ...], what: str, source: str) -> tuple[str, ...]:
     for v in values:
         if v not in allowed:
@@ -317,7 +341,11 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
             return _validate_names(list(audit_default), allowed, what, f"audit {audit.path if audit else ''}")
         return default
 
-    backends = names(OPT_BACKENDS, KNOWN_BACKENDS, "backend", audit.backends if audit else None, KNOWN_BACKENDS)
+    backends_value, backends_src = pick(by_flag[OPT_BACKENDS])
+    if backends_value:
+        backends = _validate_backends(_split(backends_value), backends_src)
+    else:
+        backends = names(OPT_BACKENDS, KNOWN_BACKENDS, "backend", audit.backends if audit else None, KNOWN_BACKENDS)
     checks = names(OPT_CHECKS, CHECKS, "check", audit.checks if audit else None, DEFAULT_CHECKS)
     checks = tuple(c for c in CHECKS if c in checks)
     dtypes = names(OPT_DTYPES, DTYPES, "dtype", audit.dtypes if audit else None,
