@@ -542,10 +542,12 @@ def _shrink_dict(d: dict[str, Any], amap: dict[str, str], notes: list[str]) -> N
     _derived_sizes(d, real("hidden_size"), heads_key, original)
     _fill_required(d, real("hidden_size"), heads_key, notes)
 
-    text = d.get("text_config")
-    for tower in (v for v in d.values() if isinstance(v, dict) and isinstance(text, dict)):
-        if isinstance(tower.get("adapter_out_dim"), int):
+    text, global_ = d.get("text_config"), d.get("global_config")
+    for tower in (v for v in d.values() if isinstance(v, dict)):
+        if isinstance(tower.get("adapter_out_dim"), int) and isinstance(text, dict):
             tower["adapter_out_dim"] = text.get("hidden_size", TINY_HIDDEN)
+        if isinstance(tower.get("hidden_size_global"), int) and isinstance(global_, dict):
+            tower["hidden_size_global"] = global_.get("hidden_size", TINY_HIDDEN)  # blt: local <-> global model
 
     # no dropout: checks compare runs token by token, and call the model in train mode as trainers do
     for sub in [d, *[v for v in d.values() if isinstance(v, dict)]]:
