@@ -740,10 +740,21 @@ def check_grad_parity(bench: Workbench) -> CheckResult:
 # 7. backend / fallback
 
 
+_ATTENTION_SUFFIXES = ("Attention", "MLA")  # LlamaAttention, GPT2Attention, ...; LongcatFlashMLA
+
+
 def attention_modules(model: Any) -> list[Any]:
-    """Innermost modules whose class name ends with "Attention" (LlamaAttention, GPT2Attention, ...)."""
-    return [module for module in model.modules() if type(module).__name__.endswith("Attention")
-            and not any(type(child).__name__.endswith("Attention") for child in module.children())]
+    """Innermost modules whose class name ends with "Attention" or "MLA" (LlamaAttention, LongcatFlashMLA)."""
+    return [module for module in model.modules() if type(module).__name__.endswith(_ATTENTION_SUFFIXES)
+            and not any(type(child).__name__.endswith(_ATTENTION_SUFFIXES) for child in module.children())]
+
+
+def _sequence_mixer(module: Any, stateful: set[str]) -> bool:
+    """A linear-attention / state-space mixer named like attention (KimiLinearDeltaAttention): it keeps its own
+    state and dispatches to no attention backend."""
+    import torch
+
+    return type(module).__name__ in stateful or any(isinstance(m, torch.nn.Conv1d) for m in module.modules())
 
 
 def expected_attention_calls(model: Any) -> int:
@@ -760,12 +771,15 @@ def count_attention_module_runs(model: Any, calls: list[Any]) -> Iterator[list[i
     attention, phi4_multimodal's audio blocks) none, diffllama's differential attention 2 per run."""
     runs: list[int] = []
     starts: list[int] = []
+    stateful = set(stateful_layers(model))
 
     def pre(*_: Any) -> None:
         starts.append(len(calls))
 
-    def post(*_: Any) -> None:
-        runs.append(len(calls) - starts.pop())
+    def post(module: Any, *_: Any) -> None:
+        n = len(calls) - starts.pop()
+        if n or not _sequence_mixer(module, stateful):  # a mixer that dispatches nothing is not an attention call
+            runs.append(n)
 
     modules = attention_modules(model)
     handles = [m.register_forward_pre_hook(pre) for m in modules] + [m.register_forward_hook(post) for m in modules]

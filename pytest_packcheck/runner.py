@@ -72,6 +72,7 @@ _UNSUPPORTED_MARKERS = (
     "can't keep packed sequences apart",
     "is not supported",
     "cannot be run on CPU",  # gpt_oss on flex_attention: "Attention sinks cannot be run on CPU with flex attention"
+    "shared_kv_states cannot be None",  # gemma4 assistant models run only beside their target model (5.24)
 )
 
 

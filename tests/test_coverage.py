@@ -164,6 +164,8 @@ def test_labels_of_a_failed_cell():
     runner._key = (0, "flex_attention", "float32")
     sinks = ValueError("Attention sinks cannot be run on CPU with flex attention. Please switch to a different device")
     assert runner._failed("check", sinks).status == "unsupported"
+    assistant = ValueError("inputs_embeds and shared_kv_states cannot be None.")
+    assert runner._failed("check", assistant).status == "unsupported"
     from pytest_packcheck.diagnose import remedy
     from pytest_packcheck.registry import CAUSES
 
@@ -196,8 +198,18 @@ def test_backend_count_follows_the_attention_modules_that_run(tolerances):
         def forward(self, *args, **kwargs):
             raise AssertionError("not on the text path")
 
-    bench.model.model.idle = torch.nn.ModuleList([IdleAttention()])
-    assert C.check_backend(bench).status == "pass"  # the idle module is found, not expected
+    class ShortConvDeltaAttention(torch.nn.Module):  # a linear-attention mixer: its own state, no dispatch
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv1d(4, 4, 3)
+
+        def forward(self, hidden_states):
+            return hidden_states
+
+    mixer = ShortConvDeltaAttention()
+    bench.model.model.idle = torch.nn.ModuleList([IdleAttention(), mixer])
+    bench.model.model.norm.register_forward_pre_hook(lambda module, args: (mixer(args[0]),))
+    assert C.check_backend(bench).status == "pass"  # the idle module is found, not expected; the mixer not either
     bench.model.model.layers[0].self_attn = SilentAttention()
     failed = C.check_backend(bench)
     assert failed.status == "fail" and failed.cause == "call_count", failed.message
