@@ -127,7 +127,36 @@ def backend_availability(name: str, device: str = "cpu") -> BackendAvailability:
         if not ok:
             missing.append(why)
         return _needs(name, missing)
+    if name not in KNOWN_BACKENDS:  # any other name transformers takes: run it, or skip with transformers' reason
+        refusal = attn_implementation_refusal(name)
+        if refusal is not None:
+            return BackendAvailability(name, False, f"is refused by transformers here: {refusal[1]}", status="skipped")
     return BackendAvailability(name, True)
+
+
+#: The start of transformers' refusal of a name it does not know at all (5.x ``get_correct_attn_implementation``)
+_UNKNOWN_ATTN = "is not supported. The only possible arguments are"
+
+
+@functools.cache
+def attn_implementation_refusal(name: str) -> tuple[str, str] | None:
+    """How the installed transformers takes ``attn_implementation=name`` (a registry name, a kernel-hub repo,
+    ``paged|sdpa``): None when a tiny llama builds with it (on the meta device, no memory); ("unknown", its
+    message) when transformers does not know the name (a typo: a usage error); ("refused", its message) when it
+    knows the name but cannot load it here (``kernels`` not installed, flash-attn missing): cells are skipped with
+    that reason."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=2, vocab_size=64)
+    try:
+        with torch.device("meta"):
+            AutoModelForCausalLM.from_config(config, attn_implementation=name)
+    except Exception as exc:  # noqa: BLE001 - transformers' own refusal is the answer
+        text = " ".join(str(exc).split())
+        return ("unknown" if _UNKNOWN_ATTN in text else "refused", f"{type(exc).__name__}: {text[:300]}")
+    return None
 
 
 def _distributed_as(module: str, distribution: str) -> bool:

@@ -140,6 +140,11 @@ def remedy(cause: str, cell: dict[str, Any], doc_env: dict[str, Any]) -> str:
         "batch_rows": "pack one row per step (DataCollatorWithFlattening does), or pass cu_seq_lens_q/k with the batch",
         "packed_mismatch": "rerun with the current packcheck: it names the cause",
         "crash": "see the exception; report it upstream if it is the library's",
+        "shrunk_crash": ("check the model at full size (a Hub ID, or --packcheck-weights=pretrained) before reporting "
+                         "upstream: packcheck shrank this one, and a crash only there is packcheck's to fix"),
+        "shrink_limit": "report it to packcheck (its shrink does not know this config), or run the model at full size",
+        "library_config": ("give the values the config lacks (arch:<type>{key=value} or --packcheck-config key=value), "
+                           "or use a checkpoint's config; report the default config upstream"),
         "hang": "raise --packcheck-timeout if the model is just slow; else see the last output",
         "out_of_memory": "use a smaller model or dtype, or run on a bigger device",
     }.get(cause, "")

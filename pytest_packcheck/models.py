@@ -7,8 +7,10 @@ Hub loading and caching code runs), shrinks it with :func:`shrink_config` and bu
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,7 @@ _FIXED = {
     "n_routed_experts": TINY_EXPERTS,
     "moe_num_experts": TINY_EXPERTS,
     "n_group": 1,
+    "num_expert_group": 1,  # kimi_linear, bailing_hybrid (n_group under another name)
     "topk_group": 1,
     # MLA (deepseek_v3): keep the split into rope / no-rope parts, at a small size.
     "kv_lora_rank": 32,
@@ -49,6 +52,8 @@ _FIXED = {
     "linear_value_head_dim": TINY_HEAD_DIM,
     "linear_num_key_heads": 2,
     "linear_num_value_heads": 4,
+    "linear_head_dim": TINY_HEAD_DIM,  # kimi_linear, bailing_hybrid
+    "linear_num_heads": 4,
     "state_size": 8,
     "time_step_rank": 8,
     "word_embed_proj_dim": TINY_HIDDEN,
@@ -66,6 +71,19 @@ _FIXED = {
     "encoder_attention_heads": 4,
     "decoder_attention_heads": 4,
     "d_model": TINY_HIDDEN,
+    "d_inner": 2 * TINY_HIDDEN,
+    # longcat_flash: routed experts plus identity ("zero") experts, each with its own size key
+    "expert_ffn_hidden_size": TINY_HIDDEN // 2,
+    "zero_expert_num": 2,
+    # blt: hashed n-gram embeddings, one table of this many rows per n-gram size
+    "encoder_hash_byte_group_vocab": TINY_VOCAB,
+    # gemma3n / gemma4: a second embedding table feeding every layer
+    "vocab_size_per_layer_input": TINY_VOCAB,
+    # dots3: the indexer of its indexed-attention layers, and shared experts
+    "index_head_dim": TINY_HEAD_DIM,
+    "index_n_heads": 4,
+    "shared_experts_intermediate_size": TINY_HIDDEN // 2,
+    "hidden_size_per_layer_input": TINY_HEAD_DIM,
 }
 #: Random-weight models above this many parameters are refused (the shrink missed a size key).
 MAX_RANDOM_PARAMS = 30_000_000
@@ -77,6 +95,8 @@ class ShrinkError(RuntimeError):
 
 _SPECIAL_TOKEN_KEYS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id")
 _LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
+_TOP_K_KEYS = ("num_experts_per_tok", "moe_top_k", "moe_k", "num_experts_per_token", "moe_topk")
+_LOOP_SPLIT = ("n_input_layers", "n_recurrent_layers", "n_output_layers")
 _DROP_KEYS = ("quantization_config", "auto_map", "_name_or_path", "transformers_version")
 
 
@@ -91,8 +111,14 @@ class ResolvedModel:
     revision: str | None  # commit SHA when the Hub cache gives one
     error: str | None = None  # the config itself cannot be built: every cell of this model is an error
     error_status: str = "error"  # "unsupported" where this transformers version does not know the model
+    #: config values set beyond the checkpoint's or the default config: the spec's overrides and what the
+    #: shrink had to set (a value the config left None, a layer-kind variant), one line each
+    notes: list[str] = field(default_factory=list)
 
     def record(self) -> dict[str, Any]:
+        extra = {"config_overrides": dict(self.spec.overrides)} if self.spec.overrides else {}
+        if self.notes:
+            extra["config_notes"] = list(self.notes)
         return {
             "spec": self.spec.raw,
             "label": self.spec.label,
@@ -100,6 +126,7 @@ class ResolvedModel:
             "revision": self.revision,
             "model_type": self.model_type,
             "model_class": self.model_class,
+            **extra,
         }
 
 
@@ -137,7 +164,7 @@ def resolve_model(spec: ModelSpec, source: str, trust_remote_code: bool = False)
                 "`packcheck audit --all-architectures` lists the causal-LM ones."
             )
         try:
-            config = CONFIG_MAPPING[spec.name]()
+            config = _default_config(CONFIG_MAPPING[spec.name], spec)
         except Exception as exc:  # noqa: BLE001 - a default config that does not validate is an error cell
             cls = causal_lm_class_name(spec.name) or "?"
             text = " ".join(str(exc).split())[:300]
@@ -165,6 +192,11 @@ def resolve_model(spec: ModelSpec, source: str, trust_remote_code: bool = False)
                 f"Model '{spec.raw}' (from {source}): transformers cannot build a config from its config.json "
                 f"({type(exc).__name__}: {text}): fix the config.json or pick another model."
             ) from None
+    notes: list[str] = []
+    if spec.kind == "arch" and not any(k.split(".")[-1] in ("layer_types", "layers_block_type") for k, _ in spec.overrides):
+        notes += _layer_variant(config, spec.name)
+    if spec.overrides:
+        _apply_overrides(config, spec, source)
     model_type = config.model_type
     cls = causal_lm_class_name(model_type)
     if cls is None and not getattr(config, "auto_map", None):
@@ -172,7 +204,83 @@ def resolve_model(spec: ModelSpec, source: str, trust_remote_code: bool = False)
             f"Model '{spec.raw}' (from {source}) is a '{model_type}' model with no causal-LM head in transformers: "
             "packcheck checks causal language models; pick a decoder model."
         )
-    return ResolvedModel(spec=spec, config=config, model_type=model_type, model_class=cls or "remote code", revision=revision)
+    return ResolvedModel(spec=spec, config=config, model_type=model_type, model_class=cls or "remote code", revision=revision,
+                         notes=notes)
+
+
+#: Layer kinds an architecture's checkpoints have that its default config leaves out, as the layer_types
+#: pattern of those checkpoints (cycled over the layers). LFM2's default is all full attention, but LFM2
+#: checkpoints start conv, conv, full_attention, and its conv layers are what leaks in a packed row; Bamba's and
+#: Granite-4.0-H's defaults are all mamba, their checkpoints mix in attention layers.
+LAYER_VARIANTS: dict[str, tuple[str, ...]] = {
+    "lfm2": ("conv", "conv", "full_attention"),
+    "lfm2_moe": ("conv", "conv", "full_attention"),
+    "bamba": ("linear_attention", "linear_attention", "full_attention"),
+    "granitemoehybrid": ("linear_attention", "linear_attention", "full_attention"),
+}
+
+
+def _layer_variant(config: Any, model_type: str) -> list[str]:
+    """Give an architecture's default config every layer kind of :data:`LAYER_VARIANTS` it lacks, in place;
+    returns the note for the cell's model record ([] when the default already has them all)."""
+    pattern = LAYER_VARIANTS.get(model_type)
+    n_layers = getattr(config, "num_hidden_layers", None)
+    if not pattern or not isinstance(n_layers, int):
+        return []
+    current = list(getattr(config, "layer_types", None) or [])
+    missing = sorted(set(pattern) - set(current))
+    if not missing:
+        return []
+    types = [pattern[i % len(pattern)] for i in range(n_layers)]
+    try:
+        config.layer_types = types
+    except AttributeError:  # bamba: layer types derived from attn_layer_indices (a read-only property)
+        config.attn_layer_indices = [i for i, t in enumerate(types) if t == "full_attention"]
+    return [(f"layer variant: layer_types cycles {', '.join(pattern)} (the default config has no {', '.join(missing)} "
+             "layer; checkpoints of this architecture do)")]
+
+
+def _default_config(config_class: Any, spec: ModelSpec) -> Any:
+    """The architecture's default config, built with the spec's top-level overrides as arguments where the class
+    takes them (a default that does not validate without them: gemma4_assistant), else without."""
+    import inspect
+
+    fields = set(getattr(config_class, "__dataclass_fields__", None) or inspect.signature(config_class).parameters)
+    plain = {k: v for k, v in spec.overrides if "." not in k and k in fields}
+    if plain:
+        with contextlib.suppress(Exception):  # refused as arguments: set on the default config afterwards
+            return config_class(**plain)
+    return config_class()
+
+
+def _sub_configs(config: Any) -> list[tuple[str, Any]]:
+    return [(name, value) for name, value in vars(config).items() if hasattr(value, "to_dict") and hasattr(value, "model_type")]
+
+
+def _apply_overrides(config: Any, spec: ModelSpec, source: str) -> None:
+    """Set the spec's overrides on ``config`` in place: a dotted key walks sub-configs; a plain key the top-level
+    config lacks goes to the one sub-config that has it (``clip_qkv`` -> dbrx's ``attn_config``).
+
+    Raises:
+        PackcheckUsageError: a dotted key through something that is not a sub-config.
+    """
+    for key, value in spec.overrides:
+        target, parts = config, key.split(".")
+        for part in parts[:-1]:
+            sub = getattr(target, part, None)
+            if sub is None or not hasattr(sub, "to_dict"):
+                raise PackcheckUsageError(
+                    f"Config override '{key}' (in model spec '{spec.raw}' from {source}): '{part}' is not a sub-config "
+                    f"of {type(target).__name__}: use a key of the config (its config.json) or subconfig.key.")
+            target = sub
+        name = parts[-1]
+        if len(parts) == 1 and not hasattr(config, name):
+            owners = [sub for _, sub in _sub_configs(config) if hasattr(sub, name)]
+            target = owners[0] if len(owners) == 1 else config
+        if isinstance(target, dict):
+            target[name] = value
+        else:
+            setattr(target, name, value)
 
 
 def _read_config_dict(spec: ModelSpec, source: str) -> tuple[dict[str, Any], str | None]:
@@ -256,22 +364,49 @@ def _arch_hint(name: str) -> str:
     return f" (or did you mean arch:{name})" if "/" not in name and name in CONFIG_MAPPING else ""
 
 
+def _layer_columns(d: dict[str, Any], n_layers: int) -> list[list[str]]:
+    """Per-layer descriptions, one list per feature: every per-layer list of the config (layer_types,
+    no_rope_layers, mlp_layer_types, ...), the ``per_layer_config`` overrides (gemma4, dots3: another head_dim or
+    head count on some layers), and gemma3n's KV sharing (the last ``num_kv_shared_layers`` layers reuse the
+    cache of an earlier layer of their type: each type must keep a producer and a consumer)."""
+    columns = [[repr(item) for item in value] for value in d.values()
+               if isinstance(value, list) and len(value) == n_layers and not _is_index_list(value, n_layers)]
+    overrides = d.get("per_layer_config")
+    if isinstance(overrides, dict):
+        by_layer = {int(k): repr(v) for k, v in overrides.items() if str(k).isdigit()}
+        columns.append([by_layer.get(i, "") for i in range(n_layers)])
+    shared, types = d.get("num_kv_shared_layers"), d.get("layer_types")
+    if isinstance(shared, int) and 0 < shared < n_layers and isinstance(types, list) and len(types) == n_layers:
+        columns.append([f"{t}/{'consumer' if i >= n_layers - shared else 'producer'}" for i, t in enumerate(types)])
+    return columns
+
+
+#: Layer kinds whose layers share weights across the stack (zamba's shared transformer block in every
+#: "hybrid" layer): two of them are kept, so the sharing itself is part of the shrunk model.
+_SHARED_KINDS = ("'hybrid'",)
+
+
 def _per_layer_indices(d: dict[str, Any], n_layers: int) -> list[int]:
-    """Layers to keep: the first of each distinct value of every per-layer list (layer_types, no_rope_layers,
-    ...), so a shrunk model still has every kind of layer (sliding and full, linear and full attention)."""
+    """Layers to keep: the first of each distinct value of every per-layer feature (see :func:`_layer_columns`),
+    so a shrunk model still has every kind of layer (sliding and full, linear and full attention, conv, dense
+    and MoE, NoPE, KV-shared, per-layer head sizes)."""
     keep = {0, 1} if n_layers > 1 else {0}
-    for value in d.values():
-        if isinstance(value, list) and len(value) == n_layers and n_layers > 1 and not _is_index_list(value, n_layers):
-            seen: set[str] = set()
-            for i, item in enumerate(value):
-                key = repr(item)
-                if key not in seen:
-                    seen.add(key)
-                    keep.add(i)
+    if n_layers < 2:
+        return sorted(keep)
+    for value in d.values():  # layer index lists (bamba's attn_layer_indices, moe_layers): one of them
+        if _is_index_list(value, n_layers):
+            keep.add(value[0])
+    for column in _layer_columns(d, n_layers):
+        seen: dict[str, int] = {}
+        for i, item in enumerate(column):
+            if seen.get(item, 0) < (2 if item in _SHARED_KINDS else 1):
+                keep.add(i)
+            seen[item] = seen.get(item, 0) + 1
     return sorted(keep)
 
 
-def shrink_config(config: Any, keep_auto_map: bool = False, sliding_window: int = TINY_SLIDING_WINDOW) -> Any:
+def shrink_config(config: Any, keep_auto_map: bool = False, notes: list[str] | None = None,
+                  sliding_window: int = TINY_SLIDING_WINDOW) -> Any:
     """A tiny copy of ``config`` that keeps what changes the attention path.
 
     Kept: GQA ratio (num_attention_heads / num_key_value_heads), explicit head_dim (set to 16), every distinct
@@ -280,17 +415,19 @@ def shrink_config(config: Any, keep_auto_map: bool = False, sliding_window: int 
     count, hidden size, vocabulary (512; special token ids clamped into it).
     ``keep_auto_map``: keep the ``auto_map`` that remote-code models need to find their classes.
     ``sliding_window``: the window a longer one is shortened to (tokens; ``--packcheck-sliding-window``).
+    ``notes``: receives one line per value the shrink set that is not a size (a required value the config left
+    None), for the cell's model record.
     Returns a new config object (``config`` is not modified).
     """
     d = copy.deepcopy(config.to_dict())
     for key in _DROP_KEYS:
         if not (keep_auto_map and key == "auto_map"):  # remote code (--packcheck-trust-remote-code) needs it
             d.pop(key, None)
-    _shrink_dict(d, dict(getattr(config, "attribute_map", {}) or {}), sliding_window)
+    _shrink_dict(d, dict(getattr(config, "attribute_map", {}) or {}), notes if notes is not None else [], sliding_window)
     return type(config).from_dict(d)
 
 
-def _shrink_dict(d: dict[str, Any], amap: dict[str, str], sliding_window: int = TINY_SLIDING_WINDOW) -> None:
+def _shrink_dict(d: dict[str, Any], amap: dict[str, str], notes: list[str], sliding_window: int = TINY_SLIDING_WINDOW) -> None:
     """Shrink one config dict in place, then every nested sub-config (text_config, vision_config, ...) of a
     composite model."""
     for key, value in d.items():
@@ -299,13 +436,20 @@ def _shrink_dict(d: dict[str, Any], amap: dict[str, str], sliding_window: int = 
             for drop in (*_DROP_KEYS, "output_attentions"):
                 value.pop(drop, None)
             if key not in ("attn_config", "ffn_config"):
-                _shrink_dict(value, {}, sliding_window)
+                _shrink_dict(value, {}, notes, sliding_window)
 
     def real(key: str) -> str:
         return amap.get(key, key) if key not in d and amap.get(key, key) in d else key
 
+    original = {k: v for k, v in d.items() if isinstance(v, int) and not isinstance(v, bool)}
+
     # layers
     layer_key = next((real(k) for k in _LAYER_COUNT_KEYS if real(k) in d), None)
+    types = d.get("layer_types")
+    if layer_key and isinstance(types, list) and "mlp" in types and all(isinstance(d.get(k), int) for k in _LOOP_SPLIT):
+        # dory's released configs list attention and mlp blocks as separate entries, one pair per layer, which
+        # its config halves on load: halve here first, so the shrink keeps whole layers
+        d["layer_types"], d[layer_key] = types[::2], int(d[layer_key]) // 2
     if layer_key is not None:
         n_layers = int(d[layer_key])
         keep = _per_layer_indices(d, n_layers)
@@ -314,7 +458,16 @@ def _shrink_dict(d: dict[str, Any], amap: dict[str, str], sliding_window: int = 
                 d[key] = [keep.index(i) for i in value if i in keep]
             elif isinstance(value, list) and len(value) == n_layers and n_layers > 1:
                 d[key] = [value[i] for i in keep]
+        if isinstance(d.get("per_layer_config"), dict):  # renumbered into the kept layers; sizes scaled below
+            d["per_layer_config"] = {str(keep.index(int(k))): v for k, v in d["per_layer_config"].items()
+                                     if str(k).isdigit() and int(k) in keep}
+        shared = d.get("num_kv_shared_layers")
+        if isinstance(shared, int) and shared > 0:  # every layer shared: gemma4's assistant models
+            d["num_kv_shared_layers"] = sum(1 for i in keep if i >= n_layers - shared)
         d[layer_key] = len(keep)
+        if all(isinstance(d.get(k), int) for k in _LOOP_SPLIT):  # dory: input + recurrent + output == layers
+            d["n_input_layers"], d["n_output_layers"] = 1, 1
+            d["n_recurrent_layers"] = len(keep) - 2
         for key in ("first_k_dense_replace", "max_window_layers"):
             if isinstance(d.get(key), int):
                 d[key] = min(d[key], 1)
@@ -341,7 +494,11 @@ def _shrink_dict(d: dict[str, Any], amap: dict[str, str], sliding_window: int = 
         hidden = new_heads * TINY_HEAD_DIM
         if explicit_head_dim:
             d["head_dim"] = TINY_HEAD_DIM
-            hidden = TINY_HIDDEN
+            # hidden != heads * head_dim where the config allows it (gemma), but a multiple of the head count,
+            # which several configs validate (cwm, iquestcoder: 6 and 5 heads)
+            hidden = TINY_HIDDEN if TINY_HIDDEN % new_heads == 0 else new_heads * TINY_HEAD_DIM
+            if d.get(real("hidden_size")) == n_heads * original.get("head_dim", 0):
+                hidden = new_heads * TINY_HEAD_DIM  # hidden == heads x head_dim, which helium's o_proj assumes
         hidden_key = real("hidden_size")
         if hidden_key in d:
             d[hidden_key] = hidden
@@ -354,8 +511,9 @@ def _shrink_dict(d: dict[str, Any], amap: dict[str, str], sliding_window: int = 
         d["qk_rope_head_dim"], d["qk_nope_head_dim"] = _FIXED["qk_rope_head_dim"], _FIXED["qk_nope_head_dim"]
         if "qk_head_dim" in d:
             d["qk_head_dim"] = d["qk_rope_head_dim"] + d["qk_nope_head_dim"]
-        if "head_dim" in d:
-            d["head_dim"] = d["qk_rope_head_dim"]
+        if "head_dim" in d:  # the rope part (deepseek), or the whole q/k head where it says so (dots3's SWA layers)
+            whole = original.get("head_dim") == original.get("qk_rope_head_dim", 0) + original.get("qk_nope_head_dim", 0)
+            d["head_dim"] = d["qk_rope_head_dim"] + (d["qk_nope_head_dim"] if whole else 0)
 
     def fix(sub: dict[str, Any]) -> None:
         for key, value in _FIXED.items():
@@ -363,10 +521,11 @@ def _shrink_dict(d: dict[str, Any], amap: dict[str, str], sliding_window: int = 
                 continue
             if isinstance(sub.get(key), int) and not isinstance(sub.get(key), bool) and sub[key] > 0:
                 sub[key] = value if key != "num_experts_per_tok" else min(sub[key], 2)
-        if isinstance(sub.get("num_experts_per_tok"), int):
-            sub["num_experts_per_tok"] = min(sub["num_experts_per_tok"], 2)
-        if isinstance(sub.get("moe_top_k"), int):
-            sub["moe_top_k"] = min(sub["moe_top_k"], 2)
+            elif isinstance(sub.get(key), list) and sub[key] and all(type(v) is int for v in sub[key]):
+                sub[key] = [value if v > 0 else v for v in sub[key]]  # one size per layer (gemma3n)
+        for key in _TOP_K_KEYS:  # experts per token, under each config's own name
+            if isinstance(sub.get(key), int) and not isinstance(sub.get(key), bool):
+                sub[key] = min(sub[key], 2)
 
     fix(d)
     for value in d.values():
@@ -381,6 +540,16 @@ def _shrink_dict(d: dict[str, Any], amap: dict[str, str], sliding_window: int = 
         theta = (d.get("rope_parameters") or {}).get("rope_theta")
         if theta is not None:
             d["attn_config"]["rope_theta"] = theta
+
+    _derived_sizes(d, real("hidden_size"), heads_key, original)
+    _fill_required(d, real("hidden_size"), heads_key, notes)
+
+    text, global_ = d.get("text_config"), d.get("global_config")
+    for tower in (v for v in d.values() if isinstance(v, dict)):
+        if isinstance(tower.get("adapter_out_dim"), int) and isinstance(text, dict):
+            tower["adapter_out_dim"] = text.get("hidden_size", TINY_HIDDEN)
+        if isinstance(tower.get("hidden_size_global"), int) and isinstance(global_, dict):
+            tower["hidden_size_global"] = global_.get("hidden_size", TINY_HIDDEN)  # blt: local <-> global model
 
     # no dropout: checks compare runs token by token, and call the model in train mode as trainers do
     for sub in [d, *[v for v in d.values() if isinstance(v, dict)]]:
@@ -403,6 +572,110 @@ def _shrink_dict(d: dict[str, Any], amap: dict[str, str], sliding_window: int = 
                 d[key] = TINY_VOCAB - 1 - _SPECIAL_TOKEN_KEYS.index(key)
             elif isinstance(value, list):
                 d[key] = [v if v < TINY_VOCAB else TINY_VOCAB - 1 for v in value]
+
+
+def _derived_sizes(d: dict[str, Any], hidden_key: str, heads_key: str, original: dict[str, int]) -> None:
+    """Sizes a config derives from hidden_size and the head count, set again after the shrink: ``from_dict``
+    keeps the serialised values rather than deriving them (zamba2's mamba_headdim stayed 640 with hidden 32),
+    and several configs validate them (bamba, mamba2: heads x head size == expand x hidden; xlnet: d_head)."""
+    hidden, heads = d.get(hidden_key), d.get(heads_key)
+    if not isinstance(hidden, int):
+        return
+    expand = d.get("mamba_expand", d.get("expand"))
+    if isinstance(expand, int | float) and not isinstance(expand, bool):
+        inner = int(expand * hidden)
+        if isinstance(d.get("mamba_n_heads"), int) and isinstance(d.get("mamba_d_head"), int) and "mamba_d_ssm" not in d:
+            d["mamba_d_head"] = max(1, inner // d["mamba_n_heads"])  # bamba, granitemoehybrid, nemotron_h
+        if isinstance(d.get("n_mamba_heads"), int) and "mamba_headdim" in d:  # zamba2
+            d["mamba_headdim"] = max(1, inner // d["n_mamba_heads"])
+        if isinstance(d.get("num_heads"), int) and isinstance(d.get("head_dim"), int) and heads_key not in d:
+            d["num_heads"] = max(1, inner // d["head_dim"])  # mamba2: num_heads x head_dim == expand x hidden
+            if isinstance(d.get("n_groups"), int):
+                d["n_groups"] = math.gcd(d["n_groups"], d["num_heads"])
+    if isinstance(heads, int) and heads > 0:
+        if isinstance(d.get("attention_hidden_size"), int):  # zamba, zamba2: attention on [hidden, residual]
+            d["attention_hidden_size"] = 2 * hidden
+            if isinstance(d.get("attention_head_dim"), int):
+                d["attention_head_dim"] = 2 * hidden // heads
+        for key in ("kv_channels", "d_head"):  # zamba2, xlnet
+            if isinstance(d.get(key), int):
+                d[key] = hidden // heads
+        if isinstance(d.get("num_query_groups"), int) and original.get("num_query_groups") == original.get(heads_key):
+            d["num_query_groups"] = heads
+    for key in ("adapter_in_dim", "adapter_input_size"):  # dots3's vision / audio adapters: tower -> text model
+        if isinstance(d.get(key), int):
+            d[key] = hidden
+    # partial rotary as an absolute size (gptj, codegen: rotary_dim 64 of a 256 head): the same fraction of the
+    # shrunk head, or every backend crashes on a rotary part wider than the head
+    old_heads = original.get(heads_key)
+    if isinstance(d.get("rotary_dim"), int) and isinstance(old_heads, int) and isinstance(heads, int) and heads > 0:
+        old_head_dim = original.get("head_dim") or original.get(hidden_key, 0) // max(1, old_heads)
+        new_head_dim = d["head_dim"] if isinstance(d.get("head_dim"), int) else hidden // heads
+        if old_head_dim:
+            d["rotary_dim"] = max(2, 2 * round(d["rotary_dim"] * new_head_dim / old_head_dim / 2))
+    if isinstance(d.get("mamba_dt_rank"), int):
+        d["mamba_dt_rank"] = math.ceil(hidden / 16)
+    # per-layer overrides (gemma4: head_dim 512 on full-attention layers; dots3: half the heads on some layers):
+    # scaled by the same factor as the top-level value they override, so the difference survives the shrink
+    for layer_cfg in (d.get("per_layer_config") or {}).values():
+        if not isinstance(layer_cfg, dict):
+            continue
+        for key, value in list(layer_cfg.items()):
+            old, new = original.get(key), d.get(key)
+            if type(value) is int and isinstance(old, int) and old > 0 and isinstance(new, int):
+                layer_cfg[key] = max(1, round(value * new / old))
+        nope = layer_cfg.get("qk_nope_head_dim")
+        if isinstance(nope, int) and "head_dim" in d and original.get("head_dim") == (
+                original_layer_nope(layer_cfg, nope, original, d) + original.get("qk_rope_head_dim", -1)):
+            # dots3: the sliding layers' head_dim is their own nope part plus the shared rope part
+            d["head_dim"] = nope + d["qk_rope_head_dim"]
+
+
+def _fill_required(d: dict[str, Any], hidden_key: str, heads_key: str, notes: list[str]) -> None:
+    """Values a config leaves None that its model divides or indexes by (transformers 5.24's default configs of
+    hunyuan_v1_dense, ministral: head_dim; nemotron: num_key_value_heads; deepseek_v2: num_experts_per_tok):
+    set to what a checkpoint's config.json gives, and said in ``notes``."""
+    hidden, heads = d.get(hidden_key), d.get(heads_key)
+    fills: dict[str, Any] = {}
+    if isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
+        if "head_dim" in d and d["head_dim"] is None:
+            fills["head_dim"] = hidden // heads
+        if "num_key_value_heads" in d and d["num_key_value_heads"] is None:
+            fills["num_key_value_heads"] = heads
+    experts = next((d[k] for k in ("n_routed_experts", "num_experts", "num_local_experts") if isinstance(d.get(k), int)), None)
+    if experts and "num_experts_per_tok" in d and d["num_experts_per_tok"] is None:
+        fills["num_experts_per_tok"] = min(2, experts)
+    for key, value in fills.items():
+        d[key] = value
+        notes.append(f"{key}={value} (None in the config, which its model cannot build or run with)")
+
+
+def original_layer_nope(layer_cfg: dict[str, Any], nope: int, original: dict[str, int], d: dict[str, Any]) -> int:
+    """The per-layer qk_nope_head_dim before :func:`_derived_sizes` scaled it."""
+    old, new = original.get("qk_nope_head_dim"), d.get("qk_nope_head_dim")
+    return round(nope * old / new) if isinstance(old, int) and isinstance(new, int) and new else nope
+
+
+def _unshrunk_build_error(resolved: ResolvedModel, trust_remote_code: bool) -> str | None:
+    """The error of building ``resolved.config`` unshrunk, on the meta device (no memory), or None if it builds."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            AutoModelForCausalLM.from_config(copy.deepcopy(resolved.config), trust_remote_code=trust_remote_code)
+    except Exception as exc:  # noqa: BLE001 - any failure is the answer
+        return f"{type(exc).__name__}: {' '.join(str(exc).split())[:240]}"
+    return None
+
+
+def _override_hint(resolved: ResolvedModel) -> str:
+    spec = resolved.spec.raw.split("{", 1)[0]
+    return f"'{spec}{{key=value}}' or --packcheck-config key=value"
+
+
+class LibraryConfigError(RuntimeError):
+    """The model's own config does not build in transformers, shrunk or not (the library's, not packcheck's)."""
 
 
 class WeightsError(RuntimeError):
@@ -473,16 +746,26 @@ def build_model(
                 **dtype_kwarg(torch_dtype),
             )
     else:
+        notes: list[str] = []
         try:
-            config = shrink_config(copy.deepcopy(resolved.config), keep_auto_map=trust_remote_code,
+            config = shrink_config(copy.deepcopy(resolved.config), keep_auto_map=trust_remote_code, notes=notes,
                                    sliding_window=sliding_window or TINY_SLIDING_WINDOW)
             # Count parameters on the meta device first: a config whose size keys the shrink does not know
             # would otherwise allocate a full-size model (an OOM kill on a 24 GB machine, seen with llama4).
             with torch.device("meta"):
                 probe = AutoModelForCausalLM.from_config(copy.deepcopy(config), trust_remote_code=trust_remote_code)
             n_params = sum(p.numel() for p in probe.parameters())
+        except ImportError:
+            raise  # a missing optional package (PIL for gemma3n's vision tower): skipped with its reason
         except Exception as exc:
+            own = _unshrunk_build_error(resolved, trust_remote_code)
+            if own is not None:  # the config does not build at full size either: the library's, not the shrink's
+                raise LibraryConfigError(
+                    f"{resolved.model_type}: the {'default ' if resolved.spec.kind == 'arch' else ''}config does not "
+                    f"build in transformers itself, at full size either ({own}); not packcheck's shrink: give the "
+                    f"values it lacks as {_override_hint(resolved)}, or a checkpoint's config") from exc
             raise ShrinkError(f"packcheck's shrunk {resolved.model_type} config does not build: {type(exc).__name__}: {exc}") from exc
+        resolved.notes = [*resolved.notes, *(n for n in notes if n not in resolved.notes)]
         if n_params > MAX_RANDOM_PARAMS:
             raise ShrinkError(
                 f"packcheck's shrink left {resolved.model_type} at {n_params / 1e6:.0f}M parameters (limit "
@@ -492,6 +775,13 @@ def build_model(
         model = AutoModelForCausalLM.from_config(
             config, attn_implementation=attn_implementation, trust_remote_code=trust_remote_code, **dtype_kwarg(torch_dtype)
         )
+    language = getattr(model.config, "languages", None)
+    if hasattr(model, "set_default_language") and getattr(model.config, "default_language", None) is None and language:
+        # X-MOD routes every token through a per-language adapter and refuses to run without one
+        model.set_default_language(language[0])
+        if shrink and weights != "pretrained":
+            note = f"default_language={language[0]!r} (the model refuses input without a language)"
+            resolved.notes = [*resolved.notes, note] if note not in resolved.notes else resolved.notes
     for module in model.modules():  # pretrained configs keep their dropout; checks need determinism
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0

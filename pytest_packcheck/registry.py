@@ -64,6 +64,10 @@ CAUSES = {
                      "window, softcap or scaling): packed-vs-solo cannot see it, both share it",
     "non_causal": "a later token changes earlier positions' logits: the backend runs non-causal (bidirectional) attention",
     "crash": "the cell crashed (see the exception)",
+    "shrunk_crash": "the cell crashed in the tiny model packcheck made of the config (random weights): the full-size "
+                    "model may run; packcheck's shrink is suspect before the library",
+    "shrink_limit": "packcheck could not make a tiny model of this config (a limit of packcheck, not of the model)",
+    "library_config": "the config does not build in transformers itself, shrunk or not (the library's own error)",
     "hang": "the cell did not finish within the timeout",
     "out_of_memory": "the cell ran out of memory",
 }

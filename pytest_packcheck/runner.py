@@ -11,11 +11,12 @@ import time
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from . import batches as B
-from .backends import REFERENCE_BACKEND, TORCH_VARLEN_BACKEND, backend_availability, register_reference_backend
+from .backends import FLASH_FAMILY, REFERENCE_BACKEND, TORCH_VARLEN_BACKEND, backend_availability, register_reference_backend
 from .checks import Workbench
-from .models import ResolvedModel, build_model
+from .models import LibraryConfigError, ResolvedModel, ShrinkError, build_model
 from .registry import MODEL_LEVEL_CHECKS, SPECS
 from .results import CellResult, CheckResult
 
@@ -71,6 +72,8 @@ _UNSUPPORTED_MARKERS = (
     "does not support `",
     "can't keep packed sequences apart",
     "is not supported",
+    "cannot be run on CPU",  # gpt_oss on flex_attention: "Attention sinks cannot be run on CPU with flex attention"
+    "shared_kv_states cannot be None",  # gemma4 assistant models run only beside their target model (5.24)
 )
 
 
@@ -193,6 +196,16 @@ def _no_compile_on_cpu(backend: str | None, device: str) -> Iterator[None]:
         setattr(mask_owner, mask_name, block_mask)
 
 
+def text_config(config: Any) -> Any:
+    """The config the text path reads (vocab_size, pad_token_id, sliding window): a composite model's text
+    sub-config (gemma3, fuyu: no vocab_size at the top level), else ``config`` itself."""
+    if getattr(config, "vocab_size", None) is None and hasattr(config, "get_text_config"):
+        text = config.get_text_config(decoder=True)
+        if getattr(text, "vocab_size", None) is not None:
+            return text
+    return config
+
+
 class CellRunner:
     """Runs cells, keeping the last built model (per group) and the tolerances per dtype."""
 
@@ -223,9 +236,10 @@ class CellRunner:
                     register_reference_backend()
                 model = build_model(resolved, backend, cell.dtype, self.weights, self.device, trust_remote_code=self.trust_remote_code,
                                     sliding_window=self.sliding_window)
-                self._bench = Workbench(model=model, config=model.config, backend=cell.backend, dtype=cell.dtype,
+                config = text_config(model.config)
+                self._bench = Workbench(model=model, config=config, backend=cell.backend, dtype=cell.dtype,
                                         tol=self.tolerances[cell.dtype], device=self.device,
-                                        examples=B.make_examples(model.config, self.lengths) if self.lengths else [])
+                                        examples=B.make_examples(config, self.lengths) if self.lengths else [])
             except Exception as exc:  # noqa: BLE001 - remembered: every cell of the group reports the build failure
                 self._bench = exc
         if isinstance(self._bench, BaseException):
@@ -297,7 +311,24 @@ class CellRunner:
         cause = None
         if status == "unsupported" and any(m in str(exc) for m in _STATEFUL_REFUSALS):
             cause = "stateful_layers_refused"
+        backend = self._key[1] if self._key else None
+        if isinstance(exc, NameError) and backend in FLASH_FAMILY and "flash" in (exc.name or str(exc)):
+            # falcon (5.24) imports _flash_attention_forward only when flash-attn is installed, and calls it for
+            # every flash-family backend: the backend cannot be loaded without flash-attn, whatever its kernel
+            return CheckResult("skipped", metrics, (
+                f"cannot load this backend: the model imports {exc.name or 'its flash path'} only when flash-attn is "
+                f"installed ({_short(exc)})"))
+        if status == "error" and self.weights == "random" and not isinstance(exc, (ResolveError, ShrinkError, LibraryConfigError)):
+            # the crash happened in the tiny model packcheck made of the config: the full-size model may not crash
+            cause = "shrunk_crash"
+            text = f"model build: {_short(exc)}" if stage == "build" else _short(exc)
+            return CheckResult(status, metrics, f"crashed in the model packcheck shrank (random weights): {text}",
+                               cause=cause, evidence={"exception": _short(exc), "stage": stage})
+        if isinstance(exc, ShrinkError):
+            cause = "shrink_limit"
+        elif isinstance(exc, LibraryConfigError):
+            cause = "library_config"
         if stage == "build":
-            text = str(exc) if isinstance(exc, ResolveError) else f"model build: {_short(exc)}"
+            text = str(exc) if isinstance(exc, ResolveError | LibraryConfigError) else f"model build: {_short(exc)}"
             return CheckResult(status, metrics, text, cause=cause, evidence={"exception": _short(exc)} if cause else {})
         return CheckResult(status, metrics, _short(exc), cause=cause, evidence={"exception": _short(exc)} if cause else {})

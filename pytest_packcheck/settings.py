@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ OPT_ISOLATION = "--packcheck-isolation"
 OPT_RESUME = "--packcheck-resume"
 OPT_LENGTHS = "--packcheck-lengths"
 OPT_SLIDING_WINDOW = "--packcheck-sliding-window"
+OPT_CONFIG = "--packcheck-config"
 ISOLATION = ("fork", "none")
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -93,6 +95,9 @@ OPTIONS = (
            "11,7,13; e.g. 11,1,13 puts a one-token example between two).", ini="packcheck_lengths", env="PACKCHECK_LENGTHS"),
     Option(OPT_SLIDING_WINDOW, "The window (tokens, >= 2) a model's longer sliding window is shortened to when packcheck "
            "shrinks it (default 8, so the examples exceed it).", ini="packcheck_sliding_window", env="PACKCHECK_SLIDING_WINDOW"),
+    Option(OPT_CONFIG, "Override one config value of every model: key=value (JSON value, or a string), dotted keys "
+           "reach sub-configs, e.g. attn_config.clip_qkv=8 (repeatable; a spec's own {key=value} wins). Recorded "
+           "in each cell's model record.", action="append", multiple=True),
     Option(OPT_RESUME, "Reuse the cells already in <report dir>/packcheck-journal.jsonl from an interrupted run with "
            "the same settings and versions; run the rest.", action="store_true", default=False),
 )
@@ -188,8 +193,43 @@ def parse_lengths(value: Any, source: str) -> tuple[int, ...]:
 
 
 def _split(value: str | list[str] | tuple[str, ...]) -> list[str]:
-    items = value.split(",") if isinstance(value, str) else [x for v in value for x in str(v).split(",")]
+    from .specs import split_top  # brace-aware: arch:dbrx{a=1,b=2} is one spec
+
+    items = split_top(value) if isinstance(value, str) else [x for v in value for x in split_top(str(v))]
     return [x.strip() for x in items if x.strip()]
+
+
+def _with_overrides(spec: str, common: tuple[tuple[str, Any], ...], fmt: Any, parse: Any) -> str:
+    """``spec`` with ``common`` overrides added; the spec's own values win."""
+    base, own = spec, ()
+    if spec.endswith("}") and "{" in spec:
+        base, _, body = spec[:-1].partition("{")
+        own = parse(body, f"in model spec '{spec}'")
+    merged = dict(common) | dict(own)
+    return f"{base}{{{fmt(list(merged.items()))}}}"
+
+
+def _validate_backends(values: list[str], source: str) -> tuple[str, ...]:
+    """packcheck's backends, or any attn_implementation the installed transformers knows (its attention
+    registry, a kernel-hub repo such as kernels-community/flash-attn, composed names such as paged|sdpa).
+
+    Raises:
+        PackcheckUsageError: an empty list, or a name transformers does not know (its own message quoted).
+    """
+    from .backends import KNOWN_BACKENDS, attn_implementation_refusal
+
+    for v in values:
+        if v in KNOWN_BACKENDS:
+            continue
+        refusal = attn_implementation_refusal(v) if re.fullmatch(r"[\w.|/\-:]+", v) else ("unknown", "not a name")
+        if refusal is not None and refusal[0] == "unknown":
+            raise PackcheckUsageError(
+                f"Unknown backend '{v}' (from {source}): the installed transformers does not take it as "
+                f"attn_implementation ({refusal[1][:160]}). Expected one of: {', '.join(KNOWN_BACKENDS)}, or a name "
+                f"of transformers' attention registry / a kernel-hub repo.{closest(v, KNOWN_BACKENDS)}")
+    if not values:
+        raise PackcheckUsageError(f"Empty backend list (from {source}): give at least one of {', '.join(KNOWN_BACKENDS)}.")
+    return tuple(dict.fromkeys(values))
 
 
 def _validate_names(values: list[str], allowed: tuple[str, ...], what: str, source: str) -> tuple[str, ...]:
@@ -307,6 +347,13 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
     if not models:
         raise PackcheckUsageError(f"The model list (from {source}) is empty after filtering: give at least one model.")
 
+    config_items = get_option(by_flag[OPT_CONFIG].dest) or []
+    if config_items:  # folded into every spec, so the record, the Reproduce line and version children carry them
+        from .specs import format_overrides, parse_overrides
+
+        common = parse_overrides(",".join(config_items), f"from {OPT_CONFIG}")
+        models = [_with_overrides(m, common, format_overrides, parse_overrides) for m in models]
+
     device, _ = pick(by_flag[OPT_DEVICE])
     device = str(device)
     if not (device == "cpu" or device.startswith("cuda")):
@@ -320,7 +367,11 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
             return _validate_names(list(audit_default), allowed, what, f"audit {audit.path if audit else ''}")
         return default
 
-    backends = names(OPT_BACKENDS, KNOWN_BACKENDS, "backend", audit.backends if audit else None, KNOWN_BACKENDS)
+    backends_value, backends_src = pick(by_flag[OPT_BACKENDS])
+    if backends_value:
+        backends = _validate_backends(_split(backends_value), backends_src)
+    else:
+        backends = names(OPT_BACKENDS, KNOWN_BACKENDS, "backend", audit.backends if audit else None, KNOWN_BACKENDS)
     checks = names(OPT_CHECKS, CHECKS, "check", audit.checks if audit else None, DEFAULT_CHECKS)
     checks = tuple(c for c in CHECKS if c in checks)
     dtypes = names(OPT_DTYPES, DTYPES, "dtype", audit.dtypes if audit else None,

@@ -4,14 +4,18 @@ A model spec is one of:
 - ``org/name`` or ``org/name@revision``: a Hub model ID (branch, tag or commit SHA);
 - a local directory holding ``config.json`` (and weights for ``--packcheck-weights=pretrained``);
 - ``arch:<model_type>``: a tiny random model of an architecture of the installed transformers.
+
+Any spec may end with config overrides in braces, ``arch:dbrx{attn_config.clip_qkv=8}`` (recorded in each cell).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import tomllib
 
@@ -33,15 +37,62 @@ class ModelSpec:
     kind: str
     name: str  # Hub repo ID, absolute local path, or model_type
     revision: str | None = None
+    #: config overrides (``arch:dbrx{attn_config.clip_qkv=8}``): (key, value) pairs, dotted keys reach sub-configs
+    overrides: tuple[tuple[str, Any], ...] = ()
 
     @property
     def label(self) -> str:
         """The short label used in test ids and matrix rows."""
         if self.kind == "arch":
-            return self.name
-        if self.kind == "local":
-            return Path(self.name).name
-        return self.name + (f"@{self.revision}" if self.revision else "")
+            base = self.name
+        elif self.kind == "local":
+            base = Path(self.name).name
+        else:
+            base = self.name + (f"@{self.revision}" if self.revision else "")
+        return base + (f"{{{format_overrides(self.overrides)}}}" if self.overrides else "")
+
+
+def split_top(text: str, sep: str = ",") -> list[str]:
+    """Split on ``sep`` outside brackets: ``arch:a{x=[1,2]},arch:b`` is two specs."""
+    parts, depth, current = [], 0, ""
+    for ch in text:
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if ch == sep and depth <= 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += ch
+    return [*parts, current]
+
+
+def format_overrides(overrides: tuple[tuple[str, Any], ...] | list[tuple[str, Any]]) -> str:
+    return ",".join(f"{k}={json.dumps(v, separators=(',', ':')) if not isinstance(v, str) else v}" for k, v in overrides)
+
+
+def parse_overrides(text: str, where: str) -> tuple[tuple[str, Any], ...]:
+    """``key=value`` items, comma-separated; a value is JSON when it parses (8, 1e-3, true, null, ["conv", ...]),
+    else a string. Keys may be dotted (attn_config.clip_qkv) to reach a sub-config.
+
+    Raises:
+        PackcheckUsageError: an item without ``=``, or a key that is not a dotted identifier.
+    """
+    items: list[tuple[str, Any]] = []
+    for item in split_top(text):
+        if not item.strip():
+            continue
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if not eq or not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", key):
+            raise PackcheckUsageError(
+                f"Bad config override '{item.strip()}' ({where}): write key=value with a config key, e.g. "
+                "arch:dbrx{attn_config.clip_qkv=8} or --packcheck-config clip_qkv=8.")
+        try:
+            parsed: Any = json.loads(value.strip())
+        except json.JSONDecodeError:
+            parsed = value.strip()
+        items = [(k, v) for k, v in items if k != key] + [(key, parsed)]
+    return tuple(items)
 
 
 def parse_model_spec(raw: str, source: str) -> ModelSpec:
@@ -51,6 +102,12 @@ def parse_model_spec(raw: str, source: str) -> ModelSpec:
         PackcheckUsageError: the spec is malformed (names the value and ``source``, e.g. "--packcheck-models").
     """
     text = raw.strip()
+    overrides: tuple[tuple[str, Any], ...] = ()
+    if text.endswith("}") and "{" in text:
+        text, _, body = text[:-1].partition("{")
+        overrides = parse_overrides(body, f"in model spec '{raw.strip()}' from {source}")
+        spec = parse_model_spec(text, source)
+        return ModelSpec(raw=raw.strip(), kind=spec.kind, name=spec.name, revision=spec.revision, overrides=overrides)
     if not text:
         raise PackcheckUsageError(f"Empty model spec in {source}. Give org/name[@rev], a local directory or arch:<model_type>.")
     if text.startswith("arch:"):
@@ -95,7 +152,7 @@ def parse_model_list(value: str | list[str], source: str) -> list[ModelSpec]:
     Raises:
         PackcheckUsageError: a malformed spec, or an empty list.
     """
-    items = value.split(",") if isinstance(value, str) else list(value)
+    items = split_top(value) if isinstance(value, str) else list(value)
     specs: list[ModelSpec] = []
     for item in items:
         if not item.strip():
