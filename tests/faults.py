@@ -225,3 +225,15 @@ class UnigramLM(torch.nn.Module):
         from types import SimpleNamespace
 
         return SimpleNamespace(logits=self.table(input_ids), loss=None)
+
+
+class WarnsOnForward(_Wrapper):
+    """A forward that logs ``message`` through transformers' logger (as a backend falling back does)."""
+
+    message = "sdpa is not supported for this model, falling back to eager attention"
+
+    def forward(self, **kwargs):
+        import logging
+
+        logging.getLogger("transformers.modeling_utils").warning(self.message)
+        return self.inner(**kwargs)

@@ -15,6 +15,7 @@ from faults import (
     SilentSwap,
     TiltPackedGradient,
     UnigramLM,
+    WarnsOnForward,
     collator_label_leak,
     collator_no_reset,
     leaky_sdpa,
@@ -23,6 +24,19 @@ from test_diagnose import _ProbedBench
 
 from pytest_packcheck import checks as C
 from pytest_packcheck.batches import default_collator_factory
+
+
+class _Said(C.CheckResult):
+    """A CheckResult that must say why: every verdict here carries a one-line message."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        assert isinstance(self.message, str) and self.message.strip(), (self.status, self.message)
+
+
+@pytest.fixture(autouse=True)
+def _results_say_why(monkeypatch):
+    monkeypatch.setattr(C, "CheckResult", _Said)
 
 
 @pytest.fixture(scope="module")
@@ -225,6 +239,25 @@ def test_backend_branches(bench):
     assert swapped.status == "fallback" and swapped.cause == "backend_swap" and swapped.evidence["effective"] == "sdpa"
 
 
+def test_backend_fallback_warnings(bench):
+    """Planted: a forward that logs an attention fallback -> fallback, backend_swap; a convolution kernel's
+    fallback warning is reported beside a pass, never a backend swap."""
+    inner = bench.model
+    bench.model = WarnsOnForward(inner)
+    warned = C.check_backend(bench)
+    assert warned.status == "fallback" and warned.cause == "backend_swap"
+    assert warned.evidence["warning"] == WarnsOnForward.message and warned.metrics["warnings"] == [WarnsOnForward.message]
+    conv = WarnsOnForward(inner)
+    conv.message = "causal_conv1d is not available, falling back to the torch implementation"
+    bench.model = conv
+    ok = C.check_backend(bench)
+    assert ok.status == "pass" and ok.metrics["warnings"] == [] and ok.metrics["other_fallback_warnings"] == [conv.message]
+    unrelated = WarnsOnForward(inner)
+    unrelated.message = "sdpa attention is fine here"
+    bench.model = unrelated
+    assert C.check_backend(bench).status == "pass"
+
+
 def test_backend_call_count_against_the_modules_found(bench, monkeypatch):
     monkeypatch.setattr(C, "expected_attention_calls", lambda model: 3)
     fewer = C.check_backend(bench)
@@ -405,6 +438,9 @@ def test_collate_empty_example_and_integer_labels_items(bench):
 
     result, items = _items(bench, keeps_zero_length)
     assert items["empty_example"] == "fail" and result.metrics["items"]["empty_example"]["cause"] == "empty_example"
+    total = sum(bench.lengths)
+    assert result.metrics["empty_example"] == (f"kept, not dropped: input_ids [1, {total}], labels [1, {total}], position_ids "
+                                               f"[1, {total}], seq_idx [1, {total}], cu_seq_lens_q [0, 11, 18, {total}, {total}]")
 
 
 def test_items_result_takes_the_first_failed_items_cause():
@@ -418,3 +454,43 @@ def test_items_result_takes_the_first_failed_items_cause():
     assert result.status == "fail" and result.cause == "wrong_positions" and result.evidence == {"item": "b", "detail": "off"}
     assert result.findings == [{"cause": "labels_contract", "evidence": "d: other"}]
     assert items["a"] == {"status": "pass", "evidence": "fine"} and items["b"]["cause"] == "wrong_positions"
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the records the report, the gate and the diagnosis read: every key, and the bounds as resolved
+
+
+def test_each_checks_record_keeps_its_keys_and_bounds(bench):
+    t = bench.tol
+    expected = {
+        C.check_collate: ({"empty_example", "integer_labels", "items", "lengths", "position_ids_mismatches", "position_ids_start",
+                           "shapes", "unmasked_boundaries"}, {"position_ids_start": 0, "lengths": bench.lengths}),
+        C.check_position_ids: ({"max_change", "threshold"}, {"threshold": t["position_min_change"]}),
+        C.check_isolation: ({"atol", "attention_boundaries", "max_change", "negative_control_change", "stateful_layers"},
+                            {"atol": t["isolation_atol"], "stateful_layers": [], "attention_boundaries": "reached"}),
+        C.check_loss_parity: ({"atol", "ga_delta", "ga_loss_packed", "ga_loss_padded", "loss_delta", "loss_packed", "loss_padded",
+                               "loss_reference", "num_items_expected", "num_items_in_batch_packed", "num_items_in_batch_padded",
+                               "padded_delta"}, {"atol": t["loss_atol"]}),
+        C.check_grad_parity: ({"cos_min", "grad_cosine", "grad_rel_err", "num_params", "rel_tol", "worst_param", "worst_param_rel_err"},
+                              {"cos_min": t["grad_cos_min"], "rel_tol": t["grad_rel_err"]}),
+        C.check_backend: ({"boundaries_missing", "boundaries_reached", "calls", "dense_kernel_calls", "effective", "expected_calls",
+                           "other_fallback_warnings", "requested", "varlen_kernel_calls", "warnings"},
+                          {"requested": "sdpa", "effective": "sdpa", "calls": {"sdpa": 2}, "boundaries_missing": 0,
+                           "dense_kernel_calls": 0, "varlen_kernel_calls": 0, "warnings": [], "other_fallback_warnings": []}),
+        C.check_cache_trap: ({"atol", "config_use_cache", "max_abs_diff_default", "max_abs_diff_use_cache_false"},
+                             {"atol": t["logits_atol"], "config_use_cache": True}),
+        C.check_mask_trap: ({"atol", "max_abs_diff_with_mask", "max_abs_diff_without_mask"}, {"atol": t["logits_atol"]}),
+    }
+    for check, (keys, values) in expected.items():
+        result = check(bench)
+        assert set(result.metrics) == keys, check.__name__
+        assert {k: result.metrics[k] for k in values} == values, check.__name__
+    loss = C.check_loss_parity(bench).metrics
+    assert abs(loss["padded_delta"] - abs(loss["loss_padded"] - loss["loss_reference"])) < 1e-12
+    assert abs(loss["ga_loss_padded"] - loss["loss_reference"]) < 1e-5
+    grad = C.check_grad_parity(bench).metrics
+    assert grad["worst_param"] in dict(bench.model.named_parameters()) and grad["worst_param_rel_err"] < 1e-4
+    collate = C.check_collate(bench).metrics
+    total = sum(bench.lengths)
+    assert collate["shapes"] == {k: [1, total] for k in ("input_ids", "labels", "position_ids", "seq_idx")}
+    assert collate["position_ids_mismatches"] == collate["unmasked_boundaries"] == 0

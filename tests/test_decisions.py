@@ -11,6 +11,19 @@ import pytest
 from test_diagnose import _ProbedBench
 
 from pytest_packcheck import training as T
+from pytest_packcheck.results import CheckResult
+
+
+class _Said(CheckResult):
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        assert isinstance(self.message, str) and self.message.strip(), (self.status, self.message)
+
+
+@pytest.fixture(autouse=True)
+def _results_say_why(monkeypatch):
+    """Every verdict says why in a one-line message."""
+    monkeypatch.setattr(T, "CheckResult", _Said)
 
 # ------------------------------------------------------------------------------------------------------------
 # the Trainer check's verdict, from planted runs
@@ -50,24 +63,68 @@ def _plant(monkeypatch, as_configured=None, use_cache_false=None, padded=None, c
     """Plant the runs check_trainer reads: (loss, grad norm, params) per run; the grad-accum counts."""
     good = (list(REF[0]), list(REF[1]), _params())
     runs = {None: as_configured or good, False: use_cache_false or good}
-    monkeypatch.setattr(T, "reference_steps", lambda model, batch, steps: (list(REF[0]), list(REF[1]), _params()))
+
+    def fake_reference(model, batch, steps):
+        assert steps == T.TRAINER_STEPS and batch["labels"].shape == batch["input_ids"].shape == (3, 5)
+        assert batch["labels"][1, -1] == -100  # right-padded: the 3-token example's padding is masked
+        return list(REF[0]), list(REF[1]), _params()
+
+    monkeypatch.setattr(T, "reference_steps", fake_reference)
 
     def fake_train(bench, collator, out_dir, use_cache, **kw):
+        assert out_dir and not kw
         if isinstance(collator, T._PaddingCollator):
+            assert use_cache is False and collator.pad_id == bench.pad_id
             return padded or good
+        assert collator == "flat", collator
         return runs[use_cache]
 
     monkeypatch.setattr(T, "_train", fake_train)
-    monkeypatch.setattr(T, "_grad_accum", lambda bench, collator, out_dir: {
-        "num_items_in_batch": list(counts), "expected": expected, "micro_batches": 2, "loss": [1.0], "grad_norm": [1.0]})
+
+    def fake_grad_accum(bench, collator, out_dir):
+        assert collator == "flat" or isinstance(collator, T._PaddingCollator)
+        return {"num_items_in_batch": list(counts), "expected": expected, "micro_batches": 2, "loss": [1.0], "grad_norm": [1.0],
+                "collator": "flat" if collator == "flat" else "padded"}
+
+    monkeypatch.setattr(T, "_grad_accum", fake_grad_accum)
 
 
 def test_trainer_verdict_passes_equal_runs(monkeypatch):
     pytest.importorskip("accelerate")
     _plant(monkeypatch)
     result = T.check_trainer(_TrainBench())
-    assert result.status == "pass" and result.cause is None, result.message
+    assert result.status == "pass" and result.cause is None and result.findings == [], result.message
     assert result.metrics["as_configured"]["param_rel_diff"] == 0.0 and "passes no num_items_in_batch" in result.message
+    run = {"loss": REF[0], "grad_norm": REF[1], "max_loss_delta": 0.0, "max_grad_norm_rel": 0.0, "param_rel_diff": 0.0,
+           "first_diverging_step": None}
+    ga = {"num_items_in_batch": [None, None], "expected": 10, "micro_batches": 2, "loss": [1.0], "grad_norm": [1.0]}
+    assert result.metrics == {"steps": T.TRAINER_STEPS, "reference_loss": REF[0], "reference_grad_norm": REF[1],
+                              "config_use_cache": True, "as_configured": run, "use_cache_false": run, "padded_trainer": run,
+                              "max_loss_delta": 0.0, "grad_accum": {"packed": {**ga, "collator": "flat"},
+                                                                    "padded": {**ga, "collator": "padded"}}}
+
+
+def test_trainer_is_skipped_without_a_backward(monkeypatch):
+    pytest.importorskip("accelerate")
+    _plant(monkeypatch)
+    bench = _TrainBench()
+    bench.backend = "flex_attention"  # no backward on CPU
+    result = T.check_trainer(bench)
+    assert result.status == "skipped" and "backward" in result.message and result.metrics == {}
+    bench.backend = None  # no backend named: eager, which has one
+    assert T.check_trainer(bench).status == "pass"
+
+
+def test_trainer_names_the_padded_runs_normalisation(monkeypatch):
+    """Trainer's own padded run off by shifted / unshifted label tokens (9/12 on the planted batch): a finding and a
+    note, never the verdict."""
+    pytest.importorskip("accelerate")
+    ratio = 9 / 12
+    _plant(monkeypatch, padded=([2.0 * ratio, 1.9, 1.8], list(REF[1]), _params()))
+    result = T.check_trainer(_TrainBench())
+    assert result.status == "pass" and [f["cause"] for f in result.findings] == ["padded_normalisation"]
+    assert "x0.7500" in result.findings[0]["evidence"] and "own padded run is off" in result.message
+    assert result.metrics["padded_trainer"]["normalisation"] and result.metrics["padded_trainer"]["loss_ratio"] == pytest.approx(ratio)
 
 
 def test_trainer_verdict_reads_the_parameters_after_the_last_step(monkeypatch):
@@ -79,7 +136,8 @@ def test_trainer_verdict_reads_the_parameters_after_the_last_step(monkeypatch):
     result = T.check_trainer(_TrainBench())
     assert result.metrics["as_configured"]["max_loss_delta"] == 0.0 and result.metrics["as_configured"]["max_grad_norm_rel"] == 0.0
     assert result.status == "fail" and result.cause == "loss_normalisation", result.message
-    assert result.metrics["use_cache_false"]["param_rel_diff"] > 1e-3
+    assert result.metrics["use_cache_false"]["param_rel_diff"] == pytest.approx(0.01 * 10 ** 0.5 / 26 ** 0.5)
+    assert result.evidence == {"logits_diff": 0.0, "use_cache_false_loss_delta": 0.0} and result.findings == []
 
 
 def test_trainer_verdict_reads_the_grad_norm_and_the_loss(monkeypatch):
@@ -108,14 +166,22 @@ def test_trainer_verdict_names_the_cache_trap_and_the_leak(monkeypatch):
     wrong = ([2.0, 2.5, 2.9], [1.0, 1.5, 1.9], _params(shift=0.1))
     _plant(monkeypatch, as_configured=wrong)
     trap = T.check_trainer(_TrainBench())
-    assert trap.status == "fail" and trap.cause == "cache_trap" and trap.evidence["config_use_cache"] is True
+    assert trap.status == "fail" and trap.cause == "cache_trap"
+    assert trap.evidence == {"as_configured_loss_delta": pytest.approx(1.1), "use_cache_false_loss_delta": 0.0, "config_use_cache": True}
+    assert trap.metrics["as_configured"]["first_diverging_step"] == 2 and trap.metrics["max_loss_delta"] == pytest.approx(1.1)
     _plant(monkeypatch, as_configured=wrong, use_cache_false=wrong)
     leak = T.check_trainer(_TrainBench(logits_diff=0.3, moved=0.3))
-    assert leak.status == "fail" and leak.cause == "leak" and leak.evidence["use_cache_false_loss_delta"] > 0.5
+    assert leak.status == "fail" and leak.cause == "leak" and leak.findings == []
+    assert leak.evidence == {"isolation_moved": 0.3, "isolation_atol": leak.evidence["isolation_atol"],
+                             "use_cache_false_loss_delta": pytest.approx(1.1)}
     gap = ([2.0, 2.5, 2.9], [1.0, 1.5, 1.9], _params(shift=0.1))
     _plant(monkeypatch, as_configured=gap, use_cache_false=([2.0, 2.2, 2.1], [1.0, 1.5, 1.9], _params(shift=0.1)))
     both = T.check_trainer(_TrainBench(logits_diff=0.0))
     assert both.cause == "loss_normalisation" and [f["cause"] for f in both.findings] == ["cache_trap"]
+    assert both.findings[0]["evidence"] == "the packed run as configured differs from use_cache=False by 8.00e-01 in loss"
+    small_gap = ([2.0, 2.2, 2.1005], [1.0, 1.5, 1.9], _params(shift=0.1))
+    _plant(monkeypatch, as_configured=small_gap, use_cache_false=([2.0, 2.2, 2.1], [1.0, 1.5, 1.9], _params(shift=0.1)))
+    assert T.check_trainer(_TrainBench(logits_diff=0.0)).findings == []  # within 1e-3: no cache trap named
 
 
 def test_trainer_verdict_on_num_items_in_batch(monkeypatch):
@@ -182,8 +248,15 @@ def test_sft_cause_from_what_the_mode_measured():
     assert _cause(_SftBench(0.0), norm)[0] == "loss_normalisation"
     assert _cause(_SftBench(0.0), {"steps": {"max_grad_norm_rel": tol["train_grad_norm_rel"]}})[0] == "collator_contract"
     assert _cause(_SftBench(tol["logits_atol"]), norm)[0] == "loss_normalisation"
-    cause, evidence = _cause(_SftBench(0.3, moved=0.3), norm)
-    assert cause == "leak" and evidence["isolation_moved"] == 0.3
+    cause, evidence = _cause(_SftBench(0.3, moved=0.3), {**norm, "loss_delta": 0.5, "steps": {**norm["steps"], "max_loss_delta": 0.25}})
+    assert cause == "leak" and evidence == {"loss_delta": 0.5, "steps_max_loss_delta": 0.25, "isolation_moved": 0.3,
+                                           "isolation_atol": tol["isolation_atol"]}
+    cause, evidence = _cause(_SftBench(2e-5), {"loss_delta": 0.5, "steps": {"max_loss_delta": 0.25}})
+    assert cause == "loss_normalisation" and evidence == {"loss_delta": 0.5, "steps_max_loss_delta": 0.25, "logits_diff": 2e-5}
+    cause, evidence = _cause(_SftBench(3e-4), {"loss_delta": 0.5})  # isolation holds, logits within 10 x: numerics
+    assert cause == "kernel_numerics" and evidence["diff"] == 3e-4 and evidence["atol"] == tol["logits_atol"]
+    row = {"cu_seq_lens_q": "off", "position_ids": True}
+    assert _cause(_SftBench(0.0), {"row_contract": row}) == ("collator_contract", row)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -278,6 +351,12 @@ def test_gate_planned_in_reads_every_setting():
     for key, value in (("checks", ["backend"]), ("dtypes", ["bfloat16"]), ("backends", ["eager"]), ("models", ["arch:n"])):
         assert not _planned_in(cell, {"settings": {**full["settings"], key: value}}), key
     assert _planned_in(cell, {"settings": {}})
+    # a setting left out: dtypes default to the cell's, the other lists to none
+    assert _planned_in(cell, {"settings": {k: v for k, v in full["settings"].items() if k != "dtypes"}})
+    for key in ("backends", "models"):
+        assert not _planned_in(cell, {"settings": {k: v for k, v in full["settings"].items() if k != key}}), key
+    no_spec = {**cell, "model": {"label": "arch:m"}}
+    assert _planned_in(no_spec, full)  # a cell without a spec is matched by its label
     assert _planned_in({**cell, "backend": None}, {"settings": {**full["settings"], "backends": []}})
 
 
@@ -298,6 +377,7 @@ def test_headline_takes_the_worst_correctness_check():
     assert cell_status(["pass", "skipped"]) == "pass" and cell_status(["skipped"]) == "skipped"
     assert cell_status(["pass", "fail", "error"]) == "error" and cell_status(["fallback", "pass"]) == "fallback"
     assert cell_status(["fail", "unsupported"]) == "fail"
+    assert cell_status(["fail", "timeout"]) == "timeout" and cell_status(["pass", "oom", "fail"]) == "oom"  # by rank, not by name
     group = [_hcell("isolation", "pass"), _hcell("cache_trap", "fail", "cache_trap"), _hcell("collate", "fail", "labels_contract")]
     h = headline(group)
     assert h["status"] == "pass" and h["causes"] == [] and [c["check"] for c in h["cells"]] == ["isolation"]
@@ -352,15 +432,25 @@ def test_diagnosis_keeps_findings_apart_from_the_cause():
     cell = {"cell_id": "m-sdpa-logits_parity-float32", "model": {"label": "m", "model_type": "llama"}, "backend": "sdpa",
             "check": "logits_parity", "dtype": "float32", "status": "pass", "metrics": {}, "message": "ok",
             "findings": [{"cause": "batch_rows", "evidence": "two rows"}]}
-    doc = diagnose_document({"environment": {"transformers": "5.24.0"}, "cells": [copy.deepcopy(cell)]}, [fault])
+    elsewhere = KnownFault(id="leak", upstream="", summary="s", library="transformers", versions=">=5", architectures=("*",),
+                           backends=("*",), checks=("logits_parity",), cause="leak", fixed_in="", remedy="r", evidence="e")
+    doc = diagnose_document({"environment": {"transformers": "5.24.0"}, "cells": [copy.deepcopy(cell)]}, [fault, elsewhere])
     d = doc["cells"][0]["diagnosis"]
-    assert d["cause"] is None and [f["cause"] for f in d["findings"]] == ["batch_rows"] and d["known_faults"] == ["rows"]
-    assert doc["known_faults_not_seen"] == {} and doc["cells"][0]["status"] == "pass"
+    from pytest_packcheck.diagnose import remedy
+
+    assert d == {"cause": None, "evidence": "", "remedy": "", "known_faults": ["rows"],
+                 "findings": [{"cause": "batch_rows", "evidence": "two rows", "remedy": remedy("batch_rows", cell, {})}]}
+    no_env = diagnose_document({"cells": [{**copy.deepcopy(cell), "findings": [{"cause": "batch_rows"}]}]}, [fault])
+    assert no_env["cells"][0]["diagnosis"]["findings"][0]["evidence"] == "" and no_env["known_faults_not_seen"] == {}
+    assert doc["known_faults_not_seen"] == {"leak": ["m-sdpa-logits_parity-float32"]} and doc["cells"][0]["status"] == "pass"
     clean = diagnose_document({"environment": {"transformers": "5.24.0"}, "cells": [{**cell, "findings": []}]}, [fault])
     assert clean["cells"][0]["diagnosis"] is None and clean["known_faults_not_seen"] == {"rows": ["m-sdpa-logits_parity-float32"]}
     failed = {**cell, "status": "fail", "cause": "batch_rows", "evidence": {}}
     d = diagnose_document({"environment": {"transformers": "5.24.0"}, "cells": [failed]}, [fault])["cells"][0]["diagnosis"]
-    assert d["cause"] == "batch_rows" and d["findings"] == [] and d["remedy"]
+    assert d == {"cause": "batch_rows", "evidence": "", "remedy": remedy("batch_rows", cell, {}), "findings": [], "known_faults": ["rows"]}
+    leaked = {**cell, "status": "fail", "cause": "leak", "evidence": {"moved": 0.5}}
+    d = diagnose_document({"environment": {"transformers": "5.24.0"}, "cells": [leaked]}, [fault, elsewhere])["cells"][0]["diagnosis"]
+    assert d["evidence"] == "moved 5.00e-01" and d["known_faults"] == ["rows", "leak"] and d["findings"][0]["cause"] == "batch_rows"
 
 
 # ------------------------------------------------------------------------------------------------------------
