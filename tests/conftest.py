@@ -43,6 +43,25 @@ def lay_out_hub_cache(hub_dir: Path, repo_ids: list[str]) -> dict[str, str]:
     return shas
 
 
+def add_snapshot(hub_dir: Path, repo_id: str, changes: dict, ref: str | None = None) -> str:
+    """A second snapshot of a repo already laid out in ``hub_dir``: its config.json with ``changes``, under its own
+    commit SHA (refs/main keeps pointing at the first one; ``ref`` names a branch or tag for the new one). Returns
+    the new SHA."""
+    import json
+
+    base = hub_dir / f"models--{repo_id.replace('/', '--')}"
+    text = json.dumps({**json.loads((hub_configs_dir() / repo_id / "config.json").read_text()), **changes}, indent=2)
+    sha = fake_sha(repo_id + json.dumps(changes, sort_keys=True))
+    blob = hashlib.sha256(text.encode()).hexdigest()
+    (base / "blobs" / blob).write_text(text)
+    snap = base / "snapshots" / sha
+    snap.mkdir(parents=True, exist_ok=True)
+    (snap / "config.json").symlink_to(Path("../../blobs") / blob)
+    if ref:
+        (base / "refs" / ref).write_text(sha)
+    return sha
+
+
 def pytest_collection_modifyitems(config, items):
     """``slow`` tests (real version environments beyond the one in .ci/run) run on demand: PACKCHECK_RUN_SLOW=1."""
     import os
@@ -74,6 +93,15 @@ def offline_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     except ImportError:
         pass
     return shas
+
+
+@pytest.fixture
+def two_snapshots(offline_hub, tmp_path: Path) -> dict[str, str]:
+    """The offline Hub cache with a second, older snapshot of meta-llama/Llama-3.2-1B (3 layers, rope_theta 10000,
+    also reachable as the branch ``v1``): ``main`` and ``old`` are the two commit SHAs."""
+    repo = "meta-llama/Llama-3.2-1B"
+    old = add_snapshot(tmp_path / "hf_home" / "hub", repo, {"num_hidden_layers": 3, "rope_theta": 10000.0}, ref="v1")
+    return {"repo": repo, "main": offline_hub[repo], "old": old}
 
 
 @pytest.fixture(scope="session")

@@ -131,3 +131,109 @@ def windowless_sdpa():
     than the window see beyond it (what a flash path applying another window than eager does)."""
     with leaky_sdpa():
         yield
+
+
+class _Wrapper(torch.nn.Module):
+    """A model seen through a wrapper: the config and parameters are the inner model's."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.inner = model
+        self.config = model.config
+
+    def named_parameters(self, *args, **kwargs):
+        return self.inner.named_parameters(*args, **kwargs)
+
+
+def _is_packed_row(kwargs: dict) -> bool:
+    """One row whose position_ids restart (a packed row), not a padded batch or a solo run."""
+    pos = kwargs.get("position_ids")
+    return pos is not None and pos.shape[0] == 1 and bool((pos[0, 1:] < pos[0, :-1]).any())
+
+
+class DropNumItemsInBatch(_Wrapper):
+    """A model that never receives ``num_items_in_batch`` (a hand-written accumulation loop forgets it): each
+    micro-batch's loss is its own token mean, so the accumulated sum is not the reference's token mean."""
+
+    def forward(self, input_ids=None, position_ids=None, labels=None, num_items_in_batch=None, **kwargs):
+        return self.inner(input_ids=input_ids, position_ids=position_ids, labels=labels, **kwargs)
+
+
+class ScalePackedLoss(_Wrapper):
+    """The packed row's loss scaled by ``factor`` (28/31: divided by the label count before the shift), logits
+    untouched: the packed gradient is the padded one times ``factor``, same direction (cosine 1)."""
+
+    factor = 28 / 31
+
+    def forward(self, input_ids=None, position_ids=None, labels=None, **kwargs):
+        out = self.inner(input_ids=input_ids, position_ids=position_ids, labels=labels, **kwargs)
+        if labels is not None and _is_packed_row({"position_ids": position_ids}):
+            out.loss = out.loss * self.factor
+        return out
+
+
+class TiltPackedGradient(_Wrapper):
+    """The packed row's loss plus ``eps`` times a fixed random projection of one weight: logits and the loss value
+    untouched (the term is subtracted back as a constant), the gradient's direction turned by ``eps``."""
+
+    eps = 1.0
+
+    def forward(self, input_ids=None, position_ids=None, labels=None, **kwargs):
+        out = self.inner(input_ids=input_ids, position_ids=position_ids, labels=labels, **kwargs)
+        if labels is not None and _is_packed_row({"position_ids": position_ids}):
+            weight = dict(self.inner.named_parameters())["lm_head.weight"]
+            direction = torch.randn(weight.shape, generator=torch.Generator().manual_seed(0))
+            tilt = self.eps * (weight * direction).sum()
+            out.loss = out.loss + tilt - tilt.detach()
+        return out
+
+
+class NoPositionIdsArgument(_Wrapper):
+    """A forward whose signature has no position_ids at all (and no **kwargs): packed positions cannot reach it."""
+
+    def forward(self, input_ids=None, labels=None, use_cache=None):
+        return self.inner(input_ids=input_ids, labels=labels, use_cache=use_cache)
+
+
+class RunsTwice(_Wrapper):
+    """A forward that runs the inner model twice: twice the attention calls the modules found promise."""
+
+    def forward(self, **kwargs):
+        self.inner(**kwargs)
+        return self.inner(**kwargs)
+
+
+class ForceCache(_Wrapper):
+    """A forward that always builds a cache: eager / sdpa get no packed mask, the boundaries never reach attention."""
+
+    def forward(self, **kwargs):
+        kwargs["use_cache"] = True
+        return self.inner(**kwargs)
+
+
+class UnigramLM(torch.nn.Module):
+    """A model whose logits at a position depend on that position's token only: no example can ever see another,
+    with or without boundaries, so the isolation probe's negative control (a planted leak) cannot move anything
+    and a pass would mean nothing."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.config = config
+        self.table = torch.nn.Embedding(int(config.vocab_size), int(config.vocab_size))
+
+    def forward(self, input_ids=None, position_ids=None, labels=None, use_cache=None, **kwargs):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(logits=self.table(input_ids), loss=None)
+
+
+class WarnsOnForward(_Wrapper):
+    """A forward that logs ``message`` through transformers' logger (as a backend falling back does)."""
+
+    message = "sdpa is not supported for this model, falling back to eager attention"
+
+    def forward(self, **kwargs):
+        import logging
+
+        logging.getLogger("transformers.modeling_utils").warning(self.message)
+        return self.inner(**kwargs)

@@ -209,3 +209,19 @@ def test_backend_key_number_shows_which_flash_kernel_ran():
     assert _key_number(old) == "2/2 calls"
     sdpa = {"check": "backend", "metrics": {"calls": {"sdpa": 2}, "expected_calls": 2, "varlen_kernel_calls": 0, "dense_kernel_calls": 0}}
     assert _key_number(sdpa) == "2/2 calls"
+
+
+def test_a_revision_pins_the_snapshot_its_config_is_read_from(two_snapshots):
+    """Two snapshots of one repo in the offline cache: ``org/name@<sha>`` and ``org/name@<branch>`` read the old
+    snapshot's config.json (3 layers, rope_theta 10000) and record its SHA; the bare ID reads main's."""
+    from pytest_packcheck.specs import parse_model_spec as p
+
+    repo, main, old = two_snapshots["repo"], two_snapshots["main"], two_snapshots["old"]
+    assert main != old
+    latest = resolve_model(p(repo, "t"), "t")
+    assert latest.revision == main and latest.config.num_hidden_layers == 16
+    for rev in (old, "v1"):
+        pinned = resolve_model(p(f"{repo}@{rev}", "t"), "t")
+        assert pinned.revision == old, rev
+        assert pinned.config.num_hidden_layers == 3 and pinned.config.rope_parameters["rope_theta"] == 10000.0, rev
+    assert resolve_model(p(f"{repo}@{main}", "t"), "t").config.num_hidden_layers == 16

@@ -53,7 +53,14 @@ def test_same_library_on_two_axes_is_refused():
 
 def test_env_key_follows_the_exact_requirement_set():
     a, b = envs.parse_versions(["transformers==4.51.3,5.24.0"], "x")
-    assert envs.env_key(a) == envs.env_key(a) != envs.env_key(b)
+    again = envs.parse_versions(["transformers==4.51.3"], "another source")[0]
+    assert a is not again and envs.env_key(again) == envs.env_key(a) != envs.env_key(b)
+    # the same label from another requirement string: the label does not make the key, the requirements do
+    spaced = envs.VersionCombo(("transformers >=4.51.3",))
+    assert spaced.label == envs.VersionCombo(("transformers>=4.51.3",)).label
+    assert envs.env_key(spaced) != envs.env_key(envs.VersionCombo(("transformers>=4.51.3",)))
+    pair = envs.parse_versions(["transformers==4.51.3 & trl==0.17.0"], "x")[0]
+    assert envs.env_key(pair) not in (envs.env_key(a), envs.env_key(b))
     assert envs.env_key(a).startswith("transformers-4.51.3-")
 
 

@@ -1,0 +1,496 @@
+"""Every decision branch of the checks, each with a planted fault that turns it (issue 14): a test here fails when
+the branch is broken. Fast: one tiny llama built per module, planted models and collators from faults.py, and
+planted probe numbers where the branch reads nothing else. scripts/mutation.sh runs mutmut against these."""
+
+from __future__ import annotations
+
+import pytest
+from faults import (
+    DropNumItemsInBatch,
+    DropPositionIds,
+    ForceCache,
+    NoPositionIdsArgument,
+    RunsTwice,
+    ScalePackedLoss,
+    SilentSwap,
+    TiltPackedGradient,
+    UnigramLM,
+    WarnsOnForward,
+    collator_label_leak,
+    collator_no_reset,
+    leaky_sdpa,
+)
+from test_diagnose import _ProbedBench
+
+from pytest_packcheck import checks as C
+from pytest_packcheck.batches import default_collator_factory
+
+
+class _Said(C.CheckResult):
+    """A CheckResult that must say why: every verdict here carries a one-line message."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        assert isinstance(self.message, str) and self.message.strip(), (self.status, self.message)
+
+
+@pytest.fixture(autouse=True)
+def _results_say_why(monkeypatch):
+    monkeypatch.setattr(C, "CheckResult", _Said)
+
+
+@pytest.fixture(scope="module")
+def _llama(tolerances):
+    from conftest import make_bench
+
+    return make_bench("llama", "sdpa", tolerances).model
+
+
+@pytest.fixture
+def bench(_llama, tolerances):
+    """A fresh workbench (own caches, own tolerances) around the module's tiny llama on sdpa."""
+    return C.Workbench(model=_llama, config=_llama.config, backend="sdpa", dtype="float32", tol=dict(tolerances["float32"]))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# isolation: the leak threshold and the negative control
+
+
+def _isolation(moved: float, control: float, **kw) -> C.CheckResult:
+    probed = _ProbedBench(moved, [], "reached", **kw)
+    probed._cache[next(iter(probed._cache))]["negative_control_change"] = control
+    return C.check_isolation(probed)
+
+
+def test_isolation_threshold_and_negative_control_from_planted_probe_numbers():
+    tol = _ProbedBench(0, [], "reached").tol
+    assert _isolation(0.0, 0.3).status == "pass"
+    assert _isolation(tol["isolation_atol"], 0.3).status == "pass"  # at the tolerance: still isolated
+    over = _isolation(tol["isolation_atol"] * 1.01, 0.3)
+    assert over.status == "fail" and over.cause == "kernel_numerics"
+    leak = _isolation(0.3, 0.3)
+    assert leak.status == "fail" and leak.cause == "leak" and leak.evidence["isolation_moved"] == 0.3
+    blind = _isolation(0.0, tol["leak_min"] * 0.99)
+    assert blind.status == "error" and blind.cause == "probe_inconclusive"
+    assert blind.evidence == {"negative_control_change": tol["leak_min"] * 0.99, "leak_min": tol["leak_min"]}
+    assert _isolation(0.0, tol["leak_min"]).status == "pass"  # exactly leak_min: conclusive
+
+
+def test_isolation_probe_that_cannot_see_a_leak_is_inconclusive_not_a_pass(bench):
+    """Planted: a model whose positions never see each other (unigram logits). Nothing moves, boundaries or not:
+    the negative control fails, so isolation must not pass."""
+    bench.model = UnigramLM(bench.config)
+    result = C.check_isolation(bench)
+    assert result.metrics["max_change"] == 0.0 and result.metrics["negative_control_change"] == 0.0
+    assert result.status == "error" and result.cause == "probe_inconclusive", result.message
+
+
+def test_isolation_on_the_correct_stack_and_on_planted_leaks(bench):
+    ok = C.check_isolation(bench)
+    assert ok.status == "pass" and ok.metrics["negative_control_change"] > bench.tol["leak_min"]
+    with leaky_sdpa():
+        bad = C.check_isolation(C.Workbench(model=bench.model, config=bench.config, backend="sdpa", dtype="float32", tol=bench.tol))
+    assert bad.status == "fail" and bad.cause == "leak" and bad.metrics["attention_boundaries"] in ("reached", "missing")
+
+
+def test_leak_probe_measures_boundaries_and_its_control(bench):
+    probe = C.leak_probe(bench)
+    assert probe["max_change"] == 0.0 and probe["attention_boundaries"] == "reached" and probe["stateful_layers"] == []
+    assert probe["negative_control_change"] > 1e-2
+    bench.model = ForceCache(bench.model)
+    assert C.leak_probe(bench)["attention_boundaries"] == "missing"
+
+
+# ------------------------------------------------------------------------------------------------------------
+# position_ids
+
+
+def test_position_ids_branches(bench):
+    assert C.check_position_ids(bench).status == "pass"
+    inner = bench.model
+    bench.model = NoPositionIdsArgument(inner)
+    early = C.check_position_ids(bench)
+    assert early.status == "fail" and early.cause == "ignores_position_ids" and early.evidence == {"forward_takes_position_ids": False}
+    bench.model = DropPositionIds(inner)
+    dropped = C.check_position_ids(bench)
+    assert dropped.status == "fail" and dropped.cause == "ignores_position_ids" and dropped.metrics["max_change"] == 0.0
+    bench.model = inner
+    bench.tol["position_min_change"] = C.check_position_ids(bench).metrics["max_change"]  # the change equals the bound
+    assert C.check_position_ids(bench).status == "fail"
+
+
+# ------------------------------------------------------------------------------------------------------------
+# logits parity
+
+
+def test_logits_parity_branches(bench):
+    ok = C.check_logits_parity(bench)
+    assert ok.status == "pass" and ok.cause is None and ok.metrics["max_abs_diff_solo"] <= bench.tol["logits_atol"]
+    assert ok.metrics["batch_has_position_ids"] is True and ok.findings == []
+    bench.tol["logits_atol"] = ok.metrics["max_abs_diff_solo"]  # at the tolerance: a pass
+    assert C.check_logits_parity(bench).status == "pass"
+    bench.tol["logits_atol"] = 1e-4
+    bench.collator_factory = collator_no_reset
+    wrong = C.check_logits_parity(bench)
+    assert wrong.status == "fail" and wrong.evidence["max_abs_diff_solo"] == wrong.metrics["max_abs_diff_solo"] > 1e-3
+    assert wrong.cause == "leak"  # positions not restarting: no boundary at all, the probe moves
+
+
+# ------------------------------------------------------------------------------------------------------------
+# loss parity: token mean, num_items_in_batch, and each cause
+
+
+def test_loss_parity_needs_num_items_in_batch_passed(bench):
+    """Planted: a model that never gets num_items_in_batch. Its token-mean loss is right, its accumulated sum is
+    not: loss parity must fail on the grad-accum number (a check that reweights by hand would pass it)."""
+    bench.model = DropNumItemsInBatch(bench.model)
+    result = C.check_loss_parity(bench)
+    m = result.metrics
+    assert m["loss_delta"] <= bench.tol["loss_atol"] and m["ga_delta"] > 10 * bench.tol["loss_atol"]
+    assert m["num_items_in_batch_packed"] == m["num_items_expected"]
+    assert result.status == "fail" and result.cause == "loss_normalisation", result.message
+    assert result.evidence["num_items_in_batch_packed"] == result.evidence["num_items_expected"] == m["num_items_expected"]
+
+
+def test_loss_parity_branches(bench):
+    ok = C.check_loss_parity(bench)
+    m = ok.metrics
+    assert ok.status == "pass" and m["ga_delta"] <= bench.tol["loss_atol"] and abs(m["ga_loss_packed"] - m["loss_reference"]) < 1e-5
+    assert m["num_items_in_batch_packed"] == m["num_items_in_batch_padded"] == m["num_items_expected"] == sum(n - 1 for n in bench.lengths)
+    bench.tol["loss_atol"] = max(m["loss_delta"], m["ga_delta"])  # at the tolerance: a pass
+    assert C.check_loss_parity(bench).status == "pass"
+    bench.tol["loss_atol"] = 1e-5
+    inner = bench.model
+    bench.model = ScalePackedLoss(inner)
+    scaled = C.check_loss_parity(bench)
+    assert scaled.status == "fail" and scaled.cause == "loss_normalisation" and scaled.metrics["loss_delta"] > 1e-2
+    bench.model = inner
+    bench.collator_factory = collator_label_leak
+    leak_label = C.check_loss_parity(bench)
+    assert leak_label.status == "fail" and leak_label.cause == "loss_normalisation"
+    assert leak_label.evidence["num_items_in_batch_packed"] == leak_label.evidence["num_items_expected"] + 1
+
+
+def test_loss_parity_on_a_leak_names_the_leak(bench):
+    with leaky_sdpa():
+        result = C.check_loss_parity(bench)
+    assert result.status == "fail" and result.cause == "leak" and result.evidence["isolation_moved"] > 1e-3
+
+
+# ------------------------------------------------------------------------------------------------------------
+# grad parity: relative error, cosine, and each cause
+
+
+def test_grad_parity_fails_a_uniform_gradient_scale(bench):
+    """Planted: the packed loss x 28/31 (logits untouched). Same direction (cosine 1), another length: the
+    relative error must fail it; judged on the cosine alone it would pass."""
+    bench.model = ScalePackedLoss(bench.model)
+    result = C.check_grad_parity(bench)
+    assert result.metrics["grad_cosine"] >= bench.tol["grad_cos_min"]
+    assert abs(result.metrics["grad_rel_err"] - 3 / 31) < 1e-3
+    assert result.status == "fail" and result.cause == "loss_normalisation", result.message
+    assert abs(result.evidence["grad_norm_ratio"] - 28 / 31) < 1e-4
+
+
+def test_grad_parity_branches(bench):
+    ok = C.check_grad_parity(bench)
+    assert ok.status == "pass" and ok.metrics["grad_rel_err"] < 1e-5 and ok.metrics["grad_cosine"] > 0.99999
+    assert ok.metrics["num_params"] == len(list(bench.model.parameters()))
+    inner = bench.model
+    bench.model = TiltPackedGradient(inner)
+    tilted = C.check_grad_parity(bench)
+    rel, cos = tilted.metrics["grad_rel_err"], tilted.metrics["grad_cosine"]
+    assert cos < bench.tol["grad_cos_min"] and rel > 10 * bench.tol["grad_rel_err"]
+    assert tilted.status == "fail" and tilted.cause == "wrong_positions", tilted.message
+    bench.tol["grad_rel_err"] = rel / 5  # within NUMERICS_FACTOR x the tolerance: numerics
+    numerics = C.check_grad_parity(bench)
+    assert numerics.status == "fail" and numerics.cause == "kernel_numerics"
+    bench.tol["grad_rel_err"], bench.tol["grad_cos_min"] = rel, cos  # both at their bounds: a pass
+    assert C.check_grad_parity(bench).status == "pass"
+    bench.tol["grad_cos_min"] = 1.0  # only the cosine off
+    assert C.check_grad_parity(bench).status == "fail"
+    bench.model = inner
+    bench.tol["grad_rel_err"], bench.tol["grad_cos_min"] = 1e-4, 0.99999
+    with leaky_sdpa():
+        leak = C.check_grad_parity(bench)
+    assert leak.status == "fail" and leak.cause == "leak"
+
+
+# ------------------------------------------------------------------------------------------------------------
+# backend
+
+
+def test_backend_branches(bench):
+    ok = C.check_backend(bench)
+    assert ok.status == "pass" and ok.metrics["boundaries_reached"] == 2 and ok.metrics["expected_calls"] == 2
+    inner = bench.model
+    bench.model = SilentSwap(inner)
+    swap = C.check_backend(bench)
+    assert swap.status == "fallback" and swap.cause == "backend_swap" and swap.evidence["calls"] == {"eager": 2}
+    bench.model = RunsTwice(inner)
+    twice = C.check_backend(bench)
+    assert twice.status == "fail" and twice.cause == "call_count" and twice.evidence == {"attention_calls": 4, "attention_modules": 2}
+    bench.model = ForceCache(inner)
+    missing = C.check_backend(bench)
+    assert missing.status == "fail" and missing.cause == "leak" and missing.evidence == {"boundaries_missing": 2, "attention_calls": 2}
+    bench.model = inner
+    bench.backend = "eager"  # requested eager, the model runs sdpa
+    swapped = C.check_backend(bench)
+    assert swapped.status == "fallback" and swapped.cause == "backend_swap" and swapped.evidence["effective"] == "sdpa"
+
+
+def test_backend_fallback_warnings(bench):
+    """Planted: a forward that logs an attention fallback -> fallback, backend_swap; a convolution kernel's
+    fallback warning is reported beside a pass, never a backend swap."""
+    inner = bench.model
+    bench.model = WarnsOnForward(inner)
+    warned = C.check_backend(bench)
+    assert warned.status == "fallback" and warned.cause == "backend_swap"
+    assert warned.evidence["warning"] == WarnsOnForward.message and warned.metrics["warnings"] == [WarnsOnForward.message]
+    conv = WarnsOnForward(inner)
+    conv.message = "causal_conv1d is not available, falling back to the torch implementation"
+    bench.model = conv
+    ok = C.check_backend(bench)
+    assert ok.status == "pass" and ok.metrics["warnings"] == [] and ok.metrics["other_fallback_warnings"] == [conv.message]
+    unrelated = WarnsOnForward(inner)
+    unrelated.message = "sdpa attention is fine here"
+    bench.model = unrelated
+    assert C.check_backend(bench).status == "pass"
+
+
+def test_backend_call_count_against_the_modules_found(bench, monkeypatch):
+    monkeypatch.setattr(C, "expected_attention_calls", lambda model: 3)
+    fewer = C.check_backend(bench)
+    assert fewer.status == "fail" and fewer.cause == "call_count" and fewer.evidence == {"attention_calls": 2, "attention_modules": 3}
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the traps: pass, the trap, and a row that is wrong anyway
+
+
+def test_cache_trap_branches(bench):
+    trap = C.check_cache_trap(bench)
+    assert trap.status == "fail" and trap.cause == "cache_trap" and trap.evidence["max_abs_diff_use_cache_false"] < 1e-5
+    bench.tol["logits_atol"] = trap.metrics["max_abs_diff_default"]  # the default's diff at the tolerance: a pass
+    assert C.check_cache_trap(bench).status == "pass"
+    bench.tol["logits_atol"] = 1e-4
+    with leaky_sdpa():
+        wrong = C.check_cache_trap(C.Workbench(model=bench.model, config=bench.config, backend="sdpa", dtype="float32", tol=bench.tol))
+    assert wrong.status == "fail" and wrong.cause == "leak" and wrong.evidence["max_abs_diff_use_cache_false"] > 1e-3
+
+
+def test_mask_trap_branches(bench):
+    trap = C.check_mask_trap(bench)
+    assert trap.status == "fail" and trap.cause == "mask_override"
+    bench.tol["logits_atol"] = trap.metrics["max_abs_diff_with_mask"]
+    assert C.check_mask_trap(bench).status == "pass"
+    bench.tol["logits_atol"] = 1e-4
+    with leaky_sdpa():
+        wrong = C.check_mask_trap(C.Workbench(model=bench.model, config=bench.config, backend="sdpa", dtype="float32", tol=bench.tol))
+    assert wrong.status == "fail" and wrong.cause == "leak" and wrong.evidence["max_abs_diff_without_mask"] > 1e-3
+
+
+# ------------------------------------------------------------------------------------------------------------
+# collate: each item on its own, from planted collators
+
+
+def _collator(change):
+    """A DataCollatorWithFlattening whose output ``change(batch, features)`` edits (or that raises)."""
+
+    def factory(**kwargs):
+        real = default_collator_factory(**kwargs)
+
+        def collate(features, return_tensors="pt"):
+            if getattr(change, "before", False):  # a collator that refuses some inputs before collating
+                change(None, features)
+            batch = real(features, return_tensors=return_tensors)
+            return change(batch, features) or batch
+
+        return collate
+
+    return factory
+
+
+def _items(bench, change=None) -> tuple[C.CheckResult, dict[str, str]]:
+    if change is not None:
+        bench.collator_factory = _collator(change)
+    result = C.check_collate(bench)
+    return result, {k: v["status"] for k, v in result.metrics["items"].items()}
+
+
+HOLDS = {"shapes": "pass", "position_ids": "pass", "labels": "pass", "cu_seq_lens": "pass", "max_length": "pass",
+         "empty_example": "pass"}
+
+
+def test_collate_items_on_the_correct_stack(bench):
+    result, items = _items(bench)
+    assert items == {**HOLDS, "integer_labels": "fail"}  # transformers 5.24: TypeError inside the collator
+    assert result.status == "fail" and result.cause == "labels_contract" and result.evidence["item"] == "integer_labels"
+
+
+def test_collate_reports_unmasked_labels_at_boundaries(bench):
+    """Planted: labels = input_ids (no -100 at the example starts). The labels item fails on its own, with the
+    collator contract's cause, whatever the integer-label item says."""
+    bench.collator_factory = collator_label_leak
+    result, items = _items(bench)
+    assert items == {**HOLDS, "labels": "fail", "integer_labels": "fail"}
+    assert result.metrics["items"]["labels"]["cause"] == "collator_contract"
+    assert result.cause == "collator_contract" and result.evidence["item"] == "labels"
+    assert result.findings == [{"cause": "labels_contract", "evidence": result.findings[0]["evidence"]}]
+
+
+def test_collate_position_ids_items(bench):
+    bench.collator_factory = collator_no_reset
+    result, items = _items(bench)
+    assert items == {**HOLDS, "position_ids": "fail", "integer_labels": "fail"}
+    assert result.cause == "wrong_positions" and result.metrics["position_ids_mismatches"] == sum(bench.lengths[1:])
+
+    def no_positions(batch, features):
+        batch.pop("position_ids", None)
+
+    result, items = _items(bench, no_positions)
+    assert items["position_ids"] == "fail" and result.metrics["items"]["position_ids"]["cause"] == "wrong_positions"
+
+
+def test_collate_shape_cu_seq_lens_and_max_length_items(bench):
+    import torch
+
+    def long_labels(batch, features):
+        if all(f["input_ids"] for f in features):
+            batch["labels"] = torch.cat([batch["labels"], torch.tensor([[-100]])], dim=1)
+
+    assert _items(bench, long_labels)[1] == {**HOLDS, "shapes": "fail", "integer_labels": "fail"}
+
+    def int64_cu(batch, features):
+        batch["cu_seq_lens_k"] = batch["cu_seq_lens_k"].long()
+
+    assert _items(bench, int64_cu)[1]["cu_seq_lens"] == "fail"
+
+    def shifted_cu(batch, features):
+        batch["cu_seq_lens_q"] = batch["cu_seq_lens_q"] + 1
+
+    assert _items(bench, shifted_cu)[1] == {**HOLDS, "cu_seq_lens": "fail", "integer_labels": "fail"}
+
+    def no_cu(batch, features):
+        batch.pop("cu_seq_lens_q")
+
+    assert _items(bench, no_cu)[1]["cu_seq_lens"] == "fail"
+
+    def tensor_max(batch, features):
+        batch["max_length_q"] = torch.tensor(batch["max_length_q"])
+
+    assert _items(bench, tensor_max)[1] == {**HOLDS, "max_length": "fail", "integer_labels": "fail"}
+
+    def wrong_max(batch, features):
+        batch["max_length_k"] = batch["max_length_k"] + 1
+
+    assert _items(bench, wrong_max)[1]["max_length"] == "fail"
+
+
+def test_collate_empty_example_and_integer_labels_items(bench):
+    import torch
+
+    def refuse_empty_and_int_labels(batch, features):
+        if any(not f["input_ids"] for f in features):
+            raise ValueError("empty example")
+        if isinstance(features[0].get("labels"), int):
+            raise ValueError("labels must be token lists")  # noqa: TRY004 - a ValueError is what the contract asks for
+
+    refuse_empty_and_int_labels.before = True
+    result, items = _items(bench, refuse_empty_and_int_labels)
+    assert items == {**HOLDS, "integer_labels": "pass"} and result.status == "pass" and result.cause is None
+    assert result.metrics["empty_example"].startswith("rejected")
+
+    def accepting(**kwargs):
+        real = default_collator_factory(**kwargs)
+
+        def collate(features, return_tensors="pt"):
+            if isinstance(features[0].get("labels"), int):  # accepted silently: one label per example
+                return {"input_ids": torch.tensor([[1, 2]]), "labels": torch.tensor([[1, 1]])}
+            return real(features, return_tensors=return_tensors)
+
+        return collate
+
+    bench.collator_factory = accepting
+    result, items = _items(bench)
+    assert items["integer_labels"] == "fail" and result.cause == "labels_contract"
+    assert result.metrics["integer_labels"].startswith("accepted silently")
+
+    def unclear_error(batch, features):
+        if isinstance(features[0].get("labels"), int):
+            raise TypeError("'int' object is not subscriptable")
+
+    unclear_error.before = True
+
+    assert _items(bench, unclear_error)[1]["integer_labels"] == "fail"
+
+    def clear_type_error(batch, features):
+        if isinstance(features[0].get("labels"), int):
+            raise TypeError("labels must be lists of token ids")
+
+    clear_type_error.before = True
+
+    assert _items(bench, clear_type_error)[1]["integer_labels"] == "pass"
+
+    def keeps_zero_length(batch, features):
+        if any(not f["input_ids"] for f in features):
+            batch["cu_seq_lens_q"] = torch.cat([batch["cu_seq_lens_q"], batch["cu_seq_lens_q"][-1:]])
+
+    result, items = _items(bench, keeps_zero_length)
+    assert items["empty_example"] == "fail" and result.metrics["items"]["empty_example"]["cause"] == "empty_example"
+    total = sum(bench.lengths)
+    assert result.metrics["empty_example"] == (f"kept, not dropped: input_ids [1, {total}], labels [1, {total}], position_ids "
+                                               f"[1, {total}], seq_idx [1, {total}], cu_seq_lens_q [0, 11, 18, {total}, {total}]")
+
+
+def test_items_result_takes_the_first_failed_items_cause():
+    items: dict = {}
+    C._item(items, "a", True, "fine")
+    assert C._items_result(dict(items), {}, "x").status == "pass"
+    C._item(items, "b", False, "off", "wrong_positions")
+    C._item(items, "c", False, "off too", "wrong_positions")
+    C._item(items, "d", False, "other", "labels_contract")
+    result = C._items_result(items, {}, "x")
+    assert result.status == "fail" and result.cause == "wrong_positions" and result.evidence == {"item": "b", "detail": "off"}
+    assert result.findings == [{"cause": "labels_contract", "evidence": "d: other"}]
+    assert items["a"] == {"status": "pass", "evidence": "fine"} and items["b"]["cause"] == "wrong_positions"
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the records the report, the gate and the diagnosis read: every key, and the bounds as resolved
+
+
+def test_each_checks_record_keeps_its_keys_and_bounds(bench):
+    t = bench.tol
+    expected = {
+        C.check_collate: ({"empty_example", "integer_labels", "items", "lengths", "position_ids_mismatches", "position_ids_start",
+                           "shapes", "unmasked_boundaries"}, {"position_ids_start": 0, "lengths": bench.lengths}),
+        C.check_position_ids: ({"max_change", "threshold"}, {"threshold": t["position_min_change"]}),
+        C.check_isolation: ({"atol", "attention_boundaries", "max_change", "negative_control_change", "stateful_layers"},
+                            {"atol": t["isolation_atol"], "stateful_layers": [], "attention_boundaries": "reached"}),
+        C.check_loss_parity: ({"atol", "ga_delta", "ga_loss_packed", "ga_loss_padded", "loss_delta", "loss_packed", "loss_padded",
+                               "loss_reference", "num_items_expected", "num_items_in_batch_packed", "num_items_in_batch_padded",
+                               "padded_delta"}, {"atol": t["loss_atol"]}),
+        C.check_grad_parity: ({"cos_min", "grad_cosine", "grad_rel_err", "num_params", "rel_tol", "worst_param", "worst_param_rel_err"},
+                              {"cos_min": t["grad_cos_min"], "rel_tol": t["grad_rel_err"]}),
+        C.check_backend: ({"boundaries_missing", "boundaries_reached", "calls", "dense_kernel_calls", "effective", "expected_calls",
+                           "other_fallback_warnings", "requested", "varlen_kernel_calls", "warnings"},
+                          {"requested": "sdpa", "effective": "sdpa", "calls": {"sdpa": 2}, "boundaries_missing": 0,
+                           "dense_kernel_calls": 0, "varlen_kernel_calls": 0, "warnings": [], "other_fallback_warnings": []}),
+        C.check_cache_trap: ({"atol", "config_use_cache", "max_abs_diff_default", "max_abs_diff_use_cache_false"},
+                             {"atol": t["logits_atol"], "config_use_cache": True}),
+        C.check_mask_trap: ({"atol", "max_abs_diff_with_mask", "max_abs_diff_without_mask"}, {"atol": t["logits_atol"]}),
+    }
+    for check, (keys, values) in expected.items():
+        result = check(bench)
+        assert set(result.metrics) == keys, check.__name__
+        assert {k: result.metrics[k] for k in values} == values, check.__name__
+    loss = C.check_loss_parity(bench).metrics
+    assert abs(loss["padded_delta"] - abs(loss["loss_padded"] - loss["loss_reference"])) < 1e-12
+    assert abs(loss["ga_loss_padded"] - loss["loss_reference"]) < 1e-5
+    grad = C.check_grad_parity(bench).metrics
+    assert grad["worst_param"] in dict(bench.model.named_parameters()) and grad["worst_param_rel_err"] < 1e-4
+    collate = C.check_collate(bench).metrics
+    total = sum(bench.lengths)
+    assert collate["shapes"] == {k: [1, total] for k in ("input_ids", "labels", "position_ids", "seq_idx")}
+    assert collate["position_ids_mismatches"] == collate["unmasked_boundaries"] == 0
