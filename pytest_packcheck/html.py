@@ -140,11 +140,15 @@ def render_html(doc: dict[str, Any]) -> str:
     title = "packcheck support matrix" + (f" — {doc['settings']['audit']}" if doc.get("settings", {}).get("audit") else "")
     versions = (f"torch {_v(env, 'torch')}, transformers {_v(env, 'transformers')}, trl {_v(env, 'trl')}, "
                 f"flash-attn {_v(env, 'flash_attn')}, device {env.get('device')}")
+    inc = doc.get("incomplete")
+    incomplete = (f'<p id="incomplete" style="background:#fde9c4;padding:.5em"><b>Incomplete: {html.escape(str(inc.get("reason")))} '
+                  f'after {html.escape(str(inc.get("cells")))} cells; {html.escape(str(inc.get("resume", "")))}.</b></p>' if inc else "")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title><style>{_STYLE}</style></head>
 <body>
 <h1>{html.escape(title)}</h1>
 <p>{html.escape(versions)}. Reproduce: <code>{html.escape(doc.get('command', ''))}</code></p>
+{incomplete}
 <p>A cell's verdict comes from its correctness checks; hazards and stack findings are listed in the Markdown report
 once per stack. Click a cell for every check's number, cause and remedy.</p>
 <div id="filters">

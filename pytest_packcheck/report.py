@@ -498,7 +498,11 @@ def render_details(doc: dict[str, Any]) -> str:
     by_group: dict[tuple, list[dict]] = defaultdict(list)
     for c in cells:
         by_group[(c["model"]["label"], c["backend"], c["dtype"], env_label(c))].append(c)
-    return "\n".join(_details(models, by_group, backends, dtypes, envs, checks, labels, cells))
+    lines = _details(models, by_group, backends, dtypes, envs, checks, labels, cells)
+    if doc.get("incomplete"):
+        inc = doc["incomplete"]
+        lines[1:1] = ["", f"**⚠️ Incomplete: {escape_md(inc['reason'])} after {inc['cells']} cells; {escape_md(inc.get('resume', ''))}.**"]
+    return "\n".join(lines)
 
 
 def _details(models: list[str], by_group: dict[tuple, list[dict]], backends: list[str], dtypes: list[str],

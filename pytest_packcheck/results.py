@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import re
@@ -245,6 +246,14 @@ def cell_problem(cell: Any) -> str | None:
             return f"cell {name!r} has \"{key}\": {json.dumps(cell[key])[:40]} (expected a {'JSON object' if kind is dict else 'string'})"
     if not isinstance(cell["model"].get("label"), str):
         return f"cell {name!r} has a model without a label"
+    from .registry import SPECS
+
+    spec = SPECS.get(cell["check"])
+    if spec and spec.key_metric and cell["status"] == "pass" and spec.key_metric[0] in (cell.get("metrics") or {}):
+        value = cell["metrics"][spec.key_metric[0]]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            # the number a pass rests on (and the gate compares): NaN, infinity or text cannot back a verdict
+            return f"cell {name!r} passes on {spec.key_metric[0]}={json.dumps(value)[:40]} (expected a finite number)"
     return None
 
 

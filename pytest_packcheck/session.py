@@ -79,6 +79,7 @@ class PackcheckSession:
         self._group_results: dict[str, dict[str, Any]] = {}
         self.resumed: dict[str, dict[str, Any]] = {}
         self._pin_worker_gpu()
+        self._stop_on_sigterm()
         self._check_inputs()
         self._open_journal()
 
@@ -97,6 +98,21 @@ class PackcheckSession:
         if not hasattr(self.config, "workerinput") and self.settings.versions:
             self._run_dir = tempfile.TemporaryDirectory(prefix="packcheck-run-")
             os.environ[RUN_DIR_VAR] = self._run_dir.name
+    def _stop_on_sigterm(self) -> None:
+        """On the controller, SIGTERM (what CI time limits and `kill` send) stops the run the way Ctrl-C does, so
+        the matrix of the cells that finished is written, marked incomplete, instead of the process dying with the
+        previous run's matrix left in place. Only where nothing else handles SIGTERM."""
+        import signal
+        import threading
+
+        if hasattr(self.config, "workerinput") or threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            def stop(signum: int, frame: Any) -> None:
+                raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")
+
+            signal.signal(signal.SIGTERM, stop)
+
     def _pin_worker_gpu(self) -> None:
         """Under pytest-xdist on a machine with several GPUs, give each worker its own (CUDA_VISIBLE_DEVICES),
         before anything initialises CUDA in the worker. One GPU or none: nothing changes."""
@@ -406,7 +422,17 @@ class PackcheckSession:
         from .report import write_reports
         from .results import CellResult, build_document, environment
 
+        if interrupted:
+            # cells that finished (journaled) but whose reports never reached this process (an xdist worker's, a
+            # forked child's last) still belong in the matrix
+            planned = self._planned()
+            for cell_id, data in self.journal.load().items():
+                if cell_id in planned and cell_id not in self.results:
+                    self.results[cell_id] = data
         if not self.results:
+            if interrupted:
+                line = self.discard_stale_matrix(RuntimeError("the run was interrupted before any cell finished"))
+                self.config.get_terminal_writer().line(f"packcheck: {line}", yellow=True)
             return
         cells = [CellResult.from_dict(d) for d in self.results.values()]
         flags = list(self.settings.reproduce_flags())
@@ -436,7 +462,7 @@ class PackcheckSession:
         looks current, and return the one line that says so."""
         out = Path(self.settings.report_dir)
         removed = []
-        for name in ("packcheck-matrix.md", "packcheck-matrix.json"):
+        for name in ("packcheck-matrix.md", "packcheck-matrix.json", "packcheck-matrix.html", "packcheck-details.md"):
             with contextlib.suppress(OSError):
                 (out / name).unlink()
                 removed.append(name)

@@ -212,3 +212,31 @@ def test_html_report_in_a_headless_browser(tmp_path):
     subprocess.run([chromium, *flags, f"--screenshot={shot}", "--window-size=1200,800", path.as_uri()],
                    capture_output=True, timeout=120, check=False)
     assert shot.exists() and shot.stat().st_size > 1000
+
+
+def test_incomplete_run_is_marked_in_every_report():
+    """An interrupted run's matrix says so in the HTML and the details too, not only in the Markdown."""
+    from pytest_packcheck.html import render_html
+    from pytest_packcheck.report import render_details, render_markdown
+
+    doc = _doc(_correct("llama"))
+    doc["incomplete"] = {"reason": "the run was interrupted", "cells": 6, "resume": "rerun with --packcheck-resume"}
+    for text in (render_markdown(doc), render_details(doc), render_html(doc)):
+        assert "Incomplete: the run was interrupted" in text and "after 6 cells" in text
+
+
+def test_a_pass_resting_on_a_number_that_is_not_finite_is_corrupt(tmp_path):
+    """A pass whose key number is NaN (or text) cannot back a verdict or a gate comparison: the file is refused."""
+    from pytest_packcheck.errors import PackcheckUsageError
+    from pytest_packcheck.results import load_document
+
+    doc = _doc(_correct("llama"))
+    doc["cells"][0]["metrics"]["max_change"] = float("nan")
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(PackcheckUsageError, match="passes on max_change=NaN"):
+        load_document(path)
+    doc["cells"][0]["metrics"]["max_change"] = "big"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(PackcheckUsageError, match='passes on max_change="big"'):
+        load_document(path)
