@@ -51,7 +51,7 @@ def test_opt_is_a_leak_on_sdpa_and_takes_position_ids(tolerances):
     assert cells["opt-sdpa-position_ids-float32"]["status"] == "pass"
     iso = cells["opt-sdpa-isolation-float32"]
     assert iso["status"] == "fail" and iso["diagnosis"]["cause"] == "leak"
-    assert "flash backend" in iso["diagnosis"]["remedy"]
+    assert "flash_attention_2 on your GPU" in iso["diagnosis"]["remedy"]
 
 
 def test_positions_without_position_ids_on_the_varlen_path(tolerances):
@@ -214,7 +214,7 @@ def test_what_to_do_section_in_the_matrix(tolerances):
     assert "cache trap" in hazards and "set use\\_cache=False" in hazards
     doc = _audit(["arch:opt"], ("sdpa",), ("isolation", "cache_trap"), tolerances)
     section = (md := render_markdown(doc))[md.index("## What to do"):md.index("## Legend")]
-    assert "**leak**" in section and "flash backend" in section and "cache" not in section.split("Known faults")[0]
+    assert "**leak**" in section and "flash\\_attention\\_2 on your GPU" in section and "cache" not in section.split("Known faults")[0]
 
 
 def test_hybrid_given_seq_idx_refuses_instead_of_mixing(tolerances):

@@ -81,7 +81,7 @@ def test_headline_ignores_hazards_and_names_the_cause():
     assert "❌ leak" in row["opt"]
     assert "✅ (not checked: grad\\_parity)" in row["qwen2"] or "✅ (not checked: grad_parity)" in row["qwen2"]
     answer = md[md.index("## The answer"):md.index("## Stack")]
-    assert "**opt**: **do not pack** on sdpa (leak" in answer and "**llama**: safe on sdpa" in answer
+    assert "**opt**: **do not pack** on sdpa with this stack (leak" in answer and "**llama**: safe on sdpa" in answer
     hazards = md[md.index("## Stack hazards"):md.index("## Stack findings")]
     assert "cache trap" in hazards and "| 1/1 " in hazards  # llama on sdpa: counted once, not a model failure
 
