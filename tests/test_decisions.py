@@ -161,6 +161,21 @@ def test_trainer_verdict_at_its_tolerances_passes(monkeypatch):
     assert T.check_trainer(bench).status == "pass"
 
 
+def test_trainer_verdict_bounds_are_inclusive(monkeypatch):
+    """Each of the three numbers exactly at its tolerance passes (loss, grad norm, parameters, one at a time)."""
+    pytest.importorskip("accelerate")
+    runs = (([2.5, 1.9, 1.8], list(REF[1]), 0.0), (list(REF[0]), [1.5, 0.9, 0.8], 0.0), (list(REF[0]), list(REF[1]), 0.01))
+    for run, key in zip(runs, ("train_loss_atol", "train_grad_norm_rel", "train_grad_norm_rel"), strict=True):
+        planted = (run[0], run[1], _params(shift=run[2]))
+        _plant(monkeypatch, as_configured=planted, use_cache_false=planted)
+        bench = _TrainBench()
+        first = T.check_trainer(bench)
+        assert first.status == "fail"
+        m = first.metrics["as_configured"]
+        bench.tol[key] = {"train_loss_atol": m["max_loss_delta"]}.get(key, max(m["max_grad_norm_rel"], m["param_rel_diff"]))
+        assert T.check_trainer(bench).status == "pass", (key, m)
+
+
 def test_trainer_verdict_names_the_cache_trap_and_the_leak(monkeypatch):
     pytest.importorskip("accelerate")
     wrong = ([2.0, 2.5, 2.9], [1.0, 1.5, 1.9], _params(shift=0.1))
@@ -218,6 +233,9 @@ def test_sft_steps_verdict_reads_loss_and_grad_norm():
     assert metrics["first_diverging_step"] == 2 and len(problems) == 1 and "diverge at step 2" in problems[0]
     loss_at = ([2.0, 1.9 + bench.tol["train_loss_atol"] / 2, 1.8][:STEPS], ref[1])
     assert _compare_steps(bench, loss_at, ref, "packed")[0]["first_diverging_step"] is None
+    bench.tol = {**bench.tol, "train_grad_norm_rel": 0.5, "train_loss_atol": 0.5}
+    assert _compare_steps(bench, ([2.0, 1.9, 1.8][:STEPS], [1.5, 0.9, 0.8][:STEPS]), ref, "packed")[1] == []  # at the bounds
+    assert _compare_steps(bench, ([2.5, 1.9, 1.8][:STEPS], ref[1]), ref, "packed")[1] == []
     short = ([2.0], [1.0])
     assert "logged 1 steps" in _compare_steps(bench, short, ref, "packed")[1][0]
 

@@ -132,6 +132,15 @@ class _ProbedBench:
     # parity fails only above the sliding window
     (_ProbedBench(0.0, [], "reached", window={"sliding_window": 8, "max_abs_diff_within_window": 1e-7}), 0.2, "sliding_window"),
     (_ProbedBench(0.0, [], "reached", window={"sliding_window": 8, "max_abs_diff_within_window": 2e-4}), 0.2, "wrong_positions"),
+    # exactly at each bound (issue 14: a bound moved by one comparison must fail here)
+    (_ProbedBench(1e-5, [], "missing"), 0.43, "wrong_positions"),  # moved == isolation_atol: isolated
+    (_ProbedBench(1e-4, [], "missing"), 0.43, "kernel_numerics"),  # moved == NUMERICS_FACTOR x isolation_atol
+    (_ProbedBench(0.0, [], "reached"), 1e-3, "kernel_numerics"),  # diff == NUMERICS_FACTOR x logits_atol
+    (_ProbedBench(0.0, [], "reached", window={"sliding_window": 8, "max_abs_diff_within_window": 1e-4}), 0.2, "sliding_window"),
+    # boundaries the counter could not inspect: kept on a flash backend, not on eager / sdpa / flex
+    (_ProbedBench(0.2, ["MambaMixer"], "unknown", backend="packcheck_flash_ref"), 0.3, "stateful_layers"),
+    (_ProbedBench(0.2, ["MambaMixer"], "unknown", backend="sdpa"), 0.3, "leak"),
+    (_ProbedBench(0.2, [], "unknown", backend="packcheck_flash_ref"), 0.3, "leak"),
 ])
 def test_mismatch_cause_rules(bench, diff, expected):
     """Each boundary of :func:`checks.mismatch_cause` (leak vs numerics on isolation_atol, numerics vs positions on
@@ -140,6 +149,20 @@ def test_mismatch_cause_rules(bench, diff, expected):
 
     cause, evidence = mismatch_cause(bench, diff, bench.tol["logits_atol"])
     assert cause == expected and cause in CAUSES and evidence
+    probe = bench._cache[("leak_probe", id(bench.model), id(bench.collator_factory))]
+    assert evidence["isolation_moved"] == probe["max_change"] and evidence["isolation_atol"] == bench.tol["isolation_atol"]
+    if cause == "stateful_layers":
+        assert evidence["stateful_layers"] == probe["stateful_layers"][:3] and evidence["attention_boundaries"] == probe["attention_boundaries"]
+    if cause == "wrong_positions":
+        assert evidence["diff"] == diff
+    assert "diff" not in mismatch_cause(bench, None)[1]
+
+
+def test_stateful_evidence_names_at_most_three_layers():
+    from pytest_packcheck.checks import mismatch_cause
+
+    bench = _ProbedBench(0.2, ["A", "B", "C", "D"], "reached")
+    assert mismatch_cause(bench, 0.3, 1e-4)[1]["stateful_layers"] == ["A", "B", "C"]
 
 
 def _status_cell(status: str, metrics: dict, cause: str | None = None) -> dict:
