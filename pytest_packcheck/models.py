@@ -563,7 +563,9 @@ def _shrink_dict(d: dict[str, Any], amap: dict[str, str], notes: list[str], slid
         if isinstance(d.get(key), int) and d[key] > sliding_window:
             d[key] = sliding_window
 
-    # vocabulary
+    # vocabulary (marian: the decoder's own vocabulary too, which its lm_head and loss use)
+    if isinstance(d.get("decoder_vocab_size"), int) and d["decoder_vocab_size"] > TINY_VOCAB:
+        d["decoder_vocab_size"] = TINY_VOCAB
     if isinstance(d.get("vocab_size"), int) and d["vocab_size"] > TINY_VOCAB:
         d["vocab_size"] = TINY_VOCAB
         for key in _SPECIAL_TOKEN_KEYS:

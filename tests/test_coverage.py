@@ -51,6 +51,8 @@ def test_shrink_keeps_per_head_sizes_consistent():
     assert helium.hidden_size == helium.num_attention_heads * helium.head_dim
     cwm = shrink_config(CONFIG_MAPPING["cwm"]())
     assert cwm.hidden_size % cwm.num_attention_heads == 0
+    marian = shrink_config(CONFIG_MAPPING["marian"]())  # lm_head and loss use the decoder's vocabulary
+    assert marian.decoder_vocab_size == marian.vocab_size == 512
     blt = shrink_config(CONFIG_MAPPING["blt"]())  # local encoder / decoder project to and from the global model
     assert blt.encoder_config.hidden_size_global == blt.decoder_config.hidden_size_global == blt.global_config.hidden_size
 
