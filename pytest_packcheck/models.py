@@ -421,7 +421,7 @@ def shrink_config(config: Any, keep_auto_map: bool = False, notes: list[str] | N
     """
     d = copy.deepcopy(config.to_dict())
     for key in _DROP_KEYS:
-        if not (keep_auto_map and key == "auto_map"):  # remote code (--packcheck-trust-remote-code) needs it
+        if not (keep_auto_map and key in ("auto_map", "_name_or_path")):  # remote code needs both to find its classes
             d.pop(key, None)
     _shrink_dict(d, dict(getattr(config, "attribute_map", {}) or {}), notes if notes is not None else [], sliding_window)
     return type(config).from_dict(d)

@@ -453,6 +453,8 @@ def test_shrink_keeps_auto_map_for_remote_code_only():
 
     from pytest_packcheck.models import shrink_config
 
-    config = LlamaConfig(auto_map={"AutoModelForCausalLM": "modeling_x.XForCausalLM"})
-    assert shrink_config(config, keep_auto_map=True).auto_map == {"AutoModelForCausalLM": "modeling_x.XForCausalLM"}
+    config = LlamaConfig(auto_map={"AutoModelForCausalLM": "modeling_x.XForCausalLM"}, name_or_path="/models/custom")
+    kept = shrink_config(config, keep_auto_map=True)
+    # auto_map names the classes, _name_or_path the folder their code is read from (a local remote-code model)
+    assert kept.auto_map == {"AutoModelForCausalLM": "modeling_x.XForCausalLM"} and kept._name_or_path == "/models/custom"
     assert not getattr(shrink_config(config), "auto_map", None)
