@@ -24,6 +24,19 @@ def _fmt(x: float) -> str:
     return f"{x:.2e}"
 
 
+def _cannot_train(bench: Workbench) -> CheckResult | None:
+    """The skipped verdict of a Trainer check where it cannot run: a backend without a backward pass here
+    (flex_attention on CPU), or transformers' Trainer not importable (it needs accelerate); None where it can."""
+    avail = backend_availability(bench.backend or "eager", bench.device)
+    if not avail.backward:
+        return CheckResult("skipped", {}, avail.backward_reason)
+    try:
+        from transformers import Trainer  # noqa: F401 - needs accelerate
+    except ImportError as exc:
+        return CheckResult("skipped", {}, f"transformers' Trainer is not importable ({exc})")
+    return None
+
+
 TRAINER_STEPS = 3
 
 
@@ -252,13 +265,9 @@ def check_trainer_padded(bench: Workbench) -> CheckResult:
     reference, so this fault never shows there as a packing one."""
     import tempfile
 
-    avail = backend_availability(bench.backend or "eager", bench.device)
-    if not avail.backward:
-        return CheckResult("skipped", {}, avail.backward_reason)
-    try:
-        from transformers import Trainer  # noqa: F401 - needs accelerate
-    except ImportError as exc:
-        return CheckResult("skipped", {}, f"transformers' Trainer is not importable ({exc})")
+    cannot = _cannot_train(bench)
+    if cannot is not None:
+        return cannot
     with tempfile.TemporaryDirectory(prefix="packcheck-trainer-") as tmp:
         padded, (ref_loss, ref_norm, _), (loss, norm, _) = _padded_runs(bench, tmp)
     return padded_verdict(bench, (loss, norm), (ref_loss, ref_norm), padded["labels"], "Trainer")
@@ -310,13 +319,9 @@ def check_trainer(bench: Workbench) -> CheckResult:
 
     import torch
 
-    avail = backend_availability(bench.backend or "eager", bench.device)
-    if not avail.backward:
-        return CheckResult("skipped", {}, avail.backward_reason)
-    try:
-        from transformers import Trainer  # noqa: F401 - needs accelerate
-    except ImportError as exc:
-        return CheckResult("skipped", {}, f"transformers' Trainer is not importable ({exc})")
+    cannot = _cannot_train(bench)
+    if cannot is not None:
+        return cannot
     flat = bench.collator_factory(return_position_ids=True, position_ids_start=bench.start)
     with tempfile.TemporaryDirectory(prefix="packcheck-trainer-") as tmp:
         padded, (ref_loss, ref_norm, ref_params), padded_run = _padded_runs(bench, tmp)
