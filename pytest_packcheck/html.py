@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import html
 import json
-from collections import defaultdict
 from typing import Any
 
 _STYLE = """
@@ -75,21 +74,12 @@ def html_data(doc: dict[str, Any]) -> dict[str, Any]:
     backends; with them, one row per model and backend and the versions as columns, so a regression reads as a
     colour change along a row."""
     from .backends import backend_labels
-    from .report import _env_header, _headline_text, _key_number, _role, departures, env_label, headline
+    from .report import _env_header, _headline_text, _key_number, _role, departures, headline, layout
 
     cells = doc["cells"]
     labels = backend_labels(doc.get("environment", {}))
-    settings = doc.get("settings", {})
-    backends = [b for b in settings.get("backends", []) if any(c["backend"] == b for c in cells)] or sorted(
-        {c["backend"] for c in cells if c["backend"]})
-    envs = sorted({env_label(c) for c in cells}, key=lambda e: (e is not None, str(e)))
-    versioned = envs != [None]
-    models = list(dict.fromkeys(c["model"]["label"] for c in cells))
-    dtypes = sorted({c["dtype"] for c in cells})
-    by_group: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
-    for c in cells:
-        if c["backend"] is not None:
-            by_group[(c["model"]["label"], c["backend"], c["dtype"], env_label(c))].append(c)
+    lay = layout(doc)  # the Markdown's layout: version columns in version order there and here
+    backends, envs, versioned, models, dtypes, by_group = lay.backends, lay.envs, lay.versioned, list(lay.models), lay.dtypes, lay.by_group
     marks = departures(cells)
     groups: dict[str, Any] = {}
 

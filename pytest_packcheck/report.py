@@ -9,6 +9,7 @@ pattern is marked (⚑) on its own cell.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 from .markdown import escape_md, plain
@@ -322,6 +323,41 @@ def _answer_section(models: dict[str, Any], by_group: dict[tuple, list[dict]], b
     return lines
 
 
+@dataclass(frozen=True)
+class Layout:
+    """The shape of a matrix, read once from a results document for every renderer (Markdown, details, HTML):
+    ``models`` (label -> model record, first-seen order), ``backends`` (the settings' order, else sorted),
+    ``dtypes``, ``checks`` (the settings' order, else the registry's), ``envs`` (version environments by version,
+    None first for this environment) and ``by_group`` ((model, backend, dtype, env) -> its cells)."""
+
+    models: dict[str, dict[str, Any]]
+    backends: list[str]
+    dtypes: list[str]
+    checks: list[str]
+    envs: list[str | None]
+    by_group: dict[tuple, list[dict[str, Any]]]
+
+    @property
+    def versioned(self) -> bool:
+        return self.envs != [None]
+
+
+def layout(doc: dict[str, Any]) -> Layout:
+    cells = doc["cells"]
+    settings = doc.get("settings", {})
+    models: dict[str, dict[str, Any]] = {}
+    by_group: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for c in cells:
+        models.setdefault(c["model"]["label"], c["model"])
+        by_group[(c["model"]["label"], c["backend"], c["dtype"], env_label(c))].append(c)
+    backends = [b for b in settings.get("backends", []) if any(c["backend"] == b for c in cells)] or sorted(
+        {c["backend"] for c in cells if c["backend"]})
+    checks = [c for c in settings.get("checks", []) if any(x["check"] == c for x in cells)] or list(dict.fromkeys(
+        s.name for s in REGISTRY if any(x["check"] == s.name for x in cells)))
+    envs = sorted({env_label(c) for c in cells}, key=lambda e: (e is not None, _env_sort_key(e, cells)))
+    return Layout(models, backends, sorted({c["dtype"] for c in cells}), checks, envs, by_group)
+
+
 def render_markdown(doc: dict[str, Any]) -> str:
     """The support matrix: the answer (per model), the stack's hazards and findings (once each), the matrix
     (rows = models, columns = backends; headline from the correctness checks), remedies, legend, then the
@@ -334,20 +370,9 @@ def render_markdown(doc: dict[str, Any]) -> str:
     env = doc["environment"]
     labels = backend_labels(env)  # the torch varlen column relabelled when a stand-in ran
     settings = doc.get("settings", {})
-    models: dict[str, dict[str, Any]] = {}
-    for c in cells:
-        models.setdefault(c["model"]["label"], c["model"])
-    backends = [b for b in settings.get("backends", []) if any(c["backend"] == b for c in cells)] or sorted(
-        {c["backend"] for c in cells if c["backend"]}
-    )
-    dtypes = sorted({c["dtype"] for c in cells})
-    checks = [c for c in settings.get("checks", []) if any(x["check"] == c for x in cells)] or list(dict.fromkeys(
-        s.name for s in REGISTRY if any(x["check"] == s.name for x in cells)))
-    envs = sorted({env_label(c) for c in cells}, key=lambda e: (e is not None, _env_sort_key(e, cells)))
-    versioned = envs != [None]
-    by_group: dict[tuple, list[dict]] = defaultdict(list)
-    for c in cells:
-        by_group[(c["model"]["label"], c["backend"], c["dtype"], env_label(c))].append(c)
+    lay = layout(doc)
+    models, backends, dtypes, checks, envs, by_group = lay.models, lay.backends, lay.dtypes, lay.checks, lay.envs, lay.by_group
+    versioned = lay.versioned
     marks = departures(cells)
     bench = doc.get("bench")
 
@@ -485,20 +510,9 @@ def render_details(doc: dict[str, Any]) -> str:
     backend, then each check that did not pass with its message, cause and remedy."""
     from .backends import backend_labels
 
-    cells = doc["cells"]
-    labels = backend_labels(doc["environment"])
-    settings = doc.get("settings", {})
-    models = list(dict.fromkeys(c["model"]["label"] for c in cells))
-    backends = [b for b in settings.get("backends", []) if any(c["backend"] == b for c in cells)] or sorted(
-        {c["backend"] for c in cells if c["backend"]})
-    dtypes = sorted({c["dtype"] for c in cells})
-    checks = [c for c in settings.get("checks", []) if any(x["check"] == c for x in cells)] or list(dict.fromkeys(
-        s.name for s in REGISTRY if any(x["check"] == s.name for x in cells)))
-    envs = sorted({env_label(c) for c in cells}, key=lambda e: (e is not None, _env_sort_key(e, cells)))
-    by_group: dict[tuple, list[dict]] = defaultdict(list)
-    for c in cells:
-        by_group[(c["model"]["label"], c["backend"], c["dtype"], env_label(c))].append(c)
-    lines = _details(models, by_group, backends, dtypes, envs, checks, labels, cells)
+    lay = layout(doc)
+    lines = _details(list(lay.models), lay.by_group, lay.backends, lay.dtypes, lay.envs, lay.checks,
+                     backend_labels(doc["environment"]), doc["cells"])
     if doc.get("incomplete"):
         inc = doc["incomplete"]
         lines[1:1] = ["", f"**⚠️ Incomplete: {escape_md(inc['reason'])} after {inc['cells']} cells; {escape_md(inc.get('resume', ''))}.**"]
