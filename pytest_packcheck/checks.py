@@ -93,18 +93,23 @@ class Workbench:
             named |= {"cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx", "num_items_in_batch"}
         return named
 
+    def solo(self, example: list[int], model: Any = None) -> Any:
+        """Logits ``(len, vocab)`` float32 of one example run alone, positions from ``start``, ``use_cache=False``,
+        no grad; on ``model`` when given (cross_backend's eager twin), else as :meth:`forward` calls the bench's."""
+        import torch
+
+        batch = {"input_ids": torch.tensor([example], device=self.device),
+                 "position_ids": torch.arange(self.start, self.start + len(example), device=self.device)[None]}
+        if model is None:
+            return self.forward(batch).logits[0].float()
+        with torch.no_grad():
+            return model(**batch, use_cache=False).logits[0].float()
+
     def solo_logits(self) -> list[Any]:
-        """Logits ``(len_i, vocab)`` float32 of each example run alone (positions from ``start``)."""
+        """:meth:`solo` of each of the bench's examples (cached per model)."""
         key = ("solo", id(self.model))
         if key not in self._cache:
-            import torch
-
-            outs = []
-            for e in self.examples:
-                ids = torch.tensor([e], device=self.device)
-                pos = torch.arange(self.start, self.start + len(e), device=self.device)[None]
-                outs.append(self.forward({"input_ids": ids, "position_ids": pos}).logits[0].float())
-            self._cache[key] = outs
+            self._cache[key] = [self.solo(e) for e in self.examples]
         return self._cache[key]
 
     def packed_logits(self, batch: dict[str, Any] | None = None, **kwargs: Any) -> Any:
@@ -473,12 +478,8 @@ def _window_probe(bench: Workbench) -> dict[str, Any] | None:
         return None
     key = ("window", id(bench.model), id(bench.collator_factory))
     if key not in bench._cache:
-        import torch
-
         short = [e[: max(2, window - 1)] for e in bench.examples]
-        solo = [bench.forward({"input_ids": torch.tensor([e], device=bench.device),
-                               "position_ids": torch.arange(bench.start, bench.start + len(e), device=bench.device)[None]}).logits[0].float()
-                for e in short]
+        solo = [bench.solo(e) for e in short]
         row = bench.packed_logits(bench.packed(short))
         offsets = B.segment_slices([len(e) for e in short])
         bench._cache[key] = {"sliding_window": window, "max_abs_diff_within_window":
@@ -535,8 +536,7 @@ def _two_row_probe(bench: Workbench) -> float | str | None:
     for r, row in enumerate(rows):
         start = 0
         for e in row:
-            ref = bench.forward({"input_ids": torch.tensor([e], device=bench.device),
-                                 "position_ids": torch.arange(bench.start, bench.start + len(e), device=bench.device)[None]}).logits[0].float()
+            ref = bench.solo(e)
             worst = max(worst, float((out[r, start:start + len(e)] - ref).abs().max()))
             start += len(e)
     return worst
@@ -967,15 +967,6 @@ def window_probe_lengths(bench: Workbench) -> list[int]:
     return []
 
 
-def _solo(model: Any, bench: Workbench, example: list[int]) -> Any:
-    import torch
-
-    ids = torch.tensor([example], device=bench.device)
-    pos = torch.arange(bench.start, bench.start + len(example), device=bench.device)[None]
-    with torch.no_grad():
-        return model(input_ids=ids, position_ids=pos, use_cache=False).logits[0].float()
-
-
 def check_cross_backend(bench: Workbench) -> CheckResult:
     """This backend's per-example (unpacked) logits vs eager's on the same weights (a deep copy switched to eager),
     on the bench's examples and on lengths around the sliding window (:func:`window_probe_lengths`): max abs
@@ -986,10 +977,10 @@ def check_cross_backend(bench: Workbench) -> CheckResult:
         return CheckResult("skipped", {}, "eager is the reference other backends are compared with")
     twin = _eager_twin(bench)
     extra = B.make_examples(bench.config, tuple(window_probe_lengths(bench)), seed=3) if window_probe_lengths(bench) else []
-    diffs = [(len(e), float((mine - _solo(twin, bench, e)).abs().max()))  # this backend's solo logits are cached
+    diffs = [(len(e), float((mine - bench.solo(e, twin)).abs().max()))  # this backend's solo logits are cached
              for e, mine in zip(bench.examples, bench.solo_logits(), strict=True)]
     for e in extra:
-        diffs.append((len(e), float((_solo(bench.model, bench, e) - _solo(twin, bench, e)).abs().max())))
+        diffs.append((len(e), float((bench.solo(e) - bench.solo(e, twin)).abs().max())))
     atol = bench.tol["logits_atol"]
     worst = max(d for _, d in diffs)
     metrics = {"max_abs_diff_vs_eager": worst, "per_length": {str(n): d for n, d in diffs}, "atol": atol,
@@ -1059,7 +1050,7 @@ def check_edge_lengths(bench: Workbench) -> CheckResult:
         batch = bench.packed(examples)
         out = bench.forward(batch, labels=batch["labels"])
         logits = out.logits[0].float()
-        solo = [_solo(bench.model, bench, e) for e in examples]
+        solo = [bench.solo(e) for e in examples]
         diff = max(float((logits[sl] - ref).abs().max()) for sl, ref in zip(B.segment_slices(list(lengths)), solo, strict=True))
         total, count = 0.0, 0
         for e, ref in zip(examples, solo, strict=True):
