@@ -616,14 +616,14 @@ def check_logits_parity(bench: Workbench) -> CheckResult:
 # 5. loss parity
 
 
-def _reference_loss(bench: Workbench, examples_idx: list[int]) -> tuple[float, int]:
-    """Sum of per-token cross-entropy over the given examples (solo runs) and the token count."""
+def _reference_loss(examples: list[list[int]], solo: list[Any], device: str) -> tuple[float, int]:
+    """Sum of per-token cross-entropy of each example's next tokens under its solo logits ``(len, vocab)``, and
+    the token count (a one-token example adds none)."""
     import torch
 
     total, count = 0.0, 0
-    for i in examples_idx:
-        logits = bench.solo_logits()[i]
-        target = torch.tensor(bench.examples[i][1:], dtype=torch.long, device=bench.device)  # long even when empty
+    for e, logits in zip(examples, solo, strict=True):
+        target = torch.tensor(e[1:], dtype=torch.long, device=device)  # long even when empty
         total += float(torch.nn.functional.cross_entropy(logits[:-1], target, reduction="sum"))
         count += len(target)
     return total, count
@@ -635,7 +635,7 @@ def check_loss_parity(bench: Workbench) -> CheckResult:
     over both micro-batches, as Trainer does since transformers 4.46): packed vs padded vs reference."""
     import torch
 
-    ref_sum, ref_count = _reference_loss(bench, list(range(len(bench.examples))))
+    ref_sum, ref_count = _reference_loss(bench.examples, bench.solo_logits(), bench.device)
     reference = ref_sum / ref_count
     packed = bench.packed()
     loss_packed = float(bench.forward(packed, labels=packed["labels"]).loss)
@@ -1039,7 +1039,6 @@ def check_edge_lengths(bench: Workbench) -> CheckResult:
     """Packed rows of edge lengths (:data:`EDGE_ROWS`) vs each example alone: max abs logits diff <=
     ``logits_atol``, and the packed token-mean loss vs the per-example reference (one-token examples carry no
     label) <= ``loss_atol``. Causes: as :func:`mismatch_cause`."""
-    import torch
 
     window = getattr(bench.config, "sliding_window", None)
     w = window if isinstance(window, int) and 2 < window <= 64 else 8
@@ -1052,11 +1051,7 @@ def check_edge_lengths(bench: Workbench) -> CheckResult:
         logits = out.logits[0].float()
         solo = [bench.solo(e) for e in examples]
         diff = max(float((logits[sl] - ref).abs().max()) for sl, ref in zip(B.segment_slices(list(lengths)), solo, strict=True))
-        total, count = 0.0, 0
-        for e, ref in zip(examples, solo, strict=True):
-            target = torch.tensor(e[1:], dtype=torch.long, device=bench.device)
-            total += float(torch.nn.functional.cross_entropy(ref[:-1], target, reduction="sum")) if len(target) else 0.0
-            count += len(target)
+        total, count = _reference_loss(examples, solo, bench.device)
         loss_delta = abs(float(out.loss) - total / max(count, 1))
         rows.append({"lengths": list(lengths), "max_abs_diff": diff, "loss_delta": loss_delta})
         if diff >= worst:
