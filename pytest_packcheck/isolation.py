@@ -95,17 +95,19 @@ def _signal_name(exitcode: int | None) -> str:
 _WARM = False
 
 
-def warm_up(tolerances: dict[str, float], device: str, backends: Iterable[str] = ("sdpa",)) -> None:
+def warm_up(tolerances: dict[str, float], device: str, backends: Iterable[str] = ("sdpa",),
+            check_names: Iterable[str] = ()) -> None:
     """Once per process, before the first fork, on CPU only: run a tiny llama through the collator, packed and
     padded forwards and a backward on each CPU backend of the run, calling the check functions directly (not
-    through CHECK_FUNCTIONS). Lazy imports and torch's first-call setup (flex_attention's above all) then
-    happen once here instead of in every child. On CUDA nothing is done: CUDA must not be initialised before
+    through the registry); TRL's collator too when ``check_names`` holds collate_trl. Lazy imports and torch's
+    first-call setup (flex_attention's above all) then happen once here instead of in every child. On CUDA nothing is done: CUDA must not be initialised before
     a fork.
     """
     global _WARM
     if _WARM or not device.startswith("cpu"):
         return
     _WARM = True
+    warm_trl = "collate_trl" in check_names
     try:
         import torch
         from transformers import AutoModelForCausalLM, LlamaConfig
@@ -136,7 +138,8 @@ def warm_up(tolerances: dict[str, float], device: str, backends: Iterable[str] =
                     checks.check_backend(bench)
                     if backend != "flex_attention":
                         checks.check_grad_parity(bench)
-                    checks.check_collate_trl(bench)  # imports TRL (seconds) once here, not in every forked child
+                    if warm_trl:
+                        checks.check_collate_trl(bench)  # imports TRL (seconds) once here, not in every forked child
             except Exception:  # noqa: BLE001, S112 - as above
                 continue
     finally:

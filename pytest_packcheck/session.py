@@ -284,7 +284,8 @@ class PackcheckSession:
         if group is None or cell.cell_id not in group:
             from .isolation import run_isolated, warm_up
 
-            warm_up(self.settings.tolerances.get("float32", {}), self.settings.device, self.settings.backends)
+            warm_up(self.settings.tolerances.get("float32", {}), self.settings.device, self.settings.backends,
+                    self.settings.checks)
 
             todo = [i.cell for i in item.session.items
                     if isinstance(i, PackcheckItem) and i.cell.group == cell.group and i.cell.cell_id not in self.resumed
