@@ -423,8 +423,62 @@ def shrink_config(config: Any, keep_auto_map: bool = False, notes: list[str] | N
     for key in _DROP_KEYS:
         if not (keep_auto_map and key in ("auto_map", "_name_or_path")):  # remote code needs both to find its classes
             d.pop(key, None)
-    _shrink_dict(d, dict(getattr(config, "attribute_map", {}) or {}), notes if notes is not None else [], sliding_window)
-    return type(config).from_dict(d)
+    notes = notes if notes is not None else []
+    _shrink_dict(d, dict(getattr(config, "attribute_map", {}) or {}), notes, sliding_window)
+    return _cover_derived_layer_kinds(config, type(config).from_dict(d), notes)
+
+
+#: The most layers :func:`_cover_derived_layer_kinds` gives a shrunk model to reach every layer kind.
+_MAX_COVER_LAYERS = 8
+
+
+def derived_layer_kinds(config: Any) -> dict[str, set[str]]:
+    """Layer kinds a config derives rather than lists: every property that returns one string per layer
+    (jamba's ``layers_block_type`` from ``attn_layer_period`` / ``attn_layer_offset``, recurrent_gemma's from its
+    cycled ``block_types``), by property name. Serialised per-layer lists are covered by the shrink itself."""
+    n_layers = getattr(config, "num_hidden_layers", None)
+    kinds: dict[str, set[str]] = {}
+    if not isinstance(n_layers, int):
+        return kinds
+    for name in dir(type(config)):
+        if not isinstance(getattr(type(config), name, None), property):
+            continue
+        try:
+            value = getattr(config, name)
+        except Exception:  # noqa: BLE001 - a property that cannot be read describes no layers
+            continue
+        if isinstance(value, list | tuple) and len(value) == n_layers and value and all(isinstance(v, str) for v in value):
+            kinds[name] = set(value)
+    return kinds
+
+
+def _cover_derived_layer_kinds(original: Any, shrunk: Any, notes: list[str]) -> Any:
+    """Give ``shrunk`` more layers (at most :data:`_MAX_COVER_LAYERS`, never more than ``original``) until it has
+    every derived layer kind ``original`` has (see :func:`derived_layer_kinds`): two layers of jamba's default
+    config are both mamba (its attention layer is layer 4 of every 8) and two of recurrent_gemma's both recurrent,
+    so a tiny model without attention would "pass" or fail on a model that is not the architecture's. Records
+    the change in ``notes``; returns ``shrunk`` unchanged when nothing is missing or no count reaches them all."""
+    want = derived_layer_kinds(original)
+    n_shrunk, n_original = getattr(shrunk, "num_hidden_layers", None), getattr(original, "num_hidden_layers", None)
+    if not want or not isinstance(n_shrunk, int) or not isinstance(n_original, int):
+        return shrunk
+
+    def missing(cfg: Any) -> set[str]:
+        have = derived_layer_kinds(cfg)
+        return set().union(*(kinds - have.get(name, set()) for name, kinds in want.items()))
+
+    lacking = missing(shrunk)
+    if not lacking:
+        return shrunk
+    d = shrunk.to_dict()
+    for n in range(n_shrunk + 1, min(n_original, _MAX_COVER_LAYERS) + 1):
+        d["num_hidden_layers"] = n
+        candidate = type(shrunk).from_dict(d)
+        if not missing(candidate):
+            notes.append(f"shrink: {n} layers instead of {n_shrunk}, so the tiny model has the {', '.join(sorted(lacking))} "
+                         "layer(s) the architecture has")
+            return candidate
+    return shrunk
 
 
 def _shrink_dict(d: dict[str, Any], amap: dict[str, str], notes: list[str], sliding_window: int = TINY_SLIDING_WINDOW) -> None:

@@ -77,6 +77,23 @@ def test_shrink_keeps_every_layer_kind():
     assert zamba.layers_block_type.count("hybrid") == 2
 
 
+def test_shrink_keeps_layer_kinds_a_config_derives():
+    """jamba derives its layer kinds from attn_layer_period 8 / offset 4 and recurrent_gemma from its cycled
+    block_types: two shrunk layers were all mamba / all recurrent (no attention layer, so position_ids "ignored"
+    and a get_seq_length crash in cache_trap). The shrink adds layers until every kind is there, and says so."""
+    from transformers import CONFIG_MAPPING
+
+    jamba_notes: list[str] = []
+    jamba = shrink_config(CONFIG_MAPPING["jamba"](), notes=jamba_notes)
+    assert set(jamba.layers_block_type) == {"mamba", "attention"} and jamba.num_hidden_layers == 5
+    assert jamba_notes == ["shrink: 5 layers instead of 2, so the tiny model has the attention, full_attention layer(s) "
+                           "the architecture has"]
+    rg = shrink_config(CONFIG_MAPPING["recurrent_gemma"]())
+    assert set(rg.layers_block_type) == {"linear_attention", "sliding_attention"} and rg.num_hidden_layers == 3
+    llama_notes: list[str] = []  # nothing derived is missing: no extra layers, no note
+    assert shrink_config(CONFIG_MAPPING["llama"](), notes=llama_notes).num_hidden_layers == 2 and llama_notes == []
+
+
 def test_lfm2_default_gets_its_conv_layers_and_says_so():
     """arch:lfm2's default config is all full attention: the cell runs a variant with conv layers (LFM2's
     checkpoints), and the model record says so."""
