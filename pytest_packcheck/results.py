@@ -13,7 +13,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from .errors import PackcheckUsageError
+from .errors import PackcheckUsageError, scrub_secrets
 
 #: 2: cells carry ``role`` (from the check registry), ``cause``, ``evidence`` and ``findings`` (cause codes the
 #: check returned). A version-1 file is upgraded on load (role from the registry, no cause codes).
@@ -190,16 +190,11 @@ def build_document(cells: list[CellResult], env: dict[str, Any], settings: dict[
     }
 
 
-_SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|API_KEY|ACCESS_KEY)", re.IGNORECASE)
-
-
 def scrub(text: str) -> str:
     """Remove what must never reach a report, journal or log: the values of secret-looking environment
     variables (HF_TOKEN, HUGGING_FACE_HUB_TOKEN, ..., 8+ characters) become ``***``, and the home directory
     becomes ``~``."""
-    for name, value in os.environ.items():
-        if len(value) >= 8 and _SECRET_NAME.search(name) and value in text:
-            text = text.replace(value, "***")
+    text = scrub_secrets(text)
     home = os.path.expanduser("~")
     if len(home) > 1:
         text = text.replace(home, "~")

@@ -93,7 +93,7 @@ OPTIONS = (
            "or hang costs one cell; none: in this process.", ini="packcheck_isolation", env="PACKCHECK_ISOLATION"),
     Option(OPT_LENGTHS, "Token lengths of the examples packed into one row, comma-separated, each >= 1 (default "
            "11,7,13; e.g. 11,1,13 puts a one-token example between two).", ini="packcheck_lengths", env="PACKCHECK_LENGTHS"),
-    Option(OPT_SLIDING_WINDOW, "The window (tokens, >= 2) a model's longer sliding window is shortened to when packcheck "
+    Option(OPT_SLIDING_WINDOW, "The window (tokens, 2 to 4096) a model's longer sliding window is shortened to when packcheck "
            "shrinks it (default 8, so the examples exceed it).", ini="packcheck_sliding_window", env="PACKCHECK_SLIDING_WINDOW"),
     Option(OPT_CONFIG, "Override one config value of every model: key=value (JSON value, or a string), dotted keys "
            "reach sub-configs, e.g. attn_config.clip_qkv=8 (repeatable; a spec's own {key=value} wins). Recorded "
@@ -179,17 +179,28 @@ class Settings:
 
 
 
+#: The longest packed row (tokens) and sliding window packcheck's probes take: the eager / sdpa references build
+#: a dense [length, length] mask per layer, and the window probes pack examples longer than the window.
+MAX_PROBE_TOKENS = 4096
+
+
 def parse_lengths(value: Any, source: str) -> tuple[int, ...]:
     """Example lengths ``"11,1,13"`` -> (11, 1, 13).
 
     Raises:
-        PackcheckUsageError: not whole numbers >= 1, or fewer than two (a packed row needs two examples).
+        PackcheckUsageError: not whole numbers >= 1, fewer than two (a packed row needs two examples), or a packed
+            row longer than :data:`MAX_PROBE_TOKENS`.
     """
     parts = _split(str(value))
     if len(parts) < 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
         raise PackcheckUsageError(f"Bad example lengths '{value}' (from {source}): give at least two whole numbers >= 1, "
                                   f"comma-separated, e.g. {OPT_LENGTHS}=11,1,13.")
-    return tuple(int(p) for p in parts)
+    lengths = tuple(int(p) for p in parts)
+    if sum(lengths) > MAX_PROBE_TOKENS:
+        raise PackcheckUsageError(f"Bad example lengths '{value}' (from {source}): the packed row would be {sum(lengths)} "
+                                  f"tokens, over packcheck's {MAX_PROBE_TOKENS} (the references build a dense mask per "
+                                  "layer on CPU); give shorter examples, e.g. 11,1,13.")
+    return lengths
 
 
 def _split(value: str | list[str] | tuple[str, ...]) -> list[str]:
@@ -428,9 +439,10 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
     sliding_window = 8
     if window_value not in (None, ""):
         text = str(window_value).strip()
-        if not text.isdigit() or int(text) < 2:
+        if not text.isdigit() or not 2 <= int(text) <= MAX_PROBE_TOKENS:
             raise PackcheckUsageError(f"Bad sliding window '{window_value}' (from {window_src}): give a whole number of tokens "
-                                      f">= 2, e.g. {OPT_SLIDING_WINDOW}=16.")
+                                      f"from 2 to {MAX_PROBE_TOKENS} (the window probes pack examples longer than it), "
+                                      f"e.g. {OPT_SLIDING_WINDOW}=16.")
         sliding_window = int(text)
     return Settings(
         lengths=lengths, sliding_window=sliding_window,

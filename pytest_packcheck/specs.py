@@ -19,7 +19,7 @@ from typing import Any
 
 import tomllib
 
-from .errors import PackcheckUsageError
+from .errors import PackcheckUsageError, scrub_secrets
 
 # org/name, or a legacy ID without an org (gpt2, bert-base-uncased)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
@@ -42,14 +42,14 @@ class ModelSpec:
 
     @property
     def label(self) -> str:
-        """The short label used in test ids and matrix rows."""
+        """The short label used in test ids and matrix rows (secrets scrubbed: see :func:`scrub_secrets`)."""
         if self.kind == "arch":
             base = self.name
         elif self.kind == "local":
             base = Path(self.name).name
         else:
             base = self.name + (f"@{self.revision}" if self.revision else "")
-        return base + (f"{{{format_overrides(self.overrides)}}}" if self.overrides else "")
+        return scrub_secrets(base + (f"{{{format_overrides(self.overrides)}}}" if self.overrides else ""))
 
 
 def split_top(text: str, sep: str = ",") -> list[str]:

@@ -9,6 +9,13 @@ from pathlib import Path
 import pytest
 import tomllib
 
+# Imported before any test runs: pytester restores sys.modules after each test that uses it, so numpy / torch /
+# transformers first imported inside one would be imported a second time by a later test ("cannot load module
+# more than once per process", or a segfault in torch), which made test files fail when run on their own.
+import numpy  # noqa: E402, F401
+import torch  # noqa: E402, F401
+import transformers  # noqa: E402, F401
+
 HUB_CONFIGS = Path(__file__).resolve().parents[2] / "shared" / "hub-configs"
 LOCAL_HUB_CONFIGS = Path(__file__).resolve().parent / "data" / "hub-configs"
 REPO = Path(__file__).resolve().parents[1]

@@ -165,6 +165,22 @@ def pytest_configure(config):
     assert "~/.cache/packcheck-test-model" in (out / "packcheck-matrix.json").read_text()
 
 
+def test_a_token_typed_as_a_model_spec_is_not_echoed_to_the_terminal(monkeypatch):
+    """A token pasted where a model ID belongs (a legal legacy Hub ID) used to show in every test id and in the
+    usage error: both are scrubbed now, as the files already were."""
+    from pytest_packcheck.errors import PackcheckUsageError
+    from pytest_packcheck.specs import parse_model_spec
+
+    token = "hf_" + "Kp4" * 8
+    monkeypatch.setenv("HF_TOKEN", token)
+    spec = parse_model_spec(token + "{clip_qkv=8}", "--packcheck-models")
+    assert spec.label == "***{clip_qkv=8}"
+    assert parse_model_spec("org/llama", "t").label == "org/llama"  # nothing else is touched
+    with pytest.raises(PackcheckUsageError) as info:
+        parse_model_spec(token + "@", "--packcheck-models")
+    assert token not in str(info.value) and "'***@'" in str(info.value)
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

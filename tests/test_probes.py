@@ -97,11 +97,13 @@ def test_bad_lengths_and_window_are_one_line_errors(tmp_path):
     from pytest_packcheck.settings import OPT_LENGTHS, parse_lengths, resolve
     from pytest_packcheck.specs import load_audit
 
-    for bad in ("11", "11,0,13", "a,b", "11,-1"):
+    for bad in ("11", "11,0,13", "a,b", "11,-1", "4000,97"):
         with pytest.raises(PackcheckUsageError, match=f"Bad example lengths '{bad}' \\(from {OPT_LENGTHS}\\)"):
             parse_lengths(bad, OPT_LENGTHS)
-    with pytest.raises(PackcheckUsageError, match="Bad sliding window '1' \\(from --packcheck-sliding-window\\)"):
-        resolve(lambda d: {"packcheck_models": "arch:llama", "packcheck_sliding_window": "1"}.get(d), lambda k: None)
+    for window in ("1", "4097"):
+        with pytest.raises(PackcheckUsageError, match=f"Bad sliding window '{window}' \\(from --packcheck-sliding-window\\): .* from 2 to 4096"):
+            resolve(lambda d: {"packcheck_models": "arch:llama", "packcheck_sliding_window": window}.get(d), lambda k: None)
+    assert parse_lengths("4000,96", OPT_LENGTHS) == (4000, 96)  # 4096 tokens: the longest row taken
     audit = tmp_path / "a.toml"
     audit.write_text('models = ["arch:llama"]\nlengths = [11, 1, 13]\nsliding_window = 12\n')
     got = load_audit(str(audit))
