@@ -128,7 +128,7 @@ def remedy(cause: str, cell: dict[str, Any], doc_env: dict[str, Any]) -> str:
                                  "(counts after the shift) or a hand-written reference"),
         "padded_mismatch": ("the padded baseline is off, not the packed run: see the padded cell's per-step losses; "
                             "compare packed runs with a hand-written reference"),
-        "completion_mask": ("upgrade TRL to >= 0.20 (0.19's packer drops the completion_mask column, so prompts are "
+        "completion_mask": ("upgrade TRL to >= 0.20.0 (the packer of 0.17.0 - 0.19.1 drops the completion_mask column, so prompts are "
                             "trained), or mask the prompt labels yourself before packing; check with the sft cell"),
         "probe_inconclusive": "run this model in float32 (the probe is conclusive there) to check isolation",
         "backend_swap": "install the requested backend or request one that runs (see which ran in the backend cell)",
