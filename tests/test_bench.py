@@ -241,3 +241,29 @@ def test_bench_warning_counts_only_checks_that_bear_on_the_benched_computation()
                            cell("isolation", "error")], r) == []
     assert _packing_fails([cell("isolation", "fail"), cell("logits_parity", "fail", dtype="bfloat16"),
                            cell("loss_parity", "fail", backend="eager")], r) == ["isolation"]
+
+
+def test_verdict_changes_lists_a_planted_change_with_its_evidence(tmp_path, capsys):
+    """scripts/verdict_changes.py (the all-architectures comparison in the notes): one correctness cell of the
+    committed matrix turned into a leak is the one changed matrix cell, with its check and number."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("verdict_changes", root / "scripts" / "verdict_changes.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    doc = json.loads((root / "reports" / "packcheck-matrix.json").read_text())
+    (tmp_path / "old.json").write_text(json.dumps(doc))
+    cell = next(c for c in doc["cells"] if c["cell_id"] == "llama-sdpa-isolation-float32")
+    assert cell["status"] == "pass"
+    cell.update(status="fail", cause="leak", message="leak across boundaries", diagnosis={"cause": "leak"})
+    cell["metrics"]["max_change"] = 0.25
+    (tmp_path / "new.json").write_text(json.dumps(doc))
+    assert module.main([str(tmp_path / "old.json"), str(tmp_path / "new.json"), "--backend", "sdpa"]) == 0
+    out = capsys.readouterr().out
+    assert "1 matrix cells changed verdict" in out
+    line = next(line for line in out.splitlines() if line.startswith("llama "))
+    assert "pass" in line and "fail (leak)" in line and "isolation: Δ 2.5e-01" in line
+    assert module.main([str(tmp_path / "old.json"), str(tmp_path / "missing.json")]) == 2
