@@ -34,8 +34,10 @@ from .results import CheckResult
 class Workbench:
     """Everything the checks of one cell group share.
 
-    ``model``: a causal LM in eval mode, no dropout. ``examples``: token id lists, lengths
-    :data:`batches.DEFAULT_LENGTHS`. ``tol``: the dtype's tolerances (see audit/tolerances.toml).
+    ``model``: a causal LM in eval mode, no dropout (or a multimodal model run on its text path).
+    ``examples``: token id lists, lengths :data:`batches.DEFAULT_LENGTHS`. ``tol``: the dtype's tolerances (see
+    audit/tolerances.toml). ``layout``: how position_ids reach the model (:class:`batches.PositionLayout`: as
+    the collator gives them, or M-RoPE rows for a multimodal model's text path); every forward goes through it.
     """
 
     model: Any
@@ -47,6 +49,7 @@ class Workbench:
     collator_factory: Callable[..., Any] = B.default_collator_factory
     trl_collator_factory: Callable[..., Any] = B.trl_collator_factory
     examples: list[list[int]] = field(default_factory=list)
+    layout: B.PositionLayout = B.PLAIN_POSITIONS
     _cache: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -78,6 +81,8 @@ class Workbench:
         inputs = {k: v for k, v in batch.items() if accepted is None or k in accepted or k == "position_ids"}
         inputs.update(kwargs)
         inputs.setdefault("use_cache", False)
+        if "position_ids" in inputs:
+            inputs["position_ids"] = self.layout.apply(inputs["position_ids"])
         ctx = contextlib.nullcontext() if grad else torch.no_grad()
         with ctx:
             return self.model(**inputs)
@@ -103,7 +108,7 @@ class Workbench:
         if model is None:
             return self.forward(batch).logits[0].float()
         with torch.no_grad():
-            return model(**batch, use_cache=False).logits[0].float()
+            return model(**{**batch, "position_ids": self.layout.apply(batch["position_ids"])}, use_cache=False).logits[0].float()
 
     def solo_logits(self) -> list[Any]:
         """:meth:`solo` of each of the bench's examples (cached per model)."""
@@ -882,7 +887,10 @@ def check_cache_trap(bench: Workbench) -> CheckResult:
     model.train()
     try:
         with torch.no_grad():  # forward-only: no backward needed to see the mask, and flex has none on CPU
-            default_logits = model(**{k: v for k, v in batch.items() if k in ("input_ids", "position_ids", "labels")}).logits[0].float()
+            inputs = {k: v for k, v in batch.items() if k in ("input_ids", "position_ids", "labels")}
+            if "position_ids" in inputs:
+                inputs["position_ids"] = bench.layout.apply(inputs["position_ids"])
+            default_logits = model(**inputs).logits[0].float()
     finally:
         model.eval()
     diff_default, _ = bench.diff_to_solo(default_logits)
