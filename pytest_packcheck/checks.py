@@ -72,9 +72,10 @@ class Workbench:
     def packed(self, examples: list[list[int]] | None = None, **kwargs: Any) -> dict[str, Any]:
         return B.packed_batch(examples or self.examples, self.collator_factory, self.start, device=self.device, **kwargs)
 
-    def forward(self, batch: dict[str, Any], grad: bool = False, **kwargs: Any) -> Any:
+    def forward(self, batch: dict[str, Any], grad: bool = False, layout: B.PositionLayout | None = None, **kwargs: Any) -> Any:
         """Call the model as a packed-training user would, minus the cache (``use_cache=False``) unless
-        ``kwargs`` says otherwise. Keys the forward does not take are dropped, except position_ids."""
+        ``kwargs`` says otherwise. Keys the forward does not take are dropped, except position_ids, which go
+        through ``layout`` (default: the bench's)."""
         import torch
 
         accepted = self.accepted
@@ -82,7 +83,7 @@ class Workbench:
         inputs.update(kwargs)
         inputs.setdefault("use_cache", False)
         if "position_ids" in inputs:
-            inputs["position_ids"] = self.layout.apply(inputs["position_ids"])
+            inputs["position_ids"] = (layout or self.layout).apply(inputs["position_ids"])
         ctx = contextlib.nullcontext() if grad else torch.no_grad()
         with ctx:
             return self.model(**inputs)
@@ -587,6 +588,13 @@ def check_logits_parity(bench: Workbench) -> CheckResult:
         notes.append(f"positions from {bench.start} (position_ids_start, 5.16+): {show(metrics['max_abs_diff_start_based_positions'])}, "
                      f"from 0: {show(metrics['max_abs_diff_zero_based_positions'])}")
     metrics["batch_has_position_ids"] = "position_ids" in bench.packed()
+    collator_ids = None
+    if bench.layout.rows is not None and metrics["batch_has_position_ids"]:
+        # a multimodal model's text path: the collator's (batch, length) ids as the Trainer passes them on, not
+        # laid out in M-RoPE rows (Qwen2-VL 5.24 expands them to 3 rows with no text row: no packed mask)
+        collator_ids = bench.diff_to_solo(bench.forward(bench.packed(), layout=B.PLAIN_POSITIONS).logits[0].float())[0]
+        metrics["max_abs_diff_collator_position_ids"] = collator_ids
+        notes.append(f"the collator's (batch, length) position_ids as given: {_fmt(collator_ids)}")
     two_rows = _two_row_probe(bench)
     if two_rows is not None:
         metrics["max_abs_diff_two_rows"] = two_rows
@@ -600,6 +608,10 @@ def check_logits_parity(bench: Workbench) -> CheckResult:
     if isinstance(two_rows, float) and two_rows > bench.tol["logits_atol"] and worst <= bench.tol["logits_atol"]:
         # only where the packed row itself is right: a row that already leaks says nothing more with two rows
         findings.append({"cause": "batch_rows", "evidence": f"two packed rows differ from solo by {_fmt(two_rows)}"})
+    if collator_ids is not None and collator_ids > bench.tol["logits_atol"]:
+        findings.append({"cause": "position_layout", "evidence": (
+            f"the collator's (batch, length) position_ids differ from solo by {_fmt(collator_ids)}; laid out as "
+            f"({bench.layout.rows}, batch, length) by {_fmt(worst)}")})
     shifted = metrics.get("max_abs_diff_start_based_positions")
     if isinstance(shifted, float) and worst > bench.tol["logits_atol"] and shifted < worst / 10:
         findings.append({"cause": "wrong_positions", "evidence": (

@@ -126,8 +126,8 @@ class ResolvedModel:
         if self.notes:
             extra["config_notes"] = list(self.notes)
         if self.text_path:
-            extra["text_path"] = (f"{self.model_class} on its text path: text-only rows (no pixel_values), "
-                                  "multi-row M-RoPE position_ids as its own generate() lays them out, restarting per example")
+            extra["text_path"] = (f"{self.model_class} on its text path: text-only rows (no pixel_values), M-RoPE "
+                                  "position_ids (a text row, then the rows of its own get_rope_index), restarting per example")
         return {
             "spec": self.spec.raw,
             "label": self.spec.label,
