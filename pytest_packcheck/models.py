@@ -287,12 +287,12 @@ def _mrope_section_default(config: Any, class_name: str) -> list[str]:
         try:
             with torch.device("meta"):
                 section = getattr(obj(copy.deepcopy(text)), "mrope_section", None)
-        except Exception:  # noqa: BLE001 - a rotary class of another sub-model (audio, vision under another name)
+        except Exception:  # noqa: BLE001, S112 - a rotary class of another sub-model (audio, vision under another name)
             continue
         if isinstance(section, list | tuple) and section and all(type(v) is int for v in section):
             params["mrope_section"] = list(section)
-            return [f"mrope_section={list(section)} ({name}'s built-in default, which the config leaves out; written "
-                    "so the shrink scales it with the head size)"]
+            return [(f"mrope_section={list(section)} ({name}'s built-in default, which the config leaves out; written "
+                     "so the shrink scales it with the head size)")]
     return []
 
 
@@ -844,8 +844,9 @@ def mrope_section_mismatch(config: Any) -> tuple[str, str] | None:
     fixes = [f"text_config.head_dim={round(2 * sum(section) / factor)}"]
     if 2 * sum(section) < head_dim:
         fixes.append(f"text_config.rope_parameters.partial_rotary_factor={2 * sum(section) / head_dim:g}")
-    return (f"text rope_parameters mrope_section {section} sums to {sum(section)} rotary frequencies, but its heads have "
-            f"{half} (head_dim {head_dim} x partial_rotary_factor {factor} / 2)", " or ".join(fixes))
+    why = (f"text rope_parameters mrope_section {section} sums to {sum(section)} rotary frequencies, but its heads have "
+           f"{half} (head_dim {head_dim} x partial_rotary_factor {factor} / 2)")
+    return why, " or ".join(fixes)
 
 
 def auto_model_class(resolved: ResolvedModel) -> Any:

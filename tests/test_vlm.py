@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from faults import DropPositionIds, FrozenSection, SectionNoRestart, TextRowNoRestart
 
 
@@ -33,8 +32,9 @@ def _bench(spec: str, backend: str, tolerances: dict, **kwargs):
 
 @pytest.fixture(scope="module")
 def tol() -> dict:
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     return tomllib.loads((Path(__file__).resolve().parents[1] / "audit" / "tolerances.toml").read_text())
 
@@ -261,3 +261,15 @@ def test_plugin_records_the_text_path(pytester):
     for cell in cells:
         assert cell["model"]["model_class"] == "Qwen2VLForConditionalGeneration" and "text path" in cell["model"]["text_path"]
         assert cell["metrics"]["text_path"]["position_ids"].startswith("(4, batch, length)")
+
+
+def test_vlm_audit_resolves():
+    """audit/vlm.toml names architectures that all resolve to a text path (overrides included)."""
+    from pytest_packcheck.models import resolve_model
+    from pytest_packcheck.specs import load_audit
+
+    audit = load_audit("vlm")
+    from pytest_packcheck.specs import parse_model_spec
+
+    resolved = [resolve_model(parse_model_spec(raw, "audit vlm"), "audit vlm") for raw in audit.models]
+    assert len(resolved) >= 10 and all(r.text_path == "mrope" for r in resolved)
