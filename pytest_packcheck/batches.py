@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 #: Example lengths (tokens) of the packed row. Longer than the shrunk sliding window (8), different from each
@@ -25,6 +26,41 @@ def position_ids_start(config: Any) -> int:
     if config.model_type in ROBERTA_LIKE and config.pad_token_id is not None:
         return int(config.pad_token_id) + 1
     return 0
+
+
+@dataclass(frozen=True)
+class PositionLayout:
+    """How a packed row's ``position_ids`` reach the model.
+
+    ``rows=None``: as ``DataCollatorWithFlattening`` returns them, int64 ``(batch, length)``.
+    ``rows=R``: multimodal RoPE (M-RoPE) position_ids, int64 ``(R, batch, length)``, every row the 1-D positions
+    restarting per example. For text-only input each M-RoPE section (temporal, height, width) is the token's own
+    position (``get_rope_index`` gives a text run ``arange(n)`` in all three), and transformers 5.x's Qwen2-VL
+    family puts a text row first (R = 4): the row ``create_causal_mask`` and the flash path's
+    ``prepare_fa_kwargs_from_position_ids`` find the packed boundaries in (``Qwen2VLTextModel.forward``,
+    ``Qwen2VLForConditionalGeneration._prepare_position_ids_for_generation``, transformers 5.24). ``source``:
+    where R was read, for the cell record.
+    """
+
+    rows: int | None = None
+    source: str = ""
+
+    def apply(self, position_ids: Any) -> Any:
+        """``position_ids`` int64 ``(batch, length)`` -> this layout; ids that already have another rank pass
+        through unchanged."""
+        if self.rows is None or position_ids is None or position_ids.ndim != 2:
+            return position_ids
+        return position_ids[None].expand(self.rows, -1, -1).contiguous()
+
+    def describe(self) -> dict[str, Any]:
+        """What the cell record says about a multimodal model's text path: the layout and where it was read."""
+        shape = "(batch, length)" if self.rows is None else f"({self.rows}, batch, length), every row"
+        return {"path": "text", "input": "text only (no pixel_values)", "position_ids": f"{shape} restarting per example",
+                "source": self.source}
+
+
+#: position_ids as the collator gives them (every causal LM).
+PLAIN_POSITIONS = PositionLayout()
 
 
 def make_examples(config: Any, lengths: tuple[int, ...] = DEFAULT_LENGTHS, seed: int = 0) -> list[list[int]]:

@@ -34,8 +34,10 @@ from .results import CheckResult
 class Workbench:
     """Everything the checks of one cell group share.
 
-    ``model``: a causal LM in eval mode, no dropout. ``examples``: token id lists, lengths
-    :data:`batches.DEFAULT_LENGTHS`. ``tol``: the dtype's tolerances (see audit/tolerances.toml).
+    ``model``: a causal LM in eval mode, no dropout (or a multimodal model run on its text path).
+    ``examples``: token id lists, lengths :data:`batches.DEFAULT_LENGTHS`. ``tol``: the dtype's tolerances (see
+    audit/tolerances.toml). ``layout``: how position_ids reach the model (:class:`batches.PositionLayout`: as
+    the collator gives them, or M-RoPE rows for a multimodal model's text path); every forward goes through it.
     """
 
     model: Any
@@ -47,6 +49,7 @@ class Workbench:
     collator_factory: Callable[..., Any] = B.default_collator_factory
     trl_collator_factory: Callable[..., Any] = B.trl_collator_factory
     examples: list[list[int]] = field(default_factory=list)
+    layout: B.PositionLayout = B.PLAIN_POSITIONS
     _cache: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -69,15 +72,18 @@ class Workbench:
     def packed(self, examples: list[list[int]] | None = None, **kwargs: Any) -> dict[str, Any]:
         return B.packed_batch(examples or self.examples, self.collator_factory, self.start, device=self.device, **kwargs)
 
-    def forward(self, batch: dict[str, Any], grad: bool = False, **kwargs: Any) -> Any:
+    def forward(self, batch: dict[str, Any], grad: bool = False, layout: B.PositionLayout | None = None, **kwargs: Any) -> Any:
         """Call the model as a packed-training user would, minus the cache (``use_cache=False``) unless
-        ``kwargs`` says otherwise. Keys the forward does not take are dropped, except position_ids."""
+        ``kwargs`` says otherwise. Keys the forward does not take are dropped, except position_ids, which go
+        through ``layout`` (default: the bench's)."""
         import torch
 
         accepted = self.accepted
         inputs = {k: v for k, v in batch.items() if accepted is None or k in accepted or k == "position_ids"}
         inputs.update(kwargs)
         inputs.setdefault("use_cache", False)
+        if "position_ids" in inputs:
+            inputs["position_ids"] = (layout or self.layout).apply(inputs["position_ids"])
         ctx = contextlib.nullcontext() if grad else torch.no_grad()
         with ctx:
             return self.model(**inputs)
@@ -103,7 +109,7 @@ class Workbench:
         if model is None:
             return self.forward(batch).logits[0].float()
         with torch.no_grad():
-            return model(**batch, use_cache=False).logits[0].float()
+            return model(**{**batch, "position_ids": self.layout.apply(batch["position_ids"])}, use_cache=False).logits[0].float()
 
     def solo_logits(self) -> list[Any]:
         """:meth:`solo` of each of the bench's examples (cached per model)."""
@@ -582,6 +588,13 @@ def check_logits_parity(bench: Workbench) -> CheckResult:
         notes.append(f"positions from {bench.start} (position_ids_start, 5.16+): {show(metrics['max_abs_diff_start_based_positions'])}, "
                      f"from 0: {show(metrics['max_abs_diff_zero_based_positions'])}")
     metrics["batch_has_position_ids"] = "position_ids" in bench.packed()
+    collator_ids = None
+    if bench.layout.rows is not None and metrics["batch_has_position_ids"]:
+        # a multimodal model's text path: the collator's (batch, length) ids as the Trainer passes them on, not
+        # laid out in M-RoPE rows (Qwen2-VL 5.24 expands them to 3 rows with no text row: no packed mask)
+        collator_ids = bench.diff_to_solo(bench.forward(bench.packed(), layout=B.PLAIN_POSITIONS).logits[0].float())[0]
+        metrics["max_abs_diff_collator_position_ids"] = collator_ids
+        notes.append(f"the collator's (batch, length) position_ids as given: {_fmt(collator_ids)}")
     two_rows = _two_row_probe(bench)
     if two_rows is not None:
         metrics["max_abs_diff_two_rows"] = two_rows
@@ -595,6 +608,10 @@ def check_logits_parity(bench: Workbench) -> CheckResult:
     if isinstance(two_rows, float) and two_rows > bench.tol["logits_atol"] and worst <= bench.tol["logits_atol"]:
         # only where the packed row itself is right: a row that already leaks says nothing more with two rows
         findings.append({"cause": "batch_rows", "evidence": f"two packed rows differ from solo by {_fmt(two_rows)}"})
+    if collator_ids is not None and collator_ids > bench.tol["logits_atol"]:
+        findings.append({"cause": "position_layout", "evidence": (
+            f"the collator's (batch, length) position_ids differ from solo by {_fmt(collator_ids)}; laid out as "
+            f"({bench.layout.rows}, batch, length) by {_fmt(worst)}")})
     shifted = metrics.get("max_abs_diff_start_based_positions")
     if isinstance(shifted, float) and worst > bench.tol["logits_atol"] and shifted < worst / 10:
         findings.append({"cause": "wrong_positions", "evidence": (
@@ -882,7 +899,10 @@ def check_cache_trap(bench: Workbench) -> CheckResult:
     model.train()
     try:
         with torch.no_grad():  # forward-only: no backward needed to see the mask, and flex has none on CPU
-            default_logits = model(**{k: v for k, v in batch.items() if k in ("input_ids", "position_ids", "labels")}).logits[0].float()
+            inputs = {k: v for k, v in batch.items() if k in ("input_ids", "position_ids", "labels")}
+            if "position_ids" in inputs:
+                inputs["position_ids"] = bench.layout.apply(inputs["position_ids"])
+            default_logits = model(**inputs).logits[0].float()
     finally:
         model.eval()
     diff_default, _ = bench.diff_to_solo(default_logits)

@@ -137,6 +137,10 @@ def remedy(cause: str, cell: dict[str, Any], doc_env: dict[str, Any]) -> str:
         "loss_normalisation": ("compare packed runs with a correctly normalised padded baseline, and count num_items_in_batch "
                                "after the shift over the whole accumulation step; keep labels -100 at boundaries"),
         "kernel_numerics": "none needed: within a small multiple of the dtype tolerance; widen it if this dtype is expected to differ",
+        "position_layout": ("lay the packed row's position_ids out as the model's own get_rope_index and generate() do: "
+                            "(4, batch, length), the collator's row as the text row and again for temporal / height / "
+                            "width (text-only rows), e.g. position_ids[None].expand(4, -1, -1); or, on a flash backend, "
+                            "pass cu_seq_lens_q/k (DataCollatorWithFlattening(return_flash_attn_kwargs=True))"),
         "batch_rows": "pack one row per step (DataCollatorWithFlattening does), or pass cu_seq_lens_q/k with the batch",
         "packed_mismatch": "rerun with the current packcheck: it names the cause",
         "crash": "see the exception; report it upstream if it is the library's",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,11 +115,19 @@ class ResolvedModel:
     #: config values set beyond the checkpoint's or the default config: the spec's overrides and what the
     #: shrink had to set (a value the config left None, a layer-kind variant), one line each
     notes: list[str] = field(default_factory=list)
+    #: the transformers auto class that builds it: AutoModelForCausalLM, or for a multimodal model run on its
+    #: text path (:data:`TEXT_PATH_AUTO_CLASSES`) the one whose mapping names ``model_class``
+    auto_class: str = "AutoModelForCausalLM"
+    #: "mrope" for a multimodal model run on its text path with M-RoPE position_ids; None for a causal LM
+    text_path: str | None = None
 
     def record(self) -> dict[str, Any]:
         extra = {"config_overrides": dict(self.spec.overrides)} if self.spec.overrides else {}
         if self.notes:
             extra["config_notes"] = list(self.notes)
+        if self.text_path:
+            extra["text_path"] = (f"{self.model_class} on its text path: text-only rows (no pixel_values), M-RoPE "
+                                  "position_ids (a text row, then the rows of its own get_rope_index), restarting per example")
         return {
             "spec": self.spec.raw,
             "label": self.spec.label,
@@ -142,6 +151,44 @@ def causal_lm_architectures() -> list[str]:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
+#: Auto classes (and their mapping in ``transformers.models.auto.modeling_auto``) of multimodal models packcheck
+#: runs on their text path, in the order they are looked up.
+TEXT_PATH_AUTO_CLASSES = (("AutoModelForImageTextToText", "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES"),
+                          ("AutoModelForMultimodalLM", "MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES"))
+
+
+def mrope_text_path(model_type: str) -> tuple[str, str] | None:
+    """(class name, auto class) of a multimodal model with no causal-LM class whose own generate() lays out
+    multi-row M-RoPE position_ids (its class overrides ``_prepare_position_ids_for_generation``: Qwen2-VL,
+    Qwen2.5-VL, Qwen3-VL, GLM-4V and their kin in transformers 5.x), which packcheck runs on its text path;
+    None for any other model type."""
+    import transformers
+    from transformers.models.auto import modeling_auto
+
+    for auto, mapping in TEXT_PATH_AUTO_CLASSES:
+        name = getattr(modeling_auto, mapping, {}).get(model_type)
+        name = name if isinstance(name, str) else (name[0] if name else None)
+        try:
+            cls = getattr(transformers, name) if name and hasattr(transformers, auto) else None
+        except (ImportError, AttributeError):  # a model class whose optional dependency is missing
+            cls = None
+        if cls is not None and any("_prepare_position_ids_for_generation" in vars(k) for k in cls.__mro__
+                                   if k.__module__.startswith("transformers.models.")):
+            return name, auto
+    return None
+
+
+def mrope_text_path_architectures() -> list[str]:
+    """Every model_type :func:`mrope_text_path` runs on its text path in the installed transformers, sorted."""
+    from transformers.models.auto import modeling_auto
+
+    names = set()
+    for _, mapping in TEXT_PATH_AUTO_CLASSES:
+        names |= set(getattr(modeling_auto, mapping, {}))
+    causal = set(causal_lm_architectures())
+    return sorted(t for t in names if t not in causal and mrope_text_path(t))
 
 
 def resolve_model(spec: ModelSpec, source: str, trust_remote_code: bool = False) -> ResolvedModel:
@@ -199,13 +246,54 @@ def resolve_model(spec: ModelSpec, source: str, trust_remote_code: bool = False)
         _apply_overrides(config, spec, source)
     model_type = config.model_type
     cls = causal_lm_class_name(model_type)
+    text_path = mrope_text_path(model_type) if cls is None else None
+    if text_path is not None:
+        notes += _mrope_section_default(config, text_path[0])
+        return ResolvedModel(spec=spec, config=config, model_type=model_type, model_class=text_path[0], revision=revision,
+                             notes=notes, auto_class=text_path[1], text_path="mrope")
     if cls is None and not getattr(config, "auto_map", None):
         raise PackcheckUsageError(
-            f"Model '{spec.raw}' (from {source}) is a '{model_type}' model with no causal-LM head in transformers: "
-            "packcheck checks causal language models; pick a decoder model."
+            f"Model '{spec.raw}' (from {source}) is a '{model_type}' model with no causal-LM head in transformers, and "
+            "not a multimodal model with M-RoPE position_ids whose text path packcheck runs (Qwen2-VL, Qwen2.5-VL, "
+            "Qwen3-VL, GLM-4V, ...): packcheck checks causal language models; pick a decoder model."
         )
     return ResolvedModel(spec=spec, config=config, model_type=model_type, model_class=cls or "remote code", revision=revision,
                          notes=notes)
+
+
+def _mrope_section_default(config: Any, class_name: str) -> list[str]:
+    """Write the text model's built-in ``mrope_section`` into the text config's ``rope_parameters`` where the config
+    leaves it out (transformers 5.24's default Qwen2-VL config: the rotary module falls back to [16, 24, 24]), so
+    the shrink can scale it with the head size; returns the note for the model record ([] when the config has it,
+    or no text rotary module names one)."""
+    import sys
+
+    import torch
+    import transformers
+
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    params = getattr(text, "rope_parameters", None)
+    if not isinstance(params, dict) or "mrope_section" in params:
+        return []
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    # the model's own module, and its text model's (Glm46V reuses Glm4v's text model)
+    text_model = MODEL_MAPPING_NAMES.get(getattr(text, "model_type", ""))
+    classes = [getattr(transformers, c, None) for c in (class_name, text_model if isinstance(text_model, str) else None) if c]
+    candidates = {name: obj for cls in classes if cls is not None for name, obj in vars(sys.modules[cls.__module__]).items()}
+    for name, obj in sorted(candidates.items()):
+        if not (isinstance(obj, type) and name.endswith("RotaryEmbedding") and "Vision" not in name):
+            continue
+        try:
+            with torch.device("meta"):
+                section = getattr(obj(copy.deepcopy(text)), "mrope_section", None)
+        except Exception:  # noqa: BLE001, S112 - a rotary class of another sub-model (audio, vision under another name)
+            continue
+        if isinstance(section, list | tuple) and section and all(type(v) is int for v in section):
+            params["mrope_section"] = list(section)
+            return [(f"mrope_section={list(section)} ({name}'s built-in default, which the config leaves out; written "
+                     "so the shrink scales it with the head size)")]
+    return []
 
 
 #: Layer kinds an architecture's checkpoints have that its default config leaves out, as the layer_types
@@ -243,8 +331,6 @@ def _layer_variant(config: Any, model_type: str) -> list[str]:
 def _default_config(config_class: Any, spec: ModelSpec) -> Any:
     """The architecture's default config, built with the spec's top-level overrides as arguments where the class
     takes them (a default that does not validate without them: gemma4_assistant), else without."""
-    import inspect
-
     fields = set(getattr(config_class, "__dataclass_fields__", None) or inspect.signature(config_class).parameters)
     plain = {k: v for k, v in spec.overrides if "." not in k and k in fields}
     if plain:
@@ -267,11 +353,12 @@ def _apply_overrides(config: Any, spec: ModelSpec, source: str) -> None:
     for key, value in spec.overrides:
         target, parts = config, key.split(".")
         for part in parts[:-1]:
-            sub = getattr(target, part, None)
-            if sub is None or not hasattr(sub, "to_dict"):
+            sub = target.get(part) if isinstance(target, dict) else getattr(target, part, None)
+            if sub is None or not (hasattr(sub, "to_dict") or isinstance(sub, dict)):
                 raise PackcheckUsageError(
                     f"Config override '{key}' (in model spec '{spec.raw}' from {source}): '{part}' is not a sub-config "
-                    f"of {type(target).__name__}: use a key of the config (its config.json) or subconfig.key.")
+                    f"(or a dict such as rope_parameters) of {type(target).__name__}: use a key of the config (its "
+                    "config.json) or subconfig.key.")
             target = sub
         name = parts[-1]
         if len(parts) == 1 and not hasattr(config, name):
@@ -597,6 +684,8 @@ def _shrink_dict(d: dict[str, Any], amap: dict[str, str], notes: list[str], slid
 
     _derived_sizes(d, real("hidden_size"), heads_key, original)
     _fill_required(d, real("hidden_size"), heads_key, notes)
+    _mrope_sections(d, real("hidden_size"), heads_key, original)
+    _shrink_towers(d)
 
     text, global_ = d.get("text_config"), d.get("global_config")
     for tower in (v for v in d.values() if isinstance(v, dict)):
@@ -628,6 +717,75 @@ def _shrink_dict(d: dict[str, Any], amap: dict[str, str], notes: list[str], slid
                 d[key] = TINY_VOCAB - 1 - _SPECIAL_TOKEN_KEYS.index(key)
             elif isinstance(value, list):
                 d[key] = [v if v < TINY_VOCAB else TINY_VOCAB - 1 for v in value]
+
+
+def _mrope_sections(d: dict[str, Any], hidden_key: str, heads_key: str, original: dict[str, int]) -> None:
+    """Scale ``rope_parameters["mrope_section"]`` (multimodal RoPE: how many rotary frequencies the temporal, height
+    and width positions each get) to the shrunk head: its sum is half the rotary dims (``torch.split`` of the
+    frequencies by it in Qwen2-VL's ``recomposition_frequencies``, transformers 5.24), so it keeps its proportions
+    and sums to the new half (largest remainders, every section at least one frequency). A section that did not
+    sum to the old half (a default config that does not run at full size either) keeps that ratio."""
+    params = d.get("rope_parameters")
+    section = params.get("mrope_section") if isinstance(params, dict) else None
+    if not (isinstance(section, list) and section and all(type(v) is int and v > 0 for v in section)):
+        return
+    factor = params.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0))
+    factor = factor if isinstance(factor, int | float) and not isinstance(factor, bool) else 1.0
+
+    def half(head_dim: int | None) -> int:
+        return int((head_dim or 0) * factor) // 2
+
+    old_heads, heads = original.get(heads_key), d.get(heads_key)
+    old = half(original.get("head_dim") or (original.get(hidden_key, 0) // old_heads if old_heads else 0))
+    new = half(d["head_dim"] if isinstance(d.get("head_dim"), int) else
+               (d.get(hidden_key, 0) // heads if isinstance(heads, int) and heads else 0))
+    if old <= 0 or new <= 0:
+        return
+    total = max(len(section), round(sum(section) * new / old))
+    raw = [v * total / sum(section) for v in section]
+    scaled = [max(1, int(r)) for r in raw]
+    for i in sorted(range(len(raw)), key=lambda i: raw[i] - int(raw[i]), reverse=True):
+        if sum(scaled) >= total:
+            break
+        scaled[i] += 1
+    while sum(scaled) > total:  # the max(1, ...) floors overshot: take from the largest
+        scaled[scaled.index(max(scaled))] -= 1
+    params["mrope_section"] = scaled
+
+
+#: Size of a shrunk vision / audio tower: blocks, attention heads (head size :data:`TINY_HEAD_DIM`).
+TINY_TOWER_DEPTH = 2
+TINY_TOWER_HEADS = 2
+
+
+def _shrink_towers(d: dict[str, Any]) -> None:
+    """Shrink the vision / audio towers of a composite config (``vision_config``, ``audio_config``) under the
+    names the generic shrink does not know (Qwen2-VL's ``depth``, ``embed_dim``, ``num_heads``), and point their
+    output width at the shrunk text model (``out_hidden_size``; Qwen2-VL's vision ``hidden_size`` is its
+    merger's output). The text path never runs them; they only have to build small."""
+    text = d.get("text_config")
+    width = text.get("hidden_size") if isinstance(text, dict) else None
+    if not isinstance(width, int):
+        return
+    for key, tower in d.items():
+        if not (isinstance(tower, dict) and key != "text_config" and ("vision" in key or "audio" in key)):
+            continue
+        depth = tower.get("depth")
+        if isinstance(depth, int) and depth > TINY_TOWER_DEPTH:
+            tower["depth"] = depth = TINY_TOWER_DEPTH
+            for name, value in list(tower.items()):  # block indices (deepstack, full-attention blocks): the last block
+                if name.endswith(("_indexes", "_indices")) and isinstance(value, list) and value:
+                    tower[name] = [TINY_TOWER_DEPTH - 1]
+        if isinstance(tower.get("num_heads"), int):
+            tower["num_heads"] = TINY_TOWER_HEADS
+            if isinstance(tower.get("embed_dim"), int):  # Qwen2-VL: embed_dim is the tower, hidden_size its output
+                tower["embed_dim"] = TINY_TOWER_HEADS * TINY_HEAD_DIM
+                tower["hidden_size"] = width
+            elif isinstance(tower.get("hidden_size"), int):
+                tower["hidden_size"] = TINY_TOWER_HEADS * TINY_HEAD_DIM
+        for name in ("out_hidden_size", "text_hidden_size", "output_dim"):
+            if isinstance(tower.get(name), int):
+                tower[name] = width
 
 
 def _derived_sizes(d: dict[str, Any], hidden_key: str, heads_key: str, original: dict[str, int]) -> None:
@@ -712,14 +870,54 @@ def original_layer_nope(layer_cfg: dict[str, Any], nope: int, original: dict[str
     return round(nope * old / new) if isinstance(old, int) and isinstance(new, int) and new else nope
 
 
+def mrope_section_mismatch(config: Any) -> tuple[str, str] | None:
+    """(why, fix) when a multimodal config's text ``rope_parameters["mrope_section"]`` cannot run, else None. It must
+    exist (HunYuan-VL's rotary has no built-in default: None in transformers 5.24's default config) and sum to half
+    the rotary dims, head_dim x partial_rotary_factor / 2 (the text model splits its frequencies by it). 5.24's
+    default GLM-4V config gives [8, 12, 12] (32) to heads of 128 rotary dims (64; its checkpoints set
+    partial_rotary_factor 0.5); GLM-4.5V's and Qwen3-Omni's defaults leave head_dim to hidden / heads (42, 73;
+    their checkpoints set 128). ``fix``: the override(s) that make it consistent."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    params = getattr(text, "rope_parameters", None)
+    if not isinstance(params, dict):
+        return None
+    section = params.get("mrope_section")
+    if section is None:
+        return ("text rope_parameters has no mrope_section, and its rotary module no built-in default",
+                "text_config.rope_parameters.mrope_section=[...] (its checkpoints' value)")
+    if not (isinstance(section, list) and section and all(type(v) is int for v in section)):
+        return None
+    heads, hidden = getattr(text, "num_attention_heads", None), getattr(text, "hidden_size", None)
+    head_dim = getattr(text, "head_dim", None) or (hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads else None)
+    factor = params.get("partial_rotary_factor", getattr(text, "partial_rotary_factor", None) or 1.0)
+    if not isinstance(head_dim, int):
+        return None
+    half = int(head_dim * factor) // 2
+    if sum(section) == half:
+        return None
+    fixes = [f"text_config.head_dim={round(2 * sum(section) / factor)}"]
+    if 2 * sum(section) < head_dim:
+        fixes.append(f"text_config.rope_parameters.partial_rotary_factor={2 * sum(section) / head_dim:g}")
+    why = (f"text rope_parameters mrope_section {section} sums to {sum(section)} rotary frequencies, but its heads have "
+           f"{half} (head_dim {head_dim} x partial_rotary_factor {factor} / 2)")
+    return why, " or ".join(fixes)
+
+
+def auto_model_class(resolved: ResolvedModel) -> Any:
+    """The transformers auto class that builds ``resolved`` (``AutoModelForCausalLM``; for a multimodal model run
+    on its text path, ``AutoModelForImageTextToText`` or ``AutoModelForMultimodalLM``)."""
+    import transformers
+
+    return getattr(transformers, resolved.auto_class)
+
+
 def _unshrunk_build_error(resolved: ResolvedModel, trust_remote_code: bool) -> str | None:
     """The error of building ``resolved.config`` unshrunk, on the meta device (no memory), or None if it builds."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     try:
         with torch.device("meta"):
-            AutoModelForCausalLM.from_config(copy.deepcopy(resolved.config), trust_remote_code=trust_remote_code)
+            auto_model_class(resolved).from_config(copy.deepcopy(resolved.config), trust_remote_code=trust_remote_code)
     except Exception as exc:  # noqa: BLE001 - any failure is the answer
         return f"{type(exc).__name__}: {' '.join(str(exc).split())[:240]}"
     return None
@@ -775,11 +973,11 @@ def build_model(
     ``PreTrainedModel._from_config`` keeps the config object it is given).
     """
     import torch
-    from transformers import AutoModelForCausalLM
 
+    auto = auto_model_class(resolved)  # AutoModelForCausalLM, or a multimodal model's auto class
     torch_dtype = getattr(torch, dtype)
     if weights == "pretrained" and resolved.spec.kind != "arch":
-        model, info = AutoModelForCausalLM.from_pretrained(
+        model, info = auto.from_pretrained(
             resolved.spec.name,
             revision=resolved.spec.revision,
             attn_implementation=attn_implementation,
@@ -797,19 +995,27 @@ def build_model(
         torch.manual_seed(seed)
         # initialised on the device: a 1.2B model's random init takes 20 s on 2 CPU cores, well under 1 s on a GPU
         with torch.device(device):
-            model = AutoModelForCausalLM.from_config(
+            model = auto.from_config(
                 copy.deepcopy(resolved.config), attn_implementation=attn_implementation, trust_remote_code=trust_remote_code,
                 **dtype_kwarg(torch_dtype),
             )
     else:
         notes: list[str] = []
+        mismatch = mrope_section_mismatch(resolved.config) if resolved.text_path else None
+        if mismatch:  # the text model's rotary fails at full size too: the config's, not the shrink's
+            spec = resolved.spec.raw.split("{", 1)[0]
+            fixes = " or ".join(f"'{spec}{{{fix}}}'" for fix in mismatch[1].split(" or "))
+            raise LibraryConfigError(
+                f"{resolved.model_type}: the {'default ' if resolved.spec.kind == 'arch' else ''}config does not run in "
+                f"transformers itself, at full size either ({mismatch[0]}); not packcheck's shrink: give the value its "
+                f"checkpoints have, {fixes}, or use a checkpoint's config")
         try:
             config = shrink_config(copy.deepcopy(resolved.config), keep_auto_map=trust_remote_code, notes=notes,
                                    sliding_window=sliding_window or TINY_SLIDING_WINDOW)
             # Count parameters on the meta device first: a config whose size keys the shrink does not know
             # would otherwise allocate a full-size model (an OOM kill on a 24 GB machine, seen with llama4).
             with torch.device("meta"):
-                probe = AutoModelForCausalLM.from_config(copy.deepcopy(config), trust_remote_code=trust_remote_code)
+                probe = auto.from_config(copy.deepcopy(config), trust_remote_code=trust_remote_code)
             n_params = sum(p.numel() for p in probe.parameters())
         except ImportError:
             raise  # a missing optional package (PIL for gemma3n's vision tower): skipped with its reason
@@ -828,7 +1034,7 @@ def build_model(
                 f"{MAX_RANDOM_PARAMS / 1e6:.0f}M): its config has size keys the shrink does not know"
             )
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(
+        model = auto.from_config(
             config, attn_implementation=attn_implementation, trust_remote_code=trust_remote_code, **dtype_kwarg(torch_dtype)
         )
     language = getattr(model.config, "languages", None)
@@ -842,3 +1048,75 @@ def build_model(
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
     return model.to(device).eval()
+
+
+class TextPathError(ShrinkError):
+    """A multimodal model's own generate() gives position_ids packcheck cannot lay a packed text row out from (a
+    limit of packcheck, as :class:`ShrinkError`)."""
+
+
+def _text_only_rows(pos: Any, n: int) -> int | None:
+    """Rows R of ``pos`` when it is int ids ``(R, 1, n)`` equal to 0..n-1 in every row (``(1, n)``: 0), else None."""
+    import torch
+
+    if not isinstance(pos, torch.Tensor) or pos.dtype.is_floating_point:
+        return None
+    expected = torch.arange(n, device=pos.device)
+    if pos.ndim == 2 and tuple(pos.shape) == (1, n) and bool((pos == expected).all()):
+        return 0
+    if pos.ndim == 3 and tuple(pos.shape[1:]) == (1, n) and bool((pos == expected).all()):
+        return int(pos.shape[0])
+    return None
+
+
+def position_layout(model: Any, resolved: ResolvedModel) -> Any:
+    """How the built model takes a packed row's position_ids (:class:`batches.PositionLayout`).
+
+    A causal LM: as the collator gives them, ``(batch, length)``. A multimodal model run on its text path: the
+    packed layout its text model reads (``Qwen2VLTextModel.forward`` and its copies, transformers 5.24: "prepend
+    text-only position ids ... [4, bs, seq-len]"): a text row, whose restarts give the packed mask / flash
+    boundaries, then the M-RoPE rows its own ``get_rope_index`` gives a text-only row (3 in 5.24: temporal,
+    height, width, each 0..n-1). Both are read from the model on a 5-token row, so another version's row count is
+    followed, not assumed; what its generate() lays out (``_prepare_position_ids_for_generation``) goes into the
+    record beside it (the Qwen2-VL family: the same 4 rows; Cosmos3-Edge, HunYuan-VL: the M-RoPE rows without the
+    text row). Without a usable ``get_rope_index`` the generate() layout is used. The model's ``rope_deltas``
+    cache, which both set, is put back.
+
+    Raises:
+        TextPathError: neither gives int ids ``(R, 1, 5)`` (or ``(1, 5)``) equal to 0..4 in every row.
+    """
+    import torch
+
+    from .batches import PLAIN_POSITIONS, PositionLayout
+
+    if resolved.text_path is None:
+        return PLAIN_POSITIONS
+    n = 5
+    ids = torch.arange(1, n + 1, device=next(model.parameters()).device)[None]
+    owner = next((m for m in (getattr(model, "model", None), model) if m is not None and hasattr(m, "get_rope_index")), None)
+    saved = getattr(owner, "rope_deltas", None)
+    name = type(model).__name__
+    try:
+        generate = _text_only_rows(model._prepare_position_ids_for_generation(ids, {"input_ids": ids}), n)
+        rope = None
+        if owner is not None:
+            params = inspect.signature(owner.get_rope_index).parameters
+            kwargs = {"mm_token_type_ids": torch.zeros_like(ids)} if "mm_token_type_ids" in params else {}
+            with contextlib.suppress(Exception):  # another signature (audio lengths, ...): the generate() layout decides
+                out = owner.get_rope_index(ids, **kwargs)
+                rope = _text_only_rows(out[0] if isinstance(out, tuple) else out, n)
+    finally:
+        if owner is not None and hasattr(owner, "rope_deltas"):
+            owner.rope_deltas = saved
+    made_by = {None: "packcheck cannot read", 0: "(batch, length)"}
+    if rope:
+        seen = made_by.get(generate, f"{generate} rows") if generate != rope + 1 else "the same"
+        return PositionLayout(rows=rope + 1, source=(
+            f"text row + the {rope} rows of {type(owner).__name__}.get_rope_index (text-only row); its generate() "
+            f"({name}._prepare_position_ids_for_generation) lays out {seen}"))
+    if generate is not None:
+        return PositionLayout(rows=generate or None, source=f"{name}._prepare_position_ids_for_generation (text-only row)")
+    raise TextPathError(
+        f"{resolved.model_type}: neither {name}.get_rope_index nor its generate() preparation gives text-only position_ids "
+        "(rows, 1, 5) of 0..4 in every row for a 5-token row: packcheck cannot lay out its packed text rows; run a "
+        "causal-LM architecture instead, or report it to packcheck")

@@ -53,6 +53,8 @@ CAUSES = {
     "labels_contract": "the collator's labels contract (non-token labels) is broken",
     "collator_contract": "the collator's output breaks the packing contract (lengths, positions, cu_seq_lens)",
     "empty_example": "an empty example is neither dropped nor refused: it leaves a zero-length segment or stray labels",
+    "position_layout": "the collator's (batch, length) position_ids reach a multimodal-RoPE model that expands them "
+                       "without the text row its packed mask / flash boundaries are read from: examples attend across",
     "batch_rows": "two packed rows (batch size > 1) without cu_seq_lens lose their boundaries on this backend",
     "packing_content": "TRL's packer loses, duplicates or cuts tokens beyond what its strategy documents (a tail packed without its prompt)",
     "padded_normalisation": "the trainer's own padded run divides by the label count before the causal shift (the padded side is wrong)",
@@ -130,7 +132,7 @@ REGISTRY: tuple[CheckSpec, ...] = (
               ("max_change", "Δ"), "isolation_atol", True, ("leak", "stateful_layers", "kernel_numerics", "probe_inconclusive")),
     CheckSpec("logits_parity", "checks:check_logits_parity", "backend", "correctness",
               "packed logits = each example run alone (padded batches reported beside)",
-              ("max_abs_diff_solo", "Δ"), "logits_atol", True, (*_PARITY_CAUSES, "batch_rows")),
+              ("max_abs_diff_solo", "Δ"), "logits_atol", True, (*_PARITY_CAUSES, "batch_rows", "position_layout")),
     CheckSpec("loss_parity", "checks:check_loss_parity", "backend", "correctness",
               "token-mean loss and gradient-accumulation sum loss (num_items_in_batch) = the per-example reference",
               ("loss_delta", "Δ"), "loss_atol", True, (*_PARITY_CAUSES, "loss_normalisation")),

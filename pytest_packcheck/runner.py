@@ -16,7 +16,7 @@ from typing import Any
 from . import batches as B
 from .backends import FLASH_FAMILY, REFERENCE_BACKEND, TORCH_VARLEN_BACKEND, backend_availability, register_reference_backend
 from .checks import Workbench
-from .models import LibraryConfigError, ResolvedModel, ShrinkError, build_model
+from .models import LibraryConfigError, ResolvedModel, ShrinkError, build_model, position_layout
 from .registry import MODEL_LEVEL_CHECKS, SPECS
 from .results import CellResult, CheckResult
 
@@ -239,7 +239,8 @@ class CellRunner:
                 config = text_config(model.config)
                 self._bench = Workbench(model=model, config=config, backend=cell.backend, dtype=cell.dtype,
                                         tol=self.tolerances[cell.dtype], device=self.device,
-                                        examples=B.make_examples(config, self.lengths) if self.lengths else [])
+                                        examples=B.make_examples(config, self.lengths) if self.lengths else [],
+                                        layout=position_layout(model, resolved))
             except Exception as exc:  # noqa: BLE001 - remembered: every cell of the group reports the build failure
                 self._bench = exc
         if isinstance(self._bench, BaseException):
@@ -257,6 +258,9 @@ class CellRunner:
         counts = getattr(getattr(self._bench, "model", None), "packcheck_weights", None)
         if counts and self._key == (cell.model_index, cell.backend or "eager", cell.dtype):
             result.metrics = {**result.metrics, "weights": counts}  # what --packcheck-weights=pretrained loaded
+        layout = getattr(self._bench, "layout", None)
+        if layout is not None and layout.source and self._key == (cell.model_index, cell.backend or "eager", cell.dtype):
+            result.metrics = {**result.metrics, "text_path": layout.describe()}  # M-RoPE rows the checks fed
         return CellResult(
             cell_id=cell.cell_id,
             model=resolved.record(),

@@ -237,3 +237,54 @@ class WarnsOnForward(_Wrapper):
 
         logging.getLogger("transformers.modeling_utils").warning(self.message)
         return self.inner(**kwargs)
+
+
+# ---- multimodal models' text path (M-RoPE position_ids) -------------------------------------------------------
+
+
+def _packed(position_ids) -> bool:
+    """A (batch, length) row whose ids restart somewhere: a packed row, not a solo run or a padded batch."""
+    return position_ids.ndim == 2 and position_ids.shape[0] == 1 and bool((position_ids[0, 1:] < position_ids[0, :-1]).any())
+
+
+def _layout(rows: int, source: str):
+    from pytest_packcheck.batches import PositionLayout
+
+    return PositionLayout(rows=rows, source=source)
+
+
+class TextRowNoRestart(type(_layout(4, ""))):
+    """(4, batch, length) ids whose text row runs 0..N-1 across the row (does not restart), the three M-RoPE rows
+    restarting: the text row is where Qwen2-VL finds the packed boundaries, so there are none."""
+
+    def apply(self, position_ids):
+        out = super().apply(position_ids).clone()
+        if position_ids.ndim == 2:
+            out[0] = torch.arange(position_ids.shape[-1])[None].expand_as(position_ids)
+        return out
+
+
+class SectionNoRestart(type(_layout(4, ""))):
+    """(4, batch, length) ids whose temporal row (M-RoPE section 1, the frequencies :class:`FrozenSection` shows
+    matter) runs 0..N-1 across a packed row; the text row restarts. Each example's temporal positions are shifted
+    by a constant, which rotary attention cannot see (it depends on position differences only): harmless, as
+    measured."""
+
+    def apply(self, position_ids):
+        out = super().apply(position_ids).clone()
+        if _packed(position_ids):
+            out[1] = torch.arange(position_ids.shape[-1])[None]
+        return out
+
+
+class FrozenSection(type(_layout(4, ""))):
+    """(4, batch, length) ids whose temporal row (M-RoPE section 1, the highest rotary frequencies) is 0 on every
+    token of a packed row (solo runs are right): boundaries hold, positions inside each example are wrong. (The
+    width section holds the lowest frequencies: with rope_theta 1e6 and 16-dim heads, freezing it moves logits by
+    only 1e-5 over 13 tokens.)"""
+
+    def apply(self, position_ids):
+        out = super().apply(position_ids).clone()
+        if _packed(position_ids):
+            out[1] = 0
+        return out
