@@ -17,6 +17,7 @@ import contextlib
 import functools
 import importlib.util
 import inspect
+import itertools
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -271,16 +272,37 @@ def dense_reference_kernel(q: Any, k: Any, v: Any, dropout_p: float = 0.0, softm
                             window_size, softcap, deterministic)
 
 
+class FlashBoundariesError(ValueError):
+    """The model's flash path handed the varlen kernel boundaries that do not fit its tokens (``cu_seqlens`` not
+    starting at 0, not ending at the token count, or not increasing): FlashAttention-2 would read outside the row
+    (undefined results, no error), the reference kernels refuse. A verdict on the model's flash path, not a crash:
+    e.g. GLM-4.5V on 5.24 derives ``cu_seq_lens`` from its 3 M-RoPE rows, ``[0, 11, 18, 31, ..., 93]`` for 31
+    tokens. ``boundaries``: the values received; ``total``: the token count."""
+
+    def __init__(self, name: str, boundaries: list[int], total: int) -> None:
+        self.name, self.boundaries, self.total = name, boundaries, total
+        super().__init__(f"{name}={boundaries} must start at 0, increase and end at the token count {total}")
+
+
 def _validate_cu_seqlens(cu: Any, total: int, name: str) -> None:
-    """dtype and shape always; the values (first 0, last the token count) only for CPU tensors, where reading
-    them is free. On CUDA that read is a device sync per attention layer, which would slow every step packcheck
-    bench times; the collate check verifies the collator's cu_seq_lens values instead."""
+    """dtype and shape always; the values (first 0, last the token count, never decreasing) only for CPU
+    tensors, where reading them is free. On CUDA that read is a device sync per attention layer, which would slow
+    every step packcheck bench times; the collate check verifies the collator's cu_seq_lens values instead.
+
+    Raises:
+        ValueError: not int32, or not 1-D.
+        FlashBoundariesError: values that do not fit the ``total`` tokens (CPU tensors only).
+    """
     import torch
 
     if cu.dtype != torch.int32:
         raise ValueError(f"{name} has dtype {cu.dtype}; flash-attn varlen kernels require torch.int32")
-    if cu.ndim != 1 or (cu.device.type == "cpu" and (int(cu[0]) != 0 or int(cu[-1]) != total)):
-        raise ValueError(f"{name}={cu.tolist()} must start at 0 and end at the token count {total}")
+    if cu.ndim != 1:
+        raise ValueError(f"{name} has shape {tuple(cu.shape)}; flash-attn varlen kernels take a 1-D tensor")
+    if cu.device.type == "cpu":
+        values = cu.tolist()
+        if not values or values[0] != 0 or values[-1] != total or any(b < a for a, b in itertools.pairwise(values)):
+            raise FlashBoundariesError(name, values, total)
 
 
 def _torch_varlen_attn() -> Any:

@@ -143,6 +143,8 @@ def remedy(cause: str, cell: dict[str, Any], doc_env: dict[str, Any]) -> str:
                             "pass cu_seq_lens_q/k (DataCollatorWithFlattening(return_flash_attn_kwargs=True))"),
         "batch_rows": "pack one row per step (DataCollatorWithFlattening does), or pass cu_seq_lens_q/k with the batch",
         "packed_mismatch": "rerun with the current packcheck: it names the cause",
+        "flash_boundaries": ("do not pack this model on a flash backend at this version (its flash path derives "
+                             "cu_seq_lens that do not fit the row); use sdpa with position_ids, and report it upstream"),
         "crash": "see the exception; report it upstream if it is the library's",
         "shrunk_crash": ("check the model at full size (a Hub ID, or --packcheck-weights=pretrained) before reporting "
                          "upstream: packcheck shrank this one, and a crash only there is packcheck's to fix"),

@@ -532,7 +532,7 @@ def derived_layer_kinds(config: Any) -> dict[str, set[str]]:
             continue
         try:
             value = getattr(config, name)
-        except Exception:  # noqa: BLE001 - a property that cannot be read describes no layers
+        except Exception:  # noqa: BLE001, S112 - a property that cannot be read describes no layers
             continue
         if isinstance(value, list | tuple) and len(value) == n_layers and value and all(isinstance(v, str) for v in value):
             kinds[name] = set(value)

@@ -65,6 +65,8 @@ CAUSES = {
     "cross_backend": "this backend's per-example (unpacked) logits differ from eager's on the same weights (another "
                      "window, softcap or scaling): packed-vs-solo cannot see it, both share it",
     "non_causal": "a later token changes earlier positions' logits: the backend runs non-causal (bidirectional) attention",
+    "flash_boundaries": "the model's flash path built cu_seq_lens that do not fit the packed row (past its end, or "
+                        "decreasing): FlashAttention-2 would read outside the row; the reference kernels refuse",
     "crash": "the cell crashed (see the exception)",
     "shrunk_crash": "the cell crashed in the tiny model packcheck made of the config (random weights): the full-size "
                     "model may run; packcheck's shrink is suspect before the library",

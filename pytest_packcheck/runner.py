@@ -14,7 +14,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import batches as B
-from .backends import FLASH_FAMILY, REFERENCE_BACKEND, TORCH_VARLEN_BACKEND, backend_availability, register_reference_backend
+from .backends import (
+    FLASH_FAMILY,
+    REFERENCE_BACKEND,
+    TORCH_VARLEN_BACKEND,
+    FlashBoundariesError,
+    backend_availability,
+    register_reference_backend,
+)
 from .checks import Workbench
 from .models import LibraryConfigError, ResolvedModel, ShrinkError, build_model, position_layout
 from .registry import MODEL_LEVEL_CHECKS, SPECS
@@ -322,6 +329,12 @@ class CellRunner:
             return CheckResult("skipped", metrics, (
                 f"cannot load this backend: the model imports {exc.name or 'its flash path'} only when flash-attn is "
                 f"installed ({_short(exc)})"))
+        if isinstance(exc, FlashBoundariesError):  # the model's own flash path, not a crash: a verdict
+            return CheckResult("fail", {**metrics, "cu_seqlens": exc.boundaries, "tokens": exc.total}, (
+                f"the flash path handed the varlen kernel {exc.name}="
+                f"{exc.boundaries if len(exc.boundaries) <= 12 else [*exc.boundaries[:11], '...', exc.boundaries[-1]]} for a row of "
+                f"{exc.total} tokens: FlashAttention-2 would read outside the row"),
+                cause="flash_boundaries", evidence={"cu_seqlens": exc.boundaries, "tokens": exc.total})
         if status == "error" and self.weights == "random" and not isinstance(exc, (ResolveError, ShrinkError, LibraryConfigError)):
             # the crash happened in the tiny model packcheck made of the config: the full-size model may not crash
             cause = "shrunk_crash"

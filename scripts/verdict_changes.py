@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         a, b = verdict(old.get(key)), verdict(new.get(key))
         if a != b:
-            model, backend, dtype, env = key
+            model, backend, _, env = key
             changed.append((model, backend + (f" @{env}" if env else ""), a, b, evidence(new.get(key))))
     print()
     print(f"{len(changed)} matrix cells changed verdict")

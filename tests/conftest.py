@@ -6,15 +6,14 @@ import hashlib
 import shutil
 from pathlib import Path
 
+# numpy / torch / transformers are imported before any test runs: pytester restores sys.modules after each test
+# that uses it, so one first imported inside such a test would be imported a second time by a later test
+# ("cannot load module more than once per process", or a segfault in torch): test files failed when run alone.
+import numpy  # noqa: F401
 import pytest
 import tomllib
-
-# Imported before any test runs: pytester restores sys.modules after each test that uses it, so numpy / torch /
-# transformers first imported inside one would be imported a second time by a later test ("cannot load module
-# more than once per process", or a segfault in torch), which made test files fail when run on their own.
-import numpy  # noqa: E402, F401
-import torch  # noqa: E402, F401
-import transformers  # noqa: E402, F401
+import torch  # noqa: F401
+import transformers  # noqa: F401
 
 HUB_CONFIGS = Path(__file__).resolve().parents[2] / "shared" / "hub-configs"
 LOCAL_HUB_CONFIGS = Path(__file__).resolve().parent / "data" / "hub-configs"

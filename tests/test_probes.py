@@ -102,7 +102,7 @@ def test_bad_lengths_and_window_are_one_line_errors(tmp_path):
             parse_lengths(bad, OPT_LENGTHS)
     for window in ("1", "4097"):
         with pytest.raises(PackcheckUsageError, match=f"Bad sliding window '{window}' \\(from --packcheck-sliding-window\\): .* from 2 to 4096"):
-            resolve(lambda d: {"packcheck_models": "arch:llama", "packcheck_sliding_window": window}.get(d), lambda k: None)
+            resolve({"packcheck_models": "arch:llama", "packcheck_sliding_window": window}.get, lambda k: None)
     assert parse_lengths("4000,96", OPT_LENGTHS) == (4000, 96)  # 4096 tokens: the longest row taken
     audit = tmp_path / "a.toml"
     audit.write_text('models = ["arch:llama"]\nlengths = [11, 1, 13]\nsliding_window = 12\n')
