@@ -605,8 +605,10 @@ class _ModuleGlobals:
             if module is None or module is mfu:
                 continue
             for name, (source, attr) in _flash_conditional_imports(module_name).items():
-                if source == mfu.__name__ and hasattr(mfu, attr):
-                    out.append((module, name, _MFU_LATE.get(attr, getattr(mfu, attr))))
+                if source == mfu.__name__:  # the mfu name as mfu has it during the forward
+                    value = _MFU_LATE.get(attr) or kernels.get(attr) or getattr(mfu, attr, None)
+                    if value is not None:
+                        out.append((module, name, value))
                 elif source in _FLASH_ATTN_SOURCES and attr in kernels:
                     out.append((module, name, kernels[attr]))
         return out

@@ -38,7 +38,9 @@ run("reference")
 out["restored"] = before == {n: vars(mfu).get(n, "<absent>") for n in FLASH_NAMES}
 out["flash_attn_varlen_func_after"] = str(vars(mfu).get("flash_attn_varlen_func", "<absent>"))
 # the planted fault: the model's flash path drops position_ids, as transformers' did before 4.44
-owner = next(m for m in (sys.modules["transformers.models.llama.modeling_llama"], mfu,
+# planted where the model's flash path calls it: llama's FlashAttention2 class (before 4.48), else the
+# AttentionInterface's flash_attention_forward (both bound the name at import)
+owner = next(m for m in (sys.modules["transformers.models.llama.modeling_llama"],
                          sys.modules.get("transformers.integrations.flash_attention"))
              if m is not None and "_flash_attention_forward" in vars(m))
 original = owner._flash_attention_forward
