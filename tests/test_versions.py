@@ -2,7 +2,8 @@
 
 The tests marked ``slow`` build real environments with other transformers versions from the package index
 (run them with ``PACKCHECK_RUN_SLOW=1 python -m pytest tests -m slow``); one real multi-version audit runs in
-``.ci/run`` (``test_real_audit_sdpa_before_and_after_packed_masks``).
+``.ci/run`` (``test_real_audit_sdpa_before_and_after_packed_masks``), and one old-release varlen reference
+(``test_real_reference_on_4_44_2_runs_that_release_flash_path``).
 """
 
 from __future__ import annotations
