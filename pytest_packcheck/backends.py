@@ -6,7 +6,9 @@ turns ``position_ids`` / ``cu_seq_lens_q`` / ``attention_mask`` into varlen boun
 (``_is_packed_sequence``, ``prepare_fa_kwargs_from_position_ids``, ``_upad_input``,
 ``_process_flash_attention_kwargs``). Only the kernel is replaced: :func:`varlen_reference_kernel` computes
 each segment exactly (fp32 softmax) on any device. It is a reference, never FlashAttention-2; the matrix
-labels it so.
+labels it so. On transformers 4.44 .. 4.55.0, which have no kernel loader, the model runs as
+``flash_attention_2`` and flash-attn's module globals are packcheck's kernels for the duration of each forward
+(:func:`legacy_flash_globals`, :func:`prepare_backend_model`).
 
 Heavy imports (torch, transformers) happen inside functions: importing this module is cheap.
 """
@@ -127,6 +129,9 @@ def backend_availability(name: str, device: str = "cpu") -> BackendAvailability:
         ok, why = reference_backend_supported()
         if not ok:
             missing.append(why)
+        elif reference_mode() != "loader":
+            missing.append(f"transformers >= 4.55.1 (its flash kernel loader; {_transformers_version()} keeps flash-attn's "
+                           "functions as module globals, which packcheck routes to its CPU reference only)")
         return _needs(name, missing)
     if name not in KNOWN_BACKENDS:  # any other name transformers takes: run it, or skip with transformers' reason
         refusal = attn_implementation_refusal(name)
@@ -168,6 +173,12 @@ def _distributed_as(module: str, distribution: str) -> bool:
 
 def _needs(name: str, missing: list[str]) -> BackendAvailability:
     return BackendAvailability(name, not missing, "needs " + " and ".join(missing) if missing else "")
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
 
 
 def cuda_capability(device: str) -> tuple[int, int]:
@@ -430,26 +441,341 @@ def dense_torch_varlen_kernel(q: Any, k: Any, v: Any, dropout_p: float = 0.0, so
 # Registration
 
 
-def reference_backend_supported() -> tuple[bool, str]:
-    """Feature-detect what the reference backend needs from transformers: AttentionInterface and the flash
-    kernel loader ``modeling_flash_attention_utils._lazy_imports`` / ``lazy_import_flash_attention`` (4.55.1+, bisected: 4.55.0 lacks it;
-    before that the kernels were module globals imported from flash-attn, which packcheck does not emulate)."""
-    import transformers
+#: First transformers release whose flash path reads packed position_ids (``_flash_attention_forward(...,
+#: position_ids)`` -> ``prepare_fa2_from_position_ids``), the release of DataCollatorWithFlattening.
+REFERENCE_FLOOR = "4.44"
 
+#: The flash-attn release the reference stands in for on transformers' module-globals flash path (4.44 ..
+#: 4.55.0): the last whose ``unpad_input`` returns 4 values (4.44 - 4.48 unpack exactly 4; 2.7 returns 5), with
+#: ``window_size`` (2.3), ``deterministic`` (2.4.1) and ``softcap`` (2.6).
+EMULATED_FLASH_ATTN = "2.6.3"
+
+
+def reference_mode() -> str | None:
+    """How the reference reaches the installed transformers' flash path: ``"loader"`` (4.55.1+: the kernel
+    loader ``_lazy_imports`` / ``lazy_import_flash_attention``, routed per attn_implementation name through
+    ``AttentionInterface``), ``"module_globals"`` (4.44 .. 4.55.0: flash-attn's functions are module globals of
+    ``modeling_flash_attention_utils`` and the model runs as ``flash_attention_2``), None when unsupported
+    (:func:`reference_backend_supported` says why)."""
+    return _reference_support()[0]
+
+
+def reference_backend_supported() -> tuple[bool, str]:
+    """Feature-detect what the reference backend needs from transformers.
+
+    4.55.1+: AttentionInterface and the flash kernel loader ``modeling_flash_attention_utils._lazy_imports`` /
+    ``lazy_import_flash_attention``. 4.44 .. 4.55.0 (no loader, bisected: 4.55.0 lacks it): flash-attn's
+    functions are module globals of ``modeling_flash_attention_utils``, imported only when flash-attn is
+    installed (4.54 - 4.55.0 cache them in ``_flash_fn`` / ``_flash_varlen_fn`` ... on the first call); packcheck
+    sets those globals to its CPU kernels for the duration of each forward (:func:`legacy_flash_globals`).
+    Before 4.44 the flash path has no padding-free support (no ``position_ids``) and is not emulated.
+    """
+    mode, why = _reference_support()
+    return mode is not None, why
+
+
+@functools.cache
+def _reference_support() -> tuple[str | None, str]:
+    import transformers
+    from packaging.version import Version
+
+    version = transformers.__version__
     try:
         import transformers.modeling_flash_attention_utils as mfu
-        from transformers import AttentionInterface  # noqa: F401
-        from transformers.integrations import flash_attention  # noqa: F401
     except ImportError as exc:
-        return False, f"transformers {transformers.__version__} lacks the attention interface the reference backend needs ({exc})"
-    if not all(hasattr(mfu, n) for n in ("_lazy_imports", "lazy_import_flash_attention", "_pad_input", "_unpad_input")):
-        return False, (
-            f"transformers {transformers.__version__} has no flash kernel loader (lazy_import_flash_attention, 4.55.1+): "
-            "the reference kernel cannot be routed through its flash preparation code"
-        )
-    if _kernel_tuple_arity(mfu) is None:
-        return False, f"transformers {transformers.__version__}: unknown _lazy_imports return layout"
-    return True, ""
+        return None, f"transformers {version} has no flash attention path (modeling_flash_attention_utils: {exc})"
+    if all(hasattr(mfu, n) for n in ("_lazy_imports", "lazy_import_flash_attention", "_pad_input", "_unpad_input")):
+        try:
+            from transformers import AttentionInterface  # noqa: F401
+            from transformers.integrations import flash_attention  # noqa: F401
+        except ImportError as exc:
+            return None, f"transformers {version} lacks the attention interface the reference backend needs ({exc})"
+        if _kernel_tuple_arity(mfu) is None:
+            return None, f"transformers {version}: unknown _lazy_imports return layout"
+        return "loader", ""
+    forward = getattr(mfu, "_flash_attention_forward", None)
+    if Version(version).release < (4, 44) or forward is None or "position_ids" not in inspect.signature(forward).parameters:
+        return None, (f"transformers {version} is older than {REFERENCE_FLOOR}, the first release whose flash path reads "
+                      "packed position_ids (padding-free): packcheck's varlen reference does not emulate flash-attn there")
+    if not hasattr(mfu, "_lazy_imports") and not _flash_conditional_imports(mfu.__name__):
+        return None, (f"transformers {version}: modeling_flash_attention_utils imports no flash-attn functions under "
+                      "is_flash_attn_2_available() and has no kernel loader: unknown flash kernel layout")
+    return "module_globals", ""
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The module-globals flash path (transformers 4.44 .. 4.55.0)
+
+
+def reference_index_first_axis(tensor: Any, indices: Any) -> Any:
+    """``flash_attn.bert_padding.index_first_axis``: ``tensor`` ``(N, ...)`` -> ``tensor[indices]``."""
+    return tensor.reshape(tensor.shape[0], *tensor.shape[1:])[indices]
+
+
+def reference_unpad_input(hidden_states: Any, attention_mask: Any) -> tuple[Any, Any, Any, int]:
+    """``flash_attn.bert_padding.unpad_input`` of flash-attn 2.6: ``hidden_states`` ``(batch, seqlen, ...)``,
+    ``attention_mask`` ``(batch, seqlen)`` (1 = token) -> (tokens ``(nnz, ...)``, indices ``(nnz,)``, cu_seqlens
+    int32 ``(batch + 1,)``, max_seqlen int)."""
+    import torch
+    import torch.nn.functional as F
+
+    seqlens = attention_mask.sum(dim=-1, dtype=torch.int32)
+    indices = torch.nonzero(attention_mask.flatten(), as_tuple=False).flatten()
+    cu_seqlens = F.pad(torch.cumsum(seqlens, dim=0, dtype=torch.int32), (1, 0))
+    flat = hidden_states.reshape(-1, *hidden_states.shape[2:])
+    return flat[indices], indices, cu_seqlens, int(seqlens.max())
+
+
+def reference_pad_input(hidden_states: Any, indices: Any, batch: int, seqlen: int) -> Any:
+    """``flash_attn.bert_padding.pad_input``: ``(nnz, ...)`` -> ``(batch, seqlen, ...)``, zeros where no token."""
+    import torch
+
+    out = torch.zeros(batch * seqlen, *hidden_states.shape[1:], device=hidden_states.device, dtype=hidden_states.dtype)
+    out[indices] = hidden_states
+    return out.view(batch, seqlen, *hidden_states.shape[1:])
+
+
+#: What stands in for flash-attn's functions on the module-globals path, by flash-attn name. A table (read at each
+#: forward) so that :func:`count_attention_calls` can wrap the kernels before transformers' code sees them.
+FLASH_ATTN_STAND_INS: dict[str, Callable] = {
+    "flash_attn_func": dense_reference_kernel,
+    "flash_attn_varlen_func": varlen_reference_kernel,
+    "index_first_axis": reference_index_first_axis,
+    "pad_input": reference_pad_input,
+    "unpad_input": reference_unpad_input,
+}
+_FLASH_ATTN_SOURCES = ("flash_attn", "flash_attn.bert_padding", "flash_attn.flash_attn_interface")
+_AVAILABILITY_CHECKS = ("is_flash_attn_2_available", "is_flash_attn_greater_or_equal_2_10", "is_flash_attn_greater_or_equal")
+
+
+def _emulated_availability() -> dict[str, Callable]:
+    """transformers' flash-attn probes as they answer with flash-attn :data:`EMULATED_FLASH_ATTN` on a CUDA device."""
+    from packaging.version import Version
+
+    def is_flash_attn_2_available() -> bool:
+        return True
+
+    def is_flash_attn_greater_or_equal_2_10() -> bool:
+        return True
+
+    def is_flash_attn_greater_or_equal(library_version: str) -> bool:
+        return Version(EMULATED_FLASH_ATTN) >= Version(library_version)
+
+    return {"is_flash_attn_2_available": is_flash_attn_2_available,
+            "is_flash_attn_greater_or_equal_2_10": is_flash_attn_greater_or_equal_2_10,
+            "is_flash_attn_greater_or_equal": is_flash_attn_greater_or_equal}
+
+
+@functools.cache
+def _flash_conditional_imports(module_name: str) -> dict[str, tuple[str, str]]:
+    """Names a module imports only under ``if is_flash_attn_2_available():`` (or ``is_flash_attn_available()``):
+    ``{local name: (absolute source module, name)}``, read from its source with ast. Without flash-attn these
+    names are missing (a NameError at the first flash call): packcheck binds them for the forward."""
+    import ast
+    import textwrap
+
+    module = sys.modules.get(module_name)
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(module)))
+    except (OSError, TypeError, SyntaxError):
+        return {}
+    package = module_name.rsplit(".", 1)[0]
+    found: dict[str, tuple[str, str]] = {}
+    for node in tree.body:
+        if not isinstance(node, ast.If):
+            continue
+        tests = {getattr(n.func, "id", getattr(n.func, "attr", None)) for n in ast.walk(node.test) if isinstance(n, ast.Call)}
+        if not tests & {"is_flash_attn_2_available", "is_flash_attn_available"}:
+            continue
+        for sub in ast.walk(ast.Module(body=node.body, type_ignores=[])):
+            if isinstance(sub, ast.ImportFrom):
+                base = package.split(".")
+                source = ".".join(base[: len(base) - sub.level + 1] + ([sub.module] if sub.module else [])) if sub.level else sub.module
+                for alias in sub.names:
+                    found[alias.asname or alias.name] = (source, alias.name)
+    return found
+
+
+class _ModuleGlobals:
+    """Sets the names transformers' module-globals flash path reads, for the duration of a forward, and puts back
+    what was there (re-entrant: nested forwards and gradient-checkpointing recomputations share one setting)."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.saved: list[tuple[Any, str, bool, Any]] = []
+
+    def bindings(self, module_names: tuple[str, ...]) -> list[tuple[Any, str, Any]]:
+        import transformers.modeling_flash_attention_utils as mfu
+
+        kernels = dict(FLASH_ATTN_STAND_INS)
+        availability = _emulated_availability()
+        out: list[tuple[Any, str, Any]] = []
+        for name, (source, attr) in _flash_conditional_imports(mfu.__name__).items():
+            if source in _FLASH_ATTN_SOURCES and attr in kernels:
+                out.append((mfu, name, kernels[attr]))
+        out.append((mfu, "_flash_supports_window_size", True))  # set in the same block (4.44 - 4.53)
+        if hasattr(mfu, "_lazy_imports"):  # 4.54 - 4.55.0 cache the loaded kernels in module globals on first call
+            out += [(mfu, "_flash_fn", kernels["flash_attn_func"]), (mfu, "_flash_varlen_fn", kernels["flash_attn_varlen_func"]),
+                    (mfu, "_pad_fn", kernels["pad_input"]), (mfu, "_unpad_fn", kernels["unpad_input"]),
+                    (mfu, "_is_fa3", False), (mfu, "_flash_supports_window", True)]
+        out += [(mfu, name, fn) for name, fn in availability.items() if hasattr(mfu, name)]
+        integration = sys.modules.get("transformers.integrations.flash_attention")
+        if integration is not None and hasattr(integration, "_use_top_left_mask"):
+            out.append((integration, "_use_top_left_mask", False))  # computed at import, without flash-attn (>= 2.1: False)
+        for module_name in module_names:
+            module = sys.modules.get(module_name)
+            if module is None or module is mfu:
+                continue
+            for name, (source, attr) in _flash_conditional_imports(module_name).items():
+                if source == mfu.__name__:  # the mfu name as mfu has it during the forward
+                    value = _MFU_LATE.get(attr) or kernels.get(attr) or getattr(mfu, attr, None)
+                    if value is not None:
+                        out.append((module, name, value))
+                elif source in _FLASH_ATTN_SOURCES and attr in kernels:
+                    out.append((module, name, kernels[attr]))
+        return out
+
+    def enter(self, module_names: tuple[str, ...], extra: Callable[[], list[tuple[Any, str, Any]]] | None = None) -> None:
+        self.depth += 1
+        if self.depth > 1:
+            return
+        try:
+            for module, name, value in [*self.bindings(module_names), *(extra() if extra else [])]:
+                self.saved.append((module, name, name in vars(module), vars(module).get(name)))
+                setattr(module, name, value)
+        except BaseException:
+            self.exit()
+            raise
+
+    def exit(self) -> None:
+        self.depth = max(0, self.depth - 1)
+        if self.depth:
+            return
+        for module, name, had, value in reversed(self.saved):
+            if had:
+                setattr(module, name, value)
+            else:
+                delattr(module, name)
+        self.saved.clear()
+
+
+_LEGACY_GLOBALS = _ModuleGlobals()
+#: mfu functions bound into model modules under another object than mfu's own attribute (the call counter's
+#: wrapper of ``_flash_attention_forward`` while it counts)
+_MFU_LATE: dict[str, Callable] = {}
+
+
+@contextlib.contextmanager
+def legacy_flash_globals(module_names: tuple[str, ...] = ()) -> Iterator[None]:
+    """The module-globals flash path of transformers 4.44 .. 4.55.0 made runnable on any device for the block:
+    ``modeling_flash_attention_utils``'s flash-attn globals (``flash_attn_func``, ``flash_attn_varlen_func``,
+    ``pad_input``, ``unpad_input``, ``index_first_axis``, ``_flash_supports_window_size``; 4.54 - 4.55.0: the kernel
+    cache ``_flash_fn`` ...) set to :data:`FLASH_ATTN_STAND_INS`, its flash-attn version probes answering as
+    flash-attn :data:`EMULATED_FLASH_ATTN`, and the names each module in ``module_names`` imports only with
+    flash-attn installed bound the same way. Everything is put back on exit, also on an exception."""
+    _LEGACY_GLOBALS.enter(module_names)
+    try:
+        yield
+    finally:
+        _LEGACY_GLOBALS.exit()
+
+
+@contextlib.contextmanager
+def emulated_flash_attn_installed(config: Any = None) -> Iterator[None]:
+    """For a model build only: transformers' availability probes (``is_flash_attn_2_available``,
+    ``is_flash_attn_greater_or_equal_2_10``, ``is_flash_attn_greater_or_equal``) answer as with flash-attn
+    :data:`EMULATED_FLASH_ATTN` installed on a CUDA device, in every loaded transformers module that imported them
+    (``_check_and_enable_flash_attn_2`` / ``_flash_attn_2_can_dispatch``, the FlashAttention2 classes' top-left
+    mask flag). ``transformers.utils`` keeps the real probes, so a module first imported inside the block
+    runs its ``if is_flash_attn_2_available():`` imports as without flash-attn: ``config``'s model module is
+    imported before the probes are patched. Restored on exit."""
+    if config is not None:
+        with contextlib.suppress(Exception):  # the model class's module; a failure shows again in the build itself
+            from transformers import AutoModelForCausalLM
+
+            AutoModelForCausalLM._model_mapping[type(config)]
+    import transformers.utils.import_utils as iu
+
+    originals = {name: getattr(iu, name) for name in _AVAILABILITY_CHECKS if hasattr(iu, name)}
+    fakes = _emulated_availability()
+    saved = []
+    try:
+        for module_name, module in list(sys.modules.items()):
+            if module is None or not module_name.startswith("transformers.") or module_name.startswith("transformers.utils"):
+                continue
+            for name, original in originals.items():
+                if vars(module).get(name) is original:
+                    saved.append((module, name, original))
+                    setattr(module, name, fakes[name])
+        yield
+    finally:
+        for module, name, original in saved:
+            setattr(module, name, original)
+
+
+#: attribute packcheck sets on a model whose ``config._attn_implementation`` says flash_attention_2 but whose flash
+#: kernels are packcheck's (the reference on the module-globals path): the backend it really runs
+PACKCHECK_BACKEND_ATTR = "_packcheck_attn_implementation"
+
+
+def build_attn_implementation(name: str) -> str:
+    """The ``attn_implementation`` to build a model with for the backend ``name``: ``flash_attention_2`` for the
+    reference on transformers 4.44 .. 4.55.0 (models there pick their flash path, masks included, by that exact
+    string: ``config._attn_implementation == "flash_attention_2"``), else ``name``."""
+    return "flash_attention_2" if name == REFERENCE_BACKEND and reference_mode() == "module_globals" else name
+
+
+@contextlib.contextmanager
+def backend_build(name: str, config: Any = None) -> Iterator[str]:
+    """Build a model for backend ``name`` inside this block, with the ``attn_implementation`` it yields; then
+    hand the model to :func:`prepare_backend_model`."""
+    attn = build_attn_implementation(name)
+    if attn != name:
+        with emulated_flash_attn_installed(config):
+            yield attn
+    else:
+        yield attn
+
+
+def prepare_backend_model(model: Any, name: str) -> Any:
+    """After :func:`backend_build`: for the reference on the module-globals path, mark the model and bind
+    :func:`legacy_flash_globals` around its forward and each attention module's (gradient checkpointing recomputes
+    those outside the model's forward). Returns ``model``."""
+    if build_attn_implementation(name) == name:
+        return model
+    import torch
+
+    modules = tuple(sorted({type(m).__module__ for m in model.modules()}))
+    configs = list({id(c): c for m in model.modules() if (c := getattr(m, "config", None)) is not None}.values())
+
+    def fp32_cast_target() -> list[tuple[Any, str, Any]]:
+        # transformers' flash path picks the half dtype to cast fp32 inputs to from the first nn.Linear (a
+        # StopIteration for gpt2's Conv1D) unless the config names a quantization dtype; real FA2 runs in bf16 /
+        # fp16 and never asks. The reference is exact in fp32: the config names fp32 for the forward (no cast).
+        if next(model.parameters()).dtype != torch.float32:
+            return []
+        return [(c, "_pre_quantization_dtype", torch.float32) for c in configs if not hasattr(c, "_pre_quantization_dtype")]
+
+    def enter(module: Any, args: Any) -> None:
+        _LEGACY_GLOBALS.enter(modules, fp32_cast_target)
+
+    def leave(module: Any, args: Any, output: Any) -> None:
+        _LEGACY_GLOBALS.exit()
+
+    setattr(model, PACKCHECK_BACKEND_ATTR, name)
+    for module in model.modules():
+        if module is model or "Attention" in type(module).__name__:
+            module.register_forward_pre_hook(enter)
+            module.register_forward_hook(leave, always_call=True)
+    return model
+
+
+def effective_attn_implementation(model: Any) -> str | None:
+    """The backend ``model`` runs: its ``config._attn_implementation``, or the packcheck backend it was built for
+    when that one runs under transformers' ``flash_attention_2`` name (the reference on 4.44 .. 4.55.0)."""
+    effective = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    marked = getattr(model, PACKCHECK_BACKEND_ATTR, None)
+    return marked if marked and effective == "flash_attention_2" else effective
 
 
 def _kernel_tuple_arity(mfu: Any) -> int | None:
@@ -495,6 +821,8 @@ def register_reference_backend() -> None:
     ok, why = reference_backend_supported()
     if not ok:
         raise RuntimeError(why)
+    if reference_mode() == "module_globals":
+        return  # nothing to register: the model runs as flash_attention_2 (backend_build / prepare_backend_model)
     import torch
     import transformers.modeling_flash_attention_utils as mfu
     from transformers import AttentionInterface
@@ -666,12 +994,18 @@ def count_attention_calls(model: Any, segments: list[int] | None = None) -> Iter
     called inside the block. Adds two Python calls per attention layer; no tensor work except the isolation
     probe on a handful of mask entries.
     """
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    try:  # 4.48 - 4.50: a plain dict; 4.51+: an AttentionInterface; before 4.48 none (attention classes per backend)
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    except ImportError:
+        ALL_ATTENTION_FUNCTIONS = {}
 
     probe = AttentionProbe(segments=segments)
-    mapping = ALL_ATTENTION_FUNCTIONS._global_mapping
+    mapping = getattr(ALL_ATTENTION_FUNCTIONS, "_global_mapping", ALL_ATTENTION_FUNCTIONS)
     saved_mapping = dict(mapping)
     patched_modules: list[tuple[Any, str, Callable]] = []
+    # the reference on 4.44 .. 4.55.0 runs under transformers' flash_attention_2 name: its calls are counted as the
+    # backend the model was built for
+    alias = {"flash_attention_2": getattr(model, PACKCHECK_BACKEND_ATTR)} if getattr(model, PACKCHECK_BACKEND_ATTR, None) else {}
 
     def wrap(backend: str, fn: Callable) -> Callable:
         def counted(module, query, key, value, attention_mask, *args, **kwargs):
@@ -751,25 +1085,58 @@ def count_attention_calls(model: Any, segments: list[int] | None = None) -> Iter
             probe.calls.append(AttentionCall("sdpa (direct torch call)", probe.isolation_from_mask(kwargs.get("attn_mask", args[3] if len(args) > 3 else None))))
         return original_sdpa(*args, **kwargs)
 
+    flash_backend = alias.get("flash_attention_2", "flash_attention_2")
+
+    def count_flash_forward(original_forward: Callable) -> Callable:
+        """A model module's own ``_flash_attention_forward`` (its FlashAttention2 class calls it; before 4.48 there
+        is no AttentionInterface): one attention call of the flash backend, unless an interface call counted it."""
+        def counted_flash_forward(*args, **kwargs):
+            if probe._inside:
+                return original_forward(*args, **kwargs)
+            cu = kwargs.get("cu_seq_lens_q")
+            probe.calls.append(AttentionCall(flash_backend, probe.isolation_from_cu_seqlens(cu) if cu is not None else None))
+            probe._inside += 1
+            try:
+                return original_forward(*args, **kwargs)
+            finally:
+                probe._inside -= 1
+
+        return functools.wraps(original_forward)(counted_flash_forward)
+
     saved_flash: dict[str, Callable] = {}
+    saved_stand_ins = dict(FLASH_ATTN_STAND_INS)
+    saved_late = dict(_MFU_LATE)
     try:  # every patch inside: a failure half-way still restores what was patched
         for name, fn in saved_mapping.items():
-            mapping[name] = wrap(name.removeprefix("paged|"), fn)
+            mapping[name] = wrap(alias.get(name, name.removeprefix("paged|")), fn)
         for mod in {type(m).__module__ for m in model.modules()}:
             module = sys.modules.get(mod)
             fn = getattr(module, "eager_attention_forward", None)
             if callable(fn):
                 patched_modules.append((module, "eager_attention_forward", fn))
                 module.eager_attention_forward = wrap("eager", fn)
+            fn = vars(module).get("_flash_attention_forward") if module is not None else None
+            if callable(fn) and loader is None:
+                patched_modules.append((module, "_flash_attention_forward", fn))
+                module._flash_attention_forward = count_flash_forward(fn)
         if loader is not None:  # 4.55.1+: _flash_attention_forward asks the loader for the kernels on every call
             saved_flash["lazy_import_flash_attention"] = loader
             mfu.lazy_import_flash_attention = functools.wraps(loader)(counted_loader)
-        else:  # before 4.55.1 the flash-attn functions are module globals of modeling_flash_attention_utils
-            for name, wrapper in (("flash_attn_func", count_dense), ("flash_attn_varlen_func", count_varlen)):
+        else:
+            # before 4.55.1 the flash-attn functions are module globals of modeling_flash_attention_utils (4.54 -
+            # 4.55.0: cached in _flash_fn / _flash_varlen_fn after the first call); packcheck's reference binds them
+            # at each forward from FLASH_ATTN_STAND_INS, and a model module that imports _flash_attention_forward
+            # only with flash-attn installed gets it bound from _MFU_LATE
+            for name, wrapper in (("flash_attn_func", count_dense), ("flash_attn_varlen_func", count_varlen),
+                                  ("_flash_fn", count_dense), ("_flash_varlen_fn", count_varlen)):
                 fn = getattr(mfu, name, None)
                 if callable(fn):
                     saved_flash[name] = fn
                     setattr(mfu, name, wrapper(fn))
+            FLASH_ATTN_STAND_INS["flash_attn_func"] = count_dense(saved_stand_ins["flash_attn_func"])
+            FLASH_ATTN_STAND_INS["flash_attn_varlen_func"] = count_varlen(saved_stand_ins["flash_attn_varlen_func"])
+            if callable(getattr(mfu, "_flash_attention_forward", None)):
+                _MFU_LATE["_flash_attention_forward"] = count_flash_forward(mfu._flash_attention_forward)
         F.scaled_dot_product_attention = counted_sdpa
         yield probe
     finally:
@@ -779,4 +1146,8 @@ def count_attention_calls(model: Any, segments: list[int] | None = None) -> Iter
             setattr(module, attr, fn)
         for name, fn in saved_flash.items():
             setattr(mfu, name, fn)
+        FLASH_ATTN_STAND_INS.clear()
+        FLASH_ATTN_STAND_INS.update(saved_stand_ins)
+        _MFU_LATE.clear()
+        _MFU_LATE.update(saved_late)
         F.scaled_dot_product_attention = original_sdpa

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import batches as B
-from .backends import FLASH_FAMILY, backend_availability, count_attention_calls
+from .backends import FLASH_FAMILY, backend_availability, count_attention_calls, effective_attn_implementation
 
 # The check names, levels and roles live in the registry; re-exported here for code written against 0.1.
 from .registry import CHECKS, DEFAULT_CHECKS, MODEL_LEVEL_CHECKS, NUMERICS_FACTOR, TRAINING_CHECKS  # noqa: F401
@@ -757,7 +757,8 @@ def check_grad_parity(bench: Workbench) -> CheckResult:
 # 7. backend / fallback
 
 
-_ATTENTION_SUFFIXES = ("Attention", "MLA")  # LlamaAttention, GPT2Attention, ...; LongcatFlashMLA
+# LlamaAttention, GPT2Attention, ...; LongcatFlashMLA; before 4.48 a class per backend: LlamaFlashAttention2
+_ATTENTION_SUFFIXES = ("Attention", "MLA", "FlashAttention2")
 
 
 def attention_modules(model: Any) -> list[Any]:
@@ -819,7 +820,7 @@ def check_backend(bench: Workbench) -> CheckResult:
     one per attention layer, all on the requested backend); whether the packed boundaries reached every call
     (mask / cu_seq_lens inspected); fallback warnings logged during the forward."""
     requested = bench.backend
-    effective = getattr(bench.model.config, "_attn_implementation", None)
+    effective = effective_attn_implementation(bench.model)
     if requested and requested.startswith("paged|") and effective == requested.removeprefix("paged|"):
         requested = effective  # transformers drops the prefix it deprecated (5.x: "only needed for paged|eager")
     found = expected_attention_calls(bench.model)
@@ -960,11 +961,23 @@ def check_mask_trap(bench: Workbench) -> CheckResult:
 def _eager_twin(bench: Workbench) -> Any:
     """A copy of the workbench's model on eager attention, same weights (cached per model): the reference every
     other backend's per-example logits are compared with. ``set_attn_implementation`` from transformers 4.48 (it
-    reaches every sub-config); before, the configs' ``_attn_implementation`` is set directly."""
+    reaches every sub-config); before, the configs' ``_attn_implementation`` is set directly. A model whose
+    attention modules are a class per backend (before 4.48: LlamaFlashAttention2, LlamaSdpaAttention), which a
+    config switch does not change, is built again on eager and given the same weights."""
     key = ("eager_twin", id(bench.model))
     if key not in bench._cache:
         import copy
 
+        setter = getattr(bench.model, "set_attn_implementation", None)
+        per_backend = any(type(m).__name__.endswith(("FlashAttention2", "SdpaAttention")) for m in bench.model.modules())
+        if per_backend and not callable(setter):
+            config = copy.deepcopy(bench.model.config)
+            config._attn_implementation_internal = None
+            param = next(bench.model.parameters())
+            twin = type(bench.model)._from_config(config, attn_implementation="eager", torch_dtype=param.dtype)
+            twin.load_state_dict(bench.model.state_dict())
+            bench._cache[key] = twin.to(param.device).eval()
+            return bench._cache[key]
         twin = copy.deepcopy(bench.model)
         setter = getattr(twin, "set_attn_implementation", None)
         if callable(setter):

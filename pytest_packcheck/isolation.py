@@ -113,7 +113,7 @@ def warm_up(tolerances: dict[str, float], device: str, backends: Iterable[str] =
         from transformers import AutoModelForCausalLM, LlamaConfig
 
         from . import checks
-        from .backends import REFERENCE_BACKEND, register_reference_backend
+        from .backends import REFERENCE_BACKEND, backend_build, prepare_backend_model, register_reference_backend
         from .runner import _no_compile_on_cpu
     except Exception:  # noqa: BLE001 - warming up is an optimisation; the cells report real problems
         return
@@ -131,7 +131,9 @@ def warm_up(tolerances: dict[str, float], device: str, backends: Iterable[str] =
                 config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                                      num_key_value_heads=1, vocab_size=128, use_cache=False)
                 torch.manual_seed(0)
-                model = AutoModelForCausalLM.from_config(config, attn_implementation=backend).eval()
+                with backend_build(backend, config) as attn_implementation:
+                    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation).eval()
+                model = prepare_backend_model(model, backend)
                 bench = checks.Workbench(model=model, config=model.config, backend=backend, dtype="float32", tol=tolerances)
                 with _no_compile_on_cpu(backend, device):
                     checks.check_logits_parity(bench)

@@ -976,15 +976,19 @@ def build_model(
 
     auto = auto_model_class(resolved)  # AutoModelForCausalLM, or a multimodal model's auto class
     torch_dtype = getattr(torch, dtype)
+    from .backends import backend_build, prepare_backend_model
+
+    backend = attn_implementation  # the cell's backend; what transformers is asked for comes from backend_build
     if weights == "pretrained" and resolved.spec.kind != "arch":
-        model, info = auto.from_pretrained(
-            resolved.spec.name,
-            revision=resolved.spec.revision,
-            attn_implementation=attn_implementation,
-            trust_remote_code=trust_remote_code,
-            output_loading_info=True,
-            **dtype_kwarg(torch_dtype),
-        )
+        with backend_build(backend, resolved.config) as attn:
+            model, info = auto.from_pretrained(
+                resolved.spec.name,
+                revision=resolved.spec.revision,
+                attn_implementation=attn,
+                trust_remote_code=trust_remote_code,
+                output_loading_info=True,
+                **dtype_kwarg(torch_dtype),
+            )
         model.packcheck_weights = weight_counts(model, info)
         if model.packcheck_weights["loaded"] == 0:
             raise WeightsError(
@@ -994,9 +998,9 @@ def build_model(
     elif not shrink:  # full size, random weights (packcheck bench on a real config)
         torch.manual_seed(seed)
         # initialised on the device: a 1.2B model's random init takes 20 s on 2 CPU cores, well under 1 s on a GPU
-        with torch.device(device):
+        with torch.device(device), backend_build(backend, resolved.config) as attn:
             model = auto.from_config(
-                copy.deepcopy(resolved.config), attn_implementation=attn_implementation, trust_remote_code=trust_remote_code,
+                copy.deepcopy(resolved.config), attn_implementation=attn, trust_remote_code=trust_remote_code,
                 **dtype_kwarg(torch_dtype),
             )
     else:
@@ -1034,9 +1038,11 @@ def build_model(
                 f"{MAX_RANDOM_PARAMS / 1e6:.0f}M): its config has size keys the shrink does not know"
             )
         torch.manual_seed(seed)
-        model = auto.from_config(
-            config, attn_implementation=attn_implementation, trust_remote_code=trust_remote_code, **dtype_kwarg(torch_dtype)
-        )
+        with backend_build(backend, config) as attn:
+            model = auto.from_config(
+                config, attn_implementation=attn, trust_remote_code=trust_remote_code, **dtype_kwarg(torch_dtype)
+            )
+    model = prepare_backend_model(model, backend)
     language = getattr(model.config, "languages", None)
     if hasattr(model, "set_default_language") and getattr(model.config, "default_language", None) is None and language:
         # X-MOD routes every token through a per-language adapter and refuses to run without one

@@ -211,6 +211,8 @@ _TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id")
 def _effective(trainer: Any) -> dict[str, Any]:
     """What is in force after SFTTrainer was built. The collator is what pads or flattens: its padding_free
     is the one in force (TRL 1.16's bfd packing turns it on whatever SFTConfig.padding_free says)."""
+    from .backends import effective_attn_implementation
+
     collator_free = getattr(trainer.data_collator, "padding_free", None)
     model = trainer.model
     return {"packing": trainer.args.packing,
@@ -220,7 +222,7 @@ def _effective(trainer: Any) -> dict[str, Any]:
             # TRL 0.20-0.23 build it as use_flash_attention: False on every other backend
             "return_position_ids": getattr(trainer.data_collator, "return_position_ids", None),
             "use_cache": getattr(model.config, "use_cache", None),
-            "attn_implementation": getattr(model.config, "_attn_implementation", None)}
+            "attn_implementation": effective_attn_implementation(model)}
 
 
 def _configuration(sft: _Sft, trainer: Any, requested: dict[str, Any]) -> tuple[dict[str, Any], str]:

@@ -2,7 +2,8 @@
 
 The tests marked ``slow`` build real environments with other transformers versions from the package index
 (run them with ``PACKCHECK_RUN_SLOW=1 python -m pytest tests -m slow``); one real multi-version audit runs in
-``.ci/run`` (``test_real_audit_sdpa_before_and_after_packed_masks``).
+``.ci/run`` (``test_real_audit_sdpa_before_and_after_packed_masks``), and one old-release varlen reference
+(``test_real_reference_on_4_44_2_runs_that_release_flash_path``).
 """
 
 from __future__ import annotations
@@ -479,3 +480,71 @@ def test_controller_never_initialises_cuda_before_forking(tmp_path, monkeypatch)
     state.config = types.SimpleNamespace()  # no workerinput: the controller
     state.settings = types.SimpleNamespace(device="cuda", report_dir=str(tmp_path / "r"), baseline=None)
     state._check_inputs()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The varlen reference on transformers 4.44 .. 4.55.0 (flash-attn's functions as module globals)
+
+
+def _old_flash_path(monkeypatch, cache, version: str) -> dict:
+    """tests/data/old_flash_path.py run with the python of the transformers ``version`` environment."""
+    import subprocess
+
+    monkeypatch.setenv("PACKCHECK_CACHE_DIR", str(cache))
+    env = envs.ensure_env(envs.parse_versions([f"transformers=={version}"], "test")[0])
+    script = Path(__file__).parent / "data" / "old_flash_path.py"
+    proc = subprocess.run([str(env.python), str(script)], capture_output=True, text=True, check=False, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+def _assert_reference_and_planted_fault(result: dict, version: str) -> None:
+    assert result["transformers"] == version and result["mode"] == "module_globals"
+    ref, planted = result["reference"], result["planted"]
+    # the model really ran transformers' flash_attention_2 path of that release, on packcheck's kernels
+    assert ref["config_attn"] == "flash_attention_2"
+    assert ref["isolation"]["status"] == "pass" and ref["isolation"]["metrics"]["max_change"] < 1e-6
+    assert ref["logits_parity"]["status"] == "pass" and ref["logits_parity"]["metrics"]["max_abs_diff_solo"] < 1e-5
+    backend = ref["backend"]["metrics"]
+    assert ref["backend"]["status"] == "pass", ref["backend"]
+    assert backend["effective"] == "packcheck_flash_ref" and backend["calls"] == {"packcheck_flash_ref": 2}
+    assert (backend["varlen_kernel_calls"], backend["dense_kernel_calls"]) == (2, 0)
+    assert result["restored"] is True, result["flash_attn_varlen_func_after"]
+    # planted: the flash path drops position_ids -> one dense call over the packed row; caught three ways
+    assert planted["isolation"]["status"] == "fail" and planted["isolation"]["cause"] == "leak"
+    assert planted["isolation"]["metrics"]["max_change"] > 1e-2
+    assert planted["logits_parity"]["status"] == "fail" and planted["logits_parity"]["metrics"]["max_abs_diff_solo"] > 1e-2
+    assert planted["backend"]["status"] == "fail" and planted["backend"]["cause"] == "dense_kernel"
+    assert (planted["backend"]["metrics"]["varlen_kernel_calls"], planted["backend"]["metrics"]["dense_kernel_calls"]) == (0, 2)
+
+
+def test_real_reference_on_4_44_2_runs_that_release_flash_path(pytester, monkeypatch, version_cache):
+    """transformers 4.44.2 (the first release whose flash path reads packed position_ids, flash-attn functions as
+    module globals, a FlashAttention2 class per model): the varlen reference runs the model as flash_attention_2
+    with packcheck's kernels. llama's flash class passes position_ids -> varlen kernel per layer, exact;
+    gpt_neox's does not -> one dense kernel call over the packed row: a leak, as on a GPU with flash-attn. And a
+    planted llama flash path that drops position_ids is caught (isolation, parity, backend)."""
+    cells = _audit(pytester, monkeypatch, version_cache, "transformers==4.44.2", "arch:llama,arch:gpt_neox",
+                   "packcheck_flash_ref", "isolation,logits_parity,backend")
+    env = "@transformers==4.44.2"
+    for check in ("isolation", "logits_parity", "backend"):
+        cell = cells[f"llama-packcheck_flash_ref-{check}-float32{env}"]
+        assert cell["status"] == "pass", cell["message"]
+    assert cells[f"llama-packcheck_flash_ref-backend-float32{env}"]["metrics"]["varlen_kernel_calls"] == 2
+    leak = cells[f"gpt_neox-packcheck_flash_ref-isolation-float32{env}"]
+    assert leak["status"] == "fail" and leak["metrics"]["max_change"] > 1e-2, leak["message"]
+    assert leak["diagnosis"]["cause"] == "leak"
+    dense = cells[f"gpt_neox-packcheck_flash_ref-backend-float32{env}"]
+    assert dense["status"] == "fail" and dense["metrics"]["dense_kernel_calls"] == 2 and dense["metrics"]["varlen_kernel_calls"] == 0
+    md = (pytester.path / "out" / "packcheck-matrix.md").read_text()
+    assert "varlen reference (CPU, not FA2)" in md
+    _assert_reference_and_planted_fault(_old_flash_path(monkeypatch, version_cache, "4.44.2"), "4.44.2")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ["4.46.3", "4.48.3", "4.50.3", "4.52.4", "4.54.1", "4.55.0"])
+def test_real_reference_and_planted_fault_on_each_module_globals_release(monkeypatch, version_cache, version):
+    """Every layout of the module-globals flash path: per-model FlashAttention2 classes (4.46), the first
+    AttentionInterface as a dict (4.48, 4.50), the NPU-aware imports (4.52), the kernel cache in _flash_fn ...
+    (4.54, 4.55.0)."""
+    _assert_reference_and_planted_fault(_old_flash_path(monkeypatch, version_cache, version), version)
