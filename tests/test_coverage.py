@@ -193,6 +193,33 @@ def test_labels_of_a_failed_cell():
         assert cause in CAUSES and remedy(cause, cell, {"transformers": "5.24.0"}), cause
 
 
+def test_flash_boundaries_past_the_row_are_a_fail_of_the_flash_path():
+    """GLM-4.5V / ERNIE-4.5-VL on 5.24 derive cu_seq_lens from their 3 M-RoPE rows: [0, 11, 18, 31, ..., 93] for a
+    31-token row. The reference kernel refuses values that do not fit the row (FlashAttention-2 would read past
+    it); the cell is a fail with cause flash_boundaries and the boundaries, not a crash of packcheck's shrink."""
+    import torch
+
+    from pytest_packcheck.backends import FlashBoundariesError, varlen_reference_kernel
+    from pytest_packcheck.diagnose import remedy
+    from pytest_packcheck.runner import CellRunner
+
+    q = torch.randn(31, 2, 16)
+    fits = torch.tensor([0, 11, 18, 31], dtype=torch.int32)
+    assert varlen_reference_kernel(q, q, q, fits, fits, 13, 13, causal=True).shape == q.shape
+    for bad in ([0, 11, 18, 31, 42, 49, 62, 73, 80, 93], [0, 18, 11, 31], [1, 11, 18, 31]):
+        cu = torch.tensor(bad, dtype=torch.int32)
+        with pytest.raises(FlashBoundariesError) as info:
+            varlen_reference_kernel(q, q, q, cu, cu, 13, 13, causal=True)
+        assert info.value.boundaries == bad and info.value.total == 31
+    runner = CellRunner([], {"float32": {}})
+    runner._key = (0, "packcheck_flash_ref", "float32")
+    result = runner._failed("check", info.value)
+    assert result.status == "fail" and result.cause == "flash_boundaries"
+    assert result.evidence == {"cu_seqlens": [1, 11, 18, 31], "tokens": 31}
+    assert "cu_seqlens_q=[1, 11, 18, 31] for a row of 31 tokens" in result.message
+    assert "flash backend" in remedy("flash_boundaries", {"backend": "packcheck_flash_ref", "check": "isolation", "metrics": {}}, {})
+
+
 def test_backend_count_follows_the_attention_modules_that_run(tolerances):
     """diffllama dispatches twice per attention module (differential attention): a pass. A module that runs
     but never dispatches is still a call_count failure; a module that never runs (a vision tower) is not
