@@ -60,7 +60,8 @@ OPTIONS = (
            "Turns packcheck on.", ini="packcheck_models", env="PACKCHECK_MODELS"),
     Option(OPT_AUDIT, "Audit definition: a name under audit/ (default) or a .toml path; its models are added.",
            ini="packcheck_audit", env="PACKCHECK_AUDIT"),
-    Option(OPT_ALL_ARCHS, "Sweep every causal-LM architecture of the installed transformers (arch:<type>).",
+    Option(OPT_ALL_ARCHS, "Sweep every causal-LM architecture of the installed transformers (arch:<type>), and the multimodal "
+           "ones packcheck runs on their text path (M-RoPE).",
            action="store_true", default=False),
     Option(OPT_BACKENDS, "Attention backends (attn_implementation), comma-separated. Default: eager, sdpa, "
            "flex_attention, packcheck_flash_ref (CPU varlen reference), packcheck_flash_torch_varlen (PyTorch's "
@@ -351,9 +352,11 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
     if audit:
         models += [m for m in audit.models if m not in models]
     if all_archs:
-        from .models import causal_lm_architectures
+        from .models import causal_lm_architectures, mrope_text_path_architectures
 
-        models += [f"arch:{a}" for a in causal_lm_architectures() if f"arch:{a}" not in models]
+        # every causal LM, then the multimodal models run on their text path (M-RoPE: Qwen2-VL and kin)
+        models += [f"arch:{a}" for a in [*causal_lm_architectures(), *mrope_text_path_architectures()]
+                   if f"arch:{a}" not in models]
     source = " + ".join(s for s, on in ((models_source, bool(models_value)), (f"audit {audit.path}" if audit else "", bool(audit)), (OPT_ALL_ARCHS, bool(all_archs))) if on)
     if not models:
         raise PackcheckUsageError(f"The model list (from {source}) is empty after filtering: give at least one model.")

@@ -273,3 +273,14 @@ def test_vlm_audit_resolves():
 
     resolved = [resolve_model(parse_model_spec(raw, "audit vlm"), "audit vlm") for raw in audit.models]
     assert len(resolved) >= 10 and all(r.text_path == "mrope" for r in resolved)
+
+
+def test_all_architectures_includes_the_text_path_models():
+    """--packcheck-all-architectures: every causal LM, then every multimodal model run on its text path."""
+    from pytest_packcheck.models import causal_lm_architectures, mrope_text_path_architectures
+    from pytest_packcheck.settings import resolve
+
+    settings = resolve({"packcheck_all_architectures": True}.get, lambda k: None)
+    causal, vlm = causal_lm_architectures(), mrope_text_path_architectures()
+    assert "qwen2_vl" in vlm and "qwen2_vl" not in causal
+    assert list(settings.models) == [f"arch:{a}" for a in [*causal, *vlm]]
