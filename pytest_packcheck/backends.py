@@ -256,8 +256,12 @@ def varlen_reference_kernel(
             allowed &= cols >= rows - left
         if right is not None and right >= 0:
             allowed &= cols <= rows + right
-        scores = scores.masked_fill(~allowed, float("-inf"))
-        probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+        # a query with no key it may see (bottom-right causal with fewer keys than queries: gemma3n's KV-shared
+        # sliding layers on a padded batch) gets output 0, as in flash-attn, and a zero gradient: a softmax over
+        # all -inf would be NaN, and nan_to_num keeps the NaN in the backward pass
+        empty = ~allowed.any(dim=-1, keepdim=True)
+        scores = scores.masked_fill(~allowed, float("-inf")).masked_fill(empty, 0.0)
+        probs = torch.softmax(scores, dim=-1).masked_fill(empty, 0.0)
         out[qs:qe] = torch.matmul(probs, vi).transpose(0, 1).to(q.dtype)
     return out
 

@@ -728,6 +728,18 @@ def check_grad_parity(bench: Workbench) -> CheckResult:
     g_packed = grads(bench.packed())
     g_padded = grads(B.padded_batch(bench.examples, bench.pad_id, "right", bench.start, bench.device))
     model.zero_grad(set_to_none=True)
+    bad_packed = [n for (n, _), g in zip(params, g_packed, strict=True) if not torch.isfinite(g).all()]
+    bad_padded = [n for (n, _), g in zip(params, g_padded, strict=True) if not torch.isfinite(g).all()]
+    if bad_packed or bad_padded:  # NaN compares False with every tolerance: never let it reach the test below
+        evidence = {"non_finite_packed": bad_packed[:5], "non_finite_padded": bad_padded[:5],
+                    "tensors_packed": len(bad_packed), "tensors_padded": len(bad_padded)}
+        if bad_packed and not bad_padded:
+            return CheckResult("fail", evidence, f"non-finite gradients in the packed run only: {len(bad_packed)} of "
+                               f"{len(params)} tensors (first {bad_packed[0]}); the padded run's are finite",
+                               cause="non_finite", evidence=evidence)
+        return CheckResult("error", evidence, f"non-finite gradients in the padded reference run: {len(bad_padded)} of "
+                           f"{len(params)} tensors (first {bad_padded[0]}; packed run: {len(bad_packed)}): not "
+                           "checked, there is no finite reference to compare with", cause="non_finite", evidence=evidence)
     flat_a = torch.cat([g.flatten() for g in g_packed])
     flat_b = torch.cat([g.flatten() for g in g_padded])
     rel = float((flat_a - flat_b).norm() / flat_b.norm().clamp_min(1e-30))

@@ -67,6 +67,8 @@ CAUSES = {
     "non_causal": "a later token changes earlier positions' logits: the backend runs non-causal (bidirectional) attention",
     "flash_boundaries": "the model's flash path built cu_seq_lens that do not fit the packed row (past its end, or "
                         "decreasing): FlashAttention-2 would read outside the row; the reference kernels refuse",
+    "non_finite": "a run produced NaN or infinite numbers (gradients, logits): where only the packed run does, a fail; "
+                  "where the reference does, no comparison is possible",
     "crash": "the cell crashed (see the exception)",
     "shrunk_crash": "the cell crashed in the tiny model packcheck made of the config (random weights): the full-size "
                     "model may run; packcheck's shrink is suspect before the library",
@@ -140,7 +142,7 @@ REGISTRY: tuple[CheckSpec, ...] = (
               ("loss_delta", "Δ"), "loss_atol", True, (*_PARITY_CAUSES, "loss_normalisation")),
     CheckSpec("grad_parity", "checks:check_grad_parity", "backend", "correctness",
               "every parameter's gradient, packed vs right-padded: relative error, worst tensor, cosine",
-              ("grad_rel_err", "rel"), "grad_rel_err", True, (*_PARITY_CAUSES, "loss_normalisation")),
+              ("grad_rel_err", "rel"), "grad_rel_err", True, (*_PARITY_CAUSES, "loss_normalisation", "non_finite")),
     CheckSpec("backend", "checks:check_backend", "backend", "correctness",
               "the requested attn_implementation ran: one call per attention layer, packed boundaries reached, "
               "flash backends on the varlen kernel only",

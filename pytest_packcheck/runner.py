@@ -213,6 +213,20 @@ def text_config(config: Any) -> Any:
     return config
 
 
+def _no_pass_on_non_finite(check: str, result: CheckResult) -> CheckResult:
+    """A pass whose key number is NaN or infinite is no pass: every ``x > tolerance`` comparison is False for NaN,
+    so a check that forgot to test finiteness would pass on it (gemma3n's grad_parity on the varlen reference
+    did). Such a cell becomes an error with cause ``non_finite``; the number is kept."""
+    import math
+
+    spec = SPECS.get(check)
+    value = result.metrics.get(spec.key_metric[0]) if spec and spec.key_metric else None
+    if result.status != "pass" or not isinstance(value, float) or math.isfinite(value):
+        return result
+    return CheckResult("error", result.metrics, f"{spec.key_metric[0]} is {value}: a pass cannot rest on a non-finite "
+                       f"number ({result.message})", cause="non_finite", evidence={spec.key_metric[0]: str(value)})
+
+
 class CellRunner:
     """Runs cells, keeping the last built model (per group) and the tolerances per dtype."""
 
@@ -261,7 +275,7 @@ class CellRunner:
         """Run one cell; never raises for a model or backend problem (those become the cell's verdict)."""
         resolved = self.models[cell.model_index]
         t0 = time.perf_counter()
-        result = self._run(cell)
+        result = _no_pass_on_non_finite(cell.check, self._run(cell))
         counts = getattr(getattr(self._bench, "model", None), "packcheck_weights", None)
         if counts and self._key == (cell.model_index, cell.backend or "eager", cell.dtype):
             result.metrics = {**result.metrics, "weights": counts}  # what --packcheck-weights=pretrained loaded

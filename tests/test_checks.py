@@ -578,3 +578,59 @@ def test_sft_row_contract_checks_cu_seq_lens_and_seq_idx(llama_sdpa):
     assert "cu_seq_lens_q" in row(cu_seq_lens_q=torch.tensor([0, 2, 3, 5], dtype=torch.int32))[0][0]
     assert "seq_idx disagrees" in row(seq_idx=torch.tensor([[0, 0, 1, 1, 1]], dtype=torch.int32))[0][0]
     assert "labels not -100 at 1 example starts [3]" in row(labels=torch.tensor([[-100, 6, 7, 8, 9]]))[0][0]
+
+
+@pytest.mark.parametrize(("poisoned_call", "status"), [(0, "fail"), (1, "error")])
+def test_non_finite_gradients_never_pass(llama_sdpa, poisoned_call, status):
+    """NaN compares False with every tolerance, so grad_parity passed on grad_rel_err=NaN (gemma3n on the varlen
+    reference: its padded flash path gives NaN gradients from the last layer down). Planted: NaN in one tensor's
+    gradient of the packed run (call 0: fail, the packed run alone) or of the padded reference (call 1: not
+    checked, an error); both name the tensor."""
+    import torch
+
+    calls = []
+    weight = llama_sdpa.model.lm_head.weight
+
+    def poison(grad):
+        calls.append(1)
+        return torch.full_like(grad, float("nan")) if len(calls) - 1 == poisoned_call else grad
+
+    handle = weight.register_hook(poison)
+    try:
+        result = C.check_grad_parity(llama_sdpa)
+    finally:
+        handle.remove()
+    assert result.status == status and result.cause == "non_finite", result.message
+    side = "packed" if poisoned_call == 0 else "padded"
+    assert result.evidence[f"non_finite_{side}"] == ["lm_head.weight"] and result.evidence[f"tensors_{side}"] == 1
+
+
+def test_a_pass_on_a_non_finite_number_becomes_an_error():
+    """The runner's net under every check: a pass whose key number is NaN or infinite is an error (non_finite)."""
+    from pytest_packcheck.results import CheckResult
+    from pytest_packcheck.runner import _no_pass_on_non_finite
+
+    for value in (float("nan"), float("inf")):
+        got = _no_pass_on_non_finite("logits_parity", CheckResult("pass", {"max_abs_diff_solo": value}, "ok"))
+        assert got.status == "error" and got.cause == "non_finite" and "max_abs_diff_solo is" in got.message
+    fine = CheckResult("pass", {"max_abs_diff_solo": 1e-7}, "ok")
+    assert _no_pass_on_non_finite("logits_parity", fine) is fine
+    failed = CheckResult("fail", {"max_abs_diff_solo": float("nan")}, "x")
+    assert _no_pass_on_non_finite("logits_parity", failed) is failed
+
+
+def test_reference_kernel_gives_queries_without_keys_zero_output_and_finite_gradients():
+    """Bottom-right causal with fewer keys than queries (a KV-shared sliding layer): the first queries see no
+    key. flash-attn returns 0 for them; the reference did too, but its softmax over all -inf left NaN in the
+    backward pass."""
+    import torch
+
+    from pytest_packcheck.backends import varlen_reference_kernel
+
+    q = torch.randn(13, 2, 16, requires_grad=True)
+    kv = torch.randn(8, 2, 16, requires_grad=True)
+    cu_q, cu_k = torch.tensor([0, 13], dtype=torch.int32), torch.tensor([0, 8], dtype=torch.int32)
+    out = varlen_reference_kernel(q, kv, kv, cu_q, cu_k, 13, 8, causal=True)
+    assert out[:5].abs().max() == 0 and out[5:].abs().min() > 0  # queries 0-4 precede every key
+    out.sum().backward()
+    assert torch.isfinite(q.grad).all() and torch.isfinite(kv.grad).all() and q.grad[:5].abs().max() == 0
