@@ -112,6 +112,7 @@ class ResolvedModel:
     revision: str | None  # commit SHA when the Hub cache gives one
     error: str | None = None  # the config itself cannot be built: every cell of this model is an error
     error_status: str = "error"  # "unsupported" where this transformers version does not know the model
+    error_cause: str | None = None  # "library_config" where transformers' own default config does not build
     #: config values set beyond the checkpoint's or the default config: the spec's overrides and what the
     #: shrink had to set (a value the config left None, a layer-kind variant), one line each
     notes: list[str] = field(default_factory=list)
@@ -216,7 +217,10 @@ def resolve_model(spec: ModelSpec, source: str, trust_remote_code: bool = False)
             cls = causal_lm_class_name(spec.name) or "?"
             text = " ".join(str(exc).split())[:300]
             return ResolvedModel(spec=spec, config=None, model_type=spec.name, model_class=cls, revision=None,
-                                 error=f"{type(exc).__name__} building the default {spec.name} config: {text}")
+                                 error=(f"{spec.name}: transformers' own default config does not build "
+                                        f"({type(exc).__name__}: {text}); not packcheck's shrink: give the values "
+                                        f"it needs as 'arch:{spec.name}{{key=value}}', or a checkpoint's config"),
+                                 error_cause="library_config")
     else:
         config_dict, revision = _read_config_dict(spec, source)
         if "auto_map" in config_dict and not trust_remote_code:
@@ -920,6 +924,43 @@ def _unshrunk_build_error(resolved: ResolvedModel, trust_remote_code: bool) -> s
             auto_model_class(resolved).from_config(copy.deepcopy(resolved.config), trust_remote_code=trust_remote_code)
     except Exception as exc:  # noqa: BLE001 - any failure is the answer
         return f"{type(exc).__name__}: {' '.join(str(exc).split())[:240]}"
+    return None
+
+
+def _normalised(error: str) -> str:
+    """An error message with its numbers blanked: a crash at full size names other sizes than the tiny one."""
+    import re
+
+    return re.sub(r"\d+", "N", error)
+
+
+def unshrunk_forward_reproduces(resolved: ResolvedModel, exc: BaseException, trust_remote_code: bool = False) -> str | None:
+    """Why ``exc`` (raised by the tiny model packcheck built) is the config's own fault, or None.
+
+    The unshrunk config is built at full size on the meta device (no memory, no compute) and called once on a
+    packed row of 31 meta tokens (position_ids restarting at 0, 11, 18; use_cache=False):
+    - it does not build at all (dbrx's default: ``DbrxAttentionConfig`` without ``rope_theta``, which the shrink
+      had to fill in): "the unshrunk config does not build (...)";
+    - its forward raises the same exception type with the same message up to its numbers (dbrx's default
+      ``clip_qkv=None`` reaching ``torch.clamp``): "the unshrunk config raises it too".
+    Anything else (the meta run passes, or fails otherwise: a meta tensor cannot be read) -> None: the shrink
+    stays suspect."""
+    import torch
+
+    if resolved.config is None:
+        return None
+    with torch.device("meta"):
+        try:
+            model = auto_model_class(resolved).from_config(copy.deepcopy(resolved.config), trust_remote_code=trust_remote_code)
+        except Exception as build:  # noqa: BLE001 - a default config that does not build is the library's
+            return f"the unshrunk config does not build ({type(build).__name__}: {' '.join(str(build).split())[:160]})"
+        try:
+            ids = torch.zeros(1, 31, dtype=torch.long)
+            pos = torch.cat([torch.arange(11), torch.arange(7), torch.arange(13)])[None]
+            model(input_ids=ids, position_ids=pos, use_cache=False)
+        except Exception as full:  # noqa: BLE001 - any failure is compared with the tiny model's
+            if type(full) is type(exc) and _normalised(str(full)) == _normalised(str(exc)):
+                return "the unshrunk config raises it too"
     return None
 
 

@@ -23,7 +23,7 @@ from .backends import (
     register_reference_backend,
 )
 from .checks import Workbench
-from .models import LibraryConfigError, ResolvedModel, ShrinkError, build_model, position_layout
+from .models import LibraryConfigError, ResolvedModel, ShrinkError, build_model, position_layout, unshrunk_forward_reproduces
 from .registry import MODEL_LEVEL_CHECKS, SPECS
 from .results import CellResult, CheckResult
 
@@ -92,9 +92,9 @@ _STATEFUL_REFUSALS = ("causal_conv1d", "can't keep packed sequences apart")
 class ResolveError(RuntimeError):
     """The model's config could not be resolved or built (carries the verdict: error or unsupported)."""
 
-    def __init__(self, message: str, status: str = "error") -> None:
+    def __init__(self, message: str, status: str = "error", cause: str | None = None) -> None:
         super().__init__(message)
-        self.status = status
+        self.status, self.cause = status, cause
 
 
 def _classify_exception(exc: BaseException) -> str:
@@ -252,7 +252,7 @@ class CellRunner:
             self._key, self._bench = key, None
             try:
                 if resolved.error:
-                    raise ResolveError(resolved.error, resolved.error_status)
+                    raise ResolveError(resolved.error, resolved.error_status, resolved.error_cause)
                 if backend in (REFERENCE_BACKEND, TORCH_VARLEN_BACKEND):
                     register_reference_backend()
                 model = build_model(resolved, backend, cell.dtype, self.weights, self.device, trust_remote_code=self.trust_remote_code,
@@ -320,6 +320,19 @@ class CellRunner:
         except Exception as exc:  # noqa: BLE001 - a crashing check is an error cell
             return self._failed("check", exc)
 
+    def _unshrunk_reproduces(self, exc: BaseException) -> str | None:
+        """:func:`unshrunk_forward_reproduces` for the current model, once per model and error (a model that
+        crashes in every check builds its full-size meta twin once)."""
+        from .models import _normalised
+
+        key = (self._key[0] if self._key else None, type(exc).__name__, _normalised(str(exc)))
+        if key[0] is None or not 0 <= key[0] < len(self.models):
+            return None
+        cache = self.__dict__.setdefault("_unshrunk_cache", {})
+        if key not in cache:
+            cache[key] = unshrunk_forward_reproduces(self.models[key[0]], exc, self.trust_remote_code)
+        return cache[key]
+
     def _failed(self, stage: str, exc: BaseException) -> CheckResult:
         status = _classify_exception(exc)
         metrics: dict[str, object] = {"stage": stage, "exception": _short(exc)}
@@ -349,13 +362,21 @@ class CellRunner:
                 f"{exc.boundaries if len(exc.boundaries) <= 12 else [*exc.boundaries[:11], '...', exc.boundaries[-1]]} for a row of "
                 f"{exc.total} tokens: FlashAttention-2 would read outside the row"),
                 cause="flash_boundaries", evidence={"cu_seqlens": exc.boundaries, "tokens": exc.total})
+        if (status == "error" and self.weights == "random" and not isinstance(exc, (ResolveError, ShrinkError, LibraryConfigError))
+                and self._key and (why := self._unshrunk_reproduces(exc))):
+            # the unshrunk config fails too (on the meta device): the library's config, not the shrink
+            text = f"model build: {_short(exc)}" if stage == "build" else _short(exc)
+            return CheckResult(status, metrics, f"{text} ({why}: not packcheck's shrink)",
+                               cause="library_config", evidence={"exception": _short(exc), "stage": stage, "unshrunk": why})
         if status == "error" and self.weights == "random" and not isinstance(exc, (ResolveError, ShrinkError, LibraryConfigError)):
             # the crash happened in the tiny model packcheck made of the config: the full-size model may not crash
             cause = "shrunk_crash"
             text = f"model build: {_short(exc)}" if stage == "build" else _short(exc)
             return CheckResult(status, metrics, f"crashed in the model packcheck shrank (random weights): {text}",
                                cause=cause, evidence={"exception": _short(exc), "stage": stage})
-        if isinstance(exc, ShrinkError):
+        if isinstance(exc, ResolveError) and exc.cause:
+            cause = exc.cause
+        elif isinstance(exc, ShrinkError):
             cause = "shrink_limit"
         elif isinstance(exc, LibraryConfigError):
             cause = "library_config"

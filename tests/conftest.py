@@ -6,14 +6,24 @@ import hashlib
 import shutil
 from pathlib import Path
 
-# numpy / torch / transformers are imported before any test runs: pytester restores sys.modules after each test
-# that uses it, so one first imported inside such a test would be imported a second time by a later test
-# ("cannot load module more than once per process", or a segfault in torch): test files failed when run alone.
-import numpy  # noqa: F401
 import pytest
 import tomllib
-import torch  # noqa: F401
-import transformers  # noqa: F401
+from _pytest import pytester as _pytester
+
+#: Libraries pytester must not unload: it restores sys.modules after each test that uses it, so an extension module
+#: first imported inside such a test was imported a second time by a later one ("cannot load module more than
+#: once per process", a segfault in torch), and a transformers whose lazily imported submodules were removed could
+#: not import them again ("Could not import module 'AriaTextConfig'"): results depended on the order of the tests.
+_KEEP_LOADED = {"numpy", "torch", "transformers", "trl", "accelerate", "safetensors", "tokenizers", "huggingface_hub",
+                "pytest_packcheck", "functorch", "sympy", "scipy", "datasets", "pyarrow", "pandas"}
+_snapshot_init = _pytester.SysModulesSnapshot.__init__
+
+
+def _keep_libraries_loaded(self, preserve=None):
+    _snapshot_init(self, preserve=lambda name: name.split(".")[0] in _KEEP_LOADED or bool(preserve and preserve(name)))
+
+
+_pytester.SysModulesSnapshot.__init__ = _keep_libraries_loaded
 
 HUB_CONFIGS = Path(__file__).resolve().parents[2] / "shared" / "hub-configs"
 LOCAL_HUB_CONFIGS = Path(__file__).resolve().parent / "data" / "hub-configs"

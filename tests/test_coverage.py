@@ -193,6 +193,38 @@ def test_labels_of_a_failed_cell():
         assert cause in CAUSES and remedy(cause, cell, {"transformers": "5.24.0"}), cause
 
 
+def test_a_crash_the_unshrunk_config_shares_is_the_librarys(monkeypatch):
+    """arch:dbrx on 5.24: the tiny model crashes in torch.clamp (clip_qkv None) and the unshrunk default config
+    does not even build (no rope_theta in attn_config): library_config, not shrunk_crash. gemma4_assistant's
+    default config fails validation: library_config at resolution. A crash the full-size model does not share
+    stays shrunk_crash."""
+    from pytest_packcheck.runner import CellRunner
+
+    dbrx = resolve_model(parse_model_spec("arch:dbrx", "t"), "t")
+    llama = resolve_model(parse_model_spec("arch:llama", "t"), "t")
+    runner = CellRunner([dbrx, llama], {"float32": {}})
+    runner._key = (0, "sdpa", "float32")
+    clamp = RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
+    got = runner._failed("check", clamp)
+    assert got.cause == "library_config" and "the unshrunk config does not build (AttributeError" in got.message
+    runner._key = (1, "sdpa", "float32")  # llama's full-size forward on meta runs: the shrink stays suspect
+    assert runner._failed("check", RuntimeError("The size of tensor a (4096) must match the size of tensor b (64)")).cause == "shrunk_crash"
+    from transformers import LlamaForCausalLM
+
+    from pytest_packcheck.models import unshrunk_forward_reproduces
+
+    def crashes(self, *args, **kwargs):  # planted: the full-size forward fails like the tiny one, at its sizes
+        raise RuntimeError(f"size {self.config.hidden_size} does not match")
+
+    monkeypatch.setattr(LlamaForCausalLM, "forward", crashes)
+    assert unshrunk_forward_reproduces(llama, RuntimeError("size 64 does not match")) == "the unshrunk config raises it too"
+    assert unshrunk_forward_reproduces(llama, ValueError("size 64 does not match")) is None  # another type
+    assert unshrunk_forward_reproduces(llama, RuntimeError("another error")) is None
+    assistant = resolve_model(parse_model_spec("arch:gemma4_assistant", "t"), "t")
+    if assistant.error:  # 5.24's default does not validate
+        assert assistant.error_cause == "library_config" and "transformers' own default config" in assistant.error
+
+
 def test_flash_boundaries_past_the_row_are_a_fail_of_the_flash_path():
     """GLM-4.5V / ERNIE-4.5-VL on 5.24 derive cu_seq_lens from their 3 M-RoPE rows: [0, 11, 18, 31, ..., 93] for a
     31-token row. The reference kernel refuses values that do not fit the row (FlashAttention-2 would read past
