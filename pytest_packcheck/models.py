@@ -799,6 +799,12 @@ def _derived_sizes(d: dict[str, Any], hidden_key: str, heads_key: str, original:
     hidden, heads = d.get(hidden_key), d.get(heads_key)
     if not isinstance(hidden, int):
         return
+    # twin keys a config keeps equal to hidden_size / the layer count (xlstm: embedding_dim, num_blocks), both
+    # serialised: the shrink set one, so set the other (the tiny xlstm crashed on 4096 vs 64)
+    for twin, of in (("embedding_dim", hidden_key), ("num_blocks", next((k for k in _LAYER_COUNT_KEYS if k in d), ""))):
+        if (isinstance(d.get(twin), int) and isinstance(original.get(of), int) and twin != of
+                and original.get(twin) == original[of]):
+            d[twin] = d[of]
     expand = d.get("mamba_expand", d.get("expand"))
     if isinstance(expand, int | float) and not isinstance(expand, bool):
         inner = int(expand * hidden)

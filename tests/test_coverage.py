@@ -53,6 +53,8 @@ def test_shrink_keeps_per_head_sizes_consistent():
     assert cwm.hidden_size % cwm.num_attention_heads == 0
     marian = shrink_config(CONFIG_MAPPING["marian"]())  # lm_head and loss use the decoder's vocabulary
     assert marian.decoder_vocab_size == marian.vocab_size == 512
+    xlstm = shrink_config(CONFIG_MAPPING["xlstm"]())  # embedding_dim / num_blocks twin hidden_size / the layers
+    assert (xlstm.embedding_dim, xlstm.num_blocks) == (xlstm.hidden_size, xlstm.num_hidden_layers) == (64, 2)
     blt = shrink_config(CONFIG_MAPPING["blt"]())  # local encoder / decoder project to and from the global model
     assert blt.encoder_config.hidden_size_global == blt.decoder_config.hidden_size_global == blt.global_config.hidden_size
 
