@@ -970,6 +970,27 @@ def unshrunk_forward_reproduces(resolved: ResolvedModel, exc: BaseException, tru
     return None
 
 
+def _refuse_undeclared_flash(model: Any, backend: str) -> None:
+    """packcheck's two flash-path stand-ins are registered through AttentionInterface, which transformers does not
+    check against a model's declared support: a class with ``_supports_flash_attn = False`` (bloom, mpt, llama4's
+    chunked attention, the BERT-style decoders: 22 causal LMs of 5.24) was built anyway and crashed on the 2-D
+    flash mask. transformers refuses ``flash_attention_2`` for them; packcheck refuses its stand-ins the same way.
+
+    Raises:
+        ValueError: "... does not support flash attention ..." (the runner files it as unsupported).
+    """
+    from .backends import REFERENCE_BACKEND, TORCH_VARLEN_BACKEND
+
+    if backend not in (REFERENCE_BACKEND, TORCH_VARLEN_BACKEND):
+        return
+    cls = type(model)
+    declared = getattr(cls, "_supports_flash_attn", getattr(cls, "_supports_flash_attn_2", None))  # 2 before 4.48
+    if declared is False:
+        raise ValueError(f"{cls.__name__} does not support flash attention (it declares _supports_flash_attn = False, "
+                         f"so transformers refuses flash_attention_2 for it): {backend}, packcheck's stand-in for the "
+                         "flash path, is refused the same way")
+
+
 def _override_hint(resolved: ResolvedModel) -> str:
     spec = resolved.spec.raw.split("{", 1)[0]
     return f"'{spec}{{key=value}}' or --packcheck-config key=value"
@@ -1089,6 +1110,7 @@ def build_model(
             model = auto.from_config(
                 config, attn_implementation=attn, trust_remote_code=trust_remote_code, **dtype_kwarg(torch_dtype)
             )
+    _refuse_undeclared_flash(model, backend)
     model = prepare_backend_model(model, backend)
     language = getattr(model.config, "languages", None)
     if hasattr(model, "set_default_language") and getattr(model.config, "default_language", None) is None and language:

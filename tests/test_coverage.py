@@ -227,6 +227,25 @@ def test_a_crash_the_unshrunk_config_shares_is_the_librarys(monkeypatch):
         assert assistant.error_cause == "library_config" and "transformers' own default config" in assistant.error
 
 
+def test_models_without_declared_flash_support_refuse_the_flash_stand_ins():
+    """bloom declares _supports_flash_attn = False: transformers refuses flash_attention_2 for it, and packcheck's
+    stand-ins (registered through AttentionInterface, which checks nothing) were built anyway and crashed on the
+    2-D flash mask (22 shrunk_crash cells of the all-architectures audit). Now unsupported, named; llama builds."""
+    from pytest_packcheck.backends import REFERENCE_BACKEND, register_reference_backend
+    from pytest_packcheck.runner import CellRunner
+
+    register_reference_backend()
+    bloom = resolve_model(parse_model_spec("arch:bloom", "t"), "t")
+    with pytest.raises(ValueError, match="BloomForCausalLM does not support flash attention .*_supports_flash_attn = False") as info:
+        build_model(bloom, REFERENCE_BACKEND, "float32")
+    runner = CellRunner([bloom], {"float32": {}})
+    runner._key = (0, REFERENCE_BACKEND, "float32")
+    assert runner._failed("build", info.value).status == "unsupported"
+    assert build_model(bloom, "eager", "float32") is not None  # other backends are not touched
+    llama = resolve_model(parse_model_spec("arch:llama", "t"), "t")
+    assert build_model(llama, REFERENCE_BACKEND, "float32") is not None
+
+
 def test_flash_boundaries_past_the_row_are_a_fail_of_the_flash_path():
     """GLM-4.5V / ERNIE-4.5-VL on 5.24 derive cu_seq_lens from their 3 M-RoPE rows: [0, 11, 18, 31, ..., 93] for a
     31-token row. The reference kernel refuses values that do not fit the row (FlashAttention-2 would read past
