@@ -368,6 +368,15 @@ def _apply_overrides(config: Any, spec: ModelSpec, source: str) -> None:
         if len(parts) == 1 and not hasattr(config, name):
             owners = [sub for _, sub in _sub_configs(config) if hasattr(sub, name)]
             target = owners[0] if len(owners) == 1 else config
+            if not owners:  # a typo ({clip_qvk=8}) would otherwise be set silently and change nothing
+                import warnings
+
+                from .errors import PackcheckWarning, closest
+
+                known = [k for c in (config, *(sub for _, sub in _sub_configs(config))) for k in c.to_dict() if isinstance(k, str)]
+                warnings.warn(f"Config override '{key}' (in model spec '{spec.raw}' from {source}) is not a key of "
+                              f"{type(config).__name__} or its sub-configs: set as a new attribute, which the model may "
+                              f"never read.{closest(name, known)}", PackcheckWarning, stacklevel=2)
         if isinstance(target, dict):
             target[name] = value
         else:

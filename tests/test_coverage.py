@@ -123,6 +123,19 @@ def test_spec_config_overrides_reach_sub_configs_and_the_record():
         resolve_model(parse_model_spec("arch:llama{nope.x=1}", "t"), "t")
 
 
+def test_an_override_key_no_config_has_warns_with_the_closest():
+    """arch:dbrx{clip_qvk=8} (a typo) was accepted silently and the cell crashed as without it."""
+    from pytest_packcheck.errors import PackcheckWarning
+
+    with pytest.warns(PackcheckWarning, match=r"Config override 'clip_qvk' .* is not a key of DbrxConfig .*Did you mean 'clip_qkv'"):
+        resolve_model(parse_model_spec("arch:dbrx{clip_qvk=8}", "--packcheck-models"), "--packcheck-models")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        resolve_model(parse_model_spec("arch:dbrx{clip_qkv=8}", "--packcheck-models"), "--packcheck-models")
+
+
 def test_packcheck_config_flag_applies_to_every_model():
     from pytest_packcheck.settings import OPT_CONFIG, resolve
 
