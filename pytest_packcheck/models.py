@@ -930,16 +930,20 @@ def auto_model_class(resolved: ResolvedModel) -> Any:
     return getattr(transformers, resolved.auto_class)
 
 
-def _unshrunk_build_error(resolved: ResolvedModel, trust_remote_code: bool) -> str | None:
-    """The error of building ``resolved.config`` unshrunk, on the meta device (no memory), or None if it builds."""
+def _build_unshrunk_on_meta(resolved: ResolvedModel, trust_remote_code: bool) -> tuple[Any, str | None]:
+    """``resolved.config`` built unshrunk on the meta device (no memory): (model, None), or (None, its error)."""
     import torch
 
     try:
         with torch.device("meta"):
-            auto_model_class(resolved).from_config(copy.deepcopy(resolved.config), trust_remote_code=trust_remote_code)
+            return auto_model_class(resolved).from_config(copy.deepcopy(resolved.config), trust_remote_code=trust_remote_code), None
     except Exception as exc:  # noqa: BLE001 - any failure is the answer
-        return f"{type(exc).__name__}: {' '.join(str(exc).split())[:240]}"
-    return None
+        return None, f"{type(exc).__name__}: {' '.join(str(exc).split())[:240]}"
+
+
+def _unshrunk_build_error(resolved: ResolvedModel, trust_remote_code: bool) -> str | None:
+    """The error of building ``resolved.config`` unshrunk, on the meta device (no memory), or None if it builds."""
+    return _build_unshrunk_on_meta(resolved, trust_remote_code)[1]
 
 
 def _normalised(error: str) -> str:
@@ -964,11 +968,10 @@ def unshrunk_forward_reproduces(resolved: ResolvedModel, exc: BaseException, tru
 
     if resolved.config is None:
         return None
+    model, build_error = _build_unshrunk_on_meta(resolved, trust_remote_code)
+    if build_error is not None:  # a default config that does not build is the library's
+        return f"the unshrunk config does not build ({build_error[:160]})"
     with torch.device("meta"):
-        try:
-            model = auto_model_class(resolved).from_config(copy.deepcopy(resolved.config), trust_remote_code=trust_remote_code)
-        except Exception as build:  # noqa: BLE001 - a default config that does not build is the library's
-            return f"the unshrunk config does not build ({type(build).__name__}: {' '.join(str(build).split())[:160]})"
         try:
             ids = torch.zeros(1, 31, dtype=torch.long)
             pos = torch.cat([torch.arange(11), torch.arange(7), torch.arange(13)])[None]

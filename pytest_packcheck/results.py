@@ -241,14 +241,25 @@ def cell_problem(cell: Any) -> str | None:
             return f"cell {name!r} has \"{key}\": {json.dumps(cell[key])[:40]} (expected a {'JSON object' if kind is dict else 'string'})"
     if not isinstance(cell["model"].get("label"), str):
         return f"cell {name!r} has a model without a label"
+    unbacked = unbacked_pass(cell["check"], cell["status"], cell.get("metrics") or {})
+    if unbacked:
+        return f"cell {name!r} passes on {unbacked[0]}={json.dumps(unbacked[1])[:40]} (expected a finite number)"
+    return None
+
+
+def unbacked_pass(check: str, status: str, metrics: dict[str, Any]) -> tuple[str, Any] | None:
+    """(key, value) when a pass rests on a key number (the registry's ``key_metric``, which the gate compares)
+    that is not a finite number: NaN, infinity or text cannot back a verdict. None otherwise, and for a check
+    whose key number is not in ``metrics``. The runner turns such a pass into an error; a results file holding
+    one is corrupt."""
     from .registry import SPECS
 
-    spec = SPECS.get(cell["check"])
-    if spec and spec.key_metric and cell["status"] == "pass" and spec.key_metric[0] in (cell.get("metrics") or {}):
-        value = cell["metrics"][spec.key_metric[0]]
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            # the number a pass rests on (and the gate compares): NaN, infinity or text cannot back a verdict
-            return f"cell {name!r} passes on {spec.key_metric[0]}={json.dumps(value)[:40]} (expected a finite number)"
+    spec = SPECS.get(check)
+    if status != "pass" or not spec or not spec.key_metric or spec.key_metric[0] not in metrics:
+        return None
+    value = metrics[spec.key_metric[0]]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return spec.key_metric[0], value
     return None
 
 

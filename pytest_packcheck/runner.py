@@ -25,7 +25,7 @@ from .backends import (
 from .checks import Workbench
 from .models import LibraryConfigError, ResolvedModel, ShrinkError, build_model, position_layout, unshrunk_forward_reproduces
 from .registry import MODEL_LEVEL_CHECKS, SPECS
-from .results import CellResult, CheckResult
+from .results import CellResult, CheckResult, unbacked_pass
 
 
 @dataclass(frozen=True)
@@ -214,17 +214,16 @@ def text_config(config: Any) -> Any:
 
 
 def _no_pass_on_non_finite(check: str, result: CheckResult) -> CheckResult:
-    """A pass whose key number is NaN or infinite is no pass: every ``x > tolerance`` comparison is False for NaN,
-    so a check that forgot to test finiteness would pass on it (gemma3n's grad_parity on the varlen reference
-    did). Such a cell becomes an error with cause ``non_finite``; the number is kept."""
-    import math
-
-    spec = SPECS.get(check)
-    value = result.metrics.get(spec.key_metric[0]) if spec and spec.key_metric else None
-    if result.status != "pass" or not isinstance(value, float) or math.isfinite(value):
+    """A pass whose key number is NaN or infinite is no pass (:func:`results.unbacked_pass`): every
+    ``x > tolerance`` comparison is False for NaN, so a check that forgot to test finiteness would pass on it
+    (gemma3n's grad_parity on the varlen reference did). Such a cell becomes an error with cause ``non_finite``;
+    the number is kept."""
+    unbacked = unbacked_pass(check, result.status, result.metrics)
+    if unbacked is None:
         return result
-    return CheckResult("error", result.metrics, f"{spec.key_metric[0]} is {value}: a pass cannot rest on a non-finite "
-                       f"number ({result.message})", cause="non_finite", evidence={spec.key_metric[0]: str(value)})
+    key, value = unbacked
+    return CheckResult("error", result.metrics, f"{key} is {value}: a pass cannot rest on a non-finite "
+                       f"number ({result.message})", cause="non_finite", evidence={key: str(value)})
 
 
 class CellRunner:
@@ -236,6 +235,8 @@ class CellRunner:
         self.models = models
         self.lengths = tuple(lengths) if lengths else None  # example lengths of the packed row (None: batches.DEFAULT_LENGTHS)
         self.sliding_window = sliding_window  # window the shrink shortens a longer one to (None: models.TINY_SLIDING_WINDOW)
+        #: (model index, exception type, message without numbers) -> why the unshrunk config shares the crash, or None
+        self._unshrunk_cache: dict[tuple[Any, str, str], str | None] = {}
         self.tolerances = tolerances
         self.weights = weights
         self.device = device
@@ -328,10 +329,9 @@ class CellRunner:
         key = (self._key[0] if self._key else None, type(exc).__name__, _normalised(str(exc)))
         if key[0] is None or not 0 <= key[0] < len(self.models):
             return None
-        cache = self.__dict__.setdefault("_unshrunk_cache", {})
-        if key not in cache:
-            cache[key] = unshrunk_forward_reproduces(self.models[key[0]], exc, self.trust_remote_code)
-        return cache[key]
+        if key not in self._unshrunk_cache:
+            self._unshrunk_cache[key] = unshrunk_forward_reproduces(self.models[key[0]], exc, self.trust_remote_code)
+        return self._unshrunk_cache[key]
 
     def _failed(self, stage: str, exc: BaseException) -> CheckResult:
         status = _classify_exception(exc)
@@ -362,18 +362,15 @@ class CellRunner:
                 f"{exc.boundaries if len(exc.boundaries) <= 12 else [*exc.boundaries[:11], '...', exc.boundaries[-1]]} for a row of "
                 f"{exc.total} tokens: FlashAttention-2 would read outside the row"),
                 cause="flash_boundaries", evidence={"cu_seqlens": exc.boundaries, "tokens": exc.total})
-        if (status == "error" and self.weights == "random" and not isinstance(exc, (ResolveError, ShrinkError, LibraryConfigError))
-                and self._key and (why := self._unshrunk_reproduces(exc))):
-            # the unshrunk config fails too (on the meta device): the library's config, not the shrink
-            text = f"model build: {_short(exc)}" if stage == "build" else _short(exc)
-            return CheckResult(status, metrics, f"{text} ({why}: not packcheck's shrink)",
-                               cause="library_config", evidence={"exception": _short(exc), "stage": stage, "unshrunk": why})
         if status == "error" and self.weights == "random" and not isinstance(exc, (ResolveError, ShrinkError, LibraryConfigError)):
-            # the crash happened in the tiny model packcheck made of the config: the full-size model may not crash
-            cause = "shrunk_crash"
             text = f"model build: {_short(exc)}" if stage == "build" else _short(exc)
+            why = self._unshrunk_reproduces(exc)
+            if why:  # the unshrunk config fails too (on the meta device): the library's config, not the shrink
+                return CheckResult(status, metrics, f"{text} ({why}: not packcheck's shrink)",
+                                   cause="library_config", evidence={"exception": _short(exc), "stage": stage, "unshrunk": why})
+            # the crash happened in the tiny model packcheck made of the config: the full-size model may not crash
             return CheckResult(status, metrics, f"crashed in the model packcheck shrank (random weights): {text}",
-                               cause=cause, evidence={"exception": _short(exc), "stage": stage})
+                               cause="shrunk_crash", evidence={"exception": _short(exc), "stage": stage})
         if isinstance(exc, ResolveError) and exc.cause:
             cause = exc.cause
         elif isinstance(exc, ShrinkError):
