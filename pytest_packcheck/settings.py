@@ -93,7 +93,7 @@ OPTIONS = (
     Option(OPT_ISOLATION, "fork (default where available): each model's cells run in a forked child, so a crash "
            "or hang costs one cell; none: in this process.", ini="packcheck_isolation", env="PACKCHECK_ISOLATION"),
     Option(OPT_LENGTHS, "Token lengths of the examples packed into one row, comma-separated, each >= 1 (default "
-           "11,7,13; e.g. 11,1,13 puts a one-token example between two).", ini="packcheck_lengths", env="PACKCHECK_LENGTHS"),
+           "11,7,13; e.g. 11,1,13 puts a one-token example between two; at most 4096 tokens in all).", ini="packcheck_lengths", env="PACKCHECK_LENGTHS"),
     Option(OPT_SLIDING_WINDOW, "The window (tokens, 2 to 4096) a model's longer sliding window is shortened to when packcheck "
            "shrinks it (default 8, so the examples exceed it).", ini="packcheck_sliding_window", env="PACKCHECK_SLIDING_WINDOW"),
     Option(OPT_CONFIG, "Override one config value of every model: key=value (JSON value, or a string), dotted keys "
