@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 
 import pytest
 import torch
@@ -214,3 +215,483 @@ def test_fixture_plain(packcheck_verify):
                                                            id="llama-sdpa")], indirect=True)
 def test_fixture_parametrized(packcheck_verify):
     assert packcheck_verify.verdict == "pass" and packcheck_verify.lengths == [11, 7, 13]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Inside the trainers as they really run (TRL's default SFTConfig: bf16 autocast, fused LM head, gradient
+# checkpointing; Trainer(bf16=True)): the tolerance row is how the forward computes
+
+
+def _qwen2():
+    from pytest_packcheck.models import build_model, resolve_model
+    from pytest_packcheck.specs import parse_model_spec
+
+    return build_model(resolve_model(parse_model_spec("arch:qwen2", "test"), "test"), "sdpa", "float32")
+
+
+def _trl_default(model, out_dir, trainer_class=None, callbacks=None):
+    """SFTTrainer with SFTConfig(packing=True, max_steps=3, use_cpu=True), every other setting TRL's default
+    (bf16=True on CPU: accelerate's bf16 autocast around model.forward; the fused LM head)."""
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    from pytest_packcheck.sft import SENTENCES, offline_tokenizer
+
+    args = SFTConfig(output_dir=str(out_dir), packing=True, max_steps=3, use_cpu=True, report_to=[], save_strategy="no")
+    assert args.bf16 is True  # the default this test is about
+    return (trainer_class or SFTTrainer)(model=model, args=args, callbacks=callbacks,
+                                         train_dataset=Dataset.from_list([{"text": t} for t in SENTENCES]),
+                                         processing_class=offline_tokenizer(int(model.config.vocab_size)))
+
+
+def _with_inputs(trainer_class, **extra):
+    """``trainer_class`` whose ``_prepare_inputs`` adds ``extra`` to every batch (an all-ones attention_mask,
+    use_cache=True): a user's override, after the collator and device placement."""
+
+    class Overridden(trainer_class):
+        def _prepare_inputs(self, inputs):
+            inputs = super()._prepare_inputs(inputs)
+            for key, make in extra.items():
+                inputs[key] = make(inputs)
+            return inputs
+
+    return Overridden
+
+
+def test_trl_default_sftconfig_passes_a_correct_model(tmp_path):
+    """Before: FAIL 4.89e-04 vs the float32 tolerance 1e-04 (cause kernel_numerics, remedy "none needed"): the
+    fused head's forward hook never fires, the parameters said float32. After: the bf16 row, read from the
+    autocast inside the forward."""
+    pytest.importorskip("trl")
+    callback = PackcheckCallback()
+    trainer = _trl_default(_qwen2(), tmp_path, callbacks=[callback])
+    trainer.train()
+    result = callback.result
+    assert result.verdict == "pass", result.line()
+    assert result.dtype == "bfloat16" and result.dtype_source == "autocast bfloat16 over float32 weights"
+    assert result.run["fused_lm_head"] and result.run["autocast"] == "bfloat16"
+    assert result.max_logprob_diff <= result.tolerance["logits_atol"] == 5e-2
+    assert trainer.state.global_step == 3
+
+
+def test_trl_default_all_ones_mask_is_mask_override_with_both_numbers(tmp_path):
+    """Before: "leak: do not pack this model" (the without-mask rerun, bf16, was judged by the float32 row)."""
+    pytest.importorskip("trl")
+    from trl import SFTTrainer
+
+    trainer_class = _with_inputs(SFTTrainer, attention_mask=lambda b: torch.ones_like(b["input_ids"]))
+    trainer = _trl_default(_qwen2(), tmp_path, trainer_class, callbacks=[PackcheckCallback()])
+    with pytest.raises(PackedBatchMismatch) as info:
+        trainer.train()
+    result = info.value.result
+    assert result.cause == "mask_override" and result.dtype == "bfloat16", result.line()
+    without = result.probes["without_attention_mask"]
+    assert without <= result.tolerance["logits_atol"] < result.max_logprob_diff
+    assert f"with the attention_mask {result.max_logprob_diff:.2e}, without it {without:.2e}" in result.evidence
+    assert trainer.state.global_step == 0
+
+
+def _plain_trainer(bench, out_dir, callback, trainer_class=None, **args):
+    from transformers import Trainer, TrainingArguments
+
+    from pytest_packcheck.training import TRAIN_RECIPE
+
+    targs = TrainingArguments(output_dir=str(out_dir), per_device_train_batch_size=3, max_steps=1, save_strategy="no",
+                              report_to=[], use_cpu=True, disable_tqdm=True, remove_unused_columns=False,
+                              **{**TRAIN_RECIPE, **args})
+    return (trainer_class or Trainer)(model=bench.model, args=targs, callbacks=[callback],
+                                      train_dataset=[{"input_ids": e} for e in bench.examples],
+                                      data_collator=bench.collator_factory(return_position_ids=True))
+
+
+@pytest.mark.parametrize(("args", "row", "source"), [
+    ({"bf16": True}, "bfloat16", "autocast bfloat16 over float32 weights"),
+    ({"fp16": False}, "float32", "float32 weights, no autocast"),
+], ids=["bf16=True", "fp16=False"])
+def test_plain_trainer_gets_the_row_it_computes_in(tolerances, tmp_path, args, row, source):
+    bench = make_bench("llama", "sdpa", tolerances)
+    callback = PackcheckCallback()
+    _plain_trainer(bench, tmp_path, callback, **args).train()
+    assert callback.result.verdict == "pass", callback.result.line()
+    assert (callback.result.dtype, callback.result.dtype_source) == (row, source)
+    assert callback.result.tolerance == {k: tolerances[row][k] for k in ("logits_atol", "loss_atol")}
+
+
+def test_plain_trainer_bf16_cache_kept_is_the_cache_trap(tolerances, tmp_path):
+    from transformers import Trainer
+
+    bench = make_bench("llama", "sdpa", tolerances)
+    callback = PackcheckCallback(verbose=False)
+    trainer = _plain_trainer(bench, tmp_path, callback, _with_inputs(Trainer, use_cache=lambda b: True), bf16=True)
+    with pytest.raises(PackedBatchMismatch, match="cache_trap"):
+        trainer.train()
+    result = callback.result
+    assert result.dtype == "bfloat16" and result.run["use_cache"] is True
+    assert result.probes["use_cache_false"] <= result.tolerance["logits_atol"] < result.max_logprob_diff
+
+
+def test_dtype_row_from_bf16_weights_and_from_the_lm_head(tolerances):
+    """A model loaded in bf16 gets the bf16 row without autocast; float32 weights whose LM head outputs bf16 too."""
+    bench = make_bench("llama", "sdpa", tolerances)
+    model = bench.model.to(torch.bfloat16)
+    model.config.use_cache = False
+    result = verify_packed_batch(model, bench.packed())
+    assert (result.dtype, result.dtype_source) == ("bfloat16", "bfloat16 weights"), result.line()
+    assert result.verdict == "pass", result.line()
+    model.float()
+    head = model.get_output_embeddings()
+    handle = head.register_forward_hook(lambda m, a, out: out.to(torch.float16))
+    try:
+        result = verify_packed_batch(model, bench.packed())
+    finally:
+        handle.remove()
+    assert (result.dtype, result.dtype_source) == ("float16", "float32 weights, LM head output float16")
+
+
+def test_guard_line_lands_on_its_own_line_under_a_progress_bar(capsys):
+    """tqdm (the Trainer's ProgressCallback) draws on stderr: the line is written through tqdm.write."""
+    from tqdm import tqdm
+
+    from pytest_packcheck.guard import print_line
+
+    bar = tqdm(total=3, file=sys.stderr, mininterval=0, ascii=True)
+    bar.update(1)
+    print_line("packcheck guard: PASS on 3 packed examples")
+    bar.update(1)
+    bar.close()
+    err = capsys.readouterr().err
+    lines = [chunk.split("\r")[-1] for chunk in err.split("\n")]
+    assert "packcheck guard: PASS on 3 packed examples" in lines, repr(err)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The batch contract: each item fails the batch with its cause and remedy; the reference comes from the
+# batch's own segmentation with true positions (never from the ids being checked)
+
+
+def _restart_at_5(b):
+    b["position_ids"] = b["position_ids"].clone()
+    b["position_ids"][0, 11:18] += 5
+
+
+def _no_reset(b):
+    b["position_ids"] = torch.arange(b["input_ids"].shape[1])[None]
+
+
+def _cu_disagree(b):
+    b["cu_seq_lens_q"] = b["cu_seq_lens_k"] = torch.tensor([0, 11, 31], dtype=torch.int32)
+
+
+def _labels_unmasked(b):
+    b["labels"] = b["input_ids"].clone()
+
+
+def _cu_short(b):
+    b["cu_seq_lens_q"] = b["cu_seq_lens_k"] = torch.tensor([0, 11, 18, 30], dtype=torch.int32)
+
+
+def _cu_empty(b):
+    b["cu_seq_lens_q"] = b["cu_seq_lens_k"] = torch.tensor([0, 11, 11, 18, 31], dtype=torch.int32)
+
+
+def _cu_k(b):
+    b["cu_seq_lens_k"] = torch.tensor([0, 10, 18, 31], dtype=torch.int32)
+
+
+def _max_length(b):
+    b["max_length_q"] = 5
+
+
+def _short_labels(b):
+    b["labels"] = b["labels"][:, :-1]
+
+
+@pytest.mark.parametrize(("plant", "cause", "evidence", "remedy"), [
+    (_restart_at_5, "wrong_positions", "position_ids restart at 5, not 0, at token 11", "restart position_ids at 0"),
+    (_no_reset, "collator_contract", "position_ids restart at tokens [0], cu_seq_lens_q start examples at [0, 11, 18]",
+     "from the same segmentation"),
+    (_cu_disagree, "collator_contract", "cu_seq_lens_q start examples at [0, 11]", "from the same segmentation"),
+    (_labels_unmasked, "collator_contract", "labels not -100 at 2 example starts (token indices [11, 18])",
+     "-100 at each example's first token"),
+    (_cu_short, "collator_contract", "do not run non-decreasing from 0 to the row length 31", "non-decreasing from 0"),
+    (_cu_empty, "empty_example", "hold a zero-length example", "drop empty examples"),
+    (_cu_k, "collator_contract", "cu_seq_lens_k [0, 10, 18, 31] differ", "must equal cu_seq_lens_q"),
+    (_max_length, "collator_contract", "max_length_q 5 is below the longest example (13 tokens)", "at least the longest"),
+    (_short_labels, "collator_contract", "labels has shape (1, 30), input_ids (1, 31)", "to the row's length"),
+], ids=["restart", "no_reset", "cu_disagree", "labels", "cu_end", "cu_empty", "cu_k", "max_length", "lengths"])
+def test_contract_item_fails_the_batch(llama_sdpa, plant, cause, evidence, remedy):
+    llama_sdpa.model.config.use_cache = False
+    batch = llama_sdpa.packed(flash_kwargs=True)
+    plant(batch)
+    result = verify_packed_batch(llama_sdpa.model, batch)
+    assert result.verdict == "fail" and result.cause == cause, result.line()
+    assert evidence in result.evidence and remedy in result.remedy, result.line()
+    assert cause in result.causes
+
+
+def test_contract_reference_uses_true_positions(llama_sdpa):
+    """position_ids that never restart, with cu_seq_lens_q marking the examples: the reference runs each example
+    from position 0 (its slice of the row's ids would hide the fault), so the number shows it."""
+    llama_sdpa.model.config.use_cache = False
+    batch = llama_sdpa.packed(flash_kwargs=True)
+    _no_reset(batch)
+    result = verify_packed_batch(llama_sdpa.model, batch)
+    assert result.lengths == [11, 7, 13] and result.max_logprob_diff > result.tolerance["logits_atol"], result.line()
+
+
+def test_unmasked_labels_show_in_the_trainer_loss(llama_sdpa):
+    llama_sdpa.model.config.use_cache = False
+    batch = llama_sdpa.packed()
+    _labels_unmasked(batch)
+    result = verify_packed_batch(llama_sdpa.model, batch)
+    assert result.probes["trainer_label_tokens"] == result.label_tokens + 2
+    assert result.loss_delta > result.tolerance["loss_atol"], result.line()
+
+
+def test_int64_cu_seq_lens_is_a_verdict(llama_sdpa):
+    """int64 cu_seq_lens_q: a note where the backend takes it (sdpa ignores it); a contract failure with the
+    kernel's own error where it refuses it (flash-attn 2.x raises), never an exception out of the guard."""
+    from faults import _Wrapper
+
+    llama_sdpa.model.config.use_cache = False
+    batch = llama_sdpa.packed(flash_kwargs=True)
+    batch["cu_seq_lens_q"] = batch["cu_seq_lens_q"].long()
+    result = verify_packed_batch(llama_sdpa.model, batch)
+    assert result.verdict == "pass" and "cu_seq_lens_q dtype torch.int64" in result.line()
+
+    class RefusesInt64(_Wrapper):
+        def forward(self, **kwargs):
+            cu = kwargs.get("cu_seq_lens_q")
+            if cu is not None and cu.dtype != torch.int32:
+                raise ValueError("cu_seqlens_q must have dtype int32")
+            return self.inner(**kwargs)
+
+    result = verify_packed_batch(RefusesInt64(llama_sdpa.model), batch)
+    assert result.verdict == "fail" and result.cause == "collator_contract", result.line()
+    assert "ValueError: cu_seqlens_q must have dtype int32" in result.evidence and "torch.int32" in result.remedy
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Causes the audit knows, each planted
+
+
+def test_cause_backend_swap(llama_sdpa):
+    from faults import SilentSwap
+
+    llama_sdpa.model.config.use_cache = False
+    result = verify_packed_batch(SilentSwap(llama_sdpa.model), llama_sdpa.packed())
+    assert result.verdict == "fallback" and result.cause == "backend_swap" and result.attention["calls"] == {"eager": 2}
+
+
+def test_cause_ignores_position_ids(llama_sdpa):
+    from faults import DropPositionIds
+
+    llama_sdpa.model.config.use_cache = False
+    result = verify_packed_batch(DropPositionIds(llama_sdpa.model), llama_sdpa.packed())
+    assert result.cause == "ignores_position_ids", result.line()
+
+
+def test_cause_leak_is_measured_by_the_isolation_probe(tolerances):
+    bench = make_bench("opt", "sdpa", tolerances)
+    bench.model.config.use_cache = False
+    result = verify_packed_batch(bench.model, bench.packed())
+    assert result.cause == "leak" and result.probes["isolation_moved"] > result.tolerance["logits_atol"], result.line()
+
+
+def test_cause_wrong_positions_not_leak(tolerances):
+    """Tiny gpt2 on the varlen reference fed cu_seq_lens_q/k without position_ids: attention isolated, learned
+    absolute positions wrong."""
+    from pytest_packcheck.backends import REFERENCE_BACKEND
+
+    bench = make_bench("gpt2", REFERENCE_BACKEND, tolerances)
+    bench.model.config.use_cache = False
+    batch = bench.packed(flash_kwargs=True)
+    batch.pop("position_ids")
+    result = verify_packed_batch(bench.model, batch)
+    assert result.cause == "wrong_positions", result.line()
+    assert result.probes["isolation_moved"] <= result.tolerance["logits_atol"] < result.max_logprob_diff
+    assert "return position_ids" in result.remedy
+
+
+def test_cause_position_layout_for_mrope_fed_flat_ids(tolerances):
+    from test_vlm import _bench
+
+    bench = _bench("arch:qwen2_vl", "sdpa", tolerances)
+    bench.model.config.use_cache = False
+    batch = bench.packed()
+    assert batch["position_ids"].ndim == 2
+    result = verify_packed_batch(bench.model, batch)
+    assert result.cause == "position_layout", result.line()
+    assert result.probes["laid_out_position_ids"] <= result.tolerance["logits_atol"] < result.max_logprob_diff
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The numerics band: within NUMERICS_FACTOR x the row's tolerance, boundaries kept
+
+
+def _band(diff: float) -> dict:
+    return {"logits_atol": diff / 3, "loss_atol": 1.0}
+
+
+def test_numerics_band_bf16_autocast_passes_with_a_float32_note(llama_sdpa):
+    llama_sdpa.model.config.use_cache = False
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        first = verify_packed_batch(llama_sdpa.model, llama_sdpa.packed())
+        result = verify_packed_batch(llama_sdpa.model, llama_sdpa.packed(),
+                                     tolerances={"bfloat16": _band(first.max_logprob_diff)}, on_mismatch="raise")
+    assert result.verdict == "pass" and result.cause is None, result.line()
+    assert result.probes["float32"] <= 1e-4 and "in float32 the same row agrees" in result.line()
+
+
+def test_numerics_band_bf16_weights_fails_with_a_real_remedy(llama_sdpa):
+    model = llama_sdpa.model.to(torch.bfloat16)
+    model.config.use_cache = False
+    try:
+        first = verify_packed_batch(model, llama_sdpa.packed())
+        assert first.max_logprob_diff > 0, first.line()
+        result = verify_packed_batch(model, llama_sdpa.packed(), tolerances={"bfloat16": _band(first.max_logprob_diff)})
+    finally:
+        model.float()
+    assert result.verdict == "fail" and result.cause == "kernel_numerics", result.line()
+    assert "none needed" not in result.remedy and "float32 copy" in result.remedy
+
+
+def test_numerics_band_float32_fails_with_a_real_remedy(llama_sdpa):
+    llama_sdpa.model.config.use_cache = False
+    first = verify_packed_batch(llama_sdpa.model, llama_sdpa.packed())
+    result = verify_packed_batch(llama_sdpa.model, llama_sdpa.packed(), tolerances={"float32": _band(first.max_logprob_diff)})
+    assert result.verdict == "fail" and result.cause == "kernel_numerics", result.line()
+    assert "widen logits_atol" in result.remedy and "none needed" not in result.remedy
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Issue 28's guard items: nothing judged is not a pass, a non-finite number never passes, 0.0 never fails
+
+
+def test_all_labels_ignored_is_nothing_judged(llama_sdpa):
+    batch = llama_sdpa.packed()
+    batch["labels"] = torch.full_like(batch["labels"], -100)
+    result = verify_packed_batch(llama_sdpa.model, batch)
+    assert result.verdict == "skipped" and result.forwards == 0
+    assert "nothing judged" in result.line() and "PASS" not in result.line()
+
+
+def test_nan_weights_never_pass(tolerances):
+    bench = make_bench("llama", "sdpa", tolerances)
+    bench.model.config.use_cache = False
+    with torch.no_grad():
+        bench.model.get_output_embeddings().weight[0, 0] = float("nan")
+    result = verify_packed_batch(bench.model, bench.packed())
+    assert result.verdict == "fail" and result.cause == "non_finite", result.line()
+    assert "non-finite log-probs in the packed row and the examples alone" in result.evidence
+
+
+def test_zero_difference_never_fails_at_zero_tolerance(llama_sdpa):
+    from faults import UnigramLM
+
+    model = UnigramLM(llama_sdpa.model.config)
+    result = verify_packed_batch(model, llama_sdpa.packed(), tolerances={"float32": {"logits_atol": 0.0, "loss_atol": 0.0}})
+    assert (result.max_logprob_diff, result.loss_delta) == (0.0, 0.0)
+    assert result.verdict == "pass", result.line()
+
+
+def test_warn_on_a_trainer_that_does_not_pack_goes_on(tolerances, tmp_path):
+    from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
+
+    from pytest_packcheck.sft import offline_tokenizer
+    from pytest_packcheck.training import TRAIN_RECIPE
+
+    bench = make_bench("llama", "sdpa", tolerances)
+    tok = offline_tokenizer(int(bench.config.vocab_size))
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=3, max_steps=1, save_strategy="no",
+                             report_to=[], use_cpu=True, disable_tqdm=True, remove_unused_columns=False, **TRAIN_RECIPE)
+    data = [{"input_ids": e} for e in bench.examples]
+    for policy in ("warn", "raise"):
+        callback = PackcheckCallback(on_mismatch=policy)
+        trainer = Trainer(model=bench.model, args=args, train_dataset=data, callbacks=[callback],
+                          data_collator=DataCollatorForLanguageModeling(tok, mlm=False))
+        from pytest_packcheck.guard import PackcheckGuardWarning
+
+        with pytest.warns(PackcheckGuardWarning, match="not packed: nothing to check"):
+            trainer.train()
+        assert callback.result.verdict == "skipped" and trainer.state.global_step == 1, policy
+
+
+def _row(llama_sdpa, **change):
+    batch = llama_sdpa.packed()
+    batch.update(change)
+    return batch
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda b: _row(b, input_ids=torch.zeros(1, 0, dtype=torch.long), position_ids=torch.zeros(1, 0, dtype=torch.long),
+                    labels=torch.zeros(1, 0, dtype=torch.long)), "has shape (1, 0): an empty row"),
+    (lambda b: _row(b, input_ids=b.packed()["input_ids"].float()), "has dtype torch.float32: token ids are integers"),
+    (lambda b: _row(b, input_ids=torch.full((1, 31), -100)), "holds token id -100, outside the model's vocabulary"),
+    (lambda b: _row(b, labels=b.packed()["labels"].float()), "batch['labels'] has dtype torch.float32"),
+    (lambda b: _row(b, position_ids=list(range(31))), "batch['position_ids'] is a list, expected a tensor"),
+    (lambda b: _row(b, position_ids=torch.arange(31)), "batch['position_ids'] has shape (31,), expected (1, 31)"),
+    (lambda b: _row(b, cu_seq_lens_q=torch.tensor([0.0, 11.0, 18.0, 31.0])), "batch['cu_seq_lens_q'] is (4,) torch.float32"),
+    (lambda b: _row(b, cu_seq_lens_q=[0, 11, 18, 31]), "batch['cu_seq_lens_q'] is a list"),
+], ids=["empty_row", "float_ids", "id_out_of_vocab", "float_labels", "list_positions", "1d_positions", "float_cu", "list_cu"])
+def test_malformed_batch_is_one_clear_line(llama_sdpa, make, message):
+    with pytest.raises(PackcheckUsageError) as info:
+        verify_packed_batch(llama_sdpa.model, make(llama_sdpa))
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(("bad", "message"), [
+    ({"float32": {"logits_atol": 1e-4}}, "tolerances['float32'] has no 'loss_atol' (given: 'logits_atol')"),
+    ({"float32": {"logits_atol": "1e-4", "loss_atol": 1e-5}}, "tolerances['float32']['logits_atol'] = '1e-4'"),
+    ({"float32": {"logits_atol": -1e-4, "loss_atol": 1e-5}}, "tolerances['float32']['logits_atol'] = -0.0001"),
+    ({"float32": {"logits_atol": float("nan"), "loss_atol": 1e-5}}, "tolerances['float32']['logits_atol'] = nan"),
+    ({"fp32": {"logits_atol": 1e-4, "loss_atol": 1e-5}}, "unknown dtype row 'fp32'"),
+    ({"float32": 1e-4}, "tolerances['float32'] is a float (0.0001)"),
+    ("1e-4", "tolerances is a str ('1e-4')"),
+], ids=["one_key_of_two", "string", "negative", "nan", "unknown_dtype", "row_not_dict", "not_dict"])
+def test_bad_tolerances_are_one_clear_line(llama_sdpa, bad, message):
+    for call in (lambda: verify_packed_batch(llama_sdpa.model, llama_sdpa.packed(), tolerances=bad),
+                 lambda: PackcheckCallback(tolerances=bad)):
+        with pytest.raises(PackcheckUsageError) as info:
+            call()
+        assert message in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"use_cache": "yes"}, "use_cache='yes'"), ({"padded_probe": 1}, "padded_probe=1"), ({"training": 0}, "training=0"),
+])
+def test_bad_arguments_are_one_clear_line(llama_sdpa, kwargs, message):
+    with pytest.raises(PackcheckUsageError, match=message.replace("(", r"\(")):
+        verify_packed_batch(llama_sdpa.model, llama_sdpa.packed(), **kwargs)
+    with pytest.raises(PackcheckUsageError, match="model is a dict without a config"):
+        verify_packed_batch({}, llama_sdpa.packed())
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The fallback choice under on_mismatch="disable"
+
+
+def test_disable_has_no_fallback_for_a_broken_contract(llama_sdpa, tmp_path):
+    bench = llama_sdpa
+    flat = bench.collator_factory(return_position_ids=True)
+
+    def unmasked(features, *a, **k):
+        batch = flat(features, *a, **k)
+        _labels_unmasked(batch)
+        return batch
+
+    callback = PackcheckCallback(on_mismatch="disable", verbose=False)
+    with pytest.raises(PackedBatchMismatch, match="collator_contract"):
+        _trainer(bench, tmp_path, unmasked, callback).train()
+    assert callback.fallback is None
+
+
+def test_disable_cache_trap_falls_back_to_use_cache_false(tolerances, tmp_path):
+    from transformers import Trainer
+
+    bench = make_bench("llama", "sdpa", tolerances)
+    callback = PackcheckCallback(on_mismatch="disable", verbose=False)
+    trainer = _plain_trainer(bench, tmp_path, callback, _with_inputs(Trainer, use_cache=lambda b: True))
+    trainer.train()
+    assert callback.result.cause == "cache_trap" and callback.fallback.startswith("use_cache=False")
+    assert trainer.state.global_step == 1
