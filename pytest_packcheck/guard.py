@@ -1214,8 +1214,8 @@ class PackcheckCallback(TrainerCallback):
             path.write_text(result.to_json())
 
     def _install_fallback(self, model: Any, result: GuardResult) -> str | None:
-        if result.cause == "collator_contract":
-            return None
+        # a broken batch contract (and every cause without a listed fallback) gets padding only if the padded probe
+        # ran and matched; the contract path returns before it runs, so it has no fallback and raises
         if result.cause in FALLBACKS:
             self._fix = {"cache_trap": {"use_cache": False},
                          "mask_override": {"attention_mask": None, **({"use_cache": False} if result.run["use_cache"] else {})}}[result.cause]

@@ -429,13 +429,18 @@ def test_contract_item_fails_the_batch(llama_sdpa, plant, cause, evidence, remed
     assert cause in result.causes
 
 
-def test_contract_reference_uses_true_positions(llama_sdpa):
-    """position_ids that never restart, with cu_seq_lens_q marking the examples: the reference runs each example
-    from position 0 (its slice of the row's ids would hide the fault), so the number shows it."""
-    llama_sdpa.model.config.use_cache = False
-    batch = llama_sdpa.packed(flash_kwargs=True)
-    _no_reset(batch)
-    result = verify_packed_batch(llama_sdpa.model, batch)
+@pytest.mark.parametrize("plant", [_no_reset, _restart_at_5], ids=["no_reset", "restart_at_5"])
+def test_contract_reference_uses_true_positions(tolerances, plant):
+    """gpt2 (learned absolute positions) on the varlen reference, whose attention cu_seq_lens_q keep isolated:
+    position_ids that never restart, or restart at 5. The reference runs each example from position 0 (its slice of
+    the row's ids would agree with the packed row and hide the fault), so the number shows it."""
+    from pytest_packcheck.backends import REFERENCE_BACKEND
+
+    bench = make_bench("gpt2", REFERENCE_BACKEND, tolerances)
+    bench.model.config.use_cache = False
+    batch = bench.packed(flash_kwargs=True)
+    plant(batch)
+    result = verify_packed_batch(bench.model, batch)
     assert result.lengths == [11, 7, 13] and result.max_logprob_diff > result.tolerance["logits_atol"], result.line()
 
 
@@ -496,6 +501,31 @@ def test_cause_leak_is_measured_by_the_isolation_probe(tolerances):
     bench.model.config.use_cache = False
     result = verify_packed_batch(bench.model, bench.packed())
     assert result.cause == "leak" and result.probes["isolation_moved"] > result.tolerance["logits_atol"], result.line()
+
+
+def test_cause_leak_where_the_counted_boundaries_reach_a_kernel_that_ignores_them(llama_sdpa):
+    """sdpa handed the packed mask but attending across it: the counter sees the boundaries reach every call, the
+    isolation probe (change the first example) sees the others move."""
+    from faults import leaky_sdpa
+
+    llama_sdpa.model.config.use_cache = False
+    with leaky_sdpa():
+        result = verify_packed_batch(llama_sdpa.model, llama_sdpa.packed())
+    assert result.attention["boundaries_missing"] == 0 and result.attention["boundaries_reached"] == 2
+    assert result.cause == "leak" and result.probes["isolation_moved"] > result.tolerance["logits_atol"], result.line()
+
+
+def test_fused_lm_head_runs_without_the_cache(tolerances):
+    """TRL's fused forward sets use_cache=False itself (trl 1.16 add_fused_lm_head): no cache trap to report."""
+    pytest.importorskip("trl")
+    from trl.trainer.utils import add_fused_lm_head
+
+    bench = make_bench("llama", "sdpa", tolerances)
+    assert bench.model.config.use_cache is True
+    add_fused_lm_head(bench.model)
+    result = verify_packed_batch(bench.model, {**bench.packed(), "fused_lm_head": True})
+    assert result.run["fused_lm_head"] and result.run["use_cache"] is False
+    assert result.verdict == "pass", result.line()
 
 
 def test_cause_wrong_positions_not_leak(tolerances):

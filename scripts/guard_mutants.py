@@ -1,0 +1,79 @@
+"""Plant each fault in pytest_packcheck/guard.py in turn, run the tests of tests/test_guard.py meant to catch it
+(-k), expect a failure, restore the file. Every guard decision branch has a row here.
+
+Usage: python scripts/guard_mutants.py [MUTANT NAME ...]   (PYTHONPATH at this checkout; ~5 min on 2 CPU cores)
+Exit 1 when a mutant survives.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+P = ROOT / "pytest_packcheck" / "guard.py"
+#: (name, source text in guard.py, its replacement, the -k expression of the tests that must fail)
+MUTANTS = [
+ ("autocast ignored", 'if self.autocast in _REDUCED:\n            return self.autocast', 'if False:\n            return self.autocast', "trl_default_sftconfig or row_it_computes"),
+ ("bf16 weights ignored", 'if self.weights in _REDUCED:\n            return self.weights, f"{self.weights} weights"', 'if False:\n            return self.weights, ""', "bf16_weights"),
+ ("head ignored", 'if self.head in _REDUCED:', 'if False:', "bf16_weights"),
+ ("plain print", '    tqdm.write(line, file=sys.stderr)', '    print(line, file=sys.stderr)', "own_line"),
+ ("restart unchecked", 'wrong = [s for s in pos_starts if p[s] != first]', 'wrong = []', "contract_item"),
+ ("cu agree unchecked", 'if pos_starts is not None and pos_starts != cu_starts:', 'if False:', "contract_item"),
+ ("labels unchecked", 'if unmasked:\n            items.append', 'if False:\n            items.append', "contract_item"),
+ ("cu form unchecked", 'if not ok:\n            items.append', 'if False:\n            items.append', "contract_item"),
+ ("empty unchecked", 'if any(b == a for a, b in itertools.pairwise(cu_q)):', 'if False:', "contract_item"),
+ ("cu_k unchecked", 'if cu_k is not None and cu_k != cu_q:', 'if False:', "contract_item"),
+ ("max_length unchecked", 'if value is not None and number is not None and number < longest:', 'if False:', "contract_item"),
+ ("lengths unchecked", "        if tuple(value.shape[-2:]) != (1, total):", "        if False:", "contract_item"),
+ ("reference from row ids", 'inputs["position_ids"] = _true_positions(row, s, pos)', 'inputs["position_ids"] = pos[..., s]', "true_positions"),
+ ("contract ignored", '    if row.items:\n        result.cause = contract_cause', '    if False:\n        result.cause = contract_cause', "contract_item"),
+ ("swap uncounted", 'if others:\n            result.verdict, result.cause = "fallback", "backend_swap"', 'if False:\n            result.verdict, result.cause = "fallback", "backend_swap"', "backend_swap"),
+ ("no mask rerun", 'if probes["without_attention_mask"] <= atol:', 'if False:', "mask_override"),
+ ("no cache rerun", 'if probes["use_cache_false"] <= atol:', 'if False:', "cache_trap"),
+ ("no layout rerun", 'if probes["laid_out_position_ids"] <= atol:', 'if False:', "position_layout"),
+ ("no ignore rerun", 'if abs(probes["plain_position_ids"] - worst) <= 1e-6 * max(1.0, worst):', 'if False:', "ignores_position"),
+ ("isolation unread", 'isolated = not missing and (moved <= atol if moved is not None else attention["boundaries_reached"] > 0)', 'isolated = not missing', "leak_where or wrong_positions"),
+ ("always leak", '    if not isolated:\n        detail', '    if True:\n        detail', "wrong_positions"),
+ ("no float32 rerun", 'if f32 <= f32_atol:\n            return _NUMERICS_PASS', 'if False:\n            return _NUMERICS_PASS', "numerics_band"),
+ ("band float32 none-needed", '        if dtype not in _REDUCED:\n            return "kernel_numerics"', '        if dtype not in _REDUCED:\n            return "wrong_positions"', "numerics_band_float32"),
+ ("nan passes", '    if not cmp["finite"]:', '    if False:', "nan_weights"),
+ ("zero fails", 'not cmp["max"] <= tol["logits_atol"]', 'not cmp["max"] < tol["logits_atol"]', "zero_difference"),
+ ("all -100 judged", '    if not bool((targets != IGNORE_INDEX).any()):', '    if False:', "all_labels"),
+ ("not packed aborts", '        except NotPackedError as exc:  # a run that does not pack: nothing to check, training goes on\n            result = _not_packed(module, batch, str(exc))', '        except ZeroDivisionError as exc:\n            result = _not_packed(module, batch, str(exc))', "does_not_pack"),
+ ("negative tol ok", 'or float(value) < 0:', 'or float(value) < -1:', "bad_tolerances"),
+ ("one key ok", '        if missing:\n            raise _usage', '        if False:\n            raise _usage', "bad_tolerances"),
+ ("empty row ok", '    if total == 0:', '    if False:', "malformed"),
+ ("float ids ok", '    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:', '    if False:', "malformed"),
+ ("exception escapes", '    except Exception as exc:  # noqa: BLE001 - the model refuses the batch as given: a verdict, with the exception', '    except ZeroDivisionError as exc:', "int64"),
+ ("cu dtype not contract", '        if not row.items and any(n.startswith("cu_seq_lens") for n in row.notes):', '        if False:', "int64"),
+ ("fused keeps cache", '        cache = False  # trl 1.16 add_fused_lm_head', '        pass  # trl 1.16 add_fused_lm_head', "fused_lm_head_runs"),
+]
+
+
+def main(only: list[str]) -> int:
+    orig = P.read_text()
+    survived = []
+    try:
+        for name, old, new, tests in MUTANTS:
+            if only and name not in only:
+                continue
+            if orig.count(old) != 1:
+                raise SystemExit(f"mutant {name!r}: its source text occurs {orig.count(old)} times in {P} (expected once)")
+            P.write_text(orig.replace(old, new))
+            run = subprocess.run([sys.executable, "-m", "pytest", "tests/test_guard.py", "-q", "-x", "-p", "no:cacheprovider",
+                                  "-k", tests], check=False, capture_output=True, text=True, cwd=ROOT)
+            tail = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else run.stderr[-200:]
+            caught = run.returncode == 1
+            print("CAUGHT  " if caught else "SURVIVED", name, "|", tail, flush=True)
+            if not caught:
+                survived.append(name)
+    finally:
+        P.write_text(orig)
+    print(f"{len(survived)} survived" + (f": {', '.join(survived)}" if survived else ""))
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
