@@ -742,7 +742,8 @@ def _measure(model: Any, row: _Row, run: dict[str, Any], cache: bool, fused: boo
         forwards[0] += 1
     except Exception as exc:  # noqa: BLE001 - the model refuses the batch as given: a verdict, with the exception
         said = f"the packed row as given raised {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
-        if not row.items and any(n.startswith("cu_seq_lens") for n in row.notes):
+        contract_cause = contract_cause or _refusal_cause(model, exc)
+        if not contract_cause and any(n.startswith("cu_seq_lens") for n in row.notes):
             row.items.append(("collator_contract", next(n for n in row.notes if n.startswith("cu_seq_lens")), "cu_dtype"))
             contract_cause = "collator_contract"
         return _finish(GuardResult(**{**base, "causes": [c for c, _, _ in row.items], "contract": row.problems}, **empty,
@@ -817,6 +818,22 @@ def _measure(model: Any, row: _Row, run: dict[str, Any], cache: bool, fused: boo
         forwards[0] += 1
     result.forwards = forwards[0]
     return _finish(result, model)
+
+
+def _refusal_cause(model: Any, exc: BaseException) -> str | None:
+    """The audit's cause of a packed row the model refuses: its flash path's cu_seq_lens that do not fit the row
+    (``flash_boundaries``, the reference kernels' FlashBoundariesError), or stateful layers that cannot keep
+    examples apart here (``stateful_layers_refused``: transformers 5.x raises "can't keep packed sequences apart"
+    without flash-linear-attention / causal_conv1d); None for any other exception (a crash)."""
+    from .backends import FlashBoundariesError
+    from .checks import stateful_layers
+    from .runner import _STATEFUL_REFUSALS
+
+    if isinstance(exc, FlashBoundariesError):
+        return "flash_boundaries"
+    if stateful_layers(model) and any(m in str(exc) for m in _STATEFUL_REFUSALS):
+        return "stateful_layers_refused"
+    return None
 
 
 def _fmt(value: float | None) -> str:

@@ -725,3 +725,23 @@ def test_disable_cache_trap_falls_back_to_use_cache_false(tolerances, tmp_path):
     trainer.train()
     assert callback.result.cause == "cache_trap" and callback.fallback.startswith("use_cache=False")
     assert trainer.state.global_step == 1
+
+
+def test_cause_stateful_layers(tolerances):
+    """lfm2 on sdpa: every attention call keeps the boundaries, its short-conv layers carry state from one example
+    into the next (3.58e-03)."""
+    bench = make_bench("lfm2", "sdpa", tolerances)
+    bench.model.config.use_cache = False
+    result = verify_packed_batch(bench.model, bench.packed())
+    assert result.cause == "stateful_layers" and "Lfm2ShortConv" in result.evidence, result.line()
+    assert result.attention["boundaries_missing"] == 0
+
+
+def test_cause_stateful_layers_refused(tolerances):
+    """qwen3_next handed cu_seq_lens_q refuses the row without flash-linear-attention (transformers 5.x raises):
+    the audit's cause with the model's own message, not a crash out of the guard."""
+    bench = make_bench("qwen3_next", "sdpa", tolerances)
+    bench.model.config.use_cache = False
+    result = verify_packed_batch(bench.model, bench.packed(flash_kwargs=True))
+    assert result.verdict == "fail" and result.cause == "stateful_layers_refused", result.line()
+    assert "can't keep packed sequences apart" in result.evidence and result.remedy.startswith("disable packing")
