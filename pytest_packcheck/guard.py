@@ -658,6 +658,10 @@ def verify_packed_batch(
         raise _usage(f"model is a {type(model).__name__} without a config: pass the transformers model itself "
                      "(a PreTrainedModel, e.g. AutoModelForCausalLM.from_pretrained(...)).")
     tols = _tolerances(tolerances)
+    rows = packed_rows(batch)
+    if rows:
+        return _verify_rows(model, batch, rows, use_cache=use_cache, training=training, tolerances=tolerances,
+                            on_mismatch=on_mismatch, padded_probe=padded_probe)
     started = time.perf_counter()
     row = parse_row(batch, getattr(model, "config", None))
     config = model.config
@@ -693,6 +697,127 @@ def verify_packed_batch(
     if (not result.ok or result.verdict == "fallback") and on_mismatch == "warn":
         warnings.warn(result.line(), PackcheckGuardWarning, stacklevel=2)
     return result
+
+
+def packed_rows(batch: Any) -> list[slice] | None:
+    """The real-token span of each row of a ``(batch > 1, length)`` batch of packed rows: position_ids
+    ``(batch, length)`` that step down between two real tokens of a row (a restart; ``attention_mask`` zeros are
+    padding). None for one row, a padded batch of unpacked examples, or anything else.
+
+    Raises:
+        PackcheckUsageError: a row whose real tokens are not one run (padding inside the row).
+    """
+    import torch
+
+    ids, pos = (batch.get("input_ids"), batch.get("position_ids")) if isinstance(batch, Mapping) else (None, None)
+    if not (isinstance(ids, torch.Tensor) and ids.ndim == 2 and ids.shape[0] > 1 and isinstance(pos, torch.Tensor)
+            and tuple(pos.shape) == tuple(ids.shape) and ids.shape[1] > 1):
+        return None
+    mask = batch.get("attention_mask")
+    real = mask.bool() if isinstance(mask, torch.Tensor) and tuple(mask.shape) == tuple(ids.shape) else torch.ones_like(ids, dtype=torch.bool)
+    restarts = (pos[:, 1:] < pos[:, :-1]) & real[:, 1:] & real[:, :-1]
+    if not bool(restarts.any()):
+        return None
+    spans = []
+    for r in range(ids.shape[0]):
+        where = real[r].nonzero().flatten().tolist()
+        if not where or where != list(range(where[0], where[-1] + 1)):
+            raise _usage(f"row {r} of the {tuple(ids.shape)} packed rows has padding between its tokens (attention_mask "
+                         f"{real[r].int().tolist()[:12]}...): pad packed rows on one side only.")
+        spans.append(slice(where[0], where[-1] + 1))
+    return spans
+
+
+def _verify_rows(model: Any, batch: Mapping[str, Any], spans: list[slice], **options: Any) -> GuardResult:
+    """A batch of packed rows: the batch as the loop runs it vs each row run alone (the cause ``batch_rows`` when
+    they differ: transformers 5.24 derives packed boundaries from position_ids for batch size 1 only), then each
+    row judged as its own packed row; the result is the worst row's, over every row's examples."""
+    import torch
+
+    on_mismatch = options.pop("on_mismatch")
+    per_token = {k for k, v in batch.items() if isinstance(v, torch.Tensor) and tuple(v.shape[-2:]) == tuple(batch["input_ids"].shape)}
+    padded = any(s.stop - s.start != batch["input_ids"].shape[1] for s in spans)
+    singles = []
+    for r, s in enumerate(spans):
+        one = {k: (v[..., r:r + 1, s] if k in per_token else v) for k, v in batch.items()
+               if k not in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")}
+        if padded:
+            one.pop("attention_mask", None)  # it only marked the padding; the row alone has none
+        singles.append(one)
+    results = [verify_packed_batch(model, one, on_mismatch="return", **options) for one in singles]
+    worst = next((r for r in results if r.verdict == "fail"), None) or next(
+        (r for r in results if r.verdict != "skipped"), results[0])
+    result = GuardResult(**worst.to_dict())
+    result.lengths = [n for r in results for n in r.lengths]
+    result.probes = {**worst.probes, "rows": [f"{r.verdict}{' ' + r.cause if r.cause else ''}" for r in results]}
+    result.forwards = sum(r.forwards for r in results)
+    batched = _batched_vs_rows(model, batch, singles, spans, worst, result)
+    rows_text = f"{len(spans)} packed rows {tuple(batch['input_ids'].shape)}"
+    if batched is not None and not batched <= result.tolerance["logits_atol"]:
+        result.verdict, result.cause, result.remedy = "fail", "batch_rows", ""
+        result.max_logprob_diff = max(batched, result.max_logprob_diff or 0.0)
+        result.causes = ["batch_rows", *([worst.cause] if worst.cause else [])]
+        result.evidence = (f"{rows_text} run together differ from each row alone by {batched:.2e}; each row alone: "
+                           f"{', '.join(result.probes['rows'])}")
+        _finish(result, model)
+    else:
+        result.notes = [*result.notes, f"{rows_text}: together vs each row alone {_fmt(batched)}"]
+    if not result.ok and on_mismatch == "raise":
+        raise PackedBatchMismatch(result)
+    if (not result.ok or result.verdict == "fallback") and on_mismatch == "warn":
+        warnings.warn(result.line(), PackcheckGuardWarning, stacklevel=3)
+    return result
+
+
+def _batched_vs_rows(model: Any, batch: Mapping[str, Any], singles: list[dict[str, Any]], spans: list[slice],
+                     worst: GuardResult, result: GuardResult) -> float | None:
+    """Worst log-prob diff (nats, labelled next tokens inside each row's examples) of the batch run together vs
+    each row run alone, both as given (eval mode, no_grad, modes restored). None when nothing is labelled."""
+    import torch
+
+    fused = bool(batch.get("fused_lm_head"))
+    keys = {k: v for k, v in batch.items() if k not in ("labels", "fused_lm_head", "num_items_in_batch")}
+    keys["use_cache"] = bool(worst.run.get("use_cache"))
+    modes = {m: m.training for m in model.modules()}
+    diffs = []
+    try:
+        model.eval()
+        with torch.no_grad():
+            for r, (one, s) in enumerate(zip(singles, spans, strict=True)):
+                row = parse_row(one, model.config)
+                _, targets = _targets(row)
+                if not bool((targets != IGNORE_INDEX).any()):
+                    continue
+                alone, _ = _log_probs(model, {k: v for k, v in one.items() if k not in ("labels", "fused_lm_head",
+                                                                                          "num_items_in_batch")}
+                                      | {"use_cache": keys["use_cache"]}, targets, fused)
+                full = torch.full((1, batch["input_ids"].shape[1] - 1), IGNORE_INDEX, dtype=targets.dtype, device=targets.device)
+                full[0, s.start:s.stop - 1] = targets[0]
+                together = _row_log_probs(model, keys, r, full, fused, batch["input_ids"].shape[0])
+                keep = targets[0] != IGNORE_INDEX
+                diffs.append(float((together[s.start:s.stop - 1][keep] - alone[keep]).abs().max()))
+                result.forwards += 2
+    finally:
+        for module, mode in modes.items():
+            module.training = mode
+    return max(diffs) if diffs else None
+
+
+def _row_log_probs(model: Any, keys: dict[str, Any], r: int, targets: Any, fused: bool, rows: int) -> Any:
+    """Log-probs ``(length - 1,)`` of row ``r`` of the whole batch run together (targets of the other rows -100)."""
+    import torch
+
+    accepted = _accepts(model)
+    call = {k: v for k, v in keys.items() if accepted is None or k in accepted or k == "position_ids"}
+    if fused:
+        labels = torch.full((rows, targets.shape[1] + 1), IGNORE_INDEX, dtype=targets.dtype, device=targets.device)
+        labels[r, 1:] = targets[0]
+        return model(**call, labels=labels, fused_lm_head=True).log_probs[r].float()
+    logits = model(**call).logits[r, :-1].float()
+    keep = targets[0] != IGNORE_INDEX
+    lp = torch.zeros(targets.shape[1], dtype=torch.float32, device=logits.device)
+    lp[keep] = logits[keep].log_softmax(-1).gather(-1, targets[0, keep][:, None])[:, 0]
+    return lp
 
 
 def _int_or_none(value: Any) -> int | None:

@@ -745,3 +745,49 @@ def test_cause_stateful_layers_refused(tolerances):
     result = verify_packed_batch(bench.model, bench.packed(flash_kwargs=True))
     assert result.verdict == "fail" and result.cause == "stateful_layers_refused", result.line()
     assert "can't keep packed sequences apart" in result.evidence and result.remedy.startswith("disable packing")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# A batch of packed rows (batch size > 1): judged, not "not packed"
+
+
+def _two_rows(bench, padded: bool):
+    """Rows [e0 + e1] (18 tokens) and [e1 + e0], or with ``padded`` [e2 + e1] (20): the first right-padded, an
+    attention_mask marking the padding."""
+    ex = bench.examples
+    first, second = bench.packed([ex[0], ex[1]]), bench.packed([ex[2], ex[1]] if padded else [ex[1], ex[0]])
+    width = second["input_ids"].shape[1]
+
+    def pad(x, value):
+        return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
+
+    batch = {k: torch.cat([pad(first[k], fill), second[k]]) for k, fill in (("input_ids", 0), ("labels", -100), ("position_ids", 0))}
+    if padded:
+        batch["attention_mask"] = torch.cat([pad(torch.ones_like(first["input_ids"]), 0), torch.ones_like(second["input_ids"])])
+    return batch
+
+
+@pytest.mark.parametrize(("backend", "padded", "verdict"), [
+    ("sdpa", False, "pass"), ("sdpa", True, "fail"), ("packcheck_flash_ref", False, "fail"),
+], ids=["sdpa-equal", "sdpa-padded", "varlen_ref-equal"])
+def test_batch_of_packed_rows_is_judged(tolerances, backend, padded, verdict):
+    """sdpa keeps two equal rows apart (0.0); a padded pair (the attention_mask overrides the packed mask) and the
+    varlen reference (transformers 5.24 reads flash boundaries from position_ids for batch size 1 only) do not:
+    batch_rows, with each row alone passing."""
+    bench = make_bench("llama", backend, tolerances)
+    bench.model.config.use_cache = False
+    result = verify_packed_batch(bench.model, _two_rows(bench, padded))
+    assert result.verdict == verdict and len(result.lengths) == 4, result.line()
+    assert result.probes["rows"] == ["pass", "pass"]
+    if verdict == "fail":
+        assert result.cause == "batch_rows" and "run together differ from each row alone by" in result.evidence
+        assert result.max_logprob_diff > result.tolerance["logits_atol"] and "one row per step" in result.remedy
+    else:
+        assert "together vs each row alone 0.00e+00" in result.line()
+
+
+def test_batch_of_packed_rows_padded_inside_is_one_clear_line(llama_sdpa):
+    batch = _two_rows(llama_sdpa, padded=True)
+    batch["attention_mask"][0, 3] = 0
+    with pytest.raises(PackcheckUsageError, match=r"row 0 of the \(2, 20\) packed rows has padding between its tokens"):
+        verify_packed_batch(llama_sdpa.model, batch)
