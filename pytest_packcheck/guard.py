@@ -1240,6 +1240,18 @@ def print_line(line: str) -> None:
     tqdm.write(line, file=sys.stderr)
 
 
+def _warn(line: str) -> None:
+    """A :class:`PackcheckGuardWarning` from inside the training loop, shown while the progress bars are cleared
+    (``tqdm.external_write_mode``), so its text does not land inside a bar either."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        warnings.warn(line, PackcheckGuardWarning, stacklevel=3)
+        return
+    with tqdm.external_write_mode(file=sys.stderr):
+        warnings.warn(line, PackcheckGuardWarning, stacklevel=3)
+
+
 def _not_packed(model: Any, batch: Mapping[str, Any], why: str) -> GuardResult:
     """The result for a first training batch that is not a packed row: nothing judged."""
     import torch
@@ -1338,12 +1350,12 @@ class PackcheckCallback(TrainerCallback):
         self._report(result)
         if result.ok:
             if result.verdict in ("fallback", "skipped"):
-                warnings.warn(result.line(), PackcheckGuardWarning, stacklevel=2)
+                _warn(result.line())
             return None
         if self.on_mismatch == "raise" or (self.on_mismatch == "disable" and self.fallback is None):
             raise PackedBatchMismatch(result)
         if self.on_mismatch == "warn":
-            warnings.warn(result.line(), PackcheckGuardWarning, stacklevel=2)
+            _warn(result.line())
             return None
         return self._apply(module, args, kwargs)  # this first batch takes the fallback too
 
