@@ -11,14 +11,17 @@ module answers it for one run: the user's checkpoint, collator, device and stack
 - :func:`verify_packed_batch` for hand-written and accelerate loops;
 - the ``packcheck_verify`` pytest fixture (``plugin.py``) for users' own test suites.
 
-The probes: the batch contract (position_ids restarting, labels -100 at example starts, cu_seq_lens_q
-agreeing, no attention_mask beside the row, per-token keys of one length); the packed row run as the loop
-runs it (its use_cache, attention_mask, autocast, attn_implementation; TRL's fused LM head when the trainer
-asks for it) and each labelled example alone, in eval mode under ``torch.no_grad`` with the RNG state
-restored; per-token log-probs of the labelled tokens and their mean loss compared with the dtype's
-tolerances (``audit/tolerances.toml``: ``logits_atol``, ``loss_atol``); attention calls counted per backend.
-A mismatch is rerun with the suspect removed (use_cache=False, no attention_mask) to name the cause, with the
-cause codes and remedies of :mod:`pytest_packcheck.diagnose`.
+The probes: the batch contract (:func:`parse_row`: each broken item fails the batch with a cause code and a
+remedy, and the numbers are still measured); the packed row run as the loop runs it (its use_cache,
+attention_mask, autocast, attn_implementation; TRL's fused LM head when the trainer asks for it) and each
+labelled example alone from its true positions, in eval mode under ``torch.no_grad`` with the RNG state
+restored; per-token log-probs of the labelled tokens and their mean loss compared with the tolerance row of
+the dtype the forward computes in (:class:`_ComputeProbe`: autocast read inside the forward, bf16 / fp16
+weights, the LM head's output; ``audit/tolerances.toml``: ``logits_atol``, ``loss_atol``); attention calls
+counted per backend. A mismatch is rerun with each suspect removed (no attention_mask, use_cache=False, M-RoPE
+layout, plain position_ids), then an isolation probe separates ``leak`` from ``wrong_positions`` and a float32
+rerun decides the numerics band, with the cause codes and remedies of :mod:`pytest_packcheck.diagnose`. A batch
+of packed rows is judged row by row and together (``batch_rows``).
 """
 
 from __future__ import annotations
@@ -264,6 +267,13 @@ def parse_row(batch: Any, config: Any = None) -> _Row:
         bad = low if low < 0 else high
         raise _usage(f"batch['input_ids'] holds token id {bad}, outside the model's vocabulary [0, {vocab}): pad input_ids "
                      "with the tokenizer's pad_token_id (-100 belongs in labels), and tokenize with this model's tokenizer.")
+    labels = batch.get("labels")
+    if isinstance(labels, torch.Tensor) and not labels.dtype.is_floating_point and labels.numel():
+        scored = labels[labels != IGNORE_INDEX]
+        if scored.numel() and (int(scored.min()) < 0 or (isinstance(vocab, int) and int(scored.max()) >= vocab)):
+            bad = int(scored.min()) if int(scored.min()) < 0 else int(scored.max())
+            raise _usage(f"batch['labels'] holds {bad}, neither -100 (not scored) nor a token id of the model's vocabulary "
+                         f"[0, {vocab}): mask labels with -100 (DataCollatorWithFlattening's separator_id=-100).")
     for key, value in batch.items():
         if isinstance(value, torch.Tensor) and value.device != ids.device:
             raise _usage(f"batch[{key!r}] is on {value.device}, input_ids on {ids.device}: move the whole batch to the model's "

@@ -659,11 +659,13 @@ def _row(llama_sdpa, **change):
     (lambda b: _row(b, input_ids=b.packed()["input_ids"].float()), "has dtype torch.float32: token ids are integers"),
     (lambda b: _row(b, input_ids=torch.full((1, 31), -100)), "holds token id -100, outside the model's vocabulary"),
     (lambda b: _row(b, labels=b.packed()["labels"].float()), "batch['labels'] has dtype torch.float32"),
+    (lambda b: _row(b, labels=torch.where(b.packed()["labels"] == -100, -1, b.packed()["labels"])),
+     "batch['labels'] holds -1, neither -100 (not scored) nor a token id"),
     (lambda b: _row(b, position_ids=list(range(31))), "batch['position_ids'] is a list, expected a tensor"),
     (lambda b: _row(b, position_ids=torch.arange(31)), "batch['position_ids'] has shape (31,), expected (1, 31)"),
     (lambda b: _row(b, cu_seq_lens_q=torch.tensor([0.0, 11.0, 18.0, 31.0])), "batch['cu_seq_lens_q'] is (4,) torch.float32"),
     (lambda b: _row(b, cu_seq_lens_q=[0, 11, 18, 31]), "batch['cu_seq_lens_q'] is a list"),
-], ids=["empty_row", "float_ids", "id_out_of_vocab", "float_labels", "list_positions", "1d_positions", "float_cu", "list_cu"])
+], ids=["empty_row", "float_ids", "id_out_of_vocab", "float_labels", "labels_minus_one", "list_positions", "1d_positions", "float_cu", "list_cu"])
 def test_malformed_batch_is_one_clear_line(llama_sdpa, make, message):
     with pytest.raises(PackcheckUsageError) as info:
         verify_packed_batch(llama_sdpa.model, make(llama_sdpa))
