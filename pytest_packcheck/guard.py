@@ -361,6 +361,9 @@ def parse_row(batch: Any, config: Any = None) -> _Row:
         if unmasked:
             items.append(("collator_contract", (f"labels not -100 at {len(unmasked)} example starts (token indices "
                                                f"{unmasked[:5]}): the trainer scores those tokens across the boundary"), "labels"))
+    for key in ("use_cache", "fused_lm_head"):
+        if batch.get(key) is not None and not isinstance(batch.get(key), bool):
+            raise _usage(f"batch[{key!r}] is {batch.get(key)!r}: expected True, False or no key.")
     if isinstance(batch.get("attention_mask"), torch.Tensor):
         notes.append("an attention_mask rides beside the packed row (eager/sdpa/flex then build no packed mask)")
     return _Row(dict(batch), total, [slice(s, e) for s, e in zip(starts, ends, strict=True)], items, notes, fatal, first)
@@ -453,6 +456,9 @@ def _log_probs(model: Any, inputs: dict[str, Any], targets: Any, fused: bool) ->
     if fused:
         labels = torch.cat([targets[:, :1], targets], dim=1)  # the fused head shifts labels itself
         out = model(**call, labels=labels, fused_lm_head=True)
+        if getattr(out, "log_probs", None) is None:
+            raise _usage(f"batch['fused_lm_head'] is True but {type(model).__name__} has no fused LM head (its output has "
+                         "no log_probs): add it with trl's add_fused_lm_head(model), as SFTTrainer does, or drop the key.")
         return out.log_probs[0].float(), getattr(out, "loss", None)
     out = model(**call)
     logits = out.logits[0, :-1]
@@ -875,6 +881,8 @@ def _measure(model: Any, row: _Row, run: dict[str, Any], cache: bool, fused: boo
         with count_attention_calls(model, lengths) as probe:
             packed, model_loss = _log_probs(model, inputs, trainer, fused)
         forwards[0] += 1
+    except PackcheckUsageError:
+        raise
     except Exception as exc:  # noqa: BLE001 - the model refuses the batch as given: a verdict, with the exception
         said = f"the packed row as given raised {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
         contract_cause = contract_cause or _refusal_cause(model, exc)
@@ -1234,6 +1242,11 @@ def _finish(result: GuardResult, model: Any) -> GuardResult:
             result.remedy = ("the kernel differs on packed vs per-example shapes while keeping the boundaries: if it is "
                              f"expected to differ by {_fmt(result.max_logprob_diff)}, widen logits_atol (tolerances="
                              "{'float32': {'logits_atol': ..., 'loss_atol': ...}}); else report it to the kernel's maintainers")
+        elif (result.cause == "leak" and result.probes.get("batch_has_position_ids") is False
+              and result.run.get("attn_implementation") in ("eager", "sdpa", "flex_attention")):
+            result.remedy = ("return position_ids from the collator (DataCollatorWithFlattening(return_position_ids=True)): "
+                             "eager / sdpa / flex build the packed mask from position_ids; cu_seq_lens_q reach only the "
+                             "flash path")
         elif result.cause == "crash":
             result.remedy = "see the exception: the model cannot run this batch as the loop feeds it"
     return result

@@ -47,6 +47,7 @@ MUTANTS = [
  ("empty row ok", '    if total == 0:', '    if False:', "malformed"),
  ("float ids ok", '    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:', '    if False:', "malformed"),
  ("labels out of range ok", "if scored.numel() and (int(scored.min()) < 0 or", "if False and (int(scored.min()) < 0 or", "malformed"),
+ ("leak remedy generic", 'result.cause == "leak" and result.probes.get("batch_has_position_ids") is False', 'False', "names_the_missing_key"),
  ("exception escapes", '    except Exception as exc:  # noqa: BLE001 - the model refuses the batch as given: a verdict, with the exception', '    except ZeroDivisionError as exc:', "int64"),
  ("cu dtype not contract", '        if not contract_cause and any(n.startswith("cu_seq_lens") for n in row.notes):', '        if False:', "int64"),
  ("stateful unnamed", 'if stateful and not attention["boundaries_missing"]:', 'if False:', "stateful_layers"),

@@ -528,6 +528,16 @@ def test_fused_lm_head_runs_without_the_cache(tolerances):
     assert result.verdict == "pass", result.line()
 
 
+def test_leak_without_position_ids_on_sdpa_names_the_missing_key(llama_sdpa):
+    """cu_seq_lens_q without position_ids on sdpa: the packed mask is built from position_ids, so the examples leak;
+    the remedy is the collator's position_ids, not "do not pack this model"."""
+    llama_sdpa.model.config.use_cache = False
+    batch = llama_sdpa.packed(flash_kwargs=True)
+    batch.pop("position_ids")
+    result = verify_packed_batch(llama_sdpa.model, batch)
+    assert result.cause == "leak" and result.remedy.startswith("return position_ids from the collator"), result.line()
+
+
 def test_cause_wrong_positions_not_leak(tolerances):
     """Tiny gpt2 on the varlen reference fed cu_seq_lens_q/k without position_ids: attention isolated, learned
     absolute positions wrong."""
@@ -665,7 +675,10 @@ def _row(llama_sdpa, **change):
     (lambda b: _row(b, position_ids=torch.arange(31)), "batch['position_ids'] has shape (31,), expected (1, 31)"),
     (lambda b: _row(b, cu_seq_lens_q=torch.tensor([0.0, 11.0, 18.0, 31.0])), "batch['cu_seq_lens_q'] is (4,) torch.float32"),
     (lambda b: _row(b, cu_seq_lens_q=[0, 11, 18, 31]), "batch['cu_seq_lens_q'] is a list"),
-], ids=["empty_row", "float_ids", "id_out_of_vocab", "float_labels", "labels_minus_one", "list_positions", "1d_positions", "float_cu", "list_cu"])
+    (lambda b: _row(b, use_cache="no"), "batch['use_cache'] is 'no': expected True, False or no key"),
+    (lambda b: _row(b, fused_lm_head=True), "batch['fused_lm_head'] is True but LlamaForCausalLM has no fused LM head"),
+], ids=["empty_row", "float_ids", "id_out_of_vocab", "float_labels", "labels_minus_one", "list_positions", "1d_positions", "float_cu", "list_cu",
+                                   "string_use_cache", "fused_without_head"])
 def test_malformed_batch_is_one_clear_line(llama_sdpa, make, message):
     with pytest.raises(PackcheckUsageError) as info:
         verify_packed_batch(llama_sdpa.model, make(llama_sdpa))
