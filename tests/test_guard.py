@@ -806,3 +806,20 @@ def test_batch_of_packed_rows_padded_inside_is_one_clear_line(llama_sdpa):
     batch["attention_mask"][0, 3] = 0
     with pytest.raises(PackcheckUsageError, match=r"row 0 of the \(2, 20\) packed rows has padding between its tokens"):
         verify_packed_batch(llama_sdpa.model, batch)
+
+
+def test_numerics_band_line_verdict_and_raise_agree(tolerances, tmp_path):
+    """Trainer(bf16=True) with a bf16 row tightened to a third of the measured difference: the float32 rerun
+    agrees, so the callback (on_mismatch="raise") does not raise, prints PASS with the note, and trains."""
+    bench = make_bench("llama", "sdpa", tolerances)
+    bench.model.config.use_cache = False
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        measured = verify_packed_batch(bench.model, bench.packed()).max_logprob_diff
+    callback = PackcheckCallback(tolerances={"bfloat16": _band(measured)}, verbose=False)
+    trainer = _plain_trainer(bench, tmp_path, callback, bf16=True)
+    trainer.train()
+    result = callback.result
+    assert result.verdict == "pass" and result.dtype == "bfloat16", result.line()
+    assert result.line().startswith("packcheck guard: PASS") and "in float32 the same row agrees" in result.line()
+    assert result.tolerance["logits_atol"] < result.max_logprob_diff and trainer.state.global_step == 1
+    assert json.loads((tmp_path / RESULT_FILE).read_text())["verdict"] == "pass"
