@@ -141,17 +141,43 @@ class ResolvedModel:
 
 
 def causal_lm_class_name(model_type: str) -> str | None:
+    """The causal-LM class name of ``model_type``: from ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``, else a
+    ``*ForCausalLM`` class registered only in a multimodal mapping (:func:`multimodal_only_causal_lm`); None."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
-    return name if isinstance(name, str) else (name[0] if name else None)
+    name = name if isinstance(name, str) else (name[0] if name else None)
+    if name is None:
+        found = multimodal_only_causal_lm(model_type)
+        name = found[0] if found else None
+    return name
+
+
+def multimodal_only_causal_lm(model_type: str) -> tuple[str, str] | None:
+    """(class name, auto class) of a text decoder whose ``*ForCausalLM`` class transformers registers only in a
+    multimodal mapping (:data:`TEXT_PATH_AUTO_CLASSES`), not in ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``: mistral4 in
+    5.24 (``Mistral4ForCausalLM`` under image-text-to-text and multimodal-lm). None for any other model type."""
+    from transformers.models.auto import modeling_auto
+
+    if model_type in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return None
+    for auto, mapping in TEXT_PATH_AUTO_CLASSES:
+        name = getattr(modeling_auto, mapping, {}).get(model_type)
+        name = name if isinstance(name, str) else (name[0] if name else None)
+        if name and name.endswith("ForCausalLM"):
+            return name, auto
+    return None
 
 
 def causal_lm_architectures() -> list[str]:
-    """Every model_type with a causal-LM class in the installed transformers, sorted."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    """Every model_type with a causal-LM class in the installed transformers, sorted: the causal-LM mapping's and
+    the decoders registered only in a multimodal mapping (:func:`multimodal_only_causal_lm`, mistral4)."""
+    from transformers.models.auto import modeling_auto
 
-    return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    names = set(modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    for _, mapping in TEXT_PATH_AUTO_CLASSES:
+        names |= {t for t in getattr(modeling_auto, mapping, {}) if multimodal_only_causal_lm(t)}
+    return sorted(names)
 
 
 #: Auto classes (and their mapping in ``transformers.models.auto.modeling_auto``) of multimodal models packcheck
@@ -261,8 +287,9 @@ def resolve_model(spec: ModelSpec, source: str, trust_remote_code: bool = False)
             "not a multimodal model with M-RoPE position_ids whose text path packcheck runs (Qwen2-VL, Qwen2.5-VL, "
             "Qwen3-VL, GLM-4V, ...): packcheck checks causal language models; pick a decoder model."
         )
+    elsewhere = multimodal_only_causal_lm(model_type)
     return ResolvedModel(spec=spec, config=config, model_type=model_type, model_class=cls or "remote code", revision=revision,
-                         notes=notes)
+                         notes=notes, auto_class=elsewhere[1] if elsewhere else "AutoModelForCausalLM")
 
 
 def _mrope_section_default(config: Any, class_name: str) -> list[str]:
@@ -982,6 +1009,37 @@ def unshrunk_forward_reproduces(resolved: ResolvedModel, exc: BaseException, tru
     return None
 
 
+@contextlib.contextmanager
+def reference_kernel_accepted(auto: Any, config: Any, attn_implementation: str) -> Any:
+    """While a model is built on ``packcheck_flash_ref``, list it in the ``_compatible_flash_implementations`` of
+    the model's classes that declare them. transformers 5.x swaps any flash-like name that is not listed for the
+    first listed Hub kernel (GPT-OSS: ``kernels-community/vllm-flash-attn3``, ``modeling_utils.
+    _check_and_adjust_attn_implementation``), which needs the ``kernels`` package and the Hub: GPT-OSS got no flash
+    verdict on CPU. The reference kernel takes the sinks such kernels exist for (``s_aux``, see
+    :func:`backends.varlen_reference_kernel`), so it is a compatible implementation. The torch varlen stand-in
+    has no sinks and is not listed. Restored on exit."""
+    import sys
+
+    from .backends import REFERENCE_BACKEND
+
+    patched: list[tuple[type, Any]] = []
+    if attn_implementation == REFERENCE_BACKEND:
+        try:
+            module = sys.modules.get(auto._model_mapping[type(config)].__module__)
+        except Exception:  # noqa: BLE001 - remote code or an unmapped config: nothing declared to extend
+            module = None
+        for obj in list(vars(module).values()) if module else []:
+            listed = vars(obj).get("_compatible_flash_implementations") if isinstance(obj, type) else None
+            if isinstance(listed, list | tuple) and REFERENCE_BACKEND not in listed:
+                patched.append((obj, listed))
+                obj._compatible_flash_implementations = [*listed, REFERENCE_BACKEND]
+    try:
+        yield
+    finally:
+        for obj, listed in patched:
+            obj._compatible_flash_implementations = listed
+
+
 def _refuse_undeclared_flash(model: Any, backend: str) -> None:
     """packcheck's two flash-path stand-ins are registered through AttentionInterface, which transformers does not
     check against a model's declared support: a class with ``_supports_flash_attn = False`` (bloom, mpt, llama4's
@@ -1118,7 +1176,7 @@ def build_model(
                 f"{MAX_RANDOM_PARAMS / 1e6:.0f}M): its config has size keys the shrink does not know"
             )
         torch.manual_seed(seed)
-        with backend_build(backend, config) as attn:
+        with backend_build(backend, config) as attn, reference_kernel_accepted(auto, config, attn):
             model = auto.from_config(
                 config, attn_implementation=attn, trust_remote_code=trust_remote_code, **dtype_kwarg(torch_dtype)
             )
