@@ -744,7 +744,10 @@ def _shrink_dict(d: dict[str, Any], amap: dict[str, str], notes: list[str], slid
     # sliding window: shorter than the examples, so the window is exercised on every packed row
     for key in ("sliding_window", "attention_window_size", "attention_chunk_size"):
         if isinstance(d.get(key), int) and d[key] > sliding_window:
+            notes.append(f"mechanism: {key} {d[key]} -> {sliding_window} tokens (shorter than the probe examples, so it "
+                         "acts inside the packed row)")
             d[key] = sliding_window
+    _shrink_selection(d, notes)
 
     # vocabulary (marian: the decoder's own vocabulary too, which its lm_head and loss use)
     if isinstance(d.get("decoder_vocab_size"), int) and d["decoder_vocab_size"] > TINY_VOCAB:
@@ -757,6 +760,67 @@ def _shrink_dict(d: dict[str, Any], amap: dict[str, str], notes: list[str], slid
                 d[key] = TINY_VOCAB - 1 - _SPECIAL_TOKEN_KEYS.index(key)
             elif isinstance(value, list):
                 d[key] = [v if v < TINY_VOCAB else TINY_VOCAB - 1 for v in value]
+
+
+#: The top-k a sparse-attention indexer is shrunk to (DeepSeek-V3.2-style ``index_topk``, 2048 in glm_moe_dsa,
+#: deepseek_v32, axk2; 512 in deepseek_v4): below the probe row's shortest example (7 tokens), so the indexer
+#: selects among the keys of an example instead of all of them.
+TINY_INDEX_TOPK = 4
+#: Key pooling of glm5_next's indexer (``index_topk`` must be a multiple of it; 16 by default): 2 tokens a pool.
+TINY_INDEX_KPOOL = 2
+
+
+def _shrink_selection(d: dict[str, Any], notes: list[str]) -> None:
+    """Top-k selection and MoE routing small enough to act in a row of a few dozen tokens, each value set recorded in
+    ``notes``. ``index_topk`` -> :data:`TINY_INDEX_TOPK` (and ``index_kpool`` -> :data:`TINY_INDEX_KPOOL` where the
+    config pools keys); the experts (:data:`TINY_EXPERTS`, 2 per token, set with the sizes) are only recorded."""
+    topk = d.get("index_topk")
+    if isinstance(topk, int) and not isinstance(topk, bool) and topk > TINY_INDEX_TOPK:
+        pool = d.get("index_kpool")
+        if isinstance(pool, int) and pool > TINY_INDEX_KPOOL:
+            notes.append(f"mechanism: index_kpool {pool} -> {TINY_INDEX_KPOOL} (index_topk must be a multiple of it)")
+            d["index_kpool"] = TINY_INDEX_KPOOL
+        notes.append(f"mechanism: index_topk {topk} -> {TINY_INDEX_TOPK} (below the shortest probe example, so the "
+                     "sparse-attention indexer selects among an example's keys)")
+        d["index_topk"] = TINY_INDEX_TOPK
+    experts = next((d[k] for k in ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+                    if isinstance(d.get(k), int) and not isinstance(d.get(k), bool) and d[k] > 0), None)
+    per_token = next((d[k] for k in _TOP_K_KEYS if isinstance(d.get(k), int) and not isinstance(d.get(k), bool)), None)
+    if experts and per_token:
+        notes.append(f"mechanism: MoE {experts} experts, {per_token} per token (tokens of the row compete for them)")
+
+
+#: Mechanisms that only act when shorter than the row: (config key, what it is, compared with: the shortest or the
+#: longest example). A value the shrink could not bring below its bound is named in the cell's config_notes.
+MECHANISM_BOUNDS = (
+    ("index_topk", "top-k selection", "shortest"),
+    ("sliding_window", "sliding window", "longest"),
+    ("attention_window_size", "sliding window", "longest"),
+    ("attention_chunk_size", "chunked attention", "longest"),
+)
+
+
+def mechanism_gaps(config: Any, lengths: tuple[int, ...]) -> list[str]:
+    """The mechanisms of a (shrunk) ``config`` and its sub-configs the probe row of ``lengths`` (tokens) never
+    exercises, one line each ("index_topk 2048 >= example 7: top-k selection not exercised"): a top-k as large as the
+    shortest example selects every key, a window or chunk as long as the longest example never cuts; MoE routing
+    with as many experts per token as experts never chooses. [] when every mechanism acts."""
+    out: list[str] = []
+    shortest, longest, total = min(lengths), max(lengths), sum(lengths)
+    subs = [config, *(v for v in vars(config).values() if hasattr(v, "to_dict") and hasattr(v, "model_type"))]
+    for sub in subs:
+        for key, what, bound in MECHANISM_BOUNDS:
+            value = getattr(sub, key, None)
+            limit = shortest if bound == "shortest" else longest
+            if isinstance(value, int) and not isinstance(value, bool) and value >= limit:
+                out.append(f"not exercised: {key} {value} >= the {bound} example ({limit} tokens, row {total}): {what} "
+                           "does not act in the probe row")
+        experts = next((getattr(sub, k) for k in ("num_experts", "num_local_experts", "n_routed_experts")
+                        if isinstance(getattr(sub, k, None), int) and getattr(sub, k) > 0), None)
+        per_token = next((getattr(sub, k) for k in _TOP_K_KEYS if isinstance(getattr(sub, k, None), int)), None)
+        if experts and per_token and per_token >= experts:
+            out.append(f"not exercised: {per_token} experts per token of {experts}: MoE routing never chooses")
+    return list(dict.fromkeys(out))
 
 
 def _mrope_sections(d: dict[str, Any], hidden_key: str, heads_key: str, original: dict[str, int]) -> None:
@@ -1169,6 +1233,9 @@ def build_model(
                     f"build in transformers itself, at full size either ({own}); not packcheck's shrink: give the "
                     f"values it lacks as {_override_hint(resolved)}, or a checkpoint's config") from exc
             raise ShrinkError(f"packcheck's shrunk {resolved.model_type} config does not build: {type(exc).__name__}: {exc}") from exc
+        from .batches import DEFAULT_LENGTHS
+
+        notes += mechanism_gaps(config, DEFAULT_LENGTHS)
         resolved.notes = [*resolved.notes, *(n for n in notes if n not in resolved.notes)]
         if n_params > MAX_RANDOM_PARAMS:
             raise ShrinkError(

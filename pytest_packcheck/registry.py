@@ -128,7 +128,7 @@ class CheckSpec:
         return getattr(importlib.import_module(f"pytest_packcheck.{module}"), attr)
 
 
-_PARITY_CAUSES = ("leak", "stateful_layers", "kernel_numerics", "wrong_positions", "sliding_window")
+_PARITY_CAUSES = ("leak", "stateful_layers", "kernel_numerics", "wrong_positions", "sliding_window", "selection_ties")
 
 #: The checks in matrix order.
 REGISTRY: tuple[CheckSpec, ...] = (
@@ -149,7 +149,8 @@ REGISTRY: tuple[CheckSpec, ...] = (
               ("max_change", "Δ"), "isolation_atol", True, ("leak", "stateful_layers", "kernel_numerics", "probe_inconclusive")),
     CheckSpec("logits_parity", "checks:check_logits_parity", "backend", "correctness",
               "packed logits = each example run alone (padded batches reported beside)",
-              ("max_abs_diff_solo", "Δ"), "logits_atol", True, (*_PARITY_CAUSES, "batch_rows", "position_layout")),
+              ("max_abs_diff_solo", "Δ"), "logits_atol", True,
+              (*_PARITY_CAUSES, "batch_rows", "position_layout", "mechanism_not_exercised")),
     CheckSpec("loss_parity", "checks:check_loss_parity", "backend", "correctness",
               "token-mean loss and gradient-accumulation sum loss (num_items_in_batch) = the per-example reference",
               ("loss_delta", "Δ"), "loss_atol", True, (*_PARITY_CAUSES, "loss_normalisation")),

@@ -101,3 +101,97 @@ def test_decoders_registered_only_in_multimodal_mappings_join_all_architectures(
     assert "mistral4" in causal_lm_architectures() and "qwen2_vl" not in causal_lm_architectures()
     resolved = resolve_model(parse_model_spec("arch:mistral4", "test"), "test")
     assert (resolved.model_class, resolved.auto_class, resolved.text_path) == ("Mistral4ForCausalLM", found[1], None)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# top-k selection: shrunk into the row, ties at the cut are their own cause, a whole-row top-k is a leak
+
+
+def test_shrink_brings_selection_and_windows_into_the_row_and_says_so():
+    from transformers import CONFIG_MAPPING
+
+    from pytest_packcheck.batches import DEFAULT_LENGTHS
+    from pytest_packcheck.models import TINY_INDEX_TOPK, mechanism_gaps, shrink_config
+
+    for model_type, key in (("axk2", "index_topk"), ("deepseek_v32", "index_topk"), ("llama4_text", "attention_chunk_size"),
+                            ("mistral", "sliding_window")):
+        original = CONFIG_MAPPING[model_type]()
+        assert any(key in gap for gap in mechanism_gaps(original, DEFAULT_LENGTHS)), model_type  # unshrunk: too long
+        notes: list[str] = []
+        shrunk = shrink_config(original, notes=notes)
+        bound = min(DEFAULT_LENGTHS) if key == "index_topk" else max(DEFAULT_LENGTHS)  # selects among / cuts an example
+        assert getattr(shrunk, key) < bound, (model_type, getattr(shrunk, key))
+        assert any(n.startswith(f"mechanism: {key} ") for n in notes), notes
+        assert mechanism_gaps(shrunk, DEFAULT_LENGTHS) == [], model_type
+    assert shrink_config(CONFIG_MAPPING["axk2"]()).index_topk == TINY_INDEX_TOPK
+    notes = []
+    shrink_config(CONFIG_MAPPING["qwen3_moe"](), notes=notes)
+    assert any("MoE 4 experts, 2 per token" in n for n in notes)
+    # routing with every expert chosen never chooses: named
+    assert any("MoE routing" in g for g in mechanism_gaps(CONFIG_MAPPING["qwen3_moe"](num_experts=2, num_experts_per_tok=2), DEFAULT_LENGTHS))
+
+
+def test_a_mechanism_longer_than_the_row_is_named_in_the_cell(tolerances, monkeypatch):
+    from conftest import make_bench
+
+    bench = make_bench("llama", "sdpa", tolerances)
+    assert not [f for f in C.check_logits_parity(bench).findings if f["cause"] == "mechanism_not_exercised"]
+    monkeypatch.setattr(bench.config, "index_topk", 2048, raising=False)
+    result = C.check_logits_parity(bench)
+    gaps = [f["evidence"] for f in result.findings if f["cause"] == "mechanism_not_exercised"]
+    assert result.status == "pass" and gaps and "index_topk 2048" in gaps[0] and "not exercised" in gaps[0]
+
+
+@pytest.fixture(scope="module")
+def axk2(tolerances):
+    from conftest import make_bench
+
+    return make_bench("axk2", "eager", tolerances)
+
+
+def test_ties_at_the_topk_cut_are_their_own_cause(axk2):
+    """axk2 shrunk to index_topk=4, 2 indexer heads (ReLU'd scores: exact zeros tie at the cut): the packed row
+    differs from the examples alone (4.5e-3 on 5.24) with isolation exact; the cause is selection_ties."""
+    from pytest_packcheck.mechanisms import selection_ties
+
+    axk2._cache.clear()
+    assert C.check_isolation(axk2).status == "pass"
+    parity = C.check_logits_parity(axk2)
+    assert parity.status == "fail" and parity.cause == "selection_ties", parity.message
+    ties = selection_ties(axk2)
+    assert ties["tied_cuts"] > 0 and any(k == 4 for k, _ in ties["tied_at"]), ties
+
+
+def test_without_ties_the_same_difference_is_not_called_a_tie(axk2, monkeypatch):
+    """Planted: the tie probe sees no tie: the same difference falls back to wrong_positions (the ties branch
+    decides the cause, nothing else)."""
+    import pytest_packcheck.mechanisms as M
+
+    axk2._cache.clear()
+    monkeypatch.setattr(M, "selection_ties", lambda bench: {"topk_calls": 4, "tied_cuts": 0, "tied_at": []})
+    assert C.check_logits_parity(axk2).cause == "wrong_positions"
+
+
+def test_a_topk_computed_over_the_whole_row_is_a_leak(axk2, monkeypatch):
+    """Planted: the indexer scores every earlier key of the row (a causal mask without the packed boundaries), so it
+    selects keys of other examples: isolation moves, the cause is leak, not selection_ties."""
+    import sys
+
+    indexer = type(axk2.model.model.layers[0].self_attn.indexer)
+    real = indexer.forward
+
+    def whole_row(self, hidden_states, q_resid, position_embeddings, attention_mask, *args, **kwargs):
+        n = hidden_states.shape[1]
+        causal = torch.ones(n, n, dtype=torch.bool).tril()
+        if attention_mask is not None and attention_mask.dtype == torch.bool:
+            attention_mask = causal.expand_as(attention_mask)
+        elif attention_mask is not None:
+            attention_mask = torch.zeros(n, n).masked_fill(~causal, float("-inf")).expand_as(attention_mask)
+        return real(self, hidden_states, q_resid, position_embeddings, attention_mask, *args, **kwargs)
+
+    assert "transformers.models.axk2" in sys.modules[indexer.__module__].__name__
+    monkeypatch.setattr(indexer, "forward", whole_row)
+    axk2._cache.clear()
+    isolation = C.check_isolation(axk2)
+    axk2._cache.clear()
+    assert isolation.status == "fail" and isolation.cause == "leak", isolation.message
