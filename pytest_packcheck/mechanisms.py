@@ -24,14 +24,24 @@ from typing import Any
 def has_topk_selection(config: Any) -> bool:
     """Whether ``config`` or one of its sub-configs has a sparse-attention indexer (an int ``index_topk``)."""
     subs = [config, *(v for v in vars(config).values() if hasattr(v, "to_dict") and hasattr(v, "model_type"))]
-    return any(isinstance(getattr(s, "index_topk", None), int) for s in subs)
+
+    def topk(sub: Any) -> Any:
+        try:  # a per-layer key read globally raises on dots3_note (5.24): look in its per-layer configs
+            return getattr(sub, "index_topk", None)
+        except Exception:  # noqa: BLE001
+            layers = vars(sub).get("per_layer_config") or {}
+            return next((v.get("index_topk") if isinstance(v, dict) else getattr(v, "index_topk", None)
+                         for v in (layers.values() if isinstance(layers, dict) else layers)), None)
+
+    return any(isinstance(topk(s), int) for s in subs)
 
 
 @contextlib.contextmanager
 def record_topk_ties() -> Iterator[list[dict[str, Any]]]:
     """While the block runs, every ``torch.topk`` / ``Tensor.topk`` call with ``k`` below its axis length records
     ``{"k", "n", "tied", "rows"}``: ``tied`` the number of rows whose k-th and (k+1)-th largest values are equal and
-    finite (a tie at the cut; ties among masked -inf keys do not count). The calls' results are unchanged."""
+    finite (a tie at the cut; ties among masked keys, -inf or an additive mask's dtype minimum, do not count). The
+    calls' results are unchanged."""
     import torch
 
     calls: list[dict[str, Any]] = []
@@ -46,7 +56,9 @@ def record_topk_ties() -> Iterator[list[dict[str, Any]]]:
         with torch.no_grad():
             values = original_fn(tensor.detach(), k + 1, dim=dim, largest=largest, sorted=True).values
             cut, after = values.select(dim, k - 1), values.select(dim, k)
-            tied = (cut == after) & torch.isfinite(cut)
+            # masked keys (-inf, or an additive mask's dtype minimum) tie among themselves: not a cut through scores
+            floor = torch.finfo(cut.dtype).min / 2 if cut.is_floating_point() else None
+            tied = (cut == after) & torch.isfinite(cut) & ((cut > floor) if floor is not None else True)
         calls.append({"k": k, "n": int(n), "tied": int(tied.sum()), "rows": int(tied.numel())})
 
     def topk_fn(tensor: Any, *args: Any, **kwargs: Any) -> Any:
@@ -64,18 +76,34 @@ def record_topk_ties() -> Iterator[list[dict[str, Any]]]:
         torch.topk, torch.Tensor.topk = original_fn, original_method
 
 
+def probe_rows(bench: Any) -> list[list[list[int]]]:
+    """The packed rows the checks compare with the examples alone: the bench's row and the edge-length rows
+    (:data:`checks.EDGE_ROWS`, ``w`` the sliding window or 8), as example lists."""
+    from . import batches as B
+    from .checks import EDGE_ROWS
+
+    window = getattr(bench.config, "sliding_window", None)
+    w = window if isinstance(window, int) and 2 < window <= 64 else 8
+    rows = [bench.examples]
+    for r, spec in enumerate(EDGE_ROWS):
+        rows.append(B.make_examples(bench.config, tuple(w if n == "w" else n for n in spec), seed=10 + r))
+    return rows
+
+
 def selection_ties(bench: Any) -> dict[str, Any] | None:
-    """Ties at the top-k cut in the packed row's forward and the examples' solo forwards (cached per model and
-    collator): ``{"topk_calls", "tied_cuts", "tied_at": [(k, axis length), ...]}``. None for a model without a
-    sparse-attention indexer (:func:`has_topk_selection`), where nothing is run."""
+    """Ties at the top-k cut in the forwards of every probe row (:func:`probe_rows`) and of their examples alone
+    (cached per model and collator): ``{"topk_calls", "tied_cuts", "tied_at": [(k, axis length), ...]}``. A tie in
+    either the packed or the solo forward breaks by position, and positions differ between the two. None for a model
+    without a sparse-attention indexer (:func:`has_topk_selection`), where nothing is run."""
     if not has_topk_selection(bench.config):
         return None
     key = ("selection_ties", id(bench.model), id(bench.collator_factory))
     if key not in bench._cache:
         with record_topk_ties() as calls:
-            bench.forward(bench.packed())
-            for example in bench.examples:
-                bench.solo(example)
+            for examples in probe_rows(bench):
+                bench.forward(bench.packed(examples))
+                for example in examples:
+                    bench.solo(example)
         tied = [c for c in calls if c["tied"]]
         bench._cache[key] = {"topk_calls": len(calls), "tied_cuts": sum(c["tied"] for c in tied),
                              "tied_at": sorted({(c["k"], c["n"]) for c in tied})[:5]}

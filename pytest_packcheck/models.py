@@ -808,16 +808,23 @@ def mechanism_gaps(config: Any, lengths: tuple[int, ...]) -> list[str]:
     out: list[str] = []
     shortest, longest, total = min(lengths), max(lengths), sum(lengths)
     subs = [config, *(v for v in vars(config).values() if hasattr(v, "to_dict") and hasattr(v, "model_type"))]
+
+    def read(sub: Any, key: str) -> Any:
+        try:  # dots3_note's per-layer configs refuse a global read of a per-layer key (5.24)
+            return getattr(sub, key, None)
+        except Exception:  # noqa: BLE001 - unreadable globally: nothing to compare
+            return None
+
     for sub in subs:
         for key, what, bound in MECHANISM_BOUNDS:
-            value = getattr(sub, key, None)
+            value = read(sub, key)
             limit = shortest if bound == "shortest" else longest
             if isinstance(value, int) and not isinstance(value, bool) and value >= limit:
                 out.append(f"not exercised: {key} {value} >= the {bound} example ({limit} tokens, row {total}): {what} "
                            "does not act in the probe row")
-        experts = next((getattr(sub, k) for k in ("num_experts", "num_local_experts", "n_routed_experts")
-                        if isinstance(getattr(sub, k, None), int) and getattr(sub, k) > 0), None)
-        per_token = next((getattr(sub, k) for k in _TOP_K_KEYS if isinstance(getattr(sub, k, None), int)), None)
+        experts = next((read(sub, k) for k in ("num_experts", "num_local_experts", "n_routed_experts")
+                        if isinstance(read(sub, k), int) and read(sub, k) > 0), None)
+        per_token = next((read(sub, k) for k in _TOP_K_KEYS if isinstance(read(sub, k), int)), None)
         if experts and per_token and per_token >= experts:
             out.append(f"not exercised: {per_token} experts per token of {experts}: MoE routing never chooses")
     return list(dict.fromkeys(out))
