@@ -148,6 +148,13 @@ def test_disagreeing_inputs_say_what_each_backend_follows(bench):
     flash = V.check_cu_seq_lens(bench("llama", REFERENCE_BACKEND)).metrics["disagreeing"]
     # the kernel keeps cu_seq_lens' boundaries, rotary the position_ids' restarts: neither split alone
     assert flash["follows"] == "neither" and flash["max_abs_diff_position_ids_split"] > 1e-3
+    # a model that drops position_ids (planted, faults.DropPositionIds) on the flash path: cu_seq_lens alone decide
+    from faults import DropPositionIds
+
+    b = bench("llama", REFERENCE_BACKEND)
+    b.model = DropPositionIds(b.model)
+    dropped = V.check_cu_seq_lens(b).metrics["disagreeing"]
+    assert dropped["follows"] == "cu_seq_lens" and dropped["max_abs_diff_cu_seq_lens_split"] < 1e-5, dropped
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -159,6 +166,14 @@ def test_segment_masks_four_d_holds_on_sdpa_two_d_segment_ids_do_not(bench):
     items = r.metrics["items"]
     assert items["block_diagonal_4d"]["status"] == "pass", items
     assert r.status == "fail" and r.cause == "segment_mask" and items["segment_ids_2d"]["max_abs_diff"] > 1e-2
+
+
+def test_flash_path_refusing_a_four_d_mask_is_the_items_verdict(bench):
+    r = V.check_segment_masks(bench("llama", REFERENCE_BACKEND))
+    items = r.metrics["items"]
+    assert items["segment_ids_2d"]["status"] == "pass"  # nothing unpadded from non-zero ids: the ids' boundaries hold
+    assert items["block_diagonal_4d"]["status"] == "fail" and "the forward raised" in items["block_diagonal_4d"]["evidence"]
+    assert r.status == "fail" and r.cause == "segment_mask"
 
 
 def test_a_mask_that_reaches_attention_as_padding_is_caught_and_a_segment_aware_model_passes(bench):
