@@ -23,7 +23,7 @@ from typing import Any
 
 def has_topk_selection(config: Any) -> bool:
     """Whether ``config`` or one of its sub-configs has a sparse-attention indexer (an int ``index_topk``)."""
-    subs = [config, *(v for v in vars(config).values() if hasattr(v, "to_dict") and hasattr(v, "model_type"))]
+    subs = [config, *(v for v in getattr(config, "__dict__", {}).values() if hasattr(v, "to_dict") and hasattr(v, "model_type"))]
 
     def topk(sub: Any) -> Any:
         try:  # a per-layer key read globally raises on dots3_note (5.24): look in its per-layer configs

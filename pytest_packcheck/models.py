@@ -807,7 +807,7 @@ def mechanism_gaps(config: Any, lengths: tuple[int, ...]) -> list[str]:
     with as many experts per token as experts never chooses. [] when every mechanism acts."""
     out: list[str] = []
     shortest, longest, total = min(lengths), max(lengths), sum(lengths)
-    subs = [config, *(v for v in vars(config).values() if hasattr(v, "to_dict") and hasattr(v, "model_type"))]
+    subs = [config, *(v for v in getattr(config, "__dict__", {}).values() if hasattr(v, "to_dict") and hasattr(v, "model_type"))]
 
     def read(sub: Any, key: str) -> Any:
         try:  # dots3_note's per-layer configs refuse a global read of a per-layer key (5.24)
