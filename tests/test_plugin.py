@@ -42,7 +42,7 @@ def test_items_outcomes_and_matrix(pytester):
 
 def test_keyword_selection(pytester):
     result = pytester.runpytest_subprocess("--packcheck-models=arch:llama", *FAST, "-k", "llama-sdpa-loss_parity")
-    result.assert_outcomes(passed=1, deselected=36)
+    result.assert_outcomes(passed=1, deselected=37)
     assert [c["cell_id"] for c in _doc(pytester)["cells"]] == ["llama-sdpa-loss_parity-float32"]
 
 
