@@ -186,17 +186,17 @@ REGISTRY: tuple[CheckSpec, ...] = (
     CheckSpec("offset_positions", "variants:check_offset_positions", "backend", "hazard",
               "a continuation row: position_ids start at 10, 0, 3 (never 0 in the first example), without and with "
               "cu_seq_lens_q/k, vs each example alone at the same positions",
-              ("max_abs_diff", "Δ"), "logits_atol", False, ("offset_positions",), opt_in=True),
+              ("max_abs_diff", "Δ"), "logits_atol", False, ("offset_positions", *_PARITY_CAUSES), opt_in=True),
     CheckSpec("cu_seq_lens", "variants:check_cu_seq_lens", "backend", "hazard",
               "cu_seq_lens_q/k without position_ids (DataCollatorWithFlattening(return_flash_attn_kwargs=True, "
               "return_position_ids=False)) vs each example alone; the collator's cu_seq_lens = its position_ids "
               "restarts; which one a backend follows when they disagree",
-              ("max_abs_diff", "Δ"), "logits_atol", False, ("positions_not_restarted", "leak", "collator_contract"),
+              ("max_abs_diff", "Δ"), "logits_atol", False, ("positions_not_restarted", "collator_contract", *_PARITY_CAUSES),
               opt_in=True),
     CheckSpec("segment_masks", "variants:check_segment_masks", "backend", "hazard",
               "a 2-D integer segment-id mask (1,1,2,2,3,...) and a 4-D bool block-diagonal mask beside the packed row "
               "vs each example alone",
-              ("max_abs_diff", "Δ"), "logits_atol", False, ("segment_mask",), opt_in=True),
+              ("max_abs_diff", "Δ"), "logits_atol", False, ("segment_mask", *_PARITY_CAUSES), opt_in=True),
     CheckSpec("trainer", "training:check_trainer", "backend", "correctness",
               "transformers' Trainer + DataCollatorWithFlattening, 3 SGD steps vs a hand-written padded reference; "
               "gradient accumulation's num_items_in_batch",

@@ -100,8 +100,12 @@ def _judge(items: dict[str, Any], name: str, diff: float | None, error: str, ato
         items[name] = {"status": "pass", "max_abs_diff": diff, "evidence": f"{what}: = each example alone ({_fmt(diff)})"}
 
 
-def _verdict(items: dict[str, Any], metrics: dict[str, Any], what: str) -> CheckResult:
-    """Fail when any item failed (cause: the first failed item's; other failed items' causes are findings)."""
+def _verdict(items: dict[str, Any], metrics: dict[str, Any], what: str, bench: Any = None) -> CheckResult:
+    """Fail when any item failed (cause: the first failed item's; other failed items' causes are findings). With
+    ``bench`` (the hazard variants): when the standard packed row is itself wrong (its logits differ from each
+    example alone by more than ``logits_atol``), the variant's failure is the model's own fault, not the
+    variant's: the cause is :func:`checks.mismatch_cause`'s (as cache_trap and mask_trap do), the variant's a
+    finding, and ``metrics["standard_row_diff"]`` says by how much."""
     metrics["items"] = items
     diffs = [v["max_abs_diff"] for v in items.values() if isinstance(v.get("max_abs_diff"), float)]
     metrics["max_abs_diff"] = max(diffs) if diffs else None
@@ -109,11 +113,21 @@ def _verdict(items: dict[str, Any], metrics: dict[str, Any], what: str) -> Check
     if not failed:
         return CheckResult("pass", metrics, f"{what}: " + "; ".join(f"{k}: {v['evidence']}" for k, v in items.items()))
     (first, head), rest = failed[0], failed[1:]
-    return CheckResult("fail", metrics, f"{what}: " + "; ".join(f"{k}: {v['evidence']}" for k, v in failed),
-                       cause=head["cause"], evidence={"item": first, "detail": head["evidence"],
-                                                      **({"max_abs_diff": head["max_abs_diff"]} if "max_abs_diff" in head else {})},
-                       findings=[{"cause": v["cause"], "evidence": f"{k}: {v['evidence']}"} for k, v in rest
-                                 if v["cause"] != head["cause"]])
+    message = f"{what}: " + "; ".join(f"{k}: {v['evidence']}" for k, v in failed)
+    evidence = {"item": first, "detail": head["evidence"],
+                **({"max_abs_diff": head["max_abs_diff"]} if "max_abs_diff" in head else {})}
+    findings = [{"cause": v["cause"], "evidence": f"{k}: {v['evidence']}"} for k, v in rest if v["cause"] != head["cause"]]
+    if bench is not None:
+        from .checks import mismatch_cause
+
+        standard, _ = bench.diff_to_solo(bench.packed_logits())
+        metrics["standard_row_diff"] = standard
+        if standard > bench.tol["logits_atol"]:  # wrong without the variant too: the model's own fault
+            cause, why = mismatch_cause(bench, standard, bench.tol["logits_atol"])
+            return CheckResult("fail", metrics, f"{message} (the standard packed row is wrong too: {_fmt(standard)})",
+                               cause=cause, evidence={**evidence, **why, "standard_row_diff": standard},
+                               findings=[{"cause": head["cause"], "evidence": f"{first}: {head['evidence']}"}, *findings])
+    return CheckResult("fail", metrics, message, cause=head["cause"], evidence=evidence, findings=findings)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -143,7 +157,7 @@ def check_offset_positions(bench: Any) -> CheckResult:
            "offset_positions", "with cu_seq_lens_q/k")
     sensitivity = max(float((r - s).abs().max()) for r, s, k in zip(refs, bench.solo_logits(), offsets, strict=True) if k != bench.start)
     metrics = {"offsets": offsets, "lengths": lengths, "atol": atol, "offset_sensitivity": sensitivity}
-    return _verdict(items, metrics, f"offset positions ({', '.join(map(str, offsets))})")
+    return _verdict(items, metrics, f"offset positions ({', '.join(map(str, offsets))})", bench)
 
 
 def _boundaries_from_position_ids(position_ids: Any, start: int) -> list[int]:
@@ -222,7 +236,7 @@ def check_cu_seq_lens(bench: Any) -> CheckResult:
         metrics["disagreeing"] = {"position_ids_lengths": lengths, "cu_seq_lens_lengths": other, "follows": follows,
                                   "max_abs_diff_position_ids_split": by_pos, "max_abs_diff_cu_seq_lens_split": by_cu}
     result = _verdict({k: v for k, v in items.items() if v["status"] != "not_checked"} or items, metrics,
-                      "cu_seq_lens variants")
+                      "cu_seq_lens variants", bench)
     if "disagreeing" in metrics:
         result.message += f"; position_ids and cu_seq_lens disagreeing: the backend follows {metrics['disagreeing']['follows']}"
     return result
@@ -259,7 +273,7 @@ def check_segment_masks(bench: Any) -> CheckResult:
     for name, (mask, what) in masks.items():
         _judge(items, name, *_measure(bench, {**base, "attention_mask": mask}, lengths, bench.solo_logits()), atol,
                "segment_mask", what)
-    return _verdict(items, {"lengths": lengths, "atol": atol}, "segment masks")
+    return _verdict(items, {"lengths": lengths, "atol": atol}, "segment masks", bench)
 
 
 def check_single_row(bench: Any) -> CheckResult:

@@ -200,3 +200,14 @@ def test_single_row_equals_the_dense_path_and_a_tripled_row_is_caught(bench):
     assert r.status == "fail" and r.cause == "single_row", r.message
     assert r.metrics["items"]["position_ids"]["status"] == "pass"  # only the cu_seq_lens row is tripled
     assert "with_cu_seq_lens" in r.evidence["item"]
+
+
+def test_a_variant_on_a_model_wrong_without_it_names_the_models_own_fault(bench, monkeypatch):
+    """Planted: the standard packed row is itself wrong (sdpa attends across examples, faults.leaky_sdpa): the
+    offset row fails too, but its cause is the model's own (leak), the variant's a finding, as the traps do."""
+    from faults import leaky_sdpa
+
+    with leaky_sdpa():
+        r = V.check_offset_positions(bench("llama", "sdpa"))
+    assert r.status == "fail" and r.cause == "leak" and r.metrics["standard_row_diff"] > 1e-2, r.message
+    assert [f["cause"] for f in r.findings][:1] == ["offset_positions"]
