@@ -206,6 +206,7 @@ def varlen_reference_kernel(
     window_size: tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
     deterministic: bool = False,
+    s_aux: Any = None,
 ) -> Any:
     """Exact per-segment attention with the signature of ``flash_attn.flash_attn_varlen_func``.
 
@@ -216,6 +217,11 @@ def varlen_reference_kernel(
         causal: bottom-right aligned causal mask, as in flash-attn >= 2.1.
         window_size: ``(left, right)`` in tokens, -1 meaning unbounded (flash-attn convention).
         softcap: ``softcap * tanh(scores / softcap)`` before the softmax when > 0 (gemma2).
+        s_aux: attention sinks, float ``(num_heads,)`` logits, one per query head (GPT-OSS's ``sinks``, passed by
+            transformers' flash path as ``s_aux`` when the kernel's signature names it, as vllm's FA3 does:
+            ``modeling_flash_attention_utils._process_flash_attention_kwargs``, 5.x). Each head's softmax runs
+            over its scores plus the sink logit, and the sink's share is dropped (:func:`sink_softmax`), exactly as
+            ``modeling_gpt_oss.eager_attention_forward``. None: no sink.
 
     Returns:
         ``(total_q, num_heads, head_dim)`` in q's dtype. Softmax runs in float32.
@@ -261,9 +267,19 @@ def varlen_reference_kernel(
         # all -inf would be NaN, and nan_to_num keeps the NaN in the backward pass
         empty = ~allowed.any(dim=-1, keepdim=True)
         scores = scores.masked_fill(~allowed, float("-inf")).masked_fill(empty, 0.0)
-        probs = torch.softmax(scores, dim=-1).masked_fill(empty, 0.0)
+        probs = (torch.softmax(scores, dim=-1) if s_aux is None else sink_softmax(scores, s_aux)).masked_fill(empty, 0.0)
         out[qs:qe] = torch.matmul(probs, vi).transpose(0, 1).to(q.dtype)
     return out
+
+
+def sink_softmax(scores: Any, s_aux: Any) -> Any:
+    """Softmax over the last axis of ``scores`` float32 ``(num_heads, Lq, Lk)`` with one extra sink logit per head,
+    ``s_aux`` ``(num_heads,)``, whose probability is dropped: ``exp(s_j) / (sum_k exp(s_k) + exp(s_aux[h]))``. The
+    rows then sum to less than 1 (what the sink absorbed). Masked scores (-inf) get 0."""
+    import torch
+
+    sink = s_aux.float().reshape(-1, 1, 1).expand(scores.shape[0], scores.shape[1], 1)
+    return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
 
 
 def _dense_as_varlen(varlen: Callable, q: Any, k: Any, v: Any, *args: Any) -> Any:
@@ -280,11 +296,11 @@ def _dense_as_varlen(varlen: Callable, q: Any, k: Any, v: Any, *args: Any) -> An
 
 def dense_reference_kernel(q: Any, k: Any, v: Any, dropout_p: float = 0.0, softmax_scale: float | None = None,
                            causal: bool = False, window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
-                           deterministic: bool = False) -> Any:
+                           deterministic: bool = False, s_aux: Any = None) -> Any:
     """``flash_attn_func`` signature over :func:`varlen_reference_kernel` (the call counter wraps the kernels
-    transformers' loader returns, so this inner varlen call is never counted as one)."""
+    transformers' loader returns, so this inner varlen call is never counted as one); ``s_aux``: attention sinks."""
     return _dense_as_varlen(varlen_reference_kernel, q, k, v, dropout_p, softmax_scale, causal,
-                            window_size, softcap, deterministic)
+                            window_size, softcap, deterministic, s_aux)
 
 
 class FlashBoundariesError(ValueError):

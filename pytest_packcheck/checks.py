@@ -455,7 +455,8 @@ def mismatch_cause(bench: Workbench, diff: float | None = None, atol: float | No
     sliding-window probe): ``stateful_layers`` when the examples mix although attention kept its boundaries (or
     the model has no attention to keep them); ``kernel_numerics`` when the mixing, or ``diff`` with no mixing,
     is within :data:`NUMERICS_FACTOR` times its tolerance; ``leak`` for any other mixing; ``sliding_window``
-    when examples within the window match and longer ones do not; else ``wrong_positions``."""
+    when examples within the window match and longer ones do not; ``selection_ties`` when a top-k selection in the
+    forward cut through exactly tied scores (:func:`mechanisms.selection_ties`); else ``wrong_positions``."""
     probe = leak_probe(bench)
     moved, iso_tol = probe["max_change"], bench.tol["isolation_atol"]
     evidence: dict[str, Any] = {"isolation_moved": moved, "isolation_atol": iso_tol}
@@ -471,6 +472,11 @@ def mismatch_cause(bench: Workbench, diff: float | None = None, atol: float | No
     window = _window_probe(bench)
     if window is not None and window["max_abs_diff_within_window"] <= bench.tol["logits_atol"]:
         return "sliding_window", {**evidence, **window}
+    from .mechanisms import selection_ties
+
+    ties = selection_ties(bench)  # boundaries hold, yet the rows differ: a top-k cut through tied scores (issue 25)
+    if ties and ties["tied_cuts"]:
+        return "selection_ties", {**evidence, **ties}
     if diff is not None and atol and diff <= NUMERICS_FACTOR * atol:
         return "kernel_numerics", {**evidence, "diff": diff, "atol": atol}
     return "wrong_positions", {**evidence, **({"diff": diff} if diff is not None else {})}
@@ -613,6 +619,9 @@ def check_logits_parity(bench: Workbench) -> CheckResult:
         findings.append({"cause": "wrong_positions", "evidence": (
             f"the collated row differs by {_fmt(worst)}; with positions from padding_idx + 1 by {_fmt(shifted)} "
             "(what position_ids_start fixes)")})
+    from .mechanisms import mechanism_findings
+
+    findings += mechanism_findings(bench)  # a mechanism longer than the row: named, never a silent pass
     note = f" (note: {'; '.join(notes)})" if notes else ""
     if worst > bench.tol["logits_atol"]:
         bad = [i for i, d in enumerate(per) if d > bench.tol["logits_atol"]]

@@ -153,6 +153,17 @@ def remedy(cause: str, cell: dict[str, Any], doc_env: dict[str, Any]) -> str:
         "shrink_limit": "report it to packcheck (its shrink does not know this config), or run the model at full size",
         "library_config": ("give the values the config lacks (arch:<type>{key=value} or --packcheck-config key=value), "
                            "or use a checkpoint's config; report the default config upstream"),
+        "offset_positions": ("pass cu_seq_lens_q/k with offset position_ids (the flash path of 5.24 reads boundaries where "
+                             "position_ids == 0 otherwise), or restart continuation chunks at 0"),
+        "positions_not_restarted": ("also return position_ids (DataCollatorWithFlattening(return_position_ids=True)): "
+                                    "learned absolute positions need them restarted per example"),
+        "segment_mask": ("send restarting position_ids and no attention_mask (or cu_seq_lens_q/k on a flash backend) "
+                         "instead of a segment mask; a 4-D mask only where the backend honours it (see the items)"),
+        "single_row": "do not route one unpacked example through the packed path on this version: collate it without flash kwargs",
+        "selection_ties": ("none for packing itself: tied top-k scores are cut by index, so the selection depends on "
+                           "the row; check with inputs without ties (or real weights) before blaming packing"),
+        "mechanism_not_exercised": ("rerun with a config whose value fits the probe row (arch:<type>{key=value}), or "
+                                    "longer --packcheck-lengths, to exercise it"),
         "hang": "raise --packcheck-timeout if the model is just slow; else see the last output",
         "out_of_memory": "use a smaller model or dtype, or run on a bigger device",
     }.get(cause, "")

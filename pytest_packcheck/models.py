@@ -141,17 +141,43 @@ class ResolvedModel:
 
 
 def causal_lm_class_name(model_type: str) -> str | None:
+    """The causal-LM class name of ``model_type``: from ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``, else a
+    ``*ForCausalLM`` class registered only in a multimodal mapping (:func:`multimodal_only_causal_lm`); None."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
-    return name if isinstance(name, str) else (name[0] if name else None)
+    name = name if isinstance(name, str) else (name[0] if name else None)
+    if name is None:
+        found = multimodal_only_causal_lm(model_type)
+        name = found[0] if found else None
+    return name
+
+
+def multimodal_only_causal_lm(model_type: str) -> tuple[str, str] | None:
+    """(class name, auto class) of a text decoder whose ``*ForCausalLM`` class transformers registers only in a
+    multimodal mapping (:data:`TEXT_PATH_AUTO_CLASSES`), not in ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``: mistral4 in
+    5.24 (``Mistral4ForCausalLM`` under image-text-to-text and multimodal-lm). None for any other model type."""
+    from transformers.models.auto import modeling_auto
+
+    if model_type in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return None
+    for auto, mapping in TEXT_PATH_AUTO_CLASSES:
+        name = getattr(modeling_auto, mapping, {}).get(model_type)
+        name = name if isinstance(name, str) else (name[0] if name else None)
+        if name and name.endswith("ForCausalLM"):
+            return name, auto
+    return None
 
 
 def causal_lm_architectures() -> list[str]:
-    """Every model_type with a causal-LM class in the installed transformers, sorted."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    """Every model_type with a causal-LM class in the installed transformers, sorted: the causal-LM mapping's and
+    the decoders registered only in a multimodal mapping (:func:`multimodal_only_causal_lm`, mistral4)."""
+    from transformers.models.auto import modeling_auto
 
-    return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    names = set(modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    for _, mapping in TEXT_PATH_AUTO_CLASSES:
+        names |= {t for t in getattr(modeling_auto, mapping, {}) if multimodal_only_causal_lm(t)}
+    return sorted(names)
 
 
 #: Auto classes (and their mapping in ``transformers.models.auto.modeling_auto``) of multimodal models packcheck
@@ -261,8 +287,9 @@ def resolve_model(spec: ModelSpec, source: str, trust_remote_code: bool = False)
             "not a multimodal model with M-RoPE position_ids whose text path packcheck runs (Qwen2-VL, Qwen2.5-VL, "
             "Qwen3-VL, GLM-4V, ...): packcheck checks causal language models; pick a decoder model."
         )
+    elsewhere = multimodal_only_causal_lm(model_type)
     return ResolvedModel(spec=spec, config=config, model_type=model_type, model_class=cls or "remote code", revision=revision,
-                         notes=notes)
+                         notes=notes, auto_class=elsewhere[1] if elsewhere else "AutoModelForCausalLM")
 
 
 def _mrope_section_default(config: Any, class_name: str) -> list[str]:
@@ -717,7 +744,10 @@ def _shrink_dict(d: dict[str, Any], amap: dict[str, str], notes: list[str], slid
     # sliding window: shorter than the examples, so the window is exercised on every packed row
     for key in ("sliding_window", "attention_window_size", "attention_chunk_size"):
         if isinstance(d.get(key), int) and d[key] > sliding_window:
+            notes.append(f"mechanism: {key} {d[key]} -> {sliding_window} tokens (shorter than the probe examples, so it "
+                         "acts inside the packed row)")
             d[key] = sliding_window
+    _shrink_selection(d, notes)
 
     # vocabulary (marian: the decoder's own vocabulary too, which its lm_head and loss use)
     if isinstance(d.get("decoder_vocab_size"), int) and d["decoder_vocab_size"] > TINY_VOCAB:
@@ -730,6 +760,74 @@ def _shrink_dict(d: dict[str, Any], amap: dict[str, str], notes: list[str], slid
                 d[key] = TINY_VOCAB - 1 - _SPECIAL_TOKEN_KEYS.index(key)
             elif isinstance(value, list):
                 d[key] = [v if v < TINY_VOCAB else TINY_VOCAB - 1 for v in value]
+
+
+#: The top-k a sparse-attention indexer is shrunk to (DeepSeek-V3.2-style ``index_topk``, 2048 in glm_moe_dsa,
+#: deepseek_v32, axk2; 512 in deepseek_v4): below the probe row's shortest example (7 tokens), so the indexer
+#: selects among the keys of an example instead of all of them.
+TINY_INDEX_TOPK = 4
+#: Key pooling of glm5_next's indexer (``index_topk`` must be a multiple of it; 16 by default): 2 tokens a pool.
+TINY_INDEX_KPOOL = 2
+
+
+def _shrink_selection(d: dict[str, Any], notes: list[str]) -> None:
+    """Top-k selection and MoE routing small enough to act in a row of a few dozen tokens, each value set recorded in
+    ``notes``. ``index_topk`` -> :data:`TINY_INDEX_TOPK` (and ``index_kpool`` -> :data:`TINY_INDEX_KPOOL` where the
+    config pools keys); the experts (:data:`TINY_EXPERTS`, 2 per token, set with the sizes) are only recorded."""
+    topk = d.get("index_topk")
+    if isinstance(topk, int) and not isinstance(topk, bool) and topk > TINY_INDEX_TOPK:
+        pool = d.get("index_kpool")
+        if isinstance(pool, int) and pool > TINY_INDEX_KPOOL:
+            notes.append(f"mechanism: index_kpool {pool} -> {TINY_INDEX_KPOOL} (index_topk must be a multiple of it)")
+            d["index_kpool"] = TINY_INDEX_KPOOL
+        notes.append(f"mechanism: index_topk {topk} -> {TINY_INDEX_TOPK} (below the shortest probe example, so the "
+                     "sparse-attention indexer selects among an example's keys)")
+        d["index_topk"] = TINY_INDEX_TOPK
+    experts = next((d[k] for k in ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+                    if isinstance(d.get(k), int) and not isinstance(d.get(k), bool) and d[k] > 0), None)
+    per_token = next((d[k] for k in _TOP_K_KEYS if isinstance(d.get(k), int) and not isinstance(d.get(k), bool)), None)
+    if experts and per_token:
+        notes.append(f"mechanism: MoE {experts} experts, {per_token} per token (tokens of the row compete for them)")
+
+
+#: Mechanisms that only act when shorter than the row: (config key, what it is, compared with: the shortest or the
+#: longest example). A value the shrink could not bring below its bound is named in the cell's config_notes.
+MECHANISM_BOUNDS = (
+    ("index_topk", "top-k selection", "shortest"),
+    ("sliding_window", "sliding window", "longest"),
+    ("attention_window_size", "sliding window", "longest"),
+    ("attention_chunk_size", "chunked attention", "longest"),
+)
+
+
+def mechanism_gaps(config: Any, lengths: tuple[int, ...]) -> list[str]:
+    """The mechanisms of a (shrunk) ``config`` and its sub-configs the probe row of ``lengths`` (tokens) never
+    exercises, one line each ("index_topk 2048 >= example 7: top-k selection not exercised"): a top-k as large as the
+    shortest example selects every key, a window or chunk as long as the longest example never cuts; MoE routing
+    with as many experts per token as experts never chooses. [] when every mechanism acts."""
+    out: list[str] = []
+    shortest, longest, total = min(lengths), max(lengths), sum(lengths)
+    subs = [config, *(v for v in getattr(config, "__dict__", {}).values() if hasattr(v, "to_dict") and hasattr(v, "model_type"))]
+
+    def read(sub: Any, key: str) -> Any:
+        try:  # dots3_note's per-layer configs refuse a global read of a per-layer key (5.24)
+            return getattr(sub, key, None)
+        except Exception:  # noqa: BLE001 - unreadable globally: nothing to compare
+            return None
+
+    for sub in subs:
+        for key, what, bound in MECHANISM_BOUNDS:
+            value = read(sub, key)
+            limit = shortest if bound == "shortest" else longest
+            if isinstance(value, int) and not isinstance(value, bool) and value >= limit:
+                out.append(f"not exercised: {key} {value} >= the {bound} example ({limit} tokens, row {total}): {what} "
+                           "does not act in the probe row")
+        experts = next((read(sub, k) for k in ("num_experts", "num_local_experts", "n_routed_experts")
+                        if isinstance(read(sub, k), int) and read(sub, k) > 0), None)
+        per_token = next((read(sub, k) for k in _TOP_K_KEYS if isinstance(read(sub, k), int)), None)
+        if experts and per_token and per_token >= experts:
+            out.append(f"not exercised: {per_token} experts per token of {experts}: MoE routing never chooses")
+    return list(dict.fromkeys(out))
 
 
 def _mrope_sections(d: dict[str, Any], hidden_key: str, heads_key: str, original: dict[str, int]) -> None:
@@ -982,6 +1080,37 @@ def unshrunk_forward_reproduces(resolved: ResolvedModel, exc: BaseException, tru
     return None
 
 
+@contextlib.contextmanager
+def reference_kernel_accepted(auto: Any, config: Any, attn_implementation: str) -> Any:
+    """While a model is built on ``packcheck_flash_ref``, list it in the ``_compatible_flash_implementations`` of
+    the model's classes that declare them. transformers 5.x swaps any flash-like name that is not listed for the
+    first listed Hub kernel (GPT-OSS: ``kernels-community/vllm-flash-attn3``, ``modeling_utils.
+    _check_and_adjust_attn_implementation``), which needs the ``kernels`` package and the Hub: GPT-OSS got no flash
+    verdict on CPU. The reference kernel takes the sinks such kernels exist for (``s_aux``, see
+    :func:`backends.varlen_reference_kernel`), so it is a compatible implementation. The torch varlen stand-in
+    has no sinks and is not listed. Restored on exit."""
+    import sys
+
+    from .backends import REFERENCE_BACKEND
+
+    patched: list[tuple[type, Any]] = []
+    if attn_implementation == REFERENCE_BACKEND:
+        try:
+            module = sys.modules.get(auto._model_mapping[type(config)].__module__)
+        except Exception:  # noqa: BLE001 - remote code or an unmapped config: nothing declared to extend
+            module = None
+        for obj in list(vars(module).values()) if module else []:
+            listed = vars(obj).get("_compatible_flash_implementations") if isinstance(obj, type) else None
+            if isinstance(listed, list | tuple) and REFERENCE_BACKEND not in listed:
+                patched.append((obj, listed))
+                obj._compatible_flash_implementations = [*listed, REFERENCE_BACKEND]
+    try:
+        yield
+    finally:
+        for obj, listed in patched:
+            obj._compatible_flash_implementations = listed
+
+
 def _refuse_undeclared_flash(model: Any, backend: str) -> None:
     """packcheck's two flash-path stand-ins are registered through AttentionInterface, which transformers does not
     check against a model's declared support: a class with ``_supports_flash_attn = False`` (bloom, mpt, llama4's
@@ -1111,6 +1240,9 @@ def build_model(
                     f"build in transformers itself, at full size either ({own}); not packcheck's shrink: give the "
                     f"values it lacks as {_override_hint(resolved)}, or a checkpoint's config") from exc
             raise ShrinkError(f"packcheck's shrunk {resolved.model_type} config does not build: {type(exc).__name__}: {exc}") from exc
+        from .batches import DEFAULT_LENGTHS
+
+        notes += mechanism_gaps(config, DEFAULT_LENGTHS)
         resolved.notes = [*resolved.notes, *(n for n in notes if n not in resolved.notes)]
         if n_params > MAX_RANDOM_PARAMS:
             raise ShrinkError(
@@ -1118,7 +1250,7 @@ def build_model(
                 f"{MAX_RANDOM_PARAMS / 1e6:.0f}M): its config has size keys the shrink does not know"
             )
         torch.manual_seed(seed)
-        with backend_build(backend, config) as attn:
+        with backend_build(backend, config) as attn, reference_kernel_accepted(auto, config, attn):
             model = auto.from_config(
                 config, attn_implementation=attn, trust_remote_code=trust_remote_code, **dtype_kwarg(torch_dtype)
             )

@@ -69,6 +69,17 @@ CAUSES = {
                         "decreasing): FlashAttention-2 would read outside the row; the reference kernels refuse",
     "non_finite": "a run produced NaN or infinite numbers (gradients, logits): where only the packed run does, a fail; "
                   "where the reference does, no comparison is possible",
+    "offset_positions": "a row whose examples' position_ids start at k > 0 (a continuation chunk) differs from each "
+                        "example alone at the same positions, or the model refuses it",
+    "positions_not_restarted": "cu_seq_lens without position_ids: boundaries hold but the positions run on across "
+                               "examples (learned absolute position embeddings see the wrong positions)",
+    "segment_mask": "a segment mask beside the packed row (2-D segment ids, 4-D block-diagonal) does not keep the "
+                    "examples apart, or the model refuses it",
+    "single_row": "one unpacked example through the flattening collator differs from the dense path (the example alone)",
+    "selection_ties": "top-k selection (a sparse-attention indexer) has exact ties at its cut: which tied key is kept "
+                      "depends on the row, so packed and alone differ without a leak",
+    "mechanism_not_exercised": "a mechanism of the model (top-k selection, chunked attention, ...) is longer than the "
+                               "probe row, so the row never exercises it: its pass says nothing about it",
     "crash": "the cell crashed (see the exception)",
     "shrunk_crash": "the cell crashed in the tiny model packcheck made of the config (random weights): the full-size "
                     "model may run; packcheck's shrink is suspect before the library",
@@ -100,6 +111,8 @@ class CheckSpec:
     training: bool = False
     #: backends this check is not planned on (cross_backend: eager is its reference)
     skip_backends: tuple[str, ...] = ()
+    #: not run unless named (--packcheck-checks, or an audit such as audit/variants.toml): the input variants
+    opt_in: bool = False
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
@@ -115,7 +128,7 @@ class CheckSpec:
         return getattr(importlib.import_module(f"pytest_packcheck.{module}"), attr)
 
 
-_PARITY_CAUSES = ("leak", "stateful_layers", "kernel_numerics", "wrong_positions", "sliding_window")
+_PARITY_CAUSES = ("leak", "stateful_layers", "kernel_numerics", "wrong_positions", "sliding_window", "selection_ties")
 
 #: The checks in matrix order.
 REGISTRY: tuple[CheckSpec, ...] = (
@@ -136,7 +149,8 @@ REGISTRY: tuple[CheckSpec, ...] = (
               ("max_change", "Δ"), "isolation_atol", True, ("leak", "stateful_layers", "kernel_numerics", "probe_inconclusive")),
     CheckSpec("logits_parity", "checks:check_logits_parity", "backend", "correctness",
               "packed logits = each example run alone (padded batches reported beside)",
-              ("max_abs_diff_solo", "Δ"), "logits_atol", True, (*_PARITY_CAUSES, "batch_rows", "position_layout")),
+              ("max_abs_diff_solo", "Δ"), "logits_atol", True,
+              (*_PARITY_CAUSES, "batch_rows", "position_layout", "mechanism_not_exercised")),
     CheckSpec("loss_parity", "checks:check_loss_parity", "backend", "correctness",
               "token-mean loss and gradient-accumulation sum loss (num_items_in_batch) = the per-example reference",
               ("loss_delta", "Δ"), "loss_atol", True, (*_PARITY_CAUSES, "loss_normalisation")),
@@ -158,6 +172,10 @@ REGISTRY: tuple[CheckSpec, ...] = (
               "rows of edge lengths (one-token examples, two adjacent; one at the sliding window; one much longer) = "
               "each example alone, logits and loss",
               ("max_abs_diff", "Δ"), "logits_atol", True, (*_PARITY_CAUSES, "loss_normalisation")),
+    CheckSpec("single_row", "variants:check_single_row", "backend", "correctness",
+              "one example, unpacked, through DataCollatorWithFlattening (position_ids; with cu_seq_lens_q/k) = the "
+              "dense path (the example alone)",
+              ("max_abs_diff", "Δ"), "logits_atol", True, ("single_row",)),
     CheckSpec("cache_trap", "checks:check_cache_trap", "backend", "hazard",
               "the packed row called with use_cache left as configured (a hand-written loop): a cache disables the "
               "packed mask on eager / sdpa / flex",
@@ -165,6 +183,20 @@ REGISTRY: tuple[CheckSpec, ...] = (
     CheckSpec("mask_trap", "checks:check_mask_trap", "backend", "hazard",
               "an all-ones attention_mask beside the packed row (a padding collator's habit) overrides the boundaries",
               ("max_abs_diff_with_mask", "Δ"), "logits_atol", False, ("mask_override", *_PARITY_CAUSES)),
+    CheckSpec("offset_positions", "variants:check_offset_positions", "backend", "hazard",
+              "a continuation row: position_ids start at 10, 0, 3 (never 0 in the first example), without and with "
+              "cu_seq_lens_q/k, vs each example alone at the same positions",
+              ("max_abs_diff", "Δ"), "logits_atol", False, ("offset_positions", *_PARITY_CAUSES), opt_in=True),
+    CheckSpec("cu_seq_lens", "variants:check_cu_seq_lens", "backend", "hazard",
+              "cu_seq_lens_q/k without position_ids (DataCollatorWithFlattening(return_flash_attn_kwargs=True, "
+              "return_position_ids=False)) vs each example alone; the collator's cu_seq_lens = its position_ids "
+              "restarts; which one a backend follows when they disagree",
+              ("max_abs_diff", "Δ"), "logits_atol", False, ("positions_not_restarted", "collator_contract", *_PARITY_CAUSES),
+              opt_in=True),
+    CheckSpec("segment_masks", "variants:check_segment_masks", "backend", "hazard",
+              "a 2-D integer segment-id mask (1,1,2,2,3,...) and a 4-D bool block-diagonal mask beside the packed row "
+              "vs each example alone",
+              ("max_abs_diff", "Δ"), "logits_atol", False, ("segment_mask", *_PARITY_CAUSES), opt_in=True),
     CheckSpec("trainer", "training:check_trainer", "backend", "correctness",
               "transformers' Trainer + DataCollatorWithFlattening, 3 SGD steps vs a hand-written padded reference; "
               "gradient accumulation's num_items_in_batch",
@@ -209,8 +241,11 @@ CHECKS: tuple[str, ...] = tuple(SPECS)
 MODEL_LEVEL_CHECKS: tuple[str, ...] = tuple(s.name for s in REGISTRY if s.level == "model")
 #: Whole Trainer / SFTTrainer runs (and TRL's packer): opt in with --packcheck-checks or audit/training.toml.
 TRAINING_CHECKS: tuple[str, ...] = tuple(s.name for s in REGISTRY if s.training)
-#: Checks run when none are named: all but :data:`TRAINING_CHECKS`.
-DEFAULT_CHECKS: tuple[str, ...] = tuple(s.name for s in REGISTRY if not s.training)
+#: Input variants beside the standard row (offset positions, cu_seq_lens without position_ids, segment masks):
+#: opt in with --packcheck-checks or audit/variants.toml.
+VARIANT_CHECKS: tuple[str, ...] = tuple(s.name for s in REGISTRY if s.opt_in and not s.training)
+#: Checks run when none are named: all but :data:`TRAINING_CHECKS` and :data:`VARIANT_CHECKS`.
+DEFAULT_CHECKS: tuple[str, ...] = tuple(s.name for s in REGISTRY if not s.training and not s.opt_in)
 #: Checks that bear on what bench computes (a packed row, use_cache=False, no attention_mask).
 BENCH_RELEVANT_CHECKS: tuple[str, ...] = tuple(s.name for s in REGISTRY if s.bears_on_bench)
 
@@ -224,10 +259,11 @@ def role(check: str) -> str:
 def check_help() -> str:
     """The --packcheck-checks help text: every check with its role, the default set and the training set."""
     return ("Checks to run, comma-separated. Default: " + ", ".join(DEFAULT_CHECKS) + ". Training checks (opt in): "
-            + ", ".join(TRAINING_CHECKS) + ". Roles: correctness decides a cell; hazards and findings are reported once "
+            + ", ".join(TRAINING_CHECKS) + ". Input variants (opt in): " + ", ".join(VARIANT_CHECKS) + ". Roles: correctness decides a cell; hazards and findings are reported once "
             "per stack. See `packcheck checks`.")
 
 
 def describe() -> list[tuple[str, str, str, str]]:
     """(name, level, role, summary) of every check, in matrix order: the README table and ``packcheck checks``."""
-    return [(s.name, s.level, s.role + (", training" if s.training else ""), s.summary) for s in REGISTRY]
+    return [(s.name, s.level, s.role + (", training" if s.training else ", opt-in" if s.opt_in else ""), s.summary)
+            for s in REGISTRY]

@@ -107,12 +107,13 @@ class _Sft:
         return SFTTrainer(model=self.bench.model, args=self.config(**overrides), train_dataset=Dataset.from_list(rows),
                           **{self.feats["tokenizer_key"]: self.tokenizer})
 
-    def train_steps(self, capture: dict[str, Any] | None = None, **overrides: Any) -> tuple[list[float], list[float]]:
+    def train_steps(self, capture: dict[str, Any] | None = None, data: list[dict[str, Any]] | None = None,
+                    **overrides: Any) -> tuple[list[float], list[float]]:
         """STEPS SFTTrainer steps on the six texts, all of them in every step (a packed run: one row; a padded or
         padding-free run: a batch of six), SGD, constant LR, no clipping; per-step loss (what the trainer's own
         ``compute_loss`` returned) and grad norm. ``capture``: filled with the keyword arguments of the model's
         first training forward (the first batch as the trainer fed it: use_cache, num_items_in_batch included).
-        The model is restored afterwards."""
+        ``data``: other rows than the six texts (prompt-completion pairs). The model is restored afterwards."""
         from .training import train_and_restore
 
         packing = overrides.get("packing", self.base["packing"])
@@ -125,7 +126,7 @@ class _Sft:
 
         handle = self.bench.model.register_forward_pre_hook(first_forward, with_kwargs=True)
         try:
-            loss, norm, _ = train_and_restore(self.bench.model, lambda: self.trainer(**kwargs))
+            loss, norm, _ = train_and_restore(self.bench.model, lambda: self.trainer(data, **kwargs))
         finally:
             handle.remove()
         return loss, norm
@@ -573,6 +574,8 @@ def _check_sft_padding_free(sft: _Sft) -> CheckResult:
     mode = {"packing": False, "padding_free": True, sft.feats["max_length_key"]: None}
     trainer = sft.trainer(**mode, per_device_train_batch_size=len(SENTENCES))
     metrics, summary, _ = _packed_run(sft, trainer, requested, "padding-free", **mode)
+    if {"completion_only_loss", "gradient_checkpointing"} <= set(sft.feats["fields"]):
+        _completion_checkpointing_probe(sft, metrics, mode)
     return _verdict(metrics, summary, f"{summary}; {metrics.get('examples_in_row')} examples per row, loss delta "
                     f"{metrics.get('loss_delta', float('nan')):.2e}; {STEPS} steps padding-free = padded (loss delta "
                     f"{metrics['steps'].get('max_loss_delta', float('nan')):.2e})")
@@ -649,6 +652,59 @@ def check_packing_content(bench: Any) -> CheckResult:
                            evidence={s: {k: v[k] for k in ("lost", "duplicated", "tail_starts") if k in v} for s, v in content.items()
                                      if v["problems"]})
     return CheckResult("pass", metrics, f"trl {trl.__version__}: {summary}")
+
+
+def completion_pairs() -> list[dict[str, str]]:
+    """The prompt-completion pairs of the completion-only probes: each of :data:`SENTENCES` split after its second word."""
+    return [{"prompt": " ".join(t.split(" ")[:2]), "completion": " " + " ".join(t.split(" ")[2:] or ["end."])} for t in SENTENCES]
+
+
+def prompt_tokens_in_loss(batch: dict[str, Any], prompts: list[list[int]]) -> tuple[int, int]:
+    """(segments whose prompt was found at their start, prompt tokens among them whose label is not -100) of a
+    one-row batch split at its position_ids restarts (:func:`_segment_starts`)."""
+    starts, _ = _segment_starts(batch, [])
+    ids, labels = batch["input_ids"][0].tolist(), batch["labels"][0].tolist()
+    matched, in_loss = 0, 0
+    for s, e in itertools.pairwise([*(starts or []), len(ids)] if starts else []):
+        prompt = next((p for p in prompts if ids[s:e][: len(p)] == p), None)
+        if prompt is not None:
+            matched += 1
+            in_loss += sum(1 for x in labels[s:s + len(prompt)] if x != -100)
+    return matched, in_loss
+
+
+def _completion_checkpointing_probe(sft: _Sft, metrics: dict[str, Any], mode: dict[str, Any]) -> None:
+    """Completion-only labels through ``padding_free`` with gradient checkpointing on (issue 25): SFTTrainer on the
+    prompt-completion pairs (:func:`completion_pairs`, TRL's completion_only_loss default for them), one batch of
+    all six flattened into a row, ``gradient_checkpointing=True``, :data:`STEPS` steps. Probes, in ``metrics["probes"]``:
+    ``gradient_checkpointing:completion_only`` (every prompt token of the first trained row has label -100; cause
+    completion_mask) and ``gradient_checkpointing:first_batch_loss`` (the trainer's own first loss, recomputed in
+    backward, vs each example alone over the same labels; numbers in ``metrics["completion_checkpointing"]``)."""
+    pairs = completion_pairs()
+    first: dict[str, Any] = {}
+    losses, _ = sft.train_steps(capture=first, data=pairs, **mode, gradient_checkpointing=True)
+    name = "gradient_checkpointing:completion_only"
+    if not first or "labels" not in first or first.get("position_ids") is None:
+        _record(metrics, name, "not_checked", "completion-only with gradient checkpointing not checked: the first trained "
+                "row carries no labels or position_ids")
+        return
+    prompts = [sft.tokenizer(p["prompt"])["input_ids"] for p in pairs]
+    matched, in_loss = prompt_tokens_in_loss(first, prompts)
+    sub: dict[str, Any] = {"segments_matched": matched, "prompt_tokens_in_loss": in_loss}
+    if matched == 0:
+        _record(metrics, name, "not_checked", "completion-only with gradient checkpointing not checked: no prompt found "
+                "at an example start of the row")
+    elif in_loss:
+        _record(metrics, name, "fail", f"completion-only, padding_free, gradient checkpointing: {in_loss} prompt tokens keep "
+                f"their labels in {matched} examples", "completion_mask", {"prompt_tokens_in_loss": in_loss})
+    else:
+        _record(metrics, name, "pass", f"completion-only, padding_free, gradient checkpointing: prompts out of the loss in "
+                f"all {matched} examples")
+    if losses:
+        _first_batch_probe(sft, first, losses[0], sub, name="gradient_checkpointing:first_batch_loss",
+                           prefix="completion-only, padding_free, gradient checkpointing: ")
+        metrics.setdefault("probes", {}).update(sub.pop("probes", {}))
+    metrics["completion_checkpointing"] = sub
 
 
 def _completion_only(bench: Any, feats: dict[str, Any], tokenizer: Any, cfg_kwargs: dict[str, Any]) -> dict[str, Any]:

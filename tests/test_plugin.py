@@ -17,11 +17,11 @@ def _doc(pytester):
 
 def test_items_outcomes_and_matrix(pytester):
     result = pytester.runpytest_subprocess("--packcheck-models=arch:llama,arch:opt", *FAST, "-rA")
-    # 2 models x (collate, collate_trl + 3 backends x 11 checks). flash_attention_2 is not on this machine: 22
+    # 2 models x (collate, collate_trl + 3 backends x 12 checks). flash_attention_2 is not on this machine: 24
     # skipped. llama: every correctness check passes; the cache and mask traps on sdpa (hazards) and collate's
     # integer labels (a stack finding, 5.24) are xfails. opt leaks on sdpa: isolation, logits, loss, grad, backend
-    # and edge_lengths fail (position_ids, cross_backend, causality pass); its traps there are xfails too.
-    result.assert_outcomes(passed=36, failed=6, skipped=22, xfailed=6)
+    # and edge_lengths fail (position_ids, cross_backend, causality, single_row pass); its traps there are xfails too.
+    result.assert_outcomes(passed=40, failed=6, skipped=24, xfailed=6)
     result.stdout.fnmatch_lines(["*packcheck summary*", "*matrix written: reports/packcheck-matrix.md*"])
     result.stdout.fnmatch_lines(["*PASSED packcheck::llama::packcheck?llama-packcheck_flash_ref-isolation-float32?*"])
     result.stdout.fnmatch_lines(["*FAILED packcheck::opt::packcheck?opt-sdpa-isolation-float32?*"])
@@ -29,7 +29,7 @@ def test_items_outcomes_and_matrix(pytester):
     doc = _doc(pytester)
     assert doc["schema_version"] == 2 and doc["environment"]["transformers"]
     cells = {c["cell_id"]: c for c in doc["cells"]}
-    assert len(cells) == 2 * (2 + 3 * 11)
+    assert len(cells) == 2 * (2 + 3 * 12)
     assert {c["check"] for c in doc["cells"] if c["status"] == "fail" and c["model"]["label"] == "opt" and c["backend"] == "sdpa"} == {
         "isolation", "logits_parity", "loss_parity", "grad_parity", "backend", "edge_lengths", "cache_trap", "mask_trap"}
     assert cells["llama-sdpa-logits_parity-float32"]["metrics"]["max_abs_diff_solo"] < 1e-5
@@ -42,7 +42,7 @@ def test_items_outcomes_and_matrix(pytester):
 
 def test_keyword_selection(pytester):
     result = pytester.runpytest_subprocess("--packcheck-models=arch:llama", *FAST, "-k", "llama-sdpa-loss_parity")
-    result.assert_outcomes(passed=1, deselected=34)
+    result.assert_outcomes(passed=1, deselected=37)
     assert [c["cell_id"] for c in _doc(pytester)["cells"]] == ["llama-sdpa-loss_parity-float32"]
 
 

@@ -101,8 +101,26 @@ def test_sft_padding_free_reports_each_probe_on_a_row_without_boundaries(llama_s
     with trl_collator(drop_boundaries=True):
         result = S.check_sft_padding_free(llama_sdpa)
     assert result.status == "fail" and result.cause == "mask_override", result.message
-    assert {n: s for n, (s, _) in _probes(result).items()} == {"row_contract": "fail", "first_batch_loss": "fail", "steps": "fail"}
+    assert {n: s for n, (s, _) in _probes(result).items() if not n.startswith("gradient_checkpointing:")} == {
+        "row_contract": "fail", "first_batch_loss": "fail", "steps": "fail"}
     assert result.metrics["loss_delta"] > 1e-3 and "padding-free: 3-step training" in result.message
+
+
+def test_completion_only_labels_through_padding_free_with_gradient_checkpointing(llama_sdpa):
+    """SFTTrainer(packing=False, padding_free=True, gradient_checkpointing=True) on prompt-completion pairs: the
+    prompts are out of the loss and the trainer's first loss (recomputed in backward) = each example alone. Planted,
+    as TRL 0.19.1's packer: the completion mask dropped before collating, so the prompts keep their labels."""
+    result = S.check_sft_padding_free(llama_sdpa)
+    probes = _probes(result)
+    assert probes["gradient_checkpointing:completion_only"] == ("pass", None), result.metrics["probes"]
+    assert probes["gradient_checkpointing:first_batch_loss"] == ("pass", None), result.metrics["probes"]
+    numbers = result.metrics["completion_checkpointing"]
+    assert numbers["segments_matched"] == len(S.SENTENCES) and numbers["loss_delta"] < llama_sdpa.tol["loss_atol"]
+    with trl_collator(drop_completion_mask=True):
+        planted = S.check_sft_padding_free(llama_sdpa)
+    assert _probes(planted)["gradient_checkpointing:completion_only"] == ("fail", "completion_mask"), planted.message
+    assert planted.status == "fail" and planted.cause == "completion_mask"
+    assert planted.metrics["completion_checkpointing"]["prompt_tokens_in_loss"] > 0
 
 
 def test_first_batch_loss_is_the_trainers_own(llama_sdpa, monkeypatch):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_packcheck.registry import CAUSES, CHECKS, DEFAULT_CHECKS, REGISTRY, TRAINING_CHECKS, describe
+from pytest_packcheck.registry import CAUSES, CHECKS, DEFAULT_CHECKS, REGISTRY, TRAINING_CHECKS, VARIANT_CHECKS, describe
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -24,8 +24,9 @@ def test_every_check_is_described_once_and_loads():
             from pytest_packcheck.settings import load_tolerances
 
             assert spec.tolerance in load_tolerances(None, None, "test")[0]["float32"], spec.name
-    assert set(DEFAULT_CHECKS) | set(TRAINING_CHECKS) == set(CHECKS)
-    assert {s.name for s in REGISTRY if s.role == "hazard"} == {"cache_trap", "mask_trap"}
+    assert set(DEFAULT_CHECKS) | set(TRAINING_CHECKS) | set(VARIANT_CHECKS) == set(CHECKS)
+    assert {s.name for s in REGISTRY if s.role == "hazard"} == {"cache_trap", "mask_trap", *VARIANT_CHECKS}
+    assert set(VARIANT_CHECKS) == {"offset_positions", "cu_seq_lens", "segment_masks"}
     assert {s.name for s in REGISTRY if s.role == "finding"} == {"collate", "collate_trl", "packing_content"}
 
 
