@@ -150,6 +150,10 @@ def remedy(cause: str, cell: dict[str, Any], doc_env: dict[str, Any]) -> str:
         "crash": "see the exception; report it upstream if it is the library's",
         "shrunk_crash": ("check the model at full size (a Hub ID, or --packcheck-weights=pretrained) before reporting "
                          "upstream: packcheck shrank this one, and a crash only there is packcheck's to fix"),
+        "packcheck_error": ("report it to packcheck with the traceback in the details (the model was not judged by "
+                            "this check); the other checks' numbers stand"),
+        "reference_unavailable": ("not checked here: compute the reference in float32 or on another backend (the "
+                                  "evidence says why this one could not be)"),
         "shrink_limit": "report it to packcheck (its shrink does not know this config), or run the model at full size",
         "library_config": ("give the values the config lacks (arch:<type>{key=value} or --packcheck-config key=value), "
                            "or use a checkpoint's config; report the default config upstream"),

@@ -72,6 +72,10 @@ CAUSES = {
     "crash": "the cell crashed (see the exception)",
     "shrunk_crash": "the cell crashed in the tiny model packcheck made of the config (random weights): the full-size "
                     "model may run; packcheck's shrink is suspect before the library",
+    "packcheck_error": "packcheck's own probe code crashed (no frame of the model or its libraries in the traceback): "
+                       "packcheck's bug, the check judged nothing; the traceback is in the details",
+    "reference_unavailable": "the reference the check compares with (padded or solo run) could not be computed or "
+                             "carries no signal (non-finite, all-zero): not checked, the reason is given",
     "shrink_limit": "packcheck could not make a tiny model of this config (a limit of packcheck, not of the model)",
     "library_config": "the config does not build in transformers itself, shrunk or not (the library's own error)",
     "hang": "the cell did not finish within the timeout",

@@ -7,6 +7,7 @@ group is cached per process, which suits pytest's in-order run and xdist's ``--d
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 import traceback
 from collections.abc import Iterator
@@ -154,6 +155,45 @@ def _recover_from_oom(device: str) -> None:
 def _short(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text[:300]}"
+
+
+def _library_dirs() -> tuple[str, ...]:
+    """Folders whose frames do not make a crash the model's: packcheck itself, torch and the standard library."""
+    import os
+    import sysconfig
+
+    dirs = [os.path.dirname(os.path.abspath(__file__)), sysconfig.get_paths()["stdlib"]]
+    torch = sys.modules.get("torch")
+    if torch is not None and getattr(torch, "__file__", None):
+        dirs.append(os.path.dirname(os.path.abspath(torch.__file__)))
+    return tuple(os.path.join(d, "") for d in dirs)
+
+
+def own_fault(exc: BaseException) -> list[str] | None:
+    """The traceback of a crash in packcheck's own code, or None when the model's code took part.
+
+    Own: every frame from the check down to the raise is in pytest_packcheck, torch or the standard library (no
+    frame of transformers, TRL, accelerate, a model's remote code or a planted model), and the deepest frame
+    that is not torch's or the standard library's is packcheck's: e.g. ``max()`` over the empty second
+    micro-batch that ``--packcheck-lengths 8,3`` gave loss_parity before 0.x (issue 23.5). Such a crash is
+    packcheck's bug, never the model's (``shrunk_crash``). Returns the formatted frames (file:line in function),
+    innermost last."""
+    import os
+
+    # the first frame is the one that caught the exception (the runner's): what ran below it decides
+    frames = traceback.extract_tb(exc.__traceback__)[1:] if exc.__traceback__ is not None else []
+    if not frames:
+        return None
+    own_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "")
+    allowed = _library_dirs()
+    paths = [os.path.abspath(f.filename) for f in frames]
+    if not all(p.startswith(allowed) for p in paths):
+        return None
+    deepest_own = [p for p in paths if p.startswith(own_dir)]
+    outside = [p for p in paths if not p.startswith(allowed[1:])]  # frames not torch's / the stdlib's
+    if not deepest_own or not outside or not outside[-1].startswith(own_dir):
+        return None
+    return [f"{os.path.relpath(f.filename, os.path.dirname(own_dir[:-1]))}:{f.lineno} in {f.name}" for f in frames]
 
 
 @contextlib.contextmanager
@@ -362,6 +402,12 @@ class CellRunner:
                 f"{exc.boundaries if len(exc.boundaries) <= 12 else [*exc.boundaries[:11], '...', exc.boundaries[-1]]} for a row of "
                 f"{exc.total} tokens: FlashAttention-2 would read outside the row"),
                 cause="flash_boundaries", evidence={"cu_seqlens": exc.boundaries, "tokens": exc.total})
+        own = own_fault(exc) if status == "error" and not isinstance(exc, (ResolveError, ShrinkError, LibraryConfigError)) else None
+        if own:  # packcheck's own probe code crashed, with no frame of the model or its libraries: packcheck's bug
+            return CheckResult(status, {**metrics, "traceback": own}, (
+                f"packcheck's own code crashed in {stage} ({metrics.get('where')}), not the model: {_short(exc)}; "
+                "this check judged nothing, report it to packcheck with the traceback in the details"),
+                cause="packcheck_error", evidence={"exception": _short(exc), "stage": stage, "traceback": own})
         if status == "error" and self.weights == "random" and not isinstance(exc, (ResolveError, ShrinkError, LibraryConfigError)):
             text = f"model build: {_short(exc)}" if stage == "build" else _short(exc)
             why = self._unshrunk_reproduces(exc)
