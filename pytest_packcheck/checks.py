@@ -884,6 +884,9 @@ def check_backend(bench: Workbench) -> CheckResult:
         "warnings": fallback_msgs[:3],
         "other_fallback_warnings": [m[:200] for m in logged if m not in fallback_msgs and any(w in m.lower() for w in _FALLBACK_WORDS)][:3],
     }
+    contract = kernel_argument_items(probe.varlen_arguments)
+    if contract:
+        metrics["kernel_arguments"] = contract
     swap = {"requested": requested, "effective": effective, "calls": counts}
     if effective != requested:
         return CheckResult("fallback", metrics, f"requested {requested}, model runs {effective}", cause="backend_swap", evidence=swap)
@@ -909,12 +912,47 @@ def check_backend(bench: Workbench) -> CheckResult:
             f"varlen kernel called {probe.varlen_calls} times and the dense (padded) flash kernel "
             f"{probe.dense_flash_calls} times for {on_requested} attention calls: the dense path ran"),
             cause="dense_kernel", evidence={"varlen_kernel_calls": probe.varlen_calls, "dense_kernel_calls": probe.dense_flash_calls})
+    broken = {k: v for k, v in contract.items() if v["status"] == "fail" and v["kind"] != "fa4"}
+    if broken:  # a real flash kernel (no enforcement of its own) received what it refuses or misreads
+        name, item = next(iter(broken.items()))
+        return CheckResult("fail", metrics, (
+            f"the varlen kernel received {name}: {item['received']} in {item['calls_failing']} of {item['calls']} calls; "
+            f"it requires {item['expected']}"), cause="kernel_arguments",
+            evidence={k: {"received": v["received"], "calls_failing": v["calls_failing"]} for k, v in broken.items()})
     if metrics["boundaries_missing"]:
         return CheckResult("fail", metrics, f"packed boundaries missing in {metrics['boundaries_missing']} of {len(isolated)} attention calls",
                            cause="leak", evidence={"boundaries_missing": metrics["boundaries_missing"], "attention_calls": len(isolated)})
     if expected == 0:
         return CheckResult("skipped", metrics, f"{type(bench.model).__name__} has no attention layers: no backend to verify")
-    return CheckResult("pass", metrics, f"{on_requested}/{expected} calls on {requested}, boundaries reached in all")
+    # items FlashAttention-2 accepts and FlashAttention-4 does not (a 0-d tensor max_seqlen): a finding beside the pass
+    fa4 = [{"cause": "kernel_arguments", "evidence": f"{k}: {v['received']} in {v['calls_failing']} of {v['calls']} varlen "
+            f"calls; FlashAttention-2 takes it, FlashAttention-4 requires {v['expected']}"}
+           for k, v in contract.items() if v["status"] == "fail" and v["kind"] == "fa4"]
+    held = sum(1 for v in contract.values() if v["status"] == "pass")
+    note = f"; varlen kernel arguments: {held}/{len(contract)} contract items hold" if contract else ""
+    return CheckResult("pass", metrics, f"{on_requested}/{expected} calls on {requested}, boundaries reached in all{note}",
+                       findings=fa4)
+
+
+def kernel_argument_items(calls: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """The varlen kernel argument contract over one forward's calls (:func:`backends.varlen_argument_contract`
+    per call), item by item: ``status`` pass (held in every call), fail (broken in at least one) or n/a (not
+    decidable), what was received (the first failing call's, else the first call's), the expected value, the
+    kernel source that states it, its kind (refused / misread / fa4) and the call counts. Empty without varlen
+    calls."""
+    from .backends import VARLEN_CONTRACT
+
+    out: dict[str, dict[str, Any]] = {}
+    for name, (expected, source, kind) in VARLEN_CONTRACT.items():
+        seen = [c[name] for c in calls if name in c]
+        if not seen:
+            continue
+        failing = [i for i in seen if i["ok"] is False]
+        decided = [i for i in seen if i["ok"] is not None]
+        status = "fail" if failing else ("pass" if decided else "n/a")
+        out[name] = {"status": status, "received": (failing or seen)[0]["received"], "expected": expected,
+                     "source": source, "kind": kind, "calls": len(seen), "calls_failing": len(failing)}
+    return out
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -145,6 +145,9 @@ def remedy(cause: str, cell: dict[str, Any], doc_env: dict[str, Any]) -> str:
         "packed_mismatch": "rerun with the current packcheck: it names the cause",
         "flash_boundaries": ("do not pack this model on a flash backend at this version (its flash path derives "
                              "cu_seq_lens that do not fit the row); use sdpa with position_ids, and report it upstream"),
+        "kernel_arguments": ("do not run this model on that flash kernel at this transformers version (its flash path "
+                             "builds arguments the kernel refuses or misreads, see the backend cell's kernel_arguments); "
+                             "pass cu_seq_lens_q/k (int32) and int max_length_q/k from the collator, and report it upstream"),
         "non_finite": ("find which run overflows (the evidence names the first tensors): in the packed run only, do not "
                        "pack this model on this backend; in the reference, check the model in float32 first"),
         "crash": "see the exception; report it upstream if it is the library's",

@@ -67,6 +67,9 @@ CAUSES = {
     "non_causal": "a later token changes earlier positions' logits: the backend runs non-causal (bidirectional) attention",
     "flash_boundaries": "the model's flash path built cu_seq_lens that do not fit the packed row (past its end, or "
                         "decreasing): FlashAttention-2 would read outside the row; the reference kernels refuse",
+    "kernel_arguments": "the model's flash path handed the varlen kernel arguments its contract refuses or misreads "
+                        "(cu_seqlens not int32, max_seqlen below the longest segment, a zero-length segment with "
+                        "max_seqlen_q == 1 under GQA; a tensor max_seqlen, which FlashAttention-4 does not take)",
     "non_finite": "a run produced NaN or infinite numbers (gradients, logits): where only the packed run does, a fail; "
                   "where the reference does, no comparison is possible",
     "crash": "the cell crashed (see the exception)",
@@ -150,7 +153,7 @@ REGISTRY: tuple[CheckSpec, ...] = (
     CheckSpec("backend", "checks:check_backend", "backend", "correctness",
               "the requested attn_implementation ran: one call per attention layer, packed boundaries reached, "
               "flash backends on the varlen kernel only",
-              None, None, True, ("backend_swap", "leak", "dense_kernel", "call_count")),
+              None, None, True, ("backend_swap", "leak", "dense_kernel", "call_count", "kernel_arguments")),
     CheckSpec("cross_backend", "checks:check_cross_backend", "backend", "correctness",
               "each example alone on this backend = on eager with the same weights, incl. lengths around the sliding window",
               ("max_abs_diff_vs_eager", "Δ eager"), "logits_atol", True, ("cross_backend", "sliding_window"),

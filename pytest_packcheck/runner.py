@@ -19,7 +19,9 @@ from .backends import (
     FLASH_FAMILY,
     REFERENCE_BACKEND,
     TORCH_VARLEN_BACKEND,
+    VARLEN_CONTRACT,
     FlashBoundariesError,
+    KernelArgumentError,
     backend_availability,
     register_reference_backend,
 )
@@ -408,6 +410,11 @@ class CellRunner:
                 f"packcheck's own code crashed in {stage} ({metrics.get('where')}), not the model: {_short(exc)}; "
                 "this check judged nothing, report it to packcheck with the traceback in the details"),
                 cause="packcheck_error", evidence={"exception": _short(exc), "stage": stage, "traceback": own})
+        if isinstance(exc, KernelArgumentError):  # the model's flash path broke the kernels' contract: a verdict
+            return CheckResult("fail", {**metrics, "item": exc.item, "received": exc.received}, (
+                f"the flash path handed the varlen kernel {exc.item}: {exc.received}; the kernels require "
+                f"{VARLEN_CONTRACT[exc.item][0]} ({VARLEN_CONTRACT[exc.item][1]})"),
+                cause="kernel_arguments", evidence={"item": exc.item, "received": exc.received})
         if status == "error" and self.weights == "random" and not isinstance(exc, (ResolveError, ShrinkError, LibraryConfigError)):
             text = f"model build: {_short(exc)}" if stage == "build" else _short(exc)
             why = self._unshrunk_reproduces(exc)
