@@ -431,11 +431,14 @@ def leak_probe(bench: Workbench) -> dict[str, Any]:
     moved = float((bench.packed_logits()[rest] - bench.packed_logits(pert_batch)[rest]).abs().max())
     total = sum(bench.lengths)
     plain = torch.arange(bench.start, bench.start + total, device=bench.device)[None]
+    # the control row carries no boundary at all: plain positions and none of the flash kwargs (a collator with
+    # return_flash_attn_kwargs=True would keep the examples apart through cu_seq_lens, and the control then shows
+    # nothing: 0.00e+00 on gpt2 / packcheck_flash_ref, 'probe inconclusive' where the row is fine)
+    def unbounded(batch: dict[str, Any]) -> dict[str, Any]:
+        return {**{k: v for k, v in batch.items() if k not in B.FLASH_KWARGS}, "position_ids": plain}
+
     control = float(
-        (
-            bench.packed_logits({**base_batch, "position_ids": plain})[rest]
-            - bench.packed_logits({**pert_batch, "position_ids": plain})[rest]
-        ).abs().max()
+        (bench.packed_logits(unbounded(base_batch))[rest] - bench.packed_logits(unbounded(pert_batch))[rest]).abs().max()
     )
     try:
         with count_attention_calls(bench.model, bench.lengths) as probe:
@@ -474,6 +477,52 @@ def mismatch_cause(bench: Workbench, diff: float | None = None, atol: float | No
     if diff is not None and atol and diff <= NUMERICS_FACTOR * atol:
         return "kernel_numerics", {**evidence, "diff": diff, "atol": atol}
     return "wrong_positions", {**evidence, **({"diff": diff} if diff is not None else {})}
+
+
+def positions_probe(bench: Workbench) -> dict[str, Any] | None:
+    """Positions as the packed row hands them to the model, each example run alone (cached): the collated
+    ``position_ids`` slice of each example (or, where the row has none, the 0..N-1 the model falls back to,
+    from ``start``) against its solo run's restart at ``start``. Alone, an example cannot leak, so this number is
+    what wrong positions alone do (``max_abs_diff_collated_positions``); None when every slice already restarts."""
+    key = ("positions", id(bench.model), id(bench.collator_factory))
+    if key in bench._cache:
+        return bench._cache[key]
+    import torch
+
+    batch = bench.packed()
+    total = sum(bench.lengths)
+    given = batch.get("position_ids")
+    row = given[0].to(bench.device) if given is not None else torch.arange(bench.start, bench.start + total, device=bench.device)
+    worst, moved, out = 0.0, 0, None
+    for sl, e, ref in zip(B.segment_slices(bench.lengths), bench.examples, bench.solo_logits(), strict=True):
+        pos = row[sl]
+        if torch.equal(pos, torch.arange(bench.start, bench.start + len(e), device=bench.device)):
+            continue
+        moved += 1
+        logits = bench.forward({"input_ids": torch.tensor([e], device=bench.device), "position_ids": pos[None]}).logits[0].float()
+        worst = max(worst, float((logits - ref).abs().max()))
+    if moved:
+        out = {"max_abs_diff_collated_positions": worst, "examples_with_other_positions": moved,
+               "batch_has_position_ids": given is not None}
+    bench._cache[key] = out
+    return out
+
+
+def mismatch_causes(bench: Workbench, diff: float | None = None, atol: float | None = None) -> list[dict[str, Any]]:
+    """Every cause of a packed-vs-reference difference, each with its own numbers, primary first: the
+    :func:`mismatch_cause` code, then ``wrong_positions`` when the collated positions alone (each example run by
+    itself with them, :func:`positions_probe`) move the logits by more than ``logits_atol``: e.g. a collator with
+    cu_seq_lens but no position_ids (attention isolated, gpt2's learned absolute positions counted over the row)
+    beside a leak. A list of ``{"cause", "evidence"}`` records (:attr:`results.CheckResult.causes`)."""
+    cause, evidence = mismatch_cause(bench, diff, atol)
+    probe = positions_probe(bench) if cause not in ("stateful_layers",) else None
+    wrong = probe is not None and probe["max_abs_diff_collated_positions"] > bench.tol["logits_atol"]
+    if cause == "wrong_positions" and probe is not None:
+        evidence = {**evidence, **probe}
+    out = [{"cause": cause, "evidence": evidence}]
+    if wrong and cause != "wrong_positions":
+        out.append({"cause": "wrong_positions", "evidence": {**probe, "logits_atol": bench.tol["logits_atol"]}})
+    return out
 
 
 def _window_probe(bench: Workbench) -> dict[str, Any] | None:
@@ -616,12 +665,14 @@ def check_logits_parity(bench: Workbench) -> CheckResult:
     note = f" (note: {'; '.join(notes)})" if notes else ""
     if worst > bench.tol["logits_atol"]:
         bad = [i for i, d in enumerate(per) if d > bench.tol["logits_atol"]]
-        cause, evidence = mismatch_cause(bench, worst, bench.tol["logits_atol"])
+        causes = mismatch_causes(bench, worst, bench.tol["logits_atol"])
+        cause, evidence = causes[0]["cause"], causes[0]["evidence"]
         if cause == "wrong_positions" and isinstance(shifted, float):
             evidence["start_based_positions_diff"] = shifted
-        return CheckResult("fail", metrics, f"packed vs solo logits differ by {_fmt(worst)} (examples {bad}){note}",
-                           cause=cause, evidence={**evidence, "max_abs_diff_solo": worst},
-                           findings=[f for f in findings if f["cause"] != cause])
+        causes[0]["evidence"] = {**evidence, "max_abs_diff_solo": worst}
+        named = {c["cause"] for c in causes}
+        return CheckResult("fail", metrics, f"packed vs solo logits differ by {_fmt(worst)} (examples {bad}){note}"
+                           + _also(causes), causes=causes, findings=[f for f in findings if f["cause"] not in named])
     if collator_ids is not None and collator_ids > bench.tol["logits_atol"]:
         # a verdict, not a note: fed as transformers' Trainer and TRL feed it (the collator's ids), the model leaks;
         # the laid-out row's number says what the remedy gives
@@ -636,6 +687,15 @@ def check_logits_parity(bench: Workbench) -> CheckResult:
 
 # ------------------------------------------------------------------------------------------------------------
 # 5. loss parity
+
+
+def _also(causes: list[dict[str, Any]]) -> str:
+    """The message's tail for the causes after the first: "; also wrong_positions (max_abs_diff_... 1.2e-01)"."""
+    def number(evidence: dict[str, Any]) -> str:
+        first = next(((k, v) for k, v in evidence.items() if isinstance(v, float | int) and not isinstance(v, bool)), None)
+        return f" ({first[0]} {_fmt(first[1]) if isinstance(first[1], float) else first[1]})" if first else ""
+
+    return "".join(f"; also {c['cause']}{number(c.get('evidence') or {})}" for c in causes[1:])
 
 
 def _reference_loss(examples: list[list[int]], solo: list[Any], device: str) -> tuple[float, int]:
@@ -700,13 +760,15 @@ def check_loss_parity(bench: Workbench) -> CheckResult:
         problems.append(f"grad-accum sum loss packed {ga_packed:.6f} vs reference {reference:.6f} (delta {_fmt(metrics['ga_delta'])})")
     if problems:
         logits_diff, _ = bench.diff_to_solo(bench.packed_logits())
+        causes = []
         if n_packed != ref_count or logits_diff <= bench.tol["logits_atol"]:
-            # the logits match (or a label was not masked): labels or the count used to normalise
-            cause, evidence = "loss_normalisation", {"num_items_in_batch_packed": n_packed, "num_items_expected": ref_count,
-                                                      "logits_diff": logits_diff, "loss_delta": metrics["loss_delta"]}
-        else:
-            cause, evidence = mismatch_cause(bench, logits_diff, bench.tol["logits_atol"])
-        return CheckResult("fail", metrics, "; ".join(problems), cause=cause, evidence=evidence)
+            # a label not masked (the count says so), or logits that match: labels or the count used to normalise
+            causes.append({"cause": "loss_normalisation", "evidence": {
+                "num_items_in_batch_packed": n_packed, "num_items_expected": ref_count,
+                "logits_diff": logits_diff, "loss_delta": metrics["loss_delta"]}})
+        if logits_diff > bench.tol["logits_atol"]:  # the logits differ too: their own cause(s), each with its number
+            causes += mismatch_causes(bench, logits_diff, bench.tol["logits_atol"])
+        return CheckResult("fail", metrics, "; ".join(problems) + _also(causes), causes=causes)
     return CheckResult("pass", metrics, f"loss delta {_fmt(metrics['loss_delta'])}, grad-accum delta {_fmt(metrics['ga_delta'])}, padded delta {_fmt(metrics['padded_delta'])}")
 
 
@@ -771,8 +833,10 @@ def check_grad_parity(bench: Workbench) -> CheckResult:
     if rel > bench.tol["grad_rel_err"] or cos < bench.tol["grad_cos_min"]:
         logits_diff, _ = bench.diff_to_solo(bench.packed_logits())
         scale = float(flat_a.norm() / flat_b.norm().clamp_min(1e-30))
+        causes: list[dict[str, Any]] = []
         if logits_diff > bench.tol["logits_atol"]:
-            cause, evidence = mismatch_cause(bench, logits_diff, bench.tol["logits_atol"])
+            causes = mismatch_causes(bench, logits_diff, bench.tol["logits_atol"])
+            cause, evidence = causes[0]["cause"], causes[0]["evidence"]
         elif cos >= bench.tol["grad_cos_min"]:
             # same direction, another length: the loss is normalised differently (e.g. 28/31 label tokens)
             cause, evidence = "loss_normalisation", {"grad_norm_ratio": scale, "grad_cosine": cos}
@@ -780,8 +844,14 @@ def check_grad_parity(bench: Workbench) -> CheckResult:
             cause, evidence = ("kernel_numerics" if rel <= NUMERICS_FACTOR * bench.tol["grad_rel_err"] else "wrong_positions",
                                {"grad_rel_err": rel, "logits_diff": logits_diff})
         metrics["grad_norm_ratio"] = scale
+        causes = causes or [{"cause": cause, "evidence": evidence}]
+        n_packed = B.count_label_tokens(bench.packed()["labels"])
+        n_expected = sum(max(0, n - 1) for n in bench.lengths)
+        if n_packed != n_expected and all(c["cause"] != "loss_normalisation" for c in causes):
+            # a boundary label left unmasked adds a token to the packed loss: its own cause beside the logits'
+            causes.append({"cause": "loss_normalisation", "evidence": {"label_tokens_packed": n_packed, "label_tokens_expected": n_expected}})
         return CheckResult("fail", metrics, f"gradients differ: rel err {_fmt(rel)}, cosine {cos:.6f}, norm ratio {scale:.4f}, "
-                           f"worst {worst_name} ({_fmt(worst_rel)})", cause=cause, evidence=evidence)
+                           f"worst {worst_name} ({_fmt(worst_rel)})" + _also(causes), causes=causes)
     return CheckResult("pass", metrics, f"grad rel err {_fmt(rel)}, cosine {cos:.7f} over {len(params)} tensors")
 
 

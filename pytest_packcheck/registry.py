@@ -51,6 +51,8 @@ CAUSES = {
     "dense_kernel": "the flash backend ran its dense (padded) kernel, not the varlen one: the row was attended whole",
     "call_count": "attention calls counted differ from the attention modules found; parity decides whether it matters",
     "labels_contract": "the collator's labels contract (non-token labels) is broken",
+    "boundary_labels": "labels are not -100 at example starts: each example's first token is trained as the previous "
+                       "example's next token",
     "collator_contract": "the collator's output breaks the packing contract (lengths, positions, cu_seq_lens)",
     "empty_example": "an empty example is neither dropped nor refused: it leaves a zero-length segment or stray labels",
     "position_layout": "the collator's (batch, length) position_ids reach a multimodal-RoPE model that expands them "
@@ -146,10 +148,10 @@ REGISTRY: tuple[CheckSpec, ...] = (
               ("max_abs_diff_solo", "Δ"), "logits_atol", True, (*_PARITY_CAUSES, "batch_rows", "position_layout")),
     CheckSpec("loss_parity", "checks:check_loss_parity", "backend", "correctness",
               "token-mean loss and gradient-accumulation sum loss (num_items_in_batch) = the per-example reference",
-              ("loss_delta", "Δ"), "loss_atol", True, (*_PARITY_CAUSES, "loss_normalisation")),
+              ("loss_delta", "Δ"), "loss_atol", True, (*_PARITY_CAUSES, "loss_normalisation", "reference_unavailable")),
     CheckSpec("grad_parity", "checks:check_grad_parity", "backend", "correctness",
               "every parameter's gradient, packed vs right-padded: relative error, worst tensor, cosine",
-              ("grad_rel_err", "rel"), "grad_rel_err", True, (*_PARITY_CAUSES, "loss_normalisation", "non_finite")),
+              ("grad_rel_err", "rel"), "grad_rel_err", True, (*_PARITY_CAUSES, "loss_normalisation", "non_finite", "reference_unavailable")),
     CheckSpec("backend", "checks:check_backend", "backend", "correctness",
               "the requested attn_implementation ran: one call per attention layer, packed boundaries reached, "
               "flash backends on the varlen kernel only",
@@ -188,7 +190,7 @@ REGISTRY: tuple[CheckSpec, ...] = (
               "first-batch row contract, the trainer's first-batch loss, 3 steps vs padded, gradient checkpointing, "
               "completion-only labels",
               ("loss_delta", "loss Δ"), "train_loss_atol", False,
-              ("completion_mask", "mask_override", "collator_contract", *_PARITY_CAUSES, "loss_normalisation", "packed_mismatch"),
+              ("completion_mask", "mask_override", "collator_contract", "boundary_labels", *_PARITY_CAUSES, "loss_normalisation", "packed_mismatch"),
               training=True),
     CheckSpec("sft_padded", "sft:check_sft_padded", "backend", "correctness",
               "TRL's SFTTrainer's own padded run (packing=False), 3 steps vs the hand-written padded reference: the "
@@ -198,12 +200,12 @@ REGISTRY: tuple[CheckSpec, ...] = (
     CheckSpec("sft_padding_free", "sft:check_sft_padding_free", "backend", "correctness",
               "TRL's SFTTrainer(packing=False, padding_free=True) vs padded: row contract, first-batch loss, 3 steps",
               ("loss_delta", "loss Δ"), "train_loss_atol", False,
-              ("mask_override", "collator_contract", *_PARITY_CAUSES, "loss_normalisation", "packed_mismatch"),
+              ("mask_override", "collator_contract", "boundary_labels", *_PARITY_CAUSES, "loss_normalisation", "packed_mismatch"),
               training=True),
     CheckSpec("sft_strategies", "sft:check_sft_strategies", "backend", "correctness",
               "TRL's SFTTrainer(packing=True) per packing_strategy (bfd, bfd_split; wrapped shown, not judged) vs padded",
               None, "train_loss_atol", False,
-              ("mask_override", "collator_contract", *_PARITY_CAUSES, "loss_normalisation", "packed_mismatch"),
+              ("mask_override", "collator_contract", "boundary_labels", *_PARITY_CAUSES, "loss_normalisation", "packed_mismatch"),
               training=True),
     CheckSpec("packing_content", "sft:check_packing_content", "model", "finding",
               "token accounting of TRL's pack_dataset per strategy: lost, duplicated, tails packed without their prompt",

@@ -339,6 +339,7 @@ class CellRunner:
             cause=result.cause,
             evidence=result.evidence,
             findings=result.findings,
+            causes=result.causes,
         )
 
     def _run(self, cell: Cell) -> CheckResult:

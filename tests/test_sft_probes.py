@@ -58,7 +58,7 @@ def test_every_sft_probe_runs_when_the_row_has_no_boundaries_and_prompts_are_tra
     """Planted, as TRL 0.19.1 on sdpa: no position_ids, an all-ones mask, and the completion mask dropped. The
     contract fails, and still the first-batch loss (split at the known examples), the 3 steps and the
     completion-only probe each report their number; the cell's cause is the most specific, completion_mask,
-    with mask_override as a finding. With the completion mask kept (TRL 0.20.0), the same row fails on
+    with mask_override as its second cause. With the completion mask kept (TRL 0.20.0), the same row fails on
     mask_override alone: two faults that looked identical are told apart."""
     with trl_collator(drop_boundaries=True, drop_completion_mask=True):
         both = S.check_sft(llama_sdpa)
@@ -70,7 +70,8 @@ def test_every_sft_probe_runs_when_the_row_has_no_boundaries_and_prompts_are_tra
     assert probes["steps"] == ("fail", "mask_override") and both.metrics["steps"]["first_diverging_step"] == 1
     assert probes["completion_only"] == ("fail", "completion_mask")
     assert both.metrics["completion_only"]["segments_matched"] == 6 and both.metrics["completion_only"]["prompt_tokens_in_loss"] > 6
-    assert [f["cause"] for f in both.findings] == ["mask_override"]
+    assert [c["cause"] for c in both.causes] == ["completion_mask", "mask_override"] and not both.findings
+    assert both.causes[1]["evidence"]["probe"] == "row_contract"  # each cause with the probe that measured it
     assert "first-batch loss" in both.message and "prompt tokens keep their labels" in both.message
 
     with trl_collator(drop_boundaries=True):
