@@ -151,6 +151,9 @@ def remedy(cause: str, cell: dict[str, Any], doc_env: dict[str, Any]) -> str:
         "kernel_arguments": ("do not run this model on that flash kernel at this transformers version (its flash path "
                              "builds arguments the kernel refuses or misreads, see the backend cell's kernel_arguments); "
                              "pass cu_seq_lens_q/k (int32) and int max_length_q/k from the collator, and report it upstream"),
+        "stand_in_differs": ("check this cell with flash_attention_2 on a GPU (the stand-in cannot take the branch "
+                             "real FA2 takes, see the evidence's file:line); or upgrade the library that branches "
+                             "(TRL >= 0.23.1 sends position_ids to every backend)"),
         "non_finite": ("find which run overflows (the evidence names the first tensors): in the packed run only, do not "
                        "pack this model on this backend; in the reference, check the model in float32 first"),
         "crash": "see the exception; report it upstream if it is the library's",

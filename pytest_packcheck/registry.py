@@ -72,6 +72,8 @@ CAUSES = {
     "kernel_arguments": "the model's flash path handed the varlen kernel arguments its contract refuses or misreads "
                         "(cu_seqlens not int32, max_seqlen below the longest segment, a zero-length segment with "
                         "max_seqlen_q == 1 under GQA; a tensor max_seqlen, which FlashAttention-4 does not take)",
+    "stand_in_differs": "the model's or TRL's code branches on the name flash_attention_2, so under packcheck's "
+                        "stand-in it takes the non-flash side: the cell says nothing about real FA2 (not checked)",
     "non_finite": "a run produced NaN or infinite numbers (gradients, logits): where only the packed run does, a fail; "
                   "where the reference does, no comparison is possible",
     "crash": "the cell crashed (see the exception)",

@@ -159,6 +159,25 @@ def _short(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[:300]}"
 
 
+def _fidelity(result: CheckResult, bench: Workbench, cell: Cell) -> CheckResult:
+    """A stand-in cell whose model (or TRL, for the SFT checks) branches on the flash_attention_2 name is not a
+    verdict on FlashAttention-2 (:mod:`fidelity`): "not checked: differs from real FA2 because ...", with the
+    stand-in's own measurement kept in the evidence."""
+    from .fidelity import stand_in_differs
+
+    if result.status not in ("pass", "fail", "fallback"):
+        return result
+    branches = stand_in_differs(bench.model, cell.backend, with_trl=cell.check.startswith("sft"))
+    if not branches:
+        return result
+    more = f" (+{len(branches) - 1} more)" if len(branches) > 1 else ""
+    return CheckResult("skipped", {**result.metrics, "stand_in_branches": branches[:8]}, (
+        f"not checked: differs from real FA2 because {branches[0]}{more} branches on the backend's name, so under "
+        f"{cell.backend} the non-flash side runs; the stand-in measured {result.status}: {result.message[:160]}"),
+        cause="stand_in_differs", evidence={"branches": branches[:8], "measured_status": result.status,
+                                            "measured_cause": result.cause})
+
+
 def _library_dirs() -> tuple[str, ...]:
     """Folders whose frames do not make a crash the model's: packcheck itself, torch and the standard library."""
     import os
@@ -360,9 +379,10 @@ class CellRunner:
             return self._failed("build", exc)
         try:
             with _no_compile_on_cpu(cell.backend, self.device):
-                return SPECS[cell.check].load()(bench)
+                result = SPECS[cell.check].load()(bench)
         except Exception as exc:  # noqa: BLE001 - a crashing check is an error cell
             return self._failed("check", exc)
+        return _fidelity(result, bench, cell)
 
     def _unshrunk_reproduces(self, exc: BaseException) -> str | None:
         """:func:`unshrunk_forward_reproduces` for the current model, once per model and error (a model that
