@@ -165,7 +165,7 @@ def _fidelity(result: CheckResult, bench: Workbench, cell: Cell) -> CheckResult:
     stand-in's own measurement kept in the evidence."""
     from .fidelity import stand_in_differs
 
-    if result.status not in ("pass", "fail", "fallback"):
+    if result.status not in ("pass", "fail", "fallback", "error") or result.cause in ("packcheck_error", "library_config"):
         return result
     branches = stand_in_differs(bench.model, cell.backend, with_trl=cell.check.startswith("sft"))
     if not branches:
@@ -381,7 +381,9 @@ class CellRunner:
             with _no_compile_on_cpu(cell.backend, self.device):
                 result = SPECS[cell.check].load()(bench)
         except Exception as exc:  # noqa: BLE001 - a crashing check is an error cell
-            return self._failed("check", exc)
+            # a crash under a name branch is the branch's too (opt on 4.57.1: its non-FA2 side builds a 4-D mask
+            # that the flash path's unpad then indexes out of range)
+            return _fidelity(self._failed("check", exc), bench, cell)
         return _fidelity(result, bench, cell)
 
     def _unshrunk_reproduces(self, exc: BaseException) -> str | None:

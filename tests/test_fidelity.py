@@ -92,8 +92,11 @@ def test_a_model_that_branches_on_the_name_makes_its_stand_in_cell_differ(tmp_pa
     assert got.message.startswith("not checked: differs from real FA2 because ")
     assert "planted_branching_model.py:14" in got.message
     assert got.evidence["measured_status"] == "pass" and got.metrics["max_abs_diff_solo"] == 1e-7
-    crashed = CheckResult("error", {}, "boom")
-    assert _fidelity(crashed, bench, cell) is crashed
+    crashed = CheckResult("error", {}, "IndexError: index 33 is out of bounds", cause="shrunk_crash")
+    assert _fidelity(crashed, bench, cell).cause == "stand_in_differs"  # opt on 4.57.1: the branch's crash
+    own = CheckResult("error", {}, "boom", cause="packcheck_error")
+    assert _fidelity(own, bench, cell) is own
+    assert _fidelity(CheckResult("skipped", {}, "no GPU"), bench, cell).status == "skipped"
 
 
 def test_the_installed_stack_has_no_name_branch_on_the_training_path(tolerances):
