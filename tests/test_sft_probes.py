@@ -236,3 +236,37 @@ def test_real_padded_trainer_before_5_10_is_a_verdict(pytester, monkeypatch, ver
     assert abs(trainer["metrics"]["loss_ratio"] - 28 / 31) < 1e-3
     sft = cells[f"llama-sdpa-sft_padded-float32{env}"]
     assert sft["status"] == "fail" and sft["cause"] == "padded_normalisation", sft["message"]
+
+
+def test_unmasked_boundary_labels_and_a_leak_are_each_a_cause_of_one_sft_cell(llama_sdpa):
+    """Planted in TRL's own run: the collator's labels at every example start set back to the token (boundaries
+    unmasked) and sdpa ignoring the packed mask. One cell, both causes, each with the probe that measured it:
+    boundary_labels (the starts named) and the attention cause of the loss probes (leak)."""
+    import torch
+    from faults import leaky_sdpa
+    from trl.trainer import sft_trainer
+
+    cls = sft_trainer.DataCollatorForLanguageModeling
+    real = cls.torch_call
+
+    def unmasked(self, examples):
+        out = real(self, examples)
+        if "position_ids" in out and out["input_ids"].shape[0] == 1:
+            starts = (out["position_ids"][0] == 0).nonzero().flatten()
+            out["labels"][0, starts[1:]] = out["input_ids"][0, starts[1:]]
+        return out
+
+    cls.torch_call = unmasked
+    try:
+        with leaky_sdpa():
+            result = S.check_sft(llama_sdpa)
+    finally:
+        cls.torch_call = real
+    codes = [c["cause"] for c in result.causes]
+    # each start is a prompt token, so the completion-only probe counts it as well: three causes, probe order
+    assert result.status == "fail" and codes == ["completion_mask", "boundary_labels", "leak"], result.causes
+    labels = result.causes[1]["evidence"]
+    assert labels["probe"] == "boundary_labels" and len(labels["unmasked_starts"]) == labels["examples"] - 1
+    leak = next(c for c in result.causes if c["cause"] == "leak")
+    assert leak["evidence"]["isolation_moved"] > 1e-3
+    assert torch.is_tensor(llama_sdpa.packed()["input_ids"])
