@@ -213,7 +213,7 @@ def varlen_reference_kernel(
     Args:
         q: ``(total_q, num_heads, head_dim)``; k, v: ``(total_k, num_kv_heads, head_dim)``, any float dtype.
         cu_seqlens_q, cu_seqlens_k: int32 ``(num_segments + 1,)``, starting at 0, ending at total tokens.
-        max_seqlen_q, max_seqlen_k: Python ints (unused by the computation, validated like FA2 does).
+        max_seqlen_q, max_seqlen_k: ints (unused by the computation), validated: each >= its longest segment.
         causal: bottom-right aligned causal mask, as in flash-attn >= 2.1.
         window_size: ``(left, right)`` in tokens, -1 meaning unbounded (flash-attn convention).
         softcap: ``softcap * tanh(scores / softcap)`` before the softmax when > 0 (gemma2).
@@ -227,13 +227,16 @@ def varlen_reference_kernel(
         ``(total_q, num_heads, head_dim)`` in q's dtype. Softmax runs in float32.
 
     Raises:
-        ValueError: cu_seqlens are not int32, do not start at 0 or do not end at the token count. These are
-            the same contract violations the CUDA kernel rejects or silently misreads.
+        KernelArgumentError: cu_seqlens not int32 or not 1-D of one length; max_seqlen_q / max_seqlen_k below
+            the longest segment; a zero-length segment with max_seqlen_q == 1 under GQA (FA2's swapped path).
+        FlashBoundariesError: cu_seqlens that do not start at 0, decrease or do not end at the token count.
+            Both are the contract violations the CUDA kernels reject or silently misread
+            (:data:`VARLEN_CONTRACT`, with the flash-attn 2.8.3 / flash-attn-4 source lines); a 0-d tensor
+            max_seqlen, which FA2 takes and FA4 does not, is recorded by the call counter, not raised.
     """
     import torch
 
-    _validate_cu_seqlens(cu_seqlens_q, q.shape[0], "cu_seqlens_q")
-    _validate_cu_seqlens(cu_seqlens_k, k.shape[0], "cu_seqlens_k")
+    enforce_varlen_contract(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window_size=window_size)
     if dropout_p:
         raise ValueError(f"varlen reference kernel got dropout_p={dropout_p}: packcheck runs without dropout")
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
@@ -336,6 +339,133 @@ def _validate_cu_seqlens(cu: Any, total: int, name: str) -> None:
             raise FlashBoundariesError(name, values, total)
 
 
+class KernelArgumentError(ValueError):
+    """An argument the model's flash path handed the varlen kernel breaks the kernels' contract (one item of
+    :data:`VARLEN_CONTRACT`: cu_seqlens not int32 or not 1-D, max_seqlen below the longest segment, a zero-length
+    segment with ``max_seqlen_q == 1`` under GQA). A verdict on the model's flash path (cause
+    ``kernel_arguments``), not a crash. ``item``: the contract item; ``received``: what came, as text."""
+
+    def __init__(self, item: str, received: str) -> None:
+        self.item, self.received = item, received
+        expected, source, _ = VARLEN_CONTRACT[item]
+        super().__init__(f"varlen kernel argument {item}: received {received}, expected {expected} ({source})")
+
+
+#: What the real varlen kernels require of their arguments, item by item: (expected, where the kernel says so,
+#: what the kernel does otherwise: "refused" (it raises), "misread" (no check: wrong numbers, no error) or
+#: "fa4" (FlashAttention-2 accepts it, FlashAttention-4's interface does not take it)). Read from flash-attn
+#: 2.8.3's sdist (flash_attn/flash_attn_interface.py, csrc/flash_attn/flash_api.cpp ``mha_varlen_fwd``) and
+#: flash-attn-4 4.0.0b36's wheel (flash_attn/cute/interface.py). packcheck's kernels refuse "refused" and
+#: "misread" items (:class:`KernelArgumentError`, :class:`FlashBoundariesError` for the values) and record "fa4"
+#: items: the backend check reports them, as a finding.
+VARLEN_CONTRACT: dict[str, tuple[str, str, str]] = {
+    "cu_seqlens_dtype": ("torch.int32", ("flash_api.cpp mha_varlen_fwd TORCH_CHECK(cu_seqlens_q.dtype() == torch::kInt32); "
+                         "flash-attn-4 interface.py:813 assert t.dtype == torch.int32"), "refused"),
+    "cu_seqlens_shape": ("1-D, the same length for q and k", ("flash_api.cpp CHECK_SHAPE(cu_seqlens_q / cu_seqlens_k, "
+                         "batch_size + 1); flash-attn-4 interface.py:787-792"), "refused"),
+    "cu_seqlens_values": ("start at 0, never decrease, end at the token count", ("neither kernel checks: they are read "
+                          "as offsets into q / k (outside the row when they do not fit)"), "misread"),
+    "max_seqlen_type": ("Python int", ("flash_attn_interface.py declares max_seqlen_q: int, and its torch.library custom "
+                        "op converts a 0-d tensor (one device sync per call); flash-attn-4 declares Optional[int] and, "
+                        "off SM100/110, uses it as a host number (interface.py:386, 649, 941-949)"), "fa4"),
+    "max_seqlen_bound": (">= the longest segment", ("flash_api.cpp mha_varlen_fwd sizes the grid by max_seqlen_q (rows "
+                         "past it are never computed) and drops window_size_left >= max_seqlen_k; flash-attn-4 bounds "
+                         "its scheduler by it (interface.py:386, 649)"), "misread"),
+    "zero_length_single_query": ("no zero-length query segment when max_seqlen_q == 1 with GQA and no window",
+                                 ("flash_api.cpp mha_varlen_fwd seqlenq_ngroups_swapped: q.reshape({batch_size, ...}) "
+                                 "and cu_seqlens_q unused, one query per segment assumed"), "misread"),
+}
+
+#: flash_attn_varlen_func's positional parameters, as transformers calls it
+_VARLEN_PARAMS = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "dropout_p",
+                  "softmax_scale", "causal", "window_size")
+
+
+def _received(value: Any) -> str:
+    """An argument as the contract reports it: Python type, dtype and value (``int 13``, ``Tensor int64 0-d 13``)."""
+    if hasattr(value, "dtype") and hasattr(value, "shape"):
+        dtype = str(value.dtype).removeprefix("torch.")
+        shown = value.tolist() if value.device.type == "cpu" and value.numel() <= 12 else f"({value.numel()} values)"
+        return f"Tensor {dtype} {'0-d' if value.ndim == 0 else tuple(value.shape)} {shown}"
+    return f"{type(value).__name__} {value!r}"
+
+
+def varlen_argument_contract(*args: Any, **kwargs: Any) -> dict[str, dict[str, Any]]:
+    """Judge one varlen kernel call's arguments (``flash_attn_varlen_func``'s signature) against
+    :data:`VARLEN_CONTRACT`, item by item: ``{item: {"ok": bool | None, "received": str, "kind": str}}``
+    (``ok`` None: not decidable, e.g. values of a CUDA tensor, which packcheck does not read per call). Pure: it
+    raises nothing; :func:`enforce_varlen_contract` raises."""
+    bound = dict(zip(_VARLEN_PARAMS, args, strict=False))
+    bound.update({k: v for k, v in kwargs.items() if k in _VARLEN_PARAMS})
+    q, k = bound.get("q"), bound.get("k")
+    cu_q, cu_k = bound.get("cu_seqlens_q"), bound.get("cu_seqlens_k")
+    max_q, max_k = bound.get("max_seqlen_q"), bound.get("max_seqlen_k")
+    window = bound.get("window_size") or (-1, -1)
+    out: dict[str, dict[str, Any]] = {}
+
+    def item(name: str, ok: bool | None, received: str) -> None:
+        out[name] = {"ok": ok, "received": received, "kind": VARLEN_CONTRACT[name][2]}
+
+    import torch
+
+    tensors = [t for t in (cu_q, cu_k) if isinstance(t, torch.Tensor)]
+    item("cu_seqlens_dtype", len(tensors) == 2 and all(t.dtype == torch.int32 for t in tensors),
+         f"cu_seqlens_q {_received(cu_q)}, cu_seqlens_k {_received(cu_k)}" if len(tensors) < 2 else
+         f"{str(cu_q.dtype).removeprefix('torch.')} / {str(cu_k.dtype).removeprefix('torch.')}")
+    shapes_ok = len(tensors) == 2 and cu_q.ndim == 1 and cu_k.ndim == 1 and cu_q.shape == cu_k.shape
+    item("cu_seqlens_shape", shapes_ok, " / ".join(str(tuple(t.shape)) for t in tensors))
+    readable = shapes_ok and all(t.device.type == "cpu" for t in tensors) and q is not None and k is not None
+    bq = cu_q.tolist() if readable else None
+    bk = cu_k.tolist() if readable else None
+    if readable:
+        fits = all(b and b[0] == 0 and b[-1] == n and all(y >= x for x, y in itertools.pairwise(b))
+                   for b, n in ((bq, q.shape[0]), (bk, k.shape[0])))
+        item("cu_seqlens_values", fits, f"q {bq} for {q.shape[0]} tokens, k {bk} for {k.shape[0]} tokens")
+    else:
+        item("cu_seqlens_values", None, "not read (not CPU tensors)")
+    types_ok = type(max_q) is int and type(max_k) is int
+    item("max_seqlen_type", types_ok, f"max_seqlen_q {_received(max_q)}, max_seqlen_k {_received(max_k)}")
+    if readable and out["cu_seqlens_values"]["ok"] and max_q is not None and max_k is not None:
+        long_q = max((y - x for x, y in itertools.pairwise(bq)), default=0)
+        long_k = max((y - x for x, y in itertools.pairwise(bk)), default=0)
+        item("max_seqlen_bound", int(max_q) >= long_q and int(max_k) >= long_k,
+             f"max_seqlen_q {int(max_q)} (longest q segment {long_q}), max_seqlen_k {int(max_k)} (longest k segment {long_k})")
+        gqa = q.ndim == 3 and k.ndim == 3 and q.shape[1] > k.shape[1]
+        no_window = tuple(window) == (-1, -1)
+        empty = sum(1 for x, y in itertools.pairwise(bq) if y == x)
+        swapped = int(max_q) == 1 and gqa and no_window
+        item("zero_length_single_query", not (swapped and empty),
+             f"max_seqlen_q {int(max_q)}, {empty} zero-length q segments, "
+             f"{'GQA ' + str(q.shape[1]) + '/' + str(k.shape[1]) if gqa else 'no GQA'}, window {tuple(window)}")
+    else:
+        item("max_seqlen_bound", None, "not decidable (values not read or not valid)")
+        item("zero_length_single_query", None, "not decidable (values not read or not valid)")
+    return out
+
+
+def enforce_varlen_contract(*args: Any, **kwargs: Any) -> dict[str, dict[str, Any]]:
+    """:func:`varlen_argument_contract`, raising on the first item the real kernels refuse or misread; "fa4"
+    items (a 0-d tensor max_seqlen that FlashAttention-2 takes) are returned, not raised.
+
+    Raises:
+        KernelArgumentError: cu_seqlens not int32 / not 1-D of one length, max_seqlen below the longest segment,
+            a zero-length segment with max_seqlen_q == 1 under GQA.
+        FlashBoundariesError: cu_seqlens values that do not fit the tokens (CPU tensors only).
+    """
+    contract = varlen_argument_contract(*args, **kwargs)
+    for name in ("cu_seqlens_dtype", "cu_seqlens_shape"):
+        if contract[name]["ok"] is False:
+            raise KernelArgumentError(name, contract[name]["received"])
+    if contract["cu_seqlens_values"]["ok"] is False:
+        bound = dict(zip(_VARLEN_PARAMS, args, strict=False)) | kwargs
+        for key, tokens in (("cu_seqlens_q", bound["q"].shape[0]), ("cu_seqlens_k", bound["k"].shape[0])):
+            _validate_cu_seqlens(bound[key], tokens, key)
+    for name in ("max_seqlen_bound", "zero_length_single_query"):
+        if contract[name]["ok"] is False:
+            raise KernelArgumentError(name, contract[name]["received"])
+    return contract
+
+
 def _torch_varlen_attn() -> Any:
     """PyTorch's varlen kernel, looked up at call time; :func:`varlen_attn_stand_in` when :data:`STAND_IN_ENV`
     is set."""
@@ -382,10 +512,10 @@ def build_torch_varlen_args(
     ``params`` is the set of parameter names of the installed varlen_attn.
 
     Raises:
-        ValueError: cu_seq lens not int32, not starting at 0 or not ending at the token count.
+        KernelArgumentError, FlashBoundariesError: the arguments break the varlen kernels' contract
+            (:func:`enforce_varlen_contract`), checked per call before they are mapped.
     """
-    _validate_cu_seqlens(cu_seqlens_q, q.shape[0], "cu_seqlens_q")
-    _validate_cu_seqlens(cu_seqlens_k, k.shape[0], "cu_seqlens_k")
+    enforce_varlen_contract(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window_size=window_size)
     max_q, max_k = int(max_seqlen_q), int(max_seqlen_k)
     kwargs: dict[str, Any] = {"scale": softmax_scale}
     left, right = window_size if window_size is not None else (-1, -1)
@@ -940,6 +1070,8 @@ class AttentionProbe:
     varlen_calls: int = 0
     dense_flash_calls: int = 0
     varlen_boundaries: list[list[int]] = field(default_factory=list)
+    #: :func:`varlen_argument_contract` of each varlen kernel call (recorded when ``segments`` is given)
+    varlen_arguments: list[dict[str, dict[str, Any]]] = field(default_factory=list)
     _inside: int = 0
 
     def counts(self) -> dict[str, int]:
@@ -1071,6 +1203,10 @@ def count_attention_calls(model: Any, segments: list[int] | None = None) -> Iter
             cu = kwargs.get("cu_seqlens_q", args[3] if len(args) > 3 else None)
             if cu is not None and probe.segments:
                 probe.varlen_boundaries.append(cu.tolist())
+                try:
+                    probe.varlen_arguments.append(varlen_argument_contract(*args, **kwargs))
+                except Exception as exc:  # noqa: BLE001 - arguments the contract cannot read: say so, call on
+                    probe.varlen_arguments.append({"unreadable": {"ok": None, "received": repr(exc)[:120], "kind": "misread"}})
                 if probe.calls and probe.calls[-1].isolated is None:
                     probe.calls[-1].isolated = probe.isolation_from_cu_seqlens(cu)
             return original_varlen(*args, **kwargs)

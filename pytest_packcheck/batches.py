@@ -83,6 +83,10 @@ def make_examples(config: Any, lengths: tuple[int, ...] = DEFAULT_LENGTHS, seed:
     return out
 
 
+#: The keys DataCollatorWithFlattening(return_flash_attn_kwargs=True) adds: the varlen boundaries a flash path reads
+FLASH_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+
+
 def collator_supports() -> set[str]:
     """Keyword arguments of the installed ``DataCollatorWithFlattening`` (``return_flash_attn_kwargs`` from
     4.52, ``return_seq_idx`` from 4.52, ``position_ids_start`` from 5.16)."""

@@ -431,11 +431,14 @@ def leak_probe(bench: Workbench) -> dict[str, Any]:
     moved = float((bench.packed_logits()[rest] - bench.packed_logits(pert_batch)[rest]).abs().max())
     total = sum(bench.lengths)
     plain = torch.arange(bench.start, bench.start + total, device=bench.device)[None]
+    # the control row carries no boundary at all: plain positions and none of the flash kwargs (a collator with
+    # return_flash_attn_kwargs=True would keep the examples apart through cu_seq_lens, and the control then shows
+    # nothing: 0.00e+00 on gpt2 / packcheck_flash_ref, 'probe inconclusive' where the row is fine)
+    def unbounded(batch: dict[str, Any]) -> dict[str, Any]:
+        return {**{k: v for k, v in batch.items() if k not in B.FLASH_KWARGS}, "position_ids": plain}
+
     control = float(
-        (
-            bench.packed_logits({**base_batch, "position_ids": plain})[rest]
-            - bench.packed_logits({**pert_batch, "position_ids": plain})[rest]
-        ).abs().max()
+        (bench.packed_logits(unbounded(base_batch))[rest] - bench.packed_logits(unbounded(pert_batch))[rest]).abs().max()
     )
     try:
         with count_attention_calls(bench.model, bench.lengths) as probe:
@@ -480,6 +483,52 @@ def mismatch_cause(bench: Workbench, diff: float | None = None, atol: float | No
     if diff is not None and atol and diff <= NUMERICS_FACTOR * atol:
         return "kernel_numerics", {**evidence, "diff": diff, "atol": atol}
     return "wrong_positions", {**evidence, **({"diff": diff} if diff is not None else {})}
+
+
+def positions_probe(bench: Workbench) -> dict[str, Any] | None:
+    """Positions as the packed row hands them to the model, each example run alone (cached): the collated
+    ``position_ids`` slice of each example (or, where the row has none, the 0..N-1 the model falls back to,
+    from ``start``) against its solo run's restart at ``start``. Alone, an example cannot leak, so this number is
+    what wrong positions alone do (``max_abs_diff_collated_positions``); None when every slice already restarts."""
+    key = ("positions", id(bench.model), id(bench.collator_factory))
+    if key in bench._cache:
+        return bench._cache[key]
+    import torch
+
+    batch = bench.packed()
+    total = sum(bench.lengths)
+    given = batch.get("position_ids")
+    row = given[0].to(bench.device) if given is not None else torch.arange(bench.start, bench.start + total, device=bench.device)
+    worst, moved, out = 0.0, 0, None
+    for sl, e, ref in zip(B.segment_slices(bench.lengths), bench.examples, bench.solo_logits(), strict=True):
+        pos = row[sl]
+        if torch.equal(pos, torch.arange(bench.start, bench.start + len(e), device=bench.device)):
+            continue
+        moved += 1
+        logits = bench.forward({"input_ids": torch.tensor([e], device=bench.device), "position_ids": pos[None]}).logits[0].float()
+        worst = max(worst, float((logits - ref).abs().max()))
+    if moved:
+        out = {"max_abs_diff_collated_positions": worst, "examples_with_other_positions": moved,
+               "batch_has_position_ids": given is not None}
+    bench._cache[key] = out
+    return out
+
+
+def mismatch_causes(bench: Workbench, diff: float | None = None, atol: float | None = None) -> list[dict[str, Any]]:
+    """Every cause of a packed-vs-reference difference, each with its own numbers, primary first: the
+    :func:`mismatch_cause` code, then ``wrong_positions`` when the collated positions alone (each example run by
+    itself with them, :func:`positions_probe`) move the logits by more than ``logits_atol``: e.g. a collator with
+    cu_seq_lens but no position_ids (attention isolated, gpt2's learned absolute positions counted over the row)
+    beside a leak. A list of ``{"cause", "evidence"}`` records (:attr:`results.CheckResult.causes`)."""
+    cause, evidence = mismatch_cause(bench, diff, atol)
+    probe = positions_probe(bench) if cause not in ("stateful_layers",) else None
+    wrong = probe is not None and probe["max_abs_diff_collated_positions"] > bench.tol["logits_atol"]
+    if cause == "wrong_positions" and probe is not None:
+        evidence = {**evidence, **probe}
+    out = [{"cause": cause, "evidence": evidence}]
+    if wrong and cause != "wrong_positions":
+        out.append({"cause": "wrong_positions", "evidence": {**probe, "logits_atol": bench.tol["logits_atol"]}})
+    return out
 
 
 def _window_probe(bench: Workbench) -> dict[str, Any] | None:
@@ -625,12 +674,14 @@ def check_logits_parity(bench: Workbench) -> CheckResult:
     note = f" (note: {'; '.join(notes)})" if notes else ""
     if worst > bench.tol["logits_atol"]:
         bad = [i for i, d in enumerate(per) if d > bench.tol["logits_atol"]]
-        cause, evidence = mismatch_cause(bench, worst, bench.tol["logits_atol"])
+        causes = mismatch_causes(bench, worst, bench.tol["logits_atol"])
+        cause, evidence = causes[0]["cause"], causes[0]["evidence"]
         if cause == "wrong_positions" and isinstance(shifted, float):
             evidence["start_based_positions_diff"] = shifted
-        return CheckResult("fail", metrics, f"packed vs solo logits differ by {_fmt(worst)} (examples {bad}){note}",
-                           cause=cause, evidence={**evidence, "max_abs_diff_solo": worst},
-                           findings=[f for f in findings if f["cause"] != cause])
+        causes[0]["evidence"] = {**evidence, "max_abs_diff_solo": worst}
+        named = {c["cause"] for c in causes}
+        return CheckResult("fail", metrics, f"packed vs solo logits differ by {_fmt(worst)} (examples {bad}){note}"
+                           + _also(causes), causes=causes, findings=[f for f in findings if f["cause"] not in named])
     if collator_ids is not None and collator_ids > bench.tol["logits_atol"]:
         # a verdict, not a note: fed as transformers' Trainer and TRL feed it (the collator's ids), the model leaks;
         # the laid-out row's number says what the remedy gives
@@ -645,6 +696,15 @@ def check_logits_parity(bench: Workbench) -> CheckResult:
 
 # ------------------------------------------------------------------------------------------------------------
 # 5. loss parity
+
+
+def _also(causes: list[dict[str, Any]]) -> str:
+    """The message's tail for the causes after the first: "; also wrong_positions (max_abs_diff_... 1.2e-01)"."""
+    def number(evidence: dict[str, Any]) -> str:
+        first = next(((k, v) for k, v in evidence.items() if isinstance(v, float | int) and not isinstance(v, bool)), None)
+        return f" ({first[0]} {_fmt(first[1]) if isinstance(first[1], float) else first[1]})" if first else ""
+
+    return "".join(f"; also {c['cause']}{number(c.get('evidence') or {})}" for c in causes[1:])
 
 
 def _reference_loss(examples: list[list[int]], solo: list[Any], device: str) -> tuple[float, int]:
@@ -667,13 +727,18 @@ def check_loss_parity(bench: Workbench) -> CheckResult:
     import torch
 
     ref_sum, ref_count = _reference_loss(bench.examples, bench.solo_logits(), bench.device)
+    if not ref_count:  # every example one token long: no next token to predict (settings refuse such lengths)
+        return CheckResult("skipped", {"num_items_expected": 0, "lengths": bench.lengths}, (
+            f"not checked: reference loss has no label token (lengths {bench.lengths}: no example of 2 or more tokens)"),
+            cause="reference_unavailable", evidence={"num_items_expected": 0, "lengths": bench.lengths})
     reference = ref_sum / ref_count
     packed = bench.packed()
     loss_packed = float(bench.forward(packed, labels=packed["labels"]).loss)
     padded = B.padded_batch(bench.examples, bench.pad_id, "right", bench.start, bench.device)
     loss_padded = float(bench.forward(padded, labels=padded["labels"]).loss)
-    # gradient accumulation: micro-batches [e0, e1] and [e2]
-    micro = [bench.examples[:2], bench.examples[2:]]
+    # gradient accumulation over two micro-batches: [e0, e1] and [e2] for three examples, [e0] and [e1] for two
+    split = (len(bench.examples) + 1) // 2
+    micro = [bench.examples[:split], bench.examples[split:]]
     packed_mbs = [bench.packed(m) for m in micro]
     padded_mbs = [B.padded_batch(m, bench.pad_id, "right", bench.start, bench.device) for m in micro]
     n_packed = sum(B.count_label_tokens(mb["labels"]) for mb in packed_mbs)
@@ -704,13 +769,15 @@ def check_loss_parity(bench: Workbench) -> CheckResult:
         problems.append(f"grad-accum sum loss packed {ga_packed:.6f} vs reference {reference:.6f} (delta {_fmt(metrics['ga_delta'])})")
     if problems:
         logits_diff, _ = bench.diff_to_solo(bench.packed_logits())
+        causes = []
         if n_packed != ref_count or logits_diff <= bench.tol["logits_atol"]:
-            # the logits match (or a label was not masked): labels or the count used to normalise
-            cause, evidence = "loss_normalisation", {"num_items_in_batch_packed": n_packed, "num_items_expected": ref_count,
-                                                      "logits_diff": logits_diff, "loss_delta": metrics["loss_delta"]}
-        else:
-            cause, evidence = mismatch_cause(bench, logits_diff, bench.tol["logits_atol"])
-        return CheckResult("fail", metrics, "; ".join(problems), cause=cause, evidence=evidence)
+            # a label not masked (the count says so), or logits that match: labels or the count used to normalise
+            causes.append({"cause": "loss_normalisation", "evidence": {
+                "num_items_in_batch_packed": n_packed, "num_items_expected": ref_count,
+                "logits_diff": logits_diff, "loss_delta": metrics["loss_delta"]}})
+        if logits_diff > bench.tol["logits_atol"]:  # the logits differ too: their own cause(s), each with its number
+            causes += mismatch_causes(bench, logits_diff, bench.tol["logits_atol"])
+        return CheckResult("fail", metrics, "; ".join(problems) + _also(causes), causes=causes)
     return CheckResult("pass", metrics, f"loss delta {_fmt(metrics['loss_delta'])}, grad-accum delta {_fmt(metrics['ga_delta'])}, padded delta {_fmt(metrics['padded_delta'])}")
 
 
@@ -751,11 +818,21 @@ def check_grad_parity(bench: Workbench) -> CheckResult:
             return CheckResult("fail", evidence, f"non-finite gradients in the packed run only: {len(bad_packed)} of "
                                f"{len(params)} tensors (first {bad_packed[0]}); the padded run's are finite",
                                cause="non_finite", evidence=evidence)
-        return CheckResult("error", evidence, f"non-finite gradients in the padded reference run: {len(bad_padded)} of "
-                           f"{len(params)} tensors (first {bad_padded[0]}; packed run: {len(bad_packed)}): not "
-                           "checked, there is no finite reference to compare with", cause="non_finite", evidence=evidence)
+        return CheckResult("skipped", evidence, f"not checked: reference gradients (padded run) are non-finite in "
+                           f"{len(bad_padded)} of {len(params)} tensors (first {bad_padded[0]}; packed run: "
+                           f"{len(bad_packed)}): there is no finite reference to compare with",
+                           cause="reference_unavailable", evidence={**evidence, "why": "non_finite"})
     flat_a = torch.cat([g.flatten() for g in g_packed])
     flat_b = torch.cat([g.flatten() for g in g_padded])
+    if not bool(flat_b.abs().max() > 0):
+        # an all-zero reference gradient (no label token, a detached loss) has no direction: a cosine or a relative
+        # error against it says nothing about packing, so the check is not judged (never kernel_numerics)
+        evidence = {"why": "zero_reference", "reference_grad_norm": 0.0, "packed_grad_norm": float(flat_a.norm()),
+                    "label_tokens": B.count_label_tokens(B.padded_batch(bench.examples, bench.pad_id, "right", bench.start, bench.device)["labels"])}
+        return CheckResult("skipped", evidence, (
+            f"not checked: reference gradients (padded run) are all zero over {len(params)} tensors "
+            f"({evidence['label_tokens']} label tokens; packed run norm {_fmt(evidence['packed_grad_norm'])}): nothing to compare"),
+            cause="reference_unavailable", evidence=evidence)
     rel = float((flat_a - flat_b).norm() / flat_b.norm().clamp_min(1e-30))
     cos = float(torch.nn.functional.cosine_similarity(flat_a, flat_b, dim=0))
     per = [(float((a - b).norm() / b.norm().clamp_min(1e-12)), n) for (n, _), a, b in zip(params, g_packed, g_padded, strict=True) if b.norm() > 0]
@@ -765,8 +842,10 @@ def check_grad_parity(bench: Workbench) -> CheckResult:
     if rel > bench.tol["grad_rel_err"] or cos < bench.tol["grad_cos_min"]:
         logits_diff, _ = bench.diff_to_solo(bench.packed_logits())
         scale = float(flat_a.norm() / flat_b.norm().clamp_min(1e-30))
+        causes: list[dict[str, Any]] = []
         if logits_diff > bench.tol["logits_atol"]:
-            cause, evidence = mismatch_cause(bench, logits_diff, bench.tol["logits_atol"])
+            causes = mismatch_causes(bench, logits_diff, bench.tol["logits_atol"])
+            cause, evidence = causes[0]["cause"], causes[0]["evidence"]
         elif cos >= bench.tol["grad_cos_min"]:
             # same direction, another length: the loss is normalised differently (e.g. 28/31 label tokens)
             cause, evidence = "loss_normalisation", {"grad_norm_ratio": scale, "grad_cosine": cos}
@@ -774,8 +853,14 @@ def check_grad_parity(bench: Workbench) -> CheckResult:
             cause, evidence = ("kernel_numerics" if rel <= NUMERICS_FACTOR * bench.tol["grad_rel_err"] else "wrong_positions",
                                {"grad_rel_err": rel, "logits_diff": logits_diff})
         metrics["grad_norm_ratio"] = scale
+        causes = causes or [{"cause": cause, "evidence": evidence}]
+        n_packed = B.count_label_tokens(bench.packed()["labels"])
+        n_expected = sum(max(0, n - 1) for n in bench.lengths)
+        if n_packed != n_expected and all(c["cause"] != "loss_normalisation" for c in causes):
+            # a boundary label left unmasked adds a token to the packed loss: its own cause beside the logits'
+            causes.append({"cause": "loss_normalisation", "evidence": {"label_tokens_packed": n_packed, "label_tokens_expected": n_expected}})
         return CheckResult("fail", metrics, f"gradients differ: rel err {_fmt(rel)}, cosine {cos:.6f}, norm ratio {scale:.4f}, "
-                           f"worst {worst_name} ({_fmt(worst_rel)})", cause=cause, evidence=evidence)
+                           f"worst {worst_name} ({_fmt(worst_rel)})" + _also(causes), causes=causes)
     return CheckResult("pass", metrics, f"grad rel err {_fmt(rel)}, cosine {cos:.7f} over {len(params)} tensors")
 
 
@@ -878,6 +963,9 @@ def check_backend(bench: Workbench) -> CheckResult:
         "warnings": fallback_msgs[:3],
         "other_fallback_warnings": [m[:200] for m in logged if m not in fallback_msgs and any(w in m.lower() for w in _FALLBACK_WORDS)][:3],
     }
+    contract = kernel_argument_items(probe.varlen_arguments)
+    if contract:
+        metrics["kernel_arguments"] = contract
     swap = {"requested": requested, "effective": effective, "calls": counts}
     if effective != requested:
         return CheckResult("fallback", metrics, f"requested {requested}, model runs {effective}", cause="backend_swap", evidence=swap)
@@ -903,12 +991,47 @@ def check_backend(bench: Workbench) -> CheckResult:
             f"varlen kernel called {probe.varlen_calls} times and the dense (padded) flash kernel "
             f"{probe.dense_flash_calls} times for {on_requested} attention calls: the dense path ran"),
             cause="dense_kernel", evidence={"varlen_kernel_calls": probe.varlen_calls, "dense_kernel_calls": probe.dense_flash_calls})
+    broken = {k: v for k, v in contract.items() if v["status"] == "fail" and v["kind"] != "fa4"}
+    if broken:  # a real flash kernel (no enforcement of its own) received what it refuses or misreads
+        name, item = next(iter(broken.items()))
+        return CheckResult("fail", metrics, (
+            f"the varlen kernel received {name}: {item['received']} in {item['calls_failing']} of {item['calls']} calls; "
+            f"it requires {item['expected']}"), cause="kernel_arguments",
+            evidence={k: {"received": v["received"], "calls_failing": v["calls_failing"]} for k, v in broken.items()})
     if metrics["boundaries_missing"]:
         return CheckResult("fail", metrics, f"packed boundaries missing in {metrics['boundaries_missing']} of {len(isolated)} attention calls",
                            cause="leak", evidence={"boundaries_missing": metrics["boundaries_missing"], "attention_calls": len(isolated)})
     if expected == 0:
         return CheckResult("skipped", metrics, f"{type(bench.model).__name__} has no attention layers: no backend to verify")
-    return CheckResult("pass", metrics, f"{on_requested}/{expected} calls on {requested}, boundaries reached in all")
+    # items FlashAttention-2 accepts and FlashAttention-4 does not (a 0-d tensor max_seqlen): a finding beside the pass
+    fa4 = [{"cause": "kernel_arguments", "evidence": f"{k}: {v['received']} in {v['calls_failing']} of {v['calls']} varlen "
+            f"calls; FlashAttention-2 takes it, FlashAttention-4 requires {v['expected']}"}
+           for k, v in contract.items() if v["status"] == "fail" and v["kind"] == "fa4"]
+    held = sum(1 for v in contract.values() if v["status"] == "pass")
+    note = f"; varlen kernel arguments: {held}/{len(contract)} contract items hold" if contract else ""
+    return CheckResult("pass", metrics, f"{on_requested}/{expected} calls on {requested}, boundaries reached in all{note}",
+                       findings=fa4)
+
+
+def kernel_argument_items(calls: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """The varlen kernel argument contract over one forward's calls (:func:`backends.varlen_argument_contract`
+    per call), item by item: ``status`` pass (held in every call), fail (broken in at least one) or n/a (not
+    decidable), what was received (the first failing call's, else the first call's), the expected value, the
+    kernel source that states it, its kind (refused / misread / fa4) and the call counts. Empty without varlen
+    calls."""
+    from .backends import VARLEN_CONTRACT
+
+    out: dict[str, dict[str, Any]] = {}
+    for name, (expected, source, kind) in VARLEN_CONTRACT.items():
+        seen = [c[name] for c in calls if name in c]
+        if not seen:
+            continue
+        failing = [i for i in seen if i["ok"] is False]
+        decided = [i for i in seen if i["ok"] is not None]
+        status = "fail" if failing else ("pass" if decided else "n/a")
+        out[name] = {"status": status, "received": (failing or seen)[0]["received"], "expected": expected,
+                     "source": source, "kind": kind, "calls": len(seen), "calls_failing": len(failing)}
+    return out
 
 
 # ------------------------------------------------------------------------------------------------------------

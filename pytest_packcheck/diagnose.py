@@ -99,7 +99,8 @@ def remedy(cause: str, cell: dict[str, Any], doc_env: dict[str, Any]) -> str:
                     "max_length before packing so there is no overflow")
         return "truncate examples to max_length before packing, or use packing_strategy='bfd_split' knowingly; report it to TRL"
     if cause == "wrong_positions":
-        if m.get("batch_has_position_ids") is False:
+        own = next((c.get("evidence") or {} for c in cell.get("causes") or [] if c.get("cause") == cause), {})
+        if m.get("batch_has_position_ids") is False or own.get("batch_has_position_ids") is False:
             return "also return position_ids from the collator (DataCollatorWithFlattening(return_position_ids=True))"
         if isinstance(m.get("max_abs_diff_start_based_positions"), float):
             if tf is not None and tf < _v("5.15.0"):  # bisected: position_ids_start arrives in 5.15.0
@@ -133,6 +134,8 @@ def remedy(cause: str, cell: dict[str, Any], doc_env: dict[str, Any]) -> str:
         "probe_inconclusive": "run this model in float32 (the probe is conclusive there) to check isolation",
         "backend_swap": "install the requested backend or request one that runs (see which ran in the backend cell)",
         "labels_contract": "use a padding collator for non-token (sequence-classification) labels",
+        "boundary_labels": ("set labels to -100 at each example's first token (DataCollatorWithFlattening and TRL's "
+                            "padding-free collator do); a collator of your own must mask them"),
         "collator_contract": "fix the collator's output (see the collate cell), or upgrade transformers",
         "loss_normalisation": ("compare packed runs with a correctly normalised padded baseline, and count num_items_in_batch "
                                "after the shift over the whole accumulation step; keep labels -100 at boundaries"),
@@ -145,11 +148,21 @@ def remedy(cause: str, cell: dict[str, Any], doc_env: dict[str, Any]) -> str:
         "packed_mismatch": "rerun with the current packcheck: it names the cause",
         "flash_boundaries": ("do not pack this model on a flash backend at this version (its flash path derives "
                              "cu_seq_lens that do not fit the row); use sdpa with position_ids, and report it upstream"),
+        "kernel_arguments": ("do not run this model on that flash kernel at this transformers version (its flash path "
+                             "builds arguments the kernel refuses or misreads, see the backend cell's kernel_arguments); "
+                             "pass cu_seq_lens_q/k (int32) and int max_length_q/k from the collator, and report it upstream"),
+        "stand_in_differs": ("check this cell with flash_attention_2 on a GPU (the stand-in cannot take the branch "
+                             "real FA2 takes, see the evidence's file:line); or upgrade the library that branches "
+                             "(TRL >= 0.23.1 sends position_ids to every backend)"),
         "non_finite": ("find which run overflows (the evidence names the first tensors): in the packed run only, do not "
                        "pack this model on this backend; in the reference, check the model in float32 first"),
         "crash": "see the exception; report it upstream if it is the library's",
         "shrunk_crash": ("check the model at full size (a Hub ID, or --packcheck-weights=pretrained) before reporting "
                          "upstream: packcheck shrank this one, and a crash only there is packcheck's to fix"),
+        "packcheck_error": ("report it to packcheck with the traceback in the details (the model was not judged by "
+                            "this check); the other checks' numbers stand"),
+        "reference_unavailable": ("not checked here: compute the reference in float32 or on another backend (the "
+                                  "evidence says why this one could not be)"),
         "shrink_limit": "report it to packcheck (its shrink does not know this config), or run the model at full size",
         "library_config": ("give the values the config lacks (arch:<type>{key=value} or --packcheck-config key=value), "
                            "or use a checkpoint's config; report the default config upstream"),
@@ -233,7 +246,7 @@ def load_known_faults(path: str | Path | None = None) -> list[KnownFault]:
 
 
 def diagnose_document(doc: dict[str, Any], faults: list[KnownFault] | None = None) -> dict[str, Any]:
-    """Add ``diagnosis`` to every cell ({cause, evidence, remedy, findings, known_faults}) and ``known_faults_not_seen``
+    """Add ``diagnosis`` to every cell ({cause, evidence, remedy, causes, findings, known_faults}) and ``known_faults_not_seen``
     to the document. A cell's diagnosis depends on that cell alone (its cause codes), never on which other checks
     ran. Verdicts are untouched."""
     faults = load_known_faults() if faults is None else faults
@@ -241,14 +254,25 @@ def diagnose_document(doc: dict[str, Any], faults: list[KnownFault] | None = Non
     not_seen: dict[str, list[str]] = defaultdict(list)
     for c in doc["cells"]:
         cause, evidence = classify(c)
-        findings = [(f["cause"], f.get("evidence", "")) for f in c.get("findings") or [] if f.get("cause") and f["cause"] != cause]
-        causes = ([cause] if cause else []) + [f for f, _ in findings]
+        # every cause of the verdict (CheckResult.causes), primary first, each with its own numbers
+        extra = [(x["cause"], x.get("evidence") or {}) for x in c.get("causes") or []
+                 if cause and x.get("cause") and x["cause"] != cause] if c["status"] not in ("pass", "skipped") else []
+        named = {cause, *(x for x, _ in extra)}
+        findings = [(f["cause"], f.get("evidence", "")) for f in c.get("findings") or [] if f.get("cause") and f["cause"] not in named]
+        causes = ([cause] if cause else []) + [x for x, _ in extra] + [f for f, _ in findings]
         matched = [f.id for f in faults if f.cause in causes and f.applies(c, env)]
         for f in faults:
             if c["status"] == "pass" and f.cause not in causes and f.applies(c, env):
                 not_seen[f.id].append(c["cell_id"])
+        listed = [{"cause": cause, "evidence": evidence, "remedy": remedy(cause, c, env)}] if cause else []
+        listed += [{"cause": x, "evidence": _short(e), "remedy": remedy(x, c, env)} for x, e in extra]
+        remedies = list(dict.fromkeys(r["remedy"] for r in listed if r["remedy"]))
         c["diagnosis"] = {
-            "cause": cause, "evidence": evidence, "remedy": remedy(cause, c, env) if cause else "",
+            "cause": cause, "evidence": evidence,
+            # one remedy that covers every cause of the verdict, in their order
+            "remedy": remedies[0] if len(remedies) == 1 else "; and ".join(
+                f"{r['cause']}: {r['remedy']}" for r in listed if r["remedy"]) if remedies else "",
+            "causes": listed,
             "findings": [{"cause": f, "evidence": _short(e), "remedy": remedy(f, c, env)} for f, e in findings],
             "known_faults": matched,
         } if causes else None

@@ -51,6 +51,8 @@ CAUSES = {
     "dense_kernel": "the flash backend ran its dense (padded) kernel, not the varlen one: the row was attended whole",
     "call_count": "attention calls counted differ from the attention modules found; parity decides whether it matters",
     "labels_contract": "the collator's labels contract (non-token labels) is broken",
+    "boundary_labels": "labels are not -100 at example starts: each example's first token is trained as the previous "
+                       "example's next token",
     "collator_contract": "the collator's output breaks the packing contract (lengths, positions, cu_seq_lens)",
     "empty_example": "an empty example is neither dropped nor refused: it leaves a zero-length segment or stray labels",
     "position_layout": "the collator's (batch, length) position_ids reach a multimodal-RoPE model that expands them "
@@ -67,6 +69,11 @@ CAUSES = {
     "non_causal": "a later token changes earlier positions' logits: the backend runs non-causal (bidirectional) attention",
     "flash_boundaries": "the model's flash path built cu_seq_lens that do not fit the packed row (past its end, or "
                         "decreasing): FlashAttention-2 would read outside the row; the reference kernels refuse",
+    "kernel_arguments": "the model's flash path handed the varlen kernel arguments its contract refuses or misreads "
+                        "(cu_seqlens not int32, max_seqlen below the longest segment, a zero-length segment with "
+                        "max_seqlen_q == 1 under GQA; a tensor max_seqlen, which FlashAttention-4 does not take)",
+    "stand_in_differs": "the model's or TRL's code branches on the name flash_attention_2, so under packcheck's "
+                        "stand-in it takes the non-flash side: the cell says nothing about real FA2 (not checked)",
     "non_finite": "a run produced NaN or infinite numbers (gradients, logits): where only the packed run does, a fail; "
                   "where the reference does, no comparison is possible",
     "offset_positions": "a row whose examples' position_ids start at k > 0 (a continuation chunk) differs from each "
@@ -83,6 +90,10 @@ CAUSES = {
     "crash": "the cell crashed (see the exception)",
     "shrunk_crash": "the cell crashed in the tiny model packcheck made of the config (random weights): the full-size "
                     "model may run; packcheck's shrink is suspect before the library",
+    "packcheck_error": "packcheck's own probe code crashed (no frame of the model or its libraries in the traceback): "
+                       "packcheck's bug, the check judged nothing; the traceback is in the details",
+    "reference_unavailable": "the reference the check compares with (padded or solo run) could not be computed or "
+                             "carries no signal (non-finite, all-zero): not checked, the reason is given",
     "shrink_limit": "packcheck could not make a tiny model of this config (a limit of packcheck, not of the model)",
     "library_config": "the config does not build in transformers itself, shrunk or not (the library's own error)",
     "hang": "the cell did not finish within the timeout",
@@ -153,14 +164,14 @@ REGISTRY: tuple[CheckSpec, ...] = (
               (*_PARITY_CAUSES, "batch_rows", "position_layout", "mechanism_not_exercised")),
     CheckSpec("loss_parity", "checks:check_loss_parity", "backend", "correctness",
               "token-mean loss and gradient-accumulation sum loss (num_items_in_batch) = the per-example reference",
-              ("loss_delta", "Δ"), "loss_atol", True, (*_PARITY_CAUSES, "loss_normalisation")),
+              ("loss_delta", "Δ"), "loss_atol", True, (*_PARITY_CAUSES, "loss_normalisation", "reference_unavailable")),
     CheckSpec("grad_parity", "checks:check_grad_parity", "backend", "correctness",
               "every parameter's gradient, packed vs right-padded: relative error, worst tensor, cosine",
-              ("grad_rel_err", "rel"), "grad_rel_err", True, (*_PARITY_CAUSES, "loss_normalisation", "non_finite")),
+              ("grad_rel_err", "rel"), "grad_rel_err", True, (*_PARITY_CAUSES, "loss_normalisation", "non_finite", "reference_unavailable")),
     CheckSpec("backend", "checks:check_backend", "backend", "correctness",
               "the requested attn_implementation ran: one call per attention layer, packed boundaries reached, "
               "flash backends on the varlen kernel only",
-              None, None, True, ("backend_swap", "leak", "dense_kernel", "call_count")),
+              None, None, True, ("backend_swap", "leak", "dense_kernel", "call_count", "kernel_arguments")),
     CheckSpec("cross_backend", "checks:check_cross_backend", "backend", "correctness",
               "each example alone on this backend = on eager with the same weights, incl. lengths around the sliding window",
               ("max_abs_diff_vs_eager", "Δ eager"), "logits_atol", True, ("cross_backend", "sliding_window"),
@@ -213,7 +224,7 @@ REGISTRY: tuple[CheckSpec, ...] = (
               "first-batch row contract, the trainer's first-batch loss, 3 steps vs padded, gradient checkpointing, "
               "completion-only labels",
               ("loss_delta", "loss Δ"), "train_loss_atol", False,
-              ("completion_mask", "mask_override", "collator_contract", *_PARITY_CAUSES, "loss_normalisation", "packed_mismatch"),
+              ("completion_mask", "mask_override", "collator_contract", "boundary_labels", *_PARITY_CAUSES, "loss_normalisation", "packed_mismatch"),
               training=True),
     CheckSpec("sft_padded", "sft:check_sft_padded", "backend", "correctness",
               "TRL's SFTTrainer's own padded run (packing=False), 3 steps vs the hand-written padded reference: the "
@@ -223,12 +234,12 @@ REGISTRY: tuple[CheckSpec, ...] = (
     CheckSpec("sft_padding_free", "sft:check_sft_padding_free", "backend", "correctness",
               "TRL's SFTTrainer(packing=False, padding_free=True) vs padded: row contract, first-batch loss, 3 steps",
               ("loss_delta", "loss Δ"), "train_loss_atol", False,
-              ("mask_override", "collator_contract", *_PARITY_CAUSES, "loss_normalisation", "packed_mismatch"),
+              ("mask_override", "collator_contract", "boundary_labels", *_PARITY_CAUSES, "loss_normalisation", "packed_mismatch"),
               training=True),
     CheckSpec("sft_strategies", "sft:check_sft_strategies", "backend", "correctness",
               "TRL's SFTTrainer(packing=True) per packing_strategy (bfd, bfd_split; wrapped shown, not judged) vs padded",
               None, "train_loss_atol", False,
-              ("mask_override", "collator_contract", *_PARITY_CAUSES, "loss_normalisation", "packed_mismatch"),
+              ("mask_override", "collator_contract", "boundary_labels", *_PARITY_CAUSES, "loss_normalisation", "packed_mismatch"),
               training=True),
     CheckSpec("packing_content", "sft:check_packing_content", "model", "finding",
               "token accounting of TRL's pack_dataset per strategy: lost, duplicated, tails packed without their prompt",

@@ -40,13 +40,17 @@ class CheckResult:
     cause: str | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
     findings: list[dict[str, Any]] = field(default_factory=list)
+    #: every cause of the verdict, each with its own numbers, primary first: ``[{"cause": code, "evidence": {...}}]``
+    #: (``cause`` / ``evidence`` are the first entry). A cell failing for several reasons lists each (issue 23.2).
+    causes: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"unknown status {self.status!r}; expected one of {STATUSES}")
         from .registry import CAUSES
 
-        for code in [self.cause, *(f.get("cause") for f in self.findings)]:
+        _align_causes(self)
+        for code in [self.cause, *(f.get("cause") for f in self.findings), *(c.get("cause") for c in self.causes)]:
             if code is not None and code not in CAUSES:
                 raise ValueError(f"unknown cause {code!r}; expected one of {tuple(CAUSES)}")
 
@@ -73,11 +77,14 @@ class CellResult:
     cause: str | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
     findings: list[dict[str, Any]] = field(default_factory=list)
+    #: :attr:`CheckResult.causes`: every cause of the verdict, primary first (a file without it: ``[cause]``)
+    causes: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         from .registry import role
 
         self.role = role(self.check)
+        _align_causes(self)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True, default=_jsonable)
@@ -85,6 +92,19 @@ class CellResult:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CellResult:
         return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+def _align_causes(result: Any) -> None:
+    """``cause`` / ``evidence`` and ``causes`` tell one story: the primary cause is ``causes[0]``; a result given
+    only one of them gets the other; a cause repeated in ``causes`` is kept once (the first, with its numbers)."""
+    if result.causes:
+        seen: set[str] = set()
+        result.causes = [c for c in result.causes if c.get("cause") and not (c["cause"] in seen or seen.add(c["cause"]))]
+    if result.cause and (not result.causes or result.causes[0]["cause"] != result.cause):
+        result.causes = [{"cause": result.cause, "evidence": result.evidence},
+                         *(c for c in result.causes if c["cause"] != result.cause)]
+    elif result.causes and not result.cause:
+        result.cause, result.evidence = result.causes[0]["cause"], dict(result.causes[0].get("evidence") or {})
 
 
 def _jsonable(value: Any) -> Any:

@@ -7,6 +7,7 @@ group is cached per process, which suits pytest's in-order run and xdist's ``--d
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 import traceback
 from collections.abc import Iterator
@@ -18,7 +19,9 @@ from .backends import (
     FLASH_FAMILY,
     REFERENCE_BACKEND,
     TORCH_VARLEN_BACKEND,
+    VARLEN_CONTRACT,
     FlashBoundariesError,
+    KernelArgumentError,
     backend_availability,
     register_reference_backend,
 )
@@ -154,6 +157,64 @@ def _recover_from_oom(device: str) -> None:
 def _short(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text[:300]}"
+
+
+def _fidelity(result: CheckResult, bench: Workbench, cell: Cell) -> CheckResult:
+    """A stand-in cell whose model (or TRL, for the SFT checks) branches on the flash_attention_2 name is not a
+    verdict on FlashAttention-2 (:mod:`fidelity`): "not checked: differs from real FA2 because ...", with the
+    stand-in's own measurement kept in the evidence."""
+    from .fidelity import stand_in_differs
+
+    if result.status not in ("pass", "fail", "fallback", "error") or result.cause in ("packcheck_error", "library_config"):
+        return result
+    branches = stand_in_differs(bench.model, cell.backend, with_trl=cell.check.startswith("sft"))
+    if not branches:
+        return result
+    more = f" (+{len(branches) - 1} more)" if len(branches) > 1 else ""
+    return CheckResult("skipped", {**result.metrics, "stand_in_branches": branches[:8]}, (
+        f"not checked: differs from real FA2 because {branches[0]}{more} branches on the backend's name, so under "
+        f"{cell.backend} the non-flash side runs; the stand-in measured {result.status}: {result.message[:160]}"),
+        cause="stand_in_differs", evidence={"branches": branches[:8], "measured_status": result.status,
+                                            "measured_cause": result.cause})
+
+
+def _library_dirs() -> tuple[str, ...]:
+    """Folders whose frames do not make a crash the model's: packcheck itself, torch and the standard library."""
+    import os
+    import sysconfig
+
+    dirs = [os.path.dirname(os.path.abspath(__file__)), sysconfig.get_paths()["stdlib"]]
+    torch = sys.modules.get("torch")
+    if torch is not None and getattr(torch, "__file__", None):
+        dirs.append(os.path.dirname(os.path.abspath(torch.__file__)))
+    return tuple(os.path.join(d, "") for d in dirs)
+
+
+def own_fault(exc: BaseException) -> list[str] | None:
+    """The traceback of a crash in packcheck's own code, or None when the model's code took part.
+
+    Own: every frame from the check down to the raise is in pytest_packcheck, torch or the standard library (no
+    frame of transformers, TRL, accelerate, a model's remote code or a planted model), and the deepest frame
+    that is not torch's or the standard library's is packcheck's: e.g. ``max()`` over the empty second
+    micro-batch that ``--packcheck-lengths 8,3`` gave loss_parity before 0.x (issue 23.5). Such a crash is
+    packcheck's bug, never the model's (``shrunk_crash``). Returns the formatted frames (file:line in function),
+    innermost last."""
+    import os
+
+    # the first frame is the one that caught the exception (the runner's): what ran below it decides
+    frames = traceback.extract_tb(exc.__traceback__)[1:] if exc.__traceback__ is not None else []
+    if not frames:
+        return None
+    own_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "")
+    allowed = _library_dirs()
+    paths = [os.path.abspath(f.filename) for f in frames]
+    if not all(p.startswith(allowed) for p in paths):
+        return None
+    deepest_own = [p for p in paths if p.startswith(own_dir)]
+    outside = [p for p in paths if not p.startswith(allowed[1:])]  # frames not torch's / the stdlib's
+    if not deepest_own or not outside or not outside[-1].startswith(own_dir):
+        return None
+    return [f"{os.path.relpath(f.filename, os.path.dirname(own_dir[:-1]))}:{f.lineno} in {f.name}" for f in frames]
 
 
 @contextlib.contextmanager
@@ -297,6 +358,7 @@ class CellRunner:
             cause=result.cause,
             evidence=result.evidence,
             findings=result.findings,
+            causes=result.causes,
         )
 
     def _run(self, cell: Cell) -> CheckResult:
@@ -317,9 +379,12 @@ class CellRunner:
             return self._failed("build", exc)
         try:
             with _no_compile_on_cpu(cell.backend, self.device):
-                return SPECS[cell.check].load()(bench)
+                result = SPECS[cell.check].load()(bench)
         except Exception as exc:  # noqa: BLE001 - a crashing check is an error cell
-            return self._failed("check", exc)
+            # a crash under a name branch is the branch's too (opt on 4.57.1: its non-FA2 side builds a 4-D mask
+            # that the flash path's unpad then indexes out of range)
+            return _fidelity(self._failed("check", exc), bench, cell)
+        return _fidelity(result, bench, cell)
 
     def _unshrunk_reproduces(self, exc: BaseException) -> str | None:
         """:func:`unshrunk_forward_reproduces` for the current model, once per model and error (a model that
@@ -362,6 +427,17 @@ class CellRunner:
                 f"{exc.boundaries if len(exc.boundaries) <= 12 else [*exc.boundaries[:11], '...', exc.boundaries[-1]]} for a row of "
                 f"{exc.total} tokens: FlashAttention-2 would read outside the row"),
                 cause="flash_boundaries", evidence={"cu_seqlens": exc.boundaries, "tokens": exc.total})
+        own = own_fault(exc) if status == "error" and not isinstance(exc, (ResolveError, ShrinkError, LibraryConfigError)) else None
+        if own:  # packcheck's own probe code crashed, with no frame of the model or its libraries: packcheck's bug
+            return CheckResult(status, {**metrics, "traceback": own}, (
+                f"packcheck's own code crashed in {stage} ({metrics.get('where')}), not the model: {_short(exc)}; "
+                "this check judged nothing, report it to packcheck with the traceback in the details"),
+                cause="packcheck_error", evidence={"exception": _short(exc), "stage": stage, "traceback": own})
+        if isinstance(exc, KernelArgumentError):  # the model's flash path broke the kernels' contract: a verdict
+            return CheckResult("fail", {**metrics, "item": exc.item, "received": exc.received}, (
+                f"the flash path handed the varlen kernel {exc.item}: {exc.received}; the kernels require "
+                f"{VARLEN_CONTRACT[exc.item][0]} ({VARLEN_CONTRACT[exc.item][1]})"),
+                cause="kernel_arguments", evidence={"item": exc.item, "received": exc.received})
         if status == "error" and self.weights == "random" and not isinstance(exc, (ResolveError, ShrinkError, LibraryConfigError)):
             text = f"model build: {_short(exc)}" if stage == "build" else _short(exc)
             why = self._unshrunk_reproduces(exc)

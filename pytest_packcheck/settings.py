@@ -93,7 +93,7 @@ OPTIONS = (
     Option(OPT_ISOLATION, "fork (default where available): each model's cells run in a forked child, so a crash "
            "or hang costs one cell; none: in this process.", ini="packcheck_isolation", env="PACKCHECK_ISOLATION"),
     Option(OPT_LENGTHS, "Token lengths of the examples packed into one row, comma-separated, each >= 1 (default "
-           "11,7,13; e.g. 11,1,13 puts a one-token example between two; at most 4096 tokens in all).", ini="packcheck_lengths", env="PACKCHECK_LENGTHS"),
+           "11,7,13; e.g. 11,1,13 puts a one-token example between two; at least two examples, one of them >= 2 tokens; at most 4096 tokens in all).", ini="packcheck_lengths", env="PACKCHECK_LENGTHS"),
     Option(OPT_SLIDING_WINDOW, "The window (tokens, 2 to 4096) a model's longer sliding window is shortened to when packcheck "
            "shrinks it (default 8, so the examples exceed it).", ini="packcheck_sliding_window", env="PACKCHECK_SLIDING_WINDOW"),
     Option(OPT_CONFIG, "Override one config value of every model: key=value (JSON value, or a string), dotted keys "
@@ -189,14 +189,19 @@ def parse_lengths(value: Any, source: str) -> tuple[int, ...]:
     """Example lengths ``"11,1,13"`` -> (11, 1, 13).
 
     Raises:
-        PackcheckUsageError: not whole numbers >= 1, fewer than two (a packed row needs two examples), or a packed
-            row longer than :data:`MAX_PROBE_TOKENS`.
+        PackcheckUsageError: not whole numbers >= 1, fewer than two (a packed row needs two examples), every
+            example one token (no next-token label: loss and gradient parity have nothing to judge), or a packed
+            row longer than :data:`MAX_PROBE_TOKENS`. Any other shape runs every check (two examples included).
     """
     parts = _split(str(value))
     if len(parts) < 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
         raise PackcheckUsageError(f"Bad example lengths '{value}' (from {source}): give at least two whole numbers >= 1, "
                                   f"comma-separated, e.g. {OPT_LENGTHS}=11,1,13.")
     lengths = tuple(int(p) for p in parts)
+    if max(lengths) < 2:  # no next-token label: loss_parity and grad_parity would have no reference to judge
+        raise PackcheckUsageError(f"Bad example lengths '{value}' (from {source}): every example is 1 token, so no "
+                                  "example has a next token to predict and loss / gradient parity cannot be judged; "
+                                  "give at least one example of 2 or more tokens, e.g. 11,1,13.")
     if sum(lengths) > MAX_PROBE_TOKENS:
         raise PackcheckUsageError(f"Bad example lengths '{value}' (from {source}): the packed row would be {sum(lengths)} "
                                   f"tokens, over packcheck's {MAX_PROBE_TOKENS} (the references build a dense mask per "

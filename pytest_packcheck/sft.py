@@ -264,7 +264,10 @@ def _row_contract(bench: Any, batch: dict[str, Any], metrics: dict[str, Any]) ->
     labels = batch["labels"]
     unmasked = [s for s in starts if int(labels[0, s]) != -100]
     if unmasked:
-        problems.append(f"labels not -100 at {len(unmasked)} example starts {unmasked[:5]}")
+        text = f"labels not -100 at {len(unmasked)} example starts {unmasked[:5]}"
+        problems.append(text)
+        # its own cause (boundary_labels), beside whatever else the row breaks
+        metrics["row_contract"].update({"unmasked_starts": unmasked[:12], "label_problem": text})
     if "seq_idx" in batch:  # TRL 1.x, for the short convolutions of linear-attention layers: example index per token
         seq_idx = batch["seq_idx"][0].tolist()
         bounds = [*starts, int(pos.shape[-1])]
@@ -284,10 +287,11 @@ def _row_contract(bench: Any, batch: dict[str, Any], metrics: dict[str, Any]) ->
 
 
 #: The probes of an SFT mode, most specific first. Each runs whatever the others found and records its own item
-#: (``metrics["probes"][name]``: status pass / fail / not_checked, evidence, cause); the cell's cause is the first
-#: failed probe's in this order, the other failed probes' causes are its findings. Labels (prompt tokens trained)
+#: (``metrics["probes"][name]``: status pass / fail / not_checked, evidence, cause); the cell's causes are the
+#: failed probes' in this order, each with its own numbers (``CheckResult.causes``), the first one primary. Labels (prompt tokens trained)
 #: and a broken row are read off the batch; the loss probes measure what they do to training.
-PROBES = ("completion_only", "row_contract", "first_batch_loss", "steps", "gradient_checkpointing")
+PROBES = ("completion_only", "row_contract", "boundary_labels", "label_count", "first_batch_loss", "steps",
+          "gradient_checkpointing")
 
 
 def _record(metrics: dict[str, Any], name: str, status: str, evidence: str, cause: str | None = None,
@@ -356,6 +360,7 @@ def _first_batch_probe(sft: _Sft, first: dict[str, Any], trainer_loss: float, me
     if starts is None or "labels" not in first:
         _record(metrics, name, "not_checked", f"{prefix}first-batch loss not checked: no boundaries to split at ({source})")
         return
+    _label_count_probe(first, starts, metrics, name.replace("first_batch_loss", "label_count"), prefix)
     reference = _reference_loss(bench, first["input_ids"], first["labels"], starts)
     delta = abs(trainer_loss - reference)
     metrics.update({"loss_packed": trainer_loss, "loss_reference": reference, "loss_delta": delta, "atol": bench.tol["loss_atol"]})
@@ -366,6 +371,27 @@ def _first_batch_probe(sft: _Sft, first: dict[str, Any], trainer_loss: float, me
         return
     cause, numbers = _loss_cause(bench, metrics)
     _record(metrics, name, "fail", text, cause, numbers)
+
+
+def _label_count_probe(first: dict[str, Any], starts: list[int], metrics: dict[str, Any], name: str, prefix: str) -> None:
+    """``num_items_in_batch`` the trainer passed with its first batch vs the label tokens that batch trains, each
+    example on its own (labels != -100 after the shift inside each segment): a label unmasked at a boundary, or a
+    count made before the shift (transformers 4.46 - 5.10.0), makes them differ. Its own cause
+    (loss_normalisation), with both numbers. No item when the trainer passes no count (TRL 1.16's compute_loss
+    normalises by itself: the first-batch loss probe measures that); packcheck's SFT runs use no gradient
+    accumulation, so a count covers this one batch."""
+    given = _int(first.get("num_items_in_batch"))
+    if given is None:
+        return
+    labels = first["labels"][0]
+    ends = [*starts[1:], int(labels.shape[-1])]
+    expected = sum(int((labels[s + 1:e] != -100).sum()) for s, e in zip(starts, ends, strict=True))
+    text = f"{prefix}num_items_in_batch {given} (the trainer's) vs {expected} label tokens of the examples each on its own"
+    if given == expected:
+        _record(metrics, name, "pass", text)
+    else:
+        _record(metrics, name, "fail", f"{text} ({given - expected:+d})", "loss_normalisation",
+                {"num_items_in_batch": given, "label_tokens_expected": expected})
 
 
 def _int(value: Any) -> int | None:
@@ -394,7 +420,18 @@ def _loss_cause(bench: Any, metrics: dict[str, Any]) -> tuple[str, dict[str, Any
 
 def _contract_probe(metrics: dict[str, Any], problems: list[str], starts: list[int] | None, name: str = "row_contract",
                     prefix: str = "") -> None:
+    """The row contract's probe, and the boundary labels' on their own (``boundary_labels``: labels not -100 at
+    example starts train each example's first token as the previous one's next token, whatever else holds)."""
     row = metrics.get("row_contract") or {}
+    label_problem = row.get("label_problem")
+    if starts is not None:
+        base = name.replace("row_contract", "boundary_labels")
+        if label_problem:
+            _record(metrics, base, "fail", prefix + label_problem, "boundary_labels",
+                    {"unmasked_starts": row.get("unmasked_starts"), "examples": len(starts)})
+        else:
+            _record(metrics, base, "pass", f"{prefix}labels -100 at all {len(starts)} example starts")
+    problems = [x for x in problems if x != label_problem]
     if not problems:
         _record(metrics, name, "pass", f"{prefix}{len(starts or [])} examples per row, position_ids restart at each")
         return
@@ -425,15 +462,13 @@ def _verdict(metrics: dict[str, Any], summary: str, passed: str) -> CheckResult:
     unchecked = [p["evidence"] for p in probes.values() if p["status"] == "not_checked"]
     if not failed:
         return CheckResult("pass", metrics, passed + "".join(f"; {u}" for u in unchecked))
-    head = probes[failed[0]]
-    findings, seen = [], {head["cause"]}
-    for n in failed[1:]:
+    causes, seen = [], set()
+    for n in failed:  # every failed probe's cause, once, with that probe's numbers: the first is primary
         if probes[n]["cause"] and probes[n]["cause"] not in seen:
             seen.add(probes[n]["cause"])
-            findings.append({"cause": probes[n]["cause"], "evidence": f"{n}: {probes[n]['evidence']}"[:300]})
+            causes.append({"cause": probes[n]["cause"], "evidence": {"probe": n, **(probes[n].get("numbers") or {})}})
     text = "; ".join(probes[n]["evidence"] for n in failed) + "".join(f"; {u}" for u in unchecked) + f" ({summary})"
-    return CheckResult("fail", metrics, text, cause=head["cause"], evidence={"probe": failed[0], **(head.get("numbers") or {})},
-                       findings=findings)
+    return CheckResult("fail", metrics, text, causes=causes)
 
 
 def _compare_steps(bench: Any, run: tuple[list[float], list[float]], reference: tuple[list[float], list[float]],

@@ -580,12 +580,12 @@ def test_sft_row_contract_checks_cu_seq_lens_and_seq_idx(llama_sdpa):
     assert "labels not -100 at 1 example starts [3]" in row(labels=torch.tensor([[-100, 6, 7, 8, 9]]))[0][0]
 
 
-@pytest.mark.parametrize(("poisoned_call", "status"), [(0, "fail"), (1, "error")])
-def test_non_finite_gradients_never_pass(llama_sdpa, poisoned_call, status):
+@pytest.mark.parametrize(("poisoned_call", "status", "cause"), [(0, "fail", "non_finite"), (1, "skipped", "reference_unavailable")])
+def test_non_finite_gradients_never_pass(llama_sdpa, poisoned_call, status, cause):
     """NaN compares False with every tolerance, so grad_parity passed on grad_rel_err=NaN (gemma3n on the varlen
     reference: its padded flash path gives NaN gradients from the last layer down). Planted: NaN in one tensor's
     gradient of the packed run (call 0: fail, the packed run alone) or of the padded reference (call 1: not
-    checked, an error); both name the tensor."""
+    checked: reference ..., cause reference_unavailable); both name the tensor."""
     import torch
 
     calls = []
@@ -600,7 +600,7 @@ def test_non_finite_gradients_never_pass(llama_sdpa, poisoned_call, status):
         result = C.check_grad_parity(llama_sdpa)
     finally:
         handle.remove()
-    assert result.status == status and result.cause == "non_finite", result.message
+    assert result.status == status and result.cause == cause, result.message
     side = "packed" if poisoned_call == 0 else "padded"
     assert result.evidence[f"non_finite_{side}"] == ["lm_head.weight"] and result.evidence[f"tensors_{side}"] == 1
 

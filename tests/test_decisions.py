@@ -449,7 +449,7 @@ def test_diagnosis_keeps_findings_apart_from_the_cause():
     d = doc["cells"][0]["diagnosis"]
     from pytest_packcheck.diagnose import remedy
 
-    assert d == {"cause": None, "evidence": "", "remedy": "", "known_faults": ["rows"],
+    assert d == {"cause": None, "evidence": "", "remedy": "", "causes": [], "known_faults": ["rows"],
                  "findings": [{"cause": "batch_rows", "evidence": "two rows", "remedy": remedy("batch_rows", cell, {})}]}
     no_env = diagnose_document({"cells": [{**copy.deepcopy(cell), "findings": [{"cause": "batch_rows"}]}]}, [fault])
     assert no_env["cells"][0]["diagnosis"]["findings"][0]["evidence"] == "" and no_env["known_faults_not_seen"] == {}
@@ -458,7 +458,8 @@ def test_diagnosis_keeps_findings_apart_from_the_cause():
     assert clean["cells"][0]["diagnosis"] is None and clean["known_faults_not_seen"] == {"rows": ["m-sdpa-logits_parity-float32"]}
     failed = {**cell, "status": "fail", "cause": "batch_rows", "evidence": {}}
     d = diagnose_document({"environment": {"transformers": "5.24.0"}, "cells": [failed]}, [fault])["cells"][0]["diagnosis"]
-    assert d == {"cause": "batch_rows", "evidence": "", "remedy": remedy("batch_rows", cell, {}), "findings": [], "known_faults": ["rows"]}
+    assert d == {"cause": "batch_rows", "evidence": "", "remedy": remedy("batch_rows", cell, {}), "findings": [], "known_faults": ["rows"],
+                 "causes": [{"cause": "batch_rows", "evidence": "", "remedy": remedy("batch_rows", cell, {})}]}
     leaked = {**cell, "status": "fail", "cause": "leak", "evidence": {"moved": 0.5}}
     d = diagnose_document({"environment": {"transformers": "5.24.0"}, "cells": [leaked]}, [fault, elsewhere])["cells"][0]["diagnosis"]
     assert d["evidence"] == "moved 5.00e-01" and d["known_faults"] == ["rows", "leak"] and d["findings"][0]["cause"] == "batch_rows"

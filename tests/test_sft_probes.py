@@ -58,7 +58,7 @@ def test_every_sft_probe_runs_when_the_row_has_no_boundaries_and_prompts_are_tra
     """Planted, as TRL 0.19.1 on sdpa: no position_ids, an all-ones mask, and the completion mask dropped. The
     contract fails, and still the first-batch loss (split at the known examples), the 3 steps and the
     completion-only probe each report their number; the cell's cause is the most specific, completion_mask,
-    with mask_override as a finding. With the completion mask kept (TRL 0.20.0), the same row fails on
+    with mask_override as its second cause. With the completion mask kept (TRL 0.20.0), the same row fails on
     mask_override alone: two faults that looked identical are told apart."""
     with trl_collator(drop_boundaries=True, drop_completion_mask=True):
         both = S.check_sft(llama_sdpa)
@@ -70,7 +70,8 @@ def test_every_sft_probe_runs_when_the_row_has_no_boundaries_and_prompts_are_tra
     assert probes["steps"] == ("fail", "mask_override") and both.metrics["steps"]["first_diverging_step"] == 1
     assert probes["completion_only"] == ("fail", "completion_mask")
     assert both.metrics["completion_only"]["segments_matched"] == 6 and both.metrics["completion_only"]["prompt_tokens_in_loss"] > 6
-    assert [f["cause"] for f in both.findings] == ["mask_override"]
+    assert [c["cause"] for c in both.causes] == ["completion_mask", "mask_override"] and not both.findings
+    assert both.causes[1]["evidence"]["probe"] == "row_contract"  # each cause with the probe that measured it
     assert "first-batch loss" in both.message and "prompt tokens keep their labels" in both.message
 
     with trl_collator(drop_boundaries=True):
@@ -253,3 +254,37 @@ def test_real_padded_trainer_before_5_10_is_a_verdict(pytester, monkeypatch, ver
     assert abs(trainer["metrics"]["loss_ratio"] - 28 / 31) < 1e-3
     sft = cells[f"llama-sdpa-sft_padded-float32{env}"]
     assert sft["status"] == "fail" and sft["cause"] == "padded_normalisation", sft["message"]
+
+
+def test_unmasked_boundary_labels_and_a_leak_are_each_a_cause_of_one_sft_cell(llama_sdpa):
+    """Planted in TRL's own run: the collator's labels at every example start set back to the token (boundaries
+    unmasked) and sdpa ignoring the packed mask. One cell, both causes, each with the probe that measured it:
+    boundary_labels (the starts named) and the attention cause of the loss probes (leak)."""
+    import torch
+    from faults import leaky_sdpa
+    from trl.trainer import sft_trainer
+
+    cls = sft_trainer.DataCollatorForLanguageModeling
+    real = cls.torch_call
+
+    def unmasked(self, examples):
+        out = real(self, examples)
+        if "position_ids" in out and out["input_ids"].shape[0] == 1:
+            starts = (out["position_ids"][0] == 0).nonzero().flatten()
+            out["labels"][0, starts[1:]] = out["input_ids"][0, starts[1:]]
+        return out
+
+    cls.torch_call = unmasked
+    try:
+        with leaky_sdpa():
+            result = S.check_sft(llama_sdpa)
+    finally:
+        cls.torch_call = real
+    codes = [c["cause"] for c in result.causes]
+    # each start is a prompt token, so the completion-only probe counts it as well: three causes, probe order
+    assert result.status == "fail" and codes == ["completion_mask", "boundary_labels", "leak"], result.causes
+    labels = result.causes[1]["evidence"]
+    assert labels["probe"] == "boundary_labels" and len(labels["unmasked_starts"]) == labels["examples"] - 1
+    leak = next(c for c in result.causes if c["cause"] == "leak")
+    assert leak["evidence"]["isolation_moved"] > 1e-3
+    assert torch.is_tensor(llama_sdpa.packed()["input_ids"])

@@ -1,0 +1,123 @@
+"""packcheck's own faults are never the model's: every accepted --packcheck-lengths shape runs, the others are
+refused up front, a crash in packcheck's own probe code is packcheck_error (traceback in the details), and a
+reference that cannot be computed or carries no signal is "not checked: reference ...", never a verdict."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from faults import ScalePackedLoss
+
+from pytest_packcheck import batches as B
+from pytest_packcheck import checks as C
+from pytest_packcheck.errors import PackcheckUsageError
+from pytest_packcheck.settings import parse_lengths
+
+
+@pytest.fixture(scope="module")
+def _llama(tolerances):
+    from conftest import make_bench
+
+    return make_bench("llama", "sdpa", tolerances).model
+
+
+def _bench(model, tolerances, lengths, **kw):
+    return C.Workbench(model=model, config=model.config, backend="sdpa", dtype="float32", tol=dict(tolerances["float32"]),
+                       examples=B.make_examples(model.config, tuple(lengths)), **kw)
+
+
+@pytest.mark.parametrize("value", ["1,1,1", "1,1"])
+def test_lengths_without_a_next_token_are_refused_up_front(value):
+    with pytest.raises(PackcheckUsageError) as err:
+        parse_lengths(value, "--packcheck-lengths")
+    text = str(err.value)
+    assert f"'{value}'" in text and "--packcheck-lengths" in text and "2 or more tokens" in text and "\n" not in text
+
+
+@pytest.mark.parametrize("lengths", [(8, 3), (11, 13), (5, 1), (1, 5, 2), (2, 1, 1, 1)])
+def test_every_accepted_shape_judges_loss_and_gradients(_llama, tolerances, lengths):
+    """8,3 and 11,13 crashed loss_parity with 'max() arg is an empty sequence' (the second of two gradient
+    accumulation micro-batches was empty). Each shape passes on the correct stack and fails on a planted fault
+    (the packed loss scaled by 28/31), so the pass is a measured one."""
+    assert parse_lengths(",".join(map(str, lengths)), "test") == lengths
+    bench = _bench(_llama, tolerances, lengths)
+    loss, grad = C.check_loss_parity(bench), C.check_grad_parity(bench)
+    assert loss.status == "pass" and loss.metrics["loss_delta"] < 1e-4, loss.message
+    assert grad.status == "pass" and grad.metrics["grad_rel_err"] < 1e-4, grad.message
+    planted = _bench(ScalePackedLoss(_llama), tolerances, lengths)
+    got = C.check_loss_parity(planted)
+    assert got.status == "fail" and got.metrics["loss_delta"] > 1e-3, got.message
+
+
+def test_all_zero_reference_gradients_are_not_judged(_llama, tolerances):
+    """Every example one token (no label token): the padded run's gradients are all zero. Before: grad_parity
+    'failed' with rel err 0.00e+00, cosine 0.000000, cause kernel_numerics, remedy 'none needed'. Now: not
+    checked, cause reference_unavailable, with the label count; loss_parity likewise."""
+    bench = _bench(_llama, tolerances, (1, 1, 1))
+    grad = C.check_grad_parity(bench)
+    assert grad.status == "skipped" and grad.cause == "reference_unavailable", grad.message
+    assert grad.evidence["why"] == "zero_reference" and grad.evidence["label_tokens"] == 0
+    assert grad.message.startswith("not checked: reference gradients")
+    loss = C.check_loss_parity(bench)
+    assert loss.status == "skipped" and loss.cause == "reference_unavailable" and loss.evidence["num_items_expected"] == 0
+
+
+def _runner():
+    from pytest_packcheck.runner import CellRunner
+
+    runner = CellRunner([], {"float32": {}})
+    runner._key = (0, "sdpa", "float32")
+    return runner
+
+
+def test_a_crash_in_packchecks_own_code_is_packchecks_error():
+    """Planted: max() over an empty sequence raised inside packcheck's batches.padded_batch (what 8,3 did), with
+    no model frame in the traceback. Before: shrunk_crash, blamed on the model. Now: packcheck_error, with the
+    frames in the details."""
+    try:
+        B.padded_batch([], 0, "right", 0, "cpu")
+    except ValueError as exc:
+        got = _runner()._failed("check", exc)
+    assert got.status == "error" and got.cause == "packcheck_error", got.message
+    assert "packcheck's own code crashed" in got.message and "not the model" in got.message
+    assert any("batches.py" in f and "padded_batch" in f for f in got.evidence["traceback"])
+    assert got.metrics["traceback"] == got.evidence["traceback"]
+
+
+def test_a_crash_inside_the_model_stays_the_models(_llama):
+    """The same kind of error raised from the model's own forward (a transformers frame in the traceback) is not
+    packcheck's: shrunk_crash on a shrunk model, as before."""
+    def boom(*_a, **_k):
+        raise ValueError("max() arg is an empty sequence")
+
+    handle = _llama.model.layers[0].register_forward_pre_hook(boom)
+    try:
+        _llama(input_ids=torch.tensor([[5, 6, 7]]))
+    except ValueError as exc:
+        got = _runner()._failed("check", exc)
+    finally:
+        handle.remove()
+    assert got.cause == "shrunk_crash", got.message
+
+
+def test_a_non_finite_reference_is_not_checked(tolerances):
+    """gemma3n_text on the varlen reference: the padded run's gradients are NaN while every forward check passes.
+    Planted: NaN in the padded (reference) run's lm_head gradient. Not checked: reference ..., with the tensor
+    named; NaN in the packed run only stays a fail (tests/test_checks.py)."""
+    from conftest import make_bench
+
+    bench = make_bench("llama", "sdpa", tolerances)
+    calls = []
+
+    def poison(grad):
+        calls.append(1)
+        return torch.full_like(grad, float("nan")) if len(calls) == 2 else grad
+
+    handle = bench.model.lm_head.weight.register_hook(poison)
+    try:
+        got = C.check_grad_parity(bench)
+    finally:
+        handle.remove()
+    assert got.status == "skipped" and got.cause == "reference_unavailable", got.message
+    assert got.message.startswith("not checked: reference gradients (padded run) are non-finite")
+    assert got.evidence["non_finite_padded"] == ["lm_head.weight"] and got.evidence["why"] == "non_finite"
