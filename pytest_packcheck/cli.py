@@ -20,7 +20,13 @@ _ALIASES = {OPT_MODELS: "--models", OPT_AUDIT: "--audit", OPT_ALL_ARCHS: "--all-
             OPT_RESUME: "--resume", OPT_TIMEOUT: "--timeout"}
 
 
+_SUMMARY_HELP = ("For the gate: append GitHub job-summary Markdown to FILE (e.g. \"$GITHUB_STEP_SUMMARY\"): a row per "
+                 "changed cell with model, backend, versions, verdict before / after, number, cause, known fault, remedy.")
+
+
 def _parser() -> argparse.ArgumentParser:
+    from .registry import CAUSES
+
     parser = argparse.ArgumentParser(prog="packcheck", description="Checks that padding-free packing trains the same model.")
     sub = parser.add_subparsers(dest="command", required=True)
     audit = sub.add_parser("audit", help="Run the matrix and write reports/packcheck-matrix.md and .json.",
@@ -51,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
                             "audit, gate the second against the first cell by cell; exit 1 on a regression.")
     audit.add_argument("--allow", action="append", default=[], metavar="CELL=REASON",
                        help="For --gate: accept a regression of a cell id or id prefix; repeatable.")
+    audit.add_argument("--summary", metavar="FILE", default=None, help=_SUMMARY_HELP)
     audit.add_argument("pytest_args", nargs="*", help="Extra pytest arguments after --, e.g. -- -k sdpa.")
     gate = sub.add_parser("gate", help="Compare a candidate results JSON with a baseline; exit 1 if a cell got worse.")
     gate.add_argument("--baseline", required=True, help="Baseline results JSON (e.g. reports/baseline.json).")
@@ -65,6 +72,7 @@ def _parser() -> argparse.ArgumentParser:
                       help="Bisect each regression it prints: the transformers or trl release between the two stacks "
                            "that broke the cell (one version environment per probe; needs the package index).")
     gate.add_argument("--bisect-output-dir", default="reports/bisect", help="Where --bisect writes its JSON (default reports/bisect).")
+    gate.add_argument("--summary", metavar="FILE", default=None, help=_SUMMARY_HELP)
     bisect = sub.add_parser("bisect", help="Name the release that broke (or fixed) one cell, from the package index.",
                             description="Bisects the releases between --good and --bad, one version environment per "
                                         "probe, endpoints first; releases that cannot install or crash are skipped.")
@@ -77,8 +85,9 @@ def _parser() -> argparse.ArgumentParser:
                              "the older one (first bad / first fixed).")
     bisect.add_argument("--model", default=None, metavar="SPEC", help="Model spec to build (default arch:<the cell's model label>).")
     bisect.add_argument("--pre", action="store_true", help="Include pre-releases (default: final releases only).")
-    bisect.add_argument("--cause", default=None, help="Judge by a cause instead of the verdict: the cell holds when its "
-                                                      "diagnosis does not name this cause (e.g. loss_normalisation).")
+    bisect.add_argument("--cause", default=None, metavar="CAUSE",
+                        help="Judge by a cause instead of the verdict: the cell holds when its diagnosis does not name "
+                             "this cause. One of: " + ", ".join(CAUSES) + ".")
     bisect.add_argument("--supported", action="store_true",
                         help="Judge whether the cell is supported at all (unsupported is bad): a version floor.")
     bisect.add_argument("-o", "--output-dir", default="reports/bisect", help="Where the JSON goes (default reports/bisect).")
@@ -179,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         allow = _parse_allow(ns.allow)
         if ns.allow and not ns.gate:
             raise PackcheckUsageError("--allow works with --gate (or `packcheck gate`): add --gate.")
+        if ns.summary and not ns.gate:
+            raise PackcheckUsageError(f"--summary '{ns.summary}' writes the gate's job summary: add --gate (or run `packcheck gate`).")
         if ns.gate:
             _gate_environments(ns)
     except PackcheckUsageError as exc:
@@ -205,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         code = pytest.main(full)
     if code in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
         if ns.gate:
-            return _gate_versions(Path(ns.packcheck_report_dir or "reports"), allow)
+            return _gate_versions(Path(ns.packcheck_report_dir or "reports"), allow, ns.summary)
         if ns.bench:
             _bench_into_report(ns, Path(ns.packcheck_report_dir or "reports"))
         if ns.verify_remedies:
@@ -243,7 +254,7 @@ def _gate_environments(ns: argparse.Namespace) -> tuple[str, str]:
     return combos[0].label, combos[1].label
 
 
-def _gate_versions(out: Path, allow: dict[str, str]) -> int:
+def _gate_versions(out: Path, allow: dict[str, str], summary: str | None = None) -> int:
     """``audit --versions A,B --gate``: gate environment B against A in the matrix just written."""
     from .errors import PackcheckUsageError
     from .gate import select_env
@@ -259,7 +270,11 @@ def _gate_versions(out: Path, allow: dict[str, str]) -> int:
         print(f"packcheck audit: error: {exc}", file=sys.stderr)
         return 2
     print(f"\npackcheck gate: {labels[1]} (candidate) against {labels[0]} (baseline)")
-    return _run_gate(baseline, candidate, allow, "packcheck gate")
+    try:
+        return _run_gate(baseline, candidate, allow, "packcheck gate", summary=summary)
+    except PackcheckUsageError as exc:
+        print(f"packcheck audit: error: {exc}", file=sys.stderr)
+        return 2
 
 
 def _reproduce_line(argv: list[str]) -> str:
@@ -356,13 +371,18 @@ def _gate(ns: argparse.Namespace) -> int:
         baseline = select_env(baseline, ns.baseline_env, "--baseline-env")
     if ns.candidate_env:
         candidate = select_env(candidate, ns.candidate_env, "--candidate-env")
-    return _run_gate(baseline, candidate, allow, "packcheck gate", ns.bisect_output_dir if ns.bisect else None)
+    return _run_gate(baseline, candidate, allow, "packcheck gate", ns.bisect_output_dir if ns.bisect else None, ns.summary)
 
 
-def _run_gate(baseline: dict, candidate: dict, allow: dict[str, str], prog: str, bisect_dir: str | None = None) -> int:
-    """Print the changed cells (a rich table on a terminal, plain text otherwise), bisect each regression when
-    ``bisect_dir`` is given, and return 1 on a regression."""
-    from .gate import allowed_reason, compare, regressions, render_changes, stack
+def _run_gate(baseline: dict, candidate: dict, allow: dict[str, str], prog: str, bisect_dir: str | None = None,
+              summary: str | None = None) -> int:
+    """Print the changed cells (a rich table on a terminal, plain text otherwise), append the job summary to
+    ``summary`` when given, bisect each regression when ``bisect_dir`` is given, and return 1 on a regression.
+
+    Raises:
+        PackcheckUsageError: a cell held twice with two verdicts; the summary file cannot be written.
+    """
+    from .gate import allowed_reason, compare, regressions, render_changes, render_summary, stack, write_summary
 
     changes = compare(baseline, candidate, allow)
     ids = {c["cell_id"] for c in baseline["cells"]} | {c["cell_id"] for c in candidate["cells"]}
@@ -377,6 +397,8 @@ def _run_gate(baseline: dict, candidate: dict, allow: dict[str, str], prog: str,
     else:
         print(render_changes(changes, stack(baseline), stack(candidate), markdown=False))
     bad = regressions(changes)
+    if summary:
+        write_summary(summary, render_summary(changes, stack(baseline), stack(candidate)))
     print(f"\n{prog}: {len(bad)} regression(s), {len(changes)} changed cell(s)")
     if bisect_dir and bad:
         _gate_bisect(bad, baseline, candidate, bisect_dir)

@@ -26,6 +26,11 @@ LEGEND = {
     "timeout": "timeout: no result within --packcheck-timeout (the hung child was killed)",
     "oom": "oom: out of memory (memory figures given)",
 }
+#: What a hazard's or finding's own mark means (:data:`ROLE_MARKS`).
+ROLE_LEGEND = {
+    "hazard": "a hazard probe showed the hazard (usage outside the standard contract): said once per stack, never a model failure",
+    "finding": "a contract item of the library stack failed (the same for every model on it): never a model failure",
+}
 #: The key number of each check (metrics key, label), from the registry.
 KEY_METRIC = {s.name: s.key_metric for s in REGISTRY if s.key_metric}
 
@@ -84,6 +89,81 @@ def _role(cell: dict[str, Any]) -> str:
 
 def _cause_label(cause: str) -> str:
     return cause.replace("_", " ")
+
+
+#: Marks of a hazard or finding that did not pass (registry roles, issue 23.6): never a model's red ❌.
+ROLE_MARKS = {"hazard": ("🔶", "hazard shown"), "finding": ("🔷", "stack finding")}
+
+
+def check_mark(cell: dict[str, Any]) -> tuple[str, str, str]:
+    """(symbol, text label, css class) of one check's verdict, by its role: a correctness check shows its
+    status (✅ pass, ❌ fail, …); a hazard or finding whose probe showed something (fail / fallback) shows
+    🔶 "hazard shown" or 🔷 "stack finding" and the class ``hazard`` / ``finding`` (never the red ``fail``)."""
+    status, role = cell["status"], _role(cell)
+    if role in ROLE_MARKS and status in ("fail", "fallback"):
+        sym, label = ROLE_MARKS[role]
+        return sym, label, role
+    if role in ROLE_MARKS and status in ("error", "timeout", "oom"):
+        return SYMBOLS[status], f"{role} {status}", f"{role}-{status}"
+    return SYMBOLS[status], "not checked" if status == "skipped" else status, status
+
+
+def matrix_counts(cells: list[dict[str, Any]]) -> dict[str, Any]:
+    """The headline counts by role: ``cells`` (matrix cells, i.e. model x backend x dtype x environment groups
+    with a correctness check, counted by their headline verdict), ``models_bad`` (models with a cell that is not
+    a pass or a skip), ``hazards`` (hazard probes that showed the hazard / hazard probes that measured),
+    ``findings`` (finding checks that failed / ran, and failed contract items) and ``checks`` (every check run,
+    by status)."""
+    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for c in cells:
+        groups[(c["model"]["label"], c["backend"], c["dtype"], env_label(c))].append(c)
+    verdicts: Counter = Counter()
+    models_by: dict[str, set[str]] = defaultdict(set)
+    for (label, *_), group in groups.items():
+        if not any(_role(c) == "correctness" for c in group):
+            continue
+        status = headline(group)["status"]
+        verdicts[status] += 1
+        models_by[status].add(label)
+    hazard_cells = [c for c in cells if _role(c) == "hazard" and c["status"] not in ("skipped",)]
+    finding_cells = [c for c in cells if _role(c) == "finding" and c["status"] not in ("skipped",)]
+    items = [it for c in finding_cells for it in (((c.get("metrics") or {}).get("items")) or {}).values() if isinstance(it, dict)]
+    return {"cells": verdicts, "models": {k: sorted(v) for k, v in models_by.items()},
+            "hazards": (sum(c["status"] in ("fail", "fallback") for c in hazard_cells), len(hazard_cells)),
+            "findings": (sum(c["status"] in ("fail", "fallback") for c in finding_cells), len(finding_cells),
+                         sum(it.get("status") == "fail" for it in items)),
+            "checks": Counter(c["status"] for c in cells)}
+
+
+def counts_line(cells: list[dict[str, Any]], symbols: bool = True) -> str:
+    """One line of the counts by role (Markdown with symbols, or plain for the terminal): matrix cells by
+    verdict and the models they fall on, then hazards shown, stack findings, and the checks run."""
+    n = matrix_counts(cells)
+
+    def sym(status: str) -> str:
+        return f"{SYMBOLS[status]} " if symbols else ""
+    total = sum(n["cells"].values())
+
+    def models(status: str) -> str:
+        ms = n["models"].get(status, [])
+        if status in ("pass", "skipped") or not ms:
+            return ""
+        return f" ({len(ms)} {'model' if len(ms) == 1 else 'models'}: {', '.join(ms[:8])}{' …' if len(ms) > 8 else ''})"
+
+    axes = "model x backend" + (" x dtype" if len({c["dtype"] for c in cells}) > 1 else "")
+    verdicts = ", ".join(f"{sym(s)}{s if s != 'skipped' else 'not checked'} {n['cells'][s]}{models(s)}"
+                         for s in reversed(STATUSES) if n["cells"][s])
+    text = f"Matrix cells ({axes}, judged by the correctness checks): {verdicts} (of {total})."
+    shown, measured = n["hazards"]
+    if measured:
+        text += f" Hazards: {ROLE_MARKS['hazard'][0] + ' ' if symbols else ''}{shown} of {measured} hazard probes showed one (never a model failure)."
+    failed, ran, items = n["findings"]
+    if ran:
+        text += (f" Stack findings: {ROLE_MARKS['finding'][0] + ' ' if symbols else ''}{items} contract items failed in "
+                 f"{failed} of {ran} finding checks (facts of the library stack).")
+    checks = n["checks"]
+    text += " Checks run: " + ", ".join(f"{s} {checks[s]}" for s in STATUSES if checks[s]) + f" (of {len(cells)})."
+    return text
 
 
 def headline(group: list[dict[str, Any]]) -> dict[str, Any]:
@@ -147,6 +227,19 @@ def _hazard_rows(cells: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
                 row["shown"].append(c["model"]["label"])
                 row["causes"]["batch_rows"] += 1
     return out
+
+
+def model_mark(label: str, by_group: dict[tuple, list[dict[str, Any]]]) -> str:
+    """A model's mark with its text label (details summary, HTML): the worst headline of its matrix cells (groups
+    with a correctness check); hazards and findings never make it red: a model with only those is ✅ with
+    "🔶 hazards" / "🔷 stack findings" beside it."""
+    groups = [g for (m, _, _, _), g in by_group.items() if m == label]
+    judged = [headline(g)["status"] for g in groups if any(_role(c) == "correctness" for c in g)]
+    worst = cell_status(judged) if judged else "skipped"
+    text = f"{SYMBOLS[worst]} {'not checked' if worst == 'skipped' else worst}"
+    extra = [ROLE_MARKS[r][0] + " " + ("hazards" if r == "hazard" else "stack findings") for r in ROLE_MARKS
+             if any(_role(c) == r and c["status"] in ("fail", "fallback") for g in groups for c in g)]
+    return text + ("" if not extra else " (" + ", ".join(extra) + ")")
 
 
 def departures(cells: list[dict[str, Any]]) -> dict[tuple, list[str]]:
@@ -235,7 +328,7 @@ def _findings_section(cells: list[dict[str, Any]], envs: list[str | None]) -> li
                 for text, models in sorted(outcomes.items(), key=lambda kv: -len(kv[1])):
                     status, _, evidence = text.partition(": ")
                     who = f"{len(models)}/{len(ran)} models" + ("" if len(models) * 2 > len(ran) else f" ({', '.join(models[:6])})")
-                    sym = SYMBOLS.get(status, "")
+                    sym = ROLE_MARKS["finding"][0] if status == "fail" else SYMBOLS.get(status, "")
                     parts.append(f"  - {sym} {name}: {escape_md(evidence[:220])} — {who}")
             title = {"collate": "transformers' DataCollatorWithFlattening", "collate_trl": "TRL's padding-free collator",
                      "packing_content": "TRL's pack_dataset"}.get(spec.name, spec.name)
@@ -398,10 +491,8 @@ def render_markdown(doc: dict[str, Any]) -> str:
     if doc.get("incomplete"):
         inc = doc["incomplete"]
         lines += [f"**⚠️ Incomplete: {escape_md(inc['reason'])} after {inc['cells']} cells; {escape_md(inc.get('resume', ''))}.**", ""]
-    totals = Counter(c["status"] for c in cells)
-    lines.append("Checks run (one per model x backend x check, hazards and findings included; the matrix shows one verdict "
-                 "per model and backend): " + ", ".join(f"{SYMBOLS[s]} {s} {totals[s]}" for s in STATUSES if totals[s])
-                 + f" (of {len(cells)}).")
+    totals = Counter(check_mark(c)[2] for c in cells)
+    lines.append(counts_line(cells))
     lines.append("")
     if not versioned:
         lines += _answer_section(models, by_group, backends, dtypes, labels, marks)
@@ -453,6 +544,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
     lines += _what_to_do(doc)
     lines += ["## Legend", ""]
     lines += [f"- {SYMBOLS[s]} {LEGEND[s]}" for s in STATUSES if totals[s]]
+    lines += [f"- {sym} {label}: {ROLE_LEGEND[role]}" for role, (sym, label) in ROLE_MARKS.items() if totals[role]]
     lines += [
         "- A matrix cell's verdict comes from its correctness checks only; the cause after ❌ is what they measured.",
         "  \"(not checked: …)\" names correctness checks that could not run there: the ✅ covers the others only.",
@@ -523,7 +615,11 @@ def _details(models: list[str], by_group: dict[tuple, list[dict]], backends: lis
              envs: list[str | None], checks: list[str], labels: dict[str, str], cells: list[dict[str, Any]]) -> list[str]:
     from tabulate import tabulate
 
-    lines = ["# packcheck details", "", "Every check's verdict and the number it rests on, per model (click to open).", ""]
+    lines = ["# packcheck details", "", "Every check's verdict and the number it rests on, per model (click to open).", "",
+             ("Marks follow the checks' roles: ✅ pass and ❌ fail are correctness checks (they decide the model's mark); "
+              f"{ROLE_MARKS['hazard'][0]} {ROLE_MARKS['hazard'][1]} is a hazard probe that showed its hazard and "
+              f"{ROLE_MARKS['finding'][0]} {ROLE_MARKS['finding'][1]} a failed contract item of the library stack: "
+              "neither is a failure of the model."), ""]
     for label in models:
         blocks = []
         for dtype in dtypes:
@@ -536,11 +632,16 @@ def _details(models: list[str], by_group: dict[tuple, list[dict]], backends: lis
                     row = [labels.get(b, b) if b else "(model level)"]
                     for chk in checks:
                         c = group.get(chk)
-                        row.append(f"{SYMBOLS[c['status']]} {_key_number(c)}".strip() if c else "")
+                        if c:
+                            sym, word, _ = check_mark(c)
+                            row.append(f"{sym} {word if word not in ('pass', 'fail') or _role(c) != 'correctness' else ''} "
+                                       f"{_key_number(c)}".replace("  ", " ").strip())
+                        else:
+                            row.append("")
                         if c and c["status"] not in ("pass", "skipped"):
                             d = c.get("diagnosis") or {}
                             cause = f" — cause: {d['cause']}; remedy: {d['remedy']}" if d.get("cause") and d.get("remedy") else ""
-                            notes.append(f"- {labels.get(b, b) if b else 'model level'} / {chk} ({_role(c)}), {c['status']}: "
+                            notes.append(f"- {labels.get(b, b) if b else 'model level'} / {chk} ({_role(c)}), {check_mark(c)[1]}: "
                                          f"{escape_md(c['message'][:400])}{escape_md(cause)}")
                     rows.append(row)
                 if rows:
@@ -549,9 +650,8 @@ def _details(models: list[str], by_group: dict[tuple, list[dict]], backends: lis
                                              for chk in checks]
                     blocks += [f"**{dtype}{escape_md(where)}**", "", tabulate(rows, headers=headers, tablefmt="github"), "", *notes, ""]
         if blocks:
-            h = [headline(g) for (m, _, _, _), g in by_group.items() if m == label]
-            worst = cell_status([x["status"] for x in h])
-            lines += ["<details>", f"<summary>{SYMBOLS[worst]} {escape_md(label)}</summary>", "", *blocks, "</details>", ""]
+            lines += ["<details>", f"<summary>{model_mark(label, by_group)} {escape_md(label)}</summary>", "", *blocks,
+                      "</details>", ""]
     return lines
 
 
@@ -756,18 +856,23 @@ def _what_to_do(doc: dict[str, Any]) -> list[str]:
 
 
 def _cut(text: str, n: int) -> str:
-    return text if len(text) <= n else text[: n - 1] + "…"
+    """``text`` in at most ``n`` characters, cut at a word boundary (never mid-word) with "…"."""
+    if len(text) <= n:
+        return text
+    head = text[: n - 1]
+    space = head.rfind(" ")
+    return (head[:space] if space > n // 2 else head).rstrip(" ,;:") + "…"
 
 
 def render_terminal(doc: dict[str, Any], paths: list[str]) -> list[str]:
     """Lines for pytest's terminal summary (plain text, no Markdown): versions, totals, one line per model and
     backend with its headline verdict and cause, then the stack hazards once each."""
     cells = doc["cells"]
-    totals = Counter(c["status"] for c in cells)
     lines = [
         (f"transformers {_v(doc['environment'], 'transformers')}, torch {_v(doc['environment'], 'torch')}, "
         f"trl {_v(doc['environment'], 'trl')}, device {doc['environment'].get('device')}"),
-        "checks: " + ", ".join(f"{s} {totals[s]}" for s in STATUSES if totals[s]) + f" (total {len(cells)})",
+        counts_line(cells, symbols=False),
+        "(pytest counts one item per check: hazards and findings are its xfailed items, never failures.)",
     ]
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for c in cells:

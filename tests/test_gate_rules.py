@@ -1,0 +1,108 @@
+"""The gate's rules on planted result documents (pure, no model built): one duplicate-cell rule shared with
+merge, causes compared (a cell that stays red but gains a cause is a regression), and the job summary."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pytest_packcheck.errors import PackcheckUsageError
+from pytest_packcheck.gate import cell_causes, compare, index_cells, merge, regressions, render_summary
+
+
+def _cell(cell_id="llama-sdpa-trainer-float32", check="trainer", status="pass", cause=None, **over):
+    cell = {"cell_id": cell_id, "model": {"label": "llama", "spec": "arch:llama"}, "backend": "sdpa", "check": check,
+            "dtype": "float32", "status": status, "metrics": {"max_loss_delta": 3.2e-1 if status == "fail" else 1e-7},
+            "message": "ok" if status == "pass" else "packed run differs from the padded reference at every step",
+            "tolerances": {"train_loss_atol": 2e-5}, "cause": cause}
+    if cause:
+        cell["diagnosis"] = {"cause": cause, "remedy": "set use_cache=False in the model config", "findings": [],
+                             "known_faults": ["trainer-keeps-use-cache"]}
+    return {**cell, **over}
+
+
+def _doc(cells, transformers="5.24.0"):
+    return {"schema_version": 2, "environment": {"transformers": transformers, "trl": "1.16.0", "torch": "2.13.0+cpu"},
+            "settings": {"models": ["arch:llama"], "backends": ["sdpa"], "checks": ["trainer"], "dtypes": ["float32"]},
+            "cells": cells}
+
+
+def test_a_cell_held_twice_with_two_verdicts_is_refused_by_gate_and_merge_alike():
+    base = _doc([_cell()])
+    twice = _doc([_cell(status="fail", cause="leak"), _cell()])  # first fail, then pass
+    with pytest.raises(PackcheckUsageError, match=r"Cell llama-sdpa-trainer-float32 is 'fail' and 'pass' in the candidate"):
+        compare(base, twice)
+    with pytest.raises(PackcheckUsageError, match=r"Cell llama-sdpa-trainer-float32 is 'fail' and 'pass' in the baseline"):
+        compare(twice, base)
+    with pytest.raises(PackcheckUsageError, match=r"is 'fail' and 'pass' in the files merged"):
+        merge([twice])
+    with pytest.raises(PackcheckUsageError, match=r"is 'pass' and 'fail' in the files merged"):
+        merge([base, _doc([_cell(status="fail", cause="leak")])])
+    # the same verdict twice (overlapping shards, a resumed run) is one cell, in both
+    same = _doc([_cell(), _cell()])
+    assert compare(base, same) == [] and len(merge([same, base])["cells"]) == 1
+    assert list(index_cells(same["cells"], lambda c: c["cell_id"], "x")) == ["llama-sdpa-trainer-float32"]
+
+
+def test_gate_cli_refuses_a_duplicate_cell_in_one_line_exit_2(tmp_path):
+    base, cand = tmp_path / "base.json", tmp_path / "cand.json"
+    base.write_text(json.dumps(_doc([_cell()])))
+    cand.write_text(json.dumps(_doc([_cell(status="fail", cause="leak"), _cell()])))
+    proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "gate", "--baseline", str(base), "--candidate",
+                           str(cand)], capture_output=True, text=True, check=False)
+    assert proc.returncode == 2, proc.stdout
+    assert proc.stderr.strip().count("\n") == 0 and "is 'fail' and 'pass' in the candidate" in proc.stderr
+    assert "No cell changed" not in proc.stdout
+
+
+def test_a_red_cell_that_gains_a_cause_is_a_regression_and_one_that_loses_one_is_not():
+    one = _doc([_cell(status="fail", cause="leak")])
+    two = copy.deepcopy(one)
+    two["cells"][0]["diagnosis"]["findings"] = [{"cause": "loss_normalisation", "remedy": "pass num_items_in_batch"}]
+    gained = compare(one, two)
+    assert [(c.worse, c.detail) for c in gained] == [(True, "gained cause loss_normalisation")]
+    assert len(regressions(gained)) == 1
+    lost = compare(two, one)
+    assert [(c.worse, c.detail) for c in lost] == [(False, "lost cause loss_normalisation")] and regressions(lost) == []
+    # several causes in a ``causes`` list (a cell failing for several reasons) count as well
+    listed = copy.deepcopy(one)
+    listed["cells"][0]["causes"] = ["leak", "wrong_positions"]
+    assert [c.detail for c in regressions(compare(one, listed))] == ["gained cause wrong_positions"]
+    assert compare(one, copy.deepcopy(one)) == []  # the same causes: no change
+    # a status-only code (a crash is its status) is no new cause
+    assert cell_causes(_cell(status="error", cause="crash")) == set()
+
+
+def test_job_summary_names_the_trainer_regression_with_versions_number_cause_known_fault_and_remedy():
+    base = _doc([_cell(status="fail", cause="cache_trap")], transformers="4.57.1")
+    cand = _doc([_cell()], transformers="5.24.0")
+    better = render_summary(compare(base, cand), base["environment"], cand["environment"])
+    assert "no regression, 1 changed cell(s)" in better and "fail → pass" in better
+    assert "transformers 4.57.1 → 5.24.0, trl 1.16.0" in better
+    # the other way round: the regression, with its cause, known fault and remedy from the candidate's diagnosis
+    worse = render_summary(compare(cand, base), cand["environment"], base["environment"])
+    row = next(line for line in worse.splitlines() if line.startswith("| llama"))
+    for part in ("| sdpa", "| trainer", "pass → fail", "loss Δ 1.0e-07 → loss Δ 3.2e-01", "cache\\_trap",
+                 "trainer-keeps-use-cache", "set use\\_cache=False in the model config", "**REGRESSION**"):
+        assert part in row, (part, row)
+    assert worse.startswith("### packcheck gate: 1 regression(s)")
+    assert render_summary([], cand["environment"], cand["environment"]).rstrip().endswith("No cell changed.")
+
+
+def test_gate_summary_flag_appends_markdown_and_names_an_unwritable_file(tmp_path):
+    base, cand = tmp_path / "base.json", tmp_path / "cand.json"
+    base.write_text(json.dumps(_doc([_cell()], transformers="4.57.1")))
+    cand.write_text(json.dumps(_doc([_cell(status="fail", cause="cache_trap")])))
+    summary = tmp_path / "step_summary.md"
+    summary.write_text("earlier step\n")
+    cmd = [sys.executable, "-m", "pytest_packcheck.cli", "gate", "--baseline", str(base), "--candidate", str(cand)]
+    proc = subprocess.run([*cmd, "--summary", str(summary)], capture_output=True, text=True, check=False)
+    assert proc.returncode == 1, proc.stderr
+    text = summary.read_text()
+    assert text.startswith("earlier step\n### packcheck gate: 1 regression(s)") and "cache\\_trap" in text
+    proc = subprocess.run([*cmd, "--summary", str(tmp_path / "no" / "such" / "dir.md")], capture_output=True, text=True, check=False)
+    assert proc.returncode == 2 and "(from --summary)" in proc.stderr and "dir.md" in proc.stderr
