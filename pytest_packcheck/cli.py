@@ -12,7 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .settings import OPT_ALL_ARCHS, OPT_AUDIT, OPT_MODELS, OPT_RESUME, OPT_TIMEOUT, OPT_VERSIONS, OPTIONS
+from .settings import OPT_ALL_ARCHS, OPT_AUDIT, OPT_CHECKS, OPT_MODELS, OPT_RESUME, OPT_TIMEOUT, OPT_VERSIONS, OPTIONS
 
 OPTIONS_BY_FLAG = {opt.flag: opt for opt in OPTIONS}
 
@@ -113,9 +113,25 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def gate_checks() -> tuple[str, ...]:
+    """The checks ``audit --gate`` runs when none are named: the default checks plus the Trainer's (packed and its
+    own padded run) and, where TRL is installed here, the SFTTrainer's (packed and padded). Issue 27: a gate without
+    a training check said "No cell changed" while the Trainer went from fail (4.57.x keeps use_cache) to pass."""
+    from importlib.util import find_spec
+
+    from .registry import DEFAULT_CHECKS
+
+    training = ("trainer", "trainer_padded") + (("sft", "sft_padded") if find_spec("trl") else ())
+    return (*DEFAULT_CHECKS, *training)
+
+
 def _pytest_args(ns: argparse.Namespace) -> list[str]:
     args: list[str] = []
     given = {opt.dest: getattr(ns, opt.dest) for opt in OPTIONS}
+    checks_opt = OPTIONS_BY_FLAG[OPT_CHECKS]
+    if (getattr(ns, "gate", False) and given[checks_opt.dest] is None and not os.environ.get(checks_opt.env or "")
+            and not given["packcheck_audit"] and not os.environ.get(OPTIONS_BY_FLAG[OPT_AUDIT].env or "")):
+        given[checks_opt.dest] = ",".join(gate_checks())
     from_env = any(os.environ.get(OPTIONS_BY_FLAG[flag].env or "") for flag in (OPT_MODELS, OPT_AUDIT))
     if given["packcheck_models"] is None and not given["packcheck_audit"] and not given["packcheck_all_architectures"] and not from_env:
         given["packcheck_audit"] = "default"  # $PACKCHECK_MODELS / $PACKCHECK_AUDIT replace the default audit (CLI > env)

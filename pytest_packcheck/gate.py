@@ -118,7 +118,11 @@ def stack(doc: dict[str, Any]) -> dict[str, Any]:
     env = dict(doc.get("environment") or {})
     if len(labels) == 1 and labels[0]:
         record = next(c["env"] for c in doc["cells"] if c.get("env"))
-        env.update({k: v for k, v in (record.get("environment") or {}).items() if v is not None})
+        child = record.get("environment") or {}
+        env.update({k: v for k, v in child.items() if v is not None})
+        # a library the environment's own fingerprint names as absent is absent there, whatever the controller
+        # has (issue 27: the header said trl 1.16.0 where the environments had no TRL)
+        env.update({k: None for k in _SUMMARY_LIBRARIES if k in child and child[k] is None and k != "torch"})
         env.update({k.replace("-", "_"): v for k, v in (record.get("versions") or {}).items()})
         env["label"] = labels[0]
     return env
@@ -294,9 +298,10 @@ def render_summary(changes: list[Change], baseline_env: dict[str, Any], candidat
 
     rows = []
     for ch in sorted(changes, key=lambda c: (not (c.worse and not c.allowed), tuple(str(x) for x in c.key))):
-        cell = ch.after or ch.before or {}
+        # the side that is not a pass says why (a fixed cell: the baseline's cause; a regression: the candidate's)
+        cell = ch.after if ch.after and ch.after["status"] != "pass" else (ch.before or ch.after or {})
         d = cell.get("diagnosis") or {}
-        causes = sorted(cell_causes(cell)) if ch.after else []
+        causes = sorted(cell_causes(cell))
         number = " → ".join(x for x in (side(ch.before), side(ch.after)) if x)
         model, backend, check, dtype, env = ch.key
         rows.append([escape_md(model), escape_md(backend or "(model level)"), check, dtype, escape_md(versions if env is None else env),

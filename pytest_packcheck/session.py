@@ -154,6 +154,14 @@ class PackcheckSession:
             from .results import load_document
 
             load_document(self.settings.baseline)  # missing, corrupt or newer: a usage error before any cell runs
+        if self.settings.versions:
+            # before any environment is built: a release that does not exist is a usage error naming the nearest
+            # ones (issue 27: transformers==5.25.0, not released, gave 13 "crash" regressions)
+            from .envs import validate_versions
+            from .settings import OPT_VERSIONS
+
+            for note in validate_versions(list(self.settings.versions), OPT_VERSIONS):
+                warnings.warn(PackcheckWarning(note))
         if self.settings.device.startswith("cuda"):
             # torch.cuda.is_available() calls cudaGetDeviceCount, which "poisons fork": the per-model children
             # forked later could not use CUDA. Asked through NVML it does not (torch/cuda/__init__.py).

@@ -106,3 +106,92 @@ def test_gate_summary_flag_appends_markdown_and_names_an_unwritable_file(tmp_pat
     assert text.startswith("earlier step\n### packcheck gate: 1 regression(s)") and "cache\\_trap" in text
     proc = subprocess.run([*cmd, "--summary", str(tmp_path / "no" / "such" / "dir.md")], capture_output=True, text=True, check=False)
     assert proc.returncode == 2 and "(from --summary)" in proc.stderr and "dir.md" in proc.stderr
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# versions checked up front, the packages the checks need, and the gate's default checks
+
+
+def test_a_version_that_is_not_released_is_a_usage_error_naming_the_nearest_releases():
+    from pytest_packcheck.envs import parse_versions, validate_versions
+
+    asked: list[str] = []
+
+    def lookup(name):
+        asked.append(name)
+        return {"transformers": ["4.57.0", "4.57.1", "5.23.0", "5.24.0", "5.25.0.dev0"], "trl": ["0.24.0", "1.16.0"]}[name]
+
+    combos = parse_versions(["transformers==4.57.1,5.25.0", "trl==1.16.0"], "--versions")
+    with pytest.raises(PackcheckUsageError, match=r"'transformers==5.25.0' \(from --versions\) matches no release of "
+                                                  r"transformers on .*: the nearest releases are 5.23.0, 5.24.0\. "
+                                                  r"Pass a released version, e.g\. transformers==5.24.0\."):
+        validate_versions(combos, "--versions", lookup)
+    assert asked == ["transformers"]  # stops at the first bad library; one query per library
+    asked.clear()
+    assert validate_versions(parse_versions(["transformers==4.57.1,5.24.0", "trl>=1.0"], "--versions"), "--versions", lookup) == []
+    assert asked == ["transformers", "trl"]  # 4 combinations, 2 queries
+
+    def offline(name):
+        raise OSError("Name or service not known")
+
+    notes = validate_versions(combos, "--versions", offline)
+    assert len(notes) == 2 and "transformers versions not checked against" in notes[0]
+
+
+def test_unreleased_version_stops_the_audit_before_any_environment_is_built(pytester):
+    pytester.makeconftest("""
+import pytest_packcheck.envs as envs
+
+envs.release_versions = lambda name, timeout=20.0: ["4.57.1", "5.23.0", "5.24.0"]
+
+def built(combo, log=None):
+    raise AssertionError("an environment was built")
+
+envs.ensure_env = built
+""")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--packcheck-models=arch:llama", "--packcheck-attn=sdpa",
+                                           "--packcheck-checks=isolation", "--packcheck-versions=transformers==4.57.1,5.25.0",
+                                           f"--packcheck-report-dir={pytester.path / 'out'}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "'transformers==5.25.0' (from --packcheck-versions) matches no release" in result.stderr.str()
+    assert "an environment was built" not in result.stdout.str() + result.stderr.str()
+
+
+def test_version_environments_get_what_the_sft_checks_need():
+    from pytest_packcheck.envs import VersionCombo, _base_requirements, check_requirements, env_key
+
+    combo = VersionCombo(("transformers==4.57.1",))
+    assert check_requirements(("isolation", "trainer"), combo) == ()
+    need = check_requirements(("isolation", "sft", "sft_padded"), combo)
+    assert need == ("trl", "datasets")  # trl is installed here (the test extras)
+    assert check_requirements(("sft",), VersionCombo(("transformers==4.57.1", "trl==0.24.0"))) == ("datasets",)
+    with_sft = VersionCombo(combo.requirements, need)
+    assert with_sft == combo and with_sft.label == combo.label  # the label (cell ids) does not change
+    assert {"trl", "datasets"} <= set(_base_requirements(with_sft)) and "datasets" not in _base_requirements(combo)
+    assert env_key(with_sft) != env_key(combo)  # another environment in the cache
+
+
+def test_the_header_does_not_claim_a_library_the_environment_lacks():
+    from pytest_packcheck.gate import stack
+
+    cell = _cell()
+    cell["env"] = {"label": "transformers==4.57.1", "versions": {"transformers": "4.57.1"},
+                   "environment": {"transformers": "4.57.1", "trl": None, "torch": "2.13.0+cpu"}}
+    env = stack(_doc([cell]))  # the controller has trl 1.16.0
+    assert env["transformers"] == "4.57.1" and env["trl"] is None and env["torch"] == "2.13.0+cpu"
+
+
+def test_audit_gate_runs_the_training_checks_unless_checks_are_named(monkeypatch):
+    from pytest_packcheck.cli import _parser, _pytest_args, gate_checks
+
+    monkeypatch.delenv("PACKCHECK_CHECKS", raising=False)
+    monkeypatch.delenv("PACKCHECK_AUDIT", raising=False)
+    assert {"trainer", "trainer_padded", "sft", "sft_padded", "isolation"} <= set(gate_checks())
+    base = ["audit", "--models", "arch:llama", "--versions", "transformers==4.57.1,5.24.0"]
+    args = _pytest_args(_parser().parse_args([*base, "--gate"]))
+    assert f"--packcheck-checks={','.join(gate_checks())}" in args
+    assert not any(a.startswith("--packcheck-checks") for a in _pytest_args(_parser().parse_args(base)))
+    named = _pytest_args(_parser().parse_args([*base, "--gate", "--packcheck-checks", "isolation"]))
+    assert [a for a in named if a.startswith("--packcheck-checks")] == ["--packcheck-checks=isolation"]
+    monkeypatch.setenv("PACKCHECK_CHECKS", "isolation")
+    assert not any(a.startswith("--packcheck-checks") for a in _pytest_args(_parser().parse_args([*base, "--gate"])))
