@@ -24,13 +24,64 @@ _SUMMARY_HELP = ("For the gate: append GitHub job-summary Markdown to FILE (e.g.
                  "changed cell with model, backend, versions, verdict before / after, number, cause, known fault, remedy.")
 
 
+#: What ``packcheck`` exits with, for --help and the README.
+EXIT_CODES = {
+    0: "the matrix was written (whatever the verdicts); gate: no regression; bisect: an answer",
+    1: "gate: a regression (after the table is printed); bisect: the endpoints do not hold or skips hide the boundary",
+    2: "usage error (one line naming the value, where it came from and the fix)",
+    3: "internal error (pytest's)",
+    130: "interrupted (Ctrl-C / SIGTERM): the finished cells are written, marked incomplete; rerun with --resume",
+}
+
+
+def audits() -> dict[str, str]:
+    """The audits shipped with packcheck (audit/*.toml with an ``[audit]`` table): name -> description."""
+    import tomllib
+
+    from .specs import PACKAGE_AUDIT_DIR
+
+    out = {}
+    for path in sorted(PACKAGE_AUDIT_DIR.glob("*.toml")):
+        try:
+            table = tomllib.loads(path.read_text(encoding="utf-8")).get("audit")
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            continue
+        if isinstance(table, dict):
+            out[path.stem] = str(table.get("description", ""))
+    return out
+
+
+def help_epilog() -> str:
+    """The end of ``packcheck --help`` / ``packcheck audit --help``, generated from the registry (checks with
+    their roles, cause codes), the shipped audits and :data:`EXIT_CODES`: never retyped."""
+    import textwrap
+
+    from .registry import CAUSES, DEFAULT_CHECKS, REGISTRY, TRAINING_CHECKS
+
+    def wrap(text: str, indent: str = "  ") -> str:
+        return textwrap.fill(text, width=100, initial_indent=indent, subsequent_indent=indent + "  ")
+
+    lines = ["checks (--packcheck-checks; default: all but the training ones):"]
+    lines += [wrap(f"{s.name} ({s.role}{', training' if s.training else ''}): {s.summary}") for s in REGISTRY]
+    lines += [wrap(f"default: {', '.join(DEFAULT_CHECKS)}; training (opt in, or --audit training): {', '.join(TRAINING_CHECKS)}"),
+              "", "causes (a failing cell names each; bisect --cause takes one):"]
+    lines += [wrap(f"{code}: {meaning}") for code, meaning in CAUSES.items()]
+    lines += ["", "audits (--audit NAME; default: default):"]
+    lines += [wrap(f"{name}: {desc}") for name, desc in audits().items()]
+    lines += ["", "exit codes:"] + [wrap(f"{code}: {meaning}") for code, meaning in EXIT_CODES.items()]
+    return "\n".join(lines)
+
+
 def _parser() -> argparse.ArgumentParser:
     from .registry import CAUSES
 
-    parser = argparse.ArgumentParser(prog="packcheck", description="Checks that padding-free packing trains the same model.")
+    parser = argparse.ArgumentParser(prog="packcheck", description="Checks that padding-free packing trains the same model.",
+                                     epilog=help_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     audit = sub.add_parser("audit", help="Run the matrix and write reports/packcheck-matrix.md and .json.",
-                           description="Runs the embedded default audit (audit/default.toml) when no model is given.")
+                           description="Runs the embedded default audit (audit/default.toml) when no model is given. "
+                                       "The default audit runs no Trainer / SFTTrainer: --audit training does.",
+                           epilog=help_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     for opt in OPTIONS:
         flags = [opt.flag] + ([_ALIASES[opt.flag]] if opt.flag in _ALIASES else [])
         kwargs = {"dest": opt.dest, "help": opt.help}

@@ -356,11 +356,78 @@ def _not_checked_section(cells: list[dict[str, Any]], backends: list[str], label
     return lines + [""]
 
 
+def _models_are(models: dict[str, Any], settings: dict[str, Any]) -> str:
+    """What the models are, in one sentence: transformers' default configs shrunk with random weights (``arch:``
+    specs), or the checkpoints named."""
+    kinds = Counter(m.get("kind") or ("arch" if str(m.get("spec", "")).startswith("arch:") else "other") for m in models.values())
+    weights = settings.get("weights") or "random"
+    if kinds and set(kinds) == {"arch"}:
+        return (f"The models are transformers' own default configs (`arch:<model_type>`, the config class's defaults, "
+                f"overrides in braces), shrunk to a tiny size (a few layers, small hidden size), with {weights} weights: "
+                "the verdicts are about the architecture's code path on this stack, not about a trained checkpoint.")
+    return (f"The models: {kinds.get('arch', 0)} transformers default configs (shrunk, {weights} weights) and "
+            f"{sum(v for k, v in kinds.items() if k != 'arch')} named checkpoints or folders; weights: {weights}.")
+
+
+def _trainer_note(cells: list[dict[str, Any]]) -> list[str]:
+    """What the answer does not cover when no trainer check ran, and the one command that does."""
+    if any(c["check"] in ("trainer", "sft") for c in cells):
+        return []
+    return [("**Not run here: transformers' Trainer and TRL's SFTTrainer themselves** (the `trainer` / `sft` checks: a "
+             "few optimizer steps packed vs padded, gradient accumulation's num_items_in_batch, TRL's packer). The verdicts "
+             "below are of the model fed the packed row as the Trainer feeds it (restarting position_ids, no "
+             "attention_mask, use_cache=False). To measure the trainers on this stack: `packcheck audit --audit training` "
+             "(TRL for the SFT checks: `pip install -c constraints/cpu.txt -e '.[trl]'`)."), ""]
+
+
+def _at_a_glance(models: dict[str, Any], by_group: dict[tuple, list[dict]], backends: list[str], dtype: str,
+                 labels: dict[str, str], gpu_only: list[str]) -> list[str]:
+    """The "Do not pack" list (model, backends, cause with its number, remedy), then "Safe" in one line per group
+    of backends (the models safe on exactly those), then the backends that ran nothing here, named once."""
+    bad, safe_by = [], defaultdict(list)
+    for label in models:
+        failing: dict[str, list[str]] = defaultdict(list)
+        first: dict[str, dict[str, Any]] = {}
+        safe = []
+        for b in backends:
+            group = by_group.get((label, b, dtype, None), [])
+            if not group or b in gpu_only:
+                continue
+            h = headline(group)
+            if h["status"] in ("fail", "fallback"):
+                key = ", ".join(_cause_label(c) for c in h["causes"])
+                failing[key].append(labels.get(b, b))
+                first.setdefault(key, h["bad"][0])
+            elif h["status"] == "pass":
+                safe.append(labels.get(b, b) + (f" ({', '.join(h['not_checked'])} not checked)" if h["not_checked"] else ""))
+        for cause, where in failing.items():
+            c = first[cause]
+            fix = (c.get("diagnosis") or {}).get("remedy") or ""
+            bad.append(f"- **{escape_md(label)}** on {', '.join(where)}: {cause} ({c['check']} {_key_number(c)})"
+                       + (f"; remedy: {escape_md(fix)}" if fix else "") + ".")
+        if safe:
+            safe_by[tuple(safe)].append(label)
+    lines = ["### Do not pack", ""] + (bad or ["- none: no model failed a correctness check here."]) + [""]
+    lines += ["### Safe (every correctness check that ran passed; the ones that could not run are named)", ""]
+    lines += [f"- on {', '.join(where)}: {', '.join(escape_md(m) for m in ms)}"
+              for where, ms in sorted(safe_by.items(), key=lambda kv: (-len(kv[0]), kv[0]))] or ["- none"]
+    lines.append("")
+    if gpu_only:
+        lines += [f"Not run on this machine (every model): {', '.join(labels.get(b, b) for b in gpu_only)}; see \"Not checked\".", ""]
+    return lines
+
+
 def _answer_section(models: dict[str, Any], by_group: dict[tuple, list[dict]], backends: list[str], dtypes: list[str],
-                    labels: dict[str, str], marks: dict[tuple, list[str]]) -> list[str]:
-    """The answer, one line per model and dtype: safe backends, do-not-pack backends with the cause and its
-    number, and what was not checked."""
-    lines = ["## The answer", "",
+                    labels: dict[str, str], marks: dict[tuple, list[str]], cells: list[dict[str, Any]] | None = None,
+                    settings: dict[str, Any] | None = None) -> list[str]:
+    """The answer: what the models are, what was not run (the trainers), per dtype the "Do not pack" list and
+    the "Safe" groups, then one line per model: safe backends, do-not-pack backends with the cause and its
+    number, and what was not checked (backends that ran nothing for any model are named once above)."""
+    cells = cells or [c for g in by_group.values() for c in g]
+    # backends where no model ran anything (a CUDA kernel on a CPU machine): named once, not on every model's line
+    gpu_only = [b for b in backends if all(headline(g)["status"] == "skipped" for k, g in by_group.items() if k[1] == b)
+                and any(k[1] == b for k in by_group)]
+    lines = ["## The answer", "", _models_are(models, settings or {}), "", *_trainer_note(cells),
              ("Per model: where padding-free packing trains it the same as padding (fed as transformers' Trainer and "
               "TRL feed it: restarting position_ids, no attention_mask, use_cache=False), where it does not and why, "
               "and where packcheck could not look. Numbers: Δ is the largest absolute difference of logits (or loss, "
@@ -370,11 +437,13 @@ def _answer_section(models: dict[str, Any], by_group: dict[tuple, list[dict]], b
     for dtype in dtypes:
         if len(dtypes) > 1:
             lines += [f"{dtype}:", ""]
+        lines += _at_a_glance(models, by_group, backends, dtype, labels, gpu_only)
+        lines += ["### Every model", ""]
         for label in models:
             safe, partial, bad, refused, unchecked = [], [], defaultdict(list), [], []
             for b in backends:
                 group = by_group.get((label, b, dtype, None), [])
-                if not group:
+                if not group or b in gpu_only:
                     continue
                 h = headline(group)
                 name = labels.get(b, b)
@@ -495,7 +564,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
     lines.append(counts_line(cells))
     lines.append("")
     if not versioned:
-        lines += _answer_section(models, by_group, backends, dtypes, labels, marks)
+        lines += _answer_section(models, by_group, backends, dtypes, labels, marks, cells, settings)
     lines += _hazards_section(cells, backends, labels, envs)
     lines += _findings_section(cells, envs)
     if versioned:
@@ -879,15 +948,33 @@ def render_terminal(doc: dict[str, Any], paths: list[str]) -> list[str]:
         where = c["dtype"] + (f" @ {env_label(c)}" if env_label(c) else "")
         groups[(c["model"]["label"], c["backend"] or "(model level)", where)].append(c)
     marks = departures(cells)
+    # passes once per backend (the models named), not-checked once per backend and reason (with the count, the
+    # reason whole), every other verdict on its own line with its cause and remedy
+    passed: dict[tuple[str, str], list[str]] = defaultdict(list)
+    unchecked: dict[tuple[str, str, str], list[str]] = defaultdict(list)
     for (label, backend, where), group in sorted(groups.items()):
-        if backend == "(model level)" and all(_role(c) == "finding" for c in group):
+        if backend == "(model level)" and all(_role(c) != "correctness" for c in group):
             continue  # stack findings: summarised below
         h = headline(group)
         text = plain(_headline_text(group, marks.get((label, env_label(group[0]), group[0]["dtype"], group[0]["backend"]))))
+        if h["status"] == "pass" and text == SYMBOLS["pass"]:
+            passed[(backend, where)].append(label)
+            continue
+        if h["status"] == "skipped":
+            why = " ".join(str((h["cells"] or group)[0]["message"]).split())
+            unchecked[(backend, where, why)].append(label)
+            continue
         reason = ""
-        if h["status"] in ("error", "timeout", "oom", "unsupported", "skipped") and h["cells"]:
-            reason = ": " + _cut(plain((h["bad"] or h["cells"])[0]["message"]), 90)
-        lines.append(f"  {h['status']:11s} {label} / {backend} / {where}: {text[2:].strip() or h['status']}{reason}")
+        if h["status"] in ("error", "timeout", "oom", "unsupported") and h["cells"]:
+            reason = ": " + _cut(plain((h["bad"] or h["cells"])[0]["message"]), 110)
+        fix = ((h["bad"][0].get("diagnosis") or {}).get("remedy") if h["bad"] and h["status"] in ("fail", "fallback") else None)
+        lines.append(f"  {h['status']:11s} {label} / {backend} / {where}: {text[2:].strip() or h['status']}{reason}"
+                     + (f" — remedy: {_cut(plain(fix), 140)}" if fix else ""))
+    for (backend, where), models in sorted(passed.items()):
+        lines.append(f"  pass        {backend} / {where}: {len(models)} {'model' if len(models) == 1 else 'models'} "
+                     f"({_cut(', '.join(models), 160)})")
+    for (backend, where, why), models in sorted(unchecked.items()):
+        lines.append(f"  not checked {backend} / {where}, {len(models)} {'model' if len(models) == 1 else 'models'}: {plain(why)}")
     for (hazard, env, dtype, backend), row in sorted(_hazard_rows(cells).items(), key=lambda kv: tuple(str(x) for x in kv[0])):
         if row["shown"]:
             lines.append(f"  hazard      {_cause_label(hazard)} on {backend} / {dtype}{f' @ {env}' if env else ''}: "
