@@ -338,10 +338,25 @@ def _gate_versions(out: Path, allow: dict[str, str], summary: str | None = None)
         return 2
     print(f"\npackcheck gate: {labels[1]} (candidate) against {labels[0]} (baseline)")
     try:
-        return _run_gate(baseline, candidate, allow, "packcheck gate", summary=summary)
+        code = _run_gate(baseline, candidate, allow, "packcheck gate", summary=summary)
     except PackcheckUsageError as exc:
         print(f"packcheck audit: error: {exc}", file=sys.stderr)
         return 2
+    _gate_into_report(out, doc, baseline, candidate, allow, labels)
+    return code
+
+
+def _gate_into_report(out: Path, doc: dict, baseline: dict, candidate: dict, allow: dict[str, str], labels: list[str]) -> None:
+    """Record the gate's result in the matrix files (the HTML shows it): ``doc["gate"]`` with the two
+    environments, the counts and each regression's cell id, then the four files written again as a set."""
+    from .gate import compare, regressions
+    from .report import write_reports
+
+    changes = compare(baseline, candidate, allow)
+    bad = regressions(changes)
+    doc["gate"] = {"baseline": labels[0], "candidate": labels[1], "changed": len(changes), "regressions": len(bad),
+                   "cells": ["-".join(str(x) for x in ch.key[:4] if x) for ch in bad]}
+    write_reports(out, doc)
 
 
 def _reproduce_line(argv: list[str]) -> str:

@@ -23,7 +23,8 @@ td.cell:hover{outline:2px solid #333}
 #details{position:fixed;top:1em;right:1em;width:min(48em,48vw);max-height:calc(100vh - 2em);overflow:auto;
   padding:.5em 1em;border:2px solid #333;background:#fafafa;box-shadow:0 4px 16px rgba(0,0,0,.25);z-index:10}
 #details-close{float:right;cursor:pointer}
-.legend span{display:inline-block;margin:0 .4em .3em 0;padding:1px 6px;border:1px solid #ccc}
+.legend span,.chart span{display:inline-block;margin:0 .4em .3em 0;padding:1px 6px;border:1px solid #ccc}
+.chart{margin:.3em 0 .6em}
 .hidden{display:none}
 code{background:#eee;padding:0 3px}
 """
@@ -195,12 +196,43 @@ def _summary_html(doc: dict[str, Any], data: dict[str, Any]) -> str:
                if found else "<p>none.</p>")
     gate = doc.get("gate")
     if isinstance(gate, dict):
+        cells = gate.get("cells") or []
         out.append('<h2 id="gate">Gate</h2>' + f'<p class="{"fail" if gate.get("regressions") else "pass"}">'
-                   f'{e(str(gate.get("regressions", 0)))} regression(s), {e(str(gate.get("changed", 0)))} changed cell(s): '
-                   f'{e(str(gate.get("baseline", "")))} → {e(str(gate.get("candidate", "")))}</p>')
+                   f'{"❌" if gate.get("regressions") else "✅"} {e(str(gate.get("regressions", 0)))} regression(s), '
+                   f'{e(str(gate.get("changed", 0)))} changed cell(s): {e(str(gate.get("candidate", "")))} (candidate) against '
+                   f'{e(str(gate.get("baseline", "")))} (baseline){": " + e(", ".join(map(str, cells))) if cells else ""}</p>')
+    if lay.versioned:
+        out.append(_release_chart(doc, lay, labels))
     if data.get("collapsed"):
         out.append('<p id="collapsed">Not run on this machine (columns left out): ' + "; ".join(
             f"<b>{e(b)}</b>: {e(why)}" for b, why in data["collapsed"].items()) + "</p>")
+    return "\n".join(out)
+
+
+def _release_chart(doc: dict[str, Any], lay: Any, labels: dict[str, str]) -> str:
+    """For version audits, per model a small chart: one row per backend, one box per release (in version
+    order) coloured by the cell's verdict, with its word and the release in the box, so a regression reads as a
+    change of colour along the row."""
+    from .report import _env_header, headline
+
+    e = html.escape
+    out = ['<h2 id="releases">Verdict per release</h2>']
+    for model in lay.models:
+        rows = []
+        for dtype in lay.dtypes:
+            for b in lay.backends:
+                boxes = []
+                for env in lay.envs:
+                    group = lay.by_group.get((model, b, dtype, env))
+                    if not group:
+                        continue
+                    status = headline(group)["status"]
+                    word = "not checked" if status == "skipped" else status
+                    boxes.append(f'<span class="{e(status)}" title="{e(word)}">{e(_env_header(env, doc["cells"]))}: {e(word)}</span>')
+                if boxes:
+                    rows.append(f"<div>{e(labels.get(b, b))}{' / ' + e(dtype) if len(lay.dtypes) > 1 else ''}: {' → '.join(boxes)}</div>")
+        if rows:
+            out.append(f'<div class="chart"><b>{e(model)}</b>{"".join(rows)}</div>')
     return "\n".join(out)
 
 

@@ -246,7 +246,8 @@ class PackcheckSession:
         from .models import ResolvedModel, resolve_model
 
         try:
-            return resolve_model(spec, self.settings.model_source, self.settings.trust_remote_code)
+            with _quiet_default_config() if spec.kind == "arch" else contextlib.nullcontext():
+                return resolve_model(spec, self.settings.model_source, self.settings.trust_remote_code)
         except PackcheckUsageError as exc:
             if not os.environ.get(CHILD_ENV_VAR):
                 raise
@@ -556,7 +557,9 @@ class Progress:
         tw = getattr(tr, "_tw", None)  # end a line of progress dots first (pytest's writer knows where it is)
         if tw is not None and getattr(tw, "width_of_current_line", 0) and not getattr(tr, "currentfspath", None):
             tw.line()
-        tr.write_line(f"packcheck: building {group} (model {len(self.groups)}/{self.n_groups}); {self.line()}")
+        what = (f"making / running version environment {group[4:]} ({len(self.groups)}/{self.n_groups})" if group.startswith("env:")
+                else f"building {group} (model {len(self.groups)}/{self.n_groups})")
+        tr.write_line(f"packcheck: {what}; {self.line()}")
 
     def finished(self, report: pytest.TestReport) -> None:
         if report.when == "call" or (report.when == "setup" and not report.passed):
@@ -582,6 +585,22 @@ def _group_of(nodeid: str) -> str | None:
 def _clock(seconds: float) -> str:
     m, s = divmod(round(seconds), 60)
     return f"{m}:{s:02d}"
+
+
+@contextlib.contextmanager
+def _quiet_default_config() -> Any:
+    """transformers' warnings off (errors kept) while an ``arch:`` spec's default config is made: the config is the
+    library's own, not the user's, and its complaints ("bos_token_id must be None or an integer within the
+    vocabulary ... got 50256", starcoder2's and phi's defaults in transformers 5.24) printed before the first
+    cell say nothing about packing."""
+    from transformers.utils import logging as hf_logging
+
+    before = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(before)
 
 
 def visible_gpus() -> list[str]:

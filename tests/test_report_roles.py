@@ -139,3 +139,24 @@ def test_a_planted_role_blind_mark_is_caught(doc, monkeypatch):
     qwen3 = report.render_details(doc)
     qwen3 = qwen3[qwen3.index("qwen3</summary>"):qwen3.index("llama</summary>")]
     assert "❌" in qwen3  # what test_details_mark_a_model_... asserts is absent
+
+
+def test_html_of_a_version_audit_charts_the_verdict_per_release_and_shows_the_gate():
+    from pytest_packcheck.html import render_html
+
+    def cell(env, status):
+        c = _cell("llama", "sdpa", "trainer", status, "cache_trap" if status == "fail" else None, max_loss_delta=0.3)
+        c["cell_id"] += f"@{env}"
+        c["env"] = {"label": env, "requirements": [env], "versions": {"transformers": env.split("==")[1]},
+                    "environment": {"torch": "2.13.0+cpu"}}
+        return c
+
+    doc = _doc([cell("transformers==5.24.0", "pass"), cell("transformers==4.57.1", "fail")])
+    doc["settings"]["versions"] = ["transformers==4.57.1", "transformers==5.24.0"]
+    doc["gate"] = {"baseline": "transformers==4.57.1", "candidate": "transformers==5.24.0", "changed": 1, "regressions": 0, "cells": []}
+    page = render_html(doc)
+    chart = page[page.index('id="releases"'):]
+    # in version order, each box coloured and worded: a change of colour along the row
+    assert ('<span class="fail" title="fail">transformers 4.57.1: fail</span> → '
+            '<span class="pass" title="pass">transformers 5.24.0: pass</span>') in chart
+    assert "✅ 0 regression(s), 1 changed cell(s): transformers==5.24.0 (candidate) against transformers==4.57.1 (baseline)" in page

@@ -287,6 +287,9 @@ def test_example_workflow_gates_two_versions_in_one_command(tmp_path, bad_versio
             assert "better/neutral" in proc.stdout and "0 regression(s)" in proc.stdout
     summary = (tmp_path / "summary.md").read_text()
     assert summary.count("### packcheck gate: no regression, 1 changed cell(s)") == 2  # one per step, appended
+    written = json.loads((tmp_path / "out" / "packcheck-matrix.json").read_text())["gate"]  # the HTML shows it
+    assert written["changed"] == 1 and written["regressions"] == 0 and written["candidate"] == "transformers==5.24.0"
+    assert 'id="gate"' in (tmp_path / "out" / "packcheck-matrix.html").read_text()
     assert "| opt " in summary and "| isolation " in summary and "transformers 4.57.1 → 5.24.0" in summary
     # without the --allow, the leak the upgrade brings is a regression
     if bad_version == "5.24.0":

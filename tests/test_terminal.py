@@ -76,3 +76,22 @@ def test_progress_line_per_model_and_quiet_under_q(pytester, monkeypatch):
     assert "FAILED packcheck::opt::packcheck[opt-sdpa-isolation-float32] - fail (leak; remedy: do not pack on" in out
     quiet = pytester.runpytest_subprocess(*args, "-q").stdout.str()
     assert "packcheck: building" not in quiet
+
+
+def test_default_config_warnings_of_arch_specs_are_silenced(pytester):
+    """transformers 5.24 warns about starcoder2's own default config (bos / eos 50256 outside its 49152-token
+    vocabulary) when packcheck makes it: not the user's config, nothing about packing, not printed."""
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--packcheck-models=arch:starcoder2",
+                                           "--packcheck-attn=sdpa", "--packcheck-checks=isolation", "--collect-only", "-q")
+    assert result.ret == 0
+    out = result.stdout.str() + result.stderr.str()
+    assert "1 test collected" in out and "bos_token_id must be" not in out
+    import transformers
+    from transformers.utils import logging as hf_logging
+
+    from pytest_packcheck.session import _quiet_default_config
+
+    before = hf_logging.get_verbosity()
+    with _quiet_default_config():
+        assert hf_logging.get_verbosity() == hf_logging.ERROR
+    assert hf_logging.get_verbosity() == before and transformers.__version__
