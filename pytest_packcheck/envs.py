@@ -464,9 +464,15 @@ def run_in_env(combo: VersionCombo, settings: Any, models: list[str], report_dir
     import tempfile
 
     t0 = time.perf_counter()
-    combo = dataclasses.replace(combo, extras=check_requirements(settings.checks, combo))
+    extras = check_requirements(settings.checks, combo)
     try:
-        env = ensure_env(combo)
+        try:
+            env = ensure_env(dataclasses.replace(combo, extras=extras))
+        except EnvError:
+            if not extras:
+                raise
+            # no TRL fits this combination: the environment without it; its sft cells say TRL is not installed
+            env = ensure_env(combo)
     except EnvError as exc:
         return EnvRun(combo, {}, None, str(exc), seconds=round(time.perf_counter() - t0, 3))
     slug = env.path.name
@@ -514,24 +520,30 @@ def run_in_env(combo: VersionCombo, settings: Any, models: list[str], report_dir
 # What the checks need, and whether the versions exist
 
 
+#: The TRL a version environment gets for the SFT checks when the combination names none: packcheck's own floor
+#: (pyproject's ``trl`` extra). Unbounded, uv took trl 0.11.4 and datasets 2.14.4 beside transformers 4.57.1
+#: (huggingface-hub < 1.0), whose datasets breaks on today's pyarrow and takes transformers' Trainer down with it.
+TRL_FLOOR = "trl>=0.19"
+
+
 def check_requirements(checks: Any, combo: VersionCombo) -> tuple[str, ...]:
     """Distributions a version environment needs for ``checks`` beyond packcheck's runtime: TRL (which brings
-    ``datasets``) and ``datasets`` itself for the SFT checks (the ``sft`` module's rows of the registry), when
-    TRL is installed here (without it the controller would not plan them as runnable either). Unpinned unless
-    the combination names them, so uv picks the TRL that fits the environment's transformers. Issue 27: with
-    ``--packcheck-checks trainer,sft`` the sft cells were skipped with "No module named 'datasets'" inside the
-    environments while the header said trl 1.16.0."""
+    ``datasets``) for the SFT checks (the ``sft`` module's rows of the registry), when TRL is installed here (the
+    controller plans them only then) and the combination names no TRL; at :data:`TRL_FLOOR` or later, so uv picks
+    the TRL that fits the environment's transformers. Issue 27: with ``--packcheck-checks trainer,sft`` the sft
+    cells were skipped with "No module named 'datasets'" inside the environments while the header said trl 1.16.0.
+    Where no TRL fits, :func:`run_in_env` makes the environment without it and the sft cells say so."""
     from .registry import SPECS
 
-    names = set(combo.names())
-    need: list[str] = []
+    if "trl" in set(combo.names()):
+        return ()
     if any(SPECS[c].function.startswith("sft:") for c in checks or () if c in SPECS):
         try:
             metadata.version("trl")
         except metadata.PackageNotFoundError:
             return ()
-        need += [p for p in ("trl", "datasets") if p not in names]
-    return tuple(need)
+        return (TRL_FLOOR,)
+    return ()
 
 
 #: The package index a version is checked against: uv's / pip's configured index, else PyPI's simple API.

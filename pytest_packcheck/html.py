@@ -33,9 +33,9 @@ _SCRIPT = """
 const DATA = JSON.parse(document.getElementById('packcheck-data').textContent);
 const $ = (id) => document.getElementById(id);
 function esc(s){return String(s).replace(/[&<>"']/g, c => ({'&':'&amp;','<':'&lt;','>':'&gt;','"':'&quot;',"'":'&#39;'}[c]));}
-function fill(id, values){const sel=$(id); for(const v of values){const o=document.createElement('option'); o.value=v; o.textContent=v; sel.appendChild(o);}}
+function fill(id, values, names){const sel=$(id); for(const v of values){const o=document.createElement('option'); o.value=v; o.textContent=(names && names[v]) || v; sel.appendChild(o);}}
 fill('f-model', DATA.models); fill('f-backend', DATA.backends); fill('f-version', DATA.columns_are_versions ? DATA.columns : DATA.versions);
-fill('f-verdict', DATA.verdicts);
+fill('f-verdict', DATA.verdicts, DATA.verdict_names);
 function render(){
   const fm=$('f-model').value, fb=$('f-backend').value, fv=$('f-version').value, fs=$('f-verdict').value;
   const cols = DATA.columns.filter(c => !DATA.columns_are_versions || !fv || c === fv)
@@ -83,6 +83,7 @@ def html_data(doc: dict[str, Any]) -> dict[str, Any]:
     colour change along a row."""
     from .backends import backend_labels
     from .report import _cut, _env_header, _headline_text, _key_number, _role, check_mark, departures, headline, layout
+    from .results import SYMBOLS
 
     cells = doc["cells"]
     labels = backend_labels(doc.get("environment", {}))
@@ -138,6 +139,8 @@ def html_data(doc: dict[str, Any]) -> dict[str, Any]:
         "versions": [_env_header(e, cells) for e in envs], "columns": columns, "columns_are_versions": versioned,
         "row_headers": ["model", "backend", "dtype"] if versioned else ["model", "dtype"],
         "verdicts": sorted({g["status"] for r in rows for g in r["cells"].values()}), "rows": rows, "groups": groups,
+        # the filter's words are the cells' words ("✅ pass", "⏭️ not checked"), not the status codes
+        "verdict_names": {s: f"{SYMBOLS[s]} {'not checked' if s == 'skipped' else s}" for s in SYMBOLS},
     }
 
 

@@ -158,17 +158,36 @@ envs.ensure_env = built
 
 
 def test_version_environments_get_what_the_sft_checks_need():
-    from pytest_packcheck.envs import VersionCombo, _base_requirements, check_requirements, env_key
+    from pytest_packcheck.envs import TRL_FLOOR, VersionCombo, _base_requirements, check_requirements, env_key
 
     combo = VersionCombo(("transformers==4.57.1",))
     assert check_requirements(("isolation", "trainer"), combo) == ()
     need = check_requirements(("isolation", "sft", "sft_padded"), combo)
-    assert need == ("trl", "datasets")  # trl is installed here (the test extras)
-    assert check_requirements(("sft",), VersionCombo(("transformers==4.57.1", "trl==0.24.0"))) == ("datasets",)
+    assert need == (TRL_FLOOR,) == ("trl>=0.19",)  # trl is installed here (the test extras); it brings datasets
+    assert check_requirements(("sft",), VersionCombo(("transformers==4.57.1", "trl==0.24.0"))) == ()
     with_sft = VersionCombo(combo.requirements, need)
     assert with_sft == combo and with_sft.label == combo.label  # the label (cell ids) does not change
-    assert {"trl", "datasets"} <= set(_base_requirements(with_sft)) and "datasets" not in _base_requirements(combo)
+    assert TRL_FLOOR in _base_requirements(with_sft) and not any(r.startswith("trl") for r in _base_requirements(combo))
     assert env_key(with_sft) != env_key(combo)  # another environment in the cache
+
+
+def test_an_environment_where_no_trl_fits_is_made_without_it(monkeypatch, tmp_path):
+    """uv cannot resolve the TRL floor beside this transformers: the environment is made without TRL (its sft
+    cells then say TRL is missing) instead of every cell being an error."""
+    from pytest_packcheck import envs
+
+    made = []
+
+    def ensure(combo, log=None):
+        made.append(combo.extras)
+        if combo.extras:
+            raise envs.EnvError("trl>=0.19: not installable: no version fits transformers==4.44.0")
+        raise envs.EnvError("stop here")  # the second attempt is what matters
+
+    monkeypatch.setattr(envs, "ensure_env", ensure)
+    settings = type("S", (), {"checks": ("sft",)})()
+    run = envs.run_in_env(envs.VersionCombo(("transformers==4.44.0",)), settings, ["arch:llama"], tmp_path)
+    assert made == [("trl>=0.19",), ()] and run.error == "stop here"
 
 
 def test_the_header_does_not_claim_a_library_the_environment_lacks():

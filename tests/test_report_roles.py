@@ -111,6 +111,7 @@ def test_html_panel_of_a_pass_cell_shows_hazards_in_their_own_colour_with_words(
     row = next(r for r in data["rows"] if r["model"] == "opt")
     assert row["cells"]["sdpa"]["text"] == "❌ fail: leak"  # a text label beside the mark
     assert next(r for r in data["rows"] if r["model"] == "qwen3")["cells"]["sdpa"]["text"] == "✅ pass"
+    assert data["verdict_names"]["skipped"] == "⏭️ not checked"  # the filter's words are the cells' words
     page = render_html(doc)
     assert '<h2 id="do-not-pack">' in page and "<td>opt</td><td>sdpa</td><td>leak</td>" in page
     assert '<span class="hazard">🔶 cache trap</span> on sdpa / float32: 3/3 models' in page
