@@ -151,7 +151,7 @@ def _summary_html(doc: dict[str, Any], data: dict[str, Any]) -> str:
     from collections import defaultdict
 
     from .backends import backend_labels
-    from .report import LEGEND, ROLE_LEGEND, ROLE_MARKS, _cause_label, _hazard_rows, _key_number, headline, layout
+    from .report import LEGEND, ROLE_LEGEND, ROLE_MARKS, _cause_label, _cut, _hazard_rows, _key_number, headline, layout
     from .results import STATUSES, SYMBOLS
 
     e = html.escape
@@ -194,7 +194,7 @@ def _summary_html(doc: dict[str, Any], data: dict[str, Any]) -> str:
                 if isinstance(it, dict) and it.get("status") == "fail":
                     found[(c["check"], f"{name}: {it.get('evidence', '')}")].add(c["model"]["label"])
     out.append('<h2 id="findings">Stack findings (facts of the library stack)</h2>')
-    out.append("<ul>" + "".join(f'<li><span class="finding">{ROLE_MARKS["finding"][0]} {e(check)}</span> {e(text[:220])} '
+    out.append("<ul>" + "".join(f'<li><span class="finding">{ROLE_MARKS["finding"][0]} {e(check)}</span> {e(_cut(text, 220))} '
                                 f'({len(models)} models)</li>' for (check, text), models in sorted(found.items())) + "</ul>"
                if found else "<p>none.</p>")
     gate = doc.get("gate")

@@ -329,7 +329,7 @@ def _findings_section(cells: list[dict[str, Any]], envs: list[str | None]) -> li
                     status, _, evidence = text.partition(": ")
                     who = f"{len(models)}/{len(ran)} models" + ("" if len(models) * 2 > len(ran) else f" ({', '.join(models[:6])})")
                     sym = ROLE_MARKS["finding"][0] if status == "fail" else SYMBOLS.get(status, "")
-                    parts.append(f"  - {sym} {name}: {escape_md(evidence[:220])} — {who}")
+                    parts.append(f"  - {sym} {name}: {escape_md(_cut(evidence, 220))} — {who}")
             title = {"collate": "transformers' DataCollatorWithFlattening", "collate_trl": "TRL's padding-free collator",
                      "packing_content": "TRL's pack_dataset"}.get(spec.name, spec.name)
             lines.append(f"- **{title}** (`{spec.name}`){escape_md(where)}:")
@@ -352,7 +352,7 @@ def _not_checked_section(cells: list[dict[str, Any]], backends: list[str], label
         return []
     lines = ["## Not checked", ""]
     for (backend, why), models in sorted(by.items()):
-        lines.append(f"- {escape_md(backend)}, {len(models)} models: {escape_md(why[:200])}")
+        lines.append(f"- {escape_md(backend)}, {len(models)} models: {escape_md(_cut(why, 200))}")
     return lines + [""]
 
 
@@ -711,7 +711,7 @@ def _details(models: list[str], by_group: dict[tuple, list[dict]], backends: lis
                             d = c.get("diagnosis") or {}
                             cause = f" — cause: {d['cause']}; remedy: {d['remedy']}" if d.get("cause") and d.get("remedy") else ""
                             notes.append(f"- {labels.get(b, b) if b else 'model level'} / {chk} ({_role(c)}), {check_mark(c)[1]}: "
-                                         f"{escape_md(c['message'][:400])}{escape_md(cause)}")
+                                         f"{escape_md(_cut(c['message'], 400))}{escape_md(cause)}")
                     rows.append(row)
                 if rows:
                     where = f", {_env_header(e, cells)}" if e else ""
