@@ -263,12 +263,13 @@ def render_changes(changes: list[Change], baseline_env: dict[str, Any], candidat
 _SUMMARY_LIBRARIES = ("transformers", "trl", "torch", "accelerate", "datasets", "flash_attn")
 
 
-def _stack_versions(baseline_env: dict[str, Any], candidate_env: dict[str, Any]) -> str:
-    """``transformers 4.57.1 → 5.24.0, trl 1.16.0``: every library either side names, once when equal."""
+def _stack_versions(baseline_env: dict[str, Any], candidate_env: dict[str, Any], changed_only: bool = False) -> str:
+    """``transformers 4.57.1 → 5.24.0, trl 1.16.0``: every library either side names, once when equal (left out
+    with ``changed_only``)."""
     parts = []
     for lib in _SUMMARY_LIBRARIES:
         a, b = baseline_env.get(lib), candidate_env.get(lib)
-        if a or b:
+        if (a or b) and not (changed_only and a == b):
             parts.append(f"{lib} {a or 'not installed'}" if a == b else f"{lib} {a or 'not installed'} → {b or 'not installed'}")
     return ", ".join(parts)
 
@@ -284,6 +285,7 @@ def render_summary(changes: list[Change], baseline_env: dict[str, Any], candidat
 
     bad = regressions(changes)
     versions = _stack_versions(baseline_env, candidate_env)
+    changed = _stack_versions(baseline_env, candidate_env, changed_only=True) or versions
     title = (f"### packcheck gate: {len(bad)} regression(s)" if bad else "### packcheck gate: no regression") + \
         f", {len(changes)} changed cell(s)"
     lines = [title, "", f"Stacks: {escape_md(versions)}.", ""]
@@ -304,7 +306,7 @@ def render_summary(changes: list[Change], baseline_env: dict[str, Any], candidat
         causes = sorted(cell_causes(cell))
         number = " → ".join(x for x in (side(ch.before), side(ch.after)) if x)
         model, backend, check, dtype, env = ch.key
-        rows.append([escape_md(model), escape_md(backend or "(model level)"), check, dtype, escape_md(versions if env is None else env),
+        rows.append([escape_md(model), escape_md(backend or "(model level)"), check, dtype, escape_md(changed if env is None else env),
                      f"{ch.baseline or '—'} → {ch.candidate or '—'}", escape_md(number), escape_md(", ".join(causes) or ch.detail or "—"),
                      escape_md(", ".join(d.get("known_faults") or []) or "—"), escape_md(d.get("remedy") or "—"), verdict(ch)])
     lines.append(tabulate(rows, headers=["model", "backend", "check", "dtype", "versions", "before → after", "number", "cause",

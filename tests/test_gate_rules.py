@@ -86,7 +86,7 @@ def test_job_summary_names_the_trainer_regression_with_versions_number_cause_kno
     # the other way round: the regression, with its cause, known fault and remedy from the candidate's diagnosis
     worse = render_summary(compare(cand, base), cand["environment"], base["environment"])
     row = next(line for line in worse.splitlines() if line.startswith("| llama"))
-    for part in ("| sdpa", "| trainer", "pass → fail", "loss Δ 1.0e-07 → loss Δ 3.2e-01", "cache\\_trap",
+    for part in ("| sdpa", "| trainer", "| transformers 5.24.0 → 4.57.1 |", "pass → fail", "loss Δ 1.0e-07 → loss Δ 3.2e-01", "cache\\_trap",
                  "trainer-keeps-use-cache", "set use\\_cache=False in the model config", "**REGRESSION**"):
         assert part in row, (part, row)
     assert worse.startswith("### packcheck gate: 1 regression(s)")
