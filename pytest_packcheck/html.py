@@ -151,7 +151,7 @@ def _summary_html(doc: dict[str, Any], data: dict[str, Any]) -> str:
     from collections import defaultdict
 
     from .backends import backend_labels
-    from .report import LEGEND, ROLE_LEGEND, ROLE_MARKS, _cause_label, _cut, _hazard_rows, _key_number, headline, layout
+    from .report import LEGEND, ROLE_LEGEND, ROLE_MARKS, _cause_label, _cut, _hazard_rows, _key_number, _role, headline, layout
     from .results import STATUSES, SYMBOLS
 
     e = html.escape
@@ -165,7 +165,7 @@ def _summary_html(doc: dict[str, Any], data: dict[str, Any]) -> str:
     bad: dict[str, list[tuple[str, str, str, str]]] = defaultdict(list)
     for (model, b, dtype, env), group in lay.by_group.items():
         h = headline(group)
-        if h["status"] in ("fail", "fallback") and any(c.get("role", "correctness") == "correctness" for c in group):
+        if h["status"] in ("fail", "fallback") and any(_role(c) == "correctness" for c in group):
             first = h["bad"][0]
             d = first.get("diagnosis") or {}
             where = labels.get(b, b) + (f" @ {env}" if env else "") + (f" ({dtype})" if len(lay.dtypes) > 1 else "")
@@ -189,7 +189,7 @@ def _summary_html(doc: dict[str, Any], data: dict[str, Any]) -> str:
             shown, key=lambda kv: tuple(str(x) for x in kv[0]))) + "</ul>" if shown else "<p>none shown.</p>")
     found: dict[tuple[str, str], set[str]] = defaultdict(set)
     for c in doc["cells"]:
-        if c.get("role") == "finding" and c["status"] == "fail":
+        if _role(c) == "finding" and c["status"] == "fail":
             for name, it in ((c.get("metrics") or {}).get("items") or {"verdict": {"status": "fail", "evidence": c["message"]}}).items():
                 if isinstance(it, dict) and it.get("status") == "fail":
                     found[(c["check"], f"{name}: {it.get('evidence', '')}")].add(c["model"]["label"])

@@ -4,6 +4,9 @@ A matrix cell's headline is decided by the checks whose registry role is ``corre
 one of them that ran passed, and the ones that could not run are named ("not checked"). Hazards and stack
 findings are counted once per environment and backend above the matrix; a model that departs from its stack's
 pattern is marked (⚑) on its own cell.
+Marks follow the roles everywhere (issue 23.6): a hazard that showed is 🔶 "hazard shown", a failed stack
+contract item 🔷 "stack finding" (:func:`check_mark`), and the headline counts matrix cells by verdict
+(:func:`matrix_counts`), never checks.
 """
 
 from __future__ import annotations
@@ -110,8 +113,8 @@ def check_mark(cell: dict[str, Any]) -> tuple[str, str, str]:
 
 def matrix_counts(cells: list[dict[str, Any]]) -> dict[str, Any]:
     """The headline counts by role: ``cells`` (matrix cells, i.e. model x backend x dtype x environment groups
-    with a correctness check, counted by their headline verdict), ``models_bad`` (models with a cell that is not
-    a pass or a skip), ``hazards`` (hazard probes that showed the hazard / hazard probes that measured),
+    with a correctness check, counted by their headline verdict), ``models`` (verdict -> the models with a cell
+    of that verdict), ``hazards`` (hazard probes that showed the hazard / hazard probes that measured),
     ``findings`` (finding checks that failed / ran, and failed contract items) and ``checks`` (every check run,
     by status)."""
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
