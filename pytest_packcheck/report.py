@@ -566,6 +566,12 @@ def render_markdown(doc: dict[str, Any]) -> str:
     totals = Counter(check_mark(c)[2] for c in cells)
     lines.append(counts_line(cells))
     lines.append("")
+    gate = doc.get("gate")
+    if isinstance(gate, dict):  # audit --gate: the result beside the matrix it was read from
+        n = gate.get("regressions", 0)
+        lines += [f"**Gate: {'❌' if n else '✅'} {n} regression(s), {gate.get('changed', 0)} changed cell(s)**, "
+                  f"{escape_md(str(gate.get('candidate')))} (candidate) against {escape_md(str(gate.get('baseline')))} (baseline)"
+                  + (f": {escape_md(', '.join(map(str, gate.get('cells') or [])))}" if gate.get("cells") else "") + ".", ""]
     if not versioned:
         lines += _answer_section(models, by_group, backends, dtypes, labels, marks, cells, settings)
     lines += _hazards_section(cells, backends, labels, envs)

@@ -161,3 +161,7 @@ def test_html_of_a_version_audit_charts_the_verdict_per_release_and_shows_the_ga
     assert ('<span class="fail" title="fail">transformers 4.57.1: fail</span> → '
             '<span class="pass" title="pass">transformers 5.24.0: pass</span>') in chart
     assert "✅ 0 regression(s), 1 changed cell(s): transformers==5.24.0 (candidate) against transformers==4.57.1 (baseline)" in page
+    from pytest_packcheck.report import render_markdown
+
+    assert ("**Gate: ✅ 0 regression(s), 1 changed cell(s)**, transformers==5.24.0 (candidate) against "
+            "transformers==4.57.1 (baseline).") in render_markdown(doc)
