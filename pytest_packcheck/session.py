@@ -177,7 +177,7 @@ class PackcheckSession:
             from .results import load_document
 
             load_document(self.settings.baseline)  # missing, corrupt or newer: a usage error before any cell runs
-        if self.settings.versions:
+        if getattr(self.settings, "versions", None):
             # before any environment is built: a release that does not exist is a usage error naming the nearest
             # ones (issue 27: transformers==5.25.0, not released, gave 13 "crash" regressions)
             from .envs import validate_versions
