@@ -110,6 +110,7 @@ def html_data(doc: dict[str, Any]) -> dict[str, Any]:
         word = "not checked" if h["status"] == "skipped" else h["status"]
         # a text label beside every mark: "✅ pass", "❌ fail: leak" (no emoji font: the word still reads)
         shown = text if text.split(" ", 1)[-1].startswith(word) else text.replace(" ", f" {word}: ", 1) if " " in text else f"{text} {word}"
+        groups[key]["verdict"] = shown
         return {"key": key, "status": h["status"], "text": shown}
 
     rows = []

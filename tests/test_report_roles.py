@@ -108,6 +108,7 @@ def test_html_panel_of_a_pass_cell_shows_hazards_in_their_own_colour_with_words(
     assert css["cache_trap"] == css["mask_trap"] == "hazard" and css["isolation"] == "pass"
     assert {c["label"] for c in group["checks"] if c["check"] == "cache_trap"} == {"hazard shown"}
     assert "fail" not in css.values()  # a ✅ cell's panel has no red row
+    assert group["verdict"] == "✅ pass"  # the panel's headline has its word too
     row = next(r for r in data["rows"] if r["model"] == "opt")
     assert row["cells"]["sdpa"]["text"] == "❌ fail: leak"  # a text label beside the mark
     assert next(r for r in data["rows"] if r["model"] == "qwen3")["cells"]["sdpa"]["text"] == "✅ pass"
