@@ -12,7 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .settings import OPT_ALL_ARCHS, OPT_AUDIT, OPT_MODELS, OPT_RESUME, OPT_TIMEOUT, OPT_VERSIONS, OPTIONS
+from .settings import OPT_ALL_ARCHS, OPT_AUDIT, OPT_CHECKS, OPT_MODELS, OPT_RESUME, OPT_TIMEOUT, OPT_VERSIONS, OPTIONS
 
 OPTIONS_BY_FLAG = {opt.flag: opt for opt in OPTIONS}
 
@@ -20,11 +20,68 @@ _ALIASES = {OPT_MODELS: "--models", OPT_AUDIT: "--audit", OPT_ALL_ARCHS: "--all-
             OPT_RESUME: "--resume", OPT_TIMEOUT: "--timeout"}
 
 
+_SUMMARY_HELP = ("For the gate: append GitHub job-summary Markdown to FILE (e.g. \"$GITHUB_STEP_SUMMARY\"): a row per "
+                 "changed cell with model, backend, versions, verdict before / after, number, cause, known fault, remedy.")
+
+
+#: What ``packcheck`` exits with, for --help and the README.
+EXIT_CODES = {
+    0: "the matrix was written (whatever the verdicts); gate: no regression; bisect: an answer",
+    1: "gate: a regression (after the table is printed); bisect: the endpoints do not hold or skips hide the boundary",
+    2: "usage error (one line naming the value, where it came from and the fix)",
+    3: "internal error (pytest's)",
+    130: "interrupted (Ctrl-C / SIGTERM): the finished cells are written, marked incomplete; rerun with --resume",
+}
+
+
+def audits() -> dict[str, str]:
+    """The audits shipped with packcheck (audit/*.toml with an ``[audit]`` table): name -> description."""
+    import tomllib
+
+    from .specs import PACKAGE_AUDIT_DIR
+
+    out = {}
+    for path in sorted(PACKAGE_AUDIT_DIR.glob("*.toml")):
+        try:
+            table = tomllib.loads(path.read_text(encoding="utf-8")).get("audit")
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            continue
+        if isinstance(table, dict):
+            out[path.stem] = str(table.get("description", ""))
+    return out
+
+
+def help_epilog() -> str:
+    """The end of ``packcheck --help`` / ``packcheck audit --help``, generated from the registry (checks with
+    their roles, cause codes), the shipped audits and :data:`EXIT_CODES`: never retyped."""
+    import textwrap
+
+    from .registry import CAUSES, DEFAULT_CHECKS, REGISTRY, TRAINING_CHECKS
+
+    def wrap(text: str, indent: str = "  ") -> str:
+        return textwrap.fill(text, width=100, initial_indent=indent, subsequent_indent=indent + "  ")
+
+    lines = ["checks (--packcheck-checks; default: all but the training ones):"]
+    lines += [wrap(f"{s.name} ({s.role}{', training' if s.training else ''}): {s.summary}") for s in REGISTRY]
+    lines += [wrap(f"default: {', '.join(DEFAULT_CHECKS)}; training (opt in, or --audit training): {', '.join(TRAINING_CHECKS)}"),
+              "", "causes (a failing cell names each; bisect --cause takes one):"]
+    lines += [wrap(f"{code}: {meaning}") for code, meaning in CAUSES.items()]
+    lines += ["", "audits (--audit NAME; default: default):"]
+    lines += [wrap(f"{name}: {desc}") for name, desc in audits().items()]
+    lines += ["", "exit codes:"] + [wrap(f"{code}: {meaning}") for code, meaning in EXIT_CODES.items()]
+    return "\n".join(lines)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="packcheck", description="Checks that padding-free packing trains the same model.")
+    from .registry import CAUSES
+
+    parser = argparse.ArgumentParser(prog="packcheck", description="Checks that padding-free packing trains the same model.",
+                                     epilog=help_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     audit = sub.add_parser("audit", help="Run the matrix and write reports/packcheck-matrix.md and .json.",
-                           description="Runs the embedded default audit (audit/default.toml) when no model is given.")
+                           description="Runs the embedded default audit (audit/default.toml) when no model is given. "
+                                       "The default audit runs no Trainer / SFTTrainer: --audit training does.",
+                           epilog=help_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     for opt in OPTIONS:
         flags = [opt.flag] + ([_ALIASES[opt.flag]] if opt.flag in _ALIASES else [])
         kwargs = {"dest": opt.dest, "help": opt.help}
@@ -51,6 +108,7 @@ def _parser() -> argparse.ArgumentParser:
                             "audit, gate the second against the first cell by cell; exit 1 on a regression.")
     audit.add_argument("--allow", action="append", default=[], metavar="CELL=REASON",
                        help="For --gate: accept a regression of a cell id or id prefix; repeatable.")
+    audit.add_argument("--summary", metavar="FILE", default=None, help=_SUMMARY_HELP)
     audit.add_argument("pytest_args", nargs="*", help="Extra pytest arguments after --, e.g. -- -k sdpa.")
     gate = sub.add_parser("gate", help="Compare a candidate results JSON with a baseline; exit 1 if a cell got worse.")
     gate.add_argument("--baseline", required=True, help="Baseline results JSON (e.g. reports/baseline.json).")
@@ -65,6 +123,7 @@ def _parser() -> argparse.ArgumentParser:
                       help="Bisect each regression it prints: the transformers or trl release between the two stacks "
                            "that broke the cell (one version environment per probe; needs the package index).")
     gate.add_argument("--bisect-output-dir", default="reports/bisect", help="Where --bisect writes its JSON (default reports/bisect).")
+    gate.add_argument("--summary", metavar="FILE", default=None, help=_SUMMARY_HELP)
     bisect = sub.add_parser("bisect", help="Name the release that broke (or fixed) one cell, from the package index.",
                             description="Bisects the releases between --good and --bad, one version environment per "
                                         "probe, endpoints first; releases that cannot install or crash are skipped.")
@@ -77,8 +136,9 @@ def _parser() -> argparse.ArgumentParser:
                              "the older one (first bad / first fixed).")
     bisect.add_argument("--model", default=None, metavar="SPEC", help="Model spec to build (default arch:<the cell's model label>).")
     bisect.add_argument("--pre", action="store_true", help="Include pre-releases (default: final releases only).")
-    bisect.add_argument("--cause", default=None, help="Judge by a cause instead of the verdict: the cell holds when its "
-                                                      "diagnosis does not name this cause (e.g. loss_normalisation).")
+    bisect.add_argument("--cause", default=None, metavar="CAUSE",
+                        help="Judge by a cause instead of the verdict: the cell holds when its diagnosis does not name "
+                             "this cause. One of: " + ", ".join(CAUSES) + ".")
     bisect.add_argument("--supported", action="store_true",
                         help="Judge whether the cell is supported at all (unsupported is bad): a version floor.")
     bisect.add_argument("-o", "--output-dir", default="reports/bisect", help="Where the JSON goes (default reports/bisect).")
@@ -104,9 +164,25 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def gate_checks() -> tuple[str, ...]:
+    """The checks ``audit --gate`` runs when none are named: the default checks plus the Trainer's (packed and its
+    own padded run) and, where TRL is installed here, the SFTTrainer's (packed and padded). Issue 27: a gate without
+    a training check said "No cell changed" while the Trainer went from fail (4.57.x keeps use_cache) to pass."""
+    from importlib.util import find_spec
+
+    from .registry import DEFAULT_CHECKS
+
+    training = ("trainer", "trainer_padded") + (("sft", "sft_padded") if find_spec("trl") else ())
+    return (*DEFAULT_CHECKS, *training)
+
+
 def _pytest_args(ns: argparse.Namespace) -> list[str]:
     args: list[str] = []
     given = {opt.dest: getattr(ns, opt.dest) for opt in OPTIONS}
+    checks_opt = OPTIONS_BY_FLAG[OPT_CHECKS]
+    if (getattr(ns, "gate", False) and given[checks_opt.dest] is None and not os.environ.get(checks_opt.env or "")
+            and not given["packcheck_audit"] and not os.environ.get(OPTIONS_BY_FLAG[OPT_AUDIT].env or "")):
+        given[checks_opt.dest] = ",".join(gate_checks())
     from_env = any(os.environ.get(OPTIONS_BY_FLAG[flag].env or "") for flag in (OPT_MODELS, OPT_AUDIT))
     if given["packcheck_models"] is None and not given["packcheck_audit"] and not given["packcheck_all_architectures"] and not from_env:
         given["packcheck_audit"] = "default"  # $PACKCHECK_MODELS / $PACKCHECK_AUDIT replace the default audit (CLI > env)
@@ -179,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
         allow = _parse_allow(ns.allow)
         if ns.allow and not ns.gate:
             raise PackcheckUsageError("--allow works with --gate (or `packcheck gate`): add --gate.")
+        if ns.summary and not ns.gate:
+            raise PackcheckUsageError(f"--summary '{ns.summary}' writes the gate's job summary: add --gate (or run `packcheck gate`).")
         if ns.gate:
             _gate_environments(ns)
     except PackcheckUsageError as exc:
@@ -205,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         code = pytest.main(full)
     if code in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
         if ns.gate:
-            return _gate_versions(Path(ns.packcheck_report_dir or "reports"), allow)
+            return _gate_versions(Path(ns.packcheck_report_dir or "reports"), allow, ns.summary)
         if ns.bench:
             _bench_into_report(ns, Path(ns.packcheck_report_dir or "reports"))
         if ns.verify_remedies:
@@ -243,7 +321,7 @@ def _gate_environments(ns: argparse.Namespace) -> tuple[str, str]:
     return combos[0].label, combos[1].label
 
 
-def _gate_versions(out: Path, allow: dict[str, str]) -> int:
+def _gate_versions(out: Path, allow: dict[str, str], summary: str | None = None) -> int:
     """``audit --versions A,B --gate``: gate environment B against A in the matrix just written."""
     from .errors import PackcheckUsageError
     from .gate import select_env
@@ -259,7 +337,26 @@ def _gate_versions(out: Path, allow: dict[str, str]) -> int:
         print(f"packcheck audit: error: {exc}", file=sys.stderr)
         return 2
     print(f"\npackcheck gate: {labels[1]} (candidate) against {labels[0]} (baseline)")
-    return _run_gate(baseline, candidate, allow, "packcheck gate")
+    try:
+        code = _run_gate(baseline, candidate, allow, "packcheck gate", summary=summary)
+    except PackcheckUsageError as exc:
+        print(f"packcheck audit: error: {exc}", file=sys.stderr)
+        return 2
+    _gate_into_report(out, doc, baseline, candidate, allow, labels)
+    return code
+
+
+def _gate_into_report(out: Path, doc: dict, baseline: dict, candidate: dict, allow: dict[str, str], labels: list[str]) -> None:
+    """Record the gate's result in the matrix files (the HTML shows it): ``doc["gate"]`` with the two
+    environments, the counts and each regression's cell id, then the four files written again as a set."""
+    from .gate import compare, regressions
+    from .report import write_reports
+
+    changes = compare(baseline, candidate, allow)
+    bad = regressions(changes)
+    doc["gate"] = {"baseline": labels[0], "candidate": labels[1], "changed": len(changes), "regressions": len(bad),
+                   "cells": ["-".join(str(x) for x in ch.key[:4] if x) for ch in bad]}
+    write_reports(out, doc)
 
 
 def _reproduce_line(argv: list[str]) -> str:
@@ -356,13 +453,18 @@ def _gate(ns: argparse.Namespace) -> int:
         baseline = select_env(baseline, ns.baseline_env, "--baseline-env")
     if ns.candidate_env:
         candidate = select_env(candidate, ns.candidate_env, "--candidate-env")
-    return _run_gate(baseline, candidate, allow, "packcheck gate", ns.bisect_output_dir if ns.bisect else None)
+    return _run_gate(baseline, candidate, allow, "packcheck gate", ns.bisect_output_dir if ns.bisect else None, ns.summary)
 
 
-def _run_gate(baseline: dict, candidate: dict, allow: dict[str, str], prog: str, bisect_dir: str | None = None) -> int:
-    """Print the changed cells (a rich table on a terminal, plain text otherwise), bisect each regression when
-    ``bisect_dir`` is given, and return 1 on a regression."""
-    from .gate import allowed_reason, compare, regressions, render_changes, stack
+def _run_gate(baseline: dict, candidate: dict, allow: dict[str, str], prog: str, bisect_dir: str | None = None,
+              summary: str | None = None) -> int:
+    """Print the changed cells (a rich table on a terminal, plain text otherwise), append the job summary to
+    ``summary`` when given, bisect each regression when ``bisect_dir`` is given, and return 1 on a regression.
+
+    Raises:
+        PackcheckUsageError: a cell held twice with two verdicts; the summary file cannot be written.
+    """
+    from .gate import allowed_reason, compare, regressions, render_changes, render_summary, stack, write_summary
 
     changes = compare(baseline, candidate, allow)
     ids = {c["cell_id"] for c in baseline["cells"]} | {c["cell_id"] for c in candidate["cells"]}
@@ -377,6 +479,8 @@ def _run_gate(baseline: dict, candidate: dict, allow: dict[str, str], prog: str,
     else:
         print(render_changes(changes, stack(baseline), stack(candidate), markdown=False))
     bad = regressions(changes)
+    if summary:
+        write_summary(summary, render_summary(changes, stack(baseline), stack(candidate)))
     print(f"\n{prog}: {len(bad)} regression(s), {len(changes)} changed cell(s)")
     if bisect_dir and bad:
         _gate_bisect(bad, baseline, candidate, bisect_dir)

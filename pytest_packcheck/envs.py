@@ -65,6 +65,8 @@ class VersionCombo:
     """One environment to run in: requirement strings (PEP 508, normalised), e.g. ("transformers==4.51.3",)."""
 
     requirements: tuple[str, ...]
+    #: what the run's checks need besides the requirements (:func:`check_requirements`): installed, not in the label
+    extras: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def label(self) -> str:
@@ -263,6 +265,7 @@ def _base_requirements(combo: VersionCombo) -> list[str]:
             if not is_hardware_bound(req.name) and canonical(req.name) not in names:
                 reqs.append(f"{req.name}{req.specifier}")
     reqs += [p for p in PACKCHECK_RUNTIME if canonical(p) not in names]
+    reqs += [p for p in combo.extras if canonical(p) not in names]
     if "transformers" not in names:
         try:
             reqs.append(f"transformers=={metadata.version('transformers')}")
@@ -411,7 +414,7 @@ def ensure_env(combo: VersionCombo, log: Any = None) -> VersionEnv:
         versions = {}
         for dist in metadata.distributions(path=[str(site)]):
             name = canonical(dist.metadata["Name"])
-            if name in set(combo.names()) | {"transformers", "trl", "accelerate", "tokenizers", "huggingface-hub"}:
+            if name in set(combo.names()) | {"transformers", "trl", "accelerate", "tokenizers", "huggingface-hub", "datasets"}:
                 versions[name] = dist.version
         info = {"requirements": list(combo.requirements), "installed": requirements, "versions": versions,
                 "seconds": round(time.perf_counter() - t0, 3), "uv": proc.stderr.strip().splitlines()[:2]}
@@ -457,11 +460,19 @@ def run_in_env(combo: VersionCombo, settings: Any, models: list[str], report_dir
     """Make (or find) the environment of ``combo`` and run the packcheck plugin there on ``models`` with the
     same backends, checks, dtypes, weights, device and tolerances. Never raises for an environment problem:
     that becomes ``EnvRun.error``."""
+    import dataclasses
     import tempfile
 
     t0 = time.perf_counter()
+    extras = check_requirements(settings.checks, combo)
     try:
-        env = ensure_env(combo)
+        try:
+            env = ensure_env(dataclasses.replace(combo, extras=extras))
+        except EnvError:
+            if not extras:
+                raise
+            # no TRL fits this combination: the environment without it; its sft cells say TRL is not installed
+            env = ensure_env(combo)
     except EnvError as exc:
         return EnvRun(combo, {}, None, str(exc), seconds=round(time.perf_counter() - t0, 3))
     slug = env.path.name
@@ -503,3 +514,117 @@ def run_in_env(combo: VersionCombo, settings: Any, models: list[str], report_dir
         doc = json.loads(result.read_text())
     cells = {c["cell_id"]: c for c in doc["cells"]}
     return EnvRun(combo, cells, env, None, doc.get("environment", {}), log_rel, round(time.perf_counter() - t0, 3))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# What the checks need, and whether the versions exist
+
+
+#: The TRL a version environment gets for the SFT checks when the combination names none: packcheck's own floor
+#: (pyproject's ``trl`` extra). Unbounded, uv took trl 0.11.4 and datasets 2.14.4 beside transformers 4.57.1
+#: (huggingface-hub < 1.0), whose datasets breaks on today's pyarrow and takes transformers' Trainer down with it.
+TRL_FLOOR = "trl>=0.19"
+
+
+def check_requirements(checks: Any, combo: VersionCombo) -> tuple[str, ...]:
+    """Distributions a version environment needs for ``checks`` beyond packcheck's runtime: TRL (which brings
+    ``datasets``) for the SFT checks (the ``sft`` module's rows of the registry), when TRL is installed here (the
+    controller plans them only then) and the combination names no TRL; at :data:`TRL_FLOOR` or later, so uv picks
+    the TRL that fits the environment's transformers. Issue 27: with ``--packcheck-checks trainer,sft`` the sft
+    cells were skipped with "No module named 'datasets'" inside the environments while the header said trl 1.16.0.
+    Where no TRL fits, :func:`run_in_env` makes the environment without it and the sft cells say so."""
+    from .registry import SPECS
+
+    if "trl" in set(combo.names()):
+        return ()
+    if any(SPECS[c].function.startswith("sft:") for c in checks or () if c in SPECS):
+        try:
+            metadata.version("trl")
+        except metadata.PackageNotFoundError:
+            return ()
+        return (TRL_FLOOR,)
+    return ()
+
+
+#: The package index a version is checked against: uv's / pip's configured index, else PyPI's simple API.
+def index_url() -> str:
+    for var in ("UV_DEFAULT_INDEX", "UV_INDEX_URL", "PIP_INDEX_URL"):
+        if os.environ.get(var):
+            return os.environ[var].rstrip("/")
+    return "https://pypi.org/simple"
+
+
+def release_versions(name: str, timeout: float = 20.0) -> list[str]:
+    """Every version of ``name`` on the index (PEP 691 JSON simple API, ``versions`` of PEP 700): one query.
+
+    Raises:
+        OSError: the index cannot be reached or answers with something else (the caller decides what that means).
+    """
+    import urllib.request
+
+    req = urllib.request.Request(f"{index_url()}/{canonical(name)}/",
+                                 headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        data = json.loads(resp.read().decode("utf-8"))
+    versions = data.get("versions") if isinstance(data, dict) else None
+    if not isinstance(versions, list):
+        raise OSError(f"{index_url()} did not list versions for {name}")
+    return [str(v) for v in versions]
+
+
+def _nearest(wanted: str, releases: list[Any]) -> list[str]:
+    """The releases just below and just above ``wanted`` (two each at most), in version order."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        target = Version(wanted)
+    except InvalidVersion:
+        return [str(v) for v in releases[-3:]]
+    below = [v for v in releases if v < target]
+    above = [v for v in releases if v > target]
+    return [str(v) for v in below[-2:] + above[:2]]
+
+
+def validate_versions(combos: list[VersionCombo], source: str, lookup: Any = None) -> list[str]:
+    """Check every requirement of ``combos`` against the package index before any environment is built: one
+    query per library (``lookup``, default :func:`release_versions`). Returns notes for libraries that could
+    not be checked (the index unreachable, or ``UV_OFFLINE`` set): uv says then what it cannot install.
+
+    Raises:
+        PackcheckUsageError: a requirement that no release satisfies, naming the nearest releases and the fix.
+    """
+    from packaging.requirements import Requirement
+    from packaging.version import InvalidVersion, Version
+
+    lookup = lookup or release_versions
+    if os.environ.get("UV_OFFLINE", "").lower() in ("1", "true", "yes"):
+        return ["versions not checked against the index (UV_OFFLINE is set)"]
+    by_name: dict[str, list[Requirement]] = {}
+    for combo in combos:
+        for text in combo.requirements:
+            req = Requirement(text)
+            by_name.setdefault(canonical(req.name), []).append(req)
+    notes: list[str] = []
+    for name, reqs in by_name.items():
+        try:
+            found = lookup(name)
+        except (OSError, ValueError) as exc:
+            notes.append(f"{name} versions not checked against {index_url()} ({type(exc).__name__}: {exc})")
+            continue
+        releases = []
+        for v in found:
+            try:
+                releases.append(Version(v))
+            except InvalidVersion:
+                continue
+        releases.sort()
+        final = [v for v in releases if not v.is_prerelease and not v.is_devrelease]
+        for req in dict.fromkeys(reqs):
+            if any(req.specifier.contains(v, prereleases=True) for v in releases):
+                continue
+            pins = [s.version for s in req.specifier if s.operator in ("==", "===")]
+            near = _nearest(pins[0] if pins else str(final[-1] if final else ""), final or releases)
+            raise PackcheckUsageError(
+                f"'{req}' (from {source}) matches no release of {name} on {index_url()}: the nearest releases are "
+                f"{', '.join(near) or 'none'}. Pass a released version, e.g. {name}=={near[-1] if near else 'X.Y.Z'}.")
+    return notes

@@ -1,13 +1,17 @@
 """Baseline comparison: which cells got worse between two results documents (and merging documents).
 
 A cell is matched by (model label, backend, check, dtype). It got worse when its verdict moved down the order
-pass > skipped > unsupported > fallback > fail > error, or when it stayed a pass but a parity number grew beyond
-the candidate's tolerance. Pure functions: documents in, rows and a verdict out.
+pass > skipped > unsupported > fallback > fail > error, when it stayed a pass but a parity number grew beyond
+the candidate's tolerance, or when it stayed red but gained a cause (issue 23: a cell that fails for a second
+reason is a new fault). One rule for a cell held twice, in one file or across files, shared by the gate and
+merge (:func:`index_cells`): the same verdict twice is one cell; two verdicts are refused. Pure functions:
+documents in, rows and a verdict out.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import PackcheckUsageError
@@ -21,12 +25,52 @@ _ORDER = ("pass", "skipped", "unsupported", "fallback", "fail", "oom", "timeout"
 
 @dataclass(frozen=True)
 class Change:
+    """One changed cell: its key (model, backend, check, dtype, environment label), the two verdicts (None:
+    absent on that side), whether it got worse, what changed, the --allow reason, and the two cells (for the
+    job summary's number, cause and remedy)."""
+
     key: tuple[str, str | None, str, str, str | None]
     baseline: str | None
     candidate: str | None
     worse: bool
     detail: str
     allowed: str | None = None
+    before: dict[str, Any] | None = field(default=None, compare=False, repr=False)
+    after: dict[str, Any] | None = field(default=None, compare=False, repr=False)
+
+
+def index_cells(cells: list[dict[str, Any]], key: Callable[[dict[str, Any]], Any], where: str) -> dict[Any, dict[str, Any]]:
+    """The cells of one side by ``key``: the one duplicate-cell rule of the gate and merge. A cell held twice
+    with the same verdict (overlapping shards, a resumed run) is one cell (the later record is kept); with two
+    verdicts it is refused, since no comparison of it could be trusted.
+
+    Raises:
+        PackcheckUsageError: a cell held twice with different verdicts (names the cell id, both verdicts and
+            ``where`` it came from, e.g. "the candidate (cand.json)").
+    """
+    out: dict[Any, dict[str, Any]] = {}
+    for cell in cells:
+        k = key(cell)
+        prev = out.get(k)
+        if prev is not None and prev["status"] != cell["status"]:
+            raise PackcheckUsageError(
+                f"Cell {cell['cell_id']} is '{prev['status']}' and '{cell['status']}' in {where}: a cell held twice with "
+                "two verdicts cannot be compared or merged. Rerun that cell, or merge shards of one audit only.")
+        out[k] = cell
+    return out
+
+
+#: Cause codes that only restate a verdict (a crash is its status): gaining one is not a new cause.
+_STATUS_CAUSES = frozenset({"crash", "hang", "out_of_memory", "backend_swap"})
+
+
+def cell_causes(cell: dict[str, Any]) -> set[str]:
+    """Every cause code a cell holds: its check's ``cause``, its diagnosis's cause, a ``causes`` list (several
+    causes of one cell) and the causes of its findings; status-only codes (crash, hang) left out."""
+    d = cell.get("diagnosis") or {}
+    codes = {cell.get("cause"), d.get("cause"), *(cell.get("causes") or []), *(d.get("causes") or []),
+             *((f or {}).get("cause") for f in d.get("findings") or []), *((f or {}).get("cause") for f in cell.get("findings") or [])}
+    return {c for c in codes if isinstance(c, str) and c} - _STATUS_CAUSES
 
 
 def _key(cell: dict[str, Any]) -> tuple[str, str | None, str, str, str | None]:
@@ -74,7 +118,11 @@ def stack(doc: dict[str, Any]) -> dict[str, Any]:
     env = dict(doc.get("environment") or {})
     if len(labels) == 1 and labels[0]:
         record = next(c["env"] for c in doc["cells"] if c.get("env"))
-        env.update({k: v for k, v in (record.get("environment") or {}).items() if v is not None})
+        child = record.get("environment") or {}
+        env.update({k: v for k, v in child.items() if v is not None})
+        # a library the environment's own fingerprint names as absent is absent there, whatever the controller
+        # has (issue 27: the header said trl 1.16.0 where the environments had no TRL)
+        env.update({k: None for k in _SUMMARY_LIBRARIES if k in child and child[k] is None and k != "torch"})
         env.update({k.replace("-", "_"): v for k, v in (record.get("versions") or {}).items()})
         env["label"] = labels[0]
     return env
@@ -109,25 +157,25 @@ def compare(baseline: dict[str, Any], candidate: dict[str, Any], allow: dict[str
     """
     allow = allow or {}
     key = _key if _match_with_env(baseline, candidate) else _cross_key
-    base = {key(c): c for c in baseline["cells"]}
-    cand = {key(c): c for c in candidate["cells"]}
+    base = index_cells(baseline["cells"], key, "the baseline")
+    cand = index_cells(candidate["cells"], key, "the candidate")
     changes: list[Change] = []
     for key in sorted(set(base) | set(cand), key=lambda k: tuple(str(x) for x in k)):
         b, c = base.get(key), cand.get(key)
         if c is None:
             if not _planned_in(b, candidate):
-                changes.append(Change(key, b["status"], None, False, "not in the candidate's selection"))
+                changes.append(Change(key, b["status"], None, False, "not in the candidate's selection", before=b))
                 continue
             # planned by the candidate's settings but not there (a crash, an interrupted run): it cannot be
             # shown to still pass, so a regression unless allowed
             reason = allowed_reason(b["cell_id"], allow)
-            changes.append(Change(key, b["status"], None, b["status"] == "pass", "cell missing in candidate", reason))
+            changes.append(Change(key, b["status"], None, b["status"] == "pass", "cell missing in candidate", reason, before=b))
             continue
         if b is None:
-            changes.append(Change(key, None, c["status"], c["status"] != "pass", "new cell"))
+            changes.append(Change(key, None, c["status"], c["status"] != "pass", "new cell", after=c))
             continue
         worse = _ORDER.index(c["status"]) > _ORDER.index(b["status"])
-        detail = f"{b.get('message', '')[:80]} -> {c.get('message', '')[:80]}" if b["status"] != c["status"] else ""
+        detail = _status_detail(b, c) if b["status"] != c["status"] else ""
         spec = SPECS.get(c["check"])
         metric = spec.key_metric[0] if spec and spec.key_metric else None
         tol_key = spec.tolerance if spec else None
@@ -136,11 +184,32 @@ def compare(baseline: dict[str, Any], candidate: dict[str, Any], allow: dict[str
             tol = (c.get("tolerances") or {}).get(tol_key)
             if isinstance(old, int | float) and isinstance(new, int | float) and tol is not None and new - old > tol:
                 worse, detail = True, f"{metric} {old:.2e} -> {new:.2e} (grew by more than {tol_key}={tol:g})"
-        if b["status"] != c["status"] or worse:
+        causes_changed = False
+        if b["status"] == c["status"] != "pass":
+            old_causes, new_causes = cell_causes(b), cell_causes(c)
+            gained, lost = sorted(new_causes - old_causes), sorted(old_causes - new_causes)
+            if gained or lost:
+                causes_changed = True
+                worse = worse or bool(gained)
+                detail = "; ".join(x for x in (f"gained cause {', '.join(gained)}" if gained else "",
+                                              f"lost cause {', '.join(lost)}" if lost else "") if x)
+        if b["status"] != c["status"] or worse or causes_changed:
             cell_id = c["cell_id"]
             reason = allowed_reason(cell_id, allow) if worse else None
-            changes.append(Change(key, b["status"], c["status"], worse, detail, reason))
+            changes.append(Change(key, b["status"], c["status"], worse, detail, reason, before=b, after=c))
     return changes
+
+
+def _status_detail(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """What a verdict change rests on: each side's cause (else its message), cut at a word, never mid-word."""
+    from .report import _cut
+
+    def one(cell: dict[str, Any]) -> str:
+        causes = ", ".join(sorted(cell_causes(cell)))
+        text = " ".join(str(cell.get("message") or "").split())
+        return _cut(f"{causes}: {text}" if causes else text, 120) or cell["status"]
+
+    return f"{one(before)} -> {one(after)}"
 
 
 def allowed_reason(cell_id: str, allow: dict[str, str]) -> str | None:
@@ -190,6 +259,75 @@ def render_changes(changes: list[Change], baseline_env: dict[str, Any], candidat
                                        tablefmt="github" if markdown else "simple")])
 
 
+#: The libraries a job summary names the versions of (the stack's fingerprint keys).
+_SUMMARY_LIBRARIES = ("transformers", "trl", "torch", "accelerate", "datasets", "flash_attn")
+
+
+def _stack_versions(baseline_env: dict[str, Any], candidate_env: dict[str, Any], changed_only: bool = False) -> str:
+    """``transformers 4.57.1 → 5.24.0, trl 1.16.0``: every library either side names, once when equal (left out
+    with ``changed_only``)."""
+    parts = []
+    for lib in _SUMMARY_LIBRARIES:
+        a, b = baseline_env.get(lib), candidate_env.get(lib)
+        if (a or b) and not (changed_only and a == b):
+            parts.append(f"{lib} {a or 'not installed'}" if a == b else f"{lib} {a or 'not installed'} → {b or 'not installed'}")
+    return ", ".join(parts)
+
+
+def render_summary(changes: list[Change], baseline_env: dict[str, Any], candidate_env: dict[str, Any]) -> str:
+    """GitHub job-summary Markdown (``$GITHUB_STEP_SUMMARY``): the result line, the two stacks, then one row per
+    changed cell, regressions first: model, backend, check, dtype, versions, verdict before → after, the key
+    number on each side, the cause(s), the known fault it matches (audit/known_faults.toml) and the remedy.
+    Pure: changes in, text out."""
+    from tabulate import tabulate
+
+    from .report import _key_number
+
+    bad = regressions(changes)
+    versions = _stack_versions(baseline_env, candidate_env)
+    changed = _stack_versions(baseline_env, candidate_env, changed_only=True) or versions
+    title = (f"### packcheck gate: {len(bad)} regression(s)" if bad else "### packcheck gate: no regression") + \
+        f", {len(changes)} changed cell(s)"
+    lines = [title, "", f"Stacks: {escape_md(versions)}.", ""]
+    if not changes:
+        return "\n".join([*lines, "No cell changed.", ""])
+
+    def side(cell: dict[str, Any] | None) -> str:
+        return _key_number(cell) if cell else ""
+
+    def verdict(ch: Change) -> str:
+        return "**REGRESSION**" if ch.worse and not ch.allowed else (f"allowed: {ch.allowed}" if ch.allowed else "better / neutral")
+
+    rows = []
+    for ch in sorted(changes, key=lambda c: (not (c.worse and not c.allowed), tuple(str(x) for x in c.key))):
+        # the side that is not a pass says why (a fixed cell: the baseline's cause; a regression: the candidate's)
+        cell = ch.after if ch.after and ch.after["status"] != "pass" else (ch.before or ch.after or {})
+        d = cell.get("diagnosis") or {}
+        causes = sorted(cell_causes(cell))
+        number = " → ".join(x for x in (side(ch.before), side(ch.after)) if x)
+        model, backend, check, dtype, env = ch.key
+        rows.append([escape_md(model), escape_md(backend or "(model level)"), check, dtype, escape_md(changed if env is None else env),
+                     f"{ch.baseline or '—'} → {ch.candidate or '—'}", escape_md(number), escape_md(", ".join(causes) or ch.detail or "—"),
+                     escape_md(", ".join(d.get("known_faults") or []) or "—"), escape_md(d.get("remedy") or "—"), verdict(ch)])
+    lines.append(tabulate(rows, headers=["model", "backend", "check", "dtype", "versions", "before → after", "number", "cause",
+                                         "known fault", "remedy", "gate"], tablefmt="github"))
+    return "\n".join([*lines, ""])
+
+
+def write_summary(path: str, text: str, flag: str = "--summary") -> None:
+    """Append ``text`` to ``path`` (GitHub appends each step's summary to the file it names).
+
+    Raises:
+        PackcheckUsageError: the file cannot be written (names the path, the flag and the reason).
+    """
+    try:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(text + "\n")
+    except OSError as exc:
+        raise PackcheckUsageError(f"Cannot write the job summary '{path}' (from {flag}): {exc.strerror or exc}. "
+                                  "Pass a writable file, e.g. --summary \"$GITHUB_STEP_SUMMARY\".") from None
+
+
 def merge(documents: list[dict[str, Any]]) -> dict[str, Any]:
     """Join results documents (shards of one audit). Cells keep their own environment; a cell present in
     several documents must agree, else it is an error. Backends, checks and dtypes of the settings are the union;
@@ -201,17 +339,8 @@ def merge(documents: list[dict[str, Any]]) -> dict[str, Any]:
     """
     if not documents:
         raise PackcheckUsageError("packcheck merge got no results files: pass at least one JSON file.")
-    cells: dict[str, dict[str, Any]] = {}
-    for doc in documents:
-        for cell in doc["cells"]:
-            cell = {**cell, "environment": cell.get("environment", doc["environment"])}
-            prev = cells.get(cell["cell_id"])
-            if prev is not None and prev["status"] != cell["status"]:
-                raise PackcheckUsageError(
-                    f"Cell {cell['cell_id']} is '{prev['status']}' in one file and '{cell['status']}' in another: "
-                    "merge shards of one audit, or gate them against each other instead."
-                )
-            cells[cell["cell_id"]] = cell
+    every = [{**cell, "environment": cell.get("environment", doc["environment"])} for doc in documents for cell in doc["cells"]]
+    cells = index_cells(every, lambda c: c["cell_id"], "the files merged")
     first = documents[0]
     settings = dict(first.get("settings", {}))
     for key in ("backends", "checks", "dtypes"):  # the union, in first-seen order: every cell keeps its columns

@@ -17,8 +17,14 @@ td.cell{cursor:pointer;white-space:nowrap}
 td.cell:hover{outline:2px solid #333}
 .pass{background:#d9f2d9}.fail{background:#f8d0d0}.fallback{background:#fde9c4}.unsupported{background:#e5e5e5}
 .skipped{background:#f4f4f4;color:#666}.error,.timeout,.oom{background:#f3c6f0}
+.hazard{background:#fff1c2}.finding{background:#dce9f8}
+.hazard-error,.hazard-timeout,.hazard-oom,.finding-error,.finding-timeout,.finding-oom{background:#eee;color:#555}
 #filters label{margin-right:1em}
-#details{margin-top:1em;padding:.5em 1em;border:1px solid #999;background:#fafafa}
+#details{position:fixed;top:1em;right:1em;width:min(48em,48vw);max-height:calc(100vh - 2em);overflow:auto;
+  padding:.5em 1em;border:2px solid #333;background:#fafafa;box-shadow:0 4px 16px rgba(0,0,0,.25);z-index:10}
+#details-close{float:right;cursor:pointer}
+.legend span,.chart span{display:inline-block;margin:0 .4em .3em 0;padding:1px 6px;border:1px solid #ccc}
+.chart{margin:.3em 0 .6em}
 .hidden{display:none}
 code{background:#eee;padding:0 3px}
 """
@@ -27,9 +33,9 @@ _SCRIPT = """
 const DATA = JSON.parse(document.getElementById('packcheck-data').textContent);
 const $ = (id) => document.getElementById(id);
 function esc(s){return String(s).replace(/[&<>"']/g, c => ({'&':'&amp;','<':'&lt;','>':'&gt;','"':'&quot;',"'":'&#39;'}[c]));}
-function fill(id, values){const sel=$(id); for(const v of values){const o=document.createElement('option'); o.value=v; o.textContent=v; sel.appendChild(o);}}
+function fill(id, values, names){const sel=$(id); for(const v of values){const o=document.createElement('option'); o.value=v; o.textContent=(names && names[v]) || v; sel.appendChild(o);}}
 fill('f-model', DATA.models); fill('f-backend', DATA.backends); fill('f-version', DATA.columns_are_versions ? DATA.columns : DATA.versions);
-fill('f-verdict', DATA.verdicts);
+fill('f-verdict', DATA.verdicts, DATA.verdict_names);
 function render(){
   const fm=$('f-model').value, fb=$('f-backend').value, fv=$('f-version').value, fs=$('f-verdict').value;
   const cols = DATA.columns.filter(c => !DATA.columns_are_versions || !fv || c === fv)
@@ -55,13 +61,15 @@ function render(){
 }
 function show(key){
   const g = DATA.groups[key];
-  let out = '<h3>'+esc(g.title)+'</h3><p>'+esc(g.verdict)+'</p><table><tr><th>check</th><th>role</th><th>verdict</th><th>number</th><th>cause</th><th>remedy</th><th>message</th></tr>';
+  let out = '<button id="details-close" type="button">close ✕</button><h3>'+esc(g.title)+'</h3><p>'+esc(g.verdict)
+          + '</p><table><tr><th>check</th><th>role</th><th>verdict</th><th>number</th><th>cause</th><th>remedy</th><th>message</th></tr>';
   for (const c of g.checks){
-    out += '<tr class="'+esc(c.status)+'"><td><code>'+esc(c.check)+'</code></td><td>'+esc(c.role)+'</td><td>'+esc(c.status)+'</td><td>'+esc(c.number)
+    out += '<tr class="'+esc(c.css)+'"><td><code>'+esc(c.check)+'</code></td><td>'+esc(c.role)+'</td><td>'+esc(c.mark+' '+c.label)+'</td><td>'+esc(c.number)
          + '</td><td>'+esc(c.cause)+'</td><td>'+esc(c.remedy)+'</td><td>'+esc(c.message)+'</td></tr>';
   }
   $('details').innerHTML = out + '</table>';
   $('details').classList.remove('hidden');
+  $('details-close').addEventListener('click', () => $('details').classList.add('hidden'));
 }
 for (const id of ['f-model','f-backend','f-version','f-verdict']) $(id).addEventListener('change', render);
 render();
@@ -74,7 +82,8 @@ def html_data(doc: dict[str, Any]) -> dict[str, Any]:
     backends; with them, one row per model and backend and the versions as columns, so a regression reads as a
     colour change along a row."""
     from .backends import backend_labels
-    from .report import _env_header, _headline_text, _key_number, _role, departures, headline, layout
+    from .report import _cut, _env_header, _headline_text, _key_number, _role, check_mark, departures, headline, layout
+    from .results import SYMBOLS
 
     cells = doc["cells"]
     labels = backend_labels(doc.get("environment", {}))
@@ -94,10 +103,15 @@ def html_data(doc: dict[str, Any]) -> dict[str, Any]:
             "title": f"{label} / {labels.get(b, b)} / {dtype}" + (f" / {_env_header(e, cells)}" if e else ""),
             "verdict": text,
             "checks": [{"check": c["check"], "role": _role(c), "status": c["status"], "number": _key_number(c),
+                        "mark": check_mark(c)[0], "label": check_mark(c)[1], "css": check_mark(c)[2],
                         "cause": (c.get("diagnosis") or {}).get("cause") or "", "remedy": (c.get("diagnosis") or {}).get("remedy") or "",
                         "message": c["message"]} for c in group],
         }
-        return {"key": key, "status": h["status"], "text": text}
+        word = "not checked" if h["status"] == "skipped" else h["status"]
+        # a text label beside every mark: "✅ pass", "❌ fail: leak" (no emoji font: the word still reads)
+        shown = text if text.split(" ", 1)[-1].startswith(word) else text.replace(" ", f" {word}: ", 1) if " " in text else f"{text} {word}"
+        groups[key]["verdict"] = shown
+        return {"key": key, "status": h["status"], "text": shown}
 
     rows = []
     for dtype in dtypes:
@@ -111,13 +125,119 @@ def html_data(doc: dict[str, Any]) -> dict[str, Any]:
                 row_cells = {labels.get(b, b): x for b in backends if (x := entry(label, b, dtype, None))}
                 if row_cells:
                     rows.append({"model": label, "backend": None, "head": [label, dtype], "cells": row_cells})
-    columns = [_env_header(e, cells) for e in envs] if versioned else [labels.get(b, b) for b in backends]
+    # backends that ran nothing here (every group not checked: e.g. a CUDA kernel on a CPU machine): one line
+    # above the matrix instead of a column of "not checked" cells
+    collapsed = {} if versioned else {
+        labels.get(b, b): _cut(" ".join(str(next(c for (m, bb, d, e), g in by_group.items() if bb == b for c in g)["message"]).split()), 140)
+        for b in backends if all(headline(g)["status"] == "skipped" for (m, bb, d, e), g in by_group.items() if bb == b)}
+    if collapsed:
+        for row in rows:
+            row["cells"] = {k: v for k, v in row["cells"].items() if k not in collapsed}
+    columns = [_env_header(e, cells) for e in envs] if versioned else [labels.get(b, b) for b in backends if labels.get(b, b) not in collapsed]
     return {
-        "models": models, "backends": [labels.get(b, b) for b in backends] if not versioned else backends,
+        "collapsed": collapsed,
+        "models": models, "backends": [x for x in columns] if not versioned else backends,
         "versions": [_env_header(e, cells) for e in envs], "columns": columns, "columns_are_versions": versioned,
         "row_headers": ["model", "backend", "dtype"] if versioned else ["model", "dtype"],
         "verdicts": sorted({g["status"] for r in rows for g in r["cells"].values()}), "rows": rows, "groups": groups,
+        # the filter's words are the cells' words ("✅ pass", "⏭️ not checked"), not the status codes
+        "verdict_names": {s: f"{SYMBOLS[s]} {'not checked' if s == 'skipped' else s}" for s in SYMBOLS},
     }
+
+
+def _summary_html(doc: dict[str, Any], data: dict[str, Any]) -> str:
+    """The page's static head: the legend (every mark with its words), the do-not-pack list (model, backends,
+    cause, remedy), the stack hazards and findings that showed, the gate result when the document holds one, and
+    the backends that could not run on this machine (collapsed out of the matrix)."""
+    from collections import defaultdict
+
+    from .backends import backend_labels
+    from .report import LEGEND, ROLE_LEGEND, ROLE_MARKS, _cause_label, _cut, _hazard_rows, _key_number, _role, headline, layout
+    from .results import STATUSES, SYMBOLS
+
+    e = html.escape
+    labels = backend_labels(doc.get("environment", {}))
+    lay = layout(doc)
+    out = ['<h2>Legend</h2><p class="legend">']
+    out += [f'<span class="{s}">{SYMBOLS[s]} {e("not checked" if s == "skipped" else s)}</span> {e(LEGEND[s].split(": ", 1)[-1])}<br>'
+            for s in reversed(STATUSES)]
+    out += [f'<span class="{r}">{sym} {e(label)}</span> {e(ROLE_LEGEND[r])}<br>' for r, (sym, label) in ROLE_MARKS.items()]
+    out.append("</p>")
+    bad: dict[str, list[tuple[str, str, str, str]]] = defaultdict(list)
+    for (model, b, dtype, env), group in lay.by_group.items():
+        h = headline(group)
+        if h["status"] in ("fail", "fallback") and any(_role(c) == "correctness" for c in group):
+            first = h["bad"][0]
+            d = first.get("diagnosis") or {}
+            where = labels.get(b, b) + (f" @ {env}" if env else "") + (f" ({dtype})" if len(lay.dtypes) > 1 else "")
+            bad[model].append((where, ", ".join(_cause_label(c) for c in h["causes"]), f"{first['check']} {_key_number(first)}".strip(),
+                               d.get("remedy") or ""))
+    out.append('<h2 id="do-not-pack">Do not pack</h2>')
+    if bad:
+        out.append("<table><tr><th>model</th><th>backends</th><th>cause</th><th>number</th><th>remedy</th></tr>")
+        for model, rows in bad.items():
+            out.append(f'<tr class="fail"><td>{e(model)}</td><td>{e(", ".join(r[0] for r in rows))}</td>'
+                       f'<td>{e("; ".join(dict.fromkeys(r[1] for r in rows)))}</td><td>{e(rows[0][2])}</td>'
+                       f'<td>{e("; ".join(dict.fromkeys(r[3] for r in rows if r[3])))}</td></tr>')
+        out.append("</table>")
+    else:
+        out.append("<p>None: no model failed a correctness check here.</p>")
+    shown = [(k, r) for k, r in _hazard_rows(doc["cells"]).items() if r["shown"]]
+    out.append('<h2 id="hazards">Stack hazards (never a model failure)</h2>')
+    out.append("<ul>" + "".join(
+        f'<li><span class="hazard">{ROLE_MARKS["hazard"][0]} {e(_cause_label(k[0]))}</span> on {e(labels.get(k[3], k[3]))} / {e(k[2])}'
+        f'{e(" @ " + k[1]) if k[1] else ""}: {len(r["shown"])}/{len(r["measured"])} models</li>' for k, r in sorted(
+            shown, key=lambda kv: tuple(str(x) for x in kv[0]))) + "</ul>" if shown else "<p>none shown.</p>")
+    found: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for c in doc["cells"]:
+        if _role(c) == "finding" and c["status"] == "fail":
+            for name, it in ((c.get("metrics") or {}).get("items") or {"verdict": {"status": "fail", "evidence": c["message"]}}).items():
+                if isinstance(it, dict) and it.get("status") == "fail":
+                    found[(c["check"], f"{name}: {it.get('evidence', '')}")].add(c["model"]["label"])
+    out.append('<h2 id="findings">Stack findings (facts of the library stack)</h2>')
+    out.append("<ul>" + "".join(f'<li><span class="finding">{ROLE_MARKS["finding"][0]} {e(check)}</span> {e(_cut(text, 220))} '
+                                f'({len(models)} models)</li>' for (check, text), models in sorted(found.items())) + "</ul>"
+               if found else "<p>none.</p>")
+    gate = doc.get("gate")
+    if isinstance(gate, dict):
+        cells = gate.get("cells") or []
+        out.append('<h2 id="gate">Gate</h2>' + f'<p class="{"fail" if gate.get("regressions") else "pass"}">'
+                   f'{"❌" if gate.get("regressions") else "✅"} {e(str(gate.get("regressions", 0)))} regression(s), '
+                   f'{e(str(gate.get("changed", 0)))} changed cell(s): {e(str(gate.get("candidate", "")))} (candidate) against '
+                   f'{e(str(gate.get("baseline", "")))} (baseline){": " + e(", ".join(map(str, cells))) if cells else ""}</p>')
+    if lay.versioned:
+        out.append(_release_chart(doc, lay, labels))
+    if data.get("collapsed"):
+        out.append('<p id="collapsed">Not run on this machine (columns left out): ' + "; ".join(
+            f"<b>{e(b)}</b>: {e(why)}" for b, why in data["collapsed"].items()) + "</p>")
+    return "\n".join(out)
+
+
+def _release_chart(doc: dict[str, Any], lay: Any, labels: dict[str, str]) -> str:
+    """For version audits, per model a small chart: one row per backend, one box per release (in version
+    order) coloured by the cell's verdict, with its word and the release in the box, so a regression reads as a
+    change of colour along the row."""
+    from .report import _env_header, headline
+
+    e = html.escape
+    out = ['<h2 id="releases">Verdict per release</h2>']
+    for model in lay.models:
+        rows = []
+        for dtype in lay.dtypes:
+            for b in lay.backends:
+                boxes = []
+                for env in lay.envs:
+                    group = lay.by_group.get((model, b, dtype, env))
+                    if not group:
+                        continue
+                    status = headline(group)["status"]
+                    word = "not checked" if status == "skipped" else status
+                    boxes.append(f'<span class="{e(status)}" title="{e(word)}">{e(_env_header(env, doc["cells"]))}: {e(word)}</span>')
+                if boxes:
+                    rows.append(f"<div>{e(labels.get(b, b))}{' / ' + e(dtype) if len(lay.dtypes) > 1 else ''}: {' → '.join(boxes)}</div>")
+        if rows:
+            out.append(f'<div class="chart"><b>{e(model)}</b>{"".join(rows)}</div>')
+    return "\n".join(out)
 
 
 def render_html(doc: dict[str, Any]) -> str:
@@ -126,7 +246,9 @@ def render_html(doc: dict[str, Any]) -> str:
     from .report import _v
 
     env = doc.get("environment", {})
-    data = json.dumps(html_data(doc), sort_keys=True).replace("<", "\\u003c")
+    page_data = html_data(doc)
+    data = json.dumps(page_data, sort_keys=True).replace("<", "\\u003c")
+    summary = _summary_html(doc, page_data)
     title = "packcheck support matrix" + (f" — {doc['settings']['audit']}" if doc.get("settings", {}).get("audit") else "")
     versions = (f"torch {_v(env, 'torch')}, transformers {_v(env, 'transformers')}, trl {_v(env, 'trl')}, "
                 f"flash-attn {_v(env, 'flash_attn')}, device {env.get('device')}")
@@ -139,8 +261,11 @@ def render_html(doc: dict[str, Any]) -> str:
 <h1>{html.escape(title)}</h1>
 <p>{html.escape(versions)}. Reproduce: <code>{html.escape(doc.get('command', ''))}</code></p>
 {incomplete}
-<p>A cell's verdict comes from its correctness checks; hazards and stack findings are listed in the Markdown report
-once per stack. Click a cell for every check's number, cause and remedy.</p>
+<p>A cell's verdict comes from its correctness checks; hazards and stack findings have their own marks and are
+listed once per stack below. Click a cell for every check's number, cause and remedy (the panel opens over the page,
+at the top right).</p>
+{summary}
+<h2>Matrix</h2>
 <div id="filters">
 <label>model <select id="f-model"><option value="">all</option></select></label>
 <label>backend <select id="f-backend"><option value="">all</option></select></label>

@@ -147,5 +147,9 @@ class _ResultRecorder:
     def __init__(self, state: Any) -> None:
         self.state = state
 
+    def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
+        self.state.progress.started(nodeid)
+
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.state.record(report)
+        self.state.progress.finished(report)

@@ -4,6 +4,9 @@ A matrix cell's headline is decided by the checks whose registry role is ``corre
 one of them that ran passed, and the ones that could not run are named ("not checked"). Hazards and stack
 findings are counted once per environment and backend above the matrix; a model that departs from its stack's
 pattern is marked (⚑) on its own cell.
+Marks follow the roles everywhere (issue 23.6): a hazard that showed is 🔶 "hazard shown", a failed stack
+contract item 🔷 "stack finding" (:func:`check_mark`), and the headline counts matrix cells by verdict
+(:func:`matrix_counts`), never checks.
 """
 
 from __future__ import annotations
@@ -25,6 +28,11 @@ LEGEND = {
     "error": "error: crashed (exception, or the signal that killed the isolated child, given), or a probe was inconclusive",
     "timeout": "timeout: no result within --packcheck-timeout (the hung child was killed)",
     "oom": "oom: out of memory (memory figures given)",
+}
+#: What a hazard's or finding's own mark means (:data:`ROLE_MARKS`).
+ROLE_LEGEND = {
+    "hazard": "a hazard probe showed the hazard (usage outside the standard contract): said once per stack, never a model failure",
+    "finding": "a contract item of the library stack failed (the same for every model on it): never a model failure",
 }
 #: The key number of each check (metrics key, label), from the registry.
 KEY_METRIC = {s.name: s.key_metric for s in REGISTRY if s.key_metric}
@@ -84,6 +92,81 @@ def _role(cell: dict[str, Any]) -> str:
 
 def _cause_label(cause: str) -> str:
     return cause.replace("_", " ")
+
+
+#: Marks of a hazard or finding that did not pass (registry roles, issue 23.6): never a model's red ❌.
+ROLE_MARKS = {"hazard": ("🔶", "hazard shown"), "finding": ("🔷", "stack finding")}
+
+
+def check_mark(cell: dict[str, Any]) -> tuple[str, str, str]:
+    """(symbol, text label, css class) of one check's verdict, by its role: a correctness check shows its
+    status (✅ pass, ❌ fail, …); a hazard or finding whose probe showed something (fail / fallback) shows
+    🔶 "hazard shown" or 🔷 "stack finding" and the class ``hazard`` / ``finding`` (never the red ``fail``)."""
+    status, role = cell["status"], _role(cell)
+    if role in ROLE_MARKS and status in ("fail", "fallback"):
+        sym, label = ROLE_MARKS[role]
+        return sym, label, role
+    if role in ROLE_MARKS and status in ("error", "timeout", "oom"):
+        return SYMBOLS[status], f"{role} {status}", f"{role}-{status}"
+    return SYMBOLS[status], "not checked" if status == "skipped" else status, status
+
+
+def matrix_counts(cells: list[dict[str, Any]]) -> dict[str, Any]:
+    """The headline counts by role: ``cells`` (matrix cells, i.e. model x backend x dtype x environment groups
+    with a correctness check, counted by their headline verdict), ``models`` (verdict -> the models with a cell
+    of that verdict), ``hazards`` (hazard probes that showed the hazard / hazard probes that measured),
+    ``findings`` (finding checks that failed / ran, and failed contract items) and ``checks`` (every check run,
+    by status)."""
+    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for c in cells:
+        groups[(c["model"]["label"], c["backend"], c["dtype"], env_label(c))].append(c)
+    verdicts: Counter = Counter()
+    models_by: dict[str, set[str]] = defaultdict(set)
+    for (label, *_), group in groups.items():
+        if not any(_role(c) == "correctness" for c in group):
+            continue
+        status = headline(group)["status"]
+        verdicts[status] += 1
+        models_by[status].add(label)
+    hazard_cells = [c for c in cells if _role(c) == "hazard" and c["status"] not in ("skipped",)]
+    finding_cells = [c for c in cells if _role(c) == "finding" and c["status"] not in ("skipped",)]
+    items = [it for c in finding_cells for it in (((c.get("metrics") or {}).get("items")) or {}).values() if isinstance(it, dict)]
+    return {"cells": verdicts, "models": {k: sorted(v) for k, v in models_by.items()},
+            "hazards": (sum(c["status"] in ("fail", "fallback") for c in hazard_cells), len(hazard_cells)),
+            "findings": (sum(c["status"] in ("fail", "fallback") for c in finding_cells), len(finding_cells),
+                         sum(it.get("status") == "fail" for it in items)),
+            "checks": Counter(c["status"] for c in cells)}
+
+
+def counts_line(cells: list[dict[str, Any]], symbols: bool = True) -> str:
+    """One line of the counts by role (Markdown with symbols, or plain for the terminal): matrix cells by
+    verdict and the models they fall on, then hazards shown, stack findings, and the checks run."""
+    n = matrix_counts(cells)
+
+    def sym(status: str) -> str:
+        return f"{SYMBOLS[status]} " if symbols else ""
+    total = sum(n["cells"].values())
+
+    def models(status: str) -> str:
+        ms = n["models"].get(status, [])
+        if status in ("pass", "skipped") or not ms:
+            return ""
+        return f" ({len(ms)} {'model' if len(ms) == 1 else 'models'}: {', '.join(ms[:8])}{' …' if len(ms) > 8 else ''})"
+
+    axes = "model x backend" + (" x dtype" if len({c["dtype"] for c in cells}) > 1 else "")
+    verdicts = ", ".join(f"{sym(s)}{s if s != 'skipped' else 'not checked'} {n['cells'][s]}{models(s)}"
+                         for s in reversed(STATUSES) if n["cells"][s])
+    text = f"Matrix cells ({axes}, judged by the correctness checks): {verdicts} (of {total})."
+    shown, measured = n["hazards"]
+    if measured:
+        text += f" Hazards: {ROLE_MARKS['hazard'][0] + ' ' if symbols else ''}{shown} of {measured} hazard probes showed one (never a model failure)."
+    failed, ran, items = n["findings"]
+    if ran:
+        text += (f" Stack findings: {ROLE_MARKS['finding'][0] + ' ' if symbols else ''}{items} contract items failed in "
+                 f"{failed} of {ran} finding checks (facts of the library stack).")
+    checks = n["checks"]
+    text += " Checks run: " + ", ".join(f"{s} {checks[s]}" for s in STATUSES if checks[s]) + f" (of {len(cells)})."
+    return text
 
 
 def headline(group: list[dict[str, Any]]) -> dict[str, Any]:
@@ -147,6 +230,19 @@ def _hazard_rows(cells: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
                 row["shown"].append(c["model"]["label"])
                 row["causes"]["batch_rows"] += 1
     return out
+
+
+def model_mark(label: str, by_group: dict[tuple, list[dict[str, Any]]]) -> str:
+    """A model's mark with its text label (details summary, HTML): the worst headline of its matrix cells (groups
+    with a correctness check); hazards and findings never make it red: a model with only those is ✅ with
+    "🔶 hazards" / "🔷 stack findings" beside it."""
+    groups = [g for (m, _, _, _), g in by_group.items() if m == label]
+    judged = [headline(g)["status"] for g in groups if any(_role(c) == "correctness" for c in g)]
+    worst = cell_status(judged) if judged else "skipped"
+    text = f"{SYMBOLS[worst]} {'not checked' if worst == 'skipped' else worst}"
+    extra = [ROLE_MARKS[r][0] + " " + ("hazards" if r == "hazard" else "stack findings") for r in ROLE_MARKS
+             if any(_role(c) == r and c["status"] in ("fail", "fallback") for g in groups for c in g)]
+    return text + ("" if not extra else " (" + ", ".join(extra) + ")")
 
 
 def departures(cells: list[dict[str, Any]]) -> dict[tuple, list[str]]:
@@ -235,8 +331,8 @@ def _findings_section(cells: list[dict[str, Any]], envs: list[str | None]) -> li
                 for text, models in sorted(outcomes.items(), key=lambda kv: -len(kv[1])):
                     status, _, evidence = text.partition(": ")
                     who = f"{len(models)}/{len(ran)} models" + ("" if len(models) * 2 > len(ran) else f" ({', '.join(models[:6])})")
-                    sym = SYMBOLS.get(status, "")
-                    parts.append(f"  - {sym} {name}: {escape_md(evidence[:220])} — {who}")
+                    sym = ROLE_MARKS["finding"][0] if status == "fail" else SYMBOLS.get(status, "")
+                    parts.append(f"  - {sym} {name}: {escape_md(_cut(evidence, 220))} — {who}")
             title = {"collate": "transformers' DataCollatorWithFlattening", "collate_trl": "TRL's padding-free collator",
                      "packing_content": "TRL's pack_dataset"}.get(spec.name, spec.name)
             lines.append(f"- **{title}** (`{spec.name}`){escape_md(where)}:")
@@ -259,15 +355,82 @@ def _not_checked_section(cells: list[dict[str, Any]], backends: list[str], label
         return []
     lines = ["## Not checked", ""]
     for (backend, why), models in sorted(by.items()):
-        lines.append(f"- {escape_md(backend)}, {len(models)} models: {escape_md(why[:200])}")
+        lines.append(f"- {escape_md(backend)}, {len(models)} models: {escape_md(_cut(why, 200))}")
     return lines + [""]
 
 
+def _models_are(models: dict[str, Any], settings: dict[str, Any]) -> str:
+    """What the models are, in one sentence: transformers' default configs shrunk with random weights (``arch:``
+    specs), or the checkpoints named."""
+    kinds = Counter(m.get("kind") or ("arch" if str(m.get("spec", "")).startswith("arch:") else "other") for m in models.values())
+    weights = settings.get("weights") or "random"
+    if kinds and set(kinds) == {"arch"}:
+        return (f"The models are transformers' own default configs (`arch:<model_type>`, the config class's defaults, "
+                f"overrides in braces), shrunk to a tiny size (a few layers, small hidden size), with {weights} weights: "
+                "the verdicts are about the architecture's code path on this stack, not about a trained checkpoint.")
+    return (f"The models: {kinds.get('arch', 0)} transformers default configs (shrunk, {weights} weights) and "
+            f"{sum(v for k, v in kinds.items() if k != 'arch')} named checkpoints or folders; weights: {weights}.")
+
+
+def _trainer_note(cells: list[dict[str, Any]]) -> list[str]:
+    """What the answer does not cover when no trainer check ran, and the one command that does."""
+    if any(c["check"] in ("trainer", "sft") for c in cells):
+        return []
+    return [("**Not run here: transformers' Trainer and TRL's SFTTrainer themselves** (the `trainer` / `sft` checks: a "
+             "few optimizer steps packed vs padded, gradient accumulation's num_items_in_batch, TRL's packer). The verdicts "
+             "below are of the model fed the packed row as the Trainer feeds it (restarting position_ids, no "
+             "attention_mask, use_cache=False). To measure the trainers on this stack: `packcheck audit --audit training` "
+             "(TRL for the SFT checks: `pip install -c constraints/cpu.txt -e '.[trl]'`)."), ""]
+
+
+def _at_a_glance(models: dict[str, Any], by_group: dict[tuple, list[dict]], backends: list[str], dtype: str,
+                 labels: dict[str, str], gpu_only: list[str]) -> list[str]:
+    """The "Do not pack" list (model, backends, cause with its number, remedy), then "Safe" in one line per group
+    of backends (the models safe on exactly those), then the backends that ran nothing here, named once."""
+    bad, safe_by = [], defaultdict(list)
+    for label in models:
+        failing: dict[str, list[str]] = defaultdict(list)
+        first: dict[str, dict[str, Any]] = {}
+        safe = []
+        for b in backends:
+            group = by_group.get((label, b, dtype, None), [])
+            if not group or b in gpu_only:
+                continue
+            h = headline(group)
+            if h["status"] in ("fail", "fallback"):
+                key = ", ".join(_cause_label(c) for c in h["causes"])
+                failing[key].append(labels.get(b, b))
+                first.setdefault(key, h["bad"][0])
+            elif h["status"] == "pass":
+                safe.append(labels.get(b, b) + (f" ({', '.join(h['not_checked'])} not checked)" if h["not_checked"] else ""))
+        for cause, where in failing.items():
+            c = first[cause]
+            fix = (c.get("diagnosis") or {}).get("remedy") or ""
+            bad.append(f"- **{escape_md(label)}** on {', '.join(where)}: {cause} ({c['check']} {_key_number(c)})"
+                       + (f"; remedy: {escape_md(fix)}" if fix else "") + ".")
+        if safe:
+            safe_by[tuple(safe)].append(label)
+    lines = ["### Do not pack", ""] + (bad or ["- none: no model failed a correctness check here."]) + [""]
+    lines += ["### Safe (every correctness check that ran passed; the ones that could not run are named)", ""]
+    lines += [f"- on {', '.join(where)}: {', '.join(escape_md(m) for m in ms)}"
+              for where, ms in sorted(safe_by.items(), key=lambda kv: (-len(kv[0]), kv[0]))] or ["- none"]
+    lines.append("")
+    if gpu_only:
+        lines += [f"Not run on this machine (every model): {', '.join(labels.get(b, b) for b in gpu_only)}; see \"Not checked\".", ""]
+    return lines
+
+
 def _answer_section(models: dict[str, Any], by_group: dict[tuple, list[dict]], backends: list[str], dtypes: list[str],
-                    labels: dict[str, str], marks: dict[tuple, list[str]]) -> list[str]:
-    """The answer, one line per model and dtype: safe backends, do-not-pack backends with the cause and its
-    number, and what was not checked."""
-    lines = ["## The answer", "",
+                    labels: dict[str, str], marks: dict[tuple, list[str]], cells: list[dict[str, Any]] | None = None,
+                    settings: dict[str, Any] | None = None) -> list[str]:
+    """The answer: what the models are, what was not run (the trainers), per dtype the "Do not pack" list and
+    the "Safe" groups, then one line per model: safe backends, do-not-pack backends with the cause and its
+    number, and what was not checked (backends that ran nothing for any model are named once above)."""
+    cells = cells or [c for g in by_group.values() for c in g]
+    # backends where no model ran anything (a CUDA kernel on a CPU machine): named once, not on every model's line
+    gpu_only = [b for b in backends if all(headline(g)["status"] == "skipped" for k, g in by_group.items() if k[1] == b)
+                and any(k[1] == b for k in by_group)]
+    lines = ["## The answer", "", _models_are(models, settings or {}), "", *_trainer_note(cells),
              ("Per model: where padding-free packing trains it the same as padding (fed as transformers' Trainer and "
               "TRL feed it: restarting position_ids, no attention_mask, use_cache=False), where it does not and why, "
               "and where packcheck could not look. Numbers: Δ is the largest absolute difference of logits (or loss, "
@@ -277,11 +440,13 @@ def _answer_section(models: dict[str, Any], by_group: dict[tuple, list[dict]], b
     for dtype in dtypes:
         if len(dtypes) > 1:
             lines += [f"{dtype}:", ""]
+        lines += _at_a_glance(models, by_group, backends, dtype, labels, gpu_only)
+        lines += ["### Every model", ""]
         for label in models:
             safe, partial, bad, refused, unchecked = [], [], defaultdict(list), [], []
             for b in backends:
                 group = by_group.get((label, b, dtype, None), [])
-                if not group:
+                if not group or b in gpu_only:
                     continue
                 h = headline(group)
                 name = labels.get(b, b)
@@ -398,13 +563,17 @@ def render_markdown(doc: dict[str, Any]) -> str:
     if doc.get("incomplete"):
         inc = doc["incomplete"]
         lines += [f"**⚠️ Incomplete: {escape_md(inc['reason'])} after {inc['cells']} cells; {escape_md(inc.get('resume', ''))}.**", ""]
-    totals = Counter(c["status"] for c in cells)
-    lines.append("Checks run (one per model x backend x check, hazards and findings included; the matrix shows one verdict "
-                 "per model and backend): " + ", ".join(f"{SYMBOLS[s]} {s} {totals[s]}" for s in STATUSES if totals[s])
-                 + f" (of {len(cells)}).")
+    totals = Counter(check_mark(c)[2] for c in cells)
+    lines.append(counts_line(cells))
     lines.append("")
+    gate = doc.get("gate")
+    if isinstance(gate, dict):  # audit --gate: the result beside the matrix it was read from
+        n = gate.get("regressions", 0)
+        lines += [f"**Gate: {'❌' if n else '✅'} {n} regression(s), {gate.get('changed', 0)} changed cell(s)**, "
+                  f"{escape_md(str(gate.get('candidate')))} (candidate) against {escape_md(str(gate.get('baseline')))} (baseline)"
+                  + (f": {escape_md(', '.join(map(str, gate.get('cells') or [])))}" if gate.get("cells") else "") + ".", ""]
     if not versioned:
-        lines += _answer_section(models, by_group, backends, dtypes, labels, marks)
+        lines += _answer_section(models, by_group, backends, dtypes, labels, marks, cells, settings)
     lines += _hazards_section(cells, backends, labels, envs)
     lines += _findings_section(cells, envs)
     if versioned:
@@ -453,6 +622,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
     lines += _what_to_do(doc)
     lines += ["## Legend", ""]
     lines += [f"- {SYMBOLS[s]} {LEGEND[s]}" for s in STATUSES if totals[s]]
+    lines += [f"- {sym} {label}: {ROLE_LEGEND[role]}" for role, (sym, label) in ROLE_MARKS.items() if totals[role]]
     lines += [
         "- A matrix cell's verdict comes from its correctness checks only; the cause after ❌ is what they measured.",
         "  \"(not checked: …)\" names correctness checks that could not run there: the ✅ covers the others only.",
@@ -523,7 +693,11 @@ def _details(models: list[str], by_group: dict[tuple, list[dict]], backends: lis
              envs: list[str | None], checks: list[str], labels: dict[str, str], cells: list[dict[str, Any]]) -> list[str]:
     from tabulate import tabulate
 
-    lines = ["# packcheck details", "", "Every check's verdict and the number it rests on, per model (click to open).", ""]
+    lines = ["# packcheck details", "", "Every check's verdict and the number it rests on, per model (click to open).", "",
+             ("Marks follow the checks' roles: ✅ pass and ❌ fail are correctness checks (they decide the model's mark); "
+              f"{ROLE_MARKS['hazard'][0]} {ROLE_MARKS['hazard'][1]} is a hazard probe that showed its hazard and "
+              f"{ROLE_MARKS['finding'][0]} {ROLE_MARKS['finding'][1]} a failed contract item of the library stack: "
+              "neither is a failure of the model."), ""]
     for label in models:
         blocks = []
         for dtype in dtypes:
@@ -536,12 +710,17 @@ def _details(models: list[str], by_group: dict[tuple, list[dict]], backends: lis
                     row = [labels.get(b, b) if b else "(model level)"]
                     for chk in checks:
                         c = group.get(chk)
-                        row.append(f"{SYMBOLS[c['status']]} {_key_number(c)}".strip() if c else "")
+                        if c:
+                            sym, word, _ = check_mark(c)
+                            row.append(f"{sym} {word if word not in ('pass', 'fail') or _role(c) != 'correctness' else ''} "
+                                       f"{_key_number(c)}".replace("  ", " ").strip())
+                        else:
+                            row.append("")
                         if c and c["status"] not in ("pass", "skipped"):
                             d = c.get("diagnosis") or {}
                             cause = f" — cause: {d['cause']}; remedy: {d['remedy']}" if d.get("cause") and d.get("remedy") else ""
-                            notes.append(f"- {labels.get(b, b) if b else 'model level'} / {chk} ({_role(c)}), {c['status']}: "
-                                         f"{escape_md(c['message'][:400])}{escape_md(cause)}")
+                            notes.append(f"- {labels.get(b, b) if b else 'model level'} / {chk} ({_role(c)}), {check_mark(c)[1]}: "
+                                         f"{escape_md(_cut(c['message'], 400))}{escape_md(cause)}")
                     rows.append(row)
                 if rows:
                     where = f", {_env_header(e, cells)}" if e else ""
@@ -549,9 +728,8 @@ def _details(models: list[str], by_group: dict[tuple, list[dict]], backends: lis
                                              for chk in checks]
                     blocks += [f"**{dtype}{escape_md(where)}**", "", tabulate(rows, headers=headers, tablefmt="github"), "", *notes, ""]
         if blocks:
-            h = [headline(g) for (m, _, _, _), g in by_group.items() if m == label]
-            worst = cell_status([x["status"] for x in h])
-            lines += ["<details>", f"<summary>{SYMBOLS[worst]} {escape_md(label)}</summary>", "", *blocks, "</details>", ""]
+            lines += ["<details>", f"<summary>{model_mark(label, by_group)} {escape_md(label)}</summary>", "", *blocks,
+                      "</details>", ""]
     return lines
 
 
@@ -756,33 +934,56 @@ def _what_to_do(doc: dict[str, Any]) -> list[str]:
 
 
 def _cut(text: str, n: int) -> str:
-    return text if len(text) <= n else text[: n - 1] + "…"
+    """``text`` in at most ``n`` characters, cut at a word boundary (never mid-word) with "…"."""
+    if len(text) <= n:
+        return text
+    head = text[: n - 1]
+    space = head.rfind(" ")
+    return (head[:space] if space > n // 2 else head).rstrip(" ,;:") + "…"
 
 
 def render_terminal(doc: dict[str, Any], paths: list[str]) -> list[str]:
     """Lines for pytest's terminal summary (plain text, no Markdown): versions, totals, one line per model and
     backend with its headline verdict and cause, then the stack hazards once each."""
     cells = doc["cells"]
-    totals = Counter(c["status"] for c in cells)
     lines = [
         (f"transformers {_v(doc['environment'], 'transformers')}, torch {_v(doc['environment'], 'torch')}, "
         f"trl {_v(doc['environment'], 'trl')}, device {doc['environment'].get('device')}"),
-        "checks: " + ", ".join(f"{s} {totals[s]}" for s in STATUSES if totals[s]) + f" (total {len(cells)})",
+        counts_line(cells, symbols=False),
+        "(pytest counts one item per check: hazards and findings are its xfailed items, never failures.)",
     ]
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for c in cells:
         where = c["dtype"] + (f" @ {env_label(c)}" if env_label(c) else "")
         groups[(c["model"]["label"], c["backend"] or "(model level)", where)].append(c)
     marks = departures(cells)
+    # passes once per backend (the models named), not-checked once per backend and reason (with the count, the
+    # reason whole), every other verdict on its own line with its cause and remedy
+    passed: dict[tuple[str, str], list[str]] = defaultdict(list)
+    unchecked: dict[tuple[str, str, str], list[str]] = defaultdict(list)
     for (label, backend, where), group in sorted(groups.items()):
-        if backend == "(model level)" and all(_role(c) == "finding" for c in group):
+        if backend == "(model level)" and all(_role(c) != "correctness" for c in group):
             continue  # stack findings: summarised below
         h = headline(group)
         text = plain(_headline_text(group, marks.get((label, env_label(group[0]), group[0]["dtype"], group[0]["backend"]))))
+        if h["status"] == "pass" and text == SYMBOLS["pass"]:
+            passed[(backend, where)].append(label)
+            continue
+        if h["status"] == "skipped":
+            why = " ".join(str((h["cells"] or group)[0]["message"]).split())
+            unchecked[(backend, where, why)].append(label)
+            continue
         reason = ""
-        if h["status"] in ("error", "timeout", "oom", "unsupported", "skipped") and h["cells"]:
-            reason = ": " + _cut(plain((h["bad"] or h["cells"])[0]["message"]), 90)
-        lines.append(f"  {h['status']:11s} {label} / {backend} / {where}: {text[2:].strip() or h['status']}{reason}")
+        if h["status"] in ("error", "timeout", "oom", "unsupported") and h["cells"]:
+            reason = ": " + _cut(plain((h["bad"] or h["cells"])[0]["message"]), 110)
+        fix = ((h["bad"][0].get("diagnosis") or {}).get("remedy") if h["bad"] and h["status"] in ("fail", "fallback") else None)
+        lines.append(f"  {h['status']:11s} {label} / {backend} / {where}: {text[2:].strip() or h['status']}{reason}"
+                     + (f" — remedy: {_cut(plain(fix), 140)}" if fix else ""))
+    for (backend, where), models in sorted(passed.items()):
+        lines.append(f"  pass        {backend} / {where}: {len(models)} {'model' if len(models) == 1 else 'models'} "
+                     f"({_cut(', '.join(models), 160)})")
+    for (backend, where, why), models in sorted(unchecked.items()):
+        lines.append(f"  not checked {backend} / {where}, {len(models)} {'model' if len(models) == 1 else 'models'}: {plain(why)}")
     for (hazard, env, dtype, backend), row in sorted(_hazard_rows(cells).items(), key=lambda kv: tuple(str(x) for x in kv[0])):
         if row["shown"]:
             lines.append(f"  hazard      {_cause_label(hazard)} on {backend} / {dtype}{f' @ {env}' if env else ''}: "

@@ -43,11 +43,11 @@ class PackcheckItem(pytest.Item):
             # and the matrix, never a failure of the model under test
             pytest.xfail(f"{result.role} ({result.cause or result.status}): {result.message}")
         if result.status != "pass":
-            raise PackcheckCellFailure(result.status, result.message)
+            raise PackcheckCellFailure(result.status, result.message, *cause_and_remedy(result))
 
     def repr_failure(self, excinfo: Any, style: Any = None) -> str:
         if isinstance(excinfo.value, PackcheckCellFailure):
-            return f"{excinfo.value.status}: {excinfo.value.message}"
+            return str(excinfo.value)
         if isinstance(excinfo.value, pytest.xfail.Exception):
             # pytest formats the traceback of an xfail too (then shows only the reason): with source lines that
             # was 0.35 s per hazard / finding item, 440 s of CPU in the all-architectures audit
@@ -59,10 +59,32 @@ class PackcheckItem(pytest.Item):
 
 
 class PackcheckCellFailure(Exception):
-    def __init__(self, status: str, message: str) -> None:
-        super().__init__(f"{status}: {message}")
+    """A cell that did not pass. Its text leads with the cause and the remedy, so pytest's one-line short summary
+    (``FAILED ... - fail (leak; remedy: ...): ...``), which it cuts at the terminal width, still carries them."""
+
+    def __init__(self, status: str, message: str, cause: str | None = None, remedy: str | None = None) -> None:
+        why = f" ({cause}{'; remedy: ' + remedy if remedy else ''})" if cause else ""
+        super().__init__(f"{status}{why}: {message}")
         self.status = status
         self.message = message
+        self.cause = cause
+        self.remedy = remedy
+
+
+def cause_and_remedy(result: Any) -> tuple[str | None, str | None]:
+    """The cause code of a cell result and its remedy (:func:`diagnose.remedy`, read from codes, never the
+    message); (None, None) when the result names no cause. The remedy is judged without the document's
+    environment (the versions it names may read "this stack")."""
+    from .diagnose import classify, remedy
+
+    cell = json.loads(result.to_json())
+    cause, _ = classify(cell)
+    if not cause:
+        return None, None
+    try:
+        return cause, remedy(cause, cell, {})
+    except Exception:  # noqa: BLE001 - a remedy that cannot be written never hides the verdict
+        return cause, None
 
 
 class PackcheckSession:
@@ -82,6 +104,7 @@ class PackcheckSession:
         self._env_runs: dict[str, Any] = {}
         self._group_results: dict[str, dict[str, Any]] = {}
         self.resumed: dict[str, dict[str, Any]] = {}
+        self.progress = Progress(config, self._plan_size)
         self._pin_worker_gpu()
         self._stop_on_sigterm()
         self._check_inputs()
@@ -154,6 +177,14 @@ class PackcheckSession:
             from .results import load_document
 
             load_document(self.settings.baseline)  # missing, corrupt or newer: a usage error before any cell runs
+        if getattr(self.settings, "versions", None):
+            # before any environment is built: a release that does not exist is a usage error naming the nearest
+            # ones (issue 27: transformers==5.25.0, not released, gave 13 "crash" regressions)
+            from .envs import validate_versions
+            from .settings import OPT_VERSIONS
+
+            for note in validate_versions(list(self.settings.versions), OPT_VERSIONS):
+                warnings.warn(PackcheckWarning(note))
         if self.settings.device.startswith("cuda"):
             # torch.cuda.is_available() calls cudaGetDeviceCount, which "poisons fork": the per-model children
             # forked later could not use CUDA. Asked through NVML it does not (torch/cuda/__init__.py).
@@ -215,7 +246,8 @@ class PackcheckSession:
         from .models import ResolvedModel, resolve_model
 
         try:
-            return resolve_model(spec, self.settings.model_source, self.settings.trust_remote_code)
+            with _quiet_default_config() if spec.kind == "arch" else contextlib.nullcontext():
+                return resolve_model(spec, self.settings.model_source, self.settings.trust_remote_code)
         except PackcheckUsageError as exc:
             if not os.environ.get(CHILD_ENV_VAR):
                 raise
@@ -248,6 +280,12 @@ class PackcheckSession:
         workers = int(worker.get("workercount", 1) or 1)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
+    def _plan_size(self) -> tuple[int, int]:
+        """(cells, groups) this shard runs: what the progress line counts against."""
+        index, count = self.settings.shard
+        cells = [c for c in self._planned().values() if c.model_index % count == index - 1]
+        return len(cells), len({c.group for c in cells})
+
     def make_items(self, session: pytest.Session) -> list[pytest.Item]:
         cells = list(self._planned().values())
         index, count = self.settings.shard
@@ -266,6 +304,7 @@ class PackcheckSession:
             if c.group not in parents:
                 parents[c.group] = PackcheckCollector.from_parent(root, name=c.group)
             items.append(PackcheckItem.from_parent(parents[c.group], name=f"packcheck[{c.cell_id}]", cell=c, session_state=self))
+        self.progress.planned(items)
         return items
 
     def result_for(self, item: PackcheckItem) -> Any:
@@ -475,6 +514,93 @@ class PackcheckSession:
         gone = (f"; the previous {' and '.join(removed)} in {out} were removed so they are not taken for this run's"
                 if removed else "")
         return f"the matrix could not be written ({what}){gone}. The journal keeps the finished cells: rerun with --packcheck-resume."
+
+
+class Progress:
+    """One line per model as its cells start, on the controller (xdist's too): the model being built, models and
+    cells done of the total, the time so far and an ETA from the mean time per finished cell. Nothing under
+    ``-q`` (pytest's verbosity below 0) or without pytest's terminal reporter; on a terminal the line also ends
+    the run of pytest's progress dots, which resume on the next line."""
+
+    def __init__(self, config: pytest.Config, plan_size: Any = None) -> None:
+        import time
+
+        self.config = config
+        self.plan_size = plan_size  # () -> (cells, groups) of this shard: the xdist controller collects nothing
+        self.t0 = time.monotonic()
+        self.groups: list[str] = []
+        self.done: set[str] = set()
+        self.total = 0
+        self.n_groups = 0
+
+    def _writer(self) -> Any:
+        if self.config.get_verbosity() < 0 or hasattr(self.config, "workerinput"):
+            return None
+        return self.config.pluginmanager.get_plugin("terminalreporter")
+
+    def planned(self, items: list[pytest.Item]) -> None:
+        self.total = len(items)
+        self.n_groups = len({i.cell.group for i in items if isinstance(i, PackcheckItem)})
+
+    def started(self, nodeid: str) -> None:
+        group = _group_of(nodeid)
+        tr = self._writer()
+        if group is None or group in self.groups or tr is None:
+            return
+        if not self.total and self.plan_size is not None:
+            self.total, self.n_groups = self.plan_size()
+        if not self.groups:
+            import time
+
+            self.t0 = time.monotonic()  # from the first cell: worker start-up is not cell time
+        self.groups.append(group)
+        tw = getattr(tr, "_tw", None)  # end a line of progress dots first (pytest's writer knows where it is)
+        if tw is not None and getattr(tw, "width_of_current_line", 0) and not getattr(tr, "currentfspath", None):
+            tw.line()
+        what = (f"making / running version environment {group[4:]} ({len(self.groups)}/{self.n_groups})" if group.startswith("env:")
+                else f"building {group} (model {len(self.groups)}/{self.n_groups})")
+        tr.write_line(f"packcheck: {what}; {self.line()}")
+
+    def finished(self, report: pytest.TestReport) -> None:
+        if report.when == "call" or (report.when == "setup" and not report.passed):
+            self.done.add(report.nodeid)
+
+    def line(self) -> str:
+        """``120/2028 cells, 0:14 elapsed, ETA 0:41`` (ETA: the mean seconds per finished cell x the cells left)."""
+        import time
+
+        spent = time.monotonic() - self.t0
+        n = len(self.done)
+        eta = f"ETA {_clock(spent / n * (self.total - n))}" if n else "ETA —"
+        return f"{n}/{self.total} cells, {_clock(spent)} elapsed, {eta}"
+
+
+def _group_of(nodeid: str) -> str | None:
+    """The group (model, or model in a version environment) of a packcheck item's node id
+    ``packcheck::<group>::packcheck[<cell id>]``; None for another test."""
+    parts = nodeid.split("::")
+    return parts[1] if len(parts) == 3 and parts[0] == "packcheck" and parts[2].startswith("packcheck[") else None
+
+
+def _clock(seconds: float) -> str:
+    m, s = divmod(round(seconds), 60)
+    return f"{m}:{s:02d}"
+
+
+@contextlib.contextmanager
+def _quiet_default_config() -> Any:
+    """transformers' warnings off (errors kept) while an ``arch:`` spec's default config is made: the config is the
+    library's own, not the user's, and its complaints ("bos_token_id must be None or an integer within the
+    vocabulary ... got 50256", starcoder2's and phi's defaults in transformers 5.24) printed before the first
+    cell say nothing about packing."""
+    from transformers.utils import logging as hf_logging
+
+    before = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(before)
 
 
 def visible_gpus() -> list[str]:

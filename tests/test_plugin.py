@@ -25,7 +25,7 @@ def test_items_outcomes_and_matrix(pytester):
     result.stdout.fnmatch_lines(["*packcheck summary*", "*matrix written: reports/packcheck-matrix.md*"])
     result.stdout.fnmatch_lines(["*PASSED packcheck::llama::packcheck?llama-packcheck_flash_ref-isolation-float32?*"])
     result.stdout.fnmatch_lines(["*FAILED packcheck::opt::packcheck?opt-sdpa-isolation-float32?*"])
-    result.stdout.fnmatch_lines(["fail: leak across boundaries: perturbing example 0 moved*"])
+    result.stdout.fnmatch_lines(["fail (leak; remedy: do not pack *): leak across boundaries: perturbing example 0 moved*"])
     doc = _doc(pytester)
     assert doc["schema_version"] == 2 and doc["environment"]["transformers"]
     cells = {c["cell_id"]: c for c in doc["cells"]}

@@ -247,6 +247,8 @@ if os.environ.get("PACKCHECK_FAKE_ENVS"):
         return envs.EnvRun(combo, cells, env, None, {"transformers": version, "torch": "2.13.0+cpu"}, None, 0.1)
 
     envs.run_in_env = run_in_env
+    # the index's releases (one query per library, faked: no network)
+    envs.release_versions = lambda name, timeout=20.0: ["4.56.2", "4.57.0", "4.57.1", "5.23.0", "5.24.0"]
 '''
 
 
@@ -259,7 +261,7 @@ def _example_commands() -> list[str]:
     return [r for r in runs if r.lstrip().startswith("packcheck ")]
 
 
-@pytest.mark.parametrize("bad_version", ["5.24.0", "5.25.0"])
+@pytest.mark.parametrize("bad_version", ["4.57.1", "5.24.0"])
 def test_example_workflow_gates_two_versions_in_one_command(tmp_path, bad_version):
     """The packcheck commands of examples/packcheck-gate.yml, run as written, with stand-in version environments:
     a leak that appears in the candidate is allowed by the example's --allow (exit 0); one that disappears is no
@@ -268,22 +270,29 @@ def test_example_workflow_gates_two_versions_in_one_command(tmp_path, bad_versio
     (tmp_path / "site" / "sitecustomize.py").write_text(FAKE_ENVS)
     repo = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'site'}:{repo}", "PACKCHECK_FAKE_ENVS": "1", "PACKCHECK_FAKE_BAD": bad_version,
-           "PACKCHECK_MODELS": "arch:llama,arch:opt", "PACKCHECK_ATTN": "sdpa,flash_attention_2", "PACKCHECK_CHECKS": "isolation",
+           "PACKCHECK_CHECKS": "isolation", "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md"),
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     commands = _example_commands()
     assert len(commands) == 2 and "--gate" in commands[0] and "--candidate-env" in commands[1]
+    assert all('--summary "$GITHUB_STEP_SUMMARY"' in c for c in commands)
     for command in commands:
         proc = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True, check=False, timeout=600)
         assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        assert "baseline: torch 2.13.0+cpu, transformers 5.24.0," in proc.stdout and "(environment transformers==5.24.0)" in proc.stdout
-        assert "candidate: torch 2.13.0+cpu, transformers 5.25.0," in proc.stdout and "(environment transformers==5.25.0)" in proc.stdout
-        if bad_version == "5.25.0":
+        assert "baseline: torch 2.13.0+cpu, transformers 4.57.1," in proc.stdout and "(environment transformers==4.57.1)" in proc.stdout
+        assert "candidate: torch 2.13.0+cpu, transformers 5.24.0," in proc.stdout and "(environment transformers==5.24.0)" in proc.stdout
+        if bad_version == "5.24.0":
             assert "allowed: OPT derives positions" in proc.stdout and "0 regression(s), 1 changed cell(s)" in proc.stdout
         else:
             assert "better/neutral" in proc.stdout and "0 regression(s)" in proc.stdout
+    summary = (tmp_path / "summary.md").read_text()
+    assert summary.count("### packcheck gate: no regression, 1 changed cell(s)") == 2  # one per step, appended
+    written = json.loads((tmp_path / "out" / "packcheck-matrix.json").read_text())["gate"]  # the HTML shows it
+    assert written["changed"] == 1 and written["regressions"] == 0 and written["candidate"] == "transformers==5.24.0"
+    assert 'id="gate"' in (tmp_path / "out" / "packcheck-matrix.html").read_text()
+    assert "| opt " in summary and "| isolation " in summary and "transformers 4.57.1 → 5.24.0" in summary
     # without the --allow, the leak the upgrade brings is a regression
-    if bad_version == "5.25.0":
+    if bad_version == "5.24.0":
         proc = subprocess.run(["bash", "-c", commands[1].split("--allow")[0]], cwd=tmp_path, env=env, capture_output=True,
                               text=True, check=False, timeout=600)
         assert proc.returncode == 1 and "REGRESSION" in proc.stdout

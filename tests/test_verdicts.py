@@ -209,6 +209,9 @@ def test_html_report_in_a_headless_browser(tmp_path):
                          check=False).stdout
     assert 'id="details" class=""' in dom or 'id="details" class="">' in dom or "<h3>opt / sdpa / float32</h3>" in dom
     assert "<h3>opt / sdpa / float32</h3>" in dom and ">leak<" in dom
+    # the panel opens over the page with a close button; every mark has its word; the summary sits above the matrix
+    assert 'id="details-close"' in dom and ">❌ fail: leak<" in dom and ">✅ pass<" in dom
+    assert dom.index('id="do-not-pack"') < dom.index('id="matrix"') and 'class="legend"' in dom
     shot = tmp_path / "shot.png"
     subprocess.run([chromium, *flags, f"--screenshot={shot}", "--window-size=1200,800", path.as_uri()],
                    capture_output=True, timeout=120, check=False)

@@ -1,0 +1,216 @@
+"""The gate's rules on planted result documents (pure, no model built): one duplicate-cell rule shared with
+merge, causes compared (a cell that stays red but gains a cause is a regression), and the job summary."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pytest_packcheck.errors import PackcheckUsageError
+from pytest_packcheck.gate import cell_causes, compare, index_cells, merge, regressions, render_summary
+
+
+def _cell(cell_id="llama-sdpa-trainer-float32", check="trainer", status="pass", cause=None, **over):
+    cell = {"cell_id": cell_id, "model": {"label": "llama", "spec": "arch:llama"}, "backend": "sdpa", "check": check,
+            "dtype": "float32", "status": status, "metrics": {"max_loss_delta": 3.2e-1 if status == "fail" else 1e-7},
+            "message": "ok" if status == "pass" else "packed run differs from the padded reference at every step",
+            "tolerances": {"train_loss_atol": 2e-5}, "cause": cause}
+    if cause:
+        cell["diagnosis"] = {"cause": cause, "remedy": "set use_cache=False in the model config", "findings": [],
+                             "known_faults": ["trainer-keeps-use-cache"]}
+    return {**cell, **over}
+
+
+def _doc(cells, transformers="5.24.0"):
+    return {"schema_version": 2, "environment": {"transformers": transformers, "trl": "1.16.0", "torch": "2.13.0+cpu"},
+            "settings": {"models": ["arch:llama"], "backends": ["sdpa"], "checks": ["trainer"], "dtypes": ["float32"]},
+            "cells": cells}
+
+
+def test_a_cell_held_twice_with_two_verdicts_is_refused_by_gate_and_merge_alike():
+    base = _doc([_cell()])
+    twice = _doc([_cell(status="fail", cause="leak"), _cell()])  # first fail, then pass
+    with pytest.raises(PackcheckUsageError, match=r"Cell llama-sdpa-trainer-float32 is 'fail' and 'pass' in the candidate"):
+        compare(base, twice)
+    with pytest.raises(PackcheckUsageError, match=r"Cell llama-sdpa-trainer-float32 is 'fail' and 'pass' in the baseline"):
+        compare(twice, base)
+    with pytest.raises(PackcheckUsageError, match=r"is 'fail' and 'pass' in the files merged"):
+        merge([twice])
+    with pytest.raises(PackcheckUsageError, match=r"is 'pass' and 'fail' in the files merged"):
+        merge([base, _doc([_cell(status="fail", cause="leak")])])
+    # the same verdict twice (overlapping shards, a resumed run) is one cell, in both
+    same = _doc([_cell(), _cell()])
+    assert compare(base, same) == [] and len(merge([same, base])["cells"]) == 1
+    assert list(index_cells(same["cells"], lambda c: c["cell_id"], "x")) == ["llama-sdpa-trainer-float32"]
+
+
+def test_gate_cli_refuses_a_duplicate_cell_in_one_line_exit_2(tmp_path):
+    base, cand = tmp_path / "base.json", tmp_path / "cand.json"
+    base.write_text(json.dumps(_doc([_cell()])))
+    cand.write_text(json.dumps(_doc([_cell(status="fail", cause="leak"), _cell()])))
+    proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "gate", "--baseline", str(base), "--candidate",
+                           str(cand)], capture_output=True, text=True, check=False)
+    assert proc.returncode == 2, proc.stdout
+    assert proc.stderr.strip().count("\n") == 0 and "is 'fail' and 'pass' in the candidate" in proc.stderr
+    assert "No cell changed" not in proc.stdout
+
+
+def test_a_red_cell_that_gains_a_cause_is_a_regression_and_one_that_loses_one_is_not():
+    one = _doc([_cell(status="fail", cause="leak")])
+    two = copy.deepcopy(one)
+    two["cells"][0]["diagnosis"]["findings"] = [{"cause": "loss_normalisation", "remedy": "pass num_items_in_batch"}]
+    gained = compare(one, two)
+    assert [(c.worse, c.detail) for c in gained] == [(True, "gained cause loss_normalisation")]
+    assert len(regressions(gained)) == 1
+    lost = compare(two, one)
+    assert [(c.worse, c.detail) for c in lost] == [(False, "lost cause loss_normalisation")] and regressions(lost) == []
+    # several causes in a ``causes`` list (a cell failing for several reasons) count as well
+    listed = copy.deepcopy(one)
+    listed["cells"][0]["causes"] = ["leak", "wrong_positions"]
+    assert [c.detail for c in regressions(compare(one, listed))] == ["gained cause wrong_positions"]
+    assert compare(one, copy.deepcopy(one)) == []  # the same causes: no change
+    # a status-only code (a crash is its status) is no new cause
+    assert cell_causes(_cell(status="error", cause="crash")) == set()
+
+
+def test_job_summary_names_the_trainer_regression_with_versions_number_cause_known_fault_and_remedy():
+    base = _doc([_cell(status="fail", cause="cache_trap")], transformers="4.57.1")
+    cand = _doc([_cell()], transformers="5.24.0")
+    better = render_summary(compare(base, cand), base["environment"], cand["environment"])
+    assert "no regression, 1 changed cell(s)" in better and "fail → pass" in better
+    assert "transformers 4.57.1 → 5.24.0, trl 1.16.0" in better
+    # the other way round: the regression, with its cause, known fault and remedy from the candidate's diagnosis
+    worse = render_summary(compare(cand, base), cand["environment"], base["environment"])
+    row = next(line for line in worse.splitlines() if line.startswith("| llama"))
+    for part in ("| sdpa", "| trainer", "| transformers 5.24.0 → 4.57.1 |", "pass → fail", "loss Δ 1.0e-07 → loss Δ 3.2e-01", "cache\\_trap",
+                 "trainer-keeps-use-cache", "set use\\_cache=False in the model config", "**REGRESSION**"):
+        assert part in row, (part, row)
+    assert worse.startswith("### packcheck gate: 1 regression(s)")
+    assert render_summary([], cand["environment"], cand["environment"]).rstrip().endswith("No cell changed.")
+
+
+def test_gate_summary_flag_appends_markdown_and_names_an_unwritable_file(tmp_path):
+    base, cand = tmp_path / "base.json", tmp_path / "cand.json"
+    base.write_text(json.dumps(_doc([_cell()], transformers="4.57.1")))
+    cand.write_text(json.dumps(_doc([_cell(status="fail", cause="cache_trap")])))
+    summary = tmp_path / "step_summary.md"
+    summary.write_text("earlier step\n")
+    cmd = [sys.executable, "-m", "pytest_packcheck.cli", "gate", "--baseline", str(base), "--candidate", str(cand)]
+    proc = subprocess.run([*cmd, "--summary", str(summary)], capture_output=True, text=True, check=False)
+    assert proc.returncode == 1, proc.stderr
+    text = summary.read_text()
+    assert text.startswith("earlier step\n### packcheck gate: 1 regression(s)") and "cache\\_trap" in text
+    proc = subprocess.run([*cmd, "--summary", str(tmp_path / "no" / "such" / "dir.md")], capture_output=True, text=True, check=False)
+    assert proc.returncode == 2 and "(from --summary)" in proc.stderr and "dir.md" in proc.stderr
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# versions checked up front, the packages the checks need, and the gate's default checks
+
+
+def test_a_version_that_is_not_released_is_a_usage_error_naming_the_nearest_releases():
+    from pytest_packcheck.envs import parse_versions, validate_versions
+
+    asked: list[str] = []
+
+    def lookup(name):
+        asked.append(name)
+        return {"transformers": ["4.57.0", "4.57.1", "5.23.0", "5.24.0", "5.25.0.dev0"], "trl": ["0.24.0", "1.16.0"]}[name]
+
+    combos = parse_versions(["transformers==4.57.1,5.25.0", "trl==1.16.0"], "--versions")
+    with pytest.raises(PackcheckUsageError, match=r"'transformers==5.25.0' \(from --versions\) matches no release of "
+                                                  r"transformers on .*: the nearest releases are 5.23.0, 5.24.0\. "
+                                                  r"Pass a released version, e.g\. transformers==5.24.0\."):
+        validate_versions(combos, "--versions", lookup)
+    assert asked == ["transformers"]  # stops at the first bad library; one query per library
+    asked.clear()
+    assert validate_versions(parse_versions(["transformers==4.57.1,5.24.0", "trl>=1.0"], "--versions"), "--versions", lookup) == []
+    assert asked == ["transformers", "trl"]  # 4 combinations, 2 queries
+
+    def offline(name):
+        raise OSError("Name or service not known")
+
+    notes = validate_versions(combos, "--versions", offline)
+    assert len(notes) == 2 and "transformers versions not checked against" in notes[0]
+
+
+def test_unreleased_version_stops_the_audit_before_any_environment_is_built(pytester):
+    pytester.makeconftest("""
+import pytest_packcheck.envs as envs
+
+envs.release_versions = lambda name, timeout=20.0: ["4.57.1", "5.23.0", "5.24.0"]
+
+def built(combo, log=None):
+    raise AssertionError("an environment was built")
+
+envs.ensure_env = built
+""")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--packcheck-models=arch:llama", "--packcheck-attn=sdpa",
+                                           "--packcheck-checks=isolation", "--packcheck-versions=transformers==4.57.1,5.25.0",
+                                           f"--packcheck-report-dir={pytester.path / 'out'}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "'transformers==5.25.0' (from --packcheck-versions) matches no release" in result.stderr.str()
+    assert "an environment was built" not in result.stdout.str() + result.stderr.str()
+
+
+def test_version_environments_get_what_the_sft_checks_need():
+    from pytest_packcheck.envs import TRL_FLOOR, VersionCombo, _base_requirements, check_requirements, env_key
+
+    combo = VersionCombo(("transformers==4.57.1",))
+    assert check_requirements(("isolation", "trainer"), combo) == ()
+    need = check_requirements(("isolation", "sft", "sft_padded"), combo)
+    assert need == (TRL_FLOOR,) == ("trl>=0.19",)  # trl is installed here (the test extras); it brings datasets
+    assert check_requirements(("sft",), VersionCombo(("transformers==4.57.1", "trl==0.24.0"))) == ()
+    with_sft = VersionCombo(combo.requirements, need)
+    assert with_sft == combo and with_sft.label == combo.label  # the label (cell ids) does not change
+    assert TRL_FLOOR in _base_requirements(with_sft) and not any(r.startswith("trl") for r in _base_requirements(combo))
+    assert env_key(with_sft) != env_key(combo)  # another environment in the cache
+
+
+def test_an_environment_where_no_trl_fits_is_made_without_it(monkeypatch, tmp_path):
+    """uv cannot resolve the TRL floor beside this transformers: the environment is made without TRL (its sft
+    cells then say TRL is missing) instead of every cell being an error."""
+    from pytest_packcheck import envs
+
+    made = []
+
+    def ensure(combo, log=None):
+        made.append(combo.extras)
+        if combo.extras:
+            raise envs.EnvError("trl>=0.19: not installable: no version fits transformers==4.44.0")
+        raise envs.EnvError("stop here")  # the second attempt is what matters
+
+    monkeypatch.setattr(envs, "ensure_env", ensure)
+    settings = type("S", (), {"checks": ("sft",)})()
+    run = envs.run_in_env(envs.VersionCombo(("transformers==4.44.0",)), settings, ["arch:llama"], tmp_path)
+    assert made == [("trl>=0.19",), ()] and run.error == "stop here"
+
+
+def test_the_header_does_not_claim_a_library_the_environment_lacks():
+    from pytest_packcheck.gate import stack
+
+    cell = _cell()
+    cell["env"] = {"label": "transformers==4.57.1", "versions": {"transformers": "4.57.1"},
+                   "environment": {"transformers": "4.57.1", "trl": None, "torch": "2.13.0+cpu"}}
+    env = stack(_doc([cell]))  # the controller has trl 1.16.0
+    assert env["transformers"] == "4.57.1" and env["trl"] is None and env["torch"] == "2.13.0+cpu"
+
+
+def test_audit_gate_runs_the_training_checks_unless_checks_are_named(monkeypatch):
+    from pytest_packcheck.cli import _parser, _pytest_args, gate_checks
+
+    monkeypatch.delenv("PACKCHECK_CHECKS", raising=False)
+    monkeypatch.delenv("PACKCHECK_AUDIT", raising=False)
+    assert {"trainer", "trainer_padded", "sft", "sft_padded", "isolation"} <= set(gate_checks())
+    base = ["audit", "--models", "arch:llama", "--versions", "transformers==4.57.1,5.24.0"]
+    args = _pytest_args(_parser().parse_args([*base, "--gate"]))
+    assert f"--packcheck-checks={','.join(gate_checks())}" in args
+    assert not any(a.startswith("--packcheck-checks") for a in _pytest_args(_parser().parse_args(base)))
+    named = _pytest_args(_parser().parse_args([*base, "--gate", "--packcheck-checks", "isolation"]))
+    assert [a for a in named if a.startswith("--packcheck-checks")] == ["--packcheck-checks=isolation"]
+    monkeypatch.setenv("PACKCHECK_CHECKS", "isolation")
+    assert not any(a.startswith("--packcheck-checks") for a in _pytest_args(_parser().parse_args([*base, "--gate"])))

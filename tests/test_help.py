@@ -1,0 +1,59 @@
+"""Help and README derived from the registry: --help lists every check, cause, audit and exit code; README's
+option table holds exactly the registered flags; bisect --cause offers the registry's codes."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from pytest_packcheck.cli import EXIT_CODES, _parser, audits
+from pytest_packcheck.registry import CAUSES, REGISTRY
+from pytest_packcheck.settings import OPTIONS
+
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+
+
+def _help(*argv: str) -> str:
+    parser = _parser()
+    if not argv:
+        return parser.format_help()
+    # argparse has no public accessor for a subcommand's parser
+    sub = next(a for a in parser._subparsers._group_actions if a.dest == "command")
+    return sub.choices[argv[0]].format_help()
+
+
+def test_help_lists_every_check_cause_audit_and_exit_code_from_the_registry():
+    for text in (_help(), _help("audit")):
+        flat = " ".join(text.split())
+        for spec in REGISTRY:
+            assert f"{spec.name} ({spec.role}" in flat, spec.name
+        for code in CAUSES:
+            assert f"{code}: " in flat, code
+        assert {"default", "training"} <= set(audits())
+        for name in audits():
+            assert f"{name}: " in flat, name
+        for code in EXIT_CODES:
+            assert f"{code}: " in flat, code
+    assert "--audit training" in " ".join(_help("audit").split())
+
+
+def test_readme_option_table_holds_exactly_the_registered_flags():
+    table = README[README.index("| flag (ini key / env) | meaning |"):]
+    table = table[:table.index("\n\n")]
+    first_cells = [row.split("|")[1] for row in table.splitlines()[2:]]
+    in_table = {f for cell in first_cells for f in re.findall(r"--packcheck-[a-z-]+", cell)}
+    assert in_table == {o.flag for o in OPTIONS}
+    for opt in OPTIONS:  # and --help (the same option records)
+        assert opt.flag in _help("audit"), opt.flag
+
+
+def test_readme_names_every_exit_code():
+    for code in EXIT_CODES:
+        assert f"`{code}`" in README, code
+
+
+def test_bisect_cause_help_offers_the_registry_codes_only():
+    flat = " ".join(_help("bisect").split())
+    assert "padded_normalisation" in flat and "e.g. loss_normalisation" not in flat
+    for code in CAUSES:
+        assert code in flat

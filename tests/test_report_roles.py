@@ -1,0 +1,168 @@
+"""Counts, marks and colours follow the checks' roles (correctness / hazard / finding) in every rendering, on
+planted results: a model whose correctness checks pass but whose hazards and findings fail is ✅ everywhere, with
+the hazards and findings under their own marks; the headline counts matrix cells by verdict."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pytest_packcheck.registry import REGISTRY
+
+
+def _cell(model, backend, check, status, cause=None, **metrics):
+    from pytest_packcheck.results import CellResult
+
+    c = CellResult(cell_id="-".join(x for x in (model, backend, check, "float32") if x), model={
+        "label": model, "model_type": model, "model_class": "M", "revision": None}, backend=backend, check=check,
+        dtype="float32", status=status, metrics=metrics, message=f"{check} {status}", cause=cause,
+        evidence={"moved": 0.3} if cause else {})
+    return json.loads(c.to_json())
+
+
+def _doc(cells):
+    from pytest_packcheck.diagnose import diagnose_document
+
+    backends = sorted({c["backend"] for c in cells if c["backend"]})
+    checks = [s.name for s in REGISTRY if any(c["check"] == s.name for c in cells)]
+    return diagnose_document({"schema_version": 2, "environment": {"transformers": "5.24.0", "device": "cpu"}, "command": "x",
+                              "settings": {"backends": backends, "checks": checks}, "cells": cells})
+
+
+def _model(label, backend="sdpa", correct=True):
+    """A model on one backend: four correctness checks (a leak when not ``correct``), both hazards shown, and a
+    failed collate finding with one failed contract item."""
+    status, cause = ("pass", None) if correct else ("fail", "leak")
+    cells = [_cell(label, backend, c, status, cause, max_change=0.0 if correct else 0.3)
+             for c in ("isolation", "logits_parity", "loss_parity")] + [_cell(label, backend, "backend", "pass")]
+    cells += [_cell(label, backend, "cache_trap", "fail", "cache_trap", max_abs_diff_default=0.29),
+              _cell(label, backend, "mask_trap", "fail", "mask_override", max_abs_diff_with_mask=0.29)]
+    collate = _cell(label, None, "collate", "fail", "labels_contract")
+    collate["metrics"]["items"] = {"labels": {"status": "pass", "evidence": "-100 at all 3 example starts"},
+                                   "integer_labels": {"status": "fail", "evidence": "unclear TypeError", "cause": "labels_contract"}}
+    return cells + [collate]
+
+
+@pytest.fixture
+def doc():
+    return _doc(_model("qwen3") + _model("llama") + _model("opt", correct=False))
+
+
+def test_headline_counts_matrix_cells_by_verdict_not_checks(doc):
+    from pytest_packcheck.report import counts_line, matrix_counts, render_markdown
+
+    n = matrix_counts(doc["cells"])
+    # 3 matrix cells (one per model on sdpa): 2 pass, 1 fail on opt; the 3 x 7 checks are counted apart
+    assert dict(n["cells"]) == {"pass": 2, "fail": 1} and n["models"]["fail"] == ["opt"]
+    assert n["hazards"] == (6, 6) and n["findings"] == (3, 3, 3) and n["checks"]["fail"] == 3 * 3 + 3
+    line = counts_line(doc["cells"])
+    assert line.startswith("Matrix cells (model x backend, judged by the correctness checks): ✅ pass 2, ❌ fail 1 (1 model: opt) (of 3).")
+    assert "🔶 6 of 6 hazard probes" in line and "🔷 3 contract items failed in 3 of 3 finding checks" in line
+    assert line in render_markdown(doc)
+
+
+def test_details_mark_a_model_by_its_correctness_checks_and_hazards_by_their_own_mark(doc):
+    from pytest_packcheck.report import render_details
+
+    details = render_details(doc)
+    summaries = [line for line in details.splitlines() if line.startswith("<summary>")]
+    assert summaries == ["<summary>✅ pass (🔶 hazards, 🔷 stack findings) qwen3</summary>",
+                         "<summary>✅ pass (🔶 hazards, 🔷 stack findings) llama</summary>",
+                         "<summary>❌ fail (🔶 hazards, 🔷 stack findings) opt</summary>"]
+    qwen3 = details[details.index("qwen3</summary>"):details.index("llama</summary>")]
+    assert "❌" not in qwen3  # a ✅ model shows no red mark anywhere in its block
+    assert "🔶 hazard shown Δ 2.9e-01" in qwen3 and "🔷 stack finding 1/2 items" in qwen3
+    assert "sdpa / cache_trap (hazard), hazard shown:" in qwen3
+
+
+def test_markdown_findings_and_legend_use_the_role_marks(doc):
+    from pytest_packcheck.report import render_markdown
+
+    md = render_markdown(doc)
+    findings = md[md.index("## Stack findings"):md.index("## Matrix")]
+    assert "🔷 integer_labels" in findings and "❌" not in findings
+    legend = md[md.index("## Legend"):md.index("## Details")]
+    assert "- 🔶 hazard shown: a hazard probe" in legend and "- 🔷 stack finding: a contract item" in legend
+    matrix = md[md.index("## Matrix"):md.index("## What to do")]
+    row = {line.split("|")[1].strip(): line for line in matrix.splitlines() if line.startswith("| ")}
+    assert "✅" in row["qwen3"] and "❌" not in row["qwen3"] and "❌ leak" in row["opt"]
+
+
+def test_terminal_counts_cells_and_says_hazards_are_not_failures(doc):
+    from pytest_packcheck.report import render_terminal
+
+    lines = render_terminal(doc, [])
+    assert lines[1].startswith("Matrix cells (model x backend, judged by the correctness checks): pass 2, fail 1 (1 model: opt)")
+    assert not any(line.startswith("checks: ") for line in lines)
+    assert any(line.startswith("  hazard      cache trap on sdpa / float32: 3/3 models") for line in lines)
+    assert any(line.startswith("  finding     collate integer_labels") for line in lines)
+
+
+def test_html_panel_of_a_pass_cell_shows_hazards_in_their_own_colour_with_words(doc):
+    from pytest_packcheck.html import html_data, render_html
+
+    data = html_data(doc)
+    group = data["groups"]["qwen3|sdpa|float32|"]
+    css = {c["check"]: c["css"] for c in group["checks"]}
+    assert css["cache_trap"] == css["mask_trap"] == "hazard" and css["isolation"] == "pass"
+    assert {c["label"] for c in group["checks"] if c["check"] == "cache_trap"} == {"hazard shown"}
+    assert "fail" not in css.values()  # a ✅ cell's panel has no red row
+    assert group["verdict"] == "✅ pass"  # the panel's headline has its word too
+    row = next(r for r in data["rows"] if r["model"] == "opt")
+    assert row["cells"]["sdpa"]["text"] == "❌ fail: leak"  # a text label beside the mark
+    assert next(r for r in data["rows"] if r["model"] == "qwen3")["cells"]["sdpa"]["text"] == "✅ pass"
+    assert data["verdict_names"]["skipped"] == "⏭️ not checked"  # the filter's words are the cells' words
+    page = render_html(doc)
+    assert '<h2 id="do-not-pack">' in page and "<td>opt</td><td>sdpa</td><td>leak</td>" in page
+    assert '<span class="hazard">🔶 cache trap</span> on sdpa / float32: 3/3 models' in page
+    assert '<span class="finding">🔷 collate</span> integer_labels: unclear TypeError (3 models)' in page
+    assert "🔶 hazard shown</span>" in page  # legend
+
+
+def test_html_collapses_backends_that_ran_nothing_here():
+    from pytest_packcheck.html import html_data, render_html
+
+    cells = _model("qwen3") + [_cell("qwen3", "flash_attention_2", c, "skipped") for c in ("isolation", "logits_parity")]
+    for c in cells[-2:]:
+        c["message"] = "flash_attention_2 needs a CUDA device (running on cpu)"
+    doc = _doc(cells)
+    data = html_data(doc)
+    assert data["columns"] == ["sdpa"] and "flash_attention_2" in data["collapsed"]
+    assert all("flash_attention_2" not in r["cells"] for r in data["rows"])
+    assert "Not run on this machine (columns left out): <b>flash_attention_2</b>: flash_attention_2 needs a CUDA device" in render_html(doc)
+
+
+def test_a_planted_role_blind_mark_is_caught(doc, monkeypatch):
+    """The planted fault: marks that ignore the role (every fail a red ❌) make the details of a correct model red."""
+    from pytest_packcheck import report
+
+    monkeypatch.setattr(report, "check_mark", lambda c: (report.SYMBOLS[c["status"]], c["status"], c["status"]))
+    qwen3 = report.render_details(doc)
+    qwen3 = qwen3[qwen3.index("qwen3</summary>"):qwen3.index("llama</summary>")]
+    assert "❌" in qwen3  # what test_details_mark_a_model_... asserts is absent
+
+
+def test_html_of_a_version_audit_charts_the_verdict_per_release_and_shows_the_gate():
+    from pytest_packcheck.html import render_html
+
+    def cell(env, status):
+        c = _cell("llama", "sdpa", "trainer", status, "cache_trap" if status == "fail" else None, max_loss_delta=0.3)
+        c["cell_id"] += f"@{env}"
+        c["env"] = {"label": env, "requirements": [env], "versions": {"transformers": env.split("==")[1]},
+                    "environment": {"torch": "2.13.0+cpu"}}
+        return c
+
+    doc = _doc([cell("transformers==5.24.0", "pass"), cell("transformers==4.57.1", "fail")])
+    doc["settings"]["versions"] = ["transformers==4.57.1", "transformers==5.24.0"]
+    doc["gate"] = {"baseline": "transformers==4.57.1", "candidate": "transformers==5.24.0", "changed": 1, "regressions": 0, "cells": []}
+    page = render_html(doc)
+    chart = page[page.index('id="releases"'):]
+    # in version order, each box coloured and worded: a change of colour along the row
+    assert ('<span class="fail" title="fail">transformers 4.57.1: fail</span> → '
+            '<span class="pass" title="pass">transformers 5.24.0: pass</span>') in chart
+    assert "✅ 0 regression(s), 1 changed cell(s): transformers==5.24.0 (candidate) against transformers==4.57.1 (baseline)" in page
+    from pytest_packcheck.report import render_markdown
+
+    assert ("**Gate: ✅ 0 regression(s), 1 changed cell(s)**, transformers==5.24.0 (candidate) against "
+            "transformers==4.57.1 (baseline).") in render_markdown(doc)

@@ -1,0 +1,97 @@
+"""What the terminal shows: a progress line per model (quiet under -q), a summary that groups passes and skips
+with counts and whole reasons, and pytest short lines that lead with the cause and the remedy."""
+
+from __future__ import annotations
+
+import json
+
+from pytest_packcheck.registry import REGISTRY
+
+
+def _cell(model, backend, check, status, cause=None, message=None):
+    from pytest_packcheck.results import CellResult
+
+    c = CellResult(cell_id="-".join(x for x in (model, backend, check, "float32") if x), model={
+        "label": model, "model_type": model, "model_class": "M", "revision": None}, backend=backend, check=check,
+        dtype="float32", status=status, metrics={"max_change": 0.3 if status == "fail" else 0.0},
+        message=message or f"{check} {status}", cause=cause, evidence={"moved": 0.3} if cause else {})
+    return json.loads(c.to_json())
+
+
+def _doc(cells):
+    from pytest_packcheck.diagnose import diagnose_document
+
+    backends = sorted({c["backend"] for c in cells if c["backend"]})
+    checks = [s.name for s in REGISTRY if any(c["check"] == s.name for c in cells)]
+    return diagnose_document({"schema_version": 2, "environment": {"transformers": "5.24.0", "device": "cpu"}, "command": "x",
+                              "settings": {"backends": backends, "checks": checks}, "cells": cells})
+
+
+def test_summary_groups_passes_and_skips_with_counts_and_whole_reasons():
+    from pytest_packcheck.report import render_terminal
+
+    why = ("flash_attention_2 needs a CUDA device (running on cpu) and the flash-attn package (flash_attn not importable), "
+           "a reason longer than the old ninety-character cut")
+    cells = []
+    for m in ("a", "b", "c"):
+        cells += [_cell(m, "sdpa", "isolation", "pass"), _cell(m, "flash_attention_2", "isolation", "skipped", message=why)]
+    cells.append(_cell("opt", "sdpa", "isolation", "fail", "leak"))
+    lines = render_terminal(_doc(cells), [])
+    assert "  pass        sdpa / float32: 3 models (a, b, c)" in lines
+    assert f"  not checked flash_attention_2 / float32, 3 models: {why}" in lines  # once, whole
+    (fail,) = [line for line in lines if line.startswith("  fail ")]
+    assert fail.startswith("  fail        opt / sdpa / float32: leak — remedy: ")
+    assert len([line for line in lines if line.startswith("  ")]) == 3
+
+
+def test_cut_never_cuts_mid_word():
+    from pytest_packcheck.report import _cut
+
+    text = "model build: ValueError: Gemma2ForCausalLM does not support an attention implementation through torch"
+    cut = _cut(text, 60)
+    assert len(cut) <= 60 and cut.endswith("…") and text.startswith(cut[:-1]) and text[len(cut) - 1] == " "
+    assert _cut("short", 60) == "short"
+
+
+def test_failure_text_leads_with_cause_and_remedy():
+    from pytest_packcheck.results import CellResult
+    from pytest_packcheck.session import PackcheckCellFailure, cause_and_remedy
+
+    result = CellResult.from_dict(_cell("opt", "sdpa", "isolation", "fail", "leak"))
+    cause, fix = cause_and_remedy(result)
+    assert cause == "leak" and fix and "do not pack" in fix
+    assert str(PackcheckCellFailure("fail", "moved 3.0e-01", cause, fix)).startswith(f"fail (leak; remedy: {fix}): moved")
+    assert cause_and_remedy(CellResult.from_dict(_cell("a", "sdpa", "isolation", "pass"))) == (None, None)
+
+
+def test_progress_line_per_model_and_quiet_under_q(pytester, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    args = ["-p", "no:cacheprovider", "--packcheck-models=arch:llama,arch:opt", "--packcheck-attn=sdpa",
+            "--packcheck-checks=isolation", f"--packcheck-report-dir={pytester.path / 'out'}", "-rf"]
+    result = pytester.runpytest_subprocess(*args)
+    out = result.stdout.str()
+    assert "packcheck: building llama (model 1/2); 0/2 cells, 0:00 elapsed, ETA —" in out
+    assert "packcheck: building opt (model 2/2); 1/2 cells," in out and "ETA 0:" in out
+    # the short summary line leads with the cause and the remedy (pytest cuts it at the terminal width)
+    assert "FAILED packcheck::opt::packcheck[opt-sdpa-isolation-float32] - fail (leak; remedy: do not pack on" in out
+    quiet = pytester.runpytest_subprocess(*args, "-q").stdout.str()
+    assert "packcheck: building" not in quiet
+
+
+def test_default_config_warnings_of_arch_specs_are_silenced(pytester):
+    """transformers 5.24 warns about starcoder2's own default config (bos / eos 50256 outside its 49152-token
+    vocabulary) when packcheck makes it: not the user's config, nothing about packing, not printed."""
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--packcheck-models=arch:starcoder2",
+                                           "--packcheck-attn=sdpa", "--packcheck-checks=isolation", "--collect-only", "-q")
+    assert result.ret == 0
+    out = result.stdout.str() + result.stderr.str()
+    assert "1 test collected" in out and "bos_token_id must be" not in out
+    import transformers
+    from transformers.utils import logging as hf_logging
+
+    from pytest_packcheck.session import _quiet_default_config
+
+    before = hf_logging.get_verbosity()
+    with _quiet_default_config():
+        assert hf_logging.get_verbosity() == hf_logging.ERROR
+    assert hf_logging.get_verbosity() == before and transformers.__version__
