@@ -112,7 +112,8 @@ def _pytest_args(ns: argparse.Namespace) -> list[str]:
         given["packcheck_audit"] = "default"  # $PACKCHECK_MODELS / $PACKCHECK_AUDIT replace the default audit (CLI > env)
     if given["packcheck_audit"] and not os.path.isabs(given["packcheck_audit"]) and given["packcheck_audit"].endswith(".toml"):
         given["packcheck_audit"] = str(Path(given["packcheck_audit"]).resolve())
-    given["packcheck_report_dir"] = str(Path(given["packcheck_report_dir"] or "reports").resolve())
+    if given["packcheck_report_dir"] is None or given["packcheck_report_dir"].strip():  # '' goes on, to be refused
+        given["packcheck_report_dir"] = str(Path(given["packcheck_report_dir"] or "reports").resolve())
     for opt in OPTIONS:
         value = given[opt.dest]
         if value is None or value is False or value == []:
@@ -449,13 +450,23 @@ def _print_changes_rich(changes: list, baseline_env: dict, candidate_env: dict) 
 def _merge(ns: argparse.Namespace) -> int:
 
     from .diagnose import diagnose_document
+    from .errors import PackcheckUsageError
     from .gate import merge
     from .report import write_reports
-    from .results import load_document
+    from .results import load_document, write_failure
+    from .session import hold_report_dir
 
     doc = diagnose_document(merge([load_document(f) for f in ns.files]))
     out = Path(ns.output_dir)
-    write_reports(out, doc)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PackcheckUsageError(write_failure(out / "packcheck-matrix.json", exc, "-o/--output-dir")) from None
+    lock = hold_report_dir(out, "-o/--output-dir")  # an audit writing there now would have its matrix replaced
+    try:
+        write_reports(out, doc, "-o/--output-dir")
+    finally:
+        lock.release(force=True)
     if doc.get("merged_settings_differ"):
         print(f"packcheck merge: warning: these files are not shards of one audit (their settings differ in "
               f"{', '.join(doc['merged_settings_differ'])}); the matrix shows the union of their cells and every command",

@@ -198,7 +198,22 @@ def parse_versions(values: list[str], source: str) -> list[VersionCombo]:
     unique = list(dict.fromkeys(combos))
     if not unique:
         raise PackcheckUsageError(f"No version given (from {source}): write e.g. transformers==4.51.3,5.24.0.")
+    if len(unique) > MAX_ENVIRONMENTS:
+        low, high = (len(unique) * s / 3600 for s in SECONDS_PER_ENVIRONMENT)
+        raise PackcheckUsageError(
+            f"{len(unique)} version environments (from {source}) are over packcheck's cap of {MAX_ENVIRONMENTS}: each is "
+            f"one environment to install and one audit run ({SECONDS_PER_ENVIRONMENT[0]}-{SECONDS_PER_ENVIRONMENT[1]} s "
+            f"each in the committed reports), about {low:.1f}-{high:.1f} h here. List fewer versions (the axes multiply), "
+            "or split them over several runs with their own --packcheck-report-dir and `packcheck merge` them.")
     return unique
+
+
+#: The most version environments one run takes (``--packcheck-versions``, the audit's ``versions``): the
+#: committed reports use 4 (reports/versions) to 13 (reports/trl-versions).
+MAX_ENVIRONMENTS = 64
+#: Seconds per environment (cold install + the audit in it) in the committed reports, fastest and slowest:
+#: reports/trl-versions 3-4 s to install + about 20 s to run, reports/training up to 98 s to run.
+SECONDS_PER_ENVIRONMENT = (24, 100)
 
 
 def _split_top(value: str) -> list[str]:

@@ -48,10 +48,12 @@ def pytest_configure(config: pytest.Config) -> None:
         state.resolved_models()
         config.stash[_SESSION_KEY] = state
         config.pluginmanager.register(_ResultRecorder(state), "packcheck-results")
-    except PackcheckUsageError as exc:
+    except (PackcheckUsageError, ImportError, MemoryError) as exc:
         if state is not None:
             state.release()
-        raise pytest.UsageError(str(exc)) from None
+        from .errors import load_failure_message
+
+        raise pytest.UsageError(load_failure_message(exc) or str(exc)) from None
 
 
 def _state(config: pytest.Config) -> Any:

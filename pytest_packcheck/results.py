@@ -201,26 +201,90 @@ def scrub(text: str) -> str:
     return text
 
 
-def atomic_write(path: Path, text: str) -> None:
-    """Write via a temp file in the same folder and rename, so a kill never leaves half a file. The text is
-    :func:`scrub`-bed first.
+def write_failure(path: Path, exc: OSError, flag: str = "--packcheck-report-dir") -> str:
+    """The one line for an OSError writing ``path``: a full disk (ENOSPC, EDQUOT) says so with the space left,
+    a folder packcheck may not write (EACCES, EPERM, EROFS) asks for a writable ``flag``, anything else is named."""
+    import errno
+    import shutil
+
+    reason = exc.strerror or str(exc)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        try:
+            free = f"{shutil.disk_usage(path.parent if path.parent.exists() else Path('.')).free // 1024} KiB free"
+        except OSError:
+            free = "free space unknown"
+        return (f"Cannot write {path}: the disk is full ({reason}; {free}): free space on it, or pass a folder on "
+                f"another disk with {flag}.")
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"Cannot write {path} ({reason}): pass a writable {flag}."
+    return f"Cannot write {path} ({reason}): check the folder, or pass another one with {flag}."
+
+
+def remove_orphans(path: Path) -> list[Path]:
+    """Remove the temp files ``.<name>.*.tmp`` a killed writer left beside ``path`` (see :func:`write_set`);
+    returns them. The report folder's lock keeps two writers of one folder apart."""
+    gone = []
+    try:
+        found = list(path.parent.glob(f".{path.name}.*.tmp"))
+    except OSError:
+        return gone
+    for orphan in found:
+        try:
+            orphan.unlink()
+            gone.append(orphan)
+        except OSError:
+            pass
+    return gone
+
+
+def write_set(files: list[tuple[Path, str]], flag: str = "--packcheck-report-dir") -> None:
+    """Write files that belong together (the matrix's JSON, Markdown, HTML and details) as one set: every
+    text (:func:`scrub`-bed) goes to a temp file in its folder first; only when all are written are the old
+    files of the set removed and the temp files renamed into place, in the order given (the caller puts the
+    JSON, which ``gate`` and ``merge`` read, last). A kill at any point leaves either the old set, or part of
+    the new set with none of the old files beside it: never a new JSON next to an old Markdown. A failed write
+    (full disk) removes its temp files and leaves the old set as it was.
 
     Raises:
-        PackcheckUsageError: the folder cannot be created or written.
+        PackcheckUsageError: a file cannot be written (:func:`write_failure`: a full disk says so).
     """
+    tmps: list[str] = []
+    current = files[0][0] if files else Path(".")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(scrub(text))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; a report is an ordinary file
-        os.replace(tmp, path)
+        for path, text in files:
+            current = path
+            path.parent.mkdir(parents=True, exist_ok=True)
+            remove_orphans(path)  # a previous writer killed mid-write (also before a --packcheck-resume)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            tmps.append(tmp)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(scrub(text))
+                fh.flush()
+                os.fsync(fh.fileno())
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; a report is an ordinary file
+        if len(files) > 1:
+            for path, _ in files:
+                current = path
+                path.unlink(missing_ok=True)
+        for (path, _), tmp in zip(files, tmps, strict=True):
+            current = path
+            os.replace(tmp, path)
     except OSError as exc:
-        raise PackcheckUsageError(
-            f"Cannot write report {path} ({exc.strerror}): pass a writable --packcheck-report-dir."
-        ) from None
+        for tmp in tmps:
+            Path(tmp).unlink(missing_ok=True)
+        raise PackcheckUsageError(write_failure(current, exc, flag)) from None
+
+
+def atomic_write(path: Path, text: str, flag: str = "--packcheck-report-dir") -> None:
+    """Write via a temp file in the same folder and rename, so a kill never leaves half a file. The text is
+    :func:`scrub`-bed first; temp files of a killed earlier write are removed.
+
+    Raises:
+        PackcheckUsageError: the folder cannot be created or written (a full disk says so).
+    """
+    write_set([(Path(path), text)], flag)
 
 
 def cell_problem(cell: Any) -> str | None:
@@ -279,6 +343,11 @@ def load_document(path: str | Path) -> dict[str, Any]:
         raise PackcheckUsageError(f"Results file {p} is not valid JSON ({exc.msg}, line {exc.lineno}).") from None
     except IsADirectoryError:
         raise PackcheckUsageError(f"Results file {p} is a directory: pass a packcheck-matrix.json file.") from None
+    except UnicodeDecodeError as exc:
+        raise PackcheckUsageError(f"Results file {p} is not UTF-8 text (byte {exc.start}): it is not a packcheck results "
+                                  "file; pass the packcheck-matrix.json an audit wrote.") from None
+    except OSError as exc:
+        raise PackcheckUsageError(f"Results file {p} cannot be read ({exc.strerror}): pass a readable packcheck-matrix.json.") from None
     version = data.get("schema_version") if isinstance(data, dict) else None
     if not isinstance(version, int):
         raise PackcheckUsageError(f"Results file {p} has no schema_version: it was not written by packcheck.")
@@ -287,6 +356,10 @@ def load_document(path: str | Path) -> dict[str, Any]:
             f"Results file {p} has schema_version {version}, newer than {SCHEMA_VERSION} that this packcheck reads: "
             "upgrade packcheck."
         )
+    for key in ("settings", "environment"):
+        if key in data and not isinstance(data[key], dict):
+            raise PackcheckUsageError(f"Results file {p} is corrupt: \"{key}\" is {json.dumps(data[key])[:40]} (expected a JSON "
+                                      "object). Regenerate it with `packcheck audit`.")
     cells = data.get("cells")
     required = ("cell_id", "model", "backend", "check", "dtype", "status")
     if not isinstance(cells, list) or not all(isinstance(c, dict) and all(k in c for k in required) for c in cells):

@@ -21,6 +21,10 @@ RESULT_PROPERTY = "packcheck"
 #: A folder for this session (made by the controller, inherited by xdist workers) where version-environment
 #: runs are shared.
 RUN_DIR_VAR = "PACKCHECK_RUN_DIR"
+#: Bytes the start-up probe writes into the report folder (and removes): the smallest report set packcheck
+#: writes (one model, one cell: journal, owner file and the four reports) is 11.7 KB of text in six files, 24 KiB
+#: in 4 KiB blocks; a disk without that room is refused before any cell runs.
+PROBE_BYTES = 32 * 1024
 
 
 class PackcheckItem(pytest.Item):
@@ -97,11 +101,30 @@ class PackcheckSession:
         self.journal = Journal(Path(self.settings.report_dir) / "packcheck-journal.jsonl", fp)
         if self.settings.resume:
             self.resumed = self.journal.load()
+            if self.journal.other_cells and not hasattr(self.config, "workerinput"):
+                warnings.warn(PackcheckWarning(self._resume_mismatch(len(self.resumed), self.journal.other_cells)))
         elif not hasattr(self.config, "workerinput"):
             self.journal.reset()
         if not hasattr(self.config, "workerinput") and self.settings.versions:
             self._run_dir = tempfile.TemporaryDirectory(prefix="packcheck-run-")
             os.environ[RUN_DIR_VAR] = self._run_dir.name
+    def _resume_mismatch(self, reused: int, other: int) -> str:
+        """The line --packcheck-resume prints when the journal holds cells of another run: how many are reused,
+        how many are not, and which settings differ from the previous matrix's (its ``settings``), if there is one."""
+        changed = ""
+        try:
+            before = json.loads((Path(self.settings.report_dir) / "packcheck-matrix.json").read_text(encoding="utf-8"))["settings"]
+            now = self.settings.as_dict()
+            keys = sorted(k for k in set(now) | set(before) if k not in ("shard", "report_dir") and now.get(k) != before.get(k))
+            if keys:
+                changed = "; changed since the previous matrix: " + ", ".join(
+                    f"{k} {json.dumps(before.get(k))[:60]} -> {json.dumps(now.get(k))[:60]}" for k in keys)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            pass
+        return (f"--packcheck-resume: the journal {self.journal.path} holds {other} finished cell(s) of a run with other "
+                f"settings, tolerances or library versions{changed or ' (no previous matrix names which)'}: none of them "
+                f"is reused; {reused} cell(s) journaled under these settings are.")
+
     def _stop_on_sigterm(self) -> None:
         """On the controller, SIGTERM (what CI time limits and `kill` send) stops the run the way Ctrl-C does, so
         the matrix of the cells that finished is written, marked incomplete, instead of the process dying with the
@@ -135,13 +158,16 @@ class PackcheckSession:
         path = Path(self.settings.report_dir)
         try:
             path.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=path, prefix=".packcheck-probe"):
-                pass
+            with tempfile.NamedTemporaryFile(dir=path, prefix=".packcheck-probe") as probe:
+                # bytes, not only a name: a full disk still creates empty files (a free inode) but takes no data
+                probe.write(b"\0" * PROBE_BYTES)
+                probe.flush()
+                os.fsync(probe.fileno())
         except OSError as exc:
-            raise PackcheckUsageError(
-                f"Report directory '{path}' (from --packcheck-report-dir) is not writable ({exc.strerror}): "
-                "pass a writable folder."
-            ) from None
+            from .results import write_failure
+
+            raise PackcheckUsageError(f"Report directory '{path}' (from --packcheck-report-dir) cannot be used: "
+                                      f"{write_failure(path / '.packcheck-probe', exc)}") from None
         self._lock_report_dir(path)
         for name in ("packcheck-matrix.md", "packcheck-matrix.json", "packcheck-matrix.html", "packcheck-details.md",
                      "packcheck-journal.jsonl"):
@@ -167,34 +193,8 @@ class PackcheckSession:
                 )
 
     def _lock_report_dir(self, path: Path) -> None:
-        """One run per report folder: a second audit writing there at the same time would replace the first's
-        matrix and journal. The lock is released at the end of the session (or by the OS when the process dies).
-
-        Raises:
-            PackcheckUsageError: another run holds the folder (named by its pid, command and start time).
-        """
-        import time
-
-        from filelock import FileLock, Timeout
-
-        self._report_lock = FileLock(str(path / ".packcheck-run.lock"))
-        owner = path / ".packcheck-run.json"
-        try:
-            self._report_lock.acquire(timeout=0)
-        except Timeout:
-            try:
-                info = json.loads(owner.read_text())
-                who = f"pid {info['pid']}, started {info['started']}: {info['command']}"
-            except (OSError, ValueError, KeyError, TypeError):
-                who = "unknown"
-            raise PackcheckUsageError(
-                f"Report directory '{path}' (from --packcheck-report-dir) is in use by another packcheck run ({who}): "
-                "wait for it to finish, or pass another --packcheck-report-dir.") from None
-        command = os.environ.get("PACKCHECK_REPRODUCE") or " ".join(shlex.quote(a) for a in sys.argv)
-        from .results import scrub
-
-        owner.write_text(scrub(json.dumps({"pid": os.getpid(), "command": command,  # no token, no home path
-                                           "started": time.strftime("%Y-%m-%d %H:%M:%S")})) + "\n")
+        """One run per report folder (:func:`hold_report_dir`), released at the end of the session."""
+        self._report_lock = hold_report_dir(path, "--packcheck-report-dir")
 
     def release(self) -> None:
         """Release the report folder (pytest_unconfigure)."""
@@ -363,7 +363,7 @@ class PackcheckSession:
     def _failure(self, cell: Any, status: str, message: str, metrics: dict[str, Any]) -> Any:
         from .results import CellResult
 
-        return CellResult(cell_id=cell.cell_id, model=self.resolved_models()[cell.model_index].record(),
+        return CellResult(cell_id=cell.cell_id, model=self.resolved_models()[cell.model_index].record(self.settings.weights),
                           backend=cell.backend, check=cell.check, dtype=cell.dtype, status=status, metrics=metrics,
                           message=message, tolerances=self.settings.tolerances.get(cell.dtype, {}))
 
@@ -382,7 +382,7 @@ class PackcheckSession:
         child = run["cells"].get(cell.base_id)
         if child is None:
             message = run["error"] or f"the run in {combo.label} produced no result for this cell (see {run['log']})"
-            return CellResult(cell_id=cell.cell_id, model=models[cell.model_index].record(), backend=cell.backend,
+            return CellResult(cell_id=cell.cell_id, model=models[cell.model_index].record(self.settings.weights), backend=cell.backend,
                               check=cell.check, dtype=cell.dtype, status="error", message=message,
                               tolerances=self.settings.tolerances.get(cell.dtype, {}), env=env_record)
         result = CellResult.from_dict(child)
@@ -475,6 +475,49 @@ class PackcheckSession:
         gone = (f"; the previous {' and '.join(removed)} in {out} were removed so they are not taken for this run's"
                 if removed else "")
         return f"the matrix could not be written ({what}){gone}. The journal keeps the finished cells: rerun with --packcheck-resume."
+
+
+def hold_report_dir(path: Path, source: str, command: str | None = None) -> Any:
+    """Take the report folder ``path`` for this process: one writer per folder (an audit, or ``packcheck merge
+    -o``), since a second one writing there at the same time would replace the first's matrix and journal. Returns
+    the held ``filelock.FileLock`` (released by the caller, or by the OS when the process dies); its owner file
+    ``.packcheck-run.json`` (pid, command, start time; scrubbed) names the holder to whoever is refused.
+
+    Raises:
+        PackcheckUsageError: another run holds the folder (named by its pid, command and start time), or the
+            owner file cannot be written (a full disk is named as such).
+    """
+    import time
+
+    from filelock import FileLock, Timeout
+
+    from .results import atomic_write
+
+    lock = FileLock(str(path / ".packcheck-run.lock"))
+    owner = path / ".packcheck-run.json"
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        try:
+            info = json.loads(owner.read_text())
+            who = f"pid {info['pid']}, started {info['started']}: {info['command']}"
+        except (OSError, ValueError, KeyError, TypeError):
+            who = "unknown"
+        raise PackcheckUsageError(
+            f"Report directory '{path}' (from {source}) is in use by another packcheck run ({who}): "
+            f"wait for it to finish, or pass another {source}.") from None
+    except OSError as exc:
+        from .results import write_failure
+
+        raise PackcheckUsageError(write_failure(path / ".packcheck-run.lock", exc, source)) from None
+    command = command or os.environ.get("PACKCHECK_REPRODUCE") or " ".join(shlex.quote(a) for a in sys.argv)
+    try:  # scrubbed (no token, no home path); atomic: a full disk leaves no empty owner file
+        atomic_write(owner, json.dumps({"pid": os.getpid(), "command": command,
+                                        "started": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n", source)
+    except PackcheckUsageError:
+        lock.release(force=True)
+        raise
+    return lock
 
 
 def visible_gpus() -> list[str]:
