@@ -109,11 +109,12 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     state = _state(config)
     if state is None or state.document is None:
         return
+    from .errors import scrub_secrets
     from .report import render_terminal
 
     terminalreporter.write_sep("=", "packcheck summary")
     for line in render_terminal(state.document, state.written):
-        terminalreporter.write_line(line)
+        terminalreporter.write_line(scrub_secrets(line))  # as scrubbed as the report files
     if state.settings.baseline:
         terminalreporter.write_sep("=", f"packcheck gate against {state.settings.baseline}")
         terminalreporter.write_line(state.gate_text)

@@ -215,6 +215,9 @@ def write_failure(path: Path, exc: OSError, flag: str = "--packcheck-report-dir"
             free = "free space unknown"
         return (f"Cannot write {path}: the disk is full ({reason}; {free}): free space on it, or pass a folder on "
                 f"another disk with {flag}.")
+    if exc.errno in (errno.EEXIST, errno.ENOTDIR):  # mkdir / open under a path that is a file
+        blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), path.parent)
+        return f"Cannot write {path}: {blocker} is a file, not a folder: pass a folder with {flag}."
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return f"Cannot write {path} ({reason}): pass a writable {flag}."
     return f"Cannot write {path} ({reason}): check the folder, or pass another one with {flag}."
@@ -360,6 +363,11 @@ def load_document(path: str | Path) -> dict[str, Any]:
         if key in data and not isinstance(data[key], dict):
             raise PackcheckUsageError(f"Results file {p} is corrupt: \"{key}\" is {json.dumps(data[key])[:40]} (expected a JSON "
                                       "object). Regenerate it with `packcheck audit`.")
+    for key, value in (data.get("settings") or {}).items():
+        if key in ("models", "backends", "checks", "dtypes", "versions") and not (
+                isinstance(value, list) and all(isinstance(x, str) for x in value)):
+            raise PackcheckUsageError(f"Results file {p} is corrupt: \"settings\".\"{key}\" is {json.dumps(value)[:40]} "
+                                      "(expected a list of strings). Regenerate it with `packcheck audit`.")
     cells = data.get("cells")
     required = ("cell_id", "model", "backend", "check", "dtype", "status")
     if not isinstance(cells, list) or not all(isinstance(c, dict) and all(k in c for k in required) for c in cells):

@@ -40,14 +40,17 @@ class PackcheckItem(pytest.Item):
         # On the item's user_properties the result reaches every report of this item (so the xdist controller
         # and --junitxml get it as a property).
         self.user_properties.append((RESULT_PROPERTY, result.to_json()))
+        from .errors import scrub_secrets
+
+        message = scrub_secrets(result.message)  # the terminal gets what the files get: no token
         if result.status in ("skipped", "unsupported"):
-            pytest.skip(f"{result.status}: {result.message}")
+            pytest.skip(f"{result.status}: {message}")
         if result.status in ("fail", "fallback") and result.role != "correctness":
             # a usage hazard or a fact of the library stack (registry role): true and reported once in the summary
             # and the matrix, never a failure of the model under test
-            pytest.xfail(f"{result.role} ({result.cause or result.status}): {result.message}")
+            pytest.xfail(f"{result.role} ({result.cause or result.status}): {message}")
         if result.status != "pass":
-            raise PackcheckCellFailure(result.status, result.message)
+            raise PackcheckCellFailure(result.status, message)
 
     def repr_failure(self, excinfo: Any, style: Any = None) -> str:
         if isinstance(excinfo.value, PackcheckCellFailure):

@@ -55,6 +55,7 @@ def _doc(cells, **top):
     (bytes(range(128, 256)) * 16, "is not UTF-8 text (byte 0)"),
     (json.dumps(_doc([_cell()], settings="x")).encode(), 'is corrupt: "settings" is "x" (expected a JSON object)'),
     (json.dumps(_doc([_cell()], environment=[1])).encode(), 'is corrupt: "environment" is [1] (expected a JSON object)'),
+    (json.dumps(_doc([_cell()], settings={"backends": 3})).encode(), 'is corrupt: "settings"."backends" is 3 (expected a list of strings)'),
 ])
 def test_a_bad_results_file_is_one_line_in_gate_and_merge(tmp_path, content, message):
     bad, good = tmp_path / "bad.json", tmp_path / "good.json"
@@ -66,6 +67,15 @@ def test_a_bad_results_file_is_one_line_in_gate_and_merge(tmp_path, content, mes
         line = _one_line(proc.stderr, f"packcheck {command}: error:")
         assert f"Results file {bad} {message}" in line
     assert not (tmp_path / "out").exists()
+
+
+def test_merge_onto_a_file_says_it_is_a_file(tmp_path):
+    good, blocker = tmp_path / "good.json", tmp_path / "taken"
+    good.write_text(json.dumps(_doc([_cell()])))
+    blocker.write_text("x")
+    proc = _cli(["merge", str(good), "-o", str(blocker / "sub")], tmp_path)
+    assert proc.returncode == 2
+    assert f"{blocker} is a file, not a folder: pass a folder with -o/--output-dir" in _one_line(proc.stderr, "packcheck merge: error:")
 
 
 def test_a_binary_tolerance_or_audit_file_is_one_line(tmp_path):
@@ -469,3 +479,21 @@ def test_versions_over_the_cap_are_refused_with_an_estimate():
     with pytest.raises(PackcheckUsageError, match=r"800 version environments \(from --packcheck-versions\) are over packcheck's "
                                                   r"cap of 64: .* about 5\.3-22\.2 h here"):
         parse_versions([f"transformers=={many}"], "--packcheck-versions")
+
+
+def test_a_cell_message_carrying_a_token_is_scrubbed_on_the_terminal(pytester):
+    token = SHAPES[1]
+    pytester.makeconftest(f"""
+        from pytest_packcheck import runner
+        from pytest_packcheck.results import CheckResult
+
+        def planted(self, cell):  # a check whose message echoes a token (an exception naming a spec, say)
+            return CheckResult("fail", {{"max_change": 1.0}}, "the model 'arch:llama{{api_token={token}}}' leaked")
+
+        runner.CellRunner._run = planted
+    """)
+    result = pytester.runpytest_subprocess("--packcheck-models=arch:llama", "--packcheck-attn=sdpa", "--packcheck-checks=isolation",
+                                           "--packcheck-isolation=none", "-p", "no:cacheprovider", "-rA")
+    text = str(result.stdout) + str(result.stderr)
+    assert result.ret == 1 and "api_token=***" in text and token not in text
+    assert token not in (pytester.path / "reports" / "packcheck-matrix.md").read_text()
