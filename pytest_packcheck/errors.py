@@ -73,12 +73,15 @@ def read_user_text(path: object, what: str, fix: str) -> str:
     """The UTF-8 text of a file the user named (an audit, a tolerance file, a length profile).
 
     Raises:
-        PackcheckUsageError: ``{what} {path} is not UTF-8 text / is a directory / cannot be read (...): {fix}``
+        PackcheckUsageError: ``{what} {path} is not UTF-8 text / is a directory / is not a regular file (a device,
+            a pipe: /dev/zero would be read for ever) / cannot be read (...): {fix}``
             instead of the UnicodeDecodeError or OSError of ``Path.read_text``.
     """
     from pathlib import Path
 
     p = Path(str(path))
+    if p.exists() and not p.is_file() and not p.is_dir():  # /dev/zero would be read for ever
+        raise PackcheckUsageError(f"{what} {p} is not a regular file (a device or a pipe): {fix}")
     try:
         return p.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:

@@ -338,6 +338,8 @@ def load_document(path: str | Path) -> dict[str, Any]:
             or no valid cells.
     """
     p = Path(path)
+    if p.exists() and not p.is_file() and not p.is_dir():  # /dev/zero would be read for ever
+        raise PackcheckUsageError(f"Results file {p} is not a regular file (a device or a pipe): pass a packcheck-matrix.json file.")
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:

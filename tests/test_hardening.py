@@ -69,6 +69,16 @@ def test_a_bad_results_file_is_one_line_in_gate_and_merge(tmp_path, content, mes
     assert not (tmp_path / "out").exists()
 
 
+def test_a_device_given_as_a_file_is_refused_not_read_for_ever(tmp_path):
+    from pytest_packcheck.results import load_document
+    from pytest_packcheck.settings import load_tolerances
+
+    with pytest.raises(PackcheckUsageError, match="Results file /dev/zero is not a regular file"):
+        load_document("/dev/zero")
+    with pytest.raises(PackcheckUsageError, match="Tolerance file /dev/zero is not a regular file .*pass a TOML file"):
+        load_tolerances("/dev/zero", None, "--packcheck-tolerances")
+
+
 def test_merge_onto_a_file_says_it_is_a_file(tmp_path):
     good, blocker = tmp_path / "good.json", tmp_path / "taken"
     good.write_text(json.dumps(_doc([_cell()])))
