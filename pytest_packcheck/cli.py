@@ -142,6 +142,11 @@ def main(argv: list[str] | None = None) -> int:
         except PackcheckUsageError as exc:
             print(f"packcheck {ns.command}: error: {exc}", file=sys.stderr)
             return 2
+        except (ImportError, MemoryError) as exc:  # torch cannot load (ulimit -v): one line, not a traceback
+            from .errors import load_failure_message
+
+            print(f"packcheck {ns.command}: error: {load_failure_message(exc)}", file=sys.stderr)
+            return 2
 
     os.environ["PACKCHECK_REPRODUCE"] = _reproduce_line(argv)
     workers = str(ns.workers)

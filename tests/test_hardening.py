@@ -113,10 +113,11 @@ def test_a_process_memory_limit_is_one_line_naming_the_limit(tmp_path):
     def limit():
         resource.setrlimit(resource.RLIMIT_AS, (400000 * 1024, resource.RLIM_INFINITY))
 
-    proc = _cli(["audit", "--models", "arch:llama", *QUICK], tmp_path, preexec_fn=limit)
-    assert proc.returncode == 2, (proc.stdout + proc.stderr)[-3000:]
-    line = _one_line(proc.stdout + proc.stderr, "ERROR:")
-    assert "could not load torch/transformers (ImportError" in line and "memory limit 400000 KiB (ulimit -v 400000)" in line
+    for args, prefix in ((["audit", "--models", "arch:llama", *QUICK], "ERROR:"), (["bench"], "packcheck bench: error:")):
+        proc = _cli(args, tmp_path, preexec_fn=limit)
+        assert proc.returncode == 2, (proc.stdout + proc.stderr)[-3000:]
+        line = _one_line(proc.stdout + proc.stderr, prefix)
+        assert "could not load torch/transformers (ImportError" in line and "memory limit 400000 KiB (ulimit -v 400000)" in line
 
 
 def test_load_failure_message_branches(monkeypatch):
