@@ -323,14 +323,15 @@ def _verify_remedies_into_report(out: Path) -> None:
     import json
 
     from .bisect import render_remedy_checks, verify_remedies
-    from .results import atomic_write
+    from .results import write_set
 
     path = out / "packcheck-matrix.json"
     doc = json.loads(path.read_text())
     records = verify_remedies(doc, out, log=lambda line: print(line, flush=True))
-    atomic_write(path, json.dumps(doc, indent=1) + "\n")
     md = out / "packcheck-matrix.md"
-    atomic_write(md, md.read_text().rstrip("\n") + "\n\n" + render_remedy_checks(records))
+    # one set (results.write_set), the JSON last: a kill between the two never leaves one updated, one not
+    write_set([(md, md.read_text().rstrip("\n") + "\n\n" + render_remedy_checks(records)),
+               (path, json.dumps(doc, indent=1) + "\n")])
     verified = sum(1 for r in records if r["verified"])
     print(f"remedies verified: {verified} of {len(records)} (section 'Remedies verified' in {md})")
 
