@@ -366,6 +366,9 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
         raise PackcheckUsageError(f"The model list (from {source}) is empty after filtering: give at least one model.")
 
     config_items = get_option(by_flag[OPT_CONFIG].dest) or []
+    if any(not str(item).strip() for item in config_items):
+        raise PackcheckUsageError(f"Empty value '' for {OPT_CONFIG} (from the command line): write key=value, e.g. "
+                                  f"{OPT_CONFIG} clip_qkv=8, or leave {OPT_CONFIG} out.")
     if config_items:  # folded into every spec, so the record, the Reproduce line and version children carry them
         from .specs import format_overrides, parse_overrides
 

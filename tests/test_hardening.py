@@ -400,6 +400,7 @@ def _resolve(argv, monkeypatch, env=None):
     (["--packcheck-checks=,"], "Empty check list ',' (from --packcheck-checks)"),
     (["--packcheck-weights="], "Empty value '' for --packcheck-weights"),
     (["--packcheck-report-dir="], "Empty value '' for --packcheck-report-dir"),
+    (["--packcheck-config="], "Empty value '' for --packcheck-config (from the command line): write key=value"),
 ])
 def test_an_empty_option_value_is_refused_not_read_as_every_one(monkeypatch, argv, message):
     with pytest.raises(PackcheckUsageError) as err:
