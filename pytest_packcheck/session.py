@@ -111,6 +111,7 @@ class PackcheckSession:
         if not hasattr(self.config, "workerinput") and self.settings.versions:
             self._run_dir = tempfile.TemporaryDirectory(prefix="packcheck-run-")
             os.environ[RUN_DIR_VAR] = self._run_dir.name
+
     def _resume_mismatch(self, reused: int, other: int) -> str:
         """The line --packcheck-resume prints when the journal holds cells of another run: how many are reused,
         how many are not, and which settings differ from the previous matrix's (its ``settings``), if there is one."""
