@@ -111,9 +111,9 @@ def _pytest_args(ns: argparse.Namespace) -> list[str]:
     if given["packcheck_models"] is None and not given["packcheck_audit"] and not given["packcheck_all_architectures"] and not from_env:
         given["packcheck_audit"] = "default"  # $PACKCHECK_MODELS / $PACKCHECK_AUDIT replace the default audit (CLI > env)
     if given["packcheck_audit"] and not os.path.isabs(given["packcheck_audit"]) and given["packcheck_audit"].endswith(".toml"):
-        given["packcheck_audit"] = str(Path(given["packcheck_audit"]).resolve())
+        given["packcheck_audit"] = os.path.abspath(given["packcheck_audit"])  # abspath: a symlink loop is the plugin's to name
     if given["packcheck_report_dir"] is None or given["packcheck_report_dir"].strip():  # '' goes on, to be refused
-        given["packcheck_report_dir"] = str(Path(given["packcheck_report_dir"] or "reports").resolve())
+        given["packcheck_report_dir"] = os.path.abspath(given["packcheck_report_dir"] or "reports")
     for opt in OPTIONS:
         value = given[opt.dest]
         if value is None or value is False or value == []:

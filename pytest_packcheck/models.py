@@ -397,6 +397,15 @@ def _refuse_absurd_sizes(config: Any, spec: ModelSpec, source: str) -> None:
                     f"can have: expected a whole number from 1 to {bound:,}. packcheck replaces sizes with tiny ones for "
                     "its probes, so this value would not run and its cells would pass under its label; give a real "
                     "size or leave the key out.")
+    typed = {k.split(".")[-1] for k, _, _ in found}
+    if typed & {"num_attention_heads", "num_key_value_heads"}:  # the shrink keeps only the ratio: it must be whole
+        for _, sub in [("", config), *_sub_configs(config)]:
+            heads, kv = getattr(sub, "num_attention_heads", None), getattr(sub, "num_key_value_heads", None)
+            if isinstance(heads, int) and isinstance(kv, int) and heads % kv:
+                raise PackcheckUsageError(
+                    f"Config values num_attention_heads={heads} and num_key_value_heads={kv} (in model spec "
+                    f"'{spec.raw}' from {source}) do not divide: grouped-query attention shares each key/value head "
+                    f"among a whole number of query heads. Give a num_key_value_heads that divides {heads}.")
 
 
 def _apply_overrides(config: Any, spec: ModelSpec, source: str) -> None:

@@ -215,9 +215,12 @@ def write_failure(path: Path, exc: OSError, flag: str = "--packcheck-report-dir"
             free = "free space unknown"
         return (f"Cannot write {path}: the disk is full ({reason}; {free}): free space on it, or pass a folder on "
                 f"another disk with {flag}.")
-    if exc.errno in (errno.EEXIST, errno.ENOTDIR):  # mkdir / open under a path that is a file
-        blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), path.parent)
-        return f"Cannot write {path}: {blocker} is a file, not a folder: pass a folder with {flag}."
+    if exc.errno in (errno.EEXIST, errno.ENOTDIR, errno.ELOOP):  # mkdir / open under a path that is not a folder
+        for p in (path, *path.parents):
+            if os.path.islink(p) and not os.path.exists(p):
+                return f"Cannot write {path}: {p} is a broken or looping symlink: pass a folder with {flag}."
+            if os.path.exists(p) and not os.path.isdir(p):
+                return f"Cannot write {path}: {p} is a file, not a folder: pass a folder with {flag}."
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return f"Cannot write {path} ({reason}): pass a writable {flag}."
     return f"Cannot write {path} ({reason}): check the folder, or pass another one with {flag}."

@@ -79,6 +79,15 @@ def test_a_device_given_as_a_file_is_refused_not_read_for_ever(tmp_path):
         load_tolerances("/dev/zero", None, "--packcheck-tolerances")
 
 
+def test_a_report_folder_that_is_a_symlink_loop_is_one_line(tmp_path):
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    proc = _cli(["audit", "--models", "arch:llama", "--packcheck-report-dir", str(tmp_path / "a"), *QUICK], tmp_path)
+    assert proc.returncode == 2
+    assert f"{tmp_path / 'a'} is a broken or looping symlink: pass a folder with --packcheck-report-dir" in \
+        _one_line(proc.stdout + proc.stderr, "ERROR:")
+
+
 def test_merge_onto_a_file_says_it_is_a_file(tmp_path):
     good, blocker = tmp_path / "good.json", tmp_path / "taken"
     good.write_text(json.dumps(_doc([_cell()])))
@@ -351,6 +360,15 @@ def test_an_absurd_size_is_refused_not_shrunk_away(override, value):
     with pytest.raises(PackcheckUsageError, match=rf"Config value {override}={value!s}.* is not a size a model can have: "
                                                   r"expected a whole number from 1 to"):
         resolve_model(spec, "test")
+
+
+def test_heads_that_do_not_divide_are_refused_not_shrunk_to_a_whole_ratio():
+    from pytest_packcheck.models import resolve_model
+    from pytest_packcheck.specs import parse_model_list
+
+    with pytest.raises(PackcheckUsageError, match=r"num_attention_heads=32 and num_key_value_heads=3 .* do not divide"):
+        resolve_model(parse_model_list(["arch:llama{num_key_value_heads=3}"], "test")[0], "test")
+    assert resolve_model(parse_model_list(["arch:llama{num_key_value_heads=8}"], "test")[0], "test").config.num_key_value_heads == 8
 
 
 def test_an_override_of_the_wrong_type_is_refused_naming_the_config():
