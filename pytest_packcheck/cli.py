@@ -225,6 +225,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if code == pytest.ExitCode.USAGE_ERROR:
         return 2
+    if code == pytest.ExitCode.NO_TESTS_COLLECTED:  # every cell deselected (`-- -k nothing`): nothing was checked
+        print(f"packcheck audit: error: the pytest arguments {' '.join(ns.pytest_args) or '(none)'} deselected every cell of "
+              "the matrix: nothing was checked and no matrix written; select cells with -k on ids such as "
+              "llama-sdpa-isolation-float32.", file=sys.stderr)
+        return 2
     return 3 if code != pytest.ExitCode.INTERRUPTED else 130
 
 

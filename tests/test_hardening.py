@@ -88,6 +88,12 @@ def test_a_report_folder_that_is_a_symlink_loop_is_one_line(tmp_path):
         _one_line(proc.stdout + proc.stderr, "ERROR:")
 
 
+def test_a_keyword_that_deselects_every_cell_is_a_usage_error(tmp_path):
+    proc = _cli(["audit", "--models", "arch:llama", *QUICK, "--", "-k", "zzznothing"], tmp_path)
+    assert proc.returncode == 2  # was 3, "internal error", with no word
+    assert "the pytest arguments -k zzznothing deselected every cell" in _one_line(proc.stderr, "packcheck audit: error:")
+
+
 def test_merge_onto_a_file_says_it_is_a_file(tmp_path):
     good, blocker = tmp_path / "good.json", tmp_path / "taken"
     good.write_text(json.dumps(_doc([_cell()])))
