@@ -217,10 +217,14 @@ def main(argv: list[str] | None = None) -> int:
         if ns.verify_remedies:
             _verify_remedies_into_report(Path(ns.packcheck_report_dir or "reports"))
         if ns.save_baseline:
-            import shutil
+            from .results import atomic_write
 
             out = Path(ns.packcheck_report_dir or "reports")
-            shutil.copyfile(out / "packcheck-matrix.json", out / "baseline.json")
+            try:  # atomic and named: a full disk is one line, and never half a baseline
+                atomic_write(out / "baseline.json", (out / "packcheck-matrix.json").read_text(encoding="utf-8"))
+            except (PackcheckUsageError, OSError) as exc:
+                print(f"packcheck audit: error: --save-baseline: {exc}", file=sys.stderr)
+                return 2
             print(f"baseline written: {out / 'baseline.json'}")
         return 0
     if code == pytest.ExitCode.USAGE_ERROR:
@@ -499,7 +503,7 @@ def _bench(ns: argparse.Namespace) -> int:
     from .bench import load_targets, render_bench, run_bench, sample_lengths
     from .errors import PackcheckUsageError, closest
     from .models import build_model, resolve_model
-    from .results import atomic_write, environment
+    from .results import environment, probe_folder, write_set
     from .settings import DTYPES
     from .specs import parse_model_spec
 
@@ -535,13 +539,7 @@ def _bench(ns: argparse.Namespace) -> int:
     if resolved.error:
         raise PackcheckUsageError(f"Model '{ns.model}' (from --model) cannot be built: {resolved.error}")
     out = Path(ns.output_dir)
-    try:  # before minutes of measuring, not after
-        out.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=out, prefix=".packcheck-probe"):
-            pass
-    except OSError as exc:
-        raise PackcheckUsageError(f"Output directory '{out}' (from -o/--output-dir) is not writable ({exc.strerror}): "
-                                  "pass a writable folder.") from None
+    probe_folder(out, "-o/--output-dir", "Output directory")  # before minutes of measuring, not after (a full disk says so)
     if attn in (REFERENCE_BACKEND, TORCH_VARLEN_BACKEND):
         register_reference_backend()
     try:  # a model that cannot run on this backend (mamba on sdpa) is refused before anything is measured
@@ -573,8 +571,10 @@ def _bench(ns: argparse.Namespace) -> int:
         if "error" in results[-1]:
             _free_cuda(ns.device)  # out of the except block: its traceback no longer holds the failed step's tensors
         # written after every profile: a run stopped by a time limit keeps what it measured
-        atomic_write(out / f"{ns.name}.json", json.dumps({"environment": env, "results": results}, indent=1) + "\n")
-        atomic_write(out / f"{ns.name}.md", render_bench(results, env, label))
+        # one set (results.write_set), the JSON last; the folder named as the flag that chose it
+        write_set([(out / f"{ns.name}.md", render_bench(results, env, label)),
+                   (out / f"{ns.name}.json", json.dumps({"environment": env, "results": results}, indent=1) + "\n")],
+                  "-o/--output-dir")
     print(f"bench written: {out / (ns.name + '.md')}, {out / (ns.name + '.json')}")
     return 1 if all("error" in r for r in results) else 0
 

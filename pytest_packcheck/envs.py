@@ -509,7 +509,12 @@ def run_in_env(combo: VersionCombo, settings: Any, models: list[str], report_dir
         text = f"$ {' '.join(args[1:])}\n# exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
         from .results import scrub
 
-        log.write_text(scrub(text))  # no tokens, no home-directory paths in what a report links to
+        try:
+            log.write_text(scrub(text))  # no tokens, no home-directory paths in what a report links to
+        except OSError as exc:  # the disk filled up during the run: one line, not a traceback
+            from .results import write_failure
+
+            raise PackcheckUsageError(write_failure(log, exc)) from None
         result = out / "packcheck-matrix.json"
         if not result.exists():
             tail = " | ".join(ln.strip() for ln in (proc.stderr or proc.stdout).strip().splitlines()[-3:])

@@ -226,6 +226,29 @@ def write_failure(path: Path, exc: OSError, flag: str = "--packcheck-report-dir"
     return f"Cannot write {path} ({reason}): check the folder, or pass another one with {flag}."
 
 
+#: Bytes :func:`probe_folder` writes (and removes): the smallest report set packcheck writes (one model, one
+#: cell: journal, owner file and the four reports) is 11.7 KB of text in six files, 24 KiB in 4 KiB blocks.
+PROBE_BYTES = 32 * 1024
+
+
+def probe_folder(folder: Path, flag: str, what: str = "Report directory") -> None:
+    """Create ``folder`` and write :data:`PROBE_BYTES` into a temp file there, before minutes of work: bytes, not
+    only a name, since a full disk still creates empty files (a free inode) but takes no data.
+
+    Raises:
+        PackcheckUsageError: it cannot be created or written (:func:`write_failure`: a full disk says so).
+    """
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".packcheck-probe") as probe:
+            probe.write(b"\0" * PROBE_BYTES)
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as exc:
+        raise PackcheckUsageError(f"{what} '{folder}' (from {flag}) is not writable: "
+                                  f"{write_failure(folder / '.packcheck-probe', exc, flag)}") from None
+
+
 def remove_orphans(path: Path) -> list[Path]:
     """Remove the temp files ``.<name>.*.tmp`` a killed writer left beside ``path`` (see :func:`write_set`);
     returns them. The report folder's lock keeps two writers of one folder apart."""

@@ -21,10 +21,6 @@ RESULT_PROPERTY = "packcheck"
 #: A folder for this session (made by the controller, inherited by xdist workers) where version-environment
 #: runs are shared.
 RUN_DIR_VAR = "PACKCHECK_RUN_DIR"
-#: Bytes the start-up probe writes into the report folder (and removes): the smallest report set packcheck
-#: writes (one model, one cell: journal, owner file and the four reports) is 11.7 KB of text in six files, 24 KiB
-#: in 4 KiB blocks; a disk without that room is refused before any cell runs.
-PROBE_BYTES = 32 * 1024
 
 
 class PackcheckItem(pytest.Item):
@@ -160,18 +156,9 @@ class PackcheckSession:
         if hasattr(self.config, "workerinput"):
             return
         path = Path(self.settings.report_dir)
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=path, prefix=".packcheck-probe") as probe:
-                # bytes, not only a name: a full disk still creates empty files (a free inode) but takes no data
-                probe.write(b"\0" * PROBE_BYTES)
-                probe.flush()
-                os.fsync(probe.fileno())
-        except OSError as exc:
-            from .results import write_failure
+        from .results import probe_folder
 
-            raise PackcheckUsageError(f"Report directory '{path}' (from --packcheck-report-dir) cannot be used: "
-                                      f"{write_failure(path / '.packcheck-probe', exc)}") from None
+        probe_folder(path, "--packcheck-report-dir")  # a full disk is refused now, not at the report write
         self._lock_report_dir(path)
         for name in ("packcheck-matrix.md", "packcheck-matrix.json", "packcheck-matrix.html", "packcheck-details.md",
                      "packcheck-journal.jsonl"):

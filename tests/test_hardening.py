@@ -553,3 +553,33 @@ def test_verify_remedies_rewrites_markdown_and_json_as_one_set(tmp_path, monkeyp
     assert seen == [["packcheck-matrix.md", "packcheck-matrix.json"]]  # one set, the JSON last
     assert (tmp_path / "packcheck-matrix.md").read_text().endswith("No failing cell made a remedy claim.\n")
     assert json.loads((tmp_path / "packcheck-matrix.json").read_text())["remedy_checks"] == []
+
+
+def test_bench_and_bisect_on_a_full_disk_are_refused_before_any_work(tmp_path, small_disk):
+    disk, _ = small_disk
+    (disk / "filler").write_bytes(b"\0" * 64 * 1024)
+    for args, prefix in ((["bench", "--profile", "fixed", "-o", str(disk / "b")], "packcheck bench: error:"),
+                         (["bisect", "llama-sdpa-isolation-float32", "--good", "transformers==5.23.0", "--bad",
+                           "transformers==5.24.0", "-o", str(disk / "bi")], "packcheck bisect: error:")):
+        proc = _cli(args, tmp_path)
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        line = _one_line(proc.stderr, prefix)
+        assert "(from -o/--output-dir) is not writable:" in line and "the disk is full" in line
+
+
+def test_save_baseline_on_a_full_disk_is_one_line(tmp_path, monkeypatch, capsys):
+    import pytest as _pytest
+
+    from pytest_packcheck import cli, results
+    from pytest_packcheck.report import write_reports
+
+    write_reports(tmp_path, _doc([_cell()]))
+    monkeypatch.setattr(_pytest, "main", lambda args: _pytest.ExitCode.OK)
+
+    def full(path, text, flag="--packcheck-report-dir"):
+        raise PackcheckUsageError(results.write_failure(Path(path), OSError(errno.ENOSPC, "No space left on device"), flag))
+
+    monkeypatch.setattr(results, "atomic_write", full)
+    code = cli.main(["audit", "--models", "arch:llama", "--packcheck-report-dir", str(tmp_path), "--save-baseline", "-n", "0"])
+    assert code == 2 and not (tmp_path / "baseline.json").exists()
+    assert "packcheck audit: error: --save-baseline: Cannot write" in capsys.readouterr().err
