@@ -367,7 +367,8 @@ def load_document(path: str | Path) -> dict[str, Any]:
     if p.exists() and not p.is_file() and not p.is_dir():  # /dev/zero would be read for ever
         raise PackcheckUsageError(f"Results file {p} is not a regular file (a device or a pipe): pass a packcheck-matrix.json file.")
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        # scrubbed as read: a results file from elsewhere may carry a token, which gate / merge would print
+        data = json.loads(scrub_secrets(p.read_text(encoding="utf-8")))
     except FileNotFoundError:
         raise PackcheckUsageError(f"Results file {p} does not exist: run `packcheck audit` first.") from None
     except json.JSONDecodeError as exc:

@@ -352,6 +352,17 @@ def test_no_secret_reaches_the_terminal_a_report_the_journal_or_the_owner_file(t
         assert "tok=***" in proc.stdout + proc.stderr  # the override warning, scrubbed on the terminal
 
 
+def test_a_token_inside_a_results_file_from_elsewhere_is_not_printed_by_gate(tmp_path):
+    label = f"llama{{tok={SHAPES[0]}}}"
+    for name, status in (("base.json", "pass"), ("cand.json", "fail")):
+        cell = _cell(f"{label}-sdpa-isolation-float32", status=status, message=f"says {SHAPES[0]}",
+                     model={"label": label, "spec": "arch:llama", "model_type": "llama", "model_class": "L"})
+        (tmp_path / name).write_text(json.dumps(_doc([cell])))
+    proc = _cli(["gate", "--baseline", "base.json", "--candidate", "cand.json"], tmp_path)
+    assert proc.returncode == 1 and "REGRESSION" in proc.stdout and "tok=***" in proc.stdout
+    assert SHAPES[0] not in proc.stdout + proc.stderr
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Values accepted quietly before
 
