@@ -208,6 +208,10 @@ def write_failure(path: Path, exc: OSError, flag: str = "--packcheck-report-dir"
     import shutil
 
     reason = exc.strerror or str(exc)
+    if isinstance(exc.filename, str) and exc.filename and Path(exc.filename).name not in (path.name, path.parent.name) \
+            and not Path(exc.filename).name.startswith(f".{path.name}.") and exc.errno not in (
+            errno.ENOSPC, errno.EDQUOT):
+        path = Path(exc.filename)  # what actually failed: the journal's lock file, say, not the journal
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         try:
             free = f"{shutil.disk_usage(path.parent if path.parent.exists() else Path('.')).free // 1024} KiB free"

@@ -225,6 +225,16 @@ def test_write_failure_names_what_went_wrong(tmp_path, code, says):
     assert says in write_failure(tmp_path / "x.json", OSError(code, os.strerror(code)), "-o")
 
 
+def test_write_failure_names_the_file_that_failed(tmp_path):
+    from pytest_packcheck.results import write_failure
+
+    lock = tmp_path / "j.jsonl.lock"
+    line = write_failure(tmp_path / "j.jsonl", OSError(errno.EISDIR, "Is a directory", str(lock)))
+    assert line.startswith(f"Cannot write {lock} (Is a directory)")
+    temp = tmp_path / ".x.md.abc.tmp"
+    assert write_failure(tmp_path / "x.md", OSError(errno.EIO, "I/O error", str(temp))).startswith(f"Cannot write {tmp_path / 'x.md'} ")
+
+
 def test_a_journal_that_cannot_be_written_is_named_once_and_the_run_goes_on(tmp_path, monkeypatch):
     from pytest_packcheck.isolation import Journal
 
