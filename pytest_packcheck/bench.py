@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import PackcheckUsageError
+from .errors import PackcheckUsageError, read_user_text
 
 #: Built-in length profiles (tokens per example). flan: short instructions with a long tail (most under 300
 #: tokens, some past 1500), very variable; orcamath: longer and uniform-ish; uniform / fixed: for control.
@@ -64,7 +64,8 @@ def raw_lengths(profile: str, n: int, max_length: int, seed: int = 0, fixed: int
                 + f": use one of {', '.join(PROFILES)} or a file with one length per line."
             )
         values = []
-        for i, line in enumerate(path.read_text().split(), 1):
+        text = read_user_text(path, f"Length file (from {source})", "give a text file with one length per line.")
+        for i, line in enumerate(text.split(), 1):
             if not line.isdigit() or int(line) < 2:
                 raise PackcheckUsageError(f"Length file {path} (from {source}) line {i}: '{line}' is not an integer >= 2.")
             values.append(int(line))

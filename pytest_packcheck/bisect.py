@@ -502,14 +502,9 @@ def bisect_cell(cell_id: str, good: str, bad: str, *, model: str | None = None, 
     sides = parse_sides(good, bad)
     log = log or (lambda line: print(line, flush=True))  # progress as it goes: each probe takes seconds
     out = Path(output_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe_file = out / ".packcheck-write-probe"
-        probe_file.write_text("")
-        probe_file.unlink()
-    except OSError as exc:
-        raise PackcheckUsageError(f"Output directory '{out}' (from -o/--output-dir) is not writable ({exc.strerror}): "
-                                  "pass a writable folder.") from None
+    from .results import probe_folder
+
+    probe_folder(out, "-o/--output-dir", "Output directory")  # each probe writes its log and results there: a full disk is refused now
     releases, yanked = parse_simple_index((fetch or fetch_index_page)(sides.library), pre=pre)
     if log:
         lo, hi = sorted((sides.good, sides.bad), key=_vkey)

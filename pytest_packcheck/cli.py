@@ -187,8 +187,9 @@ def _pytest_args(ns: argparse.Namespace) -> list[str]:
     if given["packcheck_models"] is None and not given["packcheck_audit"] and not given["packcheck_all_architectures"] and not from_env:
         given["packcheck_audit"] = "default"  # $PACKCHECK_MODELS / $PACKCHECK_AUDIT replace the default audit (CLI > env)
     if given["packcheck_audit"] and not os.path.isabs(given["packcheck_audit"]) and given["packcheck_audit"].endswith(".toml"):
-        given["packcheck_audit"] = str(Path(given["packcheck_audit"]).resolve())
-    given["packcheck_report_dir"] = str(Path(given["packcheck_report_dir"] or "reports").resolve())
+        given["packcheck_audit"] = os.path.abspath(given["packcheck_audit"])  # abspath: a symlink loop is the plugin's to name
+    if given["packcheck_report_dir"] is None or given["packcheck_report_dir"].strip():  # '' goes on, to be refused
+        given["packcheck_report_dir"] = os.path.abspath(given["packcheck_report_dir"] or "reports")
     for opt in OPTIONS:
         value = given[opt.dest]
         if value is None or value is False or value == []:
@@ -216,6 +217,11 @@ def main(argv: list[str] | None = None) -> int:
             return {"gate": _gate, "merge": _merge, "bench": _bench, "bisect": _bisect}[ns.command](ns)
         except PackcheckUsageError as exc:
             print(f"packcheck {ns.command}: error: {exc}", file=sys.stderr)
+            return 2
+        except (ImportError, MemoryError) as exc:  # torch cannot load (ulimit -v): one line, not a traceback
+            from .errors import load_failure_message
+
+            print(f"packcheck {ns.command}: error: {load_failure_message(exc)}", file=sys.stderr)
             return 2
 
     os.environ["PACKCHECK_REPRODUCE"] = _reproduce_line(argv)
@@ -289,13 +295,22 @@ def main(argv: list[str] | None = None) -> int:
         if ns.verify_remedies:
             _verify_remedies_into_report(Path(ns.packcheck_report_dir or "reports"))
         if ns.save_baseline:
-            import shutil
+            from .results import atomic_write
 
             out = Path(ns.packcheck_report_dir or "reports")
-            shutil.copyfile(out / "packcheck-matrix.json", out / "baseline.json")
+            try:  # atomic and named: a full disk is one line, and never half a baseline
+                atomic_write(out / "baseline.json", (out / "packcheck-matrix.json").read_text(encoding="utf-8"))
+            except (PackcheckUsageError, OSError) as exc:
+                print(f"packcheck audit: error: --save-baseline: {exc}", file=sys.stderr)
+                return 2
             print(f"baseline written: {out / 'baseline.json'}")
         return 0
     if code == pytest.ExitCode.USAGE_ERROR:
+        return 2
+    if code == pytest.ExitCode.NO_TESTS_COLLECTED:  # every cell deselected (`-- -k nothing`): nothing was checked
+        print(f"packcheck audit: error: the pytest arguments {' '.join(ns.pytest_args) or '(none)'} deselected every cell of "
+              "the matrix: nothing was checked and no matrix written; select cells with -k on ids such as "
+              "llama-sdpa-isolation-float32.", file=sys.stderr)
         return 2
     return 3 if code != pytest.ExitCode.INTERRUPTED else 130
 
@@ -414,14 +429,15 @@ def _verify_remedies_into_report(out: Path) -> None:
     import json
 
     from .bisect import render_remedy_checks, verify_remedies
-    from .results import atomic_write
+    from .results import write_set
 
     path = out / "packcheck-matrix.json"
     doc = json.loads(path.read_text())
     records = verify_remedies(doc, out, log=lambda line: print(line, flush=True))
-    atomic_write(path, json.dumps(doc, indent=1) + "\n")
     md = out / "packcheck-matrix.md"
-    atomic_write(md, md.read_text().rstrip("\n") + "\n\n" + render_remedy_checks(records))
+    # one set (results.write_set), the JSON last: a kill between the two never leaves one updated, one not
+    write_set([(md, md.read_text().rstrip("\n") + "\n\n" + render_remedy_checks(records)),
+               (path, json.dumps(doc, indent=1) + "\n")])
     verified = sum(1 for r in records if r["verified"])
     print(f"remedies verified: {verified} of {len(records)} (section 'Remedies verified' in {md})")
 
@@ -553,13 +569,23 @@ def _print_changes_rich(changes: list, baseline_env: dict, candidate_env: dict) 
 def _merge(ns: argparse.Namespace) -> int:
 
     from .diagnose import diagnose_document
+    from .errors import PackcheckUsageError
     from .gate import merge
     from .report import write_reports
-    from .results import load_document
+    from .results import load_document, write_failure
+    from .session import hold_report_dir
 
     doc = diagnose_document(merge([load_document(f) for f in ns.files]))
     out = Path(ns.output_dir)
-    write_reports(out, doc)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PackcheckUsageError(write_failure(out / "packcheck-matrix.json", exc, "-o/--output-dir")) from None
+    lock = hold_report_dir(out, "-o/--output-dir")  # an audit writing there now would have its matrix replaced
+    try:
+        write_reports(out, doc, "-o/--output-dir")
+    finally:
+        lock.release(force=True)
     if doc.get("merged_settings_differ"):
         print(f"packcheck merge: warning: these files are not shards of one audit (their settings differ in "
               f"{', '.join(doc['merged_settings_differ'])}); the matrix shows the union of their cells and every command",
@@ -581,7 +607,7 @@ def _bench(ns: argparse.Namespace) -> int:
     from .bench import load_targets, render_bench, run_bench, sample_lengths
     from .errors import PackcheckUsageError, closest
     from .models import build_model, resolve_model
-    from .results import atomic_write, environment
+    from .results import environment, probe_folder, write_set
     from .settings import DTYPES
     from .specs import parse_model_spec
 
@@ -617,13 +643,7 @@ def _bench(ns: argparse.Namespace) -> int:
     if resolved.error:
         raise PackcheckUsageError(f"Model '{ns.model}' (from --model) cannot be built: {resolved.error}")
     out = Path(ns.output_dir)
-    try:  # before minutes of measuring, not after
-        out.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=out, prefix=".packcheck-probe"):
-            pass
-    except OSError as exc:
-        raise PackcheckUsageError(f"Output directory '{out}' (from -o/--output-dir) is not writable ({exc.strerror}): "
-                                  "pass a writable folder.") from None
+    probe_folder(out, "-o/--output-dir", "Output directory")  # before minutes of measuring, not after (a full disk says so)
     if attn in (REFERENCE_BACKEND, TORCH_VARLEN_BACKEND):
         register_reference_backend()
     try:  # a model that cannot run on this backend (mamba on sdpa) is refused before anything is measured
@@ -655,8 +675,10 @@ def _bench(ns: argparse.Namespace) -> int:
         if "error" in results[-1]:
             _free_cuda(ns.device)  # out of the except block: its traceback no longer holds the failed step's tensors
         # written after every profile: a run stopped by a time limit keeps what it measured
-        atomic_write(out / f"{ns.name}.json", json.dumps({"environment": env, "results": results}, indent=1) + "\n")
-        atomic_write(out / f"{ns.name}.md", render_bench(results, env, label))
+        # one set (results.write_set), the JSON last; the folder named as the flag that chose it
+        write_set([(out / f"{ns.name}.md", render_bench(results, env, label)),
+                   (out / f"{ns.name}.json", json.dumps({"environment": env, "results": results}, indent=1) + "\n")],
+                  "-o/--output-dir")
     print(f"bench written: {out / (ns.name + '.md')}, {out / (ns.name + '.json')}")
     return 1 if all("error" in r for r in results) else 0
 

@@ -200,7 +200,22 @@ def parse_versions(values: list[str], source: str) -> list[VersionCombo]:
     unique = list(dict.fromkeys(combos))
     if not unique:
         raise PackcheckUsageError(f"No version given (from {source}): write e.g. transformers==4.51.3,5.24.0.")
+    if len(unique) > MAX_ENVIRONMENTS:
+        low, high = (len(unique) * s / 3600 for s in SECONDS_PER_ENVIRONMENT)
+        raise PackcheckUsageError(
+            f"{len(unique)} version environments (from {source}) are over packcheck's cap of {MAX_ENVIRONMENTS}: each is "
+            f"one environment to install and one audit run ({SECONDS_PER_ENVIRONMENT[0]}-{SECONDS_PER_ENVIRONMENT[1]} s "
+            f"each in the committed reports), about {low:.1f}-{high:.1f} h here. List fewer versions (the axes multiply), "
+            "or split them over several runs with their own --packcheck-report-dir and `packcheck merge` them.")
     return unique
+
+
+#: The most version environments one run takes (``--packcheck-versions``, the audit's ``versions``): the
+#: committed reports use 4 (reports/versions) to 13 (reports/trl-versions).
+MAX_ENVIRONMENTS = 64
+#: Seconds per environment (cold install + the audit in it) in the committed reports, fastest and slowest:
+#: reports/trl-versions 3-4 s to install + about 20 s to run, reports/training up to 98 s to run.
+SECONDS_PER_ENVIRONMENT = (24, 100)
 
 
 def _split_top(value: str) -> list[str]:
@@ -505,7 +520,12 @@ def run_in_env(combo: VersionCombo, settings: Any, models: list[str], report_dir
         text = f"$ {' '.join(args[1:])}\n# exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
         from .results import scrub
 
-        log.write_text(scrub(text))  # no tokens, no home-directory paths in what a report links to
+        try:
+            log.write_text(scrub(text))  # no tokens, no home-directory paths in what a report links to
+        except OSError as exc:  # the disk filled up during the run: one line, not a traceback
+            from .results import write_failure
+
+            raise PackcheckUsageError(write_failure(log, exc)) from None
         result = out / "packcheck-matrix.json"
         if not result.exists():
             tail = " | ".join(ln.strip() for ln in (proc.stderr or proc.stdout).strip().splitlines()[-3:])

@@ -5,17 +5,37 @@ from __future__ import annotations
 import os
 import re
 
-_SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|API_KEY|ACCESS_KEY)", re.IGNORECASE)
+#: Environment variables whose value is a secret: a name with TOKEN, KEY, SECRET or PASSWORD (HF_TOKEN,
+#: HUGGING_FACE_HUB_TOKEN, WANDB_API_KEY, AWS_SECRET_ACCESS_KEY, ...).
+_SECRET_NAME = re.compile(r"(TOKEN|KEY|SECRET|PASSWORD)", re.IGNORECASE)
+
+#: Shapes of common access tokens, scrubbed wherever they stand (a token typed into an override, a spec, a file):
+#: Hugging Face (hf_ + 34), GitHub (ghp_/gho_/ghu_/ghs_/ghr_ + 36, github_pat_ + 82), OpenAI / Anthropic
+#: (sk-, sk-proj-, sk-ant-), AWS access key ids (AKIA/ASIA + 16), Slack (xoxb-...), GitLab (glpat-), Google API
+#: keys (AIza + 35). Each needs 16+ characters after its prefix, and no letter or digit right before it.
+SECRET_SHAPES = re.compile(
+    r"(?<![A-Za-z0-9])(?:"
+    r"hf_[A-Za-z0-9]{16,}"
+    r"|gh[pousr]_[A-Za-z0-9]{16,}"
+    r"|github_pat_[A-Za-z0-9_]{16,}"
+    r"|sk-(?=[A-Za-z_-]*[0-9])[A-Za-z0-9_-]{16,}"
+    r"|(?:AKIA|ASIA)[0-9A-Z]{16}"
+    r"|xox[abeprs]-[A-Za-z0-9-]{10,}"
+    r"|glpat-[A-Za-z0-9_-]{16,}"
+    r"|AIza[0-9A-Za-z_-]{35}"
+    r")"
+)
 
 
 def scrub_secrets(text: str) -> str:
-    """``text`` with the value of every secret-looking environment variable (HF_TOKEN,
-    HUGGING_FACE_HUB_TOKEN, ...: a name with TOKEN, SECRET, PASSWORD, API_KEY or ACCESS_KEY, value of 8+
-    characters) replaced by ``***``: for what reaches a terminal (test ids, error lines) as well as files."""
+    """``text`` with every secret replaced by ``***``: by value, the value (8+ characters) of every environment
+    variable whose name holds TOKEN, KEY, SECRET or PASSWORD; by shape, anything that looks like an access token
+    (:data:`SECRET_SHAPES`: ``hf_...``, ``ghp_...``, ``github_pat_...``, ``sk-...``, ``AKIA...``, ...). For what
+    reaches a terminal (test ids, warnings, error lines) as well as files (reports, journal, the run's owner file)."""
     for name, value in os.environ.items():
         if len(value) >= 8 and _SECRET_NAME.search(name) and value in text:
             text = text.replace(value, "***")
-    return text
+    return SECRET_SHAPES.sub("***", text)
 
 
 class PackcheckError(Exception):
@@ -34,7 +54,11 @@ class PackcheckUsageError(PackcheckError):
 
 
 class PackcheckWarning(UserWarning):
-    """Base class of every warning packcheck emits, so users can filter them with one entry."""
+    """Base class of every warning packcheck emits, so users can filter them with one entry. The message is
+    :func:`scrub_secrets`-ed (a token typed into an override is not echoed to the terminal)."""
+
+    def __init__(self, message: object = "", *args: object) -> None:
+        super().__init__(scrub_secrets(str(message)), *args)
 
 
 def closest(value: str, choices: list[str] | tuple[str, ...]) -> str:
@@ -43,3 +67,52 @@ def closest(value: str, choices: list[str] | tuple[str, ...]) -> str:
 
     match = difflib.get_close_matches(value, list(choices), n=1)
     return f" Did you mean '{match[0]}'?" if match else ""
+
+
+def read_user_text(path: object, what: str, fix: str) -> str:
+    """The UTF-8 text of a file the user named (an audit, a tolerance file, a length profile).
+
+    Raises:
+        PackcheckUsageError: ``{what} {path} is not UTF-8 text / is a directory / is not a regular file (a device,
+            a pipe: /dev/zero would be read for ever) / cannot be read (...): {fix}``
+            instead of the UnicodeDecodeError or OSError of ``Path.read_text``.
+    """
+    from pathlib import Path
+
+    p = Path(str(path))
+    if p.exists() and not p.is_file() and not p.is_dir():  # /dev/zero would be read for ever
+        raise PackcheckUsageError(f"{what} {p} is not a regular file (a device or a pipe): {fix}")
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise PackcheckUsageError(f"{what} {p} is not UTF-8 text (byte {exc.start} is 0x{exc.object[exc.start]:02x}): {fix}") from None
+    except IsADirectoryError:
+        raise PackcheckUsageError(f"{what} {p} is a directory: {fix}") from None
+    except OSError as exc:
+        raise PackcheckUsageError(f"{what} {p} cannot be read ({exc.strerror or exc}): {fix}") from None
+
+
+def load_failure_message(exc: BaseException) -> str | None:
+    """One line for an ImportError / MemoryError raised while packcheck loads torch or transformers, or None
+    when ``exc`` is not one. Under a process memory limit (``ulimit -v``) the dynamic loader cannot map
+    libtorch_cpu.so ("failed to map segment from shared object") and Python raises ImportError: the line names
+    the limit (RLIMIT_AS, in KiB as ``ulimit -v`` shows it) and the fix."""
+    if not isinstance(exc, ImportError | MemoryError):
+        return None
+    text = " ".join(str(exc).split())[:200]
+    memory = isinstance(exc, MemoryError) or any(s in text.lower() for s in ("failed to map segment", "cannot allocate memory"))
+    limit = "none"
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft != resource.RLIM_INFINITY:
+            limit = f"{soft // 1024} KiB (ulimit -v {soft // 1024})"
+    except (ImportError, OSError, ValueError):
+        pass
+    if memory or limit != "none":
+        return (f"packcheck could not load torch/transformers ({type(exc).__name__}: {text}) under the process memory "
+                f"limit {limit}: importing torch and transformers alone maps about 0.8 GB of address space (torch 2.13 CPU: "
+                "ulimit -v 600000 fails, 800000 loads) and a run needs more; raise the limit (ulimit -v unlimited) and run again.")
+    return (f"packcheck could not import a library it needs ({type(exc).__name__}: {text}): install it into this "
+            "environment (pip install torch transformers) and run again.")

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from .errors import PackcheckWarning
+from .errors import PackcheckUsageError, PackcheckWarning
 
 #: Default seconds a single cell may run (model build included) before its child is killed.
 DEFAULT_TIMEOUT_S = 600.0
@@ -240,12 +240,42 @@ class Journal:
     def __init__(self, path: str | Path, fp: str) -> None:
         self.path = Path(path)
         self.fp = fp
+        #: the first write error (OSError), after which the run goes on without a journal
+        self.failed: OSError | None = None
+        #: cells the last :meth:`load` found journaled under another fingerprint (settings, tolerances, versions)
+        self.other_cells = 0
 
     def reset(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text("")
+        """Empty the journal (a fresh run).
+
+        Raises:
+            PackcheckUsageError: the report folder cannot be written (a full disk is named as such).
+        """
+        from .results import write_failure
+
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_text("")
+        except OSError as exc:
+            raise PackcheckUsageError(write_failure(self.path, exc)) from None
 
     def append(self, cell_json: str) -> None:
+        """Add one finished cell. A write that fails (a disk that filled up during the run) is named once in a
+        :class:`PackcheckWarning` and the run goes on without a journal: the cell's verdict stands, only
+        --packcheck-resume cannot reuse the cells from then on."""
+        if self.failed is not None:
+            return
+        try:
+            self._append(cell_json)
+        except OSError as exc:
+            from .results import write_failure
+
+            self.failed = exc
+            warnings.warn(PackcheckWarning(f"packcheck journal: {write_failure(self.path, exc)} The run goes on and its "
+                                           "cells keep their verdicts; from this cell on none is journaled, so "
+                                           "--packcheck-resume would run them again."), stacklevel=2)
+
+    def _append(self, cell_json: str) -> None:
         from filelock import FileLock
 
         from .results import scrub
@@ -270,6 +300,7 @@ class Journal:
         from .results import cell_problem
 
         cells: dict[str, dict[str, Any]] = {}
+        others: set[str] = set()
         bad = 0
         shapes: list[str] = []
         for line in _lines(self.path):
@@ -285,6 +316,9 @@ class Journal:
                 continue
             if entry.get("fingerprint") == self.fp:
                 cells[entry["cell"]["cell_id"]] = entry["cell"]
+            else:
+                others.add(entry["cell"]["cell_id"])
+        self.other_cells = len(others - set(cells))
         if bad:
             warnings.warn(f"packcheck journal {self.path}: skipped {bad} unreadable line(s) (cut off by a kill?); "
                           "those cells run again.", PackcheckWarning, stacklevel=2)

@@ -122,8 +122,12 @@ class ResolvedModel:
     #: "mrope" for a multimodal model run on its text path with M-RoPE position_ids; None for a causal LM
     text_path: str | None = None
 
-    def record(self) -> dict[str, Any]:
+    def record(self, weights: str | None = None) -> dict[str, Any]:
+        """What every cell records about its model; with ``weights`` (the --packcheck-weights mode) also what
+        the cell ran on (:func:`loaded_weights`)."""
         extra = {"config_overrides": dict(self.spec.overrides)} if self.spec.overrides else {}
+        if weights:
+            extra["weights"] = loaded_weights(self.spec.kind, weights)
         if self.notes:
             extra["config_notes"] = list(self.notes)
         if self.text_path:
@@ -138,6 +142,13 @@ class ResolvedModel:
             "model_class": self.model_class,
             **extra,
         }
+
+
+def loaded_weights(kind: str, weights: str) -> str:
+    """What a cell of a model spec of ``kind`` (arch, hub, local) runs on under --packcheck-weights ``weights``:
+    ``"pretrained"`` (the checkpoint, :func:`build_model` through ``from_pretrained``), or ``"random"`` (the
+    shrunk config with random weights). An ``arch:`` spec has no checkpoint: it is random in either mode."""
+    return "pretrained" if weights == "pretrained" and kind != "arch" else "random"
 
 
 def causal_lm_class_name(model_type: str) -> str | None:
@@ -274,6 +285,7 @@ def resolve_model(spec: ModelSpec, source: str, trust_remote_code: bool = False)
         notes += _layer_variant(config, spec.name)
     if spec.overrides:
         _apply_overrides(config, spec, source)
+    _refuse_absurd_sizes(config, spec, source)
     model_type = config.model_type
     cls = causal_lm_class_name(model_type)
     text_path = mrope_text_path(model_type) if cls is None else None
@@ -374,6 +386,55 @@ def _sub_configs(config: Any) -> list[tuple[str, Any]]:
     return [(name, value) for name, value in vars(config).items() if hasattr(value, "to_dict") and hasattr(value, "model_type")]
 
 
+#: Size keys a model cannot have outside [1, bound]: the shrink replaces them for its tiny models, so an absurd
+#: value (hidden_size=0, num_hidden_layers=-2, vocab_size=10**9) would otherwise pass under the absurd label. The
+#: bounds are 16x to 64x the largest released checkpoints (vocabulary 262,144: Gemma 3; hidden 16,384 and 126
+#: layers: Llama 3.1 405B; 128 heads: DeepSeek-V3).
+SIZE_BOUNDS = {"vocab_size": 2**24, "hidden_size": 2**18, "intermediate_size": 2**20, "num_hidden_layers": 2**12,
+               "num_attention_heads": 2**12, "num_key_value_heads": 2**12, "head_dim": 2**12}
+
+
+def _refuse_absurd_sizes(config: Any, spec: ModelSpec, source: str) -> None:
+    """Refuse a size (:data:`SIZE_BOUNDS`) that is not a whole number in [1, bound]: an override the user typed
+    (``arch:llama{hidden_size=0}``, ``--packcheck-config``), or a value of a checkpoint's / local config.json.
+    Transformers' own default configs are not judged (glm5_next's default head_dim is 0 and is derived).
+
+    Raises:
+        PackcheckUsageError: naming the key, the value, where it came from and the range.
+    """
+    found: list[tuple[str, Any, str]] = [(k, v, "override") for k, v in spec.overrides if k.split(".")[-1] in SIZE_BOUNDS]
+    if spec.kind != "arch":
+        def walk(d: dict[str, Any], path: str = "") -> Any:
+            for k, v in d.items():
+                if isinstance(v, dict):
+                    yield from walk(v, f"{path}{k}.")
+                elif k in SIZE_BOUNDS and k != "head_dim":
+                    yield f"{path}{k}", v, "config.json"
+
+        found += list(walk(config.to_dict()))
+    for key, value, origin in found:
+        bound = SIZE_BOUNDS[key.split(".")[-1]]
+        for v in value if isinstance(value, list | tuple) else [value]:  # per-layer sizes (gemma3n) in a list
+            if v is None and origin == "config.json":
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= bound:
+                where = "an override" if origin == "override" else "its config.json"
+                raise PackcheckUsageError(
+                    f"Config value {key}={v!r} (in {where} of model spec '{spec.raw}' from {source}) is not a size a model "
+                    f"can have: expected a whole number from 1 to {bound:,}. packcheck replaces sizes with tiny ones for "
+                    "its probes, so this value would not run and its cells would pass under its label; give a real "
+                    "size or leave the key out.")
+    typed = {k.split(".")[-1] for k, _, _ in found}
+    if typed & {"num_attention_heads", "num_key_value_heads"}:  # the shrink keeps only the ratio: it must be whole
+        for _, sub in [("", config), *_sub_configs(config)]:
+            heads, kv = getattr(sub, "num_attention_heads", None), getattr(sub, "num_key_value_heads", None)
+            if isinstance(heads, int) and isinstance(kv, int) and heads % kv:
+                raise PackcheckUsageError(
+                    f"Config values num_attention_heads={heads} and num_key_value_heads={kv} (in model spec "
+                    f"'{spec.raw}' from {source}) do not divide: grouped-query attention shares each key/value head "
+                    f"among a whole number of query heads. Give a num_key_value_heads that divides {heads}.")
+
+
 def _apply_overrides(config: Any, spec: ModelSpec, source: str) -> None:
     """Set the spec's overrides on ``config`` in place: a dotted key walks sub-configs; a plain key the top-level
     config lacks goes to the one sub-config that has it (``clip_qkv`` -> dbrx's ``attn_config``).
@@ -404,10 +465,17 @@ def _apply_overrides(config: Any, spec: ModelSpec, source: str) -> None:
                 warnings.warn(f"Config override '{key}' (in model spec '{spec.raw}' from {source}) is not a key of "
                               f"{type(config).__name__} or its sub-configs: set as a new attribute, which the model may "
                               f"never read.{closest(name, known)}", PackcheckWarning, stacklevel=2)
-        if isinstance(target, dict):
-            target[name] = value
-        else:
-            setattr(target, name, value)
+        try:
+            if isinstance(target, dict):
+                target[name] = value
+            else:
+                setattr(target, name, value)
+        except Exception as exc:  # noqa: BLE001 - a strict config field (huggingface_hub dataclass validators) refuses it
+            text = " ".join(str(exc).split())[:200]
+            raise PackcheckUsageError(
+                f"Config override '{key}={value!r}' (in model spec '{spec.raw}' from {source}) is refused by "
+                f"{type(target).__name__} ({type(exc).__name__}: {text}): give a value of the type the config "
+                "declares.") from None
 
 
 def _read_config_dict(spec: ModelSpec, source: str) -> tuple[dict[str, Any], str | None]:

@@ -48,10 +48,12 @@ def pytest_configure(config: pytest.Config) -> None:
         state.resolved_models()
         config.stash[_SESSION_KEY] = state
         config.pluginmanager.register(_ResultRecorder(state), "packcheck-results")
-    except PackcheckUsageError as exc:
+    except (PackcheckUsageError, ImportError, MemoryError) as exc:
         if state is not None:
             state.release()
-        raise pytest.UsageError(str(exc)) from None
+        from .errors import load_failure_message
+
+        raise pytest.UsageError(load_failure_message(exc) or str(exc)) from None
 
 
 def _state(config: pytest.Config) -> Any:
@@ -107,11 +109,12 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     state = _state(config)
     if state is None or state.document is None:
         return
+    from .errors import scrub_secrets
     from .report import render_terminal
 
     terminalreporter.write_sep("=", "packcheck summary")
     for line in render_terminal(state.document, state.written):
-        terminalreporter.write_line(line)
+        terminalreporter.write_line(scrub_secrets(line))  # as scrubbed as the report files
     if state.settings.baseline:
         terminalreporter.write_sep("=", f"packcheck gate against {state.settings.baseline}")
         terminalreporter.write_line(state.gate_text)

@@ -546,7 +546,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
         (f"{'Controller (each column below ran in its own version environment over its torch)' if versioned else 'Measured'} with packcheck {_v(env, 'packcheck')} on {escape_md(env.get('device_name'))} ({env.get('device')}): "
         f"torch {_v(env, 'torch')}, transformers {_v(env, 'transformers')}, trl {_v(env, 'trl')}, "
         f"flash-attn {_v(env, 'flash_attn')}, CUDA {env.get('cuda') or 'none (CPU build)'}, Python {_v(env, 'python')}. "
-        f"Weights: {settings.get('weights')}; dtypes: {', '.join(dtypes)}."
+        f"Weights: {_weights_line(settings, cells)}; dtypes: {', '.join(dtypes)}."
         + (" Remote code: allowed by --packcheck-trust-remote-code (model repositories' own Python code ran)."
            if settings.get("trust_remote_code") else "")
         + (" **Rehearsal: the torch varlen backend ran through a CPU stand-in kernel (PACKCHECK_TORCH_VARLEN_STAND_IN=1), "
@@ -653,25 +653,41 @@ def render_markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_reports(out: Any, doc: dict[str, Any]) -> list[str]:
+def _weights_line(settings: dict[str, Any], cells: list[dict[str, Any]]) -> str:
+    """The header's weights: the --packcheck-weights mode, and under ``pretrained`` the models whose cells ran
+    random weights instead (an arch: spec has no checkpoint; each cell's ``model.weights``, from
+    :func:`models.loaded_weights`)."""
+    mode = settings.get("weights")
+    random = sorted({c["model"]["label"] for c in cells if c["model"].get("weights") == "random"})
+    if mode != "pretrained" or not random:
+        return str(mode)
+    ran = sorted({c["model"]["label"] for c in cells if c["model"].get("weights") == "pretrained"})
+    if not ran:
+        return "random (pretrained was asked for, but every model is an arch: spec, which has no checkpoint)"
+    return (f"pretrained for {', '.join(escape_md(m) for m in ran)}; random (shrunk, an arch: spec has no checkpoint) for "
+            f"{', '.join(escape_md(m) for m in random)}")
+
+
+def write_reports(out: Any, doc: dict[str, Any], flag: str = "--packcheck-report-dir") -> list[str]:
     """Write ``packcheck-matrix.json``, ``.md``, ``.html`` and ``packcheck-details.md`` into the folder ``out`` (atomically, scrubbed);
-    returns their paths.
+    returns their paths. Written as one set (:func:`results.write_set`): a kill leaves the old four or part of
+    the new four, never a mix.
 
     Raises:
-        PackcheckUsageError: the folder cannot be written.
+        PackcheckUsageError: the folder cannot be written (a full disk is named as such).
     """
     import json
     from pathlib import Path
 
     from .html import render_html
-    from .results import atomic_write
+    from .results import write_set
 
     out = Path(out)
     paths = [out / "packcheck-matrix.md", out / "packcheck-matrix.json", out / "packcheck-matrix.html", out / "packcheck-details.md"]
-    atomic_write(paths[1], json.dumps(doc, indent=1, sort_keys=False) + "\n")
-    atomic_write(paths[0], render_markdown(doc))
-    atomic_write(paths[2], render_html(doc))
-    atomic_write(paths[3], render_details(doc))
+    # one set (results.write_set): rendered first, the old four removed, then renamed in, the JSON last, so a kill
+    # never leaves this run's JSON beside the previous run's Markdown, details or HTML
+    write_set([(paths[0], render_markdown(doc)), (paths[2], render_html(doc)), (paths[3], render_details(doc)),
+               (paths[1], json.dumps(doc, indent=1, sort_keys=False) + "\n")], flag)
     return [str(p) for p in paths]
 
 

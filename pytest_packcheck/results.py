@@ -221,26 +221,123 @@ def scrub(text: str) -> str:
     return text
 
 
-def atomic_write(path: Path, text: str) -> None:
-    """Write via a temp file in the same folder and rename, so a kill never leaves half a file. The text is
-    :func:`scrub`-bed first.
+def write_failure(path: Path, exc: OSError, flag: str = "--packcheck-report-dir") -> str:
+    """The one line for an OSError writing ``path``: a full disk (ENOSPC, EDQUOT) says so with the space left,
+    a folder packcheck may not write (EACCES, EPERM, EROFS) asks for a writable ``flag``, anything else is named."""
+    import errno
+    import shutil
+
+    reason = exc.strerror or str(exc)
+    if isinstance(exc.filename, str) and exc.filename and Path(exc.filename).name not in (path.name, path.parent.name) \
+            and not Path(exc.filename).name.startswith(f".{path.name}.") and exc.errno not in (
+            errno.ENOSPC, errno.EDQUOT):
+        path = Path(exc.filename)  # what actually failed: the journal's lock file, say, not the journal
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        try:
+            free = f"{shutil.disk_usage(path.parent if path.parent.exists() else Path('.')).free // 1024} KiB free"
+        except OSError:
+            free = "free space unknown"
+        return (f"Cannot write {path}: the disk is full ({reason}; {free}): free space on it, or pass a folder on "
+                f"another disk with {flag}.")
+    if exc.errno in (errno.EEXIST, errno.ENOTDIR, errno.ELOOP):  # mkdir / open under a path that is not a folder
+        for p in (path, *path.parents):
+            if os.path.islink(p) and not os.path.exists(p):
+                return f"Cannot write {path}: {p} is a broken or looping symlink: pass a folder with {flag}."
+            if os.path.exists(p) and not os.path.isdir(p):
+                return f"Cannot write {path}: {p} is a file, not a folder: pass a folder with {flag}."
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"Cannot write {path} ({reason}): pass a writable {flag}."
+    return f"Cannot write {path} ({reason}): check the folder, or pass another one with {flag}."
+
+
+#: Bytes :func:`probe_folder` writes (and removes): the smallest report set packcheck writes (one model, one
+#: cell: journal, owner file and the four reports) is 11.7 KB of text in six files, 24 KiB in 4 KiB blocks.
+PROBE_BYTES = 32 * 1024
+
+
+def probe_folder(folder: Path, flag: str, what: str = "Report directory") -> None:
+    """Create ``folder`` and write :data:`PROBE_BYTES` into a temp file there, before minutes of work: bytes, not
+    only a name, since a full disk still creates empty files (a free inode) but takes no data.
 
     Raises:
-        PackcheckUsageError: the folder cannot be created or written.
+        PackcheckUsageError: it cannot be created or written (:func:`write_failure`: a full disk says so).
     """
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(scrub(text))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; a report is an ordinary file
-        os.replace(tmp, path)
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".packcheck-probe") as probe:
+            probe.write(b"\0" * PROBE_BYTES)
+            probe.flush()
+            os.fsync(probe.fileno())
     except OSError as exc:
-        raise PackcheckUsageError(
-            f"Cannot write report {path} ({exc.strerror}): pass a writable --packcheck-report-dir."
-        ) from None
+        raise PackcheckUsageError(f"{what} '{folder}' (from {flag}) is not writable: "
+                                  f"{write_failure(folder / '.packcheck-probe', exc, flag)}") from None
+
+
+def remove_orphans(path: Path) -> list[Path]:
+    """Remove the temp files ``.<name>.*.tmp`` a killed writer left beside ``path`` (see :func:`write_set`);
+    returns them. The report folder's lock keeps two writers of one folder apart."""
+    gone = []
+    try:
+        found = list(path.parent.glob(f".{path.name}.*.tmp"))
+    except OSError:
+        return gone
+    for orphan in found:
+        try:
+            orphan.unlink()
+            gone.append(orphan)
+        except OSError:
+            pass
+    return gone
+
+
+def write_set(files: list[tuple[Path, str]], flag: str = "--packcheck-report-dir") -> None:
+    """Write files that belong together (the matrix's JSON, Markdown, HTML and details) as one set: every
+    text (:func:`scrub`-bed) goes to a temp file in its folder first; only when all are written are the old
+    files of the set removed and the temp files renamed into place, in the order given (the caller puts the
+    JSON, which ``gate`` and ``merge`` read, last). A kill at any point leaves either the old set, or part of
+    the new set with none of the old files beside it: never a new JSON next to an old Markdown. A failed write
+    (full disk) removes its temp files and leaves the old set as it was.
+
+    Raises:
+        PackcheckUsageError: a file cannot be written (:func:`write_failure`: a full disk says so).
+    """
+    tmps: list[str] = []
+    current = files[0][0] if files else Path(".")
+    try:
+        for path, text in files:
+            current = path
+            path.parent.mkdir(parents=True, exist_ok=True)
+            remove_orphans(path)  # a previous writer killed mid-write (also before a --packcheck-resume)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            tmps.append(tmp)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(scrub(text))
+                fh.flush()
+                os.fsync(fh.fileno())
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; a report is an ordinary file
+        if len(files) > 1:
+            for path, _ in files:
+                current = path
+                path.unlink(missing_ok=True)
+        for (path, _), tmp in zip(files, tmps, strict=True):
+            current = path
+            os.replace(tmp, path)
+    except OSError as exc:
+        for tmp in tmps:
+            Path(tmp).unlink(missing_ok=True)
+        raise PackcheckUsageError(write_failure(current, exc, flag)) from None
+
+
+def atomic_write(path: Path, text: str, flag: str = "--packcheck-report-dir") -> None:
+    """Write via a temp file in the same folder and rename, so a kill never leaves half a file. The text is
+    :func:`scrub`-bed first; temp files of a killed earlier write are removed.
+
+    Raises:
+        PackcheckUsageError: the folder cannot be created or written (a full disk says so).
+    """
+    write_set([(Path(path), text)], flag)
 
 
 def cell_problem(cell: Any) -> str | None:
@@ -291,14 +388,22 @@ def load_document(path: str | Path) -> dict[str, Any]:
             or no valid cells.
     """
     p = Path(path)
+    if p.exists() and not p.is_file() and not p.is_dir():  # /dev/zero would be read for ever
+        raise PackcheckUsageError(f"Results file {p} is not a regular file (a device or a pipe): pass a packcheck-matrix.json file.")
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        # scrubbed as read: a results file from elsewhere may carry a token, which gate / merge would print
+        data = json.loads(scrub_secrets(p.read_text(encoding="utf-8")))
     except FileNotFoundError:
         raise PackcheckUsageError(f"Results file {p} does not exist: run `packcheck audit` first.") from None
     except json.JSONDecodeError as exc:
         raise PackcheckUsageError(f"Results file {p} is not valid JSON ({exc.msg}, line {exc.lineno}).") from None
     except IsADirectoryError:
         raise PackcheckUsageError(f"Results file {p} is a directory: pass a packcheck-matrix.json file.") from None
+    except UnicodeDecodeError as exc:
+        raise PackcheckUsageError(f"Results file {p} is not UTF-8 text (byte {exc.start}): it is not a packcheck results "
+                                  "file; pass the packcheck-matrix.json an audit wrote.") from None
+    except OSError as exc:
+        raise PackcheckUsageError(f"Results file {p} cannot be read ({exc.strerror}): pass a readable packcheck-matrix.json.") from None
     version = data.get("schema_version") if isinstance(data, dict) else None
     if not isinstance(version, int):
         raise PackcheckUsageError(f"Results file {p} has no schema_version: it was not written by packcheck.")
@@ -307,6 +412,15 @@ def load_document(path: str | Path) -> dict[str, Any]:
             f"Results file {p} has schema_version {version}, newer than {SCHEMA_VERSION} that this packcheck reads: "
             "upgrade packcheck."
         )
+    for key in ("settings", "environment"):
+        if key in data and not isinstance(data[key], dict):
+            raise PackcheckUsageError(f"Results file {p} is corrupt: \"{key}\" is {json.dumps(data[key])[:40]} (expected a JSON "
+                                      "object). Regenerate it with `packcheck audit`.")
+    for key, value in (data.get("settings") or {}).items():
+        if key in ("models", "backends", "checks", "dtypes", "versions") and not (
+                isinstance(value, list) and all(isinstance(x, str) for x in value)):
+            raise PackcheckUsageError(f"Results file {p} is corrupt: \"settings\".\"{key}\" is {json.dumps(value)[:40]} "
+                                      "(expected a list of strings). Regenerate it with `packcheck audit`.")
     cells = data.get("cells")
     required = ("cell_id", "model", "backend", "check", "dtype", "status")
     if not isinstance(cells, list) or not all(isinstance(c, dict) and all(k in c for k in required) for c in cells):

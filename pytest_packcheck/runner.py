@@ -346,7 +346,7 @@ class CellRunner:
             result.metrics = {**result.metrics, "text_path": layout.describe()}  # M-RoPE rows the checks fed
         return CellResult(
             cell_id=cell.cell_id,
-            model=resolved.record(),
+            model=resolved.record(self.weights),
             backend=cell.backend,
             check=cell.check,
             dtype=cell.dtype,

@@ -36,14 +36,17 @@ class PackcheckItem(pytest.Item):
         # On the item's user_properties the result reaches every report of this item (so the xdist controller
         # and --junitxml get it as a property).
         self.user_properties.append((RESULT_PROPERTY, result.to_json()))
+        from .errors import scrub_secrets
+
+        message = scrub_secrets(result.message)  # the terminal gets what the files get: no token
         if result.status in ("skipped", "unsupported"):
-            pytest.skip(f"{result.status}: {result.message}")
+            pytest.skip(f"{result.status}: {message}")
         if result.status in ("fail", "fallback") and result.role != "correctness":
             # a usage hazard or a fact of the library stack (registry role): true and reported once in the summary
             # and the matrix, never a failure of the model under test
-            pytest.xfail(f"{result.role} ({result.cause or result.status}): {result.message}")
+            pytest.xfail(f"{result.role} ({result.cause or result.status}): {message}")
         if result.status != "pass":
-            raise PackcheckCellFailure(result.status, result.message, *cause_and_remedy(result))
+            raise PackcheckCellFailure(result.status, message, *cause_and_remedy(result))
 
     def repr_failure(self, excinfo: Any, style: Any = None) -> str:
         if isinstance(excinfo.value, PackcheckCellFailure):
@@ -120,11 +123,31 @@ class PackcheckSession:
         self.journal = Journal(Path(self.settings.report_dir) / "packcheck-journal.jsonl", fp)
         if self.settings.resume:
             self.resumed = self.journal.load()
+            if self.journal.other_cells and not hasattr(self.config, "workerinput"):
+                warnings.warn(PackcheckWarning(self._resume_mismatch(len(self.resumed), self.journal.other_cells)))
         elif not hasattr(self.config, "workerinput"):
             self.journal.reset()
         if not hasattr(self.config, "workerinput") and self.settings.versions:
             self._run_dir = tempfile.TemporaryDirectory(prefix="packcheck-run-")
             os.environ[RUN_DIR_VAR] = self._run_dir.name
+
+    def _resume_mismatch(self, reused: int, other: int) -> str:
+        """The line --packcheck-resume prints when the journal holds cells of another run: how many are reused,
+        how many are not, and which settings differ from the previous matrix's (its ``settings``), if there is one."""
+        changed = ""
+        try:
+            before = json.loads((Path(self.settings.report_dir) / "packcheck-matrix.json").read_text(encoding="utf-8"))["settings"]
+            now = self.settings.as_dict()
+            keys = sorted(k for k in set(now) | set(before) if k not in ("shard", "report_dir") and now.get(k) != before.get(k))
+            if keys:
+                changed = "; changed since the previous matrix: " + ", ".join(
+                    f"{k} {json.dumps(before.get(k))[:60]} -> {json.dumps(now.get(k))[:60]}" for k in keys)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            pass
+        return (f"--packcheck-resume: the journal {self.journal.path} holds {other} finished cell(s) of a run with other "
+                f"settings, tolerances or library versions{changed or ' (no previous matrix names which)'}: none of them "
+                f"is reused; {reused} cell(s) journaled under these settings are.")
+
     def _stop_on_sigterm(self) -> None:
         """On the controller, SIGTERM (what CI time limits and `kill` send) stops the run the way Ctrl-C does, so
         the matrix of the cells that finished is written, marked incomplete, instead of the process dying with the
@@ -156,15 +179,9 @@ class PackcheckSession:
         if hasattr(self.config, "workerinput"):
             return
         path = Path(self.settings.report_dir)
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=path, prefix=".packcheck-probe"):
-                pass
-        except OSError as exc:
-            raise PackcheckUsageError(
-                f"Report directory '{path}' (from --packcheck-report-dir) is not writable ({exc.strerror}): "
-                "pass a writable folder."
-            ) from None
+        from .results import probe_folder
+
+        probe_folder(path, "--packcheck-report-dir")  # a full disk is refused now, not at the report write
         self._lock_report_dir(path)
         for name in ("packcheck-matrix.md", "packcheck-matrix.json", "packcheck-matrix.html", "packcheck-details.md",
                      "packcheck-journal.jsonl"):
@@ -198,34 +215,8 @@ class PackcheckSession:
                 )
 
     def _lock_report_dir(self, path: Path) -> None:
-        """One run per report folder: a second audit writing there at the same time would replace the first's
-        matrix and journal. The lock is released at the end of the session (or by the OS when the process dies).
-
-        Raises:
-            PackcheckUsageError: another run holds the folder (named by its pid, command and start time).
-        """
-        import time
-
-        from filelock import FileLock, Timeout
-
-        self._report_lock = FileLock(str(path / ".packcheck-run.lock"))
-        owner = path / ".packcheck-run.json"
-        try:
-            self._report_lock.acquire(timeout=0)
-        except Timeout:
-            try:
-                info = json.loads(owner.read_text())
-                who = f"pid {info['pid']}, started {info['started']}: {info['command']}"
-            except (OSError, ValueError, KeyError, TypeError):
-                who = "unknown"
-            raise PackcheckUsageError(
-                f"Report directory '{path}' (from --packcheck-report-dir) is in use by another packcheck run ({who}): "
-                "wait for it to finish, or pass another --packcheck-report-dir.") from None
-        command = os.environ.get("PACKCHECK_REPRODUCE") or " ".join(shlex.quote(a) for a in sys.argv)
-        from .results import scrub
-
-        owner.write_text(scrub(json.dumps({"pid": os.getpid(), "command": command,  # no token, no home path
-                                           "started": time.strftime("%Y-%m-%d %H:%M:%S")})) + "\n")
+        """One run per report folder (:func:`hold_report_dir`), released at the end of the session."""
+        self._report_lock = hold_report_dir(path, "--packcheck-report-dir")
 
     def release(self) -> None:
         """Release the report folder (pytest_unconfigure)."""
@@ -402,7 +393,7 @@ class PackcheckSession:
     def _failure(self, cell: Any, status: str, message: str, metrics: dict[str, Any]) -> Any:
         from .results import CellResult
 
-        return CellResult(cell_id=cell.cell_id, model=self.resolved_models()[cell.model_index].record(),
+        return CellResult(cell_id=cell.cell_id, model=self.resolved_models()[cell.model_index].record(self.settings.weights),
                           backend=cell.backend, check=cell.check, dtype=cell.dtype, status=status, metrics=metrics,
                           message=message, tolerances=self.settings.tolerances.get(cell.dtype, {}))
 
@@ -421,7 +412,7 @@ class PackcheckSession:
         child = run["cells"].get(cell.base_id)
         if child is None:
             message = run["error"] or f"the run in {combo.label} produced no result for this cell (see {run['log']})"
-            return CellResult(cell_id=cell.cell_id, model=models[cell.model_index].record(), backend=cell.backend,
+            return CellResult(cell_id=cell.cell_id, model=models[cell.model_index].record(self.settings.weights), backend=cell.backend,
                               check=cell.check, dtype=cell.dtype, status="error", message=message,
                               tolerances=self.settings.tolerances.get(cell.dtype, {}), env=env_record)
         result = CellResult.from_dict(child)
@@ -601,6 +592,49 @@ def _quiet_default_config() -> Any:
         yield
     finally:
         hf_logging.set_verbosity(before)
+
+
+def hold_report_dir(path: Path, source: str, command: str | None = None) -> Any:
+    """Take the report folder ``path`` for this process: one writer per folder (an audit, or ``packcheck merge
+    -o``), since a second one writing there at the same time would replace the first's matrix and journal. Returns
+    the held ``filelock.FileLock`` (released by the caller, or by the OS when the process dies); its owner file
+    ``.packcheck-run.json`` (pid, command, start time; scrubbed) names the holder to whoever is refused.
+
+    Raises:
+        PackcheckUsageError: another run holds the folder (named by its pid, command and start time), or the
+            owner file cannot be written (a full disk is named as such).
+    """
+    import time
+
+    from filelock import FileLock, Timeout
+
+    from .results import atomic_write
+
+    lock = FileLock(str(path / ".packcheck-run.lock"))
+    owner = path / ".packcheck-run.json"
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        try:
+            info = json.loads(owner.read_text())
+            who = f"pid {info['pid']}, started {info['started']}: {info['command']}"
+        except (OSError, ValueError, KeyError, TypeError):
+            who = "unknown"
+        raise PackcheckUsageError(
+            f"Report directory '{path}' (from {source}) is in use by another packcheck run ({who}): "
+            f"wait for it to finish, or pass another {source}.") from None
+    except OSError as exc:
+        from .results import write_failure
+
+        raise PackcheckUsageError(write_failure(path / ".packcheck-run.lock", exc, source)) from None
+    command = command or os.environ.get("PACKCHECK_REPRODUCE") or " ".join(shlex.quote(a) for a in sys.argv)
+    try:  # scrubbed (no token, no home path); atomic: a full disk leaves no empty owner file
+        atomic_write(owner, json.dumps({"pid": os.getpid(), "command": command,
+                                        "started": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n", source)
+    except PackcheckUsageError:
+        lock.release(force=True)
+        raise
+    return lock
 
 
 def visible_gpus() -> list[str]:

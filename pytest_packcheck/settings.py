@@ -10,7 +10,7 @@ from typing import Any
 
 import tomllib
 
-from .errors import PackcheckUsageError, closest
+from .errors import PackcheckUsageError, closest, read_user_text
 from .registry import check_help
 
 OPT_MODELS = "--packcheck-models"
@@ -273,7 +273,7 @@ def load_tolerances(path: str | None, overrides: list[str] | None, source: str) 
     if not file.exists():
         raise PackcheckUsageError(f"Tolerance file {file} (from {source}) does not exist: pass an existing TOML file.")
     try:
-        data = tomllib.loads(file.read_text())
+        data = tomllib.loads(read_user_text(file, "Tolerance file", f"pass a TOML file of [dtype] tables (from {source}), e.g. audit/tolerances.toml."))
     except tomllib.TOMLDecodeError as exc:
         raise PackcheckUsageError(f"Tolerance file {file} is not valid TOML ({exc}).") from None
     base = tomllib.loads(default.read_text())
@@ -336,6 +336,10 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
 
     def pick(opt: Option) -> tuple[Any, str]:
         cli = get_option(opt.dest)
+        if isinstance(cli, str) and not cli.strip() and opt.flag != OPT_MODELS:
+            # `--packcheck-attn ''` (an unset shell variable): refused, never read as "the default" or "every one"
+            raise PackcheckUsageError(f"Empty value {cli!r} for {opt.flag} (from the command line): give a value "
+                                      f"(see --help) or leave {opt.flag} out for its default.")
         if cli is not None and cli is not False and cli != []:
             return cli, opt.flag
         if opt.env and os.environ.get(opt.env):
@@ -367,6 +371,9 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
         raise PackcheckUsageError(f"The model list (from {source}) is empty after filtering: give at least one model.")
 
     config_items = get_option(by_flag[OPT_CONFIG].dest) or []
+    if any(not str(item).strip() for item in config_items):
+        raise PackcheckUsageError(f"Empty value '' for {OPT_CONFIG} (from the command line): write key=value, e.g. "
+                                  f"{OPT_CONFIG} clip_qkv=8, or leave {OPT_CONFIG} out.")
     if config_items:  # folded into every spec, so the record, the Reproduce line and version children carry them
         from .specs import format_overrides, parse_overrides
 
@@ -378,7 +385,15 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
     if not (device == "cpu" or device.startswith("cuda")):
         raise PackcheckUsageError(f"Unknown device '{device}' (from {OPT_DEVICE}). Expected cpu or cuda[:N].")
 
+    def given_empty(flag: str, what: str, allowed: tuple[str, ...]) -> None:
+        # `--packcheck-attn ''` (an unset shell variable) named no value: refused, not read as "every one"
+        value, src = pick(by_flag[flag])
+        if value is not None and src != "default" and not _split(value):
+            raise PackcheckUsageError(f"Empty {what} list {value!r} (from {src}): give at least one of {', '.join(allowed)}, "
+                                      f"or leave {flag} out for the default.")
+
     def names(flag: str, allowed: tuple[str, ...], what: str, audit_default: tuple[str, ...] | None, default: tuple[str, ...]) -> tuple[str, ...]:
+        given_empty(flag, what, allowed)
         value, src = pick(by_flag[flag])
         if value:
             return _validate_names(_split(value), allowed, what, src)
@@ -386,6 +401,7 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
             return _validate_names(list(audit_default), allowed, what, f"audit {audit.path if audit else ''}")
         return default
 
+    given_empty(OPT_BACKENDS, "backend", KNOWN_BACKENDS)
     backends_value, backends_src = pick(by_flag[OPT_BACKENDS])
     if backends_value:
         backends = _validate_backends(_split(backends_value), backends_src)
@@ -398,6 +414,25 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
     weights_value, weights_src = pick(by_flag[OPT_WEIGHTS])
     weights = str(weights_value or ("pretrained" if device.startswith("cuda") else "random"))
     _validate_names([weights], WEIGHTS, "weights mode", weights_src)
+    archs = [m for m in models if m.startswith("arch:")]
+    if weights == "pretrained" and archs and weights_src != "default":
+        from .models import loaded_weights
+
+        # an arch: spec has no checkpoint: its cells run shrunk random weights (each cell's model.weights says so)
+        if len(archs) == len(models):
+            raise PackcheckUsageError(
+                f"{OPT_WEIGHTS}=pretrained (from {weights_src}) has no weights to load: every model is an arch: spec "
+                f"({', '.join(archs[:3])}{', ...' if len(archs) > 3 else ''}), a config without a checkpoint, which runs "
+                f"{loaded_weights('arch', 'pretrained')} weights. Give Hub ids or local folders for pretrained "
+                f"weights, or {OPT_WEIGHTS}=random.")
+        import warnings
+
+        from .errors import PackcheckWarning
+
+        warnings.warn(PackcheckWarning(
+            f"{OPT_WEIGHTS}=pretrained (from {weights_src}): {len(archs)} arch: spec(s) ({', '.join(archs[:3])}"
+            f"{', ...' if len(archs) > 3 else ''}) have no checkpoint and run shrunk random weights; each cell's "
+            "model record says what it ran (weights: pretrained / random)."), stacklevel=2)
     trust, _ = pick(by_flag[OPT_TRUST])
     report_dir, _ = pick(by_flag[OPT_REPORT_DIR])
     tol_path, tol_src = pick(by_flag[OPT_TOLERANCES])

@@ -19,7 +19,7 @@ from typing import Any
 
 import tomllib
 
-from .errors import PackcheckUsageError, scrub_secrets
+from .errors import PackcheckUsageError, read_user_text, scrub_secrets
 
 # org/name, or a legacy ID without an org (gpt2, bert-base-uncased)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
@@ -210,7 +210,7 @@ def load_audit(value: str) -> AuditDefinition:
     """
     path = resolve_audit_path(value)
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(read_user_text(path, "Audit file", "pass an audit definition (TOML), e.g. audit/default.toml."))
     except tomllib.TOMLDecodeError as exc:
         raise PackcheckUsageError(f"Audit file {path} is not valid TOML ({exc}): fix the syntax.") from None
     audit = data.get("audit", data)

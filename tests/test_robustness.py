@@ -322,7 +322,8 @@ def _every_setting_changed(tmp_path, monkeypatch):
     for opt in OPTIONS:
         if opt.env:
             monkeypatch.delenv(opt.env, raising=False)
-    argv = ["--packcheck-models=arch:llama,arch:opt", "--packcheck-attn=eager,sdpa", "--packcheck-checks=isolation,collate",
+    # a Hub id beside the arch: specs: --packcheck-weights=pretrained with arch: specs alone is refused
+    argv = ["--packcheck-models=arch:llama,arch:opt,org/tiny-llama", "--packcheck-attn=eager,sdpa", "--packcheck-checks=isolation,collate",
             "--packcheck-dtypes=float32,bfloat16", "--packcheck-weights=pretrained", "--packcheck-device=cpu",
             "--packcheck-trust-remote-code", f"--packcheck-report-dir={tmp_path / 'r'}", "--packcheck-tolerance=float32.logits_atol=0.5",
             "--packcheck-baseline=base.json", "--packcheck-shard=2/3", "--packcheck-versions=transformers==4.56.2,5.24.0",

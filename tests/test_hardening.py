@@ -1,0 +1,606 @@
+"""Bad files, full disks, kills, secrets and absurd values (issue 28): each ends in one line naming the value, its
+source and the fix (exit 2), or in a report set that is whole and scrubbed; never in a traceback, a stale file
+beside a new one, or a token in any output."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pytest_packcheck.errors import PackcheckUsageError, PackcheckWarning
+
+REPO = Path(__file__).resolve().parents[1]
+QUICK = ["--packcheck-attn", "sdpa", "--packcheck-checks", "isolation", "-n", "0", "-q"]
+
+
+def _cli(args, cwd, env=None, timeout=300, preexec_fn=None):
+    env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          check=False, env=env, timeout=timeout, preexec_fn=preexec_fn)
+
+
+def _one_line(text: str, prefix: str) -> str:
+    assert "Traceback" not in text and "INTERNALERROR" not in text, text[-3000:]
+    lines = [ln for ln in text.splitlines() if ln.startswith(prefix)]
+    assert len(lines) == 1, text[-3000:]
+    return lines[0]
+
+
+def _cell(cell_id="llama-sdpa-isolation-float32", **over):
+    cell = {"cell_id": cell_id, "model": {"label": "llama", "spec": "arch:llama", "model_type": "llama", "model_class": "LlamaForCausalLM"},
+            "backend": "sdpa", "check": "isolation",
+            "dtype": "float32", "status": "pass", "metrics": {"max_change": 0.0}, "message": "ok", "tolerances": {}}
+    return {**cell, **over}
+
+
+def _doc(cells, **top):
+    return {"schema_version": 2, "environment": {"transformers": "5.24.0"}, "command": "packcheck audit",
+            "settings": {"models": ["arch:llama"], "backends": ["sdpa"], "checks": ["isolation"], "dtypes": ["float32"]},
+            "cells": cells, **top}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Files a user hands over
+
+
+@pytest.mark.parametrize("content, message", [
+    (bytes(range(128, 256)) * 16, "is not UTF-8 text (byte 0)"),
+    (json.dumps(_doc([_cell()], settings="x")).encode(), 'is corrupt: "settings" is "x" (expected a JSON object)'),
+    (json.dumps(_doc([_cell()], environment=[1])).encode(), 'is corrupt: "environment" is [1] (expected a JSON object)'),
+    (json.dumps(_doc([_cell()], settings={"backends": 3})).encode(), 'is corrupt: "settings"."backends" is 3 (expected a list of strings)'),
+])
+def test_a_bad_results_file_is_one_line_in_gate_and_merge(tmp_path, content, message):
+    bad, good = tmp_path / "bad.json", tmp_path / "good.json"
+    bad.write_bytes(content)
+    good.write_text(json.dumps(_doc([_cell()])))
+    for command, args in (("gate", ["--baseline", str(good), "--candidate", str(bad)]), ("merge", [str(bad), "-o", "out"])):
+        proc = _cli([command, *args], tmp_path)
+        assert proc.returncode == 2, proc.stderr
+        line = _one_line(proc.stderr, f"packcheck {command}: error:")
+        assert f"Results file {bad} {message}" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_device_given_as_a_file_is_refused_not_read_for_ever(tmp_path):
+    from pytest_packcheck.results import load_document
+    from pytest_packcheck.settings import load_tolerances
+
+    with pytest.raises(PackcheckUsageError, match="Results file /dev/zero is not a regular file"):
+        load_document("/dev/zero")
+    with pytest.raises(PackcheckUsageError, match="Tolerance file /dev/zero is not a regular file .*pass a TOML file"):
+        load_tolerances("/dev/zero", None, "--packcheck-tolerances")
+
+
+def test_a_report_folder_that_is_a_symlink_loop_is_one_line(tmp_path):
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    proc = _cli(["audit", "--models", "arch:llama", "--packcheck-report-dir", str(tmp_path / "a"), *QUICK], tmp_path)
+    assert proc.returncode == 2
+    assert f"{tmp_path / 'a'} is a broken or looping symlink: pass a folder with --packcheck-report-dir" in \
+        _one_line(proc.stdout + proc.stderr, "ERROR:")
+
+
+def test_a_keyword_that_deselects_every_cell_is_a_usage_error(tmp_path):
+    proc = _cli(["audit", "--models", "arch:llama", *QUICK, "--", "-k", "zzznothing"], tmp_path)
+    assert proc.returncode == 2  # was 3, "internal error", with no word
+    assert "the pytest arguments -k zzznothing deselected every cell" in _one_line(proc.stderr, "packcheck audit: error:")
+
+
+def test_merge_onto_a_file_says_it_is_a_file(tmp_path):
+    good, blocker = tmp_path / "good.json", tmp_path / "taken"
+    good.write_text(json.dumps(_doc([_cell()])))
+    blocker.write_text("x")
+    proc = _cli(["merge", str(good), "-o", str(blocker / "sub")], tmp_path)
+    assert proc.returncode == 2
+    assert f"{blocker} is a file, not a folder: pass a folder with -o/--output-dir" in _one_line(proc.stderr, "packcheck merge: error:")
+
+
+def test_a_binary_tolerance_or_audit_file_is_one_line(tmp_path):
+    blob = tmp_path / "blob.toml"
+    blob.write_bytes(bytes(range(128, 256)))
+    for flag, what in (("--packcheck-tolerances", "Tolerance file"), ("--audit", "Audit file")):
+        proc = _cli(["audit", *(["--models", "arch:llama"] if flag != "--audit" else []), flag, str(blob), *QUICK], tmp_path)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        line = _one_line(proc.stdout + proc.stderr, "ERROR:")
+        assert f"{what} {blob} is not UTF-8 text (byte 0 is 0x80)" in line
+
+
+def test_a_binary_length_file_for_bench_is_a_usage_error(tmp_path):
+    from pytest_packcheck.bench import sample_lengths
+
+    blob = tmp_path / "lengths.txt"
+    blob.write_bytes(b"\xff\xfe12\n")
+    with pytest.raises(PackcheckUsageError, match=r"Length file \(from --profile\) .* is not UTF-8 text .*one length per line"):
+        sample_lengths(str(blob), 4, 2048, source="--profile")
+
+
+def test_a_process_memory_limit_is_one_line_naming_the_limit(tmp_path):
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (400000 * 1024, resource.RLIM_INFINITY))
+
+    for args, prefix in ((["audit", "--models", "arch:llama", *QUICK], "ERROR:"), (["bench"], "packcheck bench: error:")):
+        proc = _cli(args, tmp_path, preexec_fn=limit)
+        assert proc.returncode == 2, (proc.stdout + proc.stderr)[-3000:]
+        line = _one_line(proc.stdout + proc.stderr, prefix)
+        assert "could not load torch/transformers (ImportError" in line and "memory limit 400000 KiB (ulimit -v 400000)" in line
+
+
+def test_load_failure_message_branches(monkeypatch):
+    import resource
+
+    from pytest_packcheck.errors import load_failure_message
+
+    assert load_failure_message(ValueError("x")) is None
+    monkeypatch.setattr(resource, "getrlimit", lambda kind: (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    missing = load_failure_message(ImportError("No module named 'torch'"))
+    assert "could not import a library it needs" in missing and "pip install" in missing
+    assert "memory limit none" in load_failure_message(MemoryError())
+    monkeypatch.setattr(resource, "getrlimit", lambda kind: (512 * 1024 * 1024, resource.RLIM_INFINITY))
+    assert "ulimit -v 524288" in load_failure_message(ImportError("No module named 'torch'"))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Full disks
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A folder on its own tmpfs (root only) and a function that sets its size in KiB; skipped where mount is
+    not allowed."""
+    folder = tmp_path / "disk"
+    folder.mkdir()
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("a tmpfs needs root")
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(folder)], check=False, capture_output=True).returncode:
+        pytest.skip("mount -t tmpfs is not allowed here")
+
+    def resize(kib):
+        subprocess.run(["mount", "-o", f"remount,size={kib}k", str(folder)], check=True)
+
+    yield folder, resize
+    subprocess.run(["umount", str(folder)], check=False)
+
+
+def test_a_full_disk_at_start_is_one_line_and_leaves_no_owner_file(tmp_path, small_disk):
+    disk, _ = small_disk
+    (disk / "filler").write_bytes(b"\0" * 64 * 1024)
+    proc = _cli(["audit", "--models", "arch:llama", "--packcheck-report-dir", str(disk / "r"), *QUICK], tmp_path)
+    assert proc.returncode == 2
+    line = _one_line(proc.stdout + proc.stderr, "ERROR:")
+    assert "the disk is full (No space left on device" in line and "pass a folder on another disk" in line
+    assert not (disk / "r" / ".packcheck-run.json").exists() and not list((disk / "r").glob(".packcheck-probe*"))
+
+
+def test_a_disk_that_fills_at_the_report_write_says_so_and_resume_leaves_no_temp_file(tmp_path, small_disk):
+    disk, resize = small_disk
+    resize(40)  # the start-up probe (32 KiB) and the journal fit; the four reports do not
+    args = ["audit", "--models", "arch:llama", "--packcheck-attn", "sdpa", "--packcheck-report-dir", str(disk), "-n", "0", "-q"]
+    proc = _cli(args, tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-3000:]
+    assert "INTERNALERROR" not in out and "the disk is full" in out and "pass a writable" not in out
+    assert not list(disk.glob(".*.tmp")) and not (disk / "packcheck-matrix.json").exists()
+    resize(1024)
+    orphan = disk / ".packcheck-matrix.json.abc123.tmp"  # what a writer killed mid-write leaves
+    orphan.write_text("{")
+    again = _cli([*args, "--resume"], tmp_path)
+    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+    assert not list(disk.glob(".*.tmp")) and json.loads((disk / "packcheck-matrix.json").read_text())["cells"]
+
+
+def test_write_set_on_a_full_disk_keeps_the_old_set_and_no_temp_file(tmp_path, monkeypatch):
+    from pytest_packcheck import results
+    from pytest_packcheck.report import write_reports
+
+    write_reports(tmp_path, _doc([_cell()]))
+    old = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    calls = []
+
+    def fsync(fd):
+        calls.append(fd)
+        if len(calls) == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(results.os, "fsync", fsync)
+    with pytest.raises(PackcheckUsageError, match=r"packcheck-details.md: the disk is full \(No space left on device; \d+ KiB free\)"):
+        write_reports(tmp_path, _doc([_cell(status="fail", message="new")]))
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == old
+
+
+@pytest.mark.parametrize("code, says", [(errno.EACCES, "pass a writable -o"), (errno.EIO, "check the folder, or pass another one with -o"),
+                                        (errno.EDQUOT, "the disk is full")])
+def test_write_failure_names_what_went_wrong(tmp_path, code, says):
+    from pytest_packcheck.results import write_failure
+
+    assert says in write_failure(tmp_path / "x.json", OSError(code, os.strerror(code)), "-o")
+
+
+def test_write_failure_names_the_file_that_failed(tmp_path):
+    from pytest_packcheck.results import write_failure
+
+    lock = tmp_path / "j.jsonl.lock"
+    line = write_failure(tmp_path / "j.jsonl", OSError(errno.EISDIR, "Is a directory", str(lock)))
+    assert line.startswith(f"Cannot write {lock} (Is a directory)")
+    temp = tmp_path / ".x.md.abc.tmp"
+    assert write_failure(tmp_path / "x.md", OSError(errno.EIO, "I/O error", str(temp))).startswith(f"Cannot write {tmp_path / 'x.md'} ")
+
+
+def test_a_journal_that_cannot_be_written_is_named_once_and_the_run_goes_on(tmp_path, monkeypatch):
+    from pytest_packcheck.isolation import Journal
+
+    journal = Journal(tmp_path / "j.jsonl", "fp")
+    journal.reset()
+
+    def full(cell_json):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(journal, "_append", full)
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for i in range(3):
+            journal.append(json.dumps(_cell(f"c{i}")))
+    assert len(seen) == 1 and seen[0].category is PackcheckWarning and "the disk is full" in str(seen[0].message) and "--packcheck-resume would run them again" in str(seen[0].message)
+    assert journal.failed is not None
+
+
+def test_a_journal_reset_on_a_read_only_folder_is_a_usage_error(tmp_path, monkeypatch):
+    from pytest_packcheck.isolation import Journal
+
+    journal = Journal(tmp_path / "j.jsonl", "fp")
+
+    def refuse(self, *a, **k):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(Path, "write_text", refuse)
+    with pytest.raises(PackcheckUsageError, match="j.jsonl \\(Read-only file system\\): pass a writable --packcheck-report-dir"):
+        journal.reset()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# A kill while the reports are written
+
+_KILL_AT = textwrap.dedent("""
+    import json, os, signal, sys
+    from pathlib import Path
+    from pytest_packcheck import results
+    from pytest_packcheck.report import write_reports
+    where, at = sys.argv[2], int(sys.argv[3])
+    real = getattr(os, where)
+    calls = []
+    def killing(*a, **k):
+        calls.append(1)
+        if len(calls) == at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(*a, **k)
+    setattr(results.os, where, killing)
+    write_reports(Path(sys.argv[1]), json.loads(sys.stdin.read()))
+""")
+
+
+@pytest.mark.parametrize("where, at", [("fsync", 2), ("fsync", 4), ("replace", 1), ("replace", 2), ("replace", 3), ("replace", 4)])
+def test_a_kill_while_the_reports_are_written_never_leaves_new_beside_old(tmp_path, where, at):
+    from pytest_packcheck.report import write_reports
+
+    write_reports(tmp_path, _doc([_cell()]))
+    old = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    new = _doc([_cell(status="fail", message="the new run", cause=None)])
+    proc = subprocess.run([sys.executable, "-c", _KILL_AT, str(tmp_path), where, str(at)], input=json.dumps(new), text=True,
+                          capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
+    assert proc.returncode == -9, proc.stderr
+    present = {p.name: p.read_bytes() for p in tmp_path.iterdir() if not p.name.endswith(".tmp")}
+    stale = sorted(name for name, data in present.items() if old.get(name) == data)
+    # either the whole old set, or no old file at all beside what the new run wrote
+    assert stale == sorted(old) or not stale, (stale, sorted(present))
+    if where == "replace":  # killed after every temp file was written: the old set is gone
+        assert not stale and ("packcheck-matrix.json" not in present or len(present) == 4)
+    write_reports(tmp_path, new)  # the next write cleans up what the killed one left
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Secrets
+
+HF = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz012345"
+SHAPES = ["hf_" + "ZyXwVuTsRqPoNmLkJiHgFeDcBa987654", "ghp_" + "a1" * 18, "github_pat_" + "11AB" * 10, "sk-proj-" + "x1" * 12,
+          "AKIA" + "ABCDEFGHIJ234567", "xoxb-" + "1234567890-abc", "glpat-" + "Ab1" * 7, "AIza" + "B" * 35]
+
+
+@pytest.mark.parametrize("token", SHAPES)
+def test_token_shapes_are_scrubbed_wherever_they_stand(token):
+    from pytest_packcheck.errors import scrub_secrets
+
+    assert scrub_secrets(f"arch:llama{{api_token={token}}} and '{token}'") == "arch:llama{api_token=***} and '***'"
+
+
+@pytest.mark.parametrize("text", ["task-specific-finetuning-model-2024", "hf-internal-testing/tiny-random-LlamaForCausalLM",
+                                  "ghp_short", "AKIA123", "scikit-learn sk-learn", "rope_scaling"])
+def test_ordinary_text_is_not_scrubbed(text):
+    from pytest_packcheck.errors import scrub_secrets
+
+    assert scrub_secrets(text) == text
+
+
+def test_secret_named_variables_are_scrubbed_by_value_in_warnings(monkeypatch):
+    from pytest_packcheck.errors import scrub_secrets
+
+    monkeypatch.setenv("MY_SERVICE_KEY", "plainvalue42")
+    monkeypatch.setenv("DB_PASSWORD", "hunter2hunter2")
+    assert scrub_secrets("a plainvalue42 b hunter2hunter2") == "a *** b ***"
+    assert str(PackcheckWarning("tok=plainvalue42")) == "tok=***"
+
+
+def test_no_secret_reaches_the_terminal_a_report_the_journal_or_the_owner_file(tmp_path):
+    secrets = {"HF_TOKEN": HF, "MY_SERVICE_KEY": "plainvalue42"}
+    typed = SHAPES[0]
+    for models_flag in (["--models", f'arch:llama{{api_token="{typed}"}}'], []):
+        out = tmp_path / ("flag" if models_flag else "env")
+        env = {**secrets, **({} if models_flag else {"PACKCHECK_MODELS": f"arch:llama{{hub_token={typed}}}"})}
+        proc = _cli(["audit", *models_flag, "--packcheck-config", f"tok={HF}", "--packcheck-config", f"other={SHAPES[1]}",
+                     "--packcheck-config", "k=plainvalue42", "--packcheck-report-dir", str(out),
+                     "--packcheck-attn", "sdpa", "--packcheck-checks", "isolation", "-n", "0"], tmp_path, env=env)
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+        outputs = {"stdout": proc.stdout, "stderr": proc.stderr,
+                   **{p.name: p.read_text() for p in out.iterdir() if p.is_file() and not p.name.endswith(".lock")}}
+        assert set(outputs) >= {"packcheck-matrix.json", "packcheck-matrix.md", "packcheck-matrix.html", "packcheck-details.md",
+                                "packcheck-journal.jsonl", ".packcheck-run.json"}
+        for name, text in outputs.items():
+            for secret in (HF, typed, SHAPES[1], "plainvalue42"):
+                assert secret not in text, (name, secret)
+        assert "tok=***" in outputs["packcheck-matrix.md"] and "PackcheckWarning" in proc.stdout + proc.stderr
+        assert "tok=***" in proc.stdout + proc.stderr  # the override warning, scrubbed on the terminal
+
+
+def test_a_token_inside_a_results_file_from_elsewhere_is_not_printed_by_gate(tmp_path):
+    label = f"llama{{tok={SHAPES[0]}}}"
+    for name, status in (("base.json", "pass"), ("cand.json", "fail")):
+        cell = _cell(f"{label}-sdpa-isolation-float32", status=status, message=f"says {SHAPES[0]}",
+                     model={"label": label, "spec": "arch:llama", "model_type": "llama", "model_class": "L"})
+        (tmp_path / name).write_text(json.dumps(_doc([cell])))
+    proc = _cli(["gate", "--baseline", "base.json", "--candidate", "cand.json"], tmp_path)
+    assert proc.returncode == 1 and "REGRESSION" in proc.stdout and "tok=***" in proc.stdout
+    assert SHAPES[0] not in proc.stdout + proc.stderr
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Values accepted quietly before
+
+
+@pytest.mark.parametrize("override, value", [("hidden_size", "0"), ("num_hidden_layers", "-2"), ("vocab_size", str(10**9)),
+                                             ("text_config.num_attention_heads", "0"), ("head_dim", "-1")])
+def test_an_absurd_size_is_refused_not_shrunk_away(override, value):
+    from pytest_packcheck.models import resolve_model
+    from pytest_packcheck.specs import parse_model_list
+
+    spec = parse_model_list([f"arch:{'qwen2_vl' if override.startswith('text_config') else 'llama'}{{{override}={value}}}"], "test")[0]
+    with pytest.raises(PackcheckUsageError, match=rf"Config value {override}={value!s}.* is not a size a model can have: "
+                                                  r"expected a whole number from 1 to"):
+        resolve_model(spec, "test")
+
+
+def test_heads_that_do_not_divide_are_refused_not_shrunk_to_a_whole_ratio():
+    from pytest_packcheck.models import resolve_model
+    from pytest_packcheck.specs import parse_model_list
+
+    with pytest.raises(PackcheckUsageError, match=r"num_attention_heads=32 and num_key_value_heads=3 .* do not divide"):
+        resolve_model(parse_model_list(["arch:llama{num_key_value_heads=3}"], "test")[0], "test")
+    assert resolve_model(parse_model_list(["arch:llama{num_key_value_heads=8}"], "test")[0], "test").config.num_key_value_heads == 8
+
+
+def test_an_override_of_the_wrong_type_is_refused_naming_the_config():
+    from pytest_packcheck.models import resolve_model
+    from pytest_packcheck.specs import parse_model_list
+
+    spec = parse_model_list(["arch:llama{intermediate_size=2.5}"], "test")[0]
+    with pytest.raises(PackcheckUsageError, match=r"Config override 'intermediate_size=2.5' .* is refused by LlamaConfig "
+                                                  r"\(StrictDataclassFieldValidationError: .*expected int, got float"):
+        resolve_model(spec, "test")
+
+
+def test_an_absurd_size_in_a_local_config_json_is_refused_and_a_real_one_resolves(tmp_path):
+    from pytest_packcheck.models import resolve_model
+    from pytest_packcheck.specs import parse_model_list
+
+    for vocab, ok in ((10**9, False), (32000, True)):
+        folder = tmp_path / f"m{vocab}"
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": vocab}))
+        spec = parse_model_list([str(folder)], "test")[0]
+        if ok:
+            assert resolve_model(spec, "test").model_type == "llama"
+            assert resolve_model(parse_model_list(["arch:llama{hidden_size=64}"], "test")[0], "test").config.hidden_size == 64
+        else:
+            with pytest.raises(PackcheckUsageError, match=r"vocab_size=1000000000 \(in its config.json of model spec"):
+                resolve_model(spec, "test")
+
+
+def _resolve(argv, monkeypatch, env=None):
+    from pytest_packcheck.cli import _parser
+    from pytest_packcheck.settings import OPTIONS, resolve
+
+    for opt in OPTIONS:
+        if opt.env:
+            monkeypatch.delenv(opt.env, raising=False)
+    for k, v in (env or {}).items():
+        monkeypatch.setenv(k, v)
+    ns = _parser().parse_args(["audit", *argv])
+    return resolve(lambda dest: getattr(ns, dest, None), lambda key: None)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--packcheck-attn="], "Empty value '' for --packcheck-attn (from the command line)"),
+    (["--packcheck-attn= "], "Empty value ' ' for --packcheck-attn"),
+    (["--packcheck-attn=,"], "Empty backend list ',' (from --packcheck-attn)"),
+    (["--packcheck-checks=,"], "Empty check list ',' (from --packcheck-checks)"),
+    (["--packcheck-weights="], "Empty value '' for --packcheck-weights"),
+    (["--packcheck-report-dir="], "Empty value '' for --packcheck-report-dir"),
+    (["--packcheck-config="], "Empty value '' for --packcheck-config (from the command line): write key=value"),
+])
+def test_an_empty_option_value_is_refused_not_read_as_every_one(monkeypatch, argv, message):
+    with pytest.raises(PackcheckUsageError) as err:
+        _resolve(["--models", "arch:llama", *argv], monkeypatch)
+    assert message in str(err.value)
+
+
+def test_an_empty_environment_variable_is_unset(monkeypatch):
+    from pytest_packcheck.backends import KNOWN_BACKENDS
+
+    assert _resolve(["--models", "arch:llama"], monkeypatch, {"PACKCHECK_ATTN": ""}).backends == KNOWN_BACKENDS
+
+
+def test_pretrained_weights_with_arch_specs_refused_alone_and_explained_beside_a_checkpoint(monkeypatch):
+    with pytest.raises(PackcheckUsageError, match="has no weights to load: every model is an arch: spec \\(arch:llama\\)"):
+        _resolve(["--models", "arch:llama", "--packcheck-weights", "pretrained"], monkeypatch)
+    with pytest.warns(PackcheckWarning, match="1 arch: spec\\(s\\) \\(arch:llama\\) have no checkpoint and run shrunk random weights"):
+        assert _resolve(["--models", "arch:llama,org/model", "--packcheck-weights", "pretrained"], monkeypatch).weights == "pretrained"
+
+
+def test_each_cell_says_what_weights_it_ran_and_the_header_does_not_claim_pretrained_for_arch_cells():
+    from pytest_packcheck.models import loaded_weights
+    from pytest_packcheck.report import _weights_line
+
+    assert [loaded_weights(k, w) for k, w in (("arch", "pretrained"), ("hub", "pretrained"), ("local", "random"))] == \
+        ["random", "pretrained", "random"]
+    arch = _cell(model={"label": "llama", "spec": "arch:llama", "weights": "random"})
+    hub = _cell("qwen-sdpa-isolation-float32", model={"label": "qwen", "spec": "org/qwen", "weights": "pretrained"})
+    assert _weights_line({"weights": "pretrained"}, [arch, hub]) == \
+        "pretrained for qwen; random (shrunk, an arch: spec has no checkpoint) for llama"
+    assert _weights_line({"weights": "pretrained"}, [arch]).startswith("random (pretrained was asked for")  # CUDA's default
+    assert _weights_line({"weights": "random"}, [arch]) == "random"
+
+
+def test_arch_cells_are_recorded_random_under_the_cuda_default(tmp_path, tolerances):
+    from pytest_packcheck.models import resolve_model
+    from pytest_packcheck.runner import CellRunner, plan_cells
+    from pytest_packcheck.specs import parse_model_list
+
+    resolved = resolve_model(parse_model_list(["arch:llama"], "test")[0], "test")
+    runner = CellRunner([resolved], tolerances, weights="pretrained")
+    cell = next(c for c in plan_cells([resolved], ("sdpa",), ("isolation",), ("float32",), None))
+    result = runner.run(cell)
+    assert result.model["weights"] == "random" and result.status == "pass"
+
+
+def test_resume_after_a_settings_change_says_what_changed(pytester):
+    base = ("--packcheck-models=arch:llama", "--packcheck-checks=isolation", "-p", "no:cacheprovider")
+    assert pytester.runpytest_subprocess(*base, "--packcheck-attn=sdpa").ret == 0
+    same = pytester.runpytest_subprocess(*base, "--packcheck-attn=sdpa", "--packcheck-resume")
+    assert same.ret == 0 and "of a run with other settings" not in str(same.stdout) + str(same.stderr)
+    changed = pytester.runpytest_subprocess(*base, "--packcheck-attn=eager", "--packcheck-resume")
+    assert changed.ret == 0
+    text = " ".join((str(changed.stdout) + str(changed.stderr)).split())
+    assert ("holds 1 finished cell(s) of a run with other settings, tolerances or library versions; changed since the "
+            'previous matrix: backends ["sdpa"] -> ["eager"]: none of them is reused; 0 cell(s)') in text
+
+
+def test_merge_into_a_folder_an_audit_holds_is_refused(tmp_path):
+    from pytest_packcheck.session import hold_report_dir
+
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(_doc([_cell()])))
+    out = tmp_path / "reports"
+    out.mkdir()
+    lock = hold_report_dir(out, "--packcheck-report-dir", command="packcheck audit --models arch:llama")
+    try:
+        proc = _cli(["merge", str(good), "-o", str(out)], tmp_path)
+    finally:
+        lock.release(force=True)
+    assert proc.returncode == 2
+    line = _one_line(proc.stderr, "packcheck merge: error:")
+    assert f"is in use by another packcheck run (pid {os.getpid()}" in line and "packcheck audit --models arch:llama" in line
+    assert "pass another -o/--output-dir" in line and not (out / "packcheck-matrix.json").exists()
+    again = _cli(["merge", str(good), "-o", str(out)], tmp_path)
+    assert again.returncode == 0 and (out / "packcheck-matrix.json").exists()
+
+
+def test_versions_over_the_cap_are_refused_with_an_estimate():
+    from pytest_packcheck.envs import MAX_ENVIRONMENTS, parse_versions
+
+    eight = ",".join(f"5.{i}.0" for i in range(8))
+    trl = ",".join(f"0.{i}.0" for i in range(8))
+    assert len(parse_versions([f"transformers=={eight}", f"trl=={trl}"], "test")) == MAX_ENVIRONMENTS  # 8 x 8 is taken
+    with pytest.raises(PackcheckUsageError, match="65 version environments"):
+        parse_versions([f"transformers=={eight}", f"trl=={trl}", "transformers==4.0.0 & trl==0.1.0"], "test")
+    many = ",".join(f"5.{i}.0" for i in range(800))
+    with pytest.raises(PackcheckUsageError, match=r"800 version environments \(from --packcheck-versions\) are over packcheck's "
+                                                  r"cap of 64: .* about 5\.3-22\.2 h here"):
+        parse_versions([f"transformers=={many}"], "--packcheck-versions")
+
+
+def test_a_cell_message_carrying_a_token_is_scrubbed_on_the_terminal(pytester):
+    token = SHAPES[1]
+    pytester.makeconftest(f"""
+        from pytest_packcheck import runner
+        from pytest_packcheck.results import CheckResult
+
+        def planted(self, cell):  # a check whose message echoes a token (an exception naming a spec, say)
+            return CheckResult("fail", {{"max_change": 1.0}}, "the model 'arch:llama{{api_token={token}}}' leaked")
+
+        runner.CellRunner._run = planted
+    """)
+    result = pytester.runpytest_subprocess("--packcheck-models=arch:llama", "--packcheck-attn=sdpa", "--packcheck-checks=isolation",
+                                           "--packcheck-isolation=none", "-p", "no:cacheprovider", "-rA")
+    text = str(result.stdout) + str(result.stderr)
+    assert result.ret == 1 and "api_token=***" in text and token not in text
+    assert token not in (pytester.path / "reports" / "packcheck-matrix.md").read_text()
+
+
+def test_verify_remedies_rewrites_markdown_and_json_as_one_set(tmp_path, monkeypatch):
+    from pytest_packcheck import bisect, cli, results
+    from pytest_packcheck.report import write_reports
+
+    write_reports(tmp_path, _doc([_cell()]))
+
+    def verify(doc, out, log):
+        doc["remedy_checks"] = []
+        return []
+
+    monkeypatch.setattr(bisect, "verify_remedies", verify)
+    seen = []
+    real = results.write_set
+    monkeypatch.setattr(results, "write_set", lambda files, flag="--packcheck-report-dir": (seen.append([p.name for p, _ in files]), real(files, flag)))
+    cli._verify_remedies_into_report(tmp_path)
+    assert seen == [["packcheck-matrix.md", "packcheck-matrix.json"]]  # one set, the JSON last
+    assert (tmp_path / "packcheck-matrix.md").read_text().endswith("No failing cell made a remedy claim.\n")
+    assert json.loads((tmp_path / "packcheck-matrix.json").read_text())["remedy_checks"] == []
+
+
+def test_bench_and_bisect_on_a_full_disk_are_refused_before_any_work(tmp_path, small_disk):
+    disk, _ = small_disk
+    (disk / "filler").write_bytes(b"\0" * 64 * 1024)
+    for args, prefix in ((["bench", "--profile", "fixed", "-o", str(disk / "b")], "packcheck bench: error:"),
+                         (["bisect", "llama-sdpa-isolation-float32", "--good", "transformers==5.23.0", "--bad",
+                           "transformers==5.24.0", "-o", str(disk / "bi")], "packcheck bisect: error:")):
+        proc = _cli(args, tmp_path)
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        line = _one_line(proc.stderr, prefix)
+        assert "(from -o/--output-dir) is not writable:" in line and "the disk is full" in line
+
+
+def test_save_baseline_on_a_full_disk_is_one_line(tmp_path, monkeypatch, capsys):
+    import pytest as _pytest
+
+    from pytest_packcheck import cli, results
+    from pytest_packcheck.report import write_reports
+
+    write_reports(tmp_path, _doc([_cell()]))
+    monkeypatch.setattr(_pytest, "main", lambda args: _pytest.ExitCode.OK)
+
+    def full(path, text, flag="--packcheck-report-dir"):
+        raise PackcheckUsageError(results.write_failure(Path(path), OSError(errno.ENOSPC, "No space left on device"), flag))
+
+    monkeypatch.setattr(results, "atomic_write", full)
+    code = cli.main(["audit", "--models", "arch:llama", "--packcheck-report-dir", str(tmp_path), "--save-baseline", "-n", "0"])
+    assert code == 2 and not (tmp_path / "baseline.json").exists()
+    assert "packcheck audit: error: --save-baseline: Cannot write" in capsys.readouterr().err
