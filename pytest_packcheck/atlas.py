@@ -312,7 +312,7 @@ def reduce_release(doc: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
             if num is not None:
                 entry["number"] = float(f"{num:.3g}")
             if h["status"] != "pass":
-                entry["message"] = " ".join(str(decider.get("message", "")).split())[:240]
+                entry["message"] = " ".join(str(decider.get("message", "")).split())[:160]
         hazards = {c["check"]: ((c.get("diagnosis") or {}).get("cause") or c.get("cause") or c["status"])
                    for c in group if c["check"] in ("cache_trap", "mask_trap") and c["status"] not in ("pass", "skipped")}
         if hazards:
@@ -628,10 +628,13 @@ def name_md(text: str) -> str:
 
 def render_html(support: dict[str, Any]) -> str:
     """atlas.html: one self-contained page (no external asset), rows architecture x backend, columns releases,
-    cells coloured by verdict; clicking a cell shows its number, cause, message and the command to reproduce."""
+    cells coloured by verdict; clicking a cell shows its number, cause, message and the command to reproduce.
+    Each cell carries only its symbol and an index into one deduplicated JSON block (the page stays small at
+    40 releases x 200 architectures x 3 backends)."""
     order = [r["transformers"] for r in support["releases"]]
-    colour = {"pass": "#8fd18f", "fail": "#f08080", "fallback": "#f5c26b", "unsupported": "#c8c8c8", "skipped": "#eeeeee",
-              "error": "#b48ae6", "timeout": "#b48ae6", "oom": "#b48ae6"}
+    classes = {"pass": "p", "fail": "f", "fallback": "b", "unsupported": "u", "skipped": "s", "error": "e", "timeout": "e", "oom": "e"}
+    entries: list[list[Any]] = []
+    index: dict[str, int] = {}
     head = "".join(f"<th>{html.escape(v)}</th>" for v in order)
     rows = []
     for name in sorted(support["cells"]):
@@ -645,28 +648,36 @@ def render_html(support: dict[str, Any]) -> str:
                 if e is None:
                     tds.append("<td></td>")
                     continue
-                detail = {"architecture": name, "backend": backend, "transformers": v, "verdict": e["verdict"],
-                          "causes": e.get("causes", []), "check": e.get("check"), "number": e.get("number"),
-                          "message": e.get("message", ""), "hazards": e.get("hazards", {}),
-                          "reproduce": reproduce_command(v, name, backend)}
-                tds.append(f"<td style=\"background:{colour.get(e['verdict'], '#fff')}\" data-d=\"{html.escape(json.dumps(detail))}\">"
-                           f"{html.escape(SYMBOL.get(e['verdict'], '?'))}</td>")
-            rows.append(f"<tr><th>{html.escape(name)}</th><th>{html.escape(backend)}</th>{''.join(tds)}</tr>")
+                # the message stays in support.json and atlas.md: the page carries verdict, causes and number only
+                item = [e["verdict"], e.get("causes", []), e.get("check"), e.get("number"), "", e.get("hazards", {})]
+                key = json.dumps(item, sort_keys=True)
+                if key not in index:
+                    index[key] = len(entries)
+                    entries.append(item)
+                tds.append(f"<td class={classes.get(e['verdict'], 'e')} data-i={index[key]}>{SYMBOL.get(e['verdict'], '?')}</td>")
+            rows.append(f"<tr data-a=\"{html.escape(name)}\" data-b={backend}><th>{html.escape(name)}</th><th>{backend}</th>{''.join(tds)}</tr>")
+    data = json.dumps({"releases": order, "entries": entries, "checks": list(support["checks"]),
+                       "backends": list(support["backends"])}, separators=(",", ":")).replace("</", "<\\/")
     return ("<!doctype html><html><head><meta charset=\"utf-8\"><title>packcheck atlas</title><style>"
             "body{font-family:sans-serif;font-size:13px}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
-            "padding:2px 5px;text-align:center}td[data-d]{cursor:pointer}#d{position:sticky;top:0;background:#ffffe0;"
-            "border:1px solid #aa8;padding:6px;white-space:pre-wrap;font-family:monospace;min-height:2em}</style></head><body>"
+            "padding:2px 5px;text-align:center}td[data-i]{cursor:pointer}.p{background:#8fd18f}.f{background:#f08080}"
+            ".b{background:#f5c26b}.u{background:#c8c8c8}.s{background:#eee}.e{background:#b48ae6}"
+            "#d{position:sticky;top:0;background:#ffffe0;border:1px solid #aa8;padding:6px;white-space:pre-wrap;"
+            "font-family:monospace;min-height:2em}</style></head><body>"
             f"<h1>packcheck atlas</h1><p>Generated {html.escape(support['generated'])} by packcheck "
             f"{html.escape(str(support['packcheck_version']))}, torch {html.escape(str(support['torch']))}, CPU float32. "
             f"Not measured yet: {html.escape(', '.join(support['missing']) or 'none')}. Click a cell.</p>"
             "<div id=\"d\">number, cause and reproduce command of the clicked cell</div>"
             f"<table><tr><th>architecture</th><th>backend</th>{head}</tr>{''.join(rows)}</table>"
-            "<script>document.querySelectorAll('td[data-d]').forEach(function(td){td.onclick=function(){"
-            "var d=JSON.parse(td.dataset.d);document.getElementById('d').textContent="
-            "d.architecture+' / '+d.backend+' @ transformers '+d.transformers+': '+d.verdict+"
-            "(d.causes.length?' ('+d.causes.join(', ')+')':'')+'\\n'+(d.check?d.check+' '+(d.number===null?'':d.number):'')+"
-            "(d.message?'\\n'+d.message:'')+(Object.keys(d.hazards).length?'\\nhazards: '+JSON.stringify(d.hazards):'')+"
-            "'\\nreproduce: '+d.reproduce;};});</script></body></html>\n")
+            f"<script id=\"data\" type=\"application/json\">{data}</script>"
+            "<script>var D=JSON.parse(document.getElementById('data').textContent);"
+            "document.querySelector('table').onclick=function(ev){var td=ev.target.closest('td[data-i]');if(!td)return;"
+            "var tr=td.parentNode,e=D.entries[+td.dataset.i],v=D.releases[td.cellIndex-2],a=tr.dataset.a,b=tr.dataset.b;"
+            "var t=a+' / '+b+' @ transformers '+v+': '+e[0]+(e[1].length?' ('+e[1].join(', ')+')':'');"
+            "if(e[2])t+='\\n'+e[2]+(e[3]===null?'':' '+e[3]);if(e[4])t+='\\n'+e[4];"
+            "if(Object.keys(e[5]).length)t+='\\nhazards: '+JSON.stringify(e[5]);"
+            "t+='\\nreproduce: packcheck audit --models arch:'+a+' --versions transformers=='+v+' --packcheck-attn='+b+"
+            "' --packcheck-checks='+D.checks.join(',');document.getElementById('d').textContent=t;};</script></body></html>\n")
 
 
 def write_outputs(support: dict[str, Any], out: Path) -> list[Path]:

@@ -133,6 +133,11 @@ def _parser() -> argparse.ArgumentParser:
     lookup.add_argument("--trl", default=None, help="TRL version (the atlas has no TRL axis yet: noted in the answer).")
     lookup.add_argument("--support-file", default=None, help="support.json to read (default: the packaged atlas).")
     lookup.add_argument("--json", action="store_true", help="Print the answer as JSON.")
+    claims = sub.add_parser("claims", help="What axolotl / ms-swift / LLaMA-Factory claim about packing (read from their "
+                                           "wheels, not imported), against the atlas: reports/atlas/claims.md.")
+    claims.add_argument("wheels", nargs="+", metavar="WHEEL", help="Peer wheels (pip download --no-deps axolotl ms-swift llamafactory).")
+    claims.add_argument("--support-file", default=None, help="support.json to judge against (default: the committed atlas).")
+    claims.add_argument("-o", "--output", default="reports/atlas/claims.md", help="Markdown to write (default reports/atlas/claims.md).")
     merge = sub.add_parser("merge", help="Join results JSON files (shards of one audit) and render the matrix.")
     merge.add_argument("files", nargs="+", help="Results JSON files.")
     merge.add_argument("-o", "--output-dir", default="reports", help="Where packcheck-matrix.md / .json go (default reports).")
@@ -170,10 +175,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from .errors import PackcheckUsageError
 
-    if ns.command in ("gate", "merge", "bench", "bisect", "atlas", "lookup"):
+    if ns.command in ("gate", "merge", "bench", "bisect", "atlas", "lookup", "claims"):
         try:
             return {"gate": _gate, "merge": _merge, "bench": _bench, "bisect": _bisect, "atlas": _atlas,
-                    "lookup": _lookup}[ns.command](ns)
+                    "lookup": _lookup, "claims": _claims}[ns.command](ns)
         except PackcheckUsageError as exc:
             print(f"packcheck {ns.command}: error: {exc}", file=sys.stderr)
             return 2
@@ -461,6 +466,20 @@ def _lookup(ns: argparse.Namespace) -> int:
     answer = lookup(ns.model_type, ns.attn_implementation, ns.transformers_version, ns.trl, path=ns.support_file)
     print(json.dumps(answer.as_dict(), indent=1) if ns.json else str(answer))
     return 0 if answer.measured else 1
+
+
+def _claims(ns: argparse.Namespace) -> int:
+    """``packcheck claims``: read each peer wheel, judge its claims against the atlas, write the Markdown."""
+    from .claims import read_wheel, render_claims
+    from .results import atomic_write
+    from .support import load_support
+
+    peers = [read_wheel(w) for w in ns.wheels]
+    out = Path(ns.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(out, render_claims(peers, load_support(ns.support_file)))
+    print(f"claims written: {out} ({', '.join(f'{p.peer} {p.version}: {len(p.claims)} claims' for p in peers)})")
+    return 0
 
 
 def _gate_bisect(bad: list, baseline: dict, candidate: dict, output_dir: str) -> None:

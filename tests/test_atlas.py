@@ -171,7 +171,15 @@ def test_reduction_verdicts_transitions_and_never_pass(tmp_path):
     assert "Not measured yet: 4.44.2" in md
     page = A.render_html(support)
     assert "<script" in page and "http://" not in page and "https://" not in page and "src=" not in page
-    assert "packcheck audit --models arch:llama --versions transformers==4.52.4" in page.replace("&#x27;", "'")
+    # the click text is built from the row, the column and one JSON block: the same command as reproduce_command
+    data = json.loads(page.split('<script id="data" type="application/json">')[1].split("</script>")[0])
+    assert data["releases"] == ["4.52.4", "5.24.0"] and data["checks"] == list(A.atlas_checks())
+    assert "packcheck audit --models arch:'+a+' --versions transformers=='+v+' --packcheck-attn='+b" in page
+    assert A.reproduce_command("4.52.4", "llama", "sdpa").startswith(
+        "packcheck audit --models arch:llama --versions transformers==4.52.4 --packcheck-attn=sdpa --packcheck-checks=")
+    llama_row = page.split('<tr data-a="llama" data-b=sdpa>')[1].split("</tr>")[0]
+    first = data["entries"][int(llama_row.split("data-i=")[1].split(">")[0])]
+    assert first[:4] == ["fail", ["leak"], "isolation", 0.28] and "class=f" in llama_row and "class=p" in llama_row
 
 
 def test_a_release_counts_only_when_every_shard_is_done(tmp_path):
@@ -433,3 +441,60 @@ def test_committed_atlas_is_compact_and_names_what_is_missing():
     assert support["releases"] and ("Not measured yet: none." in md) == (not support["missing"])
     for version in support["missing"]:
         assert version in md
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# peers' claims, read from their wheels
+
+
+def _wheel(path: Path, name: str, pin: str, files: dict[str, str]) -> Path:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(f"{name}-1.0.dist-info/METADATA", f"Name: {name}\nVersion: 1.0\nRequires-Dist: transformers{pin}\n")
+        for n, text in files.items():
+            z.writestr(n, textwrap.dedent(text))
+    return path
+
+
+def test_claims_are_read_from_the_wheels_and_judged_against_the_atlas(tmp_path, support_file):
+    from pytest_packcheck.claims import read_wheel, render_claims
+
+    axolotl = read_wheel(_wheel(tmp_path / "axolotl.whl", "axolotl", "==5.24.0", {
+        "axolotl/monkeypatch/multipack.py": 'SUPPORTED_MULTIPACK_MODEL_TYPES = ["llama", "opt", "nemotron_h", "qwen3"]\n',
+        "axolotl/utils/schemas/enums.py": 'ATTN_IMPLS_SUPPORTING_PACKING = frozenset({"flash_attention_2", "flex_attention"})\n',
+        "axolotl/monkeypatch/models/nemotron_h/modeling.py": "def f(seq_idx): pass\n",
+        "axolotl/monkeypatch/models/qwen3/fused_attn.py": "def fused_norm(): pass\n"}))
+    assert axolotl.transformers_pin == "==5.24.0" and [c.model_type for c in axolotl.claims] == ["llama", "opt", "nemotron_h", "qwen3"]
+    assert [bool(c.own_code) for c in axolotl.claims] == [False, False, True, False]  # only a patch that touches packing
+    factory = read_wheel(_wheel(tmp_path / "llamafactory.whl", "llamafactory", "<=5.30", {
+        "llamafactory/data/collator.py": '''
+            class C:
+                def __post_init__(self):
+                    if self.neat_packing and self.attn_implementation == "flash_attention_2":
+                        if self.model_type in ["llama", "gpt_oss"]:
+                            raise ValueError("Neat packing is not supported for llama, gpt_oss models for now.")
+            '''}))
+    assert [(c.model_type, c.supported, c.line) for c in factory.claims] == [("llama", False, 6), ("gpt_oss", False, 6)]
+    md = render_claims([axolotl, factory], load_support(support_file))
+    # the planted atlas: llama passes on packcheck_flash_ref, opt is not measured there, qwen3 only on sdpa
+    assert "- packs llama, `axolotl/monkeypatch/multipack.py:1`: pass isolation 0.0e+00 at 5.24.0" in md
+    assert "packs nemotron_h, `axolotl/monkeypatch/multipack.py:1`: rests on the peer's own code" in md
+    assert "refuses llama (Neat packing is not supported for llama, gpt_oss models for now.), `llamafactory/data/collator.py:6`: " \
+           "refused, and the atlas measures it as passing on stock transformers: pass" in md
+    assert "judged at 5.24.0" in md and "axolotl 1.0" in md
+
+
+def test_a_claim_on_a_leaking_model_does_not_hold(tmp_path):
+    from pytest_packcheck.claims import read_wheel, render_claims
+
+    build = tmp_path / "build"
+    _write_release(build, "5.24.0", [_cell("gpt_oss", "packcheck_flash_ref", "isolation", "fail", "leak", 0.31)])
+    support = A.collect(build)
+    peer = read_wheel(_wheel(tmp_path / "axolotl.whl", "axolotl", "==5.24.0", {
+        "axolotl/monkeypatch/multipack.py": 'SUPPORTED_MULTIPACK_MODEL_TYPES = ["gpt_oss"]\n',
+        "axolotl/utils/schemas/enums.py": 'ATTN_IMPLS_SUPPORTING_PACKING = frozenset({"flash_attention_2"})\n'}))
+    md = render_claims([peer], support)
+    assert "**Claims that do not hold** (1):" in md and "packs gpt_oss, `axolotl/monkeypatch/multipack.py:1`: fail [leak] isolation 3.1e-01" in md
+    with pytest.raises(PackcheckUsageError, match="no claims reader"):
+        read_wheel(_wheel(tmp_path / "other.whl", "unknownpeer", "", {}))
