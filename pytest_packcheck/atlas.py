@@ -451,14 +451,16 @@ def bisect_plan(t: dict[str, Any]) -> dict[str, Any] | None:
 
 def bisect_transitions(support: dict[str, Any], output_dir: Path, limit: int | None = None,
                        bisect: Callable[..., dict[str, Any]] | None = None,
-                       log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Bisect each transition of ``support`` to the exact patch (``bisect``: :func:`bisect.bisect_cell` or a
-    stand-in); returns :func:`transition_key` -> a compact record. Records already in ``output_dir`` (the bisect
-    JSON files) are reused, so it resumes too."""
+                       log: Callable[[str], None] = print, models: list[str] | None = None,
+                       done: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Bisect each transition of ``support`` (of ``models`` only, when given) to the exact patch (``bisect``:
+    :func:`bisect.bisect_cell` or a stand-in); returns :func:`transition_key` -> a compact record. Transitions in
+    ``done`` (``bisects.json`` of an earlier run) are not bisected again, so it resumes too."""
     if bisect is None:
         from .bisect import bisect_cell as bisect
-    done: dict[str, Any] = {}
-    for t in support["transitions"][:limit]:
+    done = dict(done or {})
+    todo = [t for t in support["transitions"] if (not models or t["model_type"] in models) and transition_key(t) not in done]
+    for t in todo[:limit]:
         plan = bisect_plan(t)
         if plan is None:
             continue
@@ -704,6 +706,7 @@ class AtlasArgs:
     bisect: bool
     bisect_limit: int | None
     models: list[str] | None = None
+    bisect_models: list[str] | None = None
     seed: list[str] | None = None
     no_render: bool = False
 
@@ -724,7 +727,8 @@ def main(args: AtlasArgs, log: Callable[[str], None] = print) -> int:
     bisects = json.loads(bisects_file.read_text()) if bisects_file.exists() else {}
     support = collect(args.build, args.releases, bisects)
     if args.bisect:
-        bisects.update(bisect_transitions(support, args.out / "bisect", args.bisect_limit, log=log))
+        bisects = bisect_transitions(support, args.out / "bisect", args.bisect_limit, log=log, models=args.bisect_models,
+                                     done=bisects)
         from .results import atomic_write
 
         atomic_write(bisects_file, json.dumps(bisects, indent=1, sort_keys=True) + "\n")

@@ -125,6 +125,8 @@ def _parser() -> argparse.ArgumentParser:
     atlas.add_argument("--bisect", action="store_true", help="Bisect every transition between adjacent measured releases "
                        "to the exact patch (packcheck bisect per transition; resumable).")
     atlas.add_argument("--bisect-limit", type=int, default=None, help="Bisect at most this many transitions.")
+    atlas.add_argument("--bisect-models", default=None, metavar="TYPES", help="Bisect only these model types' transitions "
+                                                                             "(e.g. llama,qwen2).")
     lookup = sub.add_parser("lookup", help="Does packing work for MODEL_TYPE on ATTN at this transformers? (the atlas)",
                             description="Answers offline from reports/atlas/support.json (the committed atlas).")
     lookup.add_argument("model_type", help="config.model_type, e.g. qwen2.")
@@ -453,8 +455,10 @@ def _atlas(ns: argparse.Namespace) -> int:
     if ns.workers < 1:
         raise PackcheckUsageError(f"-n/--workers {ns.workers} must be >= 1.")
     models = [m.strip() for m in ns.models.split(",") if m.strip()] if ns.models else None
+    bisect_models = [m.strip() for m in ns.bisect_models.split(",") if m.strip()] if ns.bisect_models else None
     return atlas_main(AtlasArgs(releases, Path(ns.build_dir), Path(ns.output_dir), shard, ns.workers, ns.render_only,
-                                ns.bisect, ns.bisect_limit, models, ns.seed, ns.no_render), log=lambda line: print(line, flush=True))
+                                ns.bisect, ns.bisect_limit, models, bisect_models, ns.seed, ns.no_render),
+                      log=lambda line: print(line, flush=True))
 
 
 def _lookup(ns: argparse.Namespace) -> int:

@@ -208,12 +208,19 @@ def test_bisect_plan_directions_and_records_attach_to_transitions(tmp_path):
         seen.append((cell, good, bad, cause))
         return {"outcome": "found", "first": "4.53.1", "last": "4.53.0", "path": f"{output_dir}/x.json", "summary": "first fixed: 4.53.1"}
 
-    records = A.bisect_transitions(support, tmp_path / "bisect", bisect=fake_bisect, log=lambda s: None)
+    records = A.bisect_transitions(support, tmp_path / "bisect", limit=1, bisect=fake_bisect, log=lambda s: None)
     assert seen[0] == ("llama-sdpa-isolation-float32", "transformers==5.24.0", "transformers==4.52.4", None)
     support = A.collect(tmp_path / "build", bisects=records)
     t = next(t for t in support["transitions"] if t["model_type"] == "llama")
     assert t["bisected"]["first"] == "4.53.1"
     assert "found: first 4.53.1, last 4.53.0" in A.render_markdown(support)
+    # resumed: what is in bisects.json is not bisected again; --bisect-models narrows
+    seen.clear()
+    again = A.bisect_transitions(support, tmp_path / "bisect", bisect=fake_bisect, log=lambda s: None, done=records)
+    assert [c for c, *_ in seen] == ["opt-sdpa-isolation-float32"] and set(records) < set(again)
+    seen.clear()
+    A.bisect_transitions(support, tmp_path / "bisect", bisect=fake_bisect, log=lambda s: None, models=["llama"])
+    assert [c for c, *_ in seen] == ["llama-sdpa-isolation-float32"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
