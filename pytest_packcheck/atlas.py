@@ -619,7 +619,27 @@ def render_markdown(support: dict[str, Any]) -> str:
             e = row[newest]
             why = e.get("message") or ", ".join(e.get("causes", [])) or e["verdict"]
             lines.append(f"- **{name}** / {backend} ({newest}): {_label(e)}: {name_md(why)}")
+    lines += ["", "## Where packcheck itself stopped", "",
+              ("Entries whose cause is packcheck's own (the shrink it applies, a crash only its shrunk model shows, an "
+              "inconclusive probe): no verdict about the library. The issue's bar is none on any release."), ""]
+    own: dict[tuple[str, str], list[str]] = {}
+    for name in sorted(support["cells"]):
+        for backend in support["backends"]:
+            for version, e in support["cells"][name].get(backend, {}).items():
+                for cause in e.get("causes", []):
+                    if cause in OWN_CAUSES and e["verdict"] not in ("pass", "fail"):
+                        own.setdefault((version, cause), []).append(f"{name}/{backend}")
+    for (version, cause), items in sorted(own.items(), key=lambda kv: (_vkey(kv[0][0]), kv[0][1])):
+        archs = sorted({i.split("/")[0] for i in items})
+        lines.append(f"- {version} {cause.replace('_', ' ')}: {len(items)} (architecture, backend) of {len(archs)} "
+                     f"architectures: {', '.join(archs)}")
+    if not own:
+        lines.append("- none")
     return "\n".join(lines) + "\n"
+
+
+#: Causes that are packcheck's own rather than the library's (the Markdown's "Where packcheck itself stopped").
+OWN_CAUSES = ("shrink_limit", "shrunk_crash", "probe_inconclusive")
 
 
 def name_md(text: str) -> str:

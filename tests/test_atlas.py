@@ -56,7 +56,8 @@ def _planted_atlas(build: Path) -> None:
         _cell("llama", "sdpa", "isolation", "pass"), _cell("llama", "sdpa", "logits_parity", "pass", number=1e-7),
         _cell("llama", "sdpa", "cache_trap", "fail", "cache_trap", 0.43),
         _cell("llama", "packcheck_flash_ref", "isolation", "pass", findings=["batch_rows"]),
-        _cell("opt", "sdpa", "isolation", "fail", "wrong_positions", 0.2), _cell("qwen3", "sdpa", "isolation", "pass")])
+        _cell("opt", "sdpa", "isolation", "fail", "wrong_positions", 0.2), _cell("qwen3", "sdpa", "isolation", "pass"),
+        {**_cell("qwen3", "eager", "isolation", "error", "shrink_limit"), "metrics": {}}])
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -169,6 +170,7 @@ def test_reduction_verdicts_transitions_and_never_pass(tmp_path):
     assert "| llama | sdpa | 4.52.4 | 5.24.0 | ❌ leak (isolation 2.8e-01) | ✅ (isolation 0.0e+00) | not yet |" in md
     assert "- **opt** / sdpa (5.24.0): ❌ wrong positions" in md
     assert "Not measured yet: 4.44.2" in md
+    assert "- 5.24.0 shrink limit: 1 (architecture, backend) of 1 architectures: qwen3" in md.split("## Where packcheck itself stopped")[1]
     page = A.render_html(support)
     assert "<script" in page and "http://" not in page and "https://" not in page and "src=" not in page
     # the click text is built from the row, the column and one JSON block: the same command as reproduce_command
