@@ -32,11 +32,14 @@ ANSWERED_FROM = {"flash_attention_2": "packcheck_flash_ref", "flash_attention_3"
 
 
 def default_support_file() -> Path:
-    """``$PACKCHECK_SUPPORT_FILE``, else the atlas committed beside the package (``reports/atlas/support.json``)."""
+    """``$PACKCHECK_SUPPORT_FILE``, else the atlas shipped in the wheel (``pytest_packcheck/_atlas/support.json``,
+    pyproject's force-include), else the one committed in the source tree (``reports/atlas/support.json``)."""
     env = os.environ.get(SUPPORT_FILE_ENV)
     if env:
         return Path(env)
-    return Path(__file__).resolve().parent.parent / "reports" / "atlas" / "support.json"
+    here = Path(__file__).resolve().parent
+    shipped = here / "_atlas" / "support.json"
+    return shipped if shipped.exists() else here.parent / "reports" / "atlas" / "support.json"
 
 
 @dataclass(frozen=True)

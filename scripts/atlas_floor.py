@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 
-def floor(out: Path, limit: int | None) -> None:
+def floor(out: Path, limit: int | None, only: list[str] | None = None) -> None:
     import transformers
 
     from pytest_packcheck.atlas import ATLAS_BACKENDS, atlas_checks
@@ -31,7 +31,7 @@ def floor(out: Path, limit: int | None) -> None:
     from pytest_packcheck.settings import load_tolerances
     from pytest_packcheck.specs import parse_model_spec
 
-    archs = [*causal_lm_architectures(), *mrope_text_path_architectures()][:limit]
+    archs = only or [*causal_lm_architectures(), *mrope_text_path_architectures()][:limit]
     t0, c0 = time.perf_counter(), time.process_time()
     models = [resolve_model(parse_model_spec(f"arch:{a}", "atlas_floor"), "atlas_floor") for a in archs]
     tolerances, _ = load_tolerances(None, None, "default")
@@ -56,6 +56,7 @@ def compare(release_dir: Path, floor_file: Path) -> None:
     fl = json.loads(floor_file.read_text())
     doc = json.loads((release_dir / "packcheck-matrix.json").read_text())
     harness: dict[str, float] = {}
+    print(f"CPU: harness {done.get('child_cpu_s')} s / floor {fl['cpu_s']} s = {done.get('child_cpu_s', 0) / fl['cpu_s']:.2f}")
     for c in doc["cells"]:
         if c.get("backend"):
             key = f"{c['model']['label']}|{c['backend']}"
@@ -73,13 +74,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("build/atlas-floor.json"))
     parser.add_argument("--limit", type=int, default=None, help="Only the first N architectures (a quick look).")
+    parser.add_argument("--models", default=None, help="Only these model types (comma-separated), e.g. the ones of a "
+                        "`packcheck atlas --models` run to compare with.")
     parser.add_argument("--compare", nargs=2, type=Path, metavar=("RELEASE_DIR", "FLOOR_JSON"))
     ns = parser.parse_args()
     if ns.compare:
         compare(*ns.compare)
         return 0
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    floor(ns.out, ns.limit)
+    floor(ns.out, ns.limit, [m.strip() for m in ns.models.split(",") if m.strip()] if ns.models else None)
     return 0
 
 
