@@ -89,7 +89,12 @@ def index_releases(since: str = ATLAS_SINCE, until: str | None = None) -> list[s
     """
     from .bisect import fetch_index_page, parse_simple_index
 
-    releases, _ = parse_simple_index(fetch_index_page("transformers"))
+    try:
+        page = fetch_index_page("transformers")
+    except PackcheckUsageError as exc:
+        raise PackcheckUsageError(str(exc).replace("bisect needs", "packcheck atlas needs")
+                                  + " Or name the releases with --releases 4.44.2,5.24.0.") from None
+    releases, _ = parse_simple_index(page)
     return latest_patches(releases, since, until)
 
 

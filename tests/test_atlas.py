@@ -434,10 +434,10 @@ def test_example_atlas_workflow_plans_measures_shards_and_merges(tmp_path):
 
 
 def test_cli_atlas_usage_errors_exit_2_with_one_line():
-    for args, needle in ((["--releases", "4.44"], "names a minor"), (["--releases", "5.24.0", "--shard", "0/2"], "Bad shard '0/2'"),
+    for args, needle in ((["--list-releases"], "packcheck atlas needs the package index"),(["--releases", "4.44"], "names a minor"), (["--releases", "5.24.0", "--shard", "0/2"], "Bad shard '0/2'"),
                          (["--releases", "5.24.0", "--render-only", "--no-render"], "exclude each other")):
         proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "atlas", *args], capture_output=True, text=True,
-                              check=False, env={**os.environ, "PYTHONPATH": str(REPO)})
+                              check=False, env={**os.environ, "PYTHONPATH": str(REPO), "PACKCHECK_INDEX_URL": "http://127.0.0.1:9"})
         assert proc.returncode == 2 and needle in proc.stderr and proc.stderr.strip().count("\n") == 0, proc.stderr
 
 
@@ -507,3 +507,19 @@ def test_a_claim_on_a_leaking_model_does_not_hold(tmp_path):
     assert "**Claims that do not hold** (1):" in md and "packs gpt_oss, `axolotl/monkeypatch/multipack.py:1`: fail [leak] isolation 3.1e-01" in md
     with pytest.raises(PackcheckUsageError, match="no claims reader"):
         read_wheel(_wheel(tmp_path / "other.whl", "unknownpeer", "", {}))
+
+
+def test_readme_packed_mask_finding_agrees_with_the_committed_atlas():
+    """The README's version finding "eager / sdpa ... no packed mask before 4.53.1 (bisected: 4.53.0 is the last
+    without)" against the atlas: llama on sdpa leaks on every measured release below 4.53.1 and passes on every
+    one from it. The atlas always holds 4.57.6 and 5.24.0 (passing side); the failing side is checked where measured."""
+    from packaging.version import Version
+
+    readme = (REPO / "README.md").read_text()
+    assert "no packed mask before 4.53.1" in readme
+    row = load_support()["cells"]["llama"]["sdpa"]
+    after = {v: e for v, e in row.items() if Version(v) >= Version("4.53.1")}
+    before = {v: e for v, e in row.items() if Version(v) < Version("4.53.1")}
+    assert {"4.57.6", "5.24.0"} <= set(after)
+    assert all(e["verdict"] == "pass" for e in after.values()), after
+    assert all(e["verdict"] == "fail" and "leak" in e["causes"] for e in before.values()), before
