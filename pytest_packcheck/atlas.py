@@ -477,8 +477,10 @@ def bisect_transitions(support: dict[str, Any], output_dir: Path, limit: int | N
             continue
         done[transition_key(t)] = {"outcome": record.get("outcome"), "first": record.get("first"), "last": record.get("last"),
                                    "cell": plan["cell"], "cause": plan["cause"],
-                                   "file": str(record.get("path", "")), "summary": record.get("summary", "")}
-        log(f"atlas bisect {transition_key(t)}: {record.get('summary', record.get('outcome'))}")
+                                   "file": str(record.get("path", "")), "probes": record.get("probes"),
+                                   "seconds": record.get("seconds"),
+                                   "summary": record.get("message") or record.get("summary") or record.get("outcome", "")}
+        log(f"atlas bisect {transition_key(t)}: {done[transition_key(t)]['summary']}")
     return done
 
 
@@ -534,11 +536,22 @@ def known_fault_agreement(support: dict[str, Any], faults: list[Any]) -> list[di
             elif inside and not hits:
                 out.append({**rec, "status": "disagrees", "why": f"inside the window, and none of {len(measured)} "
                             f"matching (architecture, backend) shows {f.cause}"})
-            elif not inside and hits:
+            elif not inside and hits and not _covered(f, faults, r, backends):
                 out.append({**rec, "status": "disagrees", "why": f"outside the window, and {', '.join(hits)} shows {f.cause}"})
             else:
                 out.append({**rec, "status": "agrees"})
     return out
+
+
+def _covered(fault: Any, faults: list[Any], release: str, backends: list[str]) -> bool:
+    """Another entry of the same library and cause names ``release`` on these backends (a fault with two windows,
+    e.g. batch_rows on 4.53.x and from 4.55.1, is two entries)."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    return any(g is not fault and g.library == fault.library and g.cause == fault.cause
+               and SpecifierSet(g.versions).contains(Version(release), prereleases=True)
+               and ("*" in g.backends or any(b in g.backends for b in backends)) for g in faults)
 
 
 # ----------------------------------------------------------------------------------------------------------------

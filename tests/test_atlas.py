@@ -208,13 +208,14 @@ def test_bisect_plan_directions_and_records_attach_to_transitions(tmp_path):
 
     def fake_bisect(cell, good, bad, *, cause=None, supported=False, output_dir=None):
         seen.append((cell, good, bad, cause))
-        return {"outcome": "found", "first": "4.53.1", "last": "4.53.0", "path": f"{output_dir}/x.json", "summary": "first fixed: 4.53.1"}
+        return {"outcome": "found", "first": "4.53.1", "last": "4.53.0", "path": f"{output_dir}/x.json",
+                "message": "first fixed: 4.53.1 (last bad: 4.53.0); 3 probes", "probes": 3, "seconds": 9.0}
 
     records = A.bisect_transitions(support, tmp_path / "bisect", limit=1, bisect=fake_bisect, log=lambda s: None)
     assert seen[0] == ("llama-sdpa-isolation-float32", "transformers==5.24.0", "transformers==4.52.4", None)
     support = A.collect(tmp_path / "build", bisects=records)
     t = next(t for t in support["transitions"] if t["model_type"] == "llama")
-    assert t["bisected"]["first"] == "4.53.1"
+    assert t["bisected"]["first"] == "4.53.1" and t["bisected"]["summary"].startswith("first fixed: 4.53.1 (last bad")
     assert "found: first 4.53.1, last 4.53.0" in A.render_markdown(support)
     # resumed: what is in bisects.json is not bisected again; --bisect-models narrows
     seen.clear()
@@ -511,8 +512,8 @@ def test_a_claim_on_a_leaking_model_does_not_hold(tmp_path):
 
 def test_readme_packed_mask_finding_agrees_with_the_committed_atlas():
     """The README's version finding "eager / sdpa ... no packed mask before 4.53.1 (bisected: 4.53.0 is the last
-    without)" against the atlas: llama on sdpa leaks on every measured release below 4.53.1 and passes on every
-    one from it. The atlas always holds 4.57.6 and 5.24.0 (passing side); the failing side is checked where measured."""
+    without)" against the atlas: llama on sdpa leaks on every measured release below 4.53.1 (4.52.4 at least) and
+    passes on every one from it (4.57.6 and 5.24.0 at least)."""
     from packaging.version import Version
 
     readme = (REPO / "README.md").read_text()
@@ -520,6 +521,6 @@ def test_readme_packed_mask_finding_agrees_with_the_committed_atlas():
     row = load_support()["cells"]["llama"]["sdpa"]
     after = {v: e for v, e in row.items() if Version(v) >= Version("4.53.1")}
     before = {v: e for v, e in row.items() if Version(v) < Version("4.53.1")}
-    assert {"4.57.6", "5.24.0"} <= set(after)
+    assert {"4.57.6", "5.24.0"} <= set(after) and "4.52.4" in before
     assert all(e["verdict"] == "pass" for e in after.values()), after
     assert all(e["verdict"] == "fail" and "leak" in e["causes"] for e in before.values()), before
