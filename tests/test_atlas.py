@@ -523,4 +523,6 @@ def test_readme_packed_mask_finding_agrees_with_the_committed_atlas():
     before = {v: e for v, e in row.items() if Version(v) < Version("4.53.1")}
     assert {"4.57.6", "5.24.0"} <= set(after) and "4.52.4" in before
     assert all(e["verdict"] == "pass" for e in after.values()), after
-    assert all(e["verdict"] == "fail" and "leak" in e["causes"] for e in before.values()), before
+    # on 4.44 loss_parity crashes (the forward takes no num_items_in_batch, as the README says): an error verdict
+    # that still names the leak the other checks measured
+    assert all(e["verdict"] in ("fail", "error") and "leak" in e["causes"] for e in before.values()), before
