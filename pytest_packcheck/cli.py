@@ -158,6 +158,48 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-instrumentation", action="store_true", help="Skip the run with attention-call counting on.")
     bench.add_argument("-o", "--output-dir", default="reports", help="Where <name>.md / .json go (default reports).")
     bench.add_argument("--name", default="bench", help="File name stem (default bench).")
+    atlas = sub.add_parser("atlas", help="Every architecture x backend x transformers release (4.44 ..): resumable; "
+                                         "writes reports/atlas/ (atlas.md, atlas.html, support.json).",
+                           description="Measures each release in its own version environment (cached), one release "
+                                       "after another; a killed run resumes where it stopped (per-release results and "
+                                       "journal under --build-dir).")
+    atlas.add_argument("--releases", default=None, metavar="A,B", help="Exact transformers releases, e.g. 4.44.2,5.24.0 "
+                       "(default: the latest patch of every minor from --since to --until, from the package index).")
+    atlas.add_argument("--since", default="4.44", help="Oldest minor (default 4.44, the varlen reference's floor).")
+    atlas.add_argument("--until", default=None, help="Newest minor (default: the newest on the index).")
+    atlas.add_argument("--build-dir", default="build/atlas", help="Per-release results and journals (default build/atlas; "
+                                                                  "not committed).")
+    atlas.add_argument("-o", "--output-dir", default="reports/atlas", help="Where atlas.md / .html and support.json go.")
+    atlas.add_argument("--shard", default=None, metavar="I/N", help="Run shard I of N of each release (whole models, "
+                                                                    "round-robin; as --packcheck-shard).")
+    atlas.add_argument("--models", default=None, metavar="SPECS", help="Only these models (arch:llama,arch:qwen2; default "
+                       "every architecture of each release). Use its own --build-dir: a release done for a subset is done.")
+    atlas.add_argument("-n", "--workers", type=int, default=1, help="pytest-xdist workers per release (default 1).")
+    atlas.add_argument("--list-releases", action="store_true", help="Print the releases the atlas covers as a JSON list "
+                       "(for a CI matrix) and exit.")
+    atlas.add_argument("--no-render", action="store_true", help="Measure only (a CI job of one release or shard); "
+                       "the merge job renders.")
+    atlas.add_argument("--render-only", action="store_true", help="Only render reports/atlas/ from what --build-dir holds.")
+    atlas.add_argument("--seed", action="append", default=[], metavar="FILE", help="Take this results JSON (one "
+                       "release's --all-architectures run on the atlas backends) as its release's run; repeatable.")
+    atlas.add_argument("--bisect", action="store_true", help="Bisect every transition between adjacent measured releases "
+                       "to the exact patch (packcheck bisect per transition; resumable).")
+    atlas.add_argument("--bisect-limit", type=int, default=None, help="Bisect at most this many transitions.")
+    atlas.add_argument("--bisect-models", default=None, metavar="TYPES", help="Bisect only these model types' transitions "
+                                                                             "(e.g. llama,qwen2).")
+    lookup = sub.add_parser("lookup", help="Does packing work for MODEL_TYPE on ATTN at this transformers? (the atlas)",
+                            description="Answers offline from reports/atlas/support.json (the committed atlas).")
+    lookup.add_argument("model_type", help="config.model_type, e.g. qwen2.")
+    lookup.add_argument("attn_implementation", help="eager, sdpa, flash_attention_2 (answered from packcheck_flash_ref), ...")
+    lookup.add_argument("transformers_version", help="e.g. 4.56.2.")
+    lookup.add_argument("--trl", default=None, help="TRL version (the atlas has no TRL axis yet: noted in the answer).")
+    lookup.add_argument("--support-file", default=None, help="support.json to read (default: the packaged atlas).")
+    lookup.add_argument("--json", action="store_true", help="Print the answer as JSON.")
+    claims = sub.add_parser("claims", help="What axolotl / ms-swift / LLaMA-Factory claim about packing (read from their "
+                                           "wheels, not imported), against the atlas: reports/atlas/claims.md.")
+    claims.add_argument("wheels", nargs="+", metavar="WHEEL", help="Peer wheels (pip download --no-deps axolotl ms-swift llamafactory).")
+    claims.add_argument("--support-file", default=None, help="support.json to judge against (default: the committed atlas).")
+    claims.add_argument("-o", "--output", default="reports/atlas/claims.md", help="Markdown to write (default reports/atlas/claims.md).")
     merge = sub.add_parser("merge", help="Join results JSON files (shards of one audit) and render the matrix.")
     merge.add_argument("files", nargs="+", help="Results JSON files.")
     merge.add_argument("-o", "--output-dir", default="reports", help="Where packcheck-matrix.md / .json go (default reports).")
@@ -212,9 +254,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from .errors import PackcheckUsageError
 
-    if ns.command in ("gate", "merge", "bench", "bisect"):
+    if ns.command in ("gate", "merge", "bench", "bisect", "atlas", "lookup", "claims"):
         try:
-            return {"gate": _gate, "merge": _merge, "bench": _bench, "bisect": _bisect}[ns.command](ns)
+            return {"gate": _gate, "merge": _merge, "bench": _bench, "bisect": _bisect, "atlas": _atlas,
+                    "lookup": _lookup, "claims": _claims}[ns.command](ns)
         except PackcheckUsageError as exc:
             print(f"packcheck {ns.command}: error: {exc}", file=sys.stderr)
             return 2
@@ -512,6 +555,55 @@ def _bisect(ns: argparse.Namespace) -> int:
     print(render_text(record))
     print(f"bisect written: {record['path']}")
     return 0 if record["outcome"] == "found" else 1
+
+
+def _atlas(ns: argparse.Namespace) -> int:
+    """``packcheck atlas``: the releases, then :func:`pytest_packcheck.atlas.main`."""
+    from .atlas import AtlasArgs, index_releases, parse_release_list, parse_shard
+    from .atlas import main as atlas_main
+    from .errors import PackcheckUsageError
+
+    releases = parse_release_list(ns.releases, "--releases") if ns.releases else index_releases(ns.since, ns.until)
+    if ns.list_releases:
+        import json
+
+        print(json.dumps(releases))
+        return 0
+    if ns.render_only and ns.no_render:
+        raise PackcheckUsageError("--render-only and --no-render exclude each other: pick one.")
+    shard = parse_shard(ns.shard, "--shard") if ns.shard else None
+    if ns.workers < 1:
+        raise PackcheckUsageError(f"-n/--workers {ns.workers} must be >= 1.")
+    models = [m.strip() for m in ns.models.split(",") if m.strip()] if ns.models else None
+    bisect_models = [m.strip() for m in ns.bisect_models.split(",") if m.strip()] if ns.bisect_models else None
+    return atlas_main(AtlasArgs(releases, Path(ns.build_dir), Path(ns.output_dir), shard, ns.workers, ns.render_only,
+                                ns.bisect, ns.bisect_limit, models, bisect_models, ns.seed, ns.no_render),
+                      log=lambda line: print(line, flush=True))
+
+
+def _lookup(ns: argparse.Namespace) -> int:
+    """``packcheck lookup``: exit 0 with a measured answer, 1 when not measured (the nearest measured release is named)."""
+    import json
+
+    from .support import lookup
+
+    answer = lookup(ns.model_type, ns.attn_implementation, ns.transformers_version, ns.trl, path=ns.support_file)
+    print(json.dumps(answer.as_dict(), indent=1) if ns.json else str(answer))
+    return 0 if answer.measured else 1
+
+
+def _claims(ns: argparse.Namespace) -> int:
+    """``packcheck claims``: read each peer wheel, judge its claims against the atlas, write the Markdown."""
+    from .claims import read_wheel, render_claims
+    from .results import atomic_write
+    from .support import load_support
+
+    peers = [read_wheel(w) for w in ns.wheels]
+    out = Path(ns.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(out, render_claims(peers, load_support(ns.support_file)))
+    print(f"claims written: {out} ({', '.join(f'{p.peer} {p.version}: {len(p.claims)} claims' for p in peers)})")
+    return 0
 
 
 def _gate_bisect(bad: list, baseline: dict, candidate: dict, output_dir: str) -> None:

@@ -1,0 +1,278 @@
+"""What other training tools claim about packing, read from their released wheels (parsed with :mod:`ast`, never
+imported: importing them needs their GPU stack), compared with the atlas at the transformers release each pins.
+
+Readers (one per peer, each names the file and line a claim comes from):
+
+- axolotl: ``axolotl/monkeypatch/multipack.py`` ``SUPPORTED_MULTIPACK_MODEL_TYPES`` (sample packing allowed) on the
+  attention implementations of ``axolotl/utils/schemas/enums.py`` ``ATTN_IMPLS_SUPPORTING_PACKING`` (the flash
+  family and flex; in-tree models run transformers' own position_ids path, per the comment in
+  ``patch_for_multipack``); model types whose folder under ``axolotl/monkeypatch/models/`` touches packing
+  (``seq_idx``, ``cu_seqlens``, packed rows) rest on axolotl's own modelling patch.
+- ms-swift: ``support_padding_free`` class attributes of its templates (``swift/template/``); a template that does
+  not set it inherits ``None``, which ``swift/pipelines/train/sft.py`` reads as "yes for every text-only model".
+- LLaMA-Factory: ``raise ValueError(... packing ...)`` under an ``if`` that tests a list of model types (its
+  refusals); neat_packing runs on its own segment-id mask and ``_get_unpad_data`` patch (``model_utils/packing.py``).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import PackcheckUsageError
+
+
+@dataclass
+class Claim:
+    """One claim: ``model_type`` (or ``"*"``: every text-only model) ``supported`` (True: the peer packs it,
+    False: it refuses) on ``backends`` (atlas columns it is judged on), from ``file``:``line``; ``own_code``:
+    the claim rests on the peer's own patch or kernel (named), so it is not judged against stock transformers."""
+
+    peer: str
+    model_type: str
+    supported: bool
+    backends: tuple[str, ...]
+    file: str
+    line: int
+    own_code: str = ""
+    note: str = ""
+
+
+@dataclass
+class PeerClaims:
+    peer: str
+    version: str
+    transformers_pin: str
+    wheel: str
+    claims: list[Claim] = field(default_factory=list)
+
+
+def _metadata(z: zipfile.ZipFile) -> tuple[str, str, str]:
+    """(name, version, transformers specifier) from the wheel's METADATA."""
+    name = next((n for n in z.namelist() if n.endswith(".dist-info/METADATA")), None)
+    if name is None:
+        raise PackcheckUsageError(f"'{z.filename}' has no .dist-info/METADATA: pass a wheel (pip download --no-deps PEER).")
+    text = z.read(name).decode("utf-8", "replace")
+    meta = dict(re.findall(r"^(Name|Version): (.+)$", text, re.MULTILINE))
+    pins = [m.strip() for m in re.findall(r"^Requires-Dist: transformers\s*([^;\n]*)$", text, re.MULTILINE)]
+    return meta.get("Name", "?"), meta.get("Version", "?"), pins[0].strip("()") if pins else ""
+
+
+def _literal_assign(tree: ast.AST, name: str) -> tuple[Any, int] | None:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            value = node.value
+            if isinstance(value, ast.Call) and value.args:  # frozenset({...})
+                value = value.args[0]
+            try:
+                return ast.literal_eval(value), node.lineno
+            except ValueError:
+                return None
+    return None
+
+
+def read_axolotl(z: zipfile.ZipFile) -> list[Claim]:
+    src = "axolotl/monkeypatch/multipack.py"
+    found = _literal_assign(ast.parse(z.read(src)), "SUPPORTED_MULTIPACK_MODEL_TYPES")
+    if not found:
+        raise PackcheckUsageError(f"{z.filename}: {src} has no SUPPORTED_MULTIPACK_MODEL_TYPES literal: the reader needs updating.")
+    types, line = found
+    attn = _literal_assign(ast.parse(z.read("axolotl/utils/schemas/enums.py")), "ATTN_IMPLS_SUPPORTING_PACKING")
+    attn_names = sorted(attn[0]) if attn else []
+    # a modelling patch counts when it touches packing (seq_idx / cu_seqlens / packed rows): the fused-norm and
+    # activation kernels of other folders do not change what a packed row attends to
+    patched = {Path(n).parts[3] for n in z.namelist() if n.startswith("axolotl/monkeypatch/models/") and len(Path(n).parts) > 4
+               and n.endswith(".py") and re.search(rb"seq_idx|cu_seqlens|cu_seq_lens|packing|packed", z.read(n))}
+    note = f"sample packing on {', '.join(attn_names)} (ATTN_IMPLS_SUPPORTING_PACKING)" if attn_names else ""
+    return [Claim("axolotl", t, True, ("packcheck_flash_ref",), src, line,
+                  own_code=f"axolotl/monkeypatch/models/{t}/" if t in patched else "", note=note) for t in types]
+
+
+def read_ms_swift(z: zipfile.ZipFile) -> list[Claim]:
+    claims = [Claim("ms-swift", "*", True, ("packcheck_flash_ref",), "swift/pipelines/train/sft.py",
+                    _line_of(z, "swift/pipelines/train/sft.py", "support_padding_free = not"),
+                    note="a template that does not set support_padding_free: every text-only model")]
+    for name in sorted(n for n in z.namelist() if n.startswith("swift/template/templates/") and n.endswith(".py")):
+        tree = ast.parse(z.read(name))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            for stmt in node.body:
+                if (isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "support_padding_free" for t in stmt.targets)
+                        and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, bool)):
+                    claims.append(Claim("ms-swift", f"template:{node.name}", stmt.value.value, ("packcheck_flash_ref",), name,
+                                        stmt.lineno, note="a template class (its model types are registered elsewhere)"))
+    return claims
+
+
+def read_llamafactory(z: zipfile.ZipFile) -> list[Claim]:
+    claims = []
+    for name in sorted(n for n in z.namelist() if n.startswith("llamafactory/") and n.endswith(".py")):
+        tree = ast.parse(z.read(name))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.If):
+                continue
+            raises = [s for s in ast.walk(node) if isinstance(s, ast.Raise) and "packing" in ast.unparse(s).lower()]
+            if not raises:
+                continue
+            lists = [n for n in ast.walk(node.test) if isinstance(n, ast.List | ast.Tuple | ast.Set)
+                     and n.elts and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in n.elts)]
+            flash = "flash_attention_2" in ast.unparse(node.test) or "flash_attention_2" in ast.unparse(_parent_if(tree, node) or node)
+            for lst in lists:
+                for e in lst.elts:
+                    claims.append(Claim("llamafactory", e.value, False, ("packcheck_flash_ref",) if flash else ("eager", "sdpa", "packcheck_flash_ref"),
+                                        name, raises[0].lineno, own_code="neat_packing: its segment-id mask and _get_unpad_data "
+                                        "patch (llamafactory/model/model_utils/packing.py)",
+                                        note=ast.literal_eval(raises[0].exc.args[0]) if isinstance(raises[0].exc, ast.Call)
+                                        and raises[0].exc.args and isinstance(raises[0].exc.args[0], ast.Constant) else ""))
+    return claims
+
+
+def _parent_if(tree: ast.AST, child: ast.AST) -> ast.If | None:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and child in node.body:
+            return node
+    return None
+
+
+def _line_of(z: zipfile.ZipFile, name: str, needle: str) -> int:
+    for i, line in enumerate(z.read(name).decode("utf-8", "replace").splitlines(), 1):
+        if needle in line:
+            return i
+    return 0
+
+
+READERS = {"axolotl": read_axolotl, "ms-swift": read_ms_swift, "ms_swift": read_ms_swift, "llamafactory": read_llamafactory}
+
+
+def read_wheel(path: str | Path) -> PeerClaims:
+    """The claims of one peer wheel.
+
+    Raises:
+        PackcheckUsageError: not a wheel, or a package without a reader (named, with the readers there are).
+    """
+    try:
+        z = zipfile.ZipFile(path)
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise PackcheckUsageError(f"Peer package '{path}' is not a readable wheel ({exc}): pip download --no-deps PEER.") from None
+    with z:
+        name, version, pin = _metadata(z)
+        reader = READERS.get(name.lower())
+        if reader is None:
+            raise PackcheckUsageError(f"Peer package '{path}' is {name}: there is no claims reader for it (readers: "
+                                      f"{', '.join(sorted(set(READERS) - {'ms_swift'}))}).")
+        return PeerClaims(name, version, pin, Path(path).name, reader(z))
+
+
+def pinned_release(pin: str, releases: list[str]) -> str | None:
+    """The newest of ``releases`` the peer's transformers requirement allows."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+    from packaging.version import Version
+
+    try:
+        spec = SpecifierSet(pin)
+    except InvalidSpecifier:
+        return None
+    ok = [r for r in releases if spec.contains(Version(r))]
+    return max(ok, key=Version) if ok else None
+
+
+def judge(claim: Claim, support: dict[str, Any], release: str | None) -> dict[str, Any]:
+    """The claim against the atlas at ``release`` (or its nearest measured release, named): ``holds`` True / False
+    / None (not judged: own code, not measured, a template), with the verdicts and numbers behind it."""
+    out: dict[str, Any] = {"claim": claim, "release": release}
+    if claim.own_code and claim.supported:
+        return {**out, "holds": None, "why": f"rests on the peer's own code: {claim.own_code}"}
+    if claim.model_type.startswith("template:") or release is None:
+        return {**out, "holds": None, "why": "a template class, not a model type" if release else "no pinned release in the atlas plan"}
+    types = sorted(support["cells"]) if claim.model_type == "*" else [claim.model_type]
+    answers = []
+    for t in types:
+        for backend in claim.backends:
+            row = support["cells"].get(t, {}).get(backend, {})
+            if not row:
+                continue
+            a = _answer_at(row, release)
+            if a:
+                answers.append((t, backend, *a))
+    if not answers:
+        return {**out, "holds": None, "why": f"{claim.model_type} is not in the atlas"}
+    judged = [a for a in answers if a[3]["verdict"] in JUDGED_VERDICTS]
+    if claim.model_type == "*":
+        bad = [(t, b, v, e) for t, b, v, e in judged if e["verdict"] != "pass"]
+        return {**out, "holds": not bad if judged else None, "answers": answers, "bad": bad,
+                "why": (f"{len(bad)} of {len(judged)} measured text models do not pass ({len(answers) - len(judged)} more have "
+                        "no verdict: the library refuses the backend or its config does not build)") if bad else "every measured model passes"}
+    t, _b, v, e = answers[0]
+    if e["verdict"] not in JUDGED_VERDICTS:
+        return {**out, "holds": None, "answers": answers, "why": f"no packing verdict: {_entry_text(e, v)}"}
+    passes = e["verdict"] == "pass"
+    return {**out, "holds": passes if claim.supported else not passes, "answers": answers, "why": _entry_text(e, v)}
+
+
+#: Verdicts a claim is judged on: a pass, or a measured failure (the requested backend ran and the numbers are out
+#: of tolerance, or another backend ran). unsupported / error / skipped carry no packing verdict.
+JUDGED_VERDICTS = ("pass", "fail", "fallback")
+
+
+def _answer_at(row: dict[str, Any], release: str) -> tuple[str, dict[str, Any]] | None:
+    from packaging.version import Version
+
+    if release in row:
+        return release, row[release]
+    measured = sorted(row, key=Version)
+    below = [v for v in measured if Version(v) <= Version(release)]
+    pick = below[-1] if below else (measured[0] if measured else None)
+    return (pick, row[pick]) if pick else None
+
+
+def _entry_text(e: dict[str, Any], measured_at: str) -> str:
+    num = f" {e['check']} {e['number']:.1e}" if e.get("number") is not None and e.get("check") else ""
+    causes = f" [{', '.join(e.get('causes', []))}]" if e.get("causes") else ""
+    return f"{e['verdict']}{causes}{num} at {measured_at}"
+
+
+def render_claims(peers: list[PeerClaims], support: dict[str, Any]) -> str:
+    """claims.md: per peer its version, pin and files; the claims that hold, those that do not (with the number),
+    the models it refuses that the atlas measures as passing, and the claims on the peer's own code."""
+    plan = [r["transformers"] for r in support["releases"]] + list(support.get("missing", []))
+    measured = [r["transformers"] for r in support["releases"]]
+    lines = ["# What other tools claim about packing, against the atlas", "",
+             ("Read from each peer's released wheel (`pip download --no-deps`, parsed with `ast`, not imported) and judged "
+             "against `support.json` at the newest transformers the peer allows; where the atlas has not measured that "
+             "release yet, the newest measured release at or below it (else the oldest above) is used and named. "
+             f"Atlas releases measured: {', '.join(measured)}."), ""]
+    for p in peers:
+        pin_release = pinned_release(p.transformers_pin, plan)
+        notes = sorted({c.note for c in p.claims if c.note and c.peer == "axolotl"})
+        lines += [f"## {p.peer} {p.version}", "", f"Wheel `{p.wheel}`; requires transformers `{p.transformers_pin or 'any'}` "
+                  f"-> judged at {pin_release or 'no atlas release'}"
+                  + (" (not measured yet: the nearest measured release is used, named on each line)" if pin_release and pin_release not in measured else "")
+                  + "." + (f" Claims: {'; '.join(notes)}; judged on the atlas's packcheck_flash_ref column." if notes else ""), ""]
+        judged = [judge(c, support, pin_release) for c in p.claims]
+        groups = {"Claims that hold": [j for j in judged if j["holds"] is True],
+                  "Claims that do not hold": [j for j in judged if j["holds"] is False],
+                  "Not judged": [j for j in judged if j["holds"] is None]}
+        for title, items in groups.items():
+            lines.append(f"**{title}** ({len(items)}):")
+            lines.append("")
+            for j in items:
+                c = j["claim"]
+                what = ("packs" if c.supported else "refuses") + f" {c.model_type}" + (f" ({c.note})" if c.note and c.peer != "axolotl" else "")
+                where = f"`{c.file}:{c.line}`"
+                detail = j["why"]
+                if j.get("bad"):
+                    detail += ": " + ", ".join(f"{t}/{b} {_entry_text(e, v)}" for t, b, v, e in j["bad"][:40])
+                    if len(j["bad"]) > 40:
+                        detail += f", ... ({len(j['bad']) - 40} more)"
+                if not c.supported and j["holds"] is False:
+                    detail = "refused, and the atlas measures it as passing on stock transformers: " + detail
+                if not c.supported and c.own_code:
+                    detail += f" (the refusal is of the peer's own path: {c.own_code})"
+                lines.append(f"- {what}, {where}: {detail}")
+            lines.append("")
+    return "\n".join(lines).rstrip("\n") + "\n"

@@ -1,0 +1,528 @@
+"""The atlas: releases from the index, one resumable run per release, the reduction to support.json, transitions
+and their bisection plan, rendering, lookup, known-fault windows against the measured atlas, and the example
+workflow's commands. Fast: planted results documents and stand-in environments, no model is built."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pytest_packcheck import atlas as A
+from pytest_packcheck.errors import PackcheckUsageError
+from pytest_packcheck.results import SCHEMA_VERSION
+from pytest_packcheck.support import load_support, lookup
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _cell(model: str, backend: str, check: str, status: str, cause: str | None = None, number: float = 0.0,
+          findings: list[str] | None = None) -> dict:
+    key = {"isolation": "max_change", "logits_parity": "max_abs_diff_solo", "cache_trap": "max_abs_diff_default"}[check]
+    return {"cell_id": f"{model}-{backend}-{check}-float32", "model": {"label": model, "model_type": model, "spec": f"arch:{model}"},
+            "backend": backend, "check": check, "dtype": "float32", "status": status, "metrics": {key: number},
+            "message": f"{check} {status} {number:.2e}", "cause": cause, "role": "hazard" if check == "cache_trap" else "correctness",
+            "findings": [{"cause": f, "evidence": "planted"} for f in findings or []],
+            "diagnosis": {"cause": cause, "findings": [], "known_faults": []}}
+
+
+def _doc(version: str, cells: list[dict]) -> dict:
+    return {"schema_version": SCHEMA_VERSION, "packcheck_version": "0.1.0", "command": "planted",
+            "environment": {"transformers": version, "torch": "2.13.0+cpu", "trl": None},
+            "settings": {"models": sorted({c["model"]["spec"] for c in cells}), "backends": list(A.ATLAS_BACKENDS), "versions": []},
+            "cells": cells}
+
+
+def _write_release(build: Path, version: str, cells: list[dict], shard: tuple[int, int] | None = None) -> None:
+    folder = A.release_dir(build, version, shard)
+    folder.mkdir(parents=True)
+    (folder / "packcheck-matrix.json").write_text(json.dumps(_doc(version, cells)))
+    (folder / A.DONE_MARKER).write_text(json.dumps({"transformers": version, "shard": list(shard or (1, 1)), "cells": len(cells),
+                                                    "wall_s": 10.0, "child_cpu_s": 9.0}))
+
+
+def _planted_atlas(build: Path) -> None:
+    """llama / sdpa leaks on 4.52.4 and passes on 5.24.0 (with a cache_trap hazard, which never decides);
+    opt / sdpa fails on both; qwen3 exists only on 5.24.0; llama / packcheck_flash_ref passes with a finding."""
+    _write_release(build, "4.52.4", [
+        _cell("llama", "sdpa", "isolation", "fail", "leak", 0.28), _cell("llama", "sdpa", "logits_parity", "fail", "leak", 0.43),
+        _cell("llama", "packcheck_flash_ref", "isolation", "pass"), _cell("opt", "sdpa", "isolation", "fail", "leak", 0.1)])
+    _write_release(build, "5.24.0", [
+        _cell("llama", "sdpa", "isolation", "pass"), _cell("llama", "sdpa", "logits_parity", "pass", number=1e-7),
+        _cell("llama", "sdpa", "cache_trap", "fail", "cache_trap", 0.43),
+        _cell("llama", "packcheck_flash_ref", "isolation", "pass", findings=["batch_rows"]),
+        _cell("opt", "sdpa", "isolation", "fail", "wrong_positions", 0.2), _cell("qwen3", "sdpa", "isolation", "pass"),
+        {**_cell("qwen3", "eager", "isolation", "error", "shrink_limit"), "metrics": {}}])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# releases
+
+
+def test_latest_patch_of_each_minor_from_the_index_page():
+    from pytest_packcheck.bisect import parse_simple_index
+
+    names = ["4.43.4", "4.44.0", "4.44.2", "4.44.1", "4.57.0", "4.57.1", "5.0.0rc1", "5.0.0", "5.1.0"]
+    page = {"files": [{"filename": f"transformers-{v}-py3-none-any.whl", "yanked": v == "4.57.1"} for v in names]}
+    releases, yanked = parse_simple_index(page)
+    assert yanked == ["4.57.1"]
+    assert A.latest_patches(releases) == ["4.44.2", "4.57.0", "5.0.0", "5.1.0"]
+    assert A.latest_patches(releases, since="4.57", until="5.0") == ["4.57.0", "5.0.0"]
+    with pytest.raises(PackcheckUsageError, match="--since / --until"):
+        A.latest_patches(releases, since="four")
+
+
+def test_release_list_is_exact_releases_with_one_line_errors():
+    assert A.parse_release_list("5.24.0, 4.44.2,4.44.2", "--releases") == ["4.44.2", "5.24.0"]
+    with pytest.raises(PackcheckUsageError, match=r"Release '4.44' \(from --releases\) names a minor.*4\.44\.0"):
+        A.parse_release_list("4.44", "--releases")
+    with pytest.raises(PackcheckUsageError, match="Release 'latest' .* is not a version"):
+        A.parse_release_list("latest", "--releases")
+    with pytest.raises(PackcheckUsageError, match="Bad shard '3/2'"):
+        A.parse_shard("3/2", "--shard")
+
+
+def test_atlas_checks_are_the_deciding_checks_and_hazards_from_the_registry():
+    from pytest_packcheck.registry import SPECS
+
+    checks = A.atlas_checks()
+    assert {"isolation", "logits_parity", "cache_trap", "mask_trap"} <= set(checks)
+    assert all(SPECS[c].role in ("correctness", "hazard") and not SPECS[c].training for c in checks)
+    assert "collate" not in checks and "trainer" not in checks
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# one release, resumable
+
+
+@pytest.fixture
+def stand_in_env(monkeypatch, tmp_path):
+    from pytest_packcheck import envs
+
+    def ensure_env(combo, log=None):
+        return envs.VersionEnv(combo, tmp_path / "env", Path(sys.executable), {"transformers": combo.requirements[0].split("==")[1]},
+                               False, 0.0)
+
+    monkeypatch.setattr(envs, "ensure_env", ensure_env)
+
+
+def test_a_killed_release_resumes_from_its_journal_and_a_done_release_is_not_run_again(tmp_path, stand_in_env):
+    calls = []
+
+    def killed(args, **kw):
+        calls.append(args)
+        report = Path(next(a.split("=", 1)[1] for a in args if a.startswith("--packcheck-report-dir=")))
+        (report / "packcheck-journal.jsonl").write_text("{}\n")  # half-way: journal, no results
+        return subprocess.CompletedProcess(args, -9)
+
+    record = A.run_release("5.24.0", tmp_path, runner=killed, log=lambda s: None)
+    assert "error" in record and "exit -9" in record["error"] and not A.is_done(A.release_dir(tmp_path, "5.24.0"))
+
+    def finishes(args, **kw):
+        calls.append(args)
+        assert "--packcheck-resume" in args and "--packcheck-all-architectures" in args
+        assert kw["env"]["PACKCHECK_ENV_LABEL"] == "transformers==5.24.0" and "PYTHONPATH" not in kw["env"]
+        report = Path(next(a.split("=", 1)[1] for a in args if a.startswith("--packcheck-report-dir=")))
+        assert (report / "packcheck-journal.jsonl").exists()  # the same folder: the journal is found
+        (report / "packcheck-matrix.json").write_text(json.dumps(_doc("5.24.0", [_cell("llama", "sdpa", "isolation", "pass")])))
+        return subprocess.CompletedProcess(args, 0)
+
+    record = A.run_release("5.24.0", tmp_path, runner=finishes, log=lambda s: None)
+    assert record["cells"] == 1 and A.is_done(A.release_dir(tmp_path, "5.24.0"))
+
+    def must_not_run(args, **kw):
+        raise AssertionError("a done release ran again")
+
+    assert A.run_release("5.24.0", tmp_path, runner=must_not_run, log=lambda s: None)["cells"] == 1
+    assert len(calls) == 2
+
+
+def test_release_flags_shard_and_models():
+    flags = A.release_flags("/r", (2, 3), ["arch:llama"])
+    assert "--packcheck-shard=2/3" in flags and "--packcheck-models=arch:llama" in flags
+    assert "--packcheck-all-architectures" not in flags
+    assert f"--packcheck-attn={','.join(A.ATLAS_BACKENDS)}" in A.release_flags("/r")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# reduction, transitions, rendering
+
+
+def test_reduction_verdicts_transitions_and_never_pass(tmp_path):
+    _planted_atlas(tmp_path / "build")
+    support = A.collect(tmp_path / "build", planned=["4.44.2", "4.52.4", "5.24.0"])
+    assert support["missing"] == ["4.44.2"] and [r["transformers"] for r in support["releases"]] == ["4.52.4", "5.24.0"]
+    llama = support["cells"]["llama"]["sdpa"]
+    assert llama["4.52.4"]["verdict"] == "fail" and llama["4.52.4"]["causes"] == ["leak"] and llama["4.52.4"]["number"] == 0.28
+    # a hazard never decides: the cache trap is recorded beside a pass
+    assert llama["5.24.0"]["verdict"] == "pass" and llama["5.24.0"]["hazards"] == {"cache_trap": "cache_trap"}
+    assert support["cells"]["llama"]["packcheck_flash_ref"]["5.24.0"]["findings"] == ["batch_rows"]
+    keys = {(t["model_type"], t["backend"]): t for t in support["transitions"]}
+    assert set(keys) == {("llama", "sdpa"), ("opt", "sdpa")}  # qwen3 appears: not a transition
+    assert keys[("llama", "sdpa")]["before"]["verdict"] == "fail" and keys[("llama", "sdpa")]["after"]["verdict"] == "pass"
+    md = A.render_markdown(support)
+    assert "- **llama** / sdpa: ❌ leak 4.52.4; ✅ 5.24.0" in md
+    assert "| llama | sdpa | 4.52.4 | 5.24.0 | ❌ leak (isolation 2.8e-01) | ✅ (isolation 0.0e+00) | not yet |" in md
+    assert "- **opt** / sdpa (5.24.0): ❌ wrong positions" in md
+    assert "Not measured yet: 4.44.2" in md
+    assert "- 5.24.0 shrink limit: 1 (architecture, backend) of 1 architectures: qwen3" in md.split("## Where packcheck itself stopped")[1]
+    page = A.render_html(support)
+    assert "<script" in page and "http://" not in page and "https://" not in page and "src=" not in page
+    # the click text is built from the row, the column and one JSON block: the same command as reproduce_command
+    data = json.loads(page.split('<script id="data" type="application/json">')[1].split("</script>")[0])
+    assert data["releases"] == ["4.52.4", "5.24.0"] and data["checks"] == list(A.atlas_checks())
+    assert "packcheck audit --models arch:'+a+' --versions transformers=='+v+' --packcheck-attn='+b" in page
+    assert A.reproduce_command("4.52.4", "llama", "sdpa").startswith(
+        "packcheck audit --models arch:llama --versions transformers==4.52.4 --packcheck-attn=sdpa --packcheck-checks=")
+    llama_row = page.split('<tr data-a="llama" data-b=sdpa>')[1].split("</tr>")[0]
+    first = data["entries"][int(llama_row.split("data-i=")[1].split(">")[0])]
+    assert first[:4] == ["fail", ["leak"], "isolation", 0.28] and "class=f" in llama_row and "class=p" in llama_row
+
+
+def test_a_release_counts_only_when_every_shard_is_done(tmp_path):
+    build = tmp_path / "build"
+    _write_release(build, "5.24.0", [_cell("llama", "sdpa", "isolation", "pass")], shard=(1, 2))
+    assert A.collect(build, planned=["5.24.0"])["missing"] == ["5.24.0"]
+    _write_release(build, "5.24.0", [_cell("opt", "sdpa", "isolation", "fail", "leak", 0.1)], shard=(2, 2))
+    support = A.collect(build, planned=["5.24.0"])
+    assert support["missing"] == [] and set(support["cells"]) == {"llama", "opt"} and support["releases"][0]["cells"] == 2
+
+
+def test_bisect_plan_directions_and_records_attach_to_transitions(tmp_path):
+    _planted_atlas(tmp_path / "build")
+    support = A.collect(tmp_path / "build")
+    by = {(t["model_type"], t["backend"]): t for t in support["transitions"]}
+    fixed = A.bisect_plan(by[("llama", "sdpa")])  # fail -> pass: good is the newer side, the cell of the failing check
+    assert fixed == {"cell": "llama-sdpa-isolation-float32", "good": "transformers==5.24.0", "bad": "transformers==4.52.4",
+                     "cause": None, "supported": False}
+    changed = A.bisect_plan(by[("opt", "sdpa")])  # leak -> wrong_positions: bisect the cause that came
+    assert changed["cause"] == "wrong_positions" and changed["good"] == "transformers==4.52.4"
+    broke = A.bisect_plan({**by[("llama", "sdpa")], "before": by[("llama", "sdpa")]["after"], "after": by[("llama", "sdpa")]["before"]})
+    assert broke["good"] == "transformers==4.52.4" and broke["bad"] == "transformers==5.24.0"
+    seen = []
+
+    def fake_bisect(cell, good, bad, *, cause=None, supported=False, output_dir=None):
+        seen.append((cell, good, bad, cause))
+        return {"outcome": "found", "first": "4.53.1", "last": "4.53.0", "path": f"{output_dir}/x.json",
+                "message": "first fixed: 4.53.1 (last bad: 4.53.0); 3 probes", "probes": 3, "seconds": 9.0}
+
+    records = A.bisect_transitions(support, tmp_path / "bisect", limit=1, bisect=fake_bisect, log=lambda s: None)
+    assert seen[0] == ("llama-sdpa-isolation-float32", "transformers==5.24.0", "transformers==4.52.4", None)
+    support = A.collect(tmp_path / "build", bisects=records)
+    t = next(t for t in support["transitions"] if t["model_type"] == "llama")
+    assert t["bisected"]["first"] == "4.53.1" and t["bisected"]["summary"].startswith("first fixed: 4.53.1 (last bad")
+    assert "found: first 4.53.1, last 4.53.0" in A.render_markdown(support)
+    # resumed: what is in bisects.json is not bisected again; --bisect-models narrows
+    seen.clear()
+    again = A.bisect_transitions(support, tmp_path / "bisect", bisect=fake_bisect, log=lambda s: None, done=records)
+    assert [c for c, *_ in seen] == ["opt-sdpa-isolation-float32"] and set(records) < set(again)
+    seen.clear()
+    A.bisect_transitions(support, tmp_path / "bisect", bisect=fake_bisect, log=lambda s: None, models=["llama"])
+    assert [c for c, *_ in seen] == ["llama-sdpa-isolation-float32"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# lookup
+
+
+@pytest.fixture
+def support_file(tmp_path):
+    _planted_atlas(tmp_path / "build")
+    A.write_outputs(A.collect(tmp_path / "build"), tmp_path / "out")
+    return tmp_path / "out" / "support.json"
+
+
+def test_lookup_measured_unknown_architecture_and_a_release_between_two_measured(support_file):
+    hit = lookup("llama", "sdpa", "4.52.4", path=support_file)
+    assert hit.measured and hit.verdict == "fail" and hit.causes == ["leak"] and hit.number == 0.28 and hit.measured_at == "4.52.4"
+    assert "transformers==4.52.4" in hit.reproduce and "leak" in str(hit)
+    unknown = lookup("llamma", "sdpa", "5.24.0", path=support_file)
+    assert not unknown.measured and "Did you mean 'llama'" in " ".join(unknown.notes)
+    between = lookup("llama", "sdpa", "4.56.2", path=support_file)
+    assert not between.measured and [(n["transformers"], n["verdict"], n["side"]) for n in between.nearest] == [
+        ("4.52.4", "fail", "below"), ("5.24.0", "pass", "above")]
+    assert "changes between 4.52.4 and 5.24.0" in " ".join(between.notes) and "not measured" in str(between)
+    above = lookup("opt", "sdpa", "5.30.0", path=support_file)
+    assert [n["transformers"] for n in above.nearest] == ["5.24.0"]
+    flash = lookup("llama", "flash_attention_2", "5.24.0", "0.24.0", path=support_file)
+    assert flash.measured and flash.backend == "packcheck_flash_ref" and any("no TRL axis" in n for n in flash.notes)
+
+
+def test_lookup_bad_inputs_are_one_line_errors(support_file, tmp_path):
+    with pytest.raises(PackcheckUsageError, match="transformers version 'new' is not a version"):
+        lookup("llama", "sdpa", "new", path=support_file)
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"schema": "packcheck-atlas-support", "schema_version": 99}))
+    with pytest.raises(PackcheckUsageError, match="version 99; this packcheck reads"):
+        lookup("llama", "sdpa", "5.24.0", path=other)
+    with pytest.raises(PackcheckUsageError, match="does not exist"):
+        lookup("llama", "sdpa", "5.24.0", path=tmp_path / "missing.json")
+
+
+def test_lookup_on_the_committed_atlas_is_offline_light_and_fast():
+    code = textwrap.dedent("""
+        import sys, time
+        t = time.perf_counter()
+        from pytest_packcheck.support import lookup
+        a = lookup("llama", "sdpa", "5.24.0")
+        print(time.perf_counter() - t, a.measured, a.verdict, "torch" in sys.modules, "transformers" in sys.modules)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    seconds, measured, verdict, torch_loaded, tf_loaded = proc.stdout.split()
+    assert float(seconds) < 1.0 and measured == "True" and verdict == "pass"
+    assert torch_loaded == tf_loaded == "False"
+
+
+def test_cli_lookup_exit_codes(support_file):
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "lookup", *args, "--support-file", str(support_file)],
+                              capture_output=True, text=True, check=False, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+    ok = run("llama", "sdpa", "5.24.0")
+    assert ok.returncode == 0 and ok.stdout.startswith("llama / sdpa @ transformers 5.24.0: pass")
+    assert run("llama", "sdpa", "4.56.2").returncode == 1
+    bad = run("llama", "sdpa", "x.y")
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "'x.y'" in bad.stderr
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# known faults against the atlas
+
+
+def test_every_known_fault_window_agrees_with_the_committed_atlas():
+    """Each window of audit/known_faults.toml against what the atlas measured: inside the window a matching cell
+    shows the cause, outside none of the fault's architectures does. A disagreement fails: correct the entry with
+    the atlas as its evidence."""
+    from pytest_packcheck.diagnose import load_known_faults
+
+    results = A.known_fault_agreement(load_support(), load_known_faults())
+    bad = [r for r in results if r["status"] == "disagrees"]
+    assert not bad, bad
+    checked = {r["id"] for r in results if r["status"] == "agrees"}
+    assert {"cache-disables-packed-mask", "attention-mask-overrides-packing", "stateful-layers-mix-examples"} <= checked
+
+
+def test_a_wrong_known_fault_window_disagrees_with_the_atlas(support_file):
+    from pytest_packcheck.diagnose import KnownFault
+
+    def fault(versions, archs=("*",)):
+        return KnownFault("planted", "", "", "transformers", versions, archs, ("sdpa",), ("isolation",), "leak", "", "", "")
+
+    support = load_support(support_file)
+    # the leak is on 4.52.4 only: a window that ends before it, or one that claims 5.24.0, disagrees
+    assert {r["release"]: r["status"] for r in A.known_fault_agreement(support, [fault("<4.53.1")])} == {
+        "4.52.4": "agrees", "5.24.0": "agrees"}
+    assert [r["release"] for r in A.known_fault_agreement(support, [fault(">=5.0")]) if r["status"] == "disagrees"] == ["4.52.4", "5.24.0"]
+    # a named architecture that shows the cause outside the window
+    wrong = A.known_fault_agreement(support, [fault(">=5.0", ("opt",))])
+    assert [(r["release"], r["status"]) for r in wrong] == [("4.52.4", "disagrees"), ("5.24.0", "disagrees")]
+    trl = KnownFault("t", "", "", "trl", "<0.21", ("*",), ("*",), ("sft",), "mask_override", "", "", "")
+    assert A.known_fault_agreement(support, [trl])[0]["status"] == "not_checkable"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the example workflow
+
+FAKE_CHILD = '''#!{python}
+"""Stand-in for a release environment's python: writes the results the atlas run would (llama leaks on sdpa
+below 4.53.1, passes from it; opt is in shard 2 of 2)."""
+import json, os, sys
+from pathlib import Path
+sys.path[:0] = [{tests!r}, {repo!r}]  # this checkout's packcheck (the real child links it through its overlay)
+from test_atlas import _cell, _doc
+from packaging.version import Version
+args = sys.argv[1:]
+report = Path(next(a.split("=", 1)[1] for a in args if a.startswith("--packcheck-report-dir=")))
+shard = next((a.split("=", 1)[1] for a in args if a.startswith("--packcheck-shard=")), "1/1")
+version = os.environ["PACKCHECK_ENV_LABEL"].split("==")[1]
+leak = Version(version) < Version("4.53.1")
+cells = []
+if shard in ("1/1", "1/2"):
+    cells += [_cell("llama", "sdpa", "isolation", "fail" if leak else "pass", "leak" if leak else None, 0.28 if leak else 0.0)]
+if shard in ("1/1", "2/2"):
+    cells += [_cell("opt", "sdpa", "isolation", "fail", "leak", 0.1)]
+report.mkdir(parents=True, exist_ok=True)
+(report / "packcheck-matrix.json").write_text(json.dumps(_doc(version, cells)))
+'''
+
+SITE = '''
+import os
+from pathlib import Path
+if os.environ.get("PACKCHECK_FAKE_ATLAS_ENV"):
+    from pytest_packcheck import envs
+    def ensure_env(combo, log=None):
+        v = combo.requirements[0].split("==")[1]
+        return envs.VersionEnv(combo, Path("/nonexistent/env-" + v), Path(os.environ["PACKCHECK_FAKE_ATLAS_ENV"]),
+                               {"transformers": v}, False, 0.0)
+    envs.ensure_env = ensure_env
+'''
+
+
+def _workflow_commands() -> dict[str, list[str]]:
+    import yaml
+
+    workflow = yaml.safe_load((REPO / "examples" / "packcheck-atlas.yml").read_text())
+    def packcheck_step(run: str) -> bool:  # the packcheck commands only: never the pip installs
+        return run.lstrip().startswith("packcheck ") or "$(packcheck " in run
+
+    return {name: [s["run"] for s in job["steps"] if "run" in s and packcheck_step(s["run"])]
+            for name, job in workflow["jobs"].items()}, workflow
+
+
+def test_example_atlas_workflow_plans_measures_shards_and_merges(tmp_path):
+    """The packcheck commands of examples/packcheck-atlas.yml, as written, with the matrix expanded: the plan job
+    reads the releases from a local index, each (release, shard) job measures through a stand-in environment, and
+    the merge job renders reports/atlas/ with the transition and no missing release."""
+    import http.server
+    import threading
+
+    commands, workflow = _workflow_commands()
+    assert set(commands) == {"plan", "release", "merge"} and all(commands.values())
+    index = tmp_path / "index" / "transformers"
+    index.mkdir(parents=True)
+    index.joinpath("index.html").write_text(json.dumps({"files": [
+        {"filename": f"transformers-{v}-py3-none-any.whl"} for v in ("4.52.3", "4.52.4", "4.53.3", "5.24.0")]}))
+    handler = lambda *a, **kw: http.server.SimpleHTTPRequestHandler(*a, directory=str(tmp_path / "index"), **kw)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    child = tmp_path / "child.py"
+    child.write_text(FAKE_CHILD.format(python=sys.executable, tests=str(Path(__file__).parent), repo=str(REPO)))
+    child.chmod(0o755)
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(SITE)
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'site'}:{REPO}", "PACKCHECK_FAKE_ATLAS_ENV": str(child),
+           "PACKCHECK_INDEX_URL": f"http://127.0.0.1:{server.server_address[1]}", "GITHUB_OUTPUT": str(tmp_path / "gh-output"),
+           "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
+    (tmp_path / "bin").mkdir()
+    shim = tmp_path / "bin" / "packcheck"
+    shim.write_text(f"#!/bin/sh\nexec {sys.executable} -m pytest_packcheck.cli \"$@\"\n")
+    shim.chmod(0o755)
+    for tool in ("pip", "pip3", "uv"):  # nothing here may install anything
+        guard = tmp_path / "bin" / tool
+        guard.write_text("#!/bin/sh\necho 'the workflow test must not install' >&2\nexit 97\n")
+        guard.chmod(0o755)
+
+    def run(command):
+        assert "pip " not in command, command
+        proc = subprocess.run(["bash", "-c", command], cwd=work, env=env, capture_output=True, text=True, check=False, timeout=300)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stdout[-2000:] + proc.stderr[-2000:]
+        return proc
+
+    try:
+        run(commands["plan"][0])
+        releases = json.loads((tmp_path / "gh-output").read_text().strip().partition("=")[2])
+        assert releases == ["4.52.4", "4.53.3", "5.24.0"]
+        shards = workflow["jobs"]["release"]["strategy"]["matrix"]["shard"]
+        for release in releases:
+            for shard in shards:
+                run(commands["release"][0].replace("${{ matrix.release }}", release).replace("${{ matrix.shard }}", shard))
+        assert not (work / "reports" / "atlas").exists()  # the release jobs only measure
+        run(commands["merge"][0])
+    finally:
+        server.shutdown()
+    support = json.loads((work / "reports" / "atlas" / "support.json").read_text())
+    assert support["missing"] == [] and [r["transformers"] for r in support["releases"]] == releases
+    assert [(t["model_type"], t["last_before"], t["first_after"]) for t in support["transitions"]] == [("llama", "4.52.4", "4.53.3")]
+    assert (work / "reports" / "atlas" / "atlas.html").exists() and (work / "reports" / "atlas" / "atlas.md").exists()
+
+
+def test_cli_atlas_usage_errors_exit_2_with_one_line():
+    for args, needle in ((["--list-releases"], "packcheck atlas needs the package index"),(["--releases", "4.44"], "names a minor"), (["--releases", "5.24.0", "--shard", "0/2"], "Bad shard '0/2'"),
+                         (["--releases", "5.24.0", "--render-only", "--no-render"], "exclude each other")):
+        proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "atlas", *args], capture_output=True, text=True,
+                              check=False, env={**os.environ, "PYTHONPATH": str(REPO), "PACKCHECK_INDEX_URL": "http://127.0.0.1:9"})
+        assert proc.returncode == 2 and needle in proc.stderr and proc.stderr.strip().count("\n") == 0, proc.stderr
+
+
+def test_committed_atlas_is_compact_and_names_what_is_missing():
+    out = REPO / "reports" / "atlas"
+    total = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    assert total < 10 * 1024 * 1024, total
+    support = load_support(out / "support.json")
+    md = (out / "atlas.md").read_text()
+    assert support["releases"] and ("Not measured yet: none." in md) == (not support["missing"])
+    for version in support["missing"]:
+        assert version in md
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# peers' claims, read from their wheels
+
+
+def _wheel(path: Path, name: str, pin: str, files: dict[str, str]) -> Path:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(f"{name}-1.0.dist-info/METADATA", f"Name: {name}\nVersion: 1.0\nRequires-Dist: transformers{pin}\n")
+        for n, text in files.items():
+            z.writestr(n, textwrap.dedent(text))
+    return path
+
+
+def test_claims_are_read_from_the_wheels_and_judged_against_the_atlas(tmp_path, support_file):
+    from pytest_packcheck.claims import read_wheel, render_claims
+
+    axolotl = read_wheel(_wheel(tmp_path / "axolotl.whl", "axolotl", "==5.24.0", {
+        "axolotl/monkeypatch/multipack.py": 'SUPPORTED_MULTIPACK_MODEL_TYPES = ["llama", "opt", "nemotron_h", "qwen3"]\n',
+        "axolotl/utils/schemas/enums.py": 'ATTN_IMPLS_SUPPORTING_PACKING = frozenset({"flash_attention_2", "flex_attention"})\n',
+        "axolotl/monkeypatch/models/nemotron_h/modeling.py": "def f(seq_idx): pass\n",
+        "axolotl/monkeypatch/models/qwen3/fused_attn.py": "def fused_norm(): pass\n"}))
+    assert axolotl.transformers_pin == "==5.24.0" and [c.model_type for c in axolotl.claims] == ["llama", "opt", "nemotron_h", "qwen3"]
+    assert [bool(c.own_code) for c in axolotl.claims] == [False, False, True, False]  # only a patch that touches packing
+    factory = read_wheel(_wheel(tmp_path / "llamafactory.whl", "llamafactory", "<=5.30", {
+        "llamafactory/data/collator.py": '''
+            class C:
+                def __post_init__(self):
+                    if self.neat_packing and self.attn_implementation == "flash_attention_2":
+                        if self.model_type in ["llama", "gpt_oss"]:
+                            raise ValueError("Neat packing is not supported for llama, gpt_oss models for now.")
+            '''}))
+    assert [(c.model_type, c.supported, c.line) for c in factory.claims] == [("llama", False, 6), ("gpt_oss", False, 6)]
+    md = render_claims([axolotl, factory], load_support(support_file))
+    # the planted atlas: llama passes on packcheck_flash_ref, opt is not measured there, qwen3 only on sdpa
+    assert "- packs llama, `axolotl/monkeypatch/multipack.py:1`: pass isolation 0.0e+00 at 5.24.0" in md
+    assert "packs nemotron_h, `axolotl/monkeypatch/multipack.py:1`: rests on the peer's own code" in md
+    assert "refuses llama (Neat packing is not supported for llama, gpt_oss models for now.), `llamafactory/data/collator.py:6`: " \
+           "refused, and the atlas measures it as passing on stock transformers: pass" in md
+    assert "judged at 5.24.0" in md and "axolotl 1.0" in md
+
+
+def test_a_claim_on_a_leaking_model_does_not_hold(tmp_path):
+    from pytest_packcheck.claims import read_wheel, render_claims
+
+    build = tmp_path / "build"
+    _write_release(build, "5.24.0", [_cell("gpt_oss", "packcheck_flash_ref", "isolation", "fail", "leak", 0.31)])
+    support = A.collect(build)
+    peer = read_wheel(_wheel(tmp_path / "axolotl.whl", "axolotl", "==5.24.0", {
+        "axolotl/monkeypatch/multipack.py": 'SUPPORTED_MULTIPACK_MODEL_TYPES = ["gpt_oss"]\n',
+        "axolotl/utils/schemas/enums.py": 'ATTN_IMPLS_SUPPORTING_PACKING = frozenset({"flash_attention_2"})\n'}))
+    md = render_claims([peer], support)
+    assert "**Claims that do not hold** (1):" in md and "packs gpt_oss, `axolotl/monkeypatch/multipack.py:1`: fail [leak] isolation 3.1e-01" in md
+    with pytest.raises(PackcheckUsageError, match="no claims reader"):
+        read_wheel(_wheel(tmp_path / "other.whl", "unknownpeer", "", {}))
+
+
+def test_readme_packed_mask_finding_agrees_with_the_committed_atlas():
+    """The README's version finding "eager / sdpa ... no packed mask before 4.53.1 (bisected: 4.53.0 is the last
+    without)" against the atlas: llama on sdpa leaks on every measured release below 4.53.1 (4.52.4 at least) and
+    passes on every one from it (4.57.6 and 5.24.0 at least)."""
+    from packaging.version import Version
+
+    readme = (REPO / "README.md").read_text()
+    assert "no packed mask before 4.53.1" in readme
+    row = load_support()["cells"]["llama"]["sdpa"]
+    after = {v: e for v, e in row.items() if Version(v) >= Version("4.53.1")}
+    before = {v: e for v, e in row.items() if Version(v) < Version("4.53.1")}
+    assert {"4.57.6", "5.24.0"} <= set(after) and "4.52.4" in before
+    assert all(e["verdict"] == "pass" for e in after.values()), after
+    # on 4.44 loss_parity crashes (the forward takes no num_items_in_batch, as the README says): an error verdict
+    # that still names the leak the other checks measured
+    assert all(e["verdict"] in ("fail", "error") and "leak" in e["causes"] for e in before.values()), before
