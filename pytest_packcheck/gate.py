@@ -66,9 +66,11 @@ _STATUS_CAUSES = frozenset({"crash", "hang", "out_of_memory", "backend_swap"})
 
 def cell_causes(cell: dict[str, Any]) -> set[str]:
     """Every cause code a cell holds: its check's ``cause``, its diagnosis's cause, a ``causes`` list (several
-    causes of one cell) and the causes of its findings; status-only codes (crash, hang) left out."""
+    causes of one cell: `CheckResult.causes` records `{"cause": str, "evidence": dict}`, primary first) and the causes
+    of its findings; status-only codes (crash, hang) left out."""
     d = cell.get("diagnosis") or {}
-    codes = {cell.get("cause"), d.get("cause"), *(cell.get("causes") or []), *(d.get("causes") or []),
+    listed = [*(cell.get("causes") or []), *(d.get("causes") or [])]  # ``{"cause", "evidence"}`` records, or codes
+    codes = {cell.get("cause"), d.get("cause"), *((c.get("cause") if isinstance(c, dict) else c) for c in listed),
              *((f or {}).get("cause") for f in d.get("findings") or []), *((f or {}).get("cause") for f in cell.get("findings") or [])}
     return {c for c in codes if isinstance(c, str) and c} - _STATUS_CAUSES
 

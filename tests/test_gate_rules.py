@@ -70,8 +70,14 @@ def test_a_red_cell_that_gains_a_cause_is_a_regression_and_one_that_loses_one_is
     assert [(c.worse, c.detail) for c in lost] == [(False, "lost cause loss_normalisation")] and regressions(lost) == []
     # several causes in a ``causes`` list (a cell failing for several reasons) count as well
     listed = copy.deepcopy(one)
-    listed["cells"][0]["causes"] = ["leak", "wrong_positions"]
+    # the results' shape (CheckResult.causes: {"cause", "evidence"} records, primary first) and the diagnosis's
+    listed["cells"][0]["causes"] = [{"cause": "leak", "evidence": {"moved": 3.1e-2}},
+                                    {"cause": "wrong_positions", "evidence": {"max_abs_diff": 5.45e-1}}]
     assert [c.detail for c in regressions(compare(one, listed))] == ["gained cause wrong_positions"]
+    diagnosed = copy.deepcopy(one)
+    diagnosed["cells"][0]["diagnosis"]["causes"] = [{"cause": "leak", "remedy": "x"}, {"cause": "boundary_labels", "remedy": "y"}]
+    assert [c.detail for c in regressions(compare(one, diagnosed))] == ["gained cause boundary_labels"]
+    assert cell_causes({**one["cells"][0], "causes": ["leak", "wrong_positions"]}) == {"leak", "wrong_positions"}
     assert compare(one, copy.deepcopy(one)) == []  # the same causes: no change
     # a status-only code (a crash is its status) is no new cause
     assert cell_causes(_cell(status="error", cause="crash")) == set()
