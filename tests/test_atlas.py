@@ -264,18 +264,18 @@ def test_lookup_bad_inputs_are_one_line_errors(support_file, tmp_path):
         lookup("llama", "sdpa", "5.24.0", path=tmp_path / "missing.json")
 
 
-def test_lookup_on_the_committed_atlas_is_offline_light_and_fast():
+def test_lookup_on_the_committed_atlas_is_offline_and_light():
+    """No torch / transformers import and the committed answer; its speed is measured by a script, not asserted."""
     code = textwrap.dedent("""
-        import sys, time
-        t = time.perf_counter()
+        import sys
         from pytest_packcheck.support import lookup
         a = lookup("llama", "sdpa", "5.24.0")
-        print(time.perf_counter() - t, a.measured, a.verdict, "torch" in sys.modules, "transformers" in sys.modules)
+        print(a.measured, a.verdict, "torch" in sys.modules, "transformers" in sys.modules)
     """)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
-    seconds, measured, verdict, torch_loaded, tf_loaded = proc.stdout.split()
-    assert float(seconds) < 1.0 and measured == "True" and verdict == "pass"
+    measured, verdict, torch_loaded, tf_loaded = proc.stdout.split()
+    assert measured == "True" and verdict == "pass"
     assert torch_loaded == tf_loaded == "False"
 
 
