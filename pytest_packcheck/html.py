@@ -145,6 +145,15 @@ def html_data(doc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _inline_md(text: str) -> str:
+    """A Markdown sentence of the report (``**bold**``, `` `code` ``, ``\\_`` escapes) as escaped HTML."""
+    import re
+
+    out = html.escape(text.replace("\\_", "_"))
+    out = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", out)
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
+
+
 def _summary_html(doc: dict[str, Any], data: dict[str, Any]) -> str:
     """The page's static head: the legend (every mark with its words), the do-not-pack list (model, backends,
     cause, remedy), the stack hazards and findings that showed, the gate result when the document holds one, and
@@ -152,13 +161,29 @@ def _summary_html(doc: dict[str, Any], data: dict[str, Any]) -> str:
     from collections import defaultdict
 
     from .backends import backend_labels
-    from .report import LEGEND, ROLE_LEGEND, ROLE_MARKS, _cause_label, _cut, _hazard_rows, _key_number, _role, headline, layout
+    from .report import (
+        LEGEND,
+        ROLE_LEGEND,
+        ROLE_MARKS,
+        _cause_label,
+        _cut,
+        _hazard_rows,
+        _key_number,
+        _models_are,
+        _role,
+        _trainer_note,
+        headline,
+        layout,
+    )
     from .results import STATUSES, SYMBOLS
 
     e = html.escape
     labels = backend_labels(doc.get("environment", {}))
     lay = layout(doc)
-    out = ['<h2>Legend</h2><p class="legend">']
+    # what was measured, first and in the Markdown's words: what the models are, and the trainers when none ran
+    scope = [_models_are(lay.models, doc.get("settings") or {}), *(t for t in _trainer_note(doc.get("cells") or []) if t)]
+    out = [f'<p class="scope">{_inline_md(t)}</p>' for t in scope]
+    out.append('<h2>Legend</h2><p class="legend">')
     out += [f'<span class="{s}">{SYMBOLS[s]} {e("not checked" if s == "skipped" else s)}</span> {e(LEGEND[s].split(": ", 1)[-1])}<br>'
             for s in reversed(STATUSES)]
     out += [f'<span class="{r}">{sym} {e(label)}</span> {e(ROLE_LEGEND[r])}<br>' for r, (sym, label) in ROLE_MARKS.items()]

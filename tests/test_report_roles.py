@@ -166,3 +166,17 @@ def test_html_of_a_version_audit_charts_the_verdict_per_release_and_shows_the_ga
 
     assert ("**Gate: ✅ 0 regression(s), 1 changed cell(s)**, transformers==5.24.0 (candidate) against "
             "transformers==4.57.1 (baseline).") in render_markdown(doc)
+
+
+def test_html_says_what_the_models_are_and_that_no_trainer_ran(doc):
+    """A fresh user read a ✅ on the HTML page as covering training: the page must say, as the Markdown does, that
+    the models are shrunk default configs and that no trainer check ran (and the command that runs one); once a
+    trainer cell is in the document, the note goes."""
+    from pytest_packcheck.html import render_html
+
+    page = render_html(doc)
+    assert "<b>Not run here: transformers&#x27; Trainer and TRL&#x27;s SFTTrainer themselves</b>" in page
+    assert "<code>packcheck audit --audit training</code>" in page and "**" not in page.split("<h2>Legend")[0]
+    assert page.index("Not run here") < page.index('<h2 id="do-not-pack">')
+    with_trainer = _doc(doc["cells"] + [_cell("qwen3", "sdpa", "trainer", "pass")])
+    assert "Not run here" not in render_html(with_trainer)
