@@ -144,3 +144,29 @@ def make_bench(model_type: str, backend: str, tolerances: dict, **kwargs):
 def llama_sdpa(tolerances):
     """The correct stack: tiny llama on sdpa (checks call it with use_cache=False)."""
     return make_bench("llama", "sdpa", tolerances)
+
+
+def planted_cell(model: str, backend: str | None, check: str, status: str, cause: str | None = None,
+                 message: str | None = None, **metrics) -> dict:
+    """One planted result cell as the results file holds it (``CellResult`` round-tripped through JSON), for the
+    rendering tests: no model is built. ``backend`` None is a model-level check (collate)."""
+    import json
+
+    from pytest_packcheck.results import CellResult
+
+    c = CellResult(cell_id="-".join(x for x in (model, backend, check, "float32") if x), model={
+        "label": model, "model_type": model, "model_class": "M", "revision": None}, backend=backend, check=check,
+        dtype="float32", status=status, metrics=metrics, message=message or f"{check} {status}", cause=cause,
+        evidence={"moved": 0.3} if cause else {})
+    return json.loads(c.to_json())
+
+
+def planted_doc(cells: list[dict]) -> dict:
+    """A diagnosed results document around planted cells (backends and checks in registry order)."""
+    from pytest_packcheck.diagnose import diagnose_document
+    from pytest_packcheck.registry import REGISTRY
+
+    backends = sorted({c["backend"] for c in cells if c["backend"]})
+    checks = [s.name for s in REGISTRY if any(c["check"] == s.name for c in cells)]
+    return diagnose_document({"schema_version": 2, "environment": {"transformers": "5.24.0", "device": "cpu"}, "command": "x",
+                              "settings": {"backends": backends, "checks": checks}, "cells": cells})

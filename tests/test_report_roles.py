@@ -4,30 +4,10 @@ the hazards and findings under their own marks; the headline counts matrix cells
 
 from __future__ import annotations
 
-import json
-
 import pytest
+from conftest import planted_cell, planted_doc
 
-from pytest_packcheck.registry import REGISTRY
-
-
-def _cell(model, backend, check, status, cause=None, **metrics):
-    from pytest_packcheck.results import CellResult
-
-    c = CellResult(cell_id="-".join(x for x in (model, backend, check, "float32") if x), model={
-        "label": model, "model_type": model, "model_class": "M", "revision": None}, backend=backend, check=check,
-        dtype="float32", status=status, metrics=metrics, message=f"{check} {status}", cause=cause,
-        evidence={"moved": 0.3} if cause else {})
-    return json.loads(c.to_json())
-
-
-def _doc(cells):
-    from pytest_packcheck.diagnose import diagnose_document
-
-    backends = sorted({c["backend"] for c in cells if c["backend"]})
-    checks = [s.name for s in REGISTRY if any(c["check"] == s.name for c in cells)]
-    return diagnose_document({"schema_version": 2, "environment": {"transformers": "5.24.0", "device": "cpu"}, "command": "x",
-                              "settings": {"backends": backends, "checks": checks}, "cells": cells})
+_cell, _doc = planted_cell, planted_doc
 
 
 def _model(label, backend="sdpa", correct=True):

@@ -3,28 +3,14 @@ with counts and whole reasons, and pytest short lines that lead with the cause a
 
 from __future__ import annotations
 
-import json
-
-from pytest_packcheck.registry import REGISTRY
+from conftest import planted_cell, planted_doc
 
 
 def _cell(model, backend, check, status, cause=None, message=None):
-    from pytest_packcheck.results import CellResult
-
-    c = CellResult(cell_id="-".join(x for x in (model, backend, check, "float32") if x), model={
-        "label": model, "model_type": model, "model_class": "M", "revision": None}, backend=backend, check=check,
-        dtype="float32", status=status, metrics={"max_change": 0.3 if status == "fail" else 0.0},
-        message=message or f"{check} {status}", cause=cause, evidence={"moved": 0.3} if cause else {})
-    return json.loads(c.to_json())
+    return planted_cell(model, backend, check, status, cause, message, max_change=0.3 if status == "fail" else 0.0)
 
 
-def _doc(cells):
-    from pytest_packcheck.diagnose import diagnose_document
-
-    backends = sorted({c["backend"] for c in cells if c["backend"]})
-    checks = [s.name for s in REGISTRY if any(c["check"] == s.name for c in cells)]
-    return diagnose_document({"schema_version": 2, "environment": {"transformers": "5.24.0", "device": "cpu"}, "command": "x",
-                              "settings": {"backends": backends, "checks": checks}, "cells": cells})
+_doc = planted_doc
 
 
 def test_summary_groups_passes_and_skips_with_counts_and_whole_reasons():
