@@ -17,13 +17,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .errors import PackcheckUsageError
+from .versions.libraries import LIBRARIES, find_upgrade
 
-#: Where the releases pages of the libraries packcheck puts on the version axis live (owner/repo on GitHub).
-RELEASE_REPOS = {
-    "transformers": "huggingface/transformers", "trl": "huggingface/trl", "accelerate": "huggingface/accelerate",
-    "peft": "huggingface/peft", "datasets": "huggingface/datasets", "tokenizers": "huggingface/tokenizers",
-    "huggingface-hub": "huggingface/huggingface_hub", "kernels": "huggingface/kernels",
-}
+#: Where the releases pages of the libraries of the table live (owner/repo on GitHub).
+RELEASE_REPOS = {lib.name: lib.repo for lib in LIBRARIES if lib.repo}
 DEFAULT_INDEX = "https://pypi.org/simple"
 #: Environment variable naming another simple index (PEP 691 JSON) to read release lists from.
 INDEX_ENV_VAR = "PACKCHECK_INDEX_URL"
@@ -523,13 +520,13 @@ def bisect_cell(cell_id: str, good: str, bad: str, *, model: str | None = None, 
 
 def gate_sides(base_cell: dict[str, Any], cand_cell: dict[str, Any], base_env: dict[str, Any],
                cand_env: dict[str, Any]) -> tuple[Sides | None, str]:
-    """The sides of a gate regression: the one library (transformers or trl) whose version differs between the
-    baseline's cell (good) and the candidate's (bad); TRL stays pinned for the checks that use it.
-    (None, why) when no single library moved."""
+    """The sides of a gate regression: the one library (a recorded library of the table that is not tied to the
+    hardware: transformers or trl) whose version differs between the baseline's cell (good) and the candidate's
+    (bad); TRL stays pinned for the checks that use it. (None, why) when no single library moved."""
     from .diagnose import library_version
 
-    versions = {lib: (library_version(base_cell, base_env, lib), library_version(cand_cell, cand_env, lib))
-                for lib in ("transformers", "trl")}
+    versions = {lib.name: (library_version(base_cell, base_env, lib.key), library_version(cand_cell, cand_env, lib.key))
+                for lib in LIBRARIES if lib.recorded and not lib.hardware}
     moved = [lib for lib, (a, b) in versions.items() if a and b and _vkey(a) != _vkey(b)]
     if len(moved) != 1:
         what = "no library version" if not moved else "both transformers and trl"
@@ -547,7 +544,6 @@ def gate_sides(base_cell: dict[str, Any], cand_cell: dict[str, Any], base_env: d
 # ----------------------------------------------------------------------------------------------------------------
 # Verified remedies (`packcheck audit --verify-remedies`)
 
-_UPGRADE = re.compile(r"upgrade (transformers|trl|TRL) to >= ([0-9][0-9.]*[0-9])")
 #: Remedies that are a setting, and the measurement of the same cell (or its group) that already shows whether
 #: the setting fixes it: (cause, check) -> (metric, what it is).
 _SETTING_EVIDENCE = {
@@ -558,7 +554,8 @@ _SETTING_EVIDENCE = {
 
 def remedy_claims(cell: dict[str, Any], faults: list[Any] | None = None) -> list[dict[str, Any]]:
     """The remedies a failing cell's diagnosis makes, each as a claim to verify: ``kind`` "upgrade" (with
-    ``library`` and ``version``, parsed from "upgrade transformers to >= X") or "setting"; ``cause`` is what the
+    ``library`` and ``version``, read by :func:`~pytest_packcheck.versions.libraries.find_upgrade` from "upgrade
+    transformers to >= X") or "setting"; ``cause`` is what the
     remedy addresses. Remedies of the diagnosis, its findings and its known faults; duplicates dropped."""
     diagnosis = cell.get("diagnosis") or {}
     texts = []
@@ -571,9 +568,8 @@ def remedy_claims(cell: dict[str, Any], faults: list[Any] | None = None) -> list
     for cause, text in texts:
         if not text:
             continue
-        m = _UPGRADE.search(text)
-        claim = ({"kind": "upgrade", "library": m.group(1).lower(), "version": m.group(2)} if m
-                 else {"kind": "setting"})
+        upgrade = find_upgrade(text)  # the table's wording (versions/libraries.py upgrade_advice)
+        claim = ({"kind": "upgrade", "library": upgrade[0], "version": upgrade[1]} if upgrade else {"kind": "setting"})
         key = (cause, claim.get("library"), claim.get("version"), claim["kind"])
         if key in seen:
             continue

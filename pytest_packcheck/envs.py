@@ -33,19 +33,20 @@ from pathlib import Path
 from typing import Any
 
 from .errors import PackcheckUsageError
+from .versions.libraries import LIBRARIES, axis_libraries, hardware_patterns
 
-#: Distributions bound to this machine's hardware or to the torch build: linked from the base environment,
-#: never installed into a version environment. Matched against canonical (PEP 503) names.
-HARDWARE_PATTERNS = (
-    r"torch", r"torchvision", r"torchaudio", r"triton", r"pytorch-triton.*", r"flash-attn.*", r"flash-attn-3",
-    r"nvidia-.*", r"cuda-.*", r"cupy-.*", r"xformers", r"causal-conv1d", r"mamba-ssm",
-)
+#: Distributions bound to this machine's hardware or to the torch build (the table's hardware libraries and the
+#: CUDA packages): linked from the base environment, never installed into a version environment. Matched
+#: against canonical (PEP 503) names.
+HARDWARE_PATTERNS = hardware_patterns()
 #: The libraries a user may put on the version axis (anything else pure-Python works too; these are checked
 #: for typos).
-KNOWN_LIBRARIES = ("transformers", "trl", "accelerate", "peft", "datasets", "tokenizers", "huggingface-hub", "kernels")
-#: What packcheck itself imports in the environment (its own code comes from the overlay); accelerate for
-#: transformers' Trainer (the trainer check).
-PACKCHECK_RUNTIME = ("pytest", "pytest-xdist", "packaging", "tabulate", "rich", "huggingface-hub", "filelock", "accelerate")
+KNOWN_LIBRARIES = tuple(lib.name for lib in axis_libraries())
+#: What packcheck itself imports in the environment (its own code comes from the overlay): its runtime
+#: packages, and the libraries of the table it needs in every environment (accelerate for transformers'
+#: Trainer, the trainer check).
+PACKCHECK_RUNTIME = ("pytest", "pytest-xdist", "packaging", "tabulate", "rich", "filelock",
+                     *(lib.name for lib in LIBRARIES if lib.install == "runtime"))
 ENV_MARKER = "packcheck-env.json"
 _OPERATORS = ("==", "!=", "<=", ">=", "~=", "<", ">", "===")
 
@@ -266,8 +267,9 @@ def _package_root() -> Path:
 
 def _base_requirements(combo: VersionCombo) -> list[str]:
     """What every environment needs besides the combination: torch's own pure-Python dependencies (torch is
-    linked, its dependencies are not), packcheck's runtime, and this environment's transformers when the
-    combination does not name one (so an axis over trl alone changes only trl)."""
+    linked, its dependencies are not), packcheck's runtime, and this environment's version of each ``pinned``
+    library of the table (transformers) that the combination does not name (so an axis over trl alone changes
+    only trl)."""
     from packaging.requirements import Requirement
 
     reqs: list[str] = []
@@ -281,11 +283,12 @@ def _base_requirements(combo: VersionCombo) -> list[str]:
                 reqs.append(f"{req.name}{req.specifier}")
     reqs += [p for p in PACKCHECK_RUNTIME if canonical(p) not in names]
     reqs += [p for p in combo.extras if canonical(p) not in names]
-    if "transformers" not in names:
-        try:
-            reqs.append(f"transformers=={metadata.version('transformers')}")
-        except metadata.PackageNotFoundError:
-            reqs.append("transformers")
+    for lib in LIBRARIES:
+        if lib.install == "pinned" and lib.name not in names:
+            try:
+                reqs.append(f"{lib.name}=={metadata.version(lib.name)}")
+            except metadata.PackageNotFoundError:
+                reqs.append(lib.name)
     return list(dict.fromkeys(reqs))
 
 
@@ -429,7 +432,7 @@ def ensure_env(combo: VersionCombo, log: Any = None) -> VersionEnv:
         versions = {}
         for dist in metadata.distributions(path=[str(site)]):
             name = canonical(dist.metadata["Name"])
-            if name in set(combo.names()) | {"transformers", "trl", "accelerate", "tokenizers", "huggingface-hub", "datasets"}:
+            if name in set(combo.names()) | {lib.name for lib in LIBRARIES if lib.env_versions}:
                 versions[name] = dist.version
         info = {"requirements": list(combo.requirements), "installed": requirements, "versions": versions,
                 "seconds": round(time.perf_counter() - t0, 3), "uv": proc.stderr.strip().splitlines()[:2]}
@@ -543,7 +546,7 @@ def run_in_env(combo: VersionCombo, settings: Any, models: list[str], report_dir
 #: The TRL a version environment gets for the SFT checks when the combination names none: packcheck's own floor
 #: (pyproject's ``trl`` extra). Unbounded, uv took trl 0.11.4 and datasets 2.14.4 beside transformers 4.57.1
 #: (huggingface-hub < 1.0), whose datasets breaks on today's pyarrow and takes transformers' Trainer down with it.
-TRL_FLOOR = "trl>=0.19"
+TRL_FLOOR = next(f"{lib.name}>={lib.floor}" for lib in LIBRARIES if lib.install == "checks")
 
 
 def check_requirements(checks: Any, combo: VersionCombo) -> tuple[str, ...]:

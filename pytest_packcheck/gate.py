@@ -18,6 +18,7 @@ from .errors import PackcheckUsageError
 from .markdown import escape_md
 from .registry import SPECS
 from .results import SCHEMA_VERSION
+from .versions.libraries import library, stack_libraries
 
 # Better first: a pass that becomes anything else is a regression; skipped -> unsupported is too.
 _ORDER = ("pass", "skipped", "unsupported", "fallback", "fail", "oom", "timeout", "error")
@@ -124,7 +125,8 @@ def stack(doc: dict[str, Any]) -> dict[str, Any]:
         env.update({k: v for k, v in child.items() if v is not None})
         # a library the environment's own fingerprint names as absent is absent there, whatever the controller
         # has (issue 27: the header said trl 1.16.0 where the environments had no TRL)
-        env.update({k: None for k in _SUMMARY_LIBRARIES if k in child and child[k] is None and k != "torch"})
+        # (a hardware library is linked from the controller's environment: it has the controller's, never another)
+        env.update({k: None for k in _SUMMARY_LIBRARIES if k in child and child[k] is None and not library(k).hardware})
         env.update({k.replace("-", "_"): v for k, v in (record.get("versions") or {}).items()})
         env["label"] = labels[0]
     return env
@@ -242,11 +244,11 @@ def render_changes(changes: list[Change], baseline_env: dict[str, Any], candidat
     from tabulate import tabulate
 
     from .markdown import plain
+    from .versions.libraries import versions_line
 
     esc = escape_md if markdown else plain
     def versions(env: dict[str, Any]) -> str:
-        text = ", ".join(f"{k} {env.get(k) or 'not installed'}" for k in ("torch", "transformers", "trl", "flash_attn"))
-        return text + (f" (environment {env['label']})" if env.get("label") else "")
+        return versions_line(env) + (f" (environment {env['label']})" if env.get("label") else "")
 
     head = [f"baseline: {versions(baseline_env)}", f"candidate: {versions(candidate_env)}", ""]
     if not changes:
@@ -261,8 +263,8 @@ def render_changes(changes: list[Change], baseline_env: dict[str, Any], candidat
                                        tablefmt="github" if markdown else "simple")])
 
 
-#: The libraries a job summary names the versions of (the stack's fingerprint keys).
-_SUMMARY_LIBRARIES = ("transformers", "trl", "torch", "accelerate", "datasets", "flash_attn")
+#: The libraries a job summary names the versions of (the stack's keys): the table's ``stack`` libraries.
+_SUMMARY_LIBRARIES = tuple(lib.key for lib in stack_libraries())
 
 
 def _stack_versions(baseline_env: dict[str, Any], candidate_env: dict[str, Any], changed_only: bool = False) -> str:

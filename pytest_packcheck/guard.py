@@ -604,9 +604,9 @@ class _ComputeProbe:
 @functools.cache
 def _installed_versions() -> tuple[tuple[str, Any], ...]:
     """Read once per process: importlib.metadata parses each distribution's METADATA (~10 ms each)."""
-    from .results import _version
+    from .versions.libraries import installed_version, stack_libraries
 
-    return tuple((lib, _version(lib)) for lib in ("torch", "transformers", "trl", "accelerate", "flash-attn"))
+    return tuple((lib.name, installed_version(lib)) for lib in stack_libraries())
 
 
 def _versions() -> dict[str, Any]:

@@ -226,10 +226,13 @@ def run_isolated(
 
 
 def fingerprint(settings: dict[str, Any], environment: dict[str, Any], tolerances: dict[str, Any]) -> str:
-    """What must match for a journaled cell to be reused: settings, tolerances and library versions."""
-    payload = {"settings": settings, "tolerances": tolerances,
-               "environment": {k: environment.get(k) for k in ("packcheck", "python", "torch", "transformers", "trl",
-                                                                "flash_attn", "device", "cuda", "device_name")}}
+    """What must match for a journaled cell to be reused: settings, tolerances, the versions of packcheck,
+    Python and the recorded libraries (:func:`~pytest_packcheck.versions.libraries.recorded_libraries`), and the
+    device."""
+    from .versions.libraries import recorded_libraries
+
+    keys = ("packcheck", "python", *(lib.key for lib in recorded_libraries()), "device", "cuda", "device_name")
+    payload = {"settings": settings, "tolerances": tolerances, "environment": {k: environment.get(k) for k in keys}}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

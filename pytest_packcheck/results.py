@@ -131,15 +131,15 @@ def _package_version() -> str | None:
 
 
 def environment(device: str = "cpu") -> dict[str, Any]:
-    """The versions and hardware a result was measured on. No paths, no tokens."""
+    """The versions and hardware a result was measured on: the recorded libraries of
+    :data:`~pytest_packcheck.versions.libraries.LIBRARIES` under their keys. No paths, no tokens."""
+    from .versions.libraries import installed_version, recorded_libraries
+
     env: dict[str, Any] = {
         "python": platform.python_version(),
         "platform": f"{platform.system()}-{platform.machine()}",
         "packcheck": _version("packcheck") or _package_version(),
-        "torch": _version("torch"),
-        "transformers": _version("transformers"),
-        "trl": _version("trl"),
-        "flash_attn": _version("flash-attn") or _version("flash_attn"),
+        **{lib.key: installed_version(lib) for lib in recorded_libraries()},
         "device": device,
         "cuda": None,
         "device_name": platform.processor() or platform.machine(),
