@@ -1,6 +1,6 @@
 """``packcheck atlas``: every architecture x backend x transformers release, resumable, and its outputs.
 
-One release at a time: the release's version environment (:mod:`pytest_packcheck.envs`, made with uv and cached)
+One release at a time: the release's version environment (:mod:`pytest_packcheck.versions.envs`, made with uv and cached)
 runs the packcheck plugin with ``--packcheck-all-architectures`` (the architectures *that* release has), on
 :data:`ATLAS_BACKENDS`, with the checks that decide a cell and the hazards (:data:`ATLAS_CHECKS`), writing
 ``<build>/<version>/packcheck-matrix.json`` and its journal there. A killed run is resumed with
@@ -56,7 +56,7 @@ def _vkey(version: str) -> Any:
 
 def latest_patches(releases: list[str], since: str = ATLAS_SINCE, until: str | None = None) -> list[str]:
     """The latest patch release of every minor from ``since`` (e.g. "4.44") to ``until`` (default: the newest),
-    ascending. ``releases``: final, not yanked releases (:func:`pytest_packcheck.bisect.parse_simple_index`).
+    ascending. ``releases``: final, not yanked releases (:func:`pytest_packcheck.analysis.bisect.parse_simple_index`).
 
     Raises:
         PackcheckUsageError: ``since`` / ``until`` is not a version.
@@ -87,7 +87,7 @@ def index_releases(since: str = ATLAS_SINCE, until: str | None = None) -> list[s
     Raises:
         PackcheckUsageError: the index cannot be reached.
     """
-    from .bisect import fetch_index_page, parse_simple_index
+    from .analysis.bisect import fetch_index_page, parse_simple_index
 
     try:
         page = fetch_index_page("transformers")
@@ -179,7 +179,7 @@ def run_release(version: str, build: Path, shard: tuple[int, int] | None = None,
     the plugin there with :func:`release_flags`. Resumes a killed run (its journal); returns the done record
     (also written as ``atlas-done.json``), or a record with ``error`` when no results were written (uv's reason,
     or the run's last lines). ``runner``: replaces ``subprocess.run`` (tests)."""
-    from .envs import CHILD_ENV_VAR, EnvError, VersionCombo, ensure_env
+    from .versions.envs import CHILD_ENV_VAR, EnvError, VersionCombo, ensure_env
 
     folder = release_dir(build, version, shard).resolve()
     if is_done(folder):
@@ -331,7 +331,7 @@ def reduce_release(doc: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
 
 def _release_docs(build: Path) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
     """(release, merged results document, done record) of every finished release folder, ascending."""
-    from .gate import merge
+    from .analysis.gate import merge
     from .results import load_document
 
     found = []
@@ -404,7 +404,7 @@ def _signature(entry: dict[str, Any] | None) -> tuple[str, tuple[str, ...]] | No
 def transitions(support: dict[str, Any], bisects: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Every change of verdict or causes of an (architecture, backend) between two adjacent measured releases
     where both have it (an architecture that appears is not a transition). ``bisects``: :func:`transition_key`
-    -> bisect record (:func:`pytest_packcheck.bisect.bisect_cell`'s), attached as ``bisected``."""
+    -> bisect record (:func:`pytest_packcheck.analysis.bisect.bisect_cell`'s), attached as ``bisected``."""
     order = [r["transformers"] for r in support["releases"]]
     out = []
     for name in sorted(support["cells"]):
@@ -429,7 +429,7 @@ def transition_key(t: dict[str, Any]) -> str:
 
 
 def bisect_plan(t: dict[str, Any]) -> dict[str, Any] | None:
-    """The :func:`pytest_packcheck.bisect.bisect_cell` arguments that find the exact patch of transition ``t``:
+    """The :func:`pytest_packcheck.analysis.bisect.bisect_cell` arguments that find the exact patch of transition ``t``:
     the cell of the check that decided the failing side, ``good`` the side where it passes (or where the
     failing side's cause is absent), ``bad`` the other. None when neither side passes and the causes give no
     handle (e.g. crash on both sides)."""
@@ -462,7 +462,7 @@ def bisect_transitions(support: dict[str, Any], output_dir: Path, limit: int | N
     :func:`bisect.bisect_cell` or a stand-in); returns :func:`transition_key` -> a compact record. Transitions in
     ``done`` (``bisects.json`` of an earlier run) are not bisected again, so it resumes too."""
     if bisect is None:
-        from .bisect import bisect_cell as bisect
+        from .analysis.bisect import bisect_cell as bisect
     done = dict(done or {})
     todo = [t for t in support["transitions"] if (not models or t["model_type"] in models) and transition_key(t) not in done]
     for t in todo[:limit]:

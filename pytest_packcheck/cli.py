@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         if value != default and not ns.bench:
             print(f"packcheck audit: warning: {flag} has no effect without --bench", file=sys.stderr)
     if ns.bench:
-        from .bench import sample_lengths
+        from .run.throughput import sample_lengths
 
         ns.bench = list(dict.fromkeys(ns.bench))
         for profile in ns.bench:  # the same checks `packcheck bench` makes, before the audit spends its time
@@ -364,8 +364,8 @@ def _gate_environments(ns: argparse.Namespace) -> tuple[str, str]:
     Raises:
         PackcheckUsageError: --versions does not name exactly two environments, or --bench / --save-baseline too.
     """
-    from .envs import parse_versions
     from .errors import PackcheckUsageError
+    from .versions.envs import parse_versions
 
     values = getattr(ns, OPTIONS_BY_FLAG[OPT_VERSIONS].dest) or []
     combos = parse_versions(values, "--versions") if values else []
@@ -381,8 +381,8 @@ def _gate_environments(ns: argparse.Namespace) -> tuple[str, str]:
 
 def _gate_versions(out: Path, allow: dict[str, str], summary: str | None = None) -> int:
     """``audit --versions A,B --gate``: gate environment B against A in the matrix just written."""
+    from .analysis.gate import select_env
     from .errors import PackcheckUsageError
-    from .gate import select_env
     from .results import load_document
 
     try:
@@ -407,7 +407,7 @@ def _gate_versions(out: Path, allow: dict[str, str], summary: str | None = None)
 def _gate_into_report(out: Path, doc: dict, baseline: dict, candidate: dict, allow: dict[str, str], labels: list[str]) -> None:
     """Record the gate's result in the matrix files (the HTML shows it): ``doc["gate"]`` with the two
     environments, the counts and each regression's cell id, then the four files written again as a set."""
-    from .gate import compare, regressions
+    from .analysis.gate import compare, regressions
     from .report import write_reports
 
     changes = compare(baseline, candidate, allow)
@@ -448,8 +448,8 @@ def _bench_into_report(ns: argparse.Namespace, out: Path) -> None:
     """Bench every model of the audit just written (``--bench``) and render the matrix again with the figures."""
     import json
 
-    from .bench import bench_audit
     from .report import write_reports
+    from .run.throughput import bench_audit
 
     path = out / "packcheck-matrix.json"
     doc = json.loads(path.read_text())
@@ -471,7 +471,7 @@ def _verify_remedies_into_report(out: Path) -> None:
     (``remedy_checks``) and a "Remedies verified" section is appended to the Markdown."""
     import json
 
-    from .bisect import render_remedy_checks, verify_remedies
+    from .analysis.remedies import render_remedy_checks, verify_remedies
     from .results import write_set
 
     path = out / "packcheck-matrix.json"
@@ -498,8 +498,8 @@ def _parse_allow(items: list[str]) -> dict[str, str]:
 
 
 def _gate(ns: argparse.Namespace) -> int:
+    from .analysis.gate import select_env
     from .errors import PackcheckUsageError
-    from .gate import select_env
     from .results import load_document
 
     allow = _parse_allow(ns.allow)
@@ -523,7 +523,7 @@ def _run_gate(baseline: dict, candidate: dict, allow: dict[str, str], prog: str,
     Raises:
         PackcheckUsageError: a cell held twice with two verdicts; the summary file cannot be written.
     """
-    from .gate import allowed_reason, compare, regressions, render_changes, render_summary, stack, write_summary
+    from .analysis.gate import allowed_reason, compare, regressions, render_changes, render_summary, stack, write_summary
 
     changes = compare(baseline, candidate, allow)
     ids = {c["cell_id"] for c in baseline["cells"]} | {c["cell_id"] for c in candidate["cells"]}
@@ -548,7 +548,7 @@ def _run_gate(baseline: dict, candidate: dict, allow: dict[str, str], prog: str,
 
 def _bisect(ns: argparse.Namespace) -> int:
     """``packcheck bisect``: exit 0 with an answer, 1 when the endpoints do not hold or skips hide the boundary."""
-    from .bisect import bisect_cell, render_text
+    from .analysis.bisect import bisect_cell, render_text
 
     record = bisect_cell(ns.cell, ns.good, ns.bad, model=ns.model, pre=ns.pre, cause=ns.cause, supported=ns.supported,
                          output_dir=ns.output_dir)
@@ -608,9 +608,9 @@ def _claims(ns: argparse.Namespace) -> int:
 
 def _gate_bisect(bad: list, baseline: dict, candidate: dict, output_dir: str) -> None:
     """Bisect each regression of a gate run between the baseline's and the candidate's library versions."""
-    from .bisect import bisect_cell, gate_sides, render_text
+    from .analysis.bisect import bisect_cell, gate_sides, render_text
+    from .analysis.gate import _key
     from .errors import PackcheckUsageError
-    from .gate import _key
 
     base_cells = {_key(c): c for c in baseline["cells"]}
     cand_cells = {_key(c): c for c in candidate["cells"]}
@@ -640,7 +640,7 @@ def _print_changes_rich(changes: list, baseline_env: dict, candidate_env: dict) 
     from rich.console import Console
     from rich.table import Table
 
-    from .gate import render_changes
+    from .analysis.gate import render_changes
 
     head = render_changes([], baseline_env, candidate_env).splitlines()[:2]
     console = Console()
@@ -660,12 +660,12 @@ def _print_changes_rich(changes: list, baseline_env: dict, candidate_env: dict) 
 
 def _merge(ns: argparse.Namespace) -> int:
 
+    from .analysis.gate import merge
     from .diagnose import diagnose_document
     from .errors import PackcheckUsageError
-    from .gate import merge
     from .report import write_reports
     from .results import load_document, write_failure
-    from .session import hold_report_dir
+    from .run.process import hold_report_dir
 
     doc = diagnose_document(merge([load_document(f) for f in ns.files]))
     out = Path(ns.output_dir)
@@ -696,10 +696,11 @@ def _bench(ns: argparse.Namespace) -> int:
         backend_availability,
         register_reference_backend,
     )
-    from .bench import load_targets, render_bench, run_bench, sample_lengths
     from .errors import PackcheckUsageError, closest
     from .models import build_model, resolve_model
-    from .results import environment, probe_folder, write_set
+    from .results import probe_folder, write_set
+    from .results.environment import environment
+    from .run.throughput import load_targets, render_bench, run_bench, sample_lengths
     from .settings import DTYPES
     from .specs import parse_model_spec
 

@@ -970,7 +970,7 @@ def _refusal_cause(model: Any, exc: BaseException) -> str | None:
     without flash-linear-attention / causal_conv1d); None for any other exception (a crash)."""
     from .backends import FlashBoundariesError
     from .checks import stateful_layers
-    from .runner import _STATEFUL_REFUSALS
+    from .run.runner import _STATEFUL_REFUSALS
 
     if isinstance(exc, FlashBoundariesError):
         return "flash_boundaries"

@@ -1,4 +1,4 @@
-"""pytest hooks, options and registration only; the work happens in :mod:`pytest_packcheck.session`.
+"""pytest hooks, options and registration only; the work happens in :mod:`pytest_packcheck.run.session`.
 
 Importing this module imports neither torch nor transformers: pytest loads every installed plugin on every
 run, also in projects that never use packcheck.
@@ -40,7 +40,7 @@ def pytest_configure(config: pytest.Config) -> None:
         settings = resolve(lambda dest: config.getoption(dest), lambda key: config.getini(key))
         if settings is None:
             return
-        from .session import PackcheckSession
+        from .run.session import PackcheckSession
 
         state = PackcheckSession(config, settings)
         # Resolve the model specs now (config.json only), on the xdist controller too, so that a bad spec is

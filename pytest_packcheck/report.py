@@ -607,7 +607,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
                 group = by_group.get((label, b, dtype, None), [])
                 row.append(_headline_text(group, marks.get((label, None, dtype, b))) if group else "")
             if bench:
-                from .bench import bench_cell
+                from .run.throughput import bench_cell
 
                 row.append(bench_cell([r for r in bench["results"] if r["model"]["label"] == label], cells))
             rows.append(row)
@@ -616,7 +616,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
     lines += _not_checked_section(cells, backends, labels)
     lines += _training_section(by_group, models, backends, dtypes, envs, cells, labels)
     if bench:
-        from .bench import bench_section
+        from .run.throughput import bench_section
 
         lines += bench_section(bench, cells)
     lines += _what_to_do(doc)

@@ -453,7 +453,7 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
         versions_value, versions_src = list(audit.versions), f"audit {audit.path}"
     versions: tuple[Any, ...] = ()
     if versions_value:
-        from .envs import parse_versions
+        from .versions.envs import parse_versions
 
         values = [versions_value] if isinstance(versions_value, str) else list(versions_value)
         versions = tuple(parse_versions(values, versions_src))
@@ -464,7 +464,7 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
         timeout_s = -1.0
     if not 0 <= timeout_s <= 1e6:  # also nan and inf; beyond ~11 days the OS wait primitives overflow
         raise PackcheckUsageError(f"Bad timeout '{timeout_value}' (from {timeout_src}): give seconds from 0 to 1000000, e.g. {OPT_TIMEOUT}=300 (0: no limit).")
-    from .isolation import fork_available
+    from .run.sandbox import fork_available
 
     isolation_value, isolation_src = pick(by_flag[OPT_ISOLATION])
     isolation = str(isolation_value or ("fork" if fork_available() else "none"))

@@ -27,7 +27,7 @@ def floor(out: Path, limit: int | None, only: list[str] | None = None) -> None:
 
     from pytest_packcheck.atlas import ATLAS_BACKENDS, atlas_checks
     from pytest_packcheck.models import causal_lm_architectures, mrope_text_path_architectures, resolve_model
-    from pytest_packcheck.runner import CellRunner, plan_cells
+    from pytest_packcheck.run.runner import CellRunner, plan_cells
     from pytest_packcheck.settings import load_tolerances
     from pytest_packcheck.specs import parse_model_spec
 

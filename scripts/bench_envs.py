@@ -25,7 +25,7 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="packcheck-bench-envs-"))
     os.environ["PACKCHECK_CACHE_DIR"] = str(root)
     os.environ.pop("UV_CACHE_DIR", None)  # uv's cache goes under the fresh packcheck cache: a cold start
-    from pytest_packcheck import envs
+    from pytest_packcheck.versions import envs
 
     torch_before = metadata.distribution("torch").version
     combos = envs.parse_versions([spec], "argv")

@@ -10,7 +10,7 @@
 # after a test change (mutmut run <names>): 678 s for 833 of them. Score and equivalents: README, "Mutation testing".
 #
 # Usage: scripts/mutation.sh            all scoped functions
-#        scripts/mutation.sh 'pytest_packcheck.gate.*'   a subset (mutmut name globs)
+#        scripts/mutation.sh 'pytest_packcheck.analysis.gate.*'   a subset (mutmut name globs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
@@ -37,9 +37,9 @@ SCOPE=(
   'pytest_packcheck.training.x_check_trainer__mutmut_*'
   'pytest_packcheck.sft.x__compare_steps__mutmut_*'
   'pytest_packcheck.sft.x__cause__mutmut_*'
-  'pytest_packcheck.gate.x_compare__mutmut_*'
-  'pytest_packcheck.gate.x_allowed_reason__mutmut_*'
-  'pytest_packcheck.gate.x__planned_in__mutmut_*'
+  'pytest_packcheck.analysis.gate.x_compare__mutmut_*'
+  'pytest_packcheck.analysis.gate.x_allowed_reason__mutmut_*'
+  'pytest_packcheck.analysis.gate.x__planned_in__mutmut_*'
   'pytest_packcheck.diagnose.x_classify__mutmut_*'
   'pytest_packcheck.diagnose.x_diagnose_document__mutmut_*'
   'pytest_packcheck.report.x_headline__mutmut_*'

@@ -152,7 +152,7 @@ def planted_cell(model: str, backend: str | None, check: str, status: str, cause
     rendering tests: no model is built. ``backend`` None is a model-level check (collate)."""
     import json
 
-    from pytest_packcheck.results import CellResult
+    from pytest_packcheck.results.schema import CellResult
 
     c = CellResult(cell_id="-".join(x for x in (model, backend, check, "float32") if x), model={
         "label": model, "model_type": model, "model_class": "M", "revision": None}, backend=backend, check=check,

@@ -15,7 +15,7 @@ import pytest
 
 from pytest_packcheck import atlas as A
 from pytest_packcheck.errors import PackcheckUsageError
-from pytest_packcheck.results import SCHEMA_VERSION
+from pytest_packcheck.results.schema import SCHEMA_VERSION
 from pytest_packcheck.support import load_support, lookup
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,7 +65,7 @@ def _planted_atlas(build: Path) -> None:
 
 
 def test_latest_patch_of_each_minor_from_the_index_page():
-    from pytest_packcheck.bisect import parse_simple_index
+    from pytest_packcheck.analysis.bisect import parse_simple_index
 
     names = ["4.43.4", "4.44.0", "4.44.2", "4.44.1", "4.57.0", "4.57.1", "5.0.0rc1", "5.0.0", "5.1.0"]
     page = {"files": [{"filename": f"transformers-{v}-py3-none-any.whl", "yanked": v == "4.57.1"} for v in names]}
@@ -102,7 +102,7 @@ def test_atlas_checks_are_the_deciding_checks_and_hazards_from_the_registry():
 
 @pytest.fixture
 def stand_in_env(monkeypatch, tmp_path):
-    from pytest_packcheck import envs
+    from pytest_packcheck.versions import envs
 
     def ensure_env(combo, log=None):
         return envs.VersionEnv(combo, tmp_path / "env", Path(sys.executable), {"transformers": combo.requirements[0].split("==")[1]},
@@ -355,7 +355,7 @@ SITE = '''
 import os
 from pathlib import Path
 if os.environ.get("PACKCHECK_FAKE_ATLAS_ENV"):
-    from pytest_packcheck import envs
+    from pytest_packcheck.versions import envs
     def ensure_env(combo, log=None):
         v = combo.requirements[0].split("==")[1]
         return envs.VersionEnv(combo, Path("/nonexistent/env-" + v), Path(os.environ["PACKCHECK_FAKE_ATLAS_ENV"]),

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from pytest_packcheck.bench import PROFILES, run_bench, sample_lengths
 from pytest_packcheck.errors import PackcheckUsageError
+from pytest_packcheck.run.throughput import PROFILES, run_bench, sample_lengths
 
 
 def test_profiles_are_shaped_as_documented(tmp_path):
@@ -75,7 +75,8 @@ def test_bench_cli_refuses_a_backend_that_cannot_run_here(tmp_path):
 def test_bench_cli_keeps_the_profiles_measured_before_one_fails(tmp_path, monkeypatch, capsys):
     """A profile that crashes (an OOM on the GPU, say) becomes an entry with its reason; the figures of the
     profiles before and after it are written."""
-    from pytest_packcheck import bench, cli
+    from pytest_packcheck import cli
+    from pytest_packcheck.run import throughput as bench
 
     real = bench.run_bench
 
@@ -113,7 +114,7 @@ def test_gpu_bench_path_rehearsed_on_cpu_in_bf16(tmp_path):
 def test_targets_are_judged_on_cuda_only(tmp_path):
     """audit/bench_targets.toml: on CUDA each target is met or missed from the measured figure; on CPU listed,
     not judged. A planted shortfall (1.5x against 1.8x) is missed; a bad targets file is refused by name."""
-    from pytest_packcheck.bench import _targets_summary, judge_targets, load_targets
+    from pytest_packcheck.run.throughput import _targets_summary, judge_targets, load_targets
 
     targets = load_targets()
     assert targets["flan"]["min_speedup"] == 1.8 and targets["all"]["max_instrumentation_overhead"] == 0.02
@@ -134,7 +135,7 @@ def _model_on_a_planted_clock(monkeypatch, tolerances, cost):
     """A tiny llama whose every forward advances bench's clock by ``cost(call number, input_ids)`` seconds."""
     from conftest import make_bench
 
-    from pytest_packcheck import bench
+    from pytest_packcheck.run import throughput as bench
 
     clock = {"t": 0.0, "calls": 0}
 
@@ -160,7 +161,7 @@ def test_speedup_and_ideal_use_the_same_aggregation(monkeypatch, tolerances):
     """With step time exactly proportional to the tokens a step computes on (perfect packing), the measured
     speedup must equal the ideal one. A median of per-step rates would not (helper review: 0.888 of ideal on the
     flan lengths); planted here by a clock that advances by the batch's token count."""
-    from pytest_packcheck import bench
+    from pytest_packcheck.run import throughput as bench
 
     model = _model_on_a_planted_clock(monkeypatch, tolerances, lambda call, ids: ids.numel() * 1e-3)
     r = bench.run_bench(model, profile="flan", steps=6, warmup=1, batch_size=6, max_length=200, seed=5, instrumentation=False)
@@ -174,7 +175,7 @@ def test_modes_are_interleaved_so_first_step_costs_hit_both(monkeypatch, toleran
     than the one before (clocks ramping, caches warming). Run padded-then-packed, padded ran in the slow phase
     (here it would read 1.145x; the helper review measured 1.93x on identical batches with --warmup 0). Rotating
     the order each step shares the drift: within 3 % of 1.0. --warmup 0 is refused."""
-    from pytest_packcheck import bench
+    from pytest_packcheck.run import throughput as bench
 
     # calls 1-2 are the no-grad first-loss probes
     model = _model_on_a_planted_clock(monkeypatch, tolerances, lambda call, ids: 1.0 + 0.2 * max(0, 40 - call))
@@ -206,7 +207,7 @@ def test_bench_cli_refuses_bad_input_before_measuring(tmp_path):
 
 
 def test_bench_page_states_clipping_and_a_speedup_above_the_ideal():
-    from pytest_packcheck.bench import bench_caveats
+    from pytest_packcheck.run.throughput import bench_caveats
 
     r = {"profile": "big.txt", "steps": 2, "warmup": 1, "batch_size": 4, "max_length": 64, "fraction_of_ideal": 2.14,
          "lengths": {"clipped_to_max_length": 12}}
@@ -218,7 +219,7 @@ def test_bench_page_states_clipping_and_a_speedup_above_the_ideal():
 
 def test_clipping_is_counted_on_the_draw_itself():
     """uniform draws within its range (nothing to clip, also below 16 tokens); a file's long lines are clipped."""
-    from pytest_packcheck.bench import raw_lengths, sample_lengths
+    from pytest_packcheck.run.throughput import raw_lengths, sample_lengths
 
     raw = raw_lengths("uniform", 64, 512)
     assert max(raw) <= 512 and sum(x > 512 for x in raw) == 0
@@ -230,7 +231,7 @@ def test_bench_warning_counts_only_checks_that_bear_on_the_benched_computation()
     """A speedup is marked when isolation / logits / loss / grads / positions / backend failed on the benched
     backend and dtype; cache_trap and mask_trap judge other calls (bench runs use_cache=False, no mask), and an
     inconclusive (error) cell is not a verdict."""
-    from pytest_packcheck.bench import _packing_fails
+    from pytest_packcheck.run.throughput import _packing_fails
 
     r = {"model": {"label": "llama"}, "attn_implementation": "sdpa", "dtype": "float32"}
 

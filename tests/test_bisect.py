@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_packcheck import bisect as B
+from pytest_packcheck.analysis import bisect as B
+from pytest_packcheck.analysis import remedies as R
 from pytest_packcheck.errors import PackcheckUsageError
 
 RELEASES = ["4.57.1", "4.57.2", "4.57.3", "4.57.4", "4.57.5", "4.57.6", "5.0.0", "5.1.0", "5.2.0", "5.3.0", "5.4.0",
@@ -300,7 +301,7 @@ def _gate_cell(version: str, status: str) -> dict:
 
 
 def _gate_doc(version: str, status: str, trl: str | None = "1.16.0") -> dict:
-    from pytest_packcheck.results import SCHEMA_VERSION
+    from pytest_packcheck.results.schema import SCHEMA_VERSION
 
     return {"schema_version": SCHEMA_VERSION, "environment": {"torch": "2.13.0+cpu", "transformers": version, "trl": trl},
             "settings": {"backends": ["sdpa"], "checks": ["trainer"], "models": ["arch:llama"], "dtypes": ["float32"]},
@@ -444,7 +445,7 @@ def test_remedies_are_verified_by_running_the_upgrade_or_reading_the_setting(tmp
                             "cause": "leak" if status == "fail" else None}
         return SimpleNamespace(error=None, cells=cells, environment={"transformers": "4.54.0"})
 
-    records = B.verify_remedies(doc, tmp_path, run=fake_run, faults=[])
+    records = R.verify_remedies(doc, tmp_path, run=fake_run, faults=[])
     assert runs == [("transformers==4.54", ["arch:llama", "arch:opt"], ("isolation",))]  # one environment for both
     by = {(r["cell_id"], r["kind"]): r for r in records}
     assert by[("llama-sdpa-isolation-float32", "upgrade")]["verified"] is True
@@ -452,7 +453,7 @@ def test_remedies_are_verified_by_running_the_upgrade_or_reading_the_setting(tmp
     assert opt["verified"] is False and "max_change 3.10e-01" in opt["detail"] and opt["at"] == "transformers==4.54"
     assert by[("llama-sdpa-cache_trap-float32", "setting")]["verified"] is True
     assert by[("opt-sdpa-cache_trap-float32", "setting")]["verified"] is False
-    md = B.render_remedy_checks(records)
+    md = R.render_remedy_checks(records)
     assert "✔ verified at transformers==4.54: `llama-sdpa-isolation-float32`" in md and "2 of 4 remedies verified" in md
     assert doc["remedy_checks"] == records
 
@@ -463,6 +464,6 @@ def test_remedy_claims_parse_upgrades_from_diagnosis_findings_and_known_faults()
     cell = _failing("trainer", "cache_trap", "set use_cache=False", {})
     cell["diagnosis"]["findings"] = [{"cause": "padded_normalisation", "evidence": "", "remedy": "compare ... baseline"}]
     cell["diagnosis"]["known_faults"] = ["trainer-num-items-before-shift", "trainer-keeps-config-use_cache"]
-    claims = B.remedy_claims(cell, load_known_faults())
+    claims = R.remedy_claims(cell, load_known_faults())
     upgrades = {(c["cause"], c["library"], c["version"]) for c in claims if c["kind"] == "upgrade"}
     assert upgrades == {("padded_normalisation", "transformers", "5.10.1"), ("cache_trap", "transformers", "5.0.0")}

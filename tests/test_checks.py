@@ -183,7 +183,7 @@ def test_torch_varlen_stand_in_for_the_gpu_rehearsal(tolerances, monkeypatch):
     from conftest import make_bench
 
     from pytest_packcheck.backends import STAND_IN_ENV, STAND_IN_LABEL, TORCH_VARLEN_BACKEND, backend_availability, backend_labels
-    from pytest_packcheck.results import environment
+    from pytest_packcheck.results.environment import environment
 
     assert not backend_availability(TORCH_VARLEN_BACKEND, "cpu").available
     monkeypatch.setenv(STAND_IN_ENV, "1")
@@ -607,8 +607,8 @@ def test_non_finite_gradients_never_pass(llama_sdpa, poisoned_call, status, caus
 
 def test_a_pass_on_a_non_finite_number_becomes_an_error():
     """The runner's net under every check: a pass whose key number is NaN or infinite is an error (non_finite)."""
-    from pytest_packcheck.results import CheckResult
-    from pytest_packcheck.runner import _no_pass_on_non_finite
+    from pytest_packcheck.results.schema import CheckResult
+    from pytest_packcheck.run.runner import _no_pass_on_non_finite
 
     for value in (float("nan"), float("inf")):
         got = _no_pass_on_non_finite("logits_parity", CheckResult("pass", {"max_abs_diff_solo": value}, "ok"))

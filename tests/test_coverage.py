@@ -154,7 +154,7 @@ def test_library_default_config_errors_are_named_as_the_librarys():
     the library_config cause, never "packcheck's shrunk config"."""
     from transformers import CONFIG_MAPPING
 
-    from pytest_packcheck.runner import Cell, CellRunner
+    from pytest_packcheck.run.runner import Cell, CellRunner
 
     if "dots1" not in CONFIG_MAPPING:
         pytest.skip("no dots1 here")
@@ -182,7 +182,7 @@ def test_required_values_the_default_leaves_none_are_filled_and_recorded():
 def test_labels_of_a_failed_cell():
     """A crash in a model packcheck shrank says so; falcon's flash path without flash-attn cannot load the
     backend (skipped); an explicit 'cannot be run on CPU' refusal is unsupported."""
-    from pytest_packcheck.runner import CellRunner
+    from pytest_packcheck.run.runner import CellRunner
 
     runner = CellRunner([], {"float32": {}})
     runner._key = (0, "packcheck_flash_ref", "float32")
@@ -213,7 +213,7 @@ def test_a_crash_the_unshrunk_config_shares_is_the_librarys(monkeypatch):
     does not even build (no rope_theta in attn_config): library_config, not shrunk_crash. gemma4_assistant's
     default config fails validation: library_config at resolution. A crash the full-size model does not share
     stays shrunk_crash."""
-    from pytest_packcheck.runner import CellRunner
+    from pytest_packcheck.run.runner import CellRunner
 
     dbrx = resolve_model(parse_model_spec("arch:dbrx", "t"), "t")
     llama = resolve_model(parse_model_spec("arch:llama", "t"), "t")
@@ -245,7 +245,7 @@ def test_models_without_declared_flash_support_refuse_the_flash_stand_ins():
     stand-ins (registered through AttentionInterface, which checks nothing) were built anyway and crashed on the
     2-D flash mask (22 shrunk_crash cells of the all-architectures audit). Now unsupported, named; llama builds."""
     from pytest_packcheck.backends import REFERENCE_BACKEND, register_reference_backend
-    from pytest_packcheck.runner import CellRunner
+    from pytest_packcheck.run.runner import CellRunner
 
     register_reference_backend()
     bloom = resolve_model(parse_model_spec("arch:bloom", "t"), "t")
@@ -267,7 +267,7 @@ def test_flash_boundaries_past_the_row_are_a_fail_of_the_flash_path():
 
     from pytest_packcheck.backends import FlashBoundariesError, varlen_reference_kernel
     from pytest_packcheck.diagnose import remedy
-    from pytest_packcheck.runner import CellRunner
+    from pytest_packcheck.run.runner import CellRunner
 
     q = torch.randn(31, 2, 16)
     fits = torch.tensor([0, 11, 18, 31], dtype=torch.int32)

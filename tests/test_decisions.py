@@ -11,7 +11,7 @@ import pytest
 from test_diagnose import _ProbedBench
 
 from pytest_packcheck import training as T
-from pytest_packcheck.results import CheckResult
+from pytest_packcheck.results.schema import CheckResult
 
 
 class _Said(CheckResult):
@@ -289,7 +289,7 @@ def _gdoc(*cells, **settings):
 
 
 def test_gate_orders_verdicts_and_grows_numbers_against_the_tolerance():
-    from pytest_packcheck.gate import compare, regressions
+    from pytest_packcheck.analysis.gate import compare, regressions
 
     base = _gdoc(_gcell(max_abs_diff_solo=1e-6, check="logits_parity"), _gcell("n", status="fail"), _gcell("o", status="skipped"))
     assert compare(base, copy.deepcopy(base)) == []
@@ -317,7 +317,7 @@ def test_gate_orders_verdicts_and_grows_numbers_against_the_tolerance():
 
 
 def test_gate_missing_new_and_allowed_cells():
-    from pytest_packcheck.gate import allowed_reason, compare, regressions
+    from pytest_packcheck.analysis.gate import allowed_reason, compare, regressions
 
     base = _gdoc(_gcell("m"), _gcell("n", status="fail"), models=["arch:m", "arch:n"], checks=["isolation"],
                  backends=["sdpa"], dtypes=["float32"])
@@ -341,7 +341,7 @@ def test_gate_missing_new_and_allowed_cells():
 
 
 def test_gate_matches_cells_of_the_same_environment():
-    from pytest_packcheck.gate import compare, regressions
+    from pytest_packcheck.analysis.gate import compare, regressions
 
     two = _gdoc(_gcell("m", env="a"), _gcell("m", env="b"))
     cand = copy.deepcopy(two)
@@ -353,7 +353,7 @@ def test_gate_matches_cells_of_the_same_environment():
 
 
 def test_gate_planned_in_reads_every_setting():
-    from pytest_packcheck.gate import _planned_in
+    from pytest_packcheck.analysis.gate import _planned_in
 
     cell = _gcell("m")
     full = {"settings": {"checks": ["isolation"], "dtypes": ["float32"], "backends": ["sdpa"], "models": ["arch:m"]}}

@@ -15,8 +15,9 @@ REPO = Path(__file__).resolve().parents[1]
 def _audit(models: list[str], backends: tuple[str, ...], checks: tuple[str, ...], tolerances: dict, **bench_kwargs) -> dict:
     """Run cells in this process (no plugin) and return a diagnosed document."""
     from pytest_packcheck.models import resolve_model
-    from pytest_packcheck.results import build_document, environment
-    from pytest_packcheck.runner import CellRunner, plan_cells
+    from pytest_packcheck.results.environment import environment
+    from pytest_packcheck.results.schema import build_document
+    from pytest_packcheck.run.runner import CellRunner, plan_cells
     from pytest_packcheck.specs import parse_model_spec
 
     resolved = [resolve_model(parse_model_spec(m, "test"), "test") for m in models]
@@ -189,8 +190,9 @@ def test_diagnosis_never_changes_a_verdict(tolerances):
     import copy
 
     from pytest_packcheck.models import resolve_model
-    from pytest_packcheck.results import build_document, environment
-    from pytest_packcheck.runner import CellRunner, plan_cells
+    from pytest_packcheck.results.environment import environment
+    from pytest_packcheck.results.schema import build_document
+    from pytest_packcheck.run.runner import CellRunner, plan_cells
     from pytest_packcheck.specs import parse_model_spec
 
     resolved = [resolve_model(parse_model_spec("arch:opt", "test"), "test")]
@@ -248,7 +250,7 @@ def test_hybrid_given_seq_idx_refuses_instead_of_mixing(tolerances):
 
     from pytest_packcheck import checks as C
     from pytest_packcheck.batches import default_collator_factory
-    from pytest_packcheck.runner import _classify_exception
+    from pytest_packcheck.run.runner import _classify_exception
 
     def with_seq_idx(**kwargs):
         return default_collator_factory(**{**kwargs, "return_flash_attn_kwargs": True, "return_seq_idx": True})
@@ -258,7 +260,7 @@ def test_hybrid_given_seq_idx_refuses_instead_of_mixing(tolerances):
         C.check_logits_parity(bench)
     assert "causal_conv1d" in str(exc.value)
     assert _classify_exception(exc.value) == "unsupported"
-    from pytest_packcheck.runner import CellRunner
+    from pytest_packcheck.run.runner import CellRunner
 
     result = CellRunner([], tolerances)._failed("check", exc.value)
     assert result.status == "unsupported" and result.cause == "stateful_layers_refused"

@@ -11,7 +11,7 @@ import torch
 
 from pytest_packcheck import fidelity as F
 from pytest_packcheck.backends import REFERENCE_BACKEND
-from pytest_packcheck.results import CheckResult
+from pytest_packcheck.results.schema import CheckResult
 
 TRL_0_19_1 = '''\
             if model.config._attn_implementation != "flash_attention_2":
@@ -82,7 +82,7 @@ def test_a_model_that_branches_on_the_name_makes_its_stand_in_cell_differ(tmp_pa
     model.config._attn_implementation = "flash_attention_2"
     assert F.stand_in_differs(model, REFERENCE_BACKEND) == []
 
-    from pytest_packcheck.runner import Cell, _fidelity
+    from pytest_packcheck.run.runner import Cell, _fidelity
 
     model.config._attn_implementation = REFERENCE_BACKEND
     bench = type("B", (), {"model": model})()

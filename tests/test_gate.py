@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from pytest_packcheck.gate import compare, merge, regressions
-from pytest_packcheck.results import SCHEMA_VERSION
+from pytest_packcheck.analysis.gate import compare, merge, regressions
+from pytest_packcheck.results.schema import SCHEMA_VERSION
 
 
 @pytest.fixture(scope="module")
@@ -113,9 +113,9 @@ def test_shards_partition_the_models(pytester):
 def test_missing_candidate_cell_is_a_regression_and_bad_files_are_usage_errors(baseline_path, tmp_path):
     import json
 
+    from pytest_packcheck.analysis.gate import compare, regressions
     from pytest_packcheck.errors import PackcheckUsageError
-    from pytest_packcheck.gate import compare, regressions
-    from pytest_packcheck.results import load_document
+    from pytest_packcheck.results.schema import load_document
 
     doc = load_document(baseline_path)
     empty = {**doc, "cells": []}

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
+from pytest_packcheck.analysis.gate import cell_causes, compare, index_cells, merge, regressions, render_summary
 from pytest_packcheck.errors import PackcheckUsageError
-from pytest_packcheck.gate import cell_causes, compare, index_cells, merge, regressions, render_summary
 
 
 def _cell(cell_id="llama-sdpa-trainer-float32", check="trainer", status="pass", cause=None, **over):
@@ -119,7 +119,8 @@ def test_gate_summary_flag_appends_markdown_and_names_an_unwritable_file(tmp_pat
 
 
 def test_a_version_that_is_not_released_is_a_usage_error_naming_the_nearest_releases():
-    from pytest_packcheck.envs import parse_versions, validate_versions
+    from pytest_packcheck.versions.envs import parse_versions
+    from pytest_packcheck.versions.releases import validate_versions
 
     asked: list[str] = []
 
@@ -146,9 +147,10 @@ def test_a_version_that_is_not_released_is_a_usage_error_naming_the_nearest_rele
 
 def test_unreleased_version_stops_the_audit_before_any_environment_is_built(pytester):
     pytester.makeconftest("""
-import pytest_packcheck.envs as envs
+import pytest_packcheck.versions.envs as envs
+import pytest_packcheck.versions.releases as releases
 
-envs.release_versions = lambda name, timeout=20.0: ["4.57.1", "5.23.0", "5.24.0"]
+releases.release_versions = lambda name, timeout=20.0: ["4.57.1", "5.23.0", "5.24.0"]
 
 def built(combo, log=None):
     raise AssertionError("an environment was built")
@@ -164,7 +166,7 @@ envs.ensure_env = built
 
 
 def test_version_environments_get_what_the_sft_checks_need():
-    from pytest_packcheck.envs import TRL_FLOOR, VersionCombo, _base_requirements, check_requirements, env_key
+    from pytest_packcheck.versions.envs import TRL_FLOOR, VersionCombo, _base_requirements, check_requirements, env_key
 
     combo = VersionCombo(("transformers==4.57.1",))
     assert check_requirements(("isolation", "trainer"), combo) == ()
@@ -180,7 +182,7 @@ def test_version_environments_get_what_the_sft_checks_need():
 def test_an_environment_where_no_trl_fits_is_made_without_it(monkeypatch, tmp_path):
     """uv cannot resolve the TRL floor beside this transformers: the environment is made without TRL (its sft
     cells then say TRL is missing) instead of every cell being an error."""
-    from pytest_packcheck import envs
+    from pytest_packcheck.versions import envs
 
     made = []
 
@@ -197,7 +199,7 @@ def test_an_environment_where_no_trl_fits_is_made_without_it(monkeypatch, tmp_pa
 
 
 def test_the_header_does_not_claim_a_library_the_environment_lacks():
-    from pytest_packcheck.gate import stack
+    from pytest_packcheck.analysis.gate import stack
 
     cell = _cell()
     cell["env"] = {"label": "transformers==4.57.1", "versions": {"transformers": "4.57.1"},

@@ -70,7 +70,7 @@ def test_a_bad_results_file_is_one_line_in_gate_and_merge(tmp_path, content, mes
 
 
 def test_a_device_given_as_a_file_is_refused_not_read_for_ever(tmp_path):
-    from pytest_packcheck.results import load_document
+    from pytest_packcheck.results.schema import load_document
     from pytest_packcheck.settings import load_tolerances
 
     with pytest.raises(PackcheckUsageError, match="Results file /dev/zero is not a regular file"):
@@ -114,7 +114,7 @@ def test_a_binary_tolerance_or_audit_file_is_one_line(tmp_path):
 
 
 def test_a_binary_length_file_for_bench_is_a_usage_error(tmp_path):
-    from pytest_packcheck.bench import sample_lengths
+    from pytest_packcheck.run.throughput import sample_lengths
 
     blob = tmp_path / "lengths.txt"
     blob.write_bytes(b"\xff\xfe12\n")
@@ -199,7 +199,6 @@ def test_a_disk_that_fills_at_the_report_write_says_so_and_resume_leaves_no_temp
 
 
 def test_write_set_on_a_full_disk_keeps_the_old_set_and_no_temp_file(tmp_path, monkeypatch):
-    from pytest_packcheck import results
     from pytest_packcheck.report import write_reports
 
     write_reports(tmp_path, _doc([_cell()]))
@@ -211,7 +210,7 @@ def test_write_set_on_a_full_disk_keeps_the_old_set_and_no_temp_file(tmp_path, m
         if len(calls) == 3:
             raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(results.os, "fsync", fsync)
+    monkeypatch.setattr(os, "fsync", fsync)
     with pytest.raises(PackcheckUsageError, match=r"packcheck-details.md: the disk is full \(No space left on device; \d+ KiB free\)"):
         write_reports(tmp_path, _doc([_cell(status="fail", message="new")]))
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == old
@@ -220,13 +219,13 @@ def test_write_set_on_a_full_disk_keeps_the_old_set_and_no_temp_file(tmp_path, m
 @pytest.mark.parametrize("code, says", [(errno.EACCES, "pass a writable -o"), (errno.EIO, "check the folder, or pass another one with -o"),
                                         (errno.EDQUOT, "the disk is full")])
 def test_write_failure_names_what_went_wrong(tmp_path, code, says):
-    from pytest_packcheck.results import write_failure
+    from pytest_packcheck.results.io import write_failure
 
     assert says in write_failure(tmp_path / "x.json", OSError(code, os.strerror(code)), "-o")
 
 
 def test_write_failure_names_the_file_that_failed(tmp_path):
-    from pytest_packcheck.results import write_failure
+    from pytest_packcheck.results.io import write_failure
 
     lock = tmp_path / "j.jsonl.lock"
     line = write_failure(tmp_path / "j.jsonl", OSError(errno.EISDIR, "Is a directory", str(lock)))
@@ -236,7 +235,7 @@ def test_write_failure_names_the_file_that_failed(tmp_path):
 
 
 def test_a_journal_that_cannot_be_written_is_named_once_and_the_run_goes_on(tmp_path, monkeypatch):
-    from pytest_packcheck.isolation import Journal
+    from pytest_packcheck.run.journal import Journal
 
     journal = Journal(tmp_path / "j.jsonl", "fp")
     journal.reset()
@@ -256,7 +255,7 @@ def test_a_journal_that_cannot_be_written_is_named_once_and_the_run_goes_on(tmp_
 
 
 def test_a_journal_reset_on_a_read_only_folder_is_a_usage_error(tmp_path, monkeypatch):
-    from pytest_packcheck.isolation import Journal
+    from pytest_packcheck.run.journal import Journal
 
     journal = Journal(tmp_path / "j.jsonl", "fp")
 
@@ -284,7 +283,7 @@ _KILL_AT = textwrap.dedent("""
         if len(calls) == at:
             os.kill(os.getpid(), signal.SIGKILL)
         return real(*a, **k)
-    setattr(results.os, where, killing)
+    setattr(os, where, killing)
     write_reports(Path(sys.argv[1]), json.loads(sys.stdin.read()))
 """)
 
@@ -482,7 +481,7 @@ def test_each_cell_says_what_weights_it_ran_and_the_header_does_not_claim_pretra
 
 def test_arch_cells_are_recorded_random_under_the_cuda_default(tmp_path, tolerances):
     from pytest_packcheck.models import resolve_model
-    from pytest_packcheck.runner import CellRunner, plan_cells
+    from pytest_packcheck.run.runner import CellRunner, plan_cells
     from pytest_packcheck.specs import parse_model_list
 
     resolved = resolve_model(parse_model_list(["arch:llama"], "test")[0], "test")
@@ -505,7 +504,7 @@ def test_resume_after_a_settings_change_says_what_changed(pytester):
 
 
 def test_merge_into_a_folder_an_audit_holds_is_refused(tmp_path):
-    from pytest_packcheck.session import hold_report_dir
+    from pytest_packcheck.run.process import hold_report_dir
 
     good = tmp_path / "good.json"
     good.write_text(json.dumps(_doc([_cell()])))
@@ -525,7 +524,7 @@ def test_merge_into_a_folder_an_audit_holds_is_refused(tmp_path):
 
 
 def test_versions_over_the_cap_are_refused_with_an_estimate():
-    from pytest_packcheck.envs import MAX_ENVIRONMENTS, parse_versions
+    from pytest_packcheck.versions.envs import MAX_ENVIRONMENTS, parse_versions
 
     eight = ",".join(f"5.{i}.0" for i in range(8))
     trl = ",".join(f"0.{i}.0" for i in range(8))
@@ -541,8 +540,8 @@ def test_versions_over_the_cap_are_refused_with_an_estimate():
 def test_a_cell_message_carrying_a_token_is_scrubbed_on_the_terminal(pytester):
     token = SHAPES[1]
     pytester.makeconftest(f"""
-        from pytest_packcheck import runner
-        from pytest_packcheck.results import CheckResult
+        from pytest_packcheck.run import runner
+        from pytest_packcheck.results.schema import CheckResult
 
         def planted(self, cell):  # a check whose message echoes a token (an exception naming a spec, say)
             return CheckResult("fail", {{"max_change": 1.0}}, "the model 'arch:llama{{api_token={token}}}' leaked")
@@ -557,7 +556,8 @@ def test_a_cell_message_carrying_a_token_is_scrubbed_on_the_terminal(pytester):
 
 
 def test_verify_remedies_rewrites_markdown_and_json_as_one_set(tmp_path, monkeypatch):
-    from pytest_packcheck import bisect, cli, results
+    from pytest_packcheck import cli, results
+    from pytest_packcheck.analysis import remedies
     from pytest_packcheck.report import write_reports
 
     write_reports(tmp_path, _doc([_cell()]))
@@ -566,7 +566,7 @@ def test_verify_remedies_rewrites_markdown_and_json_as_one_set(tmp_path, monkeyp
         doc["remedy_checks"] = []
         return []
 
-    monkeypatch.setattr(bisect, "verify_remedies", verify)
+    monkeypatch.setattr(remedies, "verify_remedies", verify)
     seen = []
     real = results.write_set
     monkeypatch.setattr(results, "write_set", lambda files, flag="--packcheck-report-dir": (seen.append([p.name for p, _ in files]), real(files, flag)))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_packcheck.isolation import Journal
+from pytest_packcheck.run.journal import Journal
 
 pytest_plugins = ["pytester"]
 

@@ -21,7 +21,7 @@ def new_library(monkeypatch):
 
 
 def test_a_new_record_reaches_the_environment_fingerprint_and_header(new_library):
-    from pytest_packcheck.results import environment
+    from pytest_packcheck.results.environment import environment
     from pytest_packcheck.run.sandbox import fingerprint
 
     env = environment()
@@ -33,7 +33,7 @@ def test_a_new_record_reaches_the_environment_fingerprint_and_header(new_library
 
 
 def test_an_unrecorded_library_changes_no_fingerprint():
-    from pytest_packcheck.results import environment
+    from pytest_packcheck.results.environment import environment
     from pytest_packcheck.run.sandbox import fingerprint
 
     env = environment()
@@ -42,7 +42,7 @@ def test_an_unrecorded_library_changes_no_fingerprint():
 
 
 def test_record_keys_follow_the_table():
-    from pytest_packcheck.results import environment
+    from pytest_packcheck.results.environment import environment
 
     env = environment()
     assert [lib.key for lib in L.recorded_libraries()] == ["torch", "transformers", "trl", "flash_attn"]
@@ -65,7 +65,7 @@ def test_version_axis_and_links_come_from_the_table():
 
 
 def test_upgrade_wording_is_written_and_read_by_the_table(new_library):
-    from pytest_packcheck.analysis.bisect import remedy_claims
+    from pytest_packcheck.analysis.remedies import remedy_claims
 
     assert L.upgrade_advice("trl", "0.23.1") == "upgrade TRL to >= 0.23.1"
     assert L.find_upgrade("train with flash, or upgrade TRL to >= 0.23.1 (bisected)") == ("trl", "0.23.1")

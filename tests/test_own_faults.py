@@ -63,7 +63,7 @@ def test_all_zero_reference_gradients_are_not_judged(_llama, tolerances):
 
 
 def _runner():
-    from pytest_packcheck.runner import CellRunner
+    from pytest_packcheck.run.runner import CellRunner
 
     runner = CellRunner([], {"float32": {}})
     runner._key = (0, "sdpa", "float32")

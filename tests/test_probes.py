@@ -7,7 +7,7 @@ from conftest import make_bench
 from faults import bidirectional_sdpa, windowless_sdpa
 
 from pytest_packcheck import checks as C
-from pytest_packcheck.runner import plan_cells
+from pytest_packcheck.run.runner import plan_cells
 
 
 def test_cross_backend_passes_on_sdpa_and_catches_a_backend_without_the_window(tolerances):
@@ -80,7 +80,7 @@ def test_lengths_and_sliding_window_reach_the_workbench(tolerances):
     """--packcheck-lengths 11,1,13 packs a one-token example between two (the loss reference counts its zero labels);
     --packcheck-sliding-window 16 is the window the shrink gives mistral."""
     from pytest_packcheck.models import resolve_model
-    from pytest_packcheck.runner import Cell, CellRunner
+    from pytest_packcheck.run.runner import Cell, CellRunner
     from pytest_packcheck.specs import parse_model_spec
 
     resolved = [resolve_model(parse_model_spec(m, "test"), "test") for m in ("arch:llama", "arch:mistral")]

@@ -116,7 +116,7 @@ def test_gate_on_a_corrupt_cell_is_exit_2_not_a_regression(tmp_path, bad, messag
 
 
 def test_journal_lines_of_the_wrong_shape_are_skipped_with_a_warning(tmp_path):
-    from pytest_packcheck.isolation import Journal
+    from pytest_packcheck.run.journal import Journal
 
     journal = Journal(tmp_path / "j.jsonl", "fp")
     journal.reset()
@@ -148,7 +148,7 @@ def test_resume_from_a_journal_of_the_wrong_shape_writes_a_current_matrix(pytest
 def test_a_matrix_that_cannot_be_written_removes_the_stale_one(tmp_path):
     from types import SimpleNamespace
 
-    from pytest_packcheck.session import PackcheckSession
+    from pytest_packcheck.run.session import PackcheckSession
 
     (tmp_path / "packcheck-matrix.md").write_text("old")
     (tmp_path / "packcheck-matrix.json").write_text("{}")
@@ -177,7 +177,7 @@ def _versions_doc(cells, versions):
 
 
 def test_two_files_of_different_version_environments_match_cell_by_cell(tmp_path):
-    from pytest_packcheck.gate import compare, regressions, render_changes, stack
+    from pytest_packcheck.analysis.gate import compare, regressions, render_changes, stack
 
     base = _versions_doc([_env_cell("llama", "5.24.0", "pass"), _env_cell("opt", "5.24.0", "skipped"),
                           _env_cell("opt", "5.24.0", "fail", backend="eager")], ["5.24.0"])
@@ -221,7 +221,7 @@ def test_gate_between_two_environments_of_one_file(tmp_path):
 FAKE_ENVS = '''
 import os
 if os.environ.get("PACKCHECK_FAKE_ENVS"):
-    import pytest_packcheck.envs as envs
+    import pytest_packcheck.versions.envs as envs
 
     def run_in_env(combo, settings, models, report_dir, threads=None):
         """Stand-in environments (no network): opt's sdpa isolation fails under the second version."""
@@ -248,7 +248,9 @@ if os.environ.get("PACKCHECK_FAKE_ENVS"):
 
     envs.run_in_env = run_in_env
     # the index's releases (one query per library, faked: no network)
-    envs.release_versions = lambda name, timeout=20.0: ["4.56.2", "4.57.0", "4.57.1", "5.23.0", "5.24.0"]
+    import pytest_packcheck.versions.releases as releases
+
+    releases.release_versions = lambda name, timeout=20.0: ["4.56.2", "4.57.0", "4.57.1", "5.23.0", "5.24.0"]
 '''
 
 
@@ -340,7 +342,7 @@ def _every_setting_changed(tmp_path, monkeypatch):
 def test_every_setting_survives_the_round_trip_through_argv(tmp_path, monkeypatch):
     from dataclasses import fields
 
-    from pytest_packcheck.envs import _tolerance_toml
+    from pytest_packcheck.versions.envs import _tolerance_toml
 
     settings_of, settings = _every_setting_changed(tmp_path, monkeypatch)
     tol = tmp_path / "tol.toml"
@@ -355,7 +357,7 @@ def test_every_setting_survives_the_round_trip_through_argv(tmp_path, monkeypatc
 
 
 def test_version_environment_child_keeps_timeout_and_isolation_and_has_a_limit(tmp_path, monkeypatch):
-    from pytest_packcheck import envs
+    from pytest_packcheck.versions import envs
 
     _, settings = _every_setting_changed(tmp_path, monkeypatch)
     combo = settings.versions[0]
@@ -380,7 +382,7 @@ def test_version_environment_child_keeps_timeout_and_isolation_and_has_a_limit(t
 def test_cpu_allocation_failure_is_an_oom_cell_with_memory_figures():
     import torch
 
-    from pytest_packcheck.runner import CellRunner
+    from pytest_packcheck.run.runner import CellRunner
 
     try:
         torch.empty(2**60, dtype=torch.uint8)
@@ -440,8 +442,8 @@ def test_pretrained_weights_are_counted_and_a_load_that_matched_nothing_is_refus
     from pytest_packcheck.diagnose import diagnose_document
     from pytest_packcheck.models import resolve_model
     from pytest_packcheck.report import render_markdown
-    from pytest_packcheck.results import build_document
-    from pytest_packcheck.runner import CellRunner, plan_cells
+    from pytest_packcheck.results.schema import build_document
+    from pytest_packcheck.run.runner import CellRunner, plan_cells
     from pytest_packcheck.specs import parse_model_spec
 
     folder = _saved_tiny_llama(tmp_path / "m", matching)

@@ -12,7 +12,7 @@ from pytest_packcheck import sft as S
 from pytest_packcheck.backends import REFERENCE_BACKEND
 from pytest_packcheck.batches import default_collator_factory
 from pytest_packcheck.diagnose import diagnose_document
-from pytest_packcheck.results import CellResult, CheckResult
+from pytest_packcheck.results.schema import CellResult, CheckResult
 
 
 def _collator(**fixed):

@@ -40,8 +40,8 @@ def test_cut_never_cuts_mid_word():
 
 
 def test_failure_text_leads_with_cause_and_remedy():
-    from pytest_packcheck.results import CellResult
-    from pytest_packcheck.session import PackcheckCellFailure, cause_and_remedy
+    from pytest_packcheck.results.schema import CellResult
+    from pytest_packcheck.run.items import PackcheckCellFailure, cause_and_remedy
 
     result = CellResult.from_dict(_cell("opt", "sdpa", "isolation", "fail", "leak"))
     cause, fix = cause_and_remedy(result)
@@ -75,7 +75,7 @@ def test_default_config_warnings_of_arch_specs_are_silenced(pytester):
     import transformers
     from transformers.utils import logging as hf_logging
 
-    from pytest_packcheck.session import _quiet_default_config
+    from pytest_packcheck.run.session import _quiet_default_config
 
     before = hf_logging.get_verbosity()
     with _quiet_default_config():

@@ -11,7 +11,7 @@ from pytest_packcheck.backends import varlen_reference_kernel
 from pytest_packcheck.errors import PackcheckUsageError
 from pytest_packcheck.models import resolve_model, shrink_config
 from pytest_packcheck.report import cell_status, render_details, render_markdown
-from pytest_packcheck.results import SCHEMA_VERSION, CellResult, build_document, load_document
+from pytest_packcheck.results.schema import SCHEMA_VERSION, CellResult, build_document, load_document
 from pytest_packcheck.settings import load_tolerances
 from pytest_packcheck.specs import load_audit, parse_model_spec
 
@@ -122,7 +122,7 @@ def test_load_document_schema(tmp_path):
 def test_oversized_shrunk_model_is_refused_before_allocation(monkeypatch, tolerances):
     """A config the shrink cannot make tiny is an error cell (counted on the meta device), never an OOM kill."""
     from pytest_packcheck import models
-    from pytest_packcheck.runner import Cell, CellRunner
+    from pytest_packcheck.run.runner import Cell, CellRunner
 
     monkeypatch.setattr(models, "MAX_RANDOM_PARAMS", 1000)
     resolved = resolve_model(parse_model_spec("arch:llama", "t"), "t")
@@ -170,7 +170,7 @@ def test_softcapped_model_on_torch_varlen_is_unsupported_not_silently_unsoftcapp
     """varlen_attn has no softcap. transformers 5.17 drops a kwarg the kernel does not declare (gemma2 would run
     unsoftcapped and pass), 5.24 refuses it: the kernel declares softcap and refuses it, so both are unsupported."""
     from pytest_packcheck.backends import STAND_IN_ENV, TORCH_VARLEN_BACKEND
-    from pytest_packcheck.runner import Cell, CellRunner
+    from pytest_packcheck.run.runner import Cell, CellRunner
 
     monkeypatch.setenv(STAND_IN_ENV, "1")
     resolved = resolve_model(parse_model_spec("arch:gemma2", "t"), "t")
@@ -183,8 +183,8 @@ def test_softcapped_model_on_torch_varlen_is_unsupported_not_silently_unsoftcapp
 def test_model_with_a_fixed_attention_table_is_unsupported(monkeypatch, tolerances):
     """falcon on 5.17 looks its attention class up by name (FALCON_ATTENTION_CLASSES[...]): a KeyError naming the
     backend at build time is the model refusing the backend, not a crash. Another KeyError stays an error."""
-    from pytest_packcheck import runner
-    from pytest_packcheck.runner import Cell, CellRunner
+    from pytest_packcheck.run import runner
+    from pytest_packcheck.run.runner import Cell, CellRunner
 
     resolved = resolve_model(parse_model_spec("arch:llama", "t"), "t")
     cells = CellRunner([resolved], tolerances)

@@ -199,7 +199,7 @@ def test_a_real_kernel_handed_broken_arguments_fails_the_backend_check(flash_ref
     got = C.check_backend(flash_ref)
     assert got.status == "fail" and got.cause == "kernel_arguments", got.message
     assert got.evidence["cu_seqlens_dtype"]["received"] == "int64 / int64" and "int64 / int64" in got.message
-    from pytest_packcheck.runner import CellRunner
+    from pytest_packcheck.run.runner import CellRunner
 
     runner = CellRunner([], {"float32": {}})
     runner._key = (0, BK.REFERENCE_BACKEND, "float32")

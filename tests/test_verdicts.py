@@ -41,7 +41,7 @@ def test_settings_help_and_readme_agree_with_the_registry():
 
 
 def _cell(model: str, backend: str | None, check: str, status: str, cause: str | None = None, **metrics) -> dict:
-    from pytest_packcheck.results import CellResult
+    from pytest_packcheck.results.schema import CellResult
 
     c = CellResult(cell_id="-".join(x for x in (model, backend, check, "float32") if x), model={
         "label": model, "model_type": model, "model_class": "M", "revision": None}, backend=backend, check=check,
@@ -125,7 +125,7 @@ def test_schema_1_results_file_is_upgraded_and_rendered():
     cause codes get packed_mismatch, and llama on sdpa reads ✅ with the hazards counted once."""
     from pytest_packcheck.diagnose import diagnose_document
     from pytest_packcheck.report import render_markdown
-    from pytest_packcheck.results import SCHEMA_VERSION, load_document
+    from pytest_packcheck.results.schema import SCHEMA_VERSION, load_document
 
     doc = diagnose_document(load_document(REPO / "tests" / "data" / "schema-1.json"))
     assert doc["schema_version"] == SCHEMA_VERSION
@@ -136,7 +136,7 @@ def test_schema_1_results_file_is_upgraded_and_rendered():
 
 
 def test_terminal_summary_and_gate_table_are_plain_text():
-    from pytest_packcheck.gate import compare, render_changes
+    from pytest_packcheck.analysis.gate import compare, render_changes
     from pytest_packcheck.report import render_terminal
 
     doc = _doc(_correct("llama") + [_cell("opt", "sdpa", "isolation", "fail", "leak", max_change=0.3)])
@@ -232,7 +232,7 @@ def test_incomplete_run_is_marked_in_every_report():
 def test_a_pass_resting_on_a_number_that_is_not_finite_is_corrupt(tmp_path):
     """A pass whose key number is NaN (or text) cannot back a verdict or a gate comparison: the file is refused."""
     from pytest_packcheck.errors import PackcheckUsageError
-    from pytest_packcheck.results import load_document
+    from pytest_packcheck.results.schema import load_document
 
     doc = _doc(_correct("llama"))
     doc["cells"][0]["metrics"]["max_change"] = float("nan")

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_packcheck import envs
 from pytest_packcheck.errors import PackcheckUsageError
+from pytest_packcheck.versions import envs
 
 
 def test_axes_multiply_and_combinations_are_kept():
@@ -100,7 +100,7 @@ def test_uv_reason_is_one_line():
 
 
 def test_gpu_per_xdist_worker():
-    from pytest_packcheck.session import gpu_for_worker
+    from pytest_packcheck.run.process import gpu_for_worker
 
     assert gpu_for_worker("gw0", ["0", "1"]) == "0" and gpu_for_worker("gw3", ["0", "1"]) == "1"
     assert gpu_for_worker("gw1", ["4", "6", "7"]) == "6"
@@ -118,7 +118,7 @@ def _cell(label, env, status, backend="sdpa", check="isolation", versions=None):
 
 
 def _doc(cells):
-    from pytest_packcheck.results import SCHEMA_VERSION
+    from pytest_packcheck.results.schema import SCHEMA_VERSION
 
     return {"schema_version": SCHEMA_VERSION, "environment": {"torch": "2.13.0+cpu", "transformers": "5.24.0", "device": "cpu"},
             "settings": {"backends": ["sdpa"], "checks": ["isolation"], "versions": []}, "command": "x", "cells": cells}
@@ -167,7 +167,7 @@ def test_training_modes_table_gives_each_mode_its_number():
 
 
 def test_gate_compares_cells_of_the_same_environment():
-    from pytest_packcheck.gate import compare, regressions
+    from pytest_packcheck.analysis.gate import compare, regressions
 
     base = _doc([_cell("llama", "transformers==4.51.3", "fail"), _cell("llama", "transformers==5.24.0", "pass")])
     same = compare(base, base)
@@ -180,7 +180,7 @@ def test_gate_compares_cells_of_the_same_environment():
 def test_environment_that_cannot_be_made_becomes_error_cells(pytester):
     """An unsatisfiable combination is an error cell per cell, with uv's reason; the run and the matrix survive."""
     pytester.makeconftest("""
-import pytest_packcheck.envs as envs
+import pytest_packcheck.versions.envs as envs
 
 def refuse(combo, log=None):
     raise envs.EnvError(" ".join(combo.requirements) + ": not installable: Because trl>=1.16.0 depends on transformers>=4.56.2 ...")
@@ -417,8 +417,8 @@ def test_controller_never_initialises_cuda_before_forking(tmp_path, monkeypatch)
 
     import torch
 
-    from pytest_packcheck.results import environment
-    from pytest_packcheck.session import PackcheckSession
+    from pytest_packcheck.results.environment import environment
+    from pytest_packcheck.run.session import PackcheckSession
 
     smi = tmp_path / "nvidia-smi"
     smi.write_text('#!/bin/sh\necho "NVIDIA H200"\n')

@@ -18,7 +18,7 @@ def _bench(spec: str, backend: str, tolerances: dict, **kwargs):
     from pytest_packcheck.backends import REFERENCE_BACKEND, register_reference_backend
     from pytest_packcheck.checks import Workbench
     from pytest_packcheck.models import build_model, position_layout, resolve_model
-    from pytest_packcheck.runner import text_config
+    from pytest_packcheck.run.runner import text_config
     from pytest_packcheck.specs import parse_model_spec
 
     if backend == REFERENCE_BACKEND:

@@ -1,32 +1,25 @@
-"""Crash isolation, per-cell timeouts and the results journal.
+"""The sandbox a model's cells run in: a forked child per model, with crash isolation and per-cell timeouts.
 
 A model's cells run in a forked child process (``fork`` copies the already-imported torch and transformers, so
 a child costs milliseconds, not an interpreter start). The child sends each cell's result through a pipe as
 soon as it has it; the parent appends it to the journal at once. When the child dies (abort, segfault, an
 OOM kill) the cell it was running becomes an ``error`` cell with the signal and the last lines of the child's
 output; when no result arrives within the timeout the child is killed and that cell is a ``timeout`` cell.
-Either way a new child takes the remaining cells: one broken cell never costs the others.
-
-The journal is a JSON-lines file, one finished cell per line, each stamped with the run's fingerprint
-(settings and library versions). ``--packcheck-resume`` takes the cells already journaled under the same
-fingerprint instead of running them again; a line cut off by a kill is skipped with a warning.
+Either way a new child takes the remaining cells: one broken cell never costs the others. The parent hands each
+result to ``on_result`` (the session appends it to the journal, :mod:`.journal`).
 """
 
 from __future__ import annotations
 
 import gc
-import hashlib
 import json
 import os
 import signal
 import tempfile
 import time
-import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
-
-from .errors import PackcheckUsageError, PackcheckWarning
 
 #: Default seconds a single cell may run (model build included) before its child is killed.
 DEFAULT_TIMEOUT_S = 600.0
@@ -112,8 +105,8 @@ def warm_up(tolerances: dict[str, float], device: str, backends: Iterable[str] =
         import torch
         from transformers import AutoModelForCausalLM, LlamaConfig
 
-        from . import checks
-        from .backends import REFERENCE_BACKEND, backend_build, prepare_backend_model, register_reference_backend
+        from .. import checks
+        from ..backends import REFERENCE_BACKEND, backend_build, prepare_backend_model, register_reference_backend
         from .runner import _no_compile_on_cpu
     except Exception:  # noqa: BLE001 - warming up is an optimisation; the cells report real problems
         return
@@ -164,7 +157,7 @@ def run_isolated(
     """
     import multiprocessing
 
-    from .results import CellResult
+    from ..results.schema import CellResult
 
     ctx = multiprocessing.get_context("fork")
     results: dict[str, Any] = {}
@@ -219,120 +212,3 @@ def run_isolated(
                     proc.join()
             Path(log_path).unlink(missing_ok=True)
     return results
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Journal
-
-
-def fingerprint(settings: dict[str, Any], environment: dict[str, Any], tolerances: dict[str, Any]) -> str:
-    """What must match for a journaled cell to be reused: settings, tolerances, the versions of packcheck,
-    Python and the recorded libraries (:func:`~pytest_packcheck.versions.libraries.recorded_libraries`), and the
-    device."""
-    from .versions.libraries import recorded_libraries
-
-    keys = ("packcheck", "python", *(lib.key for lib in recorded_libraries()), "device", "cuda", "device_name")
-    payload = {"settings": settings, "tolerances": tolerances, "environment": {k: environment.get(k) for k in keys}}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-class Journal:
-    """Append-only JSON lines: ``{"fingerprint": ..., "cell": {...}}`` per finished cell. Several processes
-    (xdist workers) append to one file; a file lock keeps each line whole."""
-
-    def __init__(self, path: str | Path, fp: str) -> None:
-        self.path = Path(path)
-        self.fp = fp
-        #: the first write error (OSError), after which the run goes on without a journal
-        self.failed: OSError | None = None
-        #: cells the last :meth:`load` found journaled under another fingerprint (settings, tolerances, versions)
-        self.other_cells = 0
-
-    def reset(self) -> None:
-        """Empty the journal (a fresh run).
-
-        Raises:
-            PackcheckUsageError: the report folder cannot be written (a full disk is named as such).
-        """
-        from .results import write_failure
-
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.path.write_text("")
-        except OSError as exc:
-            raise PackcheckUsageError(write_failure(self.path, exc)) from None
-
-    def append(self, cell_json: str) -> None:
-        """Add one finished cell. A write that fails (a disk that filled up during the run) is named once in a
-        :class:`PackcheckWarning` and the run goes on without a journal: the cell's verdict stands, only
-        --packcheck-resume cannot reuse the cells from then on."""
-        if self.failed is not None:
-            return
-        try:
-            self._append(cell_json)
-        except OSError as exc:
-            from .results import write_failure
-
-            self.failed = exc
-            warnings.warn(PackcheckWarning(f"packcheck journal: {write_failure(self.path, exc)} The run goes on and its "
-                                           "cells keep their verdicts; from this cell on none is journaled, so "
-                                           "--packcheck-resume would run them again."), stacklevel=2)
-
-    def _append(self, cell_json: str) -> None:
-        from filelock import FileLock
-
-        from .results import scrub
-
-        line = scrub(json.dumps({"fingerprint": self.fp, "cell": json.loads(cell_json)}, sort_keys=True)) + "\n"
-        with FileLock(str(self.path) + ".lock"), open(self.path, "a+b") as fh:
-            # a line cut off by a kill has no newline: end it first, so this line stays whole
-            fh.seek(0, os.SEEK_END)
-            if fh.tell():
-                fh.seek(-1, os.SEEK_END)
-                if fh.read(1) != b"\n":
-                    fh.write(b"\n")
-            fh.write(line.encode("utf-8"))
-            fh.flush()
-            os.fsync(fh.fileno())
-
-    def load(self) -> dict[str, dict[str, Any]]:
-        """Cells journaled under this fingerprint (the last line per cell wins). Lines that do not parse (cut
-        off by a kill) are skipped with a warning; lines of another fingerprint are ignored."""
-        if not self.path.exists():
-            return {}
-        from .results import cell_problem
-
-        cells: dict[str, dict[str, Any]] = {}
-        others: set[str] = set()
-        bad = 0
-        shapes: list[str] = []
-        for line in _lines(self.path):
-            try:
-                entry = json.loads(line)
-            except json.JSONDecodeError:
-                bad += 1
-                continue
-            problem = (cell_problem(entry.get("cell")) if isinstance(entry, dict)
-                       else f"a line is a JSON {type(entry).__name__}, not an object")
-            if problem:  # valid JSON of the wrong shape: edited by hand or written by something else
-                shapes.append(problem)
-                continue
-            if entry.get("fingerprint") == self.fp:
-                cells[entry["cell"]["cell_id"]] = entry["cell"]
-            else:
-                others.add(entry["cell"]["cell_id"])
-        self.other_cells = len(others - set(cells))
-        if bad:
-            warnings.warn(f"packcheck journal {self.path}: skipped {bad} unreadable line(s) (cut off by a kill?); "
-                          "those cells run again.", PackcheckWarning, stacklevel=2)
-        if shapes:
-            warnings.warn(f"packcheck journal {self.path}: skipped {len(shapes)} line(s) that are not journal entries "
-                          f"(first: {shapes[0]}); those cells run again.", PackcheckWarning, stacklevel=2)
-        return cells
-
-
-def _lines(path: Path) -> Iterable[str]:
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        for line in fh:
-            if line.strip():
-                yield line

@@ -32,8 +32,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from .errors import PackcheckUsageError
-from .versions.libraries import LIBRARIES, axis_libraries, hardware_patterns
+from ..errors import PackcheckUsageError
+from .libraries import LIBRARIES, axis_libraries, hardware_patterns
 
 #: Distributions bound to this machine's hardware or to the torch build (the table's hardware libraries and the
 #: CUDA packages): linked from the base environment, never installed into a version environment. Matched
@@ -103,7 +103,7 @@ def _parse_one(text: str, source: str) -> Any:
         )
     known = set(KNOWN_LIBRARIES) | {canonical(d.metadata["Name"] or "") for d in metadata.distributions()}
     if canonical(req.name) not in known:
-        from .errors import closest
+        from ..errors import closest
 
         hint = closest(canonical(req.name), KNOWN_LIBRARIES)
         raise PackcheckUsageError(
@@ -262,7 +262,7 @@ def _hardware_dists() -> list[metadata.Distribution]:
 
 
 def _package_root() -> Path:
-    return Path(__file__).resolve().parent
+    return Path(__file__).resolve().parents[1]  # pytest_packcheck/ (this module is in its versions/)
 
 
 def _base_requirements(combo: VersionCombo) -> list[str]:
@@ -521,12 +521,12 @@ def run_in_env(combo: VersionCombo, settings: Any, models: list[str], report_dir
         log = report_dir / log_rel
         log.parent.mkdir(parents=True, exist_ok=True)
         text = f"$ {' '.join(args[1:])}\n# exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-        from .results import scrub
+        from ..results.io import scrub
 
         try:
             log.write_text(scrub(text))  # no tokens, no home-directory paths in what a report links to
         except OSError as exc:  # the disk filled up during the run: one line, not a traceback
-            from .results import write_failure
+            from ..results.io import write_failure
 
             raise PackcheckUsageError(write_failure(log, exc)) from None
         result = out / "packcheck-matrix.json"
@@ -540,7 +540,7 @@ def run_in_env(combo: VersionCombo, settings: Any, models: list[str], report_dir
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# What the checks need, and whether the versions exist
+# What the checks need (whether the versions exist: versions/releases.py)
 
 
 #: The TRL a version environment gets for the SFT checks when the combination names none: packcheck's own floor
@@ -556,7 +556,7 @@ def check_requirements(checks: Any, combo: VersionCombo) -> tuple[str, ...]:
     the TRL that fits the environment's transformers. Issue 27: with ``--packcheck-checks trainer,sft`` the sft
     cells were skipped with "No module named 'datasets'" inside the environments while the header said trl 1.16.0.
     Where no TRL fits, :func:`run_in_env` makes the environment without it and the sft cells say so."""
-    from .registry import SPECS
+    from ..registry import SPECS
 
     if "trl" in set(combo.names()):
         return ()
@@ -567,87 +567,3 @@ def check_requirements(checks: Any, combo: VersionCombo) -> tuple[str, ...]:
             return ()
         return (TRL_FLOOR,)
     return ()
-
-
-#: The package index a version is checked against: uv's / pip's configured index, else PyPI's simple API.
-def index_url() -> str:
-    for var in ("UV_DEFAULT_INDEX", "UV_INDEX_URL", "PIP_INDEX_URL"):
-        if os.environ.get(var):
-            return os.environ[var].rstrip("/")
-    return "https://pypi.org/simple"
-
-
-def release_versions(name: str, timeout: float = 20.0) -> list[str]:
-    """Every version of ``name`` on the index (PEP 691 JSON simple API, ``versions`` of PEP 700): one query.
-
-    Raises:
-        OSError: the index cannot be reached or answers with something else (the caller decides what that means).
-    """
-    import urllib.request
-
-    req = urllib.request.Request(f"{index_url()}/{canonical(name)}/",
-                                 headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        data = json.loads(resp.read().decode("utf-8"))
-    versions = data.get("versions") if isinstance(data, dict) else None
-    if not isinstance(versions, list):
-        raise OSError(f"{index_url()} did not list versions for {name}")
-    return [str(v) for v in versions]
-
-
-def _nearest(wanted: str, releases: list[Any]) -> list[str]:
-    """The releases just below and just above ``wanted`` (two each at most), in version order."""
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        target = Version(wanted)
-    except InvalidVersion:
-        return [str(v) for v in releases[-3:]]
-    below = [v for v in releases if v < target]
-    above = [v for v in releases if v > target]
-    return [str(v) for v in below[-2:] + above[:2]]
-
-
-def validate_versions(combos: list[VersionCombo], source: str, lookup: Any = None) -> list[str]:
-    """Check every requirement of ``combos`` against the package index before any environment is built: one
-    query per library (``lookup``, default :func:`release_versions`). Returns notes for libraries that could
-    not be checked (the index unreachable, or ``UV_OFFLINE`` set): uv says then what it cannot install.
-
-    Raises:
-        PackcheckUsageError: a requirement that no release satisfies, naming the nearest releases and the fix.
-    """
-    from packaging.requirements import Requirement
-    from packaging.version import InvalidVersion, Version
-
-    lookup = lookup or release_versions
-    if os.environ.get("UV_OFFLINE", "").lower() in ("1", "true", "yes"):
-        return ["versions not checked against the index (UV_OFFLINE is set)"]
-    by_name: dict[str, list[Requirement]] = {}
-    for combo in combos:
-        for text in combo.requirements:
-            req = Requirement(text)
-            by_name.setdefault(canonical(req.name), []).append(req)
-    notes: list[str] = []
-    for name, reqs in by_name.items():
-        try:
-            found = lookup(name)
-        except (OSError, ValueError) as exc:
-            notes.append(f"{name} versions not checked against {index_url()} ({type(exc).__name__}: {exc})")
-            continue
-        releases = []
-        for v in found:
-            try:
-                releases.append(Version(v))
-            except InvalidVersion:
-                continue
-        releases.sort()
-        final = [v for v in releases if not v.is_prerelease and not v.is_devrelease]
-        for req in dict.fromkeys(reqs):
-            if any(req.specifier.contains(v, prereleases=True) for v in releases):
-                continue
-            pins = [s.version for s in req.specifier if s.operator in ("==", "===")]
-            near = _nearest(pins[0] if pins else str(final[-1] if final else ""), final or releases)
-            raise PackcheckUsageError(
-                f"'{req}' (from {source}) matches no release of {name} on {index_url()}: the nearest releases are "
-                f"{', '.join(near) or 'none'}. Pass a released version, e.g. {name}=={near[-1] if near else 'X.Y.Z'}.")
-    return notes

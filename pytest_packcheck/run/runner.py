@@ -7,6 +7,7 @@ group is cached per process, which suits pytest's in-order run and xdist's ``--d
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 import traceback
@@ -14,8 +15,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from . import batches as B
-from .backends import (
+from .. import batches as B
+from ..analysis.verdicts import unbacked_pass
+from ..backends import (
     FLASH_FAMILY,
     REFERENCE_BACKEND,
     TORCH_VARLEN_BACKEND,
@@ -25,10 +27,10 @@ from .backends import (
     backend_availability,
     register_reference_backend,
 )
-from .checks import Workbench
-from .models import LibraryConfigError, ResolvedModel, ShrinkError, build_model, position_layout, unshrunk_forward_reproduces
-from .registry import MODEL_LEVEL_CHECKS, SPECS
-from .results import CellResult, CheckResult, unbacked_pass
+from ..checks import Workbench
+from ..models import LibraryConfigError, ResolvedModel, ShrinkError, build_model, position_layout, unshrunk_forward_reproduces
+from ..registry import MODEL_LEVEL_CHECKS, SPECS
+from ..results.schema import CellResult, CheckResult
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,8 @@ _UNSUPPORTED_MARKERS = (
 
 #: Refusals that name stateful layers: the model cannot keep packed examples apart (transformers' mamba /
 #: causal_conv1d paths raise these for packed rows).
-_STATEFUL_REFUSALS = ("causal_conv1d", "can't keep packed sequences apart")
+STATEFUL_REFUSALS = ("causal_conv1d", "can't keep packed sequences apart")
+_STATEFUL_REFUSALS = STATEFUL_REFUSALS  # the old private name, imported by guard.py until it reads the public one
 
 
 class ResolveError(RuntimeError):
@@ -163,7 +166,7 @@ def _fidelity(result: CheckResult, bench: Workbench, cell: Cell) -> CheckResult:
     """A stand-in cell whose model (or TRL, for the SFT checks) branches on the flash_attention_2 name is not a
     verdict on FlashAttention-2 (:mod:`fidelity`): "not checked: differs from real FA2 because ...", with the
     stand-in's own measurement kept in the evidence."""
-    from .fidelity import stand_in_differs
+    from ..fidelity import stand_in_differs
 
     if result.status not in ("pass", "fail", "fallback", "error") or result.cause in ("packcheck_error", "library_config"):
         return result
@@ -178,12 +181,16 @@ def _fidelity(result: CheckResult, bench: Workbench, cell: Cell) -> CheckResult:
                                             "measured_cause": result.cause})
 
 
+#: pytest_packcheck's own folder (this module is in its ``run/``): a crash whose frames are all here is packcheck's.
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 def _library_dirs() -> tuple[str, ...]:
     """Folders whose frames do not make a crash the model's: packcheck itself, torch and the standard library."""
     import os
     import sysconfig
 
-    dirs = [os.path.dirname(os.path.abspath(__file__)), sysconfig.get_paths()["stdlib"]]
+    dirs = [_PACKAGE_DIR, sysconfig.get_paths()["stdlib"]]
     torch = sys.modules.get("torch")
     if torch is not None and getattr(torch, "__file__", None):
         dirs.append(os.path.dirname(os.path.abspath(torch.__file__)))
@@ -205,7 +212,7 @@ def own_fault(exc: BaseException) -> list[str] | None:
     frames = traceback.extract_tb(exc.__traceback__)[1:] if exc.__traceback__ is not None else []
     if not frames:
         return None
-    own_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "")
+    own_dir = os.path.join(_PACKAGE_DIR, "")
     allowed = _library_dirs()
     paths = [os.path.abspath(f.filename) for f in frames]
     if not all(p.startswith(allowed) for p in paths):
@@ -275,7 +282,7 @@ def text_config(config: Any) -> Any:
 
 
 def _no_pass_on_non_finite(check: str, result: CheckResult) -> CheckResult:
-    """A pass whose key number is NaN or infinite is no pass (:func:`results.unbacked_pass`): every
+    """A pass whose key number is NaN or infinite is no pass (:func:`analysis.verdicts.unbacked_pass`): every
     ``x > tolerance`` comparison is False for NaN, so a check that forgot to test finiteness would pass on it
     (gemma3n's grad_parity on the varlen reference did). Such a cell becomes an error with cause ``non_finite``;
     the number is kept."""
@@ -389,7 +396,7 @@ class CellRunner:
     def _unshrunk_reproduces(self, exc: BaseException) -> str | None:
         """:func:`unshrunk_forward_reproduces` for the current model, once per model and error (a model that
         crashes in every check builds its full-size meta twin once)."""
-        from .models import _normalised
+        from ..models import _normalised
 
         key = (self._key[0] if self._key else None, type(exc).__name__, _normalised(str(exc)))
         if key[0] is None or not 0 <= key[0] < len(self.models):
@@ -412,7 +419,7 @@ class CellRunner:
             figures = ", ".join(f"{k} {v}" for k, v in metrics.items() if k.endswith("_mib"))
             return CheckResult("oom", metrics, f"out of memory in {stage}: {_short(exc)} ({figures})")
         cause = None
-        if status == "unsupported" and any(m in str(exc) for m in _STATEFUL_REFUSALS):
+        if status == "unsupported" and any(m in str(exc) for m in STATEFUL_REFUSALS):
             cause = "stateful_layers_refused"
         backend = self._key[1] if self._key else None
         if isinstance(exc, NameError) and backend in FLASH_FAMILY and "flash" in (exc.name or str(exc)):

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import PackcheckUsageError, read_user_text
+from ..errors import PackcheckUsageError, read_user_text
 
 #: Built-in length profiles (tokens per example). flan: short instructions with a long tail (most under 300
 #: tokens, some past 1500), very variable; orcamath: longer and uniform-ish; uniform / fixed: for control.
@@ -124,7 +124,7 @@ def _step(model: Any, optimizer: Any, batch: dict[str, Any], cuda: bool, instrum
 
     import torch
 
-    from .backends import count_attention_calls
+    from ..backends import count_attention_calls
 
     if cuda:
         torch.cuda.synchronize()
@@ -250,7 +250,7 @@ def load_targets(path: str | Path | None = None) -> dict[str, dict[str, float]]:
     """
     import tomllib
 
-    from .specs import PACKAGE_AUDIT_DIR
+    from ..specs import PACKAGE_AUDIT_DIR
 
     file = Path(path) if path else PACKAGE_AUDIT_DIR / "bench_targets.toml"
     data = tomllib.loads(file.read_text())
@@ -333,8 +333,8 @@ def render_bench(results: list[dict[str, Any]], env: dict[str, Any], model_label
     """Markdown: one row per profile, then the per-mode details."""
     from tabulate import tabulate
 
-    from .backends import backend_labels
-    from .markdown import escape_md
+    from ..backends import backend_labels
+    from ..markdown import escape_md
 
     attn = results[0].get("attn_implementation", "") if results else ""
     lines = [f"# packcheck bench — {escape_md(model_label)}", "",
@@ -397,9 +397,9 @@ def bench_audit(doc: dict[str, Any], profiles: list[str], steps: int, device: st
     """``packcheck bench`` for every model of an audit document (on :func:`bench_backend`, the audit's weights
     and size), one entry per model and profile. A model that cannot be built or benched becomes an entry with
     ``error`` (its reason), never an exception: the audit's results are already written."""
-    from .backends import REFERENCE_BACKEND, TORCH_VARLEN_BACKEND, register_reference_backend
-    from .models import build_model, resolve_model
-    from .specs import parse_model_spec
+    from ..backends import REFERENCE_BACKEND, TORCH_VARLEN_BACKEND, register_reference_backend
+    from ..models import build_model, resolve_model
+    from ..specs import parse_model_spec
 
     out: list[dict[str, Any]] = []
     targets = load_targets()
@@ -444,7 +444,7 @@ def _packing_fails(cells: list[dict[str, Any]], r: dict[str, Any]) -> list[str]:
     """The checks that failed (or fell back) for the benched model, backend and dtype among the registry's
     checks that bear on bench (a packed row, use_cache=False, no attention_mask): a speedup there is the speed
     of a wrong result. Errors (inconclusive) are not counted."""
-    from .registry import BENCH_RELEVANT_CHECKS
+    from ..registry import BENCH_RELEVANT_CHECKS
 
     return sorted({c["check"] for c in cells if c["model"]["label"] == r["model"]["label"]
                    and c["backend"] == r.get("attn_implementation") and c["dtype"] == r.get("dtype")
@@ -469,7 +469,7 @@ def bench_section(bench: dict[str, Any], cells: list[dict[str, Any]]) -> list[st
     """What packing buys (``packcheck audit --bench``): one row per model and profile, with its backend."""
     from tabulate import tabulate
 
-    from .markdown import escape_md
+    from ..markdown import escape_md
 
     rows, failed, wrong = [], [], {}
     for r in bench["results"]:

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .errors import PackcheckUsageError
-from .versions.libraries import LIBRARIES, find_upgrade
+from ..errors import PackcheckUsageError
+from ..versions.libraries import LIBRARIES
 
 #: Where the releases pages of the libraries of the table live (owner/repo on GitHub).
 RELEASE_REPOS = {lib.name: lib.repo for lib in LIBRARIES if lib.repo}
@@ -184,7 +184,7 @@ def fetch_index_page(library: str, timeout: float = 30.0) -> dict[str, Any]:
     import urllib.error
     import urllib.request
 
-    from .envs import canonical
+    from ..versions.envs import canonical
 
     base = os.environ.get(INDEX_ENV_VAR) or DEFAULT_INDEX
     url = f"{base.rstrip('/')}/{canonical(library)}/"
@@ -203,7 +203,7 @@ def fetch_index_page(library: str, timeout: float = 30.0) -> dict[str, Any]:
 
 def release_notes_url(library: str, version: str) -> str:
     """The GitHub releases page of ``version`` (text only; nothing is fetched). Empty for an unknown library."""
-    from .envs import canonical
+    from ..versions.envs import canonical
 
     repo = RELEASE_REPOS.get(canonical(library))
     return f"https://github.com/{repo}/releases/tag/v{version}" if repo else ""
@@ -232,11 +232,11 @@ def parse_cell_id(cell_id: str, source: str, model: str | None = None) -> CellRe
     Raises:
         PackcheckUsageError: an unknown dtype, check or backend, or no model label.
     """
-    from .backends import KNOWN_BACKENDS
-    from .checks import CHECKS, MODEL_LEVEL_CHECKS
-    from .errors import closest
-    from .settings import DTYPES
-    from .specs import parse_model_spec
+    from ..backends import KNOWN_BACKENDS
+    from ..checks import CHECKS, MODEL_LEVEL_CHECKS
+    from ..errors import closest
+    from ..settings import DTYPES
+    from ..specs import parse_model_spec
 
     text = cell_id.strip()
     head, sep, env = text.rpartition("@")
@@ -290,7 +290,7 @@ def parse_sides(good: str, bad: str) -> Sides:
     """
     from packaging.requirements import Requirement
 
-    from .envs import canonical, parse_versions
+    from ..versions.envs import canonical, parse_versions
 
     def pins(spec: str, flag: str) -> dict[str, str]:
         combos = parse_versions([spec], flag)
@@ -326,7 +326,7 @@ def parse_sides(good: str, bad: str) -> Sides:
 
 
 def _key_number(cell: dict[str, Any]) -> str:
-    from .report import KEY_METRIC
+    from ..report import KEY_METRIC
 
     key = KEY_METRIC.get(cell["check"])
     value = (cell.get("metrics") or {}).get(key[0]) if key else None
@@ -339,7 +339,7 @@ def judge(cell: dict[str, Any] | None, cause: str | None, supported: bool, doc_e
     """(holds, detail) of one cell record. Default: pass holds, fail / fallback does not, anything else is
     skipped. With ``cause``: the cell holds when its diagnosis names neither that cause nor a finding of it.
     With ``supported``: holds when the cell gives any verdict, not when it is unsupported."""
-    from .diagnose import diagnose_document
+    from ..diagnose import diagnose_document
 
     if cell is None:
         return None, "the run gave no such cell"
@@ -369,7 +369,7 @@ def probe_settings(models: list[str], backends: tuple[str, ...], checks: tuple[s
                    weights: str = "random") -> Any:
     """The :class:`~pytest_packcheck.settings.Settings` of a probe run: those cells only, on CPU, default
     tolerances and timeout, forked isolation."""
-    from .settings import Settings, load_tolerances
+    from ..settings import Settings, load_tolerances
 
     tolerances, source = load_tolerances(None, None, "default")
     return Settings(models=tuple(models), model_source="packcheck bisect", backends=backends, checks=checks, dtypes=dtypes,
@@ -382,7 +382,7 @@ def cell_probe(ref: CellRef, sides: Sides, report_dir: Any, cause: str | None = 
     """A probe for :func:`bisect_releases`: for a version of ``sides.library``, make (or find) the environment of
     that version plus the pinned libraries and run only the cell's model, backend, check and dtype there.
     An environment that cannot be made (uv's reason) is a skip, not a verdict."""
-    from .envs import VersionCombo, run_in_env
+    from ..versions.envs import VersionCombo, run_in_env
 
     settings = probe_settings([ref.model], (ref.backend or _MODEL_LEVEL_BACKEND,), (ref.check,), (ref.dtype,))
 
@@ -487,8 +487,8 @@ def bisect_cell(cell_id: str, good: str, bad: str, *, model: str | None = None, 
     """
     from pathlib import Path
 
-    from .diagnose import CAUSES
-    from .errors import closest
+    from ..diagnose import CAUSES
+    from ..errors import closest
 
     if cause is not None and cause not in CAUSES:
         raise PackcheckUsageError(f"Unknown cause '{cause}' (from --cause). Expected one of: {', '.join(CAUSES)}.{closest(cause, tuple(CAUSES))}")
@@ -499,7 +499,7 @@ def bisect_cell(cell_id: str, good: str, bad: str, *, model: str | None = None, 
     sides = parse_sides(good, bad)
     log = log or (lambda line: print(line, flush=True))  # progress as it goes: each probe takes seconds
     out = Path(output_dir)
-    from .results import probe_folder
+    from ..results.io import probe_folder
 
     probe_folder(out, "-o/--output-dir", "Output directory")  # each probe writes its log and results there: a full disk is refused now
     releases, yanked = parse_simple_index((fetch or fetch_index_page)(sides.library), pre=pre)
@@ -511,7 +511,7 @@ def bisect_cell(cell_id: str, good: str, bad: str, *, model: str | None = None, 
     probe = (make_probe or cell_probe)(ref, sides, out, cause=cause, supported=supported, log=log)
     record = run_bisect(ref, sides, releases, yanked, probe, cause=cause, supported=supported)
     path = out / f"{output_name(record)}.json"
-    from .results import atomic_write, scrub
+    from ..results.io import atomic_write, scrub
 
     atomic_write(path, scrub(json.dumps(record, indent=1)) + "\n")
     record["path"] = str(path)
@@ -523,7 +523,7 @@ def gate_sides(base_cell: dict[str, Any], cand_cell: dict[str, Any], base_env: d
     """The sides of a gate regression: the one library (a recorded library of the table that is not tied to the
     hardware: transformers or trl) whose version differs between the baseline's cell (good) and the candidate's
     (bad); TRL stays pinned for the checks that use it. (None, why) when no single library moved."""
-    from .diagnose import library_version
+    from ..diagnose import library_version
 
     versions = {lib.name: (library_version(base_cell, base_env, lib.key), library_version(cand_cell, cand_env, lib.key))
                 for lib in LIBRARIES if lib.recorded and not lib.hardware}
@@ -539,133 +539,3 @@ def gate_sides(base_cell: dict[str, Any], cand_cell: dict[str, Any], base_env: d
         if a and a == b:
             pinned = (f"{other}=={a}",)
     return Sides(lib, versions[lib][0], versions[lib][1], pinned), ""
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Verified remedies (`packcheck audit --verify-remedies`)
-
-#: Remedies that are a setting, and the measurement of the same cell (or its group) that already shows whether
-#: the setting fixes it: (cause, check) -> (metric, what it is).
-_SETTING_EVIDENCE = {
-    ("cache_trap", "cache_trap"): ("max_abs_diff_use_cache_false", "logits with use_cache=False"),
-    ("mask_override", "mask_trap"): ("max_abs_diff_without_mask", "logits without the attention_mask"),
-}
-
-
-def remedy_claims(cell: dict[str, Any], faults: list[Any] | None = None) -> list[dict[str, Any]]:
-    """The remedies a failing cell's diagnosis makes, each as a claim to verify: ``kind`` "upgrade" (with
-    ``library`` and ``version``, read by :func:`~pytest_packcheck.versions.libraries.find_upgrade` from "upgrade
-    transformers to >= X") or "setting"; ``cause`` is what the
-    remedy addresses. Remedies of the diagnosis, its findings and its known faults; duplicates dropped."""
-    diagnosis = cell.get("diagnosis") or {}
-    texts = []
-    if diagnosis.get("cause"):
-        texts.append((diagnosis["cause"], diagnosis.get("remedy", "")))
-    texts += [(f["cause"], f.get("remedy", "")) for f in diagnosis.get("findings", [])]
-    by_id = {f.id: f for f in faults or []}
-    texts += [(by_id[k].cause, by_id[k].remedy) for k in diagnosis.get("known_faults", []) if k in by_id]
-    claims, seen = [], set()
-    for cause, text in texts:
-        if not text:
-            continue
-        upgrade = find_upgrade(text)  # the table's wording (versions/libraries.py upgrade_advice)
-        claim = ({"kind": "upgrade", "library": upgrade[0], "version": upgrade[1]} if upgrade else {"kind": "setting"})
-        key = (cause, claim.get("library"), claim.get("version"), claim["kind"])
-        if key in seen:
-            continue
-        seen.add(key)
-        claims.append({"cause": cause, "remedy": text, **claim})
-    return claims
-
-
-def verify_setting(cell: dict[str, Any], cause: str) -> tuple[bool | None, str]:
-    """A setting remedy (use_cache=False, no attention_mask) judged from the cell's own measurement:
-    (True, number) when the cell is within tolerance with the setting applied, (False, number) when not,
-    (None, why) when this cell measured nothing that shows it."""
-    metric = _SETTING_EVIDENCE.get((cause, cell["check"]))
-    m = cell.get("metrics") or {}
-    if cell["check"] == "trainer" and cause == "cache_trap" and isinstance(m.get("use_cache_false"), dict):
-        delta, tol = m["use_cache_false"].get("max_loss_delta"), (cell.get("tolerances") or {}).get("train_loss_atol")
-        if isinstance(delta, float) and tol is not None:
-            return delta <= tol, f"Trainer loss with use_cache=False {delta:.2e} (tolerance {tol:g})"
-    if metric and isinstance(m.get(metric[0]), float) and m.get("atol") is not None:
-        return m[metric[0]] <= m["atol"], f"{metric[1]} {m[metric[0]]:.2e} (tolerance {m['atol']:g})"
-    return None, "no measurement of this cell shows it"
-
-
-def verify_remedies(doc: dict[str, Any], report_dir: Any, run: Callable[..., Any] | None = None,
-                    faults: list[Any] | None = None, log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    """Verify the remedies of every failing cell of a diagnosed results document. An upgrade to X is run again:
-    one version environment per (library, X, pinned libraries) with the affected models, backends, checks and
-    dtypes; it is "verified at X" when the cell's cause is gone there. A setting is judged from the cell's own
-    measurement. Returns one record per (cell, remedy) and stores them as ``doc["remedy_checks"]``. ``run``
-    replaces :func:`pytest_packcheck.envs.run_in_env` (tests)."""
-    from .diagnose import library_version, load_known_faults
-    from .envs import VersionCombo, run_in_env
-
-    faults = load_known_faults() if faults is None else faults
-    run = run or run_in_env
-    env = doc.get("environment", {})
-    records: list[dict[str, Any]] = []
-    upgrades: dict[tuple, list[tuple[dict, dict]]] = {}
-    for cell in doc["cells"]:
-        if cell["status"] == "pass" and not (cell.get("diagnosis") or {}).get("findings"):
-            continue
-        for claim in remedy_claims(cell, faults):
-            record = {"cell_id": cell["cell_id"], **claim, "verified": None, "detail": ""}
-            records.append(record)
-            if claim["kind"] == "setting":
-                record["verified"], record["detail"] = verify_setting(cell, claim["cause"])
-                continue
-            have = library_version(cell, env, claim["library"])
-            if have and _vkey(have) >= _vkey(claim["version"]):
-                record["detail"] = f"the cell already runs {claim['library']} {have}: the upgrade is not the fix here"
-                record["verified"] = False
-                continue
-            other = "trl" if claim["library"] == "transformers" else "transformers"
-            pin = library_version(cell, env, other) if (other == "transformers" or cell["check"] in
-                                                        ("sft", "sft_padding_free", "sft_strategies", "packing_content")) else None
-            key = (claim["library"], claim["version"], f"{other}=={pin}" if pin else None)
-            upgrades.setdefault(key, []).append((cell, record))
-    for (library, version, pin), items in upgrades.items():
-        combo = VersionCombo(tuple(r for r in (f"{library}=={version}", pin) if r))
-        cells = [c for c, _ in items]
-        models = list(dict.fromkeys(c["model"].get("spec") or f"arch:{c['model']['label']}" for c in cells))
-        settings = probe_settings(models, tuple(dict.fromkeys(c["backend"] or _MODEL_LEVEL_BACKEND for c in cells)),
-                                  tuple(dict.fromkeys(c["check"] for c in cells)), tuple(dict.fromkeys(c["dtype"] for c in cells)),
-                                  doc.get("settings", {}).get("weights", "random"))
-        if log:
-            log(f"verify remedies: {combo.label} for {len(items)} remedies ({', '.join(models)})")
-        result = run(combo, settings, models, report_dir)
-        for cell, record in items:
-            record["at"] = combo.label
-            if result.error:
-                record["detail"] = f"not run at {combo.label}: {result.error[:200]}"
-                continue
-            again = next((c for c in result.cells.values() if c["model"]["label"] == cell["model"]["label"]
-                          and c["backend"] == cell["backend"] and c["check"] == cell["check"] and c["dtype"] == cell["dtype"]), None)
-            holds, detail = judge(again, record["cause"], False, result.environment)
-            record["verified"] = holds
-            number = _key_number(again) if again else ""
-            record["detail"] = f"{again['status'] if again else 'no cell'} at {combo.label}{'; ' + number if number else ''}; {detail[:160]}"
-    doc["remedy_checks"] = records
-    return records
-
-
-def render_remedy_checks(records: list[dict[str, Any]]) -> str:
-    """The "Remedies verified" Markdown section: one line per (cell, remedy), verified or not, with the number."""
-    from .report import escape_md
-
-    if not records:
-        return "## Remedies verified\n\nNo failing cell made a remedy claim.\n"
-    lines = ["## Remedies verified", "",
-             ("Upgrades are run again at the named release (the cell's cause must be gone there); settings are judged "
-              "from the measurement of the same cell. ✔ verified, ✘ not verified, ? nothing measured shows it."), ""]
-    mark = {True: "✔ verified", False: "✘ not verified", None: "? unverified"}
-    for r in records:
-        where = f" at {r['at']}" if r.get("at") else ""
-        lines.append(f"- {mark[r['verified']]}{where}: `{r['cell_id']}` ({r['cause']}): {escape_md(r['remedy'])} "
-                     f"— {escape_md(r['detail'])}")
-    verified = sum(1 for r in records if r["verified"])
-    lines += ["", f"{verified} of {len(records)} remedies verified."]
-    return "\n".join(lines) + "\n"

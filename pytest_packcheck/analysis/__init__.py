@@ -1,0 +1,1 @@
+"""Reading results: verdict rules, the gate (two results compared), bisect (the release that changed a cell)."""

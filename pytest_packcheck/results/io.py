@@ -1,0 +1,140 @@
+"""Writing results, journals and logs safely: secrets scrubbed, whole files only (temp file and rename, a set of
+files replaced together), a full disk or an unwritable folder named in one line."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from ..errors import PackcheckUsageError, scrub_secrets
+
+
+def scrub(text: str) -> str:
+    """Remove what must never reach a report, journal or log: the values of secret-looking environment
+    variables (HF_TOKEN, HUGGING_FACE_HUB_TOKEN, ..., 8+ characters) become ``***``, and the home directory
+    becomes ``~``."""
+    text = scrub_secrets(text)
+    home = os.path.expanduser("~")
+    if len(home) > 1:
+        text = text.replace(home, "~")
+    return text
+
+
+def write_failure(path: Path, exc: OSError, flag: str = "--packcheck-report-dir") -> str:
+    """The one line for an OSError writing ``path``: a full disk (ENOSPC, EDQUOT) says so with the space left,
+    a folder packcheck may not write (EACCES, EPERM, EROFS) asks for a writable ``flag``, anything else is named."""
+    import errno
+    import shutil
+
+    reason = exc.strerror or str(exc)
+    if isinstance(exc.filename, str) and exc.filename and Path(exc.filename).name not in (path.name, path.parent.name) \
+            and not Path(exc.filename).name.startswith(f".{path.name}.") and exc.errno not in (
+            errno.ENOSPC, errno.EDQUOT):
+        path = Path(exc.filename)  # what actually failed: the journal's lock file, say, not the journal
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        try:
+            free = f"{shutil.disk_usage(path.parent if path.parent.exists() else Path('.')).free // 1024} KiB free"
+        except OSError:
+            free = "free space unknown"
+        return (f"Cannot write {path}: the disk is full ({reason}; {free}): free space on it, or pass a folder on "
+                f"another disk with {flag}.")
+    if exc.errno in (errno.EEXIST, errno.ENOTDIR, errno.ELOOP):  # mkdir / open under a path that is not a folder
+        for p in (path, *path.parents):
+            if os.path.islink(p) and not os.path.exists(p):
+                return f"Cannot write {path}: {p} is a broken or looping symlink: pass a folder with {flag}."
+            if os.path.exists(p) and not os.path.isdir(p):
+                return f"Cannot write {path}: {p} is a file, not a folder: pass a folder with {flag}."
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"Cannot write {path} ({reason}): pass a writable {flag}."
+    return f"Cannot write {path} ({reason}): check the folder, or pass another one with {flag}."
+
+
+#: Bytes :func:`probe_folder` writes (and removes): the smallest report set packcheck writes (one model, one
+#: cell: journal, owner file and the four reports) is 11.7 KB of text in six files, 24 KiB in 4 KiB blocks.
+PROBE_BYTES = 32 * 1024
+
+
+def probe_folder(folder: Path, flag: str, what: str = "Report directory") -> None:
+    """Create ``folder`` and write :data:`PROBE_BYTES` into a temp file there, before minutes of work: bytes, not
+    only a name, since a full disk still creates empty files (a free inode) but takes no data.
+
+    Raises:
+        PackcheckUsageError: it cannot be created or written (:func:`write_failure`: a full disk says so).
+    """
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".packcheck-probe") as probe:
+            probe.write(b"\0" * PROBE_BYTES)
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as exc:
+        raise PackcheckUsageError(f"{what} '{folder}' (from {flag}) is not writable: "
+                                  f"{write_failure(folder / '.packcheck-probe', exc, flag)}") from None
+
+
+def remove_orphans(path: Path) -> list[Path]:
+    """Remove the temp files ``.<name>.*.tmp`` a killed writer left beside ``path`` (see :func:`write_set`);
+    returns them. The report folder's lock keeps two writers of one folder apart."""
+    gone = []
+    try:
+        found = list(path.parent.glob(f".{path.name}.*.tmp"))
+    except OSError:
+        return gone
+    for orphan in found:
+        try:
+            orphan.unlink()
+            gone.append(orphan)
+        except OSError:
+            pass
+    return gone
+
+
+def write_set(files: list[tuple[Path, str]], flag: str = "--packcheck-report-dir") -> None:
+    """Write files that belong together (the matrix's JSON, Markdown, HTML and details) as one set: every
+    text (:func:`scrub`-bed) goes to a temp file in its folder first; only when all are written are the old
+    files of the set removed and the temp files renamed into place, in the order given (the caller puts the
+    JSON, which ``gate`` and ``merge`` read, last). A kill at any point leaves either the old set, or part of
+    the new set with none of the old files beside it: never a new JSON next to an old Markdown. A failed write
+    (full disk) removes its temp files and leaves the old set as it was.
+
+    Raises:
+        PackcheckUsageError: a file cannot be written (:func:`write_failure`: a full disk says so).
+    """
+    tmps: list[str] = []
+    current = files[0][0] if files else Path(".")
+    try:
+        for path, text in files:
+            current = path
+            path.parent.mkdir(parents=True, exist_ok=True)
+            remove_orphans(path)  # a previous writer killed mid-write (also before a --packcheck-resume)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            tmps.append(tmp)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(scrub(text))
+                fh.flush()
+                os.fsync(fh.fileno())
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; a report is an ordinary file
+        if len(files) > 1:
+            for path, _ in files:
+                current = path
+                path.unlink(missing_ok=True)
+        for (path, _), tmp in zip(files, tmps, strict=True):
+            current = path
+            os.replace(tmp, path)
+    except OSError as exc:
+        for tmp in tmps:
+            Path(tmp).unlink(missing_ok=True)
+        raise PackcheckUsageError(write_failure(current, exc, flag)) from None
+
+
+def atomic_write(path: Path, text: str, flag: str = "--packcheck-report-dir") -> None:
+    """Write via a temp file in the same folder and rename, so a kill never leaves half a file. The text is
+    :func:`scrub`-bed first; temp files of a killed earlier write are removed.
+
+    Raises:
+        PackcheckUsageError: the folder cannot be created or written (a full disk says so).
+    """
+    write_set([(Path(path), text)], flag)

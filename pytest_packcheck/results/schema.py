@@ -1,0 +1,217 @@
+"""Cell records and the results JSON: its schema, loading (with the checks a reader relies on) and upgrading
+older schema versions."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import PackcheckUsageError, scrub_secrets
+
+#: 2: cells carry ``role`` (from the check registry), ``cause``, ``evidence`` and ``findings`` (cause codes the
+#: check returned). A version-1 file is upgraded on load (role from the registry, no cause codes).
+SCHEMA_VERSION = 2
+
+#: Verdicts, worst first. ``error``: crashed (exception, or the signal that killed the isolated child).
+#: ``timeout``: no result within --packcheck-timeout. ``oom``: out of memory (with the memory figures).
+#: ``fallback``: the requested backend is not what ran. ``unsupported``: the stack refuses packing with an
+#: explicit error. ``skipped``: this environment lacks something.
+STATUSES = ("error", "timeout", "oom", "fail", "fallback", "unsupported", "skipped", "pass")
+SYMBOLS = {"pass": "✅", "fail": "❌", "fallback": "⚠️", "unsupported": "🚫", "skipped": "⏭️", "error": "💥",
+           "timeout": "⏱️", "oom": "🧱"}
+
+
+@dataclass
+class CheckResult:
+    """What a check returns: a verdict, the numbers it measured, a one-line message, and the cause code
+    (:data:`registry.CAUSES`) of a verdict that is not a pass, with its evidence (numbers). ``findings``: causes
+    the check's probes saw beside its verdict, as ``{"cause", "evidence"}`` records (e.g. a two-row probe)."""
+
+    status: str
+    metrics: dict[str, Any] = field(default_factory=dict)
+    message: str = ""
+    cause: str | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+    findings: list[dict[str, Any]] = field(default_factory=list)
+    #: every cause of the verdict, each with its own numbers, primary first: ``[{"cause": code, "evidence": {...}}]``
+    #: (``cause`` / ``evidence`` are the first entry). A cell failing for several reasons lists each (issue 23.2).
+    causes: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown status {self.status!r}; expected one of {STATUSES}")
+        from ..registry import CAUSES
+
+        _align_causes(self)
+        for code in [self.cause, *(f.get("cause") for f in self.findings), *(c.get("cause") for c in self.causes)]:
+            if code is not None and code not in CAUSES:
+                raise ValueError(f"unknown cause {code!r}; expected one of {tuple(CAUSES)}")
+
+
+@dataclass
+class CellResult:
+    """One cell of the matrix: model x backend x check x dtype."""
+
+    cell_id: str
+    model: dict[str, Any]
+    backend: str | None
+    check: str
+    dtype: str
+    status: str
+    metrics: dict[str, Any] = field(default_factory=dict)
+    message: str = ""
+    duration_s: float = 0.0
+    tolerances: dict[str, float] = field(default_factory=dict)
+    #: the version environment the cell ran in (label, requirements, resolved versions, its environment()),
+    #: None when it ran in the environment of the report
+    env: dict[str, Any] | None = None
+    #: the check's role (registry): correctness decides the cell's headline; hazards and findings do not
+    role: str = "correctness"
+    cause: str | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+    findings: list[dict[str, Any]] = field(default_factory=list)
+    #: :attr:`CheckResult.causes`: every cause of the verdict, primary first (a file without it: ``[cause]``)
+    causes: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        from ..registry import role
+
+        self.role = role(self.check)
+        _align_causes(self)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True, default=_jsonable)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CellResult:
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+def _align_causes(result: Any) -> None:
+    """``cause`` / ``evidence`` and ``causes`` tell one story: the primary cause is ``causes[0]``; a result given
+    only one of them gets the other; a cause repeated in ``causes`` is kept once (the first, with its numbers)."""
+    if result.causes:
+        seen: set[str] = set()
+        result.causes = [c for c in result.causes if c.get("cause") and not (c["cause"] in seen or seen.add(c["cause"]))]
+    if result.cause and (not result.causes or result.causes[0]["cause"] != result.cause):
+        result.causes = [{"cause": result.cause, "evidence": result.evidence},
+                         *(c for c in result.causes if c["cause"] != result.cause)]
+    elif result.causes and not result.cause:
+        result.cause, result.evidence = result.causes[0]["cause"], dict(result.causes[0].get("evidence") or {})
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    return str(value)
+
+
+def build_document(cells: list[CellResult], env: dict[str, Any], settings: dict[str, Any], command: str) -> dict[str, Any]:
+    """The results JSON: schema_version, environment, settings, the reproducing command, and the cells."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "packcheck_version": env.get("packcheck"),
+        "environment": env,
+        "settings": settings,
+        "command": command,
+        "cells": [json.loads(c.to_json()) for c in sorted(cells, key=lambda c: c.cell_id)],
+    }
+
+
+def cell_problem(cell: Any) -> str | None:
+    """What makes ``cell`` (a results-file cell or a journal line's cell) unusable, or None: the fields every
+    reader indexes must be there with the right types."""
+    if not isinstance(cell, dict):
+        return f"a cell is a JSON {type(cell).__name__}, not an object"
+    name = cell.get("cell_id", "?")
+    for key, kind in (("cell_id", str), ("check", str), ("dtype", str), ("status", str), ("model", dict)):
+        if not isinstance(cell.get(key), kind):
+            return f"cell {name!r} has {key}={cell.get(key)!r} (expected a {kind.__name__})"
+    if cell["status"] not in STATUSES:
+        return f"cell {name!r} has unknown status {cell['status']!r} (expected one of {', '.join(STATUSES)})"
+    if not isinstance(cell.get("backend"), str | None):
+        return f"cell {name!r} has backend={cell.get('backend')!r} (expected a string or null)"
+    for key, kind in (("metrics", dict), ("tolerances", dict), ("message", str), ("env", dict)):
+        if key in cell and not isinstance(cell[key], kind) and not (key == "env" and cell[key] is None):
+            return f"cell {name!r} has \"{key}\": {json.dumps(cell[key])[:40]} (expected a {'JSON object' if kind is dict else 'string'})"
+    if not isinstance(cell["model"].get("label"), str):
+        return f"cell {name!r} has a model without a label"
+    from ..analysis.verdicts import unbacked_pass
+
+    unbacked = unbacked_pass(cell["check"], cell["status"], cell.get("metrics") or {})
+    if unbacked:
+        return f"cell {name!r} passes on {unbacked[0]}={json.dumps(unbacked[1])[:40]} (expected a finite number)"
+    return None
+
+
+def load_document(path: str | Path) -> dict[str, Any]:
+    """Load a results JSON written by packcheck.
+
+    Raises:
+        PackcheckUsageError: missing, a directory, not JSON, a schema_version newer than this packcheck reads,
+            or no valid cells.
+    """
+    p = Path(path)
+    if p.exists() and not p.is_file() and not p.is_dir():  # /dev/zero would be read for ever
+        raise PackcheckUsageError(f"Results file {p} is not a regular file (a device or a pipe): pass a packcheck-matrix.json file.")
+    try:
+        # scrubbed as read: a results file from elsewhere may carry a token, which gate / merge would print
+        data = json.loads(scrub_secrets(p.read_text(encoding="utf-8")))
+    except FileNotFoundError:
+        raise PackcheckUsageError(f"Results file {p} does not exist: run `packcheck audit` first.") from None
+    except json.JSONDecodeError as exc:
+        raise PackcheckUsageError(f"Results file {p} is not valid JSON ({exc.msg}, line {exc.lineno}).") from None
+    except IsADirectoryError:
+        raise PackcheckUsageError(f"Results file {p} is a directory: pass a packcheck-matrix.json file.") from None
+    except UnicodeDecodeError as exc:
+        raise PackcheckUsageError(f"Results file {p} is not UTF-8 text (byte {exc.start}): it is not a packcheck results "
+                                  "file; pass the packcheck-matrix.json an audit wrote.") from None
+    except OSError as exc:
+        raise PackcheckUsageError(f"Results file {p} cannot be read ({exc.strerror}): pass a readable packcheck-matrix.json.") from None
+    version = data.get("schema_version") if isinstance(data, dict) else None
+    if not isinstance(version, int):
+        raise PackcheckUsageError(f"Results file {p} has no schema_version: it was not written by packcheck.")
+    if version > SCHEMA_VERSION:
+        raise PackcheckUsageError(
+            f"Results file {p} has schema_version {version}, newer than {SCHEMA_VERSION} that this packcheck reads: "
+            "upgrade packcheck."
+        )
+    for key in ("settings", "environment"):
+        if key in data and not isinstance(data[key], dict):
+            raise PackcheckUsageError(f"Results file {p} is corrupt: \"{key}\" is {json.dumps(data[key])[:40]} (expected a JSON "
+                                      "object). Regenerate it with `packcheck audit`.")
+    for key, value in (data.get("settings") or {}).items():
+        if key in ("models", "backends", "checks", "dtypes", "versions") and not (
+                isinstance(value, list) and all(isinstance(x, str) for x in value)):
+            raise PackcheckUsageError(f"Results file {p} is corrupt: \"settings\".\"{key}\" is {json.dumps(value)[:40]} "
+                                      "(expected a list of strings). Regenerate it with `packcheck audit`.")
+    cells = data.get("cells")
+    required = ("cell_id", "model", "backend", "check", "dtype", "status")
+    if not isinstance(cells, list) or not all(isinstance(c, dict) and all(k in c for k in required) for c in cells):
+        raise PackcheckUsageError(
+            f"Results file {p} has no valid 'cells' list (each cell needs {', '.join(required)}): it is not a packcheck results file."
+        )
+    if not all(isinstance(c["model"], dict) and "label" in c["model"] for c in cells):
+        raise PackcheckUsageError(f"Results file {p} has cells whose 'model' lacks a label: it is not a packcheck results file.")
+    problem = next((cell_problem(c) for c in cells if cell_problem(c)), None)
+    if problem:
+        raise PackcheckUsageError(f"Results file {p} is corrupt: {problem}. Regenerate it with `packcheck audit`.")
+    data.setdefault("environment", {})
+    return upgrade(data)
+
+
+def upgrade(data: dict[str, Any]) -> dict[str, Any]:
+    """Bring an older results document to :data:`SCHEMA_VERSION` in place: version 1 cells get their role from
+    the registry and empty cause codes (their diagnosis, if any, is kept)."""
+    from ..registry import role
+
+    if data.get("schema_version", SCHEMA_VERSION) < 2:
+        for c in data.get("cells", []):
+            c.setdefault("role", role(c["check"]))
+            c.setdefault("cause", None)
+            c.setdefault("evidence", {})
+            c.setdefault("findings", [])
+        data["schema_version"] = SCHEMA_VERSION
+    return data

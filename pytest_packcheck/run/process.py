@@ -1,0 +1,195 @@
+"""What a run needs from the process and the machine it runs on: one run per report folder (a lock with an
+owner file), a GPU per xdist worker, a share of the cores per worker, SIGTERM handled like Ctrl-C, and whether a
+forked child could still use CUDA."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ..errors import PackcheckUsageError, PackcheckWarning
+
+
+def hold_report_dir(path: Path, source: str, command: str | None = None) -> Any:
+    """Take the report folder ``path`` for this process: one writer per folder (an audit, or ``packcheck merge
+    -o``), since a second one writing there at the same time would replace the first's matrix and journal. Returns
+    the held ``filelock.FileLock`` (released by the caller, or by the OS when the process dies); its owner file
+    ``.packcheck-run.json`` (pid, command, start time; scrubbed) names the holder to whoever is refused.
+
+    Raises:
+        PackcheckUsageError: another run holds the folder (named by its pid, command and start time), or the
+            owner file cannot be written (a full disk is named as such).
+    """
+    import time
+
+    from filelock import FileLock, Timeout
+
+    from ..results.io import atomic_write
+
+    lock = FileLock(str(path / ".packcheck-run.lock"))
+    owner = path / ".packcheck-run.json"
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        try:
+            info = json.loads(owner.read_text())
+            who = f"pid {info['pid']}, started {info['started']}: {info['command']}"
+        except (OSError, ValueError, KeyError, TypeError):
+            who = "unknown"
+        raise PackcheckUsageError(
+            f"Report directory '{path}' (from {source}) is in use by another packcheck run ({who}): "
+            f"wait for it to finish, or pass another {source}.") from None
+    except OSError as exc:
+        from ..results.io import write_failure
+
+        raise PackcheckUsageError(write_failure(path / ".packcheck-run.lock", exc, source)) from None
+    command = command or os.environ.get("PACKCHECK_REPRODUCE") or " ".join(shlex.quote(a) for a in sys.argv)
+    try:  # scrubbed (no token, no home path); atomic: a full disk leaves no empty owner file
+        atomic_write(owner, json.dumps({"pid": os.getpid(), "command": command,
+                                        "started": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n", source)
+    except PackcheckUsageError:
+        lock.release(force=True)
+        raise
+    return lock
+
+
+def visible_gpus() -> list[str]:
+    """GPU ids this process may use, without initialising CUDA: CUDA_VISIBLE_DEVICES when set, else the
+    indices ``nvidia-smi -L`` lists (none when it is missing)."""
+    import shutil
+    import subprocess
+
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [g.strip() for g in env.split(",") if g.strip()]
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return []
+    try:
+        out = subprocess.run([smi, "-L"], check=False, capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [str(i) for i, line in enumerate(ln for ln in out.splitlines() if ln.startswith("GPU "))]
+
+
+def gpu_for_worker(workerid: str, gpus: list[str]) -> str | None:
+    """The GPU of xdist worker ``gwN``: ``gpus[N % len(gpus)]``; None when fewer than two GPUs are visible or
+    the id is not an xdist worker id."""
+    if len(gpus) < 2 or not workerid.startswith("gw") or not workerid[2:].isdigit():
+        return None
+    return gpus[int(workerid[2:]) % len(gpus)]
+
+
+def check_inputs(config: pytest.Config, settings: Any) -> Any:
+    """On the controller, before any cell runs: create the report folder and write a probe file, load the
+    baseline, and check the device, so each problem is a usage error now rather than a traceback later. Returns
+    the report folder's lock (:func:`hold_report_dir`), None on an xdist worker.
+
+    Raises:
+        PackcheckUsageError: the folder, the baseline, a version or the device is unusable.
+    """
+    if hasattr(config, "workerinput"):
+        return None
+    path = Path(settings.report_dir)
+    from ..results.io import probe_folder
+
+    probe_folder(path, "--packcheck-report-dir")  # a full disk is refused now, not at the report write
+    lock = hold_report_dir(path, "--packcheck-report-dir")  # one run per report folder, released by the session
+    for name in ("packcheck-matrix.md", "packcheck-matrix.json", "packcheck-matrix.html", "packcheck-details.md",
+                 "packcheck-journal.jsonl"):
+        if (path / name).is_dir():
+            raise PackcheckUsageError(
+                f"'{path / name}' (in --packcheck-report-dir) is a directory: packcheck writes a file there; "
+                "move it or pass another --packcheck-report-dir."
+            )
+    if settings.baseline:
+        from ..results.schema import load_document
+
+        load_document(settings.baseline)  # missing, corrupt or newer: a usage error before any cell runs
+    if getattr(settings, "versions", None):
+        # before any environment is built: a release that does not exist is a usage error naming the nearest
+        # ones (issue 27: transformers==5.25.0, not released, gave 13 "crash" regressions)
+        from ..settings import OPT_VERSIONS
+        from ..versions.releases import validate_versions
+
+        for note in validate_versions(list(settings.versions), OPT_VERSIONS):
+            warnings.warn(PackcheckWarning(note))
+    if settings.device.startswith("cuda"):
+        # torch.cuda.is_available() calls cudaGetDeviceCount, which "poisons fork": the per-model children
+        # forked later could not use CUDA. Asked through NVML it does not (torch/cuda/__init__.py).
+        os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+        import torch
+
+        if not torch.cuda.is_available():
+            raise PackcheckUsageError(
+                f"Device '{settings.device}' (from --packcheck-device) is not available: torch "
+                f"{torch.__version__} sees no CUDA device. Use --packcheck-device=cpu."
+            )
+    return lock
+
+
+def stop_on_sigterm(config: pytest.Config) -> None:
+    """On the controller, SIGTERM (what CI time limits and `kill` send) stops the run the way Ctrl-C does, so
+    the matrix of the cells that finished is written, marked incomplete, instead of the process dying with the
+    previous run's matrix left in place. Only where nothing else handles SIGTERM."""
+    import signal
+    import threading
+
+    if hasattr(config, "workerinput") or threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        def stop(signum: int, frame: Any) -> None:
+            raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")
+
+        signal.signal(signal.SIGTERM, stop)
+
+
+def pin_worker_gpu(config: pytest.Config, device: str) -> None:
+    """Under pytest-xdist on a machine with several GPUs, give each worker its own (CUDA_VISIBLE_DEVICES),
+    before anything initialises CUDA in the worker. One GPU or none: nothing changes."""
+    worker = getattr(config, "workerinput", None)
+    if worker is None or not device.startswith("cuda"):
+        return
+    chosen = gpu_for_worker(str(worker.get("workerid", "")), visible_gpus())
+    if chosen is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = chosen
+
+
+def limit_threads(config: pytest.Config) -> None:
+    """Under pytest-xdist, give each worker its share of the cores: tiny models on oversubscribed torch
+    thread pools run several times slower (2 workers x 2 threads on 2 cores)."""
+    worker = getattr(config, "workerinput", None)
+    if worker is None or os.environ.get("OMP_NUM_THREADS"):
+        return
+    import torch
+
+    workers = int(worker.get("workercount", 1) or 1)
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
+def fork_poisoned() -> bool:
+    """True when a child forked from this process could not use CUDA: this process initialised CUDA, or
+    something here asked the driver in a way that "poisons fork" (torch.cuda.is_available() without
+    PYTORCH_NVML_BASED_CUDA_CHECK=1, say), which a forked probe reads from torch's own bad-fork flag (a probe
+    that fails counts as poisoned)."""
+    import torch
+
+    unusable = torch.cuda.is_initialized()
+    if not unusable and hasattr(os, "fork"):
+        pid = os.fork()
+        if pid == 0:  # the probe child: torch's at-fork handler has set its flag if the parent poisoned fork
+            code = 2
+            try:
+                code = 1 if torch.cuda._is_in_bad_fork() else 0
+            finally:  # never return into pytest: a second controller would run the session again
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        unusable = os.waitstatus_to_exitcode(status) != 0
+    return unusable

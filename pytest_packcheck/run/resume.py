@@ -1,0 +1,54 @@
+"""Resuming a run: the journal a session opens (emptied by a fresh run, read by ``--packcheck-resume``), and the
+line that says why journaled cells of another run are not reused."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ..errors import PackcheckWarning
+from .journal import Journal, fingerprint
+
+
+def open_journal(config: pytest.Config, settings: Any) -> tuple[Journal, dict[str, dict[str, Any]]]:
+    """The journal of finished cells, and the cells to reuse (cell_id -> cell record). A fresh run empties it
+    (on the controller, before any worker starts); --packcheck-resume keeps it and takes the cells it holds for
+    the same settings and versions (:func:`~.journal.fingerprint`).
+
+    Raises:
+        PackcheckUsageError: a fresh run cannot empty the journal (the report folder is not writable).
+    """
+    from ..results.environment import environment
+
+    fp = fingerprint(settings.as_dict(), environment(settings.device), settings.tolerances)
+    journal = Journal(Path(settings.report_dir) / "packcheck-journal.jsonl", fp)
+    resumed: dict[str, dict[str, Any]] = {}
+    if settings.resume:
+        resumed = journal.load()
+        if journal.other_cells and not hasattr(config, "workerinput"):
+            warnings.warn(PackcheckWarning(resume_mismatch(settings, journal, len(resumed), journal.other_cells)))
+    elif not hasattr(config, "workerinput"):
+        journal.reset()
+    return journal, resumed
+
+
+def resume_mismatch(settings: Any, journal: Journal, reused: int, other: int) -> str:
+    """The line --packcheck-resume prints when the journal holds cells of another run: how many are reused,
+    how many are not, and which settings differ from the previous matrix's (its ``settings``), if there is one."""
+    changed = ""
+    try:
+        before = json.loads((Path(settings.report_dir) / "packcheck-matrix.json").read_text(encoding="utf-8"))["settings"]
+        now = settings.as_dict()
+        keys = sorted(k for k in set(now) | set(before) if k not in ("shard", "report_dir") and now.get(k) != before.get(k))
+        if keys:
+            changed = "; changed since the previous matrix: " + ", ".join(
+                f"{k} {json.dumps(before.get(k))[:60]} -> {json.dumps(now.get(k))[:60]}" for k in keys)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    return (f"--packcheck-resume: the journal {journal.path} holds {other} finished cell(s) of a run with other "
+            f"settings, tolerances or library versions{changed or ' (no previous matrix names which)'}: none of them "
+            f"is reused; {reused} cell(s) journaled under these settings are.")

@@ -1,0 +1,281 @@
+"""The packcheck session behind the pytest hooks: plan items, run cells, gather results, write the matrix.
+
+The session holds the state of one pytest process and hands off: the process and machine set-up to
+:mod:`.process`, the journal to :mod:`.resume`, cells in version environments to :mod:`.version_cells`, a
+model's cells to the forked children of :mod:`.sandbox`, the pytest nodes to :mod:`.items` and the progress line
+to :mod:`.progress`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ..errors import PackcheckUsageError, PackcheckWarning
+from ..settings import Settings
+from .items import RESULT_PROPERTY, PackcheckCollector, PackcheckItem
+from .process import check_inputs, fork_poisoned, limit_threads, pin_worker_gpu, stop_on_sigterm
+from .progress import Progress
+from .resume import open_journal
+from .version_cells import VersionCells
+
+
+class PackcheckSession:
+    """State of one pytest session (controller or xdist worker)."""
+
+    def __init__(self, config: pytest.Config, settings: Settings) -> None:
+        self.config = config
+        self.settings = settings
+        self.results: dict[str, dict[str, Any]] = {}
+        self.written: list[str] = []
+        self.document: dict[str, Any] | None = None
+        self.changes: list[Any] = []
+        self.regressions: list[Any] = []
+        self.gate_text = ""
+        self._resolved: list[Any] | None = None
+        self._runner: Any = None
+        self._group_results: dict[str, dict[str, Any]] = {}
+        self._cuda_fork_verdict: bool | None = None
+        self._report_lock: Any = None
+        self.progress = Progress(config, self._plan_size)
+        pin_worker_gpu(config, settings.device)
+        stop_on_sigterm(config)
+        self._report_lock = check_inputs(config, settings)
+        self.journal, self.resumed = open_journal(config, settings)
+        self.version_cells = VersionCells(config, settings)
+
+    def release(self) -> None:
+        """Release the report folder (pytest_unconfigure)."""
+        lock = self._report_lock
+        if lock is not None and lock.is_locked:
+            lock.release(force=True)
+
+    def resolved_models(self) -> list[Any]:
+        if self._resolved is None:
+            from ..specs import parse_model_list
+
+            specs = parse_model_list(list(self.settings.models), self.settings.model_source)
+            self._resolved = [self._resolve(s) for s in specs]
+        return self._resolved
+
+    def _resolve(self, spec: Any) -> Any:
+        from ..models import ResolvedModel, resolve_model
+        from ..versions.envs import CHILD_ENV_VAR
+
+        try:
+            with _quiet_default_config() if spec.kind == "arch" else contextlib.nullcontext():
+                return resolve_model(spec, self.settings.model_source, self.settings.trust_remote_code)
+        except PackcheckUsageError as exc:
+            if not os.environ.get(CHILD_ENV_VAR):
+                raise
+            # In a version environment the parent already resolved this spec with its own transformers: what
+            # this version cannot resolve (an architecture it does not have yet) is a cell it cannot express.
+            import transformers
+
+            return ResolvedModel(spec=spec, config=None, model_type=spec.name if spec.kind == "arch" else "?",
+                                 model_class="?", revision=None, error_status="unsupported",
+                                 error=f"transformers {transformers.__version__}: {exc}")
+
+    def runner(self) -> Any:
+        if self._runner is None:
+            limit_threads(self.config)
+            from .runner import CellRunner
+
+            self._runner = CellRunner(self.resolved_models(), self.settings.tolerances, self.settings.weights,
+                                      lengths=self.settings.lengths, sliding_window=self.settings.sliding_window,
+                                      device=self.settings.device, trust_remote_code=self.settings.trust_remote_code)
+        return self._runner
+
+    def _plan_size(self) -> tuple[int, int]:
+        """(cells, groups) this shard runs: what the progress line counts against."""
+        index, count = self.settings.shard
+        cells = [c for c in self._planned().values() if c.model_index % count == index - 1]
+        return len(cells), len({c.group for c in cells})
+
+    def make_items(self, session: pytest.Session) -> list[pytest.Item]:
+        cells = list(self._planned().values())
+        index, count = self.settings.shard
+        # whole models per shard (each model is built once), assigned round-robin in audit order
+        cells = [c for c in cells if c.model_index % count == index - 1]
+        if not cells:
+            raise PackcheckUsageError("The packcheck matrix is empty after filtering: check --packcheck-attn / --packcheck-checks.")
+        # One collector per group (a model, or a version environment): node ids read
+        # packcheck::<group>::packcheck[<cell id>], so `--dist loadscope` keeps a group on one xdist worker.
+        # (xdist's loadgroup marks no longer reach the node id under pytest 9.2: it sets Node._nodeid, which
+        # pytest 9.2 no longer reads.)
+        root = PackcheckCollector.from_parent(session, name="packcheck", nodeid="packcheck")
+        parents: dict[str, PackcheckCollector] = {}
+        items = []
+        for c in cells:
+            if c.group not in parents:
+                parents[c.group] = PackcheckCollector.from_parent(root, name=c.group)
+            items.append(PackcheckItem.from_parent(parents[c.group], name=f"packcheck[{c.cell_id}]", cell=c, session_state=self))
+        self.progress.planned(items)
+        return items
+
+    def result_for(self, item: PackcheckItem) -> Any:
+        """The result of one item's cell: from the journal (resume), from its version environment, from the
+        forked child that runs its model's cells, or run here (--packcheck-isolation=none)."""
+        from ..results.schema import CellResult
+
+        cell = item.cell
+        if cell.cell_id in self.resumed:
+            return CellResult.from_dict(self.resumed[cell.cell_id])
+        if cell.env:
+            result = self.version_cells.result(cell, self.resolved_models())
+            self.journal.append(result.to_json())
+            return result
+        if self.settings.isolation == "none" or self._cuda_initialised_here():
+            result = self.runner().run(cell)
+            self.journal.append(result.to_json())
+            return result
+        group = self._group_results.get(cell.group)
+        if group is None or cell.cell_id not in group:
+            from .sandbox import run_isolated, warm_up
+
+            warm_up(self.settings.tolerances.get("float32", {}), self.settings.device, self.settings.backends,
+                    self.settings.checks)
+
+            todo = [i.cell for i in item.session.items
+                    if isinstance(i, PackcheckItem) and i.cell.group == cell.group and i.cell.cell_id not in self.resumed
+                    and i.cell.cell_id not in (group or {})]
+            if cell not in todo:
+                todo.insert(0, cell)
+            group = self._group_results.setdefault(cell.group, {})
+            group.update(run_isolated(todo, self.runner().run, self._failure,
+                                      lambda r: self.journal.append(r.to_json()), self.settings.timeout_s))
+        return group[cell.cell_id]
+
+    def _cuda_initialised_here(self) -> bool:
+        """True when a child forked from this process could not use CUDA (:func:`~.process.fork_poisoned`, asked
+        once). The cells then run here (as with --packcheck-isolation=none), with one warning, instead of in
+        children whose every cell would fail."""
+        if not self.settings.device.startswith("cuda") or "torch" not in sys.modules:
+            return False
+        if getattr(self, "_cuda_fork_verdict", None) is None:
+            self._cuda_fork_verdict = fork_poisoned()
+            if self._cuda_fork_verdict:
+                warnings.warn(PackcheckWarning(
+                    "CUDA was initialised in the audit's controller before its cells ran, so they run in this process "
+                    "(forked children cannot use CUDA): a crashing cell can stop the run; --packcheck-isolation=none says "
+                    "so explicitly"))
+        return self._cuda_fork_verdict
+
+    def _failure(self, cell: Any, status: str, message: str, metrics: dict[str, Any]) -> Any:
+        from ..results.schema import CellResult
+
+        return CellResult(cell_id=cell.cell_id, model=self.resolved_models()[cell.model_index].record(self.settings.weights),
+                          backend=cell.backend, check=cell.check, dtype=cell.dtype, status=status, metrics=metrics,
+                          message=message, tolerances=self.settings.tolerances.get(cell.dtype, {}))
+
+    # results travel on reports (user_properties) so they survive xdist workers
+    def record(self, report: pytest.TestReport) -> None:
+        found = False
+        for key, value in getattr(report, "user_properties", []):
+            if key == RESULT_PROPERTY:
+                data = json.loads(value)
+                self.results[data["cell_id"]] = data
+                found = True
+        if not found and report.failed and "packcheck[" in report.nodeid:
+            self._record_lost(report)
+
+    def _record_lost(self, report: pytest.TestReport) -> None:
+        """A failed report without a result: the process running the cell died (an xdist worker crash with
+        --packcheck-isolation=none). The cell becomes an error cell with pytest's account of it."""
+        name = report.nodeid.split("packcheck[", 1)[1]
+        cell_id = name[: name.rfind("]")]
+        if cell_id in self.results:
+            return
+        cell = self._planned().get(cell_id)
+        if cell is None:
+            return
+        text = " ".join(str(report.longrepr).split())[-400:]
+        self.results[cell_id] = json.loads(self._failure(cell, "error", f"the process running this cell died: {text}",
+                                                         {"stage": "worker"}).to_json())
+
+    def _planned(self) -> dict[str, Any]:
+        """cell_id -> Cell for every cell of the run (each version environment, or this one), in run order."""
+        from .runner import plan_cells
+
+        envs = [v.label for v in self.settings.versions] or [None]
+        return {c.cell_id: c for env in envs for c in plan_cells(self.resolved_models(), self.settings.backends,
+                                                                  self.settings.checks, self.settings.dtypes, env)}
+
+    def finish(self, interrupted: bool = False) -> None:
+        """Build the results document (diagnosed), write the reports, and compare with the baseline (the gate);
+        ``interrupted``: also take the journaled cells whose reports never arrived, and mark the matrix incomplete."""
+        from ..report import write_reports
+        from ..results.environment import environment
+        from ..results.schema import CellResult, build_document
+
+        if interrupted:
+            # cells that finished (journaled) but whose reports never reached this process (an xdist worker's, a
+            # forked child's last) still belong in the matrix
+            planned = self._planned()
+            for cell_id, data in self.journal.load().items():
+                if cell_id in planned and cell_id not in self.results:
+                    self.results[cell_id] = data
+        if not self.results:
+            if interrupted:
+                line = self.discard_stale_matrix(RuntimeError("the run was interrupted before any cell finished"))
+                self.config.get_terminal_writer().line(f"packcheck: {line}", yellow=True)
+            return
+        cells = [CellResult.from_dict(d) for d in self.results.values()]
+        flags = list(self.settings.reproduce_flags())
+        if self.config.option.keyword:
+            flags += ["-k", self.config.option.keyword]
+        command = "pytest " + " ".join(shlex.quote(f) for f in flags)
+        command = os.environ.get("PACKCHECK_REPRODUCE", command)  # set by `packcheck audit` to its own argv
+        from ..diagnose import diagnose_document
+
+        self.document = diagnose_document(build_document(cells, environment(self.settings.device), self.settings.as_dict(), command))
+        if interrupted:
+            self.document["incomplete"] = {"reason": "the run was interrupted", "cells": len(cells),
+                                           "resume": "rerun the same command with --packcheck-resume"}
+        self.written = write_reports(self.settings.report_dir, self.document)
+        if self.settings.baseline:
+            from ..analysis.gate import compare, regressions, render_changes, stack
+            from ..results.schema import load_document
+
+            baseline = load_document(self.settings.baseline)
+            self.changes = compare(baseline, self.document)
+            self.gate_text = render_changes(self.changes, stack(baseline), stack(self.document), markdown=False)
+            self.regressions = regressions(self.changes)
+
+    def discard_stale_matrix(self, exc: BaseException) -> str:
+        """The matrix of this run could not be written: remove the previous run's files, so no stale matrix
+        looks current, and return the one line that says so."""
+        out = Path(self.settings.report_dir)
+        removed = []
+        for name in ("packcheck-matrix.md", "packcheck-matrix.json", "packcheck-matrix.html", "packcheck-details.md"):
+            with contextlib.suppress(OSError):
+                (out / name).unlink()
+                removed.append(name)
+        what = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+        gone = (f"; the previous {' and '.join(removed)} in {out} were removed so they are not taken for this run's"
+                if removed else "")
+        return f"the matrix could not be written ({what}){gone}. The journal keeps the finished cells: rerun with --packcheck-resume."
+
+
+@contextlib.contextmanager
+def _quiet_default_config() -> Any:
+    """transformers' warnings off (errors kept) while an ``arch:`` spec's default config is made: the config is the
+    library's own, not the user's, and its complaints ("bos_token_id must be None or an integer within the
+    vocabulary ... got 50256", starcoder2's and phi's defaults in transformers 5.24) printed before the first
+    cell say nothing about packing."""
+    from transformers.utils import logging as hf_logging
+
+    before = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(before)
