@@ -22,7 +22,7 @@ def new_library(monkeypatch):
 
 def test_a_new_record_reaches_the_environment_fingerprint_and_header(new_library):
     from pytest_packcheck.results.environment import environment
-    from pytest_packcheck.run.sandbox import fingerprint
+    from pytest_packcheck.run.journal import fingerprint
 
     env = environment()
     assert env["tabulate"] == metadata.version("tabulate")
@@ -34,7 +34,7 @@ def test_a_new_record_reaches_the_environment_fingerprint_and_header(new_library
 
 def test_an_unrecorded_library_changes_no_fingerprint():
     from pytest_packcheck.results.environment import environment
-    from pytest_packcheck.run.sandbox import fingerprint
+    from pytest_packcheck.run.journal import fingerprint
 
     env = environment()
     assert "tabulate" not in env

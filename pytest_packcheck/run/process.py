@@ -102,6 +102,20 @@ def check_inputs(config: pytest.Config, settings: Any) -> Any:
 
     probe_folder(path, "--packcheck-report-dir")  # a full disk is refused now, not at the report write
     lock = hold_report_dir(path, "--packcheck-report-dir")  # one run per report folder, released by the session
+    try:
+        _check_run_inputs(path, settings)
+    except BaseException:
+        lock.release(force=True)  # refused before it started: the folder is free again at once
+        raise
+    return lock
+
+
+def _check_run_inputs(path: Path, settings: Any) -> None:
+    """The report files are not folders, the baseline loads, the versions exist, the CUDA device is there.
+
+    Raises:
+        PackcheckUsageError: the first of them that does not hold.
+    """
     for name in ("packcheck-matrix.md", "packcheck-matrix.json", "packcheck-matrix.html", "packcheck-details.md",
                  "packcheck-journal.jsonl"):
         if (path / name).is_dir():
@@ -132,7 +146,6 @@ def check_inputs(config: pytest.Config, settings: Any) -> Any:
                 f"Device '{settings.device}' (from --packcheck-device) is not available: torch "
                 f"{torch.__version__} sees no CUDA device. Use --packcheck-device=cpu."
             )
-    return lock
 
 
 def stop_on_sigterm(config: pytest.Config) -> None:
