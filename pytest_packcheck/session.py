@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from .config.settings import Settings
 from .errors import PackcheckUsageError, PackcheckWarning
-from .settings import Settings
 
 RESULT_PROPERTY = "packcheck"
 #: A folder for this session (made by the controller, inherited by xdist workers) where version-environment
@@ -197,8 +197,8 @@ class PackcheckSession:
         if getattr(self.settings, "versions", None):
             # before any environment is built: a release that does not exist is a usage error naming the nearest
             # ones (issue 27: transformers==5.25.0, not released, gave 13 "crash" regressions)
+            from .config.options import OPT_VERSIONS
             from .envs import validate_versions
-            from .settings import OPT_VERSIONS
 
             for note in validate_versions(list(self.settings.versions), OPT_VERSIONS):
                 warnings.warn(PackcheckWarning(note))
@@ -226,7 +226,7 @@ class PackcheckSession:
 
     def resolved_models(self) -> list[Any]:
         if self._resolved is None:
-            from .specs import parse_model_list
+            from .model.specs import parse_model_list
 
             specs = parse_model_list(list(self.settings.models), self.settings.model_source)
             self._resolved = [self._resolve(s) for s in specs]
@@ -234,7 +234,7 @@ class PackcheckSession:
 
     def _resolve(self, spec: Any) -> Any:
         from .envs import CHILD_ENV_VAR
-        from .models import ResolvedModel, resolve_model
+        from .model.resolve import ResolvedModel, resolve_model
 
         try:
             with _quiet_default_config() if spec.kind == "arch" else contextlib.nullcontext():
@@ -310,7 +310,7 @@ class PackcheckSession:
             result = self.env_cell(cell)
             self.journal.append(result.to_json())
             return result
-        if self.settings.isolation == "none" or self._cuda_initialised_here():
+        if self.settings.sandbox == "none" or self._cuda_initialised_here():
             result = self.runner().run(cell)
             self.journal.append(result.to_json())
             return result
