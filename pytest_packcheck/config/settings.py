@@ -129,7 +129,7 @@ def _validate_backends(values: list[str], source: str) -> tuple[str, ...]:
     Raises:
         PackcheckUsageError: an empty list, or a name transformers does not know (its own message quoted).
     """
-    from .backends import KNOWN_BACKENDS, attn_implementation_refusal
+    from ..backends import KNOWN_BACKENDS, attn_implementation_refusal
 
     for v in values:
         if v in KNOWN_BACKENDS:

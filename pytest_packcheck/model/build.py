@@ -21,6 +21,7 @@ from .twin import unshrunk_build_error
 #: Random-weight models above this many parameters are refused (the shrink missed a size key).
 MAX_RANDOM_PARAMS = 30_000_000
 
+
 @contextlib.contextmanager
 def reference_kernel_accepted(auto: Any, config: Any, attn_implementation: str) -> Any:
     """While a model is built on ``packcheck_flash_ref``, list it in the ``_compatible_flash_implementations`` of
@@ -76,6 +77,7 @@ def _refuse_undeclared_flash(model: Any, backend: str) -> None:
 def _override_hint(resolved: ResolvedModel) -> str:
     spec = resolved.spec.raw.split("{", 1)[0]
     return f"'{spec}{{key=value}}' or --packcheck-config key=value"
+
 
 def weight_counts(model: Any, info: dict[str, Any]) -> dict[str, int]:
     """Tensors of the model's state dict that ``from_pretrained`` loaded, left missing (randomly initialised)

@@ -218,6 +218,7 @@ def _parse_config_json(path: Path, spec: ModelSpec, source: str) -> dict[str, An
         )
     return data
 
+
 def _arch_hint(name: str) -> str:
     from transformers import CONFIG_MAPPING
 

@@ -49,6 +49,7 @@ def mrope_section_default(config: Any, class_name: str) -> list[str]:
                      "so the shrink scales it with the head size)")]
     return []
 
+
 def scale_mrope_sections(d: dict[str, Any], hidden_key: str, heads_key: str, original: dict[str, int]) -> None:
     """Scale ``rope_parameters["mrope_section"]`` (multimodal RoPE: how many rotary frequencies the temporal, height
     and width positions each get) to the shrunk head: its sum is half the rotary dims (``torch.split`` of the
@@ -82,6 +83,7 @@ def scale_mrope_sections(d: dict[str, Any], hidden_key: str, heads_key: str, ori
         scaled[scaled.index(max(scaled))] -= 1
     params["mrope_section"] = scaled
 
+
 def shrink_towers(d: dict[str, Any]) -> None:
     """Shrink the vision / audio towers of a composite config (``vision_config``, ``audio_config``) under the
     names the generic shrink does not know (Qwen2-VL's ``depth``, ``embed_dim``, ``num_heads``), and point their
@@ -110,6 +112,7 @@ def shrink_towers(d: dict[str, Any]) -> None:
         for name in ("out_hidden_size", "text_hidden_size", "output_dim"):
             if isinstance(tower.get(name), int):
                 tower[name] = width
+
 
 def mrope_section_mismatch(config: Any) -> tuple[str, str] | None:
     """(why, fix) when a multimodal config's text ``rope_parameters["mrope_section"]`` cannot run, else None. It must
@@ -142,6 +145,7 @@ def mrope_section_mismatch(config: Any) -> tuple[str, str] | None:
     why = (f"text rope_parameters mrope_section {section} sums to {sum(section)} rotary frequencies, but its heads have "
            f"{half} (head_dim {head_dim} x partial_rotary_factor {factor} / 2)")
     return why, " or ".join(fixes)
+
 
 def _text_only_rows(pos: Any, n: int) -> int | None:
     """Rows R of ``pos`` when it is int ids ``(R, 1, n)`` equal to 0..n-1 in every row (``(1, n)``: 0), else None."""

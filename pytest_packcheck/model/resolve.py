@@ -65,6 +65,7 @@ def loaded_weights(kind: str, weights: str) -> str:
     shrunk config with random weights). An ``arch:`` spec has no checkpoint: it is random in either mode."""
     return "pretrained" if weights == "pretrained" and kind != "arch" else "random"
 
+
 def resolve_model(spec: ModelSpec, source: str, trust_remote_code: bool = False) -> ResolvedModel:
     """Resolve a spec to its config, model_type, causal-LM class and revision, reading only ``config.json``.
 
@@ -138,6 +139,7 @@ def resolve_model(spec: ModelSpec, source: str, trust_remote_code: bool = False)
     elsewhere = multimodal_only_causal_lm(model_type)
     return ResolvedModel(spec=spec, config=config, model_type=model_type, model_class=cls or "remote code", revision=revision,
                          notes=notes, auto_class=elsewhere[1] if elsewhere else "AutoModelForCausalLM")
+
 
 def auto_model_class(resolved: ResolvedModel) -> Any:
     """The transformers auto class that builds ``resolved`` (``AutoModelForCausalLM``; for a multimodal model run

@@ -18,16 +18,19 @@ from .tiny import (
     TINY_VOCAB,
 )
 
+
 _SPECIAL_TOKEN_KEYS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id")
 _LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
 _TOP_K_KEYS = ("num_experts_per_tok", "moe_top_k", "moe_k", "num_experts_per_token", "moe_topk")
 _LOOP_SPLIT = ("n_input_layers", "n_recurrent_layers", "n_output_layers")
 _DROP_KEYS = ("quantization_config", "auto_map", "_name_or_path", "transformers_version")
 
+
 def _is_index_list(value: Any, n_layers: int) -> bool:
     """A list of layer indices (moe_layers=[0, 1, ...]) rather than one entry per layer."""
     return (isinstance(value, list) and bool(value) and all(type(v) is int for v in value)
             and value == sorted(set(value)) and value[-1] < n_layers and len(set(value)) == len(value) and len(value) > 2)
+
 
 def _layer_columns(d: dict[str, Any], n_layers: int) -> list[list[str]]:
     """Per-layer descriptions, one list per feature: every per-layer list of the config (layer_types,
@@ -299,6 +302,7 @@ def _shrink_dict(d: dict[str, Any], amap: dict[str, str], notes: list[str], slid
             elif isinstance(value, list):
                 d[key] = [v if v < TINY_VOCAB else TINY_VOCAB - 1 for v in value]
 
+
 def _shrink_selection(d: dict[str, Any], notes: list[str]) -> None:
     """Top-k selection and MoE routing small enough to act in a row of a few dozen tokens, each value set recorded in
     ``notes``. ``index_topk`` -> :data:`TINY_INDEX_TOPK` (and ``index_kpool`` -> :data:`TINY_INDEX_KPOOL` where the
@@ -357,6 +361,7 @@ def mechanism_gaps(config: Any, lengths: tuple[int, ...]) -> list[str]:
         if experts and per_token and per_token >= experts:
             out.append(f"not exercised: {per_token} experts per token of {experts}: MoE routing never chooses")
     return list(dict.fromkeys(out))
+
 
 def _derived_sizes(d: dict[str, Any], hidden_key: str, heads_key: str, original: dict[str, int]) -> None:
     """Sizes a config derives from hidden_size and the head count, set again after the shrink: ``from_dict``

@@ -75,6 +75,7 @@ FIXED_SIZES = {
     "hidden_size_per_layer_input": TINY_HEAD_DIM,
 }
 
+
 #: The top-k a sparse-attention indexer is shrunk to (DeepSeek-V3.2-style ``index_topk``, 2048 in glm_moe_dsa,
 #: deepseek_v32, axk2; 512 in deepseek_v4): below the probe row's shortest example (7 tokens), so the indexer
 #: selects among the keys of an example instead of all of them.
