@@ -13,8 +13,8 @@ from typing import Any
 
 from ..config.options import OPT_LENGTHS, default_of
 
-#: Example lengths (tokens) of the packed row: the --packcheck-lengths default, (11, 7, 13) (the option table
-#: says why those).
+#: Example lengths (tokens) of the packed row: the --packcheck-lengths default (:mod:`pytest_packcheck.config.options`
+#: says why those lengths).
 DEFAULT_LENGTHS: tuple[int, ...] = default_of(OPT_LENGTHS)
 IGNORE_INDEX = -100
 
