@@ -6,13 +6,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .errors import TextPathError
 from .tiny import TINY_HEAD_DIM, TINY_TOWER_DEPTH, TINY_TOWER_HEADS
-
-if TYPE_CHECKING:
-    from .resolve import ResolvedModel
 
 
 def mrope_section_default(config: Any, class_name: str) -> list[str]:
@@ -161,8 +158,9 @@ def _text_only_rows(pos: Any, n: int) -> int | None:
     return None
 
 
-def position_layout(model: Any, resolved: ResolvedModel) -> Any:
-    """How the built model takes a packed row's position_ids (:class:`batches.PositionLayout`).
+def position_layout(model: Any, resolved: Any) -> Any:
+    """How the built model takes a packed row's position_ids (:class:`~.batches.PositionLayout`); ``resolved``: its
+    :class:`~.resolve.ResolvedModel` (typed ``Any`` here: resolve imports this module).
 
     A causal LM: as the collator gives them, ``(batch, length)``. A multimodal model run on its text path: the
     packed layout its text model reads (``Qwen2VLTextModel.forward`` and its copies, transformers 5.24: "prepend
