@@ -74,3 +74,34 @@ def test_help_quotes_the_tables_default(flag, text):
 def test_isolation_flag_fills_the_sandbox_field():
     """The flag keeps its public name; the field is ``sandbox``, not "isolation" (also a check's name)."""
     assert BY_FLAG[OPT_ISOLATION].field == "sandbox" and BY_FLAG[OPT_ISOLATION].dest == "packcheck_isolation"
+
+
+@pytest.mark.parametrize("env, value, message", [
+    ("PACKCHECK_DEVICE", "xpu", "Unknown device 'xpu' (from $PACKCHECK_DEVICE)"),
+    ("PACKCHECK_TIMEOUT", "-1", "Bad timeout '-1' (from $PACKCHECK_TIMEOUT)"),
+    ("PACKCHECK_SHARD", "3/2", "Bad shard '3/2' (from $PACKCHECK_SHARD)"),
+])
+def test_a_bad_value_is_refused_by_its_rows_parse_naming_its_source(monkeypatch, env, value, message):
+    from pytest_packcheck.config.settings import resolve
+    from pytest_packcheck.errors import PackcheckUsageError
+
+    for opt in OPTIONS:
+        if opt.env:
+            monkeypatch.delenv(opt.env, raising=False)
+    monkeypatch.setenv(env, value)
+    with pytest.raises(PackcheckUsageError) as err:
+        resolve(lambda dest: "arch:llama" if dest == "packcheck_models" else None, lambda key: None)
+    assert message in str(err.value)
+
+
+def test_an_audits_lengths_go_through_the_same_parse(tmp_path, monkeypatch):
+    from pytest_packcheck.config.settings import resolve
+
+    for opt in OPTIONS:
+        if opt.env:
+            monkeypatch.delenv(opt.env, raising=False)
+    audit = tmp_path / "a.toml"
+    audit.write_text('[audit]\nmodels = ["arch:llama"]\nlengths = [5, 1, 6]\nsliding_window = 4\n')
+    settings = resolve(lambda dest: str(audit) if dest == "packcheck_audit" else None, lambda key: None)
+    assert settings.lengths == (5, 1, 6) and settings.sliding_window == 4
+    assert f"{OPT_LENGTHS}=5,1,6" in settings.reproduce_flags()

@@ -70,14 +70,15 @@ def split_values(value: str | list[str] | tuple[str, ...]) -> list[str]:
 
 
 def parse_lengths(value: Any, source: str) -> tuple[int, ...]:
-    """Example lengths ``"11,1,13"`` -> (11, 1, 13).
+    """Example lengths ``"11,1,13"`` (or an audit's ``[11, 1, 13]``) -> (11, 1, 13).
 
     Raises:
         PackcheckUsageError: not whole numbers >= 1, fewer than two (a packed row needs two examples), every
             example one token (no next-token label: loss and gradient parity have nothing to judge), or a packed
             row longer than :data:`MAX_PROBE_TOKENS`. Any other shape runs every check (two examples included).
     """
-    parts = split_values(str(value))
+    value = value if isinstance(value, str) else ",".join(map(str, value))  # an audit's list
+    parts = split_values(value)
     if len(parts) < 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
         raise PackcheckUsageError(f"Bad example lengths '{value}' (from {source}): give at least two whole numbers >= 1, "
                                   f"comma-separated, e.g. {OPT_LENGTHS}=11,1,13.")

@@ -39,11 +39,6 @@ from .options import (
     WEIGHTS,
     Option,
     default_of,
-    parse_device,
-    parse_lengths,
-    parse_shard,
-    parse_sliding_window,
-    parse_timeout,
 )
 from .options import split_values as _split
 
@@ -215,7 +210,15 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
         common = parse_overrides(",".join(config_items), f"from {OPT_CONFIG}")
         models = [_with_overrides(m, common, format_overrides, parse_overrides) for m in models]
 
-    device = parse_device(pick(by_flag[OPT_DEVICE])[0], OPT_DEVICE)
+    def parsed(opt: Option) -> Any:
+        """An option with a ``parse``: given (CLI > env > ini), else the audit's value of the same field (lengths,
+        sliding_window), else the table's default; a given or audit value goes through the row's ``parse``."""
+        value, src = pick(opt)
+        if src == "default" and getattr(audit, opt.field or "", None) is not None:
+            value, src = getattr(audit, opt.field or ""), f"audit {audit.path if audit else ''}"
+        return value if src == "default" else opt.parse(value, src) if opt.parse else value
+
+    device = parsed(by_flag[OPT_DEVICE])
 
     def given_empty(flag: str, what: str, allowed: tuple[str, ...]) -> None:
         # `--packcheck-attn ''` (an unset shell variable) named no value: refused, not read as "every one"
@@ -273,8 +276,6 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
     overrides = get_option(by_flag[OPT_TOLERANCE].dest) or []
     tolerances, tol_label = load_tolerances(tol_path, overrides, tol_src)
     baseline, _ = pick(by_flag[OPT_BASELINE])
-    shard_value, shard_src = pick(by_flag[OPT_SHARD])
-    shard = parse_shard(shard_value, shard_src) if shard_src != "default" else shard_value
     versions_value, versions_src = pick(by_flag[OPT_VERSIONS])
     if not versions_value and audit and audit.versions:
         versions_value, versions_src = list(audit.versions), f"audit {audit.path}"
@@ -284,8 +285,8 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
 
         values = [versions_value] if isinstance(versions_value, str) else list(versions_value)
         versions = tuple(parse_versions(values, versions_src))
-    timeout_value, timeout_src = pick(by_flag[OPT_TIMEOUT])
-    timeout_s = parse_timeout(timeout_value, timeout_src) if timeout_src != "default" else timeout_value
+    # every other option with a parse (shard, timeout_s, lengths, sliding_window, ...): its row says it all
+    parsed_fields = {opt.field: parsed(opt) for opt in OPTIONS if opt.parse and opt.field and opt.field != "device"}
     from ..isolation import fork_available
 
     sandbox_value, sandbox_src = pick(by_flag[OPT_ISOLATION])
@@ -295,18 +296,9 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
     if sandbox == fork and not fork_available():
         raise PackcheckUsageError(f"Isolation 'fork' (from {sandbox_src}) is not available on this platform: use {OPT_ISOLATION}=none.")
     resume, _ = pick(by_flag[OPT_RESUME])
-    lengths_value, lengths_src = pick(by_flag[OPT_LENGTHS])
-    if lengths_src == "default" and audit and audit.lengths:
-        lengths_value, lengths_src = ",".join(map(str, audit.lengths)), f"audit {audit.path}"
-    lengths = parse_lengths(lengths_value, lengths_src) if lengths_src != "default" else lengths_value
-    window_value, window_src = pick(by_flag[OPT_SLIDING_WINDOW])
-    if window_src == "default" and audit and audit.sliding_window:
-        window_value, window_src = audit.sliding_window, f"audit {audit.path}"
-    sliding_window = parse_sliding_window(window_value, window_src) if window_src != "default" else window_value
     return Settings(
-        lengths=lengths, sliding_window=sliding_window,
-        timeout_s=timeout_s, sandbox=sandbox, resume=bool(resume),
-        baseline=str(baseline) if baseline else None, shard=shard, versions=versions,
+        **parsed_fields, sandbox=sandbox, resume=bool(resume),
+        baseline=str(baseline) if baseline else None, versions=versions,
         models=tuple(models), model_source=source, backends=backends, checks=checks, dtypes=dtypes,
         weights=weights, device=device, trust_remote_code=bool(trust), report_dir=str(report_dir),
         tolerances=tolerances, tolerance_source=tol_label, audit_name=audit.name if audit else None,
