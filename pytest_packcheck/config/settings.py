@@ -59,12 +59,12 @@ class Settings:
     tolerances: dict[str, dict[str, float]] = field(hash=False)
     tolerance_source: str = ""
     audit_name: str | None = None
-    baseline: str | None = None
+    baseline: str | None = default_of(OPT_BASELINE)
     shard: tuple[int, int] = default_of(OPT_SHARD)
     versions: tuple[Any, ...] = default_of(OPT_VERSIONS)  # envs.VersionCombo, one per environment; () = this environment only
     timeout_s: float = default_of(OPT_TIMEOUT)  # per cell; 0 = no limit
     sandbox: str = default_of(OPT_ISOLATION)  # fork / none (--packcheck-isolation): where a model's cells run
-    resume: bool = False
+    resume: bool = default_of(OPT_RESUME)
     lengths: tuple[int, ...] = default_of(OPT_LENGTHS)  # example lengths (tokens) of the packed row
     sliding_window: int = default_of(OPT_SLIDING_WINDOW)  # tokens a longer window is shortened to
 
