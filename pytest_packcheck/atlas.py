@@ -143,7 +143,7 @@ def parse_shard(text: str, source: str) -> tuple[int, int]:
 def release_flags(report_dir: str, shard: tuple[int, int] | None = None, models: list[str] | None = None) -> list[str]:
     """The ``--packcheck-*`` flags of one release's run (or one shard of it), resumable from its journal: every
     architecture of the release (``--packcheck-all-architectures``) unless ``models`` names some."""
-    from .settings import OPT_ALL_ARCHS, OPT_BACKENDS, OPT_CHECKS, OPT_MODELS, OPT_REPORT_DIR, OPT_RESUME, OPT_SHARD
+    from .config.options import OPT_ALL_ARCHS, OPT_BACKENDS, OPT_CHECKS, OPT_MODELS, OPT_REPORT_DIR, OPT_RESUME, OPT_SHARD
 
     flags = [f"{OPT_MODELS}={','.join(models)}" if models else OPT_ALL_ARCHS, f"{OPT_BACKENDS}={','.join(ATLAS_BACKENDS)}", f"{OPT_CHECKS}={','.join(atlas_checks())}",
              f"{OPT_REPORT_DIR}={report_dir}", OPT_RESUME]
@@ -154,7 +154,7 @@ def release_flags(report_dir: str, shard: tuple[int, int] | None = None, models:
 
 def reproduce_command(version: str, model_type: str | None = None, backend: str | None = None) -> str:
     """The command a user runs to measure one release (or one architecture / backend of it) again."""
-    from .settings import OPT_BACKENDS, OPT_CHECKS
+    from .config.options import OPT_BACKENDS, OPT_CHECKS
 
     if model_type is None:
         return f"packcheck atlas --releases {version}"

@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import batches as B
 from .backends import FLASH_FAMILY, backend_availability, count_attention_calls, effective_attn_implementation
+from .model import batches as B
 
 # The check names, levels and roles live in the registry; re-exported here for code written against 0.1.
 from .registry import CHECKS, DEFAULT_CHECKS, MODEL_LEVEL_CHECKS, NUMERICS_FACTOR, TRAINING_CHECKS  # noqa: F401

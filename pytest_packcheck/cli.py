@@ -12,7 +12,18 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .settings import OPT_ALL_ARCHS, OPT_AUDIT, OPT_CHECKS, OPT_MODELS, OPT_RESUME, OPT_TIMEOUT, OPT_VERSIONS, OPTIONS
+from .config.options import (
+    OPT_ALL_ARCHS,
+    OPT_AUDIT,
+    OPT_CHECKS,
+    OPT_MODELS,
+    OPT_REPORT_DIR,
+    OPT_RESUME,
+    OPT_TIMEOUT,
+    OPT_VERSIONS,
+    OPTIONS,
+    default_of,
+)
 
 OPTIONS_BY_FLAG = {opt.flag: opt for opt in OPTIONS}
 
@@ -38,7 +49,7 @@ def audits() -> dict[str, str]:
     """The audits shipped with packcheck (audit/*.toml with an ``[audit]`` table): name -> description."""
     import tomllib
 
-    from .specs import PACKAGE_AUDIT_DIR
+    from .config.audits import PACKAGE_AUDIT_DIR
 
     out = {}
     for path in sorted(PACKAGE_AUDIT_DIR.glob("*.toml")):
@@ -231,7 +242,7 @@ def _pytest_args(ns: argparse.Namespace) -> list[str]:
     if given["packcheck_audit"] and not os.path.isabs(given["packcheck_audit"]) and given["packcheck_audit"].endswith(".toml"):
         given["packcheck_audit"] = os.path.abspath(given["packcheck_audit"])  # abspath: a symlink loop is the plugin's to name
     if given["packcheck_report_dir"] is None or given["packcheck_report_dir"].strip():  # '' goes on, to be refused
-        given["packcheck_report_dir"] = os.path.abspath(given["packcheck_report_dir"] or "reports")
+        given["packcheck_report_dir"] = os.path.abspath(given["packcheck_report_dir"] or default_of(OPT_REPORT_DIR))
     for opt in OPTIONS:
         value = given[opt.dest]
         if value is None or value is False or value == []:
@@ -332,15 +343,15 @@ def main(argv: list[str] | None = None) -> int:
         code = pytest.main(full)
     if code in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
         if ns.gate:
-            return _gate_versions(Path(ns.packcheck_report_dir or "reports"), allow, ns.summary)
+            return _gate_versions(Path(ns.packcheck_report_dir or default_of(OPT_REPORT_DIR)), allow, ns.summary)
         if ns.bench:
-            _bench_into_report(ns, Path(ns.packcheck_report_dir or "reports"))
+            _bench_into_report(ns, Path(ns.packcheck_report_dir or default_of(OPT_REPORT_DIR)))
         if ns.verify_remedies:
-            _verify_remedies_into_report(Path(ns.packcheck_report_dir or "reports"))
+            _verify_remedies_into_report(Path(ns.packcheck_report_dir or default_of(OPT_REPORT_DIR)))
         if ns.save_baseline:
             from .results import atomic_write
 
-            out = Path(ns.packcheck_report_dir or "reports")
+            out = Path(ns.packcheck_report_dir or default_of(OPT_REPORT_DIR))
             try:  # atomic and named: a full disk is one line, and never half a baseline
                 atomic_write(out / "baseline.json", (out / "packcheck-matrix.json").read_text(encoding="utf-8"))
             except (PackcheckUsageError, OSError) as exc:
@@ -428,7 +439,7 @@ def _reproduce_line(argv: list[str]) -> str:
 def _versions_source(ns: argparse.Namespace) -> str | None:
     """Where version environments were asked for (--packcheck-versions, its environment variable, or the audit
     definition's ``versions``), or None."""
-    from .specs import load_audit
+    from .config.audits import load_audit
 
     if getattr(ns, OPTIONS_BY_FLAG[OPT_VERSIONS].dest):
         return "--packcheck-versions"
@@ -696,13 +707,14 @@ def _bench(ns: argparse.Namespace) -> int:
         backend_availability,
         register_reference_backend,
     )
+    from .config.options import DTYPES
     from .errors import PackcheckUsageError, closest
-    from .models import build_model, resolve_model
+    from .model.build import build_model
+    from .model.resolve import resolve_model
+    from .model.specs import parse_model_spec
     from .results import probe_folder, write_set
     from .results.environment import environment
     from .run.throughput import load_targets, render_bench, run_bench, sample_lengths
-    from .settings import DTYPES
-    from .specs import parse_model_spec
 
     cuda = ns.device.startswith("cuda")
     attn = ns.attn or (TORCH_VARLEN_BACKEND if cuda else "sdpa")

@@ -224,7 +224,7 @@ def load_known_faults(path: str | Path | None = None) -> list[KnownFault]:
     """
     from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
-    from .specs import PACKAGE_AUDIT_DIR
+    from .config.audits import PACKAGE_AUDIT_DIR
 
     file = Path(path) if path else PACKAGE_AUDIT_DIR / "known_faults.toml"
     data = tomllib.loads(file.read_text())

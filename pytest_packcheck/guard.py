@@ -237,7 +237,7 @@ def parse_row(batch: Any, config: Any = None) -> _Row:
     """
     import torch
 
-    from .batches import position_ids_start
+    from .model.batches import position_ids_start
 
     if not isinstance(batch, Mapping):
         raise _usage(f"batch is a {type(batch).__name__}, expected a dict of tensors (the collator's output, e.g. "
@@ -422,7 +422,7 @@ def _tolerances(tolerances: Any) -> dict[str, dict[str, float]]:
 @functools.cache
 def _default_tolerances() -> dict[str, dict[str, float]]:
     """audit/tolerances.toml, read once per process."""
-    from .settings import load_tolerances
+    from .config.tolerances import load_tolerances
 
     return load_tolerances(None, None, "default")[0]
 
@@ -1073,7 +1073,7 @@ def _mrope_layout(model: Any, inputs: dict[str, Any]) -> Any:
     rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
     if pos is None or pos.ndim != 2 or not (isinstance(rope, Mapping) and "mrope_section" in rope):
         return None
-    from .models import position_layout
+    from .model.multimodal import position_layout
 
     try:
         layout = position_layout(model, SimpleNamespace(text_path="guard", model_type=getattr(text, "model_type", "?")))

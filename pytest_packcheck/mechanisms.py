@@ -79,8 +79,8 @@ def record_topk_ties() -> Iterator[list[dict[str, Any]]]:
 def probe_rows(bench: Any) -> list[list[list[int]]]:
     """The packed rows the checks compare with the examples alone: the bench's row and the edge-length rows
     (:data:`checks.EDGE_ROWS`, ``w`` the sliding window or 8), as example lists."""
-    from . import batches as B
     from .checks import EDGE_ROWS
+    from .model import batches as B
 
     window = getattr(bench.config, "sliding_window", None)
     w = window if isinstance(window, int) and 2 < window <= 64 else 8
@@ -113,6 +113,6 @@ def selection_ties(bench: Any) -> dict[str, Any] | None:
 def mechanism_findings(bench: Any) -> list[dict[str, Any]]:
     """The mechanisms the bench's probe row does not exercise (:func:`models.mechanism_gaps` on its config and
     lengths), as cell findings with cause ``mechanism_not_exercised``."""
-    from .models import mechanism_gaps
+    from .model.shrink import mechanism_gaps
 
     return [{"cause": "mechanism_not_exercised", "evidence": gap} for gap in mechanism_gaps(bench.config, tuple(bench.lengths))]

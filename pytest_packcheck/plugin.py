@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from .settings import OPTIONS
+from .config.options import OPTIONS
 
 _SESSION_KEY = pytest.StashKey["Any"]()
 
@@ -32,8 +32,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    from .config.settings import resolve
     from .errors import PackcheckUsageError
-    from .settings import resolve
 
     state = None
     try:

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import batches as B
 from .backends import backend_availability
+from .model import batches as B
 from .results import CheckResult
 
 if TYPE_CHECKING:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import batches as B
+from .model import batches as B
 from .results import CheckResult
 
 #: First position id of each example in the offset-positions row (cycled). The first example continues a

@@ -26,10 +26,11 @@ def floor(out: Path, limit: int | None, only: list[str] | None = None) -> None:
     import transformers
 
     from pytest_packcheck.atlas import ATLAS_BACKENDS, atlas_checks
-    from pytest_packcheck.models import causal_lm_architectures, mrope_text_path_architectures, resolve_model
+    from pytest_packcheck.config.tolerances import load_tolerances
+    from pytest_packcheck.model.architectures import causal_lm_architectures, mrope_text_path_architectures
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_spec
     from pytest_packcheck.run.runner import CellRunner, plan_cells
-    from pytest_packcheck.settings import load_tolerances
-    from pytest_packcheck.specs import parse_model_spec
 
     archs = only or [*causal_lm_architectures(), *mrope_text_path_architectures()][:limit]
     t0, c0 = time.perf_counter(), time.process_time()

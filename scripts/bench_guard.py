@@ -33,11 +33,12 @@ def main() -> None:
 
     import torch
 
-    from pytest_packcheck import batches as B
     from pytest_packcheck.backends import REFERENCE_BACKEND, TORCH_VARLEN_BACKEND, register_reference_backend
     from pytest_packcheck.guard import verify_packed_batch
-    from pytest_packcheck.models import build_model, resolve_model
-    from pytest_packcheck.specs import parse_model_spec
+    from pytest_packcheck.model import batches as B
+    from pytest_packcheck.model.build import build_model
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_spec
 
     if args.backend in (REFERENCE_BACKEND, TORCH_VARLEN_BACKEND):
         register_reference_backend()

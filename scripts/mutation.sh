@@ -44,7 +44,7 @@ SCOPE=(
   'pytest_packcheck.diagnose.x_diagnose_document__mutmut_*'
   'pytest_packcheck.report.x_headline__mutmut_*'
   'pytest_packcheck.report.x_cell_status__mutmut_*'
-  'pytest_packcheck.settings.x_load_tolerances__mutmut_*'
+  'pytest_packcheck.config.tolerances.x_load_tolerances__mutmut_*'
 )
 [ $# -gt 0 ] && SCOPE=("$@")
 

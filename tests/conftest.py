@@ -130,8 +130,9 @@ def tolerances() -> dict:
 def make_bench(model_type: str, backend: str, tolerances: dict, **kwargs):
     from pytest_packcheck.backends import REFERENCE_BACKEND, TORCH_VARLEN_BACKEND, register_reference_backend
     from pytest_packcheck.checks import Workbench
-    from pytest_packcheck.models import build_model, resolve_model
-    from pytest_packcheck.specs import parse_model_spec
+    from pytest_packcheck.model.build import build_model
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_spec
 
     if backend in (REFERENCE_BACKEND, TORCH_VARLEN_BACKEND):
         register_reference_backend()

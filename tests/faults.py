@@ -25,7 +25,7 @@ class DropPositionIds(torch.nn.Module):
 
 def collator_no_reset(**kwargs: Any):
     """A flattening collator whose position_ids run 0..N-1 across the whole row (do not restart)."""
-    from pytest_packcheck.batches import default_collator_factory
+    from pytest_packcheck.model.batches import default_collator_factory
 
     real = default_collator_factory(**kwargs)
 
@@ -40,7 +40,7 @@ def collator_no_reset(**kwargs: Any):
 
 def collator_label_leak(**kwargs: Any):
     """A flattening collator that does not mask the label at example boundaries."""
-    from pytest_packcheck.batches import default_collator_factory
+    from pytest_packcheck.model.batches import default_collator_factory
 
     real = default_collator_factory(**kwargs)
 
@@ -248,7 +248,7 @@ def _packed(position_ids) -> bool:
 
 
 def _layout(rows: int, source: str):
-    from pytest_packcheck.batches import PositionLayout
+    from pytest_packcheck.model.batches import PositionLayout
 
     return PositionLayout(rows=rows, source=source)
 

@@ -373,8 +373,8 @@ def _fault_window_problems(fault, root: Path) -> list[str]:
 
 
 def test_known_fault_windows_agree_with_their_recorded_bisect_results():
+    from pytest_packcheck.config.audits import PACKAGE_AUDIT_DIR
     from pytest_packcheck.diagnose import load_known_faults
-    from pytest_packcheck.specs import PACKAGE_AUDIT_DIR
 
     faults = load_known_faults()
     problems = [p for f in faults for p in _fault_window_problems(f, PACKAGE_AUDIT_DIR.parent)]

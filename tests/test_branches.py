@@ -23,7 +23,7 @@ from faults import (
 from test_diagnose import _ProbedBench
 
 from pytest_packcheck import checks as C
-from pytest_packcheck.batches import default_collator_factory
+from pytest_packcheck.model.batches import default_collator_factory
 
 
 class _Said(C.CheckResult):

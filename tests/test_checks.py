@@ -329,7 +329,7 @@ def test_trl_padding_free_collator_pads_position_ids(llama_sdpa):
     Planted: a collator that pads input_ids but leaves position_ids at 1027 and unmasks the first label -> the
     shapes item fails, and the labels item is still looked at (and fails) on its own."""
     pytest.importorskip("trl")
-    from pytest_packcheck.batches import trl_collator_factory
+    from pytest_packcheck.model.batches import trl_collator_factory
 
     result = C.check_collate_trl(llama_sdpa)
     assert result.status == "pass", result.message

@@ -7,8 +7,11 @@ from __future__ import annotations
 import pytest
 
 from pytest_packcheck.errors import PackcheckUsageError
-from pytest_packcheck.models import MAX_RANDOM_PARAMS, LibraryConfigError, build_model, resolve_model, shrink_config
-from pytest_packcheck.specs import parse_model_spec
+from pytest_packcheck.model.build import MAX_RANDOM_PARAMS, build_model
+from pytest_packcheck.model.errors import LibraryConfigError
+from pytest_packcheck.model.resolve import resolve_model
+from pytest_packcheck.model.shrink import shrink_config
+from pytest_packcheck.model.specs import parse_model_spec
 
 
 def _meta_params(config):
@@ -137,7 +140,8 @@ def test_an_override_key_no_config_has_warns_with_the_closest():
 
 
 def test_packcheck_config_flag_applies_to_every_model():
-    from pytest_packcheck.settings import OPT_CONFIG, resolve
+    from pytest_packcheck.config.options import OPT_CONFIG
+    from pytest_packcheck.config.settings import resolve
 
     options = {"packcheck_models": "arch:llama,arch:dbrx{clip_qkv=8,rope_theta=5}",
                "packcheck_config": ["clip_qkv=2", "initializer_range=0.01"]}
@@ -226,7 +230,7 @@ def test_a_crash_the_unshrunk_config_shares_is_the_librarys(monkeypatch):
     assert runner._failed("check", RuntimeError("The size of tensor a (4096) must match the size of tensor b (64)")).cause == "shrunk_crash"
     from transformers import LlamaForCausalLM
 
-    from pytest_packcheck.models import unshrunk_forward_reproduces
+    from pytest_packcheck.model.twin import unshrunk_forward_reproduces
 
     def crashes(self, *args, **kwargs):  # planted: the full-size forward fails like the tiny one, at its sizes
         raise RuntimeError(f"size {self.config.hidden_size} does not match")
@@ -332,7 +336,7 @@ def test_any_attn_implementation_transformers_takes():
     with transformers' own reason when it knows but cannot load them (a kernel-hub repo without `kernels`), and
     a name it does not know is a usage error quoting it."""
     from pytest_packcheck.backends import attn_implementation_refusal, backend_availability
-    from pytest_packcheck.settings import resolve
+    from pytest_packcheck.config.settings import resolve
 
     def settings(attn):
         return resolve(lambda dest: {"packcheck_models": "arch:llama", "packcheck_attn": attn}.get(dest), lambda key: None)

@@ -274,7 +274,7 @@ def test_sft_loss_cause_from_what_the_mode_measured():
 
 
 def _gcell(label="m", check="isolation", status="pass", backend="sdpa", env=None, **metrics):
-    from pytest_packcheck.settings import load_tolerances
+    from pytest_packcheck.config.tolerances import load_tolerances
 
     cell = {"cell_id": f"{label}-{backend}-{check}-float32" + (f"@{env}" if env else ""), "backend": backend, "check": check,
             "dtype": "float32", "status": status, "message": f"{check} {status}", "metrics": metrics,
@@ -470,7 +470,8 @@ def test_diagnosis_keeps_findings_apart_from_the_cause():
 
 
 def test_tolerance_file_values_win_over_the_defaults(tmp_path):
-    from pytest_packcheck.settings import DTYPES, load_tolerances
+    from pytest_packcheck.config.options import DTYPES
+    from pytest_packcheck.config.tolerances import load_tolerances
 
     default, label = load_tolerances(None, None, "t")
     assert label == "tolerances.toml" and set(default) == set(DTYPES)
@@ -486,7 +487,8 @@ def test_tolerance_file_values_win_over_the_defaults(tmp_path):
 
 
 def test_a_dtype_override_applies_to_that_dtype_only():
-    from pytest_packcheck.settings import DTYPES, load_tolerances
+    from pytest_packcheck.config.options import DTYPES
+    from pytest_packcheck.config.tolerances import load_tolerances
 
     default, _ = load_tolerances(None, None, "t")
     tol, label = load_tolerances(None, ["float32.logits_atol=0.7"], "t")
@@ -502,8 +504,8 @@ def test_a_dtype_override_applies_to_that_dtype_only():
 @pytest.mark.parametrize("item", ["float32.logits_atol=-1", "float32.logits_atol=inf", "float32.logits_atol=x",
                                   "float32.nope=1", "bf16.logits_atol=1", "logits_atol"])
 def test_bad_overrides_are_refused(item):
+    from pytest_packcheck.config.tolerances import load_tolerances
     from pytest_packcheck.errors import PackcheckUsageError
-    from pytest_packcheck.settings import load_tolerances
 
     with pytest.raises(PackcheckUsageError, match="--packcheck-tolerance"):
         load_tolerances(None, [item], "t")
@@ -512,8 +514,8 @@ def test_bad_overrides_are_refused(item):
 @pytest.mark.parametrize("text", ["[float32]\nlogits_atol = -1\n", "[float32]\nlogits_atol = true\n",
                                   "[float32]\nlogits_atol = 'x'\n", "[float32\n", "[float32]\nx = 1\n", "[bf16]\nlogits_atol = 1\n"])
 def test_bad_tolerance_files_are_refused(tmp_path, text):
+    from pytest_packcheck.config.tolerances import load_tolerances
     from pytest_packcheck.errors import PackcheckUsageError
-    from pytest_packcheck.settings import load_tolerances
 
     path = tmp_path / "tol.toml"
     path.write_text(text)

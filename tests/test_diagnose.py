@@ -14,11 +14,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _audit(models: list[str], backends: tuple[str, ...], checks: tuple[str, ...], tolerances: dict, **bench_kwargs) -> dict:
     """Run cells in this process (no plugin) and return a diagnosed document."""
-    from pytest_packcheck.models import resolve_model
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_spec
     from pytest_packcheck.results.environment import environment
     from pytest_packcheck.results.schema import build_document
     from pytest_packcheck.run.runner import CellRunner, plan_cells
-    from pytest_packcheck.specs import parse_model_spec
 
     resolved = [resolve_model(parse_model_spec(m, "test"), "test") for m in models]
     runner = CellRunner(resolved, tolerances)
@@ -63,8 +63,8 @@ def test_positions_without_position_ids_on_the_varlen_path(tolerances):
     from conftest import make_bench
 
     from pytest_packcheck import checks as C
-    from pytest_packcheck.batches import default_collator_factory
     from pytest_packcheck.diagnose import remedy
+    from pytest_packcheck.model.batches import default_collator_factory
 
     def no_positions(**kwargs):
         return default_collator_factory(**{**kwargs, "return_position_ids": False, "return_flash_attn_kwargs": True})
@@ -104,7 +104,7 @@ class _ProbedBench:
 
     def __init__(self, moved: float, stateful: list[str], boundaries: str, backend: str = "sdpa",
                  window: dict | None = None) -> None:
-        from pytest_packcheck.settings import load_tolerances
+        from pytest_packcheck.config.tolerances import load_tolerances
 
         self.model, self.collator_factory, self.backend = object(), object(), backend
         self.tol = load_tolerances(None, None, "test")[0]["float32"]
@@ -189,11 +189,11 @@ def test_classification_reads_codes(cell, expected):
 def test_diagnosis_never_changes_a_verdict(tolerances):
     import copy
 
-    from pytest_packcheck.models import resolve_model
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_spec
     from pytest_packcheck.results.environment import environment
     from pytest_packcheck.results.schema import build_document
     from pytest_packcheck.run.runner import CellRunner, plan_cells
-    from pytest_packcheck.specs import parse_model_spec
 
     resolved = [resolve_model(parse_model_spec("arch:opt", "test"), "test")]
     runner = CellRunner(resolved, tolerances)
@@ -249,7 +249,7 @@ def test_hybrid_given_seq_idx_refuses_instead_of_mixing(tolerances):
     from conftest import make_bench
 
     from pytest_packcheck import checks as C
-    from pytest_packcheck.batches import default_collator_factory
+    from pytest_packcheck.model.batches import default_collator_factory
     from pytest_packcheck.run.runner import _classify_exception
 
     def with_seq_idx(**kwargs):

@@ -152,8 +152,9 @@ def test_disable_falls_back_to_padding_on_a_leak(tolerances, tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: bf16 on the flash path")
 def test_bf16_cuda_uses_the_bf16_tolerance(tolerances):
     from pytest_packcheck.backends import TORCH_VARLEN_BACKEND, backend_availability, register_reference_backend
-    from pytest_packcheck.models import build_model, resolve_model
-    from pytest_packcheck.specs import parse_model_spec
+    from pytest_packcheck.model.build import build_model
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_spec
 
     backend = "flash_attention_2" if backend_availability("flash_attention_2", "cuda").available else TORCH_VARLEN_BACKEND
     if not backend_availability(backend, "cuda").available:
@@ -196,8 +197,9 @@ def test_bad_policy_and_broken_contract(llama_sdpa):
 def _llama_row():
     """A tiny llama (sdpa, use_cache=False as a Trainer sets it) and one packed row of three examples."""
     from pytest_packcheck.checks import Workbench
-    from pytest_packcheck.models import build_model, resolve_model
-    from pytest_packcheck.specs import parse_model_spec
+    from pytest_packcheck.model.build import build_model
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_spec
 
     model = build_model(resolve_model(parse_model_spec("arch:llama", "test"), "test"), "sdpa", "float32")
     model.config.use_cache = False
@@ -223,8 +225,9 @@ def test_fixture_parametrized(packcheck_verify):
 
 
 def _qwen2():
-    from pytest_packcheck.models import build_model, resolve_model
-    from pytest_packcheck.specs import parse_model_spec
+    from pytest_packcheck.model.build import build_model
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_spec
 
     return build_model(resolve_model(parse_model_spec("arch:qwen2", "test"), "test"), "sdpa", "float32")
 

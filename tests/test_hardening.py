@@ -70,8 +70,8 @@ def test_a_bad_results_file_is_one_line_in_gate_and_merge(tmp_path, content, mes
 
 
 def test_a_device_given_as_a_file_is_refused_not_read_for_ever(tmp_path):
+    from pytest_packcheck.config.tolerances import load_tolerances
     from pytest_packcheck.results.schema import load_document
-    from pytest_packcheck.settings import load_tolerances
 
     with pytest.raises(PackcheckUsageError, match="Results file /dev/zero is not a regular file"):
         load_document("/dev/zero")
@@ -379,8 +379,8 @@ def test_a_token_inside_a_results_file_from_elsewhere_is_not_printed_by_gate(tmp
 @pytest.mark.parametrize("override, value", [("hidden_size", "0"), ("num_hidden_layers", "-2"), ("vocab_size", str(10**9)),
                                              ("text_config.num_attention_heads", "0"), ("head_dim", "-1")])
 def test_an_absurd_size_is_refused_not_shrunk_away(override, value):
-    from pytest_packcheck.models import resolve_model
-    from pytest_packcheck.specs import parse_model_list
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_list
 
     spec = parse_model_list([f"arch:{'qwen2_vl' if override.startswith('text_config') else 'llama'}{{{override}={value}}}"], "test")[0]
     with pytest.raises(PackcheckUsageError, match=rf"Config value {override}={value!s}.* is not a size a model can have: "
@@ -389,8 +389,8 @@ def test_an_absurd_size_is_refused_not_shrunk_away(override, value):
 
 
 def test_heads_that_do_not_divide_are_refused_not_shrunk_to_a_whole_ratio():
-    from pytest_packcheck.models import resolve_model
-    from pytest_packcheck.specs import parse_model_list
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_list
 
     with pytest.raises(PackcheckUsageError, match=r"num_attention_heads=32 and num_key_value_heads=3 .* do not divide"):
         resolve_model(parse_model_list(["arch:llama{num_key_value_heads=3}"], "test")[0], "test")
@@ -398,8 +398,8 @@ def test_heads_that_do_not_divide_are_refused_not_shrunk_to_a_whole_ratio():
 
 
 def test_an_override_of_the_wrong_type_is_refused_naming_the_config():
-    from pytest_packcheck.models import resolve_model
-    from pytest_packcheck.specs import parse_model_list
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_list
 
     spec = parse_model_list(["arch:llama{intermediate_size=2.5}"], "test")[0]
     with pytest.raises(PackcheckUsageError, match=r"Config override 'intermediate_size=2.5' .* is refused by LlamaConfig "
@@ -408,8 +408,8 @@ def test_an_override_of_the_wrong_type_is_refused_naming_the_config():
 
 
 def test_an_absurd_size_in_a_local_config_json_is_refused_and_a_real_one_resolves(tmp_path):
-    from pytest_packcheck.models import resolve_model
-    from pytest_packcheck.specs import parse_model_list
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_list
 
     for vocab, ok in ((10**9, False), (32000, True)):
         folder = tmp_path / f"m{vocab}"
@@ -426,7 +426,8 @@ def test_an_absurd_size_in_a_local_config_json_is_refused_and_a_real_one_resolve
 
 def _resolve(argv, monkeypatch, env=None):
     from pytest_packcheck.cli import _parser
-    from pytest_packcheck.settings import OPTIONS, resolve
+    from pytest_packcheck.config.options import OPTIONS
+    from pytest_packcheck.config.settings import resolve
 
     for opt in OPTIONS:
         if opt.env:
@@ -466,7 +467,7 @@ def test_pretrained_weights_with_arch_specs_refused_alone_and_explained_beside_a
 
 
 def test_each_cell_says_what_weights_it_ran_and_the_header_does_not_claim_pretrained_for_arch_cells():
-    from pytest_packcheck.models import loaded_weights
+    from pytest_packcheck.model.resolve import loaded_weights
     from pytest_packcheck.report import _weights_line
 
     assert [loaded_weights(k, w) for k, w in (("arch", "pretrained"), ("hub", "pretrained"), ("local", "random"))] == \
@@ -480,9 +481,9 @@ def test_each_cell_says_what_weights_it_ran_and_the_header_does_not_claim_pretra
 
 
 def test_arch_cells_are_recorded_random_under_the_cuda_default(tmp_path, tolerances):
-    from pytest_packcheck.models import resolve_model
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_list
     from pytest_packcheck.run.runner import CellRunner, plan_cells
-    from pytest_packcheck.specs import parse_model_list
 
     resolved = resolve_model(parse_model_list(["arch:llama"], "test")[0], "test")
     runner = CellRunner([resolved], tolerances, weights="pretrained")

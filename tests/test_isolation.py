@@ -169,7 +169,7 @@ def test_a_token_typed_as_a_model_spec_is_not_echoed_to_the_terminal(monkeypatch
     """A token pasted where a model ID belongs (a legal legacy Hub ID) used to show in every test id and in the
     usage error: both are scrubbed now, as the files already were."""
     from pytest_packcheck.errors import PackcheckUsageError
-    from pytest_packcheck.specs import parse_model_spec
+    from pytest_packcheck.model.specs import parse_model_spec
 
     token = "hf_" + "Kp4" * 8
     monkeypatch.setenv("HF_TOKEN", token)
@@ -201,8 +201,8 @@ def test_gated_model_without_token_is_one_line(monkeypatch):
     from huggingface_hub import errors as hub_errors
 
     from pytest_packcheck.errors import PackcheckUsageError
-    from pytest_packcheck.models import resolve_model
-    from pytest_packcheck.specs import parse_model_spec
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_spec
 
     class Response:  # what huggingface_hub's error constructors read
         status_code, headers, url, request = 401, {}, "https://huggingface.co/x", None

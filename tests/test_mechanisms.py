@@ -91,8 +91,9 @@ def test_a_kernel_that_drops_the_sinks_is_caught(gpt_oss_flash, monkeypatch):
 def test_decoders_registered_only_in_multimodal_mappings_join_all_architectures():
     """mistral4's Mistral4ForCausalLM sits only under image-text-to-text / multimodal-lm in transformers 5.24: it is
     a causal LM all the same, resolved with the auto class whose mapping holds it."""
-    from pytest_packcheck.models import causal_lm_architectures, multimodal_only_causal_lm, resolve_model
-    from pytest_packcheck.specs import parse_model_spec
+    from pytest_packcheck.model.architectures import causal_lm_architectures, multimodal_only_causal_lm
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_spec
 
     assert multimodal_only_causal_lm("llama") is None  # in the causal-LM mapping: not a multimodal-only one
     assert multimodal_only_causal_lm("qwen2_vl") is None  # no *ForCausalLM class: run on its text path instead
@@ -110,8 +111,9 @@ def test_decoders_registered_only_in_multimodal_mappings_join_all_architectures(
 def test_shrink_brings_selection_and_windows_into_the_row_and_says_so():
     from transformers import CONFIG_MAPPING
 
-    from pytest_packcheck.batches import DEFAULT_LENGTHS
-    from pytest_packcheck.models import TINY_INDEX_TOPK, mechanism_gaps, shrink_config
+    from pytest_packcheck.model.batches import DEFAULT_LENGTHS
+    from pytest_packcheck.model.shrink import mechanism_gaps, shrink_config
+    from pytest_packcheck.model.tiny import TINY_INDEX_TOPK
 
     for model_type, key in (("axk2", "index_topk"), ("deepseek_v32", "index_topk"), ("llama4_text", "attention_chunk_size"),
                             ("mistral", "sliding_window")):

@@ -8,10 +8,10 @@ import pytest
 import torch
 from faults import ScalePackedLoss
 
-from pytest_packcheck import batches as B
 from pytest_packcheck import checks as C
+from pytest_packcheck.config.options import parse_lengths
 from pytest_packcheck.errors import PackcheckUsageError
-from pytest_packcheck.settings import parse_lengths
+from pytest_packcheck.model import batches as B
 
 
 @pytest.fixture(scope="module")

@@ -79,9 +79,9 @@ def test_reference_loss_takes_a_one_token_example(tolerances):
 def test_lengths_and_sliding_window_reach_the_workbench(tolerances):
     """--packcheck-lengths 11,1,13 packs a one-token example between two (the loss reference counts its zero labels);
     --packcheck-sliding-window 16 is the window the shrink gives mistral."""
-    from pytest_packcheck.models import resolve_model
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_spec
     from pytest_packcheck.run.runner import Cell, CellRunner
-    from pytest_packcheck.specs import parse_model_spec
 
     resolved = [resolve_model(parse_model_spec(m, "test"), "test") for m in ("arch:llama", "arch:mistral")]
     runner = CellRunner(resolved, tolerances, lengths=(11, 1, 13), sliding_window=16)
@@ -93,9 +93,10 @@ def test_lengths_and_sliding_window_reach_the_workbench(tolerances):
 def test_bad_lengths_and_window_are_one_line_errors(tmp_path):
     import pytest
 
+    from pytest_packcheck.config.audits import load_audit
+    from pytest_packcheck.config.options import OPT_LENGTHS, parse_lengths
+    from pytest_packcheck.config.settings import resolve
     from pytest_packcheck.errors import PackcheckUsageError
-    from pytest_packcheck.settings import OPT_LENGTHS, parse_lengths, resolve
-    from pytest_packcheck.specs import load_audit
 
     for bad in ("11", "11,0,13", "a,b", "11,-1", "4000,97"):
         with pytest.raises(PackcheckUsageError, match=f"Bad example lengths '{bad}' \\(from {OPT_LENGTHS}\\)"):

@@ -43,8 +43,8 @@ def _one_error_line(stderr: str, prefix: str) -> str:
 
 @pytest.mark.parametrize("kind", sorted(BAD_CONFIGS))
 def test_bad_config_json_is_a_usage_error_naming_the_file(tmp_path, kind):
-    from pytest_packcheck.models import resolve_model
-    from pytest_packcheck.specs import parse_model_spec
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_spec
 
     folder = _bad_model(tmp_path, kind)
     with pytest.raises(PackcheckUsageError) as info:
@@ -77,7 +77,7 @@ def test_bench_on_a_model_the_backend_cannot_build_is_refused_before_measuring(t
 
 
 def test_missing_local_folder_that_looks_like_a_hub_id_is_no_such_folder(tmp_path, monkeypatch):
-    from pytest_packcheck.specs import parse_model_spec
+    from pytest_packcheck.model.specs import parse_model_spec
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "models").mkdir()
@@ -319,7 +319,8 @@ def test_packcheck_models_variable_replaces_the_default_audit_and_is_in_the_repr
 
 def _every_setting_changed(tmp_path, monkeypatch):
     from pytest_packcheck.cli import _parser
-    from pytest_packcheck.settings import OPTIONS, resolve
+    from pytest_packcheck.config.options import OPTIONS
+    from pytest_packcheck.config.settings import resolve
 
     for opt in OPTIONS:
         if opt.env:
@@ -352,7 +353,7 @@ def test_every_setting_survives_the_round_trip_through_argv(tmp_path, monkeypatc
     for f in fields(settings):
         if f.name not in labels:
             assert getattr(again, f.name) == getattr(settings, f.name), f.name
-    assert settings.tolerances["float32"]["logits_atol"] == 0.5 and settings.timeout_s == 30 and settings.isolation == "none"
+    assert settings.tolerances["float32"]["logits_atol"] == 0.5 and settings.timeout_s == 30 and settings.sandbox == "none"
     assert settings_of(settings.reproduce_flags()).versions == settings.versions
 
 
@@ -440,11 +441,11 @@ def _saved_tiny_llama(folder: Path, matching: bool) -> Path:
 @pytest.mark.parametrize("matching", [True, False])
 def test_pretrained_weights_are_counted_and_a_load_that_matched_nothing_is_refused(tmp_path, tolerances, matching):
     from pytest_packcheck.diagnose import diagnose_document
-    from pytest_packcheck.models import resolve_model
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_spec
     from pytest_packcheck.report import render_markdown
     from pytest_packcheck.results.schema import build_document
     from pytest_packcheck.run.runner import CellRunner, plan_cells
-    from pytest_packcheck.specs import parse_model_spec
 
     folder = _saved_tiny_llama(tmp_path / "m", matching)
     resolved = resolve_model(parse_model_spec(str(folder), "--packcheck-models"), "--packcheck-models")
@@ -463,7 +464,7 @@ def test_pretrained_weights_are_counted_and_a_load_that_matched_nothing_is_refus
 def test_shrink_keeps_auto_map_for_remote_code_only():
     from transformers import LlamaConfig
 
-    from pytest_packcheck.models import shrink_config
+    from pytest_packcheck.model.shrink import shrink_config
 
     config = LlamaConfig(auto_map={"AutoModelForCausalLM": "modeling_x.XForCausalLM"}, name_or_path="/models/custom")
     kept = shrink_config(config, keep_auto_map=True)

@@ -8,12 +8,14 @@ import pytest
 import torch
 
 from pytest_packcheck.backends import varlen_reference_kernel
+from pytest_packcheck.config.audits import load_audit
+from pytest_packcheck.config.tolerances import load_tolerances
 from pytest_packcheck.errors import PackcheckUsageError
-from pytest_packcheck.models import resolve_model, shrink_config
+from pytest_packcheck.model.resolve import resolve_model
+from pytest_packcheck.model.shrink import shrink_config
+from pytest_packcheck.model.specs import parse_model_spec
 from pytest_packcheck.report import cell_status, render_details, render_markdown
 from pytest_packcheck.results.schema import SCHEMA_VERSION, CellResult, build_document, load_document
-from pytest_packcheck.settings import load_tolerances
-from pytest_packcheck.specs import load_audit, parse_model_spec
 
 
 def test_parse_specs():
@@ -31,7 +33,7 @@ def test_default_audit_lists_the_announced_architectures():
 
 
 def test_shrink_keeps_attention_features(offline_hub):
-    from pytest_packcheck.specs import parse_model_spec as p
+    from pytest_packcheck.model.specs import parse_model_spec as p
 
     gemma = resolve_model(p("google/gemma-2-2b-it", "t"), "t").config
     tiny = shrink_config(gemma)
@@ -121,17 +123,17 @@ def test_load_document_schema(tmp_path):
 
 def test_oversized_shrunk_model_is_refused_before_allocation(monkeypatch, tolerances):
     """A config the shrink cannot make tiny is an error cell (counted on the meta device), never an OOM kill."""
-    from pytest_packcheck import models
+    from pytest_packcheck.model import build
     from pytest_packcheck.run.runner import Cell, CellRunner
 
-    monkeypatch.setattr(models, "MAX_RANDOM_PARAMS", 1000)
+    monkeypatch.setattr(build, "MAX_RANDOM_PARAMS", 1000)
     resolved = resolve_model(parse_model_spec("arch:llama", "t"), "t")
     result = CellRunner([resolved], tolerances).run(Cell(0, "llama", "sdpa", "isolation", "float32"))
     assert result.status == "error" and "shrink left llama at" in result.message and "limit" in result.message
 
 
 def test_tolerance_file_and_override_errors_name_the_problem(tmp_path):
-    from pytest_packcheck.settings import load_tolerances
+    from pytest_packcheck.config.tolerances import load_tolerances
 
     cases = [("logits_atol = 1\n", "top-level key 'logits_atol'"),
              ("[float32]\nisolation_atol = nan\n", "must be a non-negative number"),
@@ -150,7 +152,7 @@ def test_tolerance_file_and_override_errors_name_the_problem(tmp_path):
 
 
 def test_audit_file_lists_must_be_lists(tmp_path):
-    from pytest_packcheck.specs import load_audit
+    from pytest_packcheck.config.audits import load_audit
 
     path = tmp_path / "a.toml"
     path.write_text('[audit]\nmodels = "arch:llama"\n')
@@ -159,7 +161,7 @@ def test_audit_file_lists_must_be_lists(tmp_path):
 
 
 def test_timeout_must_be_finite():
-    from pytest_packcheck.settings import resolve
+    from pytest_packcheck.config.settings import resolve
 
     for value in ("inf", "1e400", "nan", "-1", "10000000"):
         with pytest.raises(PackcheckUsageError, match=f"Bad timeout '{value}'"):
@@ -214,7 +216,7 @@ def test_backend_key_number_shows_which_flash_kernel_ran():
 def test_a_revision_pins_the_snapshot_its_config_is_read_from(two_snapshots):
     """Two snapshots of one repo in the offline cache: ``org/name@<sha>`` and ``org/name@<branch>`` read the old
     snapshot's config.json (3 layers, rope_theta 10000) and record its SHA; the bare ID reads main's."""
-    from pytest_packcheck.specs import parse_model_spec as p
+    from pytest_packcheck.model.specs import parse_model_spec as p
 
     repo, main, old = two_snapshots["repo"], two_snapshots["main"], two_snapshots["old"]
     assert main != old

@@ -8,8 +8,8 @@ import torch
 
 from pytest_packcheck import variants as V
 from pytest_packcheck.backends import REFERENCE_BACKEND
-from pytest_packcheck.batches import default_collator_factory
 from pytest_packcheck.checks import Workbench
+from pytest_packcheck.model.batches import default_collator_factory
 
 
 def _bench(model, tolerances, backend):

@@ -21,7 +21,7 @@ def test_every_check_is_described_once_and_loads():
         assert callable(spec.load()), spec.name
         assert set(spec.causes) <= set(CAUSES) and spec.summary
         if spec.tolerance:
-            from pytest_packcheck.settings import load_tolerances
+            from pytest_packcheck.config.tolerances import load_tolerances
 
             assert spec.tolerance in load_tolerances(None, None, "test")[0]["float32"], spec.name
     assert set(DEFAULT_CHECKS) | set(TRAINING_CHECKS) | set(VARIANT_CHECKS) == set(CHECKS)
@@ -31,7 +31,7 @@ def test_every_check_is_described_once_and_loads():
 
 
 def test_settings_help_and_readme_agree_with_the_registry():
-    from pytest_packcheck.settings import OPT_CHECKS, OPTIONS
+    from pytest_packcheck.config.options import OPT_CHECKS, OPTIONS
 
     help_text = next(o.help for o in OPTIONS if o.flag == OPT_CHECKS)
     readme = (REPO / "README.md").read_text()
@@ -164,7 +164,7 @@ def test_collate_items_are_checked_each_on_its_own(llama_sdpa):
     """A collator that keeps an empty example as a zero-length segment (transformers 4.56.2's behaviour, planted)
     fails the empty_example item and says what happened; every other item still holds."""
     from pytest_packcheck import checks as C
-    from pytest_packcheck.batches import default_collator_factory
+    from pytest_packcheck.model.batches import default_collator_factory
 
     def keeps_empty(**kwargs):
         inner = default_collator_factory(**kwargs)

@@ -17,9 +17,11 @@ from faults import DropPositionIds, FrozenSection, SectionNoRestart, TextRowNoRe
 def _bench(spec: str, backend: str, tolerances: dict, **kwargs):
     from pytest_packcheck.backends import REFERENCE_BACKEND, register_reference_backend
     from pytest_packcheck.checks import Workbench
-    from pytest_packcheck.models import build_model, position_layout, resolve_model
+    from pytest_packcheck.model.build import build_model
+    from pytest_packcheck.model.multimodal import position_layout
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_spec
     from pytest_packcheck.run.runner import text_config
-    from pytest_packcheck.specs import parse_model_spec
 
     if backend == REFERENCE_BACKEND:
         register_reference_backend()
@@ -48,8 +50,9 @@ def test_resolve_runs_mrope_models_on_their_text_path():
     """arch:qwen2_vl resolves to its ForConditionalGeneration (no causal-LM class) with its built-in mrope_section
     made explicit; a multimodal model without M-RoPE is still refused with the reason."""
     from pytest_packcheck.errors import PackcheckUsageError
-    from pytest_packcheck.models import mrope_text_path_architectures, resolve_model
-    from pytest_packcheck.specs import parse_model_spec
+    from pytest_packcheck.model.architectures import mrope_text_path_architectures
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_spec
 
     resolved = resolve_model(parse_model_spec("arch:qwen2_vl", "test"), "test")
     assert (resolved.model_class, resolved.auto_class, resolved.text_path) == (
@@ -67,8 +70,9 @@ def test_shrink_makes_the_tower_tiny_and_scales_mrope_section():
     vision tower 2 blocks of 2 heads and points its output at the text width; the model has under 1M parameters."""
     import torch
 
-    from pytest_packcheck.models import auto_model_class, resolve_model, shrink_config
-    from pytest_packcheck.specs import parse_model_spec
+    from pytest_packcheck.model.resolve import auto_model_class, resolve_model
+    from pytest_packcheck.model.shrink import shrink_config
+    from pytest_packcheck.model.specs import parse_model_spec
 
     for model_type, section in (("qwen2_vl", [2, 3, 3]), ("qwen3_vl", [3, 3, 2])):
         resolved = resolve_model(parse_model_spec(f"arch:{model_type}", "test"), "test")
@@ -90,8 +94,10 @@ def test_shrink_makes_the_tower_tiny_and_scales_mrope_section():
 def test_default_config_that_cannot_run_is_the_librarys(tol):
     """GLM-4V's default config gives mrope_section [8, 12, 12] (32 frequencies) to 64-frequency heads: it fails at
     full size too, so the cell is library_config with the override that fixes it, and that override runs."""
-    from pytest_packcheck.models import LibraryConfigError, build_model, resolve_model
-    from pytest_packcheck.specs import parse_model_spec
+    from pytest_packcheck.model.build import build_model
+    from pytest_packcheck.model.errors import LibraryConfigError
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_spec
 
     resolved = resolve_model(parse_model_spec("arch:glm4v", "test"), "test")
     with pytest.raises(LibraryConfigError, match=r"mrope_section \[8, 12, 12\] sums to 32 .* heads have 64 .*"
@@ -120,8 +126,10 @@ def test_layout_error_names_the_method():
     """A model whose generate() and get_rope_index give no usable text-only ids: a one-line TextPathError."""
     import torch
 
-    from pytest_packcheck.models import ShrinkError, TextPathError, position_layout, resolve_model
-    from pytest_packcheck.specs import parse_model_spec
+    from pytest_packcheck.model.errors import ShrinkError, TextPathError
+    from pytest_packcheck.model.multimodal import position_layout
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_spec
 
     class Odd(torch.nn.Module):
         def __init__(self):
@@ -178,8 +186,8 @@ def test_planted_layout_without_boundaries_leaks(spec, layout, backend, tol):
     """Ids that carry no boundaries in the text row: the collator's (batch, length) ids on Qwen2-VL (expanded to
     3 rows), get_rope_index's 3 rows without the text row, a text row that does not restart. Isolation and parity
     fail with cause leak, on the masked and on the flash path."""
-    from pytest_packcheck.batches import PLAIN_POSITIONS, PositionLayout
     from pytest_packcheck.checks import check_isolation, check_logits_parity
+    from pytest_packcheck.model.batches import PLAIN_POSITIONS, PositionLayout
 
     planted = {"collator": PLAIN_POSITIONS, "rope_index": PositionLayout(rows=3, source="get_rope_index only"),
                "text_row": TextRowNoRestart(rows=4, source="planted")}[layout]
@@ -238,8 +246,8 @@ def test_hub_id_qwen2_vl_offline(offline_hub, tmp_path, tol):
     from conftest import lay_out_hub_cache
 
     from pytest_packcheck.checks import check_isolation, check_logits_parity
-    from pytest_packcheck.models import resolve_model
-    from pytest_packcheck.specs import parse_model_spec
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_spec
 
     repo = "Qwen/Qwen2-VL-2B-Instruct"
     sha = lay_out_hub_cache(tmp_path / "hf_home" / "hub", [repo])[repo]
@@ -269,11 +277,11 @@ def test_plugin_records_the_text_path(pytester):
 
 def test_vlm_audit_resolves():
     """audit/vlm.toml names architectures that all resolve to a text path (overrides included)."""
-    from pytest_packcheck.models import resolve_model
-    from pytest_packcheck.specs import load_audit
+    from pytest_packcheck.config.audits import load_audit
+    from pytest_packcheck.model.resolve import resolve_model
 
     audit = load_audit("vlm")
-    from pytest_packcheck.specs import parse_model_spec
+    from pytest_packcheck.model.specs import parse_model_spec
 
     resolved = [resolve_model(parse_model_spec(raw, "audit vlm"), "audit vlm") for raw in audit.models]
     assert len(resolved) >= 10 and all(r.text_path == "mrope" for r in resolved)
@@ -281,8 +289,8 @@ def test_vlm_audit_resolves():
 
 def test_all_architectures_includes_the_text_path_models():
     """--packcheck-all-architectures: every causal LM, then every multimodal model run on its text path."""
-    from pytest_packcheck.models import causal_lm_architectures, mrope_text_path_architectures
-    from pytest_packcheck.settings import resolve
+    from pytest_packcheck.config.settings import resolve
+    from pytest_packcheck.model.architectures import causal_lm_architectures, mrope_text_path_architectures
 
     settings = resolve({"packcheck_all_architectures": True}.get, lambda k: None)
     causal, vlm = causal_lm_architectures(), mrope_text_path_architectures()

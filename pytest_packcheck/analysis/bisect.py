@@ -234,9 +234,9 @@ def parse_cell_id(cell_id: str, source: str, model: str | None = None) -> CellRe
     """
     from ..backends import KNOWN_BACKENDS
     from ..checks import CHECKS, MODEL_LEVEL_CHECKS
+    from ..config.options import DTYPES
     from ..errors import closest
-    from ..settings import DTYPES
-    from ..specs import parse_model_spec
+    from ..model.specs import parse_model_spec
 
     text = cell_id.strip()
     head, sep, env = text.rpartition("@")
@@ -367,13 +367,15 @@ def judge(cell: dict[str, Any] | None, cause: str | None, supported: bool, doc_e
 
 def probe_settings(models: list[str], backends: tuple[str, ...], checks: tuple[str, ...], dtypes: tuple[str, ...],
                    weights: str = "random") -> Any:
-    """The :class:`~pytest_packcheck.settings.Settings` of a probe run: those cells only, on CPU, default
+    """The :class:`~pytest_packcheck.config.settings.Settings` of a probe run: those cells only, on CPU, default
     tolerances and timeout, forked isolation."""
-    from ..settings import Settings, load_tolerances
+    from ..config.options import OPT_REPORT_DIR, default_of
+    from ..config.settings import Settings
+    from ..config.tolerances import load_tolerances
 
     tolerances, source = load_tolerances(None, None, "default")
     return Settings(models=tuple(models), model_source="packcheck bisect", backends=backends, checks=checks, dtypes=dtypes,
-                    weights=weights, device="cpu", trust_remote_code=False, report_dir="reports", tolerances=tolerances,
+                    weights=weights, device="cpu", trust_remote_code=False, report_dir=default_of(OPT_REPORT_DIR), tolerances=tolerances,
                     tolerance_source=source)
 
 

@@ -130,7 +130,7 @@ def _check_run_inputs(path: Path, settings: Any) -> None:
     if getattr(settings, "versions", None):
         # before any environment is built: a release that does not exist is a usage error naming the nearest
         # ones (issue 27: transformers==5.25.0, not released, gave 13 "crash" regressions)
-        from ..settings import OPT_VERSIONS
+        from ..config.options import OPT_VERSIONS
         from ..versions.releases import validate_versions
 
         for note in validate_versions(list(settings.versions), OPT_VERSIONS):

@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .. import batches as B
 from ..analysis.verdicts import unbacked_pass
 from ..backends import (
     FLASH_FAMILY,
@@ -28,7 +27,12 @@ from ..backends import (
     register_reference_backend,
 )
 from ..checks import Workbench
-from ..models import LibraryConfigError, ResolvedModel, ShrinkError, build_model, position_layout, unshrunk_forward_reproduces
+from ..model import batches as B
+from ..model.build import build_model
+from ..model.errors import LibraryConfigError, ShrinkError
+from ..model.multimodal import position_layout
+from ..model.resolve import ResolvedModel
+from ..model.twin import unshrunk_forward_reproduces
 from ..registry import MODEL_LEVEL_CHECKS, SPECS
 from ..results.schema import CellResult, CheckResult
 
@@ -396,7 +400,7 @@ class CellRunner:
     def _unshrunk_reproduces(self, exc: BaseException) -> str | None:
         """:func:`unshrunk_forward_reproduces` for the current model, once per model and error (a model that
         crashes in every check builds its full-size meta twin once)."""
-        from ..models import _normalised
+        from ..model.twin import normalised_error as _normalised
 
         key = (self._key[0] if self._key else None, type(exc).__name__, _normalised(str(exc)))
         if key[0] is None or not 0 <= key[0] < len(self.models):

@@ -21,8 +21,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-#: Default seconds a single cell may run (model build included) before its child is killed.
-DEFAULT_TIMEOUT_S = 600.0
+from ..config.options import OPT_TIMEOUT, default_of
+
+#: Default seconds a single cell may run (model build included) before its child is killed: --packcheck-timeout's.
+DEFAULT_TIMEOUT_S: float = default_of(OPT_TIMEOUT)
 
 
 def fork_available() -> bool:

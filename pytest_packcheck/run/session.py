@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
+from ..config.settings import Settings
 from ..errors import PackcheckUsageError, PackcheckWarning
-from ..settings import Settings
 from .items import RESULT_PROPERTY, PackcheckCollector, PackcheckItem
 from .process import check_inputs, fork_poisoned, limit_threads, pin_worker_gpu, stop_on_sigterm
 from .progress import Progress
@@ -60,14 +60,14 @@ class PackcheckSession:
 
     def resolved_models(self) -> list[Any]:
         if self._resolved is None:
-            from ..specs import parse_model_list
+            from ..model.specs import parse_model_list
 
             specs = parse_model_list(list(self.settings.models), self.settings.model_source)
             self._resolved = [self._resolve(s) for s in specs]
         return self._resolved
 
     def _resolve(self, spec: Any) -> Any:
-        from ..models import ResolvedModel, resolve_model
+        from ..model.resolve import ResolvedModel, resolve_model
         from ..versions.envs import CHILD_ENV_VAR
 
         try:
@@ -133,7 +133,7 @@ class PackcheckSession:
             result = self.version_cells.result(cell, self.resolved_models())
             self.journal.append(result.to_json())
             return result
-        if self.settings.isolation == "none" or self._cuda_initialised_here():
+        if self.settings.sandbox == "none" or self._cuda_initialised_here():
             result = self.runner().run(cell)
             self.journal.append(result.to_json())
             return result

@@ -250,7 +250,7 @@ def load_targets(path: str | Path | None = None) -> dict[str, dict[str, float]]:
     """
     import tomllib
 
-    from ..specs import PACKAGE_AUDIT_DIR
+    from ..config.audits import PACKAGE_AUDIT_DIR
 
     file = Path(path) if path else PACKAGE_AUDIT_DIR / "bench_targets.toml"
     data = tomllib.loads(file.read_text())
@@ -398,8 +398,9 @@ def bench_audit(doc: dict[str, Any], profiles: list[str], steps: int, device: st
     and size), one entry per model and profile. A model that cannot be built or benched becomes an entry with
     ``error`` (its reason), never an exception: the audit's results are already written."""
     from ..backends import REFERENCE_BACKEND, TORCH_VARLEN_BACKEND, register_reference_backend
-    from ..models import build_model, resolve_model
-    from ..specs import parse_model_spec
+    from ..model.build import build_model
+    from ..model.resolve import resolve_model
+    from ..model.specs import parse_model_spec
 
     out: list[dict[str, Any]] = []
     targets = load_targets()

@@ -10,8 +10,10 @@ import transformers
 
 from pytest_packcheck import backends as BK
 from pytest_packcheck import checks as C
-from pytest_packcheck.models import build_model, resolve_model
-from pytest_packcheck.specs import PACKAGE_AUDIT_DIR, parse_model_spec
+from pytest_packcheck.config.audits import PACKAGE_AUDIT_DIR
+from pytest_packcheck.model.build import build_model
+from pytest_packcheck.model.resolve import resolve_model
+from pytest_packcheck.model.specs import parse_model_spec
 
 tol = tomllib.loads((PACKAGE_AUDIT_DIR / "tolerances.toml").read_text())["float32"]
 out = {"transformers": transformers.__version__, "mode": BK.reference_mode()}

@@ -1,4 +1,4 @@
-"""Model specs and the audit definitions read from ``audit/``.
+"""Model specs: which model a cell runs (the audit definitions read from ``audit/`` are in :mod:`pytest_packcheck.config.audits`).
 
 A model spec is one of:
 - ``org/name`` or ``org/name@revision``: a Hub model ID (branch, tag or commit SHA);
@@ -17,16 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import tomllib
-
-from .errors import PackcheckUsageError, read_user_text, scrub_secrets
+from ..errors import PackcheckUsageError, scrub_secrets
 
 # org/name, or a legacy ID without an org (gpt2, bert-base-uncased)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
-# Wheels carry audit/ as pytest_packcheck/_audit (pyproject force-include); an editable install reads the
-# repository's audit/ folder directly.
-_HERE = Path(__file__).resolve().parent
-PACKAGE_AUDIT_DIR = _HERE / "_audit" if (_HERE / "_audit").is_dir() else _HERE.parent / "audit"
 
 
 @dataclass(frozen=True)
@@ -165,89 +159,3 @@ def parse_model_list(value: str | list[str], source: str) -> list[ModelSpec]:
             f"The model list from {source} is empty: give at least one model, e.g. --packcheck-models=arch:llama."
         )
     return specs
-
-
-@dataclass(frozen=True)
-class AuditDefinition:
-    """An audit file: which models, backends, checks and dtypes to run, and its tolerance profile."""
-
-    path: str
-    name: str
-    models: tuple[str, ...]
-    backends: tuple[str, ...] | None = None
-    checks: tuple[str, ...] | None = None
-    dtypes: tuple[str, ...] | None = None
-    tolerances: str | None = None
-    versions: tuple[str, ...] | None = None  # version axes / combinations, as for --packcheck-versions
-    lengths: tuple[int, ...] | None = None  # example lengths of the packed row, as for --packcheck-lengths
-    sliding_window: int | None = None  # as for --packcheck-sliding-window
-
-
-_AUDIT_KEYS = {"name", "description", "models", "backends", "checks", "dtypes", "tolerances", "versions", "lengths",
-               "sliding_window"}
-
-
-def resolve_audit_path(value: str) -> Path:
-    """An audit name (``default``) or path; names are looked up in ./audit/ then in the packaged audit/."""
-    path = Path(value)
-    if path.suffix == ".toml" and path.exists():
-        return path
-    for base in (Path.cwd() / "audit", PACKAGE_AUDIT_DIR):
-        candidate = base / f"{value}.toml"
-        if candidate.exists():
-            return candidate
-    raise PackcheckUsageError(
-        f"Audit '{value}' not found (looked for {path} and {value}.toml in ./audit and {PACKAGE_AUDIT_DIR}): "
-        "give an existing .toml file or the name of one under audit/."
-    )
-
-
-def load_audit(value: str) -> AuditDefinition:
-    """Read an audit definition (TOML).
-
-    Raises:
-        PackcheckUsageError: file missing, not TOML, unknown keys or no models.
-    """
-    path = resolve_audit_path(value)
-    try:
-        data = tomllib.loads(read_user_text(path, "Audit file", "pass an audit definition (TOML), e.g. audit/default.toml."))
-    except tomllib.TOMLDecodeError as exc:
-        raise PackcheckUsageError(f"Audit file {path} is not valid TOML ({exc}): fix the syntax.") from None
-    audit = data.get("audit", data)
-    unknown = set(audit) - _AUDIT_KEYS
-    if unknown:
-        raise PackcheckUsageError(
-            f"Audit file {path} has unknown keys {sorted(unknown)}: allowed are {sorted(_AUDIT_KEYS)}."
-        )
-    models = audit.get("models") or []
-    for key in ("models", "backends", "checks", "dtypes", "versions"):
-        if key in audit and not (isinstance(audit[key], list) and all(isinstance(x, str) for x in audit[key])):
-            raise PackcheckUsageError(
-                f"Audit file {path}: '{key}' must be a list of strings, e.g. {key} = [\"...\"], not {audit[key]!r}."
-            )
-    if not models:
-        raise PackcheckUsageError(f"Audit file {path} lists no models: add models = [\"arch:llama\", ...].")
-
-    def opt(key: str) -> tuple[str, ...] | None:
-        return tuple(audit[key]) if audit.get(key) else None
-
-    lengths = audit.get("lengths")
-    if lengths is not None and not (isinstance(lengths, list) and len(lengths) >= 2
-                                    and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in lengths)):
-        raise PackcheckUsageError(f"Audit file {path}: 'lengths' must list at least two whole numbers >= 1, e.g. "
-                                  f"lengths = [11, 1, 13], not {lengths!r}.")
-    window = audit.get("sliding_window")
-    if window is not None and not (isinstance(window, int) and not isinstance(window, bool) and window >= 2):
-        raise PackcheckUsageError(f"Audit file {path}: 'sliding_window' must be a whole number >= 2, e.g. "
-                                  f"sliding_window = 16, not {window!r}.")
-    return AuditDefinition(
-        lengths=tuple(lengths) if lengths else None, sliding_window=window,
-        path=str(path),
-        name=audit.get("name", path.stem),
-        models=tuple(models),
-        backends=opt("backends"),
-        checks=opt("checks"),
-        dtypes=opt("dtypes"),
-        tolerances=audit.get("tolerances"),
-        versions=opt("versions"),
-    )

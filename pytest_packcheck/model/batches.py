@@ -11,9 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-#: Example lengths (tokens) of the packed row. Longer than the shrunk sliding window (8), different from each
-#: other so that a boundary off by one token moves a measurable logit.
-DEFAULT_LENGTHS = (11, 7, 13)
+from ..config.options import OPT_LENGTHS, default_of
+
+#: Example lengths (tokens) of the packed row: the --packcheck-lengths default (:mod:`pytest_packcheck.config.options`
+#: says why those lengths).
+DEFAULT_LENGTHS: tuple[int, ...] = default_of(OPT_LENGTHS)
 IGNORE_INDEX = -100
 
 # Architectures whose absolute position embeddings start at padding_idx + 1 (transformers' RoBERTa family);

@@ -1,0 +1,305 @@
+"""The options of :mod:`.options` resolved CLI > env > ini > default into a frozen :class:`Settings`, and back
+into flags (:meth:`Settings.to_args`)."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import PackcheckUsageError, closest
+from .options import (
+    BY_FLAG,
+    DTYPES,
+    OPT_ALL_ARCHS,
+    OPT_AUDIT,
+    OPT_BACKENDS,
+    OPT_BASELINE,
+    OPT_CHECKS,
+    OPT_CONFIG,
+    OPT_DEVICE,
+    OPT_DTYPES,
+    OPT_ISOLATION,
+    OPT_LENGTHS,
+    OPT_MODELS,
+    OPT_REPORT_DIR,
+    OPT_RESUME,
+    OPT_SHARD,
+    OPT_SLIDING_WINDOW,
+    OPT_TIMEOUT,
+    OPT_TOLERANCE,
+    OPT_TOLERANCES,
+    OPT_TRUST,
+    OPT_VERSIONS,
+    OPT_WEIGHTS,
+    OPTIONS,
+    SANDBOX_MODES,
+    WEIGHTS,
+    Option,
+    default_of,
+)
+from .options import split_values as _split
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a packcheck run needs, resolved and validated."""
+
+    models: tuple[str, ...]
+    model_source: str
+    backends: tuple[str, ...]
+    checks: tuple[str, ...]
+    dtypes: tuple[str, ...]
+    weights: str
+    device: str
+    trust_remote_code: bool
+    report_dir: str
+    tolerances: dict[str, dict[str, float]] = field(hash=False)
+    tolerance_source: str = ""
+    audit_name: str | None = None
+    baseline: str | None = default_of(OPT_BASELINE)
+    shard: tuple[int, int] = default_of(OPT_SHARD)
+    versions: tuple[Any, ...] = default_of(OPT_VERSIONS)  # envs.VersionCombo, one per environment; () = this environment only
+    timeout_s: float = default_of(OPT_TIMEOUT)  # per cell; 0 = no limit
+    sandbox: str = default_of(OPT_ISOLATION)  # fork / none (--packcheck-isolation): where a model's cells run
+    resume: bool = default_of(OPT_RESUME)
+    lengths: tuple[int, ...] = default_of(OPT_LENGTHS)  # example lengths (tokens) of the packed row
+    sliding_window: int = default_of(OPT_SLIDING_WINDOW)  # tokens a longer window is shortened to
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "models": list(self.models), "backends": list(self.backends), "checks": list(self.checks),
+            "dtypes": list(self.dtypes), "weights": self.weights, "device": self.device,
+            "trust_remote_code": self.trust_remote_code, "audit": self.audit_name,
+            "tolerance_source": self.tolerance_source,
+            "versions": [v.label for v in self.versions],
+            "lengths": list(self.lengths), "sliding_window": self.sliding_window,
+        }
+
+    def reproduce_flags(self) -> list[str]:
+        """Flags that reproduce this run (the report header prints them): :meth:`to_args` without the
+        settings left at their defaults."""
+        return self.to_args(skip_defaults=True)
+
+    def to_args(self, tolerance_file: str | None = None, models: list[str] | None = None, report_dir: str | None = None,
+                version_child: bool = False, skip_defaults: bool = False) -> list[str]:
+        """The ``--packcheck-*`` flags that resolve back into these settings: the one Settings -> argv conversion
+        (the report's Reproduce line, the version-environment children), read from the option table (each
+        option's ``field``, ``to_arg``, ``in_child``, ``always`` and ``default``). ``tolerance_file``: a TOML file
+        holding ``self.tolerances`` (else the tolerances are not passed); ``models`` / ``report_dir`` replace this
+        run's; ``version_child``: for the run inside one version environment (no versions, baseline, shard or
+        resume); ``skip_defaults``: leave out the options at their default."""
+        given = {OPT_MODELS: models, OPT_REPORT_DIR: report_dir, OPT_TOLERANCES: tolerance_file or None}
+        flags: list[str] = []
+        # the options a version child gets first, then the session-only ones (baseline, shard, versions, resume)
+        for child_pass in (True, False) if not version_child else (True,):
+            for opt in (o for o in OPTIONS if o.in_child == child_pass):
+                forced = given.get(opt.flag) is not None
+                if not forced and opt.field is None:
+                    continue  # folded into another option (audit and --packcheck-config into models, ...)
+                value = given[opt.flag] if forced else getattr(self, opt.field or "")
+                if opt.to_arg is None:  # a store_true switch
+                    flags += [opt.flag] if value else []
+                elif forced or opt.always or value != opt.default or (opt.in_child and not skip_defaults):
+                    flags += [f"{opt.flag}={opt.to_arg(v)}" for v in (value if opt.multiple else [value])]
+        return flags
+
+
+def _with_overrides(spec: str, common: tuple[tuple[str, Any], ...], fmt: Any, parse: Any) -> str:
+    """``spec`` with ``common`` overrides added; the spec's own values win."""
+    base, own = spec, ()
+    if spec.endswith("}") and "{" in spec:
+        base, _, body = spec[:-1].partition("{")
+        own = parse(body, f"in model spec '{spec}'")
+    merged = dict(common) | dict(own)
+    return f"{base}{{{fmt(list(merged.items()))}}}"
+
+
+def _validate_backends(values: list[str], source: str) -> tuple[str, ...]:
+    """packcheck's backends, or any attn_implementation the installed transformers knows (its attention
+    registry, a kernel-hub repo such as kernels-community/flash-attn, composed names such as paged|sdpa).
+
+    Raises:
+        PackcheckUsageError: an empty list, or a name transformers does not know (its own message quoted).
+    """
+    from ..backends import KNOWN_BACKENDS, attn_implementation_refusal
+
+    for v in values:
+        if v in KNOWN_BACKENDS:
+            continue
+        refusal = attn_implementation_refusal(v) if re.fullmatch(r"[\w.|/\-:]+", v) else ("unknown", "not a name")
+        if refusal is not None and refusal[0] == "unknown":
+            raise PackcheckUsageError(
+                f"Unknown backend '{v}' (from {source}): the installed transformers does not take it as "
+                f"attn_implementation ({refusal[1][:160]}). Expected one of: {', '.join(KNOWN_BACKENDS)}, or a name "
+                f"of transformers' attention registry / a kernel-hub repo.{closest(v, KNOWN_BACKENDS)}")
+    if not values:
+        raise PackcheckUsageError(f"Empty backend list (from {source}): give at least one of {', '.join(KNOWN_BACKENDS)}.")
+    return tuple(dict.fromkeys(values))
+
+
+def _validate_names(values: list[str], allowed: tuple[str, ...], what: str, source: str) -> tuple[str, ...]:
+    for v in values:
+        if v not in allowed:
+            raise PackcheckUsageError(
+                f"Unknown {what} '{v}' (from {source}). Expected one of: {', '.join(allowed)}.{closest(v, allowed)}"
+            )
+    if not values:
+        raise PackcheckUsageError(f"Empty {what} list (from {source}): give at least one of {', '.join(allowed)}.")
+    return tuple(dict.fromkeys(values))
+
+
+def resolve(get_option: Any, get_ini: Any) -> Settings | None:
+    """Resolve every option CLI > env > ini > default. ``get_option(dest)`` returns the CLI value or None,
+    ``get_ini(key)`` the ini value or None. Returns None when packcheck is not switched on (no models, no
+    audit, no --packcheck-all-architectures).
+
+    Raises:
+        PackcheckUsageError: any invalid value, with its source.
+    """
+    from ..backends import KNOWN_BACKENDS
+    from ..registry import CHECKS, DEFAULT_CHECKS
+    from .audits import load_audit
+    from .tolerances import load_tolerances
+
+    def pick(opt: Option) -> tuple[Any, str]:
+        cli = get_option(opt.dest)
+        if isinstance(cli, str) and not cli.strip() and opt.flag != OPT_MODELS:
+            # `--packcheck-attn ''` (an unset shell variable): refused, never read as "the default" or "every one"
+            raise PackcheckUsageError(f"Empty value {cli!r} for {opt.flag} (from the command line): give a value "
+                                      f"(see --help) or leave {opt.flag} out for its default.")
+        if cli is not None and cli is not False and cli != []:
+            return cli, opt.flag
+        if opt.env and os.environ.get(opt.env):
+            return os.environ[opt.env], f"${opt.env}"
+        if opt.ini and get_ini(opt.ini):
+            return get_ini(opt.ini), f"ini {opt.ini}"
+        return opt.default, "default"
+
+    by_flag = BY_FLAG
+    models_value, models_source = pick(by_flag[OPT_MODELS])
+    audit_value, _audit_source = pick(by_flag[OPT_AUDIT])
+    all_archs, _ = pick(by_flag[OPT_ALL_ARCHS])
+    if models_value is not None and models_source == OPT_MODELS and not _split(models_value):
+        raise PackcheckUsageError(f"The model list from {OPT_MODELS} is empty: give at least one model, e.g. {OPT_MODELS}=arch:llama.")
+    if not models_value and not audit_value and not all_archs:
+        return None
+    models: list[str] = _split(models_value) if models_value else []
+    audit = load_audit(audit_value) if audit_value else None
+    if audit:
+        models += [m for m in audit.models if m not in models]
+    if all_archs:
+        from ..model.architectures import causal_lm_architectures, mrope_text_path_architectures
+
+        # every causal LM, then the multimodal models run on their text path (M-RoPE: Qwen2-VL and kin)
+        models += [f"arch:{a}" for a in [*causal_lm_architectures(), *mrope_text_path_architectures()]
+                   if f"arch:{a}" not in models]
+    source = " + ".join(s for s, on in ((models_source, bool(models_value)), (f"audit {audit.path}" if audit else "", bool(audit)), (OPT_ALL_ARCHS, bool(all_archs))) if on)
+    if not models:
+        raise PackcheckUsageError(f"The model list (from {source}) is empty after filtering: give at least one model.")
+
+    config_items = get_option(by_flag[OPT_CONFIG].dest) or []
+    if any(not str(item).strip() for item in config_items):
+        raise PackcheckUsageError(f"Empty value '' for {OPT_CONFIG} (from the command line): write key=value, e.g. "
+                                  f"{OPT_CONFIG} clip_qkv=8, or leave {OPT_CONFIG} out.")
+    if config_items:  # folded into every spec, so the record, the Reproduce line and version children carry them
+        from ..model.specs import format_overrides, parse_overrides
+
+        common = parse_overrides(",".join(config_items), f"from {OPT_CONFIG}")
+        models = [_with_overrides(m, common, format_overrides, parse_overrides) for m in models]
+
+    def parsed(opt: Option) -> Any:
+        """An option with a ``parse``: given (CLI > env > ini), else the audit's value of the same field (lengths,
+        sliding_window), else the table's default; a given or audit value goes through the row's ``parse``."""
+        value, src = pick(opt)
+        if src == "default" and getattr(audit, opt.field or "", None) is not None:
+            value, src = getattr(audit, opt.field or ""), f"audit {audit.path if audit else ''}"
+        return value if src == "default" else opt.parse(value, src) if opt.parse else value
+
+    device = parsed(by_flag[OPT_DEVICE])
+
+    def given_empty(flag: str, what: str, allowed: tuple[str, ...]) -> None:
+        # `--packcheck-attn ''` (an unset shell variable) named no value: refused, not read as "every one"
+        value, src = pick(by_flag[flag])
+        if value is not None and src != "default" and not _split(value):
+            raise PackcheckUsageError(f"Empty {what} list {value!r} (from {src}): give at least one of {', '.join(allowed)}, "
+                                      f"or leave {flag} out for the default.")
+
+    def names(flag: str, allowed: tuple[str, ...], what: str, audit_default: tuple[str, ...] | None, default: tuple[str, ...]) -> tuple[str, ...]:
+        given_empty(flag, what, allowed)
+        value, src = pick(by_flag[flag])
+        if value:
+            return _validate_names(_split(value), allowed, what, src)
+        if audit_default:
+            return _validate_names(list(audit_default), allowed, what, f"audit {audit.path if audit else ''}")
+        return default
+
+    given_empty(OPT_BACKENDS, "backend", KNOWN_BACKENDS)
+    backends_value, backends_src = pick(by_flag[OPT_BACKENDS])
+    if backends_value:
+        backends = _validate_backends(_split(backends_value), backends_src)
+    else:
+        backends = names(OPT_BACKENDS, KNOWN_BACKENDS, "backend", audit.backends if audit else None, KNOWN_BACKENDS)
+    checks = names(OPT_CHECKS, CHECKS, "check", audit.checks if audit else None, DEFAULT_CHECKS)
+    checks = tuple(c for c in CHECKS if c in checks)
+    dtypes = names(OPT_DTYPES, DTYPES, "dtype", audit.dtypes if audit else None,
+                   ("bfloat16",) if device.startswith("cuda") else ("float32",))
+    weights_value, weights_src = pick(by_flag[OPT_WEIGHTS])
+    weights = str(weights_value or ("pretrained" if device.startswith("cuda") else "random"))
+    _validate_names([weights], WEIGHTS, "weights mode", weights_src)
+    archs = [m for m in models if m.startswith("arch:")]
+    if weights == "pretrained" and archs and weights_src != "default":
+        from ..model.resolve import loaded_weights
+
+        # an arch: spec has no checkpoint: its cells run shrunk random weights (each cell's model.weights says so)
+        if len(archs) == len(models):
+            raise PackcheckUsageError(
+                f"{OPT_WEIGHTS}=pretrained (from {weights_src}) has no weights to load: every model is an arch: spec "
+                f"({', '.join(archs[:3])}{', ...' if len(archs) > 3 else ''}), a config without a checkpoint, which runs "
+                f"{loaded_weights('arch', 'pretrained')} weights. Give Hub ids or local folders for pretrained "
+                f"weights, or {OPT_WEIGHTS}=random.")
+        import warnings
+
+        from ..errors import PackcheckWarning
+
+        warnings.warn(PackcheckWarning(
+            f"{OPT_WEIGHTS}=pretrained (from {weights_src}): {len(archs)} arch: spec(s) ({', '.join(archs[:3])}"
+            f"{', ...' if len(archs) > 3 else ''}) have no checkpoint and run shrunk random weights; each cell's "
+            "model record says what it ran (weights: pretrained / random)."), stacklevel=2)
+    trust, _ = pick(by_flag[OPT_TRUST])
+    report_dir, _ = pick(by_flag[OPT_REPORT_DIR])
+    tol_path, tol_src = pick(by_flag[OPT_TOLERANCES])
+    if not tol_path and audit and audit.tolerances:
+        tol_path, tol_src = str(Path(audit.path).parent / audit.tolerances), f"audit {audit.path}"
+    overrides = get_option(by_flag[OPT_TOLERANCE].dest) or []
+    tolerances, tol_label = load_tolerances(tol_path, overrides, tol_src)
+    baseline, _ = pick(by_flag[OPT_BASELINE])
+    versions_value, versions_src = pick(by_flag[OPT_VERSIONS])
+    if not versions_value and audit and audit.versions:
+        versions_value, versions_src = list(audit.versions), f"audit {audit.path}"
+    versions: tuple[Any, ...] = default_of(OPT_VERSIONS)
+    if versions_value:
+        from ..versions.envs import parse_versions
+
+        values = [versions_value] if isinstance(versions_value, str) else list(versions_value)
+        versions = tuple(parse_versions(values, versions_src))
+    # every other option with a parse (shard, timeout_s, lengths, sliding_window, ...): its row says it all
+    parsed_fields = {opt.field: parsed(opt) for opt in OPTIONS if opt.parse and opt.field and opt.field != "device"}
+    from ..run.sandbox import fork_available
+
+    sandbox_value, sandbox_src = pick(by_flag[OPT_ISOLATION])
+    fork, in_process = SANDBOX_MODES
+    sandbox = str(sandbox_value if sandbox_src != "default" or fork_available() else in_process)
+    _validate_names([sandbox], SANDBOX_MODES, "isolation mode", sandbox_src)
+    if sandbox == fork and not fork_available():
+        raise PackcheckUsageError(f"Isolation 'fork' (from {sandbox_src}) is not available on this platform: use {OPT_ISOLATION}=none.")
+    resume, _ = pick(by_flag[OPT_RESUME])
+    return Settings(
+        **parsed_fields, sandbox=sandbox, resume=bool(resume),
+        baseline=str(baseline) if baseline else None, versions=versions,
+        models=tuple(models), model_source=source, backends=backends, checks=checks, dtypes=dtypes,
+        weights=weights, device=device, trust_remote_code=bool(trust), report_dir=str(report_dir),
+        tolerances=tolerances, tolerance_source=tol_label, audit_name=audit.name if audit else None,
+    )

@@ -1,0 +1,71 @@
+"""Tolerances per dtype: ``audit/tolerances.toml`` (or the user's file) plus ``[dtype.]key=value`` overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import tomllib
+
+from ..errors import PackcheckUsageError, closest, read_user_text
+from .audits import PACKAGE_AUDIT_DIR
+from .options import DTYPES, OPT_TOLERANCE
+
+
+def load_tolerances(path: str | None, overrides: list[str] | None, source: str) -> tuple[dict[str, dict[str, float]], str]:
+    """Tolerances per dtype from a TOML file plus ``[dtype.]key=value`` overrides.
+
+    Raises:
+        PackcheckUsageError: missing file, bad TOML, unknown dtype or key, or a non-numeric value.
+    """
+    default = PACKAGE_AUDIT_DIR / "tolerances.toml"
+    file = Path(path) if path else default
+    if not file.exists():
+        raise PackcheckUsageError(f"Tolerance file {file} (from {source}) does not exist: pass an existing TOML file.")
+    try:
+        data = tomllib.loads(read_user_text(file, "Tolerance file", f"pass a TOML file of [dtype] tables (from {source}), e.g. audit/tolerances.toml."))
+    except tomllib.TOMLDecodeError as exc:
+        raise PackcheckUsageError(f"Tolerance file {file} is not valid TOML ({exc}).") from None
+    base = tomllib.loads(default.read_text())
+    keys = tuple(base["float32"])
+    out: dict[str, dict[str, float]] = {}
+    for dtype, table in data.items():
+        if not isinstance(table, dict):
+            raise PackcheckUsageError(f"Tolerance file {file} (from {source}) has a top-level key '{dtype}': put keys under a dtype table such as [float32].")
+        if dtype not in DTYPES:
+            raise PackcheckUsageError(f"Tolerance file {file} (from {source}) has unknown dtype table [{dtype}]. Expected: {', '.join(DTYPES)}.{closest(dtype, DTYPES)}")
+        for key in table:
+            if key not in keys:
+                raise PackcheckUsageError(f"Tolerance file {file} (from {source}) has unknown key {dtype}.{key}. Expected: {', '.join(keys)}.{closest(key, keys)}")
+        for key, value in table.items():
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < float("inf"):
+                raise PackcheckUsageError(
+                    f"Tolerance {dtype}.{key} = {value!r} in {file} (from {source}) must be a non-negative number."
+                )
+        out[dtype] = {**base.get(dtype, {}), **{k: float(v) for k, v in table.items()}}
+    for dtype in DTYPES:
+        out.setdefault(dtype, dict(base[dtype]))
+    label = str(file.name if file == default else file)
+    for item in overrides or []:
+        lhs, sep, rhs = item.partition("=")
+        dtype, _, key = lhs.rpartition(".")
+        targets = [dtype] if dtype else list(DTYPES)
+        if not sep:
+            raise PackcheckUsageError(f"Bad tolerance override '{item}' (from {OPT_TOLERANCE}): write [dtype.]key=value, e.g. float32.logits_atol=1e-3.")
+        if dtype and dtype not in DTYPES:
+            raise PackcheckUsageError(
+                f"Bad tolerance override '{item}' (from {OPT_TOLERANCE}): unknown dtype '{dtype}'; expected one of {', '.join(DTYPES)}.{closest(dtype, DTYPES)}"
+            )
+        if key not in keys:
+            raise PackcheckUsageError(
+                f"Bad tolerance override '{item}' (from {OPT_TOLERANCE}): write [dtype.]key=value with key one of {', '.join(keys)}.{closest(key, keys)}"
+            )
+        try:
+            number = float(rhs)
+        except ValueError:
+            number = -1.0
+        if not 0 <= number < float("inf"):
+            raise PackcheckUsageError(f"Tolerance override '{item}' (from {OPT_TOLERANCE}) needs a non-negative number, got '{rhs}'.")
+        for t in targets:
+            out[t][key] = number
+        label += f" + {item}"
+    return out, label

@@ -1,0 +1,203 @@
+"""Building models: a resolved config -> (shrunk) model, in eval mode, on its device.
+
+``--packcheck-weights=random`` shrinks the config with :func:`~.shrink.shrink_config` and builds random weights;
+``pretrained`` loads the real weights with ``AutoModelForCausalLM.from_pretrained`` (or the multimodal auto class
+of a model run on its text path).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from typing import Any
+
+from .errors import LibraryConfigError, ShrinkError, WeightsError
+from .multimodal import mrope_section_mismatch
+from .resolve import ResolvedModel, auto_model_class
+from .shrink import mechanism_gaps, shrink_config
+from .tiny import TINY_SLIDING_WINDOW
+from .twin import unshrunk_build_error
+
+#: Random-weight models above this many parameters are refused (the shrink missed a size key).
+MAX_RANDOM_PARAMS = 30_000_000
+
+
+@contextlib.contextmanager
+def reference_kernel_accepted(auto: Any, config: Any, attn_implementation: str) -> Any:
+    """While a model is built on ``packcheck_flash_ref``, list it in the ``_compatible_flash_implementations`` of
+    the model's classes that declare them. transformers 5.x swaps any flash-like name that is not listed for the
+    first listed Hub kernel (GPT-OSS: ``kernels-community/vllm-flash-attn3``, ``modeling_utils.
+    _check_and_adjust_attn_implementation``), which needs the ``kernels`` package and the Hub: GPT-OSS got no flash
+    verdict on CPU. The reference kernel takes the sinks such kernels exist for (``s_aux``, see
+    :func:`backends.varlen_reference_kernel`), so it is a compatible implementation. The torch varlen stand-in
+    has no sinks and is not listed. Restored on exit."""
+    import sys
+
+    from ..backends import REFERENCE_BACKEND
+
+    patched: list[tuple[type, Any]] = []
+    if attn_implementation == REFERENCE_BACKEND:
+        try:
+            module = sys.modules.get(auto._model_mapping[type(config)].__module__)
+        except Exception:  # noqa: BLE001 - remote code or an unmapped config: nothing declared to extend
+            module = None
+        for obj in list(vars(module).values()) if module else []:
+            listed = vars(obj).get("_compatible_flash_implementations") if isinstance(obj, type) else None
+            if isinstance(listed, list | tuple) and REFERENCE_BACKEND not in listed:
+                patched.append((obj, listed))
+                obj._compatible_flash_implementations = [*listed, REFERENCE_BACKEND]
+    try:
+        yield
+    finally:
+        for obj, listed in patched:
+            obj._compatible_flash_implementations = listed
+
+
+def _refuse_undeclared_flash(model: Any, backend: str) -> None:
+    """packcheck's two flash-path stand-ins are registered through AttentionInterface, which transformers does not
+    check against a model's declared support: a class with ``_supports_flash_attn = False`` (bloom, mpt, llama4's
+    chunked attention, the BERT-style decoders: 22 causal LMs of 5.24) was built anyway and crashed on the 2-D
+    flash mask. transformers refuses ``flash_attention_2`` for them; packcheck refuses its stand-ins the same way.
+
+    Raises:
+        ValueError: "... does not support flash attention ..." (the runner files it as unsupported).
+    """
+    from ..backends import REFERENCE_BACKEND, TORCH_VARLEN_BACKEND
+
+    if backend not in (REFERENCE_BACKEND, TORCH_VARLEN_BACKEND):
+        return
+    cls = type(model)
+    declared = getattr(cls, "_supports_flash_attn", getattr(cls, "_supports_flash_attn_2", None))  # 2 before 4.48
+    if declared is False:
+        raise ValueError(f"{cls.__name__} does not support flash attention (it declares _supports_flash_attn = False, "
+                         f"so transformers refuses flash_attention_2 for it): {backend}, packcheck's stand-in for the "
+                         "flash path, is refused the same way")
+
+
+def _override_hint(resolved: ResolvedModel) -> str:
+    spec = resolved.spec.raw.split("{", 1)[0]
+    return f"'{spec}{{key=value}}' or --packcheck-config key=value"
+
+
+def weight_counts(model: Any, info: dict[str, Any]) -> dict[str, int]:
+    """Tensors of the model's state dict that ``from_pretrained`` loaded, left missing (randomly initialised)
+    or found unexpected in the file, from its ``output_loading_info``."""
+    missing = set(info.get("missing_keys") or [])
+    total = len(model.state_dict())
+    return {"loaded": max(0, total - len(missing)), "missing": len(missing),
+            "unexpected": len(set(info.get("unexpected_keys") or [])),
+            "mismatched": len(info.get("mismatched_keys") or [])}
+
+
+def dtype_kwarg(torch_dtype: Any) -> dict[str, Any]:
+    """``dtype=`` for ``from_pretrained`` / ``from_config`` from transformers 4.56 on, ``torch_dtype=`` before
+    (4.56 renamed it and deprecated the old name)."""
+    import transformers
+    from packaging.version import Version
+
+    return {"dtype" if Version(transformers.__version__).release >= (4, 56) else "torch_dtype": torch_dtype}
+
+
+def build_model(
+    resolved: ResolvedModel,
+    attn_implementation: str,
+    dtype: str,
+    weights: str = "random",
+    device: str = "cpu",
+    seed: int = 0,
+    trust_remote_code: bool = False,
+    shrink: bool = True,
+    sliding_window: int | None = None,
+) -> Any:
+    """Build the model for one cell group, in eval mode, on ``device``.
+
+    The config is deep-copied for every model: ``_from_config`` stores the object it gets, so a second model
+    built from the same config would switch the first one's attention backend (transformers 5.24,
+    ``PreTrainedModel._from_config`` keeps the config object it is given).
+    """
+    import torch
+
+    auto = auto_model_class(resolved)  # AutoModelForCausalLM, or a multimodal model's auto class
+    torch_dtype = getattr(torch, dtype)
+    from ..backends import backend_build, prepare_backend_model
+
+    backend = attn_implementation  # the cell's backend; what transformers is asked for comes from backend_build
+    if weights == "pretrained" and resolved.spec.kind != "arch":
+        with backend_build(backend, resolved.config) as attn:
+            model, info = auto.from_pretrained(
+                resolved.spec.name,
+                revision=resolved.spec.revision,
+                attn_implementation=attn,
+                trust_remote_code=trust_remote_code,
+                output_loading_info=True,
+                **dtype_kwarg(torch_dtype),
+            )
+        model.packcheck_weights = weight_counts(model, info)
+        if model.packcheck_weights["loaded"] == 0:
+            raise WeightsError(
+                f"--packcheck-weights=pretrained: the weights of '{resolved.spec.raw}' match no tensor of "
+                f"{type(model).__name__} ({model.packcheck_weights['missing']} missing, "
+                f"{model.packcheck_weights['unexpected']} unexpected): the model would run on random weights")
+    elif not shrink:  # full size, random weights (packcheck bench on a real config)
+        torch.manual_seed(seed)
+        # initialised on the device: a 1.2B model's random init takes 20 s on 2 CPU cores, well under 1 s on a GPU
+        with torch.device(device), backend_build(backend, resolved.config) as attn:
+            model = auto.from_config(
+                copy.deepcopy(resolved.config), attn_implementation=attn, trust_remote_code=trust_remote_code,
+                **dtype_kwarg(torch_dtype),
+            )
+    else:
+        notes: list[str] = []
+        mismatch = mrope_section_mismatch(resolved.config) if resolved.text_path else None
+        if mismatch:  # the text model's rotary fails at full size too: the config's, not the shrink's
+            spec = resolved.spec.raw.split("{", 1)[0]
+            fixes = " or ".join(f"'{spec}{{{fix}}}'" for fix in mismatch[1].split(" or "))
+            raise LibraryConfigError(
+                f"{resolved.model_type}: the {'default ' if resolved.spec.kind == 'arch' else ''}config does not run in "
+                f"transformers itself, at full size either ({mismatch[0]}); not packcheck's shrink: give the value its "
+                f"checkpoints have, {fixes}, or use a checkpoint's config")
+        try:
+            config = shrink_config(copy.deepcopy(resolved.config), keep_auto_map=trust_remote_code, notes=notes,
+                                   sliding_window=sliding_window or TINY_SLIDING_WINDOW)
+            # Count parameters on the meta device first: a config whose size keys the shrink does not know
+            # would otherwise allocate a full-size model (an OOM kill on a 24 GB machine, seen with llama4).
+            with torch.device("meta"):
+                probe = auto.from_config(copy.deepcopy(config), trust_remote_code=trust_remote_code)
+            n_params = sum(p.numel() for p in probe.parameters())
+        except ImportError:
+            raise  # a missing optional package (PIL for gemma3n's vision tower): skipped with its reason
+        except Exception as exc:
+            own = unshrunk_build_error(resolved, trust_remote_code)
+            if own is not None:  # the config does not build at full size either: the library's, not the shrink's
+                raise LibraryConfigError(
+                    f"{resolved.model_type}: the {'default ' if resolved.spec.kind == 'arch' else ''}config does not "
+                    f"build in transformers itself, at full size either ({own}); not packcheck's shrink: give the "
+                    f"values it lacks as {_override_hint(resolved)}, or a checkpoint's config") from exc
+            raise ShrinkError(f"packcheck's shrunk {resolved.model_type} config does not build: {type(exc).__name__}: {exc}") from exc
+        from .batches import DEFAULT_LENGTHS
+
+        notes += mechanism_gaps(config, DEFAULT_LENGTHS)
+        resolved.notes = [*resolved.notes, *(n for n in notes if n not in resolved.notes)]
+        if n_params > MAX_RANDOM_PARAMS:
+            raise ShrinkError(
+                f"packcheck's shrink left {resolved.model_type} at {n_params / 1e6:.0f}M parameters (limit "
+                f"{MAX_RANDOM_PARAMS / 1e6:.0f}M): its config has size keys the shrink does not know"
+            )
+        torch.manual_seed(seed)
+        with backend_build(backend, config) as attn, reference_kernel_accepted(auto, config, attn):
+            model = auto.from_config(
+                config, attn_implementation=attn, trust_remote_code=trust_remote_code, **dtype_kwarg(torch_dtype)
+            )
+    _refuse_undeclared_flash(model, backend)
+    model = prepare_backend_model(model, backend)
+    language = getattr(model.config, "languages", None)
+    if hasattr(model, "set_default_language") and getattr(model.config, "default_language", None) is None and language:
+        # X-MOD routes every token through a per-language adapter and refuses to run without one
+        model.set_default_language(language[0])
+        if shrink and weights != "pretrained":
+            note = f"default_language={language[0]!r} (the model refuses input without a language)"
+            resolved.notes = [*resolved.notes, note] if note not in resolved.notes else resolved.notes
+    for module in model.modules():  # pretrained configs keep their dropout; checks need determinism
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    return model.to(device).eval()

@@ -1,0 +1,225 @@
+"""Reading a model's config: ``config.json`` from a local folder or the Hub, an architecture's default config with
+its checkpoints' layer variants, the spec's overrides, and the refusal of sizes no model can have."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from pathlib import Path
+from typing import Any
+
+from ..errors import PackcheckUsageError
+from .specs import ModelSpec
+
+#: Layer kinds an architecture's checkpoints have that its default config leaves out, as the layer_types
+#: pattern of those checkpoints (cycled over the layers). LFM2's default is all full attention, but LFM2
+#: checkpoints start conv, conv, full_attention, and its conv layers are what leaks in a packed row; Bamba's and
+#: Granite-4.0-H's defaults are all mamba, their checkpoints mix in attention layers.
+LAYER_VARIANTS: dict[str, tuple[str, ...]] = {
+    "lfm2": ("conv", "conv", "full_attention"),
+    "lfm2_moe": ("conv", "conv", "full_attention"),
+    "bamba": ("linear_attention", "linear_attention", "full_attention"),
+    "granitemoehybrid": ("linear_attention", "linear_attention", "full_attention"),
+}
+
+
+def apply_layer_variant(config: Any, model_type: str) -> list[str]:
+    """Give an architecture's default config every layer kind of :data:`LAYER_VARIANTS` it lacks, in place;
+    returns the note for the cell's model record ([] when the default already has them all)."""
+    pattern = LAYER_VARIANTS.get(model_type)
+    n_layers = getattr(config, "num_hidden_layers", None)
+    if not pattern or not isinstance(n_layers, int):
+        return []
+    current = list(getattr(config, "layer_types", None) or [])
+    missing = sorted(set(pattern) - set(current))
+    if not missing:
+        return []
+    types = [pattern[i % len(pattern)] for i in range(n_layers)]
+    try:
+        config.layer_types = types
+    except AttributeError:  # bamba: layer types derived from attn_layer_indices (a read-only property)
+        config.attn_layer_indices = [i for i, t in enumerate(types) if t == "full_attention"]
+    return [(f"layer variant: layer_types cycles {', '.join(pattern)} (the default config has no {', '.join(missing)} "
+             "layer; checkpoints of this architecture do)")]
+
+
+def default_config(config_class: Any, spec: ModelSpec) -> Any:
+    """The architecture's default config, built with the spec's top-level overrides as arguments where the class
+    takes them (a default that does not validate without them: gemma4_assistant), else without."""
+    fields = set(getattr(config_class, "__dataclass_fields__", None) or inspect.signature(config_class).parameters)
+    plain = {k: v for k, v in spec.overrides if "." not in k and k in fields}
+    if plain:
+        with contextlib.suppress(Exception):  # refused as arguments: set on the default config afterwards
+            return config_class(**plain)
+    return config_class()
+
+
+def _sub_configs(config: Any) -> list[tuple[str, Any]]:
+    return [(name, value) for name, value in vars(config).items() if hasattr(value, "to_dict") and hasattr(value, "model_type")]
+
+
+#: Size keys a model cannot have outside [1, bound]: the shrink replaces them for its tiny models, so an absurd
+#: value (hidden_size=0, num_hidden_layers=-2, vocab_size=10**9) would otherwise pass under the absurd label. The
+#: bounds are 16x to 64x the largest released checkpoints (vocabulary 262,144: Gemma 3; hidden 16,384 and 126
+#: layers: Llama 3.1 405B; 128 heads: DeepSeek-V3).
+SIZE_BOUNDS = {"vocab_size": 2**24, "hidden_size": 2**18, "intermediate_size": 2**20, "num_hidden_layers": 2**12,
+               "num_attention_heads": 2**12, "num_key_value_heads": 2**12, "head_dim": 2**12}
+
+
+def refuse_absurd_sizes(config: Any, spec: ModelSpec, source: str) -> None:
+    """Refuse a size (:data:`SIZE_BOUNDS`) that is not a whole number in [1, bound]: an override the user typed
+    (``arch:llama{hidden_size=0}``, ``--packcheck-config``), or a value of a checkpoint's / local config.json.
+    Transformers' own default configs are not judged (glm5_next's default head_dim is 0 and is derived).
+
+    Raises:
+        PackcheckUsageError: naming the key, the value, where it came from and the range.
+    """
+    found: list[tuple[str, Any, str]] = [(k, v, "override") for k, v in spec.overrides if k.split(".")[-1] in SIZE_BOUNDS]
+    if spec.kind != "arch":
+        def walk(d: dict[str, Any], path: str = "") -> Any:
+            for k, v in d.items():
+                if isinstance(v, dict):
+                    yield from walk(v, f"{path}{k}.")
+                elif k in SIZE_BOUNDS and k != "head_dim":
+                    yield f"{path}{k}", v, "config.json"
+
+        found += list(walk(config.to_dict()))
+    for key, value, origin in found:
+        bound = SIZE_BOUNDS[key.split(".")[-1]]
+        for v in value if isinstance(value, list | tuple) else [value]:  # per-layer sizes (gemma3n) in a list
+            if v is None and origin == "config.json":
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= bound:
+                where = "an override" if origin == "override" else "its config.json"
+                raise PackcheckUsageError(
+                    f"Config value {key}={v!r} (in {where} of model spec '{spec.raw}' from {source}) is not a size a model "
+                    f"can have: expected a whole number from 1 to {bound:,}. packcheck replaces sizes with tiny ones for "
+                    "its probes, so this value would not run and its cells would pass under its label; give a real "
+                    "size or leave the key out.")
+    typed = {k.split(".")[-1] for k, _, _ in found}
+    if typed & {"num_attention_heads", "num_key_value_heads"}:  # the shrink keeps only the ratio: it must be whole
+        for _, sub in [("", config), *_sub_configs(config)]:
+            heads, kv = getattr(sub, "num_attention_heads", None), getattr(sub, "num_key_value_heads", None)
+            if isinstance(heads, int) and isinstance(kv, int) and heads % kv:
+                raise PackcheckUsageError(
+                    f"Config values num_attention_heads={heads} and num_key_value_heads={kv} (in model spec "
+                    f"'{spec.raw}' from {source}) do not divide: grouped-query attention shares each key/value head "
+                    f"among a whole number of query heads. Give a num_key_value_heads that divides {heads}.")
+
+
+def apply_overrides(config: Any, spec: ModelSpec, source: str) -> None:
+    """Set the spec's overrides on ``config`` in place: a dotted key walks sub-configs; a plain key the top-level
+    config lacks goes to the one sub-config that has it (``clip_qkv`` -> dbrx's ``attn_config``).
+
+    Raises:
+        PackcheckUsageError: a dotted key through something that is not a sub-config.
+    """
+    for key, value in spec.overrides:
+        target, parts = config, key.split(".")
+        for part in parts[:-1]:
+            sub = target.get(part) if isinstance(target, dict) else getattr(target, part, None)
+            if sub is None or not (hasattr(sub, "to_dict") or isinstance(sub, dict)):
+                raise PackcheckUsageError(
+                    f"Config override '{key}' (in model spec '{spec.raw}' from {source}): '{part}' is not a sub-config "
+                    f"(or a dict such as rope_parameters) of {type(target).__name__}: use a key of the config (its "
+                    "config.json) or subconfig.key.")
+            target = sub
+        name = parts[-1]
+        if len(parts) == 1 and not hasattr(config, name):
+            owners = [sub for _, sub in _sub_configs(config) if hasattr(sub, name)]
+            target = owners[0] if len(owners) == 1 else config
+            if not owners:  # a typo ({clip_qvk=8}) would otherwise be set silently and change nothing
+                import warnings
+
+                from ..errors import PackcheckWarning, closest
+
+                known = [k for c in (config, *(sub for _, sub in _sub_configs(config))) for k in c.to_dict() if isinstance(k, str)]
+                warnings.warn(f"Config override '{key}' (in model spec '{spec.raw}' from {source}) is not a key of "
+                              f"{type(config).__name__} or its sub-configs: set as a new attribute, which the model may "
+                              f"never read.{closest(name, known)}", PackcheckWarning, stacklevel=2)
+        try:
+            if isinstance(target, dict):
+                target[name] = value
+            else:
+                setattr(target, name, value)
+        except Exception as exc:  # noqa: BLE001 - a strict config field (huggingface_hub dataclass validators) refuses it
+            text = " ".join(str(exc).split())[:200]
+            raise PackcheckUsageError(
+                f"Config override '{key}={value!r}' (in model spec '{spec.raw}' from {source}) is refused by "
+                f"{type(target).__name__} ({type(exc).__name__}: {text}): give a value of the type the config "
+                "declares.") from None
+
+
+def read_config_dict(spec: ModelSpec, source: str) -> tuple[dict[str, Any], str | None]:
+    if spec.kind == "local":
+        path = Path(spec.name) / "config.json"
+        if not path.exists():
+            raise PackcheckUsageError(
+                f"Local model directory '{spec.raw}' (from {source}) has no config.json: point to a saved model folder."
+            )
+        return _parse_config_json(path, spec, source), None
+
+    from huggingface_hub import errors as hub_errors
+    from huggingface_hub import hf_hub_download
+
+    try:
+        path = hf_hub_download(spec.name, "config.json", revision=spec.revision)
+    except hub_errors.GatedRepoError:
+        raise PackcheckUsageError(
+            f"Model '{spec.raw}' (from {source}) is gated: accept its licence on the Hub and set HF_TOKEN "
+            "(or run `hf auth login`)."
+        ) from None
+    except hub_errors.RepositoryNotFoundError:
+        raise PackcheckUsageError(
+            f"Unknown Hub model ID '{spec.name}' (from {source}): check the spelling on the Hub, or log in for a private "
+            f"repo{_arch_hint(spec.name)}."
+        ) from None
+    except hub_errors.RevisionNotFoundError:
+        raise PackcheckUsageError(
+            f"Revision '{spec.revision}' of '{spec.name}' not found (from {source}): use an existing branch, tag or commit SHA."
+        ) from None
+    except hub_errors.LocalEntryNotFoundError:
+        rev = f" at revision '{spec.revision}'" if spec.revision else ""
+        raise PackcheckUsageError(
+            f"Model '{spec.raw}' (from {source}) is not in the local Hub cache{rev} and the Hub cannot be reached "
+            f"(no network, or HF_HUB_OFFLINE=1): run once online or `hf download {spec.name} config.json`"
+            f"{_arch_hint(spec.name)}."
+        ) from None
+    except hub_errors.EntryNotFoundError:
+        raise PackcheckUsageError(
+            f"Model '{spec.raw}' (from {source}) has no config.json: it is not a transformers model repo."
+        ) from None
+    resolved = Path(path).parent.name  # .../snapshots/<commit sha>/config.json
+    revision = resolved if Path(path).parent.parent.name == "snapshots" else spec.revision
+    return _parse_config_json(Path(path), spec, source), revision
+
+
+def _parse_config_json(path: Path, spec: ModelSpec, source: str) -> dict[str, Any]:
+    """The JSON object in ``path``.
+
+    Raises:
+        PackcheckUsageError: not UTF-8 text, not JSON, or JSON that is not an object.
+    """
+    import json
+
+    where = f"Model '{spec.raw}' (from {source}): its config.json ({path})"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise PackcheckUsageError(f"{where} is not text (binary content): replace it with the model's config.json.") from None
+    except json.JSONDecodeError as exc:
+        raise PackcheckUsageError(f"{where} is not valid JSON ({exc.msg}, line {exc.lineno}): fix or replace it.") from None
+    except OSError as exc:
+        raise PackcheckUsageError(f"{where} cannot be read ({exc.strerror}): check its permissions.") from None
+    if not isinstance(data, dict):
+        raise PackcheckUsageError(
+            f"{where} holds a JSON {type(data).__name__}, not an object: a config.json is one object, e.g. "
+            '{"model_type": "llama", ...}.'
+        )
+    return data
+
+
+def _arch_hint(name: str) -> str:
+    from transformers import CONFIG_MAPPING
+
+    return f" (or did you mean arch:{name})" if "/" not in name and name in CONFIG_MAPPING else ""

@@ -1,0 +1,21 @@
+"""Why packcheck could not give a cell its model: each error names whose limit it is (packcheck's shrink, the
+library's own config, the checkpoint's weights). The runner files them as error / unsupported cells."""
+
+from __future__ import annotations
+
+
+class ShrinkError(RuntimeError):
+    """packcheck could not make a tiny model of this config (a limit of packcheck, not of the model)."""
+
+
+class TextPathError(ShrinkError):
+    """A multimodal model's own generate() gives position_ids packcheck cannot lay a packed text row out from (a
+    limit of packcheck, as :class:`ShrinkError`)."""
+
+
+class LibraryConfigError(RuntimeError):
+    """The model's own config does not build in transformers, shrunk or not (the library's, not packcheck's)."""
+
+
+class WeightsError(RuntimeError):
+    """``--packcheck-weights=pretrained`` loaded no tensor of the model (every cell of it is an error)."""

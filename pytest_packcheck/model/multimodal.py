@@ -1,0 +1,212 @@
+"""The text path of multimodal models with M-RoPE position_ids (Qwen2-VL and kin): their rotary sections in the
+config and the shrink, and the layout a packed text row's position_ids take (:func:`position_layout`)."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import inspect
+from typing import Any
+
+from .errors import TextPathError
+from .tiny import TINY_HEAD_DIM, TINY_TOWER_DEPTH, TINY_TOWER_HEADS
+
+
+def mrope_section_default(config: Any, class_name: str) -> list[str]:
+    """Write the text model's built-in ``mrope_section`` into the text config's ``rope_parameters`` where the config
+    leaves it out (transformers 5.24's default Qwen2-VL config: the rotary module falls back to [16, 24, 24]), so
+    the shrink can scale it with the head size; returns the note for the model record ([] when the config has it,
+    or no text rotary module names one)."""
+    import sys
+
+    import torch
+    import transformers
+
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    params = getattr(text, "rope_parameters", None)
+    if not isinstance(params, dict) or "mrope_section" in params:
+        return []
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    # the model's own module, and its text model's (Glm46V reuses Glm4v's text model)
+    text_model = MODEL_MAPPING_NAMES.get(getattr(text, "model_type", ""))
+    classes = [getattr(transformers, c, None) for c in (class_name, text_model if isinstance(text_model, str) else None) if c]
+    candidates = {name: obj for cls in classes if cls is not None for name, obj in vars(sys.modules[cls.__module__]).items()}
+    for name, obj in sorted(candidates.items()):
+        if not (isinstance(obj, type) and name.endswith("RotaryEmbedding") and "Vision" not in name):
+            continue
+        try:
+            with torch.device("meta"):
+                section = getattr(obj(copy.deepcopy(text)), "mrope_section", None)
+        except Exception:  # noqa: BLE001, S112 - a rotary class of another sub-model (audio, vision under another name)
+            continue
+        if isinstance(section, list | tuple) and section and all(type(v) is int for v in section):
+            params["mrope_section"] = list(section)
+            return [(f"mrope_section={list(section)} ({name}'s built-in default, which the config leaves out; written "
+                     "so the shrink scales it with the head size)")]
+    return []
+
+
+def scale_mrope_sections(d: dict[str, Any], hidden_key: str, heads_key: str, original: dict[str, int]) -> None:
+    """Scale ``rope_parameters["mrope_section"]`` (multimodal RoPE: how many rotary frequencies the temporal, height
+    and width positions each get) to the shrunk head: its sum is half the rotary dims (``torch.split`` of the
+    frequencies by it in Qwen2-VL's ``recomposition_frequencies``, transformers 5.24), so it keeps its proportions
+    and sums to the new half (largest remainders, every section at least one frequency). A section that did not
+    sum to the old half (a default config that does not run at full size either) keeps that ratio."""
+    params = d.get("rope_parameters")
+    section = params.get("mrope_section") if isinstance(params, dict) else None
+    if not (isinstance(section, list) and section and all(type(v) is int and v > 0 for v in section)):
+        return
+    factor = params.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0))
+    factor = factor if isinstance(factor, int | float) and not isinstance(factor, bool) else 1.0
+
+    def half(head_dim: int | None) -> int:
+        return int((head_dim or 0) * factor) // 2
+
+    old_heads, heads = original.get(heads_key), d.get(heads_key)
+    old = half(original.get("head_dim") or (original.get(hidden_key, 0) // old_heads if old_heads else 0))
+    new = half(d["head_dim"] if isinstance(d.get("head_dim"), int) else
+               (d.get(hidden_key, 0) // heads if isinstance(heads, int) and heads else 0))
+    if old <= 0 or new <= 0:
+        return
+    total = max(len(section), round(sum(section) * new / old))
+    raw = [v * total / sum(section) for v in section]
+    scaled = [max(1, int(r)) for r in raw]
+    for i in sorted(range(len(raw)), key=lambda i: raw[i] - int(raw[i]), reverse=True):
+        if sum(scaled) >= total:
+            break
+        scaled[i] += 1
+    while sum(scaled) > total:  # the max(1, ...) floors overshot: take from the largest
+        scaled[scaled.index(max(scaled))] -= 1
+    params["mrope_section"] = scaled
+
+
+def shrink_towers(d: dict[str, Any]) -> None:
+    """Shrink the vision / audio towers of a composite config (``vision_config``, ``audio_config``) under the
+    names the generic shrink does not know (Qwen2-VL's ``depth``, ``embed_dim``, ``num_heads``), and point their
+    output width at the shrunk text model (``out_hidden_size``; Qwen2-VL's vision ``hidden_size`` is its
+    merger's output). The text path never runs them; they only have to build small."""
+    text = d.get("text_config")
+    width = text.get("hidden_size") if isinstance(text, dict) else None
+    if not isinstance(width, int):
+        return
+    for key, tower in d.items():
+        if not (isinstance(tower, dict) and key != "text_config" and ("vision" in key or "audio" in key)):
+            continue
+        depth = tower.get("depth")
+        if isinstance(depth, int) and depth > TINY_TOWER_DEPTH:
+            tower["depth"] = depth = TINY_TOWER_DEPTH
+            for name, value in list(tower.items()):  # block indices (deepstack, full-attention blocks): the last block
+                if name.endswith(("_indexes", "_indices")) and isinstance(value, list) and value:
+                    tower[name] = [TINY_TOWER_DEPTH - 1]
+        if isinstance(tower.get("num_heads"), int):
+            tower["num_heads"] = TINY_TOWER_HEADS
+            if isinstance(tower.get("embed_dim"), int):  # Qwen2-VL: embed_dim is the tower, hidden_size its output
+                tower["embed_dim"] = TINY_TOWER_HEADS * TINY_HEAD_DIM
+                tower["hidden_size"] = width
+            elif isinstance(tower.get("hidden_size"), int):
+                tower["hidden_size"] = TINY_TOWER_HEADS * TINY_HEAD_DIM
+        for name in ("out_hidden_size", "text_hidden_size", "output_dim"):
+            if isinstance(tower.get(name), int):
+                tower[name] = width
+
+
+def mrope_section_mismatch(config: Any) -> tuple[str, str] | None:
+    """(why, fix) when a multimodal config's text ``rope_parameters["mrope_section"]`` cannot run, else None. It must
+    exist (HunYuan-VL's rotary has no built-in default: None in transformers 5.24's default config) and sum to half
+    the rotary dims, head_dim x partial_rotary_factor / 2 (the text model splits its frequencies by it). 5.24's
+    default GLM-4V config gives [8, 12, 12] (32) to heads of 128 rotary dims (64; its checkpoints set
+    partial_rotary_factor 0.5); GLM-4.5V's and Qwen3-Omni's defaults leave head_dim to hidden / heads (42, 73;
+    their checkpoints set 128). ``fix``: the override(s) that make it consistent."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    params = getattr(text, "rope_parameters", None)
+    if not isinstance(params, dict):
+        return None
+    section = params.get("mrope_section")
+    if section is None:
+        return ("text rope_parameters has no mrope_section, and its rotary module no built-in default",
+                "text_config.rope_parameters.mrope_section=[...] (its checkpoints' value)")
+    if not (isinstance(section, list) and section and all(type(v) is int for v in section)):
+        return None
+    heads, hidden = getattr(text, "num_attention_heads", None), getattr(text, "hidden_size", None)
+    head_dim = getattr(text, "head_dim", None) or (hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads else None)
+    factor = params.get("partial_rotary_factor", getattr(text, "partial_rotary_factor", None) or 1.0)
+    if not isinstance(head_dim, int):
+        return None
+    half = int(head_dim * factor) // 2
+    if sum(section) == half:
+        return None
+    fixes = [f"text_config.head_dim={round(2 * sum(section) / factor)}"]
+    if 2 * sum(section) < head_dim:
+        fixes.append(f"text_config.rope_parameters.partial_rotary_factor={2 * sum(section) / head_dim:g}")
+    why = (f"text rope_parameters mrope_section {section} sums to {sum(section)} rotary frequencies, but its heads have "
+           f"{half} (head_dim {head_dim} x partial_rotary_factor {factor} / 2)")
+    return why, " or ".join(fixes)
+
+
+def _text_only_rows(pos: Any, n: int) -> int | None:
+    """Rows R of ``pos`` when it is int ids ``(R, 1, n)`` equal to 0..n-1 in every row (``(1, n)``: 0), else None."""
+    import torch
+
+    if not isinstance(pos, torch.Tensor) or pos.dtype.is_floating_point:
+        return None
+    expected = torch.arange(n, device=pos.device)
+    if pos.ndim == 2 and tuple(pos.shape) == (1, n) and bool((pos == expected).all()):
+        return 0
+    if pos.ndim == 3 and tuple(pos.shape[1:]) == (1, n) and bool((pos == expected).all()):
+        return int(pos.shape[0])
+    return None
+
+
+def position_layout(model: Any, resolved: Any) -> Any:
+    """How the built model takes a packed row's position_ids (:class:`~.batches.PositionLayout`); ``resolved``: its
+    :class:`~.resolve.ResolvedModel` (typed ``Any`` here: resolve imports this module).
+
+    A causal LM: as the collator gives them, ``(batch, length)``. A multimodal model run on its text path: the
+    packed layout its text model reads (``Qwen2VLTextModel.forward`` and its copies, transformers 5.24: "prepend
+    text-only position ids ... [4, bs, seq-len]"): a text row, whose restarts give the packed mask / flash
+    boundaries, then the M-RoPE rows its own ``get_rope_index`` gives a text-only row (3 in 5.24: temporal,
+    height, width, each 0..n-1). Both are read from the model on a 5-token row, so another version's row count is
+    followed, not assumed; what its generate() lays out (``_prepare_position_ids_for_generation``) goes into the
+    record beside it (the Qwen2-VL family: the same 4 rows; Cosmos3-Edge, HunYuan-VL: the M-RoPE rows without the
+    text row). Without a usable ``get_rope_index`` the generate() layout is used. The model's ``rope_deltas``
+    cache, which both set, is put back.
+
+    Raises:
+        TextPathError: neither gives int ids ``(R, 1, 5)`` (or ``(1, 5)``) equal to 0..4 in every row.
+    """
+    import torch
+
+    from .batches import PLAIN_POSITIONS, PositionLayout
+
+    if resolved.text_path is None:
+        return PLAIN_POSITIONS
+    n = 5
+    ids = torch.arange(1, n + 1, device=next(model.parameters()).device)[None]
+    owner = next((m for m in (getattr(model, "model", None), model) if m is not None and hasattr(m, "get_rope_index")), None)
+    saved = getattr(owner, "rope_deltas", None)
+    name = type(model).__name__
+    try:
+        generate = _text_only_rows(model._prepare_position_ids_for_generation(ids, {"input_ids": ids}), n)
+        rope = None
+        if owner is not None:
+            params = inspect.signature(owner.get_rope_index).parameters
+            kwargs = {"mm_token_type_ids": torch.zeros_like(ids)} if "mm_token_type_ids" in params else {}
+            with contextlib.suppress(Exception):  # another signature (audio lengths, ...): the generate() layout decides
+                out = owner.get_rope_index(ids, **kwargs)
+                rope = _text_only_rows(out[0] if isinstance(out, tuple) else out, n)
+    finally:
+        if owner is not None and hasattr(owner, "rope_deltas"):
+            owner.rope_deltas = saved
+    made_by = {None: "packcheck cannot read", 0: "(batch, length)"}
+    if rope:
+        seen = made_by.get(generate, f"{generate} rows") if generate != rope + 1 else "the same"
+        return PositionLayout(rows=rope + 1, source=(
+            f"text row + the {rope} rows of {type(owner).__name__}.get_rope_index (text-only row); its generate() "
+            f"({name}._prepare_position_ids_for_generation) lays out {seen}"))
+    if generate is not None:
+        return PositionLayout(rows=generate or None, source=f"{name}._prepare_position_ids_for_generation (text-only row)")
+    raise TextPathError(
+        f"{resolved.model_type}: neither {name}.get_rope_index nor its generate() preparation gives text-only position_ids "
+        "(rows, 1, 5) of 0..4 in every row for a 5-token row: packcheck cannot lay out its packed text rows; run a "
+        "causal-LM architecture instead, or report it to packcheck")

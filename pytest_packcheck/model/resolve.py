@@ -1,0 +1,149 @@
+"""Resolving a model spec to its config, model_type, class and revision, reading only ``config.json``.
+
+``--packcheck-weights=random`` reads only ``config.json`` (through ``AutoConfig.from_pretrained``, so the real
+Hub loading and caching code runs); :mod:`.build` shrinks it and builds random weights, or loads the real ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import PackcheckUsageError
+from .architectures import causal_lm_class_name, mrope_text_path, multimodal_only_causal_lm
+from .configs import apply_layer_variant, apply_overrides, default_config, read_config_dict, refuse_absurd_sizes
+from .multimodal import mrope_section_default
+from .specs import ModelSpec
+
+
+@dataclass
+class ResolvedModel:
+    """A model spec resolved to a config: what every cell records about its model."""
+
+    spec: ModelSpec
+    config: Any  # transformers.PretrainedConfig, original (not shrunk)
+    model_type: str
+    model_class: str
+    revision: str | None  # commit SHA when the Hub cache gives one
+    error: str | None = None  # the config itself cannot be built: every cell of this model is an error
+    error_status: str = "error"  # "unsupported" where this transformers version does not know the model
+    error_cause: str | None = None  # "library_config" where transformers' own default config does not build
+    #: config values set beyond the checkpoint's or the default config: the spec's overrides and what the
+    #: shrink had to set (a value the config left None, a layer-kind variant), one line each
+    notes: list[str] = field(default_factory=list)
+    #: the transformers auto class that builds it: AutoModelForCausalLM, or for a multimodal model run on its
+    #: text path (:data:`TEXT_PATH_AUTO_CLASSES`) the one whose mapping names ``model_class``
+    auto_class: str = "AutoModelForCausalLM"
+    #: "mrope" for a multimodal model run on its text path with M-RoPE position_ids; None for a causal LM
+    text_path: str | None = None
+
+    def record(self, weights: str | None = None) -> dict[str, Any]:
+        """What every cell records about its model; with ``weights`` (the --packcheck-weights mode) also what
+        the cell ran on (:func:`loaded_weights`)."""
+        extra = {"config_overrides": dict(self.spec.overrides)} if self.spec.overrides else {}
+        if weights:
+            extra["weights"] = loaded_weights(self.spec.kind, weights)
+        if self.notes:
+            extra["config_notes"] = list(self.notes)
+        if self.text_path:
+            extra["text_path"] = (f"{self.model_class} on its text path: text-only rows (no pixel_values), M-RoPE "
+                                  "position_ids (a text row, then the rows of its own get_rope_index), restarting per example")
+        return {
+            "spec": self.spec.raw,
+            "label": self.spec.label,
+            "kind": self.spec.kind,
+            "revision": self.revision,
+            "model_type": self.model_type,
+            "model_class": self.model_class,
+            **extra,
+        }
+
+
+def loaded_weights(kind: str, weights: str) -> str:
+    """What a cell of a model spec of ``kind`` (arch, hub, local) runs on under --packcheck-weights ``weights``:
+    ``"pretrained"`` (the checkpoint, :func:`build_model` through ``from_pretrained``), or ``"random"`` (the
+    shrunk config with random weights). An ``arch:`` spec has no checkpoint: it is random in either mode."""
+    return "pretrained" if weights == "pretrained" and kind != "arch" else "random"
+
+
+def resolve_model(spec: ModelSpec, source: str, trust_remote_code: bool = False) -> ResolvedModel:
+    """Resolve a spec to its config, model_type, causal-LM class and revision, reading only ``config.json``.
+
+    Raises:
+        PackcheckUsageError: unknown Hub ID or revision, offline with nothing cached, gated repo, remote code
+            without ``--packcheck-trust-remote-code``, unknown model_type, or a model with no causal-LM head.
+    """
+    from transformers import CONFIG_MAPPING, AutoConfig
+
+    revision = None
+    if spec.kind == "arch":
+        if spec.name not in CONFIG_MAPPING:
+            from ..errors import closest
+
+            raise PackcheckUsageError(
+                f"Unknown architecture 'arch:{spec.name}' (from {source}): not a model_type of the installed "
+                f"transformers.{closest(spec.name, list(CONFIG_MAPPING.keys()))} "
+                "`packcheck audit --all-architectures` lists the causal-LM ones."
+            )
+        try:
+            config = default_config(CONFIG_MAPPING[spec.name], spec)
+        except Exception as exc:  # noqa: BLE001 - a default config that does not validate is an error cell
+            cls = causal_lm_class_name(spec.name) or "?"
+            text = " ".join(str(exc).split())[:300]
+            return ResolvedModel(spec=spec, config=None, model_type=spec.name, model_class=cls, revision=None,
+                                 error=(f"{spec.name}: transformers' own default config does not build "
+                                        f"({type(exc).__name__}: {text}); not packcheck's shrink: give the values "
+                                        f"it needs as 'arch:{spec.name}{{key=value}}', or a checkpoint's config"),
+                                 error_cause="library_config")
+    else:
+        config_dict, revision = read_config_dict(spec, source)
+        if "auto_map" in config_dict and not trust_remote_code:
+            raise PackcheckUsageError(
+                f"Model '{spec.raw}' (from {source}) needs trust_remote_code (its config.json has auto_map): "
+                "packcheck refuses to run remote code; pass --packcheck-trust-remote-code if you trust this repo."
+            )
+        if config_dict.get("model_type") not in CONFIG_MAPPING and not trust_remote_code:
+            raise PackcheckUsageError(
+                f"Model '{spec.raw}' (from {source}) has model_type={config_dict.get('model_type')!r}, unknown to the "
+                "installed transformers: upgrade transformers, or pass --packcheck-trust-remote-code for remote code."
+            )
+        try:
+            config = AutoConfig.from_pretrained(
+                spec.name, revision=spec.revision, trust_remote_code=trust_remote_code
+            )
+        except Exception as exc:  # noqa: BLE001 - a config.json transformers rejects (num_attention_heads: 0, ...)
+            text = " ".join(str(exc).split())[:300]
+            raise PackcheckUsageError(
+                f"Model '{spec.raw}' (from {source}): transformers cannot build a config from its config.json "
+                f"({type(exc).__name__}: {text}): fix the config.json or pick another model."
+            ) from None
+    notes: list[str] = []
+    if spec.kind == "arch" and not any(k.split(".")[-1] in ("layer_types", "layers_block_type") for k, _ in spec.overrides):
+        notes += apply_layer_variant(config, spec.name)
+    if spec.overrides:
+        apply_overrides(config, spec, source)
+    refuse_absurd_sizes(config, spec, source)
+    model_type = config.model_type
+    cls = causal_lm_class_name(model_type)
+    text_path = mrope_text_path(model_type) if cls is None else None
+    if text_path is not None:
+        notes += mrope_section_default(config, text_path[0])
+        return ResolvedModel(spec=spec, config=config, model_type=model_type, model_class=text_path[0], revision=revision,
+                             notes=notes, auto_class=text_path[1], text_path="mrope")
+    if cls is None and not getattr(config, "auto_map", None):
+        raise PackcheckUsageError(
+            f"Model '{spec.raw}' (from {source}) is a '{model_type}' model with no causal-LM head in transformers, and "
+            "not a multimodal model with M-RoPE position_ids whose text path packcheck runs (Qwen2-VL, Qwen2.5-VL, "
+            "Qwen3-VL, GLM-4V, ...): packcheck checks causal language models; pick a decoder model."
+        )
+    elsewhere = multimodal_only_causal_lm(model_type)
+    return ResolvedModel(spec=spec, config=config, model_type=model_type, model_class=cls or "remote code", revision=revision,
+                         notes=notes, auto_class=elsewhere[1] if elsewhere else "AutoModelForCausalLM")
+
+
+def auto_model_class(resolved: ResolvedModel) -> Any:
+    """The transformers auto class that builds ``resolved`` (``AutoModelForCausalLM``; for a multimodal model run
+    on its text path, ``AutoModelForImageTextToText`` or ``AutoModelForMultimodalLM``)."""
+    import transformers
+
+    return getattr(transformers, resolved.auto_class)
