@@ -10,6 +10,7 @@ from typing import Any
 
 import tomllib
 
+from .backends.table import backends_help
 from .errors import PackcheckUsageError, closest, read_user_text
 from .registry import check_help
 
@@ -63,10 +64,7 @@ OPTIONS = (
     Option(OPT_ALL_ARCHS, "Sweep every causal-LM architecture of the installed transformers (arch:<type>), and the multimodal "
            "ones packcheck runs on their text path (M-RoPE).",
            action="store_true", default=False),
-    Option(OPT_BACKENDS, "Attention backends (attn_implementation), comma-separated. Default: eager, sdpa, "
-           "flex_attention, packcheck_flash_ref (CPU varlen reference), packcheck_flash_torch_varlen (PyTorch's "
-           "varlen_attn, CUDA), flash_attention_2, flash_attention_3 (Hopper).",
-           ini="packcheck_attn", env="PACKCHECK_ATTN"),
+    Option(OPT_BACKENDS, backends_help(), ini="packcheck_attn", env="PACKCHECK_ATTN"),
     Option(OPT_CHECKS, check_help(), ini="packcheck_checks", env="PACKCHECK_CHECKS"),
     Option(OPT_DTYPES, "dtypes, comma-separated: float32, bfloat16, float16 (default float32 on CPU, bfloat16 on CUDA).",
            ini="packcheck_dtypes", env="PACKCHECK_DTYPES"),
@@ -330,7 +328,7 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
     Raises:
         PackcheckUsageError: any invalid value, with its source.
     """
-    from .backends import KNOWN_BACKENDS
+    from .backends import DEFAULT_BACKENDS, KNOWN_BACKENDS
     from .registry import CHECKS, DEFAULT_CHECKS
     from .specs import load_audit
 
@@ -406,7 +404,7 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
     if backends_value:
         backends = _validate_backends(_split(backends_value), backends_src)
     else:
-        backends = names(OPT_BACKENDS, KNOWN_BACKENDS, "backend", audit.backends if audit else None, KNOWN_BACKENDS)
+        backends = names(OPT_BACKENDS, KNOWN_BACKENDS, "backend", audit.backends if audit else None, DEFAULT_BACKENDS)
     checks = names(OPT_CHECKS, CHECKS, "check", audit.checks if audit else None, DEFAULT_CHECKS)
     checks = tuple(c for c in CHECKS if c in checks)
     dtypes = names(OPT_DTYPES, DTYPES, "dtype", audit.dtypes if audit else None,
