@@ -99,34 +99,35 @@ _CUDA = Need("cuda")
 
 #: Every backend packcheck knows, in matrix column order.
 BACKENDS: tuple[Backend, ...] = (
-    Backend("eager", "eager", "eager", "transformers", bench_rank=6, takes_mask=True,
+    Backend("eager", label="eager", family="eager", registered_by="transformers", bench_rank=6, takes_mask=True,
             counted_by=("attention_interface", "model_eager_forward")),
-    Backend("sdpa", "sdpa", "sdpa", "transformers", bench_rank=4, takes_mask=True,
+    Backend("sdpa", label="sdpa", family="sdpa", registered_by="transformers", bench_rank=4, takes_mask=True,
             counted_by=("attention_interface", "torch_sdpa")),
     # torch raises NotImplementedError for flex_attention's backward on CPU (measured on torch 2.13.0+cpu)
-    Backend("flex_attention", "flex_attention", "flex", "transformers", backward_on_cpu=False, bench_rank=5, takes_mask=True),
-    Backend(REFERENCE_BACKEND, "varlen reference (CPU, not FA2)", "flash", "packcheck", needs=(Need("flash_path"),),
-            unavailable="unsupported", bench_rank=7, counted_by=("attention_interface", "flash_kernels"),
+    Backend("flex_attention", label="flex_attention", family="flex", registered_by="transformers", backward_on_cpu=False,
+            bench_rank=5, takes_mask=True),
+    Backend(REFERENCE_BACKEND, label="varlen reference (CPU, not FA2)", family="flash", registered_by="packcheck",
+            needs=(Need("flash_path"),), unavailable="unsupported", bench_rank=7, counted_by=("attention_interface", "flash_kernels"),
             note="CPU varlen reference"),
-    Backend(TORCH_VARLEN_BACKEND, "torch varlen_attn (PyTorch FA2 kernel)", "flash", "packcheck",
+    Backend(TORCH_VARLEN_BACKEND, label="torch varlen_attn (PyTorch FA2 kernel)", family="flash", registered_by="packcheck",
             needs=(Need("cuda", ": varlen_attn is CUDA-only", stand_in=True),
                    Need("module", "torch.nn.attention.varlen (PyTorch >= 2.10)", module="torch.nn.attention.varlen"),
                    Need("kernel_loader")),
             bench_rank=3, counted_by=("attention_interface", "flash_kernels"), note="PyTorch's varlen_attn, CUDA",
             stand_in_label=STAND_IN_LABEL),
-    Backend("flash_attention_2", "flash_attention_2", "flash", "transformers",
+    Backend("flash_attention_2", label="flash_attention_2", family="flash", registered_by="transformers",
             needs=(_CUDA, Need("package", "the flash-attn package", module="flash_attn")),
             bench_rank=2, counted_by=("attention_interface", "flash_kernels")),
     # transformers' is_flash_attn_3_available also requires the distribution's name (FA2/FA4 builds can ship a
     # flash_attn_interface module too)
-    Backend("flash_attention_3", "flash_attention_3", "flash", "transformers",
+    Backend("flash_attention_3", label="flash_attention_3", family="flash", registered_by="transformers",
             needs=(_CUDA, Need("gpu", "a Hopper GPU (compute capability 9.x; this one is {}.{})", majors=(9,)),
                    Need("package", "the flash-attn-3 package", module="flash_attn_interface", distribution="flash-attn-3")),
             bench_rank=0, counted_by=("attention_interface", "flash_kernels"), note="Hopper"),
     # FlashAttention-4 (flash_attn.cute): transformers 5.x's is_flash_attn_4_available wants the flash_attn module
     # from the flash-attn-4 distribution (FA2 ships the same module name) and a CUDA device;
     # FLASH_ATTENTION_COMPATIBILITY_MATRIX[4]["cuda_min_major_version"] = 9 (Hopper or newer)
-    Backend("flash_attention_4", "flash_attention_4", "flash", "transformers",
+    Backend("flash_attention_4", label="flash_attention_4", family="flash", registered_by="transformers",
             needs=(_CUDA, Need("gpu", "a Hopper or newer GPU (compute capability >= 9.0; this one is {}.{})", majors=(9, None)),
                    Need("package", "the flash-attn-4 package", module="flash_attn", distribution="flash-attn-4")),
             bench_rank=1, counted_by=("attention_interface", "flash_kernels"), default=False,
