@@ -22,7 +22,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .backends import FLASH_FAMILY, backend_availability, count_attention_calls, effective_attn_implementation
+from .backends import (
+    FLASH_FAMILY,
+    MASKED_BACKENDS,
+    backend_availability,
+    count_attention_calls,
+    effective_attn_implementation,
+    is_call_on,
+)
 from .model import batches as B
 
 # The check names, levels and roles live in the registry; re-exported here for code written against 0.1.
@@ -408,9 +415,6 @@ def stateful_layers(model: Any) -> list[str]:
     return sorted(names)
 
 
-_MASKED_BACKENDS = ("eager", "sdpa", "flex_attention")
-
-
 def leak_probe(bench: Workbench) -> dict[str, Any]:
     """The isolation probe, once per workbench (cached): perturb every token of the first example and measure
     how far the other examples' logits move (``max_change``); the same on the row with plain 0..n-1
@@ -466,7 +470,7 @@ def mismatch_cause(bench: Workbench, diff: float | None = None, atol: float | No
     if moved > iso_tol:
         stateful = probe["stateful_layers"]
         attention_kept = probe["attention_boundaries"] in ("reached", "none") or (
-            probe["attention_boundaries"] == "unknown" and bench.backend not in _MASKED_BACKENDS)
+            probe["attention_boundaries"] == "unknown" and bench.backend not in MASKED_BACKENDS)
         if stateful and attention_kept:
             return "stateful_layers", {**evidence, "stateful_layers": stateful[:3], "attention_boundaries": probe["attention_boundaries"]}
         if moved <= NUMERICS_FACTOR * iso_tol:
@@ -942,8 +946,8 @@ def check_backend(bench: Workbench) -> CheckResult:
     # module ran through a module call, one per module found
     expected = sum(max(1, n) for n in runs) if runs else found
     counts = probe.counts()
-    on_requested = sum(v for k, v in counts.items() if k == requested or (requested == "sdpa" and k.startswith("sdpa")))
-    others = {k: v for k, v in counts.items() if not (k == requested or (requested == "sdpa" and k.startswith("sdpa")))}
+    on_requested = sum(v for k, v in counts.items() if is_call_on(k, requested))
+    others = {k: v for k, v in counts.items() if not is_call_on(k, requested)}
     isolated = [c.isolated for c in probe.calls]
     # only attention fallbacks: a convolution kernel falling back to PyTorch (causal_conv1d) is not a backend swap
     fallback_msgs = [m for m in logged if any(w in m.lower() for w in _FALLBACK_WORDS)

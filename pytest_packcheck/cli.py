@@ -702,10 +702,9 @@ def _bench(ns: argparse.Namespace) -> int:
 
     from .backends import (
         KNOWN_BACKENDS,
-        REFERENCE_BACKEND,
         TORCH_VARLEN_BACKEND,
         backend_availability,
-        register_reference_backend,
+        ensure_registered,
     )
     from .config.options import DTYPES
     from .errors import PackcheckUsageError, closest
@@ -749,8 +748,7 @@ def _bench(ns: argparse.Namespace) -> int:
         raise PackcheckUsageError(f"Model '{ns.model}' (from --model) cannot be built: {resolved.error}")
     out = Path(ns.output_dir)
     probe_folder(out, "-o/--output-dir", "Output directory")  # before minutes of measuring, not after (a full disk says so)
-    if attn in (REFERENCE_BACKEND, TORCH_VARLEN_BACKEND):
-        register_reference_backend()
+    ensure_registered(attn)
     try:  # a model that cannot run on this backend (mamba on sdpa) is refused before anything is measured
         model = build_model(resolved, attn, dtype, "random", ns.device, shrink=not ns.full_size)
     except Exception as exc:  # noqa: BLE001 - whatever transformers raises at build: one line, exit 2

@@ -15,9 +15,8 @@ from typing import Any
 
 import tomllib
 
+from .backends import MASKED_BACKENDS
 from .registry import CAUSES, NUMERICS_FACTOR  # noqa: F401 - re-exported: code written against 0.1 reads them here
-
-_MASKED_BACKENDS = ("eager", "sdpa", "flex_attention")
 
 
 def _v(text: str | None) -> Any:
@@ -78,9 +77,9 @@ def remedy(cause: str, cell: dict[str, Any], doc_env: dict[str, Any]) -> str:
     tf = _v(library_version(cell, doc_env, "transformers"))
     m = cell.get("metrics", {})
     if cause == "leak":
-        if backend in _MASKED_BACKENDS and tf is not None and tf < _v("4.53.1"):  # bisected: 4.53.0 has none
+        if backend in MASKED_BACKENDS and tf is not None and tf < _v("4.53.1"):  # bisected: 4.53.0 has none
             return "upgrade transformers to >= 4.53.1 (packed masks for eager/sdpa/flex), or use a flash backend"
-        if backend in _MASKED_BACKENDS:
+        if backend in MASKED_BACKENDS:
             return ("do not pack on eager/sdpa/flex for this model; the flash path may keep the boundaries (see its "
                     "varlen reference cell, packcheck's CPU stand-in for the FA2 preparation code): run packcheck with "
                     "flash_attention_2 on your GPU before training with it packed")

@@ -26,6 +26,8 @@ import re
 import sys
 from typing import Any
 
+from .backends import PACKCHECK_REGISTERED
+
 #: In modeling code: a test of the attention implementation's name against flash_attention_2 (==, !=, in a
 #: list), on one source line (comments excluded).
 _MODEL_BRANCH = re.compile(
@@ -36,8 +38,9 @@ _MODEL_BRANCH = re.compile(
 _TRL_BRANCH = re.compile(r"""return_position_ids\s*=\s*.*_attn_implementation|use_flash_attention\s*=\s*.*_attn_implementation""")
 
 #: Stand-in backends whose name is not flash_attention_2 where the model is built under their own name
-#: (transformers >= 4.55.1: on 4.44 .. 4.55.0 the reference is built as flash_attention_2, see backends.py)
-STAND_INS = ("packcheck_flash_ref", "packcheck_flash_torch_varlen")
+#: (transformers >= 4.55.1: on 4.44 .. 4.55.0 the reference is built as flash_attention_2, see
+#: backends/registration.py): the backends packcheck registers, from the backend table
+STAND_INS = PACKCHECK_REGISTERED
 
 
 @functools.lru_cache(maxsize=64)

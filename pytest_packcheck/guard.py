@@ -851,7 +851,7 @@ def _contract_remedy(row: _Row) -> str:
 def _measure(model: Any, row: _Row, run: dict[str, Any], cache: bool, fused: bool,
              tols: dict[str, dict[str, float]], padded_probe: bool = False) -> GuardResult:
     """The probes, in eval mode under no_grad (see :func:`verify_packed_batch`)."""
-    from .backends import count_attention_calls
+    from .backends import count_attention_calls, is_call_on
     from .checks import expected_attention_calls
 
     lengths = [s.stop - s.start for s in row.slices]
@@ -901,7 +901,7 @@ def _measure(model: Any, row: _Row, run: dict[str, Any], cache: bool, fused: boo
     tol = _pick(tols, dtype)
     counts = probe.counts()
     requested = run["attn_implementation"]
-    on_requested = {k: v for k, v in counts.items() if k == requested or (requested == "sdpa" and k.startswith("sdpa"))}
+    on_requested = {k: v for k, v in counts.items() if is_call_on(k, requested)}
     others = {k: v for k, v in counts.items() if k not in on_requested}
     isolated = [c.isolated for c in probe.calls]
     attention = {"requested": requested, "calls": counts, "expected_calls": expected_attention_calls(model),
@@ -1229,6 +1229,7 @@ def _padded_diff(model: Any, row: _Row, targets: Any, inputs: dict[str, Any], fu
 def _finish(result: GuardResult, model: Any) -> GuardResult:
     """Fill in the remedy from diagnose.remedy, for the backend that ran and the installed versions."""
     if result.cause and not result.remedy:
+        from .backends import MASKED_BACKENDS
         from .diagnose import remedy
 
         cell = {"backend": result.run.get("attn_implementation"), "check": "guard",
@@ -1243,7 +1244,7 @@ def _finish(result: GuardResult, model: Any) -> GuardResult:
                              f"expected to differ by {_fmt(result.max_logprob_diff)}, widen logits_atol (tolerances="
                              "{'float32': {'logits_atol': ..., 'loss_atol': ...}}); else report it to the kernel's maintainers")
         elif (result.cause == "leak" and result.probes.get("batch_has_position_ids") is False
-              and result.run.get("attn_implementation") in ("eager", "sdpa", "flex_attention")):
+              and result.run.get("attn_implementation") in MASKED_BACKENDS):
             result.remedy = ("return position_ids from the collator (DataCollatorWithFlattening(return_position_ids=True)): "
                              "eager / sdpa / flex build the packed mask from position_ids; cu_seq_lens_q reach only the "
                              "flash path")

@@ -128,14 +128,13 @@ def tolerances() -> dict:
 
 
 def make_bench(model_type: str, backend: str, tolerances: dict, **kwargs):
-    from pytest_packcheck.backends import REFERENCE_BACKEND, TORCH_VARLEN_BACKEND, register_reference_backend
+    from pytest_packcheck.backends import ensure_registered
     from pytest_packcheck.checks import Workbench
     from pytest_packcheck.model.build import build_model
     from pytest_packcheck.model.resolve import resolve_model
     from pytest_packcheck.model.specs import parse_model_spec
 
-    if backend in (REFERENCE_BACKEND, TORCH_VARLEN_BACKEND):
-        register_reference_backend()
+    ensure_registered(backend)
     resolved = resolve_model(parse_model_spec(f"arch:{model_type}", "test"), "test")
     model = build_model(resolved, backend, "float32")
     return Workbench(model=model, config=model.config, backend=backend, dtype="float32", tol=tolerances["float32"], **kwargs)

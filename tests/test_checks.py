@@ -151,8 +151,7 @@ def test_torch_varlen_backend_logic_with_cpu_stand_in(tolerances, monkeypatch):
     import torch
     from conftest import make_bench
 
-    from pytest_packcheck import backends
-    from pytest_packcheck.backends import TORCH_VARLEN_BACKEND, varlen_reference_kernel
+    from pytest_packcheck.backends import TORCH_VARLEN_BACKEND, torch_varlen, varlen_reference_kernel
 
     seen = []
 
@@ -164,7 +163,7 @@ def test_torch_varlen_backend_logic_with_cpu_stand_in(tolerances, monkeypatch):
         return varlen_reference_kernel(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, softmax_scale=scale,
                                        causal=causal, window_size=(left, -1))
 
-    monkeypatch.setattr(backends, "_torch_varlen_attn", lambda: varlen_attn)
+    monkeypatch.setattr(torch_varlen, "_torch_varlen_attn", lambda: varlen_attn)
     bench = make_bench("mistral", TORCH_VARLEN_BACKEND, tolerances)  # GQA 4:1 and a sliding window of 8
     assert C.check_logits_parity(bench).metrics["max_abs_diff_solo"] < 1e-5
     backend = C.check_backend(bench)
@@ -271,21 +270,22 @@ def test_flash_attention_3_availability_reasons(monkeypatch):
     import importlib.util
 
     from pytest_packcheck import backends
+    from pytest_packcheck.backends import availability
 
     cpu = backends.backend_availability("flash_attention_3", "cpu")
     assert not cpu.available and "CUDA device (running on cpu)" in cpu.reason and "flash-attn-3" in cpu.reason
-    monkeypatch.setattr(backends, "cuda_capability", lambda device: (8, 0))
+    monkeypatch.setattr(availability, "cuda_capability", lambda device: (8, 0))
     ampere = backends.backend_availability("flash_attention_3", "cuda:0")
     assert not ampere.available and "this one is 8.0" in ampere.reason
-    monkeypatch.setattr(backends, "cuda_capability", lambda device: (9, 0))
+    monkeypatch.setattr(availability, "cuda_capability", lambda device: (9, 0))
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: object() if name == "flash_attn_interface" else real_find_spec(name, *a))
     # a flash_attn_interface module from another distribution (transformers' check wants flash-attn-3)
-    monkeypatch.setattr(backends, "_distributed_as", lambda module, dist: False)
+    monkeypatch.setattr(availability, "_distributed_as", lambda module, dist: False)
     other = backends.backend_availability("flash_attention_3", "cuda")
     assert not other.available and "installed by another distribution" in other.reason
-    monkeypatch.setattr(backends, "_distributed_as", lambda module, dist: (module, dist) == ("flash_attn_interface", "flash-attn-3"))
+    monkeypatch.setattr(availability, "_distributed_as", lambda module, dist: (module, dist) == ("flash_attn_interface", "flash-attn-3"))
     assert backends.backend_availability("flash_attention_3", "cuda").available
 
 

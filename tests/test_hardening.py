@@ -454,9 +454,9 @@ def test_an_empty_option_value_is_refused_not_read_as_every_one(monkeypatch, arg
 
 
 def test_an_empty_environment_variable_is_unset(monkeypatch):
-    from pytest_packcheck.backends import KNOWN_BACKENDS
+    from pytest_packcheck.backends import DEFAULT_BACKENDS
 
-    assert _resolve(["--models", "arch:llama"], monkeypatch, {"PACKCHECK_ATTN": ""}).backends == KNOWN_BACKENDS
+    assert _resolve(["--models", "arch:llama"], monkeypatch, {"PACKCHECK_ATTN": ""}).backends == DEFAULT_BACKENDS
 
 
 def test_pretrained_weights_with_arch_specs_refused_alone_and_explained_beside_a_checkpoint(monkeypatch):

@@ -194,8 +194,8 @@ def test_a_real_kernel_handed_broken_arguments_fails_the_backend_check(flash_ref
         out["cu_seqlens_dtype"] = {"ok": False, "received": "int64 / int64", "kind": "refused"}
         return out
 
-    monkeypatch.setattr(BK, "varlen_argument_contract", planted)
-    monkeypatch.setattr(BK, "enforce_varlen_contract", lambda *a, **k: None)  # a real kernel: no check in Python
+    monkeypatch.setattr(BK.counting, "varlen_argument_contract", planted)  # what the call counter records
+    monkeypatch.setattr(BK.kernels, "enforce_varlen_contract", lambda *a, **k: None)  # a real kernel: no check in Python
     got = C.check_backend(flash_ref)
     assert got.status == "fail" and got.cause == "kernel_arguments", got.message
     assert got.evidence["cu_seqlens_dtype"]["received"] == "int64 / int64" and "int64 / int64" in got.message

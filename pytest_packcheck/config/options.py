@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..backends.table import backends_help
 from ..errors import PackcheckUsageError
 from ..registry import check_help
 
@@ -186,9 +187,7 @@ OPTIONS = (
     Option(OPT_ALL_ARCHS, "Sweep every causal-LM architecture of the installed transformers (arch:<type>), and the multimodal "
            "ones packcheck runs on their text path (M-RoPE).",
            action="store_true", default=False),
-    Option(OPT_BACKENDS, "Attention backends (attn_implementation), comma-separated. Default: eager, sdpa, "
-           "flex_attention, packcheck_flash_ref (CPU varlen reference), packcheck_flash_torch_varlen (PyTorch's "
-           "varlen_attn, CUDA), flash_attention_2, flash_attention_3 (Hopper).",
+    Option(OPT_BACKENDS, backends_help(),
            ini="packcheck_attn", env="PACKCHECK_ATTN", field="backends", to_arg=_joined, always=True),
     Option(OPT_CHECKS, check_help(), ini="packcheck_checks", env="PACKCHECK_CHECKS", field="checks", to_arg=_joined,
            always=True),

@@ -159,7 +159,7 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
     Raises:
         PackcheckUsageError: any invalid value, with its source.
     """
-    from ..backends import KNOWN_BACKENDS
+    from ..backends import DEFAULT_BACKENDS, KNOWN_BACKENDS
     from ..registry import CHECKS, DEFAULT_CHECKS
     from .audits import load_audit
     from .tolerances import load_tolerances
@@ -241,7 +241,7 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
     if backends_value:
         backends = _validate_backends(_split(backends_value), backends_src)
     else:
-        backends = names(OPT_BACKENDS, KNOWN_BACKENDS, "backend", audit.backends if audit else None, KNOWN_BACKENDS)
+        backends = names(OPT_BACKENDS, KNOWN_BACKENDS, "backend", audit.backends if audit else None, DEFAULT_BACKENDS)
     checks = names(OPT_CHECKS, CHECKS, "check", audit.checks if audit else None, DEFAULT_CHECKS)
     checks = tuple(c for c in CHECKS if c in checks)
     dtypes = names(OPT_DTYPES, DTYPES, "dtype", audit.dtypes if audit else None,

@@ -62,9 +62,9 @@ def _refuse_undeclared_flash(model: Any, backend: str) -> None:
     Raises:
         ValueError: "... does not support flash attention ..." (the runner files it as unsupported).
     """
-    from ..backends import REFERENCE_BACKEND, TORCH_VARLEN_BACKEND
+    from ..backends import PACKCHECK_REGISTERED
 
-    if backend not in (REFERENCE_BACKEND, TORCH_VARLEN_BACKEND):
+    if backend not in PACKCHECK_REGISTERED:
         return
     cls = type(model)
     declared = getattr(cls, "_supports_flash_attn", getattr(cls, "_supports_flash_attn_2", None))  # 2 before 4.48

@@ -18,13 +18,11 @@ from typing import Any
 from ..analysis.verdicts import unbacked_pass
 from ..backends import (
     FLASH_FAMILY,
-    REFERENCE_BACKEND,
-    TORCH_VARLEN_BACKEND,
     VARLEN_CONTRACT,
     FlashBoundariesError,
     KernelArgumentError,
     backend_availability,
-    register_reference_backend,
+    ensure_registered,
 )
 from ..checks import Workbench
 from ..model import batches as B
@@ -326,8 +324,7 @@ class CellRunner:
             try:
                 if resolved.error:
                     raise ResolveError(resolved.error, resolved.error_status, resolved.error_cause)
-                if backend in (REFERENCE_BACKEND, TORCH_VARLEN_BACKEND):
-                    register_reference_backend()
+                ensure_registered(backend)
                 model = build_model(resolved, backend, cell.dtype, self.weights, self.device, trust_remote_code=self.trust_remote_code,
                                     sliding_window=self.sliding_window)
                 config = text_config(model.config)

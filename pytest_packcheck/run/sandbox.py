@@ -108,7 +108,12 @@ def warm_up(tolerances: dict[str, float], device: str, backends: Iterable[str] =
         from transformers import AutoModelForCausalLM, LlamaConfig
 
         from .. import checks
-        from ..backends import REFERENCE_BACKEND, backend_build, prepare_backend_model, register_reference_backend
+        from ..backends import (
+            CPU_BACKENDS,
+            backend_build,
+            ensure_registered,
+            prepare_backend_model,
+        )
         from .runner import _no_compile_on_cpu
     except Exception:  # noqa: BLE001 - warming up is an optimisation; the cells report real problems
         return
@@ -118,11 +123,10 @@ def warm_up(tolerances: dict[str, float], device: str, backends: Iterable[str] =
     torch.set_num_threads(1)
     try:
         for backend in backends:
-            if backend not in ("eager", "sdpa", "flex_attention", REFERENCE_BACKEND):
+            if backend not in CPU_BACKENDS:
                 continue
             try:
-                if backend == REFERENCE_BACKEND:
-                    register_reference_backend()
+                ensure_registered(backend)
                 config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                                      num_key_value_heads=1, vocab_size=128, use_cache=False)
                 torch.manual_seed(0)

@@ -379,15 +379,12 @@ def render_bench(results: list[dict[str, Any]], env: dict[str, Any], model_label
     return "\n".join(lines)
 
 
-#: Backends ``packcheck audit --bench`` prefers for a model, fastest kernels first (the first the audit ran
-#: without an error / unsupported / skipped cell is benched).
-BENCH_BACKEND_PREFERENCE = ("flash_attention_3", "flash_attention_2", "packcheck_flash_torch_varlen", "sdpa",
-                            "flex_attention", "eager", "packcheck_flash_ref")
-
-
 def bench_backend(doc: dict[str, Any], label: str) -> str | None:
-    """The backend to bench ``label`` on: the first of :data:`BENCH_BACKEND_PREFERENCE` the audit ran for it
-    with at least one verdict (pass / fail / fallback)."""
+    """The backend to bench ``label`` on: the first of :data:`.backends.BENCH_BACKEND_PREFERENCE` (the backend
+    table's bench order, fastest kernels first) the audit ran for it with at least one verdict (pass / fail /
+    fallback)."""
+    from ..backends.table import BENCH_BACKEND_PREFERENCE
+
     ran = {c["backend"] for c in doc["cells"] if c["model"]["label"] == label and c["status"] in ("pass", "fail", "fallback")}
     return next((b for b in BENCH_BACKEND_PREFERENCE if b in ran), None)
 
@@ -397,7 +394,7 @@ def bench_audit(doc: dict[str, Any], profiles: list[str], steps: int, device: st
     """``packcheck bench`` for every model of an audit document (on :func:`bench_backend`, the audit's weights
     and size), one entry per model and profile. A model that cannot be built or benched becomes an entry with
     ``error`` (its reason), never an exception: the audit's results are already written."""
-    from ..backends import REFERENCE_BACKEND, TORCH_VARLEN_BACKEND, register_reference_backend
+    from ..backends import ensure_registered
     from ..model.build import build_model
     from ..model.resolve import resolve_model
     from ..model.specs import parse_model_spec
@@ -417,8 +414,7 @@ def bench_audit(doc: dict[str, Any], profiles: list[str], steps: int, device: st
             log(f"bench {label}: not measured: no backend gave it a verdict in the audit")
             continue
         try:
-            if backend in (REFERENCE_BACKEND, TORCH_VARLEN_BACKEND):
-                register_reference_backend()
+            ensure_registered(backend)
             resolved = resolve_model(parse_model_spec(model_info["spec"], "the audit"), "the audit")
             if resolved.error:
                 raise RuntimeError(resolved.error)
