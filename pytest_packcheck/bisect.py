@@ -342,7 +342,7 @@ def judge(cell: dict[str, Any] | None, cause: str | None, supported: bool, doc_e
     """(holds, detail) of one cell record. Default: pass holds, fail / fallback does not, anything else is
     skipped. With ``cause``: the cell holds when its diagnosis names neither that cause nor a finding of it.
     With ``supported``: holds when the cell gives any verdict, not when it is unsupported."""
-    from .diagnose import diagnose_document
+    from .analysis.diagnose import diagnose_document
 
     if cell is None:
         return None, "the run gave no such cell"
@@ -490,7 +490,7 @@ def bisect_cell(cell_id: str, good: str, bad: str, *, model: str | None = None, 
     """
     from pathlib import Path
 
-    from .diagnose import CAUSES
+    from .analysis.diagnose import CAUSES
     from .errors import closest
 
     if cause is not None and cause not in CAUSES:
@@ -526,7 +526,7 @@ def gate_sides(base_cell: dict[str, Any], cand_cell: dict[str, Any], base_env: d
     """The sides of a gate regression: the one library (transformers or trl) whose version differs between the
     baseline's cell (good) and the candidate's (bad); TRL stays pinned for the checks that use it.
     (None, why) when no single library moved."""
-    from .diagnose import library_version
+    from .analysis.diagnose import library_version
 
     versions = {lib: (library_version(base_cell, base_env, lib), library_version(cand_cell, cand_env, lib))
                 for lib in ("transformers", "trl")}
@@ -604,7 +604,7 @@ def verify_remedies(doc: dict[str, Any], report_dir: Any, run: Callable[..., Any
     dtypes; it is "verified at X" when the cell's cause is gone there. A setting is judged from the cell's own
     measurement. Returns one record per (cell, remedy) and stores them as ``doc["remedy_checks"]``. ``run``
     replaces :func:`pytest_packcheck.envs.run_in_env` (tests)."""
-    from .diagnose import library_version, load_known_faults
+    from .analysis.diagnose import library_version, load_known_faults
     from .envs import VersionCombo, run_in_env
 
     faults = load_known_faults() if faults is None else faults

@@ -56,7 +56,7 @@ def help_epilog() -> str:
     their roles, cause codes), the shipped audits and :data:`EXIT_CODES`: never retyped."""
     import textwrap
 
-    from .registry import CAUSES, DEFAULT_CHECKS, REGISTRY, TRAINING_CHECKS
+    from .checks.registry import CAUSES, DEFAULT_CHECKS, REGISTRY, TRAINING_CHECKS
 
     def wrap(text: str, indent: str = "  ") -> str:
         return textwrap.fill(text, width=100, initial_indent=indent, subsequent_indent=indent + "  ")
@@ -73,7 +73,7 @@ def help_epilog() -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .registry import CAUSES
+    from .checks.registry import CAUSES
 
     parser = argparse.ArgumentParser(prog="packcheck", description="Checks that padding-free packing trains the same model.",
                                      epilog=help_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -210,12 +210,9 @@ def gate_checks() -> tuple[str, ...]:
     """The checks ``audit --gate`` runs when none are named: the default checks plus the Trainer's (packed and its
     own padded run) and, where TRL is installed here, the SFTTrainer's (packed and padded). Issue 27: a gate without
     a training check said "No cell changed" while the Trainer went from fail (4.57.x keeps use_cache) to pass."""
-    from importlib.util import find_spec
+    from .checks.registry import gate_checks as planned
 
-    from .registry import DEFAULT_CHECKS
-
-    training = ("trainer", "trainer_padded") + (("sft", "sft_padded") if find_spec("trl") else ())
-    return (*DEFAULT_CHECKS, *training)
+    return planned()
 
 
 def _pytest_args(ns: argparse.Namespace) -> list[str]:
@@ -660,7 +657,7 @@ def _print_changes_rich(changes: list, baseline_env: dict, candidate_env: dict) 
 
 def _merge(ns: argparse.Namespace) -> int:
 
-    from .diagnose import diagnose_document
+    from .analysis.diagnose import diagnose_document
     from .errors import PackcheckUsageError
     from .gate import merge
     from .report import write_reports

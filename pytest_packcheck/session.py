@@ -78,7 +78,7 @@ def cause_and_remedy(result: Any) -> tuple[str | None, str | None]:
     """The cause code of a cell result and its remedy (:func:`diagnose.remedy`, read from codes, never the
     message); (None, None) when the result names no cause. The remedy is judged without the document's
     environment (the versions it names may read "this stack")."""
-    from .diagnose import classify, remedy
+    from .analysis.diagnose import classify, remedy
 
     cell = json.loads(result.to_json())
     cause, _ = classify(cell)
@@ -475,7 +475,7 @@ class PackcheckSession:
             flags += ["-k", self.config.option.keyword]
         command = "pytest " + " ".join(shlex.quote(f) for f in flags)
         command = os.environ.get("PACKCHECK_REPRODUCE", command)  # set by `packcheck audit` to its own argv
-        from .diagnose import diagnose_document
+        from .analysis.diagnose import diagnose_document
 
         self.document = diagnose_document(build_document(cells, environment(self.settings.device), self.settings.as_dict(), command))
         if interrupted:

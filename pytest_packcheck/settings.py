@@ -10,8 +10,8 @@ from typing import Any
 
 import tomllib
 
+from .checks.registry import check_help
 from .errors import PackcheckUsageError, closest, read_user_text
-from .registry import check_help
 
 OPT_MODELS = "--packcheck-models"
 OPT_AUDIT = "--packcheck-audit"
@@ -331,7 +331,7 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
         PackcheckUsageError: any invalid value, with its source.
     """
     from .backends import KNOWN_BACKENDS
-    from .registry import CHECKS, DEFAULT_CHECKS
+    from .checks.registry import CHECKS, DEFAULT_CHECKS
     from .specs import load_audit
 
     def pick(opt: Option) -> tuple[Any, str]:

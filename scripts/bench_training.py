@@ -31,8 +31,8 @@ def main() -> None:
 
     from pytest_packcheck.backends import REFERENCE_BACKEND, register_reference_backend
     from pytest_packcheck.checks import Workbench
+    from pytest_packcheck.checks.registry import SPECS, TRAINING_CHECKS
     from pytest_packcheck.models import build_model, resolve_model
-    from pytest_packcheck.registry import SPECS, TRAINING_CHECKS
     from pytest_packcheck.specs import parse_model_spec
 
     if args.backend == REFERENCE_BACKEND:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_packcheck.diagnose import CAUSES, classify, diagnose_document, load_known_faults
+from pytest_packcheck.analysis.diagnose import CAUSES, classify, diagnose_document, load_known_faults
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -62,8 +62,8 @@ def test_positions_without_position_ids_on_the_varlen_path(tolerances):
     from conftest import make_bench
 
     from pytest_packcheck import checks as C
+    from pytest_packcheck.analysis.diagnose import remedy
     from pytest_packcheck.batches import default_collator_factory
-    from pytest_packcheck.diagnose import remedy
 
     def no_positions(**kwargs):
         return default_collator_factory(**{**kwargs, "return_position_ids": False, "return_flash_attn_kwargs": True})
@@ -205,7 +205,7 @@ def test_diagnosis_never_changes_a_verdict(tolerances):
 
 
 def test_known_fault_that_did_not_show_is_reported():
-    from pytest_packcheck.diagnose import KnownFault
+    from pytest_packcheck.analysis.diagnose import KnownFault
 
     fault = KnownFault(id="x", upstream="", summary="s", library="transformers", versions="<4.54", architectures=("*",),
                        backends=("sdpa",), checks=("isolation",), cause="leak", fixed_in="4.54", remedy="r", evidence="e")

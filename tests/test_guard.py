@@ -31,8 +31,8 @@ def _sft_trainer(bench, out_dir, callbacks=None, **overrides):
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
-    from pytest_packcheck.sft import SENTENCES, offline_tokenizer
-    from pytest_packcheck.training import TRAIN_RECIPE
+    from pytest_packcheck.checks.sft import SENTENCES, offline_tokenizer
+    from pytest_packcheck.checks.training import TRAIN_RECIPE
 
     args = SFTConfig(output_dir=str(out_dir), packing=True, max_length=512, per_device_train_batch_size=1, max_steps=1,
                      report_to=[], save_strategy="no", use_cpu=True, bf16=False, fp16=False, disable_tqdm=True,
@@ -45,7 +45,7 @@ def _trainer(bench, out_dir, collator, callback=None):
     """transformers' Trainer on the bench's three examples in one packed row, one SGD step."""
     from transformers import Trainer, TrainingArguments
 
-    from pytest_packcheck.training import TRAIN_RECIPE
+    from pytest_packcheck.checks.training import TRAIN_RECIPE
 
     args = TrainingArguments(output_dir=str(out_dir), per_device_train_batch_size=3, max_steps=1, save_strategy="no",
                              report_to=[], use_cpu=True, disable_tqdm=True, remove_unused_columns=False, **TRAIN_RECIPE)
@@ -62,7 +62,7 @@ def _params(model):
 
 def test_sft_packing_passes_and_first_step_is_bit_identical(tolerances, tmp_path):
     pytest.importorskip("trl")
-    from pytest_packcheck.training import train_and_restore
+    from pytest_packcheck.checks.training import train_and_restore
 
     bench = make_bench("llama", "sdpa", tolerances)
     callback = PackcheckCallback()
@@ -235,7 +235,7 @@ def _trl_default(model, out_dir, trainer_class=None, callbacks=None):
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
-    from pytest_packcheck.sft import SENTENCES, offline_tokenizer
+    from pytest_packcheck.checks.sft import SENTENCES, offline_tokenizer
 
     args = SFTConfig(output_dir=str(out_dir), packing=True, max_steps=3, use_cpu=True, report_to=[], save_strategy="no")
     assert args.bf16 is True  # the default this test is about
@@ -294,7 +294,7 @@ def test_trl_default_all_ones_mask_is_mask_override_with_both_numbers(tmp_path):
 def _plain_trainer(bench, out_dir, callback, trainer_class=None, **args):
     from transformers import Trainer, TrainingArguments
 
-    from pytest_packcheck.training import TRAIN_RECIPE
+    from pytest_packcheck.checks.training import TRAIN_RECIPE
 
     targs = TrainingArguments(output_dir=str(out_dir), per_device_train_batch_size=3, max_steps=1, save_strategy="no",
                               report_to=[], use_cpu=True, disable_tqdm=True, remove_unused_columns=False,
@@ -638,8 +638,8 @@ def test_zero_difference_never_fails_at_zero_tolerance(llama_sdpa):
 def test_warn_on_a_trainer_that_does_not_pack_goes_on(tolerances, tmp_path):
     from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
 
-    from pytest_packcheck.sft import offline_tokenizer
-    from pytest_packcheck.training import TRAIN_RECIPE
+    from pytest_packcheck.checks.sft import offline_tokenizer
+    from pytest_packcheck.checks.training import TRAIN_RECIPE
 
     bench = make_bench("llama", "sdpa", tolerances)
     tok = offline_tokenizer(int(bench.config.vocab_size))

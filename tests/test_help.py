@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from pytest_packcheck.checks.registry import CAUSES, REGISTRY
 from pytest_packcheck.cli import EXIT_CODES, _parser, audits
-from pytest_packcheck.registry import CAUSES, REGISTRY
 from pytest_packcheck.settings import OPTIONS
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()

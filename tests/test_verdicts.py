@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_packcheck.registry import CAUSES, CHECKS, DEFAULT_CHECKS, REGISTRY, TRAINING_CHECKS, VARIANT_CHECKS, describe
+from pytest_packcheck.checks.registry import CAUSES, CHECKS, DEFAULT_CHECKS, REGISTRY, TRAINING_CHECKS, VARIANT_CHECKS, describe
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -51,7 +51,7 @@ def _cell(model: str, backend: str | None, check: str, status: str, cause: str |
 
 
 def _doc(cells: list[dict]) -> dict:
-    from pytest_packcheck.diagnose import diagnose_document
+    from pytest_packcheck.analysis.diagnose import diagnose_document
 
     backends = sorted({c["backend"] for c in cells if c["backend"]})
     checks = [s.name for s in REGISTRY if any(c["check"] == s.name for c in cells)]
@@ -123,7 +123,7 @@ def test_stack_findings_are_listed_once_per_item_with_counts():
 def test_schema_1_results_file_is_upgraded_and_rendered():
     """The golden version-1 file (a slice of the 0.1 default audit): roles come from the registry, cells without
     cause codes get packed_mismatch, and llama on sdpa reads ✅ with the hazards counted once."""
-    from pytest_packcheck.diagnose import diagnose_document
+    from pytest_packcheck.analysis.diagnose import diagnose_document
     from pytest_packcheck.report import render_markdown
     from pytest_packcheck.results import SCHEMA_VERSION, load_document
 

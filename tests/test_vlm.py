@@ -142,7 +142,7 @@ def test_qwen2_vl_text_path_passes_every_check(backend, tol):
     """Every correctness check holds on Qwen2-VL's text path with its M-RoPE layout; the collator's own
     (batch, length) ids, as the Trainer passes them on, leak (no text row): logits_parity fails on them, cause
     position_layout, with both numbers."""
-    from pytest_packcheck.registry import SPECS
+    from pytest_packcheck.checks.registry import SPECS
 
     bench = _bench("arch:qwen2_vl", backend, tol)
     for name in ("position_ids", "isolation", "loss_parity", "grad_parity", "backend",
@@ -224,8 +224,8 @@ def test_planted_dropped_position_ids(qwen2_vl_sdpa, tol):
 
 
 def test_position_layout_remedy():
-    from pytest_packcheck.diagnose import remedy
-    from pytest_packcheck.registry import CAUSES, SPECS
+    from pytest_packcheck.analysis.diagnose import remedy
+    from pytest_packcheck.checks.registry import CAUSES, SPECS
 
     assert "position_layout" in CAUSES and "position_layout" in SPECS["logits_parity"].causes
     text = remedy("position_layout", {"backend": "sdpa", "check": "logits_parity", "metrics": {}}, {"transformers": "5.24.0"})

@@ -1,0 +1,3 @@
+"""What a results document means: why a cell failed and what to do (:mod:`.diagnose`, reading the cause records
+of :mod:`pytest_packcheck.checks.causes` and ``audit/known_faults.toml``), and where packcheck's CPU stand-in
+for a flash backend may take another branch than the real one (:mod:`.fidelity`)."""
