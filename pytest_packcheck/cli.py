@@ -200,6 +200,9 @@ def _parser() -> argparse.ArgumentParser:
     claims.add_argument("wheels", nargs="+", metavar="WHEEL", help="Peer wheels (pip download --no-deps axolotl ms-swift llamafactory).")
     claims.add_argument("--support-file", default=None, help="support.json to judge against (default: the committed atlas).")
     claims.add_argument("-o", "--output", default="reports/atlas/claims.md", help="Markdown to write (default reports/atlas/claims.md).")
+    from .checks import listing
+
+    listing.add_arguments(sub.add_parser("checks", help=listing.HELP, description=listing.HELP))
     merge = sub.add_parser("merge", help="Join results JSON files (shards of one audit) and render the matrix.")
     merge.add_argument("files", nargs="+", help="Results JSON files.")
     merge.add_argument("-o", "--output-dir", default="reports", help="Where packcheck-matrix.md / .json go (default reports).")
@@ -251,10 +254,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from .errors import PackcheckUsageError
 
-    if ns.command in ("gate", "merge", "bench", "bisect", "atlas", "lookup", "claims"):
+    if ns.command in ("gate", "merge", "bench", "bisect", "atlas", "lookup", "claims", "checks"):
+        from .checks.listing import run as _checks
+
         try:
             return {"gate": _gate, "merge": _merge, "bench": _bench, "bisect": _bisect, "atlas": _atlas,
-                    "lookup": _lookup, "claims": _claims}[ns.command](ns)
+                    "lookup": _lookup, "claims": _claims, "checks": _checks}[ns.command](ns)
         except PackcheckUsageError as exc:
             print(f"packcheck {ns.command}: error: {exc}", file=sys.stderr)
             return 2

@@ -31,13 +31,16 @@ def test_every_check_is_described_once_and_loads():
 
 
 def test_settings_help_and_readme_agree_with_the_registry():
+    """README's check table is what `packcheck checks --markdown` prints, and the flag's help names every check."""
+    from pytest_packcheck.checks.listing import markdown_table
     from pytest_packcheck.settings import OPT_CHECKS, OPTIONS
 
     help_text = next(o.help for o in OPTIONS if o.flag == OPT_CHECKS)
-    readme = (REPO / "README.md").read_text()
-    for name, level, role, summary in describe():
+    for name, _, _, _ in describe():
         assert name in help_text
-        assert f"| `{name}` | {level} | {role} | {summary} |" in readme, name
+    table = markdown_table()
+    assert table.count("\n") == len(REGISTRY) + 2
+    assert table in (REPO / "README.md").read_text(), "README's check table: paste `packcheck checks --markdown`"
 
 
 def _cell(model: str, backend: str | None, check: str, status: str, cause: str | None = None, **metrics) -> dict:
