@@ -40,7 +40,7 @@ def main() -> None:
     tol = tomllib.loads((REPO / "audit" / "tolerances.toml").read_text())["float32"]
     resolved = resolve_model(parse_model_spec(f"arch:{args.model_type}", "bench"), "bench")
     model = build_model(resolved, args.backend, "float32")
-    bench = Workbench(model=model, config=model.config, backend=args.backend, dtype="float32", tol=tol)
+    wb = Workbench(model=model, config=model.config, backend=args.backend, dtype="float32", tol=tol)
     import datasets
 
     datasets.disable_progress_bars()
@@ -50,7 +50,7 @@ def main() -> None:
     for i in range(args.repeat + 1):
         for check in checks:
             t0 = time.perf_counter()
-            result = SPECS[check].load()(bench)
+            result = SPECS[check].load()(wb)
             if i:  # the first round is the warm-up
                 times[check].append(time.perf_counter() - t0)
             statuses[check] = result.status

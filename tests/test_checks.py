@@ -441,7 +441,7 @@ def test_packing_content_accounts_for_every_token():
     """TRL's pack_dataset per strategy: bfd drops at most the overflow and starts every segment at an example's
     first token; bfd_split and wrapped lose nothing. Planted: a packer that drops one token per row."""
     pytest.importorskip("trl")
-    from pytest_packcheck.checks.sft import CONTENT_PROBES, packing_content
+    from pytest_packcheck.checks.packing import CONTENT_PROBES, packing_content
 
     content = packing_content()
     overflow = sum(max(0, n - seq) for lengths, seq in CONTENT_PROBES.values() for n in lengths)
@@ -467,7 +467,7 @@ def test_packing_content_catches_truncated_tails_packed_as_examples(llama_sdpa):
     pytest.importorskip("trl")
     from trl.data_utils import pack_dataset
 
-    from pytest_packcheck.checks.sft import packing_content
+    from pytest_packcheck.checks.packing import packing_content
 
     def tails_kept(dataset, seq_length, strategy="bfd"):
         return pack_dataset(dataset, seq_length, strategy="bfd_split" if strategy == "bfd" else strategy)
@@ -517,7 +517,8 @@ def test_completion_only_probe_sees_prompt_tokens_in_the_loss(llama_sdpa):
     pytest.importorskip("trl")
     import tempfile
 
-    from pytest_packcheck.checks.sft import _completion_only, offline_tokenizer, trl_features
+    from pytest_packcheck.checks.sft_probes import _completion_only
+    from pytest_packcheck.checks.sft_setup import offline_tokenizer, trl_features
 
     feats = trl_features()
     base = {"output_dir": tempfile.mkdtemp(), "packing": True, "max_length": 512, "per_device_train_batch_size": 1,
@@ -563,7 +564,7 @@ def test_sft_row_contract_checks_cu_seq_lens_and_seq_idx(llama_sdpa):
     label are each named (planted)."""
     import torch
 
-    from pytest_packcheck.checks.sft import _row_contract
+    from pytest_packcheck.checks.sft_probes import _row_contract
 
     def row(**over):
         batch = {"input_ids": torch.tensor([[5, 6, 7, 8, 9]]), "position_ids": torch.tensor([[0, 1, 2, 0, 1]]),

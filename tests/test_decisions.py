@@ -215,7 +215,7 @@ def test_trainer_verdict_on_num_items_in_batch(monkeypatch):
 
 
 def test_sft_steps_verdict_reads_loss_and_grad_norm():
-    from pytest_packcheck.checks.sft import STEPS, _compare_steps
+    from pytest_packcheck.checks.sft_probes import STEPS, _compare_steps
 
     bench = _ProbedBench(0.0, [], "reached")
     ref = ([2.0, 1.9, 1.8][:STEPS], [1.0, 0.9, 0.8][:STEPS])
@@ -256,7 +256,7 @@ def test_sft_loss_cause_from_what_the_mode_measured():
     """A loss probe off the reference: no boundaries in the row -> mask_override (whatever the logits say); packed
     logits equal to each example alone -> loss_normalisation (at the tolerance still equal); a moving isolation
     probe -> leak with its numbers; logits within NUMERICS_FACTOR x the tolerance -> kernel_numerics."""
-    from pytest_packcheck.checks.sft import _loss_cause
+    from pytest_packcheck.checks.sft_probes import _loss_cause
 
     tol = _SftBench(0.0).tol
     assert _loss_cause(_SftBench(0.3, moved=0.3), {"row_contract": {"all_ones_attention_mask": True}})[0] == "mask_override"

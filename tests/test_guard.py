@@ -31,7 +31,7 @@ def _sft_trainer(bench, out_dir, callbacks=None, **overrides):
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
-    from pytest_packcheck.checks.sft import SENTENCES, offline_tokenizer
+    from pytest_packcheck.checks.sft_setup import SENTENCES, offline_tokenizer
     from pytest_packcheck.checks.training import TRAIN_RECIPE
 
     args = SFTConfig(output_dir=str(out_dir), packing=True, max_length=512, per_device_train_batch_size=1, max_steps=1,
@@ -235,7 +235,7 @@ def _trl_default(model, out_dir, trainer_class=None, callbacks=None):
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
-    from pytest_packcheck.checks.sft import SENTENCES, offline_tokenizer
+    from pytest_packcheck.checks.sft_setup import SENTENCES, offline_tokenizer
 
     args = SFTConfig(output_dir=str(out_dir), packing=True, max_steps=3, use_cpu=True, report_to=[], save_strategy="no")
     assert args.bf16 is True  # the default this test is about
@@ -638,7 +638,7 @@ def test_zero_difference_never_fails_at_zero_tolerance(llama_sdpa):
 def test_warn_on_a_trainer_that_does_not_pack_goes_on(tolerances, tmp_path):
     from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
 
-    from pytest_packcheck.checks.sft import offline_tokenizer
+    from pytest_packcheck.checks.sft_setup import offline_tokenizer
     from pytest_packcheck.checks.training import TRAIN_RECIPE
 
     bench = make_bench("llama", "sdpa", tolerances)

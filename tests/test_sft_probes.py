@@ -135,7 +135,7 @@ def test_first_batch_loss_is_the_trainers_own(llama_sdpa, monkeypatch):
 
     def keeps_cache(self, *args, **kwargs):
         trainer = real(self, *args, **kwargs)
-        self.bench.model.config.use_cache = True
+        self.wb.model.config.use_cache = True
         return trainer
 
     monkeypatch.setattr(S._Sft, "trainer", keeps_cache)
