@@ -43,7 +43,7 @@ FLASH_FAMILY = ("flash_attention_2", "flash_attention_3", "kernels-community/fla
 def atlas_checks() -> tuple[str, ...]:
     """The checks the atlas runs, from the registry: every default (non-training) check whose role decides a
     cell (``correctness``) or is a stack hazard (``hazard``); the collator findings are left out."""
-    from .registry import DEFAULT_CHECKS, SPECS
+    from .checks.registry import DEFAULT_CHECKS, SPECS
 
     return tuple(c for c in DEFAULT_CHECKS if SPECS[c].role in ("correctness", "hazard"))
 

@@ -67,7 +67,7 @@ def help_epilog() -> str:
     their roles, cause codes), the shipped audits and :data:`EXIT_CODES`: never retyped."""
     import textwrap
 
-    from .registry import CAUSES, DEFAULT_CHECKS, REGISTRY, TRAINING_CHECKS
+    from .checks.registry import CAUSES, DEFAULT_CHECKS, REGISTRY, TRAINING_CHECKS
 
     def wrap(text: str, indent: str = "  ") -> str:
         return textwrap.fill(text, width=100, initial_indent=indent, subsequent_indent=indent + "  ")
@@ -84,7 +84,7 @@ def help_epilog() -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .registry import CAUSES
+    from .checks.registry import CAUSES
 
     parser = argparse.ArgumentParser(prog="packcheck", description="Checks that padding-free packing trains the same model.",
                                      epilog=help_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -211,6 +211,9 @@ def _parser() -> argparse.ArgumentParser:
     claims.add_argument("wheels", nargs="+", metavar="WHEEL", help="Peer wheels (pip download --no-deps axolotl ms-swift llamafactory).")
     claims.add_argument("--support-file", default=None, help="support.json to judge against (default: the committed atlas).")
     claims.add_argument("-o", "--output", default="reports/atlas/claims.md", help="Markdown to write (default reports/atlas/claims.md).")
+    from .checks import listing
+
+    listing.add_arguments(sub.add_parser("checks", help=listing.HELP, description=listing.HELP))
     merge = sub.add_parser("merge", help="Join results JSON files (shards of one audit) and render the matrix.")
     merge.add_argument("files", nargs="+", help="Results JSON files.")
     merge.add_argument("-o", "--output-dir", default="reports", help="Where packcheck-matrix.md / .json go (default reports).")
@@ -221,12 +224,9 @@ def gate_checks() -> tuple[str, ...]:
     """The checks ``audit --gate`` runs when none are named: the default checks plus the Trainer's (packed and its
     own padded run) and, where TRL is installed here, the SFTTrainer's (packed and padded). Issue 27: a gate without
     a training check said "No cell changed" while the Trainer went from fail (4.57.x keeps use_cache) to pass."""
-    from importlib.util import find_spec
+    from .checks.registry import gate_checks as planned
 
-    from .registry import DEFAULT_CHECKS
-
-    training = ("trainer", "trainer_padded") + (("sft", "sft_padded") if find_spec("trl") else ())
-    return (*DEFAULT_CHECKS, *training)
+    return planned()
 
 
 def _pytest_args(ns: argparse.Namespace) -> list[str]:
@@ -265,10 +265,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from .errors import PackcheckUsageError
 
-    if ns.command in ("gate", "merge", "bench", "bisect", "atlas", "lookup", "claims"):
+    if ns.command in ("gate", "merge", "bench", "bisect", "atlas", "lookup", "claims", "checks"):
+        from .checks.listing import run as _checks
+
         try:
             return {"gate": _gate, "merge": _merge, "bench": _bench, "bisect": _bisect, "atlas": _atlas,
-                    "lookup": _lookup, "claims": _claims}[ns.command](ns)
+                    "lookup": _lookup, "claims": _claims, "checks": _checks}[ns.command](ns)
         except PackcheckUsageError as exc:
             print(f"packcheck {ns.command}: error: {exc}", file=sys.stderr)
             return 2
@@ -671,8 +673,8 @@ def _print_changes_rich(changes: list, baseline_env: dict, candidate_env: dict) 
 
 def _merge(ns: argparse.Namespace) -> int:
 
+    from .analysis.diagnose import diagnose_document
     from .analysis.gate import merge
-    from .diagnose import diagnose_document
     from .errors import PackcheckUsageError
     from .report import write_reports
     from .results import load_document, write_failure

@@ -470,19 +470,12 @@ def _log_probs(model: Any, inputs: dict[str, Any], targets: Any, fused: bool) ->
     return lp, getattr(out, "loss", None)
 
 
-def _true_positions(row: _Row, s: slice, like: Any) -> Any:
-    """Position ids of example ``s`` alone: ``first .. first + n - 1`` in ``like``'s layout ((1, n) or (R, 1, n))."""
-    import torch
-
-    n = s.stop - s.start
-    ids = torch.arange(row.first, row.first + n, device=like.device, dtype=like.dtype)[None]
-    return ids.expand(like.shape[0], 1, n).contiguous() if like.ndim == 3 else ids
-
-
 def _solo(model: Any, row: _Row, targets: Any, fused: bool, counter: list[int]) -> tuple[list[Any], list[int]]:
     """Log-probs of each labelled example run alone: its slice of every per-token key, true positions (never the
     row's own position_ids), use_cache=False, no mask."""
     import torch
+
+    from .checks.reference import position_ids_alone
 
     out, which = [], []
     pos = row.batch.get("position_ids")
@@ -493,7 +486,7 @@ def _solo(model: Any, row: _Row, targets: Any, fused: bool, counter: list[int]) 
         inputs = {k: v[:, s] for k, v in row.batch.items()
                   if k not in _ROW_KEYS and k != "position_ids" and isinstance(v, torch.Tensor) and tuple(v.shape) == (1, row.total)}
         if isinstance(pos, torch.Tensor):
-            inputs["position_ids"] = _true_positions(row, s, pos)
+            inputs["position_ids"] = position_ids_alone(row.first, s.stop - s.start, like=pos)
         inputs["use_cache"] = False
         lp, _ = _log_probs(model, inputs, seg_targets, fused)
         counter[0] += 1
@@ -852,7 +845,7 @@ def _measure(model: Any, row: _Row, run: dict[str, Any], cache: bool, fused: boo
              tols: dict[str, dict[str, float]], padded_probe: bool = False) -> GuardResult:
     """The probes, in eval mode under no_grad (see :func:`verify_packed_batch`)."""
     from .backends import count_attention_calls, is_call_on
-    from .checks import expected_attention_calls
+    from .checks.attention import expected_attention_calls
 
     lengths = [s.stop - s.start for s in row.slices]
     probe_dtype = _ComputeProbe(model, row.batch["input_ids"].device.type)
@@ -969,7 +962,7 @@ def _refusal_cause(model: Any, exc: BaseException) -> str | None:
     examples apart here (``stateful_layers_refused``: transformers 5.x raises "can't keep packed sequences apart"
     without flash-linear-attention / causal_conv1d); None for any other exception (a crash)."""
     from .backends import FlashBoundariesError
-    from .checks import stateful_layers
+    from .checks.probes import stateful_layers
     from .run.runner import _STATEFUL_REFUSALS
 
     if isinstance(exc, FlashBoundariesError):
@@ -1093,8 +1086,8 @@ def _diagnose(model: Any, row: _Row, targets: Any, inputs: dict[str, Any], fused
     ``wrong_positions``."""
     import torch
 
-    from .checks import stateful_layers
-    from .diagnose import NUMERICS_FACTOR
+    from .checks.probes import stateful_layers
+    from .checks.registry import NUMERICS_FACTOR
 
     atol, worst = tol["logits_atol"], cmp["max"] or 0.0
     if others:
@@ -1229,8 +1222,8 @@ def _padded_diff(model: Any, row: _Row, targets: Any, inputs: dict[str, Any], fu
 def _finish(result: GuardResult, model: Any) -> GuardResult:
     """Fill in the remedy from diagnose.remedy, for the backend that ran and the installed versions."""
     if result.cause and not result.remedy:
+        from .analysis.diagnose import remedy
         from .backends import MASKED_BACKENDS
-        from .diagnose import remedy
 
         cell = {"backend": result.run.get("attn_implementation"), "check": "guard",
                 "metrics": {"batch_has_position_ids": bool(result.probes.get("batch_has_position_ids", True))}}

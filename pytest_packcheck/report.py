@@ -15,8 +15,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from .checks.registry import CAUSES, REGISTRY, ROLES, SPECS
 from .markdown import escape_md, plain
-from .registry import CAUSES, REGISTRY, ROLES, SPECS
 from .results import STATUSES, SYMBOLS
 
 LEGEND = {
@@ -61,29 +61,8 @@ def _fmt_metric(value: Any) -> str:
 
 
 def _key_number(cell: dict[str, Any]) -> str:
-    m = cell.get("metrics", {})
-    if cell["check"] == "backend" and "calls" in m:
-        on = sum(m["calls"].values())
-        text = f"{on}/{m.get('expected_calls', '?')} calls"
-        if "dense_kernel_calls" in m and (m.get("varlen_kernel_calls") or m["dense_kernel_calls"]):
-            # a flash-family backend: which kernel ran (results written before dense calls were counted: neither)
-            text += f", varlen {m.get('varlen_kernel_calls', 0)} / dense {m['dense_kernel_calls']}"
-        return text
-    if cell["check"] == "sft_strategies" and isinstance(m.get("strategies"), dict):
-        deltas = [(v.get("steps") or {}).get("max_loss_delta") for k, v in m["strategies"].items() if k != "wrapped" and v.get("available")]
-        deltas = [d for d in deltas if isinstance(d, float)]
-        return f"loss Δ {_fmt_metric(max(deltas))}" if deltas else ""
-    if isinstance(m.get("items"), dict):  # a contract check: items held / checked
-        held = sum(1 for v in m["items"].values() if v.get("status") == "pass")
-        return f"{held}/{len(m['items'])} items"
-    if cell["check"] == "packing_content" and isinstance(m.get("strategies"), dict):
-        ran = {k: v for k, v in m["strategies"].items() if v.get("available")}
-        tails = sum(v["tail_starts"] for k, v in ran.items() if k in ("bfd", "ffd"))
-        return f"{tails} bfd tails, {sum(v['duplicated'] for v in ran.values())} dup" if ran else ""
-    key = KEY_METRIC.get(cell["check"])
-    if key and key[0] in m:
-        return f"{key[1]} {_fmt_metric(m[key[0]])}"
-    return ""
+    spec = SPECS.get(cell["check"])
+    return spec.key_number(cell.get("metrics", {})) if spec else ""
 
 
 def _role(cell: dict[str, Any]) -> str:
@@ -272,7 +251,7 @@ def _hazards_section(cells: list[dict[str, Any]], backends: list[str], labels: d
     the remedy once per hazard."""
     from tabulate import tabulate
 
-    from .diagnose import remedy
+    from .analysis.diagnose import remedy
 
     rows = _hazard_rows(cells)
     if not rows:
@@ -899,8 +878,8 @@ def _environments_section(cells: list[dict[str, Any]], envs: list[str | None]) -
 
 def _what_to_do(doc: dict[str, Any]) -> list[str]:
     """The remedies, one line per cause and remedy, with the cells they apply to and the known faults."""
+    from .analysis.diagnose import CAUSES, load_known_faults
     from .backends import backend_labels
-    from .diagnose import CAUSES, load_known_faults
 
     labels = backend_labels(doc.get("environment", {}))
 

@@ -30,18 +30,18 @@ def main() -> None:
     import torch
 
     from pytest_packcheck.backends import REFERENCE_BACKEND, register_reference_backend
-    from pytest_packcheck.checks import Workbench
+    from pytest_packcheck.checks.registry import SPECS, TRAINING_CHECKS
+    from pytest_packcheck.checks.workbench import Workbench
     from pytest_packcheck.model.build import build_model
     from pytest_packcheck.model.resolve import resolve_model
     from pytest_packcheck.model.specs import parse_model_spec
-    from pytest_packcheck.registry import SPECS, TRAINING_CHECKS
 
     if args.backend == REFERENCE_BACKEND:
         register_reference_backend()
     tol = tomllib.loads((REPO / "audit" / "tolerances.toml").read_text())["float32"]
     resolved = resolve_model(parse_model_spec(f"arch:{args.model_type}", "bench"), "bench")
     model = build_model(resolved, args.backend, "float32")
-    bench = Workbench(model=model, config=model.config, backend=args.backend, dtype="float32", tol=tol)
+    wb = Workbench(model=model, config=model.config, backend=args.backend, dtype="float32", tol=tol)
     import datasets
 
     datasets.disable_progress_bars()
@@ -51,7 +51,7 @@ def main() -> None:
     for i in range(args.repeat + 1):
         for check in checks:
             t0 = time.perf_counter()
-            result = SPECS[check].load()(bench)
+            result = SPECS[check].load()(wb)
             if i:  # the first round is the warm-up
                 times[check].append(time.perf_counter() - t0)
             statuses[check] = result.status

@@ -27,7 +27,7 @@ MUTANTS = [
  ("cu_k unchecked", 'if cu_k is not None and cu_k != cu_q:', 'if False:', "contract_item"),
  ("max_length unchecked", 'if value is not None and number is not None and number < longest:', 'if False:', "contract_item"),
  ("lengths unchecked", "        if tuple(value.shape[-2:]) != (1, total):", "        if False:", "contract_item"),
- ("reference from row ids", 'inputs["position_ids"] = _true_positions(row, s, pos)', 'inputs["position_ids"] = pos[..., s]', "true_positions"),
+ ("reference from row ids", 'inputs["position_ids"] = position_ids_alone(row.first, s.stop - s.start, like=pos)', 'inputs["position_ids"] = pos[..., s]', "true_positions"),
  ("contract ignored", '    if row.items:\n        result.cause = contract_cause', '    if False:\n        result.cause = contract_cause', "contract_item"),
  ("swap uncounted", 'if others:\n            result.verdict, result.cause = "fallback", "backend_swap"', 'if False:\n            result.verdict, result.cause = "fallback", "backend_swap"', "backend_swap"),
  ("no mask rerun", 'if probes["without_attention_mask"] <= atol:', 'if False:', "mask_override"),

@@ -129,7 +129,7 @@ def tolerances() -> dict:
 
 def make_bench(model_type: str, backend: str, tolerances: dict, **kwargs):
     from pytest_packcheck.backends import ensure_registered
-    from pytest_packcheck.checks import Workbench
+    from pytest_packcheck.checks.workbench import Workbench
     from pytest_packcheck.model.build import build_model
     from pytest_packcheck.model.resolve import resolve_model
     from pytest_packcheck.model.specs import parse_model_spec
@@ -163,8 +163,8 @@ def planted_cell(model: str, backend: str | None, check: str, status: str, cause
 
 def planted_doc(cells: list[dict]) -> dict:
     """A diagnosed results document around planted cells (backends and checks in registry order)."""
-    from pytest_packcheck.diagnose import diagnose_document
-    from pytest_packcheck.registry import REGISTRY
+    from pytest_packcheck.analysis.diagnose import diagnose_document
+    from pytest_packcheck.checks.registry import REGISTRY
 
     backends = sorted({c["backend"] for c in cells if c["backend"]})
     checks = [s.name for s in REGISTRY if any(c["check"] == s.name for c in cells)]

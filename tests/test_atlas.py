@@ -88,7 +88,7 @@ def test_release_list_is_exact_releases_with_one_line_errors():
 
 
 def test_atlas_checks_are_the_deciding_checks_and_hazards_from_the_registry():
-    from pytest_packcheck.registry import SPECS
+    from pytest_packcheck.checks.registry import SPECS
 
     checks = A.atlas_checks()
     assert {"isolation", "logits_parity", "cache_trap", "mask_trap"} <= set(checks)
@@ -299,7 +299,7 @@ def test_every_known_fault_window_agrees_with_the_committed_atlas():
     """Each window of audit/known_faults.toml against what the atlas measured: inside the window a matching cell
     shows the cause, outside none of the fault's architectures does. A disagreement fails: correct the entry with
     the atlas as its evidence."""
-    from pytest_packcheck.diagnose import load_known_faults
+    from pytest_packcheck.analysis.diagnose import load_known_faults
 
     results = A.known_fault_agreement(load_support(), load_known_faults())
     bad = [r for r in results if r["status"] == "disagrees"]
@@ -309,7 +309,7 @@ def test_every_known_fault_window_agrees_with_the_committed_atlas():
 
 
 def test_a_wrong_known_fault_window_disagrees_with_the_atlas(support_file):
-    from pytest_packcheck.diagnose import KnownFault
+    from pytest_packcheck.analysis.diagnose import KnownFault
 
     def fault(versions, archs=("*",)):
         return KnownFault("planted", "", "", "transformers", versions, archs, ("sdpa",), ("isolation",), "leak", "", "", "")

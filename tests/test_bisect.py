@@ -373,8 +373,8 @@ def _fault_window_problems(fault, root: Path) -> list[str]:
 
 
 def test_known_fault_windows_agree_with_their_recorded_bisect_results():
+    from pytest_packcheck.analysis.diagnose import load_known_faults
     from pytest_packcheck.config.audits import PACKAGE_AUDIT_DIR
-    from pytest_packcheck.diagnose import load_known_faults
 
     faults = load_known_faults()
     problems = [p for f in faults for p in _fault_window_problems(f, PACKAGE_AUDIT_DIR.parent)]
@@ -384,7 +384,7 @@ def test_known_fault_windows_agree_with_their_recorded_bisect_results():
 
 def test_a_window_that_disagrees_with_its_bisect_result_is_caught(tmp_path):
     """Planted: the old trainer-num-items-before-shift window (<5.14) against a result that found 5.10.1."""
-    from pytest_packcheck.diagnose import KnownFault
+    from pytest_packcheck.analysis.diagnose import KnownFault
 
     result = {"outcome": "found", "library": "transformers", "first_fixed": "5.10.1", "first_bad": None, "last": "5.9.0",
               "measured": "2026-11-20"}
@@ -459,7 +459,7 @@ def test_remedies_are_verified_by_running_the_upgrade_or_reading_the_setting(tmp
 
 
 def test_remedy_claims_parse_upgrades_from_diagnosis_findings_and_known_faults():
-    from pytest_packcheck.diagnose import load_known_faults
+    from pytest_packcheck.analysis.diagnose import load_known_faults
 
     cell = _failing("trainer", "cache_trap", "set use_cache=False", {})
     cell["diagnosis"]["findings"] = [{"cause": "padded_normalisation", "evidence": "", "remedy": "compare ... baseline"}]

@@ -23,10 +23,12 @@ from faults import (
 from test_diagnose import _ProbedBench
 
 from pytest_packcheck import checks as C
+from pytest_packcheck.checks import attention, collate, parity, probes, traps
 from pytest_packcheck.model.batches import default_collator_factory
+from pytest_packcheck.results import CheckResult
 
 
-class _Said(C.CheckResult):
+class _Said(CheckResult):
     """A CheckResult that must say why: every verdict here carries a one-line message."""
 
     def __post_init__(self) -> None:
@@ -36,7 +38,8 @@ class _Said(C.CheckResult):
 
 @pytest.fixture(autouse=True)
 def _results_say_why(monkeypatch):
-    monkeypatch.setattr(C, "CheckResult", _Said)
+    for module in (collate, parity, probes, attention, traps):  # every module that builds a model check's result
+        monkeypatch.setattr(module, "CheckResult", _Said, raising=False)
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +59,7 @@ def bench(_llama, tolerances):
 # isolation: the leak threshold and the negative control
 
 
-def _isolation(moved: float, control: float, **kw) -> C.CheckResult:
+def _isolation(moved: float, control: float, **kw) -> CheckResult:
     probed = _ProbedBench(moved, [], "reached", **kw)
     probed._cache[next(iter(probed._cache))]["negative_control_change"] = control
     return C.check_isolation(probed)
@@ -94,11 +97,11 @@ def test_isolation_on_the_correct_stack_and_on_planted_leaks(bench):
 
 
 def test_leak_probe_measures_boundaries_and_its_control(bench):
-    probe = C.leak_probe(bench)
+    probe = probes.leak_probe(bench)
     assert probe["max_change"] == 0.0 and probe["attention_boundaries"] == "reached" and probe["stateful_layers"] == []
     assert probe["negative_control_change"] > 1e-2
     bench.model = ForceCache(bench.model)
-    assert C.leak_probe(bench)["attention_boundaries"] == "missing"
+    assert probes.leak_probe(bench)["attention_boundaries"] == "missing"
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -263,7 +266,7 @@ def test_backend_call_count_against_the_modules_that_ran(bench, monkeypatch):
     count one short of the module runs: call_count, not a leak."""
     import contextlib
 
-    real = C.count_attention_module_runs
+    real = attention.count_attention_module_runs
 
     @contextlib.contextmanager
     def one_silent_run(model, calls):
@@ -271,7 +274,7 @@ def test_backend_call_count_against_the_modules_that_ran(bench, monkeypatch):
             yield runs
         runs.append(0)
 
-    monkeypatch.setattr(C, "count_attention_module_runs", one_silent_run)
+    monkeypatch.setattr(attention, "count_attention_module_runs", one_silent_run)
     fewer = C.check_backend(bench)
     assert fewer.status == "fail" and fewer.cause == "call_count"
     assert fewer.evidence == {"attention_calls": 2, "attention_module_runs": 3, "attention_modules_found": 2}
@@ -324,7 +327,7 @@ def _collator(change):
     return factory
 
 
-def _items(bench, change=None) -> tuple[C.CheckResult, dict[str, str]]:
+def _items(bench, change=None) -> tuple[CheckResult, dict[str, str]]:
     if change is not None:
         bench.collator_factory = _collator(change)
     result = C.check_collate(bench)
@@ -458,12 +461,12 @@ def test_collate_empty_example_and_integer_labels_items(bench):
 
 def test_items_result_takes_the_first_failed_items_cause():
     items: dict = {}
-    C._item(items, "a", True, "fine")
-    assert C._items_result(dict(items), {}, "x").status == "pass"
-    C._item(items, "b", False, "off", "wrong_positions")
-    C._item(items, "c", False, "off too", "wrong_positions")
-    C._item(items, "d", False, "other", "labels_contract")
-    result = C._items_result(items, {}, "x")
+    collate._item(items, "a", True, "fine")
+    assert collate._items_result(dict(items), {}, "x").status == "pass"
+    collate._item(items, "b", False, "off", "wrong_positions")
+    collate._item(items, "c", False, "off too", "wrong_positions")
+    collate._item(items, "d", False, "other", "labels_contract")
+    result = collate._items_result(items, {}, "x")
     assert result.status == "fail" and result.cause == "wrong_positions" and result.evidence == {"item": "b", "detail": "off"}
     assert result.findings == [{"cause": "labels_contract", "evidence": "d: other"}]
     assert items["a"] == {"status": "pass", "evidence": "fine"} and items["b"]["cause"] == "wrong_positions"

@@ -6,10 +6,11 @@ import pytest
 from faults import DropPositionIds, SilentSwap, collator_label_leak, collator_no_reset, leaky_sdpa
 
 from pytest_packcheck import checks as C
-from pytest_packcheck import sft as S
-from pytest_packcheck import training as T
 from pytest_packcheck.backends import REFERENCE_BACKEND
-from pytest_packcheck.registry import SPECS
+from pytest_packcheck.checks import packing as P
+from pytest_packcheck.checks import sft as S
+from pytest_packcheck.checks import training as T
+from pytest_packcheck.checks.registry import SPECS
 
 CORRECT = ["collate_core", "position_ids", "isolation", "logits_parity", "loss_parity", "grad_parity", "backend"]
 
@@ -440,7 +441,7 @@ def test_packing_content_accounts_for_every_token():
     """TRL's pack_dataset per strategy: bfd drops at most the overflow and starts every segment at an example's
     first token; bfd_split and wrapped lose nothing. Planted: a packer that drops one token per row."""
     pytest.importorskip("trl")
-    from pytest_packcheck.sft import CONTENT_PROBES, packing_content
+    from pytest_packcheck.checks.packing import CONTENT_PROBES, packing_content
 
     content = packing_content()
     overflow = sum(max(0, n - seq) for lengths, seq in CONTENT_PROBES.values() for n in lengths)
@@ -466,7 +467,7 @@ def test_packing_content_catches_truncated_tails_packed_as_examples(llama_sdpa):
     pytest.importorskip("trl")
     from trl.data_utils import pack_dataset
 
-    from pytest_packcheck.sft import packing_content
+    from pytest_packcheck.checks.packing import packing_content
 
     def tails_kept(dataset, seq_length, strategy="bfd"):
         return pack_dataset(dataset, seq_length, strategy="bfd_split" if strategy == "bfd" else strategy)
@@ -475,7 +476,7 @@ def test_packing_content_catches_truncated_tails_packed_as_examples(llama_sdpa):
     tails = content["bfd"]["probes"]["tails"]
     assert tails["rows"] == 3 and tails["tail_starts"] == 2 and tails["lost"] == 0
     assert any("tails probe [13, 11] into 10: 2 segments start inside an example" in p for p in content["bfd"]["problems"])
-    result = S.check_packing_content(llama_sdpa)
+    result = P.check_packing_content(llama_sdpa)
     assert result.status == "pass" and "bfd: 36 lost (36 overflow)" in result.message, result.message
 
 
@@ -516,7 +517,8 @@ def test_completion_only_probe_sees_prompt_tokens_in_the_loss(llama_sdpa):
     pytest.importorskip("trl")
     import tempfile
 
-    from pytest_packcheck.sft import _completion_only, offline_tokenizer, trl_features
+    from pytest_packcheck.checks.sft_probes import _completion_only
+    from pytest_packcheck.checks.sft_setup import offline_tokenizer, trl_features
 
     feats = trl_features()
     base = {"output_dir": tempfile.mkdtemp(), "packing": True, "max_length": 512, "per_device_train_batch_size": 1,
@@ -562,7 +564,7 @@ def test_sft_row_contract_checks_cu_seq_lens_and_seq_idx(llama_sdpa):
     label are each named (planted)."""
     import torch
 
-    from pytest_packcheck.sft import _row_contract
+    from pytest_packcheck.checks.sft_probes import _row_contract
 
     def row(**over):
         batch = {"input_ids": torch.tensor([[5, 6, 7, 8, 9]]), "position_ids": torch.tensor([[0, 1, 2, 0, 1]]),

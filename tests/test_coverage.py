@@ -204,8 +204,8 @@ def test_labels_of_a_failed_cell():
     assert runner._failed("check", sinks).status == "unsupported"
     assistant = ValueError("inputs_embeds and shared_kv_states cannot be None.")
     assert runner._failed("check", assistant).status == "unsupported"
-    from pytest_packcheck.diagnose import remedy
-    from pytest_packcheck.registry import CAUSES
+    from pytest_packcheck.analysis.diagnose import remedy
+    from pytest_packcheck.checks.registry import CAUSES
 
     cell = {"backend": "sdpa", "check": "isolation", "metrics": {}}
     for cause in ("shrunk_crash", "shrink_limit", "library_config"):
@@ -269,8 +269,8 @@ def test_flash_boundaries_past_the_row_are_a_fail_of_the_flash_path():
     it); the cell is a fail with cause flash_boundaries and the boundaries, not a crash of packcheck's shrink."""
     import torch
 
+    from pytest_packcheck.analysis.diagnose import remedy
     from pytest_packcheck.backends import FlashBoundariesError, varlen_reference_kernel
-    from pytest_packcheck.diagnose import remedy
     from pytest_packcheck.run.runner import CellRunner
 
     q = torch.randn(31, 2, 16)

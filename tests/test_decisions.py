@@ -10,7 +10,7 @@ import copy
 import pytest
 from test_diagnose import _ProbedBench
 
-from pytest_packcheck import training as T
+from pytest_packcheck.checks import training as T
 from pytest_packcheck.results.schema import CheckResult
 
 
@@ -215,7 +215,7 @@ def test_trainer_verdict_on_num_items_in_batch(monkeypatch):
 
 
 def test_sft_steps_verdict_reads_loss_and_grad_norm():
-    from pytest_packcheck.sft import STEPS, _compare_steps
+    from pytest_packcheck.checks.sft_probes import STEPS, _compare_steps
 
     bench = _ProbedBench(0.0, [], "reached")
     ref = ([2.0, 1.9, 1.8][:STEPS], [1.0, 0.9, 0.8][:STEPS])
@@ -256,7 +256,7 @@ def test_sft_loss_cause_from_what_the_mode_measured():
     """A loss probe off the reference: no boundaries in the row -> mask_override (whatever the logits say); packed
     logits equal to each example alone -> loss_normalisation (at the tolerance still equal); a moving isolation
     probe -> leak with its numbers; logits within NUMERICS_FACTOR x the tolerance -> kernel_numerics."""
-    from pytest_packcheck.sft import _loss_cause
+    from pytest_packcheck.checks.sft_probes import _loss_cause
 
     tol = _SftBench(0.0).tol
     assert _loss_cause(_SftBench(0.3, moved=0.3), {"row_contract": {"all_ones_attention_mask": True}})[0] == "mask_override"
@@ -422,7 +422,7 @@ def test_headline_takes_the_worst_correctness_check():
     ("unsupported", {}, "stateful_layers_refused", "stateful_layers_refused"),
 ])
 def test_classify_each_status(status, metrics, cause, expected):
-    from pytest_packcheck.diagnose import classify
+    from pytest_packcheck.analysis.diagnose import classify
 
     cell = {"status": status, "metrics": metrics, "cause": cause, "evidence": {"moved": 0.25, "n": 3}}
     got, evidence = classify(cell)
@@ -436,7 +436,7 @@ def test_classify_each_status(status, metrics, cause, expected):
 
 
 def test_diagnosis_keeps_findings_apart_from_the_cause():
-    from pytest_packcheck.diagnose import KnownFault, diagnose_document
+    from pytest_packcheck.analysis.diagnose import KnownFault, diagnose_document
 
     fault = KnownFault(id="rows", upstream="", summary="s", library="transformers", versions=">=5", architectures=("*",),
                        backends=("*",), checks=("logits_parity",), cause="batch_rows", fixed_in="", remedy="r", evidence="e")
@@ -447,7 +447,7 @@ def test_diagnosis_keeps_findings_apart_from_the_cause():
                            backends=("*",), checks=("logits_parity",), cause="leak", fixed_in="", remedy="r", evidence="e")
     doc = diagnose_document({"environment": {"transformers": "5.24.0"}, "cells": [copy.deepcopy(cell)]}, [fault, elsewhere])
     d = doc["cells"][0]["diagnosis"]
-    from pytest_packcheck.diagnose import remedy
+    from pytest_packcheck.analysis.diagnose import remedy
 
     assert d == {"cause": None, "evidence": "", "remedy": "", "causes": [], "known_faults": ["rows"],
                  "findings": [{"cause": "batch_rows", "evidence": "two rows", "remedy": remedy("batch_rows", cell, {})}]}

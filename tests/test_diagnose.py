@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_packcheck.diagnose import CAUSES, classify, diagnose_document, load_known_faults
+from pytest_packcheck.analysis.diagnose import CAUSES, classify, diagnose_document, load_known_faults
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -63,7 +63,7 @@ def test_positions_without_position_ids_on_the_varlen_path(tolerances):
     from conftest import make_bench
 
     from pytest_packcheck import checks as C
-    from pytest_packcheck.diagnose import remedy
+    from pytest_packcheck.analysis.diagnose import remedy
     from pytest_packcheck.model.batches import default_collator_factory
 
     def no_positions(**kwargs):
@@ -146,7 +146,7 @@ class _ProbedBench:
 def test_mismatch_cause_rules(bench, diff, expected):
     """Each boundary of :func:`checks.mismatch_cause` (leak vs numerics on isolation_atol, numerics vs positions on
     logits_atol, stateful only with attention boundaries kept, the window) from planted probe numbers."""
-    from pytest_packcheck.checks import mismatch_cause
+    from pytest_packcheck.checks.probes import mismatch_cause
 
     cause, evidence = mismatch_cause(bench, diff, bench.tol["logits_atol"])
     assert cause == expected and cause in CAUSES and evidence
@@ -160,7 +160,7 @@ def test_mismatch_cause_rules(bench, diff, expected):
 
 
 def test_stateful_evidence_names_at_most_three_layers():
-    from pytest_packcheck.checks import mismatch_cause
+    from pytest_packcheck.checks.probes import mismatch_cause
 
     bench = _ProbedBench(0.2, ["A", "B", "C", "D"], "reached")
     assert mismatch_cause(bench, 0.3, 1e-4)[1]["stateful_layers"] == ["A", "B", "C"]
@@ -207,7 +207,7 @@ def test_diagnosis_never_changes_a_verdict(tolerances):
 
 
 def test_known_fault_that_did_not_show_is_reported():
-    from pytest_packcheck.diagnose import KnownFault
+    from pytest_packcheck.analysis.diagnose import KnownFault
 
     fault = KnownFault(id="x", upstream="", summary="s", library="transformers", versions="<4.54", architectures=("*",),
                        backends=("sdpa",), checks=("isolation",), cause="leak", fixed_in="4.54", remedy="r", evidence="e")

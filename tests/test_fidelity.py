@@ -9,7 +9,7 @@ import textwrap
 
 import torch
 
-from pytest_packcheck import fidelity as F
+from pytest_packcheck.analysis import fidelity as F
 from pytest_packcheck.backends import REFERENCE_BACKEND
 from pytest_packcheck.results.schema import CheckResult
 

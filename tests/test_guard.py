@@ -31,8 +31,8 @@ def _sft_trainer(bench, out_dir, callbacks=None, **overrides):
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
-    from pytest_packcheck.sft import SENTENCES, offline_tokenizer
-    from pytest_packcheck.training import TRAIN_RECIPE
+    from pytest_packcheck.checks.sft_setup import SENTENCES, offline_tokenizer
+    from pytest_packcheck.checks.training import TRAIN_RECIPE
 
     args = SFTConfig(output_dir=str(out_dir), packing=True, max_length=512, per_device_train_batch_size=1, max_steps=1,
                      report_to=[], save_strategy="no", use_cpu=True, bf16=False, fp16=False, disable_tqdm=True,
@@ -45,7 +45,7 @@ def _trainer(bench, out_dir, collator, callback=None):
     """transformers' Trainer on the bench's three examples in one packed row, one SGD step."""
     from transformers import Trainer, TrainingArguments
 
-    from pytest_packcheck.training import TRAIN_RECIPE
+    from pytest_packcheck.checks.training import TRAIN_RECIPE
 
     args = TrainingArguments(output_dir=str(out_dir), per_device_train_batch_size=3, max_steps=1, save_strategy="no",
                              report_to=[], use_cpu=True, disable_tqdm=True, remove_unused_columns=False, **TRAIN_RECIPE)
@@ -62,7 +62,7 @@ def _params(model):
 
 def test_sft_packing_passes_and_first_step_is_bit_identical(tolerances, tmp_path):
     pytest.importorskip("trl")
-    from pytest_packcheck.training import train_and_restore
+    from pytest_packcheck.checks.training import train_and_restore
 
     bench = make_bench("llama", "sdpa", tolerances)
     callback = PackcheckCallback()
@@ -161,7 +161,7 @@ def test_bf16_cuda_uses_the_bf16_tolerance(tolerances):
         pytest.skip(f"no flash backend runs here: {backend_availability(backend, 'cuda').reason}")
     register_reference_backend()
     model = build_model(resolve_model(parse_model_spec("arch:llama", "test"), "test"), backend, "bfloat16", device="cuda")
-    from pytest_packcheck.checks import Workbench
+    from pytest_packcheck.checks.workbench import Workbench
 
     bench = Workbench(model=model, config=model.config, backend=backend, dtype="bfloat16", tol=tolerances["bfloat16"],
                       device="cuda")
@@ -196,7 +196,7 @@ def test_bad_policy_and_broken_contract(llama_sdpa):
 @functools.cache
 def _llama_row():
     """A tiny llama (sdpa, use_cache=False as a Trainer sets it) and one packed row of three examples."""
-    from pytest_packcheck.checks import Workbench
+    from pytest_packcheck.checks.workbench import Workbench
     from pytest_packcheck.model.build import build_model
     from pytest_packcheck.model.resolve import resolve_model
     from pytest_packcheck.model.specs import parse_model_spec
@@ -238,7 +238,7 @@ def _trl_default(model, out_dir, trainer_class=None, callbacks=None):
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
-    from pytest_packcheck.sft import SENTENCES, offline_tokenizer
+    from pytest_packcheck.checks.sft_setup import SENTENCES, offline_tokenizer
 
     args = SFTConfig(output_dir=str(out_dir), packing=True, max_steps=3, use_cpu=True, report_to=[], save_strategy="no")
     assert args.bf16 is True  # the default this test is about
@@ -297,7 +297,7 @@ def test_trl_default_all_ones_mask_is_mask_override_with_both_numbers(tmp_path):
 def _plain_trainer(bench, out_dir, callback, trainer_class=None, **args):
     from transformers import Trainer, TrainingArguments
 
-    from pytest_packcheck.training import TRAIN_RECIPE
+    from pytest_packcheck.checks.training import TRAIN_RECIPE
 
     targs = TrainingArguments(output_dir=str(out_dir), per_device_train_batch_size=3, max_steps=1, save_strategy="no",
                               report_to=[], use_cpu=True, disable_tqdm=True, remove_unused_columns=False,
@@ -641,8 +641,8 @@ def test_zero_difference_never_fails_at_zero_tolerance(llama_sdpa):
 def test_warn_on_a_trainer_that_does_not_pack_goes_on(tolerances, tmp_path):
     from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
 
-    from pytest_packcheck.sft import offline_tokenizer
-    from pytest_packcheck.training import TRAIN_RECIPE
+    from pytest_packcheck.checks.sft_setup import offline_tokenizer
+    from pytest_packcheck.checks.training import TRAIN_RECIPE
 
     bench = make_bench("llama", "sdpa", tolerances)
     tok = offline_tokenizer(int(bench.config.vocab_size))

@@ -6,9 +6,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from pytest_packcheck.checks.causes import CAUSES
+from pytest_packcheck.checks.registry import REGISTRY
 from pytest_packcheck.cli import EXIT_CODES, _parser, audits
 from pytest_packcheck.config.options import OPTIONS
-from pytest_packcheck.registry import CAUSES, REGISTRY
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
 
@@ -57,3 +58,40 @@ def test_bisect_cause_help_offers_the_registry_codes_only():
     assert "padded_normalisation" in flat and "e.g. loss_normalisation" not in flat
     for code in CAUSES:
         assert code in flat
+
+
+def test_packcheck_checks_exists_as_the_checks_flag_help_says(capsys):
+    """`--packcheck-checks --help` says "See `packcheck checks`": the command lists every check with its role, level,
+    suite, key number, tolerance (shipped values) and causes; --markdown prints README's table; an unknown name
+    is a usage error naming the allowed ones."""
+    from pytest_packcheck.cli import main
+    from pytest_packcheck.config.options import OPT_CHECKS
+
+    assert "See `packcheck checks`" in next(o.help for o in OPTIONS if o.flag == OPT_CHECKS)
+    assert "checks" in _help() and main(["checks"]) == 0
+    listing = capsys.readouterr().out
+    blocks = {b.split()[0]: b for b in listing.split("\n\n") if b.strip() and not b.startswith("suites:")}
+    assert list(blocks) == [s.name for s in REGISTRY]
+    for spec in REGISTRY:
+        flat = " ".join(blocks[spec.name].split())
+        assert f"({spec.role}, per {spec.level}; suite {spec.suite}" in flat
+        assert "causes: " + ", ".join(spec.causes) in flat
+        if spec.tolerance:
+            assert f"tolerance: {spec.tolerance} (float32 " in flat
+        assert ("requires: trl" in flat) == ("trl" in spec.requires)
+    assert main(["checks", "--markdown"]) == 0
+    table = capsys.readouterr().out
+    assert table.startswith("| check | runs | role | what it checks |") and table in README
+    assert main(["checks", "isolaton"]) == 2
+    assert "unknown check 'isolaton'. Expected one of: collate," in capsys.readouterr().err
+
+
+def test_every_cause_has_a_meaning_and_the_listing_gives_its_remedy(capsys):
+    from pytest_packcheck.checks.causes import CAUSE_RECORDS
+    from pytest_packcheck.checks.listing import main
+
+    assert main(["--causes"]) == 0
+    out = capsys.readouterr().out
+    for code, cause in CAUSE_RECORDS.items():
+        assert cause.meaning and f"\n{code}\n" in f"\n{out}"
+    assert "remedy: do not pass attention_mask with packed rows" in " ".join(out.split())

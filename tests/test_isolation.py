@@ -21,7 +21,7 @@ pytest_plugins = ["pytester"]
 # and logs every check that really runs (to prove that resume recomputes nothing).
 FAULTS_CONFTEST = '''
 import json, os, time
-import pytest_packcheck.registry as R
+import pytest_packcheck.checks.registry as R
 
 _load = R.CheckSpec.load
 

@@ -154,7 +154,7 @@ def axk2(tolerances):
 def test_ties_at_the_topk_cut_are_their_own_cause(axk2):
     """axk2 shrunk to index_topk=4, 2 indexer heads (ReLU'd scores: exact zeros tie at the cut): the packed row
     differs from the examples alone (4.5e-3 on 5.24) with isolation exact; the cause is selection_ties."""
-    from pytest_packcheck.mechanisms import selection_ties
+    from pytest_packcheck.checks.mechanisms import selection_ties
 
     axk2._cache.clear()
     assert C.check_isolation(axk2).status == "pass"
@@ -167,7 +167,7 @@ def test_ties_at_the_topk_cut_are_their_own_cause(axk2):
 def test_without_ties_the_same_difference_is_not_called_a_tie(axk2, monkeypatch):
     """Planted: the tie probe sees no tie: the same difference falls back to wrong_positions (the ties branch
     decides the cause, nothing else)."""
-    import pytest_packcheck.mechanisms as M
+    import pytest_packcheck.checks.mechanisms as M
 
     axk2._cache.clear()
     monkeypatch.setattr(M, "selection_ties", lambda bench: {"topk_calls": 4, "tied_cuts": 0, "tied_at": []})

@@ -7,6 +7,7 @@ from conftest import make_bench
 from faults import bidirectional_sdpa, windowless_sdpa
 
 from pytest_packcheck import checks as C
+from pytest_packcheck.checks.attention import window_probe_lengths
 from pytest_packcheck.run.runner import plan_cells
 
 
@@ -15,7 +16,7 @@ def test_cross_backend_passes_on_sdpa_and_catches_a_backend_without_the_window(t
     that drops the window (packed and solo alike, so packed-vs-solo parity cannot see it) fails, cause
     sliding_window, and the lengths at or below the window match."""
     bench = make_bench("mistral", "sdpa", tolerances)
-    assert C.window_probe_lengths(bench) == [7, 8, 11]
+    assert window_probe_lengths(bench) == [7, 8, 11]
     ok = C.check_cross_backend(bench)
     assert ok.status == "pass" and ok.metrics["max_abs_diff_vs_eager"] < 1e-5, ok.message
     with windowless_sdpa():

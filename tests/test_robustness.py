@@ -440,7 +440,7 @@ def _saved_tiny_llama(folder: Path, matching: bool) -> Path:
 
 @pytest.mark.parametrize("matching", [True, False])
 def test_pretrained_weights_are_counted_and_a_load_that_matched_nothing_is_refused(tmp_path, tolerances, matching):
-    from pytest_packcheck.diagnose import diagnose_document
+    from pytest_packcheck.analysis.diagnose import diagnose_document
     from pytest_packcheck.model.resolve import resolve_model
     from pytest_packcheck.model.specs import parse_model_spec
     from pytest_packcheck.report import render_markdown

@@ -8,9 +8,9 @@ import torch
 from faults import collator_label_leak, leaky_sdpa
 
 from pytest_packcheck import checks as C
-from pytest_packcheck import sft as S
+from pytest_packcheck.analysis.diagnose import diagnose_document
 from pytest_packcheck.backends import REFERENCE_BACKEND
-from pytest_packcheck.diagnose import diagnose_document
+from pytest_packcheck.checks import sft_probes as S
 from pytest_packcheck.model.batches import default_collator_factory
 from pytest_packcheck.results.schema import CellResult, CheckResult
 

@@ -10,8 +10,8 @@ from importlib import metadata
 
 import pytest
 
-from pytest_packcheck import sft as S
-from pytest_packcheck import training as T
+from pytest_packcheck.checks import sft as S
+from pytest_packcheck.checks import training as T
 
 pytest.importorskip("trl")
 
@@ -85,7 +85,7 @@ def test_every_sft_probe_runs_when_the_row_has_no_boundaries_and_prompts_are_tra
 def test_a_dropped_completion_mask_fails_on_its_own_cause(llama_sdpa):
     """Planted: only the completion mask dropped; the row keeps its boundaries, so the contract and the loss
     probes pass and the cell fails on completion_mask alone (remedy: TRL >= 0.20)."""
-    from pytest_packcheck.diagnose import remedy
+    from pytest_packcheck.analysis.diagnose import remedy
 
     with trl_collator(drop_completion_mask=True):
         result = S.check_sft(llama_sdpa)
@@ -135,7 +135,7 @@ def test_first_batch_loss_is_the_trainers_own(llama_sdpa, monkeypatch):
 
     def keeps_cache(self, *args, **kwargs):
         trainer = real(self, *args, **kwargs)
-        self.bench.model.config.use_cache = True
+        self.wb.model.config.use_cache = True
         return trainer
 
     monkeypatch.setattr(S._Sft, "trainer", keeps_cache)

@@ -1,4 +1,4 @@
-"""Input variants beside the standard packed row (pytest_packcheck.variants): each check on the correct stack
+"""Input variants beside the standard packed row (pytest_packcheck.checks.variants): each check on the correct stack
 and on a planted fault that it must catch."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pytest_packcheck import variants as V
 from pytest_packcheck.backends import REFERENCE_BACKEND
-from pytest_packcheck.checks import Workbench
+from pytest_packcheck.checks import variants as V
+from pytest_packcheck.checks.workbench import Workbench
 from pytest_packcheck.model.batches import default_collator_factory
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_packcheck.registry import CAUSES, CHECKS, DEFAULT_CHECKS, REGISTRY, TRAINING_CHECKS, VARIANT_CHECKS, describe
+from pytest_packcheck.checks.registry import CAUSES, CHECKS, DEFAULT_CHECKS, REGISTRY, TRAINING_CHECKS, VARIANT_CHECKS, describe
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -31,13 +31,16 @@ def test_every_check_is_described_once_and_loads():
 
 
 def test_settings_help_and_readme_agree_with_the_registry():
+    """README's check table is what `packcheck checks --markdown` prints, and the flag's help names every check."""
+    from pytest_packcheck.checks.listing import markdown_table
     from pytest_packcheck.config.options import OPT_CHECKS, OPTIONS
 
     help_text = next(o.help for o in OPTIONS if o.flag == OPT_CHECKS)
-    readme = (REPO / "README.md").read_text()
-    for name, level, role, summary in describe():
+    for name, _, _, _ in describe():
         assert name in help_text
-        assert f"| `{name}` | {level} | {role} | {summary} |" in readme, name
+    table = markdown_table()
+    assert table.count("\n") == len(REGISTRY) + 2
+    assert table in (REPO / "README.md").read_text(), "README's check table: paste `packcheck checks --markdown`"
 
 
 def _cell(model: str, backend: str | None, check: str, status: str, cause: str | None = None, **metrics) -> dict:
@@ -51,7 +54,7 @@ def _cell(model: str, backend: str | None, check: str, status: str, cause: str |
 
 
 def _doc(cells: list[dict]) -> dict:
-    from pytest_packcheck.diagnose import diagnose_document
+    from pytest_packcheck.analysis.diagnose import diagnose_document
 
     backends = sorted({c["backend"] for c in cells if c["backend"]})
     checks = [s.name for s in REGISTRY if any(c["check"] == s.name for c in cells)]
@@ -123,7 +126,7 @@ def test_stack_findings_are_listed_once_per_item_with_counts():
 def test_schema_1_results_file_is_upgraded_and_rendered():
     """The golden version-1 file (a slice of the 0.1 default audit): roles come from the registry, cells without
     cause codes get packed_mismatch, and llama on sdpa reads ✅ with the hazards counted once."""
-    from pytest_packcheck.diagnose import diagnose_document
+    from pytest_packcheck.analysis.diagnose import diagnose_document
     from pytest_packcheck.report import render_markdown
     from pytest_packcheck.results.schema import SCHEMA_VERSION, load_document
 

@@ -16,7 +16,7 @@ from faults import DropPositionIds, FrozenSection, SectionNoRestart, TextRowNoRe
 
 def _bench(spec: str, backend: str, tolerances: dict, **kwargs):
     from pytest_packcheck.backends import REFERENCE_BACKEND, register_reference_backend
-    from pytest_packcheck.checks import Workbench
+    from pytest_packcheck.checks.workbench import Workbench
     from pytest_packcheck.model.build import build_model
     from pytest_packcheck.model.multimodal import position_layout
     from pytest_packcheck.model.resolve import resolve_model
@@ -104,7 +104,7 @@ def test_default_config_that_cannot_run_is_the_librarys(tol):
                        r"'arch:glm4v\{text_config.rope_parameters.partial_rotary_factor=0.5\}'"):
         build_model(resolved, "sdpa", "float32")
     bench = _bench("arch:glm4v{text_config.rope_parameters.partial_rotary_factor=0.5}", "sdpa", tol)
-    from pytest_packcheck.checks import check_isolation
+    from pytest_packcheck.checks.parity import check_isolation
 
     assert check_isolation(bench).status == "pass"
 
@@ -150,7 +150,7 @@ def test_qwen2_vl_text_path_passes_every_check(backend, tol):
     """Every correctness check holds on Qwen2-VL's text path with its M-RoPE layout; the collator's own
     (batch, length) ids, as the Trainer passes them on, leak (no text row): logits_parity fails on them, cause
     position_layout, with both numbers."""
-    from pytest_packcheck.registry import SPECS
+    from pytest_packcheck.checks.registry import SPECS
 
     bench = _bench("arch:qwen2_vl", backend, tol)
     for name in ("position_ids", "isolation", "loss_parity", "grad_parity", "backend",
@@ -168,7 +168,7 @@ def test_qwen2_vl_text_path_passes_every_check(backend, tol):
 def test_other_mrope_models_keep_examples_apart(model_type, tol):
     """Qwen2.5-VL as Qwen2-VL; Qwen3-VL's text model expands (batch, length) ids into 4 rows with the text row
     itself (5.24), so the collator's ids hold there and logits_parity passes."""
-    from pytest_packcheck.checks import check_isolation, check_logits_parity
+    from pytest_packcheck.checks.parity import check_isolation, check_logits_parity
 
     bench = _bench(f"arch:{model_type}", "sdpa", tol)
     assert bench.layout.rows == 4 and check_isolation(bench).status == "pass"
@@ -186,7 +186,7 @@ def test_planted_layout_without_boundaries_leaks(spec, layout, backend, tol):
     """Ids that carry no boundaries in the text row: the collator's (batch, length) ids on Qwen2-VL (expanded to
     3 rows), get_rope_index's 3 rows without the text row, a text row that does not restart. Isolation and parity
     fail with cause leak, on the masked and on the flash path."""
-    from pytest_packcheck.checks import check_isolation, check_logits_parity
+    from pytest_packcheck.checks.parity import check_isolation, check_logits_parity
     from pytest_packcheck.model.batches import PLAIN_POSITIONS, PositionLayout
 
     planted = {"collator": PLAIN_POSITIONS, "rope_index": PositionLayout(rows=3, source="get_rope_index only"),
@@ -200,7 +200,7 @@ def test_planted_layout_without_boundaries_leaks(spec, layout, backend, tol):
 def test_planted_frozen_section_is_wrong_positions(tol):
     """One M-RoPE row stuck at 0 in the packed row: the boundaries hold (isolation passes), the positions inside
     each example are wrong: parity fails with wrong_positions."""
-    from pytest_packcheck.checks import check_isolation, check_logits_parity, check_loss_parity
+    from pytest_packcheck.checks.parity import check_isolation, check_logits_parity, check_loss_parity
 
     bench = _bench("arch:qwen2_vl", "sdpa", tol, layout=FrozenSection(rows=4, source="planted"))
     assert check_isolation(bench).status == "pass"
@@ -213,7 +213,7 @@ def test_section_not_restarting_is_harmless(tol):
     """An M-RoPE row that runs on across the packed row while the text row restarts shifts each example's positions
     in that section by a constant: rotary attention depends on differences only, so the row matches the solo
     runs (measured, not assumed: a check may not call it a fault)."""
-    from pytest_packcheck.checks import check_logits_parity
+    from pytest_packcheck.checks.parity import check_logits_parity
 
     bench = _bench("arch:qwen2_vl", "sdpa", tol, layout=SectionNoRestart(rows=4, source="planted"))
     parity = check_logits_parity(bench)
@@ -223,7 +223,8 @@ def test_section_not_restarting_is_harmless(tol):
 def test_planted_dropped_position_ids(qwen2_vl_sdpa, tol):
     """A VLM wrapper that drops position_ids: the model builds its own 0..N-1 rows, the position_ids check fails
     with ignores_position_ids."""
-    from pytest_packcheck.checks import Workbench, check_position_ids
+    from pytest_packcheck.checks.parity import check_position_ids
+    from pytest_packcheck.checks.workbench import Workbench
 
     bench = Workbench(model=DropPositionIds(qwen2_vl_sdpa.model), config=qwen2_vl_sdpa.config, backend="sdpa",
                       dtype="float32", tol=tol["float32"], layout=qwen2_vl_sdpa.layout)
@@ -232,8 +233,8 @@ def test_planted_dropped_position_ids(qwen2_vl_sdpa, tol):
 
 
 def test_position_layout_remedy():
-    from pytest_packcheck.diagnose import remedy
-    from pytest_packcheck.registry import CAUSES, SPECS
+    from pytest_packcheck.analysis.diagnose import remedy
+    from pytest_packcheck.checks.registry import CAUSES, SPECS
 
     assert "position_layout" in CAUSES and "position_layout" in SPECS["logits_parity"].causes
     text = remedy("position_layout", {"backend": "sdpa", "check": "logits_parity", "metrics": {}}, {"transformers": "5.24.0"})
@@ -245,7 +246,7 @@ def test_hub_id_qwen2_vl_offline(offline_hub, tmp_path, tol):
     mrope [16, 24, 24]) resolves with the cached revision, shrinks, and keeps the examples apart on sdpa."""
     from conftest import lay_out_hub_cache
 
-    from pytest_packcheck.checks import check_isolation, check_logits_parity
+    from pytest_packcheck.checks.parity import check_isolation, check_logits_parity
     from pytest_packcheck.model.resolve import resolve_model
     from pytest_packcheck.model.specs import parse_model_spec
 

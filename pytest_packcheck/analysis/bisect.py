@@ -339,7 +339,7 @@ def judge(cell: dict[str, Any] | None, cause: str | None, supported: bool, doc_e
     """(holds, detail) of one cell record. Default: pass holds, fail / fallback does not, anything else is
     skipped. With ``cause``: the cell holds when its diagnosis names neither that cause nor a finding of it.
     With ``supported``: holds when the cell gives any verdict, not when it is unsupported."""
-    from ..diagnose import diagnose_document
+    from .diagnose import diagnose_document
 
     if cell is None:
         return None, "the run gave no such cell"
@@ -489,8 +489,8 @@ def bisect_cell(cell_id: str, good: str, bad: str, *, model: str | None = None, 
     """
     from pathlib import Path
 
-    from ..diagnose import CAUSES
     from ..errors import closest
+    from .diagnose import CAUSES
 
     if cause is not None and cause not in CAUSES:
         raise PackcheckUsageError(f"Unknown cause '{cause}' (from --cause). Expected one of: {', '.join(CAUSES)}.{closest(cause, tuple(CAUSES))}")
@@ -525,7 +525,7 @@ def gate_sides(base_cell: dict[str, Any], cand_cell: dict[str, Any], base_env: d
     """The sides of a gate regression: the one library (a recorded library of the table that is not tied to the
     hardware: transformers or trl) whose version differs between the baseline's cell (good) and the candidate's
     (bad); TRL stays pinned for the checks that use it. (None, why) when no single library moved."""
-    from ..diagnose import library_version
+    from .diagnose import library_version
 
     versions = {lib.name: (library_version(base_cell, base_env, lib.key), library_version(cand_cell, cand_env, lib.key))
                 for lib in LIBRARIES if lib.recorded and not lib.hardware}

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..checks.registry import SPECS
 from ..errors import PackcheckUsageError
 from ..markdown import escape_md
-from ..registry import SPECS
 from ..results.schema import SCHEMA_VERSION
 from ..versions.libraries import library, stack_libraries
 

@@ -66,8 +66,8 @@ def verify_remedies(doc: dict[str, Any], report_dir: Any, run: Callable[..., Any
     dtypes; it is "verified at X" when the cell's cause is gone there. A setting is judged from the cell's own
     measurement. Returns one record per (cell, remedy) and stores them as ``doc["remedy_checks"]``. ``run``
     replaces :func:`pytest_packcheck.versions.envs.run_in_env` (tests)."""
-    from ..diagnose import library_version, load_known_faults
     from ..versions.envs import VersionCombo, run_in_env
+    from .diagnose import library_version, load_known_faults
 
     faults = load_known_faults() if faults is None else faults
     run = run or run_in_env

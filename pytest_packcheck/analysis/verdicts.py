@@ -11,7 +11,7 @@ def unbacked_pass(check: str, status: str, metrics: dict[str, Any]) -> tuple[str
     that is not a finite number: NaN, infinity or text cannot back a verdict. None otherwise, and for a check
     whose key number is not in ``metrics``. The runner turns such a pass into an error; a results file holding
     one is corrupt."""
-    from ..registry import SPECS
+    from ..checks.registry import SPECS
 
     spec = SPECS.get(check)
     if status != "pass" or not spec or not spec.key_metric or spec.key_metric[0] not in metrics:

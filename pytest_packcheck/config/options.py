@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..backends.table import backends_help
+from ..checks.registry import check_help
 from ..errors import PackcheckUsageError
-from ..registry import check_help
 
 OPT_MODELS = "--packcheck-models"
 OPT_AUDIT = "--packcheck-audit"

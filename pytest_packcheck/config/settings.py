@@ -160,7 +160,7 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
         PackcheckUsageError: any invalid value, with its source.
     """
     from ..backends import DEFAULT_BACKENDS, KNOWN_BACKENDS
-    from ..registry import CHECKS, DEFAULT_CHECKS
+    from ..checks.registry import CHECKS, DEFAULT_CHECKS
     from .audits import load_audit
     from .tolerances import load_tolerances
 

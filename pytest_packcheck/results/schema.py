@@ -42,7 +42,7 @@ class CheckResult:
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"unknown status {self.status!r}; expected one of {STATUSES}")
-        from ..registry import CAUSES
+        from ..checks.registry import CAUSES
 
         _align_causes(self)
         for code in [self.cause, *(f.get("cause") for f in self.findings), *(c.get("cause") for c in self.causes)]:
@@ -76,7 +76,7 @@ class CellResult:
     causes: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        from ..registry import role
+        from ..checks.registry import role
 
         self.role = role(self.check)
         _align_causes(self)
@@ -205,7 +205,7 @@ def load_document(path: str | Path) -> dict[str, Any]:
 def upgrade(data: dict[str, Any]) -> dict[str, Any]:
     """Bring an older results document to :data:`SCHEMA_VERSION` in place: version 1 cells get their role from
     the registry and empty cause codes (their diagnosis, if any, is kept)."""
-    from ..registry import role
+    from ..checks.registry import role
 
     if data.get("schema_version", SCHEMA_VERSION) < 2:
         for c in data.get("cells", []):

@@ -68,7 +68,7 @@ def cause_and_remedy(result: Any) -> tuple[str | None, str | None]:
     """The cause code of a cell result and its remedy (:func:`diagnose.remedy`, read from codes, never the
     message); (None, None) when the result names no cause. The remedy is judged without the document's
     environment (the versions it names may read "this stack")."""
-    from ..diagnose import classify, remedy
+    from ..analysis.diagnose import classify, remedy
 
     cell = json.loads(result.to_json())
     cause, _ = classify(cell)

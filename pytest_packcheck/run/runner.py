@@ -24,14 +24,14 @@ from ..backends import (
     backend_availability,
     ensure_registered,
 )
-from ..checks import Workbench
+from ..checks.registry import MODEL_LEVEL_CHECKS, SPECS
+from ..checks.workbench import Workbench
 from ..model import batches as B
 from ..model.build import build_model
 from ..model.errors import LibraryConfigError, ShrinkError
 from ..model.multimodal import position_layout
 from ..model.resolve import ResolvedModel
 from ..model.twin import unshrunk_forward_reproduces
-from ..registry import MODEL_LEVEL_CHECKS, SPECS
 from ..results.schema import CellResult, CheckResult
 
 
@@ -168,11 +168,11 @@ def _fidelity(result: CheckResult, bench: Workbench, cell: Cell) -> CheckResult:
     """A stand-in cell whose model (or TRL, for the SFT checks) branches on the flash_attention_2 name is not a
     verdict on FlashAttention-2 (:mod:`fidelity`): "not checked: differs from real FA2 because ...", with the
     stand-in's own measurement kept in the evidence."""
-    from ..fidelity import stand_in_differs
+    from ..analysis.fidelity import stand_in_differs
 
     if result.status not in ("pass", "fail", "fallback", "error") or result.cause in ("packcheck_error", "library_config"):
         return result
-    branches = stand_in_differs(bench.model, cell.backend, with_trl=cell.check.startswith("sft"))
+    branches = stand_in_differs(bench.model, cell.backend, with_trl="trl" in SPECS[cell.check].requires)
     if not branches:
         return result
     more = f" (+{len(branches) - 1} more)" if len(branches) > 1 else ""

@@ -234,7 +234,7 @@ class PackcheckSession:
             flags += ["-k", self.config.option.keyword]
         command = "pytest " + " ".join(shlex.quote(f) for f in flags)
         command = os.environ.get("PACKCHECK_REPRODUCE", command)  # set by `packcheck audit` to its own argv
-        from ..diagnose import diagnose_document
+        from ..analysis.diagnose import diagnose_document
 
         self.document = diagnose_document(build_document(cells, environment(self.settings.device), self.settings.as_dict(), command))
         if interrupted:

@@ -441,7 +441,7 @@ def _packing_fails(cells: list[dict[str, Any]], r: dict[str, Any]) -> list[str]:
     """The checks that failed (or fell back) for the benched model, backend and dtype among the registry's
     checks that bear on bench (a packed row, use_cache=False, no attention_mask): a speedup there is the speed
     of a wrong result. Errors (inconclusive) are not counted."""
-    from ..registry import BENCH_RELEVANT_CHECKS
+    from ..checks.registry import BENCH_RELEVANT_CHECKS
 
     return sorted({c["check"] for c in cells if c["model"]["label"] == r["model"]["label"]
                    and c["backend"] == r.get("attn_implementation") and c["dtype"] == r.get("dtype")

@@ -556,11 +556,11 @@ def check_requirements(checks: Any, combo: VersionCombo) -> tuple[str, ...]:
     the TRL that fits the environment's transformers. Issue 27: with ``--packcheck-checks trainer,sft`` the sft
     cells were skipped with "No module named 'datasets'" inside the environments while the header said trl 1.16.0.
     Where no TRL fits, :func:`run_in_env` makes the environment without it and the sft cells say so."""
-    from ..registry import SPECS
+    from ..checks.registry import SPECS
 
     if "trl" in set(combo.names()):
         return ()
-    if any(SPECS[c].function.startswith("sft:") for c in checks or () if c in SPECS):
+    if any("trl" in SPECS[c].requires for c in checks or () if c in SPECS):
         try:
             metadata.version("trl")
         except metadata.PackageNotFoundError:

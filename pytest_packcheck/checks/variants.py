@@ -5,7 +5,7 @@ other trainers send other shapes of the same information, and each reaches the m
 transformers' masking and flash code (transformers 5.24, ``masking_utils.find_packed_sequence_indices``: packed
 boundaries where ``position_ids`` do not step by 1; ``modeling_flash_attention_utils._flash_attention_forward``:
 ``cu_seq_lens_q/k`` first, else boundaries from ``position_ids``). One check per variant, each a plain function
-``check(bench) -> CheckResult`` over a :class:`checks.Workbench`, each item measured on its own
+``check(wb) -> CheckResult`` over a :class:`checks.Workbench`, each item measured on its own
 (``metrics["items"]``) against each example run alone with the same positions:
 
 - :func:`check_offset_positions`: continuation chunks whose ids start at k > 0 (long documents split across rows,
@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .model import batches as B
-from .results import CheckResult
+from ..model import batches as B
+from ..results import CheckResult
 
 #: First position id of each example in the offset-positions row (cycled). The first example continues a
 #: document (starts at 10, never 0); the third starts at 3 after an example ending at 6, so every boundary is a
@@ -65,14 +65,10 @@ def flash_kwargs(lengths: list[int], device: str = "cpu") -> dict[str, Any]:
     return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu.clone(), "max_length_q": max(lengths), "max_length_k": max(lengths)}
 
 
-def solo_at(bench: Any, example: list[int], first: int) -> Any:
+def solo_at(wb: Any, example: list[int], first: int) -> Any:
     """Logits ``(len, vocab)`` float32 of ``example`` run alone with position_ids ``first .. first + len - 1``
-    (through the bench's layout), ``use_cache=False``, no grad."""
-    import torch
-
-    batch = {"input_ids": _tensor(example, device=bench.device),
-             "position_ids": torch.arange(first, first + len(example), device=bench.device)[None]}
-    return bench.forward(batch).logits[0].float()
+    (:meth:`Workbench.solo <pytest_packcheck.checks.workbench.Workbench.solo>` from ``first``)."""
+    return wb.solo(example, first=first)
 
 
 def row_diff(logits: Any, lengths: list[int], refs: list[Any]) -> tuple[float, list[float]]:
@@ -81,10 +77,10 @@ def row_diff(logits: Any, lengths: list[int], refs: list[Any]) -> tuple[float, l
     return max(per), per
 
 
-def _measure(bench: Any, batch: dict[str, Any], lengths: list[int], refs: list[Any]) -> tuple[float | None, str]:
+def _measure(wb: Any, batch: dict[str, Any], lengths: list[int], refs: list[Any]) -> tuple[float | None, str]:
     """(max abs diff against ``refs``, "") of the row ``batch``; (None, the exception) when the forward raises."""
     try:
-        logits = bench.forward(batch).logits[0].float()
+        logits = wb.forward(batch).logits[0].float()
     except Exception as exc:  # noqa: BLE001 - a model that refuses the variant: the item's verdict
         return None, _short(exc)
     return row_diff(logits, lengths, refs)[0], ""
@@ -100,9 +96,9 @@ def _judge(items: dict[str, Any], name: str, diff: float | None, error: str, ato
         items[name] = {"status": "pass", "max_abs_diff": diff, "evidence": f"{what}: = each example alone ({_fmt(diff)})"}
 
 
-def _verdict(items: dict[str, Any], metrics: dict[str, Any], what: str, bench: Any = None) -> CheckResult:
+def _verdict(items: dict[str, Any], metrics: dict[str, Any], what: str, wb: Any = None) -> CheckResult:
     """Fail when any item failed (cause: the first failed item's; other failed items' causes are findings). With
-    ``bench`` (the hazard variants): when the standard packed row is itself wrong (its logits differ from each
+    ``wb`` (the hazard variants): when the standard packed row is itself wrong (its logits differ from each
     example alone by more than ``logits_atol``), the variant's failure is the model's own fault, not the
     variant's: the cause is :func:`checks.mismatch_cause`'s (as cache_trap and mask_trap do), the variant's a
     finding, and ``metrics["standard_row_diff"]`` says by how much."""
@@ -117,13 +113,13 @@ def _verdict(items: dict[str, Any], metrics: dict[str, Any], what: str, bench: A
     evidence = {"item": first, "detail": head["evidence"],
                 **({"max_abs_diff": head["max_abs_diff"]} if "max_abs_diff" in head else {})}
     findings = [{"cause": v["cause"], "evidence": f"{k}: {v['evidence']}"} for k, v in rest if v["cause"] != head["cause"]]
-    if bench is not None:
-        from .checks import mismatch_cause
+    if wb is not None:
+        from .probes import mismatch_cause
 
-        standard, _ = bench.diff_to_solo(bench.packed_logits())
+        standard, _ = wb.diff_to_solo(wb.packed_logits())
         metrics["standard_row_diff"] = standard
-        if standard > bench.tol["logits_atol"]:  # wrong without the variant too: the model's own fault
-            cause, why = mismatch_cause(bench, standard, bench.tol["logits_atol"])
+        if standard > wb.tol["logits_atol"]:  # wrong without the variant too: the model's own fault
+            cause, why = mismatch_cause(wb, standard, wb.tol["logits_atol"])
             return CheckResult("fail", metrics, f"{message} (the standard packed row is wrong too: {_fmt(standard)})",
                                cause=cause, evidence={**evidence, **why, "standard_row_diff": standard},
                                findings=[{"cause": head["cause"], "evidence": f"{first}: {head['evidence']}"}, *findings])
@@ -133,7 +129,7 @@ def _verdict(items: dict[str, Any], metrics: dict[str, Any], what: str, bench: A
 # ------------------------------------------------------------------------------------------------------------
 
 
-def check_offset_positions(bench: Any) -> CheckResult:
+def check_offset_positions(wb: Any) -> CheckResult:
     """A packed row whose examples' position_ids start at :data:`OFFSETS` (10, 0, 3: the first never contains 0)
     vs each example alone with the same positions, max abs logits diff <= ``logits_atol``; items
     ``position_ids`` (ids only: boundaries from the steps) and ``with_cu_seq_lens`` (ids plus cu_seq_lens_q/k, what
@@ -143,21 +139,21 @@ def check_offset_positions(bench: Any) -> CheckResult:
     dropped by the model is invisible there, only its boundaries are). Cause: offset_positions."""
     import torch
 
-    lengths = bench.lengths
-    offsets = [OFFSETS[i % len(OFFSETS)] + bench.start for i in range(len(lengths))]
-    refs = [solo_at(bench, e, k) for e, k in zip(bench.examples, offsets, strict=True)]
-    ids = [t for e in bench.examples for t in e]
-    pos = torch.cat([torch.arange(k, k + n) for k, n in zip(offsets, lengths, strict=True)])[None].to(bench.device)
-    atol = bench.tol["logits_atol"]
+    lengths = wb.lengths
+    offsets = [OFFSETS[i % len(OFFSETS)] + wb.start for i in range(len(lengths))]
+    refs = [solo_at(wb, e, k) for e, k in zip(wb.examples, offsets, strict=True)]
+    ids = [t for e in wb.examples for t in e]
+    pos = torch.cat([torch.arange(k, k + n) for k, n in zip(offsets, lengths, strict=True)])[None].to(wb.device)
+    atol = wb.tol["logits_atol"]
     items: dict[str, Any] = {}
-    row = {"input_ids": _tensor(ids, device=bench.device), "position_ids": pos}
-    _judge(items, "position_ids", *_measure(bench, row, lengths, refs), atol, "offset_positions", "position_ids from "
+    row = {"input_ids": _tensor(ids, device=wb.device), "position_ids": pos}
+    _judge(items, "position_ids", *_measure(wb, row, lengths, refs), atol, "offset_positions", "position_ids from "
            + ", ".join(map(str, offsets)))
-    _judge(items, "with_cu_seq_lens", *_measure(bench, {**row, **flash_kwargs(lengths, bench.device)}, lengths, refs), atol,
+    _judge(items, "with_cu_seq_lens", *_measure(wb, {**row, **flash_kwargs(lengths, wb.device)}, lengths, refs), atol,
            "offset_positions", "with cu_seq_lens_q/k")
-    sensitivity = max(float((r - s).abs().max()) for r, s, k in zip(refs, bench.solo_logits(), offsets, strict=True) if k != bench.start)
+    sensitivity = max(float((r - s).abs().max()) for r, s, k in zip(refs, wb.solo_logits(), offsets, strict=True) if k != wb.start)
     metrics = {"offsets": offsets, "lengths": lengths, "atol": atol, "offset_sensitivity": sensitivity}
-    return _verdict(items, metrics, f"offset positions ({', '.join(map(str, offsets))})", bench)
+    return _verdict(items, metrics, f"offset positions ({', '.join(map(str, offsets))})", wb)
 
 
 def _boundaries_from_position_ids(position_ids: Any, start: int) -> list[int]:
@@ -166,7 +162,7 @@ def _boundaries_from_position_ids(position_ids: Any, start: int) -> list[int]:
     return [i for i, p in enumerate(flat) if p == start] + [len(flat)]
 
 
-def check_cu_seq_lens(bench: Any) -> CheckResult:
+def check_cu_seq_lens(wb: Any) -> CheckResult:
     """cu_seq_lens as trainers send them. Items:
 
     - ``without_position_ids``: ``DataCollatorWithFlattening(return_flash_attn_kwargs=True,
@@ -181,40 +177,40 @@ def check_cu_seq_lens(bench: Any) -> CheckResult:
     ``metrics["disagreeing"]`` (reported, not judged): position_ids restarting per example with cu_seq_lens of
     another split (the examples' lengths rotated by one): the row's diff against each split's per-example
     references, and which one the backend follows ("cu_seq_lens", "position_ids" or "neither")."""
-    atol = bench.tol["logits_atol"]
-    lengths, items = bench.lengths, {}
+    atol = wb.tol["logits_atol"]
+    lengths, items = wb.lengths, {}
     metrics: dict[str, Any] = {"lengths": lengths, "atol": atol}
-    collator = bench.collator_factory(return_position_ids=False, return_flash_attn_kwargs=True, position_ids_start=bench.start)
+    collator = wb.collator_factory(return_position_ids=False, return_flash_attn_kwargs=True, position_ids_start=wb.start)
 
     def collate(examples: list[list[int]]) -> dict[str, Any]:
         batch = collator([{"input_ids": list(e)} for e in examples], return_tensors="pt")
-        return {k: (v.to(bench.device) if hasattr(v, "to") else v) for k, v in batch.items() if k != "labels"}
+        return {k: (v.to(wb.device) if hasattr(v, "to") else v) for k, v in batch.items() if k != "labels"}
 
-    batch = collate(bench.examples)
+    batch = collate(wb.examples)
     metrics["keys_without_position_ids"] = sorted(batch)
     if "cu_seq_lens_q" not in batch:
         items["without_position_ids"] = {"status": "not_checked", "evidence": "the installed collator returns no "
                                          "cu_seq_lens_q (return_flash_attn_kwargs: transformers >= 4.52)"}
     else:
-        diff, error = _measure(bench, batch, lengths, bench.solo_logits())
+        diff, error = _measure(wb, batch, lengths, wb.solo_logits())
         _judge(items, "without_position_ids", diff, error, atol, "positions_not_restarted", "cu_seq_lens_q/k, no position_ids")
         if items["without_position_ids"]["status"] == "fail" and diff is not None:
-            vocab = int(bench.config.vocab_size)
-            perturbed = [[(t + 1 + vocab // 2) % vocab for t in bench.examples[0]], *bench.examples[1:]]
+            vocab = int(wb.config.vocab_size)
+            perturbed = [[(t + 1 + vocab // 2) % vocab for t in wb.examples[0]], *wb.examples[1:]]
             rest = slice(lengths[0], sum(lengths))
-            moved = float((bench.forward(batch).logits[0, rest].float()
-                           - bench.forward(collate(perturbed)).logits[0, rest].float()).abs().max())
+            moved = float((wb.forward(batch).logits[0, rest].float()
+                           - wb.forward(collate(perturbed)).logits[0, rest].float()).abs().max())
             metrics["without_position_ids_moved"] = moved
-            if moved > bench.tol["isolation_atol"]:
+            if moved > wb.tol["isolation_atol"]:
                 items["without_position_ids"]["cause"] = "leak"
                 items["without_position_ids"]["evidence"] += f" (perturbing example 0 moves the others by {_fmt(moved)}: no boundaries)"
             else:
                 items["without_position_ids"]["evidence"] += (f" (boundaries hold: perturbing example 0 moves the others by "
                                                               f"{_fmt(moved)}; positions run on across examples)")
-    both = bench.collator_factory(return_position_ids=True, return_flash_attn_kwargs=True, position_ids_start=bench.start)
-    out = both([{"input_ids": list(e)} for e in bench.examples], return_tensors="pt")
+    both = wb.collator_factory(return_position_ids=True, return_flash_attn_kwargs=True, position_ids_start=wb.start)
+    out = both([{"input_ids": list(e)} for e in wb.examples], return_tensors="pt")
     if "cu_seq_lens_q" in out and "position_ids" in out:
-        cu, restarts = out["cu_seq_lens_q"].tolist(), _boundaries_from_position_ids(out["position_ids"], bench.start)
+        cu, restarts = out["cu_seq_lens_q"].tolist(), _boundaries_from_position_ids(out["position_ids"], wb.start)
         ok = cu == restarts
         items["agree"] = {"status": "pass" if ok else "fail", **({} if ok else {"cause": "collator_contract"}),
                           "evidence": f"cu_seq_lens_q {cu} = position_ids restarts" if ok else
@@ -224,19 +220,19 @@ def check_cu_seq_lens(bench: Any) -> CheckResult:
     # both given, disagreeing: which one the backend follows
     other = lengths[1:] + lengths[:1]
     if other != lengths:
-        row = dict(bench.packed())
+        row = dict(wb.packed())
         row.pop("labels", None)
-        row.update(flash_kwargs(other, bench.device))
-        ids = [t for e in bench.examples for t in e]
+        row.update(flash_kwargs(other, wb.device))
+        ids = [t for e in wb.examples for t in e]
         split = [ids[s] for s in B.segment_slices(other)]
-        by_pos, err = _measure(bench, row, lengths, bench.solo_logits())
-        by_cu, _ = _measure(bench, row, other, [solo_at(bench, e, bench.start) for e in split])
+        by_pos, err = _measure(wb, row, lengths, wb.solo_logits())
+        by_cu, _ = _measure(wb, row, other, [solo_at(wb, e, wb.start) for e in split])
         follows = ("raised " + err) if by_pos is None else (
             "position_ids" if by_pos <= atol else "cu_seq_lens" if by_cu is not None and by_cu <= atol else "neither")
         metrics["disagreeing"] = {"position_ids_lengths": lengths, "cu_seq_lens_lengths": other, "follows": follows,
                                   "max_abs_diff_position_ids_split": by_pos, "max_abs_diff_cu_seq_lens_split": by_cu}
     result = _verdict({k: v for k, v in items.items() if v["status"] != "not_checked"} or items, metrics,
-                      "cu_seq_lens variants", bench)
+                      "cu_seq_lens variants", wb)
     if "disagreeing" in metrics:
         result.message += f"; position_ids and cu_seq_lens disagreeing: the backend follows {metrics['disagreeing']['follows']}"
     return result
@@ -257,38 +253,38 @@ def block_diagonal_mask(lengths: list[int], device: str = "cpu") -> Any:
     return (causal & (seg[:, None] == seg[None, :]))[None, None]
 
 
-def check_segment_masks(bench: Any) -> CheckResult:
+def check_segment_masks(wb: Any) -> CheckResult:
     """Masks frameworks send beside the packed row (with its restarting position_ids), each vs each example alone
     (max abs logits diff <= ``logits_atol``). Items: ``segment_ids_2d`` (int64 ``(1, total)`` segment ids 1, 1, ..., 2,
     ...: LLaMA-Factory's and open-instruct's packed mask; transformers reads a 2-D mask as padding, every non-zero
     token attended, and builds no packed mask beside it), ``block_diagonal_4d`` (bool ``(1, 1, total, total)``,
     causal within each example; transformers 5.x passes a 4-D mask through on eager / sdpa, the flash path takes
     none). A forward that raises is the item's verdict. Cause: segment_mask."""
-    atol = bench.tol["logits_atol"]
-    base = dict(bench.packed())
+    atol = wb.tol["logits_atol"]
+    base = dict(wb.packed())
     base.pop("labels", None)
-    lengths, items = bench.lengths, {}
-    masks = {"segment_ids_2d": (_tensor(segment_ids(lengths), device=bench.device), "2-D integer segment ids"),
-             "block_diagonal_4d": (block_diagonal_mask(lengths, bench.device), "4-D bool block-diagonal mask")}
+    lengths, items = wb.lengths, {}
+    masks = {"segment_ids_2d": (_tensor(segment_ids(lengths), device=wb.device), "2-D integer segment ids"),
+             "block_diagonal_4d": (block_diagonal_mask(lengths, wb.device), "4-D bool block-diagonal mask")}
     for name, (mask, what) in masks.items():
-        _judge(items, name, *_measure(bench, {**base, "attention_mask": mask}, lengths, bench.solo_logits()), atol,
+        _judge(items, name, *_measure(wb, {**base, "attention_mask": mask}, lengths, wb.solo_logits()), atol,
                "segment_mask", what)
-    return _verdict(items, {"lengths": lengths, "atol": atol}, "segment masks", bench)
+    return _verdict(items, {"lengths": lengths, "atol": atol}, "segment masks", wb)
 
 
-def check_single_row(bench: Any) -> CheckResult:
-    """One example, unpacked (the bench's longest), through the flattening collator (restarting position_ids, one
+def check_single_row(wb: Any) -> CheckResult:
+    """One example, unpacked (the workbench's longest), through the flattening collator (restarting position_ids, one
     segment) must equal the dense path (the example alone, :meth:`checks.Workbench.solo`): items ``position_ids``
     and ``with_cu_seq_lens`` (the collator's ``return_flash_attn_kwargs=True`` row), max abs logits diff <=
     ``logits_atol``. transformers 5.3.0 turned Qwen3.5's 3-D position_ids on one sequence into cu_seqlens over 3x
     the tokens (issue 25). Cause: single_row."""
-    atol = bench.tol["logits_atol"]
+    atol = wb.tol["logits_atol"]
     items: dict[str, Any] = {}
-    k = max(range(len(bench.examples)), key=lambda i: bench.lengths[i])
-    example, ref = bench.examples[k], bench.solo_logits()[k]
+    k = max(range(len(wb.examples)), key=lambda i: wb.lengths[i])
+    example, ref = wb.examples[k], wb.solo_logits()[k]
     for name, kwargs, what in (("position_ids", {}, "the collator's position_ids"),
                                ("with_cu_seq_lens", {"flash_kwargs": True}, "position_ids and cu_seq_lens_q/k")):
-        batch = dict(bench.packed([example], **kwargs))
+        batch = dict(wb.packed([example], **kwargs))
         batch.pop("labels", None)
-        _judge(items, name, *_measure(bench, batch, [len(example)], [ref]), atol, "single_row", what)
+        _judge(items, name, *_measure(wb, batch, [len(example)], [ref]), atol, "single_row", what)
     return _verdict(items, {"length": len(example), "atol": atol}, f"one unpacked row ({len(example)} tokens)")

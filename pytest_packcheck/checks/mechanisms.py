@@ -76,43 +76,37 @@ def record_topk_ties() -> Iterator[list[dict[str, Any]]]:
         torch.topk, torch.Tensor.topk = original_fn, original_method
 
 
-def probe_rows(bench: Any) -> list[list[list[int]]]:
-    """The packed rows the checks compare with the examples alone: the bench's row and the edge-length rows
-    (:data:`checks.EDGE_ROWS`, ``w`` the sliding window or 8), as example lists."""
-    from .checks import EDGE_ROWS
-    from .model import batches as B
+def probe_rows(wb: Any) -> list[list[list[int]]]:
+    """The packed rows the checks compare with the examples alone: the workbench's row and the edge-length rows
+    (:func:`workbench.edge_examples`), as example lists."""
+    from .workbench import edge_examples
 
-    window = getattr(bench.config, "sliding_window", None)
-    w = window if isinstance(window, int) and 2 < window <= 64 else 8
-    rows = [bench.examples]
-    for r, spec in enumerate(EDGE_ROWS):
-        rows.append(B.make_examples(bench.config, tuple(w if n == "w" else n for n in spec), seed=10 + r))
-    return rows
+    return [wb.examples, *edge_examples(wb.config)]
 
 
-def selection_ties(bench: Any) -> dict[str, Any] | None:
+def selection_ties(wb: Any) -> dict[str, Any] | None:
     """Ties at the top-k cut in the forwards of every probe row (:func:`probe_rows`) and of their examples alone
     (cached per model and collator): ``{"topk_calls", "tied_cuts", "tied_at": [(k, axis length), ...]}``. A tie in
     either the packed or the solo forward breaks by position, and positions differ between the two. None for a model
     without a sparse-attention indexer (:func:`has_topk_selection`), where nothing is run."""
-    if not has_topk_selection(bench.config):
+    if not has_topk_selection(wb.config):
         return None
-    key = ("selection_ties", id(bench.model), id(bench.collator_factory))
-    if key not in bench._cache:
+    key = ("selection_ties", id(wb.model), id(wb.collator_factory))
+    if key not in wb._cache:
         with record_topk_ties() as calls:
-            for examples in probe_rows(bench):
-                bench.forward(bench.packed(examples))
+            for examples in probe_rows(wb):
+                wb.forward(wb.packed(examples))
                 for example in examples:
-                    bench.solo(example)
+                    wb.solo(example)
         tied = [c for c in calls if c["tied"]]
-        bench._cache[key] = {"topk_calls": len(calls), "tied_cuts": sum(c["tied"] for c in tied),
+        wb._cache[key] = {"topk_calls": len(calls), "tied_cuts": sum(c["tied"] for c in tied),
                              "tied_at": sorted({(c["k"], c["n"]) for c in tied})[:5]}
-    return bench._cache[key]
+    return wb._cache[key]
 
 
-def mechanism_findings(bench: Any) -> list[dict[str, Any]]:
-    """The mechanisms the bench's probe row does not exercise (:func:`models.mechanism_gaps` on its config and
+def mechanism_findings(wb: Any) -> list[dict[str, Any]]:
+    """The mechanisms the workbench's probe row does not exercise (:func:`models.mechanism_gaps` on its config and
     lengths), as cell findings with cause ``mechanism_not_exercised``."""
-    from .model.shrink import mechanism_gaps
+    from ..model.shrink import mechanism_gaps
 
-    return [{"cause": "mechanism_not_exercised", "evidence": gap} for gap in mechanism_gaps(bench.config, tuple(bench.lengths))]
+    return [{"cause": "mechanism_not_exercised", "evidence": gap} for gap in mechanism_gaps(wb.config, tuple(wb.lengths))]

@@ -1,5 +1,5 @@
 """Training as users run it: transformers' Trainer + DataCollatorWithFlattening, and the harness the training
-checks share (the TRL ones in :mod:`pytest_packcheck.sft` too): a hand-written SGD reference, a trainer run that
+checks share (the TRL ones in :mod:`pytest_packcheck.checks.sft` too): a hand-written SGD reference, a trainer run that
 leaves no trace on the model, and the trainer's own padded run told apart.
 
 The Trainer's token counting this relies on: ``num_items_in_batch`` is passed to models that take loss kwargs
@@ -12,22 +12,22 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .backends import backend_availability
-from .model import batches as B
-from .results import CheckResult
+from ..backends import backend_availability
+from ..model import batches as B
+from ..results import CheckResult
 
 if TYPE_CHECKING:
-    from .checks import Workbench
+    from .workbench import Workbench
 
 
 def _fmt(x: float) -> str:
     return f"{x:.2e}"
 
 
-def _cannot_train(bench: Workbench) -> CheckResult | None:
+def _cannot_train(wb: Workbench) -> CheckResult | None:
     """The skipped verdict of a Trainer check where it cannot run: a backend without a backward pass here
     (flex_attention on CPU), or transformers' Trainer not importable (it needs accelerate); None where it can."""
-    avail = backend_availability(bench.backend or "eager", bench.device)
+    avail = backend_availability(wb.backend or "eager", wb.device)
     if not avail.backward:
         return CheckResult("skipped", {}, avail.backward_reason)
     try:
@@ -166,21 +166,21 @@ def reference_steps(model: Any, batch: dict[str, Any], steps: int, lr: float = T
     return losses, norms, params
 
 
-def _train(bench: Workbench, collator: Any, out_dir: str, use_cache: bool | None, examples: list[list[int]] | None = None,
+def _train(wb: Workbench, collator: Any, out_dir: str, use_cache: bool | None, examples: list[list[int]] | None = None,
            batch_size: int | None = None, grad_accum: int = 1, steps: int = TRAINER_STEPS) -> tuple[list[float], list[float], dict[str, Any]]:
-    """``steps`` optimizer steps of transformers' Trainer on ``examples`` (default: the bench's, all of them in
+    """``steps`` optimizer steps of transformers' Trainer on ``examples`` (default: the workbench's, all of them in
     one batch per step), fixed seed and data order, SGD, constant LR, no clipping; per-step loss and grad
     norm, and the parameters after the last step. ``use_cache`` None: the model as configured. The model is
     restored afterwards."""
     import torch
     from transformers import Trainer, TrainingArguments
 
-    model = bench.model
-    examples = examples or bench.examples
+    model = wb.model
+    examples = examples or wb.examples
     saved_cache = getattr(model.config, "use_cache", None)
     args = TrainingArguments(
         output_dir=out_dir, per_device_train_batch_size=batch_size or len(examples), max_steps=steps, save_strategy="no",
-        report_to=[], dataloader_num_workers=0, disable_tqdm=True, use_cpu=not bench.device.startswith("cuda"),
+        report_to=[], dataloader_num_workers=0, disable_tqdm=True, use_cpu=not wb.device.startswith("cuda"),
         remove_unused_columns=False, gradient_accumulation_steps=grad_accum, **TRAIN_RECIPE,
     )
     data = [{"input_ids": list(e)} for e in examples]
@@ -221,7 +221,7 @@ def padded_trainer_note(entry: dict[str, Any], ref_loss: list[float], labels: An
     return f"; {who}'s own padded run differs from the reference by {_fmt(entry['max_loss_delta'])}"
 
 
-def padded_verdict(bench: Workbench, run: tuple[list[float], list[float]], reference: tuple[list[float], list[float]],
+def padded_verdict(wb: Workbench, run: tuple[list[float], list[float]], reference: tuple[list[float], list[float]],
                    labels: Any, who: str) -> CheckResult:
     """The verdict on a trainer's own padded run (``run``: per-step loss and grad norm) against the hand-written
     ``reference`` on the same padded batch (``labels``: its labels): pass within ``train_loss_atol`` and
@@ -236,7 +236,7 @@ def padded_verdict(bench: Workbench, run: tuple[list[float], list[float]], refer
     metrics["max_grad_norm_rel"] = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(norm, ref_norm, strict=True))
     text = (f"{who}'s own padded run vs the hand-written reference, {len(loss)} steps: loss delta {_fmt(metrics['max_loss_delta'])}, "
             f"grad norm rel {_fmt(metrics['max_grad_norm_rel'])}")
-    if metrics["max_loss_delta"] <= bench.tol["train_loss_atol"] and metrics["max_grad_norm_rel"] <= bench.tol["train_grad_norm_rel"]:
+    if metrics["max_loss_delta"] <= wb.tol["train_loss_atol"] and metrics["max_grad_norm_rel"] <= wb.tol["train_grad_norm_rel"]:
         return CheckResult("pass", metrics, text)
     note = padded_trainer_note(metrics, ref_loss, labels, who)
     cause = "padded_normalisation" if metrics.get("normalisation") else "padded_mismatch"
@@ -244,19 +244,19 @@ def padded_verdict(bench: Workbench, run: tuple[list[float], list[float]], refer
     return CheckResult("fail", metrics, text + note, cause=cause, evidence=evidence)
 
 
-def _padded_runs(bench: Workbench, out_dir: str) -> tuple[dict[str, Any], tuple, tuple]:
-    """The right-padded batch of the bench's examples, the hand-written reference on it and Trainer's own padded
+def _padded_runs(wb: Workbench, out_dir: str) -> tuple[dict[str, Any], tuple, tuple]:
+    """The right-padded batch of the workbench's examples, the hand-written reference on it and Trainer's own padded
     run (a padding collator, use_cache=False), TRAINER_STEPS steps each; cached per model, so the trainer and
     trainer_padded checks of a group share them."""
-    key = ("trainer_padded_runs", id(bench.model), bench.pad_id)
-    if key not in bench._cache:
-        padded = B.padded_batch(bench.examples, bench.pad_id, "right")
-        bench._cache[key] = (padded, reference_steps(bench.model, padded, TRAINER_STEPS),
-                             _train(bench, _PaddingCollator(bench.pad_id), out_dir, use_cache=False))
-    return bench._cache[key]
+    key = ("trainer_padded_runs", id(wb.model), wb.pad_id)
+    if key not in wb._cache:
+        padded = B.padded_batch(wb.examples, wb.pad_id, "right")
+        wb._cache[key] = (padded, reference_steps(wb.model, padded, TRAINER_STEPS),
+                             _train(wb, _PaddingCollator(wb.pad_id), out_dir, use_cache=False))
+    return wb._cache[key]
 
 
-def check_trainer_padded(bench: Workbench) -> CheckResult:
+def check_trainer_padded(wb: Workbench) -> CheckResult:
     """transformers' Trainer's own padded run (a right-padding collator, use_cache=False), TRAINER_STEPS SGD
     steps, against :func:`reference_steps` on the same batch: the padded side's verdict, so a gate can hold it.
     Trainer divides padded batches by the label count before the causal shift up to 5.9 (all models) and on 5.24
@@ -265,26 +265,26 @@ def check_trainer_padded(bench: Workbench) -> CheckResult:
     reference, so this fault never shows there as a packing one."""
     import tempfile
 
-    cannot = _cannot_train(bench)
+    cannot = _cannot_train(wb)
     if cannot is not None:
         return cannot
     with tempfile.TemporaryDirectory(prefix="packcheck-trainer-") as tmp:
-        padded, (ref_loss, ref_norm, _), (loss, norm, _) = _padded_runs(bench, tmp)
-    return padded_verdict(bench, (loss, norm), (ref_loss, ref_norm), padded["labels"], "Trainer")
+        padded, (ref_loss, ref_norm, _), (loss, norm, _) = _padded_runs(wb, tmp)
+    return padded_verdict(wb, (loss, norm), (ref_loss, ref_norm), padded["labels"], "Trainer")
 
 
 #: Lengths of the three extra examples of the gradient-accumulation probe (two micro-batches of three).
 GRAD_ACCUM_LENGTHS = (9, 12, 5)
 
 
-def _grad_accum(bench: Workbench, collator: Any, out_dir: str) -> dict[str, Any]:
+def _grad_accum(wb: Workbench, collator: Any, out_dir: str) -> dict[str, Any]:
     """One optimizer step of Trainer with gradient_accumulation_steps=2 over two micro-batches of three
-    examples (the bench's and three more), use_cache=False. The ``num_items_in_batch`` the Trainer hands the
+    examples (the workbench's and three more), use_cache=False. The ``num_items_in_batch`` the Trainer hands the
     model with each micro-batch is captured by a forward pre-hook; it must be the label tokens != -100 after
     the causal shift over both micro-batches (transformers >= 4.46 passes it where the model takes loss
     kwargs). Returns the counts seen (None where the Trainer passed none), the expected count and the loss."""
-    model = bench.model
-    examples = list(bench.examples) + B.make_examples(bench.config, GRAD_ACCUM_LENGTHS, seed=1)
+    model = wb.model
+    examples = list(wb.examples) + B.make_examples(wb.config, GRAD_ACCUM_LENGTHS, seed=1)
     seen: list[int | None] = []
 
     def capture(module: Any, args: Any, kwargs: dict[str, Any]) -> None:
@@ -293,14 +293,14 @@ def _grad_accum(bench: Workbench, collator: Any, out_dir: str) -> dict[str, Any]
 
     handle = model.register_forward_pre_hook(capture, with_kwargs=True)
     try:
-        loss, norm, _ = _train(bench, collator, out_dir, use_cache=False, examples=examples, batch_size=3, grad_accum=2, steps=1)
+        loss, norm, _ = _train(wb, collator, out_dir, use_cache=False, examples=examples, batch_size=3, grad_accum=2, steps=1)
     finally:
         handle.remove()
     return {"num_items_in_batch": seen, "expected": sum(len(e) - 1 for e in examples), "micro_batches": len(seen),
             "loss": loss, "grad_norm": norm}
 
 
-def check_trainer(bench: Workbench) -> CheckResult:
+def check_trainer(wb: Workbench) -> CheckResult:
     """Training as a user runs it: transformers' ``Trainer`` with ``DataCollatorWithFlattening``, TRAINER_STEPS
     steps (same examples, seed and order, SGD, constant LR, no clipping), against :func:`reference_steps` on the
     right-padded batch: per-step loss (``train_loss_atol``), grad norm and the parameters after the last step
@@ -319,20 +319,20 @@ def check_trainer(bench: Workbench) -> CheckResult:
 
     import torch
 
-    cannot = _cannot_train(bench)
+    cannot = _cannot_train(wb)
     if cannot is not None:
         return cannot
-    flat = bench.collator_factory(return_position_ids=True, position_ids_start=bench.start)
+    flat = wb.collator_factory(return_position_ids=True, position_ids_start=wb.start)
     with tempfile.TemporaryDirectory(prefix="packcheck-trainer-") as tmp:
-        padded, (ref_loss, ref_norm, ref_params), padded_run = _padded_runs(bench, tmp)
-        runs = {"as_configured": _train(bench, flat, tmp, use_cache=None), "use_cache_false": _train(bench, flat, tmp, use_cache=False),
+        padded, (ref_loss, ref_norm, ref_params), padded_run = _padded_runs(wb, tmp)
+        runs = {"as_configured": _train(wb, flat, tmp, use_cache=None), "use_cache_false": _train(wb, flat, tmp, use_cache=False),
                 "padded_trainer": padded_run}
-        ga_packed, ga_padded = _grad_accum(bench, flat, tmp), _grad_accum(bench, _PaddingCollator(bench.pad_id), tmp)
+        ga_packed, ga_padded = _grad_accum(wb, flat, tmp), _grad_accum(wb, _PaddingCollator(wb.pad_id), tmp)
     # whole optimizer steps: the training tolerances (the sft checks use the same)
-    tol_loss, tol_rel = bench.tol["train_loss_atol"], bench.tol["train_grad_norm_rel"]
+    tol_loss, tol_rel = wb.tol["train_loss_atol"], wb.tol["train_grad_norm_rel"]
     ref_flat = torch.cat([p.flatten() for p in ref_params.values()])
     metrics: dict[str, Any] = {"steps": TRAINER_STEPS, "reference_loss": ref_loss, "reference_grad_norm": ref_norm,
-                               "config_use_cache": getattr(bench.config, "use_cache", None)}
+                               "config_use_cache": getattr(wb.config, "use_cache", None)}
     verdicts = {}
     for name, (loss, norm, params) in runs.items():
         loss_delta = max((abs(a - b) for a, b in zip(loss, ref_loss, strict=True)), default=float("inf")) if len(loss) == len(ref_loss) else float("inf")
@@ -374,13 +374,13 @@ def check_trainer(bench: Workbench) -> CheckResult:
                            f"with use_cache=False {_fmt(b['max_loss_delta'])}" + note, cause="cache_trap",
                            evidence={"as_configured_loss_delta": a["max_loss_delta"], "use_cache_false_loss_delta": b["max_loss_delta"],
                                      "config_use_cache": metrics["config_use_cache"]}, findings=findings)
-    from .checks import mismatch_cause
+    from .probes import mismatch_cause
 
-    logits_diff, _ = bench.diff_to_solo(bench.packed_logits())
-    if logits_diff <= bench.tol["logits_atol"]:
+    logits_diff, _ = wb.diff_to_solo(wb.packed_logits())
+    if logits_diff <= wb.tol["logits_atol"]:
         cause, evidence = "loss_normalisation", {"logits_diff": logits_diff}
     else:
-        cause, evidence = mismatch_cause(bench, logits_diff, bench.tol["logits_atol"])
+        cause, evidence = mismatch_cause(wb, logits_diff, wb.tol["logits_atol"])
     if gap > 1e-3:
         findings.append({"cause": "cache_trap", "evidence": f"the packed run as configured differs from use_cache=False by {gap:.2e} in loss"})
     return CheckResult("fail", metrics, f"Trainer packed run differs from the reference (from step {b['first_diverging_step']}): "

@@ -26,7 +26,7 @@ import re
 import sys
 from typing import Any
 
-from .backends import PACKCHECK_REGISTERED
+from ..backends.table import PACKCHECK_REGISTERED
 
 #: In modeling code: a test of the attention implementation's name against flash_attention_2 (==, !=, in a
 #: list), on one source line (comments excluded).

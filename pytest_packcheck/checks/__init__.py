@@ -1,0 +1,42 @@
+"""The checks: plain functions ``check(wb: Workbench) -> CheckResult`` over one shared workbench.
+
+Read :mod:`.registry` first (every check described once: level, role, key number, tolerance, causes, suite,
+requirements), then :mod:`.causes` (every cause code's meaning and remedy), then a family module:
+
+- :mod:`.workbench`: the :class:`Workbench` (one built model, its examples, cached reference runs);
+- :mod:`.reference`: each example alone, the one reference every comparison is made against;
+- :mod:`.probes`: the probes a parity difference reads its cause from (leak, positions, sliding window);
+- :mod:`.mechanisms`: top-k selection ties and mechanisms the probe row never exercises;
+- :mod:`.collate`, :mod:`.parity`, :mod:`.attention`, :mod:`.traps`, :mod:`.variants`: the model checks;
+- :mod:`.training`, :mod:`.sft`, :mod:`.sft_probes`, :mod:`.packing`: transformers' Trainer and TRL's SFTTrainer;
+- :mod:`.listing`: ``packcheck checks``.
+
+Importing this package imports neither torch nor transformers (the plugin reads the registry while pytest
+loads): the names below are resolved on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .registry import CHECKS, DEFAULT_CHECKS, MODEL_LEVEL_CHECKS, SPECS
+
+__all__ = ["CHECKS", "DEFAULT_CHECKS", "MODEL_LEVEL_CHECKS", "SPECS", "Workbench", "expected_attention_calls",
+           "mismatch_cause", "stateful_layers"]
+
+# what callers outside the package use, by module (the check functions are found through the registry)
+_LAZY = {"Workbench": "workbench", "mismatch_cause": "probes", "stateful_layers": "probes",
+         "expected_attention_calls": "attention"}
+
+
+def __getattr__(name: str) -> Any:
+    """``checks.Workbench``, ``checks.check_isolation`` (any registered check's function), ...: imported on first
+    use, so importing the package stays light."""
+    import importlib
+
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    spec = next((s for s in SPECS.values() if s.function.partition(":")[2] == name), None)
+    if spec is not None:
+        return spec.load()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

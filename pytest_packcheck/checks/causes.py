@@ -1,0 +1,266 @@
+"""Every cause code a check can return: what it means and what to do about it, as data.
+
+A check returns a code with its evidence (``cause="leak", evidence={"isolation_moved": 3.1e-2}``); the diagnosis
+(:func:`pytest_packcheck.analysis.diagnose.remedy`) maps the code to a remedy and never reads a message. A cause's
+remedy is :attr:`Cause.remedy`, or the first of :attr:`Cause.when` that fits the cell (its backend, its check, a
+number it measured). Advice that depends on a library version is not here: it is the remedy of the matching entry
+of ``audit/known_faults.toml`` (its version window, its ``fixed_in``), which the diagnosis prefers.
+
+Importing this module imports neither torch nor transformers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..backends.table import MASKED_BACKENDS
+
+
+@dataclass(frozen=True)
+class Remedy:
+    """A remedy that replaces the cause's own on the cells it fits: every condition given must hold.
+    ``backends`` / ``checks``: the cell's backend / check is one of them. ``facts``: ``(key, value)`` pairs that
+    the cell's metrics or the cause's own evidence hold (``value`` a type: any value of that type)."""
+
+    text: str
+    backends: tuple[str, ...] = ()
+    checks: tuple[str, ...] = ()
+    facts: tuple[tuple[str, Any], ...] = ()
+
+    def fits(self, cell: dict[str, Any], evidence: dict[str, Any]) -> bool:
+        if self.backends and cell.get("backend") not in self.backends:
+            return False
+        if self.checks and cell.get("check") not in self.checks:
+            return False
+        metrics = cell.get("metrics") or {}
+        return all(_holds(metrics, key, value) or _holds(evidence, key, value) for key, value in self.facts)
+
+
+def _holds(where: dict[str, Any], key: str, value: Any) -> bool:
+    if key not in where:
+        return False
+    if isinstance(value, type):
+        return isinstance(where[key], value)
+    return where[key] is value if isinstance(value, bool) else where[key] == value
+
+
+@dataclass(frozen=True)
+class Cause:
+    """One cause code: ``meaning`` (what the failure is; ``--help``, the report's legend) and ``remedy`` (one line:
+    what to do; "" where packcheck has none to give), refined by ``when`` (the first that fits wins)."""
+
+    code: str
+    meaning: str
+    remedy: str
+    when: tuple[Remedy, ...] = ()
+
+    def remedy_for(self, cell: dict[str, Any], evidence: dict[str, Any] | None = None) -> str:
+        """The remedy that fits ``cell`` (a results-document cell; ``evidence``: this cause's own numbers)."""
+        return next((r.text for r in self.when if r.fits(cell, evidence or {})), self.remedy)
+
+
+_CAUSES: tuple[Cause, ...] = (
+    Cause("leak",
+          "examples attend across boundaries (the isolation probe moves)",
+          "disable packing for this architecture on this backend",
+          when=(Remedy(backends=MASKED_BACKENDS, text=(
+              "do not pack on eager/sdpa/flex for this model; the flash path may keep the boundaries (see its varlen "
+              "reference cell, packcheck's CPU stand-in for the FA2 preparation code): run packcheck with "
+              "flash_attention_2 on your GPU before training with it packed")),)),
+    Cause("wrong_positions",
+          "boundaries hold (isolation passes) but positions differ from the per-example runs",
+          "check that position_ids restart at each example and reach the model's rotary / position embedding",
+          when=(Remedy(facts=(("batch_has_position_ids", False),),
+                 text="also return position_ids from the collator (DataCollatorWithFlattening(return_position_ids=True))"),
+          Remedy(facts=(("max_abs_diff_start_based_positions", float),),
+                 text="set position_ids_start=padding_idx + 1 on DataCollatorWithFlattening"))),
+    Cause("loss_normalisation",
+          "logits match but the loss differs: labels or the token count used to normalise",
+          "compare packed runs with a correctly normalised padded baseline, and count num_items_in_batch after the "
+          "shift over the whole accumulation step; keep labels -100 at boundaries"),
+    Cause("kernel_numerics",
+          "differences within a small multiple of the dtype tolerance, no leak: kernel numerics",
+          "none needed: within a small multiple of the dtype tolerance; widen it if this dtype is expected to differ"),
+    Cause("cache_trap",
+          "correct only with use_cache=False: a cache disables the packed mask",
+          "set use_cache=False (model.config.use_cache = False): TRL's SFTTrainer does, and transformers' Trainer "
+          "does from 5.0.0 on (TrainingArguments.use_cache=False; bisected, 4.57.6 does not); a hand-written loop "
+          "does not"),
+    Cause("mask_override",
+          "an attention_mask beside the packed row overrides its boundaries",
+          "do not pass attention_mask with packed rows (drop it from the batch)",
+          when=(Remedy(checks=("sft", "sft_padding_free", "sft_strategies"), text=(
+              "set padding_free=True in SFTConfig (TRL >= 0.16) so packed rows carry position_ids and no attention_mask, "
+              "or upgrade TRL (from 0.21 bfd packing turns padding-free on; from 0.23.1 position_ids reach every "
+              "backend)")),)),
+    Cause("ignores_position_ids",
+          "the model ignores position_ids (restarting them changes nothing)",
+          "not supported for this architecture: disable packing for it"),
+    Cause("sliding_window",
+          "parity holds for examples shorter than the sliding window and fails above it",
+          "use a flash backend (the window is applied per segment), or keep examples shorter than the window"),
+    Cause("stateful_layers",
+          "state-space / linear-attention / conv layers carry state across examples (attention is isolated)",
+          "disable packing for this architecture on this stack (its state carries from one example into the next), "
+          "or train on GPU with the kernels that restart state at seq_idx / cu_seq_lens (mamba_ssm and "
+          "causal_conv1d with seq_idx, flash-linear-attention with cu_seqlens), fed by a collator that returns "
+          "seq_idx (DataCollatorWithFlattening(return_seq_idx=True), TRL's padding-free collator), and check it "
+          "here on that stack"),
+    Cause("stateful_layers_refused",
+          "the model refuses packed rows: its stateful layers cannot keep examples apart here",
+          "disable packing for this architecture here; on GPU, the kernels that take seq_idx (mamba_ssm, "
+          "causal_conv1d) can keep examples apart"),
+    Cause("backend_swap",
+          "the requested attention backend is not the one that ran",
+          "install the requested backend or request one that runs (see which ran in the backend cell)"),
+    Cause("dense_kernel",
+          "the flash backend ran its dense (padded) kernel, not the varlen one: the row was attended whole",
+          "pass position_ids that restart per example, or cu_seq_lens_q/k, so the varlen kernel runs"),
+    Cause("call_count",
+          "attention calls counted differ from the attention modules found; parity decides whether it matters",
+          "none if isolation and parity pass here: the count reflects attention modules reused or never called; see "
+          "the backend cell's counts"),
+    Cause("labels_contract",
+          "the collator's labels contract (non-token labels) is broken",
+          "use a padding collator for non-token (sequence-classification) labels"),
+    Cause("boundary_labels",
+          "labels are not -100 at example starts: each example's first token is trained as the previous example's "
+          "next token",
+          "set labels to -100 at each example's first token (DataCollatorWithFlattening and TRL's padding-free "
+          "collator do); a collator of your own must mask them"),
+    Cause("collator_contract",
+          "the collator's output breaks the packing contract (lengths, positions, cu_seq_lens)",
+          "fix the collator's output (see the collate cell), or upgrade transformers"),
+    Cause("empty_example",
+          "an empty example is neither dropped nor refused: it leaves a zero-length segment or stray labels",
+          "drop empty examples before collating (the collator keeps them as a zero-length segment)"),
+    Cause("position_layout",
+          "the collator's (batch, length) position_ids reach a multimodal-RoPE model that expands them without the "
+          "text row its packed mask / flash boundaries are read from: examples attend across",
+          "lay the packed row's position_ids out as the model's own get_rope_index and generate() do: (4, batch, "
+          "length), the collator's row as the text row and again for temporal / height / width (text-only rows), "
+          "e.g. position_ids[None].expand(4, -1, -1); or, on a flash backend, pass cu_seq_lens_q/k "
+          "(DataCollatorWithFlattening(return_flash_attn_kwargs=True))"),
+    Cause("batch_rows",
+          "two packed rows (batch size > 1) without cu_seq_lens lose their boundaries on this backend",
+          "pack one row per step (DataCollatorWithFlattening does), or pass cu_seq_lens_q/k with the batch"),
+    Cause("packing_content",
+          "TRL's packer loses, duplicates or cuts tokens beyond what its strategy documents (a tail packed without "
+          "its prompt)",
+          "truncate examples to max_length before packing, or use packing_strategy='bfd_split' knowingly; report it "
+          "to TRL"),
+    Cause("padded_normalisation",
+          "the trainer's own padded run divides by the label count before the causal shift (the padded side is "
+          "wrong)",
+          "the padded baseline is off, not the packed run: compare with transformers >= 5.10.1 (counts after the "
+          "shift) or a hand-written reference"),
+    Cause("padded_mismatch",
+          "the trainer's own padded run differs from the hand-written reference, not by the unshifted label count",
+          "the padded baseline is off, not the packed run: see the padded cell's per-step losses; compare packed "
+          "runs with a hand-written reference"),
+    Cause("completion_mask",
+          "prompt tokens keep their labels in the packed row: the completion mask is lost, prompts are trained",
+          "upgrade TRL to >= 0.20.0 (the packer of 0.17.0 - 0.19.1 drops the completion_mask column, so prompts are "
+          "trained), or mask the prompt labels yourself before packing; check with the sft cell"),
+    Cause("packed_mismatch",
+          "the packed run differs from the reference, and no probe in the cell could say why",
+          "rerun with the current packcheck: it names the cause"),
+    Cause("probe_inconclusive",
+          "the probe could not see a planted leak on this model: its pass would mean nothing",
+          "run this model in float32 (the probe is conclusive there) to check isolation"),
+    Cause("cross_backend",
+          "this backend's per-example (unpacked) logits differ from eager's on the same weights (another window, "
+          "softcap or scaling): packed-vs-solo cannot see it, both share it",
+          ""),
+    Cause("non_causal",
+          "a later token changes earlier positions' logits: the backend runs non-causal (bidirectional) attention",
+          ""),
+    Cause("flash_boundaries",
+          "the model's flash path built cu_seq_lens that do not fit the packed row (past its end, or decreasing): "
+          "FlashAttention-2 would read outside the row; the reference kernels refuse",
+          "do not pack this model on a flash backend at this version (its flash path derives cu_seq_lens that do "
+          "not fit the row); use sdpa with position_ids, and report it upstream"),
+    Cause("kernel_arguments",
+          "the model's flash path handed the varlen kernel arguments its contract refuses or misreads (cu_seqlens "
+          "not int32, max_seqlen below the longest segment, a zero-length segment with max_seqlen_q == 1 under GQA; "
+          "a tensor max_seqlen, which FlashAttention-4 does not take)",
+          "do not run this model on that flash kernel at this transformers version (its flash path builds arguments "
+          "the kernel refuses or misreads, see the backend cell's kernel_arguments); pass cu_seq_lens_q/k (int32) "
+          "and int max_length_q/k from the collator, and report it upstream"),
+    Cause("stand_in_differs",
+          "the model's or TRL's code branches on the name flash_attention_2, so under packcheck's stand-in it takes "
+          "the non-flash side: the cell says nothing about real FA2 (not checked)",
+          "check this cell with flash_attention_2 on a GPU (the stand-in cannot take the branch real FA2 takes, see "
+          "the evidence's file:line); or upgrade the library that branches (TRL >= 0.23.1 sends position_ids to "
+          "every backend)"),
+    Cause("non_finite",
+          "a run produced NaN or infinite numbers (gradients, logits): where only the packed run does, a fail; "
+          "where the reference does, no comparison is possible",
+          "find which run overflows (the evidence names the first tensors): in the packed run only, do not pack "
+          "this model on this backend; in the reference, check the model in float32 first"),
+    Cause("offset_positions",
+          "a row whose examples' position_ids start at k > 0 (a continuation chunk) differs from each example alone "
+          "at the same positions, or the model refuses it",
+          "pass cu_seq_lens_q/k with offset position_ids (the flash path of 5.24 reads boundaries where "
+          "position_ids == 0 otherwise), or restart continuation chunks at 0"),
+    Cause("positions_not_restarted",
+          "cu_seq_lens without position_ids: boundaries hold but the positions run on across examples (learned "
+          "absolute position embeddings see the wrong positions)",
+          "also return position_ids (DataCollatorWithFlattening(return_position_ids=True)): learned absolute "
+          "positions need them restarted per example"),
+    Cause("segment_mask",
+          "a segment mask beside the packed row (2-D segment ids, 4-D block-diagonal) does not keep the examples "
+          "apart, or the model refuses it",
+          "send restarting position_ids and no attention_mask (or cu_seq_lens_q/k on a flash backend) instead of a "
+          "segment mask; a 4-D mask only where the backend honours it (see the items)"),
+    Cause("single_row",
+          "one unpacked example through the flattening collator differs from the dense path (the example alone)",
+          "do not route one unpacked example through the packed path on this version: collate it without flash "
+          "kwargs"),
+    Cause("selection_ties",
+          "top-k selection (a sparse-attention indexer) has exact ties at its cut: which tied key is kept depends "
+          "on the row, so packed and alone differ without a leak",
+          "none for packing itself: tied top-k scores are cut by index, so the selection depends on the row; check "
+          "with inputs without ties (or real weights) before blaming packing"),
+    Cause("mechanism_not_exercised",
+          "a mechanism of the model (top-k selection, chunked attention, ...) is longer than the probe row, so the "
+          "row never exercises it: its pass says nothing about it",
+          "rerun with a config whose value fits the probe row (arch:<type>{key=value}), or longer "
+          "--packcheck-lengths, to exercise it"),
+    Cause("crash",
+          "the cell crashed (see the exception)",
+          "see the exception; report it upstream if it is the library's"),
+    Cause("shrunk_crash",
+          "the cell crashed in the tiny model packcheck made of the config (random weights): the full-size model "
+          "may run; packcheck's shrink is suspect before the library",
+          "check the model at full size (a Hub ID, or --packcheck-weights=pretrained) before reporting upstream: "
+          "packcheck shrank this one, and a crash only there is packcheck's to fix"),
+    Cause("packcheck_error",
+          "packcheck's own probe code crashed (no frame of the model or its libraries in the traceback): "
+          "packcheck's bug, the check judged nothing; the traceback is in the details",
+          "report it to packcheck with the traceback in the details (the model was not judged by this check); the "
+          "other checks' numbers stand"),
+    Cause("reference_unavailable",
+          "the reference the check compares with (padded or solo run) could not be computed or carries no signal "
+          "(non-finite, all-zero): not checked, the reason is given",
+          "not checked here: compute the reference in float32 or on another backend (the evidence says why this one "
+          "could not be)"),
+    Cause("shrink_limit",
+          "packcheck could not make a tiny model of this config (a limit of packcheck, not of the model)",
+          "report it to packcheck (its shrink does not know this config), or run the model at full size"),
+    Cause("library_config",
+          "the config does not build in transformers itself, shrunk or not (the library's own error)",
+          "give the values the config lacks (arch:<type>{key=value} or --packcheck-config key=value), or use a "
+          "checkpoint's config; report the default config upstream"),
+    Cause("hang",
+          "the cell did not finish within the timeout",
+          "raise --packcheck-timeout if the model is just slow; else see the last output"),
+    Cause("out_of_memory",
+          "the cell ran out of memory",
+          "use a smaller model or dtype, or run on a bigger device"),)
+
+#: Every cause by code, in the order above.
+CAUSE_RECORDS: dict[str, Cause] = {c.code: c for c in _CAUSES}
+#: Code -> meaning: the codes a check may name (the registry validates its rows against it).
+CAUSES: dict[str, str] = {c.code: c.meaning for c in _CAUSES}

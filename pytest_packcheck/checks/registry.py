@@ -1,0 +1,311 @@
+"""Every check, described once: what it runs, where, what its verdict means, and what it can find.
+
+The rest of packcheck reads checks from here: the plan (:mod:`runner`), the settings' allowed names and
+defaults, the report's headline verdict, key numbers and legend, the gate's tolerances, the diagnosis's cause
+codes, bench's warning mark, ``--help`` and the README's check table. Importing this module imports neither
+torch nor transformers (the plugin imports it while pytest loads).
+
+Roles decide what a verdict means for a matrix cell:
+
+- ``correctness``: the packed row as transformers' Trainer (5.x) and TRL feed it (``DataCollatorWithFlattening``
+  output, restarting ``position_ids``, no ``attention_mask``, ``use_cache=False``, one packed row per
+  micro-batch) trains the model the same as padding. Only these checks decide the cell's headline: ✅ means
+  every one that ran passed.
+- ``hazard``: a fact about using the model outside that contract (a cache, an ``attention_mask`` beside the
+  packed row). True and worth saying, once per stack; never a model failure.
+- ``finding``: a fact about the library stack that does not depend on the model (the collators' contracts,
+  TRL's packer). Reported once per environment with the count of models it was measured on.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from .causes import CAUSES
+
+ROLES = {
+    "correctness": "decides the cell: padding-free packing, fed as transformers' Trainer and TRL feed it, trains the "
+                   "model the same as padding",
+    "hazard": "a usage hazard outside that contract (a cache, an attention_mask beside the packed row): reported once per "
+              "stack, never a model failure",
+    "finding": "a fact of the library stack (collator contract, TRL's packer), independent of the model: reported once per "
+               "environment",
+}
+LEVELS = {"model": "once per model (no attention backend)", "backend": "once per model x attention backend"}
+
+#: A parity difference at most this many times the tolerance, with isolation holding, is kernel numerics.
+NUMERICS_FACTOR = 10.0
+
+
+#: Suites: the set of checks a shipped audit (audit/<suite>.toml) plans; only ``default`` runs when no check is named.
+SUITES = {
+    "default": "run when no check is named",
+    "variants": "input variants beside the standard row: opt in (--packcheck-checks, or --audit variants)",
+    "training": "whole Trainer / SFTTrainer runs and TRL's packer: opt in (--packcheck-checks, or --audit training)",
+}
+
+
+class KeyMetric(NamedTuple):
+    """The number a check's verdict rests on: its ``metrics`` key and the label the report puts before it."""
+
+    key: str
+    label: str
+
+
+def format_number(value: Any) -> str:
+    """A key number as the matrix shows it: floats as ``1.2e-03``, anything else as text."""
+    return f"{value:.1e}" if isinstance(value, float) else str(value)
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    """One check, everything the rest of packcheck needs to know about it.
+
+    ``function``: ``"module:function"`` inside :mod:`pytest_packcheck.checks`, imported on first call.
+    ``key_metric``: the number that backs the verdict (the gate compares it, the report shows it);
+    ``key_number_format``: ``"module:function"`` of a formatter ``metrics -> str | None`` for a check whose key
+    number is not one float (None falls through to the generic rules of :meth:`key_number`); ``tolerance``: the
+    tolerances key that bounds the key number (the gate flags a pass whose number grew by more).
+    ``bears_on_bench``: the check judges what ``packcheck bench`` times (a packed row, use_cache=False, no
+    attention_mask). ``causes``: the codes it can return (:mod:`.causes`). ``suite``: which shipped audit plans
+    it (:data:`SUITES`); ``requires``: distributions it needs beyond packcheck's runtime (skipped without them);
+    ``gate``: ``audit --gate`` runs it when no check is named (the default suite always). ``skip_backends``:
+    backends it is not planned on (cross_backend: eager is its reference)."""
+
+    name: str
+    function: str
+    level: str
+    role: str
+    summary: str
+    key_metric: KeyMetric | None = None
+    key_number_format: str | None = None
+    tolerance: str | None = None
+    bears_on_bench: bool = False
+    causes: tuple[str, ...] = ()
+    suite: str = "default"
+    requires: tuple[str, ...] = ()
+    gate: bool = False
+    skip_backends: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for field_name, value, allowed in (("level", self.level, LEVELS), ("role", self.role, ROLES),
+                                           ("suite", self.suite, SUITES)):
+            if value not in allowed:
+                raise ValueError(f"check {self.name}: unknown {field_name} {value!r}. Expected one of: {', '.join(allowed)}.")
+        unknown = [c for c in self.causes if c not in CAUSES]
+        if unknown:
+            raise ValueError(f"check {self.name}: unknown causes {unknown} (add them to checks/causes.py)")
+
+    @property
+    def opt_in(self) -> bool:
+        """Not run unless named (--packcheck-checks, or its suite's audit)."""
+        return self.suite != "default"
+
+    @property
+    def training(self) -> bool:
+        """A whole Trainer / SFTTrainer run (or TRL's packer)."""
+        return self.suite == "training"
+
+    def load(self) -> Callable[[Any], Any]:
+        return _load(self.function)
+
+    def missing(self) -> tuple[str, ...]:
+        """The distributions of :attr:`requires` not installed here (no import: ``importlib.util.find_spec``)."""
+        from importlib.util import find_spec
+
+        return tuple(r for r in self.requires if find_spec(r) is None)
+
+    def key_number(self, metrics: dict[str, Any]) -> str:
+        """The key number of a cell of this check as the report shows it ("" when there is none): the check's own
+        formatter when it has one and it answers; a contract check's items held / checked; else
+        ``"<label> <number>"`` of :attr:`key_metric`."""
+        if self.key_number_format:
+            text = _load(self.key_number_format)(metrics)
+            if text is not None:
+                return text
+        if isinstance(metrics.get("items"), dict):  # a contract check: items held / checked
+            held = sum(1 for v in metrics["items"].values() if v.get("status") == "pass")
+            return f"{held}/{len(metrics['items'])} items"
+        if self.key_metric and self.key_metric.key in metrics:
+            return f"{self.key_metric.label} {format_number(metrics[self.key_metric.key])}"
+        return ""
+
+
+def _load(ref: str) -> Callable[..., Any]:
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(f"pytest_packcheck.checks.{module}"), attr)
+
+
+_PARITY_CAUSES = ("leak", "stateful_layers", "kernel_numerics", "wrong_positions", "sliding_window", "selection_ties")
+
+#: The checks in matrix order.
+REGISTRY: tuple[CheckSpec, ...] = (
+    CheckSpec(name="collate", function="collate:check_collate", level="model", role="finding",
+              summary="transformers' DataCollatorWithFlattening contract, item by item: per-token key lengths, position_ids "
+                      "restarts, labels -100 at boundaries, cu_seq_lens_q/k int32, max_length_q/k ints, an empty example, "
+                      "integer labels",
+              causes=("collator_contract", "labels_contract", "wrong_positions", "empty_example")),
+    CheckSpec(name="collate_trl", function="collate:check_collate_trl", level="model", role="finding",
+              summary="TRL's padding-free collator (pad_to_multiple_of=8), item by item: equal-length per-token keys, "
+                      "position_ids restarts, labels -100 at example starts and on the padding",
+              causes=("collator_contract",)),
+    CheckSpec(name="position_ids", function="parity:check_position_ids", level="backend", role="correctness",
+              summary="restarting position_ids must change later examples' logits (the model consumes them)",
+              key_metric=KeyMetric("max_change", "Δ"), bears_on_bench=True,
+              causes=("ignores_position_ids",)),
+    CheckSpec(name="isolation", function="parity:check_isolation", level="backend", role="correctness",
+              summary="perturb one example: the others' logits must not move; a planted leak (no boundaries) must move them",
+              key_metric=KeyMetric("max_change", "Δ"), tolerance="isolation_atol", bears_on_bench=True,
+              causes=("leak", "stateful_layers", "kernel_numerics", "probe_inconclusive")),
+    CheckSpec(name="logits_parity", function="parity:check_logits_parity", level="backend", role="correctness",
+              summary="packed logits = each example run alone (padded batches reported beside)",
+              key_metric=KeyMetric("max_abs_diff_solo", "Δ"), tolerance="logits_atol", bears_on_bench=True,
+              causes=(*_PARITY_CAUSES, "batch_rows", "position_layout", "mechanism_not_exercised")),
+    CheckSpec(name="loss_parity", function="parity:check_loss_parity", level="backend", role="correctness",
+              summary="token-mean loss and gradient-accumulation sum loss (num_items_in_batch) = the per-example reference",
+              key_metric=KeyMetric("loss_delta", "Δ"), tolerance="loss_atol", bears_on_bench=True,
+              causes=(*_PARITY_CAUSES, "loss_normalisation", "reference_unavailable")),
+    CheckSpec(name="grad_parity", function="parity:check_grad_parity", level="backend", role="correctness",
+              summary="every parameter's gradient, packed vs right-padded: relative error, worst tensor, cosine",
+              key_metric=KeyMetric("grad_rel_err", "rel"), tolerance="grad_rel_err", bears_on_bench=True,
+              causes=(*_PARITY_CAUSES, "loss_normalisation", "non_finite", "reference_unavailable")),
+    CheckSpec(name="backend", function="attention:check_backend", level="backend", role="correctness",
+              summary="the requested attn_implementation ran: one call per attention layer, packed boundaries reached, "
+                      "flash backends on the varlen kernel only",
+              key_number_format="attention:key_number", bears_on_bench=True,
+              causes=("backend_swap", "leak", "dense_kernel", "call_count", "kernel_arguments")),
+    CheckSpec(name="cross_backend", function="attention:check_cross_backend", level="backend", role="correctness",
+              summary="each example alone on this backend = on eager with the same weights, incl. lengths around the sliding window",
+              key_metric=KeyMetric("max_abs_diff_vs_eager", "Δ eager"), tolerance="logits_atol", bears_on_bench=True,
+              causes=("cross_backend", "sliding_window"),
+              skip_backends=("eager",)),
+    CheckSpec(name="causality", function="parity:check_causality", level="backend", role="correctness",
+              summary="perturb each example's last token: no earlier position's logits may move (causal attention)",
+              key_metric=KeyMetric("max_change_earlier", "Δ"), tolerance="isolation_atol", bears_on_bench=True,
+              causes=("non_causal", "probe_inconclusive")),
+    CheckSpec(name="edge_lengths", function="parity:check_edge_lengths", level="backend", role="correctness",
+              summary="rows of edge lengths (one-token examples, two adjacent; one at the sliding window; one much longer) = "
+                      "each example alone, logits and loss",
+              key_metric=KeyMetric("max_abs_diff", "Δ"), tolerance="logits_atol", bears_on_bench=True,
+              causes=(*_PARITY_CAUSES, "loss_normalisation")),
+    CheckSpec(name="single_row", function="variants:check_single_row", level="backend", role="correctness",
+              summary="one example, unpacked, through DataCollatorWithFlattening (position_ids; with cu_seq_lens_q/k) = the "
+                      "dense path (the example alone)",
+              key_metric=KeyMetric("max_abs_diff", "Δ"), tolerance="logits_atol", bears_on_bench=True,
+              causes=("single_row",)),
+    CheckSpec(name="cache_trap", function="traps:check_cache_trap", level="backend", role="hazard",
+              summary="the packed row called with use_cache left as configured (a hand-written loop): a cache disables the "
+                      "packed mask on eager / sdpa / flex",
+              key_metric=KeyMetric("max_abs_diff_default", "Δ"), tolerance="logits_atol",
+              causes=("cache_trap", *_PARITY_CAUSES)),
+    CheckSpec(name="mask_trap", function="traps:check_mask_trap", level="backend", role="hazard",
+              summary="an all-ones attention_mask beside the packed row (a padding collator's habit) overrides the boundaries",
+              key_metric=KeyMetric("max_abs_diff_with_mask", "Δ"), tolerance="logits_atol",
+              causes=("mask_override", *_PARITY_CAUSES)),
+    CheckSpec(name="offset_positions", function="variants:check_offset_positions", level="backend", role="hazard",
+              summary="a continuation row: position_ids start at 10, 0, 3 (never 0 in the first example), without and with "
+                      "cu_seq_lens_q/k, vs each example alone at the same positions",
+              key_metric=KeyMetric("max_abs_diff", "Δ"), tolerance="logits_atol",
+              causes=("offset_positions", *_PARITY_CAUSES),
+              suite="variants"),
+    CheckSpec(name="cu_seq_lens", function="variants:check_cu_seq_lens", level="backend", role="hazard",
+              summary="cu_seq_lens_q/k without position_ids (DataCollatorWithFlattening(return_flash_attn_kwargs=True, "
+                      "return_position_ids=False)) vs each example alone; the collator's cu_seq_lens = its position_ids "
+                      "restarts; which one a backend follows when they disagree",
+              key_metric=KeyMetric("max_abs_diff", "Δ"), tolerance="logits_atol",
+              causes=("positions_not_restarted", "collator_contract", *_PARITY_CAUSES),
+              suite="variants"),
+    CheckSpec(name="segment_masks", function="variants:check_segment_masks", level="backend", role="hazard",
+              summary="a 2-D integer segment-id mask (1,1,2,2,3,...) and a 4-D bool block-diagonal mask beside the packed row "
+                      "vs each example alone",
+              key_metric=KeyMetric("max_abs_diff", "Δ"), tolerance="logits_atol",
+              causes=("segment_mask", *_PARITY_CAUSES),
+              suite="variants"),
+    CheckSpec(name="trainer", function="training:check_trainer", level="backend", role="correctness",
+              summary="transformers' Trainer + DataCollatorWithFlattening, 3 SGD steps vs a hand-written padded reference; "
+                      "gradient accumulation's num_items_in_batch",
+              key_metric=KeyMetric("max_loss_delta", "loss Δ"), tolerance="train_loss_atol",
+              causes=("cache_trap", "loss_normalisation", "leak", "stateful_layers", "packed_mismatch", "padded_normalisation"),
+              suite="training", gate=True),
+    CheckSpec(name="trainer_padded", function="training:check_trainer_padded", level="backend", role="correctness",
+              summary="transformers' Trainer's own padded run (a padding collator), 3 SGD steps vs the hand-written padded "
+                      "reference: the padded side's verdict (its label count before the shift)",
+              key_metric=KeyMetric("max_loss_delta", "loss Δ"), tolerance="train_loss_atol",
+              causes=("padded_normalisation", "padded_mismatch"),
+              suite="training", gate=True),
+    CheckSpec(name="sft", function="sft:check_sft", level="backend", role="correctness",
+              summary="TRL's SFTTrainer(packing=True) as configured by default, every probe on its own: effective configuration, "
+                      "first-batch row contract, the trainer's first-batch loss, 3 steps vs padded, gradient checkpointing, "
+                      "completion-only labels",
+              key_metric=KeyMetric("loss_delta", "loss Δ"), tolerance="train_loss_atol",
+              causes=("completion_mask", "mask_override", "collator_contract", "boundary_labels", *_PARITY_CAUSES, "loss_normalisation", "packed_mismatch"),
+              suite="training", requires=("trl",), gate=True),
+    CheckSpec(name="sft_padded", function="sft:check_sft_padded", level="backend", role="correctness",
+              summary="TRL's SFTTrainer's own padded run (packing=False), 3 steps vs the hand-written padded reference: the "
+                      "padded side's verdict",
+              key_metric=KeyMetric("max_loss_delta", "loss Δ"), tolerance="train_loss_atol",
+              causes=("padded_normalisation", "padded_mismatch"),
+              suite="training", requires=("trl",), gate=True),
+    CheckSpec(name="sft_padding_free", function="sft:check_sft_padding_free", level="backend", role="correctness",
+              summary="TRL's SFTTrainer(packing=False, padding_free=True) vs padded: row contract, first-batch loss, 3 steps",
+              key_metric=KeyMetric("loss_delta", "loss Δ"), tolerance="train_loss_atol",
+              causes=("mask_override", "collator_contract", "boundary_labels", *_PARITY_CAUSES, "loss_normalisation", "packed_mismatch"),
+              suite="training", requires=("trl",)),
+    CheckSpec(name="sft_strategies", function="sft:check_sft_strategies", level="backend", role="correctness",
+              summary="TRL's SFTTrainer(packing=True) per packing_strategy (bfd, bfd_split; wrapped shown, not judged) vs padded",
+              key_number_format="sft:key_number_strategies", tolerance="train_loss_atol",
+              causes=("mask_override", "collator_contract", "boundary_labels", *_PARITY_CAUSES, "loss_normalisation", "packed_mismatch"),
+              suite="training", requires=("trl",)),
+    CheckSpec(name="packing_content", function="packing:check_packing_content", level="model", role="finding",
+              summary="token accounting of TRL's pack_dataset per strategy: lost, duplicated, tails packed without their prompt",
+              key_number_format="packing:key_number",
+              causes=("packing_content",),
+              suite="training", requires=("trl",)),
+)
+
+SPECS: dict[str, CheckSpec] = {s.name: s for s in REGISTRY}
+CHECKS: tuple[str, ...] = tuple(SPECS)
+#: Checks that run once per model, with no backend.
+MODEL_LEVEL_CHECKS: tuple[str, ...] = tuple(s.name for s in REGISTRY if s.level == "model")
+#: Whole Trainer / SFTTrainer runs (and TRL's packer): opt in with --packcheck-checks or audit/training.toml.
+TRAINING_CHECKS: tuple[str, ...] = tuple(s.name for s in REGISTRY if s.suite == "training")
+#: Input variants beside the standard row (offset positions, cu_seq_lens without position_ids, segment masks):
+#: opt in with --packcheck-checks or audit/variants.toml.
+VARIANT_CHECKS: tuple[str, ...] = tuple(s.name for s in REGISTRY if s.suite == "variants")
+#: Checks run when none are named: all but :data:`TRAINING_CHECKS` and :data:`VARIANT_CHECKS`.
+DEFAULT_CHECKS: tuple[str, ...] = tuple(s.name for s in REGISTRY if s.suite == "default")
+#: Checks that bear on what bench computes (a packed row, use_cache=False, no attention_mask).
+BENCH_RELEVANT_CHECKS: tuple[str, ...] = tuple(s.name for s in REGISTRY if s.bears_on_bench)
+
+
+def role(check: str) -> str:
+    """The role of ``check`` (``"correctness"`` for a name this packcheck does not know: a newer results file)."""
+    spec = SPECS.get(check)
+    return spec.role if spec else "correctness"
+
+
+def requiring(distribution: str) -> tuple[str, ...]:
+    """The checks that need ``distribution`` (e.g. ``"trl"``: the SFTTrainer checks and TRL's packer)."""
+    return tuple(s.name for s in REGISTRY if distribution in s.requires)
+
+
+def gate_checks() -> tuple[str, ...]:
+    """The checks ``audit --gate`` runs when none are named: the default suite, then the rows marked ``gate``
+    whose requirements are installed here (the Trainer's packed and padded runs; the SFTTrainer's where TRL is)."""
+    return (*DEFAULT_CHECKS, *(s.name for s in REGISTRY if s.gate and s.suite != "default" and not s.missing()))
+
+
+def check_help() -> str:
+    """The --packcheck-checks help text: every check with its role, the default set and the training set."""
+    return ("Checks to run, comma-separated. Default: " + ", ".join(DEFAULT_CHECKS) + ". Training checks (opt in): "
+            + ", ".join(TRAINING_CHECKS) + ". Input variants (opt in): " + ", ".join(VARIANT_CHECKS) + ". Roles: correctness decides a cell; hazards and findings are reported once "
+            "per stack. See `packcheck checks`.")
+
+
+def describe() -> list[tuple[str, str, str, str]]:
+    """(name, level, role, summary) of every check, in matrix order: the README table and ``packcheck checks``."""
+    return [(s.name, s.level, s.role + (", training" if s.training else ", opt-in" if s.opt_in else ""), s.summary)
+            for s in REGISTRY]

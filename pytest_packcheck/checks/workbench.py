@@ -1,0 +1,179 @@
+"""The workbench every check runs on. Each check is a plain function ``check(wb) -> CheckResult``; no pytest in here.
+
+A :class:`Workbench` holds one built model (one model x backend x dtype) plus the examples, and caches the
+per-example reference logits, so all checks of a cell group share one model build and one reference run.
+Faults can be planted by handing the workbench another model or collator factory (see tests/).
+
+Upstream behaviour the checks rely on (transformers 5.24, read in its source; file names below):
+- eager / sdpa / flex build a packed (block-diagonal) mask from ``position_ids`` only when there is no
+  attention_mask and no cache (``masking_utils.find_packed_sequence_indices``, transformers >= 4.54);
+- the flash path derives varlen boundaries from ``cu_seq_lens_q/k`` or from packed ``position_ids``
+  (``modeling_flash_attention_utils._flash_attention_forward``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..model import batches as B
+from .reference import alone_batch
+
+
+@dataclass
+class Workbench:
+    """Everything the checks of one cell group share.
+
+    ``model``: a causal LM in eval mode, no dropout (or a multimodal model run on its text path).
+    ``examples``: token id lists, lengths :data:`batches.DEFAULT_LENGTHS`. ``tol``: the dtype's tolerances (see
+    audit/tolerances.toml). ``layout``: how position_ids reach the model (:class:`batches.PositionLayout`: as
+    the collator gives them, or M-RoPE rows for a multimodal model's text path); every forward goes through it.
+    """
+
+    model: Any
+    config: Any
+    backend: str | None
+    dtype: str
+    tol: dict[str, float]
+    device: str = "cpu"
+    collator_factory: Callable[..., Any] = B.default_collator_factory
+    trl_collator_factory: Callable[..., Any] = B.trl_collator_factory
+    examples: list[list[int]] = field(default_factory=list)
+    layout: B.PositionLayout = B.PLAIN_POSITIONS
+    _cache: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.examples:
+            self.examples = B.make_examples(self.config)
+
+    @property
+    def lengths(self) -> list[int]:
+        return [len(e) for e in self.examples]
+
+    @property
+    def start(self) -> int:
+        return B.position_ids_start(self.config)
+
+    @property
+    def pad_id(self) -> int:
+        pad = getattr(self.config, "pad_token_id", None)
+        return int(pad) if isinstance(pad, int) else 0
+
+    def packed(self, examples: list[list[int]] | None = None, **kwargs: Any) -> dict[str, Any]:
+        return B.packed_batch(examples or self.examples, self.collator_factory, self.start, device=self.device, **kwargs)
+
+    def forward(self, batch: dict[str, Any], grad: bool = False, layout: B.PositionLayout | None = None, **kwargs: Any) -> Any:
+        """Call the model as a packed-training user would, minus the cache (``use_cache=False``) unless
+        ``kwargs`` says otherwise. Keys the forward does not take are dropped, except position_ids, which go
+        through ``layout`` (default: the workbench's)."""
+        import torch
+
+        accepted = self.accepted
+        inputs = {k: v for k, v in batch.items() if accepted is None or k in accepted or k == "position_ids"}
+        inputs.update(kwargs)
+        inputs.setdefault("use_cache", False)
+        if "position_ids" in inputs:
+            inputs["position_ids"] = (layout or self.layout).apply(inputs["position_ids"])
+        ctx = contextlib.nullcontext() if grad else torch.no_grad()
+        with ctx:
+            return self.model(**inputs)
+
+    @property
+    def accepted(self) -> set[str] | None:
+        """Keyword arguments the model's forward takes by name; None when it takes ``**kwargs`` only."""
+        params = inspect.signature(self.model.forward).parameters
+        named = {n for n, p in params.items() if p.kind is not inspect.Parameter.VAR_KEYWORD}
+        if "input_ids" not in named and any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            return None
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            named |= {"cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx", "num_items_in_batch"}
+        return named
+
+    def solo(self, example: list[int], model: Any = None, first: int | None = None) -> Any:
+        """Logits ``(len, vocab)`` float32 of one example run alone (:mod:`.reference`: positions from ``first``,
+        default the workbench's ``start``), ``use_cache=False``, no grad; on ``model`` when given (cross_backend's
+        eager twin), else as :meth:`forward` calls the workbench's."""
+        import torch
+
+        batch = alone_batch(example, self.start if first is None else first, self.device)
+        if model is None:
+            return self.forward(batch).logits[0].float()
+        with torch.no_grad():
+            return model(**{**batch, "position_ids": self.layout.apply(batch["position_ids"])}, use_cache=False).logits[0].float()
+
+    def solo_logits(self) -> list[Any]:
+        """:meth:`solo` of each of the workbench's examples (cached per model)."""
+        key = ("solo", id(self.model))
+        if key not in self._cache:
+            self._cache[key] = [self.solo(e) for e in self.examples]
+        return self._cache[key]
+
+    def packed_logits(self, batch: dict[str, Any] | None = None, **kwargs: Any) -> Any:
+        """Logits ``(total_tokens, vocab)`` float32 of the flattened row (the default row's are cached, keyed by
+        the model and collator in use, so a planted fault swapped in by a test is never served stale logits)."""
+        if batch is None and not kwargs:
+            key = ("packed", id(self.model), id(self.collator_factory))
+            if key not in self._cache:
+                self._cache[key] = self.forward(self.packed()).logits[0].float()
+            return self._cache[key]
+        return self.forward(batch or self.packed(), **kwargs).logits[0].float()
+
+    def diff_to_solo(self, logits: Any, skip_first: bool = False) -> tuple[float, list[float]]:
+        """Max abs diff of a packed row's logits against the solo runs, overall and per example."""
+        per = [
+            float((logits[s] - ref).abs().max())
+            for s, ref in zip(B.segment_slices(self.lengths), self.solo_logits(), strict=True)
+        ]
+        return max(per[1:] if skip_first else per), per
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.2e}"
+
+
+@contextlib.contextmanager
+def capture_warnings() -> Iterator[list[str]]:
+    """Collect Python warnings and transformers logger warnings raised in the block (messages only)."""
+    messages: list[str] = []
+
+    class Handler(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno >= logging.WARNING:
+                messages.append(record.getMessage())
+
+    handler = Handler()
+    logger = logging.getLogger("transformers")
+    # transformers' warning_once is an lru_cache: clear it, so a warning an earlier model already emitted in this
+    # process is seen again (otherwise the verdict would depend on the order cells run in).
+    once = getattr(logging.Logger, "warning_once", None)
+    if hasattr(once, "cache_clear"):
+        once.cache_clear()
+    logger.addHandler(handler)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            yield messages
+        finally:
+            logger.removeHandler(handler)
+            messages.extend(str(w.message) for w in caught)
+
+
+
+
+
+#: Rows of the edge-length probe: one-token examples (two adjacent), an example exactly at the sliding window
+#: (``w``, replaced by the window or 8), and one example much longer than the rest.
+EDGE_ROWS = ((1, 1, 9), ("w", 5), (40, 2, 3))
+
+
+def edge_examples(config: Any) -> list[list[list[int]]]:
+    """The examples of each :data:`EDGE_ROWS` row (``w``: the config's sliding window when within 2 < w <= 64,
+    else 8), made from ``config``'s vocabulary with seeds 10, 11, 12: one example list per row."""
+    window = getattr(config, "sliding_window", None)
+    w = window if isinstance(window, int) and 2 < window <= 64 else 8
+    return [B.make_examples(config, tuple(w if n == "w" else n for n in spec), seed=10 + r) for r, spec in enumerate(EDGE_ROWS)]
