@@ -284,7 +284,7 @@ def generate(releases: list[str], build: Path, shard: tuple[int, int] | None = N
 
 
 def _number(cell: dict[str, Any]) -> float | None:
-    from .report import KEY_METRIC
+    from .report.numbers import KEY_METRIC
 
     key = KEY_METRIC.get(cell["check"])
     value = (cell.get("metrics") or {}).get(key[0]) if key else None
@@ -661,7 +661,7 @@ OWN_CAUSES = ("shrink_limit", "shrunk_crash", "probe_inconclusive")
 
 
 def name_md(text: str) -> str:
-    from .markdown import escape_md
+    from .report.text import escape_md
 
     return escape_md(text)
 

@@ -329,7 +329,7 @@ def parse_sides(good: str, bad: str) -> Sides:
 
 
 def _key_number(cell: dict[str, Any]) -> str:
-    from .report import KEY_METRIC
+    from .report.numbers import KEY_METRIC
 
     key = KEY_METRIC.get(cell["check"])
     value = (cell.get("metrics") or {}).get(key[0]) if key else None
@@ -658,7 +658,7 @@ def verify_remedies(doc: dict[str, Any], report_dir: Any, run: Callable[..., Any
 
 def render_remedy_checks(records: list[dict[str, Any]]) -> str:
     """The "Remedies verified" Markdown section: one line per (cell, remedy), verified or not, with the number."""
-    from .report import escape_md
+    from .report.text import escape_md
 
     if not records:
         return "## Remedies verified\n\nNo failing cell made a remedy claim.\n"

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import PackcheckUsageError
-from .markdown import escape_md
 from .registry import SPECS
+from .report.text import escape_md
 from .results import SCHEMA_VERSION
 
 # Better first: a pass that becomes anything else is a regression; skipped -> unsupported is too.
@@ -204,7 +204,7 @@ def compare(baseline: dict[str, Any], candidate: dict[str, Any], allow: dict[str
 
 def _status_detail(before: dict[str, Any], after: dict[str, Any]) -> str:
     """What a verdict change rests on: each side's cause (else its message), cut at a word, never mid-word."""
-    from .report import _cut
+    from .report.text import cut as _cut
 
     def one(cell: dict[str, Any]) -> str:
         causes = ", ".join(sorted(cell_causes(cell)))
@@ -241,7 +241,7 @@ def render_changes(changes: list[Change], baseline_env: dict[str, Any], candidat
     plain text for a terminal (``markdown=False``: no Markdown escapes)."""
     from tabulate import tabulate
 
-    from .markdown import plain
+    from .report.text import plain
 
     esc = escape_md if markdown else plain
     def versions(env: dict[str, Any]) -> str:
@@ -283,7 +283,7 @@ def render_summary(changes: list[Change], baseline_env: dict[str, Any], candidat
     Pure: changes in, text out."""
     from tabulate import tabulate
 
-    from .report import _key_number
+    from .report.numbers import key_number as _key_number
 
     bad = regressions(changes)
     versions = _stack_versions(baseline_env, candidate_env)

@@ -107,15 +107,18 @@ NUMERICS_FACTOR = 10.0
 @dataclass(frozen=True)
 class CheckSpec:
     """One check. ``function``: ``"module:function"`` inside pytest_packcheck, imported on first call.
-    ``key_metric``: (metrics key, label) of the number that backs the verdict; ``tolerance``: the tolerances key
-    that bounds it (the gate flags a pass whose number grew by more). ``causes``: the codes it can return."""
+    ``key_metric``: (metrics key, label) of the number that backs the verdict, and optionally a third field, the
+    key-number format the report writes it in (a name in :data:`report.numbers.KEY_FORMATS`; default ``number``:
+    the label and the value); a format that reads several metrics has no single key (None). ``tolerance``: the
+    tolerances key that bounds it (the gate flags a pass whose number grew by more). ``causes``: the codes it can
+    return."""
 
     name: str
     function: str
     level: str
     role: str
     summary: str
-    key_metric: tuple[str, str] | None = None
+    key_metric: tuple[str, str] | tuple[str | None, str, str] | None = None
     tolerance: str | None = None
     bears_on_bench: bool = False
     causes: tuple[str, ...] = ()
@@ -171,7 +174,7 @@ REGISTRY: tuple[CheckSpec, ...] = (
     CheckSpec("backend", "checks:check_backend", "backend", "correctness",
               "the requested attn_implementation ran: one call per attention layer, packed boundaries reached, "
               "flash backends on the varlen kernel only",
-              None, None, True, ("backend_swap", "leak", "dense_kernel", "call_count", "kernel_arguments")),
+              (None, "calls", "attention_calls"), None, True, ("backend_swap", "leak", "dense_kernel", "call_count", "kernel_arguments")),
     CheckSpec("cross_backend", "checks:check_cross_backend", "backend", "correctness",
               "each example alone on this backend = on eager with the same weights, incl. lengths around the sliding window",
               ("max_abs_diff_vs_eager", "Δ eager"), "logits_atol", True, ("cross_backend", "sliding_window"),
@@ -238,12 +241,12 @@ REGISTRY: tuple[CheckSpec, ...] = (
               training=True),
     CheckSpec("sft_strategies", "sft:check_sft_strategies", "backend", "correctness",
               "TRL's SFTTrainer(packing=True) per packing_strategy (bfd, bfd_split; wrapped shown, not judged) vs padded",
-              None, "train_loss_atol", False,
+              (None, "loss Δ", "strategy_loss"), "train_loss_atol", False,
               ("mask_override", "collator_contract", "boundary_labels", *_PARITY_CAUSES, "loss_normalisation", "packed_mismatch"),
               training=True),
     CheckSpec("packing_content", "sft:check_packing_content", "model", "finding",
               "token accounting of TRL's pack_dataset per strategy: lost, duplicated, tails packed without their prompt",
-              None, None, False, ("packing_content",), training=True),
+              (None, "bfd tails", "pack_tails"), None, False, ("packing_content",), training=True),
 )
 
 SPECS: dict[str, CheckSpec] = {s.name: s for s in REGISTRY}

@@ -183,8 +183,9 @@ class PackcheckSession:
 
         probe_folder(path, "--packcheck-report-dir")  # a full disk is refused now, not at the report write
         self._lock_report_dir(path)
-        for name in ("packcheck-matrix.md", "packcheck-matrix.json", "packcheck-matrix.html", "packcheck-details.md",
-                     "packcheck-journal.jsonl"):
+        from .report.formats import REPORT_FILES
+
+        for name in (*REPORT_FILES, "packcheck-journal.jsonl"):
             if (path / name).is_dir():
                 raise PackcheckUsageError(
                     f"'{path / name}' (in --packcheck-report-dir) is a directory: packcheck writes a file there; "
@@ -497,7 +498,9 @@ class PackcheckSession:
         looks current, and return the one line that says so."""
         out = Path(self.settings.report_dir)
         removed = []
-        for name in ("packcheck-matrix.md", "packcheck-matrix.json", "packcheck-matrix.html", "packcheck-details.md"):
+        from .report.formats import REPORT_FILES
+
+        for name in REPORT_FILES:
             with contextlib.suppress(OSError):
                 (out / name).unlink()
                 removed.append(name)

@@ -42,8 +42,8 @@ SCOPE=(
   'pytest_packcheck.gate.x__planned_in__mutmut_*'
   'pytest_packcheck.diagnose.x_classify__mutmut_*'
   'pytest_packcheck.diagnose.x_diagnose_document__mutmut_*'
-  'pytest_packcheck.report.x_headline__mutmut_*'
-  'pytest_packcheck.report.x_cell_status__mutmut_*'
+  'pytest_packcheck.report.verdicts.x_headline__mutmut_*'
+  'pytest_packcheck.report.verdicts.x_cell_status__mutmut_*'
   'pytest_packcheck.settings.x_load_tolerances__mutmut_*'
 )
 [ $# -gt 0 ] && SCOPE=("$@")

@@ -291,7 +291,7 @@ _KILL_AT = textwrap.dedent("""
 
 @pytest.mark.parametrize("where, at", [("fsync", 2), ("fsync", 4), ("replace", 1), ("replace", 2), ("replace", 3), ("replace", 4)])
 def test_a_kill_while_the_reports_are_written_never_leaves_new_beside_old(tmp_path, where, at):
-    from pytest_packcheck.report import write_reports
+    from pytest_packcheck.report import FORMATS, write_reports
 
     write_reports(tmp_path, _doc([_cell()]))
     old = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
@@ -304,7 +304,7 @@ def test_a_kill_while_the_reports_are_written_never_leaves_new_beside_old(tmp_pa
     # either the whole old set, or no old file at all beside what the new run wrote
     assert stale == sorted(old) or not stale, (stale, sorted(present))
     if where == "replace":  # killed after every temp file was written: the old set is gone
-        assert not stale and ("packcheck-matrix.json" not in present or len(present) == 4)
+        assert not stale and ("packcheck-matrix.json" not in present or len(present) == len(FORMATS))
     write_reports(tmp_path, new)  # the next write cleans up what the killed one left
     assert not list(tmp_path.glob(".*.tmp"))
 
@@ -468,16 +468,16 @@ def test_pretrained_weights_with_arch_specs_refused_alone_and_explained_beside_a
 
 def test_each_cell_says_what_weights_it_ran_and_the_header_does_not_claim_pretrained_for_arch_cells():
     from pytest_packcheck.models import loaded_weights
-    from pytest_packcheck.report import _weights_line
+    from pytest_packcheck.report.sections import weights_line
 
     assert [loaded_weights(k, w) for k, w in (("arch", "pretrained"), ("hub", "pretrained"), ("local", "random"))] == \
         ["random", "pretrained", "random"]
     arch = _cell(model={"label": "llama", "spec": "arch:llama", "weights": "random"})
     hub = _cell("qwen-sdpa-isolation-float32", model={"label": "qwen", "spec": "org/qwen", "weights": "pretrained"})
-    assert _weights_line({"weights": "pretrained"}, [arch, hub]) == \
+    assert weights_line({"weights": "pretrained"}, [arch, hub]) == \
         "pretrained for qwen; random (shrunk, an arch: spec has no checkpoint) for llama"
-    assert _weights_line({"weights": "pretrained"}, [arch]).startswith("random (pretrained was asked for")  # CUDA's default
-    assert _weights_line({"weights": "random"}, [arch]) == "random"
+    assert weights_line({"weights": "pretrained"}, [arch]).startswith("random (pretrained was asked for")  # CUDA's default
+    assert weights_line({"weights": "random"}, [arch]) == "random"
 
 
 def test_arch_cells_are_recorded_random_under_the_cuda_default(tmp_path, tolerances):
