@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import details, html, jsonfile, markdown
+from . import csvfile, details, html, jsonfile, markdown
 from .model import Report, build_report
 
 
@@ -32,6 +32,7 @@ FORMATS: tuple[ReportFormat, ...] = (
     ReportFormat("json", "packcheck-matrix.json", jsonfile.render, last=True),
     ReportFormat("html", "packcheck-matrix.html", html.render),
     ReportFormat("details", "packcheck-details.md", details.render),
+    ReportFormat("csv", "packcheck-matrix.csv", csvfile.render),
 )
 #: Their file names.
 REPORT_FILES: tuple[str, ...] = tuple(f.file for f in FORMATS)
