@@ -1,5 +1,6 @@
 """The report formats table: every format is written as one set from one report model, the session's file lists
-follow the table, and the CSV matrix holds one row per matrix cell with the JSON's verdict."""
+follow the table, and the CSV matrix holds one row per matrix cell with the JSON's verdict. What every renderer
+reads from one place: key numbers from the check registry, the header's libraries from ``environment_rows``."""
 
 from __future__ import annotations
 
@@ -104,3 +105,48 @@ def test_the_session_checks_and_cleans_up_the_files_of_the_formats_table(tmp_pat
     line = session.discard_stale_matrix(RuntimeError("disk"))
     assert not any((tmp_path / f.file).exists() for f in FORMATS)
     assert all(f.file in line for f in FORMATS)
+
+
+def test_key_numbers_are_written_as_the_registry_says():
+    """Each check's key number follows its registry record (``key_metric``: key, label, format); the report names
+    no check to format one."""
+    import ast
+    import inspect
+
+    from pytest_packcheck.registry import CHECKS, REGISTRY
+    from pytest_packcheck.report import key_number, numbers
+
+    assert all(numbers.key_metric(s.name)[2] in numbers.KEY_FORMATS for s in REGISTRY if s.key_metric)
+    strings = {n.value for n in ast.walk(ast.parse(inspect.getsource(numbers))) if isinstance(n, ast.Constant)}
+    assert not strings & set(CHECKS)
+    calls = planted_cell("llama", "flash_attention_2", "backend", "pass", calls={"flash_attention_2": 2}, expected_calls=2,
+                         varlen_kernel_calls=2, dense_kernel_calls=0)
+    assert key_number(calls) == "2/2 calls, varlen 2 / dense 0"
+    assert key_number(planted_cell("llama", "sdpa", "logits_parity", "pass", max_abs_diff_solo=1.5e-7)) == "Δ 1.5e-07"
+
+
+def test_a_planted_unknown_key_format_is_refused(monkeypatch):
+    """The planted fault: a registry record naming a format the report does not have fails loudly."""
+    import dataclasses
+
+    from pytest_packcheck.registry import SPECS
+    from pytest_packcheck.report import key_number
+
+    monkeypatch.setitem(SPECS, "isolation", dataclasses.replace(SPECS["isolation"], key_metric=("max_change", "Δ", "sparkline")))
+    with pytest.raises(KeyError, match="sparkline"):
+        key_number(planted_cell("llama", "sdpa", "isolation", "pass", max_change=0.0))
+
+
+def test_every_header_names_the_libraries_of_environment_rows(monkeypatch):
+    """Markdown, HTML and the terminal name the libraries of one list: a library added there shows in each."""
+    from pytest_packcheck.report import environment_rows, model, render_html, render_markdown, render_terminal
+
+    doc = planted_doc(_cells())
+    doc["environment"].update({"torch": "2.13.0+cpu", "kernels": "0.9.1"})
+    assert ("torch", "2.13.0+cpu") in environment_rows(doc["environment"])
+    assert ("trl", "not installed") in environment_rows(doc["environment"])
+    monkeypatch.setattr(model, "HEADER_LIBRARIES", (*model.HEADER_LIBRARIES, ("kernels", "kernels")))
+    assert "flash-attn not installed, kernels 0.9.1" in render_markdown(doc).split("Reproduce:")[0]
+    assert "flash-attn not installed, kernels 0.9.1, device cpu" in render_html(doc)
+    assert render_terminal(doc, [])[0] == ("torch 2.13.0+cpu, transformers 5.24.0, trl not installed, flash-attn not "
+                                           "installed, kernels 0.9.1, device cpu")

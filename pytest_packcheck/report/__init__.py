@@ -3,51 +3,41 @@
 The flow: :func:`model.build_report` reads the document once into a format-neutral :class:`model.Report`
 (layout, each matrix cell's headline from :mod:`.verdicts`, hazards, findings, do-not-pack, what did not run,
 the environment rows, the gate); one renderer module per format turns it into text (:mod:`.markdown` with
-:mod:`.sections`, :mod:`.details`, :mod:`.html`, :mod:`.jsonfile`, and :mod:`.terminal` for pytest's
-summary); :data:`formats.FORMATS` lists the files and :func:`formats.write_reports` writes them as one
-set. Key numbers are formatted from the check registry (:mod:`.numbers`).
+:mod:`.sections`, :mod:`.details`, :mod:`.html`, :mod:`.jsonfile`, :mod:`.csvfile`, and :mod:`.terminal` for
+pytest's summary); :data:`formats.FORMATS` lists the files and :func:`formats.write_reports` writes them as one
+set. Key numbers are formatted from the check registry (:mod:`.numbers`); :mod:`.text` holds the escaping that
+bench, gate and the atlas use too.
 
-The ``render_*`` functions below take a results document (they build the :class:`Report`), for the callers that
-render one format.
+The names below are loaded on first use (PEP 562): importing ``pytest_packcheck.report.text`` (as bench and gate
+do) must not load the renderers, one of which reads bench's figures.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-from . import details, html, markdown, terminal
-from .formats import FORMATS, REPORT_FILES, ReportFormat, write_reports
-from .model import Report, build_report, departures, environment_rows, hazard_rows, layout
-from .numbers import KEY_METRIC, key_number
-from .text import cut, escape_md, plain
-from .verdicts import cell_status, check_mark, counts_line, headline, matrix_counts
+#: Public name -> the submodule that defines it.
+_EXPORTS = {
+    "FORMATS": "formats", "REPORT_FILES": "formats", "ReportFormat": "formats", "write_reports": "formats",
+    "render_markdown": "formats", "render_details": "formats", "render_html": "formats", "html_data": "formats",
+    "render_terminal": "formats",
+    "Report": "model", "build_report": "model", "departures": "model", "environment_rows": "model",
+    "hazard_rows": "model", "layout": "model",
+    "KEY_METRIC": "numbers", "key_number": "numbers",
+    "cut": "text", "escape_md": "text", "plain": "text",
+    "cell_status": "verdicts", "check_mark": "verdicts", "counts_line": "verdicts", "headline": "verdicts",
+    "matrix_counts": "verdicts",
+}
 
-__all__ = ["FORMATS", "KEY_METRIC", "REPORT_FILES", "Report", "ReportFormat", "build_report", "cell_status", "check_mark",
-           "counts_line", "cut", "departures", "environment_rows", "escape_md", "hazard_rows", "headline", "html_data",
-           "key_number", "layout", "matrix_counts", "plain", "render_details", "render_html", "render_markdown",
-           "render_terminal", "write_reports"]
-
-
-def render_markdown(doc: dict[str, Any]) -> str:
-    """``packcheck-matrix.md`` of a results document (:mod:`.markdown`)."""
-    return markdown.render(build_report(doc))
-
-
-def render_details(doc: dict[str, Any]) -> str:
-    """``packcheck-details.md`` of a results document (:mod:`.details`)."""
-    return details.render(build_report(doc))
-
-
-def render_html(doc: dict[str, Any]) -> str:
-    """``packcheck-matrix.html`` of a results document (:mod:`.html`)."""
-    return html.render(build_report(doc))
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
 
 
-def html_data(doc: dict[str, Any]) -> dict[str, Any]:
-    """The data the HTML page embeds (:func:`html.page_data`)."""
-    return html.page_data(build_report(doc))
-
-
-def render_terminal(doc: dict[str, Any], paths: list[str]) -> list[str]:
-    """pytest's terminal summary of a results document, then ``paths`` (:mod:`.terminal`)."""
-    return terminal.render(build_report(doc), paths)
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

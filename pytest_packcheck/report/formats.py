@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import csvfile, details, html, jsonfile, markdown
+from . import csvfile, details, html, jsonfile, markdown, terminal
 from .model import Report, build_report
 
 
@@ -54,3 +54,28 @@ def write_reports(out: Any, doc: dict[str, Any], flag: str = "--packcheck-report
     files = [(Path(out) / f.file, f.render(rep)) for f in FORMATS]
     write_set([pair for pair, f in sorted(zip(files, FORMATS, strict=True), key=lambda x: x[1].last)], flag)
     return [str(p) for p, _ in files]
+
+
+def render_markdown(doc: dict[str, Any]) -> str:
+    """``packcheck-matrix.md`` of a results document (:mod:`.markdown`)."""
+    return markdown.render(build_report(doc))
+
+
+def render_details(doc: dict[str, Any]) -> str:
+    """``packcheck-details.md`` of a results document (:mod:`.details`)."""
+    return details.render(build_report(doc))
+
+
+def render_html(doc: dict[str, Any]) -> str:
+    """``packcheck-matrix.html`` of a results document (:mod:`.html`)."""
+    return html.render(build_report(doc))
+
+
+def html_data(doc: dict[str, Any]) -> dict[str, Any]:
+    """The data the HTML page embeds (:func:`html.page_data`)."""
+    return html.page_data(build_report(doc))
+
+
+def render_terminal(doc: dict[str, Any], paths: list[str]) -> list[str]:
+    """pytest's terminal summary of a results document, then ``paths`` (:mod:`.terminal`; not a file of the set)."""
+    return terminal.render(build_report(doc), paths)
