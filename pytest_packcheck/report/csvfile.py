@@ -9,11 +9,12 @@ import io
 
 from .model import Report
 from .numbers import key_number
+from .verdicts import check_order
 
 #: The columns, in order. ``versions``: the cell's ``--packcheck-versions`` label ("" for this environment);
 #: ``verdict``: the headline status (results.STATUSES); ``cause``: the headline's cause codes, worst first;
 #: ``check`` and ``key number``: the check the verdict rests on (the first failing correctness check, else the
-#: first that ran) and its number as the Markdown writes it.
+#: first that ran, :func:`verdicts.check_order`: isolation first) and its number as the Markdown writes it.
 COLUMNS = ("model", "backend", "dtype", "versions", "verdict", "cause", "check", "key number")
 
 
@@ -28,7 +29,7 @@ def rows(rep: Report) -> list[dict[str, str]]:
                     h = rep.headlines.get((model, backend, dtype, env))
                     if not h:
                         continue
-                    ran = [c for c in h["cells"] if c["status"] != "skipped"]
+                    ran = sorted((c for c in h["cells"] if c["status"] != "skipped"), key=lambda c: (check_order(c["check"]), c["check"]))
                     first = (h["bad"] or ran or [None])[0]
                     out.append({"model": model, "backend": backend, "dtype": dtype, "versions": env or "",
                                 "verdict": h["status"], "cause": ", ".join(h["causes"]) if h["status"] != "pass" else "",

@@ -74,6 +74,13 @@ def check_mark(cell: dict[str, Any]) -> tuple[str, str, str]:
     return SYMBOLS[status], "not checked" if status == "skipped" else status, status
 
 
+def check_order(check: str) -> int:
+    """Which check speaks first among equals (a headline's causes, the CSV's key check): the isolation probe, then
+    the registry's order (the number that says most first); an unknown check last."""
+    order = {name: i for i, name in enumerate(["isolation", *(s for s in SPECS if s != "isolation")])}
+    return order.get(check, len(order))
+
+
 def headline(group: list[dict[str, Any]]) -> dict[str, Any]:
     """The verdict of one matrix cell (one model, backend, dtype and environment) from its correctness checks
     only: ``status`` (the worst that ran; "skipped" when none ran), ``causes`` (the diagnosed causes of the
@@ -82,10 +89,9 @@ def headline(group: list[dict[str, Any]]) -> dict[str, Any]:
     asked for) takes every check."""
     judged = [c for c in group if role_of(c) == "correctness"] or list(group)
     status = cell_status([c["status"] for c in judged])
-    # worst first; among equals the isolation probe, then the registry's order (the number that says most first)
-    order = {name: i for i, name in enumerate(["isolation", *(s for s in SPECS if s != "isolation")])}
+    # worst first; among equals :func:`check_order`
     bad = sorted((c for c in judged if c["status"] not in ("pass", "skipped")),
-                 key=lambda c: (rank(c["status"]), order.get(c["check"], len(order)), c["check"]))
+                 key=lambda c: (rank(c["status"]), check_order(c["check"]), c["check"]))
     causes = list(dict.fromkeys((c.get("diagnosis") or {}).get("cause") or c.get("cause") or c["status"] for c in bad))
     not_checked = {c["check"]: c["message"] for c in judged if c["status"] == "skipped"}
     return {"status": status, "causes": causes, "not_checked": not_checked, "cells": judged, "bad": bad}
