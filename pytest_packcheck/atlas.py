@@ -284,7 +284,7 @@ def generate(releases: list[str], build: Path, shard: tuple[int, int] | None = N
 
 
 def _number(cell: dict[str, Any]) -> float | None:
-    from .report import KEY_METRIC
+    from .report.numbers import KEY_METRIC
 
     key = KEY_METRIC.get(cell["check"])
     value = (cell.get("metrics") or {}).get(key[0]) if key else None
@@ -297,7 +297,7 @@ def reduce_release(doc: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
     The verdict is the matrix's headline (:func:`pytest_packcheck.report.headline`: the worst correctness check;
     hazards never decide it); ``number`` is the key number of the check that decided it (the first failing one,
     else isolation's ``max_change``)."""
-    from .report import headline
+    from .report.verdicts import headline
 
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for cell in doc.get("cells", []):
@@ -661,7 +661,7 @@ OWN_CAUSES = ("shrink_limit", "shrunk_crash", "probe_inconclusive")
 
 
 def name_md(text: str) -> str:
-    from .markdown import escape_md
+    from .report.text import escape_md
 
     return escape_md(text)
 

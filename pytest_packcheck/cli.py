@@ -421,7 +421,7 @@ def _gate_into_report(out: Path, doc: dict, baseline: dict, candidate: dict, all
     """Record the gate's result in the matrix files (the HTML shows it): ``doc["gate"]`` with the two
     environments, the counts and each regression's cell id, then the four files written again as a set."""
     from .analysis.gate import compare, regressions
-    from .report import write_reports
+    from .report.formats import write_reports
 
     changes = compare(baseline, candidate, allow)
     bad = regressions(changes)
@@ -461,7 +461,7 @@ def _bench_into_report(ns: argparse.Namespace, out: Path) -> None:
     """Bench every model of the audit just written (``--bench``) and render the matrix again with the figures."""
     import json
 
-    from .report import write_reports
+    from .report.formats import write_reports
     from .run.throughput import bench_audit
 
     path = out / "packcheck-matrix.json"
@@ -676,7 +676,7 @@ def _merge(ns: argparse.Namespace) -> int:
     from .analysis.diagnose import diagnose_document
     from .analysis.gate import merge
     from .errors import PackcheckUsageError
-    from .report import write_reports
+    from .report.formats import write_reports
     from .results import load_document, write_failure
     from .run.process import hold_report_dir
 

@@ -110,7 +110,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     if state is None or state.document is None:
         return
     from .errors import scrub_secrets
-    from .report import render_terminal
+    from .report.formats import render_terminal
 
     terminalreporter.write_sep("=", "packcheck summary")
     for line in render_terminal(state.document, state.written):

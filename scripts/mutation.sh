@@ -42,8 +42,8 @@ SCOPE=(
   'pytest_packcheck.analysis.gate.x__planned_in__mutmut_*'
   'pytest_packcheck.analysis.diagnose.x_classify__mutmut_*'
   'pytest_packcheck.analysis.diagnose.x_diagnose_document__mutmut_*'
-  'pytest_packcheck.report.x_headline__mutmut_*'
-  'pytest_packcheck.report.x_cell_status__mutmut_*'
+  'pytest_packcheck.report.verdicts.x_headline__mutmut_*'
+  'pytest_packcheck.report.verdicts.x_cell_status__mutmut_*'
   'pytest_packcheck.config.tolerances.x_load_tolerances__mutmut_*'
 )
 [ $# -gt 0 ] && SCOPE=("$@")

@@ -21,7 +21,7 @@ from typing import Any
 from tabulate import tabulate
 
 from pytest_packcheck.errors import PackcheckUsageError
-from pytest_packcheck.report import _key_number, headline
+from pytest_packcheck.report import headline, key_number
 from pytest_packcheck.results.schema import load_document
 
 
@@ -45,7 +45,7 @@ def evidence(h: dict[str, Any] | None) -> str:
     if not h or not h["bad"]:
         return ""
     first = h["bad"][0]
-    number = _key_number(first)
+    number = key_number(first)
     return f"{first['check']}: {number}" if number else f"{first['check']}: {first['message'][:90]}"
 
 

@@ -382,7 +382,7 @@ def _hcell(check, status, cause=None, role=None):
 
 
 def test_headline_takes_the_worst_correctness_check():
-    from pytest_packcheck.report import cell_status, headline
+    from pytest_packcheck.report.verdicts import cell_status, headline
 
     assert cell_status(["pass", "skipped"]) == "pass" and cell_status(["skipped"]) == "skipped"
     assert cell_status(["pass", "fail", "error"]) == "error" and cell_status(["fallback", "pass"]) == "fallback"

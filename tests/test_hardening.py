@@ -199,7 +199,7 @@ def test_a_disk_that_fills_at_the_report_write_says_so_and_resume_leaves_no_temp
 
 
 def test_write_set_on_a_full_disk_keeps_the_old_set_and_no_temp_file(tmp_path, monkeypatch):
-    from pytest_packcheck.report import write_reports
+    from pytest_packcheck.report.formats import write_reports
 
     write_reports(tmp_path, _doc([_cell()]))
     old = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
@@ -290,7 +290,7 @@ _KILL_AT = textwrap.dedent("""
 
 @pytest.mark.parametrize("where, at", [("fsync", 2), ("fsync", 4), ("replace", 1), ("replace", 2), ("replace", 3), ("replace", 4)])
 def test_a_kill_while_the_reports_are_written_never_leaves_new_beside_old(tmp_path, where, at):
-    from pytest_packcheck.report import write_reports
+    from pytest_packcheck.report.formats import FORMATS, write_reports
 
     write_reports(tmp_path, _doc([_cell()]))
     old = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
@@ -303,7 +303,7 @@ def test_a_kill_while_the_reports_are_written_never_leaves_new_beside_old(tmp_pa
     # either the whole old set, or no old file at all beside what the new run wrote
     assert stale == sorted(old) or not stale, (stale, sorted(present))
     if where == "replace":  # killed after every temp file was written: the old set is gone
-        assert not stale and ("packcheck-matrix.json" not in present or len(present) == 4)
+        assert not stale and ("packcheck-matrix.json" not in present or len(present) == len(FORMATS))
     write_reports(tmp_path, new)  # the next write cleans up what the killed one left
     assert not list(tmp_path.glob(".*.tmp"))
 
@@ -468,16 +468,16 @@ def test_pretrained_weights_with_arch_specs_refused_alone_and_explained_beside_a
 
 def test_each_cell_says_what_weights_it_ran_and_the_header_does_not_claim_pretrained_for_arch_cells():
     from pytest_packcheck.model.resolve import loaded_weights
-    from pytest_packcheck.report import _weights_line
+    from pytest_packcheck.report.sections import weights_line
 
     assert [loaded_weights(k, w) for k, w in (("arch", "pretrained"), ("hub", "pretrained"), ("local", "random"))] == \
         ["random", "pretrained", "random"]
     arch = _cell(model={"label": "llama", "spec": "arch:llama", "weights": "random"})
     hub = _cell("qwen-sdpa-isolation-float32", model={"label": "qwen", "spec": "org/qwen", "weights": "pretrained"})
-    assert _weights_line({"weights": "pretrained"}, [arch, hub]) == \
+    assert weights_line({"weights": "pretrained"}, [arch, hub]) == \
         "pretrained for qwen; random (shrunk, an arch: spec has no checkpoint) for llama"
-    assert _weights_line({"weights": "pretrained"}, [arch]).startswith("random (pretrained was asked for")  # CUDA's default
-    assert _weights_line({"weights": "random"}, [arch]) == "random"
+    assert weights_line({"weights": "pretrained"}, [arch]).startswith("random (pretrained was asked for")  # CUDA's default
+    assert weights_line({"weights": "random"}, [arch]) == "random"
 
 
 def test_arch_cells_are_recorded_random_under_the_cuda_default(tmp_path, tolerances):
@@ -559,7 +559,7 @@ def test_a_cell_message_carrying_a_token_is_scrubbed_on_the_terminal(pytester):
 def test_verify_remedies_rewrites_markdown_and_json_as_one_set(tmp_path, monkeypatch):
     from pytest_packcheck import cli, results
     from pytest_packcheck.analysis import remedies
-    from pytest_packcheck.report import write_reports
+    from pytest_packcheck.report.formats import write_reports
 
     write_reports(tmp_path, _doc([_cell()]))
 
@@ -593,7 +593,7 @@ def test_save_baseline_on_a_full_disk_is_one_line(tmp_path, monkeypatch, capsys)
     import pytest as _pytest
 
     from pytest_packcheck import cli, results
-    from pytest_packcheck.report import write_reports
+    from pytest_packcheck.report.formats import write_reports
 
     write_reports(tmp_path, _doc([_cell()]))
     monkeypatch.setattr(_pytest, "main", lambda args: _pytest.ExitCode.OK)

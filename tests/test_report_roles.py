@@ -43,7 +43,7 @@ def test_headline_counts_matrix_cells_by_verdict_not_checks(doc):
 
 
 def test_details_mark_a_model_by_its_correctness_checks_and_hazards_by_their_own_mark(doc):
-    from pytest_packcheck.report import render_details
+    from pytest_packcheck.report.formats import render_details
 
     details = render_details(doc)
     summaries = [line for line in details.splitlines() if line.startswith("<summary>")]
@@ -70,7 +70,7 @@ def test_markdown_findings_and_legend_use_the_role_marks(doc):
 
 
 def test_terminal_counts_cells_and_says_hazards_are_not_failures(doc):
-    from pytest_packcheck.report import render_terminal
+    from pytest_packcheck.report.formats import render_terminal
 
     lines = render_terminal(doc, [])
     assert lines[1].startswith("Matrix cells (model x backend, judged by the correctness checks): pass 2, fail 1 (1 model: opt)")
@@ -80,7 +80,7 @@ def test_terminal_counts_cells_and_says_hazards_are_not_failures(doc):
 
 
 def test_html_panel_of_a_pass_cell_shows_hazards_in_their_own_colour_with_words(doc):
-    from pytest_packcheck.html import html_data, render_html
+    from pytest_packcheck.report import html_data, render_html
 
     data = html_data(doc)
     group = data["groups"]["qwen3|sdpa|float32|"]
@@ -101,7 +101,7 @@ def test_html_panel_of_a_pass_cell_shows_hazards_in_their_own_colour_with_words(
 
 
 def test_html_collapses_backends_that_ran_nothing_here():
-    from pytest_packcheck.html import html_data, render_html
+    from pytest_packcheck.report import html_data, render_html
 
     cells = _model("qwen3") + [_cell("qwen3", "flash_attention_2", c, "skipped") for c in ("isolation", "logits_parity")]
     for c in cells[-2:]:
@@ -116,15 +116,17 @@ def test_html_collapses_backends_that_ran_nothing_here():
 def test_a_planted_role_blind_mark_is_caught(doc, monkeypatch):
     """The planted fault: marks that ignore the role (every fail a red ❌) make the details of a correct model red."""
     from pytest_packcheck import report
+    from pytest_packcheck.report import details
+    from pytest_packcheck.results import SYMBOLS
 
-    monkeypatch.setattr(report, "check_mark", lambda c: (report.SYMBOLS[c["status"]], c["status"], c["status"]))
+    monkeypatch.setattr(details, "check_mark", lambda c: (SYMBOLS[c["status"]], c["status"], c["status"]))
     qwen3 = report.render_details(doc)
     qwen3 = qwen3[qwen3.index("qwen3</summary>"):qwen3.index("llama</summary>")]
     assert "❌" in qwen3  # what test_details_mark_a_model_... asserts is absent
 
 
 def test_html_of_a_version_audit_charts_the_verdict_per_release_and_shows_the_gate():
-    from pytest_packcheck.html import render_html
+    from pytest_packcheck.report import render_html
 
     def cell(env, status):
         c = _cell("llama", "sdpa", "trainer", status, "cache_trap" if status == "fail" else None, max_loss_delta=0.3)
@@ -152,7 +154,7 @@ def test_html_says_what_the_models_are_and_that_no_trainer_ran(doc):
     """A fresh user read a ✅ on the HTML page as covering training: the page must say, as the Markdown does, that
     the models are shrunk default configs and that no trainer check ran (and the command that runs one); once a
     trainer cell is in the document, the note goes."""
-    from pytest_packcheck.html import render_html
+    from pytest_packcheck.report import render_html
 
     page = render_html(doc)
     assert "<b>Not run here: transformers&#x27; Trainer and TRL&#x27;s SFTTrainer themselves</b>" in page

@@ -14,7 +14,7 @@ _doc = planted_doc
 
 
 def test_summary_groups_passes_and_skips_with_counts_and_whole_reasons():
-    from pytest_packcheck.report import render_terminal
+    from pytest_packcheck.report.formats import render_terminal
 
     why = ("flash_attention_2 needs a CUDA device (running on cpu) and the flash-attn package (flash_attn not importable), "
            "a reason longer than the old ninety-character cut")
@@ -31,12 +31,12 @@ def test_summary_groups_passes_and_skips_with_counts_and_whole_reasons():
 
 
 def test_cut_never_cuts_mid_word():
-    from pytest_packcheck.report import _cut
+    from pytest_packcheck.report.text import cut
 
     text = "model build: ValueError: Gemma2ForCausalLM does not support an attention implementation through torch"
-    cut = _cut(text, 60)
-    assert len(cut) <= 60 and cut.endswith("…") and text.startswith(cut[:-1]) and text[len(cut) - 1] == " "
-    assert _cut("short", 60) == "short"
+    short = cut(text, 60)
+    assert len(short) <= 60 and short.endswith("…") and text.startswith(short[:-1]) and text[len(short) - 1] == " "
+    assert cut("short", 60) == "short"
 
 
 def test_failure_text_leads_with_cause_and_remedy():

@@ -200,17 +200,17 @@ def test_model_with_a_fixed_attention_table_is_unsupported(monkeypatch, toleranc
 def test_backend_key_number_shows_which_flash_kernel_ran():
     """'2/2 calls, varlen 2 / dense 0' where both kernels were counted; results written before the dense kernel
     was counted show no dense figure rather than an unmeasured 0."""
-    from pytest_packcheck.report import _key_number
+    from pytest_packcheck.report import key_number
 
     cell = {"check": "backend", "metrics": {"calls": {"packcheck_flash_ref": 2}, "expected_calls": 2,
                                             "varlen_kernel_calls": 2, "dense_kernel_calls": 0}}
-    assert _key_number(cell) == "2/2 calls, varlen 2 / dense 0"
+    assert key_number(cell) == "2/2 calls, varlen 2 / dense 0"
     dense = {**cell, "metrics": {**cell["metrics"], "varlen_kernel_calls": 0, "dense_kernel_calls": 2}}
-    assert _key_number(dense) == "2/2 calls, varlen 0 / dense 2"
+    assert key_number(dense) == "2/2 calls, varlen 0 / dense 2"
     old = {**cell, "metrics": {k: v for k, v in cell["metrics"].items() if k != "dense_kernel_calls"}}
-    assert _key_number(old) == "2/2 calls"
+    assert key_number(old) == "2/2 calls"
     sdpa = {"check": "backend", "metrics": {"calls": {"sdpa": 2}, "expected_calls": 2, "varlen_kernel_calls": 0, "dense_kernel_calls": 0}}
-    assert _key_number(sdpa) == "2/2 calls"
+    assert key_number(sdpa) == "2/2 calls"
 
 
 def test_a_revision_pins_the_snapshot_its_config_is_read_from(two_snapshots):

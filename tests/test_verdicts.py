@@ -101,10 +101,10 @@ def test_a_model_departing_from_its_stack_is_marked():
 
 
 def test_hazard_on_a_row_that_is_wrong_anyway_is_not_counted_as_the_hazard():
-    from pytest_packcheck.report import _hazard_rows
+    from pytest_packcheck.report.model import hazard_rows
 
     cells = _correct("a") + [_cell("m", "sdpa", "cache_trap", "fail", "leak")]
-    rows = _hazard_rows(_doc(cells)["cells"])
+    rows = hazard_rows(_doc(cells)["cells"])
     assert rows[("cache_trap", None, "float32", "sdpa")]["measured"] == ["a"]
 
 
@@ -140,7 +140,7 @@ def test_schema_1_results_file_is_upgraded_and_rendered():
 
 def test_terminal_summary_and_gate_table_are_plain_text():
     from pytest_packcheck.analysis.gate import compare, render_changes
-    from pytest_packcheck.report import render_terminal
+    from pytest_packcheck.report.formats import render_terminal
 
     doc = _doc(_correct("llama") + [_cell("opt", "sdpa", "isolation", "fail", "leak", max_change=0.3)])
     text = "\n".join(render_terminal(doc, ["x.md"]))
@@ -153,7 +153,7 @@ def test_terminal_summary_and_gate_table_are_plain_text():
 
 
 def test_html_report_is_self_contained_and_holds_every_group():
-    from pytest_packcheck.html import html_data, render_html
+    from pytest_packcheck.report import html_data, render_html
 
     doc = _doc(_correct("llama") + [_cell("opt", "sdpa", "isolation", "fail", "leak", max_change=0.3)])
     page = render_html(doc)
@@ -199,7 +199,7 @@ def test_html_report_in_a_headless_browser(tmp_path):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         pytest.skip("chromium is not installed (apt-get install chromium)")
-    from pytest_packcheck.html import render_html
+    from pytest_packcheck.report import render_html
 
     doc = _doc(_correct("llama") + [_cell("opt", "sdpa", "isolation", "fail", "leak", max_change=0.3)])
     page = render_html(doc).replace(
@@ -223,8 +223,7 @@ def test_html_report_in_a_headless_browser(tmp_path):
 
 def test_incomplete_run_is_marked_in_every_report():
     """An interrupted run's matrix says so in the HTML and the details too, not only in the Markdown."""
-    from pytest_packcheck.html import render_html
-    from pytest_packcheck.report import render_details, render_markdown
+    from pytest_packcheck.report import render_details, render_html, render_markdown
 
     doc = _doc(_correct("llama"))
     doc["incomplete"] = {"reason": "the run was interrupted", "cells": 6, "resume": "rerun with --packcheck-resume"}

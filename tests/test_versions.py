@@ -134,7 +134,7 @@ def test_matrix_has_one_column_per_version_environment():
     row = next(line for line in md.splitlines() if line.startswith("| llama ") and "sdpa" in line)
     assert "❌" in row and "✅" in row
     assert "## Version environments" in md and "cached in 0.1 s" in md
-    from pytest_packcheck.report import render_details
+    from pytest_packcheck.report.formats import render_details
 
     assert "**float32, transformers 4.51.3**" in render_details(doc)
 
@@ -382,14 +382,14 @@ def test_real_trl_bfd_truncated_tails_0_27_and_0_28(pytester, monkeypatch, versi
 
 def test_collate_cell_shows_its_numbers_in_the_details():
     """The details table backs a contract check's verdict with the items that held of those checked."""
-    from pytest_packcheck.report import _key_number
+    from pytest_packcheck.report import key_number
 
     cell = _cell("llama", "transformers==5.24.0", "fail", backend=None, check="collate")
     cell["metrics"] = {"items": {"position_ids": {"status": "fail"}, "labels": {"status": "pass"},
                                  "integer_labels": {"status": "fail"}}}
-    assert _key_number(cell) == "1/3 items"
+    assert key_number(cell) == "1/3 items"
     cell["metrics"]["items"]["integer_labels"]["status"] = "pass"
-    assert _key_number(cell) == "2/3 items"
+    assert key_number(cell) == "2/3 items"
 
 
 def test_training_modes_rows_name_their_dtype_when_there_are_several():

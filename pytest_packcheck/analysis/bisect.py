@@ -326,7 +326,7 @@ def parse_sides(good: str, bad: str) -> Sides:
 
 
 def _key_number(cell: dict[str, Any]) -> str:
-    from ..report import KEY_METRIC
+    from ..report.numbers import KEY_METRIC
 
     key = KEY_METRIC.get(cell["check"])
     value = (cell.get("metrics") or {}).get(key[0]) if key else None

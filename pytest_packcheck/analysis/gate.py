@@ -16,7 +16,7 @@ from typing import Any
 
 from ..checks.registry import SPECS
 from ..errors import PackcheckUsageError
-from ..markdown import escape_md
+from ..report.text import escape_md
 from ..results.schema import SCHEMA_VERSION
 from ..versions.libraries import library, stack_libraries
 
@@ -206,7 +206,7 @@ def compare(baseline: dict[str, Any], candidate: dict[str, Any], allow: dict[str
 
 def _status_detail(before: dict[str, Any], after: dict[str, Any]) -> str:
     """What a verdict change rests on: each side's cause (else its message), cut at a word, never mid-word."""
-    from ..report import _cut
+    from ..report.text import cut as _cut
 
     def one(cell: dict[str, Any]) -> str:
         causes = ", ".join(sorted(cell_causes(cell)))
@@ -243,7 +243,7 @@ def render_changes(changes: list[Change], baseline_env: dict[str, Any], candidat
     plain text for a terminal (``markdown=False``: no Markdown escapes)."""
     from tabulate import tabulate
 
-    from ..markdown import plain
+    from ..report.text import plain
     from ..versions.libraries import versions_line
 
     esc = escape_md if markdown else plain
@@ -285,7 +285,7 @@ def render_summary(changes: list[Change], baseline_env: dict[str, Any], candidat
     Pure: changes in, text out."""
     from tabulate import tabulate
 
-    from ..report import _key_number
+    from ..report.numbers import key_number as _key_number
 
     bad = regressions(changes)
     versions = _stack_versions(baseline_env, candidate_env)

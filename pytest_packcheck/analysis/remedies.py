@@ -120,7 +120,7 @@ def verify_remedies(doc: dict[str, Any], report_dir: Any, run: Callable[..., Any
 
 def render_remedy_checks(records: list[dict[str, Any]]) -> str:
     """The "Remedies verified" Markdown section: one line per (cell, remedy), verified or not, with the number."""
-    from ..report import escape_md
+    from ..report.text import escape_md
 
     if not records:
         return "## Remedies verified\n\nNo failing cell made a remedy claim.\n"

@@ -212,7 +212,7 @@ class PackcheckSession:
     def finish(self, interrupted: bool = False) -> None:
         """Build the results document (diagnosed), write the reports, and compare with the baseline (the gate);
         ``interrupted``: also take the journaled cells whose reports never arrived, and mark the matrix incomplete."""
-        from ..report import write_reports
+        from ..report.formats import write_reports
         from ..results.environment import environment
         from ..results.schema import CellResult, build_document
 

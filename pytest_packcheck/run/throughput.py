@@ -334,7 +334,7 @@ def render_bench(results: list[dict[str, Any]], env: dict[str, Any], model_label
     from tabulate import tabulate
 
     from ..backends import backend_labels
-    from ..markdown import escape_md
+    from ..report.text import escape_md
 
     attn = results[0].get("attn_implementation", "") if results else ""
     lines = [f"# packcheck bench — {escape_md(model_label)}", "",
@@ -466,7 +466,7 @@ def bench_section(bench: dict[str, Any], cells: list[dict[str, Any]]) -> list[st
     """What packing buys (``packcheck audit --bench``): one row per model and profile, with its backend."""
     from tabulate import tabulate
 
-    from ..markdown import escape_md
+    from ..report.text import escape_md
 
     rows, failed, wrong = [], [], {}
     for r in bench["results"]:

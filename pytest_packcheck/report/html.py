@@ -1,13 +1,22 @@
 """The self-contained HTML report (``packcheck-matrix.html``): the matrix coloured by verdict, filters by model,
 backend, version and verdict, and each cell's checks, numbers, cause and remedy on click. No network assets:
-the data is embedded as JSON and the page's script and style are inline. Pure: results document in, text out.
+the data is embedded as JSON and the page's script and style are inline. Pure: a :class:`model.Report` in, text
+out.
 """
 
 from __future__ import annotations
 
 import html
 import json
+from collections import defaultdict
 from typing import Any
+
+from ..results import STATUSES, SYMBOLS
+from .model import Report, env_header, environment_line
+from .numbers import key_number
+from .sections import models_are, trainer_note
+from .text import cut
+from .verdicts import LEGEND, ROLE_LEGEND, ROLE_MARKS, cause_label, check_mark, headline_text, role_of
 
 _STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
@@ -76,20 +85,15 @@ render();
 """
 
 
-def html_data(doc: dict[str, Any]) -> dict[str, Any]:
+def page_data(rep: Report) -> dict[str, Any]:
     """The page's data: matrix rows with each cell's headline text and status, the groups' checks (verdict, key
     number, cause, remedy, message) and the filter values. Without version environments the columns are the
     backends; with them, one row per model and backend and the versions as columns, so a regression reads as a
     colour change along a row."""
-    from .backends import backend_labels
-    from .report import _cut, _env_header, _headline_text, _key_number, _role, check_mark, departures, headline, layout
-    from .results import SYMBOLS
-
-    cells = doc["cells"]
-    labels = backend_labels(doc.get("environment", {}))
-    lay = layout(doc)  # the Markdown's layout: version columns in version order there and here
+    cells, labels = rep.cells, rep.labels
+    lay = rep.layout  # the Markdown's layout: version columns in version order there and here
     backends, envs, versioned, models, dtypes, by_group = lay.backends, lay.envs, lay.versioned, list(lay.models), lay.dtypes, lay.by_group
-    marks = departures(cells)
+    marks = rep.marks
     groups: dict[str, Any] = {}
 
     def entry(label: str, b: str, dtype: str, e: str | None) -> dict[str, Any] | None:
@@ -97,12 +101,12 @@ def html_data(doc: dict[str, Any]) -> dict[str, Any]:
         if not group:
             return None
         key = f"{label}|{b}|{dtype}|{e or ''}"
-        h = headline(group)
-        text = _headline_text(group, marks.get((label, e, dtype, b)))
+        h = rep.headlines[(label, b, dtype, e)]
+        text = headline_text(h, marks.get((label, e, dtype, b)))
         groups[key] = {
-            "title": f"{label} / {labels.get(b, b)} / {dtype}" + (f" / {_env_header(e, cells)}" if e else ""),
+            "title": f"{label} / {labels.get(b, b)} / {dtype}" + (f" / {env_header(e, cells)}" if e else ""),
             "verdict": text,
-            "checks": [{"check": c["check"], "role": _role(c), "status": c["status"], "number": _key_number(c),
+            "checks": [{"check": c["check"], "role": role_of(c), "status": c["status"], "number": key_number(c),
                         "mark": check_mark(c)[0], "label": check_mark(c)[1], "css": check_mark(c)[2],
                         "cause": (c.get("diagnosis") or {}).get("cause") or "", "remedy": (c.get("diagnosis") or {}).get("remedy") or "",
                         "message": c["message"]} for c in group],
@@ -118,7 +122,7 @@ def html_data(doc: dict[str, Any]) -> dict[str, Any]:
         for label in models:
             if versioned:
                 for b in backends:
-                    row_cells = {_env_header(e, cells): x for e in envs if (x := entry(label, b, dtype, e))}
+                    row_cells = {env_header(e, cells): x for e in envs if (x := entry(label, b, dtype, e))}
                     if row_cells:
                         rows.append({"model": label, "backend": b, "head": [label, labels.get(b, b), dtype], "cells": row_cells})
             else:
@@ -127,17 +131,15 @@ def html_data(doc: dict[str, Any]) -> dict[str, Any]:
                     rows.append({"model": label, "backend": None, "head": [label, dtype], "cells": row_cells})
     # backends that ran nothing here (every group not checked: e.g. a CUDA kernel on a CPU machine): one line
     # above the matrix instead of a column of "not checked" cells
-    collapsed = {} if versioned else {
-        labels.get(b, b): _cut(" ".join(str(next(c for (m, bb, d, e), g in by_group.items() if bb == b for c in g)["message"]).split()), 140)
-        for b in backends if all(headline(g)["status"] == "skipped" for (m, bb, d, e), g in by_group.items() if bb == b)}
+    collapsed = {} if versioned else {rep.label(b): why for b, why in rep.not_run.items()}
     if collapsed:
         for row in rows:
             row["cells"] = {k: v for k, v in row["cells"].items() if k not in collapsed}
-    columns = [_env_header(e, cells) for e in envs] if versioned else [labels.get(b, b) for b in backends if labels.get(b, b) not in collapsed]
+    columns = [env_header(e, cells) for e in envs] if versioned else [labels.get(b, b) for b in backends if labels.get(b, b) not in collapsed]
     return {
         "collapsed": collapsed,
         "models": models, "backends": [x for x in columns] if not versioned else backends,
-        "versions": [_env_header(e, cells) for e in envs], "columns": columns, "columns_are_versions": versioned,
+        "versions": [env_header(e, cells) for e in envs], "columns": columns, "columns_are_versions": versioned,
         "row_headers": ["model", "backend", "dtype"] if versioned else ["model", "dtype"],
         "verdicts": sorted({g["status"] for r in rows for g in r["cells"].values()}), "rows": rows, "groups": groups,
         # the filter's words are the cells' words ("✅ pass", "⏭️ not checked"), not the status codes
@@ -154,34 +156,14 @@ def _inline_md(text: str) -> str:
     return re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
 
 
-def _summary_html(doc: dict[str, Any], data: dict[str, Any]) -> str:
+def _summary_html(rep: Report, data: dict[str, Any]) -> str:
     """The page's static head: the legend (every mark with its words), the do-not-pack list (model, backends,
     cause, remedy), the stack hazards and findings that showed, the gate result when the document holds one, and
     the backends that could not run on this machine (collapsed out of the matrix)."""
-    from collections import defaultdict
-
-    from .backends import backend_labels
-    from .report import (
-        LEGEND,
-        ROLE_LEGEND,
-        ROLE_MARKS,
-        _cause_label,
-        _cut,
-        _hazard_rows,
-        _key_number,
-        _models_are,
-        _role,
-        _trainer_note,
-        headline,
-        layout,
-    )
-    from .results import STATUSES, SYMBOLS
-
     e = html.escape
-    labels = backend_labels(doc.get("environment", {}))
-    lay = layout(doc)
+    doc, labels, lay = rep.doc, rep.labels, rep.layout
     # what was measured, first and in the Markdown's words: what the models are, and the trainers when none ran
-    scope = [_models_are(lay.models, doc.get("settings") or {}), *(t for t in _trainer_note(doc.get("cells") or []) if t)]
+    scope = [models_are(lay.models, doc.get("settings") or {}), *(t for t in trainer_note(doc.get("cells") or []) if t)]
     out = [f'<p class="scope">{_inline_md(t)}</p>' for t in scope]
     out.append('<h2>Legend</h2><p class="legend">')
     out += [f'<span class="{s}">{SYMBOLS[s]} {e("not checked" if s == "skipped" else s)}</span> {e(LEGEND[s].split(": ", 1)[-1])}<br>'
@@ -189,14 +171,10 @@ def _summary_html(doc: dict[str, Any], data: dict[str, Any]) -> str:
     out += [f'<span class="{r}">{sym} {e(label)}</span> {e(ROLE_LEGEND[r])}<br>' for r, (sym, label) in ROLE_MARKS.items()]
     out.append("</p>")
     bad: dict[str, list[tuple[str, str, str, str]]] = defaultdict(list)
-    for (model, b, dtype, env), group in lay.by_group.items():
-        h = headline(group)
-        if h["status"] in ("fail", "fallback") and any(_role(c) == "correctness" for c in group):
-            first = h["bad"][0]
-            d = first.get("diagnosis") or {}
-            where = labels.get(b, b) + (f" @ {env}" if env else "") + (f" ({dtype})" if len(lay.dtypes) > 1 else "")
-            bad[model].append((where, ", ".join(_cause_label(c) for c in h["causes"]), f"{first['check']} {_key_number(first)}".strip(),
-                               d.get("remedy") or ""))
+    for x in rep.do_not_pack:
+        if x.judged:
+            where = rep.label(x.backend) + (f" @ {x.env}" if x.env else "") + (f" ({x.dtype})" if len(lay.dtypes) > 1 else "")
+            bad[x.model].append((where, x.causes, f"{x.first['check']} {key_number(x.first)}".strip(), x.remedy))
     out.append('<h2 id="do-not-pack">Do not pack</h2>')
     if bad:
         out.append("<table><tr><th>model</th><th>backends</th><th>cause</th><th>number</th><th>remedy</th></tr>")
@@ -207,44 +185,38 @@ def _summary_html(doc: dict[str, Any], data: dict[str, Any]) -> str:
         out.append("</table>")
     else:
         out.append("<p>None: no model failed a correctness check here.</p>")
-    shown = [(k, r) for k, r in _hazard_rows(doc["cells"]).items() if r["shown"]]
+    shown = [(k, r) for k, r in rep.hazards.items() if r["shown"]]
     out.append('<h2 id="hazards">Stack hazards (never a model failure)</h2>')
     out.append("<ul>" + "".join(
-        f'<li><span class="hazard">{ROLE_MARKS["hazard"][0]} {e(_cause_label(k[0]))}</span> on {e(labels.get(k[3], k[3]))} / {e(k[2])}'
+        f'<li><span class="hazard">{ROLE_MARKS["hazard"][0]} {e(cause_label(k[0]))}</span> on {e(labels.get(k[3], k[3]))} / {e(k[2])}'
         f'{e(" @ " + k[1]) if k[1] else ""}: {len(r["shown"])}/{len(r["measured"])} models</li>' for k, r in sorted(
             shown, key=lambda kv: tuple(str(x) for x in kv[0]))) + "</ul>" if shown else "<p>none shown.</p>")
-    found: dict[tuple[str, str], set[str]] = defaultdict(set)
-    for c in doc["cells"]:
-        if _role(c) == "finding" and c["status"] == "fail":
-            for name, it in ((c.get("metrics") or {}).get("items") or {"verdict": {"status": "fail", "evidence": c["message"]}}).items():
-                if isinstance(it, dict) and it.get("status") == "fail":
-                    found[(c["check"], f"{name}: {it.get('evidence', '')}")].add(c["model"]["label"])
+    found = {k: set(models) for k, models in rep.findings.items()}
     out.append('<h2 id="findings">Stack findings (facts of the library stack)</h2>')
-    out.append("<ul>" + "".join(f'<li><span class="finding">{ROLE_MARKS["finding"][0]} {e(check)}</span> {e(_cut(text, 220))} '
+    out.append("<ul>" + "".join(f'<li><span class="finding">{ROLE_MARKS["finding"][0]} {e(check)}</span> {e(cut(text, 220))} '
                                 f'({len(models)} models)</li>' for (check, text), models in sorted(found.items())) + "</ul>"
                if found else "<p>none.</p>")
-    gate = doc.get("gate")
-    if isinstance(gate, dict):
+    gate = rep.gate
+    if gate is not None:
         cells = gate.get("cells") or []
         out.append('<h2 id="gate">Gate</h2>' + f'<p class="{"fail" if gate.get("regressions") else "pass"}">'
                    f'{"❌" if gate.get("regressions") else "✅"} {e(str(gate.get("regressions", 0)))} regression(s), '
                    f'{e(str(gate.get("changed", 0)))} changed cell(s): {e(str(gate.get("candidate", "")))} (candidate) against '
                    f'{e(str(gate.get("baseline", "")))} (baseline){": " + e(", ".join(map(str, cells))) if cells else ""}</p>')
     if lay.versioned:
-        out.append(_release_chart(doc, lay, labels))
+        out.append(_release_chart(rep))
     if data.get("collapsed"):
         out.append('<p id="collapsed">Not run on this machine (columns left out): ' + "; ".join(
             f"<b>{e(b)}</b>: {e(why)}" for b, why in data["collapsed"].items()) + "</p>")
     return "\n".join(out)
 
 
-def _release_chart(doc: dict[str, Any], lay: Any, labels: dict[str, str]) -> str:
+def _release_chart(rep: Report) -> str:
     """For version audits, per model a small chart: one row per backend, one box per release (in version
     order) coloured by the cell's verdict, with its word and the release in the box, so a regression reads as a
     change of colour along the row."""
-    from .report import _env_header, headline
-
     e = html.escape
+    doc, lay, labels = rep.doc, rep.layout, rep.labels
     out = ['<h2 id="releases">Verdict per release</h2>']
     for model in lay.models:
         rows = []
@@ -252,12 +224,12 @@ def _release_chart(doc: dict[str, Any], lay: Any, labels: dict[str, str]) -> str
             for b in lay.backends:
                 boxes = []
                 for env in lay.envs:
-                    group = lay.by_group.get((model, b, dtype, env))
-                    if not group:
+                    h = rep.headlines.get((model, b, dtype, env))
+                    if not h:
                         continue
-                    status = headline(group)["status"]
+                    status = h["status"]
                     word = "not checked" if status == "skipped" else status
-                    boxes.append(f'<span class="{e(status)}" title="{e(word)}">{e(_env_header(env, doc["cells"]))}: {e(word)}</span>')
+                    boxes.append(f'<span class="{e(status)}" title="{e(word)}">{e(env_header(env, doc["cells"]))}: {e(word)}</span>')
                 if boxes:
                     rows.append(f"<div>{e(labels.get(b, b))}{' / ' + e(dtype) if len(lay.dtypes) > 1 else ''}: {' → '.join(boxes)}</div>")
         if rows:
@@ -265,18 +237,16 @@ def _release_chart(doc: dict[str, Any], lay: Any, labels: dict[str, str]) -> str
     return "\n".join(out)
 
 
-def render_html(doc: dict[str, Any]) -> str:
+def render(rep: Report) -> str:
     """The whole page as one string (UTF-8). The embedded JSON escapes ``<`` so no string in it can close the
     script element."""
-    from .report import _v
-
+    doc = rep.doc
     env = doc.get("environment", {})
-    page_data = html_data(doc)
-    data = json.dumps(page_data, sort_keys=True).replace("<", "\\u003c")
-    summary = _summary_html(doc, page_data)
+    data_ = page_data(rep)
+    data = json.dumps(data_, sort_keys=True).replace("<", "\\u003c")
+    summary = _summary_html(rep, data_)
     title = "packcheck support matrix" + (f" — {doc['settings']['audit']}" if doc.get("settings", {}).get("audit") else "")
-    versions = (f"torch {_v(env, 'torch')}, transformers {_v(env, 'transformers')}, trl {_v(env, 'trl')}, "
-                f"flash-attn {_v(env, 'flash_attn')}, device {env.get('device')}")
+    versions = f"{environment_line(env)}, device {env.get('device')}"
     inc = doc.get("incomplete")
     incomplete = (f'<p id="incomplete" style="background:#fde9c4;padding:.5em"><b>Incomplete: {html.escape(str(inc.get("reason")))} '
                   f'after {html.escape(str(inc.get("cells")))} cells; {html.escape(str(inc.get("resume", "")))}.</b></p>' if inc else "")

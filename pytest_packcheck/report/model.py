@@ -1,0 +1,247 @@
+"""The format-neutral report model: read once from a results document, rendered by every format.
+
+:func:`build_report` returns a :class:`Report`: the matrix's shape (:class:`Layout`), each matrix cell's
+headline, the ⚑ departures, the stack hazards (counted once per environment, dtype and backend), the do-not-pack
+list, the backends that ran nothing here, the environment rows of the header, the gate result. The renderers
+(:mod:`.markdown`, :mod:`.details`, :mod:`.terminal`, :mod:`.html`, ...) read it and add only their
+own words and layout. Pure: results document in, records out; no torch, no transformers.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from ..checks.registry import REGISTRY
+from .text import cut
+from .verdicts import cause_label, env_label, headline, role_of
+
+#: The libraries the report headers name, in order: (name shown, key of the results' ``environment`` record).
+#: The one list every header reads (:func:`environment_rows`); it follows the libraries table.
+HEADER_LIBRARIES: tuple[tuple[str, str], ...] = (("torch", "torch"), ("transformers", "transformers"), ("trl", "trl"),
+                                                 ("flash-attn", "flash_attn"))
+
+
+def env_value(env: dict[str, Any], key: str) -> str:
+    """One value of the environment record, "not installed" when absent or empty."""
+    return str(env.get(key) or "not installed")
+
+
+def environment_rows(environment: dict[str, Any]) -> list[tuple[str, str]]:
+    """The libraries whose versions matter, as every report header names them: (name, version, or "not
+    installed"), in :data:`HEADER_LIBRARIES` order. ``environment``: a results document's ``environment``."""
+    return [(name, env_value(environment, key)) for name, key in HEADER_LIBRARIES]
+
+
+def environment_line(environment: dict[str, Any]) -> str:
+    """:func:`environment_rows` in one phrase: ``torch 2.13.0+cpu, transformers 5.24.0, trl 1.16.0, flash-attn not installed``."""
+    return ", ".join(f"{name} {version}" for name, version in environment_rows(environment))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# version environments (--packcheck-versions)
+
+
+def env_versions(label: str | None, cells: list[dict[str, Any]]) -> dict[str, str]:
+    """The resolved versions of the version environment ``label`` (its first cell that records them)."""
+    for c in cells:
+        if env_label(c) == label and (c.get("env") or {}).get("versions"):
+            return c["env"]["versions"]
+    return {}
+
+
+def _env_sort_key(label: str | None, cells: list[dict[str, Any]]) -> tuple:
+    from packaging.version import InvalidVersion, Version
+
+    out = []
+    for name, version in sorted(env_versions(label, cells).items()):
+        try:
+            out.append((name, Version(version)))
+        except InvalidVersion:
+            out.append((name, Version("0")))
+    return (tuple(out), label or "")
+
+
+def env_header(label: str | None, cells: list[dict[str, Any]]) -> str:
+    """Column title: the resolved versions of what the label asked for, e.g. ``transformers 4.51.3``."""
+    if label is None:
+        return "this environment"
+    versions = env_versions(label, cells)
+    asked = [r.split("=")[0].split("<")[0].split(">")[0].split("~")[0].split("!")[0] for r in label.split("+")]
+    parts = [f"{n} {versions[n]}" if n in versions else r for n, r in zip(asked, label.split("+"), strict=True)]
+    return ", ".join(parts)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the matrix's shape
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The shape of a matrix, read once from a results document for every renderer (Markdown, details, HTML):
+    ``models`` (label -> model record, first-seen order), ``backends`` (the settings' order, else sorted),
+    ``dtypes``, ``checks`` (the settings' order, else the registry's), ``envs`` (version environments by version,
+    None first for this environment) and ``by_group`` ((model, backend, dtype, env) -> its cells)."""
+
+    models: dict[str, dict[str, Any]]
+    backends: list[str]
+    dtypes: list[str]
+    checks: list[str]
+    envs: list[str | None]
+    by_group: dict[tuple, list[dict[str, Any]]]
+
+    @property
+    def versioned(self) -> bool:
+        return self.envs != [None]
+
+
+def layout(doc: dict[str, Any]) -> Layout:
+    """The :class:`Layout` of a results document."""
+    cells = doc["cells"]
+    settings = doc.get("settings", {})
+    models: dict[str, dict[str, Any]] = {}
+    by_group: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for c in cells:
+        models.setdefault(c["model"]["label"], c["model"])
+        by_group[(c["model"]["label"], c["backend"], c["dtype"], env_label(c))].append(c)
+    backends = [b for b in settings.get("backends", []) if any(c["backend"] == b for c in cells)] or sorted(
+        {c["backend"] for c in cells if c["backend"]})
+    checks = [c for c in settings.get("checks", []) if any(x["check"] == c for x in cells)] or list(dict.fromkeys(
+        s.name for s in REGISTRY if any(x["check"] == s.name for x in cells)))
+    envs = sorted({env_label(c) for c in cells}, key=lambda e: (e is not None, _env_sort_key(e, cells)))
+    return Layout(models, backends, sorted({c["dtype"] for c in cells}), checks, envs, by_group)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# stack hazards: counted once per environment, dtype and backend
+
+
+def hazard_rows(cells: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
+    """Per (hazard, environment, dtype, backend): the models that show it and the models measured, from the
+    hazard checks' verdicts and the logits_parity probe of two packed rows (batch_rows)."""
+    out: dict[tuple, dict[str, Any]] = defaultdict(lambda: {"shown": [], "measured": [], "causes": Counter()})
+    for c in cells:
+        key_rest = (env_label(c), c["dtype"], c["backend"])
+        own = (c.get("diagnosis") or {}).get("cause") or c.get("cause")
+        if role_of(c) == "hazard" and (c["status"] == "pass" or (c["status"] == "fail" and own in ("cache_trap", "mask_override"))):
+            # a hazard probe on a row that is wrong without the hazard too measures the model's own fault, already in
+            # its correctness verdict: not counted here
+            row = out[(c["check"], *key_rest)]
+            row["measured"].append(c["model"]["label"])
+            if c["status"] == "fail":
+                row["shown"].append(c["model"]["label"])
+                row["causes"][(c.get("diagnosis") or {}).get("cause") or c.get("cause")] += 1
+        if c["check"] == "logits_parity" and c["status"] == "pass" and isinstance((c.get("metrics") or {}).get("max_abs_diff_two_rows"), float):
+            row = out[("batch_rows", *key_rest)]
+            row["measured"].append(c["model"]["label"])
+            if any(f.get("cause") == "batch_rows" for f in c.get("findings") or []):
+                row["shown"].append(c["model"]["label"])
+                row["causes"]["batch_rows"] += 1
+    return out
+
+
+def departures(cells: list[dict[str, Any]], rows: dict[tuple, dict[str, Any]] | None = None) -> dict[tuple, list[str]]:
+    """⚑ marks: per (model, environment, dtype, backend), the hazards where this model departs from the pattern of
+    the other models on its stack (shown where most are not, or the reverse). Needs at least three models.
+    ``rows``: :func:`hazard_rows` of ``cells`` when already computed."""
+    marks: dict[tuple, list[str]] = defaultdict(list)
+    for (hazard, env, dtype, backend), row in (hazard_rows(cells) if rows is None else rows).items():
+        n, k = len(row["measured"]), len(row["shown"])
+        if n < 3 or k in (0, n):
+            continue
+        majority_shows = k * 2 > n
+        for model in row["measured"]:
+            if (model in row["shown"]) != majority_shows:
+                marks[(model, env, dtype, backend)].append(("no " if majority_shows else "") + cause_label(hazard))
+    return marks
+
+
+def stack_findings(cells: list[dict[str, Any]]) -> dict[tuple[str, str], list[str]]:
+    """Failed contract items of the library stack, once each: (finding check, ``item: evidence``) -> the models
+    it failed on (a finding check without items counts as one item, ``verdict``)."""
+    found: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for c in cells:
+        if role_of(c) == "finding" and c["status"] == "fail":
+            for name, it in ((c.get("metrics") or {}).get("items") or {"verdict": {"status": "fail", "evidence": c["message"]}}).items():
+                if isinstance(it, dict) and it.get("status") == "fail":
+                    found[(c["check"], f"{name}: {it.get('evidence', '')}")].append(c["model"]["label"])
+    return found
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the model
+
+
+@dataclass(frozen=True)
+class DoNotPack:
+    """One matrix cell whose headline is fail or fallback: where (model, backend, dtype, env), its causes in
+    words, the first failing check (``first``, its cell), the remedy, and whether a correctness check judged it
+    (``judged``: False when only hazards were asked for)."""
+
+    model: str
+    backend: str
+    dtype: str
+    env: str | None
+    causes: str
+    first: dict[str, Any]
+    remedy: str
+    judged: bool
+
+
+@dataclass(frozen=True)
+class Report:
+    """A results document read once for every renderer: ``doc`` (the document as written), ``layout``,
+    ``labels`` (backend -> its column label), ``headlines`` (group key -> :func:`verdicts.headline`), ``marks``
+    (⚑ departures), ``hazards`` (:func:`hazard_rows`), ``findings`` (:func:`stack_findings`), ``do_not_pack``,
+    ``not_run`` (backends where no model ran anything -> the first reason, e.g. a CUDA kernel on a CPU machine),
+    ``environment`` (:func:`environment_rows`), ``gate`` (the gate result an ``audit --gate`` wrote, or None)."""
+
+    doc: dict[str, Any]
+    layout: Layout
+    labels: dict[str, str]
+    headlines: dict[tuple, dict[str, Any]]
+    marks: dict[tuple, list[str]]
+    hazards: dict[tuple, dict[str, Any]]
+    findings: dict[tuple[str, str], list[str]]
+    do_not_pack: list[DoNotPack]
+    not_run: dict[str, str]
+    environment: list[tuple[str, str]]
+    gate: dict[str, Any] | None
+
+    @property
+    def cells(self) -> list[dict[str, Any]]:
+        return self.doc["cells"]
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return self.doc.get("settings", {})
+
+    def label(self, backend: str) -> str:
+        """A backend's column label (the torch varlen column relabelled when a stand-in ran)."""
+        return self.labels.get(backend, backend)
+
+
+def build_report(doc: dict[str, Any]) -> Report:
+    """Read a results document (``results.build_document``'s shape, diagnosed) into a :class:`Report`."""
+    from ..backends import backend_labels
+
+    cells = doc["cells"]
+    lay = layout(doc)
+    headlines = {key: headline(group) for key, group in lay.by_group.items()}
+    hazards = hazard_rows(cells)
+    bad = []
+    for key, h in headlines.items():
+        if h["status"] in ("fail", "fallback"):
+            first = h["bad"][0]
+            bad.append(DoNotPack(*key, ", ".join(cause_label(c) for c in h["causes"]), first,
+                                 (first.get("diagnosis") or {}).get("remedy") or "",
+                                 any(role_of(c) == "correctness" for c in lay.by_group[key])))
+    not_run = {b: cut(" ".join(str(next(c for (m, bb, d, e), g in lay.by_group.items() if bb == b for c in g)["message"]).split()), 140)
+               for b in lay.backends
+               if all(h["status"] == "skipped" for (m, bb, d, e), h in headlines.items() if bb == b)
+               and any(k[1] == b for k in lay.by_group)}
+    gate = doc.get("gate")
+    return Report(doc, lay, backend_labels(doc.get("environment", {})), headlines, departures(cells, hazards), hazards,
+                  stack_findings(cells), bad, not_run, environment_rows(doc.get("environment", {})),
+                  gate if isinstance(gate, dict) else None)

@@ -1,0 +1,72 @@
+"""The terminal summary pytest prints after a run (plain text, no Markdown): versions, counts, one line per model
+and backend with its headline verdict and cause, then the stack hazards and findings once each, then the files
+written. Pure: a :class:`model.Report` in, lines out."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+from ..results import SYMBOLS
+from .model import Report, environment_line
+from .text import cut, plain
+from .verdicts import cause_label, counts_line, env_label, headline_text, role_of
+
+
+def render(rep: Report, paths: list[str]) -> list[str]:
+    """Lines for pytest's terminal summary (plain text, no Markdown): versions, totals, one line per model and
+    backend with its headline verdict and cause, then the stack hazards once each, then ``paths`` (the files
+    written)."""
+    cells = rep.cells
+    lines = [
+        f"{environment_line(rep.doc['environment'])}, device {rep.doc['environment'].get('device')}",
+        counts_line(cells, symbols=False),
+        "(pytest counts one item per check: hazards and findings are its xfailed items, never failures.)",
+    ]
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for c in cells:
+        where = c["dtype"] + (f" @ {env_label(c)}" if env_label(c) else "")
+        groups[(c["model"]["label"], c["backend"] or "(model level)", where)].append(c)
+    marks = rep.marks
+    # passes once per backend (the models named), not-checked once per backend and reason (with the count, the
+    # reason whole), every other verdict on its own line with its cause and remedy
+    passed: dict[tuple[str, str], list[str]] = defaultdict(list)
+    unchecked: dict[tuple[str, str, str], list[str]] = defaultdict(list)
+    for (label, backend, where), group in sorted(groups.items()):
+        if backend == "(model level)" and all(role_of(c) != "correctness" for c in group):
+            continue  # stack findings: summarised below
+        h = rep.headlines[(label, group[0]["backend"], group[0]["dtype"], env_label(group[0]))]
+        text = plain(headline_text(h, marks.get((label, env_label(group[0]), group[0]["dtype"], group[0]["backend"]))))
+        if h["status"] == "pass" and text == SYMBOLS["pass"]:
+            passed[(backend, where)].append(label)
+            continue
+        if h["status"] == "skipped":
+            why = " ".join(str((h["cells"] or group)[0]["message"]).split())
+            unchecked[(backend, where, why)].append(label)
+            continue
+        reason = ""
+        if h["status"] in ("error", "timeout", "oom", "unsupported") and h["cells"]:
+            reason = ": " + cut(plain((h["bad"] or h["cells"])[0]["message"]), 110)
+        fix = ((h["bad"][0].get("diagnosis") or {}).get("remedy") if h["bad"] and h["status"] in ("fail", "fallback") else None)
+        lines.append(f"  {h['status']:11s} {label} / {backend} / {where}: {text[2:].strip() or h['status']}{reason}"
+                     + (f" — remedy: {cut(plain(fix), 140)}" if fix else ""))
+    for (backend, where), models in sorted(passed.items()):
+        lines.append(f"  pass        {backend} / {where}: {len(models)} {'model' if len(models) == 1 else 'models'} "
+                     f"({cut(', '.join(models), 160)})")
+    for (backend, where, why), models in sorted(unchecked.items()):
+        lines.append(f"  not checked {backend} / {where}, {len(models)} {'model' if len(models) == 1 else 'models'}: {plain(why)}")
+    for (hazard, env, dtype, backend), row in sorted(rep.hazards.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
+        if row["shown"]:
+            lines.append(f"  hazard      {cause_label(hazard)} on {backend} / {dtype}{f' @ {env}' if env else ''}: "
+                         f"{len(row['shown'])}/{len(row['measured'])} models")
+    found: dict[tuple[str, str], list[str]] = defaultdict(list)
+    measured: Counter = Counter()
+    for c in cells:
+        if role_of(c) == "finding" and c["status"] in ("pass", "fail"):
+            measured[c["check"]] += 1
+            for name, it in ((c.get("metrics") or {}).get("items") or {"verdict": {"status": c["status"], "evidence": c["message"]}}).items():
+                if it.get("status") == "fail":
+                    found[(c["check"], f"{name}: {it['evidence']}")].append(c["model"]["label"])
+    for (check, text), models in sorted(found.items()):
+        lines.append(f"  finding     {check} {cut(plain(text), 110)} ({len(models)}/{measured[check]} models)")
+    lines += [f"matrix written: {p}" for p in paths]
+    return lines

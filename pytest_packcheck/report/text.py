@@ -1,0 +1,36 @@
+"""Text helpers shared by the renderers (the report's, bench's, gate's, the atlas's): no packcheck imports, no
+heavy imports. Pure."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+
+def escape_md(text: Any) -> str:
+    """Escape model-provided text for a Markdown table cell: no pipes, HTML, links or line breaks."""
+    s = " ".join(str(text).split())
+    s = s.replace("\\", "\\\\")
+    s = re.sub(r"([|<>\[\]`*_])", r"\\\1", s)
+    return s
+
+
+def plain(text: Any) -> str:
+    """Text for a terminal: one line, no Markdown escapes."""
+    return " ".join(str(text).split())
+
+
+def cut(text: str, n: int) -> str:
+    """``text`` in at most ``n`` characters, cut at a word boundary (never mid-word) with "…"."""
+    if len(text) <= n:
+        return text
+    head = text[: n - 1]
+    space = head.rfind(" ")
+    return (head[:space] if space > n // 2 else head).rstrip(" ,;:") + "…"
+
+
+def fmt_metric(value: Any) -> str:
+    """A number as the report prints it: a float in two significant digits (``3.1e-02``), anything else as is."""
+    if isinstance(value, float):
+        return f"{value:.1e}"
+    return str(value)

@@ -1,0 +1,185 @@
+"""Verdicts of the report, format-neutral: a matrix cell's headline, a check's mark by its role, the counts.
+
+A matrix cell's headline is decided by the checks whose registry role is ``correctness`` only: ✅ means every
+one of them that ran passed, and the ones that could not run are named ("not checked"). A hazard that showed is
+🔶 "hazard shown", a failed stack contract item 🔷 "stack finding" (:func:`check_mark`), and the headline counts
+matrix cells by verdict (:func:`matrix_counts`), never checks. Pure: cells in, records and words out.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from typing import Any
+
+from ..checks.registry import SPECS
+from ..results import STATUSES, SYMBOLS
+
+LEGEND = {
+    "pass": "pass: measured within tolerance",
+    "fail": "fail: a measured number is out of tolerance (the cause names what it shows)",
+    "fallback": "fallback: the requested attention backend is not what ran",
+    "unsupported": "unsupported: the stack refuses this combination with an explicit error",
+    "skipped": "not checked: this environment lacks something (reason given); never a pass",
+    "error": "error: crashed (exception, or the signal that killed the isolated child, given), or a probe was inconclusive",
+    "timeout": "timeout: no result within --packcheck-timeout (the hung child was killed)",
+    "oom": "oom: out of memory (memory figures given)",
+}
+#: What a hazard's or finding's own mark means (:data:`ROLE_MARKS`).
+ROLE_LEGEND = {
+    "hazard": "a hazard probe showed the hazard (usage outside the standard contract): said once per stack, never a model failure",
+    "finding": "a contract item of the library stack failed (the same for every model on it): never a model failure",
+}
+#: Marks of a hazard or finding that did not pass (registry roles): never a model's red ❌.
+ROLE_MARKS = {"hazard": ("🔶", "hazard shown"), "finding": ("🔷", "stack finding")}
+
+
+def rank(status: str) -> int:
+    """Position of a status in :data:`results.STATUSES` (worst first)."""
+    return STATUSES.index(status)
+
+
+def cell_status(statuses: list[str]) -> str:
+    """Worst verdict of a group, ignoring skipped checks unless all are skipped."""
+    ran = [s for s in statuses if s != "skipped"]
+    if not ran:
+        return "skipped"
+    return min(ran, key=rank)
+
+
+def role_of(cell: dict[str, Any]) -> str:
+    """The cell's role: as recorded in the cell, else the registry's, else ``correctness`` (an unknown check)."""
+    return cell.get("role") or (SPECS[cell["check"]].role if cell["check"] in SPECS else "correctness")
+
+
+def cause_label(cause: str) -> str:
+    """A cause code in words (``cache_trap`` -> ``cache trap``)."""
+    return cause.replace("_", " ")
+
+
+def env_label(cell: dict[str, Any]) -> str | None:
+    """The version environment a cell ran in (its ``--packcheck-versions`` label), None for this one."""
+    return (cell.get("env") or {}).get("label")
+
+
+def check_mark(cell: dict[str, Any]) -> tuple[str, str, str]:
+    """(symbol, text label, css class) of one check's verdict, by its role: a correctness check shows its
+    status (✅ pass, ❌ fail, …); a hazard or finding whose probe showed something (fail / fallback) shows
+    🔶 "hazard shown" or 🔷 "stack finding" and the class ``hazard`` / ``finding`` (never the red ``fail``)."""
+    status, role = cell["status"], role_of(cell)
+    if role in ROLE_MARKS and status in ("fail", "fallback"):
+        sym, label = ROLE_MARKS[role]
+        return sym, label, role
+    if role in ROLE_MARKS and status in ("error", "timeout", "oom"):
+        return SYMBOLS[status], f"{role} {status}", f"{role}-{status}"
+    return SYMBOLS[status], "not checked" if status == "skipped" else status, status
+
+
+def check_order(check: str) -> int:
+    """Which check speaks first among equals (a headline's causes, the CSV's key check): the isolation probe, then
+    the registry's order (the number that says most first); an unknown check last."""
+    order = {name: i for i, name in enumerate(["isolation", *(s for s in SPECS if s != "isolation")])}
+    return order.get(check, len(order))
+
+
+def headline(group: list[dict[str, Any]]) -> dict[str, Any]:
+    """The verdict of one matrix cell (one model, backend, dtype and environment) from its correctness checks
+    only: ``status`` (the worst that ran; "skipped" when none ran), ``causes`` (the diagnosed causes of the
+    correctness checks that did not pass, worst first), ``not_checked`` (correctness checks skipped, with their
+    reasons) and ``cells`` (the correctness cells). A group with no correctness check (only hazards were
+    asked for) takes every check."""
+    judged = [c for c in group if role_of(c) == "correctness"] or list(group)
+    status = cell_status([c["status"] for c in judged])
+    # worst first; among equals :func:`check_order`
+    bad = sorted((c for c in judged if c["status"] not in ("pass", "skipped")),
+                 key=lambda c: (rank(c["status"]), check_order(c["check"]), c["check"]))
+    causes = list(dict.fromkeys((c.get("diagnosis") or {}).get("cause") or c.get("cause") or c["status"] for c in bad))
+    not_checked = {c["check"]: c["message"] for c in judged if c["status"] == "skipped"}
+    return {"status": status, "causes": causes, "not_checked": not_checked, "cells": judged, "bad": bad}
+
+
+def headline_text(h: dict[str, Any], marks: list[str] | None = None) -> str:
+    """A matrix cell's text from its :func:`headline`: symbol, cause (or "not checked"), the correctness checks
+    that could not run, and the ⚑ marks of a model that departs from its stack's hazard pattern."""
+    status = h["status"]
+    if status == "pass":
+        text = SYMBOLS["pass"] + (f" (not checked: {', '.join(h['not_checked'])})" if h["not_checked"] else "")
+    elif status == "skipped":
+        text = f"{SYMBOLS['skipped']} not checked"
+    elif status in ("unsupported", "error", "timeout", "oom"):
+        named = {"unsupported": "refused", "error": "crash", "timeout": "timeout", "oom": "out of memory"}[status]
+        causes = [c for c in h["causes"] if c not in ("crash", "hang", "out_of_memory", status)]
+        text = f"{SYMBOLS[status]} {', '.join(cause_label(c) for c in causes) or named}"
+    else:
+        text = f"{SYMBOLS[status]} {', '.join(cause_label(c) for c in h['causes'])}"
+    return text + "".join(f" ⚑ {m}" for m in marks or [])
+
+
+def matrix_counts(cells: list[dict[str, Any]]) -> dict[str, Any]:
+    """The headline counts by role: ``cells`` (matrix cells, i.e. model x backend x dtype x environment groups
+    with a correctness check, counted by their headline verdict), ``models`` (verdict -> the models with a cell
+    of that verdict), ``hazards`` (hazard probes that showed the hazard / hazard probes that measured),
+    ``findings`` (finding checks that failed / ran, and failed contract items) and ``checks`` (every check run,
+    by status)."""
+    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for c in cells:
+        groups[(c["model"]["label"], c["backend"], c["dtype"], env_label(c))].append(c)
+    verdicts: Counter = Counter()
+    models_by: dict[str, set[str]] = defaultdict(set)
+    for (label, *_), group in groups.items():
+        if not any(role_of(c) == "correctness" for c in group):
+            continue
+        status = headline(group)["status"]
+        verdicts[status] += 1
+        models_by[status].add(label)
+    hazard_cells = [c for c in cells if role_of(c) == "hazard" and c["status"] not in ("skipped",)]
+    finding_cells = [c for c in cells if role_of(c) == "finding" and c["status"] not in ("skipped",)]
+    items = [it for c in finding_cells for it in (((c.get("metrics") or {}).get("items")) or {}).values() if isinstance(it, dict)]
+    return {"cells": verdicts, "models": {k: sorted(v) for k, v in models_by.items()},
+            "hazards": (sum(c["status"] in ("fail", "fallback") for c in hazard_cells), len(hazard_cells)),
+            "findings": (sum(c["status"] in ("fail", "fallback") for c in finding_cells), len(finding_cells),
+                         sum(it.get("status") == "fail" for it in items)),
+            "checks": Counter(c["status"] for c in cells)}
+
+
+def counts_line(cells: list[dict[str, Any]], symbols: bool = True) -> str:
+    """One line of the counts by role (Markdown with symbols, or plain for the terminal): matrix cells by
+    verdict and the models they fall on, then hazards shown, stack findings, and the checks run."""
+    n = matrix_counts(cells)
+
+    def sym(status: str) -> str:
+        return f"{SYMBOLS[status]} " if symbols else ""
+    total = sum(n["cells"].values())
+
+    def models(status: str) -> str:
+        ms = n["models"].get(status, [])
+        if status in ("pass", "skipped") or not ms:
+            return ""
+        return f" ({len(ms)} {'model' if len(ms) == 1 else 'models'}: {', '.join(ms[:8])}{' …' if len(ms) > 8 else ''})"
+
+    axes = "model x backend" + (" x dtype" if len({c["dtype"] for c in cells}) > 1 else "")
+    verdicts = ", ".join(f"{sym(s)}{s if s != 'skipped' else 'not checked'} {n['cells'][s]}{models(s)}"
+                         for s in reversed(STATUSES) if n["cells"][s])
+    text = f"Matrix cells ({axes}, judged by the correctness checks): {verdicts} (of {total})."
+    shown, measured = n["hazards"]
+    if measured:
+        text += f" Hazards: {ROLE_MARKS['hazard'][0] + ' ' if symbols else ''}{shown} of {measured} hazard probes showed one (never a model failure)."
+    failed, ran, items = n["findings"]
+    if ran:
+        text += (f" Stack findings: {ROLE_MARKS['finding'][0] + ' ' if symbols else ''}{items} contract items failed in "
+                 f"{failed} of {ran} finding checks (facts of the library stack).")
+    checks = n["checks"]
+    text += " Checks run: " + ", ".join(f"{s} {checks[s]}" for s in STATUSES if checks[s]) + f" (of {len(cells)})."
+    return text
+
+
+def model_mark(label: str, by_group: dict[tuple, list[dict[str, Any]]]) -> str:
+    """A model's mark with its text label (details summary, HTML): the worst headline of its matrix cells (groups
+    with a correctness check); hazards and findings never make it red: a model with only those is ✅ with
+    "🔶 hazards" / "🔷 stack findings" beside it."""
+    groups = [g for (m, _, _, _), g in by_group.items() if m == label]
+    judged = [headline(g)["status"] for g in groups if any(role_of(c) == "correctness" for c in g)]
+    worst = cell_status(judged) if judged else "skipped"
+    text = f"{SYMBOLS[worst]} {'not checked' if worst == 'skipped' else worst}"
+    extra = [ROLE_MARKS[r][0] + " " + ("hazards" if r == "hazard" else "stack findings") for r in ROLE_MARKS
+             if any(role_of(c) == r and c["status"] in ("fail", "fallback") for g in groups for c in g)]
+    return text + ("" if not extra else " (" + ", ".join(extra) + ")")

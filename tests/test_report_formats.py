@@ -1,0 +1,153 @@
+"""The report formats table: every format is written as one set from one report model, the session's file lists
+follow the table, and the CSV matrix holds one row per matrix cell with the JSON's verdict. What every renderer
+reads from one place: key numbers from the check registry, the header's libraries from ``environment_rows``."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections import defaultdict
+
+import pytest
+from conftest import planted_cell, planted_doc
+
+
+def _cells() -> list[dict]:
+    cells = []
+    for m in ("llama", "qwen3"):
+        cells += [planted_cell(m, b, "isolation", "pass", max_change=0.0) for b in ("eager", "sdpa")]
+        cells.append(planted_cell(m, None, "collate", "pass"))
+    cells.append(planted_cell("opt", "sdpa", "isolation", "fail", "leak", max_change=0.3))
+    cells.append(planted_cell("opt", "eager", "isolation", "skipped", message="needs a CUDA device"))
+    return cells
+
+
+def csv_problems(doc: dict, text: str) -> list[str]:
+    """What a CSV matrix gets wrong against its results document: a matrix cell (model x backend x dtype x
+    version environment) missing, extra or listed twice, or a verdict / cause other than the matrix's."""
+    from pytest_packcheck.report.verdicts import headline
+
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for c in doc["cells"]:
+        if c["backend"]:
+            groups[(c["model"]["label"], c["backend"], c["dtype"], (c.get("env") or {}).get("label") or "")].append(c)
+    want = {k: headline(g) for k, g in groups.items()}
+    rows = list(csv.DictReader(io.StringIO(text, newline="")))
+    got = {(r["model"], r["backend"], r["dtype"], r["versions"]): r for r in rows}
+    problems = [f"missing {k}" for k in want if k not in got] + [f"extra {k}" for k in got if k not in want]
+    problems += ["a cell listed twice"] if len(rows) != len(got) else []
+    for k, h in want.items():
+        r = got.get(k)
+        if r and (r["verdict"], r["cause"]) != (h["status"], ", ".join(h["causes"])):
+            problems.append(f"{k}: {r['verdict']} ({r['cause']}), the matrix says {h['status']} ({h['causes']})")
+    return problems
+
+
+def test_every_format_is_written_and_the_csv_reads_back_as_the_json_matrix(tmp_path):
+    from pytest_packcheck.report.formats import FORMATS, write_reports
+
+    paths = write_reports(tmp_path, planted_doc(_cells()))
+    assert [p.rsplit("/", 1)[-1] for p in paths] == [f.file for f in FORMATS]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f.file for f in FORMATS)
+    doc = json.loads((tmp_path / "packcheck-matrix.json").read_text())
+    with open(tmp_path / "packcheck-matrix.csv", newline="", encoding="utf-8") as fh:
+        text = fh.read()
+    assert text.startswith("model,backend,dtype,versions,verdict,cause,check,key number\r\n")
+    assert csv_problems(doc, text) == []
+    rows = {(r["model"], r["backend"]): r for r in csv.DictReader(io.StringIO(text, newline=""))}
+    assert len(rows) == 6 and ("llama", None) not in rows  # model-level checks are not matrix cells
+    assert (rows[("opt", "sdpa")]["verdict"], rows[("opt", "sdpa")]["cause"]) == ("fail", "leak")
+    assert (rows[("opt", "sdpa")]["check"], rows[("opt", "sdpa")]["key number"]) == ("isolation", "Δ 3.0e-01")
+    assert rows[("opt", "eager")]["verdict"] == "skipped" and rows[("llama", "eager")]["key number"] == "Δ 0.0e+00"
+
+
+def test_csv_of_the_committed_matrix_has_every_cell():
+    from pathlib import Path
+
+    from pytest_packcheck.report import csvfile
+    from pytest_packcheck.report.model import build_report
+    from pytest_packcheck.results import load_document
+
+    doc = load_document(Path(__file__).parent.parent / "reports" / "packcheck-matrix.json")
+    assert csv_problems(doc, csvfile.render(build_report(doc))) == []
+
+
+@pytest.mark.parametrize("fault", ["drop a cell", "wrong verdict"])
+def test_a_planted_csv_fault_is_caught(monkeypatch, fault):
+    """The planted faults: a CSV renderer that loses a matrix cell, or writes a pass for a failing one."""
+    from pytest_packcheck.report import csvfile
+    from pytest_packcheck.report.model import build_report
+
+    doc = planted_doc(_cells())
+    real = csvfile.rows
+
+    def faulty(rep):
+        rows = real(rep)
+        if fault == "drop a cell":
+            return rows[:-1]
+        return [{**r, "verdict": "pass", "cause": ""} if r["verdict"] == "fail" else r for r in rows]
+
+    monkeypatch.setattr(csvfile, "rows", faulty)
+    assert csv_problems(doc, csvfile.render(build_report(doc)))
+
+
+def test_the_session_checks_and_cleans_up_the_files_of_the_formats_table(tmp_path, monkeypatch):
+    """The session's list of report files is the table's: a new format's stale file is removed with the others."""
+    from pytest_packcheck.report.formats import FORMATS, write_reports
+    from pytest_packcheck.run.session import PackcheckSession
+
+    write_reports(tmp_path, planted_doc(_cells()))
+
+    class Settings:
+        report_dir = str(tmp_path)
+
+    session = PackcheckSession.__new__(PackcheckSession)
+    session.settings = Settings()
+    line = session.discard_stale_matrix(RuntimeError("disk"))
+    assert not any((tmp_path / f.file).exists() for f in FORMATS)
+    assert all(f.file in line for f in FORMATS)
+
+
+def test_key_numbers_are_written_as_the_registry_says():
+    """Each check's key number follows its check record (``key_metric`` and ``key_number_format``); the report
+    names no check to format one."""
+    import ast
+    import inspect
+
+    from pytest_packcheck.checks.registry import CHECKS
+    from pytest_packcheck.report import key_number, numbers
+
+    strings = {n.value for n in ast.walk(ast.parse(inspect.getsource(numbers))) if isinstance(n, ast.Constant)}
+    assert not strings & set(CHECKS)
+    calls = planted_cell("llama", "flash_attention_2", "backend", "pass", calls={"flash_attention_2": 2}, expected_calls=2,
+                         varlen_kernel_calls=2, dense_kernel_calls=0)
+    assert key_number(calls) == "2/2 calls, varlen 2 / dense 0"
+    assert key_number(planted_cell("llama", "sdpa", "logits_parity", "pass", max_abs_diff_solo=1.5e-7)) == "Δ 1.5e-07"
+
+
+def test_a_planted_unknown_key_format_is_refused(monkeypatch):
+    """The planted fault: a registry record naming a format the report does not have fails loudly."""
+    import dataclasses
+
+    from pytest_packcheck.checks.registry import SPECS
+    from pytest_packcheck.report import key_number
+
+    monkeypatch.setitem(SPECS, "isolation", dataclasses.replace(SPECS["isolation"], key_metric=("max_change", "Δ", "sparkline")))
+    with pytest.raises(KeyError, match="sparkline"):
+        key_number(planted_cell("llama", "sdpa", "isolation", "pass", max_change=0.0))
+
+
+def test_every_header_names_the_libraries_of_environment_rows(monkeypatch):
+    """Markdown, HTML and the terminal name the libraries of one list: a library added there shows in each."""
+    from pytest_packcheck.report import environment_rows, model, render_html, render_markdown, render_terminal
+
+    doc = planted_doc(_cells())
+    doc["environment"].update({"torch": "2.13.0+cpu", "kernels": "0.9.1"})
+    assert ("torch", "2.13.0+cpu") in environment_rows(doc["environment"])
+    assert ("trl", "not installed") in environment_rows(doc["environment"])
+    monkeypatch.setattr(model, "HEADER_LIBRARIES", (*model.HEADER_LIBRARIES, ("kernels", "kernels")))
+    assert "flash-attn not installed, kernels 0.9.1" in render_markdown(doc).split("Reproduce:")[0]
+    assert "flash-attn not installed, kernels 0.9.1, device cpu" in render_html(doc)
+    assert render_terminal(doc, [])[0] == ("torch 2.13.0+cpu, transformers 5.24.0, trl not installed, flash-attn not "
+                                           "installed, kernels 0.9.1, device cpu")
