@@ -1,5 +1,6 @@
-"""Plant each fault in pytest_packcheck/guard.py in turn, run the tests of tests/test_guard.py meant to catch it
-(-k), expect a failure, restore the file. Every guard decision branch has a row here.
+"""Plant each fault in the guard (pytest_packcheck/guard/*.py) in turn, run the tests of tests/test_guard.py meant to
+catch it (-k), expect a failure, restore the file. Every guard decision branch has a row here; a row names its
+source text, which must occur exactly once in the guard's modules (the file is found, not named).
 
 Usage: python scripts/guard_mutants.py [MUTANT NAME ...]   (PYTHONPATH at this checkout; ~5 min on 2 CPU cores)
 Exit 1 when a mutant survives.
@@ -12,8 +13,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-P = ROOT / "pytest_packcheck" / "guard.py"
-#: (name, source text in guard.py, its replacement, the -k expression of the tests that must fail)
+GUARD = ROOT / "pytest_packcheck" / "guard"
+#: (name, source text in one of the guard's modules, its replacement, the -k expression of the tests that must fail)
 MUTANTS = [
  ("autocast ignored", 'if self.autocast in _REDUCED:\n            return self.autocast', 'if False:\n            return self.autocast', "trl_default_sftconfig or row_it_computes"),
  ("bf16 weights ignored", 'if self.weights in _REDUCED:\n            return self.weights, f"{self.weights} weights"', 'if False:\n            return self.weights, ""', "bf16_weights"),
@@ -58,26 +59,42 @@ MUTANTS = [
 ]
 
 
+def _home(name: str, old: str, sources: dict[Path, str]) -> Path:
+    """The one guard module that holds ``old``, exactly once."""
+    counts = {path: text.count(old) for path, text in sources.items() if old in text}
+    if list(counts.values()) != [1]:
+        where = ", ".join(f"{p.name} x{n}" for p, n in counts.items()) or "nowhere"
+        raise SystemExit(f"mutant {name!r}: its source text occurs in {where} of {GUARD} (expected once in one module)")
+    return next(iter(counts))
+
+
 def main(only: list[str]) -> int:
-    orig = P.read_text()
+    sources = {path: path.read_text() for path in sorted(GUARD.glob("*.py"))}
+    unknown = set(only) - {name for name, *_ in MUTANTS}
+    if unknown:
+        raise SystemExit(f"unknown mutant(s): {', '.join(sorted(unknown))}")
+    homes = {name: _home(name, old, sources) for name, old, _, _ in MUTANTS}  # every row checked before any is planted
     survived = []
+    planted = 0
     try:
         for name, old, new, tests in MUTANTS:
             if only and name not in only:
                 continue
-            if orig.count(old) != 1:
-                raise SystemExit(f"mutant {name!r}: its source text occurs {orig.count(old)} times in {P} (expected once)")
-            P.write_text(orig.replace(old, new))
+            path = homes[name]
+            path.write_text(sources[path].replace(old, new))
+            planted += 1
             run = subprocess.run([sys.executable, "-m", "pytest", "tests/test_guard.py", "-q", "-x", "-p", "no:cacheprovider",
                                   "-k", tests], check=False, capture_output=True, text=True, cwd=ROOT)
             tail = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else run.stderr[-200:]
             caught = run.returncode == 1
-            print("CAUGHT  " if caught else "SURVIVED", name, "|", tail, flush=True)
+            print("CAUGHT  " if caught else "SURVIVED", name, f"({path.name})", "|", tail, flush=True)
             if not caught:
                 survived.append(name)
+            path.write_text(sources[path])
     finally:
-        P.write_text(orig)
-    print(f"{len(survived)} survived" + (f": {', '.join(survived)}" if survived else ""))
+        for path, text in sources.items():
+            path.write_text(text)
+    print(f"{planted - len(survived)} of {planted} caught, {len(survived)} survived" + (f": {', '.join(survived)}" if survived else ""))
     return 1 if survived else 0
 
 

@@ -209,7 +209,8 @@ def test_the_header_does_not_claim_a_library_the_environment_lacks():
 
 
 def test_audit_gate_runs_the_training_checks_unless_checks_are_named(monkeypatch):
-    from pytest_packcheck.cli import _parser, _pytest_args, gate_checks
+    from pytest_packcheck.cli import _parser
+    from pytest_packcheck.cli.audit import _pytest_args, gate_checks
 
     monkeypatch.delenv("PACKCHECK_CHECKS", raising=False)
     monkeypatch.delenv("PACKCHECK_AUDIT", raising=False)

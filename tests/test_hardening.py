@@ -557,8 +557,9 @@ def test_a_cell_message_carrying_a_token_is_scrubbed_on_the_terminal(pytester):
 
 
 def test_verify_remedies_rewrites_markdown_and_json_as_one_set(tmp_path, monkeypatch):
-    from pytest_packcheck import cli, results
+    from pytest_packcheck import results
     from pytest_packcheck.analysis import remedies
+    from pytest_packcheck.cli import audit
     from pytest_packcheck.report.formats import write_reports
 
     write_reports(tmp_path, _doc([_cell()]))
@@ -571,7 +572,7 @@ def test_verify_remedies_rewrites_markdown_and_json_as_one_set(tmp_path, monkeyp
     seen = []
     real = results.write_set
     monkeypatch.setattr(results, "write_set", lambda files, flag="--packcheck-report-dir": (seen.append([p.name for p, _ in files]), real(files, flag)))
-    cli._verify_remedies_into_report(tmp_path)
+    audit._verify_remedies_into_report(tmp_path)
     assert seen == [["packcheck-matrix.md", "packcheck-matrix.json"]]  # one set, the JSON last
     assert (tmp_path / "packcheck-matrix.md").read_text().endswith("No failing cell made a remedy claim.\n")
     assert json.loads((tmp_path / "packcheck-matrix.json").read_text())["remedy_checks"] == []

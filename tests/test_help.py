@@ -95,3 +95,38 @@ def test_every_cause_has_a_meaning_and_the_listing_gives_its_remedy(capsys):
     for code, cause in CAUSE_RECORDS.items():
         assert cause.meaning and f"\n{code}\n" in f"\n{out}"
     assert "remedy: do not pass attention_mask with packed rows" in " ".join(out.split())
+
+
+def test_every_command_of_the_table_is_a_subcommand_with_its_help_in_table_order():
+    from pytest_packcheck.cli import COMMANDS
+
+    sub = next(a for a in _parser()._subparsers._group_actions if a.dest == "command")
+    assert list(sub.choices) == [c.name for c in COMMANDS]
+    flat = " ".join(_help().split())
+    for command in COMMANDS:
+        assert " ".join(command.help.split()) in flat, command.name
+
+
+def test_a_command_that_parses_its_own_arguments_gets_the_rest_of_the_command_line(monkeypatch, capsys):
+    import sys
+    import types
+
+    from pytest_packcheck import cli
+    from pytest_packcheck.errors import PackcheckUsageError
+
+    seen = []
+
+    def own_main(argv):
+        seen.append(argv)
+        if "--bad" in argv:
+            raise PackcheckUsageError("--bad is refused: drop it.")
+        return 0
+
+    module = types.ModuleType("packcheck_test_own_main")
+    module.main = own_main
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setattr(cli, "COMMANDS", (*cli.COMMANDS, cli.Command("own", module.__name__, "A command with its own parser.")))
+    assert "own" in _help() and "A command with its own parser." in _help()
+    assert cli.main(["own", "--markdown", "-x"]) == 0 and seen == [["--markdown", "-x"]]
+    assert cli.main(["own", "--bad"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == ["packcheck own: error: --bad is refused: drop it."]

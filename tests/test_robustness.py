@@ -301,7 +301,8 @@ def test_example_workflow_gates_two_versions_in_one_command(tmp_path, bad_versio
 
 
 def test_packcheck_models_variable_replaces_the_default_audit_and_is_in_the_reproduce_line(monkeypatch):
-    from pytest_packcheck.cli import _parser, _pytest_args, _reproduce_line
+    from pytest_packcheck.cli import _parser
+    from pytest_packcheck.cli.audit import _pytest_args, _reproduce_line
 
     ns = _parser().parse_args(["audit", "-n", "0"])
     assert "--packcheck-audit=default" in _pytest_args(ns)

@@ -1,0 +1,142 @@
+"""The ``packcheck`` command line: one module per command, listed once in :data:`COMMANDS`.
+
+``main`` builds the parser from the table (``packcheck --help`` lists the rows in their order) and hands the
+parsed arguments to the command's module. A command module has either
+
+- ``configure(parser)`` (adds its arguments to its subparser; may set ``parser.description`` / ``epilog``) and
+  ``run(ns) -> int`` (the exit code; ``ns.argv`` holds the command line after ``packcheck``), or
+- ``main(argv) -> int`` alone: it parses its own arguments (``argv`` is what follows the command's name).
+
+A :class:`~pytest_packcheck.errors.PackcheckUsageError` out of a command is one line ``packcheck <command>:
+error: ...`` and exit 2, as is an ImportError / MemoryError while torch loads (``ulimit -v``).
+
+``audit`` runs the packcheck matrix through pytest and writes the support matrix: it takes the same
+``--packcheck-*`` flags as the pytest plugin (``--models`` etc. are short aliases) and runs pytest in an empty
+temporary root, so no test file of the current project is collected.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from types import ModuleType
+from typing import NamedTuple
+
+
+class Command(NamedTuple):
+    """One ``packcheck`` command: its name, the module that implements it, the one line ``packcheck --help`` shows."""
+
+    name: str
+    module: str
+    help: str
+
+
+#: Every ``packcheck`` command, in the order ``packcheck --help`` lists them.
+COMMANDS = (
+    Command("audit", "pytest_packcheck.cli.audit", "Run the matrix and write reports/packcheck-matrix.md and .json."),
+    Command("gate", "pytest_packcheck.cli.gate", "Compare a candidate results JSON with a baseline; exit 1 if a cell got worse."),
+    Command("bisect", "pytest_packcheck.cli.bisect", "Name the release that broke (or fixed) one cell, from the package index."),
+    Command("bench", "pytest_packcheck.cli.bench", "Train the same examples padded and packed; report tokens/s, memory, speedup."),
+    Command("atlas", "pytest_packcheck.cli.atlas", "Every architecture x backend x transformers release (4.44 ..): resumable; "
+                                                   "writes reports/atlas/ (atlas.md, atlas.html, support.json)."),
+    Command("lookup", "pytest_packcheck.cli.lookup", "Does packing work for MODEL_TYPE on ATTN at this transformers? (the atlas)"),
+    Command("claims", "pytest_packcheck.cli.claims", "What axolotl / ms-swift / LLaMA-Factory claim about packing (read from "
+                                                     "their wheels, not imported), against the atlas: reports/atlas/claims.md."),
+    Command("merge", "pytest_packcheck.cli.merge", "Join results JSON files (shards of one audit) and render the matrix."),
+    # a command whose module has only main(argv) parses its own arguments
+    Command("checks", "pytest_packcheck.checks.listing", "List the checks: role, level, suite, requirements, key number, "
+                                                         "tolerance and causes (--markdown: README's table)."),
+)
+
+#: What ``packcheck`` exits with, for --help and the README.
+EXIT_CODES = {
+    0: "the matrix was written (whatever the verdicts); gate: no regression; bisect: an answer",
+    1: "gate: a regression (after the table is printed); bisect: the endpoints do not hold or skips hide the boundary",
+    2: "usage error (one line naming the value, where it came from and the fix)",
+    3: "internal error (pytest's)",
+    130: "interrupted (Ctrl-C / SIGTERM): the finished cells are written, marked incomplete; rerun with --resume",
+}
+
+
+def audits() -> dict[str, str]:
+    """The audits shipped with packcheck (audit/*.toml with an ``[audit]`` table): name -> description."""
+    import tomllib
+
+    from ..config.audits import PACKAGE_AUDIT_DIR
+
+    out = {}
+    for path in sorted(PACKAGE_AUDIT_DIR.glob("*.toml")):
+        try:
+            table = tomllib.loads(path.read_text(encoding="utf-8")).get("audit")
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            continue
+        if isinstance(table, dict):
+            out[path.stem] = str(table.get("description", ""))
+    return out
+
+
+def help_epilog() -> str:
+    """The end of ``packcheck --help`` / ``packcheck audit --help``, generated from the registry (checks with
+    their roles, cause codes), the shipped audits and :data:`EXIT_CODES`: never retyped."""
+    import textwrap
+
+    from ..checks.causes import CAUSES
+    from ..checks.registry import DEFAULT_CHECKS, REGISTRY, TRAINING_CHECKS
+
+    def wrap(text: str, indent: str = "  ") -> str:
+        return textwrap.fill(text, width=100, initial_indent=indent, subsequent_indent=indent + "  ")
+
+    lines = ["checks (--packcheck-checks; default: all but the training ones):"]
+    lines += [wrap(f"{s.name} ({s.role}{', training' if s.training else ''}): {s.summary}") for s in REGISTRY]
+    lines += [wrap(f"default: {', '.join(DEFAULT_CHECKS)}; training (opt in, or --audit training): {', '.join(TRAINING_CHECKS)}"),
+              "", "causes (a failing cell names each; bisect --cause takes one):"]
+    lines += [wrap(f"{code}: {meaning}") for code, meaning in CAUSES.items()]
+    lines += ["", "audits (--audit NAME; default: default):"]
+    lines += [wrap(f"{name}: {desc}") for name, desc in audits().items()]
+    lines += ["", "exit codes:"] + [wrap(f"{code}: {meaning}") for code, meaning in EXIT_CODES.items()]
+    return "\n".join(lines)
+
+
+def _module(command: Command) -> ModuleType:
+    return importlib.import_module(command.module)
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The ``packcheck`` parser: one subparser per row of :data:`COMMANDS`, configured by its module."""
+    parser = argparse.ArgumentParser(prog="packcheck", description="Checks that padding-free packing trains the same model.",
+                                     epilog=help_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for command in COMMANDS:
+        module = _module(command)
+        if hasattr(module, "configure"):
+            module.configure(sub.add_parser(command.name, help=command.help))
+        else:  # main(argv): parsed by the module itself (main hands it over before this parser runs)
+            sub.add_parser(command.name, help=command.help, add_help=False).add_argument("args", nargs=argparse.REMAINDER)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point. Exit codes: :data:`EXIT_CODES` (0 matrix written whatever the verdicts, 2 usage error, 3 internal
+    error)."""
+    argv = sys.argv[1:] if argv is None else argv
+    by_name = {c.name: c for c in COMMANDS}
+    if argv and argv[0] in by_name and not hasattr(_module(by_name[argv[0]]), "configure"):
+        name, run = argv[0], lambda: _module(by_name[argv[0]]).main(argv[1:])
+    else:
+        ns = _parser().parse_args(argv)
+        ns.argv = argv
+        name, run = ns.command, lambda: _module(by_name[ns.command]).run(ns)
+
+    from ..errors import PackcheckUsageError
+
+    try:
+        return run()
+    except PackcheckUsageError as exc:
+        print(f"packcheck {name}: error: {exc}", file=sys.stderr)
+        return 2
+    except (ImportError, MemoryError) as exc:  # torch cannot load (ulimit -v): one line, not a traceback
+        from ..errors import load_failure_message
+
+        print(f"packcheck {name}: error: {load_failure_message(exc)}", file=sys.stderr)
+        return 2

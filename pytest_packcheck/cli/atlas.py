@@ -1,0 +1,66 @@
+"""``packcheck atlas``: every architecture x backend x transformers release (4.44 ..), resumable; writes
+``reports/atlas/`` (atlas.md, atlas.html, support.json) through :func:`pytest_packcheck.atlas.main`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def configure(atlas: argparse.ArgumentParser) -> None:
+    atlas.description = ("Measures each release in its own version environment (cached), one release "
+                         "after another; a killed run resumes where it stopped (per-release results and "
+                         "journal under --build-dir).")
+    atlas.add_argument("--releases", default=None, metavar="A,B", help="Exact transformers releases, e.g. 4.44.2,5.24.0 "
+                       "(default: the latest patch of every minor from --since to --until, from the package index).")
+    atlas.add_argument("--since", default="4.44", help="Oldest minor (default 4.44, the varlen reference's floor).")
+    atlas.add_argument("--until", default=None, help="Newest minor (default: the newest on the index).")
+    atlas.add_argument("--build-dir", default="build/atlas", help="Per-release results and journals (default build/atlas; "
+                                                                  "not committed).")
+    atlas.add_argument("-o", "--output-dir", default="reports/atlas", help="Where atlas.md / .html and support.json go.")
+    atlas.add_argument("--shard", default=None, metavar="I/N", help="Run shard I of N of each release (whole models, "
+                                                                    "round-robin; as --packcheck-shard).")
+    atlas.add_argument("--models", default=None, metavar="SPECS", help="Only these models (arch:llama,arch:qwen2; default "
+                       "every architecture of each release). Use its own --build-dir: a release done for a subset is done.")
+    atlas.add_argument("-n", "--workers", type=int, default=1, help="pytest-xdist workers per release (default 1).")
+    atlas.add_argument("--list-releases", action="store_true", help="Print the releases the atlas covers as a JSON list "
+                       "(for a CI matrix) and exit.")
+    atlas.add_argument("--no-render", action="store_true", help="Measure only (a CI job of one release or shard); "
+                       "the merge job renders.")
+    atlas.add_argument("--render-only", action="store_true", help="Only render reports/atlas/ from what --build-dir holds.")
+    atlas.add_argument("--seed", action="append", default=[], metavar="FILE", help="Take this results JSON (one "
+                       "release's --all-architectures run on the atlas backends) as its release's run; repeatable.")
+    atlas.add_argument("--bisect", action="store_true", help="Bisect every transition between adjacent measured releases "
+                       "to the exact patch (packcheck bisect per transition; resumable).")
+    atlas.add_argument("--bisect-limit", type=int, default=None, help="Bisect at most this many transitions.")
+    atlas.add_argument("--bisect-models", default=None, metavar="TYPES", help="Bisect only these model types' transitions "
+                                                                             "(e.g. llama,qwen2).")
+
+
+def run(ns: argparse.Namespace) -> int:
+    """``packcheck atlas``: the releases, then :func:`pytest_packcheck.atlas.main`.
+
+    Raises:
+        PackcheckUsageError: bad --releases / --shard, --render-only with --no-render, -n below 1, an unreachable
+            package index.
+    """
+    from ..atlas import AtlasArgs, index_releases, parse_release_list, parse_shard
+    from ..atlas import main as atlas_main
+    from ..errors import PackcheckUsageError
+
+    releases = parse_release_list(ns.releases, "--releases") if ns.releases else index_releases(ns.since, ns.until)
+    if ns.list_releases:
+        import json
+
+        print(json.dumps(releases))
+        return 0
+    if ns.render_only and ns.no_render:
+        raise PackcheckUsageError("--render-only and --no-render exclude each other: pick one.")
+    shard = parse_shard(ns.shard, "--shard") if ns.shard else None
+    if ns.workers < 1:
+        raise PackcheckUsageError(f"-n/--workers {ns.workers} must be >= 1.")
+    models = [m.strip() for m in ns.models.split(",") if m.strip()] if ns.models else None
+    bisect_models = [m.strip() for m in ns.bisect_models.split(",") if m.strip()] if ns.bisect_models else None
+    return atlas_main(AtlasArgs(releases, Path(ns.build_dir), Path(ns.output_dir), shard, ns.workers, ns.render_only,
+                                ns.bisect, ns.bisect_limit, models, bisect_models, ns.seed, ns.no_render),
+                      log=lambda line: print(line, flush=True))

@@ -1,0 +1,276 @@
+"""``packcheck audit``: run the packcheck matrix through pytest and write the support matrix.
+
+The command takes the same ``--packcheck-*`` flags as the pytest plugin (``--models`` etc. are short aliases)
+and runs pytest in an empty temporary root, so no test file of the current project is collected. After the
+audit: ``--bench`` figures, ``--verify-remedies``, ``--save-baseline`` or ``--gate`` (two version environments,
+:mod:`pytest_packcheck.cli.gate`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from ..config.options import (
+    OPT_ALL_ARCHS,
+    OPT_AUDIT,
+    OPT_CHECKS,
+    OPT_MODELS,
+    OPT_REPORT_DIR,
+    OPT_RESUME,
+    OPT_TIMEOUT,
+    OPT_VERSIONS,
+    OPTIONS,
+    default_of,
+)
+from .gate import SUMMARY_HELP
+
+OPTIONS_BY_FLAG = {opt.flag: opt for opt in OPTIONS}
+
+_ALIASES = {OPT_MODELS: "--models", OPT_AUDIT: "--audit", OPT_ALL_ARCHS: "--all-architectures", OPT_VERSIONS: "--versions",
+            OPT_RESUME: "--resume", OPT_TIMEOUT: "--timeout"}
+
+
+def configure(audit: argparse.ArgumentParser) -> None:
+    """The audit's arguments: every option of the plugin (:data:`~pytest_packcheck.settings.OPTIONS`) and the
+    audit's own."""
+    from . import help_epilog
+
+    audit.description = ("Runs the embedded default audit (audit/default.toml) when no model is given. "
+                         "The default audit runs no Trainer / SFTTrainer: --audit training does.")
+    audit.epilog = help_epilog()
+    audit.formatter_class = argparse.RawDescriptionHelpFormatter
+    for opt in OPTIONS:
+        flags = [opt.flag] + ([_ALIASES[opt.flag]] if opt.flag in _ALIASES else [])
+        kwargs = {"dest": opt.dest, "help": opt.help}
+        if opt.action:
+            kwargs["action"] = opt.action
+        audit.add_argument(*flags, **kwargs)
+    audit.add_argument("-n", "--workers", default="2",
+                       help="pytest-xdist workers (default 2; 0 runs in this process).")
+    audit.add_argument("-q", "--quiet", action="store_true", help="Less pytest output.")
+    audit.add_argument("--save-baseline", action="store_true",
+                       help="Also copy the results JSON to <report dir>/baseline.json for `packcheck gate`.")
+    audit.add_argument("--bench", action="append", default=[], metavar="PROFILE",
+                       help="After the audit, bench each model packed vs padded on this length profile (flan, orcamath, "
+                            "uniform, fixed, or a file of lengths; repeatable): a 'speedup / memory' column in the matrix.")
+    audit.add_argument("--bench-steps", type=int, default=10, help="Measured steps per mode for --bench (default 10).")
+    audit.add_argument("--bench-batch-size", type=int, default=16, help="Examples per step for --bench (default 16).")
+    audit.add_argument("--bench-max-length", type=int, default=2048, help="Longest example for --bench (default 2048).")
+    audit.add_argument("--verify-remedies", action="store_true",
+                       help="After the audit, run each failing cell again at the release its upgrade remedy names (one "
+                            "version environment per release) and judge setting remedies from the cell's own numbers: "
+                            "a 'Remedies verified' section in the matrix.")
+    audit.add_argument("--gate", action="store_true",
+                       help="With --versions naming two environments (e.g. 'transformers==5.24.0,5.25.0'): after the "
+                            "audit, gate the second against the first cell by cell; exit 1 on a regression.")
+    audit.add_argument("--allow", action="append", default=[], metavar="CELL=REASON",
+                       help="For --gate: accept a regression of a cell id or id prefix; repeatable.")
+    audit.add_argument("--summary", metavar="FILE", default=None, help=SUMMARY_HELP)
+    audit.add_argument("pytest_args", nargs="*", help="Extra pytest arguments after --, e.g. -- -k sdpa.")
+
+
+def gate_checks() -> tuple[str, ...]:
+    """The checks ``audit --gate`` runs when none are named: the default checks plus the Trainer's (packed and its
+    own padded run) and, where TRL is installed here, the SFTTrainer's (packed and padded). Issue 27: a gate without
+    a training check said "No cell changed" while the Trainer went from fail (4.57.x keeps use_cache) to pass."""
+    from ..checks.registry import gate_checks as planned
+
+    return planned()
+
+
+def _pytest_args(ns: argparse.Namespace) -> list[str]:
+    args: list[str] = []
+    given = {opt.dest: getattr(ns, opt.dest) for opt in OPTIONS}
+    checks_opt = OPTIONS_BY_FLAG[OPT_CHECKS]
+    if (getattr(ns, "gate", False) and given[checks_opt.dest] is None and not os.environ.get(checks_opt.env or "")
+            and not given["packcheck_audit"] and not os.environ.get(OPTIONS_BY_FLAG[OPT_AUDIT].env or "")):
+        given[checks_opt.dest] = ",".join(gate_checks())
+    from_env = any(os.environ.get(OPTIONS_BY_FLAG[flag].env or "") for flag in (OPT_MODELS, OPT_AUDIT))
+    if given["packcheck_models"] is None and not given["packcheck_audit"] and not given["packcheck_all_architectures"] and not from_env:
+        given["packcheck_audit"] = "default"  # $PACKCHECK_MODELS / $PACKCHECK_AUDIT replace the default audit (CLI > env)
+    if given["packcheck_audit"] and not os.path.isabs(given["packcheck_audit"]) and given["packcheck_audit"].endswith(".toml"):
+        given["packcheck_audit"] = os.path.abspath(given["packcheck_audit"])  # abspath: a symlink loop is the plugin's to name
+    if given["packcheck_report_dir"] is None or given["packcheck_report_dir"].strip():  # '' goes on, to be refused
+        given["packcheck_report_dir"] = os.path.abspath(given["packcheck_report_dir"] or default_of(OPT_REPORT_DIR))
+    for opt in OPTIONS:
+        value = given[opt.dest]
+        if value is None or value is False or value == []:
+            continue
+        if opt.action == "store_true":
+            args.append(opt.flag)
+        elif opt.multiple:
+            args += [f"{opt.flag}={v}" for v in value]
+        else:
+            args.append(f"{opt.flag}={value}")
+    return args
+
+
+def run(ns: argparse.Namespace) -> int:
+    """``packcheck audit``. Exit codes: 0 matrix written (whatever the verdicts), 1 a gate regression, 2 usage error,
+    3 internal error, 130 interrupted."""
+    import pytest
+
+    from ..errors import PackcheckUsageError
+    from .gate import gate_environments, gate_versions, parse_allow
+
+    os.environ["PACKCHECK_REPRODUCE"] = _reproduce_line(ns.argv)
+    workers = str(ns.workers)
+    if not (workers.isdigit() or workers in ("auto", "logical")):
+        print(f"packcheck audit: error: -n/--workers '{workers}' must be a number of workers (0: this process) or auto.",
+              file=sys.stderr)
+        return 2
+    for flag, value, default in (("--bench-steps", ns.bench_steps, 10), ("--bench-batch-size", ns.bench_batch_size, 16),
+                                 ("--bench-max-length", ns.bench_max_length, 2048)):
+        if value != default and not ns.bench:
+            print(f"packcheck audit: warning: {flag} has no effect without --bench", file=sys.stderr)
+    if ns.bench:
+        from ..run.throughput import sample_lengths
+
+        ns.bench = list(dict.fromkeys(ns.bench))
+        for profile in ns.bench:  # the same checks `packcheck bench` makes, before the audit spends its time
+            try:
+                sample_lengths(profile, 1, 2048, source="--bench")
+            except PackcheckUsageError as exc:
+                print(f"packcheck audit: error: {exc}", file=sys.stderr)
+                return 2
+        if ns.bench_steps < 1:
+            print(f"packcheck audit: error: --bench-steps {ns.bench_steps} must be >= 1.", file=sys.stderr)
+            return 2
+        versions_from = _versions_source(ns)
+        if versions_from:
+            print(f"packcheck audit: error: --bench measures in this environment only, and {versions_from} asks for "
+                  "version environments: run it without versions (or run `packcheck bench` inside the version's "
+                  "environment).", file=sys.stderr)
+            return 2
+        for flag, value, least in (("--bench-batch-size", ns.bench_batch_size, 1), ("--bench-max-length", ns.bench_max_length, 2)):
+            if value < least:
+                print(f"packcheck audit: error: {flag} {value} must be >= {least}.", file=sys.stderr)
+                return 2
+    try:
+        allow = parse_allow(ns.allow)
+        if ns.allow and not ns.gate:
+            raise PackcheckUsageError("--allow works with --gate (or `packcheck gate`): add --gate.")
+        if ns.summary and not ns.gate:
+            raise PackcheckUsageError(f"--summary '{ns.summary}' writes the gate's job summary: add --gate (or run `packcheck gate`).")
+        if ns.gate:
+            gate_environments(ns)
+    except PackcheckUsageError as exc:
+        print(f"packcheck audit: error: {exc}", file=sys.stderr)
+        return 2
+    args = _pytest_args(ns)
+    if workers not in ("0", "1"):
+        try:
+            import xdist  # noqa: F401
+
+            args += ["-n", workers, "--dist", "loadscope"]
+        except ImportError:
+            print("packcheck: pytest-xdist not installed; running in one process", file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix="packcheck-") as root:
+        # the plugin by module, the entry point blocked: the same with packcheck installed or only on PYTHONPATH
+        # (scripts/gpu_check.sh on the GPU machine)
+        full = [root, "--rootdir", root, "-p", "no:cacheprovider", "-p", "no:packcheck", "-p", "pytest_packcheck.plugin",
+                "-o", "addopts=", "-o", "testpaths=",
+                "-W", "ignore::pytest.PytestAssertRewriteWarning",
+                # --tb=no: the packcheck summary and the matrix name every failing cell with its number; pytest's
+                # FAILURES section repeated them, at a cost quadratic in the reports (about a minute for the 2160
+                # failing cells of the all-architectures audit). `-- --tb=short` brings it back.
+                "-c", os.devnull, *(["-q"] if ns.quiet else []), "-rN", "--tb=no", *args, *ns.pytest_args]
+        code = pytest.main(full)
+    if code in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+        if ns.gate:
+            return gate_versions(Path(ns.packcheck_report_dir or default_of(OPT_REPORT_DIR)), allow, ns.summary)
+        if ns.bench:
+            _bench_into_report(ns, Path(ns.packcheck_report_dir or default_of(OPT_REPORT_DIR)))
+        if ns.verify_remedies:
+            _verify_remedies_into_report(Path(ns.packcheck_report_dir or default_of(OPT_REPORT_DIR)))
+        if ns.save_baseline:
+            from ..results import atomic_write
+
+            out = Path(ns.packcheck_report_dir or default_of(OPT_REPORT_DIR))
+            try:  # atomic and named: a full disk is one line, and never half a baseline
+                atomic_write(out / "baseline.json", (out / "packcheck-matrix.json").read_text(encoding="utf-8"))
+            except (PackcheckUsageError, OSError) as exc:
+                print(f"packcheck audit: error: --save-baseline: {exc}", file=sys.stderr)
+                return 2
+            print(f"baseline written: {out / 'baseline.json'}")
+        return 0
+    if code == pytest.ExitCode.USAGE_ERROR:
+        return 2
+    if code == pytest.ExitCode.NO_TESTS_COLLECTED:  # every cell deselected (`-- -k nothing`): nothing was checked
+        print(f"packcheck audit: error: the pytest arguments {' '.join(ns.pytest_args) or '(none)'} deselected every cell of "
+              "the matrix: nothing was checked and no matrix written; select cells with -k on ids such as "
+              "llama-sdpa-isolation-float32.", file=sys.stderr)
+        return 2
+    return 3 if code != pytest.ExitCode.INTERRUPTED else 130
+
+
+def _reproduce_line(argv: list[str]) -> str:
+    """The report's Reproduce line: the settings' environment variables that are set, then the command."""
+    import shlex
+
+    envs = [f"{opt.env}={shlex.quote(os.environ[opt.env])}" for opt in OPTIONS if opt.env and os.environ.get(opt.env)]
+    return " ".join([*envs, "packcheck " + shlex.join(argv)])
+
+
+def _versions_source(ns: argparse.Namespace) -> str | None:
+    """Where version environments were asked for (--packcheck-versions, its environment variable, or the audit
+    definition's ``versions``), or None."""
+    from ..config.audits import load_audit
+
+    if getattr(ns, OPTIONS_BY_FLAG[OPT_VERSIONS].dest):
+        return "--packcheck-versions"
+    if os.environ.get(OPTIONS_BY_FLAG[OPT_VERSIONS].env or ""):
+        return f"${OPTIONS_BY_FLAG[OPT_VERSIONS].env}"
+    audit = ns.packcheck_audit or (None if ns.packcheck_models or ns.packcheck_all_architectures else "default")
+    if audit:
+        try:
+            if load_audit(audit).versions:
+                return f"the audit definition '{audit}'"
+        except Exception:  # noqa: BLE001 - a bad audit file is reported by the audit itself, with its own message
+            return None
+    return None
+
+
+def _bench_into_report(ns: argparse.Namespace, out: Path) -> None:
+    """Bench every model of the audit just written (``--bench``) and render the matrix again with the figures."""
+    import json
+
+    from ..report.formats import write_reports
+    from ..run.throughput import bench_audit
+
+    path = out / "packcheck-matrix.json"
+    doc = json.loads(path.read_text())
+    if doc.get("settings", {}).get("versions"):  # asked for through an ini file: caught here, after the audit
+        print("packcheck audit: error: --bench measures in this environment only, and this audit ran in version "
+              "environments: its matrix is written without bench figures.", file=sys.stderr)
+        return
+    device = doc.get("settings", {}).get("device", "cpu")
+    doc["bench"] = {"profiles": list(ns.bench), "steps": ns.bench_steps, "device": device,
+                    "batch_size": ns.bench_batch_size, "max_length": ns.bench_max_length,
+                    "results": bench_audit(doc, list(ns.bench), ns.bench_steps, device, batch_size=ns.bench_batch_size,
+                                           max_length=ns.bench_max_length)}
+    write_reports(out, doc)
+    print(f"bench figures added to {out / 'packcheck-matrix.md'}")
+
+
+def _verify_remedies_into_report(out: Path) -> None:
+    """``--verify-remedies``: verify the remedies of the audit just written; the records go into the JSON
+    (``remedy_checks``) and a "Remedies verified" section is appended to the Markdown."""
+    import json
+
+    from ..analysis.remedies import render_remedy_checks, verify_remedies
+    from ..results import write_set
+
+    path = out / "packcheck-matrix.json"
+    doc = json.loads(path.read_text())
+    records = verify_remedies(doc, out, log=lambda line: print(line, flush=True))
+    md = out / "packcheck-matrix.md"
+    # one set (results.write_set), the JSON last: a kill between the two never leaves one updated, one not
+    write_set([(md, md.read_text().rstrip("\n") + "\n\n" + render_remedy_checks(records)),
+               (path, json.dumps(doc, indent=1) + "\n")])
+    verified = sum(1 for r in records if r["verified"])
+    print(f"remedies verified: {verified} of {len(records)} (section 'Remedies verified' in {md})")

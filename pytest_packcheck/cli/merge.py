@@ -1,0 +1,45 @@
+"""``packcheck merge``: join results JSON files (shards of one audit) and render the matrix."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def configure(merge: argparse.ArgumentParser) -> None:
+    merge.add_argument("files", nargs="+", help="Results JSON files.")
+    merge.add_argument("-o", "--output-dir", default="reports", help="Where packcheck-matrix.md / .json go (default reports).")
+
+
+def run(ns: argparse.Namespace) -> int:
+    """``packcheck merge``: exit 0 with the matrix written.
+
+    Raises:
+        PackcheckUsageError: a results file that cannot be read; an output folder that cannot be made or is held
+            by a running audit.
+    """
+    from ..analysis.diagnose import diagnose_document
+    from ..analysis.gate import merge
+    from ..errors import PackcheckUsageError
+    from ..report.formats import write_reports
+    from ..results import load_document, write_failure
+    from ..run.process import hold_report_dir
+
+    doc = diagnose_document(merge([load_document(f) for f in ns.files]))
+    out = Path(ns.output_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PackcheckUsageError(write_failure(out / "packcheck-matrix.json", exc, "-o/--output-dir")) from None
+    lock = hold_report_dir(out, "-o/--output-dir")  # an audit writing there now would have its matrix replaced
+    try:
+        write_reports(out, doc, "-o/--output-dir")
+    finally:
+        lock.release(force=True)
+    if doc.get("merged_settings_differ"):
+        print(f"packcheck merge: warning: these files are not shards of one audit (their settings differ in "
+              f"{', '.join(doc['merged_settings_differ'])}); the matrix shows the union of their cells and every command",
+              file=sys.stderr)
+    print(f"merged {len(ns.files)} files, {len(doc['cells'])} cells into {out}")
+    return 0

@@ -1,0 +1,308 @@
+"""The batch contract: :func:`parse_row` validates one packed row and splits it into its examples at every boundary
+the batch declares (each broken item a cause code with a remedy, :data:`CONTRACT_REMEDIES`); :func:`packed_rows`
+finds a batch of several packed rows; :func:`unpack_row` turns a packed row into a right-padded batch."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .result import NotPackedError, _usage
+
+#: Keys that run along the tokens of the row: all must have the row's length.
+TOKEN_KEYS = ("input_ids", "labels", "position_ids", "attention_mask", "seq_idx", "token_type_ids", "completion_mask",
+              "assistant_masks")
+#: Keys the probes never hand to the model as they came: replaced per probe, or only meaningful for the whole row.
+_ROW_KEYS = ("labels", "attention_mask", "seq_idx", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k",
+             "num_items_in_batch", "use_cache", "fused_lm_head", "completion_mask", "assistant_masks")
+IGNORE_INDEX = -100
+#: Per-token keys that must hold integers (token ids, positions, label ids, segment ids).
+_INTEGER_KEYS = ("input_ids", "labels", "position_ids", "seq_idx", "token_type_ids")
+#: Remedies of the batch contract's items, by item.
+CONTRACT_REMEDIES = {
+    "lengths": "collate every per-token key (input_ids, labels, position_ids, ...) to the row's length",
+    "restart": "restart position_ids at {first} for each example (DataCollatorWithFlattening(return_position_ids=True) does)",
+    "cu_agree": ("return position_ids and cu_seq_lens_q/k from the same segmentation "
+                 "(DataCollatorWithFlattening(return_position_ids=True, return_flash_attn_kwargs=True))"),
+    "cu_form": "cu_seq_lens_q/k must run non-decreasing from 0 to the row's length (DataCollatorWithFlattening builds them)",
+    "cu_qk": "for a packed row cu_seq_lens_k must equal cu_seq_lens_q (self-attention over the same examples)",
+    "max_length": "max_length_q/k must be at least the longest example (DataCollatorWithFlattening sets it)",
+    "labels": ("set labels to -100 at each example's first token, so no example is trained to predict the next one's "
+               "start (DataCollatorWithFlattening(separator_id=-100) does)"),
+    "empty": "drop empty examples before collating (the collator keeps them as a zero-length segment)",
+    "cu_dtype": "build cu_seq_lens_q/k as torch.int32 (flash-attn's varlen kernels refuse int64; DataCollatorWithFlattening does)",
+}
+
+
+@dataclass
+class _Row:
+    """A validated packed row: its keys, the example slices (from every segmentation the batch declares), the
+    position id examples start at, the contract items ``(cause, text, remedy key)`` and notes."""
+
+    batch: dict[str, Any]
+    total: int
+    slices: list[slice]
+    items: list[tuple[str, str, str]]
+    notes: list[str]
+    fatal: bool
+    first: int = 0
+
+    @property
+    def problems(self) -> list[str]:
+        return [text for _, text, _ in self.items]
+
+
+def _text_config(config: Any) -> Any:
+    getter = getattr(config, "get_text_config", None)
+    try:
+        return getter() if callable(getter) else config
+    except Exception:  # noqa: BLE001 - a config whose text config cannot be read: its own attributes are used
+        return config
+
+
+def _shape(value: Any) -> str:
+    import torch
+
+    return str(tuple(value.shape)) if isinstance(value, torch.Tensor) else f"a {type(value).__name__}"
+
+
+def parse_row(batch: Any, config: Any = None) -> _Row:
+    """Validate ``batch`` as one packed row and split it into examples at every boundary the batch declares:
+    the position_ids restarts (any break in +1 steps; the text row of ``(R, 1, N)`` M-RoPE ids), the
+    ``cu_seq_lens_q`` offsets and the ``seq_idx`` changes. The per-example reference is built from this
+    segmentation with true positions, so ids that restart wrong are measured, not copied into the reference.
+
+    Contract items (each fails the batch with a cause code and a remedy, :data:`CONTRACT_REMEDIES`): per-token
+    keys of different lengths (no numbers then), position_ids that restart anywhere but at the architecture's
+    first id (0; padding_idx + 1 for RoBERTa-likes), position_ids disagreeing with ``cu_seq_lens_q``,
+    ``cu_seq_lens_q`` not running non-decreasing from 0 to the row length, ``cu_seq_lens_k`` unlike
+    ``cu_seq_lens_q``, ``max_length_q`` below the longest example, zero-length examples, labels that are not -100
+    at example starts. Notes (no verdict of their own): an attention_mask beside the row (the reruns measure
+    it), ``cu_seq_lens_q`` not int32 (flash-attn 2.x refuses it; the packed run shows whether this backend does).
+
+    Raises:
+        NotPackedError: ``input_ids`` is ``(batch > 1, length)`` or nothing marks the row as packed (neither
+            position_ids nor cu_seq_lens_q).
+        PackcheckUsageError: ``batch`` is not a mapping; ``input_ids`` missing, not a 2-D integer tensor, empty
+            ``(1, 0)`` or holding ids outside ``[0, vocab_size)``; a per-token key that is not a tensor or of the
+            wrong rank; an integer key (labels, position_ids, seq_idx) of float dtype; ``cu_seq_lens_q/k`` not a
+            1-D integer tensor; keys on different devices. One line naming the value, where it came from and the fix.
+    """
+    import torch
+
+    from ..model.batches import position_ids_start
+
+    if not isinstance(batch, Mapping):
+        raise _usage(f"batch is a {type(batch).__name__}, expected a dict of tensors (the collator's output, e.g. "
+                     "DataCollatorWithFlattening(return_position_ids=True)(features)).")
+    ids = batch.get("input_ids")
+    if ids is None:
+        raise _usage(f"batch has no 'input_ids' (keys: {', '.join(map(str, batch)) or 'none'}): pass the collator's output "
+                     "(inputs_embeds is not supported).")
+    if not isinstance(ids, torch.Tensor) or ids.ndim != 2:
+        raise _usage(f"batch['input_ids'] is {_shape(ids) if isinstance(ids, torch.Tensor) else type(ids).__name__}, expected a "
+                     "tensor of shape (1, total_tokens): one packed row (return_tensors='pt').")
+    if ids.shape[0] != 1:
+        raise NotPackedError(f"verify_packed_batch: batch['input_ids'] has shape {tuple(ids.shape)}: a packed row has shape "
+                             "(1, total_tokens); pack with DataCollatorWithFlattening or SFTConfig(padding_free=True), which "
+                             "put a batch into one row.")
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise _usage(f"batch['input_ids'] has dtype {ids.dtype}: token ids are integers (torch.long); collate with "
+                     "return_tensors='pt' from the tokenizer's ids, not from float features.")
+    total = int(ids.shape[1])
+    if total == 0:
+        raise _usage("batch['input_ids'] has shape (1, 0): an empty row holds nothing to check; pass a row of at least two "
+                     "non-empty examples.")
+    text = _text_config(config) if config is not None else None
+    vocab = getattr(text, "vocab_size", None)
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or (isinstance(vocab, int) and high >= vocab):
+        bad = low if low < 0 else high
+        raise _usage(f"batch['input_ids'] holds token id {bad}, outside the model's vocabulary [0, {vocab}): pad input_ids "
+                     "with the tokenizer's pad_token_id (-100 belongs in labels), and tokenize with this model's tokenizer.")
+    labels = batch.get("labels")
+    if isinstance(labels, torch.Tensor) and not labels.dtype.is_floating_point and labels.numel():
+        scored = labels[labels != IGNORE_INDEX]
+        if scored.numel() and (int(scored.min()) < 0 or (isinstance(vocab, int) and int(scored.max()) >= vocab)):
+            bad = int(scored.min()) if int(scored.min()) < 0 else int(scored.max())
+            raise _usage(f"batch['labels'] holds {bad}, neither -100 (not scored) nor a token id of the model's vocabulary "
+                         f"[0, {vocab}): mask labels with -100 (DataCollatorWithFlattening's separator_id=-100).")
+    for key, value in batch.items():
+        if isinstance(value, torch.Tensor) and value.device != ids.device:
+            raise _usage(f"batch[{key!r}] is on {value.device}, input_ids on {ids.device}: move the whole batch to the model's "
+                         "device (batch = {k: v.to(device) for k, v in batch.items()}).")
+    items: list[tuple[str, str, str]] = []
+    notes: list[str] = []
+    fatal = False
+    for key in TOKEN_KEYS:
+        value = batch.get(key)
+        if value is None or key == "input_ids":
+            continue
+        if not isinstance(value, torch.Tensor):
+            raise _usage(f"batch[{key!r}] is a {type(value).__name__}, expected a tensor of shape (1, {total}) like input_ids "
+                         "(return_tensors='pt').")
+        rank_ok = value.ndim == 2 or (key == "position_ids" and value.ndim == 3)
+        if not rank_ok:
+            raise _usage(f"batch[{key!r}] has shape {tuple(value.shape)}, expected (1, {total}) like input_ids"
+                         f"{' (or (rows, 1, total) M-RoPE ids)' if key == 'position_ids' else ''}.")
+        if key in _INTEGER_KEYS and (value.dtype.is_floating_point or value.dtype.is_complex):
+            raise _usage(f"batch[{key!r}] has dtype {value.dtype}: {key} are integers (torch.long); build them as ids, not floats.")
+        if tuple(value.shape[-2:]) != (1, total):
+            items.append(("collator_contract", (f"{key} has shape {tuple(value.shape)}, input_ids {(1, total)}: per-token keys "
+                                               "differ in length"), "lengths"))
+            fatal = True
+    cu = {}
+    for key in ("cu_seq_lens_q", "cu_seq_lens_k"):
+        value = batch.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, torch.Tensor) or value.ndim != 1 or value.dtype.is_floating_point or value.dtype == torch.bool:
+            what = f"{_shape(value)} {value.dtype}" if isinstance(value, torch.Tensor) else f"a {type(value).__name__}"
+            raise _usage(f"batch[{key!r}] is {what}: expected a 1-D int32 tensor of example offsets (0, ..., {total}) "
+                         "(DataCollatorWithFlattening(return_flash_attn_kwargs=True)).")
+        cu[key] = [int(x) for x in value.tolist()]
+        if value.dtype != torch.int32:
+            notes.append(f"{key} dtype {value.dtype}, flash-attn 2.x needs torch.int32")
+    pos = batch.get("position_ids")
+    if not isinstance(pos, torch.Tensor) and "cu_seq_lens_q" not in cu:
+        raise NotPackedError(f"verify_packed_batch: batch carries neither position_ids nor cu_seq_lens_q (keys: "
+                             f"{', '.join(map(str, batch))}): it is not a packed row; use DataCollatorWithFlattening"
+                             "(return_position_ids=True) or SFTConfig(padding_free=True).")
+    first = position_ids_start(text) if text is not None and hasattr(text, "model_type") else 0
+    boundaries = {0}
+    pos_starts: list[int] | None = None
+    if isinstance(pos, torch.Tensor) and not fatal:
+        p = (pos[0, 0] if pos.ndim == 3 else pos[0]).tolist()
+        pos_starts = [0] + [i for i in range(1, total) if p[i] != p[i - 1] + 1]
+        boundaries.update(pos_starts)
+        wrong = [s for s in pos_starts if p[s] != first]
+        if wrong:
+            items.append(("wrong_positions", (f"position_ids restart at {p[wrong[0]]}, not {first}, at token {wrong[0]} "
+                                             f"({len(wrong)} of {len(pos_starts)} examples)"), "restart"))
+    cu_q = cu.get("cu_seq_lens_q")
+    if cu_q is not None:
+        ok = len(cu_q) >= 2 and cu_q[0] == 0 and cu_q[-1] == total and all(b >= a for a, b in itertools.pairwise(cu_q))
+        if not ok:
+            items.append(("collator_contract", (f"cu_seq_lens_q {cu_q[:8]} do not run non-decreasing from 0 to the row length "
+                                               f"{total}"), "cu_form"))
+        else:
+            if any(b == a for a, b in itertools.pairwise(cu_q)):
+                items.append(("empty_example", f"cu_seq_lens_q {cu_q[:8]} hold a zero-length example", "empty"))
+            cu_starts = sorted(set(cu_q[:-1]))
+            boundaries.update(cu_starts)
+            if pos_starts is not None and pos_starts != cu_starts:
+                items.append(("collator_contract", (f"position_ids restart at tokens {pos_starts[:8]}, cu_seq_lens_q start "
+                                                   f"examples at {cu_starts[:8]}"), "cu_agree"))
+        cu_k = cu.get("cu_seq_lens_k")
+        if cu_k is not None and cu_k != cu_q:
+            items.append(("collator_contract", f"cu_seq_lens_k {cu_k[:8]} differ from cu_seq_lens_q {cu_q[:8]}", "cu_qk"))
+    seq_idx = batch.get("seq_idx")
+    if isinstance(seq_idx, torch.Tensor) and not fatal:
+        s = seq_idx[0].tolist()
+        boundaries.update(i for i in range(1, total) if s[i] != s[i - 1])
+    starts = sorted(b for b in boundaries if b < total)
+    ends = [*starts[1:], total]
+    longest = max(e - s for s, e in zip(starts, ends, strict=True))
+    for key in ("max_length_q", "max_length_k"):
+        value = batch.get(key)
+        number = _int_or_none(value)
+        if value is not None and number is not None and number < longest:
+            items.append(("collator_contract", f"{key} {number} is below the longest example ({longest} tokens)", "max_length"))
+    labels = batch.get("labels")
+    if isinstance(labels, torch.Tensor) and not fatal:
+        unmasked = [s for s in starts[1:] if int(labels[0, s]) != IGNORE_INDEX]
+        if unmasked:
+            items.append(("collator_contract", (f"labels not -100 at {len(unmasked)} example starts (token indices "
+                                               f"{unmasked[:5]}): the trainer scores those tokens across the boundary"), "labels"))
+    for key in ("use_cache", "fused_lm_head"):
+        if batch.get(key) is not None and not isinstance(batch.get(key), bool):
+            raise _usage(f"batch[{key!r}] is {batch.get(key)!r}: expected True, False or no key.")
+    if isinstance(batch.get("attention_mask"), torch.Tensor):
+        notes.append("an attention_mask rides beside the packed row (eager/sdpa/flex then build no packed mask)")
+    return _Row(dict(batch), total, [slice(s, e) for s, e in zip(starts, ends, strict=True)], items, notes, fatal, first)
+
+
+def _targets(row: _Row) -> tuple[Any, Any]:
+    """Next-token targets ``(1, total - 1)``: as the trainer scores them (the labels shifted, else the input_ids
+    with -100 across example starts) and as the reference does (-100 across every example start)."""
+    src = row.batch.get("labels")
+    trainer = (row.batch["input_ids"] if src is None else src)[:, 1:].clone()
+    reference = trainer.clone()
+    for s in row.slices[1:]:
+        reference[0, s.start - 1] = IGNORE_INDEX  # never score a token from the example before it
+        if src is None:
+            trainer[0, s.start - 1] = IGNORE_INDEX
+    return trainer, reference
+
+
+def _int_or_none(value: Any) -> int | None:
+    try:
+        return None if value is None else int(value)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+
+
+def _contract_remedy(row: _Row) -> str:
+    keys = dict.fromkeys(key for _, _, key in row.items)
+    return "; ".join(CONTRACT_REMEDIES[k].format(first=row.first) for k in keys)
+
+
+def packed_rows(batch: Any) -> list[slice] | None:
+    """The real-token span of each row of a ``(batch > 1, length)`` batch of packed rows: position_ids
+    ``(batch, length)`` that step down between two real tokens of a row (a restart; ``attention_mask`` zeros are
+    padding). None for one row, a padded batch of unpacked examples, or anything else.
+
+    Raises:
+        PackcheckUsageError: a row whose real tokens are not one run (padding inside the row).
+    """
+    import torch
+
+    ids, pos = (batch.get("input_ids"), batch.get("position_ids")) if isinstance(batch, Mapping) else (None, None)
+    if not (isinstance(ids, torch.Tensor) and ids.ndim == 2 and ids.shape[0] > 1 and isinstance(pos, torch.Tensor)
+            and tuple(pos.shape) == tuple(ids.shape) and ids.shape[1] > 1):
+        return None
+    mask = batch.get("attention_mask")
+    real = mask.bool() if isinstance(mask, torch.Tensor) and tuple(mask.shape) == tuple(ids.shape) else torch.ones_like(ids, dtype=torch.bool)
+    restarts = (pos[:, 1:] < pos[:, :-1]) & real[:, 1:] & real[:, :-1]
+    if not bool(restarts.any()):
+        return None
+    spans = []
+    for r in range(ids.shape[0]):
+        where = real[r].nonzero().flatten().tolist()
+        if not where or where != list(range(where[0], where[-1] + 1)):
+            raise _usage(f"row {r} of the {tuple(ids.shape)} packed rows has padding between its tokens (attention_mask "
+                         f"{real[r].int().tolist()[:12]}...): pad packed rows on one side only.")
+        spans.append(slice(where[0], where[-1] + 1))
+    return spans
+
+
+def unpack_row(batch: Mapping[str, Any], slices: list[slice], pad_id: int, keep: list[int] | None = None) -> dict[str, Any]:
+    """The packed row ``batch`` as a right-padded batch ``(num_examples, max_len)``: per-token keys split at
+    ``slices`` (the examples ``keep``, default all) and padded (input_ids with ``pad_id``, labels with -100,
+    the others with 0), an ``attention_mask`` of the real tokens, the packed-only keys (cu_seq_lens_q/k,
+    max_length_q/k, seq_idx) dropped, every other key (num_items_in_batch, use_cache, ...) kept."""
+    import torch
+
+    ids = batch["input_ids"]
+    total = int(ids.shape[1])
+    chosen = [slices[i] for i in (keep if keep is not None else range(len(slices)))]
+    width = max(s.stop - s.start for s in chosen)
+    out: dict[str, Any] = {}
+    for key, value in batch.items():
+        if key in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx", "attention_mask"):
+            continue
+        if isinstance(value, torch.Tensor) and tuple(value.shape) == (1, total):
+            fill = pad_id if key == "input_ids" else IGNORE_INDEX if key == "labels" else 0
+            rows = value.new_full((len(chosen), width), fill)
+            for r, s in enumerate(chosen):
+                rows[r, : s.stop - s.start] = value[0, s]
+            out[key] = rows
+        else:
+            out[key] = value
+    mask = torch.zeros((len(chosen), width), dtype=torch.long, device=ids.device)
+    for r, s in enumerate(chosen):
+        mask[r, : s.stop - s.start] = 1
+    out["attention_mask"] = mask
+    return out

@@ -1,0 +1,204 @@
+"""The Trainer / SFTTrainer callback: :class:`PackcheckCallback` checks the first training batch before the first
+optimizer step and raises, warns or installs a fallback by policy; :func:`print_line` prints the guard's line
+past the progress bars."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from ..errors import PackcheckUsageError
+from .batch import IGNORE_INDEX, parse_row, unpack_row
+from .precision import _ComputeProbe, _default_tolerances, _pick, _tolerances
+from .result import GuardResult, NotPackedError, PackcheckGuardWarning, PackedBatchMismatch
+from .verify import _versions, verify_packed_batch
+
+#: What the callback does on a mismatch: stop before the first optimizer step, warn and go on, or switch to a
+#: safe fallback (:data:`FALLBACKS`) and go on.
+POLICIES = ("raise", "warn", "disable")
+#: The fallback ``on_mismatch="disable"`` installs, per cause; causes not listed fall back to padding.
+FALLBACKS = {
+    "cache_trap": "use_cache=False on every training forward",
+    "mask_override": "attention_mask dropped from packed rows",
+}
+PADDING_FALLBACK = "packing off: every packed row unpacked into a right-padded batch before the model"
+#: The callback's JSON, in the trainer's output_dir.
+RESULT_FILE = "packcheck-guard.json"
+
+
+def print_line(line: str) -> None:
+    """Print the guard's line on its own line of stderr: through ``tqdm.write`` (which clears the live progress
+    bars the Trainer's ProgressCallback draws on the same stream, prints, and redraws them), else after a newline."""
+    try:
+        from tqdm import tqdm
+    except ImportError:  # tqdm comes with transformers; without it no bar can be live
+        print(f"\n{line}", file=sys.stderr)
+        return
+    tqdm.write(line, file=sys.stderr)
+
+
+def _warn(line: str) -> None:
+    """A :class:`PackcheckGuardWarning` from inside the training loop, shown while the progress bars are cleared
+    (``tqdm.external_write_mode``), so its text does not land inside a bar either."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        warnings.warn(line, PackcheckGuardWarning, stacklevel=3)
+        return
+    with tqdm.external_write_mode(file=sys.stderr):
+        warnings.warn(line, PackcheckGuardWarning, stacklevel=3)
+
+
+def _not_packed(model: Any, batch: Mapping[str, Any], why: str) -> GuardResult:
+    """The result for a first training batch that is not a packed row: nothing judged."""
+    import torch
+
+    ids = batch.get("input_ids")
+    shape = tuple(ids.shape) if isinstance(ids, torch.Tensor) else None
+    config = getattr(model, "config", None)
+    run = {"attn_implementation": getattr(config, "_attn_implementation", None), "training": True, "input_ids": shape,
+           "keys": sorted(map(str, batch))}
+    dtype = _ComputeProbe(model, ids.device.type if isinstance(ids, torch.Tensor) else "cpu")
+    dtype.remove()
+    rows = shape[0] if shape and len(shape) == 2 else 0
+    return GuardResult(verdict="skipped", cause=None, remedy="", dtype=dtype.weights, dtype_source=f"{dtype.weights} weights",
+                       evidence=f"not packed: nothing to check ({why.removeprefix('verify_packed_batch: ')})",
+                       tolerance=_pick(_default_tolerances(), dtype.weights), max_logprob_diff=None,
+                       per_example_logprob_diff=[], loss_packed=None, loss_reference=None, loss_delta=None,
+                       lengths=[shape[1]] * rows if shape and len(shape) == 2 else [], label_tokens=0, contract=[], run=run,
+                       attention={}, versions=_versions())
+
+
+class PackcheckCallback(TrainerCallback):
+    """Check the first training batch of a ``Trainer`` / ``SFTTrainer`` run before the first optimizer step.
+
+    ``trainer.add_callback(PackcheckCallback())``, or ``callbacks=[PackcheckCallback()]`` when building the
+    trainer. At ``on_train_begin`` a forward pre-hook goes on the model; the first forward in training mode
+    hands it the batch exactly as the trainer feeds the model (after the collator and device placement); the
+    hook removes itself, runs :func:`verify_packed_batch` on it (same model, dtype, autocast, use_cache,
+    attn_implementation), prints one line, writes the full result to ``<output_dir>/packcheck-guard.json``
+    (main process) and keeps it in ``self.result``. Then, on a mismatch, by ``on_mismatch``:
+
+    - ``"raise"`` (default): raise :class:`PackedBatchMismatch` from inside that forward: no step is taken;
+    - ``"warn"``: a :class:`PackcheckGuardWarning`, training goes on unchanged;
+    - ``"disable"``: a fallback for the rest of training (``self.fallback`` says which): ``use_cache=False``
+      on every training forward for the cache trap, the attention_mask dropped from packed rows for the mask
+      trap, else packing off: each packed row unpacked into a right-padded batch (:func:`unpack_row`) before
+      the model, provided the first batch padded matches its examples alone (else it raises: no safe fallback).
+      A broken batch contract (cause ``collator_contract``) has no fallback and raises.
+
+    The model's modes, config, gradients, the RNG states, the optimizer and the dataloader are left as they
+    were: the first step is bit-identical with and without the callback.
+    """
+
+    def __init__(self, on_mismatch: str = "raise", tolerances: Mapping[str, Mapping[str, float]] | None = None,
+                 verbose: bool = True) -> None:
+        if on_mismatch not in POLICIES:
+            raise PackcheckUsageError(f"PackcheckCallback: unknown on_mismatch={on_mismatch!r}: expected one of "
+                                      f"{', '.join(POLICIES)}.")
+        _tolerances(tolerances)  # a bad tolerances dict is refused here, not at the first training step
+        self.on_mismatch = on_mismatch
+        self.tolerances = tolerances
+        self.verbose = verbose
+        self.result: GuardResult | None = None
+        self.fallback: str | None = None
+        self._handles: list[Any] = []
+        self._fix: dict[str, Any] | str = {}
+        self._output_dir: str | None = None
+        self._main = True
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        if model is None or self.result is not None:
+            return
+        self._output_dir = getattr(args, "output_dir", None)
+        self._main = bool(getattr(state, "is_world_process_zero", True))
+        self._handles.append(model.register_forward_pre_hook(self._first_forward, with_kwargs=True))
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._remove()
+
+    def _remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _first_forward(self, module: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]] | None:
+        import torch
+
+        if not module.training or not torch.is_grad_enabled():
+            return None  # an evaluation before training: wait for the first training forward
+        self._remove()
+        batch = dict(kwargs)
+        if args and "input_ids" not in batch:
+            batch["input_ids"] = args[0]
+        try:
+            result = verify_packed_batch(module, batch, training=True, tolerances=self.tolerances,
+                                         padded_probe=self.on_mismatch == "disable")
+        except NotPackedError as exc:  # a run that does not pack: nothing to check, training goes on
+            result = _not_packed(module, batch, str(exc))
+        self.result = result
+        if not result.ok and self.on_mismatch == "disable":
+            self.fallback = self._install_fallback(module, result)
+            result.fallback = self.fallback
+        self._report(result)
+        if result.ok:
+            if result.verdict in ("fallback", "skipped"):
+                _warn(result.line())
+            return None
+        if self.on_mismatch == "raise" or (self.on_mismatch == "disable" and self.fallback is None):
+            raise PackedBatchMismatch(result)
+        if self.on_mismatch == "warn":
+            _warn(result.line())
+            return None
+        return self._apply(module, args, kwargs)  # this first batch takes the fallback too
+
+    def _report(self, result: GuardResult) -> None:
+        if self.verbose:
+            print_line(result.line())
+        if self._main and self._output_dir:
+            path = Path(self._output_dir) / RESULT_FILE
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(result.to_json())
+
+    def _install_fallback(self, model: Any, result: GuardResult) -> str | None:
+        # a broken batch contract (and every cause without a listed fallback) gets padding only if the padded probe
+        # ran and matched; the contract path returns before it runs, so it has no fallback and raises
+        if result.cause in FALLBACKS:
+            self._fix = {"cache_trap": {"use_cache": False},
+                         "mask_override": {"attention_mask": None, **({"use_cache": False} if result.run["use_cache"] else {})}}[result.cause]
+            text = FALLBACKS[result.cause] + (" (and use_cache=False)" if result.cause == "mask_override" and result.run["use_cache"] else "")
+        else:
+            padded = result.probes.get("padded")
+            if not isinstance(padded, float) or padded > result.tolerance["logits_atol"]:
+                return None
+            self._fix = "padding"
+            text = f"{PADDING_FALLBACK} (first batch padded vs its examples alone: {padded:.2e})"
+        self._handles.append(model.register_forward_pre_hook(self._apply, with_kwargs=True))
+        return text
+
+    def _apply(self, module: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]] | None:
+        """The installed fallback, on every training forward of a packed row."""
+        if not module.training:
+            return None
+        if self._fix != "padding":
+            new = {k: v for k, v in {**kwargs, **self._fix}.items() if v is not None}
+            return args, new
+        batch = dict(kwargs)
+        if args and "input_ids" not in batch:
+            batch["input_ids"], args = args[0], args[1:]
+        try:
+            row = parse_row(batch, getattr(module, "config", None))
+        except PackcheckUsageError:
+            return None  # not a packed row: leave it alone
+        if len(row.slices) < 2:
+            return None
+        labels = batch.get("labels")
+        # slices without a label (TRL's pad_to_multiple_of tail: one token each) add nothing to the loss
+        keep = [i for i, s in enumerate(row.slices) if labels is None or bool((labels[0, s.start + 1:s.stop] != IGNORE_INDEX).any())]
+        pad = getattr(module.config, "pad_token_id", None)
+        return args, unpack_row(batch, row.slices, pad if isinstance(pad, int) else 0, keep or None)

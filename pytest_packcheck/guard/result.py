@@ -1,0 +1,113 @@
+"""The guard's verdict: :class:`GuardResult` (what one packed row measured, its one line and JSON) and the errors
+and warning the guard raises."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..errors import PackcheckError, PackcheckUsageError, PackcheckWarning
+
+
+def _tol(value: Any) -> str:
+    """A tolerance as short as it is exact: 1e-04, 1.5e-02."""
+    return f"{value:.1e}".replace(".0e", "e") if isinstance(value, int | float) else str(value)
+
+
+class PackedBatchMismatch(PackcheckError):
+    """The packed row does not train like its examples alone; ``.result`` holds the :class:`GuardResult`."""
+
+    def __init__(self, result: GuardResult) -> None:
+        super().__init__(result.line())
+        self.result = result
+
+
+class PackcheckGuardWarning(PackcheckWarning):
+    """A mismatch under ``on_mismatch="warn"``, a silent backend swap, or a batch with nothing to compare."""
+
+
+class NotPackedError(PackcheckUsageError):
+    """The batch is not a packed row (a padded ``(batch, length)`` batch, or one row that nothing marks as packed:
+    no position_ids, no cu_seq_lens_q). :class:`PackcheckCallback` reads it as "not packed: nothing to check"
+    and lets training go on; :func:`verify_packed_batch` raises it (a :class:`PackcheckUsageError`)."""
+
+
+@dataclass
+class GuardResult:
+    """What :func:`verify_packed_batch` measured on one packed row.
+
+    ``verdict``: "pass", "fail", "fallback" (numbers agree but attention ran on another backend than
+    requested) or "skipped" (nothing judged: one example in the row, no labelled token, or a batch that is not
+    packed; ``evidence`` says which). ``cause``: a code of :data:`pytest_packcheck.diagnose.CAUSES` (None on a
+    pass) and ``remedy`` its one-line fix; a broken batch contract names its items' codes in ``causes``.
+    ``dtype``: the tolerance row, from how the forward computed (``dtype_source``, e.g. "autocast bfloat16
+    over float32 weights").
+    ``max_logprob_diff``: the worst absolute difference (nats) of a labelled token's log-prob, packed vs its
+    example alone; ``loss_*``: the token-mean negative log-likelihood (nats) over the labelled tokens.
+    ``tolerance``: the dtype's ``logits_atol`` (log-probs) and ``loss_atol`` (loss). ``probes``: the reruns
+    that named the cause. ``forwards``: model forwards the check ran; ``duration_s``: its wall time (seconds).
+    """
+
+    verdict: str
+    cause: str | None
+    remedy: str
+    evidence: str
+    dtype: str
+    tolerance: dict[str, float]
+    max_logprob_diff: float | None
+    per_example_logprob_diff: list[float]
+    loss_packed: float | None
+    loss_reference: float | None
+    loss_delta: float | None
+    lengths: list[int]
+    label_tokens: int
+    contract: list[str]
+    run: dict[str, Any]
+    attention: dict[str, Any]
+    probes: dict[str, Any] = field(default_factory=dict)
+    fallback: str | None = None
+    forwards: int = 0
+    duration_s: float = 0.0
+    versions: dict[str, Any] = field(default_factory=dict)
+    dtype_source: str = ""
+    causes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True unless the packed row trains differently from its examples (a pass, a fallback or a skip)."""
+        return self.verdict != "fail"
+
+    def line(self) -> str:
+        """One line: verdict, worst difference and its tolerance, cause and remedy."""
+        worst = "n/a" if self.max_logprob_diff is None else f"{self.max_logprob_diff:.2e}"
+        loss = "n/a" if self.loss_delta is None else f"{self.loss_delta:.2e}"
+        verdict = "SKIPPED (nothing judged)" if self.verdict == "skipped" else self.verdict.upper()
+        dtype = f"{self.dtype} ({self.dtype_source})" if self.dtype_source and self.dtype_source != f"{self.dtype} weights" else self.dtype
+        head = (f"packcheck guard: {verdict} on {len(self.lengths)} packed examples ({sum(self.lengths)} tokens, "
+                f"{dtype}, {self.run.get('attn_implementation')}): worst log-prob diff {worst} "
+                f"(tol {_tol(self.tolerance.get('logits_atol'))}), loss diff {loss} (tol {_tol(self.tolerance.get('loss_atol'))})")
+        if self.cause:
+            head += f"; cause {self.cause}: {self.evidence}; remedy: {self.remedy}"
+        elif self.evidence:
+            head += f"; {self.evidence}"
+        if self.notes:
+            head += "; note: " + "; ".join(self.notes)
+        if self.fallback:
+            head += f"; fallback: {self.fallback}"
+        return head
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True, default=str)
+
+
+def _usage(message: str) -> PackcheckUsageError:
+    return PackcheckUsageError(f"verify_packed_batch: {message}")
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2e}"

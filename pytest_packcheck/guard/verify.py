@@ -1,0 +1,348 @@
+"""The check of one packed batch: :func:`verify_packed_batch` (one packed row, or a batch of packed rows row by row
+and together) and the probes in order (:func:`_measure`), the remedy filled in last (:func:`_finish`)."""
+
+from __future__ import annotations
+
+import functools
+import time
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import PackcheckUsageError
+from .batch import IGNORE_INDEX, _contract_remedy, _int_or_none, _Row, _targets, packed_rows, parse_row
+from .forward import _compare, _log_probs, _row_log_probs, _solo
+from .precision import _REDUCED, _ComputeProbe, _pick, _tolerances
+from .probes import _NUMERICS_PASS, _bad, _diagnose, _padded_diff, _refusal_cause
+from .result import GuardResult, PackcheckGuardWarning, PackedBatchMismatch, _fmt, _usage
+
+
+@functools.cache
+def _installed_versions() -> tuple[tuple[str, Any], ...]:
+    """Read once per process: importlib.metadata parses each distribution's METADATA (~10 ms each)."""
+    from ..versions.libraries import installed_version, stack_libraries
+
+    return tuple((lib.name, installed_version(lib)) for lib in stack_libraries())
+
+
+def _versions() -> dict[str, Any]:
+    return dict(_installed_versions())
+
+
+def _gradient_checkpointing(model: Any) -> bool:
+    return any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
+
+
+def verify_packed_batch(
+    model: Any,
+    batch: Mapping[str, Any],
+    *,
+    use_cache: bool | None = None,
+    training: bool | None = None,
+    tolerances: Mapping[str, Mapping[str, float]] | None = None,
+    on_mismatch: str = "return",
+    padded_probe: bool = False,
+) -> GuardResult:
+    """Check one packed row on ``model`` as the training loop would run it.
+
+    ``batch``: the collator's output for one step, one packed row: ``input_ids`` int64 ``(1, total_tokens)``
+    and ``position_ids`` ``(1, total_tokens)`` (or M-RoPE ``(R, 1, total_tokens)``) restarting per example, or
+    ``cu_seq_lens_q`` int32 ``(num_examples + 1,)``; optional ``labels`` ``(1, total_tokens)`` (-100 = not
+    scored; without labels every next token is scored), ``attention_mask``, ``cu_seq_lens_k``,
+    ``max_length_q/k``, ``seq_idx``, ``num_items_in_batch`` and ``fused_lm_head`` (TRL's fused LM head), all on
+    the model's device. Call it where the loop calls the model (inside its ``torch.autocast``, if any).
+    ``use_cache``: what the loop passes (default: the batch's, else ``model.config.use_cache``; transformers
+    turns it off under gradient checkpointing in training, TRL's fused head always). ``training``: whether the
+    loop trains (default: the model's mode), used only for that rule. ``tolerances``: dtype rows replacing those
+    of ``audit/tolerances.toml`` (``{"bfloat16": {"logits_atol": 5e-2, "loss_atol": 1.5e-2}}``).
+    ``on_mismatch``: "return" the result, "warn" (:class:`PackcheckGuardWarning`) or "raise"
+    (:class:`PackedBatchMismatch`). ``padded_probe``: on a mismatch, also run the row unpacked into a
+    right-padded batch (:func:`unpack_row`, one more forward) and put its worst log-prob diff against the solo
+    runs in ``probes["padded"]``: whether turning packing off would train right.
+
+    The tolerance row is the dtype the forward computes in, read inside it (:class:`_ComputeProbe`): an active
+    autocast, else bf16/fp16 weights, else the LM head's output, else float32; ``dtype_source`` says which
+    ("autocast bfloat16 over float32 weights"). A difference above the row's tolerance but within
+    :data:`~pytest_packcheck.registry.NUMERICS_FACTOR` times it, with every attention call keeping the
+    boundaries, is rerun in float32 (autocast off) when the weights are float32: a pass with a note when float32
+    agrees; without float32 weights it fails as ``kernel_numerics`` with the float32 check as remedy.
+
+    Cost: the packed forward plus one forward per labelled example of the row, under ``torch.no_grad`` in eval
+    mode; a mismatch adds a few reruns to name the cause (one more with ``padded_probe``; a float32 rerun of the
+    row and its examples in the numerics band). The model's train/eval mode of every module, its config and the
+    torch RNG states (CPU and CUDA) are restored; no gradient is touched. Units: log-probs and losses in nats.
+
+    Raises:
+        PackcheckUsageError: ``batch`` is not one packed row (see :func:`parse_row`; :class:`NotPackedError` for a
+            padded batch), a bad ``tolerances`` (see :func:`_tolerances`), or an unknown ``on_mismatch`` /
+            non-bool ``use_cache`` / ``training`` / ``padded_probe``: one line naming the value and the fix.
+        PackedBatchMismatch: on a mismatch with ``on_mismatch="raise"``.
+    """
+    import torch
+
+    if on_mismatch not in ("return", "warn", "raise"):
+        raise _usage(f"unknown on_mismatch={on_mismatch!r}: expected 'return', 'warn' or 'raise'.")
+    for name, value, allowed in (("use_cache", use_cache, (None, True, False)), ("training", training, (None, True, False)),
+                                 ("padded_probe", padded_probe, (True, False))):
+        if not any(value is a for a in allowed):
+            raise _usage(f"{name}={value!r}: expected {' or '.join(map(str, allowed))}.")
+    if not isinstance(model, torch.nn.Module) or getattr(model, "config", None) is None:
+        raise _usage(f"model is a {type(model).__name__} without a config: pass the transformers model itself "
+                     "(a PreTrainedModel, e.g. AutoModelForCausalLM.from_pretrained(...)).")
+    tols = _tolerances(tolerances)
+    rows = packed_rows(batch)
+    if rows:
+        return _verify_rows(model, batch, rows, use_cache=use_cache, training=training, tolerances=tolerances,
+                            on_mismatch=on_mismatch, padded_probe=padded_probe)
+    started = time.perf_counter()
+    row = parse_row(batch, getattr(model, "config", None))
+    config = model.config
+    training = model.training if training is None else training
+    explicit = row.batch.get("use_cache")
+    cache = bool(explicit if explicit is not None else use_cache if use_cache is not None else getattr(config, "use_cache", False))
+    if cache and training and _gradient_checkpointing(model):
+        cache = False  # transformers' merge_with_config_defaults / GradientCheckpointingLayer, 5.x
+    fused = bool(row.batch.get("fused_lm_head"))
+    if fused:
+        cache = False  # trl 1.16 add_fused_lm_head: _fused_forward sets kwargs["use_cache"] = False
+    requested = getattr(config, "_attn_implementation", None)
+    run = {"use_cache": cache, "attention_mask": "attention_mask" in row.batch, "attn_implementation": requested,
+           "gradient_checkpointing": _gradient_checkpointing(model), "training": training, "fused_lm_head": fused,
+           "device": str(row.batch["input_ids"].device), "autocast": None, "model": type(model).__name__,
+           "num_items_in_batch": _int_or_none(row.batch.get("num_items_in_batch"))}
+    modes = {m: m.training for m in model.modules()}
+    rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    try:
+        model.eval()
+        with torch.no_grad():
+            result = _measure(model, row, run, cache, fused, tols, padded_probe)
+    finally:
+        for module, mode in modes.items():
+            module.training = mode
+        torch.set_rng_state(rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+    result.duration_s = time.perf_counter() - started
+    if not result.ok and on_mismatch == "raise":
+        raise PackedBatchMismatch(result)
+    if (not result.ok or result.verdict == "fallback") and on_mismatch == "warn":
+        warnings.warn(result.line(), PackcheckGuardWarning, stacklevel=2)
+    return result
+
+
+def _verify_rows(model: Any, batch: Mapping[str, Any], spans: list[slice], **options: Any) -> GuardResult:
+    """A batch of packed rows: the batch as the loop runs it vs each row run alone (the cause ``batch_rows`` when
+    they differ: transformers 5.24 derives packed boundaries from position_ids for batch size 1 only), then each
+    row judged as its own packed row; the result is the worst row's, over every row's examples."""
+    import torch
+
+    on_mismatch = options.pop("on_mismatch")
+    per_token = {k for k, v in batch.items() if isinstance(v, torch.Tensor) and tuple(v.shape[-2:]) == tuple(batch["input_ids"].shape)}
+    padded = any(s.stop - s.start != batch["input_ids"].shape[1] for s in spans)
+    singles = []
+    for r, s in enumerate(spans):
+        one = {k: (v[..., r:r + 1, s] if k in per_token else v) for k, v in batch.items()
+               if k not in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")}
+        if padded:
+            one.pop("attention_mask", None)  # it only marked the padding; the row alone has none
+        singles.append(one)
+    results = [verify_packed_batch(model, one, on_mismatch="return", **options) for one in singles]
+    worst = next((r for r in results if r.verdict == "fail"), None) or next(
+        (r for r in results if r.verdict != "skipped"), results[0])
+    result = GuardResult(**worst.to_dict())
+    result.lengths = [n for r in results for n in r.lengths]
+    result.probes = {**worst.probes, "rows": [f"{r.verdict}{' ' + r.cause if r.cause else ''}" for r in results]}
+    result.forwards = sum(r.forwards for r in results)
+    batched = _batched_vs_rows(model, batch, singles, spans, worst, result)
+    rows_text = f"{len(spans)} packed rows {tuple(batch['input_ids'].shape)}"
+    if batched is not None and not batched <= result.tolerance["logits_atol"]:
+        result.verdict, result.cause, result.remedy = "fail", "batch_rows", ""
+        result.max_logprob_diff = max(batched, result.max_logprob_diff or 0.0)
+        result.causes = ["batch_rows", *([worst.cause] if worst.cause else [])]
+        result.evidence = (f"{rows_text} run together differ from each row alone by {batched:.2e}; each row alone: "
+                           f"{', '.join(result.probes['rows'])}")
+        _finish(result, model)
+    else:
+        result.notes = [*result.notes, f"{rows_text}: together vs each row alone {_fmt(batched)}"]
+    if not result.ok and on_mismatch == "raise":
+        raise PackedBatchMismatch(result)
+    if (not result.ok or result.verdict == "fallback") and on_mismatch == "warn":
+        warnings.warn(result.line(), PackcheckGuardWarning, stacklevel=3)
+    return result
+
+
+def _batched_vs_rows(model: Any, batch: Mapping[str, Any], singles: list[dict[str, Any]], spans: list[slice],
+                     worst: GuardResult, result: GuardResult) -> float | None:
+    """Worst log-prob diff (nats, labelled next tokens inside each row's examples) of the batch run together vs
+    each row run alone, both as given (eval mode, no_grad, modes restored). None when nothing is labelled."""
+    import torch
+
+    fused = bool(batch.get("fused_lm_head"))
+    keys = {k: v for k, v in batch.items() if k not in ("labels", "fused_lm_head", "num_items_in_batch")}
+    keys["use_cache"] = bool(worst.run.get("use_cache"))
+    modes = {m: m.training for m in model.modules()}
+    diffs = []
+    try:
+        model.eval()
+        with torch.no_grad():
+            for r, (one, s) in enumerate(zip(singles, spans, strict=True)):
+                row = parse_row(one, model.config)
+                _, targets = _targets(row)
+                if not bool((targets != IGNORE_INDEX).any()):
+                    continue
+                alone, _ = _log_probs(model, {k: v for k, v in one.items() if k not in ("labels", "fused_lm_head",
+                                                                                          "num_items_in_batch")}
+                                      | {"use_cache": keys["use_cache"]}, targets, fused)
+                full = torch.full((1, batch["input_ids"].shape[1] - 1), IGNORE_INDEX, dtype=targets.dtype, device=targets.device)
+                full[0, s.start:s.stop - 1] = targets[0]
+                together = _row_log_probs(model, keys, r, full, fused, batch["input_ids"].shape[0])
+                keep = targets[0] != IGNORE_INDEX
+                diffs.append(float((together[s.start:s.stop - 1][keep] - alone[keep]).abs().max()))
+                result.forwards += 2
+    finally:
+        for module, mode in modes.items():
+            module.training = mode
+    return max(diffs) if diffs else None
+
+
+def _measure(model: Any, row: _Row, run: dict[str, Any], cache: bool, fused: bool,
+             tols: dict[str, dict[str, float]], padded_probe: bool = False) -> GuardResult:
+    """The probes, in eval mode under no_grad (see :func:`verify_packed_batch`)."""
+    from ..backends import count_attention_calls, is_call_on
+    from ..checks.attention import expected_attention_calls
+
+    lengths = [s.stop - s.start for s in row.slices]
+    probe_dtype = _ComputeProbe(model, row.batch["input_ids"].device.type)
+    probe_dtype.remove()  # only the weights' dtype until the packed forward runs
+    base = {"verdict": "fail", "dtype": probe_dtype.weights, "lengths": lengths, "contract": row.problems, "run": run,
+            "versions": _versions(), "per_example_logprob_diff": [], "label_tokens": 0, "notes": list(row.notes),
+            "causes": [code for code, _, _ in row.items], "dtype_source": f"{probe_dtype.weights} weights"}
+    empty = {"max_logprob_diff": None, "loss_packed": None, "loss_reference": None, "loss_delta": None}
+    contract_cause = row.items[0][0] if row.items else None
+    if row.fatal:
+        return _finish(GuardResult(**base, **empty, cause=contract_cause, remedy=_contract_remedy(row),
+                                   evidence="; ".join(row.problems), tolerance=_pick(tols, probe_dtype.weights),
+                                   attention={}), model)
+    trainer, targets = _targets(row)
+    if not bool((targets != IGNORE_INDEX).any()):
+        return _finish(GuardResult(**{**base, "verdict": "skipped" if not row.items else "fail"}, **empty,
+                                   cause=contract_cause, remedy=_contract_remedy(row) if row.items else "",
+                                   evidence="no labelled token (every label is -100): nothing judged"
+                                            + ("; " + "; ".join(row.problems) if row.items else ""),
+                                   tolerance=_pick(tols, probe_dtype.weights), attention={}), model)
+    forwards = [0]
+    inputs = {k: v for k, v in row.batch.items() if k not in ("labels", "use_cache", "fused_lm_head", "num_items_in_batch")}
+    inputs["use_cache"] = cache
+    probe_dtype = _ComputeProbe(model, row.batch["input_ids"].device.type)
+    try:
+        with count_attention_calls(model, lengths) as probe:
+            packed, model_loss = _log_probs(model, inputs, trainer, fused)
+        forwards[0] += 1
+    except PackcheckUsageError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the model refuses the batch as given: a verdict, with the exception
+        said = f"the packed row as given raised {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        contract_cause = contract_cause or _refusal_cause(model, exc)
+        if not contract_cause and any(n.startswith("cu_seq_lens") for n in row.notes):
+            row.items.append(("collator_contract", next(n for n in row.notes if n.startswith("cu_seq_lens")), "cu_dtype"))
+            contract_cause = "collator_contract"
+        return _finish(GuardResult(**{**base, "causes": [c for c, _, _ in row.items], "contract": row.problems}, **empty,
+                                   cause=contract_cause or "crash",
+                                   remedy=_contract_remedy(row) if row.items else "",
+                                   evidence="; ".join([*row.problems, said] if row.items else [said, *row.notes]),
+                                   tolerance=_pick(tols, probe_dtype.weights), attention={}, forwards=1), model)
+    finally:
+        probe_dtype.remove()
+    dtype, source = probe_dtype.decide(fused)
+    run["autocast"] = probe_dtype.autocast
+    tol = _pick(tols, dtype)
+    counts = probe.counts()
+    requested = run["attn_implementation"]
+    on_requested = {k: v for k, v in counts.items() if is_call_on(k, requested)}
+    others = {k: v for k, v in counts.items() if k not in on_requested}
+    isolated = [c.isolated for c in probe.calls]
+    attention = {"requested": requested, "calls": counts, "expected_calls": expected_attention_calls(model),
+                 "boundaries_reached": sum(1 for i in isolated if i), "boundaries_missing": sum(1 for i in isolated if i is False),
+                 "varlen_kernel_calls": probe.varlen_calls, "dense_kernel_calls": probe.dense_flash_calls}
+    base = {**base, "dtype": dtype, "dtype_source": source}
+    if len(row.slices) < 2:
+        return _finish(GuardResult(**{**base, "verdict": "skipped" if not row.items else "fail"}, **empty,
+                                   cause=contract_cause, remedy=_contract_remedy(row) if row.items else "",
+                                   evidence="; ".join(["one example in the row: nothing to compare", *row.problems]),
+                                   tolerance=tol, attention=attention, forwards=forwards[0]), model)
+    try:
+        solo, which = _solo(model, row, targets, fused, forwards)
+    except Exception as exc:  # noqa: BLE001 - no reference: say so, with the exception
+        return _finish(GuardResult(**base, **empty, cause="crash", remedy="",
+                                   evidence=f"the examples run alone raised {type(exc).__name__}: {str(exc)[:200]}",
+                                   tolerance=tol, attention=attention, forwards=forwards[0] + 1), model)
+    cmp = _compare(row, trainer, targets, packed, solo, which)
+    probes: dict[str, Any] = {}
+    if model_loss is not None and hasattr(model_loss, "item") and cmp["loss_packed"] is not None and run["num_items_in_batch"] is None:
+        probes["model_loss"] = float(model_loss)
+    probes["trainer_label_tokens"] = cmp["trainer_label_tokens"]
+    probes["batch_has_position_ids"] = "position_ids" in row.batch
+    result = GuardResult(**{**base, "label_tokens": cmp["label_tokens"], "per_example_logprob_diff": cmp["per_example"]},
+                         max_logprob_diff=cmp["max"], loss_packed=cmp["loss_packed"], loss_reference=cmp["loss_reference"],
+                         loss_delta=cmp["loss_delta"], cause=None, remedy="", evidence="", tolerance=tol,
+                         attention=attention, probes=probes, forwards=forwards[0])
+    numbers = (f"packed vs per-example log-probs {_fmt(cmp['max'])}, loss {_fmt(cmp['loss_packed'])} as the trainer scores "
+               f"{cmp['trainer_label_tokens']} tokens vs {_fmt(cmp['loss_reference'])} over the examples' {cmp['label_tokens']}")
+    if not cmp["finite"]:
+        result.cause = "non_finite"
+        packed_bad = not bool(packed[targets[0] != IGNORE_INDEX].isfinite().all())
+        solo_bad = any(not bool(lp.isfinite().all()) for lp in solo)
+        where = " and ".join(n for n, bad in (("the packed row", packed_bad), ("the examples alone", solo_bad)) if bad) or "the loss"
+        result.evidence = f"non-finite log-probs in {where} ({numbers}): no comparison is possible, nothing passes"
+        return _finish(result, model)
+    if row.items:
+        result.cause = contract_cause
+        result.evidence = "; ".join(row.problems) + f" ({numbers})"
+        result.remedy = _contract_remedy(row)
+        return _finish(result, model)
+    if not _bad(cmp, tol):
+        result.verdict = "pass"
+        if others:
+            result.verdict, result.cause = "fallback", "backend_swap"
+            result.evidence = f"requested {requested}, attention ran on {others}"
+        return _finish(result, model)
+    reference = dict(zip(which, solo, strict=True))
+    result.cause, result.evidence = _diagnose(model, row, targets, inputs, fused, cmp, tol, attention, others, probes,
+                                              forwards, reference, dtype, tols, packed)
+    if result.cause == _NUMERICS_PASS:
+        result.verdict, result.cause = "pass", None
+        result.notes.append(result.evidence)
+        result.evidence = ""
+    elif padded_probe:
+        probes["padded"] = _padded_diff(model, row, targets, inputs, fused, reference)
+        forwards[0] += 1
+    result.forwards = forwards[0]
+    return _finish(result, model)
+
+
+def _finish(result: GuardResult, model: Any) -> GuardResult:
+    """Fill in the remedy from diagnose.remedy, for the backend that ran and the installed versions."""
+    if result.cause and not result.remedy:
+        from ..analysis.diagnose import remedy
+        from ..backends import MASKED_BACKENDS
+
+        cell = {"backend": result.run.get("attn_implementation"), "check": "guard",
+                "metrics": {"batch_has_position_ids": bool(result.probes.get("batch_has_position_ids", True))}}
+        result.remedy = remedy(result.cause, cell, {k: v for k, v in result.versions.items() if v})
+        if result.cause == "kernel_numerics" and result.dtype in _REDUCED:
+            result.remedy = (f"not decided in {result.dtype}: run verify_packed_batch once on a float32 copy of the model "
+                             "(model.float()) with this batch; if it passes there, widen the tolerance "
+                             f"(tolerances={{'{result.dtype}': {{'logits_atol': ..., 'loss_atol': ...}}}})")
+        elif result.cause == "kernel_numerics":
+            result.remedy = ("the kernel differs on packed vs per-example shapes while keeping the boundaries: if it is "
+                             f"expected to differ by {_fmt(result.max_logprob_diff)}, widen logits_atol (tolerances="
+                             "{'float32': {'logits_atol': ..., 'loss_atol': ...}}); else report it to the kernel's maintainers")
+        elif (result.cause == "leak" and result.probes.get("batch_has_position_ids") is False
+              and result.run.get("attn_implementation") in MASKED_BACKENDS):
+            result.remedy = ("return position_ids from the collator (DataCollatorWithFlattening(return_position_ids=True)): "
+                             "eager / sdpa / flex build the packed mask from position_ids; cu_seq_lens_q reach only the "
+                             "flash path")
+        elif result.cause == "crash":
+            result.remedy = "see the exception: the model cannot run this batch as the loop feeds it"
+    return result
