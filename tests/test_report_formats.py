@@ -139,14 +139,19 @@ def test_a_planted_unknown_key_format_is_refused(monkeypatch):
 
 
 def test_every_header_names_the_libraries_of_environment_rows(monkeypatch):
-    """Markdown, HTML and the terminal name the libraries of one list: a library added there shows in each."""
-    from pytest_packcheck.report import environment_rows, model, render_html, render_markdown, render_terminal
+    """Markdown, HTML and the terminal name the libraries of the libraries table (its ``header`` records): a library
+    marked there shows in each."""
+    import dataclasses
+
+    from pytest_packcheck.report import environment_rows, render_html, render_markdown, render_terminal
+    from pytest_packcheck.versions import libraries
 
     doc = planted_doc(_cells())
     doc["environment"].update({"torch": "2.13.0+cpu", "kernels": "0.9.1"})
     assert ("torch", "2.13.0+cpu") in environment_rows(doc["environment"])
     assert ("trl", "not installed") in environment_rows(doc["environment"])
-    monkeypatch.setattr(model, "HEADER_LIBRARIES", (*model.HEADER_LIBRARIES, ("kernels", "kernels")))
+    table = tuple(dataclasses.replace(lib, header=True) if lib.name == "kernels" else lib for lib in libraries.LIBRARIES)
+    monkeypatch.setattr(libraries, "LIBRARIES", table)
     assert "flash-attn not installed, kernels 0.9.1" in render_markdown(doc).split("Reproduce:")[0]
     assert "flash-attn not installed, kernels 0.9.1, device cpu" in render_html(doc)
     assert render_terminal(doc, [])[0] == ("torch 2.13.0+cpu, transformers 5.24.0, trl not installed, flash-attn not "

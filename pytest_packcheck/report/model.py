@@ -17,12 +17,6 @@ from ..checks.registry import REGISTRY
 from .text import cut
 from .verdicts import cause_label, env_label, headline, role_of
 
-#: The libraries the report headers name, in order: (name shown, key of the results' ``environment`` record).
-#: The one list every header reads (:func:`environment_rows`); it follows the libraries table.
-HEADER_LIBRARIES: tuple[tuple[str, str], ...] = (("torch", "torch"), ("transformers", "transformers"), ("trl", "trl"),
-                                                 ("flash-attn", "flash_attn"))
-
-
 def env_value(env: dict[str, Any], key: str) -> str:
     """One value of the environment record, "not installed" when absent or empty."""
     return str(env.get(key) or "not installed")
@@ -30,8 +24,11 @@ def env_value(env: dict[str, Any], key: str) -> str:
 
 def environment_rows(environment: dict[str, Any]) -> list[tuple[str, str]]:
     """The libraries whose versions matter, as every report header names them: (name, version, or "not
-    installed"), in :data:`HEADER_LIBRARIES` order. ``environment``: a results document's ``environment``."""
-    return [(name, env_value(environment, key)) for name, key in HEADER_LIBRARIES]
+    installed"), in the libraries table's order (:func:`~pytest_packcheck.versions.libraries.header_libraries`:
+    the records with ``header=True``). ``environment``: a results document's ``environment``."""
+    from ..versions.libraries import header_libraries
+
+    return [(lib.label, env_value(environment, lib.key)) for lib in header_libraries()]
 
 
 def environment_line(environment: dict[str, Any]) -> str:
