@@ -17,6 +17,7 @@ from ..checks.registry import REGISTRY
 from .text import cut
 from .verdicts import cause_label, env_label, headline, role_of
 
+
 def env_value(env: dict[str, Any], key: str) -> str:
     """One value of the environment record, "not installed" when absent or empty."""
     return str(env.get(key) or "not installed")
