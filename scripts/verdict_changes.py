@@ -22,7 +22,7 @@ from tabulate import tabulate
 
 from pytest_packcheck.errors import PackcheckUsageError
 from pytest_packcheck.report import _key_number, headline
-from pytest_packcheck.results.schema import load_document
+from pytest_packcheck.results import load_document
 
 
 def matrix(doc: dict[str, Any]) -> dict[tuple, dict[str, Any]]:

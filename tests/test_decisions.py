@@ -11,7 +11,7 @@ import pytest
 from test_diagnose import _ProbedBench
 
 from pytest_packcheck import training as T
-from pytest_packcheck.results.schema import CheckResult
+from pytest_packcheck.results import CheckResult
 
 
 class _Said(CheckResult):
