@@ -609,7 +609,7 @@ def test_non_finite_gradients_never_pass(llama_sdpa, poisoned_call, status, caus
 
 def test_a_pass_on_a_non_finite_number_becomes_an_error():
     """The runner's net under every check: a pass whose key number is NaN or infinite is an error (non_finite)."""
-    from pytest_packcheck.results.schema import CheckResult
+    from pytest_packcheck.results import CheckResult
     from pytest_packcheck.run.runner import _no_pass_on_non_finite
 
     for value in (float("nan"), float("inf")):

@@ -11,7 +11,7 @@ import torch
 
 from pytest_packcheck.analysis import fidelity as F
 from pytest_packcheck.backends import REFERENCE_BACKEND
-from pytest_packcheck.results.schema import CheckResult
+from pytest_packcheck.results import CheckResult
 
 TRL_0_19_1 = '''\
             if model.config._attn_implementation != "flash_attention_2":

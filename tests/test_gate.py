@@ -115,7 +115,7 @@ def test_missing_candidate_cell_is_a_regression_and_bad_files_are_usage_errors(b
 
     from pytest_packcheck.analysis.gate import compare, regressions
     from pytest_packcheck.errors import PackcheckUsageError
-    from pytest_packcheck.results.schema import load_document
+    from pytest_packcheck.results import load_document
 
     doc = load_document(baseline_path)
     empty = {**doc, "cells": []}

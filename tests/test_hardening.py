@@ -219,13 +219,13 @@ def test_write_set_on_a_full_disk_keeps_the_old_set_and_no_temp_file(tmp_path, m
 @pytest.mark.parametrize("code, says", [(errno.EACCES, "pass a writable -o"), (errno.EIO, "check the folder, or pass another one with -o"),
                                         (errno.EDQUOT, "the disk is full")])
 def test_write_failure_names_what_went_wrong(tmp_path, code, says):
-    from pytest_packcheck.results.io import write_failure
+    from pytest_packcheck.results import write_failure
 
     assert says in write_failure(tmp_path / "x.json", OSError(code, os.strerror(code)), "-o")
 
 
 def test_write_failure_names_the_file_that_failed(tmp_path):
-    from pytest_packcheck.results.io import write_failure
+    from pytest_packcheck.results import write_failure
 
     lock = tmp_path / "j.jsonl.lock"
     line = write_failure(tmp_path / "j.jsonl", OSError(errno.EISDIR, "Is a directory", str(lock)))
@@ -542,7 +542,7 @@ def test_a_cell_message_carrying_a_token_is_scrubbed_on_the_terminal(pytester):
     token = SHAPES[1]
     pytester.makeconftest(f"""
         from pytest_packcheck.run import runner
-        from pytest_packcheck.results.schema import CheckResult
+        from pytest_packcheck.results import CheckResult
 
         def planted(self, cell):  # a check whose message echoes a token (an exception naming a spec, say)
             return CheckResult("fail", {{"max_change": 1.0}}, "the model 'arch:llama{{api_token={token}}}' leaked")

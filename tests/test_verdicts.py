@@ -234,7 +234,7 @@ def test_incomplete_run_is_marked_in_every_report():
 def test_a_pass_resting_on_a_number_that_is_not_finite_is_corrupt(tmp_path):
     """A pass whose key number is NaN (or text) cannot back a verdict or a gate comparison: the file is refused."""
     from pytest_packcheck.errors import PackcheckUsageError
-    from pytest_packcheck.results.schema import load_document
+    from pytest_packcheck.results import load_document
 
     doc = _doc(_correct("llama"))
     doc["cells"][0]["metrics"]["max_change"] = float("nan")

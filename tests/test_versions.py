@@ -476,10 +476,10 @@ def test_controller_never_initialises_cuda_before_forking(tmp_path, monkeypatch)
     # the device check in the controller asks through NVML, which does not poison fork
     monkeypatch.delenv("PYTORCH_NVML_BASED_CUDA_CHECK", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") == "1")
-    state = fresh()
-    state.config = types.SimpleNamespace()  # no workerinput: the controller
-    state.settings = types.SimpleNamespace(device="cuda", report_dir=str(tmp_path / "r"), baseline=None)
-    state._check_inputs()
+    from pytest_packcheck.run.process import check_inputs
+
+    settings = types.SimpleNamespace(device="cuda", report_dir=str(tmp_path / "r"), baseline=None)
+    check_inputs(types.SimpleNamespace(), settings).release(force=True)  # no workerinput: the controller
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -94,7 +94,6 @@ _UNSUPPORTED_MARKERS = (
 #: Refusals that name stateful layers: the model cannot keep packed examples apart (transformers' mamba /
 #: causal_conv1d paths raise these for packed rows).
 STATEFUL_REFUSALS = ("causal_conv1d", "can't keep packed sequences apart")
-_STATEFUL_REFUSALS = STATEFUL_REFUSALS  # the old private name, imported by guard.py until it reads the public one
 
 
 class ResolveError(RuntimeError):
