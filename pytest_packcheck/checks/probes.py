@@ -7,6 +7,7 @@ from typing import Any
 
 from .. import batches as B
 from ..backends import count_attention_calls
+from .causes import MASKED_BACKENDS
 from .registry import NUMERICS_FACTOR
 from .workbench import Workbench, _fmt
 
@@ -33,9 +34,6 @@ def stateful_layers(model: Any) -> list[str]:
         ):
             names.add(name)
     return sorted(names)
-
-
-_MASKED_BACKENDS = ("eager", "sdpa", "flex_attention")
 
 
 def leak_probe(wb: Workbench) -> dict[str, Any]:
@@ -93,7 +91,7 @@ def mismatch_cause(wb: Workbench, diff: float | None = None, atol: float | None 
     if moved > iso_tol:
         stateful = probe["stateful_layers"]
         attention_kept = probe["attention_boundaries"] in ("reached", "none") or (
-            probe["attention_boundaries"] == "unknown" and wb.backend not in _MASKED_BACKENDS)
+            probe["attention_boundaries"] == "unknown" and wb.backend not in MASKED_BACKENDS)
         if stateful and attention_kept:
             return "stateful_layers", {**evidence, "stateful_layers": stateful[:3], "attention_boundaries": probe["attention_boundaries"]}
         if moved <= NUMERICS_FACTOR * iso_tol:
