@@ -295,3 +295,27 @@ def test_sft_checks_skip_a_backend_without_backward(tolerances):
     doc = _audit(["arch:llama"], ("flex_attention",), ("trainer", "sft", "sft_padding_free", "sft_strategies"), tolerances)
     for cell in doc["cells"]:
         assert cell["status"] == "skipped" and "backward" in cell["message"], (cell["cell_id"], cell["message"])
+
+
+def test_version_advice_comes_from_the_known_fault_windows_not_from_code():
+    """A cause's remedy is its record's (by backend, check, numbers); inside a known fault's version window with a
+    fix, the fault's remedy (of the one fixed last). diagnose.py holds no version literal."""
+    import inspect
+    import re
+
+    from pytest_packcheck.analysis import diagnose
+    from pytest_packcheck.analysis.diagnose import remedy
+
+    cell = {"model": {"model_type": "llama"}, "backend": "sdpa", "check": "isolation", "metrics": {}}
+    assert remedy("leak", cell, {"transformers": "4.51.3"}).startswith("upgrade transformers to >= 4.53.1")
+    assert remedy("leak", cell, {"transformers": "5.24.0"}).startswith("do not pack on eager/sdpa/flex")
+    assert remedy("leak", {**cell, "backend": "packcheck_flash_ref"}, {"transformers": "4.51.3"}) == (
+        "disable packing for this architecture on this backend")
+    sft = {**cell, "check": "sft"}
+    assert "TRL to >= 0.23.1" in remedy("mask_override", sft, {"trl": "0.20.0"})  # both TRL windows: the later fix
+    assert remedy("mask_override", sft, {"trl": "0.24.0"}).startswith("set padding_free=True in SFTConfig")
+    assert remedy("mask_override", {**cell, "check": "mask_trap"}, {"trl": "0.20.0"}).startswith("do not pass attention_mask")
+    content = {"model": {"model_type": "llama"}, "backend": None, "check": "packing_content", "metrics": {}}
+    assert remedy("packing_content", content, {"trl": "0.27.2"}).startswith("upgrade TRL to >= 0.29.0")
+    assert remedy("packing_content", content, {"trl": "1.16.0"}).startswith("truncate examples to max_length")
+    assert not re.search(r"\d+\.\d+\.\d+", inspect.getsource(diagnose.remedy))

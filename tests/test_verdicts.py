@@ -30,6 +30,51 @@ def test_every_check_is_described_once_and_loads():
     assert {s.name for s in REGISTRY if s.role == "finding"} == {"collate", "collate_trl", "packing_content"}
 
 
+def test_suites_requirements_and_the_gate_set_are_read_from_the_rows(monkeypatch):
+    """Opt-in is the suite (variants, training), not "training"; what needs TRL is the rows' ``requires`` (read by
+    the version environments, the fidelity check and the gate); the gate's set is the default suite plus the
+    rows marked ``gate`` whose requirements are installed."""
+    import importlib.util
+
+    from pytest_packcheck.checks.registry import SPECS, gate_checks
+
+    assert {s.name for s in REGISTRY if s.opt_in} == set(TRAINING_CHECKS) | set(VARIANT_CHECKS)
+    assert {s.name for s in REGISTRY if "trl" in s.requires} == {
+        "sft", "sft_padded", "sft_padding_free", "sft_strategies", "packing_content"}
+    assert not SPECS["trainer"].requires and SPECS["trainer"].training and not SPECS["offset_positions"].training
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "trl" else real(name, *a))
+    assert gate_checks() == (*DEFAULT_CHECKS, "trainer", "trainer_padded")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "trl" else real(name, *a))
+    assert gate_checks() == (*DEFAULT_CHECKS, "trainer", "trainer_padded", "sft", "sft_padded")
+
+
+def test_a_row_with_an_unknown_suite_or_cause_is_refused_at_import():
+    from pytest_packcheck.checks.registry import CheckSpec
+
+    with pytest.raises(ValueError, match="unknown suite 'nightly'. Expected one of: default, variants, training"):
+        CheckSpec(name="x", function="parity:x", level="backend", role="correctness", summary="s", suite="nightly")
+    with pytest.raises(ValueError, match=r"unknown causes \['no_such_cause'\] \(add them to checks/causes.py\)"):
+        CheckSpec(name="x", function="parity:x", level="backend", role="correctness", summary="s", causes=("no_such_cause",))
+
+
+def test_key_numbers_are_formatted_by_the_check_record():
+    """The report's key number comes from the check's record (its key metric, or its own formatter), so no module
+    outside a check names it."""
+    from pytest_packcheck.checks.registry import SPECS
+
+    assert SPECS["isolation"].key_number({"max_change": 3e-2}) == "Δ 3.0e-02"
+    assert SPECS["backend"].key_number({"calls": {"sdpa": 2}, "expected_calls": 2, "dense_kernel_calls": 1}) == \
+        "2/2 calls, varlen 0 / dense 1"
+    assert SPECS["collate"].key_number({"items": {"a": {"status": "pass"}, "b": {"status": "fail"}}}) == "1/2 items"
+    assert SPECS["sft_strategies"].key_number({"strategies": {
+        "bfd": {"available": True, "steps": {"max_loss_delta": 2e-3}}, "wrapped": {"available": True, "steps": {"max_loss_delta": 9.0}}}}) == \
+        "loss Δ 2.0e-03"
+    assert SPECS["packing_content"].key_number({"strategies": {
+        "bfd": {"available": True, "tail_starts": 2, "duplicated": 0}, "wrapped": {"available": False}}}) == "2 bfd tails, 0 dup"
+    assert SPECS["cache_trap"].key_number({}) == ""
+
+
 def test_settings_help_and_readme_agree_with_the_registry():
     """README's check table is what `packcheck checks --markdown` prints, and the flag's help names every check."""
     from pytest_packcheck.checks.listing import markdown_table

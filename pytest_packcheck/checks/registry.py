@@ -287,11 +287,6 @@ def role(check: str) -> str:
     return spec.role if spec else "correctness"
 
 
-def requiring(distribution: str) -> tuple[str, ...]:
-    """The checks that need ``distribution`` (e.g. ``"trl"``: the SFTTrainer checks and TRL's packer)."""
-    return tuple(s.name for s in REGISTRY if distribution in s.requires)
-
-
 def gate_checks() -> tuple[str, ...]:
     """The checks ``audit --gate`` runs when none are named: the default suite, then the rows marked ``gate``
     whose requirements are installed here (the Trainer's packed and padded runs; the SFTTrainer's where TRL is)."""
