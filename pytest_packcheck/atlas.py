@@ -6,7 +6,8 @@ runs the packcheck plugin with ``--packcheck-all-architectures`` (the architectu
 ``<build>/<version>/packcheck-matrix.json`` and its journal there. A killed run is resumed with
 ``--packcheck-resume`` (the journal keeps every finished cell); a release whose ``atlas-done.json`` exists is not
 run again. :func:`collect` reduces the per-release results to ``support.json`` (schema: ``reports/atlas/SCHEMA.md``),
-and :func:`write_outputs` renders ``atlas.md`` and the self-contained ``atlas.html`` from it.
+seeded from the committed ``support.json`` (its releases count as measured and are not run again, so a fresh
+checkout, whose git-ignored build folder is empty, adds releases and drops none), and :func:`write_outputs` renders ``atlas.md`` and the self-contained ``atlas.html`` from it.
 """
 
 from __future__ import annotations
@@ -334,7 +335,9 @@ def _release_docs(build: Path) -> list[tuple[str, dict[str, Any], dict[str, Any]
     from .gate import merge
     from .results import load_document
 
-    found = []
+    found: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
+    if not Path(build).is_dir():  # a fresh checkout: nothing measured here yet
+        return found
     for folder in sorted((p for p in Path(build).iterdir() if p.is_dir()), key=lambda p: _safe_key(p.name)):
         if _safe_key(folder.name) is None:
             continue
@@ -368,14 +371,47 @@ def _safe_key(name: str) -> Any:
         return None
 
 
-def collect(build: Path, planned: list[str] | None = None, bisects: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The ``support.json`` document (SCHEMA.md) from every finished release under ``build``. ``planned``: the
-    releases the atlas should hold (those without results are listed in ``missing``)."""
+def load_committed(out: Path, log: Callable[[str], None] = print) -> dict[str, Any] | None:
+    """The committed atlas (``<out>/support.json``) that :func:`collect` is seeded from, or None when there is
+    none or its schema is not this packcheck's (logged: its releases are then measured again)."""
+    path = Path(out) / "support.json"
+    if not path.exists():
+        return None
+    doc = json.loads(path.read_text())
+    if doc.get("schema") != "packcheck-atlas-support" or doc.get("schema_version") != SUPPORT_SCHEMA_VERSION:
+        log(f"atlas: {path} has schema {doc.get('schema')} v{doc.get('schema_version')}, not v{SUPPORT_SCHEMA_VERSION}: "
+            "not seeded from it, its releases are measured again")
+        return None
+    return doc
+
+
+def committed_releases(committed: dict[str, Any] | None) -> list[str]:
+    return [r["transformers"] for r in (committed or {}).get("releases", [])]
+
+
+def collect(build: Path, planned: list[str] | None = None, bisects: dict[str, Any] | None = None,
+            committed: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``support.json`` document (SCHEMA.md) from every finished release under ``build``, seeded from
+    ``committed`` (the committed ``support.json``, :func:`load_committed`): a release it holds counts as measured
+    (its release record and entries carried over) unless ``build`` holds a run of that release, which replaces it.
+    So the build folder (git-ignored) of a fresh checkout adds releases and drops none. ``planned``: the releases
+    the atlas should hold (those measured in neither are listed in ``missing``)."""
     from . import __version__
 
     releases, cells = [], {}
-    torch_version = None
-    for version, doc, record in _release_docs(build):
+    docs = _release_docs(build)
+    built = {version for version, _, _ in docs}
+    for r in (committed or {}).get("releases", []):
+        version = r["transformers"]
+        if version in built:
+            continue
+        releases.append(dict(r))
+        for name, by_backend in committed["cells"].items():  # type: ignore[index]
+            for backend, row in by_backend.items():
+                if version in row:
+                    cells.setdefault(name, {}).setdefault(backend, {})[version] = row[version]
+    torch_version = (committed or {}).get("torch")
+    for version, doc, record in docs:
         env = doc.get("environment", {})
         torch_version = torch_version or env.get("torch")
         releases.append({"transformers": version, "trl": env.get("trl"), "torch": env.get("torch"),
@@ -387,6 +423,7 @@ def collect(build: Path, planned: list[str] | None = None, bisects: dict[str, An
         for name, by_backend in reduce_release(doc).items():
             for backend, entry in by_backend.items():
                 cells.setdefault(name, {}).setdefault(backend, {})[version] = entry
+    releases.sort(key=lambda r: _vkey(r["transformers"]))
     measured = [r["transformers"] for r in releases]
     missing = [v for v in (planned or []) if v not in measured]
     support = {"schema": "packcheck-atlas-support", "schema_version": SUPPORT_SCHEMA_VERSION,
@@ -747,6 +784,7 @@ class AtlasArgs:
     bisect_models: list[str] | None = None
     seed: list[str] | None = None
     no_render: bool = False
+    remeasure: bool = False
 
 
 def main(args: AtlasArgs, log: Callable[[str], None] = print) -> int:
@@ -756,21 +794,27 @@ def main(args: AtlasArgs, log: Callable[[str], None] = print) -> int:
     for path in args.seed or []:
         record = seed_release(Path(path), args.build)
         log(f"atlas {record['transformers']}: {record['source']}")
+    committed = load_committed(args.out, log)
     failed = []
     if not args.render_only:
-        failed = [r for r in generate(args.releases, args.build, args.shard, args.workers, log, models=args.models) if "error" in r]
+        kept = [] if args.remeasure else [r for r in args.releases if r in committed_releases(committed)]
+        if kept:
+            log(f"atlas: {', '.join(kept)} already in {args.out / 'support.json'}: kept, not measured again "
+                "(--remeasure measures them)")
+        todo = [r for r in args.releases if r not in kept]
+        failed = [r for r in generate(todo, args.build, args.shard, args.workers, log, models=args.models) if "error" in r]
     if args.no_render:
         return 1 if failed else 0
     bisects_file = args.out / "bisects.json"
     bisects = json.loads(bisects_file.read_text()) if bisects_file.exists() else {}
-    support = collect(args.build, args.releases, bisects)
+    support = collect(args.build, args.releases, bisects, committed)
     if args.bisect:
         bisects = bisect_transitions(support, args.out / "bisect", args.bisect_limit, log=log, models=args.bisect_models,
                                      done=bisects)
         from .results import atomic_write
 
         atomic_write(bisects_file, json.dumps(bisects, indent=1, sort_keys=True) + "\n")
-        support = collect(args.build, args.releases, bisects)
+        support = collect(args.build, args.releases, bisects, committed)
     paths = write_outputs(support, args.out)
     log(f"atlas written: {', '.join(str(p) for p in paths)} ({len(support['releases'])} releases measured, "
         f"{len(support['missing'])} missing)")

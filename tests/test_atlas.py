@@ -193,6 +193,42 @@ def test_a_release_counts_only_when_every_shard_is_done(tmp_path):
     assert support["missing"] == [] and set(support["cells"]) == {"llama", "opt"} and support["releases"][0]["cells"] == 2
 
 
+def test_a_fresh_checkout_keeps_the_committed_releases_and_adds_new_ones(tmp_path, monkeypatch):
+    """The committed support.json seeds collect: with an empty (git-ignored) build folder, its releases stay in
+    every output and are not measured again; a release measured here joins them; a release measured here again
+    replaces its committed entries; --remeasure runs a committed release."""
+    _planted_atlas(tmp_path / "old-build")
+    out = tmp_path / "reports" / "atlas"
+    A.write_outputs(A.collect(tmp_path / "old-build", planned=["4.52.4", "5.24.0"]), out)
+    ran: list[list[str]] = []
+    monkeypatch.setattr(A, "generate", lambda releases, build, *a, **kw: ran.append(list(releases)) or [])
+
+    def args(releases, **kw):
+        return A.AtlasArgs(releases, tmp_path / "fresh-build", out, None, 1, False, False, None, **kw)
+
+    assert A.main(args(["4.52.4", "5.24.0", "5.25.0"]), log=lambda s: None) == 0
+    assert ran == [["5.25.0"]]  # the committed releases are not measured again
+    support = json.loads((out / "support.json").read_text())
+    assert [r["transformers"] for r in support["releases"]] == ["4.52.4", "5.24.0"] and support["missing"] == ["5.25.0"]
+    assert support["cells"]["llama"]["sdpa"]["4.52.4"]["causes"] == ["leak"]
+    assert [(t["model_type"], t["last_before"]) for t in support["transitions"]] == [("llama", "4.52.4"), ("opt", "4.52.4")]
+    assert "❌ leak 4.52.4; ✅ 5.24.0" in (out / "atlas.md").read_text() and "4.52.4" in (out / "atlas.html").read_text()
+    # a release measured in this checkout joins the committed ones (and its transition from the newest committed)
+    _write_release(tmp_path / "fresh-build", "5.25.0", [_cell("llama", "sdpa", "isolation", "fail", "leak", 0.5)])
+    support = A.collect(tmp_path / "fresh-build", ["4.52.4", "5.24.0", "5.25.0"], committed=A.load_committed(out))
+    assert [r["transformers"] for r in support["releases"]] == ["4.52.4", "5.24.0", "5.25.0"] and support["missing"] == []
+    assert ("llama", "sdpa", "5.24.0", "5.25.0") in {(t["model_type"], t["backend"], t["last_before"], t["first_after"])
+                                                    for t in support["transitions"]}
+    # a committed release measured again here: its new entries replace the committed ones (none is left behind)
+    _write_release(tmp_path / "fresh-build", "4.52.4", [_cell("llama", "sdpa", "isolation", "pass")])
+    support = A.collect(tmp_path / "fresh-build", committed=A.load_committed(out))
+    assert support["cells"]["llama"]["sdpa"]["4.52.4"]["verdict"] == "pass" and "4.52.4" not in support["cells"]["opt"]["sdpa"]
+    assert [r["transformers"] for r in support["releases"]].count("4.52.4") == 1
+    ran.clear()
+    A.main(args(["4.52.4"], remeasure=True, no_render=True), log=lambda s: None)
+    assert ran == [["4.52.4"]]
+
+
 def test_bisect_plan_directions_and_records_attach_to_transitions(tmp_path):
     _planted_atlas(tmp_path / "build")
     support = A.collect(tmp_path / "build")
