@@ -137,6 +137,30 @@ def parse_shard(text: str, source: str) -> tuple[int, int]:
     return int(i), int(n)
 
 
+def gap_order(planned: list[str], measured: list[str]) -> list[str]:
+    """The releases of ``planned`` not in ``measured``, in the order that narrows the gaps between measured
+    releases fastest: the first release of a new major version first (the transition across a major is the one
+    users ask about most), then, repeatedly, the middle of the widest run of unmeasured minors (the oldest such
+    run on a tie), so each added release halves a gap and every transition found is between close releases."""
+    have = set(measured)
+    order = [v for v in planned if v not in have and _vkey(v).minor == 0 and _vkey(v).micro == 0
+             and any(_vkey(m).major < _vkey(v).major for m in have)]
+    have |= set(order)
+    while True:
+        runs: list[list[str]] = [[]]
+        for v in planned:
+            if v in have:
+                runs.append([])
+            else:
+                runs[-1].append(v)
+        widest = max(runs, key=len)
+        if not widest:
+            return order
+        pick = widest[(len(widest) - 1) // 2]
+        order.append(pick)
+        have.add(pick)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # One release
 
