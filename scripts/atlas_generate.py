@@ -22,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pytest_packcheck import atlas as A  # noqa: E402
+from pytest_packcheck import atlas as A
 
 BUILD = REPO / "build" / "atlas"
 OUT = REPO / "reports" / "atlas"
