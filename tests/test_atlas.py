@@ -209,7 +209,7 @@ def test_a_fresh_checkout_keeps_the_committed_releases_and_adds_new_ones(tmp_pat
     out = tmp_path / "reports" / "atlas"
     A.write_outputs(A.collect(tmp_path / "old-build", planned=["4.52.4", "5.24.0"]), out)
     ran: list[list[str]] = []
-    monkeypatch.setattr(A, "generate", lambda releases, build, *a, **kw: ran.append(list(releases)) or [])
+    monkeypatch.setattr(A.command, "generate", lambda releases, build, *a, **kw: ran.append(list(releases)) or [])
 
     def args(releases, **kw):
         return A.AtlasArgs(releases, tmp_path / "fresh-build", out, None, 1, False, False, None, **kw)
