@@ -249,12 +249,13 @@ def test_bisect_plan_directions_and_records_attach_to_transitions(tmp_path):
     broke = A.bisect_plan({**by[("llama", "sdpa")], "before": by[("llama", "sdpa")]["after"], "after": by[("llama", "sdpa")]["before"]})
     assert broke["good"] == "transformers==4.52.4" and broke["bad"] == "transformers==5.24.0"
     # unsupported -> a leak (persimmon / sdpa, 4.52.4 -> 4.53.3): where sdpa is accepted, never "where the leak
-    # came" (that needs a side that passes); a missing package on one side gives nothing to bisect
+    # came" (that needs a side that passes)
     unsupported = {"verdict": "unsupported", "causes": [], "check": "isolation", "number": None}
     accepted = A.bisect_plan({**by[("llama", "sdpa")], "before": unsupported, "after": by[("llama", "sdpa")]["before"]})
     assert accepted == {"supported": True, "cell": "llama-sdpa-isolation-float32", "good": "transformers==5.24.0",
                         "bad": "transformers==4.52.4", "cause": None}
-    assert A.bisect_plan({**by[("llama", "sdpa")], "after": {**unsupported, "verdict": "skipped"}}) is None
+    for no_verdict in ("skipped", "error"):  # the probe could not judge that endpoint: no plan, no wasted probe
+        assert A.bisect_plan({**by[("llama", "sdpa")], "after": {**unsupported, "verdict": no_verdict}}) is None
     seen = []
 
     def fake_bisect(cell, good, bad, *, cause=None, supported=False, output_dir=None):

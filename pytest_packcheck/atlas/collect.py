@@ -199,17 +199,17 @@ def transition_key(t: dict[str, Any]) -> str:
 def bisect_plan(t: dict[str, Any]) -> dict[str, Any] | None:
     """The :func:`pytest_packcheck.bisect.bisect_cell` arguments that find the exact patch of transition ``t``:
     the cell of the check that decided the failing side, ``good`` the side where it passes (or where the
-    failing side's cause is absent), ``bad`` the other. None when neither side passes and the causes give no
-    handle (e.g. crash on both sides) or one side is ``skipped`` (a package missing there: nothing of the library's
-    to bisect). One side ``unsupported`` and the other a verdict: where the library starts (or stops) accepting
-    the backend (``supported``), ``good`` the side with the verdict (persimmon / sdpa: unsupported on 4.52.4,
-    a leak on 4.53.3; bisecting the leak would need a good side, which has none)."""
+    failing side's cause is absent), ``bad`` the other. One side ``unsupported`` and the other a verdict: where
+    the library starts (or stops) accepting the backend (``supported``), ``good`` the side with the verdict
+    (persimmon / sdpa: unsupported on 4.52.4, a leak on 4.53.3; bisecting the leak would need a good side, which
+    has none). None when a side has no verdict a probe can judge (``error``, ``skipped``, ``timeout``, ``oom``:
+    the bisect would stop at that endpoint) or neither side passes and the causes give no handle."""
     before, after = t["before"], t["after"]
     verdicts = ("pass", "fail", "fallback")
-    if "skipped" in (before["verdict"], after["verdict"]):
+    sides = (before["verdict"], after["verdict"])
+    if any(v not in (*verdicts, "unsupported") for v in sides) or sides == ("unsupported", "unsupported"):
         return None
-    if {before["verdict"], after["verdict"]} - set(verdicts) == {"unsupported"} and (
-            before["verdict"] in verdicts or after["verdict"] in verdicts):
+    if "unsupported" in sides:
         good, bad = (t["last_before"], t["first_after"]) if before["verdict"] in verdicts else (t["first_after"], t["last_before"])
         return {"supported": True, "cell": f"{t['model_type']}-{t['backend']}-isolation-float32",
                 "good": f"transformers=={good}", "bad": f"transformers=={bad}", "cause": None}
@@ -226,9 +226,8 @@ def bisect_plan(t: dict[str, Any]) -> dict[str, Any] | None:
             good, bad, failing, cause = t["first_after"], t["last_before"], before, gone[0]
         else:
             return None
-    if not failing.get("check") or failing["verdict"] in ("unsupported", "skipped"):
-        return {"supported": True, "cell": f"{t['model_type']}-{t['backend']}-isolation-float32",
-                "good": f"transformers=={good}", "bad": f"transformers=={bad}", "cause": None}
+    if not failing.get("check"):
+        return None
     return {"cell": f"{t['model_type']}-{t['backend']}-{failing['check']}-float32", "good": f"transformers=={good}",
             "bad": f"transformers=={bad}", "cause": cause, "supported": False}
 
