@@ -269,6 +269,16 @@ def test_bisect_plan_directions_and_records_attach_to_transitions(tmp_path):
     t = next(t for t in support["transitions"] if t["model_type"] == "llama")
     assert t["bisected"]["first"] == "4.53.1" and t["bisected"]["summary"].startswith("first fixed: 4.53.1 (last bad")
     assert "found: first 4.53.1, last 4.53.0" in A.render_markdown(support)
+    # a release measured later inside the bisected gap: the record stays on the narrower transition that holds
+    # its patch (here 5.0.0 still leaks, so the fix lies between 5.0.0 and 5.24.0)
+    wider = {A.transition_key(t).replace("4.52.4", "4.50.0"): {**t["bisected"], "first": "5.2.0", "last": "5.1.0"}}
+    _write_release(tmp_path / "build", "5.0.0", [_cell("llama", "sdpa", "isolation", "fail", "leak", 0.28)])
+    narrowed = A.collect(tmp_path / "build", bisects=wider)
+    by_gap = {(t["model_type"], t["backend"], t["last_before"]): t for t in narrowed["transitions"]}
+    assert by_gap[("llama", "sdpa", "5.0.0")]["bisected"]["first"] == "5.2.0"
+    outside = {k: {**r, "first": "4.53.1", "last": "4.53.0"} for k, r in wider.items()}  # found before 5.0.0
+    assert all("bisected" not in t for t in A.collect(tmp_path / "build", bisects=outside)["transitions"])
+    (A.release_dir(tmp_path / "build", "5.0.0") / A.DONE_MARKER).unlink()
     # resumed: what is in bisects.json is not bisected again; --bisect-models narrows
     seen.clear()
     again = A.bisect_transitions(support, tmp_path / "bisect", bisect=fake_bisect, log=lambda s: None, done=records)

@@ -185,11 +185,25 @@ def transitions(support: dict[str, Any], bisects: dict[str, Any] | None = None) 
                 t = {"model_type": name, "backend": backend, "last_before": old, "first_after": new,
                      "before": {k: a.get(k) for k in ("verdict", "causes", "check", "number")},
                      "after": {k: b.get(k) for k in ("verdict", "causes", "check", "number")}}
-                record = (bisects or {}).get(transition_key(t))
+                record = (bisects or {}).get(transition_key(t)) or _narrowed(bisects or {}, t)
                 if record:
                     t["bisected"] = record
                 out.append(t)
     return out
+
+
+def _narrowed(bisects: dict[str, Any], t: dict[str, Any]) -> dict[str, Any] | None:
+    """A bisect found over a wider gap that a release measured since has narrowed: same (architecture, backend),
+    and the patch it found lies in ``t``'s gap (``last`` before it, ``first`` at or before ``first_after``).
+    Keeps a bisect's answer when the releases between its two ends are measured later."""
+    lo, hi = _vkey(t["last_before"]), _vkey(t["first_after"])
+    for key, record in sorted(bisects.items()):
+        name, backend, *_ = key.split("|")
+        if (name, backend) != (t["model_type"], t["backend"]) or record.get("outcome") != "found":
+            continue
+        if record.get("first") and record.get("last") and lo <= _vkey(record["last"]) and _vkey(record["first"]) <= hi:
+            return record
+    return None
 
 
 def transition_key(t: dict[str, Any]) -> str:
