@@ -77,6 +77,14 @@ def test_latest_patch_of_each_minor_from_the_index_page():
         A.latest_patches(releases, since="four")
 
 
+def test_gap_order_measures_the_major_boundary_then_halves_the_widest_gap():
+    planned = ["4.47.1", "4.48.3", "4.49.0", "4.50.3", "4.51.3", "4.52.4", "4.57.6", "5.0.0", "5.1.0", "5.2.0", "5.3.0"]
+    order = A.gap_order(planned, ["4.47.1", "4.52.4", "4.57.6", "5.3.0"])
+    assert order == ["5.0.0", "4.49.0", "4.50.3", "5.1.0", "4.48.3", "4.51.3", "5.2.0"]
+    assert sorted(order, key=A._vkey) == [v for v in planned if v not in ("4.47.1", "4.52.4", "4.57.6", "5.3.0")]
+    assert A.gap_order(["4.44.2", "4.45.2"], []) == ["4.44.2", "4.45.2"]  # nothing measured: the middle, oldest first
+
+
 def test_release_list_is_exact_releases_with_one_line_errors():
     assert A.parse_release_list("5.24.0, 4.44.2,4.44.2", "--releases") == ["4.44.2", "5.24.0"]
     with pytest.raises(PackcheckUsageError, match=r"Release '4.44' \(from --releases\) names a minor.*4\.44\.0"):
@@ -193,6 +201,42 @@ def test_a_release_counts_only_when_every_shard_is_done(tmp_path):
     assert support["missing"] == [] and set(support["cells"]) == {"llama", "opt"} and support["releases"][0]["cells"] == 2
 
 
+def test_a_fresh_checkout_keeps_the_committed_releases_and_adds_new_ones(tmp_path, monkeypatch):
+    """The committed support.json seeds collect: with an empty (git-ignored) build folder, its releases stay in
+    every output and are not measured again; a release measured here joins them; a release measured here again
+    replaces its committed entries; --remeasure runs a committed release."""
+    _planted_atlas(tmp_path / "old-build")
+    out = tmp_path / "reports" / "atlas"
+    A.write_outputs(A.collect(tmp_path / "old-build", planned=["4.52.4", "5.24.0"]), out)
+    ran: list[list[str]] = []
+    monkeypatch.setattr(A.command, "generate", lambda releases, build, *a, **kw: ran.append(list(releases)) or [])
+
+    def args(releases, **kw):
+        return A.AtlasArgs(releases, tmp_path / "fresh-build", out, None, 1, False, False, None, **kw)
+
+    assert A.main(args(["4.52.4", "5.24.0", "5.25.0"]), log=lambda s: None) == 0
+    assert ran == [["5.25.0"]]  # the committed releases are not measured again
+    support = json.loads((out / "support.json").read_text())
+    assert [r["transformers"] for r in support["releases"]] == ["4.52.4", "5.24.0"] and support["missing"] == ["5.25.0"]
+    assert support["cells"]["llama"]["sdpa"]["4.52.4"]["causes"] == ["leak"]
+    assert [(t["model_type"], t["last_before"]) for t in support["transitions"]] == [("llama", "4.52.4"), ("opt", "4.52.4")]
+    assert "❌ leak 4.52.4; ✅ 5.24.0" in (out / "atlas.md").read_text() and "4.52.4" in (out / "atlas.html").read_text()
+    # a release measured in this checkout joins the committed ones (and its transition from the newest committed)
+    _write_release(tmp_path / "fresh-build", "5.25.0", [_cell("llama", "sdpa", "isolation", "fail", "leak", 0.5)])
+    support = A.collect(tmp_path / "fresh-build", ["4.52.4", "5.24.0", "5.25.0"], committed=A.load_committed(out))
+    assert [r["transformers"] for r in support["releases"]] == ["4.52.4", "5.24.0", "5.25.0"] and support["missing"] == []
+    assert ("llama", "sdpa", "5.24.0", "5.25.0") in {(t["model_type"], t["backend"], t["last_before"], t["first_after"])
+                                                    for t in support["transitions"]}
+    # a committed release measured again here: its new entries replace the committed ones (none is left behind)
+    _write_release(tmp_path / "fresh-build", "4.52.4", [_cell("llama", "sdpa", "isolation", "pass")])
+    support = A.collect(tmp_path / "fresh-build", committed=A.load_committed(out))
+    assert support["cells"]["llama"]["sdpa"]["4.52.4"]["verdict"] == "pass" and "4.52.4" not in support["cells"]["opt"]["sdpa"]
+    assert [r["transformers"] for r in support["releases"]].count("4.52.4") == 1
+    ran.clear()
+    A.main(args(["4.52.4"], remeasure=True, no_render=True), log=lambda s: None)
+    assert ran == [["4.52.4"]]
+
+
 def test_bisect_plan_directions_and_records_attach_to_transitions(tmp_path):
     _planted_atlas(tmp_path / "build")
     support = A.collect(tmp_path / "build")
@@ -204,6 +248,14 @@ def test_bisect_plan_directions_and_records_attach_to_transitions(tmp_path):
     assert changed["cause"] == "wrong_positions" and changed["good"] == "transformers==4.52.4"
     broke = A.bisect_plan({**by[("llama", "sdpa")], "before": by[("llama", "sdpa")]["after"], "after": by[("llama", "sdpa")]["before"]})
     assert broke["good"] == "transformers==4.52.4" and broke["bad"] == "transformers==5.24.0"
+    # unsupported -> a leak (persimmon / sdpa, 4.52.4 -> 4.53.3): where sdpa is accepted, never "where the leak
+    # came" (that needs a side that passes)
+    unsupported = {"verdict": "unsupported", "causes": [], "check": "isolation", "number": None}
+    accepted = A.bisect_plan({**by[("llama", "sdpa")], "before": unsupported, "after": by[("llama", "sdpa")]["before"]})
+    assert accepted == {"supported": True, "cell": "llama-sdpa-isolation-float32", "good": "transformers==5.24.0",
+                        "bad": "transformers==4.52.4", "cause": None}
+    for no_verdict in ("skipped", "error"):  # the probe could not judge that endpoint: no plan, no wasted probe
+        assert A.bisect_plan({**by[("llama", "sdpa")], "after": {**unsupported, "verdict": no_verdict}}) is None
     seen = []
 
     def fake_bisect(cell, good, bad, *, cause=None, supported=False, output_dir=None):
@@ -217,6 +269,16 @@ def test_bisect_plan_directions_and_records_attach_to_transitions(tmp_path):
     t = next(t for t in support["transitions"] if t["model_type"] == "llama")
     assert t["bisected"]["first"] == "4.53.1" and t["bisected"]["summary"].startswith("first fixed: 4.53.1 (last bad")
     assert "found: first 4.53.1, last 4.53.0" in A.render_markdown(support)
+    # a release measured later inside the bisected gap: the record stays on the narrower transition that holds
+    # its patch (here 5.0.0 still leaks, so the fix lies between 5.0.0 and 5.24.0)
+    wider = {A.transition_key(t).replace("4.52.4", "4.50.0"): {**t["bisected"], "first": "5.2.0", "last": "5.1.0"}}
+    _write_release(tmp_path / "build", "5.0.0", [_cell("llama", "sdpa", "isolation", "fail", "leak", 0.28)])
+    narrowed = A.collect(tmp_path / "build", bisects=wider)
+    by_gap = {(t["model_type"], t["backend"], t["last_before"]): t for t in narrowed["transitions"]}
+    assert by_gap[("llama", "sdpa", "5.0.0")]["bisected"]["first"] == "5.2.0"
+    outside = {k: {**r, "first": "4.53.1", "last": "4.53.0"} for k, r in wider.items()}  # found before 5.0.0
+    assert all("bisected" not in t for t in A.collect(tmp_path / "build", bisects=outside)["transitions"])
+    (A.release_dir(tmp_path / "build", "5.0.0") / A.DONE_MARKER).unlink()
     # resumed: what is in bisects.json is not bisected again; --bisect-models narrows
     seen.clear()
     again = A.bisect_transitions(support, tmp_path / "bisect", bisect=fake_bisect, log=lambda s: None, done=records)

@@ -100,6 +100,20 @@ def test_a_crash_inside_the_model_stays_the_models(_llama):
     assert got.cause == "shrunk_crash", got.message
 
 
+@pytest.mark.parametrize("message", [
+    # transformers <= 4.53 (modeling_utils._check_and_enable_flash_attn_2), capitalised
+    "BertLMHeadModel does not support Flash Attention 2.0 yet. Please request to add support where the model is hosted",
+    "OPTForCausalLM does not support Flash Attention 3 yet. Please request to add support where the model is hosted"])
+def test_the_librarys_flash_attention_refusal_is_unsupported_in_any_case(message):
+    """The library refusing the flash path is its own verdict (unsupported), never a crash of the model packcheck
+    shrank: on <= 4.53 the refusal reads "Flash Attention" and a case-sensitive marker classed it shrunk_crash."""
+    from pytest_packcheck.run.runner import _classify_exception
+
+    assert _classify_exception(ValueError(message)) == "unsupported"
+    got = _runner()._failed("build", ValueError(message))
+    assert got.status == "unsupported" and got.cause != "shrunk_crash" and "does not support Flash Attention" in got.message
+
+
 def test_a_non_finite_reference_is_not_checked(tolerances):
     """gemma3n_text on the varlen reference: the padded run's gradients are NaN while every forward check passes.
     Planted: NaN in the padded (reference) run's lm_head gradient. Not checked: reference ..., with the tensor

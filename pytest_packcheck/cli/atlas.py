@@ -30,6 +30,8 @@ def configure(atlas: argparse.ArgumentParser) -> None:
     atlas.add_argument("--render-only", action="store_true", help="Only render reports/atlas/ from what --build-dir holds.")
     atlas.add_argument("--seed", action="append", default=[], metavar="FILE", help="Take this results JSON (one "
                        "release's --all-architectures run on the atlas backends) as its release's run; repeatable.")
+    atlas.add_argument("--remeasure", action="store_true", help="Measure again the releases the committed atlas "
+                       "(OUTPUT_DIR/support.json) already holds; by default they are kept, not run.")
     atlas.add_argument("--bisect", action="store_true", help="Bisect every transition between adjacent measured releases "
                        "to the exact patch (packcheck bisect per transition; resumable).")
     atlas.add_argument("--bisect-limit", type=int, default=None, help="Bisect at most this many transitions.")
@@ -62,5 +64,5 @@ def run(ns: argparse.Namespace) -> int:
     models = [m.strip() for m in ns.models.split(",") if m.strip()] if ns.models else None
     bisect_models = [m.strip() for m in ns.bisect_models.split(",") if m.strip()] if ns.bisect_models else None
     return atlas_main(AtlasArgs(releases, Path(ns.build_dir), Path(ns.output_dir), shard, ns.workers, ns.render_only,
-                                ns.bisect, ns.bisect_limit, models, bisect_models, ns.seed, ns.no_render),
+                                ns.bisect, ns.bisect_limit, models, bisect_models, ns.seed, ns.no_render, ns.remeasure),
                       log=lambda line: print(line, flush=True))

@@ -35,7 +35,7 @@ _ALIASES = {OPT_MODELS: "--models", OPT_AUDIT: "--audit", OPT_ALL_ARCHS: "--all-
 
 
 def configure(audit: argparse.ArgumentParser) -> None:
-    """The audit's arguments: every option of the plugin (:data:`~pytest_packcheck.settings.OPTIONS`) and the
+    """The audit's arguments: every option of the plugin (:data:`~pytest_packcheck.config.options.OPTIONS`) and the
     audit's own."""
     from . import help_epilog
 

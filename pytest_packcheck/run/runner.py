@@ -79,6 +79,7 @@ def plan_cells(models: list[ResolvedModel], backends: tuple[str, ...], checks: t
 
 
 # Errors with which transformers refuses a backend or packing explicitly: "unsupported" cells, not crashes.
+# Matched case-insensitively (transformers <= 4.53 writes "does not support Flash Attention 2.0 yet").
 _UNSUPPORTED_MARKERS = (
     "does not support an attention implementation",
     "does not support flash attention",
@@ -112,7 +113,7 @@ def _classify_exception(exc: BaseException) -> str:
         return "oom"
     if isinstance(exc, ImportError):
         return "skipped"
-    if isinstance(exc, (ValueError, NotImplementedError)) and any(m in text for m in _UNSUPPORTED_MARKERS):
+    if isinstance(exc, (ValueError, NotImplementedError)) and any(m.lower() in text.lower() for m in _UNSUPPORTED_MARKERS):
         return "unsupported"
     return "error"
 

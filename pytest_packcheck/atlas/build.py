@@ -1,0 +1,163 @@
+"""One release's run: its version environment runs the plugin on every architecture, resumable from its journal
+(``<build>/<version>/``), or a finished results file is seeded as the run."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..errors import PackcheckUsageError
+from .releases import ATLAS_BACKENDS, DONE_MARKER, atlas_checks
+
+
+def release_flags(report_dir: str, shard: tuple[int, int] | None = None, models: list[str] | None = None) -> list[str]:
+    """The ``--packcheck-*`` flags of one release's run (or one shard of it), resumable from its journal: every
+    architecture of the release (``--packcheck-all-architectures``) unless ``models`` names some."""
+    from ..config.options import (
+        OPT_ALL_ARCHS,
+        OPT_BACKENDS,
+        OPT_CHECKS,
+        OPT_MODELS,
+        OPT_REPORT_DIR,
+        OPT_RESUME,
+        OPT_SHARD,
+    )
+
+    flags = [f"{OPT_MODELS}={','.join(models)}" if models else OPT_ALL_ARCHS, f"{OPT_BACKENDS}={','.join(ATLAS_BACKENDS)}", f"{OPT_CHECKS}={','.join(atlas_checks())}",
+             f"{OPT_REPORT_DIR}={report_dir}", OPT_RESUME]
+    if shard and shard != (1, 1):
+        flags.append(f"{OPT_SHARD}={shard[0]}/{shard[1]}")
+    return flags
+
+
+def reproduce_command(version: str, model_type: str | None = None, backend: str | None = None) -> str:
+    """The command a user runs to measure one release (or one architecture / backend of it) again."""
+    from ..config.options import OPT_BACKENDS, OPT_CHECKS
+
+    if model_type is None:
+        return f"packcheck atlas --releases {version}"
+    return shlex.join(["packcheck", "audit", "--models", f"arch:{model_type}", "--versions", f"transformers=={version}",
+                       f"{OPT_BACKENDS}={backend or ','.join(ATLAS_BACKENDS)}", f"{OPT_CHECKS}={','.join(atlas_checks())}"])
+
+
+def release_dir(build: Path, version: str, shard: tuple[int, int] | None = None) -> Path:
+    """``<build>/<version>`` (``<build>/<version>/shard-I-of-N`` for a shard)."""
+    base = Path(build) / version
+    return base / f"shard-{shard[0]}-of-{shard[1]}" if shard and shard != (1, 1) else base
+
+
+def is_done(folder: Path) -> bool:
+    return (folder / DONE_MARKER).exists() and (folder / "packcheck-matrix.json").exists()
+
+
+def run_release(version: str, build: Path, shard: tuple[int, int] | None = None, workers: int = 1,
+                log: Callable[[str], None] = print, runner: Callable[..., Any] | None = None,
+                models: list[str] | None = None) -> dict[str, Any]:
+    """Measure one release into :func:`release_dir`: make (or find) ``transformers==version``'s environment and run
+    the plugin there with :func:`release_flags`. Resumes a killed run (its journal); returns the done record
+    (also written as ``atlas-done.json``), or a record with ``error`` when no results were written (uv's reason,
+    or the run's last lines). ``runner``: replaces ``subprocess.run`` (tests)."""
+    from ..versions.envs import CHILD_ENV_VAR, EnvError, VersionCombo, ensure_env
+
+    folder = release_dir(build, version, shard).resolve()
+    if is_done(folder):
+        return json.loads((folder / DONE_MARKER).read_text())
+    folder.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    cpu0 = _child_cpu()
+    combo = VersionCombo((f"transformers=={version}",))
+    try:
+        env = ensure_env(combo)
+    except EnvError as exc:
+        record = {"transformers": version, "error": str(exc), "wall_s": round(time.perf_counter() - t0, 1)}
+        (folder / "atlas-error.json").write_text(json.dumps(record, indent=1) + "\n")
+        log(f"atlas {version}: no environment: {exc}")
+        return record
+    root = folder / "root"
+    root.mkdir(exist_ok=True)
+    args = [str(env.python), "-m", "pytest", "-p", "pytest_packcheck.plugin", "-p", "no:cacheprovider", str(root),
+            "--rootdir", str(root), "-c", os.devnull, "-o", "addopts=", "-q", "-rN", "--tb=no",
+            "-W", "ignore::pytest.PytestAssertRewriteWarning", *release_flags(str(folder.resolve()), shard, models)]
+    if workers > 1:
+        args += ["-n", str(workers), "--dist", "loadscope"]
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith("PACKCHECK_") or k == "PACKCHECK_CACHE_DIR"}
+    child_env.pop("VIRTUAL_ENV", None)
+    child_env.pop("PYTHONPATH", None)  # the environment's own site-packages (its overlay links this packcheck)
+    child_env[CHILD_ENV_VAR] = combo.label
+    child_env["PACKCHECK_REPRODUCE"] = reproduce_command(version)
+    part = f" shard {shard[0]}/{shard[1]}" if shard and shard != (1, 1) else ""
+    log(f"atlas {version}{part}: running in {env.path.name} "
+        f"({'made' if env.created else 'cached'} {env.seconds:.1f} s); log {folder / 'atlas-run.log'}")
+    with open(folder / "atlas-run.log", "a") as out:
+        out.write(f"$ {shlex.join(args)}\n")
+        out.flush()
+        proc = (runner or subprocess.run)(args, check=False, stdout=out, stderr=subprocess.STDOUT, env=child_env, cwd=root)
+    wall = round(time.perf_counter() - t0, 1)
+    result = folder / "packcheck-matrix.json"
+    if not result.exists() or proc.returncode not in (0, 1):
+        tail = " | ".join((folder / "atlas-run.log").read_text(errors="replace").strip().splitlines()[-3:])[:400]
+        record = {"transformers": version, "error": f"exit {proc.returncode}; {tail}", "wall_s": wall}
+        (folder / "atlas-error.json").write_text(json.dumps(record, indent=1) + "\n")
+        log(f"atlas {version}: no complete results (exit {proc.returncode}); run again to resume")
+        return record
+    doc = json.loads(result.read_text())
+    record = {"transformers": env.versions.get("transformers", version), "requested": version, "shard": list(shard or (1, 1)),
+              "cells": len(doc.get("cells", [])), "wall_s": wall, "child_cpu_s": round(_child_cpu() - cpu0, 1),
+              "env_seconds": env.seconds, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    (folder / DONE_MARKER).write_text(json.dumps(record, indent=1) + "\n")
+    (folder / "atlas-error.json").unlink(missing_ok=True)
+    log(f"atlas {version}: {record['cells']} cells, {wall:.0f} s wall, {record['child_cpu_s']:.0f} s CPU")
+    return record
+
+
+def seed_release(results_file: Path, build: Path) -> dict[str, Any]:
+    """Take a finished results JSON (e.g. ``reports/all-architectures/packcheck-matrix.json``, an
+    ``--all-architectures`` run on every backend) as its release's atlas run instead of measuring it again: it
+    becomes ``<build>/<its transformers>/`` with a done record naming the file as the source. Only the atlas's
+    backends and checks are read from it later.
+
+    Raises:
+        PackcheckUsageError: the file does not load, ran in version environments, or lacks an atlas backend.
+    """
+    import shutil
+
+    from ..results import load_document
+
+    doc = load_document(results_file)
+    version = (doc.get("environment") or {}).get("transformers")
+    settings = doc.get("settings") or {}
+    if not version or settings.get("versions"):
+        raise PackcheckUsageError(f"--seed '{results_file}' did not run in one transformers (its environment names "
+                                  f"{version or 'none'}, versions {settings.get('versions')}): seed with one release's run.")
+    lacking = [b for b in ATLAS_BACKENDS if b not in (settings.get("backends") or [])]
+    if lacking or not settings.get("models"):
+        raise PackcheckUsageError(f"--seed '{results_file}' lacks the atlas backends {', '.join(lacking)}: run "
+                                  f"`{reproduce_command(version)}` instead.")
+    folder = release_dir(build, version).resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(results_file, folder / "packcheck-matrix.json")
+    record = {"transformers": version, "requested": version, "shard": [1, 1], "cells": len(doc.get("cells", [])),
+              "wall_s": None, "child_cpu_s": None, "source": f"seeded from {results_file} ({doc.get('command', '')})",
+              "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    (folder / DONE_MARKER).write_text(json.dumps(record, indent=1) + "\n")
+    return record
+
+
+def _child_cpu() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def generate(releases: list[str], build: Path, shard: tuple[int, int] | None = None, workers: int = 1,
+             log: Callable[[str], None] = print, runner: Callable[..., Any] | None = None,
+             models: list[str] | None = None) -> list[dict[str, Any]]:
+    """Run every release not done yet, oldest first; a release that fails is recorded and the next one runs."""
+    return [run_release(v, build, shard, workers, log, runner, models) for v in releases]

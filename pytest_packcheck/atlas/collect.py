@@ -1,0 +1,346 @@
+"""The per-release results (and the committed ``support.json``) reduced to the ``support.json`` document, its
+transitions, their bisection to the exact patch, and the known-fault windows checked against it."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..errors import PackcheckUsageError
+from .build import is_done, reproduce_command
+from .releases import ATLAS_BACKENDS, DONE_MARKER, SUPPORT_SCHEMA_VERSION, _vkey, atlas_checks
+
+
+def _number(cell: dict[str, Any]) -> float | None:
+    from ..report.numbers import KEY_METRIC
+
+    key = KEY_METRIC.get(cell["check"])
+    value = (cell.get("metrics") or {}).get(key[0]) if key else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def reduce_release(doc: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
+    """One release's results document -> ``{model_type: {backend: entry}}`` (entry: SCHEMA.md ``cells``).
+
+    The verdict is the matrix's headline (:func:`pytest_packcheck.report.headline`: the worst correctness check;
+    hazards never decide it); ``number`` is the key number of the check that decided it (the first failing one,
+    else isolation's ``max_change``)."""
+    from ..report.verdicts import headline
+
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for cell in doc.get("cells", []):
+        if cell.get("backend") not in ATLAS_BACKENDS or cell.get("dtype") != "float32":
+            continue
+        model = cell["model"]
+        name = model.get("model_type") or model.get("label")
+        groups.setdefault((name, cell["backend"]), []).append(cell)
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for (name, backend), group in sorted(groups.items()):
+        h = headline(group)
+        decider = h["bad"][0] if h["bad"] else next((c for c in h["cells"] if c["check"] == "isolation"), None)
+        entry: dict[str, Any] = {"verdict": h["status"], "causes": [c for c in h["causes"] if c != h["status"]]}
+        if decider is not None:
+            entry["check"] = decider["check"]
+            num = _number(decider)
+            if num is not None:
+                entry["number"] = float(f"{num:.3g}")
+            if h["status"] != "pass":
+                entry["message"] = " ".join(str(decider.get("message", "")).split())[:160]
+        hazards = {c["check"]: ((c.get("diagnosis") or {}).get("cause") or c.get("cause") or c["status"])
+                   for c in group if c["check"] in ("cache_trap", "mask_trap") and c["status"] not in ("pass", "skipped")}
+        if hazards:
+            entry["hazards"] = hazards
+        findings = sorted({f["cause"] for c in h["cells"] for f in (c.get("findings") or []) if isinstance(f, dict) and f.get("cause")})
+        if findings:
+            entry["findings"] = findings
+        out.setdefault(name, {})[backend] = entry
+    return out
+
+
+def _release_docs(build: Path) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """(release, merged results document, done record) of every finished release folder, ascending."""
+    from ..analysis.gate import merge
+    from ..results import load_document
+
+    found: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
+    if not Path(build).is_dir():  # a fresh checkout: nothing measured here yet
+        return found
+    for folder in sorted((p for p in Path(build).iterdir() if p.is_dir()), key=lambda p: _safe_key(p.name)):
+        if _safe_key(folder.name) is None:
+            continue
+        parts = [folder] if is_done(folder) else sorted(p for p in folder.glob("shard-*") if is_done(p))
+        if not parts:
+            continue
+        if parts[0] != folder:  # shards: the release counts when every shard of one split is done
+            totals = {json.loads((p / DONE_MARKER).read_text()).get("shard", [1, 1])[1] for p in parts}
+            if len(totals) != 1 or len(parts) != totals.pop():
+                continue
+        docs = [load_document(p / "packcheck-matrix.json") for p in parts]
+        records = [json.loads((p / DONE_MARKER).read_text()) for p in parts]
+        doc = docs[0] if len(docs) == 1 else merge(docs)
+        record = {**records[0], "wall_s": _total(records, "wall_s"), "child_cpu_s": _total(records, "child_cpu_s"), "shards": len(records),
+                  "cells": sum(r.get("cells", 0) for r in records)}
+        found.append((folder.name, doc, record))
+    return found
+
+
+def _total(records: list[dict[str, Any]], key: str) -> float | None:
+    values = [r.get(key) for r in records]
+    return None if any(v is None for v in values) else round(sum(values), 1)
+
+
+def _safe_key(name: str) -> Any:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(name)
+    except InvalidVersion:
+        return None
+
+
+def load_committed(out: Path, log: Callable[[str], None] = print) -> dict[str, Any] | None:
+    """The committed atlas (``<out>/support.json``) that :func:`collect` is seeded from, or None when there is
+    none or its schema is not this packcheck's (logged: its releases are then measured again)."""
+    path = Path(out) / "support.json"
+    if not path.exists():
+        return None
+    doc = json.loads(path.read_text())
+    if doc.get("schema") != "packcheck-atlas-support" or doc.get("schema_version") != SUPPORT_SCHEMA_VERSION:
+        log(f"atlas: {path} has schema {doc.get('schema')} v{doc.get('schema_version')}, not v{SUPPORT_SCHEMA_VERSION}: "
+            "not seeded from it, its releases are measured again")
+        return None
+    return doc
+
+
+def committed_releases(committed: dict[str, Any] | None) -> list[str]:
+    return [r["transformers"] for r in (committed or {}).get("releases", [])]
+
+
+def collect(build: Path, planned: list[str] | None = None, bisects: dict[str, Any] | None = None,
+            committed: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``support.json`` document (SCHEMA.md) from every finished release under ``build``, seeded from
+    ``committed`` (the committed ``support.json``, :func:`load_committed`): a release it holds counts as measured
+    (its release record and entries carried over) unless ``build`` holds a run of that release, which replaces it.
+    So the build folder (git-ignored) of a fresh checkout adds releases and drops none. ``planned``: the releases
+    the atlas should hold (those measured in neither are listed in ``missing``)."""
+    from .. import __version__
+
+    releases, cells = [], {}
+    docs = _release_docs(build)
+    built = {version for version, _, _ in docs}
+    for r in (committed or {}).get("releases", []):
+        version = r["transformers"]
+        if version in built:
+            continue
+        releases.append(dict(r))
+        for name, by_backend in committed["cells"].items():  # type: ignore[index]
+            for backend, row in by_backend.items():
+                if version in row:
+                    cells.setdefault(name, {}).setdefault(backend, {})[version] = row[version]
+    torch_version = (committed or {}).get("torch")
+    for version, doc, record in docs:
+        env = doc.get("environment", {})
+        torch_version = torch_version or env.get("torch")
+        releases.append({"transformers": version, "trl": env.get("trl"), "torch": env.get("torch"),
+                         "architectures": len({(c["model"].get("model_type") or c["model"].get("label"))
+                                               for c in doc.get("cells", [])}),
+                         "cells": record.get("cells"), "wall_s": record.get("wall_s"), "cpu_s": record.get("child_cpu_s"),
+                         "packcheck_version": doc.get("packcheck_version"), "source": record.get("source", "packcheck atlas"),
+                         "command": reproduce_command(version)})
+        for name, by_backend in reduce_release(doc).items():
+            for backend, entry in by_backend.items():
+                cells.setdefault(name, {}).setdefault(backend, {})[version] = entry
+    releases.sort(key=lambda r: _vkey(r["transformers"]))
+    measured = [r["transformers"] for r in releases]
+    missing = [v for v in (planned or []) if v not in measured]
+    support = {"schema": "packcheck-atlas-support", "schema_version": SUPPORT_SCHEMA_VERSION,
+               "packcheck_version": __version__, "generated": time.strftime("%Y-%m-%d", time.gmtime()),
+               "device": "cpu", "dtype": "float32", "torch": torch_version, "backends": list(ATLAS_BACKENDS),
+               "checks": list(atlas_checks()), "releases": releases, "missing": missing, "cells": cells}
+    support["transitions"] = transitions(support, bisects or {})
+    return support
+
+
+def _signature(entry: dict[str, Any] | None) -> tuple[str, tuple[str, ...]] | None:
+    return None if entry is None else (entry["verdict"], tuple(entry.get("causes", [])))
+
+
+def transitions(support: dict[str, Any], bisects: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Every change of verdict or causes of an (architecture, backend) between two adjacent measured releases
+    where both have it (an architecture that appears is not a transition). ``bisects``: :func:`transition_key`
+    -> bisect record (:func:`pytest_packcheck.analysis.bisect.bisect_cell`'s), attached as ``bisected``."""
+    order = [r["transformers"] for r in support["releases"]]
+    out = []
+    for name in sorted(support["cells"]):
+        for backend in ATLAS_BACKENDS:
+            row = support["cells"][name].get(backend, {})
+            for old, new in itertools.pairwise(order):
+                a, b = row.get(old), row.get(new)
+                if a is None or b is None or _signature(a) == _signature(b):
+                    continue
+                t = {"model_type": name, "backend": backend, "last_before": old, "first_after": new,
+                     "before": {k: a.get(k) for k in ("verdict", "causes", "check", "number")},
+                     "after": {k: b.get(k) for k in ("verdict", "causes", "check", "number")}}
+                record = (bisects or {}).get(transition_key(t)) or _narrowed(bisects or {}, t)
+                if record:
+                    t["bisected"] = record
+                out.append(t)
+    return out
+
+
+def _narrowed(bisects: dict[str, Any], t: dict[str, Any]) -> dict[str, Any] | None:
+    """A bisect found over a wider gap that a release measured since has narrowed: same (architecture, backend),
+    and the patch it found lies in ``t``'s gap (``last`` before it, ``first`` at or before ``first_after``).
+    Keeps a bisect's answer when the releases between its two ends are measured later."""
+    lo, hi = _vkey(t["last_before"]), _vkey(t["first_after"])
+    for key, record in sorted(bisects.items()):
+        name, backend, *_ = key.split("|")
+        if (name, backend) != (t["model_type"], t["backend"]) or record.get("outcome") != "found":
+            continue
+        if record.get("first") and record.get("last") and lo <= _vkey(record["last"]) and _vkey(record["first"]) <= hi:
+            return record
+    return None
+
+
+def transition_key(t: dict[str, Any]) -> str:
+    return f"{t['model_type']}|{t['backend']}|{t['last_before']}|{t['first_after']}"
+
+
+def bisect_plan(t: dict[str, Any]) -> dict[str, Any] | None:
+    """The :func:`pytest_packcheck.analysis.bisect.bisect_cell` arguments that find the exact patch of transition ``t``:
+    the cell of the check that decided the failing side, ``good`` the side where it passes (or where the
+    failing side's cause is absent), ``bad`` the other. One side ``unsupported`` and the other a verdict: where
+    the library starts (or stops) accepting the backend (``supported``), ``good`` the side with the verdict
+    (persimmon / sdpa: unsupported on 4.52.4, a leak on 4.53.3; bisecting the leak would need a good side, which
+    has none). None when a side has no verdict a probe can judge (``error``, ``skipped``, ``timeout``, ``oom``:
+    the bisect would stop at that endpoint) or neither side passes and the causes give no handle."""
+    before, after = t["before"], t["after"]
+    verdicts = ("pass", "fail", "fallback")
+    sides = (before["verdict"], after["verdict"])
+    if any(v not in (*verdicts, "unsupported") for v in sides) or sides == ("unsupported", "unsupported"):
+        return None
+    if "unsupported" in sides:
+        good, bad = (t["last_before"], t["first_after"]) if before["verdict"] in verdicts else (t["first_after"], t["last_before"])
+        return {"supported": True, "cell": f"{t['model_type']}-{t['backend']}-isolation-float32",
+                "good": f"transformers=={good}", "bad": f"transformers=={bad}", "cause": None}
+    if before["verdict"] == "pass" or after["verdict"] == "pass":
+        good, bad = (t["last_before"], t["first_after"]) if before["verdict"] == "pass" else (t["first_after"], t["last_before"])
+        failing = after if before["verdict"] == "pass" else before
+        cause = None
+    else:  # both fail: bisect on a cause one side has and the other does not
+        gone = [c for c in before.get("causes", []) if c not in after.get("causes", [])]
+        came = [c for c in after.get("causes", []) if c not in before.get("causes", [])]
+        if came:
+            good, bad, failing, cause = t["last_before"], t["first_after"], after, came[0]
+        elif gone:
+            good, bad, failing, cause = t["first_after"], t["last_before"], before, gone[0]
+        else:
+            return None
+    if not failing.get("check"):
+        return None
+    return {"cell": f"{t['model_type']}-{t['backend']}-{failing['check']}-float32", "good": f"transformers=={good}",
+            "bad": f"transformers=={bad}", "cause": cause, "supported": False}
+
+
+def bisect_transitions(support: dict[str, Any], output_dir: Path, limit: int | None = None,
+                       bisect: Callable[..., dict[str, Any]] | None = None,
+                       log: Callable[[str], None] = print, models: list[str] | None = None,
+                       done: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Bisect each transition of ``support`` (of ``models`` only, when given) to the exact patch (``bisect``:
+    :func:`bisect.bisect_cell` or a stand-in); returns :func:`transition_key` -> a compact record. Transitions in
+    ``done`` (``bisects.json`` of an earlier run) are not bisected again, so it resumes too."""
+    if bisect is None:
+        from ..analysis.bisect import bisect_cell as bisect
+    done = dict(done or {})
+    todo = [t for t in support["transitions"] if (not models or t["model_type"] in models) and transition_key(t) not in done]
+    for t in todo[:limit]:
+        plan = bisect_plan(t)
+        if plan is None:
+            continue
+        try:
+            record = bisect(plan["cell"], plan["good"], plan["bad"], cause=plan["cause"], supported=plan["supported"],
+                            output_dir=str(output_dir))
+        except PackcheckUsageError as exc:
+            log(f"atlas bisect {transition_key(t)}: not bisected ({exc})")
+            continue
+        done[transition_key(t)] = {"outcome": record.get("outcome"), "first": record.get("first"), "last": record.get("last"),
+                                   "cell": plan["cell"], "cause": plan["cause"],
+                                   "file": str(record.get("path", "")), "probes": record.get("probes"),
+                                   "seconds": record.get("seconds"),
+                                   "summary": record.get("message") or record.get("summary") or record.get("outcome", "")}
+        log(f"atlas bisect {transition_key(t)}: {done[transition_key(t)]['summary']}")
+    return done
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Known faults against the atlas
+
+#: Architecture a window over every architecture (``"*"``) is checked on outside its window: the reference
+#: decoder, which has no fault of its own on the atlas backends.
+REFERENCE_ARCHITECTURE = "llama"
+
+
+def shows(entry: dict[str, Any] | None, cause: str) -> bool:
+    """The atlas entry names ``cause``: as a correctness cause, a hazard's cause or a finding."""
+    if entry is None:
+        return False
+    return cause in entry.get("causes", []) or cause in (entry.get("hazards") or {}).values() or cause in entry.get("findings", [])
+
+
+def known_fault_agreement(support: dict[str, Any], faults: list[Any]) -> list[dict[str, Any]]:
+    """Each known fault (:class:`pytest_packcheck.diagnose.KnownFault`) against the atlas, per measured release:
+    ``agrees``, ``disagrees`` (with what was measured) or ``not_checkable`` (why: a TRL window, checks or
+    backends the atlas does not run, no measured release on the relevant side).
+
+    Inside a fault's window at least one matching (architecture, backend) must show its cause; outside it none
+    of the fault's own architectures may show it (for ``"*"``: :data:`REFERENCE_ARCHITECTURE`)."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    out = []
+    releases = [r["transformers"] for r in support["releases"]]
+    for f in faults:
+        base = {"id": f.id, "versions": f.versions, "cause": f.cause}
+        backends = [b for b in support["backends"] if "*" in f.backends or b in f.backends]
+        checks = [c for c in support["checks"] if c in f.checks]
+        if f.library != "transformers":
+            out.append({**base, "status": "not_checkable", "why": f"a {f.library} window: the atlas has no {f.library} axis"})
+            continue
+        if not backends or not checks:
+            out.append({**base, "status": "not_checkable", "why": f"its checks ({', '.join(f.checks)}) or backends "
+                        f"({', '.join(f.backends)}) are not in the atlas"})
+            continue
+        archs = sorted(support["cells"]) if "*" in f.architectures else [a for a in f.architectures if a in support["cells"]]
+        outside_archs = [REFERENCE_ARCHITECTURE] if "*" in f.architectures else archs
+        window = SpecifierSet(f.versions)
+        for r in releases:
+            inside = window.contains(Version(r), prereleases=True)
+            pool = archs if inside else outside_archs
+            measured = [(a, b) for a in pool for b in backends if r in support["cells"].get(a, {}).get(b, {})]
+            hits = [f"{a}/{b}" for a, b in measured if shows(support["cells"][a][b][r], f.cause)]
+            rec = {**base, "release": r, "inside": inside, "measured": len(measured), "hits": hits[:8]}
+            if not measured:
+                out.append({**rec, "status": "not_checkable", "why": "no matching (architecture, backend) measured"})
+            elif inside and not hits:
+                out.append({**rec, "status": "disagrees", "why": f"inside the window, and none of {len(measured)} "
+                            f"matching (architecture, backend) shows {f.cause}"})
+            elif not inside and hits and not _covered(f, faults, r, backends):
+                out.append({**rec, "status": "disagrees", "why": f"outside the window, and {', '.join(hits)} shows {f.cause}"})
+            else:
+                out.append({**rec, "status": "agrees"})
+    return out
+
+
+def _covered(fault: Any, faults: list[Any], release: str, backends: list[str]) -> bool:
+    """Another entry of the same library and cause names ``release`` on these backends (a fault with two windows,
+    e.g. batch_rows on 4.53.x and from 4.55.1, is two entries)."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    return any(g is not fault and g.library == fault.library and g.cause == fault.cause
+               and SpecifierSet(g.versions).contains(Version(release), prereleases=True)
+               and ("*" in g.backends or any(b in g.backends for b in backends)) for g in faults)

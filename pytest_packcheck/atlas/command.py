@@ -1,0 +1,65 @@
+"""``packcheck atlas``: seed, generate what is missing, optionally bisect, then render."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .build import generate, seed_release
+from .collect import bisect_transitions, collect, committed_releases, load_committed
+from .render import write_outputs
+
+
+@dataclass(frozen=True)
+class AtlasArgs:
+    releases: list[str]
+    build: Path
+    out: Path
+    shard: tuple[int, int] | None
+    workers: int
+    render_only: bool
+    bisect: bool
+    bisect_limit: int | None
+    models: list[str] | None = None
+    bisect_models: list[str] | None = None
+    seed: list[str] | None = None
+    no_render: bool = False
+    remeasure: bool = False
+
+
+def main(args: AtlasArgs, log: Callable[[str], None] = print) -> int:
+    """``packcheck atlas``: generate what is missing (unless ``render_only``), optionally bisect, then render.
+    Exit 1 when a release could not be measured this time (its error is in ``<build>/<release>/atlas-error.json``;
+    run again to resume), 0 otherwise."""
+    for path in args.seed or []:
+        record = seed_release(Path(path), args.build)
+        log(f"atlas {record['transformers']}: {record['source']}")
+    committed = load_committed(args.out, log)
+    failed = []
+    if not args.render_only:
+        kept = [] if args.remeasure else [r for r in args.releases if r in committed_releases(committed)]
+        if kept:
+            log(f"atlas: {', '.join(kept)} already in {args.out / 'support.json'}: kept, not measured again "
+                "(--remeasure measures them)")
+        todo = [r for r in args.releases if r not in kept]
+        failed = [r for r in generate(todo, args.build, args.shard, args.workers, log, models=args.models) if "error" in r]
+    if args.no_render:
+        return 1 if failed else 0
+    bisects_file = args.out / "bisects.json"
+    bisects = json.loads(bisects_file.read_text()) if bisects_file.exists() else {}
+    support = collect(args.build, args.releases, bisects, committed)
+    if args.bisect:
+        bisects = bisect_transitions(support, args.out / "bisect", args.bisect_limit, log=log, models=args.bisect_models,
+                                     done=bisects)
+        from ..results import atomic_write
+
+        atomic_write(bisects_file, json.dumps(bisects, indent=1, sort_keys=True) + "\n")
+        support = collect(args.build, args.releases, bisects, committed)
+    paths = write_outputs(support, args.out)
+    log(f"atlas written: {', '.join(str(p) for p in paths)} ({len(support['releases'])} releases measured, "
+        f"{len(support['missing'])} missing)")
+    sys.stdout.flush()
+    return 1 if failed else 0

@@ -1,0 +1,138 @@
+"""The atlas's plan: its backends and checks, the releases (the latest patch of every minor from 4.44, from the
+package index or named), and the order missing releases are measured in (:func:`gap_order`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import PackcheckUsageError
+
+#: The backends of the atlas: the two dense-mask paths every release has, and the flash varlen path through the
+#: CPU reference kernel (``packcheck_flash_ref``; its floor is transformers 4.44).
+ATLAS_BACKENDS: tuple[str, ...] = ("eager", "sdpa", "packcheck_flash_ref")
+#: The oldest minor of the atlas (the varlen reference's floor).
+ATLAS_SINCE = "4.44"
+#: ``support.json`` schema version (reports/atlas/SCHEMA.md); bump on an incompatible change.
+SUPPORT_SCHEMA_VERSION = 1
+#: Marker written into a release's build folder once its run ended with a results file.
+DONE_MARKER = "atlas-done.json"
+
+
+def atlas_checks() -> tuple[str, ...]:
+    """The checks the atlas runs, from the registry: every default (non-training) check whose role decides a
+    cell (``correctness``) or is a stack hazard (``hazard``); the collator findings are left out."""
+    from ..checks.registry import DEFAULT_CHECKS, SPECS
+
+    return tuple(c for c in DEFAULT_CHECKS if SPECS[c].role in ("correctness", "hazard"))
+
+
+def _vkey(version: str) -> Any:
+    from packaging.version import Version
+
+    return Version(version)
+
+
+def latest_patches(releases: list[str], since: str = ATLAS_SINCE, until: str | None = None) -> list[str]:
+    """The latest patch release of every minor from ``since`` (e.g. "4.44") to ``until`` (default: the newest),
+    ascending. ``releases``: final, not yanked releases (:func:`pytest_packcheck.analysis.bisect.parse_simple_index`).
+
+    Raises:
+        PackcheckUsageError: ``since`` / ``until`` is not a version.
+    """
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        low = Version(since)
+        high = Version(until) if until else None
+    except InvalidVersion as exc:
+        raise PackcheckUsageError(f"--since / --until: {exc}: write a release such as 4.44 or 5.24.") from None
+    best: dict[tuple[int, int], Version] = {}
+    for text in releases:
+        v = Version(text)
+        if v.is_prerelease or v.is_devrelease or (v.major, v.minor) < (low.major, low.minor):
+            continue
+        if high is not None and (v.major, v.minor) > (high.major, high.minor):
+            continue
+        key = (v.major, v.minor)
+        if key not in best or v > best[key]:
+            best[key] = v
+    return [str(best[k]) for k in sorted(best)]
+
+
+def index_releases(since: str = ATLAS_SINCE, until: str | None = None) -> list[str]:
+    """:func:`latest_patches` of transformers from the package index (``$PACKCHECK_INDEX_URL`` or PyPI).
+
+    Raises:
+        PackcheckUsageError: the index cannot be reached.
+    """
+    from ..analysis.bisect import fetch_index_page, parse_simple_index
+
+    try:
+        page = fetch_index_page("transformers")
+    except PackcheckUsageError as exc:
+        raise PackcheckUsageError(str(exc).replace("bisect needs", "packcheck atlas needs")
+                                  + " Or name the releases with --releases 4.44.2,5.24.0.") from None
+    releases, _ = parse_simple_index(page)
+    return latest_patches(releases, since, until)
+
+
+def parse_release_list(text: str, source: str) -> list[str]:
+    """``"4.44.2,5.24.0"`` -> exact releases, ascending.
+
+    Raises:
+        PackcheckUsageError: an item is not an exact release (e.g. ``4.44`` or ``>=4.44``).
+    """
+    from packaging.version import InvalidVersion, Version
+
+    out = []
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            continue
+        try:
+            v = Version(item)
+        except InvalidVersion:
+            raise PackcheckUsageError(f"Release '{item}' (from {source}) is not a version: write exact releases such as "
+                                      "4.44.2,5.24.0 (or use --since / --until for every minor's latest patch).") from None
+        if len(v.release) < 3:
+            raise PackcheckUsageError(f"Release '{item}' (from {source}) names a minor, not a release: write its patch, "
+                                      f"e.g. {item}.0 (or use --since {item} --until {item} for its latest patch).")
+        out.append(str(v))
+    if not out:
+        raise PackcheckUsageError(f"{source} names no release: write e.g. 4.44.2,5.24.0.")
+    return sorted(dict.fromkeys(out), key=Version)
+
+
+def parse_shard(text: str, source: str) -> tuple[int, int]:
+    """``"2/4"`` -> (2, 4), as ``--packcheck-shard`` reads it.
+
+    Raises:
+        PackcheckUsageError: not I/N with 1 <= I <= N.
+    """
+    i, _, n = str(text).partition("/")
+    if not (i.isdigit() and n.isdigit() and 1 <= int(i) <= int(n)):
+        raise PackcheckUsageError(f"Bad shard '{text}' (from {source}): write I/N with 1 <= I <= N, e.g. {source} 2/4.")
+    return int(i), int(n)
+
+
+def gap_order(planned: list[str], measured: list[str]) -> list[str]:
+    """The releases of ``planned`` not in ``measured``, in the order that narrows the gaps between measured
+    releases fastest: the first release of a new major version first (the transition across a major is the one
+    users ask about most), then, repeatedly, the middle of the widest run of unmeasured minors (the oldest such
+    run on a tie), so each added release halves a gap and every transition found is between close releases."""
+    have = set(measured)
+    order = [v for v in planned if v not in have and _vkey(v).minor == 0 and _vkey(v).micro == 0
+             and any(_vkey(m).major < _vkey(v).major for m in have)]
+    have |= set(order)
+    while True:
+        runs: list[list[str]] = [[]]
+        for v in planned:
+            if v in have:
+                runs.append([])
+            else:
+                runs[-1].append(v)
+        widest = max(runs, key=len)
+        if not widest:
+            return order
+        pick = widest[(len(widest) - 1) // 2]
+        order.append(pick)
+        have.add(pick)

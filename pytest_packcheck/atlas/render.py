@@ -1,0 +1,185 @@
+"""``support.json`` rendered: ``atlas.md`` (read in a minute) and the self-contained ``atlas.html``."""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+from .releases import _vkey
+
+SYMBOL = {"pass": "✅", "fail": "❌", "fallback": "↩️", "unsupported": "🚫", "skipped": "⏭️", "error": "💥",
+          "timeout": "⏱️", "oom": "🧨"}
+
+
+def _label(entry: dict[str, Any]) -> str:
+    causes = ", ".join(c.replace("_", " ") for c in entry.get("causes", []))
+    return f"{SYMBOL.get(entry['verdict'], entry['verdict'])}{' ' + causes if causes else ''}"
+
+
+def _runs(row: dict[str, dict[str, Any]], order: list[str]) -> list[tuple[str, str, str]]:
+    """(first release, last release, label) of each run of equal verdict + causes along ``order``."""
+    runs: list[list[str]] = []
+    for version in order:
+        if version not in row:
+            continue
+        label = _label(row[version])
+        if runs and runs[-1][2] == label:
+            runs[-1][1] = version
+        else:
+            runs.append([version, version, label])
+    return [tuple(r) for r in runs]  # type: ignore[misc]
+
+
+def render_markdown(support: dict[str, Any]) -> str:
+    """atlas.md: coverage, per architecture one line per backend with its transitions, every transition with its
+    number and cause, then the architectures that never pass and why."""
+    order = [r["transformers"] for r in support["releases"]]
+    lines = ["# packcheck atlas: padding-free packing per architecture, backend and transformers release", "",
+             (f"Generated {support['generated']} by packcheck {support['packcheck_version']} (torch {support['torch']}, "
+             f"CPU, float32, tiny random models from each release's own configs). Backends: "
+             f"{', '.join(support['backends'])}; checks: {', '.join(support['checks'])} (hazards never decide a "
+             "verdict). Machine-readable: `support.json` (schema: `SCHEMA.md`); "
+             "`packcheck lookup MODEL_TYPE ATTN TRANSFORMERS_VERSION` answers from it."), "",
+             "## Coverage", "",
+             f"Measured releases: {', '.join(order) or 'none'}.",
+             f"Not measured yet: {', '.join(support['missing']) or 'none'}" + (" (resume: `packcheck atlas`)." if support["missing"] else "."),
+             "", "| release | architectures | cells | wall s | CPU s | s per (arch, backend) |", "|---|---|---|---|---|---|"]
+    for r in support["releases"]:
+        pairs = sum(1 for by in support["cells"].values() for b in by.values() if r["transformers"] in b)
+        per = f"{r['wall_s'] / pairs:.2f}" if r.get("wall_s") and pairs else "—"
+        lines.append(f"| {r['transformers']} | {r['architectures']} | {r['cells']} | {r.get('wall_s') or '—'} | "
+                     f"{r.get('cpu_s') or '—'} | {per} |")
+    lines += ["", "## Per architecture", "",
+              ("One line per backend: the verdict (and causes) over the measured releases, each run of equal verdict "
+              "with its first and last release."), ""]
+    for name in sorted(support["cells"]):
+        parts = []
+        for backend in support["backends"]:
+            row = support["cells"][name].get(backend)
+            if not row:
+                continue
+            runs = _runs(row, order)
+            text = "; ".join(f"{label} {a}" + (f" .. {b}" if b != a else "") for a, b, label in runs)
+            parts.append(f"- **{name}** / {backend}: {text}")
+        lines += parts
+    lines += ["", "## Transitions", "",
+              ("Every change of verdict or cause between two adjacent measured releases, with the number that backs "
+              "each side; `bisected` names the exact patch where one was run."), "",
+              "| architecture | backend | last before | first after | before | after | bisected |", "|---|---|---|---|---|---|---|"]
+    for t in support["transitions"]:
+        def side(s: dict[str, Any]) -> str:
+            num = f" ({s['check']} {s['number']:.1e})" if s.get("number") is not None and s.get("check") else ""
+            return _label(s) + num
+        b = t.get("bisected")
+        bis = f"{b['outcome']}: first {b.get('first')}, last {b.get('last')}" if b else "not yet"
+        lines.append(f"| {name_md(t['model_type'])} | {t['backend']} | {t['last_before']} | {t['first_after']} | "
+                     f"{side(t['before'])} | {side(t['after'])} | {bis} |")
+    if not support["transitions"]:
+        lines.append("| — | — | — | — | — | — | fewer than two measured releases share an architecture |")
+    lines += ["", "## Never pass", "", ("Architecture / backend pairs with no passing measured release, and why "
+              "(the causes and the message of the check that decided the newest release)."), ""]
+    for name in sorted(support["cells"]):
+        for backend in support["backends"]:
+            row = support["cells"][name].get(backend)
+            if not row or any(e["verdict"] == "pass" for e in row.values()):
+                continue
+            newest = max(row, key=_vkey)
+            e = row[newest]
+            why = e.get("message") or ", ".join(e.get("causes", [])) or e["verdict"]
+            lines.append(f"- **{name}** / {backend} ({newest}): {_label(e)}: {name_md(why)}")
+    lines += ["", "## Where packcheck itself stopped", "",
+              ("Entries whose cause is packcheck's own (the shrink it applies, a crash only its shrunk model shows, an "
+              "inconclusive probe): no verdict about the library. The issue's bar is none on any release."), ""]
+    own: dict[tuple[str, str], list[str]] = {}
+    for name in sorted(support["cells"]):
+        for backend in support["backends"]:
+            for version, e in support["cells"][name].get(backend, {}).items():
+                for cause in e.get("causes", []):
+                    if cause in OWN_CAUSES and e["verdict"] not in ("pass", "fail"):
+                        own.setdefault((version, cause), []).append(f"{name}/{backend}")
+    for (version, cause), items in sorted(own.items(), key=lambda kv: (_vkey(kv[0][0]), kv[0][1])):
+        archs = sorted({i.split("/")[0] for i in items})
+        lines.append(f"- {version} {cause.replace('_', ' ')}: {len(items)} (architecture, backend) of {len(archs)} "
+                     f"architectures: {', '.join(archs)}")
+    if not own:
+        lines.append("- none")
+    return "\n".join(lines) + "\n"
+
+
+#: Causes that are packcheck's own rather than the library's (the Markdown's "Where packcheck itself stopped").
+OWN_CAUSES = ("shrink_limit", "shrunk_crash", "probe_inconclusive")
+
+
+def name_md(text: str) -> str:
+    from ..report.text import escape_md
+
+    return escape_md(text)
+
+
+def render_html(support: dict[str, Any]) -> str:
+    """atlas.html: one self-contained page (no external asset), rows architecture x backend, columns releases,
+    cells coloured by verdict; clicking a cell shows its number, cause, message and the command to reproduce.
+    Each cell carries only its symbol and an index into one deduplicated JSON block (the page stays small at
+    40 releases x 200 architectures x 3 backends)."""
+    order = [r["transformers"] for r in support["releases"]]
+    classes = {"pass": "p", "fail": "f", "fallback": "b", "unsupported": "u", "skipped": "s", "error": "e", "timeout": "e", "oom": "e"}
+    entries: list[list[Any]] = []
+    index: dict[str, int] = {}
+    head = "".join(f"<th>{html.escape(v)}</th>" for v in order)
+    rows = []
+    for name in sorted(support["cells"]):
+        for backend in support["backends"]:
+            row = support["cells"][name].get(backend)
+            if not row:
+                continue
+            tds = []
+            for v in order:
+                e = row.get(v)
+                if e is None:
+                    tds.append("<td></td>")
+                    continue
+                # the message stays in support.json and atlas.md: the page carries verdict, causes and number only
+                item = [e["verdict"], e.get("causes", []), e.get("check"), e.get("number"), "", e.get("hazards", {})]
+                key = json.dumps(item, sort_keys=True)
+                if key not in index:
+                    index[key] = len(entries)
+                    entries.append(item)
+                tds.append(f"<td class={classes.get(e['verdict'], 'e')} data-i={index[key]}>{SYMBOL.get(e['verdict'], '?')}</td>")
+            rows.append(f"<tr data-a=\"{html.escape(name)}\" data-b={backend}><th>{html.escape(name)}</th><th>{backend}</th>{''.join(tds)}</tr>")
+    data = json.dumps({"releases": order, "entries": entries, "checks": list(support["checks"]),
+                       "backends": list(support["backends"])}, separators=(",", ":")).replace("</", "<\\/")
+    return ("<!doctype html><html><head><meta charset=\"utf-8\"><title>packcheck atlas</title><style>"
+            "body{font-family:sans-serif;font-size:13px}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
+            "padding:2px 5px;text-align:center}td[data-i]{cursor:pointer}.p{background:#8fd18f}.f{background:#f08080}"
+            ".b{background:#f5c26b}.u{background:#c8c8c8}.s{background:#eee}.e{background:#b48ae6}"
+            "#d{position:sticky;top:0;background:#ffffe0;border:1px solid #aa8;padding:6px;white-space:pre-wrap;"
+            "font-family:monospace;min-height:2em}</style></head><body>"
+            f"<h1>packcheck atlas</h1><p>Generated {html.escape(support['generated'])} by packcheck "
+            f"{html.escape(str(support['packcheck_version']))}, torch {html.escape(str(support['torch']))}, CPU float32. "
+            f"Not measured yet: {html.escape(', '.join(support['missing']) or 'none')}. Click a cell.</p>"
+            "<div id=\"d\">number, cause and reproduce command of the clicked cell</div>"
+            f"<table><tr><th>architecture</th><th>backend</th>{head}</tr>{''.join(rows)}</table>"
+            f"<script id=\"data\" type=\"application/json\">{data}</script>"
+            "<script>var D=JSON.parse(document.getElementById('data').textContent);"
+            "document.querySelector('table').onclick=function(ev){var td=ev.target.closest('td[data-i]');if(!td)return;"
+            "var tr=td.parentNode,e=D.entries[+td.dataset.i],v=D.releases[td.cellIndex-2],a=tr.dataset.a,b=tr.dataset.b;"
+            "var t=a+' / '+b+' @ transformers '+v+': '+e[0]+(e[1].length?' ('+e[1].join(', ')+')':'');"
+            "if(e[2])t+='\\n'+e[2]+(e[3]===null?'':' '+e[3]);if(e[4])t+='\\n'+e[4];"
+            "if(Object.keys(e[5]).length)t+='\\nhazards: '+JSON.stringify(e[5]);"
+            "t+='\\nreproduce: packcheck audit --models arch:'+a+' --versions transformers=='+v+' --packcheck-attn='+b+"
+            "' --packcheck-checks='+D.checks.join(',');document.getElementById('d').textContent=t;};</script></body></html>\n")
+
+
+def write_outputs(support: dict[str, Any], out: Path) -> list[Path]:
+    """Write support.json, atlas.md and atlas.html into ``out``."""
+    from ..results import atomic_write
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "support.json", out / "atlas.md", out / "atlas.html"]
+    atomic_write(paths[0], json.dumps(support, indent=None, separators=(",", ":"), sort_keys=True) + "\n")
+    atomic_write(paths[1], render_markdown(support))
+    atomic_write(paths[2], render_html(support))
+    return paths
