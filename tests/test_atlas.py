@@ -530,7 +530,7 @@ def _wheel(path: Path, name: str, pin: str, files: dict[str, str]) -> Path:
 
 
 def test_claims_are_read_from_the_wheels_and_judged_against_the_atlas(tmp_path, support_file):
-    from pytest_packcheck.claims import read_wheel, render_claims
+    from pytest_packcheck.atlas.claims import read_wheel, render_claims
 
     axolotl = read_wheel(_wheel(tmp_path / "axolotl.whl", "axolotl", "==5.24.0", {
         "axolotl/monkeypatch/multipack.py": 'SUPPORTED_MULTIPACK_MODEL_TYPES = ["llama", "opt", "nemotron_h", "qwen3"]\n',
@@ -558,7 +558,7 @@ def test_claims_are_read_from_the_wheels_and_judged_against_the_atlas(tmp_path, 
 
 
 def test_a_claim_on_a_leaking_model_does_not_hold(tmp_path):
-    from pytest_packcheck.claims import read_wheel, render_claims
+    from pytest_packcheck.atlas.claims import read_wheel, render_claims
 
     build = tmp_path / "build"
     _write_release(build, "5.24.0", [_cell("gpt_oss", "packcheck_flash_ref", "isolation", "fail", "leak", 0.31)])

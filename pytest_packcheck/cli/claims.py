@@ -15,7 +15,7 @@ def configure(claims: argparse.ArgumentParser) -> None:
 
 def run(ns: argparse.Namespace) -> int:
     """``packcheck claims``: read each peer wheel, judge its claims against the atlas, write the Markdown."""
-    from ..claims import read_wheel, render_claims
+    from ..atlas.claims import read_wheel, render_claims
     from ..results import atomic_write
     from ..support import load_support
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import PackcheckUsageError
+from ..errors import PackcheckUsageError
 
 
 @dataclass
