@@ -48,7 +48,8 @@ def run(ns: argparse.Namespace) -> int:
     from ..model.build import build_model
     from ..model.resolve import resolve_model
     from ..model.specs import parse_model_spec
-    from ..results import environment, probe_folder, write_set
+    from ..results import probe_folder, write_set
+    from ..results.environment import environment
     from ..run.throughput import load_targets, render_bench, run_bench, sample_lengths
 
     cuda = ns.device.startswith("cuda")
