@@ -103,15 +103,14 @@ def parse_release_list(text: str, source: str) -> list[str]:
 
 
 def parse_shard(text: str, source: str) -> tuple[int, int]:
-    """``"2/4"`` -> (2, 4), as ``--packcheck-shard`` reads it.
+    """``"2/4"`` -> (2, 4), as ``--packcheck-shard`` reads it (:func:`pytest_packcheck.config.options.parse_shard`).
 
     Raises:
         PackcheckUsageError: not I/N with 1 <= I <= N.
     """
-    i, _, n = str(text).partition("/")
-    if not (i.isdigit() and n.isdigit() and 1 <= int(i) <= int(n)):
-        raise PackcheckUsageError(f"Bad shard '{text}' (from {source}): write I/N with 1 <= I <= N, e.g. {source} 2/4.")
-    return int(i), int(n)
+    from ..config.options import parse_shard as parse
+
+    return parse(text, source, example=f"{source} 2/4")
 
 
 def gap_order(planned: list[str], measured: list[str]) -> list[str]:

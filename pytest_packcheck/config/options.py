@@ -124,15 +124,16 @@ def parse_timeout(value: Any, source: str) -> float:
     return timeout_s
 
 
-def parse_shard(value: Any, source: str) -> tuple[int, int]:
-    """``"2/4"`` -> (2, 4).
+def parse_shard(value: Any, source: str, example: str = f"{OPT_SHARD}=2/4") -> tuple[int, int]:
+    """``"2/4"`` -> (2, 4), as ``--packcheck-shard`` and ``packcheck atlas --shard`` read it. ``example``: the
+    spelling the error shows.
 
     Raises:
         PackcheckUsageError: not I/N with 1 <= I <= N.
     """
     i, _, n = str(value).partition("/")
     if not (i.isdigit() and n.isdigit() and 1 <= int(i) <= int(n)):
-        raise PackcheckUsageError(f"Bad shard '{value}' (from {source}): write I/N with 1 <= I <= N, e.g. {OPT_SHARD}=2/4.")
+        raise PackcheckUsageError(f"Bad shard '{value}' (from {source}): write I/N with 1 <= I <= N, e.g. {example}.")
     return int(i), int(n)
 
 
