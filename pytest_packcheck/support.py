@@ -18,6 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from .backends.table import FLASH_FAMILY, REFERENCE_BACKEND
 from .errors import PackcheckUsageError
 
 #: ``$PACKCHECK_SUPPORT_FILE`` overrides where :func:`lookup` reads the atlas.
@@ -26,9 +27,9 @@ SUPPORT_FILE_ENV = "PACKCHECK_SUPPORT_FILE"
 READABLE_SCHEMA = (1,)
 #: attn_implementation values answered from another measured column (the flash varlen path is measured on CPU
 #: through packcheck's reference kernel, which runs the release's own flash_attention_2 code path).
-ANSWERED_FROM = {"flash_attention_2": "packcheck_flash_ref", "flash_attention_3": "packcheck_flash_ref",
-                 "kernels-community/flash-attn": "packcheck_flash_ref", "kernels-community/flash-attn3": "packcheck_flash_ref",
-                 "packcheck_flash_torch_varlen": "packcheck_flash_ref"}
+#: Every flash-family backend of the backend table, and the Hub kernels transformers loads for the same path.
+ANSWERED_FROM = {**{name: REFERENCE_BACKEND for name in FLASH_FAMILY if name != REFERENCE_BACKEND},
+                 **{kernel: REFERENCE_BACKEND for kernel in ("kernels-community/flash-attn", "kernels-community/flash-attn3")}}
 
 
 def default_support_file() -> Path:
