@@ -131,14 +131,14 @@ def test_key_numbers_are_written_as_the_registry_says():
 
 
 def test_a_planted_unknown_key_format_is_refused(monkeypatch):
-    """The planted fault: a registry record naming a format the report does not have fails loudly."""
+    """The planted fault: a check record naming a key-number formatter that does not exist fails loudly."""
     import dataclasses
 
     from pytest_packcheck.checks.registry import SPECS
     from pytest_packcheck.report import key_number
 
-    monkeypatch.setitem(SPECS, "isolation", dataclasses.replace(SPECS["isolation"], key_metric=("max_change", "Δ", "sparkline")))
-    with pytest.raises(KeyError, match="sparkline"):
+    monkeypatch.setitem(SPECS, "isolation", dataclasses.replace(SPECS["isolation"], key_number_format="parity:sparkline"))
+    with pytest.raises(AttributeError, match="sparkline"):
         key_number(planted_cell("llama", "sdpa", "isolation", "pass", max_change=0.0))
 
 

@@ -116,8 +116,9 @@ def _check_run_inputs(path: Path, settings: Any) -> None:
     Raises:
         PackcheckUsageError: the first of them that does not hold.
     """
-    for name in ("packcheck-matrix.md", "packcheck-matrix.json", "packcheck-matrix.html", "packcheck-details.md",
-                 "packcheck-journal.jsonl"):
+    from ..report.formats import REPORT_FILES
+
+    for name in (*REPORT_FILES, "packcheck-journal.jsonl"):
         if (path / name).is_dir():
             raise PackcheckUsageError(
                 f"'{path / name}' (in --packcheck-report-dir) is a directory: packcheck writes a file there; "

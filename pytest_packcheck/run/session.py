@@ -255,7 +255,9 @@ class PackcheckSession:
         looks current, and return the one line that says so."""
         out = Path(self.settings.report_dir)
         removed = []
-        for name in ("packcheck-matrix.md", "packcheck-matrix.json", "packcheck-matrix.html", "packcheck-details.md"):
+        from ..report.formats import REPORT_FILES
+
+        for name in REPORT_FILES:
             with contextlib.suppress(OSError):
                 (out / name).unlink()
                 removed.append(name)
