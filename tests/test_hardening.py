@@ -377,7 +377,8 @@ def test_a_token_inside_a_results_file_from_elsewhere_is_not_printed_by_gate(tmp
 
 
 @pytest.mark.parametrize("override, value", [("hidden_size", "0"), ("num_hidden_layers", "-2"), ("vocab_size", str(10**9)),
-                                             ("text_config.num_attention_heads", "0"), ("head_dim", "-1")])
+                                             ("text_config.num_attention_heads", "0"), ("head_dim", "-1"),
+                                             ("max_position_embeddings", "0")])
 def test_an_absurd_size_is_refused_not_shrunk_away(override, value):
     from pytest_packcheck.model.resolve import resolve_model
     from pytest_packcheck.model.specs import parse_model_list

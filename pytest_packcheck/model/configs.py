@@ -63,7 +63,9 @@ def _sub_configs(config: Any) -> list[tuple[str, Any]]:
 #: bounds are 16x to 64x the largest released checkpoints (vocabulary 262,144: Gemma 3; hidden 16,384 and 126
 #: layers: Llama 3.1 405B; 128 heads: DeepSeek-V3).
 SIZE_BOUNDS = {"vocab_size": 2**24, "hidden_size": 2**18, "intermediate_size": 2**20, "num_hidden_layers": 2**12,
-               "num_attention_heads": 2**12, "num_key_value_heads": 2**12, "head_dim": 2**12}
+               "num_attention_heads": 2**12, "num_key_value_heads": 2**12, "head_dim": 2**12,
+               # a context of 0 positions cannot hold the probe row (the shrink raised it quietly before)
+               "max_position_embeddings": 2**24}
 
 
 def refuse_absurd_sizes(config: Any, spec: ModelSpec, source: str) -> None:
