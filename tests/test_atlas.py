@@ -588,3 +588,13 @@ def test_readme_packed_mask_finding_agrees_with_the_committed_atlas():
     # on 4.44 loss_parity crashes (the forward takes no num_items_in_batch, as the README says): an error verdict
     # that still names the leak the other checks measured
     assert all(e["verdict"] in ("fail", "error") and "leak" in e["causes"] for e in before.values()), before
+
+
+def test_a_folder_not_named_as_a_release_is_skipped_not_sorted_against_releases(tmp_path):
+    """A stray folder in the build dir (``x`` beside ``4.57.6``) is not a release: collect skips it (it used to be
+    sorted against the releases' versions and raise TypeError)."""
+    from pytest_packcheck.atlas.collect import _release_docs
+
+    for name in ("x", "notes", "4.57.6", "5.24.0"):
+        (tmp_path / name).mkdir()
+    assert _release_docs(tmp_path) == []  # no folder is finished: nothing to reduce, and no TypeError

@@ -69,9 +69,10 @@ def _release_docs(build: Path) -> list[tuple[str, dict[str, Any], dict[str, Any]
     found: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
     if not Path(build).is_dir():  # a fresh checkout: nothing measured here yet
         return found
-    for folder in sorted((p for p in Path(build).iterdir() if p.is_dir()), key=lambda p: _safe_key(p.name)):
-        if _safe_key(folder.name) is None:
-            continue
+    # a folder that is not named as a release (a user's, an editor's) is not one: skipped before sorting, since
+    # None does not order against a Version
+    releases = [p for p in Path(build).iterdir() if p.is_dir() and _safe_key(p.name) is not None]
+    for folder in sorted(releases, key=lambda p: _safe_key(p.name)):
         parts = [folder] if is_done(folder) else sorted(p for p in folder.glob("shard-*") if is_done(p))
         if not parts:
             continue
@@ -292,7 +293,7 @@ def shows(entry: dict[str, Any] | None, cause: str) -> bool:
 
 
 def known_fault_agreement(support: dict[str, Any], faults: list[Any]) -> list[dict[str, Any]]:
-    """Each known fault (:class:`pytest_packcheck.diagnose.KnownFault`) against the atlas, per measured release:
+    """Each known fault (:class:`pytest_packcheck.analysis.diagnose.KnownFault`) against the atlas, per measured release:
     ``agrees``, ``disagrees`` (with what was measured) or ``not_checkable`` (why: a TRL window, checks or
     backends the atlas does not run, no measured release on the relevant side).
 

@@ -1,6 +1,6 @@
 """``packcheck bench``: train the same examples padded and packed; report tokens/s, memory and the speedup.
 
-Packed vs padded training steps on synthetic token ids with a length profile (:mod:`pytest_packcheck.bench`).
+Packed vs padded training steps on synthetic token ids with a length profile (:mod:`pytest_packcheck.run.throughput`).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ the dtype the forward computes in (:class:`_ComputeProbe`: autocast read inside 
 weights, the LM head's output; ``audit/tolerances.toml``: ``logits_atol``, ``loss_atol``); attention calls
 counted per backend. A mismatch is rerun with each suspect removed (no attention_mask, use_cache=False, M-RoPE
 layout, plain position_ids), then an isolation probe separates ``leak`` from ``wrong_positions`` and a float32
-rerun decides the numerics band, with the cause codes and remedies of :mod:`pytest_packcheck.diagnose`. A batch
+rerun decides the numerics band, with the cause codes and remedies of :mod:`pytest_packcheck.analysis.diagnose`. A batch
 of packed rows is judged row by row and together (``batch_rows``).
 
 Modules, in the order a batch meets them: :mod:`.batch` (the batch contract, :func:`parse_row`), :mod:`.precision`

@@ -39,7 +39,7 @@ class GuardResult:
 
     ``verdict``: "pass", "fail", "fallback" (numbers agree but attention ran on another backend than
     requested) or "skipped" (nothing judged: one example in the row, no labelled token, or a batch that is not
-    packed; ``evidence`` says which). ``cause``: a code of :data:`pytest_packcheck.diagnose.CAUSES` (None on a
+    packed; ``evidence`` says which). ``cause``: a code of :data:`pytest_packcheck.analysis.diagnose.CAUSES` (None on a
     pass) and ``remedy`` its one-line fix; a broken batch contract names its items' codes in ``causes``.
     ``dtype``: the tolerance row, from how the forward computed (``dtype_source``, e.g. "autocast bfloat16
     over float32 weights").
