@@ -52,7 +52,7 @@ MUTANTS = [
  ("exception escapes", '    except Exception as exc:  # noqa: BLE001 - the model refuses the batch as given: a verdict, with the exception', '    except ZeroDivisionError as exc:', "int64"),
  ("cu dtype not contract", '        if not contract_cause and any(n.startswith("cu_seq_lens") for n in row.notes):', '        if False:', "int64"),
  ("stateful unnamed", 'if stateful and not attention["boundaries_missing"]:', 'if False:', "stateful_layers"),
- ("refusal is a crash", 'if stateful_layers(model) and any(m in str(exc) for m in _STATEFUL_REFUSALS):', 'if False:', "stateful_layers_refused"),
+ ("refusal is a crash", 'if stateful_layers(model) and any(m in str(exc) for m in STATEFUL_REFUSALS):', 'if False:', "stateful_layers_refused"),
  ("rows unseen", '    if not bool(restarts.any()):\n        return None', '    if True:\n        return None', "packed_rows"),
  ("rows together unread", 'if batched is not None and not batched <= result.tolerance["logits_atol"]:', 'if False:', "packed_rows"),
  ("fused keeps cache", '        cache = False  # trl 1.16 add_fused_lm_head', '        pass  # trl 1.16 add_fused_lm_head', "fused_lm_head_runs"),
