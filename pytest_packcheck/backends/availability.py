@@ -27,7 +27,6 @@ class BackendAvailability:
     status: str = "skipped"
 
 
-
 def backend_availability(name: str, device: str = "cpu") -> BackendAvailability:
     """Tell whether ``name`` can run on ``device`` with the installed libraries: each of its record's
     :attr:`~.table.Backend.needs`, in order, and its backward pass (:attr:`~.table.Backend.backward_on_cpu`).

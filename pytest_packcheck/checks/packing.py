@@ -38,8 +38,6 @@ def check_packing_content(wb: Any) -> CheckResult:
     return CheckResult("pass", metrics, f"trl {trl.__version__}: {summary}")
 
 
-
-
 CONTENT_PROBES = {"mixed": ((40, 10, 70, 25, 5, 90), 64), "tails": ((13, 11), 10)}
 
 

@@ -342,7 +342,6 @@ def check_grad_parity(wb: Workbench) -> CheckResult:
     return CheckResult("pass", metrics, f"grad rel err {_fmt(rel)}, cosine {cos:.7f} over {len(params)} tensors")
 
 
-
 def check_causality(wb: Workbench) -> CheckResult:
     """For each example of the packed row, perturb its last token alone; no position before it (in that example or
     an earlier one) may move (<= ``isolation_atol``), while the perturbed position's own logits must (>= ``leak_min``:
@@ -372,7 +371,6 @@ def check_causality(wb: Workbench) -> CheckResult:
         return CheckResult("error", metrics, f"probe inconclusive: the perturbed tokens' own logits moved only {_fmt(own)}",
                            cause="probe_inconclusive", evidence={"perturbed_position_change": own})
     return CheckResult("pass", metrics, f"earlier positions moved {_fmt(change)} (the perturbed ones {_fmt(own)})")
-
 
 
 def check_edge_lengths(wb: Workbench) -> CheckResult:

@@ -35,8 +35,6 @@ def stateful_layers(model: Any) -> list[str]:
     return sorted(names)
 
 
-
-
 def leak_probe(wb: Workbench) -> dict[str, Any]:
     """The isolation probe, once per workbench (cached): perturb every token of the first example and measure
     how far the other examples' logits move (``max_change``); the same on the row with plain 0..n-1
@@ -172,8 +170,6 @@ def window_probe(wb: Workbench) -> dict[str, Any] | None:
         wb._cache[key] = {"sliding_window": window, "max_abs_diff_within_window":
                              max(float((row[sl] - ref).abs().max()) for sl, ref in zip(offsets, solo, strict=True))}
     return wb._cache[key]
-
-
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -187,8 +187,6 @@ def _check_sft_strategies(sft: _Sft) -> CheckResult:
     return _verdict(metrics, summary, summary)
 
 
-
-
 def key_number_strategies(metrics: dict[str, Any]) -> str | None:
     """sft_strategies' key number: the worst N-step loss delta over the judged strategies (wrapped is shown, not
     judged); "" when none ran, None for a result without strategies."""

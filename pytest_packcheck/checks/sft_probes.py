@@ -318,8 +318,6 @@ def _packed_run(sft: _Sft, trainer: Any, requested: dict[str, Any], label: str,
     return metrics, summary, run
 
 
-
-
 def completion_pairs() -> list[dict[str, str]]:
     """The prompt-completion pairs of the completion-only probes: each of :data:`SENTENCES` split after its second word."""
     return [{"prompt": " ".join(t.split(" ")[:2]), "completion": " " + " ".join(t.split(" ")[2:] or ["end."])} for t in SENTENCES]

@@ -163,9 +163,6 @@ def capture_warnings() -> Iterator[list[str]]:
             messages.extend(str(w.message) for w in caught)
 
 
-
-
-
 #: Rows of the edge-length probe: one-token examples (two adjacent), an example exactly at the sliding window
 #: (``w``, replaced by the window or 8), and one example much longer than the rest.
 EDGE_ROWS = ((1, 1, 9), ("w", 5), (40, 2, 3))

@@ -80,8 +80,6 @@ def cause_and_remedy(result: Any) -> tuple[str | None, str | None]:
         return cause, None
 
 
-
-
 class PackcheckCollector(pytest.Collector):
     """Parent node of the packcheck items (they are planned from the options, not from files)."""
 
