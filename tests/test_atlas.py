@@ -315,6 +315,44 @@ def test_lookup_measured_unknown_architecture_and_a_release_between_two_measured
     assert flash.measured and flash.backend == "packcheck_flash_ref" and any("no TRL axis" in n for n in flash.notes)
 
 
+def test_lookup_between_two_measured_releases_uses_the_bisect_that_places_the_transition(tmp_path):
+    """llama / sdpa leaks on 4.52.4 and passes on 5.24.0; a bisect found the fix in 4.53.1 (last bad 4.53.0):
+    4.56.2 gets the good side's verdict "from bisect", 4.53.0 the bad side's, a release the bisect does not place
+    (between its last and first: 4.53.1 here when the bisect jumped to 4.53.2) and a transition without a bisect stay
+    "not measured" with both neighbours; neighbours that agree say so; an unknown architecture names the closest."""
+    _planted_atlas(tmp_path / "build")
+    key = "llama|sdpa|4.52.4|5.24.0"
+    found = {"outcome": "found", "first": "4.53.1", "last": "4.53.0", "cell": "llama-sdpa-isolation-float32", "cause": None,
+             "file": "reports/atlas/bisect/llama.json", "summary": "first fixed: 4.53.1 (last bad: 4.53.0)"}
+    A.write_outputs(A.collect(tmp_path / "build", bisects={key: found}), tmp_path / "out")
+    path = tmp_path / "out" / "support.json"
+    after = lookup("llama", "sdpa", "4.56.2", path=path)
+    assert not after.measured and after.answered and after.verdict == "pass" and after.measured_at == "5.24.0"
+    assert "bisect of llama-sdpa-isolation-float32: first 4.53.1, last 4.53.0" in after.inferred_from
+    assert "not measured at this release: from bisect" in str(after) and [n["transformers"] for n in after.nearest] == ["4.52.4", "5.24.0"]
+    for version in ("4.53.1", "5.0.0rc1"):
+        assert lookup("llama", "sdpa", version, path=path).verdict == "pass"
+    before = lookup("llama", "sdpa", "4.53.0", path=path)
+    assert before.verdict == "fail" and before.causes == ["leak"] and before.measured_at == "4.52.4" and before.number == 0.28
+    # the bisect's first and last are not adjacent (4.53.1 yanked, say): 4.53.1 is not placed
+    A.write_outputs(A.collect(tmp_path / "build", bisects={key: {**found, "first": "4.53.2"}}), tmp_path / "gap")
+    gap = lookup("llama", "sdpa", "4.53.1", path=tmp_path / "gap" / "support.json")
+    assert not gap.answered and gap.verdict is None and "its bisect does not place it (last 4.53.0, first 4.53.2)" in " ".join(gap.notes)
+    # no bisect, or one that found no patch: not measured, both neighbours named
+    A.write_outputs(A.collect(tmp_path / "build", bisects={key: {**found, "outcome": "endpoints"}}), tmp_path / "nofind")
+    for folder, why in (("out", None), ("nofind", "its bisect found no patch (endpoints)")):
+        answer = lookup("opt" if why is None else "llama", "sdpa", "4.56.2", path=tmp_path / folder / "support.json")
+        assert not answer.answered and [(n["transformers"], n["side"]) for n in answer.nearest] == [("4.52.4", "below"), ("5.24.0", "above")]
+        assert ("not bisected yet" if why is None else why) in " ".join(answer.notes)
+    agree = lookup("llama", "packcheck_flash_ref", "4.56.2", path=path)
+    assert not agree.answered and "both neighbours agree (pass)" in " ".join(agree.notes)
+    unknown = lookup("llamma", "sdpa", "4.56.2", path=path)
+    assert not unknown.answered and not unknown.nearest and "Did you mean 'llama'" in " ".join(unknown.notes)
+    cli = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "lookup", "llama", "sdpa", "4.56.2", "--support-file", str(path)],
+                         capture_output=True, text=True, check=False, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert cli.returncode == 0 and "pass" in cli.stdout.splitlines()[0] and "from bisect" in cli.stdout
+
+
 def test_lookup_bad_inputs_are_one_line_errors(support_file, tmp_path):
     with pytest.raises(PackcheckUsageError, match="transformers version 'new' is not a version"):
         lookup("llama", "sdpa", "new", path=support_file)
