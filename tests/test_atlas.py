@@ -693,3 +693,103 @@ def test_the_committed_atlas_names_mamba_kernels_as_a_missing_package_once_relab
     mamba = [(a, b, v, e) for a, by in support["cells"].items() for b, row in by.items() for v, e in row.items()
              if "Fast Mamba kernels" in e.get("message", "")]
     assert mamba and all(e["verdict"] == "skipped" and "mamba-ssm / causal-conv1d" in e["message"] for *_, e in mamba), mamba
+
+
+def test_a_peer_package_without_the_file_its_reader_reads_is_a_claimless_entry_with_the_reason(tmp_path, support_file):
+    """An axolotl wheel without axolotl/utils/schemas/enums.py raised KeyError out of the reader (a traceback of
+    packcheck claims); now the peer is listed with no claims and the file named."""
+    from pytest_packcheck.atlas.claims import read_wheel, render_claims
+
+    peer = read_wheel(_wheel(tmp_path / "axolotl.whl", "axolotl", "==5.24.0", {
+        "axolotl/monkeypatch/multipack.py": 'SUPPORTED_MULTIPACK_MODEL_TYPES = ["llama"]\n'}))
+    assert peer.claims == [] and peer.reason == "file axolotl/utils/schemas/enums.py not in axolotl.whl (axolotl 1.0)"
+    no_literal = read_wheel(_wheel(tmp_path / "axolotl2.whl", "axolotl", "==5.24.0", {"axolotl/monkeypatch/multipack.py": "X = 1\n"}))
+    assert no_literal.claims == [] and "has no SUPPORTED_MULTIPACK_MODEL_TYPES literal" in no_literal.reason
+    md = render_claims([peer], load_support(support_file))
+    assert "## axolotl 1.0" in md and "No claims read: file axolotl/utils/schemas/enums.py not in axolotl.whl (axolotl 1.0)." in md
+
+
+def test_verl_and_unsloth_claims_from_their_packages_sdist_included(tmp_path, support_file):
+    """verl: remove padding for every model on the flash path (judged, the model types its monkey patch names
+    excluded), those types on verl's own forward patch (not judged); unsloth: its padding-free blocklist (refusals,
+    judged) and packing for the rest on its own varlen attention (not judged). An sdist reads as its wheel."""
+    import io
+    import tarfile
+
+    from pytest_packcheck.atlas.claims import claim_groups, judge, read_wheel, render_claims
+
+    verl_files = {
+        "verl/workers/config/model.py": "class C:\n    use_remove_padding: bool = True\n",
+        "verl/models/transformers/monkey_patch.py": '''
+            def apply_monkey_patch(model, use_remove_padding=True):
+                if model.config.model_type in ["qwen3", "qwen2_vl"]:
+                    Q.forward = f
+                elif model.config.model_type == "glm4v":
+                    G.forward = g
+                if use_remove_padding:
+                    flash_attention._flash_attention_forward = h
+            '''}
+    sdist = tmp_path / "verl-1.0.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tar:
+        for name, text in {"PKG-INFO": "Name: verl\nVersion: 1.0\nRequires-Dist: transformers<=5.24.0\n", **verl_files}.items():
+            data = textwrap.dedent(text).encode()
+            info = tarfile.TarInfo(f"verl-1.0/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    verl = read_wheel(sdist)
+    assert verl.transformers_pin == "<=5.24.0" and not verl.reason
+    assert [(c.model_type, c.line, bool(c.own_code)) for c in verl.claims] == [("*", 2, False), ("qwen3", 3, True), ("qwen2_vl", 3, True), ("glm4v", 5, True)]
+    assert "monkey_patch.py:8 replaces transformers' _flash_attention_forward" in verl.claims[0].note
+    support = load_support(support_file)
+    star = judge(verl.claims[0], support, "5.24.0", frozenset({"qwen3", "qwen2_vl", "glm4v"}))
+    assert star["holds"] is True and {t for t, *_ in star["answers"]} == {"llama"}  # qwen3 (sdpa only) excluded anyway
+    unsloth = read_wheel(_wheel(tmp_path / "unsloth.whl", "unsloth", "<=5.24.0", {
+        "unsloth/trainer.py": 'PADDING_FREE_BLOCKLIST = {"gpt_oss", "llama"}\nblocked = (\n    False\n)\n',
+        "unsloth/utils/hf_packed_attention.py": "def enable_hf_packed_attention(): pass\n"}))
+    assert [(c.model_type, c.supported, c.line) for c in unsloth.claims] == [("*", True, 2), ("gpt_oss", False, 1), ("llama", False, 1)]
+    groups = claim_groups([judge(c, support, "5.24.0") for c in unsloth.claims])
+    assert [c["claim"].model_type for c in groups["Refused, and measured safe on stock transformers"]] == ["llama"]
+    assert [c["claim"].model_type for c in groups["Rest on the peer's own patch or kernel"]] == ["*"]
+    md = render_claims([verl, unsloth], support)
+    assert "Sdist `verl-1.0.tar.gz`" in md and "Counts: 1 hold, 0 do not hold, 0 refused but measured safe, 3 rest on the peer's own patch or kernel" in md
+    assert "Counts: 0 hold, 0 do not hold, 1 refused but measured safe, 1 rest on the peer's own patch or kernel, 1 not judged." in md
+
+
+def test_cli_claims_checks_the_support_file_before_downloading(tmp_path):
+    """A bad --support-file is a one-line usage error before any peer is downloaded (pip is a guard that fails
+    the test if it runs); no package at all is one too."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PATH": f"{bin_dir}:{os.environ['PATH']}", "PIP_INDEX_URL": "http://127.0.0.1:9"}
+    for args, needle in ((["--download", "axolotl", "--download-dir", str(tmp_path / "peers"), "--support-file", str(tmp_path / "none.json")],
+                          "does not exist"), ([], "needs peer packages")):
+        proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "claims", *args], capture_output=True, text=True,
+                              check=False, env=env, timeout=120)
+        assert proc.returncode == 2 and needle in proc.stderr and proc.stderr.strip().count("\n") == 0, proc.stderr
+    assert not (tmp_path / "peers").exists()
+
+
+def test_claims_download_names_each_peers_package_and_a_failure(tmp_path, monkeypatch):
+    """--download: pip download --no-deps per peer; the file it saved (or one already there) is read; a peer pip
+    cannot fetch is a one-line usage error naming it. pip stands in (no index)."""
+    from pytest_packcheck.cli import claims as cli
+
+    calls = []
+
+    def pip(args, **kw):
+        calls.append(args[3:])
+        peer, dest = args[-1], Path(args[args.index("--dest") + 1])
+        if peer == "nope":
+            return subprocess.CompletedProcess(args, 1, "", "ERROR: No matching distribution found for nope\n")
+        if peer == "verl":  # pip found it already there
+            return subprocess.CompletedProcess(args, 0, "File was already downloaded verl-0.9.1-py3-none-any.whl\n", "")
+        (dest / "ms_swift-4.6.0-py3-none-any.whl").write_bytes(b"")
+        return subprocess.CompletedProcess(args, 0, f"Saved {dest}/ms_swift-4.6.0-py3-none-any.whl\n", "")
+
+    monkeypatch.setattr(subprocess, "run", pip)
+    (tmp_path / "verl-0.9.1-py3-none-any.whl").write_bytes(b"")
+    got = cli.download(["ms-swift", "verl"], tmp_path)
+    assert [p.name for p in got] == ["ms_swift-4.6.0-py3-none-any.whl", "verl-0.9.1-py3-none-any.whl"]
+    assert calls[0] == ["download", "--no-deps", "--dest", str(tmp_path), "ms-swift"]
+    with pytest.raises(PackcheckUsageError, match="Peer 'nope' .* could not be downloaded: ERROR: No matching distribution found for nope"):
+        cli.download(["nope"], tmp_path)
