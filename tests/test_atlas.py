@@ -401,11 +401,19 @@ def test_every_known_fault_window_agrees_with_the_committed_atlas():
     the atlas as its evidence."""
     from pytest_packcheck.analysis.diagnose import load_known_faults
 
-    results = A.known_fault_agreement(load_support(), load_known_faults())
+    support, faults = load_support(), load_known_faults()
+    results = A.known_fault_agreement(support, faults)
     bad = [r for r in results if r["status"] == "disagrees"]
     assert not bad, bad
     checked = {r["id"] for r in results if r["status"] == "agrees"}
     assert {"cache-disables-packed-mask", "attention-mask-overrides-packing", "stateful-layers-mix-examples"} <= checked
+    # every transformers window on an atlas check and backend is checked (on each release where a matching
+    # architecture is measured): a new entry the atlas can see is never left out silently
+    checkable = {f.id for f in faults if f.library == "transformers" and set(f.checks) & set(support["checks"])
+                 and ("*" in f.backends or set(f.backends) & set(support["backends"]))}
+    assert checked == checkable, checkable ^ checked
+    assert all(r["why"] == "no matching (architecture, backend) measured" for r in results
+               if r["id"] in checkable and r["status"] == "not_checkable")
 
 
 def test_a_wrong_known_fault_window_disagrees_with_the_atlas(support_file):
