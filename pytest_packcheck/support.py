@@ -49,7 +49,11 @@ class Answer:
     fail / unsupported / error / ...), ``causes`` (packcheck cause codes, worst first), ``check`` and ``number``
     (the check that decided it and its key number: max |Δ logits| or the like, float32 units of the logits /
     loss) and ``measured_at``. Not measured: ``nearest`` holds the closest measured releases below and above
-    with their verdicts. ``where``: the support file, its generation date, and the command that reproduces it."""
+    with their verdicts; where a bisect record places the transition between them (``support.json``
+    ``transitions[].bisected``), ``verdict`` / ``causes`` / ``check`` / ``number`` are the side this release lies
+    on, ``measured_at`` the release that side was measured at, and ``inferred_from`` names the bisect (its cell,
+    first / last release and file). ``where``: the support file, its generation date, and the command that
+    reproduces it."""
 
     model_type: str
     attn_implementation: str
@@ -66,6 +70,12 @@ class Answer:
     where: str = ""
     reproduce: str = ""
     notes: list[str] = field(default_factory=list)
+    inferred_from: str = ""
+
+    @property
+    def answered(self) -> bool:
+        """Measured at this release, or placed on one side of a bisected transition."""
+        return self.measured or bool(self.inferred_from)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -76,6 +86,11 @@ class Answer:
             num = f" ({self.check} {self.number:.1e})" if self.number is not None and self.check else ""
             why = f" [{', '.join(self.causes)}]" if self.causes else ""
             text = head + f"{self.verdict}{why}{num}, measured at {self.measured_at} on {self.backend}"
+        elif self.inferred_from:
+            num = f" ({self.check} {self.number:.1e})" if self.number is not None and self.check else ""
+            why = f" [{', '.join(self.causes)}]" if self.causes else ""
+            text = head + (f"{self.verdict}{why}{num}, not measured at this release: from {self.inferred_from}; "
+                           f"the verdict measured at {self.measured_at} on {self.backend}")
         else:
             near = "; ".join(f"{n['transformers']}: {n['verdict']}" + (f" [{', '.join(n['causes'])}]" if n.get("causes") else "")
                              for n in self.nearest)
@@ -172,8 +187,48 @@ def lookup(model_type: str, attn_implementation: str, transformers_version: str,
     if below and above and _same(row[below[-1]], row[above[0]]):
         notes.append(f"both neighbours agree ({row[below[-1]]['verdict']}); the atlas records no transition between them")
     elif below and above:
-        notes.append(f"the verdict changes between {below[-1]} and {above[0]}: this release is on one side of it")
+        side = _bisected_side(doc, model_type, backend, below[-1], above[0], wanted)
+        if side is not None:
+            version, inferred = side
+            entry = row[version]
+            return Answer(**base, measured=False, verdict=entry["verdict"], causes=list(entry.get("causes", [])),
+                          check=entry.get("check"), number=entry.get("number"), message=entry.get("message", ""),
+                          measured_at=version, backend=backend, nearest=nearest, notes=notes, inferred_from=inferred)
+        record = _transition(doc, model_type, backend, below[-1], above[0], "bisected")
+        why = ("not bisected yet" if not record else f"its bisect found no patch ({record.get('outcome')})"
+               if record.get("outcome") != "found" else
+               f"its bisect does not place it (last {record.get('last')}, first {record.get('first')})")
+        notes.append(f"the verdict changes between {below[-1]} and {above[0]}: this release is on one side of it; {why}")
     return Answer(**base, measured=False, nearest=nearest, backend=backend, notes=notes)
+
+
+def _transition(doc: dict[str, Any], model_type: str, backend: str, before: str, after: str, key: str | None = None) -> Any:
+    """The support document's transition of (``model_type``, ``backend``) from ``before`` to ``after`` (or its
+    ``key`` field), None when there is none."""
+    t = next((t for t in doc.get("transitions", []) if (t["model_type"], t["backend"], t["last_before"], t["first_after"])
+              == (model_type, backend, before, after)), None)
+    return t if t is None or key is None else t.get(key)
+
+
+def _bisected_side(doc: dict[str, Any], model_type: str, backend: str, before: str, after: str,
+                   wanted: Any) -> tuple[str, str] | None:
+    """(measured release whose verdict ``wanted`` shares, the bisect named) when a found bisect of the transition
+    ``before`` -> ``after`` places ``wanted``: at or after its ``first`` release (the newer side's behaviour) -> ``after``,
+    at or before its ``last`` -> ``before``. None when the transition was not bisected, the bisect found no patch,
+    or ``wanted`` lies strictly between ``last`` and ``first`` (a yanked or unprobed release)."""
+    from packaging.version import Version
+
+    record = _transition(doc, model_type, backend, before, after, "bisected")
+    if not record or record.get("outcome") != "found" or not record.get("first") or not record.get("last"):
+        return None
+    first, last = Version(record["first"]), Version(record["last"])
+    side = after if wanted >= first else before if wanted <= last else None
+    if side is None:
+        return None
+    what = f"bisect of {record.get('cell', model_type)}: first {record['first']}, last {record['last']}"
+    if record.get("file"):
+        what += f" ({record['file']})"
+    return side, what
 
 
 def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:

@@ -315,6 +315,44 @@ def test_lookup_measured_unknown_architecture_and_a_release_between_two_measured
     assert flash.measured and flash.backend == "packcheck_flash_ref" and any("no TRL axis" in n for n in flash.notes)
 
 
+def test_lookup_between_two_measured_releases_uses_the_bisect_that_places_the_transition(tmp_path):
+    """llama / sdpa leaks on 4.52.4 and passes on 5.24.0; a bisect found the fix in 4.53.1 (last bad 4.53.0):
+    4.56.2 gets the good side's verdict "from bisect", 4.53.0 the bad side's, a release the bisect does not place
+    (between its last and first: 4.53.1 here when the bisect jumped to 4.53.2) and a transition without a bisect stay
+    "not measured" with both neighbours; neighbours that agree say so; an unknown architecture names the closest."""
+    _planted_atlas(tmp_path / "build")
+    key = "llama|sdpa|4.52.4|5.24.0"
+    found = {"outcome": "found", "first": "4.53.1", "last": "4.53.0", "cell": "llama-sdpa-isolation-float32", "cause": None,
+             "file": "reports/atlas/bisect/llama.json", "summary": "first fixed: 4.53.1 (last bad: 4.53.0)"}
+    A.write_outputs(A.collect(tmp_path / "build", bisects={key: found}), tmp_path / "out")
+    path = tmp_path / "out" / "support.json"
+    after = lookup("llama", "sdpa", "4.56.2", path=path)
+    assert not after.measured and after.answered and after.verdict == "pass" and after.measured_at == "5.24.0"
+    assert "bisect of llama-sdpa-isolation-float32: first 4.53.1, last 4.53.0" in after.inferred_from
+    assert "not measured at this release: from bisect" in str(after) and [n["transformers"] for n in after.nearest] == ["4.52.4", "5.24.0"]
+    for version in ("4.53.1", "5.0.0rc1"):
+        assert lookup("llama", "sdpa", version, path=path).verdict == "pass"
+    before = lookup("llama", "sdpa", "4.53.0", path=path)
+    assert before.verdict == "fail" and before.causes == ["leak"] and before.measured_at == "4.52.4" and before.number == 0.28
+    # the bisect's first and last are not adjacent (4.53.1 yanked, say): 4.53.1 is not placed
+    A.write_outputs(A.collect(tmp_path / "build", bisects={key: {**found, "first": "4.53.2"}}), tmp_path / "gap")
+    gap = lookup("llama", "sdpa", "4.53.1", path=tmp_path / "gap" / "support.json")
+    assert not gap.answered and gap.verdict is None and "its bisect does not place it (last 4.53.0, first 4.53.2)" in " ".join(gap.notes)
+    # no bisect, or one that found no patch: not measured, both neighbours named
+    A.write_outputs(A.collect(tmp_path / "build", bisects={key: {**found, "outcome": "endpoints"}}), tmp_path / "nofind")
+    for folder, why in (("out", None), ("nofind", "its bisect found no patch (endpoints)")):
+        answer = lookup("opt" if why is None else "llama", "sdpa", "4.56.2", path=tmp_path / folder / "support.json")
+        assert not answer.answered and [(n["transformers"], n["side"]) for n in answer.nearest] == [("4.52.4", "below"), ("5.24.0", "above")]
+        assert ("not bisected yet" if why is None else why) in " ".join(answer.notes)
+    agree = lookup("llama", "packcheck_flash_ref", "4.56.2", path=path)
+    assert not agree.answered and "both neighbours agree (pass)" in " ".join(agree.notes)
+    unknown = lookup("llamma", "sdpa", "4.56.2", path=path)
+    assert not unknown.answered and not unknown.nearest and "Did you mean 'llama'" in " ".join(unknown.notes)
+    cli = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "lookup", "llama", "sdpa", "4.56.2", "--support-file", str(path)],
+                         capture_output=True, text=True, check=False, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert cli.returncode == 0 and "pass" in cli.stdout.splitlines()[0] and "from bisect" in cli.stdout
+
+
 def test_lookup_bad_inputs_are_one_line_errors(support_file, tmp_path):
     with pytest.raises(PackcheckUsageError, match="transformers version 'new' is not a version"):
         lookup("llama", "sdpa", "new", path=support_file)
@@ -363,11 +401,19 @@ def test_every_known_fault_window_agrees_with_the_committed_atlas():
     the atlas as its evidence."""
     from pytest_packcheck.analysis.diagnose import load_known_faults
 
-    results = A.known_fault_agreement(load_support(), load_known_faults())
+    support, faults = load_support(), load_known_faults()
+    results = A.known_fault_agreement(support, faults)
     bad = [r for r in results if r["status"] == "disagrees"]
     assert not bad, bad
     checked = {r["id"] for r in results if r["status"] == "agrees"}
     assert {"cache-disables-packed-mask", "attention-mask-overrides-packing", "stateful-layers-mix-examples"} <= checked
+    # every transformers window on an atlas check and backend is checked (on each release where a matching
+    # architecture is measured): a new entry the atlas can see is never left out silently
+    checkable = {f.id for f in faults if f.library == "transformers" and set(f.checks) & set(support["checks"])
+                 and ("*" in f.backends or set(f.backends) & set(support["backends"]))}
+    assert checked == checkable, checkable ^ checked
+    assert all(r["why"] == "no matching (architecture, backend) measured" for r in results
+               if r["id"] in checkable and r["status"] == "not_checkable")
 
 
 def test_a_wrong_known_fault_window_disagrees_with_the_atlas(support_file):
@@ -598,3 +644,160 @@ def test_a_folder_not_named_as_a_release_is_skipped_not_sorted_against_releases(
     for name in ("x", "notes", "4.57.6", "5.24.0"):
         (tmp_path / name).mkdir()
     assert _release_docs(tmp_path) == []  # no folder is finished: nothing to reduce, and no TypeError
+
+
+def _script(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_recorded_mamba_kernel_crashes_are_relabelled_as_the_missing_package_a_new_run_names():
+    """26 committed entries (jamba 4.44 .. 4.57, zamba 4.46 .. 5.5) read shrunk_crash for "Fast Mamba kernels are
+    not available" (mamba-ssm / causal-conv1d missing). The relabel writes what reduce_release writes from a new
+    run's skipped cells (runner.missing_package_message), records the rule per release, keeps an earlier
+    refusal record, touches nothing else, and is idempotent."""
+    from pytest_packcheck.run.runner import _short, missing_package_message
+
+    reclassify = _script("atlas_reclassify_refusals")
+    text = "Fast Mamba kernels are not available. Make sure to they are installed and that the mamba module is on a CUDA device"
+    crash = {"verdict": "error", "causes": ["shrunk_crash"], "check": "isolation", "hazards": {"cache_trap": "shrunk_crash"},
+             "message": f"crashed in the model packcheck shrank (random weights): ValueError: {text}"[:160]}
+    other = {"verdict": "error", "causes": ["shrunk_crash"], "check": "isolation",
+             "message": "crashed in the model packcheck shrank (random weights): ValueError: shapes do not match"}
+    refusal = {"verdict": "error", "causes": ["shrunk_crash"], "check": "isolation", "message": (
+        "crashed in the model packcheck shrank (random weights): model build: ValueError: OPTForCausalLM does not support "
+        "Flash Attention 2.0 yet.")}
+    support = {"releases": [{"transformers": "4.47.1", "reclassified": {"entries": 49, "date": "2026-12-01", "rule": reclassify.RULES["refusal"]}},
+                            {"transformers": "5.24.0"}],
+               "cells": {"jamba": {"eager": {"4.47.1": dict(crash)}}, "opt": {"eager": {"4.47.1": dict(other)}},
+                         "opt2": {"packcheck_flash_ref": {"4.47.1": dict(refusal)}}}}
+    counts = reclassify.reclassify(support, date="2026-12-02")
+    assert counts == {("4.47.1", "missing_package"): 1, ("4.47.1", "refusal"): 1}
+    # what a new run writes: every cell of (jamba, eager) skipped with the runner's message, reduced
+    message = missing_package_message("check", ("mamba-ssm", "causal-conv1d"), _short(ValueError(text)))
+    cells = [{"model": {"model_type": "jamba"}, "backend": "eager", "dtype": "float32", "check": c, "status": "skipped",
+              "message": message, "metrics": {}, "role": "hazard" if c == "cache_trap" else "correctness"}
+             for c in ("position_ids", "isolation", "cache_trap")]
+    assert support["cells"]["jamba"]["eager"]["4.47.1"] == A.reduce_release({"cells": cells})["jamba"]["eager"]
+    assert support["cells"]["opt"]["eager"]["4.47.1"] == other  # another crash stays a crash
+    assert support["cells"]["opt2"]["packcheck_flash_ref"]["4.47.1"]["verdict"] == "unsupported"
+    records = support["releases"][0]["reclassified"]
+    assert [(r["rule"], r["entries"]) for r in records] == [(reclassify.RULES["refusal"], 50), (reclassify.RULES["missing_package"], 1)]
+    assert "reclassified" not in support["releases"][1]
+    before = json.dumps(support, sort_keys=True)
+    assert reclassify.reclassify(support) == {} and json.dumps(support, sort_keys=True) == before
+
+
+def test_the_committed_atlas_names_mamba_kernels_as_a_missing_package_once_relabelled():
+    """The committed support.json relabelled as the integrator does: no "Fast Mamba kernels" entry stays
+    shrunk_crash (before the relabel there were 26)."""
+    reclassify = _script("atlas_reclassify_refusals")
+    support = json.loads((REPO / "reports" / "atlas" / "support.json").read_text())
+    reclassify.reclassify(support)
+    mamba = [(a, b, v, e) for a, by in support["cells"].items() for b, row in by.items() for v, e in row.items()
+             if "Fast Mamba kernels" in e.get("message", "")]
+    assert mamba and all(e["verdict"] == "skipped" and "mamba-ssm / causal-conv1d" in e["message"] for *_, e in mamba), mamba
+
+
+def test_a_peer_package_without_the_file_its_reader_reads_is_a_claimless_entry_with_the_reason(tmp_path, support_file):
+    """An axolotl wheel without axolotl/utils/schemas/enums.py raised KeyError out of the reader (a traceback of
+    packcheck claims); now the peer is listed with no claims and the file named."""
+    from pytest_packcheck.atlas.claims import read_wheel, render_claims
+
+    peer = read_wheel(_wheel(tmp_path / "axolotl.whl", "axolotl", "==5.24.0", {
+        "axolotl/monkeypatch/multipack.py": 'SUPPORTED_MULTIPACK_MODEL_TYPES = ["llama"]\n'}))
+    assert peer.claims == [] and peer.reason == "file axolotl/utils/schemas/enums.py not in axolotl.whl (axolotl 1.0)"
+    no_literal = read_wheel(_wheel(tmp_path / "axolotl2.whl", "axolotl", "==5.24.0", {"axolotl/monkeypatch/multipack.py": "X = 1\n"}))
+    assert no_literal.claims == [] and "has no SUPPORTED_MULTIPACK_MODEL_TYPES literal" in no_literal.reason
+    md = render_claims([peer], load_support(support_file))
+    assert "## axolotl 1.0" in md and "No claims read: file axolotl/utils/schemas/enums.py not in axolotl.whl (axolotl 1.0)." in md
+
+
+def test_verl_and_unsloth_claims_from_their_packages_sdist_included(tmp_path, support_file):
+    """verl: remove padding for every model on the flash path (judged, the model types its monkey patch names
+    excluded), those types on verl's own forward patch (not judged); unsloth: its padding-free blocklist (refusals,
+    judged) and packing for the rest on its own varlen attention (not judged). An sdist reads as its wheel."""
+    import io
+    import tarfile
+
+    from pytest_packcheck.atlas.claims import claim_groups, judge, read_wheel, render_claims
+
+    verl_files = {
+        "verl/workers/config/model.py": "class C:\n    use_remove_padding: bool = True\n",
+        "verl/models/transformers/monkey_patch.py": '''
+            def apply_monkey_patch(model, use_remove_padding=True):
+                if model.config.model_type in ["qwen3", "qwen2_vl"]:
+                    Q.forward = f
+                elif model.config.model_type == "glm4v":
+                    G.forward = g
+                if use_remove_padding:
+                    flash_attention._flash_attention_forward = h
+            '''}
+    sdist = tmp_path / "verl-1.0.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tar:
+        for name, text in {"PKG-INFO": "Name: verl\nVersion: 1.0\nRequires-Dist: transformers<=5.24.0\n", **verl_files}.items():
+            data = textwrap.dedent(text).encode()
+            info = tarfile.TarInfo(f"verl-1.0/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    verl = read_wheel(sdist)
+    assert verl.transformers_pin == "<=5.24.0" and not verl.reason
+    assert [(c.model_type, c.line, bool(c.own_code)) for c in verl.claims] == [("*", 2, False), ("qwen3", 3, True), ("qwen2_vl", 3, True), ("glm4v", 5, True)]
+    assert "monkey_patch.py:8 replaces transformers' _flash_attention_forward" in verl.claims[0].note
+    support = load_support(support_file)
+    star = judge(verl.claims[0], support, "5.24.0", frozenset({"qwen3", "qwen2_vl", "glm4v"}))
+    assert star["holds"] is True and {t for t, *_ in star["answers"]} == {"llama"}  # qwen3 (sdpa only) excluded anyway
+    unsloth = read_wheel(_wheel(tmp_path / "unsloth.whl", "unsloth", "<=5.24.0", {
+        "unsloth/trainer.py": 'PADDING_FREE_BLOCKLIST = {"gpt_oss", "llama"}\nblocked = (\n    False\n)\n',
+        "unsloth/utils/hf_packed_attention.py": "def enable_hf_packed_attention(): pass\n"}))
+    assert [(c.model_type, c.supported, c.line) for c in unsloth.claims] == [("*", True, 2), ("gpt_oss", False, 1), ("llama", False, 1)]
+    groups = claim_groups([judge(c, support, "5.24.0") for c in unsloth.claims])
+    assert [c["claim"].model_type for c in groups["Refused, and measured safe on stock transformers"]] == ["llama"]
+    assert [c["claim"].model_type for c in groups["Rest on the peer's own patch or kernel"]] == ["*"]
+    md = render_claims([verl, unsloth], support)
+    assert "Sdist `verl-1.0.tar.gz`" in md and "Counts: 1 hold, 0 do not hold, 0 refused but measured safe, 3 rest on the peer's own patch or kernel" in md
+    assert "Counts: 0 hold, 0 do not hold, 1 refused but measured safe, 1 rest on the peer's own patch or kernel, 1 not judged." in md
+
+
+def test_cli_claims_checks_the_support_file_before_downloading(tmp_path):
+    """A bad --support-file is a one-line usage error before any peer is downloaded (pip is a guard that fails
+    the test if it runs); no package at all is one too."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PATH": f"{bin_dir}:{os.environ['PATH']}", "PIP_INDEX_URL": "http://127.0.0.1:9"}
+    for args, needle in ((["--download", "axolotl", "--download-dir", str(tmp_path / "peers"), "--support-file", str(tmp_path / "none.json")],
+                          "does not exist"), ([], "needs peer packages")):
+        proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "claims", *args], capture_output=True, text=True,
+                              check=False, env=env, timeout=120)
+        assert proc.returncode == 2 and needle in proc.stderr and proc.stderr.strip().count("\n") == 0, proc.stderr
+    assert not (tmp_path / "peers").exists()
+
+
+def test_claims_download_names_each_peers_package_and_a_failure(tmp_path, monkeypatch):
+    """--download: pip download --no-deps per peer; the file it saved (or one already there) is read; a peer pip
+    cannot fetch is a one-line usage error naming it. pip stands in (no index)."""
+    from pytest_packcheck.cli import claims as cli
+
+    calls = []
+
+    def pip(args, **kw):
+        calls.append(args[3:])
+        peer, dest = args[-1], Path(args[args.index("--dest") + 1])
+        if peer == "nope":
+            return subprocess.CompletedProcess(args, 1, "", "ERROR: No matching distribution found for nope\n")
+        if peer == "verl":  # pip found it already there
+            return subprocess.CompletedProcess(args, 0, "File was already downloaded verl-0.9.1-py3-none-any.whl\n", "")
+        (dest / "ms_swift-4.6.0-py3-none-any.whl").write_bytes(b"")
+        return subprocess.CompletedProcess(args, 0, f"Saved {dest}/ms_swift-4.6.0-py3-none-any.whl\n", "")
+
+    monkeypatch.setattr(subprocess, "run", pip)
+    (tmp_path / "verl-0.9.1-py3-none-any.whl").write_bytes(b"")
+    got = cli.download(["ms-swift", "verl"], tmp_path)
+    assert [p.name for p in got] == ["ms_swift-4.6.0-py3-none-any.whl", "verl-0.9.1-py3-none-any.whl"]
+    assert calls[0] == ["download", "--no-deps", "--dest", str(tmp_path), "ms-swift"]
+    with pytest.raises(PackcheckUsageError, match="Peer 'nope' .* could not be downloaded: ERROR: No matching distribution found for nope"):
+        cli.download(["nope"], tmp_path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from faults import DropPositionIds, SilentSwap, collator_label_leak, collator_no_reset, leaky_sdpa
 
 from pytest_packcheck import checks as C
@@ -636,3 +637,66 @@ def test_reference_kernel_gives_queries_without_keys_zero_output_and_finite_grad
     assert out[:5].abs().max() == 0 and out[5:].abs().min() > 0  # queries 0-4 precede every key
     out.sum().backward()
     assert torch.isfinite(q.grad).all() and torch.isfinite(kv.grad).all() and q.grad[:5].abs().max() == 0
+
+
+class _NoLossKwargs(torch.nn.Module):
+    """transformers <= 4.46's llama forward (planted): named arguments only, no ``**kwargs``, so
+    ``num_items_in_batch`` raises TypeError; its loss is the token mean."""
+
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.inner = model
+        self.config = model.config
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, labels=None, use_cache=None):
+        return self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, labels=labels,
+                          use_cache=use_cache)
+
+    def named_parameters(self, *args, **kwargs):
+        return self.inner.named_parameters(*args, **kwargs)
+
+
+def test_loss_parity_passes_num_items_in_batch_only_where_trainer_would(llama_sdpa):
+    """A forward without ``num_items_in_batch`` (transformers <= 4.46's llama: the atlas read TypeError as
+    shrunk_crash) is checked with label-token-weighted micro-batch means, named in the evidence; a forward with
+    ``**kwargs`` on 5.24 still gets the count (Trainer's model_accepts_loss_kwargs)."""
+    stock = C.check_loss_parity(llama_sdpa)
+    assert stock.status == "pass" and stock.evidence["ga_normalisation"] == "num_items_in_batch"
+    assert "its forward has **kwargs" in stock.evidence["ga_normalisation_rule"]
+    llama_sdpa.model = _NoLossKwargs(llama_sdpa.model)
+    bare = C.check_loss_parity(llama_sdpa)
+    assert bare.status == "pass", bare.message
+    assert bare.evidence["ga_normalisation"] == "label_token_weighted_mean" and "no **kwargs" in bare.evidence["ga_normalisation_rule"]
+    assert bare.metrics["ga_delta"] < bare.metrics["atol"] and abs(bare.metrics["ga_loss_packed"] - stock.metrics["ga_loss_packed"]) < 1e-5
+    # the weighted mean still catches an unmasked boundary label, and the evidence says how it was normalised
+    llama_sdpa.collator_factory = collator_label_leak
+    leak = C.check_loss_parity(llama_sdpa)
+    assert leak.status == "fail" and leak.evidence["ga_normalisation"] == "label_token_weighted_mean"
+
+
+def test_trainer_num_items_rule_follows_each_release():
+    """Trainer.__init__'s model_accepts_loss_kwargs, per release (trainer.py of 4.45.2 .. 5.24.0)."""
+    from pytest_packcheck.checks.workbench import trainer_passes_num_items as rule
+
+    class Named(torch.nn.Module):
+        def forward(self, input_ids=None, labels=None, num_items_in_batch=None):
+            pass
+
+    class LossKwargs(torch.nn.Module):
+        def forward(self, input_ids=None, **loss_kwargs):
+            pass
+
+    class Kwargs(torch.nn.Module):
+        def forward(self, input_ids=None, **kwargs):
+            pass
+
+    class RefusesKwargs(Kwargs):
+        accepts_loss_kwargs = False
+
+    cases = {("4.45.2", LossKwargs): False, ("4.46.0", LossKwargs): True, ("4.46.3", LossKwargs): True,
+             ("4.46.3", Kwargs): False, ("4.47.1", Kwargs): True, ("4.47.1", RefusesKwargs): True,
+             ("4.48.0", RefusesKwargs): False, ("5.24.0", RefusesKwargs): False, ("5.24.0", Kwargs): True,
+             ("5.24.0", Named): False, ("4.46.3", Named): False, ("4.50.0.dev0", Kwargs): True}
+    got = {(v, m): rule(m(), v)[0] for v, m in cases}
+    assert got == cases
+    assert "before 4.46.0" in rule(Kwargs(), "4.45.2")[1] and "**loss_kwargs" in rule(LossKwargs(), "4.46.3")[1]

@@ -135,3 +135,28 @@ def test_a_non_finite_reference_is_not_checked(tolerances):
     assert got.status == "skipped" and got.cause == "reference_unavailable", got.message
     assert got.message.startswith("not checked: reference gradients (padded run) are non-finite")
     assert got.evidence["non_finite_padded"] == ["lm_head.weight"] and got.evidence["why"] == "non_finite"
+
+
+def test_fast_mamba_kernels_not_available_is_a_missing_package(_llama):
+    """jamba (transformers 4.44 .. 4.57) and zamba (.. 5.5) raise ValueError("Fast Mamba kernels are not available
+    ...") from their forward: the default config asks for mamba-ssm / causal-conv1d, which are not installed. A
+    missing package (skipped, named), never shrunk_crash (26 atlas entries were). Planted from the model's forward."""
+    from pytest_packcheck.run.runner import _classify_exception
+
+    text = ("Fast Mamba kernels are not available. Make sure to they are installed and that the mamba module is on a "
+            "CUDA device")
+
+    def boom(*_a, **_k):
+        raise ValueError(text)
+
+    handle = _llama.model.layers[0].register_forward_pre_hook(boom)
+    try:
+        _llama(input_ids=torch.tensor([[5, 6, 7]]))
+    except ValueError as exc:
+        got = _runner()._failed("check", exc)
+    finally:
+        handle.remove()
+    assert _classify_exception(ValueError(text)) == "skipped" and got.status == "skipped" and got.cause is None
+    assert got.message.startswith("missing package mamba-ssm / causal-conv1d (not installed here): ValueError: Fast Mamba")
+    assert got.metrics["missing"] == ["mamba-ssm", "causal-conv1d"]
+    assert _classify_exception(ValueError("Fast kernels are slow")) == "error"  # only the marker

@@ -12,16 +12,30 @@ Readers (one per peer, each names the file and line a claim comes from):
   not set it inherits ``None``, which ``swift/pipelines/train/sft.py`` reads as "yes for every text-only model".
 - LLaMA-Factory: ``raise ValueError(... packing ...)`` under an ``if`` that tests a list of model types (its
   refusals); neat_packing runs on its own segment-id mask and ``_get_unpad_data`` patch (``model_utils/packing.py``).
+- verl (0.9): remove padding (``use_remove_padding``, default True in ``verl/workers/config/model.py``, on
+  ``flash_attention_2`` by default) for every model: the rows are unpadded into one packed row and transformers'
+  ``_flash_attention_forward`` is replaced by verl's ``_ulysses_flash_attention_forward``
+  (``verl/models/transformers/monkey_patch.py``), which at ulysses_sp_size 1 hands the same arguments on: judged
+  on the atlas's flash column. The model types ``apply_monkey_patch`` tests by name get their forward or attention
+  replaced by verl's own: they rest on verl's patch.
+- unsloth: ``PADDING_FREE_BLOCKLIST`` in ``unsloth/trainer.py`` (padding-free and packing refused); every other
+  text model packs, through unsloth's own varlen attention over packed rows (``unsloth/utils/hf_packed_attention.py``)
+  and its own model forwards: that claim rests on unsloth's code. Its structural gates (hybrid linear-attention
+  models, a forward without ``packed_seq_lengths`` / ``**kwargs``) name no model type and are noted, not listed.
+
+A released package is a wheel or an sdist (:class:`PeerArchive`). A package whose reader does not find the file
+(or the literal) it reads becomes a peer entry without claims that names why (:attr:`PeerClaims.reason`).
 """
 
 from __future__ import annotations
 
 import ast
 import re
+import tarfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from ..errors import PackcheckUsageError
 
@@ -49,14 +63,83 @@ class PeerClaims:
     transformers_pin: str
     wheel: str
     claims: list[Claim] = field(default_factory=list)
+    #: why no claim was read (the file or literal the reader needs is not in this release), "" when read
+    reason: str = ""
 
 
-def _metadata(z: zipfile.ZipFile) -> tuple[str, str, str]:
-    """(name, version, transformers specifier) from the wheel's METADATA."""
-    name = next((n for n in z.namelist() if n.endswith(".dist-info/METADATA")), None)
-    if name is None:
-        raise PackcheckUsageError(f"'{z.filename}' has no .dist-info/METADATA: pass a wheel (pip download --no-deps PEER).")
-    text = z.read(name).decode("utf-8", "replace")
+class UnreadablePeer(Exception):
+    """The peer's package lacks what its reader reads (a file, a literal): the message says which."""
+
+
+class PeerArchive:
+    """A peer's released package opened for reading, never imported: a wheel (zip) or an sdist (``.tar.gz`` /
+    ``.zip`` with a ``PKG-INFO``). Members are named as in the wheel (``axolotl/monkeypatch/multipack.py``): an
+    sdist's top folder (and a ``src/`` layout) is stripped. :meth:`read` of a member that is not there raises
+    :class:`UnreadablePeer` naming the file and the package.
+
+    Raises (constructor):
+        PackcheckUsageError: not a readable zip or tar archive.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path, self.filename = Path(path), Path(path).name
+        self._zip: zipfile.ZipFile | None = None
+        self._tar: tarfile.TarFile | None = None
+        try:
+            if zipfile.is_zipfile(self.path):
+                self._zip = zipfile.ZipFile(self.path)
+                raw = self._zip.namelist()
+            else:
+                self._tar = tarfile.open(self.path)  # noqa: SIM115 (closed by __exit__)
+                raw = [m.name for m in self._tar.getmembers() if m.isfile()]
+        except (OSError, tarfile.TarError) as exc:
+            raise PackcheckUsageError(f"Peer package '{path}' is not a readable wheel or sdist ({exc}): pip download "
+                                      "--no-deps PEER.") from None
+        self.kind = "wheel" if any(n.endswith(".dist-info/METADATA") for n in raw) else "sdist"
+        self._names: dict[str, str] = {}
+        for n in raw:
+            short = n
+            if self.kind == "sdist":
+                short = n.split("/", 1)[1] if "/" in n else n
+                short = short.removeprefix("src/")
+            self._names.setdefault(short, n)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        (self._zip or self._tar).close()  # type: ignore[union-attr]
+
+    def namelist(self) -> list[str]:
+        return list(self._names)
+
+    def read(self, name: str) -> bytes:
+        real = self._names.get(name)
+        if real is None:
+            raise UnreadablePeer(f"file {name} not in {self.filename}")
+        if self._zip is not None:
+            return self._zip.read(real)
+        member = self._tar.extractfile(real)  # type: ignore[union-attr]
+        return member.read() if member else b""
+
+    def metadata(self) -> str:
+        """The core metadata text: a wheel's ``.dist-info/METADATA``, an sdist's top ``PKG-INFO``.
+
+        Raises:
+            PackcheckUsageError: neither is there (not a released package).
+        """
+        name = next((n for n in self._names if n.endswith(".dist-info/METADATA")), None) or (
+            "PKG-INFO" if "PKG-INFO" in self._names else None)
+        if name is None:
+            raise PackcheckUsageError(f"'{self.filename}' has no .dist-info/METADATA or PKG-INFO: pass the released "
+                                      "wheel or sdist (pip download --no-deps PEER).")
+        return self.read(name).decode("utf-8", "replace")
+
+
+def _metadata(z: PeerArchive) -> tuple[str, str, str]:
+    """(name, version, transformers specifier) from the package's metadata (the first Requires-Dist on
+    transformers without an extra)."""
+    text = z.metadata()
     meta = dict(re.findall(r"^(Name|Version): (.+)$", text, re.MULTILINE))
     pins = [m.strip() for m in re.findall(r"^Requires-Dist: transformers\s*([^;\n]*)$", text, re.MULTILINE)]
     return meta.get("Name", "?"), meta.get("Version", "?"), pins[0].strip("()") if pins else ""
@@ -75,11 +158,11 @@ def _literal_assign(tree: ast.AST, name: str) -> tuple[Any, int] | None:
     return None
 
 
-def read_axolotl(z: zipfile.ZipFile) -> list[Claim]:
+def read_axolotl(z: PeerArchive) -> list[Claim]:
     src = "axolotl/monkeypatch/multipack.py"
     found = _literal_assign(ast.parse(z.read(src)), "SUPPORTED_MULTIPACK_MODEL_TYPES")
     if not found:
-        raise PackcheckUsageError(f"{z.filename}: {src} has no SUPPORTED_MULTIPACK_MODEL_TYPES literal: the reader needs updating.")
+        raise UnreadablePeer(f"{src} in {z.filename} has no SUPPORTED_MULTIPACK_MODEL_TYPES literal (the reader needs updating)")
     types, line = found
     attn = _literal_assign(ast.parse(z.read("axolotl/utils/schemas/enums.py")), "ATTN_IMPLS_SUPPORTING_PACKING")
     attn_names = sorted(attn[0]) if attn else []
@@ -92,7 +175,7 @@ def read_axolotl(z: zipfile.ZipFile) -> list[Claim]:
                   own_code=f"axolotl/monkeypatch/models/{t}/" if t in patched else "", note=note) for t in types]
 
 
-def read_ms_swift(z: zipfile.ZipFile) -> list[Claim]:
+def read_ms_swift(z: PeerArchive) -> list[Claim]:
     claims = [Claim("ms-swift", "*", True, ("packcheck_flash_ref",), "swift/pipelines/train/sft.py",
                     _line_of(z, "swift/pipelines/train/sft.py", "support_padding_free = not"),
                     note="a template that does not set support_padding_free: every text-only model")]
@@ -109,7 +192,7 @@ def read_ms_swift(z: zipfile.ZipFile) -> list[Claim]:
     return claims
 
 
-def read_llamafactory(z: zipfile.ZipFile) -> list[Claim]:
+def read_llamafactory(z: PeerArchive) -> list[Claim]:
     claims = []
     for name in sorted(n for n in z.namelist() if n.startswith("llamafactory/") and n.endswith(".py")):
         tree = ast.parse(z.read(name))
@@ -139,33 +222,94 @@ def _parent_if(tree: ast.AST, child: ast.AST) -> ast.If | None:
     return None
 
 
-def _line_of(z: zipfile.ZipFile, name: str, needle: str) -> int:
+def _line_of(z: PeerArchive, name: str, needle: str) -> int:
     for i, line in enumerate(z.read(name).decode("utf-8", "replace").splitlines(), 1):
         if needle in line:
             return i
     return 0
 
 
-READERS = {"axolotl": read_axolotl, "ms-swift": read_ms_swift, "ms_swift": read_ms_swift, "llamafactory": read_llamafactory}
+def read_verl(z: PeerArchive) -> list[Claim]:
+    src = "verl/models/transformers/monkey_patch.py"
+    tree = ast.parse(z.read(src))
+    patch = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "apply_monkey_patch"), None)
+    if patch is None:
+        raise UnreadablePeer(f"{src} in {z.filename} has no apply_monkey_patch (the reader needs updating)")
+    config = "verl/workers/config/model.py"
+    default_line = _line_of(z, config, "use_remove_padding: bool = True")
+    if not default_line:
+        raise UnreadablePeer(f"{config} in {z.filename} does not default use_remove_padding to True (the reader needs updating)")
+    flash_line = next((n.lineno for n in ast.walk(patch) if isinstance(n, ast.Attribute)
+                       and n.attr == "_flash_attention_forward" and isinstance(n.ctx, ast.Store)), patch.lineno)
+    claims = [Claim("verl", "*", True, ("packcheck_flash_ref",), config, default_line, note=(
+        f"use_remove_padding=True on flash_attention_2 for every model; {src}:{flash_line} replaces transformers' "
+        "_flash_attention_forward with _ulysses_flash_attention_forward, which at ulysses_sp_size 1 hands the same "
+        "arguments on (sequence parallel > 1 rests on verl's all-to-all, not judged)"))]
+    seen: set[str] = set()
+    for node in ast.walk(patch):
+        if not isinstance(node, ast.If):
+            continue
+        for t in _model_types_tested(node.test):
+            if t not in seen:
+                seen.add(t)
+                claims.append(Claim("verl", t, True, ("packcheck_flash_ref",), src, node.lineno,
+                                    own_code=f"{src}:{node.lineno}: verl replaces its forward / attention",
+                                    note="remove padding through verl's own forward patch"))
+    return claims
+
+
+def _model_types_tested(test: ast.AST) -> list[str]:
+    """The string model types an ``if`` compares ``....model_type`` with (``== "x"`` or ``in [...]``)."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and "model_type" in ast.unparse(test.left)):
+        return []
+    right = test.comparators[0]
+    if isinstance(test.ops[0], ast.Eq) and isinstance(right, ast.Constant) and isinstance(right.value, str):
+        return [right.value]
+    if isinstance(test.ops[0], ast.In) and isinstance(right, ast.List | ast.Tuple | ast.Set):
+        return [e.value for e in right.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+    return []
+
+
+def read_unsloth(z: PeerArchive) -> list[Claim]:
+    src = "unsloth/trainer.py"
+    tree = ast.parse(z.read(src))
+    found = _literal_assign(tree, "PADDING_FREE_BLOCKLIST")
+    if not found:
+        raise UnreadablePeer(f"{src} in {z.filename} has no PADDING_FREE_BLOCKLIST literal (the reader needs updating)")
+    types, line = found
+    attention = "unsloth/utils/hf_packed_attention.py"
+    own = f"{attention} (unsloth's varlen attention over packed rows) and unsloth's own model forwards"
+    gate = _line_of(z, src, "blocked = (") or line
+    claims = [Claim("unsloth", "*", True, ("packcheck_flash_ref",), src, gate, own_code=own, note=(
+        "padding-free / packing for every text model its gates do not block (blocklist, hybrid linear-attention "
+        "models without its varlen shim, a forward without packed_seq_lengths or **kwargs)"))]
+    for t in sorted(types):
+        claims.append(Claim("unsloth", t, False, ("eager", "sdpa", "packcheck_flash_ref"), src, line,
+                            own_code=own if attention in z.namelist() else "", note="PADDING_FREE_BLOCKLIST"))
+    return claims
+
+
+READERS = {"axolotl": read_axolotl, "ms-swift": read_ms_swift, "ms_swift": read_ms_swift, "llamafactory": read_llamafactory,
+           "verl": read_verl, "unsloth": read_unsloth}
 
 
 def read_wheel(path: str | Path) -> PeerClaims:
-    """The claims of one peer wheel.
+    """The claims of one peer's released package (wheel or sdist, :class:`PeerArchive`). A package that lacks the
+    file or literal its reader reads is a peer entry without claims, its ``reason`` naming what is missing.
 
     Raises:
-        PackcheckUsageError: not a wheel, or a package without a reader (named, with the readers there are).
+        PackcheckUsageError: not a wheel or sdist, or a package without a reader (named, with the readers there are).
     """
-    try:
-        z = zipfile.ZipFile(path)
-    except (OSError, zipfile.BadZipFile) as exc:
-        raise PackcheckUsageError(f"Peer package '{path}' is not a readable wheel ({exc}): pip download --no-deps PEER.") from None
-    with z:
+    with PeerArchive(path) as z:
         name, version, pin = _metadata(z)
         reader = READERS.get(name.lower())
         if reader is None:
             raise PackcheckUsageError(f"Peer package '{path}' is {name}: there is no claims reader for it (readers: "
                                       f"{', '.join(sorted(set(READERS) - {'ms_swift'}))}).")
-        return PeerClaims(name, version, pin, Path(path).name, reader(z))
+        try:
+            return PeerClaims(name, version, pin, Path(path).name, reader(z))
+        except UnreadablePeer as exc:
+            return PeerClaims(name, version, pin, Path(path).name, reason=f"{exc} ({name} {version})")
 
 
 def pinned_release(pin: str, releases: list[str]) -> str | None:
@@ -181,15 +325,16 @@ def pinned_release(pin: str, releases: list[str]) -> str | None:
     return max(ok, key=Version) if ok else None
 
 
-def judge(claim: Claim, support: dict[str, Any], release: str | None) -> dict[str, Any]:
+def judge(claim: Claim, support: dict[str, Any], release: str | None, exclude: frozenset[str] = frozenset()) -> dict[str, Any]:
     """The claim against the atlas at ``release`` (or its nearest measured release, named): ``holds`` True / False
-    / None (not judged: own code, not measured, a template), with the verdicts and numbers behind it."""
+    / None (not judged: own code, not measured, a template), with the verdicts and numbers behind it. ``exclude``:
+    model types a ``"*"`` claim does not cover (those the same peer claims by name, e.g. on its own patch)."""
     out: dict[str, Any] = {"claim": claim, "release": release}
     if claim.own_code and claim.supported:
         return {**out, "holds": None, "why": f"rests on the peer's own code: {claim.own_code}"}
     if claim.model_type.startswith("template:") or release is None:
         return {**out, "holds": None, "why": "a template class, not a model type" if release else "no pinned release in the atlas plan"}
-    types = sorted(support["cells"]) if claim.model_type == "*" else [claim.model_type]
+    types = sorted(set(support["cells"]) - exclude) if claim.model_type == "*" else [claim.model_type]
     answers = []
     for t in types:
         for backend in claim.backends:
@@ -236,27 +381,49 @@ def _entry_text(e: dict[str, Any], measured_at: str) -> str:
     return f"{e['verdict']}{causes}{num} at {measured_at}"
 
 
+#: The groups of claims.md, each with the name its count has in the peer's "Counts" line.
+COUNT_NAMES = {"Claims that hold": "hold", "Claims that do not hold": "do not hold",
+               "Refused, and measured safe on stock transformers": "refused but measured safe",
+               "Rest on the peer's own patch or kernel": "rest on the peer's own patch or kernel", "Not judged": "not judged"}
+
+
+def claim_groups(judged: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """:func:`judge` results by :data:`COUNT_NAMES` group: a claim that holds; a packing claim that does not; a
+    refusal of a model the atlas measures as passing; a packing claim on the peer's own patch or kernel (not
+    judged against stock code); the rest (templates, not measured, no verdict)."""
+    own = [j for j in judged if j["holds"] is None and j["claim"].own_code and j["claim"].supported]
+    return dict(zip(COUNT_NAMES, (
+        [j for j in judged if j["holds"] is True],
+        [j for j in judged if j["holds"] is False and j["claim"].supported],
+        [j for j in judged if j["holds"] is False and not j["claim"].supported],
+        own,
+        [j for j in judged if j["holds"] is None and all(j is not o for o in own)]), strict=True))
+
+
 def render_claims(peers: list[PeerClaims], support: dict[str, Any]) -> str:
     """claims.md: per peer its version, pin and files; the claims that hold, those that do not (with the number),
     the models it refuses that the atlas measures as passing, and the claims on the peer's own code."""
     plan = [r["transformers"] for r in support["releases"]] + list(support.get("missing", []))
     measured = [r["transformers"] for r in support["releases"]]
     lines = ["# What other tools claim about packing, against the atlas", "",
-             ("Read from each peer's released wheel (`pip download --no-deps`, parsed with `ast`, not imported) and judged "
+             ("Read from each peer's released wheel or sdist (`pip download --no-deps`, parsed with `ast`, not imported) and judged "
              "against `support.json` at the newest transformers the peer allows; where the atlas has not measured that "
              "release yet, the newest measured release at or below it (else the oldest above) is used and named. "
              f"Atlas releases measured: {', '.join(measured)}."), ""]
     for p in peers:
         pin_release = pinned_release(p.transformers_pin, plan)
         notes = sorted({c.note for c in p.claims if c.note and c.peer == "axolotl"})
-        lines += [f"## {p.peer} {p.version}", "", f"Wheel `{p.wheel}`; requires transformers `{p.transformers_pin or 'any'}` "
+        kind = "Wheel" if p.wheel.endswith(".whl") else "Sdist"
+        lines += [f"## {p.peer} {p.version}", "", f"{kind} `{p.wheel}`; requires transformers `{p.transformers_pin or 'any'}` "
                   f"-> judged at {pin_release or 'no atlas release'}"
                   + (" (not measured yet: the nearest measured release is used, named on each line)" if pin_release and pin_release not in measured else "")
                   + "." + (f" Claims: {'; '.join(notes)}; judged on the atlas's packcheck_flash_ref column." if notes else ""), ""]
-        judged = [judge(c, support, pin_release) for c in p.claims]
-        groups = {"Claims that hold": [j for j in judged if j["holds"] is True],
-                  "Claims that do not hold": [j for j in judged if j["holds"] is False],
-                  "Not judged": [j for j in judged if j["holds"] is None]}
+        if p.reason:
+            lines += [f"No claims read: {p.reason}.", ""]
+            continue
+        named = frozenset(c.model_type for c in p.claims if c.model_type != "*")
+        groups = claim_groups([judge(c, support, pin_release, named) for c in p.claims])
+        lines += ["Counts: " + ", ".join(f"{len(items)} {COUNT_NAMES[title]}" for title, items in groups.items()) + ".", ""]
         for title, items in groups.items():
             lines.append(f"**{title}** ({len(items)}):")
             lines.append("")

@@ -10,7 +10,7 @@ from ..model import batches as B
 from ..results import CheckResult
 from .probes import _also, leak_probe, mismatch_cause, mismatch_causes, window_probe
 from .registry import NUMERICS_FACTOR
-from .workbench import Workbench, _fmt, edge_examples
+from .workbench import Workbench, _fmt, edge_examples, trainer_passes_num_items
 
 # ------------------------------------------------------------------------------------------------------------
 # 2. position_ids
@@ -201,9 +201,10 @@ def _reference_loss(examples: list[list[int]], solo: list[Any], device: str) -> 
 def check_loss_parity(wb: Workbench) -> CheckResult:
     """Token-mean loss: packed vs right-padded vs the solo reference. Then gradient accumulation over two
     micro-batches with sum reduction (``num_items_in_batch`` = label tokens != -100 after the shift, counted
-    over both micro-batches, as Trainer does since transformers 4.46): packed vs padded vs reference."""
-    import torch
-
+    over both micro-batches, as Trainer does since transformers 4.46): packed vs padded vs reference. The count
+    is passed only where Trainer would pass it (:func:`.workbench.trainer_passes_num_items`, its
+    ``model_accepts_loss_kwargs``); elsewhere the micro-batch means are weighted by their label tokens. The
+    evidence names which (``ga_normalisation``) and the rule that chose it."""
     ref_sum, ref_count = _reference_loss(wb.examples, wb.solo_logits(), wb.device)
     if not ref_count:  # every example one token long: no next token to predict (settings refuse such lengths)
         return CheckResult("skipped", {"num_items_expected": 0, "lengths": wb.lengths}, (
@@ -221,8 +222,10 @@ def check_loss_parity(wb: Workbench) -> CheckResult:
     padded_mbs = [B.padded_batch(m, wb.pad_id, "right", wb.start, wb.device) for m in micro]
     n_packed = sum(B.count_label_tokens(mb["labels"]) for mb in packed_mbs)
     n_padded = sum(B.count_label_tokens(mb["labels"]) for mb in padded_mbs)
-    ga_packed = sum(float(wb.forward(mb, labels=mb["labels"], num_items_in_batch=torch.tensor(n_packed)).loss) for mb in packed_mbs)
-    ga_padded = sum(float(wb.forward(mb, labels=mb["labels"], num_items_in_batch=torch.tensor(n_padded)).loss) for mb in padded_mbs)
+    takes_items, rule = trainer_passes_num_items(wb.model)
+    ga_packed = _ga_loss(wb, packed_mbs, n_packed, takes_items)
+    ga_padded = _ga_loss(wb, padded_mbs, n_padded, takes_items)
+    normalisation = "num_items_in_batch" if takes_items else "label_token_weighted_mean"
     atol = wb.tol["loss_atol"]
     metrics = {
         "loss_reference": reference,
@@ -238,6 +241,8 @@ def check_loss_parity(wb: Workbench) -> CheckResult:
         "ga_delta": abs(ga_packed - reference),
         "atol": atol,
     }
+    # which gradient-accumulation normalisation was used, and the Trainer rule that chose it (evidence of every verdict)
+    ga_evidence = {"ga_normalisation": normalisation, "ga_normalisation_rule": rule}
     problems = []
     if n_packed != ref_count:
         problems.append(f"num_items_in_batch {n_packed} from packed labels, expected {ref_count} ({n_packed - ref_count:+d}; a boundary label is not masked)")
@@ -252,11 +257,32 @@ def check_loss_parity(wb: Workbench) -> CheckResult:
             # a label not masked (the count says so), or logits that match: labels or the count used to normalise
             causes.append({"cause": "loss_normalisation", "evidence": {
                 "num_items_in_batch_packed": n_packed, "num_items_expected": ref_count,
-                "logits_diff": logits_diff, "loss_delta": metrics["loss_delta"]}})
+                "logits_diff": logits_diff, "loss_delta": metrics["loss_delta"], **ga_evidence}})
         if logits_diff > wb.tol["logits_atol"]:  # the logits differ too: their own cause(s), each with its number
             causes += mismatch_causes(wb, logits_diff, wb.tol["logits_atol"])
-        return CheckResult("fail", metrics, "; ".join(problems) + _also(causes), causes=causes)
-    return CheckResult("pass", metrics, f"loss delta {_fmt(metrics['loss_delta'])}, grad-accum delta {_fmt(metrics['ga_delta'])}, padded delta {_fmt(metrics['padded_delta'])}")
+        for c in causes:
+            c["evidence"] = {**c.get("evidence", {}), **ga_evidence}
+        return CheckResult("fail", metrics, "; ".join(problems) + _also(causes) + _ga_note(takes_items), causes=causes)
+    return CheckResult("pass", metrics, (f"loss delta {_fmt(metrics['loss_delta'])}, grad-accum delta {_fmt(metrics['ga_delta'])}, "
+                                         f"padded delta {_fmt(metrics['padded_delta'])}{_ga_note(takes_items)}"), evidence=ga_evidence)
+
+
+def _ga_loss(wb: Workbench, micro_batches: list[dict[str, Any]], n_items: int, takes_items: bool) -> float:
+    """The gradient-accumulation loss over ``micro_batches`` (float, loss units): with ``takes_items`` the sum of
+    the model's own sum-reduced losses (``num_items_in_batch=n_items``, as Trainer passes it since transformers
+    4.46); otherwise each micro-batch's token-mean loss weighted by its label tokens (!= -100 after the shift)
+    over ``n_items``: the same token mean, computed here for a forward that takes no ``num_items_in_batch``
+    (transformers <= 4.46's llama: it raised TypeError)."""
+    import torch
+
+    if takes_items:
+        return sum(float(wb.forward(mb, labels=mb["labels"], num_items_in_batch=torch.tensor(n_items)).loss) for mb in micro_batches)
+    return sum(float(wb.forward(mb, labels=mb["labels"]).loss) * B.count_label_tokens(mb["labels"]) / n_items
+               for mb in micro_batches if B.count_label_tokens(mb["labels"]))
+
+
+def _ga_note(takes_items: bool) -> str:
+    return "" if takes_items else " (grad accum: label-token-weighted micro-batch means; the forward takes no num_items_in_batch)"
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -132,6 +132,46 @@ class Workbench:
         return max(per[1:] if skip_first else per), per
 
 
+def trainer_passes_num_items(model: Any, transformers_version: str | None = None) -> tuple[bool, str]:
+    """Whether transformers' ``Trainer`` hands ``num_items_in_batch`` to ``model``'s forward, and the rule that
+    decided it (a short text for the evidence). Mirrors ``Trainer.__init__``'s ``model_accepts_loss_kwargs`` of
+    the release (``transformers_version``, default the installed one), read in ``trainer.py`` of each:
+
+    - before 4.46.0 Trainer has no ``num_items_in_batch`` at all (gradient accumulation divides each micro-batch's
+      mean by the steps);
+    - 4.46.0 and 4.46.1: the forward has a ``loss_kwargs`` parameter; 4.46.2 and 4.46.3: a ``**loss_kwargs``;
+    - 4.47.0+: the forward has any ``**kwargs``; from 4.48.0 a model's ``accepts_loss_kwargs`` attribute, when it
+      has one, decides instead (5.24.0 still reads it first).
+
+    A forward that only names ``num_items_in_batch`` does not get it (Trainer adds it through loss kwargs alone).
+    ``model``: an ``nn.Module`` (its ``forward`` is inspected, never called). Raises nothing: an uninspectable
+    forward counts as not taking it."""
+    from packaging.version import Version
+
+    if transformers_version is None:
+        import transformers
+
+        transformers_version = transformers.__version__
+    release = Version(Version(transformers_version).base_version)
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False, "its forward cannot be inspected"
+    if release < Version("4.46.0"):
+        return False, f"transformers {transformers_version}: Trainer passes no num_items_in_batch before 4.46.0"
+    var_kw = [n for n, p in params.items() if p.kind is inspect.Parameter.VAR_KEYWORD]
+    if release < Version("4.47.0"):
+        takes = "loss_kwargs" in params and (release < Version("4.46.2") or "loss_kwargs" in var_kw)
+        return takes, (f"transformers {transformers_version} Trainer's model_accepts_loss_kwargs: "
+                       + ("its forward has **loss_kwargs" if takes else "its forward has no **loss_kwargs"))
+    if release >= Version("4.48.0") and hasattr(model, "accepts_loss_kwargs"):
+        takes = bool(model.accepts_loss_kwargs)
+        return takes, f"transformers {transformers_version} Trainer's model_accepts_loss_kwargs: accepts_loss_kwargs = {takes}"
+    takes = bool(var_kw)
+    return takes, (f"transformers {transformers_version} Trainer's model_accepts_loss_kwargs: "
+                   + (f"its forward has **{var_kw[0]}" if takes else "its forward has no **kwargs"))
+
+
 def _fmt(x: float) -> str:
     return f"{x:.2e}"
 

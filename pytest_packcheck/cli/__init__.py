@@ -41,8 +41,9 @@ COMMANDS = (
     Command("atlas", "pytest_packcheck.cli.atlas", "Every architecture x backend x transformers release (4.44 ..): resumable; "
                                                    "writes reports/atlas/ (atlas.md, atlas.html, support.json)."),
     Command("lookup", "pytest_packcheck.cli.lookup", "Does packing work for MODEL_TYPE on ATTN at this transformers? (the atlas)"),
-    Command("claims", "pytest_packcheck.cli.claims", "What axolotl / ms-swift / LLaMA-Factory claim about packing (read from "
-                                                     "their wheels, not imported), against the atlas: reports/atlas/claims.md."),
+    Command("claims", "pytest_packcheck.cli.claims", "What axolotl / ms-swift / LLaMA-Factory / verl / unsloth claim about "
+                                                     "packing (read from their released packages, not imported), against the "
+                                                     "atlas: reports/atlas/claims.md."),
     Command("merge", "pytest_packcheck.cli.merge", "Join results JSON files (shards of one audit) and render the matrix."),
     # a command whose module has only main(argv) parses its own arguments
     Command("checks", "pytest_packcheck.checks.listing", "List the checks: role, level, suite, requirements, key number, "

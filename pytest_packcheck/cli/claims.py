@@ -1,5 +1,5 @@
-"""``packcheck claims``: what axolotl / ms-swift / LLaMA-Factory claim about packing (read from their wheels, not
-imported), judged against the atlas: ``reports/atlas/claims.md``."""
+"""``packcheck claims``: what axolotl / ms-swift / LLaMA-Factory / verl / unsloth claim about packing (read from
+their released wheels or sdists, not imported), judged against the atlas: ``reports/atlas/claims.md``."""
 
 from __future__ import annotations
 
@@ -8,20 +8,76 @@ from pathlib import Path
 
 
 def configure(claims: argparse.ArgumentParser) -> None:
-    claims.add_argument("wheels", nargs="+", metavar="WHEEL", help="Peer wheels (pip download --no-deps axolotl ms-swift llamafactory).")
+    claims.add_argument("wheels", nargs="*", metavar="PACKAGE", help="Peer wheels or sdists (pip download --no-deps axolotl "
+                        "ms-swift llamafactory verl unsloth).")
+    claims.add_argument("--download", default=None, metavar="PEERS", help="Download the newest release of these peers "
+                        "first (comma-separated, e.g. axolotl,ms-swift,llamafactory,verl,unsloth; pip download --no-deps "
+                        "into --download-dir).")
+    claims.add_argument("--download-dir", default="build/peers", help="Where --download puts the packages (default build/peers).")
     claims.add_argument("--support-file", default=None, help="support.json to judge against (default: the committed atlas).")
     claims.add_argument("-o", "--output", default="reports/atlas/claims.md", help="Markdown to write (default reports/atlas/claims.md).")
 
 
+def download(peers: list[str], dest: Path) -> list[Path]:
+    """The newest released package of each peer, ``pip download --no-deps`` into ``dest`` (a wheel, else the sdist).
+
+    Raises:
+        PackcheckUsageError: pip cannot fetch one (its last line named, with the peer).
+    """
+    import subprocess
+    import sys
+
+    from ..errors import PackcheckUsageError
+
+    dest.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for peer in peers:
+        before = set(dest.iterdir())
+        proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--dest", str(dest), peer],
+                              capture_output=True, text=True, check=False)
+        lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+        if proc.returncode != 0:
+            raise PackcheckUsageError(f"Peer '{peer}' (from --download) could not be downloaded: "
+                                      f"{lines[-1] if lines else f'pip exit {proc.returncode}'}; check the name or pass the package file.")
+        new = sorted(set(dest.iterdir()) - before)
+        saved = next((line.split("Saved ", 1)[1].strip() for line in lines if "Saved " in line), None)
+        found = new[0] if new else Path(saved) if saved else _existing(dest, peer)
+        if found is None:
+            raise PackcheckUsageError(f"Peer '{peer}' (from --download): pip reported no package file in {dest}; pass the file instead.")
+        paths.append(found)
+    return paths
+
+
+def _existing(dest: Path, peer: str) -> Path | None:
+    """A package of ``peer`` pip found already in ``dest`` (pip says "File was already downloaded")."""
+    stem = peer.replace("-", "_").lower()
+    hits = sorted(p for p in dest.iterdir() if p.name.replace("-", "_").lower().startswith(stem + "_"))
+    return hits[-1] if hits else None
+
+
 def run(ns: argparse.Namespace) -> int:
-    """``packcheck claims``: read each peer wheel, judge its claims against the atlas, write the Markdown."""
+    """``packcheck claims``: check the support file, download what ``--download`` names, read each peer package,
+    judge its claims against the atlas, write the Markdown.
+
+    Raises:
+        PackcheckUsageError: no package given, an unusable support file (checked before anything is downloaded),
+            a package that cannot be downloaded or read.
+    """
     from ..atlas.claims import read_wheel, render_claims
+    from ..errors import PackcheckUsageError
     from ..results import atomic_write
     from ..support import load_support
 
-    peers = [read_wheel(w) for w in ns.wheels]
+    if not ns.wheels and not ns.download:
+        raise PackcheckUsageError("packcheck claims needs peer packages: pass wheel / sdist files or --download "
+                                  "axolotl,ms-swift,llamafactory,verl,unsloth.")
+    support = load_support(ns.support_file)  # before any download: a bad support file costs nothing
+    files = [Path(w) for w in ns.wheels]
+    if ns.download:
+        files += download([p.strip() for p in ns.download.split(",") if p.strip()], Path(ns.download_dir))
+    peers = [read_wheel(w) for w in files]
     out = Path(ns.output)
     out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(out, render_claims(peers, load_support(ns.support_file)))
-    print(f"claims written: {out} ({', '.join(f'{p.peer} {p.version}: {len(p.claims)} claims' for p in peers)})")
+    atomic_write(out, render_claims(peers, support))
+    print(f"claims written: {out} ({', '.join(f'{p.peer} {p.version}: ' + (f'{len(p.claims)} claims' if not p.reason else p.reason) for p in peers)})")
     return 0

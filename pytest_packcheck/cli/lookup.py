@@ -17,11 +17,11 @@ def configure(lookup: argparse.ArgumentParser) -> None:
 
 
 def run(ns: argparse.Namespace) -> int:
-    """``packcheck lookup``: exit 0 with a measured answer, 1 when not measured (the nearest measured release is named)."""
+    """``packcheck lookup``: exit 0 with a measured answer (or one a bisect places), 1 when not measured (the nearest measured releases are named)."""
     import json
 
     from ..support import lookup
 
     answer = lookup(ns.model_type, ns.attn_implementation, ns.transformers_version, ns.trl, path=ns.support_file)
     print(json.dumps(answer.as_dict(), indent=1) if ns.json else str(answer))
-    return 0 if answer.measured else 1
+    return 0 if answer.answered else 1

@@ -92,6 +92,21 @@ _UNSUPPORTED_MARKERS = (
 )
 
 
+#: Errors with which a model says that an optional package its config asks for is missing (``skipped`` cells that
+#: name it, as an ImportError's message does): marker (matched in a ValueError's text) -> the distributions.
+#: jamba (transformers 4.44 .. 4.57) and zamba (4.46 .. 5.5): the default config's ``use_mamba_kernels=True``
+#: selects the fast path, which raises "Fast Mamba kernels are not available" without mamba-ssm and
+#: causal-conv1d (and a CUDA device); transformers 5.x picks the PyTorch path by itself.
+MISSING_PACKAGE_MARKERS = {"Fast Mamba kernels are not available": ("mamba-ssm", "causal-conv1d")}
+
+
+def missing_packages(exc: BaseException) -> tuple[str, ...]:
+    """The distributions a ValueError of :data:`MISSING_PACKAGE_MARKERS` names as missing; () for any other."""
+    if not isinstance(exc, ValueError):
+        return ()
+    return next((pkgs for marker, pkgs in MISSING_PACKAGE_MARKERS.items() if marker in str(exc)), ())
+
+
 #: Refusals that name stateful layers: the model cannot keep packed examples apart (transformers' mamba /
 #: causal_conv1d paths raise these for packed rows).
 STATEFUL_REFUSALS = ("causal_conv1d", "can't keep packed sequences apart")
@@ -111,11 +126,16 @@ def _classify_exception(exc: BaseException) -> str:
         return exc.status
     if _is_oom(exc):
         return "oom"
-    if isinstance(exc, ImportError):
+    if isinstance(exc, ImportError) or missing_packages(exc):
         return "skipped"
     if isinstance(exc, (ValueError, NotImplementedError)) and any(m.lower() in text.lower() for m in _UNSUPPORTED_MARKERS):
         return "unsupported"
     return "error"
+
+
+def missing_package_message(stage: str, packages: tuple[str, ...] | list[str], exception: str) -> str:
+    """The message of a cell skipped for :func:`missing_packages` (``exception``: ``"ValueError: ..."``)."""
+    return f"{'model build: ' if stage == 'build' else ''}missing package {' / '.join(packages)} (not installed here): {exception}"
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -419,6 +439,9 @@ class CellRunner:
             _recover_from_oom(self.device)
             figures = ", ".join(f"{k} {v}" for k, v in metrics.items() if k.endswith("_mib"))
             return CheckResult("oom", metrics, f"out of memory in {stage}: {_short(exc)} ({figures})")
+        packages = missing_packages(exc)
+        if packages:  # an optional package the config asks for: named, as an ImportError names it
+            return CheckResult("skipped", {**metrics, "missing": list(packages)}, missing_package_message(stage, packages, _short(exc)))
         cause = None
         if status == "unsupported" and any(m in str(exc) for m in STATEFUL_REFUSALS):
             cause = "stateful_layers_refused"
