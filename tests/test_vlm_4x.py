@@ -182,8 +182,13 @@ def test_4x_config_layout():
     """4.x keeps mrope_section in ``rope_scaling`` (5.0 renamed it rope_parameters), 4.45 .. 4.51 flat (no
     text_config): the shrink scales the section there and shrinks a flat config's vision tower to the text
     width; a 4.x default config with rope_scaling None is named as the library's, with the override."""
-    from pytest_packcheck.model.multimodal import (mrope_section_mismatch, rope_key, scale_mrope_sections,
-                                                   shrink_towers, text_config_of)
+    from pytest_packcheck.model.multimodal import (
+        mrope_section_mismatch,
+        rope_key,
+        scale_mrope_sections,
+        shrink_towers,
+        text_config_of,
+    )
 
     flat = {"hidden_size": 64, "num_attention_heads": 4, "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
             "vision_config": {"depth": 32, "embed_dim": 1280, "hidden_size": 3584, "num_heads": 16}}
