@@ -139,8 +139,10 @@ def mrope_section_mismatch(config: Any) -> tuple[str, str] | None:
     key = rope_key(text)
     params = getattr(text, key, None)
     if key == "rope_scaling" and params is None:  # transformers 4.x: the attention reads rope_scaling["mrope_section"]
-        return ("text rope_scaling is None: its attention reads rope_scaling['mrope_section'] and has no built-in default",
-                'rope_scaling={"type":"mrope","mrope_section":[...]} (its checkpoints\' value, Qwen2-VL\'s [16,24,24])')
+        # 4.57.6: Qwen2-VL's and GLM-4V's attention index rope_scaling["mrope_section"] at forward, Qwen3-VL's
+        # rotary calls rope_scaling.get("mrope_section", ...) at build: neither runs on None
+        return ("text rope_scaling is None, and its text model reads mrope_section from it (4.x has no default for it)",
+                'rope_scaling={"type":"mrope","mrope_section":[...]} (its checkpoints\' value)')
     if not isinstance(params, dict):
         return None
     section = params.get("mrope_section")
