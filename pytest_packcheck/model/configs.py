@@ -48,7 +48,7 @@ def default_config(config_class: Any, spec: ModelSpec) -> Any:
     """The architecture's default config, built with the spec's top-level overrides as arguments where the class
     takes them (a default that does not validate without them: gemma4_assistant), else without."""
     fields = set(getattr(config_class, "__dataclass_fields__", None) or inspect.signature(config_class).parameters)
-    plain = {k: v for k, v in spec.overrides if "." not in k and k in fields}
+    plain = {k: copy.deepcopy(v) for k, v in spec.overrides if "." not in k and k in fields}  # the config may rewrite a dict
     if plain:
         with contextlib.suppress(Exception):  # refused as arguments: set on the default config afterwards
             return config_class(**plain)
