@@ -161,8 +161,9 @@ def mrope_section_mismatch(config: Any) -> tuple[str, str] | None:
         return None
     fixes = [f"text_config.head_dim={round(2 * sum(section) / factor)}"]
     if 2 * sum(section) < head_dim:
-        fixes.append(f"text_config.rope_parameters.partial_rotary_factor={2 * sum(section) / head_dim:g}")
-    why = (f"text rope_parameters mrope_section {section} sums to {sum(section)} rotary frequencies, but its heads have "
+        where = "rope_parameters." if key == "rope_parameters" else ""  # 4.x: an attribute of the text config
+        fixes.append(f"text_config.{where}partial_rotary_factor={2 * sum(section) / head_dim:g}")
+    why = (f"text {key} mrope_section {section} sums to {sum(section)} rotary frequencies, but its heads have "
            f"{half} (head_dim {head_dim} x partial_rotary_factor {factor} / 2)")
     return why, " or ".join(fixes)
 
