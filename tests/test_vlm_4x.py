@@ -106,6 +106,15 @@ def _old_release(mode: str) -> Qwen2VLForConditionalGeneration:
     return model
 
 
+def _raising(model: Qwen2VLForConditionalGeneration) -> Qwen2VLForConditionalGeneration:
+    """A model whose forward raises on any row (GLM-4.5V on 4.57.6's flash path): the layout reading goes on."""
+    def forward(**kwargs):
+        raise ValueError("cu_seqlens_q=[0, 5, 10, 15] for a row of 5 tokens")
+
+    model.forward = forward
+    return model
+
+
 RESOLVED = SimpleNamespace(text_path="mrope", model_type="qwen2_vl")
 
 
@@ -115,7 +124,8 @@ RESOLVED = SimpleNamespace(text_path="mrope", model_type="qwen2_vl")
     (lambda: Qwen2VLForConditionalGeneration("row0", inner=True), 4, "Qwen2VLModel", "takes a text row first"),
     (lambda: Qwen2VLForConditionalGeneration("none", inner=True), 4, "Qwen2VLModel", "takes a text row first"),
     (lambda: Qwen2VLForConditionalGeneration("misread", inner=True), 3, "Qwen2VLModel", "reads a 4th row as a rotary row"),
-], ids=["4.45-flat", "4.52-inner", "4.54-row0", "4.57-text-row-only", "planted-misread"])
+    (lambda: _raising(Qwen2VLForConditionalGeneration("none", inner=True)), 3, "Qwen2VLModel", "raised on its 3 M-RoPE rows alone"),
+], ids=["4.45-flat", "4.52-inner", "4.54-row0", "4.57-text-row-only", "planted-misread", "raises-on-its-own-rows"])
 def test_layout_follows_each_release(build, rows, owner, said):
     """The row count, the get_rope_index owner and whether a text row goes first are read from the model; the
     get_rope_index cache (rope_deltas) is put back."""

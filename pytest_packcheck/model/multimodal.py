@@ -258,7 +258,9 @@ def takes_text_row(model: Any, ids: Any, rows: int) -> tuple[bool, str]:
     M-RoPE rows ``S`` = 0, 2, 4, ... (not a shift of the text row ``T`` = 0..n-1, which RoPE could not tell apart)
     alone, and ``T`` then ``S``. The model takes the text row when the second runs and gives the first's logits
     (within 1e-5): rows 1.. are its M-RoPE rows. It does not when the second raises (4.45 .. 4.53: the rotary
-    expands its frequencies to 3 rows, a shape error) or gives other logits (it read ``T`` as a rotary row).
+    expands its frequencies to 3 rows, a shape error) or gives other logits (it read ``T`` as a rotary row), and
+    none is assumed when the first raises (GLM-4.5V on 4.57.6's flash path: cu_seqlens from 3 x n ids), so the
+    checks, not the layout reading, give that model its verdict.
     """
     import torch
 
@@ -268,7 +270,11 @@ def takes_text_row(model: Any, ids: Any, rows: int) -> tuple[bool, str]:
     mask = torch.ones_like(ids)
     name = type(model).__name__
     with torch.no_grad():
-        alone = model(input_ids=ids, attention_mask=mask, position_ids=spread.contiguous(), use_cache=False).logits
+        try:
+            alone = model(input_ids=ids, attention_mask=mask, position_ids=spread.contiguous(), use_cache=False).logits
+        except Exception as exc:  # noqa: BLE001 - a model that fails on its own rows: the checks give its verdict
+            return False, (f"{name}.forward raised on its {rows} M-RoPE rows alone ({type(exc).__name__}: "
+                           f"{' '.join(str(exc).split())[:100]}): no text row assumed")
         try:
             both = model(input_ids=ids, attention_mask=mask, position_ids=torch.cat([text, spread]), use_cache=False).logits
         except Exception as exc:  # noqa: BLE001 - the release's rotary takes exactly its M-RoPE rows
