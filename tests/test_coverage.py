@@ -362,3 +362,13 @@ def test_paged_prefix_runs_the_checks(tolerances):
     result = C.check_backend(bench)
     assert result.status == "pass", result.message
     assert C.check_isolation(bench).status == "pass"
+
+
+def test_an_override_value_is_copied_into_the_config():
+    """A dict override (4.x's rope_scaling) is copied: transformers 5.x standardises the dict it is given in place
+    (rope_type, rope_theta added), which changed the spec's own value and label, so a version environment's cells
+    no longer matched the parent's and every cell was lost."""
+    spec = parse_model_spec('arch:qwen2_vl{rope_scaling={"type":"mrope","mrope_section":[16,24,24]}}', "t")
+    label = spec.label
+    resolve_model(spec, "t")
+    assert spec.label == label and dict(spec.overrides)["rope_scaling"] == {"type": "mrope", "mrope_section": [16, 24, 24]}

@@ -211,3 +211,43 @@ def test_a_variant_on_a_model_wrong_without_it_names_the_models_own_fault(bench,
         r = V.check_offset_positions(bench("llama", "sdpa"))
     assert r.status == "fail" and r.cause == "leak" and r.metrics["standard_row_diff"] > 1e-2, r.message
     assert [f["cause"] for f in r.findings][:1] == ["offset_positions"]
+
+
+class RaisesWithoutZero(torch.nn.Module):
+    """transformers 4.54.1's flash path in miniature: position_ids that never contain 0 raise, packed or not
+    (``max()`` of the empty set of restarts), even for one example alone."""
+
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.inner, self.config = model, model.config
+
+    def forward(self, input_ids=None, position_ids=None, **kwargs):
+        if position_ids is not None and not bool((position_ids == 0).any()):
+            torch.empty(0).max()  # RuntimeError: max(): Expected reduction dim to be specified for input.numel() == 0
+        return self.inner(input_ids=input_ids, position_ids=position_ids, **kwargs)
+
+
+def test_a_backend_that_raises_on_an_offset_example_alone_is_a_verdict(bench):
+    """4.54.1 (measured): the offset example alone raised, and packcheck crashed (shrunk_crash); it is the
+    check's verdict, offset_positions, naming the example alone."""
+    b = bench("llama", "sdpa")
+    b.model = RaisesWithoutZero(b.model)
+    r = V.check_offset_positions(b)
+    assert r.status == "fail" and r.cause == "offset_positions", r.message
+    assert "one example alone at positions 10..20" in r.message and "RuntimeError: max()" in r.message
+
+
+def collator_without_flash_kwargs(**kwargs):
+    """DataCollatorWithFlattening before 4.52: no return_flash_attn_kwargs, so never cu_seq_lens."""
+    kwargs.pop("return_flash_attn_kwargs", None)
+    return default_collator_factory(**kwargs)
+
+
+def test_cu_seq_lens_on_a_collator_that_cannot_send_them_is_not_checked(bench):
+    """4.45.2 (measured): the collator returns no cu_seq_lens; the cell was an error (a pass resting on no number);
+    it is not checked, with the reason, and the disagreeing row is still reported."""
+    b = bench("llama", "sdpa")
+    b.collator_factory = collator_without_flash_kwargs
+    r = V.check_cu_seq_lens(b)
+    assert r.status == "skipped" and "returns no cu_seq_lens_q" in r.message, r.message
+    assert r.metrics["items"]["without_position_ids"]["status"] == "not_checked"

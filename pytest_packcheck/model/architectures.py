@@ -46,17 +46,34 @@ def causal_lm_architectures() -> list[str]:
 
 #: Auto classes (and their mapping in ``transformers.models.auto.modeling_auto``) of multimodal models packcheck
 #: runs on their text path, in the order they are looked up.
+#: ``AutoModelForVision2Seq`` last: the only one that maps Qwen2-VL in transformers 4.45 .. 4.48 (4.49 added it to
+#: image-text-to-text; 5.x has no Vision2Seq mapping).
 TEXT_PATH_AUTO_CLASSES = (("AutoModelForImageTextToText", "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES"),
-                          ("AutoModelForMultimodalLM", "MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES"))
+                          ("AutoModelForMultimodalLM", "MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES"),
+                          ("AutoModelForVision2Seq", "MODEL_FOR_VISION_2_SEQ_MAPPING_NAMES"))
 
 
 def mrope_text_path(model_type: str) -> tuple[str, str] | None:
     """(class name, auto class) of a multimodal model with no causal-LM class whose own generate() lays out
     multi-row M-RoPE position_ids (its class overrides ``_prepare_position_ids_for_generation``: Qwen2-VL,
     Qwen2.5-VL, Qwen3-VL, GLM-4V and their kin in transformers 5.x), which packcheck runs on its text path;
-    None for any other model type."""
+    None for any other model type. A transformers without that generate() hook (``GenerationMixin`` has none
+    before 5.0: 4.45 .. 4.57) is read by what it has instead: the class, or a class of its module (its inner
+    ``*Model``, 4.52 on), defines ``get_rope_index`` (:func:`multimodal.position_layout` reads the rows from it)."""
+    import sys
+
     import transformers
     from transformers.models.auto import modeling_auto
+
+    hook = hasattr(getattr(transformers, "GenerationMixin", object), "_prepare_position_ids_for_generation")
+
+    def mrope(cls: type) -> bool:
+        if hook:
+            return any("_prepare_position_ids_for_generation" in vars(k) for k in cls.__mro__
+                       if k.__module__.startswith("transformers.models."))
+        module = sys.modules.get(cls.__module__)
+        return cls.__module__.startswith("transformers.models.") and any(
+            isinstance(obj, type) and "get_rope_index" in vars(obj) for obj in vars(module or object).values())
 
     for auto, mapping in TEXT_PATH_AUTO_CLASSES:
         name = getattr(modeling_auto, mapping, {}).get(model_type)
@@ -65,8 +82,7 @@ def mrope_text_path(model_type: str) -> tuple[str, str] | None:
             cls = getattr(transformers, name) if name and hasattr(transformers, auto) else None
         except (ImportError, AttributeError):  # a model class whose optional dependency is missing
             cls = None
-        if cls is not None and any("_prepare_position_ids_for_generation" in vars(k) for k in cls.__mro__
-                                   if k.__module__.startswith("transformers.models.")):
+        if cls is not None and mrope(cls):
             return name, auto
     return None
 

@@ -4,6 +4,7 @@ its checkpoints' layer variants, the spec's overrides, and the refusal of sizes 
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,7 @@ def default_config(config_class: Any, spec: ModelSpec) -> Any:
     """The architecture's default config, built with the spec's top-level overrides as arguments where the class
     takes them (a default that does not validate without them: gemma4_assistant), else without."""
     fields = set(getattr(config_class, "__dataclass_fields__", None) or inspect.signature(config_class).parameters)
-    plain = {k: v for k, v in spec.overrides if "." not in k and k in fields}
+    plain = {k: copy.deepcopy(v) for k, v in spec.overrides if "." not in k and k in fields}  # the config may rewrite a dict
     if plain:
         with contextlib.suppress(Exception):  # refused as arguments: set on the default config afterwards
             return config_class(**plain)
@@ -139,6 +140,10 @@ def apply_overrides(config: Any, spec: ModelSpec, source: str) -> None:
                 warnings.warn(f"Config override '{key}' (in model spec '{spec.raw}' from {source}) is not a key of "
                               f"{type(config).__name__} or its sub-configs: set as a new attribute, which the model may "
                               f"never read.{closest(name, known)}", PackcheckWarning, stacklevel=2)
+        # a copy: transformers rewrites a rope dict it is given in place (5.x standardises rope_scaling into
+        # rope_parameters, adding rope_type / rope_theta: None), which would change the spec's own value, its label
+        # and the cell IDs a version environment's results are matched by
+        value = copy.deepcopy(value)
         try:
             if isinstance(target, dict):
                 target[name] = value

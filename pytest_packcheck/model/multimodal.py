@@ -3,13 +3,29 @@ config and the shrink, and the layout a packed text row's position_ids take (:fu
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import inspect
 from typing import Any
 
 from .errors import TextPathError
 from .tiny import TINY_HEAD_DIM, TINY_TOWER_DEPTH, TINY_TOWER_HEADS
+
+
+def text_config_of(config: Any) -> Any:
+    """The text decoder's config of a composite config (``get_text_config(decoder=True)``; transformers 4.x
+    before the ``decoder`` keyword: ``get_text_config()``; a flat config, Qwen2-VL in 4.45 .. 4.51: itself)."""
+    if not hasattr(config, "get_text_config"):
+        return config
+    try:
+        return config.get_text_config(decoder=True)
+    except TypeError:
+        return config.get_text_config()
+
+
+def rope_key(text: Any) -> str:
+    """Where a text config keeps its rotary settings, ``mrope_section`` among them: ``rope_parameters``
+    (transformers 5.0 renamed it), or ``rope_scaling`` on a config that has no ``rope_parameters`` (4.x)."""
+    return "rope_parameters" if hasattr(text, "rope_parameters") else "rope_scaling"
 
 
 def mrope_section_default(config: Any, class_name: str) -> list[str]:
@@ -22,8 +38,8 @@ def mrope_section_default(config: Any, class_name: str) -> list[str]:
     import torch
     import transformers
 
-    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    params = getattr(text, "rope_parameters", None)
+    text = text_config_of(config)
+    params = getattr(text, rope_key(text), None)
     if not isinstance(params, dict) or "mrope_section" in params:
         return []
     from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
@@ -53,7 +69,7 @@ def scale_mrope_sections(d: dict[str, Any], hidden_key: str, heads_key: str, ori
     frequencies by it in Qwen2-VL's ``recomposition_frequencies``, transformers 5.24), so it keeps its proportions
     and sums to the new half (largest remainders, every section at least one frequency). A section that did not
     sum to the old half (a default config that does not run at full size either) keeps that ratio."""
-    params = d.get("rope_parameters")
+    params = d.get("rope_parameters") if isinstance(d.get("rope_parameters"), dict) else d.get("rope_scaling")  # 4.x
     section = params.get("mrope_section") if isinstance(params, dict) else None
     if not (isinstance(section, list) and section and all(type(v) is int and v > 0 for v in section)):
         return
@@ -87,7 +103,8 @@ def shrink_towers(d: dict[str, Any]) -> None:
     output width at the shrunk text model (``out_hidden_size``; Qwen2-VL's vision ``hidden_size`` is its
     merger's output). The text path never runs them; they only have to build small."""
     text = d.get("text_config")
-    width = text.get("hidden_size") if isinstance(text, dict) else None
+    # a flat config (Qwen2-VL in transformers 4.45 .. 4.51: the text model's keys at the top, beside vision_config)
+    width = text.get("hidden_size") if isinstance(text, dict) else d.get("hidden_size")
     if not isinstance(width, int):
         return
     for key, tower in d.items():
@@ -118,14 +135,20 @@ def mrope_section_mismatch(config: Any) -> tuple[str, str] | None:
     default GLM-4V config gives [8, 12, 12] (32) to heads of 128 rotary dims (64; its checkpoints set
     partial_rotary_factor 0.5); GLM-4.5V's and Qwen3-Omni's defaults leave head_dim to hidden / heads (42, 73;
     their checkpoints set 128). ``fix``: the override(s) that make it consistent."""
-    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    params = getattr(text, "rope_parameters", None)
+    text = text_config_of(config)
+    key = rope_key(text)
+    params = getattr(text, key, None)
+    if key == "rope_scaling" and params is None:  # transformers 4.x: the attention reads rope_scaling["mrope_section"]
+        # 4.57.6: Qwen2-VL's and GLM-4V's attention index rope_scaling["mrope_section"] at forward, Qwen3-VL's
+        # rotary calls rope_scaling.get("mrope_section", ...) at build: neither runs on None
+        return ("text rope_scaling is None, and its text model reads mrope_section from it (4.x has no default for it)",
+                'rope_scaling={"type":"mrope","mrope_section":[...]} (its checkpoints\' value)')
     if not isinstance(params, dict):
         return None
     section = params.get("mrope_section")
     if section is None:
-        return ("text rope_parameters has no mrope_section, and its rotary module no built-in default",
-                "text_config.rope_parameters.mrope_section=[...] (its checkpoints' value)")
+        return (f"text {key} has no mrope_section, and its rotary module no built-in default",
+                f"text_config.{key}.mrope_section=[...] (its checkpoints' value)")
     if not (isinstance(section, list) and section and all(type(v) is int for v in section)):
         return None
     heads, hidden = getattr(text, "num_attention_heads", None), getattr(text, "hidden_size", None)
@@ -138,8 +161,9 @@ def mrope_section_mismatch(config: Any) -> tuple[str, str] | None:
         return None
     fixes = [f"text_config.head_dim={round(2 * sum(section) / factor)}"]
     if 2 * sum(section) < head_dim:
-        fixes.append(f"text_config.rope_parameters.partial_rotary_factor={2 * sum(section) / head_dim:g}")
-    why = (f"text rope_parameters mrope_section {section} sums to {sum(section)} rotary frequencies, but its heads have "
+        where = "rope_parameters." if key == "rope_parameters" else ""  # 4.x: an attribute of the text config
+        fixes.append(f"text_config.{where}partial_rotary_factor={2 * sum(section) / head_dim:g}")
+    why = (f"text {key} mrope_section {section} sums to {sum(section)} rotary frequencies, but its heads have "
            f"{half} (head_dim {head_dim} x partial_rotary_factor {factor} / 2)")
     return why, " or ".join(fixes)
 
@@ -163,14 +187,18 @@ def position_layout(model: Any, resolved: Any) -> Any:
     :class:`~.resolve.ResolvedModel` (typed ``Any`` here: resolve imports this module).
 
     A causal LM: as the collator gives them, ``(batch, length)``. A multimodal model run on its text path: the
-    packed layout its text model reads (``Qwen2VLTextModel.forward`` and its copies, transformers 5.24: "prepend
-    text-only position ids ... [4, bs, seq-len]"): a text row, whose restarts give the packed mask / flash
-    boundaries, then the M-RoPE rows its own ``get_rope_index`` gives a text-only row (3 in 5.24: temporal,
-    height, width, each 0..n-1). Both are read from the model on a 5-token row, so another version's row count is
-    followed, not assumed; what its generate() lays out (``_prepare_position_ids_for_generation``) goes into the
-    record beside it (the Qwen2-VL family: the same 4 rows; Cosmos3-Edge, HunYuan-VL: the M-RoPE rows without the
-    text row). Without a usable ``get_rope_index`` the generate() layout is used. The model's ``rope_deltas``
-    cache, which both set, is put back.
+    packed layout its text model reads (``Qwen2VLTextModel.forward`` and its copies, transformers 4.54 .. 5.24:
+    "prepend text-only position ids ... [4, bs, seq-len]"): a text row, whose restarts give the packed mask / flash
+    boundaries, then the M-RoPE rows its own ``get_rope_index`` gives a text-only row (3: temporal, height, width,
+    each 0..n-1). The rows are read from the model on a 5-token row, so another version's row count is followed,
+    not assumed: ``get_rope_index`` on the model's inner ``*Model`` (``model.model``, transformers 4.52 on) or on
+    the model itself (4.45 .. 4.51), called with the ids alone (its grid / mask arguments are optional in every
+    release; one that needs more gives no rows). Whether a text row goes first is read from the model too: where
+    its generate() lays rows out (``_prepare_position_ids_for_generation``, 5.x) that layout goes into the record
+    beside it (the Qwen2-VL family: the same 4 rows; Cosmos3-Edge, HunYuan-VL: the M-RoPE rows without the text
+    row), and without a usable ``get_rope_index`` it is the layout; where it has no such hook (4.x) the forward
+    probe :func:`takes_text_row` decides (4.45 .. 4.53 refuse a 4th row: 3 rows; 4.54 on take it). The model's
+    ``rope_deltas`` cache, which both set, is put back.
 
     Raises:
         TextPathError: neither gives int ids ``(R, 1, 5)`` (or ``(1, 5)``) equal to 0..4 in every row.
@@ -186,27 +214,72 @@ def position_layout(model: Any, resolved: Any) -> Any:
     owner = next((m for m in (getattr(model, "model", None), model) if m is not None and hasattr(m, "get_rope_index")), None)
     saved = getattr(owner, "rope_deltas", None)
     name = type(model).__name__
+    hook = getattr(model, "_prepare_position_ids_for_generation", None)
     try:
-        generate = _text_only_rows(model._prepare_position_ids_for_generation(ids, {"input_ids": ids}), n)
-        rope = None
+        generate = _text_only_rows(hook(ids, {"input_ids": ids}), n) if hook is not None else None
+        rope, failed = None, ""
         if owner is not None:
             params = inspect.signature(owner.get_rope_index).parameters
             kwargs = {"mm_token_type_ids": torch.zeros_like(ids)} if "mm_token_type_ids" in params else {}
-            with contextlib.suppress(Exception):  # another signature (audio lengths, ...): the generate() layout decides
+            try:
                 out = owner.get_rope_index(ids, **kwargs)
                 rope = _text_only_rows(out[0] if isinstance(out, tuple) else out, n)
+            except Exception as exc:  # noqa: BLE001 - another signature (audio lengths, ...): the generate() layout decides
+                failed = f" (get_rope_index raised {type(exc).__name__}: {' '.join(str(exc).split())[:160]})"
+        text_row = takes_text_row(model, ids, rope) if rope and hook is None else None
     finally:
         if owner is not None and hasattr(owner, "rope_deltas"):
             owner.rope_deltas = saved
     made_by = {None: "packcheck cannot read", 0: "(batch, length)"}
+    rope_source = f"the {rope} rows of {type(owner).__name__}.get_rope_index (text-only row)"
+    if text_row is not None:  # no generate() hook (transformers 4.x): the forward probe decides
+        taken, why = text_row
+        return PositionLayout(rows=rope + 1 if taken else rope,
+                              source=f"{'text row + ' if taken else ''}{rope_source}; {why}")
     if rope:
         seen = made_by.get(generate, f"{generate} rows") if generate != rope + 1 else "the same"
         return PositionLayout(rows=rope + 1, source=(
-            f"text row + the {rope} rows of {type(owner).__name__}.get_rope_index (text-only row); its generate() "
-            f"({name}._prepare_position_ids_for_generation) lays out {seen}"))
+            f"text row + {rope_source}; its generate() ({name}._prepare_position_ids_for_generation) lays out {seen}"))
     if generate is not None:
         return PositionLayout(rows=generate or None, source=f"{name}._prepare_position_ids_for_generation (text-only row)")
     raise TextPathError(
         f"{resolved.model_type}: neither {name}.get_rope_index nor its generate() preparation gives text-only position_ids "
-        "(rows, 1, 5) of 0..4 in every row for a 5-token row: packcheck cannot lay out its packed text rows; run a "
-        "causal-LM architecture instead, or report it to packcheck")
+        f"(rows, 1, 5) of 0..4 in every row for a 5-token row{failed}: packcheck cannot lay out its packed text rows; give "
+        "the config what it lacks (a checkpoint's config, or 'arch:<type>{key=value}'), run a causal-LM architecture "
+        "instead, or report it to packcheck")
+
+
+def takes_text_row(model: Any, ids: Any, rows: int) -> tuple[bool, str]:
+    """Whether ``model`` reads ``rows + 1`` position_ids rows as a text row followed by its ``rows`` M-RoPE rows
+    (what transformers 4.54 on does, ``Qwen2VLTextModel.forward``: ``position_ids.shape[0] == 4`` -> text row
+    ``position_ids[0]``), and why, for the record. ``ids``: int64 ``(1, n)`` token ids, n >= 3.
+
+    Two forwards of the one row with an all-ones attention_mask (so no packed mask is derived from either layout):
+    M-RoPE rows ``S`` = 0, 2, 4, ... (not a shift of the text row ``T`` = 0..n-1, which RoPE could not tell apart)
+    alone, and ``T`` then ``S``. The model takes the text row when the second runs and gives the first's logits
+    (within 1e-5): rows 1.. are its M-RoPE rows. It does not when the second raises (4.45 .. 4.53: the rotary
+    expands its frequencies to 3 rows, a shape error) or gives other logits (it read ``T`` as a rotary row), and
+    none is assumed when the first raises (GLM-4.5V on 4.57.6's flash path: cu_seqlens from 3 x n ids), so the
+    checks, not the layout reading, give that model its verdict.
+    """
+    import torch
+
+    n = int(ids.shape[-1])
+    spread = (torch.arange(n, device=ids.device) * 2)[None, None].expand(rows, 1, n)
+    text = torch.arange(n, device=ids.device)[None, None]
+    mask = torch.ones_like(ids)
+    name = type(model).__name__
+    with torch.no_grad():
+        try:
+            alone = model(input_ids=ids, attention_mask=mask, position_ids=spread.contiguous(), use_cache=False).logits
+        except Exception as exc:  # noqa: BLE001 - a model that fails on its own rows: the checks give its verdict
+            return False, (f"{name}.forward raised on its {rows} M-RoPE rows alone ({type(exc).__name__}: "
+                           f"{' '.join(str(exc).split())[:100]}): no text row assumed")
+        try:
+            both = model(input_ids=ids, attention_mask=mask, position_ids=torch.cat([text, spread]), use_cache=False).logits
+        except Exception as exc:  # noqa: BLE001 - the release's rotary takes exactly its M-RoPE rows
+            return False, f"{name}.forward refuses a text row first ({rows + 1} rows: {type(exc).__name__}: {' '.join(str(exc).split())[:100]})"
+    diff = float((both.float() - alone.float()).abs().max())
+    if diff <= 1e-5:
+        return True, f"{name}.forward takes a text row first ({rows + 1} rows give the {rows} M-RoPE rows' logits, {diff:.1e})"
+    return False, f"{name}.forward reads a {rows + 1}th row as a rotary row (logits move by {diff:.1e}), not as a text row"
