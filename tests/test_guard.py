@@ -680,12 +680,49 @@ def _row(llama_sdpa, **change):
     (lambda b: _row(b, cu_seq_lens_q=[0, 11, 18, 31]), "batch['cu_seq_lens_q'] is a list"),
     (lambda b: _row(b, use_cache="no"), "batch['use_cache'] is 'no': expected True, False or no key"),
     (lambda b: _row(b, fused_lm_head=True), "batch['fused_lm_head'] is True but LlamaForCausalLM has no fused LM head"),
+    # issue 28's second trial: labels on another device raised from torch (the label check ran before the device
+    # check); every malformed field a collator can hand over is one line
+    (lambda b: _row(b, labels=b.packed()["labels"].to("meta")), "batch['labels'] is on the meta device"),
+    (lambda b: _row(b, **{k: v.to("meta") for k, v in b.packed().items()}), "batch['input_ids'] is on the meta device"),
+    (lambda b: _row(b, max_length_q="13"), "batch['max_length_q'] is '13': expected a whole number >= 0"),
+    (lambda b: _row(b, max_length_k=13.0), "batch['max_length_k'] is 13.0: expected a whole number"),
+    (lambda b: _row(b, max_length_q=torch.tensor([13, 13])), "batch['max_length_q'] is a (2,) torch.int64 tensor"),
+    (lambda b: _row(b, max_length_q=True), "batch['max_length_q'] is True"),
+    (lambda b: _row(b, num_items_in_batch="9"), "batch['num_items_in_batch'] is '9'"),
+    (lambda b: _row(b, num_items_in_batch=-1), "batch['num_items_in_batch'] is -1"),
+    (lambda b: _row(b, labels=b.packed()["labels"] > 0), "batch['labels'] has dtype torch.bool: labels are integers"),
+    (lambda b: _row(b, labels=b.packed()["labels"].to(torch.complex64)), "batch['labels'] has dtype torch.complex64"),
+    (lambda b: _row(b, position_ids=b.packed()["position_ids"] > 0), "batch['position_ids'] has dtype torch.bool"),
+    (lambda b: _row(b, input_ids=b.packed()["input_ids"].to(torch.uint8)), "batch['input_ids'] has dtype torch.uint8"),
+    (lambda b: _row(b, position_ids=b.packed()["position_ids"].to_sparse()), "batch['position_ids'] is a torch.sparse_coo tensor"),
+    (lambda b: _row(b, input_ids=tuple(b.packed()["input_ids"][0].tolist())), "batch['input_ids'] is tuple, expected a tensor"),
+    (lambda b: _row(b, labels=tuple(b.packed()["labels"][0].tolist())), "batch['labels'] is a tuple, expected a tensor"),
+    (lambda b: {**b.packed(), 0: 1}, "batch has the key 0 (int)"),
 ], ids=["empty_row", "float_ids", "id_out_of_vocab", "float_labels", "labels_minus_one", "list_positions", "1d_positions", "float_cu", "list_cu",
-                                   "string_use_cache", "fused_without_head"])
+        "string_use_cache", "fused_without_head", "meta_labels", "meta_batch", "string_max_length", "float_max_length",
+        "1d_max_length", "bool_max_length", "string_num_items", "negative_num_items", "bool_labels", "complex_labels",
+        "bool_positions", "uint8_ids", "sparse_positions", "tuple_ids", "tuple_labels", "int_key"])
 def test_malformed_batch_is_one_clear_line(llama_sdpa, make, message):
     with pytest.raises(PackcheckUsageError) as info:
         verify_packed_batch(llama_sdpa.model, make(llama_sdpa))
     assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_batch_on_another_device_than_the_model_is_one_clear_line(tolerances):
+    """A model whose embeddings are on another device than the batch (meta here: no second device on a CPU
+    machine): refused before any value is read, naming both devices."""
+    bench = make_bench("llama", "sdpa", tolerances)
+    batch = bench.packed()
+    bench.model.to("meta")
+    with pytest.raises(PackcheckUsageError) as info:
+        verify_packed_batch(bench.model, batch)
+    assert "batch['input_ids'] is on cpu, the model's embeddings on meta" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_good_scalars_still_pass(llama_sdpa):
+    """The scalars a collator really hands over (an int, a 0-d integer tensor) are taken as before."""
+    row = _row(llama_sdpa, max_length_q=13, max_length_k=torch.tensor(13), num_items_in_batch=torch.tensor(28))
+    assert verify_packed_batch(llama_sdpa.model, row, use_cache=False).verdict == "pass"
 
 
 @pytest.mark.parametrize(("bad", "message"), [
