@@ -109,6 +109,13 @@ class CheckSpec:
         """A whole Trainer / SFTTrainer run (or TRL's packer)."""
         return self.suite == "training"
 
+    @property
+    def shown_by(self) -> tuple[str, ...]:
+        """For a hazard check: the causes that mean its hazard showed, i.e. its causes but the parity causes every
+        hazard probe shares (those mean the packed row is wrong without the hazard too: the model's own fault,
+        counted under its correctness verdict). ``("cache_trap",)`` for cache_trap; empty for other roles."""
+        return tuple(c for c in self.causes if c not in _PARITY_CAUSES) if self.role == "hazard" else ()
+
     def load(self) -> Callable[[Any], Any]:
         return _load(self.function)
 
