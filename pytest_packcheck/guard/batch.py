@@ -5,6 +5,7 @@ finds a batch of several packed rows; :func:`unpack_row` turns a packed row into
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -107,7 +108,8 @@ def check_fields(batch: Any, device: Any = None) -> Any:
     every tensor dense and
     on input_ids' device (a 0-d CPU scalar may ride beside a CUDA batch, as torch allows), and input_ids on
     ``device`` (:func:`model_device`) when given; no meta tensor (it holds no values); ``max_length_q/k`` and
-    ``num_items_in_batch`` a whole number >= 0 (int or 0-d integer tensor); ``use_cache`` / ``fused_lm_head``
+    ``num_items_in_batch`` a whole number >= 0 (int or 0-d integer tensor; the count may be a whole 0-d float tensor,
+    as transformers 5.24's Trainer hands it); ``use_cache`` / ``fused_lm_head``
     True or False. Returns ``input_ids``.
 
     Raises:
@@ -154,6 +156,9 @@ def check_fields(batch: Any, device: Any = None) -> Any:
             continue
         whole = (isinstance(value, int) and not isinstance(value, bool)) or (
             isinstance(value, torch.Tensor) and value.ndim == 0 and _is_integer(value.dtype))
+        if key == "num_items_in_batch" and isinstance(value, torch.Tensor) and value.ndim == 0 and value.dtype.is_floating_point:
+            number = float(value)  # transformers 5.24's Trainer hands a float32 count
+            whole = math.isfinite(number) and number == int(number)
         if not whole or int(value) < 0:
             shown = f"a {_shape(value)} {value.dtype} tensor" if isinstance(value, torch.Tensor) else repr(value)
             raise _usage(f"batch[{key!r}] is {shown}: expected a whole number >= 0 (an int or a 0-d integer tensor"
