@@ -63,7 +63,7 @@ def test_gate_bad_inputs(baseline_path, tmp_path):
     proc = _gate("--baseline", str(newer), "--candidate", str(baseline_path))
     assert proc.returncode == 2 and f"schema_version 99, newer than {SCHEMA_VERSION}" in proc.stderr
     proc = _gate("--baseline", str(tmp_path / "missing.json"), "--candidate", str(baseline_path))
-    assert proc.returncode == 2 and "does not exist" in proc.stderr
+    assert proc.returncode == 2 and f"{tmp_path / 'missing.json'} (from --baseline) does not exist" in proc.stderr
 
 
 def test_merge_shards(baseline_path):
@@ -92,10 +92,15 @@ def test_pytest_baseline_fails_session_after_writing_matrix(pytester, baseline_p
     assert (pytester.path / "reports" / "packcheck-matrix.json").exists()
 
 
-def test_pytest_missing_baseline_is_usage_error(pytester):
+def test_pytest_missing_baseline_is_usage_error(pytester, monkeypatch):
+    """The error names the option the path came from (issue 28: it named the file only)."""
     result = pytester.runpytest_subprocess("--packcheck-models=arch:llama", "--packcheck-baseline=nope.json", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["ERROR: Results file nope.json does not exist*"])
+    result.stderr.fnmatch_lines(["ERROR: Results file nope.json (from --packcheck-baseline) does not exist*"])
+    monkeypatch.setenv("PACKCHECK_BASELINE", "gone.json")
+    result = pytester.runpytest_subprocess("--packcheck-models=arch:llama", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: Results file gone.json (from $PACKCHECK_BASELINE) does not exist*"])
 
 
 def test_shards_partition_the_models(pytester):
