@@ -59,3 +59,35 @@ def test_atlas_refuses_a_missing_build_dir_and_a_non_positive_bisect_limit(args,
     proc = _cli("atlas", *args, "-o", str(tmp_path / "out"))
     assert proc.returncode == 2 and message in proc.stderr and proc.stderr.strip().count("\n") == 0, proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("arch:llama{pad_token_id=-5}", ("Config value pad_token_id=-5 (in an override of model spec 'arch:llama{pad_token_id=-5}' "
+                                    "from test) is not a token id of the model's vocabulary [0, 32,000)")),
+    ("arch:llama{bos_token_id=100000}", "Config value bos_token_id=100000"),
+    ("arch:llama{eos_token_id=[2,-1]}", "Config value eos_token_id=-1"),
+])
+def test_a_typed_special_token_id_outside_the_vocabulary_is_refused(spec, message):
+    """`arch:llama{pad_token_id=-5}` ran with the pad row wrapped to id 507 of the shrunk vocabulary, under the
+    absurd label and with no note: refused as an absurd size is (model/configs.py)."""
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_spec
+
+    with pytest.raises(PackcheckUsageError) as info:
+        resolve_model(parse_model_spec(spec, "test"), "test")
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_special_token_ids_inside_the_vocabulary_still_resolve():
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_spec
+
+    for spec in ("arch:llama{pad_token_id=31999}", "arch:llama{pad_token_id=null}", "arch:llama{eos_token_id=[2,7]}"):
+        assert resolve_model(parse_model_spec(spec, "test"), "test").error is None, spec
+
+
+def test_a_special_token_id_from_packcheck_config_is_refused_by_the_audit(tmp_path):
+    proc = _cli("audit", "--models", "arch:llama", "--packcheck-config", "pad_token_id=-5", "-n", "0", "-q",
+                "--packcheck-report-dir", str(tmp_path / "r"), cwd=tmp_path)
+    assert proc.returncode == 2 and "Config value pad_token_id=-5" in proc.stdout + proc.stderr, proc.stdout[-1500:] + proc.stderr
+    assert not (tmp_path / "r" / "packcheck-matrix.json").exists()
