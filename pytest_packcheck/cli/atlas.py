@@ -52,6 +52,8 @@ def run(ns: argparse.Namespace) -> int:
     from ..atlas import main as atlas_main
     from ..errors import PackcheckUsageError
 
+    if ns.render_only and ns.no_render:
+        raise PackcheckUsageError("--render-only and --no-render exclude each other: pick one.")
     if ns.render_only and not Path(ns.build_dir).is_dir():
         # checked before the releases are asked of the package index: nothing there to render from
         what = "is not a folder" if Path(ns.build_dir).exists() else "does not exist"
@@ -69,8 +71,6 @@ def run(ns: argparse.Namespace) -> int:
 
         print(json.dumps(releases))
         return 0
-    if ns.render_only and ns.no_render:
-        raise PackcheckUsageError("--render-only and --no-render exclude each other: pick one.")
     shard = parse_shard(ns.shard, "--shard") if ns.shard else None
     if ns.workers < 1:
         raise PackcheckUsageError(f"-n/--workers {ns.workers} must be >= 1.")
