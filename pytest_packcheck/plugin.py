@@ -16,6 +16,23 @@ import pytest
 from .config.options import OPTIONS
 
 _SESSION_KEY = pytest.StashKey["Any"]()
+#: The names this module is registered under: pyproject's ``pytest11`` entry point and its module path (``-p
+#: pytest_packcheck.plugin``, ``pytest_plugins = [...]``). pluggy refuses one module under two names.
+ENTRY_POINT = "packcheck"
+PLUGIN_NAMES = (ENTRY_POINT, __name__)
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    """Called as this module is registered (pytest replays the hook for each plugin): block its other name, so
+    that ``-p pytest_packcheck.plugin`` beside the installed entry point (or the reverse order, through
+    ``pytest_plugins``) is one plugin instead of pytest's "Plugin already registered under a different name"."""
+    import sys
+
+    here = pluginmanager.get_name(sys.modules[__name__])
+    if here in PLUGIN_NAMES:
+        for name in PLUGIN_NAMES:
+            if name != here and not pluginmanager.is_blocked(name) and pluginmanager.get_plugin(name) is None:
+                pluginmanager.set_blocked(name)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -130,18 +147,59 @@ def packcheck_verify(request: pytest.FixtureRequest) -> Any:
     (``indirect=True``) with ``(model, batch)`` or ``{"model": ..., "batch": ..., **options}`` (callables are
     called first, so models can be built lazily): the fixture runs the check and returns the result.
     """
-    from .guard import verify_packed_batch
-
-    def verify(model: Any, batch: Any, **options: Any) -> Any:
-        options.setdefault("on_mismatch", "raise")
-        return verify_packed_batch(model, batch, **options)
-
     param = getattr(request, "param", None)
     if param is None:
-        return verify
-    spec = dict(param) if isinstance(param, dict) else {"model": param[0], "batch": param[1]}
+        return _verify
+    model, batch, options = _fixture_param(param)
+    return _verify(model, batch, **options)
+
+
+def _verify(model: Any, batch: Any, **options: Any) -> Any:
+    """:func:`~pytest_packcheck.guard.verify_packed_batch` raising on a mismatch; an option it does not take is a
+    usage error naming it and the ones it takes.
+
+    Raises:
+        PackcheckUsageError: an unknown option (and whatever verify_packed_batch refuses).
+    """
+    import inspect
+
+    from .errors import PackcheckUsageError
+    from .guard import verify_packed_batch
+
+    taken = [n for n, p in inspect.signature(verify_packed_batch).parameters.items() if p.kind == p.KEYWORD_ONLY]
+    unknown = [k for k in options if k not in taken]
+    if unknown:
+        raise PackcheckUsageError(f"packcheck_verify: unknown option {unknown[0]!r}: it takes {', '.join(taken)} "
+                                  "(verify_packed_batch's keyword arguments).")
+    options.setdefault("on_mismatch", "raise")
+    return verify_packed_batch(model, batch, **options)
+
+
+def _fixture_param(param: Any) -> tuple[Any, Any, dict[str, Any]]:
+    """``(model, batch, options)`` from the fixture's indirect parameter: ``(model, batch)`` or ``{"model": ...,
+    "batch": ..., **options}``; a model or batch that is a callable (not a module) is called first.
+
+    Raises:
+        PackcheckUsageError: any other parameter (a callable, a string, a tuple of another length, a dict without
+            "model" or "batch"), naming what it is and the two accepted forms.
+    """
+    from .errors import PackcheckUsageError
+
+    forms = ("pass (model, batch) or {'model': ..., 'batch': ..., **options} (a model or batch may be a callable "
+             "that builds it)")
+    if isinstance(param, dict):
+        missing = [k for k in ("model", "batch") if k not in param]
+        if missing:
+            raise PackcheckUsageError(f"packcheck_verify's parameter has no {missing[0]!r} key (keys: "
+                                      f"{', '.join(map(repr, param)) or 'none'}): {forms}.")
+        spec = dict(param)
+    elif isinstance(param, list | tuple) and len(param) == 2:
+        spec = {"model": param[0], "batch": param[1]}
+    else:
+        what = f"a {len(param)}-item {type(param).__name__}" if isinstance(param, list | tuple) else f"a {type(param).__name__}"
+        raise PackcheckUsageError(f"packcheck_verify's parameter is {what} ({param!r:.60}): {forms}.")
     model, batch = (v() if callable(v) and not hasattr(v, "forward") else v for v in (spec.pop("model"), spec.pop("batch")))
-    return verify(model, batch, **spec)
+    return model, batch, spec
 
 
 class _ResultRecorder:

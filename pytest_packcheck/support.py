@@ -140,15 +140,28 @@ def lookup(model_type: str, attn_implementation: str, transformers_version: str,
     transformers' padding-free forward / backward, not SFTTrainer.
 
     Raises:
-        PackcheckUsageError: ``transformers_version`` is not a version, or the support file is unusable.
+        PackcheckUsageError: ``transformers_version`` or ``trl_version`` is not a version; ``attn_implementation`` is
+            none the backend table (:data:`~pytest_packcheck.backends.table.KNOWN_BACKENDS`), :data:`ANSWERED_FROM` or
+            the atlas knows (``sdpaa``: a typo answered "not measured" before); the support file is unusable.
     """
     from packaging.version import InvalidVersion, Version
 
-    try:
-        wanted = Version(transformers_version)
-    except InvalidVersion:
-        raise PackcheckUsageError(f"transformers version '{transformers_version}' is not a version: write e.g. 4.56.2.") from None
+    from .backends.table import KNOWN_BACKENDS
+    from .errors import closest
+
+    for what, value in (("transformers", transformers_version), ("trl", trl_version)):
+        try:
+            if value is not None:
+                Version(str(value))
+        except InvalidVersion:
+            raise PackcheckUsageError(f"{what} version '{value}' is not a version (the {what} version asked about): write "
+                                      "a release number such as 4.56.2 (no 'transformers==', no wildcard).") from None
+    wanted = Version(transformers_version)
     doc = load_support(path)
+    known = list(dict.fromkeys([*KNOWN_BACKENDS, *ANSWERED_FROM, *(b for row in doc["cells"].values() for b in row)]))
+    if attn_implementation not in known:
+        raise PackcheckUsageError(f"Unknown attn_implementation '{attn_implementation}' (from the attn_implementation "
+                                  f"argument): the atlas answers {', '.join(known)}.{closest(attn_implementation, known)}")
     src = path or default_support_file()
     where = f"{src} (packcheck atlas of {doc.get('generated')}, {doc.get('device')} {doc.get('dtype')}, torch {doc.get('torch')})"
     backend = ANSWERED_FROM.get(attn_implementation, attn_implementation)
@@ -163,22 +176,22 @@ def lookup(model_type: str, attn_implementation: str, transformers_version: str,
             "transformers_version": transformers_version, "where": where}
     arch = doc["cells"].get(model_type)
     if arch is None:
-        from .errors import closest
-
         notes.append(f"architecture '{model_type}' is not in the atlas ({len(doc['cells'])} measured){closest(model_type, list(doc['cells']))}")
         return Answer(**base, measured=False, notes=notes)
     row = arch.get(backend)
     if row is None:
         notes.append(f"backend '{backend}' is not measured for {model_type} (measured: {', '.join(sorted(arch))})")
         return Answer(**base, measured=False, notes=notes)
-    entry = row.get(str(wanted))
+    # 4.56 is 4.56.0: the release the atlas names, whatever its spelling
+    key = next((v for v in row if _parses(v) and Version(v) == wanted), str(wanted))
+    entry = row.get(key)
     if entry is not None:
         from .atlas import reproduce_command
 
         return Answer(**base, measured=True, verdict=entry["verdict"], causes=list(entry.get("causes", [])),
                       check=entry.get("check"), number=entry.get("number"), message=entry.get("message", ""),
-                      measured_at=str(wanted), backend=backend, notes=notes,
-                      reproduce=reproduce_command(str(wanted), model_type, backend))
+                      measured_at=key, backend=backend, notes=notes,
+                      reproduce=reproduce_command(key, model_type, backend))
     measured = sorted(row, key=Version)
     below = [v for v in measured if Version(v) < wanted]
     above = [v for v in measured if Version(v) > wanted]
@@ -229,6 +242,16 @@ def _bisected_side(doc: dict[str, Any], model_type: str, backend: str, before: s
     if record.get("file"):
         what += f" ({record['file']})"
     return side, what
+
+
+def _parses(version: str) -> bool:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        Version(version)
+    except InvalidVersion:
+        return False
+    return True
 
 
 def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:

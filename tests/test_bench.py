@@ -191,6 +191,9 @@ def test_bench_cli_refuses_bad_input_before_measuring(tmp_path):
     blocker = tmp_path / "afile"
     blocker.write_text("")
     cases = [
+        # issue 28: `--device tpu` went on to build the model (never refused up front)
+        (["--device", "tpu"], "Unknown device 'tpu' (from --device). Expected cpu, cuda or cuda:N"),
+        (["--device", "cudax"], "Unknown device 'cudax' (from --device)"),
         (["--warmup", "0"], "--warmup 0 must be >= 1 (the first step of each mode pays one-time costs"),
         (["--max-length", "1"], "--max-length 1 must be >= 2"),
         (["--name", "../escape"], "--name '../escape' must be a file name stem without a path"),

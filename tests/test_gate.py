@@ -63,7 +63,7 @@ def test_gate_bad_inputs(baseline_path, tmp_path):
     proc = _gate("--baseline", str(newer), "--candidate", str(baseline_path))
     assert proc.returncode == 2 and f"schema_version 99, newer than {SCHEMA_VERSION}" in proc.stderr
     proc = _gate("--baseline", str(tmp_path / "missing.json"), "--candidate", str(baseline_path))
-    assert proc.returncode == 2 and "does not exist" in proc.stderr
+    assert proc.returncode == 2 and f"{tmp_path / 'missing.json'} (from --baseline) does not exist" in proc.stderr
 
 
 def test_merge_shards(baseline_path):
@@ -92,10 +92,15 @@ def test_pytest_baseline_fails_session_after_writing_matrix(pytester, baseline_p
     assert (pytester.path / "reports" / "packcheck-matrix.json").exists()
 
 
-def test_pytest_missing_baseline_is_usage_error(pytester):
+def test_pytest_missing_baseline_is_usage_error(pytester, monkeypatch):
+    """The error names the option the path came from (issue 28: it named the file only)."""
     result = pytester.runpytest_subprocess("--packcheck-models=arch:llama", "--packcheck-baseline=nope.json", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["ERROR: Results file nope.json does not exist*"])
+    result.stderr.fnmatch_lines(["ERROR: Results file nope.json (from --packcheck-baseline) does not exist*"])
+    monkeypatch.setenv("PACKCHECK_BASELINE", "gone.json")
+    result = pytester.runpytest_subprocess("--packcheck-models=arch:llama", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: Results file gone.json (from $PACKCHECK_BASELINE) does not exist*"])
 
 
 def test_shards_partition_the_models(pytester):
@@ -156,3 +161,33 @@ def test_merge_of_unrelated_audits_warns_and_keeps_every_column(baseline_path, t
                            str(tmp_path / "a.json"), str(tmp_path / "b.json")], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     assert "not shards of one audit" in proc.stderr and "checks" in proc.stderr
+
+
+def test_audit_with_a_baseline_exits_1_on_a_regression_as_the_gate_does(tmp_path):
+    """`packcheck audit --packcheck-baseline B` printed a regression and exited 0 (pytest's exit 1 for failing
+    cells was read as "matrix written"). A regression now exits 1, by the gate's one rule (analysis.gate.compare):
+    a correctness cell that got worse and a hazard probe that newly shows its hazard both count, in the audit as
+    in `packcheck gate`; failing cells that were failing before do not."""
+    run = [sys.executable, "-m", "pytest_packcheck.cli", "audit", "--models", "arch:llama,arch:opt", "--packcheck-attn", "sdpa",
+           "--packcheck-checks", "isolation,cache_trap", "-n", "0", "-q"]
+    first = subprocess.run([*run, "--packcheck-report-dir", str(tmp_path / "a")], capture_output=True, text=True, check=False)
+    assert first.returncode == 0, first.stderr
+    doc = json.loads((tmp_path / "a" / "packcheck-matrix.json").read_text())
+    cells = {c["cell_id"]: c for c in doc["cells"]}
+    assert cells["opt-sdpa-isolation-float32"]["status"] == "fail" and cells["llama-sdpa-cache_trap-float32"]["status"] == "fail"
+    same = tmp_path / "same.json"
+    same.write_text(json.dumps(doc))
+    proc = subprocess.run([*run, "--packcheck-report-dir", str(tmp_path / "b"), "--packcheck-baseline", str(same)],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr  # failing as before: no regression
+    cells["opt-sdpa-isolation-float32"]["status"] = "pass"  # a correctness cell that passed before
+    cells["llama-sdpa-cache_trap-float32"]["status"] = "pass"  # a hazard that did not show before
+    base = tmp_path / "base.json"
+    base.write_text(json.dumps(doc))
+    proc = subprocess.run([*run, "--packcheck-report-dir", str(tmp_path / "c"), "--packcheck-baseline", str(base)],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr
+    assert "2 regression(s), 2 changed cell(s)" in proc.stdout
+    assert "packcheck audit: 2 regression(s) against the baseline" in proc.stderr and "--packcheck-baseline" in proc.stderr
+    gate = _gate("--baseline", str(base), "--candidate", str(tmp_path / "c" / "packcheck-matrix.json"))
+    assert gate.returncode == 1 and "2 regression(s)" in gate.stdout + gate.stderr  # one rule: the gate agrees

@@ -660,6 +660,39 @@ def test_warn_on_a_trainer_that_does_not_pack_goes_on(tolerances, tmp_path):
         assert callback.result.verdict == "skipped" and trainer.state.global_step == 1, policy
 
 
+@pytest.mark.parametrize("policy", ["raise", "warn", "disable"])
+def test_callback_on_a_padded_batch_says_not_packed_once(llama_sdpa, monkeypatch, policy):
+    """Issue 28: on a padded (not packed) first batch the callback's line said "SKIPPED ... on 3 packed examples"
+    and came twice (printed, then warned). It says "not packed: nothing to check", once, and training goes on."""
+    import warnings
+
+    from pytest_packcheck.guard import PackcheckGuardWarning
+    from pytest_packcheck.guard import callback as callback_module
+
+    printed: list[str] = []
+    monkeypatch.setattr(callback_module, "print_line", printed.append)
+    ids = torch.randint(3, 200, (3, 13))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+    model, callback = llama_sdpa.model, PackcheckCallback(on_mismatch=policy)
+    model.train()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert callback._first_forward(model, (), batch) is None  # the batch goes to the model unchanged
+    finally:
+        model.eval()
+    said = printed + [str(w.message) for w in caught if issubclass(w.category, PackcheckGuardWarning)]
+    assert len(said) == 1, said
+    assert said[0].startswith("packcheck guard: not packed: nothing to check") and "packed examples" not in said[0]
+    assert said[0].endswith("training goes on unchanged") and "(3, 13)" in said[0]
+    assert callback.result.verdict == "skipped" and callback.result.lengths == [] and callback.fallback is None
+
+
+def test_callback_verbose_must_be_a_bool():
+    with pytest.raises(PackcheckUsageError, match="verbose='no': expected True or False"):
+        PackcheckCallback(verbose="no")
+
+
 def _row(llama_sdpa, **change):
     batch = llama_sdpa.packed()
     batch.update(change)
@@ -680,12 +713,52 @@ def _row(llama_sdpa, **change):
     (lambda b: _row(b, cu_seq_lens_q=[0, 11, 18, 31]), "batch['cu_seq_lens_q'] is a list"),
     (lambda b: _row(b, use_cache="no"), "batch['use_cache'] is 'no': expected True, False or no key"),
     (lambda b: _row(b, fused_lm_head=True), "batch['fused_lm_head'] is True but LlamaForCausalLM has no fused LM head"),
+    # issue 28's second trial: labels on another device raised from torch (the label check ran before the device
+    # check); every malformed field a collator can hand over is one line
+    (lambda b: _row(b, labels=b.packed()["labels"].to("meta")), "batch['labels'] is on the meta device"),
+    (lambda b: _row(b, **{k: v.to("meta") for k, v in b.packed().items()}), "batch['input_ids'] is on the meta device"),
+    (lambda b: _row(b, max_length_q="13"), "batch['max_length_q'] is '13': expected a whole number >= 0"),
+    (lambda b: _row(b, max_length_k=13.0), "batch['max_length_k'] is 13.0: expected a whole number"),
+    (lambda b: _row(b, max_length_q=torch.tensor([13, 13])), "batch['max_length_q'] is a (2,) torch.int64 tensor"),
+    (lambda b: _row(b, max_length_q=True), "batch['max_length_q'] is True"),
+    (lambda b: _row(b, num_items_in_batch="9"), "batch['num_items_in_batch'] is '9'"),
+    (lambda b: _row(b, num_items_in_batch=-1), "batch['num_items_in_batch'] is -1"),
+    (lambda b: _row(b, num_items_in_batch=torch.tensor(2.5)), "batch['num_items_in_batch'] is a () torch.float32 tensor"),
+    (lambda b: _row(b, labels=b.packed()["labels"] > 0), "batch['labels'] has dtype torch.bool: labels are integers"),
+    (lambda b: _row(b, labels=b.packed()["labels"].to(torch.complex64)), "batch['labels'] has dtype torch.complex64"),
+    (lambda b: _row(b, position_ids=b.packed()["position_ids"] > 0), "batch['position_ids'] has dtype torch.bool"),
+    (lambda b: _row(b, input_ids=b.packed()["input_ids"].to(torch.uint8)), "batch['input_ids'] has dtype torch.uint8"),
+    (lambda b: _row(b, position_ids=b.packed()["position_ids"].to_sparse()), "batch['position_ids'] is a torch.sparse_coo tensor"),
+    (lambda b: _row(b, input_ids=tuple(b.packed()["input_ids"][0].tolist())), "batch['input_ids'] is tuple, expected a tensor"),
+    (lambda b: _row(b, labels=tuple(b.packed()["labels"][0].tolist())), "batch['labels'] is a tuple, expected a tensor"),
+    (lambda b: {**b.packed(), 0: 1}, "batch has the key 0 (int)"),
 ], ids=["empty_row", "float_ids", "id_out_of_vocab", "float_labels", "labels_minus_one", "list_positions", "1d_positions", "float_cu", "list_cu",
-                                   "string_use_cache", "fused_without_head"])
+        "string_use_cache", "fused_without_head", "meta_labels", "meta_batch", "string_max_length", "float_max_length",
+        "1d_max_length", "bool_max_length", "string_num_items", "negative_num_items", "fractional_num_items", "bool_labels", "complex_labels",
+        "bool_positions", "uint8_ids", "sparse_positions", "tuple_ids", "tuple_labels", "int_key"])
 def test_malformed_batch_is_one_clear_line(llama_sdpa, make, message):
     with pytest.raises(PackcheckUsageError) as info:
         verify_packed_batch(llama_sdpa.model, make(llama_sdpa))
     assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_batch_on_another_device_than_the_model_is_one_clear_line(tolerances):
+    """A model whose embeddings are on another device than the batch (meta here: no second device on a CPU
+    machine): refused before any value is read, naming both devices."""
+    bench = make_bench("llama", "sdpa", tolerances)
+    batch = bench.packed()
+    bench.model.to("meta")
+    with pytest.raises(PackcheckUsageError) as info:
+        verify_packed_batch(bench.model, batch)
+    assert "batch['input_ids'] is on cpu, the model's embeddings on meta" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_good_scalars_still_pass(llama_sdpa):
+    """The scalars a collator and a Trainer really hand over (an int, a 0-d integer tensor, transformers 5.24's
+    float32 count of label tokens) are taken as before."""
+    for count in (torch.tensor(28), torch.tensor(28.0), 28):
+        row = _row(llama_sdpa, max_length_q=13, max_length_k=torch.tensor(13), num_items_in_batch=count)
+        assert verify_packed_batch(llama_sdpa.model, row, use_cache=False).verdict == "pass"
 
 
 @pytest.mark.parametrize(("bad", "message"), [

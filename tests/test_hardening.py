@@ -61,11 +61,12 @@ def test_a_bad_results_file_is_one_line_in_gate_and_merge(tmp_path, content, mes
     bad, good = tmp_path / "bad.json", tmp_path / "good.json"
     bad.write_bytes(content)
     good.write_text(json.dumps(_doc([_cell()])))
-    for command, args in (("gate", ["--baseline", str(good), "--candidate", str(bad)]), ("merge", [str(bad), "-o", "out"])):
+    for command, args, source in (("gate", ["--baseline", str(good), "--candidate", str(bad)], "--candidate"),
+                                  ("merge", [str(bad), "-o", "out"], "packcheck merge's FILES")):
         proc = _cli([command, *args], tmp_path)
         assert proc.returncode == 2, proc.stderr
         line = _one_line(proc.stderr, f"packcheck {command}: error:")
-        assert f"Results file {bad} {message}" in line
+        assert f"Results file {bad} (from {source}) {message}" in line  # the option it came from (issue 28)
     assert not (tmp_path / "out").exists()
 
 

@@ -48,6 +48,24 @@ def test_readme_option_table_holds_exactly_the_registered_flags():
         assert opt.flag in _help("audit"), opt.flag
 
 
+def _readme_option_row(flag: str) -> str:
+    return next(row for row in README.splitlines() if row.startswith(f"| `{flag}` |"))
+
+
+def test_readme_checks_row_is_the_registrys():
+    """Issue 28: the row was typed by hand and missed single_row and the variants suite."""
+    from pytest_packcheck.checks.registry import option_table_cell
+
+    assert _readme_option_row("--packcheck-checks") == f"| `--packcheck-checks` | {option_table_cell()} |"
+
+
+def test_readme_attn_row_names_every_backend_of_the_table():
+    from pytest_packcheck.backends.table import KNOWN_BACKENDS
+
+    row = _readme_option_row("--packcheck-attn")
+    assert [b for b in KNOWN_BACKENDS if f"`{b}`" not in row] == []
+
+
 def test_readme_names_every_exit_code():
     for code in EXIT_CODES:
         assert f"`{code}`" in README, code

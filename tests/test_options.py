@@ -78,6 +78,7 @@ def test_isolation_flag_fills_the_sandbox_field():
 
 @pytest.mark.parametrize("env, value, message", [
     ("PACKCHECK_DEVICE", "xpu", "Unknown device 'xpu' (from $PACKCHECK_DEVICE)"),
+    ("PACKCHECK_DEVICE", "cuda:a", "Unknown device 'cuda:a' (from $PACKCHECK_DEVICE). Expected cpu, cuda or cuda:N"),
     ("PACKCHECK_TIMEOUT", "-1", "Bad timeout '-1' (from $PACKCHECK_TIMEOUT)"),
     ("PACKCHECK_SHARD", "3/2", "Bad shard '3/2' (from $PACKCHECK_SHARD)"),
 ])

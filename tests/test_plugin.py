@@ -166,3 +166,68 @@ def test_tolerance_file_values_are_checked(pytester, tmp_path):
     result = pytester.runpytest_subprocess("--packcheck-models=arch:llama", f"--packcheck-tolerances={bad}", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: Tolerance float32.logits_atol = 'abc' in * must be a non-negative number."])
+
+
+@pytest.mark.parametrize("how", ["-p", "pytest_plugins"])
+def test_plugin_named_by_module_beside_the_entry_point_is_one_plugin(pytester, how):
+    """`-p pytest_packcheck.plugin` (or a conftest's pytest_plugins) beside the installed entry point: pytest
+    refused the second name ("Plugin already registered under a different name"); now it is one plugin."""
+    pytester.makepyfile(test_a="def test_fixture(packcheck_verify):\n    assert callable(packcheck_verify)\n")
+    args = ["-p", "no:cacheprovider"]
+    if how == "-p":
+        args += ["-p", "pytest_packcheck.plugin"]
+    else:
+        pytester.makeconftest('pytest_plugins = ["pytest_packcheck.plugin"]\n')
+    result = pytester.runpytest_subprocess(*args)
+    assert "already registered" not in result.stderr.str() + result.stdout.str()
+    result.assert_outcomes(passed=1)
+
+
+def test_entry_point_name_is_the_one_in_pyproject():
+    from pathlib import Path
+
+    import tomllib
+
+    from pytest_packcheck import plugin
+
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    assert project["project"]["entry-points"]["pytest11"] == {plugin.ENTRY_POINT: plugin.__name__}
+
+
+@pytest.mark.parametrize(("param", "message"), [
+    (lambda: None, "packcheck_verify's parameter is a function"),
+    ("arch:llama", "packcheck_verify's parameter is a str ('arch:llama')"),
+    ((1, 2, 3), "packcheck_verify's parameter is a 3-item tuple"),
+    ({"model": 1}, "packcheck_verify's parameter has no 'batch' key (keys: 'model')"),
+    (None, "packcheck_verify's parameter is a NoneType"),
+])
+def test_fixture_parameter_that_is_not_model_and_batch_is_one_line(param, message):
+    from pytest_packcheck.errors import PackcheckUsageError
+    from pytest_packcheck.plugin import _fixture_param
+
+    with pytest.raises(PackcheckUsageError) as info:
+        _fixture_param(param)
+    assert message in str(info.value) and "(model, batch) or {'model'" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_fixture_given_a_callable_or_an_unknown_option_is_a_usage_error(pytester):
+    """Through pytest, as a user writes it: a callable as the indirect parameter, an unknown option, and a
+    callable where the model goes (verify_packed_batch's own refusal): each a one-line PackcheckUsageError."""
+    pytester.makepyfile(test_a='''
+import pytest
+
+@pytest.mark.parametrize("packcheck_verify", [lambda: ("model", "batch")], indirect=True)
+def test_callable_param(packcheck_verify):
+    pass
+
+def test_unknown_option(packcheck_verify):
+    packcheck_verify(None, {}, on_mismtach="warn")
+
+def test_callable_model(packcheck_verify):
+    packcheck_verify(lambda: None, {})
+''')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(errors=1, failed=2)
+    result.stdout.fnmatch_lines(["*PackcheckUsageError: packcheck_verify's parameter is a function*"])
+    result.stdout.fnmatch_lines(["*PackcheckUsageError: packcheck_verify: unknown option 'on_mismtach': it takes *"])
+    result.stdout.fnmatch_lines(["*PackcheckUsageError: verify_packed_batch: model is a function without a config*"])

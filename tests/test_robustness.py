@@ -108,11 +108,12 @@ def test_gate_on_a_corrupt_cell_is_exit_2_not_a_regression(tmp_path, bad, messag
     good, corrupt = tmp_path / "good.json", tmp_path / "corrupt.json"
     good.write_text(json.dumps(_doc([_cell()])))
     corrupt.write_text(json.dumps(_doc([_cell(**bad)])))
-    for args in (["--baseline", str(good), "--candidate", str(corrupt)], ["--baseline", str(corrupt), "--candidate", str(good)]):
+    for args, flag in ((["--baseline", str(good), "--candidate", str(corrupt)], "--candidate"),
+                       (["--baseline", str(corrupt), "--candidate", str(good)], "--baseline")):
         proc = _cli(["gate", *args], tmp_path)
         assert proc.returncode == 2
         line = _one_error_line(proc.stderr, "packcheck gate: error:")
-        assert f"Results file {corrupt} is corrupt: cell 'llama-sdpa-isolation-float32' has" in line and message in line
+        assert f"Results file {corrupt} (from {flag}) is corrupt: cell 'llama-sdpa-isolation-float32' has" in line and message in line
 
 
 def test_journal_lines_of_the_wrong_shape_are_skipped_with_a_warning(tmp_path):

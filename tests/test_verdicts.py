@@ -153,6 +153,42 @@ def test_hazard_on_a_row_that_is_wrong_anyway_is_not_counted_as_the_hazard():
     assert rows[("cache_trap", None, "float32", "sdpa")]["measured"] == ["a"]
 
 
+def test_hazards_section_lists_every_hazard_check_of_the_registry():
+    """Issue 28: the section rendered cache_trap / mask_trap / batch_rows only (a retyped list), so a run of the
+    variant hazards alone had an empty table. Every hazard-role check of the registry gets its row."""
+    from pytest_packcheck.checks.registry import REGISTRY
+    from pytest_packcheck.report import render_markdown
+
+    hazards = [s for s in REGISTRY if s.role == "hazard"]
+    assert {"offset_positions", "cu_seq_lens", "segment_masks"} <= {s.name for s in hazards}
+    cells = []
+    for spec in hazards:
+        cells += [_cell("a", "sdpa", spec.name, "fail", spec.shown_by[0]), _cell("b", "sdpa", spec.name, "pass")]
+    for only in ([c for c in cells if c["check"] in ("offset_positions", "cu_seq_lens", "segment_masks")], cells):
+        md = render_markdown(_doc(only))
+        section = md[md.index("## Stack hazards"):md.index("## Matrix")]
+        for name in {c["check"] for c in only}:
+            row = next((line for line in section.splitlines() if line.startswith(f"| {name.replace('_', ' ')}: ")), None)
+            assert row is not None and row.split("|")[-2].strip() == "1/2", (name, section)
+
+
+def test_hazard_count_agrees_with_the_hazards_table():
+    """Issue 28: the counts line counted every hazard probe that ran (a model already wrong without the hazard, a
+    refused one), the table only those measured: one computation (hazard_rows) now gives both."""
+    import re
+
+    from pytest_packcheck.report import render_markdown
+
+    cells = _correct("a") + _correct("b", cache="pass") + [
+        _cell("m", "sdpa", "isolation", "fail", "leak"), _cell("m", "sdpa", "cache_trap", "fail", "leak"),
+        _cell("m", "sdpa", "mask_trap", "unsupported")]
+    md = render_markdown(_doc(cells))
+    shown, measured = map(int, re.search(r"Hazards: \S+ (\d+) of (\d+) hazard probes", md).groups())
+    section = md[md.index("## Stack hazards"):md.index("## Matrix")]
+    pairs = [tuple(map(int, p)) for p in re.findall(r"\| (\d+)/(\d+) ", section)]
+    assert (shown, measured) == (sum(p[0] for p in pairs), sum(p[1] for p in pairs)) == (3, 4)
+
+
 def test_stack_findings_are_listed_once_per_item_with_counts():
     from pytest_packcheck.report import render_markdown
 

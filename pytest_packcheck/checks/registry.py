@@ -109,6 +109,13 @@ class CheckSpec:
         """A whole Trainer / SFTTrainer run (or TRL's packer)."""
         return self.suite == "training"
 
+    @property
+    def shown_by(self) -> tuple[str, ...]:
+        """For a hazard check: the causes that mean its hazard showed, i.e. its causes but the parity causes every
+        hazard probe shares (those mean the packed row is wrong without the hazard too: the model's own fault,
+        counted under its correctness verdict). ``("cache_trap",)`` for cache_trap; empty for other roles."""
+        return tuple(c for c in self.causes if c not in _PARITY_CAUSES) if self.role == "hazard" else ()
+
     def load(self) -> Callable[[Any], Any]:
         return _load(self.function)
 
@@ -298,6 +305,16 @@ def check_help() -> str:
     return ("Checks to run, comma-separated. Default: " + ", ".join(DEFAULT_CHECKS) + ". Training checks (opt in): "
             + ", ".join(TRAINING_CHECKS) + ". Input variants (opt in): " + ", ".join(VARIANT_CHECKS) + ". Roles: correctness decides a cell; hazards and findings are reported once "
             "per stack. See `packcheck checks`.")
+
+
+def option_table_cell() -> str:
+    """README's option-table cell of ``--packcheck-checks``: each suite's checks (:data:`SUITES`) in matrix order,
+    the default suite first (a test holds README's row to it)."""
+    def names(suite: str) -> str:
+        return ", ".join(f"`{s.name}`" for s in REGISTRY if s.suite == suite)
+
+    parts = [f"default: {names('default')}"] + [f"{suite} checks (opt in): {names(suite)}" for suite in SUITES if suite != "default"]
+    return "; ".join(parts) + " (the registry table below)"
 
 
 def describe() -> list[tuple[str, str, str, str]]:

@@ -43,21 +43,34 @@ def run(ns: argparse.Namespace) -> int:
     """``packcheck atlas``: the releases, then :func:`pytest_packcheck.atlas.main`.
 
     Raises:
-        PackcheckUsageError: bad --releases / --shard, --render-only with --no-render, -n below 1, an unreachable
-            package index.
+        PackcheckUsageError: bad --releases / --shard, --render-only with --no-render or with a --build-dir that is not
+            a folder, -n or --bisect-limit below 1, an unreachable package index.
     """
+    import sys
+
     from ..atlas import AtlasArgs, index_releases, parse_release_list, parse_shard
     from ..atlas import main as atlas_main
     from ..errors import PackcheckUsageError
 
+    if ns.render_only and ns.no_render:
+        raise PackcheckUsageError("--render-only and --no-render exclude each other: pick one.")
+    if ns.render_only and not Path(ns.build_dir).is_dir():
+        # checked before the releases are asked of the package index: nothing there to render from
+        what = "is not a folder" if Path(ns.build_dir).exists() else "does not exist"
+        raise PackcheckUsageError(f"--build-dir '{ns.build_dir}' (with --render-only) {what}: there is nothing to render. Pass "
+                                  "the folder a measuring run wrote (default build/atlas), or run without --render-only.")
+    if ns.bisect_limit is not None and ns.bisect_limit < 1:
+        raise PackcheckUsageError(f"--bisect-limit {ns.bisect_limit} must be >= 1 (the most transitions to bisect); leave it "
+                                  "out to bisect every transition.")
+    for flag, given in (("--bisect-limit", ns.bisect_limit is not None), ("--bisect-models", bool(ns.bisect_models))):
+        if given and not ns.bisect:
+            print(f"packcheck atlas: warning: {flag} has no effect without --bisect", file=sys.stderr)
     releases = parse_release_list(ns.releases, "--releases") if ns.releases else index_releases(ns.since, ns.until)
     if ns.list_releases:
         import json
 
         print(json.dumps(releases))
         return 0
-    if ns.render_only and ns.no_render:
-        raise PackcheckUsageError("--render-only and --no-render exclude each other: pick one.")
     shard = parse_shard(ns.shard, "--shard") if ns.shard else None
     if ns.workers < 1:
         raise PackcheckUsageError(f"-n/--workers {ns.workers} must be >= 1.")

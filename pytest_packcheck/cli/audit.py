@@ -17,6 +17,7 @@ from pathlib import Path
 from ..config.options import (
     OPT_ALL_ARCHS,
     OPT_AUDIT,
+    OPT_BASELINE,
     OPT_CHECKS,
     OPT_MODELS,
     OPT_REPORT_DIR,
@@ -73,6 +74,23 @@ def configure(audit: argparse.ArgumentParser) -> None:
     audit.add_argument("pytest_args", nargs="*", help="Extra pytest arguments after --, e.g. -- -k sdpa.")
 
 
+class _BaselineGate:
+    """A pytest plugin object handed to ``pytest.main``: after the session, the number of regressions the
+    plugin's baseline gate found (``--packcheck-baseline``), which pytest's own exit code (1 for any failing cell,
+    which the audit reads as "matrix written") does not tell apart."""
+
+    def __init__(self) -> None:
+        self.regressions = 0
+        self.baseline: str | None = None
+
+    def pytest_unconfigure(self, config: object) -> None:
+        from ..plugin import _state
+
+        state = _state(config)
+        if state is not None and state.settings.baseline:
+            self.regressions, self.baseline = len(state.regressions), state.settings.baseline
+
+
 def gate_checks() -> tuple[str, ...]:
     """The checks ``audit --gate`` runs when none are named: the default checks plus the Trainer's (packed and its
     own padded run) and, where TRL is installed here, the SFTTrainer's (packed and padded). Issue 27: a gate without
@@ -110,8 +128,8 @@ def _pytest_args(ns: argparse.Namespace) -> list[str]:
 
 
 def run(ns: argparse.Namespace) -> int:
-    """``packcheck audit``. Exit codes: 0 matrix written (whatever the verdicts), 1 a gate regression, 2 usage error,
-    3 internal error, 130 interrupted."""
+    """``packcheck audit``. Exit codes: 0 matrix written (whatever the verdicts), 1 a gate regression (``--gate``, or a
+    cell worse than ``--packcheck-baseline``'s), 2 usage error, 3 internal error, 130 interrupted."""
     import pytest
 
     from ..errors import PackcheckUsageError
@@ -179,8 +197,15 @@ def run(ns: argparse.Namespace) -> int:
                 # FAILURES section repeated them, at a cost quadratic in the reports (about a minute for the 2160
                 # failing cells of the all-architectures audit). `-- --tb=short` brings it back.
                 "-c", os.devnull, *(["-q"] if ns.quiet else []), "-rN", "--tb=no", *args, *ns.pytest_args]
-        code = pytest.main(full)
+        gate = _BaselineGate()
+        code = pytest.main(full, plugins=[gate])
     if code in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+        if gate.regressions:
+            # --packcheck-baseline: the gate's table and count are printed; a regression fails the audit as it
+            # fails `packcheck gate` and plain pytest (the same rule, analysis.gate.compare)
+            print(f"packcheck audit: {gate.regressions} regression(s) against the baseline {gate.baseline} (from "
+                  f"{OPT_BASELINE}): exit 1.", file=sys.stderr)
+            return 1
         if ns.gate:
             return gate_versions(Path(ns.packcheck_report_dir or default_of(OPT_REPORT_DIR)), allow, ns.summary)
         if ns.bench:

@@ -32,7 +32,7 @@ def run(ns: argparse.Namespace) -> int:
     """``packcheck bench``: exit 0 with figures written, 1 when every profile failed (each error is in the files).
 
     Raises:
-        PackcheckUsageError: an unknown --attn / --dtype, a number below its floor, a bad --name or --profile, a
+        PackcheckUsageError: an unknown --device / --attn / --dtype, a number below its floor, a bad --name or --profile, a
             device or backend that cannot train here, a model that cannot be built; all before anything is measured.
     """
     import json
@@ -43,7 +43,7 @@ def run(ns: argparse.Namespace) -> int:
         backend_availability,
         ensure_registered,
     )
-    from ..config.options import DTYPES
+    from ..config.options import DTYPES, parse_device
     from ..errors import PackcheckUsageError, closest
     from ..model.build import build_model
     from ..model.resolve import resolve_model
@@ -52,6 +52,7 @@ def run(ns: argparse.Namespace) -> int:
     from ..results.environment import environment
     from ..run.throughput import load_targets, render_bench, run_bench, sample_lengths
 
+    ns.device = parse_device(ns.device, "--device")  # tpu, mps, cudax: refused before anything is built
     cuda = ns.device.startswith("cuda")
     attn = ns.attn or (TORCH_VARLEN_BACKEND if cuda else "sdpa")
     dtype = ns.dtype or ("bfloat16" if cuda else "float32")

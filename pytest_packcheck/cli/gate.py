@@ -45,8 +45,8 @@ def run(ns: argparse.Namespace) -> int:
     if ns.candidate is None and not (ns.baseline_env and ns.candidate_env):
         raise PackcheckUsageError("packcheck gate needs --candidate FILE, or --baseline-env and --candidate-env to "
                                   "compare two version environments of the --baseline file.")
-    baseline = load_document(ns.baseline)
-    candidate = load_document(ns.candidate) if ns.candidate else baseline
+    baseline = load_document(ns.baseline, "--baseline")
+    candidate = load_document(ns.candidate, "--candidate") if ns.candidate else baseline
     if ns.baseline_env:
         baseline = select_env(baseline, ns.baseline_env, "--baseline-env")
     if ns.candidate_env:

@@ -26,7 +26,7 @@ def run(ns: argparse.Namespace) -> int:
     from ..results import load_document, write_failure
     from ..run.process import hold_report_dir
 
-    doc = diagnose_document(merge([load_document(f) for f in ns.files]))
+    doc = diagnose_document(merge([load_document(f, "packcheck merge's FILES") for f in ns.files]))
     out = Path(ns.output_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -138,14 +138,18 @@ def parse_shard(value: Any, source: str, example: str = f"{OPT_SHARD}=2/4") -> t
 
 
 def parse_device(value: Any, source: str) -> str:
-    """``cpu`` or ``cuda[:N]``.
+    """``cpu``, ``cuda`` or ``cuda:N`` (N the GPU index): the devices packcheck runs on (``--packcheck-device``,
+    ``packcheck bench --device``).
 
     Raises:
-        PackcheckUsageError: any other device.
+        PackcheckUsageError: any other device (``tpu``, ``cudax``, ``cuda:a``), naming it, its source and the accepted ones.
     """
-    device = str(value)
-    if not (device == "cpu" or device.startswith("cuda")):
-        raise PackcheckUsageError(f"Unknown device '{device}' (from {source}). Expected cpu or cuda[:N].")
+    import re
+
+    device = str(value).strip()
+    if not (device == "cpu" or re.fullmatch(r"cuda(:\d+)?", device)):
+        raise PackcheckUsageError(f"Unknown device '{device}' (from {source}). Expected cpu, cuda or cuda:N (the GPU's index, "
+                                  "e.g. cuda:0).")
     return device
 
 

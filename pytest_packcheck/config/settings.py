@@ -60,6 +60,7 @@ class Settings:
     tolerance_source: str = ""
     audit_name: str | None = None
     baseline: str | None = default_of(OPT_BASELINE)
+    baseline_source: str = field(default=OPT_BASELINE, compare=False)  # where baseline came from (flag, $ENV, ini key)
     shard: tuple[int, int] = default_of(OPT_SHARD)
     versions: tuple[Any, ...] = default_of(OPT_VERSIONS)  # envs.VersionCombo, one per environment; () = this environment only
     timeout_s: float = default_of(OPT_TIMEOUT)  # per cell; 0 = no limit
@@ -275,7 +276,7 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
         tol_path, tol_src = str(Path(audit.path).parent / audit.tolerances), f"audit {audit.path}"
     overrides = get_option(by_flag[OPT_TOLERANCE].dest) or []
     tolerances, tol_label = load_tolerances(tol_path, overrides, tol_src)
-    baseline, _ = pick(by_flag[OPT_BASELINE])
+    baseline, baseline_src = pick(by_flag[OPT_BASELINE])
     versions_value, versions_src = pick(by_flag[OPT_VERSIONS])
     if not versions_value and audit and audit.versions:
         versions_value, versions_src = list(audit.versions), f"audit {audit.path}"
@@ -298,7 +299,7 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
     resume, _ = pick(by_flag[OPT_RESUME])
     return Settings(
         **parsed_fields, sandbox=sandbox, resume=bool(resume),
-        baseline=str(baseline) if baseline else None, versions=versions,
+        baseline=str(baseline) if baseline else None, baseline_source=baseline_src, versions=versions,
         models=tuple(models), model_source=source, backends=backends, checks=checks, dtypes=dtypes,
         weights=weights, device=device, trust_remote_code=bool(trust), report_dir=str(report_dir),
         tolerances=tolerances, tolerance_source=tol_label, audit_name=audit.name if audit else None,

@@ -5,6 +5,7 @@ finds a batch of several packed rows; :func:`unpack_row` turns a packed row into
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +69,106 @@ def _shape(value: Any) -> str:
     return str(tuple(value.shape)) if isinstance(value, torch.Tensor) else f"a {type(value).__name__}"
 
 
+#: Keys holding one whole number for the row (DataCollatorWithFlattening's max_length_q/k, the Trainer's
+#: num_items_in_batch): a Python int or a 0-d integer tensor.
+_SCALAR_KEYS = ("max_length_q", "max_length_k", "num_items_in_batch")
+#: Keys holding a switch: True, False or absent.
+_FLAG_KEYS = ("use_cache", "fused_lm_head")
+#: Token id dtypes an embedding takes (torch.nn.functional.embedding: Long or Int).
+_ID_DTYPES = ("int64", "int32")
+
+
+def _is_integer(dtype: Any) -> bool:
+    """A whole-number dtype (int8 .. int64, uint8 ..): not float, complex or bool."""
+    import torch
+
+    return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+
+
+def model_device(model: Any) -> Any:
+    """The device a batch must be on for ``model``: its input embeddings' weight (the first layer a batch meets;
+    with a ``device_map`` the other layers move activations themselves), else its first parameter; None for a
+    model without parameters."""
+    getter = getattr(model, "get_input_embeddings", None)
+    try:
+        embeddings = getter() if callable(getter) else None
+    except Exception:  # noqa: BLE001 - a model whose embeddings cannot be read: its first parameter decides
+        embeddings = None
+    weight = getattr(embeddings, "weight", None)
+    if weight is not None and hasattr(weight, "device"):
+        return weight.device
+    parameters = getattr(model, "parameters", None)
+    first = next(iter(parameters()), None) if callable(parameters) else None
+    return None if first is None else first.device
+
+
+def check_fields(batch: Any, device: Any = None) -> Any:
+    """The batch's fields as a collator can hand them over, before any value is read (one packed row or a batch of
+    packed rows): a mapping with string keys; ``input_ids`` a 2-D dense tensor of token-id dtype (int64 / int32);
+    every tensor dense and
+    on input_ids' device (a 0-d CPU scalar may ride beside a CUDA batch, as torch allows), and input_ids on
+    ``device`` (:func:`model_device`) when given; no meta tensor (it holds no values); ``max_length_q/k`` and
+    ``num_items_in_batch`` a whole number >= 0 (int or 0-d integer tensor; the count may be a whole 0-d float tensor,
+    as transformers 5.24's Trainer hands it); ``use_cache`` / ``fused_lm_head``
+    True or False. Returns ``input_ids``.
+
+    Raises:
+        PackcheckUsageError: the first field that breaks the above, one line naming the key, what it holds and the fix.
+    """
+    import torch
+
+    if not isinstance(batch, Mapping):
+        raise _usage(f"batch is a {type(batch).__name__}, expected a dict of tensors (the collator's output, e.g. "
+                     "DataCollatorWithFlattening(return_position_ids=True)(features)).")
+    odd = [k for k in batch if not isinstance(k, str)]
+    if odd:
+        raise _usage(f"batch has the key {odd[0]!r} ({type(odd[0]).__name__}): the model is called with batch as keyword "
+                     "arguments, so every key is a str (input_ids, labels, position_ids, ...).")
+    ids = batch.get("input_ids")
+    if ids is None:
+        raise _usage(f"batch has no 'input_ids' (keys: {', '.join(map(str, batch)) or 'none'}): pass the collator's output "
+                     "(inputs_embeds is not supported).")
+    if not isinstance(ids, torch.Tensor) or ids.ndim != 2:
+        raise _usage(f"batch['input_ids'] is {_shape(ids) if isinstance(ids, torch.Tensor) else type(ids).__name__}, expected a "
+                     "tensor of shape (1, total_tokens): one packed row (return_tensors='pt').")
+    for key, value in batch.items():
+        if isinstance(value, torch.Tensor) and value.layout != torch.strided:
+            raise _usage(f"batch[{key!r}] is a {value.layout} tensor: the model takes dense tensors; pass value.to_dense().")
+        if isinstance(value, torch.Tensor) and value.device.type == "meta":
+            raise _usage(f"batch[{key!r}] is on the meta device, which holds shapes but no values: build the batch from "
+                         "real data on the model's device.")
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool or str(ids.dtype).rsplit(".", 1)[-1] not in _ID_DTYPES:
+        raise _usage(f"batch['input_ids'] has dtype {ids.dtype}: token ids are integers (torch.long, or torch.int32: the two an "
+                     "embedding takes); collate with return_tensors='pt' from the tokenizer's ids.")
+    for key, value in batch.items():
+        if not isinstance(value, torch.Tensor) or value.device == ids.device:
+            continue
+        if value.ndim == 0 and value.device.type == "cpu":
+            continue  # a CPU scalar beside a CUDA batch: torch takes it
+        raise _usage(f"batch[{key!r}] is on {value.device}, input_ids on {ids.device}: move the whole batch to the model's "
+                     "device (batch = {k: v.to(device) for k, v in batch.items()}).")
+    if device is not None and ids.device != device:
+        raise _usage(f"batch['input_ids'] is on {ids.device}, the model's embeddings on {device}: move the batch to the "
+                     f"model's device (batch = {{k: v.to({str(device)!r}) for k, v in batch.items()}}).")
+    for key in _SCALAR_KEYS:
+        value = batch.get(key)
+        if value is None:
+            continue
+        whole = (isinstance(value, int) and not isinstance(value, bool)) or (
+            isinstance(value, torch.Tensor) and value.ndim == 0 and _is_integer(value.dtype))
+        if key == "num_items_in_batch" and isinstance(value, torch.Tensor) and value.ndim == 0 and value.dtype.is_floating_point:
+            number = float(value)  # transformers 5.24's Trainer hands a float32 count
+            whole = math.isfinite(number) and number == int(number)
+        if not whole or int(value) < 0:
+            shown = f"a {_shape(value)} {value.dtype} tensor" if isinstance(value, torch.Tensor) else repr(value)
+            raise _usage(f"batch[{key!r}] is {shown}: expected a whole number >= 0 (an int or a 0-d integer tensor"
+                         f"{', as DataCollatorWithFlattening(return_flash_attn_kwargs=True) sets it' if key != 'num_items_in_batch' else ', the count of scored label tokens'}).")
+    for key in _FLAG_KEYS:
+        if batch.get(key) is not None and not isinstance(batch.get(key), bool):
+            raise _usage(f"batch[{key!r}] is {batch.get(key)!r}: expected True, False or no key.")
+    return ids
+
+
 def parse_row(batch: Any, config: Any = None) -> _Row:
     """Validate ``batch`` as one packed row and split it into examples at every boundary the batch declares:
     the position_ids restarts (any break in +1 steps; the text row of ``(R, 1, N)`` M-RoPE ids), the
@@ -85,36 +186,27 @@ def parse_row(batch: Any, config: Any = None) -> _Row:
     Raises:
         NotPackedError: ``input_ids`` is ``(batch > 1, length)`` or nothing marks the row as packed (neither
             position_ids nor cu_seq_lens_q).
-        PackcheckUsageError: ``batch`` is not a mapping; ``input_ids`` missing, not a 2-D integer tensor, empty
-            ``(1, 0)`` or holding ids outside ``[0, vocab_size)``; a per-token key that is not a tensor or of the
-            wrong rank; an integer key (labels, position_ids, seq_idx) of float dtype; ``cu_seq_lens_q/k`` not a
-            1-D integer tensor; keys on different devices. One line naming the value, where it came from and the fix.
+        PackcheckUsageError: a field :func:`check_fields` refuses (not a mapping, a non-str key, ``input_ids``
+            missing or not a 2-D int64 / int32 tensor, a sparse or meta tensor, keys on different devices, a
+            ``max_length_q/k`` / ``num_items_in_batch`` that is not a whole number, a non-bool ``use_cache``);
+            ``input_ids`` empty ``(1, 0)`` or holding ids outside ``[0, vocab_size)``; a per-token key that is not
+            a tensor or of the wrong rank; an integer key (labels, position_ids, seq_idx, token_type_ids) of float,
+            complex or bool dtype; labels outside the vocabulary but -100; ``cu_seq_lens_q/k`` not a 1-D integer
+            tensor. One line naming the value, where it came from and the fix.
     """
     import torch
 
     from ..model.batches import position_ids_start
 
-    if not isinstance(batch, Mapping):
-        raise _usage(f"batch is a {type(batch).__name__}, expected a dict of tensors (the collator's output, e.g. "
-                     "DataCollatorWithFlattening(return_position_ids=True)(features)).")
-    ids = batch.get("input_ids")
-    if ids is None:
-        raise _usage(f"batch has no 'input_ids' (keys: {', '.join(map(str, batch)) or 'none'}): pass the collator's output "
-                     "(inputs_embeds is not supported).")
-    if not isinstance(ids, torch.Tensor) or ids.ndim != 2:
-        raise _usage(f"batch['input_ids'] is {_shape(ids) if isinstance(ids, torch.Tensor) else type(ids).__name__}, expected a "
-                     "tensor of shape (1, total_tokens): one packed row (return_tensors='pt').")
+    ids = check_fields(batch)
     if ids.shape[0] != 1:
         raise NotPackedError(f"verify_packed_batch: batch['input_ids'] has shape {tuple(ids.shape)}: a packed row has shape "
                              "(1, total_tokens); pack with DataCollatorWithFlattening or SFTConfig(padding_free=True), which "
                              "put a batch into one row.")
-    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
-        raise _usage(f"batch['input_ids'] has dtype {ids.dtype}: token ids are integers (torch.long); collate with "
-                     "return_tensors='pt' from the tokenizer's ids, not from float features.")
-    total = int(ids.shape[1])
-    if total == 0:
+    if int(ids.shape[1]) == 0:
         raise _usage("batch['input_ids'] has shape (1, 0): an empty row holds nothing to check; pass a row of at least two "
                      "non-empty examples.")
+    total = int(ids.shape[1])
     text = _text_config(config) if config is not None else None
     vocab = getattr(text, "vocab_size", None)
     low, high = int(ids.min()), int(ids.max())
@@ -122,20 +214,6 @@ def parse_row(batch: Any, config: Any = None) -> _Row:
         bad = low if low < 0 else high
         raise _usage(f"batch['input_ids'] holds token id {bad}, outside the model's vocabulary [0, {vocab}): pad input_ids "
                      "with the tokenizer's pad_token_id (-100 belongs in labels), and tokenize with this model's tokenizer.")
-    labels = batch.get("labels")
-    if isinstance(labels, torch.Tensor) and not labels.dtype.is_floating_point and labels.numel():
-        scored = labels[labels != IGNORE_INDEX]
-        if scored.numel() and (int(scored.min()) < 0 or (isinstance(vocab, int) and int(scored.max()) >= vocab)):
-            bad = int(scored.min()) if int(scored.min()) < 0 else int(scored.max())
-            raise _usage(f"batch['labels'] holds {bad}, neither -100 (not scored) nor a token id of the model's vocabulary "
-                         f"[0, {vocab}): mask labels with -100 (DataCollatorWithFlattening's separator_id=-100).")
-    for key, value in batch.items():
-        if isinstance(value, torch.Tensor) and value.device != ids.device:
-            raise _usage(f"batch[{key!r}] is on {value.device}, input_ids on {ids.device}: move the whole batch to the model's "
-                         "device (batch = {k: v.to(device) for k, v in batch.items()}).")
-    items: list[tuple[str, str, str]] = []
-    notes: list[str] = []
-    fatal = False
     for key in TOKEN_KEYS:
         value = batch.get(key)
         if value is None or key == "input_ids":
@@ -147,9 +225,22 @@ def parse_row(batch: Any, config: Any = None) -> _Row:
         if not rank_ok:
             raise _usage(f"batch[{key!r}] has shape {tuple(value.shape)}, expected (1, {total}) like input_ids"
                          f"{' (or (rows, 1, total) M-RoPE ids)' if key == 'position_ids' else ''}.")
-        if key in _INTEGER_KEYS and (value.dtype.is_floating_point or value.dtype.is_complex):
-            raise _usage(f"batch[{key!r}] has dtype {value.dtype}: {key} are integers (torch.long); build them as ids, not floats.")
-        if tuple(value.shape[-2:]) != (1, total):
+        if key in _INTEGER_KEYS and not _is_integer(value.dtype):
+            raise _usage(f"batch[{key!r}] has dtype {value.dtype}: {key} are integers (torch.long); build them as ids, not "
+                         f"{'booleans' if value.dtype == torch.bool else 'complex numbers' if value.dtype.is_complex else 'floats'}.")
+    labels = batch.get("labels")
+    if isinstance(labels, torch.Tensor) and labels.numel():
+        scored = labels[labels != IGNORE_INDEX]
+        if scored.numel() and (int(scored.min()) < 0 or (isinstance(vocab, int) and int(scored.max()) >= vocab)):
+            bad = int(scored.min()) if int(scored.min()) < 0 else int(scored.max())
+            raise _usage(f"batch['labels'] holds {bad}, neither -100 (not scored) nor a token id of the model's vocabulary "
+                         f"[0, {vocab}): mask labels with -100 (DataCollatorWithFlattening's separator_id=-100).")
+    items: list[tuple[str, str, str]] = []
+    notes: list[str] = []
+    fatal = False
+    for key in TOKEN_KEYS:
+        value = batch.get(key)
+        if key != "input_ids" and value is not None and tuple(value.shape[-2:]) != (1, total):
             items.append(("collator_contract", (f"{key} has shape {tuple(value.shape)}, input_ids {(1, total)}: per-token keys "
                                                "differ in length"), "lengths"))
             fatal = True
@@ -158,7 +249,7 @@ def parse_row(batch: Any, config: Any = None) -> _Row:
         value = batch.get(key)
         if value is None:
             continue
-        if not isinstance(value, torch.Tensor) or value.ndim != 1 or value.dtype.is_floating_point or value.dtype == torch.bool:
+        if not isinstance(value, torch.Tensor) or value.ndim != 1 or not _is_integer(value.dtype):
             what = f"{_shape(value)} {value.dtype}" if isinstance(value, torch.Tensor) else f"a {type(value).__name__}"
             raise _usage(f"batch[{key!r}] is {what}: expected a 1-D int32 tensor of example offsets (0, ..., {total}) "
                          "(DataCollatorWithFlattening(return_flash_attn_kwargs=True)).")
@@ -206,9 +297,8 @@ def parse_row(batch: Any, config: Any = None) -> _Row:
     ends = [*starts[1:], total]
     longest = max(e - s for s, e in zip(starts, ends, strict=True))
     for key in ("max_length_q", "max_length_k"):
-        value = batch.get(key)
-        number = _int_or_none(value)
-        if value is not None and number is not None and number < longest:
+        number = _int_or_none(batch.get(key))
+        if number is not None and number < longest:
             items.append(("collator_contract", f"{key} {number} is below the longest example ({longest} tokens)", "max_length"))
     labels = batch.get("labels")
     if isinstance(labels, torch.Tensor) and not fatal:
@@ -216,9 +306,6 @@ def parse_row(batch: Any, config: Any = None) -> _Row:
         if unmasked:
             items.append(("collator_contract", (f"labels not -100 at {len(unmasked)} example starts (token indices "
                                                f"{unmasked[:5]}): the trainer scores those tokens across the boundary"), "labels"))
-    for key in ("use_cache", "fused_lm_head"):
-        if batch.get(key) is not None and not isinstance(batch.get(key), bool):
-            raise _usage(f"batch[{key!r}] is {batch.get(key)!r}: expected True, False or no key.")
     if isinstance(batch.get("attention_mask"), torch.Tensor):
         notes.append("an attention_mask rides beside the packed row (eager/sdpa/flex then build no packed mask)")
     return _Row(dict(batch), total, [slice(s, e) for s, e in zip(starts, ends, strict=True)], items, notes, fatal, first)

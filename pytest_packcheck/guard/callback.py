@@ -62,15 +62,14 @@ def _not_packed(model: Any, batch: Mapping[str, Any], why: str) -> GuardResult:
     shape = tuple(ids.shape) if isinstance(ids, torch.Tensor) else None
     config = getattr(model, "config", None)
     run = {"attn_implementation": getattr(config, "_attn_implementation", None), "training": True, "input_ids": shape,
-           "keys": sorted(map(str, batch))}
+           "keys": sorted(map(str, batch)), "packed": False}
     dtype = _ComputeProbe(model, ids.device.type if isinstance(ids, torch.Tensor) else "cpu")
     dtype.remove()
-    rows = shape[0] if shape and len(shape) == 2 else 0
     return GuardResult(verdict="skipped", cause=None, remedy="", dtype=dtype.weights, dtype_source=f"{dtype.weights} weights",
                        evidence=f"not packed: nothing to check ({why.removeprefix('verify_packed_batch: ')})",
                        tolerance=_pick(_default_tolerances(), dtype.weights), max_logprob_diff=None,
                        per_example_logprob_diff=[], loss_packed=None, loss_reference=None, loss_delta=None,
-                       lengths=[shape[1]] * rows if shape and len(shape) == 2 else [], label_tokens=0, contract=[], run=run,
+                       lengths=[], label_tokens=0, contract=[], run=run,
                        attention={}, versions=_versions())
 
 
@@ -109,6 +108,8 @@ class PackcheckCallback(TrainerCallback):
         self.fallback: str | None = None
         self._handles: list[Any] = []
         self._fix: dict[str, Any] | str = {}
+        if not isinstance(verbose, bool):
+            raise PackcheckUsageError(f"PackcheckCallback: verbose={verbose!r}: expected True or False.")
         self._output_dir: str | None = None
         self._main = True
 
@@ -145,9 +146,11 @@ class PackcheckCallback(TrainerCallback):
         if not result.ok and self.on_mismatch == "disable":
             self.fallback = self._install_fallback(module, result)
             result.fallback = self.fallback
-        self._report(result)
+        # a result that warns is said by its warning alone: its line once, not printed and warned
+        warns = result.verdict in ("fallback", "skipped") if result.ok else self.on_mismatch == "warn"
+        self._report(result, echo=not warns)
         if result.ok:
-            if result.verdict in ("fallback", "skipped"):
+            if warns:
                 _warn(result.line())
             return None
         if self.on_mismatch == "raise" or (self.on_mismatch == "disable" and self.fallback is None):
@@ -157,8 +160,8 @@ class PackcheckCallback(TrainerCallback):
             return None
         return self._apply(module, args, kwargs)  # this first batch takes the fallback too
 
-    def _report(self, result: GuardResult) -> None:
-        if self.verbose:
+    def _report(self, result: GuardResult, echo: bool = True) -> None:
+        if self.verbose and echo:
             print_line(result.line())
         if self._main and self._output_dir:
             path = Path(self._output_dir) / RESULT_FILE

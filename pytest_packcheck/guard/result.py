@@ -80,7 +80,10 @@ class GuardResult:
         return self.verdict != "fail"
 
     def line(self) -> str:
-        """One line: verdict, worst difference and its tolerance, cause and remedy."""
+        """One line: verdict, worst difference and its tolerance, cause and remedy; for a batch that is not packed
+        (:class:`PackcheckCallback` on a padded run), that nothing was checked and that training goes on."""
+        if self.run.get("packed") is False:
+            return f"packcheck guard: {self.evidence}; training goes on unchanged"
         worst = "n/a" if self.max_logprob_diff is None else f"{self.max_logprob_diff:.2e}"
         loss = "n/a" if self.loss_delta is None else f"{self.loss_delta:.2e}"
         verdict = "SKIPPED (nothing judged)" if self.verdict == "skipped" else self.verdict.upper()

@@ -10,7 +10,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import PackcheckUsageError
-from .batch import IGNORE_INDEX, _contract_remedy, _int_or_none, _Row, _targets, packed_rows, parse_row
+from .batch import (
+    IGNORE_INDEX,
+    _contract_remedy,
+    _int_or_none,
+    _Row,
+    _targets,
+    check_fields,
+    model_device,
+    packed_rows,
+    parse_row,
+)
 from .forward import _compare, _log_probs, _row_log_probs, _solo
 from .precision import _REDUCED, _ComputeProbe, _pick, _tolerances
 from .probes import _NUMERICS_PASS, _bad, _diagnose, _padded_diff, _refusal_cause
@@ -90,6 +100,7 @@ def verify_packed_batch(
         raise _usage(f"model is a {type(model).__name__} without a config: pass the transformers model itself "
                      "(a PreTrainedModel, e.g. AutoModelForCausalLM.from_pretrained(...)).")
     tols = _tolerances(tolerances)
+    check_fields(batch, model_device(model))  # devices, dtypes and types before any value is read
     rows = packed_rows(batch)
     if rows:
         return _verify_rows(model, batch, rows, use_cache=use_cache, training=training, tolerances=tolerances,

@@ -69,10 +69,53 @@ SIZE_BOUNDS = {"vocab_size": 2**24, "hidden_size": 2**18, "intermediate_size": 2
                "max_position_embeddings": 2**24}
 
 
+#: Config keys holding a token id (one id, or a list of ids for eos): an id outside the vocabulary has no embedding
+#: row. The shrink moves ids at or above its tiny vocabulary into it (shrink.py); an id the user typed outside the
+#: model's own vocabulary is refused (:func:`refuse_absurd_sizes`), as an absurd size is.
+SPECIAL_TOKEN_KEYS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id")
+
+
+def _holder(config: Any, key: str) -> Any:
+    """The (sub-)config an override ``key`` was set on (:func:`apply_overrides`' rule), or None."""
+    target, parts = config, key.split(".")
+    for part in parts[:-1]:
+        target = target.get(part) if isinstance(target, dict) else getattr(target, part, None)
+    if len(parts) == 1 and not hasattr(config, key):
+        owners = [sub for _, sub in _sub_configs(config) if hasattr(sub, key)]
+        target = owners[0] if len(owners) == 1 else config
+    return target
+
+
+def _refuse_absurd_token_ids(config: Any, spec: ModelSpec, source: str) -> None:
+    """Refuse a typed special token id (:data:`SPECIAL_TOKEN_KEYS`) that is not None or an id of the vocabulary
+    ``[0, vocab_size)`` of the config it was set on (``arch:llama{pad_token_id=-5}``: nn.Embedding wraps a negative
+    padding_idx to ``vocab_size - 5``, a pad row nobody asked for, and transformers only warns).
+
+    Raises:
+        PackcheckUsageError: naming the key, the value, the spec, its source and the vocabulary.
+    """
+    for key, value in spec.overrides:
+        if key.split(".")[-1] not in SPECIAL_TOKEN_KEYS or value is None:
+            continue
+        holder = _holder(config, key)
+        vocab = getattr(holder, "vocab_size", None) if holder is not None else None
+        if not isinstance(vocab, int):
+            getter = getattr(config, "get_text_config", None)
+            vocab = getattr(getter(), "vocab_size", None) if callable(getter) else None
+        for v in value if isinstance(value, list | tuple) else [value]:
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0 or (isinstance(vocab, int) and v >= vocab):
+                span = f"[0, {vocab:,})" if isinstance(vocab, int) else "[0, vocab_size)"
+                raise PackcheckUsageError(
+                    f"Config value {key}={v!r} (in an override of model spec '{spec.raw}' from {source}) is not a token id "
+                    f"of the model's vocabulary {span}: give an id inside it, null for no such token, or leave the key out "
+                    "(packcheck would otherwise run a model whose special token is not the one named).")
+
+
 def refuse_absurd_sizes(config: Any, spec: ModelSpec, source: str) -> None:
     """Refuse a size (:data:`SIZE_BOUNDS`) that is not a whole number in [1, bound]: an override the user typed
     (``arch:llama{hidden_size=0}``, ``--packcheck-config``), or a value of a checkpoint's / local config.json.
-    Transformers' own default configs are not judged (glm5_next's default head_dim is 0 and is derived).
+    Transformers' own default configs are not judged (glm5_next's default head_dim is 0 and is derived). A typed
+    special token id outside the vocabulary is refused too (:func:`_refuse_absurd_token_ids`).
 
     Raises:
         PackcheckUsageError: naming the key, the value, where it came from and the range.
@@ -99,6 +142,7 @@ def refuse_absurd_sizes(config: Any, spec: ModelSpec, source: str) -> None:
                     f"can have: expected a whole number from 1 to {bound:,}. packcheck replaces sizes with tiny ones for "
                     "its probes, so this value would not run and its cells would pass under its label; give a real "
                     "size or leave the key out.")
+    _refuse_absurd_token_ids(config, spec, source)
     typed = {k.split(".")[-1] for k, _, _ in found}
     if typed & {"num_attention_heads", "num_key_value_heads"}:  # the shrink keeps only the ratio: it must be whole
         for _, sub in [("", config), *_sub_configs(config)]:

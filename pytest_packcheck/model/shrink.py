@@ -7,6 +7,7 @@ import copy
 import math
 from typing import Any
 
+from .configs import SPECIAL_TOKEN_KEYS as _SPECIAL_TOKEN_KEYS
 from .multimodal import scale_mrope_sections, shrink_towers
 from .tiny import (
     FIXED_SIZES,
@@ -18,7 +19,6 @@ from .tiny import (
     TINY_VOCAB,
 )
 
-_SPECIAL_TOKEN_KEYS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id")
 _LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
 _TOP_K_KEYS = ("num_experts_per_tok", "moe_top_k", "moe_k", "num_experts_per_token", "moe_topk")
 _LOOP_SPLIT = ("n_input_layers", "n_recurrent_layers", "n_output_layers")

@@ -9,13 +9,13 @@ own words and layout. Pure: results document in, records out; no torch, no trans
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
 from ..checks.registry import REGISTRY
 from .text import cut
-from .verdicts import cause_label, env_label, headline, role_of
+from .verdicts import cause_label, env_label, hazard_rows, headline, role_of
 
 
 def env_value(env: dict[str, Any], key: str) -> str:
@@ -112,31 +112,7 @@ def layout(doc: dict[str, Any]) -> Layout:
 
 
 # ------------------------------------------------------------------------------------------------------------
-# stack hazards: counted once per environment, dtype and backend
-
-
-def hazard_rows(cells: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
-    """Per (hazard, environment, dtype, backend): the models that show it and the models measured, from the
-    hazard checks' verdicts and the logits_parity probe of two packed rows (batch_rows)."""
-    out: dict[tuple, dict[str, Any]] = defaultdict(lambda: {"shown": [], "measured": [], "causes": Counter()})
-    for c in cells:
-        key_rest = (env_label(c), c["dtype"], c["backend"])
-        own = (c.get("diagnosis") or {}).get("cause") or c.get("cause")
-        if role_of(c) == "hazard" and (c["status"] == "pass" or (c["status"] == "fail" and own in ("cache_trap", "mask_override"))):
-            # a hazard probe on a row that is wrong without the hazard too measures the model's own fault, already in
-            # its correctness verdict: not counted here
-            row = out[(c["check"], *key_rest)]
-            row["measured"].append(c["model"]["label"])
-            if c["status"] == "fail":
-                row["shown"].append(c["model"]["label"])
-                row["causes"][(c.get("diagnosis") or {}).get("cause") or c.get("cause")] += 1
-        if c["check"] == "logits_parity" and c["status"] == "pass" and isinstance((c.get("metrics") or {}).get("max_abs_diff_two_rows"), float):
-            row = out[("batch_rows", *key_rest)]
-            row["measured"].append(c["model"]["label"])
-            if any(f.get("cause") == "batch_rows" for f in c.get("findings") or []):
-                row["shown"].append(c["model"]["label"])
-                row["causes"]["batch_rows"] += 1
-    return out
+# stack hazards: counted once per environment, dtype and backend (verdicts.hazard_rows, which the counts read too)
 
 
 def departures(cells: list[dict[str, Any]], rows: dict[tuple, dict[str, Any]] | None = None) -> dict[tuple, list[str]]:

@@ -7,23 +7,26 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from ..checks.causes import CAUSES
-from ..checks.registry import REGISTRY
+from ..checks.registry import REGISTRY, SPECS
 from ..results import SYMBOLS
 from .model import Report, env_header
 from .numbers import key_number
 from .text import cut, escape_md, fmt_metric
-from .verdicts import ROLE_MARKS, cause_label, env_label, headline_text, role_of
+from .verdicts import ROLE_MARKS, cause_label, env_label, hazard_names, headline_text, role_of
 
-HAZARD_TITLES = {
-    "cache_trap": "cache trap: the packed row called with use_cache as configured (a hand-written loop)",
-    "mask_trap": "mask trap: an all-ones attention_mask beside the packed row",
-    "batch_rows": "two packed rows per batch without cu_seq_lens",
-}
+
+def hazard_title(name: str) -> str:
+    """A hazard's row title: its name in words and what it probes, from its registry row (``batch_rows``, the
+    logits_parity probe of two packed rows, from its cause's meaning)."""
+    spec = SPECS.get(name)
+    what = spec.summary if spec is not None else CAUSES[name]
+    return f"{cause_label(name)}: {cut(what, 120)}"
 
 
 def hazards_section(rep: Report) -> list[str]:
-    """One table per environment and dtype: a row per hazard, a column per backend, "shown / measured" models;
-    the remedy once per hazard."""
+    """One table per environment and dtype: a row per hazard that was measured there (every hazard check of the
+    registry, :func:`verdicts.hazard_names`), a column per backend, "shown / measured" models
+    (:func:`verdicts.hazard_rows`, the numbers the counts line sums); the remedy once per hazard that showed."""
     from tabulate import tabulate
 
     from ..analysis.diagnose import remedy
@@ -40,21 +43,21 @@ def hazards_section(rep: Report) -> list[str]:
     for e in envs:
         for dtype in sorted({k[2] for k in rows if k[1] == e}):
             table = []
-            for hazard in ("cache_trap", "mask_trap", "batch_rows"):
+            for hazard in hazard_names():
                 entries = [rows.get((hazard, e, dtype, b)) for b in backends]
                 if not any(entries):
                     continue
-                table.append([HAZARD_TITLES[hazard]] + [f"{len(r['shown'])}/{len(r['measured'])}" if r else "—" for r in entries])
+                table.append([escape_md(hazard_title(hazard))] + [f"{len(r['shown'])}/{len(r['measured'])}" if r else "—" for r in entries])
             if table:
                 where = f" ({env_header(e, cells)})" if e else ""
                 lines += [f"{dtype}{escape_md(where)}:", "",
                           tabulate(table, headers=["hazard", *[rep.label(b) for b in backends]], tablefmt="github"), ""]
     env_doc: dict[str, Any] = {}
-    for hazard in ("cache_trap", "mask_trap", "batch_rows"):
+    for hazard in hazard_names():
         shown = [r for k, r in rows.items() if k[0] == hazard and r["shown"]]
         if shown:
             cause = next(iter(shown[0]["causes"])) or hazard
-            lines.append(f"- {HAZARD_TITLES[hazard].split(':')[0]}: {escape_md(remedy(cause, {'backend': 'sdpa', 'check': hazard, 'metrics': {}}, env_doc))}.")
+            lines.append(f"- {cause_label(hazard)}: {escape_md(remedy(cause, {'backend': 'sdpa', 'check': hazard, 'metrics': {}}, env_doc))}.")
     return lines + [""]
 
 

@@ -114,10 +114,48 @@ def headline_text(h: dict[str, Any], marks: list[str] | None = None) -> str:
     return text + "".join(f" ⚑ {m}" for m in marks or [])
 
 
+def hazard_rows(cells: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
+    """Per (hazard, environment, dtype, backend): ``shown`` (the models that show it), ``measured`` (the models it
+    was measured on) and ``causes`` (Counter), from every hazard check of the registry (role ``hazard``) and the
+    logits_parity probe of two packed rows (``batch_rows``). Measured: a hazard probe that passed, or failed with
+    one of its own causes (:attr:`CheckSpec.shown_by`); one that failed for a parity cause shows the row wrong
+    without the hazard too (the model's own fault, in its correctness verdict), and a refused / crashed / skipped
+    probe measured nothing: neither is counted. The one computation behind the hazards table and the count of
+    :func:`matrix_counts`."""
+    out: dict[tuple, dict[str, Any]] = defaultdict(lambda: {"shown": [], "measured": [], "causes": Counter()})
+    for c in cells:
+        key_rest = (env_label(c), c["dtype"], c["backend"])
+        own = (c.get("diagnosis") or {}).get("cause") or c.get("cause")
+        spec = SPECS.get(c["check"])
+        shows = own in spec.shown_by if spec is not None else False
+        if role_of(c) == "hazard" and (c["status"] == "pass" or (c["status"] == "fail" and shows)):
+            row = out[(c["check"], *key_rest)]
+            row["measured"].append(c["model"]["label"])
+            if c["status"] == "fail":
+                row["shown"].append(c["model"]["label"])
+                row["causes"][own] += 1
+        if c["check"] == "logits_parity" and c["status"] == "pass" and isinstance((c.get("metrics") or {}).get("max_abs_diff_two_rows"), float):
+            row = out[("batch_rows", *key_rest)]
+            row["measured"].append(c["model"]["label"])
+            if any(f.get("cause") == "batch_rows" for f in c.get("findings") or []):
+                row["shown"].append(c["model"]["label"])
+                row["causes"]["batch_rows"] += 1
+    return out
+
+
+def hazard_names() -> tuple[str, ...]:
+    """The hazards the report can list, in order: every hazard check of the registry, then ``batch_rows`` (the
+    logits_parity probe of two packed rows)."""
+    from ..checks.registry import REGISTRY
+
+    return (*(s.name for s in REGISTRY if s.role == "hazard"), "batch_rows")
+
+
 def matrix_counts(cells: list[dict[str, Any]]) -> dict[str, Any]:
     """The headline counts by role: ``cells`` (matrix cells, i.e. model x backend x dtype x environment groups
     with a correctness check, counted by their headline verdict), ``models`` (verdict -> the models with a cell
-    of that verdict), ``hazards`` (hazard probes that showed the hazard / hazard probes that measured),
+    of that verdict), ``hazards`` (hazard probes that showed the hazard / hazard probes that measured, summed
+    over :func:`hazard_rows`: the numbers of the hazards table),
     ``findings`` (finding checks that failed / ran, and failed contract items) and ``checks`` (every check run,
     by status)."""
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
@@ -131,11 +169,11 @@ def matrix_counts(cells: list[dict[str, Any]]) -> dict[str, Any]:
         status = headline(group)["status"]
         verdicts[status] += 1
         models_by[status].add(label)
-    hazard_cells = [c for c in cells if role_of(c) == "hazard" and c["status"] not in ("skipped",)]
+    hazards = hazard_rows(cells).values()
     finding_cells = [c for c in cells if role_of(c) == "finding" and c["status"] not in ("skipped",)]
     items = [it for c in finding_cells for it in (((c.get("metrics") or {}).get("items")) or {}).values() if isinstance(it, dict)]
     return {"cells": verdicts, "models": {k: sorted(v) for k, v in models_by.items()},
-            "hazards": (sum(c["status"] in ("fail", "fallback") for c in hazard_cells), len(hazard_cells)),
+            "hazards": (sum(len(r["shown"]) for r in hazards), sum(len(r["measured"]) for r in hazards)),
             "findings": (sum(c["status"] in ("fail", "fallback") for c in finding_cells), len(finding_cells),
                          sum(it.get("status") == "fail" for it in items)),
             "checks": Counter(c["status"] for c in cells)}

@@ -146,58 +146,60 @@ def cell_problem(cell: Any) -> str | None:
     return None
 
 
-def load_document(path: str | Path) -> dict[str, Any]:
-    """Load a results JSON written by packcheck.
+def load_document(path: str | Path, source: str | None = None) -> dict[str, Any]:
+    """Load a results JSON written by packcheck. ``source``: where the path came from (``--packcheck-baseline``,
+    ``$PACKCHECK_BASELINE``, ``--candidate``), named in every error after the path.
 
     Raises:
         PackcheckUsageError: missing, a directory, not JSON, a schema_version newer than this packcheck reads,
             or no valid cells.
     """
     p = Path(path)
+    name = f"{p} (from {source})" if source else str(p)
     if p.exists() and not p.is_file() and not p.is_dir():  # /dev/zero would be read for ever
-        raise PackcheckUsageError(f"Results file {p} is not a regular file (a device or a pipe): pass a packcheck-matrix.json file.")
+        raise PackcheckUsageError(f"Results file {name} is not a regular file (a device or a pipe): pass a packcheck-matrix.json file.")
     try:
         # scrubbed as read: a results file from elsewhere may carry a token, which gate / merge would print
         data = json.loads(scrub_secrets(p.read_text(encoding="utf-8")))
     except FileNotFoundError:
-        raise PackcheckUsageError(f"Results file {p} does not exist: run `packcheck audit` first.") from None
+        raise PackcheckUsageError(f"Results file {name} does not exist: run `packcheck audit` first.") from None
     except json.JSONDecodeError as exc:
-        raise PackcheckUsageError(f"Results file {p} is not valid JSON ({exc.msg}, line {exc.lineno}).") from None
+        raise PackcheckUsageError(f"Results file {name} is not valid JSON ({exc.msg}, line {exc.lineno}).") from None
     except IsADirectoryError:
-        raise PackcheckUsageError(f"Results file {p} is a directory: pass a packcheck-matrix.json file.") from None
+        raise PackcheckUsageError(f"Results file {name} is a directory: pass a packcheck-matrix.json file.") from None
     except UnicodeDecodeError as exc:
-        raise PackcheckUsageError(f"Results file {p} is not UTF-8 text (byte {exc.start}): it is not a packcheck results "
+        raise PackcheckUsageError(f"Results file {name} is not UTF-8 text (byte {exc.start}): it is not a packcheck results "
                                   "file; pass the packcheck-matrix.json an audit wrote.") from None
     except OSError as exc:
-        raise PackcheckUsageError(f"Results file {p} cannot be read ({exc.strerror}): pass a readable packcheck-matrix.json.") from None
+        raise PackcheckUsageError(f"Results file {name} cannot be read ({exc.strerror}): pass a readable packcheck-matrix.json.") from None
     version = data.get("schema_version") if isinstance(data, dict) else None
     if not isinstance(version, int):
-        raise PackcheckUsageError(f"Results file {p} has no schema_version: it was not written by packcheck.")
+        raise PackcheckUsageError(f"Results file {name} has no schema_version: it was not written by packcheck.")
     if version > SCHEMA_VERSION:
         raise PackcheckUsageError(
-            f"Results file {p} has schema_version {version}, newer than {SCHEMA_VERSION} that this packcheck reads: "
+            f"Results file {name} has schema_version {version}, newer than {SCHEMA_VERSION} that this packcheck reads: "
             "upgrade packcheck."
         )
     for key in ("settings", "environment"):
         if key in data and not isinstance(data[key], dict):
-            raise PackcheckUsageError(f"Results file {p} is corrupt: \"{key}\" is {json.dumps(data[key])[:40]} (expected a JSON "
+            raise PackcheckUsageError(f"Results file {name} is corrupt: \"{key}\" is {json.dumps(data[key])[:40]} (expected a JSON "
                                       "object). Regenerate it with `packcheck audit`.")
     for key, value in (data.get("settings") or {}).items():
         if key in ("models", "backends", "checks", "dtypes", "versions") and not (
                 isinstance(value, list) and all(isinstance(x, str) for x in value)):
-            raise PackcheckUsageError(f"Results file {p} is corrupt: \"settings\".\"{key}\" is {json.dumps(value)[:40]} "
+            raise PackcheckUsageError(f"Results file {name} is corrupt: \"settings\".\"{key}\" is {json.dumps(value)[:40]} "
                                       "(expected a list of strings). Regenerate it with `packcheck audit`.")
     cells = data.get("cells")
     required = ("cell_id", "model", "backend", "check", "dtype", "status")
     if not isinstance(cells, list) or not all(isinstance(c, dict) and all(k in c for k in required) for c in cells):
         raise PackcheckUsageError(
-            f"Results file {p} has no valid 'cells' list (each cell needs {', '.join(required)}): it is not a packcheck results file."
+            f"Results file {name} has no valid 'cells' list (each cell needs {', '.join(required)}): it is not a packcheck results file."
         )
     if not all(isinstance(c["model"], dict) and "label" in c["model"] for c in cells):
-        raise PackcheckUsageError(f"Results file {p} has cells whose 'model' lacks a label: it is not a packcheck results file.")
+        raise PackcheckUsageError(f"Results file {name} has cells whose 'model' lacks a label: it is not a packcheck results file.")
     problem = next((cell_problem(c) for c in cells if cell_problem(c)), None)
     if problem:
-        raise PackcheckUsageError(f"Results file {p} is corrupt: {problem}. Regenerate it with `packcheck audit`.")
+        raise PackcheckUsageError(f"Results file {name} is corrupt: {problem}. Regenerate it with `packcheck audit`.")
     data.setdefault("environment", {})
     return upgrade(data)
 

@@ -127,7 +127,7 @@ def _check_run_inputs(path: Path, settings: Any) -> None:
     if settings.baseline:
         from ..results.schema import load_document
 
-        load_document(settings.baseline)  # missing, corrupt or newer: a usage error before any cell runs
+        load_document(settings.baseline, settings.baseline_source)  # missing, corrupt or newer: a usage error before any cell runs
     if getattr(settings, "versions", None):
         # before any environment is built: a release that does not exist is a usage error naming the nearest
         # ones (issue 27: transformers==5.25.0, not released, gave 13 "crash" regressions)

@@ -245,7 +245,7 @@ class PackcheckSession:
             from ..analysis.gate import compare, regressions, render_changes, stack
             from ..results.schema import load_document
 
-            baseline = load_document(self.settings.baseline)
+            baseline = load_document(self.settings.baseline, self.settings.baseline_source)
             self.changes = compare(baseline, self.document)
             self.gate_text = render_changes(self.changes, stack(baseline), stack(self.document), markdown=False)
             self.regressions = regressions(self.changes)
