@@ -218,10 +218,11 @@ def test_markdown_section_lines_per_family_mode_and_backend(tmp_path):
     _planted(tmp_path)
     block = T.collect_trl(tmp_path, PLANNED)
     md = "\n".join(render_trl_markdown(block))
-    assert ("- **llama** / padding_free / sdpa: ❌ mask override up to 0.19.1 (loss Δ ≤ 1.2e-02), "
-            "✅ from 0.24.0 (loss Δ ≤ 9.5e-07)") in md
-    assert "- **qwen2** / packing=True / sdpa: ✅ up to 0.19.1 (loss Δ ≤ 2.0e-07), 💥 crash 0.24.0, ✅ from 1.16.0 (loss Δ ≤ 1.0e-07)" in md
-    assert "- **llama** / packing=True / packcheck_flash_ref: ⏭️ stand in differs up to 0.19.1, ✅ from 1.16.0 (loss Δ ≤ 3.0e-07)" in md
+    assert ("- **llama** / padding_free: sdpa: ❌ mask override up to 0.19.1 (loss Δ ≤ 1.2e-02), "
+            "✅ from 0.24.0 (loss Δ ≤ 9.5e-07)\n") in md
+    assert "- **qwen2** / packing=True: sdpa: ✅ up to 0.19.1 (loss Δ ≤ 2.0e-07), 💥 crash 0.24.0, ✅ from 1.16.0 (loss Δ ≤ 1.0e-07)\n" in md
+    assert ("- **llama** / packing=True: sdpa: ❌ completion mask up to 0.19.1 (loss Δ ≤ 4.4e-03), ✅ from 0.24.0 (loss Δ ≤ 5.0e-07); "
+            "packcheck_flash_ref: ⏭️ stand in differs up to 0.19.1, ✅ from 1.16.0 (loss Δ ≤ 3.0e-07)\n") in md
     assert "Not measured yet: 0.22.2 (resume: `packcheck atlas --trl`)." in md
     assert "- 0.19.1: packing_strategy ffd" in md and "- 0.24.0 .. 1.16.0: packing_strategy bfd" in md
     assert "| llama | padding_free | sdpa | 0.19.1 | 0.24.0 | ❌ mask override (loss Δ 1.2e-02) | ✅ (loss Δ 9.5e-07) |" in md

@@ -73,7 +73,8 @@ def render_trl_markdown(block: dict[str, Any]) -> list[str]:
     lines = ["", "## TRL: SFTTrainer's packing paths per TRL release", "",
              (f"TRL's `SFTTrainer` on {', '.join(block['families'])} ({', '.join(block['backends'])}; float32, CPU, tiny "
               f"random models), each TRL minor's latest patch in its own environment with transformers {', '.join(tf) or '—'} "
-              "(the newest it accepts here, so only TRL changes along the axis). Modes: "
+              "(the version environment pins this environment's transformers, which every TRL release measured accepts, "
+              "so only TRL changes along the axis). Modes: "
               + "; ".join(f"`{m}`: {what}" for m, what in block["modes"].items())
               + ". The number is the largest first-batch loss difference from the per-example reference over the run "
               "(`loss_delta`). `packcheck lookup MODEL_TYPE ATTN TRANSFORMERS --trl X` answers from it."), "",
@@ -85,12 +86,13 @@ def render_trl_markdown(block: dict[str, Any]) -> list[str]:
         lines += ["What `packing=True` runs by default (the effective configuration the `sft` check recorded):", ""]
         lines += [f"- {r['first']}{' .. ' + r['last'] if r['last'] != r['first'] else ''}: {r['text']}" for r in effective]
         lines.append("")
+    lines += ["Per family, one line per mode: each backend's verdict over the measured TRL releases, with its transitions.", ""]
     for name in sorted(block["cells"]):
         for mode in block["modes"]:
-            for backend in block["backends"]:
-                row = block["cells"][name].get(mode, {}).get(backend)
-                if row:
-                    lines.append(f"- **{name_md(name)}** / {MODE_NAMES.get(mode, mode)} / {backend}: {runs_text(trl_runs(row, order))}")
+            parts = [f"{backend}: {runs_text(trl_runs(row, order))}" for backend in block["backends"]
+                     for row in [block["cells"][name].get(mode, {}).get(backend)] if row]
+            if parts:
+                lines.append(f"- **{name_md(name)}** / {MODE_NAMES.get(mode, mode)}: {'; '.join(parts)}")
     lines += ["", "### TRL transitions", "",
               "| family | mode | backend | last before | first after | before | after |", "|---|---|---|---|---|---|---|"]
     for t in block["transitions"]:
