@@ -150,8 +150,8 @@ def test_no_environment_is_a_recorded_error_and_the_next_release_runs(tmp_path):
     from pytest_packcheck.versions.envs import EnvError
 
     def ensure(combo, log=None):
-        if combo.requirements == ("trl==0.19.1",):
-            raise EnvError("No solution found: trl==0.19.1 needs transformers<5")
+        if combo.requirements == ("trl==0.24.0",):
+            raise EnvError("No solution found: trl==0.24.0 needs transformers<5")
         return _ensure(combo)
 
     ran = []
@@ -161,22 +161,49 @@ def test_no_environment_is_a_recorded_error_and_the_next_release_runs(tmp_path):
         (_report_dir(args) / "packcheck-matrix.json").write_text(json.dumps(_doc("x", [])))
         return subprocess.CompletedProcess(args, 0)
 
-    records = T.generate_trl(["0.19.1", "0.24.0"], [], tmp_path, log=lambda s: None, runner=runner, ensure=ensure)
-    assert "transformers<5" in records[0]["error"] and ran == ["trl==0.24.0"]
+    records = T.generate_trl(["0.19.1", "0.24.0"], None, tmp_path, log=lambda s: None, runner=runner, ensure=ensure)
+    assert "transformers<5" in records[0]["error"] and ran == ["trl==0.19.1"] and len(records) == 2
 
 
-def test_generate_skips_measured_releases_and_halves_the_widest_gap_first(tmp_path):
+def _row_block(verdicts: dict[str, str]) -> dict:
+    return {"releases": [{"trl": v} for v in verdicts],
+            "cells": {"llama": {"sft": {"sdpa": {v: {"verdict": x, "causes": []} for v, x in verdicts.items()}}}}}
+
+
+def test_next_release_takes_the_ends_then_halves_a_gap_with_a_transition_before_a_wider_quiet_one():
+    planned = ["0.19.1", "0.20.0", "0.21.0", "0.22.2", "0.23.1", "0.24.0", "0.25.1", "0.26.2", "0.27.2", "0.28.0"]
+    assert T.next_release(planned, _row_block({})) == "0.28.0"
+    assert T.next_release(planned, _row_block({"0.28.0": "pass"})) == "0.19.1"
+    # 0.19.1 fail .. 0.22.2 pass: the transition's gap (2 releases) before the quiet one (5 releases)
+    assert T.next_release(planned, _row_block({"0.19.1": "fail", "0.22.2": "pass", "0.28.0": "pass"})) == "0.20.0"
+    assert T.next_release(planned, _row_block({"0.19.1": "fail", "0.22.2": "pass", "0.28.0": "pass"}), {"0.20.0"}) == "0.21.0"
+    pinned = _row_block({"0.19.1": "fail", "0.20.0": "fail", "0.21.0": "pass", "0.22.2": "pass", "0.28.0": "pass"})
+    assert T.next_release(planned, pinned) == "0.25.1"  # no transition gap left: the widest quiet run's middle
+    assert T.next_release(["0.19.1"], _row_block({"0.19.1": "pass"})) is None
+
+
+def test_generate_pins_a_transition_first_and_skips_what_is_measured(tmp_path):
     order = []
 
     def runner(args, **kw):
-        order.append(kw["env"]["PACKCHECK_ENV_LABEL"].split("==")[1])
-        (_report_dir(args) / "packcheck-matrix.json").write_text(json.dumps(_doc("x", [])))
+        version = kw["env"]["PACKCHECK_ENV_LABEL"].split("==")[1]
+        order.append(version)
+        status = "pass" if A._vkey(version) >= A._vkey("0.24.0") else "fail"
+        cells = [_cell("llama", "sdpa", "sft_padding_free", status, None if status == "pass" else "mask_override")]
+        (_report_dir(args) / "packcheck-matrix.json").write_text(json.dumps(_doc(version, cells)))
         return subprocess.CompletedProcess(args, 0)
 
-    planned = ["0.19.1", "0.20.0", "0.21.0", "0.22.2", "0.23.1", "0.24.0"]
-    _write(tmp_path, "0.24.0", [])  # done in the build folder
-    T.generate_trl(planned, ["0.19.1"], tmp_path, log=lambda s: None, runner=runner, ensure=_ensure)  # 0.19.1: committed
-    assert order == ["0.21.0", "0.22.2", "0.20.0", "0.23.1"]
+    planned = ["0.19.1", "0.20.0", "0.21.0", "0.22.2", "0.23.1", "0.24.0", "0.25.1"]
+    T.generate_trl(planned, None, tmp_path / "a", log=lambda s: None, runner=runner, ensure=_ensure)
+    assert order == ["0.25.1", "0.19.1", "0.22.2", "0.23.1", "0.24.0", "0.20.0", "0.21.0"]
+    block = T.collect_trl(tmp_path / "a", planned)
+    assert [(t["last_before"], t["first_after"]) for t in block["transitions"]] == [("0.23.1", "0.24.0")]
+    # seeded: the committed releases and the done folders are not run again
+    order.clear()
+    committed = {**block, "releases": [r for r in block["releases"] if r["trl"] != "0.20.0"]}
+    _write(tmp_path / "b", "0.21.0", [])
+    T.generate_trl(planned, committed, tmp_path / "b", log=lambda s: None, runner=runner, ensure=_ensure)
+    assert order == ["0.20.0"]
 
 
 # ----------------------------------------------------------------------------------------------------------------

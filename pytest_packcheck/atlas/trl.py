@@ -163,16 +163,58 @@ def run_trl_release(version: str, build: Path, log: Callable[[str], None] = prin
     return record
 
 
-def generate_trl(planned: list[str], measured: list[str], build: Path, log: Callable[[str], None] = print,
-                 runner: Callable[..., Any] | None = None, ensure: Callable[..., Any] | None = None) -> list[dict[str, Any]]:
-    """Run every release of ``planned`` not in ``measured`` and not done under ``build``, in
-    :func:`pytest_packcheck.atlas.releases.gap_order` (each added release halves the widest unmeasured run, so a
-    partial axis brackets every transition); a release that fails is recorded and the next one runs."""
+def next_release(planned: list[str], block: dict[str, Any], skip: set[str] | frozenset[str] = frozenset()) -> str | None:
+    """The TRL release to measure next, given the ``trl`` block measured so far (:func:`collect_trl`): the newest
+    and the oldest of ``planned`` first; then the middle of the widest run of unmeasured releases between two
+    measured ones whose entries differ (a transition lies there: each release halves it, so it is found within a
+    release after log2(gap) runs); then, with no such gap left, :func:`pytest_packcheck.atlas.releases.gap_order`
+    (the widest unmeasured run). ``skip``: releases not to pick (tried and failed in this run). None when every
+    release is measured or skipped."""
     from .releases import gap_order
 
-    done = [v for v in planned if _done(Path(build) / v)]
-    order = gap_order(planned, sorted({*measured, *done}, key=_vkey))
-    return [run_trl_release(v, build, log, runner, ensure) for v in order]
+    measured = {r["trl"] for r in block["releases"]}
+    left = [v for v in planned if v not in measured and v not in skip]
+    if not left:
+        return None
+    for end in (planned[-1], planned[0]):
+        if end in left:
+            return end
+    done = [v for v in planned if v in measured]
+    gaps = []
+    for a, b in itertools.pairwise(done):
+        between = [v for v in planned[planned.index(a) + 1:planned.index(b)] if v in left]
+        if between and _rows_differ(block, a, b):
+            gaps.append(between)
+    if gaps:
+        widest = max(gaps, key=len)
+        return widest[(len(widest) - 1) // 2]
+    return next(v for v in gap_order(planned, sorted(measured | set(skip), key=_vkey)) if v in left)
+
+
+def _rows_differ(block: dict[str, Any], a: str, b: str) -> bool:
+    """Some (family, mode, backend) measured on both releases has another verdict or causes on each."""
+    for by_mode in block["cells"].values():
+        for by_backend in by_mode.values():
+            for row in by_backend.values():
+                if a in row and b in row and _signature(row[a]) != _signature(row[b]):
+                    return True
+    return False
+
+
+def generate_trl(planned: list[str], committed: dict[str, Any] | None, build: Path, log: Callable[[str], None] = print,
+                 runner: Callable[..., Any] | None = None, ensure: Callable[..., Any] | None = None) -> list[dict[str, Any]]:
+    """Run every release of ``planned`` measured neither in ``committed`` (the committed block, None with
+    ``--remeasure``) nor under ``build``, one at a time in :func:`next_release`'s order (a partial axis brackets
+    every transition it has seen tightly); a release that fails is recorded and the next one runs."""
+    records, failed = [], set()
+    while True:
+        version = next_release(planned, collect_trl(build, planned, committed), failed)
+        if version is None:
+            return records
+        record = run_trl_release(version, build, log, runner, ensure)
+        records.append(record)
+        if "error" in record:
+            failed.add(version)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -345,7 +387,7 @@ def main_trl(planned: list[str], build: Path, out: Path, render_only: bool = Fal
         if kept:
             log(f"atlas trl: {', '.join(kept)} already in {Path(out) / TRL_FILE}: kept, not measured again "
                 "(--remeasure measures them)")
-        failed = [r for r in generate_trl(planned, kept, build, log, runner, ensure) if "error" in r]
+        failed = [r for r in generate_trl(planned, None if remeasure else committed, build, log, runner, ensure) if "error" in r]
     if no_render:
         return 1 if failed else 0
     block = collect_trl(build, planned, None if remeasure else committed)
