@@ -347,3 +347,13 @@ def test_cli_lookup_trl_exit_codes(rendered):
     assert run("llama", "sdpa", "5.24.0").returncode == 0  # no --trl: the transformers answer alone
     bad = run("llama", "sdpa", "5.24.0", "--trl", "x")
     assert bad.returncode == 2 and "'x'" in bad.stderr and bad.stderr.strip().count("\n") == 0
+
+
+def test_lookup_with_trl_stays_offline_and_light(rendered):
+    """The TRL answer imports no torch / transformers / trl either (a training script calls it at start-up)."""
+    code = ("import sys\nfrom pytest_packcheck.support import lookup\n"
+            f"a = lookup('llama', 'sdpa', '5.24.0', '0.24.0', path={str(rendered / 'support.json')!r})\n"
+            "print(a.trl['measured'], *(m in sys.modules for m in ('torch', 'transformers', 'trl')))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.stdout.split() == ["True", "False", "False", "False"]
