@@ -5,6 +5,7 @@ environments, no model is built."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -357,3 +358,42 @@ def test_lookup_with_trl_stays_offline_and_light(rendered):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.stdout.split() == ["True", "False", "False", "False"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# known faults against the TRL axis
+
+
+def _fault(versions: str, cause: str = "mask_override", fid: str = "planted", checks=("sft_padding_free",)):
+    from pytest_packcheck.analysis.diagnose import KnownFault
+
+    return KnownFault(fid, "", "", "trl", versions, ("*",), ("sdpa",), checks, cause, "", "", "")
+
+
+def test_a_wrong_trl_window_disagrees_with_the_axis(tmp_path):
+    _planted(tmp_path)
+    block = T.collect_trl(tmp_path, PLANNED)  # mask_override on 0.19.1 only
+    status = lambda faults: {r["release"]: r["status"] for r in T.trl_known_fault_agreement(block, faults)}
+    assert status([_fault("<0.21")]) == {"0.19.1": "agrees", "0.24.0": "agrees", "1.16.0": "agrees"}
+    assert status([_fault("<0.25")])["0.24.0"] == "disagrees"  # claims 0.24.0, which passes
+    assert status([_fault(">=0.20")])["0.19.1"] == "disagrees"  # 0.19.1 shows it outside the window
+    # a second entry with the same cause covering 0.19.1 makes it agree
+    assert status([_fault(">=0.20"), _fault("<0.20", fid="other")])["0.19.1"] == "agrees"
+    # the flash stand-in's skipped cell measured nothing
+    flash = _fault("<0.21", "completion_mask", checks=("sft",))
+    flash = dataclasses.replace(flash, backends=("packcheck_flash_ref",))
+    assert status([flash])["0.19.1"] == "not_checkable"
+    assert T.trl_known_fault_agreement(block, [_fault("<0.21", checks=("packing_content",))])[0]["status"] == "not_checkable"
+
+
+def test_every_trl_known_fault_window_agrees_with_the_committed_trl_axis():
+    """The TRL windows of audit/known_faults.toml against reports/atlas/trl.json: a disagreement fails (correct the
+    entry, with the axis as its evidence)."""
+    from pytest_packcheck.analysis.diagnose import load_known_faults
+
+    block = T.load_trl(REPO / "reports" / "atlas")
+    assert block is not None and block["releases"]
+    results = T.trl_known_fault_agreement(block, load_known_faults())
+    bad = [r for r in results if r["status"] == "disagrees"]
+    assert not bad, bad
+    assert any(r["status"] == "agrees" for r in results)

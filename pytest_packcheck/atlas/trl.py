@@ -403,3 +403,44 @@ def main_trl(planned: list[str], build: Path, out: Path, render_only: bool = Fal
     log(f"atlas trl written: {Path(out) / TRL_FILE}, {', '.join(str(p) for p in paths)} ({len(block['releases'])} TRL "
         f"releases measured, {len(block['missing'])} missing)")
     return 1 if failed else 0
+
+
+def trl_known_fault_agreement(block: dict[str, Any], faults: list[Any]) -> list[dict[str, Any]]:
+    """Each TRL window of the known faults (:class:`pytest_packcheck.analysis.diagnose.KnownFault` with
+    ``library == "trl"``) against the TRL axis, per measured TRL release: ``agrees``, ``disagrees`` (why) or
+    ``not_checkable`` (its checks or backends are not on the axis, or nothing matching was measured there).
+
+    Inside a window at least one matching (family, mode, backend) shows the cause; outside it none does, unless
+    another TRL entry with the same cause covers that release (a cause with two windows is two entries). A
+    ``skipped`` entry (e.g. ``stand_in_differs``) measured nothing and counts on neither side."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    out = []
+    for f in (f for f in faults if f.library == "trl"):
+        base = {"id": f.id, "versions": f.versions, "cause": f.cause}
+        backends = [b for b in block["backends"] if "*" in f.backends or b in f.backends]
+        modes = [m for m in block["modes"] if m in f.checks]
+        if not backends or not modes:
+            out.append({**base, "status": "not_checkable", "why": f"its checks ({', '.join(f.checks)}) or backends "
+                        f"({', '.join(f.backends)}) are not on the TRL axis"})
+            continue
+        archs = sorted(block["cells"]) if "*" in f.architectures else [a for a in f.architectures if a in block["cells"]]
+        for r in (r["trl"] for r in block["releases"]):
+            inside = SpecifierSet(f.versions).contains(Version(r), prereleases=True)
+            entries = [(f"{a}/{m}/{b}", e) for a in archs for m in modes for b in backends
+                       for e in [block["cells"][a].get(m, {}).get(b, {}).get(r)] if e and e["verdict"] != "skipped"]
+            hits = [k for k, e in entries if f.cause in e.get("causes", [])]
+            rec = {**base, "release": r, "inside": inside, "measured": len(entries), "hits": hits[:8]}
+            covered = any(g is not f and g.library == "trl" and g.cause == f.cause
+                          and SpecifierSet(g.versions).contains(Version(r), prereleases=True) for g in faults)
+            if not entries:
+                out.append({**rec, "status": "not_checkable", "why": "nothing matching measured on this release"})
+            elif inside and not hits:
+                out.append({**rec, "status": "disagrees", "why": f"inside the window, and none of {len(entries)} matching "
+                            f"(family, mode, backend) shows {f.cause}"})
+            elif not inside and hits and not covered:
+                out.append({**rec, "status": "disagrees", "why": f"outside the window, and {', '.join(hits[:8])} shows {f.cause}"})
+            else:
+                out.append({**rec, "status": "agrees"})
+    return out
