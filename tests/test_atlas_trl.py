@@ -397,3 +397,13 @@ def test_every_trl_known_fault_window_agrees_with_the_committed_trl_axis():
     bad = [r for r in results if r["status"] == "disagrees"]
     assert not bad, bad
     assert any(r["status"] == "agrees" for r in results)
+
+
+def test_cli_atlas_trl_refuses_the_transformers_axis_flags(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "atlas", "--trl", "--releases", "0.24.0", "--shard", "1/2",
+                           "-o", str(tmp_path)], capture_output=True, text=True, check=False,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 2 and "--shard do not apply with --trl" in proc.stderr
+    listed = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "atlas", "--trl", "--releases", "1.16.0,0.19.1",
+                             "--list-releases"], capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert json.loads(listed.stdout) == ["0.19.1", "1.16.0"]

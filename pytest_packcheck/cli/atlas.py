@@ -65,6 +65,11 @@ def run(ns: argparse.Namespace) -> int:
             return 0
         if ns.render_only and ns.no_render:
             raise PackcheckUsageError("--render-only and --no-render exclude each other: pick one.")
+        extra = [flag for flag, given in (("--shard", ns.shard), ("--models", ns.models), ("--seed", ns.seed),
+                                          ("--bisect", ns.bisect), ("-n", ns.workers != 1)) if given]
+        if extra:
+            raise PackcheckUsageError(f"{', '.join(extra)} do not apply with --trl (its families, backends and modes are "
+                                      "fixed: pytest_packcheck/atlas/trl.py): drop them.")
         return main_trl(planned, Path(ns.build_dir or "build/atlas-trl"), Path(ns.output_dir), ns.render_only, ns.no_render,
                         ns.remeasure, log=lambda line: print(line, flush=True))
     releases = parse_release_list(ns.releases, "--releases") if ns.releases else index_releases(ns.since or ATLAS_SINCE, ns.until)
