@@ -224,7 +224,8 @@ def generate_trl(planned: list[str], committed: dict[str, Any] | None, build: Pa
 def reduce_trl_release(doc: dict[str, Any]) -> dict[str, dict[str, dict[str, dict[str, Any]]]]:
     """One TRL release's results document -> ``{model_type: {mode: {backend: entry}}}`` (entry: SCHEMA.md, "TRL
     block"): the cell's own status as ``verdict``, its cause codes, the key number (``loss_delta``: the trainer's
-    first-batch loss against the per-example reference), the message (at most 160 characters, absent on a pass)
+    first-batch loss against the per-example reference; absent on a skipped cell, whose number is the stand-in's), the
+    message (at most 160 characters, absent on a pass)
     and the effective configuration TRL ran (:data:`EFFECTIVE_KEYS`). Cells of other checks, backends or dtypes
     are left out."""
     from ..report.numbers import KEY_METRIC
@@ -242,7 +243,8 @@ def reduce_trl_release(doc: dict[str, Any]) -> dict[str, dict[str, dict[str, dic
         metrics = cell.get("metrics") or {}
         key = KEY_METRIC.get(cell["check"])
         value = metrics.get(key[0]) if key else None
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        # a skipped cell's number is the stand-in's (e.g. TRL's non-flash side under packcheck_flash_ref): no verdict's
+        if cell["status"] != "skipped" and isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
             entry["number"] = float(f"{value:.3g}")
         if cell["status"] != "pass":
             entry["message"] = " ".join(str(cell.get("message", "")).split())[:160]
