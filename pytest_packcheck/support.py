@@ -76,6 +76,8 @@ class Answer:
     def answered(self) -> bool:
         """Measured at this release, or placed on one side of a bisected transition."""
         return self.measured or bool(self.inferred_from)
+    #: with ``trl_version``: the TRL axis's answer (:func:`pytest_packcheck.atlas.trl_render.trl_answer`)
+    trl: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -95,6 +97,10 @@ class Answer:
             near = "; ".join(f"{n['transformers']}: {n['verdict']}" + (f" [{', '.join(n['causes'])}]" if n.get("causes") else "")
                              for n in self.nearest)
             text = head + "not measured" + (f" (nearest measured: {near})" if near else "")
+        if self.trl:
+            from .atlas.trl_render import trl_answer_lines
+
+            text = "\n".join([text, *trl_answer_lines(self.trl, self.model_type, self.attn_implementation)])
         extra = [*self.notes, f"source: {self.where}"] + ([f"reproduce: {self.reproduce}"] if self.reproduce else [])
         return "\n".join([text, *("  " + e for e in extra)])
 
@@ -136,8 +142,9 @@ def lookup(model_type: str, attn_implementation: str, transformers_version: str,
     """The atlas's answer for ``model_type`` (``config.model_type``) on ``attn_implementation`` at
     ``transformers_version``: measured (verdict, causes, number, release), or not measured with the nearest
     measured releases. Offline (reads the support file; no torch / transformers import), about a millisecond
-    once loaded. ``trl_version``: the atlas has no TRL axis yet; the answer notes that its verdict is about
-    transformers' padding-free forward / backward, not SFTTrainer.
+    once loaded. ``trl_version``: ``Answer.trl`` also holds the TRL axis's answer (SFTTrainer with
+    ``packing=True`` and with ``padding_free=True``, per mode; :func:`pytest_packcheck.atlas.trl_render.trl_answer`),
+    from the support file's ``trl`` block.
 
     Raises:
         PackcheckUsageError: ``transformers_version`` or ``trl_version`` is not a version; ``attn_implementation`` is
@@ -169,11 +176,14 @@ def lookup(model_type: str, attn_implementation: str, transformers_version: str,
     if backend != attn_implementation:
         notes.append(f"{attn_implementation} is answered from {backend} (transformers' flash varlen path on packcheck's "
                      "CPU reference kernel)")
-    if trl_version:
-        notes.append(f"trl {trl_version}: the atlas has no TRL axis yet; this is transformers' padding-free forward / "
-                     "backward (DataCollatorWithFlattening rows), not SFTTrainer's configuration")
     base = {"model_type": model_type, "attn_implementation": attn_implementation,
             "transformers_version": transformers_version, "where": where}
+    if trl_version:
+        from .atlas.trl_render import trl_answer
+
+        trl = trl_answer(doc, model_type, backend, trl_version, transformers_version)
+        notes += trl.pop("notes")
+        base["trl"] = trl
     arch = doc["cells"].get(model_type)
     if arch is None:
         notes.append(f"architecture '{model_type}' is not in the atlas ({len(doc['cells'])} measured){closest(model_type, list(doc['cells']))}")

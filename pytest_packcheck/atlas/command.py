@@ -58,7 +58,9 @@ def main(args: AtlasArgs, log: Callable[[str], None] = print) -> int:
 
         atomic_write(bisects_file, json.dumps(bisects, indent=1, sort_keys=True) + "\n")
         support = collect(args.build, args.releases, bisects, committed)
-    paths = write_outputs(support, args.out)
+    from .trl import attach_trl
+
+    paths = write_outputs(attach_trl(support, args.out), args.out)  # the TRL axis's block rides along (trl.json)
     log(f"atlas written: {', '.join(str(p) for p in paths)} ({len(support['releases'])} releases measured, "
         f"{len(support['missing'])} missing)")
     sys.stdout.flush()

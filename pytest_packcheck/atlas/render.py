@@ -105,6 +105,10 @@ def render_markdown(support: dict[str, Any]) -> str:
                      f"architectures: {', '.join(archs)}")
     if not own:
         lines.append("- none")
+    if support.get("trl"):  # the TRL axis (packcheck atlas --trl), carried from trl.json
+        from .trl_render import render_trl_markdown
+
+        lines += render_trl_markdown(support["trl"])
     return "\n".join(lines) + "\n"
 
 

@@ -13,10 +13,14 @@ def configure(atlas: argparse.ArgumentParser) -> None:
                          "journal under --build-dir).")
     atlas.add_argument("--releases", default=None, metavar="A,B", help="Exact transformers releases, e.g. 4.44.2,5.24.0 "
                        "(default: the latest patch of every minor from --since to --until, from the package index).")
-    atlas.add_argument("--since", default="4.44", help="Oldest minor (default 4.44, the varlen reference's floor).")
+    atlas.add_argument("--since", default=None, help="Oldest minor (default 4.44, the varlen reference's floor; with "
+                       "--trl, 0.19).")
     atlas.add_argument("--until", default=None, help="Newest minor (default: the newest on the index).")
-    atlas.add_argument("--build-dir", default="build/atlas", help="Per-release results and journals (default build/atlas; "
-                                                                  "not committed).")
+    atlas.add_argument("--build-dir", default=None, help="Per-release results and journals (default build/atlas, with "
+                                                         "--trl build/atlas-trl; not committed).")
+    atlas.add_argument("--trl", action="store_true", help="The TRL axis instead: SFTTrainer's packing and padding_free "
+                       "paths on a few families per TRL minor from 0.19 (--releases / --since / --until name TRL releases); "
+                       "writes OUTPUT_DIR/trl.json and the TRL parts of support.json and atlas.md.")
     atlas.add_argument("-o", "--output-dir", default="reports/atlas", help="Where atlas.md / .html and support.json go.")
     atlas.add_argument("--shard", default=None, metavar="I/N", help="Run shard I of N of each release (whole models, "
                                                                     "round-robin; as --packcheck-shard).")
@@ -48,24 +52,41 @@ def run(ns: argparse.Namespace) -> int:
     """
     import sys
 
-    from ..atlas import AtlasArgs, index_releases, parse_release_list, parse_shard
+    from ..atlas import ATLAS_SINCE, AtlasArgs, index_releases, parse_release_list, parse_shard
     from ..atlas import main as atlas_main
     from ..errors import PackcheckUsageError
 
     if ns.render_only and ns.no_render:
         raise PackcheckUsageError("--render-only and --no-render exclude each other: pick one.")
-    if ns.render_only and not Path(ns.build_dir).is_dir():
+    build_dir = ns.build_dir or ("build/atlas-trl" if ns.trl else "build/atlas")
+    if ns.render_only and ns.build_dir and not Path(build_dir).is_dir():
         # checked before the releases are asked of the package index: nothing there to render from
-        what = "is not a folder" if Path(ns.build_dir).exists() else "does not exist"
-        raise PackcheckUsageError(f"--build-dir '{ns.build_dir}' (with --render-only) {what}: there is nothing to render. Pass "
+        what = "is not a folder" if Path(build_dir).exists() else "does not exist"
+        raise PackcheckUsageError(f"--build-dir '{build_dir}' (with --render-only) {what}: there is nothing to render. Pass "
                                   "the folder a measuring run wrote (default build/atlas), or run without --render-only.")
     if ns.bisect_limit is not None and ns.bisect_limit < 1:
         raise PackcheckUsageError(f"--bisect-limit {ns.bisect_limit} must be >= 1 (the most transitions to bisect); leave it "
                                   "out to bisect every transition.")
+    if ns.trl:
+        from ..atlas.trl import TRL_SINCE, main_trl, trl_index_releases
+
+        extra = [flag for flag, given in (("--shard", ns.shard), ("--models", ns.models), ("--seed", ns.seed),
+                                          ("--bisect", ns.bisect), ("-n", ns.workers != 1)) if given]
+        if extra:
+            raise PackcheckUsageError(f"{', '.join(extra)} do not apply with --trl (its families, backends and modes are "
+                                      "fixed: pytest_packcheck/atlas/trl.py): drop them.")
+        planned = parse_release_list(ns.releases, "--releases") if ns.releases else trl_index_releases(ns.since or TRL_SINCE, ns.until)
+        if ns.list_releases:
+            import json
+
+            print(json.dumps(planned))
+            return 0
+        return main_trl(planned, Path(build_dir), Path(ns.output_dir), ns.render_only, ns.no_render,
+                        ns.remeasure, log=lambda line: print(line, flush=True))
     for flag, given in (("--bisect-limit", ns.bisect_limit is not None), ("--bisect-models", bool(ns.bisect_models))):
         if given and not ns.bisect:
             print(f"packcheck atlas: warning: {flag} has no effect without --bisect", file=sys.stderr)
-    releases = parse_release_list(ns.releases, "--releases") if ns.releases else index_releases(ns.since, ns.until)
+    releases = parse_release_list(ns.releases, "--releases") if ns.releases else index_releases(ns.since or ATLAS_SINCE, ns.until)
     if ns.list_releases:
         import json
 
@@ -76,6 +97,6 @@ def run(ns: argparse.Namespace) -> int:
         raise PackcheckUsageError(f"-n/--workers {ns.workers} must be >= 1.")
     models = [m.strip() for m in ns.models.split(",") if m.strip()] if ns.models else None
     bisect_models = [m.strip() for m in ns.bisect_models.split(",") if m.strip()] if ns.bisect_models else None
-    return atlas_main(AtlasArgs(releases, Path(ns.build_dir), Path(ns.output_dir), shard, ns.workers, ns.render_only,
+    return atlas_main(AtlasArgs(releases, Path(ns.build_dir or "build/atlas"), Path(ns.output_dir), shard, ns.workers, ns.render_only,
                                 ns.bisect, ns.bisect_limit, models, bisect_models, ns.seed, ns.no_render, ns.remeasure),
                       log=lambda line: print(line, flush=True))

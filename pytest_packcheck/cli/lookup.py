@@ -11,17 +11,19 @@ def configure(lookup: argparse.ArgumentParser) -> None:
     lookup.add_argument("model_type", help="config.model_type, e.g. qwen2.")
     lookup.add_argument("attn_implementation", help="eager, sdpa, flash_attention_2 (answered from packcheck_flash_ref), ...")
     lookup.add_argument("transformers_version", help="e.g. 4.56.2.")
-    lookup.add_argument("--trl", default=None, help="TRL version (the atlas has no TRL axis yet: noted in the answer).")
+    lookup.add_argument("--trl", default=None, help="TRL version: also answer SFTTrainer's packing=True and padding_free "
+                        "paths from the atlas's TRL axis (e.g. 0.24.0).")
     lookup.add_argument("--support-file", default=None, help="support.json to read (default: the packaged atlas).")
     lookup.add_argument("--json", action="store_true", help="Print the answer as JSON.")
 
 
 def run(ns: argparse.Namespace) -> int:
-    """``packcheck lookup``: exit 0 with a measured answer (or one a bisect places), 1 when not measured (the nearest measured releases are named)."""
+    """``packcheck lookup``: exit 0 with a measured answer (or one a bisect places), 1 when not measured (the nearest
+    measured releases are named; with ``--trl``, also when that TRL release is not measured for the model and backend)."""
     import json
 
     from ..support import lookup
 
     answer = lookup(ns.model_type, ns.attn_implementation, ns.transformers_version, ns.trl, path=ns.support_file)
     print(json.dumps(answer.as_dict(), indent=1) if ns.json else str(answer))
-    return 0 if answer.answered else 1
+    return 0 if answer.answered and (not ns.trl or answer.trl.get("measured")) else 1

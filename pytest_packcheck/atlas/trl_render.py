@@ -1,0 +1,201 @@
+"""The TRL axis rendered (``atlas.md``'s TRL section) and answered (:func:`trl_answer`, for
+:func:`pytest_packcheck.support.lookup`). Light: json and packaging only, no torch / transformers / trl import."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .releases import _vkey
+
+#: Short names of the modes in the Markdown (``TRL_MODES`` of :mod:`.trl` holds what each asks SFTTrainer for).
+MODE_NAMES = {"sft": "packing=True", "sft_padding_free": "padding_free"}
+
+
+def _symbol(verdict: str) -> str:
+    from .render import SYMBOL
+
+    return SYMBOL.get(verdict, verdict)
+
+
+def _label(entry: dict[str, Any]) -> str:
+    causes = ", ".join(c.replace("_", " ") for c in entry.get("causes", []))
+    return f"{_symbol(entry['verdict'])}{' ' + causes if causes else ''}"
+
+
+def trl_runs(row: dict[str, dict[str, Any]], order: list[str]) -> list[dict[str, Any]]:
+    """Runs of equal verdict + causes along ``order`` (the measured TRL releases; a release the row lacks is
+    skipped over): ``first``, ``last``, ``label`` and ``number`` (the largest key number in the run, None when
+    none was measured)."""
+    runs: list[dict[str, Any]] = []
+    for version in order:
+        entry = row.get(version)
+        if entry is None:
+            continue
+        label = _label(entry)
+        num = entry.get("number")
+        if runs and runs[-1]["label"] == label:
+            runs[-1]["last"] = version
+        else:
+            runs.append({"first": version, "last": version, "label": label, "number": None})
+        if num is not None and (runs[-1]["number"] is None or num > runs[-1]["number"]):
+            runs[-1]["number"] = num
+    return runs
+
+
+def runs_text(runs: list[dict[str, Any]]) -> str:
+    """``❌ mask override up to 0.23.1 (loss Δ ≤ 1.2e-02), ✅ from 0.24.0 (loss Δ ≤ 9.5e-07)``: the first run "up
+    to", the last "from", those between "A .. B"; one run: "A .. B"."""
+    parts = []
+    for i, r in enumerate(runs):
+        span = f"{r['first']}" if r["first"] == r["last"] else f"{r['first']} .. {r['last']}"
+        if len(runs) > 1 and i == 0:
+            span = f"up to {r['last']}"
+        elif len(runs) > 1 and i == len(runs) - 1:
+            span = f"from {r['first']}"
+        num = f" (loss Δ ≤ {r['number']:.1e})" if r["number"] is not None else ""
+        parts.append(f"{r['label']} {span}{num}")
+    return ", ".join(parts)
+
+
+def _effective_text(effective: dict[str, Any]) -> str:
+    keys = ("packing_strategy", "padding_free", "return_position_ids", "collator")
+    return ", ".join(f"{k} {effective[k]}" for k in keys if k in effective) or "not recorded"
+
+
+def render_trl_markdown(block: dict[str, Any]) -> list[str]:
+    """The TRL section of ``atlas.md`` (lines): what each TRL release configures for ``packing=True``, per family
+    one line per mode and backend with its transitions and numbers, every transition, the releases measured
+    (with the transformers each ran on) and those not measured yet."""
+    from .render import name_md
+
+    order = [r["trl"] for r in block["releases"]]
+    tf = sorted({str(r.get("transformers")) for r in block["releases"]}, key=lambda v: _vkey(v) if v[0].isdigit() else _vkey("0"))
+    lines = ["", "## TRL: SFTTrainer's packing paths per TRL release", "",
+             (f"TRL's `SFTTrainer` on {', '.join(block['families'])} ({', '.join(block['backends'])}; float32, CPU, tiny "
+              f"random models), each TRL minor's latest patch in its own environment with transformers {', '.join(tf) or '—'} "
+              "(the version environment pins this environment's transformers, which every TRL release measured accepts, "
+              "so only TRL changes along the axis). Modes: "
+              + "; ".join(f"`{m}`: {what}" for m, what in block["modes"].items())
+              + ". The number is the largest first-batch loss difference from the per-example reference over the run "
+              "(`loss_delta`). `packcheck lookup MODEL_TYPE ATTN TRANSFORMERS --trl X` answers from it."), "",
+             f"Measured TRL releases: {', '.join(order) or 'none'}.",
+             f"Not measured yet: {', '.join(block['missing']) or 'none'}"
+             + (" (resume: `packcheck atlas --trl`)." if block["missing"] else "."), ""]
+    effective = _default_configuration(block, order)
+    if effective:
+        lines += ["What `packing=True` runs by default (the effective configuration the `sft` check recorded):", ""]
+        lines += [f"- {r['first']}{' .. ' + r['last'] if r['last'] != r['first'] else ''}: {r['text']}" for r in effective]
+        lines.append("")
+    lines += ["Per family, one line per mode: each backend's verdict over the measured TRL releases, with its transitions.", ""]
+    for name in sorted(block["cells"]):
+        for mode in block["modes"]:
+            parts = [f"{backend}: {runs_text(trl_runs(row, order))}" for backend in block["backends"]
+                     for row in [block["cells"][name].get(mode, {}).get(backend)] if row]
+            if parts:
+                lines.append(f"- **{name_md(name)}** / {MODE_NAMES.get(mode, mode)}: {'; '.join(parts)}")
+    lines += ["", "### TRL transitions", "",
+              "| family | mode | backend | last before | first after | before | after |", "|---|---|---|---|---|---|---|"]
+    for t in block["transitions"]:
+        def side(s: dict[str, Any]) -> str:
+            return _label(s) + (f" (loss Δ {s['number']:.1e})" if s.get("number") is not None else "")
+        lines.append(f"| {name_md(t['model_type'])} | {MODE_NAMES.get(t['mode'], t['mode'])} | {t['backend']} | "
+                     f"{t['last_before']} | {t['first_after']} | {side(t['before'])} | {side(t['after'])} |")
+    if not block["transitions"]:
+        lines.append("| — | — | — | — | — | — | no change between measured TRL releases |")
+    lines += ["", "### TRL releases measured", "",
+              "| trl | transformers | accelerate | datasets | cells | wall s | CPU s | CPU s per (family, backend) |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in block["releases"]:
+        pairs = len({(name, b) for name, by_mode in block["cells"].items() for by_b in by_mode.values()
+                     for b, row in by_b.items() if r["trl"] in row})
+        v = r.get("versions") or {}
+        per = f"{r['cpu_s'] / pairs:.1f}" if r.get("cpu_s") and pairs else "—"
+        lines.append(f"| {r['trl']} | {r.get('transformers') or '—'} | {v.get('accelerate', '—')} | {v.get('datasets', '—')} | "
+                     f"{r.get('cells') or '—'} | {r.get('wall_s') or '—'} | {r.get('cpu_s') or '—'} | {per} |")
+    return lines
+
+
+def _default_configuration(block: dict[str, Any], order: list[str]) -> list[dict[str, str]]:
+    """Runs over the TRL releases of the effective configuration ``packing=True`` ran (the ``sft`` mode on
+    ``sdpa``, the first family that has it per release): how each TRL release configures packing by default."""
+    runs: list[dict[str, str]] = []
+    for version in order:
+        text = next((_effective_text(e["effective"]) for name in sorted(block["cells"])
+                     for e in [block["cells"][name].get("sft", {}).get("sdpa", {}).get(version)] if e and e.get("effective")), None)
+        if text is None:
+            continue
+        if runs and runs[-1]["text"] == text:
+            runs[-1]["last"] = version
+        else:
+            runs.append({"first": version, "last": version, "text": text})
+    return runs
+
+
+def trl_answer(doc: dict[str, Any], model_type: str, backend: str, trl_version: str, transformers_version: str) -> dict[str, Any]:
+    """The TRL axis's answer for ``model_type`` on ``backend`` (the measured column, e.g. ``packcheck_flash_ref``
+    for flash_attention_2) at ``trl_version``: ``measured`` (bool), ``trl``, ``transformers`` (what that TRL
+    release ran with on the axis), ``modes`` (mode -> ``verdict``, ``causes``, ``number`` (loss Δ), ``message``,
+    ``effective``) when measured, else ``nearest`` (mode -> the closest measured TRL releases below / above with
+    their verdicts), and ``notes``. A support document without a ``trl`` block answers not measured with a note.
+
+    Raises:
+        pytest_packcheck.errors.PackcheckUsageError: ``trl_version`` is not a version.
+    """
+    from packaging.version import InvalidVersion, Version
+
+    from ..errors import PackcheckUsageError
+
+    try:
+        wanted = Version(trl_version)
+    except InvalidVersion:
+        raise PackcheckUsageError(f"TRL version '{trl_version}' (--trl) is not a version: write e.g. 0.24.0.") from None
+    block = doc.get("trl")
+    out: dict[str, Any] = {"trl": trl_version, "measured": False, "transformers": None, "modes": {}, "nearest": {}, "notes": []}
+    if not block:
+        out["notes"].append(f"trl {trl_version}: this support file has no TRL axis (no `trl` block); the answer above is "
+                            "transformers' padding-free forward / backward, not SFTTrainer's configuration")
+        return out
+    if backend not in block["backends"]:
+        out["notes"].append(f"trl {trl_version}: the TRL axis runs {', '.join(block['backends'])}, not {backend}")
+        return out
+    by_mode = block["cells"].get(model_type)
+    if by_mode is None:
+        out["notes"].append(f"trl {trl_version}: '{model_type}' is not a family of the TRL axis ({', '.join(sorted(block['cells']))})")
+        return out
+    release = next((r for r in block["releases"] if Version(r["trl"]) == wanted), None)
+    for mode in block["modes"]:
+        row = by_mode.get(mode, {}).get(backend, {})
+        entry = row.get(str(wanted)) if release else None
+        if entry is not None:
+            out["modes"][mode] = {k: entry.get(k) for k in ("verdict", "causes", "number", "message", "effective") if k in entry}
+            continue
+        below = [v for v in sorted(row, key=Version) if Version(v) < wanted]
+        above = [v for v in sorted(row, key=Version) if Version(v) > wanted]
+        out["nearest"][mode] = [{"trl": v, "side": side, "verdict": row[v]["verdict"], "causes": list(row[v].get("causes", []))}
+                                for v, side in ((below[-1] if below else None, "below"), (above[0] if above else None, "above")) if v]
+    if release and out["modes"]:
+        out["measured"] = True
+        out["transformers"] = release.get("transformers")
+        if release.get("transformers") and Version(str(release["transformers"])) != Version(transformers_version):
+            out["notes"].append(f"trl {release['trl']} was measured with transformers {release['transformers']}, not "
+                                f"{transformers_version}: its answer is about TRL's configuration there")
+    elif not release:
+        out["notes"].append(f"trl {trl_version} is not measured on the TRL axis (measured: "
+                            f"{', '.join(r['trl'] for r in block['releases']) or 'none'})")
+    return out
+
+
+def trl_answer_lines(answer: dict[str, Any], model_type: str, attn_implementation: str) -> list[str]:
+    """:func:`trl_answer` as the lines ``packcheck lookup`` prints."""
+    head = f"{model_type} / {attn_implementation} @ trl {answer['trl']}"
+    lines = []
+    if answer["measured"]:
+        for mode, e in answer["modes"].items():
+            why = f" [{', '.join(e.get('causes') or [])}]" if e.get("causes") else ""
+            num = f" (loss Δ {e['number']:.1e})" if e.get("number") is not None else ""
+            lines.append(f"{head} / {MODE_NAMES.get(mode, mode)}: {e['verdict']}{why}{num}, measured with transformers "
+                         f"{answer['transformers']}")
+    for mode, near in answer["nearest"].items():
+        text = "; ".join(f"{n['trl']}: {n['verdict']}" + (f" [{', '.join(n['causes'])}]" if n["causes"] else "") for n in near)
+        lines.append(f"{head} / {MODE_NAMES.get(mode, mode)}: not measured" + (f" (nearest measured: {text})" if text else ""))
+    return lines + [f"  {n}" for n in answer.get("notes", [])]
