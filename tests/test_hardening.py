@@ -599,7 +599,7 @@ def test_save_baseline_on_a_full_disk_is_one_line(tmp_path, monkeypatch, capsys)
     from pytest_packcheck.report.formats import write_reports
 
     write_reports(tmp_path, _doc([_cell()]))
-    monkeypatch.setattr(_pytest, "main", lambda args: _pytest.ExitCode.OK)
+    monkeypatch.setattr(_pytest, "main", lambda args, **kwargs: _pytest.ExitCode.OK)
 
     def full(path, text, flag="--packcheck-report-dir"):
         raise PackcheckUsageError(results.write_failure(Path(path), OSError(errno.ENOSPC, "No space left on device"), flag))
