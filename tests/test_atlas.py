@@ -801,3 +801,16 @@ def test_claims_download_names_each_peers_package_and_a_failure(tmp_path, monkey
     assert calls[0] == ["download", "--no-deps", "--dest", str(tmp_path), "ms-swift"]
     with pytest.raises(PackcheckUsageError, match="Peer 'nope' .* could not be downloaded: ERROR: No matching distribution found for nope"):
         cli.download(["nope"], tmp_path)
+
+
+def test_reduction_records_every_hazard_role_of_the_registry_and_no_finding():
+    """A cell's ``hazards`` come from the registry's hazard role (a variant hazard such as offset_positions is kept
+    when a run includes it), not from a retyped pair; a correctness check never lands there."""
+    def cell(check, status, cause=None):
+        return {"model": {"model_type": "llama"}, "backend": "sdpa", "dtype": "float32", "check": check, "status": status,
+                "cause": cause, "message": "", "metrics": {}}
+
+    reduced = A.reduce_release({"cells": [cell("isolation", "pass"), cell("offset_positions", "fail", "offset_positions"),
+                                          cell("mask_trap", "pass"), cell("position_ids", "pass")]})
+    assert reduced["llama"]["sdpa"]["hazards"] == {"offset_positions": "offset_positions"}
+    assert reduced["llama"]["sdpa"]["verdict"] == "pass"

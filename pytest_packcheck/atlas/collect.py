@@ -38,6 +38,9 @@ def reduce_release(doc: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
         model = cell["model"]
         name = model.get("model_type") or model.get("label")
         groups.setdefault((name, cell["backend"]), []).append(cell)
+    from ..checks.registry import SPECS
+
+    hazard_checks = {name for name, spec in SPECS.items() if spec.role == "hazard"}  # the registry's stack hazards
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for (name, backend), group in sorted(groups.items()):
         h = headline(group)
@@ -51,7 +54,7 @@ def reduce_release(doc: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
             if h["status"] != "pass":
                 entry["message"] = " ".join(str(decider.get("message", "")).split())[:160]
         hazards = {c["check"]: ((c.get("diagnosis") or {}).get("cause") or c.get("cause") or c["status"])
-                   for c in group if c["check"] in ("cache_trap", "mask_trap") and c["status"] not in ("pass", "skipped")}
+                   for c in group if c["check"] in hazard_checks and c["status"] not in ("pass", "skipped")}
         if hazards:
             entry["hazards"] = hazards
         findings = sorted({f["cause"] for c in h["cells"] for f in (c.get("findings") or []) if isinstance(f, dict) and f.get("cause")})
