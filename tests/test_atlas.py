@@ -814,3 +814,24 @@ def test_reduction_records_every_hazard_role_of_the_registry_and_no_finding():
                                           cell("mask_trap", "pass"), cell("position_ids", "pass")]})
     assert reduced["llama"]["sdpa"]["hazards"] == {"offset_positions": "offset_positions"}
     assert reduced["llama"]["sdpa"]["verdict"] == "pass"
+
+
+def test_atlas_refuses_a_release_the_index_does_not_have(monkeypatch, capsys):
+    """``--releases 4.99.0`` is refused before any environment is built, naming the nearest releases; an
+    unreachable index is a warning (the build then says what it cannot install)."""
+    from pytest_packcheck.analysis import bisect
+    from pytest_packcheck.cli import atlas as cli_atlas
+
+    page = {"files": [{"filename": f"transformers-{v}-py3-none-any.whl"} for v in ("4.57.6", "5.0.0", "5.24.0")]}
+    monkeypatch.setattr(bisect, "fetch_index_page", lambda library: page)
+    cli_atlas._refuse_unreleased(["5.0.0", "5.24.0"])
+    with pytest.raises(PackcheckUsageError, match=r"Release '4\.99\.0' \(from --releases\) is not a transformers release .* "
+                                                  r"nearest are 4\.57\.6, 5\.0\.0, 5\.24\.0"):
+        cli_atlas._refuse_unreleased(["5.24.0", "4.99.0"])
+
+    def unreachable(library):
+        raise PackcheckUsageError("The package index cannot be reached")
+
+    monkeypatch.setattr(bisect, "fetch_index_page", unreachable)
+    cli_atlas._refuse_unreleased(["4.99.0"])
+    assert "not checked against the package index" in capsys.readouterr().err

@@ -97,6 +97,38 @@ def run(ns: argparse.Namespace) -> int:
         raise PackcheckUsageError(f"-n/--workers {ns.workers} must be >= 1.")
     models = [m.strip() for m in ns.models.split(",") if m.strip()] if ns.models else None
     bisect_models = [m.strip() for m in ns.bisect_models.split(",") if m.strip()] if ns.bisect_models else None
+    if ns.releases and not ns.render_only:
+        _refuse_unreleased(releases)
     return atlas_main(AtlasArgs(releases, Path(ns.build_dir or "build/atlas"), Path(ns.output_dir), shard, ns.workers, ns.render_only,
                                 ns.bisect, ns.bisect_limit, models, bisect_models, ns.seed, ns.no_render, ns.remeasure),
                       log=lambda line: print(line, flush=True))
+
+
+def _refuse_unreleased(releases: list[str]) -> None:
+    """Refuse a ``--releases`` item the package index does not have (``4.99.0``), naming the nearest releases, before
+    any environment is built; the same index the atlas plans from (``$PACKCHECK_INDEX_URL``). An unreachable index
+    is a warning: the environment build then says what it cannot install.
+
+    Raises:
+        PackcheckUsageError: a release not on the index (or yanked there).
+    """
+    import sys
+
+    from ..analysis.bisect import fetch_index_page, parse_simple_index
+    from ..errors import PackcheckUsageError
+    from ..versions.releases import _nearest
+
+    try:
+        known, _ = parse_simple_index(fetch_index_page("transformers"))
+    except PackcheckUsageError as exc:
+        print(f"packcheck atlas: warning: --releases not checked against the package index ({exc})", file=sys.stderr)
+        return
+    from packaging.version import Version
+
+    ordered = sorted((Version(v) for v in known), key=lambda v: v)
+    for release in releases:
+        if release not in known:
+            near = _nearest(release, ordered)
+            raise PackcheckUsageError(f"Release '{release}' (from --releases) is not a transformers release on the package "
+                                      f"index (final, not yanked): the nearest are {', '.join(near) or 'none'}. Pass one of "
+                                      "them, or use --since / --until for every minor's latest patch.")
