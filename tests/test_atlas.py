@@ -81,7 +81,7 @@ def test_gap_order_measures_the_major_boundary_then_halves_the_widest_gap():
     planned = ["4.47.1", "4.48.3", "4.49.0", "4.50.3", "4.51.3", "4.52.4", "4.57.6", "5.0.0", "5.1.0", "5.2.0", "5.3.0"]
     order = A.gap_order(planned, ["4.47.1", "4.52.4", "4.57.6", "5.3.0"])
     assert order == ["5.0.0", "4.49.0", "4.50.3", "5.1.0", "4.48.3", "4.51.3", "5.2.0"]
-    assert sorted(order, key=A._vkey) == [v for v in planned if v not in ("4.47.1", "4.52.4", "4.57.6", "5.3.0")]
+    assert sorted(order, key=A.version_key) == [v for v in planned if v not in ("4.47.1", "4.52.4", "4.57.6", "5.3.0")]
     assert A.gap_order(["4.44.2", "4.45.2"], []) == ["4.44.2", "4.45.2"]  # nothing measured: the middle, oldest first
 
 

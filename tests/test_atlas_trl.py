@@ -189,7 +189,7 @@ def test_generate_pins_a_transition_first_and_skips_what_is_measured(tmp_path):
     def runner(args, **kw):
         version = kw["env"]["PACKCHECK_ENV_LABEL"].split("==")[1]
         order.append(version)
-        status = "pass" if A._vkey(version) >= A._vkey("0.24.0") else "fail"
+        status = "pass" if A.version_key(version) >= A.version_key("0.24.0") else "fail"
         cells = [_cell("llama", "sdpa", "sft_padding_free", status, None if status == "pass" else "mask_override")]
         (_report_dir(args) / "packcheck-matrix.json").write_text(json.dumps(_doc(version, cells)))
         return subprocess.CompletedProcess(args, 0)

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..errors import PackcheckUsageError
 from ..versions.libraries import LIBRARIES
+from ..versions.releases import version_key
 
 #: Where the releases pages of the libraries of the table live (owner/repo on GitHub).
 RELEASE_REPOS = {lib.name: lib.repo for lib in LIBRARIES if lib.repo}
@@ -27,7 +28,7 @@ INDEX_ENV_VAR = "PACKCHECK_INDEX_URL"
 #: Cell statuses that are a verdict on the cell; anything else (error, timeout, oom, skipped, unsupported) is
 #: not, so a release that gives one is skipped.
 _VERDICTS = ("pass", "fail", "fallback")
-_MODEL_LEVEL_BACKEND = "sdpa"  # model-level checks (collate, packing_content) need some backend to be selected
+MODEL_LEVEL_BACKEND = "sdpa"  # model-level checks (collate, packing_content) need some backend to be selected
 
 
 @dataclass(frozen=True)
@@ -70,12 +71,6 @@ class BisectResult:
         return {**asdict(self), "probes": [asdict(p) for p in self.probes]}
 
 
-def _vkey(version: str) -> Any:
-    from packaging.version import Version
-
-    return Version(version)
-
-
 def bisect_releases(releases: list[str], good: str, bad: str, probe: Callable[[str], Probe], library: str = "") -> BisectResult:
     """Find where the verdict changes between ``good`` (the cell holds) and ``bad`` (it does not).
 
@@ -90,11 +85,11 @@ def bisect_releases(releases: list[str], good: str, bad: str, probe: Callable[[s
     Raises:
         ValueError: ``good`` and ``bad`` are the same version.
     """
-    if _vkey(good) == _vkey(bad):
+    if version_key(good) == version_key(bad):
         raise ValueError(f"good and bad are the same version ({good}): nothing to bisect")
-    old, new = sorted((good, bad), key=_vkey)
-    inside = {v for v in releases if _vkey(old) < _vkey(v) < _vkey(new)}
-    ordered = [old, *sorted(inside, key=_vkey), new]
+    old, new = sorted((good, bad), key=version_key)
+    inside = {v for v in releases if version_key(old) < version_key(v) < version_key(new)}
+    ordered = [old, *sorted(inside, key=version_key), new]
     direction = "first bad" if old == good else "first fixed"
     probes: list[Probe] = []
     skipped: list[str] = []
@@ -311,7 +306,7 @@ def parse_sides(good: str, bad: str) -> Sides:
     if set(g) != set(b):
         raise PackcheckUsageError(f"--good '{good}' and --bad '{bad}' name different libraries ({', '.join(sorted(g))} vs "
                                   f"{', '.join(sorted(b))}): pin the same ones on both sides.")
-    moving = [n for n in g if _vkey(g[n]) != _vkey(b[n])]
+    moving = [n for n in g if version_key(g[n]) != version_key(b[n])]
     if len(moving) != 1:
         what = "no library" if not moving else f"{len(moving)} libraries ({', '.join(moving)})"
         raise PackcheckUsageError(f"--good '{good}' and --bad '{bad}' differ in {what}: bisect moves exactly one library; "
@@ -325,7 +320,7 @@ def parse_sides(good: str, bad: str) -> Sides:
 # Probing one release in a version environment
 
 
-def _key_number(cell: dict[str, Any]) -> str:
+def probe_number(cell: dict[str, Any]) -> str:
     from ..report.numbers import KEY_METRIC
 
     key = KEY_METRIC.get(cell["check"])
@@ -386,7 +381,7 @@ def cell_probe(ref: CellRef, sides: Sides, report_dir: Any, cause: str | None = 
     An environment that cannot be made (uv's reason) is a skip, not a verdict."""
     from ..versions.envs import VersionCombo, run_in_env
 
-    settings = probe_settings([ref.model], (ref.backend or _MODEL_LEVEL_BACKEND,), (ref.check,), (ref.dtype,))
+    settings = probe_settings([ref.model], (ref.backend or MODEL_LEVEL_BACKEND,), (ref.check,), (ref.dtype,))
 
     def probe(version: str) -> Probe:
         combo = VersionCombo((f"{sides.library}=={version}", *sides.pinned))
@@ -400,7 +395,7 @@ def cell_probe(ref: CellRef, sides: Sides, report_dir: Any, cause: str | None = 
             cell = next((c for c in run.cells.values() if c["check"] == ref.check and c["dtype"] == ref.dtype
                          and c["backend"] == ref.backend), None)
             holds, detail = judge(cell, cause, supported, run.environment)
-            p = Probe(version, holds, detail, cell["status"] if cell else None, _key_number(cell) if cell else "", seconds, created)
+            p = Probe(version, holds, detail, cell["status"] if cell else None, probe_number(cell) if cell else "", seconds, created)
         if log:
             verdict = {True: "good", False: "bad", None: "skip"}[p.holds]
             log(f"  {sides.library} {version}: {verdict} ({p.status or '-'}; {p.key_number or p.detail[:100]}) {p.seconds:.1f} s"
@@ -417,7 +412,7 @@ def run_bisect(ref: CellRef, sides: Sides, releases: list[str], yanked: list[str
 
     t0 = time.perf_counter()
     res = bisect_releases(releases, sides.good, sides.bad, probe, sides.library)
-    lo, hi = sorted((sides.good, sides.bad), key=_vkey)
+    lo, hi = sorted((sides.good, sides.bad), key=version_key)
     return {
         "cell": ref.cell_id, "model": ref.model, "backend": ref.backend, "check": ref.check, "dtype": ref.dtype,
         "predicate": f"cause {cause}" if cause else ("supported" if supported else "pass"),
@@ -427,7 +422,7 @@ def run_bisect(ref: CellRef, sides: Sides, releases: list[str], yanked: list[str
         "first_fixed": res.first if res.direction == "first fixed" else None,
         "candidates": res.candidates, "message": res.message,
         "release_notes": release_notes_url(sides.library, res.first) if res.first else "",
-        "releases": res.releases, "yanked_in_range": [v for v in yanked if _vkey(lo) < _vkey(v) < _vkey(hi)],
+        "releases": res.releases, "yanked_in_range": [v for v in yanked if version_key(lo) < version_key(v) < version_key(hi)],
         "skipped": res.skipped, "probes": [asdict(p) for p in res.probes],
         "environments_made": sum(1 for p in res.probes if p.env_created),
         "seconds": round(time.perf_counter() - t0, 1),
@@ -506,8 +501,8 @@ def bisect_cell(cell_id: str, good: str, bad: str, *, model: str | None = None, 
     probe_folder(out, "-o/--output-dir", "Output directory")  # each probe writes its log and results there: a full disk is refused now
     releases, yanked = parse_simple_index((fetch or fetch_index_page)(sides.library), pre=pre)
     if log:
-        lo, hi = sorted((sides.good, sides.bad), key=_vkey)
-        inside = [v for v in releases if _vkey(lo) < _vkey(v) < _vkey(hi)]
+        lo, hi = sorted((sides.good, sides.bad), key=version_key)
+        inside = [v for v in releases if version_key(lo) < version_key(v) < version_key(hi)]
         log(f"packcheck bisect {ref.cell_id}: {sides.library} {lo} .. {hi}: {len(inside)} releases between"
             f"{' (pre-releases included)' if pre else ''}; endpoints first")
     probe = (make_probe or cell_probe)(ref, sides, out, cause=cause, supported=supported, log=log)
@@ -529,7 +524,7 @@ def gate_sides(base_cell: dict[str, Any], cand_cell: dict[str, Any], base_env: d
 
     versions = {lib.name: (library_version(base_cell, base_env, lib.key), library_version(cand_cell, cand_env, lib.key))
                 for lib in LIBRARIES if lib.recorded and not lib.hardware}
-    moved = [lib for lib, (a, b) in versions.items() if a and b and _vkey(a) != _vkey(b)]
+    moved = [lib for lib, (a, b) in versions.items() if a and b and version_key(a) != version_key(b)]
     if len(moved) != 1:
         what = "no library version" if not moved else "both transformers and trl"
         return None, f"{what} changed between the baseline and the candidate: nothing to bisect on its own"

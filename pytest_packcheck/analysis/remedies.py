@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..versions.libraries import find_upgrade
-from .bisect import _MODEL_LEVEL_BACKEND, _key_number, _vkey, judge, probe_settings
+from .bisect import MODEL_LEVEL_BACKEND, judge, probe_number, probe_settings, version_key
 
 #: Remedies that are a setting, and the measurement of the same cell (or its group) that already shows whether
 #: the setting fixes it: (cause, check) -> (metric, what it is).
@@ -84,7 +84,7 @@ def verify_remedies(doc: dict[str, Any], report_dir: Any, run: Callable[..., Any
                 record["verified"], record["detail"] = verify_setting(cell, claim["cause"])
                 continue
             have = library_version(cell, env, claim["library"])
-            if have and _vkey(have) >= _vkey(claim["version"]):
+            if have and version_key(have) >= version_key(claim["version"]):
                 record["detail"] = f"the cell already runs {claim['library']} {have}: the upgrade is not the fix here"
                 record["verified"] = False
                 continue
@@ -97,7 +97,7 @@ def verify_remedies(doc: dict[str, Any], report_dir: Any, run: Callable[..., Any
         combo = VersionCombo(tuple(r for r in (f"{library}=={version}", pin) if r))
         cells = [c for c, _ in items]
         models = list(dict.fromkeys(c["model"].get("spec") or f"arch:{c['model']['label']}" for c in cells))
-        settings = probe_settings(models, tuple(dict.fromkeys(c["backend"] or _MODEL_LEVEL_BACKEND for c in cells)),
+        settings = probe_settings(models, tuple(dict.fromkeys(c["backend"] or MODEL_LEVEL_BACKEND for c in cells)),
                                   tuple(dict.fromkeys(c["check"] for c in cells)), tuple(dict.fromkeys(c["dtype"] for c in cells)),
                                   doc.get("settings", {}).get("weights", "random"))
         if log:
@@ -112,7 +112,7 @@ def verify_remedies(doc: dict[str, Any], report_dir: Any, run: Callable[..., Any
                           and c["backend"] == cell["backend"] and c["check"] == cell["check"] and c["dtype"] == cell["dtype"]), None)
             holds, detail = judge(again, record["cause"], False, result.environment)
             record["verified"] = holds
-            number = _key_number(again) if again else ""
+            number = probe_number(again) if again else ""
             record["detail"] = f"{again['status'] if again else 'no cell'} at {combo.label}{'; ' + number if number else ''}; {detail[:160]}"
     doc["remedy_checks"] = records
     return records

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..errors import PackcheckUsageError
 from .build import is_done, reproduce_command
-from .releases import ATLAS_BACKENDS, DONE_MARKER, SUPPORT_SCHEMA_VERSION, _vkey, atlas_checks
+from .releases import ATLAS_BACKENDS, DONE_MARKER, SUPPORT_SCHEMA_VERSION, atlas_checks, version_key
 
 
 def _number(cell: dict[str, Any]) -> float | None:
@@ -158,7 +158,7 @@ def collect(build: Path, planned: list[str] | None = None, bisects: dict[str, An
         for name, by_backend in reduce_release(doc).items():
             for backend, entry in by_backend.items():
                 cells.setdefault(name, {}).setdefault(backend, {})[version] = entry
-    releases.sort(key=lambda r: _vkey(r["transformers"]))
+    releases.sort(key=lambda r: version_key(r["transformers"]))
     measured = [r["transformers"] for r in releases]
     missing = [v for v in (planned or []) if v not in measured]
     support = {"schema": "packcheck-atlas-support", "schema_version": SUPPORT_SCHEMA_VERSION,
@@ -200,12 +200,12 @@ def _narrowed(bisects: dict[str, Any], t: dict[str, Any]) -> dict[str, Any] | No
     """A bisect found over a wider gap that a release measured since has narrowed: same (architecture, backend),
     and the patch it found lies in ``t``'s gap (``last`` before it, ``first`` at or before ``first_after``).
     Keeps a bisect's answer when the releases between its two ends are measured later."""
-    lo, hi = _vkey(t["last_before"]), _vkey(t["first_after"])
+    lo, hi = version_key(t["last_before"]), version_key(t["first_after"])
     for key, record in sorted(bisects.items()):
         name, backend, *_ = key.split("|")
         if (name, backend) != (t["model_type"], t["backend"]) or record.get("outcome") != "found":
             continue
-        if record.get("first") and record.get("last") and lo <= _vkey(record["last"]) and _vkey(record["first"]) <= hi:
+        if record.get("first") and record.get("last") and lo <= version_key(record["last"]) and version_key(record["first"]) <= hi:
             return record
     return None
 

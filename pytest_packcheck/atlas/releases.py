@@ -3,9 +3,8 @@ package index or named), and the order missing releases are measured in (:func:`
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..errors import PackcheckUsageError
+from ..versions.releases import version_key
 
 #: The backends of the atlas: the two dense-mask paths every release has, and the flash varlen path through the
 #: CPU reference kernel (``packcheck_flash_ref``; its floor is transformers 4.44).
@@ -24,12 +23,6 @@ def atlas_checks() -> tuple[str, ...]:
     from ..checks.registry import DEFAULT_CHECKS, SPECS
 
     return tuple(c for c in DEFAULT_CHECKS if SPECS[c].role in ("correctness", "hazard"))
-
-
-def _vkey(version: str) -> Any:
-    from packaging.version import Version
-
-    return Version(version)
 
 
 def latest_patches(releases: list[str], since: str = ATLAS_SINCE, until: str | None = None) -> list[str]:
@@ -119,8 +112,8 @@ def gap_order(planned: list[str], measured: list[str]) -> list[str]:
     users ask about most), then, repeatedly, the middle of the widest run of unmeasured minors (the oldest such
     run on a tie), so each added release halves a gap and every transition found is between close releases."""
     have = set(measured)
-    order = [v for v in planned if v not in have and _vkey(v).minor == 0 and _vkey(v).micro == 0
-             and any(_vkey(m).major < _vkey(v).major for m in have)]
+    order = [v for v in planned if v not in have and version_key(v).minor == 0 and version_key(v).micro == 0
+             and any(version_key(m).major < version_key(v).major for m in have)]
     have |= set(order)
     while True:
         runs: list[list[str]] = [[]]

@@ -7,10 +7,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .releases import _vkey
+from ..results.schema import SYMBOLS
+from .releases import version_key
 
-SYMBOL = {"pass": "✅", "fail": "❌", "fallback": "↩️", "unsupported": "🚫", "skipped": "⏭️", "error": "💥",
-          "timeout": "⏱️", "oom": "🧨"}
+#: The verdict marks of every packcheck report (results.schema.SYMBOLS): the atlas reads as the matrices do.
+SYMBOL = SYMBOLS
 
 
 def _label(entry: dict[str, Any]) -> str:
@@ -85,7 +86,7 @@ def render_markdown(support: dict[str, Any]) -> str:
             row = support["cells"][name].get(backend)
             if not row or any(e["verdict"] == "pass" for e in row.values()):
                 continue
-            newest = max(row, key=_vkey)
+            newest = max(row, key=version_key)
             e = row[newest]
             why = e.get("message") or ", ".join(e.get("causes", [])) or e["verdict"]
             lines.append(f"- **{name}** / {backend} ({newest}): {_label(e)}: {name_md(why)}")
@@ -99,7 +100,7 @@ def render_markdown(support: dict[str, Any]) -> str:
                 for cause in e.get("causes", []):
                     if cause in OWN_CAUSES and e["verdict"] not in ("pass", "fail"):
                         own.setdefault((version, cause), []).append(f"{name}/{backend}")
-    for (version, cause), items in sorted(own.items(), key=lambda kv: (_vkey(kv[0][0]), kv[0][1])):
+    for (version, cause), items in sorted(own.items(), key=lambda kv: (version_key(kv[0][0]), kv[0][1])):
         archs = sorted({i.split("/")[0] for i in items})
         lines.append(f"- {version} {cause.replace('_', ' ')}: {len(items)} (architecture, backend) of {len(archs)} "
                      f"architectures: {', '.join(archs)}")

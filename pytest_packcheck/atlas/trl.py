@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PackcheckUsageError
-from .releases import DONE_MARKER, _vkey, latest_patches
+from .releases import DONE_MARKER, latest_patches, version_key
 
 #: The oldest TRL minor of the axis (TRL 0.19 introduced ``packing_strategy``; packcheck's TRL floor).
 TRL_SINCE = "0.19"
@@ -188,7 +188,7 @@ def next_release(planned: list[str], block: dict[str, Any], skip: set[str] | fro
     if gaps:
         widest = max(gaps, key=len)
         return widest[(len(widest) - 1) // 2]
-    return next(v for v in gap_order(planned, sorted(measured | set(skip), key=_vkey)) if v in left)
+    return next(v for v in gap_order(planned, sorted(measured | set(skip), key=version_key)) if v in left)
 
 
 def _rows_differ(block: dict[str, Any], a: str, b: str) -> bool:
@@ -320,7 +320,7 @@ def collect_trl(build: Path, planned: list[str] | None = None, committed: dict[s
             for mode, by_backend in by_mode.items():
                 for backend, entry in by_backend.items():
                     cells.setdefault(name, {}).setdefault(mode, {}).setdefault(backend, {})[version] = entry
-    releases.sort(key=lambda r: _vkey(r["trl"]))
+    releases.sort(key=lambda r: version_key(r["trl"]))
     measured = [r["trl"] for r in releases]
     block = {"schema": "packcheck-atlas-trl", "schema_version": TRL_SCHEMA_VERSION, "packcheck_version": __version__,
              "generated": time.strftime("%Y-%m-%d", time.gmtime()), "device": "cpu", "dtype": "float32",

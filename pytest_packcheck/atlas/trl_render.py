@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from .releases import _vkey
+from .releases import version_key
 
 #: Short names of the modes in the Markdown (``TRL_MODES`` of :mod:`.trl` holds what each asks SFTTrainer for).
 MODE_NAMES = {"sft": "packing=True", "sft_padding_free": "padding_free"}
 
 
 def _symbol(verdict: str) -> str:
-    from .render import SYMBOL
+    from ..results.schema import SYMBOLS as SYMBOL
 
     return SYMBOL.get(verdict, verdict)
 
@@ -66,10 +66,10 @@ def render_trl_markdown(block: dict[str, Any]) -> list[str]:
     """The TRL section of ``atlas.md`` (lines): what each TRL release configures for ``packing=True``, per family
     one line per mode and backend with its transitions and numbers, every transition, the releases measured
     (with the transformers each ran on) and those not measured yet."""
-    from .render import name_md
+    from ..report.text import escape_md as name_md
 
     order = [r["trl"] for r in block["releases"]]
-    tf = sorted({str(r.get("transformers")) for r in block["releases"]}, key=lambda v: _vkey(v) if v[0].isdigit() else _vkey("0"))
+    tf = sorted({str(r.get("transformers")) for r in block["releases"]}, key=lambda v: version_key(v) if v[0].isdigit() else version_key("0"))
     lines = ["", "## TRL: SFTTrainer's packing paths per TRL release", "",
              (f"TRL's `SFTTrainer` on {', '.join(block['families'])} ({', '.join(block['backends'])}; float32, CPU, tiny "
               f"random models), each TRL minor's latest patch in its own environment with transformers {', '.join(tf) or '—'} "

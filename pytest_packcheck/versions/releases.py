@@ -12,6 +12,17 @@ from .envs import VersionCombo, canonical
 
 
 #: The package index a version is checked against: uv's / pip's configured index, else PyPI's simple API.
+def version_key(version: str) -> Any:
+    """``packaging.version.Version(version)``: the one sort key of release strings (bisect, atlas, TRL axis).
+
+    Raises:
+        packaging.version.InvalidVersion: ``version`` is not a PEP 440 version.
+    """
+    from packaging.version import Version
+
+    return Version(version)
+
+
 def index_url() -> str:
     for var in ("UV_DEFAULT_INDEX", "UV_INDEX_URL", "PIP_INDEX_URL"):
         if os.environ.get(var):
