@@ -107,6 +107,9 @@ class Answer:
 
 @lru_cache(maxsize=4)
 def _load(path: str, mtime: float) -> dict[str, Any]:
+    if Path(path).is_dir():
+        raise PackcheckUsageError(f"Support file '{path}' is a directory: pass the support.json file itself "
+                                  "(--support-file / $PACKCHECK_SUPPORT_FILE), e.g. reports/atlas/support.json.")
     try:
         doc = json.loads(Path(path).read_text())
     except FileNotFoundError:
@@ -115,19 +118,92 @@ def _load(path: str, mtime: float) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         raise PackcheckUsageError(f"Support file '{path}' cannot be read ({exc}): regenerate it with "
                                   "`packcheck atlas --render-only`.") from None
-    version = doc.get("schema_version") if isinstance(doc, dict) else None
+    validate_support(doc, path)
+    return doc
+
+
+def validate_support(doc: Any, source: str | Path) -> None:
+    """Check the shape of a support document (``reports/atlas/SCHEMA.md``) once, where it is loaded, so that
+    :func:`lookup`, ``packcheck claims`` and the TRL answer can index it without a traceback: a JSON object of
+    schema ``packcheck-atlas-support`` in a :data:`READABLE_SCHEMA` version; ``cells`` a dict of model_type ->
+    backend -> release -> entry, each release key a version, each entry's ``verdict`` one of
+    :data:`~pytest_packcheck.results.schema.STATUSES`, ``number`` a float or absent, ``causes`` a list of strings;
+    ``releases`` a list of objects whose ``transformers`` is a version; ``missing`` a list of versions.
+
+    Raises:
+        PackcheckUsageError: the first bad field, named with ``source`` (the file) and the fix (regenerate).
+    """
+    from .results.schema import STATUSES
+
+    def bad(what: str) -> PackcheckUsageError:
+        return PackcheckUsageError(f"Support file '{source}' is corrupt: {what}; regenerate it with "
+                                   "`packcheck atlas --render-only` or pass the committed reports/atlas/support.json.")
+
+    if not isinstance(doc, dict):
+        raise PackcheckUsageError(f"Support file '{source}' is a JSON {type(doc).__name__}, not a packcheck atlas support "
+                                  "document (an object with schema 'packcheck-atlas-support'): pass reports/atlas/support.json.")
+    version = doc.get("schema_version")
+    if "schema" not in doc and isinstance(doc.get("cells"), list) and "settings" in doc:
+        raise PackcheckUsageError(f"Support file '{source}' is a packcheck results matrix (packcheck-matrix.json of "
+                                  "`packcheck audit`), not an atlas support file: pass reports/atlas/support.json (or "
+                                  "`packcheck atlas` output); compare matrices with `packcheck gate`.")
     if doc.get("schema") != "packcheck-atlas-support" or version not in READABLE_SCHEMA:
-        raise PackcheckUsageError(f"Support file '{path}' has schema {doc.get('schema')!r} version {version!r}; this "
+        raise PackcheckUsageError(f"Support file '{source}' has schema {doc.get('schema')!r} version {version!r}; this "
                                   f"packcheck reads packcheck-atlas-support version {', '.join(map(str, READABLE_SCHEMA))}: "
                                   "upgrade packcheck or regenerate the file.")
-    return doc
+    cells = doc.get("cells")
+    if not isinstance(cells, dict):
+        raise bad(f"'cells' is {_kind(cells)}, not an object of model_type -> backend -> release -> entry")
+    for arch, row in cells.items():
+        if not isinstance(row, dict):
+            raise bad(f"cells.{arch} is {_kind(row)}, not an object of backend -> release -> entry")
+        for backend, by_release in row.items():
+            if not isinstance(by_release, dict):
+                raise bad(f"cells.{arch}.{backend} is {_kind(by_release)}, not an object of release -> entry")
+            for release, entry in by_release.items():
+                at = f"cells.{arch}.{backend}[{release!r}]"
+                if not _parses(release):
+                    raise bad(f"release key {release!r} under cells.{arch}.{backend} is not a version")
+                if not isinstance(entry, dict):
+                    raise bad(f"{at} is {_kind(entry)}, not an entry object")
+                if entry.get("verdict") not in STATUSES:
+                    raise bad(f"{at}.verdict is {entry.get('verdict')!r}, not one of {', '.join(STATUSES)}")
+                number = entry.get("number")
+                if number is not None and (isinstance(number, bool) or not isinstance(number, int | float)):
+                    raise bad(f"{at}.number is {number!r}, not a number or null")
+                causes = entry.get("causes", [])
+                if not isinstance(causes, list) or not all(isinstance(c, str) for c in causes):
+                    raise bad(f"{at}.causes is {causes!r}, not a list of cause codes")
+    releases = doc.get("releases")
+    if not isinstance(releases, list):
+        raise bad(f"'releases' is {_kind(releases)}, not a list of the measured releases")
+    for i, release in enumerate(releases):
+        if not isinstance(release, dict) or not isinstance(release.get("transformers"), str) or not _parses(release["transformers"]):
+            raise bad(f"releases[{i}] has no transformers version (got {release!r:.80})")
+    missing = doc.get("missing", [])
+    if not isinstance(missing, list) or not all(isinstance(v, str) and _parses(v) for v in missing):
+        raise bad(f"'missing' is {missing!r:.80}, not a list of versions")
+    for key in ("transitions",):
+        if not isinstance(doc.get(key, []), list):
+            raise bad(f"'{key}' is {_kind(doc.get(key))}, not a list")
+    if not isinstance(doc.get("trl") or {}, dict):
+        raise bad(f"'trl' is {_kind(doc.get('trl'))}, not an object")
+
+
+def _kind(value: Any) -> str:
+    """``value``'s JSON kind for a message: 'missing', 'a list', 'a string', ..."""
+    if value is None:
+        return "missing or null"
+    return "a " + {"dict": "object", "list": "list", "str": "string", "bool": "boolean", "int": "number",
+                   "float": "number"}.get(type(value).__name__, type(value).__name__)
 
 
 def load_support(path: str | Path | None = None) -> dict[str, Any]:
     """The support document (cached per path and modification time).
 
     Raises:
-        PackcheckUsageError: missing, unreadable, or another schema.
+        PackcheckUsageError: missing, a directory, unreadable, another schema, or a corrupt shape
+            (:func:`validate_support`).
     """
     p = Path(path) if path else default_support_file()
     try:

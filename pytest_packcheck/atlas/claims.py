@@ -33,6 +33,7 @@ import ast
 import re
 import tarfile
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
@@ -92,9 +93,11 @@ class PeerArchive:
             else:
                 self._tar = tarfile.open(self.path)  # noqa: SIM115 (closed by __exit__)
                 raw = [m.name for m in self._tar.getmembers() if m.isfile()]
-        except (OSError, tarfile.TarError) as exc:
-            raise PackcheckUsageError(f"Peer package '{path}' is not a readable wheel or sdist ({exc}): pip download "
-                                      "--no-deps PEER.") from None
+        except (OSError, tarfile.TarError, zipfile.BadZipFile, EOFError) as exc:
+            lines = [line.strip(" -:") for line in str(exc).splitlines() if line.strip()]
+            why = "neither a zip (wheel) nor a tar (sdist) archive" if len(lines) > 1 else (lines[0] if lines else type(exc).__name__)
+            raise PackcheckUsageError(f"Peer package '{path}' is not a readable wheel or sdist ({why}): pass the file "
+                                      "`pip download --no-deps PEER` saves.") from None
         self.kind = "wheel" if any(n.endswith(".dist-info/METADATA") for n in raw) else "sdist"
         self._names: dict[str, str] = {}
         for n in raw:
@@ -117,10 +120,26 @@ class PeerArchive:
         real = self._names.get(name)
         if real is None:
             raise UnreadablePeer(f"file {name} not in {self.filename}")
-        if self._zip is not None:
-            return self._zip.read(real)
-        member = self._tar.extractfile(real)  # type: ignore[union-attr]
-        return member.read() if member else b""
+        try:
+            if self._zip is not None:
+                return self._zip.read(real)
+            member = self._tar.extractfile(real)  # type: ignore[union-attr]
+            return member.read() if member else b""
+        except (OSError, tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error) as exc:
+            raise UnreadablePeer(f"cannot read {name} in {self.filename} ({type(exc).__name__}: {exc})") from None
+
+    def parse(self, name: str) -> ast.Module:
+        """The member ``name`` parsed as Python (never run).
+
+        Raises:
+            UnreadablePeer: not there, unreadable, or not valid Python ("cannot parse FILE in PACKAGE", with the line).
+        """
+        try:
+            return ast.parse(self.read(name), filename=name)
+        except (SyntaxError, ValueError) as exc:
+            where = f" line {exc.lineno}" if isinstance(exc, SyntaxError) and exc.lineno else ""
+            msg = exc.msg if isinstance(exc, SyntaxError) else str(exc)
+            raise UnreadablePeer(f"cannot parse {name} in {self.filename} ({msg}{where})") from None
 
     def metadata(self) -> str:
         """The core metadata text: a wheel's ``.dist-info/METADATA``, an sdist's top ``PKG-INFO``.
@@ -160,11 +179,11 @@ def _literal_assign(tree: ast.AST, name: str) -> tuple[Any, int] | None:
 
 def read_axolotl(z: PeerArchive) -> list[Claim]:
     src = "axolotl/monkeypatch/multipack.py"
-    found = _literal_assign(ast.parse(z.read(src)), "SUPPORTED_MULTIPACK_MODEL_TYPES")
+    found = _literal_assign(z.parse(src), "SUPPORTED_MULTIPACK_MODEL_TYPES")
     if not found:
         raise UnreadablePeer(f"{src} in {z.filename} has no SUPPORTED_MULTIPACK_MODEL_TYPES literal (the reader needs updating)")
     types, line = found
-    attn = _literal_assign(ast.parse(z.read("axolotl/utils/schemas/enums.py")), "ATTN_IMPLS_SUPPORTING_PACKING")
+    attn = _literal_assign(z.parse("axolotl/utils/schemas/enums.py"), "ATTN_IMPLS_SUPPORTING_PACKING")
     attn_names = sorted(attn[0]) if attn else []
     # a modelling patch counts when it touches packing (seq_idx / cu_seqlens / packed rows): the fused-norm and
     # activation kernels of other folders do not change what a packed row attends to
@@ -180,7 +199,7 @@ def read_ms_swift(z: PeerArchive) -> list[Claim]:
                     _line_of(z, "swift/pipelines/train/sft.py", "support_padding_free = not"),
                     note="a template that does not set support_padding_free: every text-only model")]
     for name in sorted(n for n in z.namelist() if n.startswith("swift/template/templates/") and n.endswith(".py")):
-        tree = ast.parse(z.read(name))
+        tree = z.parse(name)
         for node in ast.walk(tree):
             if not isinstance(node, ast.ClassDef):
                 continue
@@ -195,7 +214,7 @@ def read_ms_swift(z: PeerArchive) -> list[Claim]:
 def read_llamafactory(z: PeerArchive) -> list[Claim]:
     claims = []
     for name in sorted(n for n in z.namelist() if n.startswith("llamafactory/") and n.endswith(".py")):
-        tree = ast.parse(z.read(name))
+        tree = z.parse(name)
         for node in ast.walk(tree):
             if not isinstance(node, ast.If):
                 continue
@@ -231,7 +250,7 @@ def _line_of(z: PeerArchive, name: str, needle: str) -> int:
 
 def read_verl(z: PeerArchive) -> list[Claim]:
     src = "verl/models/transformers/monkey_patch.py"
-    tree = ast.parse(z.read(src))
+    tree = z.parse(src)
     patch = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "apply_monkey_patch"), None)
     if patch is None:
         raise UnreadablePeer(f"{src} in {z.filename} has no apply_monkey_patch (the reader needs updating)")
@@ -272,7 +291,7 @@ def _model_types_tested(test: ast.AST) -> list[str]:
 
 def read_unsloth(z: PeerArchive) -> list[Claim]:
     src = "unsloth/trainer.py"
-    tree = ast.parse(z.read(src))
+    tree = z.parse(src)
     found = _literal_assign(tree, "PADDING_FREE_BLOCKLIST")
     if not found:
         raise UnreadablePeer(f"{src} in {z.filename} has no PADDING_FREE_BLOCKLIST literal (the reader needs updating)")

@@ -47,7 +47,8 @@ def run(ns: argparse.Namespace) -> int:
     """``packcheck atlas``: the releases, then :func:`pytest_packcheck.atlas.main`.
 
     Raises:
-        PackcheckUsageError: bad --releases / --shard, --render-only with --no-render or with a --build-dir that is not
+        PackcheckUsageError: bad --releases / --shard, --since newer than --until (or not a version), an -o/--output-dir
+            that cannot be written, --render-only with --no-render or with a --build-dir that is not
             a folder, -n or --bisect-limit below 1, an unreachable package index.
     """
     import sys
@@ -64,6 +65,11 @@ def run(ns: argparse.Namespace) -> int:
         what = "is not a folder" if Path(build_dir).exists() else "does not exist"
         raise PackcheckUsageError(f"--build-dir '{build_dir}' (with --render-only) {what}: there is nothing to render. Pass "
                                   "the folder a measuring run wrote (default build/atlas), or run without --render-only.")
+    _check_since_until(ns.since, ns.until, "TRL" if ns.trl else "transformers")
+    if not ns.list_releases and not ns.no_render:
+        from ..results.io import probe_folder
+
+        probe_folder(Path(ns.output_dir), "-o/--output-dir", "Output directory")  # before any measuring or rendering
     if ns.bisect_limit is not None and ns.bisect_limit < 1:
         raise PackcheckUsageError(f"--bisect-limit {ns.bisect_limit} must be >= 1 (the most transitions to bisect); leave it "
                                   "out to bisect every transition.")
@@ -102,6 +108,31 @@ def run(ns: argparse.Namespace) -> int:
     return atlas_main(AtlasArgs(releases, Path(ns.build_dir or "build/atlas"), Path(ns.output_dir), shard, ns.workers, ns.render_only,
                                 ns.bisect, ns.bisect_limit, models, bisect_models, ns.seed, ns.no_render, ns.remeasure),
                       log=lambda line: print(line, flush=True))
+
+
+def _check_since_until(since: str | None, until: str | None, library: str) -> None:
+    """Refuse a ``--since`` / ``--until`` that is not a version, or a ``--since`` newer than ``--until`` (an empty
+    plan, printed as ``[]`` with exit 0 before), before the package index is asked.
+
+    Raises:
+        PackcheckUsageError: naming the flag and its value.
+    """
+    from packaging.version import InvalidVersion, Version
+
+    from ..errors import PackcheckUsageError
+
+    parsed = {}
+    for flag, value in (("--since", since), ("--until", until)):
+        if value is None:
+            continue
+        try:
+            parsed[flag] = Version(value)
+        except InvalidVersion:
+            raise PackcheckUsageError(f"{flag} '{value}' is not a {library} version: write a minor or release such as "
+                                      "5.20 or 5.20.2.") from None
+    if len(parsed) == 2 and parsed["--since"] > parsed["--until"]:
+        raise PackcheckUsageError(f"--since {since} is newer than --until {until}: no {library} release lies between "
+                                  "them; swap them (--since is the oldest minor, --until the newest).")
 
 
 def _refuse_unreleased(releases: list[str]) -> None:

@@ -61,23 +61,29 @@ def run(ns: argparse.Namespace) -> int:
 
     Raises:
         PackcheckUsageError: no package given, an unusable support file (checked before anything is downloaded),
-            a package that cannot be downloaded or read.
+            a package that cannot be downloaded or read, an -o/--output that cannot be written (checked first too).
     """
     from ..atlas.claims import read_wheel, render_claims
     from ..errors import PackcheckUsageError
     from ..results import atomic_write
+    from ..results.io import write_failure
     from ..support import load_support
 
     if not ns.wheels and not ns.download:
         raise PackcheckUsageError("packcheck claims needs peer packages: pass wheel / sdist files or --download "
                                   "axolotl,ms-swift,llamafactory,verl,unsloth.")
     support = load_support(ns.support_file)  # before any download: a bad support file costs nothing
+    out = Path(ns.output)
+    if out.is_dir():
+        raise PackcheckUsageError(f"-o/--output '{out}' is a folder: pass the Markdown file to write, e.g. {out / 'claims.md'}.")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PackcheckUsageError(write_failure(out, exc, "-o/--output (a Markdown file)")) from None
     files = [Path(w) for w in ns.wheels]
     if ns.download:
         files += download([p.strip() for p in ns.download.split(",") if p.strip()], Path(ns.download_dir))
     peers = [read_wheel(w) for w in files]
-    out = Path(ns.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(out, render_claims(peers, support))
     print(f"claims written: {out} ({', '.join(f'{p.peer} {p.version}: ' + (f'{len(p.claims)} claims' if not p.reason else p.reason) for p in peers)})")
     return 0

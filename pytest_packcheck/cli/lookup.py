@@ -22,8 +22,10 @@ def run(ns: argparse.Namespace) -> int:
     measured releases are named; with ``--trl``, also when that TRL release is not measured for the model and backend)."""
     import json
 
+    from ..errors import scrub_secrets
     from ..support import lookup
 
     answer = lookup(ns.model_type, ns.attn_implementation, ns.transformers_version, ns.trl, path=ns.support_file)
-    print(json.dumps(answer.as_dict(), indent=1) if ns.json else str(answer))
+    # a token typed where the model type belongs is not echoed back (the answer names the model type it was asked)
+    print(scrub_secrets(json.dumps(answer.as_dict(), indent=1) if ns.json else str(answer)))
     return 0 if answer.answered and (not ns.trl or answer.trl.get("measured")) else 1
