@@ -91,3 +91,147 @@ def test_a_special_token_id_from_packcheck_config_is_refused_by_the_audit(tmp_pa
                 "--packcheck-report-dir", str(tmp_path / "r"), cwd=tmp_path)
     assert proc.returncode == 2 and "Config value pad_token_id=-5" in proc.stdout + proc.stderr, proc.stdout[-1500:] + proc.stderr
     assert not (tmp_path / "r" / "packcheck-matrix.json").exists()
+
+
+# --- support files, claims and atlas flags of the third adversarial trial (TRIAL-FINDINGS group A) -------------------
+
+
+def _support(tmp_path: Path, mutate=None, name="support.json") -> Path:
+    """The committed atlas cut to llama (a valid support document), optionally changed by ``mutate(doc)``."""
+    import json
+
+    doc = json.loads((REPO / "reports" / "atlas" / "support.json").read_text())
+    doc["cells"] = {"llama": doc["cells"]["llama"]}
+    doc.pop("trl", None)
+    doc = mutate(doc) if mutate else doc
+    path = tmp_path / name
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def _set(doc, value, *keys):
+    node = doc
+    for key in keys[:-1]:
+        node = node[key]
+    node[keys[-1]] = value
+    return doc
+
+
+def _rename_release(doc):
+    row = doc["cells"]["llama"]["sdpa"]
+    row["notaversion"] = row.pop("5.24.0")
+    return doc
+
+
+@pytest.mark.parametrize(("mutate", "message"), [
+    (lambda d: [1, 2], "is a JSON list, not a packcheck atlas support document"),
+    (lambda d: {"schema": d["schema"], "schema_version": 1}, "is corrupt: 'cells' is missing or null"),
+    (lambda d: _set(d, [], "cells"), "is corrupt: 'cells' is a list"),
+    (lambda d: _set(d, [], "cells", "llama"), "cells.llama is a list"),
+    (lambda d: _set(d, "big", "cells", "llama", "sdpa", "5.24.0", "number"), "cells.llama.sdpa['5.24.0'].number is 'big', not a number"),
+    (lambda d: _set(d, True, "cells", "llama", "sdpa", "5.24.0", "number"), ".number is True, not a number"),
+    (_rename_release, "release key 'notaversion' under cells.llama.sdpa is not a version"),
+    (lambda d: _set(d, "bogus", "cells", "llama", "sdpa", "5.24.0", "verdict"), ".verdict is 'bogus', not one of error"),
+    (lambda d: _set(d, None, "cells", "llama", "sdpa", "5.24.0"), "cells.llama.sdpa['5.24.0'] is missing or null, not an entry"),
+    (lambda d: _set(d, "leak", "cells", "llama", "sdpa", "5.24.0", "causes"), ".causes is 'leak', not a list of cause codes"),
+    (lambda d: {k: v for k, v in d.items() if k != "releases"}, "'releases' is missing or null"),
+    (lambda d: _set(d, [{"x": 1}], "releases"), "releases[0] has no transformers version"),
+    (lambda d: _set(d, ["5.x"], "missing"), "'missing' is ['5.x'], not a list of versions"),
+    (lambda d: {"schema_version": 2, "settings": {}, "cells": []}, "is a packcheck results matrix (packcheck-matrix.json"),
+])
+def test_a_corrupt_support_file_is_one_line_naming_the_file_and_the_field(tmp_path, mutate, message):
+    """A support file of the wrong shape was a traceback of lookup / claims (AttributeError on a list, KeyError
+    'cells' / 'releases', ValueError formatting a string number, InvalidVersion of a release key), or a bogus
+    verdict printed as the answer with exit 0: now validate_support refuses it where it is loaded."""
+    from pytest_packcheck.support import load_support, lookup
+
+    good = _support(tmp_path, name="good.json")
+    assert lookup("llama", "sdpa", "5.24.0", path=good).verdict == "pass"  # the unchanged document still answers
+    bad = _support(tmp_path, mutate)
+    with pytest.raises(PackcheckUsageError, match="Support file '.*support.json' ") as info:
+        load_support(bad)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("command", ["lookup", "claims"])
+def test_lookup_and_claims_refuse_a_corrupt_support_file_in_one_line(tmp_path, command):
+    """T2 / T3 / T10: the CLI of both readers exits 2 with one line, no traceback."""
+    bad = _support(tmp_path, lambda d: {"schema": d["schema"], "schema_version": 1})
+    args = ("llama", "sdpa", "5.24.0") if command == "lookup" else (str(tmp_path / "peer.whl"), "-o", str(tmp_path / "c.md"))
+    proc = _cli(command, *args, "--support-file", str(bad))
+    assert proc.returncode == 2 and "is corrupt: 'cells' is missing" in proc.stderr, proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
+
+
+def test_lookup_names_a_folder_or_a_results_matrix_given_as_the_support_file(tmp_path):
+    """U5: a folder asked for the file; a matrix JSON said "schema None version 2 ... upgrade packcheck"."""
+    folder = _cli("lookup", "llama", "sdpa", "5.24.0", "--support-file", str(tmp_path))
+    assert folder.returncode == 2 and f"'{tmp_path}' is a directory: pass the support.json file itself" in folder.stderr, folder.stderr
+    matrix = _cli("lookup", "llama", "sdpa", "5.24.0", "--support-file", str(REPO / "reports" / "packcheck-matrix.json"))
+    assert matrix.returncode == 2 and "is a packcheck results matrix" in matrix.stderr and "upgrade" not in matrix.stderr, matrix.stderr
+
+
+def test_lookup_and_checks_do_not_echo_a_token_typed_as_a_name():
+    """X1 / X3: `packcheck lookup hf_... sdpa 5.24.0` and `packcheck checks hf_...` printed the token."""
+    token = "hf_typedTOKENvalue987654"
+    for args in (("lookup", token, "sdpa", "5.24.0"), ("lookup", token, "sdpa", "5.24.0", "--json"), ("checks", token)):
+        proc = _cli(*args)
+        assert token not in proc.stdout + proc.stderr and "***" in proc.stdout + proc.stderr, (args, proc.stdout, proc.stderr)
+    assert _cli("checks", token).returncode == 2
+
+
+def _peer_wheel(path: Path, files: dict[str, str]) -> Path:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("axolotl-1.2.dist-info/METADATA", "Name: axolotl\nVersion: 1.2\nRequires-Dist: transformers==5.24.0\n")
+        for name, text in files.items():
+            z.writestr(name, text)
+    return path
+
+
+def test_a_peer_file_that_is_not_python_is_a_claimless_entry_not_a_traceback(tmp_path):
+    """T9: `def (:` in axolotl/monkeypatch/multipack.py was a SyntaxError out of read_axolotl."""
+    from pytest_packcheck.atlas.claims import read_wheel
+
+    peer = read_wheel(_peer_wheel(tmp_path / "axolotl-1.2-py3-none-any.whl", {"axolotl/monkeypatch/multipack.py": "def (:\n"}))
+    assert peer.claims == [] and peer.reason.startswith(
+        "cannot parse axolotl/monkeypatch/multipack.py in axolotl-1.2-py3-none-any.whl (invalid syntax line 1)"), peer.reason
+
+
+@pytest.mark.parametrize("content", [b"not an archive at all\n" * 40, b"\x1f\x8b\x08\x00" + b"\x00" * 20])
+def test_a_package_that_is_no_archive_is_one_line(tmp_path, content):
+    """U4: a file that is neither zip nor tar listed tarfile's four tries over six lines."""
+    from pytest_packcheck.atlas.claims import read_wheel
+
+    path = tmp_path / "notawheel.whl"
+    path.write_bytes(content)
+    with pytest.raises(PackcheckUsageError, match="is not a readable wheel or sdist") as info:
+        read_wheel(path)
+    assert "\n" not in str(info.value)
+
+
+def test_claims_refuses_an_unwritable_output_before_reading(tmp_path):
+    """T8: -o /dev/null/x.md was a FileExistsError traceback after reading every package."""
+    wheel = _peer_wheel(tmp_path / "axolotl-1.2-py3-none-any.whl", {})
+    under_file = _cli("claims", str(wheel), "-o", str(wheel / "x.md"))
+    assert under_file.returncode == 2 and "is a file, not a folder" in under_file.stderr, under_file.stderr
+    folder = _cli("claims", str(wheel), "-o", str(tmp_path))
+    assert folder.returncode == 2 and "is a folder: pass the Markdown file to write" in folder.stderr, folder.stderr
+    assert all(p.stderr.strip().count("\n") == 0 for p in (under_file, folder))
+
+
+@pytest.mark.parametrize("args", [("--since", "5.20", "--until", "5.10"), ("--trl", "--since", "0.30", "--until", "0.20")])
+def test_atlas_refuses_since_newer_than_until(args):
+    """W8: --since 5.20 --until 5.10 printed [] with exit 0 (an empty plan); refused before the index is asked."""
+    proc = _cli("atlas", "--list-releases", *args)
+    assert proc.returncode == 2 and f"--since {args[-3]} is newer than --until {args[-1]}" in proc.stderr, proc.stderr
+
+
+def test_atlas_render_refuses_an_output_dir_under_a_file(tmp_path):
+    """T7: --render-only -o /dev/null/x was a NotADirectoryError traceback; the same probe bench and bisect use."""
+    (tmp_path / "build").mkdir()
+    (tmp_path / "file").write_text("")
+    proc = _cli("atlas", "--render-only", "--build-dir", str(tmp_path / "build"), "-o", str(tmp_path / "file" / "x"))
+    assert proc.returncode == 2 and "(from -o/--output-dir) is not writable" in proc.stderr and "is a file, not a folder" in proc.stderr, proc.stderr
+    assert proc.stderr.strip().count("\n") == 0

@@ -66,10 +66,6 @@ def run(ns: argparse.Namespace) -> int:
         raise PackcheckUsageError(f"--build-dir '{build_dir}' (with --render-only) {what}: there is nothing to render. Pass "
                                   "the folder a measuring run wrote (default build/atlas), or run without --render-only.")
     _check_since_until(ns.since, ns.until, "TRL" if ns.trl else "transformers")
-    if not ns.list_releases and not ns.no_render:
-        from ..results.io import probe_folder
-
-        probe_folder(Path(ns.output_dir), "-o/--output-dir", "Output directory")  # before any measuring or rendering
     if ns.bisect_limit is not None and ns.bisect_limit < 1:
         raise PackcheckUsageError(f"--bisect-limit {ns.bisect_limit} must be >= 1 (the most transitions to bisect); leave it "
                                   "out to bisect every transition.")
@@ -87,6 +83,7 @@ def run(ns: argparse.Namespace) -> int:
 
             print(json.dumps(planned))
             return 0
+        _probe_output(ns)
         return main_trl(planned, Path(build_dir), Path(ns.output_dir), ns.render_only, ns.no_render,
                         ns.remeasure, log=lambda line: print(line, flush=True))
     for flag, given in (("--bisect-limit", ns.bisect_limit is not None), ("--bisect-models", bool(ns.bisect_models))):
@@ -103,11 +100,21 @@ def run(ns: argparse.Namespace) -> int:
         raise PackcheckUsageError(f"-n/--workers {ns.workers} must be >= 1.")
     models = [m.strip() for m in ns.models.split(",") if m.strip()] if ns.models else None
     bisect_models = [m.strip() for m in ns.bisect_models.split(",") if m.strip()] if ns.bisect_models else None
+    _probe_output(ns)
     if ns.releases and not ns.render_only:
         _refuse_unreleased(releases)
     return atlas_main(AtlasArgs(releases, Path(ns.build_dir or "build/atlas"), Path(ns.output_dir), shard, ns.workers, ns.render_only,
                                 ns.bisect, ns.bisect_limit, models, bisect_models, ns.seed, ns.no_render, ns.remeasure),
                       log=lambda line: print(line, flush=True))
+
+
+def _probe_output(ns: argparse.Namespace) -> None:
+    """Refuse an -o/--output-dir that cannot be written (under a file: ``-o /dev/null/x``) before any measuring or
+    rendering, with the probe bench and bisect use (:func:`~pytest_packcheck.results.io.probe_folder`)."""
+    if not ns.no_render:
+        from ..results.io import probe_folder
+
+        probe_folder(Path(ns.output_dir), "-o/--output-dir", "Output directory")
 
 
 def _check_since_until(since: str | None, until: str | None, library: str) -> None:
