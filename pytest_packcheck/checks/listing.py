@@ -82,8 +82,8 @@ def run(ns: argparse.Namespace) -> int:
         from ..errors import closest, scrub_secrets
 
         # scrubbed: a token pasted as a check name is not echoed back
-        print(scrub_secrets(f"packcheck checks: error: unknown check {', '.join(map(repr, unknown))} (from the CHECK "
-                            f"argument). Expected one of: {', '.join(SPECS)}.{closest(unknown[0], list(SPECS))}"), file=sys.stderr)
+        print(scrub_secrets(f"packcheck checks: error: unknown check {', '.join(map(repr, unknown))}. Expected one of: "
+                            f"{', '.join(SPECS)} (as the CHECK argument).{closest(unknown[0], list(SPECS))}"), file=sys.stderr)
         return 2
     specs = tuple(SPECS[n] for n in ns.names) or REGISTRY
     if ns.markdown:
