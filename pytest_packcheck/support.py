@@ -210,7 +210,14 @@ def load_support(path: str | Path | None = None) -> dict[str, Any]:
         mtime = p.stat().st_mtime
     except OSError:
         mtime = 0.0
-    return _load(str(p), mtime)
+    try:
+        return _load(str(p), mtime)
+    except PackcheckUsageError as exc:
+        if path or not os.environ.get(SUPPORT_FILE_ENV):
+            raise
+        # the file came from the environment: say so (it is not on the command line to be seen)
+        text = str(exc).replace(f"Support file '{p}'", f"Support file '{p}' (from ${SUPPORT_FILE_ENV})", 1)
+        raise PackcheckUsageError(text) from None
 
 
 def lookup(model_type: str, attn_implementation: str, transformers_version: str, trl_version: str | None = None,

@@ -235,3 +235,13 @@ def test_atlas_render_refuses_an_output_dir_under_a_file(tmp_path):
     proc = _cli("atlas", "--render-only", "--build-dir", str(tmp_path / "build"), "-o", str(tmp_path / "file" / "x"))
     assert proc.returncode == 2 and "(from -o/--output-dir) is not writable" in proc.stderr and "is a file, not a folder" in proc.stderr, proc.stderr
     assert proc.stderr.strip().count("\n") == 0
+
+
+def test_a_corrupt_support_file_from_the_environment_says_so(tmp_path, monkeypatch):
+    """T3 via $PACKCHECK_SUPPORT_FILE: the line names the variable the file came from (it is not on the command line)."""
+    from pytest_packcheck.support import lookup
+
+    bad = _support(tmp_path, lambda d: {"schema": d["schema"], "schema_version": 1})
+    monkeypatch.setenv("PACKCHECK_SUPPORT_FILE", str(bad))
+    with pytest.raises(PackcheckUsageError, match=r"\(from \$PACKCHECK_SUPPORT_FILE\) is corrupt: 'cells' is missing"):
+        lookup("llama", "sdpa", "5.24.0")
