@@ -56,6 +56,7 @@ def _doc(cells, **top):
     (json.dumps(_doc([_cell()], settings="x")).encode(), 'is corrupt: "settings" is "x" (expected a JSON object)'),
     (json.dumps(_doc([_cell()], environment=[1])).encode(), 'is corrupt: "environment" is [1] (expected a JSON object)'),
     (json.dumps(_doc([_cell()], settings={"backends": 3})).encode(), 'is corrupt: "settings"."backends" is 3 (expected a list of strings)'),
+    (json.dumps(_doc([_cell()], incomplete=True)).encode(), 'is corrupt: "incomplete" is true (expected a JSON object'),
 ])
 def test_a_bad_results_file_is_one_line_in_gate_and_merge(tmp_path, content, message):
     bad, good = tmp_path / "bad.json", tmp_path / "good.json"
@@ -68,6 +69,15 @@ def test_a_bad_results_file_is_one_line_in_gate_and_merge(tmp_path, content, mes
         line = _one_line(proc.stderr, f"packcheck {command}: error:")
         assert f"Results file {bad} (from {source}) {message}" in line  # the option it came from (issue 28)
     assert not (tmp_path / "out").exists()
+
+
+def test_merge_keeps_a_shards_incomplete_mark():
+    from pytest_packcheck.analysis.gate import merge
+
+    mark = {"reason": "the run was interrupted", "cells": 1, "resume": "rerun"}
+    merged = merge([_doc([_cell()]), _doc([_cell("llama-sdpa-isolation-bfloat16", dtype="bfloat16")], incomplete=mark)])
+    assert merged["incomplete"]["reason"] == "the run was interrupted" and merged["incomplete"]["cells"] == 2
+    assert "incomplete" not in merge([_doc([_cell()]), _doc([_cell("llama-sdpa-isolation-bfloat16", dtype="bfloat16")])])
 
 
 def test_a_device_given_as_a_file_is_refused_not_read_for_ever(tmp_path):

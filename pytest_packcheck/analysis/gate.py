@@ -362,6 +362,12 @@ def merge(documents: list[dict[str, Any]]) -> dict[str, Any]:
                 results.setdefault((r["model"]["label"], r.get("profile")), r)
         out["bench"] = {**benches[0], "profiles": list(dict.fromkeys(p for b in benches for p in b.get("profiles", []))),
                         "results": list(results.values())}
+    marks = [doc["incomplete"] for doc in documents if doc.get("incomplete")]
+    if marks:  # one interrupted shard makes the merged matrix incomplete too
+        out["incomplete"] = {**marks[0], "reason": "; ".join(dict.fromkeys(m["reason"] for m in marks)),
+                             "cells": len(out["cells"])}
+    else:
+        out.pop("incomplete", None)
     if differ:
         out["merged_settings_differ"] = differ
         commands = list(dict.fromkeys(doc.get("command", "") for doc in documents))
