@@ -899,3 +899,19 @@ def test_numerics_band_line_verdict_and_raise_agree(tolerances, tmp_path):
     assert result.line().startswith("packcheck guard: PASS") and "in float32 the same row agrees" in result.line()
     assert result.tolerance["logits_atol"] < result.max_logprob_diff and trainer.state.global_step == 1
     assert json.loads((tmp_path / RESULT_FILE).read_text())["verdict"] == "pass"
+
+
+def test_unpack_row_refuses_bad_arguments_in_one_line():
+    from pytest_packcheck.guard import unpack_row
+
+    b = {"input_ids": torch.arange(10)[None], "position_ids": torch.tensor([[0, 1, 2, 3, 0, 1, 2, 0, 1, 2]])}
+    for args, kwargs, match in (
+        ((b, [slice(0, 4)]), {"pad_id": 0, "keep": [5]}, r"unpack_row: keep=\[5\]: pass indices into slices \(0 to 0\)"),
+        ((b, [slice(0, 4), slice(8, 20)]), {"pad_id": 0}, r"unpack_row: slices holds slice\(8, 20, None\): .*stop <= 10"),
+        ((b, [slice(0, 4)]), {"pad_id": "x"}, r"unpack_row: pad_id='x' \(str\): pass the tokenizer's pad_token_id"),
+        (([1], [slice(0, 4)]), {"pad_id": 0}, r"unpack_row: batch is list: pass one packed row"),
+    ):
+        with pytest.raises(PackcheckUsageError, match=match):
+            unpack_row(*args, **kwargs)
+    out = unpack_row(b, [slice(0, 4), slice(4, 7), slice(7, 10)], pad_id=9, keep=[1, 2])
+    assert out["input_ids"].tolist() == [[4, 5, 6], [7, 8, 9]] and out["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 1]]
