@@ -162,6 +162,13 @@ def test_audit_file_lists_must_be_lists(tmp_path):
     path.write_text('[audit]\nmodels = "arch:llama"\n')
     with pytest.raises(PackcheckUsageError, match="'models' must be a list of strings"):
         load_audit(str(path))
+    for key in ("backends", "checks", "dtypes", "versions"):  # empty is never "every backend"
+        path.write_text(f'[audit]\nname = "x"\nmodels = ["arch:llama"]\n{key} = []\n')
+        with pytest.raises(PackcheckUsageError, match=f"Audit file {path}: '{key}' is empty: list at least one, or leave '{key}' out"):
+            load_audit(str(path))
+    path.write_text('[audit]\nmodels = []\n')
+    with pytest.raises(PackcheckUsageError, match="lists no models"):
+        load_audit(str(path))
 
 
 def test_timeout_must_be_finite():
