@@ -71,6 +71,15 @@ def test_a_bad_results_file_is_one_line_in_gate_and_merge(tmp_path, content, mes
     assert not (tmp_path / "out").exists()
 
 
+def test_merge_of_files_without_cells_is_refused(tmp_path):
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps(_doc([])))
+    proc = _cli(["merge", "-o", "out", str(empty), str(empty)], tmp_path)
+    assert proc.returncode == 2, proc.stdout
+    assert f"no cells to merge: {empty}, {empty} (packcheck merge's FILES) hold no cells" in _one_line(proc.stderr, "packcheck merge: error:")
+    assert not (tmp_path / "out").exists()
+
+
 def test_merge_keeps_a_shards_incomplete_mark():
     from pytest_packcheck.analysis.gate import merge
 

@@ -16,7 +16,7 @@ def run(ns: argparse.Namespace) -> int:
     """``packcheck merge``: exit 0 with the matrix written.
 
     Raises:
-        PackcheckUsageError: a results file that cannot be read; an output folder that cannot be made or is held
+        PackcheckUsageError: a results file that cannot be read; files that hold no cells; an output folder that cannot be made or is held
             by a running audit.
     """
     from ..analysis.diagnose import diagnose_document
@@ -26,7 +26,11 @@ def run(ns: argparse.Namespace) -> int:
     from ..results import load_document, write_failure
     from ..run.process import hold_report_dir
 
-    doc = diagnose_document(merge([load_document(f, "packcheck merge's FILES") for f in ns.files]))
+    documents = [load_document(f, "packcheck merge's FILES") for f in ns.files]
+    if not any(d["cells"] for d in documents):  # a matrix with no cells would claim a run that checked nothing
+        raise PackcheckUsageError(f"no cells to merge: {', '.join(ns.files)} (packcheck merge's FILES) hold no cells; pass "
+                                  "the packcheck-matrix.json of audits that checked something.")
+    doc = diagnose_document(merge(documents))
     out = Path(ns.output_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
