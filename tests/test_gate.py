@@ -43,6 +43,11 @@ def test_pass_to_fail_is_a_regression_unless_allowed(baseline_path, tmp_path):
     assert proc.returncode == 1 and "REGRESSION" in proc.stdout and "llama-sdpa-isolation-float32" in proc.stdout
     proc = _gate("--baseline", str(baseline_path), "--candidate", str(cand), "--allow", "llama-sdpa=accepted for the test")
     assert proc.returncode == 0 and "allowed: accepted for the test" in proc.stdout
+    summary = tmp_path / "s.md"  # a token pasted as the reason reaches neither the table nor --summary
+    proc = _gate("--baseline", str(baseline_path), "--candidate", str(cand), "--allow", "llama-sdpa=hf_typedTOKENvalue987654",
+                 "--summary", str(summary))
+    assert proc.returncode == 0 and "allowed: ***" in proc.stdout
+    assert "hf_typed" not in proc.stdout + proc.stderr + summary.read_text()
 
 
 def test_parity_number_growing_beyond_tolerance_is_a_regression(baseline_path):
