@@ -114,6 +114,38 @@ def test_a_keyword_that_deselects_every_cell_is_a_usage_error(tmp_path):
     assert "the pytest arguments -k zzznothing deselected every cell" in _one_line(proc.stderr, "packcheck audit: error:")
 
 
+def _old_matrix(folder):
+    from pytest_packcheck.report.formats import REPORT_FILES
+
+    folder.mkdir(exist_ok=True)
+    for name in REPORT_FILES:
+        (folder / name).write_text("the previous run's")
+        os.utime(folder / name, (1e9, 1e9))
+    return [folder / name for name in REPORT_FILES]
+
+
+def test_a_run_that_checks_nothing_removes_the_previous_matrix(tmp_path):
+    old = _old_matrix(tmp_path / "reports")
+    proc = _cli(["audit", "--models", "arch:llama", *QUICK, "--", "-k", "zzznothing"], tmp_path)
+    assert proc.returncode == 2
+    assert not any(p.exists() for p in old)  # was left in place, looking current
+    assert "the run checked nothing: the previous packcheck-matrix.md" in proc.stderr and "were removed" in proc.stderr
+
+
+def test_a_run_interrupted_before_its_session_removes_the_previous_matrix(tmp_path, monkeypatch, capsys):
+    import pytest as real_pytest
+
+    from pytest_packcheck.cli import main
+
+    old = _old_matrix(tmp_path / "reports")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PACKCHECK_REPRODUCE", "")  # run() sets it for its pytest: restored after the test
+    monkeypatch.setattr(real_pytest, "main", lambda *a, **k: real_pytest.ExitCode.INTERRUPTED)  # a kill during collection
+    assert main(["audit", "--models", "arch:llama", *QUICK]) == 130
+    assert not any(p.exists() for p in old)
+    assert "the run interrupted before it wrote a matrix: the previous" in capsys.readouterr().err
+
+
 def test_merge_onto_a_file_says_it_is_a_file(tmp_path):
     good, blocker = tmp_path / "good.json", tmp_path / "taken"
     good.write_text(json.dumps(_doc([_cell()])))
