@@ -915,3 +915,15 @@ def test_unpack_row_refuses_bad_arguments_in_one_line():
             unpack_row(*args, **kwargs)
     out = unpack_row(b, [slice(0, 4), slice(4, 7), slice(7, 10)], pad_id=9, keep=[1, 2])
     assert out["input_ids"].tolist() == [[4, 5, 6], [7, 8, 9]] and out["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 1]]
+
+
+def test_callback_tolerance_errors_name_the_callback_and_check_each_keys_range():
+    with pytest.raises(PackcheckUsageError, match=r"^PackcheckCallback: tolerances\['float32'\]\['logits_atol'\] = -1: "
+                                                  "a tolerance is a non-negative number"):
+        PackcheckCallback(tolerances={"float32": {"logits_atol": -1, "loss_atol": 1e-5}})
+    with pytest.raises(PackcheckUsageError, match=r"^PackcheckCallback: tolerances is a str \('strict'\)"):
+        PackcheckCallback(tolerances="strict")
+    from pytest_packcheck.guard.precision import _tolerances
+
+    with pytest.raises(PackcheckUsageError, match=r"^verify_packed_batch: .*\['grad_cos_min'\] = 2: a tolerance is a number from -1 to 1"):
+        _tolerances({"float32": {"logits_atol": 1e-4, "loss_atol": 1e-5, "grad_cos_min": 2}})
