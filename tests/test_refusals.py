@@ -90,4 +90,24 @@ def test_a_special_token_id_from_packcheck_config_is_refused_by_the_audit(tmp_pa
     proc = _cli("audit", "--models", "arch:llama", "--packcheck-config", "pad_token_id=-5", "-n", "0", "-q",
                 "--packcheck-report-dir", str(tmp_path / "r"), cwd=tmp_path)
     assert proc.returncode == 2 and "Config value pad_token_id=-5" in proc.stdout + proc.stderr, proc.stdout[-1500:] + proc.stderr
+    assert "from --packcheck-config, folded into --packcheck-models" in proc.stdout + proc.stderr  # not the model list alone
     assert not (tmp_path / "r" / "packcheck-matrix.json").exists()
+
+
+def test_a_size_or_unknown_key_from_packcheck_config_names_that_option():
+    from pytest_packcheck.model import configs
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_spec
+
+    try:
+        configs.CONFIG_OPTION_OVERRIDES.update({"hidden_size": 0, "clip_qvk": 8})
+        with pytest.raises(PackcheckUsageError, match=r"\(in an override of model spec 'arch:llama\{hidden_size=0\}' from "
+                                                      r"--packcheck-config, folded into --packcheck-models\)"):
+            resolve_model(parse_model_spec("arch:llama{hidden_size=0}", "--packcheck-models"), "--packcheck-models")
+        with pytest.warns(Warning, match=r"'clip_qvk' \(in model spec 'arch:llama\{clip_qvk=8\}' from --packcheck-config"):
+            resolve_model(parse_model_spec("arch:llama{clip_qvk=8}", "--packcheck-models"), "--packcheck-models")
+        with pytest.raises(PackcheckUsageError, match=r"from --packcheck-models\) is not a size") as own:  # the spec's own value
+            resolve_model(parse_model_spec("arch:llama{hidden_size=-1}", "--packcheck-models"), "--packcheck-models")
+        assert "--packcheck-config" not in str(own.value)
+    finally:
+        configs.CONFIG_OPTION_OVERRIDES.clear()

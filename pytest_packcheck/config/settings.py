@@ -209,6 +209,10 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
         from ..model.specs import format_overrides, parse_overrides
 
         common = parse_overrides(",".join(config_items), f"from {OPT_CONFIG}")
+        from ..model.configs import CONFIG_OPTION_OVERRIDES
+
+        CONFIG_OPTION_OVERRIDES.clear()
+        CONFIG_OPTION_OVERRIDES.update(common)
         models = [_with_overrides(m, common, format_overrides, parse_overrides) for m in models]
 
     def parsed(opt: Option) -> Any:
