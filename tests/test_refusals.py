@@ -4,6 +4,7 @@ PackcheckUsageError (exit 2) naming the value, where it came from and the fix.""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -111,3 +112,25 @@ def test_a_size_or_unknown_key_from_packcheck_config_names_that_option():
         assert "--packcheck-config" not in str(own.value)
     finally:
         configs.CONFIG_OPTION_OVERRIDES.clear()
+
+
+@pytest.mark.parametrize(("spec", "what"), [
+    ("arch:llama{rope_theta=", "an unclosed '{'"),
+    ("arch:llama}", "a '}' without its '{'"),
+    ("arch:llama{rope_theta=1}x", "text after the closing '}'"),
+])
+def test_a_model_spec_with_a_broken_brace_names_the_brace(spec, what):
+    from pytest_packcheck.model.specs import parse_model_spec
+
+    with pytest.raises(PackcheckUsageError, match=f"Malformed model spec '{re.escape(spec)}' \\(from --packcheck-models\\): {what}"):
+        parse_model_spec(spec, "--packcheck-models")
+
+
+def test_an_unknown_architecture_points_at_a_list_not_at_a_full_audit():
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_spec
+
+    with pytest.raises(PackcheckUsageError) as info:
+        resolve_model(parse_model_spec("arch:nosuchthing", "--packcheck-models"), "--packcheck-models")
+    assert "--all-architectures" not in str(info.value) and "print(sorted(CONFIG_MAPPING))" in str(info.value)
+    assert "\n" not in str(info.value)

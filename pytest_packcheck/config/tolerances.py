@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import tomllib
@@ -9,7 +10,6 @@ import tomllib
 from ..errors import PackcheckUsageError, closest, read_user_text
 from .audits import PACKAGE_AUDIT_DIR
 from .options import DTYPES, OPT_TOLERANCE
-
 
 #: The bounds (inclusive) of a tolerance key whose meaning caps it; every other key is a non-negative finite number.
 #: grad_cos_min is a cosine similarity (parity.py compares cos(g_packed, g_padded) against it), so above 1 even
@@ -21,8 +21,7 @@ def tolerance_problem(key: str, value: object) -> str | None:
     """Why ``value`` cannot be tolerance ``key`` (None when it can): a number within ``BOUNDS[key]``, or for
     every other key a finite number >= 0."""
     low, high = BOUNDS.get(key, (0.0, float("inf")))
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != value or not low <= value <= high \
-            or value == float("inf"):
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or not low <= value <= high:
         return f"must be a number from {low:g} to {high:g}" if key in BOUNDS else "must be a non-negative number"
     return None
 

@@ -8,7 +8,6 @@ from collections.abc import Mapping
 from typing import Any
 
 
-
 def _dtype_name(dtype: Any) -> str:
     name = str(dtype).removeprefix("torch.")
     return name if name in ("float32", "bfloat16", "float16") else "float32"
