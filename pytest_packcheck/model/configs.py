@@ -126,25 +126,8 @@ def _refuse_absurd_token_ids(config: Any, spec: ModelSpec, source: str) -> None:
                     "(packcheck would otherwise run a model whose special token is not the one named).")
 
 
-def refuse_absurd_sizes(config: Any, spec: ModelSpec, source: str) -> None:
-    """Refuse a size (:data:`SIZE_BOUNDS`) that is not a whole number in [1, bound]: an override the user typed
-    (``arch:llama{hidden_size=0}``, ``--packcheck-config``), or a value of a checkpoint's / local config.json.
-    Transformers' own default configs are not judged (glm5_next's default head_dim is 0 and is derived). A typed
-    special token id outside the vocabulary is refused too (:func:`_refuse_absurd_token_ids`).
-
-    Raises:
-        PackcheckUsageError: naming the key, the value, where it came from and the range.
-    """
-    found: list[tuple[str, Any, str]] = [(k, v, "override") for k, v in spec.overrides if k.split(".")[-1] in SIZE_BOUNDS]
-    if spec.kind != "arch":
-        def walk(d: dict[str, Any], path: str = "") -> Any:
-            for k, v in d.items():
-                if isinstance(v, dict):
-                    yield from walk(v, f"{path}{k}.")
-                elif k in SIZE_BOUNDS and k != "head_dim":
-                    yield f"{path}{k}", v, "config.json"
-
-        found += list(walk(config.to_dict()))
+def _refuse_sizes(found: list[tuple[str, Any, str]], spec: ModelSpec, source: str) -> None:
+    """Refuse the first ``(key, value, origin)`` of ``found`` whose value is not a whole number in [1, bound]."""
     for key, value, origin in found:
         bound = SIZE_BOUNDS[key.split(".")[-1]]
         for v in value if isinstance(value, list | tuple) else [value]:  # per-layer sizes (gemma3n) in a list
@@ -158,6 +141,32 @@ def refuse_absurd_sizes(config: Any, spec: ModelSpec, source: str) -> None:
                     f"can have: expected a whole number from 1 to {bound:,}. packcheck replaces sizes with tiny ones for "
                     "its probes, so this value would not run and its cells would pass under its label; give a real "
                     "size or leave the key out.")
+
+
+def refuse_absurd_sizes(config: Any | None, spec: ModelSpec, source: str) -> None:
+    """Refuse a size (:data:`SIZE_BOUNDS`) that is not a whole number in [1, bound]: an override the user typed
+    (``arch:llama{hidden_size=0}``, ``--packcheck-config``), or a value of a checkpoint's / local config.json.
+    Transformers' own default configs are not judged (glm5_next's default head_dim is 0 and is derived). A typed
+    special token id outside the vocabulary is refused too (:func:`_refuse_absurd_token_ids`). ``config`` None:
+    only the spec's typed sizes are judged (before any config exists).
+
+    Raises:
+        PackcheckUsageError: naming the key, the value, where it came from and the range.
+    """
+    found: list[tuple[str, Any, str]] = [(k, v, "override") for k, v in spec.overrides if k.split(".")[-1] in SIZE_BOUNDS]
+    if config is None:  # the typed sizes alone (before any config is made: packcheck bisect's --model)
+        _refuse_sizes(found, spec, source)
+        return
+    if spec.kind != "arch":
+        def walk(d: dict[str, Any], path: str = "") -> Any:
+            for k, v in d.items():
+                if isinstance(v, dict):
+                    yield from walk(v, f"{path}{k}.")
+                elif k in SIZE_BOUNDS and k != "head_dim":
+                    yield f"{path}{k}", v, "config.json"
+
+        found += list(walk(config.to_dict()))
+    _refuse_sizes(found, spec, source)
     _refuse_absurd_token_ids(config, spec, source)
     typed = {k.split(".")[-1] for k, _, _ in found}
     if typed & {"num_attention_heads", "num_key_value_heads"}:  # the shrink keeps only the ratio: it must be whole
