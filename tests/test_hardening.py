@@ -80,6 +80,17 @@ def test_merge_of_files_without_cells_is_refused(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_merge_into_an_audits_folder_removes_its_stale_journal(tmp_path):
+    good, out = tmp_path / "good.json", tmp_path / "audit"
+    good.write_text(json.dumps(_doc([_cell()])))
+    out.mkdir()
+    (out / "packcheck-journal.jsonl").write_text("{}\n")
+    proc = _cli(["merge", "-o", str(out), str(good)], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert not (out / "packcheck-journal.jsonl").exists() and (out / "packcheck-matrix.json").exists()
+    assert f"removed {out / 'packcheck-journal.jsonl'}" in proc.stderr
+
+
 def test_merge_keeps_a_shards_incomplete_mark():
     from pytest_packcheck.analysis.gate import merge
 

@@ -39,6 +39,11 @@ def run(ns: argparse.Namespace) -> int:
     lock = hold_report_dir(out, "-o/--output-dir")  # an audit writing there now would have its matrix replaced
     try:
         write_reports(out, doc, "-o/--output-dir")
+        journal = out / "packcheck-journal.jsonl"  # an audit's journal beside the merged matrix: --resume would take it for this one's
+        if journal.is_file():
+            journal.unlink()
+            print(f"packcheck merge: note: removed {journal}, the journal of the audit that wrote there before: it does not "
+                  "belong to the merged matrix.", file=sys.stderr)
     finally:
         lock.release(force=True)
     if doc.get("merged_settings_differ"):
