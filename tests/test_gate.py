@@ -118,6 +118,9 @@ def test_shards_partition_the_models(pytester):
         ids.append({c["cell_id"] for c in json.loads((pytester.path / f"r{shard[0]}" / "packcheck-matrix.json").read_text())["cells"]})
     assert ids[0] == {"llama-sdpa-isolation-float32", "qwen2-sdpa-isolation-float32"}
     assert ids[1] == {"opt-sdpa-isolation-float32"}
+    docs = [json.loads((pytester.path / f"r{i}" / "packcheck-matrix.json").read_text()) for i in (1, 2)]
+    assert [d["settings"]["shard"] for d in docs] == [[1, 2], [2, 2]]  # recorded, so merge can tell a missing shard
+    assert merge(docs[:1])["incomplete"]["reason"].startswith("shard 2 of 2 not merged") and "incomplete" not in merge(docs)
 
 
 def test_missing_candidate_cell_is_a_regression_and_bad_files_are_usage_errors(baseline_path, tmp_path):

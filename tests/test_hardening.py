@@ -91,6 +91,23 @@ def test_merge_into_an_audits_folder_removes_its_stale_journal(tmp_path):
     assert f"removed {out / 'packcheck-journal.jsonl'}" in proc.stderr
 
 
+def test_merge_of_some_shards_only_is_marked_incomplete(tmp_path):
+    from pytest_packcheck.analysis.gate import merge
+
+    settings = _doc([])["settings"]
+    one = _doc([_cell()], settings={**settings, "shard": [1, 3]})
+    two = _doc([_cell("gpt2-sdpa-isolation-float32")], settings={**settings, "shard": [2, 3]})
+    merged = merge([one, two])
+    assert merged["incomplete"]["reason"].startswith("shard 3 of 3 not merged") and "shard" not in merged["settings"]
+    three = _doc([_cell("qwen2-sdpa-isolation-float32")], settings={**settings, "shard": [3, 3]})
+    assert "incomplete" not in merge([one, two, three])
+    path = tmp_path / "one.json"
+    path.write_text(json.dumps(one))
+    proc = _cli(["merge", "-o", "out", str(path)], tmp_path)
+    assert proc.returncode == 0 and "the merged matrix is incomplete: shard 2, 3 of 3 not merged" in proc.stderr
+    assert "Incomplete: shard 2, 3 of 3 not merged" in (tmp_path / "out" / "packcheck-matrix.md").read_text()
+
+
 def test_merge_keeps_a_shards_incomplete_mark():
     from pytest_packcheck.analysis.gate import merge
 

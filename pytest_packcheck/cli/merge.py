@@ -50,5 +50,8 @@ def run(ns: argparse.Namespace) -> int:
         print(f"packcheck merge: warning: these files are not shards of one audit (their settings differ in "
               f"{', '.join(doc['merged_settings_differ'])}); the matrix shows the union of their cells and every command",
               file=sys.stderr)
+    if doc.get("incomplete"):
+        print(f"packcheck merge: warning: the merged matrix is incomplete: {doc['incomplete']['reason']}; it says so "
+              "in its header", file=sys.stderr)
     print(f"merged {len(ns.files)} files, {len(doc['cells'])} cells into {out}")
     return 0

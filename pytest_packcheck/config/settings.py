@@ -77,6 +77,8 @@ class Settings:
             "tolerance_source": self.tolerance_source,
             "versions": [v.label for v in self.versions],
             "lengths": list(self.lengths), "sliding_window": self.sliding_window,
+            # [index, count] of a sharded run, so `packcheck merge` can tell when shards are missing
+            **({"shard": list(self.shard)} if self.shard[1] > 1 else {}),
         }
 
     def reproduce_flags(self) -> list[str]:
