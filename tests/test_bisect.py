@@ -279,6 +279,8 @@ def test_cli_bisect_endpoints_that_do_not_hold_exit_1(fake_world, tmp_path, caps
      "Did you mean 'leak'?"),
     (["llama-sdpa-trainer-float32", "--good", "transformers==5.14.1", "--bad", "transformers==4.57.1", "--cause", "leak",
       "--supported"], "give one"),
+    (["llama-sdpa-isolation-float32", "--good", "transformers==5.10.1", "--bad", "transformers==5.12.0", "--model",
+      "arch:llama{hidden_size=0}"], "Config value hidden_size=0 (in an override of model spec 'arch:llama{hidden_size=0}' from --model)"),
 ])
 def test_cli_bisect_usage_errors_exit_2_before_any_probe(fake_world, tmp_path, capsys, args, expected):
     from pytest_packcheck.cli import main

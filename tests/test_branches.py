@@ -79,6 +79,19 @@ def test_isolation_threshold_and_negative_control_from_planted_probe_numbers():
     assert _isolation(0.0, tol["leak_min"]).status == "pass"  # exactly leak_min: conclusive
 
 
+def test_a_planted_leak_below_isolation_atol_is_inconclusive_whatever_leak_min_says():
+    """--packcheck-tolerance leak_min=0 isolation_atol=10: the planted leak (0.16) cannot fail the check, so the
+    probe proves nothing: the cell is probe_inconclusive, never a pass."""
+    probed = _ProbedBench(0.0, [], "reached")
+    probed.tol = {**probed.tol, "leak_min": 0.0, "isolation_atol": 10.0}
+    probed._cache[next(iter(probed._cache))]["negative_control_change"] = 0.16
+    result = C.check_isolation(probed)
+    assert result.status == "error" and result.cause == "probe_inconclusive", result.message
+    assert "isolation_atol 1.00e+01" in result.message
+    probed._cache[next(iter(probed._cache))]["negative_control_change"] = 10.5
+    assert C.check_isolation(probed).status == "pass"
+
+
 def test_isolation_probe_that_cannot_see_a_leak_is_inconclusive_not_a_pass(bench):
     """Planted: a model whose positions never see each other (unigram logits). Nothing moves, boundaries or not:
     the negative control fails, so isolation must not pass."""

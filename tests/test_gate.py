@@ -43,6 +43,11 @@ def test_pass_to_fail_is_a_regression_unless_allowed(baseline_path, tmp_path):
     assert proc.returncode == 1 and "REGRESSION" in proc.stdout and "llama-sdpa-isolation-float32" in proc.stdout
     proc = _gate("--baseline", str(baseline_path), "--candidate", str(cand), "--allow", "llama-sdpa=accepted for the test")
     assert proc.returncode == 0 and "allowed: accepted for the test" in proc.stdout
+    summary = tmp_path / "s.md"  # a token pasted as the reason reaches neither the table nor --summary
+    proc = _gate("--baseline", str(baseline_path), "--candidate", str(cand), "--allow", "llama-sdpa=hf_typedTOKENvalue987654",
+                 "--summary", str(summary))
+    assert proc.returncode == 0 and "allowed: ***" in proc.stdout
+    assert "hf_typed" not in proc.stdout + proc.stderr + summary.read_text()
 
 
 def test_parity_number_growing_beyond_tolerance_is_a_regression(baseline_path):
@@ -113,6 +118,9 @@ def test_shards_partition_the_models(pytester):
         ids.append({c["cell_id"] for c in json.loads((pytester.path / f"r{shard[0]}" / "packcheck-matrix.json").read_text())["cells"]})
     assert ids[0] == {"llama-sdpa-isolation-float32", "qwen2-sdpa-isolation-float32"}
     assert ids[1] == {"opt-sdpa-isolation-float32"}
+    docs = [json.loads((pytester.path / f"r{i}" / "packcheck-matrix.json").read_text()) for i in (1, 2)]
+    assert [d["settings"]["shard"] for d in docs] == [[1, 2], [2, 2]]  # recorded, so merge can tell a missing shard
+    assert merge(docs[:1])["incomplete"]["reason"].startswith("shard 2 of 2 not merged") and "incomplete" not in merge(docs)
 
 
 def test_missing_candidate_cell_is_a_regression_and_bad_files_are_usage_errors(baseline_path, tmp_path):

@@ -899,3 +899,31 @@ def test_numerics_band_line_verdict_and_raise_agree(tolerances, tmp_path):
     assert result.line().startswith("packcheck guard: PASS") and "in float32 the same row agrees" in result.line()
     assert result.tolerance["logits_atol"] < result.max_logprob_diff and trainer.state.global_step == 1
     assert json.loads((tmp_path / RESULT_FILE).read_text())["verdict"] == "pass"
+
+
+def test_unpack_row_refuses_bad_arguments_in_one_line():
+    from pytest_packcheck.guard import unpack_row
+
+    b = {"input_ids": torch.arange(10)[None], "position_ids": torch.tensor([[0, 1, 2, 3, 0, 1, 2, 0, 1, 2]])}
+    for args, kwargs, match in (
+        ((b, [slice(0, 4)]), {"pad_id": 0, "keep": [5]}, r"unpack_row: keep=\[5\]: pass indices into slices \(0 to 0\)"),
+        ((b, [slice(0, 4), slice(8, 20)]), {"pad_id": 0}, r"unpack_row: slices holds slice\(8, 20, None\): .*stop <= 10"),
+        ((b, [slice(0, 4)]), {"pad_id": "x"}, r"unpack_row: pad_id='x' \(str\): pass the tokenizer's pad_token_id"),
+        (([1], [slice(0, 4)]), {"pad_id": 0}, r"unpack_row: batch is list: pass one packed row"),
+    ):
+        with pytest.raises(PackcheckUsageError, match=match):
+            unpack_row(*args, **kwargs)
+    out = unpack_row(b, [slice(0, 4), slice(4, 7), slice(7, 10)], pad_id=9, keep=[1, 2])
+    assert out["input_ids"].tolist() == [[4, 5, 6], [7, 8, 9]] and out["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 1]]
+
+
+def test_callback_tolerance_errors_name_the_callback_and_check_each_keys_range():
+    with pytest.raises(PackcheckUsageError, match=r"^PackcheckCallback: tolerances\['float32'\]\['logits_atol'\] = -1: "
+                                                  "a tolerance is a non-negative number"):
+        PackcheckCallback(tolerances={"float32": {"logits_atol": -1, "loss_atol": 1e-5}})
+    with pytest.raises(PackcheckUsageError, match=r"^PackcheckCallback: tolerances is a str \('strict'\)"):
+        PackcheckCallback(tolerances="strict")
+    from pytest_packcheck.guard.precision import _tolerances
+
+    with pytest.raises(PackcheckUsageError, match=r"^verify_packed_batch: .*\['grad_cos_min'\] = 2: a tolerance is a number from -1 to 1"):
+        _tolerances({"float32": {"logits_atol": 1e-4, "loss_atol": 1e-5, "grad_cos_min": 2}})

@@ -56,6 +56,7 @@ def _doc(cells, **top):
     (json.dumps(_doc([_cell()], settings="x")).encode(), 'is corrupt: "settings" is "x" (expected a JSON object)'),
     (json.dumps(_doc([_cell()], environment=[1])).encode(), 'is corrupt: "environment" is [1] (expected a JSON object)'),
     (json.dumps(_doc([_cell()], settings={"backends": 3})).encode(), 'is corrupt: "settings"."backends" is 3 (expected a list of strings)'),
+    (json.dumps(_doc([_cell()], incomplete=True)).encode(), 'is corrupt: "incomplete" is true (expected a JSON object'),
 ])
 def test_a_bad_results_file_is_one_line_in_gate_and_merge(tmp_path, content, message):
     bad, good = tmp_path / "bad.json", tmp_path / "good.json"
@@ -68,6 +69,52 @@ def test_a_bad_results_file_is_one_line_in_gate_and_merge(tmp_path, content, mes
         line = _one_line(proc.stderr, f"packcheck {command}: error:")
         assert f"Results file {bad} (from {source}) {message}" in line  # the option it came from (issue 28)
     assert not (tmp_path / "out").exists()
+
+
+def test_merge_of_files_without_cells_is_refused(tmp_path):
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps(_doc([])))
+    proc = _cli(["merge", "-o", "out", str(empty), str(empty)], tmp_path)
+    assert proc.returncode == 2, proc.stdout
+    assert f"no cells to merge: {empty}, {empty} (packcheck merge's FILES) hold no cells" in _one_line(proc.stderr, "packcheck merge: error:")
+    assert not (tmp_path / "out").exists()
+
+
+def test_merge_into_an_audits_folder_removes_its_stale_journal(tmp_path):
+    good, out = tmp_path / "good.json", tmp_path / "audit"
+    good.write_text(json.dumps(_doc([_cell()])))
+    out.mkdir()
+    (out / "packcheck-journal.jsonl").write_text("{}\n")
+    proc = _cli(["merge", "-o", str(out), str(good)], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert not (out / "packcheck-journal.jsonl").exists() and (out / "packcheck-matrix.json").exists()
+    assert f"removed {out / 'packcheck-journal.jsonl'}" in proc.stderr
+
+
+def test_merge_of_some_shards_only_is_marked_incomplete(tmp_path):
+    from pytest_packcheck.analysis.gate import merge
+
+    settings = _doc([])["settings"]
+    one = _doc([_cell()], settings={**settings, "shard": [1, 3]})
+    two = _doc([_cell("gpt2-sdpa-isolation-float32")], settings={**settings, "shard": [2, 3]})
+    merged = merge([one, two])
+    assert merged["incomplete"]["reason"].startswith("shard 3 of 3 not merged") and "shard" not in merged["settings"]
+    three = _doc([_cell("qwen2-sdpa-isolation-float32")], settings={**settings, "shard": [3, 3]})
+    assert "incomplete" not in merge([one, two, three])
+    path = tmp_path / "one.json"
+    path.write_text(json.dumps(one))
+    proc = _cli(["merge", "-o", "out", str(path)], tmp_path)
+    assert proc.returncode == 0 and "the merged matrix is incomplete: shard 2, 3 of 3 not merged" in proc.stderr
+    assert "Incomplete: shard 2, 3 of 3 not merged" in (tmp_path / "out" / "packcheck-matrix.md").read_text()
+
+
+def test_merge_keeps_a_shards_incomplete_mark():
+    from pytest_packcheck.analysis.gate import merge
+
+    mark = {"reason": "the run was interrupted", "cells": 1, "resume": "rerun"}
+    merged = merge([_doc([_cell()]), _doc([_cell("llama-sdpa-isolation-bfloat16", dtype="bfloat16")], incomplete=mark)])
+    assert merged["incomplete"]["reason"] == "the run was interrupted" and merged["incomplete"]["cells"] == 2
+    assert "incomplete" not in merge([_doc([_cell()]), _doc([_cell("llama-sdpa-isolation-bfloat16", dtype="bfloat16")])])
 
 
 def test_a_device_given_as_a_file_is_refused_not_read_for_ever(tmp_path):
@@ -93,6 +140,38 @@ def test_a_keyword_that_deselects_every_cell_is_a_usage_error(tmp_path):
     proc = _cli(["audit", "--models", "arch:llama", *QUICK, "--", "-k", "zzznothing"], tmp_path)
     assert proc.returncode == 2  # was 3, "internal error", with no word
     assert "the pytest arguments -k zzznothing deselected every cell" in _one_line(proc.stderr, "packcheck audit: error:")
+
+
+def _old_matrix(folder):
+    from pytest_packcheck.report.formats import REPORT_FILES
+
+    folder.mkdir(exist_ok=True)
+    for name in REPORT_FILES:
+        (folder / name).write_text("the previous run's")
+        os.utime(folder / name, (1e9, 1e9))
+    return [folder / name for name in REPORT_FILES]
+
+
+def test_a_run_that_checks_nothing_removes_the_previous_matrix(tmp_path):
+    old = _old_matrix(tmp_path / "reports")
+    proc = _cli(["audit", "--models", "arch:llama", *QUICK, "--", "-k", "zzznothing"], tmp_path)
+    assert proc.returncode == 2
+    assert not any(p.exists() for p in old)  # was left in place, looking current
+    assert "the run checked nothing: the previous packcheck-matrix.md" in proc.stderr and "were removed" in proc.stderr
+
+
+def test_a_run_interrupted_before_its_session_removes_the_previous_matrix(tmp_path, monkeypatch, capsys):
+    import pytest as real_pytest
+
+    from pytest_packcheck.cli import main
+
+    old = _old_matrix(tmp_path / "reports")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PACKCHECK_REPRODUCE", "")  # run() sets it for its pytest: restored after the test
+    monkeypatch.setattr(real_pytest, "main", lambda *a, **k: real_pytest.ExitCode.INTERRUPTED)  # a kill during collection
+    assert main(["audit", "--models", "arch:llama", *QUICK]) == 130
+    assert not any(p.exists() for p in old)
+    assert "the run interrupted before it wrote a matrix: the previous" in capsys.readouterr().err
 
 
 def test_merge_onto_a_file_says_it_is_a_file(tmp_path):

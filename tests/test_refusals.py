@@ -4,6 +4,7 @@ PackcheckUsageError (exit 2) naming the value, where it came from and the fix.""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -90,6 +91,7 @@ def test_a_special_token_id_from_packcheck_config_is_refused_by_the_audit(tmp_pa
     proc = _cli("audit", "--models", "arch:llama", "--packcheck-config", "pad_token_id=-5", "-n", "0", "-q",
                 "--packcheck-report-dir", str(tmp_path / "r"), cwd=tmp_path)
     assert proc.returncode == 2 and "Config value pad_token_id=-5" in proc.stdout + proc.stderr, proc.stdout[-1500:] + proc.stderr
+    assert "from --packcheck-config, folded into --packcheck-models" in proc.stdout + proc.stderr  # not the model list alone
     assert not (tmp_path / "r" / "packcheck-matrix.json").exists()
 
 
@@ -245,3 +247,44 @@ def test_a_corrupt_support_file_from_the_environment_says_so(tmp_path, monkeypat
     monkeypatch.setenv("PACKCHECK_SUPPORT_FILE", str(bad))
     with pytest.raises(PackcheckUsageError, match=r"\(from \$PACKCHECK_SUPPORT_FILE\) is corrupt: 'cells' is missing"):
         lookup("llama", "sdpa", "5.24.0")
+
+
+def test_a_size_or_unknown_key_from_packcheck_config_names_that_option():
+    from pytest_packcheck.model import configs
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_spec
+
+    try:
+        configs.CONFIG_OPTION_OVERRIDES.update({"hidden_size": 0, "clip_qvk": 8})
+        with pytest.raises(PackcheckUsageError, match=r"\(in an override of model spec 'arch:llama\{hidden_size=0\}' from "
+                                                      r"--packcheck-config, folded into --packcheck-models\)"):
+            resolve_model(parse_model_spec("arch:llama{hidden_size=0}", "--packcheck-models"), "--packcheck-models")
+        with pytest.warns(Warning, match=r"'clip_qvk' \(in model spec 'arch:llama\{clip_qvk=8\}' from --packcheck-config"):
+            resolve_model(parse_model_spec("arch:llama{clip_qvk=8}", "--packcheck-models"), "--packcheck-models")
+        with pytest.raises(PackcheckUsageError, match=r"from --packcheck-models\) is not a size") as own:  # the spec's own value
+            resolve_model(parse_model_spec("arch:llama{hidden_size=-1}", "--packcheck-models"), "--packcheck-models")
+        assert "--packcheck-config" not in str(own.value)
+    finally:
+        configs.CONFIG_OPTION_OVERRIDES.clear()
+
+
+@pytest.mark.parametrize(("spec", "what"), [
+    ("arch:llama{rope_theta=", "an unclosed '{'"),
+    ("arch:llama}", "a '}' without its '{'"),
+    ("arch:llama{rope_theta=1}x", "text after the closing '}'"),
+])
+def test_a_model_spec_with_a_broken_brace_names_the_brace(spec, what):
+    from pytest_packcheck.model.specs import parse_model_spec
+
+    with pytest.raises(PackcheckUsageError, match=f"Malformed model spec '{re.escape(spec)}' \\(from --packcheck-models\\): {what}"):
+        parse_model_spec(spec, "--packcheck-models")
+
+
+def test_an_unknown_architecture_points_at_a_list_not_at_a_full_audit():
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_spec
+
+    with pytest.raises(PackcheckUsageError) as info:
+        resolve_model(parse_model_spec("arch:nosuchthing", "--packcheck-models"), "--packcheck-models")
+    assert "--all-architectures" not in str(info.value) and "print(sorted(CONFIG_MAPPING))" in str(info.value)
+    assert "\n" not in str(info.value)

@@ -138,7 +138,9 @@ def test_tolerance_file_and_override_errors_name_the_problem(tmp_path):
     cases = [("logits_atol = 1\n", "top-level key 'logits_atol'"),
              ("[float32]\nisolation_atol = nan\n", "must be a non-negative number"),
              ("[float32]\nisolation_atol = inf\n", "must be a non-negative number"),
-             ("[fp32]\nlogits_atol = 1\n", "unknown dtype table [fp32]")]
+             ("[fp32]\nlogits_atol = 1\n", "unknown dtype table [fp32]"),
+             ("[float32]\ngrad_cos_min = 2\n", "float32.grad_cos_min = 2 * must be a number from -1 to 1"),
+             ("[bfloat16]\ngrad_cos_min = -1.5\n", "must be a number from -1 to 1")]
     for text, message in cases:
         path = tmp_path / "tol.toml"
         path.write_text(text)
@@ -146,9 +148,11 @@ def test_tolerance_file_and_override_errors_name_the_problem(tmp_path):
             load_tolerances(str(path), [], "--packcheck-tolerances")
         assert all(part in str(exc.value) for part in message.split(" * ")) and "--packcheck-tolerances" in str(exc.value)
     for item, message in [("logits_atol", "write [dtype.]key=value"), ("fp32.logits_atol=1", "unknown dtype 'fp32'"),
-                          ("float32.logits_atol=nan", "non-negative number")]:
+                          ("float32.logits_atol=nan", "non-negative number"),
+                          ("grad_cos_min=1.01", "needs a number from -1 to 1, got '1.01'")]:
         with pytest.raises(PackcheckUsageError, match=message.replace("[", r"\[").replace(".", r"\.")):
             load_tolerances(None, [item], "x")
+    assert load_tolerances(None, ["grad_cos_min=-1"], "x")[0]["float32"]["grad_cos_min"] == -1.0  # the bound itself is a cosine
 
 
 def test_audit_file_lists_must_be_lists(tmp_path):
@@ -157,6 +161,13 @@ def test_audit_file_lists_must_be_lists(tmp_path):
     path = tmp_path / "a.toml"
     path.write_text('[audit]\nmodels = "arch:llama"\n')
     with pytest.raises(PackcheckUsageError, match="'models' must be a list of strings"):
+        load_audit(str(path))
+    for key in ("backends", "checks", "dtypes", "versions"):  # empty is never "every backend"
+        path.write_text(f'[audit]\nname = "x"\nmodels = ["arch:llama"]\n{key} = []\n')
+        with pytest.raises(PackcheckUsageError, match=f"Audit file {path}: '{key}' is empty: list at least one, or leave '{key}' out"):
+            load_audit(str(path))
+    path.write_text('[audit]\nmodels = []\n')
+    with pytest.raises(PackcheckUsageError, match="lists no models"):
         load_audit(str(path))
 
 

@@ -258,7 +258,10 @@ def parse_cell_id(cell_id: str, source: str, model: str | None = None) -> CellRe
     if not label:
         raise PackcheckUsageError(f"Cell id '{cell_id}' (from {source}) names no model: write {example}.")
     spec = model or (label if "/" in label else f"arch:{label}")
-    parse_model_spec(spec, "--model" if model else f"the model label of {source}")
+    parsed = parse_model_spec(spec, "--model" if model else f"the model label of {source}")
+    from ..model.configs import refuse_absurd_sizes
+
+    refuse_absurd_sizes(None, parsed, "--model" if model else f"the model label of {source}")  # before any env is built
     return CellRef(cell_id.strip(), spec, label, backend, check, dtype)
 
 

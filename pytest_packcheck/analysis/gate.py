@@ -332,11 +332,18 @@ def write_summary(path: str, text: str, flag: str = "--summary") -> None:
                                   "Pass a writable file, e.g. --summary \"$GITHUB_STEP_SUMMARY\".") from None
 
 
+def _is_shard(value: Any) -> bool:
+    """Whether ``value`` is a results file's ``settings.shard``: ``[index, count]``, 1 <= index <= count."""
+    return (isinstance(value, list) and len(value) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in value)
+            and 1 <= value[0] <= value[1])
+
+
 def merge(documents: list[dict[str, Any]]) -> dict[str, Any]:
     """Join results documents (shards of one audit). Cells keep their own environment; a cell present in
     several documents must agree, else it is an error. Backends, checks and dtypes of the settings are the union;
     documents whose settings differ otherwise (not shards of one audit) are named in ``merged_settings_differ``
-    and every command is kept.
+    and every command is kept. Shards that recorded ``settings.shard`` but do not cover 1..count, or a document
+    marked incomplete, make the merged document ``incomplete`` (reason named).
 
     Raises:
         PackcheckUsageError: no documents, or one cell with two different verdicts.
@@ -362,6 +369,20 @@ def merge(documents: list[dict[str, Any]]) -> dict[str, Any]:
                 results.setdefault((r["model"]["label"], r.get("profile")), r)
         out["bench"] = {**benches[0], "profiles": list(dict.fromkeys(p for b in benches for p in b.get("profiles", []))),
                         "results": list(results.values())}
+    marks = [doc["incomplete"] for doc in documents if doc.get("incomplete")]
+    shards = [doc["settings"]["shard"] for doc in documents if _is_shard(doc.get("settings", {}).get("shard"))]
+    settings.pop("shard", None)  # the merged matrix is no one shard
+    if shards:  # shards of an audit recorded [index, count]: the merge must hold every index, else it is incomplete
+        count = max(n for _, n in shards)
+        missing = sorted(set(range(1, count + 1)) - {i for i, _ in shards})
+        if missing:
+            marks.append({"reason": f"shard {', '.join(map(str, missing))} of {count} not merged (their models have no cells)",
+                          "resume": f"merge every shard's packcheck-matrix.json (1 to {count})"})
+    if marks:  # one interrupted shard makes the merged matrix incomplete too
+        out["incomplete"] = {**marks[0], "reason": "; ".join(dict.fromkeys(m["reason"] for m in marks)),
+                             "cells": len(out["cells"])}
+    else:
+        out.pop("incomplete", None)
     if differ:
         out["merged_settings_differ"] = differ
         commands = list(dict.fromkeys(doc.get("command", "") for doc in documents))

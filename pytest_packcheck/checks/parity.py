@@ -39,11 +39,18 @@ def check_position_ids(wb: Workbench) -> CheckResult:
     return CheckResult("pass", metrics, f"restarting position_ids changes later examples' logits by {_fmt(change)}")
 
 
+def leak_visible(change: float, tol: dict[str, float]) -> bool:
+    """Whether a negative control's ``change`` (max abs logit change, same units as the tolerances) proves the
+    probe can see a leak: at least ``leak_min`` and above ``isolation_atol``, the bar a real leak must clear to
+    fail. A control under ``isolation_atol`` (``leak_min`` set at or below it) would let any leak pass unseen."""
+    return change >= tol["leak_min"] and change > tol["isolation_atol"]
+
+
 def check_isolation(wb: Workbench) -> CheckResult:
     """Perturb every token of the first example; the logits of the other examples must not move (max change
     <= ``isolation_atol``). Negative control: the same probe on the row with plain 0..n-1 position_ids (no
-    boundaries) must move them by >= ``leak_min``, proving the probe can see a leak on this model
-    (:func:`leak_probe`). Causes: leak, stateful_layers, kernel_numerics, probe_inconclusive."""
+    boundaries) must move them by >= ``leak_min`` and by more than ``isolation_atol`` (:func:`leak_visible`),
+    proving the probe can see a leak on this model (:func:`leak_probe`). Causes: leak, stateful_layers, kernel_numerics, probe_inconclusive."""
     probe = leak_probe(wb)
     moved, control = probe["max_change"], probe["negative_control_change"]
     metrics = {"max_change": moved, "negative_control_change": control, "atol": wb.tol["isolation_atol"],
@@ -52,8 +59,9 @@ def check_isolation(wb: Workbench) -> CheckResult:
         cause, evidence = mismatch_cause(wb)
         return CheckResult("fail", metrics, f"leak across boundaries: perturbing example 0 moved the other examples' logits by {_fmt(moved)}",
                            cause=cause, evidence=evidence)
-    if control < wb.tol["leak_min"]:
-        return CheckResult("error", metrics, f"probe inconclusive: a planted leak (no boundaries) moved logits by only {_fmt(control)}",
+    if not leak_visible(control, wb.tol):
+        return CheckResult("error", metrics, f"probe inconclusive: a planted leak (no boundaries) moved logits by only {_fmt(control)}"
+                           f" (needs >= leak_min {_fmt(wb.tol['leak_min'])} and > isolation_atol {_fmt(wb.tol['isolation_atol'])})",
                            cause="probe_inconclusive", evidence={"negative_control_change": control, "leak_min": wb.tol["leak_min"]})
     return CheckResult("pass", metrics, f"other examples moved {_fmt(moved)} (a planted leak moves them {_fmt(control)})")
 
@@ -393,7 +401,7 @@ def check_causality(wb: Workbench) -> CheckResult:
         return CheckResult("fail", metrics, f"not causal: changing an example's last token moved earlier positions' "
                            f"logits by {_fmt(change)} (first at token {first})", cause="non_causal",
                            evidence={"max_change_earlier": change, "first_position": first})
-    if own < wb.tol["leak_min"]:
+    if not leak_visible(own, wb.tol):
         return CheckResult("error", metrics, f"probe inconclusive: the perturbed tokens' own logits moved only {_fmt(own)}",
                            cause="probe_inconclusive", evidence={"perturbed_position_change": own})
     return CheckResult("pass", metrics, f"earlier positions moved {_fmt(change)} (the perturbed ones {_fmt(own)})")

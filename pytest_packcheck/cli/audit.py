@@ -12,6 +12,7 @@ import argparse
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from ..config.options import (
@@ -198,7 +199,11 @@ def run(ns: argparse.Namespace) -> int:
                 # failing cells of the all-architectures audit). `-- --tb=short` brings it back.
                 "-c", os.devnull, *(["-q"] if ns.quiet else []), "-rN", "--tb=no", *args, *ns.pytest_args]
         gate = _BaselineGate()
+        started = time.time()
         code = pytest.main(full, plugins=[gate])
+    if code in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.NO_TESTS_COLLECTED):
+        _discard_previous_matrix(Path(ns.packcheck_report_dir or default_of(OPT_REPORT_DIR)), started,
+                                 "interrupted before it wrote a matrix" if code == pytest.ExitCode.INTERRUPTED else "checked nothing")
     if code in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
         if gate.regressions:
             # --packcheck-baseline: the gate's table and count are printed; a regression fails the audit as it
@@ -231,6 +236,25 @@ def run(ns: argparse.Namespace) -> int:
               "llama-sdpa-isolation-float32.", file=sys.stderr)
         return 2
     return 3 if code != pytest.ExitCode.INTERRUPTED else 130
+
+
+def _discard_previous_matrix(out: Path, started: float, why: str) -> None:
+    """The run ended (exit 130 or 2) without writing its matrix: remove the report files in ``out`` older than
+    ``started`` (seconds since the epoch), so the previous run's matrix is not taken for this one's, and say so.
+    A kill that lands before the plugin's session holds the folder (collection) reaches only this."""
+    from ..report.formats import REPORT_FILES
+
+    removed = []
+    for name in REPORT_FILES:
+        try:
+            if (out / name).stat().st_mtime < started:
+                (out / name).unlink()
+                removed.append(name)
+        except OSError:
+            continue
+    if removed:
+        print(f"packcheck audit: the run {why}: the previous {' and '.join(removed)} in {out} were removed so they are "
+              "not taken for this run's.", file=sys.stderr)
 
 
 def _reproduce_line(argv: list[str]) -> str:

@@ -55,18 +55,18 @@ def run(ns: argparse.Namespace) -> int:
 
 
 def parse_allow(items: list[str]) -> dict[str, str]:
-    """``--allow CELL=REASON`` items as ``{cell: reason}``.
+    """``--allow CELL=REASON`` items as ``{cell: reason}``, secrets scrubbed (:func:`errors.scrub_secrets`).
 
     Raises:
         PackcheckUsageError: an item without ``=``, a cell or a reason.
     """
-    from ..errors import PackcheckUsageError
+    from ..errors import PackcheckUsageError, scrub_secrets
 
     allow = {}
     for item in items:
-        cell, sep, reason = item.partition("=")
+        cell, sep, reason = scrub_secrets(item).partition("=")  # a pasted token reaches the table and --summary
         if not sep or not cell or not reason:
-            raise PackcheckUsageError(f"--allow '{item}' needs CELL=REASON, e.g. --allow 'opt-sdpa=known OPT leak'.")
+            raise PackcheckUsageError(f"--allow '{scrub_secrets(item)}' needs CELL=REASON, e.g. --allow 'opt-sdpa=known OPT leak'.")
         allow[cell] = reason
     return allow
 

@@ -16,7 +16,7 @@ def run(ns: argparse.Namespace) -> int:
     """``packcheck merge``: exit 0 with the matrix written.
 
     Raises:
-        PackcheckUsageError: a results file that cannot be read; an output folder that cannot be made or is held
+        PackcheckUsageError: a results file that cannot be read; files that hold no cells; an output folder that cannot be made or is held
             by a running audit.
     """
     from ..analysis.diagnose import diagnose_document
@@ -26,7 +26,11 @@ def run(ns: argparse.Namespace) -> int:
     from ..results import load_document, write_failure
     from ..run.process import hold_report_dir
 
-    doc = diagnose_document(merge([load_document(f, "packcheck merge's FILES") for f in ns.files]))
+    documents = [load_document(f, "packcheck merge's FILES") for f in ns.files]
+    if not any(d["cells"] for d in documents):  # a matrix with no cells would claim a run that checked nothing
+        raise PackcheckUsageError(f"no cells to merge: {', '.join(ns.files)} (packcheck merge's FILES) hold no cells; pass "
+                                  "the packcheck-matrix.json of audits that checked something.")
+    doc = diagnose_document(merge(documents))
     out = Path(ns.output_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -35,11 +39,19 @@ def run(ns: argparse.Namespace) -> int:
     lock = hold_report_dir(out, "-o/--output-dir")  # an audit writing there now would have its matrix replaced
     try:
         write_reports(out, doc, "-o/--output-dir")
+        journal = out / "packcheck-journal.jsonl"  # an audit's journal beside the merged matrix: --resume would take it for this one's
+        if journal.is_file():
+            journal.unlink()
+            print(f"packcheck merge: note: removed {journal}, the journal of the audit that wrote there before: it does not "
+                  "belong to the merged matrix.", file=sys.stderr)
     finally:
         lock.release(force=True)
     if doc.get("merged_settings_differ"):
         print(f"packcheck merge: warning: these files are not shards of one audit (their settings differ in "
               f"{', '.join(doc['merged_settings_differ'])}); the matrix shows the union of their cells and every command",
               file=sys.stderr)
+    if doc.get("incomplete"):
+        print(f"packcheck merge: warning: the merged matrix is incomplete: {doc['incomplete']['reason']}; it says so "
+              "in its header", file=sys.stderr)
     print(f"merged {len(ns.files)} files, {len(doc['cells'])} cells into {out}")
     return 0

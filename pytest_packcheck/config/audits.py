@@ -55,7 +55,8 @@ def load_audit(value: str) -> AuditDefinition:
     """Read an audit definition (TOML).
 
     Raises:
-        PackcheckUsageError: file missing, not TOML, unknown keys or no models.
+        PackcheckUsageError: file missing, not TOML, unknown keys, no models or an empty list (backends, checks,
+            dtypes, versions).
     """
     path = resolve_audit_path(value)
     try:
@@ -74,6 +75,9 @@ def load_audit(value: str) -> AuditDefinition:
             raise PackcheckUsageError(
                 f"Audit file {path}: '{key}' must be a list of strings, e.g. {key} = [\"...\"], not {audit[key]!r}."
             )
+        if key in audit and not audit[key] and key != "models":  # an empty value is never "every backend" (README)
+            raise PackcheckUsageError(f"Audit file {path}: '{key}' is empty: list at least one, or leave '{key}' out "
+                                      "for the default.")
     if not models:
         raise PackcheckUsageError(f"Audit file {path} lists no models: add models = [\"arch:llama\", ...].")
 

@@ -77,6 +77,8 @@ class Settings:
             "tolerance_source": self.tolerance_source,
             "versions": [v.label for v in self.versions],
             "lengths": list(self.lengths), "sliding_window": self.sliding_window,
+            # [index, count] of a sharded run, so `packcheck merge` can tell when shards are missing
+            **({"shard": list(self.shard)} if self.shard[1] > 1 else {}),
         }
 
     def reproduce_flags(self) -> list[str]:
@@ -209,6 +211,10 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
         from ..model.specs import format_overrides, parse_overrides
 
         common = parse_overrides(",".join(config_items), f"from {OPT_CONFIG}")
+        from ..model.configs import CONFIG_OPTION_OVERRIDES
+
+        CONFIG_OPTION_OVERRIDES.clear()
+        CONFIG_OPTION_OVERRIDES.update(common)
         models = [_with_overrides(m, common, format_overrides, parse_overrides) for m in models]
 
     def parsed(opt: Option) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import tomllib
@@ -10,12 +11,27 @@ from ..errors import PackcheckUsageError, closest, read_user_text
 from .audits import PACKAGE_AUDIT_DIR
 from .options import DTYPES, OPT_TOLERANCE
 
+#: The bounds (inclusive) of a tolerance key whose meaning caps it; every other key is a non-negative finite number.
+#: grad_cos_min is a cosine similarity (parity.py compares cos(g_packed, g_padded) against it), so above 1 even
+#: identical gradients would fail.
+BOUNDS: dict[str, tuple[float, float]] = {"grad_cos_min": (-1.0, 1.0)}
+
+
+def tolerance_problem(key: str, value: object) -> str | None:
+    """Why ``value`` cannot be tolerance ``key`` (None when it can): a number within ``BOUNDS[key]``, or for
+    every other key a finite number >= 0."""
+    low, high = BOUNDS.get(key, (0.0, float("inf")))
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or not low <= value <= high:
+        return f"must be a number from {low:g} to {high:g}" if key in BOUNDS else "must be a non-negative number"
+    return None
+
 
 def load_tolerances(path: str | None, overrides: list[str] | None, source: str) -> tuple[dict[str, dict[str, float]], str]:
     """Tolerances per dtype from a TOML file plus ``[dtype.]key=value`` overrides.
 
     Raises:
-        PackcheckUsageError: missing file, bad TOML, unknown dtype or key, or a non-numeric value.
+        PackcheckUsageError: missing file, bad TOML, unknown dtype or key, or a value out of its key's range
+            (:data:`BOUNDS`; else a non-negative finite number).
     """
     default = PACKAGE_AUDIT_DIR / "tolerances.toml"
     file = Path(path) if path else default
@@ -37,10 +53,9 @@ def load_tolerances(path: str | None, overrides: list[str] | None, source: str) 
             if key not in keys:
                 raise PackcheckUsageError(f"Tolerance file {file} (from {source}) has unknown key {dtype}.{key}. Expected: {', '.join(keys)}.{closest(key, keys)}")
         for key, value in table.items():
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < float("inf"):
-                raise PackcheckUsageError(
-                    f"Tolerance {dtype}.{key} = {value!r} in {file} (from {source}) must be a non-negative number."
-                )
+            problem = tolerance_problem(key, value)
+            if problem:
+                raise PackcheckUsageError(f"Tolerance {dtype}.{key} = {value!r} in {file} (from {source}) {problem}.")
         out[dtype] = {**base.get(dtype, {}), **{k: float(v) for k, v in table.items()}}
     for dtype in DTYPES:
         out.setdefault(dtype, dict(base[dtype]))
@@ -62,9 +77,10 @@ def load_tolerances(path: str | None, overrides: list[str] | None, source: str) 
         try:
             number = float(rhs)
         except ValueError:
-            number = -1.0
-        if not 0 <= number < float("inf"):
-            raise PackcheckUsageError(f"Tolerance override '{item}' (from {OPT_TOLERANCE}) needs a non-negative number, got '{rhs}'.")
+            number = None
+        problem = tolerance_problem(key, number)
+        if problem:
+            raise PackcheckUsageError(f"Tolerance override '{item}' (from {OPT_TOLERANCE}) {problem.replace('must be', 'needs')}, got '{rhs}'.")
         for t in targets:
             out[t][key] = number
         label += f" + {item}"

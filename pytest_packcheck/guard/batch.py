@@ -369,11 +369,36 @@ def unpack_row(batch: Mapping[str, Any], slices: list[slice], pad_id: int, keep:
     """The packed row ``batch`` as a right-padded batch ``(num_examples, max_len)``: per-token keys split at
     ``slices`` (the examples ``keep``, default all) and padded (input_ids with ``pad_id``, labels with -100,
     the others with 0), an ``attention_mask`` of the real tokens, the packed-only keys (cu_seq_lens_q/k,
-    max_length_q/k, seq_idx) dropped, every other key (num_items_in_batch, use_cache, ...) kept."""
+    max_length_q/k, seq_idx) dropped, every other key (num_items_in_batch, use_cache, ...) kept.
+
+    Raises:
+        PackcheckUsageError: ``batch`` not a mapping with a ``(1, seq_len)`` tensor ``input_ids``; ``slices`` not
+            non-empty ``slice(start, stop)`` within the row; ``pad_id`` not an int; ``keep`` not indices of ``slices``.
+    """
     import torch
 
+    from ..errors import PackcheckUsageError
+
+    def refuse(message: str) -> PackcheckUsageError:
+        return PackcheckUsageError(f"unpack_row: {message}")
+
+    if not isinstance(batch, Mapping) or not isinstance(batch.get("input_ids"), torch.Tensor) or batch["input_ids"].dim() != 2 \
+            or batch["input_ids"].shape[0] != 1:
+        raise refuse(f"batch is {type(batch).__name__ if not isinstance(batch, Mapping) else 'a mapping without a (1, seq_len) tensor input_ids'}: "
+                     "pass one packed row, a dict with input_ids of shape (1, seq_len) (DataCollatorWithFlattening's output).")
     ids = batch["input_ids"]
     total = int(ids.shape[1])
+    if not isinstance(pad_id, int) or isinstance(pad_id, bool):
+        raise refuse(f"pad_id={pad_id!r} ({type(pad_id).__name__}): pass the tokenizer's pad_token_id, an int.")
+    if not isinstance(slices, list | tuple) or not slices:
+        raise refuse(f"slices={slices!r}: pass a non-empty list of slice(start, stop), one per packed example (parse_row(...).slices).")
+    for s in slices:
+        if not isinstance(s, slice) or not isinstance(s.start, int) or not isinstance(s.stop, int) or s.step not in (None, 1) \
+                or not 0 <= s.start < s.stop <= total:
+            raise refuse(f"slices holds {s!r}: each must be slice(start, stop) with 0 <= start < stop <= {total} (the row's length).")
+    if keep is not None and not (isinstance(keep, list | tuple) and keep and all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < len(slices) for i in keep)):
+        raise refuse(f"keep={keep!r}: pass indices into slices (0 to {len(slices) - 1}), or None for every example.")
     chosen = [slices[i] for i in (keep if keep is not None else range(len(slices)))]
     width = max(s.stop - s.start for s in chosen)
     out: dict[str, Any] = {}

@@ -100,7 +100,7 @@ class PackcheckCallback(TrainerCallback):
         if on_mismatch not in POLICIES:
             raise PackcheckUsageError(f"PackcheckCallback: unknown on_mismatch={on_mismatch!r}: expected one of "
                                       f"{', '.join(POLICIES)}.")
-        _tolerances(tolerances)  # a bad tolerances dict is refused here, not at the first training step
+        _tolerances(tolerances, "PackcheckCallback")  # a bad tolerances dict is refused here, not at the first training step
         self.on_mismatch = on_mismatch
         self.tolerances = tolerances
         self.verbose = verbose

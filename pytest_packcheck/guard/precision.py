@@ -7,8 +7,6 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
-from .result import _usage
-
 
 def _dtype_name(dtype: Any) -> str:
     name = str(dtype).removeprefix("torch.")
@@ -71,15 +69,21 @@ class _ComputeProbe:
         return "float32", f"float32 weights, no autocast{fused_note}"
 
 
-def _tolerances(tolerances: Any) -> dict[str, dict[str, float]]:
+def _tolerances(tolerances: Any, caller: str = "verify_packed_batch") -> dict[str, dict[str, float]]:
     """The tolerance rows: ``audit/tolerances.toml``, each row given in ``tolerances`` replacing its dtype's.
+    ``caller``: the public name the error lines start with (``verify_packed_batch``, ``PackcheckCallback``).
 
     Raises:
         PackcheckUsageError: ``tolerances`` is not ``{dtype: {"logits_atol": x, "loss_atol": y}}`` with a known
             dtype, both keys, and each value a finite number >= 0 (a string, a negative or NaN value is named).
     """
-    import math
     from numbers import Real
+
+    from ..config.tolerances import tolerance_problem
+    from ..errors import PackcheckUsageError
+
+    def refuse(message: str) -> PackcheckUsageError:
+        return PackcheckUsageError(f"{caller}: {message}")
 
     defaults = _default_tolerances()
     out = {k: dict(v) for k, v in defaults.items()}
@@ -87,23 +91,24 @@ def _tolerances(tolerances: Any) -> dict[str, dict[str, float]]:
         return out
     shape = "{'float32': {'logits_atol': 1e-4, 'loss_atol': 1e-5}, ...}"
     if not isinstance(tolerances, Mapping):
-        raise _usage(f"tolerances is a {type(tolerances).__name__} ({tolerances!r:.60}): expected a dict of dtype rows, {shape}.")
+        raise refuse(f"tolerances is a {type(tolerances).__name__} ({tolerances!r:.60}): expected a dict of dtype rows, {shape}.")
     for dtype, row in tolerances.items():
         if dtype not in defaults:
-            raise _usage(f"tolerances has an unknown dtype row {dtype!r}: expected {', '.join(map(repr, defaults))}, as {shape}.")
+            raise refuse(f"tolerances has an unknown dtype row {dtype!r}: expected {', '.join(map(repr, defaults))}, as {shape}.")
         if not isinstance(row, Mapping):
-            raise _usage(f"tolerances[{dtype!r}] is a {type(row).__name__} ({row!r:.60}): expected a dict like "
+            raise refuse(f"tolerances[{dtype!r}] is a {type(row).__name__} ({row!r:.60}): expected a dict like "
                          "{'logits_atol': 1e-4, 'loss_atol': 1e-5}.")
         missing = [k for k in ("logits_atol", "loss_atol") if k not in row]
         if missing:
-            raise _usage(f"tolerances[{dtype!r}] has no {' or '.join(map(repr, missing))} (given: {', '.join(map(repr, row)) or 'none'}): "
+            raise refuse(f"tolerances[{dtype!r}] has no {' or '.join(map(repr, missing))} (given: {', '.join(map(repr, row)) or 'none'}): "
                          "give both logits_atol and loss_atol for each dtype row you set.")
         for key, value in row.items():
             if key not in defaults[dtype]:
-                raise _usage(f"tolerances[{dtype!r}] has an unknown key {key!r}: expected {', '.join(map(repr, defaults[dtype]))}.")
-            if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(float(value)) or float(value) < 0:
-                raise _usage(f"tolerances[{dtype!r}][{key!r}] = {value!r}: a tolerance is a finite number >= 0 (nats), e.g. "
-                             f"{defaults[dtype][key]!r}.")
+                raise refuse(f"tolerances[{dtype!r}] has an unknown key {key!r}: expected {', '.join(map(repr, defaults[dtype]))}.")
+            problem = tolerance_problem(key, float(value) if isinstance(value, Real) and not isinstance(value, bool) else value)
+            if problem:
+                raise refuse(f"tolerances[{dtype!r}][{key!r}] = {value!r}: a tolerance {problem.replace('must be', 'is')} "
+                             f"(nats for the atols), e.g. {defaults[dtype][key]!r}.")
         out[dtype] = {**defaults[dtype], **{k: float(v) for k, v in row.items()}}
     return out
 

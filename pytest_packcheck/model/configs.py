@@ -86,6 +86,21 @@ def _holder(config: Any, key: str) -> Any:
     return target
 
 
+#: The overrides ``--packcheck-config`` folded into every spec (set by :func:`config.settings.resolve`), so
+#: an error about one names that option, not the model list the spec came from.
+CONFIG_OPTION_OVERRIDES: dict[str, Any] = {}
+
+
+def _origin(key: str, value: Any, source: str) -> str:
+    """Where the override ``key=value`` came from: ``--packcheck-config`` when it folded that very value in,
+    else ``source``."""
+    from ..config.options import OPT_CONFIG
+
+    if key in CONFIG_OPTION_OVERRIDES and CONFIG_OPTION_OVERRIDES[key] == value:
+        return f"{OPT_CONFIG}, folded into {source}"
+    return source
+
+
 def _refuse_absurd_token_ids(config: Any, spec: ModelSpec, source: str) -> None:
     """Refuse a typed special token id (:data:`SPECIAL_TOKEN_KEYS`) that is not None or an id of the vocabulary
     ``[0, vocab_size)`` of the config it was set on (``arch:llama{pad_token_id=-5}``: nn.Embedding wraps a negative
@@ -106,21 +121,42 @@ def _refuse_absurd_token_ids(config: Any, spec: ModelSpec, source: str) -> None:
             if isinstance(v, bool) or not isinstance(v, int) or v < 0 or (isinstance(vocab, int) and v >= vocab):
                 span = f"[0, {vocab:,})" if isinstance(vocab, int) else "[0, vocab_size)"
                 raise PackcheckUsageError(
-                    f"Config value {key}={v!r} (in an override of model spec '{spec.raw}' from {source}) is not a token id "
+                    f"Config value {key}={v!r} (in an override of model spec '{spec.raw}' from {_origin(key, value, source)}) is not a token id "
                     f"of the model's vocabulary {span}: give an id inside it, null for no such token, or leave the key out "
                     "(packcheck would otherwise run a model whose special token is not the one named).")
 
 
-def refuse_absurd_sizes(config: Any, spec: ModelSpec, source: str) -> None:
+def _refuse_sizes(found: list[tuple[str, Any, str]], spec: ModelSpec, source: str) -> None:
+    """Refuse the first ``(key, value, origin)`` of ``found`` whose value is not a whole number in [1, bound]."""
+    for key, value, origin in found:
+        bound = SIZE_BOUNDS[key.split(".")[-1]]
+        for v in value if isinstance(value, list | tuple) else [value]:  # per-layer sizes (gemma3n) in a list
+            if v is None and origin == "config.json":
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= bound:
+                where = "an override" if origin == "override" else "its config.json"
+                raise PackcheckUsageError(
+                    f"Config value {key}={v!r} (in {where} of model spec '{spec.raw}' from "
+                    f"{_origin(key, value, source) if origin == 'override' else source}) is not a size a model "
+                    f"can have: expected a whole number from 1 to {bound:,}. packcheck replaces sizes with tiny ones for "
+                    "its probes, so this value would not run and its cells would pass under its label; give a real "
+                    "size or leave the key out.")
+
+
+def refuse_absurd_sizes(config: Any | None, spec: ModelSpec, source: str) -> None:
     """Refuse a size (:data:`SIZE_BOUNDS`) that is not a whole number in [1, bound]: an override the user typed
     (``arch:llama{hidden_size=0}``, ``--packcheck-config``), or a value of a checkpoint's / local config.json.
     Transformers' own default configs are not judged (glm5_next's default head_dim is 0 and is derived). A typed
-    special token id outside the vocabulary is refused too (:func:`_refuse_absurd_token_ids`).
+    special token id outside the vocabulary is refused too (:func:`_refuse_absurd_token_ids`). ``config`` None:
+    only the spec's typed sizes are judged (before any config exists).
 
     Raises:
         PackcheckUsageError: naming the key, the value, where it came from and the range.
     """
     found: list[tuple[str, Any, str]] = [(k, v, "override") for k, v in spec.overrides if k.split(".")[-1] in SIZE_BOUNDS]
+    if config is None:  # the typed sizes alone (before any config is made: packcheck bisect's --model)
+        _refuse_sizes(found, spec, source)
+        return
     if spec.kind != "arch":
         def walk(d: dict[str, Any], path: str = "") -> Any:
             for k, v in d.items():
@@ -130,18 +166,7 @@ def refuse_absurd_sizes(config: Any, spec: ModelSpec, source: str) -> None:
                     yield f"{path}{k}", v, "config.json"
 
         found += list(walk(config.to_dict()))
-    for key, value, origin in found:
-        bound = SIZE_BOUNDS[key.split(".")[-1]]
-        for v in value if isinstance(value, list | tuple) else [value]:  # per-layer sizes (gemma3n) in a list
-            if v is None and origin == "config.json":
-                continue
-            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= bound:
-                where = "an override" if origin == "override" else "its config.json"
-                raise PackcheckUsageError(
-                    f"Config value {key}={v!r} (in {where} of model spec '{spec.raw}' from {source}) is not a size a model "
-                    f"can have: expected a whole number from 1 to {bound:,}. packcheck replaces sizes with tiny ones for "
-                    "its probes, so this value would not run and its cells would pass under its label; give a real "
-                    "size or leave the key out.")
+    _refuse_sizes(found, spec, source)
     _refuse_absurd_token_ids(config, spec, source)
     typed = {k.split(".")[-1] for k, _, _ in found}
     if typed & {"num_attention_heads", "num_key_value_heads"}:  # the shrink keeps only the ratio: it must be whole
@@ -181,7 +206,7 @@ def apply_overrides(config: Any, spec: ModelSpec, source: str) -> None:
                 from ..errors import PackcheckWarning, closest
 
                 known = [k for c in (config, *(sub for _, sub in _sub_configs(config))) for k in c.to_dict() if isinstance(k, str)]
-                warnings.warn(f"Config override '{key}' (in model spec '{spec.raw}' from {source}) is not a key of "
+                warnings.warn(f"Config override '{key}' (in model spec '{spec.raw}' from {_origin(key, value, source)}) is not a key of "
                               f"{type(config).__name__} or its sub-configs: set as a new attribute, which the model may "
                               f"never read.{closest(name, known)}", PackcheckWarning, stacklevel=2)
         # a copy: transformers rewrites a rope dict it is given in place (5.x standardises rope_scaling into

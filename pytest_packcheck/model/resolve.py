@@ -83,7 +83,9 @@ def resolve_model(spec: ModelSpec, source: str, trust_remote_code: bool = False)
             raise PackcheckUsageError(
                 f"Unknown architecture 'arch:{spec.name}' (from {source}): not a model_type of the installed "
                 f"transformers.{closest(spec.name, list(CONFIG_MAPPING.keys()))} "
-                "`packcheck audit --all-architectures` lists the causal-LM ones."
+                "The model types are the keys of transformers' CONFIG_MAPPING (python -c \"from transformers import "
+                "CONFIG_MAPPING; print(sorted(CONFIG_MAPPING))\"); reports/all-architectures/packcheck-matrix.md lists "
+                "the causal-LM ones packcheck runs."
             )
         try:
             config = default_config(CONFIG_MAPPING[spec.name], spec)

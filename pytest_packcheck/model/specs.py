@@ -102,6 +102,11 @@ def parse_model_spec(raw: str, source: str) -> ModelSpec:
         overrides = parse_overrides(body, f"in model spec '{raw.strip()}' from {source}")
         spec = parse_model_spec(text, source)
         return ModelSpec(raw=raw.strip(), kind=spec.kind, name=spec.name, revision=spec.revision, overrides=overrides)
+    if ("{" in text or "}" in text) and not os.path.isdir(text):
+        brace = ("a '}' without its '{'" if "{" not in text else "text after the closing '}'"
+                 if "}" in text.partition("{")[2] else "an unclosed '{'")
+        raise PackcheckUsageError(f"Malformed model spec '{raw}' (from {source}): {brace}; write the overrides last, in one pair "
+                                  "of braces, e.g. arch:llama{rope_theta=10000}.")
     if not text:
         raise PackcheckUsageError(f"Empty model spec in {source}. Give org/name[@rev], a local directory or arch:<model_type>.")
     if text.startswith("arch:"):

@@ -152,7 +152,7 @@ def load_document(path: str | Path, source: str | None = None) -> dict[str, Any]
 
     Raises:
         PackcheckUsageError: missing, a directory, not JSON, a schema_version newer than this packcheck reads,
-            or no valid cells.
+            a malformed "incomplete" mark, or no valid cells.
     """
     p = Path(path)
     name = f"{p} (from {source})" if source else str(p)
@@ -184,6 +184,10 @@ def load_document(path: str | Path, source: str | None = None) -> dict[str, Any]
         if key in data and not isinstance(data[key], dict):
             raise PackcheckUsageError(f"Results file {name} is corrupt: \"{key}\" is {json.dumps(data[key])[:40]} (expected a JSON "
                                       "object). Regenerate it with `packcheck audit`.")
+    inc = data.get("incomplete")
+    if inc is not None and not (isinstance(inc, dict) and isinstance(inc.get("reason"), str)):
+        raise PackcheckUsageError(f"Results file {name} is corrupt: \"incomplete\" is {json.dumps(inc)[:40]} (expected a JSON "
+                                  "object with a \"reason\" string, as an interrupted audit writes). Regenerate it with `packcheck audit`.")
     for key, value in (data.get("settings") or {}).items():
         if key in ("models", "backends", "checks", "dtypes", "versions") and not (
                 isinstance(value, list) and all(isinstance(x, str) for x in value)):
