@@ -63,7 +63,7 @@ def run_release(version: str, build: Path, shard: tuple[int, int] | None = None,
     the plugin there with :func:`release_flags`. Resumes a killed run (its journal); returns the done record
     (also written as ``atlas-done.json``), or a record with ``error`` when no results were written (uv's reason,
     or the run's last lines). ``runner``: replaces ``subprocess.run`` (tests)."""
-    from ..versions.envs import CHILD_ENV_VAR, EnvError, VersionCombo, ensure_env
+    from ..versions.envs import EnvError, VersionCombo, ensure_env
 
     folder = release_dir(build, version, shard).resolve()
     if is_done(folder):
@@ -79,30 +79,18 @@ def run_release(version: str, build: Path, shard: tuple[int, int] | None = None,
         (folder / "atlas-error.json").write_text(json.dumps(record, indent=1) + "\n")
         log(f"atlas {version}: no environment: {exc}")
         return record
-    root = folder / "root"
-    root.mkdir(exist_ok=True)
-    args = [str(env.python), "-m", "pytest", "-p", "pytest_packcheck.plugin", "-p", "no:cacheprovider", str(root),
-            "--rootdir", str(root), "-c", os.devnull, "-o", "addopts=", "-q", "-rN", "--tb=no",
-            "-W", "ignore::pytest.PytestAssertRewriteWarning", *release_flags(str(folder.resolve()), shard, models)]
+    flags = [*release_flags(str(folder.resolve()), shard, models)]
     if workers > 1:
-        args += ["-n", str(workers), "--dist", "loadscope"]
-    child_env = {k: v for k, v in os.environ.items() if not k.startswith("PACKCHECK_") or k == "PACKCHECK_CACHE_DIR"}
-    child_env.pop("VIRTUAL_ENV", None)
-    child_env.pop("PYTHONPATH", None)  # the environment's own site-packages (its overlay links this packcheck)
-    child_env[CHILD_ENV_VAR] = combo.label
-    child_env["PACKCHECK_REPRODUCE"] = reproduce_command(version)
+        flags += ["-n", str(workers), "--dist", "loadscope"]
     part = f" shard {shard[0]}/{shard[1]}" if shard and shard != (1, 1) else ""
     log(f"atlas {version}{part}: running in {env.path.name} "
         f"({'made' if env.created else 'cached'} {env.seconds:.1f} s); log {folder / 'atlas-run.log'}")
-    with open(folder / "atlas-run.log", "a") as out:
-        out.write(f"$ {shlex.join(args)}\n")
-        out.flush()
-        proc = (runner or subprocess.run)(args, check=False, stdout=out, stderr=subprocess.STDOUT, env=child_env, cwd=root)
+    proc = run_plugin_in_env(env.python, combo.label, folder, flags, reproduce_command(version), runner)
     wall = round(time.perf_counter() - t0, 1)
     result = folder / "packcheck-matrix.json"
-    if not result.exists() or proc.returncode not in (0, 1):
-        tail = " | ".join((folder / "atlas-run.log").read_text(errors="replace").strip().splitlines()[-3:])[:400]
-        record = {"transformers": version, "error": f"exit {proc.returncode}; {tail}", "wall_s": wall}
+    failure = run_failure(folder, proc.returncode)
+    if failure:
+        record = {"transformers": version, "error": failure, "wall_s": wall}
         (folder / "atlas-error.json").write_text(json.dumps(record, indent=1) + "\n")
         log(f"atlas {version}: no complete results (exit {proc.returncode}); run again to resume")
         return record
@@ -161,3 +149,36 @@ def generate(releases: list[str], build: Path, shard: tuple[int, int] | None = N
              models: list[str] | None = None) -> list[dict[str, Any]]:
     """Run every release not done yet, oldest first; a release that fails is recorded and the next one runs."""
     return [run_release(v, build, shard, workers, log, runner, models) for v in releases]
+
+def run_plugin_in_env(python: Any, label: str, folder: Path, flags: list[str], reproduce: str,
+                      runner: Callable[..., Any] | None = None) -> Any:
+    """Run the packcheck plugin with ``flags`` under a version environment's ``python`` in ``folder/root`` (an
+    empty rootdir), appending its output to ``folder/atlas-run.log``; the child sees no ``PACKCHECK_*`` but the
+    cache dir, no ``VIRTUAL_ENV`` / ``PYTHONPATH`` (the environment's own site-packages), the combo ``label`` and
+    the ``reproduce`` command. Shared by the transformers and the TRL axes; ``runner`` replaces ``subprocess.run``
+    (tests). Returns the finished process."""
+    from ..versions.envs import CHILD_ENV_VAR
+
+    root = folder / "root"
+    root.mkdir(exist_ok=True)
+    args = [str(python), "-m", "pytest", "-p", "pytest_packcheck.plugin", "-p", "no:cacheprovider", str(root),
+            "--rootdir", str(root), "-c", os.devnull, "-o", "addopts=", "-q", "-rN", "--tb=no",
+            "-W", "ignore::pytest.PytestAssertRewriteWarning", *flags]
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith("PACKCHECK_") or k == "PACKCHECK_CACHE_DIR"}
+    child_env.pop("VIRTUAL_ENV", None)
+    child_env.pop("PYTHONPATH", None)  # the environment's own site-packages (its overlay links this packcheck)
+    child_env[CHILD_ENV_VAR] = label
+    child_env["PACKCHECK_REPRODUCE"] = reproduce
+    with open(folder / "atlas-run.log", "a") as out:
+        out.write(f"$ {shlex.join(args)}\n")
+        out.flush()
+        return (runner or subprocess.run)(args, check=False, stdout=out, stderr=subprocess.STDOUT, env=child_env, cwd=root)
+
+
+def run_failure(folder: Path, returncode: int) -> str | None:
+    """Why a run in ``folder`` gave no complete results (no ``packcheck-matrix.json``, or an exit other than pytest's
+    0 / 1), with the log's last lines; None when it did."""
+    if (folder / "packcheck-matrix.json").exists() and returncode in (0, 1):
+        return None
+    tail = " | ".join((folder / "atlas-run.log").read_text(errors="replace").strip().splitlines()[-3:])[:400]
+    return f"exit {returncode}; {tail}"

@@ -58,13 +58,22 @@ def index_releases(since: str = ATLAS_SINCE, until: str | None = None) -> list[s
     Raises:
         PackcheckUsageError: the index cannot be reached.
     """
+    return index_latest_patches("transformers", "packcheck atlas", "4.44.2,5.24.0", since, until)
+
+
+def index_latest_patches(library: str, command: str, example: str, since: str, until: str | None) -> list[str]:
+    """:func:`latest_patches` of ``library`` from the package index; the transformers and the TRL axes' plan.
+
+    Raises:
+        PackcheckUsageError: the index cannot be reached (naming ``command`` and ``--releases example`` as the way out).
+    """
     from ..analysis.bisect import fetch_index_page, parse_simple_index
 
     try:
-        page = fetch_index_page("transformers")
+        page = fetch_index_page(library)
     except PackcheckUsageError as exc:
-        raise PackcheckUsageError(str(exc).replace("bisect needs", "packcheck atlas needs")
-                                  + " Or name the releases with --releases 4.44.2,5.24.0.") from None
+        raise PackcheckUsageError(str(exc).replace("bisect needs", f"{command} needs")
+                                  + f" Or name the releases with --releases {example}.") from None
     releases, _ = parse_simple_index(page)
     return latest_patches(releases, since, until)
 

@@ -28,16 +28,15 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
 import shlex
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..errors import PackcheckUsageError
-from .releases import DONE_MARKER, latest_patches, version_key
+from .build import run_failure, run_plugin_in_env
+from .releases import DONE_MARKER, index_latest_patches, version_key
 
 #: The oldest TRL minor of the axis (TRL 0.19 introduced ``packing_strategy``; packcheck's TRL floor).
 TRL_SINCE = "0.19"
@@ -63,15 +62,7 @@ def trl_index_releases(since: str = TRL_SINCE, until: str | None = None) -> list
     Raises:
         PackcheckUsageError: the index cannot be reached.
     """
-    from ..analysis.bisect import fetch_index_page, parse_simple_index
-
-    try:
-        page = fetch_index_page("trl")
-    except PackcheckUsageError as exc:
-        raise PackcheckUsageError(str(exc).replace("bisect needs", "packcheck atlas --trl needs")
-                                  + " Or name the releases with --releases 0.19.1,1.16.0.") from None
-    releases, _ = parse_simple_index(page)
-    return latest_patches(releases, since, until)
+    return index_latest_patches("trl", "packcheck atlas --trl", "0.19.1,1.16.0", since, until)
 
 
 def trl_flags(report_dir: str) -> list[str]:
@@ -112,7 +103,7 @@ def run_trl_release(version: str, build: Path, log: Callable[[str], None] = prin
     datasets, ...), ``cells``, ``wall_s``, ``child_cpu_s``), or a record with ``error`` (uv's reason, or the run's
     last lines; written as ``atlas-error.json``) when no results were written. ``runner`` / ``ensure``: replace
     ``subprocess.run`` / :func:`pytest_packcheck.versions.envs.ensure_env` (tests)."""
-    from ..versions.envs import CHILD_ENV_VAR, EnvError, VersionCombo, ensure_env
+    from ..versions.envs import EnvError, VersionCombo, ensure_env
 
     folder = (Path(build) / version).resolve()
     if _done(folder):
@@ -128,27 +119,14 @@ def run_trl_release(version: str, build: Path, log: Callable[[str], None] = prin
         (folder / "atlas-error.json").write_text(json.dumps(record, indent=1) + "\n")
         log(f"atlas trl {version}: no environment: {exc}")
         return record
-    root = folder / "root"
-    root.mkdir(exist_ok=True)
-    args = [str(env.python), "-m", "pytest", "-p", "pytest_packcheck.plugin", "-p", "no:cacheprovider", str(root),
-            "--rootdir", str(root), "-c", os.devnull, "-o", "addopts=", "-q", "-rN", "--tb=no",
-            "-W", "ignore::pytest.PytestAssertRewriteWarning", *trl_flags(str(folder))]
-    child_env = {k: v for k, v in os.environ.items() if not k.startswith("PACKCHECK_") or k == "PACKCHECK_CACHE_DIR"}
-    child_env.pop("VIRTUAL_ENV", None)
-    child_env.pop("PYTHONPATH", None)  # the environment's own site-packages (its overlay links this packcheck)
-    child_env[CHILD_ENV_VAR] = combo.label
-    child_env["PACKCHECK_REPRODUCE"] = trl_reproduce(version)
     log(f"atlas trl {version}: running in {env.path.name} ({'made' if env.created else 'cached'} {env.seconds:.1f} s, "
         f"transformers {env.versions.get('transformers')}); log {folder / 'atlas-run.log'}")
-    with open(folder / "atlas-run.log", "a") as out:
-        out.write(f"$ {shlex.join(args)}\n")
-        out.flush()
-        proc = (runner or subprocess.run)(args, check=False, stdout=out, stderr=subprocess.STDOUT, env=child_env, cwd=root)
+    proc = run_plugin_in_env(env.python, combo.label, folder, trl_flags(str(folder)), trl_reproduce(version), runner)
     wall = round(time.perf_counter() - t0, 1)
     result = folder / "packcheck-matrix.json"
-    if not result.exists() or proc.returncode not in (0, 1):
-        tail = " | ".join((folder / "atlas-run.log").read_text(errors="replace").strip().splitlines()[-3:])[:400]
-        record = {"trl": version, "error": f"exit {proc.returncode}; {tail}", "wall_s": wall}
+    failure = run_failure(folder, proc.returncode)
+    if failure:
+        record = {"trl": version, "error": failure, "wall_s": wall}
         (folder / "atlas-error.json").write_text(json.dumps(record, indent=1) + "\n")
         log(f"atlas trl {version}: no complete results (exit {proc.returncode}); run again to resume")
         return record
