@@ -70,6 +70,22 @@ def _runner():
     return runner
 
 
+
+def _failed_inside_the_model(model, error: Exception):
+    """The runner's record of ``error`` raised from the model's own forward (a pre-hook on its first layer, so a
+    transformers frame is in the traceback)."""
+    def boom(*_a, **_k):
+        raise error
+
+    handle = model.model.layers[0].register_forward_pre_hook(boom)
+    try:
+        model(input_ids=torch.tensor([[5, 6, 7]]))
+    except type(error) as exc:
+        return _runner()._failed("check", exc)
+    finally:
+        handle.remove()
+    raise AssertionError("the planted error was not raised")
+
 def test_a_crash_in_packchecks_own_code_is_packchecks_error():
     """Planted: max() over an empty sequence raised inside packcheck's batches.padded_batch (what 8,3 did), with
     no model frame in the traceback. Before: shrunk_crash, blamed on the model. Now: packcheck_error, with the
@@ -87,16 +103,7 @@ def test_a_crash_in_packchecks_own_code_is_packchecks_error():
 def test_a_crash_inside_the_model_stays_the_models(_llama):
     """The same kind of error raised from the model's own forward (a transformers frame in the traceback) is not
     packcheck's: shrunk_crash on a shrunk model, as before."""
-    def boom(*_a, **_k):
-        raise ValueError("max() arg is an empty sequence")
-
-    handle = _llama.model.layers[0].register_forward_pre_hook(boom)
-    try:
-        _llama(input_ids=torch.tensor([[5, 6, 7]]))
-    except ValueError as exc:
-        got = _runner()._failed("check", exc)
-    finally:
-        handle.remove()
+    got = _failed_inside_the_model(_llama, ValueError("max() arg is an empty sequence"))
     assert got.cause == "shrunk_crash", got.message
 
 
@@ -146,16 +153,7 @@ def test_fast_mamba_kernels_not_available_is_a_missing_package(_llama):
     text = ("Fast Mamba kernels are not available. Make sure to they are installed and that the mamba module is on a "
             "CUDA device")
 
-    def boom(*_a, **_k):
-        raise ValueError(text)
-
-    handle = _llama.model.layers[0].register_forward_pre_hook(boom)
-    try:
-        _llama(input_ids=torch.tensor([[5, 6, 7]]))
-    except ValueError as exc:
-        got = _runner()._failed("check", exc)
-    finally:
-        handle.remove()
+    got = _failed_inside_the_model(_llama, ValueError(text))
     assert _classify_exception(ValueError(text)) == "skipped" and got.status == "skipped" and got.cause is None
     assert got.message.startswith("missing package mamba-ssm / causal-conv1d (not installed here): ValueError: Fast Mamba")
     assert got.metrics["missing"] == ["mamba-ssm", "causal-conv1d"]
