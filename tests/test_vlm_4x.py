@@ -246,3 +246,54 @@ def test_text_path_found_without_the_generate_hook(monkeypatch):
     assert mrope_text_path("llava") is None
     layout = position_layout(model, resolved)
     assert layout.rows == 4 and "takes a text row first" in layout.source
+
+
+def test_composite_config_without_top_level_vocab_size(monkeypatch):
+    """transformers 4.52 .. 4.54: ``Qwen2VLForConditionalGeneration.forward`` reads ``config.vocab_size`` for the
+    loss and the default composite ``Qwen2VLConfig()`` keeps it only in ``text_config``; measured on 4.52.4 every
+    labelled cell was an AttributeError ("shrunk crash"), and with the value copied the cells are judged (leak,
+    logits 8.8e-1: no packed mask before 4.53). The copy is named in config_notes; a flat config, or one that has
+    the value, is left alone; the 5.24 resolve path sets nothing."""
+    import transformers
+
+    from pytest_packcheck.model.multimodal import flat_vocab_size
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_spec
+
+    class Composite:  # 4.52's shape: get_text_config(decoder=True) is text_config, no top-level vocab_size
+        def __init__(self):
+            self.text_config = SimpleNamespace(vocab_size=152064)
+
+        def get_text_config(self, decoder=False):
+            return self.text_config
+
+    class Reads452(torch.nn.Module):  # 4.52.4's Qwen2VLForConditionalGeneration.forward, the line that raised
+        def forward(self, logits, labels):
+            return self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size)
+
+    class Reads524(torch.nn.Module):  # 5.24's: reads the text config
+        def forward(self, logits, labels):
+            return self.loss_function(logits=logits, labels=labels, vocab_size=self.config.text_config.vocab_size)
+
+    monkeypatch.setattr(transformers, "Reads452", Reads452, raising=False)
+    monkeypatch.setattr(transformers, "Reads524", Reads524, raising=False)
+    config = Composite()
+    with pytest.raises(AttributeError):
+        config.vocab_size  # noqa: B018 - what 4.52's forward does with labels
+    assert flat_vocab_size(config, "Reads524") == []  # 5.x reads text_config: nothing set
+    assert not hasattr(config, "vocab_size")
+    notes = flat_vocab_size(config, "Reads452")
+    assert config.vocab_size == 152064
+    assert len(notes) == 1 and notes[0].startswith("vocab_size=152064 copied from text_config")
+    assert "Reads452.forward reads config.vocab_size" in notes[0]
+    assert flat_vocab_size(config, "Reads452") == []  # already there: nothing set twice
+
+    class Flat:  # 4.45 .. 4.51: the config is its own text config
+        vocab_size = 99
+
+        def get_text_config(self, decoder=False):
+            return self
+
+    assert flat_vocab_size(Flat(), "Reads452") == []
+    resolved = resolve_model(parse_model_spec("arch:qwen2_vl", "test"), "test")
+    assert not any("vocab_size" in n for n in resolved.notes)

@@ -63,6 +63,35 @@ def mrope_section_default(config: Any, class_name: str) -> list[str]:
     return []
 
 
+def flat_vocab_size(config: Any, class_name: str) -> list[str]:
+    """Copy the text config's ``vocab_size`` to the top level of a composite config that has none, where the
+    model's forward (``transformers.<class_name>.forward``) reads ``self.config.vocab_size``, as a checkpoint's
+    config has it; returns the note for the model record ([] when nothing was set).
+
+    transformers 4.52 .. 4.54: ``Qwen2VLForConditionalGeneration.forward`` passes ``vocab_size=self.config.vocab_size``
+    to the loss, while the default ``Qwen2VLConfig()`` keeps it only in ``text_config`` (checkpoints' config.json
+    are flat and have it), so every labelled forward of a default config raised ``AttributeError`` there; 5.x
+    reads ``self.config.text_config.vocab_size`` and gets nothing set."""
+    import inspect
+
+    import transformers
+
+    text = text_config_of(config)
+    if text is config or hasattr(config, "vocab_size") or not isinstance(getattr(text, "vocab_size", None), int):
+        return []
+    forward = getattr(getattr(transformers, class_name, None), "forward", None)
+    try:
+        reads = forward is not None and "self.config.vocab_size" in inspect.getsource(forward)
+    except (OSError, TypeError):  # no source (a compiled or dynamically made class): leave the config as it is
+        reads = False
+    if not reads:
+        return []
+    config.vocab_size = text.vocab_size
+    return [(f"vocab_size={text.vocab_size} copied from text_config to the top level, as a checkpoint's config.json has "
+             f"it ({class_name}.forward reads config.vocab_size for the loss; this release's default config keeps it "
+             "only in text_config)")]
+
+
 def scale_mrope_sections(d: dict[str, Any], hidden_key: str, heads_key: str, original: dict[str, int]) -> None:
     """Scale ``rope_parameters["mrope_section"]`` (multimodal RoPE: how many rotary frequencies the temporal, height
     and width positions each get) to the shrunk head: its sum is half the rotary dims (``torch.split`` of the

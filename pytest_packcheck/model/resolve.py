@@ -12,7 +12,7 @@ from typing import Any
 from ..errors import PackcheckUsageError
 from .architectures import causal_lm_class_name, mrope_text_path, multimodal_only_causal_lm
 from .configs import apply_layer_variant, apply_overrides, default_config, read_config_dict, refuse_absurd_sizes
-from .multimodal import mrope_section_default
+from .multimodal import flat_vocab_size, mrope_section_default
 from .specs import ModelSpec
 
 
@@ -130,6 +130,7 @@ def resolve_model(spec: ModelSpec, source: str, trust_remote_code: bool = False)
     text_path = mrope_text_path(model_type) if cls is None else None
     if text_path is not None:
         notes += mrope_section_default(config, text_path[0])
+        notes += flat_vocab_size(config, text_path[0])
         return ResolvedModel(spec=spec, config=config, model_type=model_type, model_class=text_path[0], revision=revision,
                              notes=notes, auto_class=text_path[1], text_path="mrope")
     if cls is None and not getattr(config, "auto_map", None):
