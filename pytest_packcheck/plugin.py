@@ -211,6 +211,14 @@ class _ResultRecorder:
     def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
         self.state.progress.started(nodeid)
 
+    @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.state.record(report)
+        # the result travelled unscrubbed (the controller needs the cell as run); what later hooks write from the
+        # report (--junitxml's <property>, other plugins' logs) gets it scrubbed, as every report file does
+        from .errors import scrub_secrets
+        from .run.items import RESULT_PROPERTY
+
+        report.user_properties = [(k, scrub_secrets(v) if k == RESULT_PROPERTY and isinstance(v, str) else v)
+                                  for k, v in getattr(report, "user_properties", [])]
         self.state.progress.finished(report)

@@ -56,6 +56,23 @@ def test_xdist_and_junitxml(pytester):
     assert 'name="packcheck[qwen2-sdpa-isolation-float32]"' in xml and 'property name="packcheck"' in xml
 
 
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["in-process", "xdist"])
+def test_junitxml_property_is_scrubbed(pytester, workers):
+    """A token typed into an override travels raw to the controller (the cell as run) but reaches --junitxml's
+    <property name="packcheck"> scrubbed, as every report file does (trial: the raw hf_... in each cell's property)."""
+    if workers:
+        pytest.importorskip("xdist")
+    token = "hf_PyTestSecret1234567890abcdefABCD"
+    result = pytester.runpytest_subprocess(f'--packcheck-models=arch:llama{{note="{token}"}}', "--packcheck-attn=sdpa",
+                                           "--packcheck-checks=isolation,logits_parity", "-p", "no:cacheprovider",
+                                           "--junitxml=j.xml", *workers)
+    result.assert_outcomes(passed=2)
+    xml = (pytester.path / "j.xml").read_text()
+    assert 'property name="packcheck"' in xml and xml.count("***") >= 2
+    assert token not in xml and token not in result.stdout.str()
+    assert len(_doc(pytester)["cells"]) == 2  # the results were recorded before the scrub
+
+
 def test_hub_id_offline(pytester, offline_hub):
     result = pytester.runpytest_subprocess("--packcheck-models=meta-llama/Llama-3.2-1B", "--packcheck-attn=sdpa",
                                            "--packcheck-checks=logits_parity", "-p", "no:cacheprovider")
