@@ -89,12 +89,17 @@ def headline(group: list[dict[str, Any]]) -> dict[str, Any]:
     asked for) takes every check."""
     judged = [c for c in group if role_of(c) == "correctness"] or list(group)
     status = cell_status([c["status"] for c in judged])
+    # checks an interrupted run never reached (run.session: metrics.not_run): the cell is not a pass on the rest
+    not_run = [c["check"] for c in judged if (c.get("metrics") or {}).get("not_run")]
+    if not_run and status == "pass":
+        status = "skipped"
     # worst first; among equals :func:`check_order`
     bad = sorted((c for c in judged if c["status"] not in ("pass", "skipped")),
                  key=lambda c: (rank(c["status"]), check_order(c["check"]), c["check"]))
     causes = list(dict.fromkeys((c.get("diagnosis") or {}).get("cause") or c.get("cause") or c["status"] for c in bad))
     not_checked = {c["check"]: c["message"] for c in judged if c["status"] == "skipped"}
-    return {"status": status, "causes": causes, "not_checked": not_checked, "cells": judged, "bad": bad}
+    return {"status": status, "causes": causes, "not_checked": not_checked, "cells": judged, "bad": bad,
+            "not_run": not_run}
 
 
 def headline_text(h: dict[str, Any], marks: list[str] | None = None) -> str:
@@ -103,6 +108,9 @@ def headline_text(h: dict[str, Any], marks: list[str] | None = None) -> str:
     status = h["status"]
     if status == "pass":
         text = SYMBOLS["pass"] + (f" (not checked: {', '.join(h['not_checked'])})" if h["not_checked"] else "")
+    elif status == "skipped" and h.get("not_run"):
+        n = len(h["cells"])
+        text = f"{SYMBOLS['skipped']} not run: {len(h['not_run'])} of {n} checks (interrupted)"
     elif status == "skipped":
         text = f"{SYMBOLS['skipped']} not checked"
     elif status in ("unsupported", "error", "timeout", "oom"):

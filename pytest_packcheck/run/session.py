@@ -228,6 +228,9 @@ class PackcheckSession:
                 line = self.discard_stale_matrix(RuntimeError("the run was interrupted before any cell finished"))
                 self.config.get_terminal_writer().line(f"packcheck: {line}", yellow=True)
             return
+        finished = len(self.results)
+        if interrupted:
+            self._name_unrun_checks()
         cells = [CellResult.from_dict(d) for d in self.results.values()]
         flags = list(self.settings.reproduce_flags())
         if self.config.option.keyword:
@@ -238,7 +241,7 @@ class PackcheckSession:
 
         self.document = diagnose_document(build_document(cells, environment(self.settings.device), self.settings.as_dict(), command))
         if interrupted:
-            self.document["incomplete"] = {"reason": "the run was interrupted", "cells": len(cells),
+            self.document["incomplete"] = {"reason": "the run was interrupted", "cells": finished,
                                            "resume": "rerun the same command with --packcheck-resume"}
         self.written = write_reports(self.settings.report_dir, self.document)
         if self.settings.baseline:
@@ -249,6 +252,26 @@ class PackcheckSession:
             self.changes = compare(baseline, self.document)
             self.gate_text = render_changes(self.changes, stack(baseline), stack(self.document), markdown=False)
             self.regressions = regressions(self.changes)
+
+    def _name_unrun_checks(self) -> None:
+        """An interrupted run: every correctness check of a matrix cell (model x backend x dtype x environment)
+        that has at least one result, but did not run itself, becomes a "skipped" cell whose metrics say
+        ``not_run: "interrupted"``, so the cell's headline is "not run", never a pass resting on the checks that
+        happened to finish (:func:`report.verdicts.headline`). Cells of groups that never started are left out:
+        the matrix is marked incomplete and ``--packcheck-resume`` runs them."""
+        from ..checks.registry import SPECS
+
+        started = {(r["model"]["label"], r.get("backend"), r["dtype"], (r.get("env") or {}).get("label"))
+                   for r in self.results.values() if isinstance(r.get("model"), dict)}
+        why = "not run: the run was interrupted before this check" + (
+            " (or -k / -m deselected it)" if self.config.option.keyword or self.config.option.markexpr else "")
+        for cell_id, cell in self._planned().items():
+            spec = SPECS.get(cell.check)
+            if cell_id in self.results or spec is None or spec.role != "correctness" or cell.backend is None:
+                continue
+            if (cell.label, cell.backend, cell.dtype, cell.env) in started:
+                self.results[cell_id] = json.loads(self._failure(cell, "skipped", f"{why}; rerun with --packcheck-resume",
+                                                                 {"not_run": "interrupted"}).to_json())
 
     def discard_stale_matrix(self, exc: BaseException) -> str:
         """The matrix of this run could not be written: remove the previous run's files, so no stale matrix
