@@ -171,6 +171,14 @@ def test_audit_file_lists_must_be_lists(tmp_path):
         load_audit(str(path))
 
 
+def test_an_audit_that_is_a_directory_is_named_as_one(tmp_path):
+    from pytest_packcheck.config.audits import load_audit
+
+    with pytest.raises(PackcheckUsageError) as exc:
+        load_audit(str(tmp_path))  # was "Audit '...' not found (looked for ...)" for a folder that is there
+    assert f"Audit '{tmp_path}' is a directory: give an audit TOML file" in str(exc.value) and "not found" not in str(exc.value)
+
+
 def test_timeout_must_be_finite():
     from pytest_packcheck.config.settings import resolve
 
