@@ -140,7 +140,10 @@ def test_tolerance_file_and_override_errors_name_the_problem(tmp_path):
              ("[float32]\nisolation_atol = inf\n", "must be a non-negative number"),
              ("[fp32]\nlogits_atol = 1\n", "unknown dtype table [fp32]"),
              ("[float32]\ngrad_cos_min = 2\n", "float32.grad_cos_min = 2 * must be a number from -1 to 1"),
-             ("[bfloat16]\ngrad_cos_min = -1.5\n", "must be a number from -1 to 1")]
+             ("[bfloat16]\ngrad_cos_min = -1.5\n", "must be a number from -1 to 1"),
+             # a file that sets nothing ran on the defaults while the report named it as the source
+             ("", "sets no tolerance * [float32] then logits_atol = 1e-4"),
+             ("# nothing yet\n[float32]\n", "sets no tolerance")]
     for text, message in cases:
         path = tmp_path / "tol.toml"
         path.write_text(text)
