@@ -25,7 +25,9 @@ def _cli(*args, cwd=None, timeout=300):
     (("qwen2", "sdpaa", "4.56.2"), "Unknown attn_implementation 'sdpaa' (from the attn_implementation argument)"),
     (("qwen2", "paged|sdpa", "5.24.0"), "Unknown attn_implementation 'paged|sdpa'"),
     (("qwen2", "sdpa", "4.56.x"), "transformers version '4.56.x' is not a version"),
+    (("qwen2", "sdpa", "4.56.x"), "such as 4.56.2 (no 'transformers=='"),
     (("qwen2", "sdpa", "5.24.0", "--trl", "banana"), "trl version 'banana' is not a version"),
+    (("qwen2", "sdpa", "4.56.2", "--trl", "xyz"), "such as 0.19.1 (no 'trl==', no wildcard)"),  # was transformers' example
 ])
 def test_lookup_refuses_an_unknown_backend_and_a_bad_release(args, message):
     """`packcheck lookup qwen2 sdpaa 4.56.2` answered "not measured" (exit 1): a typo is a usage error naming the
