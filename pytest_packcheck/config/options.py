@@ -70,6 +70,18 @@ def split_values(value: str | list[str] | tuple[str, ...]) -> list[str]:
     return [x.strip() for x in items if x.strip()]
 
 
+def refuse_empty(value: Any, flag: str) -> None:
+    """Refuse a flag given an empty value (``--packcheck-attn ''``, ``atlas --releases ''``: an unset shell
+    variable): it is never read as "the default" or "every one" (README).
+
+    Raises:
+        PackcheckUsageError: ``value`` is a string of nothing but blanks and commas.
+    """
+    if isinstance(value, str) and not value.replace(",", "").strip():
+        raise PackcheckUsageError(f"Empty value {value!r} for {flag} (from the command line): give a value "
+                                  f"(see --help) or leave {flag} out for its default.")
+
+
 def parse_lengths(value: Any, source: str) -> tuple[int, ...]:
     """Example lengths ``"11,1,13"`` (or an audit's ``[11, 1, 13]``) -> (11, 1, 13).
 
