@@ -239,13 +239,14 @@ def lookup(model_type: str, attn_implementation: str, transformers_version: str,
     from .backends.table import KNOWN_BACKENDS
     from .errors import closest
 
-    for what, value in (("transformers", transformers_version), ("trl", trl_version)):
+    # each library's own example and prefix: a bad --trl was told "such as 4.56.2 (no 'transformers==')"
+    for what, value, example in (("transformers", transformers_version, "4.56.2"), ("trl", trl_version, "0.19.1")):
         try:
             if value is not None:
                 Version(str(value))
         except InvalidVersion:
             raise PackcheckUsageError(f"{what} version '{value}' is not a version (the {what} version asked about): write "
-                                      "a release number such as 4.56.2 (no 'transformers==', no wildcard).") from None
+                                      f"a release number such as {example} (no '{what}==', no wildcard).") from None
     wanted = Version(transformers_version)
     doc = load_support(path)
     known = list(dict.fromkeys([*KNOWN_BACKENDS, *ANSWERED_FROM, *(b for row in doc["cells"].values() for b in row)]))

@@ -835,3 +835,37 @@ def test_atlas_refuses_a_release_the_index_does_not_have(monkeypatch, capsys):
     monkeypatch.setattr(bisect, "fetch_index_page", unreachable)
     cli_atlas._refuse_unreleased(["4.99.0"])
     assert "not checked against the package index" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    # --list-releases checks what a measuring run checks: --releases against the index, --shard, every --seed
+    (["--releases", "99.0.0", "--list-releases"], ("Release '99.0.0' (from --releases) is not a transformers release on the "
+                                                   "package index (final, not yanked): the nearest are 5.0.0, 5.24.0")),
+    (["--releases", "5.24.0", "--shard", "5/2", "--list-releases"], "Bad shard '5/2' (from --shard): write I/N with 1 <= I <= N"),
+    (["--seed", "{bad}", "--list-releases"], "Results file {bad} (from --seed) is not valid JSON"),
+    (["--seed", "{missing}", "--list-releases"], "(from --seed) does not exist"),
+    # an empty value is never "every release / model" (README)
+    (["--releases", "", "--list-releases"], "Empty value '' for --releases (from the command line)"),
+    (["--models", "", "--list-releases"], "Empty value '' for --models"),
+    (["--bisect-models", ",", "--bisect", "--render-only"], "Empty value ',' for --bisect-models"),
+    # a --bisect-models type nothing knows bisected nothing and said nothing
+    (["--render-only", "--bisect", "--bisect-models", "nosuchmodel"], "Unknown model type 'nosuchmodel' (from --bisect-models)"),
+    (["--render-only", "--bisect", "--bisect-models", "llama,qwen3,lama"], "Did you mean 'llama'?"),
+])
+def test_atlas_checks_every_flag_whatever_the_mode(monkeypatch, capsys, tmp_path, args, needle):
+    from pytest_packcheck.analysis import bisect
+    from pytest_packcheck.cli import main
+
+    page = {"files": [{"filename": f"transformers-{v}-py3-none-any.whl"} for v in ("4.57.6", "5.0.0", "5.24.0")]}
+    monkeypatch.setattr(bisect, "fetch_index_page", lambda library: page)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    subs = {"{bad}": str(bad), "{missing}": str(tmp_path / "missing.json")}
+    args = [subs.get(a, a) for a in args]
+    code = main(["atlas", *args, "-o", str(tmp_path / "out"), "--build-dir", str(tmp_path)])
+    captured = capsys.readouterr()
+    needle = subs.get(needle, needle).replace("{bad}", str(bad))
+    assert code == 2 and needle in captured.err and len(captured.err.strip().splitlines()) == 1, captured.err
+    assert captured.out == ""
+    assert main(["atlas", "--releases", "5.24.0", "--shard", "1/2", "--list-releases"]) == 0  # a release the index has
+    assert capsys.readouterr().out.strip() == '["5.24.0"]'

@@ -11,6 +11,7 @@ import pytest
 from pytest_packcheck.analysis import bisect as B
 from pytest_packcheck.analysis import remedies as R
 from pytest_packcheck.errors import PackcheckUsageError
+from pytest_packcheck.support import default_support_file
 
 RELEASES = ["4.57.1", "4.57.2", "4.57.3", "4.57.4", "4.57.5", "4.57.6", "5.0.0", "5.1.0", "5.2.0", "5.3.0", "5.4.0",
             "5.5.0", "5.6.0", "5.7.0", "5.8.0", "5.9.0", "5.10.1", "5.11.0", "5.12.0", "5.13.0", "5.14.1"]
@@ -281,6 +282,11 @@ def test_cli_bisect_endpoints_that_do_not_hold_exit_1(fake_world, tmp_path, caps
       "--supported"], "give one"),
     (["llama-sdpa-isolation-float32", "--good", "transformers==5.10.1", "--bad", "transformers==5.12.0", "--model",
       "arch:llama{hidden_size=0}"], "Config value hidden_size=0 (in an override of model spec 'arch:llama{hidden_size=0}' from --model)"),
+    # a model type no transformers we know of has: refused before the first endpoint's environment is built
+    (["llama-sdpa-trainer-float32", "--good", "transformers==5.14.1", "--bad", "transformers==4.57.1", "--model", "arch:nosuch"],
+     "Unknown model type 'nosuch' (from --model): not a model_type of the installed transformers"),
+    (["lama-sdpa-trainer-float32", "--good", "transformers==5.14.1", "--bad", "transformers==4.57.1"],
+     "Did you mean 'llama'?"),
 ])
 def test_cli_bisect_usage_errors_exit_2_before_any_probe(fake_world, tmp_path, capsys, args, expected):
     from pytest_packcheck.cli import main
@@ -288,6 +294,21 @@ def test_cli_bisect_usage_errors_exit_2_before_any_probe(fake_world, tmp_path, c
     code = main(["bisect", *args, "-o", str(tmp_path)])
     err = capsys.readouterr().err
     assert code == 2 and expected in err and len(err.strip().splitlines()) == 1 and fake_world == []
+
+
+def test_a_model_type_only_an_older_release_has_is_still_bisected(tmp_path):
+    """A type the installed transformers lacks but the atlas measured (an older release had it) passes: the
+    endpoints may know it. One neither knows is refused."""
+    from pytest_packcheck.model.architectures import refuse_unknown_model_type
+
+    support = tmp_path / "support.json"
+    doc = json.loads(Path(default_support_file()).read_text())
+    doc["cells"]["retired_arch"] = doc["cells"]["llama"]
+    support.write_text(json.dumps(doc))
+    refuse_unknown_model_type("retired_arch", "--model", str(support))
+    refuse_unknown_model_type("llama", "--model", str(support))
+    with pytest.raises(PackcheckUsageError, match=f"nor of any release the atlas measured \\({support}\\)"):
+        refuse_unknown_model_type("retired_archh", "--model", str(support))
 
 
 def test_unreachable_index_is_a_usage_error(monkeypatch):

@@ -102,6 +102,15 @@ def test_usage_errors_are_one_line(pytester, args, message):
     result.stderr.fnmatch_lines(["ERROR: " + message])
 
 
+def test_an_empty_shard_is_blamed_on_the_shard(pytester):
+    """Shard 3/3 of two models holds none: the error names the shard and the N that works, not the filters."""
+    result = pytester.runpytest_subprocess("--packcheck-models=arch:llama,arch:opt", "--packcheck-attn=sdpa",
+                                           "--packcheck-checks=isolation", "--packcheck-shard=3/3", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: *shard 3/3 (from --packcheck-shard*) holds no model: the 2 models go to shards 1..2; use N <= 2."])
+    result.stderr.no_fnmatch_line("*--packcheck-attn / --packcheck-checks*")
+
+
 def test_hub_errors_offline(pytester, offline_hub):
     result = pytester.runpytest_subprocess("--packcheck-models=nobody/missing-model", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR

@@ -106,6 +106,10 @@ def test_bad_lengths_and_window_are_one_line_errors(tmp_path):
         with pytest.raises(PackcheckUsageError, match=f"Bad sliding window '{window}' \\(from --packcheck-sliding-window\\): .* from 2 to 4096"):
             resolve({"packcheck_models": "arch:llama", "packcheck_sliding_window": window}.get, lambda k: None)
     assert parse_lengths("4000,96", OPT_LENGTHS) == (4000, 96)  # 4096 tokens: the longest row taken
+    for bad, item in (("5,,5", "item 2 of 3"), ("11,7,", "item 3 of 3"), (",5,5", "item 1 of 3")):
+        # an empty item is refused, never dropped (`5,,5` ran as 5,5 while the Reproduce line said 5,,5)
+        with pytest.raises(PackcheckUsageError, match=f"Bad example lengths '{bad}' \\(from {OPT_LENGTHS}\\): {item} is empty"):
+            parse_lengths(bad, OPT_LENGTHS)
     audit = tmp_path / "a.toml"
     audit.write_text('models = ["arch:llama"]\nlengths = [11, 1, 13]\nsliding_window = 12\n')
     got = load_audit(str(audit))

@@ -25,7 +25,9 @@ def _cli(*args, cwd=None, timeout=300):
     (("qwen2", "sdpaa", "4.56.2"), "Unknown attn_implementation 'sdpaa' (from the attn_implementation argument)"),
     (("qwen2", "paged|sdpa", "5.24.0"), "Unknown attn_implementation 'paged|sdpa'"),
     (("qwen2", "sdpa", "4.56.x"), "transformers version '4.56.x' is not a version"),
+    (("qwen2", "sdpa", "4.56.x"), "such as 4.56.2 (no 'transformers=='"),
     (("qwen2", "sdpa", "5.24.0", "--trl", "banana"), "trl version 'banana' is not a version"),
+    (("qwen2", "sdpa", "4.56.2", "--trl", "xyz"), "such as 0.19.1 (no 'trl==', no wildcard)"),  # was transformers' example
 ])
 def test_lookup_refuses_an_unknown_backend_and_a_bad_release(args, message):
     """`packcheck lookup qwen2 sdpaa 4.56.2` answered "not measured" (exit 1): a typo is a usage error naming the
@@ -278,6 +280,34 @@ def test_a_model_spec_with_a_broken_brace_names_the_brace(spec, what):
 
     with pytest.raises(PackcheckUsageError, match=f"Malformed model spec '{re.escape(spec)}' \\(from --packcheck-models\\): {what}"):
         parse_model_spec(spec, "--packcheck-models")
+
+
+def test_the_override_examples_work_on_the_installed_transformers(recwarn):
+    """The malformed-spec error suggested arch:llama{rope_theta=10000}, which transformers 5.x never reads (its RoPE
+    base is rope_parameters.rope_theta): every example the error and README give sets a key the config has, a
+    plain rope_theta is warned about naming the key that works, and a RoPE base <= 0 is refused as absurd."""
+    from pytest_packcheck.errors import PackcheckWarning
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_spec
+
+    with pytest.raises(PackcheckUsageError) as bad:
+        parse_model_spec("arch:llama{hidden_size=abc", "--packcheck-models")
+    example = re.search(r"e\.g\. (\S+\})", str(bad.value)).group(1)
+    readme = (REPO / "README.md").read_text()
+    examples = [example, *(m.replace("org/name", "arch:llama") for m in re.findall(r"`(org/name\{[^`]*\})`", readme))]
+    assert len(examples) >= 2 and not any("{rope_theta=" in e for e in examples), examples
+    for spec in examples:
+        spec = spec.replace(",attn_config.clip_qkv=8", "")  # llama has no attn_config: the rest must be read
+        resolve_model(parse_model_spec(spec, "--packcheck-models"), "--packcheck-models")
+    assert not [w for w in recwarn if issubclass(w.category, PackcheckWarning)], [str(w.message) for w in recwarn]
+    got = resolve_model(parse_model_spec("arch:llama{rope_parameters.rope_theta=1e6}", "x"), "x")
+    assert got.config.rope_parameters["rope_theta"] == 1e6
+    with pytest.warns(PackcheckWarning, match=r"'rope_theta' .* keeps 'rope_theta' in rope_parameters: write "
+                                              r"rope_parameters\.rope_theta=1000000\.0"):
+        resolve_model(parse_model_spec("arch:llama{rope_theta=1e6}", "x"), "x")
+    for spec in ("arch:llama{rope_theta=-1}", "arch:llama{rope_parameters.rope_theta=0}"):
+        with pytest.raises(PackcheckUsageError, match=r"is not a RoPE base a model can have: expected a positive number"):
+            resolve_model(parse_model_spec(spec, "--packcheck-models"), "--packcheck-models")
 
 
 def test_an_unknown_architecture_points_at_a_list_not_at_a_full_audit():

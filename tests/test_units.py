@@ -140,7 +140,10 @@ def test_tolerance_file_and_override_errors_name_the_problem(tmp_path):
              ("[float32]\nisolation_atol = inf\n", "must be a non-negative number"),
              ("[fp32]\nlogits_atol = 1\n", "unknown dtype table [fp32]"),
              ("[float32]\ngrad_cos_min = 2\n", "float32.grad_cos_min = 2 * must be a number from -1 to 1"),
-             ("[bfloat16]\ngrad_cos_min = -1.5\n", "must be a number from -1 to 1")]
+             ("[bfloat16]\ngrad_cos_min = -1.5\n", "must be a number from -1 to 1"),
+             # a file that sets nothing ran on the defaults while the report named it as the source
+             ("", "sets no tolerance * [float32] then logits_atol = 1e-4"),
+             ("# nothing yet\n[float32]\n", "sets no tolerance")]
     for text, message in cases:
         path = tmp_path / "tol.toml"
         path.write_text(text)
@@ -169,6 +172,14 @@ def test_audit_file_lists_must_be_lists(tmp_path):
     path.write_text('[audit]\nmodels = []\n')
     with pytest.raises(PackcheckUsageError, match="lists no models"):
         load_audit(str(path))
+
+
+def test_an_audit_that_is_a_directory_is_named_as_one(tmp_path):
+    from pytest_packcheck.config.audits import load_audit
+
+    with pytest.raises(PackcheckUsageError) as exc:
+        load_audit(str(tmp_path))  # was "Audit '...' not found (looked for ...)" for a folder that is there
+    assert f"Audit '{tmp_path}' is a directory: give an audit TOML file" in str(exc.value) and "not found" not in str(exc.value)
 
 
 def test_timeout_must_be_finite():

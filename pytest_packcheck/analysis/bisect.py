@@ -225,7 +225,8 @@ def parse_cell_id(cell_id: str, source: str, model: str | None = None) -> CellRe
     unless ``model`` (a spec) is given or the label is a Hub ID.
 
     Raises:
-        PackcheckUsageError: an unknown dtype, check or backend, or no model label.
+        PackcheckUsageError: an unknown dtype, check or backend, no model label, or an ``arch:`` model type that
+            neither the installed transformers nor the atlas knows.
     """
     from ..backends import KNOWN_BACKENDS
     from ..checks import CHECKS, MODEL_LEVEL_CHECKS
@@ -262,6 +263,10 @@ def parse_cell_id(cell_id: str, source: str, model: str | None = None) -> CellRe
     from ..model.configs import refuse_absurd_sizes
 
     refuse_absurd_sizes(None, parsed, "--model" if model else f"the model label of {source}")  # before any env is built
+    if parsed.kind == "arch":  # arch:nosuch built an environment, then "the endpoint could not be judged"
+        from ..model.architectures import refuse_unknown_model_type
+
+        refuse_unknown_model_type(parsed.name, "--model" if model else f"the model label of {source}")
     return CellRef(cell_id.strip(), spec, label, backend, check, dtype)
 
 

@@ -104,6 +104,29 @@ def run_release(version: str, build: Path, shard: tuple[int, int] | None = None,
     return record
 
 
+def check_seed(results_file: Path) -> tuple[dict[str, Any], str]:
+    """(the document, its transformers release) of a ``--seed`` file that can seed the atlas; ``packcheck atlas``
+    checks every one up front, whatever the mode (``--list-releases`` included).
+
+    Raises:
+        PackcheckUsageError: the file does not load (:func:`~pytest_packcheck.results.load_document`: missing, not
+            JSON, not a results document), ran in version environments, or lacks an atlas backend.
+    """
+    from ..results import load_document
+
+    doc = load_document(results_file, "--seed")
+    version = (doc.get("environment") or {}).get("transformers")
+    settings = doc.get("settings") or {}
+    if not version or settings.get("versions"):
+        raise PackcheckUsageError(f"--seed '{results_file}' did not run in one transformers (its environment names "
+                                  f"{version or 'none'}, versions {settings.get('versions')}): seed with one release's run.")
+    lacking = [b for b in ATLAS_BACKENDS if b not in (settings.get("backends") or [])]
+    if lacking or not settings.get("models"):
+        raise PackcheckUsageError(f"--seed '{results_file}' lacks the atlas backends {', '.join(lacking)}: run "
+                                  f"`{reproduce_command(version)}` instead.")
+    return doc, version
+
+
 def seed_release(results_file: Path, build: Path) -> dict[str, Any]:
     """Take a finished results JSON (e.g. ``reports/all-architectures/packcheck-matrix.json``, an
     ``--all-architectures`` run on every backend) as its release's atlas run instead of measuring it again: it
@@ -115,18 +138,7 @@ def seed_release(results_file: Path, build: Path) -> dict[str, Any]:
     """
     import shutil
 
-    from ..results import load_document
-
-    doc = load_document(results_file)
-    version = (doc.get("environment") or {}).get("transformers")
-    settings = doc.get("settings") or {}
-    if not version or settings.get("versions"):
-        raise PackcheckUsageError(f"--seed '{results_file}' did not run in one transformers (its environment names "
-                                  f"{version or 'none'}, versions {settings.get('versions')}): seed with one release's run.")
-    lacking = [b for b in ATLAS_BACKENDS if b not in (settings.get("backends") or [])]
-    if lacking or not settings.get("models"):
-        raise PackcheckUsageError(f"--seed '{results_file}' lacks the atlas backends {', '.join(lacking)}: run "
-                                  f"`{reproduce_command(version)}` instead.")
+    doc, version = check_seed(results_file)
     folder = release_dir(build, version).resolve()
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(results_file, folder / "packcheck-matrix.json")

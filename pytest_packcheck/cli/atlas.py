@@ -47,7 +47,8 @@ def run(ns: argparse.Namespace) -> int:
     """``packcheck atlas``: the releases, then :func:`pytest_packcheck.atlas.main`.
 
     Raises:
-        PackcheckUsageError: bad --releases / --shard, --since newer than --until (or not a version), an -o/--output-dir
+        PackcheckUsageError: an empty value, bad --releases / --shard / --seed, --releases the index lacks, an
+            unknown --bisect-models type, --since newer than --until (or not a version), an -o/--output-dir
             that cannot be written, --render-only with --no-render or with a --build-dir that is not
             a folder, -n or --bisect-limit below 1, an unreachable package index.
     """
@@ -55,8 +56,13 @@ def run(ns: argparse.Namespace) -> int:
 
     from ..atlas import ATLAS_SINCE, AtlasArgs, index_releases, parse_release_list, parse_shard
     from ..atlas import main as atlas_main
+    from ..config.options import refuse_empty
     from ..errors import PackcheckUsageError
 
+    for flag, value in (("--releases", ns.releases), ("--models", ns.models), ("--bisect-models", ns.bisect_models),
+                        ("--shard", ns.shard), ("--since", ns.since), ("--until", ns.until), ("--build-dir", ns.build_dir),
+                        *(("--seed", seed) for seed in ns.seed)):
+        refuse_empty(value, flag)  # `--releases ''` listed every release: an empty value is never "all" (README)
     if ns.render_only and ns.no_render:
         raise PackcheckUsageError("--render-only and --no-render exclude each other: pick one.")
     build_dir = ns.build_dir or ("build/atlas-trl" if ns.trl else "build/atlas")
@@ -77,7 +83,7 @@ def run(ns: argparse.Namespace) -> int:
         if extra:
             raise PackcheckUsageError(f"{', '.join(extra)} do not apply with --trl (its families, backends and modes are "
                                       "fixed: pytest_packcheck/atlas/trl.py): drop them.")
-        planned = parse_release_list(ns.releases, "--releases") if ns.releases else trl_index_releases(ns.since or TRL_SINCE, ns.until)
+        planned = parse_release_list(ns.releases, "--releases") if ns.releases is not None else trl_index_releases(ns.since or TRL_SINCE, ns.until)
         if ns.list_releases:
             import json
 
@@ -89,20 +95,31 @@ def run(ns: argparse.Namespace) -> int:
     for flag, given in (("--bisect-limit", ns.bisect_limit is not None), ("--bisect-models", bool(ns.bisect_models))):
         if given and not ns.bisect:
             print(f"packcheck atlas: warning: {flag} has no effect without --bisect", file=sys.stderr)
-    releases = parse_release_list(ns.releases, "--releases") if ns.releases else index_releases(ns.since or ATLAS_SINCE, ns.until)
+    # every flag is checked whatever the mode (--list-releases included), before the package index is asked
+    shard = parse_shard(ns.shard, "--shard") if ns.shard is not None else None
+    if ns.workers < 1:
+        raise PackcheckUsageError(f"-n/--workers {ns.workers} must be >= 1.")
+    from ..atlas.build import check_seed
+
+    for seed in ns.seed:
+        check_seed(Path(seed))
+    models = [m.strip() for m in ns.models.split(",") if m.strip()] if ns.models is not None else None
+    bisect_models = [m.strip() for m in ns.bisect_models.split(",") if m.strip()] if ns.bisect_models is not None else None
+    if bisect_models:
+        from ..model.architectures import refuse_unknown_model_type
+
+        committed = Path(ns.output_dir) / "support.json"
+        for name in bisect_models:  # a typo bisected nothing and said nothing
+            refuse_unknown_model_type(name, "--bisect-models", str(committed) if committed.is_file() else None)
+    releases = parse_release_list(ns.releases, "--releases") if ns.releases is not None else index_releases(ns.since or ATLAS_SINCE, ns.until)
+    if ns.releases is not None and (ns.list_releases or not ns.render_only):
+        _refuse_unreleased(releases)
     if ns.list_releases:
         import json
 
         print(json.dumps(releases))
         return 0
-    shard = parse_shard(ns.shard, "--shard") if ns.shard else None
-    if ns.workers < 1:
-        raise PackcheckUsageError(f"-n/--workers {ns.workers} must be >= 1.")
-    models = [m.strip() for m in ns.models.split(",") if m.strip()] if ns.models else None
-    bisect_models = [m.strip() for m in ns.bisect_models.split(",") if m.strip()] if ns.bisect_models else None
     _probe_output(ns)
-    if ns.releases and not ns.render_only:
-        _refuse_unreleased(releases)
     return atlas_main(AtlasArgs(releases, Path(ns.build_dir or "build/atlas"), Path(ns.output_dir), shard, ns.workers, ns.render_only,
                                 ns.bisect, ns.bisect_limit, models, bisect_models, ns.seed, ns.no_render, ns.remeasure),
                       log=lambda line: print(line, flush=True))

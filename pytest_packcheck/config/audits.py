@@ -45,6 +45,9 @@ def resolve_audit_path(value: str) -> Path:
         candidate = base / f"{value}.toml"
         if candidate.exists():
             return candidate
+    if path.is_dir():  # a folder is there, so "not found" would send the user looking for the wrong thing
+        raise PackcheckUsageError(f"Audit '{value}' is a directory: give an audit TOML file (e.g. "
+                                  f"{PACKAGE_AUDIT_DIR / 'default.toml'}) or the name of one under audit/.")
     raise PackcheckUsageError(
         f"Audit '{value}' not found (looked for {path} and {value}.toml in ./audit and {PACKAGE_AUDIT_DIR}): "
         "give an existing .toml file or the name of one under audit/."

@@ -70,16 +70,34 @@ def split_values(value: str | list[str] | tuple[str, ...]) -> list[str]:
     return [x.strip() for x in items if x.strip()]
 
 
+def refuse_empty(value: Any, flag: str) -> None:
+    """Refuse a flag given an empty value (``--packcheck-attn ''``, ``atlas --releases ''``: an unset shell
+    variable): it is never read as "the default" or "every one" (README).
+
+    Raises:
+        PackcheckUsageError: ``value`` is a string of nothing but blanks and commas.
+    """
+    if isinstance(value, str) and not value.replace(",", "").strip():
+        raise PackcheckUsageError(f"Empty value {value!r} for {flag} (from the command line): give a value "
+                                  f"(see --help) or leave {flag} out for its default.")
+
+
 def parse_lengths(value: Any, source: str) -> tuple[int, ...]:
     """Example lengths ``"11,1,13"`` (or an audit's ``[11, 1, 13]``) -> (11, 1, 13).
 
     Raises:
-        PackcheckUsageError: not whole numbers >= 1, fewer than two (a packed row needs two examples), every
-            example one token (no next-token label: loss and gradient parity have nothing to judge), or a packed
-            row longer than :data:`MAX_PROBE_TOKENS`. Any other shape runs every check (two examples included).
+        PackcheckUsageError: an empty item (``5,,5``), not whole numbers >= 1, fewer than two (a packed row needs two
+            examples), every example one token (no next-token label: loss and gradient parity have nothing to
+            judge), or a packed row longer than :data:`MAX_PROBE_TOKENS`. Any other shape runs every check (two examples included).
     """
+    from ..model.specs import split_top
+
     value = value if isinstance(value, str) else ",".join(map(str, value))  # an audit's list
-    parts = split_values(value)
+    parts = [p.strip() for p in split_top(value)]
+    empty = [i for i, p in enumerate(parts, 1) if not p]
+    if empty and len(parts) > 1:  # `5,,5` is not `5,5`: one example the user meant is missing (a wholly empty value: below)
+        raise PackcheckUsageError(f"Bad example lengths '{value}' (from {source}): item {empty[0]} of {len(parts)} is "
+                                  f"empty; give one whole number >= 1 per example, e.g. {OPT_LENGTHS}=11,1,13.")
     if len(parts) < 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
         raise PackcheckUsageError(f"Bad example lengths '{value}' (from {source}): give at least two whole numbers >= 1, "
                                   f"comma-separated, e.g. {OPT_LENGTHS}=11,1,13.")

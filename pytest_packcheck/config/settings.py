@@ -39,6 +39,7 @@ from .options import (
     WEIGHTS,
     Option,
     default_of,
+    refuse_empty,
 )
 from .options import split_values as _split
 
@@ -170,9 +171,7 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
     def pick(opt: Option) -> tuple[Any, str]:
         cli = get_option(opt.dest)
         if isinstance(cli, str) and not cli.strip() and opt.flag != OPT_MODELS:
-            # `--packcheck-attn ''` (an unset shell variable): refused, never read as "the default" or "every one"
-            raise PackcheckUsageError(f"Empty value {cli!r} for {opt.flag} (from the command line): give a value "
-                                      f"(see --help) or leave {opt.flag} out for its default.")
+            refuse_empty(cli, opt.flag)  # `--packcheck-attn ''` (an unset shell variable)
         if cli is not None and cli is not False and cli != []:
             return cli, opt.flag
         if opt.env and os.environ.get(opt.env):

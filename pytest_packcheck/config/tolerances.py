@@ -30,7 +30,7 @@ def load_tolerances(path: str | None, overrides: list[str] | None, source: str) 
     """Tolerances per dtype from a TOML file plus ``[dtype.]key=value`` overrides.
 
     Raises:
-        PackcheckUsageError: missing file, bad TOML, unknown dtype or key, or a value out of its key's range
+        PackcheckUsageError: missing file, bad TOML, a file that sets no tolerance, unknown dtype or key, or a value out of its key's range
             (:data:`BOUNDS`; else a non-negative finite number).
     """
     default = PACKAGE_AUDIT_DIR / "tolerances.toml"
@@ -57,6 +57,10 @@ def load_tolerances(path: str | None, overrides: list[str] | None, source: str) 
             if problem:
                 raise PackcheckUsageError(f"Tolerance {dtype}.{key} = {value!r} in {file} (from {source}) {problem}.")
         out[dtype] = {**base.get(dtype, {}), **{k: float(v) for k, v in table.items()}}
+    if not any(data.values()):  # an empty file (or empty tables) would run on the defaults under the file's name
+        raise PackcheckUsageError(f"Tolerance file {file} (from {source}) sets no tolerance: write at least one key under "
+                                  "a dtype table, e.g. [float32] then logits_atol = 1e-4 (see audit/tolerances.toml), "
+                                  "or name no tolerance file for the defaults.")
     for dtype in DTYPES:
         out.setdefault(dtype, dict(base[dtype]))
     label = str(file.name if file == default else file)

@@ -69,6 +69,10 @@ SIZE_BOUNDS = {"vocab_size": 2**24, "hidden_size": 2**18, "intermediate_size": 2
                "max_position_embeddings": 2**24}
 
 
+#: Config keys that must be a positive finite number when a spec sets them (what each is, for the message).
+POSITIVE_KEYS = {"rope_theta": "RoPE base"}
+
+
 #: Config keys holding a token id (one id, or a list of ids for eos): an id outside the vocabulary has no embedding
 #: row. The shrink moves ids at or above its tiny vocabulary into it (shrink.py); an id the user typed outside the
 #: model's own vocabulary is refused (:func:`refuse_absurd_sizes`), as an absurd size is.
@@ -154,6 +158,13 @@ def refuse_absurd_sizes(config: Any | None, spec: ModelSpec, source: str) -> Non
         PackcheckUsageError: naming the key, the value, where it came from and the range.
     """
     found: list[tuple[str, Any, str]] = [(k, v, "override") for k, v in spec.overrides if k.split(".")[-1] in SIZE_BOUNDS]
+    for key, value in spec.overrides:  # a RoPE base <= 0 (rope_theta=-1) gives nan / inf rotations, not a model
+        if key.split(".")[-1] in POSITIVE_KEYS and (isinstance(value, bool) or not isinstance(value, int | float)
+                                                    or not 0 < value < float("inf")):
+            raise PackcheckUsageError(
+                f"Config value {key}={value!r} (in an override of model spec '{spec.raw}' from {_origin(key, value, source)}) "
+                f"is not a {POSITIVE_KEYS[key.split('.')[-1]]} a model can have: expected a positive number, e.g. "
+                f"{key}=1e6; give a real value or leave the key out.")
     if config is None:  # the typed sizes alone (before any config is made: packcheck bisect's --model)
         _refuse_sizes(found, spec, source)
         return
@@ -206,9 +217,13 @@ def apply_overrides(config: Any, spec: ModelSpec, source: str) -> None:
                 from ..errors import PackcheckWarning, closest
 
                 known = [k for c in (config, *(sub for _, sub in _sub_configs(config))) for k in c.to_dict() if isinstance(k, str)]
+                # transformers 5.x keeps rope_theta in the rope_parameters dict: name the key that works
+                holders = [k for k, v in config.to_dict().items() if isinstance(v, dict) and name in v]
+                hint = (f" This transformers keeps '{name}' in {holders[0]}: write {holders[0]}.{name}={value!r}."
+                        if holders else closest(name, known))
                 warnings.warn(f"Config override '{key}' (in model spec '{spec.raw}' from {_origin(key, value, source)}) is not a key of "
                               f"{type(config).__name__} or its sub-configs: set as a new attribute, which the model may "
-                              f"never read.{closest(name, known)}", PackcheckWarning, stacklevel=2)
+                              f"never read.{hint}", PackcheckWarning, stacklevel=2)
         # a copy: transformers rewrites a rope dict it is given in place (5.x standardises rope_scaling into
         # rope_parameters, adding rope_type / rope_theta: None), which would change the spec's own value, its label
         # and the cell IDs a version environment's results are matched by

@@ -106,7 +106,7 @@ def parse_model_spec(raw: str, source: str) -> ModelSpec:
         brace = ("a '}' without its '{'" if "{" not in text else "text after the closing '}'"
                  if "}" in text.partition("{")[2] else "an unclosed '{'")
         raise PackcheckUsageError(f"Malformed model spec '{raw}' (from {source}): {brace}; write the overrides last, in one pair "
-                                  "of braces, e.g. arch:llama{rope_theta=10000}.")
+                                  "of braces, e.g. arch:dbrx{clip_qkv=8}.")
     if not text:
         raise PackcheckUsageError(f"Empty model spec in {source}. Give org/name[@rev], a local directory or arch:<model_type>.")
     if text.startswith("arch:"):

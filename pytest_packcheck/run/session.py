@@ -101,12 +101,21 @@ class PackcheckSession:
         return len(cells), len({c.group for c in cells})
 
     def make_items(self, session: pytest.Session) -> list[pytest.Item]:
-        cells = list(self._planned().values())
+        planned = list(self._planned().values())
         index, count = self.settings.shard
         # whole models per shard (each model is built once), assigned round-robin in audit order
-        cells = [c for c in cells if c.model_index % count == index - 1]
-        if not cells:
+        cells = [c for c in planned if c.model_index % count == index - 1]
+        if not planned:
             raise PackcheckUsageError("The packcheck matrix is empty after filtering: check --packcheck-attn / --packcheck-checks.")
+        if not cells:  # the shard emptied it, not the filters: name the shards that hold a model
+            from ..config.options import OPT_SHARD
+
+            models = sorted({c.model_index for c in planned})
+            held = sorted({m % count + 1 for m in models})
+            where = f"shards 1..{held[-1]}" if held == list(range(1, held[-1] + 1)) else f"shards {', '.join(map(str, held))}"
+            fix = f"use N <= {len(models)}" if count > len(models) else f"use I in {', '.join(map(str, held))}"
+            raise PackcheckUsageError(f"The packcheck matrix is empty: shard {index}/{count} (from {OPT_SHARD} or $PACKCHECK_SHARD) holds no "
+                                      f"model: the {len(models)} model{'s' * (len(models) != 1)} go to {where}; {fix}.")
         # One collector per group (a model, or a version environment): node ids read
         # packcheck::<group>::packcheck[<cell id>], so `--dist loadscope` keeps a group on one xdist worker.
         # (xdist's loadgroup marks no longer reach the node id under pytest 9.2: it sets Node._nodeid, which
