@@ -205,3 +205,18 @@ def test_a_real_kernel_handed_broken_arguments_fails_the_backend_check(flash_ref
     runner._key = (0, BK.REFERENCE_BACKEND, "float32")
     verdict = runner._failed("check", BK.KernelArgumentError("max_seqlen_bound", "max_seqlen_q 5 (longest q segment 7)"))
     assert verdict.status == "fail" and verdict.cause == "kernel_arguments" and verdict.evidence["item"] == "max_seqlen_bound"
+
+
+def test_the_fa4_only_finding_on_a_passing_cell_does_not_say_do_not_run():
+    """Trial W2: a passing varlen-reference cell ("safe") whose only kernel_arguments item is FA4's (a 0-d tensor
+    max_seqlen) got the cause's failing-cell remedy in "What to do": "do not run this model on that flash kernel".
+    The finding beside a pass gets FA4's own advice; a failing backend cell keeps "do not run"."""
+    from pytest_packcheck.analysis.diagnose import remedy
+
+    evidence = "max_seqlen_type: 0-d int32 tensor in 2 of 2 varlen calls; FlashAttention-2 takes it, FlashAttention-4 requires Python int"
+    passing = {"backend": BK.REFERENCE_BACKEND, "check": "backend", "status": "pass", "metrics": {},
+               "findings": [{"cause": "kernel_arguments", "evidence": evidence}]}
+    failing = {**passing, "status": "fail", "causes": [{"cause": "kernel_arguments", "evidence": {"item": "cu_seqlens_dtype"}}]}
+    fa4 = remedy("kernel_arguments", passing, {})
+    assert fa4.startswith("nothing to change on FlashAttention-2") and "do not run" not in fa4
+    assert remedy("kernel_arguments", failing, {}).startswith("do not run this model on that flash kernel")

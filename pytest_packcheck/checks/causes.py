@@ -20,18 +20,22 @@ from ..backends.table import MASKED_BACKENDS
 @dataclass(frozen=True)
 class Remedy:
     """A remedy that replaces the cause's own on the cells it fits: every condition given must hold.
-    ``backends`` / ``checks``: the cell's backend / check is one of them. ``facts``: ``(key, value)`` pairs that
-    the cell's metrics or the cause's own evidence hold (``value`` a type: any value of that type)."""
+    ``backends`` / ``checks`` / ``statuses``: the cell's backend / check / status is one of them (a cause on a
+    cell whose status is "pass" is a finding beside the verdict). ``facts``: ``(key, value)`` pairs that the cell's
+    metrics or the cause's own evidence hold (``value`` a type: any value of that type)."""
 
     text: str
     backends: tuple[str, ...] = ()
     checks: tuple[str, ...] = ()
     facts: tuple[tuple[str, Any], ...] = ()
+    statuses: tuple[str, ...] = ()
 
     def fits(self, cell: dict[str, Any], evidence: dict[str, Any]) -> bool:
         if self.backends and cell.get("backend") not in self.backends:
             return False
         if self.checks and cell.get("check") not in self.checks:
+            return False
+        if self.statuses and cell.get("status") not in self.statuses:
             return False
         metrics = cell.get("metrics") or {}
         return all(_holds(metrics, key, value) or _holds(evidence, key, value) for key, value in self.facts)
@@ -187,7 +191,13 @@ _CAUSES: tuple[Cause, ...] = (
           "a tensor max_seqlen, which FlashAttention-4 does not take)",
           "do not run this model on that flash kernel at this transformers version (its flash path builds arguments "
           "the kernel refuses or misreads, see the backend cell's kernel_arguments); pass cu_seq_lens_q/k (int32) "
-          "and int max_length_q/k from the collator, and report it upstream"),
+          "and int max_length_q/k from the collator, and report it upstream",
+          # the same code as a finding beside a passing backend cell: only an item FlashAttention-4 refuses and
+          # FlashAttention-2 takes (a 0-d tensor max_seqlen; checks.attention)
+          when=(Remedy(statuses=("pass",), text=(
+              "nothing to change on FlashAttention-2 (it takes this argument: the cell passes); on FlashAttention-4, "
+              "which refuses it, pass int max_length_q/k from the collator (DataCollatorWithFlattening("
+              "return_flash_attn_kwargs=True)) or check a transformers that passes Python ints")),)),
     Cause("stand_in_differs",
           "the model's or TRL's code branches on the name flash_attention_2, so under packcheck's stand-in it takes "
           "the non-flash side: the cell says nothing about real FA2 (not checked)",
