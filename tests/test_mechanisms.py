@@ -197,3 +197,19 @@ def test_a_topk_computed_over_the_whole_row_is_a_leak(axk2, monkeypatch):
     isolation = C.check_isolation(axk2)
     axk2._cache.clear()
     assert isolation.status == "fail" and isolation.cause == "leak", isolation.message
+
+
+def test_derived_layer_kinds_reads_no_deprecated_property(monkeypatch):
+    """Trial U10: the shrink read every property of the config to find derived layer kinds, so transformers 5.x
+    logged "`torch_dtype` is deprecated! Use `dtype` instead!" (and use_return_dict's) on `packcheck bench`. The base
+    class's properties are not read; jamba's derived ``layers_block_type`` is still found."""
+    import transformers.configuration_utils as cu
+    from transformers import JambaConfig, LlamaConfig
+
+    from pytest_packcheck.model.shrink import derived_layer_kinds
+
+    said = []
+    monkeypatch.setattr(cu.logger, "warning_once", lambda msg, *a, **k: said.append(str(msg)))
+    assert derived_layer_kinds(LlamaConfig()) == {}
+    assert derived_layer_kinds(JambaConfig())["layers_block_type"] == {"attention", "mamba"}
+    assert not [m for m in said if "deprecated" in m], said

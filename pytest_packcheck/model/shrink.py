@@ -103,12 +103,17 @@ def derived_layer_kinds(config: Any) -> dict[str, set[str]]:
     """Layer kinds a config derives rather than lists: every property that returns one string per layer
     (jamba's ``layers_block_type`` from ``attn_layer_period`` / ``attn_layer_offset``, recurrent_gemma's from its
     cycled ``block_types``), by property name. Serialised per-layer lists are covered by the shrink itself."""
+    from transformers import PretrainedConfig
+
     n_layers = getattr(config, "num_hidden_layers", None)
     kinds: dict[str, set[str]] = {}
     if not isinstance(n_layers, int):
         return kinds
+    # the base class's own properties describe no layers, and some only warn (5.x: torch_dtype, use_return_dict
+    # log "is deprecated! Use dtype instead!" on every read: `packcheck bench` printed it)
+    generic = {n for k in PretrainedConfig.__mro__ for n, v in vars(k).items() if isinstance(v, property)}
     for name in dir(type(config)):
-        if not isinstance(getattr(type(config), name, None), property):
+        if name in generic or not isinstance(getattr(type(config), name, None), property):
             continue
         try:
             value = getattr(config, name)
