@@ -607,6 +607,36 @@ def test_numerics_band_float32_fails_with_a_real_remedy(llama_sdpa):
     assert "widen logits_atol" in result.remedy and "none needed" not in result.remedy
 
 
+def test_rounding_noise_under_a_zero_tolerance_is_numerics_not_positions(llama_sdpa):
+    """Before: tolerance 0 on a correct float32 row gave FAIL wrong_positions ("differ by 4.77e-07 ... moves the
+    others by 0.00e+00") with a position_ids remedy; a few ulps are kernel_numerics (the audit's rule, within_numerics)."""
+    model, batch = llama_sdpa.model, llama_sdpa.packed()
+    model.config.use_cache = False
+    total = batch["input_ids"].shape[1]
+
+    def one_ulp(module, args, out):  # planted rounding noise: the packed row's logits one ulp up, the solo runs as they are
+        return torch.nextafter(out, torch.full_like(out, float("inf"))) if out.shape[1] == total else out
+
+    handle = model.lm_head.register_forward_hook(one_ulp)
+    try:
+        result = verify_packed_batch(model, batch, tolerances={"float32": {"logits_atol": 0.0, "loss_atol": 0.0}})
+    finally:
+        handle.remove()
+    assert 0 < result.max_logprob_diff < 1e-5 and result.probes["isolation_moved"] == 0.0, result.line()
+    assert result.verdict == "fail" and result.cause == "kernel_numerics", result.line()
+    assert "position_ids" not in result.remedy and "widen logits_atol" in result.remedy
+    assert "float32 rounding" in result.evidence
+
+
+def test_numerics_rule_has_a_rounding_floor():
+    from pytest_packcheck.checks.registry import NUMERICS_FACTOR, rounding_level, within_numerics
+
+    assert within_numerics(4.77e-7, 0.0, "float32", scale=4.85)  # one ulp at |log-prob| 4.85
+    assert not within_numerics(1e-3, 0.0, "float32", scale=4.85)
+    assert within_numerics(NUMERICS_FACTOR * 1e-4, 1e-4) and not within_numerics(NUMERICS_FACTOR * 1.1e-4, 1e-4)
+    assert rounding_level("bfloat16") == 2.0 ** -7 and not within_numerics(float("nan"), 1.0)
+
+
 # ------------------------------------------------------------------------------------------------------------
 # Issue 28's guard items: nothing judged is not a pass, a non-finite number never passes, 0.0 never fails
 

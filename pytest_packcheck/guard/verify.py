@@ -73,8 +73,9 @@ def verify_packed_batch(
     The tolerance row is the dtype the forward computes in, read inside it (:class:`_ComputeProbe`): an active
     autocast, else bf16/fp16 weights, else the LM head's output, else float32; ``dtype_source`` says which
     ("autocast bfloat16 over float32 weights"). A difference above the row's tolerance but within
-    :data:`~pytest_packcheck.checks.registry.NUMERICS_FACTOR` times it, with every attention call keeping the
-    boundaries, is rerun in float32 (autocast off) when the weights are float32: a pass with a note when float32
+    :data:`~pytest_packcheck.checks.registry.NUMERICS_FACTOR` times it (or times the dtype's rounding level where
+    the tolerance is below it: :func:`~pytest_packcheck.checks.registry.within_numerics`), with every attention call
+    keeping the boundaries, is rerun in float32 (autocast off) when the weights are float32: a pass with a note when float32
     agrees; without float32 weights it fails as ``kernel_numerics`` with the float32 check as remedy.
 
     Cost: the packed forward plus one forward per labelled example of the row, under ``torch.no_grad`` in eval
