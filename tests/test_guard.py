@@ -416,7 +416,7 @@ def _short_labels(b):
     (_cu_disagree, "collator_contract", "cu_seq_lens_q start examples at [0, 11]", "from the same segmentation"),
     (_labels_unmasked, "collator_contract", "labels not -100 at 2 example starts (token indices [11, 18])",
      "-100 at each example's first token"),
-    (_cu_short, "collator_contract", "do not run non-decreasing from 0 to the row length 31", "non-decreasing from 0"),
+    (_cu_short, "collator_contract", "[0, 11, 18, 30] end at 30, not the row length 31", "non-decreasing from 0"),
     (_cu_empty, "empty_example", "hold a zero-length example", "drop empty examples"),
     (_cu_k, "collator_contract", "cu_seq_lens_k [0, 10, 18, 31] differ", "must equal cu_seq_lens_q"),
     (_max_length, "collator_contract", "max_length_q 5 is below the longest example (13 tokens)", "at least the longest"),
@@ -430,6 +430,21 @@ def test_contract_item_fails_the_batch(llama_sdpa, plant, cause, evidence, remed
     assert result.verdict == "fail" and result.cause == cause, result.line()
     assert evidence in result.evidence and remedy in result.remedy, result.line()
     assert cause in result.causes
+
+
+@pytest.mark.parametrize(("offsets", "says"), [
+    ([0, 18, 11, 31], "cu_seq_lens_q [0, 18, 11, 31] decrease at index 2 (18 > 11)"),
+    ([0, 11, 18, 40], "cu_seq_lens_q [0, 11, 18, 40] end at 40, not the row length 31"),
+    ([], "cu_seq_lens_q [] hold no offset (empty), expected 0, ..., 31"),
+], ids=["decreasing", "past_the_row", "empty"])
+def test_malformed_cu_seq_lens_alone_names_what_is_wrong(llama_sdpa, offsets, says):
+    """Before: "one example in the row: nothing to compare; cu_seq_lens_q [...] do not run non-decreasing ..." for a
+    row whose only segmentation is cu_seq_lens_q declaring three examples; the evidence names the broken offset."""
+    llama_sdpa.model.config.use_cache = False
+    batch = {"input_ids": llama_sdpa.packed()["input_ids"], "cu_seq_lens_q": torch.tensor(offsets, dtype=torch.int32)}
+    result = verify_packed_batch(llama_sdpa.model, batch)
+    assert result.verdict == "fail" and result.cause == "collator_contract", result.line()
+    assert result.evidence == says and "one example" not in result.line(), result.line()
 
 
 @pytest.mark.parametrize("plant", [_no_reset, _restart_at_5], ids=["no_reset", "restart_at_5"])

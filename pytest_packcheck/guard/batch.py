@@ -169,6 +169,22 @@ def check_fields(batch: Any, device: Any = None) -> Any:
     return ids
 
 
+def _cu_form_problems(cu: list[int], total: int) -> list[str]:
+    """What keeps the offsets ``cu`` (cu_seq_lens_q) from running non-decreasing from 0 to ``total``, each named
+    with its values ("decrease at index 2 (18 > 11)", "end at 40, not the row length 31"); [] when they do."""
+    if not cu:
+        return [f"hold no offset (empty), expected 0, ..., {total}"]
+    if len(cu) == 1:
+        return [f"hold one offset, expected 0, ..., {total}"]
+    out = [] if cu[0] == 0 else [f"start at {cu[0]}, not 0"]
+    down = next((i for i in range(1, len(cu)) if cu[i] < cu[i - 1]), None)
+    if down is not None:
+        out.append(f"decrease at index {down} ({cu[down - 1]} > {cu[down]})")
+    if cu[-1] != total:
+        out.append(f"end at {cu[-1]}, not the row length {total}")
+    return out
+
+
 def parse_row(batch: Any, config: Any = None) -> _Row:
     """Validate ``batch`` as one packed row and split it into examples at every boundary the batch declares:
     the position_ids restarts (any break in +1 steps; the text row of ``(R, 1, N)`` M-RoPE ids), the
@@ -274,10 +290,9 @@ def parse_row(batch: Any, config: Any = None) -> _Row:
                                              f"({len(wrong)} of {len(pos_starts)} examples)"), "restart"))
     cu_q = cu.get("cu_seq_lens_q")
     if cu_q is not None:
-        ok = len(cu_q) >= 2 and cu_q[0] == 0 and cu_q[-1] == total and all(b >= a for a, b in itertools.pairwise(cu_q))
-        if not ok:
-            items.append(("collator_contract", (f"cu_seq_lens_q {cu_q[:8]} do not run non-decreasing from 0 to the row length "
-                                               f"{total}"), "cu_form"))
+        wrong_form = _cu_form_problems(cu_q, total)
+        if wrong_form:
+            items.append(("collator_contract", f"cu_seq_lens_q {cu_q[:8]} {' and '.join(wrong_form)}", "cu_form"))
         else:
             if any(b == a for a, b in itertools.pairwise(cu_q)):
                 items.append(("empty_example", f"cu_seq_lens_q {cu_q[:8]} hold a zero-length example", "empty"))

@@ -281,7 +281,7 @@ def _measure(model: Any, row: _Row, run: dict[str, Any], cache: bool, fused: boo
     if len(row.slices) < 2:
         return _finish(GuardResult(**{**base, "verdict": "skipped" if not row.items else "fail"}, **empty,
                                    cause=contract_cause, remedy=_contract_remedy(row) if row.items else "",
-                                   evidence="; ".join(["one example in the row: nothing to compare", *row.problems]),
+                                   evidence="; ".join(row.problems or ["one example in the row: nothing to compare"]),
                                    tolerance=tol, attention=attention, forwards=forwards[0]), model)
     try:
         solo, which = _solo(model, row, targets, fused, forwards)
