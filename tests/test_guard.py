@@ -432,6 +432,41 @@ def test_contract_item_fails_the_batch(llama_sdpa, plant, cause, evidence, remed
     assert cause in result.causes
 
 
+def _seq_idx(batch, starts):
+    """An int32 seq_idx (1, N) whose segments start at ``starts`` (DataCollatorWithFlattening(return_seq_idx=True)'s form)."""
+    seq = torch.zeros_like(batch["input_ids"], dtype=torch.int32)
+    for s in starts[1:]:
+        seq[0, s:] += 1
+    return seq
+
+
+@pytest.mark.parametrize(("starts", "says"), [
+    ([0], "position_ids restart at tokens [0, 11, 18], seq_idx starts segments at [0]"),
+    ([0, 11, 18, 23], "position_ids restart at tokens [0, 11, 18], seq_idx starts segments at [0, 11, 18, 23]"),
+], ids=["one_segment", "one_boundary_more"])
+def test_seq_idx_disagreeing_with_position_ids_fails_the_batch(llama_sdpa, starts, says):
+    """Before: a seq_idx of one segment beside three position_ids restarts passed with no word (one boundary more was
+    blamed on the labels only); seq_idx is compared with the position_ids restarts as cu_seq_lens_q is."""
+    llama_sdpa.model.config.use_cache = False
+    batch = llama_sdpa.packed()
+    batch["seq_idx"] = _seq_idx(batch, starts)
+    result = verify_packed_batch(llama_sdpa.model, batch)
+    assert result.verdict == "fail" and result.cause == "collator_contract", result.line()
+    assert says in result.evidence and "return_seq_idx=True" in result.remedy, result.line()
+
+
+def test_seq_idx_disagreeing_with_cu_seq_lens_fails_and_agreeing_passes(llama_sdpa):
+    llama_sdpa.model.config.use_cache = False
+    batch = llama_sdpa.packed(flash_kwargs=True)
+    batch["seq_idx"] = _seq_idx(batch, [0, 11, 18])
+    assert verify_packed_batch(llama_sdpa.model, batch).verdict == "pass"
+    del batch["position_ids"]
+    batch["seq_idx"] = _seq_idx(batch, [0, 11])
+    result = verify_packed_batch(llama_sdpa.model, batch)
+    assert result.cause == "collator_contract", result.line()
+    assert "cu_seq_lens_q start examples at [0, 11, 18], seq_idx starts segments at [0, 11]" in result.evidence
+
+
 @pytest.mark.parametrize(("offsets", "says"), [
     ([0, 18, 11, 31], "cu_seq_lens_q [0, 18, 11, 31] decrease at index 2 (18 > 11)"),
     ([0, 11, 18, 40], "cu_seq_lens_q [0, 11, 18, 40] end at 40, not the row length 31"),

@@ -28,6 +28,8 @@ CONTRACT_REMEDIES = {
     "cu_agree": ("return position_ids and cu_seq_lens_q/k from the same segmentation "
                  "(DataCollatorWithFlattening(return_position_ids=True, return_flash_attn_kwargs=True))"),
     "cu_form": "cu_seq_lens_q/k must run non-decreasing from 0 to the row's length (DataCollatorWithFlattening builds them)",
+    "seq_agree": ("return seq_idx from the same segmentation as position_ids and cu_seq_lens_q "
+                  "(DataCollatorWithFlattening(return_position_ids=True, return_seq_idx=True))"),
     "cu_qk": "for a packed row cu_seq_lens_k must equal cu_seq_lens_q (self-attention over the same examples)",
     "max_length": "max_length_q/k must be at least the longest example (DataCollatorWithFlattening sets it)",
     "labels": ("set labels to -100 at each example's first token, so no example is trained to predict the next one's "
@@ -193,7 +195,8 @@ def parse_row(batch: Any, config: Any = None) -> _Row:
 
     Contract items (each fails the batch with a cause code and a remedy, :data:`CONTRACT_REMEDIES`): per-token
     keys of different lengths (no numbers then), position_ids that restart anywhere but at the architecture's
-    first id (0; padding_idx + 1 for RoBERTa-likes), position_ids disagreeing with ``cu_seq_lens_q``,
+    first id (0; padding_idx + 1 for RoBERTa-likes), segmentations that disagree (``cu_seq_lens_q`` or ``seq_idx``
+    starting examples elsewhere than the position_ids restarts, or ``seq_idx`` elsewhere than ``cu_seq_lens_q``),
     ``cu_seq_lens_q`` not running non-decreasing from 0 to the row length, ``cu_seq_lens_k`` unlike
     ``cu_seq_lens_q``, ``max_length_q`` below the longest example, zero-length examples, labels that are not -100
     at example starts. Notes (no verdict of their own): an attention_mask beside the row (the reruns measure
@@ -279,11 +282,13 @@ def parse_row(batch: Any, config: Any = None) -> _Row:
                              "(return_position_ids=True) or SFTConfig(padding_free=True).")
     first = position_ids_start(text) if text is not None and hasattr(text, "model_type") else 0
     boundaries = {0}
-    pos_starts: list[int] | None = None
+    #: every segmentation the batch declares, as (what it says, example starts, remedy key): they must agree
+    segmentations: list[tuple[str, list[int], str]] = []
     if isinstance(pos, torch.Tensor) and not fatal:
         p = (pos[0, 0] if pos.ndim == 3 else pos[0]).tolist()
         pos_starts = [0] + [i for i in range(1, total) if p[i] != p[i - 1] + 1]
         boundaries.update(pos_starts)
+        segmentations.append(("position_ids restart at tokens", pos_starts, "restart"))
         wrong = [s for s in pos_starts if p[s] != first]
         if wrong:
             items.append(("wrong_positions", (f"position_ids restart at {p[wrong[0]]}, not {first}, at token {wrong[0]} "
@@ -298,16 +303,21 @@ def parse_row(batch: Any, config: Any = None) -> _Row:
                 items.append(("empty_example", f"cu_seq_lens_q {cu_q[:8]} hold a zero-length example", "empty"))
             cu_starts = sorted(set(cu_q[:-1]))
             boundaries.update(cu_starts)
-            if pos_starts is not None and pos_starts != cu_starts:
-                items.append(("collator_contract", (f"position_ids restart at tokens {pos_starts[:8]}, cu_seq_lens_q start "
-                                                   f"examples at {cu_starts[:8]}"), "cu_agree"))
+            segmentations.append(("cu_seq_lens_q start examples at", cu_starts, "cu_agree"))
         cu_k = cu.get("cu_seq_lens_k")
         if cu_k is not None and cu_k != cu_q:
             items.append(("collator_contract", f"cu_seq_lens_k {cu_k[:8]} differ from cu_seq_lens_q {cu_q[:8]}", "cu_qk"))
     seq_idx = batch.get("seq_idx")
     if isinstance(seq_idx, torch.Tensor) and not fatal:
         s = seq_idx[0].tolist()
-        boundaries.update(i for i in range(1, total) if s[i] != s[i - 1])
+        seq_starts = [0] + [i for i in range(1, total) if s[i] != s[i - 1]]
+        boundaries.update(seq_starts)
+        segmentations.append(("seq_idx starts segments at", seq_starts, "seq_agree"))
+    if segmentations:  # each against the first (position_ids where given): the model reads one, the reference all
+        said, starts0, _ = segmentations[0]
+        for text, other, key in segmentations[1:]:
+            if other != starts0:
+                items.append(("collator_contract", f"{said} {starts0[:8]}, {text} {other[:8]}", key))
     starts = sorted(b for b in boundaries if b < total)
     ends = [*starts[1:], total]
     longest = max(e - s for s, e in zip(starts, ends, strict=True))
