@@ -506,6 +506,56 @@ def test_unmasked_labels_show_in_the_trainer_loss(llama_sdpa):
     assert result.loss_delta > result.tolerance["loss_atol"], result.line()
 
 
+@pytest.mark.parametrize("head", ["LlamaModel", "LlamaForSequenceClassification"])
+def test_a_model_without_lm_head_is_a_usage_error(llama_sdpa, head):
+    """Before: FAIL crash (AttributeError: no attribute 'logits' / an IndexError on the mask), a packing FAIL under
+    PackcheckCallback's on_mismatch="raise"; a model that returns no logits over the vocabulary is refused up front."""
+    from types import SimpleNamespace
+
+    import transformers
+
+    model = getattr(transformers, head)(llama_sdpa.config)
+    with pytest.raises(PackcheckUsageError, match=f"model is a {head}, which has no LM head .*pass that model") as info:
+        verify_packed_batch(model.eval(), llama_sdpa.packed())
+    assert "\n" not in str(info.value)
+    callback = PackcheckCallback()
+    callback.on_train_begin(SimpleNamespace(output_dir=None), SimpleNamespace(), None, model=model.train())
+    with pytest.raises(PackcheckUsageError, match="no LM head"):
+        model(**llama_sdpa.packed())
+
+
+def test_causal_lms_under_any_name_or_wrapper_are_accepted(llama_sdpa):
+    """The other side of the LM-head check: a subclass not named ...ForCausalLM keeps its lm_head, and a wrapper
+    that delegates attributes (PEFT's PeftModel does, through __getattr__) shows its inner model's head."""
+    llama_sdpa.model.config.use_cache = False
+
+    class ChatModel(type(llama_sdpa.model)):
+        pass
+
+    renamed = ChatModel(llama_sdpa.config)
+    renamed.load_state_dict(llama_sdpa.model.state_dict())
+    renamed.config.use_cache = False
+
+    class Delegating(torch.nn.Module):  # PeftModel's shape: forward and attributes go to the wrapped model
+        def __init__(self, inner):
+            super().__init__()
+            self.base_model = inner
+
+        def __getattr__(self, name):
+            try:
+                return super().__getattr__(name)
+            except AttributeError:
+                return getattr(self.base_model, name)
+
+        def forward(self, *args, **kwargs):
+            return self.base_model(*args, **kwargs)
+
+    for model in (renamed.eval(), Delegating(llama_sdpa.model).eval()):
+        assert model.get_output_embeddings() is not None
+        result = verify_packed_batch(model, llama_sdpa.packed())
+        assert result.verdict == "pass", result.line()
+
+
 def test_int64_cu_seq_lens_is_a_verdict(llama_sdpa):
     """int64 cu_seq_lens_q: a note where the backend takes it (sdpa ignores it); a contract failure with the
     kernel's own error where it refuses it (flash-attn 2.x raises), never an exception out of the guard."""
