@@ -891,6 +891,28 @@ def test_good_scalars_still_pass(llama_sdpa):
         assert verify_packed_batch(llama_sdpa.model, row, use_cache=False).verdict == "pass"
 
 
+def test_num_items_in_batch_below_the_rows_own_count_fails(llama_sdpa, monkeypatch):
+    """Before: num_items_in_batch 5 beside a row of 28 scored label tokens passed with no word. Below the row's own
+    count it is a collator_contract failure naming both numbers; above it (gradient accumulation's whole-step count)
+    nothing is said; where the Trainer may divide it (DataParallel, tensor / context parallel) it is a note."""
+    from pytest_packcheck.guard import batch as guard_batch
+
+    llama_sdpa.model.config.use_cache = False
+    batch = llama_sdpa.packed()
+    assert int((batch["labels"][:, 1:] != -100).sum()) == 28
+    result = verify_packed_batch(llama_sdpa.model, {**batch, "num_items_in_batch": 5})
+    assert result.verdict == "fail" and result.cause == "collator_contract", result.line()
+    assert "num_items_in_batch 5 is below this row's own 28 scored label tokens" in result.evidence
+    assert "labels[..., 1:] != -100" in result.remedy
+    for count in (28, torch.tensor(112.0), 500):  # the accumulation step's count: this row and others
+        larger = verify_packed_batch(llama_sdpa.model, {**batch, "num_items_in_batch": count})
+        assert larger.verdict == "pass" and not any("num_items" in n for n in larger.notes), larger.line()
+    monkeypatch.setattr(guard_batch, "_count_may_be_divided", lambda: True)
+    divided = verify_packed_batch(llama_sdpa.model, {**batch, "num_items_in_batch": 14})
+    assert divided.verdict == "pass", divided.line()
+    assert any("num_items_in_batch 14 is below this row's own 28" in n and "tp * cp * sp" in n for n in divided.notes)
+
+
 @pytest.mark.parametrize(("bad", "message"), [
     ({"float32": {"logits_atol": 1e-4}}, "tolerances['float32'] has no 'loss_atol' (given: 'logits_atol')"),
     ({"float32": {"logits_atol": "1e-4", "loss_atol": 1e-5}}, "tolerances['float32']['logits_atol'] = '1e-4'"),

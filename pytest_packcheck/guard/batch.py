@@ -30,6 +30,9 @@ CONTRACT_REMEDIES = {
     "cu_form": "cu_seq_lens_q/k must run non-decreasing from 0 to the row's length (DataCollatorWithFlattening builds them)",
     "seq_agree": ("return seq_idx from the same segmentation as position_ids and cu_seq_lens_q "
                   "(DataCollatorWithFlattening(return_position_ids=True, return_seq_idx=True))"),
+    "num_items": ("count num_items_in_batch as the scored label tokens after the shift ((labels[..., 1:] != -100).sum()) "
+                  "over every micro-batch of the accumulation step, as transformers' Trainer does: never fewer than one "
+                  "row's own"),
     "cu_qk": "for a packed row cu_seq_lens_k must equal cu_seq_lens_q (self-attention over the same examples)",
     "max_length": "max_length_q/k must be at least the longest example (DataCollatorWithFlattening sets it)",
     "labels": ("set labels to -100 at each example's first token, so no example is trained to predict the next one's "
@@ -199,7 +202,8 @@ def parse_row(batch: Any, config: Any = None) -> _Row:
     starting examples elsewhere than the position_ids restarts, or ``seq_idx`` elsewhere than ``cu_seq_lens_q``),
     ``cu_seq_lens_q`` not running non-decreasing from 0 to the row length, ``cu_seq_lens_k`` unlike
     ``cu_seq_lens_q``, ``max_length_q`` below the longest example, zero-length examples, labels that are not -100
-    at example starts. Notes (no verdict of their own): an attention_mask beside the row (the reruns measure
+    at example starts, a ``num_items_in_batch`` below the row's own scored label tokens (a note instead where the
+    Trainer may divide it: :func:`_count_may_be_divided`; a larger count is gradient accumulation's, never flagged). Notes (no verdict of their own): an attention_mask beside the row (the reruns measure
     it), ``cu_seq_lens_q`` not int32 (flash-attn 2.x refuses it; the packed run shows whether this backend does).
 
     Raises:
@@ -331,9 +335,31 @@ def parse_row(batch: Any, config: Any = None) -> _Row:
         if unmasked:
             items.append(("collator_contract", (f"labels not -100 at {len(unmasked)} example starts (token indices "
                                                f"{unmasked[:5]}): the trainer scores those tokens across the boundary"), "labels"))
+    count = _int_or_none(batch.get("num_items_in_batch"))
+    if count is not None and isinstance(labels, torch.Tensor) and not fatal:
+        scored = int((labels[..., 1:] != IGNORE_INDEX).sum())
+        if count < scored:
+            said = (f"num_items_in_batch {count} is below this row's own {scored} scored label tokens (labels != -100 "
+                    "after the shift): the loss is divided by too few tokens")
+            if _count_may_be_divided():
+                notes.append(f"{said}, unless the Trainer divided it (DataParallel // n_gpu; / tp * cp * sp size)")
+            else:
+                items.append(("collator_contract", said, "num_items"))
     if isinstance(batch.get("attention_mask"), torch.Tensor):
         notes.append("an attention_mask rides beside the packed row (eager/sdpa/flex then build no packed mask)")
     return _Row(dict(batch), total, [slice(s, e) for s, e in zip(starts, ends, strict=True)], items, notes, fatal, first)
+
+
+def _count_may_be_divided() -> bool:
+    """True where transformers' Trainer may hand a num_items_in_batch below one row's own count: several processes
+    (tensor / context / sequence parallel divide it by tp * cp * sp size) or several visible GPUs in one process
+    (DataParallel: // n_gpu). Elsewhere it counts the whole accumulation step, never less than one row."""
+    import torch
+
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return True
+    return torch.cuda.is_available() and torch.cuda.device_count() > 1
 
 
 def _targets(row: _Row) -> tuple[Any, Any]:
