@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import sys
@@ -699,10 +700,27 @@ def test_numerics_band_bf16_weights_fails_with_a_real_remedy(llama_sdpa):
     assert "none needed" not in result.remedy and "float32 copy" in result.remedy
 
 
+@contextlib.contextmanager
+def _one_ulp_on_the_packed_row(model, total):
+    """Planted rounding noise: the packed row's logits (length ``total``) one ulp up, the solo runs as they are; a
+    float32 packed-vs-solo difference that does not depend on the machine's kernels (some give exactly 0)."""
+    def one_ulp(module, args, out):
+        return torch.nextafter(out, torch.full_like(out, float("inf"))) if out.shape[1] == total else out
+
+    handle = model.lm_head.register_forward_hook(one_ulp)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 def test_numerics_band_float32_fails_with_a_real_remedy(llama_sdpa):
     llama_sdpa.model.config.use_cache = False
-    first = verify_packed_batch(llama_sdpa.model, llama_sdpa.packed())
-    result = verify_packed_batch(llama_sdpa.model, llama_sdpa.packed(), tolerances={"float32": _band(first.max_logprob_diff)})
+    batch = llama_sdpa.packed()
+    with _one_ulp_on_the_packed_row(llama_sdpa.model, batch["input_ids"].shape[1]):
+        first = verify_packed_batch(llama_sdpa.model, batch)
+        assert first.max_logprob_diff > 0, first.line()
+        result = verify_packed_batch(llama_sdpa.model, batch, tolerances={"float32": _band(first.max_logprob_diff)})
     assert result.verdict == "fail" and result.cause == "kernel_numerics", result.line()
     assert "widen logits_atol" in result.remedy and "none needed" not in result.remedy
 
@@ -712,16 +730,8 @@ def test_rounding_noise_under_a_zero_tolerance_is_numerics_not_positions(llama_s
     others by 0.00e+00") with a position_ids remedy; a few ulps are kernel_numerics (the audit's rule, within_numerics)."""
     model, batch = llama_sdpa.model, llama_sdpa.packed()
     model.config.use_cache = False
-    total = batch["input_ids"].shape[1]
-
-    def one_ulp(module, args, out):  # planted rounding noise: the packed row's logits one ulp up, the solo runs as they are
-        return torch.nextafter(out, torch.full_like(out, float("inf"))) if out.shape[1] == total else out
-
-    handle = model.lm_head.register_forward_hook(one_ulp)
-    try:
+    with _one_ulp_on_the_packed_row(model, batch["input_ids"].shape[1]):
         result = verify_packed_batch(model, batch, tolerances={"float32": {"logits_atol": 0.0, "loss_atol": 0.0}})
-    finally:
-        handle.remove()
     assert 0 < result.max_logprob_diff < 1e-5 and result.probes["isolation_moved"] == 0.0, result.line()
     assert result.verdict == "fail" and result.cause == "kernel_numerics", result.line()
     assert "position_ids" not in result.remedy and "widen logits_atol" in result.remedy
