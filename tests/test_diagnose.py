@@ -106,7 +106,7 @@ class _ProbedBench:
                  window: dict | None = None) -> None:
         from pytest_packcheck.config.tolerances import load_tolerances
 
-        self.model, self.collator_factory, self.backend = object(), object(), backend
+        self.model, self.collator_factory, self.backend, self.dtype = object(), object(), backend, "float32"
         self.tol = load_tolerances(None, None, "test")[0]["float32"]
         self.lengths = [11, 7, 13]
         self.config = type("Config", (), {"sliding_window": 8 if window else None})()
@@ -157,6 +157,15 @@ def test_mismatch_cause_rules(bench, diff, expected):
     if cause == "wrong_positions":
         assert evidence["diff"] == diff
     assert "diff" not in mismatch_cause(bench, None)[1]
+
+
+def test_mismatch_cause_zero_tolerance_rounding_is_numerics():
+    """The audit shares the guard's numerics rule (registry.within_numerics): under logits_atol 0 a float32 difference
+    of a few ulps, isolation holding, is kernel_numerics (was wrong_positions); a real difference is still positions."""
+    from pytest_packcheck.checks.probes import mismatch_cause
+
+    assert mismatch_cause(_ProbedBench(0.0, [], "reached"), 4.77e-7, 0.0)[0] == "kernel_numerics"
+    assert mismatch_cause(_ProbedBench(0.0, [], "reached"), 1e-3, 0.0)[0] == "wrong_positions"
 
 
 def test_stateful_evidence_names_at_most_three_layers():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import sys
@@ -416,7 +417,7 @@ def _short_labels(b):
     (_cu_disagree, "collator_contract", "cu_seq_lens_q start examples at [0, 11]", "from the same segmentation"),
     (_labels_unmasked, "collator_contract", "labels not -100 at 2 example starts (token indices [11, 18])",
      "-100 at each example's first token"),
-    (_cu_short, "collator_contract", "do not run non-decreasing from 0 to the row length 31", "non-decreasing from 0"),
+    (_cu_short, "collator_contract", "[0, 11, 18, 30] end at 30, not the row length 31", "non-decreasing from 0"),
     (_cu_empty, "empty_example", "hold a zero-length example", "drop empty examples"),
     (_cu_k, "collator_contract", "cu_seq_lens_k [0, 10, 18, 31] differ", "must equal cu_seq_lens_q"),
     (_max_length, "collator_contract", "max_length_q 5 is below the longest example (13 tokens)", "at least the longest"),
@@ -430,6 +431,56 @@ def test_contract_item_fails_the_batch(llama_sdpa, plant, cause, evidence, remed
     assert result.verdict == "fail" and result.cause == cause, result.line()
     assert evidence in result.evidence and remedy in result.remedy, result.line()
     assert cause in result.causes
+
+
+def _seq_idx(batch, starts):
+    """An int32 seq_idx (1, N) whose segments start at ``starts`` (DataCollatorWithFlattening(return_seq_idx=True)'s form)."""
+    seq = torch.zeros_like(batch["input_ids"], dtype=torch.int32)
+    for s in starts[1:]:
+        seq[0, s:] += 1
+    return seq
+
+
+@pytest.mark.parametrize(("starts", "says"), [
+    ([0], "position_ids restart at tokens [0, 11, 18], seq_idx starts segments at [0]"),
+    ([0, 11, 18, 23], "position_ids restart at tokens [0, 11, 18], seq_idx starts segments at [0, 11, 18, 23]"),
+], ids=["one_segment", "one_boundary_more"])
+def test_seq_idx_disagreeing_with_position_ids_fails_the_batch(llama_sdpa, starts, says):
+    """Before: a seq_idx of one segment beside three position_ids restarts passed with no word (one boundary more was
+    blamed on the labels only); seq_idx is compared with the position_ids restarts as cu_seq_lens_q is."""
+    llama_sdpa.model.config.use_cache = False
+    batch = llama_sdpa.packed()
+    batch["seq_idx"] = _seq_idx(batch, starts)
+    result = verify_packed_batch(llama_sdpa.model, batch)
+    assert result.verdict == "fail" and result.cause == "collator_contract", result.line()
+    assert says in result.evidence and "return_seq_idx=True" in result.remedy, result.line()
+
+
+def test_seq_idx_disagreeing_with_cu_seq_lens_fails_and_agreeing_passes(llama_sdpa):
+    llama_sdpa.model.config.use_cache = False
+    batch = llama_sdpa.packed(flash_kwargs=True)
+    batch["seq_idx"] = _seq_idx(batch, [0, 11, 18])
+    assert verify_packed_batch(llama_sdpa.model, batch).verdict == "pass"
+    del batch["position_ids"]
+    batch["seq_idx"] = _seq_idx(batch, [0, 11])
+    result = verify_packed_batch(llama_sdpa.model, batch)
+    assert result.cause == "collator_contract", result.line()
+    assert "cu_seq_lens_q start examples at [0, 11, 18], seq_idx starts segments at [0, 11]" in result.evidence
+
+
+@pytest.mark.parametrize(("offsets", "says"), [
+    ([0, 18, 11, 31], "cu_seq_lens_q [0, 18, 11, 31] decrease at index 2 (18 > 11)"),
+    ([0, 11, 18, 40], "cu_seq_lens_q [0, 11, 18, 40] end at 40, not the row length 31"),
+    ([], "cu_seq_lens_q [] hold no offset (empty), expected 0, ..., 31"),
+], ids=["decreasing", "past_the_row", "empty"])
+def test_malformed_cu_seq_lens_alone_names_what_is_wrong(llama_sdpa, offsets, says):
+    """Before: "one example in the row: nothing to compare; cu_seq_lens_q [...] do not run non-decreasing ..." for a
+    row whose only segmentation is cu_seq_lens_q declaring three examples; the evidence names the broken offset."""
+    llama_sdpa.model.config.use_cache = False
+    batch = {"input_ids": llama_sdpa.packed()["input_ids"], "cu_seq_lens_q": torch.tensor(offsets, dtype=torch.int32)}
+    result = verify_packed_batch(llama_sdpa.model, batch)
+    assert result.verdict == "fail" and result.cause == "collator_contract", result.line()
+    assert result.evidence == says and "one example" not in result.line(), result.line()
 
 
 @pytest.mark.parametrize("plant", [_no_reset, _restart_at_5], ids=["no_reset", "restart_at_5"])
@@ -454,6 +505,56 @@ def test_unmasked_labels_show_in_the_trainer_loss(llama_sdpa):
     result = verify_packed_batch(llama_sdpa.model, batch)
     assert result.probes["trainer_label_tokens"] == result.label_tokens + 2
     assert result.loss_delta > result.tolerance["loss_atol"], result.line()
+
+
+@pytest.mark.parametrize("head", ["LlamaModel", "LlamaForSequenceClassification"])
+def test_a_model_without_lm_head_is_a_usage_error(llama_sdpa, head):
+    """Before: FAIL crash (AttributeError: no attribute 'logits' / an IndexError on the mask), a packing FAIL under
+    PackcheckCallback's on_mismatch="raise"; a model that returns no logits over the vocabulary is refused up front."""
+    from types import SimpleNamespace
+
+    import transformers
+
+    model = getattr(transformers, head)(llama_sdpa.config)
+    with pytest.raises(PackcheckUsageError, match=f"model is a {head}, which has no LM head .*pass that model") as info:
+        verify_packed_batch(model.eval(), llama_sdpa.packed())
+    assert "\n" not in str(info.value)
+    callback = PackcheckCallback()
+    callback.on_train_begin(SimpleNamespace(output_dir=None), SimpleNamespace(), None, model=model.train())
+    with pytest.raises(PackcheckUsageError, match="no LM head"):
+        model(**llama_sdpa.packed())
+
+
+def test_causal_lms_under_any_name_or_wrapper_are_accepted(llama_sdpa):
+    """The other side of the LM-head check: a subclass not named ...ForCausalLM keeps its lm_head, and a wrapper
+    that delegates attributes (PEFT's PeftModel does, through __getattr__) shows its inner model's head."""
+    llama_sdpa.model.config.use_cache = False
+
+    class ChatModel(type(llama_sdpa.model)):
+        pass
+
+    renamed = ChatModel(llama_sdpa.config)
+    renamed.load_state_dict(llama_sdpa.model.state_dict())
+    renamed.config.use_cache = False
+
+    class Delegating(torch.nn.Module):  # PeftModel's shape: forward and attributes go to the wrapped model
+        def __init__(self, inner):
+            super().__init__()
+            self.base_model = inner
+
+        def __getattr__(self, name):
+            try:
+                return super().__getattr__(name)
+            except AttributeError:
+                return getattr(self.base_model, name)
+
+        def forward(self, *args, **kwargs):
+            return self.base_model(*args, **kwargs)
+
+    for model in (renamed.eval(), Delegating(llama_sdpa.model).eval()):
+        assert model.get_output_embeddings() is not None
+        result = verify_packed_batch(model, llama_sdpa.packed())
+        assert result.verdict == "pass", result.line()
 
 
 def test_int64_cu_seq_lens_is_a_verdict(llama_sdpa):
@@ -599,12 +700,51 @@ def test_numerics_band_bf16_weights_fails_with_a_real_remedy(llama_sdpa):
     assert "none needed" not in result.remedy and "float32 copy" in result.remedy
 
 
+@contextlib.contextmanager
+def _one_ulp_on_the_packed_row(model, total):
+    """Planted rounding noise: the packed row's logits (length ``total``) one ulp up, the solo runs as they are; a
+    float32 packed-vs-solo difference that does not depend on the machine's kernels (some give exactly 0)."""
+    def one_ulp(module, args, out):
+        return torch.nextafter(out, torch.full_like(out, float("inf"))) if out.shape[1] == total else out
+
+    handle = model.lm_head.register_forward_hook(one_ulp)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 def test_numerics_band_float32_fails_with_a_real_remedy(llama_sdpa):
     llama_sdpa.model.config.use_cache = False
-    first = verify_packed_batch(llama_sdpa.model, llama_sdpa.packed())
-    result = verify_packed_batch(llama_sdpa.model, llama_sdpa.packed(), tolerances={"float32": _band(first.max_logprob_diff)})
+    batch = llama_sdpa.packed()
+    with _one_ulp_on_the_packed_row(llama_sdpa.model, batch["input_ids"].shape[1]):
+        first = verify_packed_batch(llama_sdpa.model, batch)
+        assert first.max_logprob_diff > 0, first.line()
+        result = verify_packed_batch(llama_sdpa.model, batch, tolerances={"float32": _band(first.max_logprob_diff)})
     assert result.verdict == "fail" and result.cause == "kernel_numerics", result.line()
     assert "widen logits_atol" in result.remedy and "none needed" not in result.remedy
+
+
+def test_rounding_noise_under_a_zero_tolerance_is_numerics_not_positions(llama_sdpa):
+    """Before: tolerance 0 on a correct float32 row gave FAIL wrong_positions ("differ by 4.77e-07 ... moves the
+    others by 0.00e+00") with a position_ids remedy; a few ulps are kernel_numerics (the audit's rule, within_numerics)."""
+    model, batch = llama_sdpa.model, llama_sdpa.packed()
+    model.config.use_cache = False
+    with _one_ulp_on_the_packed_row(model, batch["input_ids"].shape[1]):
+        result = verify_packed_batch(model, batch, tolerances={"float32": {"logits_atol": 0.0, "loss_atol": 0.0}})
+    assert 0 < result.max_logprob_diff < 1e-5 and result.probes["isolation_moved"] == 0.0, result.line()
+    assert result.verdict == "fail" and result.cause == "kernel_numerics", result.line()
+    assert "position_ids" not in result.remedy and "widen logits_atol" in result.remedy
+    assert "float32 rounding" in result.evidence
+
+
+def test_numerics_rule_has_a_rounding_floor():
+    from pytest_packcheck.checks.registry import NUMERICS_FACTOR, rounding_level, within_numerics
+
+    assert within_numerics(4.77e-7, 0.0, "float32", scale=4.85)  # one ulp at |log-prob| 4.85
+    assert not within_numerics(1e-3, 0.0, "float32", scale=4.85)
+    assert within_numerics(NUMERICS_FACTOR * 1e-4, 1e-4) and not within_numerics(NUMERICS_FACTOR * 1.1e-4, 1e-4)
+    assert rounding_level("bfloat16") == 2.0 ** -7 and not within_numerics(float("nan"), 1.0)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -759,6 +899,28 @@ def test_good_scalars_still_pass(llama_sdpa):
     for count in (torch.tensor(28), torch.tensor(28.0), 28):
         row = _row(llama_sdpa, max_length_q=13, max_length_k=torch.tensor(13), num_items_in_batch=count)
         assert verify_packed_batch(llama_sdpa.model, row, use_cache=False).verdict == "pass"
+
+
+def test_num_items_in_batch_below_the_rows_own_count_fails(llama_sdpa, monkeypatch):
+    """Before: num_items_in_batch 5 beside a row of 28 scored label tokens passed with no word. Below the row's own
+    count it is a collator_contract failure naming both numbers; above it (gradient accumulation's whole-step count)
+    nothing is said; where the Trainer may divide it (DataParallel, tensor / context parallel) it is a note."""
+    from pytest_packcheck.guard import batch as guard_batch
+
+    llama_sdpa.model.config.use_cache = False
+    batch = llama_sdpa.packed()
+    assert int((batch["labels"][:, 1:] != -100).sum()) == 28
+    result = verify_packed_batch(llama_sdpa.model, {**batch, "num_items_in_batch": 5})
+    assert result.verdict == "fail" and result.cause == "collator_contract", result.line()
+    assert "num_items_in_batch 5 is below this row's own 28 scored label tokens" in result.evidence
+    assert "labels[..., 1:] != -100" in result.remedy
+    for count in (28, torch.tensor(112.0), 500):  # the accumulation step's count: this row and others
+        larger = verify_packed_batch(llama_sdpa.model, {**batch, "num_items_in_batch": count})
+        assert larger.verdict == "pass" and not any("num_items" in n for n in larger.notes), larger.line()
+    monkeypatch.setattr(guard_batch, "_count_may_be_divided", lambda: True)
+    divided = verify_packed_batch(llama_sdpa.model, {**batch, "num_items_in_batch": 14})
+    assert divided.verdict == "pass", divided.line()
+    assert any("num_items_in_batch 14 is below this row's own 28" in n and "tp * cp * sp" in n for n in divided.notes)
 
 
 @pytest.mark.parametrize(("bad", "message"), [

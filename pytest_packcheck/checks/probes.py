@@ -7,7 +7,7 @@ from typing import Any
 
 from ..backends import MASKED_BACKENDS, count_attention_calls
 from ..model import batches as B
-from .registry import NUMERICS_FACTOR
+from .registry import NUMERICS_FACTOR, within_numerics
 from .workbench import Workbench, _fmt
 
 # ------------------------------------------------------------------------------------------------------------
@@ -80,8 +80,9 @@ def leak_probe(wb: Workbench) -> dict[str, Any]:
 def mismatch_cause(wb: Workbench, diff: float | None = None, atol: float | None = None) -> tuple[str, dict[str, Any]]:
     """The cause code of a packed-vs-reference difference, from measurements only (:func:`leak_probe`, the
     sliding-window probe): ``stateful_layers`` when the examples mix although attention kept its boundaries (or
-    the model has no attention to keep them); ``kernel_numerics`` when the mixing, or ``diff`` with no mixing,
-    is within :data:`NUMERICS_FACTOR` times its tolerance; ``leak`` for any other mixing; ``sliding_window``
+    the model has no attention to keep them); ``kernel_numerics`` when the mixing is within :data:`NUMERICS_FACTOR`
+    times its tolerance, or ``diff`` with no mixing is numerics by :func:`registry.within_numerics` (the guard's rule
+    too: a rounding floor, so a few ulps under a tolerance of 0 are numerics); ``leak`` for any other mixing; ``sliding_window``
     when examples within the window match and longer ones do not; ``selection_ties`` when a top-k selection in the
     forward cut through exactly tied scores (:func:`mechanisms.selection_ties`); else ``wrong_positions``."""
     probe = leak_probe(wb)
@@ -104,7 +105,7 @@ def mismatch_cause(wb: Workbench, diff: float | None = None, atol: float | None 
     ties = selection_ties(wb)  # boundaries hold, yet the rows differ: a top-k cut through tied scores (issue 25)
     if ties and ties["tied_cuts"]:
         return "selection_ties", {**evidence, **ties}
-    if diff is not None and atol and diff <= NUMERICS_FACTOR * atol:
+    if diff is not None and within_numerics(diff, atol or 0.0, wb.dtype):
         return "kernel_numerics", {**evidence, "diff": diff, "atol": atol}
     return "wrong_positions", {**evidence, **({"diff": diff} if diff is not None else {})}
 

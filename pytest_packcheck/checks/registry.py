@@ -38,6 +38,22 @@ LEVELS = {"model": "once per model (no attention backend)", "backend": "once per
 
 #: A parity difference at most this many times the tolerance, with isolation holding, is kernel numerics.
 NUMERICS_FACTOR = 10.0
+#: Machine epsilon by dtype name (torch.finfo(dtype).eps), without importing torch: the rounding floor below.
+_EPS = {"float32": 2.0 ** -23, "float64": 2.0 ** -52, "bfloat16": 2.0 ** -7, "float16": 2.0 ** -10}
+
+
+def rounding_level(dtype: str = "float32", scale: float = 1.0) -> float:
+    """The float rounding level of numbers of magnitude ``scale`` in ``dtype`` (a name: "float32", "bfloat16",
+    ...): ``eps(dtype) * max(1, |scale|)``; float32's eps for an unknown name."""
+    return _EPS.get(dtype, _EPS["float32"]) * max(1.0, abs(float(scale)))
+
+
+def within_numerics(diff: float, atol: float, dtype: str = "float32", scale: float = 1.0) -> bool:
+    """The numerics rule, audit and guard alike: a difference (isolation holding) is kernel numerics when it is at
+    most :data:`NUMERICS_FACTOR` times the larger of the tolerance ``atol`` and the dtype's rounding level at
+    ``scale`` (:func:`rounding_level`), so a difference of a few ulps is numerics even under a tolerance of 0.
+    False for a NaN ``diff``."""
+    return bool(diff <= NUMERICS_FACTOR * max(float(atol or 0.0), rounding_level(dtype, scale)))
 
 
 #: Suites: the set of checks a shipped audit (audit/<suite>.toml) plans; only ``default`` runs when no check is named.

@@ -28,6 +28,11 @@ CONTRACT_REMEDIES = {
     "cu_agree": ("return position_ids and cu_seq_lens_q/k from the same segmentation "
                  "(DataCollatorWithFlattening(return_position_ids=True, return_flash_attn_kwargs=True))"),
     "cu_form": "cu_seq_lens_q/k must run non-decreasing from 0 to the row's length (DataCollatorWithFlattening builds them)",
+    "seq_agree": ("return seq_idx from the same segmentation as position_ids and cu_seq_lens_q "
+                  "(DataCollatorWithFlattening(return_position_ids=True, return_seq_idx=True))"),
+    "num_items": ("count num_items_in_batch as the scored label tokens after the shift ((labels[..., 1:] != -100).sum()) "
+                  "over every micro-batch of the accumulation step, as transformers' Trainer does: never fewer than one "
+                  "row's own"),
     "cu_qk": "for a packed row cu_seq_lens_k must equal cu_seq_lens_q (self-attention over the same examples)",
     "max_length": "max_length_q/k must be at least the longest example (DataCollatorWithFlattening sets it)",
     "labels": ("set labels to -100 at each example's first token, so no example is trained to predict the next one's "
@@ -169,6 +174,22 @@ def check_fields(batch: Any, device: Any = None) -> Any:
     return ids
 
 
+def _cu_form_problems(cu: list[int], total: int) -> list[str]:
+    """What keeps the offsets ``cu`` (cu_seq_lens_q) from running non-decreasing from 0 to ``total``, each named
+    with its values ("decrease at index 2 (18 > 11)", "end at 40, not the row length 31"); [] when they do."""
+    if not cu:
+        return [f"hold no offset (empty), expected 0, ..., {total}"]
+    if len(cu) == 1:
+        return [f"hold one offset, expected 0, ..., {total}"]
+    out = [] if cu[0] == 0 else [f"start at {cu[0]}, not 0"]
+    down = next((i for i in range(1, len(cu)) if cu[i] < cu[i - 1]), None)
+    if down is not None:
+        out.append(f"decrease at index {down} ({cu[down - 1]} > {cu[down]})")
+    if cu[-1] != total:
+        out.append(f"end at {cu[-1]}, not the row length {total}")
+    return out
+
+
 def parse_row(batch: Any, config: Any = None) -> _Row:
     """Validate ``batch`` as one packed row and split it into examples at every boundary the batch declares:
     the position_ids restarts (any break in +1 steps; the text row of ``(R, 1, N)`` M-RoPE ids), the
@@ -177,10 +198,12 @@ def parse_row(batch: Any, config: Any = None) -> _Row:
 
     Contract items (each fails the batch with a cause code and a remedy, :data:`CONTRACT_REMEDIES`): per-token
     keys of different lengths (no numbers then), position_ids that restart anywhere but at the architecture's
-    first id (0; padding_idx + 1 for RoBERTa-likes), position_ids disagreeing with ``cu_seq_lens_q``,
+    first id (0; padding_idx + 1 for RoBERTa-likes), segmentations that disagree (``cu_seq_lens_q`` or ``seq_idx``
+    starting examples elsewhere than the position_ids restarts, or ``seq_idx`` elsewhere than ``cu_seq_lens_q``),
     ``cu_seq_lens_q`` not running non-decreasing from 0 to the row length, ``cu_seq_lens_k`` unlike
     ``cu_seq_lens_q``, ``max_length_q`` below the longest example, zero-length examples, labels that are not -100
-    at example starts. Notes (no verdict of their own): an attention_mask beside the row (the reruns measure
+    at example starts, a ``num_items_in_batch`` below the row's own scored label tokens (a note instead where the
+    Trainer may divide it: :func:`_count_may_be_divided`; a larger count is gradient accumulation's, never flagged). Notes (no verdict of their own): an attention_mask beside the row (the reruns measure
     it), ``cu_seq_lens_q`` not int32 (flash-attn 2.x refuses it; the packed run shows whether this backend does).
 
     Raises:
@@ -263,36 +286,42 @@ def parse_row(batch: Any, config: Any = None) -> _Row:
                              "(return_position_ids=True) or SFTConfig(padding_free=True).")
     first = position_ids_start(text) if text is not None and hasattr(text, "model_type") else 0
     boundaries = {0}
-    pos_starts: list[int] | None = None
+    #: every segmentation the batch declares, as (what it says, example starts, remedy key): they must agree
+    segmentations: list[tuple[str, list[int], str]] = []
     if isinstance(pos, torch.Tensor) and not fatal:
         p = (pos[0, 0] if pos.ndim == 3 else pos[0]).tolist()
         pos_starts = [0] + [i for i in range(1, total) if p[i] != p[i - 1] + 1]
         boundaries.update(pos_starts)
+        segmentations.append(("position_ids restart at tokens", pos_starts, "restart"))
         wrong = [s for s in pos_starts if p[s] != first]
         if wrong:
             items.append(("wrong_positions", (f"position_ids restart at {p[wrong[0]]}, not {first}, at token {wrong[0]} "
                                              f"({len(wrong)} of {len(pos_starts)} examples)"), "restart"))
     cu_q = cu.get("cu_seq_lens_q")
     if cu_q is not None:
-        ok = len(cu_q) >= 2 and cu_q[0] == 0 and cu_q[-1] == total and all(b >= a for a, b in itertools.pairwise(cu_q))
-        if not ok:
-            items.append(("collator_contract", (f"cu_seq_lens_q {cu_q[:8]} do not run non-decreasing from 0 to the row length "
-                                               f"{total}"), "cu_form"))
+        wrong_form = _cu_form_problems(cu_q, total)
+        if wrong_form:
+            items.append(("collator_contract", f"cu_seq_lens_q {cu_q[:8]} {' and '.join(wrong_form)}", "cu_form"))
         else:
             if any(b == a for a, b in itertools.pairwise(cu_q)):
                 items.append(("empty_example", f"cu_seq_lens_q {cu_q[:8]} hold a zero-length example", "empty"))
             cu_starts = sorted(set(cu_q[:-1]))
             boundaries.update(cu_starts)
-            if pos_starts is not None and pos_starts != cu_starts:
-                items.append(("collator_contract", (f"position_ids restart at tokens {pos_starts[:8]}, cu_seq_lens_q start "
-                                                   f"examples at {cu_starts[:8]}"), "cu_agree"))
+            segmentations.append(("cu_seq_lens_q start examples at", cu_starts, "cu_agree"))
         cu_k = cu.get("cu_seq_lens_k")
         if cu_k is not None and cu_k != cu_q:
             items.append(("collator_contract", f"cu_seq_lens_k {cu_k[:8]} differ from cu_seq_lens_q {cu_q[:8]}", "cu_qk"))
     seq_idx = batch.get("seq_idx")
     if isinstance(seq_idx, torch.Tensor) and not fatal:
         s = seq_idx[0].tolist()
-        boundaries.update(i for i in range(1, total) if s[i] != s[i - 1])
+        seq_starts = [0] + [i for i in range(1, total) if s[i] != s[i - 1]]
+        boundaries.update(seq_starts)
+        segmentations.append(("seq_idx starts segments at", seq_starts, "seq_agree"))
+    if segmentations:  # each against the first (position_ids where given): the model reads one, the reference all
+        said, starts0, _ = segmentations[0]
+        for text, other, key in segmentations[1:]:
+            if other != starts0:
+                items.append(("collator_contract", f"{said} {starts0[:8]}, {text} {other[:8]}", key))
     starts = sorted(b for b in boundaries if b < total)
     ends = [*starts[1:], total]
     longest = max(e - s for s, e in zip(starts, ends, strict=True))
@@ -306,9 +335,31 @@ def parse_row(batch: Any, config: Any = None) -> _Row:
         if unmasked:
             items.append(("collator_contract", (f"labels not -100 at {len(unmasked)} example starts (token indices "
                                                f"{unmasked[:5]}): the trainer scores those tokens across the boundary"), "labels"))
+    count = _int_or_none(batch.get("num_items_in_batch"))
+    if count is not None and isinstance(labels, torch.Tensor) and not fatal:
+        scored = int((labels[..., 1:] != IGNORE_INDEX).sum())
+        if count < scored:
+            said = (f"num_items_in_batch {count} is below this row's own {scored} scored label tokens (labels != -100 "
+                    "after the shift): the loss is divided by too few tokens")
+            if _count_may_be_divided():
+                notes.append(f"{said}, unless the Trainer divided it (DataParallel // n_gpu; / tp * cp * sp size)")
+            else:
+                items.append(("collator_contract", said, "num_items"))
     if isinstance(batch.get("attention_mask"), torch.Tensor):
         notes.append("an attention_mask rides beside the packed row (eager/sdpa/flex then build no packed mask)")
     return _Row(dict(batch), total, [slice(s, e) for s, e in zip(starts, ends, strict=True)], items, notes, fatal, first)
+
+
+def _count_may_be_divided() -> bool:
+    """True where transformers' Trainer may hand a num_items_in_batch below one row's own count: several processes
+    (tensor / context / sequence parallel divide it by tp * cp * sp size) or several visible GPUs in one process
+    (DataParallel: // n_gpu). Elsewhere it counts the whole accumulation step, never less than one row."""
+    import torch
+
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return True
+    return torch.cuda.is_available() and torch.cuda.device_count() > 1
 
 
 def _targets(row: _Row) -> tuple[Any, Any]:

@@ -133,13 +133,14 @@ def _diagnose(model: Any, row: _Row, targets: Any, inputs: dict[str, Any], fused
               tols: dict[str, dict[str, float]] | None = None, packed: Any = None) -> tuple[str, str]:
     """Name the cause of a mismatch by rerunning the packed row with each suspect removed (measured, not inferred
     from the batch's keys): the attention_mask, then the cache, then both; then the attention counts, the
-    stateful layers, the position_ids (ignored; an M-RoPE layout), the numerics band (a float32 rerun), and an
+    stateful layers, the position_ids (ignored; an M-RoPE layout), the numerics band
+    (:func:`~pytest_packcheck.checks.registry.within_numerics`, the audit's rule; a float32 rerun), and an
     isolation probe (change the first example, see whether the others move) for ``leak`` vs
     ``wrong_positions``."""
     import torch
 
     from ..checks.probes import stateful_layers
-    from ..checks.registry import NUMERICS_FACTOR
+    from ..checks.registry import NUMERICS_FACTOR, rounding_level, within_numerics
 
     atol, worst = tol["logits_atol"], cmp["max"] or 0.0
     if others:
@@ -186,8 +187,13 @@ def _diagnose(model: Any, row: _Row, targets: Any, inputs: dict[str, Any], fused
     if not isolated:
         detail = f"; boundaries missing in {missing} of {sum(attention['calls'].values())} attention calls" if missing else ""
         return "leak", f"packed vs solo log-probs differ by {worst:.2e}; {moved_text}{detail}"
-    band = f"{worst:.2e}, within {NUMERICS_FACTOR:g}x the {dtype} tolerance {_tol(atol)}, boundaries kept ({moved_text})"
-    if worst <= NUMERICS_FACTOR * atol:
+    scale = float(packed[targets[0] != IGNORE_INDEX].abs().max())  # the log-probs' magnitude: their rounding level
+    floor = rounding_level(dtype, scale)
+    within = (f"within {NUMERICS_FACTOR:g}x the {dtype} tolerance {_tol(atol)}" if atol >= floor else
+              f"within {NUMERICS_FACTOR:g}x {dtype} rounding ({floor:.2e} at log-probs of {scale:.2f}; tolerance "
+              f"{_tol(atol)} is below it)")
+    band = f"{worst:.2e}, {within}, boundaries kept ({moved_text})"
+    if within_numerics(worst, atol, dtype, scale):
         if dtype not in _REDUCED:
             return "kernel_numerics", f"log-probs differ by {band}: no lower-noise run than float32 to compare with"
         weights = _ComputeProbe(model, row.batch["input_ids"].device.type)
@@ -203,7 +209,7 @@ def _diagnose(model: Any, row: _Row, targets: Any, inputs: dict[str, Any], fused
             return _NUMERICS_PASS, (f"{dtype} kernel numerics: {worst:.2e} is above the {dtype} tolerance {_tol(atol)} "
                                     f"(within {NUMERICS_FACTOR:g}x), and in float32 the same row agrees to {f32:.2e} "
                                     f"(tol {_tol(f32_atol)})")
-        if f32 <= NUMERICS_FACTOR * f32_atol:
+        if within_numerics(f32, f32_atol, "float32", scale):
             return "kernel_numerics", f"log-probs differ by {band}; in float32 {f32:.2e} (tol {f32_atol:.0e})"
         worst_text = f"{worst:.2e} ({dtype}), {f32:.2e} in float32"
     else:

@@ -43,6 +43,31 @@ def _gradient_checkpointing(model: Any) -> bool:
     return any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
 
 
+#: Class-name endings of language models: accepted even where get_output_embeddings() says nothing (a 4.x class
+#: that does not override it); every other model must show an LM head.
+_LM_CLASS_ENDINGS = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+
+
+def _not_a_causal_lm(model: Any) -> str | None:
+    """Why ``model`` is not a causal LM the guard can judge (its forward returns no ``.logits`` over the vocabulary:
+    a bare backbone such as LlamaModel, a classification head), or None. Structural: ``get_output_embeddings()`` is
+    None and the class name is not a language model's; a wrapper without the method (PEFT delegates it, a custom
+    module may not have it) is let through, its forward decides."""
+    getter = getattr(model, "get_output_embeddings", None)
+    if not callable(getter) or type(model).__name__.endswith(_LM_CLASS_ENDINGS):
+        return None
+    try:
+        head = getter()
+    except Exception:  # noqa: BLE001 - a model that cannot say: its forward decides
+        return None
+    if head is not None:
+        return None
+    return (f"model is a {type(model).__name__}, which has no LM head (get_output_embeddings() is None): the guard needs "
+            "a causal LM, whose forward returns .logits over the vocabulary (e.g. LlamaForCausalLM, or a multimodal "
+            "...ForConditionalGeneration on its text path); pass that model (the Trainer's model, "
+            "AutoModelForCausalLM.from_pretrained(...)).")
+
+
 def verify_packed_batch(
     model: Any,
     batch: Mapping[str, Any],
@@ -73,8 +98,9 @@ def verify_packed_batch(
     The tolerance row is the dtype the forward computes in, read inside it (:class:`_ComputeProbe`): an active
     autocast, else bf16/fp16 weights, else the LM head's output, else float32; ``dtype_source`` says which
     ("autocast bfloat16 over float32 weights"). A difference above the row's tolerance but within
-    :data:`~pytest_packcheck.checks.registry.NUMERICS_FACTOR` times it, with every attention call keeping the
-    boundaries, is rerun in float32 (autocast off) when the weights are float32: a pass with a note when float32
+    :data:`~pytest_packcheck.checks.registry.NUMERICS_FACTOR` times it (or times the dtype's rounding level where
+    the tolerance is below it: :func:`~pytest_packcheck.checks.registry.within_numerics`), with every attention call
+    keeping the boundaries, is rerun in float32 (autocast off) when the weights are float32: a pass with a note when float32
     agrees; without float32 weights it fails as ``kernel_numerics`` with the float32 check as remedy.
 
     Cost: the packed forward plus one forward per labelled example of the row, under ``torch.no_grad`` in eval
@@ -85,7 +111,9 @@ def verify_packed_batch(
     Raises:
         PackcheckUsageError: ``batch`` is not one packed row (see :func:`parse_row`; :class:`NotPackedError` for a
             padded batch), a bad ``tolerances`` (see :func:`_tolerances`), or an unknown ``on_mismatch`` /
-            non-bool ``use_cache`` / ``training`` / ``padded_probe``: one line naming the value and the fix.
+            non-bool ``use_cache`` / ``training`` / ``padded_probe``, or a ``model`` that is not a causal LM (no
+            LM head: ``get_output_embeddings()`` None, e.g. LlamaModel or ...ForSequenceClassification): one line
+            naming the value and the fix.
         PackedBatchMismatch: on a mismatch with ``on_mismatch="raise"``.
     """
     import torch
@@ -99,6 +127,9 @@ def verify_packed_batch(
     if not isinstance(model, torch.nn.Module) or getattr(model, "config", None) is None:
         raise _usage(f"model is a {type(model).__name__} without a config: pass the transformers model itself "
                      "(a PreTrainedModel, e.g. AutoModelForCausalLM.from_pretrained(...)).")
+    not_lm = _not_a_causal_lm(model)
+    if not_lm:
+        raise _usage(not_lm)
     tols = _tolerances(tolerances)
     check_fields(batch, model_device(model))  # devices, dtypes and types before any value is read
     rows = packed_rows(batch)
@@ -280,7 +311,7 @@ def _measure(model: Any, row: _Row, run: dict[str, Any], cache: bool, fused: boo
     if len(row.slices) < 2:
         return _finish(GuardResult(**{**base, "verdict": "skipped" if not row.items else "fail"}, **empty,
                                    cause=contract_cause, remedy=_contract_remedy(row) if row.items else "",
-                                   evidence="; ".join(["one example in the row: nothing to compare", *row.problems]),
+                                   evidence="; ".join(row.problems or ["one example in the row: nothing to compare"]),
                                    tolerance=tol, attention=attention, forwards=forwards[0]), model)
     try:
         solo, which = _solo(model, row, targets, fused, forwards)
