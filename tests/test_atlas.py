@@ -816,6 +816,21 @@ def test_reduction_records_every_hazard_role_of_the_registry_and_no_finding():
     assert reduced["llama"]["sdpa"]["verdict"] == "pass"
 
 
+def test_reduction_keeps_a_failing_checks_further_causes():
+    """roberta on 4.49.0: logits_parity fails with causes [leak, wrong_positions]; the headline names leak, and the
+    entry keeps wrong_positions among its findings (it was dropped, so the known fault
+    roberta-positions-without-position_ids_start read as "not seen" inside its window)."""
+    def cell(check, status, causes=()):
+        return {"model": {"model_type": "roberta"}, "backend": "eager", "dtype": "float32", "check": check, "status": status,
+                "cause": causes[0] if causes else None, "causes": [{"cause": c, "evidence": {}} for c in causes],
+                "message": "", "metrics": {}}
+
+    entry = A.reduce_release({"cells": [cell("isolation", "fail", ["leak"]),
+                                        cell("logits_parity", "fail", ["leak", "wrong_positions"])]})["roberta"]["eager"]
+    assert entry["causes"] == ["leak"] and entry["findings"] == ["wrong_positions"]
+    assert A.shows(entry, "wrong_positions")
+
+
 def test_atlas_refuses_a_release_the_index_does_not_have(monkeypatch, capsys):
     """``--releases 4.99.0`` is refused before any environment is built, naming the nearest releases; an
     unreachable index is a warning (the build then says what it cannot install)."""

@@ -57,7 +57,11 @@ def reduce_release(doc: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
                    for c in group if c["check"] in hazard_checks and c["status"] not in ("pass", "skipped")}
         if hazards:
             entry["hazards"] = hazards
-        findings = sorted({f["cause"] for c in h["cells"] for f in (c.get("findings") or []) if isinstance(f, dict) and f.get("cause")})
+        # a finding beside a verdict, and a failing check's further causes (a cell's ``causes`` past its first:
+        # roberta on 4.49 leaks *and* counts positions from 0, its wrong_positions the second cause of logits_parity)
+        findings = sorted({f["cause"] for c in h["cells"] for f in (c.get("findings") or []) if isinstance(f, dict) and f.get("cause")}
+                          | {x["cause"] for c in h["bad"] for x in (c.get("causes") or [])[1:] if isinstance(x, dict) and x.get("cause")}
+                          - set(entry["causes"]))
         if findings:
             entry["findings"] = findings
         out.setdefault(name, {})[backend] = entry
