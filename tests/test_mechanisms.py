@@ -142,6 +142,9 @@ def test_a_mechanism_longer_than_the_row_is_named_in_the_cell(tolerances, monkey
     result = C.check_logits_parity(bench)
     gaps = [f["evidence"] for f in result.findings if f["cause"] == "mechanism_not_exercised"]
     assert result.status == "pass" and gaps and "index_topk 2048" in gaps[0] and "not exercised" in gaps[0]
+    # the short label a matrix cell's ✅ carries (report.verdicts.pass_qualifier)
+    labels = [f["mechanism"] for f in result.findings if f["cause"] == "mechanism_not_exercised"]
+    assert labels[0].startswith("top-k selection 2048 >= shortest example "), labels
 
 
 @pytest.fixture(scope="module")

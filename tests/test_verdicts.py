@@ -327,3 +327,31 @@ def test_a_pass_resting_on_a_number_that_is_not_finite_is_corrupt(tmp_path):
     path.write_text(json.dumps(doc))
     with pytest.raises(PackcheckUsageError, match='passes on max_change="big"'):
         load_document(path)
+
+
+def test_a_pass_on_a_row_too_short_for_a_mechanism_says_so_in_every_headline():
+    """Trial W5 (#214): mistral with sliding_window 4096 passed on a 31-token row; the matrix cell read a plain ✅,
+    the answer "safe on sdpa" and the terminal "pass sdpa / float32: 1 model": only "What to do" named
+    mechanism_not_exercised. The headline carries it (verdicts.pass_qualifier), so every format says it."""
+    from pytest_packcheck.report import render_markdown, render_terminal
+
+    gap = {"cause": "mechanism_not_exercised", "mechanism": "sliding window 4096 >= longest example 13",
+           "evidence": "not exercised: sliding_window 4096 >= the longest example (13 tokens, row 31): sliding window "
+                       "does not act in the probe row"}
+    cells = [_cell("mistral", "sdpa", c, "pass", max_change=0.0) for c in ("isolation", "logits_parity")]
+    cells[1]["findings"] = [gap]
+    doc = _doc(cells)
+    md = render_markdown(doc)
+    qualifier = "sliding window 4096 >= longest example 13: not exercised"
+    matrix = md[md.index("## Matrix"):]
+    row = next(line for line in matrix.splitlines() if line.startswith("| mistral"))
+    assert f"✅ ({qualifier})" in row
+    answer = md[md.index("## The answer"):md.index("## Matrix")]
+    assert f"on sdpa ({qualifier}): mistral" in answer and f"**mistral**: safe on sdpa ({qualifier}" in answer
+    terminal = "\n".join(render_terminal(doc, []))
+    assert f"pass        mistral / sdpa / float32: ({qualifier})" in terminal
+    assert "pass        sdpa / float32: 1 model" not in terminal
+    # a results file written before the short label: the label from the evidence line
+    del cells[1]["findings"][0]["mechanism"]
+    assert "✅ (sliding_window 4096 >= the longest example (13 tokens, row 31): not exercised)" in render_markdown(_doc(cells))
+

@@ -105,8 +105,10 @@ def selection_ties(wb: Any) -> dict[str, Any] | None:
 
 
 def mechanism_findings(wb: Any) -> list[dict[str, Any]]:
-    """The mechanisms the workbench's probe row does not exercise (:func:`models.mechanism_gaps` on its config and
-    lengths), as cell findings with cause ``mechanism_not_exercised``."""
-    from ..model.shrink import mechanism_gaps
+    """The mechanisms the workbench's probe row does not exercise (:func:`models.mechanism_gap_items` on its config
+    and lengths), as cell findings with cause ``mechanism_not_exercised``: ``evidence`` the whole line, ``mechanism``
+    its short label (the matrix cell's qualifier, :func:`report.verdicts.pass_qualifier`)."""
+    from ..model.shrink import mechanism_gap_items
 
-    return [{"cause": "mechanism_not_exercised", "evidence": gap} for gap in mechanism_gaps(wb.config, tuple(wb.lengths))]
+    return [{"cause": "mechanism_not_exercised", "evidence": gap, "mechanism": label}
+            for label, gap in mechanism_gap_items(wb.config, tuple(wb.lengths))]

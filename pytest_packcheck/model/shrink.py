@@ -342,7 +342,13 @@ def mechanism_gaps(config: Any, lengths: tuple[int, ...]) -> list[str]:
     exercises, one line each ("index_topk 2048 >= example 7: top-k selection not exercised"): a top-k as large as the
     shortest example selects every key, a window or chunk as long as the longest example never cuts; MoE routing
     with as many experts per token as experts never chooses. [] when every mechanism acts."""
-    out: list[str] = []
+    return [line for _, line in mechanism_gap_items(config, lengths)]
+
+
+def mechanism_gap_items(config: Any, lengths: tuple[int, ...]) -> list[tuple[str, str]]:
+    """:func:`mechanism_gaps` with a short label beside each line: ``(label, line)``, the label what a matrix cell's
+    qualifier says ("sliding window 4096 >= longest example 13"; "MoE routing, 2 of 2 experts per token")."""
+    out: list[tuple[str, str]] = []
     shortest, longest, total = min(lengths), max(lengths), sum(lengths)
     subs = [config, *(v for v in getattr(config, "__dict__", {}).values() if hasattr(v, "to_dict") and hasattr(v, "model_type"))]
 
@@ -357,13 +363,15 @@ def mechanism_gaps(config: Any, lengths: tuple[int, ...]) -> list[str]:
             value = read(sub, key)
             limit = shortest if bound == "shortest" else longest
             if isinstance(value, int) and not isinstance(value, bool) and value >= limit:
-                out.append(f"not exercised: {key} {value} >= the {bound} example ({limit} tokens, row {total}): {what} "
-                           "does not act in the probe row")
+                out.append((f"{what} {value} >= {bound} example {limit}",
+                            f"not exercised: {key} {value} >= the {bound} example ({limit} tokens, row {total}): {what} "
+                            + "does not act in the probe row"))
         experts = next((read(sub, k) for k in ("num_experts", "num_local_experts", "n_routed_experts")
                         if isinstance(read(sub, k), int) and read(sub, k) > 0), None)
         per_token = next((read(sub, k) for k in _TOP_K_KEYS if isinstance(read(sub, k), int)), None)
         if experts and per_token and per_token >= experts:
-            out.append(f"not exercised: {per_token} experts per token of {experts}: MoE routing never chooses")
+            out.append((f"MoE routing, {per_token} of {experts} experts per token",
+                        f"not exercised: {per_token} experts per token of {experts}: MoE routing never chooses"))
     return list(dict.fromkeys(out))
 
 

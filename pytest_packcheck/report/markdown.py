@@ -121,7 +121,8 @@ def render(rep: Report) -> str:
     lines += [f"- {sym} {label}: {ROLE_LEGEND[role]}" for role, (sym, label) in ROLE_MARKS.items() if totals[role]]
     lines += [
         "- A matrix cell's verdict comes from its correctness checks only; the cause after ❌ is what they measured.",
-        "  \"(not checked: …)\" names correctness checks that could not run there: the ✅ covers the others only.",
+        "  \"(not checked: …)\" names correctness checks that could not run there: the ✅ covers the others only;",
+        "  \"(…: not exercised)\" a mechanism (sliding window, top-k selection, ...) the probe row is too short for.",
         "- Δ: largest absolute difference (logits, or loss in nats) against the reference; rel: relative error.",
         *([("- ⚑ marks a model that departs from its stack's hazard pattern (\"⚑ no cache trap\": most models on this "
             "backend show it, this one does not).")] if marks else []),

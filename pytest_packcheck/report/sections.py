@@ -12,7 +12,7 @@ from ..results import SYMBOLS
 from .model import Report, env_header
 from .numbers import key_number
 from .text import cut, escape_md, fmt_metric
-from .verdicts import ROLE_MARKS, cause_label, env_label, hazard_names, headline_text, role_of
+from .verdicts import ROLE_MARKS, cause_label, env_label, hazard_names, headline_text, pass_qualifier, role_of
 
 
 def hazard_title(name: str) -> str:
@@ -159,7 +159,8 @@ def _at_a_glance(rep: Report, dtype: str) -> list[str]:
                 failing[key].append(rep.label(b))
                 first.setdefault(key, h["bad"][0])
             elif h["status"] == "pass":
-                safe.append(rep.label(b) + (f" ({', '.join(h['not_checked'])} not checked)" if h["not_checked"] else ""))
+                qualifier = pass_qualifier(h)
+                safe.append(rep.label(b) + (f" ({qualifier})" if qualifier else ""))
         for cause, where in failing.items():
             c = first[cause]
             fix = (c.get("diagnosis") or {}).get("remedy") or ""
@@ -168,7 +169,8 @@ def _at_a_glance(rep: Report, dtype: str) -> list[str]:
         if safe:
             safe_by[tuple(safe)].append(label)
     lines = ["### Do not pack", ""] + (bad or ["- none: no model failed a correctness check here."]) + [""]
-    lines += ["### Safe (every correctness check that ran passed; the ones that could not run are named)", ""]
+    lines += [("### Safe (every correctness check that ran passed; the ones that could not run, and mechanisms the probe "
+               "row never exercised, are named)"), ""]
     lines += [f"- on {', '.join(where)}: {', '.join(escape_md(m) for m in ms)}"
               for where, ms in sorted(safe_by.items(), key=lambda kv: (-len(kv[0]), kv[0]))] or ["- none"]
     lines.append("")
@@ -203,8 +205,8 @@ def answer_section(rep: Report) -> list[str]:
                     continue
                 name = rep.label(b)
                 if h["status"] == "pass":
-                    if h["not_checked"]:
-                        partial.append(f"{name} ({', '.join(h['not_checked'])} not checked, see below)")
+                    if pass_qualifier(h):
+                        partial.append(f"{name} ({pass_qualifier(h)}, see below)")
                     else:
                         safe.append(name)
                 elif h["status"] == "skipped":

@@ -98,16 +98,31 @@ def headline(group: list[dict[str, Any]]) -> dict[str, Any]:
                  key=lambda c: (rank(c["status"]), check_order(c["check"]), c["check"]))
     causes = list(dict.fromkeys((c.get("diagnosis") or {}).get("cause") or c.get("cause") or c["status"] for c in bad))
     not_checked = {c["check"]: c["message"] for c in judged if c["status"] == "skipped"}
+    # mechanisms the probe row never reached (checks.mechanisms.mechanism_findings): a pass says nothing of them
+    not_exercised = list(dict.fromkeys(
+        f.get("mechanism") or str(f.get("evidence", "")).removeprefix("not exercised: ").split(":")[0]
+        for c in judged for f in c.get("findings") or [] if f.get("cause") == "mechanism_not_exercised"))
     return {"status": status, "causes": causes, "not_checked": not_checked, "cells": judged, "bad": bad,
-            "not_run": not_run}
+            "not_run": not_run, "not_exercised": not_exercised}
+
+
+def pass_qualifier(h: dict[str, Any]) -> str:
+    """What a passing matrix cell's ✅ does not cover, from its :func:`headline`: the correctness checks that could
+    not run ("not checked: cross_backend") and the mechanisms the probe row never exercised ("sliding window 4096 >=
+    longest example 13: not exercised"), joined by "; "; "" when the pass covers everything. The one wording the
+    matrix cell, the answer and the terminal summary use."""
+    parts = [f"not checked: {', '.join(h['not_checked'])}"] if h.get("not_checked") else []
+    parts += [f"{m}: not exercised" for m in h.get("not_exercised") or []]
+    return "; ".join(parts)
 
 
 def headline_text(h: dict[str, Any], marks: list[str] | None = None) -> str:
-    """A matrix cell's text from its :func:`headline`: symbol, cause (or "not checked"), the correctness checks
-    that could not run, and the ⚑ marks of a model that departs from its stack's hazard pattern."""
+    """A matrix cell's text from its :func:`headline`: symbol, cause (or "not checked"), what a pass does not cover
+    (:func:`pass_qualifier`), and the ⚑ marks of a model that departs from its stack's hazard pattern."""
     status = h["status"]
     if status == "pass":
-        text = SYMBOLS["pass"] + (f" (not checked: {', '.join(h['not_checked'])})" if h["not_checked"] else "")
+        qualifier = pass_qualifier(h)
+        text = SYMBOLS["pass"] + (f" ({qualifier})" if qualifier else "")
     elif status == "skipped" and h.get("not_run"):
         n = len(h["cells"])
         text = f"{SYMBOLS['skipped']} not run: {len(h['not_run'])} of {n} checks (interrupted)"
