@@ -132,6 +132,7 @@ def test_cu_seq_lens_without_position_ids_rotary_fine_learned_positions_wrong(be
     assert learned.metrics["without_position_ids_moved"] <= 1e-6  # the boundaries held
     sdpa = V.check_cu_seq_lens(bench("llama", "sdpa"))  # sdpa reads no cu_seq_lens: one causal row
     assert sdpa.status == "fail" and sdpa.cause == "leak", sdpa.message
+    assert sdpa.metrics["standard_row_right"] is True  # the hazard showing (trial W6), not the model's own leak
 
 
 def test_collator_whose_cu_seq_lens_disagree_with_position_ids_is_caught(bench):
@@ -210,6 +211,7 @@ def test_a_variant_on_a_model_wrong_without_it_names_the_models_own_fault(bench,
     with leaky_sdpa():
         r = V.check_offset_positions(bench("llama", "sdpa"))
     assert r.status == "fail" and r.cause == "leak" and r.metrics["standard_row_diff"] > 1e-2, r.message
+    assert r.metrics["standard_row_right"] is False  # the report counts it as the model's fault, not the hazard
     assert [f["cause"] for f in r.findings][:1] == ["offset_positions"]
 
 

@@ -355,3 +355,29 @@ def test_a_pass_on_a_row_too_short_for_a_mechanism_says_so_in_every_headline():
     del cells[1]["findings"][0]["mechanism"]
     assert "✅ (sliding_window 4096 >= the longest example (13 tokens, row 31): not exercised)" in render_markdown(_doc(cells))
 
+
+def test_a_variant_hazard_that_leaks_on_a_right_row_counts_as_shown_with_its_own_remedy():
+    """Trial W6 (#220): cu_seq_lens without position_ids leaked on sdpa (llama, gpt2; standard row right), but the
+    hazards table showed "—", the counts "7 of 10" (9 of 12 showed), the terminal no sdpa cu_seq_lens hazard, and
+    the cells' remedy was "do not pack on eager/sdpa/flex" beside "safe on sdpa". A failed variant that measured
+    the standard row right (metrics.standard_row_right) is the hazard showing, remedied by position_ids; one whose
+    standard row is wrong stays the model's own fault."""
+    from pytest_packcheck.report import render_markdown, render_terminal
+
+    def variant(model, right):
+        return _cell(model, "sdpa", "cu_seq_lens", "fail", "leak", standard_row_diff=1e-7 if right else 0.3,
+                     standard_row_right=right, atol=1e-4)
+
+    cells = [_cell(m, "sdpa", "isolation", "pass", max_change=0.0) for m in ("llama", "gpt2")]
+    cells += [variant("llama", True), variant("gpt2", True), _cell("opt", "sdpa", "isolation", "fail", "leak"),
+              variant("opt", False)]
+    doc = _doc(cells)
+    md = render_markdown(doc)
+    assert "2 of 2 hazard probes showed one" in md
+    section = md[md.index("## Stack hazards"):md.index("## Matrix")]
+    assert "| cu seq lens: " in section and "| 2/2 " in section
+    assert "- cu seq lens: also return position\\_ids from the collator" in section and "do not pack" not in section
+    by = {c["model"]["label"]: c for c in doc["cells"] if c["check"] == "cu_seq_lens"}
+    assert by["llama"]["diagnosis"]["remedy"].startswith("also return position_ids from the collator")
+    assert by["opt"]["diagnosis"]["remedy"].startswith("do not pack")  # wrong without the variant: its own leak
+    assert "  hazard      cu seq lens on sdpa / float32: 2/2 models" in render_terminal(doc, [])

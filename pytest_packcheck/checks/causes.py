@@ -68,7 +68,11 @@ _CAUSES: tuple[Cause, ...] = (
     Cause("leak",
           "examples attend across boundaries (the isolation probe moves)",
           "disable packing for this architecture on this backend",
-          when=(Remedy(backends=MASKED_BACKENDS, text=(
+          when=(Remedy(checks=("cu_seq_lens",), facts=(("standard_row_right", True),), text=(
+              "also return position_ids from the collator (DataCollatorWithFlattening(return_position_ids=True)): "
+              "eager / sdpa / flex read no cu_seq_lens and find the boundaries where position_ids restart; the "
+              "standard packed row (with position_ids) is right on this backend")),
+                Remedy(backends=MASKED_BACKENDS, text=(
               "do not pack on eager/sdpa/flex for this model; the flash path may keep the boundaries (see its varlen "
               "reference cell, packcheck's CPU stand-in for the FA2 preparation code): run packcheck with "
               "flash_attention_2 on your GPU before training with it packed")),)),

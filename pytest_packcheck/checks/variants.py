@@ -101,7 +101,9 @@ def _verdict(items: dict[str, Any], metrics: dict[str, Any], what: str, wb: Any 
     ``wb`` (the hazard variants): when the standard packed row is itself wrong (its logits differ from each
     example alone by more than ``logits_atol``), the variant's failure is the model's own fault, not the
     variant's: the cause is :func:`checks.mismatch_cause`'s (as cache_trap and mask_trap do), the variant's a
-    finding, and ``metrics["standard_row_diff"]`` says by how much."""
+    finding, and ``metrics["standard_row_diff"]`` says by how much; ``metrics["standard_row_right"]`` (bool) whether
+    it was within ``logits_atol``, i.e. the failure is the variant's own (a ``leak`` of cu_seq_lens without
+    position_ids on eager / sdpa included)."""
     metrics["items"] = items
     diffs = [v["max_abs_diff"] for v in items.values() if isinstance(v.get("max_abs_diff"), float)]
     metrics["max_abs_diff"] = max(diffs) if diffs else None
@@ -118,6 +120,8 @@ def _verdict(items: dict[str, Any], metrics: dict[str, Any], what: str, wb: Any 
 
         standard, _ = wb.diff_to_solo(wb.packed_logits())
         metrics["standard_row_diff"] = standard
+        # the report counts the failure as the hazard showing (verdicts.hazard_rows) and the remedy is the variant's
+        metrics["standard_row_right"] = standard <= wb.tol["logits_atol"]
         if standard > wb.tol["logits_atol"]:  # wrong without the variant too: the model's own fault
             cause, why = mismatch_cause(wb, standard, wb.tol["logits_atol"])
             return CheckResult("fail", metrics, f"{message} (the standard packed row is wrong too: {_fmt(standard)})",

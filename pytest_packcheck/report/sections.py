@@ -52,12 +52,19 @@ def hazards_section(rep: Report) -> list[str]:
                 where = f" ({env_header(e, cells)})" if e else ""
                 lines += [f"{dtype}{escape_md(where)}:", "",
                           tabulate(table, headers=["hazard", *[rep.label(b) for b in backends]], tablefmt="github"), ""]
-    env_doc: dict[str, Any] = {}
+    env_doc = rep.doc.get("environment", {})
     for hazard in hazard_names():
-        shown = [r for k, r in rows.items() if k[0] == hazard and r["shown"]]
-        if shown:
-            cause = next(iter(shown[0]["causes"])) or hazard
-            lines.append(f"- {cause_label(hazard)}: {escape_md(remedy(cause, {'backend': 'sdpa', 'check': hazard, 'metrics': {}}, env_doc))}.")
+        # the remedy of each probe that showed it (its own cause and numbers: cu_seq_lens leaking on sdpa is
+        # remedied by position_ids, never "do not pack"), once per cause and remedy
+        fixes: dict[tuple[str, str], None] = {}
+        for k, r in rows.items():
+            if k[0] == hazard:
+                for c in r["cells"]:
+                    cause = hazard if hazard == "batch_rows" else ((c.get("diagnosis") or {}).get("cause") or c.get("cause") or hazard)
+                    fixes[(cause, remedy(cause, c, env_doc))] = None
+        for cause, fix in fixes:
+            what = cause_label(hazard) + (f" ({cause_label(cause)})" if len(fixes) > 1 else "")
+            lines.append(f"- {what}: {escape_md(fix)}.")
     return lines + [""]
 
 

@@ -141,28 +141,32 @@ def hazard_rows(cells: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
     """Per (hazard, environment, dtype, backend): ``shown`` (the models that show it), ``measured`` (the models it
     was measured on) and ``causes`` (Counter), from every hazard check of the registry (role ``hazard``) and the
     logits_parity probe of two packed rows (``batch_rows``). Measured: a hazard probe that passed, or failed with
-    one of its own causes (:attr:`CheckSpec.shown_by`); one that failed for a parity cause shows the row wrong
-    without the hazard too (the model's own fault, in its correctness verdict), and a refused / crashed / skipped
-    probe measured nothing: neither is counted. The one computation behind the hazards table and the count of
-    :func:`matrix_counts`."""
-    out: dict[tuple, dict[str, Any]] = defaultdict(lambda: {"shown": [], "measured": [], "causes": Counter()})
+    one of its own causes (:attr:`CheckSpec.shown_by`) or after measuring the standard packed row right
+    (``metrics.standard_row_right``, the variants': cu_seq_lens without position_ids leaking on sdpa is the hazard
+    showing); one that failed for a parity cause with the row wrong without the hazard too is the model's own fault
+    (in its correctness verdict), and a refused / crashed / skipped probe measured nothing: neither is counted.
+    ``cells``: the probes that showed it (their diagnosis carries the remedy). The one computation behind the
+    hazards table and the count of :func:`matrix_counts`."""
+    out: dict[tuple, dict[str, Any]] = defaultdict(lambda: {"shown": [], "measured": [], "causes": Counter(), "cells": []})
     for c in cells:
         key_rest = (env_label(c), c["dtype"], c["backend"])
         own = (c.get("diagnosis") or {}).get("cause") or c.get("cause")
         spec = SPECS.get(c["check"])
-        shows = own in spec.shown_by if spec is not None else False
+        shows = (own in spec.shown_by if spec is not None else False) or (c.get("metrics") or {}).get("standard_row_right") is True
         if role_of(c) == "hazard" and (c["status"] == "pass" or (c["status"] == "fail" and shows)):
             row = out[(c["check"], *key_rest)]
             row["measured"].append(c["model"]["label"])
             if c["status"] == "fail":
                 row["shown"].append(c["model"]["label"])
                 row["causes"][own] += 1
+                row["cells"].append(c)
         if c["check"] == "logits_parity" and c["status"] == "pass" and isinstance((c.get("metrics") or {}).get("max_abs_diff_two_rows"), float):
             row = out[("batch_rows", *key_rest)]
             row["measured"].append(c["model"]["label"])
             if any(f.get("cause") == "batch_rows" for f in c.get("findings") or []):
                 row["shown"].append(c["model"]["label"])
                 row["causes"]["batch_rows"] += 1
+                row["cells"].append(c)
     return out
 
 
