@@ -30,7 +30,8 @@ def rows(rep: Report) -> list[dict[str, str]]:
                     if not h:
                         continue
                     ran = sorted((c for c in h["cells"] if c["status"] != "skipped"), key=lambda c: (check_order(c["check"]), c["check"]))
-                    first = (h["bad"] or ran or [None])[0]
+                    # a cell an interrupted run did not finish rests on no number (its checks are "not run")
+                    first = None if h.get("not_run") and h["status"] == "skipped" else (h["bad"] or ran or [None])[0]
                     out.append({"model": model, "backend": backend, "dtype": dtype, "versions": env or "",
                                 "verdict": h["status"], "cause": ", ".join(h["causes"]) if h["status"] != "pass" else "",
                                 "check": first["check"] if first else "", "key number": key_number(first) if first else ""})

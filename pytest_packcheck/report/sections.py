@@ -205,7 +205,7 @@ def answer_section(rep: Report) -> list[str]:
         lines += _at_a_glance(rep, dtype)
         lines += ["### Every model", ""]
         for label in models:
-            safe, partial, bad, refused, unchecked = [], [], defaultdict(list), [], []
+            safe, partial, bad, refused, unchecked, unrun = [], [], defaultdict(list), [], [], []
             for b in backends:
                 h = rep.headlines.get((label, b, dtype, None))
                 if not h or b in rep.not_run:
@@ -216,6 +216,8 @@ def answer_section(rep: Report) -> list[str]:
                         partial.append(f"{name} ({pass_qualifier(h)}, see below)")
                     else:
                         safe.append(name)
+                elif h["status"] == "skipped" and h.get("not_run"):
+                    unrun.append(name)  # an interrupted run never finished it (run.session._name_unrun_checks)
                 elif h["status"] == "skipped":
                     unchecked.append(name)
                 elif h["status"] in ("fail", "fallback"):
@@ -241,6 +243,8 @@ def answer_section(rep: Report) -> list[str]:
                 parts.append(f"refused / crashed on {', '.join(refused)}")
             if unchecked:
                 parts.append(f"not checked on {', '.join(unchecked)}")
+            if unrun:
+                parts.append(f"not run on {', '.join(unrun)} (the run was interrupted: --packcheck-resume runs it)")
             flagged = sorted({m for b in backends for m in rep.marks.get((label, None, dtype, b), [])})
             if flagged:
                 parts.append(f"⚑ departs from its stack: {', '.join(flagged)}")

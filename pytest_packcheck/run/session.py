@@ -263,22 +263,21 @@ class PackcheckSession:
             self.regressions = regressions(self.changes)
 
     def _name_unrun_checks(self) -> None:
-        """An interrupted run: every correctness check of a matrix cell (model x backend x dtype x environment)
-        that has at least one result, but did not run itself, becomes a "skipped" cell whose metrics say
-        ``not_run: "interrupted"``, so the cell's headline is "not run", never a pass resting on the checks that
-        happened to finish (:func:`report.verdicts.headline`). Cells of groups that never started are left out:
-        the matrix is marked incomplete and ``--packcheck-resume`` runs them."""
+        """An interrupted run: every planned correctness check of this shard's matrix cells (model x backend x
+        dtype x environment) that did not run becomes a "skipped" cell whose metrics say ``not_run: "interrupted"``,
+        so a cell is "not run", never a pass resting on the checks that happened to finish
+        (:func:`report.verdicts.headline`), and a cell that never started is counted ("of 6" when 6 were planned),
+        not missing. The matrix is marked incomplete and ``--packcheck-resume`` runs them."""
         from ..checks.registry import SPECS
 
-        started = {(r["model"]["label"], r.get("backend"), r["dtype"], (r.get("env") or {}).get("label"))
-                   for r in self.results.values() if isinstance(r.get("model"), dict)}
+        index, count = self.settings.shard
         why = "not run: the run was interrupted before this check" + (
             " (or -k / -m deselected it)" if self.config.option.keyword or self.config.option.markexpr else "")
         for cell_id, cell in self._planned().items():
             spec = SPECS.get(cell.check)
             if cell_id in self.results or spec is None or spec.role != "correctness" or cell.backend is None:
                 continue
-            if (cell.label, cell.backend, cell.dtype, cell.env) in started:
+            if cell.model_index % count == index - 1:  # this shard's cells (make_items): another shard's are its own
                 self.results[cell_id] = json.loads(self._failure(cell, "skipped", f"{why}; rerun with --packcheck-resume",
                                                                  {"not_run": "interrupted"}).to_json())
 
