@@ -381,3 +381,29 @@ def test_a_variant_hazard_that_leaks_on_a_right_row_counts_as_shown_with_its_own
     assert by["llama"]["diagnosis"]["remedy"].startswith("also return position_ids from the collator")
     assert by["opt"]["diagnosis"]["remedy"].startswith("do not pack")  # wrong without the variant: its own leak
     assert "  hazard      cu seq lens on sdpa / float32: 2/2 models" in render_terminal(doc, [])
+
+
+def test_a_run_of_some_correctness_checks_says_once_which_the_passes_cover():
+    """Trial U4 (#75b, #83): an audit of checks=["isolation"] (or pytest -k isolation) read "llama: safe on eager"
+    resting on 1 of the correctness checks, the rest named nowhere. The answer and the counts line (matrix header,
+    terminal) name the checks run and the ones not run, once; a full set says nothing."""
+    from pytest_packcheck.checks.registry import SPECS
+    from pytest_packcheck.report import render_markdown, render_terminal
+    from pytest_packcheck.report.verdicts import coverage
+
+    doc = _doc([_cell("llama", "eager", "isolation", "pass", max_change=0.0)])
+    md = render_markdown(doc)
+    said = "The ✅ cells cover the correctness checks run here: isolation only; not run: position_ids, logits_parity"
+    answer = md[md.index("## The answer"):md.index("## Matrix")]
+    assert escape(said) in answer and "cross_backend" not in coverage(doc["cells"])  # not planned on eager
+    header = md[:md.index("## The answer")]
+    assert said in header and md.count(escape(said)) == 1 and "**llama**: safe on eager." in answer  # once each
+    assert said in "\n".join(render_terminal(doc, []))
+    every = [s.name for s in REGISTRY if s.role == "correctness" and s.suite == "default" and "eager" not in s.skip_backends]
+    assert SPECS["isolation"].suite == "default" and coverage(_doc([_cell("llama", "eager", c, "pass") for c in every])["cells"]) == ""
+
+
+def escape(text: str) -> str:
+    from pytest_packcheck.report.text import escape_md
+
+    return escape_md(text)

@@ -12,7 +12,7 @@ from ..results import SYMBOLS
 from .model import Report, env_header
 from .numbers import key_number
 from .text import cut, escape_md, fmt_metric
-from .verdicts import ROLE_MARKS, cause_label, env_label, hazard_names, headline_text, pass_qualifier, role_of
+from .verdicts import ROLE_MARKS, cause_label, coverage, env_label, hazard_names, headline_text, pass_qualifier, role_of
 
 
 def hazard_title(name: str) -> str:
@@ -199,6 +199,9 @@ def answer_section(rep: Report) -> list[str]:
               "in nats) against the reference, rel a relative error; tolerances at the end. \"varlen reference (CPU, "
               "not FA2)\" is packcheck_flash_ref: transformers' flash-attention preparation code with an exact "
               "per-segment kernel on CPU, a stand-in for the flash path, not FlashAttention-2 itself."), ""]
+    covered = coverage(rep.cells)  # once for every ✅ below, never per cell
+    if covered:
+        lines += [f"**{escape_md(covered)}**", ""]
     for dtype in rep.layout.dtypes:
         if len(rep.layout.dtypes) > 1:
             lines += [f"{dtype}:", ""]

@@ -116,6 +116,28 @@ def pass_qualifier(h: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def coverage(cells: list[dict[str, Any]]) -> str:
+    """What every ✅ of the run covers, said once: "" when the run's matrix cells had every correctness check of
+    the registry planned for them (the default suite's, plus any opt-in one that ran), else "The ✅ cells cover
+    the correctness checks run here: isolation only; not run: logits_parity, ... (...)." (the ones left out by
+    --packcheck-checks, an audit's checks, or -k / -m deselection). A check none of the run's backends plans
+    (cross_backend on eager alone: :attr:`CheckSpec.skip_backends`) is not missing."""
+    from ..checks.registry import REGISTRY
+
+    backends = {c["backend"] for c in cells if c.get("backend")}
+    present = {c["check"] for c in cells if c.get("backend") and role_of(c) == "correctness"}
+    if not present:
+        return ""
+    planned = [s.name for s in REGISTRY if s.role == "correctness" and s.level == "backend"
+               and (s.suite == "default" or s.name in present) and not backends <= set(s.skip_backends)]
+    missing = [name for name in planned if name not in present]
+    if not missing:
+        return ""
+    ran = [name for name in planned if name in present] + sorted(present - set(planned))
+    return (f"The ✅ cells cover the correctness checks run here: {', '.join(ran)}{' only' if len(ran) == 1 else ''}; "
+            f"not run: {', '.join(missing)} (left out by --packcheck-checks, the audit's checks, or -k / -m).")
+
+
 def headline_text(h: dict[str, Any], marks: list[str] | None = None) -> str:
     """A matrix cell's text from its :func:`headline`: symbol, cause (or "not checked"), what a pass does not cover
     (:func:`pass_qualifier`), and the ⚑ marks of a model that departs from its stack's hazard pattern."""
@@ -225,6 +247,9 @@ def counts_line(cells: list[dict[str, Any]], symbols: bool = True) -> str:
     verdicts = ", ".join(f"{sym(s)}{s if s != 'skipped' else 'not checked'} {n['cells'][s]}{models(s)}"
                          for s in reversed(STATUSES) if n["cells"][s])
     text = f"Matrix cells ({axes}, judged by the correctness checks): {verdicts} (of {total})."
+    covered = coverage(cells)
+    if covered:
+        text += " " + covered
     shown, measured = n["hazards"]
     if measured:
         text += f" Hazards: {ROLE_MARKS['hazard'][0] + ' ' if symbols else ''}{shown} of {measured} hazard probes showed one (never a model failure)."
