@@ -93,7 +93,7 @@ def test_a_special_token_id_from_packcheck_config_is_refused_by_the_audit(tmp_pa
     proc = _cli("audit", "--models", "arch:llama", "--packcheck-config", "pad_token_id=-5", "-n", "0", "-q",
                 "--packcheck-report-dir", str(tmp_path / "r"), cwd=tmp_path)
     assert proc.returncode == 2 and "Config value pad_token_id=-5" in proc.stdout + proc.stderr, proc.stdout[-1500:] + proc.stderr
-    assert "from --packcheck-config, folded into --packcheck-models" in proc.stdout + proc.stderr  # not the model list alone
+    assert "from --packcheck-config pad_token_id=-5, applied to model spec 'arch:llama' from --packcheck-models" in proc.stdout + proc.stderr  # not the model list alone
     assert not (tmp_path / "r" / "packcheck-matrix.json").exists()
 
 
@@ -258,16 +258,45 @@ def test_a_size_or_unknown_key_from_packcheck_config_names_that_option():
 
     try:
         configs.CONFIG_OPTION_OVERRIDES.update({"hidden_size": 0, "clip_qvk": 8})
-        with pytest.raises(PackcheckUsageError, match=r"\(in an override of model spec 'arch:llama\{hidden_size=0\}' from "
-                                                      r"--packcheck-config, folded into --packcheck-models\)"):
+        with pytest.raises(PackcheckUsageError, match=r"\(from --packcheck-config hidden_size=0, applied to model spec "
+                                                      r"'arch:llama' from --packcheck-models\)"):
             resolve_model(parse_model_spec("arch:llama{hidden_size=0}", "--packcheck-models"), "--packcheck-models")
-        with pytest.warns(Warning, match=r"'clip_qvk' \(in model spec 'arch:llama\{clip_qvk=8\}' from --packcheck-config"):
+        with pytest.warns(Warning, match=r"'clip_qvk' \(from --packcheck-config clip_qvk=8, applied to model spec 'arch:llama' from"):
             resolve_model(parse_model_spec("arch:llama{clip_qvk=8}", "--packcheck-models"), "--packcheck-models")
         with pytest.raises(PackcheckUsageError, match=r"from --packcheck-models\) is not a size") as own:  # the spec's own value
             resolve_model(parse_model_spec("arch:llama{hidden_size=-1}", "--packcheck-models"), "--packcheck-models")
         assert "--packcheck-config" not in str(own.value)
     finally:
         configs.CONFIG_OPTION_OVERRIDES.clear()
+
+
+def test_heads_that_do_not_divide_from_packcheck_config_name_that_option_and_the_value_as_typed():
+    """--packcheck-config num_attention_heads=3 was refused "(in model spec 'arch:llama{num_attention_heads=3}' from
+    --packcheck-models)": a spec the user never typed and the wrong flag."""
+    from pytest_packcheck.model import configs
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_spec
+
+    try:
+        configs.CONFIG_OPTION_OVERRIDES.update({"num_attention_heads": 3})
+        with pytest.raises(PackcheckUsageError) as info:
+            resolve_model(parse_model_spec("arch:llama{num_attention_heads=3}", "--packcheck-models"), "--packcheck-models")
+        assert ("(from --packcheck-config num_attention_heads=3, applied to model spec 'arch:llama' from "
+                "--packcheck-models) do not divide") in str(info.value)
+        assert "{num_attention_heads=3}" not in str(info.value)
+    finally:
+        configs.CONFIG_OPTION_OVERRIDES.clear()
+
+
+def test_an_override_that_is_no_config_key_is_noted_in_the_cells_config_notes():
+    """arch:llama{nosuchkey=1} warned on the terminal only: the reports said "safe" with no config note."""
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_spec
+
+    with pytest.warns(Warning, match="'nosuchkey'"):
+        resolved = resolve_model(parse_model_spec("arch:llama{nosuchkey=1}", "--packcheck-models"), "--packcheck-models")
+    assert resolved.record()["config_notes"] == [("override nosuchkey=1 is not a key of LlamaConfig or its sub-configs: set "
+                                                  "as a new attribute, which the model may never read")]
 
 
 @pytest.mark.parametrize(("spec", "what"), [

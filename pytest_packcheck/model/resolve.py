@@ -123,7 +123,7 @@ def resolve_model(spec: ModelSpec, source: str, trust_remote_code: bool = False)
     if spec.kind == "arch" and not any(k.split(".")[-1] in ("layer_types", "layers_block_type") for k, _ in spec.overrides):
         notes += apply_layer_variant(config, spec.name)
     if spec.overrides:
-        apply_overrides(config, spec, source)
+        notes += apply_overrides(config, spec, source)
     refuse_absurd_sizes(config, spec, source)
     model_type = config.model_type
     cls = causal_lm_class_name(model_type)
