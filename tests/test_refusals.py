@@ -64,6 +64,15 @@ def test_atlas_refuses_a_missing_build_dir_and_a_non_positive_bisect_limit(args,
     assert not (tmp_path / "out").exists()
 
 
+def test_atlas_render_only_refuses_a_missing_default_build_dir(tmp_path):
+    """`pc atlas --render-only -o x` where the default build/atlas does not exist exited 0 and wrote an empty atlas
+    ("0 releases measured", "torch None"); a missing --build-dir named explicitly was refused. Both are now."""
+    proc = _cli("atlas", "--render-only", "-o", str(tmp_path / "atlas2"), cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0, proc.stderr
+    assert "The default --build-dir 'build/atlas' (no --build-dir given" in proc.stderr and "does not exist" in proc.stderr
+    assert not (tmp_path / "atlas2").exists()
+
+
 @pytest.mark.parametrize(("spec", "message"), [
     ("arch:llama{pad_token_id=-5}", ("Config value pad_token_id=-5 (in an override of model spec 'arch:llama{pad_token_id=-5}' "
                                     "from test) is not a token id of the model's vocabulary [0, 32,000)")),
