@@ -101,7 +101,8 @@ class Answer:
             from .atlas.trl_render import trl_answer_lines
 
             text = "\n".join([text, *trl_answer_lines(self.trl, self.model_type, self.attn_implementation)])
-        extra = [*self.notes, f"source: {self.where}"] + ([f"reproduce: {self.reproduce}"] if self.reproduce else [])
+        label = "reproduce (the transformers answer)" if self.trl else "reproduce"  # the TRL answers carry their own
+        extra = [*self.notes, f"source: {self.where}"] + ([f"{label}: {self.reproduce}"] if self.reproduce else [])
         return "\n".join([text, *("  " + e for e in extra)])
 
 
