@@ -3,6 +3,7 @@ PackcheckUsageError (exit 2) naming the value, where it came from and the fix.""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -109,6 +110,20 @@ def test_a_special_token_id_from_packcheck_config_is_refused_by_the_audit(tmp_pa
     assert proc.returncode == 2 and "Config value pad_token_id=-5" in proc.stdout + proc.stderr, proc.stdout[-1500:] + proc.stderr
     assert "from --packcheck-config pad_token_id=-5, applied to model spec 'arch:llama' from --packcheck-models" in proc.stdout + proc.stderr  # not the model list alone
     assert not (tmp_path / "r" / "packcheck-matrix.json").exists()
+
+
+def test_pretrained_weights_from_a_local_folder_without_a_weights_file_is_refused_up_front(tmp_path):
+    """--models <folder with only config.json> --packcheck-weights pretrained became an error cell, cause crash
+    ("OSError: no file named model.safetensors"), exit 0: a usage error before any cell runs."""
+    folder = tmp_path / "cfgonly"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    proc = _cli("audit", "--models", str(folder), "--packcheck-weights", "pretrained", "-n", "0", "-q",
+                "--packcheck-report-dir", str(tmp_path / "r"), cwd=tmp_path)
+    err = proc.stdout + proc.stderr
+    assert proc.returncode == 2, err[-1500:]
+    assert f"Local model folder '{folder}' (from --packcheck-models) has no weights file (model.safetensors," in err
+    assert "--packcheck-weights=random" in err and not (tmp_path / "r" / "packcheck-matrix.json").exists()
 
 
 # --- support files, claims and atlas flags of the third adversarial trial (TRIAL-FINDINGS group A) -------------------

@@ -7,6 +7,7 @@ Hub loading and caching code runs); :mod:`.build` shrinks it and builds random w
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..errors import PackcheckUsageError
@@ -64,6 +65,30 @@ def loaded_weights(kind: str, weights: str) -> str:
     ``"pretrained"`` (the checkpoint, :func:`build_model` through ``from_pretrained``), or ``"random"`` (the
     shrunk config with random weights). An ``arch:`` spec has no checkpoint: it is random in either mode."""
     return "pretrained" if weights == "pretrained" and kind != "arch" else "random"
+
+
+#: The weights files ``from_pretrained`` loads from a local folder (transformers' SAFE_WEIGHTS_NAME, WEIGHTS_NAME and
+#: their sharded indexes); a shard of a sharded checkpoint matches the glob beside its name.
+LOCAL_WEIGHTS_FILES = (("model.safetensors", "*.safetensors"), ("model.safetensors.index.json", None),
+                       ("pytorch_model.bin", "pytorch_model*.bin"), ("pytorch_model.bin.index.json", None))
+
+
+def refuse_local_without_weights(spec: ModelSpec, source: str, weights_flag: str, weights_source: str) -> None:
+    """Refuse, before any cell runs, a local folder that pretrained weights would be loaded from but that holds no
+    weights file (:data:`LOCAL_WEIGHTS_FILES`: a folder with only config.json became an error cell, cause crash).
+
+    Raises:
+        PackcheckUsageError: naming the folder, the files looked for and the two fixes.
+    """
+    if spec.kind != "local":
+        return
+    folder = Path(spec.name)
+    if any((folder / name).is_file() or (pattern and any(folder.glob(pattern))) for name, pattern in LOCAL_WEIGHTS_FILES):
+        return
+    raise PackcheckUsageError(
+        f"Local model folder '{spec.raw}' (from {source}) has no weights file ({', '.join(n for n, _ in LOCAL_WEIGHTS_FILES)}) "
+        f"to load under {weights_flag}=pretrained (from {weights_source}): pass {weights_flag}=random to run its config "
+        "with random weights, or save the weights into the folder (model.save_pretrained).")
 
 
 def resolve_model(spec: ModelSpec, source: str, trust_remote_code: bool = False) -> ResolvedModel:
