@@ -147,11 +147,16 @@ def packcheck_verify(request: pytest.FixtureRequest) -> Any:
     (``indirect=True``) with ``(model, batch)`` or ``{"model": ..., "batch": ..., **options}`` (callables are
     called first, so models can be built lazily): the fixture runs the check and returns the result.
     """
+    from .errors import PackcheckUsageError
+
     param = getattr(request, "param", None)
     if param is None:
         return _verify
-    model, batch, options = _fixture_param(param)
-    return _verify(model, batch, **options)
+    try:
+        model, batch, options = _fixture_param(param)
+        return _verify(model, batch, **options)
+    except PackcheckUsageError as exc:  # the test's parametrization is wrong: one line, no traceback into packcheck
+        pytest.fail(f"{type(exc).__name__}: {exc}", pytrace=False)
 
 
 def _verify(model: Any, batch: Any, **options: Any) -> Any:

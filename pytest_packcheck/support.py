@@ -101,7 +101,8 @@ class Answer:
             from .atlas.trl_render import trl_answer_lines
 
             text = "\n".join([text, *trl_answer_lines(self.trl, self.model_type, self.attn_implementation)])
-        extra = [*self.notes, f"source: {self.where}"] + ([f"reproduce: {self.reproduce}"] if self.reproduce else [])
+        label = "reproduce (the transformers answer)" if self.trl else "reproduce"  # the TRL answers carry their own
+        extra = [*self.notes, f"source: {self.where}"] + ([f"{label}: {self.reproduce}"] if self.reproduce else [])
         return "\n".join([text, *("  " + e for e in extra)])
 
 
@@ -230,7 +231,8 @@ def lookup(model_type: str, attn_implementation: str, transformers_version: str,
     from the support file's ``trl`` block.
 
     Raises:
-        PackcheckUsageError: ``transformers_version`` or ``trl_version`` is not a version; ``attn_implementation`` is
+        PackcheckUsageError: an argument is empty (or blank); ``transformers_version`` or ``trl_version`` is not a
+            version; ``attn_implementation`` is
             none the backend table (:data:`~pytest_packcheck.backends.table.KNOWN_BACKENDS`), :data:`ANSWERED_FROM` or
             the atlas knows (``sdpaa``: a typo answered "not measured" before); the support file is unusable.
     """
@@ -239,6 +241,12 @@ def lookup(model_type: str, attn_implementation: str, transformers_version: str,
     from .backends.table import KNOWN_BACKENDS
     from .errors import closest
 
+    # an empty argument (an unset shell variable) was looked up: "architecture '' is not in the atlas", rc 1
+    for what, value in (("model_type argument", model_type), ("attn_implementation argument", attn_implementation),
+                        ("transformers_version argument", transformers_version), ("--trl", trl_version)):
+        if value is not None and not str(value).strip():
+            raise PackcheckUsageError(f"Empty value {value!r} for the {what}: give one, e.g. packcheck lookup qwen2 sdpa "
+                                      "4.56.2 (--trl 0.19.1).")
     # each library's own example and prefix: a bad --trl was told "such as 4.56.2 (no 'transformers==')"
     for what, value, example in (("transformers", transformers_version, "4.56.2"), ("trl", trl_version, "0.19.1")):
         try:

@@ -852,6 +852,23 @@ def test_atlas_refuses_a_release_the_index_does_not_have(monkeypatch, capsys):
     assert "not checked against the package index" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("trl", [False, True])
+def test_atlas_since_past_every_release_is_refused_naming_the_newest(monkeypatch, capsys, trl):
+    """`pc atlas --since 9.0 --list-releases` printed [] with rc 0: an empty plan said nothing."""
+    from pytest_packcheck.analysis import bisect
+    from pytest_packcheck.cli import main
+
+    library, versions = ("trl", ("0.19.1", "1.16.0")) if trl else ("transformers", ("4.57.6", "5.24.0"))
+    newest = versions[-1]
+    page = {"files": [{"filename": f"{library}-{v}-py3-none-any.whl"} for v in versions]}
+    monkeypatch.setattr(bisect, "fetch_index_page", lambda lib: page)
+    code = main(["atlas", *(["--trl"] if trl else []), "--since", "9.0", "--list-releases"])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == "" and len(captured.err.strip().splitlines()) == 1, captured
+    assert f"No {library} release on the package index matches --since 9.0" in captured.err
+    assert f"the newest there is {newest}" in captured.err
+
+
 @pytest.mark.parametrize(("args", "needle"), [
     # --list-releases checks what a measuring run checks: --releases against the index, --shard, every --seed
     (["--releases", "99.0.0", "--list-releases"], ("Release '99.0.0' (from --releases) is not a transformers release on the "

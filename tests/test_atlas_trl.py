@@ -336,6 +336,18 @@ def test_lookup_with_a_trl_version(rendered):
         lookup("llama", "sdpa", "5.24.0", "new", path=path)
 
 
+def test_lookup_trl_answers_carry_the_command_the_trl_axis_ran(rendered):
+    """`lookup llama sdpa 5.24.0 --trl 1.16.0`: the one "reproduce:" line was the plain transformers audit (no sft
+    check, no TRL), which does not measure the TRL answers printed above it."""
+    hit = lookup("llama", "sdpa", "5.24.0", "0.19.1", path=rendered / "support.json")
+    ran = json.loads((rendered / "trl.json").read_text())["releases"]
+    command = next(r["command"] for r in ran if r["trl"] == "0.19.1")
+    assert hit.trl["reproduce"] == command and "--trl --releases 0.19.1" in command
+    text = str(hit)
+    assert f"  reproduce (the trl 0.19.1 answers): {command}" in text
+    assert "  reproduce (the transformers answer): packcheck audit" in text
+
+
 def test_cli_lookup_trl_exit_codes(rendered):
     def run(*args):
         return subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "lookup", *args, "--support-file",

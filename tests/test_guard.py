@@ -498,6 +498,17 @@ def test_contract_reference_uses_true_positions(tolerances, plant):
     assert result.lengths == [11, 7, 13] and result.max_logprob_diff > result.tolerance["logits_atol"], result.line()
 
 
+def test_one_example_row_counts_its_scored_labels(llama_sdpa):
+    """position_ids arange(31) (no restart) with labels: skipped "one example", but label_tokens was 0 though the
+    row scores 30 labels."""
+    llama_sdpa.model.config.use_cache = False
+    batch = llama_sdpa.packed()
+    batch["position_ids"] = torch.arange(31)[None]
+    batch["labels"] = batch["input_ids"].clone()
+    result = verify_packed_batch(llama_sdpa.model, batch)
+    assert result.verdict == "skipped" and "one example" in result.evidence and result.label_tokens == 30
+
+
 def test_unmasked_labels_show_in_the_trainer_loss(llama_sdpa):
     llama_sdpa.model.config.use_cache = False
     batch = llama_sdpa.packed()
@@ -872,10 +883,14 @@ def _row(llama_sdpa, **change):
     (lambda b: _row(b, input_ids=tuple(b.packed()["input_ids"][0].tolist())), "batch['input_ids'] is tuple, expected a tensor"),
     (lambda b: _row(b, labels=tuple(b.packed()["labels"][0].tolist())), "batch['labels'] is a tuple, expected a tensor"),
     (lambda b: {**b.packed(), 0: 1}, "batch has the key 0 (int)"),
+    # a (1, 1, 31) position_ids on a model without M-RoPE crashed inside the model (verdict fail, cause crash)
+    (lambda b: _row(b, position_ids=b.packed()["position_ids"][None]),
+     ("batch['position_ids'] has shape (1, 1, 31), expected (1, 31) (batch, length) like input_ids: a llama model reads no "
+     "multi-row M-RoPE position_ids")),
 ], ids=["empty_row", "float_ids", "id_out_of_vocab", "float_labels", "labels_minus_one", "list_positions", "1d_positions", "float_cu", "list_cu",
         "string_use_cache", "fused_without_head", "meta_labels", "meta_batch", "string_max_length", "float_max_length",
         "1d_max_length", "bool_max_length", "string_num_items", "negative_num_items", "fractional_num_items", "bool_labels", "complex_labels",
-        "bool_positions", "uint8_ids", "sparse_positions", "tuple_ids", "tuple_labels", "int_key"])
+        "bool_positions", "uint8_ids", "sparse_positions", "tuple_ids", "tuple_labels", "int_key", "3d_positions_without_mrope"])
 def test_malformed_batch_is_one_clear_line(llama_sdpa, make, message):
     with pytest.raises(PackcheckUsageError) as info:
         verify_packed_batch(llama_sdpa.model, make(llama_sdpa))

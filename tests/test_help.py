@@ -115,6 +115,18 @@ def test_every_cause_has_a_meaning_and_the_listing_gives_its_remedy(capsys):
     assert "remedy: do not pass attention_mask with packed rows" in " ".join(out.split())
 
 
+def test_causes_with_a_check_name_lists_only_that_checks_causes(capsys):
+    """`packcheck checks sft --causes` printed every cause: the check filter was silently ignored."""
+    from pytest_packcheck.checks.causes import CAUSE_RECORDS
+    from pytest_packcheck.checks.listing import main
+    from pytest_packcheck.checks.registry import SPECS
+
+    assert main(["sft", "--causes"]) == 0
+    listed = [line for line in capsys.readouterr().out.splitlines() if line and not line.startswith(" ")]
+    assert listed == [c for c in CAUSE_RECORDS if c in SPECS["sft"].causes] and set(listed) == set(SPECS["sft"].causes)
+    assert len(listed) < len(CAUSE_RECORDS)
+
+
 def test_every_command_of_the_table_is_a_subcommand_with_its_help_in_table_order():
     from pytest_packcheck.cli import COMMANDS
 

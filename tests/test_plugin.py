@@ -236,6 +236,24 @@ def test_fixture_parameter_that_is_not_model_and_batch_is_one_line(param, messag
     assert message in str(info.value) and "(model, batch) or {'model'" in str(info.value) and "\n" not in str(info.value)
 
 
+def test_fixture_parameter_refused_through_pytest_shows_no_traceback_into_packcheck(pytester):
+    """A wrong indirect parameter (a dict without "batch", a string) errors at setup with the one-line usage error:
+    it showed a traceback ending inside pytest_packcheck/plugin.py."""
+    pytester.makepyfile(test_a='''
+import pytest
+
+@pytest.mark.parametrize("packcheck_verify", [{"model": 1}, "arch:llama"], indirect=True)
+def test_x(packcheck_verify):
+    pass
+''')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(errors=2)
+    out = result.stdout.str()
+    result.stdout.fnmatch_lines(["*PackcheckUsageError: packcheck_verify's parameter has no 'batch' key (keys: 'model')*"])
+    result.stdout.fnmatch_lines(["*PackcheckUsageError: packcheck_verify's parameter is a str ('arch:llama')*"])
+    assert "plugin.py" not in out and "raise PackcheckUsageError" not in out
+
+
 def test_fixture_given_a_callable_or_an_unknown_option_is_a_usage_error(pytester):
     """Through pytest, as a user writes it: a callable as the indirect parameter, an unknown option, and a
     callable where the model goes (verify_packed_batch's own refusal): each a one-line PackcheckUsageError."""

@@ -3,6 +3,7 @@ PackcheckUsageError (exit 2) naming the value, where it came from and the fix.""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -28,6 +29,11 @@ def _cli(*args, cwd=None, timeout=300):
     (("qwen2", "sdpa", "4.56.x"), "such as 4.56.2 (no 'transformers=='"),
     (("qwen2", "sdpa", "5.24.0", "--trl", "banana"), "trl version 'banana' is not a version"),
     (("qwen2", "sdpa", "4.56.2", "--trl", "xyz"), "such as 0.19.1 (no 'trl==', no wildcard)"),  # was transformers' example
+    # an empty argument (an unset shell variable) answered "architecture '' is not in the atlas", exit 1
+    (("", "sdpa", "5.24.0"), "Empty value '' for the model_type argument"),
+    (("llama", " ", "5.24.0"), "Empty value ' ' for the attn_implementation argument"),
+    (("llama", "sdpa", ""), "Empty value '' for the transformers_version argument"),
+    (("llama", "sdpa", "5.24.0", "--trl", ""), "Empty value '' for the --trl"),
 ])
 def test_lookup_refuses_an_unknown_backend_and_a_bad_release(args, message):
     """`packcheck lookup qwen2 sdpaa 4.56.2` answered "not measured" (exit 1): a typo is a usage error naming the
@@ -64,6 +70,15 @@ def test_atlas_refuses_a_missing_build_dir_and_a_non_positive_bisect_limit(args,
     assert not (tmp_path / "out").exists()
 
 
+def test_atlas_render_only_refuses_a_missing_default_build_dir(tmp_path):
+    """`pc atlas --render-only -o x` where the default build/atlas does not exist exited 0 and wrote an empty atlas
+    ("0 releases measured", "torch None"); a missing --build-dir named explicitly was refused. Both are now."""
+    proc = _cli("atlas", "--render-only", "-o", str(tmp_path / "atlas2"), cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0, proc.stderr
+    assert "The default --build-dir 'build/atlas' (no --build-dir given" in proc.stderr and "does not exist" in proc.stderr
+    assert not (tmp_path / "atlas2").exists()
+
+
 @pytest.mark.parametrize(("spec", "message"), [
     ("arch:llama{pad_token_id=-5}", ("Config value pad_token_id=-5 (in an override of model spec 'arch:llama{pad_token_id=-5}' "
                                     "from test) is not a token id of the model's vocabulary [0, 32,000)")),
@@ -93,8 +108,22 @@ def test_a_special_token_id_from_packcheck_config_is_refused_by_the_audit(tmp_pa
     proc = _cli("audit", "--models", "arch:llama", "--packcheck-config", "pad_token_id=-5", "-n", "0", "-q",
                 "--packcheck-report-dir", str(tmp_path / "r"), cwd=tmp_path)
     assert proc.returncode == 2 and "Config value pad_token_id=-5" in proc.stdout + proc.stderr, proc.stdout[-1500:] + proc.stderr
-    assert "from --packcheck-config, folded into --packcheck-models" in proc.stdout + proc.stderr  # not the model list alone
+    assert "from --packcheck-config pad_token_id=-5, applied to model spec 'arch:llama' from --packcheck-models" in proc.stdout + proc.stderr  # not the model list alone
     assert not (tmp_path / "r" / "packcheck-matrix.json").exists()
+
+
+def test_pretrained_weights_from_a_local_folder_without_a_weights_file_is_refused_up_front(tmp_path):
+    """--models <folder with only config.json> --packcheck-weights pretrained became an error cell, cause crash
+    ("OSError: no file named model.safetensors"), exit 0: a usage error before any cell runs."""
+    folder = tmp_path / "cfgonly"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    proc = _cli("audit", "--models", str(folder), "--packcheck-weights", "pretrained", "-n", "0", "-q",
+                "--packcheck-report-dir", str(tmp_path / "r"), cwd=tmp_path)
+    err = proc.stdout + proc.stderr
+    assert proc.returncode == 2, err[-1500:]
+    assert f"Local model folder '{folder}' (from --packcheck-models) has no weights file (model.safetensors," in err
+    assert "--packcheck-weights=random" in err and not (tmp_path / "r" / "packcheck-matrix.json").exists()
 
 
 # --- support files, claims and atlas flags of the third adversarial trial (TRIAL-FINDINGS group A) -------------------
@@ -258,16 +287,45 @@ def test_a_size_or_unknown_key_from_packcheck_config_names_that_option():
 
     try:
         configs.CONFIG_OPTION_OVERRIDES.update({"hidden_size": 0, "clip_qvk": 8})
-        with pytest.raises(PackcheckUsageError, match=r"\(in an override of model spec 'arch:llama\{hidden_size=0\}' from "
-                                                      r"--packcheck-config, folded into --packcheck-models\)"):
+        with pytest.raises(PackcheckUsageError, match=r"\(from --packcheck-config hidden_size=0, applied to model spec "
+                                                      r"'arch:llama' from --packcheck-models\)"):
             resolve_model(parse_model_spec("arch:llama{hidden_size=0}", "--packcheck-models"), "--packcheck-models")
-        with pytest.warns(Warning, match=r"'clip_qvk' \(in model spec 'arch:llama\{clip_qvk=8\}' from --packcheck-config"):
+        with pytest.warns(Warning, match=r"'clip_qvk' \(from --packcheck-config clip_qvk=8, applied to model spec 'arch:llama' from"):
             resolve_model(parse_model_spec("arch:llama{clip_qvk=8}", "--packcheck-models"), "--packcheck-models")
         with pytest.raises(PackcheckUsageError, match=r"from --packcheck-models\) is not a size") as own:  # the spec's own value
             resolve_model(parse_model_spec("arch:llama{hidden_size=-1}", "--packcheck-models"), "--packcheck-models")
         assert "--packcheck-config" not in str(own.value)
     finally:
         configs.CONFIG_OPTION_OVERRIDES.clear()
+
+
+def test_heads_that_do_not_divide_from_packcheck_config_name_that_option_and_the_value_as_typed():
+    """--packcheck-config num_attention_heads=3 was refused "(in model spec 'arch:llama{num_attention_heads=3}' from
+    --packcheck-models)": a spec the user never typed and the wrong flag."""
+    from pytest_packcheck.model import configs
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_spec
+
+    try:
+        configs.CONFIG_OPTION_OVERRIDES.update({"num_attention_heads": 3})
+        with pytest.raises(PackcheckUsageError) as info:
+            resolve_model(parse_model_spec("arch:llama{num_attention_heads=3}", "--packcheck-models"), "--packcheck-models")
+        assert ("(from --packcheck-config num_attention_heads=3, applied to model spec 'arch:llama' from "
+                "--packcheck-models) do not divide") in str(info.value)
+        assert "{num_attention_heads=3}" not in str(info.value)
+    finally:
+        configs.CONFIG_OPTION_OVERRIDES.clear()
+
+
+def test_an_override_that_is_no_config_key_is_noted_in_the_cells_config_notes():
+    """arch:llama{nosuchkey=1} warned on the terminal only: the reports said "safe" with no config note."""
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_spec
+
+    with pytest.warns(Warning, match="'nosuchkey'"):
+        resolved = resolve_model(parse_model_spec("arch:llama{nosuchkey=1}", "--packcheck-models"), "--packcheck-models")
+    assert resolved.record()["config_notes"] == [("override nosuchkey=1 is not a key of LlamaConfig or its sub-configs: set "
+                                                  "as a new attribute, which the model may never read")]
 
 
 @pytest.mark.parametrize(("spec", "what"), [

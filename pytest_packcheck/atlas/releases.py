@@ -65,7 +65,8 @@ def index_latest_patches(library: str, command: str, example: str, since: str, u
     """:func:`latest_patches` of ``library`` from the package index; the transformers and the TRL axes' plan.
 
     Raises:
-        PackcheckUsageError: the index cannot be reached (naming ``command`` and ``--releases example`` as the way out).
+        PackcheckUsageError: the index cannot be reached (naming ``command`` and ``--releases example`` as the way out),
+            or no release on it falls between ``since`` and ``until`` (naming the newest release there).
     """
     from ..analysis.bisect import fetch_index_page, parse_simple_index
 
@@ -75,7 +76,17 @@ def index_latest_patches(library: str, command: str, example: str, since: str, u
         raise PackcheckUsageError(str(exc).replace("bisect needs", f"{command} needs")
                                   + f" Or name the releases with --releases {example}.") from None
     releases, _ = parse_simple_index(page)
-    return latest_patches(releases, since, until)
+    picked = latest_patches(releases, since, until)
+    if not picked:  # `--since 9.0` printed [] and measured nothing, saying nothing
+        from packaging.version import Version
+
+        finals = [r for r in releases if not Version(r).is_prerelease and not Version(r).is_devrelease]
+        newest = max(finals, key=Version) if finals else None
+        window = f"--since {since}" + (f" --until {until}" if until else "")
+        raise PackcheckUsageError(
+            f"No {library} release on the package index matches {window} ({command}): the newest there is "
+            f"{newest or 'none'}; give a --since / --until window that holds releases, or name them with --releases {example}.")
+    return picked
 
 
 def parse_release_list(text: str, source: str) -> list[str]:

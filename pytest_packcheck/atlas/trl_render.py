@@ -135,7 +135,7 @@ def trl_answer(doc: dict[str, Any], model_type: str, backend: str, trl_version: 
     """The TRL axis's answer for ``model_type`` on ``backend`` (the measured column, e.g. ``packcheck_flash_ref``
     for flash_attention_2) at ``trl_version``: ``measured`` (bool), ``trl``, ``transformers`` (what that TRL
     release ran with on the axis), ``modes`` (mode -> ``verdict``, ``causes``, ``number`` (loss Δ), ``message``,
-    ``effective``) when measured, else ``nearest`` (mode -> the closest measured TRL releases below / above with
+    ``effective``) and ``reproduce`` (the command the TRL axis ran for that release) when measured, else ``nearest`` (mode -> the closest measured TRL releases below / above with
     their verdicts), and ``notes``. A support document without a ``trl`` block answers not measured with a note.
 
     Raises:
@@ -174,8 +174,13 @@ def trl_answer(doc: dict[str, Any], model_type: str, backend: str, trl_version: 
         out["nearest"][mode] = [{"trl": v, "side": side, "verdict": row[v]["verdict"], "causes": list(row[v].get("causes", []))}
                                 for v, side in ((below[-1] if below else None, "below"), (above[0] if above else None, "above")) if v]
     if release and out["modes"]:
+        from .trl import trl_reproduce
+
         out["measured"] = True
         out["transformers"] = release.get("transformers")
+        # the command the TRL axis ran for this release (recorded in trl.json): what measured the answers above;
+        # the transformers answer's own reproduce line runs no sft check and no TRL
+        out["reproduce"] = release.get("command") or trl_reproduce(release["trl"])
         if release.get("transformers") and Version(str(release["transformers"])) != Version(transformers_version):
             out["notes"].append(f"trl {release['trl']} was measured with transformers {release['transformers']}, not "
                                 f"{transformers_version}: its answer is about TRL's configuration there")
@@ -195,6 +200,8 @@ def trl_answer_lines(answer: dict[str, Any], model_type: str, attn_implementatio
             num = f" (loss Δ {e['number']:.1e})" if e.get("number") is not None else ""
             lines.append(f"{head} / {MODE_NAMES.get(mode, mode)}: {e['verdict']}{why}{num}, measured with transformers "
                          f"{answer['transformers']}")
+        if answer.get("reproduce"):
+            lines.append(f"  reproduce (the trl {answer['trl']} answers): {answer['reproduce']}")
     for mode, near in answer["nearest"].items():
         text = "; ".join(f"{n['trl']}: {n['verdict']}" + (f" [{', '.join(n['causes'])}]" if n["causes"] else "") for n in near)
         lines.append(f"{head} / {MODE_NAMES.get(mode, mode)}: not measured" + (f" (nearest measured: {text})" if text else ""))

@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("names", nargs="*", metavar="CHECK", help="Only these checks (default: all, in matrix order).")
     form = parser.add_mutually_exclusive_group()
     form.add_argument("--markdown", action="store_true", help="Print README's check table (Markdown) instead.")
-    form.add_argument("--causes", action="store_true", help="Print every cause code with its meaning and remedy instead.")
+    form.add_argument("--causes", action="store_true", help="Print every cause code (only the named checks' causes with CHECK) with its meaning and remedy instead.")
     return parser
 
 
@@ -60,14 +60,20 @@ def text_listing(specs: tuple[CheckSpec, ...] = REGISTRY, tolerances: dict[str, 
     return "\n".join(lines) + "\n"
 
 
-def causes_listing() -> str:
-    """Every cause code: its meaning and its remedy (version advice comes from audit/known_faults.toml)."""
+def causes_listing(specs: tuple[CheckSpec, ...] | None = None) -> str:
+    """Every cause code: its meaning and its remedy (version advice comes from audit/known_faults.toml). With
+    ``specs`` (``packcheck checks sft --causes``), only the causes those checks name (their registry records), each
+    with the remedies that hold on any of them."""
     wrap = textwrap.TextWrapper(width=100, initial_indent="  ", subsequent_indent="    ")
+    names = {s.name for s in specs} if specs else None
+    codes = {c for s in specs for c in s.causes} if specs else None
     lines: list[str] = []
     for cause in CAUSE_RECORDS.values():
+        if codes is not None and cause.code not in codes:
+            continue
         lines.append(cause.code)
         lines += wrap.wrap(f"means: {cause.meaning}") + wrap.wrap(f"remedy: {cause.remedy or '(none: see the evidence)'}")
-        lines += [line for r in cause.when for line in wrap.wrap(
+        lines += [line for r in cause.when if names is None or not r.checks or names & set(r.checks) for line in wrap.wrap(
             "on " + "; ".join(part for part in (", ".join(r.backends), ", ".join(r.checks),
                                                ", ".join(k for k, _ in r.facts)) if part) + f": {r.text}")]
     return "\n".join(lines) + "\n"
@@ -89,7 +95,7 @@ def run(ns: argparse.Namespace) -> int:
     if ns.markdown:
         sys.stdout.write(markdown_table(specs))
     elif ns.causes:
-        sys.stdout.write(causes_listing())
+        sys.stdout.write(causes_listing(tuple(SPECS[n] for n in ns.names) or None))
     else:
         sys.stdout.write(text_listing(specs, _shipped_tolerances()))
     return 0

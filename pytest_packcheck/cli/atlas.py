@@ -66,11 +66,14 @@ def run(ns: argparse.Namespace) -> int:
     if ns.render_only and ns.no_render:
         raise PackcheckUsageError("--render-only and --no-render exclude each other: pick one.")
     build_dir = ns.build_dir or ("build/atlas-trl" if ns.trl else "build/atlas")
-    if ns.render_only and ns.build_dir and not Path(build_dir).is_dir():
-        # checked before the releases are asked of the package index: nothing there to render from
+    if ns.render_only and not Path(build_dir).is_dir():
+        # checked before the releases are asked of the package index: nothing there to render from (the default
+        # folder too: a missing build/atlas rendered an empty atlas over -o)
         what = "is not a folder" if Path(build_dir).exists() else "does not exist"
-        raise PackcheckUsageError(f"--build-dir '{build_dir}' (with --render-only) {what}: there is nothing to render. Pass "
-                                  "the folder a measuring run wrote (default build/atlas), or run without --render-only.")
+        given = (f"--build-dir '{build_dir}'" if ns.build_dir
+                 else f"The default --build-dir '{build_dir}' (no --build-dir given; under {Path.cwd()})")
+        raise PackcheckUsageError(f"{given} (with --render-only) {what}: there is nothing to render. Pass "
+                                  "the folder a measuring run wrote with --build-dir, or run without --render-only.")
     _check_since_until(ns.since, ns.until, "TRL" if ns.trl else "transformers")
     if ns.bisect_limit is not None and ns.bisect_limit < 1:
         raise PackcheckUsageError(f"--bisect-limit {ns.bisect_limit} must be >= 1 (the most transitions to bisect); leave it "

@@ -256,6 +256,14 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
     weights = str(weights_value or ("pretrained" if device.startswith("cuda") else "random"))
     _validate_names([weights], WEIGHTS, "weights mode", weights_src)
     archs = [m for m in models if m.startswith("arch:")]
+    if weights == "pretrained":  # a local folder with no weights file: refused before any cell runs
+        from ..model.resolve import refuse_local_without_weights
+        from ..model.specs import parse_model_spec
+
+        for m in models:
+            if not m.startswith("arch:"):
+                refuse_local_without_weights(parse_model_spec(m, source), source, OPT_WEIGHTS,
+                                             weights_src if weights_src != "default" else f"the default on {device}")
     if weights == "pretrained" and archs and weights_src != "default":
         from ..model.resolve import loaded_weights
 

@@ -68,6 +68,14 @@ def _text_config(config: Any) -> Any:
         return config
 
 
+def takes_mrope(text_config: Any) -> bool:
+    """Whether a model of this text config reads multi-row M-RoPE position_ids ``(3|4, batch, length)``: its RoPE
+    parameters (``rope_parameters`` in transformers 5.x, ``rope_scaling`` before) carry an ``mrope_section``
+    (Qwen2-VL and its kin). Every other model takes ``(batch, length)`` position_ids."""
+    rope = getattr(text_config, "rope_parameters", None) or getattr(text_config, "rope_scaling", None) or {}
+    return isinstance(rope, Mapping) and "mrope_section" in rope
+
+
 def _shape(value: Any) -> str:
     import torch
 
@@ -244,10 +252,17 @@ def parse_row(batch: Any, config: Any = None) -> _Row:
         if not isinstance(value, torch.Tensor):
             raise _usage(f"batch[{key!r}] is a {type(value).__name__}, expected a tensor of shape (1, {total}) like input_ids "
                          "(return_tensors='pt').")
-        rank_ok = value.ndim == 2 or (key == "position_ids" and value.ndim == 3)
+        # multi-row M-RoPE ids only for a model that reads them (or one whose config is not known)
+        mrope = key == "position_ids" and (text is None or takes_mrope(text))
+        rank_ok = value.ndim == 2 or (mrope and value.ndim == 3 and value.shape[0] in (3, 4))
         if not rank_ok:
-            raise _usage(f"batch[{key!r}] has shape {tuple(value.shape)}, expected (1, {total}) like input_ids"
-                         f"{' (or (rows, 1, total) M-RoPE ids)' if key == 'position_ids' else ''}.")
+            if key == "position_ids" and not mrope:
+                kind = getattr(text, "model_type", None) or type(text).__name__
+                raise _usage(f"batch['position_ids'] has shape {tuple(value.shape)}, expected (1, {total}) (batch, length) "
+                             f"like input_ids: a {kind} model reads no multi-row M-RoPE position_ids; pass one row of "
+                             "positions restarting per example (DataCollatorWithFlattening(return_position_ids=True)).")
+            raise _usage(f"batch[{key!r}] has shape {tuple(value.shape)}, expected (1, {total}) (batch, length) like input_ids"
+                         f"{' (or (3|4, batch, length) M-RoPE ids)' if key == 'position_ids' else ''}.")
         if key in _INTEGER_KEYS and not _is_integer(value.dtype):
             raise _usage(f"batch[{key!r}] has dtype {value.dtype}: {key} are integers (torch.long); build them as ids, not "
                          f"{'booleans' if value.dtype == torch.bool else 'complex numbers' if value.dtype.is_complex else 'floats'}.")

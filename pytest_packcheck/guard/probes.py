@@ -4,10 +4,9 @@ numerics band, the right-padded probe, and the cause of a row the model refuses.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
-from .batch import IGNORE_INDEX, _Row, _text_config, unpack_row
+from .batch import IGNORE_INDEX, _Row, _text_config, takes_mrope, unpack_row
 from .forward import _accepts, _log_probs, _solo
 from .precision import _REDUCED, _ComputeProbe, _default_tolerances
 from .result import _tol
@@ -115,8 +114,7 @@ def _mrope_layout(model: Any, inputs: dict[str, Any]) -> Any:
 
     pos = inputs.get("position_ids")
     text = _text_config(model.config)
-    rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
-    if pos is None or pos.ndim != 2 or not (isinstance(rope, Mapping) and "mrope_section" in rope):
+    if pos is None or pos.ndim != 2 or not takes_mrope(text):
         return None
     from ..model.multimodal import position_layout
 

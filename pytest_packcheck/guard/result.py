@@ -47,6 +47,8 @@ class GuardResult:
     example alone; ``loss_*``: the token-mean negative log-likelihood (nats) over the labelled tokens.
     ``tolerance``: the dtype's ``logits_atol`` (log-probs) and ``loss_atol`` (loss). ``probes``: the reruns
     that named the cause. ``forwards``: model forwards the check ran; ``duration_s``: its wall time (seconds).
+    ``label_tokens``: the row's labelled next-token targets the reference scores (none across an example start),
+    counted also where nothing is compared (one example in the row); 0 before the row could be split.
     """
 
     verdict: str

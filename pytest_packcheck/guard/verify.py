@@ -267,6 +267,7 @@ def _measure(model: Any, row: _Row, run: dict[str, Any], cache: bool, fused: boo
                                    evidence="; ".join(row.problems), tolerance=_pick(tols, probe_dtype.weights),
                                    attention={}), model)
     trainer, targets = _targets(row)
+    base["label_tokens"] = int((targets != IGNORE_INDEX).sum())  # the row's scored labels, also where nothing is compared
     if not bool((targets != IGNORE_INDEX).any()):
         return _finish(GuardResult(**{**base, "verdict": "skipped" if not row.items else "fail"}, **empty,
                                    cause=contract_cause, remedy=_contract_remedy(row) if row.items else "",

@@ -95,14 +95,18 @@ def _holder(config: Any, key: str) -> Any:
 CONFIG_OPTION_OVERRIDES: dict[str, Any] = {}
 
 
-def _origin(key: str, value: Any, source: str) -> str:
-    """Where the override ``key=value`` came from: ``--packcheck-config`` when it folded that very value in,
-    else ``source``."""
+def _origin(key: str, value: Any, spec: ModelSpec, source: str, lead: str = "in model spec") -> str:
+    """Where the override ``key=value`` came from, for a message's parenthesis: ``--packcheck-config key=value``
+    (as the user typed it) and the model spec it was applied to, without the values that option folded in, when
+    the option folded that very value in; else ``<lead> '<spec>' from <source>``."""
     from ..config.options import OPT_CONFIG
+    from .specs import format_overrides
 
     if key in CONFIG_OPTION_OVERRIDES and CONFIG_OPTION_OVERRIDES[key] == value:
-        return f"{OPT_CONFIG}, folded into {source}"
-    return source
+        own = [(k, v) for k, v in spec.overrides if CONFIG_OPTION_OVERRIDES.get(k, object()) != v]
+        base = spec.raw.partition("{")[0] + (f"{{{format_overrides(own)}}}" if own else "")
+        return f"from {OPT_CONFIG} {format_overrides([(key, value)])}, applied to model spec '{base}' from {source}"
+    return f"{lead} '{spec.raw}' from {source}"
 
 
 def _refuse_absurd_token_ids(config: Any, spec: ModelSpec, source: str) -> None:
@@ -125,7 +129,7 @@ def _refuse_absurd_token_ids(config: Any, spec: ModelSpec, source: str) -> None:
             if isinstance(v, bool) or not isinstance(v, int) or v < 0 or (isinstance(vocab, int) and v >= vocab):
                 span = f"[0, {vocab:,})" if isinstance(vocab, int) else "[0, vocab_size)"
                 raise PackcheckUsageError(
-                    f"Config value {key}={v!r} (in an override of model spec '{spec.raw}' from {_origin(key, value, source)}) is not a token id "
+                    f"Config value {key}={v!r} ({_origin(key, value, spec, source, 'in an override of model spec')}) is not a token id "
                     f"of the model's vocabulary {span}: give an id inside it, null for no such token, or leave the key out "
                     "(packcheck would otherwise run a model whose special token is not the one named).")
 
@@ -138,10 +142,10 @@ def _refuse_sizes(found: list[tuple[str, Any, str]], spec: ModelSpec, source: st
             if v is None and origin == "config.json":
                 continue
             if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= bound:
-                where = "an override" if origin == "override" else "its config.json"
+                where = (_origin(key, value, spec, source, "in an override of model spec") if origin == "override"
+                         else f"in its config.json of model spec '{spec.raw}' from {source}")
                 raise PackcheckUsageError(
-                    f"Config value {key}={v!r} (in {where} of model spec '{spec.raw}' from "
-                    f"{_origin(key, value, source) if origin == 'override' else source}) is not a size a model "
+                    f"Config value {key}={v!r} ({where}) is not a size a model "
                     f"can have: expected a whole number from 1 to {bound:,}. packcheck replaces sizes with tiny ones for "
                     "its probes, so this value would not run and its cells would pass under its label; give a real "
                     "size or leave the key out.")
@@ -162,7 +166,7 @@ def refuse_absurd_sizes(config: Any | None, spec: ModelSpec, source: str) -> Non
         if key.split(".")[-1] in POSITIVE_KEYS and (isinstance(value, bool) or not isinstance(value, int | float)
                                                     or not 0 < value < float("inf")):
             raise PackcheckUsageError(
-                f"Config value {key}={value!r} (in an override of model spec '{spec.raw}' from {_origin(key, value, source)}) "
+                f"Config value {key}={value!r} ({_origin(key, value, spec, source, 'in an override of model spec')}) "
                 f"is not a {POSITIVE_KEYS[key.split('.')[-1]]} a model can have: expected a positive number, e.g. "
                 f"{key}=1e6; give a real value or leave the key out.")
     if config is None:  # the typed sizes alone (before any config is made: packcheck bisect's --model)
@@ -184,26 +188,34 @@ def refuse_absurd_sizes(config: Any | None, spec: ModelSpec, source: str) -> Non
         for _, sub in [("", config), *_sub_configs(config)]:
             heads, kv = getattr(sub, "num_attention_heads", None), getattr(sub, "num_key_value_heads", None)
             if isinstance(heads, int) and isinstance(kv, int) and heads % kv:
+                typed_pairs = [(k, v) for k, v in spec.overrides if k.split(".")[-1] in ("num_attention_heads", "num_key_value_heads")]
+                wheres = [_origin(k, v, spec, source) for k, v in typed_pairs] or [f"in model spec '{spec.raw}' from {source}"]
+                where = next((w for w in wheres if not w.startswith("in model spec")), wheres[0])
                 raise PackcheckUsageError(
-                    f"Config values num_attention_heads={heads} and num_key_value_heads={kv} (in model spec "
-                    f"'{spec.raw}' from {source}) do not divide: grouped-query attention shares each key/value head "
+                    f"Config values num_attention_heads={heads} and num_key_value_heads={kv} ({where}) "
+                    "do not divide: grouped-query attention shares each key/value head "
                     f"among a whole number of query heads. Give a num_key_value_heads that divides {heads}.")
 
 
-def apply_overrides(config: Any, spec: ModelSpec, source: str) -> None:
+def apply_overrides(config: Any, spec: ModelSpec, source: str) -> list[str]:
     """Set the spec's overrides on ``config`` in place: a dotted key walks sub-configs; a plain key the top-level
     config lacks goes to the one sub-config that has it (``clip_qkv`` -> dbrx's ``attn_config``).
+
+    Returns:
+        One note per override that is no key of the config or its sub-configs (set as a new attribute, which the
+        model may never read; also warned as a PackcheckWarning), for the cell's ``config_notes``.
 
     Raises:
         PackcheckUsageError: a dotted key through something that is not a sub-config.
     """
+    notes: list[str] = []
     for key, value in spec.overrides:
         target, parts = config, key.split(".")
         for part in parts[:-1]:
             sub = target.get(part) if isinstance(target, dict) else getattr(target, part, None)
             if sub is None or not (hasattr(sub, "to_dict") or isinstance(sub, dict)):
                 raise PackcheckUsageError(
-                    f"Config override '{key}' (in model spec '{spec.raw}' from {source}): '{part}' is not a sub-config "
+                    f"Config override '{key}' ({_origin(key, value, spec, source)}): '{part}' is not a sub-config "
                     f"(or a dict such as rope_parameters) of {type(target).__name__}: use a key of the config (its "
                     "config.json) or subconfig.key.")
             target = sub
@@ -221,9 +233,11 @@ def apply_overrides(config: Any, spec: ModelSpec, source: str) -> None:
                 holders = [k for k, v in config.to_dict().items() if isinstance(v, dict) and name in v]
                 hint = (f" This transformers keeps '{name}' in {holders[0]}: write {holders[0]}.{name}={value!r}."
                         if holders else closest(name, known))
-                warnings.warn(f"Config override '{key}' (in model spec '{spec.raw}' from {_origin(key, value, source)}) is not a key of "
-                              f"{type(config).__name__} or its sub-configs: set as a new attribute, which the model may "
-                              f"never read.{hint}", PackcheckWarning, stacklevel=2)
+                unread = (f"is not a key of {type(config).__name__} or its sub-configs: set as a new attribute, which "
+                          "the model may never read")
+                notes.append(f"override {key}={value!r} {unread}")
+                warnings.warn(f"Config override '{key}' ({_origin(key, value, spec, source)}) {unread}.{hint}",
+                              PackcheckWarning, stacklevel=2)
         # a copy: transformers rewrites a rope dict it is given in place (5.x standardises rope_scaling into
         # rope_parameters, adding rope_type / rope_theta: None), which would change the spec's own value, its label
         # and the cell IDs a version environment's results are matched by
@@ -236,9 +250,10 @@ def apply_overrides(config: Any, spec: ModelSpec, source: str) -> None:
         except Exception as exc:  # noqa: BLE001 - a strict config field (huggingface_hub dataclass validators) refuses it
             text = " ".join(str(exc).split())[:200]
             raise PackcheckUsageError(
-                f"Config override '{key}={value!r}' (in model spec '{spec.raw}' from {source}) is refused by "
+                f"Config override '{key}={value!r}' ({_origin(key, value, spec, source)}) is refused by "
                 f"{type(target).__name__} ({type(exc).__name__}: {text}): give a value of the type the config "
                 "declares.") from None
+    return notes
 
 
 def read_config_dict(spec: ModelSpec, source: str) -> tuple[dict[str, Any], str | None]:

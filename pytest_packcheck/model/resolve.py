@@ -7,6 +7,7 @@ Hub loading and caching code runs); :mod:`.build` shrinks it and builds random w
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..errors import PackcheckUsageError
@@ -66,6 +67,30 @@ def loaded_weights(kind: str, weights: str) -> str:
     return "pretrained" if weights == "pretrained" and kind != "arch" else "random"
 
 
+#: The weights files ``from_pretrained`` loads from a local folder (transformers' SAFE_WEIGHTS_NAME, WEIGHTS_NAME and
+#: their sharded indexes); a shard of a sharded checkpoint matches the glob beside its name.
+LOCAL_WEIGHTS_FILES = (("model.safetensors", "*.safetensors"), ("model.safetensors.index.json", None),
+                       ("pytorch_model.bin", "pytorch_model*.bin"), ("pytorch_model.bin.index.json", None))
+
+
+def refuse_local_without_weights(spec: ModelSpec, source: str, weights_flag: str, weights_source: str) -> None:
+    """Refuse, before any cell runs, a local folder that pretrained weights would be loaded from but that holds no
+    weights file (:data:`LOCAL_WEIGHTS_FILES`: a folder with only config.json became an error cell, cause crash).
+
+    Raises:
+        PackcheckUsageError: naming the folder, the files looked for and the two fixes.
+    """
+    if spec.kind != "local":
+        return
+    folder = Path(spec.name)
+    if any((folder / name).is_file() or (pattern and any(folder.glob(pattern))) for name, pattern in LOCAL_WEIGHTS_FILES):
+        return
+    raise PackcheckUsageError(
+        f"Local model folder '{spec.raw}' (from {source}) has no weights file ({', '.join(n for n, _ in LOCAL_WEIGHTS_FILES)}) "
+        f"to load under {weights_flag}=pretrained (from {weights_source}): pass {weights_flag}=random to run its config "
+        "with random weights, or save the weights into the folder (model.save_pretrained).")
+
+
 def resolve_model(spec: ModelSpec, source: str, trust_remote_code: bool = False) -> ResolvedModel:
     """Resolve a spec to its config, model_type, causal-LM class and revision, reading only ``config.json``.
 
@@ -123,7 +148,7 @@ def resolve_model(spec: ModelSpec, source: str, trust_remote_code: bool = False)
     if spec.kind == "arch" and not any(k.split(".")[-1] in ("layer_types", "layers_block_type") for k, _ in spec.overrides):
         notes += apply_layer_variant(config, spec.name)
     if spec.overrides:
-        apply_overrides(config, spec, source)
+        notes += apply_overrides(config, spec, source)
     refuse_absurd_sizes(config, spec, source)
     model_type = config.model_type
     cls = causal_lm_class_name(model_type)
