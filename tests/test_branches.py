@@ -308,6 +308,17 @@ def test_cache_trap_branches(bench):
     assert wrong.status == "fail" and wrong.cause == "leak" and wrong.evidence["max_abs_diff_use_cache_false"] > 1e-3
 
 
+def test_traps_at_tolerance_zero_name_the_trap_not_numerics(bench):
+    """Under logits_atol 0 the rerun without the cache (without the mask) is off by float rounding only: the
+    shared numerics rule (registry.fixed_by) still names the trap; a 3e-1 difference never passes as
+    kernel_numerics (was: cache_trap and mask_trap both kernel_numerics, "none needed")."""
+    bench.tol["logits_atol"] = 0.0
+    cache, mask = C.check_cache_trap(bench), C.check_mask_trap(bench)
+    assert cache.status == "fail" and cache.cause == "cache_trap", cache.message
+    assert cache.evidence["max_abs_diff_default"] > 1e-2 and cache.evidence["max_abs_diff_use_cache_false"] < 1e-5
+    assert mask.status == "fail" and mask.cause == "mask_override", mask.message
+
+
 def test_mask_trap_branches(bench):
     trap = C.check_mask_trap(bench)
     assert trap.status == "fail" and trap.cause == "mask_override"

@@ -56,6 +56,15 @@ def within_numerics(diff: float, atol: float, dtype: str = "float32", scale: flo
     return bool(diff <= NUMERICS_FACTOR * max(float(atol or 0.0), rounding_level(dtype, scale)))
 
 
+def fixed_by(rerun: float, diff: float, atol: float, dtype: str = "float32", scale: float = 1.0) -> bool:
+    """Whether removing a suspect (the cache, an attention_mask, ...) fixes a row, audit and guard alike: the rerun
+    without it (difference ``rerun``) is within the tolerance ``atol``, or is numerics by :func:`within_numerics`
+    while the row as run (``diff``) is not. So under a tolerance of 0 a rerun a few ulps off still names the
+    suspect, and a row off by 3e-1 never passes as numerics. False for a NaN ``rerun``."""
+    return bool(rerun <= float(atol or 0.0)
+                or (within_numerics(rerun, atol, dtype, scale) and not within_numerics(diff, atol, dtype, scale)))
+
+
 #: Suites: the set of checks a shipped audit (audit/<suite>.toml) plans; only ``default`` runs when no check is named.
 SUITES = {
     "default": "run when no check is named",
