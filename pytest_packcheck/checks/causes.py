@@ -99,8 +99,19 @@ _CAUSES: tuple[Cause, ...] = (
           "compare packed runs with a correctly normalised padded baseline, and count num_items_in_batch after the "
           "shift over the whole accumulation step; keep labels -100 at boundaries"),
     Cause("kernel_numerics",
-          "differences within a small multiple of the dtype tolerance, no leak: kernel numerics",
-          "none needed: within a small multiple of the dtype tolerance; widen it if this dtype is expected to differ"),
+          "differences within 10x the tolerance or the dtype's float rounding, boundaries kept: kernel numerics, not a leak",
+          "the boundaries hold: widen the tolerance if this kernel is expected to differ by this much; else report it "
+          "to the kernel's maintainers",
+          # the numbers say which tolerance fails it (checks.registry.numerics_evidence)
+          when=(Remedy(facts=(("below_rounding", True), ("tolerance", str), ("diff", float), ("atol", float),
+                              ("rounding_level", float), ("dtype", str)), fill=True, text=(
+              "within float rounding ({diff}; {dtype} rounds at {rounding_level}), boundaries kept; the tolerance "
+              "{tolerance} = {atol} is below rounding: widen it to at least {diff} (--packcheck-tolerance "
+              "{dtype}.{tolerance}=...) to judge packing here")),
+                Remedy(facts=(("tolerance", str), ("diff", float), ("atol", float), ("dtype", str)), fill=True, text=(
+              "within 10x the tolerance {tolerance} = {atol} ({diff} measured), boundaries kept: widen {tolerance} "
+              "(--packcheck-tolerance {dtype}.{tolerance}=...) if this kernel is expected to differ by that much; "
+              "else report it to the kernel's maintainers")))),
     Cause("cache_trap",
           "correct only with use_cache=False: a cache disables the packed mask",
           "set use_cache=False (model.config.use_cache = False): TRL's SFTTrainer does, and transformers' Trainer "

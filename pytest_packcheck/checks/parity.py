@@ -9,7 +9,7 @@ from ..backends import backend_availability
 from ..model import batches as B
 from ..results import CheckResult
 from .probes import _also, leak_probe, mismatch_cause, mismatch_causes, window_probe
-from .registry import NUMERICS_FACTOR
+from .registry import NUMERICS_FACTOR, numerics_evidence
 from .workbench import Workbench, _fmt, edge_examples, trainer_passes_num_items
 
 # ------------------------------------------------------------------------------------------------------------
@@ -377,8 +377,10 @@ def check_grad_parity(wb: Workbench) -> CheckResult:
             # same direction, another length: the loss is normalised differently (e.g. 28/31 label tokens)
             cause, evidence = "loss_normalisation", {"grad_norm_ratio": scale, "grad_cosine": cos}
         else:
-            cause, evidence = ("kernel_numerics" if rel <= NUMERICS_FACTOR * wb.tol["grad_rel_err"] else "wrong_positions",
-                               {"grad_rel_err": rel, "logits_diff": logits_diff})
+            numerics = rel <= NUMERICS_FACTOR * wb.tol["grad_rel_err"]
+            cause, evidence = ("kernel_numerics" if numerics else "wrong_positions",
+                               {"grad_rel_err": rel, "logits_diff": logits_diff,
+                                **(numerics_evidence("grad_rel_err", rel, wb.tol["grad_rel_err"], wb.dtype) if numerics else {})})
         metrics["grad_norm_ratio"] = scale
         causes = causes or [{"cause": cause, "evidence": evidence}]
         n_packed = B.count_label_tokens(wb.packed()["labels"])

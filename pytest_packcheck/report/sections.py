@@ -12,7 +12,7 @@ from ..results import SYMBOLS
 from .model import Report, env_header
 from .numbers import key_number
 from .text import cut, escape_md, fmt_metric
-from .verdicts import ROLE_MARKS, cause_label, env_label, hazard_names, headline_text, role_of
+from .verdicts import ROLE_MARKS, cause_label, env_label, hazard_names, headline_text, numerics_only, role_of
 
 
 def hazard_title(name: str) -> str:
@@ -145,7 +145,7 @@ def trainer_note(cells: list[dict[str, Any]]) -> list[str]:
 def _at_a_glance(rep: Report, dtype: str) -> list[str]:
     """The "Do not pack" list (model, backends, cause with its number, remedy), then "Safe" in one line per group
     of backends (the models safe on exactly those), then the backends that ran nothing here, named once."""
-    bad, safe_by = [], defaultdict(list)
+    bad, numerics, safe_by = [], [], defaultdict(list)
     for label in rep.layout.models:
         failing: dict[str, list[str]] = defaultdict(list)
         first: dict[str, dict[str, Any]] = {}
@@ -154,7 +154,11 @@ def _at_a_glance(rep: Report, dtype: str) -> list[str]:
             h = rep.headlines.get((label, b, dtype, None))
             if not h or b in rep.not_run:
                 continue
-            if h["status"] in ("fail", "fallback"):
+            if numerics_only(h):  # only the tolerance fails it: not a "do not pack"
+                c = h["bad"][0]
+                numerics.append(f"- **{escape_md(label)}** on {rep.label(b)} ({c['check']} {key_number(c)}): "
+                                f"{escape_md((c.get('diagnosis') or {}).get('remedy') or CAUSES['kernel_numerics'])}.")
+            elif h["status"] in ("fail", "fallback"):
                 key = ", ".join(cause_label(c) for c in h["causes"])
                 failing[key].append(rep.label(b))
                 first.setdefault(key, h["bad"][0])
@@ -167,7 +171,9 @@ def _at_a_glance(rep: Report, dtype: str) -> list[str]:
                        + (f"; remedy: {escape_md(fix)}" if fix else "") + ".")
         if safe:
             safe_by[tuple(safe)].append(label)
-    lines = ["### Do not pack", ""] + (bad or ["- none: no model failed a correctness check here."]) + [""]
+    lines = ["### Do not pack", ""] + (bad or ["- none: no model failed a correctness check here for a packing cause."]) + [""]
+    if numerics:
+        lines += ["### Within numerics, failed on the tolerance only (boundaries kept: not a packing fault)", "", *numerics, ""]
     lines += ["### Safe (every correctness check that ran passed; the ones that could not run are named)", ""]
     lines += [f"- on {', '.join(where)}: {', '.join(escape_md(m) for m in ms)}"
               for where, ms in sorted(safe_by.items(), key=lambda kv: (-len(kv[0]), kv[0]))] or ["- none"]
@@ -196,7 +202,7 @@ def answer_section(rep: Report) -> list[str]:
         lines += _at_a_glance(rep, dtype)
         lines += ["### Every model", ""]
         for label in models:
-            safe, partial, bad, refused, unchecked = [], [], defaultdict(list), [], []
+            safe, partial, bad, refused, unchecked, numerics = [], [], defaultdict(list), [], [], []
             for b in backends:
                 h = rep.headlines.get((label, b, dtype, None))
                 if not h or b in rep.not_run:
@@ -209,6 +215,10 @@ def answer_section(rep: Report) -> list[str]:
                         safe.append(name)
                 elif h["status"] == "skipped":
                     unchecked.append(name)
+                elif numerics_only(h):
+                    first = h["bad"][0]
+                    numerics.append((name, f"{first['check']} {key_number(first)}".strip(),
+                                     (first.get("diagnosis") or {}).get("remedy") or CAUSES["kernel_numerics"]))
                 elif h["status"] in ("fail", "fallback"):
                     first = h["bad"][0]
                     number = key_number(first)
@@ -224,6 +234,8 @@ def answer_section(rep: Report) -> list[str]:
                     desc = CAUSES.get(cause.replace(" ", "_"), "")
                     parts.append(f"**do not pack** on {', '.join(w for w, _ in where)} with this stack ({cause}"
                                  + (f": {desc}" if desc else "") + f"; {where[0][1]})")
+            for name, number, fix in numerics:
+                parts.append(f"fails on the tolerance only on {name} ({number}: {escape_md(fix)})")
             if safe:
                 parts.append(f"safe on {', '.join(safe)}")
             if partial:
