@@ -75,7 +75,8 @@ def test_isolation_threshold_and_negative_control_from_planted_probe_numbers():
     assert leak.status == "fail" and leak.cause == "leak" and leak.evidence["isolation_moved"] == 0.3
     blind = _isolation(0.0, tol["leak_min"] * 0.99)
     assert blind.status == "error" and blind.cause == "probe_inconclusive"
-    assert blind.evidence == {"negative_control_change": tol["leak_min"] * 0.99, "leak_min": tol["leak_min"]}
+    assert blind.evidence == {"negative_control_change": tol["leak_min"] * 0.99, "dtype": "float32", "leak_min": tol["leak_min"],
+                              "isolation_atol": tol["isolation_atol"], "tolerances_raised": False}
     assert _isolation(0.0, tol["leak_min"]).status == "pass"  # exactly leak_min: conclusive
 
 
@@ -90,6 +91,36 @@ def test_a_planted_leak_below_isolation_atol_is_inconclusive_whatever_leak_min_s
     assert "isolation_atol 1.00e+01" in result.message
     probed._cache[next(iter(probed._cache))]["negative_control_change"] = 10.5
     assert C.check_isolation(probed).status == "pass"
+
+
+def test_probe_inconclusive_remedy_fits_the_cell():
+    """Trial #63: a float32 cell made inconclusive by the user's tolerances was told "run this model in float32".
+    Raised tolerances: the remedy names them, their values and defaults; float32 at the defaults: no float32
+    advice; a bfloat16 cell at its defaults: run in float32 (Remedy(when=...) in checks/causes.py)."""
+    from pytest_packcheck.analysis.diagnose import remedy
+    from pytest_packcheck.config.tolerances import default_tolerances
+
+    def fix(probed, dtype="float32"):
+        probed.dtype = dtype
+        result = C.check_isolation(probed)
+        assert result.cause == "probe_inconclusive", result.message
+        cell = {"backend": "eager", "check": "isolation", "status": result.status, "metrics": result.metrics,
+                "causes": [{"cause": result.cause, "evidence": result.evidence}]}
+        return remedy(result.cause, cell, {}, [])
+
+    probed = _ProbedBench(0.0, [], "reached")
+    probed.tol = {**probed.tol, "leak_min": 100.0, "isolation_atol": 10.0}
+    raised = fix(probed)
+    assert "float32.leak_min = 1.00e+02 (default 1.00e-03)" in raised and "float32.isolation_atol = 1.00e+01 (default 1.00e-05)" in raised
+    assert "run this model in float32" not in raised
+    probed = _ProbedBench(0.0, [], "reached")
+    probed._cache[next(iter(probed._cache))]["negative_control_change"] = 1e-4
+    plain = fix(probed)
+    assert plain.startswith("already float32, with leak_min 1.0e-03") and "run this model in float32" not in plain
+    probed = _ProbedBench(0.0, [], "reached")
+    probed.tol = dict(default_tolerances()["bfloat16"])
+    probed._cache[next(iter(probed._cache))]["negative_control_change"] = 1e-3
+    assert fix(probed, "bfloat16").startswith("run this model in float32")
 
 
 def test_isolation_probe_that_cannot_see_a_leak_is_inconclusive_not_a_pass(bench):
@@ -306,6 +337,17 @@ def test_cache_trap_branches(bench):
     with leaky_sdpa():
         wrong = C.check_cache_trap(C.Workbench(model=bench.model, config=bench.config, backend="sdpa", dtype="float32", tol=bench.tol))
     assert wrong.status == "fail" and wrong.cause == "leak" and wrong.evidence["max_abs_diff_use_cache_false"] > 1e-3
+
+
+def test_traps_at_tolerance_zero_name_the_trap_not_numerics(bench):
+    """Under logits_atol 0 the rerun without the cache (without the mask) is off by float rounding only: the
+    shared numerics rule (registry.fixed_by) still names the trap; a 3e-1 difference never passes as
+    kernel_numerics (was: cache_trap and mask_trap both kernel_numerics, "none needed")."""
+    bench.tol["logits_atol"] = 0.0
+    cache, mask = C.check_cache_trap(bench), C.check_mask_trap(bench)
+    assert cache.status == "fail" and cache.cause == "cache_trap", cache.message
+    assert cache.evidence["max_abs_diff_default"] > 1e-2 and cache.evidence["max_abs_diff_use_cache_false"] < 1e-5
+    assert mask.status == "fail" and mask.cause == "mask_override", mask.message
 
 
 def test_mask_trap_branches(bench):

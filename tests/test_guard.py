@@ -749,6 +749,20 @@ def test_rounding_noise_under_a_zero_tolerance_is_numerics_not_positions(llama_s
     assert "float32 rounding" in result.evidence
 
 
+def test_cache_trap_at_zero_tolerance_is_the_cache_not_a_leak(tolerances):
+    """Trial g22: under logits_atol 0 the use_cache=False rerun, a few ulps off (planted one ulp), was judged against
+    the raw 0 and the fixable cache trap came out as leak ("do not pack"); the rerun is judged by the audit's rule
+    (registry.fixed_by: within numerics while the row as run is not)."""
+    bench = make_bench("llama", "sdpa", tolerances)
+    assert bench.model.config.use_cache is True
+    batch = bench.packed()
+    with _one_ulp_on_the_packed_row(bench.model, batch["input_ids"].shape[1]):
+        result = verify_packed_batch(bench.model, batch, tolerances={"float32": {"logits_atol": 0.0, "loss_atol": 0.0}})
+    assert result.verdict == "fail" and result.cause == "cache_trap", result.line()
+    assert result.max_logprob_diff > 1e-2 and 0 < result.probes["use_cache_false"] < 1e-5, result.line()
+    assert "use_cache=False" in result.remedy and "do not pack" not in result.remedy
+
+
 def test_numerics_rule_has_a_rounding_floor():
     from pytest_packcheck.checks.registry import NUMERICS_FACTOR, rounding_level, within_numerics
 
@@ -756,6 +770,15 @@ def test_numerics_rule_has_a_rounding_floor():
     assert not within_numerics(1e-3, 0.0, "float32", scale=4.85)
     assert within_numerics(NUMERICS_FACTOR * 1e-4, 1e-4) and not within_numerics(NUMERICS_FACTOR * 1.1e-4, 1e-4)
     assert rounding_level("bfloat16") == 2.0 ** -7 and not within_numerics(float("nan"), 1.0)
+
+
+def test_fixed_by_names_the_suspect_only_when_the_row_is_beyond_numerics():
+    from pytest_packcheck.checks.registry import fixed_by
+
+    assert fixed_by(4.77e-7, 1.31e-1, 0.0)  # rerun at rounding, row far beyond: the suspect's
+    assert not fixed_by(4.77e-7, 8.9e-8, 0.0)  # both at rounding: numerics, not the suspect
+    assert not fixed_by(1e-3, 1.31e-1, 0.0) and fixed_by(1e-5, 1e-1, 1e-5)
+    assert not fixed_by(float("nan"), 1.0, 0.0)
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -135,6 +135,35 @@ def test_headline_ignores_hazards_and_names_the_cause():
     assert "cache trap" in hazards and "| 1/1 " in hazards  # llama on sdpa: counted once, not a model failure
 
 
+def test_a_numerics_only_failure_is_not_do_not_pack_and_its_remedy_names_the_tolerance():
+    """Trial #64: at logits_atol 0 a cell failing on kernel_numerics alone said "**do not pack**" beside "remedy: none
+    needed: within a small multiple of the dtype tolerance". Now the answer words it as failed on the tolerance only,
+    and the remedy (Remedy(when=...) on checks.registry.numerics_evidence) names the key, its value and the measured
+    difference; a leak beside it is still "do not pack"."""
+    from pytest_packcheck.checks.registry import numerics_evidence
+    from pytest_packcheck.report import render_html, render_markdown
+
+    cells = [_cell("llama", "eager", "isolation", "pass", max_change=0.0),
+             _cell("llama", "eager", "logits_parity", "fail", "kernel_numerics", max_abs_diff_solo=8.94e-8),
+             _cell("opt", "eager", "logits_parity", "fail", "leak", max_abs_diff_solo=0.3)]
+    cells[1]["evidence"] = {"isolation_moved": 0.0, **numerics_evidence("logits_atol", 8.94e-8, 0.0)}
+    cells[1]["causes"] = [{"cause": "kernel_numerics", "evidence": cells[1]["evidence"]}]
+    doc = _doc(cells)
+    fix = doc["cells"][1]["diagnosis"]["remedy"]
+    assert "logits_atol = 0.0e+00" in fix and "8.9e-08" in fix and "within float rounding" in fix and "none needed" not in fix
+    md = render_markdown(doc)
+    answer = md[md.index("## The answer"):md.index("## Matrix")]
+    assert "**llama**: fails on the tolerance only on eager" in answer and "**llama**: **do not pack**" not in answer
+    assert "**opt**: **do not pack** on eager" in answer
+    dont = answer[answer.index("### Do not pack"):answer.index("### Within numerics")]
+    assert "**opt**" in dont and "**llama**" not in dont
+    html = render_html(doc)
+    table = html[html.index('id="do-not-pack"'):html.index('id="hazards"')]
+    assert "<td>opt</td>" in table and "<td>llama</td>" not in table and "<b>llama</b> on eager" in table
+    bf = numerics_evidence("logits_atol", 3e-5, 1e-5)  # above rounding: within 10x the tolerance
+    assert not bf["below_rounding"] and bf["rounding_level"] == 2.0 ** -23
+
+
 def test_a_model_departing_from_its_stack_is_marked():
     from pytest_packcheck.report import departures, render_markdown
 

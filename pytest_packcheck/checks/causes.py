@@ -22,13 +22,28 @@ class Remedy:
     """A remedy that replaces the cause's own on the cells it fits: every condition given must hold.
     ``backends`` / ``checks`` / ``statuses``: the cell's backend / check / status is one of them (a cause on a
     cell whose status is "pass" is a finding beside the verdict). ``facts``: ``(key, value)`` pairs that the cell's
-    metrics or the cause's own evidence hold (``value`` a type: any value of that type)."""
+    metrics or the cause's own evidence hold (``value`` a type: any value of that type). ``fill``: ``text`` names
+    numbers of the cell as ``{key}`` (the cause's evidence, else the cell's metrics; floats as ``1.0e-03``), so
+    every key it names must be among ``facts``."""
 
     text: str
     backends: tuple[str, ...] = ()
     checks: tuple[str, ...] = ()
     facts: tuple[tuple[str, Any], ...] = ()
     statuses: tuple[str, ...] = ()
+    fill: bool = False
+
+    @property
+    def shown(self) -> str:
+        """``text`` as a listing shows it: ``{key}`` fields kept as the names they are, ``{{`` / ``}}`` as braces."""
+        return self.text.replace("{{", "{").replace("}}", "}") if self.fill else self.text
+
+    def render(self, cell: dict[str, Any], evidence: dict[str, Any]) -> str:
+        """``text``, its ``{key}`` fields filled from ``evidence`` then the cell's metrics when :attr:`fill`."""
+        if not self.fill:
+            return self.text
+        values = {**(cell.get("metrics") or {}), **evidence}
+        return self.text.format_map({k: f"{v:.1e}" if isinstance(v, float) else v for k, v in values.items()})
 
     def fits(self, cell: dict[str, Any], evidence: dict[str, Any]) -> bool:
         if self.backends and cell.get("backend") not in self.backends:
@@ -61,7 +76,7 @@ class Cause:
 
     def remedy_for(self, cell: dict[str, Any], evidence: dict[str, Any] | None = None) -> str:
         """The remedy that fits ``cell`` (a results-document cell; ``evidence``: this cause's own numbers)."""
-        return next((r.text for r in self.when if r.fits(cell, evidence or {})), self.remedy)
+        return next((r.render(cell, evidence or {}) for r in self.when if r.fits(cell, evidence or {})), self.remedy)
 
 
 _CAUSES: tuple[Cause, ...] = (
@@ -88,8 +103,19 @@ _CAUSES: tuple[Cause, ...] = (
           "compare packed runs with a correctly normalised padded baseline, and count num_items_in_batch after the "
           "shift over the whole accumulation step; keep labels -100 at boundaries"),
     Cause("kernel_numerics",
-          "differences within a small multiple of the dtype tolerance, no leak: kernel numerics",
-          "none needed: within a small multiple of the dtype tolerance; widen it if this dtype is expected to differ"),
+          "differences within 10x the tolerance or the dtype's float rounding, boundaries kept: kernel numerics, not a leak",
+          "the boundaries hold: widen the tolerance if this kernel is expected to differ by this much; else report it "
+          "to the kernel's maintainers",
+          # the numbers say which tolerance fails it (checks.registry.numerics_evidence)
+          when=(Remedy(facts=(("below_rounding", True), ("tolerance", str), ("diff", float), ("atol", float),
+                              ("rounding_level", float), ("dtype", str)), fill=True, text=(
+              "within float rounding ({diff}; {dtype} rounds at {rounding_level}), boundaries kept; the tolerance "
+              "{tolerance} = {atol} is below rounding: widen it to at least {diff} (--packcheck-tolerance "
+              "{dtype}.{tolerance}=...) to judge packing here")),
+                Remedy(facts=(("tolerance", str), ("diff", float), ("atol", float), ("dtype", str)), fill=True, text=(
+              "within 10x the tolerance {tolerance} = {atol} ({diff} measured), boundaries kept: widen {tolerance} "
+              "(--packcheck-tolerance {dtype}.{tolerance}=...) if this kernel is expected to differ by that much; "
+              "else report it to the kernel's maintainers")))),
     Cause("cache_trap",
           "correct only with use_cache=False: a cache disables the packed mask",
           "set use_cache=False (model.config.use_cache = False): TRL's SFTTrainer does, and transformers' Trainer "
@@ -176,7 +202,16 @@ _CAUSES: tuple[Cause, ...] = (
           "rerun with the current packcheck: it names the cause"),
     Cause("probe_inconclusive",
           "the probe could not see a planted leak on this model: its pass would mean nothing",
-          "run this model in float32 (the probe is conclusive there) to check isolation"),
+          "run this model in float32 (the probe is conclusive there) to check isolation",
+          # the tolerances, not the dtype, made the probe blind: name them; a float32 cell cannot go to float32
+          when=(Remedy(facts=(("tolerances_raised", True), ("raised", str)), fill=True, text=(
+              "the tolerances made the probe inconclusive: {raised}; the probe's planted change must clear both, so "
+              "lower them back towards the defaults (--packcheck-tolerance / --packcheck-tolerances) for this check "
+              "to judge anything")),
+                Remedy(facts=(("dtype", "float32"), ("leak_min", float), ("isolation_atol", float)), fill=True, text=(
+              "already float32, with leak_min {leak_min} and isolation_atol {isolation_atol} no higher than the defaults: the planted "
+              "leak barely moves this model's logits, so the probe cannot judge its isolation; rely on logits_parity "
+              "and loss_parity here, or use a config with larger activations (arch:<type>{{key=value}})")))),
     Cause("cross_backend",
           "this backend's per-example (unpacked) logits differ from eager's on the same weights (another window, "
           "softcap or scaling): packed-vs-solo cannot see it, both share it",

@@ -75,7 +75,7 @@ def causes_listing(specs: tuple[CheckSpec, ...] | None = None) -> str:
         lines += wrap.wrap(f"means: {cause.meaning}") + wrap.wrap(f"remedy: {cause.remedy or '(none: see the evidence)'}")
         lines += [line for r in cause.when if names is None or not r.checks or names & set(r.checks) for line in wrap.wrap(
             "on " + "; ".join(part for part in (", ".join(r.backends), ", ".join(r.checks),
-                                               ", ".join(k for k, _ in r.facts)) if part) + f": {r.text}")]
+                                               ", ".join(k for k, _ in r.facts)) if part) + f": {r.shown}")]
     return "\n".join(lines) + "\n"
 
 

@@ -9,7 +9,7 @@ from ..backends import backend_availability
 from ..model import batches as B
 from ..results import CheckResult
 from .probes import _also, leak_probe, mismatch_cause, mismatch_causes, window_probe
-from .registry import NUMERICS_FACTOR
+from .registry import NUMERICS_FACTOR, numerics_evidence
 from .workbench import Workbench, _fmt, edge_examples, trainer_passes_num_items
 
 # ------------------------------------------------------------------------------------------------------------
@@ -46,6 +46,21 @@ def leak_visible(change: float, tol: dict[str, float]) -> bool:
     return change >= tol["leak_min"] and change > tol["isolation_atol"]
 
 
+def inconclusive_evidence(wb: Workbench, change_key: str, change: float) -> dict[str, Any]:
+    """The evidence of a ``probe_inconclusive`` result: the probe's ``change`` (under ``change_key``), the cell's
+    dtype, ``leak_min`` and ``isolation_atol``, and ``tolerances_raised`` (True when either is above the dtype's
+    shipped default, :func:`config.tolerances.default_tolerances`) with ``raised``: those keys as text, each with
+    its value and its default. The remedy (checks/causes.py) reads them: the tolerances to lower where they made
+    the probe blind, float32 only for a lower-precision cell."""
+    from ..config.tolerances import default_tolerances
+
+    defaults = default_tolerances().get(wb.dtype, {})
+    raised = [f"{wb.dtype}.{k} = {_fmt(wb.tol[k])} (default {_fmt(defaults[k])})" for k in ("leak_min", "isolation_atol")
+              if k in defaults and wb.tol[k] > defaults[k]]
+    return {change_key: change, "dtype": wb.dtype, "leak_min": wb.tol["leak_min"], "isolation_atol": wb.tol["isolation_atol"],
+            "tolerances_raised": bool(raised), **({"raised": ", ".join(raised)} if raised else {})}
+
+
 def check_isolation(wb: Workbench) -> CheckResult:
     """Perturb every token of the first example; the logits of the other examples must not move (max change
     <= ``isolation_atol``). Negative control: the same probe on the row with plain 0..n-1 position_ids (no
@@ -62,7 +77,7 @@ def check_isolation(wb: Workbench) -> CheckResult:
     if not leak_visible(control, wb.tol):
         return CheckResult("error", metrics, f"probe inconclusive: a planted leak (no boundaries) moved logits by only {_fmt(control)}"
                            f" (needs >= leak_min {_fmt(wb.tol['leak_min'])} and > isolation_atol {_fmt(wb.tol['isolation_atol'])})",
-                           cause="probe_inconclusive", evidence={"negative_control_change": control, "leak_min": wb.tol["leak_min"]})
+                           cause="probe_inconclusive", evidence=inconclusive_evidence(wb, "negative_control_change", control))
     return CheckResult("pass", metrics, f"other examples moved {_fmt(moved)} (a planted leak moves them {_fmt(control)})")
 
 
@@ -362,8 +377,10 @@ def check_grad_parity(wb: Workbench) -> CheckResult:
             # same direction, another length: the loss is normalised differently (e.g. 28/31 label tokens)
             cause, evidence = "loss_normalisation", {"grad_norm_ratio": scale, "grad_cosine": cos}
         else:
-            cause, evidence = ("kernel_numerics" if rel <= NUMERICS_FACTOR * wb.tol["grad_rel_err"] else "wrong_positions",
-                               {"grad_rel_err": rel, "logits_diff": logits_diff})
+            numerics = rel <= NUMERICS_FACTOR * wb.tol["grad_rel_err"]
+            cause, evidence = ("kernel_numerics" if numerics else "wrong_positions",
+                               {"grad_rel_err": rel, "logits_diff": logits_diff,
+                                **(numerics_evidence("grad_rel_err", rel, wb.tol["grad_rel_err"], wb.dtype) if numerics else {})})
         metrics["grad_norm_ratio"] = scale
         causes = causes or [{"cause": cause, "evidence": evidence}]
         n_packed = B.count_label_tokens(wb.packed()["labels"])
@@ -403,7 +420,7 @@ def check_causality(wb: Workbench) -> CheckResult:
                            evidence={"max_change_earlier": change, "first_position": first})
     if not leak_visible(own, wb.tol):
         return CheckResult("error", metrics, f"probe inconclusive: the perturbed tokens' own logits moved only {_fmt(own)}",
-                           cause="probe_inconclusive", evidence={"perturbed_position_change": own})
+                           cause="probe_inconclusive", evidence=inconclusive_evidence(wb, "perturbed_position_change", own))
     return CheckResult("pass", metrics, f"earlier positions moved {_fmt(change)} (the perturbed ones {_fmt(own)})")
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..backends import MASKED_BACKENDS, count_attention_calls
 from ..model import batches as B
-from .registry import NUMERICS_FACTOR, within_numerics
+from .registry import numerics_evidence, within_numerics
 from .workbench import Workbench, _fmt
 
 # ------------------------------------------------------------------------------------------------------------
@@ -80,8 +80,8 @@ def leak_probe(wb: Workbench) -> dict[str, Any]:
 def mismatch_cause(wb: Workbench, diff: float | None = None, atol: float | None = None) -> tuple[str, dict[str, Any]]:
     """The cause code of a packed-vs-reference difference, from measurements only (:func:`leak_probe`, the
     sliding-window probe): ``stateful_layers`` when the examples mix although attention kept its boundaries (or
-    the model has no attention to keep them); ``kernel_numerics`` when the mixing is within :data:`NUMERICS_FACTOR`
-    times its tolerance, or ``diff`` with no mixing is numerics by :func:`registry.within_numerics` (the guard's rule
+    the model has no attention to keep them); ``kernel_numerics`` when the mixing (against ``isolation_atol``), or
+    ``diff`` with no mixing (against ``logits_atol``), is numerics by :func:`registry.within_numerics` (the guard's rule
     too: a rounding floor, so a few ulps under a tolerance of 0 are numerics); ``leak`` for any other mixing; ``sliding_window``
     when examples within the window match and longer ones do not; ``selection_ties`` when a top-k selection in the
     forward cut through exactly tied scores (:func:`mechanisms.selection_ties`); else ``wrong_positions``."""
@@ -94,8 +94,8 @@ def mismatch_cause(wb: Workbench, diff: float | None = None, atol: float | None 
             probe["attention_boundaries"] == "unknown" and wb.backend not in MASKED_BACKENDS)
         if stateful and attention_kept:
             return "stateful_layers", {**evidence, "stateful_layers": stateful[:3], "attention_boundaries": probe["attention_boundaries"]}
-        if moved <= NUMERICS_FACTOR * iso_tol:
-            return "kernel_numerics", evidence
+        if within_numerics(moved, iso_tol, wb.dtype):
+            return "kernel_numerics", {**evidence, **numerics_evidence("isolation_atol", moved, iso_tol, wb.dtype)}
         return "leak", evidence
     window = window_probe(wb)
     if window is not None and window["max_abs_diff_within_window"] <= wb.tol["logits_atol"]:
@@ -106,7 +106,7 @@ def mismatch_cause(wb: Workbench, diff: float | None = None, atol: float | None 
     if ties and ties["tied_cuts"]:
         return "selection_ties", {**evidence, **ties}
     if diff is not None and within_numerics(diff, atol or 0.0, wb.dtype):
-        return "kernel_numerics", {**evidence, "diff": diff, "atol": atol}
+        return "kernel_numerics", {**evidence, **numerics_evidence("logits_atol", diff, atol or 0.0, wb.dtype)}
     return "wrong_positions", {**evidence, **({"diff": diff} if diff is not None else {})}
 
 

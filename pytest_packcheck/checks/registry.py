@@ -56,6 +56,25 @@ def within_numerics(diff: float, atol: float, dtype: str = "float32", scale: flo
     return bool(diff <= NUMERICS_FACTOR * max(float(atol or 0.0), rounding_level(dtype, scale)))
 
 
+def numerics_evidence(tolerance: str, diff: float, atol: float, dtype: str = "float32", scale: float = 1.0) -> dict[str, Any]:
+    """The evidence of a ``kernel_numerics`` cause (the remedy names the tolerance key and the measured value from
+    it): ``tolerance`` (the key, e.g. "logits_atol"), ``diff`` (measured), ``atol`` (the key's value), ``dtype``,
+    ``rounding_level`` (:func:`rounding_level`) and ``below_rounding`` (the tolerance is under it, as a tolerance of
+    0 is: the difference is float rounding, and only the tolerance fails it)."""
+    floor = rounding_level(dtype, scale)
+    return {"tolerance": tolerance, "diff": float(diff), "atol": float(atol or 0.0), "dtype": dtype,
+            "rounding_level": floor, "below_rounding": float(atol or 0.0) < floor}
+
+
+def fixed_by(rerun: float, diff: float, atol: float, dtype: str = "float32", scale: float = 1.0) -> bool:
+    """Whether removing a suspect (the cache, an attention_mask, ...) fixes a row, audit and guard alike: the rerun
+    without it (difference ``rerun``) is within the tolerance ``atol``, or is numerics by :func:`within_numerics`
+    while the row as run (``diff``) is not. So under a tolerance of 0 a rerun a few ulps off still names the
+    suspect, and a row off by 3e-1 never passes as numerics. False for a NaN ``rerun``."""
+    return bool(rerun <= float(atol or 0.0)
+                or (within_numerics(rerun, atol, dtype, scale) and not within_numerics(diff, atol, dtype, scale)))
+
+
 #: Suites: the set of checks a shipped audit (audit/<suite>.toml) plans; only ``default`` runs when no check is named.
 SUITES = {
     "default": "run when no check is named",

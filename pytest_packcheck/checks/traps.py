@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..results import CheckResult
 from .probes import mismatch_cause
+from .registry import fixed_by
 from .workbench import Workbench, _fmt
 
 # ------------------------------------------------------------------------------------------------------------
@@ -35,7 +36,7 @@ def check_cache_trap(wb: Workbench) -> CheckResult:
     if diff_default <= atol:
         return CheckResult("pass", metrics, f"correct with defaults (diff {_fmt(diff_default)})")
     evidence = {"max_abs_diff_default": diff_default, "max_abs_diff_use_cache_false": diff_no_cache, "atol": atol}
-    if diff_no_cache <= atol:
+    if fixed_by(diff_no_cache, diff_default, atol, wb.dtype):  # within numerics without the cache: the cache's fault
         return CheckResult("fail", metrics, f"cache trap: correct only with use_cache=False (default {_fmt(diff_default)} vs {_fmt(diff_no_cache)})",
                            cause="cache_trap", evidence=evidence)
     cause, why = mismatch_cause(wb, diff_no_cache, atol)  # the row is wrong without the cache too: the model's own fault
@@ -67,7 +68,7 @@ def check_mask_trap(wb: Workbench) -> CheckResult:
     if diff_mask <= atol:
         return CheckResult("pass", metrics, f"boundaries hold with an all-ones attention_mask (diff {_fmt(diff_mask)})")
     evidence = {"max_abs_diff_with_mask": diff_mask, "max_abs_diff_without_mask": diff_plain, "atol": atol}
-    if diff_plain <= atol:
+    if fixed_by(diff_plain, diff_mask, atol, wb.dtype):  # within numerics without the mask: the mask's fault
         return CheckResult("fail", metrics, f"mask trap: an all-ones attention_mask overrides the packed boundaries "
                            f"(diff {_fmt(diff_mask)}; without it {_fmt(diff_plain)})", cause="mask_override", evidence=evidence)
     cause, why = mismatch_cause(wb, diff_plain, atol)  # the row is wrong without the mask too: the model's own fault

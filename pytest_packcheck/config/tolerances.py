@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -89,3 +90,10 @@ def load_tolerances(path: str | None, overrides: list[str] | None, source: str) 
             out[t][key] = number
         label += f" + {item}"
     return out, label
+
+
+@functools.cache
+def default_tolerances() -> dict[str, dict[str, float]]:
+    """The shipped tolerances (``audit/tolerances.toml``), per dtype, read once per process: a shared mapping,
+    not to be changed in place."""
+    return load_tolerances(None, None, "default")[0]

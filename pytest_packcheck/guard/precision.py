@@ -3,7 +3,6 @@ bf16 / fp16 weights, the LM head's output) and the rows of ``audit/tolerances.to
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -113,12 +112,11 @@ def _tolerances(tolerances: Any, caller: str = "verify_packed_batch") -> dict[st
     return out
 
 
-@functools.cache
 def _default_tolerances() -> dict[str, dict[str, float]]:
-    """audit/tolerances.toml, read once per process."""
-    from ..config.tolerances import load_tolerances
+    """audit/tolerances.toml, read once per process (:func:`config.tolerances.default_tolerances`)."""
+    from ..config.tolerances import default_tolerances
 
-    return load_tolerances(None, None, "default")[0]
+    return default_tolerances()
 
 
 def _pick(tols: dict[str, dict[str, float]], dtype: str) -> dict[str, float]:

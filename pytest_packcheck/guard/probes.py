@@ -130,7 +130,9 @@ def _diagnose(model: Any, row: _Row, targets: Any, inputs: dict[str, Any], fused
               counter: list[int], reference: dict[int, Any], dtype: str = "float32",
               tols: dict[str, dict[str, float]] | None = None, packed: Any = None) -> tuple[str, str]:
     """Name the cause of a mismatch by rerunning the packed row with each suspect removed (measured, not inferred
-    from the batch's keys): the attention_mask, then the cache, then both; then the attention counts, the
+    from the batch's keys): the attention_mask, then the cache, then both (the suspect's, when the rerun without it
+    is within tolerance or within numerics while the row is not: :func:`~pytest_packcheck.checks.registry.fixed_by`,
+    the audit's rule, so a tolerance of 0 does not turn a cache trap into a leak); then the attention counts, the
     stateful layers, the position_ids (ignored; an M-RoPE layout), the numerics band
     (:func:`~pytest_packcheck.checks.registry.within_numerics`, the audit's rule; a float32 rerun), and an
     isolation probe (change the first example, see whether the others move) for ``leak`` vs
@@ -138,23 +140,31 @@ def _diagnose(model: Any, row: _Row, targets: Any, inputs: dict[str, Any], fused
     import torch
 
     from ..checks.probes import stateful_layers
-    from ..checks.registry import NUMERICS_FACTOR, rounding_level, within_numerics
+    from ..checks.registry import NUMERICS_FACTOR, fixed_by, rounding_level, within_numerics
 
     atol, worst = tol["logits_atol"], cmp["max"] or 0.0
     if others:
         return "backend_swap", f"requested {attention['requested']}, attention ran on {others}; packed vs solo {worst:.2e}"
+    if packed is None:
+        packed, _ = _log_probs(model, inputs, targets, fused)
+        counter[0] += 1
+    scale = float(packed[targets[0] != IGNORE_INDEX].abs().max())  # the log-probs' magnitude: their rounding level
+
+    def fixed(rerun: float) -> bool:  # the suspect removed, the row is right: the audit's rule (registry.fixed_by)
+        return fixed_by(rerun, worst, atol, dtype, scale)
+
     if "attention_mask" in inputs:
         probes["without_attention_mask"] = _rerun(model, row, targets, inputs, fused, counter, reference, attention_mask=None)
-        if probes["without_attention_mask"] <= atol:
+        if fixed(probes["without_attention_mask"]):
             return "mask_override", (f"with the attention_mask {worst:.2e}, without it {probes['without_attention_mask']:.2e}")
     if inputs.get("use_cache"):
         probes["use_cache_false"] = _rerun(model, row, targets, inputs, fused, counter, reference, use_cache=False)
-        if probes["use_cache_false"] <= atol:
+        if fixed(probes["use_cache_false"]):
             return "cache_trap", f"use_cache=True {worst:.2e}, use_cache=False {probes['use_cache_false']:.2e}"
         if "attention_mask" in inputs:
             both = _rerun(model, row, targets, inputs, fused, counter, reference, use_cache=False, attention_mask=None)
             probes["use_cache_false_without_attention_mask"] = both
-            if both <= atol:
+            if fixed(both):
                 return "mask_override", (f"{worst:.2e} as run; correct only without the attention_mask and with "
                                          f"use_cache=False ({both:.2e}): also set use_cache=False")
     stateful = stateful_layers(model)
@@ -165,7 +175,7 @@ def _diagnose(model: Any, row: _Row, targets: Any, inputs: dict[str, Any], fused
     if layout is not None:
         probes["laid_out_position_ids"] = _rerun(model, row, targets, inputs, fused, counter, reference,
                                                  position_ids=layout.apply(pos))
-        if probes["laid_out_position_ids"] <= atol:
+        if fixed(probes["laid_out_position_ids"]):
             return "position_layout", (f"the collator's (1, {row.total}) position_ids {worst:.2e}; laid out as "
                                        f"({layout.rows}, 1, {row.total}) {probes['laid_out_position_ids']:.2e}")
     if isinstance(pos, torch.Tensor) and pos.ndim == 2:
@@ -174,9 +184,6 @@ def _diagnose(model: Any, row: _Row, targets: Any, inputs: dict[str, Any], fused
         if abs(probes["plain_position_ids"] - worst) <= 1e-6 * max(1.0, worst):
             return "ignores_position_ids", (f"restarting position_ids changes nothing (packed vs solo {worst:.2e} either "
                                             "way)")
-    if packed is None:
-        packed, _ = _log_probs(model, inputs, targets, fused)
-        counter[0] += 1
     moved = _isolation_moved(model, row, targets, inputs, fused, counter, packed)
     probes["isolation_moved"] = moved
     missing = attention["boundaries_missing"]
@@ -185,7 +192,6 @@ def _diagnose(model: Any, row: _Row, targets: Any, inputs: dict[str, Any], fused
     if not isolated:
         detail = f"; boundaries missing in {missing} of {sum(attention['calls'].values())} attention calls" if missing else ""
         return "leak", f"packed vs solo log-probs differ by {worst:.2e}; {moved_text}{detail}"
-    scale = float(packed[targets[0] != IGNORE_INDEX].abs().max())  # the log-probs' magnitude: their rounding level
     floor = rounding_level(dtype, scale)
     within = (f"within {NUMERICS_FACTOR:g}x the {dtype} tolerance {_tol(atol)}" if atol >= floor else
               f"within {NUMERICS_FACTOR:g}x {dtype} rounding ({floor:.2e} at log-probs of {scale:.2f}; tolerance "

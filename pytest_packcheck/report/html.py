@@ -16,7 +16,7 @@ from .model import Report, env_header, environment_line
 from .numbers import key_number
 from .sections import models_are, trainer_note
 from .text import cut
-from .verdicts import LEGEND, ROLE_LEGEND, ROLE_MARKS, cause_label, check_mark, headline_text, role_of
+from .verdicts import LEGEND, ROLE_LEGEND, ROLE_MARKS, cause_label, check_mark, headline_text, numerics_only, role_of
 
 _STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
@@ -172,7 +172,7 @@ def _summary_html(rep: Report, data: dict[str, Any]) -> str:
     out.append("</p>")
     bad: dict[str, list[tuple[str, str, str, str]]] = defaultdict(list)
     for x in rep.do_not_pack:
-        if x.judged:
+        if x.judged and not numerics_only(rep.headlines[(x.model, x.backend, x.dtype, x.env)]):
             where = rep.label(x.backend) + (f" @ {x.env}" if x.env else "") + (f" ({x.dtype})" if len(lay.dtypes) > 1 else "")
             bad[x.model].append((where, x.causes, f"{x.first['check']} {key_number(x.first)}".strip(), x.remedy))
     out.append('<h2 id="do-not-pack">Do not pack</h2>')
@@ -184,7 +184,12 @@ def _summary_html(rep: Report, data: dict[str, Any]) -> str:
                        f'<td>{e("; ".join(dict.fromkeys(r[3] for r in rows if r[3])))}</td></tr>')
         out.append("</table>")
     else:
-        out.append("<p>None: no model failed a correctness check here.</p>")
+        out.append("<p>None: no model failed a correctness check here for a packing cause.</p>")
+    numerics = [x for x in rep.do_not_pack if x.judged and numerics_only(rep.headlines[(x.model, x.backend, x.dtype, x.env)])]
+    if numerics:
+        out.append("<p>Within numerics, failed on the tolerance only (boundaries kept: not a packing fault): " + "; ".join(
+            f"<b>{e(x.model)}</b> on {e(rep.label(x.backend))} ({e(x.first['check'])} {e(key_number(x.first))}: {e(x.remedy)})"
+            for x in numerics) + "</p>")
     shown = [(k, r) for k, r in rep.hazards.items() if r["shown"]]
     out.append('<h2 id="hazards">Stack hazards (never a model failure)</h2>')
     out.append("<ul>" + "".join(

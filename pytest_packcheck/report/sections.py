@@ -12,7 +12,17 @@ from ..results import SYMBOLS
 from .model import Report, env_header
 from .numbers import key_number
 from .text import cut, escape_md, fmt_metric
-from .verdicts import ROLE_MARKS, cause_label, coverage, env_label, hazard_names, headline_text, pass_qualifier, role_of
+from .verdicts import (
+    ROLE_MARKS,
+    cause_label,
+    coverage,
+    env_label,
+    hazard_names,
+    headline_text,
+    numerics_only,
+    pass_qualifier,
+    role_of,
+)
 
 
 def hazard_title(name: str) -> str:
@@ -152,7 +162,7 @@ def trainer_note(cells: list[dict[str, Any]]) -> list[str]:
 def _at_a_glance(rep: Report, dtype: str) -> list[str]:
     """The "Do not pack" list (model, backends, cause with its number, remedy), then "Safe" in one line per group
     of backends (the models safe on exactly those), then the backends that ran nothing here, named once."""
-    bad, safe_by = [], defaultdict(list)
+    bad, numerics, safe_by = [], [], defaultdict(list)
     for label in rep.layout.models:
         failing: dict[str, list[str]] = defaultdict(list)
         first: dict[str, dict[str, Any]] = {}
@@ -161,7 +171,11 @@ def _at_a_glance(rep: Report, dtype: str) -> list[str]:
             h = rep.headlines.get((label, b, dtype, None))
             if not h or b in rep.not_run:
                 continue
-            if h["status"] in ("fail", "fallback"):
+            if numerics_only(h):  # only the tolerance fails it: not a "do not pack"
+                c = h["bad"][0]
+                numerics.append(f"- **{escape_md(label)}** on {rep.label(b)} ({c['check']} {key_number(c)}): "
+                                f"{escape_md((c.get('diagnosis') or {}).get('remedy') or CAUSES['kernel_numerics'])}.")
+            elif h["status"] in ("fail", "fallback"):
                 key = ", ".join(cause_label(c) for c in h["causes"])
                 failing[key].append(rep.label(b))
                 first.setdefault(key, h["bad"][0])
@@ -175,7 +189,9 @@ def _at_a_glance(rep: Report, dtype: str) -> list[str]:
                        + (f"; remedy: {escape_md(fix)}" if fix else "") + ".")
         if safe:
             safe_by[tuple(safe)].append(label)
-    lines = ["### Do not pack", ""] + (bad or ["- none: no model failed a correctness check here."]) + [""]
+    lines = ["### Do not pack", ""] + (bad or ["- none: no model failed a correctness check here for a packing cause."]) + [""]
+    if numerics:
+        lines += ["### Within numerics, failed on the tolerance only (boundaries kept: not a packing fault)", "", *numerics, ""]
     lines += [("### Safe (every correctness check that ran passed; the ones that could not run, and mechanisms the probe "
                "row never exercised, are named)"), ""]
     lines += [f"- on {', '.join(where)}: {', '.join(escape_md(m) for m in ms)}"
@@ -208,7 +224,7 @@ def answer_section(rep: Report) -> list[str]:
         lines += _at_a_glance(rep, dtype)
         lines += ["### Every model", ""]
         for label in models:
-            safe, partial, bad, refused, unchecked, unrun = [], [], defaultdict(list), [], [], []
+            safe, partial, bad, refused, unchecked, unrun, numerics = [], [], defaultdict(list), [], [], [], []
             for b in backends:
                 h = rep.headlines.get((label, b, dtype, None))
                 if not h or b in rep.not_run:
@@ -223,6 +239,10 @@ def answer_section(rep: Report) -> list[str]:
                     unrun.append(name)  # an interrupted run never finished it (run.session._name_unrun_checks)
                 elif h["status"] == "skipped":
                     unchecked.append(name)
+                elif numerics_only(h):
+                    first = h["bad"][0]
+                    numerics.append((name, f"{first['check']} {key_number(first)}".strip(),
+                                     (first.get("diagnosis") or {}).get("remedy") or CAUSES["kernel_numerics"]))
                 elif h["status"] in ("fail", "fallback"):
                     first = h["bad"][0]
                     number = key_number(first)
@@ -238,6 +258,8 @@ def answer_section(rep: Report) -> list[str]:
                     desc = CAUSES.get(cause.replace(" ", "_"), "")
                     parts.append(f"**do not pack** on {', '.join(w for w, _ in where)} with this stack ({cause}"
                                  + (f": {desc}" if desc else "") + f"; {where[0][1]})")
+            for name, number, fix in numerics:
+                parts.append(f"fails on the tolerance only on {name} ({number}: {escape_md(fix)})")
             if safe:
                 parts.append(f"safe on {', '.join(safe)}")
             if partial:

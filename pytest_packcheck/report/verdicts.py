@@ -56,6 +56,13 @@ def cause_label(cause: str) -> str:
     return cause.replace("_", " ")
 
 
+def numerics_only(h: dict[str, Any]) -> bool:
+    """A failing :func:`headline` whose every cause is ``kernel_numerics``: boundaries kept, the differences within
+    float rounding or 10x the tolerance, so only the tolerance fails it. The answer words it as that, never as "do
+    not pack" (the verdict stays a fail)."""
+    return h["status"] == "fail" and bool(h["causes"]) and all(c == "kernel_numerics" for c in h["causes"])
+
+
 def env_label(cell: dict[str, Any]) -> str | None:
     """The version environment a cell ran in (its ``--packcheck-versions`` label), None for this one."""
     return (cell.get("env") or {}).get("label")
