@@ -30,7 +30,7 @@ def run(ns: argparse.Namespace) -> int:
     if not any(d["cells"] for d in documents):  # a matrix with no cells would claim a run that checked nothing
         raise PackcheckUsageError(f"no cells to merge: {', '.join(ns.files)} (packcheck merge's FILES) hold no cells; pass "
                                   "the packcheck-matrix.json of audits that checked something.")
-    doc = diagnose_document(merge(documents))
+    doc = diagnose_document(merge(documents, list(ns.files)))
     out = Path(ns.output_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
