@@ -160,3 +160,19 @@ def test_every_header_names_the_libraries_of_environment_rows(monkeypatch):
     assert "flash-attn not installed, kernels 0.9.1, device cpu" in render_html(doc)
     assert render_terminal(doc, [])[0] == ("torch 2.13.0+cpu, transformers 5.24.0, trl not installed, flash-attn not "
                                            "installed, kernels 0.9.1, device cpu")
+
+
+@pytest.mark.parametrize("token", ["hf_TrIaL2sEcReT0123456789abcdefABCDEF", "github_pat_" + "11AB_" * 10, "sk-proj_" + "x1" * 12])
+def test_a_token_in_the_audit_name_reaches_no_report_format(tmp_path, monkeypatch, token):
+    """Markdown escapes ``_`` before the files are scrubbed (``hf\\_...``): the scrub must still catch the token,
+    by shape and by the value of a secret-named variable, in every file of the set."""
+    from pytest_packcheck.report.formats import FORMATS, write_reports
+
+    monkeypatch.setenv("MY_SERVICE_KEY", "plain_value_42")
+    doc = planted_doc(_cells())
+    doc["settings"]["audit"] = f"{token} plain_value_42"
+    write_reports(tmp_path, doc)
+    for f in FORMATS:
+        text = (tmp_path / f.file).read_text(encoding="utf-8")
+        assert "TrIaL" not in text and "11AB" not in text and "x1x1" not in text and "value\\_42" not in text, f.file
+    assert (tmp_path / "packcheck-matrix.md").read_text(encoding="utf-8").splitlines()[0] == "# packcheck support matrix — *** ***"
