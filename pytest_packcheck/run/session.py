@@ -48,6 +48,9 @@ class PackcheckSession:
         self.progress = Progress(config, self._plan_size)
         pin_worker_gpu(config, settings.device)
         stop_on_sigterm(config)
+        # bad input (a model spec, a matrix the filters or the shard empty) is refused before the report folder is
+        # touched: a refused run leaves it as it found it (no owner file, lock or emptied journal)
+        self._shard_cells()
         self._report_lock = check_inputs(config, settings)
         self.journal, self.resumed = open_journal(config, settings)
         self.version_cells = VersionCells(config, settings)
@@ -100,10 +103,16 @@ class PackcheckSession:
         cells = [c for c in self._planned().values() if c.model_index % count == index - 1]
         return len(cells), len({c.group for c in cells})
 
-    def make_items(self, session: pytest.Session) -> list[pytest.Item]:
+    def _shard_cells(self) -> list[Any]:
+        """The planned cells this shard runs (whole models per shard, round-robin in audit order); resolves the
+        model specs.
+
+        Raises:
+            PackcheckUsageError: a model spec that does not resolve; a matrix the filters emptied; a shard that
+                holds no model (names the shards that do).
+        """
         planned = list(self._planned().values())
         index, count = self.settings.shard
-        # whole models per shard (each model is built once), assigned round-robin in audit order
         cells = [c for c in planned if c.model_index % count == index - 1]
         if not planned:
             raise PackcheckUsageError("The packcheck matrix is empty after filtering: check --packcheck-attn / --packcheck-checks.")
@@ -116,6 +125,10 @@ class PackcheckSession:
             fix = f"use N <= {len(models)}" if count > len(models) else f"use I in {', '.join(map(str, held))}"
             raise PackcheckUsageError(f"The packcheck matrix is empty: shard {index}/{count} (from {OPT_SHARD} or $PACKCHECK_SHARD) holds no "
                                       f"model: the {len(models)} model{'s' * (len(models) != 1)} go to {where}; {fix}.")
+        return cells
+
+    def make_items(self, session: pytest.Session) -> list[pytest.Item]:
+        cells = self._shard_cells()
         # One collector per group (a model, or a version environment): node ids read
         # packcheck::<group>::packcheck[<cell id>], so `--dist loadscope` keeps a group on one xdist worker.
         # (xdist's loadgroup marks no longer reach the node id under pytest 9.2: it sets Node._nodeid, which
