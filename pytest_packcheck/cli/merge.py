@@ -22,7 +22,7 @@ def run(ns: argparse.Namespace) -> int:
     from ..analysis.diagnose import diagnose_document
     from ..analysis.gate import merge
     from ..errors import PackcheckUsageError
-    from ..report.formats import write_reports
+    from ..report.formats import LOGS_DIR, remove_unreferenced_logs, write_reports
     from ..results import load_document, write_failure
     from ..run.process import hold_report_dir
 
@@ -44,6 +44,10 @@ def run(ns: argparse.Namespace) -> int:
             journal.unlink()
             print(f"packcheck merge: note: removed {journal}, the journal of the audit that wrote there before: it does not "
                   "belong to the merged matrix.", file=sys.stderr)
+        gone = remove_unreferenced_logs(out, doc)
+        if gone:
+            print(f"packcheck merge: note: removed {len(gone)} log(s) of an earlier run from {out / LOGS_DIR} "
+                  f"({', '.join(Path(g).name for g in gone)}): the merged matrix does not name them.", file=sys.stderr)
     finally:
         lock.release(force=True)
     if doc.get("merged_settings_differ"):

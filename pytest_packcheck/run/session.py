@@ -40,6 +40,7 @@ class PackcheckSession:
         self.changes: list[Any] = []
         self.regressions: list[Any] = []
         self.gate_text = ""
+        self.notes: list[str] = []  # one line each, printed after the summary (what finish changed beside the reports)
         self._resolved: list[Any] | None = None
         self._runner: Any = None
         self._group_results: dict[str, dict[str, Any]] = {}
@@ -234,7 +235,7 @@ class PackcheckSession:
     def finish(self, interrupted: bool = False) -> None:
         """Build the results document (diagnosed), write the reports, and compare with the baseline (the gate);
         ``interrupted``: also take the journaled cells whose reports never arrived, and mark the matrix incomplete."""
-        from ..report.formats import write_reports
+        from ..report.formats import LOGS_DIR, remove_unreferenced_logs, write_reports
         from ..results.environment import environment
         from ..results.schema import CellResult, build_document
 
@@ -266,6 +267,11 @@ class PackcheckSession:
             self.document["incomplete"] = {"reason": "the run was interrupted", "cells": finished,
                                            "resume": "rerun the same command with --packcheck-resume"}
         self.written = write_reports(self.settings.report_dir, self.document)
+        gone = remove_unreferenced_logs(self.settings.report_dir, self.document)
+        if gone:  # printed with the summary
+            self.notes.append(f"packcheck: note: removed {len(gone)} log(s) of an earlier run from "
+                              f"{Path(self.settings.report_dir) / LOGS_DIR} ({', '.join(Path(g).name for g in gone)}): "
+                              "this matrix does not name them.")
         if self.settings.baseline:
             from ..analysis.gate import compare, regressions, render_changes, stack
             from ..results.schema import load_document
