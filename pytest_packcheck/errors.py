@@ -12,17 +12,20 @@ _SECRET_NAME = re.compile(r"(TOKEN|KEY|SECRET|PASSWORD)", re.IGNORECASE)
 #: Shapes of common access tokens, scrubbed wherever they stand (a token typed into an override, a spec, a file):
 #: Hugging Face (hf_ + 34), GitHub (ghp_/gho_/ghu_/ghs_/ghr_ + 36, github_pat_ + 82), OpenAI / Anthropic
 #: (sk-, sk-proj-, sk-ant-), AWS access key ids (AKIA/ASIA + 16), Slack (xoxb-...), GitLab (glpat-), Google API
-#: keys (AIza + 35). Each needs 16+ characters after its prefix, and no letter or digit right before it.
+#: keys (AIza + 35). Each needs 16+ characters after its prefix, and no letter or digit right before it. An
+#: underscore may stand Markdown-escaped (``hf\_...``, as :func:`report.text.escape_md` writes it), so a token
+#: is still caught in a rendered report whatever its writer escaped first.
+_U = r"\\?_"  # "_" or Markdown's "\_"
 SECRET_SHAPES = re.compile(
     r"(?<![A-Za-z0-9])(?:"
-    r"hf_[A-Za-z0-9]{16,}"
-    r"|gh[pousr]_[A-Za-z0-9]{16,}"
-    r"|github_pat_[A-Za-z0-9_]{16,}"
-    r"|sk-(?=[A-Za-z_-]*[0-9])[A-Za-z0-9_-]{16,}"
+    rf"hf{_U}[A-Za-z0-9]{{16,}}"
+    rf"|gh[pousr]{_U}[A-Za-z0-9]{{16,}}"
+    rf"|github{_U}pat{_U}(?:[A-Za-z0-9]|{_U}){{16,}}"
+    r"|sk-(?=[A-Za-z_\\-]*[0-9])(?:[A-Za-z0-9-]|" + _U + r"){16,}"
     r"|(?:AKIA|ASIA)[0-9A-Z]{16}"
     r"|xox[abeprs]-[A-Za-z0-9-]{10,}"
-    r"|glpat-[A-Za-z0-9_-]{16,}"
-    r"|AIza[0-9A-Za-z_-]{35}"
+    rf"|glpat-(?:[A-Za-z0-9-]|{_U}){{16,}}"
+    rf"|AIza(?:[0-9A-Za-z-]|{_U}){{35}}"
     r")"
 )
 
@@ -32,9 +35,13 @@ def scrub_secrets(text: str) -> str:
     variable whose name holds TOKEN, KEY, SECRET or PASSWORD; by shape, anything that looks like an access token
     (:data:`SECRET_SHAPES`: ``hf_...``, ``ghp_...``, ``github_pat_...``, ``sk-...``, ``AKIA...``, ...). For what
     reaches a terminal (test ids, warnings, error lines) as well as files (reports, journal, the run's owner file)."""
+    from .report.text import escape_md  # pure, no packcheck imports
+
     for name, value in os.environ.items():
-        if len(value) >= 8 and _SECRET_NAME.search(name) and value in text:
-            text = text.replace(value, "***")
+        if len(value) >= 8 and _SECRET_NAME.search(name):
+            for form in dict.fromkeys((value, escape_md(value))):  # as typed, and as a Markdown report escapes it
+                if form in text:
+                    text = text.replace(form, "***")
     return SECRET_SHAPES.sub("***", text)
 
 

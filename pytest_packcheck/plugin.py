@@ -132,6 +132,8 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     terminalreporter.write_sep("=", "packcheck summary")
     for line in render_terminal(state.document, state.written):
         terminalreporter.write_line(scrub_secrets(line))  # as scrubbed as the report files
+    for line in state.notes:
+        terminalreporter.write_line(scrub_secrets(line))
     if state.settings.baseline:
         terminalreporter.write_sep("=", f"packcheck gate against {state.settings.baseline}")
         terminalreporter.write_line(state.gate_text)

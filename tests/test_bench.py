@@ -197,6 +197,9 @@ def test_bench_cli_refuses_bad_input_before_measuring(tmp_path):
         (["--warmup", "0"], "--warmup 0 must be >= 1 (the first step of each mode pays one-time costs"),
         (["--max-length", "1"], "--max-length 1 must be >= 2"),
         (["--name", "../escape"], "--name '../escape' must be a file name stem without a path"),
+        # a token as --name named the files and was printed with their paths: refused, never echoed
+        (["--name", "sk-TrIaL2skSecret0123456789abcdef"], "--name looks like an access token"),
+        (["--name", ""], "--name '' must be a file name stem without a path"),
         (["-o", str(blocker / "sub")], f"Output directory '{blocker / 'sub'}' (from -o/--output-dir) is not writable"),
         (["--attn", "flex_attention"], "Backend 'flex_attention' (from --attn) cannot train on cpu: flex_attention has no backward"),
         (["--profile", str(tmp_path / "missing.txt")], f"Length file '{tmp_path / 'missing.txt'}' (from --profile) does not exist"),
@@ -205,7 +208,7 @@ def test_bench_cli_refuses_bad_input_before_measuring(tmp_path):
         proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "bench", *args], cwd=tmp_path,
                               capture_output=True, text=True, check=False, timeout=120)
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, (args, proc.stderr[-1500:])
-        assert message in proc.stderr, (args, proc.stderr)
+        assert message in proc.stderr and "TrIaL" not in proc.stderr + proc.stdout, (args, proc.stderr)
     assert not (tmp_path / "reports").exists()
 
 

@@ -48,6 +48,25 @@ def test_a_cell_held_twice_with_two_verdicts_is_refused_by_gate_and_merge_alike(
     assert list(index_cells(same["cells"], lambda c: c["cell_id"], "x")) == ["llama-sdpa-trainer-float32"]
 
 
+def _sourced(doc, source):
+    doc["settings"]["tolerance_source"] = source
+    return doc
+
+
+def test_merge_refuses_documents_whose_tolerances_differ_and_names_each_source_when_they_agree():
+    """One matrix has one Tolerances table: two halves judged with different tolerances would show one half's
+    source beside the other's values, wrong for both; the same values from two sources name both."""
+    loose = _cell("opt-sdpa-trainer-float32", model={"label": "opt", "spec": "arch:opt"}, tolerances={"train_loss_atol": 10.0})
+    a, b = _sourced(_doc([_cell()]), "tolerances.toml"), _sourced(_doc([loose]), "/tmp/huge.toml")
+    with pytest.raises(PackcheckUsageError, match=r"^Cannot merge r1\.json and x63\.json: their float32 tolerances differ "
+                       r"\(train_loss_atol 2e-05 vs 10\.0; from tolerances\.toml vs /tmp/huge\.toml\).*Rerun one audit with "
+                       r"the other's tolerances \(--packcheck-tolerances\)"):
+        merge([a, b], ["r1.json", "x63.json"])
+    same = _sourced(_doc([_cell("opt-sdpa-trainer-float32", model={"label": "opt", "spec": "arch:opt"})]), "/tmp/copy.toml")
+    assert merge([a, same])["settings"]["tolerance_source"] == "tolerances.toml; /tmp/copy.toml"
+    assert merge([a, _sourced(_doc([_cell()]), "tolerances.toml")])["settings"]["tolerance_source"] == "tolerances.toml"
+
+
 def test_gate_cli_refuses_a_duplicate_cell_in_one_line_exit_2(tmp_path):
     base, cand = tmp_path / "base.json", tmp_path / "cand.json"
     base.write_text(json.dumps(_doc([_cell()])))

@@ -376,3 +376,32 @@ def test_an_unknown_architecture_points_at_a_list_not_at_a_full_audit():
         resolve_model(parse_model_spec("arch:nosuchthing", "--packcheck-models"), "--packcheck-models")
     assert "--all-architectures" not in str(info.value) and "print(sorted(CONFIG_MAPPING))" in str(info.value)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("args", [
+    ("--models", "arch:nosuchthing"),
+    ("--models", "arch:llama", "--packcheck-device", "cuda"),  # this test machine's torch sees no GPU
+    ("--models", "arch:llama", "--packcheck-shard", "2/2"),
+])
+def test_a_run_refused_for_bad_input_leaves_the_report_folder_as_it_found_it(tmp_path, args):
+    """An unknown architecture, a missing CUDA device or an empty shard were refused after the run had taken the
+    folder: the owner file, the lock and an emptied journal stayed. Now nothing is made, and a previous run's
+    files are untouched."""
+    pytest.importorskip("torch")
+    import torch
+
+    if "cuda" in args and torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: --packcheck-device cuda is not bad input")
+    fresh = tmp_path / "fresh"
+    proc = _cli("audit", *args, "--packcheck-attn", "eager", "--packcheck-checks", "isolation", "-n", "0",
+                "--packcheck-report-dir", str(fresh), cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.strip(), proc.stderr[-800:]
+    assert not fresh.exists(), sorted(p.name for p in fresh.iterdir())
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "packcheck-journal.jsonl").write_text('{"cell": 1}\n')
+    (old / "packcheck-matrix.json").write_text("{}\n")
+    _cli("audit", *args, "--packcheck-attn", "eager", "--packcheck-checks", "isolation", "-n", "0",
+         "--packcheck-report-dir", str(old), cwd=tmp_path)
+    assert {p.name: p.read_text() for p in old.iterdir()} == {"packcheck-journal.jsonl": '{"cell": 1}\n',
+                                                              "packcheck-matrix.json": "{}\n"}

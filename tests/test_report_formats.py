@@ -160,3 +160,55 @@ def test_every_header_names_the_libraries_of_environment_rows(monkeypatch):
     assert "flash-attn not installed, kernels 0.9.1, device cpu" in render_html(doc)
     assert render_terminal(doc, [])[0] == ("torch 2.13.0+cpu, transformers 5.24.0, trl not installed, flash-attn not "
                                            "installed, kernels 0.9.1, device cpu")
+
+
+@pytest.mark.parametrize("token", ["hf_TrIaL2sEcReT0123456789abcdefABCDEF", "github_pat_" + "11AB_" * 10, "sk-proj_" + "x1" * 12])
+def test_a_token_in_the_audit_name_reaches_no_report_format(tmp_path, monkeypatch, token):
+    """Markdown escapes ``_`` before the files are scrubbed (``hf\\_...``): the scrub must still catch the token,
+    by shape and by the value of a secret-named variable, in every file of the set."""
+    from pytest_packcheck.report.formats import FORMATS, write_reports
+
+    monkeypatch.setenv("MY_SERVICE_KEY", "plain_value_42")
+    doc = planted_doc(_cells())
+    doc["settings"]["audit"] = f"{token} plain_value_42"
+    write_reports(tmp_path, doc)
+    for f in FORMATS:
+        text = (tmp_path / f.file).read_text(encoding="utf-8")
+        assert "TrIaL" not in text and "11AB" not in text and "x1x1" not in text and "value\\_42" not in text, f.file
+    assert (tmp_path / "packcheck-matrix.md").read_text(encoding="utf-8").splitlines()[0] == "# packcheck support matrix — *** ***"
+
+
+def test_logs_no_cell_names_are_removed_beside_a_new_matrix_and_named_ones_kept(tmp_path):
+    from pytest_packcheck.report.formats import remove_unreferenced_logs
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for name in ("transformers-5.24.0-old.log", "transformers-4.56.2-now.log", "notes.txt"):
+        (logs / name).write_text("x")
+    doc = planted_doc(_cells())
+    doc["cells"][0]["env"] = {"label": "transformers==4.56.2", "log": "logs/transformers-4.56.2-now.log"}
+    assert remove_unreferenced_logs(tmp_path, doc) == [str(logs / "transformers-5.24.0-old.log")]
+    assert sorted(p.name for p in logs.iterdir()) == ["notes.txt", "transformers-4.56.2-now.log"]
+    (logs / "notes.txt").unlink()
+    assert remove_unreferenced_logs(tmp_path, planted_doc(_cells())) == [str(logs / "transformers-4.56.2-now.log")]
+    assert not logs.exists()  # left empty: gone too
+
+
+def test_an_audit_removes_an_earlier_runs_version_logs_and_says_so(tmp_path):
+    """A --versions run's logs/ stayed beside a later matrix that has no version environment."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "r"
+    (out / "logs").mkdir(parents=True)
+    (out / "logs" / "transformers-5.24.0-abc.log").write_text("an earlier run's log\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "audit", "--models", "arch:llama", "--packcheck-attn",
+                           "eager", "--packcheck-checks", "isolation", "-n", "0", "--packcheck-report-dir", str(out)],
+                          cwd=tmp_path, capture_output=True, text=True, check=False, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert proc.returncode == 0, proc.stdout[-1500:] + proc.stderr[-1500:]
+    assert not (out / "logs").exists()
+    notes = [line for line in proc.stdout.splitlines() if "removed 1 log(s) of an earlier run" in line]
+    assert len(notes) == 1 and "transformers-5.24.0-abc.log" in notes[0], proc.stdout[-1500:]

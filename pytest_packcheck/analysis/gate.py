@@ -338,18 +338,51 @@ def _is_shard(value: Any) -> bool:
             and 1 <= value[0] <= value[1])
 
 
-def merge(documents: list[dict[str, Any]]) -> dict[str, Any]:
+def _tolerances_by_dtype(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The tolerances a document's cells were judged with, per dtype (the first cell of each dtype)."""
+    out: dict[str, dict[str, Any]] = {}
+    for cell in doc.get("cells", []):
+        out.setdefault(cell.get("dtype", ""), cell.get("tolerances") or {})
+    return out
+
+
+def _refuse_differing_tolerances(documents: list[dict[str, Any]], names: list[str]) -> None:
+    """Refuse documents whose cells of one dtype were judged with different tolerances: the merged matrix has one
+    ``## Tolerances`` table and one source, which would be wrong for one part.
+
+    Raises:
+        PackcheckUsageError: names both files, the dtype, each differing key with both values and both sources.
+    """
+    seen: dict[str, tuple[int, dict[str, Any]]] = {}
+    for i, doc in enumerate(documents):
+        for dtype, tol in _tolerances_by_dtype(doc).items():
+            j, before = seen.setdefault(dtype, (i, tol))
+            keys = sorted(k for k in set(before) | set(tol) if before.get(k) != tol.get(k))
+            if not keys:
+                continue
+            src = [documents[n].get("settings", {}).get("tolerance_source") or "unknown" for n in (j, i)]
+            values = ", ".join(f"{k} {before.get(k, 'unset')} vs {tol.get(k, 'unset')}" for k in keys)
+            raise PackcheckUsageError(
+                f"Cannot merge {names[j]} and {names[i]}: their {dtype} tolerances differ ({values}; from {src[0]} vs "
+                f"{src[1]}), and one matrix shows one set of tolerances. Rerun one audit with the other's tolerances "
+                "(--packcheck-tolerances) and merge again.")
+
+
+def merge(documents: list[dict[str, Any]], names: list[str] | None = None) -> dict[str, Any]:
     """Join results documents (shards of one audit). Cells keep their own environment; a cell present in
-    several documents must agree, else it is an error. Backends, checks and dtypes of the settings are the union;
+    several documents must agree, else it is an error; so must the tolerances cells of one dtype were judged
+    with (``names``: what to call each document in that error, default "file 1", "file 2", ...). Backends, checks and dtypes of the settings are the union;
     documents whose settings differ otherwise (not shards of one audit) are named in ``merged_settings_differ``
     and every command is kept. Shards that recorded ``settings.shard`` but do not cover 1..count, or a document
     marked incomplete, make the merged document ``incomplete`` (reason named).
 
     Raises:
-        PackcheckUsageError: no documents, or one cell with two different verdicts.
+        PackcheckUsageError: no documents, one cell with two different verdicts, or one dtype judged with two
+            different tolerances.
     """
     if not documents:
         raise PackcheckUsageError("packcheck merge got no results files: pass at least one JSON file.")
+    _refuse_differing_tolerances(documents, names or [f"file {i + 1}" for i in range(len(documents))])
     every = [{**cell, "environment": cell.get("environment", doc["environment"])} for doc in documents for cell in doc["cells"]]
     cells = index_cells(every, lambda c: c["cell_id"], "the files merged")
     first = documents[0]
@@ -358,6 +391,9 @@ def merge(documents: list[dict[str, Any]]) -> dict[str, Any]:
         union = [x for doc in documents for x in doc.get("settings", {}).get(key, [])]
         if union:
             settings[key] = list(dict.fromkeys(union))
+    sources = [s for s in dict.fromkeys(doc.get("settings", {}).get("tolerance_source") or "" for doc in documents) if s]
+    if len(sources) > 1:  # equal values from two sources (or other dtypes): the Source line names every one
+        settings["tolerance_source"] = "; ".join(sources)
     differ = sorted({k for doc in documents[1:] for k in set(doc.get("settings", {})) | set(first.get("settings", {}))
                      if k not in ("shard", "report_dir") and doc.get("settings", {}).get(k) != first.get("settings", {}).get(k)})
     out = {**first, "schema_version": SCHEMA_VERSION, "settings": settings, "cells": [cells[k] for k in sorted(cells)]}

@@ -44,7 +44,7 @@ def run(ns: argparse.Namespace) -> int:
         ensure_registered,
     )
     from ..config.options import DTYPES, parse_device
-    from ..errors import PackcheckUsageError, closest
+    from ..errors import PackcheckUsageError, closest, scrub_secrets
     from ..model.build import build_model
     from ..model.resolve import resolve_model
     from ..model.specs import parse_model_spec
@@ -64,7 +64,10 @@ def run(ns: argparse.Namespace) -> int:
         if getattr(ns, name) < least:
             why = " (the first step of each mode pays one-time costs; it is never timed)" if name == "warmup" else ""
             raise PackcheckUsageError(f"--{name.replace('_', '-')} {getattr(ns, name)} must be >= {least}{why}.")
-    if not ns.name or any(ch in ns.name for ch in "/\\") or ns.name in (".", ".."):
+    if scrub_secrets(ns.name) != ns.name:  # it would name the files and the line that prints their paths
+        raise PackcheckUsageError("--name looks like an access token (or holds a secret variable's value): it names the "
+                                  "bench's files, so pass a plain stem, e.g. --name bench-llama.")
+    if not ns.name.strip() or any(ch in ns.name for ch in "/\\") or ns.name in (".", ".."):
         raise PackcheckUsageError(f"--name '{ns.name}' must be a file name stem without a path: use -o/--output-dir for the folder.")
     if cuda:
         import torch

@@ -22,7 +22,7 @@ def run(ns: argparse.Namespace) -> int:
     from ..analysis.diagnose import diagnose_document
     from ..analysis.gate import merge
     from ..errors import PackcheckUsageError
-    from ..report.formats import write_reports
+    from ..report.formats import LOGS_DIR, remove_unreferenced_logs, write_reports
     from ..results import load_document, write_failure
     from ..run.process import hold_report_dir
 
@@ -30,7 +30,7 @@ def run(ns: argparse.Namespace) -> int:
     if not any(d["cells"] for d in documents):  # a matrix with no cells would claim a run that checked nothing
         raise PackcheckUsageError(f"no cells to merge: {', '.join(ns.files)} (packcheck merge's FILES) hold no cells; pass "
                                   "the packcheck-matrix.json of audits that checked something.")
-    doc = diagnose_document(merge(documents))
+    doc = diagnose_document(merge(documents, list(ns.files)))
     out = Path(ns.output_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -44,6 +44,10 @@ def run(ns: argparse.Namespace) -> int:
             journal.unlink()
             print(f"packcheck merge: note: removed {journal}, the journal of the audit that wrote there before: it does not "
                   "belong to the merged matrix.", file=sys.stderr)
+        gone = remove_unreferenced_logs(out, doc)
+        if gone:
+            print(f"packcheck merge: note: removed {len(gone)} log(s) of an earlier run from {out / LOGS_DIR} "
+                  f"({', '.join(Path(g).name for g in gone)}): the merged matrix does not name them.", file=sys.stderr)
     finally:
         lock.release(force=True)
     if doc.get("merged_settings_differ"):

@@ -56,6 +56,35 @@ def write_reports(out: Any, doc: dict[str, Any], flag: str = "--packcheck-report
     return [str(p) for p, _ in files]
 
 
+#: The folder beside the report set where version-environment runs keep their logs (``versions.envs.run_in_env``).
+LOGS_DIR = "logs"
+
+
+def remove_unreferenced_logs(out: Any, doc: dict[str, Any]) -> list[str]:
+    """Remove the ``*.log`` files of ``out/logs/`` that no cell of ``doc`` names (``cell["env"]["log"]``): a
+    previous run's version-environment logs must not stand beside a matrix that has no such environment. The
+    folder goes too when it is left empty. Returns the removed paths (the caller says so in one line); a file
+    that cannot be removed is left (the matrix is already written).
+    """
+    folder = Path(out) / LOGS_DIR
+    if not folder.is_dir():
+        return []
+    kept = {(c.get("env") or {}).get("log") for c in doc.get("cells", [])}
+    gone = []
+    for log in sorted(folder.glob("*.log")):
+        if log.is_file() and f"{LOGS_DIR}/{log.name}" not in kept:
+            try:
+                log.unlink()
+                gone.append(str(log))
+            except OSError:
+                pass
+    try:
+        folder.rmdir()  # only when empty
+    except OSError:
+        pass
+    return gone
+
+
 def render_markdown(doc: dict[str, Any]) -> str:
     """``packcheck-matrix.md`` of a results document (:mod:`.markdown`)."""
     return markdown.render(build_report(doc))

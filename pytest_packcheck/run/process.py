@@ -88,8 +88,9 @@ def gpu_for_worker(workerid: str, gpus: list[str]) -> str | None:
 
 
 def check_inputs(config: pytest.Config, settings: Any) -> Any:
-    """On the controller, before any cell runs: create the report folder and write a probe file, load the
-    baseline, and check the device, so each problem is a usage error now rather than a traceback later. Returns
+    """On the controller, before any cell runs: load the baseline and check the versions and the device (before
+    the folder is touched), then create the report folder and write a probe file, so each problem is a usage
+    error now rather than a traceback later. Returns
     the report folder's lock (:func:`hold_report_dir`), None on an xdist worker.
 
     Raises:
@@ -100,14 +101,9 @@ def check_inputs(config: pytest.Config, settings: Any) -> Any:
     path = Path(settings.report_dir)
     from ..results.io import probe_folder
 
+    _check_run_inputs(path, settings)  # before the folder is made or held: a refused run leaves it as it was
     probe_folder(path, "--packcheck-report-dir")  # a full disk is refused now, not at the report write
-    lock = hold_report_dir(path, "--packcheck-report-dir")  # one run per report folder, released by the session
-    try:
-        _check_run_inputs(path, settings)
-    except BaseException:
-        lock.release(force=True)  # refused before it started: the folder is free again at once
-        raise
-    return lock
+    return hold_report_dir(path, "--packcheck-report-dir")  # one run per report folder, released by the session
 
 
 def _check_run_inputs(path: Path, settings: Any) -> None:

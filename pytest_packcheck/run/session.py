@@ -40,6 +40,7 @@ class PackcheckSession:
         self.changes: list[Any] = []
         self.regressions: list[Any] = []
         self.gate_text = ""
+        self.notes: list[str] = []  # one line each, printed after the summary (what finish changed beside the reports)
         self._resolved: list[Any] | None = None
         self._runner: Any = None
         self._group_results: dict[str, dict[str, Any]] = {}
@@ -48,6 +49,9 @@ class PackcheckSession:
         self.progress = Progress(config, self._plan_size)
         pin_worker_gpu(config, settings.device)
         stop_on_sigterm(config)
+        # bad input (a model spec, a matrix the filters or the shard empty) is refused before the report folder is
+        # touched: a refused run leaves it as it found it (no owner file, lock or emptied journal)
+        self._shard_cells()
         self._report_lock = check_inputs(config, settings)
         self.journal, self.resumed = open_journal(config, settings)
         self.version_cells = VersionCells(config, settings)
@@ -100,10 +104,16 @@ class PackcheckSession:
         cells = [c for c in self._planned().values() if c.model_index % count == index - 1]
         return len(cells), len({c.group for c in cells})
 
-    def make_items(self, session: pytest.Session) -> list[pytest.Item]:
+    def _shard_cells(self) -> list[Any]:
+        """The planned cells this shard runs (whole models per shard, round-robin in audit order); resolves the
+        model specs.
+
+        Raises:
+            PackcheckUsageError: a model spec that does not resolve; a matrix the filters emptied; a shard that
+                holds no model (names the shards that do).
+        """
         planned = list(self._planned().values())
         index, count = self.settings.shard
-        # whole models per shard (each model is built once), assigned round-robin in audit order
         cells = [c for c in planned if c.model_index % count == index - 1]
         if not planned:
             raise PackcheckUsageError("The packcheck matrix is empty after filtering: check --packcheck-attn / --packcheck-checks.")
@@ -116,6 +126,10 @@ class PackcheckSession:
             fix = f"use N <= {len(models)}" if count > len(models) else f"use I in {', '.join(map(str, held))}"
             raise PackcheckUsageError(f"The packcheck matrix is empty: shard {index}/{count} (from {OPT_SHARD} or $PACKCHECK_SHARD) holds no "
                                       f"model: the {len(models)} model{'s' * (len(models) != 1)} go to {where}; {fix}.")
+        return cells
+
+    def make_items(self, session: pytest.Session) -> list[pytest.Item]:
+        cells = self._shard_cells()
         # One collector per group (a model, or a version environment): node ids read
         # packcheck::<group>::packcheck[<cell id>], so `--dist loadscope` keeps a group on one xdist worker.
         # (xdist's loadgroup marks no longer reach the node id under pytest 9.2: it sets Node._nodeid, which
@@ -221,7 +235,7 @@ class PackcheckSession:
     def finish(self, interrupted: bool = False) -> None:
         """Build the results document (diagnosed), write the reports, and compare with the baseline (the gate);
         ``interrupted``: also take the journaled cells whose reports never arrived, and mark the matrix incomplete."""
-        from ..report.formats import write_reports
+        from ..report.formats import LOGS_DIR, remove_unreferenced_logs, write_reports
         from ..results.environment import environment
         from ..results.schema import CellResult, build_document
 
@@ -253,6 +267,11 @@ class PackcheckSession:
             self.document["incomplete"] = {"reason": "the run was interrupted", "cells": finished,
                                            "resume": "rerun the same command with --packcheck-resume"}
         self.written = write_reports(self.settings.report_dir, self.document)
+        gone = remove_unreferenced_logs(self.settings.report_dir, self.document)
+        if gone:  # printed with the summary
+            self.notes.append(f"packcheck: note: removed {len(gone)} log(s) of an earlier run from "
+                              f"{Path(self.settings.report_dir) / LOGS_DIR} ({', '.join(Path(g).name for g in gone)}): "
+                              "this matrix does not name them.")
         if self.settings.baseline:
             from ..analysis.gate import compare, regressions, render_changes, stack
             from ..results.schema import load_document

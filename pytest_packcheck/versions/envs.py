@@ -494,7 +494,9 @@ def run_in_env(combo: VersionCombo, settings: Any, models: list[str], report_dir
     except EnvError as exc:
         return EnvRun(combo, {}, None, str(exc), seconds=round(time.perf_counter() - t0, 3))
     slug = env.path.name
-    log_rel = f"logs/{slug}.log"
+    from ..report.formats import LOGS_DIR
+
+    log_rel = f"{LOGS_DIR}/{slug}.log"  # relative to the report folder; the matrix's cells name it
     with tempfile.TemporaryDirectory(prefix="packcheck-env-") as tmp:
         root = Path(tmp)
         tol = root / "tolerances.toml"
