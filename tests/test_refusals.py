@@ -79,6 +79,24 @@ def test_atlas_render_only_refuses_a_missing_default_build_dir(tmp_path):
     assert not (tmp_path / "atlas2").exists()
 
 
+def test_atlas_render_only_refuses_an_empty_build_dir_and_a_new_output(tmp_path):
+    """Trial 3 #158: an existing but empty --build-dir and an -o with no support.json rendered an empty atlas
+    ("0 releases measured", torch None), exit 0. Refused, nothing written; an -o that holds a committed atlas is
+    still re-rendered from an empty build dir (the way the committed atlas is refreshed)."""
+    empty = tmp_path / "atlas_build_empty"
+    empty.mkdir()
+    proc = _cli("atlas", "--render-only", "-o", str(tmp_path / "out"), "--build-dir", str(empty), cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0, proc.stderr
+    assert "holds no finished release" in proc.stderr and "holds no support.json" in proc.stderr
+    assert not list((tmp_path / "out").glob("*"))  # -o is probed (created) first; nothing is written in it
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "support.json").write_text((Path(__file__).resolve().parents[1] / "reports" / "atlas" / "support.json").read_text())
+    proc = _cli("atlas", "--render-only", "-o", str(kept), "--build-dir", str(empty), "--releases", "5.24.0", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (kept / "atlas.md").exists()
+
+
 @pytest.mark.parametrize(("spec", "message"), [
     ("arch:llama{pad_token_id=-5}", ("Config value pad_token_id=-5 (in an override of model spec 'arch:llama{pad_token_id=-5}' "
                                     "from test) is not a token id of the model's vocabulary [0, 32,000)")),

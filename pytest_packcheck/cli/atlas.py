@@ -93,6 +93,7 @@ def run(ns: argparse.Namespace) -> int:
             print(json.dumps(planned))
             return 0
         _probe_output(ns)
+        _refuse_nothing_to_render(ns, build_dir)
         return main_trl(planned, Path(build_dir), Path(ns.output_dir), ns.render_only, ns.no_render,
                         ns.remeasure, log=lambda line: print(line, flush=True))
     for flag, given in (("--bisect-limit", ns.bisect_limit is not None), ("--bisect-models", bool(ns.bisect_models))):
@@ -123,6 +124,7 @@ def run(ns: argparse.Namespace) -> int:
         print(json.dumps(releases))
         return 0
     _probe_output(ns)
+    _refuse_nothing_to_render(ns, build_dir)
     return atlas_main(AtlasArgs(releases, Path(ns.build_dir or "build/atlas"), Path(ns.output_dir), shard, ns.workers, ns.render_only,
                                 ns.bisect, ns.bisect_limit, models, bisect_models, ns.seed, ns.no_render, ns.remeasure),
                       log=lambda line: print(line, flush=True))
@@ -190,3 +192,20 @@ def _refuse_unreleased(releases: list[str]) -> None:
             raise PackcheckUsageError(f"Release '{release}' (from --releases) is not a transformers release on the package "
                                       f"index (final, not yanked): the nearest are {', '.join(near) or 'none'}. Pass one of "
                                       "them, or use --since / --until for every minor's latest patch.")
+
+
+def _refuse_nothing_to_render(ns: argparse.Namespace, build_dir: str) -> None:
+    """--render-only with a build folder that holds no finished release (nor shard) and an -o without the atlas
+    file to re-render: the render was an empty atlas ("0 releases measured", torch None), exit 0 (trial 3 #158).
+    An empty build folder beside a committed atlas is how the committed one is re-rendered: allowed."""
+    if not ns.render_only:
+        return
+    from ..atlas import DONE_MARKER
+    from ..errors import PackcheckUsageError
+
+    kept = Path(ns.output_dir) / ("trl.json" if ns.trl else "support.json")
+    done = any(Path(build_dir).glob(f"*/{DONE_MARKER}")) or any(Path(build_dir).glob(f"*/shard-*/{DONE_MARKER}"))
+    if not done and not kept.exists():
+        raise PackcheckUsageError(f"Nothing to render (with --render-only): --build-dir '{build_dir}' holds no finished "
+                                  f"release and -o '{ns.output_dir}' holds no {kept.name} to re-render. Pass the folder "
+                                  "a measuring run wrote, an -o holding a committed atlas, or run without --render-only.")
