@@ -750,3 +750,16 @@ def test_an_interrupted_run_counts_the_matrix_cells_that_never_started(pytester)
     assert "**llama**: not run on eager, sdpa (the run was interrupted" in md and "Not run on this machine" not in md
     rows = (pytester.path / "reports" / "packcheck-matrix.csv").read_text().splitlines()
     assert all(r.endswith(",skipped,,,") for r in rows[1:]) and len(rows) == 3, rows
+
+
+def test_a_tolerance_or_audit_file_with_a_utf8_bom_is_read(tmp_path):
+    """Trial #67: a leading UTF-8 BOM (Windows editors) gave "not valid TOML (Invalid statement (at line 1,
+    column 1))"; the BOM is now dropped (errors.read_user_text) and the file read as written."""
+    from pytest_packcheck.config.audits import load_audit
+    from pytest_packcheck.config.tolerances import load_tolerances
+
+    audit, tol = tmp_path / "a.toml", tmp_path / "t.toml"
+    audit.write_bytes(b'\xef\xbb\xbf[audit]\nmodels = ["arch:llama"]\n')
+    tol.write_bytes(b"\xef\xbb\xbf[float32]\nlogits_atol = 0.5\n")
+    assert load_audit(str(audit)).models == ("arch:llama",)
+    assert load_tolerances(str(tol), [], "--packcheck-tolerances")[0]["float32"]["logits_atol"] == 0.5
