@@ -57,6 +57,8 @@ def _doc(cells, **top):
     (json.dumps(_doc([_cell()], environment=[1])).encode(), 'is corrupt: "environment" is [1] (expected a JSON object)'),
     (json.dumps(_doc([_cell()], settings={"backends": 3})).encode(), 'is corrupt: "settings"."backends" is 3 (expected a list of strings)'),
     (json.dumps(_doc([_cell()], incomplete=True)).encode(), 'is corrupt: "incomplete" is true (expected a JSON object'),
+    # trial #111: a string version was reported as "has no schema_version: it was not written by packcheck"
+    (json.dumps(_doc([_cell()], schema_version="2")).encode(), 'is corrupt: "schema_version" is "2" (a string, expected an integer'),
 ])
 def test_a_bad_results_file_is_one_line_in_gate_and_merge(tmp_path, content, message):
     bad, good = tmp_path / "bad.json", tmp_path / "good.json"

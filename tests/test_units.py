@@ -119,6 +119,13 @@ def test_load_document_schema(tmp_path):
     p.write_text("{not json")
     with pytest.raises(PackcheckUsageError, match="not valid JSON"):
         load_document(p)
+    for version, kind in (('"2"', "a string"), ("true", "a boolean"), ("2.0", "a number with a fraction")):
+        p.write_text(f'{{"schema_version": {version}, "cells": []}}')  # true was read as version 1
+        with pytest.raises(PackcheckUsageError, match=f'"schema_version" is {version} \\({kind}, expected an integer'):
+            load_document(p)
+    p.write_text('{"cells": []}')
+    with pytest.raises(PackcheckUsageError, match="has no schema_version: it was not written by packcheck"):
+        load_document(p)
 
 
 def test_oversized_shrunk_model_is_refused_before_allocation(monkeypatch, tolerances):
