@@ -77,7 +77,8 @@ def closest(value: str, choices: list[str] | tuple[str, ...]) -> str:
 
 
 def read_user_text(path: object, what: str, fix: str) -> str:
-    """The UTF-8 text of a file the user named (an audit, a tolerance file, a length profile).
+    """The UTF-8 text of a file the user named (an audit, a tolerance file, a length profile), a leading UTF-8
+    byte-order mark (as Windows editors write) dropped.
 
     Raises:
         PackcheckUsageError: ``{what} {path} is not UTF-8 text / is a directory / is not a regular file (a device,
@@ -90,7 +91,7 @@ def read_user_text(path: object, what: str, fix: str) -> str:
     if p.exists() and not p.is_file() and not p.is_dir():  # /dev/zero would be read for ever
         raise PackcheckUsageError(f"{what} {p} is not a regular file (a device or a pipe): {fix}")
     try:
-        return p.read_text(encoding="utf-8")
+        return p.read_text(encoding="utf-8-sig")  # a BOM made TOML say "Invalid statement (at line 1, column 1)"
     except UnicodeDecodeError as exc:
         raise PackcheckUsageError(f"{what} {p} is not UTF-8 text (byte {exc.start} is 0x{exc.object[exc.start]:02x}): {fix}") from None
     except IsADirectoryError:

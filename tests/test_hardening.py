@@ -57,6 +57,8 @@ def _doc(cells, **top):
     (json.dumps(_doc([_cell()], environment=[1])).encode(), 'is corrupt: "environment" is [1] (expected a JSON object)'),
     (json.dumps(_doc([_cell()], settings={"backends": 3})).encode(), 'is corrupt: "settings"."backends" is 3 (expected a list of strings)'),
     (json.dumps(_doc([_cell()], incomplete=True)).encode(), 'is corrupt: "incomplete" is true (expected a JSON object'),
+    # trial #111: a string version was reported as "has no schema_version: it was not written by packcheck"
+    (json.dumps(_doc([_cell()], schema_version="2")).encode(), 'is corrupt: "schema_version" is "2" (a string, expected an integer'),
 ])
 def test_a_bad_results_file_is_one_line_in_gate_and_merge(tmp_path, content, message):
     bad, good = tmp_path / "bad.json", tmp_path / "good.json"
@@ -750,3 +752,16 @@ def test_an_interrupted_run_counts_the_matrix_cells_that_never_started(pytester)
     assert "**llama**: not run on eager, sdpa (the run was interrupted" in md and "Not run on this machine" not in md
     rows = (pytester.path / "reports" / "packcheck-matrix.csv").read_text().splitlines()
     assert all(r.endswith(",skipped,,,") for r in rows[1:]) and len(rows) == 3, rows
+
+
+def test_a_tolerance_or_audit_file_with_a_utf8_bom_is_read(tmp_path):
+    """Trial #67: a leading UTF-8 BOM (Windows editors) gave "not valid TOML (Invalid statement (at line 1,
+    column 1))"; the BOM is now dropped (errors.read_user_text) and the file read as written."""
+    from pytest_packcheck.config.audits import load_audit
+    from pytest_packcheck.config.tolerances import load_tolerances
+
+    audit, tol = tmp_path / "a.toml", tmp_path / "t.toml"
+    audit.write_bytes(b'\xef\xbb\xbf[audit]\nmodels = ["arch:llama"]\n')
+    tol.write_bytes(b"\xef\xbb\xbf[float32]\nlogits_atol = 0.5\n")
+    assert load_audit(str(audit)).models == ("arch:llama",)
+    assert load_tolerances(str(tol), [], "--packcheck-tolerances")[0]["float32"]["logits_atol"] == 0.5

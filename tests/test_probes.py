@@ -117,5 +117,5 @@ def test_bad_lengths_and_window_are_one_line_errors(tmp_path):
     settings = resolve(lambda d: {"packcheck_audit": str(audit)}.get(d), lambda k: None)
     assert settings.lengths == (11, 1, 13) and settings.sliding_window == 12
     audit.write_text('models = ["arch:llama"]\nlengths = [11]\n')
-    with pytest.raises(PackcheckUsageError, match="'lengths' must list at least two"):
+    with pytest.raises(PackcheckUsageError, match="'lengths' must be a list of at least two whole numbers >= 1"):
         load_audit(str(audit))

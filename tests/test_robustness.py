@@ -129,6 +129,35 @@ def test_journal_lines_of_the_wrong_shape_are_skipped_with_a_warning(tmp_path):
         assert list(journal.load()) == ["good"]
 
 
+def test_a_journal_of_random_bytes_is_named_as_not_a_packcheck_journal_and_emptied(tmp_path):
+    """Trial #203: random bytes were "skipped 31 unreadable line(s) (cut off by a kill?)"; now the file is named
+    as not a packcheck journal, --packcheck-resume starts fresh and empties it (open_journal)."""
+    import random
+    import warnings
+    from types import SimpleNamespace
+
+    from pytest_packcheck.run.journal import Journal
+    from pytest_packcheck.run.resume import open_journal
+
+    path = tmp_path / "packcheck-journal.jsonl"
+    path.write_bytes(random.Random(0).randbytes(2000))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert Journal(path, "fp").load() == {}
+    text = " | ".join(str(w.message) for w in caught)
+    assert f"packcheck journal {path} is not a packcheck journal: none of its" in text and "the run starts fresh" in text
+    assert "unreadable" not in text and len(caught) == 1
+    path.write_text(json.dumps([1, 2]) + "\n")  # JSON, but no line is a record
+    with pytest.warns(UserWarning, match="is not a packcheck journal: none of its 1 line\\(s\\) is a journal record \\(first: a line is a JSON list"):
+        assert Journal(path, "fp").load() == {}
+    settings = SimpleNamespace(resume=True, report_dir=str(tmp_path), device="cpu", tolerances={}, as_dict=dict)
+    with pytest.warns(UserWarning, match="is not a packcheck journal"):
+        journal, resumed = open_journal(SimpleNamespace(), settings)
+    assert resumed == {} and path.read_text() == ""  # emptied: the cells this run journals are all it holds
+    journal.append(json.dumps(_cell("good")))
+    assert list(Journal(path, journal.fp).load()) == ["good"]
+
+
 def test_resume_from_a_journal_of_the_wrong_shape_writes_a_current_matrix(pytester):
     args = ("--packcheck-models=arch:llama", "--packcheck-attn=sdpa", "--packcheck-checks=isolation", "-p", "no:cacheprovider")
     assert pytester.runpytest_subprocess(*args).ret == 0

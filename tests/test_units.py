@@ -119,6 +119,13 @@ def test_load_document_schema(tmp_path):
     p.write_text("{not json")
     with pytest.raises(PackcheckUsageError, match="not valid JSON"):
         load_document(p)
+    for version, kind in (('"2"', "a string"), ("true", "a boolean"), ("2.0", "a number with a fraction")):
+        p.write_text(f'{{"schema_version": {version}, "cells": []}}')  # true was read as version 1
+        with pytest.raises(PackcheckUsageError, match=f'"schema_version" is {version} \\({kind}, expected an integer'):
+            load_document(p)
+    p.write_text('{"cells": []}')
+    with pytest.raises(PackcheckUsageError, match="has no schema_version: it was not written by packcheck"):
+        load_document(p)
 
 
 def test_oversized_shrunk_model_is_refused_before_allocation(monkeypatch, tolerances):
@@ -249,3 +256,35 @@ def test_a_revision_pins_the_snapshot_its_config_is_read_from(two_snapshots):
         assert pinned.revision == old, rev
         assert pinned.config.num_hidden_layers == 3 and pinned.config.rope_parameters["rope_theta"] == 10000.0, rev
     assert resolve_model(p(f"{repo}@{main}", "t"), "t").config.num_hidden_layers == 16
+
+
+def test_audit_file_values_are_type_checked_in_one_place(tmp_path):
+    """Trial #57 (`audit = 5` crashed with TypeError), #61 (`tolerances = 5` crashed in settings), #64 (`name = 5`
+    was recorded in the JSON), #71 (a table beside [audit] was ignored): each is a usage error naming the file,
+    the key, the value's type and the expected type."""
+    from pytest_packcheck.config.audits import load_audit
+
+    path = tmp_path / "a.toml"
+    cases = [
+        ("audit = 5\n", "[audit] must be a table of keys (models = [...], ...), not an integer (5)"),
+        ('[audit]\nmodels = ["arch:llama"]\ntolerances = 5\n',
+         "'tolerances' must be a file name string, e.g. tolerances = \"tolerances.toml\", not an integer (5)"),
+        ('[audit]\nmodels = ["arch:llama"]\nname = 5\n', "'name' must be a string, e.g. name = \"my-audit\", not an integer (5)"),
+        ('[audit]\nmodels = ["arch:llama"]\ndescription = ["x"]\n', ("'description' must be a string, e.g. description = "
+                                                                    "\"what this audit covers\", not a list (['x'])")),
+        ('[audit]\nmodels = ["arch:llama"]\nbackends = "sdpa"\n', ("'backends' must be a list of strings, e.g. backends = "
+                                                                  "[\"...\"], not a string ('sdpa')")),
+        ('[audit]\nmodels = ["arch:llama"]\nsliding_window = 1.5\n', ("'sliding_window' must be a whole number >= 2, "
+                                                                     "e.g. sliding_window = 16, not a float (1.5)")),
+        ('[audit]\nmodels = ["arch:llama"]\n[other]\nx = 1\n', ("has top-level ['other'] beside [audit]: the only "
+                                                                "table allowed is [audit]")),
+        ('models = ["arch:llama"]\n[other]\nx = 1\n', "has unknown keys ['other']"),
+    ]
+    for text, message in cases:
+        path.write_text(text)
+        with pytest.raises(PackcheckUsageError) as exc:
+            load_audit(str(path))
+        assert str(exc.value).startswith(f"Audit file {path}") and message in str(exc.value), (text, str(exc.value))
+    path.write_text('[audit]\nname = "n"\ndescription = "d"\nmodels = ["arch:llama"]\ntolerances = "t.toml"\n')
+    got = load_audit(str(path))
+    assert (got.name, got.tolerances, got.models) == ("n", "t.toml", ("arch:llama",))

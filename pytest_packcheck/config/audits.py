@@ -36,6 +36,69 @@ _AUDIT_KEYS = {"name", "description", "models", "backends", "checks", "dtypes", 
                "sliding_window"}
 
 
+# The expected TOML type of each [audit] key: the one place an audit file's values are type-checked.
+_STRING_LISTS = ("models", "backends", "checks", "dtypes", "versions")
+_STRINGS = {"name": 'name = "my-audit"', "description": 'description = "what this audit covers"',
+            "tolerances": 'tolerances = "tolerances.toml"'}
+
+
+def _toml_type(value: object) -> str:
+    """``value``'s TOML type in words, for an error message ("an integer (5)")."""
+    kinds = ((bool, "a boolean"), (int, "an integer"), (float, "a float"), (str, "a string"), (list, "a list"),
+             (dict, "a table"))
+    kind = next((word for cls, word in kinds if isinstance(value, cls)), "a date/time")
+    return f"{kind} ({value!r})" if not isinstance(value, dict) else kind
+
+
+def _audit_table(data: dict, path: Path) -> dict:
+    """The audit's keys: the ``[audit]`` table, or the top level of a file without one.
+
+    Raises:
+        PackcheckUsageError: ``audit`` is not a table, another top-level table or key sits beside ``[audit]``,
+            or a key is unknown.
+    """
+    if "audit" in data:
+        if not isinstance(data["audit"], dict):
+            raise PackcheckUsageError(f"Audit file {path}: [audit] must be a table of keys (models = [...], ...), not "
+                                      f"{_toml_type(data['audit'])}: write [audit] on a line of its own, the keys "
+                                      "below it.")
+        extra = sorted(set(data) - {"audit"})
+        if extra:
+            raise PackcheckUsageError(f"Audit file {path} has top-level {extra} beside [audit]: the only table "
+                                      f"allowed is [audit] (keys {sorted(_AUDIT_KEYS)}); remove the others or move "
+                                      "their keys into [audit].")
+        audit = data["audit"]
+    else:
+        audit = data
+    unknown = set(audit) - _AUDIT_KEYS
+    if unknown:
+        raise PackcheckUsageError(
+            f"Audit file {path} has unknown keys {sorted(unknown)}: allowed are {sorted(_AUDIT_KEYS)}."
+        )
+    return audit
+
+
+def _check_audit_value(path: Path, key: str, value: object) -> None:
+    """Refuse an [audit] value of the wrong type or range (``key`` is one of ``_AUDIT_KEYS``).
+
+    Raises:
+        PackcheckUsageError: ``Audit file {path}: '{key}' must be ..., not {type} ({value})``.
+    """
+    def refuse(expected: str, example: str) -> None:
+        raise PackcheckUsageError(f"Audit file {path}: '{key}' must be {expected}, e.g. {example}, not "
+                                  f"{_toml_type(value)}.")
+
+    if key in _STRING_LISTS and not (isinstance(value, list) and all(isinstance(x, str) for x in value)):
+        refuse("a list of strings", f'{key} = ["..."]')
+    if key in _STRINGS and not isinstance(value, str):
+        refuse("a file name string" if key == "tolerances" else "a string", _STRINGS[key])
+    if key == "lengths" and not (isinstance(value, list) and len(value) >= 2 and all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in value)):
+        refuse("a list of at least two whole numbers >= 1", "lengths = [11, 1, 13]")
+    if key == "sliding_window" and not (isinstance(value, int) and not isinstance(value, bool) and value >= 2):
+        refuse("a whole number >= 2", "sliding_window = 16")
+
+
 def resolve_audit_path(value: str) -> Path:
     """An audit name (``default``) or path; names are looked up in ./audit/ then in the packaged audit/."""
     path = Path(value)
@@ -58,27 +121,21 @@ def load_audit(value: str) -> AuditDefinition:
     """Read an audit definition (TOML).
 
     Raises:
-        PackcheckUsageError: file missing, not TOML, unknown keys, no models or an empty list (backends, checks,
-            dtypes, versions).
+        PackcheckUsageError: file missing, not TOML, [audit] not a table or another table beside it, unknown keys,
+            a value of the wrong type (naming the key, its type and the expected one), no models or an empty list
+            (backends, checks, dtypes, versions).
     """
     path = resolve_audit_path(value)
     try:
         data = tomllib.loads(read_user_text(path, "Audit file", "pass an audit definition (TOML), e.g. audit/default.toml."))
     except tomllib.TOMLDecodeError as exc:
         raise PackcheckUsageError(f"Audit file {path} is not valid TOML ({exc}): fix the syntax.") from None
-    audit = data.get("audit", data)
-    unknown = set(audit) - _AUDIT_KEYS
-    if unknown:
-        raise PackcheckUsageError(
-            f"Audit file {path} has unknown keys {sorted(unknown)}: allowed are {sorted(_AUDIT_KEYS)}."
-        )
+    audit = _audit_table(data, path)
+    for key, given in audit.items():
+        _check_audit_value(path, key, given)
     models = audit.get("models") or []
-    for key in ("models", "backends", "checks", "dtypes", "versions"):
-        if key in audit and not (isinstance(audit[key], list) and all(isinstance(x, str) for x in audit[key])):
-            raise PackcheckUsageError(
-                f"Audit file {path}: '{key}' must be a list of strings, e.g. {key} = [\"...\"], not {audit[key]!r}."
-            )
-        if key in audit and not audit[key] and key != "models":  # an empty value is never "every backend" (README)
+    for key in ("backends", "checks", "dtypes", "versions"):
+        if key in audit and not audit[key]:  # an empty value is never "every backend" (README)
             raise PackcheckUsageError(f"Audit file {path}: '{key}' is empty: list at least one, or leave '{key}' out "
                                       "for the default.")
     if not models:
@@ -87,15 +144,7 @@ def load_audit(value: str) -> AuditDefinition:
     def opt(key: str) -> tuple[str, ...] | None:
         return tuple(audit[key]) if audit.get(key) else None
 
-    lengths = audit.get("lengths")
-    if lengths is not None and not (isinstance(lengths, list) and len(lengths) >= 2
-                                    and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in lengths)):
-        raise PackcheckUsageError(f"Audit file {path}: 'lengths' must list at least two whole numbers >= 1, e.g. "
-                                  f"lengths = [11, 1, 13], not {lengths!r}.")
-    window = audit.get("sliding_window")
-    if window is not None and not (isinstance(window, int) and not isinstance(window, bool) and window >= 2):
-        raise PackcheckUsageError(f"Audit file {path}: 'sliding_window' must be a whole number >= 2, e.g. "
-                                  f"sliding_window = 16, not {window!r}.")
+    lengths, window = audit.get("lengths"), audit.get("sliding_window")
     return AuditDefinition(
         lengths=tuple(lengths) if lengths else None, sliding_window=window,
         path=str(path),

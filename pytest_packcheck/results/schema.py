@@ -151,7 +151,8 @@ def load_document(path: str | Path, source: str | None = None) -> dict[str, Any]
     ``$PACKCHECK_BASELINE``, ``--candidate``), named in every error after the path.
 
     Raises:
-        PackcheckUsageError: missing, a directory, not JSON, a schema_version newer than this packcheck reads,
+        PackcheckUsageError: missing, a directory, not JSON, no schema_version or one that is not an integer (naming
+            its type) or newer than this packcheck reads,
             a malformed "incomplete" mark, or no valid cells.
     """
     p = Path(path)
@@ -173,8 +174,12 @@ def load_document(path: str | Path, source: str | None = None) -> dict[str, Any]
     except OSError as exc:
         raise PackcheckUsageError(f"Results file {name} cannot be read ({exc.strerror}): pass a readable packcheck-matrix.json.") from None
     version = data.get("schema_version") if isinstance(data, dict) else None
-    if not isinstance(version, int):
+    if version is None:
         raise PackcheckUsageError(f"Results file {name} has no schema_version: it was not written by packcheck.")
+    if not isinstance(version, int) or isinstance(version, bool):  # "2" was reported as "has no schema_version"
+        kind = {str: "a string", bool: "a boolean", float: "a number with a fraction"}.get(type(version), f"a JSON {type(version).__name__}")
+        raise PackcheckUsageError(f"Results file {name} is corrupt: \"schema_version\" is {json.dumps(version)[:40]} ({kind}, "
+                                  f"expected an integer such as {SCHEMA_VERSION}). Regenerate it with `packcheck audit`.")
     if version > SCHEMA_VERSION:
         raise PackcheckUsageError(
             f"Results file {name} has schema_version {version}, newer than {SCHEMA_VERSION} that this packcheck reads: "

@@ -37,6 +37,9 @@ class Journal:
         self.failed: OSError | None = None
         #: cells the last :meth:`load` found journaled under another fingerprint (settings, tolerances, versions)
         self.other_cells = 0
+        #: the last :meth:`load` found a non-empty file none of whose lines is a journal record (a JSON object with a
+        #: "fingerprint"): not a packcheck journal, so a resumed run starts fresh and empties it
+        self.foreign = False
 
     def reset(self) -> None:
         """Empty the journal (a fresh run).
@@ -87,14 +90,16 @@ class Journal:
 
     def load(self) -> dict[str, dict[str, Any]]:
         """Cells journaled under this fingerprint (the last line per cell wins). Lines that do not parse (cut
-        off by a kill) are skipped with a warning; lines of another fingerprint are ignored."""
+        off by a kill) are skipped with a warning; lines of another fingerprint are ignored. A non-empty file
+        none of whose lines is a journal record (a JSON object with a "fingerprint": random bytes, another
+        tool's file) is named as not a packcheck journal in one warning and :attr:`foreign` is set."""
         if not self.path.exists():
             return {}
         from ..results.schema import cell_problem
 
         cells: dict[str, dict[str, Any]] = {}
         others: set[str] = set()
-        bad = 0
+        bad = records = 0
         shapes: list[str] = []
         for line in _lines(self.path):
             try:
@@ -102,6 +107,7 @@ class Journal:
             except json.JSONDecodeError:
                 bad += 1
                 continue
+            records += isinstance(entry, dict) and "fingerprint" in entry
             problem = (cell_problem(entry.get("cell")) if isinstance(entry, dict)
                        else f"a line is a JSON {type(entry).__name__}, not an object")
             if problem:  # valid JSON of the wrong shape: edited by hand or written by something else
@@ -112,6 +118,13 @@ class Journal:
             else:
                 others.add(entry["cell"]["cell_id"])
         self.other_cells = len(others - set(cells))
+        self.foreign = not records and bool(bad or shapes)
+        if self.foreign:  # random bytes were "skipped 31 unreadable line(s) (cut off by a kill?)"
+            first = shapes[0] if shapes else "a line is not JSON"
+            warnings.warn(f"packcheck journal {self.path} is not a packcheck journal: none of its {bad + len(shapes)} "
+                          f"line(s) is a journal record (first: {first}); the run starts fresh (every cell runs) and "
+                          "the file is emptied.", PackcheckWarning, stacklevel=2)
+            return {}
         if bad:
             warnings.warn(f"packcheck journal {self.path}: skipped {bad} unreadable line(s) (cut off by a kill?); "
                           "those cells run again.", PackcheckWarning, stacklevel=2)

@@ -17,7 +17,8 @@ from .journal import Journal, fingerprint
 def open_journal(config: pytest.Config, settings: Any) -> tuple[Journal, dict[str, dict[str, Any]]]:
     """The journal of finished cells, and the cells to reuse (cell_id -> cell record). A fresh run empties it
     (on the controller, before any worker starts); --packcheck-resume keeps it and takes the cells it holds for
-    the same settings and versions (:func:`~.journal.fingerprint`).
+    the same settings and versions (:func:`~.journal.fingerprint`); a file that is not a packcheck journal is
+    named in a warning and emptied, as for a fresh run.
 
     Raises:
         PackcheckUsageError: a fresh run cannot empty the journal (the report folder is not writable).
@@ -29,6 +30,8 @@ def open_journal(config: pytest.Config, settings: Any) -> tuple[Journal, dict[st
     resumed: dict[str, dict[str, Any]] = {}
     if settings.resume:
         resumed = journal.load()
+        if journal.foreign and not hasattr(config, "workerinput"):  # not a packcheck journal: start it afresh
+            journal.reset()
         if journal.other_cells and not hasattr(config, "workerinput"):
             warnings.warn(PackcheckWarning(resume_mismatch(settings, journal, len(resumed), journal.other_cells)))
     elif not hasattr(config, "workerinput"):
