@@ -225,6 +225,7 @@ def answer_section(rep: Report) -> list[str]:
         lines += ["### Every model", ""]
         for label in models:
             safe, partial, bad, refused, unchecked, unrun, numerics = [], [], defaultdict(list), [], [], [], []
+            inconclusive: list[str] = []
             for b in backends:
                 h = rep.headlines.get((label, b, dtype, None))
                 if not h or b in rep.not_run:
@@ -248,6 +249,9 @@ def answer_section(rep: Report) -> list[str]:
                     number = key_number(first)
                     key = ", ".join(cause_label(c) for c in h["causes"])
                     bad[key].append((name, f"{first['check']} {number}".strip()))
+                elif h["status"] == "error" and h["causes"] and all(c == "probe_inconclusive" for c in h["causes"]):
+                    first = h["bad"][0]  # nothing refused or crashed: the probe could not judge
+                    inconclusive.append(f"{name} ({escape_md(cut(' '.join(first['message'].split()), 110))})")
                 else:
                     first = (h["bad"] or h["cells"])[0]
                     refused.append(f"{name} ({' '.join(headline_text(h).split(' ')[1:])}: "
@@ -266,6 +270,8 @@ def answer_section(rep: Report) -> list[str]:
                 parts.append(f"safe on {'; '.join(partial)}")
             if refused:
                 parts.append(f"refused / crashed on {', '.join(refused)}")
+            if inconclusive:
+                parts.append(f"inconclusive on {', '.join(inconclusive)}")
             if unchecked:
                 parts.append(f"not checked on {', '.join(unchecked)}")
             if unrun:

@@ -45,7 +45,10 @@ def render(rep: Report, paths: list[str]) -> list[str]:
             continue
         reason = ""
         if h["status"] in ("error", "timeout", "oom", "unsupported") and h["cells"]:
-            reason = ": " + cut(plain((h["bad"] or h["cells"])[0]["message"]), 110)
+            message = plain((h["bad"] or h["cells"])[0]["message"])
+            # a message that opens with the cell's own text ("probe inconclusive: ...") says it once
+            message = message.removeprefix(f"{text[2:].strip()}: ")
+            reason = ": " + cut(message, 110)
         fix = ((h["bad"][0].get("diagnosis") or {}).get("remedy") if h["bad"] and h["status"] in ("fail", "fallback") else None)
         lines.append(f"  {h['status']:11s} {label} / {backend} / {where}: {text[2:].strip() or h['status']}{reason}"
                      + (f" — remedy: {cut(plain(fix), 140)}" if fix else ""))

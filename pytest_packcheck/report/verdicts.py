@@ -127,10 +127,16 @@ def coverage(cells: list[dict[str, Any]]) -> str:
     """What every ✅ of the run covers, said once: "" when the run's matrix cells had every correctness check of
     the registry planned for them (the default suite's, plus any opt-in one that ran), else "The ✅ cells cover
     the correctness checks run here: isolation only; not run: logits_parity, ... (...)." (the ones left out by
-    --packcheck-checks, an audit's checks, or -k / -m deselection). A check none of the run's backends plans
+    --packcheck-checks, an audit's checks, or -k / -m deselection); "" too when no matrix cell passed (no ✅ to
+    qualify). A check none of the run's backends plans
     (cross_backend on eager alone: :attr:`CheckSpec.skip_backends`) is not missing."""
     from ..checks.registry import REGISTRY
 
+    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for c in cells:
+        groups[(c["model"]["label"], c["backend"], c["dtype"], env_label(c))].append(c)
+    if not any(headline(g)["status"] == "pass" for g in groups.values() if any(role_of(c) == "correctness" for c in g)):
+        return ""  # no ✅ cell: nothing for the sentence to qualify
     backends = {c["backend"] for c in cells if c.get("backend")}
     present = {c["check"] for c in cells if c.get("backend") and role_of(c) == "correctness"}
     if not present:
