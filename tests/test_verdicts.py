@@ -459,3 +459,16 @@ def test_an_inconclusive_probe_reads_inconclusive_once_and_leads_with_the_bar_it
     answer = md[md.index("## The answer"):md.index("## Matrix")]
     assert "**opt**: inconclusive on sdpa (probe inconclusive: a planted leak" in answer and "refused" not in answer
     assert "cells cover" not in md and "cells cover" not in "\n".join(render_terminal(doc, []))
+
+
+def test_checks_run_count_hazards_shown_as_hazards_not_failures():
+    """Trial U1 (#3): a llama eager,sdpa audit's header said "Checks run: fail 5, pass 20 (of 25)" where pytest said
+    "20 passed, 5 xfailed" and the same header called hazards "never a model failure". The counts go by
+    check_mark: a hazard probe that showed its hazard is "hazard shown", a skipped check "not checked"."""
+    from pytest_packcheck.report import render_markdown, render_terminal
+
+    cells = _correct("llama", "eager") + _correct("llama", "sdpa")
+    cells.append(_cell("llama", "sdpa", "grad_parity", "skipped"))
+    doc = _doc(cells)
+    said = "Checks run: hazard shown 4, not checked 1, pass 8 (of 13)."
+    assert said in render_markdown(doc) and said in "\n".join(render_terminal(doc, []))
