@@ -15,6 +15,7 @@ from .text import cut, escape_md, fmt_metric
 from .verdicts import (
     ROLE_MARKS,
     cause_label,
+    check_order,
     coverage,
     env_label,
     hazard_names,
@@ -121,17 +122,20 @@ def findings_section(rep: Report) -> list[str]:
 def not_checked_section(rep: Report) -> list[str]:
     """What could not be looked at, once per backend and reason: never a pass."""
     cells, labels = rep.cells, rep.labels
-    by: dict[tuple[str, str], set[str]] = defaultdict(set)
+    # per backend and reason: the models, and the checks named (always: a line never leaves its checks unsaid)
+    by: dict[tuple[str, str], tuple[set[str], set[str]]] = defaultdict(lambda: (set(), set()))
     for c in cells:
         if c["status"] == "skipped" and role_of(c) == "correctness":
-            by[(labels.get(c["backend"], c["backend"]) if c["backend"] else "(model level)", f"{c['check']}: {c['message']}"
-                if len({x['check'] for x in cells if x['backend'] == c['backend'] and x['status'] == 'skipped'
-                        and x['model']['label'] == c['model']['label']}) < 3 else c["message"])].add(c["model"]["label"])
+            models, checks = by[(labels.get(c["backend"], c["backend"]) if c["backend"] else "(model level)", c["message"])]
+            models.add(c["model"]["label"])
+            checks.add(c["check"])
     if not by:
         return []
     lines = ["## Not checked", ""]
-    for (backend, why), models in sorted(by.items()):
-        lines.append(f"- {escape_md(backend)}, {len(models)} models: {escape_md(cut(why, 200))}")
+    for (backend, why), (models, checks) in sorted(by.items()):
+        named = ", ".join(sorted(checks, key=check_order))
+        lines.append(f"- {escape_md(backend)}, {len(models)} {'model' if len(models) == 1 else 'models'}: "
+                     f"{escape_md(named)}: {escape_md(cut(' '.join(str(why).split()), 200))}")
     return lines + [""]
 
 

@@ -40,7 +40,8 @@ def render(rep: Report, paths: list[str]) -> list[str]:
             passed[(backend, where)].append(label)
             continue
         if h["status"] == "skipped":
-            why = " ".join(str((h["cells"] or group)[0]["message"]).split())
+            # the reason of a check that did not run: an interrupted cell's first checks may have passed
+            why = " ".join(str(next(c for c in (h["cells"] or group) if c["status"] == "skipped")["message"]).split())
             unchecked[(backend, where, why)].append(label)
             continue
         reason = ""
