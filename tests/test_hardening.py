@@ -765,3 +765,35 @@ def test_a_tolerance_or_audit_file_with_a_utf8_bom_is_read(tmp_path):
     tol.write_bytes(b"\xef\xbb\xbf[float32]\nlogits_atol = 0.5\n")
     assert load_audit(str(audit)).models == ("arch:llama",)
     assert load_tolerances(str(tol), [], "--packcheck-tolerances")[0]["float32"]["logits_atol"] == 0.5
+
+
+def test_an_interrupted_run_names_every_unrun_check_and_the_reason_of_a_check_that_did_not_run(pytester):
+    """Trial W5 (#193): after a Ctrl-C the terminal said "not checked eager / float32, 1 model: 2/2 calls on eager,
+    boundaries reached in all" (a passed check's message as the reason), the counts said "(of 40)" where pytest
+    collected 50 (hazards and findings that never ran were dropped), and the "Not checked" lines named the check
+    on some lines only."""
+    pytester.makeconftest(textwrap.dedent("""
+        import pytest
+        seen = []
+
+        @pytest.hookimpl(hookwrapper=True)
+        def pytest_runtest_call(item):
+            seen.append(item.nodeid)
+            if len(seen) == 2:  # a Ctrl-C during eager's second check: its first passed
+                raise KeyboardInterrupt
+            yield
+    """))
+    result = pytester.runpytest_subprocess("--packcheck-models=arch:llama", "--packcheck-attn=eager,sdpa", "-p", "no:cacheprovider",
+                                           "--packcheck-checks=position_ids,isolation,cache_trap", "--packcheck-isolation=none")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    doc = json.loads((pytester.path / "reports" / "packcheck-matrix.json").read_text())
+    assert len(doc["cells"]) == 6, sorted(c["cell_id"] for c in doc["cells"])  # the hazard cache_trap on both too
+    hazards = [c for c in doc["cells"] if c["check"] == "cache_trap"]
+    assert all(c["status"] == "skipped" and c["metrics"].get("not_run") == "interrupted" for c in hazards)
+    assert any(c["status"] == "pass" for c in doc["cells"])  # a check that did run: its message is no reason
+    unchecked = [line for line in result.outlines if line.startswith("  not checked ")]
+    assert unchecked and all("not run: the run was interrupted" in line for line in unchecked), result.outlines
+    assert "(of 6)." in result.stdout.str()
+    md = (pytester.path / "reports" / "packcheck-matrix.md").read_text()
+    section = md[md.index("## Not checked"):].split("\n\n")[1].splitlines()
+    assert section and all(line.split(": ")[1].split(", ")[0] in ("position_ids", "isolation") for line in section), section

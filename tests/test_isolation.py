@@ -213,3 +213,25 @@ def test_gated_model_without_token_is_one_line(monkeypatch):
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", gated)
     with pytest.raises(PackcheckUsageError, match=r"^Model 'meta-llama/Llama-3.1-8B' \(from --packcheck-models\) is gated: .*HF_TOKEN"):
         resolve_model(parse_model_spec("meta-llama/Llama-3.1-8B", "--packcheck-models"), "--packcheck-models")
+
+
+def test_resume_names_the_settings_the_journaled_cells_were_made_with(tmp_path):
+    """Trial U13 (#196): a second --resume with other lengths said "changed since the previous matrix: lengths
+    [11, 1, 13] -> [11, 2, 13]" of 50 cells made with the default lengths. Each journal line carries its run's
+    settings; the warning compares those with this run's."""
+    import json as _json
+    from types import SimpleNamespace
+
+    from conftest import planted_cell
+
+    from pytest_packcheck.run.journal import Journal
+    from pytest_packcheck.run.resume import resume_mismatch
+
+    path = tmp_path / "packcheck-journal.jsonl"
+    Journal(path, "default", {"lengths": [11, 17, 5]}).append(_json.dumps(planted_cell("llama", "sdpa", "isolation", "pass")))
+    (tmp_path / "packcheck-matrix.json").write_text(_json.dumps({"settings": {"lengths": [11, 1, 13]}}))
+    now = SimpleNamespace(report_dir=str(tmp_path), as_dict=lambda: {"lengths": [11, 2, 13]})
+    journal = Journal(path, "other")
+    assert journal.load() == {} and journal.other_cells == 1
+    line = resume_mismatch(now, journal, 0, 1)
+    assert "lengths [11, 17, 5] -> [11, 2, 13]" in line and "[11, 1, 13]" not in line, line

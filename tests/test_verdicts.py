@@ -436,3 +436,39 @@ def escape(text: str) -> str:
     from pytest_packcheck.report.text import escape_md
 
     return escape_md(text)
+
+
+def test_an_inconclusive_probe_reads_inconclusive_once_and_leads_with_the_bar_it_missed():
+    """Trial W2 (#56): isolation_atol raised to 100 made the isolation probe inconclusive; the terminal said
+    "probe inconclusive: probe inconclusive: ... (needs >= leak_min 1.00e-09…" (doubled, the applying bar cut
+    off), the answer "refused / crashed on sdpa", and the header "The ✅ cells cover ..." with no ✅ cell."""
+    from pytest_packcheck.checks.parity import leak_shortfall
+    from pytest_packcheck.report import render_markdown, render_terminal
+
+    tol = {"isolation_atol": 100.0, "leak_min": 1e-9}
+    why = leak_shortfall(3.58e-3, tol)
+    assert why == "3.58e-03, not above isolation_atol 1.00e+02"
+    assert leak_shortfall(1e-12, {"isolation_atol": 1e-3, "leak_min": 1e-9}).endswith(
+        "not above isolation_atol 1.00e-03 and under leak_min 1.00e-09")
+    message = f"probe inconclusive: a planted leak (no boundaries) moved logits by {why}"
+    doc = _doc([_cell("opt", "sdpa", "isolation", "error", "probe_inconclusive") | {"message": message},
+                _cell("opt", "sdpa", "logits_parity", "pass", max_change=0.0)])
+    (line,) = [x for x in render_terminal(doc, []) if x.startswith("  error ")]
+    assert line.count("probe inconclusive") == 1 and line.endswith("not above isolation_atol 1.00e+02"), line
+    md = render_markdown(doc)
+    answer = md[md.index("## The answer"):md.index("## Matrix")]
+    assert "**opt**: inconclusive on sdpa (probe inconclusive: a planted leak" in answer and "refused" not in answer
+    assert "cells cover" not in md and "cells cover" not in "\n".join(render_terminal(doc, []))
+
+
+def test_checks_run_count_hazards_shown_as_hazards_not_failures():
+    """Trial U1 (#3): a llama eager,sdpa audit's header said "Checks run: fail 5, pass 20 (of 25)" where pytest said
+    "20 passed, 5 xfailed" and the same header called hazards "never a model failure". The counts go by
+    check_mark: a hazard probe that showed its hazard is "hazard shown", a skipped check "not checked"."""
+    from pytest_packcheck.report import render_markdown, render_terminal
+
+    cells = _correct("llama", "eager") + _correct("llama", "sdpa")
+    cells.append(_cell("llama", "sdpa", "grad_parity", "skipped"))
+    doc = _doc(cells)
+    said = "Checks run: hazard shown 4, not checked 1, pass 8 (of 13)."
+    assert said in render_markdown(doc) and said in "\n".join(render_terminal(doc, []))

@@ -46,6 +46,17 @@ def leak_visible(change: float, tol: dict[str, float]) -> bool:
     return change >= tol["leak_min"] and change > tol["isolation_atol"]
 
 
+def leak_shortfall(change: float, tol: dict[str, float]) -> str:
+    """Why :func:`leak_visible` refused a negative control's ``change``, the bar it missed first:
+    ``"3.58e-03, not above isolation_atol 1.00e+02"`` and / or ``"..., under leak_min ..."`` (both when both)."""
+    missed = []
+    if not change > tol["isolation_atol"]:
+        missed.append(f"not above isolation_atol {_fmt(tol['isolation_atol'])}")
+    if change < tol["leak_min"]:
+        missed.append(f"under leak_min {_fmt(tol['leak_min'])}")
+    return f"{_fmt(change)}, {' and '.join(missed)}"
+
+
 def inconclusive_evidence(wb: Workbench, change_key: str, change: float) -> dict[str, Any]:
     """The evidence of a ``probe_inconclusive`` result: the probe's ``change`` (under ``change_key``), the cell's
     dtype, ``leak_min`` and ``isolation_atol``, and ``tolerances_raised`` (True when either is above the dtype's
@@ -75,8 +86,7 @@ def check_isolation(wb: Workbench) -> CheckResult:
         return CheckResult("fail", metrics, f"leak across boundaries: perturbing example 0 moved the other examples' logits by {_fmt(moved)}",
                            cause=cause, evidence=evidence)
     if not leak_visible(control, wb.tol):
-        return CheckResult("error", metrics, f"probe inconclusive: a planted leak (no boundaries) moved logits by only {_fmt(control)}"
-                           f" (needs >= leak_min {_fmt(wb.tol['leak_min'])} and > isolation_atol {_fmt(wb.tol['isolation_atol'])})",
+        return CheckResult("error", metrics, f"probe inconclusive: a planted leak (no boundaries) moved logits by {leak_shortfall(control, wb.tol)}",
                            cause="probe_inconclusive", evidence=inconclusive_evidence(wb, "negative_control_change", control))
     return CheckResult("pass", metrics, f"other examples moved {_fmt(moved)} (a planted leak moves them {_fmt(control)})")
 
@@ -419,7 +429,7 @@ def check_causality(wb: Workbench) -> CheckResult:
                            f"logits by {_fmt(change)} (first at token {first})", cause="non_causal",
                            evidence={"max_change_earlier": change, "first_position": first})
     if not leak_visible(own, wb.tol):
-        return CheckResult("error", metrics, f"probe inconclusive: the perturbed tokens' own logits moved only {_fmt(own)}",
+        return CheckResult("error", metrics, f"probe inconclusive: the perturbed tokens' own logits moved {leak_shortfall(own, wb.tol)}",
                            cause="probe_inconclusive", evidence=inconclusive_evidence(wb, "perturbed_position_change", own))
     return CheckResult("pass", metrics, f"earlier positions moved {_fmt(change)} (the perturbed ones {_fmt(own)})")
 

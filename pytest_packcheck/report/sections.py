@@ -15,6 +15,7 @@ from .text import cut, escape_md, fmt_metric
 from .verdicts import (
     ROLE_MARKS,
     cause_label,
+    check_order,
     coverage,
     env_label,
     hazard_names,
@@ -121,17 +122,20 @@ def findings_section(rep: Report) -> list[str]:
 def not_checked_section(rep: Report) -> list[str]:
     """What could not be looked at, once per backend and reason: never a pass."""
     cells, labels = rep.cells, rep.labels
-    by: dict[tuple[str, str], set[str]] = defaultdict(set)
+    # per backend and reason: the models, and the checks named (always: a line never leaves its checks unsaid)
+    by: dict[tuple[str, str], tuple[set[str], set[str]]] = defaultdict(lambda: (set(), set()))
     for c in cells:
         if c["status"] == "skipped" and role_of(c) == "correctness":
-            by[(labels.get(c["backend"], c["backend"]) if c["backend"] else "(model level)", f"{c['check']}: {c['message']}"
-                if len({x['check'] for x in cells if x['backend'] == c['backend'] and x['status'] == 'skipped'
-                        and x['model']['label'] == c['model']['label']}) < 3 else c["message"])].add(c["model"]["label"])
+            models, checks = by[(labels.get(c["backend"], c["backend"]) if c["backend"] else "(model level)", c["message"])]
+            models.add(c["model"]["label"])
+            checks.add(c["check"])
     if not by:
         return []
     lines = ["## Not checked", ""]
-    for (backend, why), models in sorted(by.items()):
-        lines.append(f"- {escape_md(backend)}, {len(models)} models: {escape_md(cut(why, 200))}")
+    for (backend, why), (models, checks) in sorted(by.items()):
+        named = ", ".join(sorted(checks, key=check_order))
+        lines.append(f"- {escape_md(backend)}, {len(models)} {'model' if len(models) == 1 else 'models'}: "
+                     f"{escape_md(named)}: {escape_md(cut(' '.join(str(why).split()), 200))}")
     return lines + [""]
 
 
@@ -225,6 +229,7 @@ def answer_section(rep: Report) -> list[str]:
         lines += ["### Every model", ""]
         for label in models:
             safe, partial, bad, refused, unchecked, unrun, numerics = [], [], defaultdict(list), [], [], [], []
+            inconclusive: list[str] = []
             for b in backends:
                 h = rep.headlines.get((label, b, dtype, None))
                 if not h or b in rep.not_run:
@@ -248,6 +253,9 @@ def answer_section(rep: Report) -> list[str]:
                     number = key_number(first)
                     key = ", ".join(cause_label(c) for c in h["causes"])
                     bad[key].append((name, f"{first['check']} {number}".strip()))
+                elif h["status"] == "error" and h["causes"] and all(c == "probe_inconclusive" for c in h["causes"]):
+                    first = h["bad"][0]  # nothing refused or crashed: the probe could not judge
+                    inconclusive.append(f"{name} ({escape_md(cut(' '.join(first['message'].split()), 110))})")
                 else:
                     first = (h["bad"] or h["cells"])[0]
                     refused.append(f"{name} ({' '.join(headline_text(h).split(' ')[1:])}: "
@@ -266,6 +274,8 @@ def answer_section(rep: Report) -> list[str]:
                 parts.append(f"safe on {'; '.join(partial)}")
             if refused:
                 parts.append(f"refused / crashed on {', '.join(refused)}")
+            if inconclusive:
+                parts.append(f"inconclusive on {', '.join(inconclusive)}")
             if unchecked:
                 parts.append(f"not checked on {', '.join(unchecked)}")
             if unrun:

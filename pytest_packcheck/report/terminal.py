@@ -40,12 +40,16 @@ def render(rep: Report, paths: list[str]) -> list[str]:
             passed[(backend, where)].append(label)
             continue
         if h["status"] == "skipped":
-            why = " ".join(str((h["cells"] or group)[0]["message"]).split())
+            # the reason of a check that did not run: an interrupted cell's first checks may have passed
+            why = " ".join(str(next(c for c in (h["cells"] or group) if c["status"] == "skipped")["message"]).split())
             unchecked[(backend, where, why)].append(label)
             continue
         reason = ""
         if h["status"] in ("error", "timeout", "oom", "unsupported") and h["cells"]:
-            reason = ": " + cut(plain((h["bad"] or h["cells"])[0]["message"]), 110)
+            message = plain((h["bad"] or h["cells"])[0]["message"])
+            # a message that opens with the cell's own text ("probe inconclusive: ...") says it once
+            message = message.removeprefix(f"{text[2:].strip()}: ")
+            reason = ": " + cut(message, 110)
         fix = ((h["bad"][0].get("diagnosis") or {}).get("remedy") if h["bad"] and h["status"] in ("fail", "fallback") else None)
         lines.append(f"  {h['status']:11s} {label} / {backend} / {where}: {text[2:].strip() or h['status']}{reason}"
                      + (f" — remedy: {cut(plain(fix), 140)}" if fix else ""))

@@ -127,10 +127,16 @@ def coverage(cells: list[dict[str, Any]]) -> str:
     """What every ✅ of the run covers, said once: "" when the run's matrix cells had every correctness check of
     the registry planned for them (the default suite's, plus any opt-in one that ran), else "The ✅ cells cover
     the correctness checks run here: isolation only; not run: logits_parity, ... (...)." (the ones left out by
-    --packcheck-checks, an audit's checks, or -k / -m deselection). A check none of the run's backends plans
+    --packcheck-checks, an audit's checks, or -k / -m deselection); "" too when no matrix cell passed (no ✅ to
+    qualify). A check none of the run's backends plans
     (cross_backend on eager alone: :attr:`CheckSpec.skip_backends`) is not missing."""
     from ..checks.registry import REGISTRY
 
+    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for c in cells:
+        groups[(c["model"]["label"], c["backend"], c["dtype"], env_label(c))].append(c)
+    if not any(headline(g)["status"] == "pass" for g in groups.values() if any(role_of(c) == "correctness" for c in g)):
+        return ""  # no ✅ cell: nothing for the sentence to qualify
     backends = {c["backend"] for c in cells if c.get("backend")}
     present = {c["check"] for c in cells if c.get("backend") and role_of(c) == "correctness"}
     if not present:
@@ -213,7 +219,8 @@ def matrix_counts(cells: list[dict[str, Any]]) -> dict[str, Any]:
     of that verdict), ``hazards`` (hazard probes that showed the hazard / hazard probes that measured, summed
     over :func:`hazard_rows`: the numbers of the hazards table),
     ``findings`` (finding checks that failed / ran, and failed contract items) and ``checks`` (every check run,
-    by status)."""
+    by its :func:`check_mark` label, worst first: a hazard or finding probe that showed something counts as
+    "hazard shown" / "stack finding", never as "fail"; a skipped check as "not checked")."""
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for c in cells:
         groups[(c["model"]["label"], c["backend"], c["dtype"], env_label(c))].append(c)
@@ -232,7 +239,8 @@ def matrix_counts(cells: list[dict[str, Any]]) -> dict[str, Any]:
             "hazards": (sum(len(r["shown"]) for r in hazards), sum(len(r["measured"]) for r in hazards)),
             "findings": (sum(c["status"] in ("fail", "fallback") for c in finding_cells), len(finding_cells),
                          sum(it.get("status") == "fail" for it in items)),
-            "checks": Counter(c["status"] for c in cells)}
+            # worst first, correctness before the hazards / findings of the same status (a Counter keeps that order)
+            "checks": Counter(check_mark(c)[1] for c in sorted(cells, key=lambda c: (rank(c["status"]), role_of(c) != "correctness")))}
 
 
 def counts_line(cells: list[dict[str, Any]], symbols: bool = True) -> str:
@@ -265,7 +273,7 @@ def counts_line(cells: list[dict[str, Any]], symbols: bool = True) -> str:
         text += (f" Stack findings: {ROLE_MARKS['finding'][0] + ' ' if symbols else ''}{items} contract items failed in "
                  f"{failed} of {ran} finding checks (facts of the library stack).")
     checks = n["checks"]
-    text += " Checks run: " + ", ".join(f"{s} {checks[s]}" for s in STATUSES if checks[s]) + f" (of {len(cells)})."
+    text += " Checks run: " + ", ".join(f"{label} {k}" for label, k in checks.items()) + f" (of {len(cells)})."
     return text
 
 

@@ -30,9 +30,13 @@ class Journal:
     """Append-only JSON lines: ``{"fingerprint": ..., "cell": {...}}`` per finished cell. Several processes
     (xdist workers) append to one file; a file lock keeps each line whole."""
 
-    def __init__(self, path: str | Path, fp: str) -> None:
+    def __init__(self, path: str | Path, fp: str, settings: dict[str, Any] | None = None) -> None:
         self.path = Path(path)
         self.fp = fp
+        #: the run's settings, stamped on every line: a later --packcheck-resume names what differed
+        self.settings = settings
+        #: the settings of the latest line of another fingerprint :meth:`load` found (None: not recorded)
+        self.other_settings: dict[str, Any] | None = None
         #: the first write error (OSError), after which the run goes on without a journal
         self.failed: OSError | None = None
         #: cells the last :meth:`load` found journaled under another fingerprint (settings, tolerances, versions)
@@ -76,7 +80,8 @@ class Journal:
 
         from ..results.io import scrub
 
-        line = scrub(json.dumps({"fingerprint": self.fp, "cell": json.loads(cell_json)}, sort_keys=True)) + "\n"
+        line = scrub(json.dumps({"fingerprint": self.fp, "cell": json.loads(cell_json),
+                                **({"settings": self.settings} if self.settings is not None else {})}, sort_keys=True)) + "\n"
         with FileLock(str(self.path) + ".lock"), open(self.path, "a+b") as fh:
             # a line cut off by a kill has no newline: end it first, so this line stays whole
             fh.seek(0, os.SEEK_END)
@@ -117,6 +122,7 @@ class Journal:
                 cells[entry["cell"]["cell_id"]] = entry["cell"]
             else:
                 others.add(entry["cell"]["cell_id"])
+                self.other_settings = entry.get("settings") if isinstance(entry.get("settings"), dict) else self.other_settings
         self.other_cells = len(others - set(cells))
         self.foreign = not records and bool(bad or shapes)
         if self.foreign:  # random bytes were "skipped 31 unreadable line(s) (cut off by a kill?)"

@@ -26,14 +26,14 @@ def open_journal(config: pytest.Config, settings: Any) -> tuple[Journal, dict[st
     from ..results.environment import environment
 
     fp = fingerprint(settings.as_dict(), environment(settings.device), settings.tolerances)
-    journal = Journal(Path(settings.report_dir) / "packcheck-journal.jsonl", fp)
+    journal = Journal(Path(settings.report_dir) / "packcheck-journal.jsonl", fp, settings.as_dict())
     resumed: dict[str, dict[str, Any]] = {}
     if settings.resume:
         resumed = journal.load()
         if journal.foreign and not hasattr(config, "workerinput"):  # not a packcheck journal: start it afresh
             journal.reset()
         if journal.other_cells and not hasattr(config, "workerinput"):
-            warnings.warn(PackcheckWarning(resume_mismatch(settings, journal, len(resumed), journal.other_cells)))
+            warnings.warn(PackcheckWarning(resume_mismatch(settings, journal, len(resumed), journal.other_cells)), stacklevel=2)
     elif not hasattr(config, "workerinput"):
         journal.reset()
     return journal, resumed
@@ -41,17 +41,15 @@ def open_journal(config: pytest.Config, settings: Any) -> tuple[Journal, dict[st
 
 def resume_mismatch(settings: Any, journal: Journal, reused: int, other: int) -> str:
     """The line --packcheck-resume prints when the journal holds cells of another run: how many are reused,
-    how many are not, and which settings differ from the previous matrix's (its ``settings``), if there is one."""
+    how many are not, and which settings differ from those the journal's other cells were made with (the
+    settings stamped on their lines, :attr:`Journal.other_settings`; a journal of an older packcheck has none)."""
     changed = ""
-    try:
-        before = json.loads((Path(settings.report_dir) / "packcheck-matrix.json").read_text(encoding="utf-8"))["settings"]
-        now = settings.as_dict()
+    before, now = journal.other_settings, settings.as_dict()
+    if isinstance(before, dict):
         keys = sorted(k for k in set(now) | set(before) if k not in ("shard", "report_dir") and now.get(k) != before.get(k))
         if keys:
-            changed = "; changed since the previous matrix: " + ", ".join(
+            changed = "; their settings -> these: " + ", ".join(
                 f"{k} {json.dumps(before.get(k))[:60]} -> {json.dumps(now.get(k))[:60]}" for k in keys)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        pass
     return (f"--packcheck-resume: the journal {journal.path} holds {other} finished cell(s) of a run with other "
-            f"settings, tolerances or library versions{changed or ' (no previous matrix names which)'}: none of them "
+            f"settings, tolerances or library versions{changed or ' (the journal does not record which)'}: none of them "
             f"is reused; {reused} cell(s) journaled under these settings are.")

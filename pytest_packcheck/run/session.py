@@ -282,9 +282,9 @@ class PackcheckSession:
             self.regressions = regressions(self.changes)
 
     def _name_unrun_checks(self) -> None:
-        """An interrupted run: every planned correctness check of this shard's matrix cells (model x backend x
-        dtype x environment) that did not run becomes a "skipped" cell whose metrics say ``not_run: "interrupted"``,
-        so a cell is "not run", never a pass resting on the checks that happened to finish
+        """An interrupted run: every planned check of this shard (correctness, hazard and finding, backend and
+        model level: as many as pytest collected) that did not run becomes a "skipped" cell whose metrics say
+        ``not_run: "interrupted"``, so a cell is "not run", never a pass resting on the checks that happened to finish
         (:func:`report.verdicts.headline`), and a cell that never started is counted ("of 6" when 6 were planned),
         not missing. The matrix is marked incomplete and ``--packcheck-resume`` runs them."""
         from ..checks.registry import SPECS
@@ -294,7 +294,7 @@ class PackcheckSession:
             " (or -k / -m deselected it)" if self.config.option.keyword or self.config.option.markexpr else "")
         for cell_id, cell in self._planned().items():
             spec = SPECS.get(cell.check)
-            if cell_id in self.results or spec is None or spec.role != "correctness" or cell.backend is None:
+            if cell_id in self.results or spec is None:
                 continue
             if cell.model_index % count == index - 1:  # this shard's cells (make_items): another shard's are its own
                 self.results[cell_id] = json.loads(self._failure(cell, "skipped", f"{why}; rerun with --packcheck-resume",
