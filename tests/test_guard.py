@@ -536,6 +536,16 @@ def test_a_model_without_lm_head_is_a_usage_error(llama_sdpa, head):
         model(**llama_sdpa.packed())
 
 
+def test_inputs_embeds_beside_input_ids_is_a_usage_error(llama_sdpa):
+    """`{**good, "inputs_embeds": torch.zeros(1, 31, 32)}` returned fail / crash ("You must specify exactly one of
+    input_ids or inputs_embeds"): the contradictory keys are refused, named, in one line."""
+    llama_sdpa.model.config.use_cache = False
+    batch = {**llama_sdpa.packed(), "inputs_embeds": torch.zeros(1, 31, 32)}
+    with pytest.raises(PackcheckUsageError, match=r"batch has both 'input_ids' and 'inputs_embeds'.*drop 'inputs_embeds'") as info:
+        verify_packed_batch(llama_sdpa.model.eval(), batch)
+    assert "\n" not in str(info.value)
+
+
 def test_a_masked_lm_is_a_usage_error_naming_the_class(llama_sdpa):
     """BertForMaskedLM has an LM head (get_output_embeddings() is not None) but attends both ways: the guard returned
     fail / leak; it is refused naming the class, while the causal LM on the same batch is still judged."""
