@@ -256,6 +256,8 @@ def test_cli_bisect_names_the_first_fixed_release_and_writes_json(fake_world, tm
     assert "first fixed: transformers 5.10.1   (last bad: 5.9.0)" in out
     assert "https://github.com/huggingface/transformers/releases/tag/v5.10.1" in out
     assert "yanked, not probed: 5.10.0" in out and "5.10.0" not in fake_world
+    # the progress line and the answer's header count the same releases (3 vs 1 when the header counted the endpoints)
+    assert "4.57.1 .. 5.14.1: 19 releases between" in out and "(bad), 19 releases between, predicate pass" in out
     (path,) = tmp_path.glob("*.json")
     record = json.loads(path.read_text())
     assert record["first_fixed"] == "5.10.1" and record["last"] == "5.9.0" and record["first_bad"] is None
@@ -287,6 +289,11 @@ def test_cli_bisect_endpoints_that_do_not_hold_exit_1(fake_world, tmp_path, caps
      "Unknown model type 'nosuch' (from --model): not a model_type of the installed transformers"),
     (["lama-sdpa-trainer-float32", "--good", "transformers==5.14.1", "--bad", "transformers==4.57.1"],
      "Did you mean 'llama'?"),
+    # an endpoint the index does not have: refused naming the nearest releases, not installed and probed
+    (["llama-sdpa-isolation-float32", "--good", "transformers==99.0.0", "--bad", "transformers==5.12.0"],
+     "Release '99.0.0' (from --good) is not a transformers release on the package index: the nearest are 5.13.0, 5.14.1."),
+    (["llama-sdpa-isolation-float32", "--good", "transformers==5.12.0", "--bad", "transformers==5.9.9"],
+     "Release '5.9.9' (from --bad) is not a transformers release on the package index: the nearest are 5.8.0, 5.9.0, 5.10.0, 5.10.1."),
 ])
 def test_cli_bisect_usage_errors_exit_2_before_any_probe(fake_world, tmp_path, capsys, args, expected):
     from pytest_packcheck.cli import main

@@ -199,3 +199,47 @@ def test_audit_with_a_baseline_exits_1_on_a_regression_as_the_gate_does(tmp_path
     assert "packcheck audit: 2 regression(s) against the baseline" in proc.stderr and "--packcheck-baseline" in proc.stderr
     gate = _gate("--baseline", str(base), "--candidate", str(tmp_path / "c" / "packcheck-matrix.json"))
     assert gate.returncode == 1 and "2 regression(s)" in gate.stdout + gate.stderr  # one rule: the gate agrees
+
+
+def test_baseline_cells_the_candidate_did_not_select_are_named_as_not_compared(baseline_path, tmp_path):
+    """`gpt2-sdpa-isolation-float32 pass -> — better/neutral (not in the candidate's selection)` and exit 0 said nothing
+    else: the gate now warns that those baseline cells were not compared (the exit code is unchanged)."""
+    doc = json.loads(baseline_path.read_text())
+    cand = copy.deepcopy(doc)
+    cand["cells"] = [c for c in cand["cells"] if c["model"]["label"] != "opt"]
+    cand["settings"]["models"] = ["arch:llama"]
+    path = tmp_path / "cand.json"
+    path.write_text(json.dumps(cand))
+    proc = _gate("--baseline", str(baseline_path), "--candidate", str(path))
+    assert proc.returncode == 0, proc.stderr
+    assert ("warning: 2 baseline cell(s) are not in the candidate: they were not compared "
+            "(opt-sdpa-isolation-float32, opt-sdpa-logits_parity-float32)") in proc.stderr, proc.stderr
+
+
+def test_an_empty_baseline_is_refused_by_the_gate_and_the_plugin(baseline_path, tmp_path, pytester):
+    """A baseline with "cells": [] passed with 0 regressions, exit 0 (pc gate and --packcheck-baseline)."""
+    doc = json.loads(baseline_path.read_text())
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({**doc, "cells": []}))
+    proc = _gate("--baseline", str(empty), "--candidate", str(baseline_path))
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    assert f"Baseline {empty} (from --baseline) holds no cells: there is nothing to compare against" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    result = pytester.runpytest_subprocess("--packcheck-models=arch:llama", f"--packcheck-baseline={empty}", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: Baseline {empty} (from --packcheck-baseline) holds no cells*"])
+
+
+def test_an_unwritable_summary_is_refused_before_the_comparison(baseline_path, tmp_path):
+    """`--summary /proc/nope/x.md` printed the table, then exit 2 hid the regression's exit 1: refused up front."""
+    doc = json.loads(baseline_path.read_text())
+    next(c for c in doc["cells"] if c["status"] == "pass")["status"] = "fail"
+    cand = tmp_path / "cand.json"
+    cand.write_text(json.dumps(doc))
+    for summary, why in [("/proc/nope/x.md", "its folder /proc/nope does not exist"), (str(tmp_path), "it is a directory")]:
+        proc = _gate("--baseline", str(baseline_path), "--candidate", str(cand), "--summary", summary)
+        assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+        assert f"Cannot write the job summary '{summary}' (from --summary): {why}" in proc.stderr
+    ok = tmp_path / "summary.md"
+    proc = _gate("--baseline", str(baseline_path), "--candidate", str(cand), "--summary", str(ok))
+    assert proc.returncode == 1 and ok.read_text()

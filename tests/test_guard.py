@@ -536,6 +536,32 @@ def test_a_model_without_lm_head_is_a_usage_error(llama_sdpa, head):
         model(**llama_sdpa.packed())
 
 
+def test_inputs_embeds_beside_input_ids_is_a_usage_error(llama_sdpa):
+    """`{**good, "inputs_embeds": torch.zeros(1, 31, 32)}` returned fail / crash ("You must specify exactly one of
+    input_ids or inputs_embeds"): the contradictory keys are refused, named, in one line."""
+    llama_sdpa.model.config.use_cache = False
+    batch = {**llama_sdpa.packed(), "inputs_embeds": torch.zeros(1, 31, 32)}
+    with pytest.raises(PackcheckUsageError, match=r"batch has both 'input_ids' and 'inputs_embeds'.*drop 'inputs_embeds'") as info:
+        verify_packed_batch(llama_sdpa.model.eval(), batch)
+    assert "\n" not in str(info.value)
+
+
+def test_a_masked_lm_is_a_usage_error_naming_the_class(llama_sdpa):
+    """BertForMaskedLM has an LM head (get_output_embeddings() is not None) but attends both ways: the guard returned
+    fail / leak; it is refused naming the class, while the causal LM on the same batch is still judged."""
+    from transformers import BertConfig, BertForMaskedLM, DataCollatorWithFlattening
+
+    feats = [{"input_ids": list(range(1, 12))}, {"input_ids": list(range(20, 27))}, {"input_ids": list(range(40, 53))}]
+    batch = DataCollatorWithFlattening()(feats)
+    bert = BertForMaskedLM(BertConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                      intermediate_size=64))
+    with pytest.raises(PackcheckUsageError, match=r"model is a BertForMaskedLM, not a causal LM .*pass that model") as info:
+        verify_packed_batch(bert.eval(), batch)
+    assert "\n" not in str(info.value)
+    llama_sdpa.model.config.use_cache = False
+    assert verify_packed_batch(llama_sdpa.model.eval(), batch).verdict == "pass"
+
+
 def test_causal_lms_under_any_name_or_wrapper_are_accepted(llama_sdpa):
     """The other side of the LM-head check: a subclass not named ...ForCausalLM keeps its lm_head, and a wrapper
     that delegates attributes (PEFT's PeftModel does, through __getattr__) shows its inner model's head."""

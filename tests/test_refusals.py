@@ -423,3 +423,21 @@ def test_a_run_refused_for_bad_input_leaves_the_report_folder_as_it_found_it(tmp
          "--packcheck-report-dir", str(old), cwd=tmp_path)
     assert {p.name: p.read_text() for p in old.iterdir()} == {"packcheck-journal.jsonl": '{"cell": 1}\n',
                                                               "packcheck-matrix.json": "{}\n"}
+
+
+def test_an_override_that_breaks_the_config_names_the_override_not_the_library():
+    """`--models 'arch:llama{hidden_act=not_an_activation}'` was filed under library_config ("the default config does
+    not build in transformers itself ... report the default config upstream"): the user's override broke it."""
+    from pytest_packcheck.model.build import build_model
+    from pytest_packcheck.model.errors import OverrideConfigError
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_spec
+    from pytest_packcheck.run.runner import Cell, CellRunner
+
+    resolved = resolve_model(parse_model_spec("arch:llama{hidden_act=not_an_activation}", "--models"), "--models")
+    with pytest.raises(OverrideConfigError, match=r"llama: the config with your overrides hidden_act=not_an_activation "
+                                                  r"does not build in transformers \(KeyError.*fix the override"):
+        build_model(resolved, "sdpa", "float32")
+    result = CellRunner([resolved], {"float32": {}}).run(Cell(0, "llama", "sdpa", "isolation", "float32"))
+    assert result.status == "error" and result.cause != "library_config", (result.cause, result.message)
+    assert "hidden_act=not_an_activation" in result.message and "itself" not in result.message

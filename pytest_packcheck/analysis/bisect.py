@@ -442,7 +442,7 @@ def render_text(record: dict[str, Any]) -> str:
     """The bisect record as terminal text: the answer, then one line per probe."""
     lib = record["library"]
     lines = [f"packcheck bisect {record['cell']}: {lib} {record['good']} (good) .. {record['bad']} (bad), "
-             f"{len(record['releases'])} releases, predicate {record['predicate']}"
+             f"{len(record['releases']) - 2} releases between, predicate {record['predicate']}"
              + (f", pinned {' '.join(record['pinned'])}" if record["pinned"] else "")]
     if record["outcome"] == "found":
         lines.append(f"{record['direction']}: {lib} {record['first']}   (last {'good' if record['direction'] == 'first bad' else 'bad'}: "
@@ -488,7 +488,7 @@ def bisect_cell(cell_id: str, good: str, bad: str, *, model: str | None = None, 
 
     Raises:
         PackcheckUsageError: a bad cell id, spec, cause or flag combination, an unreachable index, or an
-            unwritable output folder; all before anything is probed.
+            unwritable output folder, or a --good / --bad the index does not have; all before anything is probed.
     """
     from pathlib import Path
 
@@ -507,7 +507,13 @@ def bisect_cell(cell_id: str, good: str, bad: str, *, model: str | None = None, 
     from ..results.io import probe_folder
 
     probe_folder(out, "-o/--output-dir", "Output directory")  # each probe writes its log and results there: a full disk is refused now
-    releases, yanked = parse_simple_index((fetch or fetch_index_page)(sides.library), pre=pre)
+    page = (fetch or fetch_index_page)(sides.library)
+    releases, yanked = parse_simple_index(page, pre=pre)
+    from ..versions.releases import refuse_unreleased
+
+    listed, listed_yanked = parse_simple_index(page, pre=True)  # an endpoint may be a pre-release or yanked: it installs
+    refuse_unreleased([(sides.good, "--good"), (sides.bad, "--bad")], listed + listed_yanked, sides.library,
+                      "Pass releases the index has as --good / --bad.")
     if log:
         lo, hi = sorted((sides.good, sides.bad), key=version_key)
         inside = [v for v in releases if version_key(lo) < version_key(v) < version_key(hi)]

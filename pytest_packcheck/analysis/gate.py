@@ -318,6 +318,55 @@ def render_summary(changes: list[Change], baseline_env: dict[str, Any], candidat
     return "\n".join([*lines, ""])
 
 
+def refuse_empty_baseline(baseline: dict[str, Any], path: str, source: str) -> None:
+    """Refuse a baseline document with no cells (``"cells": []``): every candidate cell would be new, 0 regressions.
+
+    Raises:
+        PackcheckUsageError: one line naming the file and where it came from.
+    """
+    if not baseline.get("cells"):
+        raise PackcheckUsageError(f"Baseline {path} (from {source}) holds no cells: there is nothing to compare against; "
+                                  "pass the packcheck-matrix.json of an audit that ran cells.")
+
+
+def missing_note(changes: list[Change], prog: str) -> str | None:
+    """The warning line for the baseline cells the candidate did not select (they were not compared, and never count
+    as regressions), naming up to five; None when there are none."""
+    gone = [c for c in changes if c.detail == "not in the candidate's selection"]
+    if not gone:
+        return None
+    names = ["-".join(str(x) for x in c.key[:4] if x) for c in gone]
+    shown = ", ".join(names[:5]) + (f", ... ({len(names) - 5} more)" if len(names) > 5 else "")
+    return (f"{prog}: warning: {len(gone)} baseline cell(s) are not in the candidate: they were not compared ({shown}); "
+            "run the candidate with the baseline's models, backends, checks and dtypes to compare them")
+
+
+def probe_summary(path: str, flag: str = "--summary") -> None:
+    """Refuse a job-summary path that cannot be appended to, before anything is compared (its folder missing or not
+    writable, or the path a folder): a failure after the table hid a regression's exit 1 behind exit 2.
+
+    Raises:
+        PackcheckUsageError: one line naming the path, the flag and the reason.
+    """
+    import os
+    from pathlib import Path
+
+    p = Path(path)
+    parent = p.parent if str(p.parent) else Path(".")
+    why = None
+    if p.is_dir():
+        why = "it is a directory"
+    elif p.exists():
+        why = None if os.access(p, os.W_OK) else "the file is not writable"
+    elif not parent.is_dir():
+        why = f"its folder {parent} does not exist"
+    elif not os.access(parent, os.W_OK | os.X_OK):
+        why = f"its folder {parent} is not writable"
+    if why:
+        raise PackcheckUsageError(f"Cannot write the job summary '{path}' (from {flag}): {why}. "
+                                  "Pass a writable file, e.g. --summary \"$GITHUB_STEP_SUMMARY\".")
+
+
 def write_summary(path: str, text: str, flag: str = "--summary") -> None:
     """Append ``text`` to ``path`` (GitHub appends each step's summary to the file it names).
 

@@ -176,22 +176,15 @@ def _refuse_unreleased(releases: list[str]) -> None:
 
     from ..analysis.bisect import fetch_index_page, parse_simple_index
     from ..errors import PackcheckUsageError
-    from ..versions.releases import _nearest
+    from ..versions.releases import refuse_unreleased
 
     try:
         known, _ = parse_simple_index(fetch_index_page("transformers"))
     except PackcheckUsageError as exc:
         print(f"packcheck atlas: warning: --releases not checked against the package index ({exc})", file=sys.stderr)
         return
-    from packaging.version import Version
-
-    ordered = sorted((Version(v) for v in known), key=lambda v: v)
-    for release in releases:
-        if release not in known:
-            near = _nearest(release, ordered)
-            raise PackcheckUsageError(f"Release '{release}' (from --releases) is not a transformers release on the package "
-                                      f"index (final, not yanked): the nearest are {', '.join(near) or 'none'}. Pass one of "
-                                      "them, or use --since / --until for every minor's latest patch.")
+    refuse_unreleased([(release, "--releases") for release in releases], known, "transformers",
+                      "Pass one of them, or use --since / --until for every minor's latest patch.", " (final, not yanked)")
 
 
 def _refuse_nothing_to_render(ns: argparse.Namespace, build_dir: str) -> None:

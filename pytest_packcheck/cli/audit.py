@@ -177,6 +177,10 @@ def run(ns: argparse.Namespace) -> int:
             raise PackcheckUsageError(f"--summary '{ns.summary}' writes the gate's job summary: add --gate (or run `packcheck gate`).")
         if ns.gate:
             gate_environments(ns)
+        if ns.summary:
+            from ..analysis.gate import probe_summary
+
+            probe_summary(ns.summary)  # before the audit runs, not after its table
     except PackcheckUsageError as exc:
         print(f"packcheck audit: error: {exc}", file=sys.stderr)
         return 2

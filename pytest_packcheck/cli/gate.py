@@ -37,7 +37,7 @@ def run(ns: argparse.Namespace) -> int:
         PackcheckUsageError: a bad --allow, neither --candidate nor both --baseline-env / --candidate-env, a
             results file that cannot be read, an environment label that names no environment.
     """
-    from ..analysis.gate import select_env
+    from ..analysis.gate import probe_summary, refuse_empty_baseline, select_env
     from ..errors import PackcheckUsageError
     from ..results import load_document
 
@@ -45,7 +45,10 @@ def run(ns: argparse.Namespace) -> int:
     if ns.candidate is None and not (ns.baseline_env and ns.candidate_env):
         raise PackcheckUsageError("packcheck gate needs --candidate FILE, or --baseline-env and --candidate-env to "
                                   "compare two version environments of the --baseline file.")
+    if ns.summary:
+        probe_summary(ns.summary)  # before anything is compared: a failure after the table hid a regression's exit 1
     baseline = load_document(ns.baseline, "--baseline")
+    refuse_empty_baseline(baseline, ns.baseline, "--baseline")
     candidate = load_document(ns.candidate, "--candidate") if ns.candidate else baseline
     if ns.baseline_env:
         baseline = select_env(baseline, ns.baseline_env, "--baseline-env")
@@ -82,6 +85,7 @@ def run_gate(baseline: dict, candidate: dict, allow: dict[str, str], prog: str, 
     from ..analysis.gate import (
         allowed_reason,
         compare,
+        missing_note,
         regressions,
         render_changes,
         render_summary,
@@ -94,6 +98,9 @@ def run_gate(baseline: dict, candidate: dict, allow: dict[str, str], prog: str, 
     for key in allow:
         if not any(allowed_reason(i, {key: "x"}) for i in ids):
             print(f"{prog}: warning: --allow '{key}' matches no cell of either file", file=sys.stderr)
+    gone = missing_note(changes, prog)
+    if gone:
+        print(gone, file=sys.stderr)
     if candidate.get("incomplete"):
         print(f"{prog}: warning: the candidate run was incomplete ({candidate['incomplete']['reason']}); "
               "its missing cells count as regressions", file=sys.stderr)

@@ -117,7 +117,8 @@ def model_device(model: Any) -> Any:
 
 def check_fields(batch: Any, device: Any = None) -> Any:
     """The batch's fields as a collator can hand them over, before any value is read (one packed row or a batch of
-    packed rows): a mapping with string keys; ``input_ids`` a 2-D dense tensor of token-id dtype (int64 / int32);
+    packed rows): a mapping with string keys; ``input_ids`` a 2-D dense tensor of token-id dtype (int64 / int32), and
+    no ``inputs_embeds`` beside it;
     every tensor dense and
     on input_ids' device (a 0-d CPU scalar may ride beside a CUDA batch, as torch allows), and input_ids on
     ``device`` (:func:`model_device`) when given; no meta tensor (it holds no values); ``max_length_q/k`` and
@@ -141,6 +142,9 @@ def check_fields(batch: Any, device: Any = None) -> Any:
     if ids is None:
         raise _usage(f"batch has no 'input_ids' (keys: {', '.join(map(str, batch)) or 'none'}): pass the collator's output "
                      "(inputs_embeds is not supported).")
+    if batch.get("inputs_embeds") is not None:  # the model refuses both ("exactly one of"): a crash verdict before
+        raise _usage("batch has both 'input_ids' and 'inputs_embeds', which contradict each other (the model takes exactly "
+                     "one of them): drop 'inputs_embeds'; the guard checks the packed row of token ids.")
     if not isinstance(ids, torch.Tensor) or ids.ndim != 2:
         raise _usage(f"batch['input_ids'] is {_shape(ids) if isinstance(ids, torch.Tensor) else type(ids).__name__}, expected a "
                      "tensor of shape (1, total_tokens): one packed row (return_tensors='pt').")

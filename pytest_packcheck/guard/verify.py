@@ -46,26 +46,34 @@ def _gradient_checkpointing(model: Any) -> bool:
 #: Class-name endings of language models: accepted even where get_output_embeddings() says nothing (a 4.x class
 #: that does not override it); every other model must show an LM head.
 _LM_CLASS_ENDINGS = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+#: Class names of transformers' heads that are not causal LMs (refused even with an output embedding: ForMaskedLM).
+_NOT_CAUSAL_CLASS_ENDINGS = ("ForMaskedLM", "ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering")
 
 
 def _not_a_causal_lm(model: Any) -> str | None:
     """Why ``model`` is not a causal LM the guard can judge (its forward returns no ``.logits`` over the vocabulary:
-    a bare backbone such as LlamaModel, a classification head), or None. Structural: ``get_output_embeddings()`` is
-    None and the class name is not a language model's; a wrapper without the method (PEFT delegates it, a custom
-    module may not have it) is let through, its forward decides."""
+    a bare backbone such as LlamaModel, a classification head; or it attends both ways: BertForMaskedLM), or None.
+    Structural: the class name ends in a non-causal head's (:data:`_NOT_CAUSAL_CLASS_ENDINGS`), or
+    ``get_output_embeddings()`` is None and the class name is not a language model's; a wrapper without the method
+    (PEFT delegates it, a custom module may not have it) is let through, its forward decides."""
+    name = type(model).__name__
     getter = getattr(model, "get_output_embeddings", None)
-    if not callable(getter) or type(model).__name__.endswith(_LM_CLASS_ENDINGS):
-        return None
-    try:
-        head = getter()
-    except Exception:  # noqa: BLE001 - a model that cannot say: its forward decides
-        return None
-    if head is not None:
-        return None
-    return (f"model is a {type(model).__name__}, which has no LM head (get_output_embeddings() is None): the guard needs "
-            "a causal LM, whose forward returns .logits over the vocabulary (e.g. LlamaForCausalLM, or a multimodal "
-            "...ForConditionalGeneration on its text path); pass that model (the Trainer's model, "
-            "AutoModelForCausalLM.from_pretrained(...)).")
+    head: Any = True  # unknown: a wrapper without the method, or one that cannot say
+    if callable(getter) and not name.endswith(_LM_CLASS_ENDINGS):
+        try:
+            head = getter()
+        except Exception:  # noqa: BLE001 - a model that cannot say: its forward decides
+            head = True
+    if head is None:
+        return (f"model is a {name}, which has no LM head (get_output_embeddings() is None): the guard needs "
+                "a causal LM, whose forward returns .logits over the vocabulary (e.g. LlamaForCausalLM, or a multimodal "
+                "...ForConditionalGeneration on its text path); pass that model (the Trainer's model, "
+                "AutoModelForCausalLM.from_pretrained(...)).")
+    if name.endswith(_NOT_CAUSAL_CLASS_ENDINGS):  # BertForMaskedLM has an LM head, but its attention sees both ways
+        return (f"model is a {name}, not a causal LM (a masked-LM, classification or QA head: every token attends to "
+                "the whole row both ways, so there is no causal packing contract to check): the guard needs a causal "
+                "LM, whose forward returns .logits over the vocabulary (e.g. LlamaForCausalLM); pass that model.")
+    return None
 
 
 def verify_packed_batch(

@@ -11,9 +11,9 @@ import contextlib
 import copy
 from typing import Any
 
-from .errors import LibraryConfigError, ShrinkError, WeightsError
+from .errors import LibraryConfigError, OverrideConfigError, ShrinkError, WeightsError
 from .multimodal import mrope_section_mismatch
-from .resolve import ResolvedModel, auto_model_class
+from .resolve import ResolvedModel, auto_model_class, resolve_model
 from .shrink import mechanism_gaps, shrink_config
 from .tiny import TINY_SLIDING_WINDOW
 from .twin import unshrunk_build_error
@@ -72,6 +72,22 @@ def _refuse_undeclared_flash(model: Any, backend: str) -> None:
         raise ValueError(f"{cls.__name__} does not support flash attention (it declares _supports_flash_attn = False, "
                          f"so transformers refuses flash_attention_2 for it): {backend}, packcheck's stand-in for the "
                          "flash path, is refused the same way")
+
+
+def _without_overrides_builds(resolved: ResolvedModel, trust_remote_code: bool) -> bool:
+    """Whether the spec has overrides and its config without them builds at full size (on the meta device): then
+    a config that does not build is the overrides' doing, not the library's."""
+    import dataclasses
+
+    spec = resolved.spec
+    if not spec.overrides:
+        return False
+    plain = dataclasses.replace(spec, raw=spec.raw.split("{", 1)[0], overrides=())
+    try:
+        bare = resolve_model(plain, "the spec without its overrides", trust_remote_code)
+    except Exception:  # noqa: BLE001 - the default does not resolve either: not the overrides' alone
+        return False
+    return bare.config is not None and unshrunk_build_error(bare, trust_remote_code) is None
 
 
 def _override_hint(resolved: ResolvedModel) -> str:
@@ -168,6 +184,13 @@ def build_model(
             raise  # a missing optional package (PIL for gemma3n's vision tower): skipped with its reason
         except Exception as exc:
             own = unshrunk_build_error(resolved, trust_remote_code)
+            if own is not None and _without_overrides_builds(resolved, trust_remote_code):  # the user's override broke it
+                from .specs import format_overrides
+
+                raise OverrideConfigError(
+                    f"{resolved.model_type}: the config with your overrides {format_overrides(resolved.spec.overrides)} "
+                    f"does not build in transformers ({own}), while the config without them does: fix the override"
+                ) from exc
             if own is not None:  # the config does not build at full size either: the library's, not the shrink's
                 raise LibraryConfigError(
                     f"{resolved.model_type}: the {'default ' if resolved.spec.kind == 'arch' else ''}config does not "

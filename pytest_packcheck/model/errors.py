@@ -17,5 +17,10 @@ class LibraryConfigError(RuntimeError):
     """The model's own config does not build in transformers, shrunk or not (the library's, not packcheck's)."""
 
 
+class OverrideConfigError(RuntimeError):
+    """The config with the spec's overrides does not build in transformers while the config without them does (the
+    user's override broke it: neither the library's nor packcheck's)."""
+
+
 class WeightsError(RuntimeError):
     """``--packcheck-weights=pretrained`` loaded no tensor of the model (every cell of it is an error)."""

@@ -121,9 +121,12 @@ def _check_run_inputs(path: Path, settings: Any) -> None:
                 "move it or pass another --packcheck-report-dir."
             )
     if settings.baseline:
+        from ..analysis.gate import refuse_empty_baseline
         from ..results.schema import load_document
 
-        load_document(settings.baseline, settings.baseline_source)  # missing, corrupt or newer: a usage error before any cell runs
+        # missing, corrupt, newer or empty: a usage error before any cell runs
+        refuse_empty_baseline(load_document(settings.baseline, settings.baseline_source), settings.baseline,
+                              settings.baseline_source)
     if getattr(settings, "versions", None):
         # before any environment is built: a release that does not exist is a usage error naming the nearest
         # ones (issue 27: transformers==5.25.0, not released, gave 13 "crash" regressions)

@@ -28,7 +28,7 @@ from ..checks.registry import MODEL_LEVEL_CHECKS, SPECS
 from ..checks.workbench import Workbench
 from ..model import batches as B
 from ..model.build import build_model
-from ..model.errors import LibraryConfigError, ShrinkError
+from ..model.errors import LibraryConfigError, OverrideConfigError, ShrinkError
 from ..model.multimodal import position_layout
 from ..model.resolve import ResolvedModel
 from ..model.twin import unshrunk_forward_reproduces
@@ -458,7 +458,7 @@ class CellRunner:
                 f"{exc.boundaries if len(exc.boundaries) <= 12 else [*exc.boundaries[:11], '...', exc.boundaries[-1]]} for a row of "
                 f"{exc.total} tokens: FlashAttention-2 would read outside the row"),
                 cause="flash_boundaries", evidence={"cu_seqlens": exc.boundaries, "tokens": exc.total})
-        own = own_fault(exc) if status == "error" and not isinstance(exc, (ResolveError, ShrinkError, LibraryConfigError)) else None
+        own = own_fault(exc) if status == "error" and not isinstance(exc, (ResolveError, ShrinkError, LibraryConfigError, OverrideConfigError)) else None
         if own:  # packcheck's own probe code crashed, with no frame of the model or its libraries: packcheck's bug
             return CheckResult(status, {**metrics, "traceback": own}, (
                 f"packcheck's own code crashed in {stage} ({metrics.get('where')}), not the model: {_short(exc)}; "
@@ -469,7 +469,7 @@ class CellRunner:
                 f"the flash path handed the varlen kernel {exc.item}: {exc.received}; the kernels require "
                 f"{VARLEN_CONTRACT[exc.item][0]} ({VARLEN_CONTRACT[exc.item][1]})"),
                 cause="kernel_arguments", evidence={"item": exc.item, "received": exc.received})
-        if status == "error" and self.weights == "random" and not isinstance(exc, (ResolveError, ShrinkError, LibraryConfigError)):
+        if status == "error" and self.weights == "random" and not isinstance(exc, (ResolveError, ShrinkError, LibraryConfigError, OverrideConfigError)):
             text = f"model build: {_short(exc)}" if stage == "build" else _short(exc)
             why = self._unshrunk_reproduces(exc)
             if why:  # the unshrunk config fails too (on the meta device): the library's config, not the shrink
@@ -485,6 +485,6 @@ class CellRunner:
         elif isinstance(exc, LibraryConfigError):
             cause = "library_config"
         if stage == "build":
-            text = str(exc) if isinstance(exc, ResolveError | LibraryConfigError) else f"model build: {_short(exc)}"
+            text = str(exc) if isinstance(exc, ResolveError | LibraryConfigError | OverrideConfigError) else f"model build: {_short(exc)}"
             return CheckResult(status, metrics, text, cause=cause, evidence={"exception": _short(exc)} if cause else {})
         return CheckResult(status, metrics, _short(exc), cause=cause, evidence={"exception": _short(exc)} if cause else {})

@@ -273,13 +273,16 @@ class PackcheckSession:
                               f"{Path(self.settings.report_dir) / LOGS_DIR} ({', '.join(Path(g).name for g in gone)}): "
                               "this matrix does not name them.")
         if self.settings.baseline:
-            from ..analysis.gate import compare, regressions, render_changes, stack
+            from ..analysis.gate import compare, missing_note, regressions, render_changes, stack
             from ..results.schema import load_document
 
             baseline = load_document(self.settings.baseline, self.settings.baseline_source)
             self.changes = compare(baseline, self.document)
             self.gate_text = render_changes(self.changes, stack(baseline), stack(self.document), markdown=False)
             self.regressions = regressions(self.changes)
+            gone = missing_note(self.changes, "packcheck gate")
+            if gone:  # printed with the summary: those cells were never compared
+                self.notes.append(gone)
 
     def _name_unrun_checks(self) -> None:
         """An interrupted run: every planned check of this shard (correctness, hazard and finding, backend and

@@ -61,6 +61,30 @@ def _nearest(wanted: str, releases: list[Any]) -> list[str]:
     return [str(v) for v in below[-2:] + above[:2]]
 
 
+def refuse_unreleased(wanted: list[tuple[str, str]], known: list[str], library: str, fix: str, kind: str = "") -> None:
+    """Refuse a version the package index does not have, naming the nearest releases: ``wanted`` is
+    ``(version, where it came from)`` pairs, ``known`` the index's releases (strings), ``fix`` the remedy sentence,
+    ``kind`` what ``known`` holds (`` (final, not yanked)``).
+    The one rule for atlas ``--releases`` and bisect ``--good`` / ``--bad``.
+
+    Raises:
+        PackcheckUsageError: the first version of ``wanted`` not in ``known``.
+    """
+    from packaging.version import InvalidVersion, Version
+
+    ordered = sorted(Version(v) for v in known)
+    have = set(ordered)
+    for version, source in wanted:
+        try:
+            present = Version(version) in have
+        except InvalidVersion:
+            present = False
+        if not present:
+            near = _nearest(version, ordered)
+            raise PackcheckUsageError(f"Release '{version}' (from {source}) is not a {library} release on the package "
+                                      f"index{kind}: the nearest are {', '.join(near) or 'none'}. {fix}")
+
+
 def validate_versions(combos: list[VersionCombo], source: str, lookup: Any = None) -> list[str]:
     """Check every requirement of ``combos`` against the package index before any environment is built: one
     query per library (``lookup``, default :func:`release_versions`). Returns notes for libraries that could
