@@ -583,8 +583,9 @@ def test_resume_after_a_settings_change_says_what_changed(pytester):
     changed = pytester.runpytest_subprocess(*base, "--packcheck-attn=eager", "--packcheck-resume")
     assert changed.ret == 0
     text = " ".join((str(changed.stdout) + str(changed.stderr)).split())
-    assert ("holds 1 finished cell(s) of a run with other settings, tolerances or library versions; changed since the "
-            'previous matrix: backends ["sdpa"] -> ["eager"]: none of them is reused; 0 cell(s)') in text
+    # the settings the journaled cells were made with (the journal records them), not the previous matrix's
+    assert ("holds 1 finished cell(s) of a run with other settings, tolerances or library versions; their settings "
+            '-> these: backends ["sdpa"] -> ["eager"]: none of them is reused; 0 cell(s)') in text
 
 
 def test_merge_into_a_folder_an_audit_holds_is_refused(tmp_path):

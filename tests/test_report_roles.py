@@ -35,7 +35,9 @@ def test_headline_counts_matrix_cells_by_verdict_not_checks(doc):
     n = matrix_counts(doc["cells"])
     # 3 matrix cells (one per model on sdpa): 2 pass, 1 fail on opt; the 3 x 7 checks are counted apart
     assert dict(n["cells"]) == {"pass": 2, "fail": 1} and n["models"]["fail"] == ["opt"]
-    assert n["hazards"] == (6, 6) and n["findings"] == (3, 3, 3) and n["checks"]["fail"] == 3 * 3 + 3
+    # checks by their mark: a hazard or finding probe that showed is "hazard shown" / "stack finding", never "fail"
+    assert n["hazards"] == (6, 6) and n["findings"] == (3, 3, 3)
+    assert n["checks"]["fail"] == 3 and n["checks"]["hazard shown"] == 6 and n["checks"]["stack finding"] == 3
     line = counts_line(doc["cells"])
     assert line.startswith("Matrix cells (model x backend, judged by the correctness checks): ✅ pass 2, ❌ fail 1 (1 model: opt) (of 3).")
     assert "🔶 6 of 6 hazard probes" in line and "🔷 3 contract items failed in 3 of 3 finding checks" in line
