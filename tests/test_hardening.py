@@ -692,21 +692,26 @@ def test_save_baseline_on_a_full_disk_is_one_line(tmp_path, monkeypatch, capsys)
     assert "packcheck audit: error: --save-baseline: Cannot write" in capsys.readouterr().err
 
 
-def test_an_interrupted_matrix_cell_is_not_a_pass_on_the_checks_that_finished(pytester):
-    """Trial W1: interrupted 2 checks into llama / sdpa, the matrix showed ✅ for the cell (and "✅ pass 1 (of 1)")
-    on the checks that happened to finish. Every correctness check of a started cell that never ran is named
-    "not run" in the JSON, and the cell's headline is "not run: N of M checks", counted as not checked."""
-    pytester.makeconftest(textwrap.dedent("""
+def _ctrl_c_during_cell(pytester, n):
+    """Plant a Ctrl-C (KeyboardInterrupt) as the ``n``-th cell of the run starts (a conftest hook)."""
+    pytester.makeconftest(textwrap.dedent(f"""
         import pytest
         seen = []
 
         @pytest.hookimpl(hookwrapper=True)
         def pytest_runtest_call(item):
             seen.append(item.nodeid)
-            if len(seen) == 3:  # a Ctrl-C during the third cell
+            if len(seen) == {n}:
                 raise KeyboardInterrupt
             yield
     """))
+
+
+def test_an_interrupted_matrix_cell_is_not_a_pass_on_the_checks_that_finished(pytester):
+    """Trial W1: interrupted 2 checks into llama / sdpa, the matrix showed ✅ for the cell (and "✅ pass 1 (of 1)")
+    on the checks that happened to finish. Every correctness check of a started cell that never ran is named
+    "not run" in the JSON, and the cell's headline is "not run: N of M checks", counted as not checked."""
+    _ctrl_c_during_cell(pytester, 3)  # a Ctrl-C during the third cell
     result = pytester.runpytest_subprocess("--packcheck-models=arch:llama", "--packcheck-attn=sdpa", "-p", "no:cacheprovider",
                                            "--packcheck-checks=position_ids,isolation,logits_parity,loss_parity,grad_parity",
                                            "--packcheck-isolation=none")  # cells one by one in this process
@@ -730,17 +735,7 @@ def test_an_interrupted_run_counts_the_matrix_cells_that_never_started(pytester)
     said "(of 5)" for 6 planned, the answer named only the backend that started, and the CSV gave the interrupted
     cell "skipped" with the key number "Δ 0.0e+00". Every planned cell of the shard is in the matrix as "not run
     (interrupted)", and such a cell rests on no number."""
-    pytester.makeconftest(textwrap.dedent("""
-        import pytest
-        seen = []
-
-        @pytest.hookimpl(hookwrapper=True)
-        def pytest_runtest_call(item):
-            seen.append(item.nodeid)
-            if len(seen) == 2:  # a Ctrl-C during the second cell: eager started, sdpa never did
-                raise KeyboardInterrupt
-            yield
-    """))
+    _ctrl_c_during_cell(pytester, 2)  # a Ctrl-C during the second cell: eager started, sdpa never did
     result = pytester.runpytest_subprocess("--packcheck-models=arch:llama", "--packcheck-attn=eager,sdpa", "-p", "no:cacheprovider",
                                            "--packcheck-checks=position_ids,isolation", "--packcheck-isolation=none")
     assert result.ret == pytest.ExitCode.INTERRUPTED
@@ -773,17 +768,7 @@ def test_an_interrupted_run_names_every_unrun_check_and_the_reason_of_a_check_th
     boundaries reached in all" (a passed check's message as the reason), the counts said "(of 40)" where pytest
     collected 50 (hazards and findings that never ran were dropped), and the "Not checked" lines named the check
     on some lines only."""
-    pytester.makeconftest(textwrap.dedent("""
-        import pytest
-        seen = []
-
-        @pytest.hookimpl(hookwrapper=True)
-        def pytest_runtest_call(item):
-            seen.append(item.nodeid)
-            if len(seen) == 2:  # a Ctrl-C during eager's second check: its first passed
-                raise KeyboardInterrupt
-            yield
-    """))
+    _ctrl_c_during_cell(pytester, 2)  # a Ctrl-C during eager's second check: its first passed
     result = pytester.runpytest_subprocess("--packcheck-models=arch:llama", "--packcheck-attn=eager,sdpa", "-p", "no:cacheprovider",
                                            "--packcheck-checks=position_ids,isolation,cache_trap", "--packcheck-isolation=none")
     assert result.ret == pytest.ExitCode.INTERRUPTED
