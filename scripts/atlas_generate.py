@@ -5,8 +5,9 @@ stopped (a release killed half-way resumes from its journal under ``build/atlas/
     nohup nice -n 19 env PYTHONPATH=$PWD PACKCHECK_CACHE_DIR=$PWD/build/cache HF_HUB_OFFLINE=1 \\
         .venv/bin/python scripts/atlas_generate.py >> build/atlas-generate.log 2>&1 &
 
-Options: ``--releases A,B`` (measure these, in this order, instead of the gap order), ``--no-commit`` (only render),
-``--max N`` (stop after N releases). One pytest worker per release (``-n 1``). Each commit touches only
+Options: ``--releases A,B`` (measure these, in this order, instead of the gap order), ``--remeasure`` (measure the
+named releases even where the committed atlas holds them: results of an older packcheck), ``--no-commit`` (only
+render), ``--max N`` (stop after N releases). One pytest worker per release (``-n 1``). Each commit touches only
 ``reports/atlas/``: "atlas: 5.0.0 measured (161 architectures, 335 s wall, 598 s CPU)".
 """
 
@@ -48,6 +49,7 @@ def commit(message: str) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--releases", default=None)
+    parser.add_argument("--remeasure", action="store_true")
     parser.add_argument("--no-commit", action="store_true")
     parser.add_argument("--max", type=int, default=None)
     ns = parser.parse_args()
@@ -55,11 +57,14 @@ def main() -> int:
     committed = A.load_committed(OUT)
     measured = A.committed_releases(committed)
     todo = ns.releases.split(",") if ns.releases else A.gap_order(planned, measured)
-    todo = [r for r in todo if r not in measured][: ns.max]
+    if ns.remeasure and not ns.releases:
+        parser.error("--remeasure needs --releases: name the committed releases to measure again")
+    todo = [r for r in todo if ns.remeasure or r not in measured][: ns.max]
     print(f"{time.strftime('%H:%M:%S')} atlas generate: {len(measured)} measured, order {', '.join(todo)}", flush=True)
     for version in todo:
         print(f"{time.strftime('%H:%M:%S')} atlas generate: {version}", flush=True)
-        rc = packcheck("--releases", version, "--build-dir", str(BUILD), "-o", str(OUT), "-n", "1", "--no-render")
+        rc = packcheck("--releases", version, "--build-dir", str(BUILD), "-o", str(OUT), "-n", "1", "--no-render",
+                       *(["--remeasure"] if ns.remeasure else []))
         done = BUILD / version / A.DONE_MARKER
         if rc != 0 or not done.exists():
             print(f"{time.strftime('%H:%M:%S')} atlas generate: {version} not measured (exit {rc}); next", flush=True)
@@ -68,7 +73,7 @@ def main() -> int:
         record = json.loads(done.read_text())
         support = json.loads((OUT / "support.json").read_text())
         archs = next(r["architectures"] for r in support["releases"] if r["transformers"] == version)
-        message = (f"atlas: {version} measured ({archs} architectures, {record['wall_s']:.0f} s wall, "
+        message = (f"atlas: {version} {'re-measured' if ns.remeasure else 'measured'} ({archs} architectures, {record['wall_s']:.0f} s wall, "
                    f"{record['child_cpu_s']:.0f} s CPU; {len(support['releases'])} of {len(planned)} releases, "
                    f"{len(support['transitions'])} transitions)")
         print(f"{time.strftime('%H:%M:%S')} {message}", flush=True)
