@@ -345,6 +345,10 @@ def test_any_attn_implementation_transformers_takes():
     assert backend_availability("paged|sdpa").available
     with pytest.raises(PackcheckUsageError, match=r"Unknown backend 'sdpaa' \(from --packcheck-attn\).*does not take it"):
         settings("sdpaa")
+    with pytest.raises(PackcheckUsageError) as bogus:  # transformers' long list is quoted by its first sentence, whole words
+        settings("bogus_attn")
+    quoted = str(bogus.value).split("(ValueError: ", 1)[1].split("). Expected", 1)[0]
+    assert quoted.endswith("is not supported") and "`\"att" not in str(bogus.value), quoted
     hub = "kernels-community/flash-attn"
     refusal = attn_implementation_refusal(hub)
     if refusal is not None:  # no `kernels` package here: skipped with transformers' words, not a usage error
@@ -372,3 +376,23 @@ def test_an_override_value_is_copied_into_the_config():
     label = spec.label
     resolve_model(spec, "t")
     assert spec.label == label and dict(spec.overrides)["rope_scaling"] == {"type": "mrope", "mrope_section": [16, 24, 24]}
+
+
+def test_a_tolerance_override_for_a_dtype_the_run_does_not_measure_is_warned():
+    """--packcheck-tolerance bfloat16.logits_atol=1 on a float32-only run changed nothing, silently (trial 3, U3)."""
+    from pytest_packcheck.config.settings import resolve
+    from pytest_packcheck.errors import PackcheckWarning
+
+    def settings(overrides, dtypes=None):
+        values = {"packcheck_models": "arch:llama", "packcheck_tolerance": overrides, "packcheck_dtypes": dtypes}
+        return resolve(lambda dest: values.get(dest), lambda key: None)
+
+    with pytest.warns(PackcheckWarning, match=r"'bfloat16.logits_atol=1' \(from --packcheck-tolerance\) sets a dtype "
+                                              r"this run does not measure \(dtypes: float32\).*--packcheck-dtypes float32,bfloat16"):
+        assert settings(["bfloat16.logits_atol=1"]).tolerances["bfloat16"]["logits_atol"] == 1.0
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PackcheckWarning)  # a measured dtype, or every dtype: no warning
+        settings(["float32.logits_atol=1", "loss_atol=1"])
+        settings(["bfloat16.logits_atol=1"], "float32,bfloat16")

@@ -439,5 +439,5 @@ def test_an_override_that_breaks_the_config_names_the_override_not_the_library()
                                                   r"does not build in transformers \(KeyError.*fix the override"):
         build_model(resolved, "sdpa", "float32")
     result = CellRunner([resolved], {"float32": {}}).run(Cell(0, "llama", "sdpa", "isolation", "float32"))
-    assert result.status == "error" and result.cause != "library_config", (result.cause, result.message)
+    assert result.status == "error" and result.cause == "override_config", (result.cause, result.message)
     assert "hidden_act=not_an_activation" in result.message and "itself" not in result.message

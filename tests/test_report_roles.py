@@ -164,3 +164,19 @@ def test_html_says_what_the_models_are_and_that_no_trainer_ran(doc):
     assert page.index("Not run here") < page.index('<h2 id="do-not-pack">')
     with_trainer = _doc(doc["cells"] + [_cell("qwen3", "sdpa", "trainer", "pass")])
     assert "Not run here" not in render_html(with_trainer)
+
+
+def test_an_override_the_config_has_no_key_for_is_noted_beside_the_models_verdict():
+    """arch:llama{bogus_key=1} read "safe on sdpa" in the Markdown with the unread override only in the JSON's
+    config_notes (trial 3, U7): the answer's line for the model now names it; other config notes stay in JSON."""
+    from pytest_packcheck.report import render_markdown
+
+    cells = _model("llama{bogus_key=1}")
+    note = "override bogus_key=1 is not a key of LlamaConfig or its sub-configs: set as a new attribute"
+    for c in cells:
+        c["model"]["config_notes"] = [note, "num_hidden_layers 32 -> 2 (shrunk)"]
+    md = render_markdown(_doc(cells + _model("qwen3")))
+    line = next(ln for ln in md.splitlines() if ln.startswith("- **llama{bogus\\_key=1}**"))
+    assert "safe on" in line and "note: override bogus\\_key=1 is not a key of LlamaConfig" in line
+    assert "shrunk" not in line
+    assert "note:" not in next(ln for ln in md.splitlines() if ln.startswith("- **qwen3**"))

@@ -302,6 +302,10 @@ _CAUSES: tuple[Cause, ...] = (
           "the config does not build in transformers itself, shrunk or not (the library's own error)",
           "give the values the config lacks (arch:<type>{key=value} or --packcheck-config key=value), or use a "
           "checkpoint's config; report the default config upstream"),
+    Cause("override_config",
+          "the config with your own overrides (arch:<type>{key=value}, --packcheck-config) does not build in "
+          "transformers, while the config without them does: the override's fault, not the model's or the library's",
+          "fix the override: the message quotes transformers' own error about the value it refused"),
     Cause("hang",
           "the cell did not finish within the timeout",
           "raise --packcheck-timeout if the model is just slow; else see the last output"),

@@ -121,6 +121,14 @@ def _with_overrides(spec: str, common: tuple[tuple[str, Any], ...], fmt: Any, pa
     return f"{base}{{{fmt(list(merged.items()))}}}"
 
 
+def _first_sentence(message: str, width: int = 160) -> str:
+    """The first sentence of a library's message, cut at a word boundary (never mid-word) when still too long."""
+    import textwrap
+
+    head = re.split(r"(?<=[.!?])\s", message.strip(), maxsplit=1)[0].rstrip(".")
+    return textwrap.shorten(head, width=width, placeholder=" ...")
+
+
 def _validate_backends(values: list[str], source: str) -> tuple[str, ...]:
     """packcheck's backends, or any attn_implementation the installed transformers knows (its attention
     registry, a kernel-hub repo such as kernels-community/flash-attn, composed names such as paged|sdpa).
@@ -137,7 +145,7 @@ def _validate_backends(values: list[str], source: str) -> tuple[str, ...]:
         if refusal is not None and refusal[0] == "unknown":
             raise PackcheckUsageError(
                 f"Unknown backend '{v}' (from {source}): the installed transformers does not take it as "
-                f"attn_implementation ({refusal[1][:160]}). Expected one of: {', '.join(KNOWN_BACKENDS)}, or a name "
+                f"attn_implementation ({_first_sentence(refusal[1])}). Expected one of: {', '.join(KNOWN_BACKENDS)}, or a name "
                 f"of transformers' attention registry / a kernel-hub repo.{closest(v, KNOWN_BACKENDS)}")
     if not values:
         raise PackcheckUsageError(f"Empty backend list (from {source}): give at least one of {', '.join(KNOWN_BACKENDS)}.")
@@ -289,6 +297,17 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
         tol_path, tol_src = str(Path(audit.path).parent / audit.tolerances), f"audit {audit.path}"
     overrides = get_option(by_flag[OPT_TOLERANCE].dest) or []
     tolerances, tol_label = load_tolerances(tol_path, overrides, tol_src)
+    unused = [o for o in overrides if "." in o.partition("=")[0] and o.partition("=")[0].rpartition(".")[0] not in dtypes]
+    if unused:
+        import warnings
+
+        from ..errors import PackcheckWarning
+
+        warnings.warn(PackcheckWarning(
+            f"Tolerance override {', '.join(repr(o) for o in unused)} (from {OPT_TOLERANCE}) sets a dtype this run does "
+            f"not measure (dtypes: {', '.join(dtypes)}): it changes no verdict. Add {OPT_DTYPES} "
+            f"{','.join(dict.fromkeys([*dtypes, *(o.partition('=')[0].rpartition('.')[0] for o in unused)]))} to use it."),
+            stacklevel=2)
     baseline, baseline_src = pick(by_flag[OPT_BASELINE])
     versions_value, versions_src = pick(by_flag[OPT_VERSIONS])
     if not versions_value and audit and audit.versions:

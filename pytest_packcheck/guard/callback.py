@@ -42,16 +42,40 @@ def print_line(line: str) -> None:
     tqdm.write(line, file=sys.stderr)
 
 
+#: Packages whose frames lie between the user's ``trainer.train()`` and the guard's hook; a warning names the
+#: first frame outside them (Python 3.12's ``skip_file_prefixes``, by hand for 3.11).
+_LOOP_PACKAGES = ("pytest_packcheck", "torch", "transformers", "trl", "accelerate", "tqdm", "peft")
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` for a warning raised by :func:`_warn` that names the user's own line (the one that called
+    ``trainer.train()``), not torch's ``module.py`` that ran the forward pre-hook; 2 (the hook) when the
+    whole stack is library code."""
+    import sysconfig
+
+    prefixes = [sysconfig.get_paths()["stdlib"]]
+    for name in _LOOP_PACKAGES:
+        prefixes += list(getattr(sys.modules.get(name), "__path__", None) or [])
+    frame, level = sys._getframe(2), 2  # stacklevel 1 is _warn itself, 2 its caller
+    while frame is not None:
+        if not frame.f_code.co_filename.startswith(tuple(prefixes)):
+            return level
+        frame, level = frame.f_back, level + 1
+    return 2
+
+
 def _warn(line: str) -> None:
     """A :class:`PackcheckGuardWarning` from inside the training loop, shown while the progress bars are cleared
-    (``tqdm.external_write_mode``), so its text does not land inside a bar either."""
+    (``tqdm.external_write_mode``), so its text does not land inside a bar either; attributed to the user's line
+    that runs the loop (:func:`_user_stacklevel`)."""
+    level = _user_stacklevel()
     try:
         from tqdm import tqdm
     except ImportError:
-        warnings.warn(line, PackcheckGuardWarning, stacklevel=3)
+        warnings.warn(line, PackcheckGuardWarning, stacklevel=level)
         return
     with tqdm.external_write_mode(file=sys.stderr):
-        warnings.warn(line, PackcheckGuardWarning, stacklevel=3)
+        warnings.warn(line, PackcheckGuardWarning, stacklevel=level)
 
 
 def _not_packed(model: Any, batch: Mapping[str, Any], why: str) -> GuardResult:

@@ -280,6 +280,10 @@ def answer_section(rep: Report) -> list[str]:
                 parts.append(f"not checked on {', '.join(unchecked)}")
             if unrun:
                 parts.append(f"not run on {', '.join(unrun)} (the run was interrupted: --packcheck-resume runs it)")
+            unread = sorted({n for c in rep.cells if c["model"].get("label") == label
+                             for n in c["model"].get("config_notes") or [] if n.startswith("override ")})
+            if unread:  # the user's own override that the config has no key for (model.configs.apply_overrides)
+                parts.append(f"note: {escape_md('; '.join(unread))}")
             flagged = sorted({m for b in backends for m in rep.marks.get((label, None, dtype, b), [])})
             if flagged:
                 parts.append(f"⚑ departs from its stack: {', '.join(flagged)}")

@@ -484,6 +484,8 @@ class CellRunner:
             cause = "shrink_limit"
         elif isinstance(exc, LibraryConfigError):
             cause = "library_config"
+        elif isinstance(exc, OverrideConfigError):
+            cause = "override_config"
         if stage == "build":
             text = str(exc) if isinstance(exc, ResolveError | LibraryConfigError | OverrideConfigError) else f"model build: {_short(exc)}"
             return CheckResult(status, metrics, text, cause=cause, evidence={"exception": _short(exc)} if cause else {})
