@@ -107,6 +107,47 @@ def test_a_crash_inside_the_model_stays_the_models(_llama):
     assert got.cause == "shrunk_crash", got.message
 
 
+class _OldForward(torch.nn.Module):
+    """transformers 4.44's decoders as packcheck meets them: BartForCausalLM.forward takes no position_ids,
+    OpenAIGPTLMHeadModel / XLMWithLMHeadModel no use_cache (and no ``**kwargs``)."""
+
+    def __init__(self, inner, position_ids: bool):
+        super().__init__()
+        self.inner, self.config = inner, inner.config
+        if position_ids:
+            self.forward = self._with_positions
+
+    def forward(self, input_ids=None, attention_mask=None, labels=None):
+        return self.inner(input_ids=input_ids, attention_mask=attention_mask, labels=labels, use_cache=False)
+
+    def _with_positions(self, input_ids=None, attention_mask=None, position_ids=None, labels=None):
+        return self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                          labels=labels, use_cache=False)
+
+
+def test_a_forward_that_takes_no_use_cache_is_not_handed_one(_llama, tolerances):
+    """The atlas on 4.44.2: every check of openai-gpt and xlm "crashed in packcheck's own code" on
+    ``forward() got an unexpected keyword argument 'use_cache'``, a key packcheck added itself; a collator never
+    hands it over. It is passed only to a forward that takes it."""
+    bench = _bench(_OldForward(_llama, position_ids=True), tolerances, (5, 6))
+    out = bench.forward(bench.packed())
+    assert out.logits.shape[:2] == (1, 11)
+
+
+def test_a_forward_that_refuses_position_ids_is_the_models_not_packchecks(_llama, tolerances):
+    """The atlas on 4.44.2: BartForCausalLM.forward() takes no position_ids, so the packed row a collator gives
+    raises a TypeError while Python binds the call: no frame of the model, only torch's _call_impl under
+    packcheck's. It was packcheck_error ("report it to packcheck"); the model's signature refused the row."""
+    bench = _bench(_OldForward(_llama, position_ids=False), tolerances, (5, 6))
+    with pytest.raises(TypeError, match="got an unexpected keyword argument 'position_ids'") as info:
+        bench.forward(bench.packed())
+    from pytest_packcheck.run.runner import own_fault
+
+    assert own_fault(info.value) is None
+    got = _runner()._failed("check", info.value)
+    assert got.status == "error" and got.cause != "packcheck_error" and "position_ids" in got.message, got.message
+
+
 @pytest.mark.parametrize("message", [
     # transformers <= 4.53 (modeling_utils._check_and_enable_flash_attn_2), capitalised
     "BertLMHeadModel does not support Flash Attention 2.0 yet. Please request to add support where the model is hosted",

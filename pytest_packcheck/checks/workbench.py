@@ -68,15 +68,17 @@ class Workbench:
         return B.packed_batch(examples or self.examples, self.collator_factory, self.start, device=self.device, **kwargs)
 
     def forward(self, batch: dict[str, Any], grad: bool = False, layout: B.PositionLayout | None = None, **kwargs: Any) -> Any:
-        """Call the model as a packed-training user would, minus the cache (``use_cache=False``) unless
-        ``kwargs`` says otherwise. Keys the forward does not take are dropped, except position_ids, which go
-        through ``layout`` (default: the workbench's)."""
+        """Call the model as a packed-training user would, minus the cache (``use_cache=False``, where the forward
+        takes it) unless ``kwargs`` says otherwise. Keys the forward does not take are dropped, except position_ids,
+        which go through ``layout`` (default: the workbench's): a collator hands them over and the Trainer passes
+        them, so a forward without them (transformers 4.44's BartForCausalLM) fails as it would in training."""
         import torch
 
         accepted = self.accepted
         inputs = {k: v for k, v in batch.items() if accepted is None or k in accepted or k == "position_ids"}
         inputs.update(kwargs)
-        inputs.setdefault("use_cache", False)
+        if accepted is None or "use_cache" in accepted:  # 4.44's OpenAIGPTLMHeadModel / XLMWithLMHeadModel take none
+            inputs.setdefault("use_cache", False)
         if "position_ids" in inputs:
             inputs["position_ids"] = (layout or self.layout).apply(inputs["position_ids"])
         ctx = contextlib.nullcontext() if grad else torch.no_grad()

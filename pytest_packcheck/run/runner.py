@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 import time
 import traceback
@@ -219,6 +220,12 @@ def _library_dirs() -> tuple[str, ...]:
     return tuple(os.path.join(d, "") for d in dirs)
 
 
+#: A forward's signature refusing a call (Python raises it while binding, before any frame of the forward runs, so
+#: the traceback holds only torch's ``_call_impl``): "BartForCausalLM.forward() got an unexpected keyword argument
+#: 'position_ids'" on transformers 4.44, whose Bart / OPT / Whisper decoders take no position_ids.
+_SIGNATURE_REFUSAL = re.compile(r"[\w.]+\.forward\(\) (got an unexpected keyword argument|missing \d+ required)")
+
+
 def own_fault(exc: BaseException) -> list[str] | None:
     """The traceback of a crash in packcheck's own code, or None when the model's code took part.
 
@@ -230,6 +237,8 @@ def own_fault(exc: BaseException) -> list[str] | None:
     innermost last."""
     import os
 
+    if isinstance(exc, TypeError) and _SIGNATURE_REFUSAL.match(str(exc)):
+        return None  # the model's forward refused the call's arguments (no frame of its own is made): the model's
     # the first frame is the one that caught the exception (the runner's): what ran below it decides
     frames = traceback.extract_tb(exc.__traceback__)[1:] if exc.__traceback__ is not None else []
     if not frames:
