@@ -66,7 +66,14 @@ def run(ns: argparse.Namespace) -> int:
     if ns.render_only and ns.no_render:
         raise PackcheckUsageError("--render-only and --no-render exclude each other: pick one.")
     build_dir = ns.build_dir or ("build/atlas-trl" if ns.trl else "build/atlas")
-    _refuse_nothing_to_render(ns, build_dir)  # before the package index is asked for the releases
+    if ns.render_only and not Path(build_dir).is_dir():
+        # checked before the releases are asked of the package index: nothing there to render from (the default
+        # folder too: a missing build/atlas rendered an empty atlas over -o)
+        what = "is not a folder" if Path(build_dir).exists() else "does not exist"
+        given = (f"--build-dir '{build_dir}'" if ns.build_dir
+                 else f"The default --build-dir '{build_dir}' (no --build-dir given; under {Path.cwd()})")
+        raise PackcheckUsageError(f"{given} (with --render-only) {what}: there is nothing to render. Pass "
+                                  "the folder a measuring run wrote with --build-dir, or run without --render-only.")
     _check_since_until(ns.since, ns.until, "TRL" if ns.trl else "transformers")
     if ns.bisect_limit is not None and ns.bisect_limit < 1:
         raise PackcheckUsageError(f"--bisect-limit {ns.bisect_limit} must be >= 1 (the most transitions to bisect); leave it "
@@ -86,6 +93,7 @@ def run(ns: argparse.Namespace) -> int:
             print(json.dumps(planned))
             return 0
         _probe_output(ns)
+        _refuse_nothing_to_render(ns, build_dir)
         return main_trl(planned, Path(build_dir), Path(ns.output_dir), ns.render_only, ns.no_render,
                         ns.remeasure, log=lambda line: print(line, flush=True))
     for flag, given in (("--bisect-limit", ns.bisect_limit is not None), ("--bisect-models", bool(ns.bisect_models))):
@@ -116,6 +124,7 @@ def run(ns: argparse.Namespace) -> int:
         print(json.dumps(releases))
         return 0
     _probe_output(ns)
+    _refuse_nothing_to_render(ns, build_dir)
     return atlas_main(AtlasArgs(releases, Path(ns.build_dir or "build/atlas"), Path(ns.output_dir), shard, ns.workers, ns.render_only,
                                 ns.bisect, ns.bisect_limit, models, bisect_models, ns.seed, ns.no_render, ns.remeasure),
                       log=lambda line: print(line, flush=True))
@@ -179,20 +188,13 @@ def _refuse_unreleased(releases: list[str]) -> None:
 
 
 def _refuse_nothing_to_render(ns: argparse.Namespace, build_dir: str) -> None:
-    """--render-only with a missing build folder, or one that holds no finished release (nor shard) and an -o
-    without the atlas file to re-render: the render was an empty atlas ("0 releases measured", torch None), exit 0 (trial 3 #158).
+    """--render-only with a build folder that holds no finished release (nor shard) and an -o without the atlas
+    file to re-render: the render was an empty atlas ("0 releases measured", torch None), exit 0 (trial 3 #158).
     An empty build folder beside a committed atlas is how the committed one is re-rendered: allowed."""
     if not ns.render_only:
         return
     from ..atlas import DONE_MARKER
     from ..errors import PackcheckUsageError
-
-    if not Path(build_dir).is_dir():  # the default folder too: a missing build/atlas rendered an empty atlas over -o
-        what = "is not a folder" if Path(build_dir).exists() else "does not exist"
-        given = (f"--build-dir '{build_dir}'" if ns.build_dir
-                 else f"The default --build-dir '{build_dir}' (no --build-dir given; under {Path.cwd()})")
-        raise PackcheckUsageError(f"{given} (with --render-only) {what}: there is nothing to render. Pass "
-                                  "the folder a measuring run wrote with --build-dir, or run without --render-only.")
 
     kept = Path(ns.output_dir) / ("trl.json" if ns.trl else "support.json")
     done = any(Path(build_dir).glob(f"*/{DONE_MARKER}")) or any(Path(build_dir).glob(f"*/shard-*/{DONE_MARKER}"))
