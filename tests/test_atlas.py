@@ -1,5 +1,5 @@
 """The atlas: releases from the index, one resumable run per release, the reduction to support.json, transitions
-and their bisection plan, rendering, lookup, known-fault windows against the measured atlas, and the example
+and their sweep to the exact patch, rendering, lookup, known-fault windows against the measured atlas, and the example
 workflow's commands. Fast: planted results documents and stand-in environments, no model is built."""
 
 from __future__ import annotations
@@ -237,55 +237,70 @@ def test_a_fresh_checkout_keeps_the_committed_releases_and_adds_new_ones(tmp_pat
     assert ran == [["4.52.4"]]
 
 
-def test_bisect_plan_directions_and_records_attach_to_transitions(tmp_path):
+def _fake_release_run(plan: dict[str, list[dict]], calls: list):
+    """A stand-in for build.run_release: writes the planted cells of the asked architectures for ``version``."""
+    def run(version, build, shard=None, workers=1, log=print, runner=None, models=None):
+        asked = [m.removeprefix("arch:") for m in models]
+        calls.append((version, asked))
+        _write_release(build, version, [c for c in plan[version] if c["model"]["model_type"] in asked])
+        return {"transformers": version, "cells": 1}
+    return run
+
+
+def test_a_sweep_places_every_transition_of_a_gap_with_one_run_per_release_between(tmp_path, monkeypatch):
+    """llama / sdpa: leak on 4.52.4, pass on 5.24.0; opt / sdpa: leak, then wrong_positions. The index has
+    4.53.0 .. 4.53.2 between: three runs (each with llama and opt), not a bisect per transition, place llama's fix
+    in 4.53.1 and opt's change in 4.53.2, attached to the transitions and rendered; a resumed sweep runs nothing,
+    and a later gap that needs another architecture of a swept release runs only that one."""
+    from pytest_packcheck.atlas import sweep
+
     _planted_atlas(tmp_path / "build")
     support = A.collect(tmp_path / "build")
-    by = {(t["model_type"], t["backend"]): t for t in support["transitions"]}
-    fixed = A.bisect_plan(by[("llama", "sdpa")])  # fail -> pass: good is the newer side, the cell of the failing check
-    assert fixed == {"cell": "llama-sdpa-isolation-float32", "good": "transformers==5.24.0", "bad": "transformers==4.52.4",
-                     "cause": None, "supported": False}
-    changed = A.bisect_plan(by[("opt", "sdpa")])  # leak -> wrong_positions: bisect the cause that came
-    assert changed["cause"] == "wrong_positions" and changed["good"] == "transformers==4.52.4"
-    broke = A.bisect_plan({**by[("llama", "sdpa")], "before": by[("llama", "sdpa")]["after"], "after": by[("llama", "sdpa")]["before"]})
-    assert broke["good"] == "transformers==4.52.4" and broke["bad"] == "transformers==5.24.0"
-    # unsupported -> a leak (persimmon / sdpa, 4.52.4 -> 4.53.3): where sdpa is accepted, never "where the leak
-    # came" (that needs a side that passes)
-    unsupported = {"verdict": "unsupported", "causes": [], "check": "isolation", "number": None}
-    accepted = A.bisect_plan({**by[("llama", "sdpa")], "before": unsupported, "after": by[("llama", "sdpa")]["before"]})
-    assert accepted == {"supported": True, "cell": "llama-sdpa-isolation-float32", "good": "transformers==5.24.0",
-                        "bad": "transformers==4.52.4", "cause": None}
-    for no_verdict in ("skipped", "error"):  # the probe could not judge that endpoint: no plan, no wasted probe
-        assert A.bisect_plan({**by[("llama", "sdpa")], "after": {**unsupported, "verdict": no_verdict}}) is None
-    seen = []
+    finals = ["4.44.2", "4.52.4", "4.53.0", "4.53.1", "4.53.2", "5.24.0", "5.25.0"]
+    gaps = A.sweep_gaps(support, finals, {})
+    assert [(g["last_before"], g["first_after"], g["between"], g["model_types"]) for g in gaps] == [
+        ("4.52.4", "5.24.0", ["4.53.0", "4.53.1", "4.53.2"], ["llama", "opt"])]
+    leak, ok = _cell("llama", "sdpa", "isolation", "fail", "leak", 0.28), _cell("llama", "sdpa", "isolation", "pass")
+    opt_leak, opt_pos = _cell("opt", "sdpa", "isolation", "fail", "leak", 0.1), _cell("opt", "sdpa", "isolation", "fail", "wrong_positions", 0.2)
+    plan = {"4.53.0": [leak, opt_leak, _cell("qwen3", "sdpa", "isolation", "pass")], "4.53.1": [ok, opt_leak], "4.53.2": [ok, opt_pos]}
+    calls: list = []
+    monkeypatch.setattr(sweep, "run_release", _fake_release_run(plan, calls))
+    records = A.sweep_transitions(support, tmp_path / "build", finals, log=lambda s: None)
+    assert calls == [("4.53.0", ["llama", "opt"]), ("4.53.1", ["llama", "opt"]), ("4.53.2", ["llama", "opt"])]
+    by = {k.split("|")[0]: r for k, r in records.items()}
+    assert (by["llama"]["outcome"], by["llama"]["first"], by["llama"]["last"]) == ("found", "4.53.1", "4.53.0")
+    assert by["llama"]["summary"] == "first fixed: 4.53.1 (last as before: 4.53.0); swept 3 releases between 4.52.4 and 5.24.0"
+    assert (by["opt"]["outcome"], by["opt"]["first"], by["opt"]["last"]) == ("found", "4.53.2", "4.53.1")
+    assert [s["verdict"] for s in by["opt"]["probes"]] == ["fail"] * 5 and by["opt"]["probes"][3]["causes"] == ["wrong_positions"]
+    attached = A.collect(tmp_path / "build", bisects=records)
+    t = next(t for t in attached["transitions"] if t["model_type"] == "llama")
+    assert t["bisected"]["first"] == "4.53.1" and "found: first 4.53.1, last 4.53.0" in A.render_markdown(attached)
+    calls.clear()  # resumed: placed transitions are not swept again
+    assert A.sweep_transitions(support, tmp_path / "build", finals, done=records, log=lambda s: None) == records and not calls
+    entries, record = A.measure_between("4.53.0", ["llama", "qwen3"], tmp_path / "build" / "sweep", log=lambda s: None)
+    assert calls == [("4.53.0", ["qwen3"])] and record is not None and set(entries) == {"llama", "opt", "qwen3"}
+    assert entries["llama"]["sdpa"]["verdict"] == "fail" and entries["qwen3"]["sdpa"]["verdict"] == "pass"
+    # --bisect-models narrows; a gap with nothing between needs no run (the first release after is the answer)
+    calls.clear()
+    only = A.sweep_transitions(support, tmp_path / "build", ["4.52.4", "5.24.0"], models=["opt"], log=lambda s: None)
+    assert list(only) == [k for k in records if k.startswith("opt|")] and not calls
+    assert (only[next(iter(only))]["first"], only[next(iter(only))]["last"]) == ("5.24.0", "4.52.4")
 
-    def fake_bisect(cell, good, bad, *, cause=None, supported=False, output_dir=None):
-        seen.append((cell, good, bad, cause))
-        return {"outcome": "found", "first": "4.53.1", "last": "4.53.0", "path": f"{output_dir}/x.json",
-                "message": "first fixed: 4.53.1 (last bad: 4.53.0); 3 probes", "probes": 3, "seconds": 9.0}
 
-    records = A.bisect_transitions(support, tmp_path / "bisect", limit=1, bisect=fake_bisect, log=lambda s: None)
-    assert seen[0] == ("llama-sdpa-isolation-float32", "transformers==5.24.0", "transformers==4.52.4", None)
-    support = A.collect(tmp_path / "build", bisects=records)
-    t = next(t for t in support["transitions"] if t["model_type"] == "llama")
-    assert t["bisected"]["first"] == "4.53.1" and t["bisected"]["summary"].startswith("first fixed: 4.53.1 (last bad")
-    assert "found: first 4.53.1, last 4.53.0" in A.render_markdown(support)
-    # a release measured later inside the bisected gap: the record stays on the narrower transition that holds
-    # its patch (here 5.0.0 still leaks, so the fix lies between 5.0.0 and 5.24.0)
-    wider = {A.transition_key(t).replace("4.52.4", "4.50.0"): {**t["bisected"], "first": "5.2.0", "last": "5.1.0"}}
-    _write_release(tmp_path / "build", "5.0.0", [_cell("llama", "sdpa", "isolation", "fail", "leak", 0.28)])
-    narrowed = A.collect(tmp_path / "build", bisects=wider)
-    by_gap = {(t["model_type"], t["backend"], t["last_before"]): t for t in narrowed["transitions"]}
-    assert by_gap[("llama", "sdpa", "5.0.0")]["bisected"]["first"] == "5.2.0"
-    outside = {k: {**r, "first": "4.53.1", "last": "4.53.0"} for k, r in wider.items()}  # found before 5.0.0
-    assert all("bisected" not in t for t in A.collect(tmp_path / "build", bisects=outside)["transitions"])
-    (A.release_dir(tmp_path / "build", "5.0.0") / A.DONE_MARKER).unlink()
-    # resumed: what is in bisects.json is not bisected again; --bisect-models narrows
-    seen.clear()
-    again = A.bisect_transitions(support, tmp_path / "bisect", bisect=fake_bisect, log=lambda s: None, done=records)
-    assert [c for c, *_ in seen] == ["opt-sdpa-isolation-float32"] and set(records) < set(again)
-    seen.clear()
-    A.bisect_transitions(support, tmp_path / "bisect", bisect=fake_bisect, log=lambda s: None, models=["llama"])
-    assert [c for c, *_ in seen] == ["llama-sdpa-isolation-float32"]
+def test_a_sweep_that_flips_or_misses_a_release_next_to_the_boundary_places_nothing():
+    """Only a clean sequence (the before side, then the after side) is "found", which lookup trusts; a flip back
+    and forth is not_monotonic and a release next to the boundary without an entry is unmeasured, each saying so."""
+    t = {"model_type": "llama", "backend": "sdpa", "last_before": "4.52.4", "first_after": "5.24.0",
+         "before": {"verdict": "fail", "causes": ["leak"]}, "after": {"verdict": "pass", "causes": []}}
+    bad, good = {"verdict": "fail", "causes": ["leak"]}, {"verdict": "pass", "causes": []}
+    flip = A.place(t, [("4.52.4", bad), ("4.53.0", good), ("4.53.1", bad), ("4.53.2", good), ("5.24.0", good)])
+    assert (flip["outcome"], flip["first"], flip["last"]) == ("not_monotonic", "4.53.2", "4.53.1")
+    assert "not monotonic: 4.52.4 fail, 4.53.0 pass, 4.53.1 fail" in flip["summary"]
+    gap = A.place(t, [("4.52.4", bad), ("4.53.0", bad), ("4.53.1", None), ("4.53.2", good), ("5.24.0", good)])
+    assert (gap["outcome"], gap["first"], gap["last"]) == ("unmeasured", "4.53.2", "4.53.0")
+    assert gap["summary"].endswith("not measured next to the boundary: 4.53.1")
+    far = A.place(t, [("4.52.4", bad), ("4.53.0", None), ("4.53.1", bad), ("4.53.2", good), ("5.24.0", good)])
+    assert far["outcome"] == "found" and far["first"] == "4.53.2"  # an unmeasured release away from the boundary
 
 
 # ----------------------------------------------------------------------------------------------------------------

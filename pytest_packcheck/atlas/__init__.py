@@ -11,13 +11,11 @@ checkout, whose git-ignored build folder is empty, adds releases and drops none)
 
 Modules: :mod:`.releases` (the plan and its order), :mod:`.build` (one release's run, seeding), :mod:`.collect`
 (the reduction to ``support.json``, transitions, bisection, known-fault windows), :mod:`.render` (``atlas.md``,
-``atlas.html``), :mod:`.command` (``packcheck atlas``). The names below are the package's public surface.
+``atlas.html``), :mod:`.sweep` (transitions to the exact patch), :mod:`.command` (``packcheck atlas``). The names below are the package's public surface.
 """
 
 from .build import generate, is_done, release_dir, release_flags, reproduce_command, run_release, seed_release
 from .collect import (
-                      bisect_plan,
-                      bisect_transitions,
                       collect,
                       committed_releases,
                       known_fault_agreement,
@@ -42,6 +40,7 @@ from .releases import (
                       version_key,
 )
 from .render import render_html, render_markdown, write_outputs
+from .sweep import measure_between, place, sweep_gaps, sweep_transitions
 
 __all__ = [
                       "ATLAS_BACKENDS",
@@ -50,8 +49,6 @@ __all__ = [
                       "SUPPORT_SCHEMA_VERSION",
                       "AtlasArgs",
                       "atlas_checks",
-                      "bisect_plan",
-                      "bisect_transitions",
                       "collect",
                       "committed_releases",
                       "gap_order",
@@ -62,8 +59,10 @@ __all__ = [
                       "latest_patches",
                       "load_committed",
                       "main",
+                      "measure_between",
                       "parse_release_list",
                       "parse_shard",
+                      "place",
                       "reduce_release",
                       "release_dir",
                       "release_flags",
@@ -73,6 +72,8 @@ __all__ = [
                       "run_release",
                       "seed_release",
                       "shows",
+                      "sweep_gaps",
+                      "sweep_transitions",
                       "transition_key",
                       "transitions",
                       "version_key",

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..errors import PackcheckUsageError
 from .build import is_done, reproduce_command
 from .releases import ATLAS_BACKENDS, DONE_MARKER, SUPPORT_SCHEMA_VERSION, atlas_checks, version_key
 
@@ -216,72 +215,6 @@ def _narrowed(bisects: dict[str, Any], t: dict[str, Any]) -> dict[str, Any] | No
 
 def transition_key(t: dict[str, Any]) -> str:
     return f"{t['model_type']}|{t['backend']}|{t['last_before']}|{t['first_after']}"
-
-
-def bisect_plan(t: dict[str, Any]) -> dict[str, Any] | None:
-    """The :func:`pytest_packcheck.analysis.bisect.bisect_cell` arguments that find the exact patch of transition ``t``:
-    the cell of the check that decided the failing side, ``good`` the side where it passes (or where the
-    failing side's cause is absent), ``bad`` the other. One side ``unsupported`` and the other a verdict: where
-    the library starts (or stops) accepting the backend (``supported``), ``good`` the side with the verdict
-    (persimmon / sdpa: unsupported on 4.52.4, a leak on 4.53.3; bisecting the leak would need a good side, which
-    has none). None when a side has no verdict a probe can judge (``error``, ``skipped``, ``timeout``, ``oom``:
-    the bisect would stop at that endpoint) or neither side passes and the causes give no handle."""
-    before, after = t["before"], t["after"]
-    verdicts = ("pass", "fail", "fallback")
-    sides = (before["verdict"], after["verdict"])
-    if any(v not in (*verdicts, "unsupported") for v in sides) or sides == ("unsupported", "unsupported"):
-        return None
-    if "unsupported" in sides:
-        good, bad = (t["last_before"], t["first_after"]) if before["verdict"] in verdicts else (t["first_after"], t["last_before"])
-        return {"supported": True, "cell": f"{t['model_type']}-{t['backend']}-isolation-float32",
-                "good": f"transformers=={good}", "bad": f"transformers=={bad}", "cause": None}
-    if before["verdict"] == "pass" or after["verdict"] == "pass":
-        good, bad = (t["last_before"], t["first_after"]) if before["verdict"] == "pass" else (t["first_after"], t["last_before"])
-        failing = after if before["verdict"] == "pass" else before
-        cause = None
-    else:  # both fail: bisect on a cause one side has and the other does not
-        gone = [c for c in before.get("causes", []) if c not in after.get("causes", [])]
-        came = [c for c in after.get("causes", []) if c not in before.get("causes", [])]
-        if came:
-            good, bad, failing, cause = t["last_before"], t["first_after"], after, came[0]
-        elif gone:
-            good, bad, failing, cause = t["first_after"], t["last_before"], before, gone[0]
-        else:
-            return None
-    if not failing.get("check"):
-        return None
-    return {"cell": f"{t['model_type']}-{t['backend']}-{failing['check']}-float32", "good": f"transformers=={good}",
-            "bad": f"transformers=={bad}", "cause": cause, "supported": False}
-
-
-def bisect_transitions(support: dict[str, Any], output_dir: Path, limit: int | None = None,
-                       bisect: Callable[..., dict[str, Any]] | None = None,
-                       log: Callable[[str], None] = print, models: list[str] | None = None,
-                       done: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Bisect each transition of ``support`` (of ``models`` only, when given) to the exact patch (``bisect``:
-    :func:`bisect.bisect_cell` or a stand-in); returns :func:`transition_key` -> a compact record. Transitions in
-    ``done`` (``bisects.json`` of an earlier run) are not bisected again, so it resumes too."""
-    if bisect is None:
-        from ..analysis.bisect import bisect_cell as bisect
-    done = dict(done or {})
-    todo = [t for t in support["transitions"] if (not models or t["model_type"] in models) and transition_key(t) not in done]
-    for t in todo[:limit]:
-        plan = bisect_plan(t)
-        if plan is None:
-            continue
-        try:
-            record = bisect(plan["cell"], plan["good"], plan["bad"], cause=plan["cause"], supported=plan["supported"],
-                            output_dir=str(output_dir))
-        except PackcheckUsageError as exc:
-            log(f"atlas bisect {transition_key(t)}: not bisected ({exc})")
-            continue
-        done[transition_key(t)] = {"outcome": record.get("outcome"), "first": record.get("first"), "last": record.get("last"),
-                                   "cell": plan["cell"], "cause": plan["cause"],
-                                   "file": str(record.get("path", "")), "probes": record.get("probes"),
-                                   "seconds": record.get("seconds"),
-                                   "summary": record.get("message") or record.get("summary") or record.get("outcome", "")}
-        log(f"atlas bisect {transition_key(t)}: {done[transition_key(t)]['summary']}")
-    return done
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .build import generate, seed_release
-from .collect import bisect_transitions, collect, committed_releases, load_committed
+from .collect import collect, committed_releases, load_committed
 from .render import write_outputs
 
 
@@ -52,8 +52,10 @@ def main(args: AtlasArgs, log: Callable[[str], None] = print) -> int:
     bisects = json.loads(bisects_file.read_text()) if bisects_file.exists() else {}
     support = collect(args.build, args.releases, bisects, committed)
     if args.bisect:
-        bisects = bisect_transitions(support, args.out / "bisect", args.bisect_limit, log=log, models=args.bisect_models,
-                                     done=bisects)
+        from .sweep import sweep_transitions
+
+        bisects = sweep_transitions(support, args.build, done=bisects, limit=args.bisect_limit, models=args.bisect_models,
+                                    log=log)
         from ..results import atomic_write
 
         atomic_write(bisects_file, json.dumps(bisects, indent=1, sort_keys=True) + "\n")

@@ -36,9 +36,11 @@ def configure(atlas: argparse.ArgumentParser) -> None:
                        "release's --all-architectures run on the atlas backends) as its release's run; repeatable.")
     atlas.add_argument("--remeasure", action="store_true", help="Measure again the releases the committed atlas "
                        "(OUTPUT_DIR/support.json) already holds; by default they are kept, not run.")
-    atlas.add_argument("--bisect", action="store_true", help="Bisect every transition between adjacent measured releases "
-                       "to the exact patch (packcheck bisect per transition; resumable).")
-    atlas.add_argument("--bisect-limit", type=int, default=None, help="Bisect at most this many transitions.")
+    atlas.add_argument("--bisect", action="store_true", help="Place every transition between adjacent measured releases "
+                       "on the exact patch: each release on the index between the two is run once, with every "
+                       "architecture that changes across that gap (resumable; runs under BUILD_DIR/sweep).")
+    atlas.add_argument("--bisect-limit", type=int, default=None, help="Sweep at most this many gaps (pairs of adjacent "
+                       "measured releases), oldest first.")
     atlas.add_argument("--bisect-models", default=None, metavar="TYPES", help="Bisect only these model types' transitions "
                                                                              "(e.g. llama,qwen2).")
 
@@ -76,8 +78,8 @@ def run(ns: argparse.Namespace) -> int:
                                   "the folder a measuring run wrote with --build-dir, or run without --render-only.")
     _check_since_until(ns.since, ns.until, "TRL" if ns.trl else "transformers")
     if ns.bisect_limit is not None and ns.bisect_limit < 1:
-        raise PackcheckUsageError(f"--bisect-limit {ns.bisect_limit} must be >= 1 (the most transitions to bisect); leave it "
-                                  "out to bisect every transition.")
+        raise PackcheckUsageError(f"--bisect-limit {ns.bisect_limit} must be >= 1 (the most gaps to sweep); leave it "
+                                  "out to sweep every gap.")
     if ns.trl:
         from ..atlas.trl import TRL_SINCE, main_trl, trl_index_releases
 
