@@ -502,3 +502,14 @@ def test_shrink_keeps_auto_map_for_remote_code_only():
     # auto_map names the classes, _name_or_path the folder their code is read from (a local remote-code model)
     assert kept.auto_map == {"AutoModelForCausalLM": "modeling_x.XForCausalLM"} and kept._name_or_path == "/models/custom"
     assert not getattr(shrink_config(config), "auto_map", None)
+
+
+@pytest.mark.parametrize("args", [["lookup", "qwen2_vl", "sdpa", "5.24.0"], ["checks"]])
+def test_a_reader_that_goes_away_ends_the_command_quietly(args, tmp_path):
+    """`packcheck lookup qwen2_vl sdpa 5.24.0 | head -1` (and gate's table) ended in a BrokenPipeError traceback
+    (trial 4, 174 / 175): exit 141 (128 + SIGPIPE), no traceback, nothing on stderr."""
+    proc = subprocess.Popen([sys.executable, "-m", "pytest_packcheck.cli", *args], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader is gone before the first line is written
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 141 and b"Traceback" not in err and b"BrokenPipe" not in err, err.decode()[-1500:]

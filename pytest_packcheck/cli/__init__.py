@@ -57,6 +57,7 @@ EXIT_CODES = {
     2: "usage error (one line naming the value, where it came from and the fix)",
     3: "internal error (pytest's)",
     130: "interrupted (Ctrl-C / SIGTERM): the finished cells are written, marked incomplete; rerun with --resume",
+    141: "the reader of the output went away (`| head`): the rest of the output was dropped, nothing else changed",
 }
 
 
@@ -132,7 +133,16 @@ def main(argv: list[str] | None = None) -> int:
     from ..errors import PackcheckUsageError
 
     try:
-        return run()
+        code = run()
+        sys.stdout.flush()  # a closed pipe shows here, not as "Exception ignored" at interpreter exit
+        return code
+    except BrokenPipeError:
+        # `packcheck lookup ... | head -2`: the reader closed the pipe. Python's documented recipe (signal module,
+        # "Note on SIGPIPE"): point stdout at devnull so the flush at exit raises nothing, and exit 128 + SIGPIPE
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except PackcheckUsageError as exc:
         print(f"packcheck {name}: error: {exc}", file=sys.stderr)
         return 2
