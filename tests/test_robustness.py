@@ -513,3 +513,23 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(args, tmp_path):
     proc.stdout.close()  # the reader is gone before the first line is written
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 141 and b"Traceback" not in err and b"BrokenPipe" not in err, err.decode()[-1500:]
+
+
+def test_a_token_in_an_output_path_is_not_echoed_by_a_command(tmp_path, capsys):
+    """`packcheck bisect ... -o out-ghp_<token>` printed "bisect written: .../out-ghp_<token>/..." in clear while every
+    file was scrubbed (trial 4, 207): every command's own output is scrubbed as the files are (here atlas's
+    "atlas written" line for an -o named with a token)."""
+    import shutil
+
+    from pytest_packcheck.cli import main
+
+    token = "ghp_" + "abcdefghijklmnopqrstuvwxyz0123456789ab"
+    out = tmp_path / f"out-{token}"
+    out.mkdir()
+    for name in ("support.json", "trl.json"):
+        shutil.copy(Path(__file__).resolve().parents[1] / "reports" / "atlas" / name, out / name)
+    (tmp_path / "build").mkdir()
+    code = main(["atlas", "--render-only", "--build-dir", str(tmp_path / "build"), "-o", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0 and "atlas written:" in printed and "out-***" in printed and token not in printed, printed
+    assert type(sys.stdout).__name__ != "_Scrubbed"  # restored after the command

@@ -21,7 +21,7 @@ import argparse
 import importlib
 import sys
 from types import ModuleType
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 class Command(NamedTuple):
@@ -118,6 +118,24 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Scrubbed:
+    """``sys.stdout`` for a command's own output with :func:`~pytest_packcheck.errors.scrub_secrets` applied to each
+    write: a token in a path the user chose (``-o out-ghp_...``) or in an override is not echoed in the
+    "bisect written: ..." line, as it is not in the files (trial 4, 207). Everything else is the stream's own."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        from ..errors import scrub_secrets
+
+        self._stream.write(scrub_secrets(text))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point. Exit codes: :data:`EXIT_CODES` (0 matrix written whatever the verdicts, 2 usage error, 3 internal
     error)."""
@@ -129,7 +147,17 @@ def main(argv: list[str] | None = None) -> int:
         ns = _parser().parse_args(argv)
         ns.argv = argv
         name, run = ns.command, lambda: _module(by_name[ns.command]).run(ns)
+    stdout = sys.stdout
+    if name != "audit":  # audit's output is pytest's terminal, scrubbed line by line by the plugin
+        sys.stdout = _Scrubbed(stdout)
+    try:
+        return _run(name, run)
+    finally:
+        sys.stdout = stdout
 
+
+def _run(name: str, run: Any) -> int:
+    """``run()`` with packcheck's exits: a usage error is one line and 2, a closed pipe 141 (:data:`EXIT_CODES`)."""
     from ..errors import PackcheckUsageError
 
     try:

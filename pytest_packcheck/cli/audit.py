@@ -230,7 +230,9 @@ def run(ns: argparse.Namespace) -> int:
             except (PackcheckUsageError, OSError) as exc:
                 print(f"packcheck audit: error: --save-baseline: {exc}", file=sys.stderr)
                 return 2
-            print(f"baseline written: {out / 'baseline.json'}")
+            from ..errors import scrub_secrets
+
+            print(scrub_secrets(f"baseline written: {out / 'baseline.json'}"))
         return 0
     if code == pytest.ExitCode.USAGE_ERROR:
         return 2
