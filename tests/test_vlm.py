@@ -162,6 +162,18 @@ def test_qwen2_vl_text_path_passes_every_check(backend, tol):
     assert parity.status == "fail" and parity.cause == "position_layout", parity.message
     assert parity.metrics["max_abs_diff_collator_position_ids"] > 0.1 and parity.metrics["max_abs_diff_solo"] < 1e-5
     assert parity.evidence["rows"] == 4 and parity.evidence["max_abs_diff_laid_out"] < 1e-5
+    # the number every output shows is the one the fail rests on, not the laid-out row's that holds (trial 4,
+    # 172 / 176: "fail [position_layout] (logits_parity 3.6e-07)" in lookup, Δ 4.2e-07 in the Markdown / CSV / HTML)
+    from pytest_packcheck.analysis.bisect import probe_number
+    from pytest_packcheck.atlas.collect import reduce_release
+    from pytest_packcheck.report.numbers import key_number
+
+    collator = parity.metrics["max_abs_diff_collator_position_ids"]
+    cell = {"check": "logits_parity", "status": "fail", "metrics": parity.metrics, "backend": backend, "dtype": "float32",
+            "model": {"model_type": "qwen2_vl", "label": "qwen2_vl"}, "cause": parity.cause, "message": parity.message,
+            "role": "correctness", "cell_id": f"qwen2_vl-{backend}-logits_parity-float32"}
+    assert key_number(cell) == f"Δ {collator:.1e}" and probe_number(cell).startswith("max_abs_diff_collator_position_ids")
+    assert reduce_release({"cells": [cell]})["qwen2_vl"][backend]["number"] == float(f"{collator:.3g}")
 
 
 @pytest.mark.parametrize("model_type", ["qwen2_5_vl", "qwen3_vl"])

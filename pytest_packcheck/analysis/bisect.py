@@ -329,10 +329,10 @@ def parse_sides(good: str, bad: str) -> Sides:
 
 
 def probe_number(cell: dict[str, Any]) -> str:
-    from ..report.numbers import KEY_METRIC
+    from ..report.numbers import key_metric
 
-    key = KEY_METRIC.get(cell["check"])
-    value = (cell.get("metrics") or {}).get(key[0]) if key else None
+    key = key_metric(cell)
+    value = key[1] if key else None
     if isinstance(value, float):
         return f"{key[0]} {value:.2e}"
     return f"{key[0]} {value}" if key and value is not None else ""

@@ -15,10 +15,10 @@ from .releases import ATLAS_BACKENDS, DONE_MARKER, SUPPORT_SCHEMA_VERSION, atlas
 
 
 def _number(cell: dict[str, Any]) -> float | None:
-    from ..report.numbers import KEY_METRIC
+    from ..report.numbers import key_metric
 
-    key = KEY_METRIC.get(cell["check"])
-    value = (cell.get("metrics") or {}).get(key[0]) if key else None
+    key = key_metric(cell)
+    value = key[1] if key else None
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 

@@ -206,7 +206,7 @@ def reduce_trl_release(doc: dict[str, Any]) -> dict[str, dict[str, dict[str, dic
     message (at most 160 characters, absent on a pass)
     and the effective configuration TRL ran (:data:`EFFECTIVE_KEYS`). Cells of other checks, backends or dtypes
     are left out."""
-    from ..report.numbers import KEY_METRIC
+    from ..report.numbers import key_metric
 
     out: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}
     for cell in doc.get("cells", []):
@@ -219,8 +219,8 @@ def reduce_trl_release(doc: dict[str, Any]) -> dict[str, dict[str, dict[str, dic
             causes = [cell["cause"]]
         entry: dict[str, Any] = {"verdict": cell["status"], "causes": [c for c in dict.fromkeys(causes) if c != cell["status"]]}
         metrics = cell.get("metrics") or {}
-        key = KEY_METRIC.get(cell["check"])
-        value = metrics.get(key[0]) if key else None
+        key = key_metric(cell)
+        value = key[1] if key else None
         # a skipped cell's number is the stand-in's (e.g. TRL's non-flash side under packcheck_flash_ref): no verdict's
         if cell["status"] != "skipped" and isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
             entry["number"] = float(f"{value:.3g}")

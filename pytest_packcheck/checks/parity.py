@@ -209,6 +209,9 @@ def check_logits_parity(wb: Workbench) -> CheckResult:
     if collator_ids is not None and collator_ids > wb.tol["logits_atol"]:
         # a verdict, not a note: fed as transformers' Trainer and TRL feed it (the collator's ids), the model leaks;
         # the laid-out row's number says what the remedy gives
+        from .registry import VERDICT_METRIC
+
+        metrics[VERDICT_METRIC] = "max_abs_diff_collator_position_ids"  # the verdict's number, not the laid-out row's
         return CheckResult("fail", metrics, (
             f"the collator's (batch, length) position_ids, as the Trainer passes them on, leak: logits differ from "
             f"solo by {_fmt(collator_ids)}; laid out as ({wb.layout.rows}, batch, length) they hold ({_fmt(worst)}){note}"),

@@ -171,9 +171,26 @@ class CheckSpec:
         if isinstance(metrics.get("items"), dict):  # a contract check: items held / checked
             held = sum(1 for v in metrics["items"].values() if v.get("status") == "pass")
             return f"{held}/{len(metrics['items'])} items"
-        if self.key_metric and self.key_metric.key in metrics:
-            return f"{self.key_metric.label} {format_number(metrics[self.key_metric.key])}"
+        key = self.key_metric_key(metrics)
+        if key is not None:
+            return f"{self.key_metric.label} {format_number(metrics[key])}"  # type: ignore[union-attr]
         return ""
+
+    def key_metric_key(self, metrics: dict[str, Any]) -> str | None:
+        """The metrics key of the key number: :data:`VERDICT_METRIC`'s when the cell names one it holds (the check
+        failed on another number than its usual one: logits_parity's ``position_layout`` rests on the collator's
+        position_ids, not on the laid-out row that holds), else :attr:`key_metric`'s; None when the cell has neither."""
+        if not self.key_metric:
+            return None
+        named = metrics.get(VERDICT_METRIC)
+        if isinstance(named, str) and named in metrics:
+            return named
+        return self.key_metric.key if self.key_metric.key in metrics else None
+
+
+#: The metrics key a check sets when its verdict rests on another number than its key metric (the report, the
+#: atlas, bisect and the gate then show that one).
+VERDICT_METRIC = "verdict_metric"
 
 
 def _load(ref: str) -> Callable[..., Any]:

@@ -20,3 +20,12 @@ def key_number(cell: dict[str, Any]) -> str:
     items``); "" when the cell holds none or its check is unknown to this packcheck (a newer results file)."""
     spec = SPECS.get(cell["check"])
     return spec.key_number(cell.get("metrics", {})) if spec else ""
+
+
+def key_metric(cell: dict[str, Any]) -> tuple[str, Any] | None:
+    """(metrics key, value) of the number a cell's verdict rests on (:meth:`CheckSpec.key_metric_key`: the check's
+    key metric, or the one the cell names as deciding); None when its check is unknown or the cell holds none."""
+    spec = SPECS.get(cell.get("check", ""))
+    metrics = cell.get("metrics") or {}
+    key = spec.key_metric_key(metrics) if spec else None
+    return None if key is None else (key, metrics[key])
