@@ -180,3 +180,23 @@ def test_an_override_the_config_has_no_key_for_is_noted_beside_the_models_verdic
     assert "safe on" in line and "note: override bogus\\_key=1 is not a key of LlamaConfig" in line
     assert "shrunk" not in line
     assert "note:" not in next(ln for ln in md.splitlines() if ln.startswith("- **qwen3**"))
+
+
+def test_a_hazard_probe_wrong_without_the_hazard_too_is_not_hazard_shown():
+    """opt / sdpa leaks, so cache_trap read "wrong with and without use_cache (default 2.71e-02, use_cache=False
+    2.71e-02)": the cache made no difference, yet the details marked it 🔶 and "Checks run" counted it "hazard shown"
+    while the hazards table rightly left it out (trial 4, 251). One rule (verdicts.hazard_shows) for all three."""
+    from pytest_packcheck.report import matrix_counts, render_markdown
+    from pytest_packcheck.report.formats import render_details
+    from pytest_packcheck.report.verdicts import HAZARD_UNMEASURED, check_mark
+
+    cells = [_cell("opt", "sdpa", c, "fail", "leak", max_change=0.3) for c in ("isolation", "logits_parity", "loss_parity")]
+    cells += [_cell("opt", "sdpa", "cache_trap", "fail", "leak", max_abs_diff_default=2.71e-2, max_abs_diff_use_cache_false=2.71e-2),
+              _cell("opt", "sdpa", "mask_trap", "fail", "leak", max_abs_diff_with_mask=2.71e-2, max_abs_diff_without_mask=2.71e-2)]
+    doc = _doc(cells + _model("llama"))
+    assert check_mark(cells[3])[1] == HAZARD_UNMEASURED and check_mark(_model("llama")[4])[1] == "hazard shown"
+    n = matrix_counts(doc["cells"])
+    assert n["checks"][HAZARD_UNMEASURED] == 2 and n["checks"]["hazard shown"] == 2 and n["hazards"] == (2, 2)
+    details = render_details(doc)
+    assert "<summary>❌ fail opt</summary>" in details and "<summary>✅ pass (🔶 hazards, 🔷 stack findings) llama</summary>" in details
+    assert HAZARD_UNMEASURED in render_markdown(doc)

@@ -27,7 +27,7 @@ td.cell:hover{outline:2px solid #333}
 .pass{background:#d9f2d9}.fail{background:#f8d0d0}.fallback{background:#fde9c4}.unsupported{background:#e5e5e5}
 .skipped{background:#f4f4f4;color:#666}.error,.timeout,.oom{background:#f3c6f0}
 .hazard{background:#fff1c2}.finding{background:#dce9f8}
-.hazard-error,.hazard-timeout,.hazard-oom,.finding-error,.finding-timeout,.finding-oom{background:#eee;color:#555}
+.hazard-unmeasured,.hazard-error,.hazard-timeout,.hazard-oom,.finding-error,.finding-timeout,.finding-oom{background:#eee;color:#555}
 #filters label{margin-right:1em}
 #details{position:fixed;top:1em;right:1em;width:min(48em,48vw);max-height:calc(100vh - 2em);overflow:auto;
   padding:.5em 1em;border:2px solid #333;background:#fafafa;box-shadow:0 4px 16px rgba(0,0,0,.25);z-index:10}

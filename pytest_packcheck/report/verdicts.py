@@ -68,11 +68,29 @@ def env_label(cell: dict[str, Any]) -> str | None:
     return (cell.get("env") or {}).get("label")
 
 
+#: The mark's label of a hazard probe that failed with the row wrong without the hazard too (:func:`hazard_shows`).
+HAZARD_UNMEASURED = "hazard not measured (row wrong without it)"
+
+
+def hazard_shows(cell: dict[str, Any]) -> bool:
+    """A failed hazard probe showed its hazard: it failed with one of its own causes (:attr:`CheckSpec.shown_by`:
+    the cache or the mask made the difference) or after measuring the standard packed row right
+    (``metrics.standard_row_right``, the variants'). False for one that failed with the row wrong without the
+    hazard too (opt / sdpa: "wrong with and without use_cache", 2.71e-02 both ways): that is the model's own fault,
+    never "hazard shown"."""
+    own = (cell.get("diagnosis") or {}).get("cause") or cell.get("cause")
+    spec = SPECS.get(cell["check"])
+    return (own in spec.shown_by if spec is not None else False) or (cell.get("metrics") or {}).get("standard_row_right") is True
+
+
 def check_mark(cell: dict[str, Any]) -> tuple[str, str, str]:
     """(symbol, text label, css class) of one check's verdict, by its role: a correctness check shows its
     status (✅ pass, ❌ fail, …); a hazard or finding whose probe showed something (fail / fallback) shows
     🔶 "hazard shown" or 🔷 "stack finding" and the class ``hazard`` / ``finding`` (never the red ``fail``)."""
     status, role = cell["status"], role_of(cell)
+    if role == "hazard" and status in ("fail", "fallback") and not hazard_shows(cell):
+        # the packed row is wrong without the hazard too: the model's own fault, in its correctness verdict
+        return SYMBOLS["skipped"], HAZARD_UNMEASURED, "hazard-unmeasured"
     if role in ROLE_MARKS and status in ("fail", "fallback"):
         sym, label = ROLE_MARKS[role]
         return sym, label, role
@@ -186,9 +204,7 @@ def hazard_rows(cells: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
     for c in cells:
         key_rest = (env_label(c), c["dtype"], c["backend"])
         own = (c.get("diagnosis") or {}).get("cause") or c.get("cause")
-        spec = SPECS.get(c["check"])
-        shows = (own in spec.shown_by if spec is not None else False) or (c.get("metrics") or {}).get("standard_row_right") is True
-        if role_of(c) == "hazard" and (c["status"] == "pass" or (c["status"] == "fail" and shows)):
+        if role_of(c) == "hazard" and (c["status"] == "pass" or (c["status"] == "fail" and hazard_shows(c))):
             row = out[(c["check"], *key_rest)]
             row["measured"].append(c["model"]["label"])
             if c["status"] == "fail":
@@ -286,5 +302,6 @@ def model_mark(label: str, by_group: dict[tuple, list[dict[str, Any]]]) -> str:
     worst = cell_status(judged) if judged else "skipped"
     text = f"{SYMBOLS[worst]} {'not checked' if worst == 'skipped' else worst}"
     extra = [ROLE_MARKS[r][0] + " " + ("hazards" if r == "hazard" else "stack findings") for r in ROLE_MARKS
-             if any(role_of(c) == r and c["status"] in ("fail", "fallback") for g in groups for c in g)]
+             if any(role_of(c) == r and c["status"] in ("fail", "fallback") and (r != "hazard" or hazard_shows(c))
+                    for g in groups for c in g)]
     return text + ("" if not extra else " (" + ", ".join(extra) + ")")
