@@ -396,3 +396,27 @@ def test_a_tolerance_override_for_a_dtype_the_run_does_not_measure_is_warned():
         warnings.simplefilter("error", PackcheckWarning)  # a measured dtype, or every dtype: no warning
         settings(["float32.logits_atol=1", "loss_atol=1"])
         settings(["bfloat16.logits_atol=1"], "float32,bfloat16")
+
+
+def test_codegen_keeps_whole_heads_on_each_of_its_four_shards(tolerances):
+    """CodeGen splits its fused qkv across mp_num=4 shards (hard-coded) and transformers 4.44 .. 5.19 reshape each
+    to n_head // 4 heads: the shrink's 2 heads gave "shape '[1, 31, 4, 0, 16]' is invalid for input of size 992"
+    (shrunk_crash on every release). That reshape, replayed on the shrunk sizes, and the tiny model judged on 5.24."""
+    import torch
+    from transformers import CONFIG_MAPPING
+
+    from pytest_packcheck import checks as C
+    from pytest_packcheck.model.shrink import HEAD_MULTIPLES
+
+    tiny = shrink_config(CONFIG_MAPPING["codegen"]())
+    mp_num, head_dim = HEAD_MULTIPLES["codegen"], tiny.n_embd // tiny.n_head
+    assert tiny.n_head % mp_num == 0 and head_dim * tiny.n_head == tiny.n_embd and tiny.rotary_dim <= head_dim
+    qkv = torch.zeros(1, 31, 3 * tiny.n_embd).reshape(1, 31, mp_num, -1)  # modeling_codegen 4.44 .. 5.19
+    query = qkv.split(head_dim * tiny.n_head // mp_num, dim=-1)[0]
+    assert query.reshape(1, 31, mp_num, tiny.n_head // mp_num, head_dim).shape[-2] >= 1
+    from conftest import make_bench
+
+    bench = make_bench("codegen", "sdpa", tolerances)
+    assert bench.model.config.n_head == tiny.n_head
+    got = C.check_isolation(bench)
+    assert got.status == "pass" and got.metrics["negative_control_change"] > tolerances["float32"]["leak_min"], got.message
