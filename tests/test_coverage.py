@@ -420,3 +420,17 @@ def test_codegen_keeps_whole_heads_on_each_of_its_four_shards(tolerances):
     assert bench.model.config.n_head == tiny.n_head
     got = C.check_isolation(bench)
     assert got.status == "pass" and got.metrics["negative_control_change"] > tolerances["float32"]["leak_min"], got.message
+
+
+def test_gits_text_only_loss_is_the_librarys_not_the_shrinks():
+    """arch:git: its loss slices the logits from the image tokens on (``logits[:, 197:-1]`` at full size), empty on
+    a text-only row: "Expected input batch_size (0) to match target batch_size (30)" on every release. The meta
+    twin called the forward without labels (and the packed position_ids stop git's mask on meta), so the cell was
+    shrunk_crash. Now the twin also calls it with labels: library_config, said as "(with labels)"."""
+    from pytest_packcheck.run.runner import Cell, CellRunner
+
+    git = resolve_model(parse_model_spec("arch:git", "t"), "t")
+    result = CellRunner([git], {"float32": {}}).run(Cell(0, "git", "eager", "isolation", "float32"))
+    assert result.status == "error" and result.cause == "library_config", result.message
+    assert "Expected input batch_size (0) to match target batch_size" in result.message
+    assert result.evidence["unshrunk"] == "the unshrunk config raises it too (with labels)"
