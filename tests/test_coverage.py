@@ -434,3 +434,23 @@ def test_gits_text_only_loss_is_the_librarys_not_the_shrinks():
     assert result.status == "error" and result.cause == "library_config", result.message
     assert "Expected input batch_size (0) to match target batch_size" in result.message
     assert result.evidence["unshrunk"] == "the unshrunk config raises it too (with labels)"
+
+
+def test_encoder_families_causal_heads_are_built_as_decoders(tolerances):
+    """arch:bert (and roberta, camembert, xlm-roberta, ...): BertLMHeadModel attends both ways unless is_decoder=True
+    (transformers warns), which the shrink never set: causality non_causal, and the isolation probe's planted leak
+    (7.29e-04) under leak_min on packcheck_flash_ref, probe_inconclusive. Now built as a decoder: causal, and the
+    planted leak clears leak_min, so the flash path's isolation is judged."""
+    from conftest import make_bench
+
+    from pytest_packcheck import checks as C
+    from pytest_packcheck.backends import REFERENCE_BACKEND, register_reference_backend
+
+    register_reference_backend()
+    bench = make_bench("bert", REFERENCE_BACKEND, tolerances)
+    assert bench.model.config.is_decoder is True
+    causal, iso = C.check_causality(bench), C.check_isolation(bench)
+    assert causal.status == "pass" and causal.metrics["max_change_earlier"] == 0.0, causal.message
+    assert iso.status == "pass" and iso.metrics["negative_control_change"] > tolerances["float32"]["leak_min"], iso.message
+    leaky = make_bench("bert", "sdpa", tolerances)  # sdpa ignores the boundaries: the planted leak is still caught
+    assert C.check_isolation(leaky).status == "fail"
