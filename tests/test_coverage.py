@@ -396,3 +396,61 @@ def test_a_tolerance_override_for_a_dtype_the_run_does_not_measure_is_warned():
         warnings.simplefilter("error", PackcheckWarning)  # a measured dtype, or every dtype: no warning
         settings(["float32.logits_atol=1", "loss_atol=1"])
         settings(["bfloat16.logits_atol=1"], "float32,bfloat16")
+
+
+def test_codegen_keeps_whole_heads_on_each_of_its_four_shards(tolerances):
+    """CodeGen splits its fused qkv across mp_num=4 shards (hard-coded) and transformers 4.44 .. 5.19 reshape each
+    to n_head // 4 heads: the shrink's 2 heads gave "shape '[1, 31, 4, 0, 16]' is invalid for input of size 992"
+    (shrunk_crash on every release). That reshape, replayed on the shrunk sizes, and the tiny model judged on 5.24."""
+    import torch
+    from transformers import CONFIG_MAPPING
+
+    from pytest_packcheck import checks as C
+    from pytest_packcheck.model.shrink import HEAD_MULTIPLES
+
+    tiny = shrink_config(CONFIG_MAPPING["codegen"]())
+    mp_num, head_dim = HEAD_MULTIPLES["codegen"], tiny.n_embd // tiny.n_head
+    assert tiny.n_head % mp_num == 0 and head_dim * tiny.n_head == tiny.n_embd and tiny.rotary_dim <= head_dim
+    qkv = torch.zeros(1, 31, 3 * tiny.n_embd).reshape(1, 31, mp_num, -1)  # modeling_codegen 4.44 .. 5.19
+    query = qkv.split(head_dim * tiny.n_head // mp_num, dim=-1)[0]
+    assert query.reshape(1, 31, mp_num, tiny.n_head // mp_num, head_dim).shape[-2] >= 1
+    from conftest import make_bench
+
+    bench = make_bench("codegen", "sdpa", tolerances)
+    assert bench.model.config.n_head == tiny.n_head
+    got = C.check_isolation(bench)
+    assert got.status == "pass" and got.metrics["negative_control_change"] > tolerances["float32"]["leak_min"], got.message
+
+
+def test_gits_text_only_loss_is_the_librarys_not_the_shrinks():
+    """arch:git: its loss slices the logits from the image tokens on (``logits[:, 197:-1]`` at full size), empty on
+    a text-only row: "Expected input batch_size (0) to match target batch_size (30)" on every release. The meta
+    twin called the forward without labels (and the packed position_ids stop git's mask on meta), so the cell was
+    shrunk_crash. Now the twin also calls it with labels: library_config, said as "(with labels)"."""
+    from pytest_packcheck.run.runner import Cell, CellRunner
+
+    git = resolve_model(parse_model_spec("arch:git", "t"), "t")
+    result = CellRunner([git], {"float32": {}}).run(Cell(0, "git", "eager", "isolation", "float32"))
+    assert result.status == "error" and result.cause == "library_config", result.message
+    assert "Expected input batch_size (0) to match target batch_size" in result.message
+    assert result.evidence["unshrunk"] == "the unshrunk config raises it too (with labels)"
+
+
+def test_encoder_families_causal_heads_are_built_as_decoders(tolerances):
+    """arch:bert (and roberta, camembert, xlm-roberta, ...): BertLMHeadModel attends both ways unless is_decoder=True
+    (transformers warns), which the shrink never set: causality non_causal, and the isolation probe's planted leak
+    (7.29e-04) under leak_min on packcheck_flash_ref, probe_inconclusive. Now built as a decoder: causal, and the
+    planted leak clears leak_min, so the flash path's isolation is judged."""
+    from conftest import make_bench
+
+    from pytest_packcheck import checks as C
+    from pytest_packcheck.backends import REFERENCE_BACKEND, register_reference_backend
+
+    register_reference_backend()
+    bench = make_bench("bert", REFERENCE_BACKEND, tolerances)
+    assert bench.model.config.is_decoder is True
+    causal, iso = C.check_causality(bench), C.check_isolation(bench)
+    assert causal.status == "pass" and causal.metrics["max_change_earlier"] == 0.0, causal.message
+    assert iso.status == "pass" and iso.metrics["negative_control_change"] > tolerances["float32"]["leak_min"], iso.message
+    leaky = make_bench("bert", "sdpa", tolerances)  # sdpa ignores the boundaries: the planted leak is still caught
+    assert C.check_isolation(leaky).status == "fail"

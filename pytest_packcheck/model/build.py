@@ -114,6 +114,22 @@ def dtype_kwarg(torch_dtype: Any) -> dict[str, Any]:
     return {"dtype" if Version(transformers.__version__).release >= (4, 56) else "torch_dtype": torch_dtype}
 
 
+def decoder_flag_needed(model: Any) -> bool:
+    """Whether ``model`` (a causal-LM head) is an encoder family's that attends both ways unless its config says
+    ``is_decoder=True`` (BertLMHeadModel, RobertaForCausalLM, ... warn "add `is_decoder=True`" in their
+    ``__init__``): the flag is False and the class's own ``__init__`` reads it. Such a tiny model was judged
+    non_causal and its planted leak, spread both ways, stayed under leak_min (bert on packcheck_flash_ref:
+    7.29e-04, probe_inconclusive)."""
+    import inspect
+
+    if getattr(model.config, "is_decoder", None) is not False:
+        return False
+    try:
+        return "is_decoder" in inspect.getsource(type(model).__init__)
+    except (OSError, TypeError):  # no source to read: the flag is left as the config has it
+        return False
+
+
 def build_model(
     resolved: ResolvedModel,
     attn_implementation: str,
@@ -180,6 +196,10 @@ def build_model(
             with torch.device("meta"):
                 probe = auto.from_config(copy.deepcopy(config), trust_remote_code=trust_remote_code)
             n_params = sum(p.numel() for p in probe.parameters())
+            if decoder_flag_needed(probe):
+                config.is_decoder = True
+                notes.append("is_decoder=True (the causal-LM head of an encoder family: without it the model attends "
+                             "both ways, as transformers warns)")
         except ImportError:
             raise  # a missing optional package (PIL for gemma3n's vision tower): skipped with its reason
         except Exception as exc:

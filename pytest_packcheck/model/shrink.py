@@ -72,6 +72,13 @@ def _per_layer_indices(d: dict[str, Any], n_layers: int) -> list[int]:
     return sorted(keep)
 
 
+#: Head counts a model's own code divides by a number the config does not carry, by model_type: CodeGen's fused
+#: qkv_proj is interleaved across ``mp_num = 4`` model-parallel shards (hard-coded in modeling_codegen), and
+#: transformers 4.44 .. 5.19 reshape each shard to ``n_head // mp_num`` heads: 2 heads gave 0 heads per shard
+#: ("shape '[1, 31, 4, 0, 16]' is invalid"). The shrink keeps the head count a multiple of it.
+HEAD_MULTIPLES = {"codegen": 4}
+
+
 def shrink_config(config: Any, keep_auto_map: bool = False, notes: list[str] | None = None,
                   sliding_window: int = TINY_SLIDING_WINDOW) -> Any:
     """A tiny copy of ``config`` that keeps what changes the attention path.
@@ -213,6 +220,10 @@ def _shrink_dict(d: dict[str, Any], amap: dict[str, str], notes: list[str], slid
         new_heads = new_kv * ratio
         if new_heads > 16:
             new_heads, new_kv = 16, max(1, 16 // ratio)
+        multiple = HEAD_MULTIPLES.get(str(d.get("model_type")))
+        if multiple and new_heads % multiple:  # whole heads on every shard the model's code splits them across
+            new_heads = multiple * math.ceil(new_heads / multiple)
+            new_kv = max(1, new_heads // ratio)
         d[heads_key] = new_heads
         if kv_key:
             d[kv_key] = new_kv
