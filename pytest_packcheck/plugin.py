@@ -153,12 +153,24 @@ def packcheck_verify(request: pytest.FixtureRequest) -> Any:
 
     param = getattr(request, "param", None)
     if param is None:
-        return _verify
+        return _verify_in_test
     try:
         model, batch, options = _fixture_param(param)
         return _verify(model, batch, **options)
     except PackcheckUsageError as exc:  # the test's parametrization is wrong: one line, no traceback into packcheck
         pytest.fail(f"{type(exc).__name__}: {exc}", pytrace=False)
+
+
+def _verify_in_test(model: Any, batch: Any, **options: Any) -> Any:
+    """:func:`_verify` called from the user's test: a batch or option it refuses fails the test with the one-line
+    usage error, as the parametrized form does, not a traceback through packcheck's batch parsing."""
+    from .errors import PackcheckUsageError
+
+    try:
+        return _verify(model, batch, **options)
+    except PackcheckUsageError as exc:
+        refused = f"{type(exc).__name__}: {exc}"
+    pytest.fail(refused, pytrace=False)  # outside the except: no "During handling of the above exception"
 
 
 def _verify(model: Any, batch: Any, **options: Any) -> Any:

@@ -275,3 +275,22 @@ def test_callable_model(packcheck_verify):
     result.stdout.fnmatch_lines(["*PackcheckUsageError: packcheck_verify's parameter is a function*"])
     result.stdout.fnmatch_lines(["*PackcheckUsageError: packcheck_verify: unknown option 'on_mismtach': it takes *"])
     result.stdout.fnmatch_lines(["*PackcheckUsageError: verify_packed_batch: model is a function without a config*"])
+
+
+def test_fixture_called_with_a_batch_it_refuses_shows_no_traceback_into_packcheck(pytester):
+    """`packcheck_verify(model, unpacked_batch)` in a user's test showed a full traceback through packcheck's own
+    guard/batch.py (docstring and source), while the parametrized form gives one line (trial 4, 269)."""
+    pytester.makepyfile(test_a='''
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+def test_x(packcheck_verify):
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2, vocab_size=64))
+    packcheck_verify(model, {"input_ids": torch.ones(2, 3, dtype=torch.long)})
+''')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    result.stdout.fnmatch_lines(["NotPackedError: verify_packed_batch: batch*has shape (2, 3)*"])  # the whole failure
+    assert "guard/batch.py" not in out and "During handling" not in out and "raise " not in out, out[-3000:]
