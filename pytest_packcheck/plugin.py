@@ -101,7 +101,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     from .errors import PackcheckUsageError
 
     try:
-        state.finish(interrupted=session.exitstatus == pytest.ExitCode.INTERRUPTED or bool(session.shouldstop))
+        # -x / --maxfail sets shouldfail (xdist's controller shouldstop): cells never run, as after Ctrl-C
+        stopped = session.shouldstop or session.shouldfail
+        state.finish(interrupted=session.exitstatus == pytest.ExitCode.INTERRUPTED or bool(stopped),
+                     reason=f"the run stopped early ({stopped})" if isinstance(stopped, str) and stopped else None)
     except PackcheckUsageError as exc:  # e.g. the report path became a directory: one line, not a traceback
         session.config.get_terminal_writer().line(f"packcheck: error: {exc}", red=True)
         session.exitstatus = pytest.ExitCode.USAGE_ERROR

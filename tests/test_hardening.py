@@ -114,8 +114,13 @@ def test_merge_keeps_a_shards_incomplete_mark():
     from pytest_packcheck.analysis.gate import merge
 
     mark = {"reason": "the run was interrupted", "cells": 1, "resume": "rerun"}
-    merged = merge([_doc([_cell()]), _doc([_cell("llama-sdpa-isolation-bfloat16", dtype="bfloat16")], incomplete=mark)])
-    assert merged["incomplete"]["reason"] == "the run was interrupted" and merged["incomplete"]["cells"] == 2
+    merged = merge([_doc([_cell()]), _doc([_cell("llama-sdpa-isolation-bfloat16", dtype="bfloat16")], incomplete=mark)],
+                   ["a.json", "b.json"])
+    # the interrupted file is named with its own finished cells and its own command to resume, not the merged
+    # count and "rerun the same command" of a matrix that lists two commands (trial 4, 291)
+    assert merged["incomplete"]["reason"] == "the run was interrupted (b.json)" and merged["incomplete"]["cells"] == 1
+    assert merged["incomplete"]["resume"] == "rerun b.json's own command with --packcheck-resume, then merge again"
+    assert merge([_doc([_cell()], incomplete=mark)])["incomplete"] == {**mark, "cells": 1}  # one file: as it was
     assert "incomplete" not in merge([_doc([_cell()]), _doc([_cell("llama-sdpa-isolation-bfloat16", dtype="bfloat16")])])
 
 
@@ -783,3 +788,18 @@ def test_an_interrupted_run_names_every_unrun_check_and_the_reason_of_a_check_th
     md = (pytester.path / "reports" / "packcheck-matrix.md").read_text()
     section = md[md.index("## Not checked"):].split("\n\n")[1].splitlines()
     assert section and all(line.split(": ")[1].split(", ")[0] in ("position_ids", "isolation") for line in section), section
+
+
+def test_a_run_stopped_by_maxfail_is_incomplete_with_the_unrun_cells_named(pytester):
+    """`packcheck audit ... -n 0 -- -x` stopped after opt's first failure: the matrix read "fail 1 (of 1)", with no
+    Incomplete banner and llama (asked for, never run) nowhere (trial 4, 298). pytest sets ``shouldfail`` for
+    -x / --maxfail (xdist's controller ``shouldstop``): both mark the matrix incomplete, as a Ctrl-C does."""
+    result = pytester.runpytest_subprocess("--packcheck-models=arch:opt,arch:llama", "--packcheck-attn=sdpa",
+                                           "--packcheck-checks=isolation", "-p", "no:cacheprovider", "-x",
+                                           "--packcheck-isolation=none")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    doc = json.loads((pytester.path / "reports" / "packcheck-matrix.json").read_text())
+    assert doc["incomplete"]["reason"] == "the run stopped early (stopping after 1 failures)" and doc["incomplete"]["cells"] == 1
+    llama = next(c for c in doc["cells"] if c["model"]["label"] == "llama")
+    assert llama["status"] == "skipped" and llama["metrics"]["not_run"] == "interrupted"
+    assert "Incomplete: the run stopped early" in (pytester.path / "reports" / "packcheck-matrix.md").read_text()

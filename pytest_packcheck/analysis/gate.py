@@ -431,7 +431,8 @@ def merge(documents: list[dict[str, Any]], names: list[str] | None = None) -> di
     """
     if not documents:
         raise PackcheckUsageError("packcheck merge got no results files: pass at least one JSON file.")
-    _refuse_differing_tolerances(documents, names or [f"file {i + 1}" for i in range(len(documents))])
+    names = names or [f"file {i + 1}" for i in range(len(documents))]
+    _refuse_differing_tolerances(documents, names)
     every = [{**cell, "environment": cell.get("environment", doc["environment"])} for doc in documents for cell in doc["cells"]]
     cells = index_cells(every, lambda c: c["cell_id"], "the files merged")
     first = documents[0]
@@ -454,7 +455,12 @@ def merge(documents: list[dict[str, Any]], names: list[str] | None = None) -> di
                 results.setdefault((r["model"]["label"], r.get("profile")), r)
         out["bench"] = {**benches[0], "profiles": list(dict.fromkeys(p for b in benches for p in b.get("profiles", []))),
                         "results": list(results.values())}
-    marks = [doc["incomplete"] for doc in documents if doc.get("incomplete")]
+    # each interrupted file says so by name with its own finished cells (not the merged count: a shard stopped after
+    # 4 of its 12 cells beside a complete file read "interrupted after 13 cells")
+    marks = [{**doc["incomplete"], "reason": doc["incomplete"]["reason"] + (f" ({name})" if len(documents) > 1 else ""),
+              "resume": (f"rerun {name}'s own command with --packcheck-resume, then merge again" if len(documents) > 1
+                         else doc["incomplete"].get("resume", ""))}
+             for name, doc in zip(names, documents, strict=True) if doc.get("incomplete")]
     shards = [doc["settings"]["shard"] for doc in documents if _is_shard(doc.get("settings", {}).get("shard"))]
     settings.pop("shard", None)  # the merged matrix is no one shard
     if shards:  # shards of an audit recorded [index, count]: the merge must hold every index, else it is incomplete
@@ -464,8 +470,10 @@ def merge(documents: list[dict[str, Any]], names: list[str] | None = None) -> di
             marks.append({"reason": f"shard {', '.join(map(str, missing))} of {count} not merged (their models have no cells)",
                           "resume": f"merge every shard's packcheck-matrix.json (1 to {count})"})
     if marks:  # one interrupted shard makes the merged matrix incomplete too
+        finished = [m["cells"] for m in marks if isinstance(m.get("cells"), int)]
         out["incomplete"] = {**marks[0], "reason": "; ".join(dict.fromkeys(m["reason"] for m in marks)),
-                             "cells": len(out["cells"])}
+                             "resume": "; ".join(dict.fromkeys(m.get("resume", "") for m in marks if m.get("resume"))),
+                             "cells": sum(finished) if finished else len(out["cells"])}
     else:
         out.pop("incomplete", None)
     if differ:

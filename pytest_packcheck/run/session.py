@@ -232,9 +232,10 @@ class PackcheckSession:
         return {c.cell_id: c for env in envs for c in plan_cells(self.resolved_models(), self.settings.backends,
                                                                   self.settings.checks, self.settings.dtypes, env)}
 
-    def finish(self, interrupted: bool = False) -> None:
+    def finish(self, interrupted: bool = False, reason: str | None = None) -> None:
         """Build the results document (diagnosed), write the reports, and compare with the baseline (the gate);
-        ``interrupted``: also take the journaled cells whose reports never arrived, and mark the matrix incomplete."""
+        ``interrupted``: also take the journaled cells whose reports never arrived, and mark the matrix incomplete
+        (``reason``: why, default "the run was interrupted"; pytest's -x says "stopping after 1 failures")."""
         from ..report.formats import LOGS_DIR, remove_unreferenced_logs, write_reports
         from ..results.environment import environment
         from ..results.schema import CellResult, build_document
@@ -253,7 +254,7 @@ class PackcheckSession:
             return
         finished = len(self.results)
         if interrupted:
-            self._name_unrun_checks()
+            self._name_unrun_checks(reason)
         cells = [CellResult.from_dict(d) for d in self.results.values()]
         flags = list(self.settings.reproduce_flags())
         if self.config.option.keyword:
@@ -264,7 +265,7 @@ class PackcheckSession:
 
         self.document = diagnose_document(build_document(cells, environment(self.settings.device), self.settings.as_dict(), command))
         if interrupted:
-            self.document["incomplete"] = {"reason": "the run was interrupted", "cells": finished,
+            self.document["incomplete"] = {"reason": reason or "the run was interrupted", "cells": finished,
                                            "resume": "rerun the same command with --packcheck-resume"}
         self.written = write_reports(self.settings.report_dir, self.document)
         gone = remove_unreferenced_logs(self.settings.report_dir, self.document)
@@ -284,7 +285,7 @@ class PackcheckSession:
             if gone:  # printed with the summary: those cells were never compared
                 self.notes.append(gone)
 
-    def _name_unrun_checks(self) -> None:
+    def _name_unrun_checks(self, reason: str | None = None) -> None:
         """An interrupted run: every planned check of this shard (correctness, hazard and finding, backend and
         model level: as many as pytest collected) that did not run becomes a "skipped" cell whose metrics say
         ``not_run: "interrupted"``, so a cell is "not run", never a pass resting on the checks that happened to finish
@@ -293,7 +294,7 @@ class PackcheckSession:
         from ..checks.registry import SPECS
 
         index, count = self.settings.shard
-        why = "not run: the run was interrupted before this check" + (
+        why = f"not run: {reason or 'the run was interrupted'} before this check" + (
             " (or -k / -m deselected it)" if self.config.option.keyword or self.config.option.markexpr else "")
         for cell_id, cell in self._planned().items():
             spec = SPECS.get(cell.check)
