@@ -288,3 +288,18 @@ def test_unmasked_boundary_labels_and_a_leak_are_each_a_cause_of_one_sft_cell(ll
     leak = next(c for c in result.causes if c["cause"] == "leak")
     assert leak["evidence"]["isolation_moved"] > 1e-3
     assert torch.is_tensor(llama_sdpa.packed()["input_ids"])
+
+
+def test_trl_whose_fused_head_lost_its_kernel_is_not_checked_with_the_reason(llama_sdpa, monkeypatch):
+    """TRL 1.15.0 on the CPU torch wheel: its fused LM head's Triton kernel is None (no triton) and every SFT cell
+    of every family was "shrunk_crash: AttributeError: 'NoneType' object has no attribute 'apply'" in the TRL axis
+    of the atlas, blamed on the shrunk model. Planted: the kernel None, as TRL 1.15 leaves it without triton."""
+    import trl.trainer.utils as U
+
+    monkeypatch.setattr(U, "_ChunkedLogProbFunction", None)
+    for check in (S.check_sft, S.check_sft_padding_free):
+        got = check(llama_sdpa)
+        assert got.status == "skipped" and got.cause is None, got.message
+        assert "Triton kernel and triton is not installed" in got.message and "TRL >= 1.16" in got.message
+    monkeypatch.undo()
+    assert S.check_sft(llama_sdpa).status == "pass"  # the kernel present (TRL 1.16 here): measured as before

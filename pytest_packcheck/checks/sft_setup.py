@@ -166,12 +166,32 @@ class _Sft:
         return self.wb._cache[key]
 
 
+def fused_head_without_kernel(version: str) -> str | None:
+    """Why SFTTrainer's default training step cannot run here, when TRL's fused LM head lost its kernel to a
+    missing package: TRL 1.15's ``trl/trainer/utils.py`` imports its Triton ``ChunkedLogProbFunction`` inside
+    ``try / except ImportError`` (None without triton, which the CPU torch wheel lacks) and its ``_fused_forward``
+    calls ``.apply`` on it unconditionally (``AttributeError: 'NoneType' object has no attribute 'apply'`` on every
+    model). TRL 1.16 imports it unconditionally and falls back without triton. None when the kernel is there."""
+    import sys
+
+    utils = sys.modules.get("trl.trainer.utils")
+    if utils is None or not hasattr(utils, "_ChunkedLogProbFunction") or utils._ChunkedLogProbFunction is not None:
+        return None
+    return (f"not checked: trl {version}'s default fused LM head (SFTTrainer calls the model with fused_lm_head=True) "
+            "needs its Triton kernel and triton is not installed (the CPU torch wheel has none): its training step "
+            "raises AttributeError in trl/trainer/utils.py on any model; install triton, or use TRL >= 1.16, which "
+            "falls back without it")
+
+
 def _setup(wb: Any, out_dir: str) -> _Sft | CheckResult:
     """The shared SFTTrainer set-up, or the skipped / unsupported verdict when TRL cannot run it."""
     try:
         feats = trl_features()
     except ImportError as exc:
         return CheckResult("skipped", {}, f"trl is not installed ({exc})")
+    kernel = fused_head_without_kernel(feats["version"])
+    if kernel:
+        return CheckResult("skipped", {"trl": feats["version"]}, kernel)
     missing = [f for f in ("packing", "padding_free") if f not in feats["fields"]]
     if missing or feats["max_length_key"] is None:
         return CheckResult("unsupported", {"trl": feats["version"]},
