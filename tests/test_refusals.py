@@ -317,6 +317,26 @@ def test_a_size_or_unknown_key_from_packcheck_config_names_that_option():
         configs.CONFIG_OPTION_OVERRIDES.clear()
 
 
+def test_a_warning_about_the_specs_own_override_quotes_the_spec_as_typed_and_names_the_config_option_apart():
+    """With --packcheck-config api_key=..., the warning for the spec's own my_token quoted the spec as
+    'arch:llama{api_key=...,my_token=...}' "from --packcheck-models", a spec the user never typed."""
+    from pytest_packcheck.model import configs
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_spec
+
+    try:
+        configs.CONFIG_OPTION_OVERRIDES.update({"api_key": "k1"})
+        with pytest.warns(Warning) as caught:
+            resolve_model(parse_model_spec("arch:llama{api_key=k1,my_token=t1}", "--packcheck-models"), "--packcheck-models")
+        texts = [str(w.message) for w in caught]
+        own = next(t for t in texts if "'my_token'" in t)
+        assert ("(in model spec 'arch:llama{my_token=t1}' from --packcheck-models, with --packcheck-config api_key=k1 "
+                "applied)") in own
+        assert "{api_key=k1,my_token=t1}" not in " ".join(texts)
+    finally:
+        configs.CONFIG_OPTION_OVERRIDES.clear()
+
+
 def test_heads_that_do_not_divide_from_packcheck_config_name_that_option_and_the_value_as_typed():
     """--packcheck-config num_attention_heads=3 was refused "(in model spec 'arch:llama{num_attention_heads=3}' from
     --packcheck-models)": a spec the user never typed and the wrong flag."""
