@@ -370,11 +370,13 @@ def test_an_override_that_is_no_config_key_is_noted_in_the_cells_config_notes():
     ("arch:llama{rope_theta=", "an unclosed '{'"),
     ("arch:llama}", "a '}' without its '{'"),
     ("arch:llama{rope_theta=1}x", "text after the closing '}'"),
+    ("arch:llama{num_hidden_layers=2}{x=1}", "a second pair of braces"),  # was a type error on '2}{x=1'
 ])
 def test_a_model_spec_with_a_broken_brace_names_the_brace(spec, what):
     from pytest_packcheck.model.specs import parse_model_spec
 
-    with pytest.raises(PackcheckUsageError, match=f"Malformed model spec '{re.escape(spec)}' \\(from --packcheck-models\\): {what}"):
+    with pytest.raises(PackcheckUsageError, match=f"Malformed model spec '{re.escape(spec)}' \\(from --packcheck-models\\): {what}; "
+                                                  "write the overrides last, in one pair of braces, e.g. arch:llama{"):
         parse_model_spec(spec, "--packcheck-models")
 
 
