@@ -73,6 +73,19 @@ def test_a_bad_results_file_is_one_line_in_gate_and_merge(tmp_path, content, mes
     assert not (tmp_path / "out").exists()
 
 
+def test_merge_of_one_file_given_twice_notes_it_and_counts_it_once(tmp_path):
+    """`merge a.json a.json` said "merged 2 files, 4 cells": a forgotten second shard went unnoticed. The same
+    file (by any path) is merged once, as a cell held twice with one verdict is one cell, and named on stderr."""
+    (tmp_path / "r1").mkdir()
+    one = tmp_path / "r1" / "packcheck-matrix.json"
+    one.write_text(json.dumps(_doc([_cell()])))
+    proc = _cli(["merge", str(one), "r1/../r1/packcheck-matrix.json", "-o", "out"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "merged 1 file, 1 cells into out" in proc.stdout, proc.stdout
+    assert (f"packcheck merge: note: r1/../r1/packcheck-matrix.json is the same file as {one}, given twice: merged once"
+            in proc.stderr), proc.stderr
+
+
 def test_merge_of_files_without_cells_is_refused(tmp_path):
     empty = tmp_path / "empty.json"
     empty.write_text(json.dumps(_doc([])))
