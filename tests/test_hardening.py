@@ -745,7 +745,7 @@ def test_an_interrupted_matrix_cell_is_not_a_pass_on_the_checks_that_finished(py
     assert "not run: 3 of 5 checks (interrupted)" in md
     assert "judged by the correctness checks): ⏭️ not checked 1 (of 1)." in md
     csv = (pytester.path / "reports" / "packcheck-matrix.csv").read_text()
-    assert ",pass," not in csv and ",skipped," in csv
+    assert ",pass," not in csv and ",skipped," in csv and "not run: 3 of 5 checks (interrupted)" in csv  # as the Markdown
 
 
 def test_an_interrupted_run_counts_the_matrix_cells_that_never_started(pytester):
@@ -765,7 +765,8 @@ def test_an_interrupted_run_counts_the_matrix_cells_that_never_started(pytester)
     assert "judged by the correctness checks): ⏭️ not checked 2 (of 2)." in md
     assert "**llama**: not run on eager, sdpa (the run was interrupted" in md and "Not run on this machine" not in md
     rows = (pytester.path / "reports" / "packcheck-matrix.csv").read_text().splitlines()
-    assert all(r.endswith(",skipped,,,") for r in rows[1:]) and len(rows) == 3, rows
+    assert len(rows) == 3 and rows[1:] == ["llama,eager,float32,,skipped,,,,not run: 1 of 2 checks (interrupted)",
+                                           "llama,sdpa,float32,,skipped,,,,not run: 2 of 2 checks (interrupted)"], rows
 
 
 def test_a_tolerance_or_audit_file_with_a_utf8_bom_is_read(tmp_path):
