@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import subprocess
 import sys
 
@@ -242,3 +243,59 @@ def test_audit_gate_runs_the_training_checks_unless_checks_are_named(monkeypatch
     assert [a for a in named if a.startswith("--packcheck-checks")] == ["--packcheck-checks=isolation"]
     monkeypatch.setenv("PACKCHECK_CHECKS", "isolation")
     assert not any(a.startswith("--packcheck-checks") for a in _pytest_args(_parser().parse_args([*base, "--gate"])))
+
+
+def test_a_baseline_cell_the_candidate_lacks_is_labelled_missing_never_better_or_neutral():
+    """A candidate without a hazard cell (cells: []) labelled it "better/neutral": it was not measured."""
+    from pytest_packcheck.analysis.gate import render_changes
+
+    hazard = _cell("llama-sdpa-cache_trap-float32", check="cache_trap", status="fail", cause="cache_trap")
+    base = _doc([hazard, _cell()])
+    base["settings"]["checks"] = ["trainer", "cache_trap"]
+    cand = {**base, "cells": []}
+    changes = compare(base, cand)
+    table = render_changes(changes, base["environment"], cand["environment"], markdown=False)
+    summary = render_summary(changes, base["environment"], cand["environment"])
+    for text in (table, summary):
+        assert "neutral" not in text, text
+    rows = [line for line in table.splitlines() if line.startswith("llama-")]
+    assert len(rows) == 2 and all("missing" in row for row in rows), rows
+    assert "REGRESSION (missing)" in table  # the pass that is gone still counts
+    assert re.search(r"\| missing +\|", summary) and "**REGRESSION (missing)**" in summary
+
+
+def test_gate_summary_under_a_regular_file_says_it_is_a_file(tmp_path):
+    """--summary /tmp/x/afile/x.md, afile a regular file, said "its folder ... does not exist"."""
+    from pytest_packcheck.analysis.gate import probe_summary
+
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for path in (afile / "x.md", afile / "deeper" / "x.md"):
+        with pytest.raises(PackcheckUsageError, match=f"{afile} is a file, not a folder") as info:
+            probe_summary(str(path))
+        assert "does not exist" not in str(info.value)
+    with pytest.raises(PackcheckUsageError, match="does not exist"):
+        probe_summary(str(tmp_path / "nodir" / "x.md"))
+
+
+def test_gate_warns_when_the_two_sides_were_measured_with_different_probe_settings(tmp_path):
+    """A candidate run with --packcheck-lengths 9,5 was compared with a baseline of the default lengths without a
+    word (merge warns when settings differ); the gate now names the setting and both values, by merge's rule."""
+    base, cand = _doc([_cell()]), _doc([_cell()])
+    base["settings"]["lengths"], cand["settings"]["lengths"] = [17, 9, 5], [9, 5]
+    cand["settings"]["report_dir"] = "elsewhere"  # incidental, as in merge
+    paths = []
+    for name, doc in (("base", base), ("cand", cand)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(doc))
+    proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "gate", "--baseline", str(paths[0]),
+                           "--candidate", str(paths[1])], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert ("packcheck gate: warning: the baseline and the candidate were measured with different probe settings "
+            "(lengths [17, 9, 5] vs [9, 5])") in proc.stderr, proc.stderr
+    assert merge([base, cand])["merged_settings_differ"] == ["lengths"]  # one rule with merge
+    other = _doc([_cell()], transformers="4.57.1")  # another stack, another selection: what the gate compares across
+    other["settings"].update(checks=["trainer", "isolation"], lengths=[17, 9, 5])
+    from pytest_packcheck.analysis.gate import probe_settings_note
+
+    assert probe_settings_note(base, other, "packcheck gate") is None

@@ -73,6 +73,19 @@ def test_a_bad_results_file_is_one_line_in_gate_and_merge(tmp_path, content, mes
     assert not (tmp_path / "out").exists()
 
 
+def test_merge_of_one_file_given_twice_notes_it_and_counts_it_once(tmp_path):
+    """`merge a.json a.json` said "merged 2 files, 4 cells": a forgotten second shard went unnoticed. The same
+    file (by any path) is merged once, as a cell held twice with one verdict is one cell, and named on stderr."""
+    (tmp_path / "r1").mkdir()
+    one = tmp_path / "r1" / "packcheck-matrix.json"
+    one.write_text(json.dumps(_doc([_cell()])))
+    proc = _cli(["merge", str(one), "r1/../r1/packcheck-matrix.json", "-o", "out"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "merged 1 file, 1 cells into out" in proc.stdout, proc.stdout
+    assert (f"packcheck merge: note: r1/../r1/packcheck-matrix.json is the same file as {one}, given twice: merged once"
+            in proc.stderr), proc.stderr
+
+
 def test_merge_of_files_without_cells_is_refused(tmp_path):
     empty = tmp_path / "empty.json"
     empty.write_text(json.dumps(_doc([])))
@@ -732,7 +745,7 @@ def test_an_interrupted_matrix_cell_is_not_a_pass_on_the_checks_that_finished(py
     assert "not run: 3 of 5 checks (interrupted)" in md
     assert "judged by the correctness checks): ⏭️ not checked 1 (of 1)." in md
     csv = (pytester.path / "reports" / "packcheck-matrix.csv").read_text()
-    assert ",pass," not in csv and ",skipped," in csv
+    assert ",pass," not in csv and ",skipped," in csv and "not run: 3 of 5 checks (interrupted)" in csv  # as the Markdown
 
 
 def test_an_interrupted_run_counts_the_matrix_cells_that_never_started(pytester):
@@ -752,7 +765,8 @@ def test_an_interrupted_run_counts_the_matrix_cells_that_never_started(pytester)
     assert "judged by the correctness checks): ⏭️ not checked 2 (of 2)." in md
     assert "**llama**: not run on eager, sdpa (the run was interrupted" in md and "Not run on this machine" not in md
     rows = (pytester.path / "reports" / "packcheck-matrix.csv").read_text().splitlines()
-    assert all(r.endswith(",skipped,,,") for r in rows[1:]) and len(rows) == 3, rows
+    assert len(rows) == 3 and rows[1:] == ["llama,eager,float32,,skipped,,,,not run: 1 of 2 checks (interrupted)",
+                                           "llama,sdpa,float32,,skipped,,,,not run: 2 of 2 checks (interrupted)"], rows
 
 
 def test_a_tolerance_or_audit_file_with_a_utf8_bom_is_read(tmp_path):

@@ -317,6 +317,26 @@ def test_a_size_or_unknown_key_from_packcheck_config_names_that_option():
         configs.CONFIG_OPTION_OVERRIDES.clear()
 
 
+def test_a_warning_about_the_specs_own_override_quotes_the_spec_as_typed_and_names_the_config_option_apart():
+    """With --packcheck-config api_key=..., the warning for the spec's own my_token quoted the spec as
+    'arch:llama{api_key=...,my_token=...}' "from --packcheck-models", a spec the user never typed."""
+    from pytest_packcheck.model import configs
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_spec
+
+    try:
+        configs.CONFIG_OPTION_OVERRIDES.update({"api_key": "k1"})
+        with pytest.warns(Warning) as caught:
+            resolve_model(parse_model_spec("arch:llama{api_key=k1,my_token=t1}", "--packcheck-models"), "--packcheck-models")
+        texts = [str(w.message) for w in caught]
+        own = next(t for t in texts if "'my_token'" in t)
+        assert ("(in model spec 'arch:llama{my_token=t1}' from --packcheck-models, with --packcheck-config api_key=k1 "
+                "applied)") in own
+        assert "{api_key=k1,my_token=t1}" not in " ".join(texts)
+    finally:
+        configs.CONFIG_OPTION_OVERRIDES.clear()
+
+
 def test_heads_that_do_not_divide_from_packcheck_config_name_that_option_and_the_value_as_typed():
     """--packcheck-config num_attention_heads=3 was refused "(in model spec 'arch:llama{num_attention_heads=3}' from
     --packcheck-models)": a spec the user never typed and the wrong flag."""
@@ -350,11 +370,13 @@ def test_an_override_that_is_no_config_key_is_noted_in_the_cells_config_notes():
     ("arch:llama{rope_theta=", "an unclosed '{'"),
     ("arch:llama}", "a '}' without its '{'"),
     ("arch:llama{rope_theta=1}x", "text after the closing '}'"),
+    ("arch:llama{num_hidden_layers=2}{x=1}", "a second pair of braces"),  # was a type error on '2}{x=1'
 ])
 def test_a_model_spec_with_a_broken_brace_names_the_brace(spec, what):
     from pytest_packcheck.model.specs import parse_model_spec
 
-    with pytest.raises(PackcheckUsageError, match=f"Malformed model spec '{re.escape(spec)}' \\(from --packcheck-models\\): {what}"):
+    with pytest.raises(PackcheckUsageError, match=f"Malformed model spec '{re.escape(spec)}' \\(from --packcheck-models\\): {what}; "
+                                                  "write the overrides last, in one pair of braces, e.g. arch:llama{"):
         parse_model_spec(spec, "--packcheck-models")
 
 

@@ -53,13 +53,63 @@ def test_every_format_is_written_and_the_csv_reads_back_as_the_json_matrix(tmp_p
     doc = json.loads((tmp_path / "packcheck-matrix.json").read_text())
     with open(tmp_path / "packcheck-matrix.csv", newline="", encoding="utf-8") as fh:
         text = fh.read()
-    assert text.startswith("model,backend,dtype,versions,verdict,cause,check,key number\r\n")
+    assert text.startswith("model,backend,dtype,versions,verdict,cause,check,key number,note\r\n")
     assert csv_problems(doc, text) == []
     rows = {(r["model"], r["backend"]): r for r in csv.DictReader(io.StringIO(text, newline=""))}
     assert len(rows) == 6 and ("llama", None) not in rows  # model-level checks are not matrix cells
     assert (rows[("opt", "sdpa")]["verdict"], rows[("opt", "sdpa")]["cause"]) == ("fail", "leak")
     assert (rows[("opt", "sdpa")]["check"], rows[("opt", "sdpa")]["key number"]) == ("isolation", "Δ 3.0e-01")
     assert rows[("opt", "eager")]["verdict"] == "skipped" and rows[("llama", "eager")]["key number"] == "Δ 0.0e+00"
+
+
+def test_the_csv_note_carries_what_the_markdown_says_of_a_cell():
+    """The CSV of an interrupted run listed its unrun cells as plain "skipped" (no incomplete marker), dropped a
+    pass's "(not checked: grad_parity)" that the Markdown shows, and gave a skipped cell no reason."""
+    from pytest_packcheck.report import csvfile, render_markdown
+    from pytest_packcheck.report.model import build_report
+
+    cells = [planted_cell("llama", "flex_attention", "isolation", "pass", max_change=0.0),
+             planted_cell("llama", "flex_attention", "grad_parity", "skipped", message="flex_attention has no backward here"),
+             planted_cell("llama", "sdpa", "isolation", "pass", max_change=0.0),
+             planted_cell("llama", "sdpa", "grad_parity", "skipped", message="not run: the run was interrupted", not_run="interrupted"),
+             planted_cell("llama", "eager", "isolation", "skipped", message="needs a CUDA device"),
+             planted_cell("llama", "eager", "grad_parity", "skipped", message="needs a CUDA device")]
+    doc = planted_doc(cells)
+    rows = {r["backend"]: r for r in csv.DictReader(io.StringIO(csvfile.render(build_report(doc)), newline=""))}
+    md = render_markdown(doc)
+    assert rows["flex_attention"]["verdict"] == "pass" and rows["flex_attention"]["note"] == "not checked: grad_parity"
+    assert "(not checked: grad_parity)" in md
+    assert rows["sdpa"]["verdict"] == "skipped" and rows["sdpa"]["note"] == "not run: 1 of 2 checks (interrupted)"
+    assert "not run: 1 of 2 checks (interrupted)" in md
+    assert rows["eager"]["note"] == "not checked: isolation: needs a CUDA device", rows["eager"]
+
+
+def test_the_html_shows_the_bench_payoff_the_markdown_shows():
+    """With --bench the Markdown and JSON carried the speedup, the payoff section and a model's ⚠; the HTML none."""
+    from pytest_packcheck.report import render_markdown
+    from pytest_packcheck.report.formats import write_reports
+
+    result = {"model": {"label": "opt"}, "profile": "fixed", "attn_implementation": "sdpa", "dtype": "float32",
+              "runs": {"padded": {"useful_tokens_per_s": 1000.0}, "packed": {"useful_tokens_per_s": 1500.0}},
+              "memory_reduction": None, "lengths": {"median": 20}, "padding_overhead": 0.5, "speedup": 1.5,
+              "ideal_speedup": 1.6, "fraction_of_ideal": 0.94, "loss_first_step_delta": 1e-6, "steps": 1, "warmup": 1,
+              "batch_size": 2, "max_length": 32}
+    doc = planted_doc([planted_cell("opt", "sdpa", "isolation", "fail", "leak", max_change=0.3)])
+    doc["bench"] = {"steps": 1, "device": "cpu", "profiles": ["fixed"], "results": [result]}
+    md = render_markdown(doc)
+    assert "## Packing payoff (packcheck bench)" in md and "1.50x" in md and "opt ⚠" in md
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        write_reports(Path(d), doc)
+        page = (Path(d) / "packcheck-matrix.html").read_text()
+    payoff = page[page.index('<div id="payoff">'):]
+    assert "<h2>Packing payoff (packcheck bench)</h2>" in payoff and "<td>1.50x</td>" in payoff and "<td>opt ⚠</td>" in payoff
+    assert "speed of a different computation" in payoff and "\\_" not in payoff.split("</div>")[0]
+    data = json.loads(page[page.index('id="packcheck-data">') + 20:page.index("</script>")].replace("\\u003c", "<"))
+    assert data["row_headers"] == ["model", "dtype", "speedup / memory"]
+    assert data["rows"][0]["head"][2] == "fixed 1.50x / mem n/a ⚠ packing wrong on sdpa"
 
 
 def test_the_committed_csv_has_every_cell_of_the_committed_matrix():

@@ -44,6 +44,19 @@ def test_headline_counts_matrix_cells_by_verdict_not_checks(doc):
     assert line in render_markdown(doc)
 
 
+def test_headline_of_an_audit_with_only_a_finding_check_says_no_correctness_check_ran():
+    """--packcheck-checks collate alone gave "Matrix cells (model x backend, judged by the correctness checks):  (of 0).":
+    an empty count with a double space."""
+    from pytest_packcheck.report import counts_line, render_markdown
+
+    doc = _doc([c for c in _model("llama") if c["check"] == "collate"])
+    for symbols in (True, False):
+        line = counts_line(doc["cells"], symbols=symbols)
+        assert line.startswith("Matrix cells: none judged (no correctness check ran)."), line
+        assert "(of 0)" not in line and "  " not in line and "finding checks" in line
+    assert counts_line(doc["cells"]) in render_markdown(doc)
+
+
 def test_details_mark_a_model_by_its_correctness_checks_and_hazards_by_their_own_mark(doc):
     from pytest_packcheck.report.formats import render_details
 

@@ -10,12 +10,13 @@ documents in, rows and a verdict out.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..checks.registry import SPECS
-from ..errors import PackcheckUsageError
+from ..errors import PackcheckUsageError, scrub_secrets
 from ..report.text import escape_md
 from ..results.schema import SCHEMA_VERSION
 from ..versions.libraries import library, stack_libraries
@@ -233,6 +234,19 @@ def _planned_in(cell: dict[str, Any], doc: dict[str, Any]) -> bool:
             and cell["model"].get("spec", cell["model"]["label"]) in settings.get("models", []))
 
 
+def verdict_label(ch: Change) -> str:
+    """The gate's verdict on one changed cell, one rule for the terminal table, the plain table and the job summary:
+    ``REGRESSION``, ``allowed: <reason>``, ``missing`` (a baseline cell the candidate lacks, whatever its role: never
+    "better/neutral", since it was not measured; ``REGRESSION (missing)`` when its absence counts) or
+    ``better/neutral``."""
+    gone = ch.candidate is None and ch.baseline is not None
+    if ch.worse and not ch.allowed:
+        return "REGRESSION (missing)" if gone else "REGRESSION"
+    if ch.allowed:
+        return f"allowed: {ch.allowed}" + (" (missing)" if gone else "")
+    return "missing" if gone else "better/neutral"
+
+
 def regressions(changes: list[Change]) -> list[Change]:
     """Changes that got worse and are not allowed."""
     return [c for c in changes if c.worse and c.allowed is None]
@@ -255,7 +269,7 @@ def render_changes(changes: list[Change], baseline_env: dict[str, Any], candidat
         return "\n".join([*head, "No cell changed."])
     rows = [
         ["-".join(str(x) for x in ch.key[:4] if x) + (f"@{ch.key[4]}" if ch.key[4] else ""), ch.baseline or "—", ch.candidate or "—",
-         "REGRESSION" if ch.worse and not ch.allowed else ("allowed: " + esc(ch.allowed) if ch.allowed else "better/neutral"),
+         esc(verdict_label(ch)),
          esc(ch.detail)]
         for ch in changes
     ]
@@ -300,7 +314,8 @@ def render_summary(changes: list[Change], baseline_env: dict[str, Any], candidat
         return _key_number(cell) if cell else ""
 
     def verdict(ch: Change) -> str:
-        return "**REGRESSION**" if ch.worse and not ch.allowed else (f"allowed: {ch.allowed}" if ch.allowed else "better / neutral")
+        label = escape_md(verdict_label(ch))
+        return f"**{label}**" if label.startswith("REGRESSION") else label
 
     rows = []
     for ch in sorted(changes, key=lambda c: (not (c.worse and not c.allowed), tuple(str(x) for x in c.key))):
@@ -359,7 +374,10 @@ def probe_summary(path: str, flag: str = "--summary") -> None:
     elif p.exists():
         why = None if os.access(p, os.W_OK) else "the file is not writable"
     elif not parent.is_dir():
-        why = f"its folder {parent} does not exist"
+        # the nearest existing ancestor says why: a regular file where a folder should be is not "missing"
+        above = next((a for a in (parent, *parent.parents) if a.exists() or a.is_symlink()), None)
+        why = (f"{above} is a file, not a folder" if above is not None and not above.is_dir()
+               else f"its folder {parent} does not exist")
     elif not os.access(parent, os.W_OK | os.X_OK):
         why = f"its folder {parent} is not writable"
     if why:
@@ -379,6 +397,39 @@ def write_summary(path: str, text: str, flag: str = "--summary") -> None:
     except OSError as exc:
         raise PackcheckUsageError(f"Cannot write the job summary '{path}' (from {flag}): {exc.strerror or exc}. "
                                   "Pass a writable file, e.g. --summary \"$GITHUB_STEP_SUMMARY\".") from None
+
+
+#: Settings two runs of one audit may differ in (where its report went, which shard it was): every other
+#: setting of ``settings`` makes two documents runs of different audits.
+_INCIDENTAL_SETTINGS = ("shard", "report_dir")
+
+#: Settings the gate compares across on purpose: it matches cells by model, backend, check and dtype (a cell of one
+#: side only is named as such), and two stacks (``versions``) are what it exists to compare.
+_SELECTION_SETTINGS = ("models", "backends", "checks", "dtypes", "versions", "audit", "tolerance_source")
+
+
+def settings_differ(documents: list[dict[str, Any]], ignore: tuple[str, ...] = ()) -> list[str]:
+    """The one rule for which settings make documents runs of different audits: the keys of ``settings`` (besides
+    :data:`_INCIDENTAL_SETTINGS` and ``ignore``) whose value differs from the first document's, sorted. Merge names
+    them (not shards of one audit); the gate warns on those that change a cell's numbers (``ignore`` =
+    :data:`_SELECTION_SETTINGS`: probe lengths, sliding window, weights, device)."""
+    first = documents[0].get("settings", {}) if documents else {}
+    return sorted({k for doc in documents[1:] for k in set(doc.get("settings", {})) | set(first)
+                   if k not in _INCIDENTAL_SETTINGS + ignore and doc.get("settings", {}).get(k) != first.get(k)})
+
+
+def probe_settings_note(baseline: dict[str, Any], candidate: dict[str, Any], prog: str) -> str | None:
+    """The gate's warning line when the two documents were measured with different probe settings (the
+    :func:`settings_differ` rule, less the selection the gate matches across): each differing key with both
+    values; None when they agree."""
+    keys = settings_differ([baseline, candidate], ignore=_SELECTION_SETTINGS)
+    if not keys:
+        return None
+    b, c = baseline.get("settings", {}), candidate.get("settings", {})
+    values = scrub_secrets("; ".join(f"{k} {json.dumps(b.get(k))} vs {json.dumps(c.get(k))}" for k in keys))
+    return (f"{prog}: warning: the baseline and the candidate were measured with different probe settings ({values}): "
+            "a cell's numbers and verdict may differ for that reason alone, not for the stack; rerun one side with the "
+            "other's settings to compare like with like")
 
 
 def _is_shard(value: Any) -> bool:
@@ -444,8 +495,7 @@ def merge(documents: list[dict[str, Any]], names: list[str] | None = None) -> di
     sources = [s for s in dict.fromkeys(doc.get("settings", {}).get("tolerance_source") or "" for doc in documents) if s]
     if len(sources) > 1:  # equal values from two sources (or other dtypes): the Source line names every one
         settings["tolerance_source"] = "; ".join(sources)
-    differ = sorted({k for doc in documents[1:] for k in set(doc.get("settings", {})) | set(first.get("settings", {}))
-                     if k not in ("shard", "report_dir") and doc.get("settings", {}).get(k) != first.get("settings", {}).get(k)})
+    differ = settings_differ(documents)
     out = {**first, "schema_version": SCHEMA_VERSION, "settings": settings, "cells": [cells[k] for k in sorted(cells)]}
     benches = [doc["bench"] for doc in documents if doc.get("bench")]
     if benches:  # every file's bench results (shards bench their own models), one per model and profile

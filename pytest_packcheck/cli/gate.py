@@ -86,6 +86,7 @@ def run_gate(baseline: dict, candidate: dict, allow: dict[str, str], prog: str, 
         allowed_reason,
         compare,
         missing_note,
+        probe_settings_note,
         regressions,
         render_changes,
         render_summary,
@@ -98,6 +99,9 @@ def run_gate(baseline: dict, candidate: dict, allow: dict[str, str], prog: str, 
     for key in allow:
         if not any(allowed_reason(i, {key: "x"}) for i in ids):
             print(f"{prog}: warning: --allow '{key}' matches no cell of either file", file=sys.stderr)
+    differ = probe_settings_note(baseline, candidate, prog)
+    if differ:
+        print(differ, file=sys.stderr)
     gone = missing_note(changes, prog)
     if gone:
         print(gone, file=sys.stderr)
@@ -210,7 +214,7 @@ def _print_changes_rich(changes: list, baseline_env: dict, candidate_env: dict) 
     from rich.console import Console
     from rich.table import Table
 
-    from ..analysis.gate import render_changes
+    from ..analysis.gate import render_changes, verdict_label
 
     head = render_changes([], baseline_env, candidate_env).splitlines()[:2]
     console = Console()
@@ -222,7 +226,7 @@ def _print_changes_rich(changes: list, baseline_env: dict, candidate_env: dict) 
     table = Table("cell", "baseline", "candidate", "verdict", "detail")
     for ch in changes:
         cell = "-".join(str(x) for x in ch.key[:4] if x) + (f"@{ch.key[4]}" if ch.key[4] else "")
-        verdict = "REGRESSION" if ch.worse and not ch.allowed else (f"allowed: {ch.allowed}" if ch.allowed else "better/neutral")
+        verdict = verdict_label(ch)
         table.add_row(cell, ch.baseline or "—", ch.candidate or "—", verdict, ch.detail,
-                      style="red" if verdict == "REGRESSION" else None)
+                      style="red" if verdict.startswith("REGRESSION") else None)
     console.print(table)

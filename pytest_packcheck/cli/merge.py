@@ -26,11 +26,12 @@ def run(ns: argparse.Namespace) -> int:
     from ..results import load_document, write_failure
     from ..run.process import hold_report_dir
 
-    documents = [load_document(f, "packcheck merge's FILES") for f in ns.files]
+    files = _distinct_files(ns.files)
+    documents = [load_document(f, "packcheck merge's FILES") for f in files]
     if not any(d["cells"] for d in documents):  # a matrix with no cells would claim a run that checked nothing
         raise PackcheckUsageError(f"no cells to merge: {', '.join(ns.files)} (packcheck merge's FILES) hold no cells; pass "
                                   "the packcheck-matrix.json of audits that checked something.")
-    doc = diagnose_document(merge(documents, list(ns.files)))
+    doc = diagnose_document(merge(documents, files))
     out = Path(ns.output_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -57,5 +58,24 @@ def run(ns: argparse.Namespace) -> int:
     if doc.get("incomplete"):
         print(f"packcheck merge: warning: the merged matrix is incomplete: {doc['incomplete']['reason']}; it says so "
               "in its header", file=sys.stderr)
-    print(f"merged {len(ns.files)} files, {len(doc['cells'])} cells into {out}")
+    print(f"merged {len(files)} file{'s' if len(files) != 1 else ''}, {len(doc['cells'])} cells into {out}")
     return 0
+
+
+def _distinct_files(files: list[str]) -> list[str]:
+    """``files`` with a file named again (the same path, or another path to it) kept once, as the duplicate-cell rule
+    keeps a cell held twice with one verdict once, each repeat noted on stderr: ``merge a.json a.json`` merged "2
+    files" and a forgotten second shard went unnoticed."""
+    import os
+
+    from ..errors import scrub_secrets as scrub
+
+    kept: list[str] = []
+    for f in files:
+        same = next((k for k in kept if k == f or (os.path.exists(k) and os.path.exists(f) and os.path.samefile(k, f))), None)
+        if same is None:
+            kept.append(f)
+        else:
+            print(f"packcheck merge: note: {scrub(f)} is the same file as {scrub(same)}, given twice: merged once; "
+                  "if you meant another shard, pass its packcheck-matrix.json", file=sys.stderr)
+    return kept

@@ -96,17 +96,21 @@ CONFIG_OPTION_OVERRIDES: dict[str, Any] = {}
 
 
 def _origin(key: str, value: Any, spec: ModelSpec, source: str, lead: str = "in model spec") -> str:
-    """Where the override ``key=value`` came from, for a message's parenthesis: ``--packcheck-config key=value``
-    (as the user typed it) and the model spec it was applied to, without the values that option folded in, when
-    the option folded that very value in; else ``<lead> '<spec>' from <source>``."""
+    """Where the override ``key=value`` came from, for a message's parenthesis, each override named by its own
+    source: ``from --packcheck-config key=value, applied to model spec '<spec as typed>' from <source>`` when that
+    option folded this very value in; else ``<lead> '<spec as typed>' from <source>``, followed by ``(with
+    --packcheck-config k=v applied)`` when the option folded other values into it. The spec is quoted as the user
+    typed it, without the values the option folded in."""
     from ..config.options import OPT_CONFIG
     from .specs import format_overrides
 
-    if key in CONFIG_OPTION_OVERRIDES and CONFIG_OPTION_OVERRIDES[key] == value:
-        own = [(k, v) for k, v in spec.overrides if CONFIG_OPTION_OVERRIDES.get(k, object()) != v]
-        base = spec.raw.partition("{")[0] + (f"{{{format_overrides(own)}}}" if own else "")
-        return f"from {OPT_CONFIG} {format_overrides([(key, value)])}, applied to model spec '{base}' from {source}"
-    return f"{lead} '{spec.raw}' from {source}"
+    folded = [(k, v) for k, v in spec.overrides if k in CONFIG_OPTION_OVERRIDES and CONFIG_OPTION_OVERRIDES[k] == v]
+    own = [(k, v) for k, v in spec.overrides if (k, v) not in folded]
+    typed = spec.raw.partition("{")[0] + (f"{{{format_overrides(own)}}}" if own else "") if folded else spec.raw
+    if (key, value) in folded:
+        return f"from {OPT_CONFIG} {format_overrides([(key, value)])}, applied to model spec '{typed}' from {source}"
+    applied = f", with {OPT_CONFIG} {format_overrides(folded)} applied" if folded else ""
+    return f"{lead} '{typed}' from {source}{applied}"
 
 
 def _refuse_absurd_token_ids(config: Any, spec: ModelSpec, source: str) -> None:

@@ -89,6 +89,17 @@ def parse_overrides(text: str, where: str) -> tuple[tuple[str, Any], ...]:
     return tuple(items)
 
 
+def _first_brace_pair_end(text: str) -> int | None:
+    """Index of the '}' that closes the first '{' of ``text`` (brackets inside a value nest), None when unclosed."""
+    depth = 0
+    for i, ch in enumerate(text[text.find("{"):], start=text.find("{")):
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if depth == 0:
+            return i
+    return None
+
+
 def parse_model_spec(raw: str, source: str) -> ModelSpec:
     """Parse one model spec.
 
@@ -97,16 +108,18 @@ def parse_model_spec(raw: str, source: str) -> ModelSpec:
     """
     text = raw.strip()
     overrides: tuple[tuple[str, Any], ...] = ()
-    if text.endswith("}") and "{" in text:
+    if text.endswith("}") and "{" in text and _first_brace_pair_end(text) == len(text) - 1:
         text, _, body = text[:-1].partition("{")
         overrides = parse_overrides(body, f"in model spec '{raw.strip()}' from {source}")
         spec = parse_model_spec(text, source)
         return ModelSpec(raw=raw.strip(), kind=spec.kind, name=spec.name, revision=spec.revision, overrides=overrides)
     if ("{" in text or "}" in text) and not os.path.isdir(text):
-        brace = ("a '}' without its '{'" if "{" not in text else "text after the closing '}'"
-                 if "}" in text.partition("{")[2] else "an unclosed '{'")
+        end = _first_brace_pair_end(text)
+        brace = ("a '}' without its '{'" if "{" not in text else "an unclosed '{'" if end is None
+                 else "a second pair of braces" if text[end + 1:].lstrip().startswith("{")
+                 else "text after the closing '}'")
         raise PackcheckUsageError(f"Malformed model spec '{raw}' (from {source}): {brace}; write the overrides last, in one pair "
-                                  "of braces, e.g. arch:dbrx{clip_qkv=8}.")
+                                  "of braces, e.g. arch:llama{num_hidden_layers=2,tie_word_embeddings=true}.")
     if not text:
         raise PackcheckUsageError(f"Empty model spec in {source}. Give org/name[@rev], a local directory or arch:<model_type>.")
     if text.startswith("arch:"):

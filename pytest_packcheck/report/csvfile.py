@@ -9,13 +9,28 @@ import io
 
 from .model import Report
 from .numbers import key_number
-from .verdicts import check_order
+from .text import cut
+from .verdicts import SYMBOLS, check_order, headline_text, pass_qualifier
 
 #: The columns, in order. ``versions``: the cell's ``--packcheck-versions`` label ("" for this environment);
 #: ``verdict``: the headline status (results.STATUSES); ``cause``: the headline's cause codes, worst first;
 #: ``check`` and ``key number``: the check the verdict rests on (the first failing correctness check, else the
-#: first that ran, :func:`verdicts.check_order`: isolation first) and its number as the Markdown writes it.
-COLUMNS = ("model", "backend", "dtype", "versions", "verdict", "cause", "check", "key number")
+#: first that ran, :func:`verdicts.check_order`: isolation first) and its number as the Markdown writes it;
+#: ``note``: what the Markdown matrix says of the cell beyond its symbol (:func:`note`): a pass's checks not
+#: checked, "not run: ... (interrupted)" for a cell an interrupted run never finished, a skipped cell's reason.
+COLUMNS = ("model", "backend", "dtype", "versions", "verdict", "cause", "check", "key number", "note")
+
+
+def note(h: dict, marks: list[str] | None = None) -> str:
+    """The cell's text as the Markdown matrix writes it (:func:`verdicts.headline_text`), without its symbol (a
+    pass: its qualifier without the parentheses), and for a cell not checked the reason its first check gives."""
+    if h["status"] == "pass":
+        return "; ".join([x for x in (pass_qualifier(h),) if x] + [f"⚑ {m}" for m in marks or []])
+    text = headline_text(h, marks).removeprefix(SYMBOLS[h["status"]]).strip()
+    if h["status"] == "skipped" and not h.get("not_run") and h.get("not_checked"):
+        check, why = next(iter(h["not_checked"].items()))
+        text += f": {check}: {cut(' '.join(str(why).split()), 140)}"
+    return text
 
 
 def rows(rep: Report) -> list[dict[str, str]]:
@@ -34,7 +49,8 @@ def rows(rep: Report) -> list[dict[str, str]]:
                     first = None if h.get("not_run") and h["status"] == "skipped" else (h["bad"] or ran or [None])[0]
                     out.append({"model": model, "backend": backend, "dtype": dtype, "versions": env or "",
                                 "verdict": h["status"], "cause": ", ".join(h["causes"]) if h["status"] != "pass" else "",
-                                "check": first["check"] if first else "", "key number": key_number(first) if first else ""})
+                                "check": first["check"] if first else "", "key number": key_number(first) if first else "",
+                                "note": note(h, rep.marks.get((model, env, dtype, backend)))})
     return out
 
 

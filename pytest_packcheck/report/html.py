@@ -128,9 +128,10 @@ def page_data(rep: Report) -> dict[str, Any]:
             else:
                 row_cells = {labels.get(b, b): x for b in backends if (x := entry(label, b, dtype, None))}
                 if row_cells:
-                    rows.append({"model": label, "backend": None, "head": [label, dtype], "cells": row_cells})
+                    rows.append({"model": label, "backend": None, "head": [label, dtype, *_bench_head(rep, label)], "cells": row_cells})
     # backends that ran nothing here (every group not checked: e.g. a CUDA kernel on a CPU machine): one line
     # above the matrix instead of a column of "not checked" cells
+    bench = rep.doc.get("bench")
     collapsed = {} if versioned else {rep.label(b): why for b, why in rep.not_run.items()}
     if collapsed:
         for row in rows:
@@ -140,11 +141,60 @@ def page_data(rep: Report) -> dict[str, Any]:
         "collapsed": collapsed,
         "models": models, "backends": [x for x in columns] if not versioned else backends,
         "versions": [env_header(e, cells) for e in envs], "columns": columns, "columns_are_versions": versioned,
-        "row_headers": ["model", "backend", "dtype"] if versioned else ["model", "dtype"],
+        "row_headers": ["model", "backend", "dtype"] if versioned else ["model", "dtype", *(["speedup / memory"] if bench else [])],
         "verdicts": sorted({g["status"] for r in rows for g in r["cells"].values()}), "rows": rows, "groups": groups,
         # the filter's words are the cells' words ("✅ pass", "⏭️ not checked"), not the status codes
         "verdict_names": {s: f"{SYMBOLS[s]} {'not checked' if s == 'skipped' else s}" for s in SYMBOLS},
     }
+
+
+def _bench_head(rep: Report, label: str) -> list[str]:
+    """The Markdown matrix's "speedup / memory" entry of a model (:func:`run.throughput.bench_cell`), [] without bench."""
+    bench = rep.doc.get("bench")
+    if not bench:
+        return []
+    from ..run.throughput import bench_cell
+
+    return [bench_cell([r for r in bench["results"] if r["model"]["label"] == label], rep.cells)]
+
+
+def _markdown_html(lines: list[str]) -> str:
+    """Markdown lines of a report section (``## heading``, a GitHub table, ``- `` items, sentences) as HTML, so a
+    section the Markdown renders (the payoff of --bench: :func:`run.throughput.bench_section`) is shown from the
+    same lines, not rewritten."""
+    import re
+
+    def unescape(text: str) -> str:
+        return _inline_md(re.sub(r"\\([|<>\[\]`*_\\])", r"\1", text))
+
+    out: list[str] = []
+    table: list[list[str]] = []
+    items: list[str] = []
+
+    def flush() -> None:
+        if table:
+            head, body = table[0], [r for r in table[1:] if not all(set(c.strip()) <= set(":-") for c in r)]
+            out.append("<table><tr>" + "".join(f"<th>{unescape(c.strip())}</th>" for c in head) + "</tr>" + "".join(
+                "<tr>" + "".join(f"<td>{unescape(c.strip())}</td>" for c in r) + "</tr>" for r in body) + "</table>")
+            table.clear()
+        if items:
+            out.append("<ul>" + "".join(f"<li>{unescape(i)}</li>" for i in items) + "</ul>")
+            items.clear()
+
+    for line in "\n".join(lines).splitlines():  # a table comes as one multi-line item
+        if line.startswith("|"):
+            table.append(re.split(r"(?<!\\)\|", line.strip())[1:-1])
+            continue
+        if line.startswith("- "):
+            items.append(line[2:])
+            continue
+        flush()
+        if line.startswith("## "):
+            out.append(f"<h2>{unescape(line[3:])}</h2>")
+        elif line.strip():
+            out.append(f"<p>{unescape(line)}</p>")
+    flush()
+    return "\n".join(out)
 
 
 def _inline_md(text: str) -> str:
@@ -208,6 +258,10 @@ def _summary_html(rep: Report, data: dict[str, Any]) -> str:
                    f'{"❌" if gate.get("regressions") else "✅"} {e(str(gate.get("regressions", 0)))} regression(s), '
                    f'{e(str(gate.get("changed", 0)))} changed cell(s): {e(str(gate.get("candidate", "")))} (candidate) against '
                    f'{e(str(gate.get("baseline", "")))} (baseline){": " + e(", ".join(map(str, cells))) if cells else ""}</p>')
+    if doc.get("bench"):  # the Markdown's payoff section, from the same lines
+        from ..run.throughput import bench_section
+
+        out.append('<div id="payoff">' + _markdown_html(bench_section(doc["bench"], doc.get("cells") or [])) + "</div>")
     if lay.versioned:
         out.append(_release_chart(rep))
     if data.get("collapsed"):

@@ -277,7 +277,8 @@ def counts_line(cells: list[dict[str, Any]], symbols: bool = True) -> str:
     axes = "model x backend" + (" x dtype" if len({c["dtype"] for c in cells}) > 1 else "")
     verdicts = ", ".join(f"{sym(s)}{s if s != 'skipped' else 'not checked'} {n['cells'][s]}{models(s)}"
                          for s in reversed(STATUSES) if n["cells"][s])
-    text = f"Matrix cells ({axes}, judged by the correctness checks): {verdicts} (of {total})."
+    text = (f"Matrix cells ({axes}, judged by the correctness checks): {verdicts} (of {total})." if total else
+            "Matrix cells: none judged (no correctness check ran).")
     covered = coverage(cells)
     if covered:
         text += " " + covered
