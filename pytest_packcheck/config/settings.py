@@ -78,6 +78,8 @@ class Settings:
             "tolerance_source": self.tolerance_source,
             "versions": [v.label for v in self.versions],
             "lengths": list(self.lengths), "sliding_window": self.sliding_window,
+            # the per-cell limit and where cells ran: a limit is enforced only in a forked child (isolation "fork")
+            "isolation": self.sandbox, "timeout_s": self.timeout_s,
             # [index, count] of a sharded run, so `packcheck merge` can tell when shards are missing
             **({"shard": list(self.shard)} if self.shard[1] > 1 else {}),
         }
@@ -328,6 +330,17 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
     _validate_names([sandbox], SANDBOX_MODES, "isolation mode", sandbox_src)
     if sandbox == fork and not fork_available():
         raise PackcheckUsageError(f"Isolation 'fork' (from {sandbox_src}) is not available on this platform: use {OPT_ISOLATION}=none.")
+    _timeout_value, timeout_src = pick(by_flag[OPT_TIMEOUT])
+    if sandbox == in_process and parsed_fields.get("timeout_s") and timeout_src != "default":
+        import warnings
+
+        from ..errors import PackcheckWarning
+
+        # the limit is enforced by killing the cell's forked child (run/sandbox.py): in this process there is none
+        warnings.warn(PackcheckWarning(
+            f"The timeout {parsed_fields['timeout_s']:g} s (from {timeout_src}) is not enforced: a timeout needs "
+            f"{OPT_ISOLATION}=fork (the cell's child is killed at the limit), and isolation is 'none' (from {sandbox_src}), "
+            f"so cells run in this process without a limit. Drop {OPT_ISOLATION}=none to enforce it."), stacklevel=2)
     resume, _ = pick(by_flag[OPT_RESUME])
     return Settings(
         **parsed_fields, sandbox=sandbox, resume=bool(resume),
