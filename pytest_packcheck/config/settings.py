@@ -165,6 +165,18 @@ def _validate_names(values: list[str], allowed: tuple[str, ...], what: str, sour
     return tuple(dict.fromkeys(values))
 
 
+def off_without_models(get_option: Any) -> str | None:
+    """The line a run prints when packcheck is off (:func:`resolve` returned None: no models, no audit, no
+    --packcheck-all-architectures) though packcheck options were given on the command line (``--packcheck-attn
+    sdpa`` alone did nothing, silently); None when none was given. ``get_option(dest)`` as for :func:`resolve`."""
+    given = [opt.flag for opt in OPTIONS
+             if opt.flag not in (OPT_MODELS, OPT_AUDIT, OPT_ALL_ARCHS) and get_option(opt.dest) not in (None, False, [])]
+    if not given:
+        return None
+    return (f"packcheck: off: {', '.join(given)} given but no models, so packcheck ran nothing; turn it on with "
+            f"{OPT_MODELS} (e.g. {OPT_MODELS}=arch:llama), {OPT_AUDIT} or {OPT_ALL_ARCHS}.")
+
+
 def resolve(get_option: Any, get_ini: Any) -> Settings | None:
     """Resolve every option CLI > env > ini > default. ``get_option(dest)`` returns the CLI value or None,
     ``get_ini(key)`` the ini value or None. Returns None when packcheck is not switched on (no models, no
