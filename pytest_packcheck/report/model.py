@@ -32,6 +32,13 @@ def environment_rows(environment: dict[str, Any]) -> list[tuple[str, str]]:
     return [(lib.label, env_value(environment, lib.key)) for lib in header_libraries()]
 
 
+def environment_role(versioned: bool) -> str:
+    """Whose versions the document's ``environment`` holds: the environment that measured every cell, or, in a
+    ``--packcheck-versions`` run, the controller's (each version environment's own are on its cells)."""
+    return ("Controller (each version environment ran its own cells, over its own torch and libraries)" if versioned
+            else "Measured")
+
+
 def environment_line(environment: dict[str, Any]) -> str:
     """:func:`environment_rows` in one phrase: ``torch 2.13.0+cpu, transformers 5.24.0, trl 1.16.0, flash-attn not installed``."""
     return ", ".join(f"{name} {version}" for name, version in environment_rows(environment))
