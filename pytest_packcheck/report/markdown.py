@@ -9,7 +9,7 @@ from collections import Counter
 
 from ..checks.registry import REGISTRY, ROLES
 from ..results import STATUSES, SYMBOLS
-from .model import Report, env_header, env_value, environment_line, environment_role
+from .model import Report, env_header, env_value, environment_line, environment_role, incomplete_text
 from .sections import (
     answer_section,
     environments_section,
@@ -58,7 +58,7 @@ def render(rep: Report) -> str:
     ]
     if doc.get("incomplete"):
         inc = doc["incomplete"]
-        lines += [f"**⚠️ Incomplete: {escape_md(inc['reason'])} after {inc['cells']} cells; {escape_md(inc.get('resume', ''))}.**", ""]
+        lines += [f"**⚠️ {escape_md(incomplete_text(inc))}.**", ""]
     totals = Counter(check_mark(c)[2] for c in cells)
     lines.append(counts_line(cells))
     lines.append("")
