@@ -815,8 +815,8 @@ def test_cells_taken_from_the_journal_after_an_interrupt_are_named_as_such(pytes
     assert result.ret == pytest.ExitCode.INTERRUPTED
     doc = json.loads((pytester.path / "reports" / "packcheck-matrix.json").read_text())
     assert doc["incomplete"]["cells"] == 2 and doc["incomplete"]["journal"] == {"earlier": 0, "this": 1}
-    result.stdout.fnmatch_lines(["Incomplete: the run was interrupted after 2 cells (1 finished in this run but never "
-                                 "reached pytest: taken from the journal, so pytest's own counts leave them out); *"])
+    result.stdout.fnmatch_lines([("Incomplete: the run was interrupted after 2 cells (1 finished in this run but never "
+                                 "reached pytest: taken from the journal, so pytest's own counts leave them out); *")])
 
 
 def test_incomplete_line_names_cells_of_an_earlier_run_taken_from_the_journal():
@@ -842,5 +842,5 @@ def test_a_run_that_selects_no_cell_removes_the_earlier_matrix_and_says_so(pytes
                                            "--packcheck-checks=isolation", "-k", "nomatch")
     assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
     assert not any((reports / f.file).exists() for f in FORMATS)
-    result.stdout.fnmatch_lines(["packcheck: no packcheck cell ran (deselected by -k 'nomatch'), so no matrix was written; "
-                                 "the previous * were removed so they are not taken for this run's; this run emptied the journal *"])
+    result.stdout.fnmatch_lines([("packcheck: no packcheck cell ran (deselected by -k 'nomatch'), so no matrix was written; "
+                                 "the previous * were removed so they are not taken for this run's; this run emptied the journal *")])
