@@ -118,7 +118,20 @@ def test_opt_sdpa_raises_leak(tolerances, tmp_path):
     result = info.value.result
     assert result.cause == "leak", result.line()
     assert result.attention["boundaries_missing"] == 2 and "flash" in result.remedy
+    # the guard's own wording: its user has no audit cell (trial 4, 278)
+    assert "reference cell" not in result.remedy and "run this guard again" in result.remedy
     assert json.loads((tmp_path / RESULT_FILE).read_text())["cause"] == "leak"
+
+
+def test_the_guards_leak_remedy_names_no_audit_cell():
+    """Trial 4, 278: the guard on opt gave the audit's remedy ("see its varlen reference cell, packcheck's CPU
+    stand-in ..."); the guard's cell (check "guard") gets the same advice in terms of its own run."""
+    from pytest_packcheck.analysis.diagnose import remedy
+
+    guard = remedy("leak", {"backend": "sdpa", "check": "guard", "metrics": {"batch_has_position_ids": True}}, {}, faults=[])
+    audit = remedy("leak", {"backend": "sdpa", "check": "isolation", "metrics": {}}, {}, faults=[])
+    assert "reference cell" not in guard and "attn_implementation='flash_attention_2'" in guard and "run this guard again" in guard
+    assert "varlen reference cell" in audit
 
 
 def test_policies_warn_and_disable(tolerances, tmp_path):
