@@ -904,6 +904,31 @@ def test_callback_on_a_padded_batch_says_not_packed_once(llama_sdpa, monkeypatch
     assert callback.result.verdict == "skipped" and callback.result.lengths == [] and callback.fallback is None
 
 
+def test_callback_on_trls_wrapped_packing_says_it_packs_without_boundaries(llama_sdpa):
+    """Trial 4, 151: SFTConfig(packing=True, packing_strategy="wrapped") feeds rows cut from one stream (an all-ones
+    mask, no position_ids): the guard said "not packed: nothing to check" though the user packs. It says the rows
+    are packed by wrapping, with no boundaries by design, and which TRL options keep examples apart."""
+    import warnings
+    from types import SimpleNamespace
+
+    ids = torch.randint(3, 200, (2, 13))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+    model, callback = llama_sdpa.model, PackcheckCallback(on_mismatch="warn", verbose=False)
+    args = SimpleNamespace(output_dir=None, packing=True, packing_strategy="wrapped", padding_free=False)
+    callback.on_train_begin(args, SimpleNamespace(is_world_process_zero=True), None, model=model)
+    callback._remove()
+    model.train()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            callback._first_forward(model, (), batch)
+    finally:
+        model.eval()
+    assert callback.result.evidence.startswith("packed by wrapping (no boundaries: examples attend to each other by design; "
+                                               "packing_strategy='bfd' or padding_free=True keeps them apart)")
+    assert "not packed" not in callback.result.evidence
+
+
 def test_callback_verbose_must_be_a_bool():
     with pytest.raises(PackcheckUsageError, match="verbose='no': expected True or False"):
         PackcheckCallback(verbose="no")
