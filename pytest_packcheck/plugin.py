@@ -16,6 +16,7 @@ import pytest
 from .config.options import OPTIONS
 
 _SESSION_KEY = pytest.StashKey["Any"]()
+_OFF_KEY = pytest.StashKey["str | None"]()  # packcheck off though its options were given (settings.off_without_models)
 #: The names this module is registered under: pyproject's ``pytest11`` entry point and its module path (``-p
 #: pytest_packcheck.plugin``, ``pytest_plugins = [...]``). pluggy refuses one module under two names.
 ENTRY_POINT = "packcheck"
@@ -56,6 +57,9 @@ def pytest_configure(config: pytest.Config) -> None:
     try:
         settings = resolve(lambda dest: config.getoption(dest), lambda key: config.getini(key))
         if settings is None:
+            from .config.settings import off_without_models
+
+            config.stash[_OFF_KEY] = off_without_models(lambda dest: config.getoption(dest))
             return
         from .run.session import PackcheckSession
 
@@ -127,6 +131,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     state = _state(config)
+    if state is None and config.stash.get(_OFF_KEY, None):
+        terminalreporter.write_line(config.stash[_OFF_KEY], yellow=True)
     if state is None or state.document is None:
         return
     from .errors import scrub_secrets

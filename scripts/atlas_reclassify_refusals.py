@@ -30,6 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from pytest_packcheck.atlas.releases import entry_message
 from pytest_packcheck.run.runner import _classify_exception, missing_package_message, missing_packages
 
 PREFIX = "crashed in the model packcheck shrank (random weights): "
@@ -64,7 +65,7 @@ def relabel(entry: dict) -> tuple[str, dict] | None:
     exc = KINDS[kind](text)
     packages = missing_packages(exc)
     if packages:
-        message = " ".join(missing_package_message(stage, packages, f"{kind}: {text}").split())[:160]
+        message = entry_message(missing_package_message(stage, packages, f"{kind}: {text}"))
         return "missing_package", {"verdict": "skipped", "causes": [], "check": entry.get("check"), "message": message}
     if stage != "build" or _classify_exception(exc) != "unsupported":
         return None

@@ -846,6 +846,25 @@ def test_reduction_keeps_a_failing_checks_further_causes():
     assert A.shows(entry, "wrong_positions")
 
 
+def test_an_entry_message_over_160_characters_is_cut_at_a_word_with_an_ellipsis():
+    """A long failure message is stored cut at a word boundary and ended with "…" (it was cut at exactly 160
+    characters mid-word / mid-sentence: "... they hold "), by the one function both atlas reductions use."""
+    from pytest_packcheck.atlas import trl as T
+    from pytest_packcheck.atlas.releases import MESSAGE_CHARS
+
+    words = "the varlen path drops cu_seqlens so packed examples attend across their boundaries, and they hold "
+    long = (words * 3).strip()
+    cell = {"model": {"model_type": "qwen2_vl"}, "backend": "packcheck_flash_ref", "dtype": "float32",
+            "check": "isolation", "status": "fail", "cause": "leak", "message": long, "metrics": {}}
+    got = A.reduce_release({"cells": [cell]})["qwen2_vl"]["packcheck_flash_ref"]["message"]
+    assert len(got) <= MESSAGE_CHARS and got.endswith("…")
+    assert long.startswith(got[:-1]) and long[len(got) - 1] == " "  # the cut falls on a space, not inside a word
+    trl_cell = dict(cell, backend="sdpa", check="sft", model={"model_type": "llama"})
+    assert T.reduce_trl_release({"cells": [trl_cell]})["llama"]["sft"]["sdpa"]["message"] == got
+    short = dict(cell, message="leaks   across\nexamples")
+    assert A.reduce_release({"cells": [short]})["qwen2_vl"]["packcheck_flash_ref"]["message"] == "leaks across examples"
+
+
 def test_atlas_refuses_a_release_the_index_does_not_have(monkeypatch, capsys):
     """``--releases 4.99.0`` is refused before any environment is built, naming the nearest releases; an
     unreachable index is a warning (the build then says what it cannot install)."""

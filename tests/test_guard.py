@@ -118,7 +118,20 @@ def test_opt_sdpa_raises_leak(tolerances, tmp_path):
     result = info.value.result
     assert result.cause == "leak", result.line()
     assert result.attention["boundaries_missing"] == 2 and "flash" in result.remedy
+    # the guard's own wording: its user has no audit cell (trial 4, 278)
+    assert "reference cell" not in result.remedy and "run this guard again" in result.remedy
     assert json.loads((tmp_path / RESULT_FILE).read_text())["cause"] == "leak"
+
+
+def test_the_guards_leak_remedy_names_no_audit_cell():
+    """Trial 4, 278: the guard on opt gave the audit's remedy ("see its varlen reference cell, packcheck's CPU
+    stand-in ..."); the guard's cell (check "guard") gets the same advice in terms of its own run."""
+    from pytest_packcheck.analysis.diagnose import remedy
+
+    guard = remedy("leak", {"backend": "sdpa", "check": "guard", "metrics": {"batch_has_position_ids": True}}, {}, faults=[])
+    audit = remedy("leak", {"backend": "sdpa", "check": "isolation", "metrics": {}}, {}, faults=[])
+    assert "reference cell" not in guard and "attn_implementation='flash_attention_2'" in guard and "run this guard again" in guard
+    assert "varlen reference cell" in audit
 
 
 def test_policies_warn_and_disable(tolerances, tmp_path):
@@ -889,6 +902,31 @@ def test_callback_on_a_padded_batch_says_not_packed_once(llama_sdpa, monkeypatch
     assert said[0].startswith("packcheck guard: not packed: nothing to check") and "packed examples" not in said[0]
     assert said[0].endswith("training goes on unchanged") and "(3, 13)" in said[0]
     assert callback.result.verdict == "skipped" and callback.result.lengths == [] and callback.fallback is None
+
+
+def test_callback_on_trls_wrapped_packing_says_it_packs_without_boundaries(llama_sdpa):
+    """Trial 4, 151: SFTConfig(packing=True, packing_strategy="wrapped") feeds rows cut from one stream (an all-ones
+    mask, no position_ids): the guard said "not packed: nothing to check" though the user packs. It says the rows
+    are packed by wrapping, with no boundaries by design, and which TRL options keep examples apart."""
+    import warnings
+    from types import SimpleNamespace
+
+    ids = torch.randint(3, 200, (2, 13))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+    model, callback = llama_sdpa.model, PackcheckCallback(on_mismatch="warn", verbose=False)
+    args = SimpleNamespace(output_dir=None, packing=True, packing_strategy="wrapped", padding_free=False)
+    callback.on_train_begin(args, SimpleNamespace(is_world_process_zero=True), None, model=model)
+    callback._remove()
+    model.train()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            callback._first_forward(model, (), batch)
+    finally:
+        model.eval()
+    assert callback.result.evidence.startswith("packed by wrapping (no boundaries: examples attend to each other by design; "
+                                               "packing_strategy='bfd' or padding_free=True keeps them apart)")
+    assert "not packed" not in callback.result.evidence
 
 
 def test_callback_verbose_must_be_a_bool():

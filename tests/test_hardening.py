@@ -817,3 +817,44 @@ def test_a_run_stopped_by_maxfail_is_incomplete_with_the_unrun_cells_named(pytes
     llama = next(c for c in doc["cells"] if c["model"]["label"] == "llama")
     assert llama["status"] == "skipped" and llama["metrics"]["not_run"] == "interrupted"
     assert "Incomplete: the run stopped early" in (pytester.path / "reports" / "packcheck-matrix.md").read_text()
+
+
+def test_cells_taken_from_the_journal_after_an_interrupt_are_named_as_such(pytester):
+    """Trial 4, 75: after a Ctrl-C the terminal read "pass 4 (of 18)" where pytest said "no tests ran": those cells
+    finished in the forked child (journaled) but never reached pytest. The Incomplete line now says how many were
+    taken from the journal, in the terminal as in the JSON."""
+    _ctrl_c_during_cell(pytester, 2)  # the child ran both cells on the first item; the second is never reported
+    result = pytester.runpytest_subprocess("--packcheck-models=arch:llama", "--packcheck-attn=sdpa", "-p", "no:cacheprovider",
+                                           "--packcheck-checks=position_ids,isolation", "--packcheck-isolation=fork")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    doc = json.loads((pytester.path / "reports" / "packcheck-matrix.json").read_text())
+    assert doc["incomplete"]["cells"] == 2 and doc["incomplete"]["journal"] == {"earlier": 0, "this": 1}
+    result.stdout.fnmatch_lines([("Incomplete: the run was interrupted after 2 cells (1 finished in this run but never "
+                                 "reached pytest: taken from the journal, so pytest's own counts leave them out); *")])
+
+
+def test_incomplete_line_names_cells_of_an_earlier_run_taken_from_the_journal():
+    from pytest_packcheck.report.model import incomplete_text
+
+    inc = {"reason": "the run was interrupted", "cells": 4, "resume": "rerun", "journal": {"earlier": 4, "this": 0}}
+    assert incomplete_text(inc) == ("Incomplete: the run was interrupted after 4 cells (4 finished in an earlier run "
+                                    "(--packcheck-resume): taken from the journal, so pytest's own counts leave them out); rerun")
+    assert incomplete_text({"reason": "r", "cells": 2, "resume": "x"}) == "Incomplete: r after 2 cells; x"
+
+
+def test_a_run_that_selects_no_cell_removes_the_earlier_matrix_and_says_so(pytester):
+    """Trial 4, 80: `-k nomatch` into a folder holding an earlier matrix left it in place while the owner file named
+    this run and the journal was emptied (a mixed set). The earlier matrix is removed with one line, as for a run
+    interrupted before any cell finished."""
+    from pytest_packcheck.report.formats import FORMATS
+
+    reports = pytester.path / "reports"
+    reports.mkdir()
+    for f in FORMATS:
+        (reports / f.file).write_text("earlier")
+    result = pytester.runpytest_subprocess("--packcheck-models=arch:llama", "--packcheck-attn=sdpa", "-p", "no:cacheprovider",
+                                           "--packcheck-checks=isolation", "-k", "nomatch")
+    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
+    assert not any((reports / f.file).exists() for f in FORMATS)
+    result.stdout.fnmatch_lines([("packcheck: no packcheck cell ran (deselected by -k 'nomatch'), so no matrix was written; "
+                                 "the previous * were removed so they are not taken for this run's; this run emptied the journal *")])

@@ -106,3 +106,29 @@ def test_an_audits_lengths_go_through_the_same_parse(tmp_path, monkeypatch):
     settings = resolve(lambda dest: str(audit) if dest == "packcheck_audit" else None, lambda key: None)
     assert settings.lengths == (5, 1, 6) and settings.sliding_window == 4
     assert f"{OPT_LENGTHS}=5,1,6" in settings.reproduce_flags()
+
+
+def test_a_timeout_given_with_isolation_none_is_warned_as_not_enforced_and_recorded(monkeypatch):
+    """`--packcheck-isolation none --packcheck-timeout 1`: the limit is enforced by killing a forked child, so
+    without one it is not enforced; the run says so at start (it ran a 4 s cell silently) and the settings record
+    both the timeout and the isolation."""
+    import warnings
+
+    from pytest_packcheck.config.settings import resolve
+    from pytest_packcheck.errors import PackcheckWarning
+
+    for opt in OPTIONS:
+        if opt.env:
+            monkeypatch.delenv(opt.env, raising=False)
+    given = {"packcheck_models": "arch:llama", BY_FLAG[OPT_ISOLATION].dest: "none", BY_FLAG[OPT_TIMEOUT].dest: "1"}
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        settings = resolve(given.get, lambda key: None)
+    lines = [str(w.message) for w in seen if issubclass(w.category, PackcheckWarning)]
+    assert len(lines) == 1 and "timeout 1 s (from --packcheck-timeout) is not enforced" in lines[0]
+    assert f"{OPT_ISOLATION}=fork" in lines[0]
+    assert settings.as_dict()["isolation"] == "none" and settings.as_dict()["timeout_s"] == 1
+    with warnings.catch_warnings(record=True) as seen:  # the default timeout with isolation none: no warning
+        warnings.simplefilter("always")
+        resolve({k: v for k, v in given.items() if k != BY_FLAG[OPT_TIMEOUT].dest}.get, lambda key: None)
+    assert not [w for w in seen if issubclass(w.category, PackcheckWarning)]

@@ -294,3 +294,13 @@ def test_x(packcheck_verify):
     out = result.stdout.str()
     result.stdout.fnmatch_lines(["NotPackedError: verify_packed_batch: batch*has shape (2, 3)*"])  # the whole failure
     assert "guard/batch.py" not in out and "During handling" not in out and "raise " not in out, out[-3000:]
+
+
+def test_packcheck_options_without_models_say_packcheck_is_off(pytester):
+    """`pytest --packcheck-attn sdpa` in a folder of plain tests, without models, was silently ignored: one line
+    now names the options given and how to switch packcheck on; a plain run prints no such line."""
+    pytester.makepyfile(test_plain="def test_a():\n    assert True\n")
+    result = pytester.runpytest_inprocess("--packcheck-attn", "sdpa")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["packcheck: off: --packcheck-attn given but no models, so packcheck ran nothing; *--packcheck-models*"])
+    assert "packcheck: off" not in pytester.runpytest_inprocess().stdout.str()

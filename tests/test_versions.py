@@ -139,6 +139,21 @@ def test_matrix_has_one_column_per_version_environment():
     assert "**float32, transformers 4.51.3**" in render_details(doc)
 
 
+def test_a_versions_runs_terminal_header_labels_the_controllers_versions():
+    """A --packcheck-versions run: the terminal's first line showed the controller's versions unlabelled ("torch ...,
+    trl 1.16.0") though the cells ran with others; it is labelled as the controller's, as the Markdown is. A run
+    without version environments keeps the plain line."""
+    from pytest_packcheck.report import render_markdown
+    from pytest_packcheck.report.formats import render_terminal
+
+    doc = _doc([_cell("llama", "transformers==5.24.0", "pass")])
+    first = render_terminal(doc, [])[0]
+    assert first.startswith("Controller (each version environment ran its own cells") and "transformers 5.24.0" in first
+    assert "Controller (each version environment ran its own cells" in render_markdown(doc)
+    plain = dict(doc, cells=[{**doc["cells"][0], "env": None, "cell_id": "llama-sdpa-isolation-float32"}])
+    assert render_terminal(plain, [])[0].startswith("torch 2.13.0+cpu, transformers 5.24.0")
+
+
 def test_training_modes_table_gives_each_mode_its_number():
     """A column per way of training packed: Trainer (with the use_cache=False number when only that is right),
     the grad-accum num_items_in_batch, SFT default / padding_free / each strategy; wrapped is shown, not judged;

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .build import is_done, reproduce_command
-from .releases import ATLAS_BACKENDS, DONE_MARKER, SUPPORT_SCHEMA_VERSION, atlas_checks, version_key
+from .releases import ATLAS_BACKENDS, DONE_MARKER, SUPPORT_SCHEMA_VERSION, atlas_checks, entry_message, version_key
 
 
 def _number(cell: dict[str, Any]) -> float | None:
@@ -51,7 +51,7 @@ def reduce_release(doc: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
             if num is not None:
                 entry["number"] = float(f"{num:.3g}")
             if h["status"] != "pass":
-                entry["message"] = " ".join(str(decider.get("message", "")).split())[:160]
+                entry["message"] = entry_message(decider.get("message", ""))
         hazards = {c["check"]: ((c.get("diagnosis") or {}).get("cause") or c.get("cause") or c["status"])
                    for c in group if c["check"] in hazard_checks and c["status"] not in ("pass", "skipped")}
         if hazards:

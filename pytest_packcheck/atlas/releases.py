@@ -15,6 +15,17 @@ ATLAS_SINCE = "4.44"
 SUPPORT_SCHEMA_VERSION = 1
 #: Marker written into a release's build folder once its run ended with a results file.
 DONE_MARKER = "atlas-done.json"
+#: The longest ``message`` an atlas entry keeps (reports/atlas/SCHEMA.md), ellipsis included.
+MESSAGE_CHARS = 160
+
+
+def entry_message(message: object) -> str:
+    """A cell's message as an atlas entry stores it (``support.json``'s and the TRL block's ``message``): one line,
+    at most :data:`MESSAGE_CHARS` characters, a longer one cut at a word boundary and ended with "…" (never
+    mid-word, never mid-sentence without a mark)."""
+    from ..report.text import cut, plain
+
+    return cut(plain(message), MESSAGE_CHARS)
 
 
 def atlas_checks() -> tuple[str, ...]:

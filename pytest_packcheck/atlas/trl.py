@@ -36,7 +36,7 @@ from typing import Any
 
 from ..errors import PackcheckUsageError
 from .build import run_failure, run_plugin_in_env
-from .releases import DONE_MARKER, index_latest_patches, version_key
+from .releases import DONE_MARKER, entry_message, index_latest_patches, version_key
 
 #: The oldest TRL minor of the axis (TRL 0.19 introduced ``packing_strategy``; packcheck's TRL floor).
 TRL_SINCE = "0.19"
@@ -203,7 +203,7 @@ def reduce_trl_release(doc: dict[str, Any]) -> dict[str, dict[str, dict[str, dic
     """One TRL release's results document -> ``{model_type: {mode: {backend: entry}}}`` (entry: SCHEMA.md, "TRL
     block"): the cell's own status as ``verdict``, its cause codes, the key number (``loss_delta``: the trainer's
     first-batch loss against the per-example reference; absent on a skipped cell, whose number is the stand-in's), the
-    message (at most 160 characters, absent on a pass)
+    message (:func:`~.releases.entry_message`: at most 160 characters, cut at a word with "…"; absent on a pass)
     and the effective configuration TRL ran (:data:`EFFECTIVE_KEYS`). Cells of other checks, backends or dtypes
     are left out."""
     from ..report.numbers import key_metric
@@ -225,7 +225,7 @@ def reduce_trl_release(doc: dict[str, Any]) -> dict[str, dict[str, dict[str, dic
         if cell["status"] != "skipped" and isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
             entry["number"] = float(f"{value:.3g}")
         if cell["status"] != "pass":
-            entry["message"] = " ".join(str(cell.get("message", "")).split())[:160]
+            entry["message"] = entry_message(cell.get("message", ""))
         effective = {k: v for k, v in (metrics.get("effective") or {}).items() if k in EFFECTIVE_KEYS}
         if effective:
             entry["effective"] = effective

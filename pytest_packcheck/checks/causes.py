@@ -87,6 +87,11 @@ _CAUSES: tuple[Cause, ...] = (
               "also return position_ids from the collator (DataCollatorWithFlattening(return_position_ids=True)): "
               "eager / sdpa / flex read no cu_seq_lens and find the boundaries where position_ids restart; the "
               "standard packed row (with position_ids) is right on this backend")),
+                # the guard's user has no audit cell to look at: the same advice, in terms of the guard's own run
+                Remedy(backends=MASKED_BACKENDS, checks=("guard",), text=(
+              "do not pack on eager/sdpa/flex for this model; the flash path may keep the boundaries: load the model "
+              "with attn_implementation='flash_attention_2' on your GPU and run this guard again (or `packcheck audit` "
+              "with flash_attention_2) before training with it packed")),
                 Remedy(backends=MASKED_BACKENDS, text=(
               "do not pack on eager/sdpa/flex for this model; the flash path may keep the boundaries (see its varlen "
               "reference cell, packcheck's CPU stand-in for the FA2 preparation code): run packcheck with "

@@ -78,6 +78,8 @@ class Settings:
             "tolerance_source": self.tolerance_source,
             "versions": [v.label for v in self.versions],
             "lengths": list(self.lengths), "sliding_window": self.sliding_window,
+            # the per-cell limit and where cells ran: a limit is enforced only in a forked child (isolation "fork")
+            "isolation": self.sandbox, "timeout_s": self.timeout_s,
             # [index, count] of a sharded run, so `packcheck merge` can tell when shards are missing
             **({"shard": list(self.shard)} if self.shard[1] > 1 else {}),
         }
@@ -161,6 +163,18 @@ def _validate_names(values: list[str], allowed: tuple[str, ...], what: str, sour
     if not values:
         raise PackcheckUsageError(f"Empty {what} list (from {source}): give at least one of {', '.join(allowed)}.")
     return tuple(dict.fromkeys(values))
+
+
+def off_without_models(get_option: Any) -> str | None:
+    """The line a run prints when packcheck is off (:func:`resolve` returned None: no models, no audit, no
+    --packcheck-all-architectures) though packcheck options were given on the command line (``--packcheck-attn
+    sdpa`` alone did nothing, silently); None when none was given. ``get_option(dest)`` as for :func:`resolve`."""
+    given = [opt.flag for opt in OPTIONS
+             if opt.flag not in (OPT_MODELS, OPT_AUDIT, OPT_ALL_ARCHS) and get_option(opt.dest) not in (None, False, [])]
+    if not given:
+        return None
+    return (f"packcheck: off: {', '.join(given)} given but no models, so packcheck ran nothing; turn it on with "
+            f"{OPT_MODELS} (e.g. {OPT_MODELS}=arch:llama), {OPT_AUDIT} or {OPT_ALL_ARCHS}.")
 
 
 def resolve(get_option: Any, get_ini: Any) -> Settings | None:
@@ -328,6 +342,17 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
     _validate_names([sandbox], SANDBOX_MODES, "isolation mode", sandbox_src)
     if sandbox == fork and not fork_available():
         raise PackcheckUsageError(f"Isolation 'fork' (from {sandbox_src}) is not available on this platform: use {OPT_ISOLATION}=none.")
+    _timeout_value, timeout_src = pick(by_flag[OPT_TIMEOUT])
+    if sandbox == in_process and parsed_fields.get("timeout_s") and timeout_src != "default":
+        import warnings
+
+        from ..errors import PackcheckWarning
+
+        # the limit is enforced by killing the cell's forked child (run/sandbox.py): in this process there is none
+        warnings.warn(PackcheckWarning(
+            f"The timeout {parsed_fields['timeout_s']:g} s (from {timeout_src}) is not enforced: a timeout needs "
+            f"{OPT_ISOLATION}=fork (the cell's child is killed at the limit), and isolation is 'none' (from {sandbox_src}), "
+            f"so cells run in this process without a limit. Drop {OPT_ISOLATION}=none to enforce it."), stacklevel=2)
     resume, _ = pick(by_flag[OPT_RESUME])
     return Settings(
         **parsed_fields, sandbox=sandbox, resume=bool(resume),

@@ -65,6 +65,9 @@ def load_tolerances(path: str | None, overrides: list[str] | None, source: str) 
     for dtype in DTYPES:
         out.setdefault(dtype, dict(base[dtype]))
     label = str(file.name if file == default else file)
+    if file != default and any(key not in (data.get(dtype) or {}) for dtype in DTYPES for key in base[dtype]):
+        # the file's values merge over the packaged ones: the label says so (it read as if the file set them all)
+        label += f" over the defaults (audit/{default.name})"
     for item in overrides or []:
         lhs, sep, rhs = item.partition("=")
         dtype, _, key = lhs.rpartition(".")

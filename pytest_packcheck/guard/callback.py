@@ -78,8 +78,24 @@ def _warn(line: str) -> None:
         warnings.warn(line, PackcheckGuardWarning, stacklevel=level)
 
 
-def _not_packed(model: Any, batch: Mapping[str, Any], why: str) -> GuardResult:
-    """The result for a first training batch that is not a packed row: nothing judged."""
+#: The line for TRL's ``SFTConfig(packing=True, packing_strategy="wrapped")``: rows cut from one stream, an all-ones
+#: mask, no position_ids, so examples attend to each other by design (TRL 1.16: "bfd" / "bfd_split" keep them apart).
+WRAPPED = ("packed by wrapping (no boundaries: examples attend to each other by design; packing_strategy='bfd' or "
+           "padding_free=True keeps them apart)")
+
+
+def _packing_of(args: Any) -> str | None:
+    """How the trainer's arguments say it packs, where the first batch cannot show it: :data:`WRAPPED` for TRL's
+    ``SFTConfig(packing=True, packing_strategy="wrapped")`` without ``padding_free``; else None."""
+    if getattr(args, "packing", False) and getattr(args, "packing_strategy", None) == "wrapped" and not getattr(args, "padding_free", False):
+        return WRAPPED
+    return None
+
+
+def _not_packed(model: Any, batch: Mapping[str, Any], why: str, packing: str | None = None) -> GuardResult:
+    """The result for a first training batch that is not a packed row: nothing judged. ``packing``: how the
+    trainer's arguments pack although the batch shows no boundaries (:func:`_packing_of`), said instead of
+    "not packed"."""
     import torch
 
     ids = batch.get("input_ids")
@@ -90,7 +106,8 @@ def _not_packed(model: Any, batch: Mapping[str, Any], why: str) -> GuardResult:
     dtype = _ComputeProbe(model, ids.device.type if isinstance(ids, torch.Tensor) else "cpu")
     dtype.remove()
     return GuardResult(verdict="skipped", cause=None, remedy="", dtype=dtype.weights, dtype_source=f"{dtype.weights} weights",
-                       evidence=f"not packed: nothing to check ({why.removeprefix('verify_packed_batch: ')})",
+                       evidence=(f"{packing}: nothing to check" if packing else
+                                 f"not packed: nothing to check ({why.removeprefix('verify_packed_batch: ')})"),
                        tolerance=_pick(_default_tolerances(), dtype.weights), max_logprob_diff=None,
                        per_example_logprob_diff=[], loss_packed=None, loss_reference=None, loss_delta=None,
                        lengths=[], label_tokens=0, contract=[], run=run,
@@ -135,12 +152,14 @@ class PackcheckCallback(TrainerCallback):
         if not isinstance(verbose, bool):
             raise PackcheckUsageError(f"PackcheckCallback: verbose={verbose!r}: expected True or False.")
         self._output_dir: str | None = None
+        self._packing: str | None = None
         self._main = True
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         if model is None or self.result is not None:
             return
         self._output_dir = getattr(args, "output_dir", None)
+        self._packing = _packing_of(args)
         self._main = bool(getattr(state, "is_world_process_zero", True))
         self._handles.append(model.register_forward_pre_hook(self._first_forward, with_kwargs=True))
 
@@ -165,7 +184,7 @@ class PackcheckCallback(TrainerCallback):
             result = verify_packed_batch(module, batch, training=True, tolerances=self.tolerances,
                                          padded_probe=self.on_mismatch == "disable")
         except NotPackedError as exc:  # a run that does not pack: nothing to check, training goes on
-            result = _not_packed(module, batch, str(exc))
+            result = _not_packed(module, batch, str(exc), self._packing)
         self.result = result
         if not result.ok and self.on_mismatch == "disable":
             self.fallback = self._install_fallback(module, result)

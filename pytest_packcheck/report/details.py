@@ -5,7 +5,7 @@ out."""
 from __future__ import annotations
 
 from ..checks.registry import SPECS
-from .model import Report, env_header
+from .model import Report, env_header, incomplete_text
 from .numbers import key_number
 from .text import cut, escape_md
 from .verdicts import ROLE_MARKS, check_mark, model_mark, role_of
@@ -16,7 +16,7 @@ def render(rep: Report) -> str:
     lines = _details(rep)
     if rep.doc.get("incomplete"):
         inc = rep.doc["incomplete"]
-        lines[1:1] = ["", f"**⚠️ Incomplete: {escape_md(inc['reason'])} after {inc['cells']} cells; {escape_md(inc.get('resume', ''))}.**"]
+        lines[1:1] = ["", f"**⚠️ {escape_md(incomplete_text(inc))}.**"]
     return "\n".join(lines)
 
 

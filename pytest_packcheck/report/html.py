@@ -12,7 +12,7 @@ from collections import defaultdict
 from typing import Any
 
 from ..results import STATUSES, SYMBOLS
-from .model import Report, env_header, environment_line
+from .model import Report, env_header, environment_line, incomplete_text
 from .numbers import key_number
 from .sections import models_are, trainer_note
 from .text import cut
@@ -307,8 +307,8 @@ def render(rep: Report) -> str:
     title = "packcheck support matrix" + (f" — {doc['settings']['audit']}" if doc.get("settings", {}).get("audit") else "")
     versions = f"{environment_line(env)}, device {env.get('device')}"
     inc = doc.get("incomplete")
-    incomplete = (f'<p id="incomplete" style="background:#fde9c4;padding:.5em"><b>Incomplete: {html.escape(str(inc.get("reason")))} '
-                  f'after {html.escape(str(inc.get("cells")))} cells; {html.escape(str(inc.get("resume", "")))}.</b></p>' if inc else "")
+    incomplete = (f'<p id="incomplete" style="background:#fde9c4;padding:.5em"><b>{html.escape(incomplete_text(inc))}.</b></p>'
+                  if inc else "")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title><style>{_STYLE}</style></head>
 <body>

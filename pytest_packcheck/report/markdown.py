@@ -9,7 +9,7 @@ from collections import Counter
 
 from ..checks.registry import REGISTRY, ROLES
 from ..results import STATUSES, SYMBOLS
-from .model import Report, env_header, env_value, environment_line
+from .model import Report, env_header, env_value, environment_line, environment_role, incomplete_text
 from .sections import (
     answer_section,
     environments_section,
@@ -40,7 +40,7 @@ def render(rep: Report) -> str:
 
     lines = [f"# packcheck support matrix{' — ' + escape_md(settings['audit']) if settings.get('audit') else ''}", ""]
     lines += [
-        (f"{'Controller (each column below ran in its own version environment over its torch)' if versioned else 'Measured'} with packcheck {env_value(env, 'packcheck')} on {escape_md(env.get('device_name'))} ({env.get('device')}): "
+        (f"{environment_role(versioned)} with packcheck {env_value(env, 'packcheck')} on {escape_md(env.get('device_name'))} ({env.get('device')}): "
         f"{environment_line(env)}, CUDA {env.get('cuda') or 'none (CPU build)'}, Python {env_value(env, 'python')}. "
         f"Weights: {weights_line(settings, cells)}; dtypes: {', '.join(dtypes)}."
         + (" Remote code: allowed by --packcheck-trust-remote-code (model repositories' own Python code ran)."
@@ -58,7 +58,7 @@ def render(rep: Report) -> str:
     ]
     if doc.get("incomplete"):
         inc = doc["incomplete"]
-        lines += [f"**⚠️ Incomplete: {escape_md(inc['reason'])} after {inc['cells']} cells; {escape_md(inc.get('resume', ''))}.**", ""]
+        lines += [f"**⚠️ {escape_md(incomplete_text(inc))}.**", ""]
     totals = Counter(check_mark(c)[2] for c in cells)
     lines.append(counts_line(cells))
     lines.append("")

@@ -32,6 +32,26 @@ def environment_rows(environment: dict[str, Any]) -> list[tuple[str, str]]:
     return [(lib.label, env_value(environment, lib.key)) for lib in header_libraries()]
 
 
+def incomplete_text(inc: dict[str, Any]) -> str:
+    """The line an incomplete matrix carries (the document's ``incomplete``: reason, cells, resume, journal), plain
+    text: why it stopped, after how many finished cells, how many of them were taken from the journal (finished in
+    this run's forked child but never reported to pytest, or in an earlier run for --packcheck-resume: pytest's own
+    counts, "no tests ran", leave those out), and how to resume."""
+    journal = inc.get("journal") or {}
+    parts = [f"{n} {what}" for n, what in (
+        (journal.get("this"), "finished in this run but never reached pytest"),
+        (journal.get("earlier"), "finished in an earlier run (--packcheck-resume)")) if n]
+    source = f" ({'; '.join(parts)}: taken from the journal, so pytest's own counts leave them out)" if parts else ""
+    return f"Incomplete: {inc.get('reason')} after {inc.get('cells')} cells{source}; {inc.get('resume', '')}"
+
+
+def environment_role(versioned: bool) -> str:
+    """Whose versions the document's ``environment`` holds: the environment that measured every cell, or, in a
+    ``--packcheck-versions`` run, the controller's (each version environment's own are on its cells)."""
+    return ("Controller (each version environment ran its own cells, over its own torch and libraries)" if versioned
+            else "Measured")
+
+
 def environment_line(environment: dict[str, Any]) -> str:
     """:func:`environment_rows` in one phrase: ``torch 2.13.0+cpu, transformers 5.24.0, trl 1.16.0, flash-attn not installed``."""
     return ", ".join(f"{name} {version}" for name, version in environment_rows(environment))

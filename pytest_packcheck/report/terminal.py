@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 
 from ..results import SYMBOLS
-from .model import Report, environment_line
+from .model import Report, environment_line, environment_role, incomplete_text
 from .text import cut, plain
 from .verdicts import cause_label, counts_line, env_label, headline_text, role_of
 
@@ -18,7 +18,10 @@ def render(rep: Report, paths: list[str]) -> list[str]:
     written)."""
     cells = rep.cells
     lines = [
-        f"{environment_line(rep.doc['environment'])}, device {rep.doc['environment'].get('device')}",
+        # a --packcheck-versions run: these are the controller's versions, not those its cells ran with
+        (f"{environment_role(True)}: " if rep.layout.versioned else "")
+        + f"{environment_line(rep.doc['environment'])}, device {rep.doc['environment'].get('device')}",
+        *([incomplete_text(rep.doc["incomplete"]) + "."] if rep.doc.get("incomplete") else []),
         counts_line(cells, symbols=False),
         "(pytest counts one item per check: hazards and findings are its xfailed items, never failures.)",
     ]

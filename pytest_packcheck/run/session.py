@@ -244,13 +244,17 @@ class PackcheckSession:
             # cells that finished (journaled) but whose reports never reached this process (an xdist worker's, a
             # forked child's last) still belong in the matrix
             planned = self._planned()
+            unreported = {"earlier": 0, "this": 0}  # journaled cells pytest never reported (its counts leave them out)
             for cell_id, data in self.journal.load().items():
                 if cell_id in planned and cell_id not in self.results:
                     self.results[cell_id] = data
+                    unreported["earlier" if cell_id in self.resumed else "this"] += 1
         if not self.results:
             if interrupted:
                 line = self.discard_stale_matrix(RuntimeError("the run was interrupted before any cell finished"))
-                self.config.get_terminal_writer().line(f"packcheck: {line}", yellow=True)
+            else:  # nothing selected (-k / -m) or collected: no matrix of this run; none of an earlier one left as if it were
+                line = self._nothing_ran()
+            self.config.get_terminal_writer().line(f"packcheck: {line}", yellow=True)
             return
         finished = len(self.results)
         if interrupted:
@@ -266,7 +270,9 @@ class PackcheckSession:
         self.document = diagnose_document(build_document(cells, environment(self.settings.device), self.settings.as_dict(), command))
         if interrupted:
             self.document["incomplete"] = {"reason": reason or "the run was interrupted", "cells": finished,
-                                           "resume": "rerun the same command with --packcheck-resume"}
+                                           "resume": "rerun the same command with --packcheck-resume",
+                                           # of ``cells``: taken from the journal, never reported to pytest
+                                           "journal": unreported}
         self.written = write_reports(self.settings.report_dir, self.document)
         gone = remove_unreferenced_logs(self.settings.report_dir, self.document)
         if gone:  # printed with the summary
@@ -307,6 +313,22 @@ class PackcheckSession:
     def discard_stale_matrix(self, exc: BaseException) -> str:
         """The matrix of this run could not be written: remove the previous run's files, so no stale matrix
         looks current, and return the one line that says so."""
+        what = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+        return f"the matrix could not be written ({what}){self._remove_matrix()}. The journal keeps the finished cells: rerun with --packcheck-resume."
+
+    def _nothing_ran(self) -> str:
+        """No cell of this run was selected or collected (``-k nomatch``): the folder's owner file names this run and
+        a fresh run emptied the journal, so an earlier matrix left there would be taken for this run's. Removes it
+        as :meth:`discard_stale_matrix` does and returns the line that says so."""
+        opt = self.config.option
+        why = " or ".join(f"{flag} {value!r}" for flag, value in (("-k", opt.keyword), ("-m", opt.markexpr)) if value)
+        journal = ("; the journal keeps its cells (--packcheck-resume)" if self.settings.resume
+                   else f"; this run emptied the journal {self.journal.path} when it started")
+        return (f"no packcheck cell ran ({'deselected by ' + why if why else 'none was collected'}), so no matrix was "
+                f"written{self._remove_matrix()}{journal}.")
+
+    def _remove_matrix(self) -> str:
+        """Remove the previous run's report files from the report folder; the clause that names them ("" if none)."""
         out = Path(self.settings.report_dir)
         removed = []
         from ..report.formats import REPORT_FILES
@@ -315,10 +337,8 @@ class PackcheckSession:
             with contextlib.suppress(OSError):
                 (out / name).unlink()
                 removed.append(name)
-        what = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
-        gone = (f"; the previous {' and '.join(removed)} in {out} were removed so they are not taken for this run's"
+        return (f"; the previous {' and '.join(removed)} in {out} were removed so they are not taken for this run's"
                 if removed else "")
-        return f"the matrix could not be written ({what}){gone}. The journal keeps the finished cells: rerun with --packcheck-resume."
 
 
 @contextlib.contextmanager
