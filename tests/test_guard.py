@@ -874,6 +874,17 @@ def test_warn_on_a_trainer_that_does_not_pack_goes_on(tolerances, tmp_path):
         with pytest.warns(PackcheckGuardWarning, match="not packed: nothing to check"):
             trainer.train()
         assert callback.result.verdict == "skipped" and trainer.state.global_step == 1, policy
+        assert (callback.result.dtype, callback.result.dtype_source) == ("float32", "float32 weights")
+    # bf16 autocast on (SFTConfig's default): the compute dtype is named as the packed path names it (trial 4, 148:
+    # "float32 weights" while the trainer ran under bf16 autocast)
+    bf16 = TrainingArguments(**{**args.to_dict(), "bf16": True, "output_dir": str(tmp_path / "bf16")})
+    callback = PackcheckCallback(on_mismatch="warn")
+    trainer = Trainer(model=bench.model, args=bf16, train_dataset=data, callbacks=[callback],
+                      data_collator=DataCollatorForLanguageModeling(tok, mlm=False))
+    with pytest.warns(PackcheckGuardWarning, match="not packed: nothing to check"):
+        trainer.train()
+    assert callback.result.dtype == "bfloat16"
+    assert callback.result.dtype_source == "autocast bfloat16 over float32 weights (the trainer's bf16=True)"
 
 
 @pytest.mark.parametrize("policy", ["raise", "warn", "disable"])

@@ -92,10 +92,18 @@ def _packing_of(args: Any) -> str | None:
     return None
 
 
-def _not_packed(model: Any, batch: Mapping[str, Any], why: str, packing: str | None = None) -> GuardResult:
+def _autocast_of(args: Any) -> str | None:
+    """The mixed-precision autocast the trainer's arguments turn on (``bf16`` / ``fp16``; TRL's SFTConfig defaults
+    to ``bf16=True``), None without."""
+    return "bfloat16" if getattr(args, "bf16", False) else "float16" if getattr(args, "fp16", False) else None
+
+
+def _not_packed(model: Any, batch: Mapping[str, Any], why: str, packing: str | None = None,
+                autocast: str | None = None) -> GuardResult:
     """The result for a first training batch that is not a packed row: nothing judged. ``packing``: how the
     trainer's arguments pack although the batch shows no boundaries (:func:`_packing_of`), said instead of
-    "not packed"."""
+    "not packed". ``autocast``: the trainer's mixed precision (:func:`_autocast_of`), the compute dtype, as the
+    packed path measures it ("autocast bfloat16 over float32 weights"), not the weights' alone."""
     import torch
 
     ids = batch.get("input_ids")
@@ -105,10 +113,13 @@ def _not_packed(model: Any, batch: Mapping[str, Any], why: str, packing: str | N
            "keys": sorted(map(str, batch)), "packed": False}
     dtype = _ComputeProbe(model, ids.device.type if isinstance(ids, torch.Tensor) else "cpu")
     dtype.remove()
-    return GuardResult(verdict="skipped", cause=None, remedy="", dtype=dtype.weights, dtype_source=f"{dtype.weights} weights",
+    compute = autocast or dtype.weights
+    source = (f"autocast {autocast} over {dtype.weights} weights (the trainer's "
+              f"{'bf16' if autocast == 'bfloat16' else 'fp16'}=True)" if autocast else f"{dtype.weights} weights")
+    return GuardResult(verdict="skipped", cause=None, remedy="", dtype=compute, dtype_source=source,
                        evidence=(f"{packing}: nothing to check" if packing else
                                  f"not packed: nothing to check ({why.removeprefix('verify_packed_batch: ')})"),
-                       tolerance=_pick(_default_tolerances(), dtype.weights), max_logprob_diff=None,
+                       tolerance=_pick(_default_tolerances(), compute), max_logprob_diff=None,
                        per_example_logprob_diff=[], loss_packed=None, loss_reference=None, loss_delta=None,
                        lengths=[], label_tokens=0, contract=[], run=run,
                        attention={}, versions=_versions())
@@ -153,6 +164,7 @@ class PackcheckCallback(TrainerCallback):
             raise PackcheckUsageError(f"PackcheckCallback: verbose={verbose!r}: expected True or False.")
         self._output_dir: str | None = None
         self._packing: str | None = None
+        self._autocast: str | None = None
         self._main = True
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
@@ -160,6 +172,7 @@ class PackcheckCallback(TrainerCallback):
             return
         self._output_dir = getattr(args, "output_dir", None)
         self._packing = _packing_of(args)
+        self._autocast = _autocast_of(args)
         self._main = bool(getattr(state, "is_world_process_zero", True))
         self._handles.append(model.register_forward_pre_hook(self._first_forward, with_kwargs=True))
 
@@ -184,7 +197,7 @@ class PackcheckCallback(TrainerCallback):
             result = verify_packed_batch(module, batch, training=True, tolerances=self.tolerances,
                                          padded_probe=self.on_mismatch == "disable")
         except NotPackedError as exc:  # a run that does not pack: nothing to check, training goes on
-            result = _not_packed(module, batch, str(exc), self._packing)
+            result = _not_packed(module, batch, str(exc), self._packing, self._autocast)
         self.result = result
         if not result.ok and self.on_mismatch == "disable":
             self.fallback = self._install_fallback(module, result)
