@@ -935,3 +935,15 @@ def test_atlas_checks_every_flag_whatever_the_mode(monkeypatch, capsys, tmp_path
     assert captured.out == ""
     assert main(["atlas", "--releases", "5.24.0", "--shard", "1/2", "--list-releases"]) == 0  # a release the index has
     assert capsys.readouterr().out.strip() == '["5.24.0"]'
+
+
+def test_sweep_gaps_come_cheapest_first():
+    """A gap with no release between costs no run and goes first; then by releases between x architectures."""
+    def t(name, lo, hi):
+        return {"model_type": name, "backend": "sdpa", "last_before": lo, "first_after": hi,
+                "before": {"verdict": "fail", "causes": ["leak"]}, "after": {"verdict": "pass", "causes": []}}
+    support = {"transitions": [t("llama", "4.44.2", "4.45.2"), t("opt", "4.44.2", "4.45.2"), t("llama", "4.57.6", "5.0.0"),
+                               t("qwen2", "5.0.0", "5.1.1")]}
+    finals = ["4.44.2", "4.45.0", "4.45.1", "4.45.2", "4.57.6", "5.0.0", "5.1.0", "5.1.1"]
+    assert [(g["last_before"], len(g["between"])) for g in A.sweep_gaps(support, finals, {})] == [
+        ("4.57.6", 0), ("5.0.0", 1), ("4.44.2", 2)]

@@ -45,7 +45,8 @@ def index_finals(library: str = "transformers") -> list[str]:
 
 def sweep_gaps(support: dict[str, Any], finals: list[str], done: dict[str, Any],
                models: list[str] | None = None) -> list[dict[str, Any]]:
-    """The gaps to sweep, oldest first: per pair of adjacent measured releases (``last_before``, ``first_after``)
+    """The gaps to sweep, cheapest first (releases between x architectures, then oldest: a gap with no release
+    between places its transitions with no run at all): per pair of adjacent measured releases (``last_before``, ``first_after``)
     with transitions that are neither in ``done`` nor already placed by a bisect, the releases on the index
     strictly between (``between``, ascending) and the architectures whose entry changed (``model_types``).
     ``models``: only these architectures' transitions."""
@@ -55,11 +56,11 @@ def sweep_gaps(support: dict[str, Any], finals: list[str], done: dict[str, Any],
             continue
         groups.setdefault((t["last_before"], t["first_after"]), []).append(t)
     out = []
-    for (lo, hi), ts in sorted(groups.items(), key=lambda kv: version_key(kv[0][0])):
+    for (lo, hi), ts in groups.items():
         between = [v for v in finals if version_key(lo) < version_key(v) < version_key(hi)]
         out.append({"last_before": lo, "first_after": hi, "between": between, "transitions": ts,
                     "model_types": sorted({t["model_type"] for t in ts})})
-    return out
+    return sorted(out, key=lambda g: (len(g["between"]) * len(g["model_types"]), version_key(g["last_before"])))
 
 
 def _runs(folder: Path, version: str) -> list[tuple[list[str], Path]]:

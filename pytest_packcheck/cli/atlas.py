@@ -40,7 +40,7 @@ def configure(atlas: argparse.ArgumentParser) -> None:
                        "on the exact patch: each release on the index between the two is run once, with every "
                        "architecture that changes across that gap (resumable; runs under BUILD_DIR/sweep).")
     atlas.add_argument("--bisect-limit", type=int, default=None, help="Sweep at most this many gaps (pairs of adjacent "
-                       "measured releases), oldest first.")
+                       "measured releases), cheapest first (fewest releases between x architectures).")
     atlas.add_argument("--bisect-models", default=None, metavar="TYPES", help="Bisect only these model types' transitions "
                                                                              "(e.g. llama,qwen2).")
 
