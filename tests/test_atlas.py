@@ -947,3 +947,18 @@ def test_sweep_gaps_come_cheapest_first():
     finals = ["4.44.2", "4.45.0", "4.45.1", "4.45.2", "4.57.6", "5.0.0", "5.1.0", "5.1.1"]
     assert [(g["last_before"], len(g["between"])) for g in A.sweep_gaps(support, finals, {})] == [
         ("4.57.6", 0), ("5.0.0", 1), ("4.44.2", 2)]
+
+
+@pytest.mark.parametrize("content", ["{", "[1, 2]\n", b"\xff\xfe"])
+def test_a_corrupt_run_record_is_one_line_naming_the_file(tmp_path, capsys, content):
+    """A release folder holding a valid matrix beside a cut-off atlas-done.json ended in a JSONDecodeError
+    traceback through atlas/collect.py, exit 1 (trial 5, 155): one line naming the file and the fix, exit 2."""
+    from pytest_packcheck.cli import main
+
+    _write_release(tmp_path / "build", "5.24.0", [_cell("llama", "sdpa", "isolation", "pass")])
+    marker = A.release_dir(tmp_path / "build", "5.24.0") / A.DONE_MARKER
+    marker.write_bytes(content if isinstance(content, bytes) else content.encode())
+    code = main(["atlas", "--render-only", "--releases", "5.24.0", "--build-dir", str(tmp_path / "build"), "-o", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and err.count("\n") == 1, err
+    assert f"Atlas run record {marker} is " in err and "delete it" in err

@@ -56,6 +56,25 @@ def is_done(folder: Path) -> bool:
     return (folder / DONE_MARKER).exists() and (folder / "packcheck-matrix.json").exists()
 
 
+def done_record(folder: Path) -> dict[str, Any]:
+    """The finished run's record (``atlas-done.json``) of a release folder.
+
+    Raises:
+        PackcheckUsageError: the file is not a JSON object (hand-edited, cut off by a full disk), naming it and
+            the fix: delete it, and the next ``packcheck atlas`` measures that release again (resuming its journal).
+    """
+    path = Path(folder) / DONE_MARKER
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        record = exc
+    if not isinstance(record, dict):
+        why = f"not valid JSON ({record})" if isinstance(record, Exception) else f"a JSON {type(record).__name__}, not an object"
+        raise PackcheckUsageError(f"Atlas run record {path} is {why}: delete it, and the next `packcheck atlas` measures "
+                                  "that release again (resuming from its journal).")
+    return record
+
+
 def run_release(version: str, build: Path, shard: tuple[int, int] | None = None, workers: int = 1,
                 log: Callable[[str], None] = print, runner: Callable[..., Any] | None = None,
                 models: list[str] | None = None) -> dict[str, Any]:
@@ -67,7 +86,7 @@ def run_release(version: str, build: Path, shard: tuple[int, int] | None = None,
 
     folder = release_dir(build, version, shard).resolve()
     if is_done(folder):
-        return json.loads((folder / DONE_MARKER).read_text())
+        return done_record(folder)
     folder.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     cpu0 = _child_cpu()

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .build import is_done, reproduce_command
-from .releases import ATLAS_BACKENDS, DONE_MARKER, SUPPORT_SCHEMA_VERSION, atlas_checks, entry_message, version_key
+from .build import done_record, is_done, reproduce_command
+from .releases import ATLAS_BACKENDS, SUPPORT_SCHEMA_VERSION, atlas_checks, entry_message, version_key
 
 
 def _number(cell: dict[str, Any]) -> float | None:
@@ -83,11 +83,11 @@ def _release_docs(build: Path) -> list[tuple[str, dict[str, Any], dict[str, Any]
         if not parts:
             continue
         if parts[0] != folder:  # shards: the release counts when every shard of one split is done
-            totals = {json.loads((p / DONE_MARKER).read_text()).get("shard", [1, 1])[1] for p in parts}
+            totals = {done_record(p).get("shard", [1, 1])[1] for p in parts}
             if len(totals) != 1 or len(parts) != totals.pop():
                 continue
         docs = [load_document(p / "packcheck-matrix.json") for p in parts]
-        records = [json.loads((p / DONE_MARKER).read_text()) for p in parts]
+        records = [done_record(p) for p in parts]
         doc = docs[0] if len(docs) == 1 else merge(docs)
         record = {**records[0], "wall_s": _total(records, "wall_s"), "child_cpu_s": _total(records, "child_cpu_s"), "shards": len(records),
                   "cells": sum(r.get("cells", 0) for r in records)}

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PackcheckUsageError
-from .build import run_failure, run_plugin_in_env
+from .build import done_record, run_failure, run_plugin_in_env
 from .releases import DONE_MARKER, entry_message, index_latest_patches, version_key
 
 #: The oldest TRL minor of the axis (TRL 0.19 introduced ``packing_strategy``; packcheck's TRL floor).
@@ -107,7 +107,7 @@ def run_trl_release(version: str, build: Path, log: Callable[[str], None] = prin
 
     folder = (Path(build) / version).resolve()
     if _done(folder):
-        return json.loads((folder / DONE_MARKER).read_text())
+        return done_record(folder)
     folder.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     cpu0 = _child_cpu()
@@ -250,7 +250,7 @@ def _release_docs(build: Path) -> list[tuple[str, dict[str, Any], dict[str, Any]
             continue
         if folder.is_dir() and _done(folder):
             found.append((key, folder.name, load_document(folder / "packcheck-matrix.json"),
-                          json.loads((folder / DONE_MARKER).read_text())))
+                          done_record(folder)))
     return [(name, doc, record) for _, name, doc, record in sorted(found, key=lambda t: t[0])]
 
 
