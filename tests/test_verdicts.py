@@ -432,6 +432,22 @@ def test_a_run_of_some_correctness_checks_says_once_which_the_passes_cover():
     assert SPECS["isolation"].suite == "default" and coverage(_doc([_cell("llama", "eager", c, "pass") for c in every])["cells"]) == ""
 
 
+def test_merged_runs_with_different_checks_name_what_each_pass_covers():
+    """merge of gpt2 / eager (isolation, logits_parity, loss_parity) and llama / sdpa (isolation only) read "The ✅
+    cells cover the correctness checks run here: isolation, logits_parity, loss_parity": llama's ✅ rests on
+    isolation alone (trial 5, 235). Passes that lack different checks are named per group."""
+    from pytest_packcheck.report.verdicts import coverage
+
+    cells = [_cell("gpt2", "eager", c, "pass") for c in ("isolation", "logits_parity", "loss_parity")]
+    cells += [_cell("llama", "sdpa", "isolation", "pass")]
+    said = coverage(cells)
+    assert said.startswith("The ✅ cells do not all cover the same correctness checks"), said
+    assert said.endswith(": llama / sdpa: isolation only; gpt2 / eager: isolation, logits_parity, loss_parity."), said
+    # a run whose passes lack the same checks on both backends keeps the one sentence
+    same = [_cell("gpt2", "eager", "isolation", "pass"), _cell("llama", "sdpa", "isolation", "pass")]
+    assert coverage(same).startswith("The ✅ cells cover the correctness checks run here: isolation only; not run:")
+
+
 def escape(text: str) -> str:
     from pytest_packcheck.report.text import escape_md
 

@@ -142,31 +142,50 @@ def pass_qualifier(h: dict[str, Any]) -> str:
 
 
 def coverage(cells: list[dict[str, Any]]) -> str:
-    """What every ✅ of the run covers, said once: "" when the run's matrix cells had every correctness check of
-    the registry planned for them (the default suite's, plus any opt-in one that ran), else "The ✅ cells cover
-    the correctness checks run here: isolation only; not run: logits_parity, ... (...)." (the ones left out by
-    --packcheck-checks, an audit's checks, or -k / -m deselection); "" too when no matrix cell passed (no ✅ to
-    qualify). A check none of the run's backends plans
-    (cross_backend on eager alone: :attr:`CheckSpec.skip_backends`) is not missing."""
+    """What every ✅ of the run covers, said once: "" when each passing matrix cell had every correctness check of
+    the registry planned for its backend (the default suite's, plus any opt-in one that ran), else "The ✅ cells
+    cover the correctness checks run here: isolation only; not run: logits_parity, ... (...)." (the ones left out
+    by --packcheck-checks, an audit's checks, or -k / -m deselection); "" too when no matrix cell passed (no ✅ to
+    qualify). A check the cell's backend does not plan (cross_backend on eager: :attr:`CheckSpec.skip_backends`)
+    is not missing. Passing cells that lack different checks (a ``merge`` of runs with different checks) are
+    named per group: one sentence for all would claim checks some ✅ never ran."""
     from ..checks.registry import REGISTRY
 
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for c in cells:
         groups[(c["model"]["label"], c["backend"], c["dtype"], env_label(c))].append(c)
-    if not any(headline(g)["status"] == "pass" for g in groups.values() if any(role_of(c) == "correctness" for c in g)):
-        return ""  # no ✅ cell: nothing for the sentence to qualify
-    backends = {c["backend"] for c in cells if c.get("backend")}
+    passing = {k: g for k, g in groups.items() if k[1] and any(role_of(c) == "correctness" for c in g)
+               and headline(g)["status"] == "pass"}
     present = {c["check"] for c in cells if c.get("backend") and role_of(c) == "correctness"}
-    if not present:
-        return ""
+    if not passing or not present:
+        return ""  # no ✅ cell: nothing for the sentence to qualify
+
+    ran_by = {k: frozenset(c["check"] for c in g if role_of(c) == "correctness") for k, g in passing.items()}
+    # compared without the checks some backend does not plan (cross_backend: not on eager), which differ by design
+    by_backend = {s.name for s in REGISTRY if s.skip_backends}
+    kind_of = {k: ran - by_backend for k, ran in ran_by.items()}
+    order = {s.name: i for i, s in enumerate(REGISTRY)}
+    why = "(left out by --packcheck-checks, the audit's checks, or -k / -m)"
+    if len(set(kind_of.values())) > 1:
+        parts = []
+        for kind in sorted(set(kind_of.values()), key=lambda r: (len(r), sorted(r))):
+            where = [f"{k[0]} / {k[1]}" for k in passing if kind_of[k] == kind]
+            kind = frozenset().union(*(ran_by[k] for k in passing if kind_of[k] == kind))
+            shown = ", ".join(where[:4]) + (f" and {len(where) - 4} more" if len(where) > 4 else "")
+            checks = sorted(kind, key=lambda n: order.get(n, len(order)))
+            parts.append(f"{shown}: {', '.join(checks)}{' only' if len(checks) == 1 else ''}")
+        return (f"The ✅ cells do not all cover the same correctness checks (results of runs with different checks "
+                f"merged) {why}: {'; '.join(parts)}.")
+    ran_set = frozenset().union(*ran_by.values())
+    backends = {k[1] for k in passing}
     planned = [s.name for s in REGISTRY if s.role == "correctness" and s.level == "backend"
                and (s.suite == "default" or s.name in present) and not backends <= set(s.skip_backends)]
-    missing = [name for name in planned if name not in present]
+    missing = [name for name in planned if name not in ran_set]
     if not missing:
         return ""
-    ran = [name for name in planned if name in present] + sorted(present - set(planned))
+    ran = [name for name in planned if name in ran_set] + sorted(ran_set - set(planned))
     return (f"The ✅ cells cover the correctness checks run here: {', '.join(ran)}{' only' if len(ran) == 1 else ''}; "
-            f"not run: {', '.join(missing)} (left out by --packcheck-checks, the audit's checks, or -k / -m).")
+            f"not run: {', '.join(missing)} {why}.")
 
 
 def headline_text(h: dict[str, Any], marks: list[str] | None = None) -> str:
