@@ -533,3 +533,19 @@ def test_a_token_in_an_output_path_is_not_echoed_by_a_command(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert code == 0 and "atlas written:" in printed and "out-***" in printed and token not in printed, printed
     assert type(sys.stdout).__name__ != "_Scrubbed"  # restored after the command
+
+
+def test_an_audit_whose_reader_goes_away_still_writes_its_matrix(tmp_path):
+    """`packcheck audit ... | head -2` stopped the audit with exit 141 and an empty journal, no matrix (trial 5,
+    230): the rest of the output is dropped and the run finishes as it would on a terminal."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "pytest_packcheck.cli", "audit", "--models", "arch:llama",
+                             "--packcheck-attn", "sdpa", "--packcheck-checks", "isolation", "-n", "0",
+                             "--packcheck-report-dir", "r"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.readline()  # the reader takes one line, then goes away
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0 and b"Traceback" not in err, err.decode()[-2000:]
+    doc = json.loads((tmp_path / "r" / "packcheck-matrix.json").read_text())
+    assert [c["status"] for c in doc["cells"] if c["check"] == "isolation"] == ["pass"] and "incomplete" not in doc

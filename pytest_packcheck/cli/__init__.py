@@ -57,7 +57,7 @@ EXIT_CODES = {
     2: "usage error (one line naming the value, where it came from and the fix)",
     3: "internal error (pytest's)",
     130: "interrupted (Ctrl-C / SIGTERM): the finished cells are written, marked incomplete; rerun with --resume",
-    141: "the reader of the output went away (`| head`): the rest of the output was dropped, nothing else changed",
+    141: "the reader of the output went away (`| head`): the rest of the output was dropped (an audit finishes and writes its matrix, exiting as usual)",
 }
 
 
@@ -136,6 +136,40 @@ class _Scrubbed:
         return getattr(self._stream, name)
 
 
+class _PipeSafe:
+    """``sys.stdout`` for ``packcheck audit``: once the reader of the output has gone (``| head``: the write raises
+    BrokenPipeError), the rest of the output goes to devnull and the run goes on to write its matrix, as it would
+    to a terminal; before, the audit stopped with exit 141 and left an empty journal (trial 5, 230)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def _drop(self) -> None:
+        import os
+
+        try:  # the descriptor too: pytest's terminal writer and forked cells write to fd 1
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+        self._stream = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - lives as long as the process
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._drop()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._drop()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point. Exit codes: :data:`EXIT_CODES` (0 matrix written whatever the verdicts, 2 usage error, 3 internal
     error)."""
@@ -148,8 +182,9 @@ def main(argv: list[str] | None = None) -> int:
         ns.argv = argv
         name, run = ns.command, lambda: _module(by_name[ns.command]).run(ns)
     stdout = sys.stdout
-    if name != "audit":  # audit's output is pytest's terminal, scrubbed line by line by the plugin
-        sys.stdout = _Scrubbed(stdout)
+    # audit's output is pytest's terminal, scrubbed line by line by the plugin; a reader that goes away
+    # (`packcheck audit ... | head -2`) must not abandon the run: the matrix is still written
+    sys.stdout = _PipeSafe(stdout) if name == "audit" else _Scrubbed(stdout)
     try:
         return _run(name, run)
     finally:
