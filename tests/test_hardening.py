@@ -177,7 +177,9 @@ def test_a_run_that_checks_nothing_removes_the_previous_matrix(tmp_path):
     proc = _cli(["audit", "--models", "arch:llama", *QUICK, "--", "-k", "zzznothing"], tmp_path)
     assert proc.returncode == 2
     assert not any(p.exists() for p in old)  # was left in place, looking current
-    assert "the run checked nothing: the previous packcheck-matrix.md" in proc.stderr and "were removed" in proc.stderr
+    said = proc.stdout + proc.stderr  # the plugin removes them and says so with the summary (run.session._nothing_ran)
+    assert "no packcheck cell ran (deselected by -k 'zzznothing')" in said and "the previous packcheck-matrix.md" in said
+    assert "were removed" in said and "deselected every cell of the matrix" in proc.stderr
 
 
 def test_a_run_interrupted_before_its_session_removes_the_previous_matrix(tmp_path, monkeypatch, capsys):

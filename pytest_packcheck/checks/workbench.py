@@ -93,7 +93,9 @@ class Workbench:
         if "input_ids" not in named and any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
             return None
         if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-            named |= {"cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx", "num_items_in_batch"}
+            # what a **kwargs forward hands on to its decoder (transformers 5.x's LlamaForCausalLM takes use_cache there)
+            named |= {"cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx", "num_items_in_batch",
+                      "use_cache"}
         return named
 
     def solo(self, example: list[int], model: Any = None, first: int | None = None) -> Any:

@@ -314,7 +314,8 @@ class PackcheckSession:
         """The matrix of this run could not be written: remove the previous run's files, so no stale matrix
         looks current, and return the one line that says so."""
         what = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
-        return f"the matrix could not be written ({what}){self._remove_matrix()}. The journal keeps the finished cells: rerun with --packcheck-resume."
+        return (f"the matrix could not be written ({what}){remove_report_files(self.settings.report_dir)}. The journal "
+                "keeps the finished cells: rerun with --packcheck-resume.")
 
     def _nothing_ran(self) -> str:
         """No cell of this run was selected or collected (``-k nomatch``): the folder's owner file names this run and
@@ -325,20 +326,22 @@ class PackcheckSession:
         journal = ("; the journal keeps its cells (--packcheck-resume)" if self.settings.resume
                    else f"; this run emptied the journal {self.journal.path} when it started")
         return (f"no packcheck cell ran ({'deselected by ' + why if why else 'none was collected'}), so no matrix was "
-                f"written{self._remove_matrix()}{journal}.")
+                f"written{remove_report_files(self.settings.report_dir)}{journal}.")
 
-    def _remove_matrix(self) -> str:
-        """Remove the previous run's report files from the report folder; the clause that names them ("" if none)."""
-        out = Path(self.settings.report_dir)
-        removed = []
-        from ..report.formats import REPORT_FILES
 
-        for name in REPORT_FILES:
-            with contextlib.suppress(OSError):
-                (out / name).unlink()
-                removed.append(name)
-        return (f"; the previous {' and '.join(removed)} in {out} were removed so they are not taken for this run's"
-                if removed else "")
+
+def remove_report_files(report_dir: str) -> str:
+    """Remove the previous run's report files from ``report_dir``; the clause that names them ("" if none)."""
+    out = Path(report_dir)
+    removed = []
+    from ..report.formats import REPORT_FILES
+
+    for name in REPORT_FILES:
+        with contextlib.suppress(OSError):
+            (out / name).unlink()
+            removed.append(name)
+    return (f"; the previous {' and '.join(removed)} in {out} were removed so they are not taken for this run's"
+            if removed else "")
 
 
 @contextlib.contextmanager
