@@ -299,3 +299,17 @@ def test_gate_warns_when_the_two_sides_were_measured_with_different_probe_settin
     from pytest_packcheck.analysis.gate import probe_settings_note
 
     assert probe_settings_note(base, other, "packcheck gate") is None
+
+
+def test_gate_refuses_sides_judged_with_different_tolerances():
+    """A candidate judged with float32.loss_atol=1e-12 read "2 regression(s)", exit 1, with identical stacks and the
+    identical Δ on both sides (trial 6, 165), and swapped it read "better/neutral" (164): merge refuses the pair, the
+    gate now too (one rule, analysis.gate._refuse_differing_tolerances)."""
+    from pytest_packcheck.analysis.gate import compare
+    from pytest_packcheck.errors import PackcheckUsageError
+
+    loose, tight = _cell(tolerances={"loss_atol": 1e-4}), _cell(tolerances={"loss_atol": 1e-12})
+    with pytest.raises(PackcheckUsageError, match=r"Cannot compare the baseline and the candidate: their float32 tolerances "
+                                                  r"differ \(loss_atol 0.0001 vs 1e-12.*tolerance's change, not the stack's"):
+        compare(_doc([loose]), _doc([tight]))
+    assert compare(_doc([loose]), _doc([_cell(tolerances={"loss_atol": 1e-4})])) == []

@@ -158,9 +158,12 @@ def compare(baseline: dict[str, Any], candidate: dict[str, Any], allow: dict[str
     dtype; an unchanged verdict that is not a pass is never a regression.
 
     Raises:
-        PackcheckUsageError: see :func:`_match_with_env`.
+        PackcheckUsageError: see :func:`_match_with_env`; the two judged one dtype with different tolerances (a
+            verdict would change with the tolerance, not the stack: the rule merge applies,
+            :func:`_refuse_differing_tolerances`).
     """
     allow = allow or {}
+    _refuse_differing_tolerances([baseline, candidate], ["the baseline", "the candidate"], "compare")
     key = _key if _match_with_env(baseline, candidate) else _cross_key
     base = index_cells(baseline["cells"], key, "the baseline")
     cand = index_cells(candidate["cells"], key, "the candidate")
@@ -446,7 +449,7 @@ def _tolerances_by_dtype(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _refuse_differing_tolerances(documents: list[dict[str, Any]], names: list[str]) -> None:
+def _refuse_differing_tolerances(documents: list[dict[str, Any]], names: list[str], what: str = "merge") -> None:
     """Refuse documents whose cells of one dtype were judged with different tolerances: the merged matrix has one
     ``## Tolerances`` table and one source, which would be wrong for one part.
 
@@ -462,10 +465,12 @@ def _refuse_differing_tolerances(documents: list[dict[str, Any]], names: list[st
                 continue
             src = [documents[n].get("settings", {}).get("tolerance_source") or "unknown" for n in (j, i)]
             values = ", ".join(f"{k} {before.get(k, 'unset')} vs {tol.get(k, 'unset')}" for k in keys)
+            why = ("one matrix shows one set of tolerances" if what == "merge"
+                   else "a verdict that changed could be the tolerance's change, not the stack's")
             raise PackcheckUsageError(
-                f"Cannot merge {names[j]} and {names[i]}: their {dtype} tolerances differ ({values}; from {src[0]} vs "
-                f"{src[1]}), and one matrix shows one set of tolerances. Rerun one audit with the other's tolerances "
-                "(--packcheck-tolerances) and merge again.")
+                f"Cannot {what} {names[j]} and {names[i]}: their {dtype} tolerances differ ({values}; from {src[0]} vs "
+                f"{src[1]}), and {why}. Rerun one audit with the other's tolerances (--packcheck-tolerances) and "
+                f"{what} again.")
 
 
 def merge(documents: list[dict[str, Any]], names: list[str] | None = None) -> dict[str, Any]:

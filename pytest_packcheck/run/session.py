@@ -329,7 +329,6 @@ class PackcheckSession:
                 f"written{remove_report_files(self.settings.report_dir)}{journal}.")
 
 
-
 def remove_report_files(report_dir: str) -> str:
     """Remove the previous run's report files from ``report_dir``; the clause that names them ("" if none)."""
     out = Path(report_dir)
