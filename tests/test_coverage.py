@@ -454,3 +454,19 @@ def test_encoder_families_causal_heads_are_built_as_decoders(tolerances):
     assert iso.status == "pass" and iso.metrics["negative_control_change"] > tolerances["float32"]["leak_min"], iso.message
     leaky = make_bench("bert", "sdpa", tolerances)  # sdpa ignores the boundaries: the planted leak is still caught
     assert C.check_isolation(leaky).status == "fail"
+
+
+def test_the_reproduce_line_carries_the_tolerances_the_run_was_judged_with():
+    """A pytest run with --packcheck-tolerance float32.logits_atol=1e-9 failed; its Reproduce line left the override
+    out, so rerunning it passed (trial 6, 32). Every tolerance of a measured dtype off the shipped default is in it."""
+    from pytest_packcheck.config.settings import resolve
+    from pytest_packcheck.config.tolerances import load_tolerances
+
+    values = {"packcheck_models": "arch:llama", "packcheck_tolerance": ["float32.logits_atol=1e-9"]}
+    settings = resolve(lambda dest: values.get(dest), lambda key: None)
+    flags = settings.reproduce_flags()
+    assert "--packcheck-tolerance=float32.logits_atol=1e-09" in flags and not any("bfloat16" in f for f in flags)
+    again = [f.split("=", 1)[1] for f in flags if f.startswith("--packcheck-tolerance=")]
+    assert load_tolerances(None, again, "test")[0] == settings.tolerances  # the line resolves to the same tolerances
+    plain = resolve(lambda dest: {"packcheck_models": "arch:llama"}.get(dest), lambda key: None)
+    assert not any(f.startswith("--packcheck-tolerance") for f in plain.reproduce_flags())

@@ -86,8 +86,15 @@ class Settings:
 
     def reproduce_flags(self) -> list[str]:
         """Flags that reproduce this run (the report header prints them): :meth:`to_args` without the
-        settings left at their defaults."""
-        return self.to_args(skip_defaults=True)
+        settings left at their defaults, plus one ``--packcheck-tolerance dtype.key=value`` per tolerance of a
+        measured dtype that is not the shipped default (from a file or an override alike: the Reproduce line of a
+        run judged at float32.logits_atol=1e-9 reran at the default and passed)."""
+        from .tolerances import default_tolerances
+
+        shipped = default_tolerances()
+        return self.to_args(skip_defaults=True) + [
+            f"{OPT_TOLERANCE}={dtype}.{key}={value!r}" for dtype in self.dtypes
+            for key, value in sorted(self.tolerances.get(dtype, {}).items()) if shipped.get(dtype, {}).get(key) != value]
 
     def to_args(self, tolerance_file: str | None = None, models: list[str] | None = None, report_dir: str | None = None,
                 version_child: bool = False, skip_defaults: bool = False) -> list[str]:
