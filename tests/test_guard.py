@@ -1205,3 +1205,24 @@ def test_callback_tolerance_errors_name_the_callback_and_check_each_keys_range()
 
     with pytest.raises(PackcheckUsageError, match=r"^verify_packed_batch: .*\['grad_cos_min'\] = 2: a tolerance is a number from -1 to 1"):
         _tolerances({"float32": {"logits_atol": 1e-4, "loss_atol": 1e-5, "grad_cos_min": 2}})
+
+
+def test_a_diagnostic_rerun_the_model_cannot_run_judges_nothing_and_raises_nothing():
+    """A default SFTTrainer(packing=True) on OPT with max_position_embeddings=128 and a 137-token packed row: the
+    guard's rerun with plain position_ids 0..136 ran past OPT's position table and its IndexError killed
+    train() (trial 6, 136). The rerun the model refuses is recorded and judges nothing; the verdict stands."""
+    from transformers import OPTConfig, OPTForCausalLM
+
+    torch.manual_seed(0)
+    model = OPTForCausalLM(OPTConfig(hidden_size=32, ffn_dim=64, num_hidden_layers=1, num_attention_heads=2, vocab_size=128,
+                                     max_position_embeddings=128, word_embed_proj_dim=32))
+    model.config._attn_implementation = "sdpa"
+    lengths = [60, 50, 27]
+    ids = torch.randint(3, 128, (1, sum(lengths)))
+    pos = torch.cat([torch.arange(n) for n in lengths])[None]
+    labels = ids.clone()
+    for start in (0, 60, 110):
+        labels[0, start] = -100
+    result = verify_packed_batch(model, {"input_ids": ids, "position_ids": pos, "labels": labels}, on_mismatch="return")
+    assert result.verdict == "fail" and result.cause == "leak", result.line()
+    assert "IndexError" in result.probes["plain_position_ids_error"] and "plain_position_ids" not in result.probes
