@@ -199,3 +199,16 @@ def test_fast_mamba_kernels_not_available_is_a_missing_package(_llama):
     assert got.message.startswith("missing package mamba-ssm / causal-conv1d (not installed here): ValueError: Fast Mamba")
     assert got.metrics["missing"] == ["mamba-ssm", "causal-conv1d"]
     assert _classify_exception(ValueError("Fast kernels are slow")) == "error"  # only the marker
+
+
+def test_a_loss_tolerance_below_float_rounding_fails_as_numerics_not_normalisation(_llama, tolerances):
+    """--packcheck-tolerance float32.loss_atol=1e-12 on llama: loss_parity failed with cause loss_normalisation ("do
+    not pack", a num_items_in_batch remedy) on a 6.8e-08 difference, where the logits case says kernel_numerics
+    (trial 6, 163). Counts right, logits matching, the loss within 10 ulps: kernel_numerics; a real normalisation
+    fault (the packed loss scaled) stays loss_normalisation at the same tight tolerance."""
+    tight = {**tolerances, "float32": {**tolerances["float32"], "loss_atol": 1e-12}}
+    got = C.check_loss_parity(_bench(_llama, tight, (11, 7, 13)))
+    assert got.status == "fail" and got.cause == "kernel_numerics", got.message
+    assert got.evidence["tolerance"] == "loss_atol" and got.evidence["below_rounding"] is True
+    planted = C.check_loss_parity(_bench(ScalePackedLoss(_llama), tight, (11, 7, 13)))
+    assert planted.status == "fail" and planted.cause == "loss_normalisation", planted.message
