@@ -84,7 +84,9 @@ def mismatch_cause(wb: Workbench, diff: float | None = None, atol: float | None 
     ``diff`` with no mixing (against ``logits_atol``), is numerics by :func:`registry.within_numerics` (the guard's rule
     too: a rounding floor, so a few ulps under a tolerance of 0 are numerics); ``leak`` for any other mixing; ``sliding_window``
     when examples within the window match and longer ones do not; ``selection_ties`` when a top-k selection in the
-    forward cut through exactly tied scores (:func:`mechanisms.selection_ties`); else ``wrong_positions``."""
+    forward cut through exactly tied scores (:func:`mechanisms.selection_ties`); ``probe_inconclusive`` when no
+    mixing was seen but ``isolation_atol`` is so wide that the planted leak hides under it too; else
+    ``wrong_positions``."""
     probe = leak_probe(wb)
     moved, iso_tol = probe["max_change"], wb.tol["isolation_atol"]
     evidence: dict[str, Any] = {"isolation_moved": moved, "isolation_atol": iso_tol}
@@ -97,6 +99,14 @@ def mismatch_cause(wb: Workbench, diff: float | None = None, atol: float | None 
         if within_numerics(moved, iso_tol, wb.dtype):
             return "kernel_numerics", {**evidence, **numerics_evidence("isolation_atol", moved, iso_tol, wb.dtype)}
         return "leak", evidence
+    control = probe["negative_control_change"]
+    if control <= iso_tol:
+        # the tolerance hides even the planted leak: "nothing moved" rules no leak out, and naming a cause past it
+        # (wrong_positions, with its position_ids remedy) would be a guess (float32.isolation_atol=10 on opt /
+        # sdpa, which leaks by 6.4e-03 at the default; trial 6, 69)
+        return "probe_inconclusive", {**evidence, "negative_control_change": control,
+                                      "why": (f"a planted leak moves the other examples by {_fmt(control)}, within "
+                                              f"isolation_atol {iso_tol:g}: this tolerance cannot tell a leak")}
     window = window_probe(wb)
     if window is not None and window["max_abs_diff_within_window"] <= wb.tol["logits_atol"]:
         return "sliding_window", {**evidence, **window}

@@ -198,7 +198,8 @@ def _load(ref: str) -> Callable[..., Any]:
     return getattr(importlib.import_module(f"pytest_packcheck.checks.{module}"), attr)
 
 
-_PARITY_CAUSES = ("leak", "stateful_layers", "kernel_numerics", "wrong_positions", "sliding_window", "selection_ties")
+_PARITY_CAUSES = ("leak", "stateful_layers", "kernel_numerics", "wrong_positions", "sliding_window", "selection_ties",
+                  "probe_inconclusive")
 
 #: The checks in matrix order.
 REGISTRY: tuple[CheckSpec, ...] = (
