@@ -136,6 +136,17 @@ class _Scrubbed:
         return getattr(self._stream, name)
 
 
+def _fd_to_devnull(stream: Any) -> None:
+    """Point ``stream``'s file descriptor at devnull once its reader has gone (Python's recipe for SIGPIPE, signal
+    module docs): later writes and the flush at exit raise nothing."""
+    import os
+
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
 class _PipeSafe:
     """``sys.stdout`` for ``packcheck audit``: once the reader of the output has gone (``| head``: the write raises
     BrokenPipeError), the rest of the output goes to devnull and the run goes on to write its matrix, as it would
@@ -147,10 +158,7 @@ class _PipeSafe:
     def _drop(self) -> None:
         import os
 
-        try:  # the descriptor too: pytest's terminal writer and forked cells write to fd 1
-            os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
-        except (OSError, ValueError, AttributeError):
-            pass
+        _fd_to_devnull(self._stream)  # the descriptor too: pytest's terminal writer and forked cells write to fd 1
         self._stream = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - lives as long as the process
 
     def write(self, text: str) -> int:
@@ -199,12 +207,8 @@ def _run(name: str, run: Any) -> int:
         code = run()
         sys.stdout.flush()  # a closed pipe shows here, not as "Exception ignored" at interpreter exit
         return code
-    except BrokenPipeError:
-        # `packcheck lookup ... | head -2`: the reader closed the pipe. Python's documented recipe (signal module,
-        # "Note on SIGPIPE"): point stdout at devnull so the flush at exit raises nothing, and exit 128 + SIGPIPE
-        import os
-
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except BrokenPipeError:  # `packcheck lookup ... | head -2`: the reader closed the pipe; exit 128 + SIGPIPE
+        _fd_to_devnull(sys.stdout)
         return 141
     except PackcheckUsageError as exc:
         print(f"packcheck {name}: error: {exc}", file=sys.stderr)
