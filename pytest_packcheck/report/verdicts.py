@@ -170,9 +170,9 @@ def coverage(cells: list[dict[str, Any]]) -> str:
         parts = []
         for kind in sorted(set(kind_of.values()), key=lambda r: (len(r), sorted(r))):
             where = [f"{k[0]} / {k[1]}" for k in passing if kind_of[k] == kind]
-            kind = frozenset().union(*(ran_by[k] for k in passing if kind_of[k] == kind))
+            ran = frozenset().union(*(ran_by[k] for k in passing if kind_of[k] == kind))
             shown = ", ".join(where[:4]) + (f" and {len(where) - 4} more" if len(where) > 4 else "")
-            checks = sorted(kind, key=lambda n: order.get(n, len(order)))
+            checks = sorted(ran, key=lambda n: order.get(n, len(order)))
             parts.append(f"{shown}: {', '.join(checks)}{' only' if len(checks) == 1 else ''}")
         return (f"The ✅ cells do not all cover the same correctness checks (results of runs with different checks "
                 f"merged) {why}: {'; '.join(parts)}.")
