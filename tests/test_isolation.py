@@ -235,3 +235,43 @@ def test_resume_names_the_settings_the_journaled_cells_were_made_with(tmp_path):
     assert journal.load() == {} and journal.other_cells == 1
     line = resume_mismatch(now, journal, 0, 1)
     assert "lengths [11, 17, 5] -> [11, 2, 13]" in line and "[11, 1, 13]" not in line, line
+
+
+_SIGINT_AT_FORK = {"armed": False}
+
+
+def _sigint_in_parent_after_fork() -> None:
+    if _SIGINT_AT_FORK["armed"]:
+        _SIGINT_AT_FORK["armed"] = False
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_parent=_sigint_in_parent_after_fork)
+
+
+class _Cell:
+    def __init__(self, cell_id: str) -> None:
+        self.cell_id = cell_id
+
+
+@pytest.mark.skipif(not hasattr(signal, "pthread_sigmask"), reason="needs POSIX signal masks and fork")
+def test_a_ctrl_c_landing_during_the_fork_of_a_cell_child_stops_the_run():
+    """Trial 6, #102: a SIGINT to the audit's process group that lands while ``os.fork`` runs its at-fork
+    handlers was printed as an unraisable exception and lost: the run finished, exit 0, complete matrix. The
+    planted handler sends SIGINT from inside the parent's at-fork callback, where it used to be swallowed."""
+    from pytest_packcheck.results.schema import CellResult
+    from pytest_packcheck.run.sandbox import run_isolated
+
+    def run_cell(cell):
+        return CellResult(cell_id=cell.cell_id, model={"id": "m"}, backend="sdpa", check="isolation",
+                          dtype="float32", status="pass")
+
+    seen = []
+    _SIGINT_AT_FORK["armed"] = True
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_isolated([_Cell("a"), _Cell("b")], run_cell, lambda *a: None, seen.append, timeout_s=60)
+    finally:
+        _SIGINT_AT_FORK["armed"] = False
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, []), "the parent left SIGINT blocked"

@@ -33,9 +33,33 @@ def fork_available() -> bool:
     return "fork" in multiprocessing.get_all_start_methods()
 
 
-def _child_main(cells: list[Any], run_cell: Callable[[Any], Any], conn: Any, log_path: str) -> None:
+#: The signals that stop a run (Ctrl-C; SIGTERM from CI limits and ``kill``, see ``process.stop_on_sigterm``).
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _hold_stop_signals() -> set[signal.Signals] | None:
+    """Block SIGINT and SIGTERM in this thread; return the mask to restore (None where there is no sigmask).
+
+    A stop signal that lands while ``os.fork`` runs its at-fork handlers (logging's ``_releaseLock``, say) raises
+    KeyboardInterrupt inside the handler, where CPython only prints it as unraisable: the run went on and exited
+    0 with a complete-looking matrix (trial 6, #102). Blocked, the signal stays pending and is raised once the
+    fork has returned (``_release_stop_signals``); the forked child starts with it blocked and no pending signal
+    (POSIX), and unblocks it first thing, so a signal sent to the process group reaches it as before."""
+    if not hasattr(signal, "pthread_sigmask"):
+        return None
+    return signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+
+
+def _release_stop_signals(previous: set[signal.Signals] | None) -> None:
+    if previous is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _child_main(cells: list[Any], run_cell: Callable[[Any], Any], conn: Any, log_path: str,
+                signal_mask: set[signal.Signals] | None = None) -> None:
     """In the forked child: route stdout/stderr to the log, run the cells, send each result, exit hard."""
     _die_with_parent()
+    _release_stop_signals(signal_mask)
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -174,10 +198,16 @@ def run_isolated(
         reader, writer = ctx.Pipe(duplex=False)
         t_start = time.perf_counter()
         gc.freeze()  # the child's collector then skips the parent's objects: no copy-on-write of their pages
-        proc = ctx.Process(target=_child_main, args=(pending, run_cell, writer, log_path), daemon=True)
-        proc.start()
+        held = _hold_stop_signals()
+        try:
+            proc = ctx.Process(target=_child_main, args=(pending, run_cell, writer, log_path, held), daemon=True)
+            proc.start()
+        except BaseException:
+            _release_stop_signals(held)
+            raise
         writer.close()
         try:
+            _release_stop_signals(held)  # a Ctrl-C that came during the fork is raised here, with the child reaped below
             while pending:
                 if not reader.poll(timeout_s or None):
                     proc.kill()
