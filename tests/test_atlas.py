@@ -142,6 +142,13 @@ def test_a_killed_release_resumes_from_its_journal_and_a_done_release_is_not_run
 
     record = A.run_release("5.24.0", tmp_path, runner=finishes, log=lambda s: None)
     assert record["cells"] == 1 and A.is_done(A.release_dir(tmp_path, "5.24.0"))
+    # the time of the killed part is lost: the record and the coverage table say the timing is partial
+    assert record["resumed"] is True and record["resumed_cells"] == 1
+    support = A.collect(tmp_path, planned=["5.24.0"])
+    assert support["releases"][0]["resumed"] is True and support["releases"][0]["resumed_cells"] == 1
+    row = next(ln for ln in A.render_markdown(support).splitlines() if ln.startswith("| 5.24.0 |"))
+    assert row.endswith("¹ | — |"), row
+    assert "¹ Resumed from an earlier, interrupted run's journal" in A.render_markdown(support)
 
     def must_not_run(args, **kw):
         raise AssertionError("a done release ran again")

@@ -90,6 +90,7 @@ def run_release(version: str, build: Path, shard: tuple[int, int] | None = None,
     folder.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     cpu0 = _child_cpu()
+    resumed = _journaled_cells(folder)
     combo = VersionCombo((f"transformers=={version}",))
     try:
         env = ensure_env(combo)
@@ -117,10 +118,22 @@ def run_release(version: str, build: Path, shard: tuple[int, int] | None = None,
     record = {"transformers": env.versions.get("transformers", version), "requested": version, "shard": list(shard or (1, 1)),
               "cells": len(doc.get("cells", [])), "wall_s": wall, "child_cpu_s": round(_child_cpu() - cpu0, 1),
               "env_seconds": env.seconds, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if resumed:  # the time of the earlier, interrupted part is not known: the timings cover the last part only
+        record.update(resumed=True, resumed_cells=resumed)
     (folder / DONE_MARKER).write_text(json.dumps(record, indent=1) + "\n")
     (folder / "atlas-error.json").unlink(missing_ok=True)
     log(f"atlas {version}: {record['cells']} cells, {wall:.0f} s wall, {record['child_cpu_s']:.0f} s CPU")
     return record
+
+
+def _journaled_cells(folder: Path) -> int:
+    """Cells an earlier, interrupted run of this release left in its journal (one JSON line each), which this run
+    reuses instead of measuring: the done record's ``wall_s`` / ``child_cpu_s`` then cover only the rest."""
+    try:
+        with (folder / "packcheck-journal.jsonl").open("rb") as fh:
+            return sum(1 for line in fh if line.strip())
+    except OSError:
+        return 0
 
 
 def check_seed(results_file: Path) -> tuple[dict[str, Any], str]:

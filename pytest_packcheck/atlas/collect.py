@@ -91,6 +91,9 @@ def _release_docs(build: Path) -> list[tuple[str, dict[str, Any], dict[str, Any]
         doc = docs[0] if len(docs) == 1 else merge(docs)
         record = {**records[0], "wall_s": _total(records, "wall_s"), "child_cpu_s": _total(records, "child_cpu_s"), "shards": len(records),
                   "cells": sum(r.get("cells", 0) for r in records)}
+        if any(r.get("resumed") for r in records):
+            counts = [r.get("resumed_cells") for r in records if r.get("resumed")]
+            record.update(resumed=True, resumed_cells=None if None in counts else sum(counts))
         found.append((folder.name, doc, record))
     return found
 
@@ -156,6 +159,7 @@ def collect(build: Path, planned: list[str] | None = None, bisects: dict[str, An
                          "architectures": len({(c["model"].get("model_type") or c["model"].get("label"))
                                                for c in doc.get("cells", [])}),
                          "cells": record.get("cells"), "wall_s": record.get("wall_s"), "cpu_s": record.get("child_cpu_s"),
+                         **({"resumed": True, "resumed_cells": record.get("resumed_cells")} if record.get("resumed") else {}),
                          "packcheck_version": doc.get("packcheck_version"), "source": record.get("source", "packcheck atlas"),
                          "command": reproduce_command(version)})
         for name, by_backend in reduce_release(doc).items():

@@ -47,11 +47,19 @@ def render_markdown(support: dict[str, Any]) -> str:
              f"Measured releases: {', '.join(order) or 'none'}.",
              f"Not measured yet: {', '.join(support['missing']) or 'none'}" + (" (resume: `packcheck atlas`)." if support["missing"] else "."),
              "", "| release | architectures | cells | wall s | CPU s | s per (arch, backend) |", "|---|---|---|---|---|---|"]
+    resumed = []
     for r in support["releases"]:
         pairs = sum(1 for by in support["cells"].values() for b in by.values() if r["transformers"] in b)
-        per = f"{r['wall_s'] / pairs:.2f}" if r.get("wall_s") and pairs else "—"
-        lines.append(f"| {r['transformers']} | {r['architectures']} | {r['cells']} | {r.get('wall_s') or '—'} | "
-                     f"{r.get('cpu_s') or '—'} | {per} |")
+        per = f"{r['wall_s'] / pairs:.2f}" if r.get("wall_s") and pairs and not r.get("resumed") else "—"
+        mark = " ¹" if r.get("resumed") else ""
+        if r.get("resumed"):
+            count = r.get("resumed_cells")
+            resumed.append(f"{r['transformers']}" + (f" ({count} of {r['cells']} cells)" if count is not None else ""))
+        lines.append(f"| {r['transformers']} | {r['architectures']} | {r['cells']} | {r.get('wall_s') or '—'}{mark} | "
+                     f"{r.get('cpu_s') or '—'}{mark} | {per} |")
+    if resumed:
+        lines += ["", ("¹ Resumed from an earlier, interrupted run's journal: wall and CPU cover only the last part, "
+                       f"so no cost per (arch, backend) is given: {', '.join(resumed)}.")]
     lines += ["", "## Per architecture", "",
               ("One line per backend: the verdict (and causes) over the measured releases, each run of equal verdict "
               "with its first and last release."), ""]
