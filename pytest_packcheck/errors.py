@@ -124,3 +124,31 @@ def load_failure_message(exc: BaseException) -> str | None:
                 "ulimit -v 600000 fails, 800000 loads) and a run needs more; raise the limit (ulimit -v unlimited) and run again.")
     return (f"packcheck could not import a library it needs ({type(exc).__name__}: {text}): install it into this "
             "environment (pip install torch transformers) and run again.")
+
+
+def package_dirs(packages: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """The folders (each ending in ``os.sep``) of those of ``packages`` that are imported, for telling whose code a
+    traceback frame or a warning's caller is; a package not imported adds nothing."""
+    import sys
+
+    dirs: list[str] = []
+    for name in packages:
+        for path in getattr(sys.modules.get(name), "__path__", None) or []:
+            dirs.append(os.path.join(os.path.abspath(path), ""))
+    return tuple(dirs)
+
+
+def is_stdlib_file(path: str) -> bool:
+    """True for a file of Python's standard library: below sysconfig's ``stdlib`` folder and in no site-packages
+    folder. A system or Docker Python keeps site-packages below the standard library
+    (``/usr/local/lib/python3.11/site-packages``): a prefix test alone takes transformers' frames for the
+    standard library's."""
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    path = os.path.abspath(path)
+    if not path.startswith(os.path.join(paths["stdlib"], "")):
+        return False
+    sites = {os.path.join(paths[key], "") for key in ("purelib", "platlib") if paths.get(key)}
+    parts = path.split(os.sep)
+    return not any(path.startswith(site) for site in sites) and "site-packages" not in parts and "dist-packages" not in parts

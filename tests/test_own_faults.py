@@ -225,3 +225,33 @@ def test_an_isolation_tolerance_that_hides_the_planted_leak_names_no_cause_past_
     assert got.status == "fail" and got.cause == "probe_inconclusive", got.message
     assert "cannot tell a leak" in got.evidence["why"]
     assert C.check_logits_parity(make_bench("opt", "sdpa", tolerances)).cause == "leak"
+
+
+def test_site_packages_below_the_standard_library_is_not_the_standard_library(monkeypatch, _llama, tolerances):
+    """A system or Docker Python keeps site-packages below the standard library (/usr/local/lib/python3.11/
+    site-packages). A prefix test took transformers' frames there for the standard library's, so a crash inside the
+    model, called from a packcheck check, looked like packcheck's own (packcheck_error). Planted: sysconfig reports
+    that layout around the installed transformers, and token ids past the vocabulary crash inside the model."""
+    import sysconfig
+    from pathlib import Path
+
+    import transformers
+
+    from pytest_packcheck.errors import is_stdlib_file
+
+    site = Path(transformers.__file__).resolve().parent.parent  # .../site-packages
+    real = sysconfig.get_paths
+
+    def docker_layout(*a, **kw):
+        return {**real(*a, **kw), "stdlib": str(site.parent)}  # site-packages now lies below "stdlib"
+
+    monkeypatch.setattr(sysconfig, "get_paths", docker_layout)
+    assert is_stdlib_file(str(site.parent / "json" / "decoder.py"))
+    assert not is_stdlib_file(transformers.__file__)
+    bench = _bench(_llama, tolerances, (5, 4))
+    bench.examples = [[10**6] * 5, [10**6] * 4]
+    with pytest.raises(IndexError) as err:
+        C.check_logits_parity(bench)
+    got = _runner()._failed("check", err.value)
+    assert any("transformers" in f.filename for f in __import__("traceback").extract_tb(err.value.__traceback__))
+    assert got.cause == "shrunk_crash", got.message

@@ -4,6 +4,7 @@ past the progress bars."""
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from collections.abc import Mapping
@@ -51,14 +52,13 @@ def _user_stacklevel() -> int:
     """The ``stacklevel`` for a warning raised by :func:`_warn` that names the user's own line (the one that called
     ``trainer.train()``), not torch's ``module.py`` that ran the forward pre-hook; 2 (the hook) when the
     whole stack is library code."""
-    import sysconfig
+    from ..errors import is_stdlib_file, package_dirs
 
-    prefixes = [sysconfig.get_paths()["stdlib"]]
-    for name in _LOOP_PACKAGES:
-        prefixes += list(getattr(sys.modules.get(name), "__path__", None) or [])
+    prefixes = package_dirs(_LOOP_PACKAGES)
     frame, level = sys._getframe(2), 2  # stacklevel 1 is _warn itself, 2 its caller
     while frame is not None:
-        if not frame.f_code.co_filename.startswith(tuple(prefixes)):
+        path = os.path.abspath(frame.f_code.co_filename)
+        if not (path.startswith(prefixes) or is_stdlib_file(path)):
             return level
         frame, level = frame.f_back, level + 1
     return 2

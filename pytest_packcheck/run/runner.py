@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import sys
 import time
 import traceback
 from collections.abc import Iterator
@@ -208,16 +207,11 @@ def _fidelity(result: CheckResult, bench: Workbench, cell: Cell) -> CheckResult:
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _library_dirs() -> tuple[str, ...]:
-    """Folders whose frames do not make a crash the model's: packcheck itself, torch and the standard library."""
-    import os
-    import sysconfig
+def _library_frame(path: str) -> bool:
+    """A frame that does not make a crash the model's: packcheck's own, torch's or the standard library's."""
+    from ..errors import is_stdlib_file, package_dirs
 
-    dirs = [_PACKAGE_DIR, sysconfig.get_paths()["stdlib"]]
-    torch = sys.modules.get("torch")
-    if torch is not None and getattr(torch, "__file__", None):
-        dirs.append(os.path.dirname(os.path.abspath(torch.__file__)))
-    return tuple(os.path.join(d, "") for d in dirs)
+    return path.startswith((os.path.join(_PACKAGE_DIR, ""), *package_dirs(("torch",)))) or is_stdlib_file(path)
 
 
 #: A forward's signature refusing a call (Python raises it while binding, before any frame of the forward runs, so
@@ -244,13 +238,10 @@ def own_fault(exc: BaseException) -> list[str] | None:
     if not frames:
         return None
     own_dir = os.path.join(_PACKAGE_DIR, "")
-    allowed = _library_dirs()
     paths = [os.path.abspath(f.filename) for f in frames]
-    if not all(p.startswith(allowed) for p in paths):
+    if not all(_library_frame(p) for p in paths):
         return None
-    deepest_own = [p for p in paths if p.startswith(own_dir)]
-    outside = [p for p in paths if not p.startswith(allowed[1:])]  # frames not torch's / the stdlib's
-    if not deepest_own or not outside or not outside[-1].startswith(own_dir):
+    if not any(p.startswith(own_dir) for p in paths):  # then the deepest frame not torch's / the stdlib's is ours
         return None
     return [f"{os.path.relpath(f.filename, os.path.dirname(own_dir[:-1]))}:{f.lineno} in {f.name}" for f in frames]
 
