@@ -69,10 +69,15 @@ class PackcheckWarning(UserWarning):
 
 
 def closest(value: str, choices: list[str] | tuple[str, ...]) -> str:
-    """`` Did you mean 'x'?`` for the closest of ``choices`` (difflib), or an empty string."""
+    """`` Did you mean 'x'?`` for the closest of ``choices`` (difflib), or an empty string. A dtype name packcheck
+    lacks gets the choice of the nearest precision (:func:`checks.registry.nearest_precision`: "float64" ->
+    "float32"), never the look-alike of lower precision difflib picks ("float16")."""
     import difflib
 
-    match = difflib.get_close_matches(value, list(choices), n=1)
+    from .checks.registry import nearest_precision
+
+    best = nearest_precision(value, choices)
+    match = [best] if best else difflib.get_close_matches(value, list(choices), n=1)
     return f" Did you mean '{match[0]}'?" if match else ""
 
 

@@ -212,6 +212,34 @@ def test_bench_cli_refuses_bad_input_before_measuring(tmp_path):
     assert not (tmp_path / "reports").exists()
 
 
+def test_bench_terminal_line_carries_the_markdowns_caveats_and_percentages(tmp_path, monkeypatch, capsys):
+    """The terminal printed "orcamath: speedup 9.76x (ideal 1.00x), padding 0 %, memory saved n/a, instrumentation
+    16.9641": none of the Markdown's caveats (smoke test, 976 % of the ideal) and a raw fraction where the Markdown
+    writes +1696.4 % (trial 6, 138). The line now uses the Markdown's formatters and caveats."""
+    from pytest_packcheck import cli
+    from pytest_packcheck.run import throughput as bench
+
+    real = bench.run_bench
+
+    def noisy(model, **kwargs):  # the trial's figures: CPU timing noise on one step
+        return {**real(model, **kwargs), "speedup": 9.76, "ideal_speedup": 1.0, "fraction_of_ideal": 9.76,
+                "instrumentation_overhead": 16.9641}
+
+    monkeypatch.setattr(bench, "run_bench", noisy)
+    rc = cli.main(["bench", "--steps", "1", "--warmup", "1", "--batch-size", "2", "--max-length", "48", "--profile", "fixed",
+                   "-o", str(tmp_path)])
+    out, md = capsys.readouterr().out, (tmp_path / "bench.md").read_text()
+    assert rc == 0
+    line = next(x for x in out.splitlines() if x.startswith("fixed: speedup"))
+    assert line == ("fixed: speedup 9.76x (ideal 1.00x, 976 % of ideal), padding 0 %, peak memory saved n/a (CPU), "
+                    "instrumentation overhead +1696.4 %; CPU run: a smoke test of the machinery, not a speed claim."), line
+    assert "| +1696.4 %" in md and "n/a (CPU)" in md and "CPU run: a smoke test of the machinery, not a speed claim." in md
+    after = out.splitlines()[out.splitlines().index(line) + 1:][:2]  # the Markdown's caveats of this profile, in its order
+    assert after[0] == "  fixed: 4 of 4 lengths were clipped to max_length 48." and "- fixed: 4 of 4 lengths were clipped" in md
+    caveat = "fixed: the measured speedup is 976 % of the ideal one."
+    assert after[1].startswith(f"  {caveat}") and f"- {caveat}" in md, after
+
+
 def test_bench_page_states_clipping_and_a_speedup_above_the_ideal():
     from pytest_packcheck.run.throughput import bench_caveats
 

@@ -67,6 +67,10 @@ def test_audit_with_bench_adds_speedup_memory_column(tmp_path):
     # OPT leaks on sdpa (isolation fails): its speedup is marked as the speed of a wrong result; llama's is not
     assert "⚠ packing wrong on sdpa" in next(line for line in md.splitlines() if line.startswith("| opt"))
     assert "⚠" not in row and "- ⚠ opt on sdpa: the audit found packing wrong there (isolation)" in md
+    # the terminal's bench line is packcheck bench's (run.throughput.bench_terminal_lines): the payoff's % and caveat
+    said = next(line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith(f"bench llama / sdpa / {lengths}: speedup"))
+    assert f"% of ideal), padding {llama['padding_overhead'] * 100:.0f} %, peak memory saved n/a (CPU), instrumentation overhead " in said
+    assert said.endswith("; CPU run: a smoke test of the machinery, not a speed claim."), said
 
 
 def test_audit_bench_bad_input_is_refused_before_the_run(tmp_path):

@@ -216,6 +216,30 @@ def test_baseline_cells_the_candidate_did_not_select_are_named_as_not_compared(b
             "(opt-sdpa-isolation-float32, opt-sdpa-logits_parity-float32)") in proc.stderr, proc.stderr
 
 
+def test_a_gate_that_compares_no_cell_is_refused_naming_what_each_side_holds(baseline_path, tmp_path):
+    """Baseline llama+opt against a candidate of gpt2 only: a warning that the baseline cells were not compared, then
+    "0 regression(s)" and exit 0 (trial 6, 30). Nothing compared is now a usage error, one line; a candidate that
+    planned the baseline's cells but lacks them still fails as regressions (missing), exit 1."""
+    doc = json.loads(baseline_path.read_text())
+    cand = copy.deepcopy(doc)
+    cand["cells"] = [c for c in cand["cells"] if c["model"]["label"] == "llama"]  # passes: new cells, no regression
+    for cell in cand["cells"]:
+        cell["model"] = {**cell["model"], "label": "gpt2", "spec": "arch:gpt2"}
+        cell["cell_id"] = cell["cell_id"].replace("llama-", "gpt2-")
+    cand["settings"]["models"] = ["arch:gpt2"]
+    path = tmp_path / "cand.json"
+    path.write_text(json.dumps(cand))
+    proc = _gate("--baseline", str(baseline_path), "--candidate", str(path))
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert ("Nothing compared: no baseline cell is in the candidate's selection (baseline: 4 cell(s) of llama, opt; sdpa; "
+            "isolation, logits_parity; float32; candidate: 2 cell(s) of gpt2; sdpa; isolation, logits_parity; float32)") in proc.stderr
+    planned = {**doc, "cells": []}  # the baseline's selection, no cell: every pass is a missing regression
+    path.write_text(json.dumps(planned))
+    proc = _gate("--baseline", str(baseline_path), "--candidate", str(path))
+    assert proc.returncode == 1 and "REGRESSION (missing)" in proc.stdout, proc.stdout + proc.stderr
+
+
 def test_an_empty_baseline_is_refused_by_the_gate_and_the_plugin(baseline_path, tmp_path, pytester):
     """A baseline with "cells": [] passed with 0 regressions, exit 0 (pc gate and --packcheck-baseline)."""
     doc = json.loads(baseline_path.read_text())

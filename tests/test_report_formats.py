@@ -84,6 +84,32 @@ def test_the_csv_note_carries_what_the_markdown_says_of_a_cell():
     assert rows["eager"]["note"] == "not checked: isolation: needs a CUDA device", rows["eager"]
 
 
+def test_what_to_do_names_the_check_of_each_remedy_line():
+    """One cell (llama / sdpa) with edge_lengths and logits_parity both kernel_numerics below a float32.logits_atol=1e-9
+    gave two "What to do" lines, each "1 check in 1 model / backend: llama / sdpa", with 1.2e-07 and 8.9e-08 and no
+    word of which check each number is (trial 6, 33). Each line names its checks; one remedy over several checks is
+    still one line naming them all."""
+    from pytest_packcheck.report import render_markdown
+
+    def numerics(check: str, diff: float) -> dict:
+        cell = planted_cell("llama", "sdpa", check, "fail", "kernel_numerics", atol=1e-9)
+        cell["evidence"] = {"atol": 1e-09, "below_rounding": True, "diff": diff, "dtype": "float32", "isolation_atol": 1e-05,
+                            "isolation_moved": 0.0, "rounding_level": 2.0 ** -23, "tolerance": "logits_atol"}
+        cell["causes"] = [{"cause": "kernel_numerics", "evidence": cell["evidence"]}]
+        return cell
+
+    doc = planted_doc([numerics("edge_lengths", 1.1920928955078125e-07), numerics("logits_parity", 8.940696716308594e-08),
+                       planted_cell("opt", "sdpa", "isolation", "fail", "leak"), planted_cell("opt", "sdpa", "logits_parity", "fail", "leak")])
+    md = render_markdown(doc)
+    lines = [x for x in md[md.index("## What to do"):md.index("## Legend")].splitlines() if x.startswith("- **")]
+    numbers = [x for x in lines if "kernel\\_numerics" in x]
+    assert len(numbers) == 2, lines
+    assert "1 check (edge\\_lengths) in 1 model / backend: llama / sdpa" in numbers[0] and "at least 1.2e-07" in numbers[0]
+    assert "1 check (logits\\_parity) in 1 model / backend: llama / sdpa" in numbers[1] and "at least 8.9e-08" in numbers[1]
+    leak = [x for x in lines if "**leak**" in x]
+    assert len(leak) == 1 and "2 checks (isolation, logits\\_parity) in 1 model / backend: opt / sdpa" in leak[0], lines
+
+
 def test_the_html_shows_the_bench_payoff_the_markdown_shows():
     """With --bench the Markdown and JSON carried the speedup, the payoff section and a model's ⚠; the HTML none."""
     from pytest_packcheck.report import render_markdown

@@ -68,6 +68,24 @@ def test_tolerances_override_and_errors(tmp_path):
         load_tolerances(str(bad), [], "t")
 
 
+def test_an_unknown_dtype_is_never_offered_a_lower_precision(tmp_path):
+    """`--packcheck-dtypes=float64` and a tolerance table [float64] got "Did you mean 'float16'?" (difflib's
+    look-alike): a suggestion that drops precision. The nearest precision packcheck has is float32."""
+    from pytest_packcheck.config.options import DTYPES
+    from pytest_packcheck.config.settings import _validate_names
+    from pytest_packcheck.errors import closest
+
+    with pytest.raises(PackcheckUsageError, match=r"Unknown dtype 'float64' \(from --packcheck-dtypes\).*Did you mean 'float32'\?"):
+        _validate_names(["float64"], DTYPES, "dtype", "--packcheck-dtypes")
+    table = tmp_path / "tol.toml"
+    table.write_text("[float64]\nlogits_atol = 1e-9\n")
+    with pytest.raises(PackcheckUsageError, match=r"unknown dtype table \[float64\].*Did you mean 'float32'\?"):
+        load_tolerances(str(table), [], "t")
+    with pytest.raises(PackcheckUsageError, match=r"unknown dtype 'float64'.*Did you mean 'float32'\?"):
+        load_tolerances(None, ["float64.logits_atol=1"], "t")
+    assert closest("flaot16", DTYPES) == " Did you mean 'float16'?"  # a typo: still difflib's
+
+
 def test_reference_kernel_matches_sdpa_per_segment():
     torch.manual_seed(0)
     q, k, v = torch.randn(9, 4, 8), torch.randn(9, 2, 8), torch.randn(9, 2, 8)

@@ -158,15 +158,17 @@ def compare(baseline: dict[str, Any], candidate: dict[str, Any], allow: dict[str
     dtype; an unchanged verdict that is not a pass is never a regression.
 
     Raises:
-        PackcheckUsageError: see :func:`_match_with_env`; the two judged one dtype with different tolerances (a
+        PackcheckUsageError: see :func:`_match_with_env`; no baseline cell compared (:func:`_refuse_nothing_compared`);
+            the two judged one dtype with different tolerances (a
             verdict would change with the tolerance, not the stack: the rule merge applies,
             :func:`_refuse_differing_tolerances`).
     """
     allow = allow or {}
-    _refuse_differing_tolerances([baseline, candidate], ["the baseline", "the candidate"], "compare")
     key = _key if _match_with_env(baseline, candidate) else _cross_key
     base = index_cells(baseline["cells"], key, "the baseline")
     cand = index_cells(candidate["cells"], key, "the candidate")
+    _refuse_nothing_compared(base, cand, candidate)
+    _refuse_differing_tolerances([baseline, candidate], ["the baseline", "the candidate"], "compare")
     changes: list[Change] = []
     for key in sorted(set(base) | set(cand), key=lambda k: tuple(str(x) for x in k)):
         b, c = base.get(key), cand.get(key)
@@ -206,6 +208,33 @@ def compare(baseline: dict[str, Any], candidate: dict[str, Any], allow: dict[str
             reason = allowed_reason(cell_id, allow) if worse else None
             changes.append(Change(key, b["status"], c["status"], worse, detail, reason, before=b, after=c))
     return changes
+
+
+def _refuse_nothing_compared(base: dict[Any, dict[str, Any]], cand: dict[Any, dict[str, Any]], candidate: dict[str, Any]) -> None:
+    """Refuse a comparison in which no baseline cell is compared: none is in the candidate, and none that is missing
+    there was planned by the candidate's settings (a planned cell that is missing is a regression, so compared). Such
+    a gate printed "0 regression(s)" and exited 0 having judged nothing (trial 6, 30).
+
+    Raises:
+        PackcheckUsageError: one line saying nothing was compared, with the cells each side holds (:func:`_cells_held`).
+    """
+    if not base or any(k in cand or _planned_in(cell, candidate) for k, cell in base.items()):
+        return
+    raise PackcheckUsageError(
+        f"Nothing compared: no baseline cell is in the candidate's selection (baseline: {_cells_held(base.values())}; "
+        f"candidate: {_cells_held(cand.values())}). Run the candidate with the baseline's models, backends, checks and "
+        "dtypes, or pass a baseline of the candidate's.")
+
+
+def _cells_held(cells: Any) -> str:
+    """What a side holds, for :func:`_refuse_nothing_compared`: the cell count, then its models, backends, checks and
+    dtypes in first-seen order (``"4 cells of llama; sdpa; isolation, logits_parity; float32"``)."""
+    cells = list(cells)
+    if not cells:
+        return "no cells"
+    axes = [list(dict.fromkeys(str(get(c)) for c in cells)) for get in (
+        lambda c: c["model"]["label"], lambda c: c["backend"] or "model level", lambda c: c["check"], lambda c: c["dtype"])]
+    return scrub_secrets(f"{len(cells)} cell(s) of " + "; ".join(", ".join(a) for a in axes))
 
 
 def _status_detail(before: dict[str, Any], after: dict[str, Any]) -> str:

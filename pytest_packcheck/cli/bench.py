@@ -50,7 +50,7 @@ def run(ns: argparse.Namespace) -> int:
     from ..model.specs import parse_model_spec
     from ..results import probe_folder, write_set
     from ..results.environment import environment
-    from ..run.throughput import load_targets, render_bench, run_bench, sample_lengths
+    from ..run.throughput import bench_terminal_lines, load_targets, render_bench, run_bench, sample_lengths
 
     ns.device = parse_device(ns.device, "--device")  # tpu, mps, cudax: refused before anything is built
     cuda = ns.device.startswith("cuda")
@@ -113,9 +113,7 @@ def run(ns: argparse.Namespace) -> int:
             print(f"{profile}: not measured: {results[-1]['error']}", file=sys.stderr)
         else:
             results.append({**base, **r})
-            print(f"{profile}: speedup {r['speedup']:.2f}x (ideal {r['ideal_speedup']:.2f}x), padding {r['padding_overhead'] * 100:.0f} %, "
-                  f"memory saved {r['memory_reduction'] if r['memory_reduction'] is not None else 'n/a'}, "
-                  f"instrumentation {r.get('instrumentation_overhead', 'n/a')}")
+            print("\n".join(bench_terminal_lines(results[-1], ns.device)))  # the Markdown's figures and caveats
         if "error" in results[-1]:
             _free_cuda(ns.device)  # out of the except block: its traceback no longer holds the failed step's tensors
         # written after every profile: a run stopped by a time limit keeps what it measured

@@ -35,7 +35,8 @@ def run(ns: argparse.Namespace) -> int:
 
     Raises:
         PackcheckUsageError: a bad --allow, neither --candidate nor both --baseline-env / --candidate-env, a
-            results file that cannot be read, an environment label that names no environment.
+            results file that cannot be read, an environment label that names no environment, no baseline cell in
+            the candidate's selection (nothing would be compared).
     """
     from ..analysis.gate import probe_summary, refuse_empty_baseline, select_env
     from ..errors import PackcheckUsageError

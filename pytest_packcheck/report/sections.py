@@ -426,7 +426,8 @@ def environments_section(rep: Report) -> list[str]:
 
 
 def what_to_do(rep: Report) -> list[str]:
-    """The remedies, one line per cause and remedy, with the cells they apply to and the known faults."""
+    """The remedies, one line per cause and remedy, with the checks (by name) and cells they apply to and the known
+    faults."""
     from ..analysis.diagnose import load_known_faults
     from ..checks.causes import CAUSES
 
@@ -454,7 +455,10 @@ def what_to_do(rep: Report) -> list[str]:
         known = sorted({k for c in cells for k in (c.get("diagnosis") or {}).get("known_faults", [])
                         if faults.get(k) and faults[k].cause == cause})
         known_text = f" Known: {', '.join(known)}." if known else ""
-        count = (f"{len(cells)} {'check' if len(cells) == 1 else 'checks'} in {len(groups)} "
+        # the checks by name: one cell's two checks with one cause but two remedies (two numbers) are two lines,
+        # each saying which check it is about (trial 6, 33: "1 check in 1 model" twice, numbers unattributed)
+        checks = escape_md(", ".join(dict.fromkeys(c["check"] for c in sorted(cells, key=lambda c: c["check"]))))
+        count = (f"{len(cells)} {'check' if len(cells) == 1 else 'checks'} ({checks}) in {len(groups)} "
                  f"{'model / backend' if len(groups) == 1 else 'models / backends'}")
         lines.append(f"- **{escape_md(cause)}** ({escape_md(CAUSES.get(cause, ''))}; {count}: {escape_md(shown)}): "
                      f"{escape_md(fix)}.{known_text}")

@@ -289,11 +289,29 @@ BENCH_NOTE = ("Useful tokens are label tokens that are not padding. Tokens/s and
               "weights barely attend: OPT's leak moves it by 9e-6), the audit's checks judge correctness.")
 
 
+#: What a bench figure off CUDA is worth: said by the bench's Markdown, the audit's payoff section and the terminal.
+SMOKE_TEST = "CPU run: a smoke test of the machinery, not a speed claim."
+
+
+def smoke_test_note(device: Any) -> str:
+    """:data:`SMOKE_TEST` for a bench on anything but CUDA (its figures are no speed claim), else ""."""
+    return "" if str(device or "").startswith("cuda") else SMOKE_TEST
+
+
+def _memory_text(r: dict[str, Any]) -> str:
+    """The peak-memory reduction as the table writes it ("35.0 %"; "n/a (CPU)": not measured off CUDA)."""
+    return f"{r['memory_reduction'] * 100:.1f} %" if r.get("memory_reduction") is not None else "n/a (CPU)"
+
+
+def _instrumentation_text(r: dict[str, Any]) -> str:
+    """The instrumentation overhead as the table writes it ("+1696.4 %" for a fraction 16.964; "—": not measured)."""
+    return f"{r['instrumentation_overhead'] * 100:+.1f} %" if "instrumentation_overhead" in r else "—"
+
+
 def bench_row(r: dict[str, Any]) -> list[Any]:
     """One result as a row under :data:`BENCH_HEADERS`."""
     pad, pack = r["runs"]["padded"], r["runs"]["packed"]
-    mem = f"{r['memory_reduction'] * 100:.1f} %" if r["memory_reduction"] is not None else "n/a (CPU)"
-    inst = f"{r['instrumentation_overhead'] * 100:+.1f} %" if "instrumentation_overhead" in r else "—"
+    mem, inst = _memory_text(r), _instrumentation_text(r)
     return [r["profile"], r["lengths"]["median"], f"{r['padding_overhead'] * 100:.0f} %", f"{pad['useful_tokens_per_s']:.0f}",
             f"{pack['useful_tokens_per_s']:.0f}", f"{r['speedup']:.2f}x", f"{r['ideal_speedup']:.2f}x",
             f"{r['fraction_of_ideal'] * 100:.0f} %", mem, f"{r['loss_first_step_delta']:.1e}", inst,
@@ -316,6 +334,18 @@ def bench_caveats(results: list[dict[str, Any]]) -> list[str]:
                        "than padded ones for another reason (timing noise, above all on CPU, or a padded-only cost "
                        "such as a mask over the padding). See the per-step spread in the JSON (speedup_per_step).")
     return out
+
+
+def bench_terminal_lines(r: dict[str, Any], device: Any, where: str = "") -> list[str]:
+    """What ``packcheck bench`` (and ``audit --bench``, ``where`` = "bench llama / sdpa / ") prints for one measured
+    profile: its figures as the Markdown's table writes them (:func:`bench_row`'s formatters: "of ideal", memory and
+    instrumentation in %), the smoke-test caveat off CUDA (:func:`smoke_test_note`), then the profile's caveats of
+    the Markdown (:func:`bench_caveats`), one a line."""
+    note = smoke_test_note(device)
+    line = (f"{where}{r['profile']}: speedup {r['speedup']:.2f}x (ideal {r['ideal_speedup']:.2f}x, {r['fraction_of_ideal'] * 100:.0f} % "
+            f"of ideal), padding {r['padding_overhead'] * 100:.0f} %, peak memory saved {_memory_text(r)}, instrumentation "
+            f"overhead {_instrumentation_text(r)}" + (f"; {note}" if note else ""))
+    return [line, *(f"  {c[2:]}" for c in bench_caveats([r]))]
 
 
 def _targets_summary(targets: list[dict[str, Any]]) -> str:
@@ -341,8 +371,8 @@ def render_bench(results: list[dict[str, Any]], env: dict[str, Any], model_label
              (f"torch {env.get('torch')}, transformers {env.get('transformers')}, device {env.get('device')} "
               f"({escape_md(env.get('device_name'))}), attention {escape_md(attn)} ({escape_md(backend_labels(env).get(attn, attn))}), "
               f"dtype {results[0].get('dtype', '') if results else ''}."), ""]
-    if not str(env.get("device", "")).startswith("cuda"):
-        lines += ["CPU run: a smoke test of the machinery, not a speed claim.", ""]
+    if smoke_test_note(env.get("device")):
+        lines += [SMOKE_TEST, ""]
     measured = [r for r in results if "error" not in r]
     if measured:
         lines.append(tabulate([bench_row(r) for r in measured], headers=BENCH_HEADERS, tablefmt="github"))
@@ -432,7 +462,8 @@ def bench_audit(doc: dict[str, Any], profiles: list[str], steps: int, device: st
                 log(f"bench {label} / {backend} / {profile}: not measured: {out[-1]['error']}")
                 continue
             out.append({**base, **r, "parameters": sum(p.numel() for p in model.parameters())})
-            log(f"bench {label} / {backend} / {profile}: speedup {r['speedup']:.2f}x (ideal {r['ideal_speedup']:.2f}x)")
+            for line in bench_terminal_lines(out[-1], device, where=f"bench {label} / {backend} / "):
+                log(line)
         del model
     return out
 
@@ -479,7 +510,7 @@ def bench_section(bench: dict[str, Any], cells: list[dict[str, Any]]) -> list[st
         rows.append([escape_md(r["model"]["label"]) + (" ⚠" if fails else ""), r["attn_implementation"], r["dtype"], *bench_row(r)])
     lines = ["## Packing payoff (packcheck bench)", "",
              (f"{bench['steps']} measured steps per mode on {bench['device']}, same examples padded and packed. "
-              + ("CPU run: a smoke test of the machinery, not a speed claim. " if not str(bench["device"]).startswith("cuda") else "")
+              + (f"{SMOKE_TEST} " if smoke_test_note(bench["device"]) else "")
               + BENCH_NOTE), ""]
     if rows:
         lines += [tabulate(rows, headers=["model", "backend", "dtype", *BENCH_HEADERS], tablefmt="github"), ""]
