@@ -956,6 +956,33 @@ def test_sweep_gaps_come_cheapest_first():
         ("4.57.6", 0), ("5.0.0", 1), ("4.44.2", 2)]
 
 
+@pytest.mark.parametrize("axis", ["transformers", "trl"])
+def test_a_release_folder_holding_only_a_corrupt_run_record_is_an_error_in_both_axes(tmp_path, capsys, axis):
+    """Trial 5 #156: a release folder whose only file is a cut-off atlas-done.json (no matrix beside it) was skipped
+    by --render-only in both axes: the release neither measured nor named, exit 0. A marker that is there is read
+    (atlas.build.is_done, the one rule of both axes): one line naming it and the fix, exit 2."""
+    from pytest_packcheck.cli import main
+
+    out = tmp_path / "out"
+    if axis == "trl":
+        from tests.test_atlas_trl import PLANNED, _planted
+
+        _planted_atlas(tmp_path / "build")
+        A.write_outputs(A.collect(tmp_path / "build"), out)
+        build, bad, flags = tmp_path / "trl", "0.22.2", ["--trl", "--releases", ",".join(PLANNED)]
+        _planted(build)
+    else:
+        build, bad, flags = tmp_path / "build", "4.50.3", ["--releases", "4.50.3,5.24.0"]
+        _write_release(build, "5.24.0", [_cell("llama", "sdpa", "isolation", "pass")])
+    marker = build / bad / A.DONE_MARKER
+    marker.parent.mkdir()
+    marker.write_text("{")
+    code = main(["atlas", "--render-only", *flags, "--build-dir", str(build), "-o", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and err.count("\n") == 1, err
+    assert f"Atlas run record {marker} is not valid JSON" in err and "delete it" in err, err
+
+
 @pytest.mark.parametrize("content", ["{", "[1, 2]\n", b"\xff\xfe"])
 def test_a_corrupt_run_record_is_one_line_naming_the_file(tmp_path, capsys, content):
     """A release folder holding a valid matrix beside a cut-off atlas-done.json ended in a JSONDecodeError

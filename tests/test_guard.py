@@ -915,6 +915,54 @@ def test_callback_on_a_padded_batch_says_not_packed_once(llama_sdpa, monkeypatch
     assert callback.result.verdict == "skipped" and callback.result.lengths == [] and callback.fallback is None
 
 
+
+@pytest.mark.parametrize("policy", ["raise", "warn"])
+def test_a_blanket_ignore_filter_does_not_hide_the_guards_not_packed_line(llama_sdpa, capsys, policy):
+    """Trial 5 #118 / #121: a training script's own warnings.simplefilter("ignore") silenced the guard's "not
+    packed: nothing to check" line (said by its PackcheckGuardWarning alone): the user was told nothing. Where a
+    blanket filter would hide it the line is printed on stderr (the guard's verdict channel), once."""
+    import warnings
+
+    ids = torch.randint(3, 200, (3, 13))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+    model, callback = llama_sdpa.model, PackcheckCallback(on_mismatch=policy)
+    model.train()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("ignore")  # the training script's own
+            assert callback._first_forward(model, (), batch) is None
+    finally:
+        model.eval()
+    err = capsys.readouterr().err
+    assert caught == [] and err.count("packcheck guard: not packed: nothing to check") == 1, err
+    assert callback.result.verdict == "skipped"
+
+
+def test_the_guards_warning_follows_a_filter_that_names_it_and_is_printed_past_a_blanket_one(capsys):
+    """The channel of every guard line that warns (the callback's, verify_packed_batch(on_mismatch="warn")'s):
+    a filter naming PackcheckGuardWarning or its text is the user's say on it; a blanket "ignore" is not."""
+    import warnings
+
+    from pytest_packcheck.guard import PackcheckGuardWarning
+    from pytest_packcheck.guard.result import say
+
+    line = "packcheck guard: FAIL (leak) on 3 packed examples"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("ignore")
+        say(line)
+    assert caught == [] and capsys.readouterr().err == line + "\n"
+    for named in ({"category": PackcheckGuardWarning}, {"message": "packcheck guard"}):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("ignore")
+            warnings.filterwarnings("ignore", **named)
+            say(line)
+        assert caught == [] and capsys.readouterr().err == "", named
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        say(line)
+    assert [str(w.message) for w in caught] == [line] and capsys.readouterr().err == ""
+    assert Path(caught[0].filename).name == Path(__file__).name  # attributed to the caller's line
+
 def test_callback_on_trls_wrapped_packing_says_it_packs_without_boundaries(llama_sdpa):
     """Trial 4, 151: SFTConfig(packing=True, packing_strategy="wrapped") feeds rows cut from one stream (an all-ones
     mask, no position_ids): the guard said "not packed: nothing to check" though the user packs. It says the rows

@@ -745,7 +745,7 @@ def test_an_interrupted_matrix_cell_is_not_a_pass_on_the_checks_that_finished(py
     assert len(unrun) == 3 and all(by_check[k]["status"] == "skipped" and "interrupted" in by_check[k]["message"] for k in unrun)
     md = (pytester.path / "reports" / "packcheck-matrix.md").read_text()
     assert "not run: 3 of 5 checks (interrupted)" in md
-    assert "judged by the correctness checks): ⏭️ not checked 1 (of 1)." in md
+    assert "judged by the correctness checks): ⏭️ not run (interrupted) 1 (of 1)." in md
     csv = (pytester.path / "reports" / "packcheck-matrix.csv").read_text()
     assert ",pass," not in csv and ",skipped," in csv and "not run: 3 of 5 checks (interrupted)" in csv  # as the Markdown
 
@@ -764,7 +764,7 @@ def test_an_interrupted_run_counts_the_matrix_cells_that_never_started(pytester)
     assert sorted(c["check"] for c in sdpa) == ["isolation", "position_ids"]
     assert all(c["status"] == "skipped" and c["metrics"].get("not_run") == "interrupted" for c in sdpa)
     md = (pytester.path / "reports" / "packcheck-matrix.md").read_text()
-    assert "judged by the correctness checks): ⏭️ not checked 2 (of 2)." in md
+    assert "judged by the correctness checks): ⏭️ not run (interrupted) 2 (of 2)." in md
     assert "**llama**: not run on eager, sdpa (the run was interrupted" in md and "Not run on this machine" not in md
     rows = (pytester.path / "reports" / "packcheck-matrix.csv").read_text().splitlines()
     assert len(rows) == 3 and rows[1:] == ["llama,eager,float32,,skipped,,,,not run: 1 of 2 checks (interrupted)",
@@ -798,11 +798,11 @@ def test_an_interrupted_run_names_every_unrun_check_and_the_reason_of_a_check_th
     hazards = [c for c in doc["cells"] if c["check"] == "cache_trap"]
     assert all(c["status"] == "skipped" and c["metrics"].get("not_run") == "interrupted" for c in hazards)
     assert any(c["status"] == "pass" for c in doc["cells"])  # a check that did run: its message is no reason
-    unchecked = [line for line in result.outlines if line.startswith("  not checked ")]
+    unchecked = [line for line in result.outlines if line.startswith("  not run (interrupted) ")]
     assert unchecked and all("not run: the run was interrupted" in line for line in unchecked), result.outlines
     assert "(of 6)." in result.stdout.str()
     md = (pytester.path / "reports" / "packcheck-matrix.md").read_text()
-    section = md[md.index("## Not checked"):].split("\n\n")[1].splitlines()
+    section = md[md.index("## Not run (interrupted)"):].split("\n\n")[1].splitlines()
     assert section and all(line.split(": ")[1].split(", ")[0] in ("position_ids", "isolation") for line in section), section
 
 

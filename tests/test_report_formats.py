@@ -110,6 +110,54 @@ def test_what_to_do_names_the_check_of_each_remedy_line():
     assert len(leak) == 1 and "2 checks (isolation, logits\\_parity) in 1 model / backend: opt / sdpa" in leak[0], lines
 
 
+def test_an_interrupted_runs_unrun_checks_are_counted_and_listed_apart_from_not_checked(tmp_path):
+    """Trial 6 #105: an interrupted run's matrix counted its unrun cells as "⏭️ not checked N" (the legend: "this
+    environment lacks something") and the "Not checked" section said "sdpa, 2 models: isolation, position_ids,
+    logits_parity" although llama / sdpa had finished isolation. Unrun cells are now counted, legended and listed
+    as "not run (interrupted)" in every format with a headline or legend, each line naming only the checks its
+    models never ran."""
+    from pytest_packcheck.report import render_markdown, terminal
+    from pytest_packcheck.report.formats import write_reports
+    from pytest_packcheck.report.model import build_report
+
+    unrun = {"message": "not run: the run was interrupted before this check; rerun with --packcheck-resume",
+             "not_run": "interrupted"}
+    checks = ["isolation", "position_ids", "logits_parity"]
+    cells = [planted_cell("llama", "eager", k, "pass", max_change=0.0) for k in checks]
+    cells += [planted_cell("llama", "sdpa", "isolation", "pass", max_change=0.0)]
+    cells += [planted_cell("llama", "sdpa", k, "skipped", **unrun) for k in checks[1:]]
+    cells += [planted_cell("gpt2", b, k, "skipped", **unrun) for b in ("eager", "sdpa") for k in checks]
+    cells += [planted_cell("opt", "sdpa", "isolation", "skipped", message="needs a CUDA device")]
+    doc = planted_doc(cells)
+    doc["incomplete"] = {"reason": "the run was interrupted", "cells": 4, "resume": "rerun with --packcheck-resume"}
+    md = render_markdown(doc)
+    assert "judged by the correctness checks): ✅ pass 1, ⏭️ not run (interrupted) 3, ⏭️ not checked 1 (of 5)." in md
+    assert "Checks run: not run (interrupted) 8, not checked 1, pass 4 (of 13)." in md
+    assert "- ⏭️ not run (interrupted): the run stopped before this check" in md
+    assert "- ⏭️ not checked: this environment lacks something" in md  # opt / sdpa's, and only it
+    not_checked = md[md.index("## Not checked"):].split("\n\n")[1].splitlines()
+    assert not_checked == ["- sdpa, 1 model: isolation: needs a CUDA device"], not_checked
+    not_run = md[md.index("## Not run (interrupted)"):].split("\n\n")[1].splitlines()
+    assert [line.split(": not run:")[0] for line in not_run] == [
+        "- eager, 1 model (gpt2): isolation, position\\_ids, logits\\_parity",
+        "- sdpa, 1 model (gpt2): isolation, position\\_ids, logits\\_parity",
+        "- sdpa, 1 model (llama): position\\_ids, logits\\_parity"], not_run  # llama ran isolation: never listed
+    out = terminal.render(build_report(doc), [])
+    assert "pass 1, not run (interrupted) 3, not checked 1 (of 5)." in "\n".join(out)
+    assert "  not checked sdpa / float32, 1 model: needs a CUDA device" in out
+    assert any(line.startswith("  not run (interrupted) sdpa / float32, 2 models: not run: the run was interrupted")
+               for line in out), out
+    write_reports(tmp_path, doc)
+    page = (tmp_path / "packcheck-matrix.html").read_text()
+    assert '<span class="not_run">⏭️ not run (interrupted)</span> the run stopped before this check' in page
+    data = json.loads(page[page.index('id="packcheck-data">') + 20:page.index("</script>")].replace("\\u003c", "<"))
+    llama = next(r for r in data["rows"] if r["model"] == "llama")["cells"]["sdpa"]
+    assert (llama["status"], llama["text"]) == ("not_run", "⏭️ not run: 2 of 3 checks (interrupted)")
+    assert next(r for r in data["rows"] if r["model"] == "opt")["cells"]["sdpa"]["text"] == "⏭️ not checked"
+    assert data["verdict_names"]["not_run"] == "⏭️ not run (interrupted)"
+    details = (tmp_path / "packcheck-details.md").read_text()
+    assert "| ⏭️ not run (interrupted) | ✅ Δ 0.0e+00 |" in details
+
 def test_the_html_shows_the_bench_payoff_the_markdown_shows():
     """With --bench the Markdown and JSON carried the speedup, the payoff section and a model's ⚠; the HTML none."""
     from pytest_packcheck.report import render_markdown

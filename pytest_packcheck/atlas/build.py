@@ -53,7 +53,18 @@ def release_dir(build: Path, version: str, shard: tuple[int, int] | None = None)
 
 
 def is_done(folder: Path) -> bool:
-    return (folder / DONE_MARKER).exists() and (folder / "packcheck-matrix.json").exists()
+    """A release folder (or shard) holds a finished run: its ``atlas-done.json`` beside ``packcheck-matrix.json``.
+    The one rule of both atlas axes (transformers, ``--trl``), measuring and ``--render-only``: a marker that is
+    there is read (:func:`done_record`), so a corrupt one is an error, never a release silently left out.
+
+    Raises:
+        PackcheckUsageError: the marker exists but is not a JSON object (:func:`done_record`).
+    """
+    folder = Path(folder)
+    if not (folder / DONE_MARKER).exists():
+        return False
+    done_record(folder)  # a corrupt marker: the one line naming it and the fix
+    return (folder / "packcheck-matrix.json").exists()
 
 
 def done_record(folder: Path) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PackcheckUsageError
-from .build import done_record, run_failure, run_plugin_in_env
+from .build import done_record, is_done, run_failure, run_plugin_in_env
 from .releases import DONE_MARKER, entry_message, index_latest_patches, version_key
 
 #: The oldest TRL minor of the axis (TRL 0.19 introduced ``packing_strategy``; packcheck's TRL floor).
@@ -84,10 +84,6 @@ def trl_reproduce(trl_version: str, model_type: str | None = None, backend: str 
                        f"{OPT_BACKENDS}={backend or ','.join(TRL_BACKENDS)}", f"{OPT_CHECKS}={','.join(TRL_MODES)}"])
 
 
-def _done(folder: Path) -> bool:
-    return (folder / DONE_MARKER).exists() and (folder / "packcheck-matrix.json").exists()
-
-
 def _child_cpu() -> float:
     import resource
 
@@ -106,7 +102,7 @@ def run_trl_release(version: str, build: Path, log: Callable[[str], None] = prin
     from ..versions.envs import EnvError, VersionCombo, ensure_env
 
     folder = (Path(build) / version).resolve()
-    if _done(folder):
+    if is_done(folder):
         return done_record(folder)
     folder.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -248,7 +244,7 @@ def _release_docs(build: Path) -> list[tuple[str, dict[str, Any], dict[str, Any]
             key = Version(folder.name)
         except InvalidVersion:
             continue
-        if folder.is_dir() and _done(folder):
+        if folder.is_dir() and is_done(folder):
             found.append((key, folder.name, load_document(folder / "packcheck-matrix.json"),
                           done_record(folder)))
     return [(name, doc, record) for _, name, doc, record in sorted(found, key=lambda t: t[0])]

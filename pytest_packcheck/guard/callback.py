@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import sys
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from transformers import TrainerCallback
 from ..errors import PackcheckUsageError
 from .batch import IGNORE_INDEX, parse_row, unpack_row
 from .precision import _ComputeProbe, _default_tolerances, _pick, _tolerances
-from .result import GuardResult, NotPackedError, PackcheckGuardWarning, PackedBatchMismatch
+from .result import GuardResult, NotPackedError, PackedBatchMismatch, print_line, say
 from .verify import _versions, verify_packed_batch
 
 #: What the callback does on a mismatch: stop before the first optimizer step, warn and go on, or switch to a
@@ -30,17 +29,6 @@ FALLBACKS = {
 PADDING_FALLBACK = "packing off: every packed row unpacked into a right-padded batch before the model"
 #: The callback's JSON, in the trainer's output_dir.
 RESULT_FILE = "packcheck-guard.json"
-
-
-def print_line(line: str) -> None:
-    """Print the guard's line on its own line of stderr: through ``tqdm.write`` (which clears the live progress
-    bars the Trainer's ProgressCallback draws on the same stream, prints, and redraws them), else after a newline."""
-    try:
-        from tqdm import tqdm
-    except ImportError:  # tqdm comes with transformers; without it no bar can be live
-        print(f"\n{line}", file=sys.stderr)
-        return
-    tqdm.write(line, file=sys.stderr)
 
 
 #: Packages whose frames lie between the user's ``trainer.train()`` and the guard's hook; a warning names the
@@ -65,17 +53,18 @@ def _user_stacklevel() -> int:
 
 
 def _warn(line: str) -> None:
-    """A :class:`PackcheckGuardWarning` from inside the training loop, shown while the progress bars are cleared
+    """A :class:`PackcheckGuardWarning` from inside the training loop (:func:`.result.say`: printed instead where a
+    blanket ``warnings.simplefilter("ignore")`` would hide it), shown while the progress bars are cleared
     (``tqdm.external_write_mode``), so its text does not land inside a bar either; attributed to the user's line
     that runs the loop (:func:`_user_stacklevel`)."""
     level = _user_stacklevel()
     try:
         from tqdm import tqdm
     except ImportError:
-        warnings.warn(line, PackcheckGuardWarning, stacklevel=level)
+        say(line, stacklevel=level)
         return
     with tqdm.external_write_mode(file=sys.stderr):
-        warnings.warn(line, PackcheckGuardWarning, stacklevel=level)
+        say(line, stacklevel=level)
 
 
 #: The line for TRL's ``SFTConfig(packing=True, packing_strategy="wrapped")``: rows cut from one stream, an all-ones

@@ -4,6 +4,8 @@ and warning the guard raises."""
 from __future__ import annotations
 
 import json
+import sys
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -25,6 +27,46 @@ class PackedBatchMismatch(PackcheckError):
 
 class PackcheckGuardWarning(PackcheckWarning):
     """A mismatch under ``on_mismatch="warn"``, a silent backend swap, or a batch with nothing to compare."""
+
+
+def print_line(line: str) -> None:
+    """Print the guard's line on its own line of stderr: through ``tqdm.write`` (which clears the live progress
+    bars the Trainer's ProgressCallback draws on the same stream, prints, and redraws them), else after a newline."""
+    try:
+        from tqdm import tqdm
+    except ImportError:  # tqdm comes with transformers; without it no bar can be live
+        print(f"\n{line}", file=sys.stderr)
+        return
+    tqdm.write(line, file=sys.stderr)
+
+
+def hidden_by_a_blanket_filter(line: str) -> bool:
+    """True when the warnings filter that decides a :class:`PackcheckGuardWarning` with this text ignores every
+    warning of a broader category, without naming the guard's (``warnings.simplefilter("ignore")``, common in
+    training scripts). A filter naming the guard's warning (its class or a subclass), its text (a message regex
+    that matches) or a module is the user's say on it and is followed."""
+    for action, message, category, module, lineno in warnings.filters:
+        if not issubclass(PackcheckGuardWarning, category):
+            continue
+        if issubclass(category, PackcheckGuardWarning) or module is not None or lineno:
+            return False
+        if message is not None:
+            if message.match(line):
+                return False
+            continue
+        return action == "ignore"
+    return False
+
+
+def say(line: str, stacklevel: int = 1) -> None:
+    """Tell the user a guard line that warns: a :class:`PackcheckGuardWarning` (``stacklevel`` as
+    ``warnings.warn``'s, counted from the caller), or, where a blanket filter would hide it
+    (:func:`hidden_by_a_blanket_filter`), printed on stderr (:func:`print_line`, the guard's verdict channel):
+    once either way, never silenced by a filter that does not name the guard."""
+    if hidden_by_a_blanket_filter(line):
+        print_line(line)
+        return
+    warnings.warn(line, PackcheckGuardWarning, stacklevel=stacklevel + 1)
 
 
 class NotPackedError(PackcheckUsageError):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import time
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,7 +23,7 @@ from .batch import (
 from .forward import _compare, _log_probs, _row_log_probs, _solo
 from .precision import _REDUCED, _ComputeProbe, _pick, _tolerances
 from .probes import _NUMERICS_PASS, _bad, _diagnose, _padded_diff, _refusal_cause
-from .result import GuardResult, PackcheckGuardWarning, PackedBatchMismatch, _fmt, _usage
+from .result import GuardResult, PackedBatchMismatch, _fmt, _usage, say
 
 
 @functools.cache
@@ -177,7 +176,7 @@ def verify_packed_batch(
     if not result.ok and on_mismatch == "raise":
         raise PackedBatchMismatch(result)
     if (not result.ok or result.verdict == "fallback") and on_mismatch == "warn":
-        warnings.warn(result.line(), PackcheckGuardWarning, stacklevel=2)
+        say(result.line(), stacklevel=2)
     return result
 
 
@@ -218,7 +217,7 @@ def _verify_rows(model: Any, batch: Mapping[str, Any], spans: list[slice], **opt
     if not result.ok and on_mismatch == "raise":
         raise PackedBatchMismatch(result)
     if (not result.ok or result.verdict == "fallback") and on_mismatch == "warn":
-        warnings.warn(result.line(), PackcheckGuardWarning, stacklevel=3)
+        say(result.line(), stacklevel=3)
     return result
 
 

@@ -39,7 +39,7 @@ def _details(rep: Report) -> list[str]:
                 for b in [None, *backends]:
                     group = {c["check"]: c for c in by_group.get((label, b, dtype, e), [])}
                     if not group or all(c["status"] == "skipped" for c in group.values()):
-                        continue  # listed under "Not checked"
+                        continue  # listed under "Not checked" / "Not run (interrupted)"
                     row = [labels.get(b, b) if b else "(model level)"]
                     for chk in checks:
                         c = group.get(chk)

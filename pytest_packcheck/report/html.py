@@ -11,12 +11,24 @@ import json
 from collections import defaultdict
 from typing import Any
 
-from ..results import STATUSES, SYMBOLS
 from .model import Report, env_header, environment_line, incomplete_text
 from .numbers import key_number
 from .sections import models_are, trainer_note
 from .text import cut
-from .verdicts import LEGEND, ROLE_LEGEND, ROLE_MARKS, cause_label, check_mark, headline_text, numerics_only, role_of
+from .verdicts import (
+    LEGEND,
+    ROLE_LEGEND,
+    ROLE_MARKS,
+    VERDICT_SYMBOLS,
+    VERDICT_WORDS,
+    VERDICTS,
+    cause_label,
+    check_mark,
+    headline_text,
+    numerics_only,
+    role_of,
+    verdict_key,
+)
 
 _STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
@@ -25,7 +37,7 @@ th,td{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}
 td.cell{cursor:pointer;white-space:nowrap}
 td.cell:hover{outline:2px solid #333}
 .pass{background:#d9f2d9}.fail{background:#f8d0d0}.fallback{background:#fde9c4}.unsupported{background:#e5e5e5}
-.skipped{background:#f4f4f4;color:#666}.error,.timeout,.oom{background:#f3c6f0}
+.skipped,.not_run{background:#f4f4f4;color:#666}.error,.timeout,.oom{background:#f3c6f0}
 .hazard{background:#fff1c2}.finding{background:#dce9f8}
 .hazard-unmeasured,.hazard-error,.hazard-timeout,.hazard-oom,.finding-error,.finding-timeout,.finding-oom{background:#eee;color:#555}
 #filters label{margin-right:1em}
@@ -111,11 +123,13 @@ def page_data(rep: Report) -> dict[str, Any]:
                         "cause": (c.get("diagnosis") or {}).get("cause") or "", "remedy": (c.get("diagnosis") or {}).get("remedy") or "",
                         "message": c["message"]} for c in group],
         }
-        word = "not checked" if h["status"] == "skipped" else h["status"]
-        # a text label beside every mark: "✅ pass", "❌ fail: leak" (no emoji font: the word still reads)
-        shown = text if text.split(" ", 1)[-1].startswith(word) else text.replace(" ", f" {word}: ", 1) if " " in text else f"{text} {word}"
+        verdict = verdict_key(h)  # "not run (interrupted)" apart from "not checked"
+        word = VERDICT_WORDS[verdict]
+        # a text label beside every mark: "✅ pass", "❌ fail: leak" (no emoji font: the word still reads); a text
+        # that opens with it ("⏭️ not run: 2 of 7 checks (interrupted)") says it once
+        shown = text if text.split(" ", 1)[-1].startswith(word.split(" (", 1)[0]) else text.replace(" ", f" {word}: ", 1) if " " in text else f"{text} {word}"
         groups[key]["verdict"] = shown
-        return {"key": key, "status": h["status"], "text": shown}
+        return {"key": key, "status": verdict, "text": shown}
 
     rows = []
     for dtype in dtypes:
@@ -144,7 +158,7 @@ def page_data(rep: Report) -> dict[str, Any]:
         "row_headers": ["model", "backend", "dtype"] if versioned else ["model", "dtype", *(["speedup / memory"] if bench else [])],
         "verdicts": sorted({g["status"] for r in rows for g in r["cells"].values()}), "rows": rows, "groups": groups,
         # the filter's words are the cells' words ("✅ pass", "⏭️ not checked"), not the status codes
-        "verdict_names": {s: f"{SYMBOLS[s]} {'not checked' if s == 'skipped' else s}" for s in SYMBOLS},
+        "verdict_names": {s: f"{VERDICT_SYMBOLS[s]} {VERDICT_WORDS[s]}" for s in VERDICTS},
     }
 
 
@@ -216,8 +230,8 @@ def _summary_html(rep: Report, data: dict[str, Any]) -> str:
     scope = [models_are(lay.models, doc.get("settings") or {}), *(t for t in trainer_note(doc.get("cells") or []) if t)]
     out = [f'<p class="scope">{_inline_md(t)}</p>' for t in scope]
     out.append('<h2>Legend</h2><p class="legend">')
-    out += [f'<span class="{s}">{SYMBOLS[s]} {e("not checked" if s == "skipped" else s)}</span> {e(LEGEND[s].split(": ", 1)[-1])}<br>'
-            for s in reversed(STATUSES)]
+    out += [f'<span class="{s}">{VERDICT_SYMBOLS[s]} {e(VERDICT_WORDS[s])}</span> {e(LEGEND[s].split(": ", 1)[-1])}<br>'
+            for s in reversed(VERDICTS)]
     out += [f'<span class="{r}">{sym} {e(label)}</span> {e(ROLE_LEGEND[r])}<br>' for r, (sym, label) in ROLE_MARKS.items()]
     out.append("</p>")
     bad: dict[str, list[tuple[str, str, str, str]]] = defaultdict(list)
@@ -286,8 +300,8 @@ def _release_chart(rep: Report) -> str:
                     h = rep.headlines.get((model, b, dtype, env))
                     if not h:
                         continue
-                    status = h["status"]
-                    word = "not checked" if status == "skipped" else status
+                    status = verdict_key(h)
+                    word = VERDICT_WORDS[status]
                     boxes.append(f'<span class="{e(status)}" title="{e(word)}">{e(env_header(env, doc["cells"]))}: {e(word)}</span>')
                 if boxes:
                     rows.append(f"<div>{e(labels.get(b, b))}{' / ' + e(dtype) if len(lay.dtypes) > 1 else ''}: {' → '.join(boxes)}</div>")

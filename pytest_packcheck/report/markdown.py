@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections import Counter
 
 from ..checks.registry import REGISTRY, ROLES
-from ..results import STATUSES, SYMBOLS
 from .model import Report, env_header, env_value, environment_line, environment_role, incomplete_text
 from .sections import (
     answer_section,
@@ -21,7 +20,7 @@ from .sections import (
     what_to_do,
 )
 from .text import escape_md
-from .verdicts import LEGEND, ROLE_LEGEND, ROLE_MARKS, check_mark, counts_line, headline_text
+from .verdicts import LEGEND, ROLE_LEGEND, ROLE_MARKS, VERDICT_SYMBOLS, VERDICTS, check_mark, counts_line, headline_text
 
 
 def render(rep: Report) -> str:
@@ -117,7 +116,7 @@ def render(rep: Report) -> str:
         lines += bench_section(bench, cells)
     lines += what_to_do(rep)
     lines += ["## Legend", ""]
-    lines += [f"- {SYMBOLS[s]} {LEGEND[s]}" for s in STATUSES if totals[s]]
+    lines += [f"- {VERDICT_SYMBOLS[s]} {LEGEND[s]}" for s in VERDICTS if totals[s]]
     lines += [f"- {sym} {label}: {ROLE_LEGEND[role]}" for role, (sym, label) in ROLE_MARKS.items() if totals[role]]
     lines += [
         "- A matrix cell's verdict comes from its correctness checks only; the cause after ❌ is what they measured.",

@@ -20,6 +20,7 @@ from .verdicts import (
     env_label,
     hazard_names,
     headline_text,
+    not_run,
     numerics_only,
     pass_qualifier,
     role_of,
@@ -120,23 +121,32 @@ def findings_section(rep: Report) -> list[str]:
 
 
 def not_checked_section(rep: Report) -> list[str]:
-    """What could not be looked at, once per backend and reason: never a pass."""
+    """What could not be looked at, never a pass: "Not checked" (the environment lacks something, the reason given),
+    then "Not run (interrupted)" (the checks an interrupted run never reached, :func:`verdicts.not_run`), one line
+    per backend, reason and set of checks: the models of a line lack exactly the checks it names (a model that
+    finished some of them is on a line of its own, never listed as lacking what it ran)."""
     cells, labels = rep.cells, rep.labels
-    # per backend and reason: the models, and the checks named (always: a line never leaves its checks unsaid)
-    by: dict[tuple[str, str], tuple[set[str], set[str]]] = defaultdict(lambda: (set(), set()))
+    # the correctness checks each matrix cell (model, backend, dtype, environment) lacks, per reason
+    lacking: dict[tuple, set[str]] = defaultdict(set)
     for c in cells:
         if c["status"] == "skipped" and role_of(c) == "correctness":
-            models, checks = by[(labels.get(c["backend"], c["backend"]) if c["backend"] else "(model level)", c["message"])]
-            models.add(c["model"]["label"])
-            checks.add(c["check"])
-    if not by:
-        return []
-    lines = ["## Not checked", ""]
-    for (backend, why), (models, checks) in sorted(by.items()):
-        named = ", ".join(sorted(checks, key=check_order))
-        lines.append(f"- {escape_md(backend)}, {len(models)} {'model' if len(models) == 1 else 'models'}: "
-                     f"{escape_md(named)}: {escape_md(cut(' '.join(str(why).split()), 200))}")
-    return lines + [""]
+            backend = labels.get(c["backend"], c["backend"]) if c["backend"] else "(model level)"
+            lacking[(not_run(c), backend, c["message"], c["model"]["label"], c["dtype"], env_label(c))].add(c["check"])
+    # per section, backend, reason and the checks lacked: the models (a model once, over its dtypes / environments)
+    by: dict[tuple, set[str]] = defaultdict(set)
+    for (unrun, backend, why, model, _, _), checks in lacking.items():
+        by[(unrun, backend, why, tuple(sorted(checks, key=check_order)))].add(model)
+    lines: list[str] = []
+    for unrun, title in ((False, "Not checked"), (True, "Not run (interrupted)")):
+        entries = sorted((k[1:], models) for k, models in by.items() if k[0] == unrun)
+        if entries:
+            lines += [f"## {title}", ""]
+        for (backend, why, checks), models in entries:
+            lines.append(f"- {escape_md(backend)}, {len(models)} {'model' if len(models) == 1 else 'models'}"
+                         f"{' (' + escape_md(', '.join(sorted(models))) + ')' if unrun else ''}: "
+                         f"{escape_md(', '.join(checks))}: {escape_md(cut(' '.join(str(why).split()), 200))}")
+        lines += [""] if entries else []
+    return lines
 
 
 def models_are(models: dict[str, Any], settings: dict[str, Any]) -> str:

@@ -9,7 +9,7 @@ from collections import Counter, defaultdict
 from ..results import SYMBOLS
 from .model import Report, environment_line, environment_role, incomplete_text
 from .text import cut, plain
-from .verdicts import cause_label, counts_line, env_label, headline_text, role_of
+from .verdicts import VERDICT_WORDS, cause_label, counts_line, env_label, headline_text, not_run, role_of, verdict_key
 
 
 def render(rep: Report, paths: list[str]) -> list[str]:
@@ -44,8 +44,9 @@ def render(rep: Report, paths: list[str]) -> list[str]:
             continue
         if h["status"] == "skipped":
             # the reason of a check that did not run: an interrupted cell's first checks may have passed
-            why = " ".join(str(next(c for c in (h["cells"] or group) if c["status"] == "skipped")["message"]).split())
-            unchecked[(backend, where, why)].append(label)
+            unrun = verdict_key(h) == "not_run"  # its reason is that of an unrun check, not of one the environment lacks
+            why = " ".join(str(next(c for c in (h["cells"] or group) if c["status"] == "skipped" and not_run(c) == unrun)["message"]).split())
+            unchecked[(VERDICT_WORDS[verdict_key(h)], backend, where, why)].append(label)
             continue
         reason = ""
         if h["status"] in ("error", "timeout", "oom", "unsupported") and h["cells"]:
@@ -59,8 +60,8 @@ def render(rep: Report, paths: list[str]) -> list[str]:
     for (backend, where), models in sorted(passed.items()):
         lines.append(f"  pass        {backend} / {where}: {len(models)} {'model' if len(models) == 1 else 'models'} "
                      f"({cut(', '.join(models), 160)})")
-    for (backend, where, why), models in sorted(unchecked.items()):
-        lines.append(f"  not checked {backend} / {where}, {len(models)} {'model' if len(models) == 1 else 'models'}: {plain(why)}")
+    for (word, backend, where, why), models in sorted(unchecked.items()):  # "not checked", "not run (interrupted)"
+        lines.append(f"  {word} {backend} / {where}, {len(models)} {'model' if len(models) == 1 else 'models'}: {plain(why)}")
     for (hazard, env, dtype, backend), row in sorted(rep.hazards.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
         if row["shown"]:
             lines.append(f"  hazard      {cause_label(hazard)} on {backend} / {dtype}{f' @ {env}' if env else ''}: "

@@ -1,7 +1,8 @@
 """Verdicts of the report, format-neutral: a matrix cell's headline, a check's mark by its role, the counts.
 
 A matrix cell's headline is decided by the checks whose registry role is ``correctness`` only: ✅ means every
-one of them that ran passed, and the ones that could not run are named ("not checked"). A hazard that showed is
+one of them that ran passed, and the ones that could not run are named ("not checked"; those an interrupted run
+never reached, "not run (interrupted)", apart: :data:`VERDICTS`). A hazard that showed is
 🔶 "hazard shown", a failed stack contract item 🔷 "stack finding" (:func:`check_mark`), and the headline counts
 matrix cells by verdict (:func:`matrix_counts`), never checks. Pure: cells in, records and words out.
 """
@@ -23,7 +24,14 @@ LEGEND = {
     "error": "error: crashed (exception, or the signal that killed the isolated child, given), or a probe was inconclusive",
     "timeout": "timeout: no result within --packcheck-timeout (the hung child was killed)",
     "oom": "oom: out of memory (memory figures given)",
+    "not_run": "not run (interrupted): the run stopped before this check (Ctrl-C, -x); --packcheck-resume runs it; never a pass",
 }
+#: The verdicts a report names, worst first: :data:`results.STATUSES`, with an interrupted run's unrun checks
+#: (``metrics.not_run``, run.session) apart from "not checked" (the environment lacks something).
+VERDICTS = tuple(k for s in STATUSES for k in ((s, "not_run") if s == "skipped" else (s,)))
+#: Each verdict's mark and word (``skipped`` -> "not checked", ``not_run`` -> "not run (interrupted)").
+VERDICT_SYMBOLS = {**SYMBOLS, "not_run": SYMBOLS["skipped"]}
+VERDICT_WORDS = {**{s: s for s in STATUSES}, "skipped": "not checked", "not_run": "not run (interrupted)"}
 #: What a hazard's or finding's own mark means (:data:`ROLE_MARKS`).
 ROLE_LEGEND = {
     "hazard": "a hazard probe showed the hazard (usage outside the standard contract): said once per stack, never a model failure",
@@ -31,6 +39,17 @@ ROLE_LEGEND = {
 }
 #: Marks of a hazard or finding that did not pass (registry roles): never a model's red ❌.
 ROLE_MARKS = {"hazard": ("🔶", "hazard shown"), "finding": ("🔷", "stack finding")}
+
+
+def not_run(cell: dict[str, Any]) -> bool:
+    """The check never ran: an interrupted run reached it no more (run.session marks it ``metrics.not_run``)."""
+    return cell["status"] == "skipped" and bool((cell.get("metrics") or {}).get("not_run"))
+
+
+def verdict_key(h: dict[str, Any]) -> str:
+    """The key of :data:`VERDICTS` a matrix cell's :func:`headline` counts under: its status, or ``not_run`` for a
+    cell an interrupted run left unfinished (its text "not run: N of M checks (interrupted)")."""
+    return "not_run" if h["status"] == "skipped" and h.get("not_run") else h["status"]
 
 
 def rank(status: str) -> int:
@@ -96,7 +115,8 @@ def check_mark(cell: dict[str, Any]) -> tuple[str, str, str]:
         return sym, label, role
     if role in ROLE_MARKS and status in ("error", "timeout", "oom"):
         return SYMBOLS[status], f"{role} {status}", f"{role}-{status}"
-    return SYMBOLS[status], "not checked" if status == "skipped" else status, status
+    key = "not_run" if not_run(cell) else status
+    return VERDICT_SYMBOLS[key], VERDICT_WORDS[key], key
 
 
 def check_order(check: str) -> int:
@@ -115,20 +135,20 @@ def headline(group: list[dict[str, Any]]) -> dict[str, Any]:
     judged = [c for c in group if role_of(c) == "correctness"] or list(group)
     status = cell_status([c["status"] for c in judged])
     # checks an interrupted run never reached (run.session: metrics.not_run): the cell is not a pass on the rest
-    not_run = [c["check"] for c in judged if (c.get("metrics") or {}).get("not_run")]
-    if not_run and status == "pass":
+    unrun = [c["check"] for c in judged if not_run(c)]
+    if unrun and status == "pass":
         status = "skipped"
     # worst first; among equals :func:`check_order`
     bad = sorted((c for c in judged if c["status"] not in ("pass", "skipped")),
                  key=lambda c: (rank(c["status"]), check_order(c["check"]), c["check"]))
     causes = list(dict.fromkeys((c.get("diagnosis") or {}).get("cause") or c.get("cause") or c["status"] for c in bad))
-    not_checked = {c["check"]: c["message"] for c in judged if c["status"] == "skipped"}
+    not_checked = {c["check"]: c["message"] for c in judged if c["status"] == "skipped" and not not_run(c)}
     # mechanisms the probe row never reached (checks.mechanisms.mechanism_findings): a pass says nothing of them
     not_exercised = list(dict.fromkeys(
         f.get("mechanism") or str(f.get("evidence", "")).removeprefix("not exercised: ").split(":")[0]
         for c in judged for f in c.get("findings") or [] if f.get("cause") == "mechanism_not_exercised"))
     return {"status": status, "causes": causes, "not_checked": not_checked, "cells": judged, "bad": bad,
-            "not_run": not_run, "not_exercised": not_exercised}
+            "not_run": unrun, "not_exercised": not_exercised}
 
 
 def pass_qualifier(h: dict[str, Any]) -> str:
@@ -264,9 +284,9 @@ def matrix_counts(cells: list[dict[str, Any]]) -> dict[str, Any]:
     for (label, *_), group in groups.items():
         if not any(role_of(c) == "correctness" for c in group):
             continue
-        status = headline(group)["status"]
-        verdicts[status] += 1
-        models_by[status].add(label)
+        key = verdict_key(headline(group))
+        verdicts[key] += 1
+        models_by[key].add(label)
     hazards = hazard_rows(cells).values()
     finding_cells = [c for c in cells if role_of(c) == "finding" and c["status"] not in ("skipped",)]
     items = [it for c in finding_cells for it in (((c.get("metrics") or {}).get("items")) or {}).values() if isinstance(it, dict)]
@@ -283,19 +303,18 @@ def counts_line(cells: list[dict[str, Any]], symbols: bool = True) -> str:
     verdict and the models they fall on, then hazards shown, stack findings, and the checks run."""
     n = matrix_counts(cells)
 
-    def sym(status: str) -> str:
-        return f"{SYMBOLS[status]} " if symbols else ""
+    def sym(key: str) -> str:
+        return f"{VERDICT_SYMBOLS[key]} " if symbols else ""
     total = sum(n["cells"].values())
 
     def models(status: str) -> str:
         ms = n["models"].get(status, [])
-        if status in ("pass", "skipped") or not ms:
+        if status in ("pass", "skipped", "not_run") or not ms:
             return ""
         return f" ({len(ms)} {'model' if len(ms) == 1 else 'models'}: {', '.join(ms[:8])}{' …' if len(ms) > 8 else ''})"
 
     axes = "model x backend" + (" x dtype" if len({c["dtype"] for c in cells}) > 1 else "")
-    verdicts = ", ".join(f"{sym(s)}{s if s != 'skipped' else 'not checked'} {n['cells'][s]}{models(s)}"
-                         for s in reversed(STATUSES) if n["cells"][s])
+    verdicts = ", ".join(f"{sym(s)}{VERDICT_WORDS[s]} {n['cells'][s]}{models(s)}" for s in reversed(VERDICTS) if n["cells"][s])
     text = (f"Matrix cells ({axes}, judged by the correctness checks): {verdicts} (of {total})." if total else
             "Matrix cells: none judged (no correctness check ran).")
     covered = coverage(cells)
@@ -318,9 +337,10 @@ def model_mark(label: str, by_group: dict[tuple, list[dict[str, Any]]]) -> str:
     with a correctness check); hazards and findings never make it red: a model with only those is ✅ with
     "🔶 hazards" / "🔷 stack findings" beside it."""
     groups = [g for (m, _, _, _), g in by_group.items() if m == label]
-    judged = [headline(g)["status"] for g in groups if any(role_of(c) == "correctness" for c in g)]
-    worst = cell_status(judged) if judged else "skipped"
-    text = f"{SYMBOLS[worst]} {'not checked' if worst == 'skipped' else worst}"
+    judged = [verdict_key(headline(g)) for g in groups if any(role_of(c) == "correctness" for c in g)]
+    worst = cell_status(["skipped" if k == "not_run" else k for k in judged]) if judged else "skipped"
+    worst = "not_run" if worst == "skipped" and "not_run" in judged else worst  # an interrupted run left it
+    text = f"{VERDICT_SYMBOLS[worst]} {VERDICT_WORDS[worst]}"
     extra = [ROLE_MARKS[r][0] + " " + ("hazards" if r == "hazard" else "stack findings") for r in ROLE_MARKS
              if any(role_of(c) == r and c["status"] in ("fail", "fallback") and (r != "hazard" or hazard_shows(c))
                     for g in groups for c in g)]
