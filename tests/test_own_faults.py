@@ -255,3 +255,23 @@ def test_site_packages_below_the_standard_library_is_not_the_standard_library(mo
     got = _runner()._failed("check", err.value)
     assert any("transformers" in f.filename for f in __import__("traceback").extract_tb(err.value.__traceback__))
     assert got.cause == "shrunk_crash", got.message
+
+
+@pytest.mark.parametrize("error", [
+    UnboundLocalError("cannot access local variable 'seq_len' where it is not associated with a value"),
+    TypeError("_flash_attention_forward() got an unexpected keyword argument 'num_items_in_batch'"),
+    ValueError("Got unexpected arguments: {'num_items_in_batch': tensor(28)}"),
+])
+def test_a_code_error_in_the_model_is_the_librarys_crash_not_the_shrink(_llama, error):
+    """transformers 4.47.1's Gemma2 flash path reads seq_len, bound only when an attention_mask is given (a
+    padding-free row has none); its llama flash path hands num_items_in_batch to _flash_attention_forward; BLOOM
+    refuses it. The atlas counted these as shrunk_crash, packcheck's own ("Where packcheck itself stopped"); no
+    config size explains them: cause crash, the library's, with where it was raised."""
+    got = _failed_inside_the_model(_llama, error)
+    assert got.cause == "crash", got.message
+    assert "no config size explains it" in got.message and "test_own_faults.py" in got.evidence["code_error"]
+
+
+def test_a_size_dependent_crash_in_the_model_stays_shrunk_crash(_llama):
+    got = _failed_inside_the_model(_llama, RuntimeError("The size of tensor a (4) must match the size of tensor b (8)"))
+    assert got.cause == "shrunk_crash", got.message

@@ -220,6 +220,41 @@ def _library_frame(path: str) -> bool:
 _SIGNATURE_REFUSAL = re.compile(r"[\w.]+\.forward\(\) (got an unexpected keyword argument|missing \d+ required)")
 
 
+#: Errors of the code's own shape, which no config size explains: a call that a signature refuses
+#: ("_flash_attention_forward() got an unexpected keyword argument 'num_items_in_batch'" in transformers 4.47's
+#: flash path; BLOOM's "Got unexpected arguments") and a name read before any branch bound it (4.47's Gemma2 flash
+#: path reads ``seq_len`` only bound when an attention_mask is given: a padding-free row has none).
+_CODE_SHAPE = re.compile(r"(got an unexpected keyword argument|[Gg]ot unexpected arguments|missing \d+ required "
+                         r"(positional|keyword-only) argument|got multiple values for (keyword )?argument)")
+
+
+def size_independent_crash(exc: BaseException) -> str | None:
+    """Why a crash in the model's (or its library's) code is that code's own whatever size packcheck shrank the
+    config to, or None: an ``UnboundLocalError`` / ``NameError``, or a refused call (:data:`_CODE_SHAPE`), raised
+    in a frame that is not packcheck's, torch's or the standard library's. Such a crash is the library's
+    (``crash``), never ``shrunk_crash``."""
+    if exc.__traceback__ is None:
+        return None
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames or _library_frame(os.path.abspath(frames[-1].filename)):
+        # raised in packcheck, torch or the stdlib: the deepest frame of the model's code made the call
+        if not (isinstance(exc, TypeError) and _CODE_SHAPE.search(str(exc))):
+            return None
+        callers = [f for f in frames if not _library_frame(os.path.abspath(f.filename))]
+        if not callers:
+            return None
+        where = callers[-1]
+    else:
+        where = frames[-1]
+    if isinstance(exc, (UnboundLocalError, NameError)):
+        kind = "a name read before the code bound it"
+    elif isinstance(exc, (TypeError, ValueError)) and _CODE_SHAPE.search(str(exc)):
+        kind = "a call its own signature refuses"
+    else:
+        return None
+    return f"{kind}, at {os.path.basename(where.filename)}:{where.lineno} in {where.name}"
+
+
 def own_fault(exc: BaseException) -> list[str] | None:
     """The traceback of a crash in packcheck's own code, or None when the model's code took part.
 
@@ -475,6 +510,11 @@ class CellRunner:
             if why:  # the unshrunk config fails too (on the meta device): the library's config, not the shrink
                 return CheckResult(status, metrics, f"{text} ({why}: not packcheck's shrink)",
                                    cause="library_config", evidence={"exception": _short(exc), "stage": stage, "unshrunk": why})
+            code = size_independent_crash(exc)
+            if code:  # the library's own code error: no size of the config explains it
+                return CheckResult(status, metrics, f"the model's code crashed ({code}; no config size explains it, "
+                                   f"not packcheck's shrink): {text}",
+                                   cause="crash", evidence={"exception": _short(exc), "stage": stage, "code_error": code})
             # the crash happened in the tiny model packcheck made of the config: the full-size model may not crash
             return CheckResult(status, metrics, f"crashed in the model packcheck shrank (random weights): {text}",
                                cause="shrunk_crash", evidence={"exception": _short(exc), "stage": stage})
