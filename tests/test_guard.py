@@ -887,27 +887,35 @@ def test_warn_on_a_trainer_that_does_not_pack_goes_on(tolerances, tmp_path):
     assert callback.result.dtype_source == "autocast bfloat16 over float32 weights (the trainer's bf16=True)"
 
 
+def _first_forward_on_a_padded_batch(model, policy: str, action: str):
+    """A fresh callback's first forward on a padded (3, 13) batch, under ``warnings.simplefilter(action)``:
+    (the callback, the warnings recorded). The batch must reach the model unchanged (None from the hook)."""
+    import warnings
+
+    ids = torch.randint(3, 200, (3, 13))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+    callback = PackcheckCallback(on_mismatch=policy)
+    model.train()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter(action)
+            assert callback._first_forward(model, (), batch) is None
+    finally:
+        model.eval()
+    return callback, caught
+
+
 @pytest.mark.parametrize("policy", ["raise", "warn", "disable"])
 def test_callback_on_a_padded_batch_says_not_packed_once(llama_sdpa, monkeypatch, policy):
     """Issue 28: on a padded (not packed) first batch the callback's line said "SKIPPED ... on 3 packed examples"
     and came twice (printed, then warned). It says "not packed: nothing to check", once, and training goes on."""
-    import warnings
 
     from pytest_packcheck.guard import PackcheckGuardWarning
     from pytest_packcheck.guard import callback as callback_module
 
     printed: list[str] = []
     monkeypatch.setattr(callback_module, "print_line", printed.append)
-    ids = torch.randint(3, 200, (3, 13))
-    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
-    model, callback = llama_sdpa.model, PackcheckCallback(on_mismatch=policy)
-    model.train()
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            assert callback._first_forward(model, (), batch) is None  # the batch goes to the model unchanged
-    finally:
-        model.eval()
+    callback, caught = _first_forward_on_a_padded_batch(llama_sdpa.model, policy, "always")
     said = printed + [str(w.message) for w in caught if issubclass(w.category, PackcheckGuardWarning)]
     assert len(said) == 1, said
     assert said[0].startswith("packcheck guard: not packed: nothing to check") and "packed examples" not in said[0]
@@ -921,18 +929,7 @@ def test_a_blanket_ignore_filter_does_not_hide_the_guards_not_packed_line(llama_
     """Trial 5 #118 / #121: a training script's own warnings.simplefilter("ignore") silenced the guard's "not
     packed: nothing to check" line (said by its PackcheckGuardWarning alone): the user was told nothing. Where a
     blanket filter would hide it the line is printed on stderr (the guard's verdict channel), once."""
-    import warnings
-
-    ids = torch.randint(3, 200, (3, 13))
-    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
-    model, callback = llama_sdpa.model, PackcheckCallback(on_mismatch=policy)
-    model.train()
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("ignore")  # the training script's own
-            assert callback._first_forward(model, (), batch) is None
-    finally:
-        model.eval()
+    callback, caught = _first_forward_on_a_padded_batch(llama_sdpa.model, policy, "ignore")  # the script's own filter
     err = capsys.readouterr().err
     assert caught == [] and err.count("packcheck guard: not packed: nothing to check") == 1, err
     assert callback.result.verdict == "skipped"
