@@ -235,6 +235,10 @@ def size_independent_crash(exc: BaseException) -> str | None:
     (``crash``), never ``shrunk_crash``."""
     if exc.__traceback__ is None:
         return None
+    if isinstance(exc, TypeError) and _SIGNATURE_REFUSAL.match(str(exc)):
+        # the model's forward refused the call as packcheck made it, which mirrors Trainer (num_items_in_batch where
+        # Trainer's model_accepts_loss_kwargs hands it over: 4.52's OpenLlamaForCausalLM has no **kwargs for it)
+        return f"a call its own signature refuses, at {str(exc).split('(', 1)[0]}"
     frames = traceback.extract_tb(exc.__traceback__)
     if not frames or _library_frame(os.path.abspath(frames[-1].filename)):
         # raised in packcheck, torch or the stdlib: the deepest frame of the model's code made the call
