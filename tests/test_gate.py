@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import json
 import subprocess
 import sys
@@ -267,3 +269,33 @@ def test_an_unwritable_summary_is_refused_before_the_comparison(baseline_path, t
     ok = tmp_path / "summary.md"
     proc = _gate("--baseline", str(baseline_path), "--candidate", str(cand), "--summary", str(ok))
     assert proc.returncode == 1 and ok.read_text()
+
+
+@pytest.mark.parametrize("flag", [["--packcheck-shard={}/2"], ["--packcheck-shard", "{}/2"]])
+def test_merged_shards_reproduce_as_the_whole_audit(baseline_path, flag):
+    """Trial 7, 86: the merged matrix's Reproduce line was shard 1/2's command, which reruns shard 1's models
+    alone. It is the audit without its shard flag (either spelling)."""
+    doc = json.loads(baseline_path.read_text())
+    shards = []
+    for i, cells in enumerate((doc["cells"][:2], doc["cells"][2:]), start=1):
+        shard = copy.deepcopy(doc)
+        shard["cells"], shard["settings"]["shard"] = cells, [i, 2]
+        shard["command"] = " ".join(["packcheck audit --models arch:llama,arch:opt", *(w.format(i) for w in flag), "-n 0"])
+        shards.append(shard)
+    merged = merge(shards)
+    assert merged["command"] == "packcheck audit --models arch:llama,arch:opt -n 0", merged["command"]
+
+
+def test_an_empty_value_is_refused_by_every_command():
+    """Trial 7, 82: `packcheck gate --summary ''` (what --summary "$GITHUB_STEP_SUMMARY" gives with the variable
+    unset) wrote no summary and said nothing. One rule for every flag and argument of every command."""
+    from pytest_packcheck.cli import main
+
+    for argv, name in ((["gate", "--baseline", "b.json", "--candidate", "c.json", "--summary", ""], "--summary"),
+                       (["lookup", " ", "sdpa", "4.56.2"], "MODEL_TYPE"), (["merge", "a.json", "", "-o", "m"], "FILES"),
+                       (["bench", "--model", ","], "--model")):
+        proc_err = io.StringIO()
+        with contextlib.redirect_stderr(proc_err):
+            assert main(argv) == 2, argv
+        line = proc_err.getvalue().strip()
+        assert "\n" not in line and "Empty value" in line and f"for {name} (from the command line)" in line, line

@@ -30,10 +30,10 @@ def _cli(*args, cwd=None, timeout=300):
     (("qwen2", "sdpa", "5.24.0", "--trl", "banana"), "trl version 'banana' is not a version"),
     (("qwen2", "sdpa", "4.56.2", "--trl", "xyz"), "such as 0.19.1 (no 'trl==', no wildcard)"),  # was transformers' example
     # an empty argument (an unset shell variable) answered "architecture '' is not in the atlas", exit 1
-    (("", "sdpa", "5.24.0"), "Empty value '' for the model_type argument"),
-    (("llama", " ", "5.24.0"), "Empty value ' ' for the attn_implementation argument"),
-    (("llama", "sdpa", ""), "Empty value '' for the transformers_version argument"),
-    (("llama", "sdpa", "5.24.0", "--trl", ""), "Empty value '' for the --trl"),
+    (("", "sdpa", "5.24.0"), "Empty value '' for MODEL_TYPE (from the command line)"),
+    (("llama", " ", "5.24.0"), "Empty value ' ' for ATTN_IMPLEMENTATION (from the command line)"),
+    (("llama", "sdpa", ""), "Empty value '' for TRANSFORMERS_VERSION (from the command line)"),
+    (("llama", "sdpa", "5.24.0", "--trl", ""), "Empty value '' for --trl (from the command line)"),
 ])
 def test_lookup_refuses_an_unknown_backend_and_a_bad_release(args, message):
     """`packcheck lookup qwen2 sdpaa 4.56.2` answered "not measured" (exit 1): a typo is a usage error naming the

@@ -560,8 +560,33 @@ def merge(documents: list[dict[str, Any]], names: list[str] | None = None) -> di
                              "cells": sum(finished) if finished else len(out["cells"])}
     else:
         out.pop("incomplete", None)
+    if shards and not differ:  # the merged matrix reproduces as the whole audit: each shard's command without its shard
+        whole = list(dict.fromkeys(_without_shard(doc.get("command", "")) for doc in documents))
+        if len(whole) == 1:
+            out["command"] = whole[0]
     if differ:
         out["merged_settings_differ"] = differ
         commands = list(dict.fromkeys(doc.get("command", "") for doc in documents))
         out["command"] = "\n".join(commands)
     return out
+
+
+def _without_shard(command: str) -> str:
+    """``command`` without its ``--packcheck-shard`` (``=i/n`` or a separate ``i/n``): a shard's Reproduce line
+    reran that shard's models alone (trial 7, 86), the merged matrix is every shard's."""
+    import shlex
+
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return command
+    kept: list[str] = []
+    skip = False
+    for word in words:
+        if skip:
+            skip = False
+        elif word == "--packcheck-shard":
+            skip = True
+        elif not word.startswith("--packcheck-shard="):
+            kept.append(word)
+    return shlex.join(kept) if len(kept) < len(words) else command

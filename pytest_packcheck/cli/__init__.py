@@ -113,6 +113,7 @@ def _parser() -> argparse.ArgumentParser:
         module = _module(command)
         if hasattr(module, "configure"):
             module.configure(sub.add_parser(command.name, help=command.help))
+            sub.choices[command.name].set_defaults(_empty_check=sub.choices[command.name])
         else:  # main(argv): parsed by the module itself (main hands it over before this parser runs)
             sub.add_parser(command.name, help=command.help, add_help=False).add_argument("args", nargs=argparse.REMAINDER)
     return parser
@@ -188,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         ns = _parser().parse_args(argv)
         ns.argv = argv
-        name, run = ns.command, lambda: _module(by_name[ns.command]).run(ns)
+        name, run = ns.command, lambda: _module(by_name[ns.command]).run(_refuse_empty_values(ns))
     stdout = sys.stdout
     # audit's output is pytest's terminal, scrubbed line by line by the plugin; a reader that goes away
     # (`packcheck audit ... | head -2`) must not abandon the run: the matrix is still written
@@ -197,6 +198,27 @@ def main(argv: list[str] | None = None) -> int:
         return _run(name, run)
     finally:
         sys.stdout = stdout
+
+
+def _refuse_empty_values(ns: argparse.Namespace) -> argparse.Namespace:
+    """``ns`` once no flag or argument of its command holds an empty value (``--summary ''``, what
+    ``--summary "$GITHUB_STEP_SUMMARY"`` gives with the variable unset, was taken as "no summary" in silence):
+    one rule for every command, :func:`~pytest_packcheck.config.options.refuse_empty`'s (README: an empty value is
+    never the default).
+
+    Raises:
+        PackcheckUsageError: naming the flag (its long form) or the argument and the empty value.
+    """
+    from ..config.options import refuse_empty
+
+    parser = vars(ns).pop("_empty_check", None)
+    for action in getattr(parser, "_actions", []):
+        value = getattr(ns, action.dest, None)
+        name = max(action.option_strings, key=len) if action.option_strings else (action.metavar or action.dest.upper())
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, str) and item != action.default:
+                refuse_empty(item, str(name), positional=not action.option_strings)
+    return ns
 
 
 def _run(name: str, run: Any) -> int:

@@ -58,13 +58,9 @@ def run(ns: argparse.Namespace) -> int:
 
     from ..atlas import ATLAS_SINCE, AtlasArgs, index_releases, parse_release_list, parse_shard
     from ..atlas import main as atlas_main
-    from ..config.options import refuse_empty
     from ..errors import PackcheckUsageError
 
-    for flag, value in (("--releases", ns.releases), ("--models", ns.models), ("--bisect-models", ns.bisect_models),
-                        ("--shard", ns.shard), ("--since", ns.since), ("--until", ns.until), ("--build-dir", ns.build_dir),
-                        *(("--seed", seed) for seed in ns.seed)):
-        refuse_empty(value, flag)  # `--releases ''` listed every release: an empty value is never "all" (README)
+    # an empty value (`--releases ''` listed every release) was refused by cli._refuse_empty_values, for every command
     if ns.render_only and ns.no_render:
         raise PackcheckUsageError("--render-only and --no-render exclude each other: pick one.")
     build_dir = ns.build_dir or ("build/atlas-trl" if ns.trl else "build/atlas")

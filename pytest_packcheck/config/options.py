@@ -70,7 +70,7 @@ def split_values(value: str | list[str] | tuple[str, ...]) -> list[str]:
     return [x.strip() for x in items if x.strip()]
 
 
-def refuse_empty(value: Any, flag: str) -> None:
+def refuse_empty(value: Any, flag: str, positional: bool = False) -> None:
     """Refuse a flag given an empty value (``--packcheck-attn ''``, ``atlas --releases ''``: an unset shell
     variable): it is never read as "the default" or "every one" (README).
 
@@ -78,8 +78,9 @@ def refuse_empty(value: Any, flag: str) -> None:
         PackcheckUsageError: ``value`` is a string of nothing but blanks and commas.
     """
     if isinstance(value, str) and not value.replace(",", "").strip():
+        leave = "" if positional else f" or leave {flag} out for its default"
         raise PackcheckUsageError(f"Empty value {value!r} for {flag} (from the command line): give a value "
-                                  f"(see --help) or leave {flag} out for its default.")
+                                  f"(see --help){leave}.")
 
 
 def parse_lengths(value: Any, source: str) -> tuple[int, ...]:
