@@ -1242,7 +1242,7 @@ def test_unpack_row_refuses_bad_arguments_in_one_line():
 
 def test_callback_tolerance_errors_name_the_callback_and_check_each_keys_range():
     with pytest.raises(PackcheckUsageError, match=r"^PackcheckCallback: tolerances\['float32'\]\['logits_atol'\] = -1: "
-                                                  "a tolerance is a non-negative number"):
+                                                  "a tolerance is a finite number >= 0"):
         PackcheckCallback(tolerances={"float32": {"logits_atol": -1, "loss_atol": 1e-5}})
     with pytest.raises(PackcheckUsageError, match=r"^PackcheckCallback: tolerances is a str \('strict'\)"):
         PackcheckCallback(tolerances="strict")

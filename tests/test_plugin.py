@@ -191,7 +191,7 @@ def test_tolerance_file_values_are_checked(pytester, tmp_path):
     bad.write_text('[float32]\nlogits_atol = "abc"\n')
     result = pytester.runpytest_subprocess("--packcheck-models=arch:llama", f"--packcheck-tolerances={bad}", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["ERROR: Tolerance float32.logits_atol = 'abc' in * must be a non-negative number."])
+    result.stderr.fnmatch_lines(["ERROR: Tolerance float32.logits_atol = 'abc' in * must be a finite number >= 0."])
 
 
 @pytest.mark.parametrize("how", ["-p", "pytest_plugins"])

@@ -161,8 +161,8 @@ def test_tolerance_file_and_override_errors_name_the_problem(tmp_path):
     from pytest_packcheck.config.tolerances import load_tolerances
 
     cases = [("logits_atol = 1\n", "top-level key 'logits_atol'"),
-             ("[float32]\nisolation_atol = nan\n", "must be a non-negative number"),
-             ("[float32]\nisolation_atol = inf\n", "must be a non-negative number"),
+             ("[float32]\nisolation_atol = nan\n", "must be a finite number >= 0"),
+             ("[float32]\nisolation_atol = inf\n", "must be a finite number >= 0"),
              ("[fp32]\nlogits_atol = 1\n", "unknown dtype table [fp32]"),
              ("[float32]\ngrad_cos_min = 2\n", "float32.grad_cos_min = 2 * must be a number from -1 to 1"),
              ("[bfloat16]\ngrad_cos_min = -1.5\n", "must be a number from -1 to 1"),
@@ -176,7 +176,7 @@ def test_tolerance_file_and_override_errors_name_the_problem(tmp_path):
             load_tolerances(str(path), [], "--packcheck-tolerances")
         assert all(part in str(exc.value) for part in message.split(" * ")) and "--packcheck-tolerances" in str(exc.value)
     for item, message in [("logits_atol", "write [dtype.]key=value"), ("fp32.logits_atol=1", "unknown dtype 'fp32'"),
-                          ("float32.logits_atol=nan", "non-negative number"),
+                          ("float32.logits_atol=nan", "needs a finite number >= 0, got .nan."),
                           ("grad_cos_min=1.01", "needs a number from -1 to 1, got '1.01'")]:
         with pytest.raises(PackcheckUsageError, match=message.replace("[", r"\[").replace(".", r"\.")):
             load_tolerances(None, [item], "x")

@@ -23,7 +23,7 @@ def tolerance_problem(key: str, value: object) -> str | None:
     every other key a finite number >= 0."""
     low, high = BOUNDS.get(key, (0.0, float("inf")))
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or not low <= value <= high:
-        return f"must be a number from {low:g} to {high:g}" if key in BOUNDS else "must be a non-negative number"
+        return f"must be a number from {low:g} to {high:g}" if key in BOUNDS else "must be a finite number >= 0"
     return None
 
 
