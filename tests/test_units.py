@@ -176,7 +176,7 @@ def test_tolerance_file_and_override_errors_name_the_problem(tmp_path):
             load_tolerances(str(path), [], "--packcheck-tolerances")
         assert all(part in str(exc.value) for part in message.split(" * ")) and "--packcheck-tolerances" in str(exc.value)
     for item, message in [("logits_atol", "write [dtype.]key=value"), ("fp32.logits_atol=1", "unknown dtype 'fp32'"),
-                          ("float32.logits_atol=nan", "needs a finite number >= 0, got .nan."),
+                          ("float32.logits_atol=nan", "needs a finite number >= 0, got 'nan'"),
                           ("grad_cos_min=1.01", "needs a number from -1 to 1, got '1.01'")]:
         with pytest.raises(PackcheckUsageError, match=message.replace("[", r"\[").replace(".", r"\.")):
             load_tolerances(None, [item], "x")
