@@ -102,6 +102,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     state = _state(session.config)
     if state is None or hasattr(session.config, "workerinput"):
         return
+    _scrub_interrupt_line(session.config)
     from .errors import PackcheckUsageError
 
     try:
@@ -121,6 +122,18 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if state.regressions:
         # the gate fails the session after the matrix is written; the summary below prints why
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _scrub_interrupt_line(config: pytest.Config) -> None:
+    """The "path:line: KeyboardInterrupt" line pytest's terminal prints after a Ctrl-C (its reporter keeps it
+    until after this hook): the home directory there becomes ``~`` and a secret ``***``, as on every other line
+    (trial 7, 50). ``--full-trace`` prints the whole traceback as asked, unchanged."""
+    from .results.io import scrub
+
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    crash = getattr(getattr(reporter, "_keyboardinterrupt_memo", None), "reprcrash", None)
+    if crash is not None and isinstance(getattr(crash, "path", None), str):
+        crash.path, crash.message = scrub(crash.path), scrub(str(crash.message))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -771,6 +771,19 @@ def test_an_interrupted_run_counts_the_matrix_cells_that_never_started(pytester)
                                            "llama,sdpa,float32,,skipped,,,,not run: 2 of 2 checks (interrupted)"], rows
 
 
+def test_the_ctrl_c_line_shows_no_home_directory(pytester, monkeypatch):
+    """Trial 7, 50: after a Ctrl-C pytest printed "/root/.../selectors.py:415: KeyboardInterrupt" with the home
+    directory, which every other terminal line writes as ~. Planted: the Ctrl-C is raised in a conftest that lies
+    under $HOME."""
+    _ctrl_c_during_cell(pytester, 1)
+    monkeypatch.setenv("HOME", str(pytester.path))
+    result = pytester.runpytest_subprocess("--packcheck-models=arch:llama", "--packcheck-attn=sdpa", "-p", "no:cacheprovider",
+                                           "--packcheck-checks=isolation", "--packcheck-isolation=none")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    line = next(x for x in result.stdout.lines if x.endswith(": KeyboardInterrupt"))
+    assert line.startswith("~/conftest.py:"), line
+
+
 def test_a_tolerance_or_audit_file_with_a_utf8_bom_is_read(tmp_path):
     """Trial #67: a leading UTF-8 BOM (Windows editors) gave "not valid TOML (Invalid statement (at line 1,
     column 1))"; the BOM is now dropped (errors.read_user_text) and the file read as written."""
