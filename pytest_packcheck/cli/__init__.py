@@ -217,7 +217,7 @@ def _refuse_empty_values(ns: argparse.Namespace) -> argparse.Namespace:
         name = max(action.option_strings, key=len) if action.option_strings else (action.metavar or action.dest.upper())
         for item in value if isinstance(value, list) else [value]:
             if isinstance(item, str) and item != action.default:
-                refuse_empty(item, str(name), positional=not action.option_strings)
+                refuse_empty(item, str(name), positional=not action.option_strings or action.required)
     return ns
 
 

@@ -72,7 +72,8 @@ def split_values(value: str | list[str] | tuple[str, ...]) -> list[str]:
 
 def refuse_empty(value: Any, flag: str, positional: bool = False) -> None:
     """Refuse a flag given an empty value (``--packcheck-attn ''``, ``atlas --releases ''``: an unset shell
-    variable): it is never read as "the default" or "every one" (README).
+    variable): it is never read as "the default" or "every one" (README). ``positional``: an argument or a
+    required flag, which has no default to fall back on (the message does not offer one).
 
     Raises:
         PackcheckUsageError: ``value`` is a string of nothing but blanks and commas.
