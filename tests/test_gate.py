@@ -302,3 +302,28 @@ def test_an_empty_value_is_refused_by_every_command():
         assert "\n" not in line and "Empty value" in line and f"for {name} (from the command line)" in line, line
         # trial 7, 182: a required flag or an argument has no default to leave it out for
         assert ("leave" in line) == (name in ("--summary", "--model")), line
+
+
+def test_a_cell_without_a_message_renders_and_a_role_off_the_registry_is_refused(baseline_path, tmp_path):
+    """Trial 7, 91: merge of a hand-edited file whose cells lack "message" was a KeyError traceback in the HTML
+    writer. Trial 7, 94: a cell with role "villain" was merged, and rendered as a pass in the headline and "not
+    checked" on the details page. A missing optional field is read as empty; a role the registry does not give
+    that check is a corrupt file, one line naming the cell and the role."""
+    from pytest_packcheck.cli import main
+
+    doc = json.loads(baseline_path.read_text())
+    for cell in doc["cells"]:
+        cell.pop("message", None)
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps(doc))
+    assert main(["merge", str(bare), "-o", str(tmp_path / "m")]) == 0
+    assert (tmp_path / "m" / "packcheck-matrix.html").exists()
+    doc["cells"][0]["role"] = "villain"
+    bad = tmp_path / "villain.json"
+    bad.write_text(json.dumps(doc))
+    for argv in (["merge", str(bad), "-o", str(tmp_path / "v")], ["gate", "--baseline", str(baseline_path), "--candidate", str(bad)]):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            assert main(argv) == 2, argv
+        line = err.getvalue().strip()
+        assert "\n" not in line and f"cell '{doc['cells'][0]['cell_id']}' has role \"villain\"" in line, line

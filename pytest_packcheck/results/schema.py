@@ -138,6 +138,13 @@ def cell_problem(cell: Any) -> str | None:
             return f"cell {name!r} has \"{key}\": {json.dumps(cell[key])[:40]} (expected a {'JSON object' if kind is dict else 'string'})"
     if not isinstance(cell["model"].get("label"), str):
         return f"cell {name!r} has a model without a label"
+    from ..checks.registry import ROLES, SPECS, role
+
+    if "role" in cell and (cell["role"] not in ROLES or (cell["check"] in SPECS and cell["role"] != role(cell["check"]))):
+        # a hand-edited role ("villain") was rendered as a pass in one place and "not checked" in another (trial 7, 94)
+        return (f"cell {name!r} has role {json.dumps(cell['role'])[:40]} (expected "
+                + (f"{role(cell['check'])!r}, the registry's role of {cell['check']})" if cell["check"] in SPECS
+                   else f"one of {', '.join(ROLES)})"))
     from ..analysis.verdicts import unbacked_pass
 
     unbacked = unbacked_pass(cell["check"], cell["status"], cell.get("metrics") or {})
@@ -215,14 +222,17 @@ def load_document(path: str | Path, source: str | None = None) -> dict[str, Any]
 
 def upgrade(data: dict[str, Any]) -> dict[str, Any]:
     """Bring an older results document to :data:`SCHEMA_VERSION` in place: version 1 cells get their role from
-    the registry and empty cause codes (their diagnosis, if any, is kept)."""
+    the registry and empty cause codes (their diagnosis, if any, is kept); a cell of any version without the
+    optional ``message`` / ``metrics`` gets them empty."""
     from ..checks.registry import role
 
+    for c in data.get("cells", []):  # a field a reader indexes is there (a hand-edited cell without "message" was a
+        c.setdefault("role", role(c["check"]))  # KeyError in the HTML writer, trial 7, 91); version 1 had no causes
+        c.setdefault("cause", None)
+        c.setdefault("evidence", {})
+        c.setdefault("findings", [])
+        c.setdefault("message", "")
+        c.setdefault("metrics", {})
     if data.get("schema_version", SCHEMA_VERSION) < 2:
-        for c in data.get("cells", []):
-            c.setdefault("role", role(c["check"]))
-            c.setdefault("cause", None)
-            c.setdefault("evidence", {})
-            c.setdefault("findings", [])
         data["schema_version"] = SCHEMA_VERSION
     return data
