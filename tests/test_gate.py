@@ -157,7 +157,7 @@ def test_merge_of_unrelated_audits_warns_and_keeps_every_column(baseline_path, t
     other["settings"]["checks"] = ["packing_content"]
     other["command"] = "packcheck audit --packcheck-checks packing_content"
     for cell in other["cells"]:
-        cell["check"], cell["cell_id"] = "packing_content", cell["cell_id"] + "-other"
+        cell["check"], cell["cell_id"], cell["role"] = "packing_content", cell["cell_id"] + "-other", "finding"
     doc["bench"] = {"profiles": ["flan"], "steps": 1, "device": "cpu", "results": [{"model": {"label": "a"}, "profile": "flan", "error": "x"}]}
     other["bench"] = {"profiles": ["orcamath"], "steps": 1, "device": "cpu", "results": [{"model": {"label": "b"}, "profile": "orcamath", "error": "y"}]}
     merged = merge([doc, other])
