@@ -105,6 +105,7 @@ def test_hand_written_loop_reports_the_cache_trap(tolerances):
     result = verify_packed_batch(bench.model, bench.packed())
     assert bench.model.training  # modes restored
     assert result.verdict == "fail" and result.cause == "cache_trap", result.line()
+    assert result.causes[0] == "cache_trap", result.causes  # trial 7, 139: the list was empty on a probe's cause
     assert "use_cache=False" in result.remedy and result.probes["use_cache_false"] <= result.tolerance["logits_atol"]
     fixed = verify_packed_batch(bench.model, bench.packed(), use_cache=False)
     assert fixed.verdict == "pass" and fixed.forwards == 4
@@ -116,7 +117,7 @@ def test_opt_sdpa_raises_leak(tolerances, tmp_path):
     with pytest.raises(PackedBatchMismatch) as info:
         _trainer(bench, tmp_path, collator, PackcheckCallback()).train()
     result = info.value.result
-    assert result.cause == "leak", result.line()
+    assert result.cause == "leak" and result.causes[0] == "leak", (result.line(), result.causes)
     assert result.attention["boundaries_missing"] == 2 and "flash" in result.remedy
     # the guard's own wording: its user has no audit cell (trial 4, 278)
     assert "reference cell" not in result.remedy and "run this guard again" in result.remedy
@@ -446,7 +447,7 @@ def test_contract_item_fails_the_batch(llama_sdpa, plant, cause, evidence, remed
     result = verify_packed_batch(llama_sdpa.model, batch)
     assert result.verdict == "fail" and result.cause == cause, result.line()
     assert evidence in result.evidence and remedy in result.remedy, result.line()
-    assert cause in result.causes
+    assert result.causes[0] == cause
 
 
 def _seq_idx(batch, starts):

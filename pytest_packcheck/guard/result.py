@@ -82,7 +82,8 @@ class GuardResult:
     ``verdict``: "pass", "fail", "fallback" (numbers agree but attention ran on another backend than
     requested) or "skipped" (nothing judged: one example in the row, no labelled token, or a batch that is not
     packed; ``evidence`` says which). ``cause``: a code of :data:`pytest_packcheck.analysis.diagnose.CAUSES` (None on a
-    pass) and ``remedy`` its one-line fix; a broken batch contract names its items' codes in ``causes``.
+    pass) and ``remedy`` its one-line fix; ``causes``: every code found, ``cause`` first (a broken batch contract adds
+    its items' codes).
     ``dtype``: the tolerance row, from how the forward computed (``dtype_source``, e.g. "autocast bfloat16
     over float32 weights").
     ``max_logprob_diff``: the worst absolute difference (nats) of a labelled token's log-prob, packed vs its

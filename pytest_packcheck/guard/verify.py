@@ -372,7 +372,10 @@ def _measure(model: Any, row: _Row, run: dict[str, Any], cache: bool, fused: boo
 
 
 def _finish(result: GuardResult, model: Any) -> GuardResult:
-    """Fill in the remedy from diagnose.remedy, for the backend that ran and the installed versions."""
+    """Fill in the remedy from diagnose.remedy, for the backend that ran and the installed versions; ``causes``
+    leads with ``cause`` (it was empty on a leak the probes named, trial 7, 139)."""
+    if result.cause:
+        result.causes = [result.cause, *(c for c in result.causes if c != result.cause)]
     if result.cause and not result.remedy:
         from ..analysis.diagnose import remedy
         from ..backends import MASKED_BACKENDS
