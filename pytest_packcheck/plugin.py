@@ -156,7 +156,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_line(scrub_secrets(line))  # as scrubbed as the report files
     for line in state.notes:
         terminalreporter.write_line(scrub_secrets(line))
-    if state.settings.baseline:
+    if state.settings.baseline and state.gate_refused is None:  # a refused comparison: its error line is the gate's
         terminalreporter.write_sep("=", f"packcheck gate against {state.settings.baseline}")
         terminalreporter.write_line(state.gate_text)
         terminalreporter.write_line(f"{len(state.regressions)} regression(s), {len(state.changes)} changed cell(s)")

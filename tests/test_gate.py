@@ -256,6 +256,28 @@ def test_an_empty_baseline_is_refused_by_the_gate_and_the_plugin(baseline_path, 
     result.stderr.fnmatch_lines([f"ERROR: Baseline {empty} (from --packcheck-baseline) holds no cells*"])
 
 
+def test_a_refused_baseline_comparison_is_the_gates_only_line_in_the_plugin_and_the_audit(baseline_path, tmp_path, pytester):
+    """Trial 7, 192 / 193: after "Cannot compare ... tolerances differ" / "Nothing compared ..." the plugin still printed
+    "packcheck gate against base.json" and "0 regression(s), 0 changed cell(s)", the llama logits cell that went
+    pass -> fail under logits_atol=0 counted as unchanged. The refusal is now the gate's only line (a usage error),
+    and the matrix is still written."""
+    result = pytester.runpytest_subprocess("--packcheck-models=arch:llama", "--packcheck-attn=sdpa",
+                                           "--packcheck-checks=isolation,logits_parity", f"--packcheck-baseline={baseline_path}",
+                                           "--packcheck-tolerance=float32.logits_atol=0", "-p", "no:cacheprovider")
+    out = result.stdout.str() + result.stderr.str()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, out[-2000:]
+    assert "Cannot compare" in out and "regression(s)" not in out and "packcheck gate against" not in out, out[-2000:]
+    assert (pytester.path / "reports" / "packcheck-matrix.json").exists()
+    proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "audit", "--models", "arch:gpt2", "--packcheck-attn",
+                           "sdpa", "--packcheck-checks", "isolation", "-n", "0", "-q", "--packcheck-report-dir",
+                           str(tmp_path / "r"), "--packcheck-baseline", str(baseline_path)],
+                          capture_output=True, text=True, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-2000:]
+    assert "Nothing compared" in out and "regression(s)" not in out and "packcheck gate against" not in out, out[-2000:]
+    assert (tmp_path / "r" / "packcheck-matrix.json").exists()
+
+
 def test_an_unwritable_summary_is_refused_before_the_comparison(baseline_path, tmp_path):
     """`--summary /proc/nope/x.md` printed the table, then exit 2 hid the regression's exit 1: refused up front."""
     doc = json.loads(baseline_path.read_text())

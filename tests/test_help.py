@@ -66,6 +66,22 @@ def test_readme_attn_row_names_every_backend_of_the_table():
     assert [b for b in KNOWN_BACKENDS if f"`{b}`" not in row] == []
 
 
+def test_lookups_exit_codes_are_in_the_help_and_readme(tmp_path):
+    """Trial 7, 152: lookup exits 1 for "not measured", said only in cli/lookup.py's docstring; --help's exit-code list
+    gave 1 for gate / bisect only. EXIT_CODES (the one source of --help) now names lookup's 0 and 1, and so does the
+    README's exit-code line."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "lookup", "qwen2", "sdpa", "4.56.2"],
+                          capture_output=True, text=True, check=False, cwd=tmp_path)
+    assert proc.returncode == 1 and "not measured" in proc.stdout, proc.stdout + proc.stderr
+    assert "lookup: not measured" in EXIT_CODES[1] and "lookup: a measured answer" in EXIT_CODES[0]
+    flat = " ".join(_help().split())
+    assert "lookup: not measured" in flat and "lookup: a measured answer" in flat
+    assert "`packcheck lookup` exits `1` when the release is not measured" in README
+
+
 def test_readme_names_every_exit_code():
     for code in EXIT_CODES:
         assert f"`{code}`" in README, code

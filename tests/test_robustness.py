@@ -87,6 +87,25 @@ def test_missing_local_folder_that_looks_like_a_hub_id_is_no_such_folder(tmp_pat
     assert parse_model_spec("meta-llama/Llama-3.2-1B", "x").kind == "hub"  # a Hub ID stays one
 
 
+def test_a_model_spec_that_is_a_file_is_refused_as_a_file_naming_its_folder(tmp_path, monkeypatch):
+    """Trial 7, 204: `--models ./plain/config.json` (an existing file) was refused as "No such folder ...: the path does
+    not exist here", which is untrue. It is now refused as a file, naming the folder to pass."""
+    from pytest_packcheck.model.specs import parse_model_spec
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "config.json").write_text('{"model_type": "llama"}')
+    for raw, folder in (("./plain/config.json", "./plain"), ("plain/config.json", "plain"), ("config.json", ".")):
+        if raw == "config.json":
+            (tmp_path / "config.json").write_text("{}")
+        with pytest.raises(PackcheckUsageError) as info:
+            parse_model_spec(raw, "--packcheck-models")
+        msg = str(info.value)
+        assert f"Model spec '{raw}' (from --packcheck-models) is a file, not a model folder" in msg, msg
+        assert f"e.g. '{folder}'" in msg and "does not exist" not in msg, msg
+    assert parse_model_spec("./plain", "x").kind == "local"  # its folder is the local model
+
+
 def _cell(cell_id="llama-sdpa-isolation-float32", **over):
     cell = {"cell_id": cell_id, "model": {"label": "llama", "spec": "arch:llama"}, "backend": "sdpa", "check": "isolation",
             "dtype": "float32", "status": "pass", "metrics": {"max_change": 0.0}, "message": "ok", "tolerances": {}}

@@ -52,8 +52,10 @@ COMMANDS = (
 
 #: What ``packcheck`` exits with, for --help and the README.
 EXIT_CODES = {
-    0: "the matrix was written (whatever the verdicts); gate: no regression; bisect: an answer",
-    1: "gate: a regression (after the table is printed); bisect: the endpoints do not hold or skips hide the boundary",
+    0: "the matrix was written (whatever the verdicts); gate: no regression; bisect: an answer; lookup: a measured "
+       "answer (or one a bisect places)",
+    1: "gate: a regression (after the table is printed); bisect: the endpoints do not hold or skips hide the boundary; "
+       "lookup: not measured (the nearest measured releases are named; with --trl, also that TRL release not measured)",
     2: "usage error (one line naming the value, where it came from and the fix)",
     3: "internal error (pytest's)",
     130: "interrupted (Ctrl-C / SIGTERM): the finished cells are written, marked incomplete; rerun with --resume",

@@ -18,8 +18,8 @@ def configure(lookup: argparse.ArgumentParser) -> None:
 
 
 def run(ns: argparse.Namespace) -> int:
-    """``packcheck lookup``: exit 0 with a measured answer (or one a bisect places), 1 when not measured (the nearest
-    measured releases are named; with ``--trl``, also when that TRL release is not measured for the model and backend)."""
+    """``packcheck lookup``: exit 0 with a measured answer, 1 when not measured, as :data:`pytest_packcheck.cli.EXIT_CODES` says
+    (``packcheck --help``'s list, the one source)."""
     import json
 
     from ..errors import scrub_secrets

@@ -104,7 +104,8 @@ def parse_model_spec(raw: str, source: str) -> ModelSpec:
     """Parse one model spec.
 
     Raises:
-        PackcheckUsageError: the spec is malformed (names the value and ``source``, e.g. "--packcheck-models").
+        PackcheckUsageError: the spec is malformed, a local path that does not exist, or a file (``./m/config.json``:
+            pass its folder) (names the value and ``source``, e.g. "--packcheck-models").
     """
     text = raw.strip()
     overrides: tuple[tuple[str, Any], ...] = ()
@@ -131,6 +132,12 @@ def parse_model_spec(raw: str, source: str) -> ModelSpec:
         return ModelSpec(raw=text, kind="arch", name=model_type)
     if os.path.isdir(text):
         return ModelSpec(raw=text, kind="local", name=str(Path(text).resolve()))
+    if os.path.isfile(text) and (_looks_local(text) or text.endswith(".json")):  # trial 7, 204: it exists, as a file
+        folder = os.path.dirname(text) or "."
+        raise PackcheckUsageError(
+            f"Model spec '{raw}' (from {source}) is a file, not a model folder: pass the model's folder (the one holding "
+            f"config.json), e.g. '{folder}'."
+        )
     if _looks_local(text):
         raise PackcheckUsageError(
             f"No such folder '{raw}' (from {source}): the path does not exist here (checked before the Hub, since it "

@@ -40,6 +40,9 @@ class PackcheckSession:
         self.changes: list[Any] = []
         self.regressions: list[Any] = []
         self.gate_text = ""
+        # why the baseline comparison was refused (other tolerances, no common cell, a bad baseline file): then the
+        # refusal is the gate's only line, never "0 regression(s)" (trial 7, 192 / 193)
+        self.gate_refused: str | None = None
         self.notes: list[str] = []  # one line each, printed after the summary (what finish changed beside the reports)
         self._resolved: list[Any] | None = None
         self._runner: Any = None
@@ -281,10 +284,15 @@ class PackcheckSession:
                               "this matrix does not name them.")
         if self.settings.baseline:
             from ..analysis.gate import compare, missing_note, regressions, render_changes, stack
+            from ..errors import PackcheckUsageError
             from ..results.schema import load_document
 
-            baseline = load_document(self.settings.baseline, self.settings.baseline_source)
-            self.changes = compare(baseline, self.document)
+            try:
+                baseline = load_document(self.settings.baseline, self.settings.baseline_source)
+                self.changes = compare(baseline, self.document)
+            except PackcheckUsageError as exc:  # the matrix is written; the gate result is the refusal alone
+                self.gate_refused = str(exc)
+                raise
             self.gate_text = render_changes(self.changes, stack(baseline), stack(self.document), markdown=False)
             self.regressions = regressions(self.changes)
             gone = missing_note(self.changes, "packcheck gate")
