@@ -171,6 +171,7 @@ def packcheck_verify(request: pytest.FixtureRequest) -> Any:
     (``indirect=True``) with ``(model, batch)`` or ``{"model": ..., "batch": ..., **options}`` (callables are
     called first, so models can be built lazily): the fixture runs the check and returns the result.
     """
+    __tracebackhide__ = _hide_mismatch
     from .errors import PackcheckUsageError
 
     param = getattr(request, "param", None)
@@ -183,9 +184,18 @@ def packcheck_verify(request: pytest.FixtureRequest) -> Any:
         pytest.fail(f"{type(exc).__name__}: {exc}", pytrace=False)
 
 
+def _hide_mismatch(excinfo: Any) -> bool:
+    """``__tracebackhide__`` of the fixture's frames: :func:`~pytest_packcheck.guard.result.hide_mismatch_frames`
+    (the guard is imported by the time a test failed through it)."""
+    from .guard.result import hide_mismatch_frames
+
+    return hide_mismatch_frames(excinfo)
+
+
 def _verify_in_test(model: Any, batch: Any, **options: Any) -> Any:
     """:func:`_verify` called from the user's test: a batch or option it refuses fails the test with the one-line
     usage error, as the parametrized form does, not a traceback through packcheck's batch parsing."""
+    __tracebackhide__ = _hide_mismatch
     from .errors import PackcheckUsageError
 
     try:
@@ -202,6 +212,7 @@ def _verify(model: Any, batch: Any, **options: Any) -> Any:
     Raises:
         PackcheckUsageError: an unknown option (and whatever verify_packed_batch refuses).
     """
+    __tracebackhide__ = _hide_mismatch
     import inspect
 
     from .errors import PackcheckUsageError

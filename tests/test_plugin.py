@@ -304,3 +304,28 @@ def test_packcheck_options_without_models_say_packcheck_is_off(pytester):
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["packcheck: off: --packcheck-attn given but no models, so packcheck ran nothing; *--packcheck-models*"])
     assert "packcheck: off" not in pytester.runpytest_inprocess().stdout.str()
+
+
+def test_a_mismatch_through_the_fixture_shows_the_diagnosis_not_packchecks_source(pytester):
+    """Trial 7, 148: a packcheck_verify mismatch printed 139 lines walking through packcheck's plugin.py and
+    verify.py source, where a usage error is one line. The guard's frames are hidden when what they raise is the
+    mismatch (pytest's __tracebackhide__): the user's line and the diagnosis remain."""
+    pytester.makepyfile(test_a='''
+import torch
+from transformers import AutoModelForCausalLM, DataCollatorWithFlattening, OPTConfig
+
+def test_opt_packs(packcheck_verify):
+    torch.manual_seed(0)
+    config = OPTConfig(hidden_size=32, ffn_dim=64, num_hidden_layers=1, num_attention_heads=2, vocab_size=128,
+                       max_position_embeddings=64, word_embed_proj_dim=32)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    row = DataCollatorWithFlattening(return_position_ids=True)([{"input_ids": list(range(3, 14))},
+                                                                 {"input_ids": list(range(20, 33))}])
+    packcheck_verify(model, row)
+''')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    result.stdout.fnmatch_lines(["*PackedBatchMismatch: packcheck guard: FAIL*leak*"])
+    assert "packcheck_verify(model, row)" in out  # the user's own line
+    assert "verify.py" not in out and "plugin.py" not in out and "def verify_packed_batch" not in out, out

@@ -25,6 +25,13 @@ class PackedBatchMismatch(PackcheckError):
         self.result = result
 
 
+def hide_mismatch_frames(excinfo: Any) -> bool:
+    """pytest's ``__tracebackhide__`` for the guard's own frames: hidden when what they raise is a
+    :class:`PackedBatchMismatch` (its one-line diagnosis is the report; trial 7, 148: a failing
+    ``packcheck_verify`` printed 139 lines of packcheck's source), shown for anything else (a bug of packcheck's)."""
+    return bool(excinfo.errisinstance(PackedBatchMismatch))
+
+
 class PackcheckGuardWarning(PackcheckWarning):
     """A mismatch under ``on_mismatch="warn"``, a silent backend swap, or a batch with nothing to compare."""
 

@@ -24,6 +24,7 @@ from .forward import _compare, _log_probs, _row_log_probs, _solo
 from .precision import _REDUCED, _ComputeProbe, _pick, _tolerances
 from .probes import _NUMERICS_PASS, _bad, _diagnose, _padded_diff, _refusal_cause
 from .result import GuardResult, PackedBatchMismatch, _fmt, _usage, say
+from .result import hide_mismatch_frames as _hide
 
 
 @functools.cache
@@ -123,6 +124,7 @@ def verify_packed_batch(
             naming the value and the fix.
         PackedBatchMismatch: on a mismatch with ``on_mismatch="raise"``.
     """
+    __tracebackhide__ = _hide
     import torch
 
     if on_mismatch not in ("return", "warn", "raise"):
@@ -184,6 +186,7 @@ def _verify_rows(model: Any, batch: Mapping[str, Any], spans: list[slice], **opt
     """A batch of packed rows: the batch as the loop runs it vs each row run alone (the cause ``batch_rows`` when
     they differ: transformers 5.24 derives packed boundaries from position_ids for batch size 1 only), then each
     row judged as its own packed row; the result is the worst row's, over every row's examples."""
+    __tracebackhide__ = _hide
     import torch
 
     on_mismatch = options.pop("on_mismatch")
