@@ -604,8 +604,35 @@ def test_resume_after_a_settings_change_says_what_changed(pytester):
     assert changed.ret == 0
     text = " ".join((str(changed.stdout) + str(changed.stderr)).split())
     # the settings the journaled cells were made with (the journal records them), not the previous matrix's
-    assert ("holds 1 finished cell(s) of a run with other settings, tolerances or library versions; their settings "
+    assert ("holds 1 finished cell(s) of a run with other settings, tolerances, library versions or model files; their settings "
             '-> these: backends ["sdpa"] -> ["eager"]: none of them is reused; 0 cell(s)') in text
+
+
+def test_resume_after_a_local_model_folder_was_edited_runs_its_cells_again(pytester):
+    """trial 7, 221/222: an edited local model folder (config.json, remote code) no longer matches the journal, so
+    --packcheck-resume measures it again and says why; a resume that reuses cells says so in the terminal and report."""
+    folder = pytester.path / "m"
+    folder.mkdir()
+    config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512}
+    (folder / "config.json").write_text(json.dumps(config))
+    base = ("--packcheck-models=./m", "--packcheck-checks=isolation", "--packcheck-attn=sdpa",
+            "--packcheck-report-dir=r", "-p", "no:cacheprovider")
+    assert pytester.runpytest_subprocess(*base).ret == 0
+    same = pytester.runpytest_subprocess(*base, "--packcheck-resume")
+    assert same.ret == 0
+    said = "Resumed: 1 of 1 cells were taken from the journal of an earlier run (--packcheck-resume)"
+    assert said in " ".join(str(same.stdout).split())
+    assert said in (pytester.path / "r" / "packcheck-matrix.md").read_text()
+    assert json.loads((pytester.path / "r" / "packcheck-matrix.json").read_text())["resumed"] == {"cells": 1, "of": 1}
+    (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 3, "hidden_act": "gelu"}))
+    edited = pytester.runpytest_subprocess(*base, "--packcheck-resume")
+    assert edited.ret == 0
+    text = " ".join((str(edited.stdout) + str(edited.stderr)).split())
+    assert ("local model folder(s) edited since (config.json, remote code *.py or weights files): ./m: none of them "
+            "is reused; 0 cell(s)") in text, text
+    assert "Resumed:" not in text
+    assert "resumed" not in json.loads((pytester.path / "r" / "packcheck-matrix.json").read_text())
 
 
 def test_merge_into_a_folder_an_audit_holds_is_refused(tmp_path):

@@ -511,6 +511,27 @@ def test_pretrained_weights_are_counted_and_a_load_that_matched_nothing_is_refus
     render_markdown(diagnose_document(build_document([result], {}, {"weights": "pretrained"}, "x")))  # renders
 
 
+def test_another_models_weights_in_a_local_folder_are_the_users_not_packchecks_bug(tmp_path, tolerances):
+    """trial 7, 206: a folder whose weights file matches no tensor of the model its config builds is refused on
+    purpose: the cell names the folder and the fix (cause weights_mismatch), never "packcheck's own code crashed ...
+    report it to packcheck" (packcheck_error)."""
+    from pytest_packcheck.analysis.diagnose import diagnose_document
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_spec
+    from pytest_packcheck.results.schema import build_document
+    from pytest_packcheck.run.runner import CellRunner, plan_cells
+
+    folder = _saved_tiny_llama(tmp_path / "m", False)
+    resolved = resolve_model(parse_model_spec(str(folder), "--packcheck-models"), "--packcheck-models")
+    (cell,) = plan_cells([resolved], ("sdpa",), ("isolation",), ("float32",))
+    result = CellRunner([resolved], tolerances, weights="pretrained").run(cell)
+    assert result.status == "error" and result.cause == "weights_mismatch", (result.cause, result.message)
+    assert f"the weights files in the model folder {folder} match no tensor of LlamaForCausalLM" in result.message
+    assert "--packcheck-weights=random" in result.message and "report it to packcheck" not in result.message
+    (done,) = diagnose_document(build_document([result], {}, {"weights": "pretrained"}, "x"))["cells"]
+    assert done["cause"] == "weights_mismatch"
+
+
 def test_shrink_keeps_auto_map_for_remote_code_only():
     from transformers import LlamaConfig
 

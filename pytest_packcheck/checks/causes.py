@@ -311,6 +311,11 @@ _CAUSES: tuple[Cause, ...] = (
           "the config with your own overrides (arch:<type>{key=value}, --packcheck-config) does not build in "
           "transformers, while the config without them does: the override's fault, not the model's or the library's",
           "fix the override: the message quotes transformers' own error about the value it refused"),
+    Cause("weights_mismatch",
+          "--packcheck-weights=pretrained: the checkpoint's weights match no tensor of the model its config builds "
+          "(another model's weights): packcheck refuses to run it on random weights, so nothing was judged",
+          "put the model's own weights beside its config.json (or name the right Hub revision), or run "
+          "--packcheck-weights=random"),
     Cause("hang",
           "the cell did not finish within the timeout",
           "raise --packcheck-timeout if the model is just slow; else see the last output"),

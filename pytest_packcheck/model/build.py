@@ -166,10 +166,13 @@ def build_model(
             )
         model.packcheck_weights = weight_counts(model, info)
         if model.packcheck_weights["loaded"] == 0:
+            where = (f"the weights files in the model folder {resolved.spec.name}" if resolved.spec.kind == "local"
+                     else f"the weights of '{resolved.spec.raw}'")
             raise WeightsError(
-                f"--packcheck-weights=pretrained: the weights of '{resolved.spec.raw}' match no tensor of "
-                f"{type(model).__name__} ({model.packcheck_weights['missing']} missing, "
-                f"{model.packcheck_weights['unexpected']} unexpected): the model would run on random weights")
+                f"--packcheck-weights=pretrained: {where} match no tensor of {type(model).__name__}, the model its "
+                f"config.json builds ({model.packcheck_weights['missing']} missing, "
+                f"{model.packcheck_weights['unexpected']} unexpected): they are another model's checkpoint, and the model "
+                "would run on random weights. Put this model's own weights there, or run --packcheck-weights=random")
     elif not shrink:  # full size, random weights (packcheck bench on a real config)
         torch.manual_seed(seed)
         # initialised on the device: a 1.2B model's random init takes 20 s on 2 CPU cores, well under 1 s on a GPU

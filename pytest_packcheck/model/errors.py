@@ -23,4 +23,5 @@ class OverrideConfigError(RuntimeError):
 
 
 class WeightsError(RuntimeError):
-    """``--packcheck-weights=pretrained`` loaded no tensor of the model (every cell of it is an error)."""
+    """``--packcheck-weights=pretrained`` loaded no tensor of the model: another model's weights, refused on purpose (every
+    cell of it is an error with cause ``weights_mismatch``, never ``packcheck_error``)."""

@@ -5,7 +5,7 @@ out."""
 from __future__ import annotations
 
 from ..checks.registry import SPECS
-from .model import Report, env_header, incomplete_text
+from .model import Report, env_header, incomplete_text, resumed_text
 from .numbers import key_number
 from .text import cut, escape_md
 from .verdicts import ROLE_MARKS, check_mark, model_mark, role_of
@@ -17,6 +17,8 @@ def render(rep: Report) -> str:
     if rep.doc.get("incomplete"):
         inc = rep.doc["incomplete"]
         lines[1:1] = ["", f"**⚠️ {escape_md(incomplete_text(inc))}.**"]
+    if resumed_text(rep.doc):
+        lines[1:1] = ["", f"**⚠️ {escape_md(resumed_text(rep.doc))}.**"]
     return "\n".join(lines)
 
 

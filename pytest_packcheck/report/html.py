@@ -11,7 +11,7 @@ import json
 from collections import defaultdict
 from typing import Any
 
-from .model import Report, env_header, environment_line, incomplete_text
+from .model import Report, env_header, environment_line, incomplete_text, resumed_text
 from .numbers import key_number
 from .sections import models_are, trainer_note
 from .text import cut
@@ -323,6 +323,8 @@ def render(rep: Report) -> str:
     inc = doc.get("incomplete")
     incomplete = (f'<p id="incomplete" style="background:#fde9c4;padding:.5em"><b>{html.escape(incomplete_text(inc))}.</b></p>'
                   if inc else "")
+    if resumed_text(doc):
+        incomplete += f'<p id="resumed" style="background:#fde9c4;padding:.5em"><b>{html.escape(resumed_text(doc))}.</b></p>'
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title><style>{_STYLE}</style></head>
 <body>

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import Counter
 
 from ..checks.registry import REGISTRY, ROLES
-from .model import Report, env_header, env_value, environment_line, environment_role, incomplete_text
+from .model import Report, env_header, env_value, environment_line, environment_role, incomplete_text, resumed_text
 from .sections import (
     answer_section,
     environments_section,
@@ -58,6 +58,8 @@ def render(rep: Report) -> str:
     if doc.get("incomplete"):
         inc = doc["incomplete"]
         lines += [f"**⚠️ {escape_md(incomplete_text(inc))}.**", ""]
+    if resumed_text(doc):
+        lines += [f"**⚠️ {escape_md(resumed_text(doc))}.**", ""]
     totals = Counter(check_mark(c)[2] for c in cells)
     lines.append(counts_line(cells))
     lines.append("")

@@ -45,6 +45,16 @@ def incomplete_text(inc: dict[str, Any]) -> str:
     return f"Incomplete: {inc.get('reason')} after {inc.get('cells')} cells{source}; {inc.get('resume', '')}"
 
 
+def resumed_text(doc: dict[str, Any]) -> str:
+    """The line a matrix carries when --packcheck-resume took some of its cells from the journal of an earlier run
+    (the document's ``resumed``: ``{"cells": n, "of": total}``), plain text; "" when none was."""
+    res = doc.get("resumed")
+    if not isinstance(res, dict) or not res.get("cells"):
+        return ""
+    return (f"Resumed: {res['cells']} of {res.get('of', '?')} cells were taken from the journal of an earlier run "
+            "(--packcheck-resume), not measured in this run: their numbers and durations are that run's")
+
+
 def environment_role(versioned: bool) -> str:
     """Whose versions the document's ``environment`` holds: the environment that measured every cell, or, in a
     ``--packcheck-versions`` run, the controller's (each version environment's own are on its cells)."""

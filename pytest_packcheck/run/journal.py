@@ -15,28 +15,71 @@ from typing import Any
 from ..errors import PackcheckUsageError, PackcheckWarning
 
 
-def fingerprint(settings: dict[str, Any], environment: dict[str, Any], tolerances: dict[str, Any]) -> str:
+def fingerprint(settings: dict[str, Any], environment: dict[str, Any], tolerances: dict[str, Any],
+                model_files: dict[str, str] | None = None) -> str:
     """What must match for a journaled cell to be reused: settings, tolerances, the versions of packcheck,
-    Python and the recorded libraries (:func:`~pytest_packcheck.versions.libraries.recorded_libraries`), and the
-    device."""
+    Python and the recorded libraries (:func:`~pytest_packcheck.versions.libraries.recorded_libraries`), the
+    device, and the files of the local model folders (``model_files``: :func:`local_model_files`; a Hub ID's
+    config comes from its revision in the settings, an arch: spec's from the installed transformers, whose version
+    is recorded)."""
     from ..versions.libraries import recorded_libraries
 
     keys = ("packcheck", "python", *(lib.key for lib in recorded_libraries()), "device", "cuda", "device_name")
-    payload = {"settings": settings, "tolerances": tolerances, "environment": {k: environment.get(k) for k in keys}}
+    payload = {"settings": settings, "tolerances": tolerances, "environment": {k: environment.get(k) for k in keys},
+               **({"model_files": model_files} if model_files else {})}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def local_model_files(models: Iterable[str], source: str) -> dict[str, str]:
+    """A digest of each local model folder among ``models`` (the settings' model specs), by spec: the content of
+    its config.json and its remote code (``*.py``), and the size and modification time of its weights files
+    (:data:`~pytest_packcheck.model.resolve.LOCAL_WEIGHTS_FILES`; not their content, which may be gigabytes). An
+    edited folder so no longer matches the journal of an earlier run, whose cells --packcheck-resume would otherwise
+    replay as this run's. Hub IDs and arch: specs have no entry. A spec that does not parse has none either (the
+    run refuses it elsewhere, with its own error)."""
+    from ..model.resolve import LOCAL_WEIGHTS_FILES
+    from ..model.specs import parse_model_spec
+
+    digests: dict[str, str] = {}
+    for raw in models:
+        try:
+            spec = parse_model_spec(raw, source)
+        except PackcheckUsageError:
+            continue
+        folder = Path(spec.name)
+        if spec.kind != "local" or not folder.is_dir():
+            continue
+        weights = {p for name, pattern in LOCAL_WEIGHTS_FILES for p in [folder / name, *(folder.glob(pattern) if pattern else ())]}
+        h = hashlib.sha256()
+        for path in sorted({folder / "config.json", *folder.glob("*.py"), *weights}):
+            try:
+                if path in weights:
+                    st = path.stat()
+                    h.update(f"{path.name}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+                else:
+                    h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+            except OSError:  # absent (no config.json yet) or unreadable: the run names it when it loads the model
+                h.update(f"{path.name}\0missing\0".encode())
+        digests[raw] = h.hexdigest()[:16]
+    return digests
 
 
 class Journal:
     """Append-only JSON lines: ``{"fingerprint": ..., "cell": {...}}`` per finished cell. Several processes
     (xdist workers) append to one file; a file lock keeps each line whole."""
 
-    def __init__(self, path: str | Path, fp: str, settings: dict[str, Any] | None = None) -> None:
+    def __init__(self, path: str | Path, fp: str, settings: dict[str, Any] | None = None,
+                 model_files: dict[str, str] | None = None) -> None:
         self.path = Path(path)
         self.fp = fp
         #: the run's settings, stamped on every line: a later --packcheck-resume names what differed
         self.settings = settings
+        #: the digests of the run's local model folders (:func:`local_model_files`), stamped on every line likewise
+        self.model_files = model_files or {}
         #: the settings of the latest line of another fingerprint :meth:`load` found (None: not recorded)
         self.other_settings: dict[str, Any] | None = None
+        #: the model folder digests of that line (None: not recorded)
+        self.other_model_files: dict[str, str] | None = None
         #: the first write error (OSError), after which the run goes on without a journal
         self.failed: OSError | None = None
         #: cells the last :meth:`load` found journaled under another fingerprint (settings, tolerances, versions)
@@ -81,7 +124,8 @@ class Journal:
         from ..results.io import scrub
 
         line = scrub(json.dumps({"fingerprint": self.fp, "cell": json.loads(cell_json),
-                                **({"settings": self.settings} if self.settings is not None else {})}, sort_keys=True)) + "\n"
+                                **({"settings": self.settings} if self.settings is not None else {}),
+                                **({"model_files": self.model_files} if self.model_files else {})}, sort_keys=True)) + "\n"
         with FileLock(str(self.path) + ".lock"), open(self.path, "a+b") as fh:
             # a line cut off by a kill has no newline: end it first, so this line stays whole
             fh.seek(0, os.SEEK_END)
@@ -122,7 +166,10 @@ class Journal:
                 cells[entry["cell"]["cell_id"]] = entry["cell"]
             else:
                 others.add(entry["cell"]["cell_id"])
-                self.other_settings = entry.get("settings") if isinstance(entry.get("settings"), dict) else self.other_settings
+                if isinstance(entry.get("settings"), dict):
+                    self.other_settings = entry["settings"]
+                    files = entry.get("model_files", {})
+                    self.other_model_files = files if isinstance(files, dict) else None
         self.other_cells = len(others - set(cells))
         self.foreign = not records and bool(bad or shapes)
         if self.foreign:  # random bytes were "skipped 31 unreadable line(s) (cut off by a kill?)"

@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 
 from ..errors import PackcheckWarning
-from .journal import Journal, fingerprint
+from .journal import Journal, fingerprint, local_model_files
 
 
 def open_journal(config: pytest.Config, settings: Any) -> tuple[Journal, dict[str, dict[str, Any]]]:
     """The journal of finished cells, and the cells to reuse (cell_id -> cell record). A fresh run empties it
     (on the controller, before any worker starts); --packcheck-resume keeps it and takes the cells it holds for
-    the same settings and versions (:func:`~.journal.fingerprint`); a file that is not a packcheck journal is
+    the same settings, versions and local model files (:func:`~.journal.fingerprint`); a file that is not a packcheck journal is
     named in a warning and emptied, as for a fresh run.
 
     Raises:
@@ -25,8 +25,9 @@ def open_journal(config: pytest.Config, settings: Any) -> tuple[Journal, dict[st
     """
     from ..results.environment import environment
 
-    fp = fingerprint(settings.as_dict(), environment(settings.device), settings.tolerances)
-    journal = Journal(Path(settings.report_dir) / "packcheck-journal.jsonl", fp, settings.as_dict())
+    files = local_model_files(settings.models, settings.model_source)
+    fp = fingerprint(settings.as_dict(), environment(settings.device), settings.tolerances, files)
+    journal = Journal(Path(settings.report_dir) / "packcheck-journal.jsonl", fp, settings.as_dict(), files)
     resumed: dict[str, dict[str, Any]] = {}
     if settings.resume:
         resumed = journal.load()
@@ -42,7 +43,8 @@ def open_journal(config: pytest.Config, settings: Any) -> tuple[Journal, dict[st
 def resume_mismatch(settings: Any, journal: Journal, reused: int, other: int) -> str:
     """The line --packcheck-resume prints when the journal holds cells of another run: how many are reused,
     how many are not, and which settings differ from those the journal's other cells were made with (the
-    settings stamped on their lines, :attr:`Journal.other_settings`; a journal of an older packcheck has none)."""
+    settings stamped on their lines, :attr:`Journal.other_settings`; a journal of an older packcheck has none), and
+    which local model folders were edited since (:attr:`Journal.other_model_files`)."""
     changed = ""
     before, now = journal.other_settings, settings.as_dict()
     if isinstance(before, dict):
@@ -50,6 +52,12 @@ def resume_mismatch(settings: Any, journal: Journal, reused: int, other: int) ->
         if keys:
             changed = "; their settings -> these: " + ", ".join(
                 f"{k} {json.dumps(before.get(k))[:60]} -> {json.dumps(now.get(k))[:60]}" for k in keys)
+        files_before = journal.other_model_files
+        edited = sorted(m for m in journal.model_files
+                        if isinstance(files_before, dict) and m in files_before and files_before[m] != journal.model_files[m])
+        if edited:
+            changed += ("; local model folder(s) edited since (config.json, remote code *.py or weights files): "
+                        + ", ".join(edited))
     return (f"--packcheck-resume: the journal {journal.path} holds {other} finished cell(s) of a run with other "
-            f"settings, tolerances or library versions{changed or ' (the journal does not record which)'}: none of them "
-            f"is reused; {reused} cell(s) journaled under these settings are.")
+            f"settings, tolerances, library versions or model files{changed or ' (the journal does not record which)'}: "
+            f"none of them is reused; {reused} cell(s) journaled under these settings are.")

@@ -28,7 +28,7 @@ from ..checks.registry import MODEL_LEVEL_CHECKS, SPECS
 from ..checks.workbench import Workbench
 from ..model import batches as B
 from ..model.build import build_model
-from ..model.errors import LibraryConfigError, OverrideConfigError, ShrinkError
+from ..model.errors import LibraryConfigError, OverrideConfigError, ShrinkError, WeightsError
 from ..model.multimodal import position_layout
 from ..model.resolve import ResolvedModel
 from ..model.twin import unshrunk_forward_reproduces
@@ -497,7 +497,8 @@ class CellRunner:
                 f"{exc.boundaries if len(exc.boundaries) <= 12 else [*exc.boundaries[:11], '...', exc.boundaries[-1]]} for a row of "
                 f"{exc.total} tokens: FlashAttention-2 would read outside the row"),
                 cause="flash_boundaries", evidence={"cu_seqlens": exc.boundaries, "tokens": exc.total})
-        own = own_fault(exc) if status == "error" and not isinstance(exc, (ResolveError, ShrinkError, LibraryConfigError, OverrideConfigError)) else None
+        own = own_fault(exc) if status == "error" and not isinstance(exc, (ResolveError, ShrinkError, LibraryConfigError, OverrideConfigError, WeightsError)) else None
+        # (a WeightsError is packcheck refusing the user's weights on purpose, not a crash of its code: its message stands)
         if own:  # packcheck's own probe code crashed, with no frame of the model or its libraries: packcheck's bug
             return CheckResult(status, {**metrics, "traceback": own}, (
                 f"packcheck's own code crashed in {stage} ({metrics.get('where')}), not the model: {_short(exc)}; "
@@ -530,7 +531,9 @@ class CellRunner:
             cause = "library_config"
         elif isinstance(exc, OverrideConfigError):
             cause = "override_config"
+        elif isinstance(exc, WeightsError):
+            cause = "weights_mismatch"
         if stage == "build":
-            text = str(exc) if isinstance(exc, ResolveError | LibraryConfigError | OverrideConfigError) else f"model build: {_short(exc)}"
+            text = str(exc) if isinstance(exc, ResolveError | LibraryConfigError | OverrideConfigError | WeightsError) else f"model build: {_short(exc)}"
             return CheckResult(status, metrics, text, cause=cause, evidence={"exception": _short(exc)} if cause else {})
         return CheckResult(status, metrics, _short(exc), cause=cause, evidence={"exception": _short(exc)} if cause else {})

@@ -271,6 +271,9 @@ class PackcheckSession:
         from ..analysis.diagnose import diagnose_document
 
         self.document = diagnose_document(build_document(cells, environment(self.settings.device), self.settings.as_dict(), command))
+        reused = len(set(self.results) & set(self.resumed))
+        if reused:  # said in every report: these cells' numbers are an earlier run's
+            self.document["resumed"] = {"cells": reused, "of": len(self.results)}
         if interrupted:
             self.document["incomplete"] = {"reason": reason or "the run was interrupted", "cells": finished,
                                            "resume": "rerun the same command with --packcheck-resume",
