@@ -169,7 +169,8 @@ def test_a_journal_of_random_bytes_is_named_as_not_a_packcheck_journal_and_empti
     path.write_text(json.dumps([1, 2]) + "\n")  # JSON, but no line is a record
     with pytest.warns(UserWarning, match="is not a packcheck journal: none of its 1 line\\(s\\) is a journal record \\(first: a line is a JSON list"):
         assert Journal(path, "fp").load() == {}
-    settings = SimpleNamespace(resume=True, report_dir=str(tmp_path), device="cpu", tolerances={}, as_dict=dict)
+    settings = SimpleNamespace(resume=True, report_dir=str(tmp_path), device="cpu", tolerances={}, as_dict=dict,
+                               models=["arch:llama"], model_source="--packcheck-models")
     with pytest.warns(UserWarning, match="is not a packcheck journal"):
         journal, resumed = open_journal(SimpleNamespace(), settings)
     assert resumed == {} and path.read_text() == ""  # emptied: the cells this run journals are all it holds

@@ -37,34 +37,60 @@ def fork_available() -> bool:
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def _hold_stop_signals() -> set[signal.Signals] | None:
-    """Block SIGINT and SIGTERM in this thread; return the mask to restore (None where there is no sigmask).
+class _HeldStopSignals:
+    """SIGINT and SIGTERM held while a cell child is forked, then delivered.
 
-    A stop signal that lands while ``os.fork`` runs its at-fork handlers (logging's ``_releaseLock``, say) raises
+    A stop signal that lands while ``os.fork`` runs its at-fork handlers (logging's ``_releaseLock``, say) raised
     KeyboardInterrupt inside the handler, where CPython only prints it as unraisable: the run went on and exited
-    0 with a complete-looking matrix (trial 6, #102). Blocked, the signal stays pending and is raised once the
-    fork has returned (``_release_stop_signals``); the forked child starts with it blocked and no pending signal
-    (POSIX), and unblocks it first thing, so a signal sent to the process group reaches it as before."""
-    if not hasattr(signal, "pthread_sigmask"):
-        return None
-    return signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    0 with a complete-looking matrix (trial 6, #102). A signal mask cannot hold it: the kernel hands a
+    process-directed signal to any thread that does not block it (torch's OpenMP team, execnet's IO thread) and
+    CPython still runs the Python handler in the main thread, wherever it is. So for the fork the Python handlers
+    only record the signal (:meth:`restore` puts the previous ones back), and :meth:`deliver` then calls the
+    previous handler (default_int_handler raises KeyboardInterrupt), after the fork has returned. Outside the main
+    thread (where handlers cannot be set) nothing is held."""
 
+    def __init__(self) -> None:
+        import threading
 
-def _release_stop_signals(previous: set[signal.Signals] | None) -> None:
-    if previous is not None:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        self.caught: list[int] = []
+        self.previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in _STOP_SIGNALS:
+                self.previous[sig] = signal.signal(sig, self._record)
+        self._held = dict(self.previous)
+
+    def _record(self, signum: int, frame: Any) -> None:
+        self.caught.append(signum)
+
+    def restore(self) -> None:
+        """Put the previous handlers back (in the parent after the fork, first thing in the child)."""
+        for sig, handler in self._held.items():
+            signal.signal(sig, handler)
+        self._held = {}
+
+    def deliver(self) -> None:
+        """Act on a stop signal that came while held, as its previous handler would have."""
+        for signum in dict.fromkeys(self.caught):
+            handler = self.previous.get(signum)
+            if callable(handler):
+                handler(signum, None)  # default_int_handler / stop_on_sigterm's: KeyboardInterrupt
+            elif handler == signal.SIG_DFL:
+                os.kill(os.getpid(), signum)
 
 
 def _child_main(cells: list[Any], run_cell: Callable[[Any], Any], conn: Any, log_path: str,
-                signal_mask: set[signal.Signals] | None = None) -> None:
+                held: _HeldStopSignals | None = None) -> None:
     """In the forked child: route stdout/stderr to the log, run the cells, send each result, exit hard."""
     _die_with_parent()
-    _release_stop_signals(signal_mask)
+    if held is not None:
+        held.restore()
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     code = 0
     try:
+        if held is not None:
+            held.deliver()  # a stop signal this child got before its handlers were back
         for cell in cells:
             conn.send(run_cell(cell).to_json())
     except BaseException:  # noqa: BLE001 - anything escaping the runner: report through the exit code
@@ -198,16 +224,15 @@ def run_isolated(
         reader, writer = ctx.Pipe(duplex=False)
         t_start = time.perf_counter()
         gc.freeze()  # the child's collector then skips the parent's objects: no copy-on-write of their pages
-        held = _hold_stop_signals()
+        held = _HeldStopSignals()
         try:
             proc = ctx.Process(target=_child_main, args=(pending, run_cell, writer, log_path, held), daemon=True)
             proc.start()
-        except BaseException:
-            _release_stop_signals(held)
-            raise
+        finally:
+            held.restore()
         writer.close()
         try:
-            _release_stop_signals(held)  # a Ctrl-C that came during the fork is raised here, with the child reaped below
+            held.deliver()  # a Ctrl-C that came during the fork is raised here, with the child reaped below
             while pending:
                 if not reader.poll(timeout_s or None):
                     proc.kill()
