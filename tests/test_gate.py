@@ -302,7 +302,8 @@ def test_merged_shards_reproduce_as_the_whole_audit(baseline_path, flag):
     for i, cells in enumerate((doc["cells"][:2], doc["cells"][2:]), start=1):
         shard = copy.deepcopy(doc)
         shard["cells"], shard["settings"]["shard"] = cells, [i, 2]
-        shard["command"] = " ".join(["packcheck audit --models arch:llama,arch:opt", *(w.format(i) for w in flag), "-n 0"])
+        shard["command"] = " ".join(["packcheck audit --models arch:llama,arch:opt", *(w.format(i) for w in flag), "-n 0",
+                                     f"--packcheck-report-dir=s{i}"])  # trial 8, 48: each shard in its own folder
         shards.append(shard)
     merged = merge(shards)
     assert merged["command"] == "packcheck audit --models arch:llama,arch:opt -n 0", merged["command"]

@@ -572,8 +572,9 @@ def merge(documents: list[dict[str, Any]], names: list[str] | None = None) -> di
 
 
 def _without_shard(command: str) -> str:
-    """``command`` without its ``--packcheck-shard`` (``=i/n`` or a separate ``i/n``): a shard's Reproduce line
-    reran that shard's models alone (trial 7, 86), the merged matrix is every shard's."""
+    """``command`` without its ``--packcheck-shard`` and ``--packcheck-report-dir`` (``=value`` or a separate
+    value): a shard's Reproduce line reran that shard's models alone (trial 7, 86; trial 8, 48: shards written to
+    their own folders differ by it too), the merged matrix is every shard's, written where the audit writes."""
     import shlex
 
     try:
@@ -582,11 +583,12 @@ def _without_shard(command: str) -> str:
         return command
     kept: list[str] = []
     skip = False
+    dropped = ("--packcheck-shard", "--packcheck-report-dir")
     for word in words:
         if skip:
             skip = False
-        elif word == "--packcheck-shard":
+        elif word in dropped:
             skip = True
-        elif not word.startswith("--packcheck-shard="):
+        elif not word.startswith(tuple(f"{flag}=" for flag in dropped)):
             kept.append(word)
     return shlex.join(kept) if len(kept) < len(words) else command
