@@ -124,6 +124,25 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_keyboard_interrupt(excinfo: pytest.ExceptionInfo[BaseException]) -> Any:
+    """Before pytest's terminal formats the Ctrl-C / SIGTERM traceback: drop the entries without a line number
+    (:func:`drop_lineless_entries`). A signal that lands on an instruction without one (CPython 3.11+) gave pytest's
+    formatter ``TypeError: unsupported operand type(s) for -: 'NoneType' and 'int'``: a traceback, exit 1 and a
+    matrix not marked incomplete instead of exit 130 (trial 8, 110)."""
+    drop_lineless_entries(excinfo.tb)
+    return (yield)
+
+
+def drop_lineless_entries(tb: Any) -> None:
+    """Unlink, in place, the entries after ``tb`` (a traceback chain) whose ``tb_lineno`` is None."""
+    while tb is not None and tb.tb_next is not None:
+        if tb.tb_next.tb_lineno is None:
+            tb.tb_next = tb.tb_next.tb_next
+        else:
+            tb = tb.tb_next
+
+
 def _scrub_interrupt_line(config: pytest.Config) -> None:
     """The "path:line: KeyboardInterrupt" line pytest's terminal prints after a Ctrl-C (its reporter keeps it
     until after this hook): the home directory there becomes ``~`` and a secret ``***``, as on every other line

@@ -900,3 +900,33 @@ def test_a_run_that_selects_no_cell_removes_the_earlier_matrix_and_says_so(pytes
     assert not any((reports / f.file).exists() for f in FORMATS)
     result.stdout.fnmatch_lines([("packcheck: no packcheck cell ran (deselected by -k 'nomatch'), so no matrix was written; "
                                  "the previous * were removed so they are not taken for this run's; this run emptied the journal *")])
+
+
+def test_a_traceback_entry_without_a_line_number_is_dropped_before_pytest_formats_the_interrupt():
+    """Trial 8, 110: a SIGTERM that landed on an instruction without a line number (CPython 3.11+) left a
+    traceback entry whose tb_lineno is None; pytest's formatter of the interrupt raised TypeError (exit 1, a
+    traceback, a matrix not marked incomplete). The entry is unlinked first; a planted chain with two such
+    entries keeps the others in order."""
+    from types import SimpleNamespace
+
+    from pytest_packcheck.plugin import drop_lineless_entries
+
+    def chain(*linenos):
+        head = None
+        for n in reversed(linenos):
+            head = SimpleNamespace(tb_lineno=n, tb_next=head)
+        return head
+
+    tb = chain(10, None, 20, None, None, 30)
+    drop_lineless_entries(tb)
+    got = []
+    while tb is not None:
+        got, tb = [*got, tb.tb_lineno], tb.tb_next
+    assert got == [10, 20, 30]
+    real = None
+    try:
+        raise KeyboardInterrupt
+    except KeyboardInterrupt as exc:
+        real = exc.__traceback__
+    drop_lineless_entries(real)  # a real chain with every line number: unchanged
+    assert real.tb_lineno is not None and real.tb_next is None
