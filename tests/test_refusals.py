@@ -313,6 +313,11 @@ def test_a_size_or_unknown_key_from_packcheck_config_names_that_option():
         with pytest.raises(PackcheckUsageError, match=r"from --packcheck-models\) is not a size") as own:  # the spec's own value
             resolve_model(parse_model_spec("arch:llama{hidden_size=-1}", "--packcheck-models"), "--packcheck-models")
         assert "--packcheck-config" not in str(own.value)
+        # trial 8, 145: NaN != NaN, so a NaN folded in by --packcheck-config was named as typed in the spec
+        configs.CONFIG_OPTION_OVERRIDES.update({"hidden_size": float("nan")})
+        with pytest.raises(PackcheckUsageError, match=r"\(from --packcheck-config hidden_size=NaN, applied to model spec "
+                                                      r"'arch:llama' from --packcheck-models\)"):
+            resolve_model(parse_model_spec("arch:llama{hidden_size=NaN}", "--packcheck-models"), "--packcheck-models")
     finally:
         configs.CONFIG_OPTION_OVERRIDES.clear()
 

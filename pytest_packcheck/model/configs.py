@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
+import math
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,12 @@ def _holder(config: Any, key: str) -> Any:
 CONFIG_OPTION_OVERRIDES: dict[str, Any] = {}
 
 
+def _same(a: Any, b: Any) -> bool:
+    """``a == b``, with NaN equal to NaN: ``--packcheck-config hidden_size=NaN`` was named as typed in the model
+    spec, since NaN != NaN (trial 8, 145)."""
+    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
+
+
 def _origin(key: str, value: Any, spec: ModelSpec, source: str, lead: str = "in model spec") -> str:
     """Where the override ``key=value`` came from, for a message's parenthesis, each override named by its own
     source: ``from --packcheck-config key=value, applied to model spec '<spec as typed>' from <source>`` when that
@@ -104,10 +111,10 @@ def _origin(key: str, value: Any, spec: ModelSpec, source: str, lead: str = "in 
     from ..config.options import OPT_CONFIG
     from .specs import format_overrides
 
-    folded = [(k, v) for k, v in spec.overrides if k in CONFIG_OPTION_OVERRIDES and CONFIG_OPTION_OVERRIDES[k] == v]
-    own = [(k, v) for k, v in spec.overrides if (k, v) not in folded]
+    folded = [(k, v) for k, v in spec.overrides if k in CONFIG_OPTION_OVERRIDES and _same(CONFIG_OPTION_OVERRIDES[k], v)]
+    own = [(k, v) for k, v in spec.overrides if not any(k == f and _same(v, w) for f, w in folded)]
     typed = spec.raw.partition("{")[0] + (f"{{{format_overrides(own)}}}" if own else "") if folded else spec.raw
-    if (key, value) in folded:
+    if any(key == f and _same(value, w) for f, w in folded):
         return f"from {OPT_CONFIG} {format_overrides([(key, value)])}, applied to model spec '{typed}' from {source}"
     applied = f", with {OPT_CONFIG} {format_overrides(folded)} applied" if folded else ""
     return f"{lead} '{typed}' from {source}{applied}"
