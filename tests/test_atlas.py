@@ -578,7 +578,8 @@ def test_committed_atlas_is_compact_and_names_what_is_missing():
     assert total < 10 * 1024 * 1024, total
     support = load_support(out / "support.json")
     md = (out / "atlas.md").read_text()
-    assert support["releases"] and ("Not measured yet: none." in md) == (not support["missing"])
+    coverage = md[md.index("## Coverage"):md.index("## Per architecture")]  # the TRL axis has its own line further down
+    assert support["releases"] and ("Not measured yet: none." in coverage) == (not support["missing"])
     for version in support["missing"]:
         assert version in md
 
