@@ -930,3 +930,34 @@ def test_a_traceback_entry_without_a_line_number_is_dropped_before_pytest_format
         real = exc.__traceback__
     drop_lineless_entries(real)  # a real chain with every line number: unchanged
     assert real.tb_lineno is not None and real.tb_next is None
+
+
+def test_a_second_stop_signal_while_the_first_is_handled_is_noted_not_a_traceback(pytester):
+    """Trial 9, 59 / 62: `timeout` sends SIGTERM to the process and to its group, a user presses Ctrl-C twice:
+    the second signal raised KeyboardInterrupt inside pytest's own interrupt handling (a traceback, exit 1, a
+    matrix that named no cell). Planted: a Ctrl-C as the second cell starts, and a second SIGINT from inside
+    pytest's keyboard-interrupt hook."""
+    pytester.makeconftest(textwrap.dedent("""
+        import os, signal
+        import pytest
+
+        seen = []
+
+        @pytest.hookimpl(hookwrapper=True)
+        def pytest_runtest_call(item):
+            seen.append(item.nodeid)
+            if len(seen) == 2:  # the first cell finished
+                os.kill(os.getpid(), signal.SIGINT)
+            yield
+
+        @pytest.hookimpl(tryfirst=True)
+        def pytest_keyboard_interrupt(excinfo):
+            os.kill(os.getpid(), signal.SIGINT)  # the second signal, while the first is being handled
+    """))
+    result = pytester.runpytest_subprocess("--packcheck-models=arch:llama", "--packcheck-attn=sdpa", "-p", "no:cacheprovider",
+                                           "--packcheck-checks=isolation,logits_parity", "--packcheck-isolation=none")
+    assert result.ret == pytest.ExitCode.INTERRUPTED, result.stdout.str()[-2000:]
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()
+    assert "packcheck: already stopping" in result.stderr.str()
+    doc = json.loads((pytester.path / "reports" / "packcheck-matrix.json").read_text())
+    assert doc["incomplete"]["reason"] == "the run was interrupted" and doc["incomplete"]["cells"] == 1

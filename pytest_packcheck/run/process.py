@@ -151,17 +151,55 @@ def _check_run_inputs(path: Path, settings: Any) -> None:
 def stop_on_sigterm(config: pytest.Config) -> None:
     """On the controller, SIGTERM (what CI time limits and `kill` send) stops the run the way Ctrl-C does, so
     the matrix of the cells that finished is written, marked incomplete, instead of the process dying with the
-    previous run's matrix left in place. Only where nothing else handles SIGTERM."""
+    previous run's matrix left in place. Only where nothing else handles SIGTERM (and SIGINT: Python's own
+    handler). The first stop signal raises KeyboardInterrupt; the ones after it only say that the run is
+    stopping: ``timeout`` sends SIGTERM to the process and to its group (two signals), a user presses Ctrl-C
+    twice, and the second one raised inside pytest's own interrupt handling: a traceback, exit 1 and a matrix that
+    named no cell (trial 9, 59 / 62). SIGKILL still stops at once."""
     import signal
     import threading
 
     if hasattr(config, "workerinput") or threading.current_thread() is not threading.main_thread():
         return
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        def stop(signum: int, frame: Any) -> None:
-            raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")
+    owned = [sig for sig, default in ((signal.SIGTERM, signal.SIG_DFL), (signal.SIGINT, signal.default_int_handler))
+             if signal.getsignal(sig) is default]
+    for sig in owned:
+        _OWNED_STOP_SIGNALS[sig] = signal.signal(sig, _stop)
 
-        signal.signal(signal.SIGTERM, stop)
+
+def release_stop_signals() -> None:
+    """Give the stop signals back to the handlers :func:`stop_on_sigterm` found (pytest_unconfigure): a process
+    that runs several sessions (pytester, ``packcheck audit`` called in-process) keeps Python's own Ctrl-C."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig, previous in list(_OWNED_STOP_SIGNALS.items()):
+        if signal.getsignal(sig) in (_stop, _already_stopping):
+            signal.signal(sig, previous)
+        del _OWNED_STOP_SIGNALS[sig]
+
+
+#: The stop signals :func:`stop_on_sigterm` handles in this process, with the handler each had before.
+_OWNED_STOP_SIGNALS: dict[int, Any] = {}
+
+
+def _stop(signum: int, frame: Any) -> None:
+    """The first stop signal: KeyboardInterrupt (SIGINT's plain, SIGTERM's naming it); later ones are noted only."""
+    import signal
+
+    for sig in _OWNED_STOP_SIGNALS:
+        signal.signal(sig, _already_stopping)
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")
+
+
+def _already_stopping(signum: int, frame: Any) -> None:
+    import os
+
+    os.write(2, b"\npackcheck: already stopping: the finished cells are being written (kill -9 stops at once)\n")
 
 
 def pin_worker_gpu(config: pytest.Config, device: str) -> None:

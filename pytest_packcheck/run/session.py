@@ -22,7 +22,7 @@ import pytest
 from ..config.settings import Settings
 from ..errors import PackcheckUsageError, PackcheckWarning
 from .items import RESULT_PROPERTY, PackcheckCollector, PackcheckItem
-from .process import check_inputs, fork_poisoned, limit_threads, pin_worker_gpu, stop_on_sigterm
+from .process import check_inputs, fork_poisoned, limit_threads, pin_worker_gpu, release_stop_signals, stop_on_sigterm
 from .progress import Progress
 from .resume import open_journal
 from .version_cells import VersionCells
@@ -60,7 +60,8 @@ class PackcheckSession:
         self.version_cells = VersionCells(config, settings)
 
     def release(self) -> None:
-        """Release the report folder (pytest_unconfigure)."""
+        """Release the report folder and the stop signals (pytest_unconfigure)."""
+        release_stop_signals()
         lock = self._report_lock
         if lock is not None and lock.is_locked:
             lock.release(force=True)
