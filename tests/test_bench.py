@@ -199,7 +199,7 @@ def test_bench_cli_refuses_bad_input_before_measuring(tmp_path):
         (["--name", "../escape"], "--name '../escape' must be a file name stem without a path"),
         # a token as --name named the files and was printed with their paths: refused, never echoed
         (["--name", "sk-TrIaL2skSecret0123456789abcdef"], "--name looks like an access token"),
-        (["--name", ""], "--name '' must be a file name stem without a path"),
+        (["--name", ""], "Empty value '' for --name (from the command line)"),  # the one rule for empty values
         (["-o", str(blocker / "sub")], f"Output directory '{blocker / 'sub'}' (from -o/--output-dir) is not writable"),
         (["--attn", "flex_attention"], "Backend 'flex_attention' (from --attn) cannot train on cpu: flex_attention has no backward"),
         (["--profile", str(tmp_path / "missing.txt")], f"Length file '{tmp_path / 'missing.txt'}' (from --profile) does not exist"),
