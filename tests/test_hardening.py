@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -961,3 +962,40 @@ def test_a_second_stop_signal_while_the_first_is_handled_is_noted_not_a_tracebac
     assert "packcheck: already stopping" in result.stderr.str()
     doc = json.loads((pytester.path / "reports" / "packcheck-matrix.json").read_text())
     assert doc["incomplete"]["reason"] == "the run was interrupted" and doc["incomplete"]["cells"] == 1
+
+
+def test_a_ctrl_c_before_the_session_and_a_second_one_during_the_cleanup_leave_no_stale_matrix(tmp_path, monkeypatch, capfd):
+    """Trial 9, 211: a first Ctrl-C while pytest was still loading plugins came out of `packcheck audit` as a
+    traceback, and a second one 10 ms later hit the removal of the previous matrix: exit 130 beside the earlier
+    run's Markdown / JSON / HTML, not marked. Planted: pytest.main raises KeyboardInterrupt, and a SIGINT arrives
+    as the previous matrix is being removed."""
+    import signal
+
+    from pytest_packcheck import cli
+    from pytest_packcheck.cli import audit as audit_cli
+    from pytest_packcheck.report.formats import REPORT_FILES
+
+    for name in REPORT_FILES:
+        (tmp_path / name).write_text("an earlier run's\n")
+        os.utime(tmp_path / name, (time.time() - 60, time.time() - 60))
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    real = audit_cli._discard_previous_matrix
+
+    def second_ctrl_c(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pytest, "main", interrupted)
+    monkeypatch.setattr(audit_cli, "_discard_previous_matrix", second_ctrl_c)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (an xdist worker ignores it)
+    try:
+        code = cli.main(["audit", "--models", "arch:llama", "--packcheck-report-dir", str(tmp_path), "-n", "0"])
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    err = capfd.readouterr().err
+    assert code == 130 and "Traceback" not in err, err
+    assert not any((tmp_path / name).exists() for name in REPORT_FILES), sorted(p.name for p in tmp_path.iterdir())
+    assert "already stopping" in err and "were removed so they are not taken for this run's" in err

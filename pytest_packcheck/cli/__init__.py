@@ -231,6 +231,9 @@ def _run(name: str, run: Any) -> int:
         code = run()
         sys.stdout.flush()  # a closed pipe shows here, not as "Exception ignored" at interpreter exit
         return code
+    except KeyboardInterrupt:  # Ctrl-C outside a pytest session (gate, merge, lookup, audit's start): 128 + SIGINT
+        print(f"\npackcheck {name}: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # `packcheck lookup ... | head -2`: the reader closed the pipe; exit 128 + SIGPIPE
         _fd_to_devnull(sys.stdout)
         return 141

@@ -204,10 +204,16 @@ def run(ns: argparse.Namespace) -> int:
                 "-c", os.devnull, *(["-q"] if ns.quiet else []), "-rN", "--tb=no", *args, *ns.pytest_args]
         gate = _BaselineGate()
         started = time.time()
-        code = pytest.main(full, plugins=[gate])
+        try:
+            code = pytest.main(full, plugins=[gate])
+        except KeyboardInterrupt:  # before pytest's session could catch it (plugins loading, the config parsed)
+            code = pytest.ExitCode.INTERRUPTED
     if code in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.NO_TESTS_COLLECTED):
-        _discard_previous_matrix(Path(ns.packcheck_report_dir or default_of(OPT_REPORT_DIR)), started,
-                                 "interrupted before it wrote a matrix" if code == pytest.ExitCode.INTERRUPTED else "checked nothing")
+        from ..run.process import already_stopping
+
+        with already_stopping():  # a second Ctrl-C must not leave the previous matrix half removed (trial 9, 211)
+            _discard_previous_matrix(Path(ns.packcheck_report_dir or default_of(OPT_REPORT_DIR)), started,
+                                     "interrupted before it wrote a matrix" if code == pytest.ExitCode.INTERRUPTED else "checked nothing")
     if code in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
         if gate.regressions:
             # --packcheck-baseline: the gate's table and count are printed; a regression fails the audit as it
