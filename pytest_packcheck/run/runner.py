@@ -239,23 +239,18 @@ def size_independent_crash(exc: BaseException) -> str | None:
         # the model's forward refused the call as packcheck made it, which mirrors Trainer (num_items_in_batch where
         # Trainer's model_accepts_loss_kwargs hands it over: 4.52's OpenLlamaForCausalLM has no **kwargs for it)
         return f"a call its own signature refuses, at {str(exc).split('(', 1)[0]}"
-    frames = traceback.extract_tb(exc.__traceback__)
-    if not frames or _library_frame(os.path.abspath(frames[-1].filename)):
-        # raised in packcheck, torch or the stdlib: the deepest frame of the model's code made the call
-        if not (isinstance(exc, TypeError) and _CODE_SHAPE.search(str(exc))):
-            return None
-        callers = [f for f in frames if not _library_frame(os.path.abspath(f.filename))]
-        if not callers:
-            return None
-        where = callers[-1]
-    else:
-        where = frames[-1]
     if isinstance(exc, (UnboundLocalError, NameError)):
         kind = "a name read before the code bound it"
     elif isinstance(exc, (TypeError, ValueError)) and _CODE_SHAPE.search(str(exc)):
         kind = "a call its own signature refuses"
     else:
         return None
+    frames = traceback.extract_tb(exc.__traceback__)
+    callers = [f for f in frames if not _library_frame(os.path.abspath(f.filename))]
+    if not callers or (callers[-1] is not frames[-1] and not isinstance(exc, TypeError)):
+        # raised in packcheck, torch or the stdlib: only a refused call is the model's, made by its deepest frame
+        return None
+    where = callers[-1]
     return f"{kind}, at {os.path.basename(where.filename)}:{where.lineno} in {where.name}"
 
 
