@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import shlex
+import signal
 import sys
 import warnings
 from collections.abc import Iterator
@@ -150,6 +151,10 @@ def _check_run_inputs(path: Path, settings: Any) -> None:
             )
 
 
+#: The signals that stop a run: Ctrl-C, and SIGTERM from CI limits and ``kill`` (:func:`stop_on_sigterm`).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 def stop_on_sigterm(config: pytest.Config) -> None:
     """On the controller, SIGTERM (what CI time limits and `kill` send) stops the run the way Ctrl-C does, so
     the matrix of the cells that finished is written, marked incomplete, instead of the process dying with the
@@ -158,7 +163,6 @@ def stop_on_sigterm(config: pytest.Config) -> None:
     stopping: ``timeout`` sends SIGTERM to the process and to its group (two signals), a user presses Ctrl-C
     twice, and the second one raised inside pytest's own interrupt handling: a traceback, exit 1 and a matrix that
     named no cell (trial 9, 59 / 62). SIGKILL still stops at once."""
-    import signal
     import threading
 
     if hasattr(config, "workerinput") or threading.current_thread() is not threading.main_thread():
@@ -172,7 +176,6 @@ def stop_on_sigterm(config: pytest.Config) -> None:
 def release_stop_signals() -> None:
     """Give the stop signals back to the handlers :func:`stop_on_sigterm` found (pytest_unconfigure): a process
     that runs several sessions (pytester, ``packcheck audit`` called in-process) keeps Python's own Ctrl-C."""
-    import signal
     import threading
 
     if threading.current_thread() is not threading.main_thread():
@@ -189,7 +192,6 @@ _OWNED_STOP_SIGNALS: dict[int, Any] = {}
 
 def _stop(signum: int, frame: Any) -> None:
     """The first stop signal: KeyboardInterrupt (SIGINT's plain, SIGTERM's naming it); later ones are noted only."""
-    import signal
 
     for sig in _OWNED_STOP_SIGNALS:
         signal.signal(sig, _already_stopping)
@@ -203,13 +205,12 @@ def already_stopping() -> Iterator[None]:
     """While the files of a run that is stopping are put right (``packcheck audit`` removing the previous matrix
     after an interrupt), a further SIGINT / SIGTERM is only noted: a second Ctrl-C 10 ms after the first left the
     earlier run's matrix in place beside a traceback (trial 9, 211). The handlers are given back after."""
-    import signal
     import threading
 
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {sig: signal.signal(sig, _already_stopping) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, _already_stopping) for sig in STOP_SIGNALS}
     try:
         yield
     finally:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config.options import OPT_TIMEOUT, default_of
+from .process import STOP_SIGNALS
 
 #: Default seconds a single cell may run (model build included) before its child is killed: --packcheck-timeout's.
 DEFAULT_TIMEOUT_S: float = default_of(OPT_TIMEOUT)
@@ -31,10 +32,6 @@ def fork_available() -> bool:
     import multiprocessing
 
     return "fork" in multiprocessing.get_all_start_methods()
-
-
-#: The signals that stop a run (Ctrl-C; SIGTERM from CI limits and ``kill``, see ``process.stop_on_sigterm``).
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class _HeldStopSignals:
@@ -55,7 +52,7 @@ class _HeldStopSignals:
         self.caught: list[int] = []
         self.previous: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
-            for sig in _STOP_SIGNALS:
+            for sig in STOP_SIGNALS:
                 self.previous[sig] = signal.signal(sig, self._record)
         self._held = dict(self.previous)
 
