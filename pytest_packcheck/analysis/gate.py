@@ -561,7 +561,7 @@ def merge(documents: list[dict[str, Any]], names: list[str] | None = None) -> di
     else:
         out.pop("incomplete", None)
     if shards and not differ:  # the merged matrix reproduces as the whole audit: each shard's command without its shard
-        whole = list(dict.fromkeys(_without_shard(doc.get("command", "")) for doc in documents))
+        whole = list(dict.fromkeys(_whole_audit_command(doc.get("command", "")) for doc in documents))
         if len(whole) == 1:
             out["command"] = whole[0]
     if differ:
@@ -571,7 +571,7 @@ def merge(documents: list[dict[str, Any]], names: list[str] | None = None) -> di
     return out
 
 
-def _without_shard(command: str) -> str:
+def _whole_audit_command(command: str) -> str:
     """``command`` without its ``--packcheck-shard`` and ``--packcheck-report-dir`` (``=value`` or a separate
     value): a shard's Reproduce line reran that shard's models alone (trial 7, 86; trial 8, 48: shards written to
     their own folders differ by it too), the merged matrix is every shard's, written where the audit writes."""
@@ -584,11 +584,12 @@ def _without_shard(command: str) -> str:
     kept: list[str] = []
     skip = False
     dropped = ("--packcheck-shard", "--packcheck-report-dir")
+    joined = tuple(f"{flag}=" for flag in dropped)
     for word in words:
         if skip:
             skip = False
         elif word in dropped:
             skip = True
-        elif not word.startswith(tuple(f"{flag}=" for flag in dropped)):
+        elif not word.startswith(joined):
             kept.append(word)
     return shlex.join(kept) if len(kept) < len(words) else command
