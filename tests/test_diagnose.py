@@ -329,3 +329,18 @@ def test_version_advice_comes_from_the_known_fault_windows_not_from_code():
     assert remedy("packing_content", content, {"trl": "0.27.2"}).startswith("upgrade TRL to >= 0.29.0")
     assert remedy("packing_content", content, {"trl": "1.16.0"}).startswith("truncate examples to max_length")
     assert not re.search(r"\d+\.\d+\.\d+", inspect.getsource(diagnose.remedy))
+
+
+def test_no_cause_remedy_names_an_upgrade_only_known_faults_do():
+    """checks/causes.py's rule: advice that depends on a library version is the remedy of a known fault (its window,
+    its fixed_in), never a cause's own. padded_normalisation's own remedy said "compare with transformers >= 5.10.1"
+    and reached gpt2 on 5.24.0 (trial 9 #185); completion_mask's said "upgrade TRL to >= 0.20.0" on every TRL."""
+    import re
+
+    from pytest_packcheck.checks.causes import CAUSE_RECORDS
+    from pytest_packcheck.versions.libraries import find_upgrade
+
+    release = re.compile(r"(?:>=|<=|>|<)\s*\d+\.\d+")
+    for code, cause in CAUSE_RECORDS.items():
+        for text in (cause.remedy, *(r.shown for r in cause.when)):
+            assert find_upgrade(text) is None and not release.search(text), (code, text)

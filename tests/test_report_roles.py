@@ -213,3 +213,38 @@ def test_a_hazard_probe_wrong_without_the_hazard_too_is_not_hazard_shown():
     details = render_details(doc)
     assert "<summary>❌ fail opt</summary>" in details and "<summary>✅ pass (🔶 hazards, 🔷 stack findings) llama</summary>" in details
     assert HAZARD_UNMEASURED in render_markdown(doc)
+
+
+def test_a_trainers_padded_run_that_is_off_is_a_hazard_never_a_packing_failure():
+    """Trial 9 #184 / #185: gpt2 on transformers 5.24.0, packed Trainer and SFTTrainer runs pass, only the trainers'
+    own padded runs are off (loss x28/31, padded_normalisation: GPT2LMHeadModel.loss_type is None). The cell was ❌
+    under "Do not pack" and the remedy named transformers >= 5.10.1 on 5.24.0. Now the padded runs are hazards
+    (🔶, the cell ✅), and no remedy names a release the cell already has."""
+    from pytest_packcheck.report import matrix_counts, render_html, render_markdown
+    from pytest_packcheck.report.verdicts import check_mark
+
+    padded = dict(max_loss_delta=0.6, loss_ratio=28 / 31, label_tokens_shifted_over_unshifted=28 / 31, normalisation="divides by the label count before the shift")
+    cells = [_cell("gpt2", "sdpa", "trainer", "pass", None, max_loss_delta=4.8e-07),
+             _cell("gpt2", "sdpa", "sft", "pass", None, loss_delta=1e-6),
+             _cell("gpt2", "sdpa", "trainer_padded", "fail", "padded_normalisation", **padded),
+             _cell("gpt2", "sdpa", "sft_padded", "fail", "padded_normalisation", **padded)]
+    doc = _doc(cells)
+    n = matrix_counts(doc["cells"])
+    assert dict(n["cells"]) == {"pass": 1} and n["hazards"] == (2, 2), n
+    # a results file of the packcheck before this change records them as correctness: read as the registry says
+    older = [dict(c, role="correctness") if c["check"].endswith("_padded") else c for c in doc["cells"]]
+    assert matrix_counts(older) == n
+    for c in doc["cells"]:
+        if c["check"].endswith("_padded"):
+            assert check_mark(c)[:2] == ("🔶", "hazard shown")
+            assert c["diagnosis"]["known_faults"] == ["trainer-num-items-unshifted-without-causal-loss-type"]
+            assert "5.10.1" not in c["diagnosis"]["remedy"] and "hand-written" in c["diagnosis"]["remedy"]
+    md = render_markdown(doc)
+    do_not_pack = md.split("### Do not pack", 1)[1].split("###", 1)[0]
+    assert "gpt2" not in do_not_pack and "- **gpt2**: safe on sdpa." in md, do_not_pack
+    assert "🔶 6.0e-01 (loss x0.903)" in md and "❌" not in md.split("## Matrix", 1)[1].split("## Legend", 1)[0]
+    assert ">= 5.10.1" not in md and ">= 5.10.1" not in render_html(doc)
+    # on 4.57.6 the same cell is inside the fixed fault's window: its remedy, the upgrade, is the right one there
+    old = _doc([dict(c, env={"label": "4.57.6", "versions": {"transformers": "4.57.6"}}) for c in cells])
+    remedies = {c["diagnosis"]["remedy"] for c in old["cells"] if c["check"].endswith("_padded")}
+    assert remedies and all("5.10.1" in r for r in remedies), remedies

@@ -243,7 +243,7 @@ def test_real_first_batch_on_4_57_1_trl_0_24_is_measured_as_training(pytester, m
 
 
 @pytest.mark.slow
-def test_real_padded_trainer_before_5_10_is_a_verdict(pytester, monkeypatch, version_cache):
+def test_real_padded_trainer_before_5_10_is_a_hazard_shown(pytester, monkeypatch, version_cache):
     """transformers 4.56.2: Trainer's and SFTTrainer's own padded runs divide by the label count before the
     shift (loss x0.9032 = 28/31 for the Trainer): trainer_padded and sft_padded fail with padded_normalisation."""
     cells = _audit(pytester, monkeypatch, version_cache, ["transformers==4.56.2 & trl==0.20.0"], "arch:llama",

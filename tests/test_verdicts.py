@@ -25,7 +25,7 @@ def test_every_check_is_described_once_and_loads():
 
             assert spec.tolerance in load_tolerances(None, None, "test")[0]["float32"], spec.name
     assert set(DEFAULT_CHECKS) | set(TRAINING_CHECKS) | set(VARIANT_CHECKS) == set(CHECKS)
-    assert {s.name for s in REGISTRY if s.role == "hazard"} == {"cache_trap", "mask_trap", *VARIANT_CHECKS}
+    assert {s.name for s in REGISTRY if s.role == "hazard"} == {"cache_trap", "mask_trap", "trainer_padded", "sft_padded", *VARIANT_CHECKS}
     assert set(VARIANT_CHECKS) == {"offset_positions", "cu_seq_lens", "segment_masks"}
     assert {s.name for s in REGISTRY if s.role == "finding"} == {"collate", "collate_trl", "packing_content"}
 

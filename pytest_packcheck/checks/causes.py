@@ -130,9 +130,9 @@ _CAUSES: tuple[Cause, ...] = (
           "an attention_mask beside the packed row overrides its boundaries",
           "do not pass attention_mask with packed rows (drop it from the batch)",
           when=(Remedy(checks=("sft", "sft_padding_free", "sft_strategies"), text=(
-              "set padding_free=True in SFTConfig (TRL >= 0.16) so packed rows carry position_ids and no attention_mask, "
-              "or upgrade TRL (from 0.21 bfd packing turns padding-free on; from 0.23.1 position_ids reach every "
-              "backend)")),)),
+              "set padding_free=True in SFTConfig so packed rows carry position_ids and no attention_mask; the cell's "
+              "row contract says what TRL's collator sent (a TRL release that sends an attention_mask is a known fault, "
+              "with its upgrade)")),)),
     Cause("ignores_position_ids",
           "the model ignores position_ids (restarting them changes nothing)",
           "not supported for this architecture: disable packing for it"),
@@ -192,16 +192,16 @@ _CAUSES: tuple[Cause, ...] = (
     Cause("padded_normalisation",
           "the trainer's own padded run divides by the label count before the causal shift (the padded side is "
           "wrong)",
-          "the padded baseline is off, not the packed run: compare with transformers >= 5.10.1 (counts after the "
-          "shift) or a hand-written reference"),
+          "the padded baseline is off, not the packed run: compare packed runs with a correctly normalised padded "
+          "reference (label tokens counted after the shift, as packcheck's hand-written one is)"),
     Cause("padded_mismatch",
           "the trainer's own padded run differs from the hand-written reference, not by the unshifted label count",
           "the padded baseline is off, not the packed run: see the padded cell's per-step losses; compare packed "
           "runs with a hand-written reference"),
     Cause("completion_mask",
           "prompt tokens keep their labels in the packed row: the completion mask is lost, prompts are trained",
-          "upgrade TRL to >= 0.20.0 (the packer of 0.17.0 - 0.19.1 drops the completion_mask column, so prompts are "
-          "trained), or mask the prompt labels yourself before packing; check with the sft cell"),
+          "mask the prompt labels yourself before packing (set them to -100), or use a TRL whose packer keeps the "
+          "completion_mask column; check with the sft cell"),
     Cause("packed_mismatch",
           "the packed run differs from the reference, and no probe in the cell could say why",
           "rerun with the current packcheck: it names the cause"),
@@ -246,8 +246,7 @@ _CAUSES: tuple[Cause, ...] = (
           "the model's or TRL's code branches on the name flash_attention_2, so under packcheck's stand-in it takes "
           "the non-flash side: the cell says nothing about real FA2 (not checked)",
           "check this cell with flash_attention_2 on a GPU (the stand-in cannot take the branch real FA2 takes, see "
-          "the evidence's file:line); or upgrade the library that branches (TRL >= 0.23.1 sends position_ids to "
-          "every backend)"),
+          "the evidence's file:line); or upgrade the library that branches to a release that no longer does"),
     Cause("non_finite",
           "a run produced NaN or infinite numbers (gradients, logits): where only the packed run does, a fail; "
           "where the reference does, no comparison is possible",

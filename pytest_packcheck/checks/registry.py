@@ -12,7 +12,9 @@ Roles decide what a verdict means for a matrix cell:
   micro-batch) trains the model the same as padding. Only these checks decide the cell's headline: ✅ means
   every one that ran passed.
 - ``hazard``: a fact about using the model outside that contract (a cache, an ``attention_mask`` beside the
-  packed row). True and worth saying, once per stack; never a model failure.
+  packed row), or about the padded baseline packing is compared with (``trainer_padded`` / ``sft_padded``: a
+  trainer's own padded run that is itself off says nothing against packing). True and worth saying, once per
+  stack; never a model failure.
 - ``finding``: a fact about the library stack that does not depend on the model (the collators' contracts,
   TRL's packer). Reported once per environment with the count of models it was measured on.
 """
@@ -29,8 +31,9 @@ from .causes import CAUSES
 ROLES = {
     "correctness": "decides the cell: padding-free packing, fed as transformers' Trainer and TRL feed it, trains the "
                    "model the same as padding",
-    "hazard": "a usage hazard outside that contract (a cache, an attention_mask beside the packed row): reported once per "
-              "stack, never a model failure",
+    "hazard": "a usage hazard outside that contract (a cache, an attention_mask beside the packed row, a trainer's own "
+              "padded run that is itself off as the baseline packing is compared with): reported once per stack, never a "
+              "model failure",
     "finding": "a fact of the library stack (collator contract, TRL's packer), independent of the model: reported once per "
                "environment",
 }
@@ -305,7 +308,7 @@ REGISTRY: tuple[CheckSpec, ...] = (
               key_metric=KeyMetric("max_loss_delta", "loss Δ"), tolerance="train_loss_atol",
               causes=("cache_trap", "loss_normalisation", "leak", "stateful_layers", "packed_mismatch", "padded_normalisation"),
               suite="training", gate=True),
-    CheckSpec(name="trainer_padded", function="training:check_trainer_padded", level="backend", role="correctness",
+    CheckSpec(name="trainer_padded", function="training:check_trainer_padded", level="backend", role="hazard",
               summary="transformers' Trainer's own padded run (a padding collator), 3 SGD steps vs the hand-written padded "
                       "reference: the padded side's verdict (its label count before the shift)",
               key_metric=KeyMetric("max_loss_delta", "loss Δ"), tolerance="train_loss_atol",
@@ -318,7 +321,7 @@ REGISTRY: tuple[CheckSpec, ...] = (
               key_metric=KeyMetric("loss_delta", "loss Δ"), tolerance="train_loss_atol",
               causes=("completion_mask", "mask_override", "collator_contract", "boundary_labels", *_PARITY_CAUSES, "loss_normalisation", "packed_mismatch"),
               suite="training", requires=("trl",), gate=True),
-    CheckSpec(name="sft_padded", function="sft:check_sft_padded", level="backend", role="correctness",
+    CheckSpec(name="sft_padded", function="sft:check_sft_padded", level="backend", role="hazard",
               summary="TRL's SFTTrainer's own padded run (packing=False), 3 steps vs the hand-written padded reference: the "
                       "padded side's verdict",
               key_metric=KeyMetric("max_loss_delta", "loss Δ"), tolerance="train_loss_atol",

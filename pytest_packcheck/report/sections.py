@@ -15,6 +15,7 @@ from .text import cut, escape_md, fmt_metric
 from .verdicts import (
     ROLE_MARKS,
     cause_label,
+    check_mark,
     check_order,
     coverage,
     env_label,
@@ -333,9 +334,10 @@ TRAINING_MODES = (
 
 
 def training_entry(cell: dict[str, Any], read: str) -> str:
-    """One training-mode cell: verdict symbol and the number behind it (max per-step loss delta vs padded)."""
+    """One training-mode cell: verdict symbol (by the check's role, :func:`check_mark`: a padded run that is off is
+    🔶, a hazard, never ❌) and the number behind it (max per-step loss delta vs padded)."""
     m = cell.get("metrics", {})
-    sym = SYMBOLS[cell["status"]]
+    sym = check_mark(cell)[0]
     if cell["status"] in ("skipped", "unsupported", "error", "timeout", "oom"):
         return sym
     if read == "trainer":

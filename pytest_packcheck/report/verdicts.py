@@ -66,8 +66,10 @@ def cell_status(statuses: list[str]) -> str:
 
 
 def role_of(cell: dict[str, Any]) -> str:
-    """The cell's role: as recorded in the cell, else the registry's, else ``correctness`` (an unknown check)."""
-    return cell.get("role") or (SPECS[cell["check"]].role if cell["check"] in SPECS else "correctness")
+    """The cell's role: the registry's for a check it knows (a results file of an earlier packcheck may record
+    another: ``trainer_padded`` / ``sft_padded`` were correctness checks before they became hazards), else as
+    recorded in the cell, else ``correctness`` (an unknown check from a newer packcheck)."""
+    return SPECS[cell["check"]].role if cell["check"] in SPECS else (cell.get("role") or "correctness")
 
 
 def cause_label(cause: str) -> str:
