@@ -264,6 +264,26 @@ def test_a_baseline_cell_the_candidate_lacks_is_labelled_missing_never_better_or
     assert re.search(r"\| missing +\|", summary) and "**REGRESSION (missing)**" in summary
 
 
+def test_a_cell_an_interrupted_candidate_never_ran_is_not_run_never_better_or_neutral():
+    """Trial 9, 186: an audit stopped by SIGINT leaves its unreached cells "skipped" with ``metrics.not_run``; the
+    gate labelled a baseline fail that the candidate never ran "better/neutral" (a pass was already a regression).
+    Planted: the same comparison with the not_run mark dropped reads fail -> skipped as better/neutral."""
+    from pytest_packcheck.analysis.gate import render_changes, verdict_label
+
+    ids = ("llama-sdpa-trainer-float32", "opt-sdpa-trainer-float32")
+    base = _doc([_cell(ids[0]), _cell(ids[1], status="fail", cause="leak", model={"label": "opt", "spec": "arch:opt"})])
+    base["settings"]["models"].append("arch:opt")
+    unrun = {"status": "skipped", "metrics": {"not_run": True}, "message": "not run (interrupted)", "cause": None}
+    cand = _doc([{**c, **unrun} for c in base["cells"]])
+    labels = {ch.after["cell_id"]: verdict_label(ch) for ch in compare(base, cand)}
+    assert labels == {ids[0]: "REGRESSION (not run)", ids[1]: "not run"}, labels
+    table = render_changes(compare(base, cand), base["environment"], cand["environment"], markdown=False)
+    assert "neutral" not in table and "not run in the candidate (interrupted)" in table, table
+    assert len(regressions(compare(base, cand))) == 1
+    planted = _doc([{**c, **unrun, "metrics": {}} for c in base["cells"]])  # without the mark: an ordinary skip
+    assert {verdict_label(ch) for ch in compare(base, planted)} == {"REGRESSION", "better/neutral"}
+
+
 def test_gate_summary_under_a_regular_file_says_it_is_a_file(tmp_path):
     """--summary /tmp/x/afile/x.md, afile a regular file, said "its folder ... does not exist"."""
     from pytest_packcheck.analysis.gate import probe_summary

@@ -223,7 +223,8 @@ def test_a_trainers_padded_run_that_is_off_is_a_hazard_never_a_packing_failure()
     from pytest_packcheck.report import matrix_counts, render_html, render_markdown
     from pytest_packcheck.report.verdicts import check_mark
 
-    padded = dict(max_loss_delta=0.6, loss_ratio=28 / 31, label_tokens_shifted_over_unshifted=28 / 31, normalisation="divides by the label count before the shift")
+    padded = {"max_loss_delta": 0.6, "loss_ratio": 28 / 31, "label_tokens_shifted_over_unshifted": 28 / 31,
+              "normalisation": "divides by the label count before the shift"}
     cells = [_cell("gpt2", "sdpa", "trainer", "pass", None, max_loss_delta=4.8e-07),
              _cell("gpt2", "sdpa", "sft", "pass", None, loss_delta=1e-6),
              _cell("gpt2", "sdpa", "trainer_padded", "fail", "padded_normalisation", **padded),

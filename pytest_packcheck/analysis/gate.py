@@ -18,6 +18,7 @@ from typing import Any
 from ..checks.registry import SPECS
 from ..errors import PackcheckUsageError, scrub_secrets
 from ..report.text import escape_md
+from ..report.verdicts import not_run
 from ..results.schema import SCHEMA_VERSION
 from ..versions.libraries import library, stack_libraries
 
@@ -181,6 +182,14 @@ def compare(baseline: dict[str, Any], candidate: dict[str, Any], allow: dict[str
             reason = allowed_reason(b["cell_id"], allow)
             changes.append(Change(key, b["status"], None, b["status"] == "pass", "cell missing in candidate", reason, before=b))
             continue
+        if not_run(c):
+            # an interrupted candidate never reached it (trial 9, 186: fail -> not run read "better/neutral"): like a
+            # missing cell, a regression where the baseline passed (it cannot be shown to still pass), never better
+            was_pass = b is not None and b["status"] == "pass"
+            reason = allowed_reason(c["cell_id"], allow) if was_pass else None
+            changes.append(Change(key, b["status"] if b else None, c["status"], was_pass,
+                                  "not run in the candidate (interrupted)", reason, before=b, after=c))
+            continue
         if b is None:
             changes.append(Change(key, None, c["status"], c["status"] != "pass", "new cell", after=c))
             continue
@@ -269,14 +278,17 @@ def _planned_in(cell: dict[str, Any], doc: dict[str, Any]) -> bool:
 def verdict_label(ch: Change) -> str:
     """The gate's verdict on one changed cell, one rule for the terminal table, the plain table and the job summary:
     ``REGRESSION``, ``allowed: <reason>``, ``missing`` (a baseline cell the candidate lacks, whatever its role: never
-    "better/neutral", since it was not measured; ``REGRESSION (missing)`` when its absence counts) or
-    ``better/neutral``."""
+    "better/neutral", since it was not measured; ``REGRESSION (missing)`` when its absence counts), ``not run``
+    (the same for a cell an interrupted candidate never reached: ``REGRESSION (not run)`` where the baseline passed)
+    or ``better/neutral``."""
     gone = ch.candidate is None and ch.baseline is not None
+    unrun = ch.after is not None and not_run(ch.after)
+    suffix = " (missing)" if gone else " (not run)" if unrun else ""
     if ch.worse and not ch.allowed:
-        return "REGRESSION (missing)" if gone else "REGRESSION"
+        return "REGRESSION" + suffix
     if ch.allowed:
-        return f"allowed: {ch.allowed}" + (" (missing)" if gone else "")
-    return "missing" if gone else "better/neutral"
+        return f"allowed: {ch.allowed}" + suffix
+    return "missing" if gone else "not run" if unrun else "better/neutral"
 
 
 def regressions(changes: list[Change]) -> list[Change]:
