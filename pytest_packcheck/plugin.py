@@ -158,7 +158,25 @@ def _scrub_interrupt_line(config: pytest.Config) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     state = _state(config)
     if state is not None:
+        _after_pytests_count(config, state.document)
         state.release()
+
+
+def _after_pytests_count(config: pytest.Config, document: dict[str, Any] | None) -> None:
+    """One line under pytest's own last line ("no tests ran in 8.25s", "8 passed") when the matrix holds cells that
+    pytest never counted (journaled in this run's forked child before an interrupt, or taken from an earlier run by
+    --packcheck-resume), so the last word on the terminal is not a count that contradicts the matrix (trial 8, 52)."""
+    if not document:
+        return
+    journal = (document.get("incomplete") or {}).get("journal") or {}
+    uncounted = sum(n for n in (journal.get("this"), journal.get("earlier")) if isinstance(n, int))
+    if not journal:
+        uncounted = (document.get("resumed") or {}).get("cells") or 0
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if uncounted and reporter is not None:
+        cells = sum(1 for c in document.get("cells") or [] if c.get("status") != "skipped" or not (c.get("metrics") or {}).get("not_run"))
+        reporter.write_line(f"packcheck: the matrix holds {cells} measured cell(s); {uncounted} of them came from the journal, "
+                            "not from pytest, so pytest's count above leaves them out (see the packcheck summary)")
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:

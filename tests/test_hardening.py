@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -625,6 +626,8 @@ def test_resume_after_a_local_model_folder_was_edited_runs_its_cells_again(pytes
     said = "Resumed: 1 of 1 cells were taken from the journal of an earlier run (--packcheck-resume)"
     assert said in " ".join(str(same.stdout).split())
     assert said in (pytester.path / "r" / "packcheck-matrix.md").read_text()
+    assert str(same.stdout).rstrip().splitlines()[-1].startswith("packcheck: the matrix holds 1 measured cell(s); 1 of them came "
+                                                                  "from the journal, not from pytest")
     assert json.loads((pytester.path / "r" / "packcheck-matrix.json").read_text())["resumed"] == {"cells": 1, "of": 1}
     (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 3, "hidden_act": "gelu"}))
     edited = pytester.runpytest_subprocess(*base, "--packcheck-resume")
@@ -874,6 +877,11 @@ def test_cells_taken_from_the_journal_after_an_interrupt_are_named_as_such(pytes
     assert doc["incomplete"]["cells"] == 2 and doc["incomplete"]["journal"] == {"earlier": 0, "this": 1}
     result.stdout.fnmatch_lines([("Incomplete: the run was interrupted after 2 cells (1 finished in this run but never "
                                  "reached pytest: taken from the journal, so pytest's own counts leave them out); *")])
+    # trial 8, 52: pytest's own last line ("no tests ran in 8.25s") is followed by the count it leaves out
+    lines = result.stdout.lines
+    last = max(i for i, line in enumerate(lines) if re.search(r"=+ .* in [0-9.]+s", line))
+    assert any(line.startswith("packcheck: the matrix holds 2 measured cell(s); 1 of them came from the journal")
+               for line in lines[last + 1:]), lines[last:]
 
 
 def test_incomplete_line_names_cells_of_an_earlier_run_taken_from_the_journal():
