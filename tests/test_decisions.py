@@ -401,7 +401,12 @@ def test_headline_takes_the_worst_correctness_check():
     diagnosed = [{**_hcell("isolation", "fail", "leak"), "diagnosis": {"cause": "stateful_layers"}}]
     assert headline(diagnosed)["causes"] == ["stateful_layers"]
     assert headline([_hcell("mystery", "fail", "leak")])["status"] == "fail"  # an unknown check counts (newer file)
-    assert headline([_hcell("isolation", "pass"), _hcell("cache_trap", "fail", role="correctness")])["status"] == "fail"
+    # a role recorded for a check the registry knows (an earlier packcheck's: trainer_padded was correctness) is read
+    # as the registry's; a newer packcheck's check keeps the role its file records
+    assert headline([_hcell("isolation", "pass"), _hcell("cache_trap", "fail", role="correctness")])["status"] == "pass"
+    assert headline([_hcell("isolation", "pass"), _hcell("trainer_padded", "fail", role="correctness")])["status"] == "pass"
+    assert headline([_hcell("isolation", "pass"), _hcell("mystery", "fail", role="hazard")])["status"] == "pass"
+    assert headline([_hcell("isolation", "pass"), _hcell("mystery", "fail", role="correctness")])["status"] == "fail"
 
 
 # ------------------------------------------------------------------------------------------------------------
