@@ -249,3 +249,23 @@ def test_a_trainers_padded_run_that_is_off_is_a_hazard_never_a_packing_failure()
     old = _doc([dict(c, env={"label": "4.57.6", "versions": {"transformers": "4.57.6"}}) for c in cells])
     remedies = {c["diagnosis"]["remedy"] for c in old["cells"] if c["check"].endswith("_padded")}
     assert remedies and all("5.10.1" in r for r in remedies), remedies
+
+
+def test_finding_checks_that_errored_are_said_to_have_measured_nothing():
+    """Trial 10, 32: both collate checks errored (the model did not build: weights_mismatch) and the headline said
+    "🔷 0 contract items failed in 0 of 2 finding checks", the section listing the error as an item named
+    "verdict". Now: "none measured: 2 finding check(s) measured nothing (2 error)", the item "not measured"."""
+    from pytest_packcheck.report import counts_line, render_markdown
+
+    cells = [c for c in _model("llama") if c["check"] != "collate"]
+    cells += [_cell(m, None, "collate", "error", None, message="--packcheck-weights=pretrained: the weights files hold another model")
+              for m in ("llama", "qwen3")]
+    doc = _doc(cells)
+    line = counts_line(doc["cells"])
+    assert "Stack findings: none measured: 2 finding check(s) measured nothing (2 error)." in line, line
+    assert "0 contract items failed" not in line
+    md = render_markdown(doc)
+    assert "💥 not measured: --packcheck-weights=pretrained" in md and "verdict:" not in md
+    # beside a measured one, the count of those measured and of those that measured nothing
+    mixed = _doc([*_model("llama"), _cell("qwen3", None, "collate", "error", None, message="boom")])
+    assert "in 1 of 1 finding checks (facts of the library stack); 1 finding check(s) measured nothing (1 error)." in counts_line(mixed["cells"])

@@ -258,7 +258,7 @@ REGISTRY: tuple[CheckSpec, ...] = (
     CheckSpec(name="cross_backend", function="attention:check_cross_backend", level="backend", role="correctness",
               summary="each example alone on this backend = on eager with the same weights, incl. lengths around the sliding window",
               key_metric=KeyMetric("max_abs_diff_vs_eager", "Δ eager"), tolerance="logits_atol", bears_on_bench=True,
-              causes=("cross_backend", "sliding_window"),
+              causes=("cross_backend", "sliding_window", "kernel_numerics"),
               skip_backends=("eager",)),
     CheckSpec(name="causality", function="parity:check_causality", level="backend", role="correctness",
               summary="perturb each example's last token: no earlier position's logits may move (causal attention)",

@@ -102,8 +102,9 @@ def findings_section(rep: Report) -> list[str]:
                 if isinstance(its, dict):
                     for name, it in its.items():
                         items[name][f"{it['status']}: {it['evidence']}"].append(c["model"]["label"])
-                else:
-                    items["verdict"][f"{c['status']}: {c['message']}"].append(c["model"]["label"])
+                else:  # no items: the check's own verdict, or why it measured none (an error: no item was checked)
+                    name = "verdict" if c["status"] in ("pass", "fail", "fallback") else "not measured"
+                    items[name][f"{c['status']}: {c['message']}"].append(c["model"]["label"])
             parts = []
             for name, outcomes in items.items():
                 for text, models in sorted(outcomes.items(), key=lambda kv: -len(kv[1])):

@@ -290,12 +290,15 @@ def matrix_counts(cells: list[dict[str, Any]]) -> dict[str, Any]:
         verdicts[key] += 1
         models_by[key].add(label)
     hazards = hazard_rows(cells).values()
-    finding_cells = [c for c in cells if role_of(c) == "finding" and c["status"] not in ("skipped",)]
+    findings_all = [c for c in cells if role_of(c) == "finding" and c["status"] != "skipped"]
+    # a finding check that errored (the model did not build: weights_mismatch) measured no contract item (trial 10, 32)
+    finding_cells = [c for c in findings_all if c["status"] in ("pass", "fail", "fallback")]
     items = [it for c in finding_cells for it in (((c.get("metrics") or {}).get("items")) or {}).values() if isinstance(it, dict)]
     return {"cells": verdicts, "models": {k: sorted(v) for k, v in models_by.items()},
             "hazards": (sum(len(r["shown"]) for r in hazards), sum(len(r["measured"]) for r in hazards)),
             "findings": (sum(c["status"] in ("fail", "fallback") for c in finding_cells), len(finding_cells),
                          sum(it.get("status") == "fail" for it in items)),
+            "findings_not_measured": Counter(c["status"] for c in findings_all if c not in finding_cells),
             # worst first, correctness before the hazards / findings of the same status (a Counter keeps that order)
             "checks": Counter(check_mark(c)[1] for c in sorted(cells, key=lambda c: (rank(c["status"]), role_of(c) != "correctness")))}
 
@@ -326,9 +329,16 @@ def counts_line(cells: list[dict[str, Any]], symbols: bool = True) -> str:
     if measured:
         text += f" Hazards: {ROLE_MARKS['hazard'][0] + ' ' if symbols else ''}{shown} of {measured} hazard probes showed one (never a model failure)."
     failed, ran, items = n["findings"]
+    unmeasured = n["findings_not_measured"]
+    if unmeasured:
+        unmeasured_text = (f"{sum(unmeasured.values())} finding check(s) measured nothing ("
+                           + ", ".join(f"{k} {s}" for s, k in unmeasured.items()) + ")")
     if ran:
         text += (f" Stack findings: {ROLE_MARKS['finding'][0] + ' ' if symbols else ''}{items} contract items failed in "
-                 f"{failed} of {ran} finding checks (facts of the library stack).")
+                 f"{failed} of {ran} finding checks (facts of the library stack)"
+                 + (f"; {unmeasured_text}." if unmeasured else "."))
+    elif unmeasured:
+        text += f" Stack findings: none measured: {unmeasured_text}."
     checks = n["checks"]
     text += " Checks run: " + ", ".join(f"{label} {k}" for label, k in checks.items()) + f" (of {len(cells)})."
     return text
