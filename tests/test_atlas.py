@@ -997,3 +997,42 @@ def test_a_corrupt_run_record_is_one_line_naming_the_file(tmp_path, capsys, cont
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err and err.count("\n") == 1, err
     assert f"Atlas run record {marker} is " in err and "delete it" in err
+
+
+@pytest.mark.parametrize("axis", ["transformers", "trl"])
+@pytest.mark.parametrize("liar", ["results file", "run record"])
+def test_a_release_folder_whose_run_records_another_version_is_refused_in_both_axes(tmp_path, capsys, axis, liar):
+    """Trial 10 #94: a 5.24.0 results file copied into build/4.57.6 (its atlas-done.json saying 4.57.6) was
+    rendered as 4.57.6, and `lookup` answered "measured at 4.57.6". The file carries its version
+    (atlas.build.check_recorded_version, the one rule of both axes): one line naming the folder, the file, both
+    versions and the fix, exit 2; nothing rendered."""
+    from pytest_packcheck.cli import main
+
+    out = tmp_path / "out"
+    if axis == "trl":
+        from tests.test_atlas_trl import PLANNED, _planted, _write
+        from tests.test_atlas_trl import _cell as _trl_cell
+
+        _planted_atlas(tmp_path / "build")
+        A.write_outputs(A.collect(tmp_path / "build"), out)
+        build, library, folder_version, real, flags = tmp_path / "trl", "trl", "0.22.2", "0.24.0", ["--trl", "--releases", ",".join(PLANNED)]
+        _planted(build)
+        _write(tmp_path / "src", real, [_trl_cell("llama", "sdpa", "sft", "pass")])
+        done = {"trl": real if liar == "run record" else folder_version}
+    else:
+        build, library, folder_version, real, flags = tmp_path / "build", "transformers", "4.57.6", "5.24.0", ["--releases", "4.57.6,5.24.0"]
+        _write_release(tmp_path / "src", real, [_cell("llama", "sdpa", "isolation", "pass")])
+        done = {"transformers": real if liar == "run record" else folder_version, "shard": [1, 1], "cells": 1}
+    folder = build / folder_version
+    folder.mkdir(parents=True)
+    doc = json.loads((tmp_path / "src" / real / "packcheck-matrix.json").read_text())
+    if liar == "run record":  # the file is right, the marker names another release
+        doc = json.loads(json.dumps(doc).replace(f'"{real}"', f'"{folder_version}"'))
+    (folder / "packcheck-matrix.json").write_text(json.dumps(doc))
+    (folder / A.DONE_MARKER).write_text(json.dumps(done))
+    code = main(["atlas", "--render-only", *flags, "--build-dir", str(build), "-o", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and err.count("\n") == 1, err
+    path = folder / ("packcheck-matrix.json" if liar == "results file" else A.DONE_MARKER)
+    assert f"Atlas release folder {folder} is {library} {folder_version}, but {path} records {library} {real}: " in err, err
+    assert f"move the run to the release folder named {real}" in err, err
