@@ -82,21 +82,24 @@ class Answer:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def summary(self) -> str:
+        """The answer without its head (architecture / backend @ release) and notes: the verdict, causes, key
+        number and where it was measured; the bisect it is inferred from; or "not measured" with the nearest
+        measured releases. The one wording of :func:`lookup`'s answer (``packcheck lookup``, ``packcheck claims``)."""
+        num = f" ({self.check} {self.number:.1e})" if self.number is not None and self.check else ""
+        why = f" [{', '.join(self.causes)}]" if self.causes else ""
+        if self.measured:
+            return f"{self.verdict}{why}{num}, measured at {self.measured_at} on {self.backend}"
+        if self.inferred_from:
+            return (f"{self.verdict}{why}{num}, not measured at this release: from {self.inferred_from}; "
+                    f"the verdict measured at {self.measured_at} on {self.backend}")
+        near = "; ".join(f"{n['transformers']}: {n['verdict']}" + (f" [{', '.join(n['causes'])}]" if n.get("causes") else "")
+                         for n in self.nearest)
+        return "not measured" + (f" (nearest measured: {near})" if near else "")
+
     def __str__(self) -> str:
         head = f"{self.model_type} / {self.attn_implementation} @ transformers {self.transformers_version}: "
-        if self.measured:
-            num = f" ({self.check} {self.number:.1e})" if self.number is not None and self.check else ""
-            why = f" [{', '.join(self.causes)}]" if self.causes else ""
-            text = head + f"{self.verdict}{why}{num}, measured at {self.measured_at} on {self.backend}"
-        elif self.inferred_from:
-            num = f" ({self.check} {self.number:.1e})" if self.number is not None and self.check else ""
-            why = f" [{', '.join(self.causes)}]" if self.causes else ""
-            text = head + (f"{self.verdict}{why}{num}, not measured at this release: from {self.inferred_from}; "
-                           f"the verdict measured at {self.measured_at} on {self.backend}")
-        else:
-            near = "; ".join(f"{n['transformers']}: {n['verdict']}" + (f" [{', '.join(n['causes'])}]" if n.get("causes") else "")
-                             for n in self.nearest)
-            text = head + "not measured" + (f" (nearest measured: {near})" if near else "")
+        text = head + self.summary()
         if self.trl:
             from .atlas.trl_render import trl_answer_lines
 
@@ -255,7 +258,6 @@ def lookup(model_type: str, attn_implementation: str, transformers_version: str,
         except InvalidVersion:
             raise PackcheckUsageError(f"{what} version '{value}' is not a version (the {what} version asked about): write "
                                       f"a release number such as {example} (no '{what}==', no wildcard).") from None
-    wanted = Version(transformers_version)
     doc = load_support(path)
     known = list(dict.fromkeys([*KNOWN_BACKENDS, *ANSWERED_FROM, *(b for row in doc["cells"].values() for b in row)]))
     if attn_implementation not in known:
@@ -263,6 +265,25 @@ def lookup(model_type: str, attn_implementation: str, transformers_version: str,
                                   f"argument): the atlas answers {', '.join(known)}.{closest(attn_implementation, known)}")
     src = path or default_support_file()
     where = f"{src} (packcheck atlas of {doc.get('generated')}, {doc.get('device')} {doc.get('dtype')}, torch {doc.get('torch')})"
+    return answer_at(doc, model_type, attn_implementation, transformers_version, trl_version, where)
+
+
+def answer_at(doc: dict[str, Any], model_type: str, attn_implementation: str, transformers_version: str,
+              trl_version: str | None = None, where: str = "") -> Answer:
+    """:func:`lookup`'s answer from a loaded support document (:func:`load_support`), its arguments already
+    checked: the one rule for "what does the atlas say at this release" (``packcheck lookup`` and ``packcheck
+    claims`` both answer through it). Measured at ``transformers_version``; else, between two measured releases
+    whose verdicts differ, the side a found bisect places it on (``inferred_from``); else not measured, with the
+    nearest measured releases (``nearest``) and why (``notes``). ``where``: the source named in the answer.
+
+    Raises:
+        InvalidVersion: ``transformers_version`` is not a version (:func:`lookup` checks it first).
+    """
+    from packaging.version import Version
+
+    from .errors import closest
+
+    wanted = Version(transformers_version)
     backend = ANSWERED_FROM.get(attn_implementation, attn_implementation)
     notes = []
     if backend != attn_implementation:

@@ -997,3 +997,78 @@ def test_a_corrupt_run_record_is_one_line_naming_the_file(tmp_path, capsys, cont
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err and err.count("\n") == 1, err
     assert f"Atlas run record {marker} is " in err and "delete it" in err
+
+
+@pytest.mark.parametrize("axis", ["transformers", "trl"])
+@pytest.mark.parametrize("liar", ["results file", "run record"])
+def test_a_release_folder_whose_run_records_another_version_is_refused_in_both_axes(tmp_path, capsys, axis, liar):
+    """Trial 10 #94: a 5.24.0 results file copied into build/4.57.6 (its atlas-done.json saying 4.57.6) was
+    rendered as 4.57.6, and `lookup` answered "measured at 4.57.6". The file carries its version
+    (atlas.build.check_recorded_version, the one rule of both axes): one line naming the folder, the file, both
+    versions and the fix, exit 2; nothing rendered."""
+    from pytest_packcheck.cli import main
+
+    out = tmp_path / "out"
+    if axis == "trl":
+        from tests.test_atlas_trl import PLANNED, _planted, _write
+        from tests.test_atlas_trl import _cell as _trl_cell
+
+        _planted_atlas(tmp_path / "build")
+        A.write_outputs(A.collect(tmp_path / "build"), out)
+        build, library, folder_version, real, flags = tmp_path / "trl", "trl", "0.22.2", "0.24.0", ["--trl", "--releases", ",".join(PLANNED)]
+        _planted(build)
+        _write(tmp_path / "src", real, [_trl_cell("llama", "sdpa", "sft", "pass")])
+        done = {"trl": real if liar == "run record" else folder_version}
+    else:
+        build, library, folder_version, real, flags = tmp_path / "build", "transformers", "4.57.6", "5.24.0", ["--releases", "4.57.6,5.24.0"]
+        _write_release(tmp_path / "src", real, [_cell("llama", "sdpa", "isolation", "pass")])
+        done = {"transformers": real if liar == "run record" else folder_version, "shard": [1, 1], "cells": 1}
+    folder = build / folder_version
+    folder.mkdir(parents=True)
+    doc = json.loads((tmp_path / "src" / real / "packcheck-matrix.json").read_text())
+    if liar == "run record":  # the file is right, the marker names another release
+        doc = json.loads(json.dumps(doc).replace(f'"{real}"', f'"{folder_version}"'))
+    (folder / "packcheck-matrix.json").write_text(json.dumps(doc))
+    (folder / A.DONE_MARKER).write_text(json.dumps(done))
+    code = main(["atlas", "--render-only", *flags, "--build-dir", str(build), "-o", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and err.count("\n") == 1, err
+    path = folder / ("packcheck-matrix.json" if liar == "results file" else A.DONE_MARKER)
+    assert f"Atlas release folder {folder} is {library} {folder_version}, but {path} records {library} {real}: " in err, err
+    assert f"move the run to the release folder named {real}" in err, err
+
+
+def test_claims_answer_a_pinned_release_as_lookup_does_bisect_placements_included(tmp_path):
+    """Trial 10 #96: a peer pinned to 4.56.2 was judged with 4.53.3's verdict (llama, opt "do not hold") while
+    `packcheck lookup` at 4.56.2 answered pass for llama (a bisect places the fix in 4.54.0) and "not measured" for
+    opt (a transition not bisected). Claims answer through support.answer_at, lookup's own rule: the two agree on
+    every claim, and where lookup has no answer the claim is not judged, the nearest measured releases named."""
+    from pytest_packcheck.atlas.claims import judge, read_wheel, render_claims
+
+    flash = "packcheck_flash_ref"
+    build = tmp_path / "build"
+    _write_release(build, "4.53.3", [_cell("llama", flash, "isolation", "fail", "wrong_positions", 0.25),
+                                     _cell("opt", flash, "isolation", "fail", "wrong_positions", 0.015)])
+    _write_release(build, "4.57.6", [_cell("llama", flash, "isolation", "pass"), _cell("opt", flash, "isolation", "pass")])
+    found = {"outcome": "found", "first": "4.54.0", "last": "4.53.3", "cell": f"llama-{flash}-isolation-float32", "cause": None,
+             "file": "reports/atlas/bisect/llama.json"}
+    A.write_outputs(A.collect(build, ["4.53.3", "4.56.2", "4.57.6"], {f"llama|{flash}|4.53.3|4.57.6": found}), tmp_path / "out")
+    path = tmp_path / "out" / "support.json"
+    support = load_support(path)
+    peer = read_wheel(_wheel(tmp_path / "axolotl.whl", "axolotl", "==4.56.2", {
+        "axolotl/monkeypatch/multipack.py": 'SUPPORTED_MULTIPACK_MODEL_TYPES = ["llama", "opt"]\n',
+        "axolotl/utils/schemas/enums.py": 'ATTN_IMPLS_SUPPORTING_PACKING = frozenset({"flash_attention_2"})\n'}))
+    for claim in peer.claims:  # one rule: the claim's answer is lookup's
+        j, answer = judge(claim, support, "4.56.2"), lookup(claim.model_type, "flash_attention_2", "4.56.2", path=path)
+        assert j["holds"] == (answer.verdict == "pass" if answer.answered else None), (j, str(answer))
+    md = render_claims([peer], support)
+    assert "**Claims that do not hold** (0):" in md, md
+    assert ("- packs llama, `axolotl/monkeypatch/multipack.py:1`: pass isolation 0.0e+00 at 4.57.6, 4.56.2 placed on its side "
+            f"by the bisect of llama-{flash}-isolation-float32: first 4.54.0, last 4.53.3") in md, md
+    assert ("- packs opt, `axolotl/monkeypatch/multipack.py:1`: not judged: not measured at 4.56.2 (nearest measured: 4.53.3: "
+            "fail [wrong_positions]; 4.57.6: pass); the verdict changes between 4.53.3 and 4.57.6") in md, md
+    # a claim on every model: the answered ones judged, the rest counted as not judged with the nearest releases
+    star = judge(A.claims.Claim("verl", "*", True, (flash,), "verl/x.py", 1), support, "4.56.2")
+    assert star["holds"] is True and [t for t, *_ in star["answers"]] == ["llama"], star["why"]
+    assert star["why"] == ("every measured model passes (1 more not measured at 4.56.2 (the nearest measured releases are "
+                           "4.53.3 and 4.57.6): not judged)")

@@ -86,6 +86,38 @@ def done_record(folder: Path) -> dict[str, Any]:
     return record
 
 
+def check_recorded_version(folder: Path, release: str, library: str, doc: dict[str, Any], record: dict[str, Any]) -> None:
+    """A finished release folder's (or shard's: ``folder``; its release: ``release``) ``library`` version (``"transformers"``, or ``"trl"`` on the TRL axis) is the one
+    its name says: the done record's (``atlas-done.json``) and the results file's own environment (each cell's
+    version environment where cells carry one, else the document's) must agree with ``release``, the folder name. The file
+    carries the version, so a file copied into another release's folder is never labelled by the folder.
+    The one rule of both axes, before a release is reduced.
+
+    Raises:
+        PackcheckUsageError: a recorded version differs from the folder name: names the folder, the file, both
+            versions and the fix (move the run to the folder of its own release, or delete the folder).
+    """
+    from packaging.version import InvalidVersion, Version
+
+    folder = Path(folder)
+    envs = [(c.get("env") or {}).get("environment") or {} for c in doc.get("cells", []) if c.get("env")]
+    recorded = [(folder / DONE_MARKER, record.get(library))]
+    recorded += [(folder / "packcheck-matrix.json", e.get(library)) for e in (envs or [doc.get("environment") or {}])]
+
+    def same(version: Any) -> bool:
+        try:
+            return Version(str(version)) == Version(release)
+        except InvalidVersion:
+            return False
+
+    for path, version in recorded:
+        if version is not None and not same(version):
+            raise PackcheckUsageError(
+                f"Atlas release folder {folder} is {library} {release}, but {path} records {library} {version}: "
+                f"move the run to the release folder named {version} (or delete {folder}, and the next "
+                f"`packcheck atlas` measures {release} again).")
+
+
 def run_release(version: str, build: Path, shard: tuple[int, int] | None = None, workers: int = 1,
                 log: Callable[[str], None] = print, runner: Callable[..., Any] | None = None,
                 models: list[str] | None = None) -> dict[str, Any]:

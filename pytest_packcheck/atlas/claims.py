@@ -345,37 +345,50 @@ def pinned_release(pin: str, releases: list[str]) -> str | None:
 
 
 def judge(claim: Claim, support: dict[str, Any], release: str | None, exclude: frozenset[str] = frozenset()) -> dict[str, Any]:
-    """The claim against the atlas at ``release`` (or its nearest measured release, named): ``holds`` True / False
-    / None (not judged: own code, not measured, a template), with the verdicts and numbers behind it. ``exclude``:
-    model types a ``"*"`` claim does not cover (those the same peer claims by name, e.g. on its own patch)."""
+    """The claim against the atlas at ``release`` (the newest the peer's pin allows): ``holds`` True / False / None
+    (not judged: own code, a template, not measured there), with the answers behind it. Each (model type, backend)
+    is answered by :func:`pytest_packcheck.support.answer_at`, the answer ``packcheck lookup`` gives at that
+    release (measured there, or placed on one side of a transition by a found bisect), so a claim and a lookup
+    never disagree; where lookup has no answer (not measured, a transition not placed) the claim is not judged and
+    the nearest measured releases are named. ``answers`` / ``bad``: ``(model_type, backend, Answer)``.
+    ``exclude``: model types a ``"*"`` claim does not cover (those the same peer claims by name, e.g. on its own
+    patch)."""
+    from ..support import answer_at
+
     out: dict[str, Any] = {"claim": claim, "release": release}
     if claim.own_code and claim.supported:
         return {**out, "holds": None, "why": f"rests on the peer's own code: {claim.own_code}"}
     if claim.model_type.startswith("template:") or release is None:
         return {**out, "holds": None, "why": "a template class, not a model type" if release else "no pinned release in the atlas plan"}
     types = sorted(set(support["cells"]) - exclude) if claim.model_type == "*" else [claim.model_type]
-    answers = []
-    for t in types:
-        for backend in claim.backends:
-            row = support["cells"].get(t, {}).get(backend, {})
-            if not row:
-                continue
-            a = _answer_at(row, release)
-            if a:
-                answers.append((t, backend, *a))
-    if not answers:
+    asked = [(t, backend, answer_at(support, t, backend, release)) for t in types for backend in claim.backends
+             if support["cells"].get(t, {}).get(backend)]
+    if not asked:
         return {**out, "holds": None, "why": f"{claim.model_type} is not in the atlas"}
-    judged = [a for a in answers if a[3]["verdict"] in JUDGED_VERDICTS]
+    answers = [x for x in asked if x[2].answered]
+    judged = [x for x in answers if x[2].verdict in JUDGED_VERDICTS]
     if claim.model_type == "*":
-        bad = [(t, b, v, e) for t, b, v, e in judged if e["verdict"] != "pass"]
-        return {**out, "holds": not bad if judged else None, "answers": answers, "bad": bad,
+        unanswered = len(asked) - len(answers)
+        if not judged:
+            return {**out, "holds": None, "answers": answers,
+                    "why": f"no model has a packing verdict at {release}: {_nearest_measured(support, release)}"}
+        bad = [x for x in judged if x[2].verdict != "pass"]
+        left = ""
+        if unanswered and any(r["transformers"] == release for r in support["releases"]):
+            left = f"{unanswered} more have no entry at {release} (measured only at other releases): not judged"
+        elif unanswered:
+            left = f"{unanswered} more not measured at {release} ({_nearest_measured(support, release)}): not judged"
+        return {**out, "holds": not bad, "answers": answers, "bad": bad,
                 "why": (f"{len(bad)} of {len(judged)} measured text models do not pass ({len(answers) - len(judged)} more have "
-                        "no verdict: the library refuses the backend or its config does not build)") if bad else "every measured model passes"}
-    t, _b, v, e = answers[0]
-    if e["verdict"] not in JUDGED_VERDICTS:
-        return {**out, "holds": None, "answers": answers, "why": f"no packing verdict: {_entry_text(e, v)}"}
-    passes = e["verdict"] == "pass"
-    return {**out, "holds": passes if claim.supported else not passes, "answers": answers, "why": _entry_text(e, v)}
+                        "no verdict: the library refuses the backend or its config does not build" + (f"; {left}" if left else "") + ")")
+                if bad else "every measured model passes" + (f" ({left})" if left else "")}
+    a = asked[0][2]
+    if not a.answered:
+        return {**out, "holds": None, "answers": [], "why": _answer_text(a, release)}
+    if a.verdict not in JUDGED_VERDICTS:
+        return {**out, "holds": None, "answers": answers, "why": f"no packing verdict: {_answer_text(a, release)}"}
+    passes = a.verdict == "pass"
+    return {**out, "holds": passes if claim.supported else not passes, "answers": answers, "why": _answer_text(a, release)}
 
 
 #: Verdicts a claim is judged on: a pass, or a measured failure (the requested backend ran and the numbers are out
@@ -383,15 +396,26 @@ def judge(claim: Claim, support: dict[str, Any], release: str | None, exclude: f
 JUDGED_VERDICTS = ("pass", "fail", "fallback")
 
 
-def _answer_at(row: dict[str, Any], release: str) -> tuple[str, dict[str, Any]] | None:
+def _nearest_measured(support: dict[str, Any], release: str) -> str:
+    """"the nearest measured releases are A and B": the atlas's measured releases on each side of ``release``."""
     from packaging.version import Version
 
-    if release in row:
-        return release, row[release]
-    measured = sorted(row, key=Version)
-    below = [v for v in measured if Version(v) <= Version(release)]
-    pick = below[-1] if below else (measured[0] if measured else None)
-    return (pick, row[pick]) if pick else None
+    measured = sorted((r["transformers"] for r in support["releases"]), key=Version)
+    below = [v for v in measured if Version(v) < Version(release)]
+    above = [v for v in measured if Version(v) > Version(release)]
+    near = [v for v in (below[-1] if below else None, above[0] if above else None) if v]
+    return f"the nearest measured release{'s are' if len(near) > 1 else ' is'} {' and '.join(near)}" if near else "nothing measured"
+
+
+def _answer_text(a: Any, release: str) -> str:
+    """One answer (:class:`pytest_packcheck.support.Answer`) on a claim's line: the verdict, causes, key number and
+    the release it was measured at; placed by a bisect: which; not measured: "not judged", the nearest measured
+    releases and lookup's reason."""
+    if not a.answered:
+        why = "; ".join(n for n in a.notes if "answered from" not in n)
+        return f"not judged: {a.summary().replace('not measured', f'not measured at {release}', 1)}" + (f"; {why}" if why else "")
+    text = _entry_text({"verdict": a.verdict, "causes": a.causes, "check": a.check, "number": a.number}, a.measured_at)
+    return text if a.measured else f"{text}, {release} placed on its side by the {a.inferred_from}"
 
 
 def _entry_text(e: dict[str, Any], measured_at: str) -> str:
@@ -426,8 +450,9 @@ def render_claims(peers: list[PeerClaims], support: dict[str, Any]) -> str:
     measured = [r["transformers"] for r in support["releases"]]
     lines = ["# What other tools claim about packing, against the atlas", "",
              ("Read from each peer's released wheel or sdist (`pip download --no-deps`, parsed with `ast`, not imported) and judged "
-             "against `support.json` at the newest transformers the peer allows; where the atlas has not measured that "
-             "release yet, the newest measured release at or below it (else the oldest above) is used and named. "
+             "against `support.json` at the newest transformers the peer allows, each model answered as `packcheck lookup` "
+             "answers it at that release: measured there, or placed on one side of a transition by a bisect (named); "
+             "otherwise the claim is not judged and the nearest measured releases are named. "
              f"Atlas releases measured: {', '.join(measured)}."), ""]
     for p in peers:
         pin_release = pinned_release(p.transformers_pin, plan)
@@ -435,7 +460,8 @@ def render_claims(peers: list[PeerClaims], support: dict[str, Any]) -> str:
         kind = "Wheel" if p.wheel.endswith(".whl") else "Sdist"
         lines += [f"## {p.peer} {p.version}", "", f"{kind} `{p.wheel}`; requires transformers `{p.transformers_pin or 'any'}` "
                   f"-> judged at {pin_release or 'no atlas release'}"
-                  + (" (not measured yet: the nearest measured release is used, named on each line)" if pin_release and pin_release not in measured else "")
+                  + (" (not measured there: a model is judged where a bisect places this release, else not judged)"
+                     if pin_release and pin_release not in measured else "")
                   + "." + (f" Claims: {'; '.join(notes)}; judged on the atlas's packcheck_flash_ref column." if notes else ""), ""]
         if p.reason:
             lines += [f"No claims read: {p.reason}.", ""]
@@ -452,7 +478,7 @@ def render_claims(peers: list[PeerClaims], support: dict[str, Any]) -> str:
                 where = f"`{c.file}:{c.line}`"
                 detail = j["why"]
                 if j.get("bad"):
-                    detail += ": " + ", ".join(f"{t}/{b} {_entry_text(e, v)}" for t, b, v, e in j["bad"][:40])
+                    detail += ": " + ", ".join(f"{t}/{b} {_answer_text(a, j['release'])}" for t, b, a in j["bad"][:40])
                     if len(j["bad"]) > 40:
                         detail += f", ... ({len(j['bad']) - 40} more)"
                 if not c.supported and j["holds"] is False:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .build import done_record, is_done, reproduce_command
+from .build import check_recorded_version, done_record, is_done, reproduce_command
 from .releases import ATLAS_BACKENDS, SUPPORT_SCHEMA_VERSION, atlas_checks, entry_message, version_key
 
 
@@ -68,7 +68,12 @@ def reduce_release(doc: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
 
 
 def _release_docs(build: Path) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
-    """(release, merged results document, done record) of every finished release folder, ascending."""
+    """(release, merged results document, done record) of every finished release folder, ascending.
+
+    Raises:
+        PackcheckUsageError: a run record or results file records another transformers than its folder's name
+            (:func:`~pytest_packcheck.atlas.build.check_recorded_version`), or a run record is corrupt.
+    """
     from ..analysis.gate import merge
     from ..results import load_document
 
@@ -88,6 +93,8 @@ def _release_docs(build: Path) -> list[tuple[str, dict[str, Any], dict[str, Any]
                 continue
         docs = [load_document(p / "packcheck-matrix.json") for p in parts]
         records = [done_record(p) for p in parts]
+        for part, part_doc, part_record in zip(parts, docs, records, strict=True):
+            check_recorded_version(part, folder.name, "transformers", part_doc, part_record)
         doc = docs[0] if len(docs) == 1 else merge(docs)
         record = {**records[0], "wall_s": _total(records, "wall_s"), "child_cpu_s": _total(records, "child_cpu_s"), "shards": len(records),
                   "cells": sum(r.get("cells", 0) for r in records)}

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PackcheckUsageError
-from .build import done_record, is_done, run_failure, run_plugin_in_env
+from .build import check_recorded_version, done_record, is_done, run_failure, run_plugin_in_env
 from .releases import DONE_MARKER, entry_message, index_latest_patches, version_key
 
 #: The oldest TRL minor of the axis (TRL 0.19 introduced ``packing_strategy``; packcheck's TRL floor).
@@ -231,7 +231,8 @@ def reduce_trl_release(doc: dict[str, Any]) -> dict[str, dict[str, dict[str, dic
 
 def _release_docs(build: Path) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
     """(TRL release, results document, done record) of every finished release folder under ``build``, ascending;
-    a folder not named as a release is skipped."""
+    a folder not named as a release is skipped; one whose run records another TRL is refused
+    (:func:`~pytest_packcheck.atlas.build.check_recorded_version`)."""
     from packaging.version import InvalidVersion, Version
 
     from ..results import load_document
@@ -245,8 +246,9 @@ def _release_docs(build: Path) -> list[tuple[str, dict[str, Any], dict[str, Any]
         except InvalidVersion:
             continue
         if folder.is_dir() and is_done(folder):
-            found.append((key, folder.name, load_document(folder / "packcheck-matrix.json"),
-                          done_record(folder)))
+            doc, record = load_document(folder / "packcheck-matrix.json"), done_record(folder)
+            check_recorded_version(folder, folder.name, "trl", doc, record)
+            found.append((key, folder.name, doc, record))
     return [(name, doc, record) for _, name, doc, record in sorted(found, key=lambda t: t[0])]
 
 
