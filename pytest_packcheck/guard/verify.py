@@ -272,10 +272,6 @@ def _measure(model: Any, row: _Row, run: dict[str, Any], cache: bool, fused: boo
             "causes": [code for code, _, _ in row.items], "dtype_source": f"{probe_dtype.weights} weights"}
     empty = {"max_logprob_diff": None, "loss_packed": None, "loss_reference": None, "loss_delta": None}
     contract_cause = row.items[0][0] if row.items else None
-    if row.fatal:
-        return _finish(GuardResult(**base, **empty, cause=contract_cause, remedy=_contract_remedy(row),
-                                   evidence="; ".join(row.problems), tolerance=_pick(tols, probe_dtype.weights),
-                                   attention={}), model)
     trainer, targets = _targets(row)
     base["label_tokens"] = int((targets != IGNORE_INDEX).sum())  # the row's scored labels, also where nothing is compared
     if not bool((targets != IGNORE_INDEX).any()):
