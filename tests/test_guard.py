@@ -721,6 +721,30 @@ def test_leak_without_position_ids_on_sdpa_names_the_missing_key(llama_sdpa):
     assert result.cause == "leak" and result.remedy.startswith("return position_ids from the collator"), result.line()
 
 
+def test_an_empty_example_beside_a_leak_names_both_with_their_numbers(llama_sdpa):
+    """cu_seq_lens_q with a zero-length example and no position_ids on sdpa: before, only empty_example ("drop empty
+    examples") was named while the 1.4e-01 log-prob diff was sdpa's leak of a cu-only row; following the remedy left
+    the mismatch. Now both causes, each with its number and remedy; with position_ids the empty example stands alone."""
+    llama_sdpa.model.config.use_cache = False
+    batch = llama_sdpa.packed(flash_kwargs=True)
+    batch.pop("position_ids")
+    batch["cu_seq_lens_q"] = batch["cu_seq_lens_k"] = torch.tensor([0, 11, 11, 18, 31], dtype=torch.int32)
+    result = verify_packed_batch(llama_sdpa.model, batch)
+    line = result.line()
+    assert result.verdict == "fail" and result.causes == ["empty_example", "leak"], line
+    assert result.max_logprob_diff > 1e-2 and [a["cause"] for a in result.also] == ["leak"], line
+    leak = result.also[0]
+    assert f"differ by {result.max_logprob_diff:.2e}" in leak["evidence"] and "moves the others by" in leak["evidence"], line
+    assert leak["remedy"].startswith("return position_ids from the collator"), line
+    assert "remedy: drop empty examples" in line and "; and cause leak: packed vs solo log-probs differ by" in line, line
+    assert "\n" not in line
+    batch = llama_sdpa.packed(flash_kwargs=True)
+    batch["cu_seq_lens_q"] = batch["cu_seq_lens_k"] = torch.tensor([0, 11, 11, 18, 31], dtype=torch.int32)
+    alone = verify_packed_batch(llama_sdpa.model, batch)
+    assert alone.causes == ["empty_example"] and not alone.also, alone.line()
+    assert alone.max_logprob_diff <= alone.tolerance["logits_atol"], alone.line()
+
+
 def test_cause_wrong_positions_not_leak(tolerances):
     """Tiny gpt2 on the varlen reference fed cu_seq_lens_q/k without position_ids: attention isolated, learned
     absolute positions wrong."""

@@ -41,6 +41,11 @@ CONTRACT_REMEDIES = {
     "cu_dtype": "build cu_seq_lens_q/k as torch.int32 (flash-attn's varlen kernels refuse int64; DataCollatorWithFlattening does)",
 }
 
+#: Contract items (remedy keys) that cannot move a token's log-prob: they change what is scored, how the loss is
+#: divided or add no token, the segmentation the model reads and the reference's being the same. A row whose
+#: log-probs differ with only these broken has a cause of its own, which the probes name beside them.
+LOGPROB_NEUTRAL = ("labels", "num_items", "empty", "cu_dtype")
+
 
 @dataclass
 class _Row:
