@@ -153,6 +153,44 @@ def test_packcheck_config_flag_applies_to_every_model():
         resolve(lambda dest: {"packcheck_models": "arch:llama", "packcheck_config": ["=3"]}.get(dest), lambda key: None)
 
 
+@pytest.mark.parametrize(("models", "config", "message"), [
+    ("arch:llama{a=1,a=2}", [], ("Config key 'a' given twice (in model spec 'arch:llama{a=1,a=2}' from "
+                                 "--packcheck-models): a=1 and a=2")),
+    ("arch:llama{hidden_act=silu,num_hidden_layers=2,hidden_act=gelu}", [],
+     ("Config key 'hidden_act' given twice (in model spec 'arch:llama{hidden_act=silu,num_hidden_layers=2,hidden_act=gelu}' "
+      "from --packcheck-models): hidden_act=silu and hidden_act=gelu")),
+    ("arch:llama", ["a=1", "a=2"], "Config key 'a' given twice (from --packcheck-config): a=1 and a=2"),
+    ("arch:llama", ["a=1,b=3,a= 2"], "Config key 'a' given twice (from --packcheck-config): a=1 and a=2"),
+], ids=["spec", "spec_real_key", "config_repeated", "config_one_value"])
+def test_a_config_key_given_twice_is_refused_naming_both_values(models, config, message):
+    """Before: the last value won with no word (arch:llama{a=1,a=2} ran as llama{a=2}). A spec's own key beside
+    --packcheck-config's is no repeat: the spec's wins, as documented."""
+    from pytest_packcheck.config.settings import resolve
+
+    options = {"packcheck_models": models, "packcheck_config": config}
+    with pytest.raises(PackcheckUsageError) as info:
+        if config:
+            resolve(lambda dest: options.get(dest), lambda key: None)
+        else:
+            parse_model_spec(models, "--packcheck-models")
+    assert message in str(info.value) and "give each key once" in str(info.value) and "\n" not in str(info.value)
+    options = {"packcheck_models": "arch:llama{a=1}", "packcheck_config": ["a=2"]}
+    assert resolve(lambda dest: options.get(dest), lambda key: None).models == ("arch:llama{a=1}",)
+
+
+def test_a_config_key_given_twice_exits_2_on_the_cli(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "audit", "--models", "arch:llama{a=1,a=2}", "-n", "0",
+                           "--packcheck-report-dir", str(tmp_path / "r")], capture_output=True, text=True, check=False,
+                          cwd=tmp_path, timeout=300, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "Config key 'a' given twice" in said and "a=1 and a=2" in said, said[-1500:]
+
+
 def test_library_default_config_errors_are_named_as_the_librarys():
     """dots1's default config does not build in transformers 5.24 at full size either: the cell says so, with
     the library_config cause, never "packcheck's shrunk config"."""

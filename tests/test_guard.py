@@ -202,13 +202,49 @@ def test_bad_input_is_one_clear_line(llama_sdpa, batch, message):
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
-def test_bad_policy_and_broken_contract(llama_sdpa):
+def test_bad_policy(llama_sdpa):
     with pytest.raises(PackcheckUsageError, match="on_mismatch='stop'"):
         PackcheckCallback(on_mismatch="stop")
-    batch = llama_sdpa.packed()
-    batch["labels"] = batch["labels"][:, :-1]
-    result = verify_packed_batch(llama_sdpa.model, batch)
-    assert result.cause == "collator_contract" and result.forwards == 0 and "labels has shape" in result.evidence
+
+
+def _cut(key, width=20):
+    def plant(b):
+        b[key] = (b[key] if key in b else torch.ones_like(b["input_ids"]))[:, :width]
+    return plant
+
+
+def _cu_ending(offsets, both=True):
+    def plant(b):
+        b["cu_seq_lens_q"] = torch.tensor([0, 11, 18, 31] if not both else offsets, dtype=torch.int32)
+        b["cu_seq_lens_k"] = torch.tensor(offsets, dtype=torch.int32)
+    return plant
+
+
+@pytest.mark.parametrize(("plant", "message"), [
+    (_cut("labels"), "batch['labels'] has shape (1, 20), input_ids (1, 31)"),
+    (_cut("position_ids"), "batch['position_ids'] has shape (1, 20), input_ids (1, 31)"),
+    (_cut("attention_mask"), "batch['attention_mask'] has shape (1, 20), input_ids (1, 31)"),
+    (_cut("labels", 40), None),  # a slice past the end keeps (1, 31): nothing wrong
+    (_cu_ending([0, 11, 18, 30]), "batch['cu_seq_lens_q'] [0, 11, 18, 30] (shape (4,)) end at 30, input_ids (1, 31)"),
+    (_cu_ending([0, 11, 18, 40]), "batch['cu_seq_lens_q'] [0, 11, 18, 40] (shape (4,)) end at 40, input_ids (1, 31)"),
+    (_cu_ending([0, 11, 18, 30], both=False), "batch['cu_seq_lens_k'] [0, 11, 18, 30] (shape (4,)) end at 30"),
+    (_cu_ending([]), "batch['cu_seq_lens_q'] [] (shape (0,)) hold no offset, input_ids (1, 31)"),
+], ids=["labels", "position_ids", "attention_mask", "labels_whole", "cu_short", "cu_long", "cu_k_short", "cu_empty"])
+def test_a_per_token_key_off_the_rows_length_is_a_malformed_batch(llama_sdpa, plant, message):
+    """Before: labels (1, 20) beside input_ids (1, 31) was a verdict "FAIL on 1 packed examples" (the row was never
+    split, so the count was false) with no numbers, and cu_seq_lens_q/k ending off the row a contract item; both
+    are a batch that does not describe one row: one usage line naming the key, both shapes and the fix."""
+    llama_sdpa.model.config.use_cache = False
+    batch = llama_sdpa.packed(flash_kwargs=True)
+    plant(batch)
+    if message is None:
+        assert verify_packed_batch(llama_sdpa.model, batch).verdict == "pass"
+        return
+    with pytest.raises(PackcheckUsageError) as info:
+        verify_packed_batch(llama_sdpa.model, batch)
+    said = str(info.value)
+    assert said.startswith("verify_packed_batch: ") and message in said and "\n" not in said, said
+    assert "malformed" in said and ("to the row's length" in said or "must end at the row length 31" in said), said
 
 
 @functools.cache
@@ -407,10 +443,6 @@ def _labels_unmasked(b):
     b["labels"] = b["input_ids"].clone()
 
 
-def _cu_short(b):
-    b["cu_seq_lens_q"] = b["cu_seq_lens_k"] = torch.tensor([0, 11, 18, 30], dtype=torch.int32)
-
-
 def _cu_empty(b):
     b["cu_seq_lens_q"] = b["cu_seq_lens_k"] = torch.tensor([0, 11, 11, 18, 31], dtype=torch.int32)
 
@@ -423,10 +455,6 @@ def _max_length(b):
     b["max_length_q"] = 5
 
 
-def _short_labels(b):
-    b["labels"] = b["labels"][:, :-1]
-
-
 @pytest.mark.parametrize(("plant", "cause", "evidence", "remedy"), [
     (_restart_at_5, "wrong_positions", "position_ids restart at 5, not 0, at token 11", "restart position_ids at 0"),
     (_no_reset, "collator_contract", "position_ids restart at tokens [0], cu_seq_lens_q start examples at [0, 11, 18]",
@@ -434,12 +462,10 @@ def _short_labels(b):
     (_cu_disagree, "collator_contract", "cu_seq_lens_q start examples at [0, 11]", "from the same segmentation"),
     (_labels_unmasked, "collator_contract", "labels not -100 at 2 example starts (token indices [11, 18])",
      "-100 at each example's first token"),
-    (_cu_short, "collator_contract", "[0, 11, 18, 30] end at 30, not the row length 31", "non-decreasing from 0"),
     (_cu_empty, "empty_example", "hold a zero-length example", "drop empty examples"),
     (_cu_k, "collator_contract", "cu_seq_lens_k [0, 10, 18, 31] differ", "must equal cu_seq_lens_q"),
     (_max_length, "collator_contract", "max_length_q 5 is below the longest example (13 tokens)", "at least the longest"),
-    (_short_labels, "collator_contract", "labels has shape (1, 30), input_ids (1, 31)", "to the row's length"),
-], ids=["restart", "no_reset", "cu_disagree", "labels", "cu_end", "cu_empty", "cu_k", "max_length", "lengths"])
+], ids=["restart", "no_reset", "cu_disagree", "labels", "cu_empty", "cu_k", "max_length"])
 def test_contract_item_fails_the_batch(llama_sdpa, plant, cause, evidence, remedy):
     llama_sdpa.model.config.use_cache = False
     batch = llama_sdpa.packed(flash_kwargs=True)
@@ -487,9 +513,8 @@ def test_seq_idx_disagreeing_with_cu_seq_lens_fails_and_agreeing_passes(llama_sd
 
 @pytest.mark.parametrize(("offsets", "says"), [
     ([0, 18, 11, 31], "cu_seq_lens_q [0, 18, 11, 31] decrease at index 2 (18 > 11)"),
-    ([0, 11, 18, 40], "cu_seq_lens_q [0, 11, 18, 40] end at 40, not the row length 31"),
-    ([], "cu_seq_lens_q [] hold no offset (empty), expected 0, ..., 31"),
-], ids=["decreasing", "past_the_row", "empty"])
+    ([5, 11, 18, 31], "cu_seq_lens_q [5, 11, 18, 31] start at 5, not 0"),
+], ids=["decreasing", "late_start"])
 def test_malformed_cu_seq_lens_alone_names_what_is_wrong(llama_sdpa, offsets, says):
     """Before: "one example in the row: nothing to compare; cu_seq_lens_q [...] do not run non-decreasing ..." for a
     row whose only segmentation is cu_seq_lens_q declaring three examples; the evidence names the broken offset."""
@@ -694,6 +719,30 @@ def test_leak_without_position_ids_on_sdpa_names_the_missing_key(llama_sdpa):
     batch.pop("position_ids")
     result = verify_packed_batch(llama_sdpa.model, batch)
     assert result.cause == "leak" and result.remedy.startswith("return position_ids from the collator"), result.line()
+
+
+def test_an_empty_example_beside_a_leak_names_both_with_their_numbers(llama_sdpa):
+    """cu_seq_lens_q with a zero-length example and no position_ids on sdpa: before, only empty_example ("drop empty
+    examples") was named while the 1.4e-01 log-prob diff was sdpa's leak of a cu-only row; following the remedy left
+    the mismatch. Now both causes, each with its number and remedy; with position_ids the empty example stands alone."""
+    llama_sdpa.model.config.use_cache = False
+    batch = llama_sdpa.packed(flash_kwargs=True)
+    batch.pop("position_ids")
+    batch["cu_seq_lens_q"] = batch["cu_seq_lens_k"] = torch.tensor([0, 11, 11, 18, 31], dtype=torch.int32)
+    result = verify_packed_batch(llama_sdpa.model, batch)
+    line = result.line()
+    assert result.verdict == "fail" and result.causes == ["empty_example", "leak"], line
+    assert result.max_logprob_diff > 1e-2 and [a["cause"] for a in result.also] == ["leak"], line
+    leak = result.also[0]
+    assert f"differ by {result.max_logprob_diff:.2e}" in leak["evidence"] and "moves the others by" in leak["evidence"], line
+    assert leak["remedy"].startswith("return position_ids from the collator"), line
+    assert "remedy: drop empty examples" in line and "; and cause leak: packed vs solo log-probs differ by" in line, line
+    assert "\n" not in line
+    batch = llama_sdpa.packed(flash_kwargs=True)
+    batch["cu_seq_lens_q"] = batch["cu_seq_lens_k"] = torch.tensor([0, 11, 11, 18, 31], dtype=torch.int32)
+    alone = verify_packed_batch(llama_sdpa.model, batch)
+    assert alone.causes == ["empty_example"] and not alone.also, alone.line()
+    assert alone.max_logprob_diff <= alone.tolerance["logits_atol"], alone.line()
 
 
 def test_cause_wrong_positions_not_leak(tolerances):

@@ -257,7 +257,7 @@ OPTIONS = (
            ini="packcheck_sliding_window", env="PACKCHECK_SLIDING_WINDOW", default=_SLIDING_WINDOW,
            field="sliding_window", parse=parse_sliding_window),
     Option(OPT_CONFIG, "Override one config value of every model: key=value (JSON value, or a string), dotted keys "
-           "reach sub-configs, e.g. attn_config.clip_qkv=8 (repeatable; a spec's own {key=value} wins). Recorded "
+           "reach sub-configs, e.g. attn_config.clip_qkv=8 (repeatable, each key once; a spec's own {key=value} wins). Recorded "
            "in each cell's model record.", action="append", multiple=True),
     Option(OPT_RESUME, "Reuse the cells already in <report dir>/packcheck-journal.jsonl from an interrupted run with "
            "the same settings and versions; run the rest.", action="store_true", default=False, field="resume",

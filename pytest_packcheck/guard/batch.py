@@ -41,6 +41,11 @@ CONTRACT_REMEDIES = {
     "cu_dtype": "build cu_seq_lens_q/k as torch.int32 (flash-attn's varlen kernels refuse int64; DataCollatorWithFlattening does)",
 }
 
+#: Contract items (remedy keys) that cannot move a token's log-prob: they change what is scored, how the loss is
+#: divided or add no token, the segmentation the model reads and the reference's being the same. A row whose
+#: log-probs differ with only these broken has a cause of its own, which the probes name beside them.
+LOGPROB_NEUTRAL = ("labels", "num_items", "empty", "cu_dtype")
+
 
 @dataclass
 class _Row:
@@ -52,7 +57,6 @@ class _Row:
     slices: list[slice]
     items: list[tuple[str, str, str]]
     notes: list[str]
-    fatal: bool
     first: int = 0
 
     @property
@@ -121,7 +125,9 @@ def check_fields(batch: Any, device: Any = None) -> Any:
     no ``inputs_embeds`` beside it;
     every tensor dense and
     on input_ids' device (a 0-d CPU scalar may ride beside a CUDA batch, as torch allows), and input_ids on
-    ``device`` (:func:`model_device`) when given; no meta tensor (it holds no values); ``max_length_q/k`` and
+    ``device`` (:func:`model_device`) when given; no meta tensor (it holds no values); every per-token key
+    (:data:`TOKEN_KEYS`) given as a tensor of rank >= 2 with input_ids' ``(batch, length)`` as its last two dims
+    (labels (1, 20) beside input_ids (1, 31) is a malformed batch, not a verdict); ``max_length_q/k`` and
     ``num_items_in_batch`` a whole number >= 0 (int or 0-d integer tensor; the count may be a whole 0-d float tensor,
     as transformers 5.24's Trainer hands it); ``use_cache`` / ``fused_lm_head``
     True or False. Returns ``input_ids``.
@@ -164,6 +170,11 @@ def check_fields(batch: Any, device: Any = None) -> Any:
             continue  # a CPU scalar beside a CUDA batch: torch takes it
         raise _usage(f"batch[{key!r}] is on {value.device}, input_ids on {ids.device}: move the whole batch to the model's "
                      "device (batch = {k: v.to(device) for k, v in batch.items()}).")
+    for key in TOKEN_KEYS:  # per-token keys run along input_ids' tokens: (batch, length) as the last two dims
+        value = batch.get(key)
+        if key != "input_ids" and isinstance(value, torch.Tensor) and value.ndim >= 2 and value.shape[-2:] != ids.shape:
+            raise _usage(f"batch[{key!r}] has shape {tuple(value.shape)}, input_ids {tuple(ids.shape)}: a per-token key runs "
+                         f"along the row's tokens, so the batch is malformed; {CONTRACT_REMEDIES['lengths']}.")
     if device is not None and ids.device != device:
         raise _usage(f"batch['input_ids'] is on {ids.device}, the model's embeddings on {device}: move the batch to the "
                      f"model's device (batch = {{k: v.to({str(device)!r}) for k, v in batch.items()}}).")
@@ -188,17 +199,14 @@ def check_fields(batch: Any, device: Any = None) -> Any:
 
 def _cu_form_problems(cu: list[int], total: int) -> list[str]:
     """What keeps the offsets ``cu`` (cu_seq_lens_q) from running non-decreasing from 0 to ``total``, each named
-    with its values ("decrease at index 2 (18 > 11)", "end at 40, not the row length 31"); [] when they do."""
-    if not cu:
-        return [f"hold no offset (empty), expected 0, ..., {total}"]
+    with its values ("decrease at index 2 (18 > 11)"); [] when they do. Offsets that do not end at ``total`` never
+    get here: :func:`parse_row` refuses them as a malformed batch."""
     if len(cu) == 1:
         return [f"hold one offset, expected 0, ..., {total}"]
     out = [] if cu[0] == 0 else [f"start at {cu[0]}, not 0"]
     down = next((i for i in range(1, len(cu)) if cu[i] < cu[i - 1]), None)
     if down is not None:
         out.append(f"decrease at index {down} ({cu[down - 1]} > {cu[down]})")
-    if cu[-1] != total:
-        out.append(f"end at {cu[-1]}, not the row length {total}")
     return out
 
 
@@ -208,11 +216,11 @@ def parse_row(batch: Any, config: Any = None) -> _Row:
     ``cu_seq_lens_q`` offsets and the ``seq_idx`` changes. The per-example reference is built from this
     segmentation with true positions, so ids that restart wrong are measured, not copied into the reference.
 
-    Contract items (each fails the batch with a cause code and a remedy, :data:`CONTRACT_REMEDIES`): per-token
-    keys of different lengths (no numbers then), position_ids that restart anywhere but at the architecture's
+    Contract items (each fails the batch with a cause code and a remedy, :data:`CONTRACT_REMEDIES`): position_ids
+    that restart anywhere but at the architecture's
     first id (0; padding_idx + 1 for RoBERTa-likes), segmentations that disagree (``cu_seq_lens_q`` or ``seq_idx``
     starting examples elsewhere than the position_ids restarts, or ``seq_idx`` elsewhere than ``cu_seq_lens_q``),
-    ``cu_seq_lens_q`` not running non-decreasing from 0 to the row length, ``cu_seq_lens_k`` unlike
+    ``cu_seq_lens_q`` not starting at 0 or decreasing, ``cu_seq_lens_k`` unlike
     ``cu_seq_lens_q``, ``max_length_q`` below the longest example, zero-length examples, labels that are not -100
     at example starts, a ``num_items_in_batch`` below the row's own scored label tokens (a note instead where the
     Trainer may divide it: :func:`_count_may_be_divided`; a larger count is gradient accumulation's, never flagged). Notes (no verdict of their own): an attention_mask beside the row (the reruns measure
@@ -227,7 +235,8 @@ def parse_row(batch: Any, config: Any = None) -> _Row:
             ``input_ids`` empty ``(1, 0)`` or holding ids outside ``[0, vocab_size)``; a per-token key that is not
             a tensor or of the wrong rank; an integer key (labels, position_ids, seq_idx, token_type_ids) of float,
             complex or bool dtype; labels outside the vocabulary but -100; ``cu_seq_lens_q/k`` not a 1-D integer
-            tensor. One line naming the value, where it came from and the fix.
+            tensor or not ending at the row length; a per-token key whose length is not the row's (see
+            :func:`check_fields`). One line naming the value, where it came from and the fix.
     """
     import torch
 
@@ -279,13 +288,6 @@ def parse_row(batch: Any, config: Any = None) -> _Row:
                          f"[0, {vocab}): mask labels with -100 (DataCollatorWithFlattening's separator_id=-100).")
     items: list[tuple[str, str, str]] = []
     notes: list[str] = []
-    fatal = False
-    for key in TOKEN_KEYS:
-        value = batch.get(key)
-        if key != "input_ids" and value is not None and tuple(value.shape[-2:]) != (1, total):
-            items.append(("collator_contract", (f"{key} has shape {tuple(value.shape)}, input_ids {(1, total)}: per-token keys "
-                                               "differ in length"), "lengths"))
-            fatal = True
     cu = {}
     for key in ("cu_seq_lens_q", "cu_seq_lens_k"):
         value = batch.get(key)
@@ -296,6 +298,10 @@ def parse_row(batch: Any, config: Any = None) -> _Row:
             raise _usage(f"batch[{key!r}] is {what}: expected a 1-D int32 tensor of example offsets (0, ..., {total}) "
                          "(DataCollatorWithFlattening(return_flash_attn_kwargs=True)).")
         cu[key] = [int(x) for x in value.tolist()]
+        if not cu[key] or cu[key][-1] != total:
+            end = f"end at {cu[key][-1]}" if cu[key] else "hold no offset"
+            raise _usage(f"batch[{key!r}] {cu[key][:8]} (shape {_shape(value)}) {end}, input_ids {tuple(ids.shape)}: the offsets "
+                         f"must end at the row length {total}, so the batch is malformed; {CONTRACT_REMEDIES['cu_form']}.")
         if value.dtype != torch.int32:
             notes.append(f"{key} dtype {value.dtype}, flash-attn 2.x needs torch.int32")
     pos = batch.get("position_ids")
@@ -307,7 +313,7 @@ def parse_row(batch: Any, config: Any = None) -> _Row:
     boundaries = {0}
     #: every segmentation the batch declares, as (what it says, example starts, remedy key): they must agree
     segmentations: list[tuple[str, list[int], str]] = []
-    if isinstance(pos, torch.Tensor) and not fatal:
+    if isinstance(pos, torch.Tensor):
         p = (pos[0, 0] if pos.ndim == 3 else pos[0]).tolist()
         pos_starts = [0] + [i for i in range(1, total) if p[i] != p[i - 1] + 1]
         boundaries.update(pos_starts)
@@ -331,7 +337,7 @@ def parse_row(batch: Any, config: Any = None) -> _Row:
         if cu_k is not None and cu_k != cu_q:
             items.append(("collator_contract", f"cu_seq_lens_k {cu_k[:8]} differ from cu_seq_lens_q {cu_q[:8]}", "cu_qk"))
     seq_idx = batch.get("seq_idx")
-    if isinstance(seq_idx, torch.Tensor) and not fatal:
+    if isinstance(seq_idx, torch.Tensor):
         s = seq_idx[0].tolist()
         seq_starts = [0] + [i for i in range(1, total) if s[i] != s[i - 1]]
         boundaries.update(seq_starts)
@@ -349,13 +355,13 @@ def parse_row(batch: Any, config: Any = None) -> _Row:
         if number is not None and number < longest:
             items.append(("collator_contract", f"{key} {number} is below the longest example ({longest} tokens)", "max_length"))
     labels = batch.get("labels")
-    if isinstance(labels, torch.Tensor) and not fatal:
+    if isinstance(labels, torch.Tensor):
         unmasked = [s for s in starts[1:] if int(labels[0, s]) != IGNORE_INDEX]
         if unmasked:
             items.append(("collator_contract", (f"labels not -100 at {len(unmasked)} example starts (token indices "
                                                f"{unmasked[:5]}): the trainer scores those tokens across the boundary"), "labels"))
     count = _int_or_none(batch.get("num_items_in_batch"))
-    if count is not None and isinstance(labels, torch.Tensor) and not fatal:
+    if count is not None and isinstance(labels, torch.Tensor):
         scored = int((labels[..., 1:] != IGNORE_INDEX).sum())
         if count < scored:
             said = (f"num_items_in_batch {count} is below this row's own {scored} scored label tokens (labels != -100 "
@@ -366,7 +372,7 @@ def parse_row(batch: Any, config: Any = None) -> _Row:
                 items.append(("collator_contract", said, "num_items"))
     if isinstance(batch.get("attention_mask"), torch.Tensor):
         notes.append("an attention_mask rides beside the packed row (eager/sdpa/flex then build no packed mask)")
-    return _Row(dict(batch), total, [slice(s, e) for s, e in zip(starts, ends, strict=True)], items, notes, fatal, first)
+    return _Row(dict(batch), total, [slice(s, e) for s, e in zip(starts, ends, strict=True)], items, notes, first)
 
 
 def _count_may_be_divided() -> bool:

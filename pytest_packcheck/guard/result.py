@@ -90,7 +90,8 @@ class GuardResult:
     requested) or "skipped" (nothing judged: one example in the row, no labelled token, or a batch that is not
     packed; ``evidence`` says which). ``cause``: a code of :data:`pytest_packcheck.analysis.diagnose.CAUSES` (None on a
     pass) and ``remedy`` its one-line fix; ``causes``: every code found, ``cause`` first (a broken batch contract adds
-    its items' codes).
+    its items' codes). ``also``: each measured cause beside a broken batch contract that does not account for the
+    numbers (an empty example on sdpa and a leak), as ``{"cause", "evidence", "remedy"}``, in ``causes`` too.
     ``dtype``: the tolerance row, from how the forward computed (``dtype_source``, e.g. "autocast bfloat16
     over float32 weights").
     ``max_logprob_diff``: the worst absolute difference (nats) of a labelled token's log-prob, packed vs its
@@ -125,6 +126,7 @@ class GuardResult:
     dtype_source: str = ""
     causes: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    also: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -145,6 +147,8 @@ class GuardResult:
                 f"(tol {_tol(self.tolerance.get('logits_atol'))}), loss diff {loss} (tol {_tol(self.tolerance.get('loss_atol'))})")
         if self.cause:
             head += f"; cause {self.cause}: {self.evidence}; remedy: {self.remedy}"
+            for more in self.also:
+                head += f"; and cause {more['cause']}: {more['evidence']}; remedy: {more['remedy']}"
         elif self.evidence:
             head += f"; {self.evidence}"
         if self.notes:

@@ -11,6 +11,7 @@ from typing import Any
 from ..errors import PackcheckUsageError
 from .batch import (
     IGNORE_INDEX,
+    LOGPROB_NEUTRAL,
     _contract_remedy,
     _int_or_none,
     _Row,
@@ -272,10 +273,6 @@ def _measure(model: Any, row: _Row, run: dict[str, Any], cache: bool, fused: boo
             "causes": [code for code, _, _ in row.items], "dtype_source": f"{probe_dtype.weights} weights"}
     empty = {"max_logprob_diff": None, "loss_packed": None, "loss_reference": None, "loss_delta": None}
     contract_cause = row.items[0][0] if row.items else None
-    if row.fatal:
-        return _finish(GuardResult(**base, **empty, cause=contract_cause, remedy=_contract_remedy(row),
-                                   evidence="; ".join(row.problems), tolerance=_pick(tols, probe_dtype.weights),
-                                   attention={}), model)
     trainer, targets = _targets(row)
     base["label_tokens"] = int((targets != IGNORE_INDEX).sum())  # the row's scored labels, also where nothing is compared
     if not bool((targets != IGNORE_INDEX).any()):
@@ -353,6 +350,16 @@ def _measure(model: Any, row: _Row, run: dict[str, Any], cache: bool, fused: boo
         result.cause = contract_cause
         result.evidence = "; ".join(row.problems) + f" ({numbers})"
         result.remedy = _contract_remedy(row)
+        if (cmp["max"] is not None and not cmp["max"] <= tol["logits_atol"]
+                and all(key in LOGPROB_NEUTRAL for _, _, key in row.items)):
+            # no contract item moves a log-prob, yet they differ: name what the probes measure as well, so fixing
+            # the contract does not leave an unexplained mismatch (an empty example on sdpa beside a leak, trial 10)
+            cause, evidence = _diagnose(model, row, targets, inputs, fused, cmp, tol, attention, others, probes, forwards,
+                                        dict(zip(which, solo, strict=True)), dtype, tols, packed)
+            if cause != _NUMERICS_PASS and cause not in result.causes:
+                result.causes.append(cause)
+                result.also.append({"cause": cause, "evidence": evidence, "remedy": _remedy(cause, result)})
+            result.forwards = forwards[0]
         return _finish(result, model)
     if not _bad(cmp, tol):
         result.verdict = "pass"
@@ -375,30 +382,35 @@ def _measure(model: Any, row: _Row, run: dict[str, Any], cache: bool, fused: boo
 
 
 def _finish(result: GuardResult, model: Any) -> GuardResult:
-    """Fill in the remedy from diagnose.remedy, for the backend that ran and the installed versions; ``causes``
-    leads with ``cause`` (it was empty on a leak the probes named, trial 7, 139)."""
+    """Fill in the remedy (:func:`_remedy`); ``causes`` leads with ``cause`` (it was empty on a leak the probes
+    named, trial 7, 139)."""
     if result.cause:
         result.causes = [result.cause, *(c for c in result.causes if c != result.cause)]
     if result.cause and not result.remedy:
-        from ..analysis.diagnose import remedy
-        from ..backends import MASKED_BACKENDS
-
-        cell = {"backend": result.run.get("attn_implementation"), "check": "guard",
-                "metrics": {"batch_has_position_ids": bool(result.probes.get("batch_has_position_ids", True))}}
-        result.remedy = remedy(result.cause, cell, {k: v for k, v in result.versions.items() if v})
-        if result.cause == "kernel_numerics" and result.dtype in _REDUCED:
-            result.remedy = (f"not decided in {result.dtype}: run verify_packed_batch once on a float32 copy of the model "
-                             "(model.float()) with this batch; if it passes there, widen the tolerance "
-                             f"(tolerances={{'{result.dtype}': {{'logits_atol': ..., 'loss_atol': ...}}}})")
-        elif result.cause == "kernel_numerics":
-            result.remedy = ("the kernel differs on packed vs per-example shapes while keeping the boundaries: if it is "
-                             f"expected to differ by {_fmt(result.max_logprob_diff)}, widen logits_atol (tolerances="
-                             "{'float32': {'logits_atol': ..., 'loss_atol': ...}}); else report it to the kernel's maintainers")
-        elif (result.cause == "leak" and result.probes.get("batch_has_position_ids") is False
-              and result.run.get("attn_implementation") in MASKED_BACKENDS):
-            result.remedy = ("return position_ids from the collator (DataCollatorWithFlattening(return_position_ids=True)): "
-                             "eager / sdpa / flex build the packed mask from position_ids; cu_seq_lens_q reach only the "
-                             "flash path")
-        elif result.cause == "crash":
-            result.remedy = "see the exception: the model cannot run this batch as the loop feeds it"
+        result.remedy = _remedy(result.cause, result)
     return result
+
+
+def _remedy(cause: str, result: GuardResult) -> str:
+    """The remedy of ``cause`` from diagnose.remedy, for the backend that ran and the installed versions; the
+    guard's own where it knows better (numerics, a leak of a row without position_ids, a crash)."""
+    from ..analysis.diagnose import remedy
+    from ..backends import MASKED_BACKENDS
+
+    if cause == "kernel_numerics" and result.dtype in _REDUCED:
+        return (f"not decided in {result.dtype}: run verify_packed_batch once on a float32 copy of the model "
+                "(model.float()) with this batch; if it passes there, widen the tolerance "
+                f"(tolerances={{'{result.dtype}': {{'logits_atol': ..., 'loss_atol': ...}}}})")
+    if cause == "kernel_numerics":
+        return ("the kernel differs on packed vs per-example shapes while keeping the boundaries: if it is "
+                f"expected to differ by {_fmt(result.max_logprob_diff)}, widen logits_atol (tolerances="
+                "{'float32': {'logits_atol': ..., 'loss_atol': ...}}); else report it to the kernel's maintainers")
+    if (cause == "leak" and result.probes.get("batch_has_position_ids") is False
+            and result.run.get("attn_implementation") in MASKED_BACKENDS):
+        return ("return position_ids from the collator (DataCollatorWithFlattening(return_position_ids=True)): "
+                "eager / sdpa / flex build the packed mask from position_ids; cu_seq_lens_q reach only the flash path")
+    if cause == "crash":
+        return "see the exception: the model cannot run this batch as the loop feeds it"
+    cell = {"backend": result.run.get("attn_implementation"), "check": "guard",
+            "metrics": {"batch_has_position_ids": bool(result.probes.get("batch_has_position_ids", True))}}
+    return remedy(cause, cell, {k: v for k, v in result.versions.items() if v})

@@ -69,9 +69,12 @@ def parse_overrides(text: str, where: str) -> tuple[tuple[str, Any], ...]:
     else a string. Keys may be dotted (attn_config.clip_qkv) to reach a sub-config.
 
     Raises:
-        PackcheckUsageError: an item without ``=``, or a key that is not a dotted identifier.
+        PackcheckUsageError: an item without ``=``, a key that is not a dotted identifier, or a key given twice
+            (``arch:llama{a=1,a=2}``, ``--packcheck-config a=1 --packcheck-config a=2``: no silent last-wins),
+            naming the key, both values and ``where``.
     """
     items: list[tuple[str, Any]] = []
+    said: dict[str, str] = {}
     for item in split_top(text):
         if not item.strip():
             continue
@@ -81,11 +84,16 @@ def parse_overrides(text: str, where: str) -> tuple[tuple[str, Any], ...]:
             raise PackcheckUsageError(
                 f"Bad config override '{item.strip()}' ({where}): write key=value with a config key, e.g. "
                 "arch:dbrx{attn_config.clip_qkv=8} or --packcheck-config clip_qkv=8.")
+        if key in said:
+            raise PackcheckUsageError(
+                f"Config key '{key}' given twice ({where}): {key}={said[key]} and {key}={value.strip()}; give each key "
+                "once, with the value you mean.")
+        said[key] = value.strip()
         try:
             parsed: Any = json.loads(value.strip())
         except json.JSONDecodeError:
             parsed = value.strip()
-        items = [(k, v) for k, v in items if k != key] + [(key, parsed)]
+        items.append((key, parsed))
     return tuple(items)
 
 
