@@ -298,10 +298,13 @@ def test_gate_summary_under_a_regular_file_says_it_is_a_file(tmp_path):
         probe_summary(str(tmp_path / "nodir" / "x.md"))
 
 
-def test_gate_warns_when_the_two_sides_were_measured_with_different_probe_settings(tmp_path):
-    """A candidate run with --packcheck-lengths 9,5 was compared with a baseline of the default lengths without a
-    word (merge warns when settings differ); the gate now names the setting and both values, by merge's rule."""
-    base, cand = _doc([_cell()]), _doc([_cell()])
+def test_gate_and_merge_refuse_sides_measured_with_different_probe_settings(tmp_path):
+    """A candidate run with --packcheck-lengths 9,5 was compared with a baseline of the default lengths (the gate only
+    warned), and merge kept one file's numbers under the other's ``settings.lengths``, its warning calling the dedup
+    "the union of their cells" (trial 10, 60). Files measured with different probe settings are refused by the one
+    rule of differing tolerances, on the CLI with exit 2 and one line naming both values; settings that do not
+    change a measurement (the per-cell timeout) still only warn."""
+    base, cand = _doc([_cell()]), _doc([_cell(metrics={"max_loss_delta": 2e-7})])
     base["settings"]["lengths"], cand["settings"]["lengths"] = [17, 9, 5], [9, 5]
     cand["settings"]["report_dir"] = "elsewhere"  # incidental, as in merge
     paths = []
@@ -310,21 +313,57 @@ def test_gate_warns_when_the_two_sides_were_measured_with_different_probe_settin
         paths[-1].write_text(json.dumps(doc))
     proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "gate", "--baseline", str(paths[0]),
                            "--candidate", str(paths[1])], capture_output=True, text=True, check=False)
-    assert proc.returncode == 0, proc.stderr
-    assert ("packcheck gate: warning: the baseline and the candidate were measured with different probe settings "
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert ("Cannot compare the baseline and the candidate: they were measured with different probe settings "
+            "(lengths [17, 9, 5] vs [9, 5])") in proc.stderr and "--packcheck-lengths" in proc.stderr, proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "merge", "-o", str(tmp_path / "out"), *map(str, paths)],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 2 and not (tmp_path / "out" / "packcheck-matrix.json").exists(), proc.stderr
+    assert (f"Cannot merge {paths[0]} and {paths[1]}: they were measured with different probe settings "
             "(lengths [17, 9, 5] vs [9, 5])") in proc.stderr, proc.stderr
-    assert merge([base, cand])["merged_settings_differ"] == ["lengths"]  # one rule with merge
-    other = _doc([_cell()], transformers="4.57.1")  # another stack, another selection: what the gate compares across
-    other["settings"].update(checks=["trainer", "isolation"], lengths=[17, 9, 5])
+    for key, a, b in (("sliding_window", 8, 4), ("weights", "random", "pretrained"), ("device", "cpu", "cuda")):
+        one, two = _doc([_cell()]), _doc([_cell()])
+        one["settings"][key], two["settings"][key] = a, b
+        with pytest.raises(PackcheckUsageError, match=f"different probe settings \\({key} "):
+            merge([one, two])
+        with pytest.raises(PackcheckUsageError, match=f"different probe settings \\({key} "):
+            compare(one, two)
+    base["settings"]["lengths"] = cand["settings"]["lengths"]
+    base["settings"]["timeout_s"], cand["settings"]["timeout_s"] = 600.0, 60.0
     from pytest_packcheck.analysis.gate import probe_settings_note
 
+    assert "timeout_s 600.0 vs 60.0" in probe_settings_note(base, cand, "packcheck gate")
+    assert merge([base, cand])["merged_settings_differ"] == ["timeout_s"]  # one rule with merge
+    other = _doc([_cell()], transformers="4.57.1")  # another stack, another selection: what the gate compares across
+    other["settings"].update(checks=["trainer", "isolation"], lengths=[9, 5], timeout_s=600.0)
     assert probe_settings_note(base, other, "packcheck gate") is None
+
+
+def test_merge_warning_of_unrelated_audits_counts_what_it_kept(tmp_path):
+    """The warning for files that are not shards of one audit said "the matrix shows the union of their cells" where
+    14 of 28 records were dropped as one cell id held twice (trial 10, 60): it now counts the distinct cells and the
+    records left out."""
+    from conftest import planted_cell, planted_doc
+
+    iso = planted_cell("llama", "sdpa", "isolation", "pass", max_change=0.0)
+    one, two = planted_doc([iso]), planted_doc([iso, planted_cell("llama", "sdpa", "logits_parity", "pass", max_abs_diff=0.0)])
+    one["settings"]["timeout_s"], two["settings"]["timeout_s"] = 600.0, 60.0
+    paths = []
+    for name, doc in (("one", one), ("two", two)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(doc))
+    proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "merge", "-o", str(tmp_path / "out"), *map(str, paths)],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "union" not in proc.stderr, proc.stderr
+    assert ("the matrix holds the 2 distinct cells of the 2 files; 1 record(s) of a cell id already held left out "
+            "(one cell per id), and every command") in proc.stderr, proc.stderr
 
 
 def test_gate_refuses_sides_judged_with_different_tolerances():
     """A candidate judged with float32.loss_atol=1e-12 read "2 regression(s)", exit 1, with identical stacks and the
     identical Δ on both sides (trial 6, 165), and swapped it read "better/neutral" (164): merge refuses the pair, the
-    gate now too (one rule, analysis.gate._refuse_differing_tolerances)."""
+    gate now too (one rule, analysis.gate._refuse_unlike_measurements)."""
     from pytest_packcheck.analysis.gate import compare
     from pytest_packcheck.errors import PackcheckUsageError
 

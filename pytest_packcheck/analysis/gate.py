@@ -160,16 +160,15 @@ def compare(baseline: dict[str, Any], candidate: dict[str, Any], allow: dict[str
 
     Raises:
         PackcheckUsageError: see :func:`_match_with_env`; no baseline cell compared (:func:`_refuse_nothing_compared`);
-            the two judged one dtype with different tolerances (a
-            verdict would change with the tolerance, not the stack: the rule merge applies,
-            :func:`_refuse_differing_tolerances`).
+            the two measured with different probe settings, or judged one dtype with different tolerances (a
+            verdict would change with them, not the stack: the rule merge applies, :func:`_refuse_unlike_measurements`).
     """
     allow = allow or {}
     key = _key if _match_with_env(baseline, candidate) else _cross_key
     base = index_cells(baseline["cells"], key, "the baseline")
     cand = index_cells(candidate["cells"], key, "the candidate")
     _refuse_nothing_compared(base, cand, candidate)
-    _refuse_differing_tolerances([baseline, candidate], ["the baseline", "the candidate"], "compare")
+    _refuse_unlike_measurements([baseline, candidate], ["the baseline", "the candidate"], "compare")
     changes: list[Change] = []
     for key in sorted(set(base) | set(cand), key=lambda k: tuple(str(x) for x in k)):
         b, c = base.get(key), cand.get(key)
@@ -490,13 +489,32 @@ def _tolerances_by_dtype(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _refuse_differing_tolerances(documents: list[dict[str, Any]], names: list[str], what: str = "merge") -> None:
-    """Refuse documents whose cells of one dtype were judged with different tolerances: the merged matrix has one
-    ``## Tolerances`` table and one source, which would be wrong for one part.
+def _refuse_unlike_measurements(documents: list[dict[str, Any]], names: list[str], what: str = "merge") -> None:
+    """The one rule for documents whose cells are not like measurements, shared by merge and the gate: refuse
+    documents measured with different probe settings (:data:`config.options.PROBE_SETTINGS`: the probe lengths,
+    sliding window, weights, device; compared where both files record the key), whose cells under one id are
+    different measurements (trial 10, 60: a merge kept one file's numbers under the other's ``settings.lengths``),
+    or whose cells of one dtype were judged with different tolerances (the merged matrix has one ``## Tolerances``
+    table and one source, which would be wrong for one part).
 
     Raises:
-        PackcheckUsageError: names both files, the dtype, each differing key with both values and both sources.
+        PackcheckUsageError: one line naming both files, each differing setting (or the dtype and tolerance key)
+            with both values, and the flag to rerun with.
     """
+    from ..config.options import PROBE_SETTINGS
+
+    first = documents[0].get("settings") or {} if documents else {}
+    for i, doc in enumerate(documents[1:], 1):
+        mine = doc.get("settings") or {}
+        keys = [k for k in PROBE_SETTINGS if k in first and k in mine and first[k] != mine[k]]
+        if not keys:
+            continue
+        values = scrub_secrets(", ".join(f"{k} {json.dumps(first[k])} vs {json.dumps(mine[k])}" for k in keys))
+        why = ("one cell id would hold one file's numbers under the other's settings" if what == "merge"
+               else "a number or verdict that changed could be the settings' change, not the stack's")
+        raise PackcheckUsageError(
+            f"Cannot {what} {names[0]} and {names[i]}: they were measured with different probe settings ({values}), and "
+            f"{why}. Rerun one audit with the other's {' and '.join(PROBE_SETTINGS[k] for k in keys)} and {what} again.")
     seen: dict[str, tuple[int, dict[str, Any]]] = {}
     for i, doc in enumerate(documents):
         for dtype, tol in _tolerances_by_dtype(doc).items():
@@ -523,13 +541,13 @@ def merge(documents: list[dict[str, Any]], names: list[str] | None = None) -> di
     marked incomplete, make the merged document ``incomplete`` (reason named).
 
     Raises:
-        PackcheckUsageError: no documents, one cell with two different verdicts, or one dtype judged with two
-            different tolerances.
+        PackcheckUsageError: no documents, one cell with two different verdicts, documents measured with different
+            probe settings or one dtype judged with two different tolerances (:func:`_refuse_unlike_measurements`).
     """
     if not documents:
         raise PackcheckUsageError("packcheck merge got no results files: pass at least one JSON file.")
     names = names or [f"file {i + 1}" for i in range(len(documents))]
-    _refuse_differing_tolerances(documents, names)
+    _refuse_unlike_measurements(documents, names)
     every = [{**cell, "environment": cell.get("environment", doc["environment"])} for doc in documents for cell in doc["cells"]]
     cells = index_cells(every, lambda c: c["cell_id"], "the files merged")
     first = documents[0]
