@@ -49,6 +49,31 @@ def test_a_cell_held_twice_with_two_verdicts_is_refused_by_gate_and_merge_alike(
     assert list(index_cells(same["cells"], lambda c: c["cell_id"], "x")) == ["llama-sdpa-trainer-float32"]
 
 
+def test_an_interrupted_runs_not_run_placeholder_yields_to_the_measured_cell_in_gate_and_merge():
+    """Merging an interrupted shard with its completed rerun was refused: "Cell llama-sdpa-backend-float32 is
+    'skipped' and 'pass' in the files merged: ... two verdicts" (trial 10, 245), though the skipped record is only the
+    "not run (interrupted)" placeholder. In the one duplicate-cell rule it yields to a measured record, in either
+    order, for merge and the gate alike; the merged matrix is then complete (every placeholder measured), and two
+    measured verdicts are still refused."""
+    unrun = _cell(status="skipped", metrics={"not_run": "interrupted"}, message="not run: the run was interrupted")
+    other = _cell(cell_id="llama-sdpa-isolation-float32", check="isolation")
+    stopped, rerun = _doc([other, unrun]), _doc([other, _cell()])
+    stopped["incomplete"] = {"reason": "the run was interrupted", "cells": 1, "resume": "rerun with --packcheck-resume"}
+    for docs in ([stopped, rerun], [rerun, stopped]):
+        merged = merge(docs, ["i2.json", "r1.json"])
+        assert [c["status"] for c in merged["cells"]] == ["pass", "pass"], merged["cells"]
+        assert "incomplete" not in merged  # the rerun measured every cell the interrupted shard never reached
+    assert compare(_doc([_cell()]), _doc([unrun, _cell()])) == [] and compare(_doc([_cell(), unrun]), _doc([_cell()])) == []
+    # a placeholder no other file measured keeps the merged matrix incomplete, as a "not run" cell
+    alone = _doc([_cell(cell_id="llama-sdpa-isolation-float32", check="isolation", status="skipped",
+                        metrics={"not_run": "interrupted"}), _cell()])
+    alone["incomplete"] = stopped["incomplete"]
+    merged = merge([alone, _doc([_cell()])], ["i2.json", "r1.json"])
+    assert merged["incomplete"]["reason"] == "the run was interrupted (i2.json)"
+    with pytest.raises(PackcheckUsageError, match=r"is 'skipped' and 'pass' in the files merged"):  # a measured skip
+        merge([_doc([_cell(status="skipped", message="needs a CUDA device")]), rerun])
+
+
 def _sourced(doc, source):
     doc["settings"]["tolerance_source"] = source
     return doc

@@ -4,7 +4,8 @@ A cell is matched by (model label, backend, check, dtype). It got worse when its
 pass > skipped > unsupported > fallback > fail > error, when it stayed a pass but a parity number grew beyond
 the candidate's tolerance, or when it stayed red but gained a cause (issue 23: a cell that fails for a second
 reason is a new fault). One rule for a cell held twice, in one file or across files, shared by the gate and
-merge (:func:`index_cells`): the same verdict twice is one cell; two verdicts are refused. Pure functions:
+merge (:func:`index_cells`): the same verdict twice is one cell, an interrupted run's "not run" placeholder yields
+to a measured record; two verdicts are refused. Pure functions:
 documents in, rows and a verdict out.
 """
 
@@ -44,8 +45,10 @@ class Change:
 
 def index_cells(cells: list[dict[str, Any]], key: Callable[[dict[str, Any]], Any], where: str) -> dict[Any, dict[str, Any]]:
     """The cells of one side by ``key``: the one duplicate-cell rule of the gate and merge. A cell held twice
-    with the same verdict (overlapping shards, a resumed run) is one cell (the later record is kept); with two
-    verdicts it is refused, since no comparison of it could be trusted.
+    with the same verdict (overlapping shards, a resumed run) is one cell (the later record is kept); a record
+    that only says an interrupted run never reached the cell (:func:`report.verdicts.not_run`) is no verdict and
+    yields to a measured record of the same cell, in either order (an interrupted shard merged with its completed
+    rerun); a cell with two measured verdicts is refused, since no comparison of it could be trusted.
 
     Raises:
         PackcheckUsageError: a cell held twice with different verdicts (names the cell id, both verdicts and
@@ -55,6 +58,11 @@ def index_cells(cells: list[dict[str, Any]], key: Callable[[dict[str, Any]], Any
     for cell in cells:
         k = key(cell)
         prev = out.get(k)
+        if prev is not None and not_run(cell) and not not_run(prev):
+            continue  # the placeholder of an interrupted run: the measured record stands
+        if prev is not None and not_run(prev) != not_run(cell):
+            out[k] = cell  # a measured record replaces the placeholder
+            continue
         if prev is not None and prev["status"] != cell["status"]:
             raise PackcheckUsageError(
                 f"Cell {cell['cell_id']} is '{prev['status']}' and '{cell['status']}' in {where}: a cell held twice with "
@@ -538,7 +546,8 @@ def merge(documents: list[dict[str, Any]], names: list[str] | None = None) -> di
     with (``names``: what to call each document in that error, default "file 1", "file 2", ...). Backends, checks and dtypes of the settings are the union;
     documents whose settings differ otherwise (not shards of one audit) are named in ``merged_settings_differ``
     and every command is kept. Shards that recorded ``settings.shard`` but do not cover 1..count, or a document
-    marked incomplete, make the merged document ``incomplete`` (reason named).
+    marked incomplete (unless another file measured every cell it did not reach, :func:`_rerun_elsewhere`), make
+    the merged document ``incomplete`` (reason named).
 
     Raises:
         PackcheckUsageError: no documents, one cell with two different verdicts, documents measured with different
@@ -574,7 +583,7 @@ def merge(documents: list[dict[str, Any]], names: list[str] | None = None) -> di
     marks = [{**doc["incomplete"], "reason": doc["incomplete"]["reason"] + (f" ({name})" if len(documents) > 1 else ""),
               "resume": (f"rerun {name}'s own command with --packcheck-resume, then merge again" if len(documents) > 1
                          else doc["incomplete"].get("resume", ""))}
-             for name, doc in zip(names, documents, strict=True) if doc.get("incomplete")]
+             for name, doc in zip(names, documents, strict=True) if doc.get("incomplete") and not _rerun_elsewhere(doc, cells)]
     shards = [doc["settings"]["shard"] for doc in documents if _is_shard(doc.get("settings", {}).get("shard"))]
     settings.pop("shard", None)  # the merged matrix is no one shard
     if shards:  # shards of an audit recorded [index, count]: the merge must hold every index, else it is incomplete
@@ -599,6 +608,15 @@ def merge(documents: list[dict[str, Any]], names: list[str] | None = None) -> di
         commands = list(dict.fromkeys(doc.get("command", "") for doc in documents))
         out["command"] = "\n".join(commands)
     return out
+
+
+def _rerun_elsewhere(doc: dict[str, Any], cells: dict[str, dict[str, Any]]) -> bool:
+    """Whether an interrupted document's unfinished part was measured by another file of the merge: it lists the
+    cells it never reached (:func:`report.verdicts.not_run` placeholders: an interrupted run lists every planned
+    cell), and each of them is measured in the merged ``cells`` (by cell id, :func:`index_cells`). Its
+    "interrupted" mark then describes no cell of the merged matrix (an interrupted shard merged with its rerun)."""
+    unrun = [c["cell_id"] for c in doc["cells"] if not_run(c)]
+    return bool(unrun) and all(k in cells and not not_run(cells[k]) for k in unrun)
 
 
 def _whole_audit_command(command: str) -> str:
