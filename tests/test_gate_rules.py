@@ -397,3 +397,47 @@ def test_gate_refuses_sides_judged_with_different_tolerances():
                                                   r"differ \(loss_atol 0.0001 vs 1e-12.*tolerance's change, not the stack's"):
         compare(_doc([loose]), _doc([tight]))
     assert compare(_doc([loose]), _doc([_cell(tolerances={"loss_atol": 1e-4})])) == []
+
+
+def _run_gate(tmp_path, base: dict, cand: dict) -> subprocess.CompletedProcess:
+    paths = []
+    for name, doc in (("base", base), ("cand", cand)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(doc))
+    return subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "gate", "--baseline", str(paths[0]), "--candidate",
+                           str(paths[1])], capture_output=True, text=True, check=False)
+
+
+def test_a_new_models_hazards_and_findings_are_not_regressions(tmp_path):
+    """Adding gpt2 beside llama failed the gate with "3 regression(s)": gpt2's cache_trap and mask_trap (hazards shown)
+    and its collate (a stack finding) as "fail REGRESSION new cell", while the baseline's llama showed the very same
+    (trial 10, 45). A new cell whose check's role is hazard or finding is never a regression; a new correctness cell
+    that is not a pass stays one. The "missing cells count as regressions" warning of an incomplete candidate is
+    printed only where such a cell was counted."""
+    def cells(model: str) -> list[dict]:
+        return [_cell(f"{model}-sdpa-cache_trap-float32", "cache_trap", "fail", "cache_trap", model={"label": model}),
+                _cell(f"{model}-sdpa-mask_trap-float32", "mask_trap", "fail", "mask_trap", model={"label": model}),
+                _cell(f"{model}-collate-float32", "collate", "fail", "integer_labels", model={"label": model}, backend=None),
+                _cell(f"{model}-sdpa-isolation-float32", "isolation", model={"label": model})]
+
+    base, cand = _doc(cells("llama")), _doc(cells("llama") + cells("gpt2"))
+    changes = compare(base, cand)
+    assert sorted(c.key[2] for c in changes) == ["cache_trap", "collate", "isolation", "mask_trap"]
+    assert regressions(changes) == []
+    broken = _doc(cells("llama") + cells("gpt2")[:3] + [_cell("gpt2-sdpa-isolation-float32", "isolation", "fail", "leak",
+                                                              model={"label": "gpt2"})])
+    assert [c.key[:3] for c in regressions(compare(base, broken))] == [("gpt2", "sdpa", "isolation")]
+    proc = _run_gate(tmp_path, base, cand)
+    assert proc.returncode == 0 and "0 regression(s), 4 changed cell(s)" in proc.stdout, proc.stdout + proc.stderr
+    # an incomplete candidate whose not-run cells are not counted (the baseline failed them) says nothing of counting
+    stopped = _doc([*cells("llama")[:3], _cell("llama-sdpa-isolation-float32", "isolation", "skipped",
+                                               metrics={"not_run": "interrupted"}, model={"label": "llama"})])
+    stopped["incomplete"] = {"reason": "the run was interrupted", "cells": 3}
+    failing = _doc([*cells("llama")[:3], _cell("llama-sdpa-isolation-float32", "isolation", "fail", "leak",
+                                               model={"label": "llama"})])
+    proc = _run_gate(tmp_path, failing, stopped)
+    assert proc.returncode == 0 and "count as regressions" not in proc.stderr, proc.stderr
+    proc = _run_gate(tmp_path, base, stopped)  # the baseline passed it: counted, and said
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert ("the candidate run was incomplete (the run was interrupted); 1 of its missing or not-run cells count as "
+            "regressions (they passed in the baseline)") in proc.stderr, proc.stderr

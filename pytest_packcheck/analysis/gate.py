@@ -19,7 +19,7 @@ from typing import Any
 from ..checks.registry import SPECS
 from ..errors import PackcheckUsageError, scrub_secrets
 from ..report.text import escape_md
-from ..report.verdicts import not_run
+from ..report.verdicts import not_run, role_of
 from ..results.schema import SCHEMA_VERSION
 from ..versions.libraries import library, stack_libraries
 
@@ -164,7 +164,8 @@ def compare(baseline: dict[str, Any], candidate: dict[str, Any], allow: dict[str
     """Cells whose verdict or key number changed. ``allow`` maps a cell id (or a prefix of one, e.g.
     ``opt-sdpa``) to the reason the regression is accepted. Documents of different stacks (two version
     environments, or two files made with different ``--versions``) match cells by model, backend, check and
-    dtype; an unchanged verdict that is not a pass is never a regression.
+    dtype; an unchanged verdict that is not a pass is never a regression, nor is a new cell of a hazard or finding
+    check (:func:`report.verdicts.role_of`); a new correctness cell that is not a pass is one.
 
     Raises:
         PackcheckUsageError: see :func:`_match_with_env`; no baseline cell compared (:func:`_refuse_nothing_compared`);
@@ -198,7 +199,11 @@ def compare(baseline: dict[str, Any], candidate: dict[str, Any], allow: dict[str
                                   "not run in the candidate (interrupted)", reason, before=b, after=c))
             continue
         if b is None:
-            changes.append(Change(key, None, c["status"], c["status"] != "pass", "new cell", after=c))
+            # a new model's hazard shown or stack finding is a fact of the stack, no cell that got worse (trial 10, 45:
+            # adding a safe model failed the gate on its cache_trap / mask_trap / collate); a new correctness cell
+            # that is not a pass is a regression
+            changes.append(Change(key, None, c["status"], c["status"] != "pass" and role_of(c) == "correctness",
+                                  "new cell", after=c))
             continue
         worse = _ORDER.index(c["status"]) > _ORDER.index(b["status"])
         detail = _status_detail(b, c) if b["status"] != c["status"] else ""
