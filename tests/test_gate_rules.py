@@ -49,6 +49,31 @@ def test_a_cell_held_twice_with_two_verdicts_is_refused_by_gate_and_merge_alike(
     assert list(index_cells(same["cells"], lambda c: c["cell_id"], "x")) == ["llama-sdpa-trainer-float32"]
 
 
+def test_an_interrupted_runs_not_run_placeholder_yields_to_the_measured_cell_in_gate_and_merge():
+    """Merging an interrupted shard with its completed rerun was refused: "Cell llama-sdpa-backend-float32 is
+    'skipped' and 'pass' in the files merged: ... two verdicts" (trial 10, 245), though the skipped record is only the
+    "not run (interrupted)" placeholder. In the one duplicate-cell rule it yields to a measured record, in either
+    order, for merge and the gate alike; the merged matrix is then complete (every placeholder measured), and two
+    measured verdicts are still refused."""
+    unrun = _cell(status="skipped", metrics={"not_run": "interrupted"}, message="not run: the run was interrupted")
+    other = _cell(cell_id="llama-sdpa-isolation-float32", check="isolation")
+    stopped, rerun = _doc([other, unrun]), _doc([other, _cell()])
+    stopped["incomplete"] = {"reason": "the run was interrupted", "cells": 1, "resume": "rerun with --packcheck-resume"}
+    for docs in ([stopped, rerun], [rerun, stopped]):
+        merged = merge(docs, ["i2.json", "r1.json"])
+        assert [c["status"] for c in merged["cells"]] == ["pass", "pass"], merged["cells"]
+        assert "incomplete" not in merged  # the rerun measured every cell the interrupted shard never reached
+    assert compare(_doc([_cell()]), _doc([unrun, _cell()])) == [] and compare(_doc([_cell(), unrun]), _doc([_cell()])) == []
+    # a placeholder no other file measured keeps the merged matrix incomplete, as a "not run" cell
+    alone = _doc([_cell(cell_id="llama-sdpa-isolation-float32", check="isolation", status="skipped",
+                        metrics={"not_run": "interrupted"}), _cell()])
+    alone["incomplete"] = stopped["incomplete"]
+    merged = merge([alone, _doc([_cell()])], ["i2.json", "r1.json"])
+    assert merged["incomplete"]["reason"] == "the run was interrupted (i2.json)"
+    with pytest.raises(PackcheckUsageError, match=r"is 'skipped' and 'pass' in the files merged"):  # a measured skip
+        merge([_doc([_cell(status="skipped", message="needs a CUDA device")]), rerun])
+
+
 def _sourced(doc, source):
     doc["settings"]["tolerance_source"] = source
     return doc
@@ -298,10 +323,13 @@ def test_gate_summary_under_a_regular_file_says_it_is_a_file(tmp_path):
         probe_summary(str(tmp_path / "nodir" / "x.md"))
 
 
-def test_gate_warns_when_the_two_sides_were_measured_with_different_probe_settings(tmp_path):
-    """A candidate run with --packcheck-lengths 9,5 was compared with a baseline of the default lengths without a
-    word (merge warns when settings differ); the gate now names the setting and both values, by merge's rule."""
-    base, cand = _doc([_cell()]), _doc([_cell()])
+def test_gate_and_merge_refuse_sides_measured_with_different_probe_settings(tmp_path):
+    """A candidate run with --packcheck-lengths 9,5 was compared with a baseline of the default lengths (the gate only
+    warned), and merge kept one file's numbers under the other's ``settings.lengths``, its warning calling the dedup
+    "the union of their cells" (trial 10, 60). Files measured with different probe settings are refused by the one
+    rule of differing tolerances, on the CLI with exit 2 and one line naming both values; settings that do not
+    change a measurement (the per-cell timeout) still only warn."""
+    base, cand = _doc([_cell()]), _doc([_cell(metrics={"max_loss_delta": 2e-7})])
     base["settings"]["lengths"], cand["settings"]["lengths"] = [17, 9, 5], [9, 5]
     cand["settings"]["report_dir"] = "elsewhere"  # incidental, as in merge
     paths = []
@@ -310,21 +338,57 @@ def test_gate_warns_when_the_two_sides_were_measured_with_different_probe_settin
         paths[-1].write_text(json.dumps(doc))
     proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "gate", "--baseline", str(paths[0]),
                            "--candidate", str(paths[1])], capture_output=True, text=True, check=False)
-    assert proc.returncode == 0, proc.stderr
-    assert ("packcheck gate: warning: the baseline and the candidate were measured with different probe settings "
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert ("Cannot compare the baseline and the candidate: they were measured with different probe settings "
+            "(lengths [17, 9, 5] vs [9, 5])") in proc.stderr and "--packcheck-lengths" in proc.stderr, proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "merge", "-o", str(tmp_path / "out"), *map(str, paths)],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 2 and not (tmp_path / "out" / "packcheck-matrix.json").exists(), proc.stderr
+    assert (f"Cannot merge {paths[0]} and {paths[1]}: they were measured with different probe settings "
             "(lengths [17, 9, 5] vs [9, 5])") in proc.stderr, proc.stderr
-    assert merge([base, cand])["merged_settings_differ"] == ["lengths"]  # one rule with merge
-    other = _doc([_cell()], transformers="4.57.1")  # another stack, another selection: what the gate compares across
-    other["settings"].update(checks=["trainer", "isolation"], lengths=[17, 9, 5])
+    for key, a, b in (("sliding_window", 8, 4), ("weights", "random", "pretrained"), ("device", "cpu", "cuda")):
+        one, two = _doc([_cell()]), _doc([_cell()])
+        one["settings"][key], two["settings"][key] = a, b
+        with pytest.raises(PackcheckUsageError, match=f"different probe settings \\({key} "):
+            merge([one, two])
+        with pytest.raises(PackcheckUsageError, match=f"different probe settings \\({key} "):
+            compare(one, two)
+    base["settings"]["lengths"] = cand["settings"]["lengths"]
+    base["settings"]["timeout_s"], cand["settings"]["timeout_s"] = 600.0, 60.0
     from pytest_packcheck.analysis.gate import probe_settings_note
 
+    assert "timeout_s 600.0 vs 60.0" in probe_settings_note(base, cand, "packcheck gate")
+    assert merge([base, cand])["merged_settings_differ"] == ["timeout_s"]  # one rule with merge
+    other = _doc([_cell()], transformers="4.57.1")  # another stack, another selection: what the gate compares across
+    other["settings"].update(checks=["trainer", "isolation"], lengths=[9, 5], timeout_s=600.0)
     assert probe_settings_note(base, other, "packcheck gate") is None
+
+
+def test_merge_warning_of_unrelated_audits_counts_what_it_kept(tmp_path):
+    """The warning for files that are not shards of one audit said "the matrix shows the union of their cells" where
+    14 of 28 records were dropped as one cell id held twice (trial 10, 60): it now counts the distinct cells and the
+    records left out."""
+    from conftest import planted_cell, planted_doc
+
+    iso = planted_cell("llama", "sdpa", "isolation", "pass", max_change=0.0)
+    one, two = planted_doc([iso]), planted_doc([iso, planted_cell("llama", "sdpa", "logits_parity", "pass", max_abs_diff=0.0)])
+    one["settings"]["timeout_s"], two["settings"]["timeout_s"] = 600.0, 60.0
+    paths = []
+    for name, doc in (("one", one), ("two", two)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(doc))
+    proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "merge", "-o", str(tmp_path / "out"), *map(str, paths)],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "union" not in proc.stderr, proc.stderr
+    assert ("the matrix holds the 2 distinct cells of the 2 files; 1 record(s) of a cell id already held left out "
+            "(one cell per id), and every command") in proc.stderr, proc.stderr
 
 
 def test_gate_refuses_sides_judged_with_different_tolerances():
     """A candidate judged with float32.loss_atol=1e-12 read "2 regression(s)", exit 1, with identical stacks and the
     identical Δ on both sides (trial 6, 165), and swapped it read "better/neutral" (164): merge refuses the pair, the
-    gate now too (one rule, analysis.gate._refuse_differing_tolerances)."""
+    gate now too (one rule, analysis.gate._refuse_unlike_measurements)."""
     from pytest_packcheck.analysis.gate import compare
     from pytest_packcheck.errors import PackcheckUsageError
 
@@ -333,3 +397,47 @@ def test_gate_refuses_sides_judged_with_different_tolerances():
                                                   r"differ \(loss_atol 0.0001 vs 1e-12.*tolerance's change, not the stack's"):
         compare(_doc([loose]), _doc([tight]))
     assert compare(_doc([loose]), _doc([_cell(tolerances={"loss_atol": 1e-4})])) == []
+
+
+def _run_gate(tmp_path, base: dict, cand: dict) -> subprocess.CompletedProcess:
+    paths = []
+    for name, doc in (("base", base), ("cand", cand)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(doc))
+    return subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "gate", "--baseline", str(paths[0]), "--candidate",
+                           str(paths[1])], capture_output=True, text=True, check=False)
+
+
+def test_a_new_models_hazards_and_findings_are_not_regressions(tmp_path):
+    """Adding gpt2 beside llama failed the gate with "3 regression(s)": gpt2's cache_trap and mask_trap (hazards shown)
+    and its collate (a stack finding) as "fail REGRESSION new cell", while the baseline's llama showed the very same
+    (trial 10, 45). A new cell whose check's role is hazard or finding is never a regression; a new correctness cell
+    that is not a pass stays one. The "missing cells count as regressions" warning of an incomplete candidate is
+    printed only where such a cell was counted."""
+    def cells(model: str) -> list[dict]:
+        return [_cell(f"{model}-sdpa-cache_trap-float32", "cache_trap", "fail", "cache_trap", model={"label": model}),
+                _cell(f"{model}-sdpa-mask_trap-float32", "mask_trap", "fail", "mask_trap", model={"label": model}),
+                _cell(f"{model}-collate-float32", "collate", "fail", "integer_labels", model={"label": model}, backend=None),
+                _cell(f"{model}-sdpa-isolation-float32", "isolation", model={"label": model})]
+
+    base, cand = _doc(cells("llama")), _doc(cells("llama") + cells("gpt2"))
+    changes = compare(base, cand)
+    assert sorted(c.key[2] for c in changes) == ["cache_trap", "collate", "isolation", "mask_trap"]
+    assert regressions(changes) == []
+    broken = _doc(cells("llama") + cells("gpt2")[:3] + [_cell("gpt2-sdpa-isolation-float32", "isolation", "fail", "leak",
+                                                              model={"label": "gpt2"})])
+    assert [c.key[:3] for c in regressions(compare(base, broken))] == [("gpt2", "sdpa", "isolation")]
+    proc = _run_gate(tmp_path, base, cand)
+    assert proc.returncode == 0 and "0 regression(s), 4 changed cell(s)" in proc.stdout, proc.stdout + proc.stderr
+    # an incomplete candidate whose not-run cells are not counted (the baseline failed them) says nothing of counting
+    stopped = _doc([*cells("llama")[:3], _cell("llama-sdpa-isolation-float32", "isolation", "skipped",
+                                               metrics={"not_run": "interrupted"}, model={"label": "llama"})])
+    stopped["incomplete"] = {"reason": "the run was interrupted", "cells": 3}
+    failing = _doc([*cells("llama")[:3], _cell("llama-sdpa-isolation-float32", "isolation", "fail", "leak",
+                                               model={"label": "llama"})])
+    proc = _run_gate(tmp_path, failing, stopped)
+    assert proc.returncode == 0 and "count as regressions" not in proc.stderr, proc.stderr
+    proc = _run_gate(tmp_path, base, stopped)  # the baseline passed it: counted, and said
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert ("the candidate run was incomplete (the run was interrupted); 1 of its missing or not-run cells count as "
+            "regressions (they passed in the baseline)") in proc.stderr, proc.stderr

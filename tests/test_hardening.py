@@ -778,7 +778,7 @@ def test_an_interrupted_matrix_cell_is_not_a_pass_on_the_checks_that_finished(py
     assert "not run: 3 of 5 checks (interrupted)" in md
     assert "judged by the correctness checks): ⏭️ not run (interrupted) 1 (of 1)." in md
     csv = (pytester.path / "reports" / "packcheck-matrix.csv").read_text()
-    assert ",pass," not in csv and ",skipped," in csv and "not run: 3 of 5 checks (interrupted)" in csv  # as the Markdown
+    assert ",pass," not in csv and ",not run (interrupted)," in csv and "not run: 3 of 5 checks (interrupted)" in csv  # as the Markdown
 
 
 def test_an_interrupted_run_counts_the_matrix_cells_that_never_started(pytester):

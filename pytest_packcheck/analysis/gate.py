@@ -4,7 +4,8 @@ A cell is matched by (model label, backend, check, dtype). It got worse when its
 pass > skipped > unsupported > fallback > fail > error, when it stayed a pass but a parity number grew beyond
 the candidate's tolerance, or when it stayed red but gained a cause (issue 23: a cell that fails for a second
 reason is a new fault). One rule for a cell held twice, in one file or across files, shared by the gate and
-merge (:func:`index_cells`): the same verdict twice is one cell; two verdicts are refused. Pure functions:
+merge (:func:`index_cells`): the same verdict twice is one cell, an interrupted run's "not run" placeholder yields
+to a measured record; two verdicts are refused. Pure functions:
 documents in, rows and a verdict out.
 """
 
@@ -18,7 +19,7 @@ from typing import Any
 from ..checks.registry import SPECS
 from ..errors import PackcheckUsageError, scrub_secrets
 from ..report.text import escape_md
-from ..report.verdicts import not_run
+from ..report.verdicts import not_run, role_of
 from ..results.schema import SCHEMA_VERSION
 from ..versions.libraries import library, stack_libraries
 
@@ -44,8 +45,10 @@ class Change:
 
 def index_cells(cells: list[dict[str, Any]], key: Callable[[dict[str, Any]], Any], where: str) -> dict[Any, dict[str, Any]]:
     """The cells of one side by ``key``: the one duplicate-cell rule of the gate and merge. A cell held twice
-    with the same verdict (overlapping shards, a resumed run) is one cell (the later record is kept); with two
-    verdicts it is refused, since no comparison of it could be trusted.
+    with the same verdict (overlapping shards, a resumed run) is one cell (the later record is kept); a record
+    that only says an interrupted run never reached the cell (:func:`report.verdicts.not_run`) is no verdict and
+    yields to a measured record of the same cell, in either order (an interrupted shard merged with its completed
+    rerun); a cell with two measured verdicts is refused, since no comparison of it could be trusted.
 
     Raises:
         PackcheckUsageError: a cell held twice with different verdicts (names the cell id, both verdicts and
@@ -55,6 +58,11 @@ def index_cells(cells: list[dict[str, Any]], key: Callable[[dict[str, Any]], Any
     for cell in cells:
         k = key(cell)
         prev = out.get(k)
+        if prev is not None and not_run(cell) and not not_run(prev):
+            continue  # the placeholder of an interrupted run: the measured record stands
+        if prev is not None and not_run(prev) != not_run(cell):
+            out[k] = cell  # a measured record replaces the placeholder
+            continue
         if prev is not None and prev["status"] != cell["status"]:
             raise PackcheckUsageError(
                 f"Cell {cell['cell_id']} is '{prev['status']}' and '{cell['status']}' in {where}: a cell held twice with "
@@ -156,20 +164,20 @@ def compare(baseline: dict[str, Any], candidate: dict[str, Any], allow: dict[str
     """Cells whose verdict or key number changed. ``allow`` maps a cell id (or a prefix of one, e.g.
     ``opt-sdpa``) to the reason the regression is accepted. Documents of different stacks (two version
     environments, or two files made with different ``--versions``) match cells by model, backend, check and
-    dtype; an unchanged verdict that is not a pass is never a regression.
+    dtype; an unchanged verdict that is not a pass is never a regression, nor is a new cell of a hazard or finding
+    check (:func:`report.verdicts.role_of`); a new correctness cell that is not a pass is one.
 
     Raises:
         PackcheckUsageError: see :func:`_match_with_env`; no baseline cell compared (:func:`_refuse_nothing_compared`);
-            the two judged one dtype with different tolerances (a
-            verdict would change with the tolerance, not the stack: the rule merge applies,
-            :func:`_refuse_differing_tolerances`).
+            the two measured with different probe settings, or judged one dtype with different tolerances (a
+            verdict would change with them, not the stack: the rule merge applies, :func:`_refuse_unlike_measurements`).
     """
     allow = allow or {}
     key = _key if _match_with_env(baseline, candidate) else _cross_key
     base = index_cells(baseline["cells"], key, "the baseline")
     cand = index_cells(candidate["cells"], key, "the candidate")
     _refuse_nothing_compared(base, cand, candidate)
-    _refuse_differing_tolerances([baseline, candidate], ["the baseline", "the candidate"], "compare")
+    _refuse_unlike_measurements([baseline, candidate], ["the baseline", "the candidate"], "compare")
     changes: list[Change] = []
     for key in sorted(set(base) | set(cand), key=lambda k: tuple(str(x) for x in k)):
         b, c = base.get(key), cand.get(key)
@@ -191,7 +199,11 @@ def compare(baseline: dict[str, Any], candidate: dict[str, Any], allow: dict[str
                                   "not run in the candidate (interrupted)", reason, before=b, after=c))
             continue
         if b is None:
-            changes.append(Change(key, None, c["status"], c["status"] != "pass", "new cell", after=c))
+            # a new model's hazard shown or stack finding is a fact of the stack, no cell that got worse (trial 10, 45:
+            # adding a safe model failed the gate on its cache_trap / mask_trap / collate); a new correctness cell
+            # that is not a pass is a regression
+            changes.append(Change(key, None, c["status"], c["status"] != "pass" and role_of(c) == "correctness",
+                                  "new cell", after=c))
             continue
         worse = _ORDER.index(c["status"]) > _ORDER.index(b["status"])
         detail = _status_detail(b, c) if b["status"] != c["status"] else ""
@@ -490,13 +502,32 @@ def _tolerances_by_dtype(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _refuse_differing_tolerances(documents: list[dict[str, Any]], names: list[str], what: str = "merge") -> None:
-    """Refuse documents whose cells of one dtype were judged with different tolerances: the merged matrix has one
-    ``## Tolerances`` table and one source, which would be wrong for one part.
+def _refuse_unlike_measurements(documents: list[dict[str, Any]], names: list[str], what: str = "merge") -> None:
+    """The one rule for documents whose cells are not like measurements, shared by merge and the gate: refuse
+    documents measured with different probe settings (:data:`config.options.PROBE_SETTINGS`: the probe lengths,
+    sliding window, weights, device; compared where both files record the key), whose cells under one id are
+    different measurements (trial 10, 60: a merge kept one file's numbers under the other's ``settings.lengths``),
+    or whose cells of one dtype were judged with different tolerances (the merged matrix has one ``## Tolerances``
+    table and one source, which would be wrong for one part).
 
     Raises:
-        PackcheckUsageError: names both files, the dtype, each differing key with both values and both sources.
+        PackcheckUsageError: one line naming both files, each differing setting (or the dtype and tolerance key)
+            with both values, and the flag to rerun with.
     """
+    from ..config.options import PROBE_SETTINGS
+
+    first = documents[0].get("settings") or {} if documents else {}
+    for i, doc in enumerate(documents[1:], 1):
+        mine = doc.get("settings") or {}
+        keys = [k for k in PROBE_SETTINGS if k in first and k in mine and first[k] != mine[k]]
+        if not keys:
+            continue
+        values = scrub_secrets(", ".join(f"{k} {json.dumps(first[k])} vs {json.dumps(mine[k])}" for k in keys))
+        why = ("one cell id would hold one file's numbers under the other's settings" if what == "merge"
+               else "a number or verdict that changed could be the settings' change, not the stack's")
+        raise PackcheckUsageError(
+            f"Cannot {what} {names[0]} and {names[i]}: they were measured with different probe settings ({values}), and "
+            f"{why}. Rerun one audit with the other's {' and '.join(PROBE_SETTINGS[k] for k in keys)} and {what} again.")
     seen: dict[str, tuple[int, dict[str, Any]]] = {}
     for i, doc in enumerate(documents):
         for dtype, tol in _tolerances_by_dtype(doc).items():
@@ -520,16 +551,17 @@ def merge(documents: list[dict[str, Any]], names: list[str] | None = None) -> di
     with (``names``: what to call each document in that error, default "file 1", "file 2", ...). Backends, checks and dtypes of the settings are the union;
     documents whose settings differ otherwise (not shards of one audit) are named in ``merged_settings_differ``
     and every command is kept. Shards that recorded ``settings.shard`` but do not cover 1..count, or a document
-    marked incomplete, make the merged document ``incomplete`` (reason named).
+    marked incomplete (unless another file measured every cell it did not reach, :func:`_rerun_elsewhere`), make
+    the merged document ``incomplete`` (reason named).
 
     Raises:
-        PackcheckUsageError: no documents, one cell with two different verdicts, or one dtype judged with two
-            different tolerances.
+        PackcheckUsageError: no documents, one cell with two different verdicts, documents measured with different
+            probe settings or one dtype judged with two different tolerances (:func:`_refuse_unlike_measurements`).
     """
     if not documents:
         raise PackcheckUsageError("packcheck merge got no results files: pass at least one JSON file.")
     names = names or [f"file {i + 1}" for i in range(len(documents))]
-    _refuse_differing_tolerances(documents, names)
+    _refuse_unlike_measurements(documents, names)
     every = [{**cell, "environment": cell.get("environment", doc["environment"])} for doc in documents for cell in doc["cells"]]
     cells = index_cells(every, lambda c: c["cell_id"], "the files merged")
     first = documents[0]
@@ -556,7 +588,7 @@ def merge(documents: list[dict[str, Any]], names: list[str] | None = None) -> di
     marks = [{**doc["incomplete"], "reason": doc["incomplete"]["reason"] + (f" ({name})" if len(documents) > 1 else ""),
               "resume": (f"rerun {name}'s own command with --packcheck-resume, then merge again" if len(documents) > 1
                          else doc["incomplete"].get("resume", ""))}
-             for name, doc in zip(names, documents, strict=True) if doc.get("incomplete")]
+             for name, doc in zip(names, documents, strict=True) if doc.get("incomplete") and not _rerun_elsewhere(doc, cells)]
     shards = [doc["settings"]["shard"] for doc in documents if _is_shard(doc.get("settings", {}).get("shard"))]
     settings.pop("shard", None)  # the merged matrix is no one shard
     if shards:  # shards of an audit recorded [index, count]: the merge must hold every index, else it is incomplete
@@ -581,6 +613,15 @@ def merge(documents: list[dict[str, Any]], names: list[str] | None = None) -> di
         commands = list(dict.fromkeys(doc.get("command", "") for doc in documents))
         out["command"] = "\n".join(commands)
     return out
+
+
+def _rerun_elsewhere(doc: dict[str, Any], cells: dict[str, dict[str, Any]]) -> bool:
+    """Whether an interrupted document's unfinished part was measured by another file of the merge: it lists the
+    cells it never reached (:func:`report.verdicts.not_run` placeholders: an interrupted run lists every planned
+    cell), and each of them is measured in the merged ``cells`` (by cell id, :func:`index_cells`). Its
+    "interrupted" mark then describes no cell of the merged matrix (an interrupted shard merged with its rerun)."""
+    unrun = [c["cell_id"] for c in doc["cells"] if not_run(c)]
+    return bool(unrun) and all(k in cells and not not_run(cells[k]) for k in unrun)
 
 
 def _whole_audit_command(command: str) -> str:

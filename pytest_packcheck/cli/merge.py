@@ -52,9 +52,13 @@ def run(ns: argparse.Namespace) -> int:
     finally:
         lock.release(force=True)
     if doc.get("merged_settings_differ"):
+        # what the matrix holds, counted: a cell id held by several files is one cell (index_cells), never "a union"
+        held = sum(len(d["cells"]) for d in documents)
+        twice = (f"; {held - len(doc['cells'])} record(s) of a cell id already held left out (one cell per id)"
+                 if held > len(doc["cells"]) else "")
         print(f"packcheck merge: warning: these files are not shards of one audit (their settings differ in "
-              f"{', '.join(doc['merged_settings_differ'])}); the matrix shows the union of their cells and every command",
-              file=sys.stderr)
+              f"{', '.join(doc['merged_settings_differ'])}); the matrix holds the {len(doc['cells'])} distinct cells "
+              f"of the {len(files)} files{twice}, and every command", file=sys.stderr)
     if doc.get("incomplete"):
         print(f"packcheck merge: warning: the merged matrix is incomplete: {doc['incomplete']['reason']}; it says so "
               "in its header", file=sys.stderr)

@@ -183,7 +183,9 @@ class Option:
     folded into another one, as the audit's models into ``models``). ``parse(value, source)``: the checked value
     of a given string (errors name ``source``). ``to_arg(value)``: the text after ``flag=`` (store_true options
     have none). ``in_child``: a version-environment child run gets it too. ``always``: the Reproduce line names it
-    even at its default."""
+    even at its default. ``measures``: its value changes what a cell measures (the probe row, the weights, the
+    kernels), so two results files that differ in it hold different measurements under one cell id
+    (:data:`PROBE_SETTINGS`)."""
 
     flag: str
     help: str
@@ -197,6 +199,7 @@ class Option:
     to_arg: Callable[[Any], str] | None = str
     in_child: bool = True
     always: bool = False
+    measures: bool = False
 
     @property
     def dest(self) -> str:
@@ -220,9 +223,9 @@ OPTIONS = (
            ini="packcheck_dtypes", env="PACKCHECK_DTYPES", field="dtypes", to_arg=_joined, always=True),
     Option(OPT_WEIGHTS, "random: config.json only, shrunk, random weights; pretrained: the real weights. "
            "Default: random on CPU, pretrained on CUDA.", ini="packcheck_weights", env="PACKCHECK_WEIGHTS",
-           field="weights", always=True),
+           field="weights", always=True, measures=True),
     Option(OPT_DEVICE, "Device: cpu or cuda[:N] (default: cpu).", ini="packcheck_device", env="PACKCHECK_DEVICE", default="cpu",
-           field="device", parse=parse_device, always=True),
+           field="device", parse=parse_device, always=True, measures=True),
     Option(OPT_TRUST, "Allow models that need trust_remote_code (refused otherwise).", action="store_true", default=False,
            field="trust_remote_code", to_arg=None),
     Option(OPT_REPORT_DIR, "Where packcheck-matrix.md / .json are written (default: reports).",
@@ -251,11 +254,11 @@ OPTIONS = (
     Option(OPT_LENGTHS, "Token lengths of the examples packed into one row, comma-separated, each >= 1 (default "
            f"{_joined(_LENGTHS)}; e.g. 11,1,13 puts a one-token example between two; at least two examples, one of them "
            f">= 2 tokens; at most {MAX_PROBE_TOKENS} tokens in all).", ini="packcheck_lengths", env="PACKCHECK_LENGTHS",
-           default=_LENGTHS, field="lengths", parse=parse_lengths, to_arg=_joined),
+           default=_LENGTHS, field="lengths", parse=parse_lengths, to_arg=_joined, measures=True),
     Option(OPT_SLIDING_WINDOW, f"The window (tokens, 2 to {MAX_PROBE_TOKENS}) a model's longer sliding window is shortened "
            f"to when packcheck shrinks it (default {_SLIDING_WINDOW}, so the examples exceed it).",
            ini="packcheck_sliding_window", env="PACKCHECK_SLIDING_WINDOW", default=_SLIDING_WINDOW,
-           field="sliding_window", parse=parse_sliding_window),
+           field="sliding_window", parse=parse_sliding_window, measures=True),
     Option(OPT_CONFIG, "Override one config value of every model: key=value (JSON value, or a string), dotted keys "
            "reach sub-configs, e.g. attn_config.clip_qkv=8 (repeatable, each key once; a spec's own {key=value} wins). Recorded "
            "in each cell's model record.", action="append", multiple=True),
@@ -265,6 +268,9 @@ OPTIONS = (
 )
 
 BY_FLAG = {opt.flag: opt for opt in OPTIONS}
+#: The ``settings`` keys (results JSON) whose value changes what a cell measures, by their options' ``measures``:
+#: ``packcheck merge`` and the gate refuse two files that differ in one (analysis.gate).
+PROBE_SETTINGS = {opt.field: opt.flag for opt in OPTIONS if opt.measures and opt.field}
 
 
 def default_of(flag: str) -> Any:

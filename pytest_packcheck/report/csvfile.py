@@ -10,10 +10,12 @@ import io
 from .model import Report
 from .numbers import key_number
 from .text import cut
-from .verdicts import SYMBOLS, check_order, headline_text, pass_qualifier
+from .verdicts import SYMBOLS, VERDICT_WORDS, check_order, headline_text, pass_qualifier, verdict_key
 
 #: The columns, in order. ``versions``: the cell's ``--packcheck-versions`` label ("" for this environment);
-#: ``verdict``: the headline status (results.STATUSES); ``cause``: the headline's cause codes, worst first;
+#: ``verdict``: the headline's verdict in the words of the Markdown and HTML (:data:`verdicts.VERDICT_WORDS` of
+#: :func:`verdicts.verdict_key`: "pass", "fail", ..., "not checked", "not run (interrupted)"); ``cause``: the
+#: headline's cause codes, worst first;
 #: ``check`` and ``key number``: the check the verdict rests on (the first failing correctness check, else the
 #: first that ran, :func:`verdicts.check_order`: isolation first) and its number as the Markdown writes it;
 #: ``note``: what the Markdown matrix says of the cell beyond its symbol (:func:`note`): a pass's checks not
@@ -48,7 +50,7 @@ def rows(rep: Report) -> list[dict[str, str]]:
                     # a cell an interrupted run did not finish rests on no number (its checks are "not run")
                     first = None if h.get("not_run") and h["status"] == "skipped" else (h["bad"] or ran or [None])[0]
                     out.append({"model": model, "backend": backend, "dtype": dtype, "versions": env or "",
-                                "verdict": h["status"], "cause": ", ".join(h["causes"]) if h["status"] != "pass" else "",
+                                "verdict": VERDICT_WORDS[verdict_key(h)], "cause": ", ".join(h["causes"]) if h["status"] != "pass" else "",
                                 "check": first["check"] if first else "", "key number": key_number(first) if first else "",
                                 "note": note(h, rep.marks.get((model, env, dtype, backend)))})
     return out
