@@ -798,8 +798,8 @@ def test_an_interrupted_run_counts_the_matrix_cells_that_never_started(pytester)
     assert "judged by the correctness checks): ⏭️ not run (interrupted) 2 (of 2)." in md
     assert "**llama**: not run on eager, sdpa (the run was interrupted" in md and "Not run on this machine" not in md
     rows = (pytester.path / "reports" / "packcheck-matrix.csv").read_text().splitlines()
-    assert len(rows) == 3 and rows[1:] == ["llama,eager,float32,,skipped,,,,not run: 1 of 2 checks (interrupted)",
-                                           "llama,sdpa,float32,,skipped,,,,not run: 2 of 2 checks (interrupted)"], rows
+    assert len(rows) == 3 and rows[1:] == ["llama,eager,float32,,not run (interrupted),,,,not run: 1 of 2 checks (interrupted)",
+                                           "llama,sdpa,float32,,not run (interrupted),,,,not run: 2 of 2 checks (interrupted)"], rows
 
 
 def test_the_ctrl_c_line_shows_no_home_directory(pytester, monkeypatch):
