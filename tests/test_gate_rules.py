@@ -424,6 +424,9 @@ def test_a_new_models_hazards_and_findings_are_not_regressions(tmp_path):
     changes = compare(base, cand)
     assert sorted(c.key[2] for c in changes) == ["cache_trap", "collate", "isolation", "mask_trap"]
     assert regressions(changes) == []
+    from pytest_packcheck.analysis.gate import verdict_label
+
+    assert {verdict_label(c) for c in changes} == {"new"}  # not "better/neutral": nothing was before
     broken = _doc(cells("llama") + cells("gpt2")[:3] + [_cell("gpt2-sdpa-isolation-float32", "isolation", "fail", "leak",
                                                               model={"label": "gpt2"})])
     assert [c.key[:3] for c in regressions(compare(base, broken))] == [("gpt2", "sdpa", "isolation")]

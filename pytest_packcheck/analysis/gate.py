@@ -291,8 +291,9 @@ def verdict_label(ch: Change) -> str:
     """The gate's verdict on one changed cell, one rule for the terminal table, the plain table and the job summary:
     ``REGRESSION``, ``allowed: <reason>``, ``missing`` (a baseline cell the candidate lacks, whatever its role: never
     "better/neutral", since it was not measured; ``REGRESSION (missing)`` when its absence counts), ``not run``
-    (the same for a cell an interrupted candidate never reached: ``REGRESSION (not run)`` where the baseline passed)
-    or ``better/neutral``."""
+    (the same for a cell an interrupted candidate never reached: ``REGRESSION (not run)`` where the baseline passed),
+    ``new`` (a cell only the candidate holds that does not count: a pass, or a new model's hazard or finding) or
+    ``better/neutral``."""
     gone = ch.candidate is None and ch.baseline is not None
     unrun = ch.after is not None and not_run(ch.after)
     suffix = " (missing)" if gone else " (not run)" if unrun else ""
@@ -300,7 +301,9 @@ def verdict_label(ch: Change) -> str:
         return "REGRESSION" + suffix
     if ch.allowed:
         return f"allowed: {ch.allowed}" + suffix
-    return "missing" if gone else "not run" if unrun else "better/neutral"
+    if unrun:
+        return "not run"
+    return "missing" if gone else "new" if ch.baseline is None else "better/neutral"
 
 
 def regressions(changes: list[Change]) -> list[Change]:
