@@ -444,3 +444,20 @@ def test_a_new_models_hazards_and_findings_are_not_regressions(tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert ("the candidate run was incomplete (the run was interrupted); 1 of its missing or not-run cells count as "
             "regressions (they passed in the baseline)") in proc.stderr, proc.stderr
+
+
+def test_baseline_cells_the_candidate_did_not_select_are_neither_changed_nor_listed(tmp_path):
+    """Trial 11, 51: a candidate run on 1 of the baseline's models said "27 baseline cells not compared" and then
+    "0 regression(s), 27 changed cell(s)", its table listing them as missing. They are said once (the warning) and
+    neither counted nor listed; a planned cell that is missing still is (a regression where it passed)."""
+    from pytest_packcheck.analysis.gate import compared
+
+    gpt2 = {"label": "gpt2", "spec": "arch:gpt2"}
+    base = _doc([_cell(), _cell("gpt2-sdpa-trainer-float32", model=gpt2), _cell("gpt2-sdpa-isolation-float32", "isolation", model=gpt2)])
+    base["settings"].update(models=["arch:llama", "arch:gpt2"], checks=["trainer", "isolation"])
+    cand = _doc([_cell(status="fail", cause="leak")])  # llama only
+    changes = compare(base, cand)
+    assert len(changes) == 3 and [c.key[0] for c in compared(changes)] == ["llama"]
+    proc = _run_gate(tmp_path, base, cand)
+    assert proc.returncode == 1 and "1 regression(s), 1 changed cell(s)" in proc.stdout, proc.stdout + proc.stderr
+    assert "2 baseline cell(s) are not in the candidate" in proc.stderr and "gpt2" not in proc.stdout, proc.stdout

@@ -468,3 +468,27 @@ def test_an_override_that_breaks_the_config_names_the_override_not_the_library()
     result = CellRunner([resolved], {"float32": {}}).run(Cell(0, "llama", "sdpa", "isolation", "float32"))
     assert result.status == "error" and result.cause == "override_config", (result.cause, result.message)
     assert "hidden_act=not_an_activation" in result.message and "itself" not in result.message
+
+
+def test_two_model_specs_with_one_label_are_refused_before_any_cell_runs(tmp_path):
+    """Trial 11, 84 / 85: `--models arch:llama,./m/llama` and two folders named llama ran one model under the label
+    both have (the other silently dropped; a gpt2 folder's cells labelled llama). The label keys rows, cell ids and
+    test ids, so two specs sharing one are refused with both named, exit 2. Planted: distinct names run both."""
+    from pytest_packcheck.model.specs import parse_model_list
+
+    config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512}
+    for parent in ("a", "b"):
+        (tmp_path / parent / "llama").mkdir(parents=True)
+        (tmp_path / parent / "llama" / "config.json").write_text(json.dumps(config))
+    a, b = str(tmp_path / "a" / "llama"), str(tmp_path / "b" / "llama")
+    for models in (["arch:llama", a], [a, b]):
+        with pytest.raises(PackcheckUsageError, match=r"Model specs '.+' and '.+' \(from -m\) have one label, 'llama'"):
+            parse_model_list(models, "-m")
+    assert [s.label for s in parse_model_list(["arch:llama{num_hidden_layers=3}", a, a], "-m")] == [
+        "llama{num_hidden_layers=3}", "llama"]  # distinct labels run; the same spec twice is one model
+    proc = _cli("audit", "--models", f"arch:llama,{a}", "--packcheck-attn", "sdpa", "-n", "0",
+                "--packcheck-report-dir", str(tmp_path / "r"), cwd=tmp_path)
+    line = proc.stderr.strip()
+    assert proc.returncode == 2 and "\n" not in line and "have one label, 'llama'" in line and a in line, proc.stderr
+    assert not (tmp_path / "r" / "packcheck-matrix.json").exists()

@@ -183,7 +183,7 @@ def compare(baseline: dict[str, Any], candidate: dict[str, Any], allow: dict[str
         b, c = base.get(key), cand.get(key)
         if c is None:
             if not _planned_in(b, candidate):
-                changes.append(Change(key, b["status"], None, False, "not in the candidate's selection", before=b))
+                changes.append(Change(key, b["status"], None, False, UNCOMPARED, before=b))
                 continue
             # planned by the candidate's settings but not there (a crash, an interrupted run): it cannot be
             # shown to still pass, so a regression unless allowed
@@ -403,10 +403,21 @@ def refuse_empty_baseline(baseline: dict[str, Any], path: str, source: str) -> N
                                   "pass the packcheck-matrix.json of an audit that ran cells.")
 
 
+#: The detail of a baseline cell the candidate did not select: listed by :func:`missing_note`, never compared.
+UNCOMPARED = "not in the candidate's selection"
+
+
+def compared(changes: list[Change]) -> list[Change]:
+    """The changes the gate judged: all but the baseline cells the candidate did not select (:data:`UNCOMPARED`, said
+    once by :func:`missing_note`). A candidate holding 1 of 28 cells printed "27 changed cell(s)" and listed the
+    other 27 as missing (trial 11, 51): the tables and every count read this."""
+    return [c for c in changes if c.detail != UNCOMPARED]
+
+
 def missing_note(changes: list[Change], prog: str) -> str | None:
     """The warning line for the baseline cells the candidate did not select (they were not compared, and never count
     as regressions), naming up to five; None when there are none."""
-    gone = [c for c in changes if c.detail == "not in the candidate's selection"]
+    gone = [c for c in changes if c.detail == UNCOMPARED]
     if not gone:
         return None
     names = ["-".join(str(x) for x in c.key[:4] if x) for c in gone]

@@ -86,6 +86,7 @@ def run_gate(baseline: dict, candidate: dict, allow: dict[str, str], prog: str, 
     from ..analysis.gate import (
         allowed_reason,
         compare,
+        compared,
         missing_note,
         probe_settings_note,
         regressions,
@@ -107,6 +108,7 @@ def run_gate(baseline: dict, candidate: dict, allow: dict[str, str], prog: str, 
     gone = missing_note(changes, prog)
     if gone:
         print(gone, file=sys.stderr)
+    changes = compared(changes)  # the uncompared are said once above, never counted or listed as changed
     counted = [c for c in regressions(changes) if c.candidate is None or (c.after is not None and not_run(c.after))]
     if candidate.get("incomplete") and counted:  # said only where a missing / not-run cell is counted (trial 10, 45)
         print(f"{prog}: warning: the candidate run was incomplete ({candidate['incomplete']['reason']}); "
@@ -175,10 +177,10 @@ def gate_versions(out: Path, allow: dict[str, str], summary: str | None = None) 
 def _gate_into_report(out: Path, doc: dict, baseline: dict, candidate: dict, allow: dict[str, str], labels: list[str]) -> None:
     """Record the gate's result in the matrix files (the HTML shows it): ``doc["gate"]`` with the two
     environments, the counts and each regression's cell id, then the four files written again as a set."""
-    from ..analysis.gate import compare, regressions
+    from ..analysis.gate import compare, compared, regressions
     from ..report.formats import write_reports
 
-    changes = compare(baseline, candidate, allow)
+    changes = compared(compare(baseline, candidate, allow))
     bad = regressions(changes)
     doc["gate"] = {"baseline": labels[0], "candidate": labels[1], "changed": len(changes), "regressions": len(bad),
                    "cells": ["-".join(str(x) for x in ch.key[:4] if x) for ch in bad]}

@@ -244,6 +244,9 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
         CONFIG_OPTION_OVERRIDES.clear()
         CONFIG_OPTION_OVERRIDES.update(common)
         models = [_with_overrides(m, common, format_overrides, parse_overrides) for m in models]
+    from ..model.specs import parse_model_list
+
+    parse_model_list(models, source)  # a malformed spec, or two with one label, refused before any cell runs
 
     def parsed(opt: Option) -> Any:
         """An option with a ``parse``: given (CLI > env > ini), else the audit's value of the same field (lengths,

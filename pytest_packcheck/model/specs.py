@@ -177,16 +177,26 @@ def parse_model_list(value: str | list[str], source: str) -> list[ModelSpec]:
     """Parse a comma-separated list (or a list of strings) of specs, dropping duplicates, keeping order.
 
     Raises:
-        PackcheckUsageError: a malformed spec, or an empty list.
+        PackcheckUsageError: a malformed spec, an empty list, or two specs with one :attr:`ModelSpec.label` (the
+            label keys a model's matrix rows, cell ids and test ids: ``arch:llama`` beside a folder ``./m/llama``,
+            or two folders of one name, kept only one of them without a word; trial 11, 84 / 85).
     """
     items = split_top(value) if isinstance(value, str) else list(value)
     specs: list[ModelSpec] = []
+    by_label: dict[str, ModelSpec] = {}
     for item in items:
         if not item.strip():
             continue
         spec = parse_model_spec(item, source)
-        if spec not in specs:
-            specs.append(spec)
+        if spec in specs:
+            continue
+        other = by_label.setdefault(spec.label, spec)
+        if other is not spec:
+            raise PackcheckUsageError(
+                f"Model specs {scrub_secrets(other.raw)!r} and {scrub_secrets(spec.raw)!r} (from {source}) have one label, "
+                f"{spec.label!r}, which names a model's matrix rows, cell ids and test ids: give one of them, or copy or "
+                "link a local folder under another name (a local folder is labelled by its folder name).")
+        specs.append(spec)
     if not specs:
         raise PackcheckUsageError(
             f"The model list from {source} is empty: give at least one model, e.g. --packcheck-models=arch:llama."

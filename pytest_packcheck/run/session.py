@@ -287,7 +287,7 @@ class PackcheckSession:
                               f"{Path(self.settings.report_dir) / LOGS_DIR} ({', '.join(Path(g).name for g in gone)}): "
                               "this matrix does not name them.")
         if self.settings.baseline:
-            from ..analysis.gate import compare, missing_note, regressions, render_changes, stack
+            from ..analysis.gate import compare, compared, missing_note, regressions, render_changes, stack
             from ..errors import PackcheckUsageError
             from ..results.schema import load_document
 
@@ -297,11 +297,12 @@ class PackcheckSession:
             except PackcheckUsageError as exc:  # the matrix is written; the gate result is the refusal alone
                 self.gate_refused = str(exc)
                 raise
-            self.gate_text = render_changes(self.changes, stack(baseline), stack(self.document), markdown=False)
-            self.regressions = regressions(self.changes)
             gone = missing_note(self.changes, "packcheck gate")
             if gone:  # printed with the summary: those cells were never compared
                 self.notes.append(gone)
+            self.changes = compared(self.changes)
+            self.gate_text = render_changes(self.changes, stack(baseline), stack(self.document), markdown=False)
+            self.regressions = regressions(self.changes)
 
     def _name_unrun_checks(self, reason: str | None = None) -> None:
         """An interrupted run: every planned check of this shard (correctness, hazard and finding, backend and
