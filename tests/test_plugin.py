@@ -87,7 +87,7 @@ def test_hub_id_offline(pytester, offline_hub):
     [
         (["--packcheck-models=arch:llama", "--packcheck-attn=sdpaa"], "Unknown backend 'sdpaa' (from --packcheck-attn)*Did you mean 'sdpa'?"),
         (["--packcheck-models=arch:llama", "--packcheck-checks=isolaton"], "Unknown check 'isolaton'*Did you mean 'isolation'?"),
-        (["--packcheck-models=arch:lama"], "Unknown architecture 'arch:lama' (from --packcheck-models)*Did you mean 'llama'?*"),
+        (["--packcheck-models=arch:lama"], "Unknown architecture 'arch:lama' (from --packcheck-models)*Did you mean 'arch:llama'?*"),
         (["--packcheck-models=arch:bert-generation,arch:t5"], "*'t5' model with no causal-LM head*"),
         (["--packcheck-models=,"], "*model list*empty*"),
         (["--packcheck-models=not a model"], "Malformed model spec 'not a model' (from --packcheck-models)*"),

@@ -492,3 +492,19 @@ def test_two_model_specs_with_one_label_are_refused_before_any_cell_runs(tmp_pat
     line = proc.stderr.strip()
     assert proc.returncode == 2 and "\n" not in line and "have one label, 'llama'" in line and a in line, proc.stderr
     assert not (tmp_path / "r" / "packcheck-matrix.json").exists()
+
+
+@pytest.mark.parametrize("name", ["notamodel", "lamma", "evolla_model", "qwen3moe"])
+def test_an_unknown_architecture_is_offered_only_a_spec_that_parses(name):
+    """Trial 11, 4: arch:notamodel was answered "Did you mean 'EvollaModel'?", a CONFIG_MAPPING key that arch: itself
+    refuses as malformed. A suggestion is an arch: spec that parses."""
+    import re as _re
+
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_spec
+
+    with pytest.raises(PackcheckUsageError) as info:
+        resolve_model(parse_model_spec(f"arch:{name}", "-m"), "-m")
+    said = _re.search(r"Did you mean '([^']+)'\?", str(info.value))
+    assert said, str(info.value)
+    assert parse_model_spec(said.group(1), "the suggestion").kind == "arch", said.group(1)

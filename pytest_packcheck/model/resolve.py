@@ -104,10 +104,13 @@ def resolve_model(spec: ModelSpec, source: str, trust_remote_code: bool = False)
     if spec.kind == "arch":
         if spec.name not in CONFIG_MAPPING:
             from ..errors import closest
+            from .specs import ARCH_NAME
 
+            # suggested only as a spec that parses (arch:notamodel was offered 'EvollaModel', itself refused; trial 11, 4)
+            arches = [f"arch:{k}" for k in CONFIG_MAPPING if ARCH_NAME.fullmatch(k)]
             raise PackcheckUsageError(
                 f"Unknown architecture 'arch:{spec.name}' (from {source}): not a model_type of the installed "
-                f"transformers.{closest(spec.name, list(CONFIG_MAPPING.keys()))} "
+                f"transformers.{closest(f'arch:{spec.name}', arches)} "
                 "The model types are the keys of transformers' CONFIG_MAPPING (python -c \"from transformers import "
                 "CONFIG_MAPPING; print(sorted(CONFIG_MAPPING))\"); reports/all-architectures/packcheck-matrix.md lists "
                 "the causal-LM ones packcheck runs."

@@ -19,6 +19,8 @@ from typing import Any
 
 from ..errors import PackcheckUsageError, scrub_secrets
 
+#: What ``arch:`` takes: a transformers model_type (CONFIG_MAPPING also holds a key that is none, "EvollaModel").
+ARCH_NAME = re.compile(r"[a-z0-9_\-]+")
 # org/name, or a legacy ID without an org (gpt2, bert-base-uncased)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
 
@@ -133,7 +135,7 @@ def parse_model_spec(raw: str, source: str) -> ModelSpec:
         raise PackcheckUsageError(f"Empty model spec in {source}. Give org/name[@rev], a local directory or arch:<model_type>.")
     if text.startswith("arch:"):
         model_type = text.removeprefix("arch:").strip()
-        if not re.fullmatch(r"[a-z0-9_\-]+", model_type):
+        if not ARCH_NAME.fullmatch(model_type):
             raise PackcheckUsageError(
                 f"Malformed model spec '{raw}' (from {source}): arch: takes a transformers model_type such as arch:llama."
             )
