@@ -350,3 +350,23 @@ def test_a_cell_without_a_message_renders_and_a_role_off_the_registry_is_refused
             assert main(argv) == 2, argv
         line = err.getvalue().strip()
         assert "\n" not in line and f"cell '{doc['cells'][0]['cell_id']}' has role \"villain\"" in line, line
+
+
+def test_a_pass_its_own_number_contradicts_is_a_corrupt_file(baseline_path, tmp_path):
+    """Trial 11, 174: a hand-edited results file whose isolation "pass" holds max_change 0.5 under isolation_atol
+    1e-05 was merged and rendered ✅ "safe" beside its own Δ 5.0e-01. Such a pass is a corrupt file for merge and
+    gate alike (one line naming the cell, the number and the tolerance); the unedited file merges."""
+    from pytest_packcheck.cli import main
+
+    doc = json.loads(baseline_path.read_text())
+    cell = next(c for c in doc["cells"] if c["check"] == "isolation" and c["status"] == "pass")
+    assert main(["merge", str(baseline_path), "-o", str(tmp_path / "ok")]) == 0  # planted below, not here
+    cell["metrics"]["max_change"] = 0.5
+    bad = tmp_path / "edited.json"
+    bad.write_text(json.dumps(doc))
+    for argv in (["merge", str(bad), "-o", str(tmp_path / "m")], ["gate", "--baseline", str(baseline_path), "--candidate", str(bad)]):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            assert main(argv) == 2, argv
+        line = err.getvalue().strip()
+        assert "\n" not in line and f"cell '{cell['cell_id']}' passes with max_change=0.5 above its tolerance isolation_atol=" in line, line

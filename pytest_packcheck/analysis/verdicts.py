@@ -6,6 +6,21 @@ import math
 from typing import Any
 
 
+def pass_over_tolerance(check: str, status: str, metrics: dict[str, Any], tolerances: dict[str, Any]) -> tuple[str, float, str, float] | None:
+    """(key, value, tolerance key, tolerance) when a pass's key number (the registry's ``key_metric``) is above the
+    tolerance the cell records for it (the registry's ``tolerance``): a verdict its own number contradicts, which
+    no run writes (0 of 27114 passing cells of the committed reports and atlas builds) and a hand-edited file can
+    (trial 11, 174: isolation "pass" with max_change 0.5 under isolation_atol 1e-05). None otherwise."""
+    from ..checks.registry import SPECS
+
+    spec = SPECS.get(check)
+    if status != "pass" or not spec or not spec.key_metric or not spec.tolerance:
+        return None
+    value, tol = metrics.get(spec.key_metric[0]), (tolerances or {}).get(spec.tolerance)
+    numbers = all(isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in (value, tol))
+    return (spec.key_metric[0], float(value), spec.tolerance, float(tol)) if numbers and value > tol else None
+
+
 def unbacked_pass(check: str, status: str, metrics: dict[str, Any]) -> tuple[str, Any] | None:
     """(key, value) when a pass rests on a key number (the registry's ``key_metric``, which the gate compares)
     that is not a finite number: NaN, infinity or text cannot back a verdict. None otherwise, and for a check

@@ -144,11 +144,15 @@ def cell_problem(cell: Any) -> str | None:
         # a hand-edited role ("villain") was rendered as a pass in one place and "not checked" in another (trial 7, 94);
         # a known role that differs from the registry's (an earlier packcheck's) is read as the registry's (role_of)
         return f"cell {name!r} has role {json.dumps(cell['role'])[:40]} (expected one of {', '.join(ROLES)})"
-    from ..analysis.verdicts import unbacked_pass
+    from ..analysis.verdicts import pass_over_tolerance, unbacked_pass
 
     unbacked = unbacked_pass(cell["check"], cell["status"], cell.get("metrics") or {})
     if unbacked:
         return f"cell {name!r} passes on {unbacked[0]}={json.dumps(unbacked[1])[:40]} (expected a finite number)"
+    over = pass_over_tolerance(cell["check"], cell["status"], cell.get("metrics") or {}, cell.get("tolerances") or {})
+    if over:
+        return (f"cell {name!r} passes with {over[0]}={over[1]:.3g} above its tolerance {over[2]}={over[3]:g} (a pass "
+                "its own number contradicts)")
     return None
 
 
