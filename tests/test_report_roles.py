@@ -269,3 +269,26 @@ def test_finding_checks_that_errored_are_said_to_have_measured_nothing():
     # beside a measured one, the count of those measured and of those that measured nothing
     mixed = _doc([*_model("llama"), _cell("qwen3", None, "collate", "error", None, message="boom")])
     assert "in 1 of 1 finding checks (facts of the library stack); 1 finding check(s) measured nothing (1 error)." in counts_line(mixed["cells"])
+
+
+def test_a_backend_named_with_a_pipe_keeps_every_markdown_table_whole():
+    """Trial 11, 185: `--packcheck-attn 'paged|sdpa'` (a name transformers accepts) broke the matrix and hazard tables:
+    the bare pipe made 4 header cells of 3. Every Markdown table is written by report.text.github_table, which
+    escapes a pipe not already escaped; every row of every table has its header's column count."""
+    import re
+
+    from pytest_packcheck.report import render_details, render_markdown
+
+    doc = _doc(_model("llama", backend="paged|sdpa"))
+    for text in (render_markdown(doc), render_details(doc)):
+        tables, current = [], []
+        for line in [*text.splitlines(), ""]:
+            if line.startswith("|"):
+                current.append(line)
+            elif current:
+                tables.append(current)
+                current = []
+        assert tables and any("paged\\|sdpa" in row for t in tables for row in t), text
+        for table in tables:
+            widths = {len(re.findall(r"(?<!\\)\|", row)) for row in table}
+            assert len(widths) == 1, table

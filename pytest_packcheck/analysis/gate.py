@@ -356,9 +356,8 @@ def render_summary(changes: list[Change], baseline_env: dict[str, Any], candidat
     changed cell, regressions first: model, backend, check, dtype, versions, verdict before → after, the key
     number on each side, the cause(s), the known fault it matches (audit/known_faults.toml) and the remedy.
     Pure: changes in, text out."""
-    from tabulate import tabulate
-
     from ..report.numbers import key_number as _key_number
+    from ..report.text import github_table
 
     bad = regressions(changes)
     versions = _stack_versions(baseline_env, candidate_env)
@@ -387,8 +386,8 @@ def render_summary(changes: list[Change], baseline_env: dict[str, Any], candidat
         rows.append([escape_md(model), escape_md(backend or "(model level)"), check, dtype, escape_md(changed if env is None else env),
                      f"{ch.baseline or '—'} → {ch.candidate or '—'}", escape_md(number), escape_md(", ".join(causes) or ch.detail or "—"),
                      escape_md(", ".join(d.get("known_faults") or []) or "—"), escape_md(d.get("remedy") or "—"), verdict(ch)])
-    lines.append(tabulate(rows, headers=["model", "backend", "check", "dtype", "versions", "before → after", "number", "cause",
-                                         "known fault", "remedy", "gate"], tablefmt="github"))
+    lines.append(github_table(rows, headers=["model", "backend", "check", "dtype", "versions", "before → after", "number", "cause",
+                                         "known fault", "remedy", "gate"]))
     return "\n".join([*lines, ""])
 
 

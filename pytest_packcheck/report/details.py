@@ -23,7 +23,7 @@ def render(rep: Report) -> str:
 
 
 def _details(rep: Report) -> list[str]:
-    from tabulate import tabulate
+    from .text import github_table
 
     lay, labels, cells = rep.layout, rep.labels, rep.cells
     models, by_group, backends, dtypes, envs, checks = list(lay.models), lay.by_group, lay.backends, lay.dtypes, lay.envs, lay.checks
@@ -61,7 +61,7 @@ def _details(rep: Report) -> list[str]:
                     where = f", {env_header(e, cells)}" if e else ""
                     headers = ["backend"] + [f"{chk} ({SPECS[chk].role})" if chk in SPECS and SPECS[chk].role != "correctness" else chk
                                              for chk in checks]
-                    blocks += [f"**{dtype}{escape_md(where)}**", "", tabulate(rows, headers=headers, tablefmt="github"), "", *notes, ""]
+                    blocks += [f"**{dtype}{escape_md(where)}**", "", github_table(rows, headers=headers), "", *notes, ""]
         if blocks:
             lines += ["<details>", f"<summary>{model_mark(label, by_group)} {escape_md(label)}</summary>", "", *blocks,
                       "</details>", ""]

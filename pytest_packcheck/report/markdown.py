@@ -27,7 +27,7 @@ def render(rep: Report) -> str:
     """The support matrix: the answer (per model), the stack's hazards and findings (once each), the matrix
     (rows = models, columns = backends; headline from the correctness checks), remedies, legend, then where the
     per-model details are."""
-    from tabulate import tabulate
+    from .text import github_table
 
     doc, cells, settings, lay = rep.doc, rep.cells, rep.settings, rep.layout
     env = doc["environment"]
@@ -90,7 +90,7 @@ def render(rep: Report) -> str:
                         h = rep.headlines.get((label, b, dtype, e))
                         row.append(headline_text(h, marks.get((label, e, dtype, b))) if h else "")
                     rows.append(row)
-            lines.append(tabulate(rows, headers=headers, tablefmt="github"))
+            lines.append(github_table(rows, headers=headers))
             lines.append("")
             continue
         headers = ["model", "model_type / class"] + [labels.get(b, b) for b in backends]
@@ -108,7 +108,7 @@ def render(rep: Report) -> str:
 
                 row.append(bench_cell([r for r in bench["results"] if r["model"]["label"] == label], cells))
             rows.append(row)
-        lines.append(tabulate(rows, headers=headers, tablefmt="github"))
+        lines.append(github_table(rows, headers=headers))
         lines.append("")
     lines += not_checked_section(rep)
     lines += training_section(rep)
@@ -145,8 +145,8 @@ def render(rep: Report) -> str:
     if tol:
         keys = sorted({k for t in tol.values() for k in t})
         lines += ["## Tolerances", "", f"Source: {escape_md(settings.get('tolerance_source', ''))}", ""]
-        lines.append(tabulate([[d] + [tol[d].get(k, "") for k in keys] for d in sorted(tol)], headers=["dtype", *keys], tablefmt="github"))
+        lines.append(github_table([[d] + [tol[d].get(k, "") for k in keys] for d in sorted(tol)], headers=["dtype", *keys]))
         lines.append("")
-    lines += ["## Environment", "", tabulate([[k, escape_md(v)] for k, v in env.items()], headers=["", "value"], tablefmt="github"), ""]
+    lines += ["## Environment", "", github_table([[k, escape_md(v)] for k, v in env.items()], headers=["", "value"]), ""]
     return "\n".join(lines)
 

@@ -40,9 +40,8 @@ def hazards_section(rep: Report) -> list[str]:
     """One table per environment and dtype: a row per hazard that was measured there (every hazard check of the
     registry, :func:`verdicts.hazard_names`), a column per backend, "shown / measured" models
     (:func:`verdicts.hazard_rows`, the numbers the counts line sums); the remedy once per hazard that showed."""
-    from tabulate import tabulate
-
     from ..analysis.diagnose import remedy
+    from .text import github_table
 
     cells, backends, envs, rows = rep.cells, rep.layout.backends, rep.layout.envs, rep.hazards
     if not rows:
@@ -64,7 +63,7 @@ def hazards_section(rep: Report) -> list[str]:
             if table:
                 where = f" ({env_header(e, cells)})" if e else ""
                 lines += [f"{dtype}{escape_md(where)}:", "",
-                          tabulate(table, headers=["hazard", *[rep.label(b) for b in backends]], tablefmt="github"), ""]
+                          github_table(table, headers=["hazard", *[rep.label(b) for b in backends]]), ""]
     env_doc = rep.doc.get("environment", {})
     for hazard in hazard_names():
         # the remedy of each probe that showed it (its own cause and numbers: cu_seq_lens leaking on sdpa is
@@ -380,7 +379,7 @@ def training_entry(cell: dict[str, Any], read: str) -> str:
 def training_section(rep: Report) -> list[str]:
     """The training-modes table (when the audit ran trainer / sft checks): one column per way of training
     packed, each with its verdict and the max per-step loss delta against the padded run."""
-    from tabulate import tabulate
+    from .text import github_table
 
     lay, cells = rep.layout, rep.cells
     by_group, models, backends, dtypes, envs = lay.by_group, lay.models, lay.backends, lay.dtypes, lay.envs
@@ -411,12 +410,12 @@ def training_section(rep: Report) -> list[str]:
              "per-step loss difference over the steps (grad accum: the num_items_in_batch Trainer passed, of the label "
              "tokens after the shift). Wrapped packing joins examples by design (TRL's documentation) and is shown, "
              "not judged."), "",
-            tabulate(rows, headers=headers, tablefmt="github"), ""]
+            github_table(rows, headers=headers), ""]
 
 
 def environments_section(rep: Report) -> list[str]:
     """One row per version environment: what was asked, what was resolved, and how long it took to make."""
-    from tabulate import tabulate
+    from .text import github_table
 
     cells, envs = rep.cells, rep.layout.envs
 
@@ -435,7 +434,7 @@ def environments_section(rep: Report) -> list[str]:
             ("Each column of the matrix ran in its own uv environment over this machine's torch (never reinstalled); "
              "the versions are what the requirement resolved to. Logs are written beside the report (logs/), with "
              "secrets scrubbed; they are not part of the committed reports."), "",
-            tabulate(rows, headers=["requested", "resolved", "torch", "environment", "run", "log"], tablefmt="github"), ""]
+            github_table(rows, headers=["requested", "resolved", "torch", "environment", "run", "log"]), ""]
 
 
 def what_to_do(rep: Report) -> list[str]:

@@ -361,10 +361,8 @@ def _targets_summary(targets: list[dict[str, Any]]) -> str:
 
 def render_bench(results: list[dict[str, Any]], env: dict[str, Any], model_label: str) -> str:
     """Markdown: one row per profile, then the per-mode details."""
-    from tabulate import tabulate
-
     from ..backends import backend_labels
-    from ..report.text import escape_md
+    from ..report.text import escape_md, github_table
 
     attn = results[0].get("attn_implementation", "") if results else ""
     lines = [f"# packcheck bench — {escape_md(model_label)}", "",
@@ -375,7 +373,7 @@ def render_bench(results: list[dict[str, Any]], env: dict[str, Any], model_label
         lines += [SMOKE_TEST, ""]
     measured = [r for r in results if "error" not in r]
     if measured:
-        lines.append(tabulate([bench_row(r) for r in measured], headers=BENCH_HEADERS, tablefmt="github"))
+        lines.append(github_table([bench_row(r) for r in measured], headers=BENCH_HEADERS))
         lines += ["", BENCH_NOTE, ""]
         caveats = bench_caveats(measured)
         if caveats:
@@ -397,14 +395,14 @@ def render_bench(results: list[dict[str, Any]], env: dict[str, Any], model_label
 
         verdict = {True: "met", False: "MISSED", None: "not judged (CPU)" if not str(env.get("device", "")).startswith("cuda") else "not measured"}
         lines += ["Targets (audit/bench_targets.toml):", "",
-                  tabulate([[p, t["label"], required(t), shown(t), verdict[t["met"]]] for p, t in judged],
-                           headers=["profile", "target", "required", "measured", "verdict"], tablefmt="github"), ""]
+                  github_table([[p, t["label"], required(t), shown(t), verdict[t["met"]]] for p, t in judged],
+                           headers=["profile", "target", "required", "measured", "verdict"]), ""]
     detail = []
     for r in measured:
         for mode, run in r["runs"].items():
             detail.append([r["profile"], mode, f"{run['step_s'] * 1000:.1f}", f"{run['step_s_spread'][0] * 1000:.1f}-{run['step_s_spread'][1] * 1000:.1f}",
                            run["tokens_per_step"], run["useful_tokens_per_step"], run["peak_memory_mib"] if run["peak_memory_mib"] is not None else "n/a"])
-    lines.append(tabulate(detail, headers=["profile", "mode", "step ms", "min-max ms", "tokens/step", "useful/step", "peak MiB"], tablefmt="github"))
+    lines.append(github_table(detail, headers=["profile", "mode", "step ms", "min-max ms", "tokens/step", "useful/step", "peak MiB"]))
     lines.append("")
     return "\n".join(lines)
 
@@ -495,9 +493,7 @@ def bench_cell(results: list[dict[str, Any]], cells: list[dict[str, Any]]) -> st
 
 def bench_section(bench: dict[str, Any], cells: list[dict[str, Any]]) -> list[str]:
     """What packing buys (``packcheck audit --bench``): one row per model and profile, with its backend."""
-    from tabulate import tabulate
-
-    from ..report.text import escape_md
+    from ..report.text import escape_md, github_table
 
     rows, failed, wrong = [], [], {}
     for r in bench["results"]:
@@ -513,7 +509,7 @@ def bench_section(bench: dict[str, Any], cells: list[dict[str, Any]]) -> list[st
               + (f"{SMOKE_TEST} " if smoke_test_note(bench["device"]) else "")
               + BENCH_NOTE), ""]
     if rows:
-        lines += [tabulate(rows, headers=["model", "backend", "dtype", *BENCH_HEADERS], tablefmt="github"), ""]
+        lines += [github_table(rows, headers=["model", "backend", "dtype", *BENCH_HEADERS]), ""]
         lines += [f"- ⚠ {escape_md(label)} on {backend}: the audit found packing wrong there ({', '.join(checks)}): "
                   "this speedup is the speed of a different computation." for (label, backend), checks in wrong.items()]
         lines += [*bench_caveats([r for r in bench["results"] if "error" not in r]), ""]
