@@ -1321,3 +1321,19 @@ def test_a_diagnostic_rerun_the_model_cannot_run_judges_nothing_and_raises_nothi
     result = verify_packed_batch(model, {"input_ids": ids, "position_ids": pos, "labels": labels}, on_mismatch="return")
     assert result.verdict == "fail" and result.cause == "leak", result.line()
     assert "IndexError" in result.probes["plain_position_ids_error"] and "plain_position_ids" not in result.probes
+
+
+def test_position_ids_that_never_count_up_are_named_not_the_labels(llama_sdpa):
+    """Trial 11, 98: a DataCollatorWithFlattening row whose position_ids were zeroed (31 one-token examples) failed
+    with "no labelled token (every label is -100)" beside "labels not -100 at 28 example starts", and the labels'
+    remedy. The zeroed position_ids are the item named, with their remedy, and the evidence says why nothing was
+    scored. Planted against: the collator's own row passes."""
+    batch = llama_sdpa.packed()
+    assert verify_packed_batch(llama_sdpa.model, dict(batch), use_cache=False).verdict == "pass"
+    zeroed = {**batch, "position_ids": torch.zeros_like(batch["position_ids"])}
+    result = verify_packed_batch(llama_sdpa.model, zeroed, use_cache=False, on_mismatch="return")
+    total = batch["input_ids"].shape[1]
+    assert result.verdict == "fail" and result.cause == "collator_contract", result.summary()
+    assert f"every one of the {total} tokens starts an example of its own" in result.evidence
+    assert "every label is -100" not in result.evidence and "labels not -100" not in result.evidence
+    assert "count up within each example" in result.remedy and "set labels to -100" not in result.remedy

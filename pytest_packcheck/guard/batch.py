@@ -39,6 +39,9 @@ CONTRACT_REMEDIES = {
                "start (DataCollatorWithFlattening(separator_id=-100) does)"),
     "empty": "drop empty examples before collating (the collator keeps them as a zero-length segment)",
     "cu_dtype": "build cu_seq_lens_q/k as torch.int32 (flash-attn's varlen kernels refuse int64; DataCollatorWithFlattening does)",
+    "one_token": ("return position_ids that count up within each example (0, 1, 2, ... from each example's start; "
+                  "DataCollatorWithFlattening(return_position_ids=True) builds them): ids that never count up make every "
+                  "token an example of its own"),
 }
 
 #: Contract items (remedy keys) that cannot move a token's log-prob: they change what is scored, how the loss is
@@ -319,6 +322,11 @@ def parse_row(batch: Any, config: Any = None) -> _Row:
         boundaries.update(pos_starts)
         segmentations.append(("position_ids restart at tokens", pos_starts, "restart"))
         wrong = [s for s in pos_starts if p[s] != first]
+        if total > 1 and len(pos_starts) == total:
+            # all 0 (a collator that zeroed them): every token restarts, so each is a one-token example with nothing
+            # to predict; said first, ahead of the labels "at every start" it implies (trial 11, 98)
+            items.append(("collator_contract", (f"position_ids never count up ({p[:6]}...): every one of the {total} "
+                                               "tokens starts an example of its own (one-token examples)"), "one_token"))
         if wrong:
             items.append(("wrong_positions", (f"position_ids restart at {p[wrong[0]]}, not {first}, at token {wrong[0]} "
                                              f"({len(wrong)} of {len(pos_starts)} examples)"), "restart"))
@@ -355,7 +363,7 @@ def parse_row(batch: Any, config: Any = None) -> _Row:
         if number is not None and number < longest:
             items.append(("collator_contract", f"{key} {number} is below the longest example ({longest} tokens)", "max_length"))
     labels = batch.get("labels")
-    if isinstance(labels, torch.Tensor):
+    if isinstance(labels, torch.Tensor) and not any(key == "one_token" for _, _, key in items):
         unmasked = [s for s in starts[1:] if int(labels[0, s]) != IGNORE_INDEX]
         if unmasked:
             items.append(("collator_contract", (f"labels not -100 at {len(unmasked)} example starts (token indices "

@@ -259,6 +259,17 @@ def _batched_vs_rows(model: Any, batch: Mapping[str, Any], singles: list[dict[st
     return max(diffs) if diffs else None
 
 
+def _nothing_scored(row: _Row) -> str:
+    """Why no token is scored: every label is -100, or labels are given but none is left after the shift within
+    each example (one-token examples: the row said "every label is -100" beside "labels not -100 at 28 example
+    starts"; trial 11, 98)."""
+    labels = row.batch.get("labels")
+    if labels is None or not bool((labels != IGNORE_INDEX).any()):
+        return "no labelled token (every label is -100): nothing judged"
+    return (f"no token is scored: {len(row.slices)} examples in {row.total} tokens leave no label to predict after the "
+            "shift within each example: nothing judged")
+
+
 def _measure(model: Any, row: _Row, run: dict[str, Any], cache: bool, fused: bool,
              tols: dict[str, dict[str, float]], padded_probe: bool = False) -> GuardResult:
     """The probes, in eval mode under no_grad (see :func:`verify_packed_batch`)."""
@@ -278,7 +289,7 @@ def _measure(model: Any, row: _Row, run: dict[str, Any], cache: bool, fused: boo
     if not bool((targets != IGNORE_INDEX).any()):
         return _finish(GuardResult(**{**base, "verdict": "skipped" if not row.items else "fail"}, **empty,
                                    cause=contract_cause, remedy=_contract_remedy(row) if row.items else "",
-                                   evidence="no labelled token (every label is -100): nothing judged"
+                                   evidence=_nothing_scored(row)
                                             + ("; " + "; ".join(row.problems) if row.items else ""),
                                    tolerance=_pick(tols, probe_dtype.weights), attention={}), model)
     forwards = [0]
