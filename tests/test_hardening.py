@@ -626,8 +626,8 @@ def test_resume_after_a_local_model_folder_was_edited_runs_its_cells_again(pytes
     said = "Resumed: 1 of 1 cells were taken from the journal of an earlier run (--packcheck-resume)"
     assert said in " ".join(str(same.stdout).split())
     assert said in (pytester.path / "r" / "packcheck-matrix.md").read_text()
-    assert str(same.stdout).rstrip().splitlines()[-1].startswith("packcheck: the matrix holds 1 measured cell(s); 1 of them came "
-                                                                  "from the journal, not from pytest")
+    # trial 12, 61: a resumed cell is a pytest item passing from the journal, counted by pytest: no line says otherwise
+    assert "came from the journal, not from pytest" not in str(same.stdout)
     assert json.loads((pytester.path / "r" / "packcheck-matrix.json").read_text())["resumed"] == {"cells": 1, "of": 1}
     (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 3, "hidden_act": "gelu"}))
     edited = pytester.runpytest_subprocess(*base, "--packcheck-resume")
