@@ -241,7 +241,7 @@ def test_grad_parity_fails_a_uniform_gradient_scale(bench):
 
 def test_grad_parity_branches(bench):
     ok = C.check_grad_parity(bench)
-    assert ok.status == "pass" and ok.metrics["grad_rel_err"] < 1e-5 and ok.metrics["grad_cosine"] > 0.99999
+    assert ok.status == "pass" and ok.metrics["grad_rel_err"] < 1e-5 and 0.99999 < ok.metrics["grad_cosine"] <= 1.0  # trial 12, 2: 1.0000037
     assert ok.metrics["num_params"] == len(list(bench.model.parameters()))
     inner = bench.model
     bench.model = TiltPackedGradient(inner)
