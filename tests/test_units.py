@@ -306,3 +306,19 @@ def test_audit_file_values_are_type_checked_in_one_place(tmp_path):
     path.write_text('[audit]\nname = "n"\ndescription = "d"\nmodels = ["arch:llama"]\ntolerances = "t.toml"\n')
     got = load_audit(str(path))
     assert (got.name, got.tolerances, got.models) == ("n", "t.toml", ("arch:llama",))
+
+
+def test_an_audit_file_named_without_toml_is_read_and_its_fault_said(tmp_path):
+    """Trial 12, 47: `--audit /bin/ls` (a file that is there) said "Audit '/bin/ls' not found"; a .toml-named copy
+    got the right "not UTF-8". A file that exists is read whatever its name; a missing one is still "not found"."""
+    from pytest_packcheck.config.audits import load_audit
+
+    binary = tmp_path / "audit.cfg"
+    binary.write_bytes(bytes(range(200, 256)) * 4)
+    with pytest.raises(PackcheckUsageError, match=f"Audit file {binary} is not UTF-8 text"):
+        load_audit(str(binary))
+    good = tmp_path / "mine.cfg"
+    good.write_text('[audit]\nmodels = ["arch:llama"]\n')
+    assert list(load_audit(str(good)).models) == ["arch:llama"]
+    with pytest.raises(PackcheckUsageError, match="not found"):
+        load_audit(str(tmp_path / "absent.cfg"))

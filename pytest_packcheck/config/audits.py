@@ -111,6 +111,8 @@ def resolve_audit_path(value: str) -> Path:
     if path.is_dir():  # a folder is there, so "not found" would send the user looking for the wrong thing
         raise PackcheckUsageError(f"Audit '{value}' is a directory: give an audit TOML file (e.g. "
                                   f"{PACKAGE_AUDIT_DIR / 'default.toml'}) or the name of one under audit/.")
+    if path.is_file():  # a file that is there, named without .toml (/bin/ls), and no audit of that name: read, so its fault
+        return path                      # is said (not UTF-8, not TOML), never "not found" (trial 12, 47)
     raise PackcheckUsageError(
         f"Audit '{value}' not found (looked for {path} and {value}.toml in ./audit and {PACKAGE_AUDIT_DIR}): "
         "give an existing .toml file or the name of one under audit/."
