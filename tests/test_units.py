@@ -258,6 +258,9 @@ def test_backend_key_number_shows_which_flash_kernel_ran():
     assert key_number(old) == "2/2 calls"
     sdpa = {"check": "backend", "metrics": {"calls": {"sdpa": 2}, "expected_calls": 2, "varlen_kernel_calls": 0, "dense_kernel_calls": 0}}
     assert key_number(sdpa) == "2/2 calls"
+    # trial 12, 3: opt's fail (boundaries missing in 2 of 2 calls) showed "2/2 calls", as a pass does
+    leaky = {"check": "backend", "metrics": {**sdpa["metrics"], "boundaries_missing": 2}}
+    assert key_number(leaky) == "2/2 calls, boundaries missing in 2"
 
 
 def test_a_revision_pins_the_snapshot_its_config_is_read_from(two_snapshots):

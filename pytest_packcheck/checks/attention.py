@@ -279,4 +279,6 @@ def key_number(metrics: dict[str, Any]) -> str | None:
     text = f"{sum(metrics['calls'].values())}/{metrics.get('expected_calls', '?')} calls"
     if "dense_kernel_calls" in metrics and (metrics.get("varlen_kernel_calls") or metrics["dense_kernel_calls"]):
         text += f", varlen {metrics.get('varlen_kernel_calls', 0)} / dense {metrics['dense_kernel_calls']}"
+    if metrics.get("boundaries_missing"):  # the number the fail rests on beside the count (opt showed "2/2 calls" as
+        text += f", boundaries missing in {metrics['boundaries_missing']}"  # a pass did; trial 12, 3)
     return text
