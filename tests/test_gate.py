@@ -370,3 +370,16 @@ def test_a_pass_its_own_number_contradicts_is_a_corrupt_file(baseline_path, tmp_
             assert main(argv) == 2, argv
         line = err.getvalue().strip()
         assert "\n" not in line and f"cell '{cell['cell_id']}' passes with max_change=0.5 above its tolerance isolation_atol=" in line, line
+
+
+def test_a_contract_item_with_a_status_off_the_list_is_a_corrupt_file(tmp_path):
+    """Trial 12, 67: a hand-edited collate item with status "bogus" was rendered with an empty mark. Each contract
+    item is a verdict of its own: a status off the list makes the file corrupt (one line naming cell and item)."""
+    from pytest_packcheck.results.schema import cell_problem
+
+    cell = {"cell_id": "llama-collate-float32", "check": "collate", "dtype": "float32", "status": "fail", "backend": None,
+            "model": {"label": "llama"}, "metrics": {"items": {"labels": {"status": "pass", "evidence": "ok"}}}}
+    assert cell_problem(cell) is None
+    cell["metrics"]["items"]["cu_seq_lens"] = {"status": "bogus", "evidence": "?"}
+    said = cell_problem(cell)
+    assert said.startswith("cell 'llama-collate-float32' has contract item 'cu_seq_lens' with status \"bogus\" (expected one of"), said

@@ -138,6 +138,12 @@ def cell_problem(cell: Any) -> str | None:
             return f"cell {name!r} has \"{key}\": {json.dumps(cell[key])[:40]} (expected a {'JSON object' if kind is dict else 'string'})"
     if not isinstance(cell["model"].get("label"), str):
         return f"cell {name!r} has a model without a label"
+    items = (cell.get("metrics") or {}).get("items") if isinstance(cell.get("metrics"), dict) else None
+    if isinstance(items, dict):  # contract items (collate, single_row): each a verdict of its own (trial 12, 67)
+        bad = next(((k, v) for k, v in items.items() if not (isinstance(v, dict) and v.get("status") in STATUSES)), None)
+        if bad:
+            said = json.dumps(bad[1].get("status") if isinstance(bad[1], dict) else bad[1])[:40]
+            return f"cell {name!r} has contract item {bad[0]!r} with status {said} (expected one of {', '.join(STATUSES)})"
     from ..checks.registry import ROLES
 
     if "role" in cell and cell["role"] not in ROLES:
