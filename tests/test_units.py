@@ -325,3 +325,19 @@ def test_an_audit_file_named_without_toml_is_read_and_its_fault_said(tmp_path):
     assert list(load_audit(str(good)).models) == ["arch:llama"]
     with pytest.raises(PackcheckUsageError, match="not found"):
         load_audit(str(tmp_path / "absent.cfg"))
+
+
+def test_models_sentence_never_counts_zero_default_configs_and_overhead_below_zero_is_noise():
+    """Trial 12, 153: a run of one local folder under pretrained read "The models: 0 transformers default configs
+    (shrunk, pretrained weights) and 1 named checkpoints". Trial 12, 119: bench printed "instrumentation overhead
+    -76.7 %" (the counted run was the faster) as a figure."""
+    from pytest_packcheck.report.sections import models_are
+    from pytest_packcheck.run.throughput import _instrumentation_text
+
+    folder = {"m": {"kind": "local", "spec": "./m"}}
+    assert models_are(folder, {"weights": "pretrained"}) == "The models: 1 named checkpoint(s) or folder(s), pretrained weights."
+    mixed = models_are({**folder, "llama": {"kind": "arch", "spec": "arch:llama"}}, {"weights": "pretrained"})
+    assert mixed.startswith("The models: 1 transformers default config(s) (shrunk, random weights) and 1 named") and "0 " not in mixed
+    assert _instrumentation_text({"instrumentation_overhead": 0.125}) == "+12.5 %"
+    assert _instrumentation_text({"instrumentation_overhead": -0.767}) == "none measurable (-76.7 %, timing noise)"
+    assert _instrumentation_text({}) == "—"

@@ -159,8 +159,12 @@ def models_are(models: dict[str, Any], settings: dict[str, Any]) -> str:
         return (f"The models are transformers' own default configs (`arch:<model_type>`, the config class's defaults, "
                 f"overrides in braces), shrunk to a tiny size (a few layers, small hidden size), with {weights} weights: "
                 "the verdicts are about the architecture's code path on this stack, not about a trained checkpoint.")
-    return (f"The models: {kinds.get('arch', 0)} transformers default configs (shrunk, {weights} weights) and "
-            f"{sum(v for k, v in kinds.items() if k != 'arch')} named checkpoints or folders; weights: {weights}.")
+    named = sum(v for k, v in kinds.items() if k != "arch")
+    if not kinds.get("arch"):  # "0 transformers default configs (shrunk, pretrained weights)" read as if some ran (trial 12, 153)
+        return f"The models: {named} named checkpoint(s) or folder(s), {weights} weights."
+    # an arch: spec has no checkpoint: its weights are random whatever was asked (the header says so per model)
+    return (f"The models: {kinds['arch']} transformers default config(s) (shrunk, random weights) and {named} named "
+            f"checkpoint(s) or folder(s) ({weights} weights).")
 
 
 def trainer_note(cells: list[dict[str, Any]]) -> list[str]:
