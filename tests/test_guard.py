@@ -1337,3 +1337,16 @@ def test_position_ids_that_never_count_up_are_named_not_the_labels(llama_sdpa):
     assert f"every one of the {total} tokens starts an example of its own" in result.evidence
     assert "every label is -100" not in result.evidence and "labels not -100" not in result.evidence
     assert "count up within each example" in result.remedy and "set labels to -100" not in result.remedy
+
+
+def test_a_pad_token_id_past_the_embedding_does_not_crash_the_padded_probe(tolerances):
+    """Trial 12, 198: SFTTrainer + OPT with a tokenizer whose pad id (512) is past the model's 512 embeddings: the
+    guard's padded probe (run on a mismatch) raised IndexError inside the user's training. Pad positions are masked,
+    so the probe pads with an id inside the vocabulary; the verdict and its number are unchanged."""
+    opt = make_bench("opt", "sdpa", tolerances)
+    batch = opt.packed()
+    before = verify_packed_batch(opt.model, dict(batch), use_cache=False, padded_probe=True, on_mismatch="return")
+    opt.model.config.pad_token_id = opt.model.get_input_embeddings().num_embeddings  # one past the last row
+    after = verify_packed_batch(opt.model, dict(batch), use_cache=False, padded_probe=True, on_mismatch="return")
+    assert before.verdict == after.verdict == "fail" and after.cause == before.cause, after.summary()
+    assert after.max_logprob_diff == before.max_logprob_diff

@@ -233,7 +233,12 @@ def _padded_diff(model: Any, row: _Row, targets: Any, inputs: dict[str, Any], fu
 
     order = list(reference)
     pad = getattr(model.config, "pad_token_id", None)
-    padded = unpack_row({**inputs, "input_ids": row.batch["input_ids"]}, row.slices, pad if isinstance(pad, int) else 0, order)
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    rows = getattr(embeddings, "num_embeddings", None)
+    # the pad positions are masked, so any id in the vocabulary does; a tokenizer's pad id past the embedding (512 of
+    # 512, an added pad token the model was not resized for) raised IndexError inside the user's training (trial 12, 198)
+    ok = isinstance(pad, int) and not isinstance(pad, bool) and pad >= 0 and (not isinstance(rows, int) or pad < rows)
+    padded = unpack_row({**inputs, "input_ids": row.batch["input_ids"]}, row.slices, pad if ok else 0, order)
     padded["use_cache"] = False
     width = padded["input_ids"].shape[1]
     tgt = torch.full((len(order), width - 1), IGNORE_INDEX, dtype=targets.dtype, device=targets.device)
