@@ -93,7 +93,9 @@ def test_a_dropped_completion_mask_fails_on_its_own_cause(llama_sdpa):
     assert result.status == "fail" and result.cause == "completion_mask" and not result.findings, result.message
     assert probes["row_contract"] == ("pass", None) and probes["first_batch_loss"] == ("pass", None)
     assert probes["steps"] == ("pass", None) and probes["gradient_checkpointing"] == ("pass", None)
-    assert "0.20" in remedy("completion_mask", {"backend": "sdpa", "check": "sft"}, {})
+    # the upgrade is the known fault's (trl-packing-drops-completion-mask, its window), never the cause's own
+    assert "0.20" in remedy("completion_mask", {"backend": "sdpa", "check": "sft"}, {"trl": "0.19.1"})
+    assert "0.20" not in remedy("completion_mask", {"backend": "sdpa", "check": "sft"}, {"trl": "1.16.0"})
 
 
 def test_sft_padding_free_reports_each_probe_on_a_row_without_boundaries(llama_sdpa):
