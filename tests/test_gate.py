@@ -26,11 +26,12 @@ def baseline_path(tmp_path_factory):
 
 
 def _pretend_pass(cell):
-    """A measured fail edited into a pass, its key number within tolerance with it (a pass its own number
-    contradicts is a corrupt file: aee42b8)."""
+    """A measured fail edited into a pass, its key number within tolerance and its cause gone with it (a pass its own
+    record contradicts is a corrupt file: aee42b8, trial 13 #143)."""
     from pytest_packcheck.checks.registry import SPECS
 
-    cell["status"] = "pass"
+    cell["status"], cell["cause"], cell["causes"], cell["evidence"] = "pass", None, [], {}
+    cell.pop("diagnosis", None)
     spec = SPECS[cell["check"]]
     if spec.key_metric and spec.key_metric[0] in (cell.get("metrics") or {}):
         cell["metrics"][spec.key_metric[0]] = 0.0
@@ -395,3 +396,21 @@ def test_a_contract_item_with_a_status_off_the_list_is_a_corrupt_file(tmp_path):
     cell["metrics"]["items"]["cu_seq_lens"] = {"status": "bogus", "evidence": "?"}
     said = cell_problem(cell)
     assert said.startswith("cell 'llama-collate-float32' has contract item 'cu_seq_lens' with status \"bogus\" (expected one of"), said
+
+
+def test_a_pass_with_a_cause_or_a_failed_item_is_a_corrupt_record():
+    """Trial 13, 143 / 144: a journal edited fail -> pass (sed) was resumed and gated as passes that still carried
+    cause leak ("boundaries missing in 2 of 2 calls") or a failed contract item. No run writes either (0 of 47716
+    passing cells of the committed reports and atlas builds): such a record is corrupt, in results files and
+    journal lines alike (both read cell_problem)."""
+    from pytest_packcheck.results.schema import cell_problem
+
+    base = {"cell_id": "opt-sdpa-backend-float32", "check": "backend", "dtype": "float32", "backend": "sdpa",
+            "model": {"label": "opt"}, "metrics": {}}
+    assert cell_problem({**base, "status": "fail", "cause": "leak"}) is None
+    said = cell_problem({**base, "status": "pass", "cause": "leak"})
+    assert said == "cell 'opt-sdpa-backend-float32' passes with cause \"leak\" (a pass its own record contradicts)", said
+    collate = {**base, "cell_id": "opt-collate-float32", "check": "collate", "backend": None, "cause": None,
+               "metrics": {"items": {"labels": {"status": "pass"}, "integer_labels": {"status": "fail"}}}}
+    assert cell_problem({**collate, "status": "fail"}) is None
+    assert "passes while its contract item 'integer_labels' failed" in cell_problem({**collate, "status": "pass"})

@@ -144,6 +144,13 @@ def cell_problem(cell: Any) -> str | None:
         if bad:
             said = json.dumps(bad[1].get("status") if isinstance(bad[1], dict) else bad[1])[:40]
             return f"cell {name!r} has contract item {bad[0]!r} with status {said} (expected one of {', '.join(STATUSES)})"
+        failed = next((k for k, v in items.items() if v.get("status") == "fail"), None)
+        if cell["status"] == "pass" and failed:  # trial 13, 143: a journal line edited fail -> pass was resumed
+            return f"cell {name!r} passes while its contract item {failed!r} failed (a pass its own record contradicts)"
+    if cell["status"] == "pass" and cell.get("cause"):
+        # no run writes a pass with a cause code (0 of 47716 passing cells of the committed reports and atlas builds);
+        # an edited one ("pass", cause leak, "boundaries missing in 2 of 2 calls") was resumed and gated (trial 13, 143/144)
+        return f"cell {name!r} passes with cause {json.dumps(cell['cause'])[:40]} (a pass its own record contradicts)"
     from ..checks.registry import ROLES
 
     if "role" in cell and cell["role"] not in ROLES:
