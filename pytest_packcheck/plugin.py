@@ -173,7 +173,9 @@ def _after_pytests_count(config: pytest.Config, document: dict[str, Any] | None)
     uncounted = journal.get("this") if isinstance(journal.get("this"), int) else 0
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if uncounted and reporter is not None:
-        cells = sum(1 for c in document.get("cells") or [] if c.get("status") != "skipped" or not (c.get("metrics") or {}).get("not_run"))
+        from .report.verdicts import not_run
+
+        cells = sum(1 for c in document.get("cells") or [] if not not_run(c))
         reporter.write_line(f"packcheck: the matrix holds {cells} measured cell(s); {uncounted} of them came from the journal, "
                             "not from pytest, so pytest's count above leaves them out (see the packcheck summary)")
 

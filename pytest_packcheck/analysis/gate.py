@@ -58,11 +58,10 @@ def index_cells(cells: list[dict[str, Any]], key: Callable[[dict[str, Any]], Any
     for cell in cells:
         k = key(cell)
         prev = out.get(k)
-        if prev is not None and not_run(cell) and not not_run(prev):
-            continue  # the placeholder of an interrupted run: the measured record stands
         if prev is not None and not_run(prev) != not_run(cell):
-            out[k] = cell  # a measured record replaces the placeholder
-            continue
+            if not_run(prev):
+                out[k] = cell  # a measured record replaces the placeholder of an interrupted run
+            continue  # else the placeholder yields: the measured record stands
         if prev is not None and prev["status"] != cell["status"]:
             raise PackcheckUsageError(
                 f"Cell {cell['cell_id']} is '{prev['status']}' and '{cell['status']}' in {where}: a cell held twice with "

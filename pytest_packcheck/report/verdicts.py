@@ -292,13 +292,14 @@ def matrix_counts(cells: list[dict[str, Any]]) -> dict[str, Any]:
     hazards = hazard_rows(cells).values()
     findings_all = [c for c in cells if role_of(c) == "finding" and c["status"] != "skipped"]
     # a finding check that errored (the model did not build: weights_mismatch) measured no contract item (trial 10, 32)
-    finding_cells = [c for c in findings_all if c["status"] in ("pass", "fail", "fallback")]
+    measured = ("pass", "fail", "fallback")
+    finding_cells = [c for c in findings_all if c["status"] in measured]
     items = [it for c in finding_cells for it in (((c.get("metrics") or {}).get("items")) or {}).values() if isinstance(it, dict)]
     return {"cells": verdicts, "models": {k: sorted(v) for k, v in models_by.items()},
             "hazards": (sum(len(r["shown"]) for r in hazards), sum(len(r["measured"]) for r in hazards)),
             "findings": (sum(c["status"] in ("fail", "fallback") for c in finding_cells), len(finding_cells),
                          sum(it.get("status") == "fail" for it in items)),
-            "findings_not_measured": Counter(c["status"] for c in findings_all if c not in finding_cells),
+            "findings_not_measured": Counter(c["status"] for c in findings_all if c["status"] not in measured),
             # worst first, correctness before the hazards / findings of the same status (a Counter keeps that order)
             "checks": Counter(check_mark(c)[1] for c in sorted(cells, key=lambda c: (rank(c["status"]), role_of(c) != "correctness")))}
 
