@@ -58,8 +58,11 @@ def test_lookup_still_answers_the_backends_it_knows():
 
 @pytest.mark.parametrize(("args", "message"), [
     (("--render-only", "--build-dir", "/nonexistent/atlas"),
-     "--build-dir '/nonexistent/atlas' (with --render-only) does not exist: there is nothing to render"),
-    (("--render-only", "--build-dir", __file__), "(with --render-only) is not a folder"),
+     "--build-dir '/nonexistent/atlas' does not exist, and -o"),
+    (("--render-only", "--build-dir", __file__), f"--build-dir '{__file__}' is not a folder"),
+    # every flag is judged before the build folder (trial 13, 153-154: the missing folder hid them)
+    (("--render-only", "--build-dir", "/nonexistent/atlas", "--shard", "5/2"), "--shard"),
+    (("--render-only", "--build-dir", "/nonexistent/atlas", "--since", "nonsense"), "--since 'nonsense' is not a"),
     (("--releases", "5.24.0", "--bisect", "--bisect-limit", "-1"), "--bisect-limit -1 must be >= 1"),
     (("--releases", "5.24.0", "--bisect", "--bisect-limit", "0"), "--bisect-limit 0 must be >= 1"),
 ])
@@ -75,8 +78,20 @@ def test_atlas_render_only_refuses_a_missing_default_build_dir(tmp_path):
     ("0 releases measured", "torch None"); a missing --build-dir named explicitly was refused. Both are now."""
     proc = _cli("atlas", "--render-only", "-o", str(tmp_path / "atlas2"), cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0, proc.stderr
-    assert "The default --build-dir 'build/atlas' (no --build-dir given" in proc.stderr and "does not exist" in proc.stderr
+    assert "the default --build-dir 'build/atlas' (no --build-dir given" in proc.stderr and "does not exist" in proc.stderr
+    assert "-o with a folder holding a committed atlas" in proc.stderr
     assert not (tmp_path / "atlas2").exists()
+
+
+def test_atlas_render_only_re_renders_a_committed_atlas_without_a_build_dir(tmp_path):
+    """Trial 13, 53: the refusal asked for "an -o holding a committed atlas", and with one the missing default
+    build/atlas was refused again; it now re-renders from support.json alone, as the message says."""
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "support.json").write_text((Path(__file__).resolve().parents[1] / "reports" / "atlas" / "support.json").read_text())
+    proc = _cli("atlas", "--render-only", "-o", str(kept), "--releases", "5.24.0", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (kept / "atlas.md").exists() and not (tmp_path / "build").exists()
 
 
 def test_atlas_render_only_refuses_an_empty_build_dir_and_a_new_output(tmp_path):
@@ -281,7 +296,10 @@ def test_atlas_refuses_since_newer_than_until(args):
 
 def test_atlas_render_refuses_an_output_dir_under_a_file(tmp_path):
     """T7: --render-only -o /dev/null/x was a NotADirectoryError traceback; the same probe bench and bisect use."""
-    (tmp_path / "build").mkdir()
+    from pytest_packcheck.atlas import DONE_MARKER
+
+    (tmp_path / "build" / "5.24.0").mkdir(parents=True)
+    (tmp_path / "build" / "5.24.0" / DONE_MARKER).write_text("{}")  # something to render: only -o is wrong
     (tmp_path / "file").write_text("")
     proc = _cli("atlas", "--render-only", "--build-dir", str(tmp_path / "build"), "-o", str(tmp_path / "file" / "x"))
     assert proc.returncode == 2 and "(from -o/--output-dir) is not writable" in proc.stderr and "is a file, not a folder" in proc.stderr, proc.stderr
@@ -508,3 +526,33 @@ def test_an_unknown_architecture_is_offered_only_a_spec_that_parses(name):
     said = _re.search(r"Did you mean '([^']+)'\?", str(info.value))
     assert said, str(info.value)
     assert parse_model_spec(said.group(1), "the suggestion").kind == "arch", said.group(1)
+
+
+@pytest.mark.parametrize("config", [{}, {"model_type": None}, {"model_type": ""}, {"model_type": ["llama"]}])
+def test_a_config_without_a_model_type_is_told_to_add_one(config, tmp_path):
+    """Trial 13, 104: a config.json with no model_type was told to upgrade transformers or pass
+    --packcheck-trust-remote-code, neither of which helps; a list there was a TypeError (unhashable)."""
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_spec
+
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(PackcheckUsageError) as info:
+        resolve_model(parse_model_spec(str(tmp_path), "--packcheck-models"), "--packcheck-models")
+    said = str(info.value)
+    assert f"its config.json has no usable \"model_type\" key (found {config.get('model_type')!r})" in said, said
+    assert "add the model_type" in said and "upgrade" not in said and "trust-remote-code" not in said and "\n" not in said
+
+
+@pytest.mark.parametrize(("args", "prefix"), [
+    (("audit", "--models", "arch:llama", "--packcheck-trust", "-n", "0"), "--packcheck-trust"),
+    (("gate", "--baseline", "a.json", "--cand", "b.json"), "--cand"),
+    (("lookup", "llama", "sdpa", "5.24.0", "--tr", "0.19.1"), "--tr"),
+])
+def test_a_prefix_of_a_flag_is_not_taken_for_the_flag(args, prefix, tmp_path):
+    """Trial 13, 130: argparse expanded `--packcheck-trust` to --packcheck-trust-remote-code, and the audit ran
+    remote code the user never asked for. No command takes an abbreviation (allow_abbrev=False, as pytest's own
+    parser): the prefix is an unrecognized argument, exit 2, and nothing runs."""
+    proc = _cli(*args, "--packcheck-report-dir" if args[0] == "audit" else "--no-such-flag-either", str(tmp_path / "r"),
+                cwd=tmp_path)
+    assert proc.returncode == 2 and f"unrecognized arguments: {prefix}" in proc.stderr, proc.stderr
+    assert not (tmp_path / "r").exists()

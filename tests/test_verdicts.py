@@ -426,7 +426,13 @@ def test_a_run_of_some_correctness_checks_says_once_which_the_passes_cover():
     answer = md[md.index("## The answer"):md.index("## Matrix")]
     assert escape(said) in answer and "cross_backend" not in coverage(doc["cells"])  # not planned on eager
     header = md[:md.index("## The answer")]
-    assert said in header and md.count(escape(said)) == 1 and "**llama**: safe on eager." in answer  # once each
+    assert said in header and md.count(escape(said)) == 1  # once
+    # the per-model line a user copies carries it too (trial 13, 158: "**llama**: safe on eager.")
+    assert "**llama**: safe on eager (checked: isolation only; see the note on the ✅ cells above)." in answer
+    full = render_markdown(_doc([_cell("llama", "eager", c, "pass") for c in
+                                 (s.name for s in REGISTRY if s.role == "correctness" and s.suite == "default"
+                                  and "eager" not in s.skip_backends)]))
+    assert "**llama**: safe on eager." in full and "(checked:" not in full
     assert said in "\n".join(render_terminal(doc, []))
     every = [s.name for s in REGISTRY if s.role == "correctness" and s.suite == "default" and "eager" not in s.skip_backends]
     assert SPECS["isolation"].suite == "default" and coverage(_doc([_cell("llama", "eager", c, "pass") for c in every])["cells"]) == ""

@@ -109,5 +109,5 @@ def _shipped_tolerances() -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """``packcheck checks [CHECK ...] [--markdown | --causes]``."""
-    parser = add_arguments(argparse.ArgumentParser(prog="packcheck checks", description=HELP))
+    parser = add_arguments(argparse.ArgumentParser(prog="packcheck checks", description=HELP, allow_abbrev=False))
     return run(parser.parse_args(sys.argv[1:] if argv is None else argv))

@@ -109,15 +109,16 @@ def _module(command: Command) -> ModuleType:
 def _parser() -> argparse.ArgumentParser:
     """The ``packcheck`` parser: one subparser per row of :data:`COMMANDS`, configured by its module."""
     parser = argparse.ArgumentParser(prog="packcheck", description="Checks that padding-free packing trains the same model.",
-                                     epilog=help_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     epilog=help_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)  # a prefix never stands for a flag (trial 13, 130: --packcheck-trust)
     sub = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
         module = _module(command)
         if hasattr(module, "configure"):
-            module.configure(sub.add_parser(command.name, help=command.help))
+            module.configure(sub.add_parser(command.name, help=command.help, allow_abbrev=False))
             sub.choices[command.name].set_defaults(_empty_check=sub.choices[command.name])
         else:  # main(argv): parsed by the module itself (main hands it over before this parser runs)
-            sub.add_parser(command.name, help=command.help, add_help=False).add_argument("args", nargs=argparse.REMAINDER)
+            sub.add_parser(command.name, help=command.help, add_help=False, allow_abbrev=False).add_argument("args", nargs=argparse.REMAINDER)
     return parser
 
 

@@ -64,14 +64,6 @@ def run(ns: argparse.Namespace) -> int:
     if ns.render_only and ns.no_render:
         raise PackcheckUsageError("--render-only and --no-render exclude each other: pick one.")
     build_dir = ns.build_dir or ("build/atlas-trl" if ns.trl else "build/atlas")
-    if ns.render_only and not Path(build_dir).is_dir():
-        # checked before the releases are asked of the package index: nothing there to render from (the default
-        # folder too: a missing build/atlas rendered an empty atlas over -o)
-        what = "is not a folder" if Path(build_dir).exists() else "does not exist"
-        given = (f"--build-dir '{build_dir}'" if ns.build_dir
-                 else f"The default --build-dir '{build_dir}' (no --build-dir given; under {Path.cwd()})")
-        raise PackcheckUsageError(f"{given} (with --render-only) {what}: there is nothing to render. Pass "
-                                  "the folder a measuring run wrote with --build-dir, or run without --render-only.")
     _check_since_until(ns.since, ns.until, "TRL" if ns.trl else "transformers")
     if ns.bisect_limit is not None and ns.bisect_limit < 1:
         raise PackcheckUsageError(f"--bisect-limit {ns.bisect_limit} must be >= 1 (the most gaps to sweep); leave it "
@@ -84,6 +76,8 @@ def run(ns: argparse.Namespace) -> int:
         if extra:
             raise PackcheckUsageError(f"{', '.join(extra)} do not apply with --trl (its families, backends and modes are "
                                       "fixed: pytest_packcheck/atlas/trl.py): drop them.")
+        if not ns.list_releases:  # before the package index is asked: nothing there to render from
+            _refuse_nothing_to_render(ns, build_dir)
         planned = parse_release_list(ns.releases, "--releases") if ns.releases is not None else trl_index_releases(ns.since or TRL_SINCE, ns.until)
         if ns.list_releases:
             import json
@@ -91,7 +85,6 @@ def run(ns: argparse.Namespace) -> int:
             print(json.dumps(planned))
             return 0
         _probe_output(ns)
-        _refuse_nothing_to_render(ns, build_dir)
         return main_trl(planned, Path(build_dir), Path(ns.output_dir), ns.render_only, ns.no_render,
                         ns.remeasure, log=lambda line: print(line, flush=True))
     for flag, given in (("--bisect-limit", ns.bisect_limit is not None), ("--bisect-models", bool(ns.bisect_models))):
@@ -113,6 +106,8 @@ def run(ns: argparse.Namespace) -> int:
         committed = Path(ns.output_dir) / "support.json"
         for name in bisect_models:  # a typo bisected nothing and said nothing
             refuse_unknown_model_type(name, "--bisect-models", str(committed) if committed.is_file() else None)
+    if not ns.list_releases:  # every flag checked first (trial 13, 153), then before the package index is asked
+        _refuse_nothing_to_render(ns, build_dir)
     releases = parse_release_list(ns.releases, "--releases") if ns.releases is not None else index_releases(ns.since or ATLAS_SINCE, ns.until)
     if ns.releases is not None and (ns.list_releases or not ns.render_only):
         _refuse_unreleased(releases)
@@ -122,7 +117,6 @@ def run(ns: argparse.Namespace) -> int:
         print(json.dumps(releases))
         return 0
     _probe_output(ns)
-    _refuse_nothing_to_render(ns, build_dir)
     return atlas_main(AtlasArgs(releases, Path(ns.build_dir or "build/atlas"), Path(ns.output_dir), shard, ns.workers, ns.render_only,
                                 ns.bisect, ns.bisect_limit, models, bisect_models, ns.seed, ns.no_render, ns.remeasure),
                       log=lambda line: print(line, flush=True))
@@ -186,17 +180,30 @@ def _refuse_unreleased(releases: list[str]) -> None:
 
 
 def _refuse_nothing_to_render(ns: argparse.Namespace, build_dir: str) -> None:
-    """--render-only with a build folder that holds no finished release (nor shard) and an -o without the atlas
-    file to re-render: the render was an empty atlas ("0 releases measured", torch None), exit 0 (trial 3 #158).
-    An empty build folder beside a committed atlas is how the committed one is re-rendered: allowed."""
+    """--render-only with nothing to render: a --build-dir that is a file, or one that holds no finished release
+    (nor shard; a missing folder holds none) beside an -o without the atlas file to re-render. The render was an
+    empty atlas ("0 releases measured", torch None), exit 0 (trial 3 #158). A committed atlas in -o re-renders
+    with or without a build folder (trial 13, 53: the error asked for such an -o, then refused the missing default
+    build/atlas beside it).
+
+    Raises:
+        PackcheckUsageError: naming both folders and the fix.
+    """
     if not ns.render_only:
         return
     from ..atlas import DONE_MARKER
     from ..errors import PackcheckUsageError
 
+    given = (f"--build-dir '{build_dir}'" if ns.build_dir
+             else f"the default --build-dir '{build_dir}' (no --build-dir given; under {Path.cwd()})")
+    if Path(build_dir).exists() and not Path(build_dir).is_dir():
+        raise PackcheckUsageError(f"Nothing to render (with --render-only): {given} is not a folder. Pass the folder a "
+                                  "measuring run wrote with --build-dir.")
     kept = Path(ns.output_dir) / ("trl.json" if ns.trl else "support.json")
     done = any(Path(build_dir).glob(f"*/{DONE_MARKER}")) or any(Path(build_dir).glob(f"*/shard-*/{DONE_MARKER}"))
-    if not done and not kept.exists():
-        raise PackcheckUsageError(f"Nothing to render (with --render-only): --build-dir '{build_dir}' holds no finished "
-                                  f"release and -o '{ns.output_dir}' holds no {kept.name} to re-render. Pass the folder "
-                                  "a measuring run wrote, an -o holding a committed atlas, or run without --render-only.")
+    if not done and not kept.is_file():
+        state = "holds no finished release" if Path(build_dir).is_dir() else "does not exist"
+        raise PackcheckUsageError(f"Nothing to render (with --render-only): {given} {state}, and -o '{ns.output_dir}' "
+                                  f"holds no {kept.name} to re-render. Pass --build-dir with the folder a measuring run "
+                                  f"wrote, or -o with a folder holding a committed atlas ({kept.name} in it, as in "
+                                  "reports/atlas), or run without --render-only.")

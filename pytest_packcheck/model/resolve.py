@@ -132,9 +132,16 @@ def resolve_model(spec: ModelSpec, source: str, trust_remote_code: bool = False)
                 f"Model '{spec.raw}' (from {source}) needs trust_remote_code (its config.json has auto_map): "
                 "packcheck refuses to run remote code; pass --packcheck-trust-remote-code if you trust this repo."
             )
-        if config_dict.get("model_type") not in CONFIG_MAPPING and not trust_remote_code:
+        model_type = config_dict.get("model_type")
+        if not isinstance(model_type, str) or not model_type:
+            raise PackcheckUsageError(  # trial 13, 104: not a matter of upgrading or of remote code
+                f"Model '{spec.raw}' (from {source}): its config.json has no usable \"model_type\" key (found "
+                f"{model_type!r}), so transformers cannot tell its architecture: add the model_type of the "
+                "architecture (\"model_type\": \"llama\", ...) to config.json, or give the architecture as arch:NAME."
+            )
+        if model_type not in CONFIG_MAPPING and not trust_remote_code:
             raise PackcheckUsageError(
-                f"Model '{spec.raw}' (from {source}) has model_type={config_dict.get('model_type')!r}, unknown to the "
+                f"Model '{spec.raw}' (from {source}) has model_type={model_type!r}, unknown to the "
                 "installed transformers: upgrade transformers, or pass --packcheck-trust-remote-code for remote code."
             )
         try:

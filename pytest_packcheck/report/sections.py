@@ -221,6 +221,17 @@ def _at_a_glance(rep: Report, dtype: str) -> list[str]:
     return lines
 
 
+def _checks_only(rep: Report, label: str, dtype: str) -> str:
+    """" (isolation only: the other correctness checks were not run)" for a model's "safe on" words when the run
+    left correctness checks out (:func:`~pytest_packcheck.report.verdicts.coverage` is not empty): the line a user
+    copies carries the qualification the header gives once (trial 13, 158)."""
+    order = {s.name: i for i, s in enumerate(REGISTRY)}
+    ran = sorted({c["check"] for c in rep.cells if c["model"].get("label") == label and c.get("dtype") == dtype
+                  and c.get("backend") and role_of(c) == "correctness" and c.get("status") == "pass"},
+                 key=lambda n: order.get(n, len(order)))
+    return f" (checked: {escape_md(', '.join(ran))} only; see the note on the ✅ cells above)" if ran else ""
+
+
 def answer_section(rep: Report) -> list[str]:
     """The answer: what the models are, what was not run (the trainers), per dtype the "Do not pack" list and
     the "Safe" groups, then one line per model: safe backends, do-not-pack backends with the cause and its
@@ -283,10 +294,11 @@ def answer_section(rep: Report) -> list[str]:
                                  + (f": {desc}" if desc else "") + f"; {where[0][1]})")
             for name, number, fix in numerics:
                 parts.append(f"fails on the tolerance only on {name} ({number}: {escape_md(fix)})")
+            only = _checks_only(rep, label, dtype) if covered and (safe or partial) else ""
             if safe:
-                parts.append(f"safe on {', '.join(safe)}")
+                parts.append(f"safe on {', '.join(safe)}{only}")
             if partial:
-                parts.append(f"safe on {'; '.join(partial)}")
+                parts.append(f"safe on {'; '.join(partial)}{only}")
             if refused:
                 parts.append(f"refused / crashed on {', '.join(refused)}")
             if inconclusive:
