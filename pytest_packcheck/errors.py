@@ -12,16 +12,21 @@ _SECRET_NAME = re.compile(r"(TOKEN|KEY|SECRET|PASSWORD)", re.IGNORECASE)
 #: Shapes of common access tokens, scrubbed wherever they stand (a token typed into an override, a spec, a file):
 #: Hugging Face (hf_ + 34), GitHub (ghp_/gho_/ghu_/ghs_/ghr_ + 36, github_pat_ + 82), OpenAI / Anthropic
 #: (sk-, sk-proj-, sk-ant-), AWS access key ids (AKIA/ASIA + 16), Slack (xoxb-...), GitLab (glpat-), Google API
-#: keys (AIza + 35). Each needs 16+ characters after its prefix, and no letter or digit right before it. An
-#: underscore may stand Markdown-escaped (``hf\_...``, as :func:`report.text.escape_md` writes it), so a token
-#: is still caught in a rendered report whatever its writer escaped first.
+#: keys (AIza + 35). Each needs 16+ characters after its prefix (hf_ / gh?_: 8+ when they mix upper case with lower
+#: case or digits, as every real one does: ``ghp_AbCdEfGhIjKl``, trial 14, 150; ``hf_transfer`` stays), and no
+#: letter or digit right before it; sk- needs a digit or an upper-case letter in it (``sk-learn-...`` stays), sk-proj-
+#: and sk-ant- only 8+ characters. An underscore may stand Markdown-escaped (``hf\_...``, as
+#: :func:`report.text.escape_md` writes it), so a token is still caught in a rendered report whatever its writer
+#: escaped first.
 _U = r"\\?_"  # "_" or Markdown's "\_"
+_MIXED = r"(?=[A-Za-z0-9]*[A-Z])(?=[A-Za-z0-9]*[a-z0-9])[A-Za-z0-9]{8,}"  # 8+ characters, upper case and lower / digit
 SECRET_SHAPES = re.compile(
     r"(?<![A-Za-z0-9])(?:"
-    rf"hf{_U}[A-Za-z0-9]{{16,}}"
-    rf"|gh[pousr]{_U}[A-Za-z0-9]{{16,}}"
+    rf"hf{_U}(?:[A-Za-z0-9]{{16,}}|{_MIXED})"
+    rf"|gh[pousr]{_U}(?:[A-Za-z0-9]{{16,}}|{_MIXED})"
     rf"|github{_U}pat{_U}(?:[A-Za-z0-9]|{_U}){{16,}}"
-    r"|sk-(?=[A-Za-z_\\-]*[0-9])(?:[A-Za-z0-9-]|" + _U + r"){16,}"
+    r"|sk-(?:proj|ant)-(?:[A-Za-z0-9-]|" + _U + r"){8,}"
+    r"|sk-(?=(?:[A-Za-z0-9-]|" + _U + r")*[0-9A-Z])(?:[A-Za-z0-9-]|" + _U + r"){16,}"
     r"|(?:AKIA|ASIA)[0-9A-Z]{16}"
     r"|xox[abeprs]-[A-Za-z0-9-]{10,}"
     rf"|glpat-(?:[A-Za-z0-9-]|{_U}){{16,}}"

@@ -417,7 +417,9 @@ def test_a_kill_while_the_reports_are_written_never_leaves_new_beside_old(tmp_pa
 
 HF = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz012345"
 SHAPES = ["hf_" + "ZyXwVuTsRqPoNmLkJiHgFeDcBa987654", "ghp_" + "a1" * 18, "github_pat_" + "11AB" * 10, "sk-proj-" + "x1" * 12,
-          "AKIA" + "ABCDEFGHIJ234567", "xoxb-" + "1234567890-abc", "glpat-" + "Ab1" * 7, "AIza" + "B" * 35]
+          "AKIA" + "ABCDEFGHIJ234567", "xoxb-" + "1234567890-abc", "glpat-" + "Ab1" * 7, "AIza" + "B" * 35,
+          # trial 14, 149 / 150: shorter or digit-free ones a user types as a stand-in were echoed
+          "sk-" + "AbCdEfGhIjKlMnOpQr", "ghp_" + "AbCdEfGhIjKl", "hf_" + "AbCdEfGhIj", "sk-proj-" + "abcdefghijklmnopqrst"]
 
 
 @pytest.mark.parametrize("token", SHAPES)
@@ -428,7 +430,8 @@ def test_token_shapes_are_scrubbed_wherever_they_stand(token):
 
 
 @pytest.mark.parametrize("text", ["task-specific-finetuning-model-2024", "hf-internal-testing/tiny-random-LlamaForCausalLM",
-                                  "ghp_short", "AKIA123", "scikit-learn sk-learn", "rope_scaling"])
+                                  "ghp_short", "AKIA123", "scikit-learn sk-learn", "rope_scaling", "hf_transfer",
+                                  "hf_hub_download", "sk-learn-compatible-estimators", "HF_HUB_ENABLE_HF_TRANSFER"])
 def test_ordinary_text_is_not_scrubbed(text):
     from pytest_packcheck.errors import scrub_secrets
 

@@ -242,7 +242,7 @@ def test_a_trainers_padded_run_that_is_off_is_a_hazard_never_a_packing_failure()
             assert "5.10.1" not in c["diagnosis"]["remedy"] and "hand-written" in c["diagnosis"]["remedy"]
     md = render_markdown(doc)
     do_not_pack = md.split("### Do not pack", 1)[1].split("###", 1)[0]
-    assert "gpt2" not in do_not_pack and "- **gpt2**: safe on sdpa." in md, do_not_pack
+    assert "gpt2" not in do_not_pack and "- **gpt2**: safe on sdpa (checked: trainer, sft only" in md, do_not_pack
     assert "🔶 6.0e-01 (loss x0.903)" in md and "❌" not in md.split("## Matrix", 1)[1].split("## Legend", 1)[0]
     assert ">= 5.10.1" not in md and ">= 5.10.1" not in render_html(doc)
     # on 4.57.6 the same cell is inside the fixed fault's window: its remedy, the upgrade, is the right one there

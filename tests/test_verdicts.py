@@ -494,3 +494,28 @@ def test_checks_run_count_hazards_shown_as_hazards_not_failures():
     doc = _doc(cells)
     said = "Checks run: hazard shown 4, not checked 1, pass 8 (of 13)."
     assert said in render_markdown(doc) and said in "\n".join(render_terminal(doc, []))
+
+
+def test_a_hazards_only_run_judges_no_model():
+    """Trial 14, 140: `--packcheck-checks cache_trap,mask_trap` said "none judged" in the header and then put gpt2
+    under "Do not pack", ❌ in the matrix, "fail" in the CSV and the terminal: a headline with no correctness check
+    took the hazards as its verdict. Hazards never decide a cell; a crash there still shows (it is the model's)."""
+    from pytest_packcheck.report import render_markdown, render_terminal
+    from pytest_packcheck.report import build_report, csvfile
+    from pytest_packcheck.report.verdicts import headline
+
+    cells = [_cell("gpt2", "sdpa", "cache_trap", "fail", "cache_trap"), _cell("gpt2", "sdpa", "mask_trap", "fail", "mask_override")]
+    doc = _doc(cells)
+    h = headline(doc["cells"])
+    assert h["status"] == "skipped" and h["no_correctness"] and not h["bad"]
+    md = render_markdown(doc)
+    assert "**gpt2**: not judged on sdpa (no correctness check ran" in md and "❌" not in md[:md.index("## Legend")]
+    assert "- none: no model failed" in md and "Not run on this machine" not in md
+    assert "| cache trap" in md[md.index("## Stack hazards"):]  # the hazard is still said, where hazards are
+    terminal = "\n".join(render_terminal(doc, []))
+    assert "  fail " not in terminal and "hazard      cache trap on sdpa / float32: 1/1 models" in terminal
+    assert ",fail," not in csvfile.render(build_report(doc))
+    crashed = _doc([_cell("gpt2", "sdpa", "cache_trap", "error", "crash")])
+    assert headline(crashed["cells"])["status"] == "error"  # a model that does not run is still shown
+    idle = _doc([_cell("gpt2", "sdpa", "cache_trap", "skipped")])
+    assert headline(idle["cells"])["status"] == "skipped" and not headline(idle["cells"]).get("no_correctness")

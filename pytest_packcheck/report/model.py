@@ -244,7 +244,8 @@ def build_report(doc: dict[str, Any]) -> Report:
     not_run = {b: cut(" ".join(str(next(c for (m, bb, d, e), g in lay.by_group.items() if bb == b for c in g)["message"]).split()), 140)
                for b in lay.backends
                # a cell an interrupted run never finished is "not run" in its row, not this machine's lack
-               if all(h["status"] == "skipped" and not h.get("not_run") for (m, bb, d, e), h in headlines.items() if bb == b)
+               if all(h["status"] == "skipped" and not h.get("not_run") and not h.get("no_correctness")
+                      for (m, bb, d, e), h in headlines.items() if bb == b)
                and any(k[1] == b for k in lay.by_group)}
     gate = doc.get("gate")
     return Report(doc, lay, backend_labels(doc.get("environment", {})), headlines, departures(cells, hazards), hazards,

@@ -256,6 +256,7 @@ def answer_section(rep: Report) -> list[str]:
         for label in models:
             safe, partial, bad, refused, unchecked, unrun, numerics = [], [], defaultdict(list), [], [], [], []
             inconclusive: list[str] = []
+            hazards_only: list[str] = []
             for b in backends:
                 h = rep.headlines.get((label, b, dtype, None))
                 if not h or b in rep.not_run:
@@ -266,6 +267,8 @@ def answer_section(rep: Report) -> list[str]:
                         partial.append(f"{name} ({pass_qualifier(h)}, see below)")
                     else:
                         safe.append(name)
+                elif h.get("no_correctness"):
+                    hazards_only.append(name)
                 elif h["status"] == "skipped" and h.get("not_run"):
                     unrun.append(name)  # an interrupted run never finished it (run.session._name_unrun_checks)
                 elif h["status"] == "skipped":
@@ -305,6 +308,9 @@ def answer_section(rep: Report) -> list[str]:
                 parts.append(f"inconclusive on {', '.join(inconclusive)}")
             if unchecked:
                 parts.append(f"not checked on {', '.join(unchecked)}")
+            if hazards_only:
+                parts.append(f"not judged on {', '.join(hazards_only)} (no correctness check ran; the hazards probed "
+                             "are under \"Stack hazards\")")
             if unrun:
                 parts.append(f"not run on {', '.join(unrun)} (the run was interrupted: --packcheck-resume runs it)")
             unread = sorted({n for c in rep.cells if c["model"].get("label") == label

@@ -39,6 +39,8 @@ def render(rep: Report, paths: list[str]) -> list[str]:
         if backend == "(model level)" and all(role_of(c) != "correctness" for c in group):
             continue  # stack findings: summarised below
         h = rep.headlines[(label, group[0]["backend"], group[0]["dtype"], env_label(group[0]))]
+        if h.get("no_correctness"):
+            continue  # only hazards / findings ran: summarised below, never a cell verdict
         text = plain(headline_text(h, marks.get((label, env_label(group[0]), group[0]["dtype"], group[0]["backend"]))))
         if h["status"] == "pass" and text == SYMBOLS["pass"]:
             passed[(backend, where)].append(label)

@@ -132,9 +132,19 @@ def headline(group: list[dict[str, Any]]) -> dict[str, Any]:
     """The verdict of one matrix cell (one model, backend, dtype and environment) from its correctness checks
     only: ``status`` (the worst that ran; "skipped" when none ran), ``causes`` (the diagnosed causes of the
     correctness checks that did not pass, worst first), ``not_checked`` (correctness checks skipped, with their
-    reasons) and ``cells`` (the correctness cells). A group with no correctness check (only hazards were
-    asked for) takes every check."""
-    judged = [c for c in group if role_of(c) == "correctness"] or list(group)
+    reasons) and ``cells`` (the correctness cells). A group with no correctness check (only hazards or findings
+    were asked for) is judged on nothing: "skipped" with ``no_correctness`` True, unless one of its checks could not
+    run the model (refused, crashed, timed out, out of memory), which it then shows. A hazard shown there is said in
+    the hazards section and never makes the cell ❌ (trial 14, 140: `--packcheck-checks cache_trap,mask_trap` put
+    gpt2 under "Do not pack")."""
+    judged = [c for c in group if role_of(c) == "correctness"]
+    if not judged:
+        judged = [c for c in group if c["status"] in ("unsupported", "error", "timeout", "oom")]
+        if not judged and all(c["status"] == "skipped" for c in group):
+            judged = list(group)  # nothing could run here (a kernel this machine lacks): said as "not checked"
+        elif not judged:
+            return {"status": "skipped", "causes": [], "not_checked": {}, "cells": [], "bad": [], "not_run": [],
+                    "not_exercised": [], "no_correctness": True}
     status = cell_status([c["status"] for c in judged])
     # checks an interrupted run never reached (run.session: metrics.not_run): the cell is not a pass on the rest
     unrun = [c["check"] for c in judged if not_run(c)]
@@ -220,6 +230,8 @@ def headline_text(h: dict[str, Any], marks: list[str] | None = None) -> str:
     elif status == "skipped" and h.get("not_run"):
         n = len(h["cells"])
         text = f"{SYMBOLS['skipped']} not run: {len(h['not_run'])} of {n} checks (interrupted)"
+    elif status == "skipped" and h.get("no_correctness"):
+        text = f"{SYMBOLS['skipped']} not judged (no correctness check ran)"
     elif status == "skipped":
         text = f"{SYMBOLS['skipped']} not checked"
     elif status in ("unsupported", "error", "timeout", "oom"):
