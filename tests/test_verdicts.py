@@ -500,8 +500,7 @@ def test_a_hazards_only_run_judges_no_model():
     """Trial 14, 140: `--packcheck-checks cache_trap,mask_trap` said "none judged" in the header and then put gpt2
     under "Do not pack", ❌ in the matrix, "fail" in the CSV and the terminal: a headline with no correctness check
     took the hazards as its verdict. Hazards never decide a cell; a crash there still shows (it is the model's)."""
-    from pytest_packcheck.report import render_markdown, render_terminal
-    from pytest_packcheck.report import build_report, csvfile
+    from pytest_packcheck.report import build_report, csvfile, render_markdown, render_terminal
     from pytest_packcheck.report.verdicts import headline
 
     cells = [_cell("gpt2", "sdpa", "cache_trap", "fail", "cache_trap"), _cell("gpt2", "sdpa", "mask_trap", "fail", "mask_override")]
