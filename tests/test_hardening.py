@@ -496,6 +496,29 @@ def test_an_absurd_size_is_refused_not_shrunk_away(override, value):
         resolve_model(spec, "test")
 
 
+@pytest.mark.parametrize("spec, said", [("arch:gpt2{n_layer=0}", "n_layer=0"), ("arch:gpt2{n_embd=-3}", "n_embd=-3"),
+                                        ("arch:t5{d_model=0}", None)])
+def test_a_models_own_name_for_a_size_is_refused_as_the_standard_name_is(spec, said, tmp_path):
+    """Trial 14, 213: `arch:gpt2{n_layer=0}` (gpt2's name for num_hidden_layers, its config's attribute_map) ran and
+    passed under its label while `num_hidden_layers=0` was refused; the same in a checkpoint's config.json."""
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_list
+
+    if said is None:  # t5 is no causal LM: only the naming rule is checked
+        from transformers import T5Config
+
+        from pytest_packcheck.model.configs import size_name
+
+        assert size_name(T5Config(), "d_model") == "hidden_size" and size_name(T5Config(), "dropout_rate") is None
+        return
+    with pytest.raises(PackcheckUsageError, match=rf"Config value {re.escape(said)} .* is not a size a model can have"):
+        resolve_model(parse_model_list([spec], "test")[0], "test")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 0}))
+    with pytest.raises(PackcheckUsageError, match=r"n_layer=0 \(in its config.json of model spec"):
+        resolve_model(parse_model_list([str(tmp_path)], "test")[0], "test")
+    assert resolve_model(parse_model_list(["arch:gpt2{n_layer=3}"], "test")[0], "test").config.n_layer == 3
+
+
 def test_heads_that_do_not_divide_are_refused_not_shrunk_to_a_whole_ratio():
     from pytest_packcheck.model.resolve import resolve_model
     from pytest_packcheck.model.specs import parse_model_list

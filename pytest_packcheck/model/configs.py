@@ -145,10 +145,23 @@ def _refuse_absurd_token_ids(config: Any, spec: ModelSpec, source: str) -> None:
                     "(packcheck would otherwise run a model whose special token is not the one named).")
 
 
-def _refuse_sizes(found: list[tuple[str, Any, str]], spec: ModelSpec, source: str) -> None:
+def size_name(config: Any | None, key: str) -> str | None:
+    """The :data:`SIZE_BOUNDS` name an override or config key stands for: its own last part, or the standard name
+    the (sub-)config's ``attribute_map`` gives that part (gpt2's ``n_layer`` is ``num_hidden_layers``: trial 14,
+    213, ``arch:gpt2{n_layer=0}`` passed the refusal that ``num_hidden_layers=0`` met). None for another key."""
+    last = key.split(".")[-1]
+    if last in SIZE_BOUNDS:
+        return last
+    holder = _holder(config, key) if config is not None else None
+    amap = getattr(holder, "attribute_map", None) or getattr(type(holder), "attribute_map", None) or {}
+    standard = next((k for k, v in amap.items() if v == last and k in SIZE_BOUNDS), None) if isinstance(amap, dict) else None
+    return standard
+
+
+def _refuse_sizes(found: list[tuple[str, Any, str]], spec: ModelSpec, source: str, config: Any | None = None) -> None:
     """Refuse the first ``(key, value, origin)`` of ``found`` whose value is not a whole number in [1, bound]."""
     for key, value, origin in found:
-        bound = SIZE_BOUNDS[key.split(".")[-1]]
+        bound = SIZE_BOUNDS[size_name(config, key)]
         for v in value if isinstance(value, list | tuple) else [value]:  # per-layer sizes (gemma3n) in a list
             if v is None and origin == "config.json":
                 continue
@@ -183,18 +196,20 @@ def refuse_absurd_sizes(config: Any | None, spec: ModelSpec, source: str) -> Non
     if config is None:  # the typed sizes alone (before any config is made: packcheck bisect's --model)
         _refuse_sizes(found, spec, source)
         return
+    # a model's own name for a size (gpt2's n_layer, t5's d_model: the config's attribute_map)
+    found += [(k, v, "override") for k, v in spec.overrides if k.split(".")[-1] not in SIZE_BOUNDS and size_name(config, k)]
     if spec.kind != "arch":
         def walk(d: dict[str, Any], path: str = "") -> Any:
             for k, v in d.items():
                 if isinstance(v, dict):
                     yield from walk(v, f"{path}{k}.")
-                elif k in SIZE_BOUNDS and k != "head_dim":
+                elif size_name(config, f"{path}{k}") not in (None, "head_dim"):
                     yield f"{path}{k}", v, "config.json"
 
         found += list(walk(config.to_dict()))
-    _refuse_sizes(found, spec, source)
+    _refuse_sizes(found, spec, source, config)
     _refuse_absurd_token_ids(config, spec, source)
-    typed = {k.split(".")[-1] for k, _, _ in found}
+    typed = {size_name(config, k) for k, _, _ in found}
     if typed & {"num_attention_heads", "num_key_value_heads"}:  # the shrink keeps only the ratio: it must be whole
         for _, sub in [("", config), *_sub_configs(config)]:
             heads, kv = getattr(sub, "num_attention_heads", None), getattr(sub, "num_key_value_heads", None)
