@@ -279,3 +279,162 @@ def test_a_ctrl_c_landing_during_the_fork_of_a_cell_child_stops_the_run():
         restored = signal.getsignal(signal.SIGINT)
         signal.signal(signal.SIGINT, previous)
     assert restored is signal.default_int_handler, "the parent did not put its SIGINT handler back"
+
+
+def _planted_cells(fault):
+    """run_cell and make_failure for :func:`run_isolated` with ``fault`` planted in cell "b" (run in the child)."""
+    from types import SimpleNamespace
+
+    from pytest_packcheck.results.schema import CellResult
+
+    def run_cell(cell):
+        if cell.cell_id == "b":
+            fault()
+        return CellResult(cell_id=cell.cell_id, model={"id": "m"}, backend="sdpa", check="isolation",
+                          dtype="float32", status="pass")
+
+    def make_failure(cell, status, message, metrics):
+        return SimpleNamespace(cell_id=cell.cell_id, status=status, message=message, metrics=metrics)
+
+    return run_cell, make_failure
+
+
+def _raise_keyboard_interrupt():
+    raise KeyboardInterrupt
+
+
+def _die_by(sig):
+    def fault():
+        if sig != signal.SIGKILL:
+            signal.signal(sig, signal.SIG_DFL)  # the child dies by the signal itself (WIFSIGNALED), no handler runs
+        os.kill(os.getpid(), sig)
+        time.sleep(60)
+    return fault
+
+
+def _send(sig):
+    def fault():
+        os.kill(os.getpid(), sig)  # to the busy child, as `kill <pid>` from `top` does: its handler runs
+        time.sleep(60)
+    return fault
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.parametrize("fault, name", [
+    (_send(signal.SIGTERM), "SIGTERM"), (_send(signal.SIGINT), "SIGINT"), (_send(signal.SIGHUP), "SIGHUP"),
+    (_raise_keyboard_interrupt, "SIGINT"), (_die_by(signal.SIGTERM), "SIGTERM"), (_die_by(signal.SIGINT), "SIGINT"),
+], ids=["kill-TERM", "kill-INT", "kill-HUP", "KeyboardInterrupt", "killed-by-TERM", "killed-by-INT"])
+def test_a_cell_child_stopped_by_an_interrupt_leaves_its_cells_not_run_not_crashed(fault, name):
+    """Trial 14, #123: a SIGINT / SIGTERM to the forked per-model child (the busy python process a user sees in
+    `top`) was recorded as "error: crash: the isolated child crashed (exit code 70)", remedy "report it upstream".
+    Now the cell it ran and the child's remaining cells are not run (interrupted), named by the signal, and are
+    not journaled, so --packcheck-resume runs them."""
+    from pytest_packcheck.run.sandbox import run_isolated
+
+    run_cell, make_failure = _planted_cells(fault)
+    journaled = []
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as the audit's controller has it
+    try:
+        results = run_isolated([_Cell("a"), _Cell("b"), _Cell("c")], run_cell, make_failure, journaled.append,
+                               timeout_s=60)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert results["a"].status == "pass"
+    for cell_id in ("b", "c"):
+        cell = results[cell_id]
+        assert cell.status == "skipped" and cell.metrics["not_run"] == "interrupted", cell
+        assert cell.metrics["signal"] == name and f"stopped by {name}" in cell.message, cell.message
+        assert "crash" not in cell.message.replace("not a crash", "")
+    assert [r.cell_id for r in journaled] == ["a"], "an unfinished cell was journaled: a resume would not rerun it"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.parametrize("fault, how", [
+    (lambda: os._exit(3), "exit code 3"), (_die_by(signal.SIGKILL), "killed by SIGKILL"),
+    (_die_by(signal.SIGSEGV), "killed by SIGSEGV"), (lambda: os._exit(70), "exit code 70"),
+], ids=["exit-3", "SIGKILL", "SIGSEGV", "exit-70"])
+def test_a_cell_child_that_really_crashes_is_still_a_crash(fault, how):
+    """The other side of #123: an exit, a segfault or a SIGKILL (what the OOM killer sends) stays a crash of the
+    cell it ran, and a new child runs the next cell."""
+    from pytest_packcheck.run.sandbox import run_isolated
+
+    run_cell, make_failure = _planted_cells(fault)
+    journaled = []
+    results = run_isolated([_Cell("a"), _Cell("b"), _Cell("c")], run_cell, make_failure, journaled.append,
+                           timeout_s=60)
+    assert results["b"].status == "error" and f"crashed ({how})" in results["b"].message, results["b"].message
+    assert "not_run" not in results["b"].metrics
+    assert results["a"].status == results["c"].status == "pass"
+    assert [r.cell_id for r in journaled] == ["a", "b", "c"]
+
+
+def test_interrupt_signal_reads_the_exit_code_not_the_text():
+    from pytest_packcheck.run.sandbox import interrupt_signal
+
+    assert interrupt_signal(-signal.SIGTERM) is signal.SIGTERM and interrupt_signal(128 + signal.SIGINT) is signal.SIGINT
+    assert interrupt_signal(-signal.SIGHUP) is signal.SIGHUP
+    for code in (None, 0, 1, 70, -signal.SIGKILL, -signal.SIGSEGV, -signal.SIGABRT, 128 + signal.SIGKILL):
+        assert interrupt_signal(code) is None, code
+
+
+STOP_CONFTEST = '''
+import json, os, signal, time
+import pytest_packcheck.checks.registry as R
+
+_load = R.CheckSpec.load
+
+
+def _planted_load(self):
+    fn, name = _load(self), self.name
+
+    def check(bench):
+        model_type = bench.config.model_type
+        with open(os.environ["PACKCHECK_TEST_RUNLOG"], "a") as fh:
+            fh.write(json.dumps([model_type, bench.backend, name]) + "\\n")
+        if name == "isolation" and model_type == "gpt2" and os.environ.get("PACKCHECK_TEST_STOP"):
+            os.kill(os.getpid(), signal.SIGTERM)  # `kill <pid>` of the busy child, not of the audit
+            time.sleep(60)
+        return fn(bench)
+    return check
+
+
+R.CheckSpec.load = _planted_load
+'''
+
+
+def test_a_killed_cell_child_is_not_run_and_resume_runs_its_cells(pytester, tmp_path):
+    """#123 end to end: the audit goes on with the other model, exits as a finished run (the audit itself was not
+    interrupted), its matrix says "not run (interrupted)" for the child's cells, names SIGTERM, is marked
+    incomplete, and --packcheck-resume runs exactly those cells."""
+    pytester.makeconftest(STOP_CONFTEST)
+    out, runlog = tmp_path / "out", tmp_path / "runlog.jsonl"
+    env = {**os.environ, "PACKCHECK_TEST_RUNLOG": str(runlog)}
+    args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--packcheck-models=arch:gpt2,arch:llama",
+            "--packcheck-attn=sdpa", "--packcheck-checks=isolation,logits_parity", f"--packcheck-report-dir={out}"]
+    first = subprocess.run(args, cwd=pytester.path, env={**env, "PACKCHECK_TEST_STOP": "1"}, capture_output=True,
+                           text=True, timeout=300, check=False)
+    assert first.returncode == 0, first.stdout[-2000:]
+    doc = json.loads((out / "packcheck-matrix.json").read_text())
+    cells = {c["cell_id"]: c for c in doc["cells"]}
+    stopped = ("gpt2-sdpa-isolation-float32", "gpt2-sdpa-logits_parity-float32")
+    for cell_id in stopped:
+        assert cells[cell_id]["status"] == "skipped" and cells[cell_id]["metrics"]["not_run"] == "interrupted"
+        assert "SIGTERM" in cells[cell_id]["message"] and "crashed" not in cells[cell_id]["message"]
+    assert cells["llama-sdpa-isolation-float32"]["status"] == "pass"
+    assert cells["llama-sdpa-logits_parity-float32"]["status"] == "pass"
+    assert doc["incomplete"]["reason"] == "the isolated child of gpt2 was stopped by SIGTERM"
+    assert doc["incomplete"]["cells"] == 2
+    matrix = (out / "packcheck-matrix.md").read_text()
+    assert "not run" in matrix and "💥" not in matrix and "upstream" not in matrix
+    journaled = {json.loads(line)["cell"]["cell_id"] for line in (out / "packcheck-journal.jsonl").read_text().splitlines()}
+    assert not journaled & set(stopped)
+
+    runlog.write_text("")
+    resumed = subprocess.run([*args, "--packcheck-resume"], cwd=pytester.path, env=env, capture_output=True,
+                             text=True, timeout=300, check=False)
+    assert resumed.returncode == 0, resumed.stdout[-2000:]
+    ran = {f"{m}-{b}-{c}-float32" for m, b, c in map(json.loads, runlog.read_text().splitlines())}
+    assert ran == set(stopped)
+    doc = json.loads((out / "packcheck-matrix.json").read_text())
+    assert "incomplete" not in doc
+    assert {c["cell_id"]: c["status"] for c in doc["cells"]}["gpt2-sdpa-isolation-float32"] != "skipped"

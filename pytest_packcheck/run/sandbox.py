@@ -5,8 +5,11 @@ a child costs milliseconds, not an interpreter start). The child sends each cell
 soon as it has it; the parent appends it to the journal at once. When the child dies (abort, segfault, an
 OOM kill) the cell it was running becomes an ``error`` cell with the signal and the last lines of the child's
 output; when no result arrives within the timeout the child is killed and that cell is a ``timeout`` cell.
-Either way a new child takes the remaining cells: one broken cell never costs the others. The parent hands each
-result to ``on_result`` (the session appends it to the journal, :mod:`.journal`).
+Either way a new child takes the remaining cells: one broken cell never costs the others. A child stopped by an
+interrupt (SIGINT, SIGTERM or SIGHUP: a ``kill`` of the busy process seen in ``top``) did not crash: the cell it was
+running and the rest of its cells are "not run (interrupted)", named by the signal, left out of the journal so
+``--packcheck-resume`` runs them, and the run goes on with the other models. The parent hands each result to
+``on_result`` (the session appends it to the journal, :mod:`.journal`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import gc
 import json
 import os
 import signal
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable
@@ -23,6 +27,13 @@ from typing import Any
 
 from ..config.options import OPT_TIMEOUT, default_of
 from .process import STOP_SIGNALS
+
+#: The signals that stop a cell child without its model having crashed: Ctrl-C, ``kill`` / CI limits, a closed
+#: terminal. A child stopped by one exits ``INTERRUPT_EXIT_BASE + signum`` (the shell's code for it, from
+#: :func:`_child_main`) or dies by it; either way its cells are not run, never a crash (:func:`interrupt_signal`).
+#: SIGKILL, SIGSEGV, SIGABRT (an OOM kill, a segfault, an abort) stay crashes.
+INTERRUPT_SIGNALS = (*STOP_SIGNALS, signal.SIGHUP)
+INTERRUPT_EXIT_BASE = 128
 
 #: Default seconds a single cell may run (model build included) before its child is killed: --packcheck-timeout's.
 DEFAULT_TIMEOUT_S: float = default_of(OPT_TIMEOUT)
@@ -75,21 +86,64 @@ class _HeldStopSignals:
                 os.kill(os.getpid(), signum)
 
 
+#: The interrupt signal that stopped this (child) process, set by :func:`_child_interrupted`.
+_CHILD_STOPPED_BY: list[int] = []
+
+
+def _child_interrupted(signum: int, frame: Any) -> None:
+    """In a cell child: the first interrupt signal is recorded and raises KeyboardInterrupt (the child then exits
+    ``INTERRUPT_EXIT_BASE + signum``); later ones are ignored, the child is already stopping."""
+    if not _CHILD_STOPPED_BY:
+        _CHILD_STOPPED_BY.append(signum)
+        raise KeyboardInterrupt(f"signal {signum} ({signal.Signals(signum).name})")
+
+
+def _trap_interrupts() -> None:
+    """In a cell child: :data:`INTERRUPT_SIGNALS` go to :func:`_child_interrupted`, except one this process ignores
+    (``nohup``'s SIGHUP, a background job's SIGINT), which stays ignored."""
+    for sig in INTERRUPT_SIGNALS:
+        try:
+            if signal.getsignal(sig) != signal.SIG_IGN:
+                signal.signal(sig, _child_interrupted)
+        except (ValueError, OSError):  # not the main thread: the parent's handlers stay
+            pass
+
+
+def interrupt_signal(exitcode: int | None) -> signal.Signals | None:
+    """The interrupt signal (of :data:`INTERRUPT_SIGNALS`) that ended a cell child with ``exitcode``
+    (``multiprocessing``'s: ``-N`` killed by signal N; ``INTERRUPT_EXIT_BASE + N`` its own exit after
+    KeyboardInterrupt, :func:`_child_main`); None for any other end (a crash, an abort, SIGKILL / an OOM kill)."""
+    if exitcode is None or exitcode == 0:
+        return None
+    signum = -exitcode if exitcode < 0 else exitcode - INTERRUPT_EXIT_BASE
+    return signal.Signals(signum) if signum in INTERRUPT_SIGNALS else None
+
+
 def _child_main(cells: list[Any], run_cell: Callable[[Any], Any], conn: Any, log_path: str,
                 held: _HeldStopSignals | None = None) -> None:
-    """In the forked child: route stdout/stderr to the log, run the cells, send each result, exit hard."""
+    """In the forked child: route stdout/stderr to the log, run the cells, send each result, exit hard: 0 when
+    every cell was sent, ``INTERRUPT_EXIT_BASE + N`` when signal N of :data:`INTERRUPT_SIGNALS` (or a
+    KeyboardInterrupt: SIGINT) stopped it, 70 when anything else escaped the runner."""
     _die_with_parent()
     if held is not None:
         held.restore()
+    _trap_interrupts()
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     code = 0
     try:
-        if held is not None:
-            held.deliver()  # a stop signal this child got before its handlers were back
+        for signum in dict.fromkeys(held.caught if held is not None else ()):
+            # a stop signal this child got before its handlers were back: acted on as the child's own
+            handler = signal.getsignal(signum)
+            if callable(handler):
+                handler(signum, None)
         for cell in cells:
             conn.send(run_cell(cell).to_json())
+    except KeyboardInterrupt:  # an interrupt, not a crash: the parent reads the signal from the exit code
+        signum = _CHILD_STOPPED_BY[0] if _CHILD_STOPPED_BY else signal.SIGINT
+        print(f"packcheck: cell child stopped by {signal.Signals(signum).name}", file=sys.stderr)
+        code = INTERRUPT_EXIT_BASE + signum
     except BaseException:  # noqa: BLE001 - anything escaping the runner: report through the exit code
         import traceback
 
@@ -206,7 +260,9 @@ def run_isolated(
     ``run_cell(cell)`` runs in the child and returns an object with ``to_json()``; the parent turns each JSON
     back with ``CellResult.from_dict`` and calls ``on_result`` at once (the journal). ``make_failure(cell,
     status, message, metrics)`` builds the result of a cell whose child crashed ("error") or hung ("timeout").
-    ``timeout_s`` None or 0: no limit.
+    ``timeout_s`` None or 0: no limit. A child stopped by an interrupt (:func:`interrupt_signal`) leaves its cells
+    as ``make_failure(cell, "skipped", ...)`` with ``metrics.not_run`` "interrupted" and ``metrics.signal``
+    (returned, not handed to ``on_result``: they did not finish, so the journal does not hold them).
     """
     import multiprocessing
 
@@ -246,6 +302,16 @@ def run_isolated(
                     message = reader.recv()
                 except (EOFError, OSError):
                     proc.join()
+                    stopped = interrupt_signal(proc.exitcode)
+                    if stopped is not None:  # an interrupt (`kill` of the child), not a crash: its cells are not run
+                        for cell in pending:  # not journaled: --packcheck-resume runs them
+                            results[cell.cell_id] = make_failure(cell, "skipped", (
+                                f"not run: the isolated child running this model's cells was stopped by {stopped.name} "
+                                f"(an interrupt, not a crash; {_signal_name(proc.exitcode)}) before this check; rerun "
+                                "with --packcheck-resume"), {"not_run": "interrupted", "signal": stopped.name,
+                                                             "exitcode": proc.exitcode})
+                        pending.clear()
+                        break
                     cell = pending.pop(0)
                     how = _signal_name(proc.exitcode)
                     result = make_failure(cell, "error", f"the isolated child crashed ({how}) running this cell. "

@@ -244,11 +244,11 @@ class PackcheckSession:
         from ..results.environment import environment
         from ..results.schema import CellResult, build_document
 
+        unreported = {"earlier": 0, "this": 0}  # journaled cells pytest never reported (its counts leave them out)
         if interrupted:
             # cells that finished (journaled) but whose reports never reached this process (an xdist worker's, a
             # forked child's last) still belong in the matrix
             planned = self._planned()
-            unreported = {"earlier": 0, "this": 0}  # journaled cells pytest never reported (its counts leave them out)
             for cell_id, data in self.journal.load().items():
                 if cell_id in planned and cell_id not in self.results:
                     self.results[cell_id] = data
@@ -260,7 +260,9 @@ class PackcheckSession:
                 line = self._nothing_ran()
             self.config.get_terminal_writer().line(f"packcheck: {line}", yellow=True)
             return
-        finished = len(self.results)
+        # cells whose forked child was stopped by a signal (a `kill` of it, not of this process) are not run too
+        finished = sum(1 for d in self.results.values() if not (d.get("metrics") or {}).get("not_run"))
+        stopped = self._stopped_children()
         if interrupted:
             self._name_unrun_checks(reason)
         cells = [CellResult.from_dict(d) for d in self.results.values()]
@@ -275,8 +277,9 @@ class PackcheckSession:
         reused = len(set(self.results) & set(self.resumed))
         if reused:  # said in every report: these cells' numbers are an earlier run's
             self.document["resumed"] = {"cells": reused, "of": len(self.results)}
-        if interrupted:
-            self.document["incomplete"] = {"reason": reason or "the run was interrupted", "cells": finished,
+        if interrupted or stopped:
+            why = "; ".join(w for w in ((reason or "the run was interrupted") if interrupted else None, stopped) if w)
+            self.document["incomplete"] = {"reason": why, "cells": finished,
                                            "resume": "rerun the same command with --packcheck-resume",
                                            # of ``cells``: taken from the journal, never reported to pytest
                                            "journal": unreported}
@@ -303,6 +306,19 @@ class PackcheckSession:
             self.changes = compared(self.changes)
             self.gate_text = render_changes(self.changes, stack(baseline), stack(self.document), markdown=False)
             self.regressions = regressions(self.changes)
+
+    def _stopped_children(self) -> str | None:
+        """Why cells are not run though this process was not interrupted: the forked children that a signal stopped
+        (:func:`.sandbox.interrupt_signal`, their cells' ``metrics.signal``), as "the isolated child of llama was
+        stopped by SIGTERM"; None when none was."""
+        stops: dict[str, str] = {}
+        for data in self.results.values():
+            metrics = data.get("metrics") or {}
+            if metrics.get("not_run") and metrics.get("signal"):
+                stops.setdefault(str((data.get("model") or {}).get("label")), str(metrics["signal"]))
+        if not stops:
+            return None
+        return "; ".join(f"the isolated child of {label} was stopped by {sig}" for label, sig in stops.items())
 
     def _name_unrun_checks(self, reason: str | None = None) -> None:
         """An interrupted run: every planned check of this shard (correctness, hazard and finding, backend and
