@@ -82,7 +82,9 @@ def closest(value: str, choices: list[str] | tuple[str, ...]) -> str:
     from .checks.registry import nearest_precision
 
     best = nearest_precision(value, choices)
-    match = [best] if best else difflib.get_close_matches(value, list(choices), n=1)
+    # a choice that differs only in case first ('LLaMA' -> 'llama': difflib's ratio is case-sensitive; trial 14, 67)
+    same = [c for c in choices if c.lower() == value.lower() and c != value]
+    match = [best] if best else same[:1] or difflib.get_close_matches(value, list(choices), n=1)
     return f" Did you mean '{match[0]}'?" if match else ""
 
 

@@ -65,6 +65,8 @@ class Answer:
     number: float | None = None
     message: str = ""
     measured_at: str | None = None
+    #: the UTC date (YYYY-MM-DD) ``measured_at`` was measured, where the atlas recorded it (releases[].measured)
+    measured_on: str | None = None
     backend: str | None = None
     nearest: list[dict[str, Any]] = field(default_factory=list)
     where: str = ""
@@ -88,11 +90,12 @@ class Answer:
         measured releases. The one wording of :func:`lookup`'s answer (``packcheck lookup``, ``packcheck claims``)."""
         num = f" ({self.check} {self.number:.1e})" if self.number is not None and self.check else ""
         why = f" [{', '.join(self.causes)}]" if self.causes else ""
+        on = f" ({self.measured_on})" if self.measured_on else ""
         if self.measured:
-            return f"{self.verdict}{why}{num}, measured at {self.measured_at} on {self.backend}"
+            return f"{self.verdict}{why}{num}, measured at {self.measured_at}{on} on {self.backend}"
         if self.inferred_from:
             return (f"{self.verdict}{why}{num}, not measured at this release: from {self.inferred_from}; "
-                    f"the verdict measured at {self.measured_at} on {self.backend}")
+                    f"the verdict measured at {self.measured_at}{on} on {self.backend}")
         near = "; ".join(f"{n['transformers']}: {n['verdict']}" + (f" [{', '.join(n['causes'])}]" if n.get("causes") else "")
                          for n in self.nearest)
         return "not measured" + (f" (nearest measured: {near})" if near else "")
@@ -155,6 +158,14 @@ def validate_support(doc: Any, source: str | Path) -> None:
         raise PackcheckUsageError(f"Support file '{source}' has schema {doc.get('schema')!r} version {version!r}; this "
                                   f"packcheck reads packcheck-atlas-support version {', '.join(map(str, READABLE_SCHEMA))}: "
                                   "upgrade packcheck or regenerate the file.")
+    tolerances = doc.get("tolerances")
+    if tolerances is not None and (not isinstance(tolerances, dict) or not all(
+            isinstance(v, int | float) and not isinstance(v, bool) for v in tolerances.values())):
+        raise bad(f"'tolerances' is {tolerances!r:.80}, not an object of tolerance name -> number")
+    if tolerances is None:  # a file rendered before it recorded them: the atlas runs the shipped float32 ones
+        from .config.tolerances import default_tolerances
+
+        tolerances = default_tolerances()["float32"]
     cells = doc.get("cells")
     if not isinstance(cells, dict):
         raise bad(f"'cells' is {_kind(cells)}, not an object of model_type -> backend -> release -> entry")
@@ -178,6 +189,9 @@ def validate_support(doc: Any, source: str | Path) -> None:
                 causes = entry.get("causes", [])
                 if not isinstance(causes, list) or not all(isinstance(c, str) for c in causes):
                     raise bad(f"{at}.causes is {causes!r}, not a list of cause codes")
+                contradiction = _pass_contradicted(entry, tolerances)
+                if contradiction:
+                    raise bad(f"{at} is a pass {contradiction}")
     releases = doc.get("releases")
     if not isinstance(releases, list):
         raise bad(f"'releases' is {_kind(releases)}, not a list of the measured releases")
@@ -192,6 +206,25 @@ def validate_support(doc: Any, source: str | Path) -> None:
             raise bad(f"'{key}' is {_kind(doc.get(key))}, not a list")
     if not isinstance(doc.get("trl") or {}, dict):
         raise bad(f"'trl' is {_kind(doc.get('trl'))}, not an object")
+
+
+def _pass_contradicted(entry: dict[str, Any], tolerances: dict[str, Any]) -> str:
+    """Why a ``pass`` entry contradicts itself ("" when it does not, or is no pass): it names causes, or its number is
+    above its check's tolerance (:func:`~pytest_packcheck.analysis.verdicts.pass_over_tolerance`, the rule ``gate``
+    and ``merge`` apply to a results file: trial 14, 69, an isolation "pass" of 0.9 was answered as a pass)."""
+    from .analysis.verdicts import pass_over_tolerance
+    from .checks.registry import SPECS
+
+    if entry.get("verdict") != "pass":
+        return ""
+    if entry.get("causes"):
+        return f"with causes {entry['causes']!r} (a pass has none)"
+    spec = SPECS.get(entry.get("check"))
+    if spec is None or not spec.key_metric or entry.get("number") is None:
+        return ""
+    over = pass_over_tolerance(spec.name, "pass", {spec.key_metric[0]: entry["number"]}, tolerances)
+    return (f"whose {spec.name} number {over[1]:.3g} is above its tolerance {over[2]} {over[3]:.3g} (a verdict its "
+            "own number contradicts)") if over else ""
 
 
 def _kind(value: Any) -> str:
@@ -264,7 +297,8 @@ def lookup(model_type: str, attn_implementation: str, transformers_version: str,
         raise PackcheckUsageError(f"Unknown attn_implementation '{attn_implementation}' (from the attn_implementation "
                                   f"argument): the atlas answers {', '.join(known)}.{closest(attn_implementation, known)}")
     src = path or default_support_file()
-    where = f"{src} (packcheck atlas of {doc.get('generated')}, {doc.get('device')} {doc.get('dtype')}, torch {doc.get('torch')})"
+    # the atlas's render date is not when a cell was measured (trial 14, 78): the release's own date where recorded
+    where = f"{src} (packcheck atlas rendered {doc.get('generated')}, {doc.get('device')} {doc.get('dtype')}, torch {doc.get('torch')})"
     return answer_at(doc, model_type, attn_implementation, transformers_version, trl_version, where)
 
 
@@ -297,9 +331,10 @@ def answer_at(doc: dict[str, Any], model_type: str, attn_implementation: str, tr
         trl = trl_answer(doc, model_type, backend, trl_version, transformers_version)
         notes += trl.pop("notes")
         base["trl"] = trl
+    dates = {r["transformers"]: r["measured"] for r in doc.get("releases", []) if isinstance(r.get("measured"), str)}
     arch = doc["cells"].get(model_type)
     if arch is None:
-        notes.append(f"architecture '{model_type}' is not in the atlas ({len(doc['cells'])} measured){closest(model_type, list(doc['cells']))}")
+        notes.append(f"architecture '{model_type}' is not in the atlas ({len(doc['cells'])} measured).{closest(model_type, list(doc['cells']))}")
         return Answer(**base, measured=False, notes=notes)
     row = arch.get(backend)
     if row is None:
@@ -313,7 +348,7 @@ def answer_at(doc: dict[str, Any], model_type: str, attn_implementation: str, tr
 
         return Answer(**base, measured=True, verdict=entry["verdict"], causes=list(entry.get("causes", [])),
                       check=entry.get("check"), number=entry.get("number"), message=entry.get("message", ""),
-                      measured_at=key, backend=backend, notes=notes,
+                      measured_at=key, measured_on=dates.get(key), backend=backend, notes=notes,
                       reproduce=reproduce_command(key, model_type, backend))
     measured = sorted(row, key=Version)
     below = [v for v in measured if Version(v) < wanted]
@@ -329,7 +364,8 @@ def answer_at(doc: dict[str, Any], model_type: str, attn_implementation: str, tr
             entry = row[version]
             return Answer(**base, measured=False, verdict=entry["verdict"], causes=list(entry.get("causes", [])),
                           check=entry.get("check"), number=entry.get("number"), message=entry.get("message", ""),
-                          measured_at=version, backend=backend, nearest=nearest, notes=notes, inferred_from=inferred)
+                          measured_at=version, measured_on=dates.get(version), backend=backend, nearest=nearest,
+                          notes=notes, inferred_from=inferred)
         record = _transition(doc, model_type, backend, below[-1], above[0], "bisected")
         why = ("not bisected yet" if not record else f"its bisect found no patch ({record.get('outcome')})"
                if record.get("outcome") != "found" else

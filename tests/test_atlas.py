@@ -27,6 +27,7 @@ def _cell(model: str, backend: str, check: str, status: str, cause: str | None =
     return {"cell_id": f"{model}-{backend}-{check}-float32", "model": {"label": model, "model_type": model, "spec": f"arch:{model}"},
             "backend": backend, "check": check, "dtype": "float32", "status": status, "metrics": {key: number},
             "message": f"{check} {status} {number:.2e}", "cause": cause, "role": "hazard" if check == "cache_trap" else "correctness",
+            "tolerances": {"isolation_atol": 1e-05, "logits_atol": 1e-04},
             "findings": [{"cause": f, "evidence": "planted"} for f in findings or []],
             "diagnosis": {"cause": cause, "findings": [], "known_faults": []}}
 
@@ -384,6 +385,48 @@ def test_lookup_bad_inputs_are_one_line_errors(support_file, tmp_path):
         lookup("llama", "sdpa", "5.24.0", path=other)
     with pytest.raises(PackcheckUsageError, match="does not exist"):
         lookup("llama", "sdpa", "5.24.0", path=tmp_path / "missing.json")
+
+
+def test_lookup_refuses_a_pass_its_own_number_contradicts(support_file, tmp_path):
+    """Trial 14, 69: support.json edited to an isolation "pass" of 0.9 was answered "pass (isolation 9.0e-01)":
+    the rule gate and merge apply to a results file (analysis.verdicts.pass_over_tolerance), against the tolerances
+    the file records (or the shipped float32 ones for a file from before it recorded them); a pass with causes too."""
+    doc = json.loads(support_file.read_text())
+    assert doc["tolerances"]["isolation_atol"] == 1e-05  # recorded from the cells' own tolerances
+    assert lookup("llama", "sdpa", "5.24.0", path=support_file).verdict == "pass"
+    for edit, said in ((lambda e: e.update(number=0.9), "is a pass whose isolation number 0.9 is above its tolerance "
+                                                         "isolation_atol 1e-05"),
+                       (lambda e: e.update(causes=["leak"]), "is a pass with causes ['leak']")):
+        for recorded in (True, False):
+            bad = json.loads(json.dumps(doc))
+            edit(bad["cells"]["llama"]["sdpa"]["5.24.0"])
+            if not recorded:
+                del bad["tolerances"]
+            path = tmp_path / f"bad-{recorded}.json"
+            path.write_text(json.dumps(bad))
+            with pytest.raises(PackcheckUsageError) as info:
+                lookup("llama", "sdpa", "5.24.0", path=path)
+            assert "cells.llama.sdpa['5.24.0'] " + said in str(info.value), str(info.value)
+    loose = json.loads(json.dumps(doc))
+    loose["tolerances"]["isolation_atol"] = 1.0  # measured under a looser tolerance: its pass stands
+    loose["cells"]["llama"]["sdpa"]["5.24.0"]["number"] = 0.9
+    (tmp_path / "loose.json").write_text(json.dumps(loose))
+    assert lookup("llama", "sdpa", "5.24.0", path=tmp_path / "loose.json").verdict == "pass"
+
+
+def test_lookup_names_the_measuring_date_not_the_render_date_and_a_case_slip(tmp_path):
+    """Trial 14, 78: a re-render dated the file today and lookup quoted it as "packcheck atlas of <today>"; the
+    answer now names the release's own measuring date (atlas-done.json's finished) and the file's render date as
+    such. Trial 14, 67: `lookup LLaMA` got no suggestion (difflib is case-sensitive)."""
+    _planted_atlas(tmp_path / "build")
+    done = A.release_dir(tmp_path / "build", "5.24.0", None) / A.DONE_MARKER
+    done.write_text(json.dumps({**json.loads(done.read_text()), "finished": "2026-11-30T12:00:00Z"}))
+    A.write_outputs(A.collect(tmp_path / "build"), tmp_path / "out")
+    path = tmp_path / "out" / "support.json"
+    said = str(lookup("llama", "sdpa", "5.24.0", path=path))
+    assert "measured at 5.24.0 (2026-11-30) on sdpa" in said and "packcheck atlas rendered " in said
+    assert "measured at 4.52.4 on sdpa" in str(lookup("llama", "sdpa", "4.52.4", path=path))  # no date recorded: none said
+    assert "Did you mean 'llama'?" in " ".join(lookup("LLaMA", "sdpa", "5.24.0", path=path).notes)
 
 
 def test_lookup_on_the_committed_atlas_is_offline_and_light():

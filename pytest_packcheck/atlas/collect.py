@@ -159,7 +159,12 @@ def collect(build: Path, planned: list[str] | None = None, bisects: dict[str, An
                 if version in row:
                     cells.setdefault(name, {}).setdefault(backend, {})[version] = row[version]
     torch_version = (committed or {}).get("torch")
+    tolerances = (committed or {}).get("tolerances")
     for version, doc, record in docs:
+        # the float32 tolerances the cells were judged with (the atlas runs the shipped ones): lookup refuses a pass
+        # its own number contradicts against them (support.validate_support)
+        tolerances = next((c["tolerances"] for c in doc.get("cells", []) if c.get("dtype") == "float32"
+                           and isinstance(c.get("tolerances"), dict)), None) or tolerances
         env = doc.get("environment", {})
         torch_version = torch_version or env.get("torch")
         releases.append({"transformers": version, "trl": env.get("trl"), "torch": env.get("torch"),
@@ -167,6 +172,7 @@ def collect(build: Path, planned: list[str] | None = None, bisects: dict[str, An
                                                for c in doc.get("cells", [])}),
                          "cells": record.get("cells"), "wall_s": record.get("wall_s"), "cpu_s": record.get("child_cpu_s"),
                          **({"resumed": True, "resumed_cells": record.get("resumed_cells")} if record.get("resumed") else {}),
+                         **({"measured": record["finished"][:10]} if isinstance(record.get("finished"), str) else {}),
                          "packcheck_version": doc.get("packcheck_version"), "source": record.get("source", "packcheck atlas"),
                          "command": reproduce_command(version)})
         for name, by_backend in reduce_release(doc).items():
@@ -178,7 +184,8 @@ def collect(build: Path, planned: list[str] | None = None, bisects: dict[str, An
     support = {"schema": "packcheck-atlas-support", "schema_version": SUPPORT_SCHEMA_VERSION,
                "packcheck_version": __version__, "generated": time.strftime("%Y-%m-%d", time.gmtime()),
                "device": "cpu", "dtype": "float32", "torch": torch_version, "backends": list(ATLAS_BACKENDS),
-               "checks": list(atlas_checks()), "releases": releases, "missing": missing, "cells": cells}
+               "checks": list(atlas_checks()), "releases": releases, "missing": missing, "cells": cells,
+               **({"tolerances": tolerances} if tolerances else {})}
     support["transitions"] = transitions(support, bisects or {})
     return support
 
