@@ -518,3 +518,18 @@ def test_a_hazards_only_run_judges_no_model():
     assert headline(crashed["cells"])["status"] == "error"  # a model that does not run is still shown
     idle = _doc([_cell("gpt2", "sdpa", "cache_trap", "skipped")])
     assert headline(idle["cells"])["status"] == "skipped" and not headline(idle["cells"]).get("no_correctness")
+
+
+def test_tolerances_other_than_the_defaults_are_said_in_the_counts_line():
+    """Trial 14, 178: a tolerances file with logits_atol = 1e300 gave logits_parity a ✅ that judged nothing, and
+    only the table at the report's end showed 1e+300. The counts line (header and terminal) names every tolerance
+    that is not the shipped one of its dtype; the defaults say nothing."""
+    from pytest_packcheck.config.tolerances import default_tolerances
+    from pytest_packcheck.report import render_markdown, render_terminal
+
+    shipped = dict(default_tolerances()["float32"])
+    cell = _cell("llama", "sdpa", "logits_parity", "pass", max_abs_diff_solo=0.5)
+    assert "Tolerances not" not in render_markdown(_doc([{**cell, "tolerances": shipped}]))
+    doc = _doc([{**cell, "tolerances": {**shipped, "logits_atol": 1e300}}])
+    said = "Tolerances not packcheck's defaults (every verdict is judged against them): float32.logits_atol = 1e+300 (default 0.0001)."
+    assert said in render_markdown(doc).split("## The answer")[0] and said in "\n".join(render_terminal(doc, []))

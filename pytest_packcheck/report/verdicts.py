@@ -220,6 +220,27 @@ def coverage(cells: list[dict[str, Any]]) -> str:
             f"not run: {', '.join(missing)} {why}.")
 
 
+def changed_tolerances(cells: list[dict[str, Any]]) -> str:
+    """"Tolerances not packcheck's defaults (a ✅ or ❌ is judged against them): float32.logits_atol = 1e+300
+    (default 0.0001)." for every tolerance the cells were judged with that differs from the shipped one of their
+    dtype (:func:`~pytest_packcheck.config.tolerances.default_tolerances`), said once in the counts line; "" when
+    all are the defaults. A tolerance of 1e300 made logits_parity pass whatever it measured, and only the table at
+    the report's end said so (trial 14, 178)."""
+    from ..config.tolerances import default_tolerances
+
+    defaults = default_tolerances()
+    changed: dict[str, str] = {}
+    for c in cells:
+        own, shipped = c.get("tolerances") or {}, defaults.get(c.get("dtype"), {})
+        for key, value in own.items() if isinstance(own, dict) else ():
+            if key in shipped and isinstance(value, int | float) and value != shipped[key]:
+                changed.setdefault(f"{c['dtype']}.{key}", f"{c['dtype']}.{key} = {value:g} (default {shipped[key]:g})")
+    if not changed:
+        return ""
+    return (f"Tolerances not packcheck's defaults (every verdict is judged against them): "
+            f"{', '.join(changed[k] for k in sorted(changed))}.")
+
+
 def headline_text(h: dict[str, Any], marks: list[str] | None = None) -> str:
     """A matrix cell's text from its :func:`headline`: symbol, cause (or "not checked"), what a pass does not cover
     (:func:`pass_qualifier`), and the ⚑ marks of a model that departs from its stack's hazard pattern."""
@@ -338,6 +359,9 @@ def counts_line(cells: list[dict[str, Any]], symbols: bool = True) -> str:
     covered = coverage(cells)
     if covered:
         text += " " + covered
+    changed = changed_tolerances(cells)
+    if changed:
+        text += " " + changed
     shown, measured = n["hazards"]
     if measured:
         text += f" Hazards: {ROLE_MARKS['hazard'][0] + ' ' if symbols else ''}{shown} of {measured} hazard probes showed one (never a model failure)."
