@@ -189,9 +189,9 @@ def validate_support(doc: Any, source: str | Path) -> None:
                 causes = entry.get("causes", [])
                 if not isinstance(causes, list) or not all(isinstance(c, str) for c in causes):
                     raise bad(f"{at}.causes is {causes!r}, not a list of cause codes")
-                contradiction = _pass_contradicted(entry, tolerances)
+                contradiction = _entry_contradicted(entry, tolerances)
                 if contradiction:
-                    raise bad(f"{at} is a pass {contradiction}")
+                    raise bad(f"{at} is {contradiction}" if contradiction.startswith("a fail") else f"{at} is a pass {contradiction}")
     releases = doc.get("releases")
     if not isinstance(releases, list):
         raise bad(f"'releases' is {_kind(releases)}, not a list of the measured releases")
@@ -208,20 +208,24 @@ def validate_support(doc: Any, source: str | Path) -> None:
         raise bad(f"'trl' is {_kind(doc.get('trl'))}, not an object")
 
 
-def _pass_contradicted(entry: dict[str, Any], tolerances: dict[str, Any]) -> str:
-    """Why a ``pass`` entry contradicts itself ("" when it does not, or is no pass): it names causes, or its number is
-    above its check's tolerance (:func:`~pytest_packcheck.analysis.verdicts.pass_over_tolerance`, the rule ``gate``
+def _entry_contradicted(entry: dict[str, Any], tolerances: dict[str, Any]) -> str:
+    """Why an entry contradicts itself ("" when it does not): a fail that names no cause, a pass that names causes,
+    has no key number (trial 15, 91), or whose number is above its check's tolerance (:func:`~pytest_packcheck.analysis.verdicts.pass_over_tolerance`, the rule ``gate``
     and ``merge`` apply to a results file: trial 14, 69, an isolation "pass" of 0.9 was answered as a pass)."""
     from .analysis.verdicts import pass_over_tolerance
     from .checks.registry import SPECS
 
+    if entry.get("verdict") == "fail" and not entry.get("causes"):
+        return "a fail that names no cause (every measured fail names what it measured)"
     if entry.get("verdict") != "pass":
         return ""
     if entry.get("causes"):
         return f"with causes {entry['causes']!r} (a pass has none)"
     spec = SPECS.get(entry.get("check"))
-    if spec is None or not spec.key_metric or entry.get("number") is None:
+    if spec is None or not spec.key_metric:
         return ""
+    if entry.get("number") is None:  # trial 15, 91: a pass resting on nothing was answered "pass"
+        return f"with no {spec.name} number (a pass rests on its check's key number)"
     over = pass_over_tolerance(spec.name, "pass", {spec.key_metric[0]: entry["number"]}, tolerances)
     return (f"whose {spec.name} number {over[1]:.3g} is above its tolerance {over[2]} {over[3]:.3g} (a verdict its "
             "own number contradicts)") if over else ""

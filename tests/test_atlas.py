@@ -396,7 +396,9 @@ def test_lookup_refuses_a_pass_its_own_number_contradicts(support_file, tmp_path
     assert lookup("llama", "sdpa", "5.24.0", path=support_file).verdict == "pass"
     over = "is a pass whose isolation number 0.9 is above its tolerance isolation_atol 1e-05"
     for edit, said in ((lambda e: e.update(number=0.9), over),
-                       (lambda e: e.update(causes=["leak"]), "is a pass with causes ['leak']")):
+                       (lambda e: e.update(causes=["leak"]), "is a pass with causes ['leak']"),
+                       (lambda e: e.pop("number"), "is a pass with no isolation number"),  # trial 15, 91
+                       (lambda e: e.update(verdict="fail"), "is a fail that names no cause")):
         for recorded in (True, False):
             bad = json.loads(json.dumps(doc))
             edit(bad["cells"]["llama"]["sdpa"]["5.24.0"])

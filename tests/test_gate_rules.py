@@ -399,6 +399,20 @@ def test_gate_refuses_sides_judged_with_different_tolerances():
     assert compare(_doc([loose]), _doc([_cell(tolerances={"loss_atol": 1e-4})])) == []
 
 
+def test_a_file_whose_cells_of_one_dtype_differ_in_tolerances_is_corrupt(tmp_path):
+    """Trial 15, 54: one cell's logits_atol edited to 1.0 in a candidate: the gate took the first cell's tolerances,
+    said "No cell changed", exit 0. One audit judges a dtype with one set, so such a file is refused where results
+    files are read (gate, merge), naming both cells and the differing key."""
+    one = {"loss_atol": 1e-4, "logits_atol": 1e-4}
+    cells = [_cell(tolerances=one), _cell("gpt2-sdpa-trainer-float32", tolerances={**one, "logits_atol": 1.0})]
+    proc = _run_gate(tmp_path, _doc([_cell(tolerances=one)]), _doc(cells))
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0, proc.stderr
+    assert ("cells 'llama-sdpa-trainer-float32' and 'gpt2-sdpa-trainer-float32' were judged with different float32 "
+            "tolerances (logits_atol 0.0001 vs 1.0)") in proc.stderr, proc.stderr
+    same = _run_gate(tmp_path, _doc([_cell(tolerances=one)]), _doc([_cell(tolerances=one), _cell("gpt2-sdpa-trainer-float32", tolerances=one)]))
+    assert same.returncode == 0, same.stderr
+
+
 def _run_gate(tmp_path, base: dict, cand: dict) -> subprocess.CompletedProcess:
     paths = []
     for name, doc in (("base", base), ("cand", cand)):
@@ -461,3 +475,17 @@ def test_baseline_cells_the_candidate_did_not_select_are_neither_changed_nor_lis
     proc = _run_gate(tmp_path, base, cand)
     assert proc.returncode == 1 and "1 regression(s), 1 changed cell(s)" in proc.stdout, proc.stdout + proc.stderr
     assert "2 baseline cell(s) are not in the candidate" in proc.stderr and "gpt2" not in proc.stdout, proc.stdout
+
+
+def test_a_file_without_an_environment_is_said_unrecorded_not_uninstalled():
+    """Trial 15, 32 / 72: a results file with no "environment" read "torch not installed, transformers not
+    installed" in the merged matrix and the gate's stack line: a claim about a stack nobody recorded."""
+    from pytest_packcheck.report import render_markdown, render_terminal
+
+    doc = _doc([_cell(model={"label": "llama", "spec": "arch:llama", "model_type": "llama", "model_class": "L"})])
+    doc["environment"] = {}
+    md = render_markdown(doc)
+    assert "Environment not recorded (the results file has no" in md and "torch not installed" not in md
+    assert "environment not recorded" in render_terminal(doc, [])[0]
+    summary = render_summary([], {"transformers": "5.24.0", "torch": "2.13.0"}, {})
+    assert "transformers 5.24.0 → not recorded" in summary and "torch 2.13.0 → not recorded" in summary, summary

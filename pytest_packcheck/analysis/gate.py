@@ -342,9 +342,13 @@ _SUMMARY_LIBRARIES = tuple(lib.key for lib in stack_libraries())
 def _stack_versions(baseline_env: dict[str, Any], candidate_env: dict[str, Any], changed_only: bool = False) -> str:
     """``transformers 4.57.1 → 5.24.0, trl 1.16.0``: every library either side names, once when equal (left out
     with ``changed_only``)."""
+    from ..report.model import environment_recorded
+
+    # a side whose file records no environment is "not recorded", never "not installed" (trial 15, 32)
+    unknown = [None if environment_recorded(e) else "not recorded" for e in (baseline_env, candidate_env)]
     parts = []
     for lib in _SUMMARY_LIBRARIES:
-        a, b = baseline_env.get(lib), candidate_env.get(lib)
+        a, b = baseline_env.get(lib) or unknown[0], candidate_env.get(lib) or unknown[1]
         if (a or b) and not (changed_only and a == b):
             parts.append(f"{lib} {a or 'not installed'}" if a == b else f"{lib} {a or 'not installed'} → {b or 'not installed'}")
     return ", ".join(parts)

@@ -8,7 +8,17 @@ from __future__ import annotations
 from collections import Counter
 
 from ..checks.registry import REGISTRY, ROLES
-from .model import Report, env_header, env_value, environment_line, environment_role, incomplete_text, resumed_text
+from .model import (
+    NOT_RECORDED,
+    Report,
+    env_header,
+    env_value,
+    environment_line,
+    environment_recorded,
+    environment_role,
+    incomplete_text,
+    resumed_text,
+)
 from .sections import (
     answer_section,
     environments_section,
@@ -39,9 +49,10 @@ def render(rep: Report) -> str:
 
     lines = [f"# packcheck support matrix{' — ' + escape_md(settings['audit']) if settings.get('audit') else ''}", ""]
     lines += [
-        (f"{environment_role(versioned)} with packcheck {env_value(env, 'packcheck')} on {escape_md(env.get('device_name'))} ({env.get('device')}): "
-        f"{environment_line(env)}, CUDA {env.get('cuda') or 'none (CPU build)'}, Python {env_value(env, 'python')}. "
-        f"Weights: {weights_line(settings, cells)}; dtypes: {', '.join(dtypes)}."
+        (((f"{environment_role(versioned)} with packcheck {env_value(env, 'packcheck')} on {escape_md(env.get('device_name'))} ({env.get('device')}): "
+           f"{environment_line(env)}, CUDA {env.get('cuda') or 'none (CPU build)'}, Python {env_value(env, 'python')}. ")
+          if environment_recorded(env) else f"{escape_md(NOT_RECORDED[0].upper() + NOT_RECORDED[1:])}. ")
+        + f"Weights: {weights_line(settings, cells)}; dtypes: {', '.join(dtypes)}."
         + (" Remote code: allowed by --packcheck-trust-remote-code (model repositories' own Python code ran)."
            if settings.get("trust_remote_code") else "")
         + (" **Rehearsal: the torch varlen backend ran through a CPU stand-in kernel (PACKCHECK_TORCH_VARLEN_STAND_IN=1), "

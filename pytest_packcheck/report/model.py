@@ -62,8 +62,21 @@ def environment_role(versioned: bool) -> str:
             else "Measured")
 
 
+def environment_recorded(environment: Any) -> bool:
+    """Whether a results document's ``environment`` records anything (a hand-made or edited file may have none)."""
+    return isinstance(environment, dict) and any(environment.get(k) for k in ("torch", "transformers", "python", "packcheck"))
+
+
+#: What a report says for a results file whose ``environment`` records nothing (trial 15, 32 / 72: such a file read
+#: "torch not installed, transformers not installed", a claim about a stack nobody recorded).
+NOT_RECORDED = "environment not recorded (the results file has no \"environment\" versions: the stack it was measured on is unknown)"
+
+
 def environment_line(environment: dict[str, Any]) -> str:
-    """:func:`environment_rows` in one phrase: ``torch 2.13.0+cpu, transformers 5.24.0, trl 1.16.0, flash-attn not installed``."""
+    """:func:`environment_rows` in one phrase: ``torch 2.13.0+cpu, transformers 5.24.0, trl 1.16.0, flash-attn not installed``;
+    :data:`NOT_RECORDED` for a document whose environment records nothing."""
+    if not environment_recorded(environment):
+        return NOT_RECORDED
     return ", ".join(f"{name} {version}" for name, version in environment_rows(environment))
 
 

@@ -229,11 +229,30 @@ def load_document(path: str | Path, source: str | None = None) -> dict[str, Any]
         )
     if not all(isinstance(c["model"], dict) and "label" in c["model"] for c in cells):
         raise PackcheckUsageError(f"Results file {name} has cells whose 'model' lacks a label: it is not a packcheck results file.")
-    problem = next((cell_problem(c) for c in cells if cell_problem(c)), None)
+    problem = next((cell_problem(c) for c in cells if cell_problem(c)), None) or _mixed_tolerances(cells)
     if problem:
         raise PackcheckUsageError(f"Results file {name} is corrupt: {problem}. Regenerate it with `packcheck audit`.")
     data.setdefault("environment", {})
     return upgrade(data)
+
+
+def _mixed_tolerances(cells: list[dict[str, Any]]) -> str | None:
+    """Why the cells of one dtype were not judged with one set of tolerances, or None: an audit judges every cell
+    of a dtype with the same ones (its ``## Tolerances`` table is one per dtype), so a file whose cells differ was
+    edited; the gate took the first cell's and compared the rest unseen (trial 15, 54: one cell's logits_atol set to
+    1.0, "No cell changed"). Cells that record none are not compared."""
+    first: dict[str, tuple[str, dict[str, Any]]] = {}
+    for c in cells:
+        tol = c.get("tolerances")
+        if not isinstance(tol, dict) or not tol:
+            continue
+        cid, before = first.setdefault(str(c["dtype"]), (str(c["cell_id"]), tol))
+        keys = sorted(k for k in set(before) | set(tol) if before.get(k) != tol.get(k))
+        if keys:
+            values = ", ".join(f"{k} {before.get(k, 'unset')} vs {tol.get(k, 'unset')}" for k in keys)
+            return (f"cells '{cid}' and '{c['cell_id']}' were judged with different {c['dtype']} tolerances ({values}), "
+                    "and one audit judges a dtype with one set")
+    return None
 
 
 def upgrade(data: dict[str, Any]) -> dict[str, Any]:
