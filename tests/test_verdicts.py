@@ -533,3 +533,18 @@ def test_tolerances_other_than_the_defaults_are_said_in_the_counts_line():
     doc = _doc([{**cell, "tolerances": {**shipped, "logits_atol": 1e300}}])
     said = "Tolerances not packcheck's defaults (every verdict is judged against them): float32.logits_atol = 1e+300 (default 0.0001)."
     assert said in render_markdown(doc).split("## The answer")[0] and said in "\n".join(render_terminal(doc, []))
+
+
+def test_a_matrix_cell_no_file_holds_says_not_measured():
+    """Trial 15, 73: a merge of a llama run on eager and sdpa with a gpt2 run on sdpa left gpt2 / eager blank in the
+    matrix, with nothing saying that no file measured it."""
+    from pytest_packcheck.report import render_html, render_markdown
+
+    doc = _doc([_cell("llama", "eager", "isolation", "pass", max_change=0.0), _cell("llama", "sdpa", "isolation", "pass", max_change=0.0),
+                _cell("gpt2", "sdpa", "isolation", "pass", max_change=0.0)])
+    matrix = render_markdown(doc).split("## Matrix", 1)[1].split("##", 1)[0]
+    row = next(line for line in matrix.splitlines() if line.startswith("| gpt2"))
+    assert "— not measured" in row and row.count("✅") == 1, row
+    # the HTML page draws its table in the browser from its data: a column the row lacks is drawn with the same words
+    page = render_html(doc)
+    assert "if (!x){ out += '<td title=\"no cell of this model and column in the results\">— not measured</td>'" in page

@@ -71,7 +71,7 @@ function render(){
     out += '<tr>' + row.head.map(h => '<td>'+esc(h)+'</td>').join('');
     for (const c of cols){
       const x = row.cells[c];
-      if (!x){ out += '<td></td>'; continue; }
+      if (!x){ out += '<td title="no cell of this model and column in the results">— not measured</td>'; continue; }
       const dim = fs && x.status !== fs ? ' style="opacity:.35"' : '';
       out += '<td class="cell '+esc(x.status)+'" data-key="'+esc(x.key)+'"'+dim+'>'+esc(x.text)+'</td>';
     }

@@ -32,6 +32,10 @@ from .sections import (
 from .text import escape_md
 from .verdicts import LEGEND, ROLE_LEGEND, ROLE_MARKS, VERDICT_SYMBOLS, VERDICTS, check_mark, counts_line, headline_text
 
+#: A matrix cell no results file holds (a merge of runs over different models or backends: trial 15, 73, the cell
+#: was blank, with nothing saying it was never measured).
+NOT_MEASURED = "— not measured"
+
 
 def render(rep: Report) -> str:
     """The support matrix: the answer (per model), the stack's hazards and findings (once each), the matrix
@@ -99,7 +103,7 @@ def render(rep: Report) -> str:
                     row = [escape_md(label), labels.get(b, b)]
                     for e in envs:
                         h = rep.headlines.get((label, b, dtype, e))
-                        row.append(headline_text(h, marks.get((label, e, dtype, b))) if h else "")
+                        row.append(headline_text(h, marks.get((label, e, dtype, b))) if h else NOT_MEASURED)
                     rows.append(row)
             lines.append(github_table(rows, headers=headers))
             lines.append("")
@@ -113,7 +117,7 @@ def render(rep: Report) -> str:
             row = [escape_md(label) + escape_md(rev), f"{escape_md(info['model_type'])} / {escape_md(info['model_class'])}"]
             for b in backends:
                 h = rep.headlines.get((label, b, dtype, None))
-                row.append(headline_text(h, marks.get((label, None, dtype, b))) if h else "")
+                row.append(headline_text(h, marks.get((label, None, dtype, b))) if h else NOT_MEASURED)
             if bench:
                 from ..run.throughput import bench_cell
 
