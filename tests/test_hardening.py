@@ -1033,3 +1033,17 @@ def test_a_ctrl_c_before_the_session_and_a_second_one_during_the_cleanup_leave_n
     assert code == 130 and "Traceback" not in err, err
     assert not any((tmp_path / name).exists() for name in REPORT_FILES), sorted(p.name for p in tmp_path.iterdir())
     assert "already stopping" in err and "were removed so they are not taken for this run's" in err
+
+
+def test_an_unknown_packcheck_variable_is_named_not_ignored(monkeypatch):
+    """Trial 15, 130: PACKCHECK_MODEL (for PACKCHECK_MODELS) and PACKCHECK_FOO were ignored without a word. Every
+    PACKCHECK_* name packcheck's own code reads is known (the list is checked against the source, so a new variable
+    cannot be warned about), and a typo is named with the closest known one."""
+    from pytest_packcheck.config.options import OPTIONS, OTHER_ENV_VARS, unknown_env_vars
+
+    source = "\n".join(p.read_text(encoding="utf-8") for p in (REPO / "pytest_packcheck").rglob("*.py"))
+    constants = {"PACKCHECK_REGISTERED", "PACKCHECK_BACKEND_ATTR", "PACKCHECK_RUNTIME"}  # names in code, not variables
+    read = set(re.findall(r"PACKCHECK_[A-Z0-9_]+", source)) - constants
+    assert read == {o.env for o in OPTIONS if o.env} | set(OTHER_ENV_VARS), read ^ ({o.env for o in OPTIONS if o.env} | set(OTHER_ENV_VARS))
+    env = {"PACKCHECK_MODEL": "arch:llama", "PACKCHECK_MODELS": "arch:gpt2", "PACKCHECK_CACHE_DIR": "/tmp/x", "HOME": "/root"}
+    assert unknown_env_vars(env) == [("PACKCHECK_MODEL", " Did you mean 'PACKCHECK_MODELS'?")]

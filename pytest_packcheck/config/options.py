@@ -267,6 +267,23 @@ OPTIONS = (
            to_arg=None, in_child=False),
 )
 
+#: Environment variables packcheck reads besides its options' own (:attr:`Option.env`): its cache, the package
+#: index, the atlas support file, the CPU stand-in kernel, and what it hands to its own child processes. A
+#: ``PACKCHECK_*`` variable in neither is a typo (:func:`unknown_env_vars`).
+OTHER_ENV_VARS = ("PACKCHECK_CACHE_DIR", "PACKCHECK_INDEX_URL", "PACKCHECK_SUPPORT_FILE", "PACKCHECK_TORCH_VARLEN_STAND_IN",
+                  "PACKCHECK_REPRODUCE", "PACKCHECK_RUN_DIR", "PACKCHECK_ENV_LABEL")
+
+
+def unknown_env_vars(environ: dict[str, str]) -> list[tuple[str, str]]:
+    """``(name, hint)`` for every set ``PACKCHECK_*`` variable packcheck does not read (PACKCHECK_MODELS without its S: trial
+    15, 130, ignored without a word), ``hint`` the " Did you mean ...?" of the closest known one, or ""."""
+    from ..errors import closest
+
+    known = [o.env for o in OPTIONS if o.env] + list(OTHER_ENV_VARS)
+    return [(name, closest(name, known)) for name in sorted(environ)
+            if name.startswith("PACKCHECK_") and name not in known]
+
+
 BY_FLAG = {opt.flag: opt for opt in OPTIONS}
 #: The ``settings`` keys (results JSON) whose value changes what a cell measures, by their options' ``measures``:
 #: ``packcheck merge`` and the gate refuse two files that differ in one (analysis.gate).

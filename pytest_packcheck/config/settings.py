@@ -195,7 +195,16 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
     from ..backends import DEFAULT_BACKENDS, KNOWN_BACKENDS
     from ..checks.registry import CHECKS, DEFAULT_CHECKS
     from .audits import load_audit
+    from .options import unknown_env_vars
     from .tolerances import load_tolerances
+
+    for name, hint in unknown_env_vars(dict(os.environ)):
+        import warnings
+
+        from ..errors import PackcheckWarning
+
+        warnings.warn(PackcheckWarning(f"Environment variable ${name} is not one packcheck reads: it is ignored.{hint} "
+                                       "`packcheck audit --help` names each option's variable."), stacklevel=2)
 
     def pick(opt: Option) -> tuple[Any, str]:
         cli = get_option(opt.dest)
