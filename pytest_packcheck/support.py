@@ -209,19 +209,27 @@ def validate_support(doc: Any, source: str | Path) -> None:
 
 
 def _entry_contradicted(entry: dict[str, Any], tolerances: dict[str, Any]) -> str:
-    """Why an entry contradicts itself ("" when it does not): a fail that names no cause, a pass that names causes,
-    has no key number (trial 15, 91), or whose number is above its check's tolerance (:func:`~pytest_packcheck.analysis.verdicts.pass_over_tolerance`, the rule ``gate``
-    and ``merge`` apply to a results file: trial 14, 69, an isolation "pass" of 0.9 was answered as a pass)."""
-    from .analysis.verdicts import pass_over_tolerance
+    """Why an entry contradicts itself ("" when it does not): a fail that names no cause, or whose number is under its
+    check's tolerance where a fail means over it (:func:`~pytest_packcheck.analysis.verdicts.fail_within_tolerance`;
+    strictly under, as the entry's number is rounded to 3 digits); a pass that names causes, has no key number (trial
+    15, 91), or whose number is above its check's tolerance (:func:`~pytest_packcheck.analysis.verdicts.pass_over_tolerance`).
+    The rules ``gate`` and ``merge`` apply to a results file (trial 14, 69: an isolation "pass" of 0.9 was answered as
+    a pass)."""
+    from .analysis.verdicts import fail_within_tolerance, pass_over_tolerance
     from .checks.registry import SPECS
 
     if entry.get("verdict") == "fail" and not entry.get("causes"):
         return "a fail that names no cause (every measured fail names what it measured)"
+    spec = SPECS.get(entry.get("check"))
+    if entry.get("verdict") == "fail" and spec and spec.key_metric and entry.get("number") is not None:
+        under = fail_within_tolerance(spec.name, "fail", {spec.key_metric[0]: entry["number"]}, tolerances)
+        if under and under[1] < under[3]:  # trial 15, 225: an edited "fail [leak]" with isolation 0.0 was rendered as a transition
+            return (f"a fail whose {spec.name} number {under[1]:.3g} is within its tolerance {under[2]} {under[3]:.3g} "
+                    "(a verdict its own number contradicts)")
     if entry.get("verdict") != "pass":
         return ""
     if entry.get("causes"):
         return f"with causes {entry['causes']!r} (a pass has none)"
-    spec = SPECS.get(entry.get("check"))
     if spec is None or not spec.key_metric:
         return ""
     if entry.get("number") is None:  # trial 15, 91: a pass resting on nothing was answered "pass"

@@ -252,6 +252,15 @@ def test_grad_parity_branches(bench):
     bench.tol["grad_rel_err"] = rel / 5  # within NUMERICS_FACTOR x the tolerance: numerics
     numerics = C.check_grad_parity(bench)
     assert numerics.status == "fail" and numerics.cause == "kernel_numerics"
+    # the same numbers with an attention call that lacked the packed boundaries: the examples mix, a leak, never
+    # numerics (trial 15, 242: opt / sdpa in bfloat16, boundaries missing in 2 of 2 calls, read kernel_numerics)
+    from pytest_packcheck.checks.probes import leak_probe
+
+    probe = leak_probe(bench)
+    kept, probe["attention_boundaries"] = probe["attention_boundaries"], "missing"
+    leaked = C.check_grad_parity(bench)
+    assert leaked.status == "fail" and leaked.cause == "leak" and leaked.evidence["attention_boundaries"] == "missing"
+    probe["attention_boundaries"] = kept
     bench.tol["grad_rel_err"], bench.tol["grad_cos_min"] = rel, cos  # both at their bounds: a pass
     assert C.check_grad_parity(bench).status == "pass"
     bench.tol["grad_cos_min"] = 1.0  # only the cosine off

@@ -489,3 +489,17 @@ def test_a_file_without_an_environment_is_said_unrecorded_not_uninstalled():
     assert "environment not recorded" in render_terminal(doc, [])[0]
     summary = render_summary([], {"transformers": "5.24.0", "torch": "2.13.0"}, {})
     assert "transformers 5.24.0 → not recorded" in summary and "torch 2.13.0 → not recorded" in summary, summary
+
+
+def test_an_isolation_fail_its_own_number_contradicts_is_corrupt(tmp_path):
+    """Trial 14, 53: an isolation cell edited to "fail", cause leak, with max_change 0.0 was gated as a REGRESSION
+    "Δ 0.0e+00 → Δ 0.0e+00". An isolation fail means the other examples moved more than isolation_atol, so one within
+    it is refused as the mirror case (a pass above it) is; a fail at a number over it is read."""
+    iso = {"check": "isolation", "cell_id": "llama-sdpa-isolation-float32", "tolerances": {"isolation_atol": 1e-5}}
+    base = _doc([_cell(**iso, metrics={"max_change": 0.0})])
+    edited = _doc([_cell(**iso, status="fail", cause="leak", metrics={"max_change": 0.0})])
+    proc = _run_gate(tmp_path, base, edited)
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0, proc.stderr
+    assert "fails with max_change=0, within its tolerance isolation_atol=1e-05 (a fail its own number contradicts)" in proc.stderr
+    real = _doc([_cell(**iso, status="fail", cause="leak", metrics={"max_change": 0.16})])
+    assert _run_gate(tmp_path, base, real).returncode == 1  # a measured leak: a regression

@@ -548,3 +548,24 @@ def test_a_matrix_cell_no_file_holds_says_not_measured():
     # the HTML page draws its table in the browser from its data: a column the row lacks is drawn with the same words
     page = render_html(doc)
     assert "if (!x){ out += '<td title=\"no cell of this model and column in the results\">— not measured</td>'" in page
+
+
+def test_a_measured_failure_outranks_an_inconclusive_probe():
+    """Trial 15, 241: opt / sdpa in bfloat16, its backend check failing with leak (boundaries missing in 2 of 2
+    attention calls) while isolation and causality were inconclusive, read 💥 "probe inconclusive, ..., leak", under
+    "refused / crashed", and "Do not pack: none". The measured leak decides the cell; a real crash still does."""
+    from pytest_packcheck.report import render_markdown
+    from pytest_packcheck.report.verdicts import headline
+
+    cells = [_cell("opt", "sdpa", "backend", "fail", "leak", boundaries_missing=2),
+             _cell("opt", "sdpa", "isolation", "error", "probe_inconclusive"),
+             _cell("opt", "sdpa", "logits_parity", "pass", max_abs_diff_solo=0.0)]
+    doc = _doc(cells)
+    h = headline(doc["cells"])
+    assert h["status"] == "fail" and h["causes"] == ["leak", "probe_inconclusive"], h["causes"]
+    md = render_markdown(doc)
+    assert "- **opt** on sdpa: leak, probe inconclusive" in md and "refused / crashed" not in md
+    crashed = _doc([*cells[:2], _cell("opt", "sdpa", "logits_parity", "error", "crash")])
+    assert headline(crashed["cells"])["status"] == "error"  # a crash is not a probe that could not judge
+    alone = _doc(cells[1:])
+    assert headline(alone["cells"])["status"] == "error"  # nothing failed: still the inconclusive probe's cell

@@ -145,14 +145,20 @@ def headline(group: list[dict[str, Any]]) -> dict[str, Any]:
         elif not judged:
             return {"status": "skipped", "causes": [], "not_checked": {}, "cells": [], "bad": [], "not_run": [],
                     "not_exercised": [], "no_correctness": True}
+    # a measured failure outranks a probe that could not judge (trial 15, 241: opt / sdpa in bfloat16, its backend
+    # check failing with leak, read 💥 "refused / crashed" because isolation and causality were inconclusive)
+    measured = [c for c in judged if not _inconclusive(c)]
     status = cell_status([c["status"] for c in judged])
+    if status == "error" and any(c["status"] in ("fail", "fallback") for c in measured):
+        status = cell_status([c["status"] for c in measured])
     # checks an interrupted run never reached (run.session: metrics.not_run): the cell is not a pass on the rest
     unrun = [c["check"] for c in judged if not_run(c)]
     if unrun and status == "pass":
         status = "skipped"
-    # worst first; among equals :func:`check_order`
+    # worst first (an inconclusive probe after a measured failure); among equals :func:`check_order`
     bad = sorted((c for c in judged if c["status"] not in ("pass", "skipped")),
-                 key=lambda c: (rank(c["status"]), check_order(c["check"]), c["check"]))
+                 key=lambda c: (rank("unsupported") if _inconclusive(c) and status != "error" else rank(c["status"]),
+                                check_order(c["check"]), c["check"]))
     causes = list(dict.fromkeys((c.get("diagnosis") or {}).get("cause") or c.get("cause") or c["status"] for c in bad))
     not_checked = {c["check"]: c["message"] for c in judged if c["status"] == "skipped" and not not_run(c)}
     # mechanisms the probe row never reached (checks.mechanisms.mechanism_findings): a pass says nothing of them
@@ -161,6 +167,11 @@ def headline(group: list[dict[str, Any]]) -> dict[str, Any]:
         for c in judged for f in c.get("findings") or [] if f.get("cause") == "mechanism_not_exercised"))
     return {"status": status, "causes": causes, "not_checked": not_checked, "cells": judged, "bad": bad,
             "not_run": unrun, "not_exercised": not_exercised}
+
+
+def _inconclusive(cell: dict[str, Any]) -> bool:
+    """An error cell whose probe could not judge (cause ``probe_inconclusive``): nothing refused or crashed."""
+    return cell["status"] == "error" and ((cell.get("diagnosis") or {}).get("cause") or cell.get("cause")) == "probe_inconclusive"
 
 
 def pass_qualifier(h: dict[str, Any]) -> str:

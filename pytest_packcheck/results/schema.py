@@ -157,7 +157,7 @@ def cell_problem(cell: Any) -> str | None:
         # a hand-edited role ("villain") was rendered as a pass in one place and "not checked" in another (trial 7, 94);
         # a known role that differs from the registry's (an earlier packcheck's) is read as the registry's (role_of)
         return f"cell {name!r} has role {json.dumps(cell['role'])[:40]} (expected one of {', '.join(ROLES)})"
-    from ..analysis.verdicts import pass_over_tolerance, unbacked_pass
+    from ..analysis.verdicts import fail_within_tolerance, pass_over_tolerance, unbacked_pass
 
     unbacked = unbacked_pass(cell["check"], cell["status"], cell.get("metrics") or {})
     if unbacked:
@@ -166,6 +166,10 @@ def cell_problem(cell: Any) -> str | None:
     if over:
         return (f"cell {name!r} passes with {over[0]}={over[1]:.3g} above its tolerance {over[2]}={over[3]:g} (a pass "
                 "its own number contradicts)")
+    under = fail_within_tolerance(cell["check"], cell["status"], cell.get("metrics") or {}, cell.get("tolerances") or {})
+    if under:
+        return (f"cell {name!r} fails with {under[0]}={under[1]:.3g}, within its tolerance {under[2]}={under[3]:g} (a "
+                "fail its own number contradicts)")
     return None
 
 
