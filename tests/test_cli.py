@@ -90,10 +90,10 @@ def test_audit_bench_bad_input_is_refused_before_the_run(tmp_path):
     proc = _run(["audit", "--audit", str(versioned), "-n", "0", "--bench", "flan"], tmp_path)
     assert proc.returncode == 2 and f"the audit definition '{versioned}' asks for version environments" in proc.stderr
     bad = tmp_path / "bad.txt"
-    bad.write_text("100\nabc\n")
+    bad.write_text("100\n\n\n\nabc\n")  # blank lines count: 'abc' is on line 5 (trial 15, 237 said line 2)
     proc = _run(["audit", "--models", "arch:llama", "-n", "0", "--bench", str(bad)], tmp_path)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == (
-        f"packcheck audit: error: Length file {bad} (from --bench) line 2: 'abc' is not an integer >= 2.")
+        f"packcheck audit: error: Length file {bad} (from --bench) line 5: 'abc' is not an integer >= 2.")
     assert not (tmp_path / "reports").exists()
 
 

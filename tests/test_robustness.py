@@ -248,6 +248,12 @@ def test_two_files_of_different_version_environments_match_cell_by_cell(tmp_path
     proc = _cli(["gate", "--baseline", str(tmp_path / "b.json"), "--candidate", str(tmp_path / "c.json"),
                  "--allow", "nothing-like-this=x"], tmp_path)
     assert proc.returncode == 1 and "--allow 'nothing-like-this' matches no cell of either file" in proc.stderr
+    assert "whole '-'-separated parts" not in proc.stderr  # nothing near it: nothing to name
+    # a prefix that stops inside a part (trial 15, 202: 'llama-sdpa-iso' for isolation) is said so, with the cells
+    proc = _cli(["gate", "--baseline", str(tmp_path / "b.json"), "--candidate", str(tmp_path / "c.json"),
+                 "--allow", "llama-sdpa-iso=x"], tmp_path)
+    assert ("--allow 'llama-sdpa-iso' matches no cell of either file; a prefix is whole '-'-separated parts of a cell "
+            "id: llama-sdpa-isolation-float32") in proc.stderr, proc.stderr
 
 
 def test_gate_between_two_environments_of_one_file(tmp_path):

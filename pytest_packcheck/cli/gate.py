@@ -101,7 +101,11 @@ def run_gate(baseline: dict, candidate: dict, allow: dict[str, str], prog: str, 
     ids = {c["cell_id"] for c in baseline["cells"]} | {c["cell_id"] for c in candidate["cells"]}
     for key in allow:
         if not any(allowed_reason(i, {key: "x"}) for i in ids):
-            print(f"{prog}: warning: --allow '{key}' matches no cell of either file", file=sys.stderr)
+            # a prefix is whole '-'-separated parts (trial 15, 202: 'llama-sdpa-logits' for logits_parity): name them
+            near = sorted(i for i in ids if i.startswith(key))[:3]
+            hint = (f"; a prefix is whole '-'-separated parts of a cell id: {', '.join(near)} "
+                    f"{'starts' if len(near) == 1 else 'start'} with it" if near else "")
+            print(f"{prog}: warning: --allow '{key}' matches no cell of either file{hint}", file=sys.stderr)
     differ = probe_settings_note(baseline, candidate, prog)
     if differ:
         print(differ, file=sys.stderr)

@@ -65,10 +65,11 @@ def raw_lengths(profile: str, n: int, max_length: int, seed: int = 0, fixed: int
             )
         values = []
         text = read_user_text(path, f"Length file (from {source})", "give a text file with one length per line.")
-        for i, line in enumerate(text.split(), 1):
-            if not line.isdigit() or int(line) < 2:
-                raise PackcheckUsageError(f"Length file {path} (from {source}) line {i}: '{line}' is not an integer >= 2.")
-            values.append(int(line))
+        for i, row in enumerate(text.splitlines(), 1):  # the file's own line numbers, blank lines counted (trial 15, 237)
+            for line in row.split():
+                if not line.isdigit() or int(line) < 2:
+                    raise PackcheckUsageError(f"Length file {path} (from {source}) line {i}: '{line}' is not an integer >= 2.")
+                values.append(int(line))
         if not values:
             raise PackcheckUsageError(f"Length file {path} (from {source}) holds no lengths.")
         raw = [values[i % len(values)] for i in range(n)]
