@@ -101,7 +101,7 @@ def mismatch_cause(wb: Workbench, diff: float | None = None, atol: float | None 
             return "kernel_numerics", {**evidence, **numerics_evidence("isolation_atol", moved, iso_tol, wb.dtype)}
         # an attention call without the packed boundaries mixes the examples, however little: never numerics
         # (trial 15, 242: opt / sdpa in bfloat16, boundaries missing in 2 of 2 calls, read kernel_numerics)
-        return "leak", {**evidence, **({"attention_boundaries": "missing"} if probe["attention_boundaries"] == "missing" else {})}
+        return "leak", evidence
     control = probe["negative_control_change"]
     if control <= iso_tol:
         # the tolerance hides even the planted leak: "nothing moved" rules no leak out, and naming a cause past it
