@@ -112,6 +112,13 @@ class Answer:
         return "\n".join([text, *("  " + e for e in extra)])
 
 
+#: The fix for a support file that cannot be read or is corrupt. Not "re-render it with --render-only": that render
+#: is seeded from the very file (trial 16, 200: the remedy went round in a circle).
+RESTORE = ("restore it (git checkout -- reports/atlas/support.json), pass the committed reports/atlas/support.json, or "
+           "render a new one from measured releases into an empty folder (packcheck atlas --render-only --build-dir "
+           "build/atlas -o NEW_FOLDER)")
+
+
 @lru_cache(maxsize=4)
 def _load(path: str, mtime: float) -> dict[str, Any]:
     if Path(path).is_dir():
@@ -123,8 +130,7 @@ def _load(path: str, mtime: float) -> dict[str, Any]:
         raise PackcheckUsageError(f"Support file '{path}' does not exist: pass --support-file / ${SUPPORT_FILE_ENV}, or "
                                   "generate it with `packcheck atlas`.") from None
     except (OSError, ValueError) as exc:
-        raise PackcheckUsageError(f"Support file '{path}' cannot be read ({exc}): regenerate it with "
-                                  "`packcheck atlas --render-only`.") from None
+        raise PackcheckUsageError(f"Support file '{path}' cannot be read ({type(exc).__name__}: {exc}): {RESTORE}.") from None
     validate_support(doc, path)
     return doc
 
@@ -143,8 +149,7 @@ def validate_support(doc: Any, source: str | Path) -> None:
     from .results.schema import STATUSES
 
     def bad(what: str) -> PackcheckUsageError:
-        return PackcheckUsageError(f"Support file '{source}' is corrupt: {what}; regenerate it with "
-                                   "`packcheck atlas --render-only` or pass the committed reports/atlas/support.json.")
+        return PackcheckUsageError(f"Support file '{source}' is corrupt: {what}; {RESTORE}.")
 
     if not isinstance(doc, dict):
         raise PackcheckUsageError(f"Support file '{source}' is a JSON {type(doc).__name__}, not a packcheck atlas support "

@@ -556,3 +556,25 @@ def test_a_prefix_of_a_flag_is_not_taken_for_the_flag(args, prefix, tmp_path):
                 cwd=tmp_path)
     assert proc.returncode == 2 and f"unrecognized arguments: {prefix}" in proc.stderr, proc.stderr
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(("edit", "said"), [
+    (lambda text: "{", "cannot be read (JSONDecodeError"),  # trial 16, 201: a traceback
+    (lambda text: text, None),  # the committed atlas itself renders
+    (lambda text: json.dumps({**json.loads(text), "cells": {"llama": {"sdpa": {"5.24.0": {
+        "verdict": "pass", "causes": [], "check": "isolation", "number": 0.7}}}}}),
+     "is a pass whose isolation number 0.7 is above its tolerance"),  # trial 16, 200: kept silently
+])
+def test_atlas_render_refuses_a_corrupt_committed_atlas_and_says_how_to_restore_it(edit, said, tmp_path):
+    """`atlas --render-only` is seeded from -o's support.json: a truncated one was a JSONDecodeError traceback, one
+    with a contradicted pass was rendered as is, and lookup's refusal of it said to re-render, which kept it."""
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    committed = (Path(__file__).resolve().parents[1] / "reports" / "atlas" / "support.json").read_text()
+    (kept / "support.json").write_text(edit(committed))
+    proc = _cli("atlas", "--render-only", "-o", str(kept), "--releases", "5.24.0", cwd=tmp_path)
+    if said is None:
+        assert proc.returncode == 0, proc.stderr
+        return
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and said in proc.stderr, proc.stderr
+    assert "git checkout -- reports/atlas/support.json" in proc.stderr and not (kept / "atlas.md").exists()

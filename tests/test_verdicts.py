@@ -569,3 +569,18 @@ def test_a_measured_failure_outranks_an_inconclusive_probe():
     assert headline(crashed["cells"])["status"] == "error"  # a crash is not a probe that could not judge
     alone = _doc(cells[1:])
     assert headline(alone["cells"])["status"] == "error"  # nothing failed: still the inconclusive probe's cell
+
+
+def test_a_model_with_a_cell_an_interrupted_run_left_is_never_marked_pass():
+    """Trial 16, 140: after an interrupt, the details summary read "✅ pass gpt2" while gpt2's sdpa cell was "not run
+    (interrupted)" in the matrix. The model's mark is "not run" beside a pass; a failure still outranks it."""
+    from pytest_packcheck.report.model import build_report
+    from pytest_packcheck.report.verdicts import model_mark
+
+    unrun = _cell("gpt2", "sdpa", "isolation", "skipped", not_run="interrupted")
+    doc = _doc([_cell("gpt2", "eager", "isolation", "pass", max_change=0.0), unrun])
+    assert model_mark("gpt2", build_report(doc).layout.by_group).startswith("⏭️ not run (interrupted)")
+    failed = _doc([_cell("gpt2", "eager", "isolation", "fail", "leak", max_change=0.3), unrun])
+    assert model_mark("gpt2", build_report(failed).layout.by_group).startswith("❌ fail")
+    whole = _doc([_cell("gpt2", "eager", "isolation", "pass", max_change=0.0)])
+    assert model_mark("gpt2", build_report(whole).layout.by_group).startswith("✅ pass")

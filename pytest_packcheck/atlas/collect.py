@@ -121,15 +121,30 @@ def _safe_key(name: str) -> Any:
 
 def load_committed(out: Path, log: Callable[[str], None] = print) -> dict[str, Any] | None:
     """The committed atlas (``<out>/support.json``) that :func:`collect` is seeded from, or None when there is
-    none or its schema is not this packcheck's (logged: its releases are then measured again)."""
+    none or its schema is not this packcheck's (logged: its releases are then measured again).
+
+    Raises:
+        PackcheckUsageError: the file cannot be read (not UTF-8, not JSON: trial 16, 201 was a JSONDecodeError
+            traceback) or is corrupt (:func:`~pytest_packcheck.support.validate_support`: a render seeded from it
+            kept a pass its own number contradicts, trial 16, 200), with the fix (:data:`support.RESTORE`).
+    """
+    from ..errors import PackcheckUsageError
+    from ..support import RESTORE, validate_support
+
     path = Path(out) / "support.json"
     if not path.exists():
         return None
-    doc = json.loads(path.read_text())
-    if doc.get("schema") != "packcheck-atlas-support" or doc.get("schema_version") != SUPPORT_SCHEMA_VERSION:
-        log(f"atlas: {path} has schema {doc.get('schema')} v{doc.get('schema_version')}, not v{SUPPORT_SCHEMA_VERSION}: "
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise PackcheckUsageError(f"Support file '{path}' (the atlas in -o/--output-dir, which a render is seeded from) "
+                                  f"cannot be read ({type(exc).__name__}: {exc}): {RESTORE}.") from None
+    if not isinstance(doc, dict) or doc.get("schema") != "packcheck-atlas-support" or doc.get("schema_version") != SUPPORT_SCHEMA_VERSION:
+        found = (doc.get("schema"), doc.get("schema_version")) if isinstance(doc, dict) else (type(doc).__name__, None)
+        log(f"atlas: {path} has schema {found[0]} v{found[1]}, not v{SUPPORT_SCHEMA_VERSION}: "
             "not seeded from it, its releases are measured again")
         return None
+    validate_support(doc, path)
     return doc
 
 

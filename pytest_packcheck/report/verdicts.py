@@ -399,7 +399,8 @@ def model_mark(label: str, by_group: dict[tuple, list[dict[str, Any]]]) -> str:
     groups = [g for (m, _, _, _), g in by_group.items() if m == label]
     judged = [verdict_key(headline(g)) for g in groups if any(role_of(c) == "correctness" for c in g)]
     worst = cell_status(["skipped" if k == "not_run" else k for k in judged]) if judged else "skipped"
-    worst = "not_run" if worst == "skipped" and "not_run" in judged else worst  # an interrupted run left it
+    # an interrupted run left one of its cells: never ✅ beside it (trial 16, 140: "✅ pass gpt2", its sdpa not run)
+    worst = "not_run" if worst in ("skipped", "pass") and "not_run" in judged else worst
     text = f"{VERDICT_SYMBOLS[worst]} {VERDICT_WORDS[worst]}"
     extra = [ROLE_MARKS[r][0] + " " + ("hazards" if r == "hazard" else "stack findings") for r in ROLE_MARKS
              if any(role_of(c) == r and c["status"] in ("fail", "fallback") and (r != "hazard" or hazard_shows(c))
