@@ -1047,3 +1047,19 @@ def test_an_unknown_packcheck_variable_is_named_not_ignored(monkeypatch):
     assert read == {o.env for o in OPTIONS if o.env} | set(OTHER_ENV_VARS), read ^ ({o.env for o in OPTIONS if o.env} | set(OTHER_ENV_VARS))
     env = {"PACKCHECK_MODEL": "arch:llama", "PACKCHECK_MODELS": "arch:gpt2", "PACKCHECK_CACHE_DIR": "/tmp/x", "HOME": "/root"}
     assert unknown_env_vars(env) == [("PACKCHECK_MODEL", " Did you mean 'PACKCHECK_MODELS'?")]
+
+
+@pytest.mark.parametrize(("argv", "env", "source"), [(["--packcheck-device", "cuda"], {}, "(from --packcheck-device)"),
+                                                      ([], {"PACKCHECK_DEVICE": "cuda"}, "(from $PACKCHECK_DEVICE)")])
+def test_an_unavailable_device_names_where_it_was_asked_for(argv, env, source, monkeypatch, tmp_path):
+    """Trial 16, 156: PACKCHECK_DEVICE=cuda on a CPU machine was refused "(from --packcheck-device)", a flag nobody
+    gave; every other option's refusal names its variable."""
+    import torch
+
+    from pytest_packcheck.run.process import _check_run_inputs
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is there: nothing to refuse")
+    settings = _resolve(["--models", "arch:llama", *argv], monkeypatch, env)
+    with pytest.raises(PackcheckUsageError, match=re.escape(f"Device 'cuda' {source} is not available")):
+        _check_run_inputs(tmp_path, settings)

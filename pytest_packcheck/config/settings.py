@@ -62,6 +62,7 @@ class Settings:
     audit_name: str | None = None
     baseline: str | None = default_of(OPT_BASELINE)
     baseline_source: str = field(default=OPT_BASELINE, compare=False)  # where baseline came from (flag, $ENV, ini key)
+    device_source: str = field(default=OPT_DEVICE, compare=False)  # where device came from (trial 16, 156: $PACKCHECK_DEVICE)
     shard: tuple[int, int] = default_of(OPT_SHARD)
     versions: tuple[Any, ...] = default_of(OPT_VERSIONS)  # envs.VersionCombo, one per environment; () = this environment only
     timeout_s: float = default_of(OPT_TIMEOUT)  # per cell; 0 = no limit
@@ -266,6 +267,7 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
         return value if src == "default" else opt.parse(value, src) if opt.parse else value
 
     device = parsed(by_flag[OPT_DEVICE])
+    device_src = pick(by_flag[OPT_DEVICE])[1]
 
     def given_empty(flag: str, what: str, allowed: tuple[str, ...]) -> None:
         # `--packcheck-attn ''` (an unset shell variable) named no value: refused, not read as "every one"
@@ -375,7 +377,7 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
     resume, _ = pick(by_flag[OPT_RESUME])
     return Settings(
         **parsed_fields, sandbox=sandbox, resume=bool(resume),
-        baseline=str(baseline) if baseline else None, baseline_source=baseline_src, versions=versions,
+        baseline=str(baseline) if baseline else None, baseline_source=baseline_src, device_source=device_src, versions=versions,
         models=tuple(models), model_source=source, backends=backends, checks=checks, dtypes=dtypes,
         weights=weights, device=device, trust_remote_code=bool(trust), report_dir=str(report_dir),
         tolerances=tolerances, tolerance_source=tol_label, audit_name=audit.name if audit else None,

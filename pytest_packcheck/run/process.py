@@ -146,7 +146,7 @@ def _check_run_inputs(path: Path, settings: Any) -> None:
 
         if not torch.cuda.is_available():
             raise PackcheckUsageError(
-                f"Device '{settings.device}' (from --packcheck-device) is not available: torch "
+                f"Device '{settings.device}' (from {settings.device_source}) is not available: torch "
                 f"{torch.__version__} sees no CUDA device. Use --packcheck-device=cpu."
             )
 
