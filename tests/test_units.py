@@ -289,14 +289,16 @@ def test_audit_file_values_are_type_checked_in_one_place(tmp_path):
     cases = [
         ("audit = 5\n", "[audit] must be a table of keys (models = [...], ...), not an integer (5)"),
         ('[audit]\nmodels = ["arch:llama"]\ntolerances = 5\n',
-         "'tolerances' must be a file name string, e.g. tolerances = \"tolerances.toml\", not an integer (5)"),
-        ('[audit]\nmodels = ["arch:llama"]\nname = 5\n', "'name' must be a string, e.g. name = \"my-audit\", not an integer (5)"),
+         "'tolerances' must be a file name string, e.g. tolerances = \"tolerances.toml\"; got an integer (5)"),
+        ('[audit]\nmodels = ["arch:llama"]\nname = 5\n', "'name' must be a string, e.g. name = \"my-audit\"; got an integer (5)"),
         ('[audit]\nmodels = ["arch:llama"]\ndescription = ["x"]\n', ("'description' must be a string, e.g. description = "
-                                                                    "\"what this audit covers\", not a list (['x'])")),
+                                                                    "\"what this audit covers\"; got a list (['x'])")),
         ('[audit]\nmodels = ["arch:llama"]\nbackends = "sdpa"\n', ("'backends' must be a list of strings, e.g. backends = "
-                                                                  "[\"...\"], not a string ('sdpa')")),
+                                                                  "[\"...\"]; got a string ('sdpa')")),
         ('[audit]\nmodels = ["arch:llama"]\nsliding_window = 1.5\n', ("'sliding_window' must be a whole number >= 2, "
-                                                                     "e.g. sliding_window = 16, not a float (1.5)")),
+                                                                     "e.g. sliding_window = 16; got a float (1.5)")),
+        ('[audit]\nmodels = ["arch:llama"]\nsliding_window = 1\n', ("'sliding_window' must be a whole number >= 2, "
+                                                                   "e.g. sliding_window = 16; got an integer (1)")),  # trial 16, 263
         ('[audit]\nmodels = ["arch:llama"]\n[other]\nx = 1\n', ("has top-level ['other'] beside [audit]: the only "
                                                                 "table allowed is [audit]")),
         ('models = ["arch:llama"]\n[other]\nx = 1\n', "has unknown keys ['other']"),

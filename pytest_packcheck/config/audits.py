@@ -82,10 +82,12 @@ def _check_audit_value(path: Path, key: str, value: object) -> None:
     """Refuse an [audit] value of the wrong type or range (``key`` is one of ``_AUDIT_KEYS``).
 
     Raises:
-        PackcheckUsageError: ``Audit file {path}: '{key}' must be ..., not {type} ({value})``.
+        PackcheckUsageError: ``Audit file {path}: '{key}' must be ..., e.g. ...; got {type} ({value})``.
     """
     def refuse(expected: str, example: str) -> None:
-        raise PackcheckUsageError(f"Audit file {path}: '{key}' must be {expected}, e.g. {example}, not "
+        # "got", not "not": "must be a whole number >= 2, ..., not an integer (1)" read as if 1 were no integer
+        # (trial 16, 263)
+        raise PackcheckUsageError(f"Audit file {path}: '{key}' must be {expected}, e.g. {example}; got "
                                   f"{_toml_type(value)}.")
 
     if key in _STRING_LISTS and not (isinstance(value, list) and all(isinstance(x, str) for x in value)):
