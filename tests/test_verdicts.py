@@ -429,6 +429,9 @@ def test_a_run_of_some_correctness_checks_says_once_which_the_passes_cover():
     assert said in header and md.count(escape(said)) == 1  # once
     # the per-model line a user copies carries it too (trial 13, 158: "**llama**: safe on eager.")
     assert "**llama**: safe on eager (checked: isolation only; see the note on the ✅ cells above)." in answer
+    from pytest_packcheck.report import build_report, csvfile
+
+    assert csvfile.rows(build_report(doc))[0]["note"] == "checked: isolation only"  # the CSV row too (trial 16, 145)
     full = render_markdown(_doc([_cell("llama", "eager", c, "pass") for c in
                                  (s.name for s in REGISTRY if s.role == "correctness" and s.suite == "default"
                                   and "eager" not in s.skip_backends)]))

@@ -10,7 +10,16 @@ import io
 from .model import Report
 from .numbers import key_number
 from .text import cut
-from .verdicts import SYMBOLS, VERDICT_WORDS, check_order, headline_text, pass_qualifier, verdict_key
+from .verdicts import (
+    SYMBOLS,
+    VERDICT_WORDS,
+    check_order,
+    checks_that_passed,
+    coverage,
+    headline_text,
+    pass_qualifier,
+    verdict_key,
+)
 
 #: The columns, in order. ``versions``: the cell's ``--packcheck-versions`` label ("" for this environment);
 #: ``verdict``: the headline's verdict in the words of the Markdown and HTML (:data:`verdicts.VERDICT_WORDS` of
@@ -35,10 +44,20 @@ def note(h: dict, marks: list[str] | None = None) -> str:
     return text
 
 
+def _checked(rep: Report, h: dict, model: str, dtype: str, backend: str, partial: bool) -> str:
+    """"checked: isolation only" for a pass of a run that left correctness checks out, as the answer's per-model
+    line says it (trial 16, 145: the CSV row read "pass" with an empty note)."""
+    if not partial or h["status"] != "pass":
+        return ""
+    ran = checks_that_passed(rep.cells, model, dtype, backend)
+    return f"checked: {', '.join(ran)} only" if ran else ""
+
+
 def rows(rep: Report) -> list[dict[str, str]]:
     """The matrix cells in the Markdown's order (dtype, model, backend, version environment)."""
     lay = rep.layout
     out = []
+    partial = bool(coverage(rep.cells))  # the run left correctness checks out: a pass names the ones it rests on
     for dtype in lay.dtypes:
         for model in lay.models:
             for backend in lay.backends:
@@ -52,7 +71,8 @@ def rows(rep: Report) -> list[dict[str, str]]:
                     out.append({"model": model, "backend": backend, "dtype": dtype, "versions": env or "",
                                 "verdict": VERDICT_WORDS[verdict_key(h)], "cause": ", ".join(h["causes"]) if h["status"] != "pass" else "",
                                 "check": first["check"] if first else "", "key number": key_number(first) if first else "",
-                                "note": note(h, rep.marks.get((model, env, dtype, backend)))})
+                                "note": "; ".join(x for x in (note(h, rep.marks.get((model, env, dtype, backend))),
+                                                              _checked(rep, h, model, dtype, backend, partial)) if x)})
     return out
 
 

@@ -17,6 +17,7 @@ from .verdicts import (
     cause_label,
     check_mark,
     check_order,
+    checks_that_passed,
     coverage,
     env_label,
     hazard_names,
@@ -222,13 +223,10 @@ def _at_a_glance(rep: Report, dtype: str) -> list[str]:
 
 
 def _checks_only(rep: Report, label: str, dtype: str) -> str:
-    """" (isolation only: the other correctness checks were not run)" for a model's "safe on" words when the run
+    """" (checked: isolation only; see the note on the ✅ cells above)" for a model's "safe on" words when the run
     left correctness checks out (:func:`~pytest_packcheck.report.verdicts.coverage` is not empty): the line a user
     copies carries the qualification the header gives once (trial 13, 158)."""
-    order = {s.name: i for i, s in enumerate(REGISTRY)}
-    ran = sorted({c["check"] for c in rep.cells if c["model"].get("label") == label and c.get("dtype") == dtype
-                  and c.get("backend") and role_of(c) == "correctness" and c.get("status") == "pass"},
-                 key=lambda n: order.get(n, len(order)))
+    ran = checks_that_passed(rep.cells, label, dtype)
     return f" (checked: {escape_md(', '.join(ran))} only; see the note on the ✅ cells above)" if ran else ""
 
 

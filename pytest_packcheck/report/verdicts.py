@@ -252,6 +252,18 @@ def changed_tolerances(cells: list[dict[str, Any]]) -> str:
             f"{', '.join(changed[k] for k in sorted(changed))}.")
 
 
+def checks_that_passed(cells: list[dict[str, Any]], label: str, dtype: str, backend: str | None = None) -> list[str]:
+    """The correctness checks that passed for model ``label`` in ``dtype`` (on ``backend``, else on any), in the
+    registry's order: what a ✅ of a run that left checks out rests on (the answer's per-model line, the CSV note)."""
+    from ..checks.registry import REGISTRY
+
+    order = {s.name: i for i, s in enumerate(REGISTRY)}
+    return sorted({c["check"] for c in cells if c["model"].get("label") == label and c.get("dtype") == dtype
+                   and c.get("backend") and (backend is None or c["backend"] == backend)
+                   and role_of(c) == "correctness" and c.get("status") == "pass"},
+                  key=lambda n: order.get(n, len(order)))
+
+
 def headline_text(h: dict[str, Any], marks: list[str] | None = None) -> str:
     """A matrix cell's text from its :func:`headline`: symbol, cause (or "not checked"), what a pass does not cover
     (:func:`pass_qualifier`), and the ⚑ marks of a model that departs from its stack's hazard pattern."""
