@@ -587,3 +587,17 @@ def test_a_model_with_a_cell_an_interrupted_run_left_is_never_marked_pass():
     assert model_mark("gpt2", build_report(failed).layout.by_group).startswith("❌ fail")
     whole = _doc([_cell("gpt2", "eager", "isolation", "pass", max_change=0.0)])
     assert model_mark("gpt2", build_report(whole).layout.by_group).startswith("✅ pass")
+
+
+def test_the_hazard_count_says_which_probes_sit_inside_another_check():
+    """Trial 16, 44: "Hazards: 3 of 6 hazard probes showed one" beside "Checks run: hazard shown 2": the third was
+    batch_rows, logits_parity's probe of two packed rows, which "Checks run" counts as a passing logits_parity. The
+    counts line names such a probe; a run of hazard checks only does not."""
+    from pytest_packcheck.report.verdicts import counts_line
+
+    two_rows = {**_cell("a", "sdpa", "logits_parity", "pass", max_abs_diff_solo=0.0, max_abs_diff_two_rows=0.3),
+                "findings": [{"cause": "batch_rows", "evidence": "planted"}]}
+    line = counts_line(_doc([*_correct("a")[:1], two_rows, *_correct("a")[4:]])["cells"], symbols=False)
+    assert "hazard probes showed one (never a model failure; batch rows: a probe inside another check" in line, line
+    plain = counts_line(_doc(_correct("b"))["cells"], symbols=False)
+    assert "(never a model failure)." in plain and "inside another check" not in plain

@@ -387,7 +387,14 @@ def counts_line(cells: list[dict[str, Any]], symbols: bool = True) -> str:
         text += " " + changed
     shown, measured = n["hazards"]
     if measured:
-        text += f" Hazards: {ROLE_MARKS['hazard'][0] + ' ' if symbols else ''}{shown} of {measured} hazard probes showed one (never a model failure)."
+        # a probe inside another check (batch_rows: logits_parity's two packed rows) is counted here and in the
+        # hazards table, not among the hazard checks of "Checks run" (trial 16, 44): say so where it is
+        inside = sorted({key[0] for key, row in hazard_rows(cells).items() if row["measured"]
+                         and (key[0] not in SPECS or SPECS[key[0]].role != "hazard")})
+        within = (f"; {', '.join(cause_label(h) for h in inside)}: a probe inside another check, counted here, not under "
+                  "\"Checks run\"") if inside else ""
+        text += (f" Hazards: {ROLE_MARKS['hazard'][0] + ' ' if symbols else ''}{shown} of {measured} hazard probes showed "
+                 f"one (never a model failure{within}).")
     failed, ran, items = n["findings"]
     unmeasured = n["findings_not_measured"]
     if unmeasured:
