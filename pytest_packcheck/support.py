@@ -12,6 +12,7 @@ Imports nothing heavy (no torch, no transformers): json and packaging only.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
@@ -189,8 +190,10 @@ def validate_support(doc: Any, source: str | Path) -> None:
                 if entry.get("verdict") not in STATUSES:
                     raise bad(f"{at}.verdict is {entry.get('verdict')!r}, not one of {', '.join(STATUSES)}")
                 number = entry.get("number")
-                if number is not None and (isinstance(number, bool) or not isinstance(number, int | float)):
-                    raise bad(f"{at}.number is {number!r}, not a number or null")
+                if number is not None and (isinstance(number, bool) or not isinstance(number, int | float)
+                                           or not math.isfinite(number) or number < 0):
+                    # a key number is a distance or an error: never negative (trial 17, 30: isolation -1.0 was a pass)
+                    raise bad(f"{at}.number is {number!r}, not a finite number >= 0 (a difference) or null")
                 causes = entry.get("causes", [])
                 if not isinstance(causes, list) or not all(isinstance(c, str) for c in causes):
                     raise bad(f"{at}.causes is {causes!r}, not a list of cause codes")

@@ -398,6 +398,7 @@ def test_lookup_refuses_a_pass_its_own_number_contradicts(support_file, tmp_path
     for edit, said in ((lambda e: e.update(number=0.9), over),
                        (lambda e: e.update(causes=["leak"]), "is a pass with causes ['leak']"),
                        (lambda e: e.pop("number"), "is a pass with no isolation number"),  # trial 15, 91
+                       (lambda e: e.update(number=-1.0), ".number is -1.0, not a finite number >= 0"),  # trial 17, 30
                        (lambda e: e.update(verdict="fail"), "is a fail that names no cause"),
                        # trial 15, 225: "fail [leak]" on an isolation number within its tolerance
                        (lambda e: e.update(verdict="fail", causes=["leak"]),
@@ -411,7 +412,7 @@ def test_lookup_refuses_a_pass_its_own_number_contradicts(support_file, tmp_path
             path.write_text(json.dumps(bad))
             with pytest.raises(PackcheckUsageError) as info:
                 lookup("llama", "sdpa", "5.24.0", path=path)
-            assert "cells.llama.sdpa['5.24.0'] " + said in str(info.value), str(info.value)
+            assert "cells.llama.sdpa['5.24.0']" + ("" if said.startswith(".") else " ") + said in str(info.value), str(info.value)
     loose = json.loads(json.dumps(doc))
     loose["tolerances"]["isolation_atol"] = 0.05  # measured under a looser tolerance: its pass stands
     loose["cells"]["llama"]["sdpa"]["5.24.0"]["number"] = 0.04

@@ -503,3 +503,14 @@ def test_an_isolation_fail_its_own_number_contradicts_is_corrupt(tmp_path):
     assert "fails with max_change=0, within its tolerance isolation_atol=1e-05 (a fail its own number contradicts)" in proc.stderr
     real = _doc([_cell(**iso, status="fail", cause="leak", metrics={"max_change": 0.16})])
     assert _run_gate(tmp_path, base, real).returncode == 1  # a measured leak: a regression
+
+
+def test_merge_refuses_files_measured_on_different_stacks():
+    """Trial 17, 69: a 5.24.0 file and one recording transformers 9.9.9 merged silently, the header naming whichever
+    came first and one cell id holding one stack's numbers under the other's. merge refuses; gate compares them."""
+    base, other = _doc([_cell()]), _doc([_cell("gpt2-sdpa-trainer-float32")], transformers="9.9.9")
+    with pytest.raises(PackcheckUsageError, match=r"Cannot merge file 1 and file 2: they were measured on different "
+                                                  r"stacks \(transformers 5.24.0 vs 9.9.9\).*packcheck gate"):
+        merge([base, other])
+    assert len(merge([base, _doc([_cell("gpt2-sdpa-trainer-float32")])])["cells"]) == 2  # one stack: merged
+    assert compare(base, other) is not None  # the gate's job

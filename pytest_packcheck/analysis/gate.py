@@ -578,6 +578,7 @@ def merge(documents: list[dict[str, Any]], names: list[str] | None = None) -> di
         raise PackcheckUsageError("packcheck merge got no results files: pass at least one JSON file.")
     names = names or [f"file {i + 1}" for i in range(len(documents))]
     _refuse_unlike_measurements(documents, names)
+    _refuse_other_stacks(documents, names)
     every = [{**cell, "environment": cell.get("environment", doc["environment"])} for doc in documents for cell in doc["cells"]]
     cells = index_cells(every, lambda c: c["cell_id"], "the files merged")
     first = documents[0]
@@ -629,6 +630,30 @@ def merge(documents: list[dict[str, Any]], names: list[str] | None = None) -> di
         commands = list(dict.fromkeys(doc.get("command", "") for doc in documents))
         out["command"] = "\n".join(commands)
     return out
+
+
+def _refuse_other_stacks(documents: list[dict[str, Any]], names: list[str]) -> None:
+    """Refuse to merge documents measured on different stacks (a header library's version: torch, transformers,
+    trl, ... where both record it): the merged matrix names one stack in its header, and one cell id would hold one
+    stack's numbers under the other's (trial 17, 69: 5.24.0 and 9.9.9 merged silently, the header the first file's).
+    ``packcheck gate`` compares two stacks; ``--packcheck-versions`` measures several in one matrix.
+
+    Raises:
+        PackcheckUsageError: naming both files and each differing library with both versions.
+    """
+    from ..versions.libraries import header_libraries
+
+    first = documents[0].get("environment") or {}
+    for i, doc in enumerate(documents[1:], 1):
+        mine = doc.get("environment") or {}
+        differ = [(lib.label, first[lib.key], mine[lib.key]) for lib in header_libraries()
+                  if first.get(lib.key) and mine.get(lib.key) and first[lib.key] != mine[lib.key]]
+        if differ:
+            values = scrub_secrets(", ".join(f"{label} {a} vs {b}" for label, a, b in differ))
+            raise PackcheckUsageError(
+                f"Cannot merge {names[0]} and {names[i]}: they were measured on different stacks ({values}), and the "
+                "merged matrix names one stack. Compare two stacks with `packcheck gate --baseline A --candidate B`, "
+                "or measure several in one matrix with --packcheck-versions.")
 
 
 def _rerun_elsewhere(doc: dict[str, Any], cells: dict[str, dict[str, Any]]) -> bool:
