@@ -347,3 +347,19 @@ def test_no_cause_remedy_names_an_upgrade_only_known_faults_do():
     for code, cause in CAUSE_RECORDS.items():
         for text in (cause.remedy, *(r.shown for r in cause.when)):
             assert find_upgrade(text) is None and not release.search(text), (code, text)
+
+
+def test_a_tolerance_that_hides_the_planted_leak_is_named_in_the_inconclusive_cause():
+    """Trial 17, 129: a parity check's probe_inconclusive (isolation_atol raised over the planted leak) carried no
+    tolerances, so its remedy read "run this model in float32" on a float32 run. Its evidence now names the raised
+    tolerance, and the remedy says to lower it; with the attention calls seen without boundaries it is a leak."""
+    from pytest_packcheck.checks.probes import mismatch_cause
+
+    kept = _ProbedBench(0.0, [], "reached")
+    kept.tol = {**kept.tol, "isolation_atol": 10.0}
+    cause, evidence = mismatch_cause(kept, 0.43, kept.tol["logits_atol"])
+    assert cause == "probe_inconclusive" and evidence["tolerances_raised"] is True
+    assert evidence["raised"] == "float32.isolation_atol = 1.00e+01 (default 1.00e-05)", evidence
+    missing = _ProbedBench(0.0, [], "missing")
+    missing.tol = {**missing.tol, "isolation_atol": 10.0}
+    assert mismatch_cause(missing, 0.43, missing.tol["logits_atol"])[0] == "leak"

@@ -258,13 +258,18 @@ def _cells_held(cells: Any) -> str:
 
 
 def _status_detail(before: dict[str, Any], after: dict[str, Any]) -> str:
-    """What a verdict change rests on: each side's cause (else its message), cut at a word, never mid-word."""
+    """What a verdict change rests on: each side's cause and key number (from its metrics, the number the job
+    summary shows: trial 17, 44, an edited cell's message said "moved 0.00e+00" beside Δ 5.0e-01 there), then its
+    message, cut at a word, never mid-word."""
+    from ..report.numbers import key_number
     from ..report.text import cut as _cut
 
     def one(cell: dict[str, Any]) -> str:
         causes = ", ".join(sorted(cell_causes(cell)))
+        number = key_number(cell)
+        head = " ".join(x for x in (causes, f"({number})" if number else "") if x)
         text = " ".join(str(cell.get("message") or "").split())
-        return _cut(f"{causes}: {text}" if causes else text, 120) or cell["status"]
+        return _cut(f"{head}: {text}" if head else text, 120) or cell["status"]
 
     return f"{one(before)} -> {one(after)}"
 

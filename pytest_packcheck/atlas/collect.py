@@ -119,7 +119,7 @@ def _safe_key(name: str) -> Any:
         return None
 
 
-def load_committed(out: Path, log: Callable[[str], None] = print) -> dict[str, Any] | None:
+def load_committed(out: Path, log: Callable[[str], None] = print, render_only: bool = False) -> dict[str, Any] | None:
     """The committed atlas (``<out>/support.json``) that :func:`collect` is seeded from, or None when there is
     none or its schema is not this packcheck's (logged: its releases are then measured again).
 
@@ -141,6 +141,11 @@ def load_committed(out: Path, log: Callable[[str], None] = print) -> dict[str, A
                                   f"cannot be read ({type(exc).__name__}: {exc}): {RESTORE}.") from None
     if not isinstance(doc, dict) or doc.get("schema") != "packcheck-atlas-support" or doc.get("schema_version") != SUPPORT_SCHEMA_VERSION:
         found = (doc.get("schema"), doc.get("schema_version")) if isinstance(doc, dict) else (type(doc).__name__, None)
+        if render_only:  # nothing is measured: a render from it would write an empty atlas over it (trial 17, 170)
+            raise PackcheckUsageError(
+                f"Support file '{path}' (the atlas in -o/--output-dir) has schema {found[0]!r} version {found[1]!r}, not "
+                f"packcheck-atlas-support version {SUPPORT_SCHEMA_VERSION}, and --render-only measures nothing: a render "
+                f"would replace it with an empty atlas beside its claims.md and bisects.json. {RESTORE[0].upper() + RESTORE[1:]}.")
         log(f"atlas: {path} has schema {found[0]} v{found[1]}, not v{SUPPORT_SCHEMA_VERSION}: "
             "not seeded from it, its releases are measured again")
         return None

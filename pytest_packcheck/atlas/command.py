@@ -37,7 +37,7 @@ def main(args: AtlasArgs, log: Callable[[str], None] = print) -> int:
     for path in args.seed or []:
         record = seed_release(Path(path), args.build)
         log(f"atlas {record['transformers']}: {record['source']}")
-    committed = load_committed(args.out, log)
+    committed = load_committed(args.out, log, render_only=args.render_only)
     failed = []
     if not args.render_only:
         kept = [] if args.remeasure else [r for r in args.releases if r in committed_releases(committed)]

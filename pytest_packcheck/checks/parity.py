@@ -8,7 +8,7 @@ from typing import Any
 from ..backends import backend_availability
 from ..model import batches as B
 from ..results import CheckResult
-from .probes import _also, leak_probe, mismatch_cause, mismatch_causes, window_probe
+from .probes import _also, inconclusive_evidence, leak_probe, mismatch_cause, mismatch_causes, window_probe
 from .registry import NUMERICS_FACTOR, numerics_evidence, within_numerics
 from .workbench import Workbench, _fmt, edge_examples, trainer_passes_num_items
 
@@ -55,21 +55,6 @@ def leak_shortfall(change: float, tol: dict[str, float]) -> str:
     if change < tol["leak_min"]:
         missed.append(f"under leak_min {_fmt(tol['leak_min'])}")
     return f"{_fmt(change)}, {' and '.join(missed)}"
-
-
-def inconclusive_evidence(wb: Workbench, change_key: str, change: float) -> dict[str, Any]:
-    """The evidence of a ``probe_inconclusive`` result: the probe's ``change`` (under ``change_key``), the cell's
-    dtype, ``leak_min`` and ``isolation_atol``, and ``tolerances_raised`` (True when either is above the dtype's
-    shipped default, :func:`config.tolerances.default_tolerances`) with ``raised``: those keys as text, each with
-    its value and its default. The remedy (checks/causes.py) reads them: the tolerances to lower where they made
-    the probe blind, float32 only for a lower-precision cell."""
-    from ..config.tolerances import default_tolerances
-
-    defaults = default_tolerances().get(wb.dtype, {})
-    raised = [f"{wb.dtype}.{k} = {_fmt(wb.tol[k])} (default {_fmt(defaults[k])})" for k in ("leak_min", "isolation_atol")
-              if k in defaults and wb.tol[k] > defaults[k]]
-    return {change_key: change, "dtype": wb.dtype, "leak_min": wb.tol["leak_min"], "isolation_atol": wb.tol["isolation_atol"],
-            "tolerances_raised": bool(raised), **({"raised": ", ".join(raised)} if raised else {})}
 
 
 def check_isolation(wb: Workbench) -> CheckResult:

@@ -77,6 +77,21 @@ def leak_probe(wb: Workbench) -> dict[str, Any]:
     return out
 
 
+def inconclusive_evidence(wb: Any, change_key: str, change: float) -> dict[str, Any]:
+    """The evidence of a ``probe_inconclusive`` result: the probe's ``change`` (under ``change_key``), the cell's
+    dtype, ``leak_min`` and ``isolation_atol``, and ``tolerances_raised`` (True when either is above the dtype's
+    shipped default, :func:`config.tolerances.default_tolerances`) with ``raised``: those keys as text, each with
+    its value and its default. The remedy (checks/causes.py) reads them: the tolerances to lower where they made
+    the probe blind, float32 only for a lower-precision cell."""
+    from ..config.tolerances import default_tolerances
+
+    defaults = default_tolerances().get(wb.dtype, {})
+    raised = [f"{wb.dtype}.{k} = {_fmt(wb.tol[k])} (default {_fmt(defaults[k])})" for k in ("leak_min", "isolation_atol")
+              if k in defaults and wb.tol[k] > defaults[k]]
+    return {change_key: change, "dtype": wb.dtype, "leak_min": wb.tol["leak_min"], "isolation_atol": wb.tol["isolation_atol"],
+            "tolerances_raised": bool(raised), **({"raised": ", ".join(raised)} if raised else {})}
+
+
 def mismatch_cause(wb: Workbench, diff: float | None = None, atol: float | None = None) -> tuple[str, dict[str, Any]]:
     """The cause code of a packed-vs-reference difference, from measurements only (:func:`leak_probe`, the
     sliding-window probe): ``stateful_layers`` when the examples mix although attention kept its boundaries (or
@@ -104,10 +119,15 @@ def mismatch_cause(wb: Workbench, diff: float | None = None, atol: float | None 
         return "leak", evidence
     control = probe["negative_control_change"]
     if control <= iso_tol:
+        if probe["attention_boundaries"] == "missing":
+            # the tolerance hides the planted leak, but the attention calls were seen without the packed boundaries:
+            # measured, a leak (trial 17, 129: opt / sdpa under a loose isolation_atol read probe_inconclusive, and
+            # its remedy said float32 on a float32 run)
+            return "leak", {**evidence, "attention_boundaries": "missing", "negative_control_change": control}
         # the tolerance hides even the planted leak: "nothing moved" rules no leak out, and naming a cause past it
         # (wrong_positions, with its position_ids remedy) would be a guess (float32.isolation_atol=10 on opt /
-        # sdpa, which leaks by 6.4e-03 at the default; trial 6, 69)
-        return "probe_inconclusive", {**evidence, "negative_control_change": control,
+        # sdpa, which leaks by 6.4e-03 at the default; trial 6, 69); the tolerances raised are named for the remedy
+        return "probe_inconclusive", {**evidence, **inconclusive_evidence(wb, "negative_control_change", control),
                                       "why": (f"a planted leak moves the other examples by {_fmt(control)}, within "
                                               f"isolation_atol {iso_tol:g}: this tolerance cannot tell a leak")}
     window = window_probe(wb)
