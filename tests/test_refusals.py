@@ -562,8 +562,8 @@ def test_a_prefix_of_a_flag_is_not_taken_for_the_flag(args, prefix, tmp_path):
     (lambda text: "{", "cannot be read (JSONDecodeError"),  # trial 16, 201: a traceback
     (lambda text: text, None),  # the committed atlas itself renders
     # trial 17, 170: another schema was "measured again" under --render-only: an empty atlas over it, claims.md kept
-    (lambda text: json.dumps({"schema": "x"}), "has schema 'x' version None, not packcheck-atlas-support version 1, and "
-                                               "--render-only measures nothing"),
+    (lambda text: json.dumps({"schema": "x"}),
+     "has schema 'x' version None, not packcheck-atlas-support version 1, and --render-only measures nothing"),
     (lambda text: json.dumps({**json.loads(text), "cells": {"llama": {"sdpa": {"5.24.0": {
         "verdict": "pass", "causes": [], "check": "isolation", "number": 0.7}}}}}),
      "is a pass whose isolation number 0.7 is above its tolerance"),  # trial 16, 200: kept silently
