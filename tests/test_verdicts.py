@@ -601,3 +601,15 @@ def test_the_hazard_count_says_which_probes_sit_inside_another_check():
     assert "hazard probes showed one (never a model failure; batch rows: a probe inside another check" in line, line
     plain = counts_line(_doc(_correct("b"))["cells"], symbols=False)
     assert "(never a model failure)." in plain and "inside another check" not in plain
+
+
+def test_a_model_with_no_cell_in_a_dtype_says_so_in_that_dtypes_list():
+    """Trial 18, 53: a merge of a gpt2 float32 run and a llama bfloat16 run read "- **gpt2**: ." in the bfloat16
+    answer (nothing after the colon). The line says the model was not measured in that dtype."""
+    from pytest_packcheck.report import render_markdown
+
+    llama = {**_cell("llama", "sdpa", "isolation", "pass", max_change=0.0), "dtype": "bfloat16",
+             "cell_id": "llama-sdpa-isolation-bfloat16"}
+    md = render_markdown(_doc([_cell("gpt2", "sdpa", "isolation", "pass", max_change=0.0), llama]))
+    assert "- **gpt2**: not measured in bfloat16 (no cell of it in the results)." in md
+    assert "- **llama**: not measured in float32 (no cell of it in the results)." in md and "**: ." not in md

@@ -311,6 +311,11 @@ def answer_section(rep: Report) -> list[str]:
                              "are under \"Stack hazards\")")
             if unrun:
                 parts.append(f"not run on {', '.join(unrun)} (the run was interrupted: --packcheck-resume runs it)")
+            if not parts:  # no verdict of this model in this dtype (trial 18, 53: a merge of a float32 and a
+                # bfloat16 run read "**gpt2**: ." in the bfloat16 list)
+                held = any(rep.headlines.get((label, b, dtype, None)) for b in backends)
+                parts.append("not run on this machine (see above)" if held else f"not measured in {dtype} (no cell of it "
+                             "in the results)")
             unread = sorted({n for c in rep.cells if c["model"].get("label") == label
                              for n in c["model"].get("config_notes") or [] if n.startswith("override ")})
             if unread:  # the user's own override that the config has no key for (model.configs.apply_overrides)
