@@ -613,3 +613,20 @@ def test_a_model_with_no_cell_in_a_dtype_says_so_in_that_dtypes_list():
     md = render_markdown(_doc([_cell("gpt2", "sdpa", "isolation", "pass", max_change=0.0), llama]))
     assert "- **gpt2**: not measured in bfloat16 (no cell of it in the results)." in md
     assert "- **llama**: not measured in float32 (no cell of it in the results)." in md and "**: ." not in md
+
+
+def test_a_stack_finding_counts_models_not_dtypes():
+    """Trial 18, 228: gpt2 alone in bfloat16 and float16 read "integer_labels ... (2/2 models)" in the terminal and
+    "2/2 models" in the Markdown: one model measured in two dtypes was counted twice."""
+    from pytest_packcheck.report import render_markdown, render_terminal
+
+    cells = []
+    for dtype in ("bfloat16", "float16"):
+        c = _cell("gpt2", None, "collate", "fail", "labels_contract")
+        c.update(dtype=dtype, cell_id=f"gpt2-collate-{dtype}",
+                 metrics={"items": {"integer_labels": {"status": "fail", "evidence": "integer labels raise"}}})
+        cells.append(c)
+    doc = _doc(cells)
+    assert "integer_labels: integer labels raise (1/1 models)" in "\n".join(render_terminal(doc, []))
+    md = render_markdown(doc)
+    assert "1/1 models" in md and "2/2 models" not in md

@@ -181,8 +181,8 @@ def stack_findings(cells: list[dict[str, Any]]) -> dict[tuple[str, str], list[st
     for c in cells:
         if role_of(c) == "finding" and c["status"] == "fail":
             for name, it in ((c.get("metrics") or {}).get("items") or {"verdict": {"status": "fail", "evidence": c["message"]}}).items():
-                if isinstance(it, dict) and it.get("status") == "fail":
-                    found[(c["check"], f"{name}: {it.get('evidence', '')}")].append(c["model"]["label"])
+                if isinstance(it, dict) and it.get("status") == "fail" and c["model"]["label"] not in found[(c["check"], f"{name}: {it.get('evidence', '')}")]:
+                    found[(c["check"], f"{name}: {it.get('evidence', '')}")].append(c["model"]["label"])  # once per model
     return found
 
 

@@ -106,10 +106,13 @@ def findings_section(rep: Report) -> list[str]:
                     name = "verdict" if c["status"] in ("pass", "fail", "fallback") else "not measured"
                     items[name][f"{c['status']}: {c['message']}"].append(c["model"]["label"])
             parts = []
+            # models, not cells: a model measured in two dtypes is one model (trial 18, 228: "2/2 models" for gpt2 alone)
+            n_ran = len(dict.fromkeys(c["model"]["label"] for c in ran))
             for name, outcomes in items.items():
-                for text, models in sorted(outcomes.items(), key=lambda kv: -len(kv[1])):
+                for text, cell_models in sorted(outcomes.items(), key=lambda kv: -len(set(kv[1]))):
+                    models = list(dict.fromkeys(cell_models))
                     status, _, evidence = text.partition(": ")
-                    who = f"{len(models)}/{len(ran)} models" + ("" if len(models) * 2 > len(ran) else f" ({', '.join(models[:6])})")
+                    who = f"{len(models)}/{n_ran} models" + ("" if len(models) * 2 > n_ran else f" ({', '.join(models[:6])})")
                     sym = ROLE_MARKS["finding"][0] if status == "fail" else SYMBOLS.get(status, "")
                     parts.append(f"  - {sym} {name}: {escape_md(cut(evidence, 220))} — {who}")
             title = {"collate": "transformers' DataCollatorWithFlattening", "collate_trl": "TRL's padding-free collator",

@@ -4,7 +4,7 @@ written. Pure: a :class:`model.Report` in, lines out."""
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import defaultdict
 
 from ..results import SYMBOLS
 from .model import Report, environment_line, environment_role, incomplete_text, resumed_text
@@ -69,15 +69,16 @@ def render(rep: Report, paths: list[str]) -> list[str]:
         if row["shown"]:
             lines.append(f"  hazard      {cause_label(hazard)} on {backend} / {dtype}{f' @ {env}' if env else ''}: "
                          f"{len(row['shown'])}/{len(row['measured'])} models")
-    found: dict[tuple[str, str], list[str]] = defaultdict(list)
-    measured: Counter = Counter()
+    # models, not cells: a model measured in two dtypes is one model (trial 18, 228)
+    found: dict[tuple[str, str], dict[str, None]] = defaultdict(dict)
+    measured: dict[str, dict[str, None]] = defaultdict(dict)
     for c in cells:
         if role_of(c) == "finding" and c["status"] in ("pass", "fail"):
-            measured[c["check"]] += 1
+            measured[c["check"]][c["model"]["label"]] = None
             for name, it in ((c.get("metrics") or {}).get("items") or {"verdict": {"status": c["status"], "evidence": c["message"]}}).items():
                 if it.get("status") == "fail":
-                    found[(c["check"], f"{name}: {it['evidence']}")].append(c["model"]["label"])
+                    found[(c["check"], f"{name}: {it['evidence']}")][c["model"]["label"]] = None
     for (check, text), models in sorted(found.items()):
-        lines.append(f"  finding     {check} {cut(plain(text), 110)} ({len(models)}/{measured[check]} models)")
+        lines.append(f"  finding     {check} {cut(plain(text), 110)} ({len(models)}/{len(measured[check])} models)")
     lines += [f"matrix written: {p}" for p in paths]
     return lines
