@@ -345,7 +345,8 @@ def matrix_counts(cells: list[dict[str, Any]]) -> dict[str, Any]:
         key = verdict_key(headline(group))
         verdicts[key] += 1
         models_by[key].add(label)
-    hazards = hazard_rows(cells).values()
+    rows = hazard_rows(cells)
+    hazards = rows.values()
     findings_all = [c for c in cells if role_of(c) == "finding" and c["status"] != "skipped"]
     # a finding check that errored (the model did not build: weights_mismatch) measured no contract item (trial 10, 32)
     measured = ("pass", "fail", "fallback")
@@ -353,6 +354,9 @@ def matrix_counts(cells: list[dict[str, Any]]) -> dict[str, Any]:
     items = [it for c in finding_cells for it in (((c.get("metrics") or {}).get("items")) or {}).values() if isinstance(it, dict)]
     return {"cells": verdicts, "models": {k: sorted(v) for k, v in models_by.items()},
             "hazards": (sum(len(r["shown"]) for r in hazards), sum(len(r["measured"]) for r in hazards)),
+            # hazard rows of a probe inside another check (batch_rows: logits_parity's two packed rows)
+            "hazards_inside": sorted({key[0] for key, row in rows.items() if row["measured"]
+                                      and (key[0] not in SPECS or SPECS[key[0]].role != "hazard")}),
             "findings": (sum(c["status"] in ("fail", "fallback") for c in finding_cells), len(finding_cells),
                          sum(it.get("status") == "fail" for it in items)),
             "findings_not_measured": Counter(c["status"] for c in findings_all if c["status"] not in measured),
@@ -389,8 +393,7 @@ def counts_line(cells: list[dict[str, Any]], symbols: bool = True) -> str:
     if measured:
         # a probe inside another check (batch_rows: logits_parity's two packed rows) is counted here and in the
         # hazards table, not among the hazard checks of "Checks run" (trial 16, 44): say so where it is
-        inside = sorted({key[0] for key, row in hazard_rows(cells).items() if row["measured"]
-                         and (key[0] not in SPECS or SPECS[key[0]].role != "hazard")})
+        inside = n["hazards_inside"]
         within = (f"; {', '.join(cause_label(h) for h in inside)}: a probe inside another check, counted here, not under "
                   "\"Checks run\"") if inside else ""
         text += (f" Hazards: {ROLE_MARKS['hazard'][0] + ' ' if symbols else ''}{shown} of {measured} hazard probes showed "
