@@ -103,14 +103,14 @@ class Answer:
 
     def __str__(self) -> str:
         head = f"{self.model_type} / {self.attn_implementation} @ transformers {self.transformers_version}: "
-        text = head + self.summary()
+        lines = [head + self.summary(), *("  " + n for n in self.notes)]  # each answer's notes right under it
         if self.trl:
             from .atlas.trl_render import trl_answer_lines
 
-            text = "\n".join([text, *trl_answer_lines(self.trl, self.model_type, self.attn_implementation)])
+            lines += trl_answer_lines(self.trl, self.model_type, self.attn_implementation)
         label = "reproduce (the transformers answer)" if self.trl else "reproduce"  # the TRL answers carry their own
-        extra = [*self.notes, f"source: {self.where}"] + ([f"{label}: {self.reproduce}"] if self.reproduce else [])
-        return "\n".join([text, *("  " + e for e in extra)])
+        extra = [f"source: {self.where}"] + ([f"{label}: {self.reproduce}"] if self.reproduce else [])
+        return "\n".join([*lines, *("  " + e for e in extra)])
 
 
 #: The fix for a support file that cannot be read or is corrupt. Not "re-render it with --render-only": that render
@@ -350,9 +350,9 @@ def answer_at(doc: dict[str, Any], model_type: str, attn_implementation: str, tr
     if trl_version:
         from .atlas.trl_render import trl_answer
 
-        trl = trl_answer(doc, model_type, backend, trl_version, transformers_version)
-        notes += trl.pop("notes")
-        base["trl"] = trl
+        # the TRL answer keeps its own notes (trl.notes), printed under its own lines (trial 18, 137: a transformers
+        # note printed below the TRL lines read as being about the TRL release)
+        base["trl"] = trl_answer(doc, model_type, backend, trl_version, transformers_version)
     dates = {r["transformers"]: r["measured"] for r in doc.get("releases", []) if isinstance(r.get("measured"), str)}
     arch = doc["cells"].get(model_type)
     if arch is None:

@@ -335,7 +335,7 @@ def test_lookup_measured_unknown_architecture_and_a_release_between_two_measured
     above = lookup("opt", "sdpa", "5.30.0", path=support_file)
     assert [n["transformers"] for n in above.nearest] == ["5.24.0"]
     flash = lookup("llama", "flash_attention_2", "5.24.0", "0.24.0", path=support_file)
-    assert flash.measured and flash.backend == "packcheck_flash_ref" and any("no TRL axis" in n for n in flash.notes)
+    assert flash.measured and flash.backend == "packcheck_flash_ref" and any("no TRL axis" in n for n in flash.trl["notes"])
 
 
 def test_lookup_between_two_measured_releases_uses_the_bisect_that_places_the_transition(tmp_path):

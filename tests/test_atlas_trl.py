@@ -325,15 +325,28 @@ def test_lookup_with_a_trl_version(rendered):
     assert not between.trl["measured"]
     assert [(n["trl"], n["side"], n["verdict"]) for n in between.trl["nearest"]["sft_padding_free"]] == [
         ("0.19.1", "below", "fail"), ("0.24.0", "above", "pass")]
-    assert any("0.22.2 is not measured on the TRL axis" in n for n in between.notes)
+    assert any("0.22.2 is not measured on the TRL axis" in n for n in between.trl["notes"])
     other_tf = lookup("llama", "sdpa", "4.52.4", "0.24.0", path=path)
-    assert other_tf.trl["measured"] and any("measured with transformers 5.24.0, not 4.52.4" in n for n in other_tf.notes)
+    assert other_tf.trl["measured"] and any("measured with transformers 5.24.0, not 4.52.4" in n for n in other_tf.trl["notes"])
     flash = lookup("llama", "flash_attention_2", "5.24.0", "0.19.1", path=path)
     assert flash.trl["modes"]["sft"]["causes"] == ["stand_in_differs"] and flash.trl["nearest"] == {"sft_padding_free": []}
     assert not lookup("llama", "eager", "5.24.0", "0.19.1", path=path).trl["measured"]
-    assert any("not a family of the TRL axis" in n for n in lookup("opt", "sdpa", "5.24.0", "0.19.1", path=path).notes)
+    assert any("not a family of the TRL axis" in n for n in lookup("opt", "sdpa", "5.24.0", "0.19.1", path=path).trl["notes"])
     with pytest.raises(PackcheckUsageError, match="trl version 'new' is not a version"):
         lookup("llama", "sdpa", "5.24.0", "new", path=path)
+
+
+def test_lookup_prints_each_answers_notes_under_its_own_lines(rendered):
+    """Trial 18, 137: with --trl, the transformers answer's note ("the verdict changes between ...") was printed
+    below the TRL lines, where it read as being about the TRL release. Each note now sits under its own answer,
+    and the JSON keeps the TRL notes in ``trl.notes``."""
+    answer = lookup("llama", "sdpa", "4.56.2", "0.22.2", path=rendered / "support.json")
+    lines = str(answer).splitlines()
+    first_trl = next(i for i, line in enumerate(lines) if "@ trl 0.22.2" in line)
+    tf_note = next(i for i, line in enumerate(lines) if "changes between 4.52.4 and 5.24.0" in line)
+    trl_note = next(i for i, line in enumerate(lines) if "0.22.2 is not measured on the TRL axis" in line)
+    assert lines[0].startswith("llama / sdpa @ transformers 4.56.2") and 0 < tf_note < first_trl < trl_note
+    assert not any("TRL axis" in n for n in answer.notes) and any("changes between" in n for n in answer.notes)
 
 
 def test_lookup_trl_answers_carry_the_command_the_trl_axis_ran(rendered):

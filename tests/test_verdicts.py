@@ -432,6 +432,13 @@ def test_a_run_of_some_correctness_checks_says_once_which_the_passes_cover():
     from pytest_packcheck.report import build_report, csvfile
 
     assert csvfile.rows(build_report(doc))[0]["note"] == "checked: isolation only"  # the CSV row too (trial 16, 145)
+    from pytest_packcheck.report.html import page_data
+    from pytest_packcheck.report.html import render as render_html
+
+    # and the HTML: its cell and its head (trial 18, 205: a bare "✅ pass", the caveat only in md / CSV)
+    (cell,) = [x for row in page_data(build_report(doc))["rows"] for x in row["cells"].values()]
+    assert cell["text"] == "✅ pass (checked: isolation only)", cell
+    assert said in render_html(build_report(doc))
     full = render_markdown(_doc([_cell("llama", "eager", c, "pass") for c in
                                  (s.name for s in REGISTRY if s.role == "correctness" and s.suite == "default"
                                   and "eager" not in s.skip_backends)]))

@@ -14,7 +14,7 @@ from .verdicts import (
     SYMBOLS,
     VERDICT_WORDS,
     check_order,
-    checks_that_passed,
+    checked_only,
     coverage,
     headline_text,
     pass_qualifier,
@@ -44,15 +44,6 @@ def note(h: dict, marks: list[str] | None = None) -> str:
     return text
 
 
-def _checked(rep: Report, h: dict, model: str, dtype: str, backend: str, partial: bool) -> str:
-    """"checked: isolation only" for a pass of a run that left correctness checks out, as the answer's per-model
-    line says it (trial 16, 145: the CSV row read "pass" with an empty note)."""
-    if not partial or h["status"] != "pass":
-        return ""
-    ran = checks_that_passed(rep.cells, model, dtype, backend)
-    return f"checked: {', '.join(ran)} only" if ran else ""
-
-
 def rows(rep: Report) -> list[dict[str, str]]:
     """The matrix cells in the Markdown's order (dtype, model, backend, version environment)."""
     lay = rep.layout
@@ -72,7 +63,7 @@ def rows(rep: Report) -> list[dict[str, str]]:
                                 "verdict": VERDICT_WORDS[verdict_key(h)], "cause": ", ".join(h["causes"]) if h["status"] != "pass" else "",
                                 "check": first["check"] if first else "", "key number": key_number(first) if first else "",
                                 "note": "; ".join(x for x in (note(h, rep.marks.get((model, env, dtype, backend))),
-                                                              _checked(rep, h, model, dtype, backend, partial)) if x)})
+                                                              checked_only(rep.cells, h, model, dtype, backend, partial)) if x)})
     return out
 
 

@@ -5,7 +5,7 @@ out."""
 from __future__ import annotations
 
 from ..checks.registry import SPECS
-from .model import Report, env_header, incomplete_text, resumed_text
+from .model import Report, env_header, incomplete_text, resumed_text, unread_overrides
 from .numbers import key_number
 from .text import cut, escape_md
 from .verdicts import ROLE_MARKS, check_mark, model_mark, role_of
@@ -62,8 +62,11 @@ def _details(rep: Report) -> list[str]:
                     headers = ["backend"] + [f"{chk} ({SPECS[chk].role})" if chk in SPECS and SPECS[chk].role != "correctness" else chk
                                              for chk in checks]
                     blocks += [f"**{dtype}{escape_md(where)}**", "", github_table(rows, headers=headers), "", *notes, ""]
+        # the user's override the config has no key for, beside the model's mark (trial 16, 227): its ✅ is of the default
+        unread = unread_overrides(cells, label)
         if blocks:
-            lines += ["<details>", f"<summary>{model_mark(label, by_group)} {escape_md(label)}</summary>", "", *blocks,
+            lines += ["<details>", f"<summary>{model_mark(label, by_group)} {escape_md(label)}</summary>", "",
+                      *([f"note: {escape_md('; '.join(unread))}.", ""] if unread else []), *blocks,
                       "</details>", ""]
     return lines
 

@@ -24,6 +24,8 @@ from .verdicts import (
     VERDICTS,
     cause_label,
     check_mark,
+    checked_only,
+    coverage,
     headline_text,
     numerics_only,
     role_of,
@@ -107,6 +109,7 @@ def page_data(rep: Report) -> dict[str, Any]:
     backends, envs, versioned, models, dtypes, by_group = lay.backends, lay.envs, lay.versioned, list(lay.models), lay.dtypes, lay.by_group
     marks = rep.marks
     groups: dict[str, Any] = {}
+    partial = bool(coverage(cells))  # the run left correctness checks out: a ✅ names the ones it rests on
 
     def entry(label: str, b: str, dtype: str, e: str | None) -> dict[str, Any] | None:
         group = by_group.get((label, b, dtype, e))
@@ -128,6 +131,8 @@ def page_data(rep: Report) -> dict[str, Any]:
         # a text label beside every mark: "✅ pass", "❌ fail: leak" (no emoji font: the word still reads); a text
         # that opens with it ("⏭️ not run: 2 of 7 checks (interrupted)") says it once
         shown = text if text.split(" ", 1)[-1].startswith(word.split(" (", 1)[0]) else text.replace(" ", f" {word}: ", 1) if " " in text else f"{text} {word}"
+        only = checked_only(cells, h, label, dtype, b, partial)  # as the CSV note and the answer's per-model line
+        shown += f" ({only})" if only else ""
         groups[key]["verdict"] = shown
         return {"key": key, "status": verdict, "text": shown}
 
@@ -227,8 +232,9 @@ def _summary_html(rep: Report, data: dict[str, Any]) -> str:
     e = html.escape
     doc, labels, lay = rep.doc, rep.labels, rep.layout
     # what was measured, first and in the Markdown's words: what the models are, and the trainers when none ran
-    scope = [models_are(lay.models, doc.get("settings") or {}), *(t for t in trainer_note(doc.get("cells") or []) if t)]
-    out = [f'<p class="scope">{_inline_md(t)}</p>' for t in scope]
+    scope = [models_are(lay.models, doc.get("settings") or {}), *(t for t in trainer_note(doc.get("cells") or []) if t),
+             coverage(rep.cells)]  # what every ✅ covers, said once as the Markdown says it ("" for a full run)
+    out = [f'<p class="scope">{_inline_md(t)}</p>' for t in scope if t]
     out.append('<h2>Legend</h2><p class="legend">')
     out += [f'<span class="{s}">{VERDICT_SYMBOLS[s]} {e(VERDICT_WORDS[s])}</span> {e(LEGEND[s].split(": ", 1)[-1])}<br>'
             for s in reversed(VERDICTS)]

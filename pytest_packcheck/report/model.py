@@ -158,6 +158,14 @@ def layout(doc: dict[str, Any]) -> Layout:
 # stack hazards: counted once per environment, dtype and backend (verdicts.hazard_rows, which the counts read too)
 
 
+def unread_overrides(cells: list[dict[str, Any]], label: str) -> list[str]:
+    """The notes of model ``label``'s overrides that its config has no key for ("override rope_thta=10000 is not a
+    key of LlamaConfig ...": :func:`pytest_packcheck.model.configs.apply_overrides`), sorted: said beside the model
+    in the answer and the details (trial 16, 227)."""
+    return sorted({n for c in cells if c["model"].get("label") == label
+                   for n in c["model"].get("config_notes") or [] if n.startswith("override ")})
+
+
 def departures(cells: list[dict[str, Any]], rows: dict[tuple, dict[str, Any]] | None = None) -> dict[tuple, list[str]]:
     """⚑ marks: per (model, environment, dtype, backend), the hazards where this model departs from the pattern of
     the other models on its stack (shown where most are not, or the reverse). Needs at least three models.

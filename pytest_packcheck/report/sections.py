@@ -9,7 +9,7 @@ from typing import Any
 from ..checks.causes import CAUSES
 from ..checks.registry import REGISTRY, SPECS
 from ..results import SYMBOLS
-from .model import Report, env_header
+from .model import Report, env_header, unread_overrides
 from .numbers import key_number
 from .text import cut, escape_md, fmt_metric
 from .verdicts import (
@@ -319,8 +319,7 @@ def answer_section(rep: Report) -> list[str]:
                 held = any(rep.headlines.get((label, b, dtype, None)) for b in backends)
                 parts.append("not run on this machine (see above)" if held else f"not measured in {dtype} (no cell of it "
                              "in the results)")
-            unread = sorted({n for c in rep.cells if c["model"].get("label") == label
-                             for n in c["model"].get("config_notes") or [] if n.startswith("override ")})
+            unread = unread_overrides(rep.cells, label)
             if unread:  # the user's own override that the config has no key for (model.configs.apply_overrides)
                 parts.append(f"note: {escape_md('; '.join(unread))}")
             flagged = sorted({m for b in backends for m in rep.marks.get((label, None, dtype, b), [])})

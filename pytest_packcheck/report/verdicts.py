@@ -177,10 +177,15 @@ def _inconclusive(cell: dict[str, Any]) -> bool:
 def pass_qualifier(h: dict[str, Any]) -> str:
     """What a passing matrix cell's ✅ does not cover, from its :func:`headline`: the correctness checks that could
     not run ("not checked: cross_backend") and the mechanisms the probe row never exercised ("sliding window 4096 >=
-    longest example 13: not exercised"), joined by "; "; "" when the pass covers everything. The one wording the
-    matrix cell, the answer and the terminal summary use."""
+    longest example 13: not exercised") and the user's overrides the config has no key for ("override rope_thta:
+    not a config key": set as a new attribute the model may never read, so the ✅ is of the default config;
+    :func:`pytest_packcheck.model.configs.apply_overrides`, trial 16, 227), joined by "; "; "" when the pass covers
+    everything. The one wording the matrix cell, the answer and the terminal summary use."""
     parts = [f"not checked: {', '.join(h['not_checked'])}"] if h.get("not_checked") else []
     parts += [f"{m}: not exercised" for m in h.get("not_exercised") or []]
+    unread = dict.fromkeys(n.split("=", 1)[0] for c in h.get("cells") or [] for n in (c.get("model") or {}).get("config_notes") or []
+                           if n.startswith("override "))
+    parts += [f"{key}: not a config key" for key in unread]
     return "; ".join(parts)
 
 
@@ -262,6 +267,16 @@ def checks_that_passed(cells: list[dict[str, Any]], label: str, dtype: str, back
                    and c.get("backend") and (backend is None or c["backend"] == backend)
                    and role_of(c) == "correctness" and c.get("status") == "pass"},
                   key=lambda n: order.get(n, len(order)))
+
+
+def checked_only(cells: list[dict[str, Any]], h: dict[str, Any], label: str, dtype: str, backend: str, partial: bool) -> str:
+    """"checked: isolation only" for a passing cell (its :func:`headline` ``h``) of a run that left correctness
+    checks out (``partial``: :func:`coverage` is not empty), else "": the one wording of the CSV note and the HTML
+    cell (trial 16, 145: the CSV read "pass" with an empty note; trial 18, 205: the HTML a bare ✅)."""
+    if not partial or h["status"] != "pass":
+        return ""
+    ran = checks_that_passed(cells, label, dtype, backend)
+    return f"checked: {', '.join(ran)} only" if ran else ""
 
 
 def headline_text(h: dict[str, Any], marks: list[str] | None = None) -> str:
