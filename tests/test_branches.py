@@ -575,3 +575,27 @@ def test_each_checks_record_keeps_its_keys_and_bounds(bench):
     total = sum(bench.lengths)
     assert collate["shapes"] == {k: [1, total] for k in ("input_ids", "labels", "position_ids", "seq_idx")}
     assert collate["position_ids_mismatches"] == collate["unmasked_boundaries"] == 0
+
+
+@pytest.mark.parametrize("lengths, measured", [((11, 7, 13), True), ((11, 1, 13), True), ((5, 1, 5), False), ((9, 12), False)])
+def test_the_batch_rows_probe_runs_for_any_lengths_that_make_two_rows_and_says_why_not_otherwise(_llama, tolerances, lengths, measured):
+    """Trial 19, 72: with --packcheck-lengths 11,1,13 the two-row probe (the batch_rows hazard) was silently gone
+    from the hazards table: the example order gave no two equal rows. Any three examples that make two rows are
+    used now; lengths that make none are named (metrics.two_rows_not_measured), and the hazards section says so."""
+    from conftest import planted_cell, planted_doc
+
+    from pytest_packcheck.model import batches as B
+    from pytest_packcheck.report import render_markdown
+
+    wb = C.Workbench(model=_llama, config=_llama.config, backend="sdpa", dtype="float32", tol=dict(tolerances["float32"]),
+                     examples=B.make_examples(_llama.config, list(lengths)))
+    result = parity.check_logits_parity(wb)
+    assert result.status == "pass"
+    if measured:
+        assert result.metrics["max_abs_diff_two_rows"] < 1e-5 and "two_rows_not_measured" not in result.metrics
+        return
+    why = result.metrics["two_rows_not_measured"]
+    assert "max_abs_diff_two_rows" not in result.metrics and f"the example lengths {','.join(map(str, lengths))}" in why
+    md = render_markdown(planted_doc([planted_cell("llama", "sdpa", "logits_parity", "pass", max_abs_diff_solo=0.0,
+                                                   two_rows_not_measured=why)]))
+    assert "batch rows: not measured: the example lengths" in md.replace("\\", ""), md

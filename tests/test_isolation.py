@@ -368,6 +368,22 @@ def test_a_cell_child_that_really_crashes_is_still_a_crash(fault, how):
     assert [r.cell_id for r in journaled] == ["a", "b", "c"]
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_timed_out_or_crashed_cell_records_the_seconds_it_ran():
+    """Trial 19, 133: cells killed by --packcheck-timeout recorded duration_s 0.0 although each ran the whole
+    limit; a sum of duration_s, or a search for the slow cells, missed exactly the slow ones. Now duration_s is the
+    wall time until the kill (or the crash)."""
+    from pytest_packcheck.run.sandbox import run_isolated
+
+    run_cell, make_failure = _planted_cells(lambda: time.sleep(60))
+    results = run_isolated([_Cell("a"), _Cell("b")], run_cell, make_failure, lambda r: None, timeout_s=0.5)
+    hung = results["b"]
+    assert hung.status == "timeout" and 0.5 <= hung.duration_s < 30 and hung.duration_s == pytest.approx(hung.metrics["waited_s"], abs=0.01)
+    run_cell, make_failure = _planted_cells(lambda: (time.sleep(0.3), os._exit(3)))
+    crashed = run_isolated([_Cell("b")], run_cell, make_failure, lambda r: None, timeout_s=60)["b"]
+    assert crashed.status == "error" and 0.3 <= crashed.duration_s < 30
+
+
 def test_interrupt_signal_reads_the_exit_code_not_the_text():
     from pytest_packcheck.run.sandbox import interrupt_signal
 

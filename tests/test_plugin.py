@@ -114,7 +114,8 @@ def test_an_empty_shard_is_blamed_on_the_shard(pytester):
 def test_hub_errors_offline(pytester, offline_hub):
     result = pytester.runpytest_subprocess("--packcheck-models=nobody/missing-model", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["ERROR: Model 'nobody/missing-model' (from --packcheck-models) is not in the local Hub cache*HF_HUB_OFFLINE=1*"])
+    result.stderr.fnmatch_lines([("ERROR: Model 'nobody/missing-model' (from --packcheck-models) is not in the local Hub cache*HF_HUB_OFFLINE=1*"
+                                 "`hf download nobody/missing-model config.json`*")])
 
 
 def test_remote_code_refused(pytester, tmp_path):
@@ -159,7 +160,9 @@ def test_local_directory_with_pretrained_weights(pytester, tmp_path):
 def test_missing_revision_offline(pytester, offline_hub):
     result = pytester.runpytest_subprocess("--packcheck-models=meta-llama/Llama-3.2-1B@v9.9", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["ERROR: Model 'meta-llama/Llama-3.2-1B@v9.9' (from --packcheck-models) is not in the local Hub cache at revision 'v9.9'*"])
+    result.stderr.fnmatch_lines([("ERROR: Model 'meta-llama/Llama-3.2-1B@v9.9' (from --packcheck-models) is not in the local Hub cache at revision 'v9.9'*"
+                                 # the fix fetches that revision, not main (trial 19, 123)
+                                 "`hf download meta-llama/Llama-3.2-1B config.json --revision v9.9`*")])
 
 
 def test_report_path_that_is_a_directory_is_a_usage_error(pytester):

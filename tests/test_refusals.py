@@ -512,20 +512,26 @@ def test_two_model_specs_with_one_label_are_refused_before_any_cell_runs(tmp_pat
     assert not (tmp_path / "r" / "packcheck-matrix.json").exists()
 
 
-@pytest.mark.parametrize("name", ["notamodel", "lamma", "evolla_model", "qwen3moe"])
-def test_an_unknown_architecture_is_offered_only_a_spec_that_parses(name):
+@pytest.mark.parametrize("name", ["notamodel", "lamma", "evolla_model", "qwen3moe", "nonexistent_xyz", "convnex"])
+def test_an_unknown_architecture_is_offered_only_a_spec_that_parses_and_runs(name):
     """Trial 11, 4: arch:notamodel was answered "Did you mean 'EvollaModel'?", a CONFIG_MAPPING key that arch: itself
-    refuses as malformed. A suggestion is an arch: spec that parses."""
+    refuses as malformed. Trial 19, 30: arch:nonexistent_xyz was offered 'arch:convnext', a vision backbone with no
+    causal-LM head. A suggestion is an arch: spec that parses, of a causal LM or a text path packcheck runs."""
     import re as _re
 
+    from pytest_packcheck.model.architectures import causal_lm_architectures, mrope_text_path_architectures
     from pytest_packcheck.model.resolve import resolve_model
     from pytest_packcheck.model.specs import parse_model_spec
 
     with pytest.raises(PackcheckUsageError) as info:
         resolve_model(parse_model_spec(f"arch:{name}", "-m"), "-m")
     said = _re.search(r"Did you mean '([^']+)'\?", str(info.value))
-    assert said, str(info.value)
-    assert parse_model_spec(said.group(1), "the suggestion").kind == "arch", said.group(1)
+    assert said or name in ("nonexistent_xyz", "convnex", "notamodel"), str(info.value)
+    if said:
+        spec = parse_model_spec(said.group(1), "the suggestion")
+        assert spec.kind == "arch" and spec.name in {*causal_lm_architectures(), *mrope_text_path_architectures()}, said.group(1)
+    if name == "lamma":
+        assert said.group(1) == "arch:llama"
 
 
 @pytest.mark.parametrize("config", [{}, {"model_type": None}, {"model_type": ""}, {"model_type": ["llama"]}])

@@ -5,8 +5,10 @@ reads from one place: key numbers from the check registry, the header's librarie
 from __future__ import annotations
 
 import csv
+import html
 import io
 import json
+import re
 from collections import defaultdict
 
 import pytest
@@ -359,3 +361,34 @@ def test_an_audit_removes_an_earlier_runs_version_logs_and_says_so(tmp_path):
     assert not (out / "logs").exists()
     notes = [line for line in proc.stdout.splitlines() if "removed 1 log(s) of an earlier run" in line]
     assert len(notes) == 1 and "transformers-5.24.0-abc.log" in notes[0], proc.stdout[-1500:]
+
+
+def test_the_environment_table_says_not_installed_for_a_missing_library():
+    """A fresh install without TRL (the README's main job) read "trl not installed" in the header and "| trl | None |"
+    in the Environment table: one wording for a library the run did not have."""
+    from pytest_packcheck.report import render_markdown
+
+    doc = planted_doc([planted_cell("llama", "sdpa", "isolation", "pass", max_change=0.0)])
+    doc["environment"].update(trl=None, flash_attn=None, cuda=None)
+    table = render_markdown(doc).split("## Environment", 1)[1]
+    assert re.search(r"\| trl +\| not installed +\|", table) and re.search(r"\| flash_attn +\| not installed +\|", table), table
+    assert re.search(r"\| cuda +\| none +\|", table) and "None" not in table
+
+
+def test_a_shards_own_reports_say_it_is_one_shard_and_a_merge_does_not():
+    """Trial 19, 95: a --packcheck-shard 1/2 matrix read "✅ pass 1 (of 1)" like a complete audit of its one model;
+    only its Reproduce line named the shard, while merge knew it was half. Every report of a shard says so."""
+    from pytest_packcheck.analysis.gate import merge
+    from pytest_packcheck.report import build_report, render_details, render_html, render_markdown, render_terminal
+
+    def shard(i, model):
+        doc = planted_doc([planted_cell(model, "sdpa", "isolation", "pass", max_change=0.0)])
+        doc["settings"].update(models=["arch:llama", "arch:gpt2"], shard=[i, 2])
+        return doc
+
+    one = shard(1, "llama")
+    said = "Shard 1 of 2 (--packcheck-shard): this matrix holds 1 of the audit's 2 models (llama)"
+    for text in (render_markdown(one), render_details(one), render_html(one), "\n".join(render_terminal(one, []))):
+        assert said in html.unescape(text).replace("\\", ""), text[:600]
+    merged = merge([one, shard(2, "gpt2")], ["a.json", "b.json"])
+    assert "Shard" not in render_markdown(merged) and "shard" not in build_report(merged).settings

@@ -69,6 +69,9 @@ def test_details_mark_a_model_by_its_correctness_checks_and_hazards_by_their_own
     assert "❌" not in qwen3  # a ✅ model shows no red mark anywhere in its block
     assert "🔶 hazard shown Δ 2.9e-01" in qwen3 and "🔷 stack finding 1/2 items" in qwen3
     assert "sdpa / cache_trap (hazard), hazard shown:" in qwen3
+    # a note's cause follows its message after a spaced dash (trial 19, 133: "Last output: (none)— cause: hang")
+    said = [ln for ln in details.splitlines() if "cause: " in ln and ln.startswith("- ")]
+    assert said and all(" — cause: " in ln and "— cause" not in ln.replace(" — cause", "") for ln in said), said
 
 
 def test_markdown_findings_and_legend_use_the_role_marks(doc):

@@ -596,3 +596,32 @@ def test_an_audit_whose_reader_goes_away_still_writes_its_matrix(tmp_path):
     assert proc.returncode == 0 and b"Traceback" not in err, err.decode()[-2000:]
     doc = json.loads((tmp_path / "r" / "packcheck-matrix.json").read_text())
     assert [c["status"] for c in doc["cells"] if c["check"] == "isolation"] == ["pass"] and "incomplete" not in doc
+
+
+def test_a_journal_with_a_cut_off_line_is_warned_of_once_by_the_controller_not_by_each_worker(tmp_path):
+    """Trial 19, 73: with -n 2, "skipped 3 unreadable line(s)" was printed three times (the controller and each
+    xdist worker), reading like three problems. The workers read the journal without warning; the cells are the
+    same."""
+    import warnings
+    from types import SimpleNamespace
+
+    from pytest_packcheck.run.journal import Journal
+    from pytest_packcheck.run.resume import open_journal
+
+    settings = SimpleNamespace(resume=True, report_dir=str(tmp_path), device="cpu", tolerances={}, as_dict=dict,
+                               models=["arch:llama"], model_source="--packcheck-models")
+    journal, _ = open_journal(SimpleNamespace(), SimpleNamespace(**{**vars(settings), "resume": False}))
+    journal.append(json.dumps(_cell("good")))
+    with open(journal.path, "a") as fh:
+        fh.write('{"fingerprint": "x", "cell": {"cell_id": "cut')
+
+    def opened(config):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _, resumed = open_journal(config, settings)
+        return list(resumed), [str(w.message) for w in caught]
+
+    controller, worker = opened(SimpleNamespace()), opened(SimpleNamespace(workerinput={"workerid": "gw0"}))
+    assert controller[0] == worker[0] == ["good"]
+    assert len(controller[1]) == 1 and "skipped 1 unreadable line" in controller[1][0] and worker[1] == []
+    assert list(Journal(journal.path, journal.fp).load(warn=False)) == ["good"]

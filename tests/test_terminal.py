@@ -62,6 +62,13 @@ def test_progress_line_per_model_and_quiet_under_q(pytester, monkeypatch):
     assert "FAILED packcheck::opt::packcheck[opt-sdpa-isolation-float32] - fail (leak; remedy: do not pack on" in out
     quiet = pytester.runpytest_subprocess(*args, "-q").stdout.str()
     assert "packcheck: building" not in quiet
+    # a resume builds no model whose cells the journal holds, and counts them as done from the start (trial 19, 67:
+    # "building llama (model 1/3); 0/75 cells" for models taken wholly from the journal)
+    journal = pytester.path / "out" / "packcheck-journal.jsonl"
+    journal.write_text("\n".join(line for line in journal.read_text().splitlines() if "opt-sdpa" not in line) + "\n")
+    resumed = pytester.runpytest_subprocess(*args, "--packcheck-resume").stdout.str()
+    assert "packcheck: llama (model 1/2): its 1 cell from the journal (--packcheck-resume), nothing to build; 1/2 cells (1 from the journal)" in resumed, resumed
+    assert "packcheck: building opt (model 2/2); 1/2 cells (1 from the journal)," in resumed and "building llama" not in resumed
 
 
 def test_default_config_warnings_of_arch_specs_are_silenced(pytester):

@@ -314,7 +314,9 @@ def read_config_dict(spec: ModelSpec, source: str) -> tuple[dict[str, Any], str 
         rev = f" at revision '{spec.revision}'" if spec.revision else ""
         raise PackcheckUsageError(
             f"Model '{spec.raw}' (from {source}) is not in the local Hub cache{rev} and the Hub cannot be reached "
-            f"(no network, or HF_HUB_OFFLINE=1): run once online or `hf download {spec.name} config.json`"
+            f"(no network, or HF_HUB_OFFLINE=1): run once online or `hf download {spec.name} config.json"
+            # the revision asked for, not main (trial 19, 123: without it the command fetched main and the error stayed)
+            f"{f' --revision {spec.revision}' if spec.revision else ''}`"
             f"{_arch_hint(spec.name)}."
         ) from None
     except hub_errors.EntryNotFoundError:

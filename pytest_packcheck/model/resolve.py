@@ -104,10 +104,14 @@ def resolve_model(spec: ModelSpec, source: str, trust_remote_code: bool = False)
     if spec.kind == "arch":
         if spec.name not in CONFIG_MAPPING:
             from ..errors import closest
+            from .architectures import causal_lm_architectures, mrope_text_path_architectures
             from .specs import ARCH_NAME
 
             # suggested only as a spec that parses (arch:notamodel was offered 'EvollaModel', itself refused; trial 11, 4)
-            arches = [f"arch:{k}" for k in CONFIG_MAPPING if ARCH_NAME.fullmatch(k)]
+            # and that packcheck runs: a causal LM or a text path (trial 19, 30: arch:nonexistent_xyz was offered the
+            # vision backbone 'arch:convnext')
+            runs = [*causal_lm_architectures(), *mrope_text_path_architectures()]
+            arches = [f"arch:{k}" for k in runs if ARCH_NAME.fullmatch(k)]
             raise PackcheckUsageError(
                 f"Unknown architecture 'arch:{spec.name}' (from {source}): not a model_type of the installed "
                 f"transformers.{closest(f'arch:{spec.name}', arches)} "

@@ -5,7 +5,7 @@ out."""
 from __future__ import annotations
 
 from ..checks.registry import SPECS
-from .model import Report, env_header, incomplete_text, resumed_text, unread_overrides
+from .model import Report, banners, env_header, unread_overrides
 from .numbers import key_number
 from .text import cut, escape_md
 from .verdicts import ROLE_MARKS, check_mark, model_mark, role_of
@@ -14,11 +14,7 @@ from .verdicts import ROLE_MARKS, check_mark, model_mark, role_of
 def render(rep: Report) -> str:
     """The details page of ``rep`` (an incomplete run says so under the title)."""
     lines = _details(rep)
-    if rep.doc.get("incomplete"):
-        inc = rep.doc["incomplete"]
-        lines[1:1] = ["", f"**⚠️ {escape_md(incomplete_text(inc))}.**"]
-    if resumed_text(rep.doc):
-        lines[1:1] = ["", f"**⚠️ {escape_md(resumed_text(rep.doc))}.**"]
+    lines[1:1] = [x for _, text in banners(rep.doc) for x in ("", f"**⚠️ {escape_md(text)}.**")]
     return "\n".join(lines)
 
 
@@ -53,9 +49,11 @@ def _details(rep: Report) -> list[str]:
                             row.append("")
                         if c and c["status"] not in ("pass", "skipped"):
                             d = c.get("diagnosis") or {}
-                            cause = f" — cause: {d['cause']}; remedy: {d['remedy']}" if d.get("cause") and d.get("remedy") else ""
+                            # the dash outside escape_md, which strips the text it is given (trial 19, 133: "(none)— cause")
+                            said = f"cause: {d.get('cause')}; remedy: {d.get('remedy')}"
+                            cause = f" — {escape_md(said)}" if d.get("cause") and d.get("remedy") else ""
                             notes.append(f"- {labels.get(b, b) if b else 'model level'} / {chk} ({role_of(c)}), {check_mark(c)[1]}: "
-                                         f"{escape_md(cut(c['message'], 400))}{escape_md(cause)}")
+                                         f"{escape_md(cut(c['message'], 400))}{cause}")
                     rows.append(row)
                 if rows:
                     where = f", {env_header(e, cells)}" if e else ""

@@ -11,7 +11,7 @@ import json
 from collections import defaultdict
 from typing import Any
 
-from .model import Report, env_header, environment_line, incomplete_text, resumed_text
+from .model import Report, banners, env_header, environment_line
 from .numbers import key_number
 from .sections import models_are, trainer_note
 from .text import cut
@@ -326,11 +326,8 @@ def render(rep: Report) -> str:
     summary = _summary_html(rep, data_)
     title = "packcheck support matrix" + (f" — {doc['settings']['audit']}" if doc.get("settings", {}).get("audit") else "")
     versions = f"{environment_line(env)}, device {env.get('device')}"
-    inc = doc.get("incomplete")
-    incomplete = (f'<p id="incomplete" style="background:#fde9c4;padding:.5em"><b>{html.escape(incomplete_text(inc))}.</b></p>'
-                  if inc else "")
-    if resumed_text(doc):
-        incomplete += f'<p id="resumed" style="background:#fde9c4;padding:.5em"><b>{html.escape(resumed_text(doc))}.</b></p>'
+    incomplete = "".join(f'<p id="{key}" style="background:#fde9c4;padding:.5em"><b>{html.escape(text)}.</b></p>'
+                         for key, text in banners(doc))
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title><style>{_STYLE}</style></head>
 <body>

@@ -11,13 +11,12 @@ from ..checks.registry import REGISTRY, ROLES
 from .model import (
     NOT_RECORDED,
     Report,
+    banners,
     env_header,
     env_value,
     environment_line,
     environment_recorded,
     environment_role,
-    incomplete_text,
-    resumed_text,
 )
 from .sections import (
     answer_section,
@@ -70,11 +69,8 @@ def render(rep: Report) -> str:
         "```",
         "",
     ]
-    if doc.get("incomplete"):
-        inc = doc["incomplete"]
-        lines += [f"**⚠️ {escape_md(incomplete_text(inc))}.**", ""]
-    if resumed_text(doc):
-        lines += [f"**⚠️ {escape_md(resumed_text(doc))}.**", ""]
+    for _, text in banners(doc):
+        lines += [f"**⚠️ {escape_md(text)}.**", ""]
     totals = Counter(check_mark(c)[2] for c in cells)
     lines.append(counts_line(cells))
     lines.append("")
@@ -162,6 +158,11 @@ def render(rep: Report) -> str:
         lines += ["## Tolerances", "", f"Source: {escape_md(settings.get('tolerance_source', ''))}", ""]
         lines.append(github_table([[d] + [tol[d].get(k, "") for k in keys] for d in sorted(tol)], headers=["dtype", *keys]))
         lines.append("")
-    lines += ["## Environment", "", github_table([[k, escape_md(v)] for k, v in env.items()], headers=["", "value"]), ""]
+    from ..versions.libraries import header_libraries
+
+    # a library the run did not have is "not installed", as the header says it, never "None" (trial 19 readme run)
+    libs = {lib.key for lib in header_libraries()}
+    shown = {k: ("not installed" if k in libs else "none") if v is None else v for k, v in env.items()}
+    lines += ["## Environment", "", github_table([[k, escape_md(v)] for k, v in shown.items()], headers=["", "value"]), ""]
     return "\n".join(lines)
 

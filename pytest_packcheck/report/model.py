@@ -55,6 +55,29 @@ def resumed_text(doc: dict[str, Any]) -> str:
             "(--packcheck-resume), not measured in this run: their numbers and durations are that run's")
 
 
+def shard_text(doc: dict[str, Any]) -> str:
+    """The line a shard's own matrix carries (``settings.shard`` ``[index, count]``, count > 1), plain text: which
+    shard it is, the models it holds of the audit's, and that ``packcheck merge`` of every shard gives the whole
+    matrix; "" for a run that is no shard and for a merge (trial 19, 95: a shard's matrix read like a complete
+    audit of its one model)."""
+    shard = (doc.get("settings") or {}).get("shard")
+    if not (isinstance(shard, list) and len(shard) == 2 and all(isinstance(x, int) for x in shard) and shard[1] > 1):
+        return ""
+    here = list(dict.fromkeys(c["model"]["label"] for c in doc.get("cells") or [] if isinstance(c.get("model"), dict)))
+    asked = (doc.get("settings") or {}).get("models") or []
+    held = f"{len(here)} of the audit's {len(asked)} models ({', '.join(here)})" if asked else f"models {', '.join(here)}"
+    return (f"Shard {shard[0]} of {shard[1]} (--packcheck-shard): this matrix holds {held}; the other shards hold the "
+            f"rest; packcheck merge of every shard's packcheck-matrix.json (1 to {shard[1]}) gives the whole matrix")
+
+
+def banners(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    """The warnings every report of ``doc`` shows under its title, as (id, plain text) in order: incomplete
+    (:func:`incomplete_text`), resumed (:func:`resumed_text`), shard (:func:`shard_text`); the one list the
+    Markdown, details, HTML and terminal read."""
+    out = [("incomplete", incomplete_text(doc["incomplete"]))] if doc.get("incomplete") else []
+    return out + [(key, text) for key, text in (("resumed", resumed_text(doc)), ("shard", shard_text(doc))) if text]
+
+
 def environment_role(versioned: bool) -> str:
     """Whose versions the document's ``environment`` holds: the environment that measured every cell, or, in a
     ``--packcheck-versions`` run, the controller's (each version environment's own are on its cells)."""

@@ -45,8 +45,12 @@ def hazards_section(rep: Report) -> list[str]:
     from .text import github_table
 
     cells, backends, envs, rows = rep.cells, rep.layout.backends, rep.layout.envs, rep.hazards
+    # the batch-rows probe the lengths gave no two rows for: said, never a row that silently is not there
+    unmeasured = sorted({(c.get("metrics") or {})["two_rows_not_measured"] for c in cells if c["check"] == "logits_parity"
+                         and (c.get("metrics") or {}).get("two_rows_not_measured")})
+    said = [f"- {cause_label('batch_rows')}: not measured: {escape_md(why)}." for why in unmeasured]
     if not rows:
-        return []
+        return ["## Stack hazards (usage outside the standard contract; never a model failure)", "", *said, ""] if said else []
     lines = ["## Stack hazards (usage outside the standard contract; never a model failure)", "",
              ("Each number is models showing the hazard / models measured, on that backend. Measured: models whose packed "
               "row is right without the hazard (a model already wrong without it is counted under its own verdict; "
@@ -78,7 +82,7 @@ def hazards_section(rep: Report) -> list[str]:
         for cause, fix in fixes:
             what = cause_label(hazard) + (f" ({cause_label(cause)})" if len(fixes) > 1 else "")
             lines.append(f"- {what}: {escape_md(fix)}.")
-    return lines + [""]
+    return lines + said + [""]
 
 
 def findings_section(rep: Report) -> list[str]:

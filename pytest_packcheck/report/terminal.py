@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from ..results import SYMBOLS
-from .model import Report, environment_line, environment_role, incomplete_text, resumed_text
+from .model import Report, banners, environment_line, environment_role
 from .text import cut, plain
 from .verdicts import VERDICT_WORDS, cause_label, counts_line, env_label, headline_text, not_run, role_of, verdict_key
 
@@ -21,8 +21,7 @@ def render(rep: Report, paths: list[str]) -> list[str]:
         # a --packcheck-versions run: these are the controller's versions, not those its cells ran with
         (f"{environment_role(True)}: " if rep.layout.versioned else "")
         + f"{environment_line(rep.doc['environment'])}, device {rep.doc['environment'].get('device')}",
-        *([incomplete_text(rep.doc["incomplete"]) + "."] if rep.doc.get("incomplete") else []),
-        *([resumed_text(rep.doc) + "."] if resumed_text(rep.doc) else []),
+        *(text + "." for _, text in banners(rep.doc)),
         counts_line(cells, symbols=False),
         "(pytest counts one item per check: hazards and findings are its xfailed items, never failures.)",
     ]

@@ -137,11 +137,13 @@ class Journal:
             fh.flush()
             os.fsync(fh.fileno())
 
-    def load(self) -> dict[str, dict[str, Any]]:
+    def load(self, warn: bool = True) -> dict[str, dict[str, Any]]:
         """Cells journaled under this fingerprint (the last line per cell wins). Lines that do not parse (cut
         off by a kill) are skipped with a warning; lines of another fingerprint are ignored. A non-empty file
         none of whose lines is a journal record (a JSON object with a "fingerprint": random bytes, another
-        tool's file) is named as not a packcheck journal in one warning and :attr:`foreign` is set."""
+        tool's file) is named as not a packcheck journal in one warning and :attr:`foreign` is set. ``warn``
+        False: the same result without the warnings (an xdist worker reads the journal the controller warned of:
+        trial 19, 73, one cut-off line read as three warnings)."""
         if not self.path.exists():
             return {}
         from ..results.schema import cell_problem
@@ -174,14 +176,15 @@ class Journal:
         self.foreign = not records and bool(bad or shapes)
         if self.foreign:  # random bytes were "skipped 31 unreadable line(s) (cut off by a kill?)"
             first = shapes[0] if shapes else "a line is not JSON"
-            warnings.warn(f"packcheck journal {self.path} is not a packcheck journal: none of its {bad + len(shapes)} "
-                          f"line(s) is a journal record (first: {first}); the run starts fresh (every cell runs) and "
-                          "the file is emptied.", PackcheckWarning, stacklevel=2)
+            if warn:
+                warnings.warn(f"packcheck journal {self.path} is not a packcheck journal: none of its {bad + len(shapes)} "
+                              f"line(s) is a journal record (first: {first}); the run starts fresh (every cell runs) and "
+                              "the file is emptied.", PackcheckWarning, stacklevel=2)
             return {}
-        if bad:
+        if bad and warn:
             warnings.warn(f"packcheck journal {self.path}: skipped {bad} unreadable line(s) (cut off by a kill?); "
                           "those cells run again.", PackcheckWarning, stacklevel=2)
-        if shapes:
+        if shapes and warn:
             warnings.warn(f"packcheck journal {self.path}: skipped {len(shapes)} line(s) that are not journal entries "
                           f"(first: {shapes[0]}); those cells run again.", PackcheckWarning, stacklevel=2)
         return cells

@@ -30,7 +30,7 @@ def open_journal(config: pytest.Config, settings: Any) -> tuple[Journal, dict[st
     journal = Journal(Path(settings.report_dir) / "packcheck-journal.jsonl", fp, settings.as_dict(), files)
     resumed: dict[str, dict[str, Any]] = {}
     if settings.resume:
-        resumed = journal.load()
+        resumed = journal.load(warn=not hasattr(config, "workerinput"))  # warned once, by the controller
         if journal.foreign and not hasattr(config, "workerinput"):  # not a packcheck journal: start it afresh
             journal.reset()
         if journal.other_cells and not hasattr(config, "workerinput"):

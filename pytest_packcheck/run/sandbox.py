@@ -259,7 +259,8 @@ def run_isolated(
 
     ``run_cell(cell)`` runs in the child and returns an object with ``to_json()``; the parent turns each JSON
     back with ``CellResult.from_dict`` and calls ``on_result`` at once (the journal). ``make_failure(cell,
-    status, message, metrics)`` builds the result of a cell whose child crashed ("error") or hung ("timeout").
+    status, message, metrics)`` builds the result of a cell whose child crashed ("error") or hung ("timeout"); its
+    ``duration_s`` is then set here, the wall seconds until the crash or the kill.
     ``timeout_s`` None or 0: no limit. A child stopped by an interrupt (:func:`interrupt_signal`) leaves its cells
     as ``make_failure(cell, "skipped", ...)`` with ``metrics.not_run`` "interrupted" and ``metrics.signal``
     (returned, not handed to ``on_result``: they did not finish, so the journal does not hold them).
@@ -295,6 +296,7 @@ def run_isolated(
                     result = make_failure(cell, "timeout", f"no result within {timeout_s:g} s (--packcheck-timeout); "
                                           f"the child was killed. Last output: {_tail(log_path) or '(none)'}",
                                           {"timeout_s": timeout_s, "waited_s": round(waited, 2)})
+                    result.duration_s = round(waited, 4)  # until the kill, never 0.0 (trial 19, 133)
                     results[cell.cell_id] = result
                     on_result(result)
                     break
@@ -317,6 +319,7 @@ def run_isolated(
                     result = make_failure(cell, "error", f"the isolated child crashed ({how}) running this cell. "
                                           f"Last output: {_tail(log_path) or '(none)'}",
                                           {"exitcode": proc.exitcode, "stage": "child"})
+                    result.duration_s = round(time.perf_counter() - t_start, 4)  # until the crash
                     results[cell.cell_id] = result
                     on_result(result)
                     break

@@ -49,14 +49,16 @@ class PackcheckSession:
         self._group_results: dict[str, dict[str, Any]] = {}
         self._cuda_fork_verdict: bool | None = None
         self._report_lock: Any = None
-        self.progress = Progress(config, self._plan_size)
+        self.resumed: dict[str, Any] = {}
+        self.progress = Progress(config, self._plan, journaled=self.resumed)  # the dict open_journal fills, below
         pin_worker_gpu(config, settings.device)
         stop_on_sigterm(config)
         # bad input (a model spec, a matrix the filters or the shard empty) is refused before the report folder is
         # touched: a refused run leaves it as it found it (no owner file, lock or emptied journal)
         self._shard_cells()
         self._report_lock = check_inputs(config, settings)
-        self.journal, self.resumed = open_journal(config, settings)
+        self.journal, resumed = open_journal(config, settings)
+        self.resumed.update(resumed)  # the same dict the progress line reads
         self.version_cells = VersionCells(config, settings)
 
     def release(self) -> None:
@@ -102,11 +104,10 @@ class PackcheckSession:
                                       device=self.settings.device, trust_remote_code=self.settings.trust_remote_code)
         return self._runner
 
-    def _plan_size(self) -> tuple[int, int]:
-        """(cells, groups) this shard runs: what the progress line counts against."""
+    def _plan(self) -> dict[str, str]:
+        """{cell id: group} of the cells this shard runs: what the progress line counts against."""
         index, count = self.settings.shard
-        cells = [c for c in self._planned().values() if c.model_index % count == index - 1]
-        return len(cells), len({c.group for c in cells})
+        return {c.cell_id: c.group for c in self._planned().values() if c.model_index % count == index - 1}
 
     def _shard_cells(self) -> list[Any]:
         """The planned cells this shard runs (whole models per shard, round-robin in audit order); resolves the
@@ -249,7 +250,7 @@ class PackcheckSession:
             # cells that finished (journaled) but whose reports never reached this process (an xdist worker's, a
             # forked child's last) still belong in the matrix
             planned = self._planned()
-            for cell_id, data in self.journal.load().items():
+            for cell_id, data in self.journal.load(warn=False).items():  # its bad lines were named at the start
                 if cell_id in planned and cell_id not in self.results:
                     self.results[cell_id] = data
                     unreported["earlier" if cell_id in self.resumed else "this"] += 1
