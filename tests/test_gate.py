@@ -416,3 +416,32 @@ def test_a_pass_with_a_cause_or_a_failed_item_is_a_corrupt_record():
                "metrics": {"items": {"labels": {"status": "pass"}, "integer_labels": {"status": "fail"}}}}
     assert cell_problem({**collate, "status": "fail"}) is None
     assert "passes while its contract item 'integer_labels' failed" in cell_problem({**collate, "status": "pass"})
+
+
+def test_shards_are_never_merged_short_silently_nor_gated_against_each_other(baseline_path, tmp_path):
+    """Trial 20: a shard file with no cells merged silently, its model gone from the matrix (148); a file without
+    settings was merged under a banner saying its shard was missing while its model was in the matrix (149); shard 1
+    gated against shard 2 of the same audit read every llama cell "REGRESSION (missing)" (161): shard 2 never planned
+    llama, so nothing is compared."""
+    from pytest_packcheck.errors import PackcheckUsageError
+    from pytest_packcheck.results.schema import load_document
+
+    doc = json.loads(baseline_path.read_text())
+
+    def shard(i, model):
+        out = copy.deepcopy(doc)
+        out["cells"] = [c for c in doc["cells"] if c["model"]["label"] == model]
+        out["settings"]["shard"] = [i, 2]
+        return out
+
+    one, two = shard(1, "llama"), shard(2, "opt")
+    assert one["cells"] and two["cells"] and "incomplete" not in merge([one, two])
+    empty = merge([{**one, "cells": []}, two], ["s1.json", "s2.json"])
+    assert "s1.json holds no cell (shard 1 of 2: its models are not in the matrix)" in empty["incomplete"]["reason"]
+    with pytest.raises(PackcheckUsageError, match="Nothing compared: no baseline cell is in the candidate's selection"):
+        compare(one, two)
+    assert regressions(compare(one, one)) == []  # a shard against itself is compared as before
+    bare = {k: v for k, v in one.items() if k != "settings"}
+    (tmp_path / "bare.json").write_text(json.dumps(bare))
+    with pytest.raises(PackcheckUsageError, match='bare.json is corrupt: it has no "settings"'):
+        load_document(tmp_path / "bare.json")

@@ -132,7 +132,8 @@ def test_the_guards_leak_remedy_names_no_audit_cell():
     guard = remedy("leak", {"backend": "sdpa", "check": "guard", "metrics": {"batch_has_position_ids": True}}, {}, faults=[])
     audit = remedy("leak", {"backend": "sdpa", "check": "isolation", "metrics": {}}, {}, faults=[])
     assert "reference cell" not in guard and "attn_implementation='flash_attention_2'" in guard and "run this guard again" in guard
-    assert "varlen reference cell" in audit
+    # trial 20, 125: the audit's remedy names how to measure the reference, never a cell the run may not hold
+    assert "--packcheck-attn packcheck_flash_ref" in audit and "reference cell" not in audit and "packcheck lookup" in audit
 
 
 def test_policies_warn_and_disable(tolerances, tmp_path):
@@ -1248,6 +1249,28 @@ def test_batch_of_packed_rows_is_judged(tolerances, backend, padded, verdict):
         assert result.max_logprob_diff > result.tolerance["logits_atol"] and "one row per step" in result.remedy
     else:
         assert "together vs each row alone 0.00e+00" in result.line()
+
+
+@pytest.mark.parametrize("use_cache", [False, True], ids=["standard", "use_cache"])
+def test_a_batch_of_packed_rows_reports_the_numbers_of_every_row(llama_sdpa, use_cache):
+    """Trial 20, 97 / 99: two packed rows of 3 and 2 examples read "5 packed examples" beside label_tokens,
+    per_example_logprob_diff and the log-prob figure of row 1 alone (28 label tokens of 57, 3 diffs for 5
+    examples). Every row's examples now have their diff, the label tokens are summed, the worst diff is over
+    both rows, and the loss figures name the row they are from."""
+    ex = llama_sdpa.examples
+    second = [ex[1][:3], ex[2][:5] + ex[0][:10]]  # 3 + 15 = 18 tokens, as long as row 1 (11 + 7)
+    rows = [llama_sdpa.packed([ex[0], ex[1]]), llama_sdpa.packed(second)]
+    batch = {k: torch.cat([r[k] for r in rows]) for k in ("input_ids", "labels", "position_ids")}
+    alone = [verify_packed_batch(llama_sdpa.model, r, use_cache=use_cache) for r in rows]
+    result = verify_packed_batch(llama_sdpa.model, batch, use_cache=use_cache)
+    assert result.lengths == [11, 7, 3, 15] and len(result.per_example_logprob_diff) == 4, result.line()
+    assert result.per_example_logprob_diff == [d for r in alone for d in r.per_example_logprob_diff]
+    assert result.label_tokens == sum(r.label_tokens for r in alone) == (10 + 6) + (2 + 14)
+    assert result.max_logprob_diff == max(r.max_logprob_diff for r in alone)
+    worst = max(range(2), key=lambda i: alone[i].loss_delta)
+    assert result.loss_delta == alone[worst].loss_delta and result.loss_packed == alone[worst].loss_packed
+    assert f"loss figures of row {worst + 1} of 2" in result.line()
+    assert result.verdict == ("fail" if use_cache else "pass") and (result.cause == "cache_trap") == use_cache, result.line()
 
 
 def test_batch_of_packed_rows_padded_inside_is_one_clear_line(llama_sdpa):

@@ -282,13 +282,18 @@ def allowed_reason(cell_id: str, allow: dict[str, str]) -> str | None:
 
 
 def _planned_in(cell: dict[str, Any], doc: dict[str, Any]) -> bool:
-    """Whether the document's settings (models, backends, checks, dtypes) cover this cell."""
+    """Whether the document's settings (models, backends, checks, dtypes, and the shard's share of the models)
+    cover this cell."""
     settings = doc.get("settings") or {}
     if not settings.get("checks"):
         return True  # no settings recorded: assume the same selection
+    models = list(dict.fromkeys(settings.get("models", [])))
+    if _is_shard(settings.get("shard")):  # a shard plans its own models only (round-robin in audit order, as the
+        index, count = settings["shard"]  # session deals them): shard 2's file never planned shard 1's (trial 20, 161)
+        models = [m for i, m in enumerate(models) if i % count == index - 1]
     return (cell["check"] in settings.get("checks", []) and cell["dtype"] in settings.get("dtypes", [cell["dtype"]])
             and (cell["backend"] is None or cell["backend"] in settings.get("backends", []))
-            and cell["model"].get("spec", cell["model"]["label"]) in settings.get("models", []))
+            and cell["model"].get("spec", cell["model"]["label"]) in models)
 
 
 def verdict_label(ch: Change) -> str:
@@ -611,6 +616,14 @@ def merge(documents: list[dict[str, Any]], names: list[str] | None = None) -> di
               "resume": (f"rerun {name}'s own command with --packcheck-resume, then merge again" if len(documents) > 1
                          else doc["incomplete"].get("resume", ""))}
              for name, doc in zip(names, documents, strict=True) if doc.get("incomplete") and not _rerun_elsewhere(doc, cells)]
+    # a file that holds no cell (an audit writes none without one: a shard emptied by hand, or cut before its first
+    # cell by a kill) leaves its models out of the matrix: never silently (trial 20, 148)
+    for name, doc in zip(names, documents, strict=True):
+        if not doc["cells"]:
+            shard = doc.get("settings", {}).get("shard")
+            what = f"shard {shard[0]} of {shard[1]}" if _is_shard(shard) else "it"
+            marks.append({"reason": f"{name} holds no cell ({what}: its models are not in the matrix)",
+                          "resume": f"rerun {name}'s own audit, then merge again"})
     shards = [doc["settings"]["shard"] for doc in documents if _is_shard(doc.get("settings", {}).get("shard"))]
     settings.pop("shard", None)  # the merged matrix is no one shard
     if shards:  # shards of an audit recorded [index, count]: the merge must hold every index, else it is incomplete

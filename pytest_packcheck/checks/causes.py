@@ -93,9 +93,12 @@ _CAUSES: tuple[Cause, ...] = (
               "with attn_implementation='flash_attention_2' on your GPU and run this guard again (or `packcheck audit` "
               "with flash_attention_2) before training with it packed")),
                 Remedy(backends=MASKED_BACKENDS, text=(
-              "do not pack on eager/sdpa/flex for this model; the flash path may keep the boundaries (see its varlen "
-              "reference cell, packcheck's CPU stand-in for the FA2 preparation code): run packcheck with "
-              "flash_attention_2 on your GPU before training with it packed")),)),
+              # true whether or not this run measured the reference (trial 20, 125: "see its varlen reference cell"
+              # in a run of eager and sdpa only, where no such cell was)
+              "do not pack on eager/sdpa/flex for this model; the flash path may keep the boundaries: packcheck's "
+              "varlen reference (--packcheck-attn packcheck_flash_ref, the FA2 preparation code on a CPU stand-in "
+              "kernel) measures it, and `packcheck lookup <model_type> flash_attention_2 <transformers version>` "
+              "gives the atlas's answer; run packcheck with flash_attention_2 on your GPU before training with it packed")),)),
     Cause("wrong_positions",
           "boundaries hold (isolation passes) but positions differ from the per-example runs",
           "check that position_ids restart at each example and reach the model's rotary / position embedding",

@@ -205,6 +205,7 @@ def _verify_rows(model: Any, batch: Mapping[str, Any], spans: list[slice], **opt
         (r for r in results if r.verdict != "skipped"), results[0])
     result = GuardResult(**worst.to_dict())
     result.lengths = [n for r in results for n in r.lengths]
+    _numbers_over_rows(result, results)
     result.probes = {**worst.probes, "rows": [f"{r.verdict}{' ' + r.cause if r.cause else ''}" for r in results]}
     result.forwards = sum(r.forwards for r in results)
     batched = _batched_vs_rows(model, batch, singles, spans, worst, result)
@@ -223,6 +224,27 @@ def _verify_rows(model: Any, batch: Mapping[str, Any], spans: list[slice], **opt
     if (not result.ok or result.verdict == "fallback") and on_mismatch == "warn":
         say(result.line(), stacklevel=3)
     return result
+
+
+def _numbers_over_rows(result: GuardResult, results: list[GuardResult]) -> None:
+    """The numbers of a batch of packed rows over every row (trial 20, 97: they were the worst row's alone beside
+    the example count and tokens of all rows): ``per_example_logprob_diff`` in row order, ``label_tokens`` summed,
+    ``max_logprob_diff`` the worst of any row (NaN if any is); ``loss_*`` are the row's with the largest loss
+    difference (each row's loss is its own token mean), named in a note with every row's difference."""
+    import math
+
+    result.per_example_logprob_diff = [d for r in results for d in r.per_example_logprob_diff]
+    result.label_tokens = sum(r.label_tokens for r in results)
+    worst = [r.max_logprob_diff for r in results if r.max_logprob_diff is not None]
+    result.max_logprob_diff = (math.nan if any(math.isnan(w) for w in worst) else max(worst)) if worst else None
+    deltas = [(i, r) for i, r in enumerate(results) if r.loss_delta is not None]
+    if not deltas:
+        return
+    i, row = max(deltas, key=lambda x: (math.isnan(x[1].loss_delta), x[1].loss_delta))
+    result.loss_packed, result.loss_reference, result.loss_delta = row.loss_packed, row.loss_reference, row.loss_delta
+    if len(results) > 1:
+        each = ", ".join(f"row {j + 1} {_fmt(r.loss_delta)}" for j, r in enumerate(results))
+        result.notes = [*result.notes, f"loss figures of row {i + 1} of {len(results)}, the largest loss difference ({each})"]
 
 
 def _batched_vs_rows(model: Any, batch: Mapping[str, Any], singles: list[dict[str, Any]], spans: list[slice],

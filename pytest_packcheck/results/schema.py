@@ -179,7 +179,7 @@ def load_document(path: str | Path, source: str | None = None) -> dict[str, Any]
 
     Raises:
         PackcheckUsageError: missing, a directory, not JSON, no schema_version or one that is not an integer (naming
-            its type) or newer than this packcheck reads,
+            its type) or newer than this packcheck reads, no "settings" object,
             a malformed "incomplete" mark, or no valid cells.
     """
     p = Path(path)
@@ -233,6 +233,9 @@ def load_document(path: str | Path, source: str | None = None) -> dict[str, Any]
         )
     if not all(isinstance(c["model"], dict) and "label" in c["model"] for c in cells):
         raise PackcheckUsageError(f"Results file {name} has cells whose 'model' lacks a label: it is not a packcheck results file.")
+    if "settings" not in data:  # every audit records them; without, a merge cannot tell shards (trial 20, 149)
+        raise PackcheckUsageError(f"Results file {name} is corrupt: it has no \"settings\" (the audit's models, backends, "
+                                  "checks and shard, which every packcheck audit records). Regenerate it with `packcheck audit`.")
     problem = next((cell_problem(c) for c in cells if cell_problem(c)), None) or _mixed_tolerances(cells)
     if problem:
         raise PackcheckUsageError(f"Results file {name} is corrupt: {problem}. Regenerate it with `packcheck audit`.")
