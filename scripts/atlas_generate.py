@@ -7,7 +7,9 @@ stopped (a release killed half-way resumes from its journal under ``build/atlas/
 
 Options: ``--releases A,B`` (measure these, in this order, instead of the gap order), ``--remeasure`` (measure the
 named releases even where the committed atlas holds them: results of an older packcheck), ``--no-commit`` (only
-render), ``--max N`` (stop after N releases). One pytest worker per release (``-n 1``). Each commit touches only
+render), ``--max N`` (stop after N releases). One pytest worker per release (``-n 1``). After each render,
+``reports/atlas/claims.md`` is judged again from the peers' packages under ``build/peers/`` (what
+``packcheck claims --download`` fetched), when there are any. Each commit touches only
 ``reports/atlas/``: "atlas: 5.0.0 measured (161 architectures, 335 s wall, 598 s CPU)".
 """
 
@@ -27,6 +29,7 @@ from pytest_packcheck import atlas as A
 
 BUILD = REPO / "build" / "atlas"
 OUT = REPO / "reports" / "atlas"
+PEERS = REPO / "build" / "peers"  # the peers' packages `packcheck claims --download` fetched, if any
 
 
 def packcheck(*args: str) -> int:
@@ -70,6 +73,10 @@ def main() -> int:
             print(f"{time.strftime('%H:%M:%S')} atlas generate: {version} not measured (exit {rc}); next", flush=True)
             continue
         packcheck("--render-only", "--releases", ",".join(planned), "--build-dir", str(BUILD), "-o", str(OUT))
+        peers = sorted(str(p) for p in PEERS.glob("*") if p.suffix == ".whl" or p.name.endswith(".tar.gz"))
+        if peers:  # claims.md judged against the atlas just rendered, not the one of its last refresh
+            subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "claims", *peers, "-o", str(OUT / "claims.md")],
+                           cwd=REPO, check=False)
         record = json.loads(done.read_text())
         support = json.loads((OUT / "support.json").read_text())
         archs = next(r["architectures"] for r in support["releases"] if r["transformers"] == version)
