@@ -97,6 +97,15 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     config.hook.pytest_collectreport(report=pytest.CollectReport("packcheck", "passed", None, cells))
 
 
+def _error_line(config: pytest.Config, text: str) -> None:
+    """``text`` on a line of its own, in red: after pytest's progress ("....[100%]") a new line first (trial 21, 161:
+    "[100%]packcheck: error: Nothing compared ...")."""
+    tw = config.get_terminal_writer()
+    if getattr(tw, "width_of_current_line", 0):
+        tw.line()
+    tw.line(text, red=True)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session) -> None:
     state = _state(session.config)
@@ -111,12 +120,12 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         state.finish(interrupted=session.exitstatus == pytest.ExitCode.INTERRUPTED or bool(stopped),
                      reason=f"the run stopped early ({stopped})" if isinstance(stopped, str) and stopped else None)
     except PackcheckUsageError as exc:  # e.g. the report path became a directory: one line, not a traceback
-        session.config.get_terminal_writer().line(f"packcheck: error: {exc}", red=True)
+        _error_line(session.config, f"packcheck: error: {exc}")
         session.exitstatus = pytest.ExitCode.USAGE_ERROR
         return
     except Exception as exc:  # noqa: BLE001 - never leave the previous run's matrix looking current
         line = state.discard_stale_matrix(exc)
-        session.config.get_terminal_writer().line(f"packcheck: error: {line}", red=True)
+        _error_line(session.config, f"packcheck: error: {line}")
         session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
         return
     if state.regressions:
@@ -176,8 +185,11 @@ def _after_pytests_count(config: pytest.Config, document: dict[str, Any] | None)
         from .report.verdicts import not_run
 
         cells = sum(1 for c in document.get("cells") or [] if not not_run(c))
+        # "finished in this run": not the cells a --packcheck-resume took from an earlier run's journal, which pytest
+        # counts (trial 21, 50: "4 of them came from the journal" beside "17 of 75 cells were taken from the journal")
         reporter.write_line(f"packcheck: the matrix holds {cells} measured cell(s); {uncounted} of them came from the journal, "
-                            "not from pytest, so pytest's count above leaves them out (see the packcheck summary)")
+                            "finished in this run but not reported to pytest before the interrupt, so pytest's count above "
+                            "leaves them out (see the packcheck summary)")
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:

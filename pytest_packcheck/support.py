@@ -91,6 +91,8 @@ class Answer:
         measured releases. The one wording of :func:`lookup`'s answer (``packcheck lookup``, ``packcheck claims``)."""
         num = f" ({self.check} {self.number:.1e})" if self.number is not None and self.check else ""
         why = f" [{', '.join(self.causes)}]" if self.causes else ""
+        if not self.causes and self.message and self.verdict not in (None, "pass"):  # why it is refused (trial 21, 12:
+            why = f" ({' '.join(self.message.split())[:160]})"  # "unsupported" alone; the reason was only in --json)
         on = f" ({self.measured_on})" if self.measured_on else ""
         if self.measured:
             return f"{self.verdict}{why}{num}, measured at {self.measured_at}{on} on {self.backend}"

@@ -1121,3 +1121,17 @@ def test_claims_answer_a_pinned_release_as_lookup_does_bisect_placements_include
     assert star["holds"] is True and [t for t, *_ in star["answers"]] == ["llama"], star["why"]
     assert star["why"] == ("every measured model passes (1 more not measured at 4.56.2 (the nearest measured releases are "
                            "4.53.3 and 4.57.6): not judged)")
+
+
+def test_lookup_says_why_a_backend_is_refused():
+    """Trial 21, 12: `lookup mamba sdpa 5.24.0` printed "unsupported" and nothing else; the reason was only in
+    --json. A verdict with no cause code carries its message; a cause code is said as before."""
+    from pytest_packcheck.support import Answer
+
+    refused = Answer("mamba", "sdpa", "5.24.0", True, verdict="unsupported", message="MambaForCausalLM does not\nsupport sdpa",
+                     measured_at="5.24.0", backend="sdpa")
+    assert refused.summary() == "unsupported (MambaForCausalLM does not support sdpa), measured at 5.24.0 on sdpa"
+    leak = Answer("opt", "sdpa", "5.24.0", True, verdict="fail", causes=["leak"], message="moved 3e-1", measured_at="5.24.0",
+                  backend="sdpa", check="isolation", number=0.3)
+    assert leak.summary() == "fail [leak] (isolation 3.0e-01), measured at 5.24.0 on sdpa"
+    assert "does not support" in str(lookup("mamba", "sdpa", "5.24.0"))  # the committed atlas's answer

@@ -281,6 +281,8 @@ def test_a_refused_baseline_comparison_is_the_gates_only_line_in_the_plugin_and_
     out = result.stdout.str() + result.stderr.str()
     assert result.ret == pytest.ExitCode.USAGE_ERROR, out[-2000:]
     assert "Cannot compare" in out and "regression(s)" not in out and "packcheck gate against" not in out, out[-2000:]
+    # on its own line, not glued to pytest's progress ("[100%]packcheck: error: ...", trial 21, 161)
+    assert any(line.startswith("packcheck: error: Cannot compare") for line in result.stdout.lines), result.stdout.lines[-20:]
     assert (pytester.path / "reports" / "packcheck-matrix.json").exists()
     proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "audit", "--models", "arch:gpt2", "--packcheck-attn",
                            "sdpa", "--packcheck-checks", "isolation", "-n", "0", "-q", "--packcheck-report-dir",

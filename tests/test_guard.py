@@ -1241,8 +1241,13 @@ def test_batch_of_packed_rows_is_judged(tolerances, backend, padded, verdict):
     batch_rows, with each row alone passing."""
     bench = make_bench("llama", backend, tolerances)
     bench.model.config.use_cache = False
-    result = verify_packed_batch(bench.model, _two_rows(bench, padded))
+    batch = _two_rows(bench, padded)
+    result = verify_packed_batch(bench.model, batch)
     assert result.verdict == verdict and len(result.lengths) == 4, result.line()
+    # the run record is the batch's (trial 21, 76: attention_mask False beside a padding mask), and the trainer's
+    # label count is every row's, as label_tokens is
+    assert result.run["attention_mask"] is padded and len(result.per_example_logprob_diff) == 4
+    assert result.probes["trainer_label_tokens"] == int((batch["labels"][:, 1:] != -100).sum())  # after the shift
     assert result.probes["rows"] == ["pass", "pass"]
     if verdict == "fail":
         assert result.cause == "batch_rows" and "run together differ from each row alone by" in result.evidence

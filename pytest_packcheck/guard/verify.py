@@ -205,8 +205,10 @@ def _verify_rows(model: Any, batch: Mapping[str, Any], spans: list[slice], **opt
         (r for r in results if r.verdict != "skipped"), results[0])
     result = GuardResult(**worst.to_dict())
     result.lengths = [n for r in results for n in r.lengths]
-    _numbers_over_rows(result, results)
+    # the batch as the loop gave it, not the row alone (its padding mask is dropped there): trial 21, 76
+    result.run = {**result.run, "attention_mask": "attention_mask" in batch}
     result.probes = {**worst.probes, "rows": [f"{r.verdict}{' ' + r.cause if r.cause else ''}" for r in results]}
+    _numbers_over_rows(result, results)
     result.forwards = sum(r.forwards for r in results)
     batched = _batched_vs_rows(model, batch, singles, spans, worst, result)
     rows_text = f"{len(spans)} packed rows {tuple(batch['input_ids'].shape)}"
@@ -235,6 +237,13 @@ def _numbers_over_rows(result: GuardResult, results: list[GuardResult]) -> None:
 
     result.per_example_logprob_diff = [d for r in results for d in r.per_example_logprob_diff]
     result.label_tokens = sum(r.label_tokens for r in results)
+    counted = [r.probes["trainer_label_tokens"] for r in results if isinstance(r.probes.get("trainer_label_tokens"), int)]
+    if counted:  # as label_tokens: every row's, not the worst row's alone (trial 21, 76)
+        result.probes["trainer_label_tokens"] = sum(counted)
+    # a row with no diff of its own (one example, nothing labelled) says why, beside the other rows' diffs
+    result.notes = [*result.notes, *(f"row {j + 1} of {len(results)}: {r.evidence or 'nothing compared'}"
+                                     for j, r in enumerate(results) if len(r.per_example_logprob_diff) < len(r.lengths)
+                                     and r.verdict == "skipped")]
     worst = [r.max_logprob_diff for r in results if r.max_logprob_diff is not None]
     result.max_logprob_diff = (math.nan if any(math.isnan(w) for w in worst) else max(worst)) if worst else None
     deltas = [(i, r) for i, r in enumerate(results) if r.loss_delta is not None]
