@@ -197,6 +197,14 @@ def test_loss_parity_needs_num_items_in_batch_passed(bench):
     assert m["num_items_in_batch_packed"] == m["num_items_expected"]
     assert result.status == "fail" and result.cause == "loss_normalisation", result.message
     assert result.evidence["num_items_in_batch_packed"] == result.evidence["num_items_expected"] == m["num_items_expected"]
+    # the key number is the grad-accum delta the fail rests on, not the token-mean one within tolerance (gemma4, 5.5.4)
+    from pytest_packcheck.checks.registry import SPECS
+
+    assert m["verdict_metric"] == "ga_delta" and SPECS["loss_parity"].key_number(m) == f"Δ {m['ga_delta']:.1e}"
+    legacy = {k: v for k, v in m.items() if k != "verdict_metric"}  # a cell measured before it was named: the same
+    assert SPECS["loss_parity"].key_number(legacy) == f"Δ {m['ga_delta']:.1e}"
+    within = {**legacy, "ga_delta": legacy["atol"] / 2}  # a grad-accum delta within tolerance is never the key number
+    assert SPECS["loss_parity"].key_number(within) == f"Δ {m['loss_delta']:.1e}"
 
 
 def test_loss_parity_branches(bench):

@@ -290,6 +290,12 @@ def check_loss_parity(wb: Workbench) -> CheckResult:
         logits_diff, _ = wb.diff_to_solo(wb.packed_logits())
         causes = []
         worst = max(metrics["loss_delta"], metrics["ga_delta"])
+        if metrics["ga_delta"] > atol and metrics["ga_delta"] > metrics["loss_delta"]:
+            from .registry import VERDICT_METRIC
+
+            # the number the fail rests on (gemma4 on 5.5.4 read "fail loss_parity Δ 1.4e-07": the token-mean delta,
+            # within tolerance, beside a grad-accum delta of 6.2)
+            metrics[VERDICT_METRIC] = "ga_delta"
         missing = leak_probe(wb)["attention_boundaries"] == "missing"  # numerics only with the boundaries kept
         if n_packed == ref_count and logits_diff <= wb.tol["logits_atol"] and missing:
             # the counts are right and the logits within tolerance, yet attention calls lacked the packed

@@ -134,6 +134,9 @@ class CheckSpec:
     role: str
     summary: str
     key_metric: KeyMetric | None = None
+    #: other metrics keys a fail can rest on (loss_parity: the grad-accum sum's ``ga_delta``): the key number where
+    #: one exceeds the cell's ``atol`` and the key metric (cells measured before :data:`VERDICT_METRIC` named it)
+    fail_metrics: tuple[str, ...] = ()
     key_number_format: str | None = None
     tolerance: str | None = None
     bears_on_bench: bool = False
@@ -203,6 +206,12 @@ class CheckSpec:
         named = metrics.get(VERDICT_METRIC)
         if isinstance(named, str) and named in metrics:
             return named
+        atol, own = metrics.get("atol"), metrics.get(self.key_metric.key)
+        for key in self.fail_metrics:  # the number that is over the tolerance, not the one within it
+            value = metrics.get(key)
+            if (isinstance(value, float) and isinstance(atol, int | float) and value > atol
+                    and not (isinstance(own, int | float) and own >= value)):
+                return key
         return self.key_metric.key if self.key_metric.key in metrics else None
 
 
@@ -244,7 +253,7 @@ REGISTRY: tuple[CheckSpec, ...] = (
               causes=(*_PARITY_CAUSES, "batch_rows", "position_layout", "mechanism_not_exercised")),
     CheckSpec(name="loss_parity", function="parity:check_loss_parity", level="backend", role="correctness",
               summary="token-mean loss and gradient-accumulation sum loss (num_items_in_batch) = the per-example reference",
-              key_metric=KeyMetric("loss_delta", "Δ"), tolerance="loss_atol", bears_on_bench=True,
+              key_metric=KeyMetric("loss_delta", "Δ"), fail_metrics=("ga_delta",), tolerance="loss_atol", bears_on_bench=True,
               causes=(*_PARITY_CAUSES, "loss_normalisation", "reference_unavailable")),
     CheckSpec(name="grad_parity", function="parity:check_grad_parity", level="backend", role="correctness",
               summary="every parameter's gradient, packed vs right-padded: relative error, worst tensor, cosine",
