@@ -73,7 +73,7 @@ def test_lookups_exit_codes_are_in_the_help_and_readme(tmp_path):
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "lookup", "qwen2", "sdpa", "4.56.2"],
+    proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "lookup", "qwen2", "sdpa", "9.0.0"],
                           capture_output=True, text=True, check=False, cwd=tmp_path)
     assert proc.returncode == 1 and "not measured" in proc.stdout, proc.stdout + proc.stderr
     assert "lookup: not measured" in EXIT_CODES[1] and "lookup: a measured answer" in EXIT_CODES[0]
