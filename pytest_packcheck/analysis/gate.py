@@ -288,9 +288,10 @@ def _planned_in(cell: dict[str, Any], doc: dict[str, Any]) -> bool:
     if not settings.get("checks"):
         return True  # no settings recorded: assume the same selection
     models = list(dict.fromkeys(settings.get("models", [])))
-    if _is_shard(settings.get("shard")):  # a shard plans its own models only (round-robin in audit order, as the
-        index, count = settings["shard"]  # session deals them): shard 2's file never planned shard 1's (trial 20, 161)
-        models = [m for i, m in enumerate(models) if i % count == index - 1]
+    if _is_shard(settings.get("shard")):  # a shard plans its own models only: shard 2's file never planned shard 1's
+        from ..config.options import shard_holds  # (trial 20, 161)
+
+        models = [m for i, m in enumerate(models) if shard_holds(i, settings["shard"])]
     return (cell["check"] in settings.get("checks", []) and cell["dtype"] in settings.get("dtypes", [cell["dtype"]])
             and (cell["backend"] is None or cell["backend"] in settings.get("backends", []))
             and cell["model"].get("spec", cell["model"]["label"]) in models)

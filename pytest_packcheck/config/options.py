@@ -157,6 +157,13 @@ def parse_shard(value: Any, source: str, example: str = f"{OPT_SHARD}=2/4") -> t
     return int(i), int(n)
 
 
+def shard_holds(model_index: int, shard: tuple[int, int] | list[int]) -> bool:
+    """Whether shard ``(I, N)`` runs the audit's model number ``model_index`` (0-based, in audit order): whole
+    models dealt round-robin, the one rule of the session, its version environments and the gate's planned cells."""
+    index, count = shard
+    return model_index % count == index - 1
+
+
 def parse_device(value: Any, source: str) -> str:
     """``cpu``, ``cuda`` or ``cuda:N`` (N the GPU index): the devices packcheck runs on (``--packcheck-device``,
     ``packcheck bench --device``).

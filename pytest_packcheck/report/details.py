@@ -5,10 +5,10 @@ out."""
 from __future__ import annotations
 
 from ..checks.registry import SPECS
-from .model import Report, banners, env_header, unread_overrides
+from .model import Report, banners, env_header
 from .numbers import key_number
 from .text import cut, escape_md
-from .verdicts import ROLE_MARKS, check_mark, model_mark, role_of
+from .verdicts import ROLE_MARKS, check_mark, model_mark, role_of, unread_overrides
 
 
 def render(rep: Report) -> str:

@@ -60,8 +60,10 @@ def shard_text(doc: dict[str, Any]) -> str:
     shard it is, the models it holds of the audit's, and that ``packcheck merge`` of every shard gives the whole
     matrix; "" for a run that is no shard and for a merge (trial 19, 95: a shard's matrix read like a complete
     audit of its one model)."""
+    from ..analysis.gate import _is_shard  # the one reading of a recorded shard, as merge's
+
     shard = (doc.get("settings") or {}).get("shard")
-    if not (isinstance(shard, list) and len(shard) == 2 and all(isinstance(x, int) for x in shard) and shard[1] > 1):
+    if not (_is_shard(shard) and shard[1] > 1):
         return ""
     here = list(dict.fromkeys(c["model"]["label"] for c in doc.get("cells") or [] if isinstance(c.get("model"), dict)))
     asked = (doc.get("settings") or {}).get("models") or []
@@ -179,14 +181,6 @@ def layout(doc: dict[str, Any]) -> Layout:
 
 # ------------------------------------------------------------------------------------------------------------
 # stack hazards: counted once per environment, dtype and backend (verdicts.hazard_rows, which the counts read too)
-
-
-def unread_overrides(cells: list[dict[str, Any]], label: str) -> list[str]:
-    """The notes of model ``label``'s overrides that its config has no key for ("override rope_thta=10000 is not a
-    key of LlamaConfig ...": :func:`pytest_packcheck.model.configs.apply_overrides`), sorted: said beside the model
-    in the answer and the details (trial 16, 227)."""
-    return sorted({n for c in cells if c["model"].get("label") == label
-                   for n in c["model"].get("config_notes") or [] if n.startswith("override ")})
 
 
 def departures(cells: list[dict[str, Any]], rows: dict[tuple, dict[str, Any]] | None = None) -> dict[tuple, list[str]]:

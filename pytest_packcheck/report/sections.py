@@ -9,7 +9,7 @@ from typing import Any
 from ..checks.causes import CAUSES
 from ..checks.registry import REGISTRY, SPECS
 from ..results import SYMBOLS
-from .model import Report, env_header, unread_overrides
+from .model import Report, env_header
 from .numbers import key_number
 from .text import cut, escape_md, fmt_metric
 from .verdicts import (
@@ -26,6 +26,7 @@ from .verdicts import (
     numerics_only,
     pass_qualifier,
     role_of,
+    unread_overrides,
 )
 
 
@@ -46,8 +47,8 @@ def hazards_section(rep: Report) -> list[str]:
 
     cells, backends, envs, rows = rep.cells, rep.layout.backends, rep.layout.envs, rep.hazards
     # the batch-rows probe the lengths gave no two rows for: said, never a row that silently is not there
-    unmeasured = sorted({(c.get("metrics") or {})["two_rows_not_measured"] for c in cells if c["check"] == "logits_parity"
-                         and (c.get("metrics") or {}).get("two_rows_not_measured")})
+    unmeasured = sorted({why for c in cells if c["check"] == "logits_parity"
+                         and (why := (c.get("metrics") or {}).get("two_rows_not_measured"))})
     said = [f"- {cause_label('batch_rows')}: not measured: {escape_md(why)}." for why in unmeasured]
     if not rows:
         return ["## Stack hazards (usage outside the standard contract; never a model failure)", "", *said, ""] if said else []

@@ -174,6 +174,14 @@ def _inconclusive(cell: dict[str, Any]) -> bool:
     return cell["status"] == "error" and ((cell.get("diagnosis") or {}).get("cause") or cell.get("cause")) == "probe_inconclusive"
 
 
+def unread_overrides(cells: list[dict[str, Any]], label: str | None = None) -> list[str]:
+    """The notes of the overrides that a model's config has no key for ("override rope_thta=10000 is not a key of
+    LlamaConfig ...": :func:`pytest_packcheck.model.configs.apply_overrides`), sorted, over ``cells`` (those of model
+    ``label`` when given): the mark beside a ✅, the answer's and the details' note (trial 16, 227)."""
+    return sorted({n for c in cells if label is None or c["model"].get("label") == label
+                   for n in (c.get("model") or {}).get("config_notes") or [] if n.startswith("override ")})
+
+
 def pass_qualifier(h: dict[str, Any]) -> str:
     """What a passing matrix cell's ✅ does not cover, from its :func:`headline`: the correctness checks that could
     not run ("not checked: cross_backend") and the mechanisms the probe row never exercised ("sliding window 4096 >=
@@ -183,9 +191,7 @@ def pass_qualifier(h: dict[str, Any]) -> str:
     everything. The one wording the matrix cell, the answer and the terminal summary use."""
     parts = [f"not checked: {', '.join(h['not_checked'])}"] if h.get("not_checked") else []
     parts += [f"{m}: not exercised" for m in h.get("not_exercised") or []]
-    unread = dict.fromkeys(n.split("=", 1)[0] for c in h.get("cells") or [] for n in (c.get("model") or {}).get("config_notes") or []
-                           if n.startswith("override "))
-    parts += [f"{key}: not a config key" for key in unread]
+    parts += [f"{key}: not a config key" for key in dict.fromkeys(n.split("=", 1)[0] for n in unread_overrides(h.get("cells") or []))]
     return "; ".join(parts)
 
 

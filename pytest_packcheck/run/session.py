@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from ..config.options import shard_holds
 from ..config.settings import Settings
 from ..errors import PackcheckUsageError, PackcheckWarning
 from .items import RESULT_PROPERTY, PackcheckCollector, PackcheckItem
@@ -106,8 +107,7 @@ class PackcheckSession:
 
     def _plan(self) -> dict[str, str]:
         """{cell id: group} of the cells this shard runs: what the progress line counts against."""
-        index, count = self.settings.shard
-        return {c.cell_id: c.group for c in self._planned().values() if c.model_index % count == index - 1}
+        return {c.cell_id: c.group for c in self._planned().values() if shard_holds(c.model_index, self.settings.shard)}
 
     def _shard_cells(self) -> list[Any]:
         """The planned cells this shard runs (whole models per shard, round-robin in audit order); resolves the
@@ -119,7 +119,7 @@ class PackcheckSession:
         """
         planned = list(self._planned().values())
         index, count = self.settings.shard
-        cells = [c for c in planned if c.model_index % count == index - 1]
+        cells = [c for c in planned if shard_holds(c.model_index, self.settings.shard)]
         if not planned:
             raise PackcheckUsageError("The packcheck matrix is empty after filtering: check --packcheck-attn / --packcheck-checks.")
         if not cells:  # the shard emptied it, not the filters: name the shards that hold a model
@@ -329,14 +329,13 @@ class PackcheckSession:
         not missing. The matrix is marked incomplete and ``--packcheck-resume`` runs them."""
         from ..checks.registry import SPECS
 
-        index, count = self.settings.shard
         why = f"not run: {reason or 'the run was interrupted'} before this check" + (
             " (or -k / -m deselected it)" if self.config.option.keyword or self.config.option.markexpr else "")
         for cell_id, cell in self._planned().items():
             spec = SPECS.get(cell.check)
             if cell_id in self.results or spec is None:
                 continue
-            if cell.model_index % count == index - 1:  # this shard's cells (make_items): another shard's are its own
+            if shard_holds(cell.model_index, self.settings.shard):  # this shard's cells (make_items): another shard's are its own
                 self.results[cell_id] = json.loads(self._failure(cell, "skipped", f"{why}; rerun with --packcheck-resume",
                                                                  {"not_run": "interrupted"}).to_json())
 

@@ -66,9 +66,10 @@ class VersionCells:
             saved = run_dir / f"{stem}.json" if run_dir else None
             if saved is not None and saved.exists():
                 return json.loads(saved.read_text())
-            index, count = self.settings.shard
+            from ..config.options import shard_holds
+
             specs = [m.spec.name if m.spec.kind == "local" else m.spec.raw
-                     for i, m in enumerate(models) if i % count == index - 1]
+                     for i, m in enumerate(models) if shard_holds(i, self.settings.shard)]
             worker = getattr(self.config, "workerinput", None)
             threads = max(1, (os.cpu_count() or 1) // int(worker.get("workercount", 1) or 1)) if worker else None
             run = run_in_env(combo, self.settings, specs, Path(self.settings.report_dir), threads)
