@@ -1006,6 +1006,30 @@ def test_sweep_gaps_come_cheapest_first():
         ("4.57.6", 0), ("5.0.0", 1), ("4.44.2", 2)]
 
 
+def test_a_gap_spanning_a_planned_release_not_yet_measured_waits_and_each_placed_gap_is_saved(tmp_path, monkeypatch):
+    """While the atlas still lacks 4.53.3, the gap 4.52.4 .. 5.24.0 would be split by it: the sweep leaves that gap
+    (and says which release it waits for) and sweeps the others; ``save`` gets the records after every gap, so a
+    sweep killed after the first gap keeps it."""
+    from pytest_packcheck.atlas import sweep
+
+    def t(name, lo, hi):
+        return {"model_type": name, "backend": "sdpa", "last_before": lo, "first_after": hi,
+                "before": {"verdict": "fail", "causes": ["leak"]}, "after": {"verdict": "pass", "causes": []}}
+    support = {"transitions": [t("llama", "4.52.4", "5.24.0"), t("opt", "4.44.2", "4.45.2"), t("qwen2", "4.57.6", "5.0.0")],
+               "missing": ["4.53.3"]}
+    finals = ["4.44.2", "4.45.0", "4.45.2", "4.52.4", "4.53.3", "4.57.6", "5.0.0", "5.24.0"]
+    assert [g["last_before"] for g in A.sweep_gaps(support, finals, {})] == ["4.57.6", "4.44.2"]
+    assert A.deferred_gaps(support) == [("4.52.4", "5.24.0", ["4.53.3"])]
+    monkeypatch.setattr(sweep, "measure_between", lambda *a, **k: ({}, None))
+    saved, lines = [], []
+    done = A.sweep_transitions(support, tmp_path, finals, log=lines.append, save=lambda d: saved.append(sorted(d)))
+    assert sorted(done) == ["opt|sdpa|4.44.2|4.45.2", "qwen2|sdpa|4.57.6|5.0.0"]
+    assert saved == [["qwen2|sdpa|4.57.6|5.0.0"], sorted(done)]
+    assert lines[0] == "atlas sweep 4.52.4 .. 5.24.0: left until 4.53.3 is measured"
+    support["missing"] = []  # once measured (here: not split after all) the gap is swept
+    assert [g["last_before"] for g in A.sweep_gaps(support, finals, done)] == ["4.52.4"]
+
+
 @pytest.mark.parametrize("axis", ["transformers", "trl"])
 def test_a_release_folder_holding_only_a_corrupt_run_record_is_an_error_in_both_axes(tmp_path, capsys, axis):
     """Trial 5 #156: a release folder whose only file is a cut-off atlas-done.json (no matrix beside it) was skipped

@@ -40,7 +40,7 @@ from .releases import (
                       version_key,
 )
 from .render import render_html, render_markdown, write_outputs
-from .sweep import measure_between, place, sweep_gaps, sweep_transitions
+from .sweep import deferred_gaps, measure_between, place, sweep_gaps, sweep_transitions
 
 __all__ = [
                       "ATLAS_BACKENDS",
@@ -51,6 +51,7 @@ __all__ = [
                       "atlas_checks",
                       "collect",
                       "committed_releases",
+                      "deferred_gaps",
                       "gap_order",
                       "generate",
                       "index_releases",

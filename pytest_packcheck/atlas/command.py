@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .build import generate, seed_release
 from .collect import collect, committed_releases, load_committed
@@ -54,11 +55,14 @@ def main(args: AtlasArgs, log: Callable[[str], None] = print) -> int:
     if args.bisect:
         from .sweep import sweep_transitions
 
-        bisects = sweep_transitions(support, args.build, done=bisects, limit=args.bisect_limit, models=args.bisect_models,
-                                    log=log)
         from ..results import atomic_write
 
-        atomic_write(bisects_file, json.dumps(bisects, indent=1, sort_keys=True) + "\n")
+        def save(done: dict[str, Any]) -> None:
+            atomic_write(bisects_file, json.dumps(done, indent=1, sort_keys=True) + "\n")
+
+        bisects = sweep_transitions(support, args.build, done=bisects, limit=args.bisect_limit, models=args.bisect_models,
+                                    log=log, save=save)
+        save(bisects)
         support = collect(args.build, args.releases, bisects, committed)
     from .trl import attach_trl
 

@@ -49,18 +49,36 @@ def sweep_gaps(support: dict[str, Any], finals: list[str], done: dict[str, Any],
     between places its transitions with no run at all): per pair of adjacent measured releases (``last_before``, ``first_after``)
     with transitions that are neither in ``done`` nor already placed by a bisect, the releases on the index
     strictly between (``between``, ascending) and the architectures whose entry changed (``model_types``).
-    ``models``: only these architectures' transitions."""
+    ``models``: only these architectures' transitions. A gap with a planned release not yet measured between
+    (``support["missing"]``) is left out: once that release is measured the gap splits in two and its transitions
+    change, so a sweep now would measure what the atlas is about to (see :func:`deferred_gaps`)."""
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for t in support["transitions"]:
         if t.get("bisected") or transition_key(t) in done or (models and t["model_type"] not in models):
             continue
         groups.setdefault((t["last_before"], t["first_after"]), []).append(t)
+    pending = set(support.get("missing") or [])
     out = []
     for (lo, hi), ts in groups.items():
         between = [v for v in finals if version_key(lo) < version_key(v) < version_key(hi)]
+        if pending & set(between):
+            continue
         out.append({"last_before": lo, "first_after": hi, "between": between, "transitions": ts,
                     "model_types": sorted({t["model_type"] for t in ts})})
     return sorted(out, key=lambda g: (len(g["between"]) * len(g["model_types"]), version_key(g["last_before"])))
+
+
+def deferred_gaps(support: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
+    """(``last_before``, ``first_after``, the planned releases not yet measured between) of every gap
+    :func:`sweep_gaps` leaves out, oldest first."""
+    pending = set(support.get("missing") or [])
+    gaps = {(t["last_before"], t["first_after"]) for t in support["transitions"] if not t.get("bisected")}
+    out = []
+    for lo, hi in sorted(gaps, key=lambda g: version_key(g[0])):
+        inside = sorted((v for v in pending if version_key(lo) < version_key(v) < version_key(hi)), key=version_key)
+        if inside:
+            out.append((lo, hi, inside))
+    return out
 
 
 def _runs(folder: Path, version: str) -> list[tuple[list[str], Path]]:
@@ -132,16 +150,20 @@ def place(t: dict[str, Any], sequence: list[tuple[str, dict[str, Any] | None]]) 
 def sweep_transitions(support: dict[str, Any], build: Path, finals: list[str] | None = None,
                       done: dict[str, Any] | None = None, limit: int | None = None, models: list[str] | None = None,
                       log: Callable[[str], None] = print, runner: Callable[..., Any] | None = None,
-                      measure: Callable[..., Any] | None = None) -> dict[str, Any]:
+                      measure: Callable[..., Any] | None = None,
+                      save: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Place every transition of ``support`` (of ``models`` only, when given) on the exact patch by sweeping its
     gap (:func:`sweep_gaps`, at most ``limit`` gaps); returns ``done`` (the ``bisects.json`` records,
     :func:`transition_key` -> record) with the new records added. A gap whose release between could not be run
     keeps that release as unmeasured (its transitions say so); a gap with no release between needs no run:
-    ``first_after`` is the first release. ``measure``: replaces :func:`measure_between` (tests)."""
+    ``first_after`` is the first release. ``save`` gets ``done`` after each gap, so a sweep killed half-way keeps
+    the gaps it placed. ``measure``: replaces :func:`measure_between` (tests)."""
     done = dict(done or {})
     finals = index_finals() if finals is None else finals
     measure = measure or measure_between
     root = Path(build) / "sweep"
+    for lo, hi, inside in deferred_gaps(support):
+        log(f"atlas sweep {lo} .. {hi}: left until {', '.join(inside)} {'is' if len(inside) == 1 else 'are'} measured")
     for gap in sweep_gaps(support, finals, done, models)[:limit]:
         started = time.perf_counter()
         entries: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}
@@ -158,4 +180,6 @@ def sweep_transitions(support: dict[str, Any], build: Path, finals: list[str] | 
             done[transition_key(t)] = {**place(t, sequence), "seconds": seconds}
         log(f"atlas sweep {gap['last_before']} .. {gap['first_after']}: {len(gap['between'])} release(s) between, "
             f"{len(gap['model_types'])} architecture(s), {len(gap['transitions'])} transition(s) placed in {seconds:.0f} s")
+        if save is not None:
+            save(done)
     return done
