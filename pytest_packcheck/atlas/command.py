@@ -53,9 +53,8 @@ def main(args: AtlasArgs, log: Callable[[str], None] = print) -> int:
     bisects = json.loads(bisects_file.read_text()) if bisects_file.exists() else {}
     support = collect(args.build, args.releases, bisects, committed)
     if args.bisect:
-        from .sweep import sweep_transitions
-
         from ..results import atomic_write
+        from .sweep import sweep_transitions
 
         def save(done: dict[str, Any]) -> None:
             atomic_write(bisects_file, json.dumps(done, indent=1, sort_keys=True) + "\n")
