@@ -159,6 +159,16 @@ class DropNumItemsInBatch(_Wrapper):
         return self.inner(input_ids=input_ids, position_ids=position_ids, labels=labels, **kwargs)
 
 
+class DropNumItemsInBatchPacked(_Wrapper):
+    """``num_items_in_batch`` dropped on packed rows only (a packing path that loses the loss kwargs): a packed
+    micro-batch's loss is its token mean, a padded one's the sum over the accumulation step's count."""
+
+    def forward(self, input_ids=None, position_ids=None, labels=None, num_items_in_batch=None, **kwargs):
+        if not _is_packed_row({"position_ids": position_ids}):
+            kwargs["num_items_in_batch"] = num_items_in_batch
+        return self.inner(input_ids=input_ids, position_ids=position_ids, labels=labels, **kwargs)
+
+
 class ScalePackedLoss(_Wrapper):
     """The packed row's loss scaled by ``factor`` (28/31: divided by the label count before the shift), logits
     untouched: the packed gradient is the padded one times ``factor``, same direction (cosine 1)."""

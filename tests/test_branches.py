@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from faults import (
     DropNumItemsInBatch,
+    DropNumItemsInBatchPacked,
     DropPositionIds,
     ForceCache,
     NoPositionIdsArgument,
@@ -188,10 +189,12 @@ def test_logits_parity_branches(bench):
 
 
 def test_loss_parity_needs_num_items_in_batch_passed(bench):
-    """Planted: a model that never gets num_items_in_batch. Its token-mean loss is right, its accumulated sum is
-    not: loss parity must fail on the grad-accum number (a check that reweights by hand would pass it)."""
-    bench.model = DropNumItemsInBatch(bench.model)
+    """Planted: num_items_in_batch dropped on packed rows only. The token-mean loss is right, the packed
+    accumulated sum is not: loss parity must fail on the grad-accum number (a check that reweights by hand would
+    pass it)."""
+    bench.model = DropNumItemsInBatchPacked(bench.model)
     result = C.check_loss_parity(bench)
+    assert abs(result.metrics["ga_loss_packed"] - result.metrics["ga_loss_padded"]) > 10 * bench.tol["loss_atol"]
     m = result.metrics
     assert m["loss_delta"] <= bench.tol["loss_atol"] and m["ga_delta"] > 10 * bench.tol["loss_atol"]
     assert m["num_items_in_batch_packed"] == m["num_items_expected"]
@@ -205,6 +208,26 @@ def test_loss_parity_needs_num_items_in_batch_passed(bench):
     assert SPECS["loss_parity"].key_number(legacy) == f"Δ {m['ga_delta']:.1e}"
     within = {**legacy, "ga_delta": legacy["atol"] / 2}  # a grad-accum delta within tolerance is never the key number
     assert SPECS["loss_parity"].key_number(within) == f"Δ {m['loss_delta']:.1e}"
+
+
+def test_a_model_that_ignores_num_items_in_batch_padded_too_is_a_finding_not_a_packing_fail(bench):
+    """Planted: a model whose loss never sees num_items_in_batch, packed or padded (gemma4 on 5.5.4, gemma3 on
+    4.53.3: the grad-accum sum 2.0x the reference in both). Packing changes nothing, so loss_parity passes, and
+    the fault is the num_items_ignored finding with both numbers and the ratio; the key number is the token-mean
+    delta it passes on."""
+    from pytest_packcheck.checks.registry import SPECS
+
+    bench.model = DropNumItemsInBatch(bench.model)
+    result = C.check_loss_parity(bench)
+    m = result.metrics
+    assert m["ga_delta"] > 10 * bench.tol["loss_atol"] and m["ga_packed_vs_padded"] <= bench.tol["loss_atol"]
+    assert result.status == "pass" and result.cause is None, result.message
+    [finding] = result.findings
+    assert finding["cause"] == "num_items_ignored" and finding["evidence"]["ga_loss_padded"] == m["ga_loss_padded"]
+    assert abs(finding["evidence"]["ga_ratio"] - m["ga_loss_padded"] / m["loss_reference"]) < 1e-12
+    assert 1.5 < finding["evidence"]["ga_ratio"] < 2.5  # two micro-batch means summed
+    assert "padded too, not packing" in result.message and f"{m['ga_loss_padded']:.6f}" in result.message
+    assert SPECS["loss_parity"].key_number(m) == f"Δ {m['loss_delta']:.1e}"
 
 
 def test_loss_parity_branches(bench):
@@ -556,7 +579,7 @@ def test_each_checks_record_keeps_its_keys_and_bounds(bench):
         C.check_position_ids: ({"max_change", "threshold"}, {"threshold": t["position_min_change"]}),
         C.check_isolation: ({"atol", "attention_boundaries", "max_change", "negative_control_change", "stateful_layers"},
                             {"atol": t["isolation_atol"], "stateful_layers": [], "attention_boundaries": "reached"}),
-        C.check_loss_parity: ({"atol", "ga_delta", "ga_loss_packed", "ga_loss_padded", "loss_delta", "loss_packed", "loss_padded",
+        C.check_loss_parity: ({"atol", "ga_delta", "ga_loss_packed", "ga_loss_padded", "ga_packed_vs_padded", "loss_delta", "loss_packed", "loss_padded",
                                "loss_reference", "num_items_expected", "num_items_in_batch_packed", "num_items_in_batch_padded",
                                "padded_delta"}, {"atol": t["loss_atol"]}),
         C.check_grad_parity: ({"cos_min", "grad_cosine", "grad_rel_err", "num_params", "rel_tol", "worst_param", "worst_param_rel_err"},
@@ -607,3 +630,44 @@ def test_the_batch_rows_probe_runs_for_any_lengths_that_make_two_rows_and_says_w
     md = render_markdown(planted_doc([planted_cell("llama", "sdpa", "logits_parity", "pass", max_abs_diff_solo=0.0,
                                                    two_rows_not_measured=why)]))
     assert "batch rows: not measured: the example lengths" in md.replace("\\", ""), md
+
+
+def test_a_stored_loss_parity_fail_that_padded_shares_is_judged_again_on_load(tmp_path):
+    """Cells measured before the num_items_ignored rule (the atlas's gemma4 on 5.5.4, numbers copied from its
+    results) read as today's check returns them: pass with the finding, marked re-judged, diagnosed again. A cell
+    whose padded grad-accum loss is right stays the packing fail it was (the planted counter-case), and so does one
+    with a second cause."""
+    import json
+
+    from pytest_packcheck.results import load_document
+
+    metrics = {"atol": 1e-05, "ga_delta": 6.215075629098075, "ga_loss_packed": 12.456751823425293,
+               "ga_loss_padded": 12.456751823425293, "loss_delta": 1.3623918793115308e-07, "loss_packed": 6.241676330566406,
+               "loss_padded": 6.241676330566406, "loss_reference": 6.241676194327218, "num_items_expected": 28,
+               "num_items_in_batch_packed": 28, "num_items_in_batch_padded": 28, "padded_delta": 1.3623918793115308e-07}
+    evidence = {"ga_normalisation": "num_items_in_batch", "ga_normalisation_rule": "its forward has **kwargs",
+                "logits_diff": 1.3e-06, "loss_delta": 1.36e-07, "num_items_expected": 28, "num_items_in_batch_packed": 28}
+
+    def cell(name, **m):
+        return {"cell_id": f"{name}-sdpa-loss_parity-float32", "model": {"label": name, "model_type": name}, "backend": "sdpa",
+                "check": "loss_parity", "dtype": "float32", "status": "fail", "cause": "loss_normalisation",
+                "causes": [{"cause": "loss_normalisation", "evidence": evidence}], "evidence": evidence, "findings": [],
+                "message": "grad-accum sum loss packed 12.456752 vs reference 6.241676 (delta 6.22e+00)",
+                "metrics": {**metrics, **m}, "diagnosis": {"cause": "loss_normalisation", "remedy": "old"}}
+    two = cell("opt")
+    two["causes"] = [*two["causes"], {"cause": "leak", "evidence": {}}]
+    doc = {"schema_version": 2, "settings": {}, "environment": {"transformers": "5.5.4"},
+           "cells": [cell("gemma4"), cell("llama", ga_loss_padded=6.2416763), two]}
+    path = tmp_path / "packcheck-matrix.json"
+    path.write_text(json.dumps(doc))
+    gemma4, llama, opt = load_document(path)["cells"]
+    assert gemma4["status"] == "pass" and gemma4["cause"] is None and gemma4["causes"] == []
+    [finding] = gemma4["findings"]
+    assert finding["cause"] == "num_items_ignored" and "judged again" in finding["evidence"]["rejudged"]
+    assert abs(finding["evidence"]["ga_ratio"] - 1.9957) < 1e-3 and gemma4["metrics"]["ga_packed_vs_padded"] == 0.0
+    assert "12.456752 = padded 12.456752" in gemma4["message"] and "2.00x the reference 6.241676" in gemma4["message"]
+    assert [f["cause"] for f in gemma4["diagnosis"]["findings"]] == ["num_items_ignored"]
+    assert "accepts_loss_kwargs = False" in gemma4["diagnosis"]["findings"][0]["remedy"]
+    assert gemma4["evidence"] == {"ga_normalisation": "num_items_in_batch", "ga_normalisation_rule": "its forward has **kwargs"}
+    assert (llama["status"], llama["cause"]) == ("fail", "loss_normalisation") and not llama["findings"]
+    assert (opt["status"], opt["cause"]) == ("fail", "loss_normalisation")

@@ -110,6 +110,12 @@ _CAUSES: tuple[Cause, ...] = (
           "logits match but the loss differs: labels or the token count used to normalise",
           "compare packed runs with a correctly normalised padded baseline, and count num_items_in_batch after the "
           "shift over the whole accumulation step; keep labels -100 at boundaries"),
+    Cause("num_items_ignored",
+          "the grad-accum loss is off the per-token reference in the padded run as much as in the packed one (both "
+          "equal): the model's own num_items_in_batch handling, not packing",
+          "packing changes nothing here; for gradient accumulation with Trainer, set model.accepts_loss_kwargs = False "
+          "(Trainer reads it from transformers 4.48.0) so it divides each micro-batch's mean loss by the accumulation "
+          "steps, or move to a release where loss_parity has no such finding"),
     Cause("kernel_numerics",
           "differences within 10x the tolerance or the dtype's float rounding, boundaries kept: kernel numerics, not a leak",
           "the boundaries hold: widen the tolerance if this kernel is expected to differ by this much; else report it "

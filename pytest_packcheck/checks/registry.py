@@ -254,7 +254,7 @@ REGISTRY: tuple[CheckSpec, ...] = (
     CheckSpec(name="loss_parity", function="parity:check_loss_parity", level="backend", role="correctness",
               summary="token-mean loss and gradient-accumulation sum loss (num_items_in_batch) = the per-example reference",
               key_metric=KeyMetric("loss_delta", "Δ"), fail_metrics=("ga_delta",), tolerance="loss_atol", bears_on_bench=True,
-              causes=(*_PARITY_CAUSES, "loss_normalisation", "reference_unavailable")),
+              causes=(*_PARITY_CAUSES, "loss_normalisation", "num_items_ignored", "reference_unavailable")),
     CheckSpec(name="grad_parity", function="parity:check_grad_parity", level="backend", role="correctness",
               summary="every parameter's gradient, packed vs right-padded: relative error, worst tensor, cosine",
               key_metric=KeyMetric("grad_rel_err", "rel"), tolerance="grad_rel_err", bears_on_bench=True,

@@ -277,4 +277,38 @@ def upgrade(data: dict[str, Any]) -> dict[str, Any]:
         c.setdefault("metrics", {})
     if data.get("schema_version", SCHEMA_VERSION) < 2:
         data["schema_version"] = SCHEMA_VERSION
+    if _rejudge_num_items_ignored(data) and any("diagnosis" in c for c in data.get("cells", [])):
+        from ..analysis.diagnose import diagnose_document
+
+        diagnose_document(data)  # the re-judged cells' diagnosis (their remedy) follows their new causes
     return data
+
+
+def _rejudge_num_items_ignored(data: dict[str, Any]) -> bool:
+    """Judge again, from their own numbers, the loss_parity cells measured before packcheck told the model's
+    grad-accum fault from packing's (:func:`pytest_packcheck.checks.parity.num_items_ignored`): a fail whose only
+    cause is ``loss_normalisation`` while the padded grad-accum loss is as far off the reference as the packed one
+    becomes what the check returns today, a pass with the ``num_items_ignored`` finding (its evidence says it was
+    re-judged). The atlas's releases measured before the rule (gemma3 4.50-4.54, modernbert-decoder, ...) read the
+    same as those measured after. Returns whether a cell changed."""
+    candidates = [c for c in data.get("cells", []) if c["check"] == "loss_parity" and c["status"] == "fail"
+                  and ([x.get("cause") for x in c.get("causes") or []] or [c.get("cause")]) == ["loss_normalisation"]]
+    if not candidates:
+        return False
+    from ..checks.parity import num_items_ignored, num_items_ignored_finding, num_items_ignored_message
+    from ..checks.registry import VERDICT_METRIC
+
+    changed = False
+    for c in candidates:
+        m = c["metrics"]
+        if not num_items_ignored(m):
+            continue
+        evidence = {k: v for k, v in (c.get("evidence") or {}).items() if k.startswith("ga_normalisation")}
+        m["ga_packed_vs_padded"] = abs(m["ga_loss_packed"] - m["ga_loss_padded"])
+        m[VERDICT_METRIC] = "loss_delta"
+        finding = num_items_ignored_finding(m, evidence)
+        finding["evidence"]["rejudged"] = "measured as fail (loss_normalisation); judged again from its own numbers"
+        c.update(status="pass", cause=None, causes=[], evidence=evidence, message=num_items_ignored_message(m),
+                 findings=[*(c.get("findings") or []), finding])
+        changed = True
+    return changed
