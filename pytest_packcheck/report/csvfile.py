@@ -15,7 +15,6 @@ from .verdicts import (
     VERDICT_WORDS,
     check_order,
     checked_only,
-    coverage,
     headline_text,
     pass_qualifier,
     verdict_key,
@@ -48,7 +47,7 @@ def rows(rep: Report) -> list[dict[str, str]]:
     """The matrix cells in the Markdown's order (dtype, model, backend, version environment)."""
     lay = rep.layout
     out = []
-    partial = bool(coverage(rep.cells))  # the run left correctness checks out: a pass names the ones it rests on
+    partial = bool(rep.coverage)  # the run left correctness checks out: a pass names the ones it rests on
     for dtype in lay.dtypes:
         for model in lay.models:
             for backend in lay.backends:

@@ -25,7 +25,6 @@ from .verdicts import (
     cause_label,
     check_mark,
     checked_only,
-    coverage,
     headline_text,
     numerics_only,
     role_of,
@@ -109,7 +108,7 @@ def page_data(rep: Report) -> dict[str, Any]:
     backends, envs, versioned, models, dtypes, by_group = lay.backends, lay.envs, lay.versioned, list(lay.models), lay.dtypes, lay.by_group
     marks = rep.marks
     groups: dict[str, Any] = {}
-    partial = bool(coverage(cells))  # the run left correctness checks out: a ✅ names the ones it rests on
+    partial = bool(rep.coverage)  # the run left correctness checks out: a ✅ names the ones it rests on
 
     def entry(label: str, b: str, dtype: str, e: str | None) -> dict[str, Any] | None:
         group = by_group.get((label, b, dtype, e))
@@ -233,7 +232,7 @@ def _summary_html(rep: Report, data: dict[str, Any]) -> str:
     doc, labels, lay = rep.doc, rep.labels, rep.layout
     # what was measured, first and in the Markdown's words: what the models are, and the trainers when none ran
     scope = [models_are(lay.models, doc.get("settings") or {}), *(t for t in trainer_note(doc.get("cells") or []) if t),
-             coverage(rep.cells)]  # what every ✅ covers, said once as the Markdown says it ("" for a full run)
+             rep.coverage]  # what every ✅ covers, said once as the Markdown says it ("" for a full run)
     out = [f'<p class="scope">{_inline_md(t)}</p>' for t in scope if t]
     out.append('<h2>Legend</h2><p class="legend">')
     out += [f'<span class="{s}">{VERDICT_SYMBOLS[s]} {e(VERDICT_WORDS[s])}</span> {e(LEGEND[s].split(": ", 1)[-1])}<br>'

@@ -72,7 +72,7 @@ def render(rep: Report) -> str:
     for _, text in banners(doc):
         lines += [f"**⚠️ {escape_md(text)}.**", ""]
     totals = Counter(check_mark(c)[2] for c in cells)
-    lines.append(counts_line(cells))
+    lines.append(counts_line(cells, covered=rep.coverage))
     lines.append("")
     gate = rep.gate
     if gate is not None:  # audit --gate: the result beside the matrix it was read from

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..checks.registry import REGISTRY
 from .text import cut
-from .verdicts import cause_label, env_label, hazard_rows, headline, role_of
+from .verdicts import cause_label, coverage, env_label, hazard_rows, headline, role_of
 
 
 def env_value(env: dict[str, Any], key: str) -> str:
@@ -237,7 +237,9 @@ class Report:
     ``labels`` (backend -> its column label), ``headlines`` (group key -> :func:`verdicts.headline`), ``marks``
     (⚑ departures), ``hazards`` (:func:`hazard_rows`), ``findings`` (:func:`stack_findings`), ``do_not_pack``,
     ``not_run`` (backends where no model ran anything -> the first reason, e.g. a CUDA kernel on a CPU machine),
-    ``environment`` (:func:`environment_rows`), ``gate`` (the gate result an ``audit --gate`` wrote, or None)."""
+    ``environment`` (:func:`environment_rows`), ``gate`` (the gate result an ``audit --gate`` wrote, or None),
+    ``coverage`` (:func:`verdicts.coverage`: what every ✅ covers, "" for a full run; read once for the counts
+    line, the answer, the CSV and the HTML)."""
 
     doc: dict[str, Any]
     layout: Layout
@@ -250,6 +252,7 @@ class Report:
     not_run: dict[str, str]
     environment: list[tuple[str, str]]
     gate: dict[str, Any] | None
+    coverage: str
 
     @property
     def cells(self) -> list[dict[str, Any]]:
@@ -288,4 +291,4 @@ def build_report(doc: dict[str, Any]) -> Report:
     gate = doc.get("gate")
     return Report(doc, lay, backend_labels(doc.get("environment", {})), headlines, departures(cells, hazards), hazards,
                   stack_findings(cells), bad, not_run, environment_rows(doc.get("environment", {})),
-                  gate if isinstance(gate, dict) else None)
+                  gate if isinstance(gate, dict) else None, coverage(cells))

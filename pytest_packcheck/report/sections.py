@@ -18,7 +18,6 @@ from .verdicts import (
     check_mark,
     check_order,
     checks_that_passed,
-    coverage,
     env_label,
     hazard_names,
     headline_text,
@@ -251,7 +250,7 @@ def answer_section(rep: Report) -> list[str]:
               "in nats) against the reference, rel a relative error; tolerances at the end. \"varlen reference (CPU, "
               "not FA2)\" is packcheck_flash_ref: transformers' flash-attention preparation code with an exact "
               "per-segment kernel on CPU, a stand-in for the flash path, not FlashAttention-2 itself."), ""]
-    covered = coverage(rep.cells)  # once for every ✅ below, never per cell
+    covered = rep.coverage  # once for every ✅ below, never per cell
     if covered:
         lines += [f"**{escape_md(covered)}**", ""]
     for dtype in rep.layout.dtypes:

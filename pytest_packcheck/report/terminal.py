@@ -22,7 +22,7 @@ def render(rep: Report, paths: list[str]) -> list[str]:
         (f"{environment_role(True)}: " if rep.layout.versioned else "")
         + f"{environment_line(rep.doc['environment'])}, device {rep.doc['environment'].get('device')}",
         *(text + "." for _, text in banners(rep.doc)),
-        counts_line(cells, symbols=False),
+        counts_line(cells, symbols=False, covered=rep.coverage),
         "(pytest counts one item per check: hazards and findings are its xfailed items, never failures.)",
     ]
     groups: dict[tuple, list[dict]] = defaultdict(list)

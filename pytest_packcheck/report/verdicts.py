@@ -385,9 +385,10 @@ def matrix_counts(cells: list[dict[str, Any]]) -> dict[str, Any]:
             "checks": Counter(check_mark(c)[1] for c in sorted(cells, key=lambda c: (rank(c["status"]), role_of(c) != "correctness")))}
 
 
-def counts_line(cells: list[dict[str, Any]], symbols: bool = True) -> str:
+def counts_line(cells: list[dict[str, Any]], symbols: bool = True, covered: str | None = None) -> str:
     """One line of the counts by role (Markdown with symbols, or plain for the terminal): matrix cells by
-    verdict and the models they fall on, then hazards shown, stack findings, and the checks run."""
+    verdict and the models they fall on, then hazards shown, stack findings, and the checks run. ``covered``:
+    :func:`coverage` of ``cells`` when the caller has it (:attr:`Report.coverage`)."""
     n = matrix_counts(cells)
 
     def sym(key: str) -> str:
@@ -404,7 +405,7 @@ def counts_line(cells: list[dict[str, Any]], symbols: bool = True) -> str:
     verdicts = ", ".join(f"{sym(s)}{VERDICT_WORDS[s]} {n['cells'][s]}{models(s)}" for s in reversed(VERDICTS) if n["cells"][s])
     text = (f"Matrix cells ({axes}, judged by the correctness checks): {verdicts} (of {total})." if total else
             "Matrix cells: none judged (no correctness check ran).")
-    covered = coverage(cells)
+    covered = coverage(cells) if covered is None else covered
     if covered:
         text += " " + covered
     changed = changed_tolerances(cells)
