@@ -50,6 +50,33 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    """Resolve the settings, open the session (its journal) and resolve the model specs. The PackcheckWarnings
+    this raises are handed to pytest's ``pytest_warning_recorded`` hook (``when="config"``, as
+    ``config.issue_config_time_warning`` does), without a source line: pytest wraps no warning capture around
+    pytest_configure, so Python printed them at once with a line of packcheck's own source under each, which
+    read like a traceback (trial 21, 157); now pytest's warnings summary lists each message on its own."""
+    import warnings
+
+    from .errors import PackcheckWarning
+
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", PackcheckWarning)
+            _configure(config)
+    finally:  # a usage error still shows the warnings raised before it
+        for w in caught:
+            if issubclass(w.category, PackcheckWarning):
+                if hasattr(config, "workerinput"):  # xdist forwards a worker's: the controller's copy is the one shown
+                    continue
+                quiet = warnings.WarningMessage(w.message, w.category, w.filename, w.lineno, line="")  # no source echo
+                config.hook.pytest_warning_recorded.call_historic(kwargs={
+                    "warning_message": quiet, "when": "config", "nodeid": "", "location": (w.filename, w.lineno, "pytest_configure")})
+            else:  # another library's warning: as it would have shown
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+
+
+def _configure(config: pytest.Config) -> None:
     from .config.settings import resolve
     from .errors import PackcheckUsageError
 

@@ -190,7 +190,7 @@ def test_resume_from_a_journal_of_the_wrong_shape_writes_a_current_matrix(pytest
     result = pytester.runpytest_subprocess(*args, "--packcheck-resume")
     assert result.ret == 0, str(result.stdout)
     assert "Traceback" not in str(result.stdout) + str(result.stderr)
-    result.stderr.fnmatch_lines(["*skipped 1 line(s) that are not journal entries*unknown status 'bogus'*"])
+    result.stdout.fnmatch_lines(["*skipped 1 line(s) that are not journal entries*unknown status 'bogus'*"])
     doc = json.loads((out / "packcheck-matrix.json").read_text())
     assert doc["command"] != "STALE" and [c["status"] for c in doc["cells"]] == ["pass"]
 
@@ -625,3 +625,25 @@ def test_a_journal_with_a_cut_off_line_is_warned_of_once_by_the_controller_not_b
     assert controller[0] == worker[0] == ["good"]
     assert len(controller[1]) == 1 and "skipped 1 unreadable line" in controller[1][0] and worker[1] == []
     assert list(Journal(journal.path, journal.fp).load(warn=False)) == ["good"]
+
+
+def test_a_configure_time_warning_is_one_line_in_pytests_warnings_summary_not_a_source_echo(tmp_path):
+    """Trial 21, 157: a PackcheckWarning raised while the plugin configures (a misspelt $PACKCHECK_MODEL, a journal
+    line cut off by a kill) was printed by Python at once, with the line of packcheck's source that raised it under
+    the message ("resumed = journal.load(...)  # warned once, by the controller"), reading like a traceback. Now
+    pytest's warnings summary lists it, message only, once under xdist (the workers' copies are dropped)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "packcheck-journal.jsonl").write_text('{"fingerprint": "x", "cell": {"cell_id": "cut\n')
+    env = {**os.environ, "PACKCHECK_MODEL": "arch:llama", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "--packcheck-models=arch:llama",
+                           "--packcheck-attn=sdpa", "--packcheck-checks=isolation", f"--packcheck-report-dir={out}",
+                           "--packcheck-resume", str(tmp_path)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text[-2000:]
+    summary = text.split("warnings summary", 1)[1].split("-- Docs", 1)[0]
+    assert "PackcheckWarning" not in text.split("warnings summary", 1)[0]  # nothing printed before pytest's summary
+    assert summary.count("$PACKCHECK_MODEL is not one packcheck reads") == 1, summary
+    assert summary.count("is not a packcheck journal: none of its 1 line(s)") == 1, summary
+    assert "warnings.warn(" not in summary and "journal.load(" not in summary, summary
