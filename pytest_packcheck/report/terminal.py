@@ -68,16 +68,13 @@ def render(rep: Report, paths: list[str]) -> list[str]:
         if row["shown"]:
             lines.append(f"  hazard      {cause_label(hazard)} on {backend} / {dtype}{f' @ {env}' if env else ''}: "
                          f"{len(row['shown'])}/{len(row['measured'])} models")
-    # models, not cells: a model measured in two dtypes is one model (trial 18, 228)
-    found: dict[tuple[str, str], dict[str, None]] = defaultdict(dict)
+    # models, not cells: a model measured in two dtypes is one model (trial 18, 228); the failed items are the
+    # report's stack findings (model.stack_findings), over the models each finding check measured
     measured: dict[str, dict[str, None]] = defaultdict(dict)
     for c in cells:
         if role_of(c) == "finding" and c["status"] in ("pass", "fail"):
             measured[c["check"]][c["model"]["label"]] = None
-            for name, it in ((c.get("metrics") or {}).get("items") or {"verdict": {"status": c["status"], "evidence": c["message"]}}).items():
-                if it.get("status") == "fail":
-                    found[(c["check"], f"{name}: {it['evidence']}")][c["model"]["label"]] = None
-    for (check, text), models in sorted(found.items()):
+    for (check, text), models in sorted(rep.findings.items()):
         lines.append(f"  finding     {check} {cut(plain(text), 110)} ({len(models)}/{len(measured[check])} models)")
     lines += [f"matrix written: {p}" for p in paths]
     return lines
