@@ -120,7 +120,7 @@ def stand_in_env(monkeypatch, tmp_path):
     monkeypatch.setattr(envs, "ensure_env", ensure_env)
 
 
-def test_a_killed_release_resumes_from_its_journal_and_a_done_release_is_not_run_again(tmp_path, stand_in_env):
+def test_a_killed_release_resumes_from_its_journal_and_a_done_release_is_not_run_again(tmp_path, stand_in_env, monkeypatch):
     calls = []
 
     def killed(args, **kw):
@@ -136,6 +136,7 @@ def test_a_killed_release_resumes_from_its_journal_and_a_done_release_is_not_run
         calls.append(args)
         assert "--packcheck-resume" in args and "--packcheck-all-architectures" in args
         assert kw["env"]["PACKCHECK_ENV_LABEL"] == "transformers==5.24.0" and "PYTHONPATH" not in kw["env"]
+        assert kw["env"]["OMP_NUM_THREADS"] == "1"  # tiny models, one thread: no spinning beside another job
         report = Path(next(a.split("=", 1)[1] for a in args if a.startswith("--packcheck-report-dir=")))
         assert (report / "packcheck-journal.jsonl").exists()  # the same folder: the journal is found
         (report / "packcheck-matrix.json").write_text(json.dumps(_doc("5.24.0", [_cell("llama", "sdpa", "isolation", "pass")])))
@@ -150,6 +151,15 @@ def test_a_killed_release_resumes_from_its_journal_and_a_done_release_is_not_run
     row = next(ln for ln in A.render_markdown(support).splitlines() if ln.startswith("| 5.24.0 |"))
     assert row.endswith("¹ | — |"), row
     assert "¹ Resumed from an earlier, interrupted run's journal" in A.render_markdown(support)
+
+    def threads_as_set(args, **kw):  # a thread count the user set is theirs
+        assert kw["env"]["OMP_NUM_THREADS"] == "3"
+        return subprocess.CompletedProcess(args, 0)
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    from pytest_packcheck.atlas.build import run_plugin_in_env
+
+    run_plugin_in_env(sys.executable, "transformers==5.24.0", tmp_path, [], "r", runner=threads_as_set)
 
     def must_not_run(args, **kw):
         raise AssertionError("a done release ran again")

@@ -242,8 +242,11 @@ def run_plugin_in_env(python: Any, label: str, folder: Path, flags: list[str], r
     """Run the packcheck plugin with ``flags`` under a version environment's ``python`` in ``folder/root`` (an
     empty rootdir), appending its output to ``folder/atlas-run.log``; the child sees no ``PACKCHECK_*`` but the
     cache dir, no ``VIRTUAL_ENV`` / ``PYTHONPATH`` (the environment's own site-packages), the combo ``label`` and
-    the ``reproduce`` command. Shared by the transformers and the TRL axes; ``runner`` replaces ``subprocess.run``
-    (tests). Returns the finished process."""
+    the ``reproduce`` command, and one intra-op thread (``OMP_NUM_THREADS=1`` unless set): the atlas's tiny models
+    gain nothing from more (4 architectures x 3 backends on 2 quiet cores: 9.0 s wall either way, 9.4 s CPU vs
+    11.6 s with torch's default 2), and beside another job on the same cores 2 threads spin against each other
+    (at load 5: 14-16 s wall / 9-10 s CPU vs 54-86 s / 35-56 s). Shared by the transformers and the TRL axes;
+    ``runner`` replaces ``subprocess.run`` (tests). Returns the finished process."""
     from ..versions.envs import CHILD_ENV_VAR
 
     root = folder / "root"
@@ -256,6 +259,7 @@ def run_plugin_in_env(python: Any, label: str, folder: Path, flags: list[str], r
     child_env.pop("PYTHONPATH", None)  # the environment's own site-packages (its overlay links this packcheck)
     child_env[CHILD_ENV_VAR] = label
     child_env["PACKCHECK_REPRODUCE"] = reproduce
+    child_env.setdefault("OMP_NUM_THREADS", "1")
     with open(folder / "atlas-run.log", "a") as out:
         out.write(f"$ {shlex.join(args)}\n")
         out.flush()
