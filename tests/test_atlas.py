@@ -196,6 +196,11 @@ def test_reduction_verdicts_transitions_and_never_pass(tmp_path):
     assert "| llama | sdpa | 4.52.4 | 5.24.0 | ❌ leak (isolation 2.8e-01) | ✅ (isolation 0.0e+00) | not yet |" in md
     assert "- **opt** / sdpa (5.24.0): ❌ wrong positions" in md
     assert "Not measured yet: 4.44.2" in md
+    # the first section: the newest release per backend, what not to pack there and why, passes with a finding
+    glance = md.split("## At a glance: transformers 5.24.0")[1].split("## Coverage")[0]
+    assert "| sdpa | 2 | 1 | 0 |" in glance and "| eager | 0 | 0 | 1 |" in glance and "| packcheck_flash_ref | 1 | 0 | 0 |" in glance
+    assert "- sdpa, wrong positions (1): opt" in glance and "leak" not in glance  # 4.52.4's leak is history, not the newest
+    assert "- packcheck_flash_ref, batch rows (1): llama" in glance  # one passing: named, not "every one of"
     assert "- 5.24.0 shrink limit: 1 (architecture, backend) of 1 architectures: qwen3" in md.split("## Where packcheck itself stopped")[1]
     page = A.render_html(support)
     assert "<script" in page and "http://" not in page and "https://" not in page and "src=" not in page
@@ -1169,3 +1174,22 @@ def test_lookup_says_why_a_backend_is_refused():
                   backend="sdpa", check="isolation", number=0.3)
     assert leak.summary() == "fail [leak] (isolation 3.0e-01), measured at 5.24.0 on sdpa"
     assert "does not support" in str(lookup("mamba", "sdpa", "5.24.0"))  # the committed atlas's answer
+
+
+def test_at_a_glance_says_a_finding_on_every_pass_of_a_backend_once():
+    """The flash path's batch_rows finding sits beside each of its 104 passes on 5.24.0: said once for the backend,
+    not as 104 names; a finding on some passes names them; the newest release is the one counted."""
+    from pytest_packcheck.atlas.render import at_a_glance
+
+    def e(verdict, causes=(), findings=()):
+        return {"verdict": verdict, "causes": list(causes), "findings": list(findings)}
+    support = {"releases": [{"transformers": "5.9.0"}, {"transformers": "5.24.0"}], "backends": ["sdpa", "packcheck_flash_ref"],
+               "cells": {"llama": {"packcheck_flash_ref": {"5.24.0": e("pass", findings=["batch_rows"])},
+                                   "sdpa": {"5.24.0": e("pass", findings=["num_items_ignored"]), "5.9.0": e("fail", ["leak"])}},
+                         "qwen2": {"packcheck_flash_ref": {"5.24.0": e("pass", findings=["batch_rows"])}, "sdpa": {"5.24.0": e("pass")}},
+                         "opt": {"sdpa": {"5.24.0": e("fail", ["leak"])}}}}
+    text = "\n".join(at_a_glance(support))
+    assert "## At a glance: transformers 5.24.0" in text and "| sdpa | 2 | 1 | 0 |" in text
+    assert "- packcheck_flash_ref, batch rows (every one of the 2 passing)" in text
+    assert "- sdpa, num items ignored (1): llama" in text and "- sdpa, leak (1): opt" in text
+    assert at_a_glance({**support, "releases": []}) == []

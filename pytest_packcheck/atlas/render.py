@@ -33,6 +33,51 @@ def _runs(row: dict[str, dict[str, Any]], order: list[str]) -> list[tuple[str, s
     return [tuple(r) for r in runs]  # type: ignore[misc]
 
 
+def at_a_glance(support: dict[str, Any]) -> list[str]:
+    """atlas.md's first section: on the newest measured release, per backend the (architecture) entries by verdict,
+    then the ones not to pack grouped by backend and cause, and the passing ones with a finding beside, each
+    architecture named; a user finds their model here or under "Per architecture". [] with no release."""
+    if not support["releases"]:
+        return []
+    newest = max((r["transformers"] for r in support["releases"]), key=version_key)
+    lines = [f"## At a glance: transformers {newest}", "",
+             ("The newest measured release, per backend: how many architectures pack as padding does (✅), do not "
+              "(❌, with the cause), or got no verdict (the reason is in their line under \"Per architecture\"). Your "
+              "model on another release: `packcheck lookup MODEL_TYPE ATTN VERSION`, or its line below."), "",
+             "| backend | ✅ pass | ❌ fail | no verdict |", "|---|---|---|---|"]
+    bad: dict[tuple[str, str], list[str]] = {}
+    noted: dict[tuple[str, str], list[str]] = {}
+    passing: dict[str, int] = {}
+    for backend in support["backends"]:
+        counts = {"pass": 0, "fail": 0, "other": 0}
+        for name in sorted(support["cells"]):
+            e = support["cells"][name].get(backend, {}).get(newest)
+            if e is None:
+                continue
+            kind = e["verdict"] if e["verdict"] in ("pass", "fail") else "other"
+            counts[kind] += 1
+            if kind == "fail":
+                bad.setdefault((backend, ", ".join(e.get("causes") or []) or "fail"), []).append(name)
+            elif kind == "pass":
+                for finding in e.get("findings") or []:
+                    noted.setdefault((backend, finding), []).append(name)
+        passing[backend] = counts["pass"]
+        lines.append(f"| {backend} | {counts['pass']} | {counts['fail']} | {counts['other']} |")
+    if bad:
+        lines += ["", f"Do not pack on {newest} (backend, cause: architectures):", ""]
+        rank = {b: i for i, b in enumerate(support["backends"])}  # per backend, the most common cause first
+        lines += [f"- {backend}, {cause.replace('_', ' ')} ({len(names)}): {name_md(', '.join(names))}"
+                  for (backend, cause), names in sorted(bad.items(), key=lambda kv: (rank[kv[0][0]], -len(kv[1]), kv[0][1]))]
+    if noted:
+        lines += ["", f"Passing on {newest}, with a finding beside the verdict (backend, finding: architectures):", ""]
+        # a finding on every pass of a backend is the backend's (the flash path's batch_rows), said once
+        lines += [f"- {backend}, {finding.replace('_', ' ')} ("
+                  + (f"every one of the {len(names)} passing)" if len(names) == passing[backend] > 1 else
+                     f"{len(names)}): {name_md(', '.join(names))}")
+                  for (backend, finding), names in sorted(noted.items())]
+    return [*lines, ""]
+
+
 def render_markdown(support: dict[str, Any]) -> str:
     """atlas.md: coverage, per architecture one line per backend with its transitions, every transition with its
     number and cause, then the architectures that never pass and why."""
@@ -43,6 +88,7 @@ def render_markdown(support: dict[str, Any]) -> str:
              f"{', '.join(support['backends'])}; checks: {', '.join(support['checks'])} (hazards never decide a "
              "verdict). Machine-readable: `support.json` (schema: `SCHEMA.md`); "
              "`packcheck lookup MODEL_TYPE ATTN TRANSFORMERS_VERSION` answers from it."), "",
+             *at_a_glance(support),
              "## Coverage", "",
              f"Measured releases: {', '.join(order) or 'none'}.",
              f"Not measured yet: {', '.join(support['missing']) or 'none'}" + (" (resume: `packcheck atlas`)." if support["missing"] else "."),
