@@ -74,6 +74,9 @@ class Answer:
     reproduce: str = ""
     notes: list[str] = field(default_factory=list)
     inferred_from: str = ""
+    #: cause codes the atlas recorded beside the verdict (``cells[].findings``: e.g. ``batch_rows`` beside a flash-path
+    #: pass: two packed rows in one batch lose their boundaries); each is explained in ``notes``
+    findings: list[str] = field(default_factory=list)
 
     @property
     def answered(self) -> bool:
@@ -90,6 +93,8 @@ class Answer:
         number and where it was measured; the bisect it is inferred from; or "not measured" with the nearest
         measured releases. The one wording of :func:`lookup`'s answer (``packcheck lookup``, ``packcheck claims``)."""
         num = f" ({self.check} {self.number:.1e})" if self.number is not None and self.check else ""
+        if self.findings:  # a pass with a finding is not a bare pass (atlas review: lookup dropped them)
+            num += f" with finding{'s' if len(self.findings) > 1 else ''} {', '.join(self.findings)}"
         why = f" [{', '.join(self.causes)}]" if self.causes else ""
         if not self.causes and self.message and self.verdict not in (None, "pass"):  # why it is refused (trial 21, 12:
             why = f" ({' '.join(self.message.split())[:160]})"  # "unsupported" alone; the reason was only in --json)
@@ -316,10 +321,15 @@ def lookup(model_type: str, attn_implementation: str, transformers_version: str,
             raise PackcheckUsageError(f"{what} version '{value}' is not a version (the {what} version asked about): write "
                                       f"a release number such as {example} (no '{what}==', no wildcard).") from None
     doc = load_support(path)
-    known = list(dict.fromkeys([*KNOWN_BACKENDS, *ANSWERED_FROM, *(b for row in doc["cells"].values() for b in row)]))
+    in_cells = {b for row in doc["cells"].values() for b in row}
+    measured = list(dict.fromkeys([*(b for b in doc.get("backends") or [] if b in in_cells), *sorted(in_cells)]))
+    known = list(dict.fromkeys([*KNOWN_BACKENDS, *ANSWERED_FROM, *measured]))
     if attn_implementation not in known:
+        # what the atlas measures and what it answers from those columns (flex_attention, a backend packcheck knows,
+        # was offered as answered and then answered "not measured": atlas review, U4)
         raise PackcheckUsageError(f"Unknown attn_implementation '{attn_implementation}' (from the attn_implementation "
-                                  f"argument): the atlas answers {', '.join(known)}.{closest(attn_implementation, known)}")
+                                  f"argument): the atlas measures {', '.join(measured)}, and answers "
+                                  f"{', '.join(ANSWERED_FROM)} from {REFERENCE_BACKEND}.{closest(attn_implementation, known)}")
     src = path or default_support_file()
     # the atlas's render date is not when a cell was measured (trial 14, 78): the release's own date where recorded
     where = f"{src} (packcheck atlas rendered {doc.get('generated')}, {doc.get('device')} {doc.get('dtype')}, torch {doc.get('torch')})"
@@ -372,8 +382,14 @@ def answer_at(doc: dict[str, Any], model_type: str, attn_implementation: str, tr
 
         return Answer(**base, measured=True, verdict=entry["verdict"], causes=list(entry.get("causes", [])),
                       check=entry.get("check"), number=entry.get("number"), message=entry.get("message", ""),
-                      measured_at=key, measured_on=dates.get(key), backend=backend, notes=notes,
+                      measured_at=key, measured_on=dates.get(key), backend=backend,
+                      notes=notes + _finding_notes(entry), findings=list(entry.get("findings") or []),
                       reproduce=reproduce_command(key, model_type, backend))
+    if _release_measured(doc, wanted) and not any(_parses(v) and Version(v) == wanted for r in arch.values() for v in r):
+        # the release was measured and this architecture is not in it: not a gap of the atlas (atlas review, U3)
+        first = min((v for r in arch.values() for v in r if _parses(v)), key=Version, default=None)
+        notes.append(f"{model_type} is not among the architectures of transformers {wanted} (that release was measured)"
+                     + (f"; the atlas measures it from {first}" if first and Version(first) > wanted else ""))
     measured = sorted(row, key=Version)
     below = [v for v in measured if Version(v) < wanted]
     above = [v for v in measured if Version(v) > wanted]
@@ -382,6 +398,16 @@ def answer_at(doc: dict[str, Any], model_type: str, attn_implementation: str, tr
     if below and above and _same(row[below[-1]], row[above[0]]):
         notes.append(f"both neighbours agree ({row[below[-1]]['verdict']}); the atlas records no transition between them")
     elif below and above:
+        swept = _swept_entry(doc, model_type, backend, below[-1], above[0], wanted)
+        if swept is not None:  # the sweep ran this very release: a measurement, not an inference (atlas review, U1)
+            from .atlas import reproduce_command
+
+            version, probe = swept
+            notes.append(f"measured by the atlas's sweep of {below[-1]} .. {above[0]} (the patch releases between, run with "
+                         "the architectures whose verdict changes across that gap)")
+            return Answer(**base, measured=True, verdict=probe["verdict"], causes=list(probe.get("causes") or []),
+                          check=probe.get("check"), number=probe.get("number"), measured_at=version, backend=backend,
+                          nearest=nearest, notes=notes, reproduce=reproduce_command(version, model_type, backend))
         side = _bisected_side(doc, model_type, backend, below[-1], above[0], wanted)
         if side is not None:
             version, inferred = side
@@ -422,9 +448,40 @@ def _bisected_side(doc: dict[str, Any], model_type: str, backend: str, before: s
     if side is None:
         return None
     what = f"bisect of {record.get('cell', model_type)}: first {record['first']}, last {record['last']}"
+    if record.get("method") != "sweep":  # `packcheck bisect` probed one check; the other checks are the side's
+        what += " (it probed that cell's check only; the verdict is the measured side's)"
     if record.get("file"):
         what += f" ({record['file']})"
     return side, what
+
+
+def _swept_entry(doc: dict[str, Any], model_type: str, backend: str, before: str, after: str,
+                 wanted: Any) -> tuple[str, dict[str, Any]] | None:
+    """(release, its entry) when the sweep of the transition ``before`` -> ``after`` ran ``wanted`` itself and
+    measured a verdict there (``bisected.probes``; a sweep probe is a whole atlas entry, any outcome); None
+    otherwise (no sweep, or the release was not run or not measured)."""
+    from packaging.version import Version
+
+    record = _transition(doc, model_type, backend, before, after, "bisected")
+    if not record or record.get("method") != "sweep":
+        return None
+    probe = next((p for p in record.get("probes") or [] if isinstance(p, dict) and _parses(str(p.get("version")))
+                  and Version(str(p["version"])) == wanted and p.get("verdict")), None)
+    return (str(probe["version"]), probe) if probe else None
+
+
+def _release_measured(doc: dict[str, Any], wanted: Any) -> bool:
+    from packaging.version import Version
+
+    return any(_parses(r["transformers"]) and Version(r["transformers"]) == wanted for r in doc.get("releases", []))
+
+
+def _finding_notes(entry: dict[str, Any]) -> list[str]:
+    """One note per finding of ``entry``: its code and what it means (``checks.causes``)."""
+    from .checks.causes import CAUSES
+
+    return [f"finding {code}: {CAUSES[code]}" if code in CAUSES else f"finding {code}"
+            for code in entry.get("findings") or []]
 
 
 def _parses(version: str) -> bool:

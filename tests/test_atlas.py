@@ -1193,3 +1193,74 @@ def test_at_a_glance_says_a_finding_on_every_pass_of_a_backend_once():
     assert "- packcheck_flash_ref, batch rows (every one of the 2 passing)" in text
     assert "- sdpa, num items ignored (1): llama" in text and "- sdpa, leak (1): opt" in text
     assert at_a_glance({**support, "releases": []}) == []
+
+
+def test_lookup_names_findings_answers_a_swept_release_as_measured_and_an_architecture_a_release_lacks(tmp_path):
+    """The atlas review (helper, 2026-12-03): lookup printed "pass" for llama on flash_attention_4 where the entry
+    holds the batch_rows finding; answered "not measured" at 4.53.1, which the sweep had run; and called qwen3 on a
+    measured release that has no qwen3 a coverage gap. Now the findings ride along (each explained), a release the
+    sweep ran is measured there (the sweep named), and a release without the architecture says so."""
+    _planted_atlas(tmp_path / "build")
+    _write_release(tmp_path / "build", "4.44.2", [_cell("llama", "sdpa", "isolation", "fail", "leak", 0.3)])
+    key = "llama|sdpa|4.52.4|5.24.0"
+    swept = A.place({"model_type": "llama", "backend": "sdpa", "last_before": "4.52.4", "first_after": "5.24.0",
+                     "before": {"verdict": "fail", "causes": ["leak"]}, "after": {"verdict": "pass", "causes": []}},
+                    [("4.52.4", {"verdict": "fail", "causes": ["leak"], "check": "isolation", "number": 0.28}),
+                     ("4.53.0", {"verdict": "fail", "causes": ["leak"], "check": "isolation", "number": 0.27}),
+                     ("4.53.1", {"verdict": "pass", "causes": [], "check": "isolation", "number": 0.0}),
+                     ("5.24.0", {"verdict": "pass", "causes": [], "check": "isolation", "number": 0.0})])
+    A.write_outputs(A.collect(tmp_path / "build", bisects={key: swept}), tmp_path / "out")
+    path = tmp_path / "out" / "support.json"
+    flash = lookup("llama", "flash_attention_4", "5.24.0", path=path)
+    assert flash.verdict == "pass" and flash.findings == ["batch_rows"]
+    assert "pass (isolation 0.0e+00) with finding batch_rows, measured at 5.24.0" in str(flash)
+    assert any(n.startswith("finding batch_rows: two packed rows") for n in flash.notes)
+    at = lookup("llama", "sdpa", "4.53.0", path=path)
+    assert at.measured and at.measured_at == "4.53.0" and at.verdict == "fail" and at.number == 0.27
+    assert "measured by the atlas's sweep of 4.52.4 .. 5.24.0" in " ".join(at.notes) and "transformers==4.53.0" in at.reproduce
+    placed = lookup("llama", "sdpa", "4.56.2", path=path)  # not run by the sweep: placed on the after side
+    assert not placed.measured and placed.answered and placed.verdict == "pass"
+    absent = lookup("qwen3", "sdpa", "4.52.4", path=path)
+    assert not absent.answered and ("qwen3 is not among the architectures of transformers 4.52.4 (that release was "
+                                    "measured); the atlas measures it from 5.24.0") in absent.notes
+    with pytest.raises(PackcheckUsageError, match=r"the atlas measures [a-z_, ]+, and answers .*flash_attention_2.* from "
+                                                  r"packcheck_flash_ref\. Did you mean 'sdpa'"):
+        lookup("llama", "sdpaa", "5.24.0", path=path)
+
+
+def test_a_seeded_release_is_footnoted_in_the_coverage_table():
+    """5.24.0 read "| 5.24.0 | 215 | 18360 | — | — | — |" with no word why (atlas review, U5): a release seeded from
+    another run is marked ² and the footnote names the run it came from."""
+    support = {"generated": "2026-12-03", "packcheck_version": "0.1.0", "torch": "2.13.0+cpu", "backends": ["sdpa"],
+               "checks": ["isolation"], "missing": [], "transitions": [],
+               "releases": [{"transformers": "5.24.0", "architectures": 1, "cells": 3, "wall_s": None, "cpu_s": None,
+                             "source": "seeded from reports/all-architectures/packcheck-matrix.json (packcheck audit -q)"}],
+               "cells": {"llama": {"sdpa": {"5.24.0": {"verdict": "pass", "causes": [], "check": "isolation", "number": 0.0}}}}}
+    md = A.render_markdown(support)
+    assert "| 5.24.0 | 1 | 3 | — ² | — ² | — |" in md
+    assert "² Seeded (`packcheck atlas --seed`)" in md and "5.24.0 (reports/all-architectures/packcheck-matrix.json" in md
+
+
+def test_a_refusal_over_three_backends_is_judged_on_each_and_names_them(tmp_path):
+    """The atlas review: unsloth's "refuses gpt_oss" (eager, sdpa and the flash path) was judged on eager alone and
+    listed as holding, beside LLaMA-Factory's flash-only refusal of the same model listed as measured safe, neither
+    naming a backend. Each backend with a verdict is judged and named: a refusal holds where packing fails on one
+    of them; where every one passes it is refused-but-safe; a flash-only claim keeps its one answer unprefixed."""
+    from pytest_packcheck.atlas.claims import Claim, judge
+
+    build = tmp_path / "build"
+    _write_release(build, "5.17.0", [_cell("gpt_oss", "eager", "isolation", "fail", "leak", 0.63),
+                                     {**_cell("gpt_oss", "sdpa", "isolation", "unsupported"), "metrics": {}},
+                                     _cell("gpt_oss", "packcheck_flash_ref", "isolation", "pass"),
+                                     _cell("llama", "eager", "isolation", "pass"), _cell("llama", "sdpa", "isolation", "pass"),
+                                     _cell("llama", "packcheck_flash_ref", "isolation", "pass")])
+    support = A.collect(build)
+    three = ("eager", "sdpa", "packcheck_flash_ref")
+    gpt = judge(Claim("unsloth", "gpt_oss", False, three, "unsloth/trainer.py", 197), support, "5.17.0")
+    assert gpt["holds"] is True and [b for _, b, _ in gpt["bad"]] == ["eager"]
+    assert gpt["why"].startswith("eager: fail [leak] isolation 6.3e-01 at 5.17.0; sdpa: unsupported") and \
+        "packcheck_flash_ref: pass isolation 0.0e+00 at 5.17.0" in gpt["why"]
+    safe = judge(Claim("unsloth", "llama", False, three, "unsloth/trainer.py", 197), support, "5.17.0")
+    assert safe["holds"] is False and safe["why"].count(": pass isolation") == 3
+    flash = judge(Claim("llamafactory", "gpt_oss", False, ("packcheck_flash_ref",), "c.py", 1), support, "5.17.0")
+    assert flash["holds"] is False and flash["why"] == "pass isolation 0.0e+00 at 5.17.0"

@@ -382,13 +382,24 @@ def judge(claim: Claim, support: dict[str, Any], release: str | None, exclude: f
                 "why": (f"{len(bad)} of {len(judged)} measured text models do not pass ({len(answers) - len(judged)} more have "
                         "no verdict: the library refuses the backend or its config does not build" + (f"; {left}" if left else "") + ")")
                 if bad else "every measured model passes" + (f" ({left})" if left else "")}
-    a = asked[0][2]
-    if not a.answered:
-        return {**out, "holds": None, "answers": [], "why": _answer_text(a, release)}
-    if a.verdict not in JUDGED_VERDICTS:
-        return {**out, "holds": None, "answers": answers, "why": f"no packing verdict: {_answer_text(a, release)}"}
-    passes = a.verdict == "pass"
-    return {**out, "holds": passes if claim.supported else not passes, "answers": answers, "why": _answer_text(a, release)}
+    # one model on each backend the claim covers (a refusal covers all three): judged on every backend with a
+    # packing verdict, each named (the atlas review found unsloth's "refuses gpt_oss" judged on eager alone, beside
+    # LLaMA-Factory's same refusal judged on the flash path: opposite verdicts, no backend named)
+    named = len(asked) > 1
+
+    def text(backend: str, a: Any) -> str:
+        return f"{backend}: {_answer_text(a, release)}" if named else _answer_text(a, release)
+
+    if not judged:
+        a = asked[0][2]
+        if not a.answered:
+            return {**out, "holds": None, "answers": [], "why": _answer_text(a, release)}
+        return {**out, "holds": None, "answers": answers,
+                "why": "no packing verdict: " + "; ".join(text(b, x) for _, b, x in asked)}
+    bad = [x for x in judged if x[2].verdict != "pass"]
+    # a claim of support holds where every measured backend passes; a refusal where packing fails on one of them
+    holds = not bad if claim.supported else bool(bad)
+    return {**out, "holds": holds, "answers": answers, "bad": bad, "why": "; ".join(text(b, x) for _, b, x in asked)}
 
 
 #: Verdicts a claim is judged on: a pass, or a measured failure (the requested backend ran and the numbers are out
@@ -477,7 +488,7 @@ def render_claims(peers: list[PeerClaims], support: dict[str, Any]) -> str:
                 what = ("packs" if c.supported else "refuses") + f" {c.model_type}" + (f" ({c.note})" if c.note and c.peer != "axolotl" else "")
                 where = f"`{c.file}:{c.line}`"
                 detail = j["why"]
-                if j.get("bad"):
+                if j.get("bad") and c.model_type == "*":  # one model: "why" names each backend already
                     detail += ": " + ", ".join(f"{t}/{b} {_answer_text(a, j['release'])}" for t, b, a in j["bad"][:40])
                     if len(j["bad"]) > 40:
                         detail += f", ... ({len(j['bad']) - 40} more)"

@@ -93,11 +93,14 @@ def render_markdown(support: dict[str, Any]) -> str:
              f"Measured releases: {', '.join(order) or 'none'}.",
              f"Not measured yet: {', '.join(support['missing']) or 'none'}" + (" (resume: `packcheck atlas`)." if support["missing"] else "."),
              "", "| release | architectures | cells | wall s | CPU s | s per (arch, backend) |", "|---|---|---|---|---|---|"]
-    resumed = []
+    resumed, seeded = [], []
     for r in support["releases"]:
         pairs = sum(1 for by in support["cells"].values() for b in by.values() if r["transformers"] in b)
         per = f"{r['wall_s'] / pairs:.2f}" if r.get("wall_s") and pairs and not r.get("resumed") else "—"
         mark = " ¹" if r.get("resumed") else ""
+        if str(r.get("source", "")).startswith("seeded from"):  # another run's results: its checks, no atlas timing
+            mark = " ²"
+            seeded.append(f"{r['transformers']} ({r['source'].removeprefix('seeded from ')})")
         if r.get("resumed"):
             count = r.get("resumed_cells")
             resumed.append(f"{r['transformers']}" + (f" ({count} of {r['cells']} cells)" if count is not None else ""))
@@ -106,6 +109,10 @@ def render_markdown(support: dict[str, Any]) -> str:
     if resumed:
         lines += ["", ("¹ Resumed from an earlier, interrupted run's journal: wall and CPU cover only the last part, "
                        f"so no cost per (arch, backend) is given: {', '.join(resumed)}.")]
+    if seeded:
+        lines += ["", ("² Seeded (`packcheck atlas --seed`) from an existing run of every architecture, not run by the atlas: "
+                       "its cells are that run's checks (more than the atlas runs), and it recorded no atlas timing: "
+                       f"{'; '.join(seeded)}.")]
     lines += ["", "## Per architecture", "",
               ("One line per backend: the verdict (and causes) over the measured releases, each run of equal verdict "
               "with its first and last release."), ""]
