@@ -461,7 +461,9 @@ def render_claims(peers: list[PeerClaims], support: dict[str, Any]) -> str:
     measured = [r["transformers"] for r in support["releases"]]
     lines = ["# What other tools claim about packing, against the atlas", "",
              ("Read from each peer's released wheel or sdist (`pip download --no-deps`, parsed with `ast`, not imported) and judged "
-             "against `support.json` at the newest transformers the peer allows, each model answered as `packcheck lookup` "
+             "against `support.json` at the newest release of the atlas's plan (the latest patch of each minor) the peer's "
+             "transformers pin allows, on the atlas columns each claim is about (named where there are several), each "
+             "model answered as `packcheck lookup` "
              "answers it at that release: measured there, or placed on one side of a transition by a bisect (named); "
              "otherwise the claim is not judged and the nearest measured releases are named. "
              f"Atlas releases measured: {', '.join(measured)}."), ""]
