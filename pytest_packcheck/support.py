@@ -86,7 +86,9 @@ class Answer:
     trl: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The answer's fields, and ``answered`` (measured, or placed by a bisect: a bisect-placed answer has
+        ``measured`` false beside a verdict; ``--json`` readers told the two apart only by ``inferred_from``)."""
+        return {**asdict(self), "answered": self.answered}
 
     def summary(self) -> str:
         """The answer without its head (architecture / backend @ release) and notes: the verdict, causes, key

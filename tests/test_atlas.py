@@ -1220,6 +1220,7 @@ def test_lookup_names_findings_answers_a_swept_release_as_measured_and_an_archit
     assert "measured by the atlas's sweep of 4.52.4 .. 5.24.0" in " ".join(at.notes) and "transformers==4.53.0" in at.reproduce
     placed = lookup("llama", "sdpa", "4.56.2", path=path)  # not run by the sweep: placed on the after side
     assert not placed.measured and placed.answered and placed.verdict == "pass"
+    assert placed.as_dict()["answered"] is True and placed.as_dict()["measured"] is False  # --json says which
     absent = lookup("qwen3", "sdpa", "4.52.4", path=path)
     assert not absent.answered and ("qwen3 is not among the architectures of transformers 4.52.4 (that release was "
                                     "measured); the atlas measures it from 5.24.0") in absent.notes
