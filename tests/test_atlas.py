@@ -1265,3 +1265,19 @@ def test_a_refusal_over_three_backends_is_judged_on_each_and_names_them(tmp_path
     assert safe["holds"] is False and safe["why"].count(": pass isolation") == 3
     flash = judge(Claim("llamafactory", "gpt_oss", False, ("packcheck_flash_ref",), "c.py", 1), support, "5.17.0")
     assert flash["holds"] is False and flash["why"] == "pass isolation 0.0e+00 at 5.17.0"
+
+
+def test_a_release_made_with_an_override_carries_it_to_the_coverage_table(tmp_path):
+    """The release record's overrides (from the environment's record, audit/env_overrides.toml) reach support.json
+    and atlas.md's coverage table (³ and the reason)."""
+    build = tmp_path / "build"
+    _write_release(build, "5.25.0", [_cell("llama", "sdpa", "isolation", "pass")])
+    done = A.release_dir(build, "5.25.0") / A.DONE_MARKER
+    override = {"requirement": "kernels==0.17.2", "applies_to": "transformers>=5.25.0", "reason": "the index has kernels 0.17.2"}
+    done.write_text(json.dumps({**json.loads(done.read_text()), "overrides": [override]}))
+    support = A.collect(build)
+    assert support["releases"][0]["overrides"] == [override]
+    md = A.render_markdown(support)
+    assert "| 5.25.0 | 1 |" in md and " ³ |" in md
+    assert "³ Measured in an environment with a uv override from `audit/env_overrides.toml`" in md
+    assert "5.25.0: `kernels==0.17.2` (the index has kernels 0.17.2)" in md

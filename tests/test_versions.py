@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import textwrap
 from importlib import metadata
 from pathlib import Path
 
@@ -563,3 +564,56 @@ def test_real_reference_and_planted_fault_on_each_module_globals_release(monkeyp
     AttentionInterface as a dict (4.48, 4.50), the NPU-aware imports (4.52), the kernel cache in _flash_fn ...
     (4.54, 4.55.0)."""
     _assert_reference_and_planted_fault(_old_flash_path(monkeypatch, version_cache, version), version)
+
+
+def test_an_environment_the_index_cannot_resolve_retries_with_the_documented_override_and_records_it(tmp_path, monkeypatch):
+    """transformers 5.25.0 requires kernels>=0.19.1, which this machine's index lacks (the atlas's newest minor was
+    "not installable"). audit/env_overrides.toml's entry applies to it: the environment is first made as the release
+    asks, and only after uv fails is the override added; the environment's record names it with the reason and uv's
+    first answer. A release the entry does not cover fails as before, and one that resolves gets no override."""
+    import stat
+    import sys as _sys
+
+    from pytest_packcheck.versions import envs
+
+    fake = tmp_path / "uv"
+    fake.write_text(f"#!{_sys.executable}\n" + textwrap.dedent('''
+        import os, pathlib, sys, sysconfig
+        args = sys.argv[1:]
+        if args[0] == "venv":
+            env = pathlib.Path(args[-1])
+            pathlib.Path(sysconfig.get_paths(vars={"base": str(env), "platbase": str(env)})["purelib"]).mkdir(parents=True)
+            (env / "bin").mkdir(exist_ok=True)
+            sys.exit(0)
+        overrides = pathlib.Path(args[args.index("--override") + 1]).read_text()
+        with open(os.environ["FAKE_UV_LOG"], "a") as log:
+            log.write(("override" if "kernels==0.17.2" in overrides else "plain") + "\\n")
+        if "transformers==5.25.0" in args and "kernels==0.17.2" not in overrides:
+            sys.stderr.write("  x No solution found when resolving dependencies:\\n  Because only kernels<=0.17.2 is available "
+                             "and transformers==5.25.0 depends on kernels>=0.19.1, we can conclude ...\\n")
+            sys.exit(1)
+        if "transformers==9.0.0" in args:
+            sys.stderr.write("  x No solution found: transformers==9.0.0 is not on the index\\n")
+            sys.exit(1)
+        sys.exit(0)
+        '''))
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setattr(envs, "_uv", lambda: str(fake))
+    monkeypatch.setenv("PACKCHECK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("FAKE_UV_LOG", str(tmp_path / "uv.log"))
+    env = envs.ensure_env(envs.VersionCombo(("transformers==5.25.0",)))
+    assert (tmp_path / "uv.log").read_text().split() == ["plain", "override"]
+    [used] = env.info["overrides"]
+    assert used["requirement"] == "kernels==0.17.2" and used["applies_to"] == "transformers>=5.25.0"
+    assert "kernels>=0.19.1" in used["without"] and "index has kernels 0.17.2" in used["reason"]
+    assert "kernels==0.17.2" in (env.path / "packcheck-overrides.txt").read_text()
+    (tmp_path / "uv.log").unlink()
+    assert "overrides" not in envs.ensure_env(envs.VersionCombo(("transformers==5.24.0",))).info
+    assert (tmp_path / "uv.log").read_text().split() == ["plain"]
+    with pytest.raises(envs.EnvError, match="transformers==9.0.0: not installable: .*not on the index"):
+        envs.ensure_env(envs.VersionCombo(("transformers==9.0.0",)))
+    assert envs.applicable_overrides(envs.VersionCombo(("transformers==5.24.0",))) == []
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[override]]\nrequirement = "kernels=="\napplies_to = "transformers>=5.25"\nreason = "x"\n')
+    with pytest.raises(envs.EnvError, match="bad.toml: override 1: .*fix the file"):
+        envs.applicable_overrides(envs.VersionCombo(("transformers==5.25.0",)), bad)

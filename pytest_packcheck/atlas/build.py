@@ -163,6 +163,8 @@ def run_release(version: str, build: Path, shard: tuple[int, int] | None = None,
               "env_seconds": env.seconds, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if resumed:  # the time of the earlier, interrupted part is not known: the timings cover the last part only
         record.update(resumed=True, resumed_cells=resumed)
+    if (env.info or {}).get("overrides"):  # made with audit/env_overrides.toml: the release's record says so
+        record["overrides"] = env.info["overrides"]
     (folder / DONE_MARKER).write_text(json.dumps(record, indent=1) + "\n")
     (folder / "atlas-error.json").unlink(missing_ok=True)
     log(f"atlas {version}: {record['cells']} cells, {wall:.0f} s wall, {record['child_cpu_s']:.0f} s CPU")

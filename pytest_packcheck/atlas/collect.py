@@ -193,6 +193,7 @@ def collect(build: Path, planned: list[str] | None = None, bisects: dict[str, An
                          "cells": record.get("cells"), "wall_s": record.get("wall_s"), "cpu_s": record.get("child_cpu_s"),
                          **({"resumed": True, "resumed_cells": record.get("resumed_cells")} if record.get("resumed") else {}),
                          **({"measured": record["finished"][:10]} if isinstance(record.get("finished"), str) else {}),
+                         **({"overrides": record["overrides"]} if record.get("overrides") else {}),
                          "packcheck_version": doc.get("packcheck_version"), "source": record.get("source", "packcheck atlas"),
                          "command": reproduce_command(version)})
         for name, by_backend in reduce_release(doc).items():

@@ -93,11 +93,14 @@ def render_markdown(support: dict[str, Any]) -> str:
              f"Measured releases: {', '.join(order) or 'none'}.",
              f"Not measured yet: {', '.join(support['missing']) or 'none'}" + (" (resume: `packcheck atlas`)." if support["missing"] else "."),
              "", "| release | architectures | cells | wall s | CPU s | s per (arch, backend) |", "|---|---|---|---|---|---|"]
-    resumed, seeded = [], []
+    resumed, seeded, overridden = [], [], []
     for r in support["releases"]:
         pairs = sum(1 for by in support["cells"].values() for b in by.values() if r["transformers"] in b)
         per = f"{r['wall_s'] / pairs:.2f}" if r.get("wall_s") and pairs and not r.get("resumed") else "—"
         mark = " ¹" if r.get("resumed") else ""
+        if r.get("overrides"):  # its environment needed a documented uv override (audit/env_overrides.toml)
+            mark += " ³"
+            overridden.append(f"{r['transformers']}: " + "; ".join(f"`{o['requirement']}` ({o['reason']})" for o in r["overrides"]))
         if str(r.get("source", "")).startswith("seeded from"):  # another run's results: its checks, no atlas timing
             mark = " ²"
             seeded.append(f"{r['transformers']} ({r['source'].removeprefix('seeded from ')})")
@@ -109,6 +112,9 @@ def render_markdown(support: dict[str, Any]) -> str:
     if resumed:
         lines += ["", ("¹ Resumed from an earlier, interrupted run's journal: wall and CPU cover only the last part, "
                        f"so no cost per (arch, backend) is given: {', '.join(resumed)}.")]
+    if overridden:
+        lines += ["", ("³ Measured in an environment with a uv override from `audit/env_overrides.toml`, used only because "
+                       "the package index could not meet the release's own requirements: " + "; ".join(overridden) + ".")]
     if seeded:
         lines += ["", ("² Seeded (`packcheck atlas --seed`) from an existing run of every architecture, not run by the atlas: "
                        "its cells are that run's checks (more than the atlas runs), and it recorded no atlas timing: "

@@ -292,6 +292,53 @@ def _base_requirements(combo: VersionCombo) -> list[str]:
     return list(dict.fromkeys(reqs))
 
 
+#: uv overrides for environments whose own requirements the index cannot meet (``audit/env_overrides.toml``).
+ENV_OVERRIDES_FILE = "env_overrides.toml"
+
+
+def applicable_overrides(combo: VersionCombo, path: Path | None = None) -> list[dict[str, str]]:
+    """The entries of ``audit/env_overrides.toml`` (``path``: another file) whose ``applies_to`` (one library
+    requirement, e.g. ``transformers>=5.25.0``) matches a pinned version of ``combo``: each ``{"requirement",
+    "applies_to", "reason"}``. :func:`ensure_env` adds them as uv overrides only after the environment failed to
+    resolve without them.
+
+    Raises:
+        EnvError: the file is not valid TOML, or an entry lacks a key or has a requirement that does not parse.
+    """
+    import tomllib
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    from ..config.audits import PACKAGE_AUDIT_DIR
+
+    file = path or PACKAGE_AUDIT_DIR / ENV_OVERRIDES_FILE
+    if not file.exists():
+        return []
+    try:
+        entries = tomllib.loads(file.read_text()).get("override", [])
+    except tomllib.TOMLDecodeError as exc:
+        raise EnvError(f"{file} is not valid TOML ({exc}): fix the file.") from None
+    pinned = {}
+    for r in combo.requirements:
+        req = Requirement(r)
+        versions = [s.version for s in req.specifier if s.operator == "=="]
+        if versions:
+            pinned[canonical(req.name)] = versions[0]
+    out = []
+    for i, entry in enumerate(entries):
+        if not all(isinstance(entry.get(k), str) for k in ("requirement", "applies_to", "reason")):
+            raise EnvError(f"{file}: override {i + 1} needs the strings requirement, applies_to and reason (got "
+                           f"{sorted(entry)}): fix the file.")
+        try:
+            Requirement(entry["requirement"])
+            scope = Requirement(entry["applies_to"])
+        except InvalidRequirement as exc:
+            raise EnvError(f"{file}: override {i + 1}: {' '.join(str(exc).split())}: fix the file.") from None
+        version = pinned.get(canonical(scope.name))
+        if version is not None and scope.specifier.contains(version, prereleases=True):
+            out.append({k: entry[k] for k in ("requirement", "applies_to", "reason")})
+    return out
+
+
 def env_key(combo: VersionCombo) -> str:
     """Cache key: the exact requirement set plus what the environment is layered over."""
     payload = {
@@ -415,10 +462,18 @@ def ensure_env(combo: VersionCombo, log: Any = None) -> VersionEnv:
         _link_overlay(overlay)
         (site / "_packcheck_overlay.pth").write_text(str(overlay) + "\n")
         overrides = path / "packcheck-overrides.txt"
-        overrides.write_text("".join(f'{canonical(d.metadata["Name"])} ; python_version < "0"\n' for d in _hardware_dists()))
+        hardware = "".join(f'{canonical(d.metadata["Name"])} ; python_version < "0"\n' for d in _hardware_dists())
+        overrides.write_text(hardware)
         requirements = [*combo.requirements, *_base_requirements(combo)]
         cmd = [uv, "pip", "install", "--python", str(path / "bin" / "python"), "--override", str(overrides), *requirements]
         proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)
+        used: list[dict[str, str]] = []
+        if proc.returncode and (extra := applicable_overrides(combo)):
+            # the index cannot meet the release's own requirements: the documented overrides, then say so
+            overrides.write_text(hardware + "".join(o["requirement"] + "\n" for o in extra))
+            first = _uv_reason(proc.stderr + proc.stdout)
+            proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)
+            used = [{**o, "without": first} for o in extra]
         if log:
             log(f"[{combo.label}] {' '.join(cmd[1:3])} ...: exit {proc.returncode}")
         if proc.returncode:
@@ -435,7 +490,8 @@ def ensure_env(combo: VersionCombo, log: Any = None) -> VersionEnv:
             if name in set(combo.names()) | {lib.name for lib in LIBRARIES if lib.env_versions}:
                 versions[name] = dist.version
         info = {"requirements": list(combo.requirements), "installed": requirements, "versions": versions,
-                "seconds": round(time.perf_counter() - t0, 3), "uv": proc.stderr.strip().splitlines()[:2]}
+                "seconds": round(time.perf_counter() - t0, 3), "uv": proc.stderr.strip().splitlines()[:2],
+                **({"overrides": used} if used else {})}
         marker.write_text(json.dumps(info, indent=1) + "\n")
     return VersionEnv(combo, path, path / "bin" / "python", versions, True, round(time.perf_counter() - t0, 3), info)
 
