@@ -57,20 +57,20 @@ def sweep_gaps(support: dict[str, Any], finals: list[str], done: dict[str, Any],
         if t.get("bisected") or transition_key(t) in done or (models and t["model_type"] not in models):
             continue
         groups.setdefault((t["last_before"], t["first_after"]), []).append(t)
-    pending = set(support.get("missing") or [])
+    waiting = {(lo, hi) for lo, hi, _ in deferred_gaps(support)}
     out = []
     for (lo, hi), ts in groups.items():
-        between = [v for v in finals if version_key(lo) < version_key(v) < version_key(hi)]
-        if pending & set(between):
+        if (lo, hi) in waiting:
             continue
+        between = [v for v in finals if version_key(lo) < version_key(v) < version_key(hi)]
         out.append({"last_before": lo, "first_after": hi, "between": between, "transitions": ts,
                     "model_types": sorted({t["model_type"] for t in ts})})
     return sorted(out, key=lambda g: (len(g["between"]) * len(g["model_types"]), version_key(g["last_before"])))
 
 
 def deferred_gaps(support: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
-    """(``last_before``, ``first_after``, the planned releases not yet measured between) of every gap
-    :func:`sweep_gaps` leaves out, oldest first."""
+    """(``last_before``, ``first_after``, the planned releases not yet measured between) of every gap with a
+    transition not placed yet that :func:`sweep_gaps` leaves out, oldest first: the one rule of both."""
     pending = set(support.get("missing") or [])
     gaps = {(t["last_before"], t["first_after"]) for t in support["transitions"] if not t.get("bisected")}
     out = []

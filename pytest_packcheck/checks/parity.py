@@ -280,13 +280,13 @@ def check_loss_parity(wb: Workbench) -> CheckResult:
     # which gradient-accumulation normalisation was used, and the Trainer rule that chose it (evidence of every verdict)
     ga_evidence = {"ga_normalisation": normalisation, "ga_normalisation_rule": rule}
     metrics["ga_packed_vs_padded"] = abs(ga_packed - ga_padded)
-    findings = [num_items_ignored_finding(metrics, ga_evidence)] if num_items_ignored(metrics) else []
+    ignored = num_items_ignored(metrics)
     problems = []
     if n_packed != ref_count:
         problems.append(f"num_items_in_batch {n_packed} from packed labels, expected {ref_count} ({n_packed - ref_count:+d}; a boundary label is not masked)")
     if metrics["loss_delta"] > atol:
         problems.append(f"token-mean loss packed {loss_packed:.6f} vs reference {reference:.6f} (delta {_fmt(metrics['loss_delta'])})")
-    if metrics["ga_delta"] > atol and not findings:
+    if metrics["ga_delta"] > atol and not ignored:
         problems.append(f"grad-accum sum loss packed {ga_packed:.6f} vs reference {reference:.6f} (delta {_fmt(metrics['ga_delta'])})")
     if problems:
         logits_diff, _ = wb.diff_to_solo(wb.packed_logits())
@@ -322,12 +322,9 @@ def check_loss_parity(wb: Workbench) -> CheckResult:
         for c in causes:
             c["evidence"] = {**c.get("evidence", {}), **ga_evidence}
         return CheckResult("fail", metrics, "; ".join(problems) + _also(causes) + _ga_note(takes_items), causes=causes)
-    if findings:
-        from .registry import VERDICT_METRIC
-
-        metrics[VERDICT_METRIC] = "loss_delta"  # the pass rests on the token-mean delta, not the grad-accum one
-        return CheckResult("pass", metrics, num_items_ignored_message(metrics) + _ga_note(takes_items),
-                           evidence=ga_evidence, findings=findings)
+    if ignored:
+        message, finding = num_items_ignored_pass(metrics, ga_evidence)
+        return CheckResult("pass", metrics, message + _ga_note(takes_items), evidence=ga_evidence, findings=[finding])
     return CheckResult("pass", metrics, (f"loss delta {_fmt(metrics['loss_delta'])}, grad-accum delta {_fmt(metrics['ga_delta'])}, "
                                          f"padded delta {_fmt(metrics['padded_delta'])}{_ga_note(takes_items)}"), evidence=ga_evidence)
 
@@ -350,23 +347,25 @@ def num_items_ignored(metrics: dict[str, Any]) -> bool:
         return False
 
 
-def num_items_ignored_finding(metrics: dict[str, Any], ga_evidence: dict[str, Any]) -> dict[str, Any]:
-    """The ``num_items_ignored`` finding of a loss_parity cell (:func:`num_items_ignored`) with its numbers;
-    ``ga_ratio``: the padded grad-accum loss over the reference (None with a reference of 0)."""
-    ref = metrics["loss_reference"]
-    return {"cause": "num_items_ignored", "evidence": {
-        "ga_loss_packed": metrics["ga_loss_packed"], "ga_loss_padded": metrics["ga_loss_padded"], "loss_reference": ref,
-        "ga_ratio": metrics["ga_loss_padded"] / ref if ref else None, "num_items_in_batch": metrics["num_items_expected"],
-        **ga_evidence}}
+def num_items_ignored_pass(metrics: dict[str, Any], ga_evidence: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(message, ``num_items_ignored`` finding) of a loss_parity pass whose grad-accum delta is the model's
+    (:func:`num_items_ignored`): the one form of such a cell, for the check and for results judged again on load
+    (:func:`pytest_packcheck.results.schema.upgrade`). Marks ``metrics``: ``ga_packed_vs_padded``, and the key number
+    is the token-mean delta the pass rests on (:data:`~.registry.VERDICT_METRIC`). The finding's ``ga_ratio``: the
+    padded grad-accum loss over the reference (None with a reference of 0)."""
+    from .registry import VERDICT_METRIC
 
-
-def num_items_ignored_message(metrics: dict[str, Any]) -> str:
-    """The message of a loss_parity pass whose grad-accum delta is the model's (:func:`num_items_ignored`)."""
     ref, packed, padded = metrics["loss_reference"], metrics["ga_loss_packed"], metrics["ga_loss_padded"]
+    metrics["ga_packed_vs_padded"] = abs(packed - padded)
+    metrics[VERDICT_METRIC] = "loss_delta"
     ratio = f"{padded / ref:.2f}x" if ref else "off"
-    return (f"loss delta {_fmt(metrics['loss_delta'])}; grad-accum sum loss packed {packed:.6f} = padded {padded:.6f} "
-            f"(delta {_fmt(abs(packed - padded))}), both {ratio} the reference {ref:.6f}: the model's "
-            "num_items_in_batch handling, padded too, not packing")
+    message = (f"loss delta {_fmt(metrics['loss_delta'])}; grad-accum sum loss packed {packed:.6f} = padded {padded:.6f} "
+               f"(delta {_fmt(abs(packed - padded))}), both {ratio} the reference {ref:.6f}: the model's "
+               "num_items_in_batch handling, padded too, not packing")
+    finding = {"cause": "num_items_ignored", "evidence": {
+        "ga_loss_packed": packed, "ga_loss_padded": padded, "loss_reference": ref, "ga_ratio": padded / ref if ref else None,
+        "num_items_in_batch": metrics["num_items_expected"], **ga_evidence}}
+    return message, finding
 
 
 def _ga_loss(wb: Workbench, micro_batches: list[dict[str, Any]], n_items: int, takes_items: bool) -> float:

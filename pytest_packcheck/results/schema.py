@@ -295,8 +295,7 @@ def _rejudge_num_items_ignored(data: dict[str, Any]) -> bool:
                   and ([x.get("cause") for x in c.get("causes") or []] or [c.get("cause")]) == ["loss_normalisation"]]
     if not candidates:
         return False
-    from ..checks.parity import num_items_ignored, num_items_ignored_finding, num_items_ignored_message
-    from ..checks.registry import VERDICT_METRIC
+    from ..checks.parity import num_items_ignored, num_items_ignored_pass
 
     changed = False
     for c in candidates:
@@ -304,11 +303,9 @@ def _rejudge_num_items_ignored(data: dict[str, Any]) -> bool:
         if not num_items_ignored(m):
             continue
         evidence = {k: v for k, v in (c.get("evidence") or {}).items() if k.startswith("ga_normalisation")}
-        m["ga_packed_vs_padded"] = abs(m["ga_loss_packed"] - m["ga_loss_padded"])
-        m[VERDICT_METRIC] = "loss_delta"
-        finding = num_items_ignored_finding(m, evidence)
+        message, finding = num_items_ignored_pass(m, evidence)
         finding["evidence"]["rejudged"] = "measured as fail (loss_normalisation); judged again from its own numbers"
-        c.update(status="pass", cause=None, causes=[], evidence=evidence, message=num_items_ignored_message(m),
+        c.update(status="pass", cause=None, causes=[], evidence=evidence, message=message,
                  findings=[*(c.get("findings") or []), finding])
         changed = True
     return changed
