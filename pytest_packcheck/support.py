@@ -84,11 +84,30 @@ class Answer:
         return self.measured or bool(self.inferred_from)
     #: with ``trl_version``: the TRL axis's answer (:func:`pytest_packcheck.atlas.trl_render.trl_answer`)
     trl: dict[str, Any] = field(default_factory=dict)
+    #: one dict per training path (the model fed the packed row, ``Trainer``, ``SFTTrainer`` with ``--trl``): its
+    #: verdict, causes, reasons, remedy at this release and ``safe_from`` (:func:`pytest_packcheck.atlas.paths.training_paths`)
+    paths: list[dict[str, Any]] = field(default_factory=list)
+    #: the config the atlas's tiny model rests on for this architecture (transformers' default config, shrunk)
+    config_source: str = ""
+    #: how ``model_type`` was read when a Hub ID, a model folder or a config.json was asked ("" for a plain type)
+    resolved_from: str = ""
+
+    @property
+    def overall(self) -> str | None:
+        """``pass`` only where every known path passes with no hazard on its default way of running; else the
+        worst path's verdict ("fail" before "hazard" before the rest); the model's verdict where no path is known."""
+        if not self.paths:
+            return self.verdict
+        verdicts = [p["verdict"] for p in self.paths if p["verdict"] != "not measured"]
+        for worst in ("fail", "error", "unsupported", "hazard"):
+            if worst in verdicts:
+                return worst
+        return "pass" if verdicts and all(v == "pass" for v in verdicts) else self.verdict
 
     def as_dict(self) -> dict[str, Any]:
         """The answer's fields, and ``answered`` (measured, or placed by a bisect: a bisect-placed answer has
         ``measured`` false beside a verdict; ``--json`` readers told the two apart only by ``inferred_from``)."""
-        return {**asdict(self), "answered": self.answered}
+        return {**asdict(self), "answered": self.answered, "overall": self.overall}
 
     def summary(self) -> str:
         """The answer without its head (architecture / backend @ release) and notes: the verdict, causes, key
@@ -110,9 +129,34 @@ class Answer:
                          for n in self.nearest)
         return "not measured" + (f" (nearest measured: {near})" if near else "")
 
+    def path_lines(self) -> list[str]:
+        """The answer per training path, two spaces in: verdict, causes, what goes wrong, the remedy at this
+        release and the first release from which the path passes as is."""
+        lines = []
+        for p in self.paths:
+            why = f" [{', '.join(p['causes'])}]" if p["causes"] else ""
+            lines.append(f"  {p['path']}: {p['verdict']}{why} ({p['source']})")
+            lines += [f"    {r}" for r in p["reasons"]]
+            if p["remedy"]:
+                lines.append(f"    remedy at {self.transformers_version}: {p['remedy']}")
+            if p["safe_from"]:
+                lines.append(f"    passes as is from: {p['safe_from']}")
+        if self.paths and not any(p["path"] == "SFTTrainer" for p in self.paths):
+            lines.append("  SFTTrainer: not asked (add --trl VERSION for TRL's packing=True / padding_free paths)")
+        return lines
+
     def __str__(self) -> str:
         head = f"{self.model_type} / {self.attn_implementation} @ transformers {self.transformers_version}: "
+        if self.paths and self.overall != self.verdict:  # the model's pass is not the run's (issue 41: lookup said pass
+            bad = [p["path"] for p in self.paths if p["verdict"] == self.overall]  # where the Trainer path fails)
+            head += f"{self.overall} on the {' and '.join(bad)} path{'s' if len(bad) > 1 else ''}; model path: "
         lines = [head + self.summary(), *("  " + n for n in self.notes)]  # each answer's notes right under it
+        if self.resolved_from:
+            lines.insert(1, f"  model_type {self.model_type!r} read from {self.resolved_from}")
+        if self.paths and self.overall != "pass" or any(p["reasons"] for p in self.paths):
+            lines += self.path_lines()
+        if self.config_source:
+            lines.append(f"  config: {self.config_source}")
         if self.trl:
             from .atlas.trl_render import trl_answer_lines
 
@@ -332,6 +376,9 @@ def lookup(model_type: str, attn_implementation: str, transformers_version: str,
             raise PackcheckUsageError(f"{what} version '{value}' is not a version (the {what} version asked about): write "
                                       f"a release number such as {example} (no '{what}==', no wildcard).") from None
     doc = load_support(path)
+    resolved_from = ""
+    if model_type not in doc["cells"] and looks_like_model_reference(model_type):
+        model_type, resolved_from = resolve_model_type(model_type, list(doc["cells"]))
     in_cells = {b for row in doc["cells"].values() for b in row}
     measured = list(dict.fromkeys([*(b for b in doc.get("backends") or [] if b in in_cells), *sorted(in_cells)]))
     known = list(dict.fromkeys([*KNOWN_BACKENDS, *ANSWERED_FROM, *measured]))
@@ -344,11 +391,156 @@ def lookup(model_type: str, attn_implementation: str, transformers_version: str,
     src = path or default_support_file()
     # the atlas's render date is not when a cell was measured (trial 14, 78): the release's own date where recorded
     where = f"{src} (packcheck atlas rendered {doc.get('generated')}, {doc.get('device')} {doc.get('dtype')}, torch {doc.get('torch')})"
-    return answer_at(doc, model_type, attn_implementation, transformers_version, trl_version, where)
+    answer = answer_at(doc, model_type, attn_implementation, transformers_version, trl_version, where)
+    if resolved_from:
+        import dataclasses
+
+        answer = dataclasses.replace(answer, resolved_from=resolved_from)
+    return answer
+
+
+def is_bare_minor(transformers_version: str) -> bool:
+    """``4.53`` (a major.minor with no patch) as opposed to ``4.53.0``: a minor is answered per patch."""
+    text = str(transformers_version).strip()
+    return text.count(".") == 1 and all(part.isdigit() for part in text.split("."))
+
+
+def lookup_releases(model_type: str, attn_implementation: str, transformers_version: str, trl_version: str | None = None,
+                    path: str | Path | None = None) -> list[Answer]:
+    """:func:`lookup` for one release, or, for a bare minor (``4.53``), one answer per patch of that minor the atlas
+    knows (measured, swept, or placed by a bisect's first / last release), oldest first: a minor is not its ``.0``.
+    A minor the atlas knows no patch of is answered as ``X.Y.0`` (not measured, with the nearest releases).
+
+    Raises:
+        PackcheckUsageError: as :func:`lookup`.
+    """
+    if not is_bare_minor(transformers_version):
+        return [lookup(model_type, attn_implementation, transformers_version, trl_version, path)]
+    from packaging.version import Version
+
+    first = lookup(model_type, attn_implementation, transformers_version + ".0", trl_version, path)
+    doc = load_support(path)
+    minor = Version(transformers_version).release[:2]
+    known = {r["transformers"] for r in doc.get("releases", [])}
+    for row in (doc["cells"].get(first.model_type) or {}).values():
+        known.update(row)
+    for t in doc.get("transitions", []):
+        b = t.get("bisected") or {}
+        known.update(str(v) for v in (b.get("first"), b.get("last")) if v)
+        known.update(str(p.get("version")) for p in b.get("probes") or [] if isinstance(p, dict) and p.get("version"))
+    patches = sorted({Version(v) for v in known if _parses(v) and Version(v).release[:2] == minor})
+    if not patches:
+        return [first]
+    top = patches[-1].release[2] if len(patches[-1].release) > 2 else 0
+    out = []
+    for patch in range(top + 1):  # every patch up to the newest known: one between two known ones is placed or named
+        version = f"{minor[0]}.{minor[1]}.{patch}"
+        out.append(first if patch == 0 else lookup(first.model_type, attn_implementation, version, trl_version, path))
+    if first.resolved_from:
+        import dataclasses
+
+        out = [dataclasses.replace(a, resolved_from=first.resolved_from) for a in out]
+    return out
+
+
+def looks_like_model_reference(name: str) -> bool:
+    """A Hub model ID (``Qwen/Qwen2.5-0.5B``), a model folder or a ``config.json`` path rather than a ``model_type``."""
+    return "/" in name or name.endswith(".json") or Path(name).exists()
+
+
+def resolve_model_type(name: str, known: list[str]) -> tuple[str, str]:
+    """(``model_type``, where it was read) for a Hub model ID, a local model folder or a ``config.json`` path, read
+    offline: the folder's / file's ``config.json``, else the local Hub cache (``HF_HUB_CACHE`` / ``HF_HOME``, as
+    ``huggingface_hub.try_to_load_from_cache`` finds it; nothing is downloaded).
+
+    Raises:
+        PackcheckUsageError: the file is not a JSON object with a ``model_type``; the Hub ID is not in the local
+            cache (the message says how to get its config and the nearest model_type by name).
+    """
+    from .errors import read_user_text
+
+    candidate = Path(name)
+    fix = "pass a model folder holding config.json, a config.json path, a Hub model ID in the local cache, or a model_type"
+    if candidate.is_dir():
+        candidate = candidate / "config.json"
+        if not candidate.exists():
+            raise PackcheckUsageError(f"Model folder '{name}' (the model_type argument) has no config.json: {fix}.")
+    if candidate.exists():
+        source = str(candidate)
+    else:
+        if name.count("/") != 1 or name.startswith(("/", ".")):
+            raise PackcheckUsageError(f"Model '{name}' (the model_type argument) is neither a model_type, an existing file "
+                                      f"or folder, nor a Hub model ID (owner/name): {fix}.")
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(name, "config.json")
+        except (ValueError, OSError) as exc:  # a malformed ID: huggingface_hub validates it (HFValidationError)
+            raise PackcheckUsageError(f"Model '{name}' (the model_type argument) is not a Hub model ID "
+                                      f"({type(exc).__name__}: {' '.join(str(exc).split())[:120]}): {fix}.") from None
+        if not isinstance(cached, str):
+            guess = guess_model_type(name, known)
+            hint = f" By its name it may be model_type '{guess}': packcheck lookup {guess} ..." if guess else ""
+            raise PackcheckUsageError(f"Hub model '{name}' has no config.json in the local Hub cache (looked up offline, "
+                                      "HF_HUB_CACHE / HF_HOME): get it with `hf download " + name + " config.json` where the "
+                                      f"Hub is reachable, or pass the model folder or its config.json.{hint}")
+        source = f"{cached} (the local Hub cache of {name})"
+        candidate = Path(cached)
+    text = read_user_text(candidate, "Model config", fix)
+    try:
+        config = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise PackcheckUsageError(f"Model config {candidate} is not JSON ({type(exc).__name__}): {fix}.") from None
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if not isinstance(model_type, str) or not model_type:
+        raise PackcheckUsageError(f"Model config {candidate} has no model_type (got {model_type!r:.60}): {fix}.")
+    return model_type, source
+
+
+def guess_model_type(name: str, known: list[str]) -> str | None:
+    """The longest ``model_type`` of ``known`` that a model's name starts with, ignoring case and punctuation, from its
+    whole name or any of its dash-separated parts (``Qwen/Qwen2.5-0.5B`` -> ``qwen2``, ``meta-llama/Meta-Llama-3-8B``
+    -> ``llama``); None when none fits."""
+    import re
+
+    def norm(text: str) -> str:
+        return re.sub(r"[^a-z0-9]", "", text.lower())
+
+    base = name.rsplit("/", 1)[-1]
+    parts = base.split("-")
+    starts = [norm("-".join(parts[i:])) for i in range(len(parts))]
+    fits = [t for t in known if norm(t) and any(s.startswith(norm(t)) for s in starts)]
+    return max(fits, key=lambda t: len(norm(t))) if fits else None
 
 
 def answer_at(doc: dict[str, Any], model_type: str, attn_implementation: str, transformers_version: str,
               trl_version: str | None = None, where: str = "") -> Answer:
+    """:func:`_model_answer` (the model fed the packed row), with the answer per training path
+    (:func:`pytest_packcheck.atlas.paths.training_paths`: the model, ``Trainer``, ``SFTTrainer`` with ``trl_version``)
+    wherever the model's verdict is answered, and the config the atlas's model rests on.
+
+    Raises:
+        InvalidVersion: ``transformers_version`` is not a version (:func:`lookup` checks it first).
+    """
+    import dataclasses
+
+    from packaging.version import Version
+
+    answer = _model_answer(doc, model_type, attn_implementation, transformers_version, trl_version, where)
+    if not answer.answered:
+        return answer
+    from .atlas.paths import training_paths
+
+    row = (doc["cells"].get(model_type) or {}).get(answer.backend or "") or {}
+    entry = row.get(answer.measured_at or "")
+    paths = training_paths(doc, model_type, answer.backend or attn_implementation, Version(transformers_version), entry,
+                           answer.verdict, answer.causes, answer.trl if trl_version else None)
+    config = (entry or {}).get("config") or "transformers' default config for the architecture, shrunk (packcheck's shrink)"
+    return dataclasses.replace(answer, paths=paths, config_source=config)
+
+
+def _model_answer(doc: dict[str, Any], model_type: str, attn_implementation: str, transformers_version: str,
+                  trl_version: str | None = None, where: str = "") -> Answer:
     """:func:`lookup`'s answer from a loaded support document (:func:`load_support`), its arguments already
     checked: the one rule for "what does the atlas say at this release" (``packcheck lookup`` and ``packcheck
     claims`` both answer through it). Measured at ``transformers_version``; else, between two measured releases
@@ -379,7 +571,10 @@ def answer_at(doc: dict[str, Any], model_type: str, attn_implementation: str, tr
     dates = {r["transformers"]: r["measured"] for r in doc.get("releases", []) if isinstance(r.get("measured"), str)}
     arch = doc["cells"].get(model_type)
     if arch is None:
-        notes.append(f"architecture '{model_type}' is not in the atlas ({len(doc['cells'])} measured).{closest(model_type, list(doc['cells']))}")
+        hint = closest(model_type, list(doc["cells"]))
+        if not hint and guess_model_type(model_type, list(doc["cells"])):  # 'Qwen2.5' got no hint (issue 41)
+            hint = f" Did you mean '{guess_model_type(model_type, list(doc['cells']))}'?"
+        notes.append(f"architecture '{model_type}' is not in the atlas ({len(doc['cells'])} measured).{hint}")
         return Answer(**base, measured=False, notes=notes)
     row = arch.get(backend)
     if row is None:

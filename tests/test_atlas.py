@@ -471,7 +471,9 @@ def test_cli_lookup_exit_codes(support_file):
                               capture_output=True, text=True, check=False, env={**os.environ, "PYTHONPATH": str(REPO)})
 
     ok = run("llama", "sdpa", "5.24.0")
-    assert ok.returncode == 0 and ok.stdout.startswith("llama / sdpa @ transformers 5.24.0: pass")
+    # the model path passes; the first line says whether every training path does (issue 41: a bare pass only then)
+    assert ok.returncode == 0 and ok.stdout.startswith("llama / sdpa @ transformers 5.24.0: ")
+    assert "model path: pass" in ok.stdout.splitlines()[0] or ok.stdout.startswith("llama / sdpa @ transformers 5.24.0: pass")
     assert run("llama", "sdpa", "4.56.2").returncode == 1
     bad = run("llama", "sdpa", "x.y")
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "'x.y'" in bad.stderr

@@ -8,9 +8,10 @@ import argparse
 
 def configure(lookup: argparse.ArgumentParser) -> None:
     lookup.description = "Answers offline from reports/atlas/support.json (the committed atlas)."
-    lookup.add_argument("model_type", help="config.model_type, e.g. qwen2.")
+    lookup.add_argument("model_type", help="config.model_type (e.g. qwen2), or a Hub model ID in the local cache, a model "
+                        "folder or a config.json path (read offline).")
     lookup.add_argument("attn_implementation", help="eager, sdpa, flash_attention_2 (answered from packcheck_flash_ref), ...")
-    lookup.add_argument("transformers_version", help="e.g. 4.56.2.")
+    lookup.add_argument("transformers_version", help="e.g. 4.56.2; a bare minor (4.53) is answered for each of its patches.")
     lookup.add_argument("--trl", default=None, help="TRL version: also answer SFTTrainer's packing=True and padding_free "
                         "paths from the atlas's TRL axis (e.g. 0.24.0).")
     lookup.add_argument("--support-file", default=None, help="support.json to read (default: the packaged atlas).")
@@ -23,9 +24,15 @@ def run(ns: argparse.Namespace) -> int:
     import json
 
     from ..errors import scrub_secrets
-    from ..support import lookup
+    from ..support import is_bare_minor, lookup_releases
 
-    answer = lookup(ns.model_type, ns.attn_implementation, ns.transformers_version, ns.trl, path=ns.support_file)
+    answers = lookup_releases(ns.model_type, ns.attn_implementation, ns.transformers_version, ns.trl, path=ns.support_file)
+    if ns.json:
+        body = answers[0].as_dict() if len(answers) == 1 and not is_bare_minor(ns.transformers_version) else {
+            "minor": ns.transformers_version, "answers": [a.as_dict() for a in answers]}
+        text = json.dumps(body, indent=1)
+    else:
+        text = "\n\n".join(str(a) for a in answers)
     # a token typed where the model type belongs is not echoed back (the answer names the model type it was asked)
-    print(scrub_secrets(json.dumps(answer.as_dict(), indent=1) if ns.json else str(answer)))
-    return 0 if answer.answered and (not ns.trl or answer.trl.get("measured")) else 1
+    print(scrub_secrets(text))
+    return 0 if all(a.answered and (not ns.trl or a.trl.get("measured")) for a in answers) else 1
