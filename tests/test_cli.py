@@ -124,3 +124,25 @@ def test_gpu_check_script_rehearsed_on_cpu(tmp_path):
     bench = json.loads((tmp_path / "gpu-bench.json").read_text())
     assert [r["profile"] for r in bench["results"]] == ["flan", "orcamath"]
     assert all("error" not in r and r["dtype"] == "bfloat16" for r in bench["results"])
+
+
+def test_the_closing_line_states_checks_cells_models_and_why_the_exit_status(tmp_path):
+    """Issue 41, part 3: pytest's "N failed" above an exit 0 read as a contradiction. The last line counts the failing
+    correctness checks (pytest's failed items), the matrix cells and the models, says why the exit is 0, and names
+    --fail-on-failure, which makes the same run exit 1 (the matrix still written). opt leaks on sdpa (no packed mask)."""
+    args = ["audit", "--models", "arch:llama,arch:opt", "--packcheck-attn", "sdpa", "--packcheck-checks",
+            "isolation,logits_parity", "-n", "0", "-q"]
+    proc = _run(args, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    pytest_line = next(line for line in proc.stdout.splitlines() if " failed" in line and " passed" in line)
+    failed = int(pytest_line.split(" failed")[0].split()[-1])
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith(f"packcheck audit: {failed} of 4 correctness checks did not pass"), last
+    assert "in 1 of 2 matrix cells, on 1 model (opt)" in last and "exit 0" in last and "--fail-on-failure" in last
+    strict = _run([*args, "--fail-on-failure"], tmp_path)
+    assert strict.returncode == 1, strict.stderr
+    assert strict.stdout.strip().splitlines()[-1].endswith("exit 1 (--fail-on-failure).")
+    assert (tmp_path / "reports" / "packcheck-matrix.json").exists()
+    clean = _run(["audit", "--models", "arch:llama", "--packcheck-attn", "sdpa", "--packcheck-checks", "isolation",
+                  "-n", "0", "-q", "--fail-on-failure"], tmp_path)
+    assert clean.returncode == 0 and "every matrix cell passed" in clean.stdout.strip().splitlines()[-1]

@@ -66,11 +66,18 @@ def test_pass_to_fail_is_a_regression_unless_allowed(baseline_path, tmp_path):
     assert "hf_typed" not in proc.stdout + proc.stderr + summary.read_text()
 
 
-def test_parity_number_growing_beyond_tolerance_is_a_regression(baseline_path):
+def test_parity_number_growing_beyond_tolerance_is_refused_as_a_pass_and_counted_as_a_fail(baseline_path, tmp_path):
+    """A pass whose number grew past its tolerance contradicts itself: the gate's loader refuses it (issue 41: the
+    gate's own "pass that grew by more than its tolerance" rule could never fire and was removed); written as the
+    fail it is, it is a regression."""
+    from pytest_packcheck.results.schema import cell_problem
+
     doc = json.loads(baseline_path.read_text())
     worse = copy.deepcopy(doc)
     cell = next(c for c in worse["cells"] if c["cell_id"] == "llama-sdpa-logits_parity-float32")
     cell["metrics"]["max_abs_diff_solo"] += 2 * cell["tolerances"]["logits_atol"]
+    assert "above its tolerance" in cell_problem(cell)
+    cell.update(status="fail", cause="leak")
     assert [c.key for c in regressions(compare(doc, worse))] == [("llama", "sdpa", "logits_parity", "float32", None)]
     better = copy.deepcopy(doc)
     opt = next(c for c in better["cells"] if c["cell_id"] == "opt-sdpa-isolation-float32")

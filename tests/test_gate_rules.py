@@ -514,3 +514,16 @@ def test_merge_refuses_files_measured_on_different_stacks():
         merge([base, other])
     assert len(merge([base, _doc([_cell("gpt2-sdpa-trainer-float32")])])["cells"]) == 2  # one stack: merged
     assert compare(base, other) is not None  # the gate's job
+
+
+def test_what_the_gate_counts_a_pass_stays_a_pass_and_crossing_the_tolerance_is_pass_to_fail():
+    """Issue 41: the rule "a pass whose number grew by more than its tolerance" could never fire (a pass above its
+    tolerance is refused on load; both sides share tolerances) and was removed. What the gate counts instead, planted:
+    a pass whose loss delta grows inside the tolerance is no change; the same growth past it is a fail, and a
+    pass -> fail is a regression."""
+    base = _doc([_cell(metrics={"max_loss_delta": 1e-9})])
+    grown = _doc([_cell(metrics={"max_loss_delta": 1.9e-5})])  # x19000, still under train_loss_atol 2e-5
+    assert compare(base, grown) == []
+    crossed = _doc([_cell(status="fail", cause="leak", metrics={"max_loss_delta": 3e-5})])
+    changes = compare(base, crossed)
+    assert [(c.baseline, c.candidate, c.worse) for c in changes] == [("pass", "fail", True)] and len(regressions(changes)) == 1

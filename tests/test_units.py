@@ -343,3 +343,18 @@ def test_models_sentence_never_counts_zero_default_configs_and_overhead_below_ze
     assert _instrumentation_text({"instrumentation_overhead": 0.125}) == "+12.5 %"
     assert _instrumentation_text({"instrumentation_overhead": -0.767}) == "none measurable (-76.7 %, timing noise)"
     assert _instrumentation_text({}) == "—"
+
+
+def test_a_library_version_comes_from_its_metadata_not_its_dunder_version(monkeypatch):
+    """Issue 41: a TRL release whose module has no ``__version__`` (trl 0.22.0's) must still be named by its version.
+    Planted: trl's ``__version__`` replaced by "unknown"; the SFT feature probe reads the metadata."""
+    from importlib import metadata
+
+    import trl
+
+    from pytest_packcheck.checks.sft_setup import trl_features
+    from pytest_packcheck.versions.libraries import module_version
+
+    monkeypatch.setattr(trl, "__version__", "unknown", raising=False)
+    assert module_version("trl") == metadata.version("trl") == trl_features()["version"]
+    assert module_version("no-such-distribution-here") == "not installed"

@@ -1,8 +1,10 @@
 """Baseline comparison: which cells got worse between two results documents (and merging documents).
 
 A cell is matched by (model label, backend, check, dtype). It got worse when its verdict moved down the order
-pass > skipped > unsupported > fallback > fail > error, when it stayed a pass but a parity number grew beyond
-the candidate's tolerance, or when it stayed red but gained a cause (issue 23: a cell that fails for a second
+pass > skipped > unsupported > fallback > fail > error, or when it stayed red but gained a cause. A pass stays a pass
+however its number moved: a pass above its tolerance is refused on load and both sides share tolerances, so "a pass
+whose number grew by more than its tolerance" cannot happen (issue 41: that rule could never fire and was removed);
+a number that crosses its tolerance is a pass -> fail, counted (issue 23: a cell that fails for a second
 reason is a new fault). One rule for a cell held twice, in one file or across files, shared by the gate and
 merge (:func:`index_cells`): the same verdict twice is one cell, an interrupted run's "not run" placeholder yields
 to a measured record; two verdicts are refused. Pure functions:
@@ -16,7 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..checks.registry import SPECS
 from ..errors import PackcheckUsageError, scrub_secrets
 from ..report.text import escape_md
 from ..report.verdicts import not_run, role_of
@@ -206,14 +207,6 @@ def compare(baseline: dict[str, Any], candidate: dict[str, Any], allow: dict[str
             continue
         worse = _ORDER.index(c["status"]) > _ORDER.index(b["status"])
         detail = _status_detail(b, c) if b["status"] != c["status"] else ""
-        spec = SPECS.get(c["check"])
-        metric = spec.key_metric[0] if spec and spec.key_metric else None
-        tol_key = spec.tolerance if spec else None
-        if b["status"] == c["status"] == "pass" and metric and tol_key:
-            old, new = (b.get("metrics") or {}).get(metric), (c.get("metrics") or {}).get(metric)
-            tol = (c.get("tolerances") or {}).get(tol_key)
-            if isinstance(old, int | float) and isinstance(new, int | float) and tol is not None and new - old > tol:
-                worse, detail = True, f"{metric} {old:.2e} -> {new:.2e} (grew by more than {tol_key}={tol:g})"
         causes_changed = False
         if b["status"] == c["status"] != "pass":
             old_causes, new_causes = cell_causes(b), cell_causes(c)

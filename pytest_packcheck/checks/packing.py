@@ -17,25 +17,28 @@ from .sft_setup import (
 def check_packing_content(wb: Any) -> CheckResult:
     """Token accounting of TRL's ``pack_dataset`` per strategy (:func:`packing_content`): per model, no backend
     (the packer never sees the model). ``pack_dataset`` appeared in TRL 0.16: before, "unsupported"."""
+    from ..versions.libraries import module_version
+
     try:
-        import trl
+        import trl  # noqa: F401
     except ImportError as exc:
         return CheckResult("skipped", {}, f"trl is not installed ({exc})")
+    version = module_version("trl")
     try:
         with _quiet_datasets():
             content = packing_content()
     except ImportError as exc:
-        return CheckResult("unsupported", {"trl": trl.__version__}, f"not available in trl {trl.__version__}: {exc}")
+        return CheckResult("unsupported", {"trl": version}, f"not available in trl {version}: {exc}")
     problems = [f"{s}: {p}" for s, v in content.items() for p in v["problems"]]
-    metrics = {"trl": trl.__version__, "strategies": content}
+    metrics = {"trl": version, "strategies": content}
     ran = {s: v for s, v in content.items() if v.get("available", True)}
     summary = "; ".join(f"{s}: {v['lost']} lost ({v['overflow']} overflow), {v['duplicated']} duplicated, {v['tail_starts']} tail starts"
                         for s, v in ran.items())
     if problems:
-        return CheckResult("fail", metrics, "; ".join(problems) + f" (trl {trl.__version__})", cause="packing_content",
+        return CheckResult("fail", metrics, "; ".join(problems) + f" (trl {version})", cause="packing_content",
                            evidence={s: {k: v[k] for k in ("lost", "duplicated", "tail_starts") if k in v} for s, v in content.items()
                                      if v["problems"]})
-    return CheckResult("pass", metrics, f"trl {trl.__version__}: {summary}")
+    return CheckResult("pass", metrics, f"trl {version}: {summary}")
 
 
 CONTENT_PROBES = {"mixed": ((40, 10, 70, 25, 5, 90), 64), "tails": ((13, 11), 10)}

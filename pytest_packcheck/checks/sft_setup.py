@@ -48,12 +48,13 @@ def offline_tokenizer(vocab_size: int) -> Any:
 
 def trl_features() -> dict[str, Any]:
     """What the installed TRL offers: version, SFTConfig field names, SFTTrainer argument names."""
-    import trl
     from trl import SFTConfig, SFTTrainer
+
+    from ..versions.libraries import module_version
 
     fields = {f.name for f in dataclasses.fields(SFTConfig)}
     params = set(inspect.signature(SFTTrainer.__init__).parameters)
-    return {"version": trl.__version__, "fields": fields, "params": params,
+    return {"version": module_version("trl"), "fields": fields, "params": params,
             "max_length_key": "max_length" if "max_length" in fields else "max_seq_length" if "max_seq_length" in fields else None,
             "tokenizer_key": "processing_class" if "processing_class" in params else "tokenizer"}
 

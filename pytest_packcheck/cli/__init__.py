@@ -52,9 +52,9 @@ COMMANDS = (
 
 #: What ``packcheck`` exits with, for --help and the README.
 EXIT_CODES = {
-    0: "the matrix was written (whatever the verdicts); gate: no regression; bisect: an answer; lookup: a measured "
+    0: "the matrix was written (whatever the verdicts, unless audit --fail-on-failure); gate: no regression; bisect: an answer; lookup: a measured "
        "answer (or one a bisect places)",
-    1: "gate: a regression (after the table is printed); bisect: the endpoints do not hold or skips hide the boundary; "
+    1: "audit --fail-on-failure: a correctness check failed (the matrix is written); gate: a regression (after the table is printed); bisect: the endpoints do not hold or skips hide the boundary; "
        "lookup: not measured (the nearest measured releases are named; with --trl, also that TRL release not measured)",
     2: "usage error (one line naming the value, where it came from and the fix)",
     3: "internal error (pytest's)",

@@ -71,8 +71,33 @@ def configure(audit: argparse.ArgumentParser) -> None:
                             "audit, gate the second against the first cell by cell; exit 1 on a regression.")
     audit.add_argument("--allow", action="append", default=[], metavar="CELL=REASON",
                        help="For --gate: accept a regression of a cell id or id prefix; repeatable.")
+    audit.add_argument("--fail-on-failure", action="store_true",
+                       help="Exit 1 when a correctness check failed (a red matrix cell), after the matrix is written: for "
+                            "CI. Without it the audit exits 0 once the matrix is written, whatever the verdicts.")
     audit.add_argument("--summary", metavar="FILE", default=None, help=SUMMARY_HELP)
     audit.add_argument("pytest_args", nargs="*", help="Extra pytest arguments after --, e.g. -- -k sdpa.")
+
+
+def _closing_line(out: Path, started: float, fail_on_failure: bool) -> int:
+    """Print the audit's last line: the failing correctness checks (pytest's "failed" items), the matrix cells and
+    the models they fall on, in one sentence with why the exit status is what it is (issue 41: "41 failed" above
+    an exit 0 read as a contradiction). Returns the number of failing matrix cells (0 when the matrix cannot be
+    read: the plugin has said why)."""
+    import json
+
+    from ..errors import scrub_secrets
+    from ..report.verdicts import closing_sentence
+
+    matrix = out / "packcheck-matrix.json"
+    try:
+        if matrix.stat().st_mtime < started - 1:  # not this run's matrix: nothing to sum up
+            return 0
+        cells = json.loads(matrix.read_text(encoding="utf-8"))["cells"]
+        text, failing = closing_sentence(cells, fail_on_failure)
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return 0
+    print(scrub_secrets(text))
+    return failing
 
 
 class _BaselineGate:
@@ -215,6 +240,7 @@ def run(ns: argparse.Namespace) -> int:
             _discard_previous_matrix(Path(ns.packcheck_report_dir or default_of(OPT_REPORT_DIR)), started,
                                      "interrupted before it wrote a matrix" if code == pytest.ExitCode.INTERRUPTED else "checked nothing")
     if code in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+        failing = _closing_line(Path(ns.packcheck_report_dir or default_of(OPT_REPORT_DIR)), started, ns.fail_on_failure)
         if gate.regressions:
             # --packcheck-baseline: the gate's table and count are printed; a regression fails the audit as it
             # fails `packcheck gate` and plain pytest (the same rule, analysis.gate.compare)
@@ -239,7 +265,7 @@ def run(ns: argparse.Namespace) -> int:
             from ..errors import scrub_secrets
 
             print(scrub_secrets(f"baseline written: {out / 'baseline.json'}"))
-        return 0
+        return 1 if ns.fail_on_failure and failing else 0
     if code == pytest.ExitCode.USAGE_ERROR:
         return 2
     if code == pytest.ExitCode.NO_TESTS_COLLECTED:  # every cell deselected (`-- -k nothing`): nothing was checked

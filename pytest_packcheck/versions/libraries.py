@@ -168,6 +168,22 @@ def installed_version(lib: Library) -> str | None:
     return None
 
 
+def module_version(dist: str) -> str:
+    """The installed version of the distribution ``dist`` (``trl``, ``transformers``) from its metadata, the one
+    source: a package need not define ``__version__`` (issue 41: a TRL release read without it was "unknown").
+    Falls back to the imported module's ``__version__`` where the distribution has no metadata (a source checkout on
+    ``PYTHONPATH``), else ``"not installed"``."""
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        import importlib
+
+        try:
+            return str(importlib.import_module(dist.replace("-", "_")).__version__)
+        except (ImportError, AttributeError):
+            return "not installed"
+
+
 def versions_line(env: dict[str, Any], libraries: tuple[Library, ...] | None = None, missing: str = "not installed") -> str:
     """``torch 2.13.0+cpu, transformers 5.24.0, trl 1.16.0, flash-attn not installed``: the header libraries'
     versions in ``env`` (an environment record)."""
