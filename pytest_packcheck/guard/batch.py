@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .result import NotPackedError, _usage
@@ -61,6 +61,9 @@ class _Row:
     items: list[tuple[str, str, str]]
     notes: list[str]
     first: int = 0
+    #: example start (token index) -> its first position id, for examples whose position_ids start above ``first``:
+    #: continuation chunks (a long document split across rows), run alone at those same positions
+    continued: dict[int, int] = field(default_factory=dict)
 
     @property
     def problems(self) -> list[str]:
@@ -321,14 +324,23 @@ def parse_row(batch: Any, config: Any = None) -> _Row:
         pos_starts = [0] + [i for i in range(1, total) if p[i] != p[i - 1] + 1]
         boundaries.update(pos_starts)
         segmentations.append(("position_ids restart at tokens", pos_starts, "restart"))
-        wrong = [s for s in pos_starts if p[s] != first]
+        # an example starting above the model's first position is a continuation chunk (a long document split across
+        # rows): judged by what the model computes against it alone at the same positions, never by contract (issue
+        # 41: the guard failed it as wrong_positions where the model computed it exactly); below it is wrong
+        wrong = [s for s in pos_starts if p[s] < first]
+        continued = {s: int(p[s]) for s in pos_starts if p[s] > first and len(pos_starts) < total}
+        if continued:
+            shown = ", ".join(f"token {s} from position {v}" for s, v in list(continued.items())[:4])
+            notes.append(f"continuation chunk{'s' if len(continued) > 1 else ''} ({shown}): position_ids start above "
+                         f"{first}, as a document continued from another row; judged against that example alone at the "
+                         "same positions")
         if total > 1 and len(pos_starts) == total:
             # all 0 (a collator that zeroed them): every token restarts, so each is a one-token example with nothing
             # to predict; said first, ahead of the labels "at every start" it implies (trial 11, 98)
             items.append(("collator_contract", (f"position_ids never count up ({p[:6]}...): every one of the {total} "
                                                "tokens starts an example of its own (one-token examples)"), "one_token"))
         if wrong:
-            items.append(("wrong_positions", (f"position_ids restart at {p[wrong[0]]}, not {first}, at token {wrong[0]} "
+            items.append(("wrong_positions", (f"position_ids restart at {p[wrong[0]]}, below {first}, at token {wrong[0]} "
                                              f"({len(wrong)} of {len(pos_starts)} examples)"), "restart"))
     cu_q = cu.get("cu_seq_lens_q")
     if cu_q is not None:
@@ -380,7 +392,8 @@ def parse_row(batch: Any, config: Any = None) -> _Row:
                 items.append(("collator_contract", said, "num_items"))
     if isinstance(batch.get("attention_mask"), torch.Tensor):
         notes.append("an attention_mask rides beside the packed row (eager/sdpa/flex then build no packed mask)")
-    return _Row(dict(batch), total, [slice(s, e) for s, e in zip(starts, ends, strict=True)], items, notes, first)
+    return _Row(dict(batch), total, [slice(s, e) for s, e in zip(starts, ends, strict=True)], items, notes, first,
+                continued if isinstance(pos, torch.Tensor) else {})
 
 
 def _count_may_be_divided() -> bool:

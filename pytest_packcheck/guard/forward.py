@@ -76,8 +76,8 @@ def _solo(model: Any, row: _Row, targets: Any, fused: bool, counter: list[int]) 
             continue  # nothing labelled (padding, a prompt-only example): nothing to compare, no forward spent
         inputs = {k: v[:, s] for k, v in row.batch.items()
                   if k not in _ROW_KEYS and k != "position_ids" and isinstance(v, torch.Tensor) and tuple(v.shape) == (1, row.total)}
-        if isinstance(pos, torch.Tensor):
-            inputs["position_ids"] = position_ids_alone(row.first, s.stop - s.start, like=pos)
+        if isinstance(pos, torch.Tensor):  # a continuation chunk at its own first position (issue 41)
+            inputs["position_ids"] = position_ids_alone(row.continued.get(s.start, row.first), s.stop - s.start, like=pos)
         inputs["use_cache"] = False
         lp, _ = _log_probs(model, inputs, seg_targets, fused)
         counter[0] += 1
