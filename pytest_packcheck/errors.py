@@ -88,7 +88,88 @@ def closest(value: str, choices: list[str] | tuple[str, ...]) -> str:
     return f" Did you mean '{match[0]}'?" if match else ""
 
 
-def read_user_text(path: object, what: str, fix: str) -> str:
+#: The largest file packcheck reads (bytes): the committed atlas's support.json is ~10 MB and an all-architectures
+#: results file ~60 MB; a bigger one is not one of packcheck's files (a /dev/zero symlink, a log). Raise it with
+#: $PACKCHECK_MAX_FILE_MB.
+MAX_FILE_BYTES = 512 * 1024 * 1024
+#: The deepest nesting of JSON / TOML packcheck accepts: its own files nest 6 levels; 100,000 levels raised
+#: RecursionError tracebacks in every reader (issue 42).
+MAX_NESTING = 64
+
+
+def _max_file_bytes() -> int:
+    import os
+
+    raw = os.environ.get("PACKCHECK_MAX_FILE_MB", "").strip()
+    if not raw:
+        return MAX_FILE_BYTES
+    try:
+        value = float(raw)
+    except ValueError:
+        raise PackcheckUsageError(f"PACKCHECK_MAX_FILE_MB={raw!r} (from the environment) is not a number of megabytes: "
+                                  "unset it or give e.g. 1024.") from None
+    if not value > 0:
+        raise PackcheckUsageError(f"PACKCHECK_MAX_FILE_MB={raw!r} (from the environment) must be above 0: unset it or give e.g. 1024.")
+    return int(value * 1024 * 1024)
+
+
+def nesting_depth(value: object, limit: int = MAX_NESTING) -> int:
+    """How deeply lists / dicts nest in ``value`` (0 for a scalar), counted without recursion and stopping past
+    ``limit`` (then ``limit + 1``)."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list | tuple):
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > limit:
+                return limit + 1
+            stack.extend((v, depth) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def parse_document(text: str, fmt: str, what: str, fix: str) -> object:
+    """``text`` parsed as ``fmt`` ("json" or "toml"), refused in one line when it is not that format, or nests deeper
+    than :data:`MAX_NESTING` (the parsers raise RecursionError for 100,000 levels; packcheck's own code would for a
+    few thousand), or exhausts memory. ``what`` names the file (and where it came from), ``fix`` the way out.
+
+    Raises:
+        PackcheckUsageError: ``{what} is not valid JSON (...) / nests N levels deep ... : {fix}``.
+    """
+    import json
+
+    import tomllib
+
+    try:
+        data = json.loads(text) if fmt == "json" else tomllib.loads(text)
+    except RecursionError:
+        raise PackcheckUsageError(f"{what} nests its arrays / objects more deeply than a parser can follow (over "
+                                  f"{MAX_NESTING} levels): it is not one of packcheck's files; {fix}") from None
+    except MemoryError:
+        raise PackcheckUsageError(f"{what} does not fit in memory when parsed: {fix}") from None
+    except (ValueError, tomllib.TOMLDecodeError) as exc:  # JSONDecodeError is a ValueError
+        where = f"{exc.msg}, line {exc.lineno}" if isinstance(exc, json.JSONDecodeError) else " ".join(str(exc).split())[:160]
+        raise PackcheckUsageError(f"{what} is not valid {fmt.upper()} ({where}): {fix}") from None
+    if nesting_depth(data) > MAX_NESTING:
+        raise PackcheckUsageError(f"{what} nests its arrays / objects over {MAX_NESTING} levels deep: it is not one of "
+                                  f"packcheck's files; {fix}")
+    return data
+
+
+def read_document(path: object, fmt: str, what: str, fix: str) -> object:
+    """:func:`read_user_text` then :func:`parse_document`: the one bounded reader of a JSON / TOML file the user
+    names (size, regular file, UTF-8, format, nesting).
+
+    Raises:
+        PackcheckUsageError: as those two, naming ``what`` and the path.
+    """
+    from pathlib import Path
+
+    text = read_user_text(path, what, fix)
+    return parse_document(text, fmt, f"{what} {Path(str(path))}", fix)
+
+
+def read_user_text(path: object, what: str, fix: str, named: str | None = None) -> str:
     """The UTF-8 text of a file the user named (an audit, a tolerance file, a length profile), a leading UTF-8
     byte-order mark (as Windows editors write) dropped.
 
@@ -100,16 +181,37 @@ def read_user_text(path: object, what: str, fix: str) -> str:
     from pathlib import Path
 
     p = Path(str(path))
+    label = named or f"{what} {p}"  # ``named``: the file as the caller names it (its path and where it came from)
     if p.exists() and not p.is_file() and not p.is_dir():  # /dev/zero would be read for ever
-        raise PackcheckUsageError(f"{what} {p} is not a regular file (a device or a pipe): {fix}")
+        raise PackcheckUsageError(f"{label} is not a regular file (a device or a pipe): {fix}")
+    limit = _max_file_bytes()
     try:
-        return p.read_text(encoding="utf-8-sig")  # a BOM made TOML say "Invalid statement (at line 1, column 1)"
+        size = p.stat().st_size
+    except OSError:
+        size = 0  # the read below names what is wrong
+    if size > limit:
+        raise PackcheckUsageError(f"{label} is {size / 1024 ** 2:.0f} MB, over the {limit / 1024 ** 2:.0f} MB packcheck reads "
+                                  f"($PACKCHECK_MAX_FILE_MB raises it): {fix}")
+    try:
+        with p.open("rb") as handle:  # bounded even where stat lies (a file growing while read, /proc), and read in
+            chunks, got = [], 0  # chunks: read(limit) would allocate the whole limit up front (a MemoryError under ulimit -v)
+            while got <= limit:
+                chunk = handle.read(min(1 << 22, limit + 1 - got))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                got += len(chunk)
+            raw = b"".join(chunks)
+        if len(raw) > limit:
+            raise PackcheckUsageError(f"{label} holds over {limit / 1024 ** 2:.0f} MB, more than packcheck reads "
+                                      f"($PACKCHECK_MAX_FILE_MB raises it): {fix}")
+        return raw.decode("utf-8-sig")  # a BOM made TOML say "Invalid statement (at line 1, column 1)"
     except UnicodeDecodeError as exc:
-        raise PackcheckUsageError(f"{what} {p} is not UTF-8 text (byte {exc.start} is 0x{exc.object[exc.start]:02x}): {fix}") from None
+        raise PackcheckUsageError(f"{label} is not UTF-8 text (byte {exc.start} is 0x{exc.object[exc.start]:02x}): {fix}") from None
     except IsADirectoryError:
-        raise PackcheckUsageError(f"{what} {p} is a directory: {fix}") from None
+        raise PackcheckUsageError(f"{label} is a directory: {fix}") from None
     except OSError as exc:
-        raise PackcheckUsageError(f"{what} {p} cannot be read ({exc.strerror or exc}): {fix}") from None
+        raise PackcheckUsageError(f"{label} cannot be read ({exc.strerror or exc}): {fix}") from None
 
 
 def load_failure_message(exc: BaseException) -> str | None:

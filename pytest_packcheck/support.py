@@ -11,7 +11,6 @@ Imports nothing heavy (no torch, no transformers): json and packaging only.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import asdict, dataclass, field
@@ -178,13 +177,13 @@ def _load(path: str, mtime: float) -> dict[str, Any]:
     if Path(path).is_dir():
         raise PackcheckUsageError(f"Support file '{path}' is a directory: pass the support.json file itself "
                                   "(--support-file / $PACKCHECK_SUPPORT_FILE), e.g. reports/atlas/support.json.")
-    try:
-        doc = json.loads(Path(path).read_text())
-    except FileNotFoundError:
+    from .errors import read_document
+
+    if not Path(path).exists():
         raise PackcheckUsageError(f"Support file '{path}' does not exist: pass --support-file / ${SUPPORT_FILE_ENV}, or "
-                                  "generate it with `packcheck atlas`.") from None
-    except (OSError, ValueError) as exc:
-        raise PackcheckUsageError(f"Support file '{path}' cannot be read ({type(exc).__name__}: {exc}): {RESTORE}.") from None
+                                  "generate it with `packcheck atlas`.")
+    # one bounded reader (issue 42): a /dev/zero symlink, a 100,000-deep array, a 2 GB file are one line each
+    doc = read_document(path, "json", "Support file", f"{RESTORE}.")
     validate_support(doc, path)
     return doc
 
@@ -361,6 +360,18 @@ def lookup(model_type: str, attn_implementation: str, transformers_version: str,
     from .backends.table import KNOWN_BACKENDS
     from .errors import closest
 
+    # the public API's arguments are strings (issue 42: None, a float 5.24, a list or a 5,000-digit version crashed
+    # lookup() with InvalidVersion / ValueError / TypeError tracebacks)
+    for what, value, optional in (("model_type", model_type, False), ("attn_implementation", attn_implementation, False),
+                                  ("transformers_version", transformers_version, False), ("trl_version", trl_version, True)):
+        if value is None and optional:
+            continue
+        if not isinstance(value, str):
+            raise PackcheckUsageError(f"lookup(): {what} is {type(value).__name__} {value!r:.40}, not a string: pass it as "
+                                      "text, e.g. lookup('qwen2', 'sdpa', '4.56.2').")
+        if len(value) > 200:
+            raise PackcheckUsageError(f"The {what} argument is {len(value)} characters long ({value[:24]}...): no "
+                                      f"{what.replace('_', ' ')} is; pass e.g. qwen2 sdpa 4.56.2.")
     # an empty argument (an unset shell variable) was looked up: "architecture '' is not in the atlas", rc 1
     for what, value in (("model_type argument", model_type), ("attn_implementation argument", attn_implementation),
                         ("transformers_version argument", transformers_version), ("--trl", trl_version)):
@@ -457,7 +468,7 @@ def resolve_model_type(name: str, known: list[str]) -> tuple[str, str]:
         PackcheckUsageError: the file is not a JSON object with a ``model_type``; the Hub ID is not in the local
             cache (the message says how to get its config and the nearest model_type by name).
     """
-    from .errors import read_user_text
+    from .errors import read_document
 
     candidate = Path(name)
     fix = "pass a model folder holding config.json, a config.json path, a Hub model ID in the local cache, or a model_type"
@@ -486,11 +497,7 @@ def resolve_model_type(name: str, known: list[str]) -> tuple[str, str]:
                                       f"Hub is reachable, or pass the model folder or its config.json.{hint}")
         source = f"{cached} (the local Hub cache of {name})"
         candidate = Path(cached)
-    text = read_user_text(candidate, "Model config", fix)
-    try:
-        config = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise PackcheckUsageError(f"Model config {candidate} is not JSON ({type(exc).__name__}): {fix}.") from None
+    config = read_document(candidate, "json", "Model config", f"{fix}.")
     model_type = config.get("model_type") if isinstance(config, dict) else None
     if not isinstance(model_type, str) or not model_type:
         raise PackcheckUsageError(f"Model config {candidate} has no model_type (got {model_type!r:.60}): {fix}.")

@@ -55,7 +55,7 @@ def _doc(cells, **top):
 
 
 @pytest.mark.parametrize("content, message", [
-    (bytes(range(128, 256)) * 16, "is not UTF-8 text (byte 0)"),
+    (bytes(range(128, 256)) * 16, "is not UTF-8 text (byte 0 is 0x80)"),
     (json.dumps(_doc([_cell()], settings="x")).encode(), 'is corrupt: "settings" is "x" (expected a JSON object)'),
     (json.dumps(_doc([_cell()], environment=[1])).encode(), 'is corrupt: "environment" is [1] (expected a JSON object)'),
     (json.dumps(_doc([_cell()], settings={"backends": 3})).encode(), 'is corrupt: "settings"."backends" is 3 (expected a list of strings)'),

@@ -568,7 +568,7 @@ def test_a_prefix_of_a_flag_is_not_taken_for_the_flag(args, prefix, tmp_path):
 
 
 @pytest.mark.parametrize(("edit", "said"), [
-    (lambda text: "{", "cannot be read (JSONDecodeError"),  # trial 16, 201: a traceback
+    (lambda text: "{", "is not valid JSON (Expecting property name"),  # trial 16, 201: a traceback
     (lambda text: text, None),  # the committed atlas itself renders
     # trial 17, 170: another schema was "measured again" under --render-only: an empty atlas over it, claims.md kept
     (lambda text: json.dumps({"schema": "x"}),

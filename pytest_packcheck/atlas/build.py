@@ -75,9 +75,11 @@ def done_record(folder: Path) -> dict[str, Any]:
             the fix: delete it, and the next ``packcheck atlas`` measures that release again (resuming its journal).
     """
     path = Path(folder) / DONE_MARKER
+    from ..errors import parse_document, read_user_text
+
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        record = parse_document(read_user_text(path, "Atlas run record", "delete it."), "json", "Atlas run record", "delete it.")
+    except PackcheckUsageError as exc:
         record = exc
     if not isinstance(record, dict):
         why = f"not valid JSON ({record})" if isinstance(record, Exception) else f"a JSON {type(record).__name__}, not an object"

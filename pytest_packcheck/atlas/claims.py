@@ -136,6 +136,9 @@ class PeerArchive:
         """
         try:
             return ast.parse(self.read(name), filename=name)
+        except (RecursionError, MemoryError):  # a 200,000-term expression: the parser's stack (issue 42)
+            raise UnreadablePeer(f"cannot parse {name} in {self.filename} (an expression nested too deeply for Python's "
+                                 "parser)") from None
         except (SyntaxError, ValueError) as exc:
             where = f" line {exc.lineno}" if isinstance(exc, SyntaxError) and exc.lineno else ""
             msg = exc.msg if isinstance(exc, SyntaxError) else str(exc)
@@ -172,9 +175,14 @@ def _literal_assign(tree: ast.AST, name: str) -> tuple[Any, int] | None:
                 value = value.args[0]
             try:
                 return ast.literal_eval(value), node.lineno
-            except ValueError:
+            except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
                 return None
     return None
+
+
+def _strings(value: Any) -> bool:
+    """A list / tuple / set / frozenset of strings (what a peer's model-type literal must be to be read as claims)."""
+    return isinstance(value, list | tuple | set | frozenset) and all(isinstance(v, str) for v in value)
 
 
 def read_axolotl(z: PeerArchive) -> list[Claim]:
@@ -183,8 +191,11 @@ def read_axolotl(z: PeerArchive) -> list[Claim]:
     if not found:
         raise UnreadablePeer(f"{src} in {z.filename} has no SUPPORTED_MULTIPACK_MODEL_TYPES literal (the reader needs updating)")
     types, line = found
+    if not _strings(types):  # literals of the wrong type (issue 42: a number or a list of ints crashed claims)
+        raise UnreadablePeer(f"{src} in {z.filename}: SUPPORTED_MULTIPACK_MODEL_TYPES is {type(types).__name__} "
+                             f"{str(types)[:60]}, not a collection of model_type strings (the reader needs updating)")
     attn = _literal_assign(z.parse("axolotl/utils/schemas/enums.py"), "ATTN_IMPLS_SUPPORTING_PACKING")
-    attn_names = sorted(attn[0]) if attn else []
+    attn_names = sorted(attn[0]) if attn and _strings(attn[0]) else []
     # a modelling patch counts when it touches packing (seq_idx / cu_seqlens / packed rows): the fused-norm and
     # activation kernels of other folders do not change what a packed row attends to
     patched = {Path(n).parts[3] for n in z.namelist() if n.startswith("axolotl/monkeypatch/models/") and len(Path(n).parts) > 4
@@ -327,6 +338,9 @@ def read_wheel(path: str | Path) -> PeerClaims:
                                       f"{', '.join(sorted(set(READERS) - {'ms_swift'}))}).")
         try:
             return PeerClaims(name, version, pin, Path(path).name, reader(z))
+        except (RecursionError, MemoryError):  # what the reader walks is too deep even after parsing
+            return PeerClaims(name, version, pin, Path(path).name,
+                              reason=f"its source nests too deeply to read ({name} {version}); the reader needs updating")
         except UnreadablePeer as exc:
             return PeerClaims(name, version, pin, Path(path).name, reason=f"{exc} ({name} {version})")
 

@@ -4,7 +4,6 @@ transitions, their bisection to the exact patch, and the known-fault windows che
 from __future__ import annotations
 
 import itertools
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -134,11 +133,9 @@ def load_committed(out: Path, log: Callable[[str], None] = print, render_only: b
     path = Path(out) / "support.json"
     if not path.exists():
         return None
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise PackcheckUsageError(f"Support file '{path}' (the atlas in -o/--output-dir, which a render is seeded from) "
-                                  f"cannot be read ({type(exc).__name__}: {exc}): {RESTORE}.") from None
+    from ..errors import read_document
+
+    doc = read_document(path, "json", "Support file (the atlas in -o/--output-dir, which a render is seeded from)", f"{RESTORE}.")
     if not isinstance(doc, dict) or doc.get("schema") != "packcheck-atlas-support" or doc.get("schema_version") != SUPPORT_SCHEMA_VERSION:
         found = (doc.get("schema"), doc.get("schema_version")) if isinstance(doc, dict) else (type(doc).__name__, None)
         if render_only:  # nothing is measured: a render from it would write an empty atlas over it (trial 17, 170)

@@ -59,6 +59,8 @@ EXIT_CODES = {
     2: "usage error (one line naming the value, where it came from and the fix)",
     3: "internal error (pytest's)",
     130: "interrupted (Ctrl-C / SIGTERM): the finished cells are written, marked incomplete; rerun with --resume",
+    74: "standard output could not be written (a full disk, a closed descriptor): one line on stderr says why; an "
+        "audit still writes its reports and exits as its verdicts say",
     141: "the reader of the output went away (`| head`): the rest of the output was dropped (an audit finishes and writes its matrix, exiting as usual)",
 }
 
@@ -122,19 +124,75 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Why standard output could not be written in this run (a full disk, a closed descriptor, an I/O error): the
+#: first reason, said once on stderr when the command ends (issue 42: tracebacks, and no matrix with stdout closed).
+_OUTPUT_FAILED: list[str] = []
+
+
+def _devnull_stream() -> Any:
+    import os
+
+    return open(os.devnull, "w", encoding="utf-8")
+
+
+def _output_failed(stream: Any, exc: OSError) -> Any:
+    """Record why ``stream`` cannot be written and hand back a devnull stream (its descriptor pointed at devnull too,
+    for pytest's terminal writer and the forked cells)."""
+    if not _OUTPUT_FAILED:
+        _OUTPUT_FAILED.append(exc.strerror or type(exc).__name__)
+    _fd_to_devnull(stream)
+    return _devnull_stream()
+
+
+def _reopen_closed_descriptors() -> None:
+    """Put devnull on a closed fd 1 / 2 (``packcheck audit >&-``): otherwise the next file packcheck opens (the
+    journal) takes descriptor 1, and the cells' output would be written into it."""
+    import os
+
+    for fd in (1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            try:
+                got = os.open(os.devnull, os.O_WRONLY)
+                if got != fd:
+                    os.dup2(got, fd)
+                    os.close(got)
+            except OSError:
+                pass
+
+
 class _Scrubbed:
     """``sys.stdout`` for a command's own output with :func:`~pytest_packcheck.errors.scrub_secrets` applied to each
     write: a token in a path the user chose (``-o out-ghp_...``) or in an override is not echoed in the
-    "bisect written: ..." line, as it is not in the files (trial 4, 207). Everything else is the stream's own."""
+    "bisect written: ..." line, as it is not in the files (trial 4, 207). Everything else is the stream's own. A
+    stream that cannot be written (closed, a full disk) is recorded once and the output dropped, never a traceback;
+    a reader that went away (BrokenPipeError) still ends the command with 141."""
 
     def __init__(self, stream: Any) -> None:
+        if stream is None:  # `>&-`: Python has no sys.stdout at all
+            _OUTPUT_FAILED.append("standard output is closed")
+            stream = _devnull_stream()
         self._stream = stream
 
     def write(self, text: str) -> int:
         from ..errors import scrub_secrets
 
-        self._stream.write(scrub_secrets(text))
+        try:
+            self._stream.write(scrub_secrets(text))
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            self._stream = _output_failed(self._stream, exc)
         return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            self._stream = _output_failed(self._stream, exc)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
@@ -157,26 +215,30 @@ class _PipeSafe:
     to a terminal; before, the audit stopped with exit 141 and left an empty journal (trial 5, 230)."""
 
     def __init__(self, stream: Any) -> None:
+        if stream is None:  # `>&-`: the run goes on and writes its matrix, and says once that stdout was closed
+            _OUTPUT_FAILED.append("standard output is closed")
+            stream = _devnull_stream()
         self._stream = stream
 
-    def _drop(self) -> None:
-        import os
-
+    def _drop(self, exc: OSError | None = None) -> None:
+        if exc is not None and not isinstance(exc, BrokenPipeError):  # a full disk, an I/O error: said at the end
+            self._stream = _output_failed(self._stream, exc)
+            return
         _fd_to_devnull(self._stream)  # the descriptor too: pytest's terminal writer and forked cells write to fd 1
-        self._stream = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - lives as long as the process
+        self._stream = _devnull_stream()
 
     def write(self, text: str) -> int:
         try:
             return self._stream.write(text)
-        except BrokenPipeError:
-            self._drop()
+        except OSError as exc:
+            self._drop(exc)
             return len(text)
 
     def flush(self) -> None:
         try:
             self._stream.flush()
-        except BrokenPipeError:
-            self._drop()
+        except OSError as exc:
+            self._drop(exc)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
@@ -193,14 +255,29 @@ def main(argv: list[str] | None = None) -> int:
         ns = _parser().parse_args(argv)
         ns.argv = argv
         name, run = ns.command, lambda: _module(by_name[ns.command]).run(_refuse_empty_values(ns))
-    stdout = sys.stdout
+    stdout, stderr = sys.stdout, sys.stderr
+    _reopen_closed_descriptors()
+    _OUTPUT_FAILED.clear()
+    if sys.stderr is None:
+        sys.stderr = _devnull_stream()
     # audit's output is pytest's terminal, scrubbed line by line by the plugin; a reader that goes away
     # (`packcheck audit ... | head -2`) must not abandon the run: the matrix is still written
     sys.stdout = _PipeSafe(stdout) if name == "audit" else _Scrubbed(stdout)
     try:
-        return _run(name, run)
+        code = _run(name, run)
     finally:
-        sys.stdout = stdout
+        sys.stdout, sys.stderr = stdout, stderr
+    if _OUTPUT_FAILED:
+        # said once, on stderr: the work is done and the reports written; only the terminal output was lost. An audit
+        # exits as its verdicts say (its matrix is its result); another command's answer never reached its reader: 74
+        try:
+            print(f"packcheck {name}: standard output could not be written ({_OUTPUT_FAILED[0]}): the rest of the output "
+                  "was dropped" + ("; the reports were written as usual." if name == "audit" else "."), file=sys.stderr or sys.__stderr__)
+        except (OSError, AttributeError, ValueError):
+            pass
+        if name != "audit" and code == 0:
+            return 74
+    return code
 
 
 def _refuse_empty_values(ns: argparse.Namespace) -> argparse.Namespace:

@@ -6,8 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import tomllib
-
 from ..errors import PackcheckUsageError, read_user_text
 
 # Wheels carry audit/ as pytest_packcheck/_audit (pyproject force-include); an editable install reads the
@@ -130,10 +128,10 @@ def load_audit(value: str) -> AuditDefinition:
             (backends, checks, dtypes, versions).
     """
     path = resolve_audit_path(value)
-    try:
-        data = tomllib.loads(read_user_text(path, "Audit file", "pass an audit definition (TOML), e.g. audit/default.toml."))
-    except tomllib.TOMLDecodeError as exc:
-        raise PackcheckUsageError(f"Audit file {path} is not valid TOML ({exc}): fix the syntax.") from None
+    from ..errors import parse_document
+
+    data = parse_document(read_user_text(path, "Audit file", "pass an audit definition (TOML), e.g. audit/default.toml."),
+                          "toml", f"Audit file {path}", "fix the syntax.")
     audit = _audit_table(data, path)
     for key, given in audit.items():
         _check_audit_value(path, key, given)

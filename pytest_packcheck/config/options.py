@@ -277,7 +277,7 @@ OPTIONS = (
 #: Environment variables packcheck reads besides its options' own (:attr:`Option.env`): its cache, the package
 #: index, the atlas support file, the CPU stand-in kernel, and what it hands to its own child processes. A
 #: ``PACKCHECK_*`` variable in neither is a typo (:func:`unknown_env_vars`).
-OTHER_ENV_VARS = ("PACKCHECK_CACHE_DIR", "PACKCHECK_INDEX_URL", "PACKCHECK_SUPPORT_FILE", "PACKCHECK_TORCH_VARLEN_STAND_IN",
+OTHER_ENV_VARS = ("PACKCHECK_CACHE_DIR", "PACKCHECK_MAX_FILE_MB", "PACKCHECK_INDEX_URL", "PACKCHECK_SUPPORT_FILE", "PACKCHECK_TORCH_VARLEN_STAND_IN",
                   "PACKCHECK_REPRODUCE", "PACKCHECK_RUN_DIR", "PACKCHECK_ENV_LABEL")
 
 

@@ -38,10 +38,10 @@ def load_tolerances(path: str | None, overrides: list[str] | None, source: str) 
     file = Path(path) if path else default
     if not file.exists():
         raise PackcheckUsageError(f"Tolerance file {file} (from {source}) does not exist: pass an existing TOML file.")
-    try:
-        data = tomllib.loads(read_user_text(file, "Tolerance file", f"pass a TOML file of [dtype] tables (from {source}), e.g. audit/tolerances.toml."))
-    except tomllib.TOMLDecodeError as exc:
-        raise PackcheckUsageError(f"Tolerance file {file} is not valid TOML ({exc}).") from None
+    from ..errors import parse_document
+
+    fix = f"pass a TOML file of [dtype] tables (from {source}), e.g. audit/tolerances.toml."
+    data = parse_document(read_user_text(file, "Tolerance file", fix), "toml", f"Tolerance file {file}", fix)
     base = tomllib.loads(default.read_text())
     keys = tuple(base["float32"])
     out: dict[str, dict[str, float]] = {}

@@ -336,9 +336,12 @@ def _parse_config_json(path: Path, spec: ModelSpec, source: str) -> dict[str, An
     """
     import json
 
+    from ..errors import parse_document, read_user_text
+
     where = f"Model '{spec.raw}' (from {source}): its config.json ({path})"
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = parse_document(read_user_text(path, where, "replace it with the model's config.json."), "json", where,
+                              "fix or replace it.")
     except UnicodeDecodeError:
         raise PackcheckUsageError(f"{where} is not text (binary content): replace it with the model's config.json.") from None
     except json.JSONDecodeError as exc:

@@ -186,9 +186,18 @@ def load_document(path: str | Path, source: str | None = None) -> dict[str, Any]
     name = f"{p} (from {source})" if source else str(p)
     if p.exists() and not p.is_file() and not p.is_dir():  # /dev/zero would be read for ever
         raise PackcheckUsageError(f"Results file {name} is not a regular file (a device or a pipe): pass a packcheck-matrix.json file.")
+    from ..errors import parse_document, read_user_text
+
     try:
-        # scrubbed as read: a results file from elsewhere may carry a token, which gate / merge would print
-        data = json.loads(scrub_secrets(p.read_text(encoding="utf-8")))
+        if not p.exists():
+            raise FileNotFoundError(p)
+        if p.is_dir():
+            raise IsADirectoryError(p)
+        # scrubbed as read: a results file from elsewhere may carry a token, which gate / merge would print; bounded
+        # in size and nesting (issue 42: a 100,000-deep array was a RecursionError traceback in gate and merge)
+        fix = "pass the packcheck-matrix.json an audit wrote."
+        data = parse_document(scrub_secrets(read_user_text(p, "Results file", fix, named=f"Results file {name}")), "json",
+                              f"Results file {name}", fix)
     except FileNotFoundError:
         raise PackcheckUsageError(f"Results file {name} does not exist: run `packcheck audit` first.") from None
     except json.JSONDecodeError as exc:

@@ -155,7 +155,7 @@ class Journal:
         for line in _lines(self.path):
             try:
                 entry = json.loads(line)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):  # a 100,000-deep line is a bad line, not a traceback
                 bad += 1
                 continue
             records += isinstance(entry, dict) and "fingerprint" in entry

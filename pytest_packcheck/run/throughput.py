@@ -249,12 +249,13 @@ def load_targets(path: str | Path | None = None) -> dict[str, dict[str, float]]:
     Raises:
         PackcheckUsageError: a key outside :data:`TARGET_KEYS` or a value that is not a number.
     """
-    import tomllib
 
     from ..config.audits import PACKAGE_AUDIT_DIR
 
     file = Path(path) if path else PACKAGE_AUDIT_DIR / "bench_targets.toml"
-    data = tomllib.loads(file.read_text())
+    from ..errors import read_document
+
+    data = read_document(file, "toml", "Bench targets file", "pass a TOML file of [profile] tables, e.g. audit/bench_targets.toml.")
     for profile, table in data.items():
         for key, value in table.items():
             if key not in TARGET_KEYS or not isinstance(value, (int, float)):

@@ -1,0 +1,146 @@
+"""Every reader of a user's file refuses a hostile shape in one line (issue 42, kind 1): one bounded reader
+(:func:`pytest_packcheck.errors.read_document`: regular file, size, UTF-8, format, nesting) behind the support file,
+results files (gate / merge / --seed / baseline), audit and tolerance files, a model's config.json and the atlas run
+records; the claims reader survives a peer's source it cannot walk; the public ``lookup()`` checks its arguments'
+types. Each case was a traceback (RecursionError, InvalidVersion, TypeError) or an unbounded read before."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from pytest_packcheck.errors import PackcheckUsageError, nesting_depth, parse_document, read_document
+
+DEEP = 100_000
+
+
+def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          check=False, timeout=300)
+
+
+@pytest.fixture
+def hostile(tmp_path: Path) -> Path:
+    (tmp_path / "deep.json").write_text("[" * DEEP + "]" * DEEP)
+    (tmp_path / "deepobj.json").write_text('{"a":' * DEEP + "1" + "}" * DEEP)
+    (tmp_path / "deep.toml").write_text("a = " + "[" * DEEP + "]" * DEEP + "\n")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text('{"model_type": "llama", "x": ' + "[" * DEEP + "]" * DEEP + "}")
+    (tmp_path / "zero.json").symlink_to("/dev/zero")
+    return tmp_path
+
+
+@pytest.mark.parametrize("args", [
+    ["lookup", "llama", "sdpa", "5.24.0", "--support-file", "deep.json"],
+    ["lookup", "llama", "sdpa", "5.24.0", "--support-file", "deepobj.json"],
+    ["lookup", "llama", "sdpa", "5.24.0", "--support-file", "zero.json"],
+    ["lookup", "./model", "sdpa", "5.24.0"],
+    ["gate", "--baseline", "deep.json", "--candidate", "deep.json"],
+    ["gate", "--baseline", "zero.json", "--candidate", "zero.json"],
+    ["merge", "deepobj.json", "deep.json"],
+    ["atlas", "--render-only", "--seed", "deep.json", "--build-dir", "b", "-o", "o"],
+    ["audit", "--audit", "deep.toml"],
+    ["audit", "--models", "./model", "-n", "0"],
+], ids=["lookup-deep", "lookup-deep-object", "lookup-dev-zero", "lookup-config", "gate-deep", "gate-dev-zero", "merge",
+        "atlas-seed", "audit-file", "model-config"])
+def test_a_hostile_file_is_one_line_exit_2(hostile, args):
+    proc = _cli(args, hostile)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-1500:]
+    assert "Traceback" not in out and "RecursionError:" not in out and "INTERNALERROR" not in out, out[-1500:]
+    said = [line for line in out.splitlines() if line.strip()]
+    assert any(("nests" in line or "not a regular file" in line) and ("deep" in line or "zero" in line or "config.json" in line)
+               for line in said), said
+
+
+def test_the_bounded_reader_on_its_own(tmp_path, monkeypatch):
+    """Planted: each hostile shape against read_document / parse_document directly, and a file over the size bound
+    ($PACKCHECK_MAX_FILE_MB) refused before it is read."""
+    assert nesting_depth({"a": [[1]]}) == 3 and nesting_depth(5) == 0 and nesting_depth([[[[]]]], limit=2) == 3
+    with pytest.raises(PackcheckUsageError, match="more deeply than a parser can follow"):
+        parse_document("[" * DEEP + "]" * DEEP, "json", "X", "fix")
+    with pytest.raises(PackcheckUsageError, match="over 64 levels deep"):
+        parse_document("[" * 200 + "]" * 200, "json", "X", "fix")  # parses, but deeper than any packcheck file
+    with pytest.raises(PackcheckUsageError, match=r"X is not valid TOML"):
+        parse_document("a = [", "toml", "X", "fix")
+    big = tmp_path / "big.json"
+    big.write_text("[" + "0," * 600_000 + "0]")
+    monkeypatch.setenv("PACKCHECK_MAX_FILE_MB", "1")
+    with pytest.raises(PackcheckUsageError, match=r"is 1 MB, over the 1 MB packcheck reads \(\$PACKCHECK_MAX_FILE_MB"):
+        read_document(big, "json", "Results file", "fix")
+    monkeypatch.setenv("PACKCHECK_MAX_FILE_MB", "lots")
+    with pytest.raises(PackcheckUsageError, match="PACKCHECK_MAX_FILE_MB='lots' .from the environment."):
+        read_document(big, "json", "Results file", "fix")
+    monkeypatch.delenv("PACKCHECK_MAX_FILE_MB")
+    assert len(read_document(big, "json", "Results file", "fix")) == 600_001
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (("llama", "sdpa", None), "transformers_version is NoneType None, not a string"),
+    (("llama", "sdpa", 5.24), "transformers_version is float 5.24, not a string"),
+    (("llama", "sdpa", ["5.24.0"]), "transformers_version is list"),
+    (("llama", "sdpa", "5." + "9" * 5000), "transformers_version argument is 5002 characters long"),
+    ((None, "sdpa", "5.24.0"), "model_type is NoneType"),
+    (("llama", 3, "5.24.0"), "attn_implementation is int 3"),
+    (("llama", "sdpa", "5.24.0", 1.16), "trl_version is float 1.16"),
+])
+def test_lookups_public_api_checks_its_arguments_types(args, says):
+    from pytest_packcheck.support import lookup
+
+    with pytest.raises(PackcheckUsageError, match=says.replace(".", r"\.").replace("(", r"\(")):
+        lookup(*args)
+
+
+def _axolotl_wheel(path: Path, multipack: str) -> Path:
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("axolotl-1.0.dist-info/METADATA", "Name: axolotl\nVersion: 1.0\nRequires-Dist: transformers>=4.50\n")
+        z.writestr("axolotl/monkeypatch/multipack.py", multipack)
+        z.writestr("axolotl/utils/schemas/enums.py", "ATTN_IMPLS_SUPPORTING_PACKING = {'flash_attention_2'}\n")
+    return path
+
+
+@pytest.mark.parametrize(("source", "reason"), [
+    ("SUPPORTED_MULTIPACK_MODEL_TYPES = " + "1+" * 200_000 + "1\n", "nested too deeply"),
+    ("SUPPORTED_MULTIPACK_MODEL_TYPES = 5\n", "is int 5, not a collection of model_type strings"),
+    ("SUPPORTED_MULTIPACK_MODEL_TYPES = [1, 2]\n", "is list [1, 2], not a collection of model_type strings"),
+], ids=["200k-term-expression", "a-number", "a-list-of-ints"])
+def test_claims_reads_a_peer_it_cannot_walk_as_an_entry_with_its_reason(tmp_path, source, reason):
+    from pytest_packcheck.atlas.claims import read_wheel
+
+    peer = read_wheel(_axolotl_wheel(tmp_path / "axolotl-1.0-py3-none-any.whl", source))
+    assert peer.claims == [] and reason in peer.reason, peer.reason
+    good = read_wheel(_axolotl_wheel(tmp_path / "good.whl", "SUPPORTED_MULTIPACK_MODEL_TYPES = ['llama', 'qwen2']\n"))
+    assert [c.model_type for c in good.claims] == ["llama", "qwen2"]
+
+
+@pytest.mark.parametrize("target", ["full", "closed"])
+@pytest.mark.parametrize("command", ["lookup", "audit"])
+def test_a_terminal_that_cannot_be_written_is_one_line_and_the_reports_are_written(tmp_path, command, target):
+    """Issue 42, kind 2: stdout on a full device (/dev/full) or closed (`>&-`) gave tracebacks, and a closed one no
+    matrix. The work is done, the reports written, one line on stderr says the output was dropped; lookup's answer
+    never reached its reader: exit 74; the audit exits as its verdicts say (0 here)."""
+    args = ({"lookup": ["lookup", "llama", "sdpa", "5.24.0"],
+             "audit": ["audit", "--models", "arch:llama", "--packcheck-attn", "sdpa", "--packcheck-checks", "isolation",
+                       "-n", "0", "-q"]})[command]
+    stdout = open("/dev/full", "w") if target == "full" else subprocess.DEVNULL  # noqa: SIM115
+    try:
+        proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", *args], cwd=tmp_path, stdout=stdout,
+                              stderr=subprocess.PIPE, text=True, check=False, timeout=300,
+                              pass_fds=(), close_fds=True, **({"preexec_fn": lambda: __import__("os").close(1)}
+                                                                if target == "closed" else {}))
+    finally:
+        if target == "full":
+            stdout.close()
+    assert "Traceback" not in proc.stderr and "INTERNALERROR" not in proc.stderr, proc.stderr[-1500:]
+    said = [line for line in proc.stderr.splitlines() if "standard output could not be written" in line]
+    assert len(said) == 1, proc.stderr[-1500:]
+    assert ("No space left on device" if target == "full" else "standard output is closed") in said[0]
+    if command == "lookup":
+        assert proc.returncode == 74
+    else:
+        assert proc.returncode == 0 and "the reports were written as usual" in said[0]
+        assert (tmp_path / "reports" / "packcheck-matrix.json").exists()
