@@ -124,6 +124,17 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     config.hook.pytest_collectreport(report=pytest.CollectReport("packcheck", "passed", None, cells))
 
 
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    """Cells ``-k`` / ``-m`` left out: recorded in the results' settings (``deselected``), so a gate against a full
+    baseline does not count them as missing regressions (issue 42)."""
+    if not items:
+        return
+    state = _state(items[0].config)
+    if state is None:
+        return
+    state.deselected.update(item.cell.cell_id for item in items if hasattr(item, "cell"))
+
+
 def _error_line(config: pytest.Config, text: str) -> None:
     """``text`` on a line of its own, in red: after pytest's progress ("....[100%]") a new line first (trial 21, 161:
     "[100%]packcheck: error: Nothing compared ...")."""

@@ -144,3 +144,53 @@ def test_a_terminal_that_cannot_be_written_is_one_line_and_the_reports_are_writt
     else:
         assert proc.returncode == 0 and "the reports were written as usual" in said[0]
         assert (tmp_path / "reports" / "packcheck-matrix.json").exists()
+
+
+@pytest.mark.parametrize("var", ["PACKCHECK_CACHE_DIR", "XDG_CACHE_HOME"])
+def test_a_cache_setting_that_is_not_a_folder_is_refused_before_any_cell(tmp_path, var):
+    """Issue 42, kind 3: a cache variable naming a file turned every cell of a version audit into "the process running
+    this cell died", exit 0. It is checked once, before any cell or environment, naming the variable."""
+    (tmp_path / "afile").write_text("")
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("PACKCHECK_CACHE_DIR", "XDG_CACHE_HOME")}
+    env[var] = str(tmp_path / "afile")
+    proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "audit", "--models", "arch:llama",
+                           "--packcheck-attn", "sdpa", "--packcheck-checks", "isolation", "-q",
+                           "--versions", "transformers==5.24.0"], cwd=tmp_path, capture_output=True, text=True,
+                          check=False, env=env, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-1500:]
+    assert f"${var}=" in out and "cannot be used (Not a directory" in out and f"point {var} at a folder" in out, out[-1500:]
+    assert not (tmp_path / "reports" / "packcheck-matrix.json").exists()
+
+
+def test_packcheck_report_dir_is_honoured_by_the_audit(tmp_path):
+    env = {**__import__("os").environ, "PACKCHECK_REPORT_DIR": str(tmp_path / "elsewhere")}
+    proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "audit", "--models", "arch:llama",
+                           "--packcheck-attn", "sdpa", "--packcheck-checks", "isolation", "-n", "0", "-q"],
+                          cwd=tmp_path, capture_output=True, text=True, check=False, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    assert (tmp_path / "elsewhere" / "packcheck-matrix.json").exists() and not (tmp_path / "reports").exists()
+    assert proc.stdout.strip().splitlines()[-1].startswith("packcheck audit: every matrix cell passed")  # read from there
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_cells_deselected_with_k_are_not_missing_regressions(tmp_path, workers):
+    """Issue 42: `-k` with a full baseline counted every deselected cell as "REGRESSION (missing)". The run records
+    them (settings.deselected; under xdist the controller infers them) and the gate leaves them out. Planted: the
+    same candidate without the record counts the missing cell."""
+    import json
+
+    from pytest_packcheck.analysis.gate import compare, regressions
+
+    base = ["audit", "--models", "arch:llama", "--packcheck-attn", "sdpa", "--packcheck-checks", "isolation,logits_parity",
+            "-n", workers, "-q"]
+    assert _cli([*base, "--save-baseline"], tmp_path).returncode == 0
+    baseline = tmp_path / "reports" / "baseline.json"
+    proc = _cli([*base, "--packcheck-baseline", str(baseline), "--", "-k", "isolation"], tmp_path)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-1500:]
+    doc = json.loads((tmp_path / "reports" / "packcheck-matrix.json").read_text())
+    assert doc["settings"]["deselected"] == ["llama-sdpa-logits_parity-float32"]
+    before = json.loads(baseline.read_text())
+    assert regressions(compare(before, doc)) == []
+    doc["settings"].pop("deselected")
+    assert [c.detail for c in regressions(compare(before, doc))] == ["cell missing in candidate"]

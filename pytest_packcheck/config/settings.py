@@ -353,6 +353,10 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
 
         values = [versions_value] if isinstance(versions_value, str) else list(versions_value)
         versions = tuple(parse_versions(values, versions_src))
+        if versions:  # the cache the environments live in, checked once, before any cell (issue 42)
+            from ..versions.envs import check_cache_root
+
+            check_cache_root()
     # every other option with a parse (shard, timeout_s, lengths, sliding_window, ...): its row says it all
     parsed_fields = {opt.field: parsed(opt) for opt in OPTIONS if opt.parse and opt.field and opt.field != "device"}
     from ..run.sandbox import fork_available

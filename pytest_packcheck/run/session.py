@@ -35,6 +35,8 @@ class PackcheckSession:
     def __init__(self, config: pytest.Config, settings: Settings) -> None:
         self.config = config
         self.settings = settings
+        #: cell ids -k / -m deselected (the plugin's pytest_deselected): written as settings.deselected
+        self.deselected: set[str] = set()
         self.results: dict[str, dict[str, Any]] = {}
         self.written: list[str] = []
         self.document: dict[str, Any] | None = None
@@ -275,6 +277,13 @@ class PackcheckSession:
         from ..analysis.diagnose import diagnose_document
 
         self.document = diagnose_document(build_document(cells, environment(self.settings.device), self.settings.as_dict(), command))
+        deselected = set(self.deselected)
+        if not interrupted and (self.config.option.keyword or self.config.option.markexpr):
+            # under xdist the workers deselect and this controller hears nothing: a planned cell with no result in a
+            # run that was not interrupted was left out by -k / -m (a crash still reports its cell)
+            deselected |= set(self._planned()) - set(self.results)
+        if deselected:
+            self.document["settings"]["deselected"] = sorted(deselected - set(self.results))
         reused = len(set(self.results) & set(self.resumed))
         if reused:  # said in every report: these cells' numbers are an earlier run's
             self.document["resumed"] = {"cells": reused, "of": len(self.results)}

@@ -252,6 +252,33 @@ def cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "packcheck"
 
 
+def check_cache_root() -> Path:
+    """:func:`cache_root`, made if missing, checked once before any cell: a ``PACKCHECK_CACHE_DIR`` or
+    ``XDG_CACHE_HOME`` that is a file, or a folder that cannot be written, turned every cell of a version audit into
+    "the process running this cell died" with exit 0 (issue 42).
+
+    Raises:
+        PackcheckUsageError: naming the variable it came from, its value and the fix.
+    """
+    from ..errors import PackcheckUsageError
+
+    root = cache_root()
+    var = ("PACKCHECK_CACHE_DIR" if os.environ.get("PACKCHECK_CACHE_DIR") else
+           "XDG_CACHE_HOME" if os.environ.get("XDG_CACHE_HOME") else "")
+    came = f" (from ${var}={os.environ[var]!r})" if var else " (the default, ~/.cache/packcheck)"
+    fix = (f"point {var} at a folder you can write, or unset it" if var else
+           "set PACKCHECK_CACHE_DIR to a folder you can write")
+    try:
+        (root / "envs").mkdir(parents=True, exist_ok=True)
+        probe = root / "envs" / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise PackcheckUsageError(f"The version-environment cache {root}{came} cannot be used ({exc.strerror or exc}: "
+                                  f"{exc.filename or root}): {fix}.") from None
+    return root
+
+
 def _hardware_dists() -> list[metadata.Distribution]:
     seen: dict[str, metadata.Distribution] = {}
     for dist in metadata.distributions():
