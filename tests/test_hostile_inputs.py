@@ -194,3 +194,26 @@ def test_cells_deselected_with_k_are_not_missing_regressions(tmp_path, workers):
     assert regressions(compare(before, doc)) == []
     doc["settings"].pop("deselected")
     assert [c.detail for c in regressions(compare(before, doc))] == ["cell missing in candidate"]
+
+
+def test_non_finite_logits_are_non_finite_on_every_check_that_measures_numbers(tmp_path):
+    """Issue 42: a config that makes every logit NaN (rms_norm_eps=-1e9) passed edge_lengths and causality at 0.00e+00
+    and sent the traps to wrong_positions. Decided once per model from the cached packed forward: every check with a
+    key number is an error with cause non_finite and the count of bad logits; the call-count check still passes;
+    a healthy llama is untouched (the planted fault is the config)."""
+    import json
+
+    from pytest_packcheck.checks.registry import SPECS
+
+    proc = _cli(["audit", "--models", "arch:llama{rms_norm_eps=-1e9},arch:llama", "--packcheck-attn", "sdpa", "-n", "0", "-q"],
+                tmp_path)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-1500:]
+    cells = json.loads((tmp_path / "reports" / "packcheck-matrix.json").read_text())["cells"]
+    nan = [c for c in cells if "rms_norm_eps" in c["model"]["label"] and c["backend"] is not None]
+    numeric = [c for c in nan if SPECS[c["check"]].key_metric]
+    assert numeric and all(c["status"] == "error" and c["cause"] == "non_finite" for c in numeric), [
+        (c["check"], c["status"], c["cause"]) for c in numeric]
+    assert all(c["metrics"]["non_finite_logits"]["packed"] > 0 for c in numeric)
+    assert [c["status"] for c in nan if c["check"] == "backend"] == ["pass"]
+    healthy = [c for c in cells if c["model"]["label"] == "llama" and c["backend"] is not None]
+    assert healthy and not any(c.get("cause") == "non_finite" for c in healthy)

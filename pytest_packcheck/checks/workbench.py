@@ -127,6 +127,31 @@ class Workbench:
             return self._cache[key]
         return self.forward(batch or self.packed(), **kwargs).logits[0].float()
 
+    def non_finite(self) -> dict[str, Any] | None:
+        """Evidence that the model computes NaN / +inf logits on the default packed row and on the examples alone
+        (``non_finite_logits`` of ``logits`` entries, packed and solo), or None where both are finite or the forward
+        raised (the check then reports that crash itself). Read from the cached :meth:`packed_logits` /
+        :meth:`solo_logits`: no forward of its own. -inf alone is a masked logit, not a fault."""
+        import torch
+
+        key = ("non_finite", id(self.model), id(self.collator_factory))
+        if key not in self._cache:
+            try:
+                with torch.no_grad():
+                    packed = self.packed_logits()
+                    solo = self.solo_logits()
+            except Exception:  # noqa: BLE001 - the check runs the same forward and reports its error
+                self._cache[key] = None
+                return None
+
+            def bad(t: Any) -> int:
+                return int((torch.isnan(t) | torch.isposinf(t)).sum())
+
+            counts = {"packed": bad(packed), "solo": sum(bad(t) for t in solo)}
+            self._cache[key] = ({"non_finite_logits": counts, "logits": int(packed.numel())}
+                                if counts["packed"] or counts["solo"] else None)
+        return self._cache[key]
+
     def diff_to_solo(self, logits: Any, skip_first: bool = False) -> tuple[float, list[float]]:
         """Max abs diff of a packed row's logits against the solo runs, overall and per example."""
         per = [

@@ -439,9 +439,21 @@ class CellRunner:
             return self._failed("build", exc)
         except Exception as exc:  # noqa: BLE001 - a broken model or backend is a cell, not a crash
             return self._failed("build", exc)
+        spec = SPECS[cell.check]
+        if spec.key_metric and cell.backend is not None:
+            # NaN is non_finite on every check that measures numbers (issue 42: NaN logits passed edge_lengths and
+            # causality at 0.00e+00 and sent the traps to wrong_positions): decided once, from the cached forward
+            with _no_compile_on_cpu(cell.backend, self.device):
+                bad = bench.non_finite()
+            if bad:
+                n = bad["non_finite_logits"]
+                return CheckResult("error", bad, (
+                    f"the model computes non-finite logits (NaN / +inf: {n['packed']} of {bad['logits']} on the packed row, "
+                    f"{n['solo']} on the examples alone): no comparison is possible, nothing passes"),
+                    cause="non_finite", evidence=bad)
         try:
             with _no_compile_on_cpu(cell.backend, self.device):
-                result = SPECS[cell.check].load()(bench)
+                result = spec.load()(bench)
         except Exception as exc:  # noqa: BLE001 - a crashing check is an error cell
             # a crash under a name branch is the branch's too (opt on 4.57.1: its non-FA2 side builds a 4-D mask
             # that the flash path's unpad then indexes out of range)
