@@ -35,19 +35,52 @@ SECRET_SHAPES = re.compile(
 )
 
 
+#: Credentials in a URL (``https://user:password@host/...``, an index URL in UV_INDEX_URL or PACKCHECK_INDEX_URL):
+#: the user and password are masked wherever the URL is printed (issue 42: printed in clear).
+URL_CREDENTIALS = re.compile(r"(?<![A-Za-z0-9+.-])([A-Za-z][A-Za-z0-9+.-]*://)[^/\s@:]+(?::[^/\s@]*)?@")
+
+
+def mask_url_credentials(text: str) -> str:
+    """``text`` with the ``user:password@`` of every URL replaced by ``***@``."""
+    return URL_CREDENTIALS.sub(r"\1***@", text)
+
+
+class ScrubbingStream:
+    """A text stream that :func:`scrub_secrets` each write (pytest's terminal writer while packcheck is on, the
+    CLI's stderr): a token typed into ``-k`` or an override, an index URL with a password, never reach the terminal
+    (issue 42). Everything else is the wrapped stream's own."""
+
+    def __init__(self, stream: object) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(scrub_secrets(text))  # type: ignore[attr-defined]
+        return len(text)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._stream, name)
+
+
+#: A secret-named variable's value that is plain lower-case words (``isolation``, ``llama-sdpa``, ``production``) is
+#: no secret's shape: replacing it everywhere rewrote cell ids and check names (issue 42). Every other value of 8+
+#: characters under a secret name (a digit, an upper-case letter, a symbol in it) is scrubbed where it stands.
+_PLAIN_WORDS = re.compile(r"[a-z]+(?:[-_.][a-z]+)*")
+
+
 def scrub_secrets(text: str) -> str:
-    """``text`` with every secret replaced by ``***``: by value, the value (8+ characters) of every environment
-    variable whose name holds TOKEN, KEY, SECRET or PASSWORD; by shape, anything that looks like an access token
+    """``text`` with every secret replaced by ``***``: by value, the value (8+ characters, not plain lower-case words:
+    :data:`_PLAIN_WORDS`) of every environment variable whose name holds TOKEN, KEY, SECRET or PASSWORD; the
+    ``user:password@`` of a URL; by shape, anything that looks like an access token
     (:data:`SECRET_SHAPES`: ``hf_...``, ``ghp_...``, ``github_pat_...``, ``sk-...``, ``AKIA...``, ...). For what
     reaches a terminal (test ids, warnings, error lines) as well as files (reports, journal, the run's owner file)."""
     from .report.text import escape_md  # pure, no packcheck imports
 
     for name, value in os.environ.items():
-        if len(value) >= 8 and _SECRET_NAME.search(name):
+        if len(value) >= 8 and _SECRET_NAME.search(name) and not _PLAIN_WORDS.fullmatch(value):
             for form in dict.fromkeys((value, escape_md(value))):  # as typed, and as a Markdown report escapes it
                 if form in text:
                     text = text.replace(form, "***")
-    return SECRET_SHAPES.sub("***", text)
+    return mask_url_credentials(SECRET_SHAPES.sub("***", text)) if "@" in text else SECRET_SHAPES.sub("***", text)
 
 
 class PackcheckError(Exception):

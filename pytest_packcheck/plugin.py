@@ -135,6 +135,20 @@ def pytest_deselected(items: list[pytest.Item]) -> None:
     state.deselected.update(item.cell.cell_id for item in items if hasattr(item, "cell"))
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """While packcheck is on, every line pytest's terminal writes is scrubbed (:class:`errors.ScrubbingStream`): a
+    token in ``-k`` or in a model spec, an index URL's password, in pytest's own lines as in packcheck's."""
+    if _state(session.config) is None:
+        return
+    from .errors import ScrubbingStream
+
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    writer = getattr(reporter, "_tw", None)
+    if writer is not None and hasattr(writer, "_file") and not isinstance(writer._file, ScrubbingStream):
+        writer._file = ScrubbingStream(writer._file)
+
+
 def _error_line(config: pytest.Config, text: str) -> None:
     """``text`` on a line of its own, in red: after pytest's progress ("....[100%]") a new line first (trial 21, 161:
     "[100%]packcheck: error: Nothing compared ...")."""

@@ -1407,3 +1407,38 @@ def test_a_continuation_chunk_is_judged_by_what_the_model_computes(tolerances, a
         if result.verdict == "pass":
             assert result.max_logprob_diff <= result.tolerance["logits_atol"], result.line()
     assert tuple(got) == expected, got
+
+
+def test_the_guard_never_ends_a_run_it_passed(tolerances, tmp_path):
+    """Issue 42: the same callback added twice crashed the first step; a read-only output_dir turned a PASS into an
+    OSError that ended training. Now one guard judges once, and an unwritable result file is one warning while the
+    verdict stands and the step runs. Planted: both at once on a correct llama / sdpa run."""
+    import os
+    import stat
+    import warnings
+
+    bench = make_bench("llama", "sdpa", tolerances)
+    bench.model.config.use_cache = False
+    callback = PackcheckCallback()
+    out = tmp_path / "ro"
+    out.mkdir()
+    trainer = _trainer(bench, out, bench.collator_factory(return_position_ids=True), callback)
+    trainer.add_callback(callback)  # twice
+    os.chmod(out, stat.S_IRUSR | stat.S_IXUSR)
+    try:
+        if os.access(out, os.W_OK):  # root ignores the mode: a file where the folder should be is read-only to anyone
+            os.chmod(out, stat.S_IRWXU)
+            trainer.args.output_dir = str(tmp_path / "a-file" / "below")
+            (tmp_path / "a-file").write_text("")
+            callback_dir = tmp_path / "a-file" / "below"
+        else:
+            callback_dir = out
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer.train()
+    finally:
+        os.chmod(out, stat.S_IRWXU)
+    assert trainer.state.global_step == 1
+    assert callback.result is not None and callback.result.verdict == "pass", callback.result.line()
+    said = [str(w.message) for w in caught if "could not write" in str(w.message)]
+    assert len(said) == 1 and str(callback_dir / RESULT_FILE) in said[0] and said[0].endswith("training goes on: pass")

@@ -217,3 +217,75 @@ def test_non_finite_logits_are_non_finite_on_every_check_that_measures_numbers(t
     assert [c["status"] for c in nan if c["check"] == "backend"] == ["pass"]
     healthy = [c for c in cells if c["model"]["label"] == "llama" and c["backend"] is not None]
     assert healthy and not any(c.get("cause") == "non_finite" for c in healthy)
+
+
+def test_secrets_are_scrubbed_where_they_stand_and_plain_words_are_not():
+    """Issue 42, secrets: a URL's user:password, a token's shape and a secret-named variable's value are masked; a
+    secret-named variable whose value is plain words (an identifier) no longer rewrites cell ids."""
+    import os
+
+    from pytest_packcheck.errors import scrub_secrets
+
+    old = dict(os.environ)
+    try:
+        os.environ.update({"MY_API_KEY": "llama-sdpa-isolation", "OTHER_TOKEN": "S3cr3tValue99"})
+        text = scrub_secrets("llama-sdpa-isolation-float32 S3cr3tValue99 https://bob:pw@idx.example/simple git@github.com:a/b")
+        assert text == "llama-sdpa-isolation-float32 *** https://***@idx.example/simple git@github.com:a/b"
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+
+
+@pytest.mark.parametrize("how", ["audit", "pytest"])
+def test_a_token_in_k_never_reaches_the_terminal(tmp_path, how):
+    token = "ghp_" + "Ab1" * 12
+    if how == "audit":
+        args = [sys.executable, "-m", "pytest_packcheck.cli", "audit", "--models", "arch:llama", "--packcheck-attn", "sdpa",
+                "--packcheck-checks", "isolation", "-n", "0", "-q", "--", "-k", token]
+    else:
+        args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--packcheck-models", "arch:llama",
+                "--packcheck-attn", "sdpa", "--packcheck-checks", "isolation", "-q", "-k", token]
+    proc = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, check=False, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert "deselected" in out or "deselect" in out, out[-1500:]  # the line that used to echo it is there
+    assert token not in out, out[-1500:]
+
+
+def test_an_index_url_with_credentials_is_opened_with_basic_auth_and_never_printed(monkeypatch):
+    """Issue 42: UV_INDEX_URL=https://user:password@host/simple was an INTERNALERROR (urllib read the password as a
+    port) that printed it. A loopback index checks the Authorization header; a malformed URL is an OSError whose
+    text masks the credentials."""
+    import base64
+    import http.server
+    import json
+    import threading
+
+    from pytest_packcheck.versions.releases import open_index, release_versions
+
+    seen: list[str | None] = []
+
+    class Index(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append(self.headers.get("Authorization"))
+            body = json.dumps({"versions": ["5.24.0", "5.25.0"]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/vnd.pypi.simple.v1+json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Index)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        for var in ("UV_DEFAULT_INDEX", "PIP_INDEX_URL"):
+            monkeypatch.delenv(var, raising=False)
+        monkeypatch.setenv("UV_INDEX_URL", f"http://bob:s3cr%40t@127.0.0.1:{server.server_port}/simple")
+        assert release_versions("transformers") == ["5.24.0", "5.25.0"]
+        assert seen == ["Basic " + base64.b64encode(b"bob:s3cr@t").decode()]
+    finally:
+        server.shutdown()
+    with pytest.raises(OSError) as info:
+        open_index("http://bob:s3cret@host:notaport/simple", 5)
+    assert "s3cret" not in str(info.value) and "***@" in str(info.value)

@@ -183,14 +183,15 @@ def fetch_index_page(library: str, timeout: float = 30.0) -> dict[str, Any]:
 
     base = os.environ.get(INDEX_ENV_VAR) or DEFAULT_INDEX
     url = f"{base.rstrip('/')}/{canonical(library)}/"
-    request = urllib.request.Request(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    from ..versions.releases import open_index
+
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        with open_index(url, timeout) as response:
             return json.load(response)
     except urllib.error.HTTPError as exc:
         raise PackcheckUsageError(f"The package index has no '{library}' ({url}: HTTP {exc.code}): check the library name "
                                   f"or set ${INDEX_ENV_VAR} to an index that has it.") from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+    except (urllib.error.URLError, OSError, ValueError, RecursionError) as exc:
         reason = getattr(exc, "reason", exc)
         raise PackcheckUsageError(f"Cannot read the release list of '{library}' from {url} ({reason}): bisect needs the "
                                   f"package index; set ${INDEX_ENV_VAR} to a reachable PEP 691 simple index.") from None

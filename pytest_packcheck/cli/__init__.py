@@ -228,8 +228,11 @@ class _PipeSafe:
         self._stream = _devnull_stream()
 
     def write(self, text: str) -> int:
+        from ..errors import scrub_secrets
+
         try:
-            return self._stream.write(text)
+            self._stream.write(scrub_secrets(text))
+            return len(text)
         except OSError as exc:
             self._drop(exc)
             return len(text)
@@ -260,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     _OUTPUT_FAILED.clear()
     if sys.stderr is None:
         sys.stderr = _devnull_stream()
+    from ..errors import ScrubbingStream
+
+    sys.stderr = ScrubbingStream(sys.stderr)  # error lines and notes: a token in -k or a URL password never in clear
     # audit's output is pytest's terminal, scrubbed line by line by the plugin; a reader that goes away
     # (`packcheck audit ... | head -2`) must not abandon the run: the matrix is still written
     sys.stdout = _PipeSafe(stdout) if name == "audit" else _Scrubbed(stdout)

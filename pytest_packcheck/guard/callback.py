@@ -157,8 +157,8 @@ class PackcheckCallback(TrainerCallback):
         self._main = True
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
-        if model is None or self.result is not None:
-            return
+        if model is None or self.result is not None or self._handles:
+            return  # the same callback added twice (trainer.add_callback(cb) beside callbacks=[cb]): one guard
         self._output_dir = getattr(args, "output_dir", None)
         self._packing = _packing_of(args)
         self._autocast = _autocast_of(args)
@@ -178,6 +178,8 @@ class PackcheckCallback(TrainerCallback):
 
         if not module.training or not torch.is_grad_enabled():
             return None  # an evaluation before training: wait for the first training forward
+        if self.result is not None:  # a second registration's hook in the same forward: judged once (issue 42)
+            return None
         self._remove()
         batch = dict(kwargs)
         if args and "input_ids" not in batch:
@@ -210,8 +212,12 @@ class PackcheckCallback(TrainerCallback):
             print_line(result.line())
         if self._main and self._output_dir:
             path = Path(self._output_dir) / RESULT_FILE
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(result.to_json())
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(result.to_json())
+            except OSError as exc:  # a read-only or full output_dir: the verdict stands, training goes on (issue 42)
+                _warn(f"packcheck guard: could not write {path} ({exc.strerror or type(exc).__name__}); the verdict "
+                      f"above stands and training goes on: {result.verdict}")
 
     def _install_fallback(self, model: Any, result: GuardResult) -> str | None:
         # a broken batch contract (and every cause without a listed fallback) gets padding only if the padded probe

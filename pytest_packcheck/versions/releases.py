@@ -30,18 +30,55 @@ def index_url() -> str:
     return "https://pypi.org/simple"
 
 
+def open_index(url: str, timeout: float, accept: str = "application/vnd.pypi.simple.v1+json") -> Any:
+    """``urllib.request.urlopen`` of an index URL that may carry ``user:password@`` (a private index in
+    ``UV_INDEX_URL`` / ``PACKCHECK_INDEX_URL``): the credentials go in a Basic ``Authorization`` header, never in the
+    URL urllib parses (it read the password as a port: ``InvalidURL: nonnumeric port``, an INTERNALERROR that
+    printed it, issue 42).
+
+    Raises:
+        OSError: unreachable, refused, or an HTTP error (``urllib.error.URLError`` / ``HTTPError``); a malformed URL
+            (``http.client.InvalidURL``) as OSError too, its credentials masked.
+    """
+    import base64
+    import http.client
+    import urllib.parse
+    import urllib.request
+
+    from ..errors import mask_url_credentials
+
+    parts = urllib.parse.urlsplit(url)
+    headers = {"Accept": accept}
+    if parts.username is not None:
+        userinfo = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+        headers["Authorization"] = "Basic " + base64.b64encode(userinfo.encode()).decode()
+        host = parts.hostname or ""
+        netloc = f"[{host}]" if ":" in host else host
+        try:
+            port = parts.port
+        except ValueError:
+            raise OSError(f"malformed index URL {mask_url_credentials(url)} (its port is not a number)") from None
+        if port:
+            netloc += f":{port}"
+        url = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    try:
+        return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout)
+    except (http.client.HTTPException, ValueError) as exc:
+        raise OSError(f"malformed index URL {mask_url_credentials(url)} ({type(exc).__name__})") from None
+
+
 def release_versions(name: str, timeout: float = 20.0) -> list[str]:
     """Every version of ``name`` on the index (PEP 691 JSON simple API, ``versions`` of PEP 700): one query.
 
     Raises:
         OSError: the index cannot be reached or answers with something else (the caller decides what that means).
     """
-    import urllib.request
 
-    req = urllib.request.Request(f"{index_url()}/{canonical(name)}/",
-                                 headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        data = json.loads(resp.read().decode("utf-8"))
+    with open_index(f"{index_url()}/{canonical(name)}/", timeout) as resp:
+        try:
+            data = json.loads(resp.read().decode("utf-8"))
+        except (ValueError, RecursionError) as exc:
+            raise OSError(f"the index answered something other than JSON ({type(exc).__name__})") from None
     versions = data.get("versions") if isinstance(data, dict) else None
     if not isinstance(versions, list):
         raise OSError(f"{index_url()} did not list versions for {name}")
