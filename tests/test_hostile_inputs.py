@@ -289,3 +289,23 @@ def test_an_index_url_with_credentials_is_opened_with_basic_auth_and_never_print
     with pytest.raises(OSError) as info:
         open_index("http://bob:s3cret@host:notaport/simple", 5)
     assert "s3cret" not in str(info.value) and "***@" in str(info.value)
+
+
+def test_nothing_finished_is_lost_by_collect_only_or_a_new_model_order(tmp_path):
+    """Issue 42: `pytest --collect-only` emptied an interrupted run's journal (and removed its matrix); --resume with the
+    same models in another order reused nothing. Planted: a finished run, then both."""
+    import json
+
+    base = ["--packcheck-attn", "sdpa", "--packcheck-checks", "isolation"]
+    assert _cli(["audit", "--models", "arch:llama,arch:gpt2", *base, "-n", "0", "-q"], tmp_path).returncode == 0
+    journal = tmp_path / "reports" / "packcheck-journal.jsonl"
+    lines = journal.read_text().splitlines()
+    assert len(lines) == 2
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--packcheck-models", "arch:llama,arch:gpt2",
+                           *base, "--collect-only", "-q"], cwd=tmp_path, capture_output=True, text=True, check=False, timeout=300)
+    assert proc.returncode == 0 and "left as they were" in proc.stdout, proc.stdout[-1500:]
+    assert journal.read_text().splitlines() == lines and (tmp_path / "reports" / "packcheck-matrix.json").exists()
+    again = _cli(["audit", "--models", "arch:gpt2,arch:llama", *base, "-n", "0", "-q", "--resume"], tmp_path)
+    assert "Resumed: 2 of 2 cells were taken from the journal" in again.stdout, again.stdout[-1500:]
+    doc = json.loads((tmp_path / "reports" / "packcheck-matrix.json").read_text())
+    assert doc["resumed"] == {"cells": 2, "of": 2}

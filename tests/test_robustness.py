@@ -16,7 +16,7 @@ from pytest_packcheck.errors import PackcheckUsageError
 BAD_CONFIGS = {
     "invalid_json": ('{"model_type": "llama",\n', "is not valid JSON"),
     "json_array": ("[1, 2]\n", "holds a JSON list, not an object"),
-    "binary": (bytes(range(128, 256)), "is not text (binary content)"),
+    "binary": (bytes(range(128, 256)), "is not UTF-8 text (byte 0 is 0x80)"),
     "zero_heads": ('{"model_type": "llama", "num_attention_heads": 0}\n', "ZeroDivisionError"),
 }
 

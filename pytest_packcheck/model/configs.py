@@ -340,8 +340,8 @@ def _parse_config_json(path: Path, spec: ModelSpec, source: str) -> dict[str, An
 
     where = f"Model '{spec.raw}' (from {source}): its config.json ({path})"
     try:
-        data = parse_document(read_user_text(path, where, "replace it with the model's config.json."), "json", where,
-                              "fix or replace it.")
+        data = parse_document(read_user_text(path, where, "replace it with the model's config.json.", named=where), "json",
+                              where, "fix or replace it.")
     except UnicodeDecodeError:
         raise PackcheckUsageError(f"{where} is not text (binary content): replace it with the model's config.json.") from None
     except json.JSONDecodeError as exc:

@@ -25,6 +25,10 @@ def fingerprint(settings: dict[str, Any], environment: dict[str, Any], tolerance
     from ..versions.libraries import recorded_libraries
 
     keys = ("packcheck", "python", *(lib.key for lib in recorded_libraries()), "device", "cuda", "device_name")
+    # the order of a list of models / backends / checks / dtypes is no setting of any cell (issue 42: --resume with the
+    # same models in another order reused nothing); the shard's share is, so a sharded run keeps its order
+    unordered = ("models", "backends", "checks", "dtypes") if not settings.get("shard") else ("backends", "checks", "dtypes")
+    settings = {k: sorted(v, key=str) if k in unordered and isinstance(v, list) else v for k, v in settings.items()}
     payload = {"settings": settings, "tolerances": tolerances, "environment": {k: environment.get(k) for k in keys},
                **({"model_files": model_files} if model_files else {})}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -360,6 +360,9 @@ class PackcheckSession:
         a fresh run emptied the journal, so an earlier matrix left there would be taken for this run's. Removes it
         as :meth:`discard_stale_matrix` does and returns the line that says so."""
         opt = self.config.option
+        if getattr(opt, "collectonly", False):  # --collect-only ran nothing and touched nothing (issue 42)
+            return ("--collect-only: no cell ran; the report folder and its journal are left as they were "
+                    "(an interrupted run still resumes with --packcheck-resume).")
         why = " or ".join(f"{flag} {value!r}" for flag, value in (("-k", opt.keyword), ("-m", opt.markexpr)) if value)
         journal = ("; the journal keeps its cells (--packcheck-resume)" if self.settings.resume
                    else f"; this run emptied the journal {self.journal.path} when it started")
