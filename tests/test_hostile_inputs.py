@@ -309,3 +309,37 @@ def test_nothing_finished_is_lost_by_collect_only_or_a_new_model_order(tmp_path)
     assert "Resumed: 2 of 2 cells were taken from the journal" in again.stdout, again.stdout[-1500:]
     doc = json.loads((tmp_path / "reports" / "packcheck-matrix.json").read_text())
     assert doc["resumed"] == {"cells": 2, "of": 2}
+
+
+def test_an_atlas_render_from_support_json_alone_keeps_its_placements_and_trl_block_and_writes_one_set(tmp_path, monkeypatch):
+    """Issue 42: `packcheck atlas --render-only` from a folder holding only support.json dropped the bisect placements
+    and the TRL block and exited 0; the three outputs were written one by one (a kill left a mixed set). Planted: the
+    committed support.json alone; then a render that fails on atlas.html leaves the earlier set untouched."""
+    import json
+    import shutil
+
+    from pytest_packcheck.atlas import render as R
+    from pytest_packcheck.atlas.command import AtlasArgs, main
+
+    repo = Path(__file__).resolve().parent.parent
+    committed = json.loads((repo / "reports" / "atlas" / "support.json").read_text())
+    out = tmp_path / "o"
+    out.mkdir()
+    shutil.copy(repo / "reports" / "atlas" / "support.json", out / "support.json")
+    releases = [r["transformers"] for r in committed["releases"]]
+    args = AtlasArgs(releases=releases, build=tmp_path / "b", out=out, shard=None, workers=1, render_only=True,
+                     bisect=False, bisect_limit=None)
+    assert main(args, log=lambda _line: None) == 0
+    got = json.loads((out / "support.json").read_text())
+    placed = sum((t.get("bisected") or {}).get("outcome") == "found" for t in got["transitions"])
+    assert placed == sum((t.get("bisected") or {}).get("outcome") == "found" for t in committed["transitions"]) > 700
+    assert got["trl"] == committed["trl"]
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def broken(_support):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(R, "render_html", broken)
+    with pytest.raises(OSError):
+        main(args, log=lambda _line: None)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the earlier set, whole

@@ -31,6 +31,18 @@ class AtlasArgs:
     remeasure: bool = False
 
 
+def seeded_bisects(committed: dict[str, Any] | None) -> dict[str, Any]:
+    """The bisect records (``bisects.json``'s ``model|backend|last_before|first_after`` -> record) a committed
+    support.json holds in its transitions, for a render from a folder without bisects.json: the 745 placements were
+    dropped there, and the render exited 0 (issue 42)."""
+    out: dict[str, Any] = {}
+    for t in (committed or {}).get("transitions") or []:
+        record = t.get("bisected") if isinstance(t, dict) else None
+        if isinstance(record, dict):
+            out["|".join(str(t.get(k)) for k in ("model_type", "backend", "last_before", "first_after"))] = record
+    return out
+
+
 def main(args: AtlasArgs, log: Callable[[str], None] = print) -> int:
     """``packcheck atlas``: generate what is missing (unless ``render_only``), optionally bisect, then render.
     Exit 1 when a release could not be measured this time (its error is in ``<build>/<release>/atlas-error.json``;
@@ -50,7 +62,7 @@ def main(args: AtlasArgs, log: Callable[[str], None] = print) -> int:
     if args.no_render:
         return 1 if failed else 0
     bisects_file = args.out / "bisects.json"
-    bisects = json.loads(bisects_file.read_text()) if bisects_file.exists() else {}
+    bisects = json.loads(bisects_file.read_text()) if bisects_file.exists() else seeded_bisects(committed)
     support = collect(args.build, args.releases, bisects, committed)
     if args.bisect:
         from ..results import atomic_write
@@ -65,7 +77,10 @@ def main(args: AtlasArgs, log: Callable[[str], None] = print) -> int:
         support = collect(args.build, args.releases, bisects, committed)
     from .trl import attach_trl
 
-    paths = write_outputs(attach_trl(support, args.out), args.out)  # the TRL axis's block rides along (trl.json)
+    support = attach_trl(support, args.out)  # the TRL axis's block rides along (trl.json)
+    if "trl" not in support and committed and committed.get("trl"):
+        support["trl"] = committed["trl"]  # no trl.json beside it: the committed support.json's block is kept (issue 42)
+    paths = write_outputs(support, args.out)
     log(f"atlas written: {', '.join(str(p) for p in paths)} ({len(support['releases'])} releases measured, "
         f"{len(support['missing'])} missing)")
     sys.stdout.flush()

@@ -245,13 +245,15 @@ def render_html(support: dict[str, Any]) -> str:
 
 
 def write_outputs(support: dict[str, Any], out: Path) -> list[Path]:
-    """Write support.json, atlas.md and atlas.html into ``out``."""
-    from ..results import atomic_write
+    """Write support.json, atlas.md and atlas.html into ``out`` as one set (:func:`results.io.write_set`: every text
+    rendered first, then renamed into place, support.json last; a kill never leaves a new support.json beside an old
+    atlas.md, issue 42)."""
+    from ..results.io import write_set
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "support.json", out / "atlas.md", out / "atlas.html"]
-    atomic_write(paths[0], json.dumps(support, indent=None, separators=(",", ":"), sort_keys=True) + "\n")
-    atomic_write(paths[1], render_markdown(support))
-    atomic_write(paths[2], render_html(support))
+    texts = {paths[0]: json.dumps(support, indent=None, separators=(",", ":"), sort_keys=True) + "\n",
+             paths[1]: render_markdown(support), paths[2]: render_html(support)}
+    write_set([(paths[1], texts[paths[1]]), (paths[2], texts[paths[2]]), (paths[0], texts[paths[0]])], flag="-o/--output-dir")
     return paths
