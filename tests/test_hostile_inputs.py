@@ -343,3 +343,24 @@ def test_an_atlas_render_from_support_json_alone_keeps_its_placements_and_trl_bl
     with pytest.raises(OSError):
         main(args, log=lambda _line: None)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the earlier set, whole
+
+
+def test_a_killed_run_leaves_the_previous_set_aside_never_beside_its_journal(tmp_path):
+    """Issue 42, reports are one set: after a SIGKILL mid-run (as after a full disk or a SIGHUP) the previous audit's
+    complete set stayed in the folder unmarked, beside the new run's journal. A run that takes the folder moves the
+    old set into previous/ first, and drops it once its own set is written. Planted: a SIGKILL at the second cell."""
+    args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--packcheck-models", "arch:llama",
+            "--packcheck-attn", "sdpa", "--packcheck-checks", "isolation,logits_parity", "--packcheck-isolation=none", "-q"]
+    first = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, check=False, timeout=300)
+    reports = tmp_path / "reports"
+    assert first.returncode == 0 and (reports / "packcheck-matrix.json").exists(), first.stdout[-1500:]
+    assert not (reports / "previous").exists()  # a finished run leaves no set aside
+    (tmp_path / "conftest.py").write_text(
+        "import os, signal\nseen = []\n"
+        "def pytest_runtest_call(item):\n    seen.append(item)\n    if len(seen) == 2:\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n")
+    killed = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, check=False, timeout=300)
+    assert killed.returncode == -9
+    assert not (reports / "packcheck-matrix.json").exists() and not (reports / "packcheck-matrix.md").exists()
+    assert (reports / "previous" / "packcheck-matrix.json").exists() and (reports / "previous" / "packcheck-matrix.md").exists()
+    assert len((reports / "packcheck-journal.jsonl").read_text().splitlines()) == 1  # the cell that finished

@@ -61,6 +61,8 @@ class PackcheckSession:
         self._shard_cells()
         self._report_lock = check_inputs(config, settings)
         self.journal, resumed = open_journal(config, settings)
+        if not hasattr(config, "workerinput") and not config.getoption("collectonly", False):
+            self.set_aside = set_aside_previous(settings.report_dir)
         self.resumed.update(resumed)  # the same dict the progress line reads
         self.version_cells = VersionCells(config, settings)
 
@@ -294,6 +296,7 @@ class PackcheckSession:
                                            # of ``cells``: taken from the journal, never reported to pytest
                                            "journal": unreported}
         self.written = write_reports(self.settings.report_dir, self.document)
+        drop_previous(self.settings.report_dir)  # this run's set is whole: the one set aside at the start goes
         gone = remove_unreferenced_logs(self.settings.report_dir, self.document)
         if gone:  # printed with the summary
             self.notes.append(f"packcheck: note: removed {len(gone)} log(s) of an earlier run from "
@@ -366,8 +369,45 @@ class PackcheckSession:
         why = " or ".join(f"{flag} {value!r}" for flag, value in (("-k", opt.keyword), ("-m", opt.markexpr)) if value)
         journal = ("; the journal keeps its cells (--packcheck-resume)" if self.settings.resume
                    else f"; this run emptied the journal {self.journal.path} when it started")
+        aside = getattr(self, "set_aside", [])
+        moved = (f"; the previous {' and '.join(aside)} were set aside in {Path(self.settings.report_dir) / PREVIOUS_DIR} "
+                 "so they are not taken for this run's" if aside else "")
         return (f"no packcheck cell ran ({'deselected by ' + why if why else 'none was collected'}), so no matrix was "
-                f"written{remove_report_files(self.settings.report_dir)}{journal}.")
+                f"written{remove_report_files(self.settings.report_dir) or moved}{journal}.")
+
+
+#: Where a run that takes the report folder puts the previous run's report set (issue 42: after a SIGKILL, a SIGHUP
+#: or a full disk mid-run, the earlier complete set stayed there unmarked, beside the new run's journal, and read as
+#: this run's). Removed once this run's own set is written; left only where a run did not finish.
+PREVIOUS_DIR = "previous"
+
+
+def set_aside_previous(report_dir: str) -> list[str]:
+    """Move the report files of the previous run from ``report_dir`` into ``report_dir/previous/`` (replacing an
+    older one there), before any cell runs; the names moved."""
+    from ..report.formats import REPORT_FILES
+
+    out = Path(report_dir)
+    present = [name for name in REPORT_FILES if (out / name).is_file()]
+    if not present:
+        return []
+    aside = out / PREVIOUS_DIR
+    with contextlib.suppress(OSError):
+        aside.mkdir(exist_ok=True)
+        for name in REPORT_FILES:
+            with contextlib.suppress(FileNotFoundError):
+                (aside / name).unlink()
+        for name in present:
+            os.replace(out / name, aside / name)
+    return present
+
+
+def drop_previous(report_dir: str) -> None:
+    """This run's set is written: the set-aside previous one goes."""
+    import shutil
+
+    with contextlib.suppress(OSError):
+        shutil.rmtree(Path(report_dir) / PREVIOUS_DIR)
 
 
 def remove_report_files(report_dir: str) -> str:
