@@ -364,3 +364,45 @@ def test_a_killed_run_leaves_the_previous_set_aside_never_beside_its_journal(tmp
     assert not (reports / "packcheck-matrix.json").exists() and not (reports / "packcheck-matrix.md").exists()
     assert (reports / "previous" / "packcheck-matrix.json").exists() and (reports / "previous" / "packcheck-matrix.md").exists()
     assert len((reports / "packcheck-journal.jsonl").read_text().splitlines()) == 1  # the cell that finished
+
+
+def test_a_child_killed_from_outside_is_killed_not_an_upstream_crash_and_resume_reruns_it(tmp_path):
+    """Issue 42, causes that blame the wrong party: a cell child SIGKILLed from outside (the OOM killer, `kill -9`) was
+    `crash` "report it upstream", and --packcheck-resume kept it. Now cause killed, not journaled, rerun on resume.
+    Planted: the child kills itself with SIGKILL inside the first check."""
+    import json
+
+    (tmp_path / "conftest.py").write_text(
+        "import os, signal\nimport pytest_packcheck.checks.registry as R\n"
+        "def pytest_configure(config):\n"
+        "    spec = R.SPECS['isolation']\n"
+        "    if os.environ.get('PLANT_KILL'):\n"
+        "        object.__setattr__(spec, 'load', lambda: (lambda bench: os.kill(os.getpid(), signal.SIGKILL)))\n")
+    args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--packcheck-models", "arch:llama",
+            "--packcheck-attn", "sdpa", "--packcheck-checks", "isolation", "-q"]
+    env = {**__import__("os").environ, "PLANT_KILL": "1"}
+    killed = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, check=False, timeout=300, env=env)
+    cell = json.loads((tmp_path / "reports" / "packcheck-matrix.json").read_text())["cells"][0]
+    assert cell["status"] == "error" and cell["cause"] == "killed", (cell, killed.stdout[-1000:])
+    assert "killed from outside" in cell["message"] and "upstream" not in cell["diagnosis"]["remedy"]
+    assert (tmp_path / "reports" / "packcheck-journal.jsonl").read_text() == ""
+    env.pop("PLANT_KILL")
+    again = subprocess.run([*args, "--packcheck-resume"], cwd=tmp_path, capture_output=True, text=True, check=False,
+                           timeout=300, env=env)
+    cell = json.loads((tmp_path / "reports" / "packcheck-matrix.json").read_text())["cells"][0]
+    assert cell["status"] == "pass" and "Resumed" not in again.stdout, again.stdout[-1000:]
+
+
+def test_a_crash_under_the_users_override_blames_the_override(tmp_path):
+    """Issue 42: arch:gpt2{n_positions=4} (a 4-position table for a 13-token row) crashed and was shrunk_crash,
+    "packcheck's to fix". With the user's overrides it is override_config, naming them; without, the model passes."""
+    import json
+
+    proc = _cli(["audit", "--models", "arch:gpt2{n_positions=4},arch:gpt2", "--packcheck-attn", "sdpa",
+                 "--packcheck-checks", "isolation", "-n", "0", "-q"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-1000:]
+    cells = {c["model"]["label"]: c for c in json.loads((tmp_path / "reports" / "packcheck-matrix.json").read_text())["cells"]}
+    bad = cells["gpt2{n_positions=4}"]
+    assert bad["cause"] == "override_config" and "your overrides (n_positions=4)" in bad["message"], bad["message"]
+    assert "packcheck's to fix" not in bad["diagnosis"]["remedy"]
+    assert cells["gpt2"]["status"] == "pass"

@@ -317,13 +317,20 @@ _CAUSES: tuple[Cause, ...] = (
           "checkpoint's config; report the default config upstream"),
     Cause("override_config",
           "the config with your own overrides (arch:<type>{key=value}, --packcheck-config) does not build in "
-          "transformers, while the config without them does: the override's fault, not the model's or the library's",
-          "fix the override: the message quotes transformers' own error about the value it refused"),
+          "transformers while the config without them does, or the model built with them crashes: the override is "
+          "suspect first, not the model, the library or packcheck's shrink",
+          "fix the override (the message quotes the error: a value transformers refused, or one the packed row "
+          "cannot fit, such as n_positions below the row's length); rerun without it to see the model's own verdict"),
     Cause("weights_mismatch",
           "--packcheck-weights=pretrained: the checkpoint's weights match no tensor of the model its config builds "
           "(another model's weights): packcheck refuses to run it on random weights, so nothing was judged",
           "put the model's own weights beside its config.json (or name the right Hub revision), or run "
           "--packcheck-weights=random"),
+    Cause("killed",
+          "the isolated child running the cell was killed from outside (SIGKILL: the kernel's OOM killer or a `kill -9`), "
+          "not a crash of the model or the library: nothing was judged",
+          "rerun with --packcheck-resume (a killed cell is not journaled, so it runs again); if it is killed again, "
+          "give the run more memory (dmesg names the OOM killer) or run fewer workers (-n 1)"),
     Cause("hang",
           "the cell did not finish within the timeout",
           "raise --packcheck-timeout if the model is just slow; else see the last output"),

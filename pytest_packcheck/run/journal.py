@@ -112,6 +112,8 @@ class Journal:
         --packcheck-resume cannot reuse the cells from then on."""
         if self.failed is not None:
             return
+        if '"not_journaled"' in cell_json:  # a cell killed from outside judged nothing: --packcheck-resume runs it again
+            return
         try:
             self._append(cell_json)
         except OSError as exc:

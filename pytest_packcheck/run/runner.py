@@ -460,6 +460,19 @@ class CellRunner:
             return _fidelity(self._failed("check", exc), bench, cell)
         return _fidelity(result, bench, cell)
 
+    def _user_overrides(self) -> str:
+        """The config values the user set on the current model (its spec's ``{key=value}`` and ``--packcheck-config``),
+        as typed; "" when none."""
+        from ..model.configs import CONFIG_OPTION_OVERRIDES
+        from ..model.specs import format_overrides
+
+        index = self._key[0] if self._key else None
+        if index is None or not 0 <= index < len(self.models):
+            return ""
+        own = tuple(self.models[index].spec.overrides or ())
+        extra = tuple((k, v) for k, v in CONFIG_OPTION_OVERRIDES.items() if k not in dict(own))
+        return format_overrides(own + extra) if own or extra else ""
+
     def _unshrunk_reproduces(self, exc: BaseException) -> str | None:
         """:func:`unshrunk_forward_reproduces` for the current model, once per model and error (a model that
         crashes in every check builds its full-size meta twin once)."""
@@ -527,6 +540,13 @@ class CellRunner:
                 return CheckResult(status, metrics, f"the model's code crashed ({code}; no config size explains it, "
                                    f"not packcheck's shrink): {text}",
                                    cause="crash", evidence={"exception": _short(exc), "stage": stage, "code_error": code})
+            overrides = self._user_overrides()
+            if overrides:  # the user's own values built this model: they are suspect before packcheck's shrink (issue 42:
+                # arch:gpt2{n_positions=4} crashing on a 13-token row was "packcheck's to fix")
+                return CheckResult(status, metrics, (
+                    f"crashed in the model built with your overrides ({overrides}): {text}; the override is suspect "
+                    "before packcheck's shrink or the library"),
+                    cause="override_config", evidence={"exception": _short(exc), "stage": stage, "overrides": overrides})
             # the crash happened in the tiny model packcheck made of the config: the full-size model may not crash
             return CheckResult(status, metrics, f"crashed in the model packcheck shrank (random weights): {text}",
                                cause="shrunk_crash", evidence={"exception": _short(exc), "stage": stage})

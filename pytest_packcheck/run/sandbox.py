@@ -316,9 +316,18 @@ def run_isolated(
                         break
                     cell = pending.pop(0)
                     how = _signal_name(proc.exitcode)
-                    result = make_failure(cell, "error", f"the isolated child crashed ({how}) running this cell. "
-                                          f"Last output: {_tail(log_path) or '(none)'}",
-                                          {"exitcode": proc.exitcode, "stage": "child"})
+                    if proc.exitcode == -signal.SIGKILL:  # from outside: the OOM killer or `kill -9`, not the model
+                        result = make_failure(cell, "error", (
+                            f"the isolated child running this cell was killed from outside ({how}: the kernel's OOM "
+                            "killer or a `kill -9`), not a crash of the model: nothing was judged; --packcheck-resume "
+                            f"runs it again. Last output: {_tail(log_path) or '(none)'}"),
+                            {"exitcode": proc.exitcode, "stage": "child", "not_journaled": "killed"})
+                        result.cause = "killed"
+                        result.evidence = {"signal": "SIGKILL", "exitcode": proc.exitcode}
+                    else:
+                        result = make_failure(cell, "error", f"the isolated child crashed ({how}) running this cell. "
+                                              f"Last output: {_tail(log_path) or '(none)'}",
+                                              {"exitcode": proc.exitcode, "stage": "child"})
                     result.duration_s = round(time.perf_counter() - t_start, 4)  # until the crash
                     results[cell.cell_id] = result
                     on_result(result)
