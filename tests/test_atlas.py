@@ -197,7 +197,7 @@ def test_reduction_verdicts_transitions_and_never_pass(tmp_path):
     assert "- **opt** / sdpa (5.24.0): ❌ wrong positions" in md
     assert "Not measured yet: 4.44.2" in md
     # the first section: the newest release per backend, what not to pack there and why, passes with a finding
-    glance = md.split("## At a glance: transformers 5.24.0")[1].split("## Coverage")[0]
+    glance = md.split("## At a glance: transformers 5.24.0")[1].split("## Legend")[0]
     assert "| sdpa | 2 | 1 | 0 |" in glance and "| eager | 0 | 0 | 1 |" in glance and "| packcheck_flash_ref | 1 | 0 | 0 |" in glance
     assert "- sdpa, wrong positions (1): opt" in glance and "leak" not in glance  # 4.52.4's leak is history, not the newest
     assert "- packcheck_flash_ref, batch rows (1): llama" in glance  # one passing: named, not "every one of"
@@ -206,13 +206,20 @@ def test_reduction_verdicts_transitions_and_never_pass(tmp_path):
     assert "<script" in page and "http://" not in page and "https://" not in page and "src=" not in page
     # the click text is built from the row, the column and one JSON block: the same command as reproduce_command
     data = json.loads(page.split('<script id="data" type="application/json">')[1].split("</script>")[0])
-    assert data["releases"] == ["4.52.4", "5.24.0"] and data["checks"] == list(A.atlas_checks())
+    # newest release first (issue 41: the page opened on the oldest), with the legend and a filter
+    assert data["releases"] == ["5.24.0", "4.52.4"] and data["checks"] == list(A.atlas_checks())
+    assert "<summary>Legend" in page and "<tr><th>leak</th>" in page and 'id="q"' in page and 'id="bk"' in page
+    legend = md.split("## Legend")[1].split("## Coverage")[0]
+    assert "| leak | examples attend across boundaries" in legend and "| ❌ fail |" in legend
+    assert "- eager, 💥 error, shrink limit (1): qwen3" in glance  # no verdict: listed with why
     assert "packcheck audit --models arch:'+a+' --versions transformers=='+v+' --packcheck-attn='+b" in page
     assert A.reproduce_command("4.52.4", "llama", "sdpa").startswith(
         "packcheck audit --models arch:llama --versions transformers==4.52.4 --packcheck-attn=sdpa --packcheck-checks=")
     llama_row = page.split('<tr data-a="llama" data-b=sdpa>')[1].split("</tr>")[0]
     first = data["entries"][int(llama_row.split("data-i=")[1].split(">")[0])]
-    assert first[:4] == ["fail", ["leak"], "isolation", 0.28] and "class=f" in llama_row and "class=p" in llama_row
+    assert first[0] == "pass" and "class=f" in llama_row and "class=p" in llama_row  # 5.24.0's cell first
+    last = data["entries"][int(llama_row.split("data-i=")[-1].split(">")[0])]
+    assert last[:4] == ["fail", ["leak"], "isolation", 0.28]
 
 
 def test_a_release_counts_only_when_every_shard_is_done(tmp_path):

@@ -33,6 +33,19 @@ def _runs(row: dict[str, dict[str, Any]], order: list[str]) -> list[tuple[str, s
     return [tuple(r) for r in runs]  # type: ignore[misc]
 
 
+def _why(entry: dict[str, Any]) -> str:
+    """Why an entry without a cause code got no verdict, in a few words common to its kind (its message with the
+    model's class name left out: "does not support flash attention", "does not support an attention implementation
+    through ...")."""
+    import re
+
+    text = " ".join(str(entry.get("message") or "").split())
+    text = re.sub(r"^model build: \w+: ", "", text)
+    text = re.sub(r"^\w+(ForCausalLM|LMHeadModel|ForConditionalGeneration|Model)\b ", "the model ", text)
+    text = re.split(r"[(:;]", text, maxsplit=1)[0].strip()
+    return text[:80] or "no reason recorded"
+
+
 def at_a_glance(support: dict[str, Any]) -> list[str]:
     """atlas.md's first section: on the newest measured release, per backend the (architecture) entries by verdict,
     then the ones not to pack grouped by backend and cause, and the passing ones with a finding beside, each
@@ -46,6 +59,7 @@ def at_a_glance(support: dict[str, Any]) -> list[str]:
               "model on another release: `packcheck lookup MODEL_TYPE ATTN VERSION`, or its line below."), "",
              "| backend | ✅ pass | ❌ fail | no verdict |", "|---|---|---|---|"]
     bad: dict[tuple[str, str], list[str]] = {}
+    none: dict[tuple[str, str, str], list[str]] = {}
     noted: dict[tuple[str, str], list[str]] = {}
     passing: dict[str, int] = {}
     for backend in support["backends"]:
@@ -58,6 +72,8 @@ def at_a_glance(support: dict[str, Any]) -> list[str]:
             counts[kind] += 1
             if kind == "fail":
                 bad.setdefault((backend, ", ".join(e.get("causes") or []) or "fail"), []).append(name)
+            elif kind == "other":
+                none.setdefault((backend, e["verdict"], ", ".join(e.get("causes") or []) or _why(e)), []).append(name)
             elif kind == "pass":
                 for finding in e.get("findings") or []:
                     noted.setdefault((backend, finding), []).append(name)
@@ -68,6 +84,12 @@ def at_a_glance(support: dict[str, Any]) -> list[str]:
         rank = {b: i for i, b in enumerate(support["backends"])}  # per backend, the most common cause first
         lines += [f"- {backend}, {cause.replace('_', ' ')} ({len(names)}): {name_md(', '.join(names))}"
                   for (backend, cause), names in sorted(bad.items(), key=lambda kv: (rank[kv[0][0]], -len(kv[1]), kv[0][1]))]
+    if none:
+        lines += ["", (f"No verdict on {newest} (backend, verdict, why: architectures; each cause's meaning and remedy "
+                       "are in the legend below):"), ""]
+        rank = {b: i for i, b in enumerate(support["backends"])}
+        lines += [f"- {backend}, {SYMBOL.get(verdict, '')} {verdict}, {why.replace('_', ' ')} ({len(names)}): {name_md(', '.join(names))}"
+                  for (backend, verdict, why), names in sorted(none.items(), key=lambda kv: (rank[kv[0][0]], -len(kv[1]), kv[0][1:]))]
     if noted:
         lines += ["", f"Passing on {newest}, with a finding beside the verdict (backend, finding: architectures):", ""]
         # a finding on every pass of a backend is the backend's (the flash path's batch_rows), said once
@@ -76,6 +98,29 @@ def at_a_glance(support: dict[str, Any]) -> list[str]:
                      f"{len(names)}): {name_md(', '.join(names))}")
                   for (backend, finding), names in sorted(noted.items())]
     return [*lines, ""]
+
+
+def legend(support: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(label, meaning, remedy) of every verdict mark and every cause or finding code the atlas uses, from the
+    results schema's marks and the cause registry (:mod:`pytest_packcheck.checks.causes`): atlas.md's and atlas.html's
+    legend, never typed by hand."""
+    from ..checks.causes import CAUSE_RECORDS
+
+    words = {"pass": "packs as padding does: every correctness check within its tolerance",
+             "fail": "does not: a correctness check measured a difference above its tolerance (the cause says which)",
+             "fallback": "the requested backend did not run (another one did)",
+             "unsupported": "the release or backend refuses this combination (its own error)",
+             "skipped": "not checked here (something this environment lacks)",
+             "error": "no verdict: the model did not build or run (the cause says whose fault)",
+             "timeout": "no verdict: the cell did not finish in time", "oom": "no verdict: out of memory"}
+    used = sorted({c for row in support["cells"].values() for by in row.values() for e in by.values()
+                   for c in [*(e.get("causes") or []), *(e.get("findings") or []), *((e.get("hazards") or {}).values())]})
+    out = [(f"{SYMBOL.get(v, v)} {v}", words[v], "") for v in words
+           if any(e.get("verdict") == v for row in support["cells"].values() for by in row.values() for e in by.values())]
+    for code in used:
+        record = CAUSE_RECORDS.get(code)
+        out.append((code.replace("_", " "), record.meaning if record else "", record.remedy if record else ""))
+    return out
 
 
 def render_markdown(support: dict[str, Any]) -> str:
@@ -89,6 +134,11 @@ def render_markdown(support: dict[str, Any]) -> str:
              "verdict). Machine-readable: `support.json` (schema: `SCHEMA.md`); "
              "`packcheck lookup MODEL_TYPE ATTN TRANSFORMERS_VERSION` answers from it."), "",
              *at_a_glance(support),
+             "## Legend", "",
+             "Every mark and cause label this atlas uses: what it means and what to do (from packcheck's cause registry).", "",
+             "| label | meaning | remedy |", "|---|---|---|",
+             *(f"| {name_md(label)} | {name_md(meaning)} | {name_md(remedy) or '—'} |" for label, meaning, remedy in legend(support)),
+             "",
              "## Coverage", "",
              f"Measured releases: {', '.join(order) or 'none'}.",
              f"Not measured yet: {', '.join(support['missing']) or 'none'}" + (" (resume: `packcheck atlas`)." if support["missing"] else "."),
@@ -195,7 +245,8 @@ def render_html(support: dict[str, Any]) -> str:
     cells coloured by verdict; clicking a cell shows its number, cause, message and the command to reproduce.
     Each cell carries only its symbol and an index into one deduplicated JSON block (the page stays small at
     40 releases x 200 architectures x 3 backends)."""
-    order = [r["transformers"] for r in support["releases"]]
+    # newest first: the release a user is on is most likely a recent one (issue 41: the page opened on 4.44 .. 5.9)
+    order = sorted((r["transformers"] for r in support["releases"]), key=version_key, reverse=True)
     classes = {"pass": "p", "fail": "f", "fallback": "b", "unsupported": "u", "skipped": "s", "error": "e", "timeout": "e", "oom": "e"}
     entries: list[list[Any]] = []
     index: dict[str, int] = {}
@@ -231,11 +282,22 @@ def render_html(support: dict[str, Any]) -> str:
             f"<h1>packcheck atlas</h1><p>Generated {html.escape(support['generated'])} by packcheck "
             f"{html.escape(str(support['packcheck_version']))}, torch {html.escape(str(support['torch']))}, CPU float32. "
             f"Not measured yet: {html.escape(', '.join(support['missing']) or 'none')}. Click a cell.</p>"
+            "<details><summary>Legend: every mark and cause label, its meaning and remedy</summary><table>"
+            + "".join(f"<tr><th>{html.escape(label)}</th><td style=\"text-align:left\">{html.escape(meaning)}</td>"
+                      f"<td style=\"text-align:left\">{html.escape(remedy)}</td></tr>" for label, meaning, remedy in legend(support))
+            + "</table></details>"
+            "<p>Filter: <input id=\"q\" placeholder=\"architecture, e.g. qwen2\"> <select id=\"bk\"><option value=\"\">every backend</option>"
+            + "".join(f"<option>{html.escape(b)}</option>" for b in support["backends"]) + "</select> "
+            "Newest release first.</p>"
             "<div id=\"d\">number, cause and reproduce command of the clicked cell</div>"
-            f"<table><tr><th>architecture</th><th>backend</th>{head}</tr>{''.join(rows)}</table>"
+            f"<table id=\"m\"><tr><th>architecture</th><th>backend</th>{head}</tr>{''.join(rows)}</table>"
             f"<script id=\"data\" type=\"application/json\">{data}</script>"
             "<script>var D=JSON.parse(document.getElementById('data').textContent);"
-            "document.querySelector('table').onclick=function(ev){var td=ev.target.closest('td[data-i]');if(!td)return;"
+            "function F(){var q=document.getElementById('q').value.toLowerCase(),b=document.getElementById('bk').value;"
+            "document.querySelectorAll('#m tr[data-a]').forEach(function(r){r.style.display=(r.dataset.a.toLowerCase()"
+            ".indexOf(q)>=0&&(!b||r.dataset.b==b))?'':'none';});}"
+            "document.getElementById('q').oninput=F;document.getElementById('bk').onchange=F;"
+            "document.getElementById('m').onclick=function(ev){var td=ev.target.closest('td[data-i]');if(!td)return;"
             "var tr=td.parentNode,e=D.entries[+td.dataset.i],v=D.releases[td.cellIndex-2],a=tr.dataset.a,b=tr.dataset.b;"
             "var t=a+' / '+b+' @ transformers '+v+': '+e[0]+(e[1].length?' ('+e[1].join(', ')+')':'');"
             "if(e[2])t+='\\n'+e[2]+(e[3]===null?'':' '+e[3]);if(e[4])t+='\\n'+e[4];"
