@@ -1442,3 +1442,41 @@ def test_the_guard_never_ends_a_run_it_passed(tolerances, tmp_path):
     assert callback.result is not None and callback.result.verdict == "pass", callback.result.line()
     said = [str(w.message) for w in caught if "could not write" in str(w.message)]
     assert len(said) == 1 and str(callback_dir / RESULT_FILE) in said[0] and said[0].endswith("training goes on: pass")
+
+
+@pytest.mark.parametrize("plant", [None, "first_micro_batch_only", "counted_twice"])
+def test_num_items_in_batch_is_checked_over_the_accumulation_window(tolerances, tmp_path, monkeypatch, plant):
+    """Issue 41: with gradient accumulation the trainer divides by the count of the whole window (the sum over its
+    micro-batches); the guard compared it with one micro-batch only (count >= that row's), so a count too large or
+    from one micro-batch passed. Real Trainer, 2 micro-batches of 3 packed examples, one optimizer step. Planted: the
+    trainer's count of the first micro-batch only (below the window's), or the window counted twice (above it, which
+    one micro-batch's own count never showed). Counting before the shift is no fault on a packed row, whose first
+    label is -100 (known fault trainer-num-items-before-shift: only the padded run was off)."""
+    from transformers import Trainer, TrainingArguments
+
+    from pytest_packcheck.checks.training import TRAIN_RECIPE
+
+    bench = make_bench("llama", "sdpa", tolerances)
+    bench.model.config.use_cache = False
+    real = Trainer._get_num_items_in_batch
+    if plant == "first_micro_batch_only":
+        monkeypatch.setattr(Trainer, "_get_num_items_in_batch", lambda self, batches, device: real(self, batches[:1], device))
+    elif plant == "counted_twice":
+        monkeypatch.setattr(Trainer, "_get_num_items_in_batch", lambda self, batches, device: 2 * real(self, batches, device))
+    callback = PackcheckCallback()
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=3, gradient_accumulation_steps=2,
+                             max_steps=1, save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True,
+                             remove_unused_columns=False, **TRAIN_RECIPE)
+    examples = [{"input_ids": e} for e in bench.examples] * 2
+    trainer = Trainer(model=bench.model, args=args, train_dataset=examples,
+                      data_collator=bench.collator_factory(return_position_ids=True), callbacks=[callback])
+    if plant is None:
+        trainer.train()
+        assert callback.result.verdict == "pass", callback.result.line()
+        assert any("of the 2 micro-batches of the first accumulation step" in n for n in callback.result.notes)
+        return
+    with pytest.raises(PackedBatchMismatch) as info:
+        trainer.train()
+    result = info.value.result
+    assert result.cause == "loss_normalisation" and "first accumulation step's 2 micro-batches" in result.evidence, result.line()
+    assert trainer.state.global_step == 0  # stopped before the optimizer step

@@ -73,6 +73,13 @@ WRAPPED = ("packed by wrapping (no boundaries: examples attend to each other by 
            "padding_free=True keeps them apart)")
 
 
+def _scored(labels: Any) -> int:
+    """The label tokens a causal LM's loss scores in a batch: ``(labels[..., 1:] != -100).sum()``, 0 without labels."""
+    if labels is None or not hasattr(labels, "shape"):
+        return 0
+    return int((labels[..., 1:] != IGNORE_INDEX).sum())
+
+
 def _packing_of(args: Any) -> str | None:
     """How the trainer's arguments say it packs, where the first batch cannot show it: :data:`WRAPPED` for TRL's
     ``SFTConfig(packing=True, packing_strategy="wrapped")`` without ``padding_free``; else None."""
@@ -152,6 +159,9 @@ class PackcheckCallback(TrainerCallback):
         if not isinstance(verbose, bool):
             raise PackcheckUsageError(f"PackcheckCallback: verbose={verbose!r}: expected True or False.")
         self._output_dir: str | None = None
+        self._accumulation = 1
+        #: the first accumulation window: the num_items_in_batch the trainer passed and each micro-batch's scored tokens
+        self._window: dict[str, Any] | None = None
         self._packing: str | None = None
         self._autocast: str | None = None
         self._main = True
@@ -160,6 +170,8 @@ class PackcheckCallback(TrainerCallback):
         if model is None or self.result is not None or self._handles:
             return  # the same callback added twice (trainer.add_callback(cb) beside callbacks=[cb]): one guard
         self._output_dir = getattr(args, "output_dir", None)
+        accumulation = getattr(args, "gradient_accumulation_steps", 1)
+        self._accumulation = accumulation if isinstance(accumulation, int) and accumulation > 1 else 1
         self._packing = _packing_of(args)
         self._autocast = _autocast_of(args)
         self._main = bool(getattr(state, "is_world_process_zero", True))
@@ -190,6 +202,13 @@ class PackcheckCallback(TrainerCallback):
         except NotPackedError as exc:  # a run that does not pack: nothing to check, training goes on
             result = _not_packed(module, batch, str(exc), self._packing, self._autocast)
         self.result = result
+        count = batch.get("num_items_in_batch")
+        count = int(count) if isinstance(count, int) or (hasattr(count, "numel") and count.numel() == 1) else None
+        if result.ok and self._accumulation > 1 and count is not None:
+            # with gradient accumulation the trainer divides by the count of the whole window (the sum over its
+            # micro-batches): checked on the window's last forward, before the optimizer step (issue 41)
+            self._window = {"count": count, "scored": [_scored(batch.get("labels"))]}
+            self._handles.append(module.register_forward_pre_hook(self._window_forward, with_kwargs=True))
         if not result.ok and self.on_mismatch == "disable":
             self.fallback = self._install_fallback(module, result)
             result.fallback = self.fallback
@@ -206,6 +225,50 @@ class PackcheckCallback(TrainerCallback):
             _warn(result.line())
             return None
         return self._apply(module, args, kwargs)  # this first batch takes the fallback too
+
+    def _window_forward(self, module: Any, args: tuple, kwargs: dict[str, Any]) -> None:
+        """Each later training forward of the first accumulation window: add its scored label tokens; on the last,
+        compare the trainer's num_items_in_batch with their sum (both after the shift, as transformers >= 5.10.1
+        counts them; a count split over processes is a note, as for one micro-batch)."""
+        import torch
+
+        window = self._window
+        if window is None or not module.training or not torch.is_grad_enabled():
+            return
+        labels = kwargs.get("labels")
+        window["scored"].append(_scored(labels))
+        if len(window["scored"]) < self._accumulation:
+            return
+        self._remove()
+        self._window = None
+        result, total, count = self.result, sum(window["scored"]), window["count"]
+        if result is None or count == total:
+            if result is not None:
+                result.notes.append(f"num_items_in_batch {count} = the scored label tokens of the {self._accumulation} "
+                                    f"micro-batches of the first accumulation step ({' + '.join(map(str, window['scored']))})")
+                self._report(result, echo=False)
+            return
+        from .batch import _count_may_be_divided
+
+        said = (f"num_items_in_batch {count} is not the scored label tokens of the first accumulation step's "
+                f"{self._accumulation} micro-batches ({' + '.join(map(str, window['scored']))} = {total}, labels != -100 "
+                "after the shift): the loss is divided by the wrong count")
+        if _count_may_be_divided():
+            result.notes.append(f"{said}, unless the Trainer divided it over processes")
+            self._report(result, echo=False)
+            return
+        result.verdict, result.cause = "fail", "loss_normalisation"
+        result.causes = ["loss_normalisation", *[c for c in result.causes if c != "loss_normalisation"]]
+        result.evidence = said
+        result.remedy = ("count num_items_in_batch as the scored label tokens after the shift over every micro-batch "
+                         "of the accumulation step (transformers' Trainer does from 5.10.1); a custom loop or "
+                         "get_batch_samples override must sum them over the window")
+        result.probes["window_scored"] = window["scored"]
+        self._report(result, echo=self.on_mismatch != "warn")
+        if self.on_mismatch in ("raise", "disable"):
+            raise PackedBatchMismatch(result)
+        _warn(result.line())
+        return
 
     def _report(self, result: GuardResult, echo: bool = True) -> None:
         if self.verbose and echo:
