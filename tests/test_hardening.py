@@ -182,7 +182,9 @@ def test_a_run_that_checks_nothing_removes_the_previous_matrix(tmp_path):
     assert not any(p.exists() for p in old)  # was left in place, looking current
     said = proc.stdout + proc.stderr  # the plugin removes them and says so with the summary (run.session._nothing_ran)
     assert "no packcheck cell ran (deselected by -k 'zzznothing')" in said and "the previous packcheck-matrix.md" in said
-    assert "were removed" in said and "deselected every cell of the matrix" in proc.stderr
+    # set aside in reports/previous/ when the run took the folder (issue 42: one set, never beside a new journal)
+    assert "were set aside in" in said and "deselected every cell of the matrix" in proc.stderr
+    assert all((tmp_path / "reports" / "previous" / p.name).exists() for p in old)
 
 
 def test_a_run_interrupted_before_its_session_removes_the_previous_matrix(tmp_path, monkeypatch, capsys):
@@ -936,7 +938,9 @@ def test_a_run_that_selects_no_cell_removes_the_earlier_matrix_and_says_so(pytes
     assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
     assert not any((reports / f.file).exists() for f in FORMATS)
     result.stdout.fnmatch_lines([("packcheck: no packcheck cell ran (deselected by -k 'nomatch'), so no matrix was written; "
-                                 "the previous * were removed so they are not taken for this run's; this run emptied the journal *")])
+                                 "the previous * were set aside in reports/previous so they are not taken for this "
+                                 "run's; this run emptied the journal *")])
+    assert all((reports / "previous" / f.file).exists() for f in FORMATS)
 
 
 def test_a_traceback_entry_without_a_line_number_is_dropped_before_pytest_formats_the_interrupt():

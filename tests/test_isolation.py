@@ -354,15 +354,21 @@ def test_a_cell_child_stopped_by_an_interrupt_leaves_its_cells_not_run_not_crash
     (_die_by(signal.SIGSEGV), "killed by SIGSEGV"), (lambda: os._exit(70), "exit code 70"),
 ], ids=["exit-3", "SIGKILL", "SIGSEGV", "exit-70"])
 def test_a_cell_child_that_really_crashes_is_still_a_crash(fault, how):
-    """The other side of #123: an exit, a segfault or a SIGKILL (what the OOM killer sends) stays a crash of the
-    cell it ran, and a new child runs the next cell."""
+    """The other side of #123: an exit, a segfault or a SIGKILL (what the OOM killer sends) stays an error of the
+    cell it ran, and a new child runs the next cell. A SIGKILL comes from outside the model (issue 42): cause killed,
+    never "report it upstream", and marked so the journal does not keep it (--packcheck-resume reruns it)."""
     from pytest_packcheck.run.sandbox import run_isolated
 
     run_cell, make_failure = _planted_cells(fault)
     journaled = []
     results = run_isolated([_Cell("a"), _Cell("b"), _Cell("c")], run_cell, make_failure, journaled.append,
                            timeout_s=60)
-    assert results["b"].status == "error" and f"crashed ({how})" in results["b"].message, results["b"].message
+    assert results["b"].status == "error" and f"({how}" in results["b"].message, results["b"].message
+    if how == "killed by SIGKILL":
+        assert results["b"].cause == "killed" and results["b"].metrics["not_journaled"] == "killed"
+        assert "killed from outside" in results["b"].message
+    else:
+        assert f"crashed ({how})" in results["b"].message and getattr(results["b"], "cause", None) is None
     assert "not_run" not in results["b"].metrics
     assert results["a"].status == results["c"].status == "pass"
     assert [r.cell_id for r in journaled] == ["a", "b", "c"]

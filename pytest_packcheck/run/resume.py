@@ -35,7 +35,7 @@ def open_journal(config: pytest.Config, settings: Any) -> tuple[Journal, dict[st
             journal.reset()
         if journal.other_cells and not hasattr(config, "workerinput"):
             warnings.warn(PackcheckWarning(resume_mismatch(settings, journal, len(resumed), journal.other_cells)), stacklevel=2)
-    elif not hasattr(config, "workerinput") and not config.getoption("collectonly", False):
+    elif not hasattr(config, "workerinput") and not getattr(getattr(config, "option", None), "collectonly", False):
         journal.reset()  # a fresh run; --collect-only runs nothing and keeps an interrupted run's journal (issue 42)
     return journal, resumed
 

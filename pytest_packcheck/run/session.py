@@ -61,7 +61,7 @@ class PackcheckSession:
         self._shard_cells()
         self._report_lock = check_inputs(config, settings)
         self.journal, resumed = open_journal(config, settings)
-        if not hasattr(config, "workerinput") and not config.getoption("collectonly", False):
+        if not hasattr(config, "workerinput") and not getattr(getattr(config, "option", None), "collectonly", False):
             self.set_aside = set_aside_previous(settings.report_dir)
         self.resumed.update(resumed)  # the same dict the progress line reads
         self.version_cells = VersionCells(config, settings)
