@@ -454,24 +454,26 @@ def model_mark(label: str, by_group: dict[tuple, list[dict[str, Any]]]) -> str:
 
 def closing_sentence(cells: list[dict[str, Any]], fail_on_failure: bool) -> tuple[str, int]:
     """(``packcheck audit``'s closing sentence, the number of failing matrix cells). The sentence states the
-    correctness checks that did not pass (what pytest's closing line counts as "failed", one item per check), the
-    matrix cells and the models they fall on, and the exit status with its reason: 0 because a written matrix is the
-    audit's result, unless ``--fail-on-failure`` (then 1 where a cell fails)."""
+    correctness checks pytest's closing line counts as "failed" (one item per check: a fail, a fallback, an error, a
+    timeout or out of memory; an unsupported or skipped check is pytest's "skipped"), the matrix cells that fail (❌,
+    a fallback) and the models they fall on, the cells with no verdict, and the exit status with its reason: 0
+    because a written matrix is the audit's result, unless ``--fail-on-failure`` (then 1 where a cell fails)."""
     n = matrix_counts(cells)
     total = sum(n["cells"].values())
-    bad = {k: v for k, v in n["cells"].items() if k not in ("pass", "skipped", "not_run")}
-    failing = sum(bad.values())
-    models = sorted({m for k in bad for m in n["models"].get(k, [])})
-    correctness = [c for c in cells if role_of(c) == "correctness" and c["status"] != "skipped"]
-    not_passed = sum(c["status"] != "pass" for c in correctness)
+    failing_keys = [k for k in n["cells"] if k in ("fail", "fallback")]
+    failing = sum(n["cells"][k] for k in failing_keys)
+    no_verdict = sum(v for k, v in n["cells"].items() if k not in ("pass", "fail", "fallback"))
+    models = sorted({m for k in failing_keys for m in n["models"].get(k, [])})
+    correctness = [c for c in cells if role_of(c) == "correctness" and c["status"] not in ("skipped", "unsupported")]
+    failed = sum(c["status"] != "pass" for c in correctness)
+    rest = f"; {no_verdict} cell{'s' if no_verdict != 1 else ''} got no verdict (not checked, refused or crashed)" if no_verdict else ""
     if not failing:
-        text = (f"packcheck audit: every matrix cell passed ({total} cells; {len(correctness)} correctness checks run, "
-                f"{not_passed} not passed); exit 0.")
-        return text, 0
+        return (f"packcheck audit: no matrix cell fails ({n['cells'].get('pass', 0)} of {total} pass{rest}; {failed} of "
+                f"{len(correctness)} correctness checks run did not pass); exit 0."), 0
     named = ", ".join(models[:8]) + (" …" if len(models) > 8 else "")
-    text = (f"packcheck audit: {not_passed} of {len(correctness)} correctness checks did not pass (pytest's \"failed\" "
-            f"items, one per check), in {failing} of {total} matrix cells, on {len(models)} "
-            f"model{'s' if len(models) != 1 else ''} ({named}); ")
+    text = (f"packcheck audit: {failed} of {len(correctness)} correctness checks run did not pass (pytest's \"failed\" "
+            f"items, one per check), and {failing} of {total} matrix cells fail, on {len(models)} "
+            f"model{'s' if len(models) != 1 else ''} ({named}){rest}; ")
     text += ("exit 1 (--fail-on-failure)." if fail_on_failure else
              "exit 0: the matrix was written, which is the audit's result; add --fail-on-failure to exit 1 on a "
              "correctness failure (CI).")
