@@ -406,3 +406,23 @@ def test_a_crash_under_the_users_override_blames_the_override(tmp_path):
     assert bad["cause"] == "override_config" and "your overrides (n_positions=4)" in bad["message"], bad["message"]
     assert "packcheck's to fix" not in bad["diagnosis"]["remedy"]
     assert cells["gpt2"]["status"] == "pass"
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--batch-size", "100000", "--max-length", "4096"], "100000 x 4096 tokens) needs about"),
+    (["--model", "arch:llama{hidden_size=4096,intermediate_size=11008,num_hidden_layers=32,num_attention_heads=32,"
+      "num_key_value_heads=32,vocab_size=32000}", "--full-size"], "at full size (6.74B parameters, float32) needs about"),
+], ids=["a-batch-that-cannot-fit", "7b-in-float32"])
+def test_bench_refuses_what_cannot_fit_with_the_size_it_needs(tmp_path, args, says):
+    """Issue 42, bounded work: bench with a batch or a model that cannot fit grew until the OOM killer. It estimates
+    (weights, gradients, activations of the padded batch, logits) against the memory available and refuses in one
+    line naming the size, before anything is built (the 7B model is counted on the meta device)."""
+    import time
+
+    started = time.perf_counter()
+    proc = _cli(["bench", *(args if "--model" in args else ["--model", "arch:llama", *args]), "--steps", "1",
+                 "--warmup", "1", "-o", str(tmp_path / "b")], tmp_path)
+    assert proc.returncode == 2, (proc.stdout + proc.stderr)[-1500:]
+    line = proc.stderr.strip().splitlines()[-1]
+    assert says in line and "GB available" in line and "lower --batch-size" in line, line
+    assert time.perf_counter() - started < 120 and not (tmp_path / "b" / "bench.json").exists()

@@ -90,6 +90,14 @@ def run(ns: argparse.Namespace) -> int:
     out = Path(ns.output_dir)
     probe_folder(out, "-o/--output-dir", "Output directory")  # before minutes of measuring, not after (a full disk says so)
     ensure_registered(attn)
+    from ..run.throughput import available_memory, bench_memory_estimate, refuse_unfit_bench
+
+    free = available_memory(ns.device)
+    if ns.full_size:  # counted on the meta device: a model too big for this machine is refused before it is built
+        meta_params = _meta_parameters(resolved)
+        if meta_params is not None:
+            refuse_unfit_bench(bench_memory_estimate(resolved.config, meta_params, dtype, ns.batch_size, ns.max_length),
+                               free, f"{ns.model} at full size ({meta_params / 1e9:.2f}B parameters, {dtype})")
     try:  # a model that cannot run on this backend (mamba on sdpa) is refused before anything is measured
         model = build_model(resolved, attn, dtype, "random", ns.device, shrink=not ns.full_size)
     except Exception as exc:  # noqa: BLE001 - whatever transformers raises at build: one line, exit 2
@@ -99,6 +107,9 @@ def run(ns: argparse.Namespace) -> int:
         raise PackcheckUsageError(f"Model '{ns.model}' (from --model) cannot be built with --attn {attn} on {ns.device}: "
                                   f"{type(exc).__name__}: {first}{hint}") from None
     n_params = sum(p.numel() for p in model.parameters())
+    # the batch too: --batch-size / --max-length that cannot fit grew until the OOM killer (issue 42)
+    refuse_unfit_bench(bench_memory_estimate(model.config, n_params, dtype, ns.batch_size, ns.max_length), free,
+                       f"{ns.model} ({n_params / 1e6:.1f}M parameters, {dtype}, {ns.batch_size} x {ns.max_length} tokens)")
     env = environment(ns.device)
     label = f"{resolved.spec.label} ({n_params / 1e6:.1f}M parameters{'' if ns.full_size else ', shrunk'})"
     results: list[dict] = []
@@ -133,3 +144,18 @@ def _free_cuda(device: str) -> None:
 
         gc.collect()
         torch.cuda.empty_cache()
+
+
+def _meta_parameters(resolved: object) -> int | None:
+    """The parameter count of ``resolved``'s model at full size, built on the meta device (no memory); None where
+    it does not build there (the real build then says why)."""
+    import torch
+    import transformers
+
+    try:
+        auto = getattr(transformers, getattr(resolved, "auto_class", "AutoModelForCausalLM"))
+        with torch.device("meta"):
+            model = auto.from_config(resolved.config)  # type: ignore[attr-defined]
+        return sum(p.numel() for p in model.parameters())
+    except Exception:  # noqa: BLE001 - any build error is the real build's to report
+        return None

@@ -522,3 +522,66 @@ def bench_section(bench: dict[str, Any], cells: list[dict[str, Any]]) -> list[st
     if failed:
         lines += ["Not measured:", "", *failed, ""]
     return lines
+
+
+def bench_memory_estimate(config: Any, n_params: int, dtype: str, batch_size: int, max_length: int) -> dict[str, int]:
+    """Bytes a bench step needs at least, by part, before anything runs (issue 42: a 7B model in float32, or a batch
+    that cannot fit, grew until the kernel's OOM killer ended the run). ``weights`` and ``gradients`` (SGD keeps no
+    state): ``n_params`` x the dtype's size; ``activations``: the padded batch (``batch_size`` x ``max_length``
+    tokens, the larger of the two modes) x layers x hidden size x 16 values kept for the backward (attention and MLP
+    inputs, norms, residuals: a floor, not a ceiling); ``logits``: tokens x vocabulary x 3 float32 copies (logits,
+    their log-softmax and its gradient). ``config``: the model's (text) config."""
+    size = {"float32": 4, "bfloat16": 2, "float16": 2}.get(dtype, 4)
+    text = getattr(config, "get_text_config", lambda: config)()
+    hidden = int(getattr(text, "hidden_size", 0) or getattr(text, "n_embd", 0) or getattr(text, "d_model", 0) or 0)
+    layers = int(getattr(text, "num_hidden_layers", 0) or getattr(text, "n_layer", 0) or getattr(text, "num_layers", 0) or 0)
+    vocab = int(getattr(text, "vocab_size", 0) or 0)
+    tokens = batch_size * max_length
+    return {"weights": n_params * size, "gradients": n_params * size, "activations": tokens * layers * hidden * 16 * size,
+            "logits": tokens * vocab * 4 * 3}
+
+
+def available_memory(device: str) -> int | None:
+    """Bytes free for a bench on ``device``: CUDA's free memory (``torch.cuda.mem_get_info``), else the host's
+    MemAvailable (/proc/meminfo, in kB there) capped by a cgroup memory limit; None where neither can be read."""
+    if device.startswith("cuda"):
+        import torch
+
+        try:
+            return int(torch.cuda.mem_get_info(torch.device(device))[0])
+        except (RuntimeError, AssertionError):
+            return None
+    free = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                free = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        usage = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
+        if limit.isdigit():
+            free = min(free if free is not None else 1 << 62, int(limit) - usage)
+    except (OSError, ValueError):
+        pass
+    return free
+
+
+def refuse_unfit_bench(parts: dict[str, int], free: int | None, what: str) -> None:
+    """Refuse a bench whose :func:`bench_memory_estimate` exceeds the memory ``free`` on its device, naming the size
+    it needs by part and the fixes; nothing when it fits or ``free`` is unknown.
+
+    Raises:
+        PackcheckUsageError: ``bench needs about N GB ... this machine has M GB available``.
+    """
+    from ..errors import PackcheckUsageError
+
+    need = sum(parts.values())
+    if free is None or need <= free:
+        return
+    gb = 1024 ** 3
+    detail = ", ".join(f"{k} {v / gb:.1f}" for k, v in parts.items() if v)
+    raise PackcheckUsageError(f"bench of {what} needs about {need / gb:.1f} GB ({detail} GB; the padded batch of the "
+                              f"run) and this machine has {free / gb:.1f} GB available: lower --batch-size or "
+                              "--max-length, drop --full-size, or use --dtype bfloat16 (on a GPU).")
