@@ -410,8 +410,8 @@ def test_a_crash_under_the_users_override_blames_the_override(tmp_path):
 
 @pytest.mark.parametrize(("args", "says"), [
     (["--batch-size", "100000", "--max-length", "4096"], "100000 x 4096 tokens) needs about"),
-    (["--model", "arch:llama{hidden_size=4096,intermediate_size=11008,num_hidden_layers=32,num_attention_heads=32,"
-      "num_key_value_heads=32,vocab_size=32000}", "--full-size"], "at full size (6.74B parameters, float32) needs about"),
+    (["--model", ("arch:llama{hidden_size=4096,intermediate_size=11008,num_hidden_layers=32,num_attention_heads=32,"
+                  "num_key_value_heads=32,vocab_size=32000}"), "--full-size"], "at full size (6.74B parameters, float32) needs about"),
 ], ids=["a-batch-that-cannot-fit", "7b-in-float32"])
 def test_bench_refuses_what_cannot_fit_with_the_size_it_needs(tmp_path, args, says):
     """Issue 42, bounded work: bench with a batch or a model that cannot fit grew until the OOM killer. It estimates
