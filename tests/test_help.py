@@ -176,3 +176,16 @@ def test_a_command_that_parses_its_own_arguments_gets_the_rest_of_the_command_li
     assert cli.main(["own", "--markdown", "-x"]) == 0 and seen == [["--markdown", "-x"]]
     assert cli.main(["own", "--bad"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == ["packcheck own: error: --bad is refused: drop it."]
+
+
+def test_version_flag_and_license_file():
+    """Issue 43: no --version and no LICENSE file. The version is the package's (its metadata, pyproject's)."""
+    import subprocess
+    import sys
+    from importlib.metadata import version
+    from pathlib import Path
+
+    out = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "--version"], capture_output=True, text=True, check=False)
+    assert out.returncode == 0 and out.stdout.strip() == f"packcheck {version('packcheck')}"
+    license_text = (Path(__file__).resolve().parent.parent / "LICENSE").read_text()
+    assert "Apache License" in license_text and "Version 2.0, January 2004" in license_text

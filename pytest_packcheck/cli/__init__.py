@@ -113,6 +113,10 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="packcheck", description="Checks that padding-free packing trains the same model.",
                                      epilog=help_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter,
                                      allow_abbrev=False)  # a prefix never stands for a flag (trial 13, 130: --packcheck-trust)
+    from .. import __version__
+
+    parser.add_argument("--version", action="version", version=f"packcheck {__version__}",
+                        help="Print packcheck's version and exit.")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
         module = _module(command)
