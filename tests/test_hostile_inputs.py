@@ -426,3 +426,27 @@ def test_bench_refuses_what_cannot_fit_with_the_size_it_needs(tmp_path, args, sa
     line = proc.stderr.strip().splitlines()[-1]
     assert says in line and "GB available" in line and "lower --batch-size" in line, line
     assert time.perf_counter() - started < 120 and not (tmp_path / "b" / "bench.json").exists()
+
+
+@pytest.mark.parametrize("content", [b"\x00" * 4, bytes(range(256)) * 20], ids=["truncated", "garbage"])
+def test_unreadable_weights_are_the_checkpoints_not_upstreams(tmp_path, content):
+    """Issue 42: a corrupt weights file under --packcheck-weights=pretrained was a crash with no cause and the remedy
+    "report it upstream". Now weights_unreadable, naming the read error; the same folder with its real weights runs."""
+    import json
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path / "m"
+    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=128)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    good = _cli(["audit", "--models", str(folder), "--packcheck-weights", "pretrained", "--packcheck-attn", "sdpa",
+                 "--packcheck-checks", "isolation", "-n", "0", "-q"], tmp_path)
+    cell = json.loads((tmp_path / "reports" / "packcheck-matrix.json").read_text())["cells"][0]
+    assert good.returncode == 0 and cell["status"] == "pass", cell["message"]
+    (folder / "model.safetensors").write_bytes(content)
+    _cli(["audit", "--models", str(folder), "--packcheck-weights", "pretrained", "--packcheck-attn", "sdpa",
+          "--packcheck-checks", "isolation", "-n", "0", "-q"], tmp_path)
+    cell = json.loads((tmp_path / "reports" / "packcheck-matrix.json").read_text())["cells"][0]
+    assert cell["status"] == "error" and cell["cause"] == "weights_unreadable", (cell["cause"], cell["message"])
+    assert "cannot be read" in cell["message"] and "upstream" not in cell["diagnosis"]["remedy"]

@@ -326,6 +326,10 @@ _CAUSES: tuple[Cause, ...] = (
           "(another model's weights): packcheck refuses to run it on random weights, so nothing was judged",
           "put the model's own weights beside its config.json (or name the right Hub revision), or run "
           "--packcheck-weights=random"),
+    Cause("weights_unreadable",
+          "--packcheck-weights=pretrained: the checkpoint's weights file cannot be read (corrupt, truncated, or not a "
+          "safetensors / torch file): nothing was judged, and it is not the library's fault",
+          "re-download or replace the weights file (the message names the error), or run --packcheck-weights=random"),
     Cause("killed",
           "the isolated child running the cell was killed from outside (SIGKILL: the kernel's OOM killer or a `kill -9`), "
           "not a crash of the model or the library: nothing was judged",

@@ -155,15 +155,25 @@ def build_model(
 
     backend = attn_implementation  # the cell's backend; what transformers is asked for comes from backend_build
     if weights == "pretrained" and resolved.spec.kind != "arch":
-        with backend_build(backend, resolved.config) as attn:
-            model, info = auto.from_pretrained(
-                resolved.spec.name,
-                revision=resolved.spec.revision,
-                attn_implementation=attn,
-                trust_remote_code=trust_remote_code,
-                output_loading_info=True,
-                **dtype_kwarg(torch_dtype),
-            )
+        try:
+            with backend_build(backend, resolved.config) as attn:
+                model, info = auto.from_pretrained(
+                    resolved.spec.name,
+                    revision=resolved.spec.revision,
+                    attn_implementation=attn,
+                    trust_remote_code=trust_remote_code,
+                    output_loading_info=True,
+                    **dtype_kwarg(torch_dtype),
+                )
+        except Exception as exc:
+            unreadable = unreadable_weights(exc)
+            if unreadable is None:
+                raise
+            # a corrupt or truncated weights file is the checkpoint's, not the library's to fix (issue 42: it was
+            # "report it upstream")
+            raise WeightsError(f"--packcheck-weights=pretrained: the weights of '{resolved.spec.raw}' cannot be read "
+                               f"({unreadable}): re-download or replace the weights file, or run "
+                               "--packcheck-weights=random", cause="weights_unreadable") from None
         model.packcheck_weights = weight_counts(model, info)
         if model.packcheck_weights["loaded"] == 0:
             where = (f"the weights files in the model folder {resolved.spec.name}" if resolved.spec.kind == "local"
@@ -247,3 +257,21 @@ def build_model(
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
     return model.to(device).eval()
+
+
+#: What torch / safetensors / transformers raise on a weights file that is corrupt, truncated or not a checkpoint.
+_UNREADABLE = ("deserializing header", "header too large", "invalid load key", "pytorchstreamreader failed",
+               "unexpected eof", "failed finding central directory", "is not a zip file", "incomplete metadata",
+               "invalid header", "unable to load weights from pytorch checkpoint", "safetensorerror")
+
+
+def unreadable_weights(exc: BaseException) -> str | None:
+    """One line for an exception that says the weights file itself cannot be read (a corrupt or truncated safetensors
+    or torch file), else None. Read from the exception chain's types and messages."""
+    seen = exc
+    while seen is not None:
+        text = f"{type(seen).__name__}: {' '.join(str(seen).split())}"
+        if any(marker in text.lower() for marker in _UNREADABLE) or type(seen).__name__ in ("SafetensorError", "UnpicklingError"):
+            return text[:200]
+        seen = seen.__cause__ or seen.__context__
+    return None

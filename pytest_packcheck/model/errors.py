@@ -24,4 +24,9 @@ class OverrideConfigError(RuntimeError):
 
 class WeightsError(RuntimeError):
     """``--packcheck-weights=pretrained`` loaded no tensor of the model: another model's weights, refused on purpose (every
-    cell of it is an error with cause ``weights_mismatch``, never ``packcheck_error``)."""
+    cell of it is an error with cause ``weights_mismatch``, never ``packcheck_error``). ``cause``: ``weights_mismatch``,
+    or ``weights_unreadable`` where the weights file itself cannot be read (corrupt, truncated, not a checkpoint)."""
+
+    def __init__(self, message: str, cause: str = "weights_mismatch") -> None:
+        super().__init__(message)
+        self.cause = cause

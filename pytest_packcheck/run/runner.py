@@ -559,7 +559,7 @@ class CellRunner:
         elif isinstance(exc, OverrideConfigError):
             cause = "override_config"
         elif isinstance(exc, WeightsError):
-            cause = "weights_mismatch"
+            cause = getattr(exc, "cause", "weights_mismatch")
         if stage == "build":
             text = str(exc) if isinstance(exc, ResolveError | LibraryConfigError | OverrideConfigError | WeightsError) else f"model build: {_short(exc)}"
             return CheckResult(status, metrics, text, cause=cause, evidence={"exception": _short(exc)} if cause else {})
