@@ -247,6 +247,29 @@ def read_user_text(path: object, what: str, fix: str, named: str | None = None) 
         raise PackcheckUsageError(f"{label} cannot be read ({exc.strerror or exc}): {fix}") from None
 
 
+def _while_importing(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised while a module was being imported (a frame of importlib's bootstrap)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if "importlib._bootstrap" in tb.tb_frame.f_code.co_filename or tb.tb_frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _last_frame(exc: BaseException) -> str:
+    """``file:line in function`` of the innermost frame of ``exc``'s traceback ("" without one)."""
+    import os
+
+    tb, last = exc.__traceback__, None
+    while tb is not None:
+        last, tb = tb, tb.tb_next
+    if last is None:
+        return ""
+    code = last.tb_frame.f_code
+    return f"{os.path.basename(code.co_filename)}:{last.tb_lineno} in {code.co_name}"
+
+
 def load_failure_message(exc: BaseException) -> str | None:
     """One line for an ImportError / MemoryError raised while packcheck loads torch or transformers, or None
     when ``exc`` is not one. Under a process memory limit (``ulimit -v``) the dynamic loader cannot map
@@ -255,6 +278,13 @@ def load_failure_message(exc: BaseException) -> str | None:
     if not isinstance(exc, ImportError | MemoryError):
         return None
     text = " ".join(str(exc).split())[:200]
+    if isinstance(exc, MemoryError) and not _while_importing(exc):
+        # out of memory in packcheck's own work (a huge input, a big batch), not while loading torch (issue 42: a
+        # MemoryError reading a file in `lookup`, which imports no torch, was "could not load torch/transformers")
+        where = _last_frame(exc)
+        return (f"packcheck ran out of memory{f' in {where}' if where else ''} (MemoryError{': ' + text if text else ''}): "
+                "give it a smaller input (the file or batch named above), free memory, or raise the process limit "
+                "(ulimit -v) and run again.")
     memory = isinstance(exc, MemoryError) or any(s in text.lower() for s in ("failed to map segment", "cannot allocate memory"))
     limit = "none"
     try:

@@ -450,3 +450,25 @@ def test_unreadable_weights_are_the_checkpoints_not_upstreams(tmp_path, content)
     cell = json.loads((tmp_path / "reports" / "packcheck-matrix.json").read_text())["cells"][0]
     assert cell["status"] == "error" and cell["cause"] == "weights_unreadable", (cell["cause"], cell["message"])
     assert "cannot be read" in cell["message"] and "upstream" not in cell["diagnosis"]["remedy"]
+
+
+def test_a_memory_error_outside_an_import_does_not_blame_torch(tmp_path, monkeypatch):
+    """Issue 42: a MemoryError from a huge input, in a command that imports no torch, read "could not load
+    torch/transformers". Planted both ways: raised by packcheck's own work, and raised while a module is imported."""
+    from pytest_packcheck.errors import load_failure_message
+
+    def work():
+        raise MemoryError
+
+    try:
+        work()
+    except MemoryError as exc:
+        said = load_failure_message(exc)
+    assert said.startswith("packcheck ran out of memory in test_hostile_inputs.py:") and "torch" not in said
+    (tmp_path / "huge_module_for_the_test.py").write_text("raise MemoryError\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        __import__("huge_module_for_the_test")
+    except MemoryError as exc:
+        said = load_failure_message(exc)
+    assert said.startswith("packcheck could not load torch/transformers (MemoryError")
