@@ -149,15 +149,19 @@ def _max_file_bytes() -> int:
 def nesting_depth(value: object, limit: int = MAX_NESTING) -> int:
     """How deeply lists / dicts nest in ``value`` (0 for a scalar), counted without recursion and stopping past
     ``limit`` (then ``limit + 1``)."""
-    deepest, stack = 0, [(value, 0)]
+    if not isinstance(value, dict | list | tuple):
+        return 0
+    deepest, stack = 1, [(value, 1)]
+    containers = (dict, list, tuple)
     while stack:
         item, depth = stack.pop()
-        if isinstance(item, dict | list | tuple):
-            depth += 1
-            deepest = max(deepest, depth)
-            if deepest > limit:
-                return limit + 1
-            stack.extend((v, depth) for v in (item.values() if isinstance(item, dict) else item))
+        children = [v for v in (item.values() if type(item) is dict else item) if type(v) in containers]
+        if children:  # only containers are pushed: scalars (most of a document) cost one type() each
+            if depth + 1 > deepest:
+                deepest = depth + 1
+                if deepest > limit:
+                    return limit + 1
+            stack.extend((v, depth + 1) for v in children)
     return deepest
 
 
