@@ -358,3 +358,29 @@ def test_a_library_version_comes_from_its_metadata_not_its_dunder_version(monkey
     monkeypatch.setattr(trl, "__version__", "unknown", raising=False)
     assert module_version("trl") == metadata.version("trl") == trl_features()["version"]
     assert module_version("no-such-distribution-here") == "not installed"
+
+
+def test_the_shrink_passes_sub_configs_their_own_keys_when_the_config_cannot_read_back_its_to_dict(monkeypatch):
+    """transformers 4.57's DbrxConfig refuses its own to_dict() (issue 41: dbrx had a shrink_limit gap there). Planted on
+    the installed DbrxConfig: from_dict refuses sub-config dicts that carry common PretrainedConfig keys, as 4.57's
+    DbrxAttentionConfig did; the shrink retries with each sub-config's own keys and says so in its notes."""
+    import copy
+
+    from transformers import DbrxConfig, PretrainedConfig
+
+    from pytest_packcheck.model.shrink import shrink_config
+
+    real = DbrxConfig.from_dict.__func__
+    common = set(PretrainedConfig().to_dict()) - {"model_type"}
+
+    def strict(cls, d, **kwargs):
+        extra = sorted(k for k in (d.get("attn_config") or {}) if k in common)
+        if extra:
+            raise ValueError(f"Found unknown kwargs={extra[:3]}")
+        return real(cls, d, **kwargs)
+
+    monkeypatch.setattr(DbrxConfig, "from_dict", classmethod(strict))
+    notes: list[str] = []
+    tiny = shrink_config(copy.deepcopy(DbrxConfig(attn_config={"clip_qkv": 8})), notes=notes)
+    assert isinstance(tiny, DbrxConfig) and tiny.d_model < DbrxConfig().d_model
+    assert any("cannot read back its own to_dict()" in n for n in notes), notes

@@ -617,3 +617,15 @@ def test_an_environment_the_index_cannot_resolve_retries_with_the_documented_ove
     bad.write_text('[[override]]\nrequirement = "kernels=="\napplies_to = "transformers>=5.25"\nreason = "x"\n')
     with pytest.raises(envs.EnvError, match="bad.toml: override 1: .*fix the file"):
         envs.applicable_overrides(envs.VersionCombo(("transformers==5.25.0",)), bad)
+
+
+@pytest.mark.slow
+def test_real_dbrx_on_4_57_6_gets_a_verdict_not_a_shrink_gap(pytester, monkeypatch, version_cache):
+    """Issue 41: transformers 4.57's DbrxConfig cannot read back its own to_dict() (each sub-config's dict carries every
+    PretrainedConfig key, which DbrxAttentionConfig refuses), so the shrink failed and the atlas had a shrink_limit
+    gap. Measured on 4.57.6 (2026-12-06): the shrink passes the sub-configs their own keys and the cell has a verdict
+    (sdpa: fail, leak 2.16e-01), with the note."""
+    cells = _audit(pytester, monkeypatch, version_cache, "transformers==4.57.6", "arch:dbrx", "sdpa", "isolation")
+    cell = cells["dbrx-sdpa-isolation-float32@transformers==4.57.6"]
+    assert cell["status"] in ("pass", "fail") and cell.get("cause") != "shrink_limit", cell["message"]
+    assert any("cannot read back its own to_dict()" in n for n in cell["model"].get("notes", [])), cell["model"]

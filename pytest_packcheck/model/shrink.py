@@ -99,7 +99,33 @@ def shrink_config(config: Any, keep_auto_map: bool = False, notes: list[str] | N
             d.pop(key, None)
     notes = notes if notes is not None else []
     _shrink_dict(d, dict(getattr(config, "attribute_map", {}) or {}), notes, sliding_window)
-    return _cover_derived_layer_kinds(config, type(config).from_dict(d), notes)
+    try:
+        rebuilt = type(config).from_dict(d)
+    except (ValueError, TypeError) as exc:
+        slim = _own_keys_of_sub_configs(config, d)
+        if slim is None or "unknown" not in str(exc).lower() and "unexpected keyword" not in str(exc):
+            raise
+        # transformers 4.57's DbrxConfig cannot read back its own to_dict(): each nested sub-config's dict carries
+        # every PretrainedConfig key, which DbrxAttentionConfig refuses ("Found unknown kwargs"). The sub-configs get
+        # their own keys only; the cell then has a verdict, not a shrink_limit gap (issue 41)
+        rebuilt = type(config).from_dict(slim)
+        notes.append(f"{type(config).__name__} cannot read back its own to_dict() in this transformers (its sub-configs "
+                     "refuse the common config keys): the shrink passed each sub-config its own keys only")
+    return _cover_derived_layer_kinds(config, rebuilt, notes)
+
+
+def _own_keys_of_sub_configs(config: Any, d: dict[str, Any]) -> dict[str, Any] | None:
+    """``d`` with each nested sub-config's dict (an attribute of ``config`` that is a PretrainedConfig) reduced to the
+    keys a bare PretrainedConfig does not have; None when ``config`` has no such sub-config."""
+    from transformers import PretrainedConfig
+
+    common = set(PretrainedConfig().to_dict()) - {"model_type"}
+    out, changed = dict(d), False
+    for key, value in d.items():
+        if isinstance(value, dict) and isinstance(getattr(config, key, None), PretrainedConfig):
+            out[key] = {k: v for k, v in value.items() if k not in common}
+            changed = True
+    return out if changed else None
 
 
 #: The most layers :func:`_cover_derived_layer_kinds` gives a shrunk model to reach every layer kind.
