@@ -628,4 +628,4 @@ def test_real_dbrx_on_4_57_6_gets_a_verdict_not_a_shrink_gap(pytester, monkeypat
     cells = _audit(pytester, monkeypatch, version_cache, "transformers==4.57.6", "arch:dbrx", "sdpa", "isolation")
     cell = cells["dbrx-sdpa-isolation-float32@transformers==4.57.6"]
     assert cell["status"] in ("pass", "fail") and cell.get("cause") != "shrink_limit", cell["message"]
-    assert any("cannot read back its own to_dict()" in n for n in cell["model"].get("notes", [])), cell["model"]
+    assert any("cannot read back its own to_dict()" in n for n in cell["model"].get("config_notes", [])), cell["model"]
