@@ -245,13 +245,13 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
     if any(not str(item).strip() for item in config_items):
         raise PackcheckUsageError(f"Empty value '' for {OPT_CONFIG} (from the command line): write key=value, e.g. "
                                   f"{OPT_CONFIG} clip_qkv=8, or leave {OPT_CONFIG} out.")
+    from ..model.configs import CONFIG_OPTION_OVERRIDES
+
+    CONFIG_OPTION_OVERRIDES.clear()  # this run's alone: a process that runs several sessions kept the last one's
     if config_items:  # folded into every spec, so the record, the Reproduce line and version children carry them
         from ..model.specs import format_overrides, parse_overrides
 
         common = parse_overrides(",".join(config_items), f"from {OPT_CONFIG}")
-        from ..model.configs import CONFIG_OPTION_OVERRIDES
-
-        CONFIG_OPTION_OVERRIDES.clear()
         CONFIG_OPTION_OVERRIDES.update(common)
         models = [_with_overrides(m, common, format_overrides, parse_overrides) for m in models]
     from ..model.specs import parse_model_list

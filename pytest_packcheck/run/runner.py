@@ -461,17 +461,15 @@ class CellRunner:
         return _fidelity(result, bench, cell)
 
     def _user_overrides(self) -> str:
-        """The config values the user set on the current model (its spec's ``{key=value}`` and ``--packcheck-config``),
-        as typed; "" when none."""
-        from ..model.configs import CONFIG_OPTION_OVERRIDES
+        """The config values the user set on the current model (its spec's ``{key=value}``, into which
+        ``--packcheck-config`` is folded by :func:`config.settings.resolve`), as typed; "" when none."""
         from ..model.specs import format_overrides
 
         index = self._key[0] if self._key else None
         if index is None or not 0 <= index < len(self.models):
             return ""
         own = tuple(self.models[index].spec.overrides or ())
-        extra = tuple((k, v) for k, v in CONFIG_OPTION_OVERRIDES.items() if k not in dict(own))
-        return format_overrides(own + extra) if own or extra else ""
+        return format_overrides(own) if own else ""
 
     def _unshrunk_reproduces(self, exc: BaseException) -> str | None:
         """:func:`unshrunk_forward_reproduces` for the current model, once per model and error (a model that
