@@ -1480,3 +1480,22 @@ def test_num_items_in_batch_is_checked_over_the_accumulation_window(tolerances, 
     result = info.value.result
     assert result.cause == "loss_normalisation" and "first accumulation step's 2 micro-batches" in result.evidence, result.line()
     assert trainer.state.global_step == 0  # stopped before the optimizer step
+
+
+def test_the_bf16_cache_trap_is_named_under_a_tolerance_below_bf16_rounding(tolerances):
+    """Issue 42: the bf16 guard with the cache left on, at a tolerance below bf16 rounding, said leak: the rerun with
+    use_cache=False (7.15e-04) and the row as run (6.25e-02) both lie in bf16's numerics band, so the rule "the rerun
+    is numerics while the row is not" never named the cache. A rerun 10x better than a row off by more than one
+    rounding level names it. Planted: tiny llama in bfloat16, use_cache=True, tolerance 1e-6; the fixed rule itself
+    on numbers, both ways."""
+    from pytest_packcheck.checks.registry import fixed_by
+
+    bench = make_bench("llama", "sdpa", tolerances)
+    model = bench.model.to(torch.bfloat16)
+    model.config.use_cache = True
+    model.train()
+    result = verify_packed_batch(model, bench.packed(), tolerances={"bfloat16": {"logits_atol": 1e-6, "loss_atol": 1e-6}})
+    assert result.verdict == "fail" and result.cause == "cache_trap", result.line()
+    assert fixed_by(7.15e-4, 6.25e-2, 1e-6, "bfloat16", 5.0)
+    assert not fixed_by(7.15e-4, 1.0e-3, 1e-6, "bfloat16", 5.0)  # no 10x improvement: not the suspect
+    assert not fixed_by(7.15e-4, 2.0e-2, 1e-6, "bfloat16", 5.0)  # the row within one rounding level (3.9e-2)
