@@ -472,3 +472,49 @@ def test_a_memory_error_outside_an_import_does_not_blame_torch(tmp_path, monkeyp
     except MemoryError as exc:
         said = load_failure_message(exc)
     assert said.startswith("packcheck could not load torch/transformers (MemoryError")
+
+
+@pytest.mark.parametrize("kind", ["dev-zero", "fifo"])
+def test_a_journal_that_is_not_a_file_is_not_read_by_resume(tmp_path, kind):
+    """Trial of issue 42: a journal symlinked to /dev/zero was read by --packcheck-resume until the OOM killer; a FIFO
+    hung it. It is named in one warning, not read, and replaced by a journal of the run's own."""
+    import os
+
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    journal = reports / "packcheck-journal.jsonl"
+    if kind == "dev-zero":
+        journal.symlink_to("/dev/zero")
+    else:
+        os.mkfifo(journal)
+    proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "audit", "--models", "arch:llama",
+                           "--packcheck-attn", "sdpa", "--packcheck-checks", "isolation", "-n", "0", "-q", "--resume"],
+                          cwd=tmp_path, capture_output=True, text=True, check=False, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "is not a regular file (a device or a pipe)" in out, out[-1500:]
+    assert journal.is_file() and not journal.is_symlink() and len(journal.read_text().splitlines()) == 1
+
+
+def test_a_fresh_run_over_an_interrupted_runs_journal_says_so_and_keeps_a_copy(tmp_path):
+    """Trial of issue 42 (LOST): after a SIGKILLed audit, the same command without --resume emptied the journal of
+    finished cells without a word. It now says how many it held, keeps a copy in previous/, and says how to reuse
+    them; after a run that finished (its matrix newer than its journal) it says nothing."""
+    import json
+    import time
+
+    base = ["audit", "--models", "arch:llama,arch:gpt2", "--packcheck-attn", "sdpa", "--packcheck-checks", "isolation",
+            "-n", "0", "-q"]
+    assert _cli(base, tmp_path).returncode == 0
+    quiet = _cli(base, tmp_path)
+    assert "held" not in quiet.stdout + quiet.stderr
+    reports = tmp_path / "reports"
+    (reports / "packcheck-matrix.json").unlink()  # planted: a run killed before its matrix, its two cells journaled
+    time.sleep(0.01)
+    os_journal = reports / "packcheck-journal.jsonl"
+    os_journal.write_text(os_journal.read_text())  # newer than any matrix
+    proc = _cli(base, tmp_path)
+    out = proc.stdout + proc.stderr
+    assert "held 2 finished cell(s) of an earlier run" in out and "--packcheck-resume" in out, out[-1500:]
+    kept = reports / "previous" / "packcheck-journal.jsonl"
+    assert kept.exists() and len(kept.read_text().splitlines()) == 2
+    assert json.loads((reports / "packcheck-matrix.json").read_text())["cells"]

@@ -102,6 +102,8 @@ class Journal:
 
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self.path.is_symlink() or (self.path.exists() and not self.path.is_file()):
+                self.path.unlink()  # a symlink to /dev/zero, a FIFO: replaced by a journal of its own (issue 42)
             self.path.write_text("")
         except OSError as exc:
             raise PackcheckUsageError(write_failure(self.path, exc)) from None
@@ -152,7 +154,18 @@ class Journal:
         trial 19, 73, one cut-off line read as three warnings)."""
         if not self.path.exists():
             return {}
+        from ..errors import _max_file_bytes
         from ..results.schema import cell_problem
+
+        if not self.path.is_file() or self.path.stat().st_size > _max_file_bytes():
+            # a symlink to /dev/zero was read without bound (an OOM kill) and a FIFO hung --resume (issue 42)
+            self.foreign = True
+            if warn:
+                what = ("not a regular file (a device or a pipe)" if not self.path.is_file() else
+                        f"{self.path.stat().st_size / 1024 ** 2:.0f} MB, over what packcheck reads ($PACKCHECK_MAX_FILE_MB)")
+                warnings.warn(PackcheckWarning(f"packcheck journal: {self.path} is {what}: it is not a packcheck journal "
+                                               "and is not read; this run starts a journal of its own there."), stacklevel=2)
+            return {}
 
         cells: dict[str, dict[str, Any]] = {}
         others: set[str] = set()

@@ -36,6 +36,7 @@ def open_journal(config: pytest.Config, settings: Any) -> tuple[Journal, dict[st
         if journal.other_cells and not hasattr(config, "workerinput"):
             warnings.warn(PackcheckWarning(resume_mismatch(settings, journal, len(resumed), journal.other_cells)), stacklevel=2)
     elif not hasattr(config, "workerinput") and not getattr(getattr(config, "option", None), "collectonly", False):
+        _keep_a_copy(journal, settings)  # an interrupted run's finished cells: said, and kept in previous/ (issue 42)
         journal.reset()  # a fresh run; --collect-only runs nothing and keeps an interrupted run's journal (issue 42)
     return journal, resumed
 
@@ -61,3 +62,34 @@ def resume_mismatch(settings: Any, journal: Journal, reused: int, other: int) ->
     return (f"--packcheck-resume: the journal {journal.path} holds {other} finished cell(s) of a run with other "
             f"settings, tolerances, library versions or model files{changed or ' (the journal does not record which)'}: "
             f"none of them is reused; {reused} cell(s) journaled under these settings are.")
+
+
+def _keep_a_copy(journal: Journal, settings: Any) -> None:
+    """Before a fresh run empties a journal that holds finished cells (a run killed before its matrix, whose cells
+    --packcheck-resume would have reused: issue 42, they were emptied without a word), copy it to
+    ``<report dir>/previous/packcheck-journal.jsonl`` and say so once, with how many cells it held and how to reuse
+    them."""
+    import shutil
+
+    path = journal.path
+    matrix = Path(settings.report_dir) / "packcheck-matrix.json"
+    try:
+        if not path.is_file() or path.is_symlink() or path.stat().st_size == 0:
+            return
+        if matrix.is_file() and matrix.stat().st_mtime >= path.stat().st_mtime - 1:
+            return  # that run finished and wrote its matrix after its last cell: nothing of it is lost
+        held = journal.load(warn=False)
+    except OSError:
+        return
+    if not held:
+        return
+    aside = Path(settings.report_dir) / "previous"
+    try:
+        aside.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, aside / path.name)
+    except OSError:
+        return
+    warnings.warn(PackcheckWarning(
+        f"packcheck journal: {path} held {len(held)} finished cell(s) of an earlier run with these settings that wrote "
+        f"no matrix (interrupted or killed); this fresh run starts the journal afresh, and a copy is kept in "
+        f"{aside / path.name}: to reuse them, stop this run, copy it back and rerun with --packcheck-resume."), stacklevel=2)

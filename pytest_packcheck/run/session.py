@@ -403,11 +403,16 @@ def set_aside_previous(report_dir: str) -> list[str]:
 
 
 def drop_previous(report_dir: str) -> None:
-    """This run's set is written: the set-aside previous one goes."""
-    import shutil
+    """This run's set is written: the set-aside previous report set goes (a journal copy kept there stays, with the
+    folder; the folder goes once empty)."""
+    from ..report.formats import REPORT_FILES
 
+    aside = Path(report_dir) / PREVIOUS_DIR
+    for name in REPORT_FILES:
+        with contextlib.suppress(OSError):
+            (aside / name).unlink()
     with contextlib.suppress(OSError):
-        shutil.rmtree(Path(report_dir) / PREVIOUS_DIR)
+        aside.rmdir()
 
 
 def remove_report_files(report_dir: str) -> str:
