@@ -146,3 +146,8 @@ def test_the_closing_line_states_checks_cells_models_and_why_the_exit_status(tmp
     clean = _run(["audit", "--models", "arch:llama", "--packcheck-attn", "sdpa", "--packcheck-checks", "isolation",
                   "-n", "0", "-q", "--fail-on-failure"], tmp_path)
     assert clean.returncode == 0 and "no matrix cell fails (1 of 1 pass" in clean.stdout.strip().splitlines()[-1]
+    # nothing judged is no pass either (trial of issue 42: every cell an error exited 0 under --fail-on-failure)
+    broken = _run(["audit", "--models", "arch:llama", "--packcheck-attn", "sdpa", "--packcheck-checks", "isolation",
+                   "--packcheck-config", 'hidden_act="bogus"', "-n", "0", "-q", "--fail-on-failure"], tmp_path)
+    assert broken.returncode == 1, broken.stdout[-800:]
+    assert broken.stdout.strip().splitlines()[-1].endswith("exit 1 (--fail-on-failure).")

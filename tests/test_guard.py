@@ -1499,3 +1499,24 @@ def test_the_bf16_cache_trap_is_named_under_a_tolerance_below_bf16_rounding(tole
     assert fixed_by(7.15e-4, 6.25e-2, 1e-6, "bfloat16", 5.0)
     assert not fixed_by(7.15e-4, 1.0e-3, 1e-6, "bfloat16", 5.0)  # no 10x improvement: not the suspect
     assert not fixed_by(7.15e-4, 2.0e-2, 1e-6, "bfloat16", 5.0)  # the row within one rounding level (3.9e-2)
+
+
+def test_a_token_in_the_models_own_error_never_leaves_the_guard_in_clear(tolerances, tmp_path, capsys):
+    """Trial of issue 42: a model whose forward raised with a token in its message had it in clear in the
+    PackedBatchMismatch, the guard's stderr line and packcheck-guard.json (the warn policy's warning was scrubbed)."""
+    token = "hf_ABCdefGHIjklMNOpqrSTUvwxYZ123456"
+    bench = make_bench("llama", "sdpa", tolerances)
+    bench.model.config.use_cache = False
+
+    def boom(*args, **kwargs):
+        raise RuntimeError(f"auth failed for {token}")
+
+    bench.model.model.forward = boom
+    callback = PackcheckCallback()
+    trainer = _trainer(bench, tmp_path, bench.collator_factory(return_position_ids=True), callback)
+    with pytest.raises(PackedBatchMismatch) as info:
+        trainer.train()
+    said = capsys.readouterr()
+    assert token not in str(info.value) and token not in said.err + said.out
+    written = (tmp_path / RESULT_FILE).read_text()
+    assert token not in written and "auth failed for ***" in written

@@ -412,7 +412,8 @@ def test_a_crash_under_the_users_override_blames_the_override(tmp_path):
     (["--batch-size", "100000", "--max-length", "4096"], "100000 x 4096 tokens) needs about"),
     (["--model", ("arch:llama{hidden_size=4096,intermediate_size=11008,num_hidden_layers=32,num_attention_heads=32,"
                   "num_key_value_heads=32,vocab_size=32000}"), "--full-size"], "at full size (6.74B parameters, float32) needs about"),
-], ids=["a-batch-that-cannot-fit", "7b-in-float32"])
+    (["--steps", str(10 ** 23)], "is over 10,000: a bench's figures settle within tens of steps"),
+], ids=["a-batch-that-cannot-fit", "7b-in-float32", "steps-without-bound"])
 def test_bench_refuses_what_cannot_fit_with_the_size_it_needs(tmp_path, args, says):
     """Issue 42, bounded work: bench with a batch or a model that cannot fit grew until the OOM killer. It estimates
     (weights, gradients, activations of the padded batch, logits) against the memory available and refuses in one
@@ -420,11 +421,12 @@ def test_bench_refuses_what_cannot_fit_with_the_size_it_needs(tmp_path, args, sa
     import time
 
     started = time.perf_counter()
-    proc = _cli(["bench", *(args if "--model" in args else ["--model", "arch:llama", *args]), "--steps", "1",
+    steps = [] if "--steps" in args else ["--steps", "1"]
+    proc = _cli(["bench", *(args if "--model" in args else ["--model", "arch:llama", *args]), *steps,
                  "--warmup", "1", "-o", str(tmp_path / "b")], tmp_path)
     assert proc.returncode == 2, (proc.stdout + proc.stderr)[-1500:]
     line = proc.stderr.strip().splitlines()[-1]
-    assert says in line and "GB available" in line and "lower --batch-size" in line, line
+    assert says in line and ("GB available" in line and "lower --batch-size" in line or "--steps" in line), line
     assert time.perf_counter() - started < 120 and not (tmp_path / "b" / "bench.json").exists()
 
 
@@ -518,3 +520,20 @@ def test_a_fresh_run_over_an_interrupted_runs_journal_says_so_and_keeps_a_copy(t
     kept = reports / "previous" / "packcheck-journal.jsonl"
     assert kept.exists() and len(kept.read_text().splitlines()) == 2
     assert json.loads((reports / "packcheck-matrix.json").read_text())["cells"]
+
+
+def test_claims_refuses_a_device_and_an_oversized_member_without_reading_them(tmp_path):
+    """Trial of issue 42: `packcheck claims` on a symlink to /dev/zero ran into the OOM killer; a wheel whose source is
+    one 3 GB line took 6 GB, then an OverflowError traceback. The device is one line (exit 2); a member over 16 MB
+    unpacked is the peer's entry with its reason, never read."""
+    from pytest_packcheck.atlas.claims import read_wheel
+
+    (tmp_path / "zero.whl").symlink_to("/dev/zero")
+    proc = _cli(["claims", str(tmp_path / "zero.whl"), "-o", str(tmp_path / "c.md")], tmp_path)
+    assert proc.returncode == 2 and "is not a regular file" in proc.stderr, proc.stderr[-800:]
+    big = tmp_path / "axolotl-2.0-py3-none-any.whl"
+    with zipfile.ZipFile(big, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        z.writestr("axolotl-2.0.dist-info/METADATA", "Name: axolotl\nVersion: 2.0\nRequires-Dist: transformers>=4.50\n")
+        z.writestr("axolotl/monkeypatch/multipack.py", "x = 1" + " " * (17 * 1024 * 1024))
+    peer = read_wheel(big)
+    assert peer.claims == [] and "over the 16 MB a peer's source file is read up to" in peer.reason, peer.reason

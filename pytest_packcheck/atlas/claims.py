@@ -72,6 +72,10 @@ class UnreadablePeer(Exception):
     """The peer's package lacks what its reader reads (a file, a literal): the message says which."""
 
 
+#: The largest unpacked member of a peer's package claims reads (a source file is kilobytes; 16 MB is generous).
+MAX_MEMBER_BYTES = 16 * 1024 * 1024
+
+
 class PeerArchive:
     """A peer's released package opened for reading, never imported: a wheel (zip) or an sdist (``.tar.gz`` /
     ``.zip`` with a ``PKG-INFO``). Members are named as in the wheel (``axolotl/monkeypatch/multipack.py``): an
@@ -86,6 +90,9 @@ class PeerArchive:
         self.path, self.filename = Path(path), Path(path).name
         self._zip: zipfile.ZipFile | None = None
         self._tar: tarfile.TarFile | None = None
+        if self.path.exists() and not self.path.is_file():  # a symlink to /dev/zero was read until the OOM killer
+            raise PackcheckUsageError(f"Peer package '{path}' is not a regular file (a device or a pipe): pass the file "
+                                      "`pip download --no-deps PEER` saves.")
         try:
             if zipfile.is_zipfile(self.path):
                 self._zip = zipfile.ZipFile(self.path)
@@ -120,6 +127,11 @@ class PeerArchive:
         real = self._names.get(name)
         if real is None:
             raise UnreadablePeer(f"file {name} not in {self.filename}")
+        size = (self._zip.getinfo(real).file_size if self._zip is not None
+                else self._tar.getmember(real).size)  # type: ignore[union-attr]
+        if size > MAX_MEMBER_BYTES:  # a 3 GB one-line source took 6 GB and 26 s, then a parser overflow (issue 42)
+            raise UnreadablePeer(f"{name} in {self.filename} is {size / 1024 ** 2:.0f} MB unpacked, over the "
+                                 f"{MAX_MEMBER_BYTES // 1024 ** 2} MB a peer's source file is read up to")
         try:
             if self._zip is not None:
                 return self._zip.read(real)
@@ -136,7 +148,7 @@ class PeerArchive:
         """
         try:
             return ast.parse(self.read(name), filename=name)
-        except (RecursionError, MemoryError):  # a 200,000-term expression: the parser's stack (issue 42)
+        except (RecursionError, MemoryError, OverflowError):  # a 200,000-term expression, a 3 GB line (issue 42)
             raise UnreadablePeer(f"cannot parse {name} in {self.filename} (an expression nested too deeply for Python's "
                                  "parser)") from None
         except (SyntaxError, ValueError) as exc:

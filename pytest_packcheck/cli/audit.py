@@ -72,8 +72,9 @@ def configure(audit: argparse.ArgumentParser) -> None:
     audit.add_argument("--allow", action="append", default=[], metavar="CELL=REASON",
                        help="For --gate: accept a regression of a cell id or id prefix; repeatable.")
     audit.add_argument("--fail-on-failure", action="store_true",
-                       help="Exit 1 when a correctness check failed (a red matrix cell), after the matrix is written: for "
-                            "CI. Without it the audit exits 0 once the matrix is written, whatever the verdicts.")
+                       help="Exit 1 when a correctness check did not pass (a fail, a fallback, or an error: nothing "
+                            "judged), after the matrix is written: for CI. Without it the audit exits 0 once the matrix is "
+                            "written, whatever the verdicts.")
     audit.add_argument("--summary", metavar="FILE", default=None, help=SUMMARY_HELP)
     audit.add_argument("pytest_args", nargs="*", help="Extra pytest arguments after --, e.g. -- -k sdpa.")
 

@@ -64,6 +64,10 @@ def run(ns: argparse.Namespace) -> int:
         if getattr(ns, name) < least:
             why = " (the first step of each mode pays one-time costs; it is never timed)" if name == "warmup" else ""
             raise PackcheckUsageError(f"--{name.replace('_', '-')} {getattr(ns, name)} must be >= {least}{why}.")
+    for name, most in (("steps", 10_000), ("warmup", 1_000)):  # a run without bound (trial of issue 42: 10**23 steps)
+        if getattr(ns, name) > most:
+            raise PackcheckUsageError(f"--{name} {getattr(ns, name)} is over {most:,}: a bench's figures settle within "
+                                      "tens of steps; give e.g. --steps 20.")
     if scrub_secrets(ns.name) != ns.name:  # it would name the files and the line that prints their paths
         raise PackcheckUsageError("--name looks like an access token (or holds a secret variable's value): it names the "
                                   "bench's files, so pass a plain stem, e.g. --name bench-llama.")

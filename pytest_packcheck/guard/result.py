@@ -21,7 +21,9 @@ class PackedBatchMismatch(PackcheckError):
     """The packed row does not train like its examples alone; ``.result`` holds the :class:`GuardResult`."""
 
     def __init__(self, result: GuardResult) -> None:
-        super().__init__(result.line())
+        from ..errors import scrub_secrets
+
+        super().__init__(scrub_secrets(result.line()))  # the model's own error text may carry a token (issue 42)
         self.result = result
 
 
@@ -38,7 +40,11 @@ class PackcheckGuardWarning(PackcheckWarning):
 
 def print_line(line: str) -> None:
     """Print the guard's line on its own line of stderr: through ``tqdm.write`` (which clears the live progress
-    bars the Trainer's ProgressCallback draws on the same stream, prints, and redraws them), else after a newline."""
+    bars the Trainer's ProgressCallback draws on the same stream, prints, and redraws them), else after a newline.
+    Scrubbed: the line may quote the model's own error text (issue 42: a token in it was printed in clear)."""
+    from ..errors import scrub_secrets
+
+    line = scrub_secrets(line)
     try:
         from tqdm import tqdm
     except ImportError:  # tqdm comes with transformers; without it no bar can be live
@@ -161,7 +167,11 @@ class GuardResult:
         return asdict(self)
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True, default=str)
+        """The result as JSON, scrubbed (``packcheck-guard.json``): an exception text in ``evidence`` may carry a token
+        (issue 42: the model's own error message was written in clear)."""
+        from ..errors import scrub_secrets
+
+        return scrub_secrets(json.dumps(self.to_dict(), indent=2, sort_keys=True, default=str))
 
 
 def _usage(message: str) -> PackcheckUsageError:

@@ -453,11 +453,13 @@ def model_mark(label: str, by_group: dict[tuple, list[dict[str, Any]]]) -> str:
 
 
 def closing_sentence(cells: list[dict[str, Any]], fail_on_failure: bool) -> tuple[str, int]:
-    """(``packcheck audit``'s closing sentence, the number of failing matrix cells). The sentence states the
-    correctness checks pytest's closing line counts as "failed" (one item per check: a fail, a fallback, an error, a
-    timeout or out of memory; an unsupported or skipped check is pytest's "skipped"), the matrix cells that fail (❌,
-    a fallback) and the models they fall on, the cells with no verdict, and the exit status with its reason: 0
-    because a written matrix is the audit's result, unless ``--fail-on-failure`` (then 1 where a cell fails)."""
+    """(``packcheck audit``'s closing sentence, the number of correctness checks that did not pass). The sentence
+    states the correctness checks pytest's closing line counts as "failed" (one item per check: a fail, a fallback,
+    an error, a timeout or out of memory; an unsupported or skipped check is pytest's "skipped"), the matrix cells
+    that fail (❌, a fallback) and the models they fall on, the cells with no verdict, and the exit status with its
+    reason: 0 because a written matrix is the audit's result, unless ``--fail-on-failure``, which exits 1 when any
+    correctness check did not pass, a crash or an error included (trial of issue 42: a run whose every cell errored,
+    nothing judged, exited 0 under it)."""
     n = matrix_counts(cells)
     total = sum(n["cells"].values())
     failing_keys = [k for k in n["cells"] if k in ("fail", "fallback")]
@@ -467,14 +469,18 @@ def closing_sentence(cells: list[dict[str, Any]], fail_on_failure: bool) -> tupl
     correctness = [c for c in cells if role_of(c) == "correctness" and c["status"] not in ("skipped", "unsupported")]
     failed = sum(c["status"] != "pass" for c in correctness)
     rest = f"; {no_verdict} cell{'s' if no_verdict != 1 else ''} got no verdict (not checked, refused or crashed)" if no_verdict else ""
+    if fail_on_failure and failed:
+        status = "exit 1 (--fail-on-failure)."
+    elif failed:
+        status = ("exit 0: the matrix was written, which is the audit's result; add --fail-on-failure to exit 1 when a "
+                  "correctness check does not pass (CI).")
+    else:
+        status = "exit 0."
     if not failing:
         return (f"packcheck audit: no matrix cell fails ({n['cells'].get('pass', 0)} of {total} pass{rest}; {failed} of "
-                f"{len(correctness)} correctness checks run did not pass); exit 0."), 0
+                f"{len(correctness)} correctness checks run did not pass); {status}"), failed
     named = ", ".join(models[:8]) + (" …" if len(models) > 8 else "")
     text = (f"packcheck audit: {failed} of {len(correctness)} correctness checks run did not pass (pytest's \"failed\" "
             f"items, one per check), and {failing} of {total} matrix cells fail, on {len(models)} "
-            f"model{'s' if len(models) != 1 else ''} ({named}){rest}; ")
-    text += ("exit 1 (--fail-on-failure)." if fail_on_failure else
-             "exit 0: the matrix was written, which is the audit's result; add --fail-on-failure to exit 1 on a "
-             "correctness failure (CI).")
-    return text, failing
+            f"model{'s' if len(models) != 1 else ''} ({named}){rest}; {status}")
+    return text, failed
