@@ -430,8 +430,8 @@ def test_a_new_models_hazards_and_findings_are_not_regressions(tmp_path):
     printed only where such a cell was counted."""
     def cells(model: str) -> list[dict]:
         return [_cell(f"{model}-sdpa-cache_trap-float32", "cache_trap", "fail", "cache_trap", model={"label": model}),
-                _cell(f"{model}-sdpa-mask_trap-float32", "mask_trap", "fail", "mask_trap", model={"label": model}),
-                _cell(f"{model}-collate-float32", "collate", "fail", "integer_labels", model={"label": model}, backend=None),
+                _cell(f"{model}-sdpa-mask_trap-float32", "mask_trap", "fail", "mask_override", model={"label": model}),
+                _cell(f"{model}-collate-float32", "collate", "fail", "labels_contract", model={"label": model}, backend=None),
                 _cell(f"{model}-sdpa-isolation-float32", "isolation", model={"label": model})]
 
     base, cand = _doc(cells("llama")), _doc(cells("llama") + cells("gpt2"))

@@ -537,3 +537,27 @@ def test_claims_refuses_a_device_and_an_oversized_member_without_reading_them(tm
         z.writestr("axolotl/monkeypatch/multipack.py", "x = 1" + " " * (17 * 1024 * 1024))
     peer = read_wheel(big)
     assert peer.claims == [] and "over the 16 MB a peer's source file is read up to" in peer.reason, peer.reason
+
+
+@pytest.mark.parametrize(("edit", "says"), [
+    ({"causes": ["leak"]}, 'has "causes": ["leak"] (expected a list of objects with a "cause" code'),
+    ({"causes": [{"cause": 123}]}, 'expected a list of objects with a "cause" code'),
+    ({"causes": [{"cause": "not_a_cause"}]}, """names cause 'not_a_cause' in "causes", not a cause code of packcheck"""),
+    ({"cause": "not_a_cause"}, 'has cause "not_a_cause", not a cause code of packcheck'),
+    ({"check": "bogus"}, "has check 'bogus', not a check of packcheck"),
+], ids=["causes-strings", "cause-a-number", "unknown-cause-in-list", "unknown-cause", "unknown-check"])
+def test_gate_and_merge_refuse_a_results_cell_packcheck_never_writes(tmp_path, edit, says):
+    """Trial of issue 42: causes as strings crashed merge (AttributeError) while gate accepted them; an unknown cause
+    code or check name was shown as if measured. One rule (results.schema.cell_problem) for both: exit 2, one line."""
+    import json
+
+    assert _cli(["audit", "--models", "arch:opt", "--packcheck-attn", "sdpa", "--packcheck-checks", "isolation", "-n", "0",
+                 "-q"], tmp_path).returncode == 0
+    doc = json.loads((tmp_path / "reports" / "packcheck-matrix.json").read_text())
+    doc["cells"][0].update(edit)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    for args in (["gate", "--baseline", str(bad), "--candidate", str(bad)], ["merge", str(bad), "-o", str(tmp_path / "m")]):
+        proc = _cli(args, tmp_path)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-1200:]
+        assert says in proc.stderr, proc.stderr[-1200:]

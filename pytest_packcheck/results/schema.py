@@ -138,6 +138,24 @@ def cell_problem(cell: Any) -> str | None:
             return f"cell {name!r} has \"{key}\": {json.dumps(cell[key])[:40]} (expected a {'JSON object' if kind is dict else 'string'})"
     if not isinstance(cell["model"].get("label"), str):
         return f"cell {name!r} has a model without a label"
+    from ..checks.causes import CAUSES
+    from ..checks.registry import SPECS
+
+    if cell["check"] not in SPECS:  # trial of issue 42: a "bogus" check was read as a new cell and listed as run
+        return f"cell {name!r} has check {cell['check']!r}, not a check of packcheck (packcheck checks lists them)"
+    for key in ("causes", "findings"):  # trial of issue 42: causes as strings crashed merge's diagnosis
+        value = cell.get(key)
+        if value is None:
+            continue
+        bad_item = (not isinstance(value, list)) or next((x for x in value if not (isinstance(x, dict) and isinstance(x.get("cause"), str))), None)
+        if bad_item is True or bad_item:
+            return (f"cell {name!r} has \"{key}\": {json.dumps(value)[:60]} (expected a list of objects with a \"cause\" "
+                    "code, as packcheck writes them)")
+        unknown = next((x["cause"] for x in value if x["cause"] not in CAUSES), None)
+        if unknown is not None:
+            return f"cell {name!r} names cause {unknown!r} in \"{key}\", not a cause code of packcheck"
+    if cell.get("cause") is not None and cell["cause"] not in CAUSES:
+        return f"cell {name!r} has cause {json.dumps(cell['cause'])[:40]}, not a cause code of packcheck"
     items = (cell.get("metrics") or {}).get("items") if isinstance(cell.get("metrics"), dict) else None
     if isinstance(items, dict):  # contract items (collate, single_row): each a verdict of its own (trial 12, 67)
         bad = next(((k, v) for k, v in items.items() if not (isinstance(v, dict) and v.get("status") in STATUSES)), None)
