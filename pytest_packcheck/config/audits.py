@@ -113,6 +113,9 @@ def resolve_audit_path(value: str) -> Path:
                                   f"{PACKAGE_AUDIT_DIR / 'default.toml'}) or the name of one under audit/.")
     if path.is_file():  # a file that is there, named without .toml (/bin/ls), and no audit of that name: read, so its fault
         return path                      # is said (not UTF-8, not TOML), never "not found" (trial 12, 47)
+    if path.exists():  # a device or a pipe (a symlink to /dev/zero): there, so never "not found" (trial of issue 42)
+        raise PackcheckUsageError(f"Audit '{value}' is not a regular file (a device or a pipe): give an audit TOML file "
+                                  f"(e.g. {PACKAGE_AUDIT_DIR / 'default.toml'}) or the name of one under audit/.")
     raise PackcheckUsageError(
         f"Audit '{value}' not found (looked for {path} and {value}.toml in ./audit and {PACKAGE_AUDIT_DIR}): "
         "give an existing .toml file or the name of one under audit/."

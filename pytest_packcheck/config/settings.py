@@ -65,6 +65,8 @@ class Settings:
     device_source: str = field(default=OPT_DEVICE, compare=False)  # where device came from (trial 16, 156: $PACKCHECK_DEVICE)
     shard: tuple[int, int] = default_of(OPT_SHARD)
     versions: tuple[Any, ...] = default_of(OPT_VERSIONS)  # envs.VersionCombo, one per environment; () = this environment only
+    #: where ``versions`` came from (the flag, $PACKCHECK_VERSIONS, an audit file), named in its errors
+    versions_source: str = OPT_VERSIONS
     timeout_s: float = default_of(OPT_TIMEOUT)  # per cell; 0 = no limit
     sandbox: str = default_of(OPT_ISOLATION)  # fork / none (--packcheck-isolation): where a model's cells run
     resume: bool = default_of(OPT_RESUME)
@@ -382,6 +384,7 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
     return Settings(
         **parsed_fields, sandbox=sandbox, resume=bool(resume),
         baseline=str(baseline) if baseline else None, baseline_source=baseline_src, device_source=device_src, versions=versions,
+        versions_source=versions_src or OPT_VERSIONS,
         models=tuple(models), model_source=source, backends=backends, checks=checks, dtypes=dtypes,
         weights=weights, device=device, trust_remote_code=bool(trust), report_dir=str(report_dir),
         tolerances=tolerances, tolerance_source=tol_label, audit_name=audit.name if audit else None,

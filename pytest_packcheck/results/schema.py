@@ -227,7 +227,11 @@ def load_document(path: str | Path, source: str | None = None) -> dict[str, Any]
                                   "file; pass the packcheck-matrix.json an audit wrote.") from None
     except OSError as exc:
         raise PackcheckUsageError(f"Results file {name} cannot be read ({exc.strerror}): pass a readable packcheck-matrix.json.") from None
-    version = data.get("schema_version") if isinstance(data, dict) else None
+    if not isinstance(data, dict):  # a bare list of cells was "has no schema_version" (trial of issue 42)
+        raise PackcheckUsageError(f"Results file {name} is a JSON {type(data).__name__}, not a packcheck results file (an "
+                                  "object with schema_version, settings, environment and cells): pass the "
+                                  "packcheck-matrix.json an audit wrote.")
+    version = data.get("schema_version")
     if version is None:
         raise PackcheckUsageError(f"Results file {name} has no schema_version: it was not written by packcheck.")
     if not isinstance(version, int) or isinstance(version, bool):  # "2" was reported as "has no schema_version"

@@ -136,7 +136,7 @@ def _check_run_inputs(path: Path, settings: Any) -> None:
         from ..config.options import OPT_VERSIONS
         from ..versions.releases import validate_versions
 
-        for note in validate_versions(list(settings.versions), OPT_VERSIONS):
+        for note in validate_versions(list(settings.versions), getattr(settings, "versions_source", None) or OPT_VERSIONS):
             warnings.warn(PackcheckWarning(note))
     if settings.device.startswith("cuda"):
         # torch.cuda.is_available() calls cudaGetDeviceCount, which "poisons fork": the per-model children
