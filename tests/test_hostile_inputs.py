@@ -581,3 +581,14 @@ def test_unclear_lines_of_the_trial_now_name_the_real_fault(tmp_path):
     out = proc.stdout + proc.stderr
     if "matches no release" in out:  # the package index answered (CI reaches it); offline the lookup is skipped
         assert "(from $PACKCHECK_VERSIONS)" in out, out[-800:]
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--packcheck-checks", "isolation,,logits_parity"), ("--packcheck-attn", "sdpa,")])
+def test_an_empty_item_in_a_list_of_names_is_refused(tmp_path, flag, value):
+    """Trial of issue 42 (SILENT): `--packcheck-checks isolation,,logits_parity` was taken as two checks without a word,
+    while `--packcheck-lengths 3,5,` was refused. The same rule for every list of names."""
+    args = {"--packcheck-checks": "isolation", "--packcheck-attn": "sdpa"}
+    args[flag] = value
+    proc = _cli(["audit", "--models", "arch:llama", *[x for kv in args.items() for x in kv], "-n", "0", "-q"], tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and f"Bad list '{value}' ({flag}): item" in out and "is empty" in out, out[-800:]

@@ -278,10 +278,23 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
             raise PackcheckUsageError(f"Empty {what} list {value!r} (from {src}): give at least one of {', '.join(allowed)}, "
                                       f"or leave {flag} out for the default.")
 
+    def no_empty_item(value: Any, flag: str, src: str) -> None:
+        """``isolation,,logits_parity`` (a slip) was taken silently (trial of issue 42): refused as the lengths are."""
+        from ..model.specs import split_top
+
+        for one in ([value] if isinstance(value, str) else list(value or [])):
+            parts = split_top(str(one))
+            empty = [i + 1 for i, part in enumerate(parts) if not part.strip()]
+            if empty and len(parts) > 1:
+                where = flag if src == flag else f"{flag}, from {src}"
+                raise PackcheckUsageError(f"Bad list {str(one)!r} ({where}): item {empty[0]} of {len(parts)} is empty; "
+                                          "write the names separated by single commas.")
+
     def names(flag: str, allowed: tuple[str, ...], what: str, audit_default: tuple[str, ...] | None, default: tuple[str, ...]) -> tuple[str, ...]:
         given_empty(flag, what, allowed)
         value, src = pick(by_flag[flag])
         if value:
+            no_empty_item(value, flag, src)
             return _validate_names(_split(value), allowed, what, src)
         if audit_default:
             return _validate_names(list(audit_default), allowed, what, f"audit {audit.path if audit else ''}")
@@ -290,6 +303,7 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
     given_empty(OPT_BACKENDS, "backend", KNOWN_BACKENDS)
     backends_value, backends_src = pick(by_flag[OPT_BACKENDS])
     if backends_value:
+        no_empty_item(backends_value, OPT_BACKENDS, backends_src)
         backends = _validate_backends(_split(backends_value), backends_src)
     else:
         backends = names(OPT_BACKENDS, KNOWN_BACKENDS, "backend", audit.backends if audit else None, DEFAULT_BACKENDS)
