@@ -282,7 +282,7 @@ def load_failure_message(exc: BaseException) -> str | None:
     if not isinstance(exc, ImportError | MemoryError):
         return None
     text = " ".join(str(exc).split())[:200]
-    if isinstance(exc, MemoryError) and not _while_importing(exc):
+    if isinstance(exc, MemoryError) and exc.__traceback__ is not None and not _while_importing(exc):
         # out of memory in packcheck's own work (a huge input, a big batch), not while loading torch (issue 42: a
         # MemoryError reading a file in `lookup`, which imports no torch, was "could not load torch/transformers")
         where = _last_frame(exc)
