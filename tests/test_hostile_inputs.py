@@ -592,3 +592,22 @@ def test_an_empty_item_in_a_list_of_names_is_refused(tmp_path, flag, value):
     proc = _cli(["audit", "--models", "arch:llama", *[x for kv in args.items() for x in kv], "-n", "0", "-q"], tmp_path)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2 and f"Bad list '{value}' ({flag}): item" in out and "is empty" in out, out[-800:]
+
+
+def test_repeated_or_comma_joined_arguments_are_said_not_repeated(tmp_path):
+    """Trial of issue 42: `packcheck checks isolation,logits_parity` answered "unknown check" with no word of how the
+    command takes names; `--profile uniform` three times measured and wrote three identical rows; the same wheel
+    twice was read twice."""
+    proc = _cli(["checks", "isolation,logits_parity"], tmp_path)
+    assert proc.returncode == 2 and "takes check names separated by spaces: packcheck checks isolation logits_parity" in proc.stderr
+    bench = _cli(["bench", "--model", "arch:llama", "--profile", "uniform", "--profile", "uniform", "--steps", "1",
+                  "--warmup", "1", "--batch-size", "2", "--max-length", "32", "-o", str(tmp_path / "b")], tmp_path)
+    assert bench.returncode == 0, bench.stderr[-800:]
+    assert "--profile given twice; each profile is measured once (uniform)" in bench.stderr
+    import json
+
+    assert len(json.loads((tmp_path / "b" / "bench.json").read_text())["results"]) == 1
+    wheel = _axolotl_wheel(tmp_path / "axolotl-1.0-py3-none-any.whl", "SUPPORTED_MULTIPACK_MODEL_TYPES = ['llama']\n")
+    claims = _cli(["claims", str(wheel), str(wheel), "-o", str(tmp_path / "c.md")], tmp_path)
+    assert claims.returncode == 0 and "1 package(s) given twice; each is read once" in claims.stderr, claims.stderr[-800:]
+    assert claims.stdout.count("axolotl 1.0") == 1

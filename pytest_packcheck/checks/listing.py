@@ -84,6 +84,14 @@ def run(ns: argparse.Namespace) -> int:
     from .registry import SPECS
 
     unknown = [n for n in ns.names if n not in SPECS]
+    if unknown and all(part.strip() in SPECS for n in unknown for part in n.split(",") if part.strip()) and any("," in n for n in unknown):
+        from ..errors import scrub_secrets
+
+        # `packcheck checks isolation,logits_parity` (as --packcheck-checks takes them): say how this command takes them
+        spaced = " ".join(part.strip() for n in ns.names for part in n.split(",") if part.strip())
+        print(scrub_secrets(f"packcheck checks: error: {', '.join(map(repr, unknown))} is a comma-separated list: this "
+                            f"command takes check names separated by spaces: packcheck checks {spaced}"), file=sys.stderr)
+        return 2
     if unknown:
         from ..errors import closest, scrub_secrets
 

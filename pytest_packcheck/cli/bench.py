@@ -79,7 +79,10 @@ def run(ns: argparse.Namespace) -> int:
         if not torch.cuda.is_available():
             raise PackcheckUsageError(f"Device '{ns.device}' (from --device) is not available: torch sees no CUDA device. Use --device cpu.")
     targets = load_targets()  # a broken targets file is refused before anything is measured
-    profiles = ns.profile or ["flan", "orcamath"]
+    profiles = list(dict.fromkeys(ns.profile)) or ["flan", "orcamath"]
+    if len(profiles) < len(ns.profile):  # trial of issue 42: three identical rows, no word
+        print(f"packcheck bench: note: --profile given twice; each profile is measured once ({', '.join(profiles)})",
+              file=sys.stderr)
     for profile in profiles:  # a bad profile or lengths file is refused before the model is built
         sample_lengths(profile, 1, ns.max_length, source="--profile")
     avail = backend_availability(attn, ns.device)

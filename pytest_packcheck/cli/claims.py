@@ -4,6 +4,7 @@ their released wheels or sdists, not imported), judged against the atlas: ``repo
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 
@@ -80,7 +81,10 @@ def run(ns: argparse.Namespace) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise PackcheckUsageError(write_failure(out, exc, "-o/--output (a Markdown file)")) from None
-    files = [Path(w) for w in ns.wheels]
+    given = [Path(w) for w in ns.wheels]
+    files = list({w.resolve(): w for w in given}.values())  # the same package twice is read once (trial of issue 42)
+    if len(files) < len(given):
+        print(f"packcheck claims: note: {len(given) - len(files)} package(s) given twice; each is read once", file=sys.stderr)
     if ns.download:
         files += download([p.strip() for p in ns.download.split(",") if p.strip()], Path(ns.download_dir))
     peers = [read_wheel(w) for w in files]
