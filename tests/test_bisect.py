@@ -326,8 +326,9 @@ def test_unreachable_index_is_a_usage_error(monkeypatch):
 
 def _gate_cell(version: str, status: str) -> dict:
     return {"cell_id": "llama-sdpa-trainer-float32", "model": {"label": "llama", "model_type": "llama", "spec": "arch:llama"},
-            "backend": "sdpa", "check": "trainer", "dtype": "float32", "status": status, "message": status, "metrics": {},
-            "tolerances": {}}
+            "backend": "sdpa", "check": "trainer", "dtype": "float32", "status": status, "message": status,
+            "metrics": {"max_loss_delta": 1e-7 if status == "pass" else 3e-1},
+            "tolerances": {}, **({"cause": "cache_trap"} if status == "fail" else {})}
 
 
 def _gate_doc(version: str, status: str, trl: str | None = "1.16.0") -> dict:

@@ -215,8 +215,10 @@ def _env_cell(label, version, status, backend="sdpa", check="isolation", metrics
     combo = f"transformers=={version}"
     env = {"label": combo, "requirements": [combo], "versions": {"transformers": version},
            "environment": {"transformers": version, "torch": "2.13.0+cpu"}}
+    if metrics is None:  # a pass rests on its check's key number (results.schema.cell_problem)
+        metrics = {"max_change": 0.0} if status == "pass" and check == "isolation" else {}
     return _cell(f"{label}-{backend}-{check}-float32@{combo}", model={"label": label, "spec": f"arch:{label}"},
-                 backend=backend, check=check, status=status, env=env, metrics=metrics or {})
+                 backend=backend, check=check, status=status, env=env, metrics=metrics)
 
 
 def _versions_doc(cells, versions):
