@@ -372,6 +372,9 @@ def lookup(model_type: str, attn_implementation: str, transformers_version: str,
         if len(value) > 200:
             raise PackcheckUsageError(f"The {what} argument is {len(value)} characters long ({value[:24]}...): no "
                                       f"{what.replace('_', ' ')} is; pass e.g. qwen2 sdpa 4.56.2.")
+    if path is not None and not isinstance(path, str | os.PathLike):
+        raise PackcheckUsageError(f"lookup(): path is {type(path).__name__} {path!r:.40}, not a file path: pass the "
+                                  "support.json to read (a str or pathlib.Path), or None for the packaged atlas.")
     # an empty argument (an unset shell variable) was looked up: "architecture '' is not in the atlas", rc 1
     for what, value in (("model_type argument", model_type), ("attn_implementation argument", attn_implementation),
                         ("transformers_version argument", transformers_version), ("--trl", trl_version)):

@@ -612,3 +612,23 @@ def test_repeated_or_comma_joined_arguments_are_said_not_repeated(tmp_path):
     claims = _cli(["claims", str(wheel), str(wheel), "-o", str(tmp_path / "c.md")], tmp_path)
     assert claims.returncode == 0 and "1 package(s) given twice; each is read once" in claims.stderr, claims.stderr[-800:]
     assert claims.stdout.count("axolotl 1.0") == 1
+
+
+def test_the_second_trials_unclear_lines_name_the_real_source(tmp_path):
+    """Second trial of issue 42 (UNCLEAR): lookup()'s path of a wrong type was a bare TypeError from pathlib; a bad
+    $PACKCHECK_REPORT_DIR was named as --packcheck-report-dir, a flag never given; claims called a folder a device."""
+    import os
+
+    from pytest_packcheck.support import lookup
+
+    with pytest.raises(PackcheckUsageError, match=r"lookup\(\): path is int 123, not a file path"):
+        lookup("llama", "sdpa", "5.24.0", None, 123)
+    env = {**os.environ, "PACKCHECK_REPORT_DIR": "/dev/null"}
+    proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "audit", "--models", "arch:llama",
+                           "--packcheck-attn", "sdpa", "--packcheck-checks", "isolation", "-n", "0", "-q"],
+                          cwd=tmp_path, capture_output=True, text=True, check=False, env=env, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "(from $PACKCHECK_REPORT_DIR)" in out and "--packcheck-report-dir" not in out, out[-800:]
+    (tmp_path / "d.whl").mkdir()
+    proc = _cli(["claims", str(tmp_path / "d.whl"), "-o", str(tmp_path / "c.md")], tmp_path)
+    assert proc.returncode == 2 and "is a directory" in proc.stderr, proc.stderr

@@ -90,6 +90,9 @@ class PeerArchive:
         self.path, self.filename = Path(path), Path(path).name
         self._zip: zipfile.ZipFile | None = None
         self._tar: tarfile.TarFile | None = None
+        if self.path.is_dir():
+            raise PackcheckUsageError(f"Peer package '{path}' is a directory: pass the wheel or sdist file "
+                                      "`pip download --no-deps PEER` saves.")
         if self.path.exists() and not self.path.is_file():  # a symlink to /dev/zero was read until the OOM killer
             raise PackcheckUsageError(f"Peer package '{path}' is not a regular file (a device or a pipe): pass the file "
                                       "`pip download --no-deps PEER` saves.")

@@ -141,11 +141,13 @@ def _pytest_args(ns: argparse.Namespace) -> list[str]:
         given["packcheck_audit"] = os.path.abspath(given["packcheck_audit"])  # abspath: a symlink loop is the plugin's to name
     report_env = OPTIONS_BY_FLAG[OPT_REPORT_DIR].env or ""
     if given["packcheck_report_dir"] is None and os.environ.get(report_env, "").strip():
-        # $PACKCHECK_REPORT_DIR, as pytest honours it (issue 42: the audit wrote to ./reports regardless)
-        given["packcheck_report_dir"] = os.environ[report_env]
-    if given["packcheck_report_dir"] is None or given["packcheck_report_dir"].strip():  # '' goes on, to be refused
-        given["packcheck_report_dir"] = os.path.abspath(given["packcheck_report_dir"] or default_of(OPT_REPORT_DIR))
-    ns.packcheck_report_dir = given["packcheck_report_dir"]  # the closing line, bench and the gate read the same folder
+        # $PACKCHECK_REPORT_DIR, as pytest honours it (issue 42: the audit wrote to ./reports regardless): the plugin
+        # reads the variable itself, so its errors name the variable, not a flag the user never gave
+        ns.packcheck_report_dir = os.path.abspath(os.environ[report_env])
+    else:
+        if given["packcheck_report_dir"] is None or given["packcheck_report_dir"].strip():  # '' goes on, to be refused
+            given["packcheck_report_dir"] = os.path.abspath(given["packcheck_report_dir"] or default_of(OPT_REPORT_DIR))
+        ns.packcheck_report_dir = given["packcheck_report_dir"]  # the closing line, bench and the gate read this folder
     for opt in OPTIONS:
         value = given[opt.dest]
         if value is None or value is False or value == []:

@@ -67,6 +67,8 @@ class Settings:
     versions: tuple[Any, ...] = default_of(OPT_VERSIONS)  # envs.VersionCombo, one per environment; () = this environment only
     #: where ``versions`` came from (the flag, $PACKCHECK_VERSIONS, an audit file), named in its errors
     versions_source: str = OPT_VERSIONS
+    #: where ``report_dir`` came from (the flag or $PACKCHECK_REPORT_DIR), named in its errors
+    report_dir_source: str = OPT_REPORT_DIR
     timeout_s: float = default_of(OPT_TIMEOUT)  # per cell; 0 = no limit
     sandbox: str = default_of(OPT_ISOLATION)  # fork / none (--packcheck-isolation): where a model's cells run
     resume: bool = default_of(OPT_RESUME)
@@ -342,7 +344,7 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
             f"{', ...' if len(archs) > 3 else ''}) have no checkpoint and run shrunk random weights; each cell's "
             "model record says what it ran (weights: pretrained / random)."), stacklevel=2)
     trust, _ = pick(by_flag[OPT_TRUST])
-    report_dir, _ = pick(by_flag[OPT_REPORT_DIR])
+    report_dir, report_dir_src = pick(by_flag[OPT_REPORT_DIR])
     tol_path, tol_src = pick(by_flag[OPT_TOLERANCES])
     if not tol_path and audit and audit.tolerances:
         tol_path, tol_src = str(Path(audit.path).parent / audit.tolerances), f"audit {audit.path}"
@@ -401,5 +403,6 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
         versions_source=versions_src or OPT_VERSIONS,
         models=tuple(models), model_source=source, backends=backends, checks=checks, dtypes=dtypes,
         weights=weights, device=device, trust_remote_code=bool(trust), report_dir=str(report_dir),
+        report_dir_source=report_dir_src if report_dir_src and report_dir_src != "default" else OPT_REPORT_DIR,
         tolerances=tolerances, tolerance_source=tol_label, audit_name=audit.name if audit else None,
     )

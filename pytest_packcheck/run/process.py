@@ -105,7 +105,7 @@ def check_inputs(config: pytest.Config, settings: Any) -> Any:
     from ..results.io import probe_folder
 
     _check_run_inputs(path, settings)  # before the folder is made or held: a refused run leaves it as it was
-    probe_folder(path, "--packcheck-report-dir")  # a full disk is refused now, not at the report write
+    probe_folder(path, getattr(settings, "report_dir_source", None) or "--packcheck-report-dir")  # a full disk: refused now
     return hold_report_dir(path, "--packcheck-report-dir")  # one run per report folder, released by the session
 
 
