@@ -114,7 +114,7 @@ def test_sigkill_then_resume_recomputes_nothing_and_loses_nothing(pytester, tmp_
 def test_journal_skips_cut_lines_and_other_fingerprints(tmp_path):
     def cell(cell_id):
         return json.dumps({"cell_id": cell_id, "status": "pass", "model": {"label": "m"}, "backend": "sdpa",
-                           "check": "isolation", "dtype": "float32"})
+                           "check": "isolation", "dtype": "float32", "metrics": {"max_change": 0.0}})
 
     journal = Journal(tmp_path / "j.jsonl", "fp1")
     journal.reset()
@@ -228,7 +228,7 @@ def test_resume_names_the_settings_the_journaled_cells_were_made_with(tmp_path):
     from pytest_packcheck.run.resume import resume_mismatch
 
     path = tmp_path / "packcheck-journal.jsonl"
-    Journal(path, "default", {"lengths": [11, 17, 5]}).append(_json.dumps(planted_cell("llama", "sdpa", "isolation", "pass")))
+    Journal(path, "default", {"lengths": [11, 17, 5]}).append(_json.dumps(planted_cell("llama", "sdpa", "isolation", "pass", max_change=0.0)))
     (tmp_path / "packcheck-matrix.json").write_text(_json.dumps({"settings": {"lengths": [11, 1, 13]}}))
     now = SimpleNamespace(report_dir=str(tmp_path), as_dict=lambda: {"lengths": [11, 2, 13]})
     journal = Journal(path, "other")
