@@ -542,11 +542,13 @@ def test_claims_refuses_a_device_and_an_oversized_member_without_reading_them(tm
 @pytest.mark.parametrize(("edit", "says"), [
     ({"causes": ["leak"]}, 'has "causes": ["leak"] (expected a list of objects with a "cause" code'),
     ({"causes": [{"cause": 123}]}, 'expected a list of objects with a "cause" code'),
+    ({"causes": [{}]}, 'expected a list of objects with a "cause" code'),
     ({"causes": [{"cause": "not_a_cause"}]}, """names cause 'not_a_cause' in "causes", not a cause code of packcheck"""),
     ({"cause": "not_a_cause"}, 'has cause "not_a_cause", not a cause code of packcheck'),
     ({"check": "bogus"}, "has check 'bogus', not a check of packcheck"),
     ({"status": "pass", "cause": None, "causes": [], "metrics": {}}, "passes with no max_change (a pass rests on its check's key number)"),
-], ids=["causes-strings", "cause-a-number", "unknown-cause-in-list", "unknown-cause", "unknown-check", "pass-without-its-number"])
+], ids=["causes-strings", "cause-a-number", "cause-missing", "unknown-cause-in-list", "unknown-cause", "unknown-check",
+        "pass-without-its-number"])
 def test_gate_and_merge_refuse_a_results_cell_packcheck_never_writes(tmp_path, edit, says):
     """Trial of issue 42: causes as strings crashed merge (AttributeError) while gate accepted them; an unknown cause
     code or check name was shown as if measured. One rule (results.schema.cell_problem) for both: exit 2, one line."""

@@ -41,7 +41,6 @@ def training_paths(doc: dict[str, Any], model_type: str, backend: str, wanted: A
     ``wanted``: the release asked (a ``packaging`` Version). ``entry``: the atlas entry the model verdict came from
     (its ``hazards``), None when the answer was inferred. ``faults``: default, the shipped known faults.
     """
-    from packaging.specifiers import SpecifierSet
     from packaging.version import Version
 
     if faults is None:
@@ -65,17 +64,11 @@ def training_paths(doc: dict[str, Any], model_type: str, backend: str, wanted: A
     paths = [model]
 
     def window(library: str, check_names: set[str], version: Any) -> list[Any]:
-        out = []
-        for f in faults:
-            if f.library != library or not check_names & set(f.checks):
-                continue
-            if "*" not in f.architectures and model_type not in f.architectures:
-                continue
-            if "*" not in f.backends and backend not in f.backends:
-                continue
-            if SpecifierSet(f.versions).contains(version, prereleases=True):
-                out.append(f)
-        return out
+        """The known faults of ``library`` whose window, architectures, backends and checks hold this answer at
+        ``version``: :meth:`KnownFault.applies`, the diagnosis's own rule, on the answer as a cell."""
+        env = {library: str(version)}
+        return [f for f in faults if f.library == library and any(
+            f.applies({"model": {"model_type": model_type}, "backend": backend, "check": check}, env) for check in check_names)]
 
     if verdict == "fail":  # the known fault behind the model's own failure, where one is in its window: its remedy
         own = [f for f in window("transformers", {(entry or {}).get("check") or "isolation"}, wanted) if f.cause in causes]

@@ -79,15 +79,14 @@ def at_a_glance(support: dict[str, Any]) -> list[str]:
                     noted.setdefault((backend, finding), []).append(name)
         passing[backend] = counts["pass"]
         lines.append(f"| {backend} | {counts['pass']} | {counts['fail']} | {counts['other']} |")
+    rank = {b: i for i, b in enumerate(support["backends"])}  # per backend, the most common cause first
     if bad:
         lines += ["", f"Do not pack on {newest} (backend, cause: architectures):", ""]
-        rank = {b: i for i, b in enumerate(support["backends"])}  # per backend, the most common cause first
         lines += [f"- {backend}, {cause.replace('_', ' ')} ({len(names)}): {name_md(', '.join(names))}"
                   for (backend, cause), names in sorted(bad.items(), key=lambda kv: (rank[kv[0][0]], -len(kv[1]), kv[0][1]))]
     if none:
         lines += ["", (f"No verdict on {newest} (backend, verdict, why: architectures; each cause's meaning and remedy "
                        "are in the legend below):"), ""]
-        rank = {b: i for i, b in enumerate(support["backends"])}
         lines += [f"- {backend}, {SYMBOL.get(verdict, '')} {verdict}, {why.replace('_', ' ')} ({len(names)}): {name_md(', '.join(names))}"
                   for (backend, verdict, why), names in sorted(none.items(), key=lambda kv: (rank[kv[0][0]], -len(kv[1]), kv[0][1:]))]
     if noted:
@@ -315,7 +314,6 @@ def write_outputs(support: dict[str, Any], out: Path) -> list[Path]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "support.json", out / "atlas.md", out / "atlas.html"]
-    texts = {paths[0]: json.dumps(support, indent=None, separators=(",", ":"), sort_keys=True) + "\n",
-             paths[1]: render_markdown(support), paths[2]: render_html(support)}
-    write_set([(paths[1], texts[paths[1]]), (paths[2], texts[paths[2]]), (paths[0], texts[paths[0]])], flag="-o/--output-dir")
+    write_set([(paths[1], render_markdown(support)), (paths[2], render_html(support)),
+               (paths[0], json.dumps(support, indent=None, separators=(",", ":"), sort_keys=True) + "\n")], flag="-o/--output-dir")
     return paths

@@ -82,8 +82,8 @@ def configure(audit: argparse.ArgumentParser) -> None:
 def _closing_line(out: Path, started: float, fail_on_failure: bool) -> int:
     """Print the audit's last line: the failing correctness checks (pytest's "failed" items), the matrix cells and
     the models they fall on, in one sentence with why the exit status is what it is (issue 41: "41 failed" above
-    an exit 0 read as a contradiction). Returns the number of failing matrix cells (0 when the matrix cannot be
-    read: the plugin has said why)."""
+    an exit 0 read as a contradiction). Returns the number of correctness checks that did not pass, which
+    ``--fail-on-failure`` exits 1 on (0 when the matrix cannot be read: the plugin has said why)."""
     import json
 
     from ..errors import scrub_secrets
@@ -94,11 +94,11 @@ def _closing_line(out: Path, started: float, fail_on_failure: bool) -> int:
         if matrix.stat().st_mtime < started - 1:  # not this run's matrix: nothing to sum up
             return 0
         cells = json.loads(matrix.read_text(encoding="utf-8"))["cells"]
-        text, failing = closing_sentence(cells, fail_on_failure)
+        text, not_passed = closing_sentence(cells, fail_on_failure)
     except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return 0
     print(scrub_secrets(text))
-    return failing
+    return not_passed
 
 
 class _BaselineGate:
@@ -248,7 +248,7 @@ def run(ns: argparse.Namespace) -> int:
             _discard_previous_matrix(Path(ns.packcheck_report_dir or default_of(OPT_REPORT_DIR)), started,
                                      "interrupted before it wrote a matrix" if code == pytest.ExitCode.INTERRUPTED else "checked nothing")
     if code in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
-        failing = _closing_line(Path(ns.packcheck_report_dir or default_of(OPT_REPORT_DIR)), started, ns.fail_on_failure)
+        not_passed = _closing_line(Path(ns.packcheck_report_dir or default_of(OPT_REPORT_DIR)), started, ns.fail_on_failure)
         if gate.regressions:
             # --packcheck-baseline: the gate's table and count are printed; a regression fails the audit as it
             # fails `packcheck gate` and plain pytest (the same rule, analysis.gate.compare)
@@ -273,7 +273,7 @@ def run(ns: argparse.Namespace) -> int:
             from ..errors import scrub_secrets
 
             print(scrub_secrets(f"baseline written: {out / 'baseline.json'}"))
-        return 1 if ns.fail_on_failure and failing else 0
+        return 1 if ns.fail_on_failure and not_passed else 0
     if code == pytest.ExitCode.USAGE_ERROR:
         return 2
     if code == pytest.ExitCode.NO_TESTS_COLLECTED:  # every cell deselected (`-- -k nothing`): nothing was checked

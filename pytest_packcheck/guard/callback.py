@@ -268,7 +268,6 @@ class PackcheckCallback(TrainerCallback):
         if self.on_mismatch in ("raise", "disable"):
             raise PackedBatchMismatch(result)
         _warn(result.line())
-        return
 
     def _report(self, result: GuardResult, echo: bool = True) -> None:
         if self.verbose and echo:

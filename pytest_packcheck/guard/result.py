@@ -21,9 +21,7 @@ class PackedBatchMismatch(PackcheckError):
     """The packed row does not train like its examples alone; ``.result`` holds the :class:`GuardResult`."""
 
     def __init__(self, result: GuardResult) -> None:
-        from ..errors import scrub_secrets
-
-        super().__init__(scrub_secrets(result.line()))  # the model's own error text may carry a token (issue 42)
+        super().__init__(result.line())
         self.result = result
 
 
@@ -40,11 +38,7 @@ class PackcheckGuardWarning(PackcheckWarning):
 
 def print_line(line: str) -> None:
     """Print the guard's line on its own line of stderr: through ``tqdm.write`` (which clears the live progress
-    bars the Trainer's ProgressCallback draws on the same stream, prints, and redraws them), else after a newline.
-    Scrubbed: the line may quote the model's own error text (issue 42: a token in it was printed in clear)."""
-    from ..errors import scrub_secrets
-
-    line = scrub_secrets(line)
+    bars the Trainer's ProgressCallback draws on the same stream, prints, and redraws them), else after a newline."""
     try:
         from tqdm import tqdm
     except ImportError:  # tqdm comes with transformers; without it no bar can be live
@@ -141,7 +135,14 @@ class GuardResult:
 
     def line(self) -> str:
         """One line: verdict, worst difference and its tolerance, cause and remedy; for a batch that is not packed
-        (:class:`PackcheckCallback` on a padded run), that nothing was checked and that training goes on."""
+        (:class:`PackcheckCallback` on a padded run), that nothing was checked and that training goes on. Scrubbed
+        here, once, for every reader (the stderr line, the warning, PackedBatchMismatch): the evidence may quote the
+        model's own error text (issue 42: a token in it was printed in clear)."""
+        from ..errors import scrub_secrets
+
+        return scrub_secrets(self._line())
+
+    def _line(self) -> str:
         if self.run.get("packed") is False:
             return f"packcheck guard: {self.evidence}; training goes on unchanged"
         worst = "n/a" if self.max_logprob_diff is None else f"{self.max_logprob_diff:.2e}"

@@ -329,25 +329,18 @@ def read_config_dict(spec: ModelSpec, source: str) -> tuple[dict[str, Any], str 
 
 
 def _parse_config_json(path: Path, spec: ModelSpec, source: str) -> dict[str, Any]:
-    """The JSON object in ``path``.
+    """The JSON object in ``path``, through the one bounded reader (:func:`errors.read_user_text`,
+    :func:`errors.parse_document`).
 
     Raises:
-        PackcheckUsageError: not UTF-8 text, not JSON, or JSON that is not an object.
+        PackcheckUsageError: not a regular file, unreadable, over the size bound, not UTF-8 text, not JSON, nested too
+            deeply, or JSON that is not an object.
     """
-    import json
-
     from ..errors import parse_document, read_user_text
 
     where = f"Model '{spec.raw}' (from {source}): its config.json ({path})"
-    try:
-        data = parse_document(read_user_text(path, where, "replace it with the model's config.json.", named=where), "json",
-                              where, "fix or replace it.")
-    except UnicodeDecodeError:
-        raise PackcheckUsageError(f"{where} is not text (binary content): replace it with the model's config.json.") from None
-    except json.JSONDecodeError as exc:
-        raise PackcheckUsageError(f"{where} is not valid JSON ({exc.msg}, line {exc.lineno}): fix or replace it.") from None
-    except OSError as exc:
-        raise PackcheckUsageError(f"{where} cannot be read ({exc.strerror}): check its permissions.") from None
+    data = parse_document(read_user_text(path, where, "replace it with the model's config.json.", named=where), "json",
+                          where, "fix or replace it.")
     if not isinstance(data, dict):
         raise PackcheckUsageError(
             f"{where} holds a JSON {type(data).__name__}, not an object: a config.json is one object, e.g. "

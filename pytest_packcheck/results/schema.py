@@ -147,8 +147,7 @@ def cell_problem(cell: Any) -> str | None:
         value = cell.get(key)
         if value is None:
             continue
-        bad_item = (not isinstance(value, list)) or next((x for x in value if not (isinstance(x, dict) and isinstance(x.get("cause"), str))), None)
-        if bad_item is True or bad_item:
+        if not isinstance(value, list) or not all(isinstance(x, dict) and isinstance(x.get("cause"), str) for x in value):
             return (f"cell {name!r} has \"{key}\": {json.dumps(value)[:60]} (expected a list of objects with a \"cause\" "
                     "code, as packcheck writes them)")
         unknown = next((x["cause"] for x in value if x["cause"] not in CAUSES), None)
@@ -209,29 +208,17 @@ def load_document(path: str | Path, source: str | None = None) -> dict[str, Any]
     name = f"{p} (from {source})" if source else str(p)
     if p.exists() and not p.is_file() and not p.is_dir():  # /dev/zero would be read for ever
         raise PackcheckUsageError(f"Results file {name} is not a regular file (a device or a pipe): pass a packcheck-matrix.json file.")
+    if not p.exists():
+        raise PackcheckUsageError(f"Results file {name} does not exist: run `packcheck audit` first.")
+    if p.is_dir():
+        raise PackcheckUsageError(f"Results file {name} is a directory: pass a packcheck-matrix.json file.")
     from ..errors import parse_document, read_user_text
 
-    try:
-        if not p.exists():
-            raise FileNotFoundError(p)
-        if p.is_dir():
-            raise IsADirectoryError(p)
-        # scrubbed as read: a results file from elsewhere may carry a token, which gate / merge would print; bounded
-        # in size and nesting (issue 42: a 100,000-deep array was a RecursionError traceback in gate and merge)
-        fix = "pass the packcheck-matrix.json an audit wrote."
-        data = parse_document(scrub_secrets(read_user_text(p, "Results file", fix, named=f"Results file {name}")), "json",
-                              f"Results file {name}", fix)
-    except FileNotFoundError:
-        raise PackcheckUsageError(f"Results file {name} does not exist: run `packcheck audit` first.") from None
-    except json.JSONDecodeError as exc:
-        raise PackcheckUsageError(f"Results file {name} is not valid JSON ({exc.msg}, line {exc.lineno}).") from None
-    except IsADirectoryError:
-        raise PackcheckUsageError(f"Results file {name} is a directory: pass a packcheck-matrix.json file.") from None
-    except UnicodeDecodeError as exc:
-        raise PackcheckUsageError(f"Results file {name} is not UTF-8 text (byte {exc.start}): it is not a packcheck results "
-                                  "file; pass the packcheck-matrix.json an audit wrote.") from None
-    except OSError as exc:
-        raise PackcheckUsageError(f"Results file {name} cannot be read ({exc.strerror}): pass a readable packcheck-matrix.json.") from None
+    # scrubbed as read: a results file from elsewhere may carry a token, which gate / merge would print; one bounded
+    # reader for size, encoding, format and nesting (issue 42: a 100,000-deep array was a RecursionError traceback)
+    fix = "pass the packcheck-matrix.json an audit wrote."
+    data = parse_document(scrub_secrets(read_user_text(p, "Results file", fix, named=f"Results file {name}")), "json",
+                          f"Results file {name}", fix)
     if not isinstance(data, dict):  # a bare list of cells was "has no schema_version" (trial of issue 42)
         raise PackcheckUsageError(f"Results file {name} is a JSON {type(data).__name__}, not a packcheck results file (an "
                                   "object with schema_version, settings, environment and cells): pass the "

@@ -114,8 +114,6 @@ class Journal:
         --packcheck-resume cannot reuse the cells from then on."""
         if self.failed is not None:
             return
-        if '"not_journaled"' in cell_json:  # a cell killed from outside judged nothing: --packcheck-resume runs it again
-            return
         try:
             self._append(cell_json)
         except OSError as exc:
@@ -131,7 +129,10 @@ class Journal:
 
         from ..results.io import scrub
 
-        line = scrub(json.dumps({"fingerprint": self.fp, "cell": json.loads(cell_json),
+        cell = json.loads(cell_json)
+        if (cell.get("metrics") or {}).get("not_journaled"):  # killed from outside, judged nothing: a resume runs it again
+            return
+        line = scrub(json.dumps({"fingerprint": self.fp, "cell": cell,
                                 **({"settings": self.settings} if self.settings is not None else {}),
                                 **({"model_files": self.model_files} if self.model_files else {})}, sort_keys=True)) + "\n"
         with FileLock(str(self.path) + ".lock"), open(self.path, "a+b") as fh:

@@ -37,6 +37,8 @@ class PackcheckSession:
         self.settings = settings
         #: cell ids -k / -m deselected (the plugin's pytest_deselected): written as settings.deselected
         self.deselected: set[str] = set()
+        #: the previous run's report files this run moved into ``previous/`` when it took the folder
+        self.set_aside: list[str] = []
         self.results: dict[str, dict[str, Any]] = {}
         self.written: list[str] = []
         self.document: dict[str, Any] | None = None
@@ -369,9 +371,8 @@ class PackcheckSession:
         why = " or ".join(f"{flag} {value!r}" for flag, value in (("-k", opt.keyword), ("-m", opt.markexpr)) if value)
         journal = ("; the journal keeps its cells (--packcheck-resume)" if self.settings.resume
                    else f"; this run emptied the journal {self.journal.path} when it started")
-        aside = getattr(self, "set_aside", [])
-        moved = (f"; the previous {' and '.join(aside)} were set aside in {Path(self.settings.report_dir) / PREVIOUS_DIR} "
-                 "so they are not taken for this run's" if aside else "")
+        moved = (f"; the previous {' and '.join(self.set_aside)} were set aside in {Path(self.settings.report_dir) / PREVIOUS_DIR} "
+                 "so they are not taken for this run's" if self.set_aside else "")
         return (f"no packcheck cell ran ({'deselected by ' + why if why else 'none was collected'}), so no matrix was "
                 f"written{remove_report_files(self.settings.report_dir) or moved}{journal}.")
 

@@ -249,12 +249,10 @@ def load_targets(path: str | Path | None = None) -> dict[str, dict[str, float]]:
     Raises:
         PackcheckUsageError: a key outside :data:`TARGET_KEYS` or a value that is not a number.
     """
-
     from ..config.audits import PACKAGE_AUDIT_DIR
-
-    file = Path(path) if path else PACKAGE_AUDIT_DIR / "bench_targets.toml"
     from ..errors import read_document
 
+    file = Path(path) if path else PACKAGE_AUDIT_DIR / "bench_targets.toml"
     data = read_document(file, "toml", "Bench targets file", "pass a TOML file of [profile] tables, e.g. audit/bench_targets.toml.")
     for profile, table in data.items():
         for key, value in table.items():
