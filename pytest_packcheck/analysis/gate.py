@@ -21,7 +21,8 @@ from typing import Any
 from ..errors import PackcheckUsageError, scrub_secrets
 from ..report.text import escape_md
 from ..report.verdicts import not_run, role_of
-from ..results.schema import SCHEMA_VERSION
+from ..results.environment import environment_recorded
+from ..results.schema import SCHEMA_VERSION, is_shard
 from ..versions.libraries import library, stack_libraries
 
 # Better first: a pass that becomes anything else is a regression; skipped -> unsupported is too.
@@ -283,7 +284,7 @@ def _planned_in(cell: dict[str, Any], doc: dict[str, Any]) -> bool:
     if not settings.get("checks"):
         return True  # no settings recorded: assume the same selection
     models = list(dict.fromkeys(settings.get("models", [])))
-    if _is_shard(settings.get("shard")):  # a shard plans its own models only: shard 2's file never planned shard 1's
+    if is_shard(settings.get("shard")):  # a shard plans its own models only: shard 2's file never planned shard 1's
         from ..config.options import shard_holds  # (trial 20, 161)
 
         models = [m for i, m in enumerate(models) if shard_holds(i, settings["shard"])]
@@ -348,8 +349,6 @@ _SUMMARY_LIBRARIES = tuple(lib.key for lib in stack_libraries())
 def _stack_versions(baseline_env: dict[str, Any], candidate_env: dict[str, Any], changed_only: bool = False) -> str:
     """``transformers 4.57.1 → 5.24.0, trl 1.16.0``: every library either side names, once when equal (left out
     with ``changed_only``)."""
-    from ..report.model import environment_recorded
-
     # a side whose file records no environment is "not recorded", never "not installed" (trial 15, 32)
     unknown = [None if environment_recorded(e) else "not recorded" for e in (baseline_env, candidate_env)]
     parts = []
@@ -510,12 +509,6 @@ def probe_settings_note(baseline: dict[str, Any], candidate: dict[str, Any], pro
             "other's settings to compare like with like")
 
 
-def _is_shard(value: Any) -> bool:
-    """Whether ``value`` is a results file's ``settings.shard``: ``[index, count]``, 1 <= index <= count."""
-    return (isinstance(value, list) and len(value) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in value)
-            and 1 <= value[0] <= value[1])
-
-
 def _tolerances_by_dtype(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The tolerances a document's cells were judged with, per dtype (the first cell of each dtype)."""
     out: dict[str, dict[str, Any]] = {}
@@ -617,10 +610,10 @@ def merge(documents: list[dict[str, Any]], names: list[str] | None = None) -> di
     for name, doc in zip(names, documents, strict=True):
         if not doc["cells"]:
             shard = doc.get("settings", {}).get("shard")
-            what = f"shard {shard[0]} of {shard[1]}" if _is_shard(shard) else "it"
+            what = f"shard {shard[0]} of {shard[1]}" if is_shard(shard) else "it"
             marks.append({"reason": f"{name} holds no cell ({what}: its models are not in the matrix)",
                           "resume": f"rerun {name}'s own audit, then merge again"})
-    shards = [doc["settings"]["shard"] for doc in documents if _is_shard(doc.get("settings", {}).get("shard"))]
+    shards = [doc["settings"]["shard"] for doc in documents if is_shard(doc.get("settings", {}).get("shard"))]
     settings.pop("shard", None)  # the merged matrix is no one shard
     if shards:  # shards of an audit recorded [index, count]: the merge must hold every index, else it is incomplete
         count = max(n for _, n in shards)

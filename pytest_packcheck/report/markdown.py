@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import Counter
 
 from ..checks.registry import REGISTRY, ROLES
+from ..results.environment import environment_recorded
 from .model import (
     NOT_RECORDED,
     Report,
@@ -15,7 +16,6 @@ from .model import (
     env_header,
     env_value,
     environment_line,
-    environment_recorded,
     environment_role,
 )
 from .sections import (

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..checks.registry import REGISTRY
+from ..results.environment import environment_recorded
+from ..results.schema import is_shard
 from .text import cut
 from .verdicts import cause_label, coverage, env_label, hazard_rows, headline, role_of
 
@@ -60,10 +62,8 @@ def shard_text(doc: dict[str, Any]) -> str:
     shard it is, the models it holds of the audit's, and that ``packcheck merge`` of every shard gives the whole
     matrix; "" for a run that is no shard and for a merge (trial 19, 95: a shard's matrix read like a complete
     audit of its one model)."""
-    from ..analysis.gate import _is_shard  # the one reading of a recorded shard, as merge's
-
     shard = (doc.get("settings") or {}).get("shard")
-    if not (_is_shard(shard) and shard[1] > 1):
+    if not (is_shard(shard) and shard[1] > 1):  # the one reading of a recorded shard, as merge's
         return ""
     here = list(dict.fromkeys(c["model"]["label"] for c in doc.get("cells") or [] if isinstance(c.get("model"), dict)))
     asked = (doc.get("settings") or {}).get("models") or []
@@ -85,11 +85,6 @@ def environment_role(versioned: bool) -> str:
     ``--packcheck-versions`` run, the controller's (each version environment's own are on its cells)."""
     return ("Controller (each version environment ran its own cells, over its own torch and libraries)" if versioned
             else "Measured")
-
-
-def environment_recorded(environment: Any) -> bool:
-    """Whether a results document's ``environment`` records anything (a hand-made or edited file may have none)."""
-    return isinstance(environment, dict) and any(environment.get(k) for k in ("torch", "transformers", "python", "packcheck"))
 
 
 #: What a report says for a results file whose ``environment`` records nothing (trial 15, 32 / 72: such a file read

@@ -11,6 +11,11 @@ from pathlib import Path
 from typing import Any
 
 
+def environment_recorded(environment: Any) -> bool:
+    """Whether a results document's ``environment`` records anything (a hand-made or edited file may have none)."""
+    return isinstance(environment, dict) and any(environment.get(k) for k in ("torch", "transformers", "python", "packcheck"))
+
+
 def _version(dist: str) -> str | None:
     try:
         return metadata.version(dist)

@@ -23,6 +23,13 @@ SYMBOLS = {"pass": "✅", "fail": "❌", "fallback": "⚠️", "unsupported": "�
            "timeout": "⏱️", "oom": "🧱"}
 
 
+
+def is_shard(value: Any) -> bool:
+    """Whether ``value`` is a results file's ``settings.shard``: ``[index, count]``, 1 <= index <= count."""
+    return (isinstance(value, list) and len(value) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in value)
+            and 1 <= value[0] <= value[1])
+
+
 @dataclass
 class CheckResult:
     """What a check returns: a verdict, the numbers it measured, a one-line message, and the cause code
