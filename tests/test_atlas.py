@@ -715,19 +715,19 @@ def test_a_claim_on_a_leaking_model_does_not_hold(tmp_path):
 
 
 def test_readme_packed_mask_finding_agrees_with_the_committed_atlas():
-    """The README's version finding "eager / sdpa ... no packed mask before 4.53.1 (bisected: 4.53.0 is the last
+    """The docs' version finding "eager / sdpa ... no packed mask before 4.53.1 (bisected: 4.53.0 is the last
     without)" against the atlas: llama on sdpa leaks on every measured release below 4.53.1 (4.52.4 at least) and
     passes on every one from it (4.57.6 and 5.24.0 at least)."""
     from packaging.version import Version
 
-    readme = (REPO / "README.md").read_text()
-    assert "no packed mask before 4.53.1" in readme
+    docs = "\n".join(p.read_text() for p in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))])
+    assert "no packed mask before 4.53.1" in " ".join(docs.split())
     row = load_support()["cells"]["llama"]["sdpa"]
     after = {v: e for v, e in row.items() if Version(v) >= Version("4.53.1")}
     before = {v: e for v, e in row.items() if Version(v) < Version("4.53.1")}
     assert {"4.57.6", "5.24.0"} <= set(after) and "4.52.4" in before
     assert all(e["verdict"] == "pass" for e in after.values()), after
-    # on 4.44 loss_parity crashes (the forward takes no num_items_in_batch, as the README says): an error verdict
+    # on 4.44 loss_parity crashes (the forward takes no num_items_in_batch, as the docs say): an error verdict
     # that still names the leak the other checks measured
     assert all(e["verdict"] in ("fail", "error") and "leak" in e["causes"] for e in before.values()), before
 
@@ -742,58 +742,11 @@ def test_a_folder_not_named_as_a_release_is_skipped_not_sorted_against_releases(
     assert _release_docs(tmp_path) == []  # no folder is finished: nothing to reduce, and no TypeError
 
 
-def _script(name: str):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_recorded_mamba_kernel_crashes_are_relabelled_as_the_missing_package_a_new_run_names():
-    """26 committed entries (jamba 4.44 .. 4.57, zamba 4.46 .. 5.5) read shrunk_crash for "Fast Mamba kernels are
-    not available" (mamba-ssm / causal-conv1d missing). The relabel writes what reduce_release writes from a new
-    run's skipped cells (runner.missing_package_message), records the rule per release, keeps an earlier
-    refusal record, touches nothing else, and is idempotent."""
-    from pytest_packcheck.run.runner import _short, missing_package_message
-
-    reclassify = _script("atlas_reclassify_refusals")
-    text = "Fast Mamba kernels are not available. Make sure to they are installed and that the mamba module is on a CUDA device"
-    crash = {"verdict": "error", "causes": ["shrunk_crash"], "check": "isolation", "hazards": {"cache_trap": "shrunk_crash"},
-             "message": f"crashed in the model packcheck shrank (random weights): ValueError: {text}"[:160]}
-    other = {"verdict": "error", "causes": ["shrunk_crash"], "check": "isolation",
-             "message": "crashed in the model packcheck shrank (random weights): ValueError: shapes do not match"}
-    refusal = {"verdict": "error", "causes": ["shrunk_crash"], "check": "isolation", "message": (
-        "crashed in the model packcheck shrank (random weights): model build: ValueError: OPTForCausalLM does not support "
-        "Flash Attention 2.0 yet.")}
-    support = {"releases": [{"transformers": "4.47.1", "reclassified": {"entries": 49, "date": "2026-12-01", "rule": reclassify.RULES["refusal"]}},
-                            {"transformers": "5.24.0"}],
-               "cells": {"jamba": {"eager": {"4.47.1": dict(crash)}}, "opt": {"eager": {"4.47.1": dict(other)}},
-                         "opt2": {"packcheck_flash_ref": {"4.47.1": dict(refusal)}}}}
-    counts = reclassify.reclassify(support, date="2026-12-02")
-    assert counts == {("4.47.1", "missing_package"): 1, ("4.47.1", "refusal"): 1}
-    # what a new run writes: every cell of (jamba, eager) skipped with the runner's message, reduced
-    message = missing_package_message("check", ("mamba-ssm", "causal-conv1d"), _short(ValueError(text)))
-    cells = [{"model": {"model_type": "jamba"}, "backend": "eager", "dtype": "float32", "check": c, "status": "skipped",
-              "message": message, "metrics": {}, "role": "hazard" if c == "cache_trap" else "correctness"}
-             for c in ("position_ids", "isolation", "cache_trap")]
-    assert support["cells"]["jamba"]["eager"]["4.47.1"] == A.reduce_release({"cells": cells})["jamba"]["eager"]
-    assert support["cells"]["opt"]["eager"]["4.47.1"] == other  # another crash stays a crash
-    assert support["cells"]["opt2"]["packcheck_flash_ref"]["4.47.1"]["verdict"] == "unsupported"
-    records = support["releases"][0]["reclassified"]
-    assert [(r["rule"], r["entries"]) for r in records] == [(reclassify.RULES["refusal"], 50), (reclassify.RULES["missing_package"], 1)]
-    assert "reclassified" not in support["releases"][1]
-    before = json.dumps(support, sort_keys=True)
-    assert reclassify.reclassify(support) == {} and json.dumps(support, sort_keys=True) == before
-
-
-def test_the_committed_atlas_names_mamba_kernels_as_a_missing_package_once_relabelled():
-    """The committed support.json relabelled as the integrator does: no "Fast Mamba kernels" entry stays
-    shrunk_crash (before the relabel there were 26)."""
-    reclassify = _script("atlas_reclassify_refusals")
+def test_the_committed_atlas_names_mamba_kernels_as_a_missing_package():
+    """26 committed entries (jamba 4.44 .. 4.57, zamba 4.46 .. 5.5) once read shrunk_crash for "Fast Mamba kernels
+    are not available" (mamba-ssm / causal-conv1d missing); a one-off migration (git history:
+    scripts/atlas_reclassify_refusals.py) relabelled them as a new run writes them (runner.missing_package_message)."""
     support = json.loads((REPO / "reports" / "atlas" / "support.json").read_text())
-    reclassify.reclassify(support)
     mamba = [(a, b, v, e) for a, by in support["cells"].items() for b, row in by.items() for v, e in row.items()
              if "Fast Mamba kernels" in e.get("message", "")]
     assert mamba and all(e["verdict"] == "skipped" and "mamba-ssm / causal-conv1d" in e["message"] for *_, e in mamba), mamba

@@ -96,7 +96,7 @@ def test_bench_cli_keeps_the_profiles_measured_before_one_fails(tmp_path, monkey
 
 
 def test_gpu_bench_path_rehearsed_on_cpu_in_bf16(tmp_path):
-    """The command scripts/gpu_check.sh runs on the GPU (torch varlen backend, bfloat16, instrumentation on),
+    """The command tools/gpu_check.sh runs on the GPU (torch varlen backend, bfloat16, instrumentation on),
     on CPU through the stand-in kernel: the md names the stand-in, the JSON records it."""
     env = {**os.environ, "PACKCHECK_TORCH_VARLEN_STAND_IN": "1"}
     proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "bench", "--attn", "packcheck_flash_torch_varlen",
@@ -279,14 +279,14 @@ def test_bench_warning_counts_only_checks_that_bear_on_the_benched_computation()
 
 
 def test_verdict_changes_lists_a_planted_change_with_its_evidence(tmp_path, capsys):
-    """scripts/verdict_changes.py (the all-architectures comparison in the notes): one correctness cell of the
+    """tools/verdict_changes.py (the all-architectures comparison in the notes): one correctness cell of the
     committed matrix turned into a leak is the one changed matrix cell, with its check and number."""
     import importlib.util
     import json
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("verdict_changes", root / "scripts" / "verdict_changes.py")
+    spec = importlib.util.spec_from_file_location("verdict_changes", root / "tools" / "verdict_changes.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     doc = json.loads((root / "reports" / "packcheck-matrix.json").read_text())

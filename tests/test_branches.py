@@ -1,6 +1,6 @@
 """Every decision branch of the checks, each with a planted fault that turns it (issue 14): a test here fails when
 the branch is broken. Fast: one tiny llama built per module, planted models and collators from faults.py, and
-planted probe numbers where the branch reads nothing else. scripts/mutation.sh runs mutmut against these."""
+planted probe numbers where the branch reads nothing else. tools/mutation.sh runs mutmut against these."""
 
 from __future__ import annotations
 

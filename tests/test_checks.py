@@ -178,7 +178,7 @@ def test_torch_varlen_backend_logic_with_cpu_stand_in(tolerances, monkeypatch):
 
 
 def test_torch_varlen_stand_in_for_the_gpu_rehearsal(tolerances, monkeypatch):
-    """PACKCHECK_TORCH_VARLEN_STAND_IN=1 (scripts/gpu_check.sh --rehearse): the torch varlen backend runs on CPU
+    """PACKCHECK_TORCH_VARLEN_STAND_IN=1 (tools/gpu_check.sh --rehearse): the torch varlen backend runs on CPU
     through the torch 2.11 signature; GQA is expanded before the call (2.11 has none), the boundaries reach it,
     and the document records the stand-in so the matrix never labels it PyTorch's kernel."""
     from conftest import make_bench

@@ -98,7 +98,7 @@ def test_audit_bench_bad_input_is_refused_before_the_run(tmp_path):
 
 
 def test_gpu_check_script_rehearsed_on_cpu(tmp_path):
-    """scripts/gpu_check.sh gets one run on a lent GPU: its commands and flags are rehearsed here, small, with the
+    """tools/gpu_check.sh gets one run on a lent GPU: its commands and flags are rehearsed here, small, with the
     torch varlen backend on the CPU stand-in kernel. The audit must give the torch varlen column real verdicts
     (the varlen kernel counted once per layer, the dense one never) and the bench both profiles."""
     import os
@@ -107,7 +107,7 @@ def test_gpu_check_script_rehearsed_on_cpu(tmp_path):
     repo = Path(__file__).resolve().parents[1]
     env = {**os.environ, "REHEARSE_DIR": str(tmp_path), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     env.pop("OUT", None)
-    proc = subprocess.run(["bash", str(repo / "scripts" / "gpu_check.sh"), "--rehearse"], cwd=repo, env=env,
+    proc = subprocess.run(["bash", str(repo / "tools" / "gpu_check.sh"), "--rehearse"], cwd=repo, env=env,
                           capture_output=True, text=True, check=False, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "audit exited" not in proc.stdout and "bench exited" not in proc.stdout, proc.stdout[-2000:]

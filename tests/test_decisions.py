@@ -1,7 +1,7 @@
 """The verdict-deciding functions outside the model checks, on synthetic documents and planted runs (issue 14):
 the training verdicts (Trainer and SFT) from planted per-step numbers, the gate's comparison, the headline,
 the cause classification and the tolerance resolution. No model is built: these run in seconds, which is what
-scripts/mutation.sh needs."""
+tools/mutation.sh needs."""
 
 from __future__ import annotations
 

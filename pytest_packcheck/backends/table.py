@@ -24,7 +24,7 @@ TORCH_VARLEN_BACKEND = "packcheck_flash_torch_varlen"
 
 #: Environment variable: set to 1 to run :data:`TORCH_VARLEN_BACKEND` on CPU through
 #: :func:`~.torch_varlen.varlen_attn_stand_in` (torch 2.11's varlen_attn signature over the exact reference kernel). A
-#: rehearsal of the GPU pipeline (scripts/gpu_check.sh) that exercises every line but PyTorch's kernel; the
+#: rehearsal of the GPU pipeline (tools/gpu_check.sh) that exercises every line but PyTorch's kernel; the
 #: environment and the matrix label say so, and no speed or numerics claim comes from it.
 STAND_IN_ENV = "PACKCHECK_TORCH_VARLEN_STAND_IN"
 STAND_IN_LABEL = "torch varlen_attn CPU STAND-IN (rehearsal, not FA2)"

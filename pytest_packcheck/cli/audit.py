@@ -227,7 +227,7 @@ def run(ns: argparse.Namespace) -> int:
             print("packcheck: pytest-xdist not installed; running in one process", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="packcheck-") as root:
         # the plugin by module, the entry point blocked: the same with packcheck installed or only on PYTHONPATH
-        # (scripts/gpu_check.sh on the GPU machine)
+        # (tools/gpu_check.sh on the GPU machine)
         full = [root, "--rootdir", root, "-p", "no:cacheprovider", "-p", "no:packcheck", "-p", "pytest_packcheck.plugin",
                 "-o", "addopts=", "-o", "testpaths=",
                 "-W", "ignore::pytest.PytestAssertRewriteWarning",
@@ -358,7 +358,7 @@ def _verify_remedies_into_report(out: Path) -> None:
     import json
 
     from ..analysis.remedies import render_remedy_checks, verify_remedies
-    from ..results import write_set
+    from ..results import dumps_results, write_set
 
     path = out / "packcheck-matrix.json"
     doc = json.loads(path.read_text())
@@ -366,6 +366,6 @@ def _verify_remedies_into_report(out: Path) -> None:
     md = out / "packcheck-matrix.md"
     # one set (results.write_set), the JSON last: a kill between the two never leaves one updated, one not
     write_set([(md, md.read_text().rstrip("\n") + "\n\n" + render_remedy_checks(records)),
-               (path, json.dumps(doc, indent=1) + "\n")])
+               (path, dumps_results(doc))])
     verified = sum(1 for r in records if r["verified"])
     print(f"remedies verified: {verified} of {len(records)} (section 'Remedies verified' in {md})")

@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-import json
-
+from ..results import dumps_results
 from .model import Report
 
 
 def render(rep: Report) -> str:
-    """The document as written by every packcheck (one-space indent, keys in the document's order)."""
-    return json.dumps(rep.doc, indent=1, sort_keys=False) + "\n"
+    """The document as written by every packcheck (:func:`results.dumps_results`: keys in the document's order,
+    a cell a line)."""
+    return dumps_results(rep.doc)

@@ -7,8 +7,8 @@ The environment record is imported from ``results.environment`` itself: its func
 
 from __future__ import annotations
 
-from .io import atomic_write, probe_folder, write_failure, write_set
+from .io import atomic_write, dumps_results, probe_folder, write_failure, write_set
 from .schema import STATUSES, SYMBOLS, CheckResult, load_document
 
-__all__ = ["STATUSES", "SYMBOLS", "CheckResult", "atomic_write", "load_document", "probe_folder", "write_failure",
+__all__ = ["STATUSES", "SYMBOLS", "CheckResult", "atomic_write", "dumps_results", "load_document", "probe_folder", "write_failure",
            "write_set"]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Benchmark: wall time of `packcheck audit` on the default set (and optionally --all-architectures), 2 workers.
-# Usage: scripts/bench_audit.sh [--all]   Prints the seconds; the brief's targets are 180 s (default) and 900 s (all).
+# Usage: benchmarks/bench_audit.sh [--all]   Prints the seconds; the brief's targets are 180 s (default) and 900 s (all).
 set -euo pipefail
 out=$(mktemp -d)
 args=()

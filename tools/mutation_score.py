@@ -1,9 +1,9 @@
-"""Score of a mutmut run (scripts/mutation.sh): killed / checked per module and overall, and the survivors.
+"""Score of a mutmut run (tools/mutation.sh): killed / checked per module and overall, and the survivors.
 
 Reads ``mutmut results --all true`` (lines ``<module>.x_<function>__mutmut_<n>: <status>``). A mutant counts as
 killed when the tests failed on it (killed) or ran into the timeout (timeout: the mutant made a test hang); it
 survives when the tests passed (survived) or no selected test reached it (no tests). Mutants outside the run's
-scope (``not checked``) are left out. Mutants judged equivalent (scripts/mutation_equivalent.txt: one name per
+scope (``not checked``) are left out. Mutants judged equivalent (tools/mutation_equivalent.txt: one name per
 line, ``# reason`` after it) are listed apart and left out of the score.
 """
 

@@ -1,6 +1,6 @@
 """Headline verdicts that changed between two packcheck results files, one line per matrix cell.
 
-    python scripts/verdict_changes.py OLD.json NEW.json [--backend sdpa] [--markdown]
+    python tools/verdict_changes.py OLD.json NEW.json [--backend sdpa] [--markdown]
 
 A matrix cell is one model x backend x dtype (x version environment); its verdict is what the Markdown matrix
 shows (``report.headline``: the worst correctness check, with its diagnosed causes). Old files of results

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Benchmark: cost of crash isolation (each model's cells in a forked child) on the default audit, 2 workers.
-# Usage: scripts/bench_isolation.sh   Prints wall seconds with --packcheck-isolation=fork and =none and the
+# Usage: benchmarks/bench_isolation.sh   Prints wall seconds with --packcheck-isolation=fork and =none and the
 # difference per model (issue target: under 1.5 s per model on CPU). Verdicts must be identical.
 set -euo pipefail
 declare -A wall

@@ -2,7 +2,7 @@
 catch it (-k), expect a failure, restore the file. Every guard decision branch has a row here; a row names its
 source text, which must occur exactly once in the guard's modules (the file is found, not named).
 
-Usage: python scripts/guard_mutants.py [MUTANT NAME ...]   (PYTHONPATH at this checkout; ~5 min on 2 CPU cores)
+Usage: python tools/guard_mutants.py [MUTANT NAME ...]   (PYTHONPATH at this checkout; ~5 min on 2 CPU cores)
 Exit 1 when a mutant survives.
 """
 

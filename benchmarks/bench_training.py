@@ -1,6 +1,6 @@
 """Benchmark: wall time of the training checks for one tiny model and one backend.
 
-Usage: python scripts/bench_training.py [model_type] [backend] [--repeat N]
+Usage: python benchmarks/bench_training.py [model_type] [backend] [--repeat N]
 Prints the seconds per training check (trainer, sft, sft_padding_free, sft_strategies, packing_content) and their
 sum (issue 4's target: under 20 s together on 2 cores), median over ``--repeat`` runs after one warm-up run
 (imports, tokenizer training and first-call costs are paid there).

@@ -1,6 +1,6 @@
 """Benchmark: the first-batch guard's cost as a ratio of one training step on the same packed row.
 
-Usage: python scripts/bench_guard.py [--model arch:llama] [--backend sdpa] [--device cpu] [--dtype float32]
+Usage: python benchmarks/bench_guard.py [--model arch:llama] [--backend sdpa] [--device cpu] [--dtype float32]
                                      [--lengths 11,7,13] [--full] [--repeat 5]
 
 One training step = what the trainer does per step on that row: forward with labels (use_cache=False, train

@@ -9,8 +9,8 @@
 # run (mutant generation ~8 min, stats, every mutant) took 2602 s = 43 min 22 s. Re-running only the survivors
 # after a test change (mutmut run <names>): 678 s for 833 of them. Score and equivalents: README, "Mutation testing".
 #
-# Usage: scripts/mutation.sh            all scoped functions
-#        scripts/mutation.sh 'pytest_packcheck.analysis.gate.*'   a subset (mutmut name globs)
+# Usage: tools/mutation.sh            all scoped functions
+#        tools/mutation.sh 'pytest_packcheck.analysis.gate.*'   a subset (mutmut name globs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
@@ -53,4 +53,4 @@ start=$(date +%s)
 "$MUTMUT" run --max-children "${MUTATION_CHILDREN:-2}" "${SCOPE[@]}" || true
 echo "mutmut run: $(( $(date +%s) - start )) s"
 "$MUTMUT" results --all true > mutants/results.txt 2>&1 || true
-"$PY" scripts/mutation_score.py mutants/results.txt
+"$PY" tools/mutation_score.py mutants/results.txt

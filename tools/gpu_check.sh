@@ -16,8 +16,8 @@
 # after each stage when OUT is set, with the whole log ($OUT/gpu_check.log). Worst case: ~20 s set-up + 180 s
 # audit + 120 s bench (+ 20 s grace each) = 340 s, under the 6 minutes.
 #
-#   bash scripts/gpu_check.sh              # on the device
-#   bash scripts/gpu_check.sh --rehearse   # on CPU: the same commands, small, with the torch varlen backend
+#   bash tools/gpu_check.sh              # on the device
+#   bash tools/gpu_check.sh --rehearse   # on CPU: the same commands, small, with the torch varlen backend
 #                                          # running through a CPU stand-in kernel (PACKCHECK_TORCH_VARLEN_STAND_IN);
 #                                          # writes to ${REHEARSE_DIR:-/tmp/packcheck-gpu-rehearsal}, never reports/
 set -euo pipefail

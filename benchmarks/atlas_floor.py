@@ -2,8 +2,8 @@
 
 Runs in a release's version environment (its overlay links this packcheck), e.g.
 
-    build/cache/envs/transformers-4.57.6-*/bin/python scripts/atlas_floor.py --out build/atlas-floor-4.57.6.json
-    python scripts/atlas_floor.py --compare build/atlas/4.57.6 build/atlas-floor-4.57.6.json
+    build/cache/envs/transformers-4.57.6-*/bin/python benchmarks/atlas_floor.py --out build/atlas-floor-4.57.6.json
+    python benchmarks/atlas_floor.py --compare build/atlas/4.57.6 build/atlas-floor-4.57.6.json
 
 Floor: every architecture of the installed transformers (as --packcheck-all-architectures lists them), each
 (architecture, backend) model built once, every atlas check called in one process through the runner's

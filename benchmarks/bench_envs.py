@@ -1,6 +1,6 @@
 """Benchmark: version-environment creation, cold and warm (issue target: warm under 10 s per environment).
 
-    python scripts/bench_envs.py [transformers==4.51.3,4.56.2,5.14.1]
+    python benchmarks/bench_envs.py [transformers==4.51.3,4.56.2,5.14.1]
 
 Three passes over the same combinations, in a fresh packcheck cache:
 - cold: empty uv cache and no environment (downloads the wheels from the package index);

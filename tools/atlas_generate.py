@@ -3,7 +3,7 @@ release's reduced outputs (``reports/atlas/``) as it completes. Resumable: run i
 stopped (a release killed half-way resumes from its journal under ``build/atlas/<release>/``).
 
     nohup nice -n 19 env PYTHONPATH=$PWD PACKCHECK_CACHE_DIR=$PWD/build/cache HF_HUB_OFFLINE=1 \\
-        .venv/bin/python scripts/atlas_generate.py >> build/atlas-generate.log 2>&1 &
+        .venv/bin/python tools/atlas_generate.py >> build/atlas-generate.log 2>&1 &
 
 Options: ``--releases A,B`` (measure these, in this order, instead of the gap order), ``--remeasure`` (measure the
 named releases even where the committed atlas holds them: results of an older packcheck), ``--no-commit`` (only

@@ -1,0 +1,68 @@
+"""The committed measurements (issue 43, a lean tree): ``reports/`` holds only what the package or the tests read,
+at most 10 MB, and never needs re-rendering by hand: ``tools/rerender.py`` does it and this test says when."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+#: the GPU machine takes the whole working tree in 64 MiB: reports/ must leave room for the code and the wheels
+REPORTS_MAX_BYTES = 10 * 1000 * 1000
+
+
+def _rerender():
+    spec = importlib.util.spec_from_file_location("rerender", REPO / "tools" / "rerender.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _tracked(folder: str) -> list[Path]:
+    try:
+        out = subprocess.run(["git", "ls-files", "-z", folder], cwd=REPO, capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout: the tracked files cannot be listed")
+    return [REPO / name for name in out.decode().split("\0") if name]
+
+
+def test_reports_holds_at_most_10_mb_of_what_the_package_or_tests_read():
+    tracked = _tracked("reports")
+    total = sum(p.stat().st_size for p in tracked if p.exists())
+    assert total <= REPORTS_MAX_BYTES, f"reports/ tracks {total / 1e6:.2f} MB (at most {REPORTS_MAX_BYTES / 1e6:.0f} MB)"
+    names = {p.relative_to(REPO).as_posix() for p in tracked}
+    assert "reports/atlas/support.json" in names and "reports/packcheck-matrix.json" in names
+    # the big measurements are CI artifacts (docs/matrices.md), not committed
+    assert not any(n.startswith(("reports/all-architectures/", "reports/versions/", "reports/training/")) for n in names)
+
+
+def test_the_committed_reports_are_what_this_code_renders():
+    rerender = _rerender()
+    stale = rerender.stale()
+    assert not stale, f"stale committed reports {sorted(str(p.relative_to(REPO)) for p in stale)}: run python tools/rerender.py"
+
+
+def test_the_staleness_check_catches_a_renderer_change_and_a_hand_edit(tmp_path, monkeypatch):
+    """Planted: a hand edit to the committed Markdown and a renderer whose legend changed; each is named stale, and
+    the renderer's change is seen without a measurement."""
+    import shutil
+
+    rerender = _rerender()
+    reports = tmp_path / "reports"
+    shutil.copytree(REPO / "reports" / "atlas", reports / "atlas")
+    for name in rerender.MATRIX_FILES:
+        shutil.copy(REPO / "reports" / name, reports / name)
+    assert rerender.stale(reports) == {}
+    md = reports / "packcheck-matrix.md"
+    md.write_text(md.read_text() + "typed by hand\n")
+    assert set(rerender.stale(reports)) == {md}
+
+    from pytest_packcheck.report import formats
+
+    planted = tuple(f if f.name != "csv" else type(f)(f.name, f.file, lambda rep, render=f.render: render(rep) + "planted,row\n")
+                    for f in formats.FORMATS)
+    monkeypatch.setattr(formats, "FORMATS", planted)
+    assert reports / "packcheck-matrix.csv" in rerender.stale(reports)
