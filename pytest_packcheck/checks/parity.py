@@ -8,6 +8,7 @@ from typing import Any
 from ..backends import backend_availability
 from ..model import batches as B
 from ..results import CheckResult
+from ..results.metrics import VERDICT_METRIC, num_items_ignored, num_items_ignored_pass
 from .probes import _also, inconclusive_evidence, leak_probe, mismatch_cause, mismatch_causes, window_probe
 from .registry import NUMERICS_FACTOR, numerics_evidence, within_numerics
 from .workbench import Workbench, _fmt, edge_examples, trainer_passes_num_items
@@ -209,8 +210,6 @@ def check_logits_parity(wb: Workbench) -> CheckResult:
     if collator_ids is not None and collator_ids > wb.tol["logits_atol"]:
         # a verdict, not a note: fed as transformers' Trainer and TRL feed it (the collator's ids), the model leaks;
         # the laid-out row's number says what the remedy gives
-        from .registry import VERDICT_METRIC
-
         metrics[VERDICT_METRIC] = "max_abs_diff_collator_position_ids"  # the verdict's number, not the laid-out row's
         return CheckResult("fail", metrics, (
             f"the collator's (batch, length) position_ids, as the Trainer passes them on, leak: logits differ from "
@@ -293,8 +292,6 @@ def check_loss_parity(wb: Workbench) -> CheckResult:
         causes = []
         worst = max(metrics["loss_delta"], metrics["ga_delta"])
         if metrics["ga_delta"] > atol and metrics["ga_delta"] > metrics["loss_delta"]:
-            from .registry import VERDICT_METRIC
-
             # the number the fail rests on (gemma4 on 5.5.4 read "fail loss_parity Δ 1.4e-07": the token-mean delta,
             # within tolerance, beside a grad-accum delta of 6.2)
             metrics[VERDICT_METRIC] = "ga_delta"
@@ -327,45 +324,6 @@ def check_loss_parity(wb: Workbench) -> CheckResult:
         return CheckResult("pass", metrics, message + _ga_note(takes_items), evidence=ga_evidence, findings=[finding])
     return CheckResult("pass", metrics, (f"loss delta {_fmt(metrics['loss_delta'])}, grad-accum delta {_fmt(metrics['ga_delta'])}, "
                                          f"padded delta {_fmt(metrics['padded_delta'])}{_ga_note(takes_items)}"), evidence=ga_evidence)
-
-
-def num_items_ignored(metrics: dict[str, Any]) -> bool:
-    """Whether loss_parity's grad-accum delta is the model's and not packing's: the grad-accum sum loss is off the
-    reference (``ga_delta`` > ``atol``) in the padded run as much as in the packed one (``ga_loss_packed`` and
-    ``ga_loss_padded`` within ``atol``), while the token-mean loss is right (``loss_delta`` <= ``atol``) and
-    the packed labels count as the reference's (``num_items_in_batch_packed`` = ``num_items_expected``). Measured
-    on gemma3 (4.50-4.54), gemma4 (5.5.4), modernbert-decoder and phi4_multimodal: both 2.0x the reference, the sum
-    of two micro-batch means, since the loss ignores the ``num_items_in_batch`` Trainer hands it. ``metrics``:
-    loss_parity's (losses in loss units); False where a number is missing."""
-    try:
-        atol = float(metrics["atol"])
-        return (float(metrics["ga_delta"]) > atol
-                and abs(float(metrics["ga_loss_packed"]) - float(metrics["ga_loss_padded"])) <= atol
-                and float(metrics["loss_delta"]) <= atol
-                and metrics["num_items_in_batch_packed"] == metrics["num_items_expected"])
-    except (KeyError, TypeError, ValueError):
-        return False
-
-
-def num_items_ignored_pass(metrics: dict[str, Any], ga_evidence: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """(message, ``num_items_ignored`` finding) of a loss_parity pass whose grad-accum delta is the model's
-    (:func:`num_items_ignored`): the one form of such a cell, for the check and for results judged again on load
-    (:func:`pytest_packcheck.results.schema.upgrade`). Marks ``metrics``: ``ga_packed_vs_padded``, and the key number
-    is the token-mean delta the pass rests on (:data:`~.registry.VERDICT_METRIC`). The finding's ``ga_ratio``: the
-    padded grad-accum loss over the reference (None with a reference of 0)."""
-    from .registry import VERDICT_METRIC
-
-    ref, packed, padded = metrics["loss_reference"], metrics["ga_loss_packed"], metrics["ga_loss_padded"]
-    metrics["ga_packed_vs_padded"] = abs(packed - padded)
-    metrics[VERDICT_METRIC] = "loss_delta"
-    ratio = f"{padded / ref:.2f}x" if ref else "off"
-    message = (f"loss delta {_fmt(metrics['loss_delta'])}; grad-accum sum loss packed {packed:.6f} = padded {padded:.6f} "
-               f"(delta {_fmt(abs(packed - padded))}), both {ratio} the reference {ref:.6f}: the model's "
-               "num_items_in_batch handling, padded too, not packing")
-    finding = {"cause": "num_items_ignored", "evidence": {
-        "ga_loss_packed": packed, "ga_loss_padded": padded, "loss_reference": ref, "ga_ratio": padded / ref if ref else None,
-        "num_items_in_batch": metrics["num_items_expected"], **ga_evidence}}
-    return message, finding
 
 
 def _ga_loss(wb: Workbench, micro_batches: list[dict[str, Any]], n_items: int, takes_items: bool) -> float:

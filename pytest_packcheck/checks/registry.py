@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from ..results.metrics import VERDICT_METRIC
 from .causes import CAUSES
 
 ROLES = {
@@ -221,11 +222,6 @@ class CheckSpec:
                     and not (isinstance(own, int | float) and own >= value)):
                 return key
         return self.key_metric.key if self.key_metric.key in metrics else None
-
-
-#: The metrics key a check sets when its verdict rests on another number than its key metric (the report, the
-#: atlas, bisect and the gate then show that one).
-VERDICT_METRIC = "verdict_metric"
 
 
 def _load(ref: str) -> Callable[..., Any]:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PackcheckUsageError, scrub_secrets
+from .metrics import num_items_ignored, num_items_ignored_pass
 
 #: 2: cells carry ``role`` (from the check registry), ``cause``, ``evidence`` and ``findings`` (cause codes the
 #: check returned). A version-1 file is upgraded on load (role from the registry, no cause codes).
@@ -316,7 +317,7 @@ def upgrade(data: dict[str, Any]) -> dict[str, Any]:
 
 def _rejudge_num_items_ignored(data: dict[str, Any]) -> bool:
     """Judge again, from their own numbers, the loss_parity cells measured before packcheck told the model's
-    grad-accum fault from packing's (:func:`pytest_packcheck.checks.parity.num_items_ignored`): a fail whose only
+    grad-accum fault from packing's (:func:`.metrics.num_items_ignored`): a fail whose only
     cause is ``loss_normalisation`` while the padded grad-accum loss is as far off the reference as the packed one
     becomes what the check returns today, a pass with the ``num_items_ignored`` finding (its evidence says it was
     re-judged). The atlas's releases measured before the rule (gemma3 4.50-4.54, modernbert-decoder, ...) read the
@@ -325,8 +326,6 @@ def _rejudge_num_items_ignored(data: dict[str, Any]) -> bool:
                   and ([x.get("cause") for x in c.get("causes") or []] or [c.get("cause")]) == ["loss_normalisation"]]
     if not candidates:
         return False
-    from ..checks.parity import num_items_ignored, num_items_ignored_pass
-
     changed = False
     for c in candidates:
         m = c["metrics"]
