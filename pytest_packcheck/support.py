@@ -11,36 +11,20 @@ Imports nothing heavy (no torch, no transformers): json and packaging only.
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from .analysis.support_file import default_support_file, is_version, load_support
 from .backends.table import FLASH_FAMILY, REFERENCE_BACKEND
 from .errors import PackcheckUsageError
 
-#: ``$PACKCHECK_SUPPORT_FILE`` overrides where :func:`lookup` reads the atlas.
-SUPPORT_FILE_ENV = "PACKCHECK_SUPPORT_FILE"
-#: The schema versions this module reads.
-READABLE_SCHEMA = (1,)
 #: attn_implementation values answered from another measured column (the flash varlen path is measured on CPU
 #: through packcheck's reference kernel, which runs the release's own flash_attention_2 code path).
 #: Every flash-family backend of the backend table, and the Hub kernels transformers loads for the same path.
 ANSWERED_FROM = {**{name: REFERENCE_BACKEND for name in FLASH_FAMILY if name != REFERENCE_BACKEND},
                  **{kernel: REFERENCE_BACKEND for kernel in ("kernels-community/flash-attn", "kernels-community/flash-attn3")}}
-
-
-def default_support_file() -> Path:
-    """``$PACKCHECK_SUPPORT_FILE``, else the atlas shipped in the wheel (``pytest_packcheck/_atlas/support.json``,
-    pyproject's force-include), else the one committed in the source tree (``reports/atlas/support.json``)."""
-    env = os.environ.get(SUPPORT_FILE_ENV)
-    if env:
-        return Path(env)
-    here = Path(__file__).resolve().parent
-    shipped = here / "_atlas" / "support.json"
-    return shipped if shipped.exists() else here.parent / "reports" / "atlas" / "support.json"
 
 
 @dataclass(frozen=True)
@@ -165,181 +149,6 @@ class Answer:
         return "\n".join([*lines, *("  " + e for e in extra)])
 
 
-#: The fix for a support file that cannot be read or is corrupt. Not "re-render it with --render-only": that render
-#: is seeded from the very file (trial 16, 200: the remedy went round in a circle).
-RESTORE = ("restore it (git checkout -- reports/atlas/support.json), pass the committed reports/atlas/support.json, or "
-           "render a new one from measured releases into an empty folder (packcheck atlas --render-only --build-dir "
-           "build/atlas -o NEW_FOLDER)")
-
-
-@lru_cache(maxsize=4)
-def _load(path: str, mtime: float) -> dict[str, Any]:
-    if Path(path).is_dir():
-        raise PackcheckUsageError(f"Support file '{path}' is a directory: pass the support.json file itself "
-                                  "(--support-file / $PACKCHECK_SUPPORT_FILE), e.g. reports/atlas/support.json.")
-    from .errors import read_document
-
-    if not Path(path).exists():
-        raise PackcheckUsageError(f"Support file '{path}' does not exist: pass --support-file / ${SUPPORT_FILE_ENV}, or "
-                                  "generate it with `packcheck atlas`.")
-    # one bounded reader (issue 42): a /dev/zero symlink, a 100,000-deep array, a 2 GB file are one line each
-    doc = read_document(path, "json", "Support file", f"{RESTORE}.")
-    validate_support(doc, path)
-    return doc
-
-
-def validate_support(doc: Any, source: str | Path) -> None:
-    """Check the shape of a support document (``reports/atlas/SCHEMA.md``) once, where it is loaded, so that
-    :func:`lookup`, ``packcheck claims`` and the TRL answer can index it without a traceback: a JSON object of
-    schema ``packcheck-atlas-support`` in a :data:`READABLE_SCHEMA` version; ``cells`` a dict of model_type ->
-    backend -> release -> entry, each release key a version, each entry's ``verdict`` one of
-    :data:`~pytest_packcheck.results.schema.STATUSES`, ``number`` a float or absent, ``causes`` a list of strings;
-    ``releases`` a list of objects whose ``transformers`` is a version; ``missing`` a list of versions.
-
-    Raises:
-        PackcheckUsageError: the first bad field, named with ``source`` (the file) and the fix (regenerate).
-    """
-    from .results.schema import STATUSES
-
-    def bad(what: str) -> PackcheckUsageError:
-        return PackcheckUsageError(f"Support file '{source}' is corrupt: {what}; {RESTORE}.")
-
-    if not isinstance(doc, dict):
-        raise PackcheckUsageError(f"Support file '{source}' is a JSON {type(doc).__name__}, not a packcheck atlas support "
-                                  "document (an object with schema 'packcheck-atlas-support'): pass reports/atlas/support.json.")
-    version = doc.get("schema_version")
-    if "schema" not in doc and isinstance(doc.get("cells"), list) and "settings" in doc:
-        raise PackcheckUsageError(f"Support file '{source}' is a packcheck results matrix (packcheck-matrix.json of "
-                                  "`packcheck audit`), not an atlas support file: pass reports/atlas/support.json (or "
-                                  "`packcheck atlas` output); compare matrices with `packcheck gate`.")
-    if doc.get("schema") != "packcheck-atlas-support" or version not in READABLE_SCHEMA:
-        raise PackcheckUsageError(f"Support file '{source}' has schema {doc.get('schema')!r} version {version!r}; this "
-                                  f"packcheck reads packcheck-atlas-support version {', '.join(map(str, READABLE_SCHEMA))}: "
-                                  "upgrade packcheck or regenerate the file.")
-    tolerances = doc.get("tolerances")
-    if tolerances is not None and (not isinstance(tolerances, dict) or not all(
-            isinstance(v, int | float) and not isinstance(v, bool) for v in tolerances.values())):
-        raise bad(f"'tolerances' is {tolerances!r:.80}, not an object of tolerance name -> number")
-    if tolerances is None:  # a file rendered before it recorded them: the atlas runs the shipped float32 ones
-        from .config.tolerances import default_tolerances
-
-        tolerances = default_tolerances()["float32"]
-    cells = doc.get("cells")
-    if not isinstance(cells, dict):
-        raise bad(f"'cells' is {_kind(cells)}, not an object of model_type -> backend -> release -> entry")
-    for arch, row in cells.items():
-        if not isinstance(row, dict):
-            raise bad(f"cells.{arch} is {_kind(row)}, not an object of backend -> release -> entry")
-        for backend, by_release in row.items():
-            if not isinstance(by_release, dict):
-                raise bad(f"cells.{arch}.{backend} is {_kind(by_release)}, not an object of release -> entry")
-            for release, entry in by_release.items():
-                at = f"cells.{arch}.{backend}[{release!r}]"
-                if not _parses(release):
-                    raise bad(f"release key {release!r} under cells.{arch}.{backend} is not a version")
-                if not isinstance(entry, dict):
-                    raise bad(f"{at} is {_kind(entry)}, not an entry object")
-                if entry.get("verdict") not in STATUSES:
-                    raise bad(f"{at}.verdict is {entry.get('verdict')!r}, not one of {', '.join(STATUSES)}")
-                number = entry.get("number")
-                if number is not None and (isinstance(number, bool) or not isinstance(number, int | float)
-                                           or not math.isfinite(number) or number < 0):
-                    # a key number is a distance or an error: never negative (trial 17, 30: isolation -1.0 was a pass)
-                    raise bad(f"{at}.number is {number!r}, not a finite number >= 0 (a difference) or null")
-                causes = entry.get("causes", [])
-                if not isinstance(causes, list) or not all(isinstance(c, str) for c in causes):
-                    raise bad(f"{at}.causes is {causes!r}, not a list of cause codes")
-                contradiction = _entry_contradicted(entry, tolerances)
-                if contradiction:
-                    raise bad(f"{at} is {contradiction}" if contradiction.startswith("a fail") else f"{at} is a pass {contradiction}")
-    releases = doc.get("releases")
-    if not isinstance(releases, list):
-        raise bad(f"'releases' is {_kind(releases)}, not a list of the measured releases")
-    for i, release in enumerate(releases):
-        if not isinstance(release, dict) or not isinstance(release.get("transformers"), str) or not _parses(release["transformers"]):
-            raise bad(f"releases[{i}] has no transformers version (got {release!r:.80})")
-    missing = doc.get("missing", [])
-    if not isinstance(missing, list) or not all(isinstance(v, str) and _parses(v) for v in missing):
-        raise bad(f"'missing' is {missing!r:.80}, not a list of versions")
-    for key in ("transitions",):
-        if not isinstance(doc.get(key, []), list):
-            raise bad(f"'{key}' is {_kind(doc.get(key))}, not a list")
-    if not isinstance(doc.get("trl") or {}, dict):
-        raise bad(f"'trl' is {_kind(doc.get('trl'))}, not an object")
-
-
-def _entry_contradicted(entry: dict[str, Any], tolerances: dict[str, Any]) -> str:
-    """Why an entry contradicts itself ("" when it does not): a fail that names no cause, or whose number is under its
-    check's tolerance where a fail means over it (:func:`~pytest_packcheck.analysis.verdicts.fail_within_tolerance`;
-    strictly under, as the entry's number is rounded to 3 digits); a pass that names causes, has no key number (trial
-    15, 91), or whose number is above its check's tolerance (:func:`~pytest_packcheck.analysis.verdicts.pass_over_tolerance`).
-    The rules ``gate`` and ``merge`` apply to a results file (trial 14, 69: an isolation "pass" of 0.9 was answered as
-    a pass)."""
-    if entry.get("verdict") not in ("pass", "fail"):
-        return ""
-    fail_within_tolerance, pass_over_tolerance, SPECS = _tolerance_rules()
-
-    if entry.get("verdict") == "fail" and not entry.get("causes"):
-        return "a fail that names no cause (every measured fail names what it measured)"
-    spec = SPECS.get(entry.get("check"))
-    if entry.get("verdict") == "fail" and spec and spec.key_metric and entry.get("number") is not None:
-        under = fail_within_tolerance(spec.name, "fail", {spec.key_metric[0]: entry["number"]}, tolerances)
-        if under and under[1] < under[3]:  # trial 15, 225: an edited "fail [leak]" with isolation 0.0 was rendered as a transition
-            return (f"a fail whose {spec.name} number {under[1]:.3g} is within its tolerance {under[2]} {under[3]:.3g} "
-                    "(a verdict its own number contradicts)")
-    if entry.get("verdict") != "pass":
-        return ""
-    if entry.get("causes"):
-        return f"with causes {entry['causes']!r} (a pass has none)"
-    if spec is None or not spec.key_metric:
-        return ""
-    if entry.get("number") is None:  # trial 15, 91: a pass resting on nothing was answered "pass"
-        return f"with no {spec.name} number (a pass rests on its check's key number)"
-    over = pass_over_tolerance(spec.name, "pass", {spec.key_metric[0]: entry["number"]}, tolerances)
-    return (f"whose {spec.name} number {over[1]:.3g} is above its tolerance {over[2]} {over[3]:.3g} (a verdict its "
-            "own number contradicts)") if over else ""
-
-
-@lru_cache(maxsize=1)
-def _tolerance_rules() -> tuple[Any, Any, Any]:
-    """(fail_within_tolerance, pass_over_tolerance, the check registry's SPECS), imported once: the validation
-    calls for them per entry (18,663 in the 40-release atlas), and an import statement per call cost 0.1 s."""
-    from .analysis.verdicts import fail_within_tolerance, pass_over_tolerance
-    from .checks.registry import SPECS
-
-    return fail_within_tolerance, pass_over_tolerance, SPECS
-
-
-def _kind(value: Any) -> str:
-    """``value``'s JSON kind for a message: 'missing', 'a list', 'a string', ..."""
-    if value is None:
-        return "missing or null"
-    return "a " + {"dict": "object", "list": "list", "str": "string", "bool": "boolean", "int": "number",
-                   "float": "number"}.get(type(value).__name__, type(value).__name__)
-
-
-def load_support(path: str | Path | None = None) -> dict[str, Any]:
-    """The support document (cached per path and modification time).
-
-    Raises:
-        PackcheckUsageError: missing, a directory, unreadable, another schema, or a corrupt shape
-            (:func:`validate_support`).
-    """
-    p = Path(path) if path else default_support_file()
-    try:
-        mtime = p.stat().st_mtime
-    except OSError:
-        mtime = 0.0
-    try:
-        return _load(str(p), mtime)
-    except PackcheckUsageError as exc:
-        if path or not os.environ.get(SUPPORT_FILE_ENV):
-            raise
-        # the file came from the environment: say so (it is not on the command line to be seen)
-        text = str(exc).replace(f"Support file '{p}'", f"Support file '{p}' (from ${SUPPORT_FILE_ENV})", 1)
-        raise PackcheckUsageError(text) from None
-
-
 def lookup(model_type: str, attn_implementation: str, transformers_version: str, trl_version: str | None = None,
            path: str | Path | None = None) -> Answer:
     """The atlas's answer for ``model_type`` (``config.model_type``) on ``attn_implementation`` at
@@ -442,7 +251,7 @@ def lookup_releases(model_type: str, attn_implementation: str, transformers_vers
         b = t.get("bisected") or {}
         known.update(str(v) for v in (b.get("first"), b.get("last")) if v)
         known.update(str(p.get("version")) for p in b.get("probes") or [] if isinstance(p, dict) and p.get("version"))
-    patches = sorted({Version(v) for v in known if _parses(v) and Version(v).release[:2] == minor})
+    patches = sorted({Version(v) for v in known if is_version(v) and Version(v).release[:2] == minor})
     if not patches:
         return [first]
     top = patches[-1].release[2] if len(patches[-1].release) > 2 else 0
@@ -591,7 +400,7 @@ def _model_answer(doc: dict[str, Any], model_type: str, attn_implementation: str
         notes.append(f"backend '{backend}' is not measured for {model_type} (measured: {', '.join(sorted(arch))})")
         return Answer(**base, measured=False, notes=notes)
     # 4.56 is 4.56.0: the release the atlas names, whatever its spelling
-    key = next((v for v in row if _parses(v) and Version(v) == wanted), str(wanted))
+    key = next((v for v in row if is_version(v) and Version(v) == wanted), str(wanted))
     entry = row.get(key)
     if entry is not None:
         from .atlas import reproduce_command
@@ -601,9 +410,9 @@ def _model_answer(doc: dict[str, Any], model_type: str, attn_implementation: str
                       measured_at=key, measured_on=dates.get(key), backend=backend,
                       notes=notes + _finding_notes(entry), findings=list(entry.get("findings") or []),
                       reproduce=reproduce_command(key, model_type, backend))
-    if _release_measured(doc, wanted) and not any(_parses(v) and Version(v) == wanted for r in arch.values() for v in r):
+    if _release_measured(doc, wanted) and not any(is_version(v) and Version(v) == wanted for r in arch.values() for v in r):
         # the release was measured and this architecture is not in it: not a gap of the atlas (atlas review, U3)
-        first = min((v for r in arch.values() for v in r if _parses(v)), key=Version, default=None)
+        first = min((v for r in arch.values() for v in r if is_version(v)), key=Version, default=None)
         notes.append(f"{model_type} is not among the architectures of transformers {wanted} (that release was measured)"
                      + (f"; the atlas measures it from {first}" if first and Version(first) > wanted else ""))
     measured = sorted(row, key=Version)
@@ -681,7 +490,7 @@ def _swept_entry(doc: dict[str, Any], model_type: str, backend: str, before: str
     record = _transition(doc, model_type, backend, before, after, "bisected")
     if not record or record.get("method") != "sweep":
         return None
-    probe = next((p for p in record.get("probes") or [] if isinstance(p, dict) and _parses(str(p.get("version")))
+    probe = next((p for p in record.get("probes") or [] if isinstance(p, dict) and is_version(str(p.get("version")))
                   and Version(str(p["version"])) == wanted and p.get("verdict")), None)
     return (str(probe["version"]), probe) if probe else None
 
@@ -689,7 +498,7 @@ def _swept_entry(doc: dict[str, Any], model_type: str, backend: str, before: str
 def _release_measured(doc: dict[str, Any], wanted: Any) -> bool:
     from packaging.version import Version
 
-    return any(_parses(r["transformers"]) and Version(r["transformers"]) == wanted for r in doc.get("releases", []))
+    return any(is_version(r["transformers"]) and Version(r["transformers"]) == wanted for r in doc.get("releases", []))
 
 
 def _finding_notes(entry: dict[str, Any]) -> list[str]:
@@ -698,18 +507,6 @@ def _finding_notes(entry: dict[str, Any]) -> list[str]:
 
     return [f"finding {code}: {CAUSES[code]}" if code in CAUSES else f"finding {code}"
             for code in entry.get("findings") or []]
-
-
-@lru_cache(maxsize=4096)
-def _parses(version: str) -> bool:
-    """Whether ``version`` is a version (cached: the support file names its 40 releases 18,000 times)."""
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        Version(version)
-    except InvalidVersion:
-        return False
-    return True
 
 
 def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:

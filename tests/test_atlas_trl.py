@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from pytest_packcheck import atlas as A
+from pytest_packcheck.atlas import command as C
 from pytest_packcheck.atlas import trl as T
 from pytest_packcheck.atlas.trl_render import render_trl_markdown, runs_text, trl_runs
 from pytest_packcheck.errors import PackcheckUsageError
@@ -287,7 +288,7 @@ def rendered(tmp_path):
     _planted_atlas(tmp_path / "build")
     A.write_outputs(A.collect(tmp_path / "build"), tmp_path / "out")
     _planted(tmp_path / "trl")
-    rc = T.main_trl(PLANNED, tmp_path / "trl", tmp_path / "out", render_only=True, log=lambda s: None)
+    rc = C.main_trl(PLANNED, tmp_path / "trl", tmp_path / "out", render_only=True, log=lambda s: None)
     assert rc == 0
     return tmp_path / "out"
 
@@ -311,7 +312,7 @@ def test_a_render_of_the_transformers_axis_keeps_the_trl_block(rendered, tmp_pat
 def test_main_trl_without_an_atlas_to_join_is_a_one_line_error(tmp_path):
     _planted(tmp_path / "trl")
     with pytest.raises(PackcheckUsageError, match="support.json is missing or of another schema.*packcheck atlas --render-only"):
-        T.main_trl(PLANNED, tmp_path / "trl", tmp_path / "out", render_only=True, log=lambda s: None)
+        C.main_trl(PLANNED, tmp_path / "trl", tmp_path / "out", render_only=True, log=lambda s: None)
     assert (tmp_path / "out" / "trl.json").exists()
 
 

@@ -306,7 +306,7 @@ def test_cli_bisect_usage_errors_exit_2_before_any_probe(fake_world, tmp_path, c
 def test_a_model_type_only_an_older_release_has_is_still_bisected(tmp_path):
     """A type the installed transformers lacks but the atlas measured (an older release had it) passes: the
     endpoints may know it. One neither knows is refused."""
-    from pytest_packcheck.model.architectures import refuse_unknown_model_type
+    from pytest_packcheck.analysis.support_file import refuse_unknown_model_type
 
     support = tmp_path / "support.json"
     doc = json.loads(Path(default_support_file()).read_text())

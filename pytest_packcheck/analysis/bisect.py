@@ -265,7 +265,7 @@ def parse_cell_id(cell_id: str, source: str, model: str | None = None) -> CellRe
 
     refuse_absurd_sizes(None, parsed, "--model" if model else f"the model label of {source}")  # before any env is built
     if parsed.kind == "arch":  # arch:nosuch built an environment, then "the endpoint could not be judged"
-        from ..model.architectures import refuse_unknown_model_type
+        from .support_file import refuse_unknown_model_type
 
         refuse_unknown_model_type(parsed.name, "--model" if model else f"the model label of {source}")
     return CellRef(cell_id.strip(), spec, label, backend, check, dtype)

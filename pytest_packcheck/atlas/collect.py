@@ -124,11 +124,11 @@ def load_committed(out: Path, log: Callable[[str], None] = print, render_only: b
 
     Raises:
         PackcheckUsageError: the file cannot be read (not UTF-8, not JSON: trial 16, 201 was a JSONDecodeError
-            traceback) or is corrupt (:func:`~pytest_packcheck.support.validate_support`: a render seeded from it
-            kept a pass its own number contradicts, trial 16, 200), with the fix (:data:`support.RESTORE`).
+            traceback) or is corrupt (:func:`~pytest_packcheck.analysis.support_file.validate_support`: a render seeded from it
+            kept a pass its own number contradicts, trial 16, 200), with the fix (:data:`analysis.support_file.RESTORE`).
     """
+    from ..analysis.support_file import RESTORE, validate_support
     from ..errors import PackcheckUsageError
-    from ..support import RESTORE, validate_support
 
     path = Path(out) / "support.json"
     if not path.exists():
@@ -179,7 +179,7 @@ def collect(build: Path, planned: list[str] | None = None, bisects: dict[str, An
     tolerances = (committed or {}).get("tolerances")
     for version, doc, record in docs:
         # the float32 tolerances the cells were judged with (the atlas runs the shipped ones): lookup refuses a pass
-        # its own number contradicts against them (support.validate_support)
+        # its own number contradicts against them (analysis.support_file.validate_support)
         tolerances = next((c["tolerances"] for c in doc.get("cells", []) if c.get("dtype") == "float32"
                            and isinstance(c.get("tolerances"), dict)), None) or tolerances
         env = doc.get("environment", {})

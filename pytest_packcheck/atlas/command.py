@@ -1,4 +1,5 @@
-"""``packcheck atlas``: seed, generate what is missing, optionally bisect, then render."""
+"""``packcheck atlas``: seed, generate what is missing, optionally bisect, then render; ``packcheck atlas --trl``
+(:func:`main_trl`): the TRL axis, measured and rendered into the same atlas."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import PackcheckUsageError
 from .build import generate, seed_release
 from .collect import collect, committed_releases, load_committed
 from .render import write_outputs
@@ -84,4 +86,45 @@ def main(args: AtlasArgs, log: Callable[[str], None] = print) -> int:
     log(f"atlas written: {', '.join(str(p) for p in paths)} ({len(support['releases'])} releases measured, "
         f"{len(support['missing'])} missing)")
     sys.stdout.flush()
+    return 1 if failed else 0
+
+
+def main_trl(planned: list[str], build: Path, out: Path, render_only: bool = False, no_render: bool = False,
+             remeasure: bool = False, log: Callable[[str], None] = print, runner: Callable[..., Any] | None = None,
+             ensure: Callable[..., Any] | None = None) -> int:
+    """``packcheck atlas --trl``: measure the TRL releases of ``planned`` not measured yet (the committed
+    ``<out>/trl.json`` and the done folders under ``build`` count, unless ``remeasure``), then (unless
+    ``no_render``) write ``<out>/trl.json`` and re-render ``support.json`` (its ``trl`` block), ``atlas.md`` (its
+    TRL section) and ``atlas.html`` from the committed ``support.json`` (the transformers axis is not measured
+    again). Exit 1 when a release could not be measured this time (run again to resume), 0 otherwise.
+
+    Raises:
+        PackcheckUsageError: ``<out>/support.json`` is missing or of another schema (render the transformers
+            axis first: ``packcheck atlas``), when rendering.
+    """
+    from ..results import atomic_write
+    from .trl import TRL_FILE, collect_trl, generate_trl, load_trl
+
+    committed = load_trl(out, log)
+    failed = []
+    if not render_only:
+        kept = [] if remeasure else [r["trl"] for r in (committed or {}).get("releases", []) if r["trl"] in planned]
+        if kept:
+            log(f"atlas trl: {', '.join(kept)} already in {Path(out) / TRL_FILE}: kept, not measured again "
+                "(--remeasure measures them)")
+        failed = [r for r in generate_trl(planned, None if remeasure else committed, build, log, runner, ensure) if "error" in r]
+    if no_render:
+        return 1 if failed else 0
+    block = collect_trl(build, planned, None if remeasure else committed)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    atomic_write(Path(out) / TRL_FILE, json.dumps(block, indent=None, separators=(",", ":"), sort_keys=True) + "\n")
+    support = load_committed(out, log)
+    if support is None:
+        raise PackcheckUsageError(f"packcheck atlas --trl: {Path(out) / 'support.json'} is missing or of another schema, "
+                                  f"so the TRL block has no atlas to join ({Path(out) / TRL_FILE} is written): render the "
+                                  "transformers axis first with `packcheck atlas --render-only`.")
+    support["trl"] = block
+    paths = write_outputs(support, out)
+    log(f"atlas trl written: {Path(out) / TRL_FILE}, {', '.join(str(p) for p in paths)} ({len(block['releases'])} TRL "
+        f"releases measured, {len(block['missing'])} missing)")
     return 1 if failed else 0

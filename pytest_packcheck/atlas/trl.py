@@ -34,7 +34,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..errors import PackcheckUsageError
 from .build import check_recorded_version, done_record, is_done, run_failure, run_plugin_in_env
 from .releases import DONE_MARKER, entry_message, index_latest_patches, version_key
 
@@ -339,48 +338,6 @@ def attach_trl(support: dict[str, Any], out: Path) -> dict[str, Any]:
     if block is not None:
         support["trl"] = block
     return support
-
-
-def main_trl(planned: list[str], build: Path, out: Path, render_only: bool = False, no_render: bool = False,
-             remeasure: bool = False, log: Callable[[str], None] = print, runner: Callable[..., Any] | None = None,
-             ensure: Callable[..., Any] | None = None) -> int:
-    """``packcheck atlas --trl``: measure the TRL releases of ``planned`` not measured yet (the committed
-    ``<out>/trl.json`` and the done folders under ``build`` count, unless ``remeasure``), then (unless
-    ``no_render``) write ``<out>/trl.json`` and re-render ``support.json`` (its ``trl`` block), ``atlas.md`` (its
-    TRL section) and ``atlas.html`` from the committed ``support.json`` (the transformers axis is not measured
-    again). Exit 1 when a release could not be measured this time (run again to resume), 0 otherwise.
-
-    Raises:
-        PackcheckUsageError: ``<out>/support.json`` is missing or of another schema (render the transformers
-            axis first: ``packcheck atlas``), when rendering.
-    """
-    from ..results import atomic_write
-    from .collect import load_committed
-    from .render import write_outputs
-
-    committed = load_trl(out, log)
-    failed = []
-    if not render_only:
-        kept = [] if remeasure else [r["trl"] for r in (committed or {}).get("releases", []) if r["trl"] in planned]
-        if kept:
-            log(f"atlas trl: {', '.join(kept)} already in {Path(out) / TRL_FILE}: kept, not measured again "
-                "(--remeasure measures them)")
-        failed = [r for r in generate_trl(planned, None if remeasure else committed, build, log, runner, ensure) if "error" in r]
-    if no_render:
-        return 1 if failed else 0
-    block = collect_trl(build, planned, None if remeasure else committed)
-    Path(out).mkdir(parents=True, exist_ok=True)
-    atomic_write(Path(out) / TRL_FILE, json.dumps(block, indent=None, separators=(",", ":"), sort_keys=True) + "\n")
-    support = load_committed(out, log)
-    if support is None:
-        raise PackcheckUsageError(f"packcheck atlas --trl: {Path(out) / 'support.json'} is missing or of another schema, "
-                                  f"so the TRL block has no atlas to join ({Path(out) / TRL_FILE} is written): render the "
-                                  "transformers axis first with `packcheck atlas --render-only`.")
-    support["trl"] = block
-    paths = write_outputs(support, out)
-    log(f"atlas trl written: {Path(out) / TRL_FILE}, {', '.join(str(p) for p in paths)} ({len(block['releases'])} TRL "
-        f"releases measured, {len(block['missing'])} missing)")
-    return 1 if failed else 0
 
 
 def trl_known_fault_agreement(block: dict[str, Any], faults: list[Any]) -> list[dict[str, Any]]:

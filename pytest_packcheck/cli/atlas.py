@@ -69,7 +69,8 @@ def run(ns: argparse.Namespace) -> int:
         raise PackcheckUsageError(f"--bisect-limit {ns.bisect_limit} must be >= 1 (the most gaps to sweep); leave it "
                                   "out to sweep every gap.")
     if ns.trl:
-        from ..atlas.trl import TRL_SINCE, main_trl, trl_index_releases
+        from ..atlas.command import main_trl
+        from ..atlas.trl import TRL_SINCE, trl_index_releases
 
         extra = [flag for flag, given in (("--shard", ns.shard), ("--models", ns.models), ("--seed", ns.seed),
                                           ("--bisect", ns.bisect), ("-n", ns.workers != 1)) if given]
@@ -101,7 +102,7 @@ def run(ns: argparse.Namespace) -> int:
     models = [m.strip() for m in ns.models.split(",") if m.strip()] if ns.models is not None else None
     bisect_models = [m.strip() for m in ns.bisect_models.split(",") if m.strip()] if ns.bisect_models is not None else None
     if bisect_models:
-        from ..model.architectures import refuse_unknown_model_type
+        from ..analysis.support_file import refuse_unknown_model_type
 
         committed = Path(ns.output_dir) / "support.json"
         for name in bisect_models:  # a typo bisected nothing and said nothing

@@ -96,34 +96,3 @@ def mrope_text_path_architectures() -> list[str]:
         names |= set(getattr(modeling_auto, mapping, {}))
     causal = set(causal_lm_architectures())
     return sorted(t for t in names if t not in causal and mrope_text_path(t))
-
-
-def refuse_unknown_model_type(name: str, source: str, atlas: str | None = None) -> None:
-    """Refuse a model type that neither the installed transformers (``CONFIG_MAPPING``) nor the atlas
-    (``support.json``: every release it measured, so a type an older transformers had still passes) knows, before
-    any environment is built. ``atlas``: the support file (default :func:`~pytest_packcheck.support.default_support_file`).
-
-    Raises:
-        PackcheckUsageError: naming ``name``, ``source``, where it was looked for and the closest known type.
-    """
-    from transformers import CONFIG_MAPPING, __version__
-
-    from ..errors import PackcheckUsageError, closest
-
-    if name in CONFIG_MAPPING:
-        return
-    from ..support import default_support_file, load_support
-
-    try:
-        doc = load_support(atlas)
-        measured = list(doc["cells"])
-    except PackcheckUsageError:  # no atlas to ask: the installed transformers alone decides
-        measured = []
-    if name in measured:
-        return
-    known = sorted({*CONFIG_MAPPING.keys(), *measured})
-    raise PackcheckUsageError(
-        f"Unknown model type '{name}' (from {source}): not a model_type of the installed transformers {__version__} "
-        f"nor of any release the atlas measured ({atlas or default_support_file()}).{closest(name, known)} "
-        "Give a key of transformers' CONFIG_MAPPING (python -c \"from transformers import CONFIG_MAPPING; "
-        "print(sorted(CONFIG_MAPPING))\").")

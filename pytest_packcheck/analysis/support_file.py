@@ -1,0 +1,250 @@
+"""The atlas's support file (``reports/atlas/support.json``, schema ``reports/atlas/SCHEMA.md``): where it is, its
+shape, checked once where it is loaded (:func:`validate_support`: no entry a verdict's own number contradicts, by the
+rules of :mod:`.verdicts`), and the model types it measured (:func:`refuse_unknown_model_type`).
+
+The reader under :mod:`pytest_packcheck.support` (the lookup), the atlas's render (which validates what it writes)
+and ``packcheck bisect`` / ``packcheck atlas --bisect-models`` (which refuse a model type nobody knows). Imports
+nothing heavy at import.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from ..errors import PackcheckUsageError
+
+#: ``$PACKCHECK_SUPPORT_FILE`` overrides where :func:`pytest_packcheck.support.lookup` reads the atlas.
+SUPPORT_FILE_ENV = "PACKCHECK_SUPPORT_FILE"
+#: The schema versions this module reads.
+READABLE_SCHEMA = (1,)
+
+
+def default_support_file() -> Path:
+    """``$PACKCHECK_SUPPORT_FILE``, else the atlas shipped in the wheel (``pytest_packcheck/_atlas/support.json``,
+    pyproject's force-include), else the one committed in the source tree (``reports/atlas/support.json``)."""
+    env = os.environ.get(SUPPORT_FILE_ENV)
+    if env:
+        return Path(env)
+    here = Path(__file__).resolve().parents[1]  # pytest_packcheck/
+    shipped = here / "_atlas" / "support.json"
+    return shipped if shipped.exists() else here.parent / "reports" / "atlas" / "support.json"
+
+
+#: The fix for a support file that cannot be read or is corrupt. Not "re-render it with --render-only": that render
+#: is seeded from the very file (trial 16, 200: the remedy went round in a circle).
+RESTORE = ("restore it (git checkout -- reports/atlas/support.json), pass the committed reports/atlas/support.json, or "
+           "render a new one from measured releases into an empty folder (packcheck atlas --render-only --build-dir "
+           "build/atlas -o NEW_FOLDER)")
+
+
+@lru_cache(maxsize=4)
+def _load(path: str, mtime: float) -> dict[str, Any]:
+    if Path(path).is_dir():
+        raise PackcheckUsageError(f"Support file '{path}' is a directory: pass the support.json file itself "
+                                  "(--support-file / $PACKCHECK_SUPPORT_FILE), e.g. reports/atlas/support.json.")
+    from ..errors import read_document
+
+    if not Path(path).exists():
+        raise PackcheckUsageError(f"Support file '{path}' does not exist: pass --support-file / ${SUPPORT_FILE_ENV}, or "
+                                  "generate it with `packcheck atlas`.")
+    # one bounded reader (issue 42): a /dev/zero symlink, a 100,000-deep array, a 2 GB file are one line each
+    doc = read_document(path, "json", "Support file", f"{RESTORE}.")
+    validate_support(doc, path)
+    return doc
+
+
+def validate_support(doc: Any, source: str | Path) -> None:
+    """Check the shape of a support document (``reports/atlas/SCHEMA.md``) once, where it is loaded, so that
+    :func:`pytest_packcheck.support.lookup`, ``packcheck claims`` and the TRL answer can index it without a traceback: a JSON object of
+    schema ``packcheck-atlas-support`` in a :data:`READABLE_SCHEMA` version; ``cells`` a dict of model_type ->
+    backend -> release -> entry, each release key a version, each entry's ``verdict`` one of
+    :data:`~pytest_packcheck.results.schema.STATUSES`, ``number`` a float or absent, ``causes`` a list of strings;
+    ``releases`` a list of objects whose ``transformers`` is a version; ``missing`` a list of versions.
+
+    Raises:
+        PackcheckUsageError: the first bad field, named with ``source`` (the file) and the fix (regenerate).
+    """
+    from ..results.schema import STATUSES
+
+    def bad(what: str) -> PackcheckUsageError:
+        return PackcheckUsageError(f"Support file '{source}' is corrupt: {what}; {RESTORE}.")
+
+    if not isinstance(doc, dict):
+        raise PackcheckUsageError(f"Support file '{source}' is a JSON {type(doc).__name__}, not a packcheck atlas support "
+                                  "document (an object with schema 'packcheck-atlas-support'): pass reports/atlas/support.json.")
+    version = doc.get("schema_version")
+    if "schema" not in doc and isinstance(doc.get("cells"), list) and "settings" in doc:
+        raise PackcheckUsageError(f"Support file '{source}' is a packcheck results matrix (packcheck-matrix.json of "
+                                  "`packcheck audit`), not an atlas support file: pass reports/atlas/support.json (or "
+                                  "`packcheck atlas` output); compare matrices with `packcheck gate`.")
+    if doc.get("schema") != "packcheck-atlas-support" or version not in READABLE_SCHEMA:
+        raise PackcheckUsageError(f"Support file '{source}' has schema {doc.get('schema')!r} version {version!r}; this "
+                                  f"packcheck reads packcheck-atlas-support version {', '.join(map(str, READABLE_SCHEMA))}: "
+                                  "upgrade packcheck or regenerate the file.")
+    tolerances = doc.get("tolerances")
+    if tolerances is not None and (not isinstance(tolerances, dict) or not all(
+            isinstance(v, int | float) and not isinstance(v, bool) for v in tolerances.values())):
+        raise bad(f"'tolerances' is {tolerances!r:.80}, not an object of tolerance name -> number")
+    if tolerances is None:  # a file rendered before it recorded them: the atlas runs the shipped float32 ones
+        from ..config.tolerances import default_tolerances
+
+        tolerances = default_tolerances()["float32"]
+    cells = doc.get("cells")
+    if not isinstance(cells, dict):
+        raise bad(f"'cells' is {_kind(cells)}, not an object of model_type -> backend -> release -> entry")
+    for arch, row in cells.items():
+        if not isinstance(row, dict):
+            raise bad(f"cells.{arch} is {_kind(row)}, not an object of backend -> release -> entry")
+        for backend, by_release in row.items():
+            if not isinstance(by_release, dict):
+                raise bad(f"cells.{arch}.{backend} is {_kind(by_release)}, not an object of release -> entry")
+            for release, entry in by_release.items():
+                at = f"cells.{arch}.{backend}[{release!r}]"
+                if not is_version(release):
+                    raise bad(f"release key {release!r} under cells.{arch}.{backend} is not a version")
+                if not isinstance(entry, dict):
+                    raise bad(f"{at} is {_kind(entry)}, not an entry object")
+                if entry.get("verdict") not in STATUSES:
+                    raise bad(f"{at}.verdict is {entry.get('verdict')!r}, not one of {', '.join(STATUSES)}")
+                number = entry.get("number")
+                if number is not None and (isinstance(number, bool) or not isinstance(number, int | float)
+                                           or not math.isfinite(number) or number < 0):
+                    # a key number is a distance or an error: never negative (trial 17, 30: isolation -1.0 was a pass)
+                    raise bad(f"{at}.number is {number!r}, not a finite number >= 0 (a difference) or null")
+                causes = entry.get("causes", [])
+                if not isinstance(causes, list) or not all(isinstance(c, str) for c in causes):
+                    raise bad(f"{at}.causes is {causes!r}, not a list of cause codes")
+                contradiction = _entry_contradicted(entry, tolerances)
+                if contradiction:
+                    raise bad(f"{at} is {contradiction}" if contradiction.startswith("a fail") else f"{at} is a pass {contradiction}")
+    releases = doc.get("releases")
+    if not isinstance(releases, list):
+        raise bad(f"'releases' is {_kind(releases)}, not a list of the measured releases")
+    for i, release in enumerate(releases):
+        if not isinstance(release, dict) or not isinstance(release.get("transformers"), str) or not is_version(release["transformers"]):
+            raise bad(f"releases[{i}] has no transformers version (got {release!r:.80})")
+    missing = doc.get("missing", [])
+    if not isinstance(missing, list) or not all(isinstance(v, str) and is_version(v) for v in missing):
+        raise bad(f"'missing' is {missing!r:.80}, not a list of versions")
+    for key in ("transitions",):
+        if not isinstance(doc.get(key, []), list):
+            raise bad(f"'{key}' is {_kind(doc.get(key))}, not a list")
+    if not isinstance(doc.get("trl") or {}, dict):
+        raise bad(f"'trl' is {_kind(doc.get('trl'))}, not an object")
+
+
+def _entry_contradicted(entry: dict[str, Any], tolerances: dict[str, Any]) -> str:
+    """Why an entry contradicts itself ("" when it does not): a fail that names no cause, or whose number is under its
+    check's tolerance where a fail means over it (:func:`~pytest_packcheck.analysis.verdicts.fail_within_tolerance`;
+    strictly under, as the entry's number is rounded to 3 digits); a pass that names causes, has no key number (trial
+    15, 91), or whose number is above its check's tolerance (:func:`~pytest_packcheck.analysis.verdicts.pass_over_tolerance`).
+    The rules ``gate`` and ``merge`` apply to a results file (trial 14, 69: an isolation "pass" of 0.9 was answered as
+    a pass)."""
+    if entry.get("verdict") not in ("pass", "fail"):
+        return ""
+    fail_within_tolerance, pass_over_tolerance, SPECS = _tolerance_rules()
+
+    if entry.get("verdict") == "fail" and not entry.get("causes"):
+        return "a fail that names no cause (every measured fail names what it measured)"
+    spec = SPECS.get(entry.get("check"))
+    if entry.get("verdict") == "fail" and spec and spec.key_metric and entry.get("number") is not None:
+        under = fail_within_tolerance(spec.name, "fail", {spec.key_metric[0]: entry["number"]}, tolerances)
+        if under and under[1] < under[3]:  # trial 15, 225: an edited "fail [leak]" with isolation 0.0 was rendered as a transition
+            return (f"a fail whose {spec.name} number {under[1]:.3g} is within its tolerance {under[2]} {under[3]:.3g} "
+                    "(a verdict its own number contradicts)")
+    if entry.get("verdict") != "pass":
+        return ""
+    if entry.get("causes"):
+        return f"with causes {entry['causes']!r} (a pass has none)"
+    if spec is None or not spec.key_metric:
+        return ""
+    if entry.get("number") is None:  # trial 15, 91: a pass resting on nothing was answered "pass"
+        return f"with no {spec.name} number (a pass rests on its check's key number)"
+    over = pass_over_tolerance(spec.name, "pass", {spec.key_metric[0]: entry["number"]}, tolerances)
+    return (f"whose {spec.name} number {over[1]:.3g} is above its tolerance {over[2]} {over[3]:.3g} (a verdict its "
+            "own number contradicts)") if over else ""
+
+
+@lru_cache(maxsize=1)
+def _tolerance_rules() -> tuple[Any, Any, Any]:
+    """(fail_within_tolerance, pass_over_tolerance, the check registry's SPECS), imported once: the validation
+    calls for them per entry (18,663 in the 40-release atlas), and an import statement per call cost 0.1 s."""
+    from ..checks.registry import SPECS
+    from .verdicts import fail_within_tolerance, pass_over_tolerance
+
+    return fail_within_tolerance, pass_over_tolerance, SPECS
+
+
+def _kind(value: Any) -> str:
+    """``value``'s JSON kind for a message: 'missing', 'a list', 'a string', ..."""
+    if value is None:
+        return "missing or null"
+    return "a " + {"dict": "object", "list": "list", "str": "string", "bool": "boolean", "int": "number",
+                   "float": "number"}.get(type(value).__name__, type(value).__name__)
+
+
+def load_support(path: str | Path | None = None) -> dict[str, Any]:
+    """The support document (cached per path and modification time).
+
+    Raises:
+        PackcheckUsageError: missing, a directory, unreadable, another schema, or a corrupt shape
+            (:func:`validate_support`).
+    """
+    p = Path(path) if path else default_support_file()
+    try:
+        mtime = p.stat().st_mtime
+    except OSError:
+        mtime = 0.0
+    try:
+        return _load(str(p), mtime)
+    except PackcheckUsageError as exc:
+        if path or not os.environ.get(SUPPORT_FILE_ENV):
+            raise
+        # the file came from the environment: say so (it is not on the command line to be seen)
+        text = str(exc).replace(f"Support file '{p}'", f"Support file '{p}' (from ${SUPPORT_FILE_ENV})", 1)
+        raise PackcheckUsageError(text) from None
+
+
+@lru_cache(maxsize=4096)
+def is_version(version: str) -> bool:
+    """Whether ``version`` is a version (cached: the support file names its 40 releases 18,000 times)."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        Version(version)
+    except InvalidVersion:
+        return False
+    return True
+
+
+def refuse_unknown_model_type(name: str, source: str, atlas: str | None = None) -> None:
+    """Refuse a model type that neither the installed transformers (``CONFIG_MAPPING``) nor the atlas
+    (``support.json``: every release it measured, so a type an older transformers had still passes) knows, before
+    any environment is built. ``atlas``: the support file (default :func:`default_support_file`).
+
+    Raises:
+        PackcheckUsageError: naming ``name``, ``source``, where it was looked for and the closest known type.
+    """
+    from transformers import CONFIG_MAPPING, __version__
+
+    from ..errors import closest
+
+    if name in CONFIG_MAPPING:
+        return
+    try:
+        doc = load_support(atlas)
+        measured = list(doc["cells"])
+    except PackcheckUsageError:  # no atlas to ask: the installed transformers alone decides
+        measured = []
+    if name in measured:
+        return
+    known = sorted({*CONFIG_MAPPING.keys(), *measured})
+    raise PackcheckUsageError(
+        f"Unknown model type '{name}' (from {source}): not a model_type of the installed transformers {__version__} "
+        f"nor of any release the atlas measured ({atlas or default_support_file()}).{closest(name, known)} "
+        "Give a key of transformers' CONFIG_MAPPING (python -c \"from transformers import CONFIG_MAPPING; "
+        "print(sorted(CONFIG_MAPPING))\").")
