@@ -66,3 +66,29 @@ def test_the_staleness_check_catches_a_renderer_change_and_a_hand_edit(tmp_path,
                     for f in formats.FORMATS)
     monkeypatch.setattr(formats, "FORMATS", planted)
     assert reports / "packcheck-matrix.csv" in rerender.stale(reports)
+
+
+def _matrix_commands() -> dict[str, str]:
+    yaml = pytest.importorskip("yaml")
+    workflow = yaml.safe_load((REPO / "examples" / "packcheck-matrices.yml").read_text())
+    return {row["name"]: row["command"] for row in workflow["jobs"]["matrix"]["strategy"]["matrix"]["include"]}
+
+
+def test_the_uncommitted_matrices_have_their_commands_in_the_docs_and_the_workflow():
+    """The matrices that left the tree are made by the commands of examples/packcheck-matrices.yml (a CI job each, its
+    reports uploaded as an artifact); docs/matrices.md gives the same commands, and each parses as `packcheck audit`
+    arguments. Planted: a misspelt flag is refused by the same parse."""
+    import shlex
+
+    from pytest_packcheck.cli import _parser
+
+    commands = _matrix_commands()
+    assert {"all-architectures", "versions", "training"} <= set(commands)
+    docs = " ".join((REPO / "docs" / "matrices.md").read_text(encoding="utf-8").split())
+    for name, command in commands.items():
+        assert " ".join(command.split()) in docs, f"docs/matrices.md does not give the {name} command: {command}"
+        argv = shlex.split(command)
+        assert argv[:2] == ["packcheck", "audit"] and argv[-2:] == ["--packcheck-report-dir", argv[-1]] and argv[-1].endswith(name)
+        _parser().parse_args(argv[1:])
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["audit", "--all-architecture"])

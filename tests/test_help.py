@@ -1,5 +1,5 @@
-"""Help and README derived from the registry: --help lists every check, cause, audit and exit code; README's
-option table holds exactly the registered flags; bisect --cause offers the registry's codes."""
+"""Help and docs derived from the registry: --help lists every check, cause, audit and exit code; the docs' option
+page (generated, docs/hooks.py) holds exactly the registered flags; bisect --cause offers the registry's codes."""
 
 from __future__ import annotations
 
@@ -11,7 +11,18 @@ from pytest_packcheck.checks.registry import REGISTRY
 from pytest_packcheck.cli import EXIT_CODES, _parser, audits
 from pytest_packcheck.config.options import OPTIONS
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+REPO = Path(__file__).resolve().parents[1]
+README = (REPO / "README.md").read_text()
+
+
+def _page(name: str) -> str:
+    """A generated reference page of the docs (docs/hooks.py)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("packcheck_docs_hooks", REPO / "docs" / "hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    return hooks.PAGES[f"reference/{name}.md"]()
 
 
 def _help(*argv: str) -> str:
@@ -38,32 +49,27 @@ def test_help_lists_every_check_cause_audit_and_exit_code_from_the_registry():
     assert "--audit training" in " ".join(_help("audit").split())
 
 
-def test_readme_option_table_holds_exactly_the_registered_flags():
-    table = README[README.index("| flag (ini key / env) | meaning |"):]
-    table = table[:table.index("\n\n")]
-    first_cells = [row.split("|")[1] for row in table.splitlines()[2:]]
-    in_table = {f for cell in first_cells for f in re.findall(r"--packcheck-[a-z-]+", cell)}
+def test_the_option_page_holds_exactly_the_registered_flags():
+    table = _page("options")
+    in_table = {f for row in table.splitlines() if row.startswith("| `--") for f in re.findall(r"--packcheck-[a-z-]+", row.split("|")[1])}
     assert in_table == {o.flag for o in OPTIONS}
     for opt in OPTIONS:  # and --help (the same option records)
         assert opt.flag in _help("audit"), opt.flag
 
 
-def _readme_option_row(flag: str) -> str:
-    return next(row for row in README.splitlines() if row.startswith(f"| `{flag}` |"))
+def _option_row(flag: str) -> str:
+    return next(row for row in _page("options").splitlines() if row.startswith(f"| `{flag}` |"))
 
 
-def test_readme_checks_row_is_the_registrys():
-    """Issue 28: the row was typed by hand and missed single_row and the variants suite."""
-    from pytest_packcheck.checks.registry import option_table_cell
-
-    assert _readme_option_row("--packcheck-checks") == f"| `--packcheck-checks` | {option_table_cell()} |"
-
-
-def test_readme_attn_row_names_every_backend_of_the_table():
+def test_the_checks_row_names_every_check_and_the_attn_row_every_backend():
+    """Issue 28: the README's row was typed by hand and missed single_row and the variants suite; the page's rows
+    are the options' own help."""
     from pytest_packcheck.backends.table import KNOWN_BACKENDS
 
-    row = _readme_option_row("--packcheck-attn")
-    assert [b for b in KNOWN_BACKENDS if f"`{b}`" not in row] == []
+    row = _option_row("--packcheck-checks")
+    assert [s.name for s in REGISTRY if s.name not in row] == []
+    row = _option_row("--packcheck-attn")
+    assert [b for b in KNOWN_BACKENDS if b not in row] == []
 
 
 def test_lookups_exit_codes_are_in_the_help_and_readme(tmp_path):
@@ -79,12 +85,13 @@ def test_lookups_exit_codes_are_in_the_help_and_readme(tmp_path):
     assert "lookup: not measured" in EXIT_CODES[1] and "lookup: a measured answer" in EXIT_CODES[0]
     flat = " ".join(_help().split())
     assert "lookup: not measured" in flat and "lookup: a measured answer" in flat
-    assert "`packcheck lookup` exits `1` when the release is not measured" in README
+    assert "`packcheck lookup` exits `1` when the release is not measured" in " ".join(README.split())
 
 
-def test_readme_names_every_exit_code():
-    for code in EXIT_CODES:
-        assert f"`{code}`" in README, code
+def test_the_exit_code_page_names_every_exit_code():
+    page = _page("exit-codes")
+    for code, meaning in EXIT_CODES.items():
+        assert f"| `{code}` | {' '.join(meaning.split()).replace('|', chr(92) + '|')} |" in page, code
 
 
 def test_bisect_cause_help_offers_the_registry_codes_only():
@@ -96,7 +103,7 @@ def test_bisect_cause_help_offers_the_registry_codes_only():
 
 def test_packcheck_checks_exists_as_the_checks_flag_help_says(capsys):
     """`--packcheck-checks --help` says "See `packcheck checks`": the command lists every check with its role, level,
-    suite, key number, tolerance (shipped values) and causes; --markdown prints README's table; an unknown name
+    suite, key number, tolerance (shipped values) and causes; --markdown prints the docs' check table; an unknown name
     is a usage error naming the allowed ones."""
     from pytest_packcheck.cli import main
     from pytest_packcheck.config.options import OPT_CHECKS
@@ -115,7 +122,7 @@ def test_packcheck_checks_exists_as_the_checks_flag_help_says(capsys):
         assert ("requires: trl" in flat) == ("trl" in spec.requires)
     assert main(["checks", "--markdown"]) == 0
     table = capsys.readouterr().out
-    assert table.startswith("| check | runs | role | what it checks |") and table in README
+    assert table.startswith("| check | runs | role | what it checks |") and table in _page("checks")
     assert main(["checks", "isolaton"]) == 2
     assert "unknown check 'isolaton'. Expected one of: collate," in capsys.readouterr().err
 

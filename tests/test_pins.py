@@ -33,7 +33,7 @@ def test_the_libraries_the_suite_asserts_are_pinned_exactly():
 def test_ci_runs_the_readme_test_install_with_the_pins():
     ci = (REPO / ".ci" / "run").read_text()
     readme = (REPO / "README.md").read_text()
-    install = re.search(r"pip install -q (-c constraints/test\.txt -e '\.\[test\]')", ci)
+    install = re.search(r"pip install -q (-c constraints/test\.txt -e '\.\[test,docs\]')", ci)
     assert install, "`.ci/run` does not install with -c constraints/test.txt"
     assert f"pip install {install.group(1)} && python -m pytest tests -n 2 -q -p no:cacheprovider" in readme
     assert "python -m pytest tests -n 2 -q -p no:cacheprovider" in ci

@@ -408,7 +408,7 @@ def test_a_model_spec_with_a_broken_brace_names_the_brace(spec, what):
 
 def test_the_override_examples_work_on_the_installed_transformers(recwarn):
     """The malformed-spec error suggested arch:llama{rope_theta=10000}, which transformers 5.x never reads (its RoPE
-    base is rope_parameters.rope_theta): every example the error and README give sets a key the config has, a
+    base is rope_parameters.rope_theta): every example the error and the docs give sets a key the config has, a
     plain rope_theta is warned about naming the key that works, and a RoPE base <= 0 is refused as absurd."""
     from pytest_packcheck.errors import PackcheckWarning
     from pytest_packcheck.model.resolve import resolve_model
@@ -417,8 +417,8 @@ def test_the_override_examples_work_on_the_installed_transformers(recwarn):
     with pytest.raises(PackcheckUsageError) as bad:
         parse_model_spec("arch:llama{hidden_size=abc", "--packcheck-models")
     example = re.search(r"e\.g\. (\S+\})", str(bad.value)).group(1)
-    readme = (REPO / "README.md").read_text()
-    examples = [example, *(m.replace("org/name", "arch:llama") for m in re.findall(r"`(org/name\{[^`]*\})`", readme))]
+    docs = "\n".join(p.read_text() for p in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))])
+    examples = [example, *(m.replace("org/name", "arch:llama") for m in re.findall(r"`(org/name\{[^`]*\})`", docs))]
     assert len(examples) >= 2 and not any("{rope_theta=" in e for e in examples), examples
     for spec in examples:
         spec = spec.replace(",attn_config.clip_qkv=8", "")  # llama has no attn_config: the rest must be read

@@ -1,5 +1,5 @@
 """``packcheck checks``: every check with its role, level, suite, requirements, key number, tolerance and causes,
-read from the registry; ``--markdown`` prints README's check table, ``--causes`` every cause with its remedy.
+read from the registry; ``--markdown`` prints the check table of the docs (docs/reference/checks.md), ``--causes`` every cause with its remedy.
 
 Imports neither torch nor transformers (the tolerances are read from ``audit/tolerances.toml``).
 """
@@ -21,13 +21,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The flags of ``packcheck checks`` (the CLI's subcommand and :func:`main` share them)."""
     parser.add_argument("names", nargs="*", metavar="CHECK", help="Only these checks (default: all, in matrix order).")
     form = parser.add_mutually_exclusive_group()
-    form.add_argument("--markdown", action="store_true", help="Print README's check table (Markdown) instead.")
+    form.add_argument("--markdown", action="store_true", help="Print the check table (Markdown) of the docs' checks page instead.")
     form.add_argument("--causes", action="store_true", help="Print every cause code (only the named checks' causes with CHECK) with its meaning and remedy instead.")
     return parser
 
 
 def markdown_table(specs: tuple[CheckSpec, ...] = REGISTRY) -> str:
-    """README's check table: one row per check (name, where it runs, role and suite, summary)."""
+    """The docs' check table (docs/reference/checks.md): one row per check (name, where it runs, role and suite, summary)."""
     names = {s.name for s in specs}
     rows = [f"| `{name}` | {level} | {role} | {summary} |" for name, level, role, summary in describe() if name in names]
     return "\n".join(["| check | runs | role | what it checks |", "|---|---|---|---|", *rows]) + "\n"

@@ -2,7 +2,7 @@
 
 The rest of packcheck reads checks from here: the plan (:mod:`runner`), the settings' allowed names and
 defaults, the report's headline verdict, key numbers and legend, the gate's tolerances, the diagnosis's cause
-codes, bench's warning mark, ``--help`` and the README's check table. Importing this module imports neither
+codes, bench's warning mark, ``--help`` and the docs' reference pages (docs/hooks.py). Importing this module imports neither
 torch nor transformers (the plugin imports it while pytest loads).
 
 Roles decide what a verdict means for a matrix cell:
@@ -391,17 +391,7 @@ def check_help() -> str:
             "per stack. See `packcheck checks`.")
 
 
-def option_table_cell() -> str:
-    """README's option-table cell of ``--packcheck-checks``: each suite's checks (:data:`SUITES`) in matrix order,
-    the default suite first (a test holds README's row to it)."""
-    def names(suite: str) -> str:
-        return ", ".join(f"`{s.name}`" for s in REGISTRY if s.suite == suite)
-
-    parts = [f"default: {names('default')}"] + [f"{suite} checks (opt in): {names(suite)}" for suite in SUITES if suite != "default"]
-    return "; ".join(parts) + " (the registry table below)"
-
-
 def describe() -> list[tuple[str, str, str, str]]:
-    """(name, level, role, summary) of every check, in matrix order: the README table and ``packcheck checks``."""
+    """(name, level, role, summary) of every check, in matrix order: the docs' check table and ``packcheck checks``."""
     return [(s.name, s.level, s.role + (", training" if s.training else ", opt-in" if s.opt_in else ""), s.summary)
             for s in REGISTRY]

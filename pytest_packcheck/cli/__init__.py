@@ -47,10 +47,10 @@ COMMANDS = (
     Command("merge", "pytest_packcheck.cli.merge", "Join results JSON files (shards of one audit) and render the matrix."),
     # a command whose module has only main(argv) parses its own arguments
     Command("checks", "pytest_packcheck.checks.listing", "List the checks: role, level, suite, requirements, key number, "
-                                                         "tolerance and causes (--markdown: README's table)."),
+                                                         "tolerance and causes (--markdown: the docs' check table)."),
 )
 
-#: What ``packcheck`` exits with, for --help and the README.
+#: What ``packcheck`` exits with, for --help and the docs (docs/reference/exit-codes.md).
 EXIT_CODES = {
     0: "the matrix was written (whatever the verdicts, unless audit --fail-on-failure); gate: no regression; bisect: an answer; lookup: a measured "
        "answer (or one a bisect places)",
@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
 def _refuse_empty_values(ns: argparse.Namespace) -> argparse.Namespace:
     """``ns`` once no flag or argument of its command holds an empty value (``--summary ''``, what
     ``--summary "$GITHUB_STEP_SUMMARY"`` gives with the variable unset, was taken as "no summary" in silence):
-    one rule for every command, :func:`~pytest_packcheck.config.options.refuse_empty`'s (README: an empty value is
+    one rule for every command, :func:`~pytest_packcheck.config.options.refuse_empty`'s (the docs: an empty value is
     never the default).
 
     Raises:
