@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
+from ..backends.table import REFERENCE_BACKEND
 from ..errors import PackcheckUsageError
 
 
@@ -216,12 +217,12 @@ def read_axolotl(z: PeerArchive) -> list[Claim]:
     patched = {Path(n).parts[3] for n in z.namelist() if n.startswith("axolotl/monkeypatch/models/") and len(Path(n).parts) > 4
                and n.endswith(".py") and re.search(rb"seq_idx|cu_seqlens|cu_seq_lens|packing|packed", z.read(n))}
     note = f"sample packing on {', '.join(attn_names)} (ATTN_IMPLS_SUPPORTING_PACKING)" if attn_names else ""
-    return [Claim("axolotl", t, True, ("packcheck_flash_ref",), src, line,
+    return [Claim("axolotl", t, True, (REFERENCE_BACKEND,), src, line,
                   own_code=f"axolotl/monkeypatch/models/{t}/" if t in patched else "", note=note) for t in types]
 
 
 def read_ms_swift(z: PeerArchive) -> list[Claim]:
-    claims = [Claim("ms-swift", "*", True, ("packcheck_flash_ref",), "swift/pipelines/train/sft.py",
+    claims = [Claim("ms-swift", "*", True, (REFERENCE_BACKEND,), "swift/pipelines/train/sft.py",
                     _line_of(z, "swift/pipelines/train/sft.py", "support_padding_free = not"),
                     note="a template that does not set support_padding_free: every text-only model")]
     for name in sorted(n for n in z.namelist() if n.startswith("swift/template/templates/") and n.endswith(".py")):
@@ -232,7 +233,7 @@ def read_ms_swift(z: PeerArchive) -> list[Claim]:
             for stmt in node.body:
                 if (isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "support_padding_free" for t in stmt.targets)
                         and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, bool)):
-                    claims.append(Claim("ms-swift", f"template:{node.name}", stmt.value.value, ("packcheck_flash_ref",), name,
+                    claims.append(Claim("ms-swift", f"template:{node.name}", stmt.value.value, (REFERENCE_BACKEND,), name,
                                         stmt.lineno, note="a template class (its model types are registered elsewhere)"))
     return claims
 
@@ -252,7 +253,7 @@ def read_llamafactory(z: PeerArchive) -> list[Claim]:
             flash = "flash_attention_2" in ast.unparse(node.test) or "flash_attention_2" in ast.unparse(_parent_if(tree, node) or node)
             for lst in lists:
                 for e in lst.elts:
-                    claims.append(Claim("llamafactory", e.value, False, ("packcheck_flash_ref",) if flash else ("eager", "sdpa", "packcheck_flash_ref"),
+                    claims.append(Claim("llamafactory", e.value, False, (REFERENCE_BACKEND,) if flash else ("eager", "sdpa", REFERENCE_BACKEND),
                                         name, raises[0].lineno, own_code="neat_packing: its segment-id mask and _get_unpad_data "
                                         "patch (llamafactory/model/model_utils/packing.py)",
                                         note=ast.literal_eval(raises[0].exc.args[0]) if isinstance(raises[0].exc, ast.Call)
@@ -286,7 +287,7 @@ def read_verl(z: PeerArchive) -> list[Claim]:
         raise UnreadablePeer(f"{config} in {z.filename} does not default use_remove_padding to True (the reader needs updating)")
     flash_line = next((n.lineno for n in ast.walk(patch) if isinstance(n, ast.Attribute)
                        and n.attr == "_flash_attention_forward" and isinstance(n.ctx, ast.Store)), patch.lineno)
-    claims = [Claim("verl", "*", True, ("packcheck_flash_ref",), config, default_line, note=(
+    claims = [Claim("verl", "*", True, (REFERENCE_BACKEND,), config, default_line, note=(
         f"use_remove_padding=True on flash_attention_2 for every model; {src}:{flash_line} replaces transformers' "
         "_flash_attention_forward with _ulysses_flash_attention_forward, which at ulysses_sp_size 1 hands the same "
         "arguments on (sequence parallel > 1 rests on verl's all-to-all, not judged)"))]
@@ -297,7 +298,7 @@ def read_verl(z: PeerArchive) -> list[Claim]:
         for t in _model_types_tested(node.test):
             if t not in seen:
                 seen.add(t)
-                claims.append(Claim("verl", t, True, ("packcheck_flash_ref",), src, node.lineno,
+                claims.append(Claim("verl", t, True, (REFERENCE_BACKEND,), src, node.lineno,
                                     own_code=f"{src}:{node.lineno}: verl replaces its forward / attention",
                                     note="remove padding through verl's own forward patch"))
     return claims
@@ -325,11 +326,11 @@ def read_unsloth(z: PeerArchive) -> list[Claim]:
     attention = "unsloth/utils/hf_packed_attention.py"
     own = f"{attention} (unsloth's varlen attention over packed rows) and unsloth's own model forwards"
     gate = _line_of(z, src, "blocked = (") or line
-    claims = [Claim("unsloth", "*", True, ("packcheck_flash_ref",), src, gate, own_code=own, note=(
+    claims = [Claim("unsloth", "*", True, (REFERENCE_BACKEND,), src, gate, own_code=own, note=(
         "padding-free / packing for every text model its gates do not block (blocklist, hybrid linear-attention "
         "models without its varlen shim, a forward without packed_seq_lengths or **kwargs)"))]
     for t in sorted(types):
-        claims.append(Claim("unsloth", t, False, ("eager", "sdpa", "packcheck_flash_ref"), src, line,
+        claims.append(Claim("unsloth", t, False, ("eager", "sdpa", REFERENCE_BACKEND), src, line,
                             own_code=own if attention in z.namelist() else "", note="PADDING_FREE_BLOCKLIST"))
     return claims
 

@@ -3,12 +3,13 @@ package index or named), and the order missing releases are measured in (:func:`
 
 from __future__ import annotations
 
+from ..backends.table import REFERENCE_BACKEND
 from ..errors import PackcheckUsageError
 from ..versions.releases import version_key
 
 #: The backends of the atlas: the two dense-mask paths every release has, and the flash varlen path through the
 #: CPU reference kernel (``packcheck_flash_ref``; its floor is transformers 4.44).
-ATLAS_BACKENDS: tuple[str, ...] = ("eager", "sdpa", "packcheck_flash_ref")
+ATLAS_BACKENDS: tuple[str, ...] = ("eager", "sdpa", REFERENCE_BACKEND)
 #: The oldest minor of the atlas (the varlen reference's floor).
 ATLAS_SINCE = "4.44"
 #: ``support.json`` schema version (reports/atlas/SCHEMA.md); bump on an incompatible change.

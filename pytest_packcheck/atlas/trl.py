@@ -34,6 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..backends.table import REFERENCE_BACKEND
 from .build import check_recorded_version, done_record, is_done, run_failure, run_plugin_in_env
 from .releases import DONE_MARKER, entry_message, index_latest_patches, version_key
 
@@ -42,7 +43,7 @@ TRL_SINCE = "0.19"
 #: The families of the axis (``config.model_type``; measured as ``arch:<type>``, the release's own tiny config).
 TRL_FAMILIES: tuple[str, ...] = ("llama", "qwen2", "qwen3", "gemma3_text", "gpt_neox", "mistral")
 #: The backends of the axis (module docstring: why not eager).
-TRL_BACKENDS: tuple[str, ...] = ("sdpa", "packcheck_flash_ref")
+TRL_BACKENDS: tuple[str, ...] = ("sdpa", REFERENCE_BACKEND)
 #: The trainer paths of the axis: check name (``checks/registry.py``) -> what SFTTrainer is asked for.
 TRL_MODES: dict[str, str] = {"sft": "packing=True (TRL's default packing_strategy)",
                              "sft_padding_free": "padding_free=True, packing=False"}
