@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Any
 
 #: Environment variables whose value is a secret: a name with TOKEN, KEY, SECRET or PASSWORD (HF_TOKEN,
 #: HUGGING_FACE_HUB_TOKEN, WANDB_API_KEY, AWS_SECRET_ACCESS_KEY, ...).
@@ -16,7 +17,7 @@ _SECRET_NAME = re.compile(r"(TOKEN|KEY|SECRET|PASSWORD)", re.IGNORECASE)
 #: case or digits, as every real one does: ``ghp_AbCdEfGhIjKl``, trial 14, 150; ``hf_transfer`` stays), and no
 #: letter or digit right before it; sk- needs a digit or an upper-case letter in it (``sk-learn-...`` stays), sk-proj-
 #: and sk-ant- only 8+ characters. An underscore may stand Markdown-escaped (``hf\_...``, as
-#: :func:`report.text.escape_md` writes it), so a token is still caught in a rendered report whatever its writer
+#: :func:`escape_md` writes it), so a token is still caught in a rendered report whatever its writer
 #: escaped first.
 _U = r"\\?_"  # "_" or Markdown's "\_"
 _MIXED = r"(?=[A-Za-z0-9]*[A-Z])(?=[A-Za-z0-9]*[a-z0-9])[A-Za-z0-9]{8,}"  # 8+ characters, upper case and lower / digit
@@ -67,14 +68,22 @@ class ScrubbingStream:
 _PLAIN_WORDS = re.compile(r"[a-z]+(?:[-_.][a-z]+)*")
 
 
+def escape_md(text: Any) -> str:
+    """Escape model-provided text for a Markdown table cell: no pipes, HTML, links or line breaks. Defined here, under
+    :func:`scrub_secrets`, which must find a secret in its escaped form too; the renderers take it from
+    :mod:`pytest_packcheck.report.text`."""
+    s = " ".join(str(text).split())
+    s = s.replace("\\", "\\\\")
+    s = re.sub(r"([|<>\[\]`*_])", r"\\\1", s)
+    return s
+
+
 def scrub_secrets(text: str) -> str:
     """``text`` with every secret replaced by ``***``: by value, the value (8+ characters, not plain lower-case words:
     :data:`_PLAIN_WORDS`) of every environment variable whose name holds TOKEN, KEY, SECRET or PASSWORD; the
     ``user:password@`` of a URL; by shape, anything that looks like an access token
     (:data:`SECRET_SHAPES`: ``hf_...``, ``ghp_...``, ``github_pat_...``, ``sk-...``, ``AKIA...``, ...). For what
     reaches a terminal (test ids, warnings, error lines) as well as files (reports, journal, the run's owner file)."""
-    from .report.text import escape_md  # pure, no packcheck imports
-
     for name, value in os.environ.items():
         if len(value) >= 8 and _SECRET_NAME.search(name) and not _PLAIN_WORDS.fullmatch(value):
             for form in dict.fromkeys((value, escape_md(value))):  # as typed, and as a Markdown report escapes it
@@ -106,13 +115,31 @@ class PackcheckWarning(UserWarning):
         super().__init__(scrub_secrets(str(message)), *args)
 
 
+#: Machine epsilon by dtype name (torch.finfo(dtype).eps), without importing torch: :func:`closest`'s precision
+#: rule (:func:`nearest_precision`) and the checks' rounding floor (:func:`checks.registry.rounding_level`).
+DTYPE_EPS = {"float32": 2.0 ** -23, "float64": 2.0 ** -52, "bfloat16": 2.0 ** -7, "float16": 2.0 ** -10}
+
+
+def nearest_precision(dtype: str, choices: list[str] | tuple[str, ...]) -> str | None:
+    """The one of ``choices`` (dtype names) whose precision is nearest ``dtype``'s (by machine epsilon, in bits; a tie
+    goes to the more precise), so a suggestion for a dtype packcheck lacks never lowers precision more than needed
+    ("float64" -> "float32", never "float16" for looking alike); None when ``dtype`` or no choice has a known epsilon."""
+    import math
+
+    if dtype not in DTYPE_EPS:
+        return None
+    known = [c for c in choices if c in DTYPE_EPS]
+    if not known:
+        return None
+    bits = math.log2(DTYPE_EPS[dtype])
+    return min(known, key=lambda c: (abs(math.log2(DTYPE_EPS[c]) - bits), DTYPE_EPS[c]))
+
+
 def closest(value: str, choices: list[str] | tuple[str, ...]) -> str:
     """`` Did you mean 'x'?`` for the closest of ``choices`` (difflib), or an empty string. A dtype name packcheck
-    lacks gets the choice of the nearest precision (:func:`checks.registry.nearest_precision`: "float64" ->
+    lacks gets the choice of the nearest precision (:func:`nearest_precision`: "float64" ->
     "float32"), never the look-alike of lower precision difflib picks ("float16")."""
     import difflib
-
-    from .checks.registry import nearest_precision
 
     best = nearest_precision(value, choices)
     # a choice that differs only in case first ('LLaMA' -> 'llama': difflib's ratio is case-sensitive; trial 14, 67)

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from ..errors import DTYPE_EPS
 from ..results.metrics import VERDICT_METRIC
 from .causes import CAUSES
 
@@ -42,29 +43,12 @@ LEVELS = {"model": "once per model (no attention backend)", "backend": "once per
 
 #: A parity difference at most this many times the tolerance, with isolation holding, is kernel numerics.
 NUMERICS_FACTOR = 10.0
-#: Machine epsilon by dtype name (torch.finfo(dtype).eps), without importing torch: the rounding floor below.
-_EPS = {"float32": 2.0 ** -23, "float64": 2.0 ** -52, "bfloat16": 2.0 ** -7, "float16": 2.0 ** -10}
-
-
-def nearest_precision(dtype: str, choices: list[str] | tuple[str, ...]) -> str | None:
-    """The one of ``choices`` (dtype names) whose precision is nearest ``dtype``'s (by machine epsilon, in bits; a tie
-    goes to the more precise), so a suggestion for a dtype packcheck lacks never lowers precision more than needed
-    ("float64" -> "float32", never "float16" for looking alike); None when ``dtype`` or no choice has a known epsilon."""
-    import math
-
-    if dtype not in _EPS:
-        return None
-    known = [c for c in choices if c in _EPS]
-    if not known:
-        return None
-    bits = math.log2(_EPS[dtype])
-    return min(known, key=lambda c: (abs(math.log2(_EPS[c]) - bits), _EPS[c]))
 
 
 def rounding_level(dtype: str = "float32", scale: float = 1.0) -> float:
     """The float rounding level of numbers of magnitude ``scale`` in ``dtype`` (a name: "float32", "bfloat16",
     ...): ``eps(dtype) * max(1, |scale|)``; float32's eps for an unknown name."""
-    return _EPS.get(dtype, _EPS["float32"]) * max(1.0, abs(float(scale)))
+    return DTYPE_EPS.get(dtype, DTYPE_EPS["float32"]) * max(1.0, abs(float(scale)))
 
 
 def within_numerics(diff: float, atol: float, dtype: str = "float32", scale: float = 1.0) -> bool:

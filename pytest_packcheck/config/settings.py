@@ -189,6 +189,13 @@ def off_without_models(get_option: Any) -> str | None:
             f"{OPT_MODELS} (e.g. {OPT_MODELS}=arch:llama), {OPT_AUDIT} or {OPT_ALL_ARCHS}.")
 
 
+def fork_available() -> bool:
+    """Whether this platform can fork (the ``fork`` isolation mode, :mod:`pytest_packcheck.run.sandbox`)."""
+    import multiprocessing
+
+    return "fork" in multiprocessing.get_all_start_methods()
+
+
 def resolve(get_option: Any, get_ini: Any) -> Settings | None:
     """Resolve every option CLI > env > ini > default. ``get_option(dest)`` returns the CLI value or None,
     ``get_ini(key)`` the ini value or None. Returns None when packcheck is not switched on (no models, no
@@ -377,8 +384,6 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
             check_cache_root()
     # every other option with a parse (shard, timeout_s, lengths, sliding_window, ...): its row says it all
     parsed_fields = {opt.field: parsed(opt) for opt in OPTIONS if opt.parse and opt.field and opt.field != "device"}
-    from ..run.sandbox import fork_available
-
     sandbox_value, sandbox_src = pick(by_flag[OPT_ISOLATION])
     fork, in_process = SANDBOX_MODES
     sandbox = str(sandbox_value if sandbox_src != "default" or fork_available() else in_process)

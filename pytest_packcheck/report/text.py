@@ -1,18 +1,14 @@
-"""Text helpers shared by the renderers (the report's, bench's, gate's, the atlas's): no packcheck imports, no
-heavy imports. Pure."""
+"""Text helpers shared by the renderers (the report's, bench's, gate's, the atlas's): no heavy imports, no packcheck
+imports but :func:`escape_md`, defined beside the secret scrubber (:mod:`pytest_packcheck.errors`). Pure."""
 
 from __future__ import annotations
 
 import re
 from typing import Any
 
+from ..errors import escape_md
 
-def escape_md(text: Any) -> str:
-    """Escape model-provided text for a Markdown table cell: no pipes, HTML, links or line breaks."""
-    s = " ".join(str(text).split())
-    s = s.replace("\\", "\\\\")
-    s = re.sub(r"([|<>\[\]`*_])", r"\\\1", s)
-    return s
+__all__ = ["cut", "escape_md", "fmt_metric", "github_table", "plain"]  # escape_md: the renderers' one Markdown escape
 
 
 def plain(text: Any) -> str:

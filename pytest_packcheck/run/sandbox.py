@@ -39,12 +39,6 @@ INTERRUPT_EXIT_BASE = 128
 DEFAULT_TIMEOUT_S: float = default_of(OPT_TIMEOUT)
 
 
-def fork_available() -> bool:
-    import multiprocessing
-
-    return "fork" in multiprocessing.get_all_start_methods()
-
-
 class _HeldStopSignals:
     """SIGINT and SIGTERM held while a cell child is forked, then delivered.
 
