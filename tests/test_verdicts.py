@@ -24,10 +24,13 @@ def test_every_check_is_described_once_and_loads():
             from pytest_packcheck.config.tolerances import load_tolerances
 
             assert spec.tolerance in load_tolerances(None, None, "test")[0]["float32"], spec.name
-    assert set(DEFAULT_CHECKS) | set(TRAINING_CHECKS) | set(VARIANT_CHECKS) == set(CHECKS)
-    assert {s.name for s in REGISTRY if s.role == "hazard"} == {"cache_trap", "mask_trap", "trainer_padded", "sft_padded", *VARIANT_CHECKS}
+    from pytest_packcheck.checks.registry import SUITES, suite_checks
+
+    assert set().union(*(suite_checks(suite) for suite in SUITES)) == set(CHECKS)
+    assert {s.name for s in REGISTRY if s.role == "hazard"} == {"cache_trap", "mask_trap", "trainer_padded", "sft_padded",
+                                                                 "rl_padded", *VARIANT_CHECKS}
     assert set(VARIANT_CHECKS) == {"offset_positions", "cu_seq_lens", "segment_masks"}
-    assert {s.name for s in REGISTRY if s.role == "finding"} == {"collate", "collate_trl", "packing_content"}
+    assert {s.name for s in REGISTRY if s.role == "finding"} == {"collate", "collate_trl", "packing_content", "rl_trl_tree"}
 
 
 def test_suites_requirements_and_the_gate_set_are_read_from_the_rows(monkeypatch):
@@ -36,11 +39,11 @@ def test_suites_requirements_and_the_gate_set_are_read_from_the_rows(monkeypatch
     rows marked ``gate`` whose requirements are installed."""
     import importlib.util
 
-    from pytest_packcheck.checks.registry import SPECS, gate_checks
+    from pytest_packcheck.checks.registry import SPECS, gate_checks, suite_checks
 
-    assert {s.name for s in REGISTRY if s.opt_in} == set(TRAINING_CHECKS) | set(VARIANT_CHECKS)
+    assert {s.name for s in REGISTRY if s.opt_in} == set(TRAINING_CHECKS) | set(VARIANT_CHECKS) | set(suite_checks("rl"))
     assert {s.name for s in REGISTRY if "trl" in s.requires} == {
-        "sft", "sft_padded", "sft_padding_free", "sft_strategies", "packing_content"}
+        "sft", "sft_padded", "sft_padding_free", "sft_strategies", "packing_content", "rl_trl_grpo", "rl_trl_tree"}
     assert not SPECS["trainer"].requires and SPECS["trainer"].training and not SPECS["offset_positions"].training
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "trl" else real(name, *a))
@@ -52,7 +55,7 @@ def test_suites_requirements_and_the_gate_set_are_read_from_the_rows(monkeypatch
 def test_a_row_with_an_unknown_suite_or_cause_is_refused_at_import():
     from pytest_packcheck.checks.registry import CheckSpec
 
-    with pytest.raises(ValueError, match="unknown suite 'nightly'. Expected one of: default, variants, training"):
+    with pytest.raises(ValueError, match="unknown suite 'nightly'. Expected one of: default, variants, training, rl"):
         CheckSpec(name="x", function="parity:x", level="backend", role="correctness", summary="s", suite="nightly")
     with pytest.raises(ValueError, match=r"unknown causes \['no_such_cause'\] \(add them to checks/causes.py\)"):
         CheckSpec(name="x", function="parity:x", level="backend", role="correctness", summary="s", causes=("no_such_cause",))

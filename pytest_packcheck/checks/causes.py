@@ -211,6 +211,31 @@ _CAUSES: tuple[Cause, ...] = (
           "prompt tokens keep their labels in the packed row: the completion mask is lost, prompts are trained",
           "mask the prompt labels yourself before packing (set them to -100), or use a TRL whose packer keeps the "
           "completion_mask column; check with the sft cell"),
+    Cause("padded_positions",
+          "a left-padded batch runs without position_ids: the forward numbers positions over the columns, so each "
+          "sample starts at its padding count (learned absolute positions see other positions than generation did)",
+          "pass position_ids counted over the real tokens (attention_mask.cumsum(-1) - 1, clamped at 0) with a "
+          "left-padded batch, or pack the samples padding-free with position_ids restarting at 0"),
+    Cause("tree_packing",
+          "a tree-packed row (shared prefixes forwarded once) gives a completion token another log-prob than its "
+          "sample alone: a segment sees K/V outside its root-to-segment path, or a target is gathered from the wrong "
+          "position",
+          "train this model without tree packing (plain padding-free rows), and check the row's tree_kv_index / "
+          "tree_cu_seqlens_k and token_index against the trie",
+          when=(Remedy(facts=(("attention_sinks_dropped", True),), text=(
+              "tree_attention hands the kernel no s_aux, so the model's attention sinks (GPT-OSS) are dropped: train "
+              "it without tree packing (AsyncGRPO with plain padding-free rows), or pass module.sinks to the kernel "
+              "as s_aux as transformers' flash path does")),)),
+    Cause("label_shift",
+          "the trainer's completion log-probs match the reference one position off: labels rolled across a sample "
+          "boundary, or logits_to_keep off by one",
+          "shift the labels within each sample (the last token of a sample predicts nothing; the first completion "
+          "token is scored off the last prompt token) and take logits_to_keep = completion length"),
+    Cause("temperature_mismatch",
+          "the trainer's log-probs match the reference at another sampling temperature: the temperature is applied "
+          "on one path only (generation and training, or the policy and the reference model)",
+          "divide the logits by the same temperature on every path that computes log-probs (GRPOConfig.temperature "
+          "is the generation temperature)"),
     Cause("packed_mismatch",
           "the packed run differs from the reference, and no probe in the cell could say why",
           "rerun with the current packcheck: it names the cause"),

@@ -91,6 +91,8 @@ SUITES = {
     "default": "run when no check is named",
     "variants": "input variants beside the standard row: opt in (--packcheck-checks, or --audit variants)",
     "training": "whole Trainer / SFTTrainer runs and TRL's packer: opt in (--packcheck-checks, or --audit training)",
+    "rl": "completion log-probs as RL trainers gather them (packed rows, GRPO's padded batch, TRL's own GRPO and "
+          "AsyncGRPO code): opt in (--packcheck-checks, or --audit rl)",
 }
 
 
@@ -339,6 +341,26 @@ REGISTRY: tuple[CheckSpec, ...] = (
               key_number_format="packing:key_number",
               causes=("packing_content",),
               suite="training", requires=("trl",)),
+    CheckSpec(name="rl_logprobs", function="rl:check_rl_logprobs", level="backend", role="correctness",
+              summary="completion log-probs and entropies (nats, at a sampling temperature) from one padding-free row of "
+                      "RL samples, gathered per segment = each sample alone (verl's remove-padding, OpenRLHF's packed samples)",
+              key_metric=KeyMetric("max_abs_logprob_diff", "Δlogp"), tolerance="logits_atol",
+              causes=(*_PARITY_CAUSES, "non_finite"), suite="rl"),
+    CheckSpec(name="rl_padded", function="rl:check_rl_padded", level="backend", role="hazard",
+              summary="GRPO's left-padded batch as GRPOTrainer calls the model (no position_ids): completion log-probs = "
+                      "each sample alone",
+              key_metric=KeyMetric("max_abs_logprob_diff", "Δlogp"), tolerance="logits_atol",
+              causes=("padded_positions", *_PARITY_CAUSES, "non_finite"), suite="rl"),
+    CheckSpec(name="rl_trl_grpo", function="rl:check_rl_trl_grpo", level="backend", role="correctness",
+              summary="TRL's own GRPO log-prob path (_get_per_token_logps_and_entropies, fused LM head, logits_to_keep) = "
+                      "each sample alone",
+              key_metric=KeyMetric("max_abs_logprob_diff", "Δlogp"), tolerance="logits_atol",
+              causes=("padded_positions", *_PARITY_CAUSES, "non_finite", "crash"), suite="rl", requires=("trl",)),
+    CheckSpec(name="rl_trl_tree", function="rl:check_rl_trl_tree", level="model", role="finding",
+              summary="TRL AsyncGRPO's tree packing (TreeRow, tree_attention on an exact CPU kernel, log_probs[token_index]) "
+                      "= each sample alone",
+              key_metric=KeyMetric("max_abs_logprob_diff", "Δlogp"), tolerance="logits_atol",
+              causes=("tree_packing", "non_finite", "crash"), suite="rl", requires=("trl",)),
 )
 
 SPECS: dict[str, CheckSpec] = {s.name: s for s in REGISTRY}
@@ -368,11 +390,18 @@ def gate_checks() -> tuple[str, ...]:
     return (*DEFAULT_CHECKS, *(s.name for s in REGISTRY if s.gate and s.suite != "default" and not s.missing()))
 
 
+def suite_checks(suite: str) -> tuple[str, ...]:
+    """The checks of one suite (:data:`SUITES`), in matrix order."""
+    return tuple(s.name for s in REGISTRY if s.suite == suite)
+
+
 def check_help() -> str:
-    """The --packcheck-checks help text: every check with its role, the default set and the training set."""
-    return ("Checks to run, comma-separated. Default: " + ", ".join(DEFAULT_CHECKS) + ". Training checks (opt in): "
-            + ", ".join(TRAINING_CHECKS) + ". Input variants (opt in): " + ", ".join(VARIANT_CHECKS) + ". Roles: correctness decides a cell; hazards and findings are reported once "
-            "per stack. See `packcheck checks`.")
+    """The --packcheck-checks help text: the default set, then each opt-in suite's checks (:data:`SUITES`: a new
+    suite is listed with no edit here)."""
+    opt_in = " ".join(f"{suite.capitalize()} checks (opt in, or --audit {suite}): {', '.join(suite_checks(suite))}."
+                      for suite in SUITES if suite != "default" and suite_checks(suite))
+    return (f"Checks to run, comma-separated. Default: {', '.join(DEFAULT_CHECKS)}. {opt_in} Roles: correctness decides "
+            "a cell; hazards and findings are reported once per stack. See `packcheck checks`.")
 
 
 def describe() -> list[tuple[str, str, str, str]]:

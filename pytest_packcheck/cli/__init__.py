@@ -88,14 +88,16 @@ def help_epilog() -> str:
     import textwrap
 
     from ..checks.causes import CAUSES
-    from ..checks.registry import DEFAULT_CHECKS, REGISTRY, TRAINING_CHECKS
+    from ..checks.registry import DEFAULT_CHECKS, REGISTRY, SUITES, suite_checks
 
     def wrap(text: str, indent: str = "  ") -> str:
         return textwrap.fill(text, width=100, initial_indent=indent, subsequent_indent=indent + "  ")
 
-    lines = ["checks (--packcheck-checks; default: all but the training ones):"]
-    lines += [wrap(f"{s.name} ({s.role}{', training' if s.training else ''}): {s.summary}") for s in REGISTRY]
-    lines += [wrap(f"default: {', '.join(DEFAULT_CHECKS)}; training (opt in, or --audit training): {', '.join(TRAINING_CHECKS)}"),
+    lines = ["checks (--packcheck-checks; default: the default suite's):"]
+    lines += [wrap(f"{s.name} ({s.role}{'' if s.suite == 'default' else ', ' + s.suite}): {s.summary}") for s in REGISTRY]
+    suites = [f"{suite} (opt in, or --audit {suite}): {', '.join(suite_checks(suite))}" for suite in SUITES
+              if suite != "default" and suite_checks(suite)]
+    lines += [wrap(f"default: {', '.join(DEFAULT_CHECKS)}; " + "; ".join(suites)),
               "", "causes (a failing cell names each; bisect --cause takes one):"]
     lines += [wrap(f"{code}: {meaning}") for code, meaning in CAUSES.items()]
     lines += ["", "audits (--audit NAME; default: default):"]

@@ -27,7 +27,8 @@ Modules, in the order a batch meets them: :mod:`.batch` (the batch contract, :fu
 (the tolerance row: the dtype the forward computes in), :mod:`.forward` (the packed row, each example alone, the
 comparison), :mod:`.probes` (the reruns that name the cause), :mod:`.verify` (:func:`verify_packed_batch`, the
 probes in order, the remedy), :mod:`.result` (:class:`GuardResult`, the errors and warning), :mod:`.callback`
-(:class:`PackcheckCallback`).
+(:class:`PackcheckCallback`), and for RL loops :mod:`.rl` (:func:`verify_packed_logprobs` on a packed RL row and
+the trainer's completion log-probs; :func:`guard_grpo` inside TRL's GRPOTrainer).
 """
 
 from __future__ import annotations
@@ -35,12 +36,14 @@ from __future__ import annotations
 from .batch import CONTRACT_REMEDIES, IGNORE_INDEX, TOKEN_KEYS, packed_rows, parse_row, unpack_row
 from .callback import FALLBACKS, PADDING_FALLBACK, POLICIES, RESULT_FILE, PackcheckCallback, print_line
 from .result import GuardResult, NotPackedError, PackcheckGuardWarning, PackedBatchMismatch
+from .rl import LOSS_TYPES, RLGuardResult, guard_grpo, verify_packed_logprobs
 from .verify import verify_packed_batch
 
 __all__ = [
     "CONTRACT_REMEDIES",
     "FALLBACKS",
     "IGNORE_INDEX",
+    "LOSS_TYPES",
     "PADDING_FALLBACK",
     "POLICIES",
     "RESULT_FILE",
@@ -50,9 +53,12 @@ __all__ = [
     "PackcheckCallback",
     "PackcheckGuardWarning",
     "PackedBatchMismatch",
+    "RLGuardResult",
+    "guard_grpo",
     "packed_rows",
     "parse_row",
     "print_line",
     "unpack_row",
     "verify_packed_batch",
+    "verify_packed_logprobs",
 ]

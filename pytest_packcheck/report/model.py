@@ -257,9 +257,10 @@ class Report:
     def settings(self) -> dict[str, Any]:
         return self.doc.get("settings", {})
 
-    def label(self, backend: str) -> str:
-        """A backend's column label (the torch varlen column relabelled when a stand-in ran)."""
-        return self.labels.get(backend, backend)
+    def label(self, backend: str | None) -> str:
+        """A backend's column label (the torch varlen column relabelled when a stand-in ran); "(model level)" for
+        the cells of a check that runs once per model (no backend)."""
+        return self.labels.get(backend, backend) if backend is not None else "(model level)"
 
 
 def build_report(doc: dict[str, Any]) -> Report:

@@ -1,0 +1,422 @@
+"""RL training: per-token log-probs of completion tokens, as RL trainers compute them (issue 44).
+
+RL trainers do not use the model's loss. TRL's GRPO / RLOO, TRL's AsyncGRPO (padding-free since 1.7, tree packing in
+1.16), verl (``use_remove_padding=True``), OpenRLHF (``packing_samples``) gather the log-prob of each completion
+token from a forward, with labels shifted within each sample, and reduce them in their own loss: the policy ratio
+``exp(logp - old_logp)``, the KL term, the entropy bonus. A wrong boundary there is silent. The checks here feed the
+model RL-shaped samples (a prompt and a completion each, several completions of one prompt as a GRPO group, a
+sampling temperature) and compare every completion token's log-prob and entropy with the same sample run alone:
+
+- ``rl_logprobs``: one padding-free row (``position_ids`` restarting per sample, as the trainers' remove-padding
+  paths feed it), gathered per segment;
+- ``rl_padded``: the left-padded prompt / right-padded completion batch GRPO builds, without ``position_ids`` (as
+  ``GRPOTrainer._get_per_token_logps_and_entropies`` calls the model) and with them (a hazard: a padded path can be
+  the wrong one);
+- ``rl_trl_grpo``: TRL's own ``GRPOTrainer._get_per_token_logps_and_entropies`` with TRL's fused LM head;
+- ``rl_trl_tree``: TRL AsyncGRPO's ``TreeRow`` (shared-prefix packing) and its ``tree_attention``, with the FA3
+  kernel replaced by packcheck's exact CPU varlen reference (:func:`backends.kernels.varlen_reference_kernel`).
+
+Units: log-probs and entropies in nats; the tolerance is the dtype's ``logits_atol`` (a per-token log-prob is a
+difference of two logits' log-sum-exp, so it moves by at most twice the logits' difference).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+from ..results import CheckResult
+from .probes import mismatch_cause
+from .registry import fixed_by
+from .workbench import Workbench, _fmt
+
+#: The sampling temperature the checks score at: GRPO divides the logits by the generation temperature before the
+#: log-softmax (``GRPOConfig.temperature``, default 1.0; 0.7 .. 1.0 in practice). Not 1.0, so a temperature applied
+#: on one path only shows.
+RL_TEMPERATURE = 0.7
+
+
+@dataclass(frozen=True)
+class RLSample:
+    """One rollout: ``prompt`` and ``completion`` token ids (each non-empty), ``group``: the prompt it answers (GRPO
+    samples several completions per prompt; AsyncGRPO's tree packing shares their prefix)."""
+
+    prompt: tuple[int, ...]
+    completion: tuple[int, ...]
+    group: int = 0
+
+    @property
+    def tokens(self) -> list[int]:
+        return [*self.prompt, *self.completion]
+
+
+def rl_samples(examples: list[list[int]]) -> list[RLSample]:
+    """RL samples from the workbench's examples: each split into a prompt (its first half, at least one token) and a
+    completion (the rest), and a second completion for the first prompt (a GRPO group of two: the first completion
+    reversed, rotated when that reads the same). Examples of one token have no completion and are left out."""
+    samples = [RLSample(tuple(e[:max(1, len(e) // 2)]), tuple(e[max(1, len(e) // 2):]), group=i)
+               for i, e in enumerate(examples) if len(e) >= 2]
+    if samples:
+        first = samples[0]
+        other = first.completion[::-1] if first.completion[::-1] != first.completion else first.completion[1:] + first.completion[:1]
+        if other != first.completion:
+            samples.insert(1, RLSample(first.prompt, other, group=first.group))
+    return samples
+
+
+def completion_logprobs(logits: Any, tokens: list[int], first: int, temperature: float) -> tuple[Any, Any]:
+    """Log-probs and entropies (float64, nats) of ``tokens[first:]``, each scored off the logits of the position
+    before it, at ``temperature``: ``logits`` is ``(len(tokens), vocab)`` (or longer: row ``t - 1`` predicts token
+    ``t``). The labels are shifted within the sample, never across its start (``first >= 1``)."""
+    import torch
+
+    rows = logits[first - 1:len(tokens) - 1].double() / temperature
+    logp = torch.log_softmax(rows, dim=-1)
+    targets = torch.tensor(tokens[first:], device=logp.device)
+    gathered = logp.gather(-1, targets[:, None])[:, 0]
+    entropy = -(logp.exp() * logp).sum(-1)
+    return gathered.cpu(), entropy.cpu()
+
+
+def alone(wb: Workbench, samples: list[RLSample], temperature: float) -> list[tuple[Any, Any]]:
+    """The reference: each sample run alone (:meth:`Workbench.solo`), its completion scored."""
+    return [completion_logprobs(wb.solo(s.tokens), s.tokens, len(s.prompt), temperature) for s in samples]
+
+
+def packed(wb: Workbench, samples: list[RLSample], temperature: float, batch: dict[str, Any] | None = None) -> list[tuple[Any, Any]]:
+    """The samples in one padding-free row (the workbench's collator: ``position_ids`` restarting per sample), each
+    completion scored from its own segment of the row."""
+    batch = batch if batch is not None else wb.packed([s.tokens for s in samples])
+    logits = wb.forward(batch).logits[0].float()
+    out, offset = [], 0
+    for s in samples:
+        out.append(completion_logprobs(logits[offset:offset + len(s.tokens)], s.tokens, len(s.prompt), temperature))
+        offset += len(s.tokens)
+    return out
+
+
+def left_padded_batch(samples: list[RLSample], pad_id: int, device: str = "cpu") -> tuple[dict[str, Any], int, int]:
+    """GRPO's layout: prompts left-padded to the longest, completions right-padded to the longest, an
+    ``attention_mask`` of the real tokens (``GRPOTrainer._generate_and_score_completions``). Returns the batch, the
+    prompt width P and the completion width C (``logits_to_keep``)."""
+    import torch
+
+    width_p = max(len(s.prompt) for s in samples)
+    width_c = max(len(s.completion) for s in samples)
+    ids, mask = [], []
+    for s in samples:
+        lead, tail = width_p - len(s.prompt), width_c - len(s.completion)
+        ids.append([pad_id] * lead + s.tokens + [pad_id] * tail)
+        mask.append([0] * lead + [1] * len(s.tokens) + [0] * tail)
+    return ({"input_ids": torch.tensor(ids, device=device), "attention_mask": torch.tensor(mask, device=device)},
+            width_p, width_c)
+
+
+def padded(wb: Workbench, samples: list[RLSample], temperature: float, position_ids: bool) -> list[tuple[Any, Any]]:
+    """The samples in GRPO's left-padded batch, with ``position_ids`` counted over the real tokens (``attention_mask``
+    cumsum, as ``generate`` counts them) or without (the forward numbers the columns, padding included)."""
+    import torch
+
+    batch, width_p, _ = left_padded_batch(samples, wb.pad_id, wb.device)
+    if position_ids:
+        batch["position_ids"] = (batch["attention_mask"].cumsum(-1) - 1).clamp(min=0) + wb.start
+    with torch.no_grad():
+        inputs = dict(batch)
+        if "position_ids" in inputs:
+            inputs["position_ids"] = wb.layout.apply(inputs["position_ids"])
+        logits = wb.model(**inputs, use_cache=False).logits.float()
+    out = []
+    for row, s in enumerate(samples):
+        lead = width_p - len(s.prompt)
+        out.append(completion_logprobs(logits[row, lead:], s.tokens, len(s.prompt), temperature))
+    return out
+
+
+def compare(got: list[tuple[Any, Any]], ref: list[tuple[Any, Any]]) -> dict[str, Any]:
+    """Per-token and per-sequence differences (nats) of log-probs and entropies, worst over the samples; a
+    non-finite value on either side is counted, never compared."""
+    import torch
+
+    token, seq, ent, bad = 0.0, 0.0, 0.0, 0
+    for (lp, h), (rlp, rh) in zip(got, ref, strict=True):
+        finite = torch.isfinite(lp) & torch.isfinite(rlp) & torch.isfinite(h) & torch.isfinite(rh)
+        bad += int((~finite).sum())
+        if finite.any():
+            token = max(token, float((lp[finite] - rlp[finite]).abs().max()))
+            ent = max(ent, float((h[finite] - rh[finite]).abs().max()))
+            seq = max(seq, float((lp[finite].sum() - rlp[finite].sum()).abs()))
+    return {"max_abs_logprob_diff": token, "max_abs_seq_logprob_diff": seq, "max_abs_entropy_diff": ent,
+            "non_finite_logprobs": bad}
+
+
+def _base_metrics(wb: Workbench, samples: list[RLSample]) -> dict[str, Any]:
+    return {"temperature": RL_TEMPERATURE, "samples": len(samples), "completion_tokens": sum(len(s.completion) for s in samples),
+            "atol": wb.tol["logits_atol"]}
+
+
+def _too_short(wb: Workbench) -> CheckResult | None:
+    if len(rl_samples(wb.examples)) < 2:
+        return CheckResult("skipped", {}, "RL samples need two examples of at least 2 tokens (a prompt and a completion "
+                                          "each): lengthen --packcheck-lengths")
+    return None
+
+
+def _verdict(wb: Workbench, what: str, numbers: dict[str, Any], metrics: dict[str, Any]) -> CheckResult:
+    """Pass within ``logits_atol`` on log-probs and entropies; a non-finite log-prob fails as such; otherwise the
+    cause from the workbench's probes (:func:`probes.mismatch_cause`: leak, stateful layers, numerics, ...)."""
+    atol = wb.tol["logits_atol"]
+    worst = max(numbers["max_abs_logprob_diff"], numbers["max_abs_entropy_diff"])
+    if numbers["non_finite_logprobs"]:
+        return CheckResult("fail", metrics, f"{what}: {numbers['non_finite_logprobs']} non-finite completion log-probs",
+                           cause="non_finite", evidence={"non_finite_logprobs": numbers["non_finite_logprobs"]})
+    message = (f"{what}: completion log-probs {_fmt(numbers['max_abs_logprob_diff'])} nats per token, "
+               f"{_fmt(numbers['max_abs_seq_logprob_diff'])} per sequence, entropy {_fmt(numbers['max_abs_entropy_diff'])} "
+               f"(tol {_fmt(atol)})")
+    if worst <= atol:
+        return CheckResult("pass", metrics, message)
+    cause, evidence = mismatch_cause(wb, worst, atol)
+    return CheckResult("fail", metrics, message, cause=cause, evidence={**evidence, "max_abs_logprob_diff": worst})
+
+
+def check_rl_logprobs(wb: Workbench) -> CheckResult:
+    """Completion log-probs and entropies from one padding-free row (samples of a GRPO group side by side,
+    ``position_ids`` restarting, no ``attention_mask``, ``use_cache=False``), gathered per segment at
+    :data:`RL_TEMPERATURE`, = each sample alone. The remove-padding path of verl, OpenRLHF's packed samples and TRL
+    AsyncGRPO's chains (a tree with nothing shared) feed the model this row."""
+    short = _too_short(wb)
+    if short:
+        return short
+    samples = rl_samples(wb.examples)
+    numbers = compare(packed(wb, samples, RL_TEMPERATURE), alone(wb, samples, RL_TEMPERATURE))
+    return _verdict(wb, "packed row", numbers, {**numbers, **_base_metrics(wb, samples)})
+
+
+def check_rl_padded(wb: Workbench) -> CheckResult:
+    """GRPO's left-padded batch as ``GRPOTrainer`` calls the model (``input_ids`` and ``attention_mask``, no
+    ``position_ids``): the forward numbers positions over the columns, so a left-padded sample starts at its padding
+    count. Rotary models see relative positions and stay right; learned absolute positions do not. Fails with
+    ``padded_positions`` when ``position_ids`` counted over the real tokens fix it. A hazard: the packed row is what
+    packing changes, and it is judged by ``rl_logprobs``."""
+    short = _too_short(wb)
+    if short:
+        return short
+    samples = rl_samples(wb.examples)
+    ref = alone(wb, samples, RL_TEMPERATURE)
+    without = compare(padded(wb, samples, RL_TEMPERATURE, position_ids=False), ref)
+    with_ids = compare(padded(wb, samples, RL_TEMPERATURE, position_ids=True), ref)
+    atol = wb.tol["logits_atol"]
+    metrics = {**without, "max_abs_logprob_diff_position_ids": with_ids["max_abs_logprob_diff"], **_base_metrics(wb, samples)}
+    diff, fixed = without["max_abs_logprob_diff"], with_ids["max_abs_logprob_diff"]
+    if diff <= atol and not without["non_finite_logprobs"]:
+        return CheckResult("pass", metrics, f"left-padded without position_ids: {_fmt(diff)} nats (tol {_fmt(atol)})")
+    if fixed_by(fixed, diff, atol, wb.dtype):
+        return CheckResult("fail", metrics, f"left-padded without position_ids: completion log-probs off by {_fmt(diff)} "
+                           f"nats; with position_ids from the attention_mask {_fmt(fixed)}", cause="padded_positions",
+                           evidence={"max_abs_logprob_diff": diff, "max_abs_logprob_diff_position_ids": fixed, "atol": atol})
+    return _verdict(wb, "left-padded batch", without, metrics)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# TRL's own code
+
+
+def _trl_version() -> str:
+    from importlib.metadata import version
+
+    return version("trl")
+
+
+@contextlib.contextmanager
+def _model_copy(wb: Workbench):
+    """A deep copy of the cell's model (TRL's fused LM head patches ``forward`` in place; the other checks of the
+    cell must see the original)."""
+    import copy
+
+    model = copy.deepcopy(wb.model)
+    model.eval()
+    try:
+        yield model
+    finally:
+        del model
+
+
+def check_rl_trl_grpo(wb: Workbench) -> CheckResult:
+    """TRL's GRPO log-prob path, its own code: ``GRPOTrainer._get_per_token_logps_and_entropies`` on the
+    left-padded batch GRPO builds (``logits_to_keep`` = the completion width), through TRL's fused LM head
+    (``add_fused_lm_head(model, temperature)``, trl >= 1.1), against each sample alone. The trainer's machinery is
+    not started: the method runs on a stand-in ``self`` with a no-op autocast (the cell's dtype is the model's)."""
+    short = _too_short(wb)
+    if short:
+        return short
+    import torch
+
+    try:
+        from trl.trainer.grpo_trainer import GRPOTrainer
+        from trl.trainer.utils import add_fused_lm_head
+    except ImportError as exc:
+        return CheckResult("skipped", {"trl": _trl_version()}, f"trl {_trl_version()} has no fused-LM-head GRPO log-prob "
+                           f"path ({exc.__class__.__name__}: {exc}): the check reads trl >= 1.1's")
+    samples = rl_samples(wb.examples)
+    batch, _, width_c = left_padded_batch(samples, wb.pad_id, wb.device)
+    accelerator = type("Accelerator", (), {"autocast": staticmethod(contextlib.nullcontext), "is_main_process": True})()
+    stand_in = type("GRPOStandIn", (), {"accelerator": accelerator})()
+    try:
+        with _model_copy(wb) as model:
+            add_fused_lm_head(model, temperature=RL_TEMPERATURE, outputs=("log_probs", "entropy"))
+            with torch.no_grad():
+                logps, entropies, _ = GRPOTrainer._get_per_token_logps_and_entropies(
+                    stand_in, model, batch["input_ids"], batch["attention_mask"], width_c, compute_entropy=True)
+    except Exception as exc:  # noqa: BLE001 - TRL's code raised on this model: the cell says where
+        return _trl_crash("GRPOTrainer._get_per_token_logps_and_entropies", exc)
+    got = [(logps[i, :len(s.completion)].double().cpu(), entropies[i, :len(s.completion)].double().cpu())
+           for i, s in enumerate(samples)]
+    ref = alone(wb, samples, RL_TEMPERATURE)
+    numbers = compare(got, ref)
+    metrics = {**numbers, **_base_metrics(wb, samples), "trl": _trl_version(), "logits_to_keep": width_c}
+    what, atol = f"trl {_trl_version()} GRPO log-prob path", wb.tol["logits_atol"]
+    diff = numbers["max_abs_logprob_diff"]
+    if diff > atol and not numbers["non_finite_logprobs"]:
+        # GRPO calls the model with input_ids and attention_mask only: is it the positions of the left padding?
+        fixed = compare(padded(wb, samples, RL_TEMPERATURE, position_ids=True), ref)["max_abs_logprob_diff"]
+        metrics["max_abs_logprob_diff_position_ids"] = fixed
+        if fixed_by(fixed, diff, atol, wb.dtype):
+            return CheckResult("fail", metrics, f"{what}: completion log-probs off by {_fmt(diff)} nats per token: the "
+                               f"left-padded batch reaches the model without position_ids (with them {_fmt(fixed)})",
+                               cause="padded_positions", evidence={"max_abs_logprob_diff": diff,
+                                                                   "max_abs_logprob_diff_position_ids": fixed, "atol": atol})
+    return _verdict(wb, what, numbers, metrics)
+
+
+def _trl_crash(where: str, exc: BaseException) -> CheckResult:
+    """TRL's own code raised on this model (not packcheck's, not the model's alone): an error cell naming TRL's
+    function, the release, and the innermost frame of the exception."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    last = f"{frames[-1].filename.rsplit('site-packages/', 1)[-1]}:{frames[-1].lineno}" if frames else "?"
+    text = " ".join(str(exc).split())[:160]
+    return CheckResult("error", {"trl": _trl_version(), "raised_at": last},
+                       f"trl {_trl_version()} {where} raised {type(exc).__name__}{': ' + text if text else ''} (at {last})",
+                       cause="crash", evidence={"exception": type(exc).__name__, "raised_at": last})
+
+
+def tree_row(samples: list[RLSample]) -> dict[str, Any]:
+    """TRL AsyncGRPO's own packer: the samples folded into a ``TreeRow`` prefix trie and laid out by its
+    ``pack()`` (``input_ids``, ``position_ids`` = depth, ``shift_labels``, ``tree_kv_index``, ``tree_cu_seqlens_q/k``,
+    ``tree_max_seqlens``, ``token_index``, ``segment_id``)."""
+    import torch
+    from trl.experimental.async_grpo.packing import TreeRow
+
+    row = TreeRow()
+    for s in samples:
+        n = len(s.tokens)
+        row.add({"input_ids": torch.tensor(s.tokens), "group_id": s.group, "advantage": 0.0,
+                 "completion_mask": torch.tensor([0] * len(s.prompt) + [1] * len(s.completion)),
+                 "old_log_probs": torch.zeros(n)})
+    return row.pack()
+
+
+def tree_logprobs(model: Any, packed_row: dict[str, Any], device: str = "cpu") -> Any:
+    """AsyncGRPO's ``compute_loss`` forward on one tree row (its keyword arguments, its gather
+    ``outputs.log_probs.flatten()[token_index]``), on a model whose attention is TRL's ``tree_attention``."""
+    import torch
+
+    kw = {k: packed_row[k].to(device) for k in ("tree_kv_index", "tree_cu_seqlens_q", "tree_cu_seqlens_k")}
+    kw["tree_max_seqlen_q"], kw["tree_max_seqlen_k"] = (int(x) for x in packed_row["tree_max_seqlens"].tolist())
+    with torch.no_grad():
+        out = model(input_ids=packed_row["input_ids"][None].to(device), position_ids=packed_row["position_ids"][None].to(device),
+                    shift_labels=packed_row["shift_labels"][None].to(device), fused_lm_head=True, **kw)
+    return out.log_probs.flatten()[packed_row["token_index"].to(device)].double().cpu()
+
+
+def check_rl_trl_tree(wb: Workbench) -> CheckResult:
+    """TRL AsyncGRPO's tree (shared-prefix) packing, its own code: ``TreeRow`` folds a GRPO group's shared prompt
+    into one prefix, ``tree_attention`` shows each segment its root-to-segment K/V (``tree_kv_index``), and
+    ``compute_loss`` gathers ``log_probs[token_index]``. The FA3 kernel (a GPU kernel from the Hub) is replaced by
+    packcheck's exact CPU varlen reference; everything else is TRL's. Each target's log-prob = its sample alone."""
+    short = _too_short(wb)
+    if short:
+        return short
+    try:
+        from trl.experimental.async_grpo import packing as tree
+        from trl.trainer.utils import add_fused_lm_head
+    except ImportError as exc:
+        return CheckResult("skipped", {"trl": _trl_version()}, f"trl {_trl_version()} has no AsyncGRPO tree packing "
+                           f"({exc.__class__.__name__}: {exc}): trl >= 1.16 has it")
+    samples = rl_samples(wb.examples)
+    row = tree_row(samples)
+    ref = alone(wb, samples, RL_TEMPERATURE)
+    expected = [float(ref[i][0][j]) for i, s in enumerate(samples) for j in range(len(s.completion))]
+    try:
+        got = _tree_run(wb, row, tree, add_fused_lm_head)
+    except Exception as exc:  # noqa: BLE001 - TRL's code raised on this model: the cell says where
+        return _trl_crash("AsyncGRPO tree_attention forward", exc)
+    import torch
+
+    want = torch.tensor(expected, dtype=torch.float64)
+    finite = torch.isfinite(got) & torch.isfinite(want)
+    diff = float((got[finite] - want[finite]).abs().max()) if finite.any() else 0.0
+    unique, raw = int(row["input_ids"].numel()), sum(len(s.tokens) for s in samples)
+    numbers = {"max_abs_logprob_diff": diff, "max_abs_seq_logprob_diff": 0.0, "max_abs_entropy_diff": 0.0,
+               "non_finite_logprobs": int((~finite).sum())}
+    for i in range(len(samples)):  # the per-sequence sum, as the policy loss adds it up
+        sel = (row["segment_id"] == i) & finite
+        numbers["max_abs_seq_logprob_diff"] = max(numbers["max_abs_seq_logprob_diff"], float((got[sel] - want[sel]).sum().abs()))
+    metrics = {**numbers, **_base_metrics(wb, samples), "trl": _trl_version(), "tree_tokens": unique, "raw_tokens": raw,
+               "segments": int(row["tree_cu_seqlens_q"].numel() - 1)}
+    what, atol = f"trl {_trl_version()} AsyncGRPO tree row ({unique} of {raw} tokens forwarded)", wb.tol["logits_atol"]
+    if numbers["non_finite_logprobs"]:
+        return CheckResult("fail", metrics, f"{what}: {numbers['non_finite_logprobs']} non-finite completion log-probs",
+                           cause="non_finite", evidence={"non_finite_logprobs": numbers["non_finite_logprobs"]})
+    message = (f"{what}: completion log-probs {_fmt(diff)} nats per token, {_fmt(numbers['max_abs_seq_logprob_diff'])} "
+               f"per sequence (tol {_fmt(atol)})")
+    # a finding's contract items (report.model.stack_findings counts them): one, the targets' log-probs
+    metrics["items"] = {"completion_logprobs": {"status": "pass" if diff <= atol else "fail",
+                                                "evidence": f"max {_fmt(diff)} nats per token (tol {_fmt(atol)})"}}
+    if diff <= atol:
+        return CheckResult("pass", metrics, message)
+    evidence: dict[str, Any] = {"max_abs_logprob_diff": diff, "atol": atol, "segments": metrics["segments"]}
+    if any(getattr(m, "sinks", None) is not None for m in wb.model.modules()):
+        # GPT-OSS's attention sinks reach transformers' kernels as s_aux; tree_attention passes the kernel no s_aux
+        sunk = _tree_run(wb, row, tree, add_fused_lm_head, sinks=True)
+        fixed = float((sunk[finite] - want[finite]).abs().max()) if finite.any() else 0.0
+        evidence["max_abs_logprob_diff_with_sinks"] = metrics["max_abs_logprob_diff_with_sinks"] = fixed
+        if fixed <= atol:
+            evidence["attention_sinks_dropped"] = True
+            message += (f"; tree_attention drops the attention sinks (s_aux): with them passed to the kernel "
+                        f"{_fmt(fixed)}")
+            metrics["items"]["completion_logprobs"]["evidence"] += f"; attention sinks dropped (with them {_fmt(fixed)})"
+    return CheckResult("fail", metrics, message, cause="tree_packing", evidence=evidence)
+
+
+def _tree_run(wb: Workbench, row: dict[str, Any], tree: Any, add_fused_lm_head: Any, sinks: bool = False) -> Any:
+    """:func:`tree_logprobs` on a copy of the cell's model set to TRL's ``tree_attention``, its FA3 kernel replaced
+    by packcheck's exact varlen reference (per-segment attention, causal aligned bottom-right, as FA3 aligns
+    a segment's queries to the end of its root-to-segment K/V path). ``sinks``: hand each attention module's ``sinks`` to the kernel as ``s_aux``
+    (what transformers' own flash path does for GPT-OSS), to see whether dropping them is the difference."""
+    from unittest import mock
+
+    from ..backends.kernels import varlen_reference_kernel
+
+    def kernel_for(module: Any) -> Any:
+        s_aux = getattr(module, "sinks", None) if sinks else None
+        return type("TreeKernel", (), {"flash_attn_varlen_func": staticmethod(
+            lambda *a, **kw: varlen_reference_kernel(*a, **kw, s_aux=s_aux))})()
+
+    original = tree.tree_attention
+
+    def attention(module: Any, *args: Any, **kwargs: Any) -> Any:
+        with mock.patch.object(tree, "_flash_attn", lambda: kernel_for(module)):
+            return original(module, *args, **kwargs)
+
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(tree.TREE_ATTENTION, attention)
+    try:
+        with _model_copy(wb) as model:
+            model.set_attn_implementation(tree.TREE_ATTENTION)
+            add_fused_lm_head(model, temperature=RL_TEMPERATURE, outputs=("log_probs",))
+            return tree_logprobs(model, row, wb.device)
+    finally:
+        tree.register_tree_attention()  # TRL's own function back under its name

@@ -1,0 +1,136 @@
+"""RL log-prob checks (issue 44): each passes on the correct stack and catches its planted fault, and the faults the
+current releases really have are named (transformers 5.25.0 / trl 1.16.0, the pinned stack: constraints/test.txt)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import make_bench
+from faults import collator_no_reset
+
+from pytest_packcheck.checks import rl
+
+pytest.importorskip("trl")
+
+
+@pytest.fixture(scope="module")
+def llama(tolerances):
+    return make_bench("llama", "sdpa", tolerances)
+
+
+def test_samples_are_prompt_and_completion_with_a_grpo_group():
+    samples = rl.rl_samples([[1, 2, 3, 4, 5, 6], [7, 8, 9], [10]])
+    assert [s.prompt for s in samples] == [(1, 2, 3), (1, 2, 3), (7,)]
+    assert samples[0].completion == (4, 5, 6) and samples[1].completion == (6, 5, 4) and samples[1].group == samples[0].group
+    assert all(s.completion for s in samples)  # the one-token example has no completion: left out
+
+
+def test_completion_logprobs_shift_labels_within_the_sample_and_apply_the_temperature():
+    import torch
+
+    logits = torch.randn(5, 11)
+    tokens = [3, 1, 4, 1, 5]
+    logp, entropy = rl.completion_logprobs(logits, tokens, 2, 0.5)
+    want = torch.log_softmax(logits.double() / 0.5, -1)
+    assert torch.allclose(logp, torch.stack([want[1, 4], want[2, 1], want[3, 5]]))
+    assert entropy.shape == (3,) and bool((entropy > 0).all())
+
+
+def test_rl_logprobs_passes_on_the_packed_row_and_catches_a_leak(llama, tolerances):
+    result = rl.check_rl_logprobs(llama)
+    assert result.status == "pass", result.message
+    assert result.metrics["max_abs_logprob_diff"] < 1e-5 and result.metrics["samples"] == 4
+    leaky = make_bench("llama", "sdpa", tolerances, collator_factory=collator_no_reset)  # positions never restart
+    result = rl.check_rl_logprobs(leaky)
+    assert result.status == "fail" and result.cause == "leak" and result.metrics["max_abs_logprob_diff"] > 1e-2
+
+
+def test_rl_padded_names_grpos_missing_position_ids_on_learned_positions(llama, tolerances):
+    """GRPOTrainer calls the model with input_ids and attention_mask only: rotary llama is right (relative positions),
+    gpt2's learned absolute positions are off by the padding count (transformers 5.25.0: no position_ids from the
+    mask in a training forward), and position_ids from the mask fix it."""
+    assert rl.check_rl_padded(llama).status == "pass"
+    gpt2 = make_bench("gpt2", "sdpa", tolerances)
+    result = rl.check_rl_padded(gpt2)
+    assert result.status == "fail" and result.cause == "padded_positions", result.message
+    assert result.metrics["max_abs_logprob_diff"] > 1e-2 and result.metrics["max_abs_logprob_diff_position_ids"] < 1e-5
+
+
+def test_trl_grpo_logprob_path_passes_and_catches_a_temperature_on_one_path(llama, monkeypatch):
+    from trl.trainer import utils
+
+    result = rl.check_rl_trl_grpo(llama)
+    assert result.status == "pass", result.message
+    assert result.metrics["logits_to_keep"] == max(len(s.completion) for s in rl.rl_samples(llama.examples))
+    original = utils.add_fused_lm_head
+
+    def one_path(model, temperature=1.0, **kw):  # planted: the training path forgets the sampling temperature
+        return original(model, temperature=1.0, **kw)
+
+    monkeypatch.setattr(utils, "add_fused_lm_head", one_path)
+    result = rl.check_rl_trl_grpo(llama)
+    assert result.status == "fail" and result.metrics["max_abs_logprob_diff"] > 1e-2, result.message
+
+
+def test_trl_grpo_logits_to_keep_off_by_one_is_caught(llama, monkeypatch):
+    from trl.trainer.grpo_trainer import GRPOTrainer
+
+    original = GRPOTrainer._get_per_token_logps_and_entropies
+
+    def off_by_one(self, model, input_ids, attention_mask, logits_to_keep, **kw):
+        logps, entropies, aux = original(self, model, input_ids, attention_mask, logits_to_keep + 1, **kw)
+        return logps[:, :-1], entropies[:, :-1], aux  # planted: one prompt position too many, the last target dropped
+
+    monkeypatch.setattr(GRPOTrainer, "_get_per_token_logps_and_entropies", off_by_one)
+    result = rl.check_rl_trl_grpo(llama)
+    assert result.status == "fail" and result.metrics["max_abs_logprob_diff"] > 1e-2, result.message
+
+
+def test_trl_grpo_on_gpt2_is_off_by_its_left_padding(tolerances):
+    result = rl.check_rl_trl_grpo(make_bench("gpt2", "sdpa", tolerances))
+    assert result.status == "fail" and result.cause == "padded_positions", result.message
+    assert result.metrics["max_abs_logprob_diff_position_ids"] < 1e-5
+
+
+def test_trl_tree_packing_passes_and_catches_a_sibling_kv_gather(llama, monkeypatch):
+    """AsyncGRPO's tree row, TRL's own code on the exact CPU kernel: right on llama; planted, the second completion of
+    the GRPO group reads its sibling's K/V instead of its parent's (the shared prompt)."""
+    import torch
+
+    result = rl.check_rl_trl_tree(llama)
+    assert result.status == "pass", result.message
+    assert result.metrics["tree_tokens"] < result.metrics["raw_tokens"]  # the group's prompt is forwarded once
+    original = rl.tree_row
+
+    def sibling(samples):
+        row = original(samples)
+        kv, cu = row["tree_kv_index"].clone(), row["tree_cu_seqlens_k"]
+        # the third segment is the second completion: its path is [prompt..., own]; point its prompt at segment 2
+        start, first_own = int(cu[2]), int(row["tree_cu_seqlens_q"][2])
+        sib = int(row["tree_cu_seqlens_q"][1])
+        for i in range(start, start + (first_own - sib)):
+            kv[i] = torch.tensor(sib + (i - start))
+        row["tree_kv_index"] = kv
+        return row
+
+    monkeypatch.setattr(rl, "tree_row", sibling)
+    result = rl.check_rl_trl_tree(llama)
+    assert result.status == "fail" and result.cause == "tree_packing", result.message
+
+
+def test_trl_tree_attention_drops_gpt_oss_sinks_and_crashes_on_gpt2(tolerances):
+    """What trl 1.16.0's tree_attention does today: GPT-OSS's attention sinks never reach the kernel (right again with
+    them passed as s_aux), and GPT-2 (Conv1D, no nn.Linear in its attention module) crashes in get_target_dtype."""
+    result = rl.check_rl_trl_tree(make_bench("gpt_oss", "eager", tolerances))
+    assert result.status == "fail" and result.evidence.get("attention_sinks_dropped") is True, result.message
+    assert result.metrics["max_abs_logprob_diff_with_sinks"] < 1e-5 and result.metrics["max_abs_logprob_diff"] > 1e-2
+    result = rl.check_rl_trl_tree(make_bench("gpt2", "eager", tolerances))
+    assert result.status == "error" and result.cause == "crash" and "StopIteration" in result.message
+
+
+def test_the_rl_remedies_fit_their_evidence():
+    from pytest_packcheck.checks.causes import CAUSE_RECORDS
+
+    cell = {"check": "rl_trl_tree", "backend": None, "status": "fail", "metrics": {}}
+    assert "s_aux" in CAUSE_RECORDS["tree_packing"].remedy_for(cell, {"attention_sinks_dropped": True})
+    assert "s_aux" not in CAUSE_RECORDS["tree_packing"].remedy_for(cell, {})
+    assert "position_ids" in CAUSE_RECORDS["padded_positions"].remedy
