@@ -114,7 +114,8 @@ def test_gpu_bench_path_rehearsed_on_cpu_in_bf16(tmp_path):
 def test_targets_are_judged_on_cuda_only(tmp_path):
     """audit/bench_targets.toml: on CUDA each target is met or missed from the measured figure; on CPU listed,
     not judged. A planted shortfall (1.5x against 1.8x) is missed; a bad targets file is refused by name."""
-    from pytest_packcheck.run.throughput import _targets_summary, judge_targets, load_targets
+    from pytest_packcheck.report.bench import _targets_summary
+    from pytest_packcheck.run.throughput import judge_targets, load_targets
 
     targets = load_targets()
     assert targets["flan"]["min_speedup"] == 1.8 and targets["all"]["max_instrumentation_overhead"] == 0.02
@@ -241,7 +242,7 @@ def test_bench_terminal_line_carries_the_markdowns_caveats_and_percentages(tmp_p
 
 
 def test_bench_page_states_clipping_and_a_speedup_above_the_ideal():
-    from pytest_packcheck.run.throughput import bench_caveats
+    from pytest_packcheck.report.bench import bench_caveats
 
     r = {"profile": "big.txt", "steps": 2, "warmup": 1, "batch_size": 4, "max_length": 64, "fraction_of_ideal": 2.14,
          "lengths": {"clipped_to_max_length": 12}}
@@ -265,7 +266,7 @@ def test_bench_warning_counts_only_checks_that_bear_on_the_benched_computation()
     """A speedup is marked when isolation / logits / loss / grads / positions / backend failed on the benched
     backend and dtype; cache_trap and mask_trap judge other calls (bench runs use_cache=False, no mask), and an
     inconclusive (error) cell is not a verdict."""
-    from pytest_packcheck.run.throughput import _packing_fails
+    from pytest_packcheck.report.bench import _packing_fails
 
     r = {"model": {"label": "llama"}, "attn_implementation": "sdpa", "dtype": "float32"}
 

@@ -333,8 +333,8 @@ def test_models_sentence_never_counts_zero_default_configs_and_overhead_below_ze
     """Trial 12, 153: a run of one local folder under pretrained read "The models: 0 transformers default configs
     (shrunk, pretrained weights) and 1 named checkpoints". Trial 12, 119: bench printed "instrumentation overhead
     -76.7 %" (the counted run was the faster) as a figure."""
+    from pytest_packcheck.report.bench import _instrumentation_text
     from pytest_packcheck.report.sections import models_are
-    from pytest_packcheck.run.throughput import _instrumentation_text
 
     folder = {"m": {"kind": "local", "spec": "./m"}}
     assert models_are(folder, {"weights": "pretrained"}) == "The models: 1 named checkpoint(s) or folder(s), pretrained weights."

@@ -48,9 +48,10 @@ def run(ns: argparse.Namespace) -> int:
     from ..model.build import build_model
     from ..model.resolve import resolve_model
     from ..model.specs import parse_model_spec
+    from ..report.bench import bench_terminal_lines, render_bench
     from ..results import probe_folder, write_set
     from ..results.environment import environment
-    from ..run.throughput import bench_terminal_lines, load_targets, render_bench, run_bench, sample_lengths
+    from ..run.throughput import load_targets, run_bench, sample_lengths
 
     ns.device = parse_device(ns.device, "--device")  # tpu, mps, cudax: refused before anything is built
     cuda = ns.device.startswith("cuda")

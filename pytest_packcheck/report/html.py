@@ -167,18 +167,18 @@ def page_data(rep: Report) -> dict[str, Any]:
 
 
 def _bench_head(rep: Report, label: str) -> list[str]:
-    """The Markdown matrix's "speedup / memory" entry of a model (:func:`run.throughput.bench_cell`), [] without bench."""
+    """The Markdown matrix's "speedup / memory" entry of a model (:func:`.bench.bench_cell`), [] without bench."""
     bench = rep.doc.get("bench")
     if not bench:
         return []
-    from ..run.throughput import bench_cell
+    from .bench import bench_cell
 
     return [bench_cell([r for r in bench["results"] if r["model"]["label"] == label], rep.cells)]
 
 
 def _markdown_html(lines: list[str]) -> str:
     """Markdown lines of a report section (``## heading``, a GitHub table, ``- `` items, sentences) as HTML, so a
-    section the Markdown renders (the payoff of --bench: :func:`run.throughput.bench_section`) is shown from the
+    section the Markdown renders (the payoff of --bench: :func:`.bench.bench_section`) is shown from the
     same lines, not rewritten."""
     import re
 
@@ -278,7 +278,7 @@ def _summary_html(rep: Report, data: dict[str, Any]) -> str:
                    f'{e(str(gate.get("changed", 0)))} changed cell(s): {e(str(gate.get("candidate", "")))} (candidate) against '
                    f'{e(str(gate.get("baseline", "")))} (baseline){": " + e(", ".join(map(str, cells))) if cells else ""}</p>')
     if doc.get("bench"):  # the Markdown's payoff section, from the same lines
-        from ..run.throughput import bench_section
+        from .bench import bench_section
 
         out.append('<div id="payoff">' + _markdown_html(bench_section(doc["bench"], doc.get("cells") or [])) + "</div>")
     if lay.versioned:

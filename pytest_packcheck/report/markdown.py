@@ -115,7 +115,7 @@ def render(rep: Report) -> str:
                 h = rep.headlines.get((label, b, dtype, None))
                 row.append(headline_text(h, marks.get((label, None, dtype, b))) if h else NOT_MEASURED)
             if bench:
-                from ..run.throughput import bench_cell
+                from .bench import bench_cell
 
                 row.append(bench_cell([r for r in bench["results"] if r["model"]["label"] == label], cells))
             rows.append(row)
@@ -124,7 +124,7 @@ def render(rep: Report) -> str:
     lines += not_checked_section(rep)
     lines += training_section(rep)
     if bench:
-        from ..run.throughput import bench_section
+        from .bench import bench_section
 
         lines += bench_section(bench, cells)
     lines += what_to_do(rep)
