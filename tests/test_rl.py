@@ -134,3 +134,23 @@ def test_the_rl_remedies_fit_their_evidence():
     assert "s_aux" in CAUSE_RECORDS["tree_packing"].remedy_for(cell, {"attention_sinks_dropped": True})
     assert "s_aux" not in CAUSE_RECORDS["tree_packing"].remedy_for(cell, {})
     assert "position_ids" in CAUSE_RECORDS["padded_positions"].remedy
+
+
+def test_the_committed_rl_matrix_holds_the_findings_the_docs_quote():
+    """docs/rl.md embeds reports/rl/packcheck-matrix.md: made on the pinned stack, with the findings this suite
+    measures above (gpt2's padded path, GPT-OSS's dropped sinks, the gpt2 tree crash) and every other model within
+    its tolerance."""
+    import json
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    doc = json.loads((repo / "reports" / "rl" / "packcheck-matrix.json").read_text())
+    pins = dict(line.split("==", 1) for line in (repo / "constraints" / "test.txt").read_text().splitlines() if "==" in line)
+    assert doc["environment"]["transformers"] == pins["transformers"] and doc["environment"]["trl"] == pins["trl"]
+    cells = {(c["model"]["model_type"], c["backend"], c["check"]): c for c in doc["cells"]}
+    assert cells[("gpt2", "sdpa", "rl_trl_grpo")]["cause"] == "padded_positions"
+    assert cells[("gpt_oss", None, "rl_trl_tree")]["evidence"].get("attention_sinks_dropped") is True
+    assert cells[("gpt2", None, "rl_trl_tree")]["status"] == "error"
+    for model in ("llama", "qwen2", "qwen3", "gemma3_text", "qwen3_moe"):
+        for check in ("rl_logprobs", "rl_trl_grpo"):
+            assert cells[(model, "sdpa", check)]["status"] == "pass", (model, check)

@@ -4,7 +4,8 @@
     python tools/rerender.py --check    exit 1 and name the stale files (what tests/test_committed_reports.py runs)
 
 The committed reports are outputs of packcheck's renderers over stored numbers: the default matrix
-(``reports/packcheck-matrix.json`` -> its Markdown, CSV and details) and the atlas (``reports/atlas/support.json``
+(``reports/packcheck-matrix.json`` -> its Markdown, CSV and details), the RL matrix the docs quote
+(``reports/rl/``, the same files) and the atlas (``reports/atlas/support.json``
 -> ``atlas.md``, ``atlas.html`` and ``support.json`` itself, with its TRL block and bisect placements). A change
 to a renderer, a legend or packcheck's version makes them stale; this command brings them up to date, and the test
 says when that is due. Numbers never change here: a re-measure is ``packcheck audit`` / ``packcheck atlas``.
@@ -25,14 +26,23 @@ MATRIX_FILES = ("packcheck-matrix.md", "packcheck-matrix.csv", "packcheck-detail
 ATLAS_FILES = ("atlas.md", "atlas.html", "support.json")
 
 
+#: the committed matrices, as folders under reports/ ("" the default audit's)
+MATRIX_DIRS = ("", "rl")
+
+
 def matrix_texts(reports: Path = REPORTS) -> dict[Path, str]:
-    """The committed default matrix's files as this checkout renders them from its JSON."""
+    """The committed matrices' files as this checkout renders them from their JSON."""
     from pytest_packcheck.report.formats import FORMATS
     from pytest_packcheck.report.model import build_report
 
-    doc = json.loads((reports / "packcheck-matrix.json").read_text(encoding="utf-8"))
-    rep = build_report(doc)
-    return {reports / f.file: f.render(rep) for f in FORMATS if f.file in MATRIX_FILES}
+    out: dict[Path, str] = {}
+    for sub in MATRIX_DIRS:
+        folder = reports / sub if sub else reports
+        if not (folder / "packcheck-matrix.json").exists():
+            continue
+        rep = build_report(json.loads((folder / "packcheck-matrix.json").read_text(encoding="utf-8")))
+        out.update({folder / f.file: f.render(rep) for f in FORMATS if f.file in MATRIX_FILES})
+    return out
 
 
 def atlas_texts(reports: Path = REPORTS) -> dict[Path, str]:
