@@ -154,3 +154,22 @@ def test_the_committed_rl_matrix_holds_the_findings_the_docs_quote():
     for model in ("llama", "qwen2", "qwen3", "gemma3_text", "qwen3_moe"):
         for check in ("rl_logprobs", "rl_trl_grpo"):
             assert cells[(model, "sdpa", check)]["status"] == "pass", (model, check)
+
+
+def test_dpo_asked_to_pack_runs_padded_on_trl_1_16_and_the_finding_names_the_line(llama, monkeypatch):
+    """trl 1.16.0's DPOTrainer turns padding_free=True off ("temporarily unavailable after a refactor"); the finding
+    names the file and line. Planted: a DPOTrainer that keeps the flag is a pass."""
+    import trl
+
+    result = rl.check_rl_trainer_config(llama)
+    if rl._trl_version() == "1.16.0":
+        assert result.status == "fail" and result.cause == "config_dropped", result.message
+        assert "trl/trainer/dpo_trainer.py:" in result.metrics["items"]["dpo_padding_free"]["evidence"]
+
+    class Keeps(trl.DPOTrainer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.padding_free = True
+
+    monkeypatch.setattr(trl, "DPOTrainer", Keeps)
+    assert rl.check_rl_trainer_config(llama).status == "pass"

@@ -236,6 +236,11 @@ _CAUSES: tuple[Cause, ...] = (
           "on one path only (generation and training, or the policy and the reference model)",
           "divide the logits by the same temperature on every path that computes log-probs (GRPOConfig.temperature "
           "is the generation temperature)"),
+    Cause("config_dropped",
+          "the trainer was asked to pack (padding_free=True) and its release runs padded: the flag is forced off, "
+          "dropped or ignored (the evidence names the file and line)",
+          "do not count on the flag at this release: check what the trainer runs (trainer.padding_free after "
+          "construction) or use a release that honours it; the padded run is correct, only slower"),
     Cause("packed_mismatch",
           "the packed run differs from the reference, and no probe in the cell could say why",
           "rerun with the current packcheck: it names the cause"),

@@ -361,6 +361,10 @@ REGISTRY: tuple[CheckSpec, ...] = (
                       "= each sample alone",
               key_metric=KeyMetric("max_abs_logprob_diff", "Δlogp"), tolerance="logits_atol",
               causes=("tree_packing", "non_finite", "crash"), suite="rl", requires=("trl",)),
+    CheckSpec(name="rl_trainer_config", function="rl:check_rl_trainer_config", level="model", role="finding",
+              summary="what TRL's preference trainers run when asked to pack: DPOTrainer(padding_free=True) keeps it, or "
+                      "the file and line that turns it off",
+              causes=("config_dropped", "crash"), suite="rl", requires=("trl",)),
 )
 
 SPECS: dict[str, CheckSpec] = {s.name: s for s in REGISTRY}

@@ -420,3 +420,75 @@ def _tree_run(wb: Workbench, row: dict[str, Any], tree: Any, add_fused_lm_head: 
             return tree_logprobs(model, row, wb.device)
     finally:
         tree.register_tree_attention()  # TRL's own function back under its name
+
+
+# ------------------------------------------------------------------------------------------------------------
+# what each trainer really runs
+
+
+def _line_that_sets(cls: Any, attribute: str, value: str) -> str:
+    """``file:line`` (from site-packages on) of the first line of ``cls``'s module that assigns ``self.<attribute> =
+    <value>``, or "" when none does: the line a release decides with."""
+    import inspect
+
+    try:
+        lines, _ = inspect.findsource(cls)
+        path = inspect.getsourcefile(cls) or "?"
+    except (OSError, TypeError):
+        return ""
+    needle = f"self.{attribute} = {value}"
+    for number, text in enumerate(lines, 1):
+        if text.strip() == needle:
+            return f"{path.rsplit('site-packages/', 1)[-1]}:{number}"
+    return ""
+
+
+def check_rl_trainer_config(wb: Workbench) -> CheckResult:
+    """What TRL's preference trainers run when asked to pack: ``DPOTrainer`` built with ``DPOConfig(padding_free=True)``
+    on the cell's model and a two-pair dataset (nothing trained), and the ``padding_free`` it keeps. A flag forced
+    off is a contract item that fails, with the file and line of the release that turns it off (trl 1.16.0:
+    "temporarily unavailable after a refactor", falling back to padding with a logged warning). A stack finding:
+    the same for every model."""
+    import tempfile
+
+    try:
+        from datasets import Dataset
+        from trl import DPOConfig, DPOTrainer
+    except ImportError as exc:
+        return CheckResult("skipped", {}, f"TRL's DPOTrainer does not import here ({type(exc).__name__}: {exc})")
+    from .sft_setup import _quiet_datasets, offline_tokenizer
+
+    version = _trl_version()
+    vocab = int(getattr(wb.config, "vocab_size", 0) or 0)
+    tokenizer = offline_tokenizer(vocab) if vocab else None
+    if tokenizer is None:
+        return CheckResult("skipped", {"trl": version}, "the model's config has no vocab_size for an offline tokenizer")
+    pairs = [{"prompt": "the cat sat", "chosen": " on the mat", "rejected": " in the park"},
+             {"prompt": "a dog ran", "chosen": " with a ball", "rejected": " to the sea"}]
+    fields = {f for f in DPOConfig.__dataclass_fields__}
+    if "padding_free" not in fields:
+        return CheckResult("skipped", {"trl": version}, f"trl {version}'s DPOConfig has no padding_free")
+    items: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as out, _model_copy(wb) as model:
+        args = DPOConfig(output_dir=out, padding_free=True, per_device_train_batch_size=2, max_steps=1, report_to=[],
+                         use_cpu=True, bf16=False, save_strategy="no")
+        try:
+            import copy
+
+            with _quiet_datasets():  # a built model has no Hub name: the reference model is handed over, not loaded
+                trainer = DPOTrainer(model=model, ref_model=copy.deepcopy(model), args=args,
+                                     train_dataset=Dataset.from_list(pairs), processing_class=tokenizer)
+        except Exception as exc:  # noqa: BLE001 - TRL refused this model or config: the finding says so
+            return _trl_crash("DPOTrainer(padding_free=True)", exc)
+        runs = bool(getattr(trainer, "padding_free", False))
+        where = "" if runs else _line_that_sets(type(trainer), "padding_free", "False")
+        items["dpo_padding_free"] = {"status": "pass" if runs else "fail", "evidence": (
+            "asked padding_free=True, runs padding-free" if runs else
+            f"asked padding_free=True, runs padded (self.padding_free = False at {where or 'an unknown line'})")}
+    failed = [k for k, v in items.items() if v["status"] == "fail"]
+    message = f"trl {version}: " + "; ".join(f"{k}: {v['evidence']}" for k, v in items.items())
+    metrics = {"trl": version, "items": items}
+    if failed:
+        return CheckResult("fail", metrics, message, cause="config_dropped",
+                           evidence={"dropped": failed, "where": [items[k]["evidence"] for k in failed]})
+    return CheckResult("pass", metrics, message)
