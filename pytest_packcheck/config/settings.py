@@ -196,50 +196,101 @@ def fork_available() -> bool:
     return "fork" in multiprocessing.get_all_start_methods()
 
 
-def resolve(get_option: Any, get_ini: Any) -> Settings | None:
-    """Resolve every option CLI > env > ini > default. ``get_option(dest)`` returns the CLI value or None,
-    ``get_ini(key)`` the ini value or None. Returns None when packcheck is not switched on (no models, no
-    audit, no --packcheck-all-architectures).
+class _Sources:
+    """Where each option's value comes from, CLI > env > ini > default (:meth:`pick`), and, once loaded, the audit
+    whose values stand in for an option not given (:meth:`parsed`, :meth:`names`)."""
 
-    Raises:
-        PackcheckUsageError: any invalid value, with its source.
-    """
-    from ..backends import DEFAULT_BACKENDS, KNOWN_BACKENDS
-    from ..checks.registry import CHECKS, DEFAULT_CHECKS
-    from .audits import load_audit
-    from .options import unknown_env_vars
-    from .tolerances import load_tolerances
+    def __init__(self, get_option: Any, get_ini: Any) -> None:
+        self.get_option, self.get_ini = get_option, get_ini
+        self.audit: Any = None
 
-    for name, hint in unknown_env_vars(dict(os.environ)):
-        import warnings
-
-        from ..errors import PackcheckWarning
-
-        warnings.warn(PackcheckWarning(f"Environment variable ${name} is not one packcheck reads: it is ignored.{hint} "
-                                       "`packcheck audit --help` names each option's variable."), stacklevel=2)
-
-    def pick(opt: Option) -> tuple[Any, str]:
-        cli = get_option(opt.dest)
+    def pick(self, opt: Option) -> tuple[Any, str]:
+        cli = self.get_option(opt.dest)
         if isinstance(cli, str) and not cli.strip() and opt.flag != OPT_MODELS:
             refuse_empty(cli, opt.flag)  # `--packcheck-attn ''` (an unset shell variable)
         if cli is not None and cli is not False and cli != []:
             return cli, opt.flag
         if opt.env and os.environ.get(opt.env):
             return os.environ[opt.env], f"${opt.env}"
-        if opt.ini and get_ini(opt.ini):
-            return get_ini(opt.ini), f"ini {opt.ini}"
+        if opt.ini and self.get_ini(opt.ini):
+            return self.get_ini(opt.ini), f"ini {opt.ini}"
         return opt.default, "default"
 
-    by_flag = BY_FLAG
-    models_value, models_source = pick(by_flag[OPT_MODELS])
-    audit_value, _audit_source = pick(by_flag[OPT_AUDIT])
-    all_archs, _ = pick(by_flag[OPT_ALL_ARCHS])
+    def audit_source(self) -> str:
+        return f"audit {self.audit.path if self.audit else ''}"
+
+    def parsed(self, opt: Option) -> Any:
+        """An option with a ``parse``: given (CLI > env > ini), else the audit's value of the same field (lengths,
+        sliding_window), else the table's default; a given or audit value goes through the row's ``parse``."""
+        value, src = self.pick(opt)
+        if src == "default" and getattr(self.audit, opt.field or "", None) is not None:
+            value, src = getattr(self.audit, opt.field or ""), self.audit_source()
+        return value if src == "default" else opt.parse(value, src) if opt.parse else value
+
+    def given_empty(self, flag: str, what: str, allowed: tuple[str, ...]) -> None:
+        # `--packcheck-attn ''` (an unset shell variable) named no value: refused, not read as "every one"
+        value, src = self.pick(BY_FLAG[flag])
+        if value is not None and src != "default" and not _split(value):
+            raise PackcheckUsageError(f"Empty {what} list {value!r} (from {src}): give at least one of {', '.join(allowed)}, "
+                                      f"or leave {flag} out for the default.")
+
+    @staticmethod
+    def no_empty_item(value: Any, flag: str, src: str) -> None:
+        """``isolation,,logits_parity`` (a slip) was taken silently (trial of issue 42): refused as the lengths are."""
+        from ..model.specs import split_top
+
+        for one in ([value] if isinstance(value, str) else list(value or [])):
+            parts = split_top(str(one))
+            empty = [i + 1 for i, part in enumerate(parts) if not part.strip()]
+            if empty and len(parts) > 1:
+                where = flag if src == flag else f"{flag}, from {src}"
+                raise PackcheckUsageError(f"Bad list {str(one)!r} ({where}): item {empty[0]} of {len(parts)} is empty; "
+                                          "write the names separated by single commas.")
+
+    def names(self, flag: str, allowed: tuple[str, ...], what: str, audit_default: tuple[str, ...] | None,
+              default: tuple[str, ...]) -> tuple[str, ...]:
+        self.given_empty(flag, what, allowed)
+        value, src = self.pick(BY_FLAG[flag])
+        if value:
+            self.no_empty_item(value, flag, src)
+            return _validate_names(_split(value), allowed, what, src)
+        if audit_default:
+            return _validate_names(list(audit_default), allowed, what, self.audit_source())
+        return default
+
+
+def _warn(message: str) -> None:
+    """A :class:`~pytest_packcheck.errors.PackcheckWarning` attributed to :func:`resolve`'s caller."""
+    import warnings
+
+    from ..errors import PackcheckWarning
+
+    warnings.warn(PackcheckWarning(message), stacklevel=4)  # _warn <- a step of resolve <- resolve <- its caller
+
+
+def _warn_unknown_env_vars() -> None:
+    from .options import unknown_env_vars
+
+    for name, hint in unknown_env_vars(dict(os.environ)):
+        _warn(f"Environment variable ${name} is not one packcheck reads: it is ignored.{hint} "
+              "`packcheck audit --help` names each option's variable.")
+
+
+def _models(src: _Sources) -> tuple[list[str], str] | None:
+    """The model specs (given, the audit's, every architecture with --packcheck-all-architectures), each with the
+    --packcheck-config overrides folded in, and where they came from; loads the audit into ``src``. None when
+    packcheck is not switched on."""
+    from .audits import load_audit
+
+    models_value, models_source = src.pick(BY_FLAG[OPT_MODELS])
+    audit_value, _audit_source = src.pick(BY_FLAG[OPT_AUDIT])
+    all_archs, _ = src.pick(BY_FLAG[OPT_ALL_ARCHS])
     if models_value is not None and models_source == OPT_MODELS and not _split(models_value):
         raise PackcheckUsageError(f"The model list from {OPT_MODELS} is empty: give at least one model, e.g. {OPT_MODELS}=arch:llama.")
     if not models_value and not audit_value and not all_archs:
         return None
     models: list[str] = _split(models_value) if models_value else []
-    audit = load_audit(audit_value) if audit_value else None
+    audit = src.audit = load_audit(audit_value) if audit_value else None
     if audit:
         models += [m for m in audit.models if m not in models]
     if all_archs:
@@ -252,7 +303,7 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
     if not models:
         raise PackcheckUsageError(f"The model list (from {source}) is empty after filtering: give at least one model.")
 
-    config_items = get_option(by_flag[OPT_CONFIG].dest) or []
+    config_items = src.get_option(BY_FLAG[OPT_CONFIG].dest) or []
     if any(not str(item).strip() for item in config_items):
         raise PackcheckUsageError(f"Empty value '' for {OPT_CONFIG} (from the command line): write key=value, e.g. "
                                   f"{OPT_CONFIG} clip_qkv=8, or leave {OPT_CONFIG} out.")
@@ -268,59 +319,33 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
     from ..model.specs import parse_model_list
 
     parse_model_list(models, source)  # a malformed spec, or two with one label, refused before any cell runs
+    return models, source
 
-    def parsed(opt: Option) -> Any:
-        """An option with a ``parse``: given (CLI > env > ini), else the audit's value of the same field (lengths,
-        sliding_window), else the table's default; a given or audit value goes through the row's ``parse``."""
-        value, src = pick(opt)
-        if src == "default" and getattr(audit, opt.field or "", None) is not None:
-            value, src = getattr(audit, opt.field or ""), f"audit {audit.path if audit else ''}"
-        return value if src == "default" else opt.parse(value, src) if opt.parse else value
 
-    device = parsed(by_flag[OPT_DEVICE])
-    device_src = pick(by_flag[OPT_DEVICE])[1]
+def _selection(src: _Sources, device: str) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """(backends, checks in matrix order, dtypes): given, else the audit's, else the defaults (bfloat16 on CUDA)."""
+    from ..backends import DEFAULT_BACKENDS, KNOWN_BACKENDS
+    from ..checks.registry import CHECKS, DEFAULT_CHECKS
 
-    def given_empty(flag: str, what: str, allowed: tuple[str, ...]) -> None:
-        # `--packcheck-attn ''` (an unset shell variable) named no value: refused, not read as "every one"
-        value, src = pick(by_flag[flag])
-        if value is not None and src != "default" and not _split(value):
-            raise PackcheckUsageError(f"Empty {what} list {value!r} (from {src}): give at least one of {', '.join(allowed)}, "
-                                      f"or leave {flag} out for the default.")
-
-    def no_empty_item(value: Any, flag: str, src: str) -> None:
-        """``isolation,,logits_parity`` (a slip) was taken silently (trial of issue 42): refused as the lengths are."""
-        from ..model.specs import split_top
-
-        for one in ([value] if isinstance(value, str) else list(value or [])):
-            parts = split_top(str(one))
-            empty = [i + 1 for i, part in enumerate(parts) if not part.strip()]
-            if empty and len(parts) > 1:
-                where = flag if src == flag else f"{flag}, from {src}"
-                raise PackcheckUsageError(f"Bad list {str(one)!r} ({where}): item {empty[0]} of {len(parts)} is empty; "
-                                          "write the names separated by single commas.")
-
-    def names(flag: str, allowed: tuple[str, ...], what: str, audit_default: tuple[str, ...] | None, default: tuple[str, ...]) -> tuple[str, ...]:
-        given_empty(flag, what, allowed)
-        value, src = pick(by_flag[flag])
-        if value:
-            no_empty_item(value, flag, src)
-            return _validate_names(_split(value), allowed, what, src)
-        if audit_default:
-            return _validate_names(list(audit_default), allowed, what, f"audit {audit.path if audit else ''}")
-        return default
-
-    given_empty(OPT_BACKENDS, "backend", KNOWN_BACKENDS)
-    backends_value, backends_src = pick(by_flag[OPT_BACKENDS])
+    audit = src.audit
+    src.given_empty(OPT_BACKENDS, "backend", KNOWN_BACKENDS)
+    backends_value, backends_src = src.pick(BY_FLAG[OPT_BACKENDS])
     if backends_value:
-        no_empty_item(backends_value, OPT_BACKENDS, backends_src)
+        src.no_empty_item(backends_value, OPT_BACKENDS, backends_src)
         backends = _validate_backends(_split(backends_value), backends_src)
     else:
-        backends = names(OPT_BACKENDS, KNOWN_BACKENDS, "backend", audit.backends if audit else None, DEFAULT_BACKENDS)
-    checks = names(OPT_CHECKS, CHECKS, "check", audit.checks if audit else None, DEFAULT_CHECKS)
+        backends = src.names(OPT_BACKENDS, KNOWN_BACKENDS, "backend", audit.backends if audit else None, DEFAULT_BACKENDS)
+    checks = src.names(OPT_CHECKS, CHECKS, "check", audit.checks if audit else None, DEFAULT_CHECKS)
     checks = tuple(c for c in CHECKS if c in checks)
-    dtypes = names(OPT_DTYPES, DTYPES, "dtype", audit.dtypes if audit else None,
-                   ("bfloat16",) if device.startswith("cuda") else ("float32",))
-    weights_value, weights_src = pick(by_flag[OPT_WEIGHTS])
+    dtypes = src.names(OPT_DTYPES, DTYPES, "dtype", audit.dtypes if audit else None,
+                       ("bfloat16",) if device.startswith("cuda") else ("float32",))
+    return backends, checks, dtypes
+
+
+def _weights(src: _Sources, models: list[str], source: str, device: str) -> str:
+    """The weights mode (given, else pretrained on CUDA, random elsewhere), refused where pretrained has no weights
+    to load (a local folder without a weights file, arch: specs only) and warned where some arch: specs run random."""
+    weights_value, weights_src = src.pick(BY_FLAG[OPT_WEIGHTS])
     weights = str(weights_value or ("pretrained" if device.startswith("cuda") else "random"))
     _validate_names([weights], WEIGHTS, "weights mode", weights_src)
     archs = [m for m in models if m.startswith("arch:")]
@@ -342,34 +367,36 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
                 f"({', '.join(archs[:3])}{', ...' if len(archs) > 3 else ''}), a config without a checkpoint, which runs "
                 f"{loaded_weights('arch', 'pretrained')} weights. Give Hub ids or local folders for pretrained "
                 f"weights, or {OPT_WEIGHTS}=random.")
-        import warnings
+        _warn(f"{OPT_WEIGHTS}=pretrained (from {weights_src}): {len(archs)} arch: spec(s) ({', '.join(archs[:3])}"
+              f"{', ...' if len(archs) > 3 else ''}) have no checkpoint and run shrunk random weights; each cell's "
+              "model record says what it ran (weights: pretrained / random).")
+    return weights
 
-        from ..errors import PackcheckWarning
 
-        warnings.warn(PackcheckWarning(
-            f"{OPT_WEIGHTS}=pretrained (from {weights_src}): {len(archs)} arch: spec(s) ({', '.join(archs[:3])}"
-            f"{', ...' if len(archs) > 3 else ''}) have no checkpoint and run shrunk random weights; each cell's "
-            "model record says what it ran (weights: pretrained / random)."), stacklevel=2)
-    trust, _ = pick(by_flag[OPT_TRUST])
-    report_dir, report_dir_src = pick(by_flag[OPT_REPORT_DIR])
-    tol_path, tol_src = pick(by_flag[OPT_TOLERANCES])
+def _tolerances(src: _Sources, dtypes: tuple[str, ...]) -> tuple[dict[str, Any], str]:
+    """(tolerances by dtype, where they came from): the given file, else the audit's, else the shipped ones, with the
+    --packcheck-tolerance overrides; warned where an override sets a dtype this run does not measure."""
+    from .tolerances import load_tolerances
+
+    audit = src.audit
+    tol_path, tol_src = src.pick(BY_FLAG[OPT_TOLERANCES])
     if not tol_path and audit and audit.tolerances:
         tol_path, tol_src = str(Path(audit.path).parent / audit.tolerances), f"audit {audit.path}"
-    overrides = get_option(by_flag[OPT_TOLERANCE].dest) or []
+    overrides = src.get_option(BY_FLAG[OPT_TOLERANCE].dest) or []
     tolerances, tol_label = load_tolerances(tol_path, overrides, tol_src)
     unused = [o for o in overrides if "." in o.partition("=")[0] and o.partition("=")[0].rpartition(".")[0] not in dtypes]
     if unused:
-        import warnings
+        _warn(f"Tolerance override {', '.join(repr(o) for o in unused)} (from {OPT_TOLERANCE}) sets a dtype this run does "
+              f"not measure (dtypes: {', '.join(dtypes)}): it changes no verdict. Add {OPT_DTYPES} "
+              f"{','.join(dict.fromkeys([*dtypes, *(o.partition('=')[0].rpartition('.')[0] for o in unused)]))} to use it.")
+    return tolerances, tol_label
 
-        from ..errors import PackcheckWarning
 
-        warnings.warn(PackcheckWarning(
-            f"Tolerance override {', '.join(repr(o) for o in unused)} (from {OPT_TOLERANCE}) sets a dtype this run does "
-            f"not measure (dtypes: {', '.join(dtypes)}): it changes no verdict. Add {OPT_DTYPES} "
-            f"{','.join(dict.fromkeys([*dtypes, *(o.partition('=')[0].rpartition('.')[0] for o in unused)]))} to use it."),
-            stacklevel=2)
-    baseline, baseline_src = pick(by_flag[OPT_BASELINE])
-    versions_value, versions_src = pick(by_flag[OPT_VERSIONS])
+def _versions(src: _Sources) -> tuple[tuple[Any, ...], str]:
+    """(the version combinations, where they came from): given, else the audit's; the environments' cache is
+    checked once when there are any."""
+    audit = src.audit
+    versions_value, versions_src = src.pick(BY_FLAG[OPT_VERSIONS])
     if not versions_value and audit and audit.versions:
         versions_value, versions_src = list(audit.versions), f"audit {audit.path}"
     versions: tuple[Any, ...] = default_of(OPT_VERSIONS)
@@ -382,26 +409,55 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
             from ..versions.envs import check_cache_root
 
             check_cache_root()
-    # every other option with a parse (shard, timeout_s, lengths, sliding_window, ...): its row says it all
-    parsed_fields = {opt.field: parsed(opt) for opt in OPTIONS if opt.parse and opt.field and opt.field != "device"}
-    sandbox_value, sandbox_src = pick(by_flag[OPT_ISOLATION])
+    return versions, versions_src
+
+
+def _sandbox(src: _Sources, timeout_s: Any) -> str:
+    """The isolation mode (fork where the platform can, else none), warned where a given timeout cannot be
+    enforced (in this process there is no child to kill)."""
+    sandbox_value, sandbox_src = src.pick(BY_FLAG[OPT_ISOLATION])
     fork, in_process = SANDBOX_MODES
     sandbox = str(sandbox_value if sandbox_src != "default" or fork_available() else in_process)
     _validate_names([sandbox], SANDBOX_MODES, "isolation mode", sandbox_src)
     if sandbox == fork and not fork_available():
         raise PackcheckUsageError(f"Isolation 'fork' (from {sandbox_src}) is not available on this platform: use {OPT_ISOLATION}=none.")
-    _timeout_value, timeout_src = pick(by_flag[OPT_TIMEOUT])
-    if sandbox == in_process and parsed_fields.get("timeout_s") and timeout_src != "default":
-        import warnings
-
-        from ..errors import PackcheckWarning
-
+    _timeout_value, timeout_src = src.pick(BY_FLAG[OPT_TIMEOUT])
+    if sandbox == in_process and timeout_s and timeout_src != "default":
         # the limit is enforced by killing the cell's forked child (run/sandbox.py): in this process there is none
-        warnings.warn(PackcheckWarning(
-            f"The timeout {parsed_fields['timeout_s']:g} s (from {timeout_src}) is not enforced: a timeout needs "
-            f"{OPT_ISOLATION}=fork (the cell's child is killed at the limit), and isolation is 'none' (from {sandbox_src}), "
-            f"so cells run in this process without a limit. Drop {OPT_ISOLATION}=none to enforce it."), stacklevel=2)
-    resume, _ = pick(by_flag[OPT_RESUME])
+        _warn(f"The timeout {timeout_s:g} s (from {timeout_src}) is not enforced: a timeout needs "
+              f"{OPT_ISOLATION}=fork (the cell's child is killed at the limit), and isolation is 'none' (from {sandbox_src}), "
+              f"so cells run in this process without a limit. Drop {OPT_ISOLATION}=none to enforce it.")
+    return sandbox
+
+
+def resolve(get_option: Any, get_ini: Any) -> Settings | None:
+    """Resolve every option CLI > env > ini > default. ``get_option(dest)`` returns the CLI value or None,
+    ``get_ini(key)`` the ini value or None. Returns None when packcheck is not switched on (no models, no
+    audit, no --packcheck-all-architectures).
+
+    Raises:
+        PackcheckUsageError: any invalid value, with its source.
+    """
+    _warn_unknown_env_vars()
+    src = _Sources(get_option, get_ini)
+    picked = _models(src)
+    if picked is None:
+        return None
+    models, source = picked
+    audit = src.audit
+    device = src.parsed(BY_FLAG[OPT_DEVICE])
+    device_src = src.pick(BY_FLAG[OPT_DEVICE])[1]
+    backends, checks, dtypes = _selection(src, device)
+    weights = _weights(src, models, source, device)
+    trust, _ = src.pick(BY_FLAG[OPT_TRUST])
+    report_dir, report_dir_src = src.pick(BY_FLAG[OPT_REPORT_DIR])
+    tolerances, tol_label = _tolerances(src, dtypes)
+    baseline, baseline_src = src.pick(BY_FLAG[OPT_BASELINE])
+    versions, versions_src = _versions(src)
+    # every other option with a parse (shard, timeout_s, lengths, sliding_window, ...): its row says it all
+    parsed_fields = {opt.field: src.parsed(opt) for opt in OPTIONS if opt.parse and opt.field and opt.field != "device"}
+    sandbox = _sandbox(src, parsed_fields.get("timeout_s"))
+    resume, _ = src.pick(BY_FLAG[OPT_RESUME])
     return Settings(
         **parsed_fields, sandbox=sandbox, resume=bool(resume),
         baseline=str(baseline) if baseline else None, baseline_source=baseline_src, device_source=device_src, versions=versions,
