@@ -216,37 +216,12 @@ def _cu_form_problems(cu: list[int], total: int) -> list[str]:
     return out
 
 
-def parse_row(batch: Any, config: Any = None) -> _Row:
-    """Validate ``batch`` as one packed row and split it into examples at every boundary the batch declares:
-    the position_ids restarts (any break in +1 steps; the text row of ``(R, 1, N)`` M-RoPE ids), the
-    ``cu_seq_lens_q`` offsets and the ``seq_idx`` changes. The per-example reference is built from this
-    segmentation with true positions, so ids that restart wrong are measured, not copied into the reference.
-
-    Contract items (each fails the batch with a cause code and a remedy, :data:`CONTRACT_REMEDIES`): position_ids
-    that restart anywhere but at the architecture's
-    first id (0; padding_idx + 1 for RoBERTa-likes), segmentations that disagree (``cu_seq_lens_q`` or ``seq_idx``
-    starting examples elsewhere than the position_ids restarts, or ``seq_idx`` elsewhere than ``cu_seq_lens_q``),
-    ``cu_seq_lens_q`` not starting at 0 or decreasing, ``cu_seq_lens_k`` unlike
-    ``cu_seq_lens_q``, ``max_length_q`` below the longest example, zero-length examples, labels that are not -100
-    at example starts, a ``num_items_in_batch`` below the row's own scored label tokens (a note instead where the
-    Trainer may divide it: :func:`_count_may_be_divided`; a larger count is gradient accumulation's, never flagged). Notes (no verdict of their own): an attention_mask beside the row (the reruns measure
-    it), ``cu_seq_lens_q`` not int32 (flash-attn 2.x refuses it; the packed run shows whether this backend does).
-
-    Raises:
-        NotPackedError: ``input_ids`` is ``(batch > 1, length)`` or nothing marks the row as packed (neither
-            position_ids nor cu_seq_lens_q).
-        PackcheckUsageError: a field :func:`check_fields` refuses (not a mapping, a non-str key, ``input_ids``
-            missing or not a 2-D int64 / int32 tensor, a sparse or meta tensor, keys on different devices, a
-            ``max_length_q/k`` / ``num_items_in_batch`` that is not a whole number, a non-bool ``use_cache``);
-            ``input_ids`` empty ``(1, 0)`` or holding ids outside ``[0, vocab_size)``; a per-token key that is not
-            a tensor or of the wrong rank; an integer key (labels, position_ids, seq_idx, token_type_ids) of float,
-            complex or bool dtype; labels outside the vocabulary but -100; ``cu_seq_lens_q/k`` not a 1-D integer
-            tensor or not ending at the row length; a per-token key whose length is not the row's (see
-            :func:`check_fields`). One line naming the value, where it came from and the fix.
-    """
+def _checked_ids(batch: Any, config: Any) -> tuple[Any, int, Any]:
+    """``batch``'s ``input_ids``, the row length and the model's text config (None without ``config``), after every
+    refusal of a malformed batch (:func:`parse_row`'s NotPackedError and PackcheckUsageError): the fields
+    (:func:`check_fields`), one non-empty row, ids and labels inside the vocabulary, every per-token key a tensor of
+    the row's rank, integer where it holds ids."""
     import torch
-
-    from ..model.batches import position_ids_start
 
     ids = check_fields(batch)
     if ids.shape[0] != 1:
@@ -292,9 +267,15 @@ def parse_row(batch: Any, config: Any = None) -> _Row:
             bad = int(scored.min()) if int(scored.min()) < 0 else int(scored.max())
             raise _usage(f"batch['labels'] holds {bad}, neither -100 (not scored) nor a token id of the model's vocabulary "
                          f"[0, {vocab}): mask labels with -100 (DataCollatorWithFlattening's separator_id=-100).")
-    items: list[tuple[str, str, str]] = []
-    notes: list[str] = []
-    cu = {}
+    return ids, total, text
+
+
+def _offsets(batch: Any, ids: Any, total: int, notes: list[str]) -> dict[str, list[int]]:
+    """``cu_seq_lens_q`` / ``cu_seq_lens_k`` as lists of offsets, each refused unless a 1-D integer tensor ending at the
+    row length ``total``; one that is not int32 adds a note to ``notes``."""
+    import torch
+
+    cu: dict[str, list[int]] = {}
     for key in ("cu_seq_lens_q", "cu_seq_lens_k"):
         value = batch.get(key)
         if value is None:
@@ -310,6 +291,97 @@ def parse_row(batch: Any, config: Any = None) -> _Row:
                          f"must end at the row length {total}, so the batch is malformed; {CONTRACT_REMEDIES['cu_form']}.")
         if value.dtype != torch.int32:
             notes.append(f"{key} dtype {value.dtype}, flash-attn 2.x needs torch.int32")
+    return cu
+
+
+def _position_starts(pos: Any, total: int, first: int, items: list[tuple[str, str, str]],
+                     notes: list[str]) -> tuple[list[int], dict[int, int]]:
+    """(the tokens the position_ids start an example at: every break in +1 steps; the continuation chunks among
+    them, token -> first position). Adds to ``items`` ids that never count up or restart below the architecture's
+    ``first`` position, and to ``notes`` the continuation chunks."""
+    p = (pos[0, 0] if pos.ndim == 3 else pos[0]).tolist()
+    pos_starts = [0] + [i for i in range(1, total) if p[i] != p[i - 1] + 1]
+    # an example starting above the model's first position is a continuation chunk (a long document split across
+    # rows): judged by what the model computes against it alone at the same positions, never by contract (issue
+    # 41: the guard failed it as wrong_positions where the model computed it exactly); below it is wrong
+    wrong = [s for s in pos_starts if p[s] < first]
+    continued = {s: int(p[s]) for s in pos_starts if p[s] > first and len(pos_starts) < total}
+    if continued:
+        shown = ", ".join(f"token {s} from position {v}" for s, v in list(continued.items())[:4])
+        notes.append(f"continuation chunk{'s' if len(continued) > 1 else ''} ({shown}): position_ids start above "
+                     f"{first}, as a document continued from another row; judged against that example alone at the "
+                     "same positions")
+    if total > 1 and len(pos_starts) == total:
+        # all 0 (a collator that zeroed them): every token restarts, so each is a one-token example with nothing
+        # to predict; said first, ahead of the labels "at every start" it implies (trial 11, 98)
+        items.append(("collator_contract", (f"position_ids never count up ({p[:6]}...): every one of the {total} "
+                                           "tokens starts an example of its own (one-token examples)"), "one_token"))
+    if wrong:
+        items.append(("wrong_positions", (f"position_ids restart at {p[wrong[0]]}, below {first}, at token {wrong[0]} "
+                                         f"({len(wrong)} of {len(pos_starts)} examples)"), "restart"))
+    return pos_starts, continued
+
+
+def _label_items(batch: Any, starts: list[int], items: list[tuple[str, str, str]], notes: list[str]) -> None:
+    """Adds to ``items`` labels that are not -100 at an example start (unless every token is an example of its own)
+    and a ``num_items_in_batch`` below the row's own scored label tokens (to ``notes`` where the Trainer may have
+    divided it)."""
+    import torch
+
+    labels = batch.get("labels")
+    if isinstance(labels, torch.Tensor) and not any(key == "one_token" for _, _, key in items):
+        unmasked = [s for s in starts[1:] if int(labels[0, s]) != IGNORE_INDEX]
+        if unmasked:
+            items.append(("collator_contract", (f"labels not -100 at {len(unmasked)} example starts (token indices "
+                                               f"{unmasked[:5]}): the trainer scores those tokens across the boundary"), "labels"))
+    count = _int_or_none(batch.get("num_items_in_batch"))
+    if count is not None and isinstance(labels, torch.Tensor):
+        scored = int((labels[..., 1:] != IGNORE_INDEX).sum())
+        if count < scored:
+            said = (f"num_items_in_batch {count} is below this row's own {scored} scored label tokens (labels != -100 "
+                    "after the shift): the loss is divided by too few tokens")
+            if _count_may_be_divided():
+                notes.append(f"{said}, unless the Trainer divided it (DataParallel // n_gpu; / tp * cp * sp size)")
+            else:
+                items.append(("collator_contract", said, "num_items"))
+
+
+def parse_row(batch: Any, config: Any = None) -> _Row:
+    """Validate ``batch`` as one packed row and split it into examples at every boundary the batch declares:
+    the position_ids restarts (any break in +1 steps; the text row of ``(R, 1, N)`` M-RoPE ids), the
+    ``cu_seq_lens_q`` offsets and the ``seq_idx`` changes. The per-example reference is built from this
+    segmentation with true positions, so ids that restart wrong are measured, not copied into the reference.
+
+    Contract items (each fails the batch with a cause code and a remedy, :data:`CONTRACT_REMEDIES`): position_ids
+    that restart anywhere but at the architecture's
+    first id (0; padding_idx + 1 for RoBERTa-likes), segmentations that disagree (``cu_seq_lens_q`` or ``seq_idx``
+    starting examples elsewhere than the position_ids restarts, or ``seq_idx`` elsewhere than ``cu_seq_lens_q``),
+    ``cu_seq_lens_q`` not starting at 0 or decreasing, ``cu_seq_lens_k`` unlike
+    ``cu_seq_lens_q``, ``max_length_q`` below the longest example, zero-length examples, labels that are not -100
+    at example starts, a ``num_items_in_batch`` below the row's own scored label tokens (a note instead where the
+    Trainer may divide it: :func:`_count_may_be_divided`; a larger count is gradient accumulation's, never flagged). Notes (no verdict of their own): an attention_mask beside the row (the reruns measure
+    it), ``cu_seq_lens_q`` not int32 (flash-attn 2.x refuses it; the packed run shows whether this backend does).
+
+    Raises:
+        NotPackedError: ``input_ids`` is ``(batch > 1, length)`` or nothing marks the row as packed (neither
+            position_ids nor cu_seq_lens_q).
+        PackcheckUsageError: a field :func:`check_fields` refuses (not a mapping, a non-str key, ``input_ids``
+            missing or not a 2-D int64 / int32 tensor, a sparse or meta tensor, keys on different devices, a
+            ``max_length_q/k`` / ``num_items_in_batch`` that is not a whole number, a non-bool ``use_cache``);
+            ``input_ids`` empty ``(1, 0)`` or holding ids outside ``[0, vocab_size)``; a per-token key that is not
+            a tensor or of the wrong rank; an integer key (labels, position_ids, seq_idx, token_type_ids) of float,
+            complex or bool dtype; labels outside the vocabulary but -100; ``cu_seq_lens_q/k`` not a 1-D integer
+            tensor or not ending at the row length; a per-token key whose length is not the row's (see
+            :func:`check_fields`). One line naming the value, where it came from and the fix.
+    """
+    import torch
+
+    from ..model.batches import position_ids_start
+
+    ids, total, text = _checked_ids(batch, config)
+    items: list[tuple[str, str, str]] = []
+    notes: list[str] = []
+    cu = _offsets(batch, ids, total, notes)
     pos = batch.get("position_ids")
     if not isinstance(pos, torch.Tensor) and "cu_seq_lens_q" not in cu:
         raise NotPackedError(f"verify_packed_batch: batch carries neither position_ids nor cu_seq_lens_q (keys: "
@@ -319,29 +391,11 @@ def parse_row(batch: Any, config: Any = None) -> _Row:
     boundaries = {0}
     #: every segmentation the batch declares, as (what it says, example starts, remedy key): they must agree
     segmentations: list[tuple[str, list[int], str]] = []
+    continued: dict[int, int] = {}
     if isinstance(pos, torch.Tensor):
-        p = (pos[0, 0] if pos.ndim == 3 else pos[0]).tolist()
-        pos_starts = [0] + [i for i in range(1, total) if p[i] != p[i - 1] + 1]
+        pos_starts, continued = _position_starts(pos, total, first, items, notes)
         boundaries.update(pos_starts)
         segmentations.append(("position_ids restart at tokens", pos_starts, "restart"))
-        # an example starting above the model's first position is a continuation chunk (a long document split across
-        # rows): judged by what the model computes against it alone at the same positions, never by contract (issue
-        # 41: the guard failed it as wrong_positions where the model computed it exactly); below it is wrong
-        wrong = [s for s in pos_starts if p[s] < first]
-        continued = {s: int(p[s]) for s in pos_starts if p[s] > first and len(pos_starts) < total}
-        if continued:
-            shown = ", ".join(f"token {s} from position {v}" for s, v in list(continued.items())[:4])
-            notes.append(f"continuation chunk{'s' if len(continued) > 1 else ''} ({shown}): position_ids start above "
-                         f"{first}, as a document continued from another row; judged against that example alone at the "
-                         "same positions")
-        if total > 1 and len(pos_starts) == total:
-            # all 0 (a collator that zeroed them): every token restarts, so each is a one-token example with nothing
-            # to predict; said first, ahead of the labels "at every start" it implies (trial 11, 98)
-            items.append(("collator_contract", (f"position_ids never count up ({p[:6]}...): every one of the {total} "
-                                               "tokens starts an example of its own (one-token examples)"), "one_token"))
-        if wrong:
-            items.append(("wrong_positions", (f"position_ids restart at {p[wrong[0]]}, below {first}, at token {wrong[0]} "
-                                             f"({len(wrong)} of {len(pos_starts)} examples)"), "restart"))
     cu_q = cu.get("cu_seq_lens_q")
     if cu_q is not None:
         wrong_form = _cu_form_problems(cu_q, total)
@@ -374,26 +428,11 @@ def parse_row(batch: Any, config: Any = None) -> _Row:
         number = _int_or_none(batch.get(key))
         if number is not None and number < longest:
             items.append(("collator_contract", f"{key} {number} is below the longest example ({longest} tokens)", "max_length"))
-    labels = batch.get("labels")
-    if isinstance(labels, torch.Tensor) and not any(key == "one_token" for _, _, key in items):
-        unmasked = [s for s in starts[1:] if int(labels[0, s]) != IGNORE_INDEX]
-        if unmasked:
-            items.append(("collator_contract", (f"labels not -100 at {len(unmasked)} example starts (token indices "
-                                               f"{unmasked[:5]}): the trainer scores those tokens across the boundary"), "labels"))
-    count = _int_or_none(batch.get("num_items_in_batch"))
-    if count is not None and isinstance(labels, torch.Tensor):
-        scored = int((labels[..., 1:] != IGNORE_INDEX).sum())
-        if count < scored:
-            said = (f"num_items_in_batch {count} is below this row's own {scored} scored label tokens (labels != -100 "
-                    "after the shift): the loss is divided by too few tokens")
-            if _count_may_be_divided():
-                notes.append(f"{said}, unless the Trainer divided it (DataParallel // n_gpu; / tp * cp * sp size)")
-            else:
-                items.append(("collator_contract", said, "num_items"))
+    _label_items(batch, starts, items, notes)
     if isinstance(batch.get("attention_mask"), torch.Tensor):
         notes.append("an attention_mask rides beside the packed row (eager/sdpa/flex then build no packed mask)")
     return _Row(dict(batch), total, [slice(s, e) for s, e in zip(starts, ends, strict=True)], items, notes, first,
-                continued if isinstance(pos, torch.Tensor) else {})
+                continued)
 
 
 def _count_may_be_divided() -> bool:
