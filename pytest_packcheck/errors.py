@@ -360,3 +360,17 @@ def is_stdlib_file(path: str) -> bool:
     sites = {os.path.join(paths[key], "") for key in ("purelib", "platlib") if paths.get(key)}
     parts = path.split(os.sep)
     return not any(path.startswith(site) for site in sites) and "site-packages" not in parts and "dist-packages" not in parts
+
+
+def refuse_empty(value: Any, flag: str, positional: bool = False) -> None:
+    """Refuse a flag given an empty value (``--packcheck-attn ''``, ``atlas --releases ''``: an unset shell
+    variable): it is never read as "the default" or "every one" (the docs). ``positional``: an argument or a
+    required flag, which has no default to fall back on (the message does not offer one).
+
+    Raises:
+        PackcheckUsageError: ``value`` is a string of nothing but blanks and commas.
+    """
+    if isinstance(value, str) and not value.replace(",", "").strip():
+        leave = "" if positional else f" or leave {flag} out for its default"
+        raise PackcheckUsageError(f"Empty value {value!r} for {flag} (from the command line): give a value "
+                                  f"(see --help){leave}.")

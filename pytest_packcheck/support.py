@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .analysis.support_file import default_support_file, is_version, load_support
+from .analysis.support_file import default_support_file, is_version, load_support, load_support_view  # noqa: F401 - load_support: re-exported (cli/claims)
 from .backends.table import FLASH_FAMILY, REFERENCE_BACKEND
 from .errors import PackcheckUsageError
 
@@ -68,7 +68,7 @@ class Answer:
     #: with ``trl_version``: the TRL axis's answer (:func:`pytest_packcheck.atlas.trl_render.trl_answer`)
     trl: dict[str, Any] = field(default_factory=dict)
     #: one dict per training path (the model fed the packed row, ``Trainer``, ``SFTTrainer`` with ``--trl``): its
-    #: verdict, causes, reasons, remedy at this release and ``safe_from`` (:func:`pytest_packcheck.atlas.paths.training_paths`)
+    #: verdict, causes, reasons, remedy at this release and ``safe_from`` (:func:`pytest_packcheck.analysis.training_paths.training_paths`)
     paths: list[dict[str, Any]] = field(default_factory=list)
     #: the config the atlas's tiny model rests on for this architecture (transformers' default config, shrunk)
     config_source: str = ""
@@ -198,11 +198,11 @@ def lookup(model_type: str, attn_implementation: str, transformers_version: str,
         except InvalidVersion:
             raise PackcheckUsageError(f"{what} version '{value}' is not a version (the {what} version asked about): write "
                                       f"a release number such as {example} (no '{what}==', no wildcard).") from None
-    doc = load_support(path)
+    doc = load_support_view(path)
     resolved_from = ""
     if model_type not in doc["cells"] and looks_like_model_reference(model_type):
         model_type, resolved_from = resolve_model_type(model_type, list(doc["cells"]))
-    in_cells = {b for row in doc["cells"].values() for b in row}
+    in_cells = set(getattr(doc, "backends_in_cells", None) or {b for row in doc["cells"].values() for b in row})
     measured = list(dict.fromkeys([*(b for b in doc.get("backends") or [] if b in in_cells), *sorted(in_cells)]))
     known = list(dict.fromkeys([*KNOWN_BACKENDS, *ANSWERED_FROM, *measured]))
     if attn_implementation not in known:
@@ -242,7 +242,7 @@ def lookup_releases(model_type: str, attn_implementation: str, transformers_vers
     from packaging.version import Version
 
     first = lookup(model_type, attn_implementation, transformers_version + ".0", trl_version, path)
-    doc = load_support(path)
+    doc = load_support_view(path)
     minor = Version(transformers_version).release[:2]
     known = {r["transformers"] for r in doc.get("releases", [])}
     for row in (doc["cells"].get(first.model_type) or {}).values():
@@ -335,7 +335,7 @@ def guess_model_type(name: str, known: list[str]) -> str | None:
 def answer_at(doc: dict[str, Any], model_type: str, attn_implementation: str, transformers_version: str,
               trl_version: str | None = None, where: str = "") -> Answer:
     """:func:`_model_answer` (the model fed the packed row), with the answer per training path
-    (:func:`pytest_packcheck.atlas.paths.training_paths`: the model, ``Trainer``, ``SFTTrainer`` with ``trl_version``)
+    (:func:`pytest_packcheck.analysis.training_paths.training_paths`: the model, ``Trainer``, ``SFTTrainer`` with ``trl_version``)
     wherever the model's verdict is answered, and the config the atlas's model rests on.
 
     Raises:
@@ -348,7 +348,7 @@ def answer_at(doc: dict[str, Any], model_type: str, attn_implementation: str, tr
     answer = _model_answer(doc, model_type, attn_implementation, transformers_version, trl_version, where)
     if not answer.answered:
         return answer
-    from .atlas.paths import training_paths
+    from .analysis.training_paths import training_paths
 
     row = (doc["cells"].get(model_type) or {}).get(answer.backend or "") or {}
     entry = row.get(answer.measured_at or "")

@@ -50,7 +50,7 @@ def test_the_trainer_verdict_rests_on_the_known_fault_planted_away():
     from packaging.version import Version
 
     from pytest_packcheck.analysis.diagnose import load_known_faults
-    from pytest_packcheck.atlas.paths import training_paths
+    from pytest_packcheck.analysis.training_paths import training_paths
     from pytest_packcheck.support import load_support
 
     doc = load_support()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -207,6 +208,159 @@ def load_support(path: str | Path | None = None) -> dict[str, Any]:
         # the file came from the environment: say so (it is not on the command line to be seen)
         text = str(exc).replace(f"Support file '{p}'", f"Support file '{p}' (from ${SUPPORT_FILE_ENV})", 1)
         raise PackcheckUsageError(text) from None
+
+
+#: Format of the split index :func:`load_support_view` keeps beside packcheck's cache (bump on any layout change).
+INDEX_FORMAT = 1
+#: The keys of a support document the index keeps in files of their own, read only when asked for.
+_LAZY_KEYS = ("transitions", "trl")
+
+
+def _index_dir(p: Path) -> Path | None:
+    """Where the split index of the support file ``p`` lives: ``<cache>/support-index/<key>``, the key made of the
+    file's resolved path, size, modification time and inode, this module's own modification time (its validation
+    rules) and :data:`INDEX_FORMAT`. None when the file cannot be stat'ed (the full load names why)."""
+    import hashlib
+
+    from ..versions.cache import cache_root
+
+    try:
+        st = p.stat()
+        rules = Path(__file__).stat().st_mtime_ns
+    except OSError:
+        return None
+    key = f"{INDEX_FORMAT}|{p.resolve()}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}|{rules}"
+    return cache_root() / "support-index" / hashlib.sha1(key.encode(), usedforsecurity=False).hexdigest()[:20]
+
+
+def _write_index(doc: dict[str, Any], folder: Path) -> None:
+    """Split a validated support document into ``folder``: ``meta.json`` (every top-level key but the cells and
+    :data:`_LAZY_KEYS`, plus the model types and backends the cells hold), one ``cells/<n>.json`` per model type, one
+    file per lazy key. Written into a temporary folder renamed into place, so a reader never sees half an index."""
+    import json
+    import shutil
+    import tempfile
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
+    try:
+        (tmp / "cells").mkdir()
+        files = {}
+        for i, (model_type, row) in enumerate(doc["cells"].items()):
+            files[model_type] = f"cells/{i}.json"
+            (tmp / files[model_type]).write_text(json.dumps(row, separators=(",", ":")), encoding="utf-8")
+        for key in _LAZY_KEYS:
+            (tmp / f"{key}.json").write_text(json.dumps(doc.get(key), separators=(",", ":")), encoding="utf-8")
+        meta = {k: v for k, v in doc.items() if k != "cells" and k not in _LAZY_KEYS}
+        meta["_index"] = {"cells": files, "backends": sorted({b for row in doc["cells"].values() for b in row}),
+                          "lazy": [k for k in _LAZY_KEYS if k in doc]}
+        (tmp / "meta.json").write_text(json.dumps(meta, separators=(",", ":")), encoding="utf-8")
+        os.replace(tmp, folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+class _Cells(Mapping):
+    """``doc["cells"]`` of a :class:`SupportView`: the model types from the index, each row read on first use."""
+
+    def __init__(self, view: SupportView) -> None:
+        self._view, self._rows = view, {}
+
+    def __getitem__(self, model_type: str) -> Any:
+        if model_type not in self._rows:
+            self._rows[model_type] = self._view._read(self._view._meta["_index"]["cells"][model_type], f"cells of {model_type}")
+        return self._rows[model_type]
+
+    def __iter__(self) -> Any:
+        return iter(self._view._meta["_index"]["cells"])
+
+    def __len__(self) -> int:
+        return len(self._view._meta["_index"]["cells"])
+
+
+class SupportView(Mapping):
+    """A validated support document read from its split index (:func:`load_support_view`): the small keys at once,
+    ``cells`` one architecture at a time, ``transitions`` and ``trl`` when asked for. Reads as the document does
+    (``doc["cells"].get("llama")``, ``doc.get("transitions", [])``); ``backends_in_cells`` is precomputed."""
+
+    def __init__(self, folder: Path, source: Path) -> None:
+        import json
+
+        self._folder, self._source = folder, source
+        self._meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+        self._lazy: dict[str, Any] = {}
+        self._cells = _Cells(self)
+
+    def _read(self, name: str, what: str) -> Any:
+        """One file of the index; a file gone or damaged since (a cache cleaned by hand) falls back to the support
+        file itself, loaded and validated in full, and the index is dropped so the next start rebuilds it."""
+        import json
+        import shutil
+
+        try:
+            return json.loads((self._folder / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            shutil.rmtree(self._folder, ignore_errors=True)
+            _VIEWS.pop(self._folder, None)
+            full = load_support(self._source)
+            if name.startswith("cells/"):
+                model_type = next(m for m, f in self._meta["_index"]["cells"].items() if f == name)
+                return full["cells"][model_type]
+            return full.get(name.removesuffix(".json"))
+
+    @property
+    def backends_in_cells(self) -> list[str]:
+        return list(self._meta["_index"]["backends"])
+
+    def __getitem__(self, key: str) -> Any:
+        if key == "cells":
+            return self._cells
+        if key in self._meta["_index"]["lazy"]:
+            if key not in self._lazy:
+                self._lazy[key] = self._read(f"{key}.json", key)
+            return self._lazy[key]
+        if key == "_index" or key not in self._meta:
+            raise KeyError(key)
+        return self._meta[key]
+
+    def __iter__(self) -> Any:
+        return iter([*(k for k in self._meta if k != "_index"), "cells", *self._meta["_index"]["lazy"]])
+
+    def __len__(self) -> int:
+        return len(self._meta) + len(self._meta["_index"]["lazy"])
+
+
+#: The views read in this process, by index folder (the folder's name changes with the file).
+_VIEWS: dict[Path, SupportView] = {}
+
+
+def load_support_view(path: str | Path | None = None) -> Mapping[str, Any]:
+    """The support document for a quick answer (``packcheck lookup``): from its split index when one was built for
+    this very file (same path, size, modification time), else loaded and validated in full (:func:`load_support`)
+    and split for the next start. A fresh process then reads the index's ``meta.json`` and one architecture's rows,
+    not 5 MB of JSON validated entry by entry (issue 47: 0.3 s -> see benchmarks/bench_lookup.py). An unwritable
+    cache only costs the next start its speed.
+
+    Raises:
+        PackcheckUsageError: as :func:`load_support` (the full load names a missing, corrupt or foreign file).
+    """
+    p = Path(path) if path else default_support_file()
+    folder = _index_dir(p)
+    if folder is not None and folder in _VIEWS:
+        return _VIEWS[folder]
+    if folder is not None and (folder / "meta.json").is_file():
+        try:
+            _VIEWS[folder] = SupportView(folder, p)
+            return _VIEWS[folder]
+        except (OSError, ValueError):
+            pass  # a damaged index: the full load below rebuilds it
+    doc = load_support(path)
+    if folder is not None:
+        try:
+            _write_index(doc, folder)
+        except OSError:
+            pass
+    return doc
 
 
 @lru_cache(maxsize=4096)

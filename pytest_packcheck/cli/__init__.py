@@ -110,17 +110,42 @@ def _module(command: Command) -> ModuleType:
     return importlib.import_module(command.module)
 
 
-def _parser() -> argparse.ArgumentParser:
-    """The ``packcheck`` parser: one subparser per row of :data:`COMMANDS`, configured by its module."""
-    parser = argparse.ArgumentParser(prog="packcheck", description="Checks that padding-free packing trains the same model.",
-                                     epilog=help_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     allow_abbrev=False)  # a prefix never stands for a flag (trial 13, 130: --packcheck-trust)
-    from .. import __version__
+class _Parser(argparse.ArgumentParser):
+    """``packcheck``'s top-level parser: its epilog (:func:`help_epilog`: the registry, the shipped audits, the exit
+    codes) is built when help is printed, not on every start (``packcheck lookup`` answers in a fraction of it)."""
 
-    parser.add_argument("--version", action="version", version=f"packcheck {__version__}",
-                        help="Print packcheck's version and exit.")
+    def format_help(self) -> str:
+        if self.epilog is None:
+            self.epilog = help_epilog()
+        return super().format_help()
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: the version read from the distribution's metadata only when asked for."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        from .. import __version__
+
+        sys.stdout.write(f"packcheck {__version__}\n")  # on stdout, as argparse's own version action prints it
+        parser.exit()
+
+
+def _parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The ``packcheck`` parser: one subparser per row of :data:`COMMANDS`, configured by its module. ``only``: the
+    one command this run parses; the others are named (so a typo is still answered with every choice) but their
+    modules are not imported."""
+    parser = _Parser(prog="packcheck", description="Checks that padding-free packing trains the same model.",
+                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                     allow_abbrev=False)  # a prefix never stands for a flag (trial 13, 130: --packcheck-trust)
+    parser.add_argument("--version", action=_VersionAction, help="Print packcheck's version and exit.")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
+        if only is not None and command.name != only:
+            sub.add_parser(command.name, help=command.help, add_help=False)
+            continue
         module = _module(command)
         if hasattr(module, "configure"):
             module.configure(sub.add_parser(command.name, help=command.help, allow_abbrev=False))
@@ -261,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in by_name and not hasattr(_module(by_name[argv[0]]), "configure"):
         name, run = argv[0], lambda: _module(by_name[argv[0]]).main(argv[1:])
     else:
-        ns = _parser().parse_args(argv)
+        ns = _parser(argv[0] if argv and argv[0] in by_name else None).parse_args(argv)
         ns.argv = argv
         name, run = ns.command, lambda: _module(by_name[ns.command]).run(_refuse_empty_values(ns))
     stdout, stderr = sys.stdout, sys.stderr
@@ -295,13 +320,13 @@ def main(argv: list[str] | None = None) -> int:
 def _refuse_empty_values(ns: argparse.Namespace) -> argparse.Namespace:
     """``ns`` once no flag or argument of its command holds an empty value (``--summary ''``, what
     ``--summary "$GITHUB_STEP_SUMMARY"`` gives with the variable unset, was taken as "no summary" in silence):
-    one rule for every command, :func:`~pytest_packcheck.config.options.refuse_empty`'s (the docs: an empty value is
+    one rule for every command, :func:`~pytest_packcheck.errors.refuse_empty`'s (the docs: an empty value is
     never the default).
 
     Raises:
         PackcheckUsageError: naming the flag (its long form) or the argument and the empty value.
     """
-    from ..config.options import refuse_empty
+    from ..errors import refuse_empty
 
     parser = vars(ns).pop("_empty_check", None)
     for action in getattr(parser, "_actions", []):

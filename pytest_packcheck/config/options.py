@@ -17,7 +17,7 @@ from typing import Any
 
 from ..backends.table import backends_help
 from ..checks.registry import check_help
-from ..errors import PackcheckUsageError
+from ..errors import PackcheckUsageError, refuse_empty  # noqa: F401 - refuse_empty: re-exported (its callers read it here)
 
 OPT_MODELS = "--packcheck-models"
 OPT_AUDIT = "--packcheck-audit"
@@ -68,20 +68,6 @@ def split_values(value: str | list[str] | tuple[str, ...]) -> list[str]:
 
     items = split_top(value) if isinstance(value, str) else [x for v in value for x in split_top(str(v))]
     return [x.strip() for x in items if x.strip()]
-
-
-def refuse_empty(value: Any, flag: str, positional: bool = False) -> None:
-    """Refuse a flag given an empty value (``--packcheck-attn ''``, ``atlas --releases ''``: an unset shell
-    variable): it is never read as "the default" or "every one" (README). ``positional``: an argument or a
-    required flag, which has no default to fall back on (the message does not offer one).
-
-    Raises:
-        PackcheckUsageError: ``value`` is a string of nothing but blanks and commas.
-    """
-    if isinstance(value, str) and not value.replace(",", "").strip():
-        leave = "" if positional else f" or leave {flag} out for its default"
-        raise PackcheckUsageError(f"Empty value {value!r} for {flag} (from the command line): give a value "
-                                  f"(see --help){leave}.")
 
 
 def parse_lengths(value: Any, source: str) -> tuple[int, ...]:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PackcheckUsageError
+from .cache import cache_root
 from .libraries import LIBRARIES, axis_libraries, hardware_patterns
 
 #: Distributions bound to this machine's hardware or to the torch build (the table's hardware libraries and the
@@ -245,11 +246,6 @@ class VersionEnv:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-def cache_root() -> Path:
-    base = os.environ.get("PACKCHECK_CACHE_DIR")
-    if base:
-        return Path(base)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "packcheck"
 
 
 def check_cache_root() -> Path:

@@ -44,7 +44,7 @@ def training_paths(doc: dict[str, Any], model_type: str, backend: str, wanted: A
     from packaging.version import Version
 
     if faults is None:
-        from ..analysis.diagnose import load_known_faults
+        from .diagnose import load_known_faults
 
         faults = load_known_faults()
     hazards = (entry or {}).get("hazards") or {}

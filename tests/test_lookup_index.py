@@ -1,0 +1,66 @@
+"""`packcheck lookup`'s split index of the atlas (issue 47): the same answers as the full support file, rebuilt when
+the file changes, healed when damaged, and never needed (an unwritable cache only costs speed)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pytest_packcheck.analysis import support_file as S
+from pytest_packcheck.support import lookup, lookup_releases
+
+REPO = Path(__file__).resolve().parent.parent
+QUESTIONS = [("llama", "sdpa", "4.53.1", None), ("qwen2", "eager", "4.57", None), ("gpt2", "sdpa", "5.24.0", "1.16.0"),
+             ("opt", "packcheck_flash_ref", "4.46.3", None), ("nosuchmodel", "sdpa", "5.0.0", None)]
+
+
+@pytest.fixture
+def atlas(tmp_path, monkeypatch):
+    monkeypatch.setenv("PACKCHECK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(S, "_VIEWS", {})
+    path = tmp_path / "support.json"
+    shutil.copy(REPO / "reports" / "atlas" / "support.json", path)
+    return path
+
+
+def _answers(path):
+    return [[a.as_dict() for a in lookup_releases(m, b, v, t, path=path)] for m, b, v, t in QUESTIONS]
+
+
+def test_the_index_answers_as_the_full_file_does(atlas, monkeypatch):
+    first = _answers(atlas)  # builds the index
+    assert isinstance(S.load_support_view(atlas), S.SupportView)
+    assert _answers(atlas) == first
+    monkeypatch.setattr(S, "load_support_view", lambda path=None: S.load_support(path))  # the full document
+    import pytest_packcheck.support as P
+
+    monkeypatch.setattr(P, "load_support_view", lambda path=None: S.load_support(path))
+    assert _answers(atlas) == first
+
+
+def test_a_changed_file_gets_a_new_index_and_a_damaged_one_is_healed(atlas, tmp_path):
+    lookup("llama", "sdpa", "4.53.1", path=atlas)
+    doc = json.loads(atlas.read_text())
+    doc["cells"]["llama"]["sdpa"]["4.53.3"]["verdict"] = "skipped"  # planted: the file changes after its index
+    doc["cells"]["llama"]["sdpa"]["4.53.3"]["message"] = "planted"
+    doc["cells"]["llama"]["sdpa"]["4.53.3"].pop("number", None)
+    atlas.write_text(json.dumps(doc))
+    S._VIEWS.clear()
+    assert lookup("llama", "sdpa", "4.53.3", path=atlas).verdict == "skipped"
+    assert len(list((tmp_path / "cache" / "support-index").iterdir())) == 2
+    view = S.load_support_view(atlas)
+    for f in (view._folder / "cells").iterdir():  # planted: a cache cleaned by hand under a running index
+        f.unlink()
+    assert view["cells"]["llama"]["sdpa"]["4.53.3"]["verdict"] == "skipped"  # read from the file itself
+    assert not view._folder.exists()
+
+
+def test_an_unwritable_cache_costs_only_speed(atlas, tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("PACKCHECK_CACHE_DIR", str(blocker / "cache"))  # under a file: nothing can be written
+    assert lookup("llama", "sdpa", "4.53.1", path=atlas).verdict == "pass"
+    assert isinstance(S.load_support_view(atlas), dict)
