@@ -157,7 +157,7 @@ def test_a_killed_release_resumes_from_its_journal_and_a_done_release_is_not_run
         return subprocess.CompletedProcess(args, 0)
 
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
-    from pytest_packcheck.atlas.build import run_plugin_in_env
+    from pytest_packcheck.atlas.release_run import run_plugin_in_env
 
     run_plugin_in_env(sys.executable, "transformers==5.24.0", tmp_path, [], "r", runner=threads_as_set)
 
@@ -411,7 +411,7 @@ def test_lookup_bad_inputs_are_one_line_errors(support_file, tmp_path):
 
 def test_lookup_refuses_a_pass_its_own_number_contradicts(support_file, tmp_path):
     """Trial 14, 69: support.json edited to an isolation "pass" of 0.9 was answered "pass (isolation 9.0e-01)":
-    the rule gate and merge apply to a results file (analysis.verdicts.pass_over_tolerance), against the tolerances
+    the rule gate and merge apply to a results file (analysis.verdict_rules.pass_over_tolerance), against the tolerances
     the file records (or the shipped float32 ones for a file from before it recorded them); a pass with causes too."""
     doc = json.loads(support_file.read_text())
     assert doc["tolerances"]["isolation_atol"] == 1e-05  # recorded from the cells' own tolerances
@@ -884,7 +884,7 @@ def test_an_entry_message_over_160_characters_is_cut_at_a_word_with_an_ellipsis(
     """A long failure message is stored cut at a word boundary and ended with "…" (it was cut at exactly 160
     characters mid-word / mid-sentence: "... they hold "), by the one function both atlas reductions use."""
     from pytest_packcheck.atlas import trl as T
-    from pytest_packcheck.atlas.releases import MESSAGE_CHARS
+    from pytest_packcheck.atlas.plan import MESSAGE_CHARS
 
     words = "the varlen path drops cu_seqlens so packed examples attend across their boundaries, and they hold "
     long = (words * 3).strip()
@@ -1011,7 +1011,7 @@ def test_a_gap_spanning_a_planned_release_not_yet_measured_waits_and_each_placed
 def test_a_release_folder_holding_only_a_corrupt_run_record_is_an_error_in_both_axes(tmp_path, capsys, axis):
     """Trial 5 #156: a release folder whose only file is a cut-off atlas-done.json (no matrix beside it) was skipped
     by --render-only in both axes: the release neither measured nor named, exit 0. A marker that is there is read
-    (atlas.build.is_done, the one rule of both axes): one line naming it and the fix, exit 2."""
+    (atlas.release_run.is_done, the one rule of both axes): one line naming it and the fix, exit 2."""
     from pytest_packcheck.cli import main
 
     out = tmp_path / "out"
@@ -1054,7 +1054,7 @@ def test_a_corrupt_run_record_is_one_line_naming_the_file(tmp_path, capsys, cont
 def test_a_release_folder_whose_run_records_another_version_is_refused_in_both_axes(tmp_path, capsys, axis, liar):
     """Trial 10 #94: a 5.24.0 results file copied into build/4.57.6 (its atlas-done.json saying 4.57.6) was
     rendered as 4.57.6, and `lookup` answered "measured at 4.57.6". The file carries its version
-    (atlas.build.check_recorded_version, the one rule of both axes): one line naming the folder, the file, both
+    (atlas.release_run.check_recorded_version, the one rule of both axes): one line naming the folder, the file, both
     versions and the fix, exit 2; nothing rendered."""
     from pytest_packcheck.cli import main
 

@@ -40,7 +40,7 @@ def _cell(model: str, backend: str, check: str, status: str, cause: str | None =
 def _doc(trl: str, cells: list[dict]) -> dict:
     env = {"transformers": "5.24.0", "torch": "2.13.0+cpu", "trl": trl}
     return {"schema_version": SCHEMA_VERSION, "packcheck_version": "0.1.0", "command": "planted",
-            "environment": env,  # a run in trl==<trl>'s environment records that TRL (atlas.build.check_recorded_version)
+            "environment": env,  # a run in trl==<trl>'s environment records that TRL (atlas.release_run.check_recorded_version)
             "settings": {"models": sorted({c["model"]["spec"] for c in cells}), "backends": list(T.TRL_BACKENDS),
                          "versions": []},
             "cells": [{**c, "env": {"environment": env, "versions": {"trl": trl, "transformers": "5.24.0"}}} for c in cells]}

@@ -8,7 +8,7 @@ import pytest
 
 from pytest_packcheck.errors import PackcheckUsageError
 from pytest_packcheck.model.build import MAX_RANDOM_PARAMS, build_model
-from pytest_packcheck.model.errors import LibraryConfigError
+from pytest_packcheck.model.build_errors import LibraryConfigError
 from pytest_packcheck.model.resolve import resolve_model
 from pytest_packcheck.model.shrink import shrink_config
 from pytest_packcheck.model.specs import parse_model_spec

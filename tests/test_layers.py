@@ -45,8 +45,8 @@ def _copy(tmp_path: Path) -> Path:
     ("results/metrics.py", "\n\ndef _planted():\n    from ..run import runner\n\n    return runner\n",
      "pytest_packcheck.results.metrics -> pytest_packcheck.run.runner"),
     # the guard and the atlas share a layer as independent parts
-    ("guard/result.py", "\n\ndef _planted():\n    from ..atlas import releases\n\n    return releases\n",
-     "pytest_packcheck.guard.result -> pytest_packcheck.atlas.releases"),
+    ("guard/result.py", "\n\ndef _planted():\n    from ..atlas import plan\n\n    return releases\n",
+     "pytest_packcheck.guard.result -> pytest_packcheck.atlas.plan"),
     # a new top-level module no layer names
     ("unplaced.py", '"""A module no layer names."""\n', "pytest_packcheck.unplaced"),
 ], ids=["upward", "siblings", "unplaced"])

@@ -477,7 +477,7 @@ def test_an_override_that_breaks_the_config_names_the_override_not_the_library()
     """`--models 'arch:llama{hidden_act=not_an_activation}'` was filed under library_config ("the default config does
     not build in transformers itself ... report the default config upstream"): the user's override broke it."""
     from pytest_packcheck.model.build import build_model
-    from pytest_packcheck.model.errors import OverrideConfigError
+    from pytest_packcheck.model.build_errors import OverrideConfigError
     from pytest_packcheck.model.resolve import resolve_model
     from pytest_packcheck.model.specs import parse_model_spec
     from pytest_packcheck.run.runner import Cell, CellRunner

@@ -95,7 +95,7 @@ def test_default_config_that_cannot_run_is_the_librarys(tol):
     """GLM-4V's default config gives mrope_section [8, 12, 12] (32 frequencies) to 64-frequency heads: it fails at
     full size too, so the cell is library_config with the override that fixes it, and that override runs."""
     from pytest_packcheck.model.build import build_model
-    from pytest_packcheck.model.errors import LibraryConfigError
+    from pytest_packcheck.model.build_errors import LibraryConfigError
     from pytest_packcheck.model.resolve import resolve_model
     from pytest_packcheck.model.specs import parse_model_spec
 
@@ -126,7 +126,7 @@ def test_layout_error_names_the_method():
     """A model whose generate() and get_rope_index give no usable text-only ids: a one-line TextPathError."""
     import torch
 
-    from pytest_packcheck.model.errors import ShrinkError, TextPathError
+    from pytest_packcheck.model.build_errors import ShrinkError, TextPathError
     from pytest_packcheck.model.multimodal import position_layout
     from pytest_packcheck.model.resolve import resolve_model
     from pytest_packcheck.model.specs import parse_model_spec

@@ -178,7 +178,7 @@ def test_planted_wrong_row_count_is_caught():
 def test_get_rope_index_packcheck_cannot_call_is_named():
     """A get_rope_index with another signature (a required grid argument): no layout is guessed; the one-line
     TextPathError names what get_rope_index raised."""
-    from pytest_packcheck.model.errors import TextPathError
+    from pytest_packcheck.model.build_errors import TextPathError
     from pytest_packcheck.model.multimodal import position_layout
 
     model = Qwen2VLForConditionalGeneration("none", inner=True)

@@ -1,6 +1,6 @@
 """The atlas's support file (``reports/atlas/support.json``, schema ``reports/atlas/SCHEMA.md``): where it is, its
 shape, checked once where it is loaded (:func:`validate_support`: no entry a verdict's own number contradicts, by the
-rules of :mod:`.verdicts`), and the model types it measured (:func:`refuse_unknown_model_type`).
+rules of :mod:`.verdict_rules`), and the model types it measured (:func:`refuse_unknown_model_type`).
 
 The reader under :mod:`pytest_packcheck.support` (the lookup), the atlas's render (which validates what it writes)
 and ``packcheck bisect`` / ``packcheck atlas --bisect-models`` (which refuse a model type nobody knows). Imports
@@ -140,9 +140,9 @@ def validate_support(doc: Any, source: str | Path) -> None:
 
 def _entry_contradicted(entry: dict[str, Any], tolerances: dict[str, Any]) -> str:
     """Why an entry contradicts itself ("" when it does not): a fail that names no cause, or whose number is under its
-    check's tolerance where a fail means over it (:func:`~pytest_packcheck.analysis.verdicts.fail_within_tolerance`;
+    check's tolerance where a fail means over it (:func:`~pytest_packcheck.analysis.verdict_rules.fail_within_tolerance`;
     strictly under, as the entry's number is rounded to 3 digits); a pass that names causes, has no key number (trial
-    15, 91), or whose number is above its check's tolerance (:func:`~pytest_packcheck.analysis.verdicts.pass_over_tolerance`).
+    15, 91), or whose number is above its check's tolerance (:func:`~pytest_packcheck.analysis.verdict_rules.pass_over_tolerance`).
     The rules ``gate`` and ``merge`` apply to a results file (trial 14, 69: an isolation "pass" of 0.9 was answered as
     a pass)."""
     if entry.get("verdict") not in ("pass", "fail"):
@@ -175,7 +175,7 @@ def _tolerance_rules() -> tuple[Any, Any, Any]:
     """(fail_within_tolerance, pass_over_tolerance, the check registry's SPECS), imported once: the validation
     calls for them per entry (18,663 in the 40-release atlas), and an import statement per call cost 0.1 s."""
     from ..checks.registry import SPECS
-    from .verdicts import fail_within_tolerance, pass_over_tolerance
+    from .verdict_rules import fail_within_tolerance, pass_over_tolerance
 
     return fail_within_tolerance, pass_over_tolerance, SPECS
 

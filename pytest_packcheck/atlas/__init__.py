@@ -9,12 +9,11 @@ run again. :func:`collect` reduces the per-release results to ``support.json`` (
 seeded from the committed ``support.json`` (its releases count as measured and are not run again, so a fresh
 checkout, whose git-ignored build folder is empty, adds releases and drops none), and :func:`write_outputs` renders ``atlas.md`` and the self-contained ``atlas.html`` from it.
 
-Modules: :mod:`.releases` (the plan and its order), :mod:`.build` (one release's run, seeding), :mod:`.collect`
+Modules: :mod:`.plan` (the plan and its order), :mod:`.release_run` (one release's run, seeding), :mod:`.collect`
 (the reduction to ``support.json``, transitions, bisection, known-fault windows), :mod:`.render` (``atlas.md``,
 ``atlas.html``), :mod:`.sweep` (transitions to the exact patch), :mod:`.command` (``packcheck atlas``). The names below are the package's public surface.
 """
 
-from .build import generate, is_done, release_dir, release_flags, reproduce_command, run_release, seed_release
 from .collect import (
                       collect,
                       committed_releases,
@@ -26,7 +25,7 @@ from .collect import (
                       transitions,
 )
 from .command import AtlasArgs, main
-from .releases import (
+from .plan import (
                       ATLAS_BACKENDS,
                       ATLAS_SINCE,
                       DONE_MARKER,
@@ -39,6 +38,7 @@ from .releases import (
                       parse_shard,
                       version_key,
 )
+from .release_run import generate, is_done, release_dir, release_flags, reproduce_command, run_release, seed_release
 from .render import render_html, render_markdown, write_outputs
 from .sweep import deferred_gaps, measure_between, place, sweep_gaps, sweep_transitions
 

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .build import check_recorded_version, done_record, is_done, reproduce_command
-from .releases import ATLAS_BACKENDS, SUPPORT_SCHEMA_VERSION, atlas_checks, entry_message, version_key
+from .plan import ATLAS_BACKENDS, SUPPORT_SCHEMA_VERSION, atlas_checks, entry_message, version_key
+from .release_run import check_recorded_version, done_record, is_done, reproduce_command
 
 
 def _number(cell: dict[str, Any]) -> float | None:
@@ -71,7 +71,7 @@ def _release_docs(build: Path) -> list[tuple[str, dict[str, Any], dict[str, Any]
 
     Raises:
         PackcheckUsageError: a run record or results file records another transformers than its folder's name
-            (:func:`~pytest_packcheck.atlas.build.check_recorded_version`), or a run record is corrupt.
+            (:func:`~pytest_packcheck.atlas.release_run.check_recorded_version`), or a run record is corrupt.
     """
     from ..analysis.gate import merge
     from ..results import load_document

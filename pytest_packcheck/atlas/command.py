@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PackcheckUsageError
-from .build import generate, seed_release
 from .collect import collect, committed_releases, load_committed
+from .release_run import generate, seed_release
 from .render import write_outputs
 
 

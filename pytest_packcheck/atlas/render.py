@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..results.schema import SYMBOLS
-from .releases import version_key
+from .plan import version_key
 
 #: The verdict marks of every packcheck report (results.schema.SYMBOLS): the atlas reads as the matrices do.
 SYMBOL = SYMBOLS

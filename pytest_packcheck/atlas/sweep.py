@@ -23,9 +23,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .build import is_done, run_release
 from .collect import _signature, reduce_release, transition_key
-from .releases import version_key
+from .plan import version_key
+from .release_run import is_done, run_release
 
 #: The file in a sweep run's folder naming the architectures it was asked for.
 SWEEP_MODELS = "sweep-models.json"

@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from ..backends.table import REFERENCE_BACKEND
-from .build import check_recorded_version, done_record, is_done, run_failure, run_plugin_in_env
-from .releases import DONE_MARKER, entry_message, index_latest_patches, version_key
+from .plan import DONE_MARKER, entry_message, index_latest_patches, version_key
+from .release_run import check_recorded_version, done_record, is_done, run_failure, run_plugin_in_env
 
 #: The oldest TRL minor of the axis (TRL 0.19 introduced ``packing_strategy``; packcheck's TRL floor).
 TRL_SINCE = "0.19"
@@ -141,10 +141,10 @@ def next_release(planned: list[str], block: dict[str, Any], skip: set[str] | fro
     """The TRL release to measure next, given the ``trl`` block measured so far (:func:`collect_trl`): the newest
     and the oldest of ``planned`` first; then the middle of the widest run of unmeasured releases between two
     measured ones whose entries differ (a transition lies there: each release halves it, so it is found within a
-    release after log2(gap) runs); then, with no such gap left, :func:`pytest_packcheck.atlas.releases.gap_order`
+    release after log2(gap) runs); then, with no such gap left, :func:`pytest_packcheck.atlas.plan.gap_order`
     (the widest unmeasured run). ``skip``: releases not to pick (tried and failed in this run). None when every
     release is measured or skipped."""
-    from .releases import gap_order
+    from .plan import gap_order
 
     measured = {r["trl"] for r in block["releases"]}
     left = [v for v in planned if v not in measured and v not in skip]
@@ -232,7 +232,7 @@ def reduce_trl_release(doc: dict[str, Any]) -> dict[str, dict[str, dict[str, dic
 def _release_docs(build: Path) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
     """(TRL release, results document, done record) of every finished release folder under ``build``, ascending;
     a folder not named as a release is skipped; one whose run records another TRL is refused
-    (:func:`~pytest_packcheck.atlas.build.check_recorded_version`)."""
+    (:func:`~pytest_packcheck.atlas.release_run.check_recorded_version`)."""
     from packaging.version import InvalidVersion, Version
 
     from ..results import load_document

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .releases import version_key
+from .plan import version_key
 
 #: Short names of the modes in the Markdown (``TRL_MODES`` of :mod:`.trl` holds what each asks SFTTrainer for).
 MODE_NAMES = {"sft": "packing=True", "sft_padding_free": "padding_free"}

@@ -95,7 +95,7 @@ def run(ns: argparse.Namespace) -> int:
     shard = parse_shard(ns.shard, "--shard") if ns.shard is not None else None
     if ns.workers < 1:
         raise PackcheckUsageError(f"-n/--workers {ns.workers} must be >= 1.")
-    from ..atlas.build import check_seed
+    from ..atlas.release_run import check_seed
 
     for seed in ns.seed:
         check_seed(Path(seed))

@@ -25,7 +25,7 @@ of packed rows is judged row by row and together (``batch_rows``).
 
 Modules, in the order a batch meets them: :mod:`.batch` (the batch contract, :func:`parse_row`), :mod:`.precision`
 (the tolerance row: the dtype the forward computes in), :mod:`.forward` (the packed row, each example alone, the
-comparison), :mod:`.probes` (the reruns that name the cause), :mod:`.verify` (:func:`verify_packed_batch`, the
+comparison), :mod:`.diagnosis` (the reruns that name the cause), :mod:`.verify` (:func:`verify_packed_batch`, the
 probes in order, the remedy), :mod:`.result` (:class:`GuardResult`, the errors and warning), :mod:`.callback`
 (:class:`PackcheckCallback`), and for RL loops :mod:`.rl` (:func:`verify_packed_logprobs` on a packed RL row and
 the trainer's completion log-probs; :func:`guard_grpo` inside TRL's GRPOTrainer).

@@ -21,9 +21,9 @@ from .batch import (
     packed_rows,
     parse_row,
 )
+from .diagnosis import _NUMERICS_PASS, _bad, _diagnose, _padded_diff, _refusal_cause
 from .forward import _compare, _log_probs, _row_log_probs, _solo
 from .precision import _REDUCED, _ComputeProbe, _pick, _tolerances
-from .probes import _NUMERICS_PASS, _bad, _diagnose, _padded_diff, _refusal_cause
 from .result import GuardResult, PackedBatchMismatch, _fmt, _usage, say
 from .result import hide_mismatch_frames as _hide
 

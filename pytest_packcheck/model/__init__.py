@@ -10,7 +10,7 @@
 - :mod:`.twin`: the unshrunk config on the meta device, to tell the config's own faults from the shrink's;
 - :mod:`.build`: the model of one cell group (random or pretrained weights, the backend registered);
 - :mod:`.batches`: example lengths -> packed, padded and solo batches (transformers' own collator);
-- :mod:`.errors`: why a cell got no model (the shrink's limit, the library's config, the weights).
+- :mod:`.build_errors`: why a cell got no model (the shrink's limit, the library's config, the weights).
 
 Importing this package imports neither torch nor transformers; the modules import them inside functions.
 """

@@ -11,7 +11,7 @@ import contextlib
 import copy
 from typing import Any
 
-from .errors import LibraryConfigError, OverrideConfigError, ShrinkError, WeightsError
+from .build_errors import LibraryConfigError, OverrideConfigError, ShrinkError, WeightsError
 from .multimodal import mrope_section_mismatch
 from .resolve import ResolvedModel, auto_model_class, resolve_model
 from .shrink import mechanism_gaps, shrink_config

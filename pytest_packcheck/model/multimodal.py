@@ -7,7 +7,7 @@ import copy
 import inspect
 from typing import Any
 
-from .errors import TextPathError
+from .build_errors import TextPathError
 from .tiny import TINY_HEAD_DIM, TINY_TOWER_DEPTH, TINY_TOWER_HEADS
 
 

@@ -182,7 +182,7 @@ def cell_problem(cell: Any) -> str | None:
         # a hand-edited role ("villain") was rendered as a pass in one place and "not checked" in another (trial 7, 94);
         # a known role that differs from the registry's (an earlier packcheck's) is read as the registry's (role_of)
         return f"cell {name!r} has role {json.dumps(cell['role'])[:40]} (expected one of {', '.join(ROLES)})"
-    from ..analysis.verdicts import fail_within_tolerance, pass_over_tolerance, unbacked_pass
+    from ..analysis.verdict_rules import fail_within_tolerance, pass_over_tolerance, unbacked_pass
 
     spec = SPECS[cell["check"]]
     if cell["status"] == "pass" and spec.key_metric and spec.key_metric[0] not in (cell.get("metrics") or {}):

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..analysis.verdicts import unbacked_pass
+from ..analysis.verdict_rules import unbacked_pass
 from ..backends import (
     FLASH_FAMILY,
     VARLEN_CONTRACT,
@@ -28,7 +28,7 @@ from ..checks.registry import MODEL_LEVEL_CHECKS, SPECS
 from ..checks.workbench import Workbench
 from ..model import batches as B
 from ..model.build import build_model
-from ..model.errors import LibraryConfigError, OverrideConfigError, ShrinkError, WeightsError
+from ..model.build_errors import LibraryConfigError, OverrideConfigError, ShrinkError, WeightsError
 from ..model.multimodal import position_layout
 from ..model.resolve import ResolvedModel
 from ..model.twin import unshrunk_forward_reproduces
@@ -338,7 +338,7 @@ def text_config(config: Any) -> Any:
 
 
 def _no_pass_on_non_finite(check: str, result: CheckResult) -> CheckResult:
-    """A pass whose key number is NaN or infinite is no pass (:func:`analysis.verdicts.unbacked_pass`): every
+    """A pass whose key number is NaN or infinite is no pass (:func:`analysis.verdict_rules.unbacked_pass`): every
     ``x > tolerance`` comparison is False for NaN, so a check that forgot to test finiteness would pass on it
     (gemma3n's grad_parity on the varlen reference did). Such a cell becomes an error with cause ``non_finite``;
     the number is kept."""

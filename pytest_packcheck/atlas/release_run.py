@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PackcheckUsageError
-from .releases import ATLAS_BACKENDS, DONE_MARKER, atlas_checks
+from .plan import ATLAS_BACKENDS, DONE_MARKER, atlas_checks
 
 
 def release_flags(report_dir: str, shard: tuple[int, int] | None = None, models: list[str] | None = None) -> list[str]:
