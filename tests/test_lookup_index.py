@@ -21,6 +21,7 @@ QUESTIONS = [("llama", "sdpa", "4.53.1", None), ("qwen2", "eager", "4.57", None)
 def atlas(tmp_path, monkeypatch):
     monkeypatch.setenv("PACKCHECK_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(S, "_VIEWS", {})
+    monkeypatch.setattr(S, "_DIGESTS", {})
     path = tmp_path / "support.json"
     shutil.copy(REPO / "reports" / "atlas" / "support.json", path)
     return path
@@ -64,3 +65,48 @@ def test_an_unwritable_cache_costs_only_speed(atlas, tmp_path, monkeypatch):
     monkeypatch.setenv("PACKCHECK_CACHE_DIR", str(blocker / "cache"))  # under a file: nothing can be written
     assert lookup("llama", "sdpa", "4.53.1", path=atlas).verdict == "pass"
     assert isinstance(S.load_support_view(atlas), dict)
+
+
+def test_an_edit_that_keeps_size_and_mtime_is_seen(atlas):
+    """Trial 3: the index was keyed by path, size, mtime and inode: an in-place edit under `touch -r` kept answering
+    the old number. Keyed by the file's bytes now."""
+    import os
+
+    before = lookup("llama", "sdpa", "4.44.2", path=atlas)
+    text = atlas.read_text()
+    stat = atlas.stat()
+    old = '"number":0.16,'
+    assert before.number == 0.16 and old in text
+    at = text.index(old, text.index('"4.44.2"', text.index('"sdpa"', text.index('"llama":{'))))  # llama / sdpa / 4.44.2's
+    with atlas.open("r+") as fh:  # same size, in place (same inode), then the old times back
+        fh.write(text[:at] + '"number":0.19,' + text[at + len(old):])
+    os.utime(atlas, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    S._VIEWS.clear()
+    S._DIGESTS.clear()  # a new process: in one process a file's state is its stat
+    assert lookup("llama", "sdpa", "4.44.2", path=atlas).number == 0.19
+
+
+@pytest.mark.parametrize(("name", "content"), [("meta.json", "{}"), ("meta.json", "[]"), ("meta.json", "null"),
+                                               ("meta.json", '{"_index": 1}'), ("cells/0.json", "[]"), ("cells/0.json", "{}"),
+                                               ("cells/0.json", "null"), ("transitions.json", "{}"), ("transitions.json", '"x"'),
+                                               ("trl.json", "[]")])
+def test_an_index_file_of_the_wrong_shape_is_healed_not_believed(atlas, name, content):
+    """Trial 3: valid JSON of the wrong shape in an index file gave tracebacks or "not measured"."""
+    want = [a.as_dict() for a in lookup_releases("llama", "sdpa", "4.53", "1.16.0", path=atlas)]
+    folder = next(iter(S._VIEWS))
+    target = folder / name
+    if name.startswith("cells/"):  # llama's row
+        target = folder / S._VIEWS[folder]._meta["_index"]["cells"]["llama"]
+    target.write_text(content)
+    S._VIEWS.clear()
+    assert [a.as_dict() for a in lookup_releases("llama", "sdpa", "4.53", "1.16.0", path=atlas)] == want
+
+
+def test_old_indexes_are_pruned(atlas, tmp_path):
+    doc = json.loads(atlas.read_text())
+    for i in range(S.INDEX_KEEP + 3):  # planted: the atlas edited again and again
+        doc["generated"] = f"edit {i}"
+        atlas.write_text(json.dumps(doc))
+        S._VIEWS.clear()
+        lookup("llama", "sdpa", "4.53.1", path=atlas)
+    assert len([d for d in (tmp_path / "cache" / "support-index").iterdir() if d.is_dir()]) == S.INDEX_KEEP

@@ -121,10 +121,10 @@ def test_bad_batches_are_one_line_errors_naming_the_key(model, change, needle):
     assert needle in str(err.value) and "\n" not in str(err.value)
 
 
-def _grpo(tmp_path, temperature=0.7):
+def _grpo(tmp_path, temperature=0.7, arch="llama"):
     pytest.importorskip("trl")
     from datasets import Dataset
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
     from trl import GRPOConfig, GRPOTrainer
 
     sys.path.insert(0, str(REPO / "examples"))
@@ -138,6 +138,10 @@ def _grpo(tmp_path, temperature=0.7):
                          num_key_value_heads=2, max_position_embeddings=128, pad_token_id=tok.pad_token_id,
                          eos_token_id=tok.eos_token_id)
     model = LlamaForCausalLM._from_config(config, attn_implementation="sdpa")
+    if arch == "gpt2":  # learned absolute positions
+        model = GPT2LMHeadModel._from_config(GPT2Config(vocab_size=len(tok), n_embd=64, n_layer=2, n_head=4, n_positions=128,
+                                                        pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                                                        bos_token_id=tok.eos_token_id), attn_implementation="sdpa")
     data = Dataset.from_dict({"prompt": [t.rsplit(" ", 3)[0] for t in TEXTS]})
     args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2, max_completion_length=6,
                       max_steps=1, use_cpu=True, bf16=False, report_to=[], temperature=temperature, save_strategy="no")
@@ -164,3 +168,120 @@ def test_the_guard_stops_a_grpo_run_whose_training_path_drops_the_temperature(tm
     guard_grpo(trainer)
     with pytest.raises(PackedBatchMismatch, match="cause temperature_mismatch"):
         trainer.train()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# trial 3 of the RL guard: what passed silently, what was misnamed, what raised from deep inside
+
+
+def test_a_nan_loss_or_per_token_loss_is_never_a_pass(model):
+    batch = _row()
+    per_token = torch.rand(1, 18) * batch["completion_mask"]
+    for loss, ptl in ((float("nan"), per_token), (0.5, per_token.masked_fill(batch["completion_mask"].bool(), float("nan")))):
+        result = verify_packed_logprobs(model, batch, per_token_loss=ptl, loss=loss, loss_type="token_mean", temperature=T)
+        assert result.verdict == "fail" and result.cause == "non_finite", result.line()
+
+
+def test_a_row_that_scores_nothing_is_skipped_not_passed(model):
+    batch = _row()
+    batch["completion_mask"] = torch.zeros_like(batch["completion_mask"])
+    result = verify_packed_logprobs(model, batch, torch.full((1, 18), 5.0), temperature=T)
+    assert result.verdict == "skipped" and result.completion_tokens == 0 and "nothing was compared" in result.evidence["why"]
+
+
+@pytest.mark.parametrize("temperature", [0, -0.7, float("nan"), float("inf"), "0.7", None, True])
+def test_a_temperature_that_is_not_a_positive_number_is_refused(model, temperature):
+    with pytest.raises(PackcheckUsageError, match=r"temperature=.*finite number above 0"):
+        verify_packed_logprobs(model, _row(), temperature=temperature)
+
+
+def test_a_low_temperature_widens_the_tolerance_by_its_inverse(model):
+    """Trial 3: at temperature 1e-4 a correct model failed as a leak (4.5e-04 > 1e-04): a log-prob divides the logits'
+    own noise by the temperature."""
+    result = verify_packed_logprobs(model, _row(), temperature=1e-4)
+    assert result.verdict == "pass", result.line()
+    assert result.tolerance["logprob_atol"] == pytest.approx(result.tolerance["logits_atol"] * 1e4)
+
+
+def test_a_pass_says_nothing_and_return_never_warns(model):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # as pytest's filterwarnings=error: a pass must not raise
+        assert verify_packed_logprobs(model, _row(), temperature=T).verdict == "pass"
+        batch = _row()
+        assert verify_packed_logprobs(model, batch, _trainer_logprobs(model, batch, roll=1), temperature=T).verdict == "fail"
+
+
+def test_shifted_positions_on_learned_positions_are_wrong_positions(tolerances):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=32, n_embd=32, n_layer=2, n_head=4, n_positions=64)).eval()
+    batch = _row()
+    batch.pop("cu_seq_lens_q")
+    batch["position_ids"] = batch["position_ids"] + 3  # planted: every sample starts at 3
+    result = verify_packed_logprobs(gpt2, batch, temperature=T)
+    assert result.cause == "wrong_positions", result.line()
+
+
+def test_a_cu_seq_lens_boundary_inside_a_completion_is_the_contract_not_the_mask(model):
+    batch = _row()
+    batch["cu_seq_lens_q"] = torch.tensor([0, 5, 12, 18], dtype=torch.int32)  # 5 is inside the first completion
+    result = verify_packed_logprobs(model, batch, temperature=T)
+    assert result.cause == "collator_contract" and "not where position_ids restart" in result.evidence["why"], result.line()
+
+
+@pytest.mark.parametrize(("change", "needle"), [
+    (lambda b: b.update(input_ids=b["input_ids"].float()), "has dtype torch.float32"),
+    (lambda b: b["input_ids"].__setitem__((0, 3), 999), "outside the model's vocabulary"),
+    (lambda b: b.update(input_ids=b["input_ids"][:, :0], position_ids=b["position_ids"][:, :0],
+                        completion_mask=b["completion_mask"][:, :0], cu_seq_lens_q=torch.tensor([0], dtype=torch.int32)),
+     "empty row"),
+])
+def test_more_bad_batches_are_one_line_errors(model, change, needle):
+    batch = _row()
+    change(batch)
+    with pytest.raises(PackcheckUsageError, match="verify_packed_logprobs: ") as err:
+        verify_packed_logprobs(model, batch)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("kwargs", "needle"), [
+    ({"logprobs": "abc"}, "logprobs is a str"),
+    ({"logprobs": {}}, "logprobs is a dict"),
+    ({"per_token_loss": torch.zeros(1, 18), "loss": torch.tensor([1.0, 2.0]), "loss_type": "token_mean"}, "loss has 2 values"),
+    ({"per_token_loss": torch.zeros(1, 18), "loss": "abc", "loss_type": "token_mean"}, "loss is a str"),
+    ({"loss_type": "bogus"}, "loss_type='bogus'"),
+    ({"loss_type": "token_mean"}, "go together"),
+])
+def test_bad_values_are_one_line_errors(model, kwargs, needle):
+    with pytest.raises(PackcheckUsageError, match="verify_packed_logprobs: ") as err:
+        verify_packed_logprobs(model, _row(), **kwargs)
+    assert needle in str(err.value)
+
+
+def test_not_a_model_or_not_a_batch_is_refused(model):
+    with pytest.raises(PackcheckUsageError, match="model is a NoneType"):
+        verify_packed_logprobs(None, _row())
+    with pytest.raises(PackcheckUsageError, match="batch is a NoneType"):
+        verify_packed_logprobs(model, None)
+    assert verify_packed_logprobs(model, _row(), [[float(x) for x in _trainer_logprobs(model, _row())[0]]],
+                                  temperature=T).verdict == "pass"  # a list of lists is taken as a tensor is
+
+
+def test_guard_grpo_refuses_a_non_trainer_and_a_bad_policy_at_the_call(tmp_path):
+    with pytest.raises(PackcheckUsageError, match="has no _get_per_token_logps_and_entropies"):
+        guard_grpo(None)
+    with pytest.raises(PackcheckUsageError, match="on_mismatch='bogus'"):
+        guard_grpo(object(), on_mismatch="bogus")
+
+
+def test_guard_grpo_names_padded_positions_on_gpt2(tmp_path):
+    """Trial 3: GRPO on gpt2 (learned positions, a left-padded batch without position_ids) was packed_mismatch with a
+    remedy to rerun packcheck; it is what the RL audit calls padded_positions."""
+    trainer = _grpo(tmp_path, arch="gpt2")
+    guard = guard_grpo(trainer, on_mismatch="return")
+    trainer.train()
+    assert guard.result.cause == "padded_positions", guard.result.line()
+    assert "position_ids" in guard.result.remedy

@@ -43,7 +43,9 @@ RESTORE = ("restore it (git checkout -- reports/atlas/support.json), pass the co
 
 
 @lru_cache(maxsize=4)
-def _load(path: str, mtime: float) -> dict[str, Any]:
+def _load(path: str, version: Any) -> dict[str, Any]:
+    """The validated document at ``path``; ``version``: what tells two states of the file apart (the cache key: its
+    stat, or the digest of its bytes)."""
     if Path(path).is_dir():
         raise PackcheckUsageError(f"Support file '{path}' is a directory: pass the support.json file itself "
                                   "(--support-file / $PACKCHECK_SUPPORT_FILE), e.g. reports/atlas/support.json.")
@@ -188,20 +190,23 @@ def _kind(value: Any) -> str:
                    "float": "number"}.get(type(value).__name__, type(value).__name__)
 
 
-def load_support(path: str | Path | None = None) -> dict[str, Any]:
-    """The support document (cached per path and modification time).
+def load_support(path: str | Path | None = None, version: Any = None) -> dict[str, Any]:
+    """The support document, cached per path and state: ``version`` when given (:func:`load_support_view` passes the
+    digest of the file's bytes), else the file's modification time, size and inode.
 
     Raises:
         PackcheckUsageError: missing, a directory, unreadable, another schema, or a corrupt shape
             (:func:`validate_support`).
     """
     p = Path(path) if path else default_support_file()
+    if version is None:
+        try:
+            st = p.stat()
+            version = (st.st_mtime_ns, st.st_size, st.st_ino)
+        except OSError:
+            version = 0
     try:
-        mtime = p.stat().st_mtime
-    except OSError:
-        mtime = 0.0
-    try:
-        return _load(str(p), mtime)
+        return _load(str(p), version)
     except PackcheckUsageError as exc:
         if path or not os.environ.get(SUPPORT_FILE_ENV):
             raise
@@ -217,20 +222,34 @@ _LAZY_KEYS = ("transitions", "trl")
 
 
 def _index_dir(p: Path) -> Path | None:
-    """Where the split index of the support file ``p`` lives: ``<cache>/support-index/<key>``, the key made of the
-    file's resolved path, size, modification time and inode, this module's own modification time (its validation
-    rules) and :data:`INDEX_FORMAT`. None when the file cannot be stat'ed (the full load names why)."""
+    """Where the split index of the support file ``p`` lives: ``<cache>/support-index/<key>``, the key the BLAKE2 digest
+    of the file's bytes (an edit that keeps the size and the modification time is a new index), this module's own
+    modification time (its validation rules) and :data:`INDEX_FORMAT`. None when the file cannot be read (the full
+    load names why)."""
     import hashlib
 
     from ..versions.cache import cache_root
 
     try:
+        if not p.is_file():
+            return None
         st = p.stat()
+        seen = (str(p.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
+        if seen not in _DIGESTS:  # once per state of the file in a process (a loop of lookups hashes it once)
+            with p.open("rb") as fh:
+                _DIGESTS[seen] = hashlib.file_digest(fh, "blake2b").hexdigest()[:32]
+        digest = _DIGESTS[seen]
         rules = Path(__file__).stat().st_mtime_ns
     except OSError:
         return None
-    key = f"{INDEX_FORMAT}|{p.resolve()}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}|{rules}"
-    return cache_root() / "support-index" / hashlib.sha1(key.encode(), usedforsecurity=False).hexdigest()[:20]
+    key = hashlib.blake2b(f"{INDEX_FORMAT}|{digest}|{rules}".encode(), digest_size=12).hexdigest()
+    return cache_root() / "support-index" / key
+
+
+#: The digest of each support file's bytes, by its stat, in this process.
+_DIGESTS: dict[tuple[str, int, int, int], str] = {}
+#: Index folders kept in the cache (the newest by use): an atlas edited again and again leaves no trail of 5 MB folders.
+INDEX_KEEP = 4
 
 
 def _write_index(doc: dict[str, Any], folder: Path) -> None:
@@ -255,9 +274,14 @@ def _write_index(doc: dict[str, Any], folder: Path) -> None:
         meta["_index"] = {"cells": files, "backends": sorted({b for row in doc["cells"].values() for b in row}),
                           "lazy": [k for k in _LAZY_KEYS if k in doc]}
         (tmp / "meta.json").write_text(json.dumps(meta, separators=(",", ":")), encoding="utf-8")
+        shutil.rmtree(folder, ignore_errors=True)  # a damaged index of the same file
         os.replace(tmp, folder)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    others = sorted((d for d in folder.parent.iterdir() if d.is_dir() and not d.name.startswith(".") and d != folder),
+                    key=lambda d: d.stat().st_mtime, reverse=True)
+    for old in others[INDEX_KEEP - 1:]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 class _Cells(Mapping):
@@ -287,7 +311,13 @@ class SupportView(Mapping):
         import json
 
         self._folder, self._source = folder, source
-        self._meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+        meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+        index = meta.get("_index") if isinstance(meta, dict) else None
+        if not (isinstance(index, dict) and isinstance(index.get("cells"), dict) and isinstance(index.get("backends"), list)
+                and isinstance(index.get("lazy"), list) and all(isinstance(v, str) for v in index["cells"].values())
+                and isinstance(meta.get("releases"), list)):
+            raise ValueError(f"{folder / 'meta.json'} is not an index's meta")
+        self._meta = meta
         self._lazy: dict[str, Any] = {}
         self._cells = _Cells(self)
 
@@ -297,8 +327,14 @@ class SupportView(Mapping):
         import json
         import shutil
 
+        #: the shape each file must have: a cells row maps backends to releases to entries
+        shape = {"transitions.json": list, "trl.json": (dict, type(None))}.get(name, dict)
         try:
-            return json.loads((self._folder / name).read_text(encoding="utf-8"))
+            value = json.loads((self._folder / name).read_text(encoding="utf-8"))
+            if not isinstance(value, shape) or (name.startswith("cells/") and not (
+                    value and all(isinstance(r, dict) and all(isinstance(e, dict) for e in r.values()) for r in value.values()))):
+                raise ValueError(f"{name} is not what the index wrote")
+            return value
         except (OSError, ValueError):
             shutil.rmtree(self._folder, ignore_errors=True)
             _VIEWS.pop(self._folder, None)
@@ -336,7 +372,7 @@ _VIEWS: dict[Path, SupportView] = {}
 
 def load_support_view(path: str | Path | None = None) -> Mapping[str, Any]:
     """The support document for a quick answer (``packcheck lookup``): from its split index when one was built for
-    this very file (same path, size, modification time), else loaded and validated in full (:func:`load_support`)
+    these very bytes (the digest of the file), else loaded and validated in full (:func:`load_support`)
     and split for the next start. A fresh process then reads the index's ``meta.json`` and one architecture's rows,
     not 5 MB of JSON validated entry by entry (issue 47: 0.3 s -> see benchmarks/bench_lookup.py). An unwritable
     cache only costs the next start its speed.
@@ -351,10 +387,11 @@ def load_support_view(path: str | Path | None = None) -> Mapping[str, Any]:
     if folder is not None and (folder / "meta.json").is_file():
         try:
             _VIEWS[folder] = SupportView(folder, p)
+            os.utime(folder)  # the newest by use is kept (INDEX_KEEP)
             return _VIEWS[folder]
-        except (OSError, ValueError):
+        except (OSError, ValueError, AttributeError, TypeError):
             pass  # a damaged index: the full load below rebuilds it
-    doc = load_support(path)
+    doc = load_support(path, version=folder.name if folder is not None else None)
     if folder is not None:
         try:
             _write_index(doc, folder)

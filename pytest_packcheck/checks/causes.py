@@ -243,7 +243,11 @@ _CAUSES: tuple[Cause, ...] = (
           "construction) or use a release that honours it; the padded run is correct, only slower"),
     Cause("packed_mismatch",
           "the packed run differs from the reference, and no probe in the cell could say why",
-          "rerun with the current packcheck: it names the cause"),
+          "rerun with the current packcheck: it names the cause",
+          when=(Remedy(checks=("guard",), facts=(("trainer_logprobs", True),), text=(
+              "the trainer's completion log-probs differ from each sample alone while the model's packed row does "
+              "not: compare how the trainer gathers them (labels shifted within each sample, logits_to_keep, the "
+              "temperature, the dtype it computes in) with verify_packed_logprobs's reference")),)),
     Cause("probe_inconclusive",
           "the probe could not see a planted leak on this model: its pass would mean nothing",
           "run this model in float32 (the probe is conclusive there) to check isolation",

@@ -36,7 +36,7 @@ from .result import PackedBatchMismatch, say
 #: ``loss_type="grpo"``).
 LOSS_TYPES = ("token_mean", "sequence_mean")
 #: Temperatures tried when the trainer's log-probs disagree: does another temperature explain them?
-_TEMPERATURES = tuple(round(0.05 * k, 2) for k in range(4, 41))
+_TEMPERATURES = tuple(round(0.05 * k, 2) for k in range(1, 101))
 
 
 @dataclass
@@ -111,6 +111,50 @@ def _row(batch: Mapping[str, Any], key: str, length: int | None = None) -> Any:
     return value
 
 
+def _temperature(value: Any) -> float:
+    """A sampling temperature: a finite number above 0 (a float, an int or a 0-d tensor; not a string)."""
+    import math
+
+    try:
+        t = float(value.item() if hasattr(value, "item") else value)
+    except (TypeError, ValueError, RuntimeError):
+        t = float("nan")
+    if isinstance(value, bool | str) or not math.isfinite(t) or t <= 0:
+        raise _refuse(f"temperature={value!r:.40}: give the sampling temperature the trainer divides the logits by, a "
+                      "finite number above 0 (GRPOConfig.temperature, e.g. 0.7 or 1.0).")
+    return t
+
+
+def _model_ok(model: Any) -> int | None:
+    """The vocabulary size of ``model`` (its input embeddings' rows), after checking it is a torch module with
+    parameters; None when the model does not say."""
+    import torch
+
+    if not isinstance(model, torch.nn.Module) or next(iter(model.parameters()), None) is None:
+        raise _refuse(f"model is a {type(model).__name__}: expected the policy, a transformers causal LM (a torch.nn.Module "
+                      "with parameters).")
+    try:
+        return int(model.get_input_embeddings().num_embeddings)
+    except (AttributeError, TypeError):
+        return None
+
+
+def _as_values(value: Any, what: str, n: int) -> Any:
+    """``value`` (a tensor, a list, a numpy array) as a float64 CPU tensor of ``n`` values, one per token."""
+    import torch
+
+    try:
+        t = value.detach() if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+        t = t.to("cpu", torch.float64).reshape(-1)
+    except (TypeError, ValueError, RuntimeError, NotImplementedError) as exc:
+        raise _refuse(f"{what} is a {type(value).__name__} that is not a tensor of numbers ({type(exc).__name__}): "
+                      f"give one value per token, a tensor of shape (1, {n}).") from None
+    if t.numel() != n:
+        raise _refuse(f"{what} has {t.numel()} values for a row of {n} tokens: give one per token, (1, {n}), aligned to "
+                      "the token it scores.")
+    return t
+
+
 def segments_of(batch: Mapping[str, Any]) -> tuple[list[tuple[int, int]], list[str]]:
     """The samples' ``(start, end)`` in the row, from ``cu_seq_lens_q`` when the batch holds it, else from where
     ``position_ids`` restart (drop below or equal to the previous position); and the contract problems found: the two
@@ -167,7 +211,8 @@ def _reduce(per_token: Any, mask: Any, segs: list[tuple[int, int]], loss_type: s
 
 def verify_packed_logprobs(model: Any, batch: Mapping[str, Any], logprobs: Any = None, *, temperature: float = 1.0,
                            per_token_loss: Any = None, loss: Any = None, loss_type: str | None = None,
-                           tolerances: Any = None, on_mismatch: str = "return") -> RLGuardResult:
+                           tolerances: Any = None, on_mismatch: str = "return",
+                           _explain: dict[str, tuple[Any, dict[str, Any]]] | None = None) -> RLGuardResult:
     """Check one packed RL row and, optionally, what the trainer computed from it.
 
     Args:
@@ -182,26 +227,52 @@ def verify_packed_logprobs(model: Any, batch: Mapping[str, Any], logprobs: Any =
         per_token_loss, loss, loss_type: the trainer's per-token loss ``(1, N)``, its reduced loss (a scalar) and the
             reduction it means (:data:`LOSS_TYPES`); all three or none.
         tolerances: dtype rows as :func:`verify_packed_batch` takes them (default ``audit/tolerances.toml``).
-        on_mismatch: "return" (default), "raise" (:class:`PackedBatchMismatch`) or "warn" (one line on stderr).
+        on_mismatch: "return" (default: the result only), "raise" (:class:`PackedBatchMismatch` on a failure) or
+            "warn" (a :class:`PackcheckGuardWarning` on a failure). A pass says nothing.
+        _explain: for :func:`guard_grpo`: cause -> (log-probs, evidence) of a known wrong way to compute them; when the
+            trainer's log-probs are those, that cause is named.
+
+    Tolerance: the dtype's ``logits_atol``, times ``1 / temperature`` below a temperature of 1 (a log-prob divides
+    the logits by it, magnifying their noise). A row whose completion mask scores nothing is "skipped", not passed.
 
     Returns:
         :class:`RLGuardResult`. A failed check raises only with ``on_mismatch="raise"``.
 
     Raises:
-        PackcheckUsageError: a key missing or of the wrong shape, a completion token at a sample's first position,
-            ``cu_seq_lens_q`` not covering the row, an unknown ``loss_type`` or ``on_mismatch``.
+        PackcheckUsageError: a key missing or of the wrong shape or dtype, token ids outside the model's vocabulary,
+            an empty row, a completion token at a sample's first position, ``cu_seq_lens_q`` not covering the row, a
+            temperature that is not a finite number above 0, values that are not numbers, an unknown ``loss_type``
+            or ``on_mismatch``, or a model that is not a torch module.
     """
+    import math
+
     import torch
 
     t0 = time.perf_counter()
     if on_mismatch not in ("return", "raise", "warn"):
         raise _refuse(f"on_mismatch={on_mismatch!r}: expected 'return', 'raise' or 'warn'.")
-    if (per_token_loss is None) != (loss is None) or (loss is not None and loss_type not in LOSS_TYPES):
-        raise _refuse(f"per_token_loss, loss and loss_type go together (loss_type one of {LOSS_TYPES}); got loss_type={loss_type!r}.")
+    if loss_type is not None and loss_type not in LOSS_TYPES:
+        raise _refuse(f"loss_type={loss_type!r}: expected one of {LOSS_TYPES}.")
+    if (per_token_loss is None) != (loss is None) or (loss is not None and loss_type is None) or (loss is None and loss_type):
+        raise _refuse(f"per_token_loss, loss and loss_type go together (loss_type one of {LOSS_TYPES}); got "
+                      f"per_token_loss {'given' if per_token_loss is not None else 'None'}, loss "
+                      f"{'given' if loss is not None else 'None'}, loss_type={loss_type!r}.")
+    temperature = _temperature(temperature)
+    vocab = _model_ok(model)
+    if not isinstance(batch, Mapping):
+        raise _refuse(f"batch is a {type(batch).__name__}: expected a dict of tensors (input_ids, position_ids or "
+                      "cu_seq_lens_q, completion_mask).")
     if "input_ids" not in batch:
         raise _refuse("the batch has no 'input_ids'.")
     ids = _row(batch, "input_ids")
     n = int(ids.numel())
+    if n == 0:
+        raise _refuse("batch['input_ids'] is an empty row: nothing to check.")
+    if ids.is_floating_point() or ids.dtype == torch.bool:
+        raise _refuse(f"batch['input_ids'] has dtype {ids.dtype}: token ids are integers (torch.long).")
+    if int(ids.min()) < 0 or (vocab is not None and int(ids.max()) >= vocab):
+        raise _refuse(f"batch['input_ids'] holds token ids {int(ids.min())}..{int(ids.max())}, outside the model's "
+                      f"vocabulary 0..{vocab - 1 if vocab else '?'}: the row and the model do not belong together.")
     segs, problems = segments_of(batch)
     if "completion_mask" in batch:
         mask = _row(batch, "completion_mask", n).bool()
@@ -216,11 +287,15 @@ def verify_packed_logprobs(model: Any, batch: Mapping[str, Any], logprobs: Any =
             problems.append(f"segment {padding[0]} of {len(segs)} holds only padding tokens (pad_token_id {pad}): the row's "
                             "boundaries count padding as a sample")
     firsts = [a for a, _ in segs if bool(mask[a])]
-    if firsts:
+    if firsts and not problems:  # with a broken contract the segments themselves are in doubt: that is the finding
         raise _refuse(f"the completion mask scores the first token of {len(firsts)} sample(s) (position {firsts[0]}): "
                       "nothing before it predicts it; mask it out (prompts are at least one token).")
+    scored = mask.cpu() & ~torch.isin(torch.arange(n), torch.tensor([a for a, _ in segs], dtype=torch.long))
     dtype = str(next(model.parameters()).dtype).replace("torch.", "")
-    tol = _pick(_tolerances(tolerances, "verify_packed_logprobs"), dtype)
+    tol = dict(_pick(_tolerances(tolerances, "verify_packed_logprobs"), dtype))
+    # a log-prob is a difference of logits divided by the temperature: below 1 it magnifies the logits' own noise
+    atol = tol["logits_atol"] * max(1.0, 1.0 / temperature)
+    tol["logprob_atol"] = atol
     device = ids.device
     was_training = model.training
     model.eval()
@@ -233,7 +308,9 @@ def verify_packed_logprobs(model: Any, batch: Mapping[str, Any], logprobs: Any =
             forwards += 1
         # the model's packed row, as the trainer feeds it (no attention_mask, no cache)
         inputs = {"input_ids": ids[None]}
-        for key in ("position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"):
+        if "position_ids" in batch:
+            inputs["position_ids"] = _row(batch, "position_ids", n)[None]
+        for key in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"):
             if key in batch:
                 inputs[key] = batch[key]
         if "position_ids" not in inputs:
@@ -248,8 +325,6 @@ def verify_packed_logprobs(model: Any, batch: Mapping[str, Any], logprobs: Any =
 
     ref = reference(temperature)
     packed_lp = torch.cat([_logprobs_of(packed_logits[a:b], ids[a:b], temperature) for a, b in segs])
-    scored = mask.cpu()
-    atol = tol["logits_atol"]
     evidence: dict[str, Any] = {}
     cause = None
     trainer_diff = None
@@ -261,24 +336,26 @@ def verify_packed_logprobs(model: Any, batch: Mapping[str, Any], logprobs: Any =
                                                 "or a sample alone)", "non_finite": bad}
     if packed_diff > atol and cause is None:
         pos = inputs["position_ids"].reshape(-1).tolist()
-        restarted = all(pos[a] == pos[0] for a, _ in segs)
+        restarted = all(pos[a] == 0 for a, _ in segs)
         cause = "leak" if restarted else "wrong_positions"
         evidence = {"why": (f"the model's packed row gives {packed_diff:.2e} nats per token against each sample alone"
-                            + ("" if restarted else "; position_ids do not restart at every sample")), "max_packed_diff": packed_diff}
+                            + ("" if restarted else "; position_ids do not start at 0 in every sample")),
+                    "max_packed_diff": packed_diff}
     if logprobs is not None:
-        got = logprobs.reshape(-1).double().cpu() if isinstance(logprobs, torch.Tensor) else torch.tensor(logprobs, dtype=torch.float64)
-        if got.numel() != n:
-            raise _refuse(f"logprobs has {got.numel()} values for a row of {n} tokens: give one per token, (1, {n}), "
-                          "aligned to the token it scores.")
+        got = _as_values(logprobs, "logprobs", n)
         trainer_diff, bad = _worst(got, ref, scored)
         if (trainer_diff > atol or bad) and cause is None:
-            cause, evidence = _trainer_cause(got, ref, scored, reference, temperature, atol, trainer_diff, bad)
+            cause, evidence = _trainer_cause(got, ref, scored, reference, temperature, atol, trainer_diff, bad, _explain)
     loss_value = loss_expected = None
     if loss is not None:
-        ptl = _row({"per_token_loss": per_token_loss}, "per_token_loss", n).double().cpu()
-        loss_value = float(loss)
+        ptl = _as_values(per_token_loss, "per_token_loss", n)
+        loss_t = _as_values(loss, "loss", 1)
+        loss_value = float(loss_t[0])
         loss_expected = _reduce(ptl, mask.cpu(), segs, loss_type)
-        if abs(loss_value - loss_expected) > tol["loss_atol"] and cause is None:
+        if not (math.isfinite(loss_value) and math.isfinite(loss_expected)) and cause is None:
+            cause, evidence = "non_finite", {"why": f"the loss ({loss_value}) or the per-token loss it reduces "
+                                                    f"({loss_expected}) is NaN or infinite", "non_finite": 1}
+        elif abs(loss_value - loss_expected) > tol["loss_atol"] and cause is None:
             other = next(t for t in LOSS_TYPES if t != loss_type)
             alt = _reduce(ptl, mask.cpu(), segs, other)
             matched = abs(loss_value - alt) <= tol["loss_atol"]
@@ -287,18 +364,23 @@ def verify_packed_logprobs(model: Any, batch: Mapping[str, Any], logprobs: Any =
                                 f"{loss_type} ({loss_expected:.6g})") if matched else
                         f"the loss {loss_value:.6g} is neither the {loss_type} ({loss_expected:.6g}) nor the {other} ({alt:.6g})",
                         "matches": other if matched else None}
+    judged = int(scored.sum())
     from ..checks.causes import CAUSE_RECORDS
     from .verify import _versions
 
     remedy = CAUSE_RECORDS[cause].remedy_for({"check": "guard", "status": "fail"}, evidence) if cause else ""
+    verdict = "fail" if cause else "pass" if judged else "skipped"
+    if verdict == "skipped":
+        evidence = {"why": "the completion mask scores no token after a sample's first: nothing was compared"}
     result = RLGuardResult(
-        verdict="fail" if cause else "pass", cause=cause, remedy=remedy, evidence=evidence, dtype=dtype, tolerance=tol,
-        temperature=float(temperature), segments=[b - a for a, b in segs], completion_tokens=int(scored.sum()),
+        verdict=verdict, cause=cause, remedy=remedy, evidence=evidence, dtype=dtype, tolerance=tol,
+        temperature=float(temperature), segments=[b - a for a, b in segs], completion_tokens=judged,
         max_packed_diff=packed_diff, max_trainer_diff=trainer_diff, loss=loss_value, loss_expected=loss_expected,
         loss_type=loss_type, forwards=forwards, duration_s=round(time.perf_counter() - t0, 3), versions=_versions())
     if not result.ok and on_mismatch == "raise":
         raise PackedBatchMismatch(result)  # type: ignore[arg-type] - the exception carries any result with line()
-    say(result.line())
+    if not result.ok and on_mismatch == "warn":
+        say(result.line())
     return result
 
 
@@ -312,7 +394,7 @@ def _worst(got: Any, ref: Any, where: Any) -> tuple[float, int]:
 
 
 def _trainer_cause(got: Any, ref: Any, scored: Any, reference: Any, temperature: float, atol: float,
-                   diff: float, bad: int = 0) -> tuple[str, dict[str, Any]]:
+                   diff: float, bad: int = 0, explain: dict[str, tuple[Any, dict[str, Any]]] | None = None) -> tuple[str, dict[str, Any]]:
     """Why the trainer's log-probs differ from the reference while the model's packed row does not: one position
     off (a label rolled across a sample, ``logits_to_keep`` off by one; a value rolled in from outside the row is
     NaN), another temperature, non-finite values, or unexplained."""
@@ -328,36 +410,65 @@ def _trainer_cause(got: Any, ref: Any, scored: Any, reference: Any, temperature:
                                           f"{'later' if shift == 1 else 'earlier'} (worst {diff:.2e} as aligned)", "shift": shift}
     if bad:
         return "non_finite", {"why": f"{bad} of the trainer's completion log-probs are NaN or infinite", "non_finite": bad}
+    for cause, (candidate, evidence) in (explain or {}).items():
+        if _worst(got, candidate, scored)[0] <= atol:
+            return cause, evidence
     best = min(_TEMPERATURES, key=lambda t: _worst(got, reference(t), scored)[0])
     best_diff = _worst(got, reference(best), scored)[0]
     if best_diff <= atol and abs(best - temperature) > 1e-9:
         return "temperature_mismatch", {"why": f"the trainer's log-probs are the reference at temperature {best:g} "
                                                f"({best_diff:.2e}), not {temperature:g}", "matches_temperature": best}
     return "packed_mismatch", {"why": f"the trainer's log-probs differ from each sample alone by {diff:.2e} nats, the "
-                                      "model's packed row does not"}
+                                      "model's packed row does not", "trainer_logprobs": True}
 
 
 def guard_grpo(trainer: Any, on_mismatch: str = "raise", tolerances: Any = None) -> Any:
     """Check the first training log-prob computation of TRL's ``GRPOTrainer`` (or ``RLOOTrainer``): wraps
     ``trainer._get_per_token_logps_and_entropies`` for one call made in training mode, rebuilds each sample from the
     left-padded batch (``attention_mask``), and compares the trainer's completion log-probs with each sample alone at
-    ``trainer.temperature``. Returns a holder whose ``.result`` is the :class:`RLGuardResult` once the check ran.
+    ``trainer.temperature`` (:func:`verify_packed_logprobs`). When they differ as the model's own left-padded forward
+    without ``position_ids`` differs (GRPO calls the model with ``input_ids`` and ``attention_mask`` only), the cause is
+    ``padded_positions``. Prints the result's line on stderr (beside the trainer's progress bar) and returns a holder
+    whose ``.result`` is the :class:`RLGuardResult` once the check ran.
 
-    With ``on_mismatch="raise"`` a failed check raises :class:`PackedBatchMismatch` out of that training step, before
-    its optimizer step. The wrapper removes itself after the first check.
+    With ``on_mismatch="raise"`` (default) a failed check raises :class:`PackedBatchMismatch` out of that training
+    step, before its optimizer step; "warn" warns; "return" only records. The wrapper removes itself after the first
+    check.
+
+    Raises:
+        PackcheckUsageError: ``trainer`` has no ``_get_per_token_logps_and_entropies`` (not a TRL GRPO / RLOO trainer,
+            or a TRL release without it), or ``on_mismatch`` is none of the three.
     """
     import torch
 
+    from .result import print_line
+
+    if on_mismatch not in ("return", "raise", "warn"):
+        raise PackcheckUsageError(f"guard_grpo: on_mismatch={on_mismatch!r}: expected 'return', 'raise' or 'warn'.")
+    original = getattr(trainer, "_get_per_token_logps_and_entropies", None)
+    if not callable(original):
+        raise PackcheckUsageError(f"guard_grpo: {type(trainer).__name__} has no _get_per_token_logps_and_entropies: pass a "
+                                  "TRL GRPOTrainer or RLOOTrainer (trl >= 0.17), after constructing it.")
     holder = type("RLGuard", (), {"result": None})()
-    original = trainer._get_per_token_logps_and_entropies
 
     def wrapped(model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int, *args: Any, **kwargs: Any) -> Any:
         out = original(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
         if not model.training:
             return out
         trainer._get_per_token_logps_and_entropies = original  # once
-        logps = out[0]
-        rows, positions, masks, given = [], [], [], []
+        unwrapped = getattr(trainer.accelerator, "unwrap_model", lambda m: m)(model)
+        temperature = float(getattr(trainer, "temperature", 1.0))
+        # the trainer's own computation again in eval mode: dropout (GPT-2's 0.1; GRPOConfig.disable_dropout is off by
+        # default) would otherwise be read as a mismatch. The training step keeps its own output.
+        unwrapped.eval()
+        try:
+            with torch.no_grad():
+                logps = original(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)[0]
+                # the model's own left-padded forward, as GRPO calls it (no position_ids)
+                plain = unwrapped(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits.float()
+        finally:
+            unwrapped.train()
+        rows, positions, masks, given, padded = [], [], [], [], []
         width_p = input_ids.shape[1] - logits_to_keep
         for i in range(input_ids.shape[0]):
             keep = attention_mask[i].bool()
@@ -370,12 +481,15 @@ def guard_grpo(trainer: Any, on_mismatch: str = "raise", tolerances: Any = None)
             lp = torch.full((ids.numel(),), float("nan"), dtype=torch.float64)
             lp[n_prompt:] = logps[i, :n_completion].detach().double().cpu()
             given.append(lp)
+            padded.append(_logprobs_of(plain[i][keep], ids, temperature))
         batch = {"input_ids": torch.cat(rows)[None], "position_ids": torch.cat(positions)[None],
                  "completion_mask": torch.cat(masks)[None]}
-        unwrapped = getattr(trainer.accelerator, "unwrap_model", lambda m: m)(model)
-        holder.result = verify_packed_logprobs(unwrapped, batch, torch.cat(given)[None],
-                                               temperature=float(getattr(trainer, "temperature", 1.0)),
-                                               tolerances=tolerances, on_mismatch=on_mismatch)
+        explain = {"padded_positions": (torch.cat(padded), {
+            "why": "the trainer's log-probs are the model's left-padded forward without position_ids, which numbers "
+                   "each sample's positions from its padding count"})}
+        holder.result = verify_packed_logprobs(unwrapped, batch, torch.cat(given)[None], temperature=temperature,
+                                               tolerances=tolerances, on_mismatch=on_mismatch, _explain=explain)
+        print_line(holder.result.line())
         return out
 
     trainer._get_per_token_logps_and_entropies = wrapped
