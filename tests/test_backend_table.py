@@ -86,6 +86,29 @@ def test_a_record_is_counted_the_way_its_family_carries_the_boundaries(backend, 
     assert len(probe.calls) == 1
 
 
+PACKCHECK_OWN = [b for b in BACKENDS if b.registered_by == "packcheck"]
+
+
+@pytest.mark.parametrize("backend", PACKCHECK_OWN, ids=[b.name for b in PACKCHECK_OWN])
+def test_a_record_packcheck_registers_builds_a_model_and_reaches_its_kernel(backend, tolerances):
+    """Every backend packcheck registers that is available on this CPU builds a tiny llama and runs a packed row on
+    its own kernel, boundaries held: a record with no kernels in ``registration.register_reference_backend``'s map
+    (transformers then looks its name up on the hub and the build fails), or one whose calls are not counted on it,
+    fails here. (transformers' own backends are built by the rest of the suite.)"""
+    from conftest import make_bench
+
+    from pytest_packcheck import checks as C
+
+    if not BK.backend_availability(backend.name, "cpu").available:
+        pytest.skip(f"{backend.name} does not run on this machine (its availability test covers the reason)")
+    bench = make_bench("llama", backend.name, tolerances)
+    result = C.check_backend(bench)
+    assert result.status == "pass", result.message
+    assert result.metrics["calls"] == {backend.name: result.metrics["expected_calls"]}, result.metrics
+    parity = C.check_logits_parity(bench)
+    assert parity.status == "pass", parity.message
+
+
 def test_a_direct_torch_sdpa_call_counts_for_sdpa_only():
     assert BK.is_call_on("sdpa (direct torch call)", "sdpa")
     assert not BK.is_call_on("sdpa (direct torch call)", "eager") and not BK.is_call_on("sdpa", "flash_attention_2")

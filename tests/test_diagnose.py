@@ -242,6 +242,38 @@ def test_known_faults_file_is_valid_and_every_entry_has_a_test():
         assert f.remedy and f.summary
 
 
+def known_fault_name_problems(faults) -> list[str]:
+    """What known faults name that packcheck's tables do not, each a fault that could never match a cell: a check
+    outside the check registry, a backend outside the backend table ("*" is every backend), a library outside the
+    libraries table, a cause outside checks/causes.py. The names are read from the tables, so a check, backend or
+    library added to its table is known here with no edit to this file."""
+    from pytest_packcheck.backends.table import BY_NAME as BACKENDS
+    from pytest_packcheck.checks.registry import SPECS
+    from pytest_packcheck.versions.libraries import BY_NAME as LIBRARIES
+
+    problems = []
+    for f in faults:
+        problems += [f"{f.id}: unknown check {c!r}" for c in f.checks if c not in SPECS]
+        problems += [f"{f.id}: unknown backend {b!r}" for b in f.backends if b != "*" and b not in BACKENDS]
+        problems += [f"{f.id}: unknown library {f.library!r}"] if f.library not in LIBRARIES else []
+        problems += [f"{f.id}: unknown cause {f.cause!r}"] if f.cause not in CAUSES else []
+        problems += [f"{f.id}: no check named"] if not f.checks else []
+    return problems
+
+
+def test_known_faults_name_only_checks_backends_and_libraries_of_the_tables():
+    """audit/known_faults.toml's check, backend, library and cause names are the tables' (a misspelt or renamed
+    check in an entry silently never matched). Planted: a misspelt check, a backend and a library nobody
+    registered are each named."""
+    import dataclasses
+
+    faults = load_known_faults()
+    assert known_fault_name_problems(faults) == []
+    bad = dataclasses.replace(faults[0], id="planted", checks=("isolaton",), backends=("sdpa", "sdpaa"), library="transfomers")
+    assert known_fault_name_problems([bad]) == ["planted: unknown check 'isolaton'", "planted: unknown backend 'sdpaa'",
+                                                "planted: unknown library 'transfomers'"]
+
+
 def test_what_to_do_section_in_the_matrix(tolerances):
     from pytest_packcheck.report import render_markdown
 
