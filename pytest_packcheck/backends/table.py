@@ -2,9 +2,12 @@
 of packcheck needs derived from it (names in matrix column order, labels, the flash family, the backends that
 build a packed mask, the bench preference, the ones packcheck registers, the ``--packcheck-attn`` help).
 
-Adding a backend is one record here (and its test): availability (:mod:`.availability`), skip reasons, labels,
-help, call counting (:mod:`.counting`), registration and the bench order all read it. Pure data: importing this
-module imports nothing heavy (the plugin's option help is built from it).
+Adding a backend is one record here (and its test in tests/test_backend_table.py): availability
+(:mod:`.availability`), skip reasons, labels, help, call counting (:mod:`.counting`), registration and the bench
+order all read it. A backend packcheck registers (``registered_by="packcheck"``) also needs its kernels: the
+functions (:mod:`.kernels`) and their entry in :func:`.registration.register_reference_backend`'s ``kernels`` map
+(tests/test_backend_table.py builds a model on every such record that runs here, so a missing entry fails there).
+Pure data: importing this module imports nothing heavy (the plugin's option help is built from it).
 """
 
 from __future__ import annotations

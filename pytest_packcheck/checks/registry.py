@@ -5,6 +5,12 @@ defaults, the report's headline verdict, key numbers and legend, the gate's tole
 codes, bench's warning mark, ``--help`` and the docs' reference pages (docs/hooks.py). Importing this module imports neither
 torch nor transformers (the plugin imports it while pytest loads).
 
+Adding a check is 3 files: its function in the family module (``parity.py``: ``check_x(wb) -> CheckResult``), one
+:class:`CheckSpec` row in :data:`REGISTRY` here (at its matrix place), and its planted-fault test in
+tests/test_checks.py; a new cause code is one more record in :mod:`.causes`. Every other list of checks (the plugin's
+items and the counts tests/test_plugin.py asserts, ``--help``, the docs' pages, known_faults.toml's validation) is
+read from the row; a default-suite check changes the committed reports' text: ``python tools/rerender.py``.
+
 Roles decide what a verdict means for a matrix cell:
 
 - ``correctness``: the packed row as transformers' Trainer (5.x) and TRL feed it (``DataCollatorWithFlattening``

@@ -1,6 +1,8 @@
 """The report formats, described once: one record per file a run writes (name, file, renderer). The file lists
-elsewhere (``write_reports``, the session's checks and clean-up) are derived from :data:`FORMATS`; a new format
-is one record here and its renderer module."""
+elsewhere (``write_reports``, the session's checks and clean-up) are derived from :data:`FORMATS`. Adding a format
+is 3 files: its renderer module (``render(rep: Report) -> str``), one :class:`ReportFormat` record in :data:`FORMATS`
+here, and a test in tests/test_report_formats.py that reads the file back and catches a planted fault. It is written
+beside the others, not committed under reports/ unless tools/rerender.py's ``MATRIX_FILES`` names it."""
 
 from __future__ import annotations
 
