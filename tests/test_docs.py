@@ -113,3 +113,31 @@ def test_no_page_types_a_dated_measurement():
     dated = {p.name: DATED.findall(p.read_text(encoding="utf-8")) for p in pages if p.name != "changelog.md"}
     assert not {k: v for k, v in dated.items() if v}, dated
     assert DATED.findall("measured on 2026-12-01 on this machine")  # the pattern catches one
+
+
+def contributing_path_problems(text: str, root: Path = REPO) -> list[str]:
+    """The files CONTRIBUTING.md's walkthroughs name that are not in the tree: a backticked path (a short one such
+    as ``checks/parity.py`` is under pytest_packcheck/; ``<name>`` placeholders and bare file names are left out) or
+    a ``tests/x.py::test_name`` whose test is not defined there. A module moved without its walkthrough is named."""
+    top = {"pytest_packcheck", "tests", "tools", "audit", "docs", "benchmarks", "examples"}
+    problems = []
+    for path, test in re.findall(r"`([\w./<>-]+\.(?:py|toml|sh))(?:::(\w+))?`", text):
+        if "<" in path or "/" not in path:
+            continue
+        file = root / path if path.split("/")[0] in top else root / "pytest_packcheck" / path
+        if not file.is_file():
+            problems.append(f"{path}: no such file")
+        elif test and f"def {test}(" not in file.read_text(encoding="utf-8"):
+            problems.append(f"{path}::{test}: no such test")
+    return problems
+
+
+def test_contributing_names_only_files_and_tests_that_exist():
+    """The walkthroughs name the files a contributor edits (measured, CONTRIBUTING.md); each is in the tree. Planted:
+    a moved module and a renamed test are named."""
+    text = (REPO / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    assert "`pytest_packcheck/checks/registry.py`" in text and "`tests/test_checks.py`" in text
+    assert contributing_path_problems(text) == []
+    planted = "`checks/parity_moved.py` and `tests/test_checks.py::test_no_such_test`, `report/<name>.py`"
+    assert contributing_path_problems(planted) == ["checks/parity_moved.py: no such file",
+                                                   "tests/test_checks.py::test_no_such_test: no such test"]
