@@ -13,10 +13,8 @@ import inspect
 from collections.abc import Iterator
 from typing import Any
 
-from .kernels import dense_reference_kernel, varlen_reference_kernel
 from .legacy import _LEGACY_GLOBALS, REFERENCE_FLOOR, _flash_conditional_imports, emulated_flash_attn_installed
-from .table import PACKCHECK_REGISTERED, REFERENCE_BACKEND, TORCH_VARLEN_BACKEND, needs_registration
-from .torch_varlen import dense_torch_varlen_kernel, torch_varlen_kernel
+from .table import BACKENDS, PACKCHECK_REGISTERED, REFERENCE_BACKEND, needs_registration
 
 
 def reference_mode() -> str | None:
@@ -193,10 +191,9 @@ def register_reference_backend() -> None:
     original = mfu._lazy_imports
     with_kvcache = (None,) if _kernel_tuple_arity(mfu) == 5 else ()
     forget_on_switch = not with_kvcache  # 4.56 keeps the first kernels it loaded; 5.x keys them by name
-    kernels = {
-        REFERENCE_BACKEND: (dense_reference_kernel, varlen_reference_kernel, *with_kvcache, mfu._pad_input, mfu._unpad_input),
-        TORCH_VARLEN_BACKEND: (dense_torch_varlen_kernel, torch_varlen_kernel, *with_kvcache, mfu._pad_input, mfu._unpad_input),
-    }
+    # every flash-family backend packcheck registers, with the kernels its table record names
+    kernels = {b.name: (*b.kernel_functions(), *with_kvcache, mfu._pad_input, mfu._unpad_input)
+               for b in BACKENDS if b.registered_by == "packcheck" and b.kernels}
 
     def _lazy_imports(implementation, *args, **kwargs):
         if implementation in kernels:

@@ -96,6 +96,22 @@ class Backend:
     note: str = ""
     #: label when the results' environment records the CPU stand-in (:data:`STAND_IN_ENV`) ran instead
     stand_in_label: str = ""
+    #: for a flash-family backend packcheck registers: its ``(dense, varlen)`` kernels as ``"module:function"`` in
+    #: :mod:`pytest_packcheck.backends` (the signatures of flash-attn's ``flash_attn_func`` and
+    #: ``flash_attn_varlen_func``); :func:`.registration.register_reference_backend` hands them to transformers'
+    #: flash path under this backend's name
+    kernels: tuple[str, str] | tuple[()] = ()
+
+    def kernel_functions(self) -> tuple[Any, Any]:
+        """:attr:`kernels` imported: ``(dense, varlen)``."""
+        import importlib
+
+        def load(ref: str) -> Any:
+            module, name = ref.split(":")
+            return getattr(importlib.import_module(f"pytest_packcheck.backends.{module}"), name)
+
+        dense, varlen = self.kernels  # type: ignore[misc]
+        return load(dense), load(varlen)
 
 
 _CUDA = Need("cuda")
@@ -111,13 +127,13 @@ BACKENDS: tuple[Backend, ...] = (
             bench_rank=5, takes_mask=True),
     Backend(REFERENCE_BACKEND, label="varlen reference (CPU, not FA2)", family="flash", registered_by="packcheck",
             needs=(Need("flash_path"),), unavailable="unsupported", bench_rank=7, counted_by=("attention_interface", "flash_kernels"),
-            note="CPU varlen reference"),
+            note="CPU varlen reference", kernels=("kernels:dense_reference_kernel", "kernels:varlen_reference_kernel")),
     Backend(TORCH_VARLEN_BACKEND, label="torch varlen_attn (PyTorch FA2 kernel)", family="flash", registered_by="packcheck",
             needs=(Need("cuda", ": varlen_attn is CUDA-only", stand_in=True),
                    Need("module", "torch.nn.attention.varlen (PyTorch >= 2.10)", module="torch.nn.attention.varlen"),
                    Need("kernel_loader")),
             bench_rank=3, counted_by=("attention_interface", "flash_kernels"), note="PyTorch's varlen_attn, CUDA",
-            stand_in_label=STAND_IN_LABEL),
+            stand_in_label=STAND_IN_LABEL, kernels=("torch_varlen:dense_torch_varlen_kernel", "torch_varlen:torch_varlen_kernel")),
     Backend("flash_attention_2", label="flash_attention_2", family="flash", registered_by="transformers",
             needs=(_CUDA, Need("package", "the flash-attn package", module="flash_attn")),
             bench_rank=2, counted_by=("attention_interface", "flash_kernels")),
