@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from pytest_packcheck.checks.causes import CAUSES
 from pytest_packcheck.checks.registry import REGISTRY
 from pytest_packcheck.cli import EXIT_CODES, _parser, audits
@@ -196,3 +198,16 @@ def test_version_flag_and_license_file():
     assert out.returncode == 0 and out.stdout.strip() == f"packcheck {version('packcheck')}"
     license_text = (Path(__file__).resolve().parent.parent / "LICENSE").read_text()
     assert "Apache License" in license_text and "Version 2.0, January 2004" in license_text
+
+
+def test_a_mistyped_command_names_the_one_meant(capsys):
+    """Trial 3: `packcheck lookp` got argparse's bare "invalid choice" list."""
+    from pytest_packcheck.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["lookp", "llama", "sdpa", "5.24.0"])
+    assert exit_.value.code == 2
+    assert "unknown command 'lookp'. Did you mean 'lookup'?" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["zzzzz"])  # nothing close: argparse's own list
+    assert "invalid choice: 'zzzzz'" in capsys.readouterr().err

@@ -286,6 +286,12 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in by_name and not hasattr(_module(by_name[argv[0]]), "configure"):
         name, run = argv[0], lambda: _module(by_name[argv[0]]).main(argv[1:])
     else:
+        if argv and not argv[0].startswith("-") and argv[0] not in by_name:  # a typo'd command: say which one was meant
+            from ..errors import closest
+
+            hint = closest(argv[0], list(by_name))
+            if hint:
+                _parser(next(iter(by_name))).error(f"unknown command {argv[0]!r}.{hint} (choose from {', '.join(by_name)})")
         ns = _parser(argv[0] if argv and argv[0] in by_name else None).parse_args(argv)
         ns.argv = argv
         name, run = ns.command, lambda: _module(by_name[ns.command]).run(_refuse_empty_values(ns))
