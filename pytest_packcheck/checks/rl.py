@@ -65,18 +65,20 @@ def rl_samples(examples: list[list[int]]) -> list[RLSample]:
     return samples
 
 
-def completion_logprobs(logits: Any, tokens: list[int], first: int, temperature: float) -> tuple[Any, Any]:
-    """Log-probs and entropies (float64, nats) of ``tokens[first:]``, each scored off the logits of the position
-    before it, at ``temperature``: ``logits`` is ``(len(tokens), vocab)`` (or longer: row ``t - 1`` predicts token
-    ``t``). The labels are shifted within the sample, never across its start (``first >= 1``)."""
+def completion_logprobs(logits: Any, tokens: Any, first: int, temperature: float,
+                        with_entropy: bool = True) -> tuple[Any, Any]:
+    """Log-probs and entropies (float64, nats) of ``tokens[first:]`` (a list or a 1-D tensor), each scored off the
+    logits of the position before it, at ``temperature``: ``logits`` is ``(len(tokens), vocab)`` (or longer: row
+    ``t - 1`` predicts token ``t``). The labels are shifted within the sample, never across its start (``first >=
+    1``). The entropies are None with ``with_entropy=False`` (the guard compares log-probs only)."""
     import torch
 
     rows = logits[first - 1:len(tokens) - 1].double() / temperature
     logp = torch.log_softmax(rows, dim=-1)
-    targets = torch.tensor(tokens[first:], device=logp.device)
+    targets = torch.as_tensor(tokens[first:], device=logp.device)
     gathered = logp.gather(-1, targets[:, None])[:, 0]
-    entropy = -(logp.exp() * logp).sum(-1)
-    return gathered.cpu(), entropy.cpu()
+    entropy = -(logp.exp() * logp).sum(-1).cpu() if with_entropy else None
+    return gathered.cpu(), entropy
 
 
 def alone(wb: Workbench, samples: list[RLSample], temperature: float) -> list[tuple[Any, Any]]:
@@ -116,16 +118,10 @@ def left_padded_batch(samples: list[RLSample], pad_id: int, device: str = "cpu")
 def padded(wb: Workbench, samples: list[RLSample], temperature: float, position_ids: bool) -> list[tuple[Any, Any]]:
     """The samples in GRPO's left-padded batch, with ``position_ids`` counted over the real tokens (``attention_mask``
     cumsum, as ``generate`` counts them) or without (the forward numbers the columns, padding included)."""
-    import torch
-
     batch, width_p, _ = left_padded_batch(samples, wb.pad_id, wb.device)
     if position_ids:
         batch["position_ids"] = (batch["attention_mask"].cumsum(-1) - 1).clamp(min=0) + wb.start
-    with torch.no_grad():
-        inputs = dict(batch)
-        if "position_ids" in inputs:
-            inputs["position_ids"] = wb.layout.apply(inputs["position_ids"])
-        logits = wb.model(**inputs, use_cache=False).logits.float()
+    logits = wb.forward(batch).logits.float()  # no grad, use_cache=False, position_ids through the layout
     out = []
     for row, s in enumerate(samples):
         lead = width_p - len(s.prompt)

@@ -188,11 +188,15 @@ def segments_of(batch: Mapping[str, Any]) -> tuple[list[tuple[int, int]], list[s
 
 
 def _logprobs_of(logits: Any, tokens: Any, temperature: float) -> Any:
-    """Log-prob (float64) of ``tokens[t]`` from ``logits[t - 1]`` for t >= 1; NaN at t = 0 (nothing predicts it)."""
+    """Log-prob (float64) of ``tokens[t]`` from ``logits[t - 1]`` for t >= 1 (the audit's own gather,
+    :func:`pytest_packcheck.checks.rl.completion_logprobs`, from the sample's second token); NaN at t = 0 (nothing
+    predicts it), so the result lines up with the row's tokens."""
     import torch
 
-    lp = torch.log_softmax(logits[:-1].double() / temperature, dim=-1).gather(-1, tokens[1:, None])[:, 0]
-    return torch.cat([torch.full((1,), float("nan"), dtype=torch.float64, device=lp.device), lp]).cpu()
+    from ..checks.rl import completion_logprobs
+
+    lp = completion_logprobs(logits, tokens, 1, temperature, with_entropy=False)[0]
+    return torch.cat([torch.full((1,), float("nan"), dtype=torch.float64), lp])
 
 
 def _forward(model: Any, inputs: dict[str, Any]) -> Any:
