@@ -30,8 +30,9 @@ def test_every_check_is_described_once_and_loads():
     assert {s.name for s in REGISTRY if s.role == "hazard"} == {"cache_trap", "mask_trap", "trainer_padded", "sft_padded",
                                                                  "rl_padded", *VARIANT_CHECKS}
     assert set(VARIANT_CHECKS) == {"offset_positions", "cu_seq_lens", "segment_masks"}
-    assert {s.name for s in REGISTRY if s.role == "finding"} == {"collate", "collate_trl", "packing_content", "rl_trl_tree",
-                                                                  "rl_trainer_config"}
+    assert {s.name for s in REGISTRY if s.role == "finding"} >= {"collate", "collate_trl", "packing_content", "rl_trl_tree",
+                                                                  "rl_trainer_config", "rl_openrlhf_packed",
+                                                                  "rl_swift_padding_free"}
 
 
 def test_suites_requirements_and_the_gate_set_are_read_from_the_rows(monkeypatch):
@@ -45,7 +46,7 @@ def test_suites_requirements_and_the_gate_set_are_read_from_the_rows(monkeypatch
     assert {s.name for s in REGISTRY if s.opt_in} == set(TRAINING_CHECKS) | set(VARIANT_CHECKS) | set(suite_checks("rl"))
     assert {s.name for s in REGISTRY if "trl" in s.requires} == {
         "sft", "sft_padded", "sft_padding_free", "sft_strategies", "packing_content", "rl_trl_grpo", "rl_trl_tree",
-        "rl_trainer_config"}
+        "rl_trainer_config", "rl_trl_dpo", "rl_trl_kto"}
     assert not SPECS["trainer"].requires and SPECS["trainer"].training and not SPECS["offset_positions"].training
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "trl" else real(name, *a))

@@ -1,0 +1,459 @@
+"""Preference trainers and the RL trainers' own packing code (issue 44, part 2).
+
+DPO and KTO reduce each completion's per-token log-probs to one number per sequence (TRL: the sum over the
+completion, ``per_token_logps.sum(dim=1)``; its length-normalised variants ``sigmoid_norm`` / ``ipo`` divide by the
+completion's own token count) and build the loss from the chosen-minus-rejected margin. The checks here run that
+code on the cell's model against each sequence alone (:func:`.rl.alone`, the one reference), in nats:
+
+- ``rl_trl_dpo``: TRL's ``DPOTrainer._compute_loss`` on TRL's own ``DataCollatorForPreference`` batch (chosen and
+  rejected concatenated along the batch, right-padded), the reference log-probs precomputed from each sequence alone,
+  so the initial loss must be ``ln 2`` (``-logsigmoid(0)``) and the logged ``logps/chosen`` / ``logps/rejected`` the
+  sequences' own sums;
+- ``rl_trl_kto``: TRL's ``KTOTrainer._compute_loss`` on its ``DataCollatorForUnpairedPreference`` batch, likewise;
+- ``rl_preference_packed``: the same pairs in one padding-free row (``position_ids`` restarting, ``cu_seq_lens_q``),
+  each completion reduced per segment as a padding-free preference collator's reducer reads the row (segments from
+  ``cu_seq_lens_q``): sum, per-sequence mean, and the DPO loss at the reference;
+- ``rl_verl_rmpad``: verl's remove-padding path (``use_remove_padding=True``): ``unpad_input`` with the
+  ``attention_mask``, labels rolled over the row, ``logprobs_from_logits``, ``pad_input`` back and the response slice,
+  with verl's own functions (imported from the installed wheel without its package ``__init__``, which imports ray);
+- ``rl_openrlhf_packed``, ``rl_swift_padding_free``: OpenRLHF's packed samples and ms-swift's padding-free RLHF,
+  measured where they import and otherwise a skip naming the package they need (never a silent pass).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+import sys
+import types
+from typing import Any
+
+from ..results import CheckResult
+from .rl import RLSample, _model_copy, _trl_crash, _trl_version, alone, completion_logprobs, rl_samples
+from .workbench import Workbench, _fmt
+
+LN2 = math.log(2.0)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# preference pairs and their reference
+
+
+def preference_pairs(wb: Workbench) -> list[tuple[RLSample, RLSample]]:
+    """(chosen, rejected) pairs from the workbench's examples: the GRPO group's two completions of one prompt, then one
+    pair per other prompt whose rejected completion is the chosen one with every token id shifted by one (mod the
+    vocabulary), so the two always differ. Completions of one token and up."""
+    samples = rl_samples(wb.examples)
+    vocab = int(getattr(wb.config, "vocab_size", 0) or 0) or 1 + max(t for s in samples for t in s.tokens)
+    pairs: list[tuple[RLSample, RLSample]] = []
+    if len(samples) >= 2 and samples[0].group == samples[1].group:
+        pairs.append((samples[0], samples[1]))
+        samples = samples[2:]
+    for s in samples:
+        pairs.append((s, RLSample(s.prompt, tuple((t + 1) % vocab for t in s.completion), group=s.group)))
+    return pairs
+
+
+def sequence_logps(wb: Workbench, pairs: list[tuple[RLSample, RLSample]]) -> tuple[list[float], list[float], list[int], list[int]]:
+    """The reference: each chosen and rejected sequence run alone, its completion log-probs (temperature 1) summed.
+    Returns (chosen sums, rejected sums, chosen lengths, rejected lengths); sums in nats, lengths in tokens."""
+    flat = [s for pair in pairs for s in pair]
+    sums = [float(lp.sum()) for lp, _ in alone(wb, flat, 1.0)]
+    return sums[0::2], sums[1::2], [len(c.completion) for c, _ in pairs], [len(r.completion) for _, r in pairs]
+
+
+def dpo_loss(chosen: list[float], rejected: list[float], ref_chosen: list[float], ref_rejected: list[float],
+             beta: float = 0.1) -> float:
+    """TRL's ``sigmoid`` DPO loss (trl/trainer/dpo_trainer.py ``_compute_loss``): the mean over pairs of
+    ``-logsigmoid(beta * ((c - ref_c) - (r - ref_r)))``; ``ln 2`` when the policy's sums are the reference's."""
+    out = 0.0
+    for c, r, rc, rr in zip(chosen, rejected, ref_chosen, ref_rejected, strict=True):
+        z = beta * ((c - rc) - (r - rr))
+        out += math.log1p(math.exp(-z)) if z > -30 else -z
+    return out / len(chosen)
+
+
+def _margins(chosen: list[float], rejected: list[float]) -> list[float]:
+    return [c - r for c, r in zip(chosen, rejected, strict=True)]
+
+
+def _preference_verdict(what: str, metrics: dict[str, Any], atol: float, cause: str) -> CheckResult:
+    """Pass when every per-sequence sum and margin is within ``atol`` nats and the loss at the reference is
+    ``metrics["expected_loss"]`` within ``atol``; else fail with ``cause``. ``metrics`` holds
+    ``max_abs_seq_logprob_diff``, ``max_abs_margin_diff``, ``initial_loss`` and ``expected_loss``."""
+    seq, margin, loss = metrics["max_abs_seq_logprob_diff"], metrics["max_abs_margin_diff"], metrics["initial_loss"]
+    expected = metrics["expected_loss"]
+    if not all(math.isfinite(x) for x in (seq, margin, loss)):
+        return CheckResult("fail", metrics, f"{what}: a non-finite sequence log-prob or loss", cause="non_finite",
+                           evidence={"initial_loss": loss})
+    message = (f"{what}: sequence log-probs {_fmt(seq)} nats, preference margin {_fmt(margin)} nats, initial loss "
+               f"{loss:.4f} (at the reference {expected:.4f}; {loss / LN2:.2f} x ln 2) (tol {_fmt(atol)})")
+    if max(seq, margin, abs(loss - expected)) <= atol:
+        return CheckResult("pass", metrics, message)
+    return CheckResult("fail", metrics, message, cause=cause,
+                       evidence={"max_abs_seq_logprob_diff": seq, "max_abs_margin_diff": margin, "initial_loss": loss,
+                                 "loss_over_ln2": loss / LN2, "atol": atol})
+
+
+def _too_few(wb: Workbench) -> CheckResult | None:
+    if len(preference_pairs(wb)) < 2:
+        return CheckResult("skipped", {}, "preference pairs need two examples of at least 2 tokens (a prompt and a "
+                                          "completion each): lengthen --packcheck-lengths")
+    return None
+
+
+# ------------------------------------------------------------------------------------------------------------
+# TRL's DPO and KTO, their own code
+
+
+def _trl_trainer(wb: Workbench, model: Any, kind: str) -> Any:
+    """A TRL ``DPOTrainer`` / ``KTOTrainer`` on ``model`` (a copy of the cell's model, eval mode: no dropout) with the
+    reference log-probs precomputed (``precompute_ref_logps`` set after construction: the batch carries them), on CPU,
+    fp32, nothing trained. Raises whatever TRL raises."""
+    import copy
+    import tempfile
+
+    from datasets import Dataset
+
+    from .sft_setup import _quiet_datasets, offline_tokenizer
+
+    tokenizer = offline_tokenizer(int(wb.config.vocab_size))
+    common = {"per_device_train_batch_size": 2, "max_steps": 1, "report_to": [], "use_cpu": True, "bf16": False,
+              "save_strategy": "no"}
+    with tempfile.TemporaryDirectory() as out, _quiet_datasets():
+        if kind == "dpo":
+            from trl import DPOConfig, DPOTrainer
+
+            data = Dataset.from_list([{"prompt": "a b", "chosen": " c", "rejected": " d"}] * 2)
+            trainer = DPOTrainer(model=model, ref_model=copy.deepcopy(model), args=DPOConfig(output_dir=out, **common),
+                                 train_dataset=data, processing_class=tokenizer)
+        else:
+            from trl import KTOConfig, KTOTrainer
+
+            data = Dataset.from_list([{"prompt": "a b", "completion": " c", "label": True},
+                                      {"prompt": "a b", "completion": " d", "label": False}])
+            trainer = KTOTrainer(model=model, ref_model=copy.deepcopy(model), processing_class=tokenizer,
+                                 args=KTOConfig(output_dir=out, loss_type="apo_zero_unpaired", **common), train_dataset=data)
+    trainer.precompute_ref_logps = True
+    model.eval()
+    return trainer
+
+
+def _logged(trainer: Any, key: str) -> float:
+    return float(trainer._metrics["eval"][key][-1])
+
+
+def check_rl_trl_dpo(wb: Workbench) -> CheckResult:
+    """TRL's DPO forward and reduction, its own code: ``DPOTrainer._compute_loss`` on ``DataCollatorForPreference``'s
+    batch (prompt + chosen rows, then prompt + rejected rows, right-padded, ``attention_mask``), one pair per call and
+    then all pairs at once (padding across pairs), with ``ref_chosen_logps`` / ``ref_rejected_logps`` from each
+    sequence alone. The logged ``logps/chosen`` and ``logps/rejected`` (the per-sequence sums TRL reduces to) must be
+    the reference's and the loss ``ln 2``. The trainer's machinery is not started (no ``train()``)."""
+    short = _too_few(wb)
+    if short:
+        return short
+    import torch
+
+    try:
+        from trl.trainer.dpo_trainer import DataCollatorForPreference
+    except ImportError as exc:
+        return CheckResult("skipped", {"trl": _trl_version()}, f"trl {_trl_version()} has no DataCollatorForPreference "
+                           f"({type(exc).__name__}: {exc}): the check reads trl >= 1.0's DPO")
+    pairs = preference_pairs(wb)
+    ref_c, ref_r, _, _ = sequence_logps(wb, pairs)
+    rows = [{"prompt_ids": list(c.prompt), "chosen_ids": list(c.completion), "rejected_ids": list(r.completion),
+             "ref_chosen_logps": rc, "ref_rejected_logps": rr} for (c, r), rc, rr in zip(pairs, ref_c, ref_r, strict=True)]
+    collate = DataCollatorForPreference(pad_token_id=wb.pad_id)
+    got_c, got_r = [], []
+    try:
+        with _model_copy(wb) as model:
+            trainer = _trl_trainer(wb, model, "dpo")
+            with torch.no_grad():
+                for row in rows:
+                    trainer._compute_loss(model, _on(collate([row]), wb.device), return_outputs=False)
+                    got_c.append(_logged(trainer, "logps/chosen"))
+                    got_r.append(_logged(trainer, "logps/rejected"))
+                loss = float(trainer._compute_loss(model, _on(collate(rows), wb.device), return_outputs=False))
+    except Exception as exc:  # noqa: BLE001 - TRL's code raised on this model: the cell says where
+        return _trl_crash("DPOTrainer._compute_loss", exc)
+    metrics = _pair_metrics(got_c, got_r, ref_c, ref_r, loss, wb)
+    metrics["trl"] = _trl_version()
+    return _preference_verdict(f"trl {_trl_version()} DPO concatenated forward ({len(pairs)} pairs, padded)", metrics,
+                               wb.tol["logits_atol"], "packed_mismatch")
+
+
+def check_rl_trl_kto(wb: Workbench) -> CheckResult:
+    """TRL's KTO forward and reduction, its own code: ``KTOTrainer._compute_loss`` (``loss_type="apo_zero_unpaired"``,
+    no KL sequences) on ``DataCollatorForUnpairedPreference``'s batch of one desirable and one undesirable completion
+    per call (left-padded prompts flushed left, right padding), reference log-probs from each sequence alone. The
+    logged ``logps/chosen`` / ``logps/rejected`` must be the sequences' sums, ``rewards/margins`` 0."""
+    short = _too_few(wb)
+    if short:
+        return short
+    import torch
+
+    try:
+        from trl.trainer.kto_trainer import DataCollatorForUnpairedPreference
+    except ImportError as exc:
+        return CheckResult("skipped", {"trl": _trl_version()}, f"trl {_trl_version()} has no stable KTOTrainer "
+                           f"({type(exc).__name__}: {exc}): the check reads trl >= 1.16's")
+    pairs = preference_pairs(wb)
+    ref_c, ref_r, _, _ = sequence_logps(wb, pairs)
+    got_c, got_r, margins, losses = [], [], [], []
+    try:
+        with _model_copy(wb) as model:
+            trainer = _trl_trainer(wb, model, "kto")
+            collate = DataCollatorForUnpairedPreference(pad_token_id=wb.pad_id)
+            with torch.no_grad():
+                for (c, r), rc, rr in zip(pairs, ref_c, ref_r, strict=True):
+                    batch = collate([{"prompt_ids": list(c.prompt), "completion_ids": list(c.completion), "label": True},
+                                     {"prompt_ids": list(r.prompt), "completion_ids": list(r.completion), "label": False}])
+                    batch["ref_logps"] = torch.tensor([rc, rr])
+                    losses.append(float(trainer._compute_loss(model, _on(batch, wb.device), return_outputs=False)))
+                    got_c.append(_logged(trainer, "logps/chosen"))
+                    got_r.append(_logged(trainer, "logps/rejected"))
+                    margins.append(_logged(trainer, "rewards/margins"))
+    except Exception as exc:  # noqa: BLE001 - TRL's code raised on this model: the cell says where
+        return _trl_crash("KTOTrainer._compute_loss", exc)
+    # apo_zero_unpaired at the reference: (1 - sigmoid(0)) for the desirable, sigmoid(0) for the undesirable
+    metrics = _pair_metrics(got_c, got_r, ref_c, ref_r, max(losses, key=lambda x: abs(x - 0.5)), wb, expected=0.5)
+    metrics["max_abs_reward_margin"] = max(abs(m) for m in margins)
+    metrics["trl"] = _trl_version()
+    return _preference_verdict(f"trl {_trl_version()} KTO forward ({len(pairs)} pairs, padded)", metrics,
+                               wb.tol["logits_atol"], "packed_mismatch")
+
+
+def _on(batch: dict[str, Any], device: str) -> dict[str, Any]:
+    return {k: (v.to(device) if hasattr(v, "to") else v) for k, v in batch.items()}
+
+
+def _pair_metrics(got_c: list[float], got_r: list[float], ref_c: list[float], ref_r: list[float], loss: float,
+                  wb: Workbench, expected: float = LN2) -> dict[str, Any]:
+    """Worst per-sequence sum and margin differences (nats) over the pairs; the loss as computed and the loss the
+    reduction gives at the reference (``expected``: ``ln 2`` for DPO's sigmoid, 0.5 for KTO's apo_zero_unpaired)."""
+    seq = max(abs(a - b) for a, b in zip([*got_c, *got_r], [*ref_c, *ref_r], strict=True))
+    margin = max(abs(a - b) for a, b in zip(_margins(got_c, got_r), _margins(ref_c, ref_r), strict=True))
+    return {"max_abs_seq_logprob_diff": seq, "max_abs_margin_diff": margin, "initial_loss": loss, "expected_loss": expected,
+            "loss_over_ln2": loss / LN2, "pairs": len(got_c), "atol": wb.tol["logits_atol"]}
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the padding-free preference row
+
+
+def preference_row(wb: Workbench, pairs: list[tuple[RLSample, RLSample]]) -> dict[str, Any]:
+    """The padding-free preference batch: every chosen sequence, then every rejected one (TRL's order), in one row
+    from the workbench's collator with ``cu_seq_lens_q/k`` (int32, ``(2 * pairs + 1,)``), plus ``prompt_lengths``
+    (tokens, one per segment): what ``DPOConfig(padding_free=True)`` asks a collator for."""
+    seqs = [c for c, _ in pairs] + [r for _, r in pairs]
+    batch = wb.packed([s.tokens for s in seqs], flash_kwargs=True)
+    batch["prompt_lengths"] = [len(s.prompt) for s in seqs]
+    return batch
+
+
+def reduce_packed(logits: Any, batch: dict[str, Any]) -> tuple[list[float], list[float]]:
+    """Each segment's completion log-probs (temperature 1) from the packed row's logits ``(N, vocab)``, segments read
+    from ``batch["cu_seq_lens_q"]`` as a padding-free reducer reads them: (per-sequence sums in nats, per-sequence
+    means in nats per token, each divided by its own completion length)."""
+    cu = [int(x) for x in batch["cu_seq_lens_q"].tolist()]
+    ids = batch["input_ids"][0]
+    sums, means = [], []
+    for i, first in enumerate(batch["prompt_lengths"]):
+        a, b = cu[i], cu[i + 1]
+        lp, _ = completion_logprobs(logits[a:b], ids[a:b], max(1, first), 1.0, with_entropy=False)
+        sums.append(float(lp.sum()))
+        means.append(float(lp.sum()) / max(1, b - a - first))
+    return sums, means
+
+
+def check_rl_preference_packed(wb: Workbench) -> CheckResult:
+    """The preference pairs in one padding-free row (chosen sequences then rejected, ``position_ids`` restarting,
+    ``cu_seq_lens_q``), each completion reduced per segment: the per-sequence sum (DPO's ``sigmoid``), the
+    per-sequence mean (``sigmoid_norm``, IPO) and the preference margin = each sequence alone, in nats, and the DPO loss
+    with the reference from each sequence alone = ``ln 2``. Fails ``collator_contract`` when ``cu_seq_lens_q`` does not
+    match the pairs (a spurious padding segment shifts every later sequence onto its neighbour's numbers),
+    ``loss_normalisation`` when only the means are off (a row-wide token count where each sequence's was meant)."""
+    short = _too_few(wb)
+    if short:
+        return short
+    pairs = preference_pairs(wb)
+    ref_c, ref_r, len_c, len_r = sequence_logps(wb, pairs)
+    batch = preference_row(wb, pairs)
+    segments = int(batch["cu_seq_lens_q"].numel()) - 1
+    logits = wb.forward(batch).logits[0].float()
+    sums, means = reduce_packed(logits, batch)
+    n = len(pairs)
+    got_c, got_r = sums[:n], sums[n:2 * n]
+    metrics = _pair_metrics(got_c, got_r, ref_c, ref_r, dpo_loss(got_c, got_r, ref_c, ref_r), wb)
+    want_means = [s / k for s, k in zip([*ref_c, *ref_r], [*len_c, *len_r], strict=True)]
+    metrics["max_abs_mean_logprob_diff"] = max(abs(a - b) for a, b in zip(means[:2 * n], want_means, strict=True))
+    metrics["segments"] = segments
+    atol = wb.tol["logits_atol"]
+    if segments != 2 * n:
+        metrics["expected_segments"] = 2 * n
+        return CheckResult("fail", metrics, f"padding-free preference row: cu_seq_lens_q has {segments} segments for "
+                           f"{2 * n} sequences; sequence log-probs off by {_fmt(metrics['max_abs_seq_logprob_diff'])} nats, "
+                           f"initial loss {metrics['initial_loss']:.4f} = {metrics['loss_over_ln2']:.2f} x ln 2",
+                           cause="collator_contract", evidence={"segments": segments, "expected_segments": 2 * n,
+                                                                "initial_loss": metrics["initial_loss"]})
+    result = _preference_verdict(f"padding-free preference row ({n} pairs)", metrics, atol, "leak")
+    mean = metrics["max_abs_mean_logprob_diff"]
+    if result.status == "pass" and mean > atol:
+        return CheckResult("fail", metrics, f"padding-free preference row: sums right, per-sequence means off by "
+                           f"{_fmt(mean)} nats per token (tol {_fmt(atol)})", cause="loss_normalisation",
+                           evidence={"max_abs_mean_logprob_diff": mean, "atol": atol})
+    if result.status == "pass":
+        return CheckResult("pass", metrics, result.message + f", means {_fmt(mean)}")
+    return result
+
+
+# ------------------------------------------------------------------------------------------------------------
+# verl, OpenRLHF, ms-swift: their own code where it imports
+
+
+def import_without_package_init(package: str, module: str) -> Any:
+    """Import ``module`` of ``package`` without running ``package/__init__.py`` (verl's imports ray for its
+    ``DataProto``, which the remove-padding helpers never touch): ``package`` is registered as a bare namespace over
+    its installed folder first. Raises ImportError (ModuleNotFoundError naming the missing package) as the import
+    does; a ``package`` already imported is used as it is."""
+    if package not in sys.modules:
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            raise ModuleNotFoundError(f"No module named '{package}'", name=package)
+        bare = types.ModuleType(package)
+        bare.__path__ = list(spec.submodule_search_locations)
+        bare.__spec__ = spec
+        sys.modules[package] = bare
+    return importlib.import_module(module)
+
+
+def _dist_version(name: str) -> str:
+    from ..versions.libraries import module_version
+
+    return module_version(name)
+
+
+def _not_importable(trainer: str, dist: str, exc: ImportError, path: str) -> CheckResult:
+    """A skip naming what the trainer's path needs: the missing module (and the distribution to install) and the
+    release read."""
+    missing = getattr(exc, "name", None) or str(exc)
+    version = _dist_version(dist)
+    got = "not installed" if version == "not installed" else f"{dist} {version}"
+    return CheckResult("skipped", {dist: version, "missing_module": missing},
+                       f"{trainer}'s {path} does not import here ({got}): it needs '{missing}' "
+                       f"({type(exc).__name__}: {' '.join(str(exc).split())[:140]})")
+
+
+def verl_batch(samples: list[RLSample], pad_id: int, device: str = "cpu") -> tuple[dict[str, Any], int]:
+    """verl's rollout layout: prompts left-padded, responses right-padded, ``attention_mask`` on the real tokens,
+    ``position_ids`` counted over them (``compute_position_id_with_mask``: ``clip(cumsum(mask) - 1, 0)``). Returns
+    the batch (int64 ``(B, P + R)``) and the response width R."""
+    batch, _, width = _left_padded(samples, pad_id, device)
+    batch["position_ids"] = (batch["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+    return batch, width
+
+
+def _left_padded(samples: list[RLSample], pad_id: int, device: str) -> tuple[dict[str, Any], int, int]:
+    from .rl import left_padded_batch
+
+    return left_padded_batch(samples, pad_id, device)
+
+
+def verl_rmpad_logprobs(wb: Workbench, batch: dict[str, Any], response_length: int, temperature: float, verl: Any) -> Any:
+    """verl's remove-padding forward (``use_remove_padding=True``), its functions in its order: ``unpad_input`` of
+    ``input_ids`` with the ``attention_mask`` -> ``(1, nnz)``; ``position_ids`` gathered by ``index_first_axis`` at
+    the same indices; the model on the row (no ``attention_mask``, ``use_cache=False``); labels
+    ``torch.roll(input_ids_rmpad, -1)`` over the whole row (the rolled-in first token of the next sample lands on a
+    position the response slice drops); logits divided by ``temperature``; ``logprobs_from_logits``; ``pad_input`` back
+    to ``(B, S)``; the response slice ``[:, -R - 1:-1]``. ``verl`` holds verl's ``attention_utils`` and
+    ``torch_functional`` modules. Returns float64 ``(B, R)`` log-probs in nats."""
+    import torch
+
+    au, tf = verl
+    ids, mask, pos = batch["input_ids"], batch["attention_mask"], batch["position_ids"]
+    bsz, seqlen = ids.shape
+    ids_rmpad, indices, *_ = au.unpad_input(ids.unsqueeze(-1), mask)
+    ids_rmpad = ids_rmpad.transpose(0, 1)  # (1, nnz)
+    pos_rmpad = au.index_first_axis(au.rearrange(pos.unsqueeze(-1), "b s ... -> (b s) ..."), indices).transpose(0, 1)
+    logits = wb.forward({"input_ids": ids_rmpad, "position_ids": pos_rmpad}).logits.squeeze(0).float()
+    rolled = torch.roll(ids_rmpad, shifts=-1, dims=1).squeeze(0)
+    logp = tf.logprobs_from_logits(logits=logits / temperature, labels=rolled)
+    full = au.pad_input(hidden_states=logp.unsqueeze(-1), indices=indices, batch=bsz, seqlen=seqlen)
+    return full.squeeze(-1)[:, -response_length - 1:-1].double().cpu()
+
+
+def check_rl_verl_rmpad(wb: Workbench) -> CheckResult:
+    """verl's remove-padding log-prob path on its rollout batch (:func:`verl_rmpad_logprobs`), with verl's own
+    ``verl.utils.attention_utils`` (``unpad_input`` / ``index_first_axis`` / ``pad_input``, the pure-torch fallbacks
+    without flash-attn) and ``verl.utils.torch_functional.logprobs_from_logits``, at the RL temperature, against each
+    sample alone. A skip names the package verl's modules need where they do not import (tensordict, cloudpickle)."""
+    from .rl import RL_TEMPERATURE, _base_metrics, _too_short, _verdict, compare
+
+    short = _too_short(wb)
+    if short:
+        return short
+    try:
+        verl = (import_without_package_init("verl", "verl.utils.attention_utils"),
+                import_without_package_init("verl", "verl.utils.torch_functional"))
+    except ImportError as exc:
+        return _not_importable("verl", "verl", exc, "remove-padding path (verl.utils.attention_utils, torch_functional)")
+    samples = rl_samples(wb.examples)
+    batch, width = verl_batch(samples, wb.pad_id, wb.device)
+    try:
+        got = verl_rmpad_logprobs(wb, batch, width, RL_TEMPERATURE, verl)
+    except ImportError as exc:  # verl imports einops (its rearrange without flash-attn) on first use
+        return _not_importable("verl", "verl", exc, "remove-padding path (verl.utils.attention_utils.rearrange)")
+    except Exception as exc:  # noqa: BLE001 - verl's code raised on this model: the cell says where
+        return _library_crash("verl", "remove-padding path", exc)
+    ref = alone(wb, samples, RL_TEMPERATURE)
+    rows = [(got[i, :len(s.completion)], r[1]) for i, (s, r) in enumerate(zip(samples, ref, strict=True))]
+    numbers = compare(rows, ref)
+    numbers["max_abs_entropy_diff"] = 0.0  # verl's path here gathers log-probs only
+    metrics = {**numbers, **_base_metrics(wb, samples), "verl": _dist_version("verl"), "response_length": width}
+    return _verdict(wb, f"verl {_dist_version('verl')} remove-padding path", numbers, metrics)
+
+
+def _library_crash(dist: str, where: str, exc: BaseException) -> CheckResult:
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    last = f"{frames[-1].filename.rsplit('site-packages/', 1)[-1]}:{frames[-1].lineno}" if frames else "?"
+    version = _dist_version(dist)
+    return CheckResult("error", {dist: version, "raised_at": last},
+                       f"{dist} {version} {where} raised {type(exc).__name__}: {' '.join(str(exc).split())[:160]} (at {last})",
+                       cause="crash", evidence={"exception": type(exc).__name__, "raised_at": last})
+
+
+#: The module each trainer's packed path lives in, as its release ships it; the check imports it and measures the
+#: path where it imports, else skips naming the missing package.
+PACKED_PATHS = {
+    "openrlhf": ("openrlhf", "openrlhf.models.ring_attn_utils", ("packed samples (openrlhf.models.ring_attn_utils: "
+                 "unpad_and_slice_tensor, gather_and_pad_tensor)")),
+    "ms-swift": ("swift", "swift.rlhf_trainers.dpo_trainer", "padding-free RLHF (swift.rlhf_trainers)"),
+}
+
+
+def _packed_path(wb: Workbench, dist: str) -> CheckResult:
+    package, module, path = PACKED_PATHS[dist]
+    try:
+        import_without_package_init(package, module)
+    except ImportError as exc:
+        return _not_importable(dist, dist, exc, path)
+    except Exception as exc:  # noqa: BLE001 - the release's module raised at import: the cell says where
+        return _library_crash(dist, f"{path} import", exc)
+    return CheckResult("skipped", {dist: _dist_version(dist)}, f"{dist} {_dist_version(dist)}'s {path} imports here, but "
+                       "packcheck does not drive it yet (its forward needs the trainer's distributed state)")
+
+
+def check_rl_openrlhf_packed(wb: Workbench) -> CheckResult:
+    """OpenRLHF's packed samples (``packing_samples=True``: ``unpad_and_slice_tensor``, labels rolled over the row,
+    ``gather_and_pad_tensor``). openrlhf 0.11.2's module imports ``flash_attn.bert_padding`` and ``flash_attn.utils``
+    at its top (openrlhf/models/ring_attn_utils.py:3-4): CUDA-only, so on CPU the cell is a skip naming flash_attn."""
+    return _packed_path(wb, "openrlhf")
+
+
+def check_rl_swift_padding_free(wb: Workbench) -> CheckResult:
+    """ms-swift's padding-free RLHF (``padding_free=True`` for DPO / KTO / GRPO, swift.rlhf_trainers): measured where
+    its module imports, else a skip naming the package it needs."""
+    return _packed_path(wb, "ms-swift")
