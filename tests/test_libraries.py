@@ -83,3 +83,18 @@ def test_table_rules_are_checked_at_import(monkeypatch):
     monkeypatch.setattr(L, "BY_NAME", {lib.name: lib for lib in L.LIBRARIES})
     with pytest.raises(ValueError, match="cuda-python: a hardware library is linked"):
         L._check_table()
+
+
+def test_the_rl_trainers_are_libraries_on_the_version_axis():
+    """verl, OpenRLHF and ms-swift (the trainers the rl suite runs the code of) are records: named on
+    --packcheck-versions they are parsed as libraries of the axis, never as a typo, and each reads its installed
+    version from its distribution (ms-swift's module is swift)."""
+    from pytest_packcheck.versions import envs
+
+    for name in ("verl", "openrlhf", "ms-swift"):
+        assert name in envs.KNOWN_LIBRARIES and L.library(name) in L.axis_libraries()
+    assert L.library("ms_swift").import_name == "swift"
+    combos = envs.parse_versions(["trl==1.16.0&verl==0.9.1"], "--packcheck-versions")
+    assert combos[0].requirements == ("trl==1.16.0", "verl==0.9.1")
+    with pytest.raises(Exception, match="verl"):
+        envs.parse_versions(["vrel==0.9.1"], "--packcheck-versions")  # a misspelt trainer is refused, naming it

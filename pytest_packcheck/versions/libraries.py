@@ -91,6 +91,11 @@ LIBRARIES: tuple[Library, ...] = (
     Library("tokenizers", "tokenizers", repo="huggingface/tokenizers", env_versions=True),
     Library("huggingface-hub", "huggingface_hub", repo="huggingface/huggingface_hub", install="runtime", env_versions=True),
     Library("kernels", "kernels", repo="huggingface/kernels"),
+    # the RL trainers whose own packing code the rl suite runs (checks/rl_trainers.py): on the axis when named
+    # ("verl==0.9.1"); their GPU stacks (ray, flash-attn, deepspeed, modelscope) are not installed with them here
+    Library("verl", "verl", repo="volcengine/verl", env_versions=True),
+    Library("openrlhf", "openrlhf", repo="OpenRLHF/OpenRLHF", env_versions=True),
+    Library("ms-swift", "swift", repo="modelscope/ms-swift", env_versions=True),
     # the rest of the torch build: linked, never on the axis, versions not shown
     Library("torchvision", "torchvision", hardware=True, install="linked"),
     Library("torchaudio", "torchaudio", hardware=True, install="linked"),
