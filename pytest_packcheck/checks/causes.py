@@ -169,11 +169,6 @@ _CAUSES: tuple[Cause, ...] = (
           "attention calls counted differ from the attention modules found; parity decides whether it matters",
           "none if isolation and parity pass here: the count reflects attention modules reused or never called; see "
           "the backend cell's counts"),
-    Cause("pooled_head",
-          "the model's own sequence-classification head pools one position per row: a packed row of N examples gets one "
-          "logits row, and N scalar labels do not fit it",
-          "pool per segment yourself (the segments where position_ids restart, or cu_seq_lens_q) and apply the classifier "
-          "to each pooled embedding, or give sequence classification padded rows"),
     Cause("labels_contract",
           "the collator's labels contract (non-token labels) is broken",
           "use a padding collator for non-token (sequence-classification) labels"),
@@ -246,6 +241,31 @@ _CAUSES: tuple[Cause, ...] = (
           "dropped or ignored (the evidence names the file and line)",
           "do not count on the flag at this release: check what the trainer runs (trainer.padding_free after "
           "construction) or use a release that honours it; the padded run is correct, only slower"),
+    # stack elements (model/stack.py): each names the cause a check returns when lifting the element fixes the row
+    Cause("adapter_positions",
+          "a PEFT adapter broke the packed row: rerun with the adapter disabled, the row is right (prompt / p-tuning "
+          "drop position_ids with a warning and prepend one set of virtual tokens per row; prefix tuning passes a "
+          "cache and shifts position_ids by num_virtual_tokens)",
+          "do not pack with this adapter: train it on padded batches, or use LoRA / DoRA, which pass position_ids "
+          "through"),
+    Cause("stack_mask_dropped",
+          "a hook replaced the packed attention mask (accelerate's context-parallel hook: attention_mask=None, "
+          "is_causal=True): rerun without the hook, the row is right",
+          "do not pack under context parallelism on eager / sdpa / flex; a flash backend keeps the boundaries in "
+          "position_ids / cu_seq_lens_q"),
+    Cause("checkpoint_recompute",
+          "gradient checkpointing's recompute did not reproduce the packed forward (the backward saw other kwargs "
+          "than the forward): gradients differ, and rerun with checkpointing off they are right",
+          "train this model without gradient checkpointing when packing (or with the other use_reentrant), and "
+          "report the recompute to the library that wraps the layer"),
+    Cause("compile_frozen",
+          "the compiled model kept another row's boundaries: a row of the same length but other boundaries is wrong "
+          "under torch.compile and right uncompiled",
+          "compile with dynamic shapes and without static cu_seq_lens_q / max_length_q (torch.compile(dynamic=True)), "
+          "or do not compile the packed forward"),
+    Cause("stack_kernel",
+          "a fused kernel patch (Liger) changed the packed row: rerun without the patch, the row is right",
+          "do not apply the fused kernels to packed rows at this release"),
     Cause("packed_mismatch",
           "the packed run differs from the reference, and no probe in the cell could say why",
           "rerun with the current packcheck: it names the cause",

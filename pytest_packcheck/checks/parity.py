@@ -11,6 +11,7 @@ from ..results import CheckResult
 from ..results.metrics import VERDICT_METRIC, num_items_ignored, num_items_ignored_pass
 from .probes import _also, inconclusive_evidence, leak_probe, mismatch_cause, mismatch_causes, window_probe
 from .registry import NUMERICS_FACTOR, numerics_evidence, within_numerics
+from .stack import grads_vs_padded, stack_cause
 from .workbench import Workbench, _fmt, edge_examples, trainer_passes_num_items
 
 # ------------------------------------------------------------------------------------------------------------
@@ -357,21 +358,9 @@ def check_grad_parity(wb: Workbench) -> CheckResult:
     avail = backend_availability(wb.backend or "eager", wb.device)
     if not avail.backward:
         return CheckResult("skipped", {}, avail.backward_reason)
-    model = wb.model
-    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-
-    def grads(batch: dict[str, Any]) -> list[Any]:
-        model.zero_grad(set_to_none=True)
-        model.train()
-        try:
-            wb.forward(batch, grad=True, labels=batch["labels"]).loss.backward()
-        finally:
-            model.eval()
-        return [p.grad.detach().float().clone() if p.grad is not None else torch.zeros_like(p, dtype=torch.float32) for _, p in params]
-
-    g_packed = grads(wb.packed())
-    g_padded = grads(B.padded_batch(wb.examples, wb.pad_id, "right", wb.start, wb.device))
-    model.zero_grad(set_to_none=True)
+    params = [(n, p) for n, p in wb.model.named_parameters() if p.requires_grad]
+    g_packed = [g for _, g in wb.param_grads(wb.packed())]
+    g_padded = [g for _, g in wb.param_grads(B.padded_batch(wb.examples, wb.pad_id, "right", wb.start, wb.device))]
     bad_packed = [n for (n, _), g in zip(params, g_packed, strict=True) if not torch.isfinite(g).all()]
     bad_padded = [n for (n, _), g in zip(params, g_padded, strict=True) if not torch.isfinite(g).all()]
     if bad_packed or bad_padded:  # NaN compares False with every tolerance: never let it reach the test below
@@ -407,7 +396,12 @@ def check_grad_parity(wb: Workbench) -> CheckResult:
         logits_diff, _ = wb.diff_to_solo(wb.packed_logits())
         scale = float(flat_a.norm() / flat_b.norm().clamp_min(1e-30))
         causes: list[dict[str, Any]] = []
-        if logits_diff > wb.tol["logits_atol"]:
+        found = (stack_cause(wb, grads_vs_padded, rel, wb.tol["grad_rel_err"])
+                 if logits_diff <= wb.tol["logits_atol"] else None)  # the forward holds: the element's backward?
+        if found:
+            causes = [found]
+            cause, evidence = found["cause"], found["evidence"]
+        elif logits_diff > wb.tol["logits_atol"]:
             causes = mismatch_causes(wb, logits_diff, wb.tol["logits_atol"])
             cause, evidence = causes[0]["cause"], causes[0]["evidence"]
         elif cos >= wb.tol["grad_cos_min"]:

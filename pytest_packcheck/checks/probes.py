@@ -8,6 +8,7 @@ from typing import Any
 from ..backends import MASKED_BACKENDS, count_attention_calls
 from ..model import batches as B
 from .registry import numerics_evidence, within_numerics
+from .stack import stack_cause
 from .workbench import Workbench, _fmt
 
 # ------------------------------------------------------------------------------------------------------------
@@ -103,6 +104,9 @@ def mismatch_cause(wb: Workbench, diff: float | None = None, atol: float | None 
     forward cut through exactly tied scores (:func:`mechanisms.selection_ties`); ``probe_inconclusive`` when no
     mixing was seen but ``isolation_atol`` is so wide that the planted leak hides under it too; else
     ``wrong_positions``."""
+    found = stack_cause(wb)  # a stack element whose removal fixes the row (model/stack.py) is the cause before the model
+    if found:
+        return found["cause"], found["evidence"]
     probe = leak_probe(wb)
     moved, iso_tol = probe["max_change"], wb.tol["isolation_atol"]
     evidence: dict[str, Any] = {"isolation_moved": moved, "isolation_atol": iso_tol}

@@ -99,8 +99,8 @@ SUITES = {
     "training": "whole Trainer / SFTTrainer runs and TRL's packer: opt in (--packcheck-checks, or --audit training)",
     "rl": "completion log-probs as RL trainers gather them (packed rows, GRPO's padded batch, TRL's own GRPO and "
           "AsyncGRPO code): opt in (--packcheck-checks, or --audit rl)",
-    "encoders": "encoders and embedding models (encoder: specs): hidden states, pooled embeddings, MLM loss, positions and "
-                "classification heads on packed rows vs each example alone: opt in (--packcheck-checks, or --audit encoders)",
+    "stack": "the packed row through the stack around the model (PEFT adapters, checkpointing, torch.compile, "
+             "accelerate's context-parallel hook, Liger; --packcheck-stack): opt in (--packcheck-checks, or --audit stack)",
 }
 
 
@@ -223,6 +223,9 @@ def _load(ref: str) -> Callable[..., Any]:
     return getattr(importlib.import_module(f"pytest_packcheck.checks.{module}"), attr)
 
 
+#: The causes a check names when lifting the cell's stack element (--packcheck-stack, model/stack.py) fixes the row.
+_STACK_CAUSES = ("adapter_positions", "stack_mask_dropped", "checkpoint_recompute", "compile_frozen", "stack_kernel")
+
 _PARITY_CAUSES = ("leak", "stateful_layers", "kernel_numerics", "wrong_positions", "sliding_window", "selection_ties",
                   "probe_inconclusive")
 
@@ -244,19 +247,19 @@ REGISTRY: tuple[CheckSpec, ...] = (
     CheckSpec(name="isolation", function="parity:check_isolation", level="backend", role="correctness",
               summary="perturb one example: the others' logits must not move; a planted leak (no boundaries) must move them",
               key_metric=KeyMetric("max_change", "Δ"), tolerance="isolation_atol", bears_on_bench=True,
-              causes=("leak", "stateful_layers", "kernel_numerics", "probe_inconclusive")),
+              causes=("leak", "stateful_layers", "kernel_numerics", "probe_inconclusive", *_STACK_CAUSES)),
     CheckSpec(name="logits_parity", function="parity:check_logits_parity", level="backend", role="correctness",
               summary="packed logits = each example run alone (padded batches reported beside)",
               key_metric=KeyMetric("max_abs_diff_solo", "Δ"), tolerance="logits_atol", bears_on_bench=True,
-              causes=(*_PARITY_CAUSES, "batch_rows", "position_layout", "mechanism_not_exercised")),
+              causes=(*_PARITY_CAUSES, "batch_rows", "position_layout", "mechanism_not_exercised", *_STACK_CAUSES)),
     CheckSpec(name="loss_parity", function="parity:check_loss_parity", level="backend", role="correctness",
               summary="token-mean loss and gradient-accumulation sum loss (num_items_in_batch) = the per-example reference",
               key_metric=KeyMetric("loss_delta", "Δ"), fail_metrics=("ga_delta",), tolerance="loss_atol", bears_on_bench=True,
-              causes=(*_PARITY_CAUSES, "loss_normalisation", "num_items_ignored", "reference_unavailable")),
+              causes=(*_PARITY_CAUSES, "loss_normalisation", "num_items_ignored", "reference_unavailable", *_STACK_CAUSES)),
     CheckSpec(name="grad_parity", function="parity:check_grad_parity", level="backend", role="correctness",
               summary="every parameter's gradient, packed vs right-padded: relative error, worst tensor, cosine",
               key_metric=KeyMetric("grad_rel_err", "rel"), tolerance="grad_rel_err", bears_on_bench=True,
-              causes=(*_PARITY_CAUSES, "loss_normalisation", "non_finite", "reference_unavailable")),
+              causes=(*_PARITY_CAUSES, "loss_normalisation", "non_finite", "reference_unavailable", *_STACK_CAUSES)),
     CheckSpec(name="backend", function="attention:check_backend", level="backend", role="correctness",
               summary="the requested attn_implementation ran: one call per attention layer, packed boundaries reached, "
                       "flash backends on the varlen kernel only",
@@ -309,6 +312,11 @@ REGISTRY: tuple[CheckSpec, ...] = (
               key_metric=KeyMetric("max_abs_diff", "Δ"), tolerance="logits_atol",
               causes=("segment_mask", *_PARITY_CAUSES),
               suite="variants"),
+    CheckSpec(name="row_order", function="stack:check_row_order", level="backend", role="correctness",
+              summary="the packed row, then the same examples in another order (one row length, other boundaries): each "
+                      "example = alone in both (a compiled graph or hook keyed by the row's shape keeps the first's)",
+              key_metric=KeyMetric("max_abs_diff", "Δ"), tolerance="logits_atol",
+              causes=(*_PARITY_CAUSES, *_STACK_CAUSES), suite="stack"),
     CheckSpec(name="trainer", function="training:check_trainer", level="backend", role="correctness",
               summary="transformers' Trainer + DataCollatorWithFlattening, 3 SGD steps vs a hand-written padded reference; "
                       "gradient accumulation's num_items_in_batch",
@@ -403,41 +411,6 @@ REGISTRY: tuple[CheckSpec, ...] = (
               summary="ms-swift's padding-free RLHF (swift.rlhf_trainers): run where it imports, else a skip naming the "
                       "package it needs",
               causes=("crash",), suite="rl"),
-    CheckSpec(name="encoder_isolation", function="encoders:check_encoder_isolation", level="backend", role="correctness",
-              summary="an encoder's packed row: perturb one example at a time, the others' last hidden states and pooled "
-                      "embeddings (mean / CLS / last token) must not move",
-              key_metric=KeyMetric("max_change", "Δ"), tolerance="isolation_atol",
-              causes=("leak", "kernel_numerics", "probe_inconclusive"), suite="encoders"),
-    CheckSpec(name="encoder_parity", function="encoders:check_encoder_parity", level="backend", role="correctness",
-              summary="an encoder's last hidden states on the packed row = each example alone",
-              key_metric=KeyMetric("max_abs_diff", "Δ"), tolerance="logits_atol",
-              causes=("leak", "kernel_numerics", "wrong_positions", "probe_inconclusive"), suite="encoders"),
-    CheckSpec(name="encoder_pooling", function="encoders:check_encoder_pooling", level="backend", role="correctness",
-              summary="embeddings pooled per segment (mean / CLS / last token; segments where position_ids restart, and "
-                      "cu_seq_lens_q) = the same pooling of each example alone",
-              key_metric=KeyMetric("max_abs_diff_pooled", "Δ"), tolerance="logits_atol",
-              causes=("collator_contract", "leak", "kernel_numerics", "wrong_positions", "probe_inconclusive"),
-              suite="encoders"),
-    CheckSpec(name="encoder_mlm_loss", function="encoders:check_encoder_mlm_loss", level="backend", role="correctness",
-              summary="the masked-LM loss of the packed row (15% of each example masked) = the mean over the masked "
-                      "tokens of each example alone",
-              key_metric=KeyMetric("loss_delta", "Δ"), tolerance="loss_atol",
-              causes=("leak", "kernel_numerics", "wrong_positions", "probe_inconclusive", "loss_normalisation"),
-              suite="encoders"),
-    CheckSpec(name="encoder_positions", function="encoders:check_encoder_positions", level="backend", role="correctness",
-              summary="the packed row numbers each example as the model numbers it alone (BERT from 0; RoBERTa-likes "
-                      "from padding_idx + 1)",
-              key_metric=KeyMetric("max_abs_diff_numbering", "Δ"), tolerance="logits_atol",
-              causes=("wrong_positions",), suite="encoders"),
-    CheckSpec(name="encoder_token_cls", function="encoders:check_encoder_token_cls", level="backend", role="correctness",
-              summary="a token-classification head on the packed row: logits and loss (labels per token) = each "
-                      "example alone",
-              key_metric=KeyMetric("max_abs_diff", "Δ"), fail_metrics=("loss_delta",), tolerance="logits_atol",
-              causes=("leak", "kernel_numerics", "wrong_positions", "probe_inconclusive"), suite="encoders"),
-    CheckSpec(name="encoder_seq_cls", function="encoders:check_encoder_seq_cls", level="model", role="finding",
-              summary="sequence classification on a packed row: the model's own head pools one position per row (logits "
-                      "rows vs examples), and DataCollatorWithFlattening on scalar labels",
-              causes=("pooled_head", "labels_contract"), suite="encoders"),
 )
 
 SPECS: dict[str, CheckSpec] = {s.name: s for s in REGISTRY}

@@ -127,6 +127,25 @@ class Workbench:
             return self._cache[key]
         return self.forward(batch or self.packed(), **kwargs).logits[0].float()
 
+    def param_grads(self, batch: dict[str, Any]) -> list[tuple[str, Any]]:
+        """``(name, gradient)`` of every parameter that requires grad after the backward of ``batch``'s token-mean
+        loss (``labels``) in train mode (a parameter with no gradient: zeros), float32 copies; the model is back in
+        eval mode and its gradients cleared on return."""
+        import torch
+
+        model = self.model
+        params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        model.zero_grad(set_to_none=True)
+        model.train()
+        try:
+            self.forward(batch, grad=True, labels=batch["labels"]).loss.backward()
+        finally:
+            model.eval()
+        out = [(n, p.grad.detach().float().clone() if p.grad is not None else torch.zeros_like(p, dtype=torch.float32))
+               for n, p in params]
+        model.zero_grad(set_to_none=True)
+        return out
+
     def non_finite(self) -> dict[str, Any] | None:
         """Evidence that the model computes NaN / +inf logits on the default packed row and on the examples alone
         (``non_finite_logits`` of ``logits`` entries, packed and solo), or None where both are finite or the forward

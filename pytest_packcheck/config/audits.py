@@ -28,14 +28,15 @@ class AuditDefinition:
     versions: tuple[str, ...] | None = None  # version axes / combinations, as for --packcheck-versions
     lengths: tuple[int, ...] | None = None  # example lengths of the packed row, as for --packcheck-lengths
     sliding_window: int | None = None  # as for --packcheck-sliding-window
+    stack: tuple[str, ...] | None = None  # stack elements, as for --packcheck-stack
 
 
 _AUDIT_KEYS = {"name", "description", "models", "backends", "checks", "dtypes", "tolerances", "versions", "lengths",
-               "sliding_window"}
+               "sliding_window", "stack"}
 
 
 # The expected TOML type of each [audit] key: the one place an audit file's values are type-checked.
-_STRING_LISTS = ("models", "backends", "checks", "dtypes", "versions")
+_STRING_LISTS = ("models", "backends", "checks", "dtypes", "versions", "stack")
 _STRINGS = {"name": 'name = "my-audit"', "description": 'description = "what this audit covers"',
             "tolerances": 'tolerances = "tolerances.toml"'}
 
@@ -139,7 +140,7 @@ def load_audit(value: str) -> AuditDefinition:
     for key, given in audit.items():
         _check_audit_value(path, key, given)
     models = audit.get("models") or []
-    for key in ("backends", "checks", "dtypes", "versions"):
+    for key in ("backends", "checks", "dtypes", "versions", "stack"):
         if key in audit and not audit[key]:  # an empty value is never "every backend" (README)
             raise PackcheckUsageError(f"Audit file {path}: '{key}' is empty: list at least one, or leave '{key}' out "
                                       "for the default.")
@@ -160,4 +161,5 @@ def load_audit(value: str) -> AuditDefinition:
         dtypes=opt("dtypes"),
         tolerances=audit.get("tolerances"),
         versions=opt("versions"),
+        stack=opt("stack"),
     )

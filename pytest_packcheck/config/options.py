@@ -18,6 +18,7 @@ from typing import Any
 from ..backends.table import backends_help
 from ..checks.registry import check_help
 from ..errors import PackcheckUsageError, refuse_empty  # noqa: F401 - refuse_empty: re-exported (its callers read it here)
+from ..model.stack import stack_help
 
 OPT_MODELS = "--packcheck-models"
 OPT_AUDIT = "--packcheck-audit"
@@ -42,6 +43,7 @@ OPT_RESUME = "--packcheck-resume"
 OPT_LENGTHS = "--packcheck-lengths"
 OPT_SLIDING_WINDOW = "--packcheck-sliding-window"
 OPT_CONFIG = "--packcheck-config"
+OPT_STACK = "--packcheck-stack"
 
 #: How a model's cells run: in a forked child (a crash or hang costs one cell) or in this process.
 SANDBOX_MODES = ("fork", "none")
@@ -68,6 +70,29 @@ def split_values(value: str | list[str] | tuple[str, ...]) -> list[str]:
 
     items = split_top(value) if isinstance(value, str) else [x for v in value for x in split_top(str(v))]
     return [x.strip() for x in items if x.strip()]
+
+
+def parse_stack(value: Any, source: str) -> tuple[str, ...]:
+    """Stack elements ``"lora,cp"`` (or an audit's ``["lora", "cp"]``) -> ("lora", "cp"), each once, in the order
+    given; ``none`` -> () (no element: how a default is written back as a flag).
+
+    Raises:
+        PackcheckUsageError: a name that is not in the stack table (model/stack.py), or an empty item, in one line
+            naming the value, where it came from and the valid names.
+    """
+    from ..errors import closest
+    from ..model.stack import STACK_NAMES
+
+    items = [p.strip() for p in (value.split(",") if isinstance(value, str) else [str(v) for v in value])]
+    if items == ["none"]:
+        return ()
+    for item in items:
+        if item not in STACK_NAMES:
+            shown = f"item {items.index(item) + 1} is empty" if not item else f"unknown stack element '{item}'"
+            raise PackcheckUsageError(f"Bad {OPT_STACK} value '{value if isinstance(value, str) else ','.join(items)}' "
+                                      f"(from {source}): {shown}. Expected one or more of: {', '.join(STACK_NAMES)} "
+                                      f"(or none).{closest(item, STACK_NAMES) if item else ''}")
+    return tuple(dict.fromkeys(items))
 
 
 def parse_lengths(value: Any, source: str) -> tuple[int, ...]:
@@ -255,6 +280,8 @@ OPTIONS = (
     Option(OPT_CONFIG, "Override one config value of every model: key=value (JSON value, or a string), dotted keys "
            "reach sub-configs, e.g. attn_config.clip_qkv=8 (repeatable, each key once; a spec's own {key=value} wins). Recorded "
            "in each cell's model record.", action="append", multiple=True),
+    Option(OPT_STACK, stack_help(), ini="packcheck_stack", env="PACKCHECK_STACK", default=(), field="stack",
+           parse=parse_stack, to_arg=lambda v: _joined(v) or "none", measures=True),
     Option(OPT_RESUME, "Reuse the cells already in <report dir>/packcheck-journal.jsonl from an interrupted run with "
            "the same settings and versions; run the rest.", action="store_true", default=False, field="resume",
            to_arg=None, in_child=False),

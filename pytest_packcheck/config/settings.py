@@ -28,6 +28,7 @@ from .options import (
     OPT_RESUME,
     OPT_SHARD,
     OPT_SLIDING_WINDOW,
+    OPT_STACK,
     OPT_TIMEOUT,
     OPT_TOLERANCE,
     OPT_TOLERANCES,
@@ -74,6 +75,7 @@ class Settings:
     resume: bool = default_of(OPT_RESUME)
     lengths: tuple[int, ...] = default_of(OPT_LENGTHS)  # example lengths (tokens) of the packed row
     sliding_window: int = default_of(OPT_SLIDING_WINDOW)  # tokens a longer window is shortened to
+    stack: tuple[str, ...] = default_of(OPT_STACK)  # stack elements (model/stack.py), each its own cells; () none
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -83,6 +85,7 @@ class Settings:
             "tolerance_source": self.tolerance_source,
             "versions": [v.label for v in self.versions],
             "lengths": list(self.lengths), "sliding_window": self.sliding_window,
+            **({"stack": list(self.stack)} if self.stack else {}),
             # the per-cell limit and where cells ran: a limit is enforced only in a forked child (isolation "fork")
             "isolation": self.sandbox, "timeout_s": self.timeout_s,
             # [index, count] of a sharded run, so `packcheck merge` can tell when shards are missing
@@ -293,12 +296,7 @@ def _models(src: _Sources) -> tuple[list[str], str] | None:
     audit = src.audit = load_audit(audit_value) if audit_value else None
     if audit:
         models += [m for m in audit.models if m not in models]
-    if all_archs and audit and audit.models and all(m.startswith("encoder:") for m in audit.models):
-        from ..model.architectures import encoder_architectures
-
-        # an encoder audit (audit/encoders.toml): every architecture with a masked-LM head, built as an encoder
-        models += [f"encoder:{a}" for a in encoder_architectures() if f"encoder:{a}" not in models]
-    elif all_archs:
+    if all_archs:
         from ..model.architectures import causal_lm_architectures, mrope_text_path_architectures
 
         # every causal LM, then the multimodal models run on their text path (M-RoPE: Qwen2-VL and kin)

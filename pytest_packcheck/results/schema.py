@@ -82,6 +82,8 @@ class CellResult:
     findings: list[dict[str, Any]] = field(default_factory=list)
     #: :attr:`CheckResult.causes`: every cause of the verdict, primary first (a file without it: ``[cause]``)
     causes: list[dict[str, Any]] = field(default_factory=list)
+    #: the stack element the cell's model ran with (``--packcheck-stack``, model/stack.py), None: the bare model
+    stack: str | None = None
 
     def __post_init__(self) -> None:
         from ..checks.registry import role

@@ -45,6 +45,7 @@ class Cell:
     check: str
     dtype: str
     env: str | None = None  # version environment label (envs.VersionCombo.label); None: this environment
+    stack: str | None = None  # the stack element applied (model/stack.py; its name ends ``label``); None: the bare model
 
     @property
     def base_id(self) -> str:
@@ -63,18 +64,22 @@ class Cell:
 
 
 def plan_cells(models: list[ResolvedModel], backends: tuple[str, ...], checks: tuple[str, ...], dtypes: tuple[str, ...],
-               env: str | None = None) -> list[Cell]:
-    """Cells in run order: model-major, then dtype, backend, check (so each model is built once per backend)."""
+               env: str | None = None, stack: tuple[str, ...] = ()) -> list[Cell]:
+    """Cells in run order: model-major, then stack element, dtype, backend, check (so each model is built once per
+    backend and element). ``stack``: the elements (``--packcheck-stack``), each its own cells labelled
+    ``<model>+<element>``; () the bare models only."""
     cells = []
     for i, m in enumerate(models):
-        for dtype in dtypes:
-            for check in checks:
-                if check in MODEL_LEVEL_CHECKS:
-                    cells.append(Cell(i, m.spec.label, None, check, dtype, env))
-            for backend in backends:
+        for element in stack or (None,):
+            label = f"{m.spec.label}+{element}" if element else m.spec.label
+            for dtype in dtypes:
                 for check in checks:
-                    if check not in MODEL_LEVEL_CHECKS and backend not in SPECS[check].skip_backends:
-                        cells.append(Cell(i, m.spec.label, backend, check, dtype, env))
+                    if check in MODEL_LEVEL_CHECKS:
+                        cells.append(Cell(i, label, None, check, dtype, env, element))
+                for backend in backends:
+                    for check in checks:
+                        if check not in MODEL_LEVEL_CHECKS and backend not in SPECS[check].skip_backends:
+                            cells.append(Cell(i, label, backend, check, dtype, env, element))
     return cells
 
 
@@ -110,6 +115,12 @@ def missing_packages(exc: BaseException) -> tuple[str, ...]:
 #: Refusals that name stateful layers: the model cannot keep packed examples apart (transformers' mamba /
 #: causal_conv1d paths raise these for packed rows).
 STATEFUL_REFUSALS = ("causal_conv1d", "can't keep packed sequences apart")
+
+
+def stacked_record(record: dict[str, Any], element: str | None) -> dict[str, Any]:
+    """A cell's model record with its stack element: ``label`` ``<model>+<element>`` (the report's row, the cell
+    id's first part) and ``stack`` the element's name; ``record`` itself when there is none."""
+    return {**record, "label": f"{record['label']}+{element}", "stack": element} if element else record
 
 
 class ResolveError(RuntimeError):
@@ -372,7 +383,7 @@ class CellRunner:
         """Build (or reuse) the model of the cell's group. Raises what the build raised, every time."""
         resolved = self.models[cell.model_index]
         backend = cell.backend or "eager"
-        key = (cell.model_index, backend, cell.dtype)
+        key = (cell.model_index, backend, cell.dtype, cell.stack)
         if key != self._key:
             self._key, self._bench = key, None
             try:
@@ -382,6 +393,13 @@ class CellRunner:
                 model = build_model(resolved, backend, cell.dtype, self.weights, self.device, trust_remote_code=self.trust_remote_code,
                                     sliding_window=self.sliding_window)
                 config = text_config(model.config)
+                if cell.stack:  # the element on the built model (skipped / unsupported cells name why it cannot run)
+                    from ..model.stack import StackUnavailable, apply_element
+
+                    try:
+                        model = apply_element(model, cell.stack, cell.backend)
+                    except StackUnavailable as exc:
+                        raise ResolveError(str(exc), exc.status) from exc
                 self._bench = Workbench(model=model, config=config, backend=cell.backend, dtype=cell.dtype,
                                         tol=self.tolerances[cell.dtype], device=self.device,
                                         examples=B.make_examples(config, self.lengths) if self.lengths else [],
@@ -401,14 +419,21 @@ class CellRunner:
         t0 = time.perf_counter()
         result = _no_pass_on_non_finite(cell.check, self._run(cell))
         counts = getattr(getattr(self._bench, "model", None), "packcheck_weights", None)
-        if counts and self._key == (cell.model_index, cell.backend or "eager", cell.dtype):
+        own = self._key == (cell.model_index, cell.backend or "eager", cell.dtype, cell.stack)
+        if counts and own:
             result.metrics = {**result.metrics, "weights": counts}  # what --packcheck-weights=pretrained loaded
+        if cell.stack and own:  # the element, its library's version and settings (compile: dynamo's graph counts)
+            from ..model.stack import stack_record
+
+            record = stack_record(getattr(self._bench, "model", None))
+            if record:
+                result.metrics = {**result.metrics, "stack": record}
         layout = getattr(self._bench, "layout", None)
-        if layout is not None and layout.source and self._key == (cell.model_index, cell.backend or "eager", cell.dtype):
+        if layout is not None and layout.source and own:
             result.metrics = {**result.metrics, "text_path": layout.describe()}  # M-RoPE rows the checks fed
         return CellResult(
             cell_id=cell.cell_id,
-            model=resolved.record(self.weights),
+            model=stacked_record(resolved.record(self.weights), cell.stack),
             backend=cell.backend,
             check=cell.check,
             dtype=cell.dtype,
@@ -421,6 +446,7 @@ class CellRunner:
             evidence=result.evidence,
             findings=result.findings,
             causes=result.causes,
+            stack=cell.stack,
         )
 
     def _run(self, cell: Cell) -> CheckResult:

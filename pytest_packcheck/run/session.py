@@ -205,9 +205,10 @@ class PackcheckSession:
 
     def _failure(self, cell: Any, status: str, message: str, metrics: dict[str, Any]) -> Any:
         from ..results.schema import CellResult
+        from .runner import stacked_record
 
-        return CellResult(cell_id=cell.cell_id, model=self.resolved_models()[cell.model_index].record(self.settings.weights),
-                          backend=cell.backend, check=cell.check, dtype=cell.dtype, status=status, metrics=metrics,
+        return CellResult(cell_id=cell.cell_id, model=stacked_record(self.resolved_models()[cell.model_index].record(self.settings.weights), cell.stack),
+                          stack=cell.stack, backend=cell.backend, check=cell.check, dtype=cell.dtype, status=status, metrics=metrics,
                           message=message, tolerances=self.settings.tolerances.get(cell.dtype, {}))
 
     # results travel on reports (user_properties) so they survive xdist workers
@@ -241,7 +242,8 @@ class PackcheckSession:
 
         envs = [v.label for v in self.settings.versions] or [None]
         return {c.cell_id: c for env in envs for c in plan_cells(self.resolved_models(), self.settings.backends,
-                                                                  self.settings.checks, self.settings.dtypes, env)}
+                                                                  self.settings.checks, self.settings.dtypes, env,
+                                                                  self.settings.stack)}
 
     def finish(self, interrupted: bool = False, reason: str | None = None) -> None:
         """Build the results document (diagnosed), write the reports, and compare with the baseline (the gate);

@@ -86,7 +86,9 @@ LIBRARIES: tuple[Library, ...] = (
     Library("flash-attn", "flash_attn", dists=("flash_attn",), repo="Dao-AILab/flash-attention", hardware=True,
             pattern=r"flash-attn.*", install="linked", recorded=True, header=True, stack=True),
     Library("accelerate", "accelerate", repo="huggingface/accelerate", install="runtime", stack=True, env_versions=True),
-    Library("peft", "peft", repo="huggingface/peft"),
+    # the stack elements' adapters (model/stack.py: lora, dora, prompt / p- / prefix tuning): a version axis
+    # (--packcheck-versions peft==X); each stack cell records the version it ran (metrics["stack"]["peft"])
+    Library("peft", "peft", repo="huggingface/peft", env_versions=True),
     Library("datasets", "datasets", repo="huggingface/datasets", stack=True, env_versions=True),
     Library("tokenizers", "tokenizers", repo="huggingface/tokenizers", env_versions=True),
     Library("huggingface-hub", "huggingface_hub", repo="huggingface/huggingface_hub", install="runtime", env_versions=True),
