@@ -169,6 +169,11 @@ _CAUSES: tuple[Cause, ...] = (
           "attention calls counted differ from the attention modules found; parity decides whether it matters",
           "none if isolation and parity pass here: the count reflects attention modules reused or never called; see "
           "the backend cell's counts"),
+    Cause("pooled_head",
+          "the model's own sequence-classification head pools one position per row: a packed row of N examples gets one "
+          "logits row, and N scalar labels do not fit it",
+          "pool per segment yourself (the segments where position_ids restart, or cu_seq_lens_q) and apply the classifier "
+          "to each pooled embedding, or give sequence classification padded rows"),
     Cause("labels_contract",
           "the collator's labels contract (non-token labels) is broken",
           "use a padding collator for non-token (sequence-classification) labels"),

@@ -101,6 +101,8 @@ SUITES = {
           "AsyncGRPO code): opt in (--packcheck-checks, or --audit rl)",
     "stack": "the packed row through the stack around the model (PEFT adapters, checkpointing, torch.compile, "
              "accelerate's context-parallel hook, Liger; --packcheck-stack): opt in (--packcheck-checks, or --audit stack)",
+    "encoders": "encoders and embedding models (encoder: specs): hidden states, pooled embeddings, MLM loss, positions and "
+                "classification heads on packed rows vs each example alone: opt in (--packcheck-checks, or --audit encoders)",
 }
 
 
@@ -411,6 +413,41 @@ REGISTRY: tuple[CheckSpec, ...] = (
               summary="ms-swift's padding-free RLHF (swift.rlhf_trainers): run where it imports, else a skip naming the "
                       "package it needs",
               causes=("crash",), suite="rl"),
+    CheckSpec(name="encoder_isolation", function="encoders:check_encoder_isolation", level="backend", role="correctness",
+              summary="an encoder's packed row: perturb one example at a time, the others' last hidden states and pooled "
+                      "embeddings (mean / CLS / last token) must not move",
+              key_metric=KeyMetric("max_change", "Δ"), tolerance="isolation_atol",
+              causes=("leak", "kernel_numerics", "probe_inconclusive"), suite="encoders"),
+    CheckSpec(name="encoder_parity", function="encoders:check_encoder_parity", level="backend", role="correctness",
+              summary="an encoder's last hidden states on the packed row = each example alone",
+              key_metric=KeyMetric("max_abs_diff", "Δ"), tolerance="logits_atol",
+              causes=("leak", "kernel_numerics", "wrong_positions", "probe_inconclusive"), suite="encoders"),
+    CheckSpec(name="encoder_pooling", function="encoders:check_encoder_pooling", level="backend", role="correctness",
+              summary="embeddings pooled per segment (mean / CLS / last token; segments where position_ids restart, and "
+                      "cu_seq_lens_q) = the same pooling of each example alone",
+              key_metric=KeyMetric("max_abs_diff_pooled", "Δ"), tolerance="logits_atol",
+              causes=("collator_contract", "leak", "kernel_numerics", "wrong_positions", "probe_inconclusive"),
+              suite="encoders"),
+    CheckSpec(name="encoder_mlm_loss", function="encoders:check_encoder_mlm_loss", level="backend", role="correctness",
+              summary="the masked-LM loss of the packed row (15% of each example masked) = the mean over the masked "
+                      "tokens of each example alone",
+              key_metric=KeyMetric("loss_delta", "Δ"), tolerance="loss_atol",
+              causes=("leak", "kernel_numerics", "wrong_positions", "probe_inconclusive", "loss_normalisation"),
+              suite="encoders"),
+    CheckSpec(name="encoder_positions", function="encoders:check_encoder_positions", level="backend", role="correctness",
+              summary="the packed row numbers each example as the model numbers it alone (BERT from 0; RoBERTa-likes "
+                      "from padding_idx + 1)",
+              key_metric=KeyMetric("max_abs_diff_numbering", "Δ"), tolerance="logits_atol",
+              causes=("wrong_positions",), suite="encoders"),
+    CheckSpec(name="encoder_token_cls", function="encoders:check_encoder_token_cls", level="backend", role="correctness",
+              summary="a token-classification head on the packed row: logits and loss (labels per token) = each "
+                      "example alone",
+              key_metric=KeyMetric("max_abs_diff", "Δ"), fail_metrics=("loss_delta",), tolerance="logits_atol",
+              causes=("leak", "kernel_numerics", "wrong_positions", "probe_inconclusive"), suite="encoders"),
+    CheckSpec(name="encoder_seq_cls", function="encoders:check_encoder_seq_cls", level="model", role="finding",
+              summary="sequence classification on a packed row: the model's own head pools one position per row (logits "
+                      "rows vs examples), and DataCollatorWithFlattening on scalar labels",
+              causes=("pooled_head", "labels_contract"), suite="encoders"),
 )
 
 SPECS: dict[str, CheckSpec] = {s.name: s for s in REGISTRY}

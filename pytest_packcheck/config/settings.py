@@ -296,7 +296,12 @@ def _models(src: _Sources) -> tuple[list[str], str] | None:
     audit = src.audit = load_audit(audit_value) if audit_value else None
     if audit:
         models += [m for m in audit.models if m not in models]
-    if all_archs:
+    if all_archs and audit and audit.models and all(m.startswith("encoder:") for m in audit.models):
+        from ..model.architectures import encoder_architectures
+
+        # an encoder audit (audit/encoders.toml): every architecture with a masked-LM head, built as an encoder
+        models += [f"encoder:{a}" for a in encoder_architectures() if f"encoder:{a}" not in models]
+    elif all_archs:
         from ..model.architectures import causal_lm_architectures, mrope_text_path_architectures
 
         # every causal LM, then the multimodal models run on their text path (M-RoPE: Qwen2-VL and kin)

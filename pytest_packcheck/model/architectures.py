@@ -96,3 +96,32 @@ def mrope_text_path_architectures() -> list[str]:
         names |= set(getattr(modeling_auto, mapping, {}))
     causal = set(causal_lm_architectures())
     return sorted(t for t in names if t not in causal and mrope_text_path(t))
+
+
+#: Auto classes an ``encoder:`` spec is built with, in the order they are looked up (and their mapping in
+#: ``transformers.models.auto.modeling_auto``): the masked-LM head (its logits and MLM loss), else the base model
+#: (hidden states only).
+ENCODER_AUTO_CLASSES = (("AutoModelForMaskedLM", "MODEL_FOR_MASKED_LM_MAPPING_NAMES"), ("AutoModel", "MODEL_MAPPING_NAMES"))
+
+
+def encoder_class_name(model_type: str) -> tuple[str, str] | None:
+    """(class name, auto class) an ``encoder:<model_type>`` spec builds: its masked-LM class
+    (``BertForMaskedLM``, ``AutoModelForMaskedLM``), else its base model (``AutoModel``); None when transformers
+    maps neither."""
+    from transformers.models.auto import modeling_auto
+
+    for auto, mapping in ENCODER_AUTO_CLASSES:
+        name = getattr(modeling_auto, mapping, {}).get(model_type)
+        name = name if isinstance(name, str) else (name[0] if name else None)
+        if name:
+            return name, auto
+    return None
+
+
+def encoder_architectures() -> list[str]:
+    """Every model_type with a masked-LM class in the installed transformers, sorted: what ``--all-architectures``
+    adds to an encoder audit (audit/encoders.toml). Those whose tiny build or forward fails become cells with their
+    reason, as every architecture does."""
+    from transformers.models.auto import modeling_auto
+
+    return sorted(modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES)

@@ -209,7 +209,7 @@ def build_model(
             with torch.device("meta"):
                 probe = auto.from_config(copy.deepcopy(config), trust_remote_code=trust_remote_code)
             n_params = sum(p.numel() for p in probe.parameters())
-            if decoder_flag_needed(probe):
+            if resolved.model_kind != "encoder" and decoder_flag_needed(probe):
                 config.is_decoder = True
                 notes.append("is_decoder=True (the causal-LM head of an encoder family: without it the model attends "
                              "both ways, as transformers warns)")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PackcheckUsageError
-from .architectures import causal_lm_class_name, mrope_text_path, multimodal_only_causal_lm
+from .architectures import causal_lm_class_name, encoder_class_name, mrope_text_path, multimodal_only_causal_lm
 from .configs import apply_layer_variant, apply_overrides, default_config, read_config_dict, refuse_absurd_sizes
 from .multimodal import flat_vocab_size, mrope_section_default
 from .specs import ModelSpec
@@ -37,6 +37,9 @@ class ResolvedModel:
     auto_class: str = "AutoModelForCausalLM"
     #: "mrope" for a multimodal model run on its text path with M-RoPE position_ids; None for a causal LM
     text_path: str | None = None
+    #: "encoder" for an ``encoder:`` spec (built with :func:`.architectures.encoder_class_name`'s class: attends both
+    #: ways, no causal-LM head); "causal_lm" for every other
+    model_kind: str = "causal_lm"
 
     def record(self, weights: str | None = None) -> dict[str, Any]:
         """What every cell records about its model; with ``weights`` (the --packcheck-weights mode) also what
@@ -46,6 +49,8 @@ class ResolvedModel:
             extra["weights"] = loaded_weights(self.spec.kind, weights)
         if self.notes:
             extra["config_notes"] = list(self.notes)
+        if self.model_kind == "encoder":
+            extra["model_kind"] = "encoder"
         if self.text_path:
             extra["text_path"] = (f"{self.model_class} on its text path: text-only rows (no pixel_values), M-RoPE "
                                   "position_ids (a text row, then the rows of its own get_rope_index), restarting per example")
@@ -165,6 +170,14 @@ def resolve_model(spec: ModelSpec, source: str, trust_remote_code: bool = False)
         notes += apply_overrides(config, spec, source)
     refuse_absurd_sizes(config, spec, source)
     model_type = config.model_type
+    if spec.head == "encoder":
+        found = encoder_class_name(model_type)
+        if found is None:
+            raise PackcheckUsageError(
+                f"Model '{spec.raw}' (from {source}) is a '{model_type}' model with neither a masked-LM nor a base model "
+                "class in transformers' auto mappings: an encoder: spec needs one (encoder:bert, encoder:modernbert, ...).")
+        return ResolvedModel(spec=spec, config=config, model_type=model_type, model_class=found[0], revision=revision,
+                             notes=notes, auto_class=found[1], model_kind="encoder")
     cls = causal_lm_class_name(model_type)
     text_path = mrope_text_path(model_type) if cls is None else None
     if text_path is not None:

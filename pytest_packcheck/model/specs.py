@@ -3,7 +3,9 @@
 A model spec is one of:
 - ``org/name`` or ``org/name@revision``: a Hub model ID (branch, tag or commit SHA);
 - a local directory holding ``config.json`` (and weights for ``--packcheck-weights=pretrained``);
-- ``arch:<model_type>``: a tiny random model of an architecture of the installed transformers.
+- ``arch:<model_type>``: a tiny random model of an architecture of the installed transformers;
+- ``encoder:<model_type>``: the same, built as an encoder (its masked-LM head, else its base model: the encoders
+  suite, audit/encoders.toml), labelled ``<model_type>-encoder``.
 
 Any spec may end with config overrides in braces, ``arch:dbrx{attn_config.clip_qkv=8}`` (recorded in each cell).
 """
@@ -35,12 +37,15 @@ class ModelSpec:
     revision: str | None = None
     #: config overrides (``arch:dbrx{attn_config.clip_qkv=8}``): (key, value) pairs, dotted keys reach sub-configs
     overrides: tuple[tuple[str, Any], ...] = ()
+    #: which head the model is built with: "causal_lm" (every decoder), or "encoder" (an ``encoder:`` spec: the
+    #: masked-LM head, else the base model; :func:`..model.architectures.encoder_class_name`)
+    head: str = "causal_lm"
 
     @property
     def label(self) -> str:
         """The short label used in test ids and matrix rows (secrets scrubbed: see :func:`scrub_secrets`)."""
         if self.kind == "arch":
-            base = self.name
+            base = self.name + ("-encoder" if self.head == "encoder" else "")
         elif self.kind == "local":
             base = Path(self.name).name
         else:
@@ -123,7 +128,8 @@ def parse_model_spec(raw: str, source: str) -> ModelSpec:
         text, _, body = text[:-1].partition("{")
         overrides = parse_overrides(body, f"in model spec '{raw.strip()}' from {source}")
         spec = parse_model_spec(text, source)
-        return ModelSpec(raw=raw.strip(), kind=spec.kind, name=spec.name, revision=spec.revision, overrides=overrides)
+        return ModelSpec(raw=raw.strip(), kind=spec.kind, name=spec.name, revision=spec.revision, overrides=overrides,
+                         head=spec.head)
     if ("{" in text or "}" in text) and not os.path.isdir(text):
         end = _first_brace_pair_end(text)
         brace = ("a '}' without its '{'" if "{" not in text else "an unclosed '{'" if end is None
@@ -140,6 +146,13 @@ def parse_model_spec(raw: str, source: str) -> ModelSpec:
                 f"Malformed model spec '{raw}' (from {source}): arch: takes a transformers model_type such as arch:llama."
             )
         return ModelSpec(raw=text, kind="arch", name=model_type)
+    if text.startswith("encoder:"):
+        model_type = text.removeprefix("encoder:").strip()
+        if not ARCH_NAME.fullmatch(model_type):
+            raise PackcheckUsageError(
+                f"Malformed model spec '{raw}' (from {source}): encoder: takes a transformers model_type such as encoder:bert."
+            )
+        return ModelSpec(raw=text, kind="arch", name=model_type, head="encoder")
     if os.path.isdir(text):
         return ModelSpec(raw=text, kind="local", name=str(Path(text).resolve()))
     if os.path.isfile(text) and (_looks_local(text) or text.endswith(".json")):  # trial 7, 204: it exists, as a file
