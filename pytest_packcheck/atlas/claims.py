@@ -484,9 +484,12 @@ def claim_groups(judged: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]
         [j for j in judged if j["holds"] is None and all(j is not o for o in own)]), strict=True))
 
 
-def render_claims(peers: list[PeerClaims], support: dict[str, Any]) -> str:
+def render_claims(peers: list[PeerClaims], support: dict[str, Any], own_paths: dict[str, Any] | None = None) -> str:
     """claims.md: per peer its version, pin and files; the claims that hold, those that do not (with the number),
-    the models it refuses that the atlas measures as passing, and the claims on the peer's own code."""
+    the models it refuses that the atlas measures as passing, and the claims on the peer's own code; with
+    ``own_paths`` (:func:`.peer_paths.results_document`), each peer's own packing code as run on CPU."""
+    from .peer_paths import render_own_paths
+
     plan = [r["transformers"] for r in support["releases"]] + list(support.get("missing", []))
     measured = [r["transformers"] for r in support["releases"]]
     lines = ["# What other tools claim about packing, against the atlas", "",
@@ -506,6 +509,7 @@ def render_claims(peers: list[PeerClaims], support: dict[str, Any]) -> str:
                   + (" (not measured there: a model is judged where a bisect places this release, else not judged)"
                      if pin_release and pin_release not in measured else "")
                   + "." + (f" Claims: {'; '.join(notes)}; judged on the atlas's packcheck_flash_ref column." if notes else ""), ""]
+        lines += render_own_paths(own_paths or {}, p.peer, p.transformers_pin)
         if p.reason:
             lines += [f"No claims read: {p.reason}.", ""]
             continue

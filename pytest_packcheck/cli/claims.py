@@ -16,6 +16,11 @@ def configure(claims: argparse.ArgumentParser) -> None:
                         "into --download-dir).")
     claims.add_argument("--download-dir", default="build/peers", help="Where --download puts the packages (default build/peers).")
     claims.add_argument("--support-file", default=None, help="support.json to judge against (default: the committed atlas).")
+    claims.add_argument("--run-own-paths", action="store_true", help="Also run each peer's own packing code (imported from "
+                        "its wheel) on tiny models on CPU against each example alone, and write the results as "
+                        "peer_paths.json beside the output (a few seconds per peer).")
+    claims.add_argument("--own-paths", default=None, metavar="JSON", help="Own-path results to show (default: peer_paths.json "
+                        "beside the output, where it exists).")
     claims.add_argument("-o", "--output", default="reports/atlas/claims.md", help="Markdown to write (default reports/atlas/claims.md).")
 
 
@@ -47,6 +52,36 @@ def download(peers: list[str], dest: Path) -> list[Path]:
             raise PackcheckUsageError(f"Peer '{peer}' (from --download): pip reported no package file in {dest}; pass the file instead.")
         paths.append(found)
     return paths
+
+
+def _own_paths(ns: argparse.Namespace, files: list[Path], out: Path) -> dict | None:
+    """The own-path results claims.md shows: measured now (``--run-own-paths``: each wheel's paths, written to
+    peer_paths.json beside ``out``), else read from ``--own-paths`` or that file where it exists; None otherwise.
+
+    Raises:
+        PackcheckUsageError: an --own-paths file that is not a peer-paths document."""
+    import json
+
+    from ..atlas.peer_paths import build_bench, measure, results_document
+    from ..errors import PackcheckUsageError, read_document
+    from ..results import atomic_write
+
+    beside = out.parent / "peer_paths.json"
+    if ns.run_own_paths:
+        results = [r for w in files if w.name.endswith(".whl") for r in measure(w, build_bench)]
+        doc = results_document(results)
+        atomic_write(beside, json.dumps(doc, indent=1) + "\n")
+        print(f"own paths written: {beside} ({sum(r.verdict == 'fail' for r in results)} fail of {len(results)} cells)")
+        return doc
+    path = Path(ns.own_paths) if ns.own_paths else beside if beside.is_file() else None
+    if path is None:
+        return None
+    fix = "pass the peer_paths.json `packcheck claims --run-own-paths` writes."
+    doc = read_document(path, "json", "--own-paths", fix)
+    if not isinstance(doc, dict) or doc.get("schema") != "packcheck-peer-paths":
+        raise PackcheckUsageError(f"--own-paths '{path}' is not a peer-paths document (schema packcheck-peer-paths): "
+                                  "pass the peer_paths.json `packcheck claims --run-own-paths` writes.")
+    return doc
 
 
 def _existing(dest: Path, peer: str) -> Path | None:
@@ -88,6 +123,7 @@ def run(ns: argparse.Namespace) -> int:
     if ns.download:
         files += download([p.strip() for p in ns.download.split(",") if p.strip()], Path(ns.download_dir))
     peers = [read_wheel(w) for w in files]
-    atomic_write(out, render_claims(peers, support))
+    own = _own_paths(ns, files, out)
+    atomic_write(out, render_claims(peers, support, own))
     print(f"claims written: {out} ({', '.join(f'{p.peer} {p.version}: ' + (f'{len(p.claims)} claims' if not p.reason else p.reason) for p in peers)})")
     return 0
