@@ -1,0 +1,82 @@
+"""Benchmark: `packcheck audit --audit stack` against its floor, in the same run (issue 45: at most 5 minutes wall on
+2 quiet cores; the default audit's time does not grow, since the stack elements are opt in).
+
+    python benchmarks/bench_stack.py [--repeat N]
+
+The floor: the same models built once per backend and element (model/stack.py's apply_element) and the same check
+functions called directly in one process (no pytest, no forked children, no reports). Prints each run's wall
+seconds, their medians, the ratio and the load average (the machine is shared: say which load a number was taken at).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import tomllib
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def audit_seconds() -> float:
+    with tempfile.TemporaryDirectory() as out:
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "audit", "-q", "--audit", "stack",
+                        "--packcheck-report-dir", out], check=True, capture_output=True)
+        return time.perf_counter() - t0
+
+
+def floor_seconds() -> float:
+    from pytest_packcheck.backends import ensure_registered
+    from pytest_packcheck.checks.registry import SPECS
+    from pytest_packcheck.checks.workbench import Workbench
+    from pytest_packcheck.config.tolerances import load_tolerances
+    from pytest_packcheck.model.build import build_model
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_spec
+    from pytest_packcheck.model.stack import apply_element
+
+    audit = tomllib.loads((REPO / "audit" / "stack.toml").read_text())["audit"]
+    tol = load_tolerances(None, None, "bench")[0]["float32"]
+    t0 = time.perf_counter()
+    for spec in audit["models"]:
+        resolved = resolve_model(parse_model_spec(spec, "bench"), "bench")
+        for element in audit["stack"]:
+            for backend in audit["backends"]:
+                ensure_registered(backend)
+                try:
+                    model = apply_element(build_model(resolved, backend, "float32"), element, backend)
+                except Exception:  # noqa: BLE001, S112 - an element that cannot run costs the floor nothing either
+                    continue
+                wb = Workbench(model=model, config=model.config, backend=backend, dtype="float32", tol=tol)
+                for check in audit["checks"]:
+                    try:
+                        SPECS[check].load()(wb)
+                    except Exception:  # noqa: BLE001, S110 - a crash is the cell verdict in the audit too
+                        pass
+    return time.perf_counter() - t0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=1, help="Runs of each (default 1).")
+    ns = parser.parse_args()
+    audits, floors = [], []
+    for _ in range(ns.repeat):
+        audits.append(audit_seconds())
+        floors.append(floor_seconds())
+        print(f"audit --audit stack {audits[-1]:.1f} s wall; floor {floors[-1]:.1f} s; load {os.getloadavg()[0]:.1f} "
+              f"on {os.cpu_count()} cores", flush=True)
+    a, f = statistics.median(audits), statistics.median(floors)
+    print(f"median: audit {a:.1f} s, floor {f:.1f} s, ratio {a / f:.2f}x (target: audit <= 300 s on 2 quiet cores)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
