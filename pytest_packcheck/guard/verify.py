@@ -22,7 +22,7 @@ from .batch import (
     parse_row,
 )
 from .diagnosis import _NUMERICS_PASS, _bad, _diagnose, _padded_diff, _refusal_cause
-from .forward import _compare, _log_probs, _row_log_probs, _solo
+from .forward import _accepts, _batchable, _compare, _log_probs, _reference, _row_log_probs, _solo
 from .precision import _REDUCED, _ComputeProbe, _pick, _tolerances
 from .result import GuardResult, PackedBatchMismatch, _fmt, _usage, say
 from .result import hide_mismatch_frames as _hide
@@ -210,7 +210,7 @@ def _verify_rows(model: Any, batch: Mapping[str, Any], spans: list[slice], **opt
     result.probes = {**worst.probes, "rows": [f"{r.verdict}{' ' + r.cause if r.cause else ''}" for r in results]}
     _numbers_over_rows(result, results)
     result.forwards = sum(r.forwards for r in results)
-    batched = _batched_vs_rows(model, batch, singles, spans, worst, result)
+    batched = _batched_vs_rows(model, batch, singles, spans, worst, result, results)
     rows_text = f"{len(spans)} packed rows {tuple(batch['input_ids'].shape)}"
     if batched is not None and not batched <= result.tolerance["logits_atol"]:
         result.verdict, result.cause, result.remedy = "fail", "batch_rows", ""
@@ -257,9 +257,11 @@ def _numbers_over_rows(result: GuardResult, results: list[GuardResult]) -> None:
 
 
 def _batched_vs_rows(model: Any, batch: Mapping[str, Any], singles: list[dict[str, Any]], spans: list[slice],
-                     worst: GuardResult, result: GuardResult) -> float | None:
+                     worst: GuardResult, result: GuardResult, results: list[GuardResult]) -> float | None:
     """Worst log-prob diff (nats, labelled next tokens inside each row's examples) of the batch run together vs
-    each row run alone, both as given (eval mode, no_grad, modes restored). None when nothing is labelled."""
+    each row run alone, both as given (eval mode, no_grad, modes restored). None when nothing is labelled. Each
+    row alone is the packed forward its own check ran (``results``, kept where it ran with this use_cache and
+    without TRL's fused head), the batch together one forward for every row."""
     import torch
 
     fused = bool(batch.get("fused_lm_head"))
@@ -267,6 +269,7 @@ def _batched_vs_rows(model: Any, batch: Mapping[str, Any], singles: list[dict[st
     keys["use_cache"] = bool(worst.run.get("use_cache"))
     modes = {m: m.training for m in model.modules()}
     diffs = []
+    logits = None  # the batch together: one forward for every row (it was one per row)
     try:
         model.eval()
         with torch.no_grad():
@@ -275,15 +278,24 @@ def _batched_vs_rows(model: Any, batch: Mapping[str, Any], singles: list[dict[st
                 _, targets = _targets(row)
                 if not bool((targets != IGNORE_INDEX).any()):
                     continue
-                alone, _ = _log_probs(model, {k: v for k, v in one.items() if k not in ("labels", "fused_lm_head",
-                                                                                          "num_items_in_batch")}
-                                      | {"use_cache": keys["use_cache"]}, targets, fused)
+                kept = getattr(results[r], "_packed_logprobs", None)
+                if kept is not None and not fused and results[r].run.get("use_cache") == keys["use_cache"]:
+                    alone = kept  # the same forward on the same row: its log-probs at every target kept here
+                else:
+                    alone, _ = _log_probs(model, {k: v for k, v in one.items() if k not in (
+                        "labels", "fused_lm_head", "num_items_in_batch")} | {"use_cache": keys["use_cache"]}, targets, fused)
+                    result.forwards += 1
                 full = torch.full((1, batch["input_ids"].shape[1] - 1), IGNORE_INDEX, dtype=targets.dtype, device=targets.device)
                 full[0, s.start:s.stop - 1] = targets[0]
-                together = _row_log_probs(model, keys, r, full, fused, batch["input_ids"].shape[0])
+                if logits is None and not fused:
+                    accepted = _accepts(model)
+                    logits = model(**{k: v for k, v in keys.items() if accepted is None or k in accepted
+                                      or k == "position_ids"}).logits
+                    result.forwards += 1
+                together = _row_log_probs(model, keys, r, full, fused, batch["input_ids"].shape[0], logits)
                 keep = targets[0] != IGNORE_INDEX
                 diffs.append(float((together[s.start:s.stop - 1][keep] - alone[keep]).abs().max()))
-                result.forwards += 2
+                result.forwards += fused
     finally:
         for module, mode in modes.items():
             module.training = mode
@@ -363,14 +375,30 @@ def _measure(model: Any, row: _Row, run: dict[str, Any], cache: bool, fused: boo
                                    cause=contract_cause, remedy=_contract_remedy(row) if row.items else "",
                                    evidence="; ".join(row.problems or ["one example in the row: nothing to compare"]),
                                    tolerance=tol, attention=attention, forwards=forwards[0]), model)
+    probes: dict[str, Any] = {}
     try:
-        solo, which = _solo(model, row, targets, fused, forwards)
+        # the pass path reads the examples as right-padded batches (one forward per group); anything short of a clean
+        # pass (a number past half the tolerance, non-finite, a contract item) is judged on the one-at-a-time truth
+        why = _batchable(model, row, fused) or (None if dtype == "float32" else f"{dtype} compute")
+        if why is None:
+            before = forwards[0]
+            try:
+                solo, which = _reference(model, row, targets, fused, forwards)
+            except Exception as exc:  # noqa: BLE001 - a model that refuses a padded batch: one at a time decides
+                why = f"the padded batch raised {type(exc).__name__}"
+            else:
+                cmp = _compare(row, trainer, targets, packed, solo, which)
+                probes["reference"] = f"right-padded batches: {len(which)} examples in {forwards[0] - before} forwards"
+                if row.items or not cmp["finite"] or _bad(cmp, {k: v / 2 for k, v in tol.items()}):
+                    why = f"the padded batches gave {_fmt(cmp['max'])}: not a clean pass"
+        if why is not None:
+            solo, which = _solo(model, row, targets, fused, forwards)
+            cmp = _compare(row, trainer, targets, packed, solo, which)
+            probes["reference"] = f"one at a time ({why})"
     except Exception as exc:  # noqa: BLE001 - no reference: say so, with the exception
         return _finish(GuardResult(**base, **empty, cause="crash", remedy="",
                                    evidence=f"the examples run alone raised {type(exc).__name__}: {str(exc)[:200]}",
                                    tolerance=tol, attention=attention, forwards=forwards[0] + 1), model)
-    cmp = _compare(row, trainer, targets, packed, solo, which)
-    probes: dict[str, Any] = {}
     if model_loss is not None and hasattr(model_loss, "item") and cmp["loss_packed"] is not None and run["num_items_in_batch"] is None:
         probes["model_loss"] = float(model_loss)
     probes["trainer_label_tokens"] = cmp["trainer_label_tokens"]
@@ -379,6 +407,7 @@ def _measure(model: Any, row: _Row, run: dict[str, Any], cache: bool, fused: boo
                          max_logprob_diff=cmp["max"], loss_packed=cmp["loss_packed"], loss_reference=cmp["loss_reference"],
                          loss_delta=cmp["loss_delta"], cause=None, remedy="", evidence="", tolerance=tol,
                          attention=attention, probes=probes, forwards=forwards[0])
+    result._packed_logprobs = packed  # not a field: a batch of rows reuses it as the row alone (_batched_vs_rows)
     numbers = (f"packed vs per-example log-probs {_fmt(cmp['max'])}, loss {_fmt(cmp['loss_packed'])} as the trainer scores "
                f"{cmp['trainer_label_tokens']} tokens vs {_fmt(cmp['loss_reference'])} over the examples' {cmp['label_tokens']}")
     if not cmp["finite"]:
