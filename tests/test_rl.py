@@ -152,8 +152,20 @@ def test_the_committed_rl_matrix_holds_the_findings_the_docs_quote():
     assert cells[("gpt_oss", None, "rl_trl_tree")]["evidence"].get("attention_sinks_dropped") is True
     assert cells[("gpt2", None, "rl_trl_tree")]["status"] == "error"
     for model in ("llama", "qwen2", "qwen3", "gemma3_text", "qwen3_moe"):
-        for check in ("rl_logprobs", "rl_trl_grpo"):
+        for check in ("rl_logprobs", "rl_trl_grpo", "rl_trl_dpo", "rl_trl_kto", "rl_preference_packed", "rl_verl_rmpad"):
             assert cells[(model, "sdpa", check)]["status"] == "pass", (model, check)
+    # the trainers' own code (docs/rl.md's second table): TRL's DPO / KTO on every model's packed-capable backends,
+    # GPT-OSS's eager path leaking into the padding-free preference row and verl's remove-padding row, verl measured
+    # from its wheel, and OpenRLHF / ms-swift named with the package they need
+    dpo = cells[("llama", "sdpa", "rl_trl_dpo")]
+    assert dpo["metrics"]["trl"] == pins["trl"] and dpo["metrics"]["max_abs_margin_diff"] <= dpo["tolerances"]["logits_atol"]
+    for check in ("rl_preference_packed", "rl_verl_rmpad"):
+        assert cells[("gpt_oss", "eager", check)]["cause"] == "leak", check
+        assert cells[("gpt_oss", "packcheck_flash_ref", check)]["status"] == "pass", check
+    assert cells[("llama", "sdpa", "rl_verl_rmpad")]["metrics"]["verl"] == "0.9.1"
+    openrlhf, swift = cells[("llama", None, "rl_openrlhf_packed")], cells[("llama", None, "rl_swift_padding_free")]
+    assert openrlhf["status"] == "skipped" and "flash_attn" in openrlhf["message"], openrlhf["message"]
+    assert swift["status"] == "skipped" and "modelscope" in swift["message"], swift["message"]
 
 
 def test_dpo_asked_to_pack_runs_padded_on_trl_1_16_and_the_finding_names_the_line(llama, monkeypatch):
