@@ -103,6 +103,9 @@ SUITES = {
              "accelerate's context-parallel hook, Liger; --packcheck-stack): opt in (--packcheck-checks, or --audit stack)",
     "encoders": "encoders and embedding models (encoder: specs): hidden states, pooled embeddings, MLM loss, positions and "
                 "classification heads on packed rows vs each example alone: opt in (--packcheck-checks, or --audit encoders)",
+    "multimodal": "VLM rows with pixels (two images of different sizes and a text-only sample in one row): isolation, "
+                  "text logits and loss vs each sample alone, M-RoPE positions per sample: opt in (--packcheck-checks, "
+                  "or --audit multimodal)",
 }
 
 
@@ -448,6 +451,23 @@ REGISTRY: tuple[CheckSpec, ...] = (
               summary="sequence classification on a packed row: the model's own head pools one position per row (logits "
                       "rows vs examples), and DataCollatorWithFlattening on scalar labels",
               causes=("pooled_head", "labels_contract"), suite="encoders"),
+    CheckSpec(name="mm_isolation", function="pixels:check_mm_isolation", level="backend", role="correctness",
+              summary="a VLM row with pixels: perturb one sample's pixels (or the text-only sample's tokens), the later "
+                      "samples' text logits must not move",
+              key_metric=KeyMetric("max_change", "Δ"), tolerance="isolation_atol",
+              causes=("leak", "kernel_numerics"), suite="multimodal"),
+    CheckSpec(name="mm_parity", function="pixels:check_mm_parity", level="backend", role="correctness",
+              summary="a VLM row with pixels: text-token logits and the loss = each sample alone with its own pixels",
+              key_metric=KeyMetric("max_abs_diff", "Δ"), fail_metrics=("loss_delta",), tolerance="logits_atol",
+              causes=("leak", "kernel_numerics", "wrong_positions"), suite="multimodal"),
+    CheckSpec(name="mm_positions", function="pixels:check_mm_positions", level="backend", role="correctness",
+              summary="a VLM row's M-RoPE position_ids per sub-sequence = the model's own get_rope_index of that sample "
+                      "alone (and its text row restarts per sample)",
+              key_metric=KeyMetric("tokens_misplaced", "n"), causes=("wrong_positions",), suite="multimodal"),
+    CheckSpec(name="mm_layouts", function="pixels:check_mm_layouts", level="backend", role="finding",
+              summary="which position_ids layouts of a VLM pixel row hold on this backend (text row + M-RoPE, M-RoPE "
+                      "alone, the text collator's flat row): isolation, parity and loss of each",
+              causes=("leak", "wrong_positions"), suite="multimodal"),
 )
 
 SPECS: dict[str, CheckSpec] = {s.name: s for s in REGISTRY}

@@ -1,0 +1,433 @@
+"""Multimodal rows with pixels (issue 46 part 3): a VLM's packed row that carries ``pixel_values`` and
+``image_grid_thw`` for two images of different sizes beside a text-only sample, against each sample alone.
+
+The model is the tiny ``*ForConditionalGeneration`` packcheck builds for an M-RoPE VLM (``arch:qwen2_vl``,
+``arch:qwen2_5_vl``; a 2-block vision tower, patch 14, temporal patch 2, merge 2). Its checkpoint's special token ids
+(``image_token_id`` 151655 ...) lie beyond the tiny text vocabulary (512): :func:`point_special_ids` moves them to
+the vocabulary's last ids, as a checkpoint's tokenizer has them inside its vocabulary.
+
+The samples (:func:`mm_samples`): image sample A (grid ``(1, 4, 4)``: 16 patches, 4 image tokens after the 2x2
+merge), a text-only sample, image sample B (grid ``(1, 4, 6)``: 24 patches, 6 image tokens); each image sample is
+``text, <vision_start>, <image> x k, <vision_end>, text``. ``pixel_values``: float32 ``(patches, 3 x 2 x 14 x 14)``,
+seeded normal values. The packed row (:func:`pack`): ``input_ids`` ``(1, total)`` concatenated, ``pixel_values``
+and ``image_grid_thw`` concatenated in sample order, ``position_ids`` in one of :data:`LAYOUTS`:
+
+- ``text+mrope`` (the release's packed layout, ``Qwen2VLTextModel.forward`` transformers 5.25.0 "prepend
+  text-only position ids ... [4, bs, seq-len]"): ``(4, 1, total)``, a text row restarting at 0 per sample, then
+  the 3 M-RoPE rows of the model's own ``get_rope_index`` of each sample alone, concatenated;
+- ``mrope``: the 3 M-RoPE rows alone, ``(3, 1, total)`` (the model then derives no packed mask: text_position_ids
+  None);
+- ``flat``: ``(1, total)``, the text collator's restarting positions (``DataCollatorWithFlattening``), which
+  the model expands to 3 equal rows (image tokens lose their height / width positions).
+
+Each sample alone is the model's own forward of ``input_ids (1, n)``, its own ``pixel_values`` /
+``image_grid_thw`` and ``mm_token_type_ids``, no ``position_ids`` (the model computes them with ``get_rope_index``)
+and no ``attention_mask``: inference as a user runs it. Compared: the text tokens' logits (not the image
+placeholders'), max abs float32 difference, and the loss in nats (labels = input_ids with image placeholders at -100;
+the packed row's mean over its label tokens vs the token-weighted mean of each alone).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..results import CheckResult
+from .registry import numerics_evidence, within_numerics
+from .workbench import Workbench, _fmt
+
+#: The special ids a pixel row needs, in the order :func:`point_special_ids` gives them the vocabulary's last ids.
+SPECIAL_IDS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+#: Image grids (temporal, height, width) in patches: two images of different sizes (4 and 6 tokens after a 2x2 merge).
+IMAGE_GRIDS = ((1, 4, 4), (1, 4, 6))
+#: Layouts of a packed row's position_ids: name -> (rows, what it is).
+LAYOUTS = {
+    "text+mrope": "(4, 1, total): a text row restarting per sample, then get_rope_index of each sample alone (the release's)",
+    "mrope": "(3, 1, total): get_rope_index of each sample alone, no text row",
+    "flat": "(1, total): the text collator's restarting position_ids, expanded by the model to 3 equal rows",
+}
+#: The layout the checks judge (the release's own); the others are measured by ``mm_layouts``.
+RELEASE_LAYOUT = "text+mrope"
+
+
+@dataclass
+class Sample:
+    """One sample: token ids, and its image's grid ``(t, h, w)`` and ``pixel_values`` ``(t*h*w, patch_dim)`` float32
+    (None for a text-only sample)."""
+
+    ids: list[int]
+    grid: tuple[int, int, int] | None = None
+    pixels: Any = None
+
+
+def _vision(config: Any) -> Any:
+    return config.vision_config
+
+
+def is_pixel_model(model: Any) -> str | None:
+    """None when ``model`` takes image rows (a ``vision_config`` and a ``get_rope_index`` on it or its ``model``);
+    else why not, for the skip."""
+    config = model.config
+    if getattr(config, "vision_config", None) is None:
+        return f"{type(model).__name__} has no vision tower (vision_config): the multimodal suite runs VLMs"
+    if _rope_owner(model) is None:
+        return f"{type(model).__name__} has no get_rope_index: packcheck lays out M-RoPE pixel rows only"
+    if getattr(config, "image_token_id", None) is None:
+        return f"{type(model).__name__}'s config has no image_token_id"
+    return None
+
+
+def _rope_owner(model: Any) -> Any:
+    return next((m for m in (getattr(model, "model", None), model) if m is not None and hasattr(m, "get_rope_index")), None)
+
+
+def point_special_ids(model: Any) -> list[str]:
+    """Move the config's special ids (:data:`SPECIAL_IDS`) that lie outside the text vocabulary to its last ids
+    (the tiny build keeps the checkpoint's 151655 beside a 512-token vocabulary: the embedding would index past its
+    end). Returns the notes (``[]`` when every id fits). Idempotent."""
+    config = model.config
+    vocab = int(config.get_text_config(decoder=True).vocab_size)
+    notes = []
+    for i, name in enumerate(SPECIAL_IDS):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value >= vocab:
+            setattr(config, name, vocab - 1 - i)
+            notes.append(f"{name} {value} -> {vocab - 1 - i} (tiny vocabulary of {vocab})")
+    return notes
+
+
+def mm_samples(wb: Workbench) -> list[Sample]:
+    """The three samples (image A, text only, image B) with seeded pixels; cached per model."""
+    key = ("mm_samples", id(wb.model))
+    if key in wb._cache:
+        return wb._cache[key]
+    import torch
+
+    config = wb.model.config
+    point_special_ids(wb.model)
+    vision = _vision(config)
+    patch_dim = int(vision.in_channels if hasattr(vision, "in_channels") else 3) * int(vision.temporal_patch_size) * int(vision.patch_size) ** 2
+    merge = int(vision.spatial_merge_size)
+    vocab = int(config.get_text_config(decoder=True).vocab_size)
+    text_vocab = vocab - len(SPECIAL_IDS)
+    texts = [[t % text_vocab for t in e] for e in wb.examples]
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for i, grid in enumerate((IMAGE_GRIDS[0], None, IMAGE_GRIDS[1])):
+        text = texts[i % len(texts)]
+        if grid is None:
+            out.append(Sample(text))
+            continue
+        t, h, w = grid
+        k = t * h * w // merge**2
+        ids = [*text[:3], config.vision_start_token_id, *[config.image_token_id] * k, config.vision_end_token_id, *text[3:]]
+        out.append(Sample(ids, grid, torch.randn(t * h * w, patch_dim, generator=gen)))
+    wb._cache[key] = out
+    return out
+
+
+def _type_ids(model: Any, ids: list[int]) -> Any:
+    import torch
+
+    return torch.tensor([[1 if t == model.config.image_token_id else 0 for t in ids]])
+
+
+def rope_alone(model: Any, sample: Sample) -> Any:
+    """The M-RoPE rows ``(3, 1, n)`` int64 the model's own ``get_rope_index`` gives ``sample`` alone (its grid; a
+    text-only sample: 0..n-1 in every row). The model's ``rope_deltas`` cache is put back."""
+    import torch
+
+    owner = _rope_owner(model)
+    ids = torch.tensor([sample.ids])
+    kwargs: dict[str, Any] = {}
+    params = inspect.signature(owner.get_rope_index).parameters
+    if "mm_token_type_ids" in params:
+        kwargs["mm_token_type_ids"] = _type_ids(model, sample.ids)
+    if sample.grid is not None:
+        kwargs["image_grid_thw"] = torch.tensor([sample.grid])
+    saved = getattr(owner, "rope_deltas", None)
+    try:
+        out = owner.get_rope_index(ids, **kwargs)
+    finally:
+        if hasattr(owner, "rope_deltas"):
+            owner.rope_deltas = saved
+    return (out[0] if isinstance(out, tuple) else out).to(torch.int64)
+
+
+def text_row(samples: list[Sample]) -> Any:
+    """The text row ``(1, 1, total)``: 0..n-1 per sample (where the packed mask and the flash boundaries come from)."""
+    import torch
+
+    return torch.cat([torch.arange(len(s.ids)) for s in samples])[None, None]
+
+
+def rope_per_sample(model: Any, samples: list[Sample]) -> Any:
+    """The M-RoPE rows ``(3, 1, total)``: :func:`rope_alone` of each sample, concatenated (what a correct collator
+    builds)."""
+    import torch
+
+    return torch.cat([rope_alone(model, s) for s in samples], dim=-1)
+
+
+def rope_whole_row(model: Any, samples: list[Sample]) -> Any:
+    """The planted fault: ``get_rope_index`` called once on the packed row (as a collator that hands the model's
+    helper the concatenated ids and grids does): positions run on across samples, ``(3, 1, total)``."""
+    import torch
+
+    whole = Sample([t for s in samples for t in s.ids])
+    owner = _rope_owner(model)
+    ids = torch.tensor([whole.ids])
+    kwargs: dict[str, Any] = {"mm_token_type_ids": _type_ids(model, whole.ids)}
+    grids = [s.grid for s in samples if s.grid is not None]
+    if grids:
+        kwargs["image_grid_thw"] = torch.tensor(grids)
+    saved = getattr(owner, "rope_deltas", None)
+    try:
+        out = owner.get_rope_index(ids, **kwargs)
+    finally:
+        owner.rope_deltas = saved
+    return (out[0] if isinstance(out, tuple) else out).to(torch.int64)
+
+
+#: A pixel-row collator: (model, samples, layout) -> the batch. The checks use :func:`pack`; tests plant others.
+PixelCollator = Callable[[Any, list[Sample], str], dict[str, Any]]
+
+
+def pack(model: Any, samples: list[Sample], layout: str = RELEASE_LAYOUT, rope: Callable[..., Any] = rope_per_sample) -> dict[str, Any]:
+    """The packed row of ``samples`` in ``layout`` (:data:`LAYOUTS`): ``input_ids`` ``(1, total)``, ``labels``
+    (image placeholders at -100), ``pixel_values`` ``(patches, patch_dim)`` and ``image_grid_thw`` ``(images, 3)`` in
+    sample order, ``mm_token_type_ids``, ``position_ids``; ``rope``: how the M-RoPE rows are made (a planted fault
+    passes :func:`rope_whole_row`)."""
+    import torch
+
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown pixel-row layout {layout!r} (from pack's layout argument): one of {', '.join(LAYOUTS)}")
+    ids = [t for s in samples for t in s.ids]
+    batch: dict[str, Any] = {"input_ids": torch.tensor([ids]), "mm_token_type_ids": _type_ids(model, ids)}
+    batch["labels"] = _labels(model, batch["input_ids"])
+    images = [s for s in samples if s.grid is not None]
+    if images:
+        batch["pixel_values"] = torch.cat([s.pixels for s in images])
+        batch["image_grid_thw"] = torch.tensor([s.grid for s in images])
+    text = text_row(samples)
+    if layout == "flat":
+        batch["position_ids"] = text[0]
+    elif layout == "mrope":
+        batch["position_ids"] = rope(model, samples)
+    else:
+        batch["position_ids"] = torch.cat([text, rope(model, samples)])
+    return batch
+
+
+def _labels(model: Any, input_ids: Any) -> Any:
+    labels = input_ids.clone()
+    for name in SPECIAL_IDS[:2]:
+        value = getattr(model.config, name, None)
+        if isinstance(value, int):
+            labels[labels == value] = -100
+    return labels
+
+
+def _run(model: Any, batch: dict[str, Any]) -> Any:
+    import torch
+
+    owner = _rope_owner(model)
+    if owner is not None and hasattr(owner, "rope_deltas"):
+        owner.rope_deltas = None  # a previous forward's cache never positions this one
+    with torch.no_grad():
+        return model(**batch, use_cache=False)
+
+
+def alone(wb: Workbench, sample: Sample) -> tuple[Any, float, int]:
+    """(logits ``(n, vocab)`` float32, loss in nats, label tokens) of ``sample`` alone: the model's own forward with
+    its pixels, no position_ids (``get_rope_index`` inside the model), no attention_mask."""
+    import torch
+
+    ids = torch.tensor([sample.ids])
+    batch: dict[str, Any] = {"input_ids": ids, "mm_token_type_ids": _type_ids(wb.model, sample.ids), "labels": _labels(wb.model, ids)}
+    if sample.grid is not None:
+        batch["pixel_values"] = sample.pixels
+        batch["image_grid_thw"] = torch.tensor([sample.grid])
+    out = _run(wb.model, batch)
+    return out.logits[0].float(), float(out.loss), int((batch["labels"][0, 1:] != -100).sum())
+
+
+def _alone_all(wb: Workbench, samples: list[Sample]) -> list[tuple[Any, float, int]]:
+    key = ("mm_alone", id(wb.model), id(samples))
+    if key not in wb._cache:
+        wb._cache[key] = [alone(wb, s) for s in samples]
+    return wb._cache[key]
+
+
+def _text_mask(model: Any, ids: list[int]) -> Any:
+    import torch
+
+    return torch.tensor([t not in {getattr(model.config, n, None) for n in SPECIAL_IDS[:2]} for t in ids])
+
+
+def parity_numbers(wb: Workbench, layout: str = RELEASE_LAYOUT, collator: Callable[..., Any] = pack) -> dict[str, Any]:
+    """Text-token logits of the packed row vs each sample alone (max abs, per sample) and the loss: the packed
+    row's mean over its label tokens vs the token-weighted mean of the samples alone (nats). The packed loss is
+    recomputed per sample boundary (labels whose next token lies in another sample are excluded), as the packing
+    collators' ``-100`` at each sample's first label does."""
+    import torch
+
+    samples = mm_samples(wb)
+    batch = collator(wb.model, samples, layout)
+    lengths = [len(s.ids) for s in samples]
+    first = torch.cumsum(torch.tensor([0, *lengths[:-1]]), 0)
+    batch["labels"][0, first] = -100  # the collators' -100 at each sample's first token: no cross-sample target
+    out = _run(wb.model, batch)
+    logits = out.logits[0].float()
+    refs = _alone_all(wb, samples)
+    per, start = [], 0
+    for s, (ref, _, _) in zip(samples, refs, strict=True):
+        keep = _text_mask(wb.model, s.ids)
+        per.append(float((logits[start:start + len(s.ids)][keep] - ref[keep]).abs().max()))
+        start += len(s.ids)
+    n = sum(r[2] for r in refs)
+    alone_loss = sum(r[1] * r[2] for r in refs) / n
+    return {"max_abs_diff": max(per), "max_abs_diff_per_sample": per, "loss_packed": float(out.loss),
+            "loss_alone": alone_loss, "loss_delta": abs(float(out.loss) - alone_loss), "layout": layout,
+            "samples": [("image " + "x".join(map(str, s.grid))) if s.grid else "text" for s in samples],
+            "tokens": lengths}
+
+
+def _perturbed(samples: list[Sample], index: int, vocab: int) -> list[Sample]:
+    """Sample ``index`` changed: its pixels negated and scaled (an image sample) or its text tokens shifted by half
+    the vocabulary (a text-only sample); the others as they are."""
+    out = list(samples)
+    s = samples[index]
+    if s.grid is not None:
+        out[index] = Sample(s.ids, s.grid, -3.0 * s.pixels + 1.0)
+    else:
+        out[index] = Sample([(t + vocab // 2) % (vocab - len(SPECIAL_IDS)) for t in s.ids])
+    return out
+
+
+def isolation_numbers(wb: Workbench, layout: str = RELEASE_LAYOUT, collator: Callable[..., Any] = pack) -> dict[str, Any]:
+    """Perturb one sample at a time (pixels of an image sample, tokens of the text-only one); every other
+    sample's text-token logits must not move (``max_change``, float32 max abs). Samples after the perturbed one
+    only: a causal row's earlier samples cannot see it in any layout."""
+    samples = mm_samples(wb)
+    vocab = int(wb.model.config.get_text_config(decoder=True).vocab_size)
+    base = _run(wb.model, collator(wb.model, samples, layout)).logits[0].float()
+    lengths = [len(s.ids) for s in samples]
+    starts = [sum(lengths[:i]) for i in range(len(samples))]
+    moved, per = 0.0, []
+    for i in range(len(samples)):
+        pert = _run(wb.model, collator(wb.model, _perturbed(samples, i, vocab), layout)).logits[0].float()
+        m = 0.0
+        for j in range(i + 1, len(samples)):
+            keep = _text_mask(wb.model, samples[j].ids)
+            sl = slice(starts[j], starts[j] + lengths[j])
+            m = max(m, float((pert[sl][keep] - base[sl][keep]).abs().max()))
+        per.append(m)
+        moved = max(moved, m)
+    return {"max_change": moved, "max_change_per_perturbed_sample": per, "layout": layout}
+
+
+def positions_numbers(wb: Workbench, layout: str = RELEASE_LAYOUT, collator: Callable[..., Any] = pack) -> dict[str, Any]:
+    """The packed row's M-RoPE rows, per sub-sequence, against ``get_rope_index`` of that sample alone: the
+    largest difference and how many tokens differ; the text row must restart at 0 per sample."""
+    import torch
+
+    samples = mm_samples(wb)
+    pos = collator(wb.model, samples, layout)["position_ids"]
+    rope = pos[1:] if pos.ndim == 3 and pos.shape[0] == 4 else (pos if pos.ndim == 3 else pos[None].expand(3, 1, -1))
+    text = pos[0] if pos.ndim == 3 and pos.shape[0] == 4 else None
+    worst, wrong, start, per = 0, 0, 0, []
+    for s in samples:
+        n = len(s.ids)
+        ref = rope_alone(wb.model, s)
+        d = (rope[:, :, start:start + n] - ref).abs()
+        per.append(int(d.max()))
+        worst, wrong = max(worst, int(d.max())), wrong + int((d.amax(0) > 0).sum())
+        if text is not None:
+            wrong += int((text[0, start:start + n] != torch.arange(n)).sum())
+        start += n
+    return {"max_position_diff": worst, "tokens_misplaced": wrong, "max_position_diff_per_sample": per, "layout": layout}
+
+
+def _skip(wb: Workbench) -> CheckResult | None:
+    why = is_pixel_model(wb.model)
+    return CheckResult("skipped", {}, why) if why else None
+
+
+def _fail_cause(wb: Workbench, value: float, atol: float, name: str) -> tuple[str, dict[str, Any]]:
+    if within_numerics(value, atol, wb.dtype):
+        return "kernel_numerics", numerics_evidence(name, value, atol, wb.dtype)
+    return "leak", {"moved": value, name: atol}
+
+
+def check_mm_isolation(wb: Workbench, collator: Callable[..., Any] = pack) -> CheckResult:
+    """Perturb one sample of the pixel row at a time (an image's pixels, the text-only sample's tokens): the later
+    samples' text-token logits must stay within ``isolation_atol`` (the release's layout, :data:`RELEASE_LAYOUT`)."""
+    if (skip := _skip(wb)) is not None:
+        return skip
+    numbers = isolation_numbers(wb, collator=collator)
+    iso = wb.tol["isolation_atol"]
+    message = (f"perturbing one sample's pixels or tokens moved the later samples' text logits by "
+               f"{_fmt(numbers['max_change'])} (tol {_fmt(iso)}, layout {numbers['layout']})")
+    if numbers["max_change"] <= iso:
+        return CheckResult("pass", {**numbers, "atol": iso}, message)
+    cause, evidence = _fail_cause(wb, numbers["max_change"], iso, "isolation_atol")
+    return CheckResult("fail", {**numbers, "atol": iso}, message, cause=cause, evidence=evidence)
+
+
+def check_mm_parity(wb: Workbench, collator: Callable[..., Any] = pack) -> CheckResult:
+    """The pixel row's text-token logits (max abs) and loss (nats) = each sample alone with its own pixels."""
+    if (skip := _skip(wb)) is not None:
+        return skip
+    numbers = parity_numbers(wb, collator=collator)
+    atol, latol = wb.tol["logits_atol"], wb.tol["loss_atol"]
+    metrics = {**numbers, "atol": atol, "loss_atol": latol}
+    message = (f"text logits packed vs alone {_fmt(numbers['max_abs_diff'])} (tol {_fmt(atol)}), loss "
+               f"{numbers['loss_packed']:.6f} vs {numbers['loss_alone']:.6f} nats (Δ {_fmt(numbers['loss_delta'])}), "
+               f"layout {numbers['layout']}")
+    if numbers["max_abs_diff"] <= atol and numbers["loss_delta"] <= latol:
+        return CheckResult("pass", metrics, message)
+    pos = positions_numbers(wb, collator=collator)
+    if pos["tokens_misplaced"]:
+        return CheckResult("fail", metrics, message, cause="wrong_positions",
+                           evidence={"max_abs_diff": numbers["max_abs_diff"], **pos})
+    cause, evidence = _fail_cause(wb, numbers["max_abs_diff"], atol, "logits_atol")
+    return CheckResult("fail", metrics, message, cause=cause, evidence=evidence)
+
+
+def check_mm_positions(wb: Workbench, collator: Callable[..., Any] = pack) -> CheckResult:
+    """The pixel row's M-RoPE rows per sub-sequence = the model's own ``get_rope_index`` of that sample alone, and
+    its text row restarts at 0 per sample."""
+    if (skip := _skip(wb)) is not None:
+        return skip
+    numbers = positions_numbers(wb, collator=collator)
+    message = (f"{numbers['tokens_misplaced']} tokens placed otherwise than get_rope_index of their sample alone "
+               f"(largest difference {numbers['max_position_diff']}, layout {numbers['layout']})")
+    if numbers["tokens_misplaced"] == 0:
+        return CheckResult("pass", numbers, message)
+    return CheckResult("fail", numbers, message, cause="wrong_positions", evidence=numbers)
+
+
+def check_mm_layouts(wb: Workbench) -> CheckResult:
+    """A finding: each layout of :data:`LAYOUTS` measured on this backend: isolation (max change), parity (text
+    logits max abs, loss delta in nats) and whether its positions match ``get_rope_index`` per sample; holds =
+    isolation and parity within tolerance. Each layout that does not hold is a finding: ``leak`` where perturbing
+    one sample moves another, else ``wrong_positions``."""
+    if (skip := _skip(wb)) is not None:
+        return skip
+    rows, held, leaked = {}, [], []
+    for layout in LAYOUTS:
+        iso = isolation_numbers(wb, layout)["max_change"]
+        par = parity_numbers(wb, layout)
+        pos = positions_numbers(wb, layout)["tokens_misplaced"]
+        holds = iso <= wb.tol["isolation_atol"] and par["max_abs_diff"] <= wb.tol["logits_atol"] and par["loss_delta"] <= wb.tol["loss_atol"]
+        rows[layout] = {"isolation": iso, "max_abs_diff": par["max_abs_diff"], "loss_delta": par["loss_delta"],
+                        "tokens_misplaced": pos, "holds": holds}
+        (held if holds else leaked).append(layout)
+    message = "; ".join(f"{k}: {'holds' if v['holds'] else 'leaks'} (iso {_fmt(v['isolation'])}, Δ {_fmt(v['max_abs_diff'])}, "
+                        f"loss Δ {_fmt(v['loss_delta'])}, {v['tokens_misplaced']} misplaced)" for k, v in rows.items())
+    findings = [{"cause": "leak" if rows[k]["isolation"] > wb.tol["isolation_atol"] else "wrong_positions",
+                 "evidence": {"layout": k, **rows[k]}} for k in leaked]
+    return CheckResult("pass", {"layouts": rows, "held": held, "leaked": leaked}, message, findings=findings)

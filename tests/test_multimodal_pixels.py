@@ -1,0 +1,132 @@
+"""Multimodal rows with pixels (issue 46 part 3): each check passes on the release's layout and catches its planted
+fault (transformers 5.25.0, the pinned stack; tiny Qwen2-VL / Qwen2.5-VL with a 2-block vision tower)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pytest_packcheck.checks import pixels as P
+
+
+def pixel_bench(arch: str, backend: str, tolerances: dict):
+    """The tiny ``arch:<arch>`` VLM on ``backend``, as the runner builds its workbench."""
+    from pytest_packcheck.backends import ensure_registered
+    from pytest_packcheck.checks.workbench import Workbench
+    from pytest_packcheck.model.build import build_model
+    from pytest_packcheck.model.multimodal import text_config_of
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_spec
+
+    ensure_registered(backend)
+    model = build_model(resolve_model(parse_model_spec(f"arch:{arch}", "test"), "test"), backend, "float32")
+    return Workbench(model=model, config=text_config_of(model.config), backend=backend, dtype="float32",
+                     tol=tolerances["float32"])
+
+
+@pytest.fixture(scope="module")
+def qwen2_vl(tolerances):
+    return pixel_bench("qwen2_vl", "sdpa", tolerances)
+
+
+def whole_row(model, samples, layout):
+    """Planted: get_rope_index called once on the packed row (positions run on across samples)."""
+    return P.pack(model, samples, layout, rope=P.rope_whole_row)
+
+
+def no_text_row(model, samples, layout):
+    """Planted: the 3 M-RoPE rows without the text row (the model derives no packed mask)."""
+    return P.pack(model, samples, "mrope")
+
+
+def images_reversed(model, samples, layout):
+    """Planted: pixel_values / image_grid_thw in reverse sample order (a collator that sorts images by size)."""
+    batch = P.pack(model, samples, layout)
+    grids = batch["image_grid_thw"].tolist()
+    sizes = [g[0] * g[1] * g[2] for g in grids]
+    chunks = list(torch.split(batch["pixel_values"], sizes))
+    batch["pixel_values"] = torch.cat(chunks[::-1])
+    batch["image_grid_thw"] = torch.tensor(grids[::-1])
+    return batch
+
+
+def test_the_samples_carry_two_images_of_different_sizes_and_a_text_only_sample(qwen2_vl):
+    samples = P.mm_samples(qwen2_vl)
+    config = qwen2_vl.model.config
+    assert [s.grid for s in samples] == [(1, 4, 4), None, (1, 4, 6)]
+    assert [s.ids.count(config.image_token_id) for s in samples] == [4, 0, 6]
+    assert samples[0].pixels.shape == (16, 3 * 2 * 14 * 14) and samples[2].pixels.shape[0] == 24
+    vocab = config.get_text_config(decoder=True).vocab_size
+    assert all(getattr(config, n) < vocab for n in P.SPECIAL_IDS)  # moved inside the tiny vocabulary
+    batch = P.pack(qwen2_vl.model, samples)
+    total = sum(len(s.ids) for s in samples)
+    assert batch["position_ids"].shape == (4, 1, total) and batch["image_grid_thw"].tolist() == [[1, 4, 4], [1, 4, 6]]
+    assert batch["pixel_values"].shape[0] == 40
+    # the per-sample rows are the model's own get_rope_index of each sample alone: image tokens on a 2-D grid
+    rope = P.rope_alone(qwen2_vl.model, samples[0])
+    assert rope.shape == (3, 1, len(samples[0].ids)) and not torch.equal(rope[1], rope[2])
+    with pytest.raises(ValueError, match="unknown pixel-row layout 'nope'"):
+        P.pack(qwen2_vl.model, samples, "nope")
+
+
+def test_isolation_passes_and_catches_a_row_without_the_text_row(qwen2_vl):
+    result = P.check_mm_isolation(qwen2_vl)
+    assert result.status == "pass" and result.metrics["max_change"] <= 1e-6, result.message
+    result = P.check_mm_isolation(qwen2_vl, collator=no_text_row)
+    assert (result.status, result.cause) == ("fail", "leak") and result.metrics["max_change"] > 1e-2, result.message
+
+
+def test_parity_passes_and_catches_images_in_another_order(qwen2_vl):
+    result = P.check_mm_parity(qwen2_vl)
+    assert result.status == "pass", result.message
+    assert result.metrics["max_abs_diff"] < 1e-5 and result.metrics["loss_delta"] < 1e-5
+    result = P.check_mm_parity(qwen2_vl, collator=images_reversed)
+    assert result.status == "fail" and result.metrics["max_abs_diff"] > 1e-2, result.message
+    assert result.metrics["max_abs_diff_per_sample"][1] < 1e-5  # the text-only sample is untouched
+    result = P.check_mm_parity(qwen2_vl, collator=no_text_row)
+    assert (result.status, result.cause) == ("fail", "leak") and result.metrics["loss_delta"] > 1e-3, result.message
+
+
+def test_positions_pass_and_catch_get_rope_index_over_the_whole_row(qwen2_vl):
+    result = P.check_mm_positions(qwen2_vl)
+    assert result.status == "pass" and result.metrics["tokens_misplaced"] == 0, result.message
+    result = P.check_mm_positions(qwen2_vl, collator=whole_row)
+    assert (result.status, result.cause) == ("fail", "wrong_positions"), result.message
+    # the first sample is placed right; the later ones run on from where the previous sample ended
+    assert result.metrics["max_position_diff_per_sample"][0] == 0 and result.metrics["tokens_misplaced"] > 0
+    # RoPE is shift-invariant: a constant shift per sample leaves the logits where they were (why parity cannot see it)
+    assert P.check_mm_parity(qwen2_vl, collator=whole_row).metrics["max_abs_diff"] < 1e-5
+
+
+def test_layouts_say_which_hold_on_sdpa(qwen2_vl):
+    result = P.check_mm_layouts(qwen2_vl)
+    assert result.status == "pass"
+    assert result.metrics["held"] == ["text+mrope"] and result.metrics["leaked"] == ["mrope", "flat"], result.message
+    assert result.metrics["layouts"]["flat"]["tokens_misplaced"] > 0
+    assert [f["cause"] for f in result.findings] == ["leak", "leak"]
+
+
+def test_a_text_model_is_a_skip_naming_why(tolerances):
+    from conftest import make_bench
+
+    result = P.check_mm_parity(make_bench("llama", "sdpa", tolerances))
+    assert result.status == "skipped" and "vision_config" in result.message
+
+
+@pytest.mark.parametrize("backend", ["eager", "packcheck_flash_ref"])
+def test_qwen2_5_vl_holds_on_the_release_layout(backend, tolerances):
+    wb = pixel_bench("qwen2_5_vl", backend, tolerances)
+    for check in (P.check_mm_isolation, P.check_mm_parity, P.check_mm_positions):
+        result = check(wb)
+        assert result.status == "pass", (check.__name__, result.message)
+    assert P.check_mm_isolation(wb, collator=no_text_row).status == "fail"
+
+
+def test_the_registry_plans_the_suite():
+    from pytest_packcheck.checks.registry import REGISTRY
+    from pytest_packcheck.config.audits import load_audit
+
+    names = {c.name for c in REGISTRY if c.suite == "multimodal"}
+    assert names == {"mm_isolation", "mm_parity", "mm_positions", "mm_layouts"}
+    audit = load_audit("multimodal")
+    assert set(audit.checks) == names and "arch:qwen2_vl" in audit.models
