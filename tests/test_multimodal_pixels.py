@@ -101,9 +101,11 @@ def test_positions_pass_and_catch_get_rope_index_over_the_whole_row(qwen2_vl):
 def test_layouts_say_which_hold_on_sdpa(qwen2_vl):
     result = P.check_mm_layouts(qwen2_vl)
     assert result.status == "pass"
-    assert result.metrics["held"] == ["text+mrope"] and result.metrics["leaked"] == ["mrope", "flat"], result.message
+    assert result.metrics["held"] == ["text+mrope"], result.message
+    assert result.metrics["leaked"] == ["mrope", "flat", "mrope+cu_seq_lens"], result.message  # sdpa reads no cu_seq_lens
     assert result.metrics["layouts"]["flat"]["tokens_misplaced"] > 0
-    assert [f["cause"] for f in result.findings] == ["leak", "leak"]
+    assert [f["cause"] for f in result.findings] == ["leak", "leak", "leak"]
+    assert all(result.metrics["layouts"][k]["isolation"] > 0.1 for k in result.metrics["leaked"])
 
 
 def test_a_text_model_is_a_skip_naming_why(tolerances):
@@ -120,6 +122,9 @@ def test_qwen2_5_vl_holds_on_the_release_layout(backend, tolerances):
         result = check(wb)
         assert result.status == "pass", (check.__name__, result.message)
     assert P.check_mm_isolation(wb, collator=no_text_row).status == "fail"
+    # the flash path reads the boundaries from cu_seq_lens_q/k; eager never does
+    held = P.check_mm_layouts(wb).metrics["held"]
+    assert held == (["text+mrope", "mrope+cu_seq_lens"] if backend == "packcheck_flash_ref" else ["text+mrope"])
 
 
 def test_the_registry_plans_the_suite():
@@ -130,3 +135,14 @@ def test_the_registry_plans_the_suite():
     assert names == {"mm_isolation", "mm_parity", "mm_positions", "mm_layouts"}
     audit = load_audit("multimodal")
     assert set(audit.checks) == names and "arch:qwen2_vl" in audit.models
+
+
+def test_qwen3_vl_keeps_the_flat_rows_boundaries_but_misplaces_its_images(tolerances):
+    """Qwen3-VL builds its packed mask from a 2-D position_ids row (transformers 5.25.0): the text collator's flat row
+    isolates the samples, but its image tokens get text positions, so the logits move (a wrong_positions finding)."""
+    wb = pixel_bench("qwen3_vl", "sdpa", tolerances)
+    result = P.check_mm_layouts(wb)
+    flat = result.metrics["layouts"]["flat"]
+    assert flat["isolation"] <= 1e-6 and flat["max_abs_diff"] > 1e-2 and flat["tokens_misplaced"] > 0, result.message
+    assert {f["evidence"]["layout"]: f["cause"] for f in result.findings}["flat"] == "wrong_positions"
+    assert result.metrics["held"] == ["text+mrope"]

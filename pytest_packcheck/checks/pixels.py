@@ -18,7 +18,9 @@ and ``image_grid_thw`` concatenated in sample order, ``position_ids`` in one of 
 - ``mrope``: the 3 M-RoPE rows alone, ``(3, 1, total)`` (the model then derives no packed mask: text_position_ids
   None);
 - ``flat``: ``(1, total)``, the text collator's restarting positions (``DataCollatorWithFlattening``), which
-  the model expands to 3 equal rows (image tokens lose their height / width positions).
+  the model expands to 3 equal rows (image tokens lose their height / width positions);
+- ``mrope+cu_seq_lens``: the 3 M-RoPE rows plus ``cu_seq_lens_q/k`` / ``max_length_q/k`` (int32 ``(samples + 1,)``,
+  ints), which only a flash-family backend reads.
 
 Each sample alone is the model's own forward of ``input_ids (1, n)``, its own ``pixel_values`` /
 ``image_grid_thw`` and ``mm_token_type_ids``, no ``position_ids`` (the model computes them with ``get_rope_index``)
@@ -30,6 +32,7 @@ the packed row's mean over its label tokens vs the token-weighted mean of each a
 from __future__ import annotations
 
 import inspect
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +50,8 @@ LAYOUTS = {
     "text+mrope": "(4, 1, total): a text row restarting per sample, then get_rope_index of each sample alone (the release's)",
     "mrope": "(3, 1, total): get_rope_index of each sample alone, no text row",
     "flat": "(1, total): the text collator's restarting position_ids, expanded by the model to 3 equal rows",
+    "mrope+cu_seq_lens": "(3, 1, total) M-RoPE rows alone plus cu_seq_lens_q/k and max_length_q/k (a flattening "
+                         "collator's return_flash_attn_kwargs=True): the boundaries reach the flash path only",
 }
 #: The layout the checks judge (the release's own); the others are measured by ``mm_layouts``.
 RELEASE_LAYOUT = "text+mrope"
@@ -214,8 +219,12 @@ def pack(model: Any, samples: list[Sample], layout: str = RELEASE_LAYOUT, rope: 
     text = text_row(samples)
     if layout == "flat":
         batch["position_ids"] = text[0]
-    elif layout == "mrope":
+    elif layout.startswith("mrope"):
         batch["position_ids"] = rope(model, samples)
+        if layout == "mrope+cu_seq_lens":
+            lengths = [len(s.ids) for s in samples]
+            cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
+            batch.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max(lengths), max_length_k=max(lengths))
     else:
         batch["position_ids"] = torch.cat([text, rope(model, samples)])
     return batch
@@ -426,7 +435,10 @@ def check_mm_layouts(wb: Workbench) -> CheckResult:
         rows[layout] = {"isolation": iso, "max_abs_diff": par["max_abs_diff"], "loss_delta": par["loss_delta"],
                         "tokens_misplaced": pos, "holds": holds}
         (held if holds else leaked).append(layout)
-    message = "; ".join(f"{k}: {'holds' if v['holds'] else 'leaks'} (iso {_fmt(v['isolation'])}, Δ {_fmt(v['max_abs_diff'])}, "
+    def word(v: dict[str, Any]) -> str:
+        return "holds" if v["holds"] else "leaks" if v["isolation"] > wb.tol["isolation_atol"] else "differs"
+
+    message = "; ".join(f"{k}: {word(v)} (iso {_fmt(v['isolation'])}, Δ {_fmt(v['max_abs_diff'])}, "
                         f"loss Δ {_fmt(v['loss_delta'])}, {v['tokens_misplaced']} misplaced)" for k, v in rows.items())
     findings = [{"cause": "leak" if rows[k]["isolation"] > wb.tol["isolation_atol"] else "wrong_positions",
                  "evidence": {"layout": k, **rows[k]}} for k in leaked]
