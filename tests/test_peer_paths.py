@@ -91,7 +91,7 @@ def test_llamafactory_segment_mask_is_judged_and_a_mask_that_ignores_segments_is
     bad = _by(measure(_wheel(tmp_path / "bad", "llamafactory", "0.9.5", {"llamafactory.data.collator": LF_LEAKS}), bench,
                       models=("llama",), backends=("eager",)))
     r = bad[("neat_packing", "llama", "eager")]
-    assert r.verdict == "fail" and r.cause == "leak" and r.max_abs_diff > 1e-2
+    assert r.verdict == "fail" and r.cause == "segment_mask" and r.max_abs_diff > 1e-2
     assert r.per_example[0] <= r.tolerance  # the first example sees nothing before it: only the later ones move
 
 
@@ -112,7 +112,7 @@ def test_axolotl_multipack_collator_dropping_position_ids_is_caught(tmp_path, be
     bad = _by(measure(_wheel(tmp_path / "bad", "axolotl", "0.19.0", {"axolotl.utils.collators.batching": AXOLOTL_DROPS}),
                       bench, models=("llama",), backends=("sdpa",)))
     r = bad[("multipack", "llama", "sdpa")]
-    assert r.verdict == "fail" and r.max_abs_diff > 1e-2
+    assert r.verdict == "fail" and r.cause == "leak" and r.max_abs_diff > 1e-2
 
 
 def test_a_peer_module_that_does_not_import_is_a_not_run_cell_naming_the_package(tmp_path, bench):
@@ -164,7 +164,7 @@ def test_cli_claims_refuses_an_own_paths_file_that_is_not_one(tmp_path):
 
 
 def test_the_table_names_real_modules_and_wheel_names_parse():
-    assert {p.peer for p in PEER_PATHS} == {"llamafactory", "axolotl"}
+    assert {p.peer for p in PEER_PATHS} == {"llamafactory", "axolotl", "nemo_automodel"}
     assert all(p.modules and p.backends and p.code.split(":")[0].startswith(p.peer + "/") for p in PEER_PATHS)
     assert wheel_version(Path("ms_swift-4.6.0-py3-none-any.whl")) == ("ms-swift", "4.6.0")
     with pytest.raises(ValueError, match="not a wheel"):
@@ -191,3 +191,14 @@ def test_the_released_axolotl_multipack_collator_keeps_the_examples_apart(bench)
     results = measure(_real("axolotl"), bench, models=("llama", "gemma3_text"), backends=("sdpa", "packcheck_flash_ref"))
     assert [r.verdict for r in results] == ["pass"] * 4, [(r.model, r.backend, r.verdict, r.reason) for r in results]
     assert all("sdpa_varlen" in r.not_on_cpu for r in results)
+
+
+def test_the_released_nemo_automodel_block_causal_bool_mask_is_not_applied_on_eager(bench):
+    """NeMo Automodel 0.7.0's neat_packed_collater hands eager a 4-D *bool* block-causal mask; transformers' eager
+    attention adds the mask to the scores, so True / False add 1 / 0 and nothing is masked (sdpa reads a bool mask
+    as keep / drop and is exact). packcheck's own segment_masks hazard measures the same on its 4-D bool mask."""
+    results = _by(measure(_real("nemo_automodel"), bench, models=("llama",)))
+    eager, sdpa = results[("neat_packing", "llama", "eager")], results[("neat_packing", "llama", "sdpa")]
+    assert eager.verdict == "fail" and eager.cause == "segment_mask" and eager.max_abs_diff > 1e-2
+    assert sdpa.verdict == "pass"
+    assert results[("neat_packing_flash_varlen", "llama", "packcheck_flash_ref")].verdict == "pass"

@@ -339,9 +339,17 @@ READERS = {"axolotl": read_axolotl, "ms-swift": read_ms_swift, "ms_swift": read_
            "verl": read_verl, "unsloth": read_unsloth}
 
 
+def own_code_only(name: str) -> bool:
+    """A peer with no claims reader whose own packing code :mod:`.peer_paths` runs (NeMo Automodel)."""
+    from .peer_paths import PEER_PATHS
+
+    return name.lower().replace("-", "_") in {p.peer for p in PEER_PATHS} and name.lower() not in READERS
+
+
 def read_wheel(path: str | Path) -> PeerClaims:
     """The claims of one peer's released package (wheel or sdist, :class:`PeerArchive`). A package that lacks the
-    file or literal its reader reads is a peer entry without claims, its ``reason`` naming what is missing.
+    file or literal its reader reads is a peer entry without claims, its ``reason`` naming what is missing; a peer
+    with no reader whose own code :mod:`.peer_paths` runs is an entry without claims that says so.
 
     Raises:
         PackcheckUsageError: not a wheel or sdist, or a package without a reader (named, with the readers there are).
@@ -349,6 +357,9 @@ def read_wheel(path: str | Path) -> PeerClaims:
     with PeerArchive(path) as z:
         name, version, pin = _metadata(z)
         reader = READERS.get(name.lower())
+        if reader is None and own_code_only(name):
+            return PeerClaims(name, version, pin, Path(path).name, reason="no claims reader: its own packing code is run "
+                              "(`--run-own-paths`), its statements are not read")
         if reader is None:
             raise PackcheckUsageError(f"Peer package '{path}' is {name}: there is no claims reader for it (readers: "
                                       f"{', '.join(sorted(set(READERS) - {'ms_swift'}))}).")

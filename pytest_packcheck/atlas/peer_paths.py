@@ -28,6 +28,11 @@ Paths (the peers' newest releases read for this: axolotl 0.19.0, llamafactory 0.
   attention_mask column is dropped when ``attn_decontaminates_packing`` (``utils/schemas/config.py``: every
   backend axolotl packs on, eager and sdpa included), so the model reads the boundaries from position_ids. Its
   ``sdpa_varlen`` patch is applied only for CUDA fp16 / bf16 (``loaders/patch_manager.py``): named, not run, on CPU.
+- ``nemo_automodel:neat_packing`` / ``neat_packing_flash_varlen`` (0.7.0): ``datasets/llm/neat_packing.py``'s
+  ``_build_packed_sample`` (segment ids 1..n, position_ids restarting, padding to ``pack_size``) through
+  ``datasets/utils.py``'s ``neat_packed_collater`` with the contract its legacy ``attn_implementation`` keyword
+  selects: ``block_causal`` (a 4-D bool mask) on eager / sdpa, ``flash_varlen`` (``cu_seq_lens_q/k`` over the row,
+  the padding run included, no attention_mask) on the flash path.
 """
 
 from __future__ import annotations
@@ -82,6 +87,15 @@ PEER_PATHS: tuple[PeerPath, ...] = (
              "axolotl/utils/collators/batching.py:V2BatchSamplerDataCollatorForSeq2Seq", ("axolotl.utils.collators.batching",),
              ("eager", "sdpa", REFERENCE_BACKEND), "_build_axolotl_multipack",
              not_on_cpu="sdpa_varlen (torch varlen_attn: patch_manager applies it for CUDA fp16/bf16 only)"),
+    PeerPath("nemo_automodel", "neat_packing", "neat_pack_dataset's packed sample through neat_packed_collater (block_causal: a 4-D bool mask)",
+             "nemo_automodel/components/datasets/utils.py:neat_packed_collater",
+             ("nemo_automodel.components.datasets.llm.neat_packing", "nemo_automodel.components.datasets.utils"),
+             ("eager", "sdpa"), "_build_nemo_neat"),
+    PeerPath("nemo_automodel", "neat_packing_flash_varlen", "the same sample through neat_packed_collater's flash_varlen contract "
+             "(cu_seq_lens_q/k over the row, padding runs included, no attention_mask)",
+             "nemo_automodel/components/datasets/utils.py:neat_packed_collater",
+             ("nemo_automodel.components.datasets.llm.neat_packing", "nemo_automodel.components.datasets.utils"),
+             (REFERENCE_BACKEND,), "_build_nemo_neat"),
 )
 
 
@@ -187,6 +201,27 @@ def _build_axolotl_multipack(mods: dict[str, Any], examples: list[list[int]], ba
     return batch, f"one bin of {len(examples)}, padded to a multiple of 8 ({int(batch['input_ids'].shape[1])} tokens), attention_mask dropped"
 
 
+def _build_nemo_neat(mods: dict[str, Any], examples: list[list[int]], backend: str, config: Any) -> tuple[dict, str]:
+    import warnings
+
+    neat = mods["nemo_automodel.components.datasets.llm.neat_packing"]
+    utils = mods["nemo_automodel.components.datasets.utils"]
+    total = sum(len(e) for e in examples)
+    pack_size = total + (-total) % 8  # padded to a multiple of 8, as a pack_size above the row gives
+    sample = neat._build_packed_sample([{"input_ids": e, "labels": e} for e in examples], pack_size, 0)
+    # the legacy attn_implementation keyword picks the contract (datasets/packing.py resolve_packing_contract):
+    # flash_varlen for the flash names, block_causal otherwise
+    name = "flash_attention_2" if backend == REFERENCE_BACKEND else backend
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        batch = dict(utils.neat_packed_collater([sample], attn_implementation=name))
+    for key in ("labels", "_packed_seq_ids"):
+        batch.pop(key, None)
+    mask = batch.get("attention_mask")
+    layout = f"attention_mask {tuple(mask.shape)} {mask.dtype}" if mask is not None else "cu_seq_lens_q " + str(batch.get("cu_seq_lens_q").tolist())
+    return batch, f"pack_size {pack_size} ({pack_size - total} padding), contract for '{name}': {layout}"
+
+
 @dataclass
 class PathResult:
     """One peer path on one model x backend: ``verdict`` pass / fail (``max_abs_diff``: the largest absolute
@@ -243,19 +278,20 @@ def run_path(path: PeerPath, mods: dict[str, Any], bench: Any, version: str) -> 
         note += f"; sliding_window {window}"
     note += "; examples of " + ", ".join(str(len(e)) for e in bench.examples) + " tokens"
     return PathResult(**base, verdict=verdict, max_abs_diff=worst, per_example=per, tolerance=tol, note=note,
-                      cause=_cause(per, [len(e) for e in bench.examples], tol, bench.config) if verdict == "fail" else "")
+                      cause=_cause(per, [len(e) for e in bench.examples], tol, bench.config, batch) if verdict == "fail" else "")
 
 
-def _cause(per: list[float], lengths: list[int], tol: float, config: Any) -> str:
+def _cause(per: list[float], lengths: list[int], tol: float, config: Any, batch: dict[str, Any]) -> str:
     """``sliding_window`` where every example within the config's window matches and only longer ones move (the
-    mask the path built has no window: the model attends past it), else ``leak``."""
+    mask the path built has no window: the model attends past it); else ``segment_mask`` where the batch carries
+    an attention_mask (the peer's segment mask does not keep the examples apart on this backend), else ``leak``."""
     window = getattr(config, "sliding_window", None)
     if isinstance(window, int) and window > 0:
         inside = [d for d, n in zip(per, lengths, strict=True) if n <= window]
         outside = [d for d, n in zip(per, lengths, strict=True) if n > window]
         if inside and outside and max(inside) <= tol < max(outside):
             return "sliding_window"
-    return "leak"
+    return "segment_mask" if batch.get("attention_mask") is not None else "leak"
 
 
 def wheel_version(wheel: Path) -> tuple[str, str]:
@@ -276,7 +312,7 @@ def measure(wheel: Path, make_bench: Callable[[str, str], Any], models: tuple[st
     raises: that cell is then ``not_run`` with the reason. A path whose modules do not import gives one ``not_run``
     result per model x backend naming the module. Returns the results in table order."""
     dist, version = wheel_version(wheel)
-    peer = dist.replace("-", "")
+    peer = dist.replace("-", "_")
     out: list[PathResult] = []
     for path in (p for p in PEER_PATHS if p.peer == peer):
         on = tuple(b for b in path.backends if backends is None or b in backends)
@@ -349,7 +385,8 @@ def render_own_paths(doc: dict[str, Any], peer: str, pin: str = "") -> list[str]
     backend: the verdict and the max abs diff of logits against each example alone), its code, the stubs and the
     GPU-only part named, and each not-run or error reason once; where the transformers measured on is outside the
     peer's ``pin`` (its wheel's requirement), that is said. No lines where ``doc`` has none for the peer."""
-    rows = [r for r in doc.get("results", []) if r["peer"] == peer]
+    norm = peer.lower().replace("-", "_")
+    rows = [r for r in doc.get("results", []) if r["peer"].lower().replace("-", "_") == norm]
     if not rows:
         return []
     outside = (f" This transformers is outside {peer}'s pin `{pin}`: run `packcheck claims --run-own-paths` with a "
