@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Benchmark: wall time of `packcheck audit` on the default set (and optionally --all-architectures), 2 workers.
 # Usage: benchmarks/bench_audit.sh [--all]   Prints the seconds; the brief's targets are 180 s (default) and 900 s (all).
+# The CPU ratio against the floor (the same models and backends built by packcheck, each pair once forward +
+# backward packed and alone, one padded and one perturbed forward): python benchmarks/bench_audit.py
 set -euo pipefail
 out=$(mktemp -d)
 args=()
