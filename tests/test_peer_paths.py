@@ -123,6 +123,13 @@ def test_a_peer_module_that_does_not_import_is_a_not_run_cell_naming_the_package
     assert "axolotl" not in sys.modules and not any(str(wheel) == p for p in sys.path)  # nothing left behind
 
 
+def test_a_path_packcheck_does_not_drive_is_not_run_even_where_it_imports(tmp_path, bench):
+    wheel = _wheel(tmp_path, "ms_swift", "4.6.0", {"swift.model.patcher": "def revert_padding_free(o, i): return o\n"})
+    results = measure(wheel, bench, models=("llama",), backends=("sdpa",))
+    assert [(r.peer, r.verdict) for r in results] == [("ms_swift", "not_run")]
+    assert "does not drive this path yet" in results[0].reason
+
+
 def test_a_model_that_does_not_build_and_a_batch_that_raises_are_cells_not_crashes(tmp_path, bench):
     def flaky(model, backend):
         if model == "nope":
@@ -164,8 +171,8 @@ def test_cli_claims_refuses_an_own_paths_file_that_is_not_one(tmp_path):
 
 
 def test_the_table_names_real_modules_and_wheel_names_parse():
-    assert {p.peer for p in PEER_PATHS} == {"llamafactory", "axolotl", "nemo_automodel"}
-    assert all(p.modules and p.backends and p.code.split(":")[0].startswith(p.peer + "/") for p in PEER_PATHS)
+    assert {p.peer for p in PEER_PATHS} == {"llamafactory", "axolotl", "nemo_automodel", "ms_swift", "unsloth", "verl"}
+    assert all(p.modules and p.backends and p.code.split(":")[0].startswith(p.modules[0].split(".")[0] + "/") for p in PEER_PATHS)
     assert wheel_version(Path("ms_swift-4.6.0-py3-none-any.whl")) == ("ms-swift", "4.6.0")
     with pytest.raises(ValueError, match="not a wheel"):
         wheel_version(Path("axolotl-0.19.0.tar.gz"))

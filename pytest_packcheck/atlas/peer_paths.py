@@ -96,6 +96,18 @@ PEER_PATHS: tuple[PeerPath, ...] = (
              "nemo_automodel/components/datasets/utils.py:neat_packed_collater",
              ("nemo_automodel.components.datasets.llm.neat_packing", "nemo_automodel.components.datasets.utils"),
              (REFERENCE_BACKEND,), "_build_nemo_neat"),
+    # Peers whose packing code does not import without their GPU / training stack here: each cell is "not run"
+    # with the import's own error (the package it needs). Where a release does import, _build_not_driven says that
+    # packcheck does not drive it yet: never a pass.
+    PeerPath("ms_swift", "padding_free", "ms-swift's padding_free patches (revert_padding_free, cu_seq_lens_q handling)",
+             "swift/model/patcher.py:revert_padding_free", ("swift.model.patcher",), ("eager", "sdpa", REFERENCE_BACKEND),
+             "_build_not_driven"),
+    PeerPath("unsloth", "packing", "unsloth's sample packing / padding_free and its varlen attention over packed rows",
+             "unsloth/utils/packing.py:configure_padding_free", ("unsloth.utils.packing", "unsloth.utils.hf_packed_attention"),
+             ("eager", "sdpa", REFERENCE_BACKEND), "_build_not_driven", not_on_cpu="unsloth's kernels (triton)"),
+    PeerPath("verl", "remove_padding", "verl's remove-padding forward: _ulysses_flash_attention_forward replacing transformers' flash path",
+             "verl/models/transformers/monkey_patch.py:apply_monkey_patch", ("verl.models.transformers.monkey_patch",),
+             (REFERENCE_BACKEND,), "_build_not_driven"),
 )
 
 
@@ -201,6 +213,11 @@ def _build_axolotl_multipack(mods: dict[str, Any], examples: list[list[int]], ba
     return batch, f"one bin of {len(examples)}, padded to a multiple of 8 ({int(batch['input_ids'].shape[1])} tokens), attention_mask dropped"
 
 
+def _build_not_driven(mods: dict[str, Any], examples: list[list[int]], backend: str, config: Any) -> tuple[dict, str]:
+    """A path whose module imports but that packcheck does not drive yet: raises, so the cell says so (never a pass)."""
+    raise PeerUnavailable(f"{', '.join(mods)} imports here, but packcheck does not drive this path yet")
+
+
 def _build_nemo_neat(mods: dict[str, Any], examples: list[list[int]], backend: str, config: Any) -> tuple[dict, str]:
     import warnings
 
@@ -262,6 +279,11 @@ def run_path(path: PeerPath, mods: dict[str, Any], bench: Any, version: str) -> 
                 "backend": bench.backend, "stubs": path.stubs, "not_on_cpu": path.not_on_cpu}
     try:
         batch, note = _builder(path)(mods, bench.examples, bench.backend, bench.config)
+    except PeerUnavailable as exc:
+        return PathResult(**base, verdict="not_run", reason=str(exc))
+    except Exception as exc:  # noqa: BLE001 - a peer's fault is a cell, never the run's end
+        return PathResult(**base, verdict="error", reason=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+    try:
         logits = bench.forward(batch).logits[0].float()
         per = []
         start = 0
