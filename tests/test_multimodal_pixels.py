@@ -57,7 +57,7 @@ def test_the_samples_carry_two_images_of_different_sizes_and_a_text_only_sample(
     assert [s.ids.count(config.image_token_id) for s in samples] == [4, 0, 6]
     assert samples[0].pixels.shape == (16, 3 * 2 * 14 * 14) and samples[2].pixels.shape[0] == 24
     vocab = config.get_text_config(decoder=True).vocab_size
-    assert all(getattr(config, n) < vocab for n in P.SPECIAL_IDS)  # moved inside the tiny vocabulary
+    assert all(getattr(config, n, 0) < vocab for n in P.SPECIAL_IDS)  # moved inside the tiny vocabulary
     batch = P.pack(qwen2_vl.model, samples)
     total = sum(len(s.ids) for s in samples)
     assert batch["position_ids"].shape == (4, 1, total) and batch["image_grid_thw"].tolist() == [[1, 4, 4], [1, 4, 6]]
@@ -146,3 +146,43 @@ def test_qwen3_vl_keeps_the_flat_rows_boundaries_but_misplaces_its_images(tolera
     assert flat["isolation"] <= 1e-6 and flat["max_abs_diff"] > 1e-2 and flat["tokens_misplaced"] > 0, result.message
     assert {f["evidence"]["layout"]: f["cause"] for f in result.findings}["flat"] == "wrong_positions"
     assert result.metrics["held"] == ["text+mrope"]
+
+
+GEMMA3 = "gemma3{vision_config.image_size=64,mm_tokens_per_image=4}"
+
+
+@pytest.fixture(scope="module")
+def gemma3(tolerances):
+    return pixel_bench(GEMMA3, "sdpa", tolerances)
+
+
+def test_gemma3_rows_take_fixed_size_images_and_one_restarting_position_row(gemma3):
+    samples = P.mm_samples(gemma3)
+    config = gemma3.model.config
+    assert [s.ids.count(config.image_token_id) for s in samples] == [4, 0, 4]
+    batch = P.pack(gemma3.model, samples)
+    assert batch["pixel_values"].shape == (2, 3, 64, 64) and "image_grid_thw" not in batch
+    assert batch["position_ids"].shape == (1, sum(len(s.ids) for s in samples)) and "token_type_ids" in batch
+    assert P.check_mm_positions(gemma3).status == "pass"
+    # planted: positions that never restart (the collator's row without restarts)
+    result = P.check_mm_positions(gemma3, collator=whole_row)
+    assert (result.status, result.cause) == ("fail", "wrong_positions") and result.metrics["tokens_misplaced"] > 0
+    result = P.check_mm_isolation(gemma3, collator=whole_row)
+    assert (result.status, result.cause) == ("fail", "leak") and result.metrics["max_change"] > 1e-2, result.message
+
+
+def test_gemma3_token_type_ids_move_every_sample_after_the_first_without_a_content_leak(gemma3):
+    """transformers 5.25.0: Gemma 3's packed row with token_type_ids differs from each sample alone for every sample
+    but the first (the text-only sample 3.9e-01 on sdpa), while perturbing a sample moves no other (0.0) and the
+    positions restart: packed_mismatch, not leak. Without token_type_ids the text-only sample is exact."""
+    assert P.check_mm_isolation(gemma3).status == "pass"
+    result = P.check_mm_parity(gemma3)
+    assert (result.status, result.cause) == ("fail", "packed_mismatch"), result.message
+    first, text, _ = result.metrics["max_abs_diff_per_sample"]
+    assert first < 1e-5 and text > 1e-2 and result.evidence["isolation_moved"] <= 1e-6
+    batch = P.pack(gemma3.model, P.mm_samples(gemma3))
+    del batch["token_type_ids"]
+    logits = P._run(gemma3.model, batch).logits[0].float()
+    start = len(P.mm_samples(gemma3)[0].ids)
+    alone = P.alone(gemma3, P.mm_samples(gemma3)[1])[0]
+    assert float((logits[start:start + alone.shape[0]] - alone).abs().max()) < 1e-5

@@ -459,7 +459,7 @@ REGISTRY: tuple[CheckSpec, ...] = (
     CheckSpec(name="mm_parity", function="pixels:check_mm_parity", level="backend", role="correctness",
               summary="a VLM row with pixels: text-token logits and the loss = each sample alone with its own pixels",
               key_metric=KeyMetric("max_abs_diff", "Δ"), fail_metrics=("loss_delta",), tolerance="logits_atol",
-              causes=("leak", "kernel_numerics", "wrong_positions"), suite="multimodal"),
+              causes=("leak", "kernel_numerics", "wrong_positions", "packed_mismatch"), suite="multimodal"),
     CheckSpec(name="mm_positions", function="pixels:check_mm_positions", level="backend", role="correctness",
               summary="a VLM row's M-RoPE position_ids per sub-sequence = the model's own get_rope_index of that sample "
                       "alone (and its text row restarts per sample)",
@@ -467,7 +467,7 @@ REGISTRY: tuple[CheckSpec, ...] = (
     CheckSpec(name="mm_layouts", function="pixels:check_mm_layouts", level="backend", role="finding",
               summary="which position_ids layouts of a VLM pixel row hold on this backend (text row + M-RoPE, M-RoPE "
                       "alone, the text collator's flat row): isolation, parity and loss of each",
-              causes=("leak", "wrong_positions"), suite="multimodal"),
+              causes=("leak", "wrong_positions", "packed_mismatch"), suite="multimodal"),
 )
 
 SPECS: dict[str, CheckSpec] = {s.name: s for s in REGISTRY}
