@@ -79,6 +79,7 @@ def test_isolation_passes_and_catches_a_row_without_the_text_row(qwen2_vl):
 def test_parity_passes_and_catches_images_in_another_order(qwen2_vl):
     result = P.check_mm_parity(qwen2_vl)
     assert result.status == "pass", result.message
+    assert P.causality_numbers(qwen2_vl)["max_change_earlier"] == 0.0
     assert result.metrics["max_abs_diff"] < 1e-5 and result.metrics["loss_delta"] < 1e-5
     result = P.check_mm_parity(qwen2_vl, collator=images_reversed)
     assert result.status == "fail" and result.metrics["max_abs_diff"] > 1e-2, result.message
@@ -171,15 +172,20 @@ def test_gemma3_rows_take_fixed_size_images_and_one_restarting_position_row(gemm
     assert (result.status, result.cause) == ("fail", "leak") and result.metrics["max_change"] > 1e-2, result.message
 
 
-def test_gemma3_token_type_ids_move_every_sample_after_the_first_without_a_content_leak(gemma3):
+def test_gemma3_token_type_ids_make_later_samples_see_their_own_future(gemma3):
     """transformers 5.25.0: Gemma 3's packed row with token_type_ids differs from each sample alone for every sample
     but the first (the text-only sample 3.9e-01 on sdpa), while perturbing a sample moves no other (0.0) and the
-    positions restart: packed_mismatch, not leak. Without token_type_ids the text-only sample is exact."""
+    positions restart. Its sliding-layer mask ORs the image blocks (block_sequence_ids) read by the restarting
+    position_ids, so a later sample's tokens at the positions where the first sample has its image attend each other
+    both ways: a sample's last token moves its own earlier tokens (non_causal). Without token_type_ids the text-only
+    sample is exact."""
     assert P.check_mm_isolation(gemma3).status == "pass"
     result = P.check_mm_parity(gemma3)
-    assert (result.status, result.cause) == ("fail", "packed_mismatch"), result.message
+    assert (result.status, result.cause) == ("fail", "non_causal"), result.message
     first, text, _ = result.metrics["max_abs_diff_per_sample"]
     assert first < 1e-5 and text > 1e-2 and result.evidence["isolation_moved"] <= 1e-6
+    assert result.evidence["max_change_earlier_per_sample"][0] <= 1e-6  # the first sample stays causal
+    assert result.evidence["max_change_earlier_per_sample"][1] > 1e-2
     batch = P.pack(gemma3.model, P.mm_samples(gemma3))
     del batch["token_type_ids"]
     logits = P._run(gemma3.model, batch).logits[0].float()

@@ -385,6 +385,27 @@ def isolation_numbers(wb: Workbench, layout: str | None = None, collator: Callab
     return {"max_change": moved, "max_change_per_perturbed_sample": per, "layout": layout}
 
 
+def causality_numbers(wb: Workbench, layout: str | None = None, collator: Callable[..., Any] = pack) -> dict[str, Any]:
+    """Change each sample's last token (shifted by half the text vocabulary): its own earlier text tokens' logits must
+    not move (``max_change_earlier``, float32 max abs): a packed row whose mask lets a token see later tokens of its
+    own sample (Gemma 3's sliding-layer image overlay read by restarting positions) moves them."""
+    samples = mm_samples(wb)
+    layout = layout or layouts_of(wb.model)[1]
+    vocab = int(wb.model.config.get_text_config(decoder=True).vocab_size) - len(SPECIAL_IDS)
+    base = _run(wb.model, collator(wb.model, samples, layout)).logits[0].float()
+    moved, per, start = 0.0, [], 0
+    for i, s in enumerate(samples):
+        changed = list(samples)
+        changed[i] = Sample([*s.ids[:-1], (s.ids[-1] + vocab // 2) % vocab], s.grid, s.pixels)
+        out = _run(wb.model, collator(wb.model, changed, layout)).logits[0].float()
+        keep = _text_mask(wb.model, s.ids)[:-1]
+        sl = slice(start, start + len(s.ids) - 1)
+        m = float((out[sl][keep] - base[sl][keep]).abs().max())
+        per.append(m)
+        moved, start = max(moved, m), start + len(s.ids)
+    return {"max_change_earlier": moved, "max_change_earlier_per_sample": per, "layout": layout}
+
+
 def positions_numbers(wb: Workbench, layout: str | None = None, collator: Callable[..., Any] = pack) -> dict[str, Any]:
     """The packed row's M-RoPE rows, per sub-sequence, against ``get_rope_index`` of that sample alone: the
     largest difference and how many tokens differ; the text row must restart at 0 per sample."""
@@ -451,6 +472,12 @@ def check_mm_parity(wb: Workbench, collator: Callable[..., Any] = pack) -> Check
         return CheckResult("fail", metrics, message, cause="wrong_positions",
                            evidence={"max_abs_diff": numbers["max_abs_diff"], **pos})
     iso = isolation_numbers(wb, collator=collator)["max_change"]
+    causal = causality_numbers(wb, collator=collator)
+    if iso <= wb.tol["isolation_atol"] and causal["max_change_earlier"] > wb.tol["isolation_atol"]:
+        return CheckResult("fail", metrics, f"{message}; a sample's last token moves its own earlier tokens by "
+                           f"{_fmt(causal['max_change_earlier'])}: the row's mask is not causal",
+                           cause="non_causal", evidence={"max_abs_diff": numbers["max_abs_diff"], "isolation_moved": iso,
+                                                         **causal})
     if iso <= wb.tol["isolation_atol"] and not within_numerics(numbers["max_abs_diff"], atol, wb.dtype):
         # no sample's content reaches another and the positions are right, yet the row differs (Gemma 3's
         # token_type_ids in a packed row): named, not called a leak
@@ -468,7 +495,7 @@ def check_mm_positions(wb: Workbench, collator: Callable[..., Any] = pack) -> Ch
     if (skip := _skip(wb)) is not None:
         return skip
     numbers = positions_numbers(wb, collator=collator)
-    message = (f"{numbers['tokens_misplaced']} tokens placed otherwise than get_rope_index of their sample alone "
+    message = (f"{numbers['tokens_misplaced']} tokens placed otherwise than their sample alone (get_rope_index, or 0..n-1 on one row) "
                f"(largest difference {numbers['max_position_diff']}, layout {numbers['layout']})")
     if numbers["tokens_misplaced"] == 0:
         return CheckResult("pass", numbers, message)

@@ -459,7 +459,7 @@ REGISTRY: tuple[CheckSpec, ...] = (
     CheckSpec(name="mm_parity", function="pixels:check_mm_parity", level="backend", role="correctness",
               summary="a VLM row with pixels: text-token logits and the loss = each sample alone with its own pixels",
               key_metric=KeyMetric("max_abs_diff", "Δ"), fail_metrics=("loss_delta",), tolerance="logits_atol",
-              causes=("leak", "kernel_numerics", "wrong_positions", "packed_mismatch"), suite="multimodal"),
+              causes=("leak", "kernel_numerics", "wrong_positions", "non_causal", "packed_mismatch"), suite="multimodal"),
     CheckSpec(name="mm_positions", function="pixels:check_mm_positions", level="backend", role="correctness",
               summary="a VLM row's M-RoPE position_ids per sub-sequence = the model's own get_rope_index of that sample "
                       "alone (and its text row restarts per sample)",
