@@ -186,6 +186,8 @@ def test_gemma3_token_type_ids_make_later_samples_see_their_own_future(gemma3):
     assert first < 1e-5 and text > 1e-2 and result.evidence["isolation_moved"] <= 1e-6
     assert result.evidence["max_change_earlier_per_sample"][0] <= 1e-6  # the first sample stays causal
     assert result.evidence["max_change_earlier_per_sample"][1] > 1e-2
+    layouts = P.check_mm_layouts(gemma3)
+    assert layouts.metrics["held"] == [] and {f["cause"] for f in layouts.findings} == {"non_causal"}, layouts.message
     batch = P.pack(gemma3.model, P.mm_samples(gemma3))
     del batch["token_type_ids"]
     logits = P._run(gemma3.model, batch).logits[0].float()

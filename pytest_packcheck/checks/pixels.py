@@ -506,7 +506,8 @@ def check_mm_layouts(wb: Workbench) -> CheckResult:
     """A finding: each layout of :func:`layouts_of` the model measured on this backend: isolation (max change), parity (text
     logits max abs, loss delta in nats) and whether its positions match ``get_rope_index`` per sample; holds =
     isolation and parity within tolerance. Each layout that does not hold is a finding: ``leak`` where perturbing
-    one sample moves another, else ``wrong_positions`` where tokens are misplaced, else ``packed_mismatch``."""
+    one sample moves another, else ``wrong_positions`` where tokens are misplaced, else ``non_causal`` where a
+    sample's last token moves its own earlier tokens (:func:`causality_numbers`), else ``packed_mismatch``."""
     if (skip := _skip(wb)) is not None:
         return skip
     rows, held, leaked = {}, [], []
@@ -523,7 +524,14 @@ def check_mm_layouts(wb: Workbench) -> CheckResult:
 
     message = "; ".join(f"{k}: {word(v)} (iso {_fmt(v['isolation'])}, Δ {_fmt(v['max_abs_diff'])}, "
                         f"loss Δ {_fmt(v['loss_delta'])}, {v['tokens_misplaced']} misplaced)" for k, v in rows.items())
-    findings = [{"cause": "leak" if rows[k]["isolation"] > wb.tol["isolation_atol"] else
-                 "wrong_positions" if rows[k]["tokens_misplaced"] else "packed_mismatch",
+    def cause(k: str) -> str:
+        if rows[k]["isolation"] > wb.tol["isolation_atol"]:
+            return "leak"
+        if rows[k]["tokens_misplaced"]:
+            return "wrong_positions"
+        rows[k]["max_change_earlier"] = causality_numbers(wb, k)["max_change_earlier"]
+        return "non_causal" if rows[k]["max_change_earlier"] > wb.tol["isolation_atol"] else "packed_mismatch"
+
+    findings = [{"cause": cause(k),
                  "evidence": {"layout": k, **rows[k]}} for k in leaked]
     return CheckResult("pass", {"layouts": rows, "held": held, "leaked": leaked}, message, findings=findings)

@@ -467,7 +467,7 @@ REGISTRY: tuple[CheckSpec, ...] = (
     CheckSpec(name="mm_layouts", function="pixels:check_mm_layouts", level="backend", role="finding",
               summary="which position_ids layouts of a VLM pixel row hold on this backend (text row + M-RoPE, M-RoPE "
                       "alone, the text collator's flat row): isolation, parity and loss of each",
-              causes=("leak", "wrong_positions", "packed_mismatch"), suite="multimodal"),
+              causes=("leak", "wrong_positions", "non_causal", "packed_mismatch"), suite="multimodal"),
 )
 
 SPECS: dict[str, CheckSpec] = {s.name: s for s in REGISTRY}
