@@ -30,9 +30,9 @@ def test_every_check_is_described_once_and_loads():
     assert {s.name for s in REGISTRY if s.role == "hazard"} == {"cache_trap", "mask_trap", "trainer_padded", "sft_padded",
                                                                  "rl_padded", *VARIANT_CHECKS}
     assert set(VARIANT_CHECKS) == {"offset_positions", "cu_seq_lens", "segment_masks"}
-    assert {s.name for s in REGISTRY if s.role == "finding"} >= {"collate", "collate_trl", "packing_content", "rl_trl_tree",
+    assert {s.name for s in REGISTRY if s.role == "finding"} == {"collate", "collate_trl", "packing_content", "rl_trl_tree",
                                                                   "rl_trainer_config", "rl_openrlhf_packed",
-                                                                  "rl_swift_padding_free"}
+                                                                  "rl_swift_padding_free", "encoder_seq_cls", "mm_layouts"}
 
 
 def test_suites_requirements_and_the_gate_set_are_read_from_the_rows(monkeypatch):
@@ -43,7 +43,12 @@ def test_suites_requirements_and_the_gate_set_are_read_from_the_rows(monkeypatch
 
     from pytest_packcheck.checks.registry import SPECS, gate_checks, suite_checks
 
-    assert {s.name for s in REGISTRY if s.opt_in} == set(TRAINING_CHECKS) | set(VARIANT_CHECKS) | set(suite_checks("rl"))
+    from pytest_packcheck.checks.registry import SUITES
+
+    assert set(SUITES) == {"default", "variants", "training", "rl", "stack", "encoders", "multimodal"}
+    assert set(suite_checks("training")) == set(TRAINING_CHECKS) and set(suite_checks("variants")) == set(VARIANT_CHECKS)
+    assert {s.name for s in REGISTRY if s.opt_in} == {n for suite in SUITES if suite != "default" for n in suite_checks(suite)}
+    assert not {s.name for s in REGISTRY if s.opt_in} & set(DEFAULT_CHECKS)
     assert {s.name for s in REGISTRY if "trl" in s.requires} == {
         "sft", "sft_padded", "sft_padding_free", "sft_strategies", "packing_content", "rl_trl_grpo", "rl_trl_tree",
         "rl_trainer_config", "rl_trl_dpo", "rl_trl_kto"}
