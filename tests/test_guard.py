@@ -648,17 +648,20 @@ def test_inputs_embeds_beside_input_ids_is_a_usage_error(llama_sdpa):
     assert "\n" not in str(info.value)
 
 
-def test_a_masked_lm_is_a_usage_error_naming_the_class(llama_sdpa):
-    """BertForMaskedLM has an LM head (get_output_embeddings() is not None) but attends both ways: the guard returned
-    fail / leak; it is refused naming the class, while the causal LM on the same batch is still judged."""
-    from transformers import BertConfig, BertForMaskedLM, DataCollatorWithFlattening
+def test_a_masked_lm_is_judged_on_its_logits_and_a_pooled_head_is_refused(llama_sdpa):
+    """BertForMaskedLM attends both ways: it was refused as "not a causal LM"; it is now judged on what it outputs
+    (issue 46 part 4), on the same batch the causal LM passes. A sequence-classification head (one pooled row per
+    packed row) is still refused, naming the class."""
+    from transformers import BertConfig, BertForMaskedLM, BertForSequenceClassification, DataCollatorWithFlattening
 
     feats = [{"input_ids": list(range(1, 12))}, {"input_ids": list(range(20, 27))}, {"input_ids": list(range(40, 53))}]
     batch = DataCollatorWithFlattening()(feats)
-    bert = BertForMaskedLM(BertConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                      intermediate_size=64))
-    with pytest.raises(PackcheckUsageError, match=r"model is a BertForMaskedLM, not a causal LM .*pass that model") as info:
-        verify_packed_batch(bert.eval(), batch)
+    config = BertConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
+    result = verify_packed_batch(BertForMaskedLM(config).eval(), batch)
+    assert result.verdict == "pass" and result.compared == "logit", result.line()
+    assert "worst logit diff" in result.line() and result.max_logprob_diff <= result.tolerance["logits_atol"]
+    with pytest.raises(PackcheckUsageError, match=r"model is a BertForSequenceClassification, which has no LM head") as info:
+        verify_packed_batch(BertForSequenceClassification(config).eval(), batch)
     assert "\n" not in str(info.value)
     llama_sdpa.model.config.use_cache = False
     assert verify_packed_batch(llama_sdpa.model.eval(), batch).verdict == "pass"
@@ -1311,8 +1314,13 @@ def test_batch_of_packed_rows_is_judged(tolerances, backend, padded, verdict):
     if verdict == "fail":
         assert result.cause == "batch_rows" and "run together differ from each row alone by" in result.evidence
         assert result.max_logprob_diff > result.tolerance["logits_atol"] and "one row per step" in result.remedy
-    else:
-        assert "together vs each row alone 0.00e+00" in result.line()
+        # the batch's own forward failed row 1 against its examples alone: judged row by row, as before the fast path
+        assert result.probes["rows_together"].startswith("not judged together (row 1 gave "), result.probes
+    else:  # judged on the batch's own forward: every row's examples in one set of padded batches (issue 47)
+        assert "2 packed rows (2, 18) judged together: the batch's forward vs each example alone" in result.line()
+        assert result.probes["reference"].startswith("right-padded batches over every row: 4 examples in")
+        assert result.forwards <= 3 and "rows_together" not in result.probes, result.forwards
+        assert result.max_logprob_diff <= result.tolerance["logits_atol"] / 2
 
 
 @pytest.mark.parametrize("use_cache", [False, True], ids=["standard", "use_cache"])
@@ -1578,3 +1586,117 @@ def test_a_token_in_the_models_own_error_never_leaves_the_guard_in_clear(toleran
     assert token not in str(info.value) and token not in said.err + said.out
     written = (tmp_path / RESULT_FILE).read_text()
     assert token not in written and "auth failed for ***" in written
+
+
+# Encoders and embedding models (issue 46 part 4): judged on what they output, against each example alone as the
+# model numbers it alone (transformers 5.25.0 builds the packed bidirectional mask from position_ids).
+
+
+def _encoder(model_type, backend, tolerances, base=False):
+    from test_encoders import enc_bench
+
+    bench = enc_bench(model_type, backend, tolerances)
+    if base:  # AutoModel: the embedding model without a head, the same weights
+        from transformers import AutoModel
+
+        model = AutoModel.from_config(bench.model.config, attn_implementation=bench.model.config._attn_implementation)
+        model.load_state_dict(bench.model.base_model.state_dict(), strict=False)  # the pooler: random, never compared
+        bench.model = model.eval()
+    return bench
+
+
+@pytest.mark.parametrize(("model_type", "base", "compared"), [
+    ("bert", False, "logit"), ("bert", True, "hidden-state"), ("roberta", False, "logit"), ("roberta", True, "hidden-state"),
+], ids=["bert-mlm", "bert-base", "roberta-mlm", "roberta-base"])
+def test_an_encoder_passes_on_its_outputs_and_pooled_embeddings(tolerances, model_type, base, compared):
+    """A correct encoder row (position_ids restarting from the model's first position: RoBERTa's padding_idx + 1)
+    passes against each example alone numbered by the model itself: per-token outputs and mean / CLS / last-token
+    embeddings per segment within 5e-07 on sdpa (transformers 5.25.0); one forward per example."""
+    bench = _encoder(model_type, "sdpa", tolerances, base)
+    result = verify_packed_batch(bench.model, bench.packed())
+    assert result.verdict == "pass" and result.compared == compared, result.line()
+    assert f"worst {compared} diff" in result.line() and len(result.per_example_logprob_diff) == 3
+    assert result.max_logprob_diff <= 1e-6 and set(result.probes["pooled"]) == {"mean", "cls", "last"}
+    assert result.forwards == 1 + 3 and result.probes["reference"].startswith("one at a time, numbered by the model")
+    assert (result.loss_delta is not None) == (compared == "logit")  # the MLM loss where the head gives logits
+
+
+def test_modernbert_on_sdpa_leaks_and_the_varlen_reference_keeps_it(tolerances):
+    """ModernBERT on sdpa (transformers 5.25.0) mixes the packed examples: fail, cause leak, with the numbers and the
+    isolation probe's; on the varlen reference fed cu_seq_lens_q/k the same model passes exactly."""
+    bench = _encoder("modernbert", "sdpa", tolerances)
+    result = verify_packed_batch(bench.model, bench.packed())
+    assert result.verdict == "fail" and result.cause == "leak", result.line()
+    assert result.max_logprob_diff > 1e-3 and max(result.probes["pooled"].values()) > 1e-3
+    assert result.probes["isolation_moved"] > result.tolerance["logits_atol"]
+    assert "changing the first example moves the others' logits by" in result.evidence and result.remedy
+    flash = _encoder("modernbert", "packcheck_flash_ref", tolerances)
+    result = verify_packed_batch(flash.model, flash.packed(flash_kwargs=True))
+    assert result.verdict == "pass" and result.max_logprob_diff <= 1e-6, result.line()
+
+
+def test_an_encoder_row_whose_position_ids_never_restart_fails_with_its_number(tolerances):
+    """Planted: a flattening collator whose position_ids run 0 .. N-1 over the row beside its cu_seq_lens_q: sdpa
+    builds one example of the row (collator_contract), measured against each example alone."""
+    bench = _encoder("bert", "sdpa", tolerances)
+    batch = bench.packed(flash_kwargs=True)
+    batch["position_ids"] = torch.arange(batch["input_ids"].shape[1])[None]
+    result = verify_packed_batch(bench.model, batch)
+    assert result.verdict == "fail" and result.cause == "collator_contract", result.line()
+    assert "position_ids restart at tokens [0], cu_seq_lens_q start examples at [0, 11, 18]" in result.evidence
+    assert result.max_logprob_diff > 1e-2 and "same segmentation" in result.remedy
+
+
+def test_roberta_numbered_from_zero_is_wrong_positions(tolerances):
+    """Planted: RoBERTa's row numbered from 0 (a collator that ignores padding_idx + 1): wrong_positions, measured
+    against each example as RoBERTa numbers it alone (from 2), and the remedy names 2."""
+    bench = _encoder("roberta", "sdpa", tolerances)
+    batch = bench.packed()
+    batch["position_ids"] = batch["position_ids"] - bench.start
+    result = verify_packed_batch(bench.model, batch)
+    assert result.verdict == "fail" and result.cause == "wrong_positions", result.line()
+    assert result.max_logprob_diff > 1e-2 and "restart position_ids at 2" in result.remedy
+
+
+def test_an_encoders_leak_is_named_by_the_isolation_probe(tolerances):
+    """Planted: BERT's packed rows fed no position_ids beside cu_seq_lens_q on sdpa (the mask is built from
+    position_ids: none, so one example of the row): the guard names leak from the isolation probe."""
+    bench = _encoder("bert", "sdpa", tolerances)
+    batch = bench.packed(flash_kwargs=True)
+    batch.pop("position_ids")
+    result = verify_packed_batch(bench.model, batch)
+    assert result.verdict == "fail" and result.cause == "leak", result.line()
+    assert result.probes["isolation_moved"] > result.tolerance["logits_atol"] and result.max_logprob_diff > 1e-2
+
+
+def test_a_batch_of_encoder_rows_is_judged_row_by_row_and_together(tolerances):
+    """Two packed rows of an encoder: each row judged on its outputs, the batch together vs each row alone."""
+    bench = _encoder("bert", "sdpa", tolerances)
+    ex = bench.examples
+    rows = [bench.packed([ex[0], ex[1]]), bench.packed([ex[2][:7], ex[0][:11]])]
+    batch = {k: torch.cat([r[k] for r in rows]) for k in ("input_ids", "labels", "position_ids")}
+    result = verify_packed_batch(bench.model, batch)
+    assert result.verdict == "pass" and result.compared == "logit" and result.probes["rows"] == ["pass", "pass"], result.line()
+    assert "2 packed rows (2, 18): together vs each row alone" in result.line()
+    assert result.probes["rows_together"].startswith("not judged together (an encoder")
+
+
+@pytest.mark.parametrize(("model_type", "verdict"), [("bert", "pass"), ("modernbert", "fail")])
+def test_the_callback_judges_an_encoder_in_a_trainer(tolerances, tmp_path, model_type, verdict):
+    """transformers' Trainer on a masked-LM encoder with DataCollatorWithFlattening: the callback judges the first
+    batch on the model's logits; ModernBERT on sdpa (transformers 5.25.0) raises before the first optimizer step."""
+    from transformers import DataCollatorWithFlattening
+
+    bench = _encoder(model_type, "sdpa", tolerances)
+    callback = PackcheckCallback()
+    before = _params(bench.model)
+    trainer = _trainer(bench, tmp_path, DataCollatorWithFlattening(), callback)
+    if verdict == "pass":
+        trainer.train()
+    else:
+        with pytest.raises(PackedBatchMismatch):
+            trainer.train()
+        assert trainer.state.global_step == 0 and all(torch.equal(p, before[n]) for n, p in bench.model.named_parameters())
+    result = callback.result
+    assert result.verdict == verdict and result.compared == "logit", result.line()
+    assert (result.cause == "leak") == (verdict == "fail") and json.loads((tmp_path / RESULT_FILE).read_text())["compared"] == "logit"

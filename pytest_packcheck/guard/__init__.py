@@ -21,9 +21,11 @@ weights, the LM head's output; ``audit/tolerances.toml``: ``logits_atol``, ``los
 counted per backend. A mismatch is rerun with each suspect removed (no attention_mask, use_cache=False, M-RoPE
 layout, plain position_ids), then an isolation probe separates ``leak`` from ``wrong_positions`` and a float32
 rerun decides the numerics band, with the cause codes and remedies of :mod:`pytest_packcheck.analysis.diagnose`. A batch
-of packed rows is judged row by row and together (``batch_rows``).
+of packed rows is judged on its own forward, every row's examples in one set of padded batches, and row by row and
+together (``batch_rows``) where that is not a clean pass. An encoder or embedding model (BERT, RoBERTa, ModernBERT as
+``AutoModel`` or ``AutoModelForMaskedLM``) is judged on its outputs (:mod:`.encoder`).
 
-Modules, in the order a batch meets them: :mod:`.batch` (the batch contract, :func:`parse_row`), :mod:`.precision`
+Modules, in the order a batch meets them: :mod:`.batch` (the batch contract, :func:`parse_row`), :mod:`.encoder` (encoders: what they output), :mod:`.precision`
 (the tolerance row: the dtype the forward computes in), :mod:`.forward` (the packed row, each example alone, the
 comparison), :mod:`.diagnosis` (the reruns that name the cause), :mod:`.verify` (:func:`verify_packed_batch`, the
 probes in order, the remedy), :mod:`.result` (:class:`GuardResult`, the errors and warning), :mod:`.callback`

@@ -180,9 +180,9 @@ def _reference(model: Any, row: _Row, targets: Any, fused: bool, counter: list[i
         counter[0] += 1
         wanted = targets[0][where[:, :-1].clamp(max=row.total - 2)]  # (group, width - 1): each example's own targets
         scored = real[:, 1:] & (wanted != IGNORE_INDEX)
-        picked = torch.where(scored, wanted, 0)
-        lp = logits.float().log_softmax(-1).gather(-1, picked[..., None])[..., 0]
-        lp = torch.where(scored, lp, 0.0)
+        # only the scored tokens' rows of the vocabulary: the pads' (up to a quarter of the batch) are never read
+        lp = torch.zeros(scored.shape, dtype=torch.float32, device=logits.device)
+        lp[scored] = logits[scored].float().log_softmax(-1).gather(-1, wanted[scored][:, None])[:, 0]
         for r, i in enumerate(group):
             results[i] = lp[r, :lengths[i] - 1]
     which = sorted(results)

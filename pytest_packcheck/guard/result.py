@@ -100,6 +100,10 @@ class GuardResult:
     that named the cause. ``forwards``: model forwards the check ran; ``duration_s``: its wall time (seconds).
     ``label_tokens``: the row's labelled next-token targets the reference scores (none across an example start),
     counted also where nothing is compared (one example in the row); 0 before the row could be split.
+    On an encoder or embedding model (``compared`` "logit" / "hidden-state", :mod:`.encoder`) ``max_logprob_diff``
+    is the worst absolute difference of its per-token outputs (the head's logits, else ``last_hidden_state``) and of
+    its mean / CLS / last-token embeddings per segment (``probes["pooled"]``), ``loss_*`` the masked-LM /
+    token-classification loss in nats per labelled token (labels unshifted), ``label_tokens`` those labels.
     """
 
     verdict: str
@@ -127,6 +131,9 @@ class GuardResult:
     causes: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     also: list[dict[str, str]] = field(default_factory=list)
+    #: what ``max_logprob_diff`` and ``per_example_logprob_diff`` measure: "log-prob" (a causal LM: nats), "logit" or
+    #: "hidden-state" (an encoder's per-token outputs and pooled embeddings, :mod:`.encoder`: absolute differences)
+    compared: str = "log-prob"
 
     @property
     def ok(self) -> bool:
@@ -150,7 +157,7 @@ class GuardResult:
         verdict = "SKIPPED (nothing judged)" if self.verdict == "skipped" else self.verdict.upper()
         dtype = f"{self.dtype} ({self.dtype_source})" if self.dtype_source and self.dtype_source != f"{self.dtype} weights" else self.dtype
         head = (f"packcheck guard: {verdict} on {len(self.lengths)} packed examples ({sum(self.lengths)} tokens, "
-                f"{dtype}, {self.run.get('attn_implementation')}): worst log-prob diff {worst} "
+                f"{dtype}, {self.run.get('attn_implementation')}): worst {self.compared} diff {worst} "
                 f"(tol {_tol(self.tolerance.get('logits_atol'))}), loss diff {loss} (tol {_tol(self.tolerance.get('loss_atol'))})")
         if self.cause:
             head += f"; cause {self.cause}: {self.evidence}; remedy: {self.remedy}"

@@ -22,6 +22,7 @@ from .batch import (
     parse_row,
 )
 from .diagnosis import _NUMERICS_PASS, _bad, _diagnose, _padded_diff, _refusal_cause
+from .encoder import encoder_output, measure_encoder, rows_diff
 from .forward import _accepts, _batchable, _compare, _log_probs, _reference, _row_log_probs, _solo
 from .precision import _REDUCED, _ComputeProbe, _pick, _tolerances
 from .result import GuardResult, PackedBatchMismatch, _fmt, _usage, say
@@ -53,7 +54,9 @@ _NOT_CAUSAL_CLASS_ENDINGS = ("ForMaskedLM", "ForSequenceClassification", "ForTok
 
 def _not_a_causal_lm(model: Any) -> str | None:
     """Why ``model`` is not a causal LM the guard can judge (its forward returns no ``.logits`` over the vocabulary:
-    a bare backbone such as LlamaModel, a classification head; or it attends both ways: BertForMaskedLM), or None.
+    a bare backbone such as LlamaModel, a classification head; or it attends both ways), or None. Asked only of a
+    model that is not an encoder the guard judges on its outputs (:func:`.encoder.encoder_output`: BertModel,
+    BertForMaskedLM, ...ForTokenClassification of an encoder).
     Structural: the class name ends in a non-causal head's (:data:`_NOT_CAUSAL_CLASS_ENDINGS`), or
     ``get_output_embeddings()`` is None and the class name is not a language model's; a wrapper without the method
     (PEFT delegates it, a custom module may not have it) is let through, its forward decides."""
@@ -68,7 +71,8 @@ def _not_a_causal_lm(model: Any) -> str | None:
     if head is None:
         return (f"model is a {name}, which has no LM head (get_output_embeddings() is None): the guard needs "
                 "a causal LM, whose forward returns .logits over the vocabulary (e.g. LlamaForCausalLM, or a multimodal "
-                "...ForConditionalGeneration on its text path); pass that model (the Trainer's model, "
+                "...ForConditionalGeneration on its text path), or an encoder's base model / masked-LM / "
+                "token-classification head (BertModel, RobertaForMaskedLM); pass that model (the Trainer's model, "
                 "AutoModelForCausalLM.from_pretrained(...)).")
     if name.endswith(_NOT_CAUSAL_CLASS_ENDINGS):  # BertForMaskedLM has an LM head, but its attention sees both ways
         return (f"model is a {name}, not a causal LM (a masked-LM, classification or QA head: every token attends to "
@@ -112,6 +116,18 @@ def verify_packed_batch(
     keeping the boundaries, is rerun in float32 (autocast off) when the weights are float32: a pass with a note when float32
     agrees; without float32 weights it fails as ``kernel_numerics`` with the float32 check as remedy.
 
+    An encoder or embedding model (:func:`.encoder.encoder_output`: ``config.is_decoder`` false, a model_type with a
+    masked-LM class; its base model as ``AutoModel`` builds it, or its masked-LM / token-classification head) is
+    judged on what it outputs (:func:`.encoder.measure_encoder`, ``result.compared``): the per-token logits (else
+    ``last_hidden_state``), the mean / CLS / last-token embeddings of each segment and, with ``labels`` (on their own
+    token, unshifted), the masked-LM loss, against each example alone without ``position_ids`` (the model numbers it:
+    BERT from 0, RoBERTa-likes from ``padding_idx + 1``); a mismatch is named ``mask_override``, ``leak`` (the others
+    move when the first example changes), ``kernel_numerics`` or ``wrong_positions``.
+
+    A batch of packed rows ``(rows, length)`` is judged on its own forward (:func:`_rows_together`): the batch run
+    once as the loop runs it and every row's examples as one set of right-padded batches; anything short of a clean
+    pass is judged row by row (each row alone, then the batch together vs each row: ``batch_rows``).
+
     Cost: the packed forward plus one forward per labelled example of the row, under ``torch.no_grad`` in eval
     mode; a mismatch adds a few reruns to name the cause (one more with ``padded_probe``; a float32 rerun of the
     row and its examples in the numerics band). The model's train/eval mode of every module, its config and the
@@ -120,9 +136,9 @@ def verify_packed_batch(
     Raises:
         PackcheckUsageError: ``batch`` is not one packed row (see :func:`parse_row`; :class:`NotPackedError` for a
             padded batch), a bad ``tolerances`` (see :func:`_tolerances`), or an unknown ``on_mismatch`` /
-            non-bool ``use_cache`` / ``training`` / ``padded_probe``, or a ``model`` that is not a causal LM (no
-            LM head: ``get_output_embeddings()`` None, e.g. LlamaModel or ...ForSequenceClassification): one line
-            naming the value and the fix.
+            non-bool ``use_cache`` / ``training`` / ``padded_probe``, or a ``model`` that is neither a causal LM nor
+            an encoder (no LM head: ``get_output_embeddings()`` None, e.g. LlamaModel or ...ForSequenceClassification,
+            whose pooled head returns one row per packed row): one line naming the value and the fix.
         PackedBatchMismatch: on a mismatch with ``on_mismatch="raise"``.
     """
     __tracebackhide__ = _hide
@@ -137,7 +153,8 @@ def verify_packed_batch(
     if not isinstance(model, torch.nn.Module) or getattr(model, "config", None) is None:
         raise _usage(f"model is a {type(model).__name__} without a config: pass the transformers model itself "
                      "(a PreTrainedModel, e.g. AutoModelForCausalLM.from_pretrained(...)).")
-    not_lm = _not_a_causal_lm(model)
+    encoder = encoder_output(model)  # an encoder / embedding model: judged on its outputs (issue 46 part 4)
+    not_lm = None if encoder else _not_a_causal_lm(model)
     if not_lm:
         raise _usage(not_lm)
     tols = _tolerances(tolerances)
@@ -148,27 +165,17 @@ def verify_packed_batch(
                             on_mismatch=on_mismatch, padded_probe=padded_probe)
     started = time.perf_counter()
     row = parse_row(batch, getattr(model, "config", None))
-    config = model.config
-    training = model.training if training is None else training
-    explicit = row.batch.get("use_cache")
-    cache = bool(explicit if explicit is not None else use_cache if use_cache is not None else getattr(config, "use_cache", False))
-    if cache and training and _gradient_checkpointing(model):
-        cache = False  # transformers' merge_with_config_defaults / GradientCheckpointingLayer, 5.x
-    fused = bool(row.batch.get("fused_lm_head"))
-    if fused:
-        cache = False  # trl 1.16 add_fused_lm_head: _fused_forward sets kwargs["use_cache"] = False
-    requested = getattr(config, "_attn_implementation", None)
-    run = {"use_cache": cache, "attention_mask": "attention_mask" in row.batch, "attn_implementation": requested,
-           "gradient_checkpointing": _gradient_checkpointing(model), "training": training, "fused_lm_head": fused,
-           "device": str(row.batch["input_ids"].device), "autocast": None, "model": type(model).__name__,
-           "num_items_in_batch": _int_or_none(row.batch.get("num_items_in_batch"))}
+    run, cache, fused = _run_record(model, row.batch, use_cache, training)
     modes = {m: m.training for m in model.modules()}
     rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    if encoder:
+        run["use_cache"] = False  # an encoder keeps no cache (is_decoder False): the key is never passed
     try:
         model.eval()
         with torch.no_grad():
-            result = _measure(model, row, run, cache, fused, tols, padded_probe)
+            result = (_measure_encoder(model, row, run, tols, encoder) if encoder else
+                      _measure(model, row, run, cache, fused, tols, padded_probe))
     finally:
         for module, mode in modes.items():
             module.training = mode
@@ -181,6 +188,28 @@ def verify_packed_batch(
     if (not result.ok or result.verdict == "fallback") and on_mismatch == "warn":
         say(result.line(), stacklevel=2)
     return result
+
+
+def _run_record(model: Any, batch: Mapping[str, Any], use_cache: bool | None,
+                training: bool | None) -> tuple[dict[str, Any], bool, bool]:
+    """How the loop runs ``batch`` (``result.run``), the ``use_cache`` it passes and whether TRL's fused LM head
+    runs: the batch's ``use_cache``, else the caller's, else ``model.config.use_cache``; off under gradient
+    checkpointing in training and under the fused head."""
+    config = model.config
+    training = model.training if training is None else training
+    explicit = batch.get("use_cache")
+    cache = bool(explicit if explicit is not None else use_cache if use_cache is not None else getattr(config, "use_cache", False))
+    if cache and training and _gradient_checkpointing(model):
+        cache = False  # transformers' merge_with_config_defaults / GradientCheckpointingLayer, 5.x
+    fused = bool(batch.get("fused_lm_head"))
+    if fused:
+        cache = False  # trl 1.16 add_fused_lm_head: _fused_forward sets kwargs["use_cache"] = False
+    run = {"use_cache": cache, "attention_mask": "attention_mask" in batch,
+           "attn_implementation": getattr(config, "_attn_implementation", None),
+           "gradient_checkpointing": _gradient_checkpointing(model), "training": training, "fused_lm_head": fused,
+           "device": str(batch["input_ids"].device), "autocast": None, "model": type(model).__name__,
+           "num_items_in_batch": _int_or_none(batch.get("num_items_in_batch"))}
+    return run, cache, fused
 
 
 def _verify_rows(model: Any, batch: Mapping[str, Any], spans: list[slice], **options: Any) -> GuardResult:
@@ -200,6 +229,13 @@ def _verify_rows(model: Any, batch: Mapping[str, Any], spans: list[slice], **opt
         if padded:
             one.pop("attention_mask", None)  # it only marked the padding; the row alone has none
         singles.append(one)
+    rows_text = f"{len(spans)} packed rows {tuple(batch['input_ids'].shape)}"
+    started = time.perf_counter()
+    together = _rows_together(model, batch, singles, spans, **options)
+    if isinstance(together, GuardResult):  # every row passed on the batch's own forward: the common case, 2-3 forwards
+        together.duration_s = time.perf_counter() - started
+        return together
+    why, kept, spent = together
     results = [verify_packed_batch(model, one, on_mismatch="return", **options) for one in singles]
     worst = next((r for r in results if r.verdict == "fail"), None) or next(
         (r for r in results if r.verdict != "skipped"), results[0])
@@ -207,11 +243,16 @@ def _verify_rows(model: Any, batch: Mapping[str, Any], spans: list[slice], **opt
     result.lengths = [n for r in results for n in r.lengths]
     # the batch as the loop gave it, not the row alone (its padding mask is dropped there): trial 21, 76
     result.run = {**result.run, "attention_mask": "attention_mask" in batch}
-    result.probes = {**worst.probes, "rows": [f"{r.verdict}{' ' + r.cause if r.cause else ''}" for r in results]}
+    result.probes = {**worst.probes, "rows": [f"{r.verdict}{' ' + r.cause if r.cause else ''}" for r in results],
+                     "rows_together": f"not judged together ({why}): each row alone"}
     _numbers_over_rows(result, results)
-    result.forwards = sum(r.forwards for r in results)
-    batched = _batched_vs_rows(model, batch, singles, spans, worst, result, results)
-    rows_text = f"{len(spans)} packed rows {tuple(batch['input_ids'].shape)}"
+    result.forwards = sum(r.forwards for r in results) + spent
+    encoder = encoder_output(model)
+    if encoder:
+        batched = _encoder_rows(model, batch, spans, results, encoder, result)
+    else:
+        batched = _batched_vs_rows(model, batch, singles, spans, worst, result, results,
+                                   kept if kept is not None and kept[0] == bool(worst.run.get("use_cache")) else None)
     if batched is not None and not batched <= result.tolerance["logits_atol"]:
         result.verdict, result.cause, result.remedy = "fail", "batch_rows", ""
         result.max_logprob_diff = max(batched, result.max_logprob_diff or 0.0)
@@ -226,6 +267,24 @@ def _verify_rows(model: Any, batch: Mapping[str, Any], spans: list[slice], **opt
     if (not result.ok or result.verdict == "fallback") and on_mismatch == "warn":
         say(result.line(), stacklevel=3)
     return result
+
+
+def _encoder_rows(model: Any, batch: Mapping[str, Any], spans: list[slice], results: list[GuardResult], kind: str,
+                  result: GuardResult) -> float | None:
+    """An encoder's batch of packed rows run together vs each row alone (:func:`.encoder.rows_diff`), in eval mode
+    under no_grad, the modes restored; one forward."""
+    import torch
+
+    modes = {m: m.training for m in model.modules()}
+    try:
+        model.eval()
+        with torch.no_grad():
+            batched = rows_diff(model, dict(batch), spans, results, kind)
+    finally:
+        for module, mode in modes.items():
+            module.training = mode
+    result.forwards += batched is not None
+    return batched
 
 
 def _numbers_over_rows(result: GuardResult, results: list[GuardResult]) -> None:
@@ -257,11 +316,13 @@ def _numbers_over_rows(result: GuardResult, results: list[GuardResult]) -> None:
 
 
 def _batched_vs_rows(model: Any, batch: Mapping[str, Any], singles: list[dict[str, Any]], spans: list[slice],
-                     worst: GuardResult, result: GuardResult, results: list[GuardResult]) -> float | None:
+                     worst: GuardResult, result: GuardResult, results: list[GuardResult],
+                     kept_logits: tuple[bool, Any] | None = None) -> float | None:
     """Worst log-prob diff (nats, labelled next tokens inside each row's examples) of the batch run together vs
     each row run alone, both as given (eval mode, no_grad, modes restored). None when nothing is labelled. Each
     row alone is the packed forward its own check ran (``results``, kept where it ran with this use_cache and
-    without TRL's fused head), the batch together one forward for every row."""
+    without TRL's fused head), the batch together one forward for every row (``kept_logits``: (use_cache, logits
+    ``(rows, length, vocab)``) of that forward where :func:`_rows_together` already ran it)."""
     import torch
 
     fused = bool(batch.get("fused_lm_head"))
@@ -269,7 +330,8 @@ def _batched_vs_rows(model: Any, batch: Mapping[str, Any], singles: list[dict[st
     keys["use_cache"] = bool(worst.run.get("use_cache"))
     modes = {m: m.training for m in model.modules()}
     diffs = []
-    logits = None  # the batch together: one forward for every row (it was one per row)
+    # the batch together: one forward for every row (it was one per row), none where _rows_together ran it
+    logits = kept_logits[1] if kept_logits is not None and not fused else None
     try:
         model.eval()
         with torch.no_grad():
@@ -300,6 +362,150 @@ def _batched_vs_rows(model: Any, batch: Mapping[str, Any], singles: list[dict[st
         for module, mode in modes.items():
             module.training = mode
     return max(diffs) if diffs else None
+
+
+def _rows_together(model: Any, batch: Mapping[str, Any], singles: list[dict[str, Any]], spans: list[slice], *,
+                   use_cache: bool | None, training: bool | None, tolerances: Any, padded_probe: bool,
+                   ) -> GuardResult | tuple[str, tuple[bool, Any] | None, int]:
+    """A batch of packed rows judged on its own forward: the batch run together once, as the loop runs it, and
+    every row's labelled examples alone as one set of right-padded batches (:func:`~.forward._reference` over the
+    rows' examples, grouped by length across rows), each row's log-probs read from the batch's logits. Passes only
+    a clean pass: every row within half the tolerance (the padded reference's margin, as :func:`_measure`), finite,
+    no contract item, float32 compute, attention on the requested backend, each row two or more examples with a
+    labelled token. Anything else returns ``(why, (use_cache, logits) or None, forwards spent)`` and
+    :func:`_verify_rows` judges row by row as before, so every failing verdict, its numbers and its diagnosis are
+    the row-by-row ones. Cost of a pass: one forward of the batch plus the padded groups (64 examples of 8-16
+    tokens in 4 rows: 3 forwards; row by row it was 14)."""
+    import torch
+
+    from ..backends import count_attention_calls, is_call_on
+    from ..checks.attention import expected_attention_calls
+    from ..errors import PackcheckUsageError
+
+    if batch.get("fused_lm_head"):
+        return "TRL's fused LM head", None, 0
+    if encoder_output(model):
+        return "an encoder: each row judged on its outputs", None, 0
+    try:
+        rows = [parse_row(one, model.config) for one in singles]
+    except PackcheckUsageError as exc:  # each row alone refuses it the same way, with its own line
+        return f"a row refused: {exc}", None, 0
+    for r, row in enumerate(rows):
+        _, targets = _targets(row)
+        why = (f"contract items {', '.join(dict.fromkeys(c for c, _, _ in row.items))}" if row.items else
+               "one example" if len(row.slices) < 2 else
+               "no labelled token" if not bool((targets != IGNORE_INDEX).any()) else _batchable(model, row, False))
+        if why:
+            return f"row {r + 1}: {why}", None, 0
+    tols = _tolerances(tolerances)
+    run, cache, _ = _run_record(model, batch, use_cache, training)
+    probe_dtype = _ComputeProbe(model, batch["input_ids"].device.type)
+    probe_dtype.remove()
+    if probe_dtype.weights != "float32":
+        return f"{probe_dtype.weights} weights", None, 0
+    keys = {k: v for k, v in batch.items() if k not in ("labels", "fused_lm_head", "num_items_in_batch")}
+    keys["use_cache"] = cache
+    accepted = _accepts(model)
+    forwards = [0]
+    modes = {m: m.training for m in model.modules()}
+    rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    try:
+        model.eval()
+        with torch.no_grad():
+            probe_dtype = _ComputeProbe(model, batch["input_ids"].device.type)
+            try:
+                # row 0's boundaries decide the attention probe's isolation, as where the row runs alone
+                with count_attention_calls(model, [s.stop - s.start for s in rows[0].slices] if spans[0].start == 0
+                                           else None) as probe:
+                    logits = model(**{k: v for k, v in keys.items() if accepted is None or k in accepted
+                                      or k == "position_ids"}).logits
+                forwards[0] += 1
+            finally:
+                probe_dtype.remove()
+            dtype, source = probe_dtype.decide(False)
+            run["autocast"] = probe_dtype.autocast
+            kept = (cache, logits)
+            counts = probe.counts()
+            others = {k: v for k, v in counts.items() if not is_call_on(k, run["attn_implementation"])}
+            if dtype != "float32" or others:
+                return (f"{dtype} compute" if dtype != "float32" else f"attention ran on {others}"), kept, forwards[0]
+            joined, targets, owner = _joined(rows)
+            try:
+                solo, which = _reference(model, joined, targets, False, forwards)
+            except Exception as exc:  # noqa: BLE001 - a model that refuses a padded batch: row by row decides
+                return f"the padded batch raised {type(exc).__name__}", kept, forwards[0]
+    finally:
+        for module, mode in modes.items():
+            module.training = mode
+        torch.set_rng_state(rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+    tol = _pick(tols, dtype)
+    attention = {"requested": run["attn_implementation"], "calls": counts, "expected_calls": expected_attention_calls(model),
+                 "boundaries_reached": sum(1 for c in probe.calls if c.isolated),
+                 "boundaries_missing": sum(1 for c in probe.calls if c.isolated is False),
+                 "varlen_kernel_calls": probe.varlen_calls, "dense_kernel_calls": probe.dense_flash_calls}
+    width = batch["input_ids"].shape[1]
+    results = []
+    for r, (row, s) in enumerate(zip(rows, spans, strict=True)):
+        trainer, own = _targets(row)
+        full = torch.full((1, width - 1), IGNORE_INDEX, dtype=trainer.dtype, device=trainer.device)
+        full[0, s.start:s.stop - 1] = trainer[0]
+        packed = _row_log_probs(model, keys, r, full, False, len(rows), logits)[s.start:s.stop - 1]
+        mine = [(lp, owner[i][1]) for lp, i in zip(solo, which, strict=True) if owner[i][0] == r]
+        cmp = _compare(row, trainer, own, packed, [lp for lp, _ in mine], [i for _, i in mine])
+        if not cmp["finite"] or _bad(cmp, {k: v / 2 for k, v in tol.items()}):
+            return f"row {r + 1} gave {_fmt(cmp['max'])} against its examples alone: not a clean pass", kept, forwards[0]
+        results.append(GuardResult(
+            verdict="pass", cause=None, remedy="", evidence="", dtype=dtype, tolerance=tol, max_logprob_diff=cmp["max"],
+            per_example_logprob_diff=cmp["per_example"], loss_packed=cmp["loss_packed"],
+            loss_reference=cmp["loss_reference"], loss_delta=cmp["loss_delta"], lengths=[x.stop - x.start for x in row.slices],
+            label_tokens=cmp["label_tokens"], contract=[], run=run, attention=attention,
+            probes={"trainer_label_tokens": cmp["trainer_label_tokens"], "batch_has_position_ids": True},
+            versions=_versions(), dtype_source=source, notes=list(row.notes)))
+    result = GuardResult(**results[0].to_dict())
+    result.lengths = [n for r in results for n in r.lengths]
+    result.probes = {**result.probes, "rows": ["pass"] * len(results),
+                     "reference": (f"right-padded batches over every row: {len(which)} examples in {forwards[0] - 1} "
+                                   "forwards, against the batch's own packed forward")}
+    _numbers_over_rows(result, results)
+    result.forwards = forwards[0]
+    result.notes = [*result.notes, (f"{len(spans)} packed rows {tuple(batch['input_ids'].shape)} judged together: the "
+                                    f"batch's forward vs each example alone {_fmt(result.max_logprob_diff)}")]
+    return result
+
+
+def _joined(rows: list[_Row]) -> tuple[_Row, Any, list[tuple[int, int]]]:
+    """The rows' real tokens end to end as one virtual row for :func:`~.forward._reference` (never run as a row:
+    it only carries each example's tokens, first position and targets), its reference targets ``(1, total - 1)``
+    (-100 across every example start and every row's end) and, per example of it, (row, example in the row)."""
+    import torch
+
+    ids = torch.cat([row.batch["input_ids"] for row in rows], dim=1)
+    batch: dict[str, Any] = {"input_ids": ids}
+    if all("position_ids" in row.batch for row in rows):
+        batch["position_ids"] = torch.cat([row.batch["position_ids"] for row in rows], dim=-1)
+    parts, slices, owner, continued, offset = [], [], [], {}, 0
+    for r, row in enumerate(rows):
+        _, targets = _targets(row)
+        parts += [targets[0], targets.new_full((1,), IGNORE_INDEX)]
+        slices += [slice(s.start + offset, s.stop + offset) for s in row.slices]
+        owner += [(r, i) for i in range(len(row.slices))]
+        continued |= {start + offset: first for start, first in row.continued.items()}
+        offset += row.total
+    return (_Row(batch, offset, slices, [], [], rows[0].first, continued), torch.cat(parts[:-1])[None], owner)
+
+
+def _measure_encoder(model: Any, row: _Row, run: dict[str, Any], tols: dict[str, dict[str, float]], kind: str) -> GuardResult:
+    """An encoder's packed row (:func:`.encoder.measure_encoder`), its remedy filled in (:func:`_finish`)."""
+    weights = _ComputeProbe(model, row.batch["input_ids"].device.type)
+    weights.remove()
+    base = {"verdict": "fail", "dtype": weights.weights, "lengths": [s.stop - s.start for s in row.slices],
+            "contract": row.problems, "run": run, "versions": _versions(), "per_example_logprob_diff": [],
+            "label_tokens": 0, "notes": list(row.notes), "causes": [c for c, _, _ in row.items],
+            "dtype_source": f"{weights.weights} weights"}
+    return _finish(measure_encoder(model, row, run, tols, kind, base), model)
 
 
 def _nothing_scored(row: _Row) -> str:
