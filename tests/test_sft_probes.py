@@ -305,3 +305,36 @@ def test_trl_whose_fused_head_lost_its_kernel_is_not_checked_with_the_reason(lla
         assert "Triton kernel and triton is not installed" in got.message and "TRL >= 1.16" in got.message
     monkeypatch.undo()
     assert S.check_sft(llama_sdpa).status == "pass"  # the kernel present (TRL 1.16 here): measured as before
+
+
+def test_unmasked_boundary_labels_in_a_row_without_position_ids_are_named_beside_the_missing_boundaries(llama_sdpa):
+    """Issue 41: a packed row that carries no position_ids (TRL 0.20 - 0.23's collator on non-flash backends) was
+    checked for its labels at the example starts only where position_ids gave the starts, so a row that also
+    trained each example's first token as the previous one's next named mask_override alone. The starts are found
+    by the examples' token ids (as the first-batch loss probe splits such a row) and both causes are named.
+    Planted in TRL's own run: the collator's position_ids dropped and its labels at every example start set back
+    to the token, an all-ones attention_mask in their place."""
+    import torch
+    from trl.trainer import sft_trainer
+
+    cls = sft_trainer.DataCollatorForLanguageModeling
+    real = cls.torch_call
+
+    def dropped(self, examples):
+        out = real(self, examples)
+        if "position_ids" in out and out["input_ids"].shape[0] == 1:
+            starts = (out.pop("position_ids")[0] == 0).nonzero().flatten()
+            out["labels"][0, starts[1:]] = out["input_ids"][0, starts[1:]]
+            out["attention_mask"] = torch.ones_like(out["input_ids"])  # TRL 1.16's compute_loss needs one of the two
+        return out
+
+    cls.torch_call = dropped
+    try:
+        result = S.check_sft(llama_sdpa)
+    finally:
+        cls.torch_call = real
+    codes = [c["cause"] for c in result.causes]
+    assert result.status == "fail" and {"mask_override", "boundary_labels"} <= set(codes), result.causes
+    labels = next(c["evidence"] for c in result.causes if c["cause"] == "boundary_labels")
+    assert labels["probe"] == "boundary_labels" and len(labels["unmasked_starts"]) == labels["examples"] - 1 >= 2, labels
+    assert "found by the examples' token ids" in result.metrics["probes"]["boundary_labels"]["evidence"]

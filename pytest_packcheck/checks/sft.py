@@ -171,7 +171,7 @@ def _check_sft_strategies(sft: _Sft) -> CheckResult:
         else:
             # every probe of the strategy on its own: the row contract says why the steps diverge (e.g. TRL
             # 0.20-0.23 send no position_ids to non-flash backends), the loss probes say by how much
-            problems, starts = _row_contract(wb, batch, entry)
+            problems, starts = _row_contract(wb, batch, entry, sft.examples())
             _contract_probe(entry, problems, starts, prefix=f"{strategy}: ")
             if run[0]:
                 _first_batch_probe(sft, first or batch, run[0][0], entry, prefix=f"{strategy}: ")

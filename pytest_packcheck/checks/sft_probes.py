@@ -45,11 +45,14 @@ def _configuration(sft: _Sft, trainer: Any, requested: dict[str, Any]) -> tuple[
     return metrics, summary
 
 
-def _row_contract(wb: Any, batch: dict[str, Any], metrics: dict[str, Any]) -> tuple[list[str], list[int] | None]:
+def _row_contract(wb: Any, batch: dict[str, Any], metrics: dict[str, Any],
+                  examples: list[list[int]] | None = None) -> tuple[list[str], list[int] | None]:
     """The first batch of a packed or padding-free run: one row whose position_ids restart per example, labels
     -100 at each example's first token, cu_seq_lens_q and seq_idx (where TRL emits them) at the restarts, and no all-ones
     attention_mask (it would override the boundaries on eager / sdpa / flex). Returns the problems and the
-    example starts (None when the row has no position_ids)."""
+    example starts: the position_ids restarts; in a row without position_ids, where the known ``examples`` start
+    along the row (:func:`_segment_starts`), so the labels at the boundaries are still checked beside the missing
+    boundaries (issue 41: that row named mask_override alone); None when neither splits the row."""
     problems = []
     metrics["keys"] = sorted(batch)
     all_ones = "attention_mask" in batch and int((batch["attention_mask"] == 0).sum()) == 0 and batch["input_ids"].shape[0] == 1
@@ -62,18 +65,15 @@ def _row_contract(wb: Any, batch: dict[str, Any], metrics: dict[str, Any]) -> tu
         why = (": padding_free is on, but the collator has return_position_ids=False (TRL builds it as use_flash_attention)"
                if effective.get("padding_free") and effective.get("return_position_ids") is False else "")
         problems.append(f"the packed batch carries no position_ids{why}: examples are concatenated without boundaries")
-        return problems, None
+        starts, _ = _segment_starts(batch, examples or []) if examples and batch["input_ids"].shape[0] == 1 else (None, "")
+        if starts is not None:
+            _boundary_labels(batch, starts, problems, metrics, " (found by the examples' token ids)")
+        return problems, starts
     starts = (pos[0] == 0).nonzero().flatten().tolist()
     metrics["examples_in_row"] = len(starts)
     if len(starts) < 2:
         problems.append(f"position_ids restart {len(starts)} time(s): the row is not packed")
-    labels = batch["labels"]
-    unmasked = [s for s in starts if int(labels[0, s]) != -100]
-    if unmasked:
-        text = f"labels not -100 at {len(unmasked)} example starts {unmasked[:5]}"
-        problems.append(text)
-        # its own cause (boundary_labels), beside whatever else the row breaks
-        metrics["row_contract"].update({"unmasked_starts": unmasked[:12], "label_problem": text})
+    _boundary_labels(batch, starts, problems, metrics)
     if "seq_idx" in batch:  # TRL 1.x, for the short convolutions of linear-attention layers: example index per token
         seq_idx = batch["seq_idx"][0].tolist()
         bounds = [*starts, int(pos.shape[-1])]
@@ -90,6 +90,20 @@ def _row_contract(wb: Any, batch: dict[str, Any], metrics: dict[str, Any]) -> tu
             problems.append(f"cu_seq_lens_q {cu[:8]} disagree with the position_ids restarts {starts[:8]} and the row "
                             f"length {int(pos.shape[-1])}")
     return problems, starts
+
+
+def _boundary_labels(batch: dict[str, Any], starts: list[int], problems: list[str], metrics: dict[str, Any],
+                     found: str = "") -> None:
+    """Labels that are not -100 at an example start (``starts``): a problem of the row, and its own cause
+    (boundary_labels, :func:`_contract_probe`) beside whatever else the row breaks."""
+    labels = batch.get("labels")
+    if labels is None:
+        return
+    unmasked = [s for s in starts if int(labels[0, s]) != -100]
+    if unmasked:
+        text = f"labels not -100 at {len(unmasked)} example starts {unmasked[:5]}{found}"
+        problems.append(text)
+        metrics["row_contract"].update({"unmasked_starts": unmasked[:12], "label_problem": text})
 
 
 #: The probes of an SFT mode, most specific first. Each runs whatever the others found and records its own item
@@ -306,7 +320,7 @@ def _packed_run(sft: _Sft, trainer: Any, requested: dict[str, Any], label: str,
     reference. Returns metrics (with ``probes``), the summary and the run's (losses, grad norms)."""
     metrics, summary = _configuration(sft, trainer, requested)
     batch = next(iter(trainer.get_train_dataloader()))
-    problems, starts = _row_contract(sft.wb, batch, metrics)
+    problems, starts = _row_contract(sft.wb, batch, metrics, sft.examples())
     _contract_probe(metrics, problems, starts)
     first: dict[str, Any] = {}
     run = sft.train_steps(capture=first, **train)
