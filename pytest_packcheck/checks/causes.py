@@ -257,7 +257,16 @@ _CAUSES: tuple[Cause, ...] = (
           "a hook replaced the packed attention mask (accelerate's context-parallel hook: attention_mask=None, "
           "is_causal=True): rerun without the hook, the row is right",
           "do not pack under context parallelism on eager / sdpa / flex; a flash backend keeps the boundaries in "
-          "position_ids / cu_seq_lens_q"),
+          "position_ids / cu_seq_lens_q",
+          # the flash remedy checked on the hook's own fault (checks/stack.py _flash_remedy, issue 41)
+          when=(Remedy(facts=(("flash_keeps_boundaries", False), ("flash_with_element", float)), fill=True, text=(
+                    "do not pack under this hook on any backend: it removes the boundaries on the flash path too "
+                    "(packcheck's varlen reference with the hook: {flash_with_element}); train on padded batches "
+                    "under it, or make the hook pass position_ids / cu_seq_lens_q through to attention")),
+                Remedy(facts=(("flash_keeps_boundaries", True), ("flash_with_element", float)), fill=True, text=(
+                    "do not pack under context parallelism on eager / sdpa / flex; a flash backend keeps the "
+                    "boundaries in position_ids / cu_seq_lens_q (measured with the hook on packcheck's varlen "
+                    "reference: {flash_with_element})")))),
     Cause("checkpoint_recompute",
           "gradient checkpointing's recompute did not reproduce the packed forward (the backward saw other kwargs "
           "than the forward): gradients differ, and rerun with checkpointing off they are right",

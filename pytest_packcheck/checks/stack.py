@@ -73,9 +73,48 @@ def stack_cause(wb: Workbench, measure: Callable[[Workbench], float] = packed_vs
         warned = sorted({" ".join(m.split())[:160] for m in said if "position" in m.lower() or "mask" in m.lower()})
         if warned:
             evidence["warnings"] = warned[:3]
+        if model.element.cause in FLASH_REMEDY_CAUSES:
+            evidence.update(_flash_remedy(wb, measure, with_element, atol))
         out = {"cause": model.element.cause, "evidence": evidence}
     wb._cache[key] = out
     return out
+
+
+#: Stack causes whose remedy sends the user to a flash backend ("a flash backend keeps the boundaries in position_ids /
+#: cu_seq_lens_q"): :func:`stack_cause` checks that remedy on the element's own fault before it is given.
+FLASH_REMEDY_CAUSES = frozenset({"stack_mask_dropped"})
+
+
+def _flash_remedy(wb: Workbench, measure: Callable[[Workbench], float], with_element: float, atol: float) -> dict[str, Any]:
+    """The remedy "use a flash backend" applied to the element's fault (issue 41: a remedy must fix the cause under
+    the stack that produced it): ``measure`` rerun with the element still applied, on packcheck's varlen reference
+    (:data:`~pytest_packcheck.backends.REFERENCE_BACKEND`: transformers' flash-attention preparation on an exact CPU
+    kernel, the flash path's boundaries from position_ids / cu_seq_lens_q). ``{"flash_with_element": number,
+    "flash_keeps_boundaries": bool}``; on a cell already on that backend its own number (the flash path is what
+    failed). A hook that removes the boundaries on every backend (the mask and the position_ids / cu_seq_lens the
+    flash path reads) gets False, and :mod:`checks.causes` then gives no flash remedy. ``{}`` when the model cannot
+    switch backends (no ``set_attn_implementation``, or the switch raised)."""
+    from ..backends import REFERENCE_BACKEND, ensure_registered
+
+    if wb.backend == REFERENCE_BACKEND:
+        return {"flash_with_element": with_element, "flash_keeps_boundaries": with_element <= atol}
+    base = getattr(stacked(wb), "base", None)
+    switch = getattr(base, "set_attn_implementation", None)
+    before = getattr(getattr(base, "config", None), "_attn_implementation", None)
+    if not callable(switch) or before is None:
+        return {}
+    try:
+        ensure_registered(REFERENCE_BACKEND)
+        switch(REFERENCE_BACKEND)
+    except Exception:  # noqa: BLE001 - a model that cannot run the flash path: the remedy is not checked, said by its absence
+        return {}
+    try:
+        import dataclasses
+
+        flash = measure(dataclasses.replace(wb, backend=REFERENCE_BACKEND, _cache={}))
+    finally:
+        switch(before)
+    return {"flash_with_element": flash, "flash_keeps_boundaries": flash <= atol}
 
 
 def rotated(examples: list[list[int]]) -> list[list[int]]:
