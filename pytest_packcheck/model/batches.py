@@ -97,12 +97,50 @@ def collator_supports() -> set[str]:
     return set(inspect.signature(DataCollatorWithFlattening.__init__).parameters)
 
 
+class CollatorUnsupported(NotImplementedError):
+    """The installed ``DataCollatorWithFlattening`` cannot give what a check asks of it (a keyword it refuses, the
+    flash kwargs it does not return): an "unsupported" cell whose message is the library's reason (the runner reads
+    "is not supported" as a refusal, :data:`run.runner._UNSUPPORTED_MARKERS`), never a crash blamed on the model."""
+
+
+def _refusal(kwargs: dict[str, Any]) -> str:
+    """The library's own words for refusing ``kwargs`` (the constructor called with them unfiltered: transformers
+    4.51.3's ``__init__(*args, return_position_ids=True, separator_id=-100, **kwargs)`` hands
+    ``return_flash_attn_kwargs`` to ``DefaultDataCollator``: "TypeError: DefaultDataCollator.__init__() got an
+    unexpected keyword argument 'return_flash_attn_kwargs'"), or "" when it takes them."""
+    from transformers import DataCollatorWithFlattening
+
+    try:
+        DataCollatorWithFlattening(**kwargs)
+    except TypeError as exc:
+        return f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+    return ""
+
+
+def _unsupported(what: str, said: str) -> CollatorUnsupported:
+    import transformers
+
+    return CollatorUnsupported(f"{what} is not supported by transformers {transformers.__version__}'s "
+                               f"DataCollatorWithFlattening ({said or 'its signature has no such argument'}; "
+                               "return_flash_attn_kwargs and return_seq_idx from 4.52, position_ids_start from 5.16)")
+
+
 def default_collator_factory(**kwargs: Any) -> Callable[..., dict]:
-    """``DataCollatorWithFlattening(**kwargs)`` keeping only the arguments the installed version knows."""
+    """``DataCollatorWithFlattening(**kwargs)`` keeping only the arguments the installed version knows.
+
+    Raises:
+        CollatorUnsupported: the collator refuses the arguments its signature names (a TypeError at construction),
+            with the library's message.
+    """
     from transformers import DataCollatorWithFlattening
 
     supported = collator_supports()
-    return DataCollatorWithFlattening(**{k: v for k, v in kwargs.items() if k in supported})
+    kept = {k: v for k, v in kwargs.items() if k in supported}
+    try:
+        return DataCollatorWithFlattening(**kept)
+    except TypeError as exc:  # a release whose constructor refuses what its signature shows: the library's reason
+        raise _unsupported(f"DataCollatorWithFlattening({', '.join(f'{k}={v!r}' for k, v in kept.items())})",
+                           f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}") from exc
 
 
 def packed_batch(
@@ -113,11 +151,20 @@ def packed_batch(
     device: str = "cpu",
 ) -> dict[str, Any]:
     """One flattened row: ``input_ids``, ``labels``, ``position_ids`` int64 ``(1, total_tokens)``; with
-    ``flash_kwargs`` also ``cu_seq_lens_q/k`` int32 ``(num_examples + 1,)`` and ``max_length_q/k`` ints."""
+    ``flash_kwargs`` also ``cu_seq_lens_q/k`` int32 ``(num_examples + 1,)`` and ``max_length_q/k`` ints.
+
+    Raises:
+        CollatorUnsupported: ``flash_kwargs`` asked of a collator that returns no ``cu_seq_lens_q`` (transformers
+            before 4.52: the cell is "unsupported" with the library's refusal, issue 41), or one the collator
+            factory raises.
+    """
     collator = collator_factory(
         return_position_ids=True, return_flash_attn_kwargs=flash_kwargs, position_ids_start=start
     )
     batch = collator([{"input_ids": list(e)} for e in examples], return_tensors="pt")
+    if flash_kwargs and "cu_seq_lens_q" not in batch:
+        raise _unsupported("a packed row with cu_seq_lens_q (return_flash_attn_kwargs=True)",
+                           _refusal({"return_flash_attn_kwargs": True}))
     return {k: (v.to(device) if hasattr(v, "to") else v) for k, v in batch.items()}
 
 
