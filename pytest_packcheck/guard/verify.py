@@ -468,7 +468,7 @@ def _rows_together(model: Any, batch: Mapping[str, Any], singles: list[dict[str,
     result.lengths = [n for r in results for n in r.lengths]
     result.probes = {**result.probes, "rows": ["pass"] * len(results),
                      "reference": (f"right-padded batches over every row: {len(which)} examples in {forwards[0] - 1} "
-                                   "forwards, against the batch's own packed forward")}
+                                   f"forward{'s' * (forwards[0] != 2)}, against the batch's own packed forward")}
     _numbers_over_rows(result, results)
     result.forwards = forwards[0]
     result.notes = [*result.notes, (f"{len(spans)} packed rows {tuple(batch['input_ids'].shape)} judged together: the "
@@ -594,7 +594,8 @@ def _measure(model: Any, row: _Row, run: dict[str, Any], cache: bool, fused: boo
                 why = f"the padded batch raised {type(exc).__name__}"
             else:
                 cmp = _compare(row, trainer, targets, packed, solo, which)
-                probes["reference"] = f"right-padded batches: {len(which)} examples in {forwards[0] - before} forwards"
+                spent = forwards[0] - before
+                probes["reference"] = f"right-padded batches: {len(which)} examples in {spent} forward{'s' * (spent != 1)}"
                 if row.items or not cmp["finite"] or _bad(cmp, {k: v / 2 for k, v in tol.items()}):
                     why = f"the padded batches gave {_fmt(cmp['max'])}: not a clean pass"
         if why is not None:
