@@ -55,6 +55,9 @@ def reduce_release(doc: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
                    for c in group if c["check"] in hazard_checks and c["status"] not in ("pass", "skipped")}
         if hazards:
             entry["hazards"] = hazards
+        source = next((c["model"].get("config_source") for c in group if c["model"].get("config_source")), None)
+        if source:  # built from packcheck's config-fix table (model/config_fixes.py), not the default config
+            entry["config"] = source
         # a finding beside a verdict, and a failing check's further causes (a cell's ``causes`` past its first:
         # roberta on 4.49 leaks *and* counts positions from 0, its wrong_positions the second cause of logits_parity)
         findings = sorted({f["cause"] for c in h["cells"] for f in (c.get("findings") or []) if isinstance(f, dict) and f.get("cause")}

@@ -181,6 +181,7 @@ def render_markdown(support: dict[str, Any]) -> str:
             text = "; ".join(f"{label} {a}" + (f" .. {b}" if b != a else "") for a, b, label in runs)
             parts.append(f"- **{name}** / {backend}: {text}")
         lines += parts
+    lines += config_sections(support)
     lines += ["", "## Transitions", "",
               ("Every change of verdict or cause between two adjacent measured releases, with the number that backs "
               "each side; `bisected` names the exact patch where one was run."), "",
@@ -227,6 +228,45 @@ def render_markdown(support: dict[str, Any]) -> str:
 
         lines += render_trl_markdown(support["trl"])
     return "\n".join(lines) + "\n"
+
+
+def config_sections(support: dict[str, Any]) -> list[str]:
+    """atlas.md's two config sections: the architectures answered on a config of packcheck's config-fix table
+    (``model/config_fixes.py``: where transformers' default config does not run, the entries' ``config``), with the
+    releases and the config each rests on; then the entries still ``library_config`` (the config itself does not run
+    there), per architecture with their releases and the newest message."""
+    lines = ["", "## Built from another config", "",
+             ("Where transformers' own default config for an architecture does not run on a release, the atlas builds it "
+              "from packcheck's config-fix table (a checkpoint's config.json, the causal-LM class's own text config, or "
+              "named values), shrunk the same way; `lookup` names it in its answer."), ""]
+    fixed: dict[tuple[str, str], list[str]] = {}
+    left: dict[str, dict[str, Any]] = {}
+    for name in sorted(support["cells"]):
+        for backend in support["backends"]:
+            for version, e in support["cells"][name].get(backend, {}).items():
+                if e.get("config"):
+                    fixed.setdefault((name, e["config"]), []).append(version)
+                if "library_config" in e.get("causes", []):
+                    slot = left.setdefault(name, {"versions": set(), "entries": 0, "newest": version, "message": ""})
+                    slot["versions"].add(version)
+                    slot["entries"] += 1
+                    if version_key(version) >= version_key(slot["newest"]):
+                        slot["newest"], slot["message"] = version, e.get("message") or ""
+    for (name, config), versions in sorted(fixed.items()):
+        releases = sorted(set(versions), key=version_key)
+        lines.append(f"- **{name}** ({len(releases)} releases, {releases[0]} .. {releases[-1]}): {name_md(config)}")
+    if not fixed:
+        lines.append("- none")
+    lines += ["", "## Still library_config", "",
+              (f"{sum(v['entries'] for v in left.values())} entries of {len(left)} architectures where the config the atlas "
+               "builds does not run in transformers itself (the newest message says why)."), ""]
+    for name, slot in sorted(left.items()):
+        releases = sorted(slot["versions"], key=version_key)
+        lines.append(f"- **{name}**: {slot['entries']} entries, {len(releases)} releases ({releases[0]} .. {releases[-1]}); "
+                     f"{slot['newest']}: {name_md(slot['message'])}")
+    if not left:
+        lines.append("- none")
+    return lines
 
 
 #: Causes that are packcheck's own rather than the library's (the Markdown's "Where packcheck itself stopped").

@@ -145,6 +145,11 @@ _CAUSES: tuple[Cause, ...] = (
     Cause("ignores_position_ids",
           "the model ignores position_ids (restarting them changes nothing)",
           "not supported for this architecture: disable packing for it"),
+    Cause("no_position_ids",
+          "the model's forward takes no position_ids, so a packed row cannot restart positions per example (its "
+          "config builds and runs: the model class, not the config)",
+          "do not pack this architecture on this release (the atlas names the first release whose forward takes "
+          "position_ids), or pack with a collator that keeps examples in separate rows"),
     Cause("sliding_window",
           "parity holds for examples shorter than the sliding window and fails above it",
           "use a flash backend (the window is applied per segment), or keep examples shorter than the window"),

@@ -37,6 +37,9 @@ class ResolvedModel:
     auto_class: str = "AutoModelForCausalLM"
     #: "mrope" for a multimodal model run on its text path with M-RoPE position_ids; None for a causal LM
     text_path: str | None = None
+    #: the config it rests on where it is neither the checkpoint's nor the architecture's default: a fix of
+    #: :data:`~.config_fixes.CONFIG_FIXES` (its :meth:`~.config_fixes.ConfigFix.source`), else None
+    config_source: str | None = None
     #: "encoder" for an ``encoder:`` spec (built with :func:`.architectures.encoder_class_name`'s class: attends both
     #: ways, no causal-LM head); "causal_lm" for every other
     model_kind: str = "causal_lm"
@@ -51,6 +54,8 @@ class ResolvedModel:
             extra["config_notes"] = list(self.notes)
         if self.model_kind == "encoder":
             extra["model_kind"] = "encoder"
+        if self.config_source:
+            extra["config_source"] = self.config_source
         if self.text_path:
             extra["text_path"] = (f"{self.model_class} on its text path: text-only rows (no pixel_values), M-RoPE "
                                   "position_ids (a text row, then the rows of its own get_rope_index), restarting per example")
@@ -124,8 +129,14 @@ def resolve_model(spec: ModelSpec, source: str, trust_remote_code: bool = False)
                 "CONFIG_MAPPING; print(sorted(CONFIG_MAPPING))\"); reports/all-architectures/packcheck-matrix.md lists "
                 "the causal-LM ones packcheck runs."
             )
+        from .config_fixes import choose_config
+
         try:
-            config = default_config(CONFIG_MAPPING[spec.name], spec)
+            try:
+                default, default_error = default_config(CONFIG_MAPPING[spec.name], spec), None
+            except Exception as exc:  # noqa: BLE001 - a fix may stand in for it (config_fixes.CONFIG_FIXES)
+                default, default_error = None, exc
+            config, config_source = choose_config(spec, default, default_error)
         except Exception as exc:  # noqa: BLE001 - a default config that does not validate is an error cell
             cls = causal_lm_class_name(spec.name) or "?"
             text = " ".join(str(exc).split())[:300]
@@ -135,6 +146,7 @@ def resolve_model(spec: ModelSpec, source: str, trust_remote_code: bool = False)
                                         f"it needs as 'arch:{spec.name}{{key=value}}', or a checkpoint's config"),
                                  error_cause="library_config")
     else:
+        config_source = None
         config_dict, revision = read_config_dict(spec, source)
         if "auto_map" in config_dict and not trust_remote_code:
             raise PackcheckUsageError(
@@ -170,6 +182,11 @@ def resolve_model(spec: ModelSpec, source: str, trust_remote_code: bool = False)
         notes += apply_overrides(config, spec, source)
     refuse_absurd_sizes(config, spec, source)
     model_type = config.model_type
+    if config_source is not None and model_type != spec.name:
+        # a text_config fix (Llama4ForCausalLM's Llama4TextConfig): the answer is the architecture's, built on it
+        cls = causal_lm_class_name(spec.name) or "?"
+        return ResolvedModel(spec=spec, config=config, model_type=spec.name, model_class=cls, revision=revision, notes=notes,
+                             auto_class=cls, config_source=config_source)
     if spec.head == "encoder":
         found = encoder_class_name(model_type)
         if found is None:
@@ -184,7 +201,7 @@ def resolve_model(spec: ModelSpec, source: str, trust_remote_code: bool = False)
         notes += mrope_section_default(config, text_path[0])
         notes += flat_vocab_size(config, text_path[0])
         return ResolvedModel(spec=spec, config=config, model_type=model_type, model_class=text_path[0], revision=revision,
-                             notes=notes, auto_class=text_path[1], text_path="mrope")
+                             notes=notes, auto_class=text_path[1], text_path="mrope", config_source=config_source)
     if cls is None and not getattr(config, "auto_map", None):
         raise PackcheckUsageError(
             f"Model '{spec.raw}' (from {source}) is a '{model_type}' model with no causal-LM head in transformers, and "
@@ -193,7 +210,8 @@ def resolve_model(spec: ModelSpec, source: str, trust_remote_code: bool = False)
         )
     elsewhere = multimodal_only_causal_lm(model_type)
     return ResolvedModel(spec=spec, config=config, model_type=model_type, model_class=cls or "remote code", revision=revision,
-                         notes=notes, auto_class=elsewhere[1] if elsewhere else "AutoModelForCausalLM")
+                         notes=notes, auto_class=elsewhere[1] if elsewhere else "AutoModelForCausalLM",
+                         config_source=config_source)
 
 
 def auto_model_class(resolved: ResolvedModel) -> Any:
@@ -201,4 +219,23 @@ def auto_model_class(resolved: ResolvedModel) -> Any:
     on its text path, ``AutoModelForImageTextToText`` or ``AutoModelForMultimodalLM``)."""
     import transformers
 
-    return getattr(transformers, resolved.auto_class)
+    found = getattr(transformers, resolved.auto_class)
+    if resolved.auto_class.startswith("Auto"):
+        return found
+    return _ClassAsAuto(found)
+
+
+class _ClassAsAuto:
+    """A model class used where an auto class is (``from_config`` / ``from_pretrained``): a config-fix's text config
+    (MllamaTextConfig, MusicgenDecoderConfig) that no auto mapping lists, built by the causal-LM class itself
+    (``PreTrainedModel._from_config``)."""
+
+    def __init__(self, cls: Any) -> None:
+        self.cls = cls
+        self._model_mapping = {cls.config_class: cls}
+
+    def from_config(self, config: Any, trust_remote_code: bool = False, **kwargs: Any) -> Any:
+        return self.cls._from_config(config, **kwargs)
+
+    def from_pretrained(self, *args: Any, trust_remote_code: bool = False, **kwargs: Any) -> Any:
+        return self.cls.from_pretrained(*args, **kwargs)

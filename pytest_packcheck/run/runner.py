@@ -141,7 +141,15 @@ def _classify_exception(exc: BaseException) -> str:
         return "skipped"
     if isinstance(exc, (ValueError, NotImplementedError)) and any(m.lower() in text.lower() for m in _UNSUPPORTED_MARKERS):
         return "unsupported"
+    if isinstance(exc, TypeError) and NO_POSITION_IDS in text:
+        return "unsupported"
     return "error"
+
+
+#: What Python's TypeError says when the model's forward has no ``position_ids`` parameter (bart, whisper, ... as
+#: ``*ForCausalLM`` before transformers 5.0; opt before 4.46): a packed row's restarting positions cannot be given
+#: to it, whatever its config. Cause ``no_position_ids``; it was filed as ``library_config`` (issue 41).
+NO_POSITION_IDS = "unexpected keyword argument 'position_ids'"
 
 
 def missing_package_message(stage: str, packages: tuple[str, ...] | list[str], exception: str) -> str:
@@ -528,6 +536,8 @@ class CellRunner:
         cause = None
         if status == "unsupported" and any(m in str(exc) for m in STATEFUL_REFUSALS):
             cause = "stateful_layers_refused"
+        elif status == "unsupported" and NO_POSITION_IDS in str(exc):
+            cause = "no_position_ids"
         backend = self._key[1] if self._key else None
         if isinstance(exc, NameError) and backend in FLASH_FAMILY and "flash" in (exc.name or str(exc)):
             # falcon (5.24) imports _flash_attention_forward only when flash-attn is installed, and calls it for

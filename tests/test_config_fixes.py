@@ -1,0 +1,143 @@
+"""The config-fix table (issue 41 part 2): an architecture whose default config does not run is built from a config
+that does, and every answer names the config it rests on. Planted faults: the table's entry removed (the old code:
+an error cell, cause library_config), a user override (keeps the default), a forward without position_ids."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pytest_packcheck.model import config_fixes as cf
+from pytest_packcheck.model.resolve import resolve_model
+from pytest_packcheck.model.specs import parse_model_spec
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def resolve(raw: str):
+    return resolve_model(parse_model_spec(raw, "test"), "test")
+
+
+def test_every_fix_is_well_formed_and_a_shipped_checkpoint_is_there():
+    assert cf.CONFIG_FIXES, "the table is empty"
+    for name, fix in cf.CONFIG_FIXES.items():
+        assert fix.model_type == name
+        assert fix.kind in ("checkpoint", "text_config", "overrides"), name
+        assert fix.reason.strip(), name
+        assert fix.kind != "overrides" or fix.overrides or fix.init, f"{name}: an overrides fix names no value"
+        if fix.kind == "checkpoint":
+            assert (cf.HUB_CONFIGS / fix.checkpoint / "config.json").is_file(), name
+            assert fix.checkpoint in (cf.HUB_CONFIGS / "SOURCES.md").read_text(), f"{name}: provenance not in SOURCES.md"
+        assert fix.reason in fix.source() and "shrunk" in fix.source()
+
+
+def test_a_default_that_does_not_run_is_built_from_the_fix_and_says_so(monkeypatch):
+    """glm4v on 5.25: the default's text mrope_section [8, 12, 12] sums to 32 frequencies for heads of 64. With the
+    fix (GLM-4.1V's head_dim 128 x partial_rotary_factor 0.5) it builds and the record names the source."""
+    from pytest_packcheck.model.multimodal import mrope_section_mismatch
+
+    resolved = resolve("arch:glm4v")
+    assert resolved.error is None
+    assert resolved.config_source and "head_dim=128" in resolved.config_source
+    assert mrope_section_mismatch(resolved.config) is None
+    assert resolved.record()["config_source"] == resolved.config_source
+    # planted: the table without its entry (the code before it): the default's mismatch is back, nothing named
+    monkeypatch.delitem(cf.CONFIG_FIXES, "glm4v")
+    bare = resolve("arch:glm4v")
+    assert bare.config_source is None and "config_source" not in bare.record()
+    assert mrope_section_mismatch(bare.config) is not None
+
+
+def test_the_fixed_model_builds_shrunk_and_runs_a_packed_row():
+    import torch
+
+    from pytest_packcheck.model.build import build_model
+
+    resolved = resolve("arch:glm4v")
+    model = build_model(resolved, "eager", "float32")
+    ids = torch.randint(0, 100, (1, 12))
+    pos = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 0, 1, 2, 3]])
+    out = model(input_ids=ids, position_ids=pos)
+    assert torch.isfinite(out.logits).all()
+
+
+def test_a_default_that_runs_and_a_users_override_keep_the_default():
+    assert resolve("arch:llama").config_source is None  # no fix: nothing changes
+    own = resolve("arch:glm4v{text_config.head_dim=128}")  # the user's own values: not replaced by the table's
+    assert own.config_source is None
+
+
+def test_no_fix_re_raises_the_defaults_own_error():
+    spec = parse_model_spec("arch:not_in_the_table", "test")
+    with pytest.raises(ValueError, match="own"):
+        cf.choose_config(spec, None, ValueError("the default's own error"))
+
+
+def test_a_text_config_fix_builds_the_causal_lm_and_keeps_the_architecture_name(monkeypatch):
+    """The text_config kind, planted on an architecture whose causal LM has its own config class: the answer stays
+    the architecture's (model_type llama4, not llama4_text) and is built by the causal-LM class."""
+    monkeypatch.setattr(cf, "default_runs", lambda config, model_type: "planted: does not run")
+    resolved = resolve("arch:llama4")
+    assert resolved.model_type == "llama4" and resolved.config.model_type == "llama4_text"
+    assert "text config" in resolved.config_source
+    from pytest_packcheck.model.build import build_model
+
+    model = build_model(resolved, "eager", "float32")
+    assert type(model).__name__ == "Llama4ForCausalLM"
+
+
+def test_a_forward_without_position_ids_is_unsupported_with_its_cause_not_library_config():
+    from pytest_packcheck.checks.causes import CAUSE_RECORDS
+    from pytest_packcheck.run.runner import NO_POSITION_IDS, _classify_exception
+
+    exc = TypeError(f"BartForCausalLM.forward() got an {NO_POSITION_IDS}")
+    assert _classify_exception(exc) == "unsupported"
+    assert _classify_exception(TypeError("something else")) == "error"  # planted: any other TypeError stays an error
+    assert "no_position_ids" in CAUSE_RECORDS
+
+
+def test_an_atlas_entry_carries_the_config_and_lookup_answers_with_it():
+    from pytest_packcheck.atlas.collect import reduce_release
+
+    cell = {"backend": "eager", "dtype": "float32", "check": "isolation", "status": "pass",
+            "metrics": {"max_change": 0.0}, "model": {"model_type": "glm4v", "config_source": "X's config.json, shrunk"}}
+    entry = reduce_release({"cells": [cell]})["glm4v"]["eager"]
+    assert entry["config"] == "X's config.json, shrunk"
+    del cell["model"]["config_source"]  # planted: the default config: no key
+    assert "config" not in reduce_release({"cells": [cell]})["glm4v"]["eager"]
+
+
+def test_the_committed_atlas_answers_qwen2_vl_on_4x_from_its_checkpoint():
+    """The atlas had no verdict for qwen2_vl on any 4.x (library_config); re-measured on the checkpoint's config."""
+    from pytest_packcheck.support import lookup
+
+    doc = json.loads((REPO / "reports/atlas/support.json").read_text())
+    entry = doc["cells"]["qwen2_vl"]["eager"]["4.57.6"]
+    assert "library_config" not in entry.get("causes", [])
+    answer = lookup("qwen2_vl", "eager", "4.57.6", path=REPO / "reports/atlas/support.json")
+    assert "Qwen/Qwen2-VL-2B-Instruct" in answer.config_source
+
+
+def test_atlas_md_lists_the_configs_entries_rest_on_and_what_is_still_library_config():
+    from pytest_packcheck.atlas.render import config_sections
+
+    support = {"backends": ["eager"], "cells": {
+        "glm4v": {"eager": {"5.25.0": {"verdict": "pass", "causes": [], "config": "GLM-4.1V's values, shrunk"},
+                            "5.24.0": {"verdict": "pass", "causes": []}}},
+        "git": {"eager": {"5.25.0": {"verdict": "error", "causes": ["library_config"], "message": "labels batch 0"}}}}}
+    text = "\n".join(config_sections(support))
+    assert "**glm4v** (1 releases, 5.25.0 .. 5.25.0): GLM-4.1V's values, shrunk" in text
+    assert "**git**: 1 entries, 1 releases (5.25.0 .. 5.25.0); 5.25.0: labels batch 0" in text
+    del support["cells"]["glm4v"]["eager"]["5.25.0"]["config"]  # planted: no entry rests on a fix
+    assert "**glm4v**" not in "\n".join(config_sections(support))
+
+
+def test_a_default_whose_rotary_has_a_built_in_section_keeps_the_default():
+    """qwen2_vl on 5.x: the default config leaves mrope_section out, and the rotary module's built-in [16, 24, 24]
+    runs (resolve writes it into the config). The default runs, so the checkpoint does not replace it (planted: the
+    check before the built-in section is written took the checkpoint)."""
+    resolved = resolve("arch:qwen2_vl")
+    assert resolved.config_source is None
+    assert any("mrope_section=[16, 24, 24]" in n for n in resolved.notes)
