@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Mutation testing of the functions that decide verdicts (issue 14): mutmut 3.8.1 (pip install -e '.[mutation]')
-# over the checks, the training verdicts, the gate, the cause classification, the report's headline and the
+# over the checks, the training verdicts, the gate (its comparison and its counting of new, missing and changed
+# cells), the mechanism probes' rows and findings, the cause classification, the report's headline and the
 # tolerance resolution, each mutant run against the fast targeted tests of [tool.mutmut] in pyproject.toml
 # (test_branches.py, test_decisions.py and a few unit tests: planted faults, planted probe numbers, one tiny llama
 # per module), never the whole suite. Prints the score per module and overall, and the survivors.
@@ -40,6 +41,16 @@ SCOPE=(
   'pytest_packcheck.analysis.gate.x_compare__mutmut_*'
   'pytest_packcheck.analysis.gate.x_allowed_reason__mutmut_*'
   'pytest_packcheck.analysis.gate.x__planned_in__mutmut_*'
+  'pytest_packcheck.analysis.gate.x_verdict_label__mutmut_*'
+  'pytest_packcheck.analysis.gate.x_regressions__mutmut_*'
+  'pytest_packcheck.analysis.gate.x_compared__mutmut_*'
+  'pytest_packcheck.analysis.gate.x_missing_note__mutmut_*'
+  'pytest_packcheck.analysis.gate.x_cell_causes__mutmut_*'
+  'pytest_packcheck.checks.mechanisms.x_has_topk_selection__mutmut_*'
+  'pytest_packcheck.checks.mechanisms.x_record_topk_ties__mutmut_*'
+  'pytest_packcheck.checks.mechanisms.x_probe_rows__mutmut_*'
+  'pytest_packcheck.checks.mechanisms.x_selection_ties__mutmut_*'
+  'pytest_packcheck.checks.mechanisms.x_mechanism_findings__mutmut_*'
   'pytest_packcheck.analysis.diagnose.x_classify__mutmut_*'
   'pytest_packcheck.analysis.diagnose.x_diagnose_document__mutmut_*'
   'pytest_packcheck.report.verdicts.x_headline__mutmut_*'
