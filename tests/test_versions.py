@@ -619,6 +619,60 @@ def test_an_environment_the_index_cannot_resolve_retries_with_the_documented_ove
         envs.applicable_overrides(envs.VersionCombo(("transformers==5.25.0",)), bad)
 
 
+def test_an_always_override_is_in_the_first_resolution_and_in_the_key_of_that_release_only(tmp_path, monkeypatch):
+    """transformers 5.4.0 resolves (huggingface_hub 1.33.0), but every config of 15 architectures then raises "expected
+    int, got bool" (hub 1.9.0 on refuses a bool for its int-annotated fields). audit/env_overrides.toml's
+    ``when = "always"`` entry pins hub below 1.9 from the first resolution: one uv call, the pin in its overrides
+    file, the record naming it; the key of 5.4.0 changes (its old environment is not reused), no other release's.
+    Planted: the same release with the file's entry removed resolves without the pin. A bad ``when`` is one line."""
+    import stat
+    import sys as _sys
+
+    from pytest_packcheck.versions import envs
+
+    fake = tmp_path / "uv"
+    fake.write_text(f"#!{_sys.executable}\n" + textwrap.dedent('''
+        import os, pathlib, sys, sysconfig
+        args = sys.argv[1:]
+        if args[0] == "venv":
+            env = pathlib.Path(args[-1])
+            pathlib.Path(sysconfig.get_paths(vars={"base": str(env), "platbase": str(env)})["purelib"]).mkdir(parents=True)
+            (env / "bin").mkdir(exist_ok=True)
+            sys.exit(0)
+        overrides = pathlib.Path(args[args.index("--override") + 1]).read_text()
+        with open(os.environ["FAKE_UV_LOG"], "a") as log:
+            log.write(("pinned" if "huggingface-hub>=1.5.0,<1.9" in overrides else "plain") + "\\n")
+        sys.exit(0)
+        '''))
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setattr(envs, "_uv", lambda: str(fake))
+    monkeypatch.setenv("PACKCHECK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("FAKE_UV_LOG", str(tmp_path / "uv.log"))
+    combo = envs.VersionCombo(("transformers==5.4.0",))
+    [entry] = envs.applicable_overrides(combo)
+    assert entry["when"] == "always" and "expected int, got bool" not in entry["reason"] and "1.9.0" in entry["reason"]
+    key = envs.env_key(combo)
+    env = envs.ensure_env(combo)
+    assert (tmp_path / "uv.log").read_text().split() == ["pinned"]
+    [used] = env.info["overrides"]
+    assert used["requirement"] == "huggingface-hub>=1.5.0,<1.9" and used["when"] == "always"
+    assert "huggingface-hub>=1.5.0,<1.9" in (env.path / "packcheck-overrides.txt").read_text()
+    assert envs.applicable_overrides(envs.VersionCombo(("transformers==5.5.4",))) == []
+    # planted: the file without the entry: the plain resolution, another key, no record
+    empty = tmp_path / "none.toml"
+    empty.write_text("")
+    monkeypatch.setattr(envs, "applicable_overrides", lambda c, path=None, _f=envs.applicable_overrides: _f(c, empty))
+    assert envs.env_key(combo) != key
+    (tmp_path / "uv.log").unlink()
+    assert "overrides" not in envs.ensure_env(combo).info
+    assert (tmp_path / "uv.log").read_text().split() == ["plain"]
+    monkeypatch.undo()
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[override]]\nrequirement = "x<1"\napplies_to = "transformers==5.4.0"\nreason = "r"\nwhen = "often"\n')
+    with pytest.raises(envs.EnvError, match="bad.toml: override 1: when = 'often' is not one of unresolvable, always"):
+        envs.applicable_overrides(combo, bad)
+
+
 @pytest.mark.slow
 def test_real_dbrx_on_4_57_6_gets_a_verdict_not_a_shrink_gap(pytester, monkeypatch, version_cache):
     """Issue 41: transformers 4.57's DbrxConfig cannot read back its own to_dict() (each sub-config's dict carries every

@@ -26,16 +26,18 @@ OUT = REPO / "reports" / "atlas"
 BUILD = REPO / "build" / "atlas-fix" / "runs"
 
 
-def affected(support: dict, version: str) -> list[str]:
+def affected(support: dict, version: str, match: tuple[str, ...] = ()) -> list[str]:
     """The architectures of ``version`` whose entry is ``library_config`` and that the fix table or the
-    ``no_position_ids`` cause answers now."""
+    ``no_position_ids`` cause answers now, or whose message contains one of ``match`` (``--match``: a cause answered
+    elsewhere, e.g. the environment's)."""
     from pytest_packcheck.model.config_fixes import CONFIG_FIXES
 
     out = set()
     for arch, row in support["cells"].items():
         for entry in (b.get(version) for b in row.values()):
+            message = (entry or {}).get("message") or ""
             if entry and "library_config" in entry.get("causes", []) and (
-                    arch in CONFIG_FIXES or "'position_ids'" in (entry.get("message") or "")):
+                    arch in CONFIG_FIXES or "'position_ids'" in message or any(m in message for m in match)):
                 out.add(arch)
     return sorted(out)
 
@@ -66,11 +68,14 @@ def main() -> int:
     parser.add_argument("--releases", required=True)
     parser.add_argument("--render", action="store_true", help="re-render atlas.md / atlas.html after each merge")
     parser.add_argument("--build", default=str(BUILD), help="the runs' folder (a later pass after the table grew: another)")
+    parser.add_argument("--why", default="config-fix table (issue 41)", help="the reason the release record states")
+    parser.add_argument("--match", action="append", default=[],
+                        help="also re-measure library_config entries whose message contains this text (repeatable)")
     ns = parser.parse_args()
     build = Path(ns.build)
     for version in ns.releases.split(","):
         support = load_committed(OUT)
-        archs = affected(support, version)
+        archs = affected(support, version, tuple(ns.match))
         if not archs:
             print(f"{time.strftime('%H:%M:%S')} {version}: nothing to re-measure", flush=True)
             continue
@@ -84,7 +89,9 @@ def main() -> int:
         support = load_committed(OUT)  # read again: merged releases of a concurrent run are kept
         n = merge(support, version, entries)
         release = next(r for r in support["releases"] if r["transformers"] == version)
-        release.setdefault("remeasured", []).append({"architectures": sorted(entries), "why": "config-fix table (issue 41)",
+        if record.get("overrides"):  # the environment was made with audit/env_overrides.toml: the release says so
+            release["overrides"] = record["overrides"]
+        release.setdefault("remeasured", []).append({"architectures": sorted(entries), "why": ns.why,
                                                      "wall_s": record.get("wall_s"), "cpu_s": record.get("child_cpu_s"),
                                                      "measured": (record.get("finished") or "")[:10]})
         support["transitions"] = transitions(support, seeded_bisects(support))

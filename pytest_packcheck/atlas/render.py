@@ -162,8 +162,9 @@ def render_markdown(support: dict[str, Any]) -> str:
         lines += ["", ("¹ Resumed from an earlier, interrupted run's journal: wall and CPU cover only the last part, "
                        f"so no cost per (arch, backend) is given: {', '.join(resumed)}.")]
     if overridden:
-        lines += ["", ("³ Measured in an environment with a uv override from `audit/env_overrides.toml`, used only because "
-                       "the package index could not meet the release's own requirements: " + "; ".join(overridden) + ".")]
+        lines += ["", ("³ Measured in an environment with a uv override from `audit/env_overrides.toml`, used only where "
+                       "the package index could not meet the release's own requirements, or where they resolve to a set "
+                       "the release does not run with (the reason says which): " + "; ".join(overridden) + ".")]
     if seeded:
         lines += ["", ("² Seeded (`packcheck atlas --seed`) from an existing run of every architecture, not run by the atlas: "
                        "its cells are that run's checks (more than the atlas runs), and it recorded no atlas timing: "

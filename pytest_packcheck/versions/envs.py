@@ -317,13 +317,18 @@ def _base_requirements(combo: VersionCombo) -> list[str]:
 
 #: uv overrides for environments whose own requirements the index cannot meet (``audit/env_overrides.toml``).
 ENV_OVERRIDES_FILE = "env_overrides.toml"
+#: When an override applies: after the release's own requirements failed to resolve, or from the first resolution.
+OVERRIDE_WHEN = ("unresolvable", "always")
 
 
 def applicable_overrides(combo: VersionCombo, path: Path | None = None) -> list[dict[str, str]]:
     """The entries of ``audit/env_overrides.toml`` (``path``: another file) whose ``applies_to`` (one library
     requirement, e.g. ``transformers>=5.25.0``) matches a pinned version of ``combo``: each ``{"requirement",
-    "applies_to", "reason"}``. :func:`ensure_env` adds them as uv overrides only after the environment failed to
-    resolve without them.
+    "applies_to", "reason", "when"}``. ``when`` (default ``"unresolvable"``): :func:`ensure_env` adds the entry as a
+    uv override only after the environment failed to resolve without it; ``"always"``: from the first resolution, for
+    a release whose own requirements resolve to a set it does not run with (transformers 5.4.0 annotates
+    ``tie_word_embeddings: int = False``, and huggingface_hub 1.9.0 on refuses a bool for an int field, so every
+    config of 15 architectures raises at construction).
 
     Raises:
         EnvError: the file is not valid TOML, or an entry lacks a key or has a requirement that does not parse.
@@ -351,6 +356,9 @@ def applicable_overrides(combo: VersionCombo, path: Path | None = None) -> list[
         if not all(isinstance(entry.get(k), str) for k in ("requirement", "applies_to", "reason")):
             raise EnvError(f"{file}: override {i + 1} needs the strings requirement, applies_to and reason (got "
                            f"{sorted(entry)}): fix the file.")
+        when = entry.get("when", "unresolvable")
+        if when not in OVERRIDE_WHEN:
+            raise EnvError(f"{file}: override {i + 1}: when = {when!r} is not one of {', '.join(OVERRIDE_WHEN)}: fix the file.")
         try:
             Requirement(entry["requirement"])
             scope = Requirement(entry["applies_to"])
@@ -358,7 +366,7 @@ def applicable_overrides(combo: VersionCombo, path: Path | None = None) -> list[
             raise EnvError(f"{file}: override {i + 1}: {' '.join(str(exc).split())}: fix the file.") from None
         version = pinned.get(canonical(scope.name))
         if version is not None and scope.specifier.contains(version, prereleases=True):
-            out.append({k: entry[k] for k in ("requirement", "applies_to", "reason")})
+            out.append({**{k: entry[k] for k in ("requirement", "applies_to", "reason")}, "when": when})
     return out
 
 
@@ -372,6 +380,9 @@ def env_key(combo: VersionCombo) -> str:
         "hardware": [f"{d.metadata['Name']}=={d.version}@{d.locate_file('')}" for d in _hardware_dists()],
         "layout": 1,
     }
+    always = sorted(o["requirement"] for o in applicable_overrides(combo) if o["when"] == "always")
+    if always:  # only then: every other environment keeps its key
+        payload["always_overrides"] = always
     digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
     slug = re.sub(r"[^A-Za-z0-9.]+", "-", combo.label).strip("-")[:60]
     return f"{slug}-{digest}"
@@ -486,17 +497,20 @@ def ensure_env(combo: VersionCombo, log: Any = None) -> VersionEnv:
         (site / "_packcheck_overlay.pth").write_text(str(overlay) + "\n")
         overrides = path / "packcheck-overrides.txt"
         hardware = "".join(f'{canonical(d.metadata["Name"])} ; python_version < "0"\n' for d in _hardware_dists())
-        overrides.write_text(hardware)
+        applicable = applicable_overrides(combo)
+        always = [o for o in applicable if o["when"] == "always"]
+        overrides.write_text(hardware + "".join(o["requirement"] + "\n" for o in always))
         requirements = [*combo.requirements, *_base_requirements(combo)]
         cmd = [uv, "pip", "install", "--python", str(path / "bin" / "python"), "--override", str(overrides), *requirements]
         proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)
-        used: list[dict[str, str]] = []
-        if proc.returncode and (extra := applicable_overrides(combo)):
+        used: list[dict[str, str]] = [{**o, "without": "resolves, but to a set the release does not run with"}
+                                      for o in always]
+        if proc.returncode and (extra := [o for o in applicable if o["when"] != "always"]):
             # the index cannot meet the release's own requirements: the documented overrides, then say so
-            overrides.write_text(hardware + "".join(o["requirement"] + "\n" for o in extra))
+            overrides.write_text(hardware + "".join(o["requirement"] + "\n" for o in (*always, *extra)))
             first = _uv_reason(proc.stderr + proc.stdout)
             proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)
-            used = [{**o, "without": first} for o in extra]
+            used += [{**o, "without": first} for o in extra]
         if log:
             log(f"[{combo.label}] {' '.join(cmd[1:3])} ...: exit {proc.returncode}")
         if proc.returncode:
