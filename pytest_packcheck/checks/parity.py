@@ -28,10 +28,13 @@ def check_position_ids(wb: Workbench) -> CheckResult:
                            cause="ignores_position_ids", evidence={"forward_takes_position_ids": False})
     batch = wb.packed()
     packed = wb.packed_logits()
-    plain = dict(batch)
     total = sum(wb.lengths)
-    plain["position_ids"] = torch.arange(wb.start, wb.start + total, device=wb.device)[None]
-    ranged = wb.packed_logits(plain)
+    if any(k in batch for k in B.FLASH_KWARGS):  # the row keeps its cu_seq_lens: only its positions change
+        plain = dict(batch)
+        plain["position_ids"] = torch.arange(wb.start, wb.start + total, device=wb.device)[None]
+        ranged = wb.packed_logits(plain)
+    else:  # the same row as the isolation probe's negative control: one forward for both
+        ranged = wb.plain_row_logits()
     later = slice(wb.lengths[0], total)
     change = float((packed[later] - ranged[later]).abs().max())
     metrics = {"max_change": change, "threshold": wb.tol["position_min_change"]}
@@ -116,10 +119,12 @@ def _two_row_probe(wb: Workbench) -> float | str | None:
     except Exception as exc:  # noqa: BLE001 - a backend that refuses batch > 1 packed rows: say so
         return f"{type(exc).__name__}: {' '.join(str(exc).split())[:120]}"
     worst = 0.0
+    solo = wb.solo_logits()  # whole examples: the cached reference; the cut one runs alone
+    refs = [[solo[a], solo[b]], [solo[c], None]]
     for r, row in enumerate(rows):
         start = 0
-        for e in row:
-            ref = wb.solo(e)
+        for e, cached in zip(row, refs[r], strict=True):
+            ref = cached if cached is not None else wb.solo(e)
             worst = max(worst, float((out[r, start:start + len(e)] - ref).abs().max()))
             start += len(e)
     return worst
@@ -135,8 +140,7 @@ def check_logits_parity(wb: Workbench) -> CheckResult:
     metrics: dict[str, Any] = {"max_abs_diff_solo": worst, "per_example": per, "atol": wb.tol["logits_atol"]}
     notes = []
     for side in ("right", "left"):
-        pb = B.padded_batch(wb.examples, wb.pad_id, side, wb.start, wb.device)
-        out = wb.forward(pb).logits.float()
+        out = wb.padded_output(side).logits.float()
         pad_vs_solo, pack_vs_pad = 0.0, 0.0
         for (row, sl), seg, ref in zip(B.real_token_rows(wb.examples, side), B.segment_slices(wb.lengths), wb.solo_logits(), strict=True):
             pad_vs_solo = max(pad_vs_solo, float((out[row, sl] - ref).abs().max()))
@@ -247,10 +251,13 @@ def check_loss_parity(wb: Workbench) -> CheckResult:
             f"not checked: reference loss has no label token (lengths {wb.lengths}: no example of 2 or more tokens)"),
             cause="reference_unavailable", evidence={"num_items_expected": 0, "lengths": wb.lengths})
     reference = ref_sum / ref_count
-    packed = wb.packed()
-    loss_packed = float(wb.forward(packed, labels=packed["labels"]).loss)
-    padded = B.padded_batch(wb.examples, wb.pad_id, "right", wb.start, wb.device)
-    loss_padded = float(wb.forward(padded, labels=padded["labels"]).loss)
+    if wb.takes_labels():  # the forwards every parity check shares (the batches carry their labels)
+        loss_packed, loss_padded = float(wb.packed_output().loss), float(wb.padded_output("right").loss)
+    else:
+        packed = wb.packed()
+        loss_packed = float(wb.forward(packed, labels=packed["labels"]).loss)
+        padded = B.padded_batch(wb.examples, wb.pad_id, "right", wb.start, wb.device)
+        loss_padded = float(wb.forward(padded, labels=padded["labels"]).loss)
     # gradient accumulation over two micro-batches: [e0, e1] and [e2] for three examples, [e0] and [e1] for two
     split = (len(wb.examples) + 1) // 2
     micro = [wb.examples[:split], wb.examples[split:]]

@@ -62,9 +62,7 @@ def leak_probe(wb: Workbench) -> dict[str, Any]:
     def unbounded(batch: dict[str, Any]) -> dict[str, Any]:
         return {**{k: v for k, v in batch.items() if k not in B.FLASH_KWARGS}, "position_ids": plain}
 
-    control = float(
-        (wb.packed_logits(unbounded(base_batch))[rest] - wb.packed_logits(unbounded(pert_batch))[rest]).abs().max()
-    )
+    control = float((wb.plain_row_logits()[rest] - wb.packed_logits(unbounded(pert_batch))[rest]).abs().max())
     try:
         with count_attention_calls(wb.model, wb.lengths) as probe:
             wb.forward(base_batch)

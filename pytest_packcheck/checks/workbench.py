@@ -123,9 +123,50 @@ class Workbench:
         if batch is None and not kwargs:
             key = ("packed", id(self.model), id(self.collator_factory))
             if key not in self._cache:
-                self._cache[key] = self.forward(self.packed()).logits[0].float()
+                self._cache[key] = self.packed_output().logits[0].float()
             return self._cache[key]
         return self.forward(batch or self.packed(), **kwargs).logits[0].float()
+
+    def packed_output(self) -> Any:
+        """The model's output (``logits``, and ``loss`` where its forward takes ``labels``) on the default packed
+        row, no grad, as :meth:`forward` gives it: one forward shared by every check of the cell group that reads
+        the row (its logits through :meth:`packed_logits`, loss_parity its token-mean loss). Cached like
+        :meth:`packed_logits`, keyed by the model and collator in use."""
+        key = ("packed_output", id(self.model), id(self.collator_factory))
+        if key not in self._cache:
+            self._cache[key] = self.forward(self.packed())
+        return self._cache[key]
+
+    def padded_output(self, side: str = "right") -> Any:
+        """The model's output on the examples as one ``side``-padded batch (:func:`batches.padded_batch`: its
+        ``attention_mask``, ``position_ids`` from ``start`` on the real tokens and ``labels`` with -100 on the
+        padding), no grad, as :meth:`forward` gives it (``logits`` ``(examples, longest, vocab)``, ``loss`` where the
+        forward takes ``labels``): shared by logits_parity and loss_parity. Cached per model and side."""
+        key = ("padded_output", id(self.model), side)
+        if key not in self._cache:
+            self._cache[key] = self.forward(B.padded_batch(self.examples, self.pad_id, side, self.start, self.device))
+        return self._cache[key]
+
+    def takes_labels(self) -> bool:
+        """Whether :meth:`forward` hands a batch's ``labels`` to the model (its forward names them or takes
+        ``**kwargs`` only): then the cached outputs carry the loss the model computes from them."""
+        accepted = self.accepted
+        return accepted is None or "labels" in accepted
+
+    def plain_row_logits(self) -> Any:
+        """Logits ``(total_tokens, vocab)`` float32 of the default packed row with plain ``start .. start + n - 1``
+        position_ids and none of the flash kwargs (:data:`batches.FLASH_KWARGS`): the row with no boundary at all,
+        read by position_ids (where the row carries no flash kwargs) and the isolation probe's negative control.
+        Cached like :meth:`packed_logits`."""
+        import torch
+
+        key = ("plain_row", id(self.model), id(self.collator_factory))
+        if key not in self._cache:
+            batch = {k: v for k, v in self.packed().items() if k not in B.FLASH_KWARGS}
+            total = sum(self.lengths)
+            batch["position_ids"] = torch.arange(self.start, self.start + total, device=self.device)[None]
+            self._cache[key] = self.packed_logits(batch)
+        return self._cache[key]
 
     def param_grads(self, batch: dict[str, Any]) -> list[tuple[str, Any]]:
         """``(name, gradient)`` of every parameter that requires grad after the backward of ``batch``'s token-mean

@@ -235,16 +235,20 @@ def pin_worker_gpu(config: pytest.Config, device: str) -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = chosen
 
 
-def limit_threads(config: pytest.Config) -> None:
+def limit_threads(config: pytest.Config, tiny: bool = False) -> None:
     """Under pytest-xdist, give each worker its share of the cores: tiny models on oversubscribed torch
-    thread pools run several times slower (2 workers x 2 threads on 2 cores)."""
+    thread pools run several times slower (2 workers x 2 threads on 2 cores). ``tiny`` (packcheck's shrunk
+    random-weight models on CPU): one intra-op thread in any process, xdist or not: their matmuls are too small to
+    split, and an OpenMP team's spinning threads only burn CPU (the default audit with ``-n 0`` on 2 shared cores:
+    165 s of CPU in its cell children on two threads, 7.9 s on one; ``benchmarks/profile_audit.py --cpu-only``,
+    torch 2.13.0+cpu). ``OMP_NUM_THREADS`` set by the user wins."""
     worker = getattr(config, "workerinput", None)
-    if worker is None or os.environ.get("OMP_NUM_THREADS"):
+    if os.environ.get("OMP_NUM_THREADS") or (worker is None and not tiny):
         return
     import torch
 
-    workers = int(worker.get("workercount", 1) or 1)
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+    workers = int(worker.get("workercount", 1) or 1) if worker is not None else 1
+    torch.set_num_threads(1 if tiny else max(1, (os.cpu_count() or 1) // workers))
 
 
 def fork_poisoned() -> bool:

@@ -103,7 +103,7 @@ class PackcheckSession:
 
     def runner(self) -> Any:
         if self._runner is None:
-            limit_threads(self.config)
+            limit_threads(self.config, tiny=self.settings.weights == "random" and self.settings.device.startswith("cpu"))
             from .runner import CellRunner
 
             self._runner = CellRunner(self.resolved_models(), self.settings.tolerances, self.settings.weights,
