@@ -141,3 +141,47 @@ def test_a_default_whose_rotary_has_a_built_in_section_keeps_the_default():
     resolved = resolve("arch:qwen2_vl")
     assert resolved.config_source is None
     assert any("mrope_section=[16, 24, 24]" in n for n in resolved.notes)
+
+
+def _phi_500(monkeypatch):
+    """transformers 5.0.0's PhiConfig, planted on the installed transformers: no pad_token_id unless the constructor
+    gets one (as from a config.json), and PhiForCausalLM reads config.pad_token_id at build."""
+    import transformers
+
+    class Phi500Config(transformers.PhiConfig):
+        def __init__(self, **kw):
+            super().__init__(**kw)
+            if "pad_token_id" not in kw:
+                self.__dict__.pop("pad_token_id", None)
+
+        def __getattribute__(self, key):
+            if key == "pad_token_id" and key not in object.__getattribute__(self, "__dict__"):
+                raise AttributeError("'PhiConfig' object has no attribute 'pad_token_id'")
+            return super().__getattribute__(key)
+
+    monkeypatch.setitem(transformers.CONFIG_MAPPING._extra_content, "phi", Phi500Config)
+    monkeypatch.setitem(transformers.AutoModelForCausalLM._model_mapping._extra_content, Phi500Config,
+                        transformers.PhiForCausalLM)
+    return Phi500Config
+
+
+def test_5_0_0s_missing_pad_token_id_is_given_as_the_constructor_argument(monkeypatch):
+    """transformers 5.0.0 (atlas 2026-12: phi, jetmoe, stablelm, exaone4 library_config on 5.0.0 only): the config
+    class has no pad_token_id, the model reads it at build. The fix passes pad_token_id=None (4.x's and 5.1.0's
+    default) to the constructor; the record names it. Planted: the table without the entry re-raises the build's
+    AttributeError as the default's answer."""
+    cls = _phi_500(monkeypatch)
+    default = cls()
+    assert "pad_token_id" in cf.default_runs(default, "phi")
+    spec = parse_model_spec("arch:phi", "test")
+    config, source = cf.choose_config(spec, default, None)
+    assert config.pad_token_id is None and cf.default_runs(config, "phi") is None
+    assert "pad_token_id=null" in source and "5.0.0" in source
+    for name in ("jetmoe", "stablelm", "exaone4"):
+        assert cf.CONFIG_FIXES[name].init == (("pad_token_id", None),)
+    for name in ("glm4v", "glm46v", "qwen3_vl_moe"):
+        assert ("text.pad_token_id", None) in cf.CONFIG_FIXES[name].overrides
+    # planted: no entry: the default is kept (its build error is what the cell then says)
+    monkeypatch.delitem(cf.CONFIG_FIXES, "phi")
+    kept, none = cf.choose_config(spec, default, None)
+    assert kept is default and none is None and "pad_token_id" in cf.default_runs(kept, "phi")

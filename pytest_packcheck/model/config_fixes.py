@@ -71,8 +71,9 @@ class ConfigFix:
 
 
 def _mrope(model_type: str, section: list[int] | None, checkpoint: str | None, *, head_dim: int | None = None,
-           partial: float | None = None, why: str = "") -> ConfigFix:
-    overrides: list[tuple[str, Any]] = []
+           partial: float | None = None, why: str = "", extra: tuple[tuple[str, Any], ...] = ()) -> ConfigFix:
+    """``extra``: more overrides, e.g. 5.0.0's missing ``pad_token_id`` of a sub-config (:data:`_PAD_SUB`)."""
+    overrides: list[tuple[str, Any]] = list(extra)
     if head_dim is not None:
         overrides.append(("text.head_dim", head_dim))
     if partial is not None:
@@ -80,8 +81,14 @@ def _mrope(model_type: str, section: list[int] | None, checkpoint: str | None, *
     if section is not None:
         overrides.append(("text.mrope_section", section))
     reason = why or "its text rotary reads an mrope_section the default config leaves out (or sizes for other heads)"
+    if extra:
+        reason += "; " + _PAD_SUB_WHY
     return ConfigFix(model_type, "overrides", reason, checkpoint, tuple(overrides))
 
+
+_PAD_SUB_WHY = ("5.0.0's sub-config classes have no pad_token_id, which the model reads at build (None in 4.x and "
+                "from 5.1.0)")
+_TEXT_PAD = (("text.pad_token_id", None),)
 
 _INDEXER_WHY = ("its attention's token indexer sizes are None in the default (indexer_budget // indexer_compress_ratio "
                 "at build); a budget above the probe row keeps every token, so the selection itself is not exercised")
@@ -96,20 +103,30 @@ _GEMMA4_INIT = (("text_config", {"model_type": "gemma4_text", "hidden_size_per_l
 
 _TEXT = "the composite config is handed to the text-only causal LM, which reads text keys it does not have"
 
+_PAD_WHY = ("transformers 5.0.0's config class has no pad_token_id (PretrainedConfig set it to None in 4.x, and the "
+            "class declares it None again from 5.1.0), and the model reads config.pad_token_id for its embedding's "
+            "padding_idx: AttributeError at build")
+_PAD = (("pad_token_id", None),)
+
+
+def _pad(model_type: str) -> ConfigFix:
+    """5.0.0's missing ``pad_token_id``, given as the constructor argument a checkpoint's config.json gives."""
+    return ConfigFix(model_type, "overrides", _PAD_WHY, None, init=_PAD)
+
 #: Per architecture, the config it is built from where the default does not run (one table: everything else reads it).
 CONFIG_FIXES: dict[str, ConfigFix] = {f.model_type: f for f in (
     ConfigFix("qwen2_vl", "checkpoint", "its text rotary reads rope_scaling['mrope_section'], which the default leaves None "
               "(every 4.x)", "Qwen/Qwen2-VL-2B-Instruct"),
     _mrope("qwen2_5_vl", _QWEN_MROPE, "Qwen/Qwen2.5-VL-7B-Instruct"),
-    _mrope("qwen2_5_omni", _QWEN_MROPE, "Qwen/Qwen2.5-Omni-7B"),
+    _mrope("qwen2_5_omni", _QWEN_MROPE, "Qwen/Qwen2.5-Omni-7B", extra=(("talker_config.pad_token_id", None),)),
     _mrope("qwen2_5_omni_thinker", _QWEN_MROPE, "Qwen/Qwen2.5-Omni-7B"),
     _mrope("qwen3_vl", [24, 20, 20], "Qwen/Qwen3-VL-8B-Instruct", head_dim=128),
-    _mrope("qwen3_vl_moe", [24, 20, 20], "Qwen/Qwen3-VL-30B-A3B-Instruct", head_dim=128),
+    _mrope("qwen3_vl_moe", [24, 20, 20], "Qwen/Qwen3-VL-30B-A3B-Instruct", head_dim=128, extra=_TEXT_PAD),
     _mrope("qwen3_omni_moe", [24, 20, 20], "Qwen/Qwen3-Omni-30B-A3B-Instruct", head_dim=128),
     _mrope("qwen3_omni_moe_thinker", [24, 20, 20], "Qwen/Qwen3-Omni-30B-A3B-Instruct", head_dim=128),
-    _mrope("glm4v", [8, 12, 12], "zai-org/GLM-4.1V-9B-Thinking", head_dim=128, partial=0.5),
+    _mrope("glm4v", [8, 12, 12], "zai-org/GLM-4.1V-9B-Thinking", head_dim=128, partial=0.5, extra=_TEXT_PAD),
     _mrope("glm4v_moe", [8, 12, 12], "zai-org/GLM-4.5V", head_dim=128, partial=0.5),
-    _mrope("glm46v", [8, 12, 12], "zai-org/GLM-4.6V", head_dim=128, partial=0.5),
+    _mrope("glm46v", [8, 12, 12], "zai-org/GLM-4.6V", head_dim=128, partial=0.5, extra=_TEXT_PAD),
     _mrope("glmga", [8, 12, 12], None, head_dim=128, partial=0.5,
            why="its text mrope_section [8, 12, 12] sums to 32 frequencies for heads of 64 (the GLM-4V family's "
                "head_dim 128 x partial_rotary_factor 0.5 fits it)"),
@@ -148,6 +165,7 @@ CONFIG_FIXES: dict[str, ConfigFix] = {f.model_type: f for f in (
                                     for t in ("full_attention", "sliding_attention")}),)),
     ConfigFix("dots1", "overrides", "n_routed_experts and num_experts_per_tok are None in the default",
               "rednote-hilab/dots.llm1.base", (("n_routed_experts", 128), ("num_experts_per_tok", 6), ("n_shared_experts", 2))),
+    _pad("phi"), _pad("jetmoe"), _pad("stablelm"), _pad("exaone4"),
     ConfigFix("dbrx", "overrides", "its attn_config has no rope_theta (5.x) and clip_qkv None, which the attention clamps by",
               "databricks/dbrx-base", (("attn_config.rope_theta", 500000), ("attn_config.clip_qkv", 8))),
 )}
