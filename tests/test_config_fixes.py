@@ -185,3 +185,28 @@ def test_5_0_0s_missing_pad_token_id_is_given_as_the_constructor_argument(monkey
     monkeypatch.delitem(cf.CONFIG_FIXES, "phi")
     kept, none = cf.choose_config(spec, default, None)
     assert kept is default and none is None and "pad_token_id" in cf.default_runs(kept, "phi")
+
+
+def test_a_missing_package_at_full_size_is_a_skip_naming_it_not_library_config(monkeypatch):
+    """gemma3n on 4.53 .. 4.56 (atlas 2026-12: 12 library_config entries): the shrunk build fails and the full-size
+    build raises transformers' ImportError (TimmWrapperModel needs pillow and timm): the cell is a skip naming the
+    packages, as the shrunk build's own ImportError is. Planted: the full-size build's AttributeError stays
+    library_config."""
+    from pytest_packcheck.model import build as B
+    from pytest_packcheck.model.build_errors import LibraryConfigError
+
+    said = ("ImportError: TimmWrapperModel requires the PIL library but it was not found in your environment. You can "
+            "install it with pip: `pip install pillow`. TimmWrapperModel requires the timm library ... `pip install timm`")
+
+    def shrink_fails(*args, **kwargs):
+        raise RuntimeError("the shrunk vision tower does not build")
+
+    monkeypatch.setattr(B, "shrink_config", shrink_fails)
+    monkeypatch.setattr(B, "unshrunk_build_error", lambda *a: said)
+    resolved = resolve("arch:llama")
+    with pytest.raises(ImportError, match=r"^llama needs pillow, timm \(not installed\): TimmWrapperModel requires"):
+        B.build_model(resolved, "eager", "float32")
+    monkeypatch.setattr(B, "unshrunk_build_error", lambda *a: "AttributeError: 'X' object has no attribute 'y'")
+    monkeypatch.setattr(B, "_without_overrides_builds", lambda *a: False)
+    with pytest.raises(LibraryConfigError, match="at full size either"):
+        B.build_model(resolved, "eager", "float32")

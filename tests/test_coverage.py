@@ -472,14 +472,42 @@ def test_gits_text_only_loss_is_the_librarys_not_the_shrinks():
     """arch:git: its loss slices the logits from the image tokens on (``logits[:, 197:-1]`` at full size), empty on
     a text-only row: "Expected input batch_size (0) to match target batch_size (30)" on every release. The meta
     twin called the forward without labels (and the packed position_ids stop git's mask on meta), so the cell was
-    shrunk_crash. Now the twin also calls it with labels: library_config, said as "(with labels)"."""
+    shrunk_crash. Now the twin also calls it with labels: the unshrunk model raises it too "(with labels)", and
+    model/needs_inputs.py names what git needs (its image tokens): unsupported / needs_inputs, not library_config.
+    Planted: the table without git's entry: library_config, as before it."""
+    from pytest_packcheck.model import needs_inputs as N
     from pytest_packcheck.run.runner import Cell, CellRunner
 
     git = resolve_model(parse_model_spec("arch:git", "t"), "t")
     result = CellRunner([git], {"float32": {}}).run(Cell(0, "git", "eager", "isolation", "float32"))
-    assert result.status == "error" and result.cause == "library_config", result.message
+    assert result.status == "unsupported" and result.cause == "needs_inputs", result.message
+    assert "needs inputs packcheck does not give: pixel_values" in result.message
     assert "Expected input batch_size (0) to match target batch_size" in result.message
     assert result.evidence["unshrunk"] == "the unshrunk config raises it too (with labels)"
+    planted = pytest.MonkeyPatch()
+    planted.setattr(N, "NEEDS_INPUTS", tuple(n for n in N.NEEDS_INPUTS if n.model_type != "git"))
+    try:
+        bare = CellRunner([git], {"float32": {}}).run(Cell(0, "git", "eager", "isolation", "float32"))
+    finally:
+        planted.undo()
+    assert bare.status == "error" and bare.cause == "library_config", bare.message
+
+
+def test_needs_inputs_matches_the_librarys_words_for_its_own_model_type_only():
+    """The table's patterns, on the messages the atlas recorded (transformers 5.0 .. 5.25): gemma3's token_type_ids,
+    musicgen's labels per codebook, musicgen_melody's input_ids per codebook. Planted: the same message from another
+    model type (a llama's batch mismatch is no input contract packcheck knows) matches nothing."""
+    from pytest_packcheck.checks.causes import CAUSE_RECORDS
+    from pytest_packcheck.model.needs_inputs import needed_inputs
+
+    assert "needs_inputs" in CAUSE_RECORDS
+    gemma = needed_inputs("gemma3", "ValueError: `token_type_ids` is required as a model input when training")
+    assert gemma is not None and gemma.inputs == "token_type_ids"
+    mismatch = "Expected input batch_size (31) to match target batch_size (1)."
+    assert "codebook" in needed_inputs("musicgen", mismatch).inputs
+    assert "codebook" in needed_inputs("musicgen_melody", "shape '[-1, 4, 31]' is invalid for input of size 31").inputs
+    assert needed_inputs("git", mismatch) is None  # git's is a batch of 0 (its loss skips the image tokens)
+    assert needed_inputs("llama", mismatch) is None and needed_inputs("gemma3", mismatch) is None
 
 
 def test_encoder_families_causal_heads_are_built_as_decoders(tolerances):

@@ -150,6 +150,11 @@ _CAUSES: tuple[Cause, ...] = (
           "config builds and runs: the model class, not the config)",
           "do not pack this architecture on this release (the atlas names the first release whose forward takes "
           "position_ids), or pack with a collator that keeps examples in separate rows"),
+    Cause("needs_inputs",
+          "the model's training forward needs inputs a packed text row does not carry (token_type_ids, labels per "
+          "codebook, image tokens): its input contract, not its config (model/needs_inputs.py names them)",
+          "give the model the inputs it names (e.g. token_type_ids zeros for a text row, as TRL and axolotl do), or "
+          "do not pack it as a text-only causal LM"),
     Cause("sliding_window",
           "parity holds for examples shorter than the sliding window and fails above it",
           "use a flash backend (the window is applied per segment), or keep examples shorter than the window"),

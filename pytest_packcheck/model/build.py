@@ -224,6 +224,14 @@ def build_model(
                     f"{resolved.model_type}: the config with your overrides {format_overrides(resolved.spec.overrides)} "
                     f"does not build in transformers ({own}), while the config without them does: fix the override"
                 ) from exc
+            if own is not None and own.split(":", 1)[0] in ("ImportError", "ModuleNotFoundError"):
+                # the full-size build names the optional package the model needs (gemma3n on 4.53 .. 4.56: its
+                # TimmWrapperModel needs pillow and timm): a skip naming them, as the shrunk build's own ImportError
+                import re
+
+                said = own.split(":", 1)[1].strip()
+                packages = ", ".join(dict.fromkeys(re.findall(r"pip install ([A-Za-z0-9_.\-]+)", said))) or "an optional package"
+                raise ImportError(f"{resolved.model_type} needs {packages} (not installed): {said}") from exc
             if own is not None:  # the config does not build at full size either: the library's, not the shrink's
                 raise LibraryConfigError(
                     f"{resolved.model_type}: the {'default ' if resolved.spec.kind == 'arch' else ''}config does not "

@@ -30,6 +30,7 @@ from ..model import batches as B
 from ..model.build import build_model
 from ..model.build_errors import LibraryConfigError, OverrideConfigError, ShrinkError, WeightsError
 from ..model.multimodal import position_layout
+from ..model.needs_inputs import needed_inputs
 from ..model.resolve import ResolvedModel
 from ..model.twin import unshrunk_forward_reproduces
 from ..results.schema import CellResult, CheckResult
@@ -566,6 +567,12 @@ class CellRunner:
         if status == "error" and self.weights == "random" and not isinstance(exc, (ResolveError, ShrinkError, LibraryConfigError, OverrideConfigError)):
             text = f"model build: {_short(exc)}" if stage == "build" else _short(exc)
             why = self._unshrunk_reproduces(exc)
+            needs = needed_inputs(self.models[self._key[0]].model_type, str(exc)) if why and self._key else None
+            if needs:  # the model's training forward takes inputs of another form: its input contract, not its config
+                return CheckResult("unsupported", metrics, (
+                    f"needs inputs packcheck does not give: {needs.inputs} ({needs.why}): {text}"),
+                    cause="needs_inputs", evidence={"exception": _short(exc), "stage": stage, "unshrunk": why,
+                                                    "inputs": needs.inputs})
             if why:  # the unshrunk config fails too (on the meta device): the library's config, not the shrink
                 return CheckResult(status, metrics, f"{text} ({why}: not packcheck's shrink)",
                                    cause="library_config", evidence={"exception": _short(exc), "stage": stage, "unshrunk": why})
