@@ -8,8 +8,9 @@ mode), backward, one SGD step, zero_grad. The guard = ``verify_packed_batch`` on
 plus the per-example reference: right-padded batches of the examples where they match the one-at-a-time truth, one
 forward per example elsewhere; the diagnostic reruns only after a mismatch), under no_grad. Both are timed
 ``--repeat`` times after one warm-up each (CUDA synchronised), interleaved, so that load from other processes on a
-shared machine hits both alike; the medians and the median of the per-pair ratios guard / step are printed, one
-line per batch shape from the same run.
+shared machine hits both alike; the medians and the median of the per-pair ratios guard / step are printed, in wall
+time and in this process's CPU time (steadier on a loaded machine: a wait for a core is not counted), one line per
+batch shape from the same run. ``--threads`` sets torch's intra-op threads (default: torch's own).
 
 The shapes: ``--examples`` (default 3, 16 and 64 examples of 8-16 tokens, as SFT on short texts packs them: 64 of
 them is the issue's 764-token row) in ``--rows`` packed rows (1: one row; 4: four rows of equal example counts and
@@ -61,11 +62,14 @@ def main() -> None:
     parser.add_argument("--lengths", default=None, help="one row of these lengths instead of the sweep")
     parser.add_argument("--full", action="store_true", help="real size, random weights (no shrink)")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's own)")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     import torch
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     from pytest_packcheck.backends import REFERENCE_BACKEND, TORCH_VARLEN_BACKEND, register_reference_backend
     from pytest_packcheck.guard import verify_packed_batch
     from pytest_packcheck.model.build import build_model
@@ -86,12 +90,13 @@ def main() -> None:
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
 
-    def once(fn) -> float:
+    def once(fn) -> tuple[float, float]:
+        """(wall seconds, this process's CPU seconds) of one call."""
         sync()
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         fn()
         sync()
-        return time.perf_counter() - t
+        return time.perf_counter() - t, time.process_time() - c
 
     if args.lengths:
         shapes = [([int(x) for x in args.lengths.split(",")], 1)]
@@ -114,13 +119,15 @@ def main() -> None:
             verify_packed_batch(model, batch, training=True)
 
         step(), guard()  # warm-up: first-call costs (kernels, mask functions, the tolerance file)
-        pairs = [(once(step), once(guard)) for _ in range(args.repeat)]
+        timed = [(once(step), once(guard)) for _ in range(args.repeat)]
+        pairs = [(s[0], g[0]) for s, g in timed]
         step_s, guard_s = statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
         ratio = statistics.median(g / s for s, g in pairs)
+        cpu = statistics.median(g[1] / s[1] for s, g in timed if s[1] > 0)
         result = verify_packed_batch(model, batch, training=True)
         print(f"{len(lengths):3d} examples, {sum(lengths):4d} tokens in {rows} row{'s' if rows > 1 else ' '}: "
               f"training step {step_s * 1e3:7.1f} ms, guard {guard_s * 1e3:7.1f} ms ({result.forwards:2d} forwards, "
-              f"{result.verdict}): guard / step = {ratio:.2f} (median of {args.repeat} interleaved pairs)")
+              f"{result.verdict}): guard / step = {ratio:.2f} wall, {cpu:.2f} CPU (medians of {args.repeat} interleaved pairs)")
 
 
 if __name__ == "__main__":

@@ -394,9 +394,12 @@ def _rows_together(model: Any, batch: Mapping[str, Any], singles: list[dict[str,
         _, targets = _targets(row)
         why = (f"contract items {', '.join(dict.fromkeys(c for c, _, _ in row.items))}" if row.items else
                "one example" if len(row.slices) < 2 else
-               "no labelled token" if not bool((targets != IGNORE_INDEX).any()) else _batchable(model, row, False))
+               "no labelled token" if not bool((targets != IGNORE_INDEX).any()) else None)
         if why:
             return f"row {r + 1}: {why}", None, 0
+    why = _batchable(model, rows[0], False)  # the rows share the batch's keys: one look at the model and the keys
+    if why:
+        return why, None, 0
     tols = _tolerances(tolerances)
     run, cache, _ = _run_record(model, batch, use_cache, training)
     probe_dtype = _ComputeProbe(model, batch["input_ids"].device.type)
@@ -447,12 +450,18 @@ def _rows_together(model: Any, batch: Mapping[str, Any], singles: list[dict[str,
                  "boundaries_missing": sum(1 for c in probe.calls if c.isolated is False),
                  "varlen_kernel_calls": probe.varlen_calls, "dense_kernel_calls": probe.dense_flash_calls}
     width = batch["input_ids"].shape[1]
+    # every row's log-probs from the batch's logits at once (one log_softmax over the scored tokens of all rows, as
+    # _row_log_probs reads one row): the trainer's targets of each row at its span, -100 elsewhere
+    full = torch.full((len(rows), width - 1), IGNORE_INDEX, dtype=torch.long, device=logits.device)
+    for r, (row, s) in enumerate(zip(rows, spans, strict=True)):
+        full[r, s.start:s.stop - 1] = _targets(row)[0][0]
+    scored = full != IGNORE_INDEX
+    every = torch.zeros(full.shape, dtype=torch.float32, device=logits.device)
+    every[scored] = logits[:, :-1][scored].float().log_softmax(-1).gather(-1, full[scored][:, None])[:, 0]
     results = []
     for r, (row, s) in enumerate(zip(rows, spans, strict=True)):
         trainer, own = _targets(row)
-        full = torch.full((1, width - 1), IGNORE_INDEX, dtype=trainer.dtype, device=trainer.device)
-        full[0, s.start:s.stop - 1] = trainer[0]
-        packed = _row_log_probs(model, keys, r, full, False, len(rows), logits)[s.start:s.stop - 1]
+        packed = every[r, s.start:s.stop - 1]
         mine = [(lp, owner[i][1]) for lp, i in zip(solo, which, strict=True) if owner[i][0] == r]
         cmp = _compare(row, trainer, own, packed, [lp for lp, _ in mine], [i for _, i in mine])
         if not cmp["finite"] or _bad(cmp, {k: v / 2 for k, v in tol.items()}):
