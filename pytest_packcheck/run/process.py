@@ -239,9 +239,10 @@ def limit_threads(config: pytest.Config, tiny: bool = False) -> None:
     """Under pytest-xdist, give each worker its share of the cores: tiny models on oversubscribed torch
     thread pools run several times slower (2 workers x 2 threads on 2 cores). ``tiny`` (packcheck's shrunk
     random-weight models on CPU): one intra-op thread in any process, xdist or not: their matmuls are too small to
-    split, and an OpenMP team's spinning threads only burn CPU (the default audit with ``-n 0`` on 2 shared cores:
-    165 s of CPU in its cell children on two threads, 7.9 s on one; ``benchmarks/profile_audit.py --cpu-only``,
-    torch 2.13.0+cpu). ``OMP_NUM_THREADS`` set by the user wins."""
+    split, and an OpenMP team's threads spin on a busy machine (the default audit with ``-n 0``, eager and sdpa, on
+    2 shared cores at load 7 to 10, ``benchmarks/profile_audit.py --cpu-only``, torch 2.13.0+cpu: its cell children
+    took 165 s of CPU on two threads, then 7.9 s on one, run back to back; another pair at load 7.3 gave 7.4 s on two
+    and 7.6 s on one: two threads never helped, and sometimes cost 20x). ``OMP_NUM_THREADS`` set by the user wins."""
     worker = getattr(config, "workerinput", None)
     if os.environ.get("OMP_NUM_THREADS") or (worker is None and not tiny):
         return
