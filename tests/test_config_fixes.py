@@ -210,3 +210,29 @@ def test_a_missing_package_at_full_size_is_a_skip_naming_it_not_library_config(m
     monkeypatch.setattr(B, "_without_overrides_builds", lambda *a: False)
     with pytest.raises(LibraryConfigError, match="at full size either"):
         B.build_model(resolved, "eager", "float32")
+
+
+def test_a_rotary_per_layer_type_is_checked_per_layer_type_and_cohere_compass_builds():
+    """Cohere Compass (5.16 .. 5.25: 30 library_config entries) keeps its text rotary per layer type
+    (rope_parameters["full_attention"]), empty in the default. The fix gives each type its rotary's built-in section
+    [24, 20, 20] for heads of 128; the mismatch check reads each type's dict. Planted: one type's section for other
+    heads is named; the empty default still does not run."""
+    import copy
+
+    import torch
+
+    from pytest_packcheck.model.build import build_model
+    from pytest_packcheck.model.multimodal import mrope_section_mismatch, text_config_of
+
+    resolved = resolve("arch:cohere_compass")
+    assert resolved.error is None and "rope_parameters" in resolved.config_source
+    assert mrope_section_mismatch(resolved.config) is None
+    model = build_model(resolved, "eager", "float32")
+    ids = torch.randint(0, 100, (1, 12))
+    assert model(input_ids=ids, position_ids=torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 0, 1, 2, 3]])).logits.shape[1] == 12
+    planted = copy.deepcopy(resolved.config)
+    text_config_of(planted).rope_parameters["sliding_attention"]["mrope_section"] = [8, 12, 12]
+    why, _ = mrope_section_mismatch(planted)
+    assert "[8, 12, 12] sums to 32" in why
+    text_config_of(planted).rope_parameters = {}
+    assert "has no mrope_section" in mrope_section_mismatch(planted)[0]

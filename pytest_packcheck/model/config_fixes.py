@@ -133,8 +133,12 @@ CONFIG_FIXES: dict[str, ConfigFix] = {f.model_type: f for f in (
     _mrope("paddleocr_vl", _QWEN_MROPE, "PaddlePaddle/PaddleOCR-VL", head_dim=128),
     _mrope("hunyuan_vl", _QWEN_MROPE, None, head_dim=128,
            why="its text config leaves head_dim and mrope_section None (Qwen2-VL's section for heads of 128)"),
-    _mrope("cohere_compass", _QWEN_MROPE, None, head_dim=128,
-           why="its text rotary has no mrope_section (Qwen2-VL's section for heads of 128)"),
+    ConfigFix("cohere_compass", "overrides", "its text rotary reads rope_parameters per layer type "
+              "(rope_parameters['full_attention']['rope_theta']) and the default's rope_parameters is empty; each layer "
+              "type gets its rotary's own built-in mrope_section [24, 20, 20] (heads of 128)", None,
+              (("text.head_dim", 128),
+               ("text.rope_parameters", {t: {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [24, 20, 20]}
+                                         for t in ("full_attention", "sliding_attention")}))),
     _mrope("exaone4_5", _QWEN_MROPE, None, head_dim=128,
            why="its text rotary has no mrope_section (Qwen2-VL's section for heads of 128)"),
     ConfigFix("llama4", "text_config", _TEXT),

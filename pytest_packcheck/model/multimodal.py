@@ -174,6 +174,15 @@ def mrope_section_mismatch(config: Any) -> tuple[str, str] | None:
                 'rope_scaling={"type":"mrope","mrope_section":[...]} (its checkpoints\' value)')
     if not isinstance(params, dict):
         return None
+    if params and all(isinstance(v, dict) for v in params.values()):
+        # per layer type (Cohere Compass 5.16 on: rope_parameters["full_attention"]): each type's own section
+        return next((m for m in (_section_mismatch(text, key, sub) for sub in params.values()) if m), None)
+    return _section_mismatch(text, key, params)
+
+
+def _section_mismatch(text: Any, key: str, params: dict) -> tuple[str, str] | None:
+    """:func:`mrope_section_mismatch` of one rotary's parameters ``params`` (the text config's ``key`` dict, or one
+    layer type's dict in it)."""
     section = params.get("mrope_section")
     if section is None:
         return (f"text {key} has no mrope_section, and its rotary module no built-in default",
