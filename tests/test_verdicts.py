@@ -41,9 +41,7 @@ def test_suites_requirements_and_the_gate_set_are_read_from_the_rows(monkeypatch
     rows marked ``gate`` whose requirements are installed."""
     import importlib.util
 
-    from pytest_packcheck.checks.registry import SPECS, gate_checks, suite_checks
-
-    from pytest_packcheck.checks.registry import SUITES
+    from pytest_packcheck.checks.registry import SPECS, SUITES, gate_checks, suite_checks
 
     assert set(SUITES) == {"default", "variants", "training", "rl", "stack", "encoders", "multimodal"}
     assert set(suite_checks("training")) == set(TRAINING_CHECKS) and set(suite_checks("variants")) == set(VARIANT_CHECKS)
