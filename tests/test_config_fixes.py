@@ -236,3 +236,55 @@ def test_a_rotary_per_layer_type_is_checked_per_layer_type_and_cohere_compass_bu
     assert "[8, 12, 12] sums to 32" in why
     text_config_of(planted).rope_parameters = {}
     assert "has no mrope_section" in mrope_section_mismatch(planted)[0]
+
+
+def _phi4_multimodal_451(monkeypatch):
+    """transformers 4.51 .. 5.0.0's Phi4MultimodalConfig, planted on the installed transformers: a None vision_config
+    stays None (the constructed default is discarded), and the audio config is made only where vision_config is None,
+    so it is None as soon as a vision_config is given (configuration_phi4_multimodal.py:417-424 in 4.51.3)."""
+    import transformers
+
+    class Phi4Multimodal451Config(transformers.Phi4MultimodalConfig):
+        def __init__(self, vision_config=None, audio_config=None, **kw):
+            super().__init__(vision_config=vision_config, audio_config=audio_config, **kw)
+            if vision_config is None:
+                self.vision_config = None
+            if audio_config is None and vision_config is not None:
+                self.audio_config = None
+
+    monkeypatch.setitem(transformers.CONFIG_MAPPING._extra_content, "phi4_multimodal", Phi4Multimodal451Config)
+    monkeypatch.setitem(transformers.AutoModelForCausalLM._model_mapping._extra_content, Phi4Multimodal451Config,
+                        transformers.Phi4MultimodalForCausalLM)
+    return Phi4Multimodal451Config
+
+
+def test_phi4_multimodal_gets_the_sub_configs_its_4x_default_drops(monkeypatch):
+    """phi4_multimodal on 4.51 .. 5.0.0 (atlas 2026-12: 24 library_config entries): the default leaves vision_config
+    and audio_config None and the model reads config.vision_config.image_token_id at build. The fix gives both as {}
+    (each class's defaults, as 5.1.0's default makes them) to the constructor; the model then builds shrunk and runs a
+    packed row. Planted: the table without the entry keeps the default, whose build error is the answer; a fix that
+    gives only the vision config (the audio one is then dropped) does not run."""
+    import torch
+
+    from pytest_packcheck.model.build import build_model
+
+    cls = _phi4_multimodal_451(monkeypatch)
+    default = cls()
+    assert default.vision_config is None and "image_token_id" in cf.default_runs(default, "phi4_multimodal")
+    spec = parse_model_spec("arch:phi4_multimodal", "test")
+    config, source = cf.choose_config(spec, default, None)
+    assert config.vision_config is not None and config.audio_config is not None
+    assert cf.default_runs(config, "phi4_multimodal") is None
+    assert 'vision_config={}, audio_config={}' in source and "configuration_phi4_multimodal.py" in source
+    resolved = resolve("arch:phi4_multimodal")
+    assert resolved.error is None and resolved.config_source == source
+    model = build_model(resolved, "eager", "float32")
+    pos = torch.cat([torch.arange(5), torch.arange(7)])[None]
+    assert model(input_ids=torch.randint(0, 100, (1, 12)), position_ids=pos).logits.shape[:2] == (1, 12)
+    # planted: only the vision config given: 4.51's constructor drops the audio config, and the build fails again
+    half = cls(vision_config={})
+    assert half.audio_config is None and "audio_token_id" in cf.default_runs(half, "phi4_multimodal")
+    # planted: no entry: the default is kept (its build error is what the cell then says)
+    monkeypatch.delitem(cf.CONFIG_FIXES, "phi4_multimodal")
+    kept, none = cf.choose_config(spec, default, None)
+    assert kept is default and none is None

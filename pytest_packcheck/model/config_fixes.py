@@ -169,6 +169,11 @@ CONFIG_FIXES: dict[str, ConfigFix] = {f.model_type: f for f in (
                                     for t in ("full_attention", "sliding_attention")}),)),
     ConfigFix("dots1", "overrides", "n_routed_experts and num_experts_per_tok are None in the default",
               "rednote-hilab/dots.llm1.base", (("n_routed_experts", 128), ("num_experts_per_tok", 6), ("n_shared_experts", 2))),
+    ConfigFix("phi4_multimodal", "overrides", "4.51 .. 5.0.0's config constructs Phi4MultimodalVisionConfig() for a "
+              "None vision_config and discards it (the assignment is missing), and makes the audio config only where "
+              "vision_config is None (configuration_phi4_multimodal.py:417-424 in 4.51.3): both stay None and the model "
+              "reads config.vision_config.image_token_id at build; each given as {} is its class's defaults, what 5.1.0's "
+              "default makes (the public checkpoint microsoft/Phi-4-multimodal-instruct gives both)", None, init=(("vision_config", {}), ("audio_config", {}))),
     _pad("phi"), _pad("jetmoe"), _pad("stablelm"), _pad("exaone4"),
     ConfigFix("dbrx", "overrides", "its attn_config has no rope_theta (5.x) and clip_qkv None, which the attention clamps by",
               "databricks/dbrx-base", (("attn_config.rope_theta", 500000), ("attn_config.clip_qkv", 8))),
