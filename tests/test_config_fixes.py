@@ -288,3 +288,72 @@ def test_phi4_multimodal_gets_the_sub_configs_its_4x_default_drops(monkeypatch):
     monkeypatch.delitem(cf.CONFIG_FIXES, "phi4_multimodal")
     kept, none = cf.choose_config(spec, default, None)
     assert kept is default and none is None
+
+
+def _xielu_500(monkeypatch):
+    """transformers 4.56 .. 5.0.0's XIELUActivation, planted on the installed transformers: it reads its beta and eps
+    buffers' values at build (``float(self.beta.detach().cpu().float().item())``, activations.py:250 in 5.0.0), which
+    a tensor on the meta device does not have."""
+    from transformers import activations
+
+    made = activations.XIELUActivation.__init__
+
+    def reads_its_buffers(self, *args, **kwargs):
+        made(self, *args, **kwargs)
+        self._beta_scalar = float(self.beta.detach().cpu().float().item())
+        self._eps_scalar = float(self.eps.detach().cpu().float().item())
+
+    monkeypatch.setattr(activations.XIELUActivation, "__init__", reads_its_buffers)
+
+
+def test_a_module_reading_a_buffer_at_build_is_built_on_meta_as_transformers_loads_it(monkeypatch):
+    """apertus on 4.56 .. 5.0.0 (atlas 2026-12: 9 library_config entries, "Cannot copy out of meta tensor"): its XIELU
+    activation reads a buffer's value at build, so packcheck's meta-device builds (the shrunk parameter count, the
+    full-size twin) failed and the cell blamed the config, though the model builds on the CPU. The meta build is
+    retried with the parameters alone on meta (buffers on the CPU, as 4.x's from_pretrained builds): the default
+    runs, the shrunk model builds and runs a packed row. Planted: the retry removed (the old code) is library_config
+    again; a build that fails otherwise is not retried."""
+    import torch
+
+    from pytest_packcheck.model import build as B
+    from pytest_packcheck.model import twin
+    from pytest_packcheck.model.build_errors import LibraryConfigError
+
+    _xielu_500(monkeypatch)
+    import transformers
+
+    default = transformers.ApertusConfig()
+    with pytest.raises(NotImplementedError, match=twin.META_READ), torch.device("meta"):
+        transformers.AutoModelForCausalLM.from_config(default)
+    assert cf.default_runs(default, "apertus") is None
+    full = twin.build_on_meta(lambda: transformers.AutoModelForCausalLM.from_config(default))
+    assert {p.device.type for p in full.parameters()} == {"meta"}
+    assert sum(p.numel() for p in full.parameters()) > 6.9e9  # full size (6.98e9 on 5.25.0), no memory: all on meta
+    resolved = resolve("arch:apertus")
+    assert resolved.error is None and resolved.config_source is None
+    model = B.build_model(resolved, "eager", "float32")
+    pos = torch.cat([torch.arange(5), torch.arange(7)])[None]
+    assert torch.isfinite(model(input_ids=torch.randint(0, 100, (1, 12)), position_ids=pos).logits).all()
+    with twin.parameters_on_meta():
+        assert torch.nn.Linear(2, 3).weight.device.type == "meta"
+    assert torch.nn.Linear(2, 3).weight.device.type == "cpu"  # the patch is undone on leaving
+    # planted: a build failing otherwise is not retried (the config's own error stays the answer)
+    calls = []
+
+    def broken():
+        calls.append(1)
+        raise NotImplementedError("something else")
+
+    with pytest.raises(NotImplementedError, match="something else"):
+        twin.build_on_meta(broken)
+    assert calls == [1]
+
+    # planted: no retry (the code before it): the meta builds fail and the cell is library_config
+    def meta_only(build):
+        with torch.device("meta"):
+            return build()
+
+    monkeypatch.setattr(twin, "build_on_meta", meta_only)
+    monkeypatch.setattr(B, "build_on_meta", meta_only)
+    with pytest.raises(LibraryConfigError, match="Cannot copy out of meta tensor"):
+        B.build_model(resolve("arch:apertus"), "eager", "float32")

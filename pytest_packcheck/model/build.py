@@ -16,7 +16,7 @@ from .multimodal import mrope_section_mismatch
 from .resolve import ResolvedModel, auto_model_class, resolve_model
 from .shrink import mechanism_gaps, shrink_config
 from .tiny import TINY_SLIDING_WINDOW
-from .twin import unshrunk_build_error
+from .twin import build_on_meta, unshrunk_build_error
 
 #: Random-weight models above this many parameters are refused (the shrink missed a size key).
 MAX_RANDOM_PARAMS = 30_000_000
@@ -206,8 +206,7 @@ def build_model(
                                    sliding_window=sliding_window or TINY_SLIDING_WINDOW)
             # Count parameters on the meta device first: a config whose size keys the shrink does not know
             # would otherwise allocate a full-size model (an OOM kill on a 24 GB machine, seen with llama4).
-            with torch.device("meta"):
-                probe = auto.from_config(copy.deepcopy(config), trust_remote_code=trust_remote_code)
+            probe = build_on_meta(lambda: auto.from_config(copy.deepcopy(config), trust_remote_code=trust_remote_code))
             n_params = sum(p.numel() for p in probe.parameters())
             if resolved.model_kind != "encoder" and decoder_flag_needed(probe):
                 config.is_decoder = True

@@ -254,7 +254,6 @@ def fixed_config(fix: ConfigFix) -> Any:
 def default_runs(config: Any, model_type: str) -> str | None:
     """Why the default ``config`` of ``model_type`` does not run (its text rotary's ``mrope_section`` for a model run on
     its text path, else the full-size build on the meta device), or None where it builds."""
-    import torch
 
     from .architectures import causal_lm_class_name, mrope_text_path
     from .multimodal import mrope_section_mismatch
@@ -273,9 +272,10 @@ def default_runs(config: Any, model_type: str) -> str | None:
         auto = getattr(transformers, text_path[1])
     else:
         from transformers import AutoModelForCausalLM as auto
+    from .twin import build_on_meta
+
     try:
-        with torch.device("meta"):
-            auto.from_config(copy.deepcopy(config))
+        build_on_meta(lambda: auto.from_config(copy.deepcopy(config)))
     except ImportError:
         return None  # a missing optional package is a skip with its name, not a config to replace
     except Exception as exc:  # noqa: BLE001 - any failure is the answer

@@ -4,18 +4,70 @@ tell a failure of the config itself from one of packcheck's shrink."""
 from __future__ import annotations
 
 import copy
-from typing import Any
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
 from .resolve import ResolvedModel, auto_model_class
 
+T = TypeVar("T")
 
-def _build_unshrunk_on_meta(resolved: ResolvedModel, trust_remote_code: bool) -> tuple[Any, str | None]:
-    """``resolved.config`` built unshrunk on the meta device (no memory): (model, None), or (None, its error)."""
+#: What torch raises where a module reads a tensor's value while it is built on the meta device (``.item()``):
+#: Apertus's XIELU activation in transformers 4.56 .. 5.0.0 (``float(self.beta.detach().cpu().float().item())``,
+#: activations.py:250 in 5.0.0; 5.1.0 reads the float it was given).
+META_READ = "Cannot copy out of meta tensor"
+
+
+@contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Every parameter registered in the block is moved to the meta device; buffers and plain tensors stay where torch
+    makes them (the CPU). How transformers 4.x's ``from_pretrained`` builds a model (accelerate's
+    ``init_empty_weights()``, buffers not included: ``get_init_context``, modeling_utils.py:4497 in 4.56.2), so a
+    module that reads a buffer's value at build runs; the parameters take no memory (each is made on the CPU
+    uninitialised, then moved)."""
+    import torch
+
+    register = torch.nn.Module.register_parameter
+
+    def to_meta(module: Any, name: str, param: Any) -> None:
+        register(module, name, param)
+        made = module._parameters[name]
+        if made is not None and made.device.type != "meta":
+            extra = {} if type(made) is torch.nn.Parameter else made.__dict__  # a subclass's own fields (accelerate's way)
+            module._parameters[name] = type(made)(made.to("meta"), **{**extra, "requires_grad": made.requires_grad})
+
+    torch.nn.Module.register_parameter = to_meta  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register  # type: ignore[method-assign]
+
+
+def build_on_meta(build: Callable[[], T]) -> T:
+    """``build()`` on the meta device (no memory); where a module reads a tensor's value at build (torch's
+    :data:`META_READ`), again with :func:`parameters_on_meta`, as transformers' own loader builds it: that failure is
+    the meta device's, not the config's.
+
+    Raises:
+        Exception: whatever the build raises otherwise (the config's or the library's)."""
     import torch
 
     try:
         with torch.device("meta"):
-            return auto_model_class(resolved).from_config(copy.deepcopy(resolved.config), trust_remote_code=trust_remote_code), None
+            return build()
+    except NotImplementedError as exc:
+        if META_READ not in str(exc):
+            raise
+    with parameters_on_meta():
+        return build()
+
+
+def _build_unshrunk_on_meta(resolved: ResolvedModel, trust_remote_code: bool) -> tuple[Any, str | None]:
+    """``resolved.config`` built unshrunk on the meta device (no memory, :func:`build_on_meta`): (model, None), or
+    (None, its error)."""
+    try:
+        auto = auto_model_class(resolved)
+        return build_on_meta(lambda: auto.from_config(copy.deepcopy(resolved.config), trust_remote_code=trust_remote_code)), None
     except Exception as exc:  # noqa: BLE001 - any failure is the answer
         return None, f"{type(exc).__name__}: {' '.join(str(exc).split())[:240]}"
 
