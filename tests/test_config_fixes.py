@@ -8,12 +8,18 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from pytest_packcheck.model import config_fixes as cf
 from pytest_packcheck.model.resolve import resolve_model
 from pytest_packcheck.model.specs import parse_model_spec
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+class PlantedPositions(torch.nn.Module):
+    """A module class of this file without ``weight`` (speech_to_text_2's positional embedding from 4.51 on): a global
+    of the frame that reads it, as the model's own classes are of its modeling file."""
 
 
 def resolve(raw: str):
@@ -357,3 +363,47 @@ def test_a_module_reading_a_buffer_at_build_is_built_on_meta_as_transformers_loa
     monkeypatch.setattr(B, "build_on_meta", meta_only)
     with pytest.raises(LibraryConfigError, match="Cannot copy out of meta tensor"):
         B.build_model(resolve("arch:apertus"), "eager", "float32")
+
+
+def test_a_model_whose_own_code_reads_an_attribute_its_module_lacks_is_a_crash_not_library_config(monkeypatch):
+    """speech_to_text_2 on 4.51 .. 4.57 (atlas 2026-12: 21 library_config entries): its _init_weights reads ``weight``
+    of its Speech2Text2SinusoidalPositionalEmbedding, whose __init__ no longer makes it (modeling_speech_to_text_2.py
+    :402 in 4.51.3): no config builds it, so the cell is ``crash`` with the library's words, not ``library_config``.
+    Planted on llama: its model's __init__ reads ``weight`` of a module class of the same file that has none. The
+    planted fault: a config value left None (``'NoneType' object has no attribute``) stays library_config."""
+    import transformers
+
+    from pytest_packcheck.model import build as B
+    from pytest_packcheck.model.build_errors import LibraryConfigError
+    from pytest_packcheck.run.runner import Cell, CellRunner
+
+    made = transformers.LlamaModel.__init__
+
+    def reads_a_missing_weight(self, config, *args, **kwargs):
+        made(self, config, *args, **kwargs)
+        self.positions = PlantedPositions()
+        self.positions.weight.shape  # noqa: B018 - the read transformers' _init_weights makes
+
+    monkeypatch.setattr(transformers.LlamaModel, "__init__", reads_a_missing_weight)
+    resolved = resolve("arch:llama")
+    with pytest.raises(LibraryConfigError, match=r"own code reads weight of its module PlantedPositions, which has "
+                       r"none, at test_config_fixes\.py:\d+ in reads_a_missing_weight") as raised:
+        B.build_model(resolved, "eager", "float32")
+    assert raised.value.cause == "crash" and "not its config" in str(raised.value)
+    result = CellRunner([resolved], {"float32": {}}).run(Cell(0, "llama", "eager", "isolation", "float32"))
+    assert result.status == "error" and result.cause == "crash", (result.cause, result.message)
+    assert "'PlantedPositions' object has no attribute 'weight'" in result.message
+
+    # planted: a config value left None (phi4_multimodal's vision_config): the config's, library_config
+    def reads_a_none_value(self, config, *args, **kwargs):
+        made(self, config, *args, **kwargs)
+        config.planted_sub_config = None
+        config.planted_sub_config.image_token_id  # noqa: B018
+
+    monkeypatch.setattr(transformers.LlamaModel, "__init__", reads_a_none_value)
+    resolved = resolve("arch:llama")
+    with pytest.raises(LibraryConfigError, match="at full size either") as raised:
+        B.build_model(resolved, "eager", "float32")
+    assert raised.value.cause == "library_config"
+    result = CellRunner([resolved], {"float32": {}}).run(Cell(0, "llama", "eager", "isolation", "float32"))
+    assert result.status == "error" and result.cause == "library_config"

@@ -16,7 +16,7 @@ from .multimodal import mrope_section_mismatch
 from .resolve import ResolvedModel, auto_model_class, resolve_model
 from .shrink import mechanism_gaps, shrink_config
 from .tiny import TINY_SLIDING_WINDOW
-from .twin import build_on_meta, unshrunk_build_error
+from .twin import build_on_meta, own_module_attribute_missing, unshrunk_build_error
 
 #: Random-weight models above this many parameters are refused (the shrink missed a size key).
 MAX_RANDOM_PARAMS = 30_000_000
@@ -231,6 +231,12 @@ def build_model(
                 said = own.split(":", 1)[1].strip()
                 packages = ", ".join(dict.fromkeys(re.findall(r"pip install ([A-Za-z0-9_.\-]+)", said))) or "an optional package"
                 raise ImportError(f"{resolved.model_type} needs {packages} (not installed): {said}") from exc
+            code = own_module_attribute_missing(exc) if own == f"{type(exc).__name__}: {' '.join(str(exc).split())[:240]}" else None
+            if code is not None:  # the library's model code fails at any size, whatever its config: not a config to fix
+                raise LibraryConfigError(
+                    f"{resolved.model_type}: the model's own code crashed at build, at full size too ({code}; {own}): "
+                    "the library's code, not its config nor packcheck's shrink; report it upstream or use another "
+                    "transformers release", cause="crash") from exc
             if own is not None:  # the config does not build at full size either: the library's, not the shrink's
                 raise LibraryConfigError(
                     f"{resolved.model_type}: the {'default ' if resolved.spec.kind == 'arch' else ''}config does not "

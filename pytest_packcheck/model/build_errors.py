@@ -14,7 +14,13 @@ class TextPathError(ShrinkError):
 
 
 class LibraryConfigError(RuntimeError):
-    """The model's own config does not build in transformers, shrunk or not (the library's, not packcheck's)."""
+    """The model's own config does not build in transformers, shrunk or not (the library's, not packcheck's).
+    ``cause``: ``library_config``, or ``crash`` where the library's own model code fails whatever its config
+    (:func:`~.twin.own_module_attribute_missing`)."""
+
+    def __init__(self, message: str, cause: str = "library_config") -> None:
+        super().__init__(message)
+        self.cause = cause
 
 
 class OverrideConfigError(RuntimeError):

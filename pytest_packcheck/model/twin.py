@@ -4,6 +4,7 @@ tell a failure of the config itself from one of packcheck's shrink."""
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -60,6 +61,44 @@ def build_on_meta(build: Callable[[], T]) -> T:
             raise
     with parameters_on_meta():
         return build()
+
+
+#: What torch's ``Module.__getattr__`` (and Python) say of an attribute an object does not have.
+_NO_ATTRIBUTE = re.compile(r"^'(\w+)' object has no attribute '(\w+)'$")
+
+
+def own_module_attribute_missing(exc: BaseException) -> str | None:
+    """Where the library's model code reads an attribute of one of its own modules that the module does not have, or
+    None: an ``AttributeError`` naming an ``nn.Module`` class of the module whose code is the deepest frame outside
+    torch (speech_to_text_2 on 4.51 .. 4.57: ``_init_weights`` reads ``weight`` of its
+    ``Speech2Text2SinusoidalPositionalEmbedding``, whose ``__init__`` no longer makes it; modeling_speech_to_text_2.py:402
+    in 4.51.3). No config value gives a module an attribute its class never sets: the library's code, not its config.
+    A None config value (``'NoneType' object has no attribute``) is no such module."""
+    import os
+
+    import torch
+
+    if not isinstance(exc, AttributeError):
+        return None
+    said = _NO_ATTRIBUTE.match(str(exc))
+    if said is None:
+        return None
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append(tb)
+        tb = tb.tb_next
+    torch_dir = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "")
+    for tb in reversed(frames):
+        path = os.path.abspath(tb.tb_frame.f_code.co_filename)
+        if path.startswith(torch_dir):
+            continue
+        cls = tb.tb_frame.f_globals.get(said.group(1))
+        if isinstance(cls, type) and issubclass(cls, torch.nn.Module) and cls.__module__ == tb.tb_frame.f_globals.get("__name__"):
+            return (f"its own code reads {said.group(2)} of its module {said.group(1)}, which has none, at "
+                    f"{os.path.basename(path)}:{tb.tb_lineno} in {tb.tb_frame.f_code.co_name}")
+        return None
+    return None
 
 
 def _build_unshrunk_on_meta(resolved: ResolvedModel, trust_remote_code: bool) -> tuple[Any, str | None]:

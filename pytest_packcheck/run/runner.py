@@ -596,7 +596,7 @@ class CellRunner:
         elif isinstance(exc, ShrinkError):
             cause = "shrink_limit"
         elif isinstance(exc, LibraryConfigError):
-            cause = "library_config"
+            cause = exc.cause  # library_config, or crash: the library's model code, whatever its config
         elif isinstance(exc, OverrideConfigError):
             cause = "override_config"
         elif isinstance(exc, WeightsError):
