@@ -71,11 +71,14 @@ def main() -> int:
     parser.add_argument("--why", default="config-fix table (issue 41)", help="the reason the release record states")
     parser.add_argument("--match", action="append", default=[],
                         help="also re-measure library_config entries whose message contains this text (repeatable)")
+    parser.add_argument("--arch", action="append", default=[],
+                        help="re-measure this architecture's entries of each release whatever their cause (repeatable)")
     ns = parser.parse_args()
     build = Path(ns.build)
     for version in ns.releases.split(","):
         support = load_committed(OUT)
-        archs = affected(support, version, tuple(ns.match))
+        archs = sorted({*affected(support, version, tuple(ns.match)),
+                        *(a for a in ns.arch if any(version in b for b in support["cells"].get(a, {}).values()))})
         if not archs:
             print(f"{time.strftime('%H:%M:%S')} {version}: nothing to re-measure", flush=True)
             continue

@@ -234,7 +234,7 @@ def build_model(
             code = own_module_attribute_missing(exc) if own == f"{type(exc).__name__}: {' '.join(str(exc).split())[:240]}" else None
             if code is not None:  # the library's model code fails at any size, whatever its config: not a config to fix
                 raise LibraryConfigError(
-                    f"{resolved.model_type}: the model's own code crashed at build, at full size too ({code}; {own}): "
+                    f"{resolved.model_type}: the model's own code crashed at build ({own}), at full size too: {code}; "
                     "the library's code, not its config nor packcheck's shrink; report it upstream or use another "
                     "transformers release", cause="crash") from exc
             if own is not None:  # the config does not build at full size either: the library's, not the shrink's
