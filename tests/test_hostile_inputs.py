@@ -332,7 +332,9 @@ def test_an_atlas_render_from_support_json_alone_keeps_its_placements_and_trl_bl
     assert main(args, log=lambda _line: None) == 0
     got = json.loads((out / "support.json").read_text())
     placed = sum((t.get("bisected") or {}).get("outcome") == "found" for t in got["transitions"])
-    assert placed == sum((t.get("bisected") or {}).get("outcome") == "found" for t in committed["transitions"]) > 700
+    # the committed atlas's bisect placements (592 after the config-fix re-measure: transitions it added are not
+    # bisected yet), every one kept
+    assert placed == sum((t.get("bisected") or {}).get("outcome") == "found" for t in committed["transitions"]) > 500
     assert got["trl"] == committed["trl"]
     before = {p.name: p.read_bytes() for p in out.iterdir()}
 
