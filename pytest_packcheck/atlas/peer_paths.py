@@ -332,27 +332,72 @@ def measure(wheel: Path, make_bench: Callable[[str, str], Any], models: tuple[st
     """Every :data:`PEER_PATHS` entry of ``wheel``'s peer on each of ``models`` x the path's backends (those in
     ``backends`` when given). ``make_bench(model_type, backend)`` builds the workbench (a built tiny model), or
     raises: that cell is then ``not_run`` with the reason. A path whose modules do not import gives one ``not_run``
-    result per model x backend naming the module. Returns the results in table order."""
+    result per model x backend naming the module. Returns the results in table order.
+
+    Each path runs in a forked child (:func:`_in_child`): a peer's import can change the process it runs in
+    (LLaMA-Factory 0.9.5's import leaves a new ``transformers`` module object in ``sys.modules``), and neither the
+    caller nor the next peer may see that. A child that dies gives ``error`` cells naming its exit code."""
     dist, version = wheel_version(wheel)
     peer = dist.replace("-", "_")
     out: list[PathResult] = []
     for path in (p for p in PEER_PATHS if p.peer == peer):
         on = tuple(b for b in path.backends if backends is None or b in backends)
-        try:
-            with peer_modules(wheel, path) as mods:
-                for model in models:
-                    for backend in on:
-                        try:
-                            bench = make_bench(model, backend)
-                        except Exception as exc:  # noqa: BLE001 - a model that does not build here is a cell
-                            out.append(PathResult(peer, version, path.name, path.code, model, backend, "not_run",
-                                                  reason=f"the tiny model does not build: {type(exc).__name__}: {exc}"))
-                            continue
-                        out.append(run_path(path, mods, bench, version))
-        except PeerUnavailable as exc:
-            out += [PathResult(peer, version, path.name, path.code, m, b, "not_run", reason=str(exc), stubs=path.stubs)
-                    for m in models for b in on]
+        out += _in_child(lambda path=path, on=on: _measure_path(wheel, path, version, models, on, make_bench),
+                         [(m, b) for m in models for b in on], path, version)
     return out
+
+
+def _measure_path(wheel: Path, path: PeerPath, version: str, models: tuple[str, ...], on: tuple[str, ...],
+                  make_bench: Callable[[str, str], Any]) -> list[PathResult]:
+    out: list[PathResult] = []
+    try:
+        with peer_modules(wheel, path) as mods:
+            for model in models:
+                for backend in on:
+                    try:
+                        bench = make_bench(model, backend)
+                    except Exception as exc:  # noqa: BLE001 - a model that does not build here is a cell
+                        out.append(PathResult(path.peer, version, path.name, path.code, model, backend, "not_run",
+                                              reason=f"the tiny model does not build: {type(exc).__name__}: {exc}"))
+                        continue
+                    out.append(run_path(path, mods, bench, version))
+    except PeerUnavailable as exc:
+        out += [PathResult(path.peer, version, path.name, path.code, m, b, "not_run", reason=str(exc), stubs=path.stubs)
+                for m in models for b in on]
+    return out
+
+
+def _in_child(work: Callable[[], list[PathResult]], cells: list[tuple[str, str]], path: PeerPath,
+              version: str) -> list[PathResult]:
+    """``work()`` in a forked child, its results sent back as dicts; where fork is not available (not POSIX), in
+    this process."""
+    import multiprocessing as mp
+    import os
+
+    if not hasattr(os, "fork"):
+        return work()
+    parent, child = mp.get_context("fork").Pipe(duplex=False)
+
+    def main() -> None:
+        try:
+            child.send([r.as_dict() for r in work()])
+        except BaseException as exc:  # noqa: BLE001 - the parent turns it into cells
+            child.send(f"{type(exc).__name__}: {exc}")
+        finally:
+            child.close()
+
+    proc = mp.get_context("fork").Process(target=main, daemon=True)
+    proc.start()
+    child.close()
+    try:
+        got: Any = parent.recv()
+    except EOFError:
+        got = None
+    proc.join()
+    if isinstance(got, list):
+        return [PathResult(**{**d, "stubs": tuple(d.get("stubs") or ())}) for d in got]
+    why = got if isinstance(got, str) else f"the child running it died (exit code {proc.exitcode})"
+    return [PathResult(path.peer, version, path.name, path.code, m, b, "error", reason=why) for m, b in cells]
 
 
 def build_bench(model_type: str, backend: str) -> Any:
