@@ -189,7 +189,10 @@ def _real(name: str) -> Path:
 def test_the_released_llamafactory_neat_packing_drops_the_sliding_window_on_eager_and_sdpa(bench):
     """Run in a forked child: llamafactory 0.9.5's import leaves another transformers module object in sys.modules,
     which broke later tests' monkeypatches of transformers when it ran in this process."""
+    import transformers
+
     before = sys.modules["transformers"]
+    assert before is transformers
     results = _by(measure(_real("llamafactory"), bench, models=("llama", "mistral")))
     assert sys.modules["transformers"] is before
     assert results[("neat_packing", "llama", "sdpa")].verdict == "pass"
