@@ -187,8 +187,8 @@ def _real(name: str) -> Path:
 
 
 def test_the_released_llamafactory_neat_packing_drops_the_sliding_window_on_eager_and_sdpa(bench):
-    """Run in a forked child: llamafactory 0.9.5's import leaves another transformers module object in sys.modules,
-    which broke later tests' monkeypatches of transformers when it ran in this process."""
+    """llamafactory 0.9.5's import leaves another transformers module object in sys.modules, which broke later tests'
+    monkeypatches of transformers (CI); peer_modules puts the caller's entries back."""
     import transformers
 
     before = sys.modules["transformers"]

@@ -125,7 +125,7 @@ def _stub(name: str) -> types.ModuleType:
 def peer_modules(wheel: Path, path: PeerPath) -> Iterator[dict[str, Any]]:
     """The modules ``path.modules`` imported from ``wheel`` (a pure-Python wheel on ``sys.path``; nothing is
     installed), with ``path.stubs`` stubbed. On exit every module of the peer's packages and every stub is removed
-    from ``sys.modules`` and the wheel from ``sys.path``, so the next peer (or the same peer's other release) imports
+    from ``sys.modules``, every entry the import replaced is put back and the wheel from ``sys.path``, so the next peer (or the same peer's other release) imports
     afresh.
 
     Raises:
@@ -133,6 +133,7 @@ def peer_modules(wheel: Path, path: PeerPath) -> Iterator[dict[str, Any]]:
     """
     entry = str(wheel)
     tops = {m.split(".")[0] for m in path.modules}
+    before = dict(sys.modules)
     sys.path.insert(0, entry)
     for name in path.stubs:
         sys.modules.setdefault(name, _stub(name))
@@ -151,6 +152,9 @@ def peer_modules(wheel: Path, path: PeerPath) -> Iterator[dict[str, Any]]:
             sys.path.remove(entry)
         for name in [n for n in sys.modules if n.split(".")[0] in tops or n in path.stubs]:
             del sys.modules[name]
+        for name, module in before.items():  # an entry the peer's import replaced (transformers itself, once)
+            if sys.modules.get(name) is not module:
+                sys.modules[name] = module
 
 
 def _segment_row(examples: list[list[int]], pad: int, pad_id: int) -> dict[str, list[int]]:
@@ -334,16 +338,16 @@ def measure(wheel: Path, make_bench: Callable[[str, str], Any], models: tuple[st
     raises: that cell is then ``not_run`` with the reason. A path whose modules do not import gives one ``not_run``
     result per model x backend naming the module. Returns the results in table order.
 
-    Each path runs in a forked child (:func:`_in_child`): a peer's import can change the process it runs in
-    (LLaMA-Factory 0.9.5's import leaves a new ``transformers`` module object in ``sys.modules``), and neither the
-    caller nor the next peer may see that. A child that dies gives ``error`` cells naming its exit code."""
+    A peer's import can change the process it runs in (LLaMA-Factory 0.9.5's import leaves a new ``transformers``
+    module object in ``sys.modules``): :func:`peer_modules` puts every module entry that existed before back on
+    exit, so neither the caller nor the next peer sees it. (Not a forked child: a child forked from a process whose
+    OpenMP team exists can deadlock in its first parallel region, as one did in CI.)"""
     dist, version = wheel_version(wheel)
     peer = dist.replace("-", "_")
     out: list[PathResult] = []
     for path in (p for p in PEER_PATHS if p.peer == peer):
         on = tuple(b for b in path.backends if backends is None or b in backends)
-        out += _in_child(lambda path=path, on=on: _measure_path(wheel, path, version, models, on, make_bench),
-                         [(m, b) for m in models for b in on], path, version)
+        out += _measure_path(wheel, path, version, models, on, make_bench)
     return out
 
 
@@ -365,39 +369,6 @@ def _measure_path(wheel: Path, path: PeerPath, version: str, models: tuple[str, 
         out += [PathResult(path.peer, version, path.name, path.code, m, b, "not_run", reason=str(exc), stubs=path.stubs)
                 for m in models for b in on]
     return out
-
-
-def _in_child(work: Callable[[], list[PathResult]], cells: list[tuple[str, str]], path: PeerPath,
-              version: str) -> list[PathResult]:
-    """``work()`` in a forked child, its results sent back as dicts; where fork is not available (not POSIX), in
-    this process."""
-    import multiprocessing as mp
-    import os
-
-    if not hasattr(os, "fork"):
-        return work()
-    parent, child = mp.get_context("fork").Pipe(duplex=False)
-
-    def main() -> None:
-        try:
-            child.send([r.as_dict() for r in work()])
-        except BaseException as exc:  # noqa: BLE001 - the parent turns it into cells
-            child.send(f"{type(exc).__name__}: {exc}")
-        finally:
-            child.close()
-
-    proc = mp.get_context("fork").Process(target=main, daemon=True)
-    proc.start()
-    child.close()
-    try:
-        got: Any = parent.recv()
-    except EOFError:
-        got = None
-    proc.join()
-    if isinstance(got, list):
-        return [PathResult(**{**d, "stubs": tuple(d.get("stubs") or ())}) for d in got]
-    why = got if isinstance(got, str) else f"the child running it died (exit code {proc.exitcode})"
-    return [PathResult(path.peer, version, path.name, path.code, m, b, "error", reason=why) for m, b in cells]
 
 
 def build_bench(model_type: str, backend: str) -> Any:
