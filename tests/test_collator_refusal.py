@@ -29,8 +29,13 @@ def _release_4_51_3(real):
 
 @pytest.fixture
 def release_4_51_3(monkeypatch):
-    planted = _release_4_51_3(transformers.DataCollatorWithFlattening)
-    monkeypatch.setattr(transformers, "DataCollatorWithFlattening", planted)
+    import sys
+
+    # the transformers packcheck imports now (sys.modules), not the object this file bound at collection: a test
+    # that ran before in this process may have left another module object there
+    current = sys.modules["transformers"]
+    planted = _release_4_51_3(current.DataCollatorWithFlattening)
+    monkeypatch.setattr(current, "DataCollatorWithFlattening", planted)
     with pytest.raises(TypeError, match="return_flash_attn_kwargs"):
         planted(return_flash_attn_kwargs=True)  # the planted fault, as 4.51.3 raises it
     return planted
@@ -64,7 +69,10 @@ def test_a_refused_collator_is_an_unsupported_cell_naming_the_library(release_4_
 def test_a_collator_that_refuses_an_argument_its_signature_names_is_refused_with_its_words(monkeypatch):
     """A release whose constructor names an argument and still raises on it: the factory's TypeError is the
     library's refusal, an unsupported cell, not a crash."""
-    real = transformers.DataCollatorWithFlattening
+    import sys
+
+    current = sys.modules["transformers"]  # as in the fixture above
+    real = current.DataCollatorWithFlattening
 
     class Refusing(real):
         def __init__(self, *args, return_seq_idx=False, **kwargs):
@@ -72,7 +80,7 @@ def test_a_collator_that_refuses_an_argument_its_signature_names_is_refused_with
                 raise TypeError("return_seq_idx needs a newer tokenizer")
             super().__init__(*args, **kwargs)
 
-    monkeypatch.setattr(transformers, "DataCollatorWithFlattening", Refusing)
+    monkeypatch.setattr(current, "DataCollatorWithFlattening", Refusing)
     with pytest.raises(B.CollatorUnsupported, match="return_seq_idx needs a newer tokenizer") as info:
         B.default_collator_factory(return_position_ids=True, return_seq_idx=True)
     assert CellRunner([], {"float32": {}})._failed("check", info.value).status == "unsupported"
