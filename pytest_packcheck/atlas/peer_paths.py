@@ -288,16 +288,10 @@ def run_path(path: PeerPath, mods: dict[str, Any], bench: Any, version: str) -> 
     except Exception as exc:  # noqa: BLE001 - a peer's fault is a cell, never the run's end
         return PathResult(**base, verdict="error", reason=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
     try:
-        logits = bench.forward(batch).logits[0].float()
-        per = []
-        start = 0
-        for example, solo in zip(bench.examples, bench.solo_logits(), strict=True):
-            per.append(float((logits[start:start + len(example)] - solo).abs().max()))
-            start += len(example)
+        worst, per = bench.diff_to_solo(bench.forward(batch).logits[0].float())
     except Exception as exc:  # noqa: BLE001 - a peer's fault is a cell, never the run's end
         return PathResult(**base, verdict="error", reason=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
     tol = float(bench.tol["logits_atol"])
-    worst = max(per)
     verdict = "pass" if worst <= tol else "fail"
     window = getattr(bench.config, "sliding_window", None)
     if isinstance(window, int) and window > 0:
