@@ -3,14 +3,17 @@
 
     python benchmarks/bench_stack.py [--repeat N]
 
-The floor: the same models built once per backend and element (model/stack.py's apply_element) and the same check
-functions called directly in one process (no pytest, no forked children, no reports). Prints each run's wall
-seconds, their medians, the ratio and the load average (the machine is shared: say which load a number was taken at).
+Two floors, in the same run as the audit: ``checks``, the same models built once per backend and element
+(model/stack.py's apply_element) and the same check functions called directly in one process (no pytest, no forked
+children, no reports); ``compute``, the same models and elements with only the work every verdict needs: one packed
+fwd+bwd of the default row and each example alone (forward). Prints each run's wall seconds, their medians, the
+ratios and the load average (the machine is shared: say which load a number was taken at).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
@@ -32,7 +35,9 @@ def audit_seconds() -> float:
         return time.perf_counter() - t0
 
 
-def floor_seconds() -> float:
+def floor_seconds(compute: bool = False) -> float:
+    """Seconds of the ``checks`` floor, or with ``compute`` of the ``compute`` floor (one packed fwd+bwd and each
+    example alone per model, element and backend)."""
     from pytest_packcheck.backends import ensure_registered
     from pytest_packcheck.checks.registry import SPECS
     from pytest_packcheck.checks.workbench import Workbench
@@ -55,6 +60,11 @@ def floor_seconds() -> float:
                 except Exception:  # noqa: BLE001, S112 - an element that cannot run costs the floor nothing either
                     continue
                 wb = Workbench(model=model, config=model.config, backend=backend, dtype="float32", tol=tol)
+                if compute:
+                    with contextlib.suppress(Exception):  # an element that crashes is an error cell in the audit
+                        wb.param_grads(wb.packed())
+                        [wb.solo(e) for e in wb.examples]
+                    continue
                 for check in audit["checks"]:
                     try:
                         SPECS[check].load()(wb)
@@ -67,14 +77,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=1, help="Runs of each (default 1).")
     ns = parser.parse_args()
-    audits, floors = [], []
+    audits, floors, computes = [], [], []
     for _ in range(ns.repeat):
         audits.append(audit_seconds())
         floors.append(floor_seconds())
-        print(f"audit --audit stack {audits[-1]:.1f} s wall; floor {floors[-1]:.1f} s; load {os.getloadavg()[0]:.1f} "
-              f"on {os.cpu_count()} cores", flush=True)
-    a, f = statistics.median(audits), statistics.median(floors)
-    print(f"median: audit {a:.1f} s, floor {f:.1f} s, ratio {a / f:.2f}x (target: audit <= 300 s on 2 quiet cores)")
+        computes.append(floor_seconds(compute=True))
+        print(f"audit --audit stack {audits[-1]:.1f} s wall; checks floor {floors[-1]:.1f} s; compute floor "
+              f"{computes[-1]:.1f} s; load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
+    a, f, c = statistics.median(audits), statistics.median(floors), statistics.median(computes)
+    print(f"median: audit {a:.1f} s, checks floor {f:.1f} s (ratio {a / f:.2f}x), compute floor {c:.1f} s (ratio "
+          f"{a / c:.2f}x; target: audit <= 300 s on 2 quiet cores)")
     return 0
 
 
