@@ -200,7 +200,12 @@ def lookup(model_type: str, attn_implementation: str, transformers_version: str,
                                       f"a release number such as {example} (no '{what}==', no wildcard).") from None
     doc = load_support_view(path)
     resolved_from = ""
-    if model_type not in doc["cells"] and looks_like_model_reference(model_type):
+    asked = None
+    if ":" in model_type:  # encoder:bert, multimodal:qwen2_vl: a block of the atlas (atlas/kinds.py), imported only then
+        from .atlas.kinds_render import block_of
+
+        asked = block_of(model_type)
+    if model_type not in doc["cells"] and asked is None and looks_like_model_reference(model_type):
         model_type, resolved_from = resolve_model_type(model_type, list(doc["cells"]))
     in_cells = set(getattr(doc, "backends_in_cells", None) or {b for row in doc["cells"].values() for b in row})
     measured = list(dict.fromkeys([*(b for b in doc.get("backends") or [] if b in in_cells), *sorted(in_cells)]))
@@ -214,12 +219,39 @@ def lookup(model_type: str, attn_implementation: str, transformers_version: str,
     src = path or default_support_file()
     # the atlas's render date is not when a cell was measured (trial 14, 78): the release's own date where recorded
     where = f"{src} (packcheck atlas rendered {doc.get('generated')}, {doc.get('device')} {doc.get('dtype')}, torch {doc.get('torch')})"
+    if asked is not None:  # encoder:bert, multimodal:qwen2_vl: the atlas's encoder / multimodal block (atlas/kinds.py)
+        return block_answer(doc, asked[0], asked[1], model_type, attn_implementation, transformers_version, where)
     answer = answer_at(doc, model_type, attn_implementation, transformers_version, trl_version, where)
     if resolved_from:
         import dataclasses
 
         answer = dataclasses.replace(answer, resolved_from=resolved_from)
     return answer
+
+
+def block_answer(doc: Any, name: str, model_type: str, asked: str, attn_implementation: str, transformers_version: str,
+                 where: str = "") -> Answer:
+    """The answer of the atlas's ``name`` block (``encoders`` / ``multimodal``: ``support.json[name]``, SCHEMA.md)
+    for ``model_type`` (``asked``: the argument as given, ``encoder:bert``), by the same rule as the transformers
+    axis (:func:`_model_answer`: measured, a sweep's release, the side of a placed transition, or not measured with
+    the nearest releases). An ``absent`` verdict: the model is not a model_type of that release (measured: the
+    release ran, the model was not there). A support file without the block answers not measured with a note."""
+    import dataclasses
+
+    from .atlas.kinds_render import ABSENT, block_doc, reproduce
+
+    base = {"model_type": asked, "attn_implementation": attn_implementation, "transformers_version": transformers_version,
+            "where": where}
+    block = block_doc(doc, name)
+    if block is None:
+        return Answer(**base, measured=False, notes=[(f"this support file has no {name} block (`python tools/atlas_kinds.py` "
+                                                     "measures it)")])
+    answer = _model_answer(block, model_type, attn_implementation, transformers_version, None, where)
+    notes = [n.replace(f"architecture '{model_type}'", f"model '{asked}'") for n in answer.notes]
+    if answer.verdict == ABSENT:
+        notes.append(f"{model_type} is not a model_type of transformers {answer.measured_at}: nothing to pack there")
+    return dataclasses.replace(answer, model_type=asked, notes=notes, reproduce=reproduce(
+        block, answer.measured_at, model_type, answer.backend or attn_implementation) if answer.measured and answer.measured_at else "")
 
 
 def is_bare_minor(transformers_version: str) -> bool:

@@ -218,7 +218,7 @@ def load_support(path: str | Path | None = None, version: Any = None) -> dict[st
 #: Format of the split index :func:`load_support_view` keeps beside packcheck's cache (bump on any layout change).
 INDEX_FORMAT = 1
 #: The keys of a support document the index keeps in files of their own, read only when asked for.
-_LAZY_KEYS = ("transitions", "trl")
+_LAZY_KEYS = ("transitions", "trl", "encoders", "multimodal")  # the last two: atlas/kinds.py's blocks
 
 
 def _index_dir(p: Path) -> Path | None:
@@ -328,7 +328,7 @@ class SupportView(Mapping):
         import shutil
 
         #: the shape each file must have: a cells row maps backends to releases to entries
-        shape = {"transitions.json": list, "trl.json": (dict, type(None))}.get(name, dict)
+        shape = {"transitions.json": list}.get(name, dict if name.startswith("cells/") else (dict, type(None)))
         try:
             value = json.loads((self._folder / name).read_text(encoding="utf-8"))
             if not isinstance(value, shape) or (name.startswith("cells/") and not (

@@ -21,17 +21,19 @@ def _number(cell: dict[str, Any]) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def reduce_release(doc: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
-    """One release's results document -> ``{model_type: {backend: entry}}`` (entry: SCHEMA.md ``cells``).
+def reduce_release(doc: dict[str, Any], backends: tuple[str, ...] = ATLAS_BACKENDS,
+                   pass_check: str = "isolation") -> dict[str, dict[str, dict[str, Any]]]:
+    """One release's results document -> ``{model_type: {backend: entry}}`` (entry: SCHEMA.md ``cells``), the cells
+    of ``backends`` only (the encoder and multimodal blocks, :mod:`.kinds`, reduce their runs the same way).
 
     The verdict is the matrix's headline (:func:`pytest_packcheck.report.headline`: the worst correctness check;
     hazards never decide it); ``number`` is the key number of the check that decided it (the first failing one,
-    else isolation's ``max_change``)."""
+    else ``pass_check``'s: isolation's ``max_change``)."""
     from ..report.verdicts import headline
 
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for cell in doc.get("cells", []):
-        if cell.get("backend") not in ATLAS_BACKENDS or cell.get("dtype") != "float32":
+        if cell.get("backend") not in backends or cell.get("dtype") != "float32":
             continue
         model = cell["model"]
         name = model.get("model_type") or model.get("label")
@@ -42,7 +44,7 @@ def reduce_release(doc: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for (name, backend), group in sorted(groups.items()):
         h = headline(group)
-        decider = h["bad"][0] if h["bad"] else next((c for c in h["cells"] if c["check"] == "isolation"), None)
+        decider = h["bad"][0] if h["bad"] else next((c for c in h["cells"] if c["check"] == pass_check), None)
         entry: dict[str, Any] = {"verdict": h["status"], "causes": [c for c in h["causes"] if c != h["status"]]}
         if decider is not None:
             entry["check"] = decider["check"]
@@ -211,22 +213,28 @@ def collect(build: Path, planned: list[str] | None = None, bisects: dict[str, An
     return support
 
 
+#: The verdict of a block entry (:mod:`.kinds`) whose model is not in that release's transformers.
+ABSENT = "absent"
+
+
 def _signature(entry: dict[str, Any] | None) -> tuple[str, tuple[str, ...]] | None:
     return None if entry is None else (entry["verdict"], tuple(entry.get("causes", [])))
 
 
 def transitions(support: dict[str, Any], bisects: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Every change of verdict or causes of an (architecture, backend) between two adjacent measured releases
-    where both have it (an architecture that appears is not a transition). ``bisects``: :func:`transition_key`
-    -> bisect record (:func:`pytest_packcheck.analysis.bisect.bisect_cell`'s), attached as ``bisected``."""
+    where both have it (an architecture that appears is not a transition, nor one whose entry is ``absent``: the
+    encoder and multimodal blocks, :mod:`.kinds`). ``bisects``: :func:`transition_key` -> bisect record
+    (:func:`pytest_packcheck.analysis.bisect.bisect_cell`'s), attached as ``bisected``. The backends are
+    ``support["backends"]`` (the atlas's, :data:`ATLAS_BACKENDS`, where it names none)."""
     order = [r["transformers"] for r in support["releases"]]
     out = []
     for name in sorted(support["cells"]):
-        for backend in ATLAS_BACKENDS:
+        for backend in support.get("backends") or ATLAS_BACKENDS:
             row = support["cells"][name].get(backend, {})
             for old, new in itertools.pairwise(order):
                 a, b = row.get(old), row.get(new)
-                if a is None or b is None or _signature(a) == _signature(b):
+                if a is None or b is None or ABSENT in (a["verdict"], b["verdict"]) or _signature(a) == _signature(b):
                     continue
                 t = {"model_type": name, "backend": backend, "last_before": old, "first_after": new,
                      "before": {k: a.get(k) for k in ("verdict", "causes", "check", "number")},

@@ -82,6 +82,9 @@ def main(args: AtlasArgs, log: Callable[[str], None] = print) -> int:
     support = attach_trl(support, args.out)  # the TRL axis's block rides along (trl.json)
     if "trl" not in support and committed and committed.get("trl"):
         support["trl"] = committed["trl"]  # no trl.json beside it: the committed support.json's block is kept (issue 42)
+    from .kinds import carry_kinds
+
+    support = carry_kinds(support, committed)  # the encoder and multimodal blocks (issue 46) are kept as measured
     paths = write_outputs(support, args.out)
     log(f"atlas written: {', '.join(str(p) for p in paths)} ({len(support['releases'])} releases measured, "
         f"{len(support['missing'])} missing)")

@@ -122,9 +122,11 @@ def check_recorded_version(folder: Path, release: str, library: str, doc: dict[s
 
 def run_release(version: str, build: Path, shard: tuple[int, int] | None = None, workers: int = 1,
                 log: Callable[[str], None] = print, runner: Callable[..., Any] | None = None,
-                models: list[str] | None = None) -> dict[str, Any]:
+                models: list[str] | None = None, flags: list[str] | None = None,
+                reproduce: str | None = None) -> dict[str, Any]:
     """Measure one release into :func:`release_dir`: make (or find) ``transformers==version``'s environment and run
-    the plugin there with :func:`release_flags`. Resumes a killed run (its journal); returns the done record
+    the plugin there with :func:`release_flags` (or ``flags``, with ``reproduce`` its reproduce command: another
+    block of the atlas, :mod:`.kinds`). Resumes a killed run (its journal); returns the done record
     (also written as ``atlas-done.json``), or a record with ``error`` when no results were written (uv's reason,
     or the run's last lines). ``runner``: replaces ``subprocess.run`` (tests)."""
     from ..versions.envs import EnvError, VersionCombo, ensure_env
@@ -144,13 +146,13 @@ def run_release(version: str, build: Path, shard: tuple[int, int] | None = None,
         (folder / "atlas-error.json").write_text(json.dumps(record, indent=1) + "\n")
         log(f"atlas {version}: no environment: {exc}")
         return record
-    flags = [*release_flags(str(folder.resolve()), shard, models)]
+    flags = [*(release_flags(str(folder.resolve()), shard, models) if flags is None else flags)]
     if workers > 1:
         flags += ["-n", str(workers), "--dist", "loadscope"]
     part = f" shard {shard[0]}/{shard[1]}" if shard and shard != (1, 1) else ""
     log(f"atlas {version}{part}: running in {env.path.name} "
         f"({'made' if env.created else 'cached'} {env.seconds:.1f} s); log {folder / 'atlas-run.log'}")
-    proc = run_plugin_in_env(env.python, combo.label, folder, flags, reproduce_command(version), runner)
+    proc = run_plugin_in_env(env.python, combo.label, folder, flags, reproduce or reproduce_command(version), runner)
     wall = round(time.perf_counter() - t0, 1)
     result = folder / "packcheck-matrix.json"
     failure = run_failure(folder, proc.returncode)

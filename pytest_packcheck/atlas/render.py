@@ -228,6 +228,11 @@ def render_markdown(support: dict[str, Any]) -> str:
         from .trl_render import render_trl_markdown
 
         lines += render_trl_markdown(support["trl"])
+    from .kinds_render import BLOCKS, render_kind_markdown
+
+    for name in BLOCKS:  # the encoder and multimodal blocks (atlas/kinds.py), carried in support.json
+        if isinstance(support.get(name), dict):
+            lines += render_kind_markdown(support[name])
     return "\n".join(lines) + "\n"
 
 

@@ -1,0 +1,268 @@
+"""The atlas's blocks beyond the causal LM (issue 46): encoders and multimodal rows with pixels, per transformers release.
+
+Each block (:data:`KINDS`) is an opt-in audit suite (``audit/encoders.toml``, ``audit/multimodal.toml``: its models
+and backends, the one table) run as the atlas runs a release: the release's version environment runs the plugin on
+the suite's models, on the suite's backends that the atlas has (:data:`~.plan.ATLAS_BACKENDS`: eager, sdpa and the
+flash varlen reference; flex_attention is left out, its CPU compile costs more than the rest of a release), with the
+block's checks (:attr:`Kind.checks`, the suite's correctness checks and findings that need no second model built),
+writing ``<build>/<version>/packcheck-matrix.json`` (resumable from its journal, :func:`.release_run.run_release`).
+
+:func:`collect_kind` reduces the per-release runs to the block (schema: ``reports/atlas/SCHEMA.md``, "Encoder and
+multimodal blocks"), seeded from the committed ``support.json``'s block (its releases count as measured, so a fresh
+checkout adds releases and drops none). An entry is the matrix headline of that (model, backend), as the atlas's
+(:func:`.collect.reduce_release`), and ``absent`` where the model is not a ``model_type`` of that release's
+transformers. Transitions are found and placed on the exact patch with the atlas's own machinery
+(:func:`.collect.transitions`, :func:`.sweep.sweep_transitions` with :func:`measure_between` as the measure).
+The blocks ride along in ``support.json`` (:func:`carry_kinds`: a re-render of the transformers axis keeps them),
+render as ``atlas.md``'s encoder and multimodal sections (:func:`render_kind_markdown`) and are answered by
+``packcheck lookup encoder:bert sdpa 5.24.0`` (:func:`kind_answer`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .collect import ABSENT, reduce_release, transitions
+from .plan import ATLAS_BACKENDS, version_key
+from .release_run import check_recorded_version, done_record, is_done, release_dir, run_release
+
+#: Block schema version (``support.json["encoders"]`` / ``["multimodal"]``, reports/atlas/SCHEMA.md); bumped on a
+#: change that removes or re-types a field of a block.
+KIND_SCHEMA_VERSION = 1
+#: The words of the error a release gives for a model_type it does not have (``model/resolve.py``,
+#: ``resolve_model``): such a model's entry is ``absent``.
+ABSENT_MARK = "not a model_type of the installed transformers"
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One block of the atlas beyond the causal LM.
+
+    ``name``: the block's key in ``support.json`` and the audit suite it runs (``audit/<name>.toml``); ``checks``:
+    the checks run per cell; ``prefix``: the spec prefix of its models (``encoder:``, ``arch:``), which
+    ``packcheck lookup`` accepts; ``title``: atlas.md's section heading."""
+
+    name: str
+    checks: tuple[str, ...]
+    prefix: str
+    title: str
+
+    def suite(self) -> Any:
+        """The suite's definition (:func:`pytest_packcheck.config.audits.load_audit`)."""
+        from ..config.audits import load_audit
+
+        return load_audit(self.name)
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """The suite's model specs (``encoder:bert``, ``arch:gemma3{...}``), as the audit runs them."""
+        return tuple(self.suite().models)
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        """The suite's backends the atlas has, in the atlas's order."""
+        wanted = self.suite().backends or ATLAS_BACKENDS
+        return tuple(b for b in ATLAS_BACKENDS if b in wanted)
+
+
+#: The blocks: the encoder suite's isolation / hidden-state parity / pooled embeddings / MLM loss / positions (the
+#: two classification probes build a second model per cell and are left to the audit), and the multimodal suite's
+#: checks with its collator-layout finding.
+KINDS: dict[str, Kind] = {
+    "encoders": Kind("encoders", ("encoder_isolation", "encoder_parity", "encoder_pooling", "encoder_mlm_loss",
+                                  "encoder_positions"), "encoder:", "Encoders and embedding models"),
+    "multimodal": Kind("multimodal", ("mm_isolation", "mm_parity", "mm_positions", "mm_layouts"), "arch:",
+                       "Multimodal rows with pixels"),
+}
+
+
+def model_type_of(spec: str) -> str:
+    """``encoder:bert`` -> ``bert``; ``arch:gemma3{vision_config.image_size=64}`` -> ``gemma3``."""
+    return spec.split(":", 1)[-1].split("{", 1)[0].strip()
+
+
+def kind_flags(kind: Kind, report_dir: str, models: list[str] | None = None) -> list[str]:
+    """The ``--packcheck-*`` flags of one release's run of ``kind`` (of ``models``, specs, when given), resumable."""
+    from ..config.options import OPT_BACKENDS, OPT_CHECKS, OPT_MODELS, OPT_REPORT_DIR, OPT_RESUME
+
+    return [f"{OPT_MODELS}={','.join(models or kind.models)}", f"{OPT_BACKENDS}={','.join(kind.backends)}",
+            f"{OPT_CHECKS}={','.join(kind.checks)}", f"{OPT_REPORT_DIR}={report_dir}", OPT_RESUME]
+
+
+def kind_reproduce(kind: Kind, version: str, spec: str | None = None, backend: str | None = None) -> str:
+    """The command that measures ``kind`` (or one model / backend of it) on ``version`` again."""
+    from ..config.options import OPT_BACKENDS, OPT_CHECKS
+
+    return shlex.join(["packcheck", "audit", "--models", spec or ",".join(kind.models), "--versions",
+                       f"transformers=={version}", f"{OPT_BACKENDS}={backend or ','.join(kind.backends)}",
+                       f"{OPT_CHECKS}={','.join(kind.checks)}"])
+
+
+def run_kind_release(kind: Kind, version: str, build: Path, models: list[str] | None = None,
+                     log: Callable[[str], None] = print, runner: Callable[..., Any] | None = None) -> dict[str, Any]:
+    """Measure ``kind`` on one release into ``<build>/<version>`` (:func:`.release_run.run_release` with
+    :func:`kind_flags`): the done record, or a record with ``error``. ``runner``: replaces ``subprocess.run``."""
+    folder = release_dir(Path(build), version).resolve()
+    return run_release(version, Path(build), log=log, runner=runner, flags=kind_flags(kind, str(folder), models),
+                       reproduce=kind_reproduce(kind, version))
+
+
+def reduce_kind_release(kind: Kind, doc: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
+    """One release's run of ``kind`` -> ``{model_type: {backend: entry}}``: :func:`.collect.reduce_release`'s
+    entries on the kind's backends (a pass carries its first check's number: the isolation probe's),
+    ``{"verdict": "absent", "causes": []}`` where every cell of the model says its
+    model_type is not in that transformers (:data:`ABSENT_MARK`), and compact: a ``fail`` keeps its check, number and
+    causes but not its message (the check's message is rebuilt from them; a no-verdict entry keeps its reason). The
+    multimodal collator-layout finding (``mm_layouts``) adds ``layouts``: layout -> ``pass`` / ``leak`` and its
+    number (:func:`_layouts`)."""
+    absent = {_name(c) for c in doc.get("cells", []) if ABSENT_MARK in str(c.get("message") or "")}
+    present = {_name(c) for c in doc.get("cells", []) if ABSENT_MARK not in str(c.get("message") or "")}
+    out = reduce_release(doc, kind.backends, pass_check=kind.checks[0])
+    layouts = _layouts(doc, kind.backends)
+    for name, by_backend in out.items():
+        for backend, entry in by_backend.items():
+            if name in absent and name not in present:
+                by_backend[backend] = {"verdict": ABSENT, "causes": []}
+                continue
+            if entry["verdict"] == "fail":
+                entry.pop("message", None)
+            if (name, backend) in layouts:
+                entry["layouts"] = layouts[(name, backend)]
+    return out
+
+
+def _name(cell: dict[str, Any]) -> str:
+    model = cell.get("model") or {}
+    return model.get("model_type") or model.get("label")
+
+
+def _layouts(doc: dict[str, Any], backends: tuple[str, ...]) -> dict[tuple[str, str], dict[str, Any]]:
+    """(model_type, backend) -> ``{layout: {"verdict", "number"}}`` from the ``mm_layouts`` finding's metrics (per
+    collator layout, :func:`pytest_packcheck.checks.pixels.check_mm_layouts`): ``holds`` (text logits packed = alone),
+    ``leaks`` (perturbing one sample moves the others) or ``differs`` (no leak, but not the sample alone: e.g. a
+    mask that is not causal), with that layout's packed-vs-alone text logits difference (``max_abs_diff``)."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for cell in doc.get("cells", []):
+        if cell.get("check") != "mm_layouts" or cell.get("backend") not in backends or cell.get("dtype") != "float32":
+            continue
+        metrics = cell.get("metrics") or {}
+        rows, leaked = metrics.get("layouts"), set(metrics.get("leaked") or [])
+        if not isinstance(rows, dict):
+            continue
+        got = {}
+        for layout, m in sorted(rows.items()):
+            if isinstance(m, dict) and isinstance(m.get("max_abs_diff"), (int, float)):
+                verdict = "holds" if m.get("holds") else "leaks" if layout in leaked else "differs"
+                got[layout] = {"verdict": verdict, "number": float(f"{m['max_abs_diff']:.3g}")}
+        if got:
+            out[(_name(cell), cell["backend"])] = got
+    return out
+
+
+def _release_runs(kind: Kind, build: Path) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """(release, results document, done record) of every finished release folder under ``build``, ascending."""
+    from packaging.version import InvalidVersion, Version
+
+    from ..results import load_document
+
+    found = []
+    for folder in sorted(Path(build).iterdir()) if Path(build).is_dir() else []:
+        try:
+            key = Version(folder.name)
+        except InvalidVersion:
+            continue
+        if folder.is_dir() and is_done(folder):
+            doc, record = load_document(folder / "packcheck-matrix.json"), done_record(folder)
+            check_recorded_version(folder, folder.name, "transformers", doc, record)
+            found.append((key, folder.name, doc, record))
+    return [(name, doc, record) for _, name, doc, record in sorted(found, key=lambda t: t[0])]
+
+
+def collect_kind(kind: Kind, build: Path, planned: list[str] | None = None, committed: dict[str, Any] | None = None,
+                 bisects: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``kind`` block (SCHEMA.md, "Encoder and multimodal blocks") from every finished release under ``build``,
+    seeded from ``committed`` (the committed ``support.json[kind.name]``): a release it holds counts as measured
+    unless ``build`` holds a run of that release, which replaces it. ``planned``: the releases the block should hold
+    (those measured in neither are ``missing``). ``bisects``: :func:`.collect.transition_key` -> sweep record."""
+    from .. import __version__
+
+    releases, cells = [], {}
+    runs = _release_runs(kind, build)
+    built = {version for version, _, _ in runs}
+    for r in (committed or {}).get("releases", []):
+        if r["transformers"] in built:
+            continue
+        releases.append(dict(r))
+        for name, by_backend in committed["cells"].items():  # type: ignore[index]
+            for backend, row in by_backend.items():
+                if r["transformers"] in row:
+                    cells.setdefault(name, {}).setdefault(backend, {})[r["transformers"]] = row[r["transformers"]]
+    torch_version = (committed or {}).get("torch")
+    for version, doc, record in runs:
+        torch_version = (doc.get("environment") or {}).get("torch") or torch_version
+        entries = reduce_kind_release(kind, doc)
+        releases.append({"transformers": version, "models": sum(1 for by in entries.values()
+                                                                if any(e["verdict"] != ABSENT for e in by.values())),
+                         "cells": record.get("cells"), "wall_s": record.get("wall_s"), "cpu_s": record.get("child_cpu_s"),
+                         **({"measured": record["finished"][:10]} if isinstance(record.get("finished"), str) else {}),
+                         "packcheck_version": doc.get("packcheck_version"), "command": kind_reproduce(kind, version)})
+        for name, by_backend in entries.items():
+            for backend, entry in by_backend.items():
+                cells.setdefault(name, {}).setdefault(backend, {})[version] = entry
+    releases.sort(key=lambda r: version_key(r["transformers"]))
+    measured = [r["transformers"] for r in releases]
+    block = {"schema_version": KIND_SCHEMA_VERSION, "kind": kind.name, "packcheck_version": __version__,
+             "generated": time.strftime("%Y-%m-%d", time.gmtime()), "device": "cpu", "dtype": "float32",
+             "torch": torch_version, "models": list(kind.models), "backends": list(kind.backends),
+             "checks": list(kind.checks), "releases": releases,
+             "missing": [v for v in (planned or []) if v not in measured], "cells": cells}
+    block["transitions"] = transitions(block, bisects or {})
+    return block
+
+
+def block_bisects(block: dict[str, Any] | None) -> dict[str, Any]:
+    """The placements a committed block carries (its transitions' ``bisected``), keyed as :func:`transitions` reads
+    them, so a re-collect keeps them."""
+    from .collect import transition_key
+
+    return {transition_key(t): t["bisected"] for t in (block or {}).get("transitions", []) if t.get("bisected")}
+
+
+def measure_between(kind: Kind, version: str, model_types: list[str], root: Path, log: Callable[[str], None] = print,
+                    runner: Callable[..., Any] | None = None) -> tuple[dict[str, dict[str, dict[str, Any]]], dict[str, Any] | None]:
+    """:func:`.sweep.measure_between` for a block: ``model_types``' entries on ``version`` (a release between two
+    measured ones), measured once under ``root/<version>/<digest of the models>/`` and reused after."""
+    specs = [s for s in kind.models if model_type_of(s) in model_types]
+    sub = Path(root) / version / hashlib.sha1(",".join(specs).encode()).hexdigest()[:10]
+    sub.mkdir(parents=True, exist_ok=True)
+    record = run_kind_release(kind, version, sub, specs, log=log, runner=runner)
+    if record.get("error"):
+        return {}, record
+    from ..results import load_document
+
+    return reduce_kind_release(kind, load_document(sub / version / "packcheck-matrix.json")), record
+
+
+def carry_kinds(support: dict[str, Any], committed: dict[str, Any] | None) -> dict[str, Any]:
+    """``support`` with the committed support.json's blocks (:data:`KINDS`) carried over where it lacks them: a
+    re-render of the transformers axis keeps them (as the TRL block is kept)."""
+    for name in KINDS:
+        if name not in support and committed and isinstance(committed.get(name), dict):
+            support[name] = committed[name]
+    return support
+
+
+def write_block(support_file: Path, block: dict[str, Any]) -> None:
+    """Put ``block`` into ``support_file`` (as :func:`.render.write_outputs` writes it: compact, keys sorted)."""
+    from ..results import atomic_write
+
+    doc = json.loads(Path(support_file).read_text())
+    doc[block["kind"]] = block
+    atomic_write(Path(support_file), json.dumps(doc, indent=None, separators=(",", ":"), sort_keys=True) + "\n")

@@ -1,0 +1,185 @@
+"""The encoder and multimodal blocks (:mod:`.kinds`) rendered (``atlas.md``'s sections) and answered
+(:func:`kind_answer`, for :func:`pytest_packcheck.support.lookup`). Light: json and packaging only, no torch /
+transformers import, nothing of the atlas's measuring machinery."""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: Block name -> (the ``packcheck lookup`` prefix that asks it, atlas.md's heading, what a row is). The lookup
+#: prefix of the encoder block is the spec prefix the audit builds it with (``encoder:bert``); the multimodal
+#: block's models are ``arch:`` specs, whose plain model_type the text-path atlas answers, so it is asked as
+#: ``multimodal:qwen2_vl``.
+BLOCKS: dict[str, tuple[str, str, str]] = {
+    "encoders": ("encoder:", "Encoders and embedding models per release",
+                 ("the model built with its masked-LM head (else its base model), fed the row DataCollatorWithFlattening "
+                 "gives (position_ids restarting per example, no attention_mask), against each example alone: "
+                 "isolation of hidden states and pooled embeddings, hidden-state parity, mean / CLS / last-token pooling "
+                 "per segment, MLM loss, positions as the model numbers them. The number is the deciding check's "
+                 "max |Δ| of float32 hidden states (loss: nats)")),
+    "multimodal": ("multimodal:", "Multimodal rows with pixels per release",
+                   ("a VLM built tiny (2-block vision tower) with real pixel_values for two images of different sizes, "
+                   "packed in one row with a text-only sample, against each sample alone with its own pixels: "
+                   "isolation and parity of the text logits and loss, M-RoPE positions per sample against the model's "
+                   "own get_rope_index. The number is the deciding check's max |Δ| of float32 text logits; "
+                   "\"layouts\" says which collator layouts hold on that release")),
+}
+#: Verdict of an entry whose model is not in that release's transformers (:data:`.collect.ABSENT`).
+ABSENT = "absent"
+
+
+def _symbol(verdict: str) -> str:
+    from ..results.schema import SYMBOLS
+
+    return "∅" if verdict == ABSENT else SYMBOLS.get(verdict, verdict)
+
+
+def _label(entry: dict[str, Any]) -> str:
+    causes = ", ".join(c.replace("_", " ") for c in entry.get("causes", []))
+    word = ABSENT if entry["verdict"] == ABSENT else ""
+    return f"{_symbol(entry['verdict'])}{' ' + word if word else ''}{' ' + causes if causes else ''}"
+
+
+def block_runs(row: dict[str, dict[str, Any]], order: list[str]) -> list[dict[str, Any]]:
+    """Runs of equal verdict + causes along ``order`` (the block's measured releases): ``first``, ``last``,
+    ``label``, ``check`` and ``number`` (the largest key number in the run; None when none was measured)."""
+    runs: list[dict[str, Any]] = []
+    for version in order:
+        entry = row.get(version)
+        if entry is None:
+            continue
+        label = _label(entry)
+        if runs and runs[-1]["label"] == label:
+            runs[-1]["last"] = version
+        else:
+            runs.append({"first": version, "last": version, "label": label, "number": None, "check": entry.get("check")})
+        num = entry.get("number")
+        if num is not None and (runs[-1]["number"] is None or num > runs[-1]["number"]):
+            runs[-1]["number"], runs[-1]["check"] = num, entry.get("check")
+    return runs
+
+
+def runs_text(runs: list[dict[str, Any]]) -> str:
+    """``∅ absent up to 4.47.1; ❌ leak 4.48.3 .. 5.24.0 (encoder_parity ≤ 1.2e-02); ✅ from 5.25.0``."""
+    parts = []
+    for i, r in enumerate(runs):
+        span = r["first"] if r["first"] == r["last"] else f"{r['first']} .. {r['last']}"
+        if len(runs) > 1 and i == 0:
+            span = f"up to {r['last']}"
+        elif len(runs) > 1 and i == len(runs) - 1:
+            span = f"from {r['first']}"
+        num = f" ({r['check']} ≤ {r['number']:.1e})" if r["number"] is not None and r.get("check") and "✅" not in r["label"] else ""
+        parts.append(f"{r['label']} {span}{num}")
+    return "; ".join(parts)
+
+
+def _short(message: Any) -> str:
+    """A no-verdict entry's reason in a few words: its message without the "model build: ValueError: " lead, up
+    to its first colon or parenthesis."""
+    import re
+
+    text = re.sub(r"^model build: \w+: ", "", " ".join(str(message or "").split()))
+    return re.split(r"[(:;]", text, maxsplit=1)[0].strip()[:100] or "no reason recorded"
+
+
+def render_kind_markdown(block: dict[str, Any]) -> list[str]:
+    """One block's section of ``atlas.md`` (lines): what is measured, on the newest release what does not pack,
+    per model one line per backend with its runs over the releases, the collator layouts per release (multimodal),
+    every transition with where it was placed, and the releases measured with their cost."""
+    from ..report.text import escape_md as name_md
+
+    prefix, title, what = BLOCKS[block["kind"]]
+    order = [r["transformers"] for r in block["releases"]]
+    newest = order[-1] if order else None
+    example = next((n for n in sorted(block["cells"])), "bert")
+    lines = ["", f"## {title}", "",
+             (f"`{block['kind']}` block (`packcheck audit --audit {block['kind']}`'s models on each release, in that "
+              f"release's environment; {', '.join(block['backends'])}; checks {', '.join(block['checks'])}; float32, CPU, "
+              f"tiny random models): {what}. ∅ absent: the model is not a model_type of that release. "
+              f"`packcheck lookup {prefix}{example} sdpa {newest or '5.25.0'}` answers from it."), "",
+             f"Measured releases: {', '.join(order) or 'none'}.",
+             f"Not measured yet: {', '.join(block.get('missing') or []) or 'none'}"
+             + (" (resume: `python tools/atlas_kinds.py`)." if block.get("missing") else "."), ""]
+    if newest:
+        entries = [(name, backend, e) for name in sorted(block["cells"]) for backend in block["backends"]
+                   for e in [block["cells"][name].get(backend, {}).get(newest)] if e]
+        bad = [(n, b, e) for n, b, e in entries if e["verdict"] == "fail"]
+        lines.append(f"On {newest}, packed is not as each example alone (model / backend: cause, deciding check and "
+                     "number): " + ("; ".join(f"{prefix}{name_md(n)} / {b}: {_label(e)}"
+                                              + (f" ({e['check']} {e['number']:.1e})" if e.get("number") is not None else "")
+                                              for n, b, e in bad) or "none") + ".")
+        other = [(n, b, e) for n, b, e in entries if e["verdict"] not in ("pass", "fail", ABSENT)]
+        if other:
+            lines.append(f"No verdict on {newest}: " + "; ".join(
+                f"{prefix}{name_md(n)} / {b}: {_label(e)} ({name_md(_short(e.get('message')))})" for n, b, e in other) + ".")
+        leaky = sorted({f"{name_md(n)} {layout}" for n, by in block["cells"].items() for e in [by.get("sdpa", {}).get(newest)] if e
+                        for layout, v in (e.get("layouts") or {}).items() if v["verdict"] != "holds"})
+        if leaky:
+            lines.append(f"Collator layouts that do not hold on {newest} (sdpa): {', '.join(leaky)}.")
+        lines.append("")
+    lines += ["Per model, one line per backend: the verdict over the measured releases, each run with its first and last release.", ""]
+    for name in sorted(block["cells"]):
+        for backend in block["backends"]:
+            row = block["cells"][name].get(backend)
+            if row:
+                lines.append(f"- **{prefix}{name_md(name)}** / {backend}: {runs_text(block_runs(row, order))}")
+    if any(e.get("layouts") for by in block["cells"].values() for row in by.values() for e in row.values()):
+        lines += ["", ("Collator layouts per release (sdpa; `mm_layouts`: holds = text logits packed as alone, leaks = one "
+                  "sample moves another, differs = no leak but not as alone), each run of equal layouts with its releases:"), ""]
+        for name in sorted(block["cells"]):
+            runs: list[list[str]] = []
+            for version in order:
+                e = block["cells"][name].get("sdpa", {}).get(version)
+                if not e or not e.get("layouts"):
+                    continue
+                text = ", ".join(f"{k} {v['verdict']}" for k, v in e["layouts"].items())
+                if runs and runs[-1][2] == text:
+                    runs[-1][1] = version
+                else:
+                    runs.append([version, version, text])
+            if runs:
+                lines.append(f"- **{name_md(name)}**: " + "; ".join(f"{a}{' .. ' + b if b != a else ''}: {t}" for a, b, t in runs))
+    lines += ["", f"### {title.split(' per ')[0]}: transitions", "",
+              "| model | backend | last before | first after | before | after | placed |", "|---|---|---|---|---|---|---|"]
+    for t in block["transitions"]:
+        def side(s: dict[str, Any]) -> str:
+            return _label(s) + (f" ({s['check']} {s['number']:.1e})" if s.get("number") is not None and s.get("check") else "")
+        b = t.get("bisected")
+        placed = f"{b['outcome']}: first {b.get('first')}, last {b.get('last')}" if b else "not yet"
+        lines.append(f"| {prefix}{name_md(t['model_type'])} | {t['backend']} | {t['last_before']} | {t['first_after']} | "
+                     f"{side(t['before'])} | {side(t['after'])} | {placed} |")
+    if not block["transitions"]:
+        lines.append("| — | — | — | — | — | — | no change between measured releases |")
+    lines += ["", "| release | models present | cells | wall s | CPU s |", "|---|---|---|---|---|"]
+    lines += [f"| {r['transformers']} | {r.get('models', '—')} | {r.get('cells') or '—'} | {r.get('wall_s') or '—'} | "
+              f"{r.get('cpu_s') or '—'} |" for r in block["releases"]]
+    return lines
+
+
+def block_of(model_type: str) -> tuple[str, str] | None:
+    """(block name, model_type) for a lookup argument with a block's prefix (``encoder:bert`` -> ``("encoders",
+    "bert")``, ``multimodal:qwen2_vl``), None for any other."""
+    for name, (prefix, _, _) in BLOCKS.items():
+        if model_type.startswith(prefix):
+            return name, model_type.removeprefix(prefix).strip()
+    return None
+
+
+def reproduce(block: dict[str, Any], version: str, model_type: str, backend: str) -> str:
+    """The command that measures one (model, backend) of ``block`` on ``version`` again."""
+    import shlex
+
+    from ..config.options import OPT_BACKENDS, OPT_CHECKS
+
+    spec = next((s for s in block.get("models", []) if s.split(":", 1)[-1].split("{", 1)[0] == model_type), model_type)
+    return shlex.join(["packcheck", "audit", "--models", spec, "--versions", f"transformers=={version}",
+                       f"{OPT_BACKENDS}={backend}", f"{OPT_CHECKS}={','.join(block.get('checks', []))}"])
+
+
+def block_doc(doc: Any, name: str) -> dict[str, Any] | None:
+    """The support document's ``name`` block as :func:`pytest_packcheck.support._model_answer` reads a support
+    document (``cells``, ``releases``, ``transitions``, ``generated``), None when the file has no such block."""
+    block = doc.get(name)
+    if not isinstance(block, dict) or not isinstance(block.get("cells"), dict):
+        return None
+    return block

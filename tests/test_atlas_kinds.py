@@ -1,0 +1,182 @@
+"""The atlas's encoder and multimodal blocks (issue 46; pytest_packcheck/atlas/kinds.py, kinds_render.py): per-release
+runs reduced to a block, absent models, transitions placed on the exact patch, rendered, carried and looked up.
+Planted: a verdict flipped in one release is a transition (both ways); a model absent from a release is ``absent``
+(never a pass, never a transition); a release between two measured ones places the fix."""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+from pathlib import Path
+
+import pytest
+
+from pytest_packcheck import atlas as A
+from pytest_packcheck.atlas import kinds as K
+from pytest_packcheck.atlas.kinds_render import render_kind_markdown
+from pytest_packcheck.results.schema import SCHEMA_VERSION
+from pytest_packcheck.support import lookup
+
+ENC = K.KINDS["encoders"]
+MM = K.KINDS["multimodal"]
+KEYS = {"encoder_isolation": "max_change", "encoder_parity": "max_abs_diff", "mm_isolation": "max_change",
+        "mm_parity": "max_abs_diff", "mm_layouts": "none"}
+
+
+def _cell(model: str, backend: str, check: str, status: str, cause: str | None = None, number: float = 0.0,
+          message: str | None = None, prefix: str = "encoder:", metrics: dict | None = None) -> dict:
+    return {"cell_id": f"{model}-{backend}-{check}-float32",
+            "model": {"label": f"{model}-encoder", "model_type": model, "spec": f"{prefix}{model}"},
+            "backend": backend, "check": check, "dtype": "float32", "status": status,
+            "metrics": metrics if metrics is not None else {KEYS[check]: number},
+            "message": message or f"{check} {status} {number:.2e}", "cause": cause,
+            "role": "finding" if check == "mm_layouts" else "correctness",
+            "tolerances": {"isolation_atol": 1e-05, "logits_atol": 1e-04}, "findings": [],
+            "diagnosis": {"cause": cause, "findings": [], "known_faults": []}}
+
+
+def _absent(model: str, backend: str, version: str) -> list[dict]:
+    words = (f"transformers {version}: Unknown architecture 'arch:{model}' (from --packcheck-models): {K.ABSENT_MARK}. "
+             "The model types are the keys of transformers' CONFIG_MAPPING")
+    return [_cell(model, backend, c, "unsupported", message=words) for c in ("encoder_isolation", "encoder_parity")]
+
+
+def _pair(model: str, backend: str, status: str, number: float) -> list[dict]:
+    cause = "leak" if status == "fail" else None
+    return [_cell(model, backend, "encoder_isolation", status, cause, number if status == "fail" else 0.0),
+            _cell(model, backend, "encoder_parity", status, cause, number * 2.6 if status == "fail" else 3e-7)]
+
+
+def _write(build: Path, version: str, cells: list[dict]) -> None:
+    folder = A.release_dir(build, version)
+    folder.mkdir(parents=True)
+    doc = {"schema_version": SCHEMA_VERSION, "packcheck_version": "0.1.0", "command": "planted",
+           "environment": {"transformers": version, "torch": "2.13.0+cpu", "trl": None},
+           "settings": {"models": sorted({c["model"]["spec"] for c in cells}), "backends": ["eager", "sdpa"], "versions": []},
+           "cells": cells}
+    (folder / "packcheck-matrix.json").write_text(json.dumps(doc))
+    (folder / A.DONE_MARKER).write_text(json.dumps({"transformers": version, "cells": len(cells), "wall_s": 20.0,
+                                                    "child_cpu_s": 9.0, "finished": "2026-12-06T10:00:00Z"}))
+
+
+#: bert / sdpa leaks up to 5.24.0 and passes on 5.25.0 (the known fix); roberta / sdpa passes on 5.23.0 and 5.25.0 and
+#: is flipped to a leak on 5.24.0 alone; modernbert is not in 5.23.0 and leaks from 5.24.0; deberta-v2 refuses sdpa.
+PLAN = {
+    "5.23.0": [*_pair("bert", "sdpa", "fail", 0.0042), *_pair("roberta", "sdpa", "pass", 0), *_absent("modernbert", "sdpa", "5.23.0"),
+               _cell("deberta-v2", "sdpa", "encoder_isolation", "unsupported",
+                     message="model build: ValueError: DebertaV2ForMaskedLM does not support an attention implementation through sdpa")],
+    "5.24.0": [*_pair("bert", "sdpa", "fail", 0.0042), *_pair("roberta", "sdpa", "fail", 0.0037), *_pair("modernbert", "sdpa", "fail", 0.0036)],
+    "5.25.0": [*_pair("bert", "sdpa", "pass", 0), *_pair("roberta", "sdpa", "pass", 0), *_pair("modernbert", "sdpa", "fail", 0.0036)],
+}
+
+
+@pytest.fixture
+def build(tmp_path):
+    for version, cells in PLAN.items():
+        _write(tmp_path / "enc", version, cells)
+    return tmp_path / "enc"
+
+
+def test_a_block_holds_each_release_absent_models_as_absent_and_a_flipped_release_as_two_transitions(build):
+    block = K.collect_kind(ENC, build, planned=["5.22.2", "5.23.0", "5.24.0", "5.25.0"])
+    cells = block["cells"]
+    assert [r["transformers"] for r in block["releases"]] == ["5.23.0", "5.24.0", "5.25.0"] and block["missing"] == ["5.22.2"]
+    assert cells["modernbert"]["sdpa"]["5.23.0"] == {"verdict": "absent", "causes": []}  # not a pass, not an error
+    assert cells["bert"]["sdpa"]["5.24.0"] == {"verdict": "fail", "causes": ["leak"], "check": "encoder_isolation", "number": 0.0042}
+    assert cells["bert"]["sdpa"]["5.25.0"]["number"] == 0.0 and cells["bert"]["sdpa"]["5.25.0"]["check"] == "encoder_isolation"
+    assert "does not support" in cells["deberta-v2"]["sdpa"]["5.23.0"]["message"]  # a no-verdict entry keeps its reason
+    assert [r["models"] for r in block["releases"]] == [3, 3, 3]
+    moves = {(t["model_type"], t["last_before"], t["first_after"]): (t["before"]["verdict"], t["after"]["verdict"])
+             for t in block["transitions"]}
+    assert moves == {("bert", "5.24.0", "5.25.0"): ("fail", "pass"), ("roberta", "5.23.0", "5.24.0"): ("pass", "fail"),
+                     ("roberta", "5.24.0", "5.25.0"): ("fail", "pass")}  # modernbert appearing is no transition
+    # without the flip, roberta has no transition: the planted release is what the collector saw
+    quiet = {**PLAN, "5.24.0": [*_pair("bert", "sdpa", "fail", 0.0042), *_pair("roberta", "sdpa", "pass", 0)]}
+    other = build.parent / "quiet"
+    for version, cells_ in quiet.items():
+        _write(other, version, cells_)
+    assert {t["model_type"] for t in K.collect_kind(ENC, other)["transitions"]} == {"bert"}
+
+
+def test_the_sweep_places_the_fix_on_the_exact_patch_and_the_render_and_lookup_answer_from_the_block(build, tmp_path, monkeypatch):
+    block = K.collect_kind(ENC, build)
+    runs: list = []
+
+    def run(kind, version, folder, models=None, log=print, runner=None):  # a planted 5.24.1: bert still leaks, roberta fixed
+        runs.append((version, list(models)))
+        _write(folder, version, [*_pair("bert", "sdpa", "fail", 0.0041), *_pair("roberta", "sdpa", "pass", 0)])
+        return {"transformers": version, "cells": 4}
+
+    monkeypatch.setattr(K, "run_kind_release", run)
+    placed = A.sweep_transitions(block, build, finals=["5.23.0", "5.24.0", "5.24.1", "5.25.0"], log=lambda s: None,
+                                 measure=partial(K.measure_between, ENC))
+    assert runs == [("5.24.1", ["encoder:bert", "encoder:roberta"])]  # one run serves the gap's transitions
+    by = {k: v for k, v in placed.items()}
+    bert = by["bert|sdpa|5.24.0|5.25.0"]
+    assert (bert["outcome"], bert["first"], bert["last"]) == ("found", "5.25.0", "5.24.1")
+    assert (by["roberta|sdpa|5.24.0|5.25.0"]["first"], by["roberta|sdpa|5.24.0|5.25.0"]["last"]) == ("5.24.1", "5.24.0")
+    assert by["roberta|sdpa|5.23.0|5.24.0"]["first"] == "5.24.0"  # nothing between 5.23.0 and 5.24.0: no run
+    block = K.collect_kind(ENC, build, bisects=placed)
+    text = "\n".join(render_kind_markdown(block))
+    assert "- **encoder:modernbert** / sdpa: ∅ absent up to 5.23.0; ❌ leak from 5.24.0 (encoder_isolation ≤ 3.6e-03)" in text
+    assert "| encoder:bert | sdpa | 5.24.0 | 5.25.0 | ❌ leak (encoder_isolation 4.2e-03) | ✅ (encoder_isolation 0.0e+00) | found: first 5.25.0, last 5.24.1 |" in text
+    assert "encoder:modernbert / sdpa: ❌ leak (encoder_isolation 3.6e-03)" in text  # what leaks on the newest release
+    # support.json carries the block; a re-render of the transformers axis keeps it
+    main = {"schema": "packcheck-atlas-support", "schema_version": A.SUPPORT_SCHEMA_VERSION, "packcheck_version": "0.1.0",
+            "generated": "2026-12-06", "device": "cpu", "dtype": "float32", "torch": "2.13.0+cpu", "backends": list(A.ATLAS_BACKENDS),
+            "checks": ["isolation"], "releases": [{"transformers": "5.25.0", "architectures": 1, "cells": 1}], "missing": [],
+            "cells": {"llama": {"sdpa": {"5.25.0": {"verdict": "pass", "causes": [], "check": "isolation", "number": 0.0}}}},
+            "transitions": []}
+    carried = K.carry_kinds(dict(main), {**main, "encoders": block})
+    assert carried["encoders"] is block and "## Encoders and embedding models per release" in A.render_markdown(carried)
+    out = tmp_path / "out"
+    A.write_outputs(carried, out)
+    support = out / "support.json"
+    answer = lookup("encoder:bert", "sdpa", "5.24.0", path=support)
+    assert (answer.measured, answer.verdict, answer.causes, answer.number) == (True, "fail", ["leak"], 0.0042)
+    assert answer.model_type == "encoder:bert" and "encoder:bert" in answer.reproduce and "transformers==5.24.0" in answer.reproduce
+    fixed = lookup("encoder:bert", "flash_attention_2", "5.25.0", path=support)
+    assert not fixed.measured and fixed.verdict is None  # sdpa alone was planted: the flash column is not measured
+    assert any("backend 'packcheck_flash_ref' is not measured for bert" in n for n in fixed.notes)
+    swept = lookup("encoder:roberta", "sdpa", "5.24.1", path=support)
+    assert (swept.measured, swept.verdict, swept.measured_at) == (True, "pass", "5.24.1")
+    gone = lookup("encoder:modernbert", "sdpa", "5.23.0", path=support)
+    assert gone.verdict == "absent" and any("not a model_type of transformers 5.23.0" in n for n in gone.notes)
+    unknown = lookup("encoder:llama", "sdpa", "5.25.0", path=support)
+    assert not unknown.measured and any("encoder:llama" in n for n in unknown.notes)
+    assert lookup("llama", "sdpa", "5.25.0", path=support).verdict == "pass"  # the transformers axis answers as before
+    no_block = tmp_path / "plain"
+    A.write_outputs(dict(main), no_block)
+    assert "no multimodal block" in str(lookup("multimodal:qwen2_vl", "sdpa", "5.25.0", path=no_block / "support.json"))
+
+
+def test_multimodal_layouts_and_the_run_flags_come_from_the_suite(tmp_path):
+    layouts = {"layouts": {"text+mrope": {"holds": True, "max_abs_diff": 4.2e-07}, "mrope": {"holds": False, "max_abs_diff": 1.07},
+                           "flat": {"holds": False, "max_abs_diff": 0.0727}}, "leaked": ["mrope"], "held": ["text+mrope"]}
+    cells = [_cell("qwen2_vl", "sdpa", "mm_isolation", "pass", prefix="arch:"), _cell("qwen2_vl", "sdpa", "mm_parity", "pass", prefix="arch:"),
+             _cell("qwen2_vl", "sdpa", "mm_layouts", "pass", prefix="arch:", metrics=layouts)]
+    _write(tmp_path / "mm", "5.25.0", cells)
+    block = K.collect_kind(MM, tmp_path / "mm")
+    entry = block["cells"]["qwen2_vl"]["sdpa"]["5.25.0"]
+    assert entry["verdict"] == "pass" and entry["check"] == "mm_isolation"
+    assert entry["layouts"] == {"flat": {"verdict": "differs", "number": 0.0727}, "mrope": {"verdict": "leaks", "number": 1.07},
+                                "text+mrope": {"verdict": "holds", "number": 4.2e-07}}
+    text = "\n".join(render_kind_markdown(block))
+    assert "Collator layouts that do not hold on 5.25.0 (sdpa): qwen2\\_vl flat, qwen2\\_vl mrope." in text
+    flags = K.kind_flags(MM, "/tmp/r")
+    assert any(f.startswith("--packcheck-models=arch:qwen2_vl,") for f in flags)
+    from pytest_packcheck.config.options import OPT_BACKENDS
+
+    assert f"{OPT_BACKENDS}=eager,sdpa,packcheck_flash_ref" in flags  # the suite's backends the atlas has
+    assert K.kind_flags(ENC, "/tmp/r", ["encoder:bert"])[0] == "--packcheck-models=encoder:bert"
+    assert [K.model_type_of(s) for s in MM.models][-1] == "gemma3"
+
+
+def test_the_absent_mark_is_what_the_release_says_for_a_model_type_it_lacks():
+    from pytest_packcheck.errors import PackcheckUsageError
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_spec
+
+    with pytest.raises(PackcheckUsageError) as exc:
+        resolve_model(parse_model_spec("arch:not_a_model_type_here", "test"), "--packcheck-models")
+    assert K.ABSENT_MARK in str(exc.value)
