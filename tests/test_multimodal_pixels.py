@@ -194,3 +194,122 @@ def test_gemma3_token_type_ids_make_later_samples_see_their_own_future(gemma3):
     start = len(P.mm_samples(gemma3)[0].ids)
     alone = P.alone(gemma3, P.mm_samples(gemma3)[1])[0]
     assert float((logits[start:start + alone.shape[0]] - alone).abs().max()) < 1e-5
+
+
+#: The LLaVA-style families (issue 46 part 3, 1-D positions: the image features scattered into the image tokens), as
+#: audit/multimodal.toml builds them (vlm: specs; tiny images, 4 .. 16 tokens each).
+FIXED = {
+    "llava": "vlm:llava{vision_config.image_size=28}",
+    "paligemma": "vlm:paligemma{vision_config.image_size=28,projection_dim=128}",
+    "mistral3": "vlm:mistral3",
+    "idefics3": "vlm:idefics3{vision_config.image_size=128}",
+}
+
+
+def fixed_bench(name: str, backend: str, tolerances: dict):
+    """The tiny ``FIXED[name]`` VLM on ``backend``, as the runner builds its workbench."""
+    from pytest_packcheck.backends import ensure_registered
+    from pytest_packcheck.checks.workbench import Workbench
+    from pytest_packcheck.model.build import build_model
+    from pytest_packcheck.model.multimodal import text_config_of
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_spec
+
+    ensure_registered(backend)
+    model = build_model(resolve_model(parse_model_spec(FIXED[name], "test"), "test"), backend, "float32")
+    return Workbench(model=model, config=text_config_of(model.config), backend=backend, dtype="float32",
+                     tol=tolerances["float32"])
+
+
+def fixed_images_reversed(model, samples, layout):
+    """Planted: the images' pixel_values (and Pixtral's image_sizes) in reverse sample order."""
+    batch = P.pack(model, samples, layout)
+    batch["pixel_values"] = batch["pixel_values"].flip(1 if batch["pixel_values"].ndim == 5 else 0)
+    if "image_sizes" in batch:
+        batch["image_sizes"] = batch["image_sizes"].flip(0)
+    return batch
+
+
+@pytest.mark.parametrize("name", list(FIXED))
+def test_llava_style_rows_hold_and_catch_positions_that_never_restart(name, tolerances):
+    """transformers 5.25.0, sdpa: each LLaVA-style family's packed row (image features scattered into the image tokens,
+    one restarting position row) is exact against each sample alone; positions that run on across samples make the
+    language model's mask one causal block (mm_isolation: leak) and misplace every later sample (mm_positions)."""
+    wb = fixed_bench(name, "sdpa", tolerances)
+    samples = P.mm_samples(wb)
+    config = wb.model.config
+    counts = [s.ids.count(config.image_token_id) for s in samples]
+    assert counts[1] == 0 and counts[0] > 0 and counts[2] > 0
+    batch = P.pack(wb.model, samples)
+    assert batch["position_ids"].shape == (1, sum(len(s.ids) for s in samples))
+    for check in (P.check_mm_isolation, P.check_mm_parity, P.check_mm_positions):
+        result = check(wb)
+        assert result.status == "pass", (check.__name__, result.message)
+    assert P.parity_numbers(wb)["max_abs_diff"] < 1e-5
+    result = P.check_mm_isolation(wb, collator=whole_row)
+    assert (result.status, result.cause) == ("fail", "leak") and result.metrics["max_change"] > 1e-3, result.message
+    result = P.check_mm_positions(wb, collator=whole_row)
+    assert (result.status, result.cause) == ("fail", "wrong_positions") and result.metrics["max_position_diff_per_sample"][0] == 0
+    if name != "mistral3":  # Pixtral's two images differ in size: reversed, the token counts no longer match (a crash)
+        result = P.check_mm_parity(wb, collator=fixed_images_reversed)
+        assert result.status == "fail" and result.metrics["max_abs_diff"] > 1e-3, result.message
+        assert result.metrics["max_abs_diff_per_sample"][1] < 1e-5  # the text-only sample is untouched
+
+
+def test_mistral3_packs_two_images_of_different_sizes_padded_with_image_sizes(tolerances):
+    wb = fixed_bench("mistral3", "sdpa", tolerances)
+    samples = P.mm_samples(wb)
+    assert [s.grid for s in samples] == [(1, 56, 56), None, (1, 56, 84)]
+    assert [s.ids.count(wb.model.config.image_token_id) for s in samples] == [4, 0, 6]
+    batch = P.pack(wb.model, samples)
+    assert batch["pixel_values"].shape == (2, 3, 56, 84) and batch["image_sizes"].tolist() == [[56, 56], [56, 84]]
+    assert float(batch["pixel_values"][0, :, :, 56:].abs().sum()) == 0.0  # the smaller image padded with zeros
+
+
+def test_paligemma_prefix_type_ids_stay_inside_each_sample(tolerances):
+    """PaliGemma's token_type_ids (0 on the image and the prompt: attended both ways) in a packed row: every sample's
+    prefix is block 0 (block_sequence_ids), yet the packed mask from the restarting position_ids keeps the blocks
+    apart (transformers 5.25.0). Planted: the whole row as prefix (type ids all 0): each sample then sees its own
+    future (non_causal), and no other sample's content (isolation 0.0)."""
+    wb = fixed_bench("paligemma", "sdpa", tolerances)
+    batch = P.pack(wb.model, P.mm_samples(wb))
+    types = batch["token_type_ids"][0].tolist()
+    assert types[:3 + 4 + 3] == [0] * 10 and types[10] == 1  # 3 text tokens, 4 image tokens, then the 3-token prompt
+
+    def all_prefix(model, samples, layout):
+        out = P.pack(model, samples, layout)
+        out["token_type_ids"] = torch.zeros_like(out["token_type_ids"])
+        return out
+
+    result = P.check_mm_parity(wb, collator=all_prefix)
+    assert (result.status, result.cause) == ("fail", "non_causal"), result.message
+    assert result.evidence["isolation_moved"] <= 1e-6
+
+
+def test_llava_cu_seq_lens_reach_the_vision_tower_on_the_flash_path(tolerances):
+    """transformers 5.25.0: LLaVA hands the forward's kwargs (a flattening collator's cu_seq_lens_q/k, max_length_q/k)
+    to its vision tower as well, whose flash attention then reads the text row's boundaries over the images' patches
+    (the reference kernel refuses them: cu_seqlens ending at the row's tokens, past the tower's). The 1-D row alone
+    holds on the flash path."""
+    wb = fixed_bench("llava", "packcheck_flash_ref", tolerances)
+    assert P.check_mm_parity(wb).status == "pass"
+    result = P.check_mm_layouts(wb)
+    assert result.metrics["held"] == ["flat"], result.message
+    assert "FlashBoundariesError" in result.metrics["layouts"]["flat+cu_seq_lens"]["error"]
+    assert [f["cause"] for f in result.findings] == ["flash_boundaries"]
+
+
+def test_a_vlm_spec_builds_the_image_text_to_text_class_and_names_a_model_without_one():
+    from pytest_packcheck.errors import PackcheckUsageError
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_spec
+
+    spec = parse_model_spec("vlm:llava{vision_config.image_size=28}", "test")
+    assert (spec.head, spec.label) == ("vlm", "llava-vlm{vision_config.image_size=28}")
+    resolved = resolve_model(spec, "test")
+    assert (resolved.model_class, resolved.auto_class) == ("LlavaForConditionalGeneration", "AutoModelForImageTextToText")
+    assert resolved.record()["model_kind"] == "vlm"
+    with pytest.raises(PackcheckUsageError, match="no image-text-to-text class.*vlm:llava"):
+        resolve_model(parse_model_spec("vlm:llama", "test"), "test")
+    with pytest.raises(PackcheckUsageError, match=r"vlm: takes a transformers model_type such as vlm:llava"):
+        parse_model_spec("vlm:Bad Name", "test")

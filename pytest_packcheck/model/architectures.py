@@ -118,6 +118,19 @@ def encoder_class_name(model_type: str) -> tuple[str, str] | None:
     return None
 
 
+def vlm_class_name(model_type: str) -> tuple[str, str] | None:
+    """(class name, auto class) a ``vlm:<model_type>`` spec builds: the first of :data:`TEXT_PATH_AUTO_CLASSES` whose
+    mapping names it (``LlavaForConditionalGeneration``, ``AutoModelForImageTextToText``); None when none does."""
+    from transformers.models.auto import modeling_auto
+
+    for auto, mapping in TEXT_PATH_AUTO_CLASSES:
+        name = getattr(modeling_auto, mapping, {}).get(model_type)
+        name = name if isinstance(name, str) else (name[0] if name else None)
+        if name:
+            return name, auto
+    return None
+
+
 def encoder_architectures() -> list[str]:
     """Every model_type with a masked-LM class in the installed transformers, sorted: what ``--all-architectures``
     adds to an encoder audit (audit/encoders.toml). Those whose tiny build or forward fails become cells with their

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PackcheckUsageError
-from .architectures import causal_lm_class_name, encoder_class_name, mrope_text_path, multimodal_only_causal_lm
+from .architectures import causal_lm_class_name, encoder_class_name, mrope_text_path, multimodal_only_causal_lm, vlm_class_name
 from .configs import apply_layer_variant, apply_overrides, default_config, read_config_dict, refuse_absurd_sizes
 from .multimodal import flat_vocab_size, mrope_section_default
 from .specs import ModelSpec
@@ -41,7 +41,8 @@ class ResolvedModel:
     #: :data:`~.config_fixes.CONFIG_FIXES` (its :meth:`~.config_fixes.ConfigFix.source`), else None
     config_source: str | None = None
     #: "encoder" for an ``encoder:`` spec (built with :func:`.architectures.encoder_class_name`'s class: attends both
-    #: ways, no causal-LM head); "causal_lm" for every other
+    #: ways, no causal-LM head); "vlm" for a ``vlm:`` spec (its image-text-to-text class with the image tower: the
+    #: multimodal suite); "causal_lm" for every other
     model_kind: str = "causal_lm"
 
     def record(self, weights: str | None = None) -> dict[str, Any]:
@@ -52,8 +53,8 @@ class ResolvedModel:
             extra["weights"] = loaded_weights(self.spec.kind, weights)
         if self.notes:
             extra["config_notes"] = list(self.notes)
-        if self.model_kind == "encoder":
-            extra["model_kind"] = "encoder"
+        if self.model_kind != "causal_lm":
+            extra["model_kind"] = self.model_kind
         if self.config_source:
             extra["config_source"] = self.config_source
         if self.text_path:
@@ -195,6 +196,14 @@ def resolve_model(spec: ModelSpec, source: str, trust_remote_code: bool = False)
                 "class in transformers' auto mappings: an encoder: spec needs one (encoder:bert, encoder:modernbert, ...).")
         return ResolvedModel(spec=spec, config=config, model_type=model_type, model_class=found[0], revision=revision,
                              notes=notes, auto_class=found[1], model_kind="encoder")
+    if spec.head == "vlm":
+        found = vlm_class_name(model_type)
+        if found is None:
+            raise PackcheckUsageError(
+                f"Model '{spec.raw}' (from {source}) is a '{model_type}' model with no image-text-to-text class in "
+                "transformers' auto mappings: a vlm: spec needs one (vlm:llava, vlm:paligemma, ...).")
+        return ResolvedModel(spec=spec, config=config, model_type=model_type, model_class=found[0], revision=revision,
+                             notes=notes, auto_class=found[1], model_kind="vlm")
     cls = causal_lm_class_name(model_type)
     text_path = mrope_text_path(model_type) if cls is None else None
     if text_path is not None:

@@ -5,7 +5,10 @@ A model spec is one of:
 - a local directory holding ``config.json`` (and weights for ``--packcheck-weights=pretrained``);
 - ``arch:<model_type>``: a tiny random model of an architecture of the installed transformers;
 - ``encoder:<model_type>``: the same, built as an encoder (its masked-LM head, else its base model: the encoders
-  suite, audit/encoders.toml), labelled ``<model_type>-encoder``.
+  suite, audit/encoders.toml), labelled ``<model_type>-encoder``;
+- ``vlm:<model_type>``: the same, built as a vision-language model with its image tower
+  (``AutoModelForImageTextToText``: LLaVA, PaliGemma, Mistral 3, Idefics3 ..., which have no causal-LM class; the
+  multimodal suite feeds it pixels, audit/multimodal.toml), labelled ``<model_type>-vlm``.
 
 Any spec may end with config overrides in braces, ``arch:dbrx{attn_config.clip_qkv=8}`` (recorded in each cell).
 """
@@ -37,15 +40,16 @@ class ModelSpec:
     revision: str | None = None
     #: config overrides (``arch:dbrx{attn_config.clip_qkv=8}``): (key, value) pairs, dotted keys reach sub-configs
     overrides: tuple[tuple[str, Any], ...] = ()
-    #: which head the model is built with: "causal_lm" (every decoder), or "encoder" (an ``encoder:`` spec: the
-    #: masked-LM head, else the base model; :func:`..model.architectures.encoder_class_name`)
+    #: which head the model is built with: "causal_lm" (every decoder), "encoder" (an ``encoder:`` spec: the
+    #: masked-LM head, else the base model; :func:`..model.architectures.encoder_class_name`), or "vlm" (a ``vlm:``
+    #: spec: the image-text-to-text class, :func:`..model.architectures.vlm_class_name`)
     head: str = "causal_lm"
 
     @property
     def label(self) -> str:
         """The short label used in test ids and matrix rows (secrets scrubbed: see :func:`scrub_secrets`)."""
         if self.kind == "arch":
-            base = self.name + ("-encoder" if self.head == "encoder" else "")
+            base = self.name + {"encoder": "-encoder", "vlm": "-vlm"}.get(self.head, "")
         elif self.kind == "local":
             base = Path(self.name).name
         else:
@@ -146,13 +150,13 @@ def parse_model_spec(raw: str, source: str) -> ModelSpec:
                 f"Malformed model spec '{raw}' (from {source}): arch: takes a transformers model_type such as arch:llama."
             )
         return ModelSpec(raw=text, kind="arch", name=model_type)
-    if text.startswith("encoder:"):
-        model_type = text.removeprefix("encoder:").strip()
-        if not ARCH_NAME.fullmatch(model_type):
-            raise PackcheckUsageError(
-                f"Malformed model spec '{raw}' (from {source}): encoder: takes a transformers model_type such as encoder:bert."
-            )
-        return ModelSpec(raw=text, kind="arch", name=model_type, head="encoder")
+    for head, example in (("encoder", "bert"), ("vlm", "llava")):
+        if text.startswith(f"{head}:"):
+            model_type = text.removeprefix(f"{head}:").strip()
+            if not ARCH_NAME.fullmatch(model_type):
+                raise PackcheckUsageError(f"Malformed model spec '{raw}' (from {source}): {head}: takes a transformers "
+                                          f"model_type such as {head}:{example}.")
+            return ModelSpec(raw=text, kind="arch", name=model_type, head=head)
     if os.path.isdir(text):
         return ModelSpec(raw=text, kind="local", name=str(Path(text).resolve()))
     if os.path.isfile(text) and (_looks_local(text) or text.endswith(".json")):  # trial 7, 204: it exists, as a file
