@@ -154,13 +154,15 @@ def test_multimodal_layouts_and_the_run_flags_come_from_the_suite(tmp_path):
     layouts = {"layouts": {"text+mrope": {"holds": True, "max_abs_diff": 4.2e-07}, "mrope": {"holds": False, "max_abs_diff": 1.07},
                            "flat": {"holds": False, "max_abs_diff": 0.0727}}, "leaked": ["mrope"], "held": ["text+mrope"]}
     cells = [_cell("qwen2_vl", "sdpa", "mm_isolation", "pass", prefix="arch:"), _cell("qwen2_vl", "sdpa", "mm_parity", "pass", prefix="arch:"),
-             _cell("qwen2_vl", "sdpa", "mm_layouts", "pass", prefix="arch:", metrics=layouts)]
+             _cell("qwen2_vl", "sdpa", "mm_layouts", "pass", prefix="arch:", metrics=layouts),
+             *(_cell("qwen2_vl", "eager", c, "pass", prefix="arch:") for c in ("mm_isolation", "mm_parity")),
+             _cell("qwen2_vl", "eager", "mm_layouts", "pass", prefix="arch:", metrics=layouts)]
     _write(tmp_path / "mm", "5.25.0", cells)
     block = K.collect_kind(MM, tmp_path / "mm")
     entry = block["cells"]["qwen2_vl"]["sdpa"]["5.25.0"]
     assert entry["verdict"] == "pass" and entry["check"] == "mm_isolation"
-    assert entry["layouts"] == {"flat": {"verdict": "differs", "number": 0.0727}, "mrope": {"verdict": "leaks", "number": 1.07},
-                                "text+mrope": {"verdict": "holds", "number": 4.2e-07}}
+    assert entry["layouts"] == {"flat": ["differs", 0.0727], "mrope": ["leaks", 1.07], "text+mrope": ["holds", 4.2e-07]}
+    assert "layouts" not in block["cells"]["qwen2_vl"]["eager"]["5.25.0"]  # eager's, the same as sdpa's, not repeated
     text = "\n".join(render_kind_markdown(block))
     assert "Collator layouts that do not hold on 5.25.0 (sdpa): qwen2\\_vl flat, qwen2\\_vl mrope." in text
     flags = K.kind_flags(MM, "/tmp/r")
@@ -169,7 +171,7 @@ def test_multimodal_layouts_and_the_run_flags_come_from_the_suite(tmp_path):
 
     assert f"{OPT_BACKENDS}=eager,sdpa,packcheck_flash_ref" in flags  # the suite's backends the atlas has
     assert K.kind_flags(ENC, "/tmp/r", ["encoder:bert"])[0] == "--packcheck-models=encoder:bert"
-    assert [K.model_type_of(s) for s in MM.models][-1] == "gemma3"
+    assert K.model_type_of("arch:gemma3{vision_config.image_size=64}") == "gemma3" and K.model_type_of("encoder:bert") == "bert"
 
 
 def test_the_absent_mark_is_what_the_release_says_for_a_model_type_it_lacks():

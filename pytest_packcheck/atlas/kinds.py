@@ -120,8 +120,8 @@ def reduce_kind_release(kind: Kind, doc: dict[str, Any]) -> dict[str, dict[str, 
     ``{"verdict": "absent", "causes": []}`` where every cell of the model says its
     model_type is not in that transformers (:data:`ABSENT_MARK`), and compact: a ``fail`` keeps its check, number and
     causes but not its message (the check's message is rebuilt from them; a no-verdict entry keeps its reason). The
-    multimodal collator-layout finding (``mm_layouts``) adds ``layouts``: layout -> ``pass`` / ``leak`` and its
-    number (:func:`_layouts`)."""
+    multimodal collator-layout finding (``mm_layouts``) adds ``layouts``: layout -> [``holds`` / ``leaks`` /
+    ``differs``, number] (:func:`_layouts`; on eager only where they are not sdpa's)."""
     absent = {_name(c) for c in doc.get("cells", []) if ABSENT_MARK in str(c.get("message") or "")}
     present = {_name(c) for c in doc.get("cells", []) if ABSENT_MARK not in str(c.get("message") or "")}
     out = reduce_release(doc, kind.backends, pass_check=kind.checks[0])
@@ -133,8 +133,10 @@ def reduce_kind_release(kind: Kind, doc: dict[str, Any]) -> dict[str, dict[str, 
                 continue
             if entry["verdict"] == "fail":
                 entry.pop("message", None)
-            if (name, backend) in layouts:
-                entry["layouts"] = layouts[(name, backend)]
+            mine = layouts.get((name, backend))
+            # eager's layouts are kept only where they are not sdpa's (the two dense-mask paths mostly agree)
+            if mine and not (backend == "eager" and mine == layouts.get((name, "sdpa"))):
+                entry["layouts"] = mine
     return out
 
 
@@ -144,10 +146,11 @@ def _name(cell: dict[str, Any]) -> str:
 
 
 def _layouts(doc: dict[str, Any], backends: tuple[str, ...]) -> dict[tuple[str, str], dict[str, Any]]:
-    """(model_type, backend) -> ``{layout: {"verdict", "number"}}`` from the ``mm_layouts`` finding's metrics (per
+    """(model_type, backend) -> ``{layout: [verdict, number]}`` from the ``mm_layouts`` finding's metrics (per
     collator layout, :func:`pytest_packcheck.checks.pixels.check_mm_layouts`): ``holds`` (text logits packed = alone),
     ``leaks`` (perturbing one sample moves the others) or ``differs`` (no leak, but not the sample alone: e.g. a
-    mask that is not causal), with that layout's packed-vs-alone text logits difference (``max_abs_diff``)."""
+    mask that is not causal), with that layout's packed-vs-alone text logits difference (``max_abs_diff``, 3
+    significant digits); a pair, not an object, to keep the block small."""
     out: dict[tuple[str, str], dict[str, Any]] = {}
     for cell in doc.get("cells", []):
         if cell.get("check") != "mm_layouts" or cell.get("backend") not in backends or cell.get("dtype") != "float32":
@@ -160,7 +163,7 @@ def _layouts(doc: dict[str, Any], backends: tuple[str, ...]) -> dict[tuple[str, 
         for layout, m in sorted(rows.items()):
             if isinstance(m, dict) and isinstance(m.get("max_abs_diff"), (int, float)):
                 verdict = "holds" if m.get("holds") else "leaks" if layout in leaked else "differs"
-                got[layout] = {"verdict": verdict, "number": float(f"{m['max_abs_diff']:.3g}")}
+                got[layout] = [verdict, float(f"{m['max_abs_diff']:.3g}")]
         if got:
             out[(_name(cell), cell["backend"])] = got
     return out

@@ -113,7 +113,7 @@ def render_kind_markdown(block: dict[str, Any]) -> list[str]:
             lines.append(f"No verdict on {newest}: " + "; ".join(
                 f"{prefix}{name_md(n)} / {b}: {_label(e)} ({name_md(_short(e.get('message')))})" for n, b, e in other) + ".")
         leaky = sorted({f"{name_md(n)} {layout}" for n, by in block["cells"].items() for e in [by.get("sdpa", {}).get(newest)] if e
-                        for layout, v in (e.get("layouts") or {}).items() if v["verdict"] != "holds"})
+                        for layout, (verdict, _) in (e.get("layouts") or {}).items() if verdict != "holds"})
         if leaky:
             lines.append(f"Collator layouts that do not hold on {newest} (sdpa): {', '.join(leaky)}.")
         lines.append("")
@@ -132,7 +132,7 @@ def render_kind_markdown(block: dict[str, Any]) -> list[str]:
                 e = block["cells"][name].get("sdpa", {}).get(version)
                 if not e or not e.get("layouts"):
                     continue
-                text = ", ".join(f"{k} {v['verdict']}" for k, v in e["layouts"].items())
+                text = ", ".join(f"{k} {verdict}" for k, (verdict, _) in e["layouts"].items())
                 if runs and runs[-1][2] == text:
                     runs[-1][1] = version
                 else:
