@@ -250,6 +250,15 @@ def block_answer(doc: Any, name: str, model_type: str, asked: str, attn_implemen
     notes = [n.replace(f"architecture '{model_type}'", f"model '{asked}'") for n in answer.notes]
     if answer.verdict == ABSENT:
         notes.append(f"{model_type} is not a model_type of transformers {answer.measured_at}: nothing to pack there")
+    if answer.measured and answer.measured_at:  # the multimodal block's collator layouts (eager's: sdpa's unless stored)
+        rows = block["cells"].get(model_type) or {}
+        entry = rows.get(answer.backend or "", {}).get(answer.measured_at) or {}
+        layouts = entry.get("layouts")
+        if not layouts and answer.backend == "eager":
+            layouts = (rows.get("sdpa", {}).get(answer.measured_at) or {}).get("layouts")
+        if layouts:
+            notes.append(f"collator layouts at {answer.measured_at}: "
+                         + ", ".join(f"{name} {verdict} ({number:.1e})" for name, (verdict, number) in layouts.items()))
     return dataclasses.replace(answer, model_type=asked, notes=notes, reproduce=reproduce(
         block, answer.measured_at, model_type, answer.backend or attn_implementation) if answer.measured and answer.measured_at else "")
 

@@ -165,6 +165,13 @@ def test_multimodal_layouts_and_the_run_flags_come_from_the_suite(tmp_path):
     assert "layouts" not in block["cells"]["qwen2_vl"]["eager"]["5.25.0"]  # eager's, the same as sdpa's, not repeated
     text = "\n".join(render_kind_markdown(block))
     assert "Collator layouts that do not hold on 5.25.0 (sdpa): qwen2\\_vl flat, qwen2\\_vl mrope." in text
+    main = {"schema": "packcheck-atlas-support", "schema_version": A.SUPPORT_SCHEMA_VERSION, "packcheck_version": "0.1.0",
+            "generated": "2026-12-06", "device": "cpu", "dtype": "float32", "torch": "2.13.0+cpu", "backends": list(A.ATLAS_BACKENDS),
+            "checks": ["isolation"], "releases": [], "missing": [], "cells": {}, "transitions": [], "multimodal": block}
+    A.write_outputs(main, tmp_path / "out")
+    for backend in ("sdpa", "eager"):  # eager's layouts are sdpa's, not stored twice, and answered
+        answer = lookup("multimodal:qwen2_vl", backend, "5.25.0", path=tmp_path / "out" / "support.json")
+        assert answer.verdict == "pass" and "collator layouts at 5.25.0: flat differs (7.3e-02), mrope leaks (1.1e+00)" in str(answer)
     flags = K.kind_flags(MM, "/tmp/r")
     assert any(f.startswith("--packcheck-models=arch:qwen2_vl,") for f in flags)
     from pytest_packcheck.config.options import OPT_BACKENDS
