@@ -101,6 +101,9 @@ SUITES = {
           "AsyncGRPO code): opt in (--packcheck-checks, or --audit rl)",
     "stack": "the packed row through the stack around the model (PEFT adapters, checkpointing, torch.compile, "
              "accelerate's context-parallel hook, Liger; --packcheck-stack): opt in (--packcheck-checks, or --audit stack)",
+    "stack_trainers": "a stack element (PEFT adapter, accelerate's CP hook) through transformers' Trainer and TRL's "
+                      "SFTTrainer (packing / padding_free): the trainer's decision and one training step vs each example "
+                      "alone: opt in (--packcheck-checks, or --audit stack_trainers)",
     "encoders": "encoders and embedding models (encoder: specs): hidden states, pooled embeddings, MLM loss, positions and "
                 "classification heads on packed rows vs each example alone: opt in (--packcheck-checks, or --audit encoders)",
     "multimodal": "VLM rows with pixels (two images of different sizes and a text-only sample in one row): isolation, "
@@ -322,6 +325,13 @@ REGISTRY: tuple[CheckSpec, ...] = (
                       "example = alone in both (a compiled graph or hook keyed by the row's shape keeps the first's)",
               key_metric=KeyMetric("max_abs_diff", "Δ"), tolerance="logits_atol",
               causes=(*_PARITY_CAUSES, *_STACK_CAUSES), suite="stack"),
+    CheckSpec(name="stack_trainers", function="stack_trainers:check_stack_trainers", level="backend", role="correctness",
+              summary="the cell's stack element through Trainer + DataCollatorWithFlattening and SFTTrainer (packing=True; "
+                      "padding_free=True): the trainer's decision (file:line) and one training step's loss, gradients and "
+                      "logits vs each example of its batch alone",
+              key_metric=KeyMetric("max_abs_diff", "Δ"), tolerance="logits_atol",
+              causes=("adapter_positions", "stack_mask_dropped", "leak", "loss_normalisation"),
+              suite="stack_trainers", requires=("trl", "peft")),
     CheckSpec(name="trainer", function="training:check_trainer", level="backend", role="correctness",
               summary="transformers' Trainer + DataCollatorWithFlattening, 3 SGD steps vs a hand-written padded reference; "
                       "gradient accumulation's num_items_in_batch",
