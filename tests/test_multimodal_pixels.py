@@ -133,7 +133,7 @@ def test_the_registry_plans_the_suite():
     from pytest_packcheck.config.audits import load_audit
 
     names = {c.name for c in REGISTRY if c.suite == "multimodal"}
-    assert names == {"mm_isolation", "mm_parity", "mm_positions", "mm_layouts"}
+    assert names == {"mm_isolation", "mm_parity", "mm_positions", "mm_layouts", "mm_processor"}
     audit = load_audit("multimodal")
     assert set(audit.checks) == names and "arch:qwen2_vl" in audit.models
 
@@ -313,3 +313,48 @@ def test_a_vlm_spec_builds_the_image_text_to_text_class_and_names_a_model_withou
         resolve_model(parse_model_spec("vlm:llama", "test"), "test")
     with pytest.raises(PackcheckUsageError, match=r"vlm: takes a transformers model_type such as vlm:llava"):
         parse_model_spec("vlm:Bad Name", "test")
+
+
+def test_llava_processor_rows_through_the_flattening_collator(tolerances):
+    """LLaVA's processor, built from local files (a word-level tokenizer with <image> at the tiny model's image id, its
+    PIL image processor at the tower's 28 pixels), makes the samples; transformers 5.25.0's DataCollatorWithFlattening
+    packs them. As it is, the collator keeps input_ids / labels / position_ids only: the images' pixel_values are
+    dropped (collator_contract; the image tokens keep their placeholder embeddings). With the processor's pixel_values
+    added the row is exact against each sample alone, with or without the flash kwargs (sdpa reads none)."""
+    from pytest_packcheck.checks import pixel_processors as PP
+
+    wb = fixed_bench("llava", "sdpa", tolerances)
+    samples = PP.processor_samples(wb)
+    image = wb.model.config.image_token_id
+    assert [s.ids.count(image) for s in samples] == [4, 0, 4]  # (28 / 14)^2 patches, the CLS counted and dropped
+    assert samples[0].pixels.shape == (1, 3, 28, 28)  # the 56x56 and 56x84 images resized and cropped by the processor
+    flat = PP.flattening_collator(wb.model, samples, "flattening")
+    assert set(flat) == {"input_ids", "labels", "position_ids"}
+    result = P.check_mm_processor(wb)
+    layouts = result.metrics["layouts"]
+    assert layouts["flattening"]["dropped"] == ["pixel_values"] and layouts["flattening"]["max_abs_diff"] > 1e-2
+    assert result.metrics["held"] == ["flattening+pixels", "flattening+flash_kwargs+pixels"], result.message
+    assert [f["cause"] for f in result.findings] == ["collator_contract"]
+    with pytest.raises(ValueError, match="unknown collator layout 'nope'"):
+        PP.flattening_collator(wb.model, samples, "nope")
+
+
+def test_a_family_without_a_processor_recipe_is_a_skip_naming_torchvision(qwen2_vl):
+    result = P.check_mm_processor(qwen2_vl)
+    assert result.status == "skipped" and "torchvision" in result.message and "qwen2_vl" in result.message
+
+
+def test_gemma3_processor_rows_carry_its_image_markers(gemma3):
+    """Gemma 3's processor from local files: <start_of_image> in the prompt becomes boi, mm_tokens_per_image image
+    tokens, eoi (Gemma3Processor.full_image_sequence); the 56x84 image resized to the tower's 64x64."""
+    from pytest_packcheck.checks import pixel_processors as PP
+
+    config = gemma3.model.config
+    samples = PP.processor_samples(gemma3)
+    assert [s.ids.count(config.image_token_id) for s in samples] == [4, 0, 4]
+    first = samples[0].ids
+    at = first.index(config.boi_token_id)
+    assert first[at + 1:at + 6] == [config.image_token_id] * 4 + [config.eoi_token_id]
+    assert samples[2].pixels.shape == (1, 3, 64, 64)
+    batch = PP.flattening_collator(gemma3.model, samples, "flattening+pixels")
+    assert batch["pixel_values"].shape == (2, 3, 64, 64) and int(batch["token_type_ids"].sum()) == 8

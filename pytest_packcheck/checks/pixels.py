@@ -412,14 +412,15 @@ def _text_mask(model: Any, ids: list[int]) -> Any:
     return torch.tensor([t not in {getattr(model.config, n, None) for n in SPECIAL_IDS[:2]} for t in ids])
 
 
-def parity_numbers(wb: Workbench, layout: str | None = None, collator: Callable[..., Any] = pack) -> dict[str, Any]:
+def parity_numbers(wb: Workbench, layout: str | None = None, collator: Callable[..., Any] = pack,
+                   samples: list[Sample] | None = None) -> dict[str, Any]:
     """Text-token logits of the packed row vs each sample alone (max abs, per sample) and the loss: the packed
     row's mean over its label tokens vs the token-weighted mean of the samples alone (nats). The packed loss is
     recomputed per sample boundary (labels whose next token lies in another sample are excluded), as the packing
     collators' ``-100`` at each sample's first label does."""
     import torch
 
-    samples = mm_samples(wb)
+    samples = samples or mm_samples(wb)
     layout = layout or layouts_of(wb.model)[1]
     batch = collator(wb.model, samples, layout)
     lengths = [len(s.ids) for s in samples]
@@ -453,11 +454,12 @@ def _perturbed(samples: list[Sample], index: int, vocab: int) -> list[Sample]:
     return out
 
 
-def isolation_numbers(wb: Workbench, layout: str | None = None, collator: Callable[..., Any] = pack) -> dict[str, Any]:
+def isolation_numbers(wb: Workbench, layout: str | None = None, collator: Callable[..., Any] = pack,
+                      samples: list[Sample] | None = None) -> dict[str, Any]:
     """Perturb one sample at a time (pixels of an image sample, tokens of the text-only one); every other
     sample's text-token logits must not move (``max_change``, float32 max abs). Samples after the perturbed one
     only: a causal row's earlier samples cannot see it in any layout."""
-    samples = mm_samples(wb)
+    samples = samples or mm_samples(wb)
     layout = layout or layouts_of(wb.model)[1]
     vocab = int(wb.model.config.get_text_config(decoder=True).vocab_size)
     base = _run(wb.model, collator(wb.model, samples, layout)).logits[0].float()
@@ -476,11 +478,12 @@ def isolation_numbers(wb: Workbench, layout: str | None = None, collator: Callab
     return {"max_change": moved, "max_change_per_perturbed_sample": per, "layout": layout}
 
 
-def causality_numbers(wb: Workbench, layout: str | None = None, collator: Callable[..., Any] = pack) -> dict[str, Any]:
+def causality_numbers(wb: Workbench, layout: str | None = None, collator: Callable[..., Any] = pack,
+                      samples: list[Sample] | None = None) -> dict[str, Any]:
     """Change each sample's last token (shifted by half the text vocabulary): its own earlier text tokens' logits must
     not move (``max_change_earlier``, float32 max abs): a packed row whose mask lets a token see later tokens of its
     own sample (Gemma 3's sliding-layer image overlay read by restarting positions) moves them."""
-    samples = mm_samples(wb)
+    samples = samples or mm_samples(wb)
     layout = layout or layouts_of(wb.model)[1]
     vocab = int(wb.model.config.get_text_config(decoder=True).vocab_size) - len(SPECIAL_IDS)
     base = _run(wb.model, collator(wb.model, samples, layout)).logits[0].float()
@@ -497,12 +500,13 @@ def causality_numbers(wb: Workbench, layout: str | None = None, collator: Callab
     return {"max_change_earlier": moved, "max_change_earlier_per_sample": per, "layout": layout}
 
 
-def positions_numbers(wb: Workbench, layout: str | None = None, collator: Callable[..., Any] = pack) -> dict[str, Any]:
+def positions_numbers(wb: Workbench, layout: str | None = None, collator: Callable[..., Any] = pack,
+                      samples: list[Sample] | None = None) -> dict[str, Any]:
     """The packed row's M-RoPE rows, per sub-sequence, against ``get_rope_index`` of that sample alone: the
     largest difference and how many tokens differ; the text row must restart at 0 per sample."""
     import torch
 
-    samples = mm_samples(wb)
+    samples = samples or mm_samples(wb)
     layout = layout or layouts_of(wb.model)[1]
     pos = collator(wb.model, samples, layout)["position_ids"]
     rope = pos[1:] if pos.ndim == 3 and pos.shape[0] == 4 else (pos if pos.ndim == 3 else pos[None])  # (1, 1, n) broadcasts
@@ -598,43 +602,81 @@ def check_mm_layouts(wb: Workbench) -> CheckResult:
     logits max abs, loss delta in nats) and whether its positions match ``get_rope_index`` per sample; holds =
     isolation and parity within tolerance. Each layout that does not hold is a finding: ``leak`` where perturbing
     one sample moves another, else ``wrong_positions`` where tokens are misplaced, else ``non_causal`` where a
-    sample's last token moves its own earlier tokens (:func:`causality_numbers`), else ``packed_mismatch``."""
+    sample's last token moves its own earlier tokens (:func:`causality_numbers`), else ``packed_mismatch``; a layout
+    the varlen kernel contract refuses (a collator's ``cu_seq_lens_q/k`` handed to the vision tower's flash attention
+    too: LLaVA, transformers 5.25.0) ``flash_boundaries`` / ``kernel_arguments``."""
     if (skip := _skip(wb)) is not None:
         return skip
+    return layout_findings(wb, list(layouts_of(wb.model)[0]), pack, mm_samples(wb))
+
+
+def layout_findings(wb: Workbench, layouts: list[str], collator: Callable[..., Any], samples: list[Sample]) -> CheckResult:
+    """The finding of :func:`check_mm_layouts` for ``samples`` packed by ``collator`` in each of ``layouts``; metrics
+    ``layouts`` (per layout: isolation, max_abs_diff, loss_delta in nats, tokens_misplaced, holds; or error), ``held``,
+    ``leaked``."""
     from ..backends import FlashBoundariesError, KernelArgumentError
 
     rows, held, leaked = {}, [], []
-    for layout in layouts_of(wb.model)[0]:
+    for layout in layouts:
         try:
-            iso = isolation_numbers(wb, layout)["max_change"]
-            par = parity_numbers(wb, layout)
+            iso = isolation_numbers(wb, layout, collator, samples)["max_change"]
+            par = parity_numbers(wb, layout, collator, samples)
         except (FlashBoundariesError, KernelArgumentError) as exc:
             # a collator's cu_seq_lens_q/k that reach the vision tower's flash attention too (LLaVA, 5.25.0): the
             # reference kernels refuse boundaries past the tower's tokens, where FlashAttention-2 reads outside them
             rows[layout] = {"error": f"{type(exc).__name__}: {exc}", "holds": False}
             leaked.append(layout)
             continue
-        pos = positions_numbers(wb, layout)["tokens_misplaced"]
+        pos = positions_numbers(wb, layout, collator, samples)["tokens_misplaced"]
         holds = iso <= wb.tol["isolation_atol"] and par["max_abs_diff"] <= wb.tol["logits_atol"] and par["loss_delta"] <= wb.tol["loss_atol"]
         rows[layout] = {"isolation": iso, "max_abs_diff": par["max_abs_diff"], "loss_delta": par["loss_delta"],
                         "tokens_misplaced": pos, "holds": holds}
+        kept = collator(wb.model, samples, layout)
+        if dropped := [k for k in _pixels(wb.model, [s for s in samples if s.pixels is not None]) if k not in kept]:
+            rows[layout]["dropped"] = dropped  # the collator's row lost the images' inputs (DataCollatorWithFlattening)
         (held if holds else leaked).append(layout)
     def word(v: dict[str, Any]) -> str:
         return "holds" if v["holds"] else "leaks" if v["isolation"] > wb.tol["isolation_atol"] else "differs"
 
     message = "; ".join(f"{k}: refused by the kernel contract ({v['error']})" if "error" in v else
                         f"{k}: {word(v)} (iso {_fmt(v['isolation'])}, Δ {_fmt(v['max_abs_diff'])}, "
-                        f"loss Δ {_fmt(v['loss_delta'])}, {v['tokens_misplaced']} misplaced)" for k, v in rows.items())
+                        f"loss Δ {_fmt(v['loss_delta'])}, {v['tokens_misplaced']} misplaced"
+                        f"{', dropped ' + '/'.join(v['dropped']) if v.get('dropped') else ''})" for k, v in rows.items())
     def cause(k: str) -> str:
         if "error" in rows[k]:
             return "flash_boundaries" if rows[k]["error"].startswith("FlashBoundariesError") else "kernel_arguments"
+        if rows[k].get("dropped"):
+            return "collator_contract"
         if rows[k]["isolation"] > wb.tol["isolation_atol"]:
             return "leak"
         if rows[k]["tokens_misplaced"]:
             return "wrong_positions"
-        rows[k]["max_change_earlier"] = causality_numbers(wb, k)["max_change_earlier"]
+        rows[k]["max_change_earlier"] = causality_numbers(wb, k, collator, samples)["max_change_earlier"]
         return "non_causal" if rows[k]["max_change_earlier"] > wb.tol["isolation_atol"] else "packed_mismatch"
 
     findings = [{"cause": cause(k),
                  "evidence": {"layout": k, **rows[k]}} for k in leaked]
     return CheckResult("pass", {"layouts": rows, "held": held, "leaked": leaked}, message, findings=findings)
+
+
+def check_mm_processor(wb: Workbench) -> CheckResult:
+    """A finding: the family's processor, built from local files, makes the samples (two images of different sizes
+    and a text-only prompt, :func:`.pixel_processors.processor_samples`), and ``DataCollatorWithFlattening`` packs
+    them in each layout of :data:`.pixel_processors.COLLATOR_LAYOUTS`; per layout as :func:`check_mm_layouts`
+    (isolation, text logits and loss against each sample alone, positions; the cause of each that does not hold).
+    Skipped for a family without a processor recipe, naming why."""
+    if (skip := _skip(wb)) is not None:
+        return skip
+    from . import pixel_processors as PP
+
+    if (why := PP.processor_skip(wb.model)) is not None:
+        return CheckResult("skipped", {}, why)
+    try:
+        samples = PP.processor_samples(wb)
+    except ImportError as exc:  # a processor whose class needs a package not installed (torchvision)
+        return CheckResult("skipped", {}, f"{type(wb.model).__name__}'s processor does not build here: {' '.join(str(exc).split())[:200]}")
+    result = layout_findings(wb, list(PP.COLLATOR_LAYOUTS), PP.flattening_collator, samples)
+    result.metrics["samples"] = [("image " + "x".join(map(str, s.grid[1:]))) if s.pixels is not None else "text" for s in samples]
+    result.metrics["image_tokens"] = [s.ids.count(wb.model.config.image_token_id) for s in samples]
+    result.message = f"processor rows ({', '.join(result.metrics['samples'])}): {result.message}"
+    return result

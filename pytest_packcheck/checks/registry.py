@@ -477,7 +477,13 @@ REGISTRY: tuple[CheckSpec, ...] = (
     CheckSpec(name="mm_layouts", function="pixels:check_mm_layouts", level="backend", role="finding",
               summary="which position_ids layouts of a VLM pixel row hold on this backend (text row + M-RoPE, M-RoPE "
                       "alone, the text collator's flat row): isolation, parity and loss of each",
-              causes=("leak", "wrong_positions", "non_causal", "packed_mismatch"), suite="multimodal"),
+              causes=("leak", "wrong_positions", "non_causal", "packed_mismatch", "flash_boundaries", "kernel_arguments"),
+              suite="multimodal"),
+    CheckSpec(name="mm_processor", function="pixels:check_mm_processor", level="backend", role="finding",
+              summary="the family's processor (built from local files) makes the pixel samples and transformers' "
+                      "DataCollatorWithFlattening packs them (as it is, plus the pixels, plus flash kwargs): which hold",
+              causes=("collator_contract", "leak", "wrong_positions", "non_causal", "packed_mismatch", "flash_boundaries",
+                      "kernel_arguments"), suite="multimodal"),
 )
 
 SPECS: dict[str, CheckSpec] = {s.name: s for s in REGISTRY}
