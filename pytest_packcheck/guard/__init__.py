@@ -23,7 +23,8 @@ layout, plain position_ids), then an isolation probe separates ``leak`` from ``w
 rerun decides the numerics band, with the cause codes and remedies of :mod:`pytest_packcheck.analysis.diagnose`. A batch
 of packed rows is judged on its own forward, every row's examples in one set of padded batches, and row by row and
 together (``batch_rows``) where that is not a clean pass. An encoder or embedding model (BERT, RoBERTa, ModernBERT as
-``AutoModel`` or ``AutoModelForMaskedLM``) is judged on its outputs (:mod:`.encoder`).
+``AutoModel`` or ``AutoModelForMaskedLM``) is judged on its outputs (:mod:`.encoder`); a VLM row with ``pixel_values`` on its
+text log-probs against each sample alone with its own pixels, and its M-RoPE positions per sample (:mod:`.pixels`).
 
 Modules, in the order a batch meets them: :mod:`.batch` (the batch contract, :func:`parse_row`), :mod:`.encoder` (encoders: what they output), :mod:`.precision`
 (the tolerance row: the dtype the forward computes in), :mod:`.forward` (the packed row, each example alone, the

@@ -24,6 +24,7 @@ from .batch import (
 from .diagnosis import _NUMERICS_PASS, _bad, _diagnose, _padded_diff, _refusal_cause
 from .encoder import encoder_output, measure_encoder, rows_diff
 from .forward import _accepts, _batchable, _compare, _log_probs, _reference, _row_log_probs, _solo
+from .pixels import is_pixel_batch, measure_pixel_row
 from .precision import _REDUCED, _ComputeProbe, _pick, _tolerances
 from .result import GuardResult, PackedBatchMismatch, _fmt, _usage, say
 from .result import hide_mismatch_frames as _hide
@@ -124,6 +125,11 @@ def verify_packed_batch(
     BERT from 0, RoBERTa-likes from ``padding_idx + 1``); a mismatch is named ``mask_override``, ``leak`` (the others
     move when the first example changes), ``kernel_numerics`` or ``wrong_positions``.
 
+    A VLM row with ``pixel_values`` (``image_grid_thw`` / ``mm_token_type_ids``, ``image_sizes``, ``token_type_ids``)
+    is judged by :func:`.pixels.measure_pixel_row`: its text log-probs and loss against each sample alone with its own
+    pixels (the model's own forward, positions from its ``get_rope_index``), and on an M-RoPE model its positions per
+    sample; ``wrong_positions``, ``leak`` or ``packed_mismatch``.
+
     A batch of packed rows ``(rows, length)`` is judged on its own forward (:func:`_rows_together`): the batch run
     once as the loop runs it and every row's examples as one set of right-padded batches; anything short of a clean
     pass is judged row by row (each row alone, then the batch together vs each row: ``batch_rows``).
@@ -158,6 +164,8 @@ def verify_packed_batch(
     if not_lm:
         raise _usage(not_lm)
     tols = _tolerances(tolerances)
+    if is_pixel_batch(batch):  # a VLM row with pixel_values: its text logits vs each sample with its own pixels
+        return _verify_pixels(model, batch, tols, on_mismatch)
     check_fields(batch, model_device(model))  # devices, dtypes and types before any value is read
     rows = packed_rows(batch)
     if rows:
@@ -187,6 +195,31 @@ def verify_packed_batch(
         raise PackedBatchMismatch(result)
     if (not result.ok or result.verdict == "fallback") and on_mismatch == "warn":
         say(result.line(), stacklevel=2)
+    return result
+
+
+def _verify_pixels(model: Any, batch: Mapping[str, Any], tols: dict[str, dict[str, float]], on_mismatch: str) -> GuardResult:
+    """:func:`.pixels.measure_pixel_row` in eval mode under ``torch.no_grad``, the modes and RNG state put back."""
+    import torch
+
+    modes = {m: m.training for m in model.modules()}
+    rng = torch.get_rng_state()
+    try:
+        model.eval()
+        with torch.no_grad():
+            result = measure_pixel_row(model, batch, tols)
+    except ValueError as exc:  # the images do not fill the row's image tokens, or no boundaries
+        raise _usage(f"a pixel row: {exc}") from None
+    finally:
+        for module, mode in modes.items():
+            module.training = mode
+        torch.set_rng_state(rng)
+    result = _finish(result, model)
+    result.versions = _versions()
+    if not result.ok and on_mismatch == "raise":
+        raise PackedBatchMismatch(result)
+    if not result.ok and on_mismatch == "warn":
+        say(result.line(), stacklevel=3)
     return result
 
 

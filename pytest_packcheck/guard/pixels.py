@@ -1,0 +1,236 @@
+"""The guard on a multimodal packed row with pixels (issue 46 part 4): a VLM's batch that carries ``pixel_values``
+(``image_grid_thw`` / ``mm_token_type_ids`` for the Qwen2-VL family, ``image_sizes`` for Pixtral, ``token_type_ids``
+for Gemma 3 / PaliGemma), judged on its text logits against each sample alone with its own pixels.
+
+The row is split where its text positions restart (the first row of a ``(4, 1, N)`` M-RoPE layout, a ``(1, N)`` row,
+or all three rows of a ``(3, 1, N)`` layout at 0), or by ``cu_seq_lens_q``; each image goes to the sample whose image
+tokens it fills, in order (an M-RoPE image: ``t*h*w / merge**2`` tokens of its ``image_grid_thw``; a family of
+:data:`..checks.pixels.FIXED_IMAGES`: its ``tokens(config, h, w)``). Each sample alone is the model's own forward of
+its ids, its images and its type ids, no ``position_ids`` (``get_rope_index`` inside the model), no attention_mask.
+Compared: the log-probs of the labelled next tokens (``labels``; without labels every next token that is not an
+image placeholder; none across a sample start), their worst absolute difference and the mean loss (nats), and, on an
+M-RoPE model, the row's M-RoPE positions per sample against the model's ``get_rope_index`` of that sample alone.
+
+Causes: ``wrong_positions`` (tokens placed otherwise than alone: a flat ``(1, N)`` row on Qwen2-VL, whose image tokens
+then sit at text positions; ``get_rope_index`` called once over the whole row, which shifts every later sample, a
+constant RoPE is blind to, caught by the positions alone), ``leak`` (changing the first sample's pixels moves the
+others' log-probs), else ``packed_mismatch``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .result import GuardResult
+
+#: The keys a pixel row may carry beside the text row's.
+PIXEL_KEYS = ("pixel_values", "image_grid_thw", "image_sizes", "mm_token_type_ids", "token_type_ids")
+
+
+def is_pixel_batch(batch: Any) -> bool:
+    """True when ``batch`` carries ``pixel_values``: the guard then judges it here."""
+    return hasattr(batch, "get") and batch.get("pixel_values") is not None
+
+
+def _starts(batch: Any, n: int) -> list[int]:
+    import torch
+
+    cu = batch.get("cu_seq_lens_q")
+    if cu is not None:
+        return [int(v) for v in cu[:-1]]
+    pos = batch.get("position_ids")
+    if pos is None:
+        raise ValueError("a pixel row needs position_ids (restarting per sample) or cu_seq_lens_q to say where its "
+                         "samples start")
+    if pos.ndim == 3:
+        text = pos[0, 0] if pos.shape[0] == 4 else (pos[:, 0] == 0).all(0).to(torch.int64) - 1
+    else:
+        text = pos[0]
+    return [i for i in range(n) if int(text[i]) == 0]
+
+
+def _image_tokens(model: Any, batch: Any) -> list[int]:
+    """Image tokens each image of the batch fills, in order."""
+    from ..checks import pixels as P
+
+    config = model.config
+    if batch.get("image_grid_thw") is not None:
+        merge = int(config.vision_config.spatial_merge_size)
+        return [int(g.prod()) // merge**2 for g in batch["image_grid_thw"]]
+    family = P.fixed_images(model)
+    if family is None:
+        raise ValueError(f"{type(model).__name__}: no image_grid_thw in the batch and model_type {config.model_type!r} "
+                         f"is not in FIXED_IMAGES ({', '.join(P.FIXED_IMAGES)})")
+    values = batch["pixel_values"]
+    if batch.get("image_sizes") is not None:
+        sizes = [(int(h), int(w)) for h, w in batch["image_sizes"]]
+    else:
+        count = values.shape[1] if family.pixels == "stacked" else values.shape[0]
+        sizes = [tuple(values.shape[-2:])] * count
+    return [family.tokens(config, h, w) for h, w in sizes]
+
+
+def _image_inputs(model: Any, batch: Any, images: list[int], counts: list[int]) -> dict[str, Any]:
+    """The pixel inputs of the images numbered ``images`` (of ``counts`` tokens each, all of the batch's)."""
+    from ..checks import pixels as P
+
+    if not images:
+        return {}
+    values = batch["pixel_values"]
+    if batch.get("image_grid_thw") is not None:
+        sizes = [int(g.prod()) for g in batch["image_grid_thw"]]
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        rows = [values[starts[i]:starts[i] + sizes[i]] for i in images]
+        import torch
+
+        return {"pixel_values": torch.cat(rows), "image_grid_thw": batch["image_grid_thw"][images]}
+    family = P.fixed_images(model)
+    if family.pixels == "stacked":
+        return {"pixel_values": values[:, images]}
+    out = {"pixel_values": values[images]}
+    if batch.get("image_sizes") is not None:
+        sizes = batch["image_sizes"][images]
+        out["pixel_values"] = out["pixel_values"][..., :int(sizes[:, 0].max()), :int(sizes[:, 1].max())]
+        out["image_sizes"] = sizes
+    return out
+
+
+def split_pixel_row(model: Any, batch: Any) -> list[dict[str, Any]]:
+    """Each sample of the pixel row as the model takes it alone: ``input_ids`` ``(1, n)``, its type ids, its images'
+    pixel inputs, no position_ids. Raises ValueError where the images do not fill the image tokens."""
+    ids = batch["input_ids"]
+    n = int(ids.shape[-1])
+    starts = _starts(batch, n)
+    ends = [*starts[1:], n]
+    image = int(model.config.image_token_id)
+    counts = _image_tokens(model, batch)
+    samples, at = [], 0
+    for s, e in zip(starts, ends, strict=True):
+        tokens = int((ids[0, s:e] == image).sum())
+        mine, filled = [], 0
+        while filled < tokens and at < len(counts):
+            mine.append(at)
+            filled, at = filled + counts[at], at + 1
+        if filled != tokens:
+            raise ValueError(f"the sample at tokens {s}..{e} has {tokens} image tokens, its images fill {filled}: "
+                             "pixel_values / image_grid_thw are not in the row's sample order")
+        sample = {"input_ids": ids[:, s:e], **_image_inputs(model, batch, mine, counts)}
+        for key in ("mm_token_type_ids", "token_type_ids"):
+            if batch.get(key) is not None:
+                sample[key] = batch[key][:, s:e]
+        samples.append(sample)
+    return samples
+
+
+def _logprobs(logits: Any, targets: Any, keep: Any) -> Any:
+    return logits[:-1][keep].float().log_softmax(-1).gather(-1, targets[keep][:, None])[:, 0]
+
+
+def _forward(model: Any, inputs: dict[str, Any]) -> Any:
+    owner = next((m for m in (getattr(model, "model", None), model) if m is not None and hasattr(m, "rope_deltas")), None)
+    if owner is not None:
+        owner.rope_deltas = None
+    return model(**inputs, use_cache=False).logits[0]
+
+
+def measure_pixel_row(model: Any, batch: Any, tols: dict[str, dict[str, float]]) -> GuardResult:
+    """Judge one packed pixel row (see the module's text); the caller holds eval mode, ``torch.no_grad`` and the RNG
+    state. ``tols``: the dtype rows of the tolerances."""
+    import torch
+
+    from ..checks import pixels as P
+    from ..checks.registry import within_numerics
+
+    started = time.perf_counter()
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    tol = dict(tols.get(dtype, tols["float32"]))
+    ids = batch["input_ids"]
+    n = int(ids.shape[-1])
+    samples = split_pixel_row(model, batch)
+    lengths = [int(s["input_ids"].shape[-1]) for s in samples]
+    if len(samples) < 2:  # nothing marks a second sample: nothing to compare (as the text guard's one-example row)
+        return GuardResult(
+            verdict="skipped", cause=None, remedy="", evidence=f"one sample in the pixel row ({n} tokens): its positions "
+            "never restart and no cu_seq_lens_q splits it, so nothing is compared", dtype=dtype,
+            tolerance={"logits_atol": tol["logits_atol"], "loss_atol": tol["loss_atol"]}, max_logprob_diff=None,
+            per_example_logprob_diff=[], loss_packed=None, loss_reference=None, loss_delta=None, lengths=lengths,
+            label_tokens=0, contract=[], run={"packed": True, "attn_implementation": getattr(model.config, "_attn_implementation", None),
+                                              "tokens": n}, attention={}, dtype_source=f"{dtype} weights")
+    starts = [sum(lengths[:i]) for i in range(len(lengths))]
+    labels = batch.get("labels")
+    special = {getattr(model.config, k, None) for k in P.SPECIAL_IDS[:2]}
+    if labels is None:
+        labels = ids.masked_fill(torch.isin(ids, torch.tensor([v for v in special if isinstance(v, int)])), -100)
+    targets = labels[0, 1:].clone()
+    for s in starts[1:]:
+        targets[s - 1] = -100  # no target across a sample start
+    keep = targets != -100
+    call = {k: v for k, v in batch.items() if k not in ("labels", "num_items_in_batch", "use_cache")}
+    packed = _forward(model, call)
+    packed_lp = _logprobs(packed, targets.clamp(min=0), keep)
+    alone_lp, per, forwards = [], [], 1
+    for s, start, length in zip(samples, starts, lengths, strict=True):
+        logits = _forward(model, s)
+        forwards += 1
+        t, k = targets[start:start + length - 1].clamp(min=0), keep[start:start + length - 1]
+        lp = _logprobs(logits, t, k)
+        alone_lp.append(lp)
+        ref = packed_lp[int(keep[:start].sum()):int(keep[:start].sum()) + int(k.sum())]
+        per.append(float((ref - lp).abs().max()) if lp.numel() else 0.0)
+    alone_all = torch.cat(alone_lp)
+    worst = max(per)
+    loss_packed, loss_alone = float(-packed_lp.mean()), float(-alone_all.mean())
+    delta = abs(loss_packed - loss_alone)
+    probes: dict[str, Any] = {}
+    misplaced = 0
+    if P._rope_owner(model) is not None:  # the row's M-RoPE rows per sample vs get_rope_index of that sample alone
+        pos = batch["position_ids"]
+        rope = pos[1:] if pos.ndim == 3 and pos.shape[0] == 4 else (pos if pos.ndim == 3 else pos[None])
+        for s, start, length in zip(samples, starts, lengths, strict=True):
+            grid = s.get("image_grid_thw")
+            one = P.Sample(s["input_ids"][0].tolist(), tuple(int(v) for v in grid[0]) if grid is not None and len(grid) == 1 else None)
+            if grid is not None and len(grid) > 1:
+                raise ValueError("a sample with more than one image: the positions probe takes one image per sample")
+            ref = P.rope_alone(model, one)
+            misplaced += int(((rope[:, :, start:start + length] - ref).abs().amax(0) > 0).sum())
+        probes["tokens_misplaced"] = misplaced
+    numbers = f"text log-probs packed vs alone {worst:.2e}, loss {loss_packed:.6f} vs {loss_alone:.6f} nats"
+    cause, evidence = None, numbers
+    if misplaced:
+        cause, evidence = "wrong_positions", (f"{numbers}; {misplaced} tokens sit at other M-RoPE positions than "
+                                              "get_rope_index gives their sample alone")
+    elif worst > tol["logits_atol"] or delta > tol["loss_atol"]:
+        changed = dict(call)
+        first = samples[0]
+        if "pixel_values" in first:  # the first sample's pixels changed: do the others move?
+            values = batch["pixel_values"].clone()
+            stacked = values.ndim == 5  # Idefics3: (1, images, 3, h, w)
+            mine = first["pixel_values"].shape[1 if stacked else 0]  # its patch rows (M-RoPE) or its images
+            part = values[:, :mine] if stacked else values[:mine]
+            part.mul_(-3.0).add_(1.0)
+            changed["pixel_values"] = values
+        else:
+            vocab = int(model.config.get_text_config(decoder=True).vocab_size) - len(P.SPECIAL_IDS)
+            changed["input_ids"] = ids.clone()
+            changed["input_ids"][0, :lengths[0]] = (ids[0, :lengths[0]] + vocab // 2) % vocab
+        moved_logits = _forward(model, changed)
+        forwards += 1
+        moved = float((moved_logits[lengths[0]:] - packed[lengths[0]:]).abs().max())
+        probes["isolation_moved"] = moved
+        if moved > tol["logits_atol"]:
+            cause, evidence = "leak", f"{numbers}; changing the first sample moves the others' logits by {moved:.2e}"
+        elif within_numerics(worst, tol["logits_atol"], dtype):
+            cause, evidence = "kernel_numerics", f"{numbers}; boundaries kept (the others move {moved:.2e})"
+        else:
+            cause, evidence = "packed_mismatch", f"{numbers}; no sample's content reaches another ({moved:.2e})"
+    attn = getattr(model.config, "_attn_implementation", None)
+    return GuardResult(
+        verdict="fail" if cause else "pass", cause=cause, remedy="", evidence=evidence, dtype=dtype,
+        tolerance={"logits_atol": tol["logits_atol"], "loss_atol": tol["loss_atol"]}, max_logprob_diff=worst,
+        per_example_logprob_diff=per, loss_packed=loss_packed, loss_reference=loss_alone, loss_delta=delta,
+        lengths=lengths, label_tokens=int(keep.sum()), contract=[],
+        run={"packed": True, "attn_implementation": attn, "pixels": [k for k in PIXEL_KEYS if batch.get(k) is not None],
+             "tokens": n},
+        attention={}, probes=probes, forwards=forwards, duration_s=time.perf_counter() - started, dtype_source=f"{dtype} weights",
+        causes=[cause] if cause else [])
