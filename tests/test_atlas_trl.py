@@ -433,3 +433,101 @@ def test_cli_atlas_trl_refuses_the_transformers_axis_flags(tmp_path):
     listed = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "atlas", "--trl", "--releases", "1.16.0,0.19.1",
                              "--list-releases"], capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert json.loads(listed.stdout) == ["0.19.1", "1.16.0"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the RL part (issue 44): TRL's own RL trainer code per TRL release, in <build>/rl/<version>
+
+
+def _rl_cell(model: str, backend: str | None, check: str, status: str, number: float | None = None, cause: str | None = None,
+             message: str = "") -> dict:
+    cell = _cell(model, backend or "sdpa", check, status, cause, None)
+    key = "max_abs_margin_diff" if check in ("rl_trl_dpo", "rl_trl_kto") else "max_abs_logprob_diff"
+    cell["metrics"] = {key: number} if number is not None else {}
+    return {**cell, "backend": backend, "message": message or f"{check} {status}"}
+
+
+def _planted_rl(build: Path) -> None:
+    """GRPO on llama / sdpa passes on 1.7.1 and 1.16.0; AsyncGRPO's padding-free row passes on 1.7.1 and skips on
+    1.16.0 (trees); the tree (model level, no backend) skips on 1.7.1 and passes on 1.16.0; a leak planted on
+    qwen2 / sdpa GRPO at 1.7.1 (a fail-to-pass transition); the SFT part's cells in the same folder are ignored."""
+    for trl, cells in (("1.7.1", [
+            _rl_cell("llama", "sdpa", "rl_trl_grpo", "pass", 3.2e-7),
+            _rl_cell("llama", "sdpa", "rl_trl_async", "pass", 3.2e-7),
+            _rl_cell("llama", None, "rl_trl_tree", "skipped", message="trl 1.7.1 has no AsyncGRPO tree packing"),
+            _rl_cell("qwen2", "sdpa", "rl_trl_grpo", "fail", 0.31, "leak"),
+            _cell("llama", "sdpa", "sft", "pass", number=1e-7)]),
+                       ("1.16.0", [
+            _rl_cell("llama", "sdpa", "rl_trl_grpo", "pass", 3.1e-7),
+            _rl_cell("llama", "sdpa", "rl_trl_async", "skipped",
+                     message="trl 1.16.0's AsyncGRPO collator packs trees (TreeRow): rl_trl_tree measures it"),
+            _rl_cell("llama", None, "rl_trl_tree", "pass", 3.4e-7),
+            _rl_cell("qwen2", "sdpa", "rl_trl_grpo", "pass", 4.8e-7)])):
+        _write(build / "rl", trl, cells)
+
+
+def test_the_rl_part_runs_its_own_modes_into_its_own_folder(tmp_path):
+    flags = T.trl_flags(str(tmp_path), "rl")
+    assert f"--packcheck-checks={','.join(T.TRL_RL_MODES)}" in flags
+    assert "--packcheck-models=arch:llama,arch:qwen2" in flags
+    assert T.trl_reproduce("1.7.1", part="rl") == "packcheck atlas --trl --rl --releases 1.7.1"
+    seen = {}
+
+    def runner(cmd, **kw):  # the release's plugin run, planted: records where it ran, writes nothing
+        seen["flags"] = [a for a in cmd if a.startswith("--packcheck-")]
+        return subprocess.CompletedProcess(cmd, 1, "", "")
+
+    env = type("Env", (), {"path": tmp_path / "env", "python": sys.executable, "created": False, "seconds": 0.1,
+                           "versions": {"trl": "1.7.1", "transformers": "5.25.0"}})()
+    record = T.run_trl_release("1.7.1", tmp_path / "build", log=lambda _l: None, runner=runner, ensure=lambda _c: env, part="rl")
+    assert "error" in record and (tmp_path / "build" / "rl" / "1.7.1" / "atlas-error.json").exists()
+    assert not (tmp_path / "build" / "1.7.1").exists()  # the SFT part's folder is untouched
+    assert f"--packcheck-checks={','.join(T.TRL_RL_MODES)}" in seen["flags"]
+
+
+def test_the_rl_part_is_reduced_collected_and_its_transitions_named(tmp_path):
+    build = tmp_path / "build"
+    _planted(build)
+    _planted_rl(build)
+    block = T.collect_trl(build, PLANNED + ["1.7.1"])
+    assert [r["trl"] for r in block["rl_releases"]] == ["1.7.1", "1.16.0"]
+    assert [r["trl"] for r in block["releases"]] == ["0.19.1", "0.24.0", "1.16.0"]  # the SFT part's own
+    assert block["rl_missing"] == ["0.19.1", "0.22.2", "0.24.0"]
+    llama = block["cells"]["llama"]
+    assert llama["rl_trl_tree"][T.MODEL_LEVEL_BACKEND]["1.16.0"] == {"verdict": "pass", "causes": [], "number": 3.4e-7}
+    assert llama["rl_trl_async"]["sdpa"]["1.16.0"]["verdict"] == "skipped"
+    assert "1.7.1" not in llama["sft"]["sdpa"]  # an SFT cell inside an RL run is not the RL part's
+    moved = {(t["model_type"], t["mode"], t["backend"]): t for t in block["transitions"] if t["mode"].startswith("rl_")}
+    t = moved[("qwen2", "rl_trl_grpo", "sdpa")]
+    assert (t["last_before"], t["first_after"]) == ("1.7.1", "1.16.0")
+    assert t["before"] == {"verdict": "fail", "causes": ["leak"], "number": 0.31} and t["after"]["verdict"] == "pass"
+    assert ("llama", "rl_trl_tree", T.MODEL_LEVEL_BACKEND) in moved and ("llama", "rl_trl_grpo", "sdpa") not in moved
+    # seeded from the committed block: a fresh build keeps both parts' releases
+    again = T.collect_trl(tmp_path / "empty", PLANNED + ["1.7.1"], block)
+    assert [r["trl"] for r in again["rl_releases"]] == ["1.7.1", "1.16.0"] and again["cells"] == block["cells"]
+    # the RL part's next release bisects its own gap (qwen2's GRPO changed between 1.7.1 and 1.16.0)
+    planned = ["1.7.1", "1.8.0", "1.9.2", "1.10.0", "1.16.0"]
+    assert T.next_release(planned, block, part="rl") == "1.9.2"
+
+
+def test_the_rl_part_is_rendered_and_answered(tmp_path):
+    build = tmp_path / "build"
+    _planted(build)
+    _planted_rl(build)
+    block = T.collect_trl(build, PLANNED + ["1.7.1"])
+    text = "\n".join(render_trl_markdown(block))
+    assert "### TRL's RL trainers per TRL release" in text
+    assert "- **qwen2** / GRPO log-probs: sdpa: ❌ leak up to 1.7.1 (Δlogp ≤ 3.1e-01), ✅ from 1.16.0 (Δlogp ≤ 4.8e-07)" in text
+    assert "AsyncGRPO tree: tree_attention: ⏭️ up to 1.7.1, ✅ from 1.16.0 (Δlogp ≤ 3.4e-07)" in text
+    assert "- AsyncGRPO padding-free, 1.16.0: trl X's AsyncGRPO collator packs trees (TreeRow)" in text
+    assert "| qwen2 | GRPO log-probs | sdpa | 1.7.1 | 1.16.0 | ❌ leak (Δlogp 3.1e-01) | ✅ (Δlogp 4.8e-07) |" in text
+    from pytest_packcheck.atlas.trl_render import trl_answer, trl_answer_lines
+
+    answer = trl_answer({"trl": block}, "llama", "sdpa", "1.16.0", "5.25.0")
+    assert answer["measured"] and answer["modes"]["rl_trl_tree"]["verdict"] == "pass"
+    assert answer["modes"]["rl_trl_grpo"]["number"] == 3.1e-7 and answer["modes"]["sft"]["verdict"] == "pass"
+    lines = "\n".join(trl_answer_lines(answer, "llama", "sdpa"))
+    assert "llama / sdpa @ trl 1.16.0 / AsyncGRPO padding-free: skipped: trl 1.16.0's AsyncGRPO collator packs trees" in lines
+    assert "reproduce (the trl 1.16.0 RL answers): packcheck atlas --trl --rl --releases 1.16.0" in lines
+    only_rl = trl_answer({"trl": block}, "llama", "sdpa", "1.7.1", "5.25.0")  # measured on the RL part only
+    assert only_rl["measured"] and only_rl["modes"]["rl_trl_async"]["verdict"] == "pass" and "sft" in only_rl["nearest"]

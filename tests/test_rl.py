@@ -185,3 +185,138 @@ def test_dpo_asked_to_pack_runs_padded_on_trl_1_16_and_the_finding_names_the_lin
 
     monkeypatch.setattr(trl, "DPOTrainer", Keeps)
     assert rl.check_rl_trainer_config(llama).status == "pass"
+
+
+class _ChainCollator:
+    """trl 1.7.1's ``DataCollatorForRollout`` (async_grpo_trainer.py:184-264), the fields the forward reads: every
+    sample of the micro-batch concatenated into one row, ``position_ids`` restarting per sample. ``reset=False``
+    plants the fault: positions run on across samples (one long sequence, the samples see each other)."""
+
+    reset = True
+
+    def __init__(self, pad_token_id: int):
+        self.pad_token_id = pad_token_id
+
+    def __call__(self, examples):
+        import torch
+
+        ids = [t for e in examples for t in e["input_ids"]]
+        pos = (torch.cat([torch.arange(len(e["input_ids"])) for e in examples]) if self.reset
+               else torch.arange(len(ids)))
+        return {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long),
+                "completion_mask": torch.tensor([[m for e in examples for m in e["completion_mask"]]]),
+                "position_ids": pos[None]}
+
+    torch_call = __call__
+
+
+def test_trl_async_padding_free_row_passes_and_catches_positions_that_do_not_restart(llama, monkeypatch):
+    """AsyncGRPO 1.7 to 1.15 packs the samples into one row; on trl 1.16 (installed) the collator packs trees and the
+    check skips naming the release. The 1.7-style chain collator stands in for 1.16's tree collator here (the real
+    1.7.1 .. 1.15.0 collators are measured on the atlas's TRL axis); the LM head is 1.16's fused head, TRL's code."""
+    from trl.experimental.async_grpo import async_grpo_trainer as ag
+
+    result = rl.check_rl_trl_async(llama)
+    assert result.status == "skipped" and "packs trees (TreeRow)" in result.message and "trl 1.16.0" in result.message
+    monkeypatch.delattr(ag, "TreeRow")
+    monkeypatch.setattr(ag, "DataCollatorForRollout", _ChainCollator)
+    result = rl.check_rl_trl_async(llama)
+    assert result.status == "pass", result.message
+    assert result.metrics["max_abs_logprob_diff"] < 1e-5 and result.metrics["lm_head"] == "add_fused_lm_head"
+    monkeypatch.setattr(_ChainCollator, "reset", False)
+    result = rl.check_rl_trl_async(llama)
+    # one long sequence: the samples see each other and count positions on (packcheck's probes name the positions)
+    assert result.status == "fail" and result.cause in ("leak", "wrong_positions"), result.message
+    assert result.metrics["max_abs_logprob_diff"] > 1e-2
+
+
+def test_trl_async_catches_a_temperature_on_one_path(llama, monkeypatch):
+    from trl.experimental.async_grpo import async_grpo_trainer as ag
+    from trl.trainer import utils
+
+    monkeypatch.delattr(ag, "TreeRow")
+    monkeypatch.setattr(ag, "DataCollatorForRollout", _ChainCollator)
+    original = utils.add_fused_lm_head
+    monkeypatch.setattr(utils, "add_fused_lm_head", lambda model, temperature=1.0, **kw: original(model, temperature=1.0, **kw))
+    result = rl.check_rl_trl_async(llama)
+    assert result.status == "fail" and result.metrics["max_abs_logprob_diff"] > 1e-2, result.message
+
+
+def test_a_padded_async_collator_is_a_skip_naming_the_release(llama, monkeypatch):
+    """trl 1.0 .. 1.6's AsyncGRPO collator pads one row per sample (no position_ids): not padding-free, said so."""
+    from trl.experimental.async_grpo import async_grpo_trainer as ag
+
+    class Padded(_ChainCollator):
+        def __call__(self, examples):
+            out = super().__call__(examples)
+            del out["position_ids"]
+            return out
+
+    monkeypatch.delattr(ag, "TreeRow")
+    monkeypatch.setattr(ag, "DataCollatorForRollout", Padded)
+    result = rl.check_rl_trl_async(llama)
+    assert result.status == "skipped" and "not padding-free" in result.message and "trl 1.16.0" in result.message
+
+
+def test_aiohttp_is_stubbed_for_the_async_import_only(monkeypatch):
+    """trl 1.7 .. 1.15 import aiohttp at async_rollout_worker's top (trl's vllm extra): the stub stands in for that
+    import only, is named, and is gone from sys.modules afterwards."""
+    import importlib
+    import sys
+
+    real = importlib.import_module
+    calls = []
+
+    def import_module(name, *a):
+        calls.append(name)
+        if len(calls) == 1:  # planted: the first import fails as trl 1.7.1's does without aiohttp
+            raise ModuleNotFoundError("No module named 'aiohttp'", name="aiohttp")
+        assert isinstance(sys.modules.get("aiohttp"), type(sys)) and sys.modules["aiohttp"].ClientError
+        return real(name, *a)
+
+    monkeypatch.setattr(importlib, "import_module", import_module)
+    had = "aiohttp" in sys.modules
+    module, stand_in = rl.import_async_grpo()
+    assert stand_in == rl.AIOHTTP_STAND_IN and "aiohttp stubbed" in stand_in and module.__name__.endswith("async_grpo_trainer")
+    assert ("aiohttp" in sys.modules) == had
+
+
+def test_a_fused_head_without_its_kernel_is_a_skip_naming_triton(llama, monkeypatch):
+    """trl 1.15.0's fused LM head needs trl/kernels, which imports triton (absent from a CPU torch): GRPO, DPO, KTO and
+    AsyncGRPO skip naming the package and the import, never crash and never pass."""
+    import sys
+
+    from trl.trainer import utils
+
+    from pytest_packcheck.checks import rl_trainers
+
+    monkeypatch.setattr(utils, "_ChunkedLogProbFunction", None)
+    monkeypatch.setitem(sys.modules, "trl.kernels", None)  # planted: `import trl.kernels` raises ImportError
+    for check in (rl.check_rl_trl_grpo, rl_trainers.check_rl_trl_dpo, rl_trainers.check_rl_trl_kto):
+        result = check(llama)
+        assert result.status == "skipped" and "fused LM head" in result.message, (check.__name__, result.message)
+        assert "from ..kernels import ChunkedLogProbFunction" in result.message and "trl 1.16.0" in result.message
+
+
+def test_a_dpo_trainer_without_compute_loss_is_a_skip_naming_the_release(llama, monkeypatch):
+    """trl 0.19 .. 0.28's DPOTrainer reduces in concatenated_forward on another collator: skipped, named."""
+    from trl import DPOTrainer
+
+    from pytest_packcheck.checks import rl_trainers
+
+    monkeypatch.delattr(DPOTrainer, "_compute_loss")
+    result = rl_trainers.check_rl_trl_dpo(llama)
+    assert result.status == "skipped" and "trl 1.16.0's DPOTrainer has no _compute_loss" in result.message
+
+
+def test_grpo_reads_the_releases_log_prob_path(llama, monkeypatch):
+    """The path per release: 1.16's fused head; a release without add_fused_lm_head runs
+    _get_per_token_logps_and_entropies on the logits (trl 1.0 .. 1.7), trl 0.19 _get_per_token_logps."""
+    from trl.trainer import utils
+    from trl.trainer.grpo_trainer import GRPOTrainer
+
+    assert rl.grpo_logprob_path(GRPOTrainer) == "fused_lm_head"
+    monkeypatch.delattr(utils, "add_fused_lm_head")
+    assert rl.grpo_logprob_path(GRPOTrainer) == "logits"
+    assert rl.grpo_logprob_path(type("Old", (), {"_get_per_token_logps": None})) == "logps_only"
+    assert rl.grpo_logprob_path(type("None_", (), {})) is None

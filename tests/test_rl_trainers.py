@@ -155,6 +155,74 @@ def test_a_trainer_that_does_not_import_is_a_skip_naming_the_package(llama, monk
                          (T.check_rl_verl_rmpad, "'verl'")):
         result = check(llama)
         assert result.status == "skipped" and needs in result.message, result.message
-    monkeypatch.setattr(T, "PACKED_PATHS", {**T.PACKED_PATHS, "openrlhf": ("json", "json.decoder", "a path")})
-    result = T.check_rl_openrlhf_packed(llama)
+    monkeypatch.setattr(T, "PACKED_PATHS", {**T.PACKED_PATHS, "ms-swift": ("json", "json.decoder", "a path")})
+    result = T.check_rl_swift_padding_free(llama)
     assert result.status == "skipped" and "does not drive it" in result.message
+
+
+def _openrlhf():
+    pytest.importorskip("einops", reason="flash_attn.bert_padding's stand-in imports einops")
+    try:
+        return T.import_openrlhf_actor()
+    except ImportError as exc:
+        pytest.skip(f"openrlhf's Actor does not import here: {exc}")
+
+
+def test_openrlhf_packed_samples_pass_with_named_stand_ins_and_catch_the_cache_left_on(llama, monkeypatch):
+    """OpenRLHF's own Actor.forward(packing_samples=True) on its rollout layout: right with Actor.__init__'s
+    use_cache=False; planted, the cache left on (a model handed to forward without Actor.__init__): transformers then
+    does not read the packed row from position_ids and the samples attend each other."""
+    _, stand_ins = _openrlhf()
+    result = T.check_rl_openrlhf_packed(llama)
+    assert result.status == "pass", result.message
+    assert result.metrics["max_abs_logprob_diff"] < 1e-5 and result.metrics["openrlhf"] == "0.11.2"
+    if stand_ins:  # flash_attn not installed: the cell names what stood in for it
+        assert "from flash_attn 2.8.3's source" in result.message and "deepspeed stubbed" in result.message
+        assert result.metrics["stand_ins"] == stand_ins
+    monkeypatch.setattr(T, "OPENRLHF_USE_CACHE", True)
+    result = T.check_rl_openrlhf_packed(llama)
+    assert result.status == "fail" and result.metrics["max_abs_logprob_diff"] > 1e-2, result.message
+
+
+def test_openrlhf_positions_counted_over_the_row_are_caught(llama, monkeypatch):
+    """Planted in OpenRLHF's own unpad_and_slice_tensor: position_ids counted on over the packed row (not restarting
+    per sample), so transformers sees one sequence."""
+    import torch
+
+    actor, _ = _openrlhf()
+    original = actor.unpad_and_slice_tensor
+
+    def over_the_row(sequences, attention_mask, group):
+        seqs, _pos, rolled, pad, indices = original(sequences, attention_mask, group)
+        return seqs, torch.arange(seqs.shape[1], device=seqs.device)[None], rolled, pad, indices
+
+    monkeypatch.setattr(actor, "unpad_and_slice_tensor", over_the_row)
+    result = T.check_rl_openrlhf_packed(llama)
+    assert result.status == "fail" and result.metrics["max_abs_logprob_diff"] > 1e-2, result.message
+
+
+def test_the_flash_attn_stand_in_is_flash_attns_own_source_and_leaves_nothing_behind(monkeypatch):
+    import sys
+
+    from pytest_packcheck.checks import stand_ins
+
+    pytest.importorskip("einops")
+    if stand_ins.importlib.util.find_spec("flash_attn") is not None:
+        pytest.skip("flash_attn is installed: nothing stands in")
+    with stand_ins.flash_attn_stand_in() as named:
+        from flash_attn.bert_padding import pad_input, unpad_input
+
+        assert "flash_attn 2.8.3's source" in named and callable(pad_input) and callable(unpad_input)
+    assert "flash_attn" not in sys.modules and "flash_attn.bert_padding" not in sys.modules
+    # a file that is not flash-attn's is refused, naming the tag to restore it from
+    monkeypatch.setitem(stand_ins.FLASH_ATTN_FILES, "flash_attn.bert_padding",
+                        (stand_ins.FLASH_ATTN_FILES["flash_attn.bert_padding"][0], "0" * 64))
+    with pytest.raises(ValueError, match="v2.8.3"), stand_ins.flash_attn_stand_in():
+        pass
+    with stand_ins.stub_module("packcheck_no_such_package", "a test") as named:
+        import packcheck_no_such_package as stub
+
+        assert named == "packcheck_no_such_package stubbed: a test"
+        with pytest.raises(ModuleNotFoundError, match="packcheck_no_such_package"):
+            stub.anything  # noqa: B018
+    assert "packcheck_no_such_package" not in sys.modules

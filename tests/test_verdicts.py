@@ -31,8 +31,7 @@ def test_every_check_is_described_once_and_loads():
                                                                  "rl_padded", *VARIANT_CHECKS}
     assert set(VARIANT_CHECKS) == {"offset_positions", "cu_seq_lens", "segment_masks"}
     assert {s.name for s in REGISTRY if s.role == "finding"} == {"collate", "collate_trl", "packing_content", "rl_trl_tree",
-                                                                  "rl_trainer_config", "rl_openrlhf_packed",
-                                                                  "rl_swift_padding_free", "encoder_seq_cls", "mm_layouts",
+                                                                  "rl_trainer_config", "rl_swift_padding_free", "encoder_seq_cls", "mm_layouts",
                                                                   "mm_processor"}
 
 
@@ -51,7 +50,7 @@ def test_suites_requirements_and_the_gate_set_are_read_from_the_rows(monkeypatch
     assert not {s.name for s in REGISTRY if s.opt_in} & set(DEFAULT_CHECKS)
     assert {s.name for s in REGISTRY if "trl" in s.requires} == {
         "sft", "sft_padded", "sft_padding_free", "sft_strategies", "packing_content", "rl_trl_grpo", "rl_trl_tree",
-        "rl_trainer_config", "rl_trl_dpo", "rl_trl_kto", "stack_trainers"}
+        "rl_trainer_config", "rl_trl_dpo", "rl_trl_kto", "rl_trl_async", "stack_trainers"}
     assert not SPECS["trainer"].requires and SPECS["trainer"].training and not SPECS["offset_positions"].training
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "trl" else real(name, *a))

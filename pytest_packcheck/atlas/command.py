@@ -94,8 +94,8 @@ def main(args: AtlasArgs, log: Callable[[str], None] = print) -> int:
 
 def main_trl(planned: list[str], build: Path, out: Path, render_only: bool = False, no_render: bool = False,
              remeasure: bool = False, log: Callable[[str], None] = print, runner: Callable[..., Any] | None = None,
-             ensure: Callable[..., Any] | None = None) -> int:
-    """``packcheck atlas --trl``: measure the TRL releases of ``planned`` not measured yet (the committed
+             ensure: Callable[..., Any] | None = None, part: str = "sft") -> int:
+    """``packcheck atlas --trl`` (``--rl``: ``part="rl"``, the RL trainers): measure the TRL releases of ``planned`` not measured yet (the committed
     ``<out>/trl.json`` and the done folders under ``build`` count, unless ``remeasure``), then (unless
     ``no_render``) write ``<out>/trl.json`` and re-render ``support.json`` (its ``trl`` block), ``atlas.md`` (its
     TRL section) and ``atlas.html`` from the committed ``support.json`` (the transformers axis is not measured
@@ -106,16 +106,17 @@ def main_trl(planned: list[str], build: Path, out: Path, render_only: bool = Fal
             axis first: ``packcheck atlas``), when rendering.
     """
     from ..results import atomic_write
-    from .trl import TRL_FILE, collect_trl, generate_trl, load_trl
+    from .trl import PARTS, TRL_FILE, collect_trl, generate_trl, load_trl
 
     committed = load_trl(out, log)
     failed = []
     if not render_only:
-        kept = [] if remeasure else [r["trl"] for r in (committed or {}).get("releases", []) if r["trl"] in planned]
+        kept = [] if remeasure else [r["trl"] for r in (committed or {}).get(PARTS[part][1], []) if r["trl"] in planned]
         if kept:
             log(f"atlas trl: {', '.join(kept)} already in {Path(out) / TRL_FILE}: kept, not measured again "
                 "(--remeasure measures them)")
-        failed = [r for r in generate_trl(planned, None if remeasure else committed, build, log, runner, ensure) if "error" in r]
+        failed = [r for r in generate_trl(planned, None if remeasure else committed, build, log, runner, ensure, part)
+                  if "error" in r]
     if no_render:
         return 1 if failed else 0
     block = collect_trl(build, planned, None if remeasure else committed)

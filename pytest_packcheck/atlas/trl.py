@@ -47,6 +47,27 @@ TRL_BACKENDS: tuple[str, ...] = ("sdpa", REFERENCE_BACKEND)
 #: The trainer paths of the axis: check name (``checks/registry.py``) -> what SFTTrainer is asked for.
 TRL_MODES: dict[str, str] = {"sft": "packing=True (TRL's default packing_strategy)",
                              "sft_padding_free": "padding_free=True, packing=False"}
+#: The RL trainers on the axis (issue 44): check name (``checks/registry.py``, the ``rl`` suite) -> the TRL code it runs.
+#: Measured per TRL minor in a run of its own (``<build>/rl/<version>``); on a release where the trainer or the path
+#: does not exist, or cannot run on CPU, the check skips naming that release and what it lacks (never a silent pass).
+TRL_RL_MODES: dict[str, str] = {
+    "rl_trl_grpo": "GRPOTrainer's per-token log-probs and entropies (its log-prob method on the left-padded batch)",
+    "rl_trl_dpo": "DPOTrainer._compute_loss on DataCollatorForPreference's batch (sequence sums, margin, loss at ln 2)",
+    "rl_trl_kto": "KTOTrainer._compute_loss on DataCollatorForUnpairedPreference's batch (apo_zero_unpaired)",
+    "rl_trl_async": "AsyncGRPO's padding-free row (DataCollatorForRollout, compute_loss's forward; 1.7 to 1.15)",
+    "rl_trl_tree": "AsyncGRPO's tree (shared-prefix) row (TreeRow, tree_attention on an exact CPU kernel; 1.16 on)",
+}
+#: The families and backends of the RL part (small: the per-minor run stays a few minutes).
+TRL_RL_FAMILIES: tuple[str, ...] = ("llama", "qwen2")
+TRL_RL_BACKENDS: tuple[str, ...] = TRL_BACKENDS
+#: A model-level check's cells carry no backend: the key it is filed under (rl_trl_tree runs TRL's own attention).
+MODEL_LEVEL_BACKEND = "tree_attention"
+#: The axis's two parts, each measured in its own run per release: (folder under the build, releases key of the
+#: block, families, backends, modes).
+PARTS: dict[str, tuple[str, str, tuple[str, ...], tuple[str, ...], dict[str, str]]] = {
+    "sft": ("", "releases", TRL_FAMILIES, TRL_BACKENDS, TRL_MODES),
+    "rl": ("rl", "rl_releases", TRL_RL_FAMILIES, TRL_RL_BACKENDS, TRL_RL_MODES),
+}
 #: ``trl.json`` / ``support.json["trl"]`` schema version (reports/atlas/SCHEMA.md); bump on an incompatible change.
 TRL_SCHEMA_VERSION = 1
 #: The committed TRL axis, beside support.json.
@@ -65,23 +86,25 @@ def trl_index_releases(since: str = TRL_SINCE, until: str | None = None) -> list
     return index_latest_patches("trl", "packcheck atlas --trl", "0.19.1,1.16.0", since, until)
 
 
-def trl_flags(report_dir: str) -> list[str]:
-    """The ``--packcheck-*`` flags of one TRL release's run: the families, backends and modes of the axis,
-    resumable from the release folder's journal."""
+def trl_flags(report_dir: str, part: str = "sft") -> list[str]:
+    """The ``--packcheck-*`` flags of one TRL release's run of ``part`` (:data:`PARTS`): its families, backends and
+    modes, resumable from the release folder's journal."""
     from ..config.options import OPT_BACKENDS, OPT_CHECKS, OPT_MODELS, OPT_REPORT_DIR, OPT_RESUME
 
-    return [f"{OPT_MODELS}={','.join('arch:' + f for f in TRL_FAMILIES)}", f"{OPT_BACKENDS}={','.join(TRL_BACKENDS)}",
-            f"{OPT_CHECKS}={','.join(TRL_MODES)}", f"{OPT_REPORT_DIR}={report_dir}", OPT_RESUME]
+    _, _, families, backends, modes = PARTS[part]
+    return [f"{OPT_MODELS}={','.join('arch:' + f for f in families)}", f"{OPT_BACKENDS}={','.join(backends)}",
+            f"{OPT_CHECKS}={','.join(modes)}", f"{OPT_REPORT_DIR}={report_dir}", OPT_RESUME]
 
 
-def trl_reproduce(trl_version: str, model_type: str | None = None, backend: str | None = None) -> str:
-    """The command that measures one TRL release (or one family / backend of it) again."""
+def trl_reproduce(trl_version: str, model_type: str | None = None, backend: str | None = None, part: str = "sft") -> str:
+    """The command that measures one TRL release's ``part`` (or one family / backend of it) again."""
     from ..config.options import OPT_BACKENDS, OPT_CHECKS
 
+    _, _, _, backends, modes = PARTS[part]
     if model_type is None:
-        return f"packcheck atlas --trl --releases {trl_version}"
+        return f"packcheck atlas --trl{' --rl' if part == 'rl' else ''} --releases {trl_version}"
     return shlex.join(["packcheck", "audit", "--models", f"arch:{model_type}", "--versions", f"trl=={trl_version}",
-                       f"{OPT_BACKENDS}={backend or ','.join(TRL_BACKENDS)}", f"{OPT_CHECKS}={','.join(TRL_MODES)}"])
+                       f"{OPT_BACKENDS}={backend or ','.join(backends)}", f"{OPT_CHECKS}={','.join(modes)}"])
 
 
 def _child_cpu() -> float:
@@ -92,16 +115,18 @@ def _child_cpu() -> float:
 
 
 def run_trl_release(version: str, build: Path, log: Callable[[str], None] = print,
-                    runner: Callable[..., Any] | None = None, ensure: Callable[..., Any] | None = None) -> dict[str, Any]:
+                    runner: Callable[..., Any] | None = None, ensure: Callable[..., Any] | None = None,
+                    part: str = "sft") -> dict[str, Any]:
     """Measure one TRL release into ``<build>/<version>``: make (or find) ``trl==version``'s environment and run the
     plugin there with :func:`trl_flags`. Resumes a killed run (its journal); returns the done record (also written
     as ``atlas-done.json``: ``trl``, ``versions`` (what the environment resolved: transformers, accelerate,
     datasets, ...), ``cells``, ``wall_s``, ``child_cpu_s``), or a record with ``error`` (uv's reason, or the run's
     last lines; written as ``atlas-error.json``) when no results were written. ``runner`` / ``ensure``: replace
-    ``subprocess.run`` / :func:`pytest_packcheck.versions.envs.ensure_env` (tests)."""
+    ``subprocess.run`` / :func:`pytest_packcheck.versions.envs.ensure_env` (tests). ``part``: :data:`PARTS` (``"rl"``:
+    the RL trainers, into ``<build>/rl/<version>``)."""
     from ..versions.envs import EnvError, VersionCombo, ensure_env
 
-    folder = (Path(build) / version).resolve()
+    folder = (Path(build) / PARTS[part][0] / version).resolve()
     if is_done(folder):
         return done_record(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -117,7 +142,8 @@ def run_trl_release(version: str, build: Path, log: Callable[[str], None] = prin
         return record
     log(f"atlas trl {version}: running in {env.path.name} ({'made' if env.created else 'cached'} {env.seconds:.1f} s, "
         f"transformers {env.versions.get('transformers')}); log {folder / 'atlas-run.log'}")
-    proc = run_plugin_in_env(env.python, combo.label, folder, trl_flags(str(folder)), trl_reproduce(version), runner)
+    proc = run_plugin_in_env(env.python, combo.label, folder, trl_flags(str(folder), part), trl_reproduce(version, part=part),
+                             runner)
     wall = round(time.perf_counter() - t0, 1)
     result = folder / "packcheck-matrix.json"
     failure = run_failure(folder, proc.returncode)
@@ -137,16 +163,17 @@ def run_trl_release(version: str, build: Path, log: Callable[[str], None] = prin
     return record
 
 
-def next_release(planned: list[str], block: dict[str, Any], skip: set[str] | frozenset[str] = frozenset()) -> str | None:
+def next_release(planned: list[str], block: dict[str, Any], skip: set[str] | frozenset[str] = frozenset(),
+                 part: str = "sft") -> str | None:
     """The TRL release to measure next, given the ``trl`` block measured so far (:func:`collect_trl`): the newest
     and the oldest of ``planned`` first; then the middle of the widest run of unmeasured releases between two
     measured ones whose entries differ (a transition lies there: each release halves it, so it is found within a
     release after log2(gap) runs); then, with no such gap left, :func:`pytest_packcheck.atlas.plan.gap_order`
-    (the widest unmeasured run). ``skip``: releases not to pick (tried and failed in this run). None when every
-    release is measured or skipped."""
+    (the widest unmeasured run). ``skip``: releases not to pick (tried and failed in this run). ``part``: whose
+    releases and modes count (:data:`PARTS`). None when every release is measured or skipped."""
     from .plan import gap_order
 
-    measured = {r["trl"] for r in block["releases"]}
+    measured = {r["trl"] for r in block.get(PARTS[part][1], [])}
     left = [v for v in planned if v not in measured and v not in skip]
     if not left:
         return None
@@ -157,7 +184,7 @@ def next_release(planned: list[str], block: dict[str, Any], skip: set[str] | fro
     gaps = []
     for a, b in itertools.pairwise(done):
         between = [v for v in planned[planned.index(a) + 1:planned.index(b)] if v in left]
-        if between and _rows_differ(block, a, b):
+        if between and _rows_differ(block, a, b, PARTS[part][4]):
             gaps.append(between)
     if gaps:
         widest = max(gaps, key=len)
@@ -165,10 +192,13 @@ def next_release(planned: list[str], block: dict[str, Any], skip: set[str] | fro
     return next(v for v in gap_order(planned, sorted(measured | set(skip), key=version_key)) if v in left)
 
 
-def _rows_differ(block: dict[str, Any], a: str, b: str) -> bool:
-    """Some (family, mode, backend) measured on both releases has another verdict or causes on each."""
+def _rows_differ(block: dict[str, Any], a: str, b: str, modes: dict[str, str] | None = None) -> bool:
+    """Some (family, mode, backend) measured on both releases has another verdict or causes on each (``modes``: only
+    those modes)."""
     for by_mode in block["cells"].values():
-        for by_backend in by_mode.values():
+        for mode, by_backend in by_mode.items():
+            if modes is not None and mode not in modes:
+                continue
             for row in by_backend.values():
                 if a in row and b in row and _signature(row[a]) != _signature(row[b]):
                     return True
@@ -176,16 +206,18 @@ def _rows_differ(block: dict[str, Any], a: str, b: str) -> bool:
 
 
 def generate_trl(planned: list[str], committed: dict[str, Any] | None, build: Path, log: Callable[[str], None] = print,
-                 runner: Callable[..., Any] | None = None, ensure: Callable[..., Any] | None = None) -> list[dict[str, Any]]:
+                 runner: Callable[..., Any] | None = None, ensure: Callable[..., Any] | None = None,
+                 part: str = "sft") -> list[dict[str, Any]]:
     """Run every release of ``planned`` measured neither in ``committed`` (the committed block, None with
     ``--remeasure``) nor under ``build``, one at a time in :func:`next_release`'s order (a partial axis brackets
-    every transition it has seen tightly); a release that fails is recorded and the next one runs."""
+    every transition it has seen tightly); a release that fails is recorded and the next one runs. ``part``:
+    :data:`PARTS`."""
     records, failed = [], set()
     while True:
-        version = next_release(planned, collect_trl(build, planned, committed), failed)
+        version = next_release(planned, collect_trl(build, planned, committed), failed, part)
         if version is None:
             return records
-        record = run_trl_release(version, build, log, runner, ensure)
+        record = run_trl_release(version, build, log, runner, ensure, part)
         records.append(record)
         if "error" in record:
             failed.add(version)
@@ -195,18 +227,23 @@ def generate_trl(planned: list[str], committed: dict[str, Any] | None, build: Pa
 # Reduction to the ``trl`` block
 
 
-def reduce_trl_release(doc: dict[str, Any]) -> dict[str, dict[str, dict[str, dict[str, Any]]]]:
+def reduce_trl_release(doc: dict[str, Any], part: str = "sft") -> dict[str, dict[str, dict[str, dict[str, Any]]]]:
     """One TRL release's results document -> ``{model_type: {mode: {backend: entry}}}`` (entry: SCHEMA.md, "TRL
     block"): the cell's own status as ``verdict``, its cause codes, the key number (``loss_delta``: the trainer's
     first-batch loss against the per-example reference; absent on a skipped cell, whose number is the stand-in's), the
     message (:func:`~.releases.entry_message`: at most 160 characters, cut at a word with "…"; absent on a pass)
-    and the effective configuration TRL ran (:data:`EFFECTIVE_KEYS`). Cells of other checks, backends or dtypes
-    are left out."""
+    and the effective configuration TRL ran (:data:`EFFECTIVE_KEYS`). Cells of other checks (than ``part``'s
+    modes), backends or dtypes are left out; a model-level check's cell (no backend) is filed under
+    :data:`MODEL_LEVEL_BACKEND`."""
     from ..report.numbers import key_metric
 
+    _, _, _, backends, modes = PARTS[part]
     out: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}
     for cell in doc.get("cells", []):
-        if cell.get("check") not in TRL_MODES or cell.get("backend") not in TRL_BACKENDS or cell.get("dtype") != "float32":
+        if cell.get("check") in modes and cell.get("backend") is None:
+            cell = {**cell, "backend": MODEL_LEVEL_BACKEND}
+        if (cell.get("check") not in modes or cell.get("backend") not in (*backends, MODEL_LEVEL_BACKEND)
+                or cell.get("dtype") != "float32"):
             continue
         model = cell.get("model") or {}
         name = model.get("model_type") or model.get("label")
@@ -267,41 +304,53 @@ def load_trl(out: Path, log: Callable[[str], None] = print) -> dict[str, Any] | 
 
 
 def collect_trl(build: Path, planned: list[str] | None = None, committed: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The ``trl`` block (SCHEMA.md, "TRL block") from every finished TRL release under ``build``, seeded from
-    ``committed`` (:func:`load_trl`): a release it holds counts as measured unless ``build`` holds a run of it,
-    which replaces it. ``planned``: the releases the axis should hold (those measured in neither are ``missing``)."""
+    """The ``trl`` block (SCHEMA.md, "TRL block") from every finished TRL release under ``build`` (the SFT part in
+    ``<build>/<version>``, the RL part in ``<build>/rl/<version>``: :data:`PARTS`), seeded from ``committed``
+    (:func:`load_trl`): a release it holds for a part counts as measured for that part unless ``build`` holds a run
+    of it, which replaces it. ``planned``: the releases the axis should hold (those measured in neither are
+    ``missing``; ``rl_missing`` for the RL part)."""
     from .. import __version__
 
-    releases, cells = [], {}
-    docs = _release_docs(build)
-    built = {v for v, _, _ in docs}
-    for r in (committed or {}).get("releases", []):
-        if r["trl"] in built:
-            continue
-        releases.append(dict(r))
-        for name, by_mode in (committed or {}).get("cells", {}).items():
-            for mode, by_backend in by_mode.items():
-                for backend, row in by_backend.items():
-                    if r["trl"] in row:
-                        cells.setdefault(name, {}).setdefault(mode, {}).setdefault(backend, {})[r["trl"]] = row[r["trl"]]
-    for version, doc, record in docs:
-        env_versions = record.get("versions") or {}
-        env = next((c.get("env", {}).get("environment") for c in doc.get("cells", []) if c.get("env")), None) or {}
-        releases.append({"trl": version, "transformers": env_versions.get("transformers") or env.get("transformers"),
-                         "torch": env.get("torch") or (doc.get("environment") or {}).get("torch"),
-                         "versions": env_versions, "cells": record.get("cells"), "wall_s": record.get("wall_s"),
-                         "cpu_s": record.get("child_cpu_s"), "packcheck_version": doc.get("packcheck_version"),
-                         "command": trl_reproduce(version)})
-        for name, by_mode in reduce_trl_release(doc).items():
-            for mode, by_backend in by_mode.items():
-                for backend, entry in by_backend.items():
-                    cells.setdefault(name, {}).setdefault(mode, {}).setdefault(backend, {})[version] = entry
-    releases.sort(key=lambda r: version_key(r["trl"]))
-    measured = [r["trl"] for r in releases]
+    cells: dict[str, Any] = {}
+    found: dict[str, list[dict[str, Any]]] = {}
+    for part, (sub, key, _, _, modes) in PARTS.items():
+        releases = []
+        docs = _release_docs(Path(build) / sub if sub else Path(build))
+        built = {v for v, _, _ in docs}
+        for r in (committed or {}).get(key, []):
+            if r["trl"] in built:
+                continue
+            releases.append(dict(r))
+            for name, by_mode in (committed or {}).get("cells", {}).items():
+                for mode, by_backend in by_mode.items():
+                    if mode not in modes:
+                        continue
+                    for backend, row in by_backend.items():
+                        if r["trl"] in row:
+                            cells.setdefault(name, {}).setdefault(mode, {}).setdefault(backend, {})[r["trl"]] = row[r["trl"]]
+        for version, doc, record in docs:
+            env_versions = record.get("versions") or {}
+            env = next((c.get("env", {}).get("environment") for c in doc.get("cells", []) if c.get("env")), None) or {}
+            releases.append({"trl": version, "transformers": env_versions.get("transformers") or env.get("transformers"),
+                             "torch": env.get("torch") or (doc.get("environment") or {}).get("torch"),
+                             "versions": env_versions, "cells": record.get("cells"), "wall_s": record.get("wall_s"),
+                             "cpu_s": record.get("child_cpu_s"), "packcheck_version": doc.get("packcheck_version"),
+                             "command": trl_reproduce(version, part=part)})
+            for name, by_mode in reduce_trl_release(doc, part).items():
+                for mode, by_backend in by_mode.items():
+                    for backend, entry in by_backend.items():
+                        cells.setdefault(name, {}).setdefault(mode, {}).setdefault(backend, {})[version] = entry
+        releases.sort(key=lambda r: version_key(r["trl"]))
+        found[part] = releases
     block = {"schema": "packcheck-atlas-trl", "schema_version": TRL_SCHEMA_VERSION, "packcheck_version": __version__,
              "generated": time.strftime("%Y-%m-%d", time.gmtime()), "device": "cpu", "dtype": "float32",
              "families": list(TRL_FAMILIES), "backends": list(TRL_BACKENDS), "modes": dict(TRL_MODES),
-             "releases": releases, "missing": [v for v in (planned or []) if v not in measured], "cells": cells}
+             "releases": found["sft"], "missing": [v for v in (planned or []) if v not in {r["trl"] for r in found["sft"]}],
+             "cells": cells}
+    if found["rl"] or (committed or {}).get("rl_releases") is not None:
+        block.update({"rl_families": list(TRL_RL_FAMILIES), "rl_backends": [*TRL_RL_BACKENDS, MODEL_LEVEL_BACKEND],
+                      "rl_modes": dict(TRL_RL_MODES), "rl_releases": found["rl"],
+                      "rl_missing": [v for v in (planned or []) if v not in {r["trl"] for r in found["rl"]}]})
     block["transitions"] = trl_transitions(block)
     return block
 
@@ -315,11 +364,11 @@ def trl_transitions(block: dict[str, Any]) -> list[dict[str, Any]]:
     releases where both have it: ``model_type``, ``mode``, ``backend``, ``last_before``, ``first_after``,
     ``before`` / ``after`` (``verdict``, ``causes``, ``number``). A release missing for that row is skipped over
     (its neighbours are adjacent), so the gap is as wide as what was measured."""
-    order = [r["trl"] for r in block["releases"]]
+    order = sorted({r["trl"] for r in [*block["releases"], *block.get("rl_releases", [])]}, key=version_key)
     out = []
     for name in sorted(block["cells"]):
-        for mode in TRL_MODES:
-            for backend in TRL_BACKENDS:
+        for mode in (*TRL_MODES, *TRL_RL_MODES):
+            for backend in (*TRL_BACKENDS, MODEL_LEVEL_BACKEND):
                 row = block["cells"][name].get(mode, {}).get(backend, {})
                 present = [v for v in order if v in row]
                 for old, new in itertools.pairwise(present):

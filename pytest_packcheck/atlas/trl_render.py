@@ -8,7 +8,12 @@ from typing import Any
 from .plan import version_key
 
 #: Short names of the modes in the Markdown (``TRL_MODES`` of :mod:`.trl` holds what each asks SFTTrainer for).
-MODE_NAMES = {"sft": "packing=True", "sft_padding_free": "padding_free"}
+MODE_NAMES = {"sft": "packing=True", "sft_padding_free": "padding_free", "rl_trl_grpo": "GRPO log-probs",
+              "rl_trl_dpo": "DPO", "rl_trl_kto": "KTO", "rl_trl_async": "AsyncGRPO padding-free",
+              "rl_trl_tree": "AsyncGRPO tree"}
+#: The key number of each mode as the Markdown and the lookup print it (the RL modes' are nats: checks/registry.py).
+MODE_NUMBERS = {"sft": "loss Δ", "sft_padding_free": "loss Δ", "rl_trl_grpo": "Δlogp", "rl_trl_dpo": "Δmargin",
+                "rl_trl_kto": "Δmargin", "rl_trl_async": "Δlogp", "rl_trl_tree": "Δlogp"}
 
 
 def _symbol(verdict: str) -> str:
@@ -42,9 +47,10 @@ def trl_runs(row: dict[str, dict[str, Any]], order: list[str]) -> list[dict[str,
     return runs
 
 
-def runs_text(runs: list[dict[str, Any]]) -> str:
+def runs_text(runs: list[dict[str, Any]], unit: str = "loss Δ") -> str:
     """``❌ mask override up to 0.23.1 (loss Δ ≤ 1.2e-02), ✅ from 0.24.0 (loss Δ ≤ 9.5e-07)``: the first run "up
-    to", the last "from", those between "A .. B"; one run: "A .. B"."""
+    to", the last "from", those between "A .. B"; one run: "A .. B". ``unit``: the key number's name
+    (:data:`MODE_NUMBERS`)."""
     parts = []
     for i, r in enumerate(runs):
         span = f"{r['first']}" if r["first"] == r["last"] else f"{r['first']} .. {r['last']}"
@@ -52,7 +58,7 @@ def runs_text(runs: list[dict[str, Any]]) -> str:
             span = f"up to {r['last']}"
         elif len(runs) > 1 and i == len(runs) - 1:
             span = f"from {r['first']}"
-        num = f" (loss Δ ≤ {r['number']:.1e})" if r["number"] is not None else ""
+        num = f" ({unit} ≤ {r['number']:.1e})" if r["number"] is not None else ""
         parts.append(f"{r['label']} {span}{num}")
     return ", ".join(parts)
 
@@ -93,11 +99,12 @@ def render_trl_markdown(block: dict[str, Any]) -> list[str]:
                      for row in [block["cells"][name].get(mode, {}).get(backend)] if row]
             if parts:
                 lines.append(f"- **{name_md(name)}** / {MODE_NAMES.get(mode, mode)}: {'; '.join(parts)}")
+    lines += _rl_lines(block)
     lines += ["", "### TRL transitions", "",
               "| family | mode | backend | last before | first after | before | after |", "|---|---|---|---|---|---|---|"]
     for t in block["transitions"]:
-        def side(s: dict[str, Any]) -> str:
-            return _label(s) + (f" (loss Δ {s['number']:.1e})" if s.get("number") is not None else "")
+        def side(s: dict[str, Any], unit: str = MODE_NUMBERS.get(t["mode"], "loss Δ")) -> str:
+            return _label(s) + (f" ({unit} {s['number']:.1e})" if s.get("number") is not None else "")
         lines.append(f"| {name_md(t['model_type'])} | {MODE_NAMES.get(t['mode'], t['mode'])} | {t['backend']} | "
                      f"{t['last_before']} | {t['first_after']} | {side(t['before'])} | {side(t['after'])} |")
     if not block["transitions"]:
@@ -113,6 +120,68 @@ def render_trl_markdown(block: dict[str, Any]) -> list[str]:
         lines.append(f"| {r['trl']} | {r.get('transformers') or '—'} | {v.get('accelerate', '—')} | {v.get('datasets', '—')} | "
                      f"{r.get('cells') or '—'} | {r.get('wall_s') or '—'} | {r.get('cpu_s') or '—'} | {per} |")
     return lines
+
+
+def _rl_lines(block: dict[str, Any]) -> list[str]:
+    """The RL part of the TRL section (issue 44): TRL's own RL trainer code per TRL release, per family one line per
+    mode with each backend's runs, and the RL releases measured. Nothing when the block has no RL part."""
+    from ..report.text import escape_md as name_md
+
+    if not block.get("rl_modes"):
+        return []
+    order = [r["trl"] for r in block["rl_releases"]]
+    tf = sorted({str(r.get("transformers")) for r in block["rl_releases"]})
+    lines = ["", "### TRL's RL trainers per TRL release", "",
+             (f"TRL's own RL code on {', '.join(block['rl_families'])} (float32, CPU, tiny random models, a sampling "
+              f"temperature 0.7), each TRL minor's latest patch in its own environment with transformers "
+              f"{', '.join(tf) or '—'}, against each sample alone. Modes: "
+              + "; ".join(f"`{m}`: {what}" for m, what in block["rl_modes"].items())
+              + ". Numbers in nats: Δlogp the worst completion-token log-prob difference, Δmargin the worst DPO / KTO "
+              "chosen-minus-rejected margin difference, over the run. A release where a trainer or its path does not "
+              "exist, or cannot run on CPU, is ⏭️ skipped, its reason naming the release and what it lacks "
+              "(`packcheck lookup MODEL_TYPE ATTN TRANSFORMERS --trl X` prints it)."), "",
+             f"Measured TRL releases (RL part): {', '.join(order) or 'none'}.",
+             f"Not measured yet: {', '.join(block.get('rl_missing', [])) or 'none'}"
+             + (" (resume: `packcheck atlas --trl --rl`)." if block.get("rl_missing") else "."), ""]
+    for name in sorted(block["cells"]):
+        for mode in block["rl_modes"]:
+            parts = [f"{backend}: {runs_text(trl_runs(row, order), MODE_NUMBERS.get(mode, 'Δ'))}"
+                     for backend in block["rl_backends"] for row in [block["cells"][name].get(mode, {}).get(backend)] if row]
+            if parts:
+                lines.append(f"- **{name_md(name)}** / {MODE_NAMES.get(mode, mode)}: {'; '.join(parts)}")
+    reasons = _skip_reasons(block, order)
+    if reasons:
+        lines += ["", "Why a mode is skipped, per TRL release (the check's own reason, first family and backend):", ""]
+        lines += [f"- {MODE_NAMES.get(m, m)}, {r['first']}{' .. ' + r['last'] if r['last'] != r['first'] else ''}: {r['text']}"
+                  for m, r in reasons]
+    lines += ["", "| trl (RL part) | transformers | cells | wall s | CPU s |", "|---|---|---|---|---|"]
+    lines += [f"| {r['trl']} | {r.get('transformers') or '—'} | {r.get('cells') or '—'} | {r.get('wall_s') or '—'} | "
+              f"{r.get('cpu_s') or '—'} |" for r in block["rl_releases"]]
+    return lines
+
+
+def _skip_reasons(block: dict[str, Any], order: list[str]) -> list[tuple[str, dict[str, str]]]:
+    """Per RL mode, runs over the RL releases of the skip message of its first family and backend, release numbers
+    masked so that one reason over several releases is one run."""
+    import re
+
+    out = []
+    names = sorted(block["cells"])
+    for mode in block["rl_modes"]:
+        runs: list[dict[str, str]] = []
+        for version in order:
+            entry = next((e for name in names for backend in block["rl_backends"]
+                          for e in [block["cells"][name].get(mode, {}).get(backend, {}).get(version)] if e), None)
+            if entry is None or entry["verdict"] != "skipped":
+                runs.append({"first": version, "last": version, "text": ""})
+                continue
+            text = re.sub(r"\btrl \d+\.\d+\.\d+", "trl X", entry.get("message", ""))
+            if runs and runs[-1]["text"] == text:
+                runs[-1]["last"] = version
+            else:
+                runs.append({"first": version, "last": version, "text": text})
+        out += [(mode, r) for r in runs if r["text"]]
+    return out
 
 
 def _default_configuration(block: dict[str, Any], order: list[str]) -> list[dict[str, str]]:
@@ -163,9 +232,15 @@ def trl_answer(doc: dict[str, Any], model_type: str, backend: str, trl_version: 
         out["notes"].append(f"trl {trl_version}: '{model_type}' is not a family of the TRL axis ({', '.join(sorted(block['cells']))})")
         return out
     release = next((r for r in block["releases"] if Version(r["trl"]) == wanted), None)
-    for mode in block["modes"]:
-        row = by_mode.get(mode, {}).get(backend, {})
-        entry = row.get(str(wanted)) if release else None
+    rl_release = next((r for r in block.get("rl_releases", []) if Version(r["trl"]) == wanted), None)
+    # the RL part (issue 44) where the family is on it: its model-level mode (the tree) has its own attention
+    asked = [(mode, release, backend) for mode in block["modes"]]
+    if model_type in block.get("rl_families", []):
+        asked += [(mode, rl_release, backend if backend in by_mode.get(mode, {}) else next(iter(by_mode.get(mode, {})), backend))
+                  for mode in block.get("rl_modes", {})]
+    for mode, measured_in, column in asked:
+        row = by_mode.get(mode, {}).get(column, {})
+        entry = row.get(str(wanted)) if measured_in else None
         if entry is not None:
             out["modes"][mode] = {k: entry.get(k) for k in ("verdict", "causes", "number", "message", "effective") if k in entry}
             continue
@@ -173,6 +248,9 @@ def trl_answer(doc: dict[str, Any], model_type: str, backend: str, trl_version: 
         above = [v for v in sorted(row, key=Version) if Version(v) > wanted]
         out["nearest"][mode] = [{"trl": v, "side": side, "verdict": row[v]["verdict"], "causes": list(row[v].get("causes", []))}
                                 for v, side in ((below[-1] if below else None, "below"), (above[0] if above else None, "above")) if v]
+    if rl_release and any(m in out["modes"] for m in block.get("rl_modes", {})):
+        out["rl_transformers"] = rl_release.get("transformers")
+        out["rl_reproduce"] = rl_release.get("command")
     if release and out["modes"]:
         from .trl import trl_reproduce
 
@@ -184,8 +262,11 @@ def trl_answer(doc: dict[str, Any], model_type: str, backend: str, trl_version: 
         if release.get("transformers") and Version(str(release["transformers"])) != Version(transformers_version):
             out["notes"].append(f"trl {release['trl']} was measured with transformers {release['transformers']}, not "
                                 f"{transformers_version}: its answer is about TRL's configuration there")
-    elif not release:
-        out["notes"].append(f"trl {trl_version} is not measured on the TRL axis (measured: "
+    elif rl_release and out["modes"]:
+        out["measured"] = True
+        out["transformers"] = rl_release.get("transformers")
+    if not release:
+        out["notes"].append(f"trl {trl_version} is not measured on the TRL axis's SFT part (measured: "
                             f"{', '.join(r['trl'] for r in block['releases']) or 'none'})")
     return out
 
@@ -197,11 +278,14 @@ def trl_answer_lines(answer: dict[str, Any], model_type: str, attn_implementatio
     if answer["measured"]:
         for mode, e in answer["modes"].items():
             why = f" [{', '.join(e.get('causes') or [])}]" if e.get("causes") else ""
-            num = f" (loss Δ {e['number']:.1e})" if e.get("number") is not None else ""
-            lines.append(f"{head} / {MODE_NAMES.get(mode, mode)}: {e['verdict']}{why}{num}, measured with transformers "
-                         f"{answer['transformers']}")
+            num = f" ({MODE_NUMBERS.get(mode, 'Δ')} {e['number']:.1e})" if e.get("number") is not None else ""
+            tf = answer.get("rl_transformers") if mode.startswith("rl_") and answer.get("rl_transformers") else answer["transformers"]
+            skip = f": {e['message']}" if e["verdict"] == "skipped" and e.get("message") else ""
+            lines.append(f"{head} / {MODE_NAMES.get(mode, mode)}: {e['verdict']}{why}{num}{skip}, measured with transformers {tf}")
         if answer.get("reproduce"):
             lines.append(f"  reproduce (the trl {answer['trl']} answers): {answer['reproduce']}")
+        if answer.get("rl_reproduce"):
+            lines.append(f"  reproduce (the trl {answer['trl']} RL answers): {answer['rl_reproduce']}")
     for mode, near in answer["nearest"].items():
         text = "; ".join(f"{n['trl']}: {n['verdict']}" + (f" [{', '.join(n['causes'])}]" if n["causes"] else "") for n in near)
         lines.append(f"{head} / {MODE_NAMES.get(mode, mode)}: not measured" + (f" (nearest measured: {text})" if text else ""))

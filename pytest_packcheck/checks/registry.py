@@ -104,6 +104,9 @@ SUITES = {
     "stack_trainers": "a stack element (PEFT adapter, accelerate's CP hook) through transformers' Trainer and TRL's "
                       "SFTTrainer (packing / padding_free): the trainer's decision and one training step vs each example "
                       "alone: opt in (--packcheck-checks, or --audit stack_trainers)",
+    "backend_names": "every attn_implementation name transformers accepts (GPU-only ones with packcheck's CPU reference "
+                     "behind the name): what transformers, TRL and accelerate decide by the name, and SFTTrainer's "
+                     "padding-free row under it: opt in (--packcheck-checks, or --audit backend_names)",
     "encoders": "encoders and embedding models (encoder: specs): hidden states, pooled embeddings, MLM loss, positions and "
                 "classification heads on packed rows vs each example alone: opt in (--packcheck-checks, or --audit encoders)",
     "multimodal": "VLM rows with pixels (two images of different sizes and a text-only sample in one row): isolation, "
@@ -332,6 +335,12 @@ REGISTRY: tuple[CheckSpec, ...] = (
               key_metric=KeyMetric("max_abs_diff", "Δ"), tolerance="logits_atol",
               causes=("adapter_positions", "stack_mask_dropped", "leak", "loss_normalisation"),
               suite="stack_trainers", requires=("trl", "peft")),
+    CheckSpec(name="backend_names", function="backend_names:check_backend_names", level="model", role="correctness",
+              summary="every attn_implementation name transformers accepts, GPU-only ones on packcheck's CPU reference: "
+                      "flash path or mask path, SFTTrainer's padding_free and position_ids, Trainer's CP and accelerate's "
+                      "Ulysses decisions (file:line), and the padding-free row vs each example alone",
+              key_metric=KeyMetric("max_abs_diff", "Δ"), tolerance="logits_atol",
+              causes=("leak", "mask_override"), suite="backend_names", requires=("trl",)),
     CheckSpec(name="trainer", function="training:check_trainer", level="backend", role="correctness",
               summary="transformers' Trainer + DataCollatorWithFlattening, 3 SGD steps vs a hand-written padded reference; "
                       "gradient accumulation's num_items_in_batch",
@@ -392,6 +401,11 @@ REGISTRY: tuple[CheckSpec, ...] = (
                       "= each sample alone",
               key_metric=KeyMetric("max_abs_logprob_diff", "Δlogp"), tolerance="logits_atol",
               causes=("tree_packing", "non_finite", "crash"), suite="rl", requires=("trl",)),
+    CheckSpec(name="rl_trl_async", function="rl:check_rl_trl_async", level="backend", role="correctness",
+              summary="TRL AsyncGRPO's padding-free row (DataCollatorForRollout, compute_loss's forward through TRL's LM "
+                      "head) = each sample alone; trl 1.7 to 1.15 (earlier: padded; 1.16: trees, rl_trl_tree)",
+              key_metric=KeyMetric("max_abs_logprob_diff", "Δlogp"), tolerance="logits_atol",
+              causes=(*_PARITY_CAUSES, "non_finite", "crash"), suite="rl", requires=("trl",)),
     CheckSpec(name="rl_trainer_config", function="rl:check_rl_trainer_config", level="model", role="finding",
               summary="what TRL's preference trainers run when asked to pack: DPOTrainer(padding_free=True) keeps it, or "
                       "the file and line that turns it off",
@@ -417,10 +431,13 @@ REGISTRY: tuple[CheckSpec, ...] = (
                       "logprobs_from_logits, pad_input, response slice) = each sample alone; a skip names what verl needs",
               key_metric=KeyMetric("max_abs_logprob_diff", "Δlogp"), tolerance="logits_atol",
               causes=(*_PARITY_CAUSES, "non_finite", "crash"), suite="rl"),
-    CheckSpec(name="rl_openrlhf_packed", function="rl_trainers:check_rl_openrlhf_packed", level="model", role="finding",
-              summary="OpenRLHF's packed samples (openrlhf.models.ring_attn_utils): run where it imports, else a skip "
-                      "naming the package it needs",
-              causes=("crash",), suite="rl"),
+    CheckSpec(name="rl_openrlhf_packed", function="rl_trainers:check_rl_openrlhf_packed", level="backend",
+              role="correctness",
+              summary="OpenRLHF's own Actor.forward with packing_samples (unpad_and_slice_tensor, rolled labels, "
+                      "log_probs_from_logits, gather_and_pad_tensor) = each sample alone; stand-ins for flash_attn's "
+                      "bert_padding and deepspeed named in the cell; a skip names what is still missing",
+              key_metric=KeyMetric("max_abs_logprob_diff", "Δlogp"), tolerance="logits_atol",
+              causes=(*_PARITY_CAUSES, "non_finite", "crash"), suite="rl"),
     CheckSpec(name="rl_swift_padding_free", function="rl_trainers:check_rl_swift_padding_free", level="model",
               role="finding",
               summary="ms-swift's padding-free RLHF (swift.rlhf_trainers): run where it imports, else a skip naming the "

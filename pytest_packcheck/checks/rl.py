@@ -238,10 +238,14 @@ def _model_copy(wb: Workbench):
 
 
 def check_rl_trl_grpo(wb: Workbench) -> CheckResult:
-    """TRL's GRPO log-prob path, its own code: ``GRPOTrainer._get_per_token_logps_and_entropies`` on the
-    left-padded batch GRPO builds (``logits_to_keep`` = the completion width), through TRL's fused LM head
-    (``add_fused_lm_head(model, temperature)``, trl >= 1.1), against each sample alone. The trainer's machinery is
-    not started: the method runs on a stand-in ``self`` with a no-op autocast (the cell's dtype is the model's)."""
+    """TRL's GRPO log-prob path, its own code, on the left-padded batch GRPO builds (``logits_to_keep`` = the
+    completion width), against each sample alone. The path is the release's (:func:`grpo_logprob_path`): through TRL's
+    fused LM head (``add_fused_lm_head(model, temperature)``) where the release has it, else
+    ``_get_per_token_logps_and_entropies`` dividing the logits by ``self.temperature``, else (trl 0.19's)
+    ``_get_per_token_logps`` (log-probs only: no entropy in that release, the entropy is then not compared and the
+    message says so). The trainer's machinery is not started: the method runs on a stand-in ``self`` (a no-op
+    autocast, ``temperature``, ``model_kwarg_keys``: the cell's dtype is the model's). A release with none of them is a
+    skip naming it."""
     short = _too_short(wb)
     if short:
         return short
@@ -249,28 +253,33 @@ def check_rl_trl_grpo(wb: Workbench) -> CheckResult:
 
     try:
         from trl.trainer.grpo_trainer import GRPOTrainer
-        from trl.trainer.utils import add_fused_lm_head
     except ImportError as exc:
-        return CheckResult("skipped", {"trl": _trl_version()}, f"trl {_trl_version()} has no fused-LM-head GRPO log-prob "
-                           f"path ({exc.__class__.__name__}: {exc}): the check reads trl >= 1.1's")
+        return CheckResult("skipped", {"trl": _trl_version(), "missing_module": getattr(exc, "name", None) or str(exc)},
+                           f"trl {_trl_version()}'s GRPOTrainer does not import here ({exc.__class__.__name__}: {exc})")
+    path = grpo_logprob_path(GRPOTrainer)
+    if path is None:
+        return CheckResult("skipped", {"trl": _trl_version()}, f"trl {_trl_version()}'s GRPOTrainer has no per-token "
+                           "log-prob method (_get_per_token_logps_and_entropies / _get_per_token_logps)")
+    blocked = fused_head_blocker("GRPO log-prob path") if path == "fused_lm_head" else None
+    if blocked:
+        return blocked
     samples = rl_samples(wb.examples)
     batch, _, width_c = left_padded_batch(samples, wb.pad_id, wb.device)
-    accelerator = type("Accelerator", (), {"autocast": staticmethod(contextlib.nullcontext), "is_main_process": True})()
-    stand_in = type("GRPOStandIn", (), {"accelerator": accelerator})()
     try:
-        with _model_copy(wb) as model:
-            add_fused_lm_head(model, temperature=RL_TEMPERATURE, outputs=("log_probs", "entropy"))
-            with torch.no_grad():
-                logps, entropies, _ = GRPOTrainer._get_per_token_logps_and_entropies(
-                    stand_in, model, batch["input_ids"], batch["attention_mask"], width_c, compute_entropy=True)
+        with _model_copy(wb) as model, torch.no_grad():
+            logps, entropies = _grpo_forward(GRPOTrainer, path, model, batch, width_c)
     except Exception as exc:  # noqa: BLE001 - TRL's code raised on this model: the cell says where
-        return _trl_crash("GRPOTrainer._get_per_token_logps_and_entropies", exc)
-    got = [(logps[i, :len(s.completion)].double().cpu(), entropies[i, :len(s.completion)].double().cpu())
-           for i, s in enumerate(samples)]
+        return _trl_crash(f"GRPOTrainer.{_GRPO_METHOD[path]}", exc)
     ref = alone(wb, samples, RL_TEMPERATURE)
+    # trl 0.19's _get_per_token_logps computes no entropy: it is not compared (the reference's stands in, stated)
+    got = [(logps[i, :len(s.completion)].double().cpu(),
+            entropies[i, :len(s.completion)].double().cpu() if entropies is not None else ref[i][1])
+           for i, s in enumerate(samples)]
     numbers = compare(got, ref)
-    metrics = {**numbers, **_base_metrics(wb, samples), "trl": _trl_version(), "logits_to_keep": width_c}
-    what, atol = f"trl {_trl_version()} GRPO log-prob path", wb.tol["logits_atol"]
+    metrics = {**numbers, **_base_metrics(wb, samples), "trl": _trl_version(), "logits_to_keep": width_c,
+               "grpo_path": path, "entropy_compared": entropies is not None}
+    what = f"trl {_trl_version()} GRPO log-prob path ({_GRPO_METHOD[path]}{', no entropy in this release' if entropies is None else ''})"
+    atol = wb.tol["logits_atol"]
     diff = numbers["max_abs_logprob_diff"]
     if diff > atol and not numbers["non_finite_logprobs"]:
         # GRPO calls the model with input_ids and attention_mask only: is it the positions of the left padding?
@@ -284,6 +293,69 @@ def check_rl_trl_grpo(wb: Workbench) -> CheckResult:
     return _verdict(wb, what, numbers, metrics)
 
 
+#: The GRPO log-prob paths a TRL release can have (:func:`grpo_logprob_path`) -> the method it runs.
+_GRPO_METHOD = {"fused_lm_head": "_get_per_token_logps_and_entropies, fused LM head",
+                "logits": "_get_per_token_logps_and_entropies", "logps_only": "_get_per_token_logps"}
+
+
+def grpo_logprob_path(trainer_cls: Any) -> str | None:
+    """Which GRPO per-token log-prob path the installed TRL has: ``"fused_lm_head"`` (``trl.trainer.utils.
+    add_fused_lm_head`` exists: the model returns log-probs and entropies, TRL >= 1.15), ``"logits"``
+    (``_get_per_token_logps_and_entropies``: the model's logits divided by ``self.temperature``,
+    ``selective_log_softmax``), ``"logps_only"`` (``_get_per_token_logps``, trl 0.19), or None."""
+    if hasattr(trainer_cls, "_get_per_token_logps_and_entropies"):
+        try:
+            from trl.trainer.utils import add_fused_lm_head  # noqa: F401
+        except ImportError:
+            return "logits"
+        return "fused_lm_head"
+    return "logps_only" if hasattr(trainer_cls, "_get_per_token_logps") else None
+
+
+def _grpo_forward(trainer_cls: Any, path: str, model: Any, batch: dict[str, Any], width_c: int) -> tuple[Any, Any]:
+    """Run the release's GRPO log-prob method on a stand-in ``self``: (log-probs ``(B, width_c)``, entropies of the
+    same shape or None where the release computes none), at :data:`RL_TEMPERATURE`."""
+    import inspect
+
+    accelerator = type("Accelerator", (), {"autocast": staticmethod(contextlib.nullcontext), "is_main_process": True,
+                                           "num_processes": 1})()
+    stand_in = type("GRPOStandIn", (), {"accelerator": accelerator, "temperature": RL_TEMPERATURE,
+                                        "model_kwarg_keys": set(inspect.signature(model.forward).parameters),
+                                        "is_fsdp_enabled": False})()
+    if path == "fused_lm_head":
+        from trl.trainer.utils import add_fused_lm_head
+
+        add_fused_lm_head(model, temperature=RL_TEMPERATURE, outputs=("log_probs", "entropy"))
+    if path == "logps_only":
+        return trainer_cls._get_per_token_logps(stand_in, model, batch["input_ids"], batch["attention_mask"], width_c), None
+    out = trainer_cls._get_per_token_logps_and_entropies(stand_in, model, batch["input_ids"], batch["attention_mask"],
+                                                         width_c, compute_entropy=True)
+    return out[0], out[1]
+
+
+def fused_head_blocker(what: str) -> CheckResult | None:
+    """A skip naming the package when the installed TRL's fused LM head cannot run here: ``trl.trainer.utils`` has
+    ``add_fused_lm_head`` but its kernel (``_ChunkedLogProbFunction``, from ``trl/kernels``) is None because
+    ``trl.kernels`` did not import (trl 1.15.0: ``trl/kernels/chunked_logprob.py`` imports ``triton``, which a CPU
+    torch lacks; trl 1.16 has a torch fallback). None when the head runs or the release has none."""
+    try:
+        from trl.trainer import utils
+    except ImportError:
+        return None
+    if not hasattr(utils, "add_fused_lm_head") or getattr(utils, "_ChunkedLogProbFunction", True) is not None:
+        return None
+    try:
+        import trl.kernels  # noqa: F401
+        missing, detail = "?", "trl.kernels imports, yet trl.trainer.utils._ChunkedLogProbFunction is None"
+    except ImportError as exc:
+        missing, detail = getattr(exc, "name", None) or str(exc), f"{type(exc).__name__}: {exc}"
+    version = _trl_version()
+    return CheckResult("skipped", {"trl": version, "missing_module": missing},
+                       f"trl {version}'s {what} runs through its fused LM head, whose kernel needs '{missing}' "
+                       f"(trl/trainer/utils.py: from ..kernels import ChunkedLogProbFunction; {detail}): not runnable "
+                       "on this CPU torch")
+
+
 def _trl_crash(where: str, exc: BaseException) -> CheckResult:
     """TRL's own code raised on this model (not packcheck's, not the model's alone): an error cell naming TRL's
     function, the release, and the innermost frame of the exception."""
@@ -295,6 +367,141 @@ def _trl_crash(where: str, exc: BaseException) -> CheckResult:
     return CheckResult("error", {"trl": _trl_version(), "raised_at": last},
                        f"trl {_trl_version()} {where} raised {type(exc).__name__}{': ' + text if text else ''} (at {last})",
                        cause="crash", evidence={"exception": type(exc).__name__, "raised_at": last})
+
+
+def async_examples(samples: list[RLSample]) -> list[dict[str, Any]]:
+    """The samples as AsyncGRPO's rollout worker hands them to its collator: ``input_ids`` (prompt + completion),
+    ``completion_mask`` (0 on the prompt, 1 on the completion), ``old_log_probs`` (zeros: not read by the forward),
+    ``advantage``, ``group_id`` and an empty ``metrics``."""
+    return [{"input_ids": s.tokens, "completion_mask": [0] * len(s.prompt) + [1] * len(s.completion),
+             "old_log_probs": [0.0] * len(s.tokens), "advantage": 0.0, "group_id": s.group, "metrics": {}}
+            for s in samples]
+
+
+def async_rollout_row(collator_cls: Any, samples: list[RLSample], pad_id: int) -> dict[str, Any]:
+    """TRL AsyncGRPO's ``DataCollatorForRollout`` on the samples, one rank: the release's own packer. Its calling
+    convention is the release's: a list of examples (trl 1.7), or one micro-batch already split into rows by the
+    planner (``(groups,) = examples``, trl 1.15), here one row holding every sample."""
+    import inspect
+
+    collator = collator_cls(pad_token_id=pad_id)
+    examples = async_examples(samples)
+    planned = "(groups,) = examples" in inspect.getsource(collator_cls.torch_call)
+    return collator([[examples]] if planned else examples)
+
+
+def async_logprobs(model: Any, inputs: dict[str, Any], device: str = "cpu") -> Any:
+    """AsyncGRPO's ``compute_loss`` forward, as the release runs it: the inter-rank padding stripped with the
+    ``attention_mask``, one row with ``position_ids`` restarting per sample, through the release's LM head at
+    :data:`RL_TEMPERATURE`: ``add_fused_lm_head`` (labels masked to -100 off the completion, ``fused_lm_head=True``,
+    trl 1.15) or ``patch_chunked_lm_head`` (``labels=input_ids``, ``completion_mask``, trl 1.7). Returns
+    float64 ``(N - 1,)`` log-probs (entry ``t - 1`` scores token ``t``) and the entropies alike."""
+    import torch
+    from trl.trainer import utils
+
+    keep = inputs["attention_mask"].bool()
+    ids, pos, cm = (inputs[k][keep].unsqueeze(0).to(device) for k in ("input_ids", "position_ids", "completion_mask"))
+    with torch.no_grad():
+        if hasattr(utils, "add_fused_lm_head"):
+            utils.add_fused_lm_head(model, temperature=RL_TEMPERATURE, outputs=("log_probs", "entropy"))
+            out = model(input_ids=ids, position_ids=pos, labels=ids.masked_fill(cm == 0, -100), fused_lm_head=True)
+        else:
+            utils.patch_chunked_lm_head(model, chunk_size=8192, temperature=RL_TEMPERATURE)
+            out = model(input_ids=ids, position_ids=pos, labels=ids, completion_mask=cm, use_cache=False)
+    return out["log_probs"][0].double().cpu(), out["entropy"][0].double().cpu()
+
+
+def check_rl_trl_async(wb: Workbench) -> CheckResult:
+    """TRL AsyncGRPO's padding-free batch, its own code: ``DataCollatorForRollout`` packs the samples into one row
+    (``position_ids`` restarting per sample) and ``compute_loss``'s forward scores it through TRL's LM head
+    (:func:`async_logprobs`); each completion token's log-prob and entropy = its sample alone. Releases whose
+    AsyncGRPO is not padding-free (before 1.7: padded rows, no ``position_ids``) or packs trees (1.16: measured by
+    ``rl_trl_tree``) skip naming the release."""
+    short = _too_short(wb)
+    if short:
+        return short
+    version = _trl_version()
+    try:
+        ag, stand_in = import_async_grpo()
+    except ImportError as exc:
+        return CheckResult("skipped", {"trl": version}, f"trl {version} has no AsyncGRPO (trl.experimental.async_grpo: "
+                           f"{exc.__class__.__name__}: {exc})")
+    if hasattr(ag, "TreeRow"):
+        return CheckResult("skipped", {"trl": version}, f"trl {version}'s AsyncGRPO collator packs trees (TreeRow): "
+                           "rl_trl_tree measures it")
+    blocked = fused_head_blocker("AsyncGRPO compute_loss forward")
+    if blocked:
+        return blocked
+    samples = rl_samples(wb.examples)
+    try:
+        inputs = async_rollout_row(ag.DataCollatorForRollout, samples, wb.pad_id)
+    except Exception as exc:  # noqa: BLE001 - TRL's collator raised: the cell says where
+        return _trl_crash("AsyncGRPO DataCollatorForRollout", exc)
+    if "position_ids" not in inputs:
+        return CheckResult("skipped", {"trl": version, "collator_keys": sorted(inputs)},
+                           f"trl {version}'s AsyncGRPO collator pads one row per sample (no position_ids): not "
+                           "padding-free (padding-free since 1.7)")
+    try:
+        with _model_copy(wb) as model:
+            logps, entropies = async_logprobs(model, inputs, wb.device)
+    except Exception as exc:  # noqa: BLE001 - TRL's code raised on this model: the cell says where
+        return _trl_crash("AsyncGRPO compute_loss forward", exc)
+    got, offset = [], 0
+    for s in samples:
+        first, end = offset + len(s.prompt), offset + len(s.tokens)
+        got.append((logps[first - 1:end - 1], entropies[first - 1:end - 1]))
+        offset = end
+    ref = alone(wb, samples, RL_TEMPERATURE)
+    numbers = compare(got, ref)
+    metrics = {**numbers, **_base_metrics(wb, samples), "trl": version, "row_tokens": offset,
+               "lm_head": "add_fused_lm_head" if _has_fused_head() else "patch_chunked_lm_head"}
+    if stand_in:
+        metrics["stand_in"] = stand_in
+    what = f"trl {version} AsyncGRPO padding-free row ({metrics['lm_head']}{'; ' + stand_in if stand_in else ''})"
+    return _verdict(wb, what, numbers, metrics)
+
+
+#: The stand-in for aiohttp when AsyncGRPO's module is imported without it (named in the cell).
+AIOHTTP_STAND_IN = ("aiohttp stubbed: only async_rollout_worker's import needs it (its vLLM HTTP client, never called "
+                    "here; trl lists aiohttp under its vllm extra)")
+
+
+def import_async_grpo() -> tuple[Any, str]:
+    """``trl.experimental.async_grpo.async_grpo_trainer`` and the stand-in used, "" when none. TRL 1.x's module imports
+    ``async_rollout_worker``, which imports ``aiohttp`` at its top (trl 1.7.1 async_rollout_worker.py:32; trl lists it
+    under the ``vllm`` extra only) and reads ``aiohttp.ClientError`` there; the collator and ``compute_loss`` never
+    touch it. Where aiohttp is not installed, a stub module with that one exception class stands in for the import
+    only (removed from ``sys.modules`` afterwards; any other attribute raises ModuleNotFoundError naming aiohttp).
+    Raises ImportError when the module is missing or needs something else."""
+    import importlib
+    import sys
+    import types
+
+    name = "trl.experimental.async_grpo.async_grpo_trainer"
+    try:
+        return importlib.import_module(name), ""
+    except ModuleNotFoundError as exc:
+        if exc.name != "aiohttp":
+            raise
+    stub = types.ModuleType("aiohttp")
+    stub.ClientError = type("ClientError", (Exception,), {})
+
+    def missing(attr: str) -> Any:
+        raise ModuleNotFoundError(f"aiohttp is stubbed by packcheck (aiohttp.{attr} used)", name="aiohttp")
+
+    stub.__getattr__ = missing  # type: ignore[method-assign]
+    sys.modules["aiohttp"] = stub
+    try:
+        return importlib.import_module(name), AIOHTTP_STAND_IN
+    finally:
+        if sys.modules.get("aiohttp") is stub:
+            del sys.modules["aiohttp"]
+
+
+def _has_fused_head() -> bool:
+    from trl.trainer import utils
+
+    return hasattr(utils, "add_fused_lm_head")
 
 
 def tree_row(samples: list[RLSample]) -> dict[str, Any]:

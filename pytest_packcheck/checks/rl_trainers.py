@@ -30,7 +30,7 @@ import types
 from typing import Any
 
 from ..results import CheckResult
-from .rl import RLSample, _model_copy, _trl_crash, _trl_version, alone, completion_logprobs, rl_samples
+from .rl import RLSample, _model_copy, _trl_crash, _trl_version, alone, completion_logprobs, fused_head_blocker, rl_samples
 from .workbench import Workbench, _fmt
 
 LN2 = math.log(2.0)
@@ -161,8 +161,17 @@ def check_rl_trl_dpo(wb: Workbench) -> CheckResult:
     try:
         from trl.trainer.dpo_trainer import DataCollatorForPreference
     except ImportError as exc:
-        return CheckResult("skipped", {"trl": _trl_version()}, f"trl {_trl_version()} has no DataCollatorForPreference "
-                           f"({type(exc).__name__}: {exc}): the check reads trl >= 1.0's DPO")
+        return CheckResult("skipped", {"trl": _trl_version()}, f"trl {_trl_version()}'s DPO DataCollatorForPreference "
+                           f"does not import here ({type(exc).__name__}: {' '.join(str(exc).split())[:160]})")
+    from trl import DPOTrainer
+
+    if not hasattr(DPOTrainer, "_compute_loss"):
+        return CheckResult("skipped", {"trl": _trl_version()}, f"trl {_trl_version()}'s DPOTrainer has no _compute_loss "
+                           "(its concatenated_forward reads prompt_input_ids / chosen_input_ids): the check reads the "
+                           "chosen_ids / rejected_ids collator and _compute_loss of later releases (trl 0.29.1 has both)")
+    blocked = fused_head_blocker("DPOTrainer._compute_loss")
+    if blocked:
+        return blocked
     pairs = preference_pairs(wb)
     ref_c, ref_r, _, _ = sequence_logps(wb, pairs)
     rows = [{"prompt_ids": list(c.prompt), "chosen_ids": list(c.completion), "rejected_ids": list(r.completion),
@@ -199,8 +208,17 @@ def check_rl_trl_kto(wb: Workbench) -> CheckResult:
     try:
         from trl.trainer.kto_trainer import DataCollatorForUnpairedPreference
     except ImportError as exc:
-        return CheckResult("skipped", {"trl": _trl_version()}, f"trl {_trl_version()} has no stable KTOTrainer "
-                           f"({type(exc).__name__}: {exc}): the check reads trl >= 1.16's")
+        return CheckResult("skipped", {"trl": _trl_version()}, f"trl {_trl_version()} has no stable KTOTrainer with "
+                           f"DataCollatorForUnpairedPreference in trl.trainer.kto_trainer ({type(exc).__name__}: "
+                           f"{' '.join(str(exc).split())[:120]})")
+    from trl.trainer.kto_trainer import KTOTrainer
+
+    if not hasattr(KTOTrainer, "_compute_loss"):
+        return CheckResult("skipped", {"trl": _trl_version()}, f"trl {_trl_version()}'s KTOTrainer has no _compute_loss: "
+                           "the check reads the stable KTOTrainer's (trl.trainer.kto_trainer)")
+    blocked = fused_head_blocker("KTOTrainer._compute_loss")
+    if blocked:
+        return blocked
     pairs = preference_pairs(wb)
     ref_c, ref_r, _, _ = sequence_logps(wb, pairs)
     got_c, got_r, margins, losses = [], [], [], []
@@ -313,6 +331,20 @@ def check_rl_preference_packed(wb: Workbench) -> CheckResult:
 
 # ------------------------------------------------------------------------------------------------------------
 # verl, OpenRLHF, ms-swift: their own code where it imports
+
+
+def _bare_package(package: str) -> None:
+    """Register ``package`` as a bare namespace over its installed folder (its ``__init__`` not run), unless it is
+    imported already. Raises ModuleNotFoundError naming it when it is not installed."""
+    if package in sys.modules:
+        return
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(f"No module named '{package}'", name=package)
+    bare = types.ModuleType(package)
+    bare.__path__ = list(spec.submodule_search_locations)
+    bare.__spec__ = spec
+    sys.modules[package] = bare
 
 
 def import_without_package_init(package: str, module: str) -> Any:
@@ -449,11 +481,86 @@ def _packed_path(wb: Workbench, dist: str) -> CheckResult:
                        "packcheck does not drive it yet (its forward needs the trainer's distributed state)")
 
 
+def import_openrlhf_actor() -> tuple[Any, list[str]]:
+    """``openrlhf.models.actor`` imported without ``openrlhf/__init__.py`` and ``openrlhf/models/__init__.py`` (they
+    import the trainers, ray and deepspeed), and the stand-ins it needed (:mod:`.stand_ins`, named in the cell):
+    openrlhf 0.11.2's ``models/ring_attn_utils.py:3-4`` import ``flash_attn.bert_padding`` (pure torch) and
+    ``flash_attn.utils.distributed.all_gather`` (ring attention only) through the CUDA ``flash_attn`` package, and
+    ``models/utils.py:4`` imports ``deepspeed`` (``set_z3_leaf_modules`` only). Cached after the first import (the
+    stand-ins are then recorded, not rebuilt). Raises ImportError naming what is still missing (``einops``, ``peft``)."""
+    from .stand_ins import flash_attn_stand_in, stub_module
+
+    if "openrlhf" in sys.modules and "openrlhf.models.actor" in sys.modules and "openrlhf" in _STAND_INS:
+        return sys.modules["openrlhf.models.actor"], _STAND_INS["openrlhf"]
+    for package in ("openrlhf", "openrlhf.models"):
+        _bare_package(package)
+    with flash_attn_stand_in() as fa, stub_module("deepspeed", "only set_z3_leaf_modules (ZeRO-3) calls it, never here") as ds:
+        actor = importlib.import_module("openrlhf.models.actor")
+    _STAND_INS["openrlhf"] = [x for x in (fa, ds) if x]
+    return actor, _STAND_INS["openrlhf"]
+
+
+_STAND_INS: dict[str, list[str]] = {}
+#: What ``Actor.__init__`` sets ``model.config.use_cache`` to (openrlhf 0.11.2 models/actor.py:210).
+OPENRLHF_USE_CACHE = False
+
+
+def openrlhf_logprobs(actor_module: Any, model: Any, batch: dict[str, Any], action_mask: Any, temperature: float) -> Any:
+    """OpenRLHF's ``Actor.forward`` with ``packing_samples=True``, its own code on a stand-in ``self`` (``model``,
+    ``temperature``; no DeepSpeed, no ring attention): ``unpad_and_slice_tensor`` removes the padding into one row
+    (``position_ids`` from the ``attention_mask`` per sample, labels = the sequences rolled per row before unpadding),
+    the model runs without an attention mask, logits in fp32 divided by ``temperature``, ``log_probs_from_logits``
+    (its torch fallback: ``flash_attn.ops.triton.cross_entropy`` is CUDA-only), ``gather_and_pad_tensor`` back to
+    ``(B, S)``, the last ``A`` columns times ``action_mask``. Returns float64 ``(B, A)`` log-probs in nats."""
+    import torch
+
+    # Actor.__init__ sets model.config.use_cache = False (openrlhf 0.11.2 models/actor.py:210) and forward passes no
+    # use_cache: with the cache on, transformers does not read the packed row from position_ids (masking_utils: only
+    # without a cache) and the samples attend each other on sdpa / eager
+    model.config.use_cache = OPENRLHF_USE_CACHE
+    stand_in = type("ActorStandIn", (), {"packing_samples": True, "model": model, "temperature": temperature})()
+    with torch.no_grad():
+        out = actor_module.Actor.forward(stand_in, batch["input_ids"], action_mask=action_mask,
+                                         attention_mask=batch["attention_mask"])
+    return out.double().cpu()
+
+
 def check_rl_openrlhf_packed(wb: Workbench) -> CheckResult:
-    """OpenRLHF's packed samples (``packing_samples=True``: ``unpad_and_slice_tensor``, labels rolled over the row,
-    ``gather_and_pad_tensor``). openrlhf 0.11.2's module imports ``flash_attn.bert_padding`` and ``flash_attn.utils``
-    at its top (openrlhf/models/ring_attn_utils.py:3-4): CUDA-only, so on CPU the cell is a skip naming flash_attn."""
-    return _packed_path(wb, "openrlhf")
+    """OpenRLHF's packed samples (``packing_samples=True``), its own code (:func:`openrlhf_logprobs`) on its rollout
+    layout (prompts left-padded, responses right-padded, ``action_mask`` on the response tokens) at the RL temperature,
+    against each sample alone. Its module imports with the stand-ins :func:`import_openrlhf_actor` names (in the
+    message and ``metrics["stand_ins"]``); a package still missing is a skip naming it. Entropy is not compared
+    (``compute_entropy`` is ``torch.compile``d: not run here)."""
+    from .rl import RL_TEMPERATURE, _base_metrics, _too_short, _verdict, compare
+
+    short = _too_short(wb)
+    if short:
+        return short
+    try:
+        actor, stand_ins = import_openrlhf_actor()
+    except ImportError as exc:
+        return _not_importable("openrlhf", "openrlhf", exc, PACKED_PATHS["openrlhf"][2])
+    except Exception as exc:  # noqa: BLE001 - the release's module raised at import: the cell says where
+        return _library_crash("openrlhf", f"{PACKED_PATHS['openrlhf'][2]} import", exc)
+    import torch
+
+    samples = rl_samples(wb.examples)
+    batch, width = verl_batch(samples, wb.pad_id, wb.device)
+    action_mask = torch.tensor([[1] * len(s.completion) + [0] * (width - len(s.completion)) for s in samples],
+                               device=wb.device)
+    try:
+        with _model_copy(wb) as model:
+            got = openrlhf_logprobs(actor, model, batch, action_mask, RL_TEMPERATURE)
+    except Exception as exc:  # noqa: BLE001 - OpenRLHF's code raised on this model: the cell says where
+        return _library_crash("openrlhf", "Actor.forward (packing_samples)", exc)
+    ref = alone(wb, samples, RL_TEMPERATURE)
+    rows = [(got[i, :len(s.completion)], r[1]) for i, (s, r) in enumerate(zip(samples, ref, strict=True))]
+    numbers = compare(rows, ref)
+    version = _dist_version("openrlhf")
+    metrics = {**numbers, **_base_metrics(wb, samples), "openrlhf": version, "response_length": width,
+               "stand_ins": stand_ins, "entropy_compared": False}
+    what = f"openrlhf {version} Actor.forward packing_samples" + (f" ({'; '.join(stand_ins)})" if stand_ins else "")
+    return _verdict(wb, what, numbers, metrics)
 
 
 def check_rl_swift_padding_free(wb: Workbench) -> CheckResult:

@@ -21,6 +21,9 @@ def configure(atlas: argparse.ArgumentParser) -> None:
     atlas.add_argument("--trl", action="store_true", help="The TRL axis instead: SFTTrainer's packing and padding_free "
                        "paths on a few families per TRL minor from 0.19 (--releases / --since / --until name TRL releases); "
                        "writes OUTPUT_DIR/trl.json and the TRL parts of support.json and atlas.md.")
+    atlas.add_argument("--rl", action="store_true", help="With --trl: the axis's RL part (TRL's GRPO, DPO, KTO and "
+                       "AsyncGRPO log-prob code, pytest_packcheck/atlas/trl.py TRL_RL_MODES), measured per TRL release "
+                       "into BUILD_DIR/rl and rendered beside the SFT part.")
     atlas.add_argument("-o", "--output-dir", default="reports/atlas", help="Where atlas.md / .html and support.json go.")
     atlas.add_argument("--shard", default=None, metavar="I/N", help="Run shard I of N of each release (whole models, "
                                                                     "round-robin; as --packcheck-shard).")
@@ -68,6 +71,8 @@ def run(ns: argparse.Namespace) -> int:
     if ns.bisect_limit is not None and ns.bisect_limit < 1:
         raise PackcheckUsageError(f"--bisect-limit {ns.bisect_limit} must be >= 1 (the most gaps to sweep); leave it "
                                   "out to sweep every gap.")
+    if ns.rl and not ns.trl:
+        raise PackcheckUsageError("--rl is the TRL axis's RL part: add --trl.")
     if ns.trl:
         from ..atlas.command import main_trl
         from ..atlas.trl import TRL_SINCE, trl_index_releases
@@ -87,7 +92,7 @@ def run(ns: argparse.Namespace) -> int:
             return 0
         _probe_output(ns)
         return main_trl(planned, Path(build_dir), Path(ns.output_dir), ns.render_only, ns.no_render,
-                        ns.remeasure, log=lambda line: print(line, flush=True))
+                        ns.remeasure, log=lambda line: print(line, flush=True), part="rl" if ns.rl else "sft")
     for flag, given in (("--bisect-limit", ns.bisect_limit is not None), ("--bisect-models", bool(ns.bisect_models))):
         if given and not ns.bisect:
             print(f"packcheck atlas: warning: {flag} has no effect without --bisect", file=sys.stderr)
