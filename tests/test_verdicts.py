@@ -43,14 +43,15 @@ def test_suites_requirements_and_the_gate_set_are_read_from_the_rows(monkeypatch
 
     from pytest_packcheck.checks.registry import SPECS, SUITES, gate_checks, suite_checks
 
-    assert set(SUITES) == {"default", "variants", "training", "rl", "stack", "stack_trainers", "encoders",
-                           "multimodal"}
+    assert set(SUITES) == {"default", "variants", "training", "rl", "stack", "stack_trainers", "backend_names",
+                           "encoders", "multimodal"}
     assert set(suite_checks("training")) == set(TRAINING_CHECKS) and set(suite_checks("variants")) == set(VARIANT_CHECKS)
     assert {s.name for s in REGISTRY if s.opt_in} == {n for suite in SUITES if suite != "default" for n in suite_checks(suite)}
     assert not {s.name for s in REGISTRY if s.opt_in} & set(DEFAULT_CHECKS)
     assert {s.name for s in REGISTRY if "trl" in s.requires} == {
         "sft", "sft_padded", "sft_padding_free", "sft_strategies", "packing_content", "rl_trl_grpo", "rl_trl_tree",
-        "rl_trainer_config", "rl_trl_dpo", "rl_trl_kto", "rl_trl_async", "stack_trainers"}
+        "rl_trainer_config", "rl_trl_dpo", "rl_trl_kto", "rl_trl_async", "stack_trainers",
+        "backend_names"}
     assert not SPECS["trainer"].requires and SPECS["trainer"].training and not SPECS["offset_positions"].training
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "trl" else real(name, *a))

@@ -257,3 +257,47 @@ def ensure_registered(name: str) -> None:
     """
     if needs_registration(name):
         register_reference_backend()
+
+
+@contextlib.contextmanager
+def standing_in(name: str) -> Iterator[None]:
+    """packcheck's CPU varlen reference behind transformers' attention name ``name`` (``flash_attention_2``,
+    ``kernels-community/flash-attn2``, ...) for the duration: a model whose ``config._attn_implementation`` is
+    ``name`` then runs transformers' real flash path (``flash_attention_forward``, the mask skipped as
+    ``flash_attention_mask`` does, the boundaries from position_ids / cu_seq_lens_q) on the exact reference
+    kernel, so every decision made by the *name* (``is_flash_attention_requested``: "flash" in the name; a
+    trainer's list of names) is taken as on a GPU. transformers >= 4.55.1 (registration through
+    ``AttentionInterface``); the attention and mask registries and the kernel loader are restored on exit.
+
+    Raises:
+        RuntimeError: the installed transformers cannot host the reference (:func:`reference_backend_supported`).
+    """
+    if reference_mode() == "module_globals":
+        raise RuntimeError("standing_in needs transformers >= 4.55.1 (AttentionInterface registration)")
+    register_reference_backend()
+    import transformers.modeling_flash_attention_utils as mfu
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, flash_attention_mask
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    missing = object()
+    attn, masks = ALL_ATTENTION_FUNCTIONS._global_mapping, ALL_MASK_ATTENTION_FUNCTIONS._global_mapping
+    saved = (attn.get(name, missing), masks.get(name, missing), mfu._lazy_imports)
+    loader = mfu._lazy_imports
+
+    def _lazy_imports(implementation: Any, *args: Any, **kwargs: Any) -> Any:
+        return loader(REFERENCE_BACKEND if implementation == name else implementation, *args, **kwargs)
+
+    attn[name], masks[name], mfu._lazy_imports = attn[REFERENCE_BACKEND], flash_attention_mask, _lazy_imports
+    if hasattr(mfu, "_loaded_implementation"):
+        mfu._loaded_implementation = None  # 5.x caches the kernels by name: load them for this name
+    try:
+        yield
+    finally:
+        for registry, value in ((attn, saved[0]), (masks, saved[1])):
+            if value is missing:
+                registry.pop(name, None)
+            else:
+                registry[name] = value
+        mfu._lazy_imports = saved[2]
+        if hasattr(mfu, "_loaded_implementation"):
+            mfu._loaded_implementation = None
