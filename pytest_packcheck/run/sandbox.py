@@ -114,11 +114,14 @@ def interrupt_signal(exitcode: int | None) -> signal.Signals | None:
 
 
 def _child_main(cells: list[Any], run_cell: Callable[[Any], Any], conn: Any, log_path: str,
-                held: _HeldStopSignals | None = None) -> None:
-    """In the forked child: route stdout/stderr to the log, run the cells, send each result, exit hard: 0 when
-    every cell was sent, ``INTERRUPT_EXIT_BASE + N`` when signal N of :data:`INTERRUPT_SIGNALS` (or a
-    KeyboardInterrupt: SIGINT) stopped it, 70 when anything else escaped the runner."""
+                held: _HeldStopSignals | None = None, threads: int | None = None) -> None:
+    """In the forked child: route stdout/stderr to the log, run the cells (on ``threads`` torch intra-op threads
+    when given), send each result, exit hard: 0 when every cell was sent, ``INTERRUPT_EXIT_BASE + N`` when signal N
+    of :data:`INTERRUPT_SIGNALS` (or a KeyboardInterrupt: SIGINT) stopped it, 70 when anything else escaped the
+    runner."""
     _die_with_parent()
+    if threads and "torch" in sys.modules:  # before any torch op here (SideBySide: the parent's OpenMP team)
+        sys.modules["torch"].set_num_threads(threads)
     if held is not None:
         held.restore()
     _trap_interrupts()
@@ -248,6 +251,7 @@ def run_isolated(
     make_failure: Callable[[Any, str, str, dict[str, Any]], Any],
     on_result: Callable[[Any], None],
     timeout_s: float | None = DEFAULT_TIMEOUT_S,
+    child_threads: int | None = None,
 ) -> dict[str, Any]:
     """Run ``cells`` (in order) in forked children; return cell_id -> result.
 
@@ -258,87 +262,216 @@ def run_isolated(
     ``timeout_s`` None or 0: no limit. A child stopped by an interrupt (:func:`interrupt_signal`) leaves its cells
     as ``make_failure(cell, "skipped", ...)`` with ``metrics.not_run`` "interrupted" and ``metrics.signal``
     (returned, not handed to ``on_result``: they did not finish, so the journal does not hold them).
+    ``child_threads``: the child's torch intra-op threads (:class:`SideBySide`). One group of
+    :class:`SideBySide`, one child at a time.
     """
-    import multiprocessing
+    return SideBySide([("", cells)], run_cell, make_failure, on_result, timeout_s, jobs=1,
+                      child_threads=child_threads).wait_for("")
 
-    from ..results.schema import CellResult
 
-    ctx = multiprocessing.get_context("fork")
-    results: dict[str, Any] = {}
-    pending = list(cells)
-    while pending:
-        fd, log_path = tempfile.mkstemp(prefix="packcheck-child-", suffix=".log")
+class _GroupChildren:
+    """One group's cells (a model's) in forked children, in order: one child runs them all; after a crash or a
+    timeout a new child takes the rest (:func:`run_isolated`'s rules). Driven by :class:`SideBySide`: :meth:`start`
+    forks, :meth:`step` handles what the child sent (or its silence past the timeout)."""
+
+    def __init__(self, cells: list[Any], run_cell: Callable[[Any], Any],
+                 make_failure: Callable[[Any, str, str, dict[str, Any]], Any], on_result: Callable[[Any], None],
+                 timeout_s: float | None, child_threads: int | None) -> None:
+        self.pending = list(cells)
+        self.results: dict[str, Any] = {}
+        self.run_cell, self.make_failure, self.on_result = run_cell, make_failure, on_result
+        self.timeout_s, self.child_threads = timeout_s, child_threads
+        self.proc: Any = None
+        self.reader: Any = None
+        self.log_path = ""
+        self.t_start = 0.0
+
+    @property
+    def done(self) -> bool:
+        return self.proc is None and not self.pending
+
+    def deadline(self) -> float | None:
+        """perf_counter seconds by which the running cell must answer (None: no limit)."""
+        return self.t_start + self.timeout_s if self.timeout_s else None
+
+    def start(self) -> None:
+        """Fork the child for the pending cells (stop signals held during the fork, :class:`_HeldStopSignals`)."""
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("fork")
+        fd, self.log_path = tempfile.mkstemp(prefix="packcheck-child-", suffix=".log")
         os.close(fd)
         reader, writer = ctx.Pipe(duplex=False)
-        t_start = time.perf_counter()
+        self.t_start = time.perf_counter()
         gc.freeze()  # the child's collector then skips the parent's objects: no copy-on-write of their pages
         held = _HeldStopSignals()
         try:
-            proc = ctx.Process(target=_child_main, args=(pending, run_cell, writer, log_path, held), daemon=True)
+            proc = ctx.Process(target=_child_main, args=(self.pending, self.run_cell, writer, self.log_path, held,
+                                                         self.child_threads), daemon=True)
             proc.start()
         finally:
             held.restore()
-        writer.close()
+            writer.close()
+        self.proc, self.reader = proc, reader
+        held.deliver()  # a Ctrl-C that came during the fork is raised here; SideBySide's close() reaps the child
+
+    def step(self) -> None:
+        """Handle one message of the child (a result, or its end: a crash or an interrupt), or kill it when its cell
+        is past the timeout; a new child takes the remaining cells after a crash or a timeout."""
+        from ..results.schema import CellResult
+
+        if not self.reader.poll(0):
+            deadline = self.deadline()
+            if deadline is None or time.perf_counter() < deadline:
+                return
+            self.proc.kill()
+            self.proc.join()
+            cell = self.pending.pop(0)
+            waited = time.perf_counter() - self.t_start
+            result = self.make_failure(cell, "timeout", f"no result within {self.timeout_s:g} s (--packcheck-timeout); "
+                                       f"the child was killed. Last output: {_tail(self.log_path) or '(none)'}",
+                                       {"timeout_s": self.timeout_s, "waited_s": round(waited, 2)})
+            result.duration_s = round(waited, 4)  # until the kill, never 0.0 (trial 19, 133)
+            self._finish(cell, result)
+            return self._next_child()
         try:
-            held.deliver()  # a Ctrl-C that came during the fork is raised here, with the child reaped below
-            while pending:
-                if not reader.poll(timeout_s or None):
-                    proc.kill()
-                    proc.join()
-                    cell = pending.pop(0)
-                    waited = time.perf_counter() - t_start
-                    result = make_failure(cell, "timeout", f"no result within {timeout_s:g} s (--packcheck-timeout); "
-                                          f"the child was killed. Last output: {_tail(log_path) or '(none)'}",
-                                          {"timeout_s": timeout_s, "waited_s": round(waited, 2)})
-                    result.duration_s = round(waited, 4)  # until the kill, never 0.0 (trial 19, 133)
-                    results[cell.cell_id] = result
-                    on_result(result)
-                    break
-                try:
-                    message = reader.recv()
-                except (EOFError, OSError):
-                    proc.join()
-                    stopped = interrupt_signal(proc.exitcode)
-                    if stopped is not None:  # an interrupt (`kill` of the child), not a crash: its cells are not run
-                        for cell in pending:  # not journaled: --packcheck-resume runs them
-                            results[cell.cell_id] = make_failure(cell, "skipped", (
-                                f"not run: the isolated child running this model's cells was stopped by {stopped.name} "
-                                f"(an interrupt, not a crash; {_signal_name(proc.exitcode)}) before this check; rerun "
-                                "with --packcheck-resume"), {"not_run": "interrupted", "signal": stopped.name,
-                                                             "exitcode": proc.exitcode})
-                        pending.clear()
-                        break
-                    cell = pending.pop(0)
-                    how = _signal_name(proc.exitcode)
-                    if proc.exitcode == -signal.SIGKILL:  # from outside: the OOM killer or `kill -9`, not the model
-                        result = make_failure(cell, "error", (
-                            f"the isolated child running this cell was killed from outside ({how}: the kernel's OOM "
-                            "killer or a `kill -9`), not a crash of the model: nothing was judged; --packcheck-resume "
-                            f"runs it again. Last output: {_tail(log_path) or '(none)'}"),
-                            {"exitcode": proc.exitcode, "stage": "child", "not_journaled": "killed"})
-                        result.cause = "killed"
-                        result.evidence = {"signal": "SIGKILL", "exitcode": proc.exitcode}
-                    else:
-                        result = make_failure(cell, "error", f"the isolated child crashed ({how}) running this cell. "
-                                              f"Last output: {_tail(log_path) or '(none)'}",
-                                              {"exitcode": proc.exitcode, "stage": "child"})
-                    result.duration_s = round(time.perf_counter() - t_start, 4)  # until the crash
-                    results[cell.cell_id] = result
-                    on_result(result)
-                    break
-                result = CellResult.from_dict(json.loads(message))
-                cell = pending.pop(0)
-                if result.cell_id != cell.cell_id:  # a programming error, not a model problem: say so loudly
-                    raise RuntimeError(f"isolated child answered {result.cell_id} for {cell.cell_id}")
-                results[cell.cell_id] = result
-                on_result(result)
-                t_start = time.perf_counter()
-        finally:
-            reader.close()
+            message = self.reader.recv()
+        except (EOFError, OSError):
+            self.proc.join()
+            stopped = interrupt_signal(self.proc.exitcode)
+            if stopped is not None:  # an interrupt (`kill` of the child), not a crash: its cells are not run
+                for cell in self.pending:  # not journaled: --packcheck-resume runs them
+                    self.results[cell.cell_id] = self.make_failure(cell, "skipped", (
+                        f"not run: the isolated child running this model's cells was stopped by {stopped.name} "
+                        f"(an interrupt, not a crash; {_signal_name(self.proc.exitcode)}) before this check; rerun "
+                        "with --packcheck-resume"), {"not_run": "interrupted", "signal": stopped.name,
+                                                     "exitcode": self.proc.exitcode})
+                self.pending.clear()
+                return self._next_child()
+            cell = self.pending.pop(0)
+            how = _signal_name(self.proc.exitcode)
+            if self.proc.exitcode == -signal.SIGKILL:  # from outside: the OOM killer or `kill -9`, not the model
+                result = self.make_failure(cell, "error", (
+                    f"the isolated child running this cell was killed from outside ({how}: the kernel's OOM "
+                    "killer or a `kill -9`), not a crash of the model: nothing was judged; --packcheck-resume "
+                    f"runs it again. Last output: {_tail(self.log_path) or '(none)'}"),
+                    {"exitcode": self.proc.exitcode, "stage": "child", "not_journaled": "killed"})
+                result.cause = "killed"
+                result.evidence = {"signal": "SIGKILL", "exitcode": self.proc.exitcode}
+            else:
+                result = self.make_failure(cell, "error", f"the isolated child crashed ({how}) running this cell. "
+                                           f"Last output: {_tail(self.log_path) or '(none)'}",
+                                           {"exitcode": self.proc.exitcode, "stage": "child"})
+            result.duration_s = round(time.perf_counter() - self.t_start, 4)  # until the crash
+            self._finish(cell, result)
+            return self._next_child()
+        result = CellResult.from_dict(json.loads(message))
+        cell = self.pending.pop(0)
+        if result.cell_id != cell.cell_id:  # a programming error, not a model problem: say so loudly
+            raise RuntimeError(f"isolated child answered {result.cell_id} for {cell.cell_id}")
+        self._finish(cell, result)
+        self.t_start = time.perf_counter()
+        if not self.pending:
+            self._next_child()
+
+    def _finish(self, cell: Any, result: Any) -> None:
+        self.results[cell.cell_id] = result
+        self.on_result(result)
+
+    def _next_child(self) -> None:
+        """The child is done (its cells answered) or gone: reap it; fork the next one for the cells left."""
+        self.close()
+        if self.pending:
+            self.start()
+
+    def close(self) -> None:
+        """Reap the child (killed when it does not end within 5 s) and remove its log."""
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.is_alive():
+            proc.join(timeout=5)
             if proc.is_alive():
-                proc.join(timeout=5)
-                if proc.is_alive():
-                    proc.kill()
-                    proc.join()
-            Path(log_path).unlink(missing_ok=True)
-    return results
+                proc.kill()
+                proc.join()
+        if self.log_path:
+            Path(self.log_path).unlink(missing_ok=True)
+            self.log_path = ""
+
+
+class SideBySide:
+    """Groups of cells (a model's each) run in forked children, ``jobs`` of them at a time, all forked from this one
+    process: torch, transformers and the resolved models are imported and made once, not once per xdist worker
+    (issue 47: the default audit's three processes each imported torch and transformers, resolved the 26 models
+    and warmed up; 28.3 s of CPU against 15 s in one process). Groups start in the order given; each group is
+    :func:`run_isolated`'s (a crash or a timeout costs one cell, an interrupt leaves the rest not run).
+
+    ``child_threads``: each child sets torch's intra-op threads to it before its first cell (None: inherited). A
+    child forked from a process whose OpenMP thread team exists deadlocks in its first parallel region of more
+    than one thread (libgomp is not fork-safe: torch 2.13.0+cpu here, a 512x512 matmul in the parent on two threads,
+    then one in the child, hung every time); one thread in the child never enters the team
+    (tests/test_isolation.py runs it twice after a parallel matmul in the parent).
+
+    :meth:`wait_for` runs the children until a group is done and returns its results (cell_id -> result); the
+    children of the next groups go on meanwhile. :meth:`close` reaps every child (an interrupt, a pytest -x)."""
+
+    def __init__(self, groups: list[tuple[str, list[Any]]], run_cell: Callable[[Any], Any],
+                 make_failure: Callable[[Any, str, str, dict[str, Any]], Any], on_result: Callable[[Any], None],
+                 timeout_s: float | None = DEFAULT_TIMEOUT_S, jobs: int = 1, child_threads: int | None = None) -> None:
+        self.queue = [(name, _GroupChildren(cells, run_cell, make_failure, on_result, timeout_s, child_threads))
+                      for name, cells in groups]
+        self.names = {name for name, _ in groups}
+        self.jobs = max(1, int(jobs))
+        self.running: dict[str, _GroupChildren] = {}
+        self.finished: dict[str, dict[str, Any]] = {}
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.names
+
+    def wait_for(self, name: str) -> dict[str, Any]:
+        """Run the children until group ``name`` is done; its cell_id -> result. Raises KeyError for a group not
+        given; anything raised here (KeyboardInterrupt) first reaps every child."""
+        if name not in self.names:
+            raise KeyError(name)
+        try:
+            while name not in self.finished:
+                self._fill()
+                self._step()
+        except BaseException:
+            self.close()
+            raise
+        return self.finished[name]
+
+    def _fill(self) -> None:
+        while self.queue and len(self.running) < self.jobs:
+            name, group = self.queue.pop(0)
+            self.running[name] = group
+            if group.pending:
+                group.start()
+            self._collect()
+
+    def _collect(self) -> None:
+        for name in [n for n, g in self.running.items() if g.done]:
+            self.finished[name] = self.running.pop(name).results
+
+    def _step(self) -> None:
+        from multiprocessing.connection import wait
+
+        self._collect()
+        if not self.running:
+            return
+        deadlines = [d for d in (g.deadline() for g in self.running.values()) if d is not None]
+        timeout = max(0.0, min(deadlines) - time.perf_counter()) if deadlines else None
+        ready = wait([g.reader for g in self.running.values()], timeout)
+        now = time.perf_counter()
+        for group in list(self.running.values()):
+            deadline = group.deadline()
+            if group.reader in ready or (deadline is not None and now >= deadline):
+                group.step()
+        self._collect()
+
+    def close(self) -> None:
+        """Reap every running child (each within 5 s, else killed)."""
+        for group in self.running.values():
+            group.close()

@@ -52,6 +52,7 @@ class PackcheckSession:
         self._resolved: list[Any] | None = None
         self._runner: Any = None
         self._group_results: dict[str, dict[str, Any]] = {}
+        self._pool: Any = None  # the SideBySide of this run's groups; False: one child at a time (_side_by_side)
         self._cuda_fork_verdict: bool | None = None
         self._report_lock: Any = None
         self.resumed: dict[str, Any] = {}
@@ -71,6 +72,8 @@ class PackcheckSession:
     def release(self) -> None:
         """Release the report folder and the stop signals (pytest_unconfigure)."""
         release_stop_signals()
+        if self._pool:
+            self._pool.close()  # children still running (pytest -x stopped the run): reaped, not left behind
         lock = self._report_lock
         if lock is not None and lock.is_locked:
             lock.release(force=True)
@@ -177,7 +180,12 @@ class PackcheckSession:
 
             warm_up(self.settings.tolerances.get("float32", {}), self.settings.device, self.settings.backends,
                     self.settings.checks)
-
+            pool = self._side_by_side(item)
+            if pool is not None and cell.group in pool:
+                group = self._group_results.setdefault(cell.group, {})
+                group.update(pool.wait_for(cell.group))
+                if cell.cell_id in group:
+                    return group[cell.cell_id]
             todo = [i.cell for i in item.session.items
                     if isinstance(i, PackcheckItem) and i.cell.group == cell.group and i.cell.cell_id not in self.resumed
                     and i.cell.cell_id not in (group or {})]
@@ -187,6 +195,32 @@ class PackcheckSession:
             group.update(run_isolated(todo, self.runner().run, self._failure,
                                       lambda r: self.journal.append(r.to_json()), self.settings.timeout_s))
         return group[cell.cell_id]
+
+    def _side_by_side(self, item: PackcheckItem) -> Any:
+        """The :class:`~.sandbox.SideBySide` of this run's model groups when ``packcheck audit`` asked for children
+        side by side (:class:`ChildrenSideBySide`, more than one) on a CPU device: made at the first cell, over every
+        collected cell of this process not taken from the journal, group by group in item order; None otherwise
+        (one child at a time, :func:`~.sandbox.run_isolated`)."""
+        if self._pool is None:
+            plugin = next((p for p in self.config.pluginmanager.get_plugins() if isinstance(p, ChildrenSideBySide)), None)
+            jobs = plugin.jobs if plugin is not None else 1
+            if jobs <= 1 or not self.settings.device.startswith("cpu"):
+                self._pool = False
+                return None
+            from .sandbox import SideBySide
+
+            groups: dict[str, list[Any]] = {}
+            for i in item.session.items:
+                if isinstance(i, PackcheckItem) and not i.cell.env and i.cell.cell_id not in self.resumed:
+                    groups.setdefault(i.cell.group, []).append(i.cell)
+            tiny = self.settings.weights == "random"
+            # one thread in a child: shrunk random-weight models gain nothing from more (process.limit_threads), and
+            # one thread never enters an OpenMP team a fork left half copied (sandbox.SideBySide)
+            threads = 1 if tiny else max(1, (os.cpu_count() or 1) // jobs)
+            self._pool = SideBySide(list(groups.items()), self.runner().run, self._failure,
+                                    lambda r: self.journal.append(r.to_json()), self.settings.timeout_s, jobs=jobs,
+                                    child_threads=None if os.environ.get("OMP_NUM_THREADS") else threads)
+        return self._pool or None
 
     def _cuda_initialised_here(self) -> bool:
         """True when a child forked from this process could not use CUDA (:func:`~.process.fork_poisoned`, asked
@@ -377,6 +411,15 @@ class PackcheckSession:
                  "so they are not taken for this run's" if self.set_aside else "")
         return (f"no packcheck cell ran ({'deselected by ' + why if why else 'none was collected'}), so no matrix was "
                 f"written{remove_report_files(self.settings.report_dir) or moved}{journal}.")
+
+
+class ChildrenSideBySide:
+    """A pytest plugin object ``packcheck audit`` hands to ``pytest.main``: run the cell children of ``jobs`` models
+    side by side, all forked from the one pytest process (:class:`~.sandbox.SideBySide`), instead of pytest-xdist
+    workers that each import torch and transformers, resolve the models and warm up (issue 47)."""
+
+    def __init__(self, jobs: int) -> None:
+        self.jobs = jobs
 
 
 #: Where a run that takes the report folder puts the previous run's report set (issue 42: after a SIGKILL, a SIGHUP
