@@ -1,6 +1,7 @@
 """Benchmark: the default audit's CPU time against its floor, from one run (issue 47: at most 2x the floor).
 
     python benchmarks/bench_audit.py [--backends eager,sdpa] [--audit-only | --floor-only] [--profile FILE]
+                                     [--repeat N] [-- extra audit arguments, e.g. -n 0]
 
 The floor (``--floor-only`` runs it alone, in this process): what the audit cannot do without, built by packcheck's
 own code (audit/default.toml's models through resolve_model, the shrink and build_model; the workbench's examples
@@ -11,7 +12,8 @@ failed build in both.
 
 The audit: ``packcheck audit -q --packcheck-attn <backends>`` in a child process, right after the floor (also a
 child process), each measured as the children's user + system CPU seconds (``resource.RUSAGE_CHILDREN``: every
-xdist worker and forked cell included) and wall seconds. Prints both and the ratio audit / floor.
+forked cell child included) and wall seconds. Prints both and the ratio audit / floor; ``--repeat N`` runs N
+rounds of floor then audit, one line each, then the medians (the machine is shared: each round says its load).
 ``--profile FILE`` runs the audit under cProfile in this process (``-n 0``: no workers) and writes the stats.
 """
 
@@ -24,7 +26,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+from suite_timing import load_average, repeated
 
 
 def floor(backends: tuple[str, ...]) -> int:
@@ -96,6 +101,8 @@ def main() -> int:
     parser.add_argument("--audit-only", action="store_true", help="time the audit alone")
     parser.add_argument("--profile", type=Path, default=None, help="cProfile the audit in this process (-n 0) into FILE")
     parser.add_argument("--report-dir", type=Path, default=None, help="keep the audit's reports here")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds of floor then audit (default 1); medians after")
+    parser.add_argument("audit_args", nargs="*", help="more arguments for packcheck audit (after --), e.g. -- -n 0")
     ns = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     backends = tuple(b.strip() for b in ns.backends.split(",") if b.strip())
@@ -104,7 +111,7 @@ def main() -> int:
         return 0
     out = ns.report_dir or Path(tempfile.mkdtemp(prefix="bench-audit-"))
     audit = [sys.executable, "-m", "pytest_packcheck.cli", "audit", "-q", "--packcheck-attn", ",".join(backends),
-             "--packcheck-report-dir", str(out)]
+             "--packcheck-report-dir", str(out), *ns.audit_args]
     if ns.profile:
         import cProfile
 
@@ -114,15 +121,37 @@ def main() -> int:
                         str(ns.profile))
         print(f"profile written to {ns.profile}")
         return 0
-    print(f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.2f} before the run")
-    if not ns.audit_only:
-        f_cpu, f_wall, f_out = _child([sys.executable, __file__, "--floor-only", "--backends", ns.backends])
-        print(f"floor: {f_out.splitlines()[-1]}: {f_cpu:.1f} s CPU, {f_wall:.1f} s wall")
-    a_cpu, a_wall, _ = _child(audit)
-    print(f"packcheck audit -q --packcheck-attn {','.join(backends)}: {a_cpu:.1f} s CPU, {a_wall:.1f} s wall "
-          f"(reports in {out})")
-    if not ns.audit_only:
-        print(f"audit / floor: {a_cpu / f_cpu:.2f}x CPU, {a_wall / f_wall:.2f}x wall; load {os.getloadavg()[0]:.2f} after")
+    load, cores = load_average()
+    print(f"{cores} cores, load {load:.2f} before the run")
+    walls: dict[str, float] = {}
+    pairs: list[str] = []
+
+    def timed(name: str, argv: list[str]) -> Callable[[], float]:
+        def measure() -> float:
+            cpu, walls[name], text = _child(argv)
+            if name == "floor":
+                pairs[:] = [text.splitlines()[-1]]
+            return cpu
+        return measure
+
+    def line(run: dict[str, float]) -> str:
+        text = []
+        if "floor" in run:
+            text.append(f"floor: {pairs[0]}: {run['floor']:.1f} s CPU, {walls['floor']:.1f} s wall")
+        text.append(f"packcheck audit -q --packcheck-attn {','.join(backends)}{''.join(' ' + a for a in ns.audit_args)}: "
+                    f"{run['audit']:.1f} s CPU, {walls['audit']:.1f} s wall (reports in {out})")
+        if "floor" in run:
+            text.append(f"audit / floor: {run['audit'] / run['floor']:.2f}x CPU, {walls['audit'] / walls['floor']:.2f}x "
+                        f"wall; load {load_average()[0]:.2f} after")
+        return "\n".join(text)
+
+    measures = {} if ns.audit_only else {"floor": timed("floor", [sys.executable, __file__, "--floor-only",
+                                                                   "--backends", ns.backends])}
+    measures["audit"] = timed("audit", audit)
+    median = repeated(ns.repeat, measures, line)
+    if ns.repeat > 1 and not ns.audit_only:
+        print(f"median of {ns.repeat}: floor {median['floor']:.1f} s CPU, audit {median['audit']:.1f} s CPU, "
+              f"{median['audit'] / median['floor']:.2f}x")
     return 0
 
 

@@ -10,26 +10,9 @@ packed-vs-alone comparison costs. Prints each run's wall seconds, their medians 
 
 from __future__ import annotations
 
-import argparse
-import os
-import statistics
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 
-import tomllib
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-def audit_seconds() -> float:
-    with tempfile.TemporaryDirectory() as out:
-        t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "audit", "-q", "--audit", "multimodal",
-                        "--packcheck-report-dir", out], check=True, capture_output=True)
-        return time.perf_counter() - t0
+from suite_timing import audit_seconds, load_average, repeat_parser, repeated, suite_definition
 
 
 def floor_seconds() -> float:
@@ -42,7 +25,7 @@ def floor_seconds() -> float:
     from pytest_packcheck.model.resolve import resolve_model
     from pytest_packcheck.model.specs import parse_model_spec
 
-    audit = tomllib.loads((REPO / "audit" / "multimodal.toml").read_text())["audit"]
+    audit = suite_definition("multimodal")
     tol = load_tolerances(None, None, "bench")[0]["float32"]
     t0 = time.perf_counter()
     for spec in audit["models"]:
@@ -62,16 +45,11 @@ def floor_seconds() -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=1, help="Runs of each (default 1).")
-    ns = parser.parse_args()
-    audits, floors = [], []
-    for _ in range(ns.repeat):
-        audits.append(audit_seconds())
-        floors.append(floor_seconds())
-        print(f"audit --audit multimodal {audits[-1]:.1f} s wall; floor {floors[-1]:.1f} s; load average "
-              f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
-    a, f = statistics.median(audits), statistics.median(floors)
+    ns = repeat_parser(__doc__).parse_args()
+    median = repeated(ns.repeat, {"audit": lambda: audit_seconds("multimodal"), "floor": floor_seconds},
+                      lambda run: "audit --audit multimodal {:.1f} s wall; floor {:.1f} s; load average {:.1f} on {} "
+                                  "cores".format(run["audit"], run["floor"], *load_average()))
+    a, f = median["audit"], median["floor"]
     print(f"median: audit {a:.1f} s, floor {f:.1f} s, ratio {a / f:.2f}x (target: audit <= 180 s on 2 quiet cores)")
     return 0
 

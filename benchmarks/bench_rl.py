@@ -9,25 +9,9 @@ The floor: the same models built once per backend and the same check functions c
 
 from __future__ import annotations
 
-import argparse
-import statistics
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 
-import tomllib
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-def audit_seconds() -> float:
-    with tempfile.TemporaryDirectory() as out:
-        t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "audit", "-q", "--audit", "rl",
-                        "--packcheck-report-dir", out], check=True, capture_output=True)
-        return time.perf_counter() - t0
+from suite_timing import audit_seconds, repeat_parser, repeated, suite_definition
 
 
 def floor_seconds() -> float:
@@ -39,7 +23,7 @@ def floor_seconds() -> float:
     from pytest_packcheck.model.resolve import resolve_model
     from pytest_packcheck.model.specs import parse_model_spec
 
-    audit = tomllib.loads((REPO / "audit" / "rl.toml").read_text())["audit"]
+    audit = suite_definition("rl")
     tol = load_tolerances(None, None, "bench")[0]["float32"]
     t0 = time.perf_counter()
     for spec in audit["models"]:
@@ -62,15 +46,10 @@ def floor_seconds() -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=1, help="Runs of each (default 1).")
-    ns = parser.parse_args()
-    audits, floors = [], []
-    for _ in range(ns.repeat):
-        audits.append(audit_seconds())
-        floors.append(floor_seconds())
-        print(f"audit --audit rl {audits[-1]:.1f} s wall; floor {floors[-1]:.1f} s", flush=True)
-    a, f = statistics.median(audits), statistics.median(floors)
+    ns = repeat_parser(__doc__).parse_args()
+    median = repeated(ns.repeat, {"audit": lambda: audit_seconds("rl"), "floor": floor_seconds},
+                      lambda run: f"audit --audit rl {run['audit']:.1f} s wall; floor {run['floor']:.1f} s")
+    a, f = median["audit"], median["floor"]
     print(f"median: audit {a:.1f} s, floor {f:.1f} s, ratio {a / f:.2f}x (target: audit <= 180 s on 2 quiet cores)")
     return 0
 

@@ -12,27 +12,10 @@ ratios and the load average (the machine is shared: say which load a number was 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import os
-import statistics
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 
-import tomllib
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-def audit_seconds() -> float:
-    with tempfile.TemporaryDirectory() as out:
-        t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "audit", "-q", "--audit", "stack",
-                        "--packcheck-report-dir", out], check=True, capture_output=True)
-        return time.perf_counter() - t0
+from suite_timing import audit_seconds, load_average, repeat_parser, repeated, suite_definition
 
 
 def floor_seconds(compute: bool = False) -> float:
@@ -47,7 +30,7 @@ def floor_seconds(compute: bool = False) -> float:
     from pytest_packcheck.model.specs import parse_model_spec
     from pytest_packcheck.model.stack import apply_element
 
-    audit = tomllib.loads((REPO / "audit" / "stack.toml").read_text())["audit"]
+    audit = suite_definition("stack")
     tol = load_tolerances(None, None, "bench")[0]["float32"]
     t0 = time.perf_counter()
     for spec in audit["models"]:
@@ -74,17 +57,12 @@ def floor_seconds(compute: bool = False) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=1, help="Runs of each (default 1).")
-    ns = parser.parse_args()
-    audits, floors, computes = [], [], []
-    for _ in range(ns.repeat):
-        audits.append(audit_seconds())
-        floors.append(floor_seconds())
-        computes.append(floor_seconds(compute=True))
-        print(f"audit --audit stack {audits[-1]:.1f} s wall; checks floor {floors[-1]:.1f} s; compute floor "
-              f"{computes[-1]:.1f} s; load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
-    a, f, c = statistics.median(audits), statistics.median(floors), statistics.median(computes)
+    ns = repeat_parser(__doc__).parse_args()
+    median = repeated(ns.repeat, {"audit": lambda: audit_seconds("stack"), "checks": floor_seconds,
+                                  "compute": lambda: floor_seconds(compute=True)},
+                      lambda run: "audit --audit stack {:.1f} s wall; checks floor {:.1f} s; compute floor {:.1f} s; load "
+                                  "{:.1f} on {} cores".format(run["audit"], run["checks"], run["compute"], *load_average()))
+    a, f, c = median["audit"], median["checks"], median["compute"]
     print(f"median: audit {a:.1f} s, checks floor {f:.1f} s (ratio {a / f:.2f}x), compute floor {c:.1f} s (ratio "
           f"{a / c:.2f}x; target: audit <= 300 s on 2 quiet cores)")
     return 0

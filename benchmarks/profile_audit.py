@@ -2,8 +2,9 @@
 
     python benchmarks/profile_audit.py [--backends eager,sdpa] [--keep DIR] [-- extra audit arguments]
 
-Runs ``packcheck audit -q --packcheck-attn <backends>`` as the audit runs (``-n 2``: the controller, two xdist
-workers, a forked child per model), with a ``sitecustomize`` on ``PYTHONPATH`` that profiles every one of those
+Runs ``packcheck audit -q --packcheck-attn <backends>`` as the audit runs (``-n 2``: one process, two models' cell
+children side by side, a forked child per model; ``-- -n 2`` with ``--packcheck-isolation`` none or a CUDA device:
+the controller and two xdist workers), with a ``sitecustomize`` on ``PYTHONPATH`` that profiles every one of those
 processes under cProfile on ``time.process_time`` (CPU seconds: waiting on a pipe or a lock costs nothing): each
 process from its start, each forked cell child from its fork (its own profiler; the parent's is dropped), written
 to ``DIR/<role>-<pid>.prof`` when the process ends (``atexit``, or the ``os._exit`` the sandbox's child and xdist's
@@ -14,8 +15,10 @@ workers end with). Then prints per role (controller, worker, cell child) the pro
 - ``model builds``: :func:`pytest_packcheck.model.build.build_model` (inside cells: its cell group's first cell);
 - ``checks``: the check functions and the non-finite gate (``CellRunner._run`` minus the build), forwards included;
 - ``forwards``: the part of ``checks`` spent in the model's ``nn.Module`` calls from :class:`Workbench`;
-- ``fork + pipe``: :func:`run_isolated` in the parent (fork, pipes, results decoded);
-- ``collection``: pytest's collection (model specs resolved, cells planned, items made);
+- ``fork + pipe``: :meth:`SideBySide.wait_for` (or :func:`run_isolated`) in the parent: forks, pipes, results decoded
+  and journaled;
+- ``resolve``: the model specs resolved (their configs made, shrunk and counted), once per process;
+- ``collection``: pytest's collection (cells planned, items made);
 - ``journal``, ``report``: the journal appends, the report files written.
 
 Profiling adds its own overhead (Python calls cost several times more under cProfile): the phases' shares are
@@ -97,7 +100,8 @@ PHASES = {
     "checks": [("run/runner.py", "_run")],
     "forwards": [("checks/workbench.py", "forward"), ("checks/workbench.py", "solo"),
                  ("checks/workbench.py", "param_grads")],
-    "fork + pipe": [("run/sandbox.py", "run_isolated")],
+    "fork + pipe": [("run/sandbox.py", "wait_for"), ("run/sandbox.py", "run_isolated")],
+    "resolve": [("run/session.py", "resolved_models")],
     "collection": [("_pytest/main.py", "perform_collect")],
     "journal": [("run/journal.py", "append")],
     "report": [("run/session.py", "finish"), ("report/formats.py", "write_reports")],
