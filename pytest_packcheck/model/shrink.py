@@ -429,9 +429,15 @@ def _derived_sizes(d: dict[str, Any], hidden_key: str, heads_key: str, original:
     if isinstance(expand, int | float) and not isinstance(expand, bool):
         inner = int(expand * hidden)
         if isinstance(d.get("mamba_n_heads"), int) and isinstance(d.get("mamba_d_head"), int) and "mamba_d_ssm" not in d:
-            d["mamba_d_head"] = max(1, inner // d["mamba_n_heads"])  # bamba, granitemoehybrid, nemotron_h
+            d["mamba_d_head"] = max(1, inner // d["mamba_n_heads"])  # bamba, granitemoehybrid
+        if isinstance(d.get("mamba_num_heads"), int) and isinstance(d.get("mamba_head_dim"), int):
+            _shrink_nemotron_h_mixer(d, inner)
         if isinstance(d.get("n_mamba_heads"), int) and "mamba_headdim" in d:  # zamba2
             d["mamba_headdim"] = max(1, inner // d["n_mamba_heads"])
+            if isinstance(d.get("chunk_size"), int) and d["chunk_size"] > SSD_CHUNK:
+                # 256 at full size: the CPU scan padded the 31-token row to 256 (4x the CPU of 16, issue 47), and
+                # the whole row sat in one chunk; 16 also carries the state from chunk to chunk across a boundary
+                d["chunk_size"] = SSD_CHUNK
         if isinstance(d.get("num_heads"), int) and isinstance(d.get("head_dim"), int) and heads_key not in d:
             d["num_heads"] = max(1, inner // d["head_dim"])  # mamba2: num_heads x head_dim == expand x hidden
             if isinstance(d.get("n_groups"), int):
@@ -473,6 +479,30 @@ def _derived_sizes(d: dict[str, Any], hidden_key: str, heads_key: str, original:
                 original_layer_nope(layer_cfg, nope, original, d) + original.get("qk_rope_head_dim", -1)):
             # dots3: the sliding layers' head_dim is their own nope part plus the shared rope part
             d["head_dim"] = nope + d["qk_rope_head_dim"]
+
+
+#: The chunk (tokens) of a mamba2 mixer's SSD scan after the shrink, where the config names it ``chunk_size`` (zamba2,
+#: nemotron_h; ``mamba_chunk_size`` of the other hybrids is in FIXED_SIZES): shorter than the probe row, so one
+#: boundary falls inside a chunk and the state crosses from chunk to chunk.
+SSD_CHUNK = FIXED_SIZES["mamba_chunk_size"]
+#: nemotron_h's B / C groups after the shrink (each shared by several heads, as at full size: 8 groups of 16 heads).
+NEMOTRON_H_GROUPS = 2
+
+
+def _shrink_nemotron_h_mixer(d: dict[str, Any], inner: int) -> None:
+    """nemotron_h's mamba2 mixer (transformers 5.3+ ``NemotronHMamba2Mixer``: intermediate = mamba_num_heads x
+    mamba_head_dim, B / C of n_groups x ssm_state_size, the SSD scan in chunks of chunk_size): heads x head size ==
+    ``inner`` (expand x hidden, as at full size), :data:`NEMOTRON_H_GROUPS` groups, chunks of :data:`SSD_CHUNK`
+    tokens, shorter than the probe row (31 tokens), so the scan both runs within a chunk across a boundary and carries
+    the state from one chunk to the next; the conv kernel (4) is kept. The heads and the state size come from
+    :data:`FIXED_SIZES`. Full size, the CPU scan materialises chunk x chunk x heads x state per chunk (128^4 floats,
+    1 GiB), ~1.7 h of the atlas's CPU (issue 47)."""
+    heads = d["mamba_num_heads"]
+    d["mamba_head_dim"] = max(1, inner // heads)
+    if isinstance(d.get("n_groups"), int) and d["n_groups"] > 1:
+        d["n_groups"] = math.gcd(NEMOTRON_H_GROUPS, heads)
+    if isinstance(d.get("chunk_size"), int) and d["chunk_size"] > SSD_CHUNK:
+        d["chunk_size"] = SSD_CHUNK
 
 
 def _fill_required(d: dict[str, Any], hidden_key: str, heads_key: str, notes: list[str]) -> None:

@@ -52,6 +52,12 @@ FIXED_SIZES = {
     "mamba_d_head": 8,
     "mamba_d_state": 16,
     "mamba_chunk_size": 16,
+    # nemotron_h's mamba2 mixer, under its own names (its mamba_head_dim follows from expand x hidden, and its
+    # chunk_size and n_groups, names other configs use for other things, are set in shrink._derived_sizes): at full
+    # size (128 heads, state 128, chunk 128) its CPU forward alone was ~1.7 h of the atlas's 40 releases (issue 47)
+    "mamba_num_heads": 8,
+    "ssm_state_size": 16,
+    "moe_shared_expert_intermediate_size": TINY_HIDDEN // 2,
     # encoder-decoder families used as causal decoders (bart, blenderbot, ...)
     "encoder_layers": 2,
     "decoder_layers": 2,
