@@ -74,3 +74,20 @@ def test_llava_rows_pass_and_a_row_that_never_restarts_is_not_judged(tolerances)
                                            batch["input_ids"].shape[1]], dtype=torch.int32)
     result = verify_packed_batch(wb.model, batch)
     assert (result.verdict, result.cause) == ("fail", "leak"), result.line()  # one causal block on sdpa
+
+
+def test_a_video_row_is_judged_with_each_sample_s_own_video(qwen2_vl):
+    """pixel_values_videos / video_grid_thw split per sample as the images are: the release's row passes, the M-RoPE
+    rows of get_rope_index over the whole row fail wrong_positions, a video that does not fill its tokens is refused."""
+    samples = P.video_samples(qwen2_vl)
+    batch = P.pack(qwen2_vl.model, samples)
+    result = verify_packed_batch(qwen2_vl.model, batch)
+    assert result.verdict == "pass" and result.max_logprob_diff < 1e-5, result.line()
+    assert {"pixel_values_videos", "video_grid_thw", "pixel_values"} <= set(result.run["pixels"])
+    result = verify_packed_batch(qwen2_vl.model, whole_row(qwen2_vl.model, samples, None))
+    assert (result.verdict, result.cause) == ("fail", "wrong_positions") and result.probes["tokens_misplaced"] > 0
+    result = verify_packed_batch(qwen2_vl.model, no_text_row(qwen2_vl.model, samples, None))
+    assert (result.verdict, result.cause) == ("fail", "leak"), result.line()
+    batch["video_grid_thw"] = torch.tensor([[1, 4, 4]])
+    with pytest.raises(PackcheckUsageError, match="8 video tokens, its videos fill 4"):
+        verify_packed_batch(qwen2_vl.model, batch)

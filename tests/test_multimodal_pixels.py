@@ -133,7 +133,7 @@ def test_the_registry_plans_the_suite():
     from pytest_packcheck.config.audits import load_audit
 
     names = {c.name for c in REGISTRY if c.suite == "multimodal"}
-    assert names == {"mm_isolation", "mm_parity", "mm_positions", "mm_layouts", "mm_processor"}
+    assert names == {"mm_isolation", "mm_parity", "mm_positions", "mm_videos", "mm_layouts", "mm_processor"}
     audit = load_audit("multimodal")
     assert set(audit.checks) == names and "arch:qwen2_vl" in audit.models
 
@@ -196,13 +196,16 @@ def test_gemma3_token_type_ids_make_later_samples_see_their_own_future(gemma3):
     assert float((logits[start:start + alone.shape[0]] - alone).abs().max()) < 1e-5
 
 
-#: The LLaVA-style families (issue 46 part 3, 1-D positions: the image features scattered into the image tokens), as
-#: audit/multimodal.toml builds them (vlm: specs; tiny images, 4 .. 16 tokens each).
+#: The LLaVA-style families (issue 46 part 3, 1-D positions: the image features scattered into the image tokens), the
+#: first four as audit/multimodal.toml builds them (vlm: specs; tiny images, 4 .. 6 tokens each), then the two other
+#: families of FIXED_IMAGES.
 FIXED = {
     "llava": "vlm:llava{vision_config.image_size=28}",
     "paligemma": "vlm:paligemma{vision_config.image_size=28,projection_dim=128}",
     "mistral3": "vlm:mistral3",
     "idefics3": "vlm:idefics3{vision_config.image_size=128}",
+    "aya_vision": "vlm:aya_vision{vision_config.image_size=56}",
+    "smolvlm": "vlm:smolvlm{vision_config.image_size=128}",
 }
 
 
@@ -358,3 +361,30 @@ def test_gemma3_processor_rows_carry_its_image_markers(gemma3):
     assert samples[2].pixels.shape == (1, 3, 64, 64)
     batch = PP.flattening_collator(gemma3.model, samples, "flattening+pixels")
     assert batch["pixel_values"].shape == (2, 3, 64, 64) and int(batch["token_type_ids"].sum()) == 8
+
+
+def test_a_video_row_holds_and_catches_both_planted_faults(qwen2_vl):
+    """Qwen2-VL with a video (pixel_values_videos / video_grid_thw 2x4x4: 8 video tokens) beside a text-only and an
+    image sample, transformers 5.25.0 sdpa: exact on the release's layout (2.98e-07); get_rope_index over the whole
+    row misplaces the later samples (wrong_positions, logits equal), the M-RoPE rows alone leak (7.9e-01)."""
+    samples = P.video_samples(qwen2_vl)
+    config = qwen2_vl.model.config
+    assert samples[0].video and samples[0].ids.count(config.video_token_id) == 8
+    batch = P.pack(qwen2_vl.model, samples)
+    assert batch["pixel_values_videos"].shape == (32, 3 * 2 * 14 * 14) and batch["video_grid_thw"].tolist() == [[2, 4, 4]]
+    assert batch["image_grid_thw"].tolist() == [[1, 4, 6]] and int((batch["mm_token_type_ids"] == 2).sum()) == 8
+    result = P.check_mm_videos(qwen2_vl)
+    assert result.status == "pass" and result.metrics["max_abs_diff"] < 1e-5, result.message
+    result = P.check_mm_videos(qwen2_vl, collator=whole_row)
+    assert (result.status, result.cause) == ("fail", "wrong_positions") and result.metrics["max_abs_diff"] < 1e-5
+    result = P.check_mm_videos(qwen2_vl, collator=no_text_row)
+    assert (result.status, result.cause) == ("fail", "leak") and result.metrics["isolation"] > 1e-2, result.message
+
+
+def test_a_model_without_video_rows_is_a_skip(tolerances):
+    result = P.check_mm_videos(fixed_bench("llava", "sdpa", tolerances))
+    assert result.status == "skipped" and "video" in result.message
+
+
+def test_every_fixed_image_family_is_built_by_a_test():
+    assert set(FIXED) | {"gemma3"} == set(P.FIXED_IMAGES)

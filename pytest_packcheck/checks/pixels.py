@@ -33,6 +33,7 @@ the packed row's mean over its label tokens vs the token-weighted mean of each a
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import itertools
 from collections.abc import Callable
@@ -70,11 +71,13 @@ PLAIN_RELEASE_LAYOUT = "flat"
 class Sample:
     """One sample: token ids, and its image's grid ``(t, h, w)`` and ``pixel_values`` float32 (None for a text-only
     sample): ``(t*h*w, patch_dim)`` patches for an M-RoPE model, ``(1, 3, size, size)`` for a plain one (its grid then
-    only names the image: ``(1, size, size)``)."""
+    only names the image: ``(1, size, size)``). ``video``: the pixels are a video's (M-RoPE families:
+    ``pixel_values_videos`` / ``video_grid_thw``, its tokens ``video_token_id``)."""
 
     ids: list[int]
     grid: tuple[int, int, int] | None = None
     pixels: Any = None
+    video: bool = False
 
 
 def _vision(config: Any) -> Any:
@@ -217,6 +220,37 @@ def mm_samples(wb: Workbench) -> list[Sample]:
     return out
 
 
+#: A video's grid (temporal, height, width) in patches: 2 temporal patches (4 frames at temporal_patch_size 2) of 4x4,
+#: 8 video tokens after the 2x2 merge.
+VIDEO_GRID = (2, 4, 4)
+
+
+def video_samples(wb: Workbench) -> list[Sample]:
+    """A video sample (grid :data:`VIDEO_GRID`: ``text, <vision_start>, <video> x 8, <vision_end>, text``, seeded
+    ``pixel_values_videos`` ``(32, patch_dim)``), the text-only sample and image sample B of :func:`mm_samples`; cached
+    per model. M-RoPE families with a ``video_token_id`` only."""
+    key = ("mm_video_samples", id(wb.model))
+    if key in wb._cache:
+        return wb._cache[key]
+    import torch
+
+    image_a, text, image_b = mm_samples(wb)
+    config = wb.model.config
+    vision = _vision(config)
+    t, h, w = VIDEO_GRID
+    k = t * h * w // int(vision.spatial_merge_size) ** 2
+    words = [i for i in image_a.ids if i not in {getattr(config, n, None) for n in SPECIAL_IDS}]
+    if config.model_type.startswith("qwen3_vl"):  # one <vision_start> .. <vision_end> block per temporal patch
+        frame = [config.vision_start_token_id, *[config.video_token_id] * (k // t), config.vision_end_token_id]
+        ids = [*words[:3], *frame * t, *words[3:]]  # (Qwen3VLProcessor, transformers 5.25.0; timestamps left out)
+    else:
+        ids = [*words[:3], config.vision_start_token_id, *[config.video_token_id] * k, config.vision_end_token_id, *words[3:]]
+    pixels = torch.randn(t * h * w, image_a.pixels.shape[1], generator=torch.Generator().manual_seed(1))
+    out = [Sample(ids, VIDEO_GRID, pixels, video=True), text, image_b]
+    wb._cache[key] = out
+    return out
+
+
 def _type_ids(model: Any, ids: list[int]) -> Any:
     """``(1, n)`` int64 type ids of one sample's ``ids`` (or a row of samples with images, for the M-RoPE families):
     1 on image tokens; PaliGemma's (:class:`FixedImages` ``type_ids="prefix"``): 0 on the prefix (up to the last
@@ -229,7 +263,8 @@ def _type_ids(model: Any, ids: list[int]) -> Any:
         image = [i for i, t in enumerate(ids) if t == model.config.image_token_id]
         end = (image[-1] + 1 if image else 0) + 3
         return torch.tensor([[0 if i < end else 1 for i in range(len(ids))]])
-    return torch.tensor([[1 if t == model.config.image_token_id else 0 for t in ids]])
+    video = getattr(model.config, "video_token_id", None)
+    return torch.tensor([[1 if t == model.config.image_token_id else 2 if t == video else 0 for t in ids]])
 
 
 def _row_type_ids(model: Any, samples: list[Sample]) -> Any:
@@ -258,7 +293,12 @@ def _pixels(model: Any, images: list[Sample]) -> dict[str, Any]:
         return {}
     family = fixed_images(model)
     if family is None:
-        return {"pixel_values": torch.cat([s.pixels for s in images]), "image_grid_thw": torch.tensor([s.grid for s in images])}
+        out: dict[str, Any] = {}
+        for key, grid_key, video in (("pixel_values", "image_grid_thw", False), ("pixel_values_videos", "video_grid_thw", True)):
+            mine = [s for s in images if s.video == video]
+            if mine:
+                out[key], out[grid_key] = torch.cat([s.pixels for s in mine]), torch.tensor([s.grid for s in mine])
+        return out
     if family.pixels == "stacked":
         return {"pixel_values": torch.cat([s.pixels for s in images])[None]}
     if family.pixels == "padded":
@@ -282,7 +322,7 @@ def rope_alone(model: Any, sample: Sample) -> Any:
     if "mm_token_type_ids" in params:
         kwargs["mm_token_type_ids"] = _type_ids(model, sample.ids)
     if sample.grid is not None:
-        kwargs["image_grid_thw"] = torch.tensor([sample.grid])
+        kwargs["video_grid_thw" if sample.video else "image_grid_thw"] = torch.tensor([sample.grid])
     saved = getattr(owner, "rope_deltas", None)
     try:
         out = owner.get_rope_index(ids, **kwargs)
@@ -318,9 +358,10 @@ def rope_whole_row(model: Any, samples: list[Sample]) -> Any:
     owner = _rope_owner(model)
     ids = torch.tensor([whole.ids])
     kwargs: dict[str, Any] = {"mm_token_type_ids": _type_ids(model, whole.ids)}
-    grids = [s.grid for s in samples if s.pixels is not None]
-    if grids:
-        kwargs["image_grid_thw"] = torch.tensor(grids)
+    for key, video in (("image_grid_thw", False), ("video_grid_thw", True)):
+        grids = [s.grid for s in samples if s.pixels is not None and s.video == video]
+        if grids:
+            kwargs[key] = torch.tensor(grids)
     saved = getattr(owner, "rope_deltas", None)
     try:
         out = owner.get_rope_index(ids, **kwargs)
@@ -438,7 +479,8 @@ def parity_numbers(wb: Workbench, layout: str | None = None, collator: Callable[
     alone_loss = sum(r[1] * r[2] for r in refs) / n
     return {"max_abs_diff": max(per), "max_abs_diff_per_sample": per, "loss_packed": float(out.loss),
             "loss_alone": alone_loss, "loss_delta": abs(float(out.loss) - alone_loss), "layout": layout,
-            "samples": [("image " + "x".join(map(str, s.grid))) if s.pixels is not None else "text" for s in samples],
+            "samples": [(("video " if s.video else "image ") + "x".join(map(str, s.grid))) if s.pixels is not None else "text"
+                        for s in samples],
             "tokens": lengths}
 
 
@@ -448,7 +490,7 @@ def _perturbed(samples: list[Sample], index: int, vocab: int) -> list[Sample]:
     out = list(samples)
     s = samples[index]
     if s.pixels is not None:
-        out[index] = Sample(s.ids, s.grid, -3.0 * s.pixels + 1.0)
+        out[index] = dataclasses.replace(s, pixels=-3.0 * s.pixels + 1.0)
     else:
         out[index] = Sample([(t + vocab // 2) % (vocab - len(SPECIAL_IDS)) for t in s.ids])
     return out
@@ -490,7 +532,7 @@ def causality_numbers(wb: Workbench, layout: str | None = None, collator: Callab
     moved, per, start = 0.0, [], 0
     for i, s in enumerate(samples):
         changed = list(samples)
-        changed[i] = Sample([*s.ids[:-1], (s.ids[-1] + vocab // 2) % vocab], s.grid, s.pixels)
+        changed[i] = dataclasses.replace(s, ids=[*s.ids[:-1], (s.ids[-1] + vocab // 2) % vocab])
         out = _run(wb.model, collator(wb.model, changed, layout)).logits[0].float()
         keep = _text_mask(wb.model, s.ids)[:-1]
         sl = slice(start, start + len(s.ids) - 1)
@@ -595,6 +637,37 @@ def check_mm_positions(wb: Workbench, collator: Callable[..., Any] = pack) -> Ch
     if numbers["tokens_misplaced"] == 0:
         return CheckResult("pass", numbers, message)
     return CheckResult("fail", numbers, message, cause="wrong_positions", evidence=numbers)
+
+
+def check_mm_videos(wb: Workbench, collator: Callable[..., Any] = pack) -> CheckResult:
+    """A row with a video (:func:`video_samples`: ``pixel_values_videos`` / ``video_grid_thw``, 8 video tokens over 2
+    temporal patches) beside a text-only sample and an image sample, on the release's layout: isolation (perturb one
+    sample, the later ones' text logits must not move), text logits and loss against each sample alone with its own
+    video / image, and its M-RoPE positions per sample against ``get_rope_index`` of that sample alone. M-RoPE
+    families with a ``video_token_id`` only (a skip names the others)."""
+    if (skip := _skip(wb)) is not None:
+        return skip
+    if is_plain(wb.model) or getattr(wb.model.config, "video_token_id", None) is None:
+        return CheckResult("skipped", {}, f"{type(wb.model).__name__} takes no video rows packcheck lays out (M-RoPE "
+                           "families with a video_token_id: Qwen2-VL, Qwen2.5-VL, Qwen3-VL)")
+    samples = video_samples(wb)
+    iso = isolation_numbers(wb, None, collator, samples)["max_change"]
+    par = parity_numbers(wb, None, collator, samples)
+    pos = positions_numbers(wb, None, collator, samples)
+    atol, latol, itol = wb.tol["logits_atol"], wb.tol["loss_atol"], wb.tol["isolation_atol"]
+    metrics = {"isolation": iso, **par, **pos, "atol": atol, "loss_atol": latol}
+    message = (f"video row ({', '.join(par['samples'])}): isolation {_fmt(iso)}, text logits packed vs alone "
+               f"{_fmt(par['max_abs_diff'])} (tol {_fmt(atol)}), loss Δ {_fmt(par['loss_delta'])} nats, "
+               f"{pos['tokens_misplaced']} tokens misplaced, layout {par['layout']}")
+    if iso <= itol and par["max_abs_diff"] <= atol and par["loss_delta"] <= latol and not pos["tokens_misplaced"]:
+        return CheckResult("pass", metrics, message)
+    if pos["tokens_misplaced"]:
+        return CheckResult("fail", metrics, message, cause="wrong_positions", evidence=pos)
+    if iso > itol:
+        cause, evidence = _fail_cause(wb, iso, itol, "isolation_atol")
+    else:
+        cause, evidence = _fail_cause(wb, par["max_abs_diff"], atol, "logits_atol")
+    return CheckResult("fail", metrics, message, cause=cause, evidence=evidence)
 
 
 def check_mm_layouts(wb: Workbench) -> CheckResult:

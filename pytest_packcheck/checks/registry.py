@@ -491,6 +491,11 @@ REGISTRY: tuple[CheckSpec, ...] = (
               summary="a VLM row's M-RoPE position_ids per sub-sequence = the model's own get_rope_index of that sample "
                       "alone (and its text row restarts per sample)",
               key_metric=KeyMetric("tokens_misplaced", "n"), causes=("wrong_positions",), suite="multimodal"),
+    CheckSpec(name="mm_videos", function="pixels:check_mm_videos", level="backend", role="correctness",
+              summary="a VLM row with a video (pixel_values_videos, video_grid_thw) beside a text-only and an image "
+                      "sample: isolation, text logits and loss vs each sample alone, M-RoPE positions per sample",
+              key_metric=KeyMetric("max_abs_diff", "Δ"), tolerance="logits_atol",
+              causes=("leak", "wrong_positions", "kernel_numerics"), suite="multimodal"),
     CheckSpec(name="mm_layouts", function="pixels:check_mm_layouts", level="backend", role="finding",
               summary="which position_ids layouts of a VLM pixel row hold on this backend (text row + M-RoPE, M-RoPE "
                       "alone, the text collator's flat row): isolation, parity and loss of each",

@@ -25,12 +25,15 @@ from typing import Any
 from .result import GuardResult
 
 #: The keys a pixel row may carry beside the text row's.
-PIXEL_KEYS = ("pixel_values", "image_grid_thw", "image_sizes", "mm_token_type_ids", "token_type_ids")
+PIXEL_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "image_sizes",
+              "mm_token_type_ids", "token_type_ids")
+#: The M-RoPE families' modalities: (pixels key, grid key, the config's token id attribute).
+MODALITIES = (("pixel_values", "image_grid_thw", "image_token_id"), ("pixel_values_videos", "video_grid_thw", "video_token_id"))
 
 
 def is_pixel_batch(batch: Any) -> bool:
-    """True when ``batch`` carries ``pixel_values``: the guard then judges it here."""
-    return hasattr(batch, "get") and batch.get("pixel_values") is not None
+    """True when ``batch`` carries ``pixel_values`` or ``pixel_values_videos``: the guard then judges it here."""
+    return hasattr(batch, "get") and any(batch.get(k) is not None for k in ("pixel_values", "pixel_values_videos"))
 
 
 def _starts(batch: Any, n: int) -> list[int]:
@@ -50,14 +53,16 @@ def _starts(batch: Any, n: int) -> list[int]:
     return [i for i in range(n) if int(text[i]) == 0]
 
 
-def _image_tokens(model: Any, batch: Any) -> list[int]:
-    """Image tokens each image of the batch fills, in order."""
+def _image_tokens(model: Any, batch: Any, grid_key: str = "image_grid_thw") -> list[int]:
+    """Tokens each image (each video, ``grid_key`` ``video_grid_thw``) of the batch fills, in order."""
     from ..checks import pixels as P
 
     config = model.config
-    if batch.get("image_grid_thw") is not None:
+    if batch.get(grid_key) is not None:
         merge = int(config.vision_config.spatial_merge_size)
-        return [int(g.prod()) // merge**2 for g in batch["image_grid_thw"]]
+        return [int(g.prod()) // merge**2 for g in batch[grid_key]]
+    if grid_key != "image_grid_thw" or batch.get("pixel_values") is None:
+        return []
     family = P.fixed_images(model)
     if family is None:
         raise ValueError(f"{type(model).__name__}: no image_grid_thw in the batch and model_type {config.model_type!r} "
@@ -71,20 +76,21 @@ def _image_tokens(model: Any, batch: Any) -> list[int]:
     return [family.tokens(config, h, w) for h, w in sizes]
 
 
-def _image_inputs(model: Any, batch: Any, images: list[int], counts: list[int]) -> dict[str, Any]:
-    """The pixel inputs of the images numbered ``images`` (of ``counts`` tokens each, all of the batch's)."""
+def _image_inputs(model: Any, batch: Any, images: list[int], modality: tuple[str, str, str] = MODALITIES[0]) -> dict[str, Any]:
+    """The pixel inputs of the images (videos: ``modality`` :data:`MODALITIES` ``[1]``) numbered ``images``."""
     from ..checks import pixels as P
 
     if not images:
         return {}
-    values = batch["pixel_values"]
-    if batch.get("image_grid_thw") is not None:
-        sizes = [int(g.prod()) for g in batch["image_grid_thw"]]
+    key, grid_key, _ = modality
+    values = batch[key]
+    if batch.get(grid_key) is not None:
+        sizes = [int(g.prod()) for g in batch[grid_key]]
         starts = [sum(sizes[:i]) for i in range(len(sizes))]
         rows = [values[starts[i]:starts[i] + sizes[i]] for i in images]
         import torch
 
-        return {"pixel_values": torch.cat(rows), "image_grid_thw": batch["image_grid_thw"][images]}
+        return {key: torch.cat(rows), grid_key: batch[grid_key][images]}
     family = P.fixed_images(model)
     if family.pixels == "stacked":
         return {"pixel_values": values[:, images]}
@@ -103,19 +109,22 @@ def split_pixel_row(model: Any, batch: Any) -> list[dict[str, Any]]:
     n = int(ids.shape[-1])
     starts = _starts(batch, n)
     ends = [*starts[1:], n]
-    image = int(model.config.image_token_id)
-    counts = _image_tokens(model, batch)
-    samples, at = [], 0
+    kinds = [(m, _image_tokens(model, batch, m[1])) for m in MODALITIES if getattr(model.config, m[2], None) is not None]
+    at = {m: 0 for m, _ in kinds}
+    samples = []
     for s, e in zip(starts, ends, strict=True):
-        tokens = int((ids[0, s:e] == image).sum())
-        mine, filled = [], 0
-        while filled < tokens and at < len(counts):
-            mine.append(at)
-            filled, at = filled + counts[at], at + 1
-        if filled != tokens:
-            raise ValueError(f"the sample at tokens {s}..{e} has {tokens} image tokens, its images fill {filled}: "
-                             "pixel_values / image_grid_thw are not in the row's sample order")
-        sample = {"input_ids": ids[:, s:e], **_image_inputs(model, batch, mine, counts)}
+        sample = {"input_ids": ids[:, s:e]}
+        for modality, counts in kinds:
+            tokens = int((ids[0, s:e] == int(getattr(model.config, modality[2]))).sum())
+            mine, filled = [], 0
+            while filled < tokens and at[modality] < len(counts):
+                mine.append(at[modality])
+                filled, at[modality] = filled + counts[at[modality]], at[modality] + 1
+            if filled != tokens:
+                what = "video" if modality[2] == "video_token_id" else "image"
+                raise ValueError(f"the sample at tokens {s}..{e} has {tokens} {what} tokens, its {what}s fill {filled}: "
+                                 f"{modality[0]} / {modality[1]} are not in the row's sample order")
+            sample.update(_image_inputs(model, batch, mine, modality))
         for key in ("mm_token_type_ids", "token_type_ids"):
             if batch.get(key) is not None:
                 sample[key] = batch[key][:, s:e]
@@ -188,10 +197,11 @@ def measure_pixel_row(model: Any, batch: Any, tols: dict[str, dict[str, float]])
         pos = batch["position_ids"]
         rope = pos[1:] if pos.ndim == 3 and pos.shape[0] == 4 else (pos if pos.ndim == 3 else pos[None])
         for s, start, length in zip(samples, starts, lengths, strict=True):
-            grid = s.get("image_grid_thw")
-            one = P.Sample(s["input_ids"][0].tolist(), tuple(int(v) for v in grid[0]) if grid is not None and len(grid) == 1 else None)
-            if grid is not None and len(grid) > 1:
-                raise ValueError("a sample with more than one image: the positions probe takes one image per sample")
+            grids = [(g, key == "video_grid_thw") for key in ("image_grid_thw", "video_grid_thw") for g in s.get(key, [])]
+            if len(grids) > 1:
+                raise ValueError("a sample with more than one image or video: the positions probe takes one per sample")
+            one = P.Sample(s["input_ids"][0].tolist(), tuple(int(v) for v in grids[0][0]) if grids else None,
+                           video=bool(grids) and grids[0][1])
             ref = P.rope_alone(model, one)
             misplaced += int(((rope[:, :, start:start + length] - ref).abs().amax(0) > 0).sum())
         probes["tokens_misplaced"] = misplaced
@@ -203,13 +213,14 @@ def measure_pixel_row(model: Any, batch: Any, tols: dict[str, dict[str, float]])
     elif worst > tol["logits_atol"] or delta > tol["loss_atol"]:
         changed = dict(call)
         first = samples[0]
-        if "pixel_values" in first:  # the first sample's pixels changed: do the others move?
-            values = batch["pixel_values"].clone()
+        key = next((k for k in ("pixel_values", "pixel_values_videos") if k in first), None)
+        if key is not None:  # the first sample's pixels changed: do the others move?
+            values = batch[key].clone()
             stacked = values.ndim == 5  # Idefics3: (1, images, 3, h, w)
-            mine = first["pixel_values"].shape[1 if stacked else 0]  # its patch rows (M-RoPE) or its images
+            mine = first[key].shape[1 if stacked else 0]  # its patch rows (M-RoPE) or its images
             part = values[:, :mine] if stacked else values[:mine]
             part.mul_(-3.0).add_(1.0)
-            changed["pixel_values"] = values
+            changed[key] = values
         else:
             vocab = int(model.config.get_text_config(decoder=True).vocab_size) - len(P.SPECIAL_IDS)
             changed["input_ids"] = ids.clone()
