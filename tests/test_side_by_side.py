@@ -26,8 +26,8 @@ class _Cell:
 def _passed(cell):
     from pytest_packcheck.results.schema import CellResult
 
-    return CellResult(cell_id=cell.cell_id, model={"id": "m"}, backend="sdpa", check="isolation", dtype="float32",
-                      status="pass")
+    return CellResult(cell_id=cell.cell_id, model={"id": "m", "label": "m"}, backend="sdpa", check="isolation",
+                      dtype="float32", status="pass", metrics={"max_change": 0.0})
 
 
 def _failure(cell, status, message, metrics):
@@ -198,3 +198,27 @@ def test_audit_n2_runs_in_one_process_with_the_verdicts_of_n0(tmp_path):
         assert sorted(journal) == sorted(verdicts[workers])
     assert len(verdicts["2"]) == 6 and verdicts["2"] == verdicts["0"]
     assert verdicts["2"]["opt-sdpa-isolation-float32"][0] == "fail" and verdicts["2"]["llama-sdpa-isolation-float32"][0] == "pass"
+
+
+@pytest.mark.parametrize("settings, model_files", [(None, None), ({"lengths": [11, 17, 5], "b": {"z": 1, "a": [2]}}, None),
+                                                   ({"x": "é"}, {"/m": "abc123"})], ids=["bare", "settings", "files"])
+def test_a_journal_line_is_the_sorted_json_of_the_record_with_its_tail_made_once(tmp_path, settings, model_files):
+    """The journal serialises what follows the cell once per run (issue 47); each line is still exactly
+    json.dumps of the whole record with sorted keys, and reads back."""
+    from pytest_packcheck.run.journal import Journal
+
+    journal = Journal(tmp_path / "j.jsonl", "fp1", settings, model_files, shared=False)
+    cells = [json.loads(_passed(_Cell(f"c{i}")).to_json()) for i in range(3)]
+    for cell in cells:
+        journal.append(json.dumps(cell))
+    lines = (tmp_path / "j.jsonl").read_text().splitlines()
+    expected = [json.dumps({"fingerprint": "fp1", "cell": cell, **({"settings": settings} if settings is not None else {}),
+                            **({"model_files": model_files} if model_files else {})}, sort_keys=True) for cell in cells]
+    assert lines == expected
+    assert list(Journal(tmp_path / "j.jsonl", "fp1").load()) == ["c0", "c1", "c2"]
+    assert not (tmp_path / "j.jsonl.lock").exists()  # one writer: no lock file per line
+    journal.fp = "fp2"  # a changed fingerprint is on the next line, not the cached one
+    journal.append(json.dumps(cells[0]))
+    assert json.loads((tmp_path / "j.jsonl").read_text().splitlines()[-1])["fingerprint"] == "fp2"
+    Journal(tmp_path / "k.jsonl", "fp1").append(json.dumps(cells[0]))  # shared (xdist workers): locked
+    assert (tmp_path / "k.jsonl.lock").exists()

@@ -4,6 +4,7 @@ same fingerprint instead of running them again; a line cut off by a kill is skip
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -70,12 +71,17 @@ def local_model_files(models: Iterable[str], source: str) -> dict[str, str]:
 
 class Journal:
     """Append-only JSON lines: ``{"fingerprint": ..., "cell": {...}}`` per finished cell. Several processes
-    (xdist workers) append to one file; a file lock keeps each line whole."""
+    (xdist workers) append to one file; a file lock keeps each line whole. ``shared`` False: this process is the
+    file's only writer (no xdist worker: the session's report-folder lock keeps other runs out), so no lock is taken
+    per line (issue 47: 650 FileLocks per default audit)."""
 
     def __init__(self, path: str | Path, fp: str, settings: dict[str, Any] | None = None,
-                 model_files: dict[str, str] | None = None) -> None:
+                 model_files: dict[str, str] | None = None, shared: bool = True) -> None:
         self.path = Path(path)
         self.fp = fp
+        self.shared = shared
+        #: (fp, settings, model_files) -> the JSON text after the cell of every line, made once (:meth:`_line`)
+        self._tail: tuple[tuple[str, int, int], str] | None = None
         #: the run's settings, stamped on every line: a later --packcheck-resume names what differed
         self.settings = settings
         #: the digests of the run's local model folders (:func:`local_model_files`), stamped on every line likewise
@@ -132,10 +138,8 @@ class Journal:
         cell = json.loads(cell_json)
         if (cell.get("metrics") or {}).get("not_journaled"):  # killed from outside, judged nothing: a resume runs it again
             return
-        line = scrub(json.dumps({"fingerprint": self.fp, "cell": cell,
-                                **({"settings": self.settings} if self.settings is not None else {}),
-                                **({"model_files": self.model_files} if self.model_files else {})}, sort_keys=True)) + "\n"
-        with FileLock(str(self.path) + ".lock"), open(self.path, "a+b") as fh:
+        line = scrub(self._line(cell)) + "\n"
+        with FileLock(str(self.path) + ".lock") if self.shared else contextlib.nullcontext(), open(self.path, "a+b") as fh:
             # a line cut off by a kill has no newline: end it first, so this line stays whole
             fh.seek(0, os.SEEK_END)
             if fh.tell():
@@ -145,6 +149,16 @@ class Journal:
             fh.write(line.encode("utf-8"))
             fh.flush()
             os.fsync(fh.fileno())
+
+    def _line(self, cell: dict[str, Any]) -> str:
+        """``json.dumps({"fingerprint": ..., "cell": cell, "settings": ..., "model_files": ...}, sort_keys=True)``,
+        the same text, with everything after the cell (the same on every line) serialised once."""
+        key = (self.fp, id(self.settings), id(self.model_files))
+        if self._tail is None or self._tail[0] != key:
+            rest = {"fingerprint": self.fp, **({"settings": self.settings} if self.settings is not None else {}),
+                    **({"model_files": self.model_files} if self.model_files else {})}
+            self._tail = (key, "".join(f", {json.dumps(k)}: {json.dumps(v, sort_keys=True)}" for k, v in sorted(rest.items())))
+        return '{"cell": ' + json.dumps(cell, sort_keys=True) + self._tail[1] + "}"
 
     def load(self, warn: bool = True) -> dict[str, dict[str, Any]]:
         """Cells journaled under this fingerprint (the last line per cell wins). Lines that do not parse (cut

@@ -27,7 +27,10 @@ def open_journal(config: pytest.Config, settings: Any) -> tuple[Journal, dict[st
 
     files = local_model_files(settings.models, settings.model_source)
     fp = fingerprint(settings.as_dict(), environment(settings.device), settings.tolerances, files)
-    journal = Journal(Path(settings.report_dir) / "packcheck-journal.jsonl", fp, settings.as_dict(), files)
+    # one writer unless this is an xdist worker (one of several appending; without xdist, or on its controller, only
+    # this process appends: the report-folder lock keeps a second run out)
+    journal = Journal(Path(settings.report_dir) / "packcheck-journal.jsonl", fp, settings.as_dict(), files,
+                      shared=hasattr(config, "workerinput"))
     resumed: dict[str, dict[str, Any]] = {}
     if settings.resume:
         resumed = journal.load(warn=not hasattr(config, "workerinput"))  # warned once, by the controller
