@@ -9,8 +9,8 @@ every decision keyed on the name is taken as on the GPU. Per name (:func:`probe_
 - ``flash_requested``: transformers' ``is_flash_attention_requested`` (``utils/generic.py``: "flash" in the name),
   which skips the mask and reads the boundaries from position_ids;
 - SFTTrainer(``packing=False, padding_free=True``) built on a model under the name: the padding_free in force, and
-  whether its first batch carries ``position_ids`` / ``cu_seq_lens_q`` (TRL 0.20 - 0.23 sent none to non-flash names);
-  the lines of TRL that turn the name into a collator setting (:func:`analysis.fidelity.name_branches`);
+  whether its first batch carries ``position_ids`` / ``cu_seq_lens_q`` (TRL 0.20 - 0.23 sent none to non-flash names:
+  measured from the batch, whatever line decides it; :mod:`analysis.fidelity` lists such lines per release);
 - transformers' Trainer under context parallelism (``_prepare_context_parallel_inputs`` called on that batch with a
   cp-enabled torch ``parallelism_config``): accepted, or the ValueError and its file:line ("only with SDPA");
 - accelerate's Ulysses (``DeepSpeedSequenceParallelConfig(sp_attn_implementation=name)``): accepted or refused;
@@ -98,7 +98,6 @@ def probe_name(sft: Any, name: str) -> dict[str, Any]:
     from transformers.utils import generic
     from transformers.utils.generic import is_flash_attention_requested
 
-    from ..analysis.fidelity import name_branches
     from .sft_probes import _effective, _segment_starts
 
     wb = sft.wb
@@ -118,8 +117,7 @@ def probe_name(sft: Any, name: str) -> dict[str, Any]:
         batch = next(iter(trainer.get_train_dataloader()))
         effective = _effective(trainer)
         entry.update({"sft": "accepted", "padding_free": effective["padding_free"], "collator": effective["collator"],
-                      "position_ids_passed": "position_ids" in batch, "cu_seq_lens_passed": "cu_seq_lens_q" in batch,
-                      "trl_name_branches": name_branches(wb.model, with_trl=True)[-3:]})
+                      "position_ids_passed": "position_ids" in batch, "cu_seq_lens_passed": "cu_seq_lens_q" in batch})
         warned = sorted({" ".join(m.split())[:160] for m in said if "attn" in m.lower() or "flash" in m.lower()})
         if warned:
             entry["sft_warnings"] = warned[:2]

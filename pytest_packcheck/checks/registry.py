@@ -335,6 +335,12 @@ REGISTRY: tuple[CheckSpec, ...] = (
               key_metric=KeyMetric("max_abs_diff", "Δ"), tolerance="logits_atol",
               causes=("adapter_positions", "stack_mask_dropped", "leak", "loss_normalisation"),
               suite="stack_trainers", requires=("trl", "peft")),
+    CheckSpec(name="cp_ranks", function="stack_ranks:check_cp_ranks", level="backend", role="correctness",
+              summary="accelerate's context parallelism on two gloo ranks (CPU): the CP hook, Trainer's CP buffers sharded "
+                      "by torch's context_parallel (position_ids with the row), the forward where it runs (CUDA SDPA "
+                      "kernels only: on CPU a skip naming it), and Ulysses' need for deepspeed",
+              key_metric=KeyMetric("max_abs_diff", "Δ"), tolerance="logits_atol",
+              causes=("wrong_positions", "stack_mask_dropped"), suite="stack_trainers", requires=("accelerate",)),
     CheckSpec(name="backend_names", function="backend_names:check_backend_names", level="model", role="correctness",
               summary="every attn_implementation name transformers accepts, GPU-only ones on packcheck's CPU reference: "
                       "flash path or mask path, SFTTrainer's padding_free and position_ids, Trainer's CP and accelerate's "
