@@ -11,8 +11,9 @@ merge), a text-only sample, image sample B (grid ``(1, 4, 6)``: 24 patches, 6 im
 ``text, <vision_start>, <image> x k, <vision_end>, text``. ``pixel_values``: float32 ``(patches, 3 x 2 x 14 x 14)``,
 seeded normal values. The packed row (:func:`pack`): ``input_ids`` ``(1, total)`` concatenated, ``pixel_values``
 and ``image_grid_thw`` concatenated in sample order, ``position_ids`` in one of :data:`LAYOUTS` (a VLM without M-RoPE,
-Gemma 3: :data:`PLAIN_LAYOUTS`, one restarting row, two images of its fixed ``image_size`` with
-``mm_tokens_per_image`` tokens each and ``token_type_ids`` marking them):
+:data:`FIXED_IMAGES`: Gemma 3 and the LLaVA-style families built from ``vlm:`` specs: :data:`PLAIN_LAYOUTS`, one
+restarting row, two images whose size fixes their token count, joined as the family's forward takes them, and the type
+ids the forward takes; :func:`video_samples`: a video in place of image A, for the M-RoPE families):
 
 - ``text+mrope`` (the release's packed layout, ``Qwen2VLTextModel.forward`` transformers 5.25.0 "prepend
   text-only position ids ... [4, bs, seq-len]"): ``(4, 1, total)``, a text row restarting at 0 per sample, then
