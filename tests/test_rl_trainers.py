@@ -155,9 +155,6 @@ def test_a_trainer_that_does_not_import_is_a_skip_naming_the_package(llama, monk
                          (T.check_rl_verl_rmpad, "'verl'")):
         result = check(llama)
         assert result.status == "skipped" and needs in result.message, result.message
-    monkeypatch.setattr(T, "PACKED_PATHS", {**T.PACKED_PATHS, "ms-swift": ("json", "json.decoder", "a path")})
-    result = T.check_rl_swift_padding_free(llama)
-    assert result.status == "skipped" and "does not drive it" in result.message
 
 
 def _openrlhf():
@@ -226,3 +223,79 @@ def test_the_flash_attn_stand_in_is_flash_attns_own_source_and_leaves_nothing_be
         with pytest.raises(ModuleNotFoundError, match="packcheck_no_such_package"):
             stub.anything  # noqa: B018
     assert "packcheck_no_such_package" not in sys.modules
+
+
+def _swift(monkeypatch):
+    """ms-swift's DPO module. ms-swift 4.6.0 declares trl<1.0: on trl 1.16 its import of RunningMoments (bco_pair's,
+    dpo_trainer.py:20-23, never used by concatenated_forward) fails, so the test hands trl.trainer.utils one (a
+    test-only stand-in; the check itself skips there, naming the module and ms-swift's declared requirements)."""
+    from trl.trainer import utils
+
+    try:
+        import importlib.util
+
+        if importlib.util.find_spec("swift") is None:
+            pytest.skip("ms-swift is not installed")
+    except ValueError:
+        pass
+    monkeypatch.setattr(utils, "RunningMoments", type("RunningMoments", (), {}), raising=False)
+    try:
+        return T.import_swift_dpo()
+    except ImportError as exc:
+        pytest.skip(f"ms-swift's DPO module does not import here: {exc}")
+
+
+def test_swift_on_trl_1_is_a_skip_naming_the_module_and_its_declared_requirements(llama, monkeypatch):
+    import importlib.util
+    import sys
+
+    if importlib.util.find_spec("swift") is None:
+        pytest.skip("ms-swift is not installed")
+    monkeypatch.delitem(sys.modules, "swift.rlhf_trainers.dpo_trainer", raising=False)
+    monkeypatch.delitem(T._STAND_INS, "ms-swift", raising=False)
+    result = T.check_rl_swift_padding_free(llama)
+    assert result.status == "skipped" and "trl.experimental.bco" in result.message, result.message
+    assert "ms-swift declares" in result.message and "trl<1.0" in result.message
+
+
+def test_swift_padding_free_dpo_passes_and_catches_a_boundary_inside_a_completion(llama, monkeypatch):
+    """ms-swift's own concatenated_forward on its padding-free row: right; planted, a position_ids restart inside the
+    first chosen completion (a spurious segment in get_cu_seqlens): every later sequence's sum is read off its
+    neighbour's tokens, and the margin and the loss move."""
+    _, stand_ins = _swift(monkeypatch)
+    monkeypatch.delitem(T._STAND_INS, "ms-swift", raising=False)
+    result = T.check_rl_swift_padding_free(llama)
+    assert result.status == "pass", result.message
+    assert abs(result.metrics["initial_loss"] - T.LN2) < 1e-4 and result.metrics["max_abs_margin_diff"] < 1e-4
+    if stand_ins:
+        assert "modelscope stubbed" in result.message
+    original = T.swift_padding_free_row
+
+    def spurious(pairs, device="cpu"):
+        batch = original(pairs, device)
+        pos = batch["position_ids"].clone()
+        first = len(pairs[0][0].prompt) + 1  # inside the first completion
+        pos[0, first:len(pairs[0][0].tokens)] = pos[0, first:len(pairs[0][0].tokens)] - pos[0, first]
+        batch["position_ids"] = pos
+        return batch
+
+    monkeypatch.setattr(T, "swift_padding_free_row", spurious)
+    result = T.check_rl_swift_padding_free(llama)
+    assert result.status == "fail" and result.metrics["max_abs_seq_logprob_diff"] > 1e-2, result.message
+
+
+def test_swift_labels_rolled_twice_are_caught(llama, monkeypatch):
+    """Planted: labels pre-shifted by the collator and rolled again by concatenated_forward (off by one token)."""
+    import torch
+
+    _swift(monkeypatch)
+    original = T.swift_padding_free_row
+
+    def shifted(pairs, device="cpu"):
+        batch = original(pairs, device)
+        batch["labels"] = torch.roll(batch["labels"], shifts=-1, dims=1)
+        return batch
+
+    monkeypatch.setattr(T, "swift_padding_free_row", shifted)
+    result = T.check_rl_swift_padding_free(llama)
+    assert result.status == "fail" and result.metrics["max_abs_seq_logprob_diff"] > 1e-2, result.message

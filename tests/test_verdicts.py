@@ -31,7 +31,7 @@ def test_every_check_is_described_once_and_loads():
                                                                  "rl_padded", *VARIANT_CHECKS}
     assert set(VARIANT_CHECKS) == {"offset_positions", "cu_seq_lens", "segment_masks"}
     assert {s.name for s in REGISTRY if s.role == "finding"} == {"collate", "collate_trl", "packing_content", "rl_trl_tree",
-                                                                  "rl_trainer_config", "rl_swift_padding_free", "encoder_seq_cls", "mm_layouts",
+                                                                  "rl_trainer_config", "encoder_seq_cls", "mm_layouts",
                                                                   "mm_processor"}
 
 

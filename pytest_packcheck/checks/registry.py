@@ -444,11 +444,13 @@ REGISTRY: tuple[CheckSpec, ...] = (
                       "bert_padding and deepspeed named in the cell; a skip names what is still missing",
               key_metric=KeyMetric("max_abs_logprob_diff", "Δlogp"), tolerance="logits_atol",
               causes=(*_PARITY_CAUSES, "non_finite", "crash"), suite="rl"),
-    CheckSpec(name="rl_swift_padding_free", function="rl_trainers:check_rl_swift_padding_free", level="model",
-              role="finding",
-              summary="ms-swift's padding-free RLHF (swift.rlhf_trainers): run where it imports, else a skip naming the "
-                      "package it needs",
-              causes=("crash",), suite="rl"),
+    CheckSpec(name="rl_swift_padding_free", function="rl_trainers:check_rl_swift_padding_free", level="backend",
+              role="correctness",
+              summary="ms-swift's own padding-free DPO (concatenated_forward: one row, labels rolled, get_cu_seqlens, "
+                      "_packed_sequence_sum): sums and the margin = each sequence alone, the loss at ln 2; modelscope "
+                      "stubbed, named; a skip names what still does not import",
+              key_metric=KeyMetric("max_abs_margin_diff", "Δmargin"), tolerance="logits_atol",
+              causes=("packed_mismatch", "collator_contract", "non_finite", "crash"), suite="rl"),
     CheckSpec(name="encoder_isolation", function="encoders:check_encoder_isolation", level="backend", role="correctness",
               summary="an encoder's packed row: perturb one example at a time, the others' last hidden states and pooled "
                       "embeddings (mean / CLS / last token) must not move",

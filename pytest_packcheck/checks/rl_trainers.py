@@ -16,8 +16,10 @@ code on the cell's model against each sequence alone (:func:`.rl.alone`, the one
 - ``rl_verl_rmpad``: verl's remove-padding path (``use_remove_padding=True``): ``unpad_input`` with the
   ``attention_mask``, labels rolled over the row, ``logprobs_from_logits``, ``pad_input`` back and the response slice,
   with verl's own functions (imported from the installed wheel without its package ``__init__``, which imports ray);
-- ``rl_openrlhf_packed``, ``rl_swift_padding_free``: OpenRLHF's packed samples and ms-swift's padding-free RLHF,
-  measured where they import and otherwise a skip naming the package they need (never a silent pass).
+- ``rl_openrlhf_packed``: OpenRLHF's ``Actor.forward`` with ``packing_samples`` (its module imported with
+  flash-attn's own ``bert_padding`` source and deepspeed stubbed, :mod:`.stand_ins`, both named in the cell);
+- ``rl_swift_padding_free``: ms-swift's padding-free DPO ``concatenated_forward`` (modelscope stubbed, named); where
+  a module still does not import, a skip naming the package it needs (never a silent pass).
 """
 
 from __future__ import annotations
@@ -460,25 +462,13 @@ def _library_crash(dist: str, where: str, exc: BaseException) -> CheckResult:
                        cause="crash", evidence={"exception": type(exc).__name__, "raised_at": last})
 
 
-#: The module each trainer's packed path lives in, as its release ships it; the check imports it and measures the
-#: path where it imports, else skips naming the missing package.
+#: The trainers' packed paths as a skip names them: distribution -> (package, module, the path in words).
 PACKED_PATHS = {
-    "openrlhf": ("openrlhf", "openrlhf.models.ring_attn_utils", ("packed samples (openrlhf.models.ring_attn_utils: "
-                 "unpad_and_slice_tensor, gather_and_pad_tensor)")),
-    "ms-swift": ("swift", "swift.rlhf_trainers.dpo_trainer", "padding-free RLHF (swift.rlhf_trainers)"),
+    "openrlhf": ("openrlhf", "openrlhf.models.actor", ("packed samples (openrlhf.models.actor: Actor.forward with "
+                 "packing_samples, ring_attn_utils' unpad_and_slice_tensor / gather_and_pad_tensor)")),
+    "ms-swift": ("swift", "swift.rlhf_trainers.dpo_trainer", ("padding-free RLHF (swift.rlhf_trainers.dpo_trainer: "
+                 "concatenated_forward with padding_free)")),
 }
-
-
-def _packed_path(wb: Workbench, dist: str) -> CheckResult:
-    package, module, path = PACKED_PATHS[dist]
-    try:
-        import_without_package_init(package, module)
-    except ImportError as exc:
-        return _not_importable(dist, dist, exc, path)
-    except Exception as exc:  # noqa: BLE001 - the release's module raised at import: the cell says where
-        return _library_crash(dist, f"{path} import", exc)
-    return CheckResult("skipped", {dist: _dist_version(dist)}, f"{dist} {_dist_version(dist)}'s {path} imports here, but "
-                       "packcheck does not drive it yet (its forward needs the trainer's distributed state)")
 
 
 def import_openrlhf_actor() -> tuple[Any, list[str]]:
@@ -563,7 +553,131 @@ def check_rl_openrlhf_packed(wb: Workbench) -> CheckResult:
     return _verdict(wb, what, numbers, metrics)
 
 
+#: What ms-swift 4.6.0 reads from modelscope while ``swift.rlhf_trainers.dpo_trainer`` imports (swift/utils/logger.py
+#: calls ``get_logger()`` and sets a formatter on its first handler; the hub functions are bound, never called here).
+MODELSCOPE_NAMES = {
+    "modelscope.utils.logger": ("get_logger",),
+    "modelscope.hub.utils.utils": ("get_cache_dir",),
+    "modelscope.hub.file_download": ("model_file_download",),
+    "modelscope.hub.api": ("HubApi", "ModelScopeConfig"),
+    "modelscope": ("check_local_model_is_latest", "snapshot_download"),
+}
+
+
+def _modelscope_logger(*_args: Any, **_kwargs: Any) -> Any:
+    import logging
+
+    logger = logging.getLogger("packcheck.modelscope_stand_in")
+    if not logger.handlers:
+        logger.addHandler(logging.NullHandler())
+    return logger
+
+
+def import_swift_dpo() -> tuple[Any, list[str]]:
+    """ms-swift's ``swift.rlhf_trainers.dpo_trainer`` without ``swift/__init__.py`` and ``swift/rlhf_trainers/__init__.py``,
+    and the stand-ins it needed: ``modelscope`` stubbed (:data:`MODELSCOPE_NAMES`: its logger and the hub functions
+    ms-swift binds at import; a hub function called raises naming modelscope). Raises ImportError naming what is still
+    missing (ms-swift 4.6.0 on trl 1.x: ``trl.experimental.bco``, its RunningMoments; it declares trl < 1.0)."""
+    from .stand_ins import never_called, stub_tree
+
+    if "swift" in sys.modules and "swift.rlhf_trainers.dpo_trainer" in sys.modules and "ms-swift" in _STAND_INS:
+        return sys.modules["swift.rlhf_trainers.dpo_trainer"], _STAND_INS["ms-swift"]
+    for package in ("swift", "swift.rlhf_trainers"):
+        _bare_package(package)
+    attrs = {module: {n: (_modelscope_logger if n == "get_logger" else never_called(f"{module}.{n}", "modelscope"))
+                      for n in names} for module, names in MODELSCOPE_NAMES.items()}
+    with stub_tree("modelscope", "only its logger and hub functions are bound at import, none called here", attrs) as ms:
+        module = importlib.import_module("swift.rlhf_trainers.dpo_trainer")
+    _STAND_INS["ms-swift"] = [ms] if ms else []
+    return module, _STAND_INS["ms-swift"]
+
+
+def swift_padding_free_row(pairs: list[tuple[RLSample, RLSample]], device: str = "cpu") -> dict[str, Any]:
+    """ms-swift's padding-free DPO batch (its template with ``padding_free=True``): every chosen sequence then every
+    rejected one in one row, ``position_ids`` restarting per sequence, ``labels`` = the token ids on the completion and
+    -100 on the prompt (not shifted: ``concatenated_forward`` rolls them)."""
+    import torch
+
+    seqs = [c for c, _ in pairs] + [r for _, r in pairs]
+    ids = [t for s in seqs for t in s.tokens]
+    labels = [t for s in seqs for t in [-100] * len(s.prompt) + list(s.completion)]
+    pos = [p for s in seqs for p in range(len(s.tokens))]
+    return {"input_ids": torch.tensor([ids], device=device), "labels": torch.tensor([labels], device=device),
+            "position_ids": torch.tensor([pos], device=device)}
+
+
+def swift_sequence_logps(module: Any, model: Any, batch: dict[str, Any]) -> tuple[list[float], list[float]]:
+    """ms-swift's ``DPOTrainer.concatenated_forward`` on the padding-free row, its own code on an instance built
+    without ``__init__`` (the trainer is never started): ``template.padding_free=True``, no sequence parallelism,
+    ``logits_to_keep`` off, ``ld_alpha`` None. Returns (chosen sums, rejected sums) in nats, as it hands them to
+    ``dpo_loss``."""
+    import types as _types
+
+    import torch
+
+    trainer = object.__new__(module.DPOTrainer)
+    trainer.__dict__.update({"template": _types.SimpleNamespace(padding_free=True, sequence_parallel_size=1),
+                             "aux_loss_enabled": False, "is_encoder_decoder": False, "label_pad_token_id": -100,
+                             "args": _types.SimpleNamespace(ld_alpha=None),
+                             "get_use_logits_to_keep": lambda *_a, **_k: False})
+    with torch.no_grad():
+        out = module.DPOTrainer.concatenated_forward(trainer, model, dict(batch))
+    return [float(x) for x in out["chosen_logps"]], [float(x) for x in out["rejected_logps"]]
+
+
 def check_rl_swift_padding_free(wb: Workbench) -> CheckResult:
-    """ms-swift's padding-free RLHF (``padding_free=True`` for DPO / KTO / GRPO, swift.rlhf_trainers): measured where
-    its module imports, else a skip naming the package it needs."""
-    return _packed_path(wb, "ms-swift")
+    """ms-swift's padding-free DPO (``padding_free=True``): its own ``concatenated_forward`` (one row, labels rolled
+    over the row, ``get_per_token_logps``, segments from ``get_cu_seqlens(position_ids)``, ``_packed_sequence_sum``) on
+    the preference pairs; the per-sequence sums and the margin = each sequence alone, the DPO loss at the reference
+    ``ln 2``. Its module imports with modelscope stubbed (named); where it still does not import (ms-swift 4.6.0 on
+    trl >= 1.0, outside its declared ``trl<1.0``) the skip names the module and ms-swift's declared requirements."""
+    short = _too_few(wb)
+    if short:
+        return short
+    try:
+        module, stand_ins = import_swift_dpo()
+    except ImportError as exc:
+        result = _not_importable("ms-swift", "ms-swift", exc, PACKED_PATHS["ms-swift"][2])
+        declared = _declared("ms-swift", ("trl", "transformers"))
+        if declared:
+            result.metrics["declared"] = declared
+            result = CheckResult("skipped", result.metrics, f"{result.message}; ms-swift declares {declared}")
+        return result
+    except Exception as exc:  # noqa: BLE001 - the release's module raised at import: the cell says where
+        return _library_crash("ms-swift", f"{PACKED_PATHS['ms-swift'][2]} import", exc)
+    pairs = preference_pairs(wb)
+    ref_c, ref_r, _, _ = sequence_logps(wb, pairs)
+    try:
+        with _model_copy(wb) as model:
+            got_c, got_r = swift_sequence_logps(module, model, swift_padding_free_row(pairs, wb.device))
+    except Exception as exc:  # noqa: BLE001 - ms-swift's code raised on this model: the cell says where
+        return _library_crash("ms-swift", "DPOTrainer.concatenated_forward (padding_free)", exc)
+    version = _dist_version("ms-swift")
+    if len(got_c) != len(pairs) or len(got_r) != len(pairs):
+        # get_cu_seqlens read another number of segments off position_ids than sequences in the row
+        metrics = {"ms-swift": version, "chosen_sums": len(got_c), "rejected_sums": len(got_r), "pairs": len(pairs),
+                   "max_abs_seq_logprob_diff": math.inf, "max_abs_margin_diff": math.inf, "stand_ins": stand_ins}
+        return CheckResult("fail", metrics, f"ms-swift {version} padding-free DPO: {len(got_c)} chosen and {len(got_r)} "
+                           f"rejected sums for {len(pairs)} pairs (segments from position_ids do not match the sequences)",
+                           cause="collator_contract", evidence={"chosen_sums": len(got_c), "rejected_sums": len(got_r),
+                                                                "pairs": len(pairs)})
+    metrics = _pair_metrics(got_c, got_r, ref_c, ref_r, dpo_loss(got_c, got_r, ref_c, ref_r), wb)
+    metrics.update({"ms-swift": version, "trl": _trl_version(), "stand_ins": stand_ins})
+    what = (f"ms-swift {version} padding-free DPO concatenated_forward ({len(pairs)} pairs, one row"
+            + (f"; {'; '.join(stand_ins)}" if stand_ins else "") + ")")
+    return _preference_verdict(what, metrics, wb.tol["logits_atol"], "packed_mismatch")
+
+
+def _declared(dist: str, names: tuple[str, ...]) -> str:
+    """``dist``'s declared requirements on ``names`` (its metadata, without extras), e.g. "trl<1.0,>=0.15"; "" when
+    it is not installed."""
+    import re
+    from importlib.metadata import PackageNotFoundError, requires
+
+    try:
+        reqs = requires(dist) or []
+    except PackageNotFoundError:
+        return ""
+    picked = [r.split(";")[0].replace(" ", "") for r in reqs if "extra ==" not in r
+              and re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0].lower() in names]
+    return ", ".join(dict.fromkeys(picked))

@@ -107,3 +107,47 @@ def stub_module(name: str, why: str, **attrs: Any) -> Iterator[str]:
             sys.modules.pop(name, None)
         else:
             sys.modules[name] = saved
+
+
+@contextlib.contextmanager
+def stub_tree(root: str, why: str, attrs: dict[str, dict[str, Any]]) -> Iterator[str]:
+    """:func:`stub_module` for a package and its submodules: ``attrs`` maps each module name (``root`` or
+    ``root.x.y``) to the names it must hold; every module on the way is created, every other attribute raises
+    ModuleNotFoundError naming ``root``. Yields "<root> stubbed: <why>", or "" when ``root`` is installed."""
+    if importlib.util.find_spec(root) is not None:
+        yield ""
+        return
+    names = sorted({".".join(m.split(".")[:i]) for m in [root, *attrs] for i in range(1, len(m.split(".")) + 1)})
+    saved = {n: sys.modules.get(n) for n in names}
+
+    def missing_for(module: str) -> Any:
+        def missing(attr: str) -> Any:
+            raise ModuleNotFoundError(f"{root} is stubbed by packcheck ({module}.{attr} used): install {root}", name=root)
+        return missing
+
+    try:
+        for name in names:
+            stub = types.ModuleType(name)
+            stub.__path__ = []
+            stub.__dict__.update(attrs.get(name, {}))
+            stub.__getattr__ = missing_for(name)  # type: ignore[method-assign]
+            sys.modules[name] = stub
+            parent, _, child = name.rpartition(".")
+            if parent:
+                setattr(sys.modules[parent], child, stub)
+        yield f"{root} stubbed: {why}"
+    finally:
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
+
+
+def never_called(name: str, package: str) -> Any:
+    """A stand-in callable for ``name`` that raises ModuleNotFoundError naming ``package`` when called."""
+    def stand_in(*_args: Any, **_kwargs: Any) -> Any:
+        raise ModuleNotFoundError(f"{name} is a packcheck stand-in (never called on the measured path): install {package}",
+                                  name=package)
+    stand_in.__name__ = name.rpartition(".")[2]
+    return stand_in
