@@ -85,7 +85,15 @@ def test_a_crash_costs_one_cell_of_its_group_and_the_other_group_runs_on():
     first = pool.wait_for("m1")
     assert first["b"].status == "error" and "crashed (exit code 3)" in first["b"].message
     assert first["a"].status == first["c"].status == "pass" and set(first) == {"a", "b", "c"}
-    assert {k: v.status for k, v in pool.wait_for("m2").items()} == {"d": "pass", "e": "pass"}
+    second = pool.wait_for("m2")
+    assert {k: v.status for k, v in second.items()} == {"d": "pass", "e": "pass"}
+    # the JSON each child sent is what the parent journals and reports, the same text as the decoded result's to_json
+    from pytest_packcheck.run.sandbox import result_json
+
+    for result in (first["a"], second["d"]):
+        assert result._wire_json and result_json(result) == result.to_json() == _passed(_Cell(result.cell_id)).to_json()
+    first["a"].message = "changed after decoding"  # the sent text is the result as decoded: the session changes none
+    assert result_json(first["a"]) != first["a"].to_json()
     assert pool.wait_for("m3") == {}
     assert sorted(r.cell_id for r in journaled) == ["a", "b", "c", "d", "e"]
     with pytest.raises(KeyError):

@@ -25,7 +25,9 @@ class PackcheckItem(pytest.Item):
         result = self.state.result_for(self)
         # On the item's user_properties the result reaches every report of this item (so the xdist controller
         # and --junitxml get it as a property).
-        self.user_properties.append((RESULT_PROPERTY, result.to_json()))
+        from .sandbox import result_json
+
+        self.user_properties.append((RESULT_PROPERTY, result_json(result)))
         from ..errors import scrub_secrets
 
         message = scrub_secrets(result.message)  # the terminal gets what the files get: no token

@@ -176,7 +176,7 @@ class PackcheckSession:
             return result
         group = self._group_results.get(cell.group)
         if group is None or cell.cell_id not in group:
-            from .sandbox import run_isolated, warm_up
+            from .sandbox import result_json, run_isolated, warm_up
 
             warm_up(self.settings.tolerances.get("float32", {}), self.settings.device, self.settings.backends,
                     self.settings.checks)
@@ -193,7 +193,7 @@ class PackcheckSession:
                 todo.insert(0, cell)
             group = self._group_results.setdefault(cell.group, {})
             group.update(run_isolated(todo, self.runner().run, self._failure,
-                                      lambda r: self.journal.append(r.to_json()), self.settings.timeout_s))
+                                      lambda r: self.journal.append(result_json(r)), self.settings.timeout_s))
         return group[cell.cell_id]
 
     def _side_by_side(self, item: PackcheckItem) -> Any:
@@ -207,7 +207,7 @@ class PackcheckSession:
             if jobs <= 1 or not self.settings.device.startswith("cpu"):
                 self._pool = False
                 return None
-            from .sandbox import SideBySide
+            from .sandbox import SideBySide, result_json
 
             groups: dict[str, list[Any]] = {}
             for i in item.session.items:
@@ -218,7 +218,7 @@ class PackcheckSession:
             # one thread never enters an OpenMP team a fork left half copied (sandbox.SideBySide)
             threads = 1 if tiny else max(1, (os.cpu_count() or 1) // jobs)
             self._pool = SideBySide(list(groups.items()), self.runner().run, self._failure,
-                                    lambda r: self.journal.append(r.to_json()), self.settings.timeout_s, jobs=jobs,
+                                    lambda r: self.journal.append(result_json(r)), self.settings.timeout_s, jobs=jobs,
                                     child_threads=None if os.environ.get("OMP_NUM_THREADS") else threads)
         return self._pool or None
 
