@@ -189,3 +189,27 @@ def test_the_absent_mark_is_what_the_release_says_for_a_model_type_it_lacks():
     with pytest.raises(PackcheckUsageError) as exc:
         resolve_model(parse_model_spec("arch:not_a_model_type_here", "test"), "--packcheck-models")
     assert K.ABSENT_MARK in str(exc.value)
+
+
+def test_a_model_the_suite_gained_is_run_alone_on_a_measured_release_and_joined(tmp_path, monkeypatch):
+    """5.25.0 was measured when the suite had bert only: the next run measures the suite's other models alone (under
+    extra/), keeps bert's run, and the block holds both; a third run has nothing to do."""
+    _write(tmp_path / "enc", "5.25.0", _pair("bert", "sdpa", "pass", 0))
+    calls: list = []
+
+    def run_release(version, build, log=print, runner=None, flags=None, reproduce=None):
+        models = next(f for f in flags if f.startswith("--packcheck-models=")).split("=", 1)[1].split(",")
+        calls.append((Path(build).relative_to(tmp_path / "enc").parts[:2], models))
+        _write(Path(build), version, [c for m in models for c in _pair(K.model_type_of(m), "sdpa", "fail", 0.0036)])
+        return {"transformers": version, "cells": 2 * len(models)}
+
+    monkeypatch.setattr(K, "run_release", run_release)
+    K.run_kind_release(ENC, "5.25.0", tmp_path / "enc", log=lambda s: None)
+    assert len(calls) == 1 and calls[0][0][:2] == ("5.25.0", "extra") and "encoder:bert" not in calls[0][1]
+    assert set(calls[0][1]) == set(ENC.models) - {"encoder:bert"}
+    block = K.collect_kind(ENC, tmp_path / "enc")
+    assert block["cells"]["bert"]["sdpa"]["5.25.0"]["verdict"] == "pass"
+    assert block["cells"]["modernbert"]["sdpa"]["5.25.0"]["verdict"] == "fail"
+    assert block["releases"][0]["cells"] == 2 * len(ENC.models) and block["releases"][0]["wall_s"] == 40.0
+    K.run_kind_release(ENC, "5.25.0", tmp_path / "enc", log=lambda s: None)
+    assert len(calls) == 1  # every model of the suite measured: nothing runs

@@ -8,7 +8,9 @@ transition), then the releases in :func:`pytest_packcheck.atlas.plan.gap_order`.
 
     setsid nice -n 10 env HF_HUB_OFFLINE=1 python tools/atlas_kinds.py >> build/atlas-kinds/run.log 2>&1 &
 
-Options: ``--kinds encoders,multimodal``, ``--releases A,B``, ``--no-measure`` (collect and render only),
+A release measured before the suite gained a model runs that model alone (``<release>/extra/``) and keeps the rest.
+Options: ``--kinds encoders,multimodal``, ``--releases A,B``, ``--models SPEC,SPEC`` (measure only these of the
+suite: e.g. the committed suite's while a newer model is still being added), ``--no-measure`` (collect and render only),
 ``--bisect`` (sweep the transitions' gaps: every release on the index between two measured ones), ``--no-render``.
 """
 
@@ -41,6 +43,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kinds", default=",".join(KINDS))
     parser.add_argument("--releases", default=None)
+    parser.add_argument("--models", default=None)
     parser.add_argument("--no-measure", action="store_true")
     parser.add_argument("--bisect", action="store_true")
     parser.add_argument("--no-render", action="store_true")
@@ -53,7 +56,10 @@ def main() -> int:
     if not ns.no_measure:
         for version in todo:
             for kind in kinds:
-                record = run_kind_release(kind, version, BUILD / kind.name, log=log)
+                models = [m for m in ns.models.split(",") if m in kind.models] if ns.models else None
+                if ns.models and not models:
+                    continue
+                record = run_kind_release(kind, version, BUILD / kind.name, models, log=log)
                 log(f"{kind.name} {version}: " + (f"not measured ({str(record['error'])[:200]})" if record.get("error")
                                                   else f"{record.get('cells')} cells, {record.get('wall_s')} s wall, "
                                                        f"{record.get('child_cpu_s')} s CPU"))

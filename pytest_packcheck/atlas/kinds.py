@@ -105,13 +105,37 @@ def kind_reproduce(kind: Kind, version: str, spec: str | None = None, backend: s
                        f"{OPT_CHECKS}={','.join(kind.checks)}"])
 
 
+#: The folder of a release's later runs: models the suite gained after the release was measured.
+EXTRA = "extra"
+
+
 def run_kind_release(kind: Kind, version: str, build: Path, models: list[str] | None = None,
                      log: Callable[[str], None] = print, runner: Callable[..., Any] | None = None) -> dict[str, Any]:
     """Measure ``kind`` on one release into ``<build>/<version>`` (:func:`.release_run.run_release` with
-    :func:`kind_flags`): the done record, or a record with ``error``. ``runner``: replaces ``subprocess.run``."""
+    :func:`kind_flags`): the done record, or a record with ``error``. A release already measured is not run again;
+    the suite's models (or ``models``) that none of its runs holds are run alone into
+    ``<build>/<version>/extra/<digest>/<version>`` (the suite gained a model: the release adds it and keeps the rest),
+    and that run's record is returned. ``runner``: replaces ``subprocess.run``."""
+    from ..results import load_document
+
     folder = release_dir(Path(build), version).resolve()
+    if is_done(folder):
+        have = {_name(c) for part in _parts(folder) for c in load_document(part / "packcheck-matrix.json").get("cells", [])}
+        wanted = [s for s in (models or kind.models) if model_type_of(s) not in have]
+        if not wanted:
+            return done_record(folder)
+        sub = folder / EXTRA / hashlib.sha1(",".join(wanted).encode()).hexdigest()[:10]
+        sub.mkdir(parents=True, exist_ok=True)
+        return run_release(version, sub, log=log, runner=runner, flags=kind_flags(kind, str(sub / version), wanted),
+                           reproduce=kind_reproduce(kind, version))
     return run_release(version, Path(build), log=log, runner=runner, flags=kind_flags(kind, str(folder), models),
                        reproduce=kind_reproduce(kind, version))
+
+
+def _parts(folder: Path) -> list[Path]:
+    """A release folder's finished runs: its own, then those under ``extra/`` (:func:`run_kind_release`)."""
+    extra = sorted(p / folder.name for p in (folder / EXTRA).glob("*") if is_done(p / folder.name)) if (folder / EXTRA).is_dir() else []
+    return [folder, *extra] if is_done(folder) else []
 
 
 def reduce_kind_release(kind: Kind, doc: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
@@ -170,7 +194,9 @@ def _layouts(doc: dict[str, Any], backends: tuple[str, ...]) -> dict[tuple[str, 
 
 
 def _release_runs(kind: Kind, build: Path) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
-    """(release, results document, done record) of every finished release folder under ``build``, ascending."""
+    """(release, results document, done record) of every finished release folder under ``build``, ascending: its
+    own run and its later runs (``extra/``: models the suite gained since) as one document (their cells joined),
+    one record (cells, wall and CPU seconds summed)."""
     from packaging.version import InvalidVersion, Version
 
     from ..results import load_document
@@ -181,11 +207,21 @@ def _release_runs(kind: Kind, build: Path) -> list[tuple[str, dict[str, Any], di
             key = Version(folder.name)
         except InvalidVersion:
             continue
-        if folder.is_dir() and is_done(folder):
-            doc, record = load_document(folder / "packcheck-matrix.json"), done_record(folder)
-            check_recorded_version(folder, folder.name, "transformers", doc, record)
-            found.append((key, folder.name, doc, record))
+        parts = _parts(folder) if folder.is_dir() else []
+        if not parts:
+            continue
+        docs, records = [load_document(p / "packcheck-matrix.json") for p in parts], [done_record(p) for p in parts]
+        for part, part_doc, part_record in zip(parts, docs, records, strict=True):
+            check_recorded_version(part, folder.name, "transformers", part_doc, part_record)
+        doc = {**docs[0], "cells": [c for d in docs for c in d.get("cells", [])]}
+        record = {**records[0], **{k: _sum(records, k) for k in ("cells", "wall_s", "child_cpu_s")}}
+        found.append((key, folder.name, doc, record))
     return [(name, doc, record) for _, name, doc, record in sorted(found, key=lambda t: t[0])]
+
+
+def _sum(records: list[dict[str, Any]], key: str) -> float | None:
+    values = [r.get(key) for r in records]
+    return None if any(v is None for v in values) else round(sum(values), 1)
 
 
 def collect_kind(kind: Kind, build: Path, planned: list[str] | None = None, committed: dict[str, Any] | None = None,
