@@ -39,6 +39,7 @@ def main() -> int:
     from pytest_packcheck.atlas.plan import gap_order, parse_release_list
     from pytest_packcheck.atlas.render import write_outputs
     from pytest_packcheck.atlas.sweep import sweep_transitions
+    from pytest_packcheck.model.specs import split_top
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kinds", default=",".join(KINDS))
@@ -56,7 +57,7 @@ def main() -> int:
     if not ns.no_measure:
         for version in todo:
             for kind in kinds:
-                models = [m for m in ns.models.split(",") if m in kind.models] if ns.models else None
+                models = [m for m in split_top(ns.models) if m in kind.models] if ns.models else None
                 if ns.models and not models:
                     continue
                 record = run_kind_release(kind, version, BUILD / kind.name, models, log=log)
