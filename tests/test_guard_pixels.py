@@ -91,3 +91,20 @@ def test_a_video_row_is_judged_with_each_sample_s_own_video(qwen2_vl):
     batch["video_grid_thw"] = torch.tensor([[1, 4, 4]])
     with pytest.raises(PackcheckUsageError, match="8 video tokens, its videos fill 4"):
         verify_packed_batch(qwen2_vl.model, batch)
+
+
+@pytest.mark.parametrize("name", ["llava_next", "mistral3", "idefics3", "paligemma"])
+def test_every_pixel_layout_of_the_llava_style_families_is_split_per_sample(name, tolerances):
+    """LLaVA-NeXT's tiles with image_sizes, Pixtral's padded images of two sizes, Idefics3's (1, images, 3, h, w),
+    PaliGemma's prefix token_type_ids: the correct row passes; the planted row (positions that never restart, the
+    boundaries in cu_seq_lens_q only, which sdpa does not read) fails as a leak."""
+    wb = fixed_bench(name, "sdpa", tolerances)
+    samples = P.mm_samples(wb)
+    result = verify_packed_batch(wb.model, P.pack(wb.model, samples))
+    assert result.verdict == "pass" and result.max_logprob_diff < 1e-5 and len(result.lengths) == 3, result.line()
+    batch = P.pack(wb.model, samples)
+    lengths = [len(s.ids) for s in samples]
+    batch["position_ids"] = torch.arange(sum(lengths))[None]
+    batch["cu_seq_lens_q"] = torch.tensor([0, lengths[0], lengths[0] + lengths[1], sum(lengths)], dtype=torch.int32)
+    result = verify_packed_batch(wb.model, batch)
+    assert (result.verdict, result.cause) == ("fail", "leak"), result.line()

@@ -102,6 +102,8 @@ class FixedImages:
     markers: tuple[str, str] | None = None
     type_ids: str | None = None
     pixels: str = "cat"
+    #: any-resolution tiles beside the base image (LLaVA-NeXT: ``pixel_values`` ``(images, 1 + tiles, 3, h, w)``)
+    tiles: int = 0
 
 
 def _patches(config: Any, h: int, w: int, merge: int = 1) -> int:
@@ -116,6 +118,14 @@ FIXED_IMAGES: dict[str, FixedImages] = {
     # vision_feature_select_strategy "default" drops the CLS feature, "full" keeps it (LlavaModel.get_image_features)
     "llava": FixedImages(lambda c, h, w: _patches(c, h, w) + (c.vision_feature_select_strategy == "full")),
     "paligemma": FixedImages(lambda c, h, w: _patches(c, h, w), type_ids="prefix"),
+    # any resolution with one grid pinpoint the image's own size (image_grid_pinpoints=[[s, s]]): the base image and
+    # one tile, whose features keep an image_newline per row (LlavaNextModel.pack_image_features; LLaVA-OneVision's
+    # count is the same at this size). Exact for an image of the pinpoint's size only: the guard refuses (a usage
+    # error naming the counts) a row whose images were tiled otherwise
+    "llava_next": FixedImages(lambda c, h, w: 2 * _patches(c, h, w) + h // int(_vision(c).patch_size), pixels="padded",
+                              tiles=1),
+    "llava_onevision": FixedImages(lambda c, h, w: 2 * _patches(c, h, w) + h // int(_vision(c).patch_size),
+                                   pixels="padded", tiles=1),
     # a pixel shuffle by downsample_factor (AyaVisionMultiModalProjector)
     "aya_vision": FixedImages(lambda c, h, w: _patches(c, h, w, int(c.downsample_factor))),
     # Pixtral: each image at its own size, spatial_merge_size x spatial_merge_size patches merged (Mistral3PatchMerger)
@@ -201,8 +211,9 @@ def mm_samples(wb: Workbench) -> list[Sample]:
                 continue
             h, w = size
             image = [marks[0], *[config.image_token_id] * family.tokens(config, h, w), marks[1]]
+            shape = (1, 1 + family.tiles, 3, h, w) if family.tiles else (1, 3, h, w)
             out.append(Sample([*text[:3], *[t for t in image if t is not None], *text[3:]], (1, h, w),
-                              torch.randn(1, 3, h, w, generator=gen)))
+                              torch.randn(*shape, generator=gen)))
         wb._cache[key] = out
         return out
     patch_dim = int(vision.in_channels if hasattr(vision, "in_channels") else 3) * int(vision.temporal_patch_size) * int(vision.patch_size) ** 2
