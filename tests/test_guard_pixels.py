@@ -108,3 +108,29 @@ def test_every_pixel_layout_of_the_llava_style_families_is_split_per_sample(name
     batch["cu_seq_lens_q"] = torch.tensor([0, lengths[0], lengths[0] + lengths[1], sum(lengths)], dtype=torch.int32)
     result = verify_packed_batch(wb.model, batch)
     assert (result.verdict, result.cause) == ("fail", "leak"), result.line()
+
+
+def test_the_callback_judges_the_first_pixel_row_the_trainer_feeds(qwen2_vl, tmp_path):
+    """PackcheckCallback's forward pre-hook on a VLM: the first training forward's pixel row is judged before it runs
+    (the release's row passes; the flat collator row raises PackedBatchMismatch before the forward)."""
+    from types import SimpleNamespace
+
+    from pytest_packcheck.guard import PackcheckCallback
+
+    model = qwen2_vl.model
+    args = SimpleNamespace(output_dir=str(tmp_path), gradient_accumulation_steps=1)
+    for layout, ok in (("text+mrope", True), ("flat", False)):
+        callback = PackcheckCallback(on_mismatch="raise", verbose=False)
+        callback.on_train_begin(args, SimpleNamespace(is_world_process_zero=True), None, model=model)
+        batch = P.pack(model, P.mm_samples(qwen2_vl), layout)
+        model.train()
+        try:
+            if ok:
+                model(**batch, use_cache=False)
+                assert callback.result.verdict == "pass" and callback.result.run["pixels"], callback.result.line()
+            else:
+                with pytest.raises(PackedBatchMismatch, match="wrong_positions"):
+                    model(**batch, use_cache=False)
+        finally:
+            model.eval()
+            callback.on_train_end(args, None, None)
