@@ -48,6 +48,13 @@ def fast_outcome(model: str, backend: str | None, check: str) -> str:
     return "passed"
 
 
+def _usage_error(pytester, *args):
+    """A run that must stop at configure with a usage error, run in this process: the one-line message is the
+    subject, not the process boundary (each subprocess imported torch and transformers again: about 2 s of CPU each,
+    and the Did-you-mean lists of architectures more). Returns pytester's RunResult."""
+    return pytester.runpytest_inprocess(*args, "-p", "no:cacheprovider")
+
+
 def test_the_named_outcomes_name_default_checks_and_the_derivation_follows_the_registry(monkeypatch):
     """The names fast_outcome reads are default checks planned per backend (a renamed check fails here, not as a
     count); a check planted in the default suite adds one cell per model and backend, a model-level one one per
@@ -156,22 +163,22 @@ def test_hub_id_offline(pytester, offline_hub):
     ],
 )
 def test_usage_errors_are_one_line(pytester, args, message):
-    result = pytester.runpytest_subprocess(*args, "-p", "no:cacheprovider")
+    result = _usage_error(pytester, *args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: " + message])
 
 
 def test_an_empty_shard_is_blamed_on_the_shard(pytester):
     """Shard 3/3 of two models holds none: the error names the shard and the N that works, not the filters."""
-    result = pytester.runpytest_subprocess("--packcheck-models=arch:llama,arch:opt", "--packcheck-attn=sdpa",
-                                           "--packcheck-checks=isolation", "--packcheck-shard=3/3", "-p", "no:cacheprovider")
+    result = _usage_error(pytester, "--packcheck-models=arch:llama,arch:opt", "--packcheck-attn=sdpa",
+                          "--packcheck-checks=isolation", "--packcheck-shard=3/3")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: *shard 3/3 (from --packcheck-shard*) holds no model: the 2 models go to shards 1..2; use N <= 2."])
     result.stderr.no_fnmatch_line("*--packcheck-attn / --packcheck-checks*")
 
 
 def test_hub_errors_offline(pytester, offline_hub):
-    result = pytester.runpytest_subprocess("--packcheck-models=nobody/missing-model", "-p", "no:cacheprovider")
+    result = _usage_error(pytester, "--packcheck-models=nobody/missing-model")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([("ERROR: Model 'nobody/missing-model' (from --packcheck-models) is not in the local Hub cache*HF_HUB_OFFLINE=1*"
                                  "`hf download nobody/missing-model config.json`*")])
@@ -181,7 +188,7 @@ def test_remote_code_refused(pytester, tmp_path):
     model_dir = tmp_path / "custom"
     model_dir.mkdir()
     (model_dir / "config.json").write_text(json.dumps({"model_type": "custom", "auto_map": {"AutoConfig": "x.Config"}}))
-    result = pytester.runpytest_subprocess(f"--packcheck-models={model_dir}", "-p", "no:cacheprovider")
+    result = _usage_error(pytester, f"--packcheck-models={model_dir}")
     result.stderr.fnmatch_lines(["ERROR: Model *custom* needs trust_remote_code*--packcheck-trust-remote-code*"])
 
 
@@ -217,7 +224,7 @@ def test_local_directory_with_pretrained_weights(pytester, tmp_path):
 
 
 def test_missing_revision_offline(pytester, offline_hub):
-    result = pytester.runpytest_subprocess("--packcheck-models=meta-llama/Llama-3.2-1B@v9.9", "-p", "no:cacheprovider")
+    result = _usage_error(pytester, "--packcheck-models=meta-llama/Llama-3.2-1B@v9.9")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([("ERROR: Model 'meta-llama/Llama-3.2-1B@v9.9' (from --packcheck-models) is not in the local Hub cache at revision 'v9.9'*"
                                  # the fix fetches that revision, not main (trial 19, 123)
@@ -226,7 +233,7 @@ def test_missing_revision_offline(pytester, offline_hub):
 
 def test_report_path_that_is_a_directory_is_a_usage_error(pytester):
     (pytester.path / "out" / "packcheck-matrix.md").mkdir(parents=True)
-    result = pytester.runpytest_subprocess("--packcheck-models=arch:llama", "--packcheck-report-dir=out", "-p", "no:cacheprovider")
+    result = _usage_error(pytester, "--packcheck-models=arch:llama", "--packcheck-report-dir=out")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: 'out/packcheck-matrix.md' (in --packcheck-report-dir) is a directory*"])
 
@@ -243,7 +250,8 @@ def test_report_path_that_is_a_directory_is_a_usage_error(pytester):
 )
 def test_more_usage_errors(pytester, offline_hub, args, message):
     pytest.importorskip("xdist")
-    result = pytester.runpytest_subprocess(*args, "-p", "no:cacheprovider")
+    # with -n, xdist starts its workers: that one runs as a user starts it, in its own process
+    result = (pytester.runpytest_subprocess(*args, "-p", "no:cacheprovider") if "-n" in args else _usage_error(pytester, *args))
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: " + message])
 
@@ -251,7 +259,7 @@ def test_more_usage_errors(pytester, offline_hub, args, message):
 def test_tolerance_file_values_are_checked(pytester, tmp_path):
     bad = tmp_path / "tol.toml"
     bad.write_text('[float32]\nlogits_atol = "abc"\n')
-    result = pytester.runpytest_subprocess("--packcheck-models=arch:llama", f"--packcheck-tolerances={bad}", "-p", "no:cacheprovider")
+    result = _usage_error(pytester, "--packcheck-models=arch:llama", f"--packcheck-tolerances={bad}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: Tolerance float32.logits_atol = 'abc' in * must be a finite number >= 0."])
 
