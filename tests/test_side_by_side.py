@@ -230,3 +230,38 @@ def test_a_journal_line_is_the_sorted_json_of_the_record_with_its_tail_made_once
     assert json.loads((tmp_path / "j.jsonl").read_text().splitlines()[-1])["fingerprint"] == "fp2"
     Journal(tmp_path / "k.jsonl", "fp1").append(json.dumps(cells[0]))  # shared (xdist workers): locked
     assert (tmp_path / "k.jsonl.lock").exists()
+
+
+def test_close_kills_the_children_still_running():
+    """pytest -x stops the run after a failing cell: the session's release kills the children of the next models at
+    once (no 5 s join each, no orphan)."""
+    from pytest_packcheck.run.sandbox import SideBySide
+
+    def run_cell(cell):
+        if cell.cell_id == "slow":
+            time.sleep(120)
+        return _passed(cell)
+
+    pool = SideBySide([("m1", [_Cell("a")]), ("m2", [_Cell("slow")])], run_cell, _failure, lambda r: None,
+                      timeout_s=300, jobs=2)
+    assert pool.wait_for("m1")["a"].status == "pass"
+    child = pool.running["m2"].proc
+    assert child.is_alive()
+    t0 = time.monotonic()
+    pool.close(kill=True)
+    assert not child.is_alive() and time.monotonic() - t0 < 4 and not pool.running
+
+
+def test_an_audit_stopped_by_x_with_children_side_by_side_is_incomplete(tmp_path):
+    """`packcheck audit -n 2 -- -x`: opt's failing isolation stops the run while llama's child may still run; the
+    matrix is incomplete, gpt2 (never started) is not run, and the audit ends without waiting on the children."""
+    proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "audit", "--models", "arch:opt,arch:llama,arch:gpt2",
+                           "--packcheck-attn", "sdpa", "--packcheck-checks", "isolation", "-n", "2", "-q",
+                           "--packcheck-report-dir", str(tmp_path / "out"), "--", "-x"], cwd=tmp_path, capture_output=True,
+                          text=True, check=False, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    doc = json.loads((tmp_path / "out" / "packcheck-matrix.json").read_text())
+    assert doc["incomplete"]["reason"] == "the run stopped early (stopping after 1 failures)", doc["incomplete"]
+    cells = {c["model"]["label"]: c for c in doc["cells"]}
+    assert cells["opt"]["status"] == "fail"
+    assert cells["gpt2"]["status"] == "skipped" and cells["gpt2"]["metrics"]["not_run"] == "interrupted"

@@ -392,13 +392,15 @@ class _GroupChildren:
         if self.pending:
             self.start()
 
-    def close(self) -> None:
-        """Reap the child (killed when it does not end within 5 s) and remove its log."""
+    def close(self, kill: bool = False) -> None:
+        """Reap the child (killed when it does not end within 5 s, or at once with ``kill``) and remove its log."""
         if self.reader is not None:
             self.reader.close()
             self.reader = None
         proc, self.proc = self.proc, None
         if proc is not None and proc.is_alive():
+            if kill:
+                proc.kill()
             proc.join(timeout=5)
             if proc.is_alive():
                 proc.kill()
@@ -479,7 +481,9 @@ class SideBySide:
                 group.step()
         self._collect()
 
-    def close(self) -> None:
-        """Reap every running child (each within 5 s, else killed)."""
+    def close(self, kill: bool = False) -> None:
+        """Reap every running child (each within 5 s, else killed; ``kill``: killed at once, its cells abandoned: the
+        run stopped without them, pytest -x)."""
         for group in self.running.values():
-            group.close()
+            group.close(kill)
+        self.running.clear()

@@ -73,7 +73,7 @@ class PackcheckSession:
         """Release the report folder and the stop signals (pytest_unconfigure)."""
         release_stop_signals()
         if self._pool:
-            self._pool.close()  # children still running (pytest -x stopped the run): reaped, not left behind
+            self._pool.close(kill=True)  # children still running (pytest -x stopped the run): killed, not left behind
         lock = self._report_lock
         if lock is not None and lock.is_locked:
             lock.release(force=True)
