@@ -108,6 +108,13 @@ def test_every_pixel_layout_of_the_llava_style_families_is_split_per_sample(name
     batch["cu_seq_lens_q"] = torch.tensor([0, lengths[0], lengths[0] + lengths[1], sum(lengths)], dtype=torch.int32)
     result = verify_packed_batch(wb.model, batch)
     assert (result.verdict, result.cause) == ("fail", "leak"), result.line()
+    # planted: positions restarting per sample but stepping by 2: the row differs, no sample reaches another (the first
+    # sample's own images perturbed, not the others': Idefics3's images along dim 1, LLaVA-NeXT's tiles kept together)
+    batch = P.pack(wb.model, samples)
+    batch["position_ids"] = 2 * batch["position_ids"]
+    result = verify_packed_batch(wb.model, batch)
+    assert (result.verdict, result.cause) == ("fail", "packed_mismatch"), result.line()
+    assert result.probes["isolation_moved"] <= 1e-6
 
 
 def test_the_callback_judges_the_first_pixel_row_the_trainer_feeds(qwen2_vl, tmp_path):

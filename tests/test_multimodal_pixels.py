@@ -229,7 +229,7 @@ def fixed_bench(name: str, backend: str, tolerances: dict):
 def fixed_images_reversed(model, samples, layout):
     """Planted: the images' pixel_values (and Pixtral's image_sizes) in reverse sample order."""
     batch = P.pack(model, samples, layout)
-    batch["pixel_values"] = batch["pixel_values"].flip(1 if batch["pixel_values"].ndim == 5 else 0)
+    batch["pixel_values"] = batch["pixel_values"].flip(1 if P.fixed_images(model).pixels == "stacked" else 0)
     if "image_sizes" in batch:
         batch["image_sizes"] = batch["image_sizes"].flip(0)
     return batch
@@ -390,3 +390,24 @@ def test_a_model_without_video_rows_is_a_skip(tolerances):
 
 def test_every_fixed_image_family_is_built_by_a_test():
     assert set(FIXED) | {"gemma3"} == set(P.FIXED_IMAGES)
+
+
+def test_idefics3_processor_rows_keep_their_pixel_attention_mask(tolerances):
+    """Idefics3's processor from local files (one global image, not split, resized to the tower's 128 pixels, with its
+    pixel_attention_mask, all ones here: nothing padded); DataCollatorWithFlattening drops pixel_values and
+    the mask (collator_contract, text logits 1.5e-01 off on sdpa, transformers 5.25.0); with them added the row holds
+    (1.0e-07), and the guard judges the same row with each sample's own mask (a pass)."""
+    from pytest_packcheck.checks import pixel_processors as PP
+    from pytest_packcheck.guard import verify_packed_batch
+
+    wb = fixed_bench("idefics3", "sdpa", tolerances)
+    samples = PP.processor_samples(wb)
+    assert [s.ids.count(wb.model.config.image_token_id) for s in samples] == [4, 0, 4]
+    assert samples[2].pixels.shape == (1, 1, 3, 128, 128) and samples[2].mask.shape == (1, 1, 128, 128)
+    result = P.check_mm_processor(wb)
+    assert result.metrics["layouts"]["flattening"]["dropped"] == ["pixel_values", "pixel_attention_mask"], result.message
+    assert result.metrics["held"] == ["flattening+pixels", "flattening+flash_kwargs+pixels"], result.message
+    batch = PP.flattening_collator(wb.model, samples, "flattening+pixels")
+    assert batch["pixel_attention_mask"].shape == (1, 2, 128, 128)
+    guard = verify_packed_batch(wb.model, batch)
+    assert guard.verdict == "pass" and "pixel_attention_mask" in guard.run["pixels"], guard.line()

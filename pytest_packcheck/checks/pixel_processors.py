@@ -74,15 +74,31 @@ def _gemma3(config: Any, tokenizer: Any) -> Any:
                            tokenizer=tokenizer, image_seq_length=int(config.mm_tokens_per_image))
 
 
+def _idefics3(config: Any, tokenizer: Any) -> Any:
+    from transformers import Idefics3Processor
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
+    size = int(config.vision_config.image_size)
+    image = Idefics3ImageProcessorPil(do_image_splitting=False, size={"longest_edge": size},
+                                      max_image_size={"longest_edge": size})
+    tokens = (size // int(config.vision_config.patch_size)) ** 2 // int(config.scale_factor) ** 2
+    return Idefics3Processor(image_processor=image, tokenizer=tokenizer, image_seq_len=tokens)
+
+
 #: The families whose processor packcheck builds from local files, by model_type (transformers 5.25.0). Qwen2-VL,
 #: Qwen2.5-VL, Qwen3-VL (their video processor) and Mistral 3 (PixtralProcessor) have none: in 5.25.0 their processors
-#: need torchvision, which the test stack does not install, so no recipe of theirs was ever run.
+#: need torchvision, which the test stack does not install, so no recipe of theirs was ever run. PaliGemma, LLaVA-NeXT,
+#: SmolVLM and Aya Vision have none yet.
 PROCESSORS: dict[str, ProcessorRecipe] = {
     "llava": ProcessorRecipe({"<image>": "image_token_id"}, "<image>", _llava),
     "gemma3": ProcessorRecipe({"<start_of_image>": "boi_token_id", "<image_soft_token>": "image_token_id",
                                "<end_of_image>": "eoi_token_id"}, "<start_of_image>", _gemma3,
                               extra=(("boi_token", "<start_of_image>"), ("image_token", "<image_soft_token>"),
                                      ("eoi_token", "<end_of_image>"))),
+    # one global image, not split into tiles (do_image_splitting=False), resized to the tower's size, with its
+    # pixel_attention_mask: <fake_token_around_image><global-img><image> x image_seq_len<fake_token_around_image>
+    "idefics3": ProcessorRecipe({"<image>": "image_token_id", "<fake_token_around_image>": None, "<global-img>": None},
+                                "<image>", _idefics3),
 }
 
 
@@ -161,7 +177,7 @@ def processor_samples(wb: Workbench) -> list[Sample]:
         h, w = (int(v) for v in enc["image_sizes"][0]) if "image_sizes" in enc else pixels.shape[-2:]
         if family is not None and family.pixels == "padded":
             pixels = pixels[..., :h, :w]
-        out.append(Sample(enc["input_ids"][0].tolist(), (1, int(h), int(w)), pixels))
+        out.append(Sample(enc["input_ids"][0].tolist(), (1, int(h), int(w)), pixels, mask=enc.get("pixel_attention_mask")))
     wb._cache[key] = out
     return out
 

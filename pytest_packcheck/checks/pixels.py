@@ -79,6 +79,8 @@ class Sample:
     grid: tuple[int, int, int] | None = None
     pixels: Any = None
     video: bool = False
+    #: Idefics3's ``pixel_attention_mask`` ``(1, 1, h, w)`` from its processor (the padded part of a resized image), or None
+    mask: Any = None
 
 
 def _vision(config: Any) -> Any:
@@ -211,7 +213,7 @@ def mm_samples(wb: Workbench) -> list[Sample]:
                 continue
             h, w = size
             image = [marks[0], *[config.image_token_id] * family.tokens(config, h, w), marks[1]]
-            shape = (1, 1 + family.tiles, 3, h, w) if family.tiles else (1, 3, h, w)
+            shape = (1, 1 + family.tiles, 3, h, w) if family.tiles else (1, 1, 3, h, w) if family.pixels == "stacked" else (1, 3, h, w)
             out.append(Sample([*text[:3], *[t for t in image if t is not None], *text[3:]], (1, h, w),
                               torch.randn(*shape, generator=gen)))
         wb._cache[key] = out
@@ -312,7 +314,10 @@ def _pixels(model: Any, images: list[Sample]) -> dict[str, Any]:
                 out[key], out[grid_key] = torch.cat([s.pixels for s in mine]), torch.tensor([s.grid for s in mine])
         return out
     if family.pixels == "stacked":
-        return {"pixel_values": torch.cat([s.pixels for s in images])[None]}
+        out = {"pixel_values": torch.cat([s.pixels for s in images], dim=1)}
+        if all(s.mask is not None for s in images):
+            out["pixel_attention_mask"] = torch.cat([s.mask for s in images], dim=1)
+        return out
     if family.pixels == "padded":
         h, w = max(s.grid[1] for s in images), max(s.grid[2] for s in images)
         padded = [torch.nn.functional.pad(s.pixels, (0, w - s.grid[2], 0, h - s.grid[1])) for s in images]

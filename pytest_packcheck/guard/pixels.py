@@ -26,7 +26,7 @@ from .result import GuardResult
 
 #: The keys a pixel row may carry beside the text row's.
 PIXEL_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "image_sizes",
-              "mm_token_type_ids", "token_type_ids")
+              "pixel_attention_mask", "mm_token_type_ids", "token_type_ids")
 #: The M-RoPE families' modalities: (pixels key, grid key, the config's token id attribute).
 MODALITIES = (("pixel_values", "image_grid_thw", "image_token_id"), ("pixel_values_videos", "video_grid_thw", "video_token_id"))
 
@@ -93,7 +93,10 @@ def _image_inputs(model: Any, batch: Any, images: list[int], modality: tuple[str
         return {key: torch.cat(rows), grid_key: batch[grid_key][images]}
     family = P.fixed_images(model)
     if family.pixels == "stacked":
-        return {"pixel_values": values[:, images]}
+        out = {"pixel_values": values[:, images]}
+        if batch.get("pixel_attention_mask") is not None:
+            out["pixel_attention_mask"] = batch["pixel_attention_mask"][:, images]
+        return out
     out = {"pixel_values": values[images]}
     if batch.get("image_sizes") is not None:
         sizes = batch["image_sizes"][images]
@@ -216,7 +219,8 @@ def measure_pixel_row(model: Any, batch: Any, tols: dict[str, dict[str, float]])
         key = next((k for k in ("pixel_values", "pixel_values_videos") if k in first), None)
         if key is not None:  # the first sample's pixels changed: do the others move?
             values = batch[key].clone()
-            stacked = values.ndim == 5  # Idefics3: (1, images, 3, h, w)
+            family = P.fixed_images(model)
+            stacked = family is not None and family.pixels == "stacked"  # Idefics3: (1, images, 3, h, w)
             mine = first[key].shape[1 if stacked else 0]  # its patch rows (M-RoPE) or its images
             part = values[:, :mine] if stacked else values[:mine]
             part.mul_(-3.0).add_(1.0)
