@@ -432,28 +432,33 @@ def test_bench_refuses_what_cannot_fit_with_the_size_it_needs(tmp_path, args, sa
     assert time.perf_counter() - started < 120 and not (tmp_path / "b" / "bench.json").exists()
 
 
-@pytest.mark.parametrize("content", [b"\x00" * 4, bytes(range(256)) * 20], ids=["truncated", "garbage"])
-def test_unreadable_weights_are_the_checkpoints_not_upstreams(tmp_path, content):
+def test_unreadable_weights_are_the_checkpoints_not_upstreams(tmp_path):
     """Issue 42: a corrupt weights file under --packcheck-weights=pretrained was a crash with no cause and the remedy
-    "report it upstream". Now weights_unreadable, naming the read error; the same folder with its real weights runs."""
+    "report it upstream". Now weights_unreadable, naming the read error; the same folder with its real weights runs.
+    One audit of three copies of one saved model (each model's cells are their own; one subprocess, not four):
+    ``real`` keeps its weights, ``truncated`` and ``garbage`` get a planted weights file."""
     import json
+    import shutil
 
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    folder = tmp_path / "m"
     config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, vocab_size=128)
-    LlamaForCausalLM(config).save_pretrained(folder)
-    good = _cli(["audit", "--models", str(folder), "--packcheck-weights", "pretrained", "--packcheck-attn", "sdpa",
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "real")
+    planted = {"truncated": b"\x00" * 4, "garbage": bytes(range(256)) * 20}
+    for name, content in planted.items():
+        shutil.copytree(tmp_path / "real", tmp_path / name)
+        (tmp_path / name / "model.safetensors").write_bytes(content)
+    folders = ",".join(str(tmp_path / name) for name in ("real", *planted))
+    proc = _cli(["audit", "--models", folders, "--packcheck-weights", "pretrained", "--packcheck-attn", "sdpa",
                  "--packcheck-checks", "isolation", "-n", "0", "-q"], tmp_path)
-    cell = json.loads((tmp_path / "reports" / "packcheck-matrix.json").read_text())["cells"][0]
-    assert good.returncode == 0 and cell["status"] == "pass", cell["message"]
-    (folder / "model.safetensors").write_bytes(content)
-    _cli(["audit", "--models", str(folder), "--packcheck-weights", "pretrained", "--packcheck-attn", "sdpa",
-          "--packcheck-checks", "isolation", "-n", "0", "-q"], tmp_path)
-    cell = json.loads((tmp_path / "reports" / "packcheck-matrix.json").read_text())["cells"][0]
-    assert cell["status"] == "error" and cell["cause"] == "weights_unreadable", (cell["cause"], cell["message"])
-    assert "cannot be read" in cell["message"] and "upstream" not in cell["diagnosis"]["remedy"]
+    cells = {c["model"]["label"]: c for c in json.loads((tmp_path / "reports" / "packcheck-matrix.json").read_text())["cells"]}
+    assert set(cells) == {"real", *planted}, (sorted(cells), (proc.stdout + proc.stderr)[-1500:])
+    assert cells["real"]["status"] == "pass", cells["real"]["message"]
+    for name in planted:
+        cell = cells[name]
+        assert cell["status"] == "error" and cell["cause"] == "weights_unreadable", (name, cell["cause"], cell["message"])
+        assert "cannot be read" in cell["message"] and "upstream" not in cell["diagnosis"]["remedy"]
 
 
 def test_a_memory_error_outside_an_import_does_not_blame_torch(tmp_path, monkeypatch):
