@@ -156,16 +156,20 @@ def test_the_committed_rl_matrix_holds_the_findings_the_docs_quote():
             assert cells[(model, "sdpa", check)]["status"] == "pass", (model, check)
     # the trainers' own code (docs/rl.md's second table): TRL's DPO / KTO on every model's packed-capable backends,
     # GPT-OSS's eager path leaking into the padding-free preference row and verl's remove-padding row, verl measured
-    # from its wheel, and OpenRLHF / ms-swift named with the package they need
+    # from its wheel, OpenRLHF's packed samples run with the stand-ins named, ms-swift on trl 1.x named with the module
+    # it lacks and its declared trl<1.0, AsyncGRPO's padding-free row skipped on trl 1.16 (its rows are trees)
     dpo = cells[("llama", "sdpa", "rl_trl_dpo")]
     assert dpo["metrics"]["trl"] == pins["trl"] and dpo["metrics"]["max_abs_margin_diff"] <= dpo["tolerances"]["logits_atol"]
     for check in ("rl_preference_packed", "rl_verl_rmpad"):
         assert cells[("gpt_oss", "eager", check)]["cause"] == "leak", check
         assert cells[("gpt_oss", "packcheck_flash_ref", check)]["status"] == "pass", check
     assert cells[("llama", "sdpa", "rl_verl_rmpad")]["metrics"]["verl"] == "0.9.1"
-    openrlhf, swift = cells[("llama", None, "rl_openrlhf_packed")], cells[("llama", None, "rl_swift_padding_free")]
-    assert openrlhf["status"] == "skipped" and "flash_attn" in openrlhf["message"], openrlhf["message"]
-    assert swift["status"] == "skipped" and "modelscope" in swift["message"], swift["message"]
+    openrlhf, swift = cells[("llama", "sdpa", "rl_openrlhf_packed")], cells[("llama", "sdpa", "rl_swift_padding_free")]
+    assert openrlhf["status"] == "pass" and openrlhf["metrics"]["openrlhf"] == "0.11.2", openrlhf["message"]
+    assert "from flash_attn 2.8.3's source" in openrlhf["message"] and "deepspeed stubbed" in openrlhf["message"]
+    assert cells[("gpt_oss", "eager", "rl_openrlhf_packed")]["cause"] == "leak"
+    assert swift["status"] == "skipped" and "trl.experimental.bco" in swift["message"] and "trl<1.0" in swift["message"]
+    assert "packs trees" in cells[("llama", "sdpa", "rl_trl_async")]["message"]
 
 
 def test_dpo_asked_to_pack_runs_padded_on_trl_1_16_and_the_finding_names_the_line(llama, monkeypatch):
@@ -265,6 +269,7 @@ def test_aiohttp_is_stubbed_for_the_async_import_only(monkeypatch):
     import sys
 
     real = importlib.import_module
+    real("trl.experimental.async_grpo.async_grpo_trainer")  # imported for real first: the planted failure only names it
     calls = []
 
     def import_module(name, *a):
@@ -320,3 +325,34 @@ def test_grpo_reads_the_releases_log_prob_path(llama, monkeypatch):
     assert rl.grpo_logprob_path(GRPOTrainer) == "logits"
     assert rl.grpo_logprob_path(type("Old", (), {"_get_per_token_logps": None})) == "logps_only"
     assert rl.grpo_logprob_path(type("None_", (), {})) is None
+
+
+def test_trls_undeclared_vllm_client_imports_are_stubbed_for_the_import_only(monkeypatch):
+    """trl 0.29 .. 1.13's GRPOTrainer imports requests and urllib3 at trl/generation/vllm_client.py's top (unguarded,
+    undeclared): in a clean trl==X environment the import fails; each is stubbed for the import alone, named, and gone
+    from sys.modules afterwards; a package that is not one of them is raised, never stubbed."""
+    import importlib
+    import sys
+
+    real = importlib.import_module
+    fails = ["requests", "urllib3"]
+
+    def import_module(name, *a):
+        if fails:  # planted: the import fails as trl 1.7.1's does without requests, then without urllib3
+            missing = fails.pop(0)
+            raise ModuleNotFoundError(f"No module named '{missing}'", name=missing)
+        assert sys.modules["requests.adapters"].HTTPAdapter and sys.modules["urllib3.util.retry"].Retry
+        return real(name, *a)
+
+    importlib.import_module("trl.trainer.grpo_trainer")  # imported for real first: the planted failures only name it
+    had = {n: n in sys.modules for n in ("requests", "urllib3")}
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n in ("requests", "urllib3") else real_spec(n, *a))
+    real_spec = importlib.machinery.PathFinder.find_spec
+    monkeypatch.setattr(importlib, "import_module", import_module)
+    module, used = rl.import_trl_module("trl.trainer.grpo_trainer")
+    assert module.__name__ == "trl.trainer.grpo_trainer"
+    assert [u.split(" ")[0] for u in used] == ["requests", "urllib3"] and all("stubbed" in u for u in used)
+    assert {n: n in sys.modules for n in had} == had
+    fails[:] = ["mergekit"]
+    with pytest.raises(ModuleNotFoundError, match="mergekit"):
+        rl.import_trl_module("trl.trainer.grpo_trainer")

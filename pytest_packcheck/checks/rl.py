@@ -252,10 +252,14 @@ def check_rl_trl_grpo(wb: Workbench) -> CheckResult:
     import torch
 
     try:
-        from trl.trainer.grpo_trainer import GRPOTrainer
+        grpo_module, stand_ins = import_trl_module("trl.trainer.grpo_trainer")
     except ImportError as exc:
         return CheckResult("skipped", {"trl": _trl_version(), "missing_module": getattr(exc, "name", None) or str(exc)},
-                           f"trl {_trl_version()}'s GRPOTrainer does not import here ({exc.__class__.__name__}: {exc})")
+                           f"trl {_trl_version()}'s GRPOTrainer does not import here ({exc.__class__.__name__}: "
+                           f"{' '.join(str(exc).split())[:160]})")
+    except Exception as exc:  # noqa: BLE001 - the release's module raised at import: the cell says where
+        return _trl_crash("trl.trainer.grpo_trainer import", exc)
+    GRPOTrainer = grpo_module.GRPOTrainer
     path = grpo_logprob_path(GRPOTrainer)
     if path is None:
         return CheckResult("skipped", {"trl": _trl_version()}, f"trl {_trl_version()}'s GRPOTrainer has no per-token "
@@ -278,7 +282,10 @@ def check_rl_trl_grpo(wb: Workbench) -> CheckResult:
     numbers = compare(got, ref)
     metrics = {**numbers, **_base_metrics(wb, samples), "trl": _trl_version(), "logits_to_keep": width_c,
                "grpo_path": path, "entropy_compared": entropies is not None}
-    what = f"trl {_trl_version()} GRPO log-prob path ({_GRPO_METHOD[path]}{', no entropy in this release' if entropies is None else ''})"
+    if stand_ins:
+        metrics["stand_ins"] = stand_ins
+    what = (f"trl {_trl_version()} GRPO log-prob path ({_GRPO_METHOD[path]}"
+            f"{', no entropy in this release' if entropies is None else ''}{''.join('; ' + x for x in stand_ins)})")
     atol = wb.tol["logits_atol"]
     diff = numbers["max_abs_logprob_diff"]
     if diff > atol and not numbers["non_finite_logprobs"]:
@@ -318,10 +325,14 @@ def _grpo_forward(trainer_cls: Any, path: str, model: Any, batch: dict[str, Any]
     import inspect
 
     accelerator = type("Accelerator", (), {"autocast": staticmethod(contextlib.nullcontext), "is_main_process": True,
-                                           "num_processes": 1})()
-    stand_in = type("GRPOStandIn", (), {"accelerator": accelerator, "temperature": RL_TEMPERATURE,
-                                        "model_kwarg_keys": set(inspect.signature(model.forward).parameters),
-                                        "is_fsdp_enabled": False})()
+                                           "num_processes": 1, "unwrap_model": staticmethod(lambda m, **_k: m)})()
+    # an instance of the release's GRPOTrainer built without __init__ (its methods resolve, e.g. trl 1.14's
+    # _full_logits_logps), holding what the log-prob method reads: no Liger kernel, no FSDP, not a VLM
+    stand_in = object.__new__(trainer_cls)
+    stand_in.__dict__.update({"accelerator": accelerator, "temperature": RL_TEMPERATURE,
+                              "model_kwarg_keys": set(inspect.signature(model.forward).parameters),
+                              "is_fsdp_enabled": False, "use_liger_kernel": False, "_is_vlm": False,
+                              "_entropy_bonus_enabled": False})  # GRPOConfig's default entropy_coef 0 (trl 1.14)
     if path == "fused_lm_head":
         from trl.trainer.utils import add_fused_lm_head
 
@@ -426,6 +437,8 @@ def check_rl_trl_async(wb: Workbench) -> CheckResult:
     except ImportError as exc:
         return CheckResult("skipped", {"trl": version}, f"trl {version} has no AsyncGRPO (trl.experimental.async_grpo: "
                            f"{exc.__class__.__name__}: {exc})")
+    except Exception as exc:  # noqa: BLE001 - the release's module raised at import: the cell says where
+        return _trl_crash("trl.experimental.async_grpo import", exc)
     if hasattr(ag, "TreeRow"):
         return CheckResult("skipped", {"trl": version}, f"trl {version}'s AsyncGRPO collator packs trees (TreeRow): "
                            "rl_trl_tree measures it")
@@ -461,41 +474,54 @@ def check_rl_trl_async(wb: Workbench) -> CheckResult:
     return _verdict(wb, what, numbers, metrics)
 
 
-#: The stand-in for aiohttp when AsyncGRPO's module is imported without it (named in the cell).
-AIOHTTP_STAND_IN = ("aiohttp stubbed: only async_rollout_worker's import needs it (its vLLM HTTP client, never called "
-                    "here; trl lists aiohttp under its vllm extra)")
+#: Packages a TRL module imports at its top for its vLLM client only, which TRL does not declare (or lists under its
+#: ``vllm`` extra), stubbed for the import alone where they are missing: name -> (why, {module: {name: value}}).
+#: ``requests``: trl 0.29 .. 1.13 ``trl/generation/vllm_client.py:26`` ``from requests.adapters import HTTPAdapter``
+#: (unguarded; trl 1.14 guards it) and ``urllib3`` beside it, so GRPOTrainer does not import in a clean ``trl==X``
+#: environment; ``aiohttp``:
+#: AsyncGRPO's ``async_rollout_worker`` (trl 1.7 .. 1.15), reading ``aiohttp.ClientError`` at import.
+TRL_IMPORT_STUBS: dict[str, tuple[str, dict[str, dict[str, Any]]]] = {
+    "requests": ("trl's vLLM client imports it at its top (trl does not declare it); never called here",
+                 {"requests": {"ConnectionError": type("ConnectionError", (OSError,), {})},
+                  "requests.adapters": {"HTTPAdapter": type("HTTPAdapter", (), {})}}),
+    "urllib3": (("trl's vLLM client imports urllib3.util.retry.Retry at its top (trl 0.29 .. 1.13; trl does not declare "
+                 "it); never called here"), {"urllib3.util.retry": {"Retry": type("Retry", (), {})}}),
+    "aiohttp": (("only async_rollout_worker's import needs it (its vLLM HTTP client, never called here; trl lists "
+                 "aiohttp under its vllm extra)"),
+                {"aiohttp": {"ClientError": type("ClientError", (Exception,), {})}}),
+}
+#: Kept for the tests and the docs: the sentence the aiohttp stub adds to a cell.
+AIOHTTP_STAND_IN = f"aiohttp stubbed: {TRL_IMPORT_STUBS['aiohttp'][0]}"
+
+
+def import_trl_module(name: str) -> tuple[Any, list[str]]:
+    """Import TRL's module ``name``; where it fails only because a package of :data:`TRL_IMPORT_STUBS` is missing,
+    import it again with that package stubbed for the import alone (:func:`.stand_ins.stub_tree`: the names TRL reads
+    at import; anything else raises ModuleNotFoundError naming the package). Returns the module and the sentences
+    naming each stub used ([] when none). Raises ImportError for anything else missing."""
+    import importlib
+
+    from .stand_ins import stub_tree
+
+    used: list[str] = []
+    with contextlib.ExitStack() as stack:
+        for _ in range(len(TRL_IMPORT_STUBS) + 1):
+            try:
+                return importlib.import_module(name), used
+            except ModuleNotFoundError as exc:
+                root = (exc.name or "").split(".")[0]
+                if root not in TRL_IMPORT_STUBS or any(u.startswith(root + " ") for u in used):
+                    raise
+                why, attrs = TRL_IMPORT_STUBS[root]
+                used.append(stack.enter_context(stub_tree(root, why, attrs)))
+    raise ImportError(f"{name} does not import with {', '.join(used)}")
 
 
 def import_async_grpo() -> tuple[Any, str]:
-    """``trl.experimental.async_grpo.async_grpo_trainer`` and the stand-in used, "" when none. TRL 1.x's module imports
-    ``async_rollout_worker``, which imports ``aiohttp`` at its top (trl 1.7.1 async_rollout_worker.py:32; trl lists it
-    under the ``vllm`` extra only) and reads ``aiohttp.ClientError`` there; the collator and ``compute_loss`` never
-    touch it. Where aiohttp is not installed, a stub module with that one exception class stands in for the import
-    only (removed from ``sys.modules`` afterwards; any other attribute raises ModuleNotFoundError naming aiohttp).
-    Raises ImportError when the module is missing or needs something else."""
-    import importlib
-    import sys
-    import types
-
-    name = "trl.experimental.async_grpo.async_grpo_trainer"
-    try:
-        return importlib.import_module(name), ""
-    except ModuleNotFoundError as exc:
-        if exc.name != "aiohttp":
-            raise
-    stub = types.ModuleType("aiohttp")
-    stub.ClientError = type("ClientError", (Exception,), {})
-
-    def missing(attr: str) -> Any:
-        raise ModuleNotFoundError(f"aiohttp is stubbed by packcheck (aiohttp.{attr} used)", name="aiohttp")
-
-    stub.__getattr__ = missing  # type: ignore[method-assign]
-    sys.modules["aiohttp"] = stub
-    try:
-        return importlib.import_module(name), AIOHTTP_STAND_IN
-    finally:
-        if sys.modules.get("aiohttp") is stub:
-            del sys.modules["aiohttp"]
+    """``trl.experimental.async_grpo.async_grpo_trainer`` (:func:`import_trl_module`) and the stand-ins used, joined
+    ("" when none)."""
+    module, used = import_trl_module("trl.experimental.async_grpo.async_grpo_trainer")
+    return module, "; ".join(used)
 
 
 def _has_fused_head() -> bool:

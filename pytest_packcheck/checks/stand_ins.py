@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.machinery
 import importlib.util
 import sys
 import types
@@ -95,6 +96,8 @@ def stub_module(name: str, why: str, **attrs: Any) -> Iterator[str]:
     stub.__dict__.update(attrs)
 
     def missing(attr: str) -> Any:
+        if attr.startswith("__"):  # introspection (__file__, __version__): an absent attribute, not a use
+            raise AttributeError(attr)
         raise ModuleNotFoundError(f"{name} is stubbed by packcheck ({name}.{attr} used): install {name}", name=name)
 
     stub.__getattr__ = missing  # type: ignore[method-assign]
@@ -122,6 +125,8 @@ def stub_tree(root: str, why: str, attrs: dict[str, dict[str, Any]]) -> Iterator
 
     def missing_for(module: str) -> Any:
         def missing(attr: str) -> Any:
+            if attr.startswith("__"):  # introspection (__file__, __version__): an absent attribute, not a use
+                raise AttributeError(attr)
             raise ModuleNotFoundError(f"{root} is stubbed by packcheck ({module}.{attr} used): install {root}", name=root)
         return missing
 
@@ -129,6 +134,8 @@ def stub_tree(root: str, why: str, attrs: dict[str, dict[str, Any]]) -> Iterator
         for name in names:
             stub = types.ModuleType(name)
             stub.__path__ = []
+            # a spec, so that find_spec (TRL's _is_package_available) finds the stub, not a ValueError
+            stub.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
             stub.__dict__.update(attrs.get(name, {}))
             stub.__getattr__ = missing_for(name)  # type: ignore[method-assign]
             sys.modules[name] = stub
