@@ -26,6 +26,7 @@ import types
 from typing import Any
 
 from ..results import CheckResult
+from .sft_setup import SENTENCES
 from .stack_trainers import logits_vs_alone, raised_at, source_line
 from .workbench import _fmt, capture_warnings
 
@@ -107,7 +108,8 @@ def probe_name(sft: Any, name: str) -> dict[str, Any]:
         entry["runs_as"] = how
         if why:
             entry["native_refused"] = why
-        mode = {"packing": False, "padding_free": True, sft.feats["max_length_key"]: None, "per_device_train_batch_size": 6}
+        mode = {"packing": False, "padding_free": True, sft.feats["max_length_key"]: None,
+                "per_device_train_batch_size": len(SENTENCES)}
         try:
             with capture_warnings() as said:
                 trainer = sft.trainer(**mode)

@@ -77,7 +77,7 @@ def _mode_kwargs(sft: Any, overrides: dict[str, Any]) -> dict[str, Any]:
     if "max_length" in out:  # TRL 1.16 refuses max_length on padding-free batches that are not packed
         out[sft.feats["max_length_key"] or "max_length"] = out.pop("max_length")
     if not out.get("packing", True):
-        out["per_device_train_batch_size"] = 6
+        out["per_device_train_batch_size"] = len(SENTENCES)  # one padding-free row of all six texts
     return out
 
 
@@ -88,7 +88,7 @@ def _build(sft: Any, mode: str, overrides: dict[str, Any] | None) -> Any:
     from datasets import Dataset
     from transformers import Trainer, TrainingArguments
 
-    args = TrainingArguments(output_dir=sft.base["output_dir"], per_device_train_batch_size=6, report_to=[],
+    args = TrainingArguments(output_dir=sft.base["output_dir"], per_device_train_batch_size=len(SENTENCES), report_to=[],
                              use_cpu=not sft.wb.device.startswith("cuda"), seed=0, disable_tqdm=True,
                              save_strategy="no", remove_unused_columns=False)
     eos = sft.tokenizer.eos_token_id  # tokenized as a Trainer user does (SFTTrainer's own path is its mode's)
