@@ -568,7 +568,7 @@ def check_rl_trl_tree(wb: Workbench) -> CheckResult:
     if short:
         return short
     try:
-        from trl.experimental.async_grpo import packing as tree
+        tree, _ = import_trl_module("trl.experimental.async_grpo.packing")  # its package imports the vLLM client
         from trl.trainer.utils import add_fused_lm_head
     except ImportError as exc:
         return CheckResult("skipped", {"trl": _trl_version()}, f"trl {_trl_version()} has no AsyncGRPO tree packing "
