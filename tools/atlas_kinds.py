@@ -17,6 +17,7 @@ suite: e.g. the committed suite's while a newer model is still being added), ``-
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from functools import partial
@@ -67,11 +68,12 @@ def main() -> int:
     for kind in kinds:
         support = load_committed(OUT)  # read again: a concurrent render of the transformers axis is kept
         previous = support.get(kind.name)
-        bisects = block_bisects(previous)
+        saved = BUILD / kind.name / "bisects.json"  # the sweep's placements so far (a killed sweep keeps its gaps)
+        bisects = {**block_bisects(previous), **(json.loads(saved.read_text()) if saved.exists() else {})}
         block = collect_kind(kind, BUILD / kind.name, planned, previous, bisects)
         if ns.bisect:
-            bisects = sweep_transitions(block, BUILD / kind.name, done=bisects, log=log,
-                                        measure=partial(measure_between, kind))
+            bisects = sweep_transitions(block, BUILD / kind.name, done=bisects, log=log, measure=partial(measure_between, kind),
+                                        save=lambda done, path=saved: path.write_text(json.dumps(done, sort_keys=True) + "\n"))
             block = collect_kind(kind, BUILD / kind.name, planned, previous, bisects)
         support = load_committed(OUT)
         support[kind.name] = block
