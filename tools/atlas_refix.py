@@ -9,6 +9,10 @@ Their entries replace the committed ones; the transitions are derived again (the
 where their transition still exists). ``--render`` re-renders atlas.md / atlas.html from the merged support.json.
 
     setsid nice -n 10 env HF_HUB_OFFLINE=1 python tools/atlas_refix.py --releases 4.57.6,5.25.0 >> build/atlas-fix/run.log 2>&1 &
+
+A change of the shrink re-measures named architectures only (issue 47: nemotron_h's mixer, 23 releases, 7-8 s CPU each):
+
+    python tools/atlas_refix.py --releases 5.3.0,5.4.0 --arch nemotron_h --only-arch --build build/atlas47/runs --why "issue 47: ..."
 """
 
 from __future__ import annotations
