@@ -140,10 +140,10 @@ def _parts(folder: Path) -> list[Path]:
 
 def reduce_kind_release(kind: Kind, doc: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
     """One release's run of ``kind`` -> ``{model_type: {backend: entry}}``: :func:`.collect.reduce_release`'s
-    entries on the kind's backends (a pass carries its first check's number: the isolation probe's),
-    ``{"verdict": "absent", "causes": []}`` where every cell of the model says its
+    entries on the kind's backends, ``{"verdict": "absent", "causes": []}`` where every cell of the model says its
     model_type is not in that transformers (:data:`ABSENT_MARK`), and compact: a ``fail`` keeps its check, number and
-    causes but not its message (the check's message is rebuilt from them; a no-verdict entry keeps its reason). The
+    causes but not its message (the check's message is rebuilt from them), a ``pass`` its number but not its check
+    (the block's first check, the isolation probe), a no-verdict entry its reason cut to :data:`MESSAGE_CHARS`. The
     multimodal collator-layout finding (``mm_layouts``) adds ``layouts``: layout -> [``holds`` / ``leaks`` /
     ``differs``, number] (:func:`_layouts`; on eager only where they are not sdpa's)."""
     absent = {_name(c) for c in doc.get("cells", []) if ABSENT_MARK in str(c.get("message") or "")}
@@ -157,11 +157,25 @@ def reduce_kind_release(kind: Kind, doc: dict[str, Any]) -> dict[str, dict[str, 
                 continue
             if entry["verdict"] == "fail":
                 entry.pop("message", None)
+            elif entry["verdict"] == "pass":
+                entry.pop("check", None)  # a pass's number is the block's first check's (the isolation probe's)
+            elif entry.get("message"):
+                entry["message"] = _cut(entry["message"])
             mine = layouts.get((name, backend))
             # eager's layouts are kept only where they are not sdpa's (the two dense-mask paths mostly agree)
             if mine and not (backend == "eager" and mine == layouts.get((name, "sdpa"))):
                 entry["layouts"] = mine
     return out
+
+
+#: The longest message a block entry keeps (no-verdict entries only), ellipsis included.
+MESSAGE_CHARS = 100
+
+
+def _cut(message: str) -> str:
+    from ..report.text import cut, plain
+
+    return cut(plain(message), MESSAGE_CHARS)
 
 
 def _name(cell: dict[str, Any]) -> str:
@@ -244,6 +258,7 @@ def collect_kind(kind: Kind, build: Path, planned: list[str] | None = None, comm
                 if r["transformers"] in row:
                     cells.setdefault(name, {}).setdefault(backend, {})[r["transformers"]] = row[r["transformers"]]
     torch_version = (committed or {}).get("torch")
+    configs: dict[str, str] = dict((committed or {}).get("configs") or {})
     for version, doc, record in runs:
         torch_version = (doc.get("environment") or {}).get("torch") or torch_version
         entries = reduce_kind_release(kind, doc)
@@ -251,9 +266,12 @@ def collect_kind(kind: Kind, build: Path, planned: list[str] | None = None, comm
                                                                 if any(e["verdict"] != ABSENT for e in by.values())),
                          "cells": record.get("cells"), "wall_s": record.get("wall_s"), "cpu_s": record.get("child_cpu_s"),
                          **({"measured": record["finished"][:10]} if isinstance(record.get("finished"), str) else {}),
-                         "packcheck_version": doc.get("packcheck_version"), "command": kind_reproduce(kind, version)})
+                         "packcheck_version": doc.get("packcheck_version")})
         for name, by_backend in entries.items():
             for backend, entry in by_backend.items():
+                source = entry.pop("config", None)  # the config-fix table's source: once per model, not per entry
+                if source:
+                    configs.setdefault(name, source)
                 cells.setdefault(name, {}).setdefault(backend, {})[version] = entry
     releases.sort(key=lambda r: version_key(r["transformers"]))
     measured = [r["transformers"] for r in releases]
@@ -261,7 +279,8 @@ def collect_kind(kind: Kind, build: Path, planned: list[str] | None = None, comm
              "generated": time.strftime("%Y-%m-%d", time.gmtime()), "device": "cpu", "dtype": "float32",
              "torch": torch_version, "models": list(kind.models), "backends": list(kind.backends),
              "checks": list(kind.checks), "releases": releases,
-             "missing": [v for v in (planned or []) if v not in measured], "cells": cells}
+             "missing": [v for v in (planned or []) if v not in measured], "cells": cells,
+             **({"configs": dict(sorted(configs.items()))} if configs else {})}
     block["transitions"] = transitions(block, bisects or {})
     return block
 
