@@ -1,7 +1,7 @@
 """accelerate's context parallelism on two gloo ranks (CPU), and its Ulysses sequence-parallel adapter, as far as
 they run without CUDA (issue 45).
 
-:func:`check_cp_ranks` starts two processes (``torch.multiprocessing``, spawn) that join a gloo process group
+:func:`check_cp_ranks` starts two processes (fresh interpreters) that join a gloo process group
 (world_size 2) and do what ``Accelerator`` + ``Trainer`` do under ``ParallelismConfig(cp_size=2)``, in order:
 the model rebuilt from the cell's config and weights, accelerate's hook attached
 (``big_modeling._attach_context_parallel_hooks``), the cp device mesh, ``set_rotate_method`` and
@@ -34,6 +34,8 @@ from ..results import CheckResult
 from .workbench import _fmt
 
 WORLD_SIZE = 2
+#: Wall seconds the two ranks may take together (each imports torch and transformers and builds the tiny model).
+RANK_TIMEOUT_S = 300
 
 
 def ulysses_availability() -> str | None:
@@ -53,7 +55,7 @@ def ulysses_availability() -> str | None:
 
 
 def _rank(rank: int, work: str, drop_position_ids: bool) -> None:
-    """One gloo rank (module level: the spawn start method imports it). Reads ``work``/model.pt and batch.pt,
+    """One gloo rank (run in its own interpreter by :func:`run_ranks`). Reads ``work``/model.pt and batch.pt,
     writes ``work``/rank<rank>.json."""
     import functools
     import types
@@ -125,21 +127,30 @@ def _rank(rank: int, work: str, drop_position_ids: bool) -> None:
 def run_ranks(model: Any, batch: dict[str, Any], drop_position_ids: bool = False) -> list[dict[str, Any]]:
     """Two gloo ranks on ``model`` (its config and weights) and the packed ``batch`` (:func:`_rank`); each rank's
     report. Raises RuntimeError when the processes cannot be started."""
+    import subprocess
+    import sys
+
     import torch
-    import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory(prefix="packcheck-cp-") as work:
         torch.save({"config": model.config, "state": model.state_dict()}, f"{work}/model.pt")
         torch.save({k: v for k, v in batch.items() if k in ("input_ids", "position_ids", "labels")}, f"{work}/batch.pt")
-        env = os.environ.get("OMP_NUM_THREADS")
-        os.environ["OMP_NUM_THREADS"] = "1"
+        # fresh interpreters (not multiprocessing: an audit's cell runs in a daemonic process, which may not have
+        # children of its own), one intra-op thread each
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        code = "import sys; from pytest_packcheck.checks.stack_ranks import _rank; _rank(int(sys.argv[1]), sys.argv[2], sys.argv[3] == '1')"
+        procs = [subprocess.Popen([sys.executable, "-c", code, str(rank), work, "1" if drop_position_ids else "0"], env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for rank in range(WORLD_SIZE)]
         try:
-            mp.start_processes(_rank, args=(work, drop_position_ids), nprocs=WORLD_SIZE, start_method="spawn", join=True)
-        finally:
-            if env is None:
-                os.environ.pop("OMP_NUM_THREADS", None)
-            else:
-                os.environ["OMP_NUM_THREADS"] = env
+            errors = [p.communicate(timeout=RANK_TIMEOUT_S)[1] for p in procs]
+        except subprocess.TimeoutExpired as exc:
+            for p in procs:
+                p.kill()
+            raise RuntimeError(f"the ranks did not finish within {RANK_TIMEOUT_S} s") from exc
+        missing = [r for r in range(WORLD_SIZE) if not os.path.exists(f"{work}/rank{r}.json")]
+        if missing:
+            tail = " ".join((errors[missing[0]] or "").split()[-30:])
+            raise RuntimeError(f"rank {missing[0]} exited {procs[missing[0]].returncode} without a report: {tail}")
         reports = []
         for rank in range(WORLD_SIZE):
             with open(f"{work}/rank{rank}.json", encoding="utf-8") as fh:
