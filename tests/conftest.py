@@ -92,6 +92,25 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _one_intra_op_thread():
+    """Each process that runs tests (an xdist worker, or the -n 0 process) computes on one intra-op torch thread,
+    unless OMP_NUM_THREADS is set. README's command runs 2 workers on 2 cores: torch's default of one thread per core
+    put 4 OpenMP threads on 2 cores, whose spinning cost more CPU than the tiny models' matmuls (the reason
+    run/process.py's limit_threads gives packcheck's own tiny-model cells one thread). A worker was already left on
+    one thread after its first in-process audit (limit_threads does not restore it), so the count depended on the
+    order of the tests; now it is one from the start. Subprocesses are untouched: they run as a user starts them."""
+    import os
+
+    if os.environ.get("OMP_NUM_THREADS"):
+        yield
+        return
+    import torch
+
+    torch.set_num_threads(1)
+    yield
+
+
 @pytest.fixture
 def offline_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """HF_HOME in a temp dir, HF_HUB_OFFLINE=1, with real configs of a few Hub models cached."""
