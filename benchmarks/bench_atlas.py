@@ -104,6 +104,9 @@ def main() -> int:
     parser.add_argument("--models", default="nemotron_h,zamba2", help="the re-shrunk architectures")
     parser.add_argument("--why", default="issue 47", help="text of the re-measure records of the models")
     parser.add_argument("--before-job", action="store_true", help="also run the atlas job with the old shrink")
+    parser.add_argument("--reuse", type=Path, default=None,
+                        help="an earlier run's --out: its measured figures are taken for the releases and models it holds "
+                             "(said in the output) instead of measuring them again")
     parser.add_argument("--support", type=Path, default=REPO / "reports" / "atlas" / "support.json")
     parser.add_argument("--out", type=Path, default=REPO / "build" / "bench-atlas.json")
     ns = parser.parse_args()
@@ -111,9 +114,19 @@ def main() -> int:
     support = json.loads(ns.support.read_text())
     print(f"load average at start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}; cores: {os.cpu_count()}", flush=True)
 
-    measured: dict[str, dict[str, dict]] = {}  # release -> model -> figures (each model in its own processes)
+    # model -> release -> figures (each model in its own processes); written after each model, so a killed run's
+    # figures can be --reuse'd
+    measured: dict[str, dict[str, dict]] = json.loads(ns.reuse.read_text())["measured"] if ns.reuse else {}
+    for model, by_release in measured.items():
+        for version, row in by_release.items():
+            row["reused"] = str(ns.reuse)
+            print(f"{version} {model}: reused from {ns.reuse} (floor before {row['floor_before']['cpu_s']} s CPU, after "
+                  f"{row['floor_after']['cpu_s']} s; atlas job after {row['job_after']['cpu_s']} s; load {row.get('load')})")
+    ns.out.parent.mkdir(parents=True, exist_ok=True)
     for version in sample:
         for model in (m for m in models if any(version in b for b in support["cells"].get(m, {}).values())):
+            if version in measured.get(model, {}):
+                continue
             row = {"floor_before": floor(version, [model], ns.before_tree), "floor_after": floor(version, [model], REPO),
                    "job_after": job(version, [model], REPO)}
             if ns.before_job:
@@ -124,6 +137,7 @@ def main() -> int:
                   f"atlas job after {row['job_after']['cpu_s']} s CPU ({row['job_after']['wall_s']} s wall)"
                   + (f", before {row['job_before']['cpu_s']} s CPU ({row['job_before']['wall_s']} s wall)" if "job_before" in row else "")
                   + f"; load {row['load']}", flush=True)
+            ns.out.write_text(json.dumps({"measured": measured}, indent=1) + "\n")
 
     def old_job(model: str, version: str) -> tuple[float, str]:
         """``model``'s old job CPU on ``version``: measured, or the nearest sampled release's (said)."""
@@ -153,6 +167,9 @@ def main() -> int:
         if lacking:
             how += f"; not re-measured on this release: {', '.join(lacking)} (its old cost kept)"
             old_cpu -= sum(c for (c, _), m in zip(olds, present, strict=True) if m in lacking)
+        if old_cpu > committed:  # a sample's old cost above this release's whole run: it cannot have been paid here
+            how += f"; old cost {old_cpu:.0f} s capped at the release's committed CPU"
+            old_cpu = committed
         after = committed - old_cpu + new_cpu
         total_before, total_after = total_before + committed, total_after + after
         rows.append({"release": version, "committed_cpu_s": committed, "models": present, "models_old_cpu_s": round(old_cpu, 1),
@@ -169,7 +186,6 @@ def main() -> int:
             fa, ja = row["floor_after"]["cpu_s"], row["job_after"]["cpu_s"]
             print(f"{model} on {version}: floor before {row['floor_before']['cpu_s']} s CPU, after {fa} s; atlas job after "
                   f"{ja} s = {ja / max(fa, 0.1):.1f}x its floor (the job's fixed cost: a pytest process, forks, journal)")
-    ns.out.parent.mkdir(parents=True, exist_ok=True)
     ns.out.write_text(json.dumps({"measured": measured, "releases": rows, "before_h": round(total_before / 3600, 2),
                                   "after_h": round(total_after / 3600, 2), "slowest": slowest,
                                   "load_end": os.getloadavg()}, indent=1) + "\n")

@@ -61,3 +61,27 @@ def test_the_after_estimate_subtracts_the_old_cost_and_adds_the_measured_one(mon
     assert record["slowest"]["release"] == "5.14.1" and record["slowest"]["after_cpu_s"] == 603.0
     printed = capsys.readouterr().out
     assert "load average at start: 2.0" in printed and "extrapolated" in printed and "5.24.0" in printed
+
+
+def test_reuse_takes_an_earlier_runs_figures_and_measures_nothing(monkeypatch, tmp_path, capsys):
+    bench = _load(monkeypatch)
+    support = _support(tmp_path)
+    earlier = tmp_path / "earlier.json"
+    row = {"floor_before": {"cpu_s": 600.0}, "floor_after": {"cpu_s": 5.0}, "job_after": {"cpu_s": 9.0}, "load": 17.0}
+    earlier.write_text(json.dumps({"measured": {"nemotron_h": {"5.14.1": row}}}))
+
+    def measure(*args):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(bench, "floor", measure)
+    monkeypatch.setattr(bench, "job", measure)
+    out = tmp_path / "bench.json"
+    monkeypatch.setattr(sys, "argv", ["bench_atlas.py", "--before-tree", str(tmp_path), "--sample", "5.14.1",
+                                      "--models", "nemotron_h", "--support", str(support), "--reuse", str(earlier),
+                                      "--out", str(out)])
+    assert bench.main() == 0
+    rows = {r["release"]: r for r in json.loads(out.read_text())["releases"]}
+    assert rows["5.14.1"]["after_cpu_s"] == 1200.0 - 604.0 + 7.0 and "of 5.14.1" in rows["5.15.1"]["how"]
+    # 5.15.1's whole run (400 s) is less than the old cost of the nearest sample: capped, never a negative estimate
+    assert rows["5.15.1"]["after_cpu_s"] == 7.0 and "capped" in rows["5.15.1"]["how"]
+    assert f"reused from {earlier}" in capsys.readouterr().out
