@@ -13,7 +13,7 @@ import pytest
 
 from pytest_packcheck import atlas as A
 from pytest_packcheck.atlas import kinds as K
-from pytest_packcheck.atlas.kinds_render import render_kind_markdown
+from pytest_packcheck.atlas.kinds_render import render_kind_markdown, unpack
 from pytest_packcheck.results.schema import SCHEMA_VERSION
 from pytest_packcheck.support import lookup
 
@@ -127,8 +127,13 @@ def test_the_sweep_places_the_fix_on_the_exact_patch_and_the_render_and_lookup_a
             "checks": ["isolation"], "releases": [{"transformers": "5.25.0", "architectures": 1, "cells": 1}], "missing": [],
             "cells": {"llama": {"sdpa": {"5.25.0": {"verdict": "pass", "causes": [], "check": "isolation", "number": 0.0}}}},
             "transitions": []}
-    carried = K.carry_kinds(dict(main), {**main, "encoders": block})
-    assert carried["encoders"] is block and "## Encoders and embedding models per release" in A.render_markdown(carried)
+    stored = K.packed(block)  # support.json holds runs of equal entries per row, and gives the cells back exactly
+    assert "cells" not in stored and stored["rows"]["bert"]["sdpa"] == [
+        ["5.23.0", "5.24.0", {"verdict": "fail", "causes": ["leak"], "check": "encoder_isolation", "number": 0.0042}],
+        ["5.25.0", "5.25.0", {"verdict": "pass", "causes": [], "number": 0.0}]]
+    assert unpack(stored)["cells"] == block["cells"] and K.collect_kind(ENC, build / "none", committed=stored)["cells"] == block["cells"]
+    carried = K.carry_kinds(dict(main), {**main, "encoders": stored})
+    assert carried["encoders"] is stored and "## Encoders and embedding models per release" in A.render_markdown(carried)
     out = tmp_path / "out"
     A.write_outputs(carried, out)
     support = out / "support.json"
@@ -138,6 +143,7 @@ def test_the_sweep_places_the_fix_on_the_exact_patch_and_the_render_and_lookup_a
     fixed = lookup("encoder:bert", "flash_attention_2", "5.25.0", path=support)
     assert not fixed.measured and fixed.verdict is None  # sdpa alone was planted: the flash column is not measured
     assert any("backend 'packcheck_flash_ref' is not measured for bert" in n for n in fixed.notes)
+    assert "pass (encoder_isolation 0.0e+00), measured at 5.25.0" in str(lookup("encoder:bert", "sdpa", "5.25.0", path=support))
     swept = lookup("encoder:roberta", "sdpa", "5.24.1", path=support)
     assert (swept.measured, swept.verdict, swept.measured_at) == (True, "pass", "5.24.1")
     gone = lookup("encoder:modernbert", "sdpa", "5.23.0", path=support)
@@ -170,7 +176,7 @@ def test_multimodal_layouts_and_the_run_flags_come_from_the_suite(tmp_path):
     assert "Collator layouts that do not hold on 5.25.0 (sdpa): qwen2\\_vl flat, qwen2\\_vl mrope." in text
     main = {"schema": "packcheck-atlas-support", "schema_version": A.SUPPORT_SCHEMA_VERSION, "packcheck_version": "0.1.0",
             "generated": "2026-12-06", "device": "cpu", "dtype": "float32", "torch": "2.13.0+cpu", "backends": list(A.ATLAS_BACKENDS),
-            "checks": ["isolation"], "releases": [], "missing": [], "cells": {}, "transitions": [], "multimodal": block}
+            "checks": ["isolation"], "releases": [], "missing": [], "cells": {}, "transitions": [], "multimodal": K.packed(block)}
     A.write_outputs(main, tmp_path / "out")
     for backend in ("sdpa", "eager"):  # eager's layouts are sdpa's, not stored twice, and answered
         answer = lookup("multimodal:qwen2_vl", backend, "5.25.0", path=tmp_path / "out" / "support.json")

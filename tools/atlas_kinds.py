@@ -36,7 +36,7 @@ def log(text: str) -> None:
 
 def main() -> int:
     from pytest_packcheck.atlas.collect import load_committed
-    from pytest_packcheck.atlas.kinds import KINDS, block_bisects, collect_kind, measure_between, run_kind_release
+    from pytest_packcheck.atlas.kinds import KINDS, block_bisects, collect_kind, measure_between, packed, run_kind_release
     from pytest_packcheck.atlas.plan import gap_order, parse_release_list
     from pytest_packcheck.atlas.render import write_outputs
     from pytest_packcheck.atlas.sweep import sweep_transitions
@@ -76,7 +76,7 @@ def main() -> int:
                                         save=lambda done, path=saved: path.write_text(json.dumps(done, sort_keys=True) + "\n"))
             block = collect_kind(kind, BUILD / kind.name, planned, previous, bisects)
         support = load_committed(OUT)
-        support[kind.name] = block
+        support[kind.name] = packed(block)  # runs of equal entries per row (SCHEMA.md)
         log(f"{kind.name}: {len(block['releases'])} releases, {len(block['missing'])} missing, "
             f"{len(block['transitions'])} transitions ({sum(1 for t in block['transitions'] if t.get('bisected'))} placed)")
         if not ns.no_render:

@@ -245,7 +245,9 @@ def collect_kind(kind: Kind, build: Path, planned: list[str] | None = None, comm
     unless ``build`` holds a run of that release, which replaces it. ``planned``: the releases the block should hold
     (those measured in neither are ``missing``). ``bisects``: :func:`.collect.transition_key` -> sweep record."""
     from .. import __version__
+    from .kinds_render import unpack
 
+    committed = unpack(committed) if committed else committed
     releases, cells = [], {}
     runs = _release_runs(kind, build)
     built = {version for version, _, _ in runs}
@@ -308,6 +310,13 @@ def measure_between(kind: Kind, version: str, model_types: list[str], root: Path
     return reduce_kind_release(kind, load_document(sub / version / "packcheck-matrix.json")), record
 
 
+def packed(block: dict[str, Any]) -> dict[str, Any]:
+    """The block as ``support.json`` stores it (:func:`.kinds_render.pack`: runs of equal entries per row)."""
+    from .kinds_render import pack
+
+    return pack(block)
+
+
 def carry_kinds(support: dict[str, Any], committed: dict[str, Any] | None) -> dict[str, Any]:
     """``support`` with the committed support.json's blocks (:data:`KINDS`) carried over where it lacks them: a
     re-render of the transformers axis keeps them (as the TRL block is kept)."""
@@ -322,5 +331,5 @@ def write_block(support_file: Path, block: dict[str, Any]) -> None:
     from ..results import atomic_write
 
     doc = json.loads(Path(support_file).read_text())
-    doc[block["kind"]] = block
+    doc[block["kind"]] = packed(block)
     atomic_write(Path(support_file), json.dumps(doc, indent=None, separators=(",", ":"), sort_keys=True) + "\n")

@@ -88,6 +88,7 @@ def render_kind_markdown(block: dict[str, Any]) -> list[str]:
     every transition with where it was placed, and the releases measured with their cost."""
     from ..report.text import escape_md as name_md
 
+    block = unpack(block)
     prefix, title, what = BLOCKS[block["kind"]]
     order = [r["transformers"] for r in block["releases"]]
     newest = order[-1] if order else None
@@ -156,6 +157,56 @@ def render_kind_markdown(block: dict[str, Any]) -> list[str]:
     return lines
 
 
+def pack(block: dict[str, Any]) -> dict[str, Any]:
+    """The block as ``support.json`` stores it: ``cells`` (model -> backend -> release -> entry) as ``rows`` (model ->
+    backend -> runs ``[first, last, entry]`` over the block's releases, a run being consecutive measured releases
+    with equal entries: a row of 40 releases is a few runs, not 40 copies). :func:`unpack` gives ``cells`` back
+    exactly. A packed block is returned as is."""
+    if "rows" in block:
+        return block
+    order = [r["transformers"] for r in block["releases"]]
+    rows: dict[str, dict[str, list[list[Any]]]] = {}
+    for name, by_backend in block["cells"].items():
+        for backend, row in by_backend.items():
+            runs: list[list[Any]] = []
+            contiguous = False
+            for version in order:
+                entry = row.get(version)
+                if entry is None:
+                    contiguous = False
+                    continue
+                if contiguous and runs[-1][2] == entry:
+                    runs[-1][1] = version
+                else:
+                    runs.append([version, version, entry])
+                contiguous = True
+            rows.setdefault(name, {})[backend] = runs
+    return {**{k: v for k, v in block.items() if k != "cells"}, "rows": rows}
+
+
+def unpack(block: dict[str, Any]) -> dict[str, Any]:
+    """:func:`pack`'s inverse: ``rows`` back to ``cells`` (a block that has ``cells`` is returned as is).
+
+    Raises:
+        ValueError: a run names a release the block's ``releases`` does not hold (a hand-edited file).
+    """
+    if "rows" not in block or "cells" in block:
+        return block
+    order = [r["transformers"] for r in block["releases"]]
+    index = {v: i for i, v in enumerate(order)}
+    cells: dict[str, dict[str, dict[str, Any]]] = {}
+    for name, by_backend in block["rows"].items():
+        for backend, runs in by_backend.items():
+            row = cells.setdefault(name, {}).setdefault(backend, {})
+            for first, last, entry in runs:
+                if first not in index or last not in index:
+                    raise ValueError(f"{block.get('kind')} block: run {first} .. {last} of {name} / {backend} names a "
+                                     "release not in its releases")
+                for version in order[index[first]:index[last] + 1]:
+                    row[version] = entry
+    return {**{k: v for k, v in block.items() if k != "rows"}, "cells": cells}
+
+
 def block_of(model_type: str) -> tuple[str, str] | None:
     """(block name, model_type) for a lookup argument with a block's prefix (``encoder:bert`` -> ``("encoders",
     "bert")``, ``multimodal:qwen2_vl``), None for any other."""
@@ -180,6 +231,6 @@ def block_doc(doc: Any, name: str) -> dict[str, Any] | None:
     """The support document's ``name`` block as :func:`pytest_packcheck.support._model_answer` reads a support
     document (``cells``, ``releases``, ``transitions``, ``generated``), None when the file has no such block."""
     block = doc.get(name)
-    if not isinstance(block, dict) or not isinstance(block.get("cells"), dict):
+    if not isinstance(block, dict) or not isinstance(block.get("cells", block.get("rows")), dict):
         return None
-    return block
+    return unpack(block)
