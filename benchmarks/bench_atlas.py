@@ -87,12 +87,13 @@ def job(version: str, models: list[str], tree: Path) -> dict:
     return {"cpu_s": round(cpu, 1), "wall_s": round(wall, 1), "cells": cells}
 
 
-def nearest(version: str, sample: list[str]) -> str:
+def nearest(version: str, sample: list[str], releases: list[str] = ()) -> str:
+    """The sampled release nearest ``version`` in the order of the atlas's ``releases`` (ties: the older one)."""
     from packaging.version import Version
 
-    order = sorted({*sample, version}, key=Version)
+    order = sorted({*releases, *sample, version}, key=Version)
     i = order.index(version)
-    return min(sample, key=lambda s: abs(order.index(s) - i))
+    return min(sorted(sample, key=Version), key=lambda s: abs(order.index(s) - i))
 
 
 def main() -> int:
@@ -142,7 +143,7 @@ def main() -> int:
     def old_job(model: str, version: str) -> tuple[float, str]:
         """``model``'s old job CPU on ``version``: measured, or the nearest sampled release's (said)."""
         by_release = measured[model]
-        src = version if version in by_release else nearest(version, list(by_release))
+        src = version if version in by_release else nearest(version, list(by_release), [r["transformers"] for r in support["releases"]])
         row = by_release[src]
         cpu = row["job_before"]["cpu_s"] if "job_before" in row else (
             row["floor_before"]["cpu_s"] + row["job_after"]["cpu_s"] - row["floor_after"]["cpu_s"])
