@@ -220,29 +220,58 @@ def lookup(model_type: str, attn_implementation: str, transformers_version: str,
     # the atlas's render date is not when a cell was measured (trial 14, 78): the release's own date where recorded
     where = f"{src} (packcheck atlas rendered {doc.get('generated')}, {doc.get('device')} {doc.get('dtype')}, torch {doc.get('torch')})"
     if asked is not None:  # encoder:bert, multimodal:qwen2_vl: the atlas's encoder / multimodal block (atlas/kinds.py)
-        return block_answer(doc, asked[0], asked[1], model_type, attn_implementation, transformers_version, where)
+        return block_answer(doc, asked[0], asked[1], model_type, attn_implementation, transformers_version, where, src)
     answer = answer_at(doc, model_type, attn_implementation, transformers_version, trl_version, where)
-    if resolved_from:
-        import dataclasses
+    import dataclasses
 
+    if resolved_from:
         answer = dataclasses.replace(answer, resolved_from=resolved_from)
+    also = _blocks_measuring(doc, model_type)
+    if also:  # bert / qwen2_vl here is the causal-LM / text path; the blocks judge the encoder / the pixels
+        answer = dataclasses.replace(answer, notes=[*answer.notes, *(
+            f"this is its text path as a causal LM; the atlas's {name} block measures it too: packcheck lookup "
+            f"{prefix}{model_type} {attn_implementation} {transformers_version}" for name, prefix in also)])
     return answer
 
 
+def _blocks_measuring(doc: Any, model_type: str) -> list[tuple[str, str]]:
+    """(block name, lookup prefix) of each atlas block (``encoders``, ``multimodal``) holding ``model_type``, read
+    without unpacking the block (its ``rows`` / ``cells`` keys only); a malformed block counts as not holding it."""
+    from .atlas.kinds_render import BLOCKS
+
+    found = []
+    for name, (prefix, _, _) in BLOCKS.items():
+        block = doc.get(name)
+        rows = block.get("rows", block.get("cells")) if isinstance(block, dict) else None
+        if isinstance(rows, dict) and model_type in rows:
+            found.append((name, prefix))
+    return found
+
+
 def block_answer(doc: Any, name: str, model_type: str, asked: str, attn_implementation: str, transformers_version: str,
-                 where: str = "") -> Answer:
+                 where: str = "", source: str | Path | None = None) -> Answer:
     """The answer of the atlas's ``name`` block (``encoders`` / ``multimodal``: ``support.json[name]``, SCHEMA.md)
     for ``model_type`` (``asked``: the argument as given, ``encoder:bert``), by the same rule as the transformers
     axis (:func:`_model_answer`: measured, a sweep's release, the side of a placed transition, or not measured with
     the nearest releases). An ``absent`` verdict: the model is not a model_type of that release (measured: the
-    release ran, the model was not there). A support file without the block answers not measured with a note."""
+    release ran, the model was not there). A support file without the block answers not measured with a note.
+
+    Raises:
+        PackcheckUsageError: the block is malformed (named with ``source``, the support file, and how to restore it).
+    """
     import dataclasses
 
     from .atlas.kinds_render import ABSENT, block_doc, reproduce
 
     base = {"model_type": asked, "attn_implementation": attn_implementation, "transformers_version": transformers_version,
             "where": where}
-    block = block_doc(doc, name)
+    try:
+        block = block_doc(doc, name)
+    except ValueError as exc:  # a hand-edited block: one line naming the file, never a traceback
+        from .analysis.support_file import RESTORE
+
+        raise PackcheckUsageError(f"Support file '{source or default_support_file()}' is corrupt: {exc}; "
+                                  f"{RESTORE}.") from None
     if block is None:
         return Answer(**base, measured=False, notes=[(f"this support file has no {name} block (`python tools/atlas_kinds.py` "
                                                      "measures it)")])

@@ -222,3 +222,28 @@ def test_a_model_the_suite_gained_is_run_alone_on_a_measured_release_and_joined(
     assert block["releases"][0]["cells"] == 2 * len(ENC.models) and block["releases"][0]["wall_s"] == 40.0
     K.run_kind_release(ENC, "5.25.0", tmp_path / "enc", log=lambda s: None)
     assert len(calls) == 1  # every model of the suite measured: nothing runs
+
+
+def test_a_malformed_block_is_a_one_line_error_naming_the_file_and_a_plain_model_type_points_to_its_block(tmp_path):
+    from pytest_packcheck.errors import PackcheckUsageError
+
+    committed = json.loads((Path(__file__).parents[1] / "reports" / "atlas" / "support.json").read_text())
+    assert lookup("encoder:bert", "sdpa", "5.24.0").verdict == "fail"  # the committed block answers
+    plain = lookup("bert", "sdpa", "5.24.0")  # the causal-LM text path, with a pointer to the encoder block
+    assert any("packcheck lookup encoder:bert sdpa 5.24.0" in n for n in plain.notes)
+    assert not any("block measures it too" in n for n in lookup("llama", "sdpa", "5.25.0").notes)
+    backend = next(iter(committed["encoders"]["rows"]["bert"]))
+    first = committed["encoders"]["rows"]["bert"][backend][0]
+    for damage, said in ([[first[0], "9.9.9", first[2]], "names a release not in its releases"],
+                         [[first[0], first[1], "oops"], "an entry is 'oops'"],
+                         [[first[0], first[1]], "not enough values to unpack"]):
+        doc = json.loads(json.dumps(committed))
+        doc["encoders"]["rows"]["bert"][backend][0] = damage
+        path = tmp_path / f"support-{len(said)}.json"
+        path.write_text(json.dumps(doc))
+        with pytest.raises(PackcheckUsageError) as err:
+            lookup("encoder:bert", "sdpa", "5.24.0", path=path)
+        assert str(err.value).startswith(f"Support file '{path}' is corrupt: ") and said in str(err.value)
+        assert "\n" not in str(err.value)
+        # the plain answer does not unpack the block: a damaged block does not take the text-path answer down
+        assert lookup("bert", "sdpa", "5.24.0", path=path).verdict == "fail"

@@ -229,8 +229,23 @@ def reproduce(block: dict[str, Any], version: str, model_type: str, backend: str
 
 def block_doc(doc: Any, name: str) -> dict[str, Any] | None:
     """The support document's ``name`` block as :func:`pytest_packcheck.support._model_answer` reads a support
-    document (``cells``, ``releases``, ``transitions``, ``generated``), None when the file has no such block."""
+    document (``cells``, ``releases``, ``transitions``, ``generated``), None when the file has no such block.
+
+    Raises:
+        ValueError: the block is malformed (a run that does not unpack, an entry without a verdict): the caller
+            names the file (:func:`pytest_packcheck.support.block_answer`).
+    """
     block = doc.get(name)
     if not isinstance(block, dict) or not isinstance(block.get("cells", block.get("rows")), dict):
         return None
-    return unpack(block)
+    try:
+        block = unpack(block)
+        for rows in block["cells"].values():
+            for by_release in rows.values():
+                for entry in by_release.values():
+                    if not isinstance(entry, dict) or not isinstance(entry.get("verdict"), str):
+                        raise ValueError(f"{name} block: an entry is {str(entry)[:60]!r}, not an object with a verdict")  # noqa: TRY004 - bad data, one error kind
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        text = str(exc) if isinstance(exc, ValueError) else f"{name} block: {type(exc).__name__}: {exc}"
+        raise ValueError(text) from None
+    return block
