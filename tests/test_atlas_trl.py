@@ -531,3 +531,21 @@ def test_the_rl_part_is_rendered_and_answered(tmp_path):
     assert "reproduce (the trl 1.16.0 RL answers): packcheck atlas --trl --rl --releases 1.16.0" in lines
     only_rl = trl_answer({"trl": block}, "llama", "sdpa", "1.7.1", "5.25.0")  # measured on the RL part only
     assert only_rl["measured"] and only_rl["modes"]["rl_trl_async"]["verdict"] == "pass" and "sft" in only_rl["nearest"]
+
+
+def test_a_skip_reason_shared_by_families_is_kept_once_and_read_back(tmp_path):
+    """trl.json stays small: a release's skip reason, the same for every family and backend, is stored on the first
+    (family, backend) only; the others point at it and lookup prints it for each."""
+    build = tmp_path / "build"
+    why = "trl 1.16.0's AsyncGRPO collator packs trees (TreeRow): rl_trl_tree measures it"
+    _write(build / "rl", "1.16.0", [_rl_cell("llama", "sdpa", "rl_trl_async", "skipped", message=why),
+                                    _rl_cell("qwen2", "sdpa", "rl_trl_async", "skipped", message=why),
+                                    _rl_cell("qwen2", "packcheck_flash_ref", "rl_trl_async", "skipped", message=why)])
+    block = T.collect_trl(build, ["1.16.0"])
+    cells = block["cells"]
+    assert cells["llama"]["rl_trl_async"]["sdpa"]["1.16.0"]["message"] == why
+    assert cells["qwen2"]["rl_trl_async"]["sdpa"]["1.16.0"] == {"verdict": "skipped", "causes": [], "message_from": "llama/sdpa"}
+    from pytest_packcheck.atlas.trl_render import trl_answer
+
+    answer = trl_answer({"trl": block}, "qwen2", "packcheck_flash_ref", "1.16.0", "5.25.0")
+    assert answer["modes"]["rl_trl_async"]["message"] == why

@@ -351,8 +351,36 @@ def collect_trl(build: Path, planned: list[str] | None = None, committed: dict[s
         block.update({"rl_families": list(TRL_RL_FAMILIES), "rl_backends": [*TRL_RL_BACKENDS, MODEL_LEVEL_BACKEND],
                       "rl_modes": dict(TRL_RL_MODES), "rl_releases": found["rl"],
                       "rl_missing": [v for v in (planned or []) if v not in {r["trl"] for r in found["rl"]}]})
+    _share_skip_messages(cells)
     block["transitions"] = trl_transitions(block)
     return block
+
+
+def _share_skip_messages(cells: dict[str, Any]) -> None:
+    """A skipped RL entry's message names the release and what it lacks, the same text for every family and backend
+    of that release: it is kept on the first (family, backend) in sorted order only, the others carry
+    ``"message_from": "<family>/<backend>"`` (:func:`entry_text` reads it back). Keeps ``trl.json`` small."""
+    first: dict[tuple[str, str, str], tuple[str, str]] = {}
+    for name in sorted(cells):
+        for mode in TRL_RL_MODES:
+            for backend in sorted(cells[name].get(mode, {})):
+                for version, entry in cells[name][mode][backend].items():
+                    if entry["verdict"] != "skipped" or "message" not in entry:
+                        continue
+                    key = (mode, version, entry["message"])
+                    if key in first:
+                        del entry["message"]
+                        entry["message_from"] = "/".join(first[key])
+                    else:
+                        first[key] = (name, backend)
+
+
+def entry_text(block: dict[str, Any], mode: str, version: str, entry: dict[str, Any]) -> str:
+    """An entry's message, following ``message_from`` (:func:`_share_skip_messages`) to the entry that holds it."""
+    if "message" in entry or "message_from" not in entry:
+        return entry.get("message", "")
+    name, backend = entry["message_from"].split("/", 1)
+    return block["cells"].get(name, {}).get(mode, {}).get(backend, {}).get(version, {}).get("message", "")
 
 
 def _signature(entry: dict[str, Any]) -> tuple[str, tuple[str, ...]]:

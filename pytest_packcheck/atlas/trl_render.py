@@ -165,6 +165,8 @@ def _skip_reasons(block: dict[str, Any], order: list[str]) -> list[tuple[str, di
     masked so that one reason over several releases is one run."""
     import re
 
+    from .trl import entry_text
+
     out = []
     names = sorted(block["cells"])
     for mode in block["rl_modes"]:
@@ -175,7 +177,7 @@ def _skip_reasons(block: dict[str, Any], order: list[str]) -> list[tuple[str, di
             if entry is None or entry["verdict"] != "skipped":
                 runs.append({"first": version, "last": version, "text": ""})
                 continue
-            text = re.sub(r"\btrl \d+\.\d+\.\d+", "trl X", entry.get("message", ""))
+            text = re.sub(r"\btrl \d+\.\d+\.\d+", "trl X", entry_text(block, mode, version, entry))
             if runs and runs[-1]["text"] == text:
                 runs[-1]["last"] = version
             else:
@@ -243,6 +245,10 @@ def trl_answer(doc: dict[str, Any], model_type: str, backend: str, trl_version: 
         entry = row.get(str(wanted)) if measured_in else None
         if entry is not None:
             out["modes"][mode] = {k: entry.get(k) for k in ("verdict", "causes", "number", "message", "effective") if k in entry}
+            if "message_from" in entry:  # a skip's reason shared with another family / backend of the release
+                from .trl import entry_text
+
+                out["modes"][mode]["message"] = entry_text(block, mode, str(wanted), entry)
             continue
         below = [v for v in sorted(row, key=Version) if Version(v) < wanted]
         above = [v for v in sorted(row, key=Version) if Version(v) > wanted]
