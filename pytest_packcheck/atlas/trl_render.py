@@ -113,8 +113,8 @@ def render_trl_markdown(block: dict[str, Any]) -> list[str]:
               "| trl | transformers | accelerate | datasets | cells | wall s | CPU s | CPU s per (family, backend) |",
               "|---|---|---|---|---|---|---|---|"]
     for r in block["releases"]:
-        pairs = len({(name, b) for name, by_mode in block["cells"].items() for by_b in by_mode.values()
-                     for b, row in by_b.items() if r["trl"] in row})
+        pairs = len({(name, b) for name, by_mode in block["cells"].items() for mode, by_b in by_mode.items()
+                     if mode in block["modes"] for b, row in by_b.items() if r["trl"] in row})
         v = r.get("versions") or {}
         per = f"{r['cpu_s'] / pairs:.1f}" if r.get("cpu_s") and pairs else "—"
         lines.append(f"| {r['trl']} | {r.get('transformers') or '—'} | {v.get('accelerate', '—')} | {v.get('datasets', '—')} | "
@@ -135,7 +135,7 @@ def _rl_lines(block: dict[str, Any]) -> list[str]:
              (f"TRL's own RL code on {', '.join(block['rl_families'])} (float32, CPU, tiny random models, a sampling "
               f"temperature 0.7), each TRL minor's latest patch in its own environment with transformers "
               f"{', '.join(tf) or '—'}, against each sample alone. Modes: "
-              + "; ".join(f"`{m}`: {what}" for m, what in block["rl_modes"].items())
+              + "; ".join(f"`{m}`: {what}" for m, what in sorted(block["rl_modes"].items()))
               + ". Numbers in nats: Δlogp the worst completion-token log-prob difference, Δmargin the worst DPO / KTO "
               "chosen-minus-rejected margin difference, over the run. A release where a trainer or its path does not "
               "exist, or cannot run on CPU, is ⏭️ skipped, its reason naming the release and what it lacks "
@@ -144,7 +144,7 @@ def _rl_lines(block: dict[str, Any]) -> list[str]:
              f"Not measured yet: {', '.join(block.get('rl_missing', [])) or 'none'}"
              + (" (resume: `packcheck atlas --trl --rl`)." if block.get("rl_missing") else "."), ""]
     for name in sorted(block["cells"]):
-        for mode in block["rl_modes"]:
+        for mode in sorted(block["rl_modes"]):  # sorted: trl.json and support.json are written with sorted keys
             parts = [f"{backend}: {runs_text(trl_runs(row, order), MODE_NUMBERS.get(mode, 'Δ'))}"
                      for backend in block["rl_backends"] for row in [block["cells"][name].get(mode, {}).get(backend)] if row]
             if parts:
@@ -169,7 +169,7 @@ def _skip_reasons(block: dict[str, Any], order: list[str]) -> list[tuple[str, di
 
     out = []
     names = sorted(block["cells"])
-    for mode in block["rl_modes"]:
+    for mode in sorted(block["rl_modes"]):
         runs: list[dict[str, str]] = []
         for version in order:
             entry = next((e for name in names for backend in block["rl_backends"]
@@ -239,7 +239,7 @@ def trl_answer(doc: dict[str, Any], model_type: str, backend: str, trl_version: 
     asked = [(mode, release, backend) for mode in block["modes"]]
     if model_type in block.get("rl_families", []):
         asked += [(mode, rl_release, backend if backend in by_mode.get(mode, {}) else next(iter(by_mode.get(mode, {})), backend))
-                  for mode in block.get("rl_modes", {})]
+                  for mode in sorted(block.get("rl_modes", {}))]
     for mode, measured_in, column in asked:
         row = by_mode.get(mode, {}).get(column, {})
         entry = row.get(str(wanted)) if measured_in else None
