@@ -529,6 +529,15 @@ def test_the_rl_part_is_rendered_and_answered(tmp_path):
     lines = "\n".join(trl_answer_lines(answer, "llama", "sdpa"))
     assert "llama / sdpa @ trl 1.16.0 / AsyncGRPO padding-free: skipped: trl 1.16.0's AsyncGRPO collator packs trees" in lines
     assert "reproduce (the trl 1.16.0 RL answers): packcheck atlas --trl --rl --releases 1.16.0" in lines
+    # SFTTrainer's path is judged on SFTTrainer's modes: a skipped RL trainer mode does not make it a failure
+    from packaging.version import Version
+
+    from pytest_packcheck.analysis.training_paths import training_paths
+
+    answer["modes"]["rl_trl_async"] = {"verdict": "skipped", "causes": []}
+    sft = next(p for p in training_paths({"trl": block}, "llama", "sdpa", Version("5.25.0"), None, "pass", [], trl=answer,
+                                         faults=[]) if p["path"] == "SFTTrainer")
+    assert "rl_trl_async" in answer["rl_modes"] and sft["verdict"] == "pass", sft
     only_rl = trl_answer({"trl": block}, "llama", "sdpa", "1.7.1", "5.25.0")  # measured on the RL part only
     assert only_rl["measured"] and only_rl["modes"]["rl_trl_async"]["verdict"] == "pass" and "sft" in only_rl["nearest"]
 

@@ -83,7 +83,8 @@ def training_paths(doc: dict[str, Any], model_type: str, backend: str, wanted: A
         sft = {"path": "SFTTrainer", "verdict": "not measured", "causes": [], "reasons": [], "remedy": "", "safe_from": None,
                "source": f"the atlas's TRL axis, trl {trl.get('trl')}"}
         if trl.get("measured"):
-            modes = trl.get("modes") or {}
+            # SFTTrainer's modes only: the RL trainers' (trl_answer's rl_modes) are other trainers, printed apart
+            modes = {m: r for m, r in (trl.get("modes") or {}).items() if m not in trl.get("rl_modes", ())}
             bad = {m: r for m, r in modes.items() if r.get("verdict") != "pass"}
             sft["verdict"] = "pass" if modes and not bad else "fail"
             for mode, r in bad.items():

@@ -254,6 +254,7 @@ def trl_answer(doc: dict[str, Any], model_type: str, backend: str, trl_version: 
         above = [v for v in sorted(row, key=Version) if Version(v) > wanted]
         out["nearest"][mode] = [{"trl": v, "side": side, "verdict": row[v]["verdict"], "causes": list(row[v].get("causes", []))}
                                 for v, side in ((below[-1] if below else None, "below"), (above[0] if above else None, "above")) if v]
+    out["rl_modes"] = sorted(block.get("rl_modes", {}))  # the RL trainers' modes (not SFTTrainer's)
     if rl_release and any(m in out["modes"] for m in block.get("rl_modes", {})):
         out["rl_transformers"] = rl_release.get("transformers")
         out["rl_reproduce"] = rl_release.get("command")
