@@ -546,6 +546,16 @@ def test_claims_refuses_a_device_and_an_oversized_member_without_reading_them(tm
     assert peer.claims == [] and "over the 16 MB a peer's source file is read up to" in peer.reason, peer.reason
 
 
+@pytest.fixture(scope="module")
+def opt_results(tmp_path_factory) -> str:
+    """The results file (its JSON text) of a real audit: opt's sdpa isolation cell, audited once for the module's
+    tests that each plant an edit into their own copy (it was one audit subprocess per planted edit)."""
+    root = tmp_path_factory.mktemp("opt_results")
+    assert _cli(["audit", "--models", "arch:opt", "--packcheck-attn", "sdpa", "--packcheck-checks", "isolation", "-n", "0",
+                 "-q"], root).returncode == 0
+    return (root / "reports" / "packcheck-matrix.json").read_text()
+
+
 @pytest.mark.parametrize(("edit", "says"), [
     ({"causes": ["leak"]}, 'has "causes": ["leak"] (expected a list of objects with a "cause" code'),
     ({"causes": [{"cause": 123}]}, 'expected a list of objects with a "cause" code'),
@@ -556,14 +566,12 @@ def test_claims_refuses_a_device_and_an_oversized_member_without_reading_them(tm
     ({"status": "pass", "cause": None, "causes": [], "metrics": {}}, "passes with no max_change (a pass rests on its check's key number)"),
 ], ids=["causes-strings", "cause-a-number", "cause-missing", "unknown-cause-in-list", "unknown-cause", "unknown-check",
         "pass-without-its-number"])
-def test_gate_and_merge_refuse_a_results_cell_packcheck_never_writes(tmp_path, edit, says):
+def test_gate_and_merge_refuse_a_results_cell_packcheck_never_writes(tmp_path, opt_results, edit, says):
     """Trial of issue 42: causes as strings crashed merge (AttributeError) while gate accepted them; an unknown cause
     code or check name was shown as if measured. One rule (results.schema.cell_problem) for both: exit 2, one line."""
     import json
 
-    assert _cli(["audit", "--models", "arch:opt", "--packcheck-attn", "sdpa", "--packcheck-checks", "isolation", "-n", "0",
-                 "-q"], tmp_path).returncode == 0
-    doc = json.loads((tmp_path / "reports" / "packcheck-matrix.json").read_text())
+    doc = json.loads(opt_results)
     doc["cells"][0].update(edit)
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(doc))
