@@ -109,7 +109,7 @@ def test_gpu_check_script_rehearsed_on_cpu(tmp_path):
     env = {**os.environ, "REHEARSE_DIR": str(tmp_path), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     env.pop("OUT", None)
     proc = subprocess.run(["bash", str(repo / "tools" / "gpu_check.sh"), "--rehearse"], cwd=repo, env=env,
-                          capture_output=True, text=True, check=False, timeout=600)
+                          capture_output=True, text=True, check=False, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "audit exited" not in proc.stdout and "bench exited" not in proc.stdout, proc.stdout[-2000:]
     doc = json.loads((tmp_path / "gpu-audit" / "packcheck-matrix.json").read_text())
