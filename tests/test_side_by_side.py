@@ -177,11 +177,16 @@ def _audit_ns(*argv: str) -> argparse.Namespace:
     (("--packcheck-isolation", "none"), {}, False),
     ((), {"PACKCHECK_ISOLATION": "none"}, False),
     (("--packcheck-versions", "transformers==5.24.0,5.25.0"), {}, False),
-], ids=["cpu", "cuda", "cuda-env", "isolation-none", "isolation-none-env", "versions"])
+    (("--packcheck-weights", "pretrained"), {}, False),
+    ((), {"PACKCHECK_WEIGHTS": "pretrained"}, False),
+    (("--packcheck-weights", "random"), {}, True),
+], ids=["cpu", "cuda", "cuda-env", "isolation-none", "isolation-none-env", "versions", "pretrained", "pretrained-env",
+        "random"])
 def test_the_audit_runs_children_side_by_side_on_cpu_only(monkeypatch, argv, env, expected):
     from pytest_packcheck.cli.audit import _side_by_side
 
-    for name in ("PACKCHECK_DEVICE", "PACKCHECK_ISOLATION", "PACKCHECK_VERSIONS", "PACKCHECK_MODELS", "PACKCHECK_AUDIT"):
+    for name in ("PACKCHECK_DEVICE", "PACKCHECK_ISOLATION", "PACKCHECK_VERSIONS", "PACKCHECK_MODELS", "PACKCHECK_AUDIT",
+                 "PACKCHECK_WEIGHTS"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)

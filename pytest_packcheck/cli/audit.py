@@ -301,16 +301,20 @@ def _side_by_side(ns: argparse.Namespace) -> bool:
     with fork isolation (the defaults) and no version environments. Each xdist worker imports torch and
     transformers, resolves every model and warms up again (issue 47: the default audit, eager and sdpa, took 28.3 s of
     CPU with two workers, 15 s in one process); a CUDA device (a worker per GPU), ``--packcheck-isolation none``
-    (the cells run in the worker) and version environments (a child environment per group) keep the workers.
+    (the cells run in the worker), version environments (a child environment per group) and pretrained weights
+    (children of one thread each: see :class:`~pytest_packcheck.run.sandbox.SideBySide`) keep the workers.
     An ini file is not read here: the audit runs pytest with ``-c /dev/null``."""
-    from ..config.options import OPT_DEVICE, OPT_ISOLATION
+    from ..config.options import OPT_DEVICE, OPT_ISOLATION, OPT_WEIGHTS
 
     def given(flag: str) -> str:
         opt = OPTIONS_BY_FLAG[flag]
         value = getattr(ns, opt.dest, None) or os.environ.get(opt.env or "") or opt.default
         return str(value).strip().lower()
 
-    return (given(OPT_DEVICE).startswith("cpu") and given(OPT_ISOLATION) != "none" and _versions_source(ns) is None)
+    # pretrained weights keep the workers: their children want more than one thread, and a child forked after this
+    # process's OpenMP team exists hangs in its first parallel region of more than one (sandbox.SideBySide)
+    return (given(OPT_DEVICE).startswith("cpu") and given(OPT_ISOLATION) != "none" and _versions_source(ns) is None
+            and given(OPT_WEIGHTS) != "pretrained")
 
 
 def _discard_previous_matrix(out: Path, started: float, why: str) -> None:

@@ -213,10 +213,10 @@ class PackcheckSession:
             for i in item.session.items:
                 if isinstance(i, PackcheckItem) and not i.cell.env and i.cell.cell_id not in self.resumed:
                     groups.setdefault(i.cell.group, []).append(i.cell)
-            tiny = self.settings.weights == "random"
             # one thread in a child: shrunk random-weight models gain nothing from more (process.limit_threads), and
-            # one thread never enters an OpenMP team a fork left half copied (sandbox.SideBySide)
-            threads = 1 if tiny else max(1, (os.cpu_count() or 1) // jobs)
+            # one thread never enters an OpenMP team a fork left half copied (sandbox.SideBySide: more hang). The
+            # audit keeps xdist workers for pretrained weights (cli.audit._side_by_side)
+            threads = 1
             self._pool = SideBySide(list(groups.items()), self.runner().run, self._failure,
                                     lambda r: self.journal.append(result_json(r)), self.settings.timeout_s, jobs=jobs,
                                     child_threads=None if os.environ.get("OMP_NUM_THREADS") else threads)
