@@ -288,6 +288,12 @@ def block_answer(doc: Any, name: str, model_type: str, asked: str, attn_implemen
         if layouts:
             notes.append(f"collator layouts at {answer.measured_at}: "
                          + ", ".join(f"{name} {verdict} ({number:.1e})" for name, (verdict, number) in layouts.items()))
+    if block.get("labels"):  # the encoders block: the flattening collator on scalar labels at the asked release
+        from .atlas.labels import labels_note
+
+        note = labels_note(block["labels"], transformers_version)
+        if note:
+            notes.append(note)
     check = answer.check or (block.get("checks") or [None])[0] if answer.number is not None else answer.check
     return dataclasses.replace(answer, model_type=asked, notes=notes, check=check, reproduce=reproduce(
         block, answer.measured_at, model_type, answer.backend or attn_implementation) if answer.measured and answer.measured_at else "")

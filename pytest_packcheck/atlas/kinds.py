@@ -282,7 +282,9 @@ def collect_kind(kind: Kind, build: Path, planned: list[str] | None = None, comm
              "torch": torch_version, "models": list(kind.models), "backends": list(kind.backends),
              "checks": list(kind.checks), "releases": releases,
              "missing": [v for v in (planned or []) if v not in measured], "cells": cells,
-             **({"configs": dict(sorted(configs.items()))} if configs else {})}
+             **({"configs": dict(sorted(configs.items()))} if configs else {}),
+             # the collator's classification labels per release (tools/collator_labels.py): measured apart, kept
+             **({"labels": committed["labels"]} if committed and committed.get("labels") else {})}
     block["transitions"] = transitions(block, bisects or {})
     return block
 

@@ -140,6 +140,10 @@ def render_kind_markdown(block: dict[str, Any]) -> list[str]:
                     runs.append([version, version, text])
             if runs:
                 lines.append(f"- **{name_md(name)}**: " + "; ".join(f"{a}{' .. ' + b if b != a else ''}: {t}" for a, b, t in runs))
+    if block.get("labels"):  # the encoders block: the flattening collator on classification labels per release
+        from .labels import labels_markdown
+
+        lines += labels_markdown(block["labels"])
     lines += ["", f"### {title.split(' per ')[0]}: transitions", "",
               "| model | backend | last before | first after | before | after | placed |", "|---|---|---|---|---|---|---|"]
     for t in block["transitions"]:
