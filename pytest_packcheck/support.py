@@ -234,18 +234,30 @@ def lookup(model_type: str, attn_implementation: str, transformers_version: str,
     return answer
 
 
+def _reproduce(doc: Any, version: str, model_type: str, backend: str) -> str:
+    """The command that measures one atlas entry again: :func:`pytest_packcheck.atlas.reproduce_command` with the
+    checks the support file says were run (its ``checks``), built here so that an answer does not import the atlas
+    package (its measuring machinery: 45 ms of a 0.1 s lookup, issue 47); a file without ``checks`` asks the atlas."""
+    checks = doc.get("checks")
+    if not (isinstance(checks, list) and checks and all(isinstance(c, str) for c in checks)):
+        from .atlas import reproduce_command
+
+        return reproduce_command(version, model_type, backend)
+    import shlex
+
+    from .config.options import OPT_BACKENDS, OPT_CHECKS
+
+    return shlex.join(["packcheck", "audit", "--models", f"arch:{model_type}", "--versions", f"transformers=={version}",
+                       f"{OPT_BACKENDS}={backend}", f"{OPT_CHECKS}={','.join(checks)}"])
+
+
 def _blocks_measuring(doc: Any, model_type: str) -> list[tuple[str, str]]:
     """(block name, lookup prefix) of each atlas block (``encoders``, ``multimodal``) holding ``model_type``, read
     without unpacking the block (its ``rows`` / ``cells`` keys only); a malformed block counts as not holding it."""
-    from .atlas.kinds_render import BLOCKS
+    from .analysis.support_file import BLOCK_PREFIXES, _block_models
 
-    found = []
-    for name, (prefix, _, _) in BLOCKS.items():
-        block = doc.get(name)
-        rows = block.get("rows", block.get("cells")) if isinstance(block, dict) else None
-        if isinstance(rows, dict) and model_type in rows:
-            found.append((name, prefix))
-    return found
+    held = doc.block_models() if hasattr(doc, "block_models") else _block_models(doc)  # the index: no block read
+    return [(name, prefix) for name, prefix in BLOCK_PREFIXES.items() if model_type in held.get(name, ())]
 
 
 def block_answer(doc: Any, name: str, model_type: str, asked: str, attn_implementation: str, transformers_version: str,
@@ -480,13 +492,11 @@ def _model_answer(doc: dict[str, Any], model_type: str, attn_implementation: str
     key = next((v for v in row if is_version(v) and Version(v) == wanted), str(wanted))
     entry = row.get(key)
     if entry is not None:
-        from .atlas import reproduce_command
-
         return Answer(**base, measured=True, verdict=entry["verdict"], causes=list(entry.get("causes", [])),
                       check=entry.get("check"), number=entry.get("number"), message=entry.get("message", ""),
                       measured_at=key, measured_on=dates.get(key), backend=backend,
                       notes=notes + _finding_notes(entry), findings=list(entry.get("findings") or []),
-                      reproduce=reproduce_command(key, model_type, backend))
+                      reproduce=_reproduce(doc, key, model_type, backend))
     if _release_measured(doc, wanted) and not any(is_version(v) and Version(v) == wanted for r in arch.values() for v in r):
         # the release was measured and this architecture is not in it: not a gap of the atlas (atlas review, U3)
         first = min((v for r in arch.values() for v in r if is_version(v)), key=Version, default=None)

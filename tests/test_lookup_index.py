@@ -14,7 +14,8 @@ from pytest_packcheck.support import lookup, lookup_releases
 
 REPO = Path(__file__).resolve().parent.parent
 QUESTIONS = [("llama", "sdpa", "4.53.1", None), ("qwen2", "eager", "4.57", None), ("gpt2", "sdpa", "5.24.0", "1.16.0"),
-             ("opt", "packcheck_flash_ref", "4.46.3", None), ("nosuchmodel", "sdpa", "5.0.0", None)]
+             ("opt", "packcheck_flash_ref", "4.46.3", None), ("nosuchmodel", "sdpa", "5.0.0", None),
+             ("bert", "sdpa", "5.24.0", None), ("encoder:bert", "sdpa", "5.25.0", None)]
 
 
 @pytest.fixture
@@ -110,3 +111,25 @@ def test_old_indexes_are_pruned(atlas, tmp_path):
         S._VIEWS.clear()
         lookup("llama", "sdpa", "4.53.1", path=atlas)
     assert len([d for d in (tmp_path / "cache" / "support-index").iterdir() if d.is_dir()]) == S.INDEX_KEEP
+
+
+def test_a_plain_answer_reads_no_block_and_imports_no_atlas_machinery(atlas):
+    """A plain lookup from the index: the pointer to the encoder block comes from the index's ``block_models``
+    (no block file read) and the reproduce command from the file's ``checks`` (no ``pytest_packcheck.atlas``
+    import: 45 ms of a 0.1 s lookup, issue 47)."""
+    import subprocess
+    import sys
+
+    lookup("llama", "sdpa", "5.25.0", path=atlas)  # builds the index
+    code = ("import sys, json; from pytest_packcheck.support import lookup; from pytest_packcheck.analysis import "
+            "support_file as S; a = lookup('bert', 'sdpa', '5.24.0', path=sys.argv[1]); v = S.load_support_view(sys.argv[1]); "
+            "print(json.dumps({'atlas': sorted(m for m in sys.modules if m.startswith('pytest_packcheck.atlas')), "
+            "'lazy': sorted(v._lazy), 'notes': a.notes, 'reproduce': a.reproduce}))")
+    proc = subprocess.run([sys.executable, "-c", code, str(atlas)], capture_output=True, text=True, check=True,
+                          env={**__import__("os").environ})
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["atlas"] == [] and not {"encoders", "multimodal"} & set(seen["lazy"])
+    assert any("packcheck lookup encoder:bert sdpa 5.24.0" in n for n in seen["notes"])
+    from pytest_packcheck.atlas import reproduce_command
+
+    assert seen["reproduce"] == reproduce_command("5.24.0", "bert", "sdpa")  # the same command the atlas builds

@@ -272,7 +272,7 @@ def _write_index(doc: dict[str, Any], folder: Path) -> None:
             (tmp / f"{key}.json").write_text(json.dumps(doc.get(key), separators=(",", ":")), encoding="utf-8")
         meta = {k: v for k, v in doc.items() if k != "cells" and k not in _LAZY_KEYS}
         meta["_index"] = {"cells": files, "backends": sorted({b for row in doc["cells"].values() for b in row}),
-                          "lazy": [k for k in _LAZY_KEYS if k in doc]}
+                          "lazy": [k for k in _LAZY_KEYS if k in doc], "block_models": _block_models(doc)}
         (tmp / "meta.json").write_text(json.dumps(meta, separators=(",", ":")), encoding="utf-8")
         shutil.rmtree(folder, ignore_errors=True)  # a damaged index of the same file
         os.replace(tmp, folder)
@@ -282,6 +282,24 @@ def _write_index(doc: dict[str, Any], folder: Path) -> None:
                     key=lambda d: d.stat().st_mtime, reverse=True)
     for old in others[INDEX_KEEP - 1:]:
         shutil.rmtree(old, ignore_errors=True)
+
+
+#: The atlas's blocks beside the transformers axis (:mod:`pytest_packcheck.atlas.kinds`) and the lookup prefix that
+#: asks each (``encoder:bert``, ``multimodal:qwen2_vl``): here, so that a plain lookup names a block without importing
+#: the atlas package (45 ms of imports: versions, importlib.metadata).
+BLOCK_PREFIXES = {"encoders": "encoder:", "multimodal": "multimodal:"}
+
+
+def _block_models(doc: Any) -> dict[str, list[str]]:
+    """The model types each atlas block (``encoders``, ``multimodal``: support.json's ``rows`` / ``cells``) holds,
+    by block: what a plain lookup needs to point at a block without reading it (:meth:`SupportView.block_models`)."""
+    out = {}
+    for key in BLOCK_PREFIXES:
+        block = doc.get(key)
+        rows = block.get("rows", block.get("cells")) if isinstance(block, dict) else None
+        if isinstance(rows, dict):
+            out[key] = sorted(rows)
+    return out
 
 
 class _Cells(Mapping):
@@ -347,6 +365,12 @@ class SupportView(Mapping):
     @property
     def backends_in_cells(self) -> list[str]:
         return list(self._meta["_index"]["backends"])
+
+    def block_models(self) -> dict[str, list[str]]:
+        """Block name -> the model types it holds (:func:`_block_models`, stored in the index; an index written
+        before it was stored reads the blocks)."""
+        stored = self._meta["_index"].get("block_models")
+        return stored if isinstance(stored, dict) else _block_models(self)
 
     def __getitem__(self, key: str) -> Any:
         if key == "cells":

@@ -6,18 +6,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..analysis.support_file import BLOCK_PREFIXES
+
 #: Block name -> (the ``packcheck lookup`` prefix that asks it, atlas.md's heading, what a row is). The lookup
 #: prefix of the encoder block is the spec prefix the audit builds it with (``encoder:bert``); the multimodal
 #: block's models are ``arch:`` specs, whose plain model_type the text-path atlas answers, so it is asked as
 #: ``multimodal:qwen2_vl``.
 BLOCKS: dict[str, tuple[str, str, str]] = {
-    "encoders": ("encoder:", "Encoders and embedding models per release",
+    "encoders": (BLOCK_PREFIXES["encoders"], "Encoders and embedding models per release",
                  ("the model built with its masked-LM head (else its base model), fed the row DataCollatorWithFlattening "
                  "gives (position_ids restarting per example, no attention_mask), against each example alone: "
                  "isolation of hidden states and pooled embeddings, hidden-state parity, mean / CLS / last-token pooling "
                  "per segment, MLM loss, positions as the model numbers them. The number is the deciding check's "
                  "max |Δ| of float32 hidden states (loss: nats)")),
-    "multimodal": ("multimodal:", "Multimodal rows with pixels per release",
+    "multimodal": (BLOCK_PREFIXES["multimodal"], "Multimodal rows with pixels per release",
                    ("a VLM built tiny (2-block vision tower) with real pixel_values for two images of different sizes, "
                    "packed in one row with a text-only sample, against each sample alone with its own pixels: "
                    "isolation and parity of the text logits and loss, M-RoPE positions per sample against the model's "
