@@ -44,21 +44,11 @@ def _label(entry: dict[str, Any]) -> str:
 
 def block_runs(row: dict[str, dict[str, Any]], order: list[str]) -> list[dict[str, Any]]:
     """Runs of equal verdict + causes along ``order`` (the block's measured releases): ``first``, ``last``,
-    ``label``, ``check`` and ``number`` (the largest key number in the run; None when none was measured)."""
-    runs: list[dict[str, Any]] = []
-    for version in order:
-        entry = row.get(version)
-        if entry is None:
-            continue
-        label = _label(entry)
-        if runs and runs[-1]["label"] == label:
-            runs[-1]["last"] = version
-        else:
-            runs.append({"first": version, "last": version, "label": label, "number": None, "check": entry.get("check")})
-        num = entry.get("number")
-        if num is not None and (runs[-1]["number"] is None or num > runs[-1]["number"]):
-            runs[-1]["number"], runs[-1]["check"] = num, entry.get("check")
-    return runs
+    ``label``, ``check`` and ``number`` (the largest key number in the run; None when none was measured):
+    :func:`.trl_render.version_runs` with this block's labels (``∅ absent``)."""
+    from .trl_render import version_runs
+
+    return version_runs(row, order, _label, with_check=True)
 
 
 def runs_text(runs: list[dict[str, Any]]) -> str:
@@ -89,6 +79,7 @@ def render_kind_markdown(block: dict[str, Any]) -> list[str]:
     per model one line per backend with its runs over the releases, the collator layouts per release (multimodal),
     every transition with where it was placed, and the releases measured with their cost."""
     from ..report.text import escape_md as name_md
+    from .render import transition_side
 
     block = unpack(block)
     prefix, title, what = BLOCKS[block["kind"]]
@@ -149,12 +140,10 @@ def render_kind_markdown(block: dict[str, Any]) -> list[str]:
     lines += ["", f"### {title.split(' per ')[0]}: transitions", "",
               "| model | backend | last before | first after | before | after | placed |", "|---|---|---|---|---|---|---|"]
     for t in block["transitions"]:
-        def side(s: dict[str, Any]) -> str:
-            return _label(s) + (f" ({s['check']} {s['number']:.1e})" if s.get("number") is not None and s.get("check") else "")
         b = t.get("bisected")
         placed = f"{b['outcome']}: first {b.get('first')}, last {b.get('last')}" if b else "not yet"
         lines.append(f"| {prefix}{name_md(t['model_type'])} | {t['backend']} | {t['last_before']} | {t['first_after']} | "
-                     f"{side(t['before'])} | {side(t['after'])} | {placed} |")
+                     f"{transition_side(t['before'], _label)} | {transition_side(t['after'], _label)} | {placed} |")
     if not block["transitions"]:
         lines.append("| — | — | — | — | — | — | no change between measured releases |")
     lines += ["", "| release | models present | cells | wall s | CPU s |", "|---|---|---|---|---|"]

@@ -19,6 +19,12 @@ def _label(entry: dict[str, Any]) -> str:
     return f"{SYMBOL.get(entry['verdict'], entry['verdict'])}{' ' + causes if causes else ''}"
 
 
+def transition_side(entry: dict[str, Any], label: Any = _label) -> str:
+    """One side of a transition in atlas.md's tables: its label and, where measured, ``(check number)``."""
+    num = f" ({entry['check']} {entry['number']:.1e})" if entry.get("number") is not None and entry.get("check") else ""
+    return label(entry) + num
+
+
 def _runs(row: dict[str, dict[str, Any]], order: list[str]) -> list[tuple[str, str, str]]:
     """(first release, last release, label) of each run of equal verdict + causes along ``order``."""
     runs: list[list[str]] = []
@@ -188,13 +194,10 @@ def render_markdown(support: dict[str, Any]) -> str:
               "each side; `bisected` names the exact patch where one was run."), "",
               "| architecture | backend | last before | first after | before | after | bisected |", "|---|---|---|---|---|---|---|"]
     for t in support["transitions"]:
-        def side(s: dict[str, Any]) -> str:
-            num = f" ({s['check']} {s['number']:.1e})" if s.get("number") is not None and s.get("check") else ""
-            return _label(s) + num
         b = t.get("bisected")
         bis = f"{b['outcome']}: first {b.get('first')}, last {b.get('last')}" if b else "not yet"
         lines.append(f"| {name_md(t['model_type'])} | {t['backend']} | {t['last_before']} | {t['first_after']} | "
-                     f"{side(t['before'])} | {side(t['after'])} | {bis} |")
+                     f"{transition_side(t['before'])} | {transition_side(t['after'])} | {bis} |")
     if not support["transitions"]:
         lines.append("| — | — | — | — | — | — | fewer than two measured releases share an architecture |")
     lines += ["", "## Never pass", "", ("Architecture / backend pairs with no passing measured release, and why "

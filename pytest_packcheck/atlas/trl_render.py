@@ -27,24 +27,34 @@ def _label(entry: dict[str, Any]) -> str:
     return f"{_symbol(entry['verdict'])}{' ' + causes if causes else ''}"
 
 
-def trl_runs(row: dict[str, dict[str, Any]], order: list[str]) -> list[dict[str, Any]]:
-    """Runs of equal verdict + causes along ``order`` (the measured TRL releases; a release the row lacks is
-    skipped over): ``first``, ``last``, ``label`` and ``number`` (the largest key number in the run, None when
-    none was measured)."""
+def version_runs(row: dict[str, dict[str, Any]], order: list[str], label: Any = _label,
+                 with_check: bool = False) -> list[dict[str, Any]]:
+    """Runs of equal ``label(entry)`` (verdict + causes) along ``order`` (measured releases; a release the row lacks
+    is skipped over): ``first``, ``last``, ``label`` and ``number`` (the largest key number in the run, None when
+    none was measured); ``with_check``: also ``check``, the check of that number (else of the run's first entry).
+    The one reduction of the TRL axis (:func:`trl_runs`) and the atlas blocks (:func:`.kinds_render.block_runs`)."""
     runs: list[dict[str, Any]] = []
     for version in order:
         entry = row.get(version)
         if entry is None:
             continue
-        label = _label(entry)
-        num = entry.get("number")
-        if runs and runs[-1]["label"] == label:
+        text = label(entry)
+        if runs and runs[-1]["label"] == text:
             runs[-1]["last"] = version
         else:
-            runs.append({"first": version, "last": version, "label": label, "number": None})
+            runs.append({"first": version, "last": version, "label": text, "number": None,
+                         **({"check": entry.get("check")} if with_check else {})})
+        num = entry.get("number")
         if num is not None and (runs[-1]["number"] is None or num > runs[-1]["number"]):
             runs[-1]["number"] = num
+            if with_check:
+                runs[-1]["check"] = entry.get("check")
     return runs
+
+
+def trl_runs(row: dict[str, dict[str, Any]], order: list[str]) -> list[dict[str, Any]]:
+    """:func:`version_runs` along the measured TRL releases: ``first``, ``last``, ``label`` and ``number``."""
+    return version_runs(row, order)
 
 
 def runs_text(runs: list[dict[str, Any]], unit: str = "loss Δ") -> str:

@@ -354,14 +354,7 @@ def import_without_package_init(package: str, module: str) -> Any:
     ``DataProto``, which the remove-padding helpers never touch): ``package`` is registered as a bare namespace over
     its installed folder first. Raises ImportError (ModuleNotFoundError naming the missing package) as the import
     does; a ``package`` already imported is used as it is."""
-    if package not in sys.modules:
-        spec = importlib.util.find_spec(package)
-        if spec is None or not spec.submodule_search_locations:
-            raise ModuleNotFoundError(f"No module named '{package}'", name=package)
-        bare = types.ModuleType(package)
-        bare.__path__ = list(spec.submodule_search_locations)
-        bare.__spec__ = spec
-        sys.modules[package] = bare
+    _bare_package(package)
     return importlib.import_module(module)
 
 

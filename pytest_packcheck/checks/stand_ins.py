@@ -78,11 +78,27 @@ def flash_attn_stand_in() -> Iterator[str]:
         yield (f"flash_attn.bert_padding and flash_attn.utils.distributed from flash_attn {FLASH_ATTN_SOURCE}'s source "
                "(pure torch; its CUDA __init__ not run)")
     finally:
-        for name, module in saved.items():
-            if module is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = module
+        _restore_modules(saved)
+
+
+def _restore_modules(saved: dict[str, Any]) -> None:
+    """Put back the ``sys.modules`` entries a stand-in replaced (``None``: the name was not imported; removed)."""
+    for name, module in saved.items():
+        if module is None:
+            sys.modules.pop(name, None)
+        else:
+            sys.modules[name] = module
+
+
+def _missing_attr(root: str, module: str) -> Any:
+    """A stub module's ``__getattr__``: any use of an attribute it does not hold raises ModuleNotFoundError naming
+    ``root``, the package to install; dunder lookups (introspection: ``__file__``, ``__version__``) stay
+    AttributeError."""
+    def missing(attr: str) -> Any:
+        if attr.startswith("__"):  # introspection (__file__, __version__): an absent attribute, not a use
+            raise AttributeError(attr)
+        raise ModuleNotFoundError(f"{root} is stubbed by packcheck ({module}.{attr} used): install {root}", name=root)
+    return missing
 
 
 @contextlib.contextmanager
@@ -94,22 +110,13 @@ def stub_module(name: str, why: str, **attrs: Any) -> Iterator[str]:
         return
     stub = types.ModuleType(name)
     stub.__dict__.update(attrs)
-
-    def missing(attr: str) -> Any:
-        if attr.startswith("__"):  # introspection (__file__, __version__): an absent attribute, not a use
-            raise AttributeError(attr)
-        raise ModuleNotFoundError(f"{name} is stubbed by packcheck ({name}.{attr} used): install {name}", name=name)
-
-    stub.__getattr__ = missing  # type: ignore[method-assign]
-    saved = sys.modules.get(name)
+    stub.__getattr__ = _missing_attr(name, name)  # type: ignore[method-assign]
+    saved = {name: sys.modules.get(name)}
     sys.modules[name] = stub
     try:
         yield f"{name} stubbed: {why}"
     finally:
-        if saved is None:
-            sys.modules.pop(name, None)
-        else:
-            sys.modules[name] = saved
+        _restore_modules(saved)
 
 
 @contextlib.contextmanager
@@ -123,13 +130,6 @@ def stub_tree(root: str, why: str, attrs: dict[str, dict[str, Any]]) -> Iterator
     names = sorted({".".join(m.split(".")[:i]) for m in [root, *attrs] for i in range(1, len(m.split(".")) + 1)})
     saved = {n: sys.modules.get(n) for n in names}
 
-    def missing_for(module: str) -> Any:
-        def missing(attr: str) -> Any:
-            if attr.startswith("__"):  # introspection (__file__, __version__): an absent attribute, not a use
-                raise AttributeError(attr)
-            raise ModuleNotFoundError(f"{root} is stubbed by packcheck ({module}.{attr} used): install {root}", name=root)
-        return missing
-
     try:
         for name in names:
             stub = types.ModuleType(name)
@@ -137,18 +137,14 @@ def stub_tree(root: str, why: str, attrs: dict[str, dict[str, Any]]) -> Iterator
             # a spec, so that find_spec (TRL's _is_package_available) finds the stub, not a ValueError
             stub.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
             stub.__dict__.update(attrs.get(name, {}))
-            stub.__getattr__ = missing_for(name)  # type: ignore[method-assign]
+            stub.__getattr__ = _missing_attr(root, name)  # type: ignore[method-assign]
             sys.modules[name] = stub
             parent, _, child = name.rpartition(".")
             if parent:
                 setattr(sys.modules[parent], child, stub)
         yield f"{root} stubbed: {why}"
     finally:
-        for name, module in saved.items():
-            if module is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = module
+        _restore_modules(saved)
 
 
 def never_called(name: str, package: str) -> Any:
