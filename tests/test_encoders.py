@@ -56,6 +56,17 @@ def test_a_malformed_encoder_spec_is_one_line_naming_it():
         parse_model_spec("encoder:Bert Model", "--packcheck-models")
 
 
+def test_an_encoder_spec_of_a_model_without_an_encoder_class_is_refused_naming_it():
+    from pytest_packcheck.errors import PackcheckUsageError
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_spec
+
+    # blip_text_model has a config but neither a masked-LM nor a base model class in the auto mappings (5.25.0)
+    with pytest.raises(PackcheckUsageError, match=r"'encoder:blip_text_model' \(from test\) is a 'blip_text_model' model "
+                       r"with neither a masked-LM nor a base model class.*an encoder: spec needs one \(encoder:bert"):
+        resolve_model(parse_model_spec("encoder:blip_text_model", "test"), "test")
+
+
 def test_segments_read_from_position_ids_and_cu_seq_lens():
     batch = {"position_ids": torch.tensor([[2, 3, 4, 2, 3, 2]]), "cu_seq_lens_q": torch.tensor([0, 3, 5, 6], dtype=torch.int32)}
     assert [(s.start, s.stop) for s in E.segments_of(batch)] == [(0, 3), (3, 5), (5, 6)]

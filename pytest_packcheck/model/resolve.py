@@ -102,6 +102,16 @@ def refuse_local_without_weights(spec: ModelSpec, source: str, weights_flag: str
         "with random weights, or save the weights into the folder (model.save_pretrained).")
 
 
+#: A spec's head kind -> (the finder of its class in transformers' auto mappings: model_type -> (class name, auto
+#: class) or None; what the refusal says a model without one has; the refusal's fix). The model is built with the class
+#: found, as ``model_kind`` = the head kind.
+_HEAD_KINDS = {
+    "encoder": (encoder_class_name, "neither a masked-LM nor a base model class",
+                "an encoder: spec needs one (encoder:bert, encoder:modernbert, ...)."),
+    "vlm": (vlm_class_name, "no image-text-to-text class", "a vlm: spec needs one (vlm:llava, vlm:paligemma, ...)."),
+}
+
+
 def resolve_model(spec: ModelSpec, source: str, trust_remote_code: bool = False) -> ResolvedModel:
     """Resolve a spec to its config, model_type, causal-LM class and revision, reading only ``config.json``.
 
@@ -188,22 +198,15 @@ def resolve_model(spec: ModelSpec, source: str, trust_remote_code: bool = False)
         cls = causal_lm_class_name(spec.name) or "?"
         return ResolvedModel(spec=spec, config=config, model_type=spec.name, model_class=cls, revision=revision, notes=notes,
                              auto_class=cls, config_source=config_source)
-    if spec.head == "encoder":
-        found = encoder_class_name(model_type)
+    if spec.head in _HEAD_KINDS:
+        finder, lacks, fix = _HEAD_KINDS[spec.head]
+        found = finder(model_type)
         if found is None:
             raise PackcheckUsageError(
-                f"Model '{spec.raw}' (from {source}) is a '{model_type}' model with neither a masked-LM nor a base model "
-                "class in transformers' auto mappings: an encoder: spec needs one (encoder:bert, encoder:modernbert, ...).")
+                f"Model '{spec.raw}' (from {source}) is a '{model_type}' model with {lacks} in transformers' auto "
+                f"mappings: {fix}")
         return ResolvedModel(spec=spec, config=config, model_type=model_type, model_class=found[0], revision=revision,
-                             notes=notes, auto_class=found[1], model_kind="encoder")
-    if spec.head == "vlm":
-        found = vlm_class_name(model_type)
-        if found is None:
-            raise PackcheckUsageError(
-                f"Model '{spec.raw}' (from {source}) is a '{model_type}' model with no image-text-to-text class in "
-                "transformers' auto mappings: a vlm: spec needs one (vlm:llava, vlm:paligemma, ...).")
-        return ResolvedModel(spec=spec, config=config, model_type=model_type, model_class=found[0], revision=revision,
-                             notes=notes, auto_class=found[1], model_kind="vlm")
+                             notes=notes, auto_class=found[1], model_kind=spec.head)
     cls = causal_lm_class_name(model_type)
     text_path = mrope_text_path(model_type) if cls is None else None
     if text_path is not None:
