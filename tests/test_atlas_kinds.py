@@ -213,6 +213,7 @@ def test_a_model_the_suite_gained_is_run_alone_on_a_measured_release_and_joined(
         return {"transformers": version, "cells": 2 * len(models)}
 
     monkeypatch.setattr(K, "run_release", run_release)
+    monkeypatch.setattr(K, "release_architectures", lambda kind, version, build: ["bert"])  # nothing beyond the suite
     K.run_kind_release(ENC, "5.25.0", tmp_path / "enc", log=lambda s: None)
     assert len(calls) == 1 and calls[0][0][:2] == ("5.25.0", "extra") and "encoder:bert" not in calls[0][1]
     assert set(calls[0][1]) == set(ENC.models) - {"encoder:bert"}
@@ -247,3 +248,46 @@ def test_a_malformed_block_is_a_one_line_error_naming_the_file_and_a_plain_model
         assert "\n" not in str(err.value)
         # the plain answer does not unpack the block: a damaged block does not take the text-path answer down
         assert lookup("bert", "sdpa", "5.24.0", path=path).verdict == "fail"
+
+
+def test_every_architecture_of_a_release_is_run_beyond_the_suite_and_one_a_release_lacks_has_no_entry(tmp_path, monkeypatch):
+    """The encoders block runs every masked-LM architecture of each release (Kind.all_architectures): 5.25.0, measured
+    with the suite alone, runs albert and gte alone (extra/); 5.24.0 has no gte, so the block has no gte entry there
+    (not absent, no transition); a sweep between them measures gte as encoder:gte; the reproduce command and the
+    block's render say --all-architectures. Planted: a release's list that gains an architecture runs it, a list
+    without it leaves no entry."""
+    lists = {"5.24.0": ["albert", "bert"], "5.25.0": ["albert", "bert", "gte"]}
+    saved = tmp_path / "enc" / K.ARCHITECTURES
+    saved.mkdir(parents=True)
+    for version, names in lists.items():  # the release environments' answers, as release_architectures keeps them
+        (saved / f"{version}.json").write_text(json.dumps(names))
+    for version in lists:
+        _write(tmp_path / "enc", version, [c for m in ENC.models for c in _pair(K.model_type_of(m), "sdpa", "pass", 0)])
+    calls: list = []
+
+    def run_release(version, build, log=print, runner=None, flags=None, reproduce=None):
+        models = next(f for f in flags if f.startswith("--packcheck-models=")).split("=", 1)[1].split(",")
+        calls.append((version, models, reproduce))
+        _write(Path(build), version, [c for m in models for c in _pair(K.model_type_of(m), "sdpa", "fail", 0.0056)])
+        return {"transformers": version, "cells": 2 * len(models)}
+
+    monkeypatch.setattr(K, "run_release", run_release)
+    for version in lists:
+        K.run_kind_release(ENC, version, tmp_path / "enc", log=lambda s: None)
+    assert [(v, m) for v, m, _ in calls] == [("5.24.0", ["encoder:albert"]), ("5.25.0", ["encoder:albert", "encoder:gte"])]
+    assert "--audit encoders --all-architectures" in calls[0][2]
+    assert K.release_models(ENC, "5.25.0", tmp_path / "enc")[-2:] == ["encoder:albert", "encoder:gte"]
+    block = K.collect_kind(ENC, tmp_path / "enc")
+    assert set(block["cells"]["gte"]["sdpa"]) == {"5.25.0"} and block["all_architectures"] is True
+    assert block["cells"]["albert"]["sdpa"]["5.24.0"]["verdict"] == "fail"
+    assert not [t for t in block["transitions"] if t["model_type"] in ("gte", "albert")]
+    text = "\n".join(render_kind_markdown(K.packed(block)))
+    assert "--all-architectures`'s models" in text and "**encoder:gte** / sdpa: ❌ leak 5.25.0" in text
+    from pytest_packcheck.atlas.kinds_render import reproduce
+
+    assert "--models encoder:gte " in reproduce(block, "5.25.0", "gte", "sdpa")
+    seen: list = []
+    monkeypatch.setattr(K, "run_kind_release", lambda kind, version, sub, specs, log=print, runner=None:
+                        seen.append(specs) or {"error": "planted"})
+    K.measure_between(ENC, "5.24.1", ["gte", "bert"], tmp_path / "sweep")
+    assert seen == [["encoder:bert", "encoder:gte"]]

@@ -67,6 +67,20 @@ def test_an_encoder_spec_of_a_model_without_an_encoder_class_is_refused_naming_i
         resolve_model(parse_model_spec("encoder:blip_text_model", "test"), "test")
 
 
+def test_an_encoder_spec_of_an_encoder_decoder_model_is_an_unsupported_cell_naming_why():
+    """bart / mbart / mvp are in transformers' masked-LM mapping as their seq2seq class (5.25.0): --all-architectures
+    reaches them, and each cell says why it is not judged (was packcheck's own crash reading last_hidden_state)."""
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_spec
+
+    got = resolve_model(parse_model_spec("encoder:bart", "test"), "test")
+    assert got.error_status == "unsupported" and got.config is not None
+    assert got.error.startswith("bart: an encoder-decoder model (BartForConditionalGeneration, config.is_encoder_decoder=True)")
+    assert "packcheck lookup bart" in got.error
+    bert = resolve_model(parse_model_spec("encoder:bert", "test"), "test")
+    assert bert.error is None and bert.model_kind == "encoder"
+
+
 def test_segments_read_from_position_ids_and_cu_seq_lens():
     batch = {"position_ids": torch.tensor([[2, 3, 4, 2, 3, 2]]), "cu_seq_lens_q": torch.tensor([0, 3, 5, 6], dtype=torch.int32)}
     assert [(s.start, s.stop) for s in E.segments_of(batch)] == [(0, 3), (3, 5), (5, 6)]

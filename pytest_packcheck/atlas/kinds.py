@@ -47,12 +47,15 @@ class Kind:
 
     ``name``: the block's key in ``support.json`` and the audit suite it runs (``audit/<name>.toml``); ``checks``:
     the checks run per cell; ``prefix``: the spec prefix of its models (``encoder:``, ``arch:``), which
-    ``packcheck lookup`` accepts; ``title``: atlas.md's section heading."""
+    ``packcheck lookup`` accepts; ``title``: atlas.md's section heading; ``all_architectures``: each release also
+    runs every architecture of that release's transformers the suite's ``--all-architectures`` adds
+    (:func:`release_models`: every masked-LM model_type for the encoders), not only the suite's models."""
 
     name: str
     checks: tuple[str, ...]
     prefix: str
     title: str
+    all_architectures: bool = False
 
     def suite(self) -> Any:
         """The suite's definition (:func:`pytest_packcheck.config.audits.load_audit`)."""
@@ -77,7 +80,7 @@ class Kind:
 #: checks with its collator-layout finding.
 KINDS: dict[str, Kind] = {
     "encoders": Kind("encoders", ("encoder_isolation", "encoder_parity", "encoder_pooling", "encoder_mlm_loss",
-                                  "encoder_positions"), "encoder:", "Encoders and embedding models"),
+                                  "encoder_positions"), "encoder:", "Encoders and embedding models", all_architectures=True),
     "multimodal": Kind("multimodal", ("mm_isolation", "mm_parity", "mm_positions", "mm_layouts"), "arch:",
                        "Multimodal rows with pixels"),
 }
@@ -97,16 +100,66 @@ def kind_flags(kind: Kind, report_dir: str, models: list[str] | None = None) -> 
 
 
 def kind_reproduce(kind: Kind, version: str, spec: str | None = None, backend: str | None = None) -> str:
-    """The command that measures ``kind`` (or one model / backend of it) on ``version`` again."""
+    """The command that measures ``kind`` (or one model / backend of it) on ``version`` again: for a block over every
+    architecture, the suite with ``--all-architectures``."""
     from ..config.options import OPT_BACKENDS, OPT_CHECKS
 
-    return shlex.join(["packcheck", "audit", "--models", spec or ",".join(kind.models), "--versions",
+    which = ["--models", spec] if spec else ["--audit", kind.name, "--all-architectures"] if kind.all_architectures \
+        else ["--models", ",".join(kind.models)]
+    return shlex.join(["packcheck", "audit", *which, "--versions",
                        f"transformers=={version}", f"{OPT_BACKENDS}={backend or ','.join(kind.backends)}",
                        f"{OPT_CHECKS}={','.join(kind.checks)}"])
 
 
 #: The folder of a release's later runs: models the suite gained after the release was measured.
 EXTRA = "extra"
+#: The folder (under a block's build) of each release's architecture list (:func:`release_architectures`), one JSON
+#: file per release; not a version, so never read as a release's run.
+ARCHITECTURES = "architectures"
+
+
+def release_architectures(kind: Kind, version: str, build: Path) -> list[str]:
+    """The model_types ``transformers==version`` adds to ``kind``'s suite under ``--all-architectures`` (the encoders:
+    :func:`pytest_packcheck.model.architectures.encoder_architectures`, every masked-LM model_type), asked in that
+    release's version environment (2-4 s: an import of transformers' auto mappings) and kept in
+    ``<build>/architectures/<version>.json``; [] for a kind without ``all_architectures``.
+
+    Raises:
+        RuntimeError: the environment cannot be made, or the question fails in it (its last lines).
+    """
+    if not kind.all_architectures:
+        return []
+    saved = Path(build) / ARCHITECTURES / f"{version}.json"
+    if saved.exists():
+        return list(json.loads(saved.read_text()))
+    import os
+    import subprocess
+
+    from ..versions.envs import EnvError, VersionCombo, ensure_env
+
+    try:
+        env = ensure_env(VersionCombo((f"transformers=={version}",)))
+    except EnvError as exc:
+        raise RuntimeError(f"transformers {version}: no environment: {exc}") from None
+    code = ("import json; from pytest_packcheck.model.architectures import encoder_architectures as a; "
+            "print(json.dumps(a()))")
+    child_env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    proc = subprocess.run([str(env.python), "-c", code], capture_output=True, text=True, check=False, env=child_env,
+                          cwd=str(Path(build).resolve().parent))
+    if proc.returncode != 0:
+        raise RuntimeError(f"transformers {version}: the architecture list failed: {proc.stderr.strip()[-300:]}")
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    saved.write_text(json.dumps(found) + "\n")
+    return found
+
+
+def release_models(kind: Kind, version: str, build: Path) -> list[str]:
+    """The specs ``kind`` measures on ``version``: the suite's, then for a kind over every architecture each
+    :func:`release_architectures` model_type the suite lacks, as ``<prefix><model_type>`` (``encoder:albert``). A
+    model_type the release lacks is not run there: the block has no entry for it on that release."""
+    have = {model_type_of(s) for s in kind.models}
+    return [*kind.models, *(f"{kind.prefix}{a}" for a in release_architectures(kind, version, build) if a not in have)]
 
 
 def run_kind_release(kind: Kind, version: str, build: Path, models: list[str] | None = None,
@@ -115,9 +168,15 @@ def run_kind_release(kind: Kind, version: str, build: Path, models: list[str] | 
     :func:`kind_flags`): the done record, or a record with ``error``. A release already measured is not run again;
     the suite's models (or ``models``) that none of its runs holds are run alone into
     ``<build>/<version>/extra/<digest>/<version>`` (the suite gained a model: the release adds it and keeps the rest),
-    and that run's record is returned. ``runner``: replaces ``subprocess.run``."""
+    and that run's record is returned. ``runner``: replaces ``subprocess.run``. A kind over every architecture
+    (:attr:`Kind.all_architectures`) runs :func:`release_models` where ``models`` is not given."""
     from ..results import load_document
 
+    if models is None and kind.all_architectures:
+        try:
+            models = release_models(kind, version, build)
+        except RuntimeError as exc:
+            return {"transformers": version, "error": str(exc)}
     folder = release_dir(Path(build), version).resolve()
     if is_done(folder):
         have = {_name(c) for part in _parts(folder) for c in load_document(part / "packcheck-matrix.json").get("cells", [])}
@@ -280,6 +339,7 @@ def collect_kind(kind: Kind, build: Path, planned: list[str] | None = None, comm
     block = {"schema_version": KIND_SCHEMA_VERSION, "kind": kind.name, "packcheck_version": __version__,
              "generated": time.strftime("%Y-%m-%d", time.gmtime()), "device": "cpu", "dtype": "float32",
              "torch": torch_version, "models": list(kind.models), "backends": list(kind.backends),
+             **({"all_architectures": True} if kind.all_architectures else {}),
              "checks": list(kind.checks), "releases": releases,
              "missing": [v for v in (planned or []) if v not in measured], "cells": cells,
              **({"configs": dict(sorted(configs.items()))} if configs else {}),
@@ -301,7 +361,9 @@ def measure_between(kind: Kind, version: str, model_types: list[str], root: Path
                     runner: Callable[..., Any] | None = None) -> tuple[dict[str, dict[str, dict[str, Any]]], dict[str, Any] | None]:
     """:func:`.sweep.measure_between` for a block: ``model_types``' entries on ``version`` (a release between two
     measured ones), measured once under ``root/<version>/<digest of the models>/`` and reused after."""
-    specs = [s for s in kind.models if model_type_of(s) in model_types]
+    known = {model_type_of(s) for s in kind.models}  # an architecture beyond the suite's: <prefix><model_type>
+    specs = [s for s in kind.models if model_type_of(s) in model_types] + \
+        [f"{kind.prefix}{m}" for m in sorted(model_types) if m not in known]
     sub = Path(root) / version / hashlib.sha1(",".join(specs).encode()).hexdigest()[:10]
     sub.mkdir(parents=True, exist_ok=True)
     record = run_kind_release(kind, version, sub, specs, log=log, runner=runner)

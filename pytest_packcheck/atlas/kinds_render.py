@@ -26,6 +26,9 @@ BLOCKS: dict[str, tuple[str, str, str]] = {
                    "own get_rope_index. The number is the deciding check's max |Δ| of float32 text logits; "
                    "\"layouts\" says which collator layouts hold on that release")),
 }
+#: Block name -> the spec prefix its models are built with where the block holds a model beyond its suite's (an
+#: encoders block over every architecture: ``encoder:albert``).
+SPEC_PREFIXES = {"encoders": "encoder:"}
 #: Verdict of an entry whose model is not in that release's transformers (:data:`.collect.ABSENT`).
 ABSENT = "absent"
 
@@ -86,10 +89,14 @@ def render_kind_markdown(block: dict[str, Any]) -> list[str]:
     order = [r["transformers"] for r in block["releases"]]
     newest = order[-1] if order else None
     example = next((n for n in sorted(block["cells"])), "bert")
+    every = block.get("all_architectures")
     lines = ["", f"## {title}", "",
-             (f"`{block['kind']}` block (`packcheck audit --audit {block['kind']}`'s models on each release, in that "
-              f"release's environment; {', '.join(block['backends'])}; checks {', '.join(block['checks'])}; float32, CPU, "
-              f"tiny random models): {what}. ∅ absent: the model is not a model_type of that release. "
+             (f"`{block['kind']}` block (`packcheck audit --audit {block['kind']}"
+              + (" --all-architectures`'s models on each release, in that release's environment: the suite's and every "
+                 "architecture that release has, one it lacks has no line there" if every else
+                 "`'s models on each release, in that release's environment")
+              + f"; {', '.join(block['backends'])}; checks {', '.join(block['checks'])}; float32, CPU, "
+              f"tiny random models): {what}. ∅ absent: the suite's model is not a model_type of that release. "
               f"`packcheck lookup {prefix}{example} sdpa {newest or '5.25.0'}` answers from it."), "",
              f"Measured releases: {', '.join(order) or 'none'}.",
              f"Not measured yet: {', '.join(block.get('missing') or []) or 'none'}"
@@ -217,7 +224,8 @@ def reproduce(block: dict[str, Any], version: str, model_type: str, backend: str
 
     from ..config.options import OPT_BACKENDS, OPT_CHECKS
 
-    spec = next((s for s in block.get("models", []) if s.split(":", 1)[-1].split("{", 1)[0] == model_type), model_type)
+    spec = next((s for s in block.get("models", []) if s.split(":", 1)[-1].split("{", 1)[0] == model_type),
+                f"{SPEC_PREFIXES.get(block.get('kind'), '')}{model_type}")  # an architecture beyond the suite's
     return shlex.join(["packcheck", "audit", "--models", spec, "--versions", f"transformers=={version}",
                        f"{OPT_BACKENDS}={backend}", f"{OPT_CHECKS}={','.join(block.get('checks', []))}"])
 

@@ -205,6 +205,15 @@ def resolve_model(spec: ModelSpec, source: str, trust_remote_code: bool = False)
             raise PackcheckUsageError(
                 f"Model '{spec.raw}' (from {source}) is a '{model_type}' model with {lacks} in transformers' auto "
                 f"mappings: {fix}")
+        if spec.head == "encoder" and getattr(config, "is_encoder_decoder", False):
+            # transformers maps bart / mbart / mvp's masked-LM to the seq2seq class (BartForConditionalGeneration):
+            # its output has no encoder hidden states of the row alone, and its decoder is causal
+            return ResolvedModel(spec=spec, config=config, model_type=model_type, model_class=found[0], revision=revision,
+                                 notes=notes, auto_class=found[1], model_kind=spec.head, error_status="unsupported",
+                                 error=(f"{model_type}: an encoder-decoder model ({found[0]}, config.is_encoder_decoder="
+                                        "True), not an encoder: the encoder checks judge encoder-only models; its "
+                                        "decoder's packing is the causal-LM atlas's (packcheck lookup "
+                                        f"{model_type})"))
         return ResolvedModel(spec=spec, config=config, model_type=model_type, model_class=found[0], revision=revision,
                              notes=notes, auto_class=found[1], model_kind=spec.head)
     cls = causal_lm_class_name(model_type)
