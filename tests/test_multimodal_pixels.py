@@ -411,3 +411,50 @@ def test_idefics3_processor_rows_keep_their_pixel_attention_mask(tolerances):
     assert batch["pixel_attention_mask"].shape == (1, 2, 128, 128)
     guard = verify_packed_batch(wb.model, batch)
     assert guard.verdict == "pass" and "pixel_attention_mask" in guard.run["pixels"], guard.line()
+
+
+def test_llava_next_rows_with_several_tiles_hold_and_catch_the_planted_faults(tolerances):
+    """LLaVA-NeXT with two grid pinpoints (28x28, 28x56 at image_size 28): the first image is one tile, the second
+    fills the 28x56 pinpoint, two tiles (image_sizes [28, 56]: 4 base + 8 tile patches + 2 newlines = 14 tokens),
+    its pixel_values (images, 1 + most tiles, 3, 28, 28) with the one-tile image's missing tile zeros. Isolation,
+    parity and positions hold on sdpa and the varlen reference as for one tile (transformers 5.25.0), and the guard
+    judges the row (a pass). Planted: positions that never restart (leak, wrong_positions); the second image's tiles
+    swapped (its base image kept): the text after it moves, its sample alone is not."""
+    import dataclasses
+
+    from pytest_packcheck.guard import verify_packed_batch
+
+    FIXED["llava_next_tiles"] = "vlm:llava_next{vision_config.image_size=28,image_grid_pinpoints=[[28,28],[28,56]]}"
+    try:
+        benches = {b: fixed_bench("llava_next_tiles", b, tolerances) for b in ("sdpa", "packcheck_flash_ref")}
+    finally:
+        del FIXED["llava_next_tiles"]
+    wb = benches["sdpa"]
+    samples = P.mm_samples(wb)
+    assert P.pinpoint_size(wb.model.config) == (28, 56)
+    assert [s.grid for s in samples] == [(1, 28, 28), None, (1, 28, 56)]
+    assert [s.ids.count(wb.model.config.image_token_id) for s in samples] == [10, 0, 14]
+    batch = P.pack(wb.model, samples)
+    assert batch["pixel_values"].shape == (2, 3, 3, 28, 28) and batch["image_sizes"].tolist() == [[28, 28], [28, 56]]
+    assert float(batch["pixel_values"][0, 2].abs().sum()) == 0.0  # the one-tile image's missing tile
+    for backend, bench in benches.items():
+        for check in (P.check_mm_isolation, P.check_mm_parity, P.check_mm_positions):
+            result = check(bench)
+            assert result.status == "pass", (backend, check.__name__, result.message)
+    assert P.parity_numbers(wb)["max_abs_diff"] < 1e-5
+    guard = verify_packed_batch(wb.model, batch)
+    assert guard.verdict == "pass", guard.line()
+    result = P.check_mm_isolation(wb, collator=whole_row)
+    assert (result.status, result.cause) == ("fail", "leak") and result.metrics["max_change"] > 1e-3, result.message
+    result = P.check_mm_positions(wb, collator=whole_row)
+    assert (result.status, result.cause) == ("fail", "wrong_positions")
+
+    def tiles_swapped(model, samples, layout):
+        """Planted: the tiled image's two tiles in swapped order (the row's pixels are not its sample's)."""
+        swapped = [dataclasses.replace(s, pixels=s.pixels[:, [0, 2, 1]]) if s.pixels is not None and s.pixels.shape[1] == 3
+                   else s for s in samples]
+        return P.pack(model, swapped, layout)
+
+    result = P.check_mm_parity(wb, collator=tiles_swapped)
+    assert result.status == "fail" and result.metrics["max_abs_diff"] > 1e-3, result.message
+    assert result.metrics["max_abs_diff_per_sample"][:2] == pytest.approx([0, 0], abs=1e-5)  # only the tiled sample

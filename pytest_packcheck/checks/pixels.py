@@ -106,6 +106,19 @@ class FixedImages:
     pixels: str = "cat"
     #: any-resolution tiles beside the base image (LLaVA-NeXT: ``pixel_values`` ``(images, 1 + tiles, 3, h, w)``)
     tiles: int = 0
+    #: the second image is the config's grid pinpoint of the most tiles (``image_grid_pinpoints``, each side a
+    #: multiple of the tower's ``image_size``): ``(rows x cols)`` tiles of the tower's size beside the base image,
+    #: ``image_sizes`` the pinpoint (LLaVA-NeXT; one pinpoint of the tower's size: the one tile of ``tiles``)
+    pinpoint_tiles: bool = False
+
+
+def pinpoint_size(config: Any) -> tuple[int, int]:
+    """(height, width) in pixels of the config's ``image_grid_pinpoints`` entry of the most tower-size tiles (each side
+    a multiple of the tower's ``image_size``; the first of equals), the tower's square where none is: the size of
+    the image a LLaVA-NeXT row tiles most (``[[28, 28], [28, 56]]`` at image_size 28: (28, 56), 2 tiles)."""
+    side = int(_vision(config).image_size)
+    fits = [(int(h), int(w)) for h, w in (getattr(config, "image_grid_pinpoints", None) or []) if int(h) % side == 0 and int(w) % side == 0]
+    return max(fits, key=lambda hw: (hw[0] // side) * (hw[1] // side), default=(side, side))
 
 
 def _patches(config: Any, h: int, w: int, merge: int = 1) -> int:
@@ -124,8 +137,12 @@ FIXED_IMAGES: dict[str, FixedImages] = {
     # one tile, whose features keep an image_newline per row (LlavaNextModel.pack_image_features; LLaVA-OneVision's
     # count is the same at this size). Exact for an image of the pinpoint's size only: the guard refuses (a usage
     # error naming the counts) a row whose images were tiled otherwise
-    "llava_next": FixedImages(lambda c, h, w: 2 * _patches(c, h, w) + h // int(_vision(c).patch_size), pixels="padded",
-                              tiles=1),
+    # Several tiles (a pinpoint of rows x cols tower sizes, the image that size): the base image's patches, the
+    # tiles' (h / patch) x (w / patch) patches and one image_newline per patch row (h / patch), nothing unpadded as the
+    # image fills the pinpoint (LlavaNextModel.pack_image_features, transformers 5.25.0: an image of 28x56 pixels at
+    # image_size 28, patch 14: 4 + 8 + 2 = 14 tokens; one tile of 28x28: 4 + 4 + 2 = 10)
+    "llava_next": FixedImages(lambda c, h, w: _patches(c, *(int(_vision(c).image_size),) * 2) + _patches(c, h, w)
+                              + h // int(_vision(c).patch_size), pixels="padded", tiles=1, pinpoint_tiles=True),
     "llava_onevision": FixedImages(lambda c, h, w: 2 * _patches(c, h, w) + h // int(_vision(c).patch_size),
                                    pixels="padded", tiles=1),
     # a pixel shuffle by downsample_factor (AyaVisionMultiModalProjector)
@@ -203,7 +220,8 @@ def mm_samples(wb: Workbench) -> list[Sample]:
     gen = torch.Generator().manual_seed(0)
     family = fixed_images(wb.model)
     if family is not None:  # a fixed number of tokens per image size, the image as (1, 3, h, w)
-        sizes = family.sizes or ((int(vision.image_size),) * 2,) * 2
+        sizes = family.sizes or ((int(vision.image_size),) * 2, pinpoint_size(config) if family.pinpoint_tiles
+                                 else (int(vision.image_size),) * 2)
         marks = [getattr(config, m) for m in family.markers] if family.markers else [None, None]
         out = []
         for i, size in enumerate((sizes[0], None, sizes[1])):
@@ -213,7 +231,10 @@ def mm_samples(wb: Workbench) -> list[Sample]:
                 continue
             h, w = size
             image = [marks[0], *[config.image_token_id] * family.tokens(config, h, w), marks[1]]
-            shape = (1, 1 + family.tiles, 3, h, w) if family.tiles else (1, 1, 3, h, w) if family.pixels == "stacked" else (1, 3, h, w)
+            side = int(vision.image_size)
+            tiles = (h // side) * (w // side) if family.pinpoint_tiles else family.tiles
+            shape = (1, 1 + tiles, 3, side, side) if family.pinpoint_tiles else (1, 1 + family.tiles, 3, h, w) \
+                if family.tiles else (1, 1, 3, h, w) if family.pixels == "stacked" else (1, 3, h, w)
             out.append(Sample([*text[:3], *[t for t in image if t is not None], *text[3:]], (1, h, w),
                               torch.randn(*shape, generator=gen)))
         wb._cache[key] = out
@@ -318,6 +339,10 @@ def _pixels(model: Any, images: list[Sample]) -> dict[str, Any]:
         if all(s.mask is not None for s in images):
             out["pixel_attention_mask"] = torch.cat([s.mask for s in images], dim=1)
         return out
+    if family.pinpoint_tiles:  # (images, 1 + most tiles, 3, side, side): fewer tiles padded with zero tiles
+        most = max(s.pixels.shape[1] for s in images)
+        tiles = [torch.nn.functional.pad(s.pixels, (0, 0, 0, 0, 0, 0, 0, most - s.pixels.shape[1])) for s in images]
+        return {"pixel_values": torch.cat(tiles), "image_sizes": torch.tensor([s.grid[1:] for s in images])}
     if family.pixels == "padded":
         h, w = max(s.grid[1] for s in images), max(s.grid[2] for s in images)
         padded = [torch.nn.functional.pad(s.pixels, (0, w - s.grid[2], 0, h - s.grid[1])) for s in images]
