@@ -3,15 +3,99 @@ catches its planted fault; a trainer whose code does not import is a skip naming
 
 from __future__ import annotations
 
+import contextlib
 import math
+import zipfile
+from pathlib import Path
 
 import pytest
 from conftest import make_bench
 from faults import collator_no_reset
 
 from pytest_packcheck.checks import rl_trainers as T
+from pytest_packcheck.checks import rl_wheels as W
 
 pytest.importorskip("trl")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def released_folders(trainer: str) -> list[Path]:
+    """The unpacked wheels ``trainer``'s measured modules need (:data:`rl_wheels.NEEDS`), at the versions
+    constraints/rl-peers.txt pins, from $RL_PEER_WHEELS or build/rl-peers; a skip naming each missing wheel."""
+    pinned = W.pins((ROOT / W.RL_PEERS_FILE).read_text())
+    wanted = {d: pinned[d] for d in W.NEEDS[trainer]}
+    found, missing = W.find_wheels(W.wheel_folder(ROOT), wanted)
+    if missing:
+        pytest.skip(f"no {', '.join(missing)} wheel in $RL_PEER_WHEELS or build/rl-peers (.ci/run downloads them: "
+                    "pip download --no-deps -r constraints/rl-peers.txt -d build/rl-peers)")
+    return [W.unpack_wheel(found[d]) for d in wanted]
+
+
+@pytest.fixture
+def released():
+    """``released(trainer)``: the trainer's released wheels on sys.path for the rest of the test (imported from the
+    files, never installed; an installed copy is set aside), and out of sys.modules after it."""
+    with contextlib.ExitStack() as stack:
+        def use(trainer: str) -> list[Path]:
+            folders = released_folders(trainer)
+            stack.enter_context(W.wheels_on_path(folders))
+            return folders
+
+        yield use
+
+
+def _planted_wheel(folder: Path, dist: str, version: str, files: dict[str, str], tag: str = "py3-none-any") -> Path:
+    path = folder / f"{dist}-{version}-{tag}.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+        z.writestr(f"{dist}-{version}.dist-info/METADATA", f"Name: {dist}\nVersion: {version}\n")
+    return path
+
+
+def test_a_wheel_is_imported_from_its_files_and_its_top_level_tests_never_shadow_ours(tmp_path):
+    """As OpenRLHF 0.11.2's wheel is laid out: the package under <name>.data/purelib and a top-level tests package.
+    Unpacked, the package is at the top and tests is left out; on sys.path only inside the block; an installed copy
+    set aside comes back. Planted: a folder unpacked by hand that keeps tests/ is refused."""
+    import sys
+
+    import tests as ours
+
+    wheel = _planted_wheel(tmp_path, "rlpeer_probe", "0.1.0", {
+        "rlpeer_probe-0.1.0.data/purelib/rlpeer_probe/__init__.py": "VALUE = 7\n",
+        "rlpeer_probe-0.1.0.data/purelib/tests/__init__.py": "SHADOW = True\n",
+        "rlpeer_probe-0.1.0.data/scripts/run.sh": "#!/bin/sh\n"}, tag="cp311-cp311-manylinux1_x86_64")
+    folder = W.unpack_wheel(wheel)
+    assert folder == tmp_path / "unpacked" / wheel.name[:-4] and W.top_names(folder) == {"rlpeer_probe"}
+    assert W.unpack_wheel(wheel) == folder  # reused: its marker holds the wheel's sha256
+    installed = type(sys)("rlpeer_probe")
+    sys.modules["rlpeer_probe"] = installed
+    try:
+        with W.wheels_on_path([folder]) as tops:
+            import rlpeer_probe
+
+            import tests
+
+            assert tops == {"rlpeer_probe"} and rlpeer_probe.VALUE == 7 and tests is ours
+        assert sys.modules["rlpeer_probe"] is installed and str(folder) not in sys.path
+    finally:
+        del sys.modules["rlpeer_probe"]
+    (folder / "tests").mkdir()
+    (folder / "tests" / "__init__.py").write_text("SHADOW = True\n")
+    with pytest.raises(ValueError, match="shadow"), W.wheels_on_path([folder]):
+        pass
+
+
+def test_without_the_wheels_the_trainers_tests_skip_naming_each_wheel(tmp_path, monkeypatch):
+    monkeypatch.setenv(W.ENV_VAR, str(tmp_path))
+    with pytest.raises(pytest.skip.Exception, match=r"no verl==0\.9\.1, tensordict==0\.10\.0, .*einops==0\.8\.2 wheel"):
+        released_folders("verl")
+    _planted_wheel(tmp_path, "openrlhf", "0.11.1", {"openrlhf/__init__.py": ""})  # another release: not the pinned one
+    with pytest.raises(pytest.skip.Exception, match=r"no openrlhf==0\.11\.2, einops==0\.8\.2 wheel"):
+        released_folders("openrlhf")
+    with pytest.raises(ValueError, match="rl-peers.txt:2: 'verl>=0.9' is not name==version"):
+        W.pins("# c\nverl>=0.9\n")
 
 
 @pytest.fixture(scope="module")
@@ -113,21 +197,19 @@ def test_packed_preference_row_catches_a_leak(tolerances):
     assert result.status == "fail" and result.cause == "leak", result.message
 
 
-def test_verl_remove_padding_path_passes_and_catches_positions_over_the_row(llama, monkeypatch):
-    """verl's own unpad / roll / gather / pad-back on its rollout batch. Planted: position_ids counted on over the
-    whole batch (never restarting per sample), so the unpadded row reads as one sequence and the samples attend to
-    each other."""
-    try:
-        T.import_without_package_init("verl", "verl.utils.attention_utils")
-        T.import_without_package_init("verl", "verl.utils.torch_functional")
-        import einops  # noqa: F401 - verl's rearrange without flash-attn
-    except ImportError as exc:
-        result = T.check_rl_verl_rmpad(llama)
-        assert result.status == "skipped" and "needs" in result.message, result.message
-        pytest.skip(f"verl's remove-padding modules do not import here: {exc}")
+def test_verl_remove_padding_path_passes_and_catches_positions_over_the_row(llama, monkeypatch, released):
+    """verl's own unpad / roll / gather / pad-back on its rollout batch, from its released wheel. Planted:
+    position_ids counted on over the whole batch (never restarting per sample), so the unpadded row reads as one
+    sequence and the samples attend to each other."""
+    import sys
+
+    folders = released("verl")
     result = T.check_rl_verl_rmpad(llama)
     assert result.status == "pass", result.message
-    assert result.metrics["verl"] != "not installed"
+    assert result.metrics["verl"] == "0.9.1" and result.metrics["max_abs_logprob_diff"] < 1e-5
+    # imported from the unpacked wheel, its package __init__s (ray, omegaconf) never run
+    assert sys.modules["verl.utils.torch_functional"].__file__.startswith(str(folders[0]))
+    assert "ray" not in sys.modules and "omegaconf" not in sys.modules
     original = T.verl_batch
 
     def columns(samples, pad_id, device="cpu"):
@@ -157,19 +239,16 @@ def test_a_trainer_that_does_not_import_is_a_skip_naming_the_package(llama, monk
         assert result.status == "skipped" and needs in result.message, result.message
 
 
-def _openrlhf():
-    pytest.importorskip("einops", reason="flash_attn.bert_padding's stand-in imports einops")
-    try:
-        return T.import_openrlhf_actor()
-    except ImportError as exc:
-        pytest.skip(f"openrlhf's Actor does not import here: {exc}")
+def _openrlhf(released):
+    released("openrlhf")
+    return T.import_openrlhf_actor()
 
 
-def test_openrlhf_packed_samples_pass_with_named_stand_ins_and_catch_the_cache_left_on(llama, monkeypatch):
+def test_openrlhf_packed_samples_pass_with_named_stand_ins_and_catch_the_cache_left_on(llama, monkeypatch, released):
     """OpenRLHF's own Actor.forward(packing_samples=True) on its rollout layout: right with Actor.__init__'s
     use_cache=False; planted, the cache left on (a model handed to forward without Actor.__init__): transformers then
     does not read the packed row from position_ids and the samples attend each other."""
-    _, stand_ins = _openrlhf()
+    _, stand_ins = _openrlhf(released)
     result = T.check_rl_openrlhf_packed(llama)
     assert result.status == "pass", result.message
     assert result.metrics["max_abs_logprob_diff"] < 1e-5 and result.metrics["openrlhf"] == "0.11.2"
@@ -181,12 +260,12 @@ def test_openrlhf_packed_samples_pass_with_named_stand_ins_and_catch_the_cache_l
     assert result.status == "fail" and result.metrics["max_abs_logprob_diff"] > 1e-2, result.message
 
 
-def test_openrlhf_positions_counted_over_the_row_are_caught(llama, monkeypatch):
+def test_openrlhf_positions_counted_over_the_row_are_caught(llama, monkeypatch, released):
     """Planted in OpenRLHF's own unpad_and_slice_tensor: position_ids counted on over the packed row (not restarting
     per sample), so transformers sees one sequence."""
     import torch
 
-    actor, _ = _openrlhf()
+    actor, _ = _openrlhf(released)
     original = actor.unpad_and_slice_tensor
 
     def over_the_row(sequences, attention_mask, group):
@@ -198,12 +277,30 @@ def test_openrlhf_positions_counted_over_the_row_are_caught(llama, monkeypatch):
     assert result.status == "fail" and result.metrics["max_abs_logprob_diff"] > 1e-2, result.message
 
 
-def test_the_flash_attn_stand_in_is_flash_attns_own_source_and_leaves_nothing_behind(monkeypatch):
+def test_openrlhf_entropy_is_its_own_compute_entropy_and_a_temperature_on_one_path_is_caught(llama, monkeypatch, released):
+    """OpenRLHF's compute_entropy (@torch.compile'd) runs eagerly with torch._dynamo disabled and is compared with each
+    sample alone. Planted: the entropy computed on the logits before the temperature (OpenRLHF 0.11.2 divides once,
+    before both; a release that scaled the log-probs only would read so)."""
+    actor, _ = _openrlhf(released)
+    result = T.check_rl_openrlhf_packed(llama)
+    assert result.status == "pass" and result.metrics["entropy_compared"], result.message
+    assert 0 <= result.metrics["max_abs_entropy_diff"] < 1e-5
+    from pytest_packcheck.checks.rl import RL_TEMPERATURE
+
+    original = actor.compute_entropy
+
+    monkeypatch.setattr(actor, "compute_entropy", lambda logits: original(logits * RL_TEMPERATURE))
+    result = T.check_rl_openrlhf_packed(llama)
+    assert result.status == "fail" and result.metrics["max_abs_entropy_diff"] > 1e-3, result.message
+    assert result.metrics["max_abs_logprob_diff"] < 1e-5  # the log-probs are untouched: only the entropy moves
+
+
+def test_the_flash_attn_stand_in_is_flash_attns_own_source_and_leaves_nothing_behind(monkeypatch, released):
     import sys
 
     from pytest_packcheck.checks import stand_ins
 
-    pytest.importorskip("einops")
+    released("einops")
     if stand_ins.importlib.util.find_spec("flash_attn") is not None:
         pytest.skip("flash_attn is installed: nothing stands in")
     with stand_ins.flash_attn_stand_in() as named:
@@ -225,45 +322,37 @@ def test_the_flash_attn_stand_in_is_flash_attns_own_source_and_leaves_nothing_be
     assert "packcheck_no_such_package" not in sys.modules
 
 
-def _swift(monkeypatch):
-    """ms-swift's DPO module. ms-swift 4.6.0 declares trl<1.0: on trl 1.16 its import of RunningMoments (bco_pair's,
-    dpo_trainer.py:20-23, never used by concatenated_forward) fails, so the test hands trl.trainer.utils one (a
-    test-only stand-in; the check itself skips there, naming the module and ms-swift's declared requirements)."""
+def _swift(monkeypatch, released):
+    """ms-swift's DPO module from its released wheel. ms-swift 4.6.0 declares trl<1.0: on trl 1.16 its import of
+    RunningMoments (bco_pair's, dpo_trainer.py:20-23, never used by concatenated_forward) fails, so the test hands
+    trl.trainer.utils one (a test-only stand-in; the check itself skips there, naming the module and ms-swift's
+    declared requirements)."""
     from trl.trainer import utils
 
-    try:
-        import importlib.util
-
-        if importlib.util.find_spec("swift") is None:
-            pytest.skip("ms-swift is not installed")
-    except ValueError:
-        pass
+    released("ms-swift")
     monkeypatch.setattr(utils, "RunningMoments", type("RunningMoments", (), {}), raising=False)
-    try:
-        return T.import_swift_dpo()
-    except ImportError as exc:
-        pytest.skip(f"ms-swift's DPO module does not import here: {exc}")
+    monkeypatch.delitem(T._STAND_INS, "ms-swift", raising=False)
+    return T.import_swift_dpo()
 
 
-def test_swift_on_trl_1_is_a_skip_naming_the_module_and_its_declared_requirements(llama, monkeypatch):
-    import importlib.util
-    import sys
-
-    if importlib.util.find_spec("swift") is None:
-        pytest.skip("ms-swift is not installed")
-    monkeypatch.delitem(sys.modules, "swift.rlhf_trainers.dpo_trainer", raising=False)
+def test_swift_on_trl_1_is_a_skip_naming_the_module_and_its_declared_requirements(llama, monkeypatch, released):
+    released("ms-swift")
     monkeypatch.delitem(T._STAND_INS, "ms-swift", raising=False)
     result = T.check_rl_swift_padding_free(llama)
     assert result.status == "skipped" and "trl.experimental.bco" in result.message, result.message
     assert "ms-swift declares" in result.message and "trl<1.0" in result.message
 
 
-def test_swift_padding_free_dpo_passes_and_catches_a_boundary_inside_a_completion(llama, monkeypatch):
+def test_swift_padding_free_dpo_passes_and_catches_a_boundary_inside_a_completion(llama, monkeypatch, released):
     """ms-swift's own concatenated_forward on its padding-free row: right; planted, a position_ids restart inside the
     first chosen completion (a spurious segment in get_cu_seqlens): every later sequence's sum is read off its
     neighbour's tokens, and the margin and the loss move."""
-    _, stand_ins = _swift(monkeypatch)
-    monkeypatch.delitem(T._STAND_INS, "ms-swift", raising=False)
+    from trl import DPOTrainer
+
+    trl_init = DPOTrainer.__dict__["__init__"]
+    _, stand_ins = _swift(monkeypatch, released)
+    # ms-swift 4.6.0's dpo_trainer.py:28 deletes trl's DPOTrainer.__init__ at import: packcheck puts it back
+    assert DPOTrainer.__dict__.get("__init__") is trl_init
     result = T.check_rl_swift_padding_free(llama)
     assert result.status == "pass", result.message
     assert abs(result.metrics["initial_loss"] - T.LN2) < 1e-4 and result.metrics["max_abs_margin_diff"] < 1e-4
@@ -284,11 +373,11 @@ def test_swift_padding_free_dpo_passes_and_catches_a_boundary_inside_a_completio
     assert result.status == "fail" and result.metrics["max_abs_seq_logprob_diff"] > 1e-2, result.message
 
 
-def test_swift_labels_rolled_twice_are_caught(llama, monkeypatch):
+def test_swift_labels_rolled_twice_are_caught(llama, monkeypatch, released):
     """Planted: labels pre-shifted by the collator and rolled again by concatenated_forward (off by one token)."""
     import torch
 
-    _swift(monkeypatch)
+    _swift(monkeypatch, released)
     original = T.swift_padding_free_row
 
     def shifted(pairs, device="cpu"):
@@ -299,3 +388,13 @@ def test_swift_labels_rolled_twice_are_caught(llama, monkeypatch):
     monkeypatch.setattr(T, "swift_padding_free_row", shifted)
     result = T.check_rl_swift_padding_free(llama)
     assert result.status == "fail" and result.metrics["max_abs_seq_logprob_diff"] > 1e-2, result.message
+
+
+def test_ci_downloads_every_wheel_the_trainers_need_and_pins_each_exactly():
+    """.ci/run downloads constraints/rl-peers.txt into build/rl-peers (what released_folders reads), and every wheel
+    rl_wheels.NEEDS names is pinned there (name==version), so CI runs the released code, never skips it."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "pip download -q --no-deps -r constraints/rl-peers.txt -d build/rl-peers" in ci
+    pinned = W.pins((ROOT / W.RL_PEERS_FILE).read_text())
+    assert {d for need in W.NEEDS.values() for d in need} == set(pinned), pinned
+    assert pinned["verl"] == "0.9.1" and pinned["openrlhf"] == "0.11.2" and pinned["ms-swift"] == "4.6.0"

@@ -24,11 +24,13 @@ code on the cell's model against each sequence alone (:func:`.rl.alone`, the one
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import math
 import sys
 import types
+from collections.abc import Iterator
 from typing import Any
 
 from ..results import CheckResult
@@ -350,11 +352,14 @@ def _bare_package(package: str) -> None:
 
 
 def import_without_package_init(package: str, module: str) -> Any:
-    """Import ``module`` of ``package`` without running ``package/__init__.py`` (verl's imports ray for its
-    ``DataProto``, which the remove-padding helpers never touch): ``package`` is registered as a bare namespace over
-    its installed folder first. Raises ImportError (ModuleNotFoundError naming the missing package) as the import
-    does; a ``package`` already imported is used as it is."""
-    _bare_package(package)
+    """Import ``module`` of ``package`` without running the ``__init__.py`` of ``package`` or of any package between
+    it and ``module`` (verl 0.9.1's ``verl/__init__.py`` imports ray for its ``DataProto``, ``verl/utils/__init__.py``
+    omegaconf for its config helpers; the remove-padding helpers touch neither): each is registered as a bare
+    namespace over its folder first. Raises ImportError (ModuleNotFoundError naming the missing package) as the
+    import does; a package already imported is used as it is."""
+    parts = module.split(".")
+    for i in range(len(package.split(".")), len(parts)):
+        _bare_package(".".join(parts[:i]))
     return importlib.import_module(module)
 
 
@@ -488,13 +493,16 @@ _STAND_INS: dict[str, list[str]] = {}
 OPENRLHF_USE_CACHE = False
 
 
-def openrlhf_logprobs(actor_module: Any, model: Any, batch: dict[str, Any], action_mask: Any, temperature: float) -> Any:
-    """OpenRLHF's ``Actor.forward`` with ``packing_samples=True``, its own code on a stand-in ``self`` (``model``,
-    ``temperature``; no DeepSpeed, no ring attention): ``unpad_and_slice_tensor`` removes the padding into one row
-    (``position_ids`` from the ``attention_mask`` per sample, labels = the sequences rolled per row before unpadding),
-    the model runs without an attention mask, logits in fp32 divided by ``temperature``, ``log_probs_from_logits``
-    (its torch fallback: ``flash_attn.ops.triton.cross_entropy`` is CUDA-only), ``gather_and_pad_tensor`` back to
-    ``(B, S)``, the last ``A`` columns times ``action_mask``. Returns float64 ``(B, A)`` log-probs in nats."""
+def openrlhf_logprobs(actor_module: Any, model: Any, batch: dict[str, Any], action_mask: Any, temperature: float) -> tuple[Any, Any]:
+    """OpenRLHF's ``Actor.forward`` with ``packing_samples=True`` and ``return_entropy=True``, its own code on a
+    stand-in ``self`` (``model``, ``temperature``; no DeepSpeed, no ring attention): ``unpad_and_slice_tensor`` removes
+    the padding into one row (``position_ids`` from the ``attention_mask`` per sample, labels = the sequences rolled per
+    row before unpadding), the model runs without an attention mask, logits in fp32 divided by ``temperature``,
+    ``compute_entropy`` and ``log_probs_from_logits`` (its torch fallback: ``flash_attn.ops.triton.cross_entropy`` is
+    CUDA-only), ``gather_and_pad_tensor`` back to ``(B, S)``, the last ``A`` columns (log-probs times
+    ``action_mask``). ``compute_entropy`` is ``@torch.compile``d (openrlhf 0.11.2 models/utils.py:215): it runs with
+    ``torch._dynamo`` disabled, i.e. OpenRLHF's own function body eagerly (inductor on CPU would compile C++ per shape
+    for the same arithmetic). Returns float64 ``(B, A)`` log-probs and entropies in nats."""
     import torch
 
     # Actor.__init__ sets model.config.use_cache = False (openrlhf 0.11.2 models/actor.py:210) and forward passes no
@@ -502,18 +510,20 @@ def openrlhf_logprobs(actor_module: Any, model: Any, batch: dict[str, Any], acti
     # without a cache) and the samples attend each other on sdpa / eager
     model.config.use_cache = OPENRLHF_USE_CACHE
     stand_in = type("ActorStandIn", (), {"packing_samples": True, "model": model, "temperature": temperature})()
-    with torch.no_grad():
-        out = actor_module.Actor.forward(stand_in, batch["input_ids"], action_mask=action_mask,
-                                         attention_mask=batch["attention_mask"])
-    return out.double().cpu()
+    with torch.no_grad(), torch._dynamo.config.patch(disable=True):
+        logps, output = actor_module.Actor.forward(stand_in, batch["input_ids"], action_mask=action_mask,
+                                                   attention_mask=batch["attention_mask"], return_output=True,
+                                                   return_entropy=True)
+    width = action_mask.shape[1]
+    return logps.double().cpu(), output.entropy[:, -width:].double().cpu()
 
 
 def check_rl_openrlhf_packed(wb: Workbench) -> CheckResult:
     """OpenRLHF's packed samples (``packing_samples=True``), its own code (:func:`openrlhf_logprobs`) on its rollout
     layout (prompts left-padded, responses right-padded, ``action_mask`` on the response tokens) at the RL temperature,
-    against each sample alone. Its module imports with the stand-ins :func:`import_openrlhf_actor` names (in the
-    message and ``metrics["stand_ins"]``); a package still missing is a skip naming it. Entropy is not compared
-    (``compute_entropy`` is ``torch.compile``d: not run here)."""
+    against each sample alone: log-probs and OpenRLHF's own entropies (``compute_entropy`` run eagerly). Its module
+    imports with the stand-ins :func:`import_openrlhf_actor` names (in the message and ``metrics["stand_ins"]``); a
+    package still missing is a skip naming it."""
     from .rl import RL_TEMPERATURE, _base_metrics, _too_short, _verdict, compare
 
     short = _too_short(wb)
@@ -533,15 +543,16 @@ def check_rl_openrlhf_packed(wb: Workbench) -> CheckResult:
                                device=wb.device)
     try:
         with _model_copy(wb) as model:
-            got = openrlhf_logprobs(actor, model, batch, action_mask, RL_TEMPERATURE)
+            got, entropy = openrlhf_logprobs(actor, model, batch, action_mask, RL_TEMPERATURE)
     except Exception as exc:  # noqa: BLE001 - OpenRLHF's code raised on this model: the cell says where
         return _library_crash("openrlhf", "Actor.forward (packing_samples)", exc)
     ref = alone(wb, samples, RL_TEMPERATURE)
-    rows = [(got[i, :len(s.completion)], r[1]) for i, (s, r) in enumerate(zip(samples, ref, strict=True))]
+    n = [len(s.completion) for s in samples]
+    rows = [(got[i, :k], entropy[i, :k]) for i, k in enumerate(n)]
     numbers = compare(rows, ref)
     version = _dist_version("openrlhf")
     metrics = {**numbers, **_base_metrics(wb, samples), "openrlhf": version, "response_length": width,
-               "stand_ins": stand_ins, "entropy_compared": False}
+               "stand_ins": stand_ins, "entropy_compared": True, "compute_entropy": "torch._dynamo disabled (eager)"}
     what = f"openrlhf {version} Actor.forward packing_samples" + (f" ({'; '.join(stand_ins)})" if stand_ins else "")
     return _verdict(wb, what, numbers, metrics)
 
@@ -570,7 +581,12 @@ def import_swift_dpo() -> tuple[Any, list[str]]:
     """ms-swift's ``swift.rlhf_trainers.dpo_trainer`` without ``swift/__init__.py`` and ``swift/rlhf_trainers/__init__.py``,
     and the stand-ins it needed: ``modelscope`` stubbed (:data:`MODELSCOPE_NAMES`: its logger and the hub functions
     ms-swift binds at import; a hub function called raises naming modelscope). Raises ImportError naming what is still
-    missing (ms-swift 4.6.0 on trl 1.x: ``trl.experimental.bco``, its RunningMoments; it declares trl < 1.0)."""
+    missing (ms-swift 4.6.0 on trl 1.x: ``trl.experimental.bco``, its RunningMoments; it declares trl < 1.0).
+
+    ms-swift 4.6.0's ``swift/rlhf_trainers/dpo_trainer.py:28`` runs ``del HFDPOTrainer.__init__`` at import (its
+    trainer takes its mixins' ``__init__``): TRL's own ``DPOTrainer`` then has no ``__init__`` of its own in the
+    process, so a later ``DPOTrainer(...)`` (``rl_trl_dpo``) would run ``Trainer.__init__``. Every attribute the
+    import deletes from a class of a loaded ``trl`` module is put back (:func:`_keep_trl_classes`)."""
     from .stand_ins import never_called, stub_tree
 
     if "swift" in sys.modules and "swift.rlhf_trainers.dpo_trainer" in sys.modules and "ms-swift" in _STAND_INS:
@@ -579,10 +595,32 @@ def import_swift_dpo() -> tuple[Any, list[str]]:
         _bare_package(package)
     attrs = {module: {n: (_modelscope_logger if n == "get_logger" else never_called(f"{module}.{n}", "modelscope"))
                       for n in names} for module, names in MODELSCOPE_NAMES.items()}
-    with stub_tree("modelscope", "only its logger and hub functions are bound at import, none called here", attrs) as ms:
+    with (_keep_trl_classes(),
+          stub_tree("modelscope", "only its logger and hub functions are bound at import, none called here", attrs) as ms):
         module = importlib.import_module("swift.rlhf_trainers.dpo_trainer")
     _STAND_INS["ms-swift"] = [ms] if ms else []
     return module, _STAND_INS["ms-swift"]
+
+
+@contextlib.contextmanager
+def _keep_trl_classes() -> Iterator[None]:
+    """TRL's ``DPOTrainer`` imported first, then on exit every attribute a class of a loaded ``trl`` module lost or had
+    replaced in the block is put back (a trainer module that patches TRL at import: ms-swift's ``del
+    HFDPOTrainer.__init__``)."""
+    with contextlib.suppress(ImportError):
+        importlib.import_module("trl.trainer.dpo_trainer")
+    classes = {id(c): (c, dict(vars(c))) for name, m in list(sys.modules.items())
+               if (name == "trl" or name.startswith("trl.")) and m is not None
+               for c in list(vars(m).values()) if isinstance(c, type) and c.__module__.startswith("trl")}
+    try:
+        yield
+    finally:
+        for cls, saved in classes.values():
+            now = vars(cls)
+            for key, value in saved.items():
+                if key not in now or now[key] is not value:
+                    with contextlib.suppress(AttributeError, TypeError):
+                        setattr(cls, key, value)
 
 
 def swift_padding_free_row(pairs: list[tuple[RLSample, RLSample]], device: str = "cpu") -> dict[str, Any]:
