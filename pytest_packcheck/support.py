@@ -294,12 +294,18 @@ def block_answer(doc: Any, name: str, model_type: str, asked: str, attn_implemen
     if answer.measured and answer.measured_at:  # the multimodal block's collator layouts (eager's: sdpa's unless stored)
         rows = block["cells"].get(model_type) or {}
         entry = rows.get(answer.backend or "", {}).get(answer.measured_at) or {}
-        layouts = entry.get("layouts")
-        if not layouts and answer.backend == "eager":
-            layouts = (rows.get("sdpa", {}).get(answer.measured_at) or {}).get("layouts")
-        if layouts:
-            notes.append(f"collator layouts at {answer.measured_at}: "
-                         + ", ".join(f"{name} {verdict} ({number:.1e})" for name, (verdict, number) in layouts.items()))
+        sdpa = rows.get("sdpa", {}).get(answer.measured_at) or {}
+        for field, words in (("layouts", "collator layouts"), ("processor", ("the processor's rows through "
+                                                                 "DataCollatorWithFlattening"))):  # mm_layouts, mm_processor
+            got = entry.get(field) or (sdpa.get(field) if answer.backend == "eager" else None)
+            if got:
+                notes.append(f"{words} at {answer.measured_at}: "
+                             + ", ".join(f"{name} {verdict} ({number:.1e})" for name, (verdict, number) in got.items()))
+        videos = entry.get("videos") or (sdpa.get("videos") if answer.backend == "eager" else None)
+        if videos:  # mm_videos: [verdict, max |Δ|, a fail's cause]
+            verdict, number, *cause = videos
+            notes.append(f"a row with a video at {answer.measured_at}: {verdict}{' (' + cause[0] + ')' if cause else ''}"
+                         + (f", text logits max |Δ| {number:.1e}" if number is not None else ""))
     if block.get("labels"):  # the encoders block: the flattening collator on scalar labels at the asked release
         from .atlas.labels import labels_note
 

@@ -291,3 +291,48 @@ def test_every_architecture_of_a_release_is_run_beyond_the_suite_and_one_a_relea
                         seen.append(specs) or {"error": "planted"})
     K.measure_between(ENC, "5.24.1", ["gte", "bert"], tmp_path / "sweep")
     assert seen == [["encoder:bert", "encoder:gte"]]
+
+
+def test_the_video_row_and_the_processor_rows_ride_beside_the_verdict_and_a_release_measured_without_them_runs_them(tmp_path, monkeypatch):
+    """The multimodal block's side checks (mm_videos, mm_processor: Kind.side) fill an entry's ``videos`` / ``processor``
+    and never its verdict; a skipped one fills nothing; a release measured before the block ran them runs those checks
+    alone on the models it holds (extra/), then nothing. Planted: a video row that leaks on 5.25.0 under an isolation
+    that passes stays a pass with ``videos`` = fail / leak; a processor layout that leaks reads ``leaks``."""
+    processor = {"layouts": {"as_is": {"holds": False, "max_abs_diff": 0.31}, "pixels": {"holds": True, "max_abs_diff": 2e-07}},
+                 "leaked": ["as_is"], "held": ["pixels"]}
+    base = [_cell("qwen2_vl", "sdpa", c, "pass", prefix="arch:") for c in ("mm_isolation", "mm_parity")]
+    _write(tmp_path / "mm", "5.24.0", base)
+    calls: list = []
+
+    def run_release(version, build, log=print, runner=None, flags=None, reproduce=None, extras=()):
+        assert [e.split("==")[0] for e in extras] == ["pillow"]  # the processors' image_utils need it in the env
+        checks = next(f for f in flags if f.startswith("--packcheck-checks=")).split("=", 1)[1].split(",")
+        models = next(f for f in flags if f.startswith("--packcheck-models=")).split("=", 1)[1].split(",")
+        calls.append((version, models, checks))
+        _write(Path(build), version, [
+            {**_cell("qwen2_vl", "sdpa", "mm_videos", "fail", "leak", prefix="arch:", metrics={"max_abs_diff": 0.2041}),
+             "diagnosis": {"cause": "leak"}},
+            _cell("qwen2_vl", "sdpa", "mm_processor", "pass", prefix="arch:", metrics=processor),
+            _cell("qwen2_vl", "eager", "mm_processor", "skipped", prefix="arch:", metrics={}, message="needs torchvision")])
+        return {"transformers": version, "cells": 3}
+
+    monkeypatch.setattr(K, "run_release", run_release)
+    K.run_kind_release(MM, "5.24.0", tmp_path / "mm", ["arch:qwen2_vl"], log=lambda s: None)
+    assert calls == [("5.24.0", ["arch:qwen2_vl"], ["mm_videos", "mm_processor"])]
+    K.run_kind_release(MM, "5.24.0", tmp_path / "mm", ["arch:qwen2_vl"], log=lambda s: None)
+    assert len(calls) == 1  # every check of the block ran: nothing runs
+    block = K.collect_kind(MM, tmp_path / "mm")
+    entry = block["cells"]["qwen2_vl"]["sdpa"]["5.24.0"]
+    assert entry["verdict"] == "pass" and entry["videos"] == ["fail", 0.204, "leak"]
+    assert entry["processor"] == {"as_is": ["leaks", 0.31], "pixels": ["holds", 2e-07]}
+    assert "eager" not in block["cells"]["qwen2_vl"] and block["side_checks"] == list(MM.side)  # a side check makes no entry
+    text = "\n".join(render_kind_markdown(K.packed(block)))
+    assert "- **qwen2\\_vl**: 5.24.0: ❌ leak (max |Δ| 2.0e-01)" in text
+    assert "- **qwen2\\_vl**: 5.24.0: as_is leaks, pixels holds (max |Δ| 3.1e-01)" in text
+    main = {"schema": "packcheck-atlas-support", "schema_version": A.SUPPORT_SCHEMA_VERSION, "packcheck_version": "0.1.0",
+            "generated": "2026-12-06", "device": "cpu", "dtype": "float32", "torch": "2.13.0+cpu", "backends": list(A.ATLAS_BACKENDS),
+            "checks": ["isolation"], "releases": [], "missing": [], "cells": {}, "transitions": [], "multimodal": K.packed(block)}
+    A.write_outputs(main, tmp_path / "out")
+    answer = str(lookup("multimodal:qwen2_vl", "sdpa", "5.24.0", path=tmp_path / "out" / "support.json"))
+    assert "a row with a video at 5.24.0: fail (leak), text logits max |Δ| 2.0e-01" in answer
+    assert "the processor's rows through DataCollatorWithFlattening at 5.24.0: as_is leaks (3.1e-01)" in answer

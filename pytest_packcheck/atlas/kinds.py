@@ -56,6 +56,18 @@ class Kind:
     prefix: str
     title: str
     all_architectures: bool = False
+    #: checks run per cell beside ``checks`` whose outcome an entry carries as a field of its own (:data:`SIDE_FIELDS`),
+    #: never in its verdict: the multimodal block's video row and processor rows
+    side: tuple[str, ...] = ()
+    #: distributions each release's environment also installs, at this machine's version (:func:`env_extras`):
+    #: pillow for the multimodal block (transformers' image_utils defines PILImageResampling, which the processors of
+    #: ``mm_processor`` import, only with it)
+    packages: tuple[str, ...] = ()
+
+    @property
+    def run_checks(self) -> tuple[str, ...]:
+        """Every check a release's run of the block runs: ``checks``, then ``side``."""
+        return (*self.checks, *self.side)
 
     def suite(self) -> Any:
         """The suite's definition (:func:`pytest_packcheck.config.audits.load_audit`)."""
@@ -82,8 +94,13 @@ KINDS: dict[str, Kind] = {
     "encoders": Kind("encoders", ("encoder_isolation", "encoder_parity", "encoder_pooling", "encoder_mlm_loss",
                                   "encoder_positions"), "encoder:", "Encoders and embedding models", all_architectures=True),
     "multimodal": Kind("multimodal", ("mm_isolation", "mm_parity", "mm_positions", "mm_layouts"), "arch:",
-                       "Multimodal rows with pixels"),
+                       "Multimodal rows with pixels", side=("mm_videos", "mm_processor"), packages=("pillow",)),
 }
+#: A side check (:attr:`Kind.side`) -> the entry field it fills: ``videos`` = [verdict, number] of the video row
+#: (``mm_videos``: pass / fail, its max |Δ| of text logits, a fail's cause), ``processor`` = {layout: [holds / leaks / differs,
+#: number]} of the processor's rows through DataCollatorWithFlattening (``mm_processor``, as ``layouts``). A skipped
+#: side check (no video inputs, no processor recipe, a package the processor needs) fills nothing.
+SIDE_FIELDS = {"mm_videos": "videos", "mm_processor": "processor"}
 
 
 def model_type_of(spec: str) -> str:
@@ -91,12 +108,13 @@ def model_type_of(spec: str) -> str:
     return spec.split(":", 1)[-1].split("{", 1)[0].strip()
 
 
-def kind_flags(kind: Kind, report_dir: str, models: list[str] | None = None) -> list[str]:
-    """The ``--packcheck-*`` flags of one release's run of ``kind`` (of ``models``, specs, when given), resumable."""
+def kind_flags(kind: Kind, report_dir: str, models: list[str] | None = None, checks: list[str] | None = None) -> list[str]:
+    """The ``--packcheck-*`` flags of one release's run of ``kind`` (of ``models``, specs, and ``checks`` when
+    given; else every check the block runs, :attr:`Kind.run_checks`), resumable."""
     from ..config.options import OPT_BACKENDS, OPT_CHECKS, OPT_MODELS, OPT_REPORT_DIR, OPT_RESUME
 
     return [f"{OPT_MODELS}={','.join(models or kind.models)}", f"{OPT_BACKENDS}={','.join(kind.backends)}",
-            f"{OPT_CHECKS}={','.join(kind.checks)}", f"{OPT_REPORT_DIR}={report_dir}", OPT_RESUME]
+            f"{OPT_CHECKS}={','.join(checks or kind.run_checks)}", f"{OPT_REPORT_DIR}={report_dir}", OPT_RESUME]
 
 
 def kind_reproduce(kind: Kind, version: str, spec: str | None = None, backend: str | None = None) -> str:
@@ -108,7 +126,7 @@ def kind_reproduce(kind: Kind, version: str, spec: str | None = None, backend: s
         else ["--models", ",".join(kind.models)]
     return shlex.join(["packcheck", "audit", *which, "--versions",
                        f"transformers=={version}", f"{OPT_BACKENDS}={backend or ','.join(kind.backends)}",
-                       f"{OPT_CHECKS}={','.join(kind.checks)}"])
+                       f"{OPT_CHECKS}={','.join(kind.run_checks)}"])
 
 
 #: The folder of a release's later runs: models the suite gained after the release was measured.
@@ -162,13 +180,29 @@ def release_models(kind: Kind, version: str, build: Path) -> list[str]:
     return [*kind.models, *(f"{kind.prefix}{a}" for a in release_architectures(kind, version, build) if a not in have)]
 
 
+def env_extras(kind: Kind) -> dict[str, tuple[str, ...]]:
+    """``{"extras": ("pillow==12.1.0", ...)}``: :attr:`Kind.packages` pinned at this machine's versions, as
+    :func:`.release_run.run_release` takes them (a package not installed here is left out: its cells say what they
+    lack); ``{}`` for a kind without packages."""
+    from importlib import metadata
+
+    pinned = []
+    for name in kind.packages:
+        try:
+            pinned.append(f"{name}=={metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            continue
+    return {"extras": tuple(pinned)} if pinned else {}
+
+
 def run_kind_release(kind: Kind, version: str, build: Path, models: list[str] | None = None,
                      log: Callable[[str], None] = print, runner: Callable[..., Any] | None = None) -> dict[str, Any]:
     """Measure ``kind`` on one release into ``<build>/<version>`` (:func:`.release_run.run_release` with
     :func:`kind_flags`): the done record, or a record with ``error``. A release already measured is not run again;
     the suite's models (or ``models``) that none of its runs holds are run alone into
     ``<build>/<version>/extra/<digest>/<version>`` (the suite gained a model: the release adds it and keeps the rest),
-    and that run's record is returned. ``runner``: replaces ``subprocess.run``. A kind over every architecture
+    and that run's record is returned; a release measured before the block ran its side checks (:attr:`Kind.side`)
+    runs them alone on the models it holds first (``extra/``). ``runner``: replaces ``subprocess.run``. A kind over every architecture
     (:attr:`Kind.all_architectures`) runs :func:`release_models` where ``models`` is not given."""
     from ..results import load_document
 
@@ -179,16 +213,28 @@ def run_kind_release(kind: Kind, version: str, build: Path, models: list[str] | 
             return {"transformers": version, "error": str(exc)}
     folder = release_dir(Path(build), version).resolve()
     if is_done(folder):
-        have = {_name(c) for part in _parts(folder) for c in load_document(part / "packcheck-matrix.json").get("cells", [])}
+        cells = [c for part in _parts(folder) for c in load_document(part / "packcheck-matrix.json").get("cells", [])]
+        have = {_name(c) for c in cells}
+        ran = {c.get("check") for c in cells}
+        lacking = [c for c in kind.side if c not in ran]  # side checks the block gained since: on the models run
+        held = [s for s in (models or kind.models) if model_type_of(s) in have]
+        side_record = None
+        if lacking and held:
+            sub = folder / EXTRA / hashlib.sha1(",".join([*held, "|", *lacking]).encode()).hexdigest()[:10]
+            sub.mkdir(parents=True, exist_ok=True)
+            side_record = run_release(version, sub, log=log, runner=runner, reproduce=kind_reproduce(kind, version),
+                                      flags=kind_flags(kind, str(sub / version), held, lacking), **env_extras(kind))
+            if side_record.get("error"):
+                return side_record
         wanted = [s for s in (models or kind.models) if model_type_of(s) not in have]
         if not wanted:
-            return done_record(folder)
+            return side_record or done_record(folder)
         sub = folder / EXTRA / hashlib.sha1(",".join(wanted).encode()).hexdigest()[:10]
         sub.mkdir(parents=True, exist_ok=True)
         return run_release(version, sub, log=log, runner=runner, flags=kind_flags(kind, str(sub / version), wanted),
-                           reproduce=kind_reproduce(kind, version))
+                           reproduce=kind_reproduce(kind, version), **env_extras(kind))
     return run_release(version, Path(build), log=log, runner=runner, flags=kind_flags(kind, str(folder), models),
-                       reproduce=kind_reproduce(kind, version))
+                       reproduce=kind_reproduce(kind, version), **env_extras(kind))
 
 
 def _parts(folder: Path) -> list[Path]:
@@ -207,6 +253,8 @@ def reduce_kind_release(kind: Kind, doc: dict[str, Any]) -> dict[str, dict[str, 
     ``differs``, number] (:func:`_layouts`; on eager only where they are not sdpa's)."""
     absent = {_name(c) for c in doc.get("cells", []) if ABSENT_MARK in str(c.get("message") or "")}
     present = {_name(c) for c in doc.get("cells", []) if ABSENT_MARK not in str(c.get("message") or "")}
+    side = _side_fields(doc, kind)
+    doc = {**doc, "cells": [c for c in doc.get("cells", []) if c.get("check") not in kind.side]}  # never the verdict
     out = reduce_release(doc, kind.backends, pass_check=kind.checks[0])
     layouts = _layouts(doc, kind.backends)
     for name, by_backend in out.items():
@@ -224,6 +272,30 @@ def reduce_kind_release(kind: Kind, doc: dict[str, Any]) -> dict[str, dict[str, 
             # eager's layouts are kept only where they are not sdpa's (the two dense-mask paths mostly agree)
             if mine and not (backend == "eager" and mine == layouts.get((name, "sdpa"))):
                 entry["layouts"] = mine
+            for field, got in side.get((name, backend), {}).items():  # eager's, as layouts: only where not sdpa's
+                if not (backend == "eager" and got == side.get((name, "sdpa"), {}).get(field)):
+                    entry[field] = got
+    return out
+
+
+def _side_fields(doc: dict[str, Any], kind: Kind) -> dict[tuple[str, str], dict[str, Any]]:
+    """(model_type, backend) -> the entry fields of the side checks (:data:`SIDE_FIELDS`) that ran with a verdict:
+    ``videos`` [``pass`` / ``fail``, max |Δ| of text logits (3 significant digits), and a fail's cause], ``processor`` as ``layouts``
+    (:func:`_layouts` of the ``mm_processor`` finding)."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for cell in doc.get("cells", []):
+        field = SIDE_FIELDS.get(cell.get("check"))
+        if field is None or cell.get("check") not in kind.side or cell.get("backend") not in kind.backends \
+                or cell.get("dtype") != "float32" or cell.get("status") not in ("pass", "fail"):
+            continue
+        key = (_name(cell), cell["backend"])
+        if field == "videos":
+            num = (cell.get("metrics") or {}).get("max_abs_diff")
+            cause = (cell.get("diagnosis") or {}).get("cause") or cell.get("cause")
+            out.setdefault(key, {})[field] = [cell["status"], float(f"{num:.3g}") if isinstance(num, (int, float)) else None,
+                                              *([cause] if cell["status"] == "fail" and cause else [])]
+        elif rows := _layouts({"cells": [{**cell, "check": "mm_layouts"}]}, kind.backends).get(key):
+            out.setdefault(key, {})[field] = rows
     return out
 
 
@@ -340,7 +412,7 @@ def collect_kind(kind: Kind, build: Path, planned: list[str] | None = None, comm
              "generated": time.strftime("%Y-%m-%d", time.gmtime()), "device": "cpu", "dtype": "float32",
              "torch": torch_version, "models": list(kind.models), "backends": list(kind.backends),
              **({"all_architectures": True} if kind.all_architectures else {}),
-             "checks": list(kind.checks), "releases": releases,
+             "checks": list(kind.checks), **({"side_checks": list(kind.side)} if kind.side else {}), "releases": releases,
              "missing": [v for v in (planned or []) if v not in measured], "cells": cells,
              **({"configs": dict(sorted(configs.items()))} if configs else {}),
              # the collator's classification labels per release (tools/collator_labels.py): measured apart, kept

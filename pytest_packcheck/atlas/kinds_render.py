@@ -124,22 +124,13 @@ def render_kind_markdown(block: dict[str, Any]) -> list[str]:
             row = block["cells"][name].get(backend)
             if row:
                 lines.append(f"- **{prefix}{name_md(name)}** / {backend}: {runs_text(block_runs(row, order))}")
-    if any(e.get("layouts") for by in block["cells"].values() for row in by.values() for e in row.values()):
-        lines += ["", ("Collator layouts per release (sdpa; `mm_layouts`: holds = text logits packed as alone, leaks = one "
-                  "sample moves another, differs = no leak but not as alone), each run of equal layouts with its releases:"), ""]
-        for name in sorted(block["cells"]):
-            runs: list[list[str]] = []
-            for version in order:
-                e = block["cells"][name].get("sdpa", {}).get(version)
-                if not e or not e.get("layouts"):
-                    continue
-                text = ", ".join(f"{k} {verdict}" for k, (verdict, _) in e["layouts"].items())
-                if runs and runs[-1][2] == text:
-                    runs[-1][1] = version
-                else:
-                    runs.append([version, version, text])
-            if runs:
-                lines.append(f"- **{name_md(name)}**: " + "; ".join(f"{a}{' .. ' + b if b != a else ''}: {t}" for a, b, t in runs))
+    for field, intro in SIDE_SECTIONS:
+        if any(e.get(field) for by in block["cells"].values() for row in by.values() for e in row.values()):
+            lines += ["", intro, ""]
+            for name in sorted(block["cells"]):
+                runs = _field_runs(block["cells"][name].get("sdpa", {}), field, order)
+                if runs:
+                    lines.append(f"- **{name_md(name)}**: " + "; ".join(f"{a}{' .. ' + b if b != a else ''}: {t}" for a, b, t in runs))
     if block.get("labels"):  # the encoders block: the flattening collator on classification labels per release
         from .labels import labels_markdown
 
@@ -157,6 +148,53 @@ def render_kind_markdown(block: dict[str, Any]) -> list[str]:
     lines += [f"| {r['transformers']} | {r.get('models', '—')} | {r.get('cells') or '—'} | {r.get('wall_s') or '—'} | "
               f"{r.get('cpu_s') or '—'} |" for r in block["releases"]]
     return lines
+
+
+#: The multimodal block's per-entry fields beyond the verdict (:data:`.kinds.SIDE_FIELDS` and ``layouts``), each an
+#: atlas.md list of runs over the releases (sdpa), with its heading line.
+SIDE_SECTIONS = (
+    ("layouts", ("Collator layouts per release (sdpa; `mm_layouts`: holds = text logits packed as alone, leaks = one "
+                "sample moves another, differs = no leak but not as alone), each run of equal layouts with its releases:")),
+    ("videos", ("A row with a video per release (sdpa; `mm_videos`: pixel_values_videos / video_grid_thw beside a text-only "
+               "and an image sample, on the release's layout; the number is the max |Δ| of text logits packed vs alone; "
+               "M-RoPE families with a video_token_id only), each run with its releases:")),
+    ("processor", ("The family's processor through DataCollatorWithFlattening per release (sdpa; `mm_processor`: the "
+                  "processor's rows packed by the collator as it is, plus the pixels, plus flash kwargs; as the layouts "
+                  "above; families with a processor recipe that builds on CPU: LLaVA, Gemma 3, Idefics3), each run "
+                  "with its releases:")),
+)
+
+
+def _field_text(field: str, value: Any) -> str:
+    """One entry's ``layouts`` / ``processor`` (``layout verdict, ...``) or ``videos`` (``✅``, ``❌ leak``)."""
+    if field == "videos":
+        verdict, _number, *cause = value
+        return " ".join([_symbol(verdict), *(c.replace("_", " ") for c in cause)])
+    return ", ".join(f"{k} {verdict}" for k, (verdict, _) in value.items())
+
+
+def _field_number(field: str, value: Any) -> float | None:
+    """The largest number of an entry's field: ``videos``' max |Δ|, a layout's (``layouts`` / ``processor``)."""
+    nums = [value[1]] if field == "videos" else [n for _, n in value.values()]
+    nums = [n for n in nums if isinstance(n, (int, float))]
+    return max(nums) if nums else None
+
+
+def _field_runs(row: dict[str, Any], field: str, order: list[str]) -> list[list[str]]:
+    """[first, last, text] runs of equal :func:`_field_text` along ``order``, over the releases whose entry has
+    ``field``; the text ends with the run's largest number (``max |Δ| 3.1e-07``)."""
+    runs: list[list[Any]] = []
+    for version in order:
+        e = row.get(version)
+        if not e or not e.get(field):
+            continue
+        text, num = _field_text(field, e[field]), _field_number(field, e[field])
+        if runs and runs[-1][2] == text:
+            runs[-1][1] = version
+            runs[-1][3] = num if runs[-1][3] is None or (num is not None and num > runs[-1][3]) else runs[-1][3]
+        else:
+            runs.append([version, version, text, num])
+    return [[a, b, t + (f" (max |Δ| {n:.1e})" if n is not None else "")] for a, b, t, n in runs]
 
 
 def pack(block: dict[str, Any]) -> dict[str, Any]:

@@ -123,12 +123,14 @@ def check_recorded_version(folder: Path, release: str, library: str, doc: dict[s
 def run_release(version: str, build: Path, shard: tuple[int, int] | None = None, workers: int = 1,
                 log: Callable[[str], None] = print, runner: Callable[..., Any] | None = None,
                 models: list[str] | None = None, flags: list[str] | None = None,
-                reproduce: str | None = None) -> dict[str, Any]:
+                reproduce: str | None = None, extras: tuple[str, ...] = ()) -> dict[str, Any]:
     """Measure one release into :func:`release_dir`: make (or find) ``transformers==version``'s environment and run
     the plugin there with :func:`release_flags` (or ``flags``, with ``reproduce`` its reproduce command: another
     block of the atlas, :mod:`.kinds`). Resumes a killed run (its journal); returns the done record
     (also written as ``atlas-done.json``), or a record with ``error`` when no results were written (uv's reason,
-    or the run's last lines). ``runner``: replaces ``subprocess.run`` (tests)."""
+    or the run's last lines). ``extras``: distributions the environment also installs (:attr:`VersionCombo.extras`:
+    pillow for the multimodal block's processors, :mod:`.kinds`), not in its label. ``runner``: replaces
+    ``subprocess.run`` (tests)."""
     from ..versions.envs import EnvError, VersionCombo, ensure_env
 
     folder = release_dir(build, version, shard).resolve()
@@ -138,7 +140,7 @@ def run_release(version: str, build: Path, shard: tuple[int, int] | None = None,
     t0 = time.perf_counter()
     cpu0 = _child_cpu()
     resumed = _journaled_cells(folder)
-    combo = VersionCombo((f"transformers=={version}",))
+    combo = VersionCombo((f"transformers=={version}",), extras=tuple(extras))
     try:
         env = ensure_env(combo)
     except EnvError as exc:
