@@ -199,6 +199,15 @@ def support_schema_page() -> str:
     return text if text.startswith("# ") else "# The atlas support file\n\n" + text
 
 
+def newest_page() -> str:
+    """The encoder and multimodal blocks' newest release, from the committed support file (never typed)."""
+    import json
+
+    from pytest_packcheck.atlas.kinds_render import newest_markdown
+
+    return newest_markdown(json.loads((REPO / "reports" / "atlas" / "support.json").read_text(encoding="utf-8")))
+
+
 #: docs path -> page builder
 PAGES = {
     "reference/checks.md": checks_page,
@@ -209,6 +218,7 @@ PAGES = {
     "reference/exit-codes.md": exit_codes_page,
     "reference/results-schema.md": results_schema_page,
     "reference/support-schema.md": support_schema_page,
+    "reference/atlas-newest.md": lambda: newest_page(),
 }
 
 

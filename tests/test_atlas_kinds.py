@@ -336,3 +336,23 @@ def test_the_video_row_and_the_processor_rows_ride_beside_the_verdict_and_a_rele
     answer = str(lookup("multimodal:qwen2_vl", "sdpa", "5.24.0", path=tmp_path / "out" / "support.json"))
     assert "a row with a video at 5.24.0: fail (leak), text logits max |Δ| 2.0e-01" in answer
     assert "the processor's rows through DataCollatorWithFlattening at 5.24.0: as_is leaks (3.1e-01)" in answer
+
+
+def test_the_docs_page_of_the_newest_release_is_generated_from_the_blocks(build):
+    """docs/hooks.py's reference/atlas-newest.md (kinds_render.newest_markdown): the newest release's models that are
+    not as alone on every backend, with each backend's cause and number, and the ones that pack; a model fixed on the
+    newest release is not listed as leaking (planted: bert leaks up to 5.24.0, passes on 5.25.0; modernbert leaks on
+    5.25.0), nor is one only an older release had."""
+    from pytest_packcheck.atlas.kinds_render import newest_markdown
+
+    block = K.collect_kind(ENC, build)
+    text = newest_markdown({"encoders": K.packed(block)})
+    assert "## Encoders and embedding models on transformers 5.25.0" in text
+    assert "| encoder:modernbert | — | ❌ leak (encoder_isolation 3.6e-03) | — |" in text
+    assert "Pack on every backend measured: bert, roberta." in text and "deberta" not in text
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docs"))
+    import hooks
+
+    assert "reference/atlas-newest.md" in hooks.PAGES and hooks.newest_page().startswith("# The newest release")

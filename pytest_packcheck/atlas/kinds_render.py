@@ -290,3 +290,70 @@ def block_doc(doc: Any, name: str) -> dict[str, Any] | None:
         text = str(exc) if isinstance(exc, ValueError) else f"{name} block: {type(exc).__name__}: {exc}"
         raise ValueError(text) from None
     return block
+
+
+def newest_markdown(support: dict[str, Any]) -> str:
+    """The docs page (``docs/hooks.py``: ``reference/atlas-newest.md``) of the blocks' newest release, generated from
+    the support file (``reports/atlas/support.json``), never typed: per block, the models that do not pack on it (a
+    table: each backend's verdict, cause and the deciding check's number), those that pack on every backend, and for
+    the multimodal block each model's collator layouts, processor rows and video row (sdpa)."""
+    from ..report.text import escape_md as name_md
+
+    out = ["# The newest release: encoders and VLM rows",
+           "",
+           ("Generated from `reports/atlas/support.json` (the atlas's encoder and multimodal blocks, `tools/atlas_kinds.py`; "
+            "float32, CPU, tiny random models) when the docs are built: what the newest measured transformers release "
+            "does with a packed row, against each example alone. `packcheck lookup encoder:<model_type> <backend> "
+            "<release>` and `packcheck lookup multimodal:<model_type> <backend> <release>` answer any release.")]
+    for name, (prefix, title, _what) in BLOCKS.items():
+        raw = support.get(name)
+        if not isinstance(raw, dict):
+            continue
+        block = unpack(raw)
+        order = [r["transformers"] for r in block["releases"]]
+        if not order:
+            continue
+        newest, backends = order[-1], block["backends"]
+        rows = {m: {b: block["cells"][m].get(b, {}).get(newest) for b in backends} for m in sorted(block["cells"])}
+        rows = {m: by for m, by in rows.items() if any(by.values()) and not all(e and e["verdict"] == ABSENT for e in by.values() if e)}
+        bad = {m: by for m, by in rows.items() if any(e and e["verdict"] != "pass" for e in by.values())}
+        good = [m for m in rows if m not in bad]
+        out += ["", f"## {title.split(' per ')[0]} on transformers {newest}", "",
+                (f"{len(rows)} models measured on {newest} ({', '.join(backends)}); {len(bad)} are not as each example "
+                 "alone on every backend (a fail, no verdict, or a backend the model refuses):"), "",
+                "| model | " + " | ".join(backends) + " |", "|---|" + "---|" * len(backends)]
+        for m, by in bad.items():
+            out.append(f"| {prefix}{name_md(m)} | " + " | ".join(_newest_cell(e) for e in by.values()) + " |")
+        out += ["", f"Pack on every backend measured: {', '.join(name_md(m) for m in good) or 'none'}."]
+        lines = []
+        for m, by in rows.items():
+            e = by.get("sdpa") or {}
+            parts = [f"{label} {_numbered(field, e[field])}" for field, label in
+                     (("layouts", "collator layouts:"), ("processor", "processor rows:"), ("videos", "video row:")) if e.get(field)]
+            if parts:
+                lines.append(f"- **{name_md(m)}**: " + "; ".join(parts))
+        if lines:
+            out += ["", (f"Collator layouts, the family's processor through DataCollatorWithFlattening, and a row with "
+                         f"a video on {newest} (sdpa; holds = as each sample alone, leaks = one sample moves another, "
+                         "differs = no leak but not as alone):"), "", *lines]
+    return "\n".join(out) + "\n"
+
+
+def _numbered(field: str, value: Any) -> str:
+    """An entry's ``layouts`` / ``processor`` with each layout's number (``flat leaks 3.9e-01, text+mrope holds
+    4.2e-07``), or its ``videos`` (``✅ 3.0e-07``)."""
+    if field == "videos":
+        return _field_text(field, value) + (f" {value[1]:.1e}" if value[1] is not None else "")
+    return ", ".join(f"{k} {verdict}" + (f" {number:.1e}" if number is not None else "") for k, (verdict, number) in value.items())
+
+
+def _newest_cell(entry: dict[str, Any] | None) -> str:
+    """One table cell of :func:`newest_markdown`: ``✅``, ``❌ leak (encoder_isolation 3.6e-03)``, or a no-verdict
+    entry's label and reason."""
+    if not entry:
+        return "—"
+    if entry["verdict"] == "pass":
+        return _symbol("pass")
+    number = f" ({entry.get('check')} {entry['number']:.1e})" if entry.get("number") is not None and entry.get("check") else ""
+    reason = f" ({_short(entry.get('message'))})" if entry["verdict"] != "fail" and entry.get("message") else ""
+    return (_label(entry) + number + reason).replace("|", "\\|")
