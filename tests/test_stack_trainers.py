@@ -33,6 +33,14 @@ def test_lora_through_every_trainer_mode_is_exact_and_accepted(tolerances):
         assert m["trainable_tensors"] > 0  # the adapter's own weights got gradients
     assert modes["sft_packing"]["decided_at"].startswith("trl/trainer/sft_trainer.py:")
     assert modes["sft_padding_free"]["padding_free"] is True
+    # what was asked vs what the trainer has in force, and position_ids reaching the decoder (a hook on it)
+    assert modes["sft_packing"]["asked"] == {"packing": True, "padding_free": False}
+    assert modes["sft_packing"]["settled"] == {"packing": "kept", "padding_free": "forced"}  # TRL 1.16: bfd forces it
+    assert modes["sft_padding_free"]["settled"] == {"packing": "off", "padding_free": "kept"}
+    assert modes["trainer"]["settled"] == {"padding_free": "kept"}
+    for m in modes.values():
+        assert m["position_ids_in_batch"] is True and m["position_ids_to_model"] is True
+        assert "position_ids_dropped_at" not in m
 
 
 def test_a_planted_adapter_that_drops_position_ids_fails_every_mode_with_the_adapters_cause(tolerances):
@@ -70,6 +78,9 @@ def test_prompt_learning_adapters_train_the_packed_row_wrong_in_every_trainer(to
     assert result.status == "fail" and result.cause == "adapter_positions", result.message
     for m in result.metrics["modes"].values():
         assert m["decision"] == "accepted" and m["grad_rel_err"] > 1e-2
+        if element == "prompt_tuning":  # peft drops them before the decoder, with only a warning: its line named
+            assert m["position_ids_in_batch"] is True and m["position_ids_to_model"] is False
+            assert m["position_ids_dropped_at"].startswith("peft/peft_model.py:")
 
 
 def test_accelerates_cp_hook_is_accepted_on_sdpa_and_leaks_and_the_flash_path_is_refused_and_exact(tolerances):
@@ -116,3 +127,43 @@ def test_source_line_and_raised_at_name_the_installed_file():
         int("x")
     except ValueError as exc:
         assert ":" in raised_at(exc)
+
+
+def test_settled_names_kept_forced_dropped_and_off():
+    from pytest_packcheck.checks.stack_trainers import settled
+
+    assert [settled(True, True), settled(False, True), settled(True, False), settled(False, False), settled(True, None)] \
+        == ["kept", "forced", "dropped", "off", "unknown"]
+
+
+def test_a_trainer_that_drops_padding_free_and_a_training_step_that_raises_are_recorded_per_mode(tolerances, monkeypatch):
+    import functools
+
+    import trl
+
+    init = trl.SFTTrainer.__init__
+
+    @functools.wraps(init)  # the SFT set-up reads __init__'s signature (processing_class / tokenizer by release)
+    def dropping(self, *args, **kwargs):  # planted: an SFTTrainer that quietly turns padding_free off
+        init(self, *args, **kwargs)
+        self.padding_free = False
+
+    monkeypatch.setattr(trl.SFTTrainer, "__init__", dropping)
+
+    def raising(self, model, inputs, num_items_in_batch=None):  # planted: a training step that cannot take the row
+        if type(self).__name__ == "SFTTrainer":
+            raise RuntimeError("The size of tensor a (197) must match the size of tensor b (193)")
+        return step(self, model, inputs, num_items_in_batch)
+
+    import transformers
+
+    step = transformers.Trainer.training_step
+    monkeypatch.setattr(transformers.Trainer, "training_step", raising)
+    result = check_stack_trainers(bench(tolerances, "lora"))
+    modes = result.metrics["modes"]
+    assert modes["sft_padding_free"]["settled"]["padding_free"] == "dropped", modes["sft_padding_free"]
+    for name in ("sft_packing", "sft_padding_free"):
+        assert modes[name]["status"] == "raises" and "197" in modes[name]["raised"]
+        assert "test_stack_trainers.py:" in modes[name]["raised_at"]
+    assert modes["trainer"]["status"] == "pass"
+    assert result.status == "error" and "its training step raises" in result.message

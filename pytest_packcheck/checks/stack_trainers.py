@@ -97,10 +97,30 @@ def _build(sft: Any, mode: str, overrides: dict[str, Any] | None) -> Any:
     return Trainer(model=sft.wb.model, args=args, train_dataset=Dataset.from_list(rows), data_collator=collator)
 
 
-def decision(trainer: Any, element: Any, batch: dict[str, Any] | None = None) -> dict[str, Any]:
+#: What each mode asks the trainer for (``asked`` in its entry): Trainer's flattening collator is padding-free.
+ASKED: dict[str, dict[str, bool]] = {
+    name: ({"padding_free": True} if overrides is None else
+           {"packing": bool(overrides.get("packing")), "padding_free": bool(overrides.get("padding_free"))})
+    for name, _, overrides in MODES}
+
+
+def settled(asked: bool, in_force: bool | None) -> str:
+    """A setting asked for vs the one in force after the trainer was built: ``kept`` (asked, in force), ``forced``
+    (not asked, in force: SFTTrainer turns padding_free on for packing_strategy "bfd" / "ffd"), ``dropped`` (asked,
+    not in force), ``off`` (neither), ``unknown`` (the trainer does not say)."""
+    if in_force is None:
+        return "unknown"
+    return {(True, True): "kept", (False, True): "forced", (True, False): "dropped"}.get((asked, in_force), "off")
+
+
+def decision(trainer: Any, element: Any, batch: dict[str, Any] | None = None, mode: str | None = None) -> dict[str, Any]:
     """What the built trainer has in force under the element: the collator, its padding_free / position_ids, the
     file:line that decides padding_free (SFTTrainer), and for accelerate's CP hook what Trainer's context-parallel
-    input preparation would do with ``batch`` (its predicates evaluated with transformers' own helpers)."""
+    input preparation would do with ``batch`` (its predicates evaluated with transformers' own helpers).
+
+    With ``mode`` (:data:`MODES`): ``asked`` (:data:`ASKED`), ``in_force`` (``packing``: SFTConfig's after the
+    build; ``padding_free``: SFTTrainer's own ``self.padding_free``, else the collator's) and ``settled``
+    (:func:`settled` per key), and ``position_ids_in_batch`` (the collator's first batch carries them)."""
     import transformers.trainer as tt
 
     out: dict[str, Any] = {"decision": "accepted", "collator": type(trainer.data_collator).__name__}
@@ -111,6 +131,18 @@ def decision(trainer: Any, element: Any, batch: dict[str, Any] | None = None) ->
         import trl.trainer.sft_trainer as st
 
         out["decided_at"] = source_line(st, "self.padding_free = args.padding_free")
+    if mode is not None:
+        asked = ASKED[mode]
+        in_force: dict[str, bool | None] = {
+            "padding_free": getattr(trainer, "padding_free", None) if type(trainer).__name__ == "SFTTrainer"
+            else (True if type(trainer.data_collator).__name__ == "DataCollatorWithFlattening"
+                  else getattr(trainer.data_collator, "padding_free", None))}
+        if "packing" in asked:
+            in_force["packing"] = getattr(trainer.args, "packing", None)
+        out.update({"asked": dict(asked), "in_force": in_force,
+                    "settled": {k: settled(asked[k], in_force.get(k)) for k in asked}})
+        if batch is not None:
+            out["position_ids_in_batch"] = "position_ids" in batch
     if element.name == "cp":
         attn = getattr(trainer.model.config, "_attn_implementation", None)
         cp: dict[str, Any] = {"attn_implementation": attn}
@@ -118,7 +150,10 @@ def decision(trainer: Any, element: Any, batch: dict[str, Any] | None = None) ->
             cp[f"{key}_at"] = source_line(tt, needle)
         cp["refuses_backend"] = attn != "sdpa"
         if batch is not None and "attention_mask" in batch:
-            from transformers.trainer_utils import is_attention_mask_causal
+            try:  # transformers 5.x keeps it in trainer_pt_utils (the predicate's own module, trainer.py imports it)
+                from transformers.trainer_pt_utils import is_attention_mask_causal
+            except ImportError:
+                from transformers.trainer_utils import is_attention_mask_causal
 
             cp["refuses_mask"] = not is_attention_mask_causal(batch["attention_mask"])
         else:
@@ -141,10 +176,14 @@ def _grads(model: Any) -> Any:
                       for _, p in _trainable(model)])
 
 
-def trainer_step(trainer: Any, batch: dict[str, Any]) -> tuple[float, Any, list[str]]:
+def trainer_step(trainer: Any, batch: dict[str, Any], base: Any = None,
+                 seen: dict[str, bool] | None = None) -> tuple[float, Any, list[str]]:
     """One ``trainer.training_step`` on ``batch`` (train mode, ``num_items_in_batch`` = label tokens != -100 after
     the shift, as Trainer counts them from 5.10): the loss it returned (nats per label token), the flattened
-    gradients of the trainable tensors, and the warnings its forward raised. Gradients are cleared afterwards."""
+    gradients of the trainable tensors, and the warnings its forward raised. Gradients are cleared afterwards.
+
+    ``base`` / ``seen``: the transformers model under the element and a dict; when given, what its decoder's forward
+    received is recorded in ``seen`` (``position_ids``: True when a tensor reached it, not None or absent)."""
     import torch
 
     model = trainer.model
@@ -152,14 +191,33 @@ def trainer_step(trainer: Any, batch: dict[str, Any]) -> tuple[float, Any, list[
     num_items = int((labels[..., 1:] != -100).sum())
     model.zero_grad(set_to_none=True)
     model.train()
+    seen = {} if seen is None else seen
+
+    def record(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        seen["position_ids"] = seen.get("position_ids", False) or kwargs.get("position_ids") is not None
+
+    # the decoder (LlamaModel), which LlamaForCausalLM calls as a module: peft's tuners call the causal LM's .forward
+    target = base.get_decoder() if base is not None and hasattr(base, "get_decoder") else base
+    handle = target.register_forward_pre_hook(record, with_kwargs=True) if target is not None else None
     try:
         with capture_warnings() as said:
             loss = trainer.training_step(model, trainer._prepare_inputs(dict(batch)), torch.tensor(num_items))
         grads = _grads(model)
     finally:
+        if handle is not None:
+            handle.remove()
         model.zero_grad(set_to_none=True)
         model.eval()
     return float(loss), grads, said
+
+
+def dropped_at(model: Any) -> str | None:
+    """``file:line`` of peft's line that drops ``position_ids`` for a prompt-learning adapter (its warning "Position
+    ids are not supported", ``peft/peft_model.py:1673`` in 0.21.2), in the release installed; None elsewhere."""
+    import sys
+
+    module = sys.modules.get(type(model).__module__)
+    return source_line(module, "Position ids are not supported") if module is not None else None
 
 
 def alone_step(wb: Any, batch: dict[str, Any], starts: list[int]) -> tuple[float, Any]:
@@ -213,12 +271,21 @@ def _mode(sft: Any, wb: Any, element: Any, name: str, overrides: dict[str, Any] 
         return {"status": "refused", "decision": "refused", "raised": f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}",
                 "raised_at": raised_at(exc)}
     batch = next(iter(trainer.get_train_dataloader()))
-    entry = decision(trainer, element, batch)
+    entry = decision(trainer, element, batch, name)
     starts, source = _segment_starts(batch, [] if "position_ids" in batch else sft.examples())
     if starts is None or int(batch["input_ids"].shape[0]) != 1:
         return {**entry, "status": "not_checked", "why": f"the trainer's first batch is not one packed row ({source})"}
     entry.update({"examples_in_row": len(starts), "split_at": source.split(" (")[0], "keys": sorted(batch)})
-    loss, grads, said = trainer_step(trainer, batch)
+    seen: dict[str, bool] = {}
+    try:
+        loss, grads, said = trainer_step(trainer, batch, getattr(wb.model, "base", None), seen)
+    except (RuntimeError, ValueError, TypeError, IndexError) as exc:  # the trainer's own step cannot train this row
+        return {**entry, "status": "raises", "raised": f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}",
+                "raised_at": raised_at(exc)}
+    if seen:
+        entry["position_ids_to_model"] = seen["position_ids"]
+        if entry.get("position_ids_in_batch") and not entry["position_ids_to_model"]:
+            entry["position_ids_dropped_at"] = dropped_at(trainer.model)
     ref_loss, ref_grads = alone_step(wb, batch, starts)
     grad_rel = float((grads - ref_grads).norm() / ref_grads.norm().clamp_min(1e-30))
     logits = logits_vs_alone(wb, batch, starts)
@@ -260,7 +327,9 @@ def check_stack_trainers(wb: Any) -> CheckResult:
     (``packing=True``; ``padding_free=True``): per mode the trainer's decision (accepted / refused, file:line) and
     one training step's loss (nats), gradients (relative) and logits (max abs) vs each example of its own batch
     alone. Fails on any mode that accepts packing and trains the row wrong (cause: the element's when lifting it
-    fixes the row, else ``leak``); a refusal is recorded, not failed (the trainer protects the user). Skipped
+    fixes the row, else ``leak``); a refusal is recorded, not failed (the trainer protects the user); a training step
+    that raises (TRL 0.19's SFTTrainer.compute_loss on a prompt-tuned row: its logits 4 virtual tokens longer than
+    the labels) is recorded per mode (``raises``, the file:line) and, with no mode failing, makes the cell an error. Skipped
     without an element, trl or a backward pass; "unsupported" for an element that is not an adapter or ``cp``."""
     from ..model.stack import stack_record
     from .sft_setup import _run_sft_check
@@ -284,6 +353,9 @@ def check_stack_trainers(wb: Any) -> CheckResult:
                                    "max_loss_delta": max((m.get("loss_delta", 0.0) for m in modes.values()), default=0.0)}
         failed = [n for n, m in modes.items() if m["status"] == "fail"]
         text = "; ".join(_describe(n, m) for n, m in modes.items())
+        if not failed and any(m["status"] == "raises" for m in modes.values()):
+            # a training step that raises trains nothing wrong, but the user cannot train: an error, each mode recorded
+            return CheckResult("error", metrics, f"{element.name} through the trainers: {text}")
         if not failed:
             return CheckResult("pass", metrics, f"{element.name} through the trainers: {text}")
         causes = []
@@ -302,6 +374,8 @@ def check_stack_trainers(wb: Any) -> CheckResult:
 def _describe(name: str, m: dict[str, Any]) -> str:
     if m["status"] == "refused" and "raised_at" in m:
         return f"{name} refuses ({m['raised_at']}: {m['raised'][:80]})"
+    if m["status"] == "raises":
+        return f"{name} accepts, its training step raises ({m['raised_at']}: {m['raised'][:80]})"
     if m["status"] == "not_checked":
         return f"{name} not checked ({m['why']})"
     cp = m.get("context_parallel")

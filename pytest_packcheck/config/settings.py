@@ -77,6 +77,14 @@ class Settings:
     sliding_window: int = default_of(OPT_SLIDING_WINDOW)  # tokens a longer window is shortened to
     stack: tuple[str, ...] = default_of(OPT_STACK)  # stack elements (model/stack.py), each its own cells; () none
 
+    @property
+    def stack_libraries(self) -> tuple[str, ...]:
+        """The distributions the stack elements need (model/stack.py's ``library``: peft, accelerate, liger-kernel), in
+        table order: what a version environment installs besides the combination (versions.envs.check_requirements)."""
+        from ..model.stack import BY_NAME
+
+        return tuple(dict.fromkeys(lib for n in self.stack if n in BY_NAME and (lib := BY_NAME[n].library)))
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "models": list(self.models), "backends": list(self.backends), "checks": list(self.checks),

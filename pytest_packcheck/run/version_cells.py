@@ -47,9 +47,14 @@ class VersionCells:
             return CellResult(cell_id=cell.cell_id, model=models[cell.model_index].record(self.settings.weights), backend=cell.backend,
                               check=cell.check, dtype=cell.dtype, status="error", message=message,
                               tolerances=self.settings.tolerances.get(cell.dtype, {}), env=env_record)
+        from ..versions.envs import stack_version_mismatch
+
         result = CellResult.from_dict(child)
         result.cell_id = cell.cell_id
         result.env = env_record
+        wrong = stack_version_mismatch(combo, child)
+        if wrong:  # never filed as a measurement of the release it did not run
+            result.status, result.message, result.cause, result.evidence, result.causes = "error", wrong, None, {}, []
         return result
 
     def _shared_run(self, combo: Any, models: list[Any]) -> dict[str, Any]:

@@ -575,7 +575,7 @@ def run_in_env(combo: VersionCombo, settings: Any, models: list[str], report_dir
     import tempfile
 
     t0 = time.perf_counter()
-    extras = check_requirements(settings.checks, combo)
+    extras = check_requirements(settings.checks, combo, getattr(settings, "stack_libraries", ()))
     try:
         try:
             env = ensure_env(dataclasses.replace(combo, extras=extras))
@@ -644,21 +644,59 @@ def run_in_env(combo: VersionCombo, settings: Any, models: list[str], report_dir
 TRL_FLOOR = next(f"{lib.name}>={lib.floor}" for lib in LIBRARIES if lib.install == "checks")
 
 
-def check_requirements(checks: Any, combo: VersionCombo) -> tuple[str, ...]:
+def check_requirements(checks: Any, combo: VersionCombo, libraries: Any = ()) -> tuple[str, ...]:
     """Distributions a version environment needs for ``checks`` beyond packcheck's runtime: TRL (which brings
     ``datasets``) for the SFT checks (the ``sft`` module's rows of the registry), when TRL is installed here (the
     controller plans them only then) and the combination names no TRL; at :data:`TRL_FLOOR` or later, so uv picks
     the TRL that fits the environment's transformers. Issue 27: with ``--packcheck-checks trainer,sft`` the sft
     cells were skipped with "No module named 'datasets'" inside the environments while the header said trl 1.16.0.
-    Where no TRL fits, :func:`run_in_env` makes the environment without it and the sft cells say so."""
+    Where no TRL fits, :func:`run_in_env` makes the environment without it and the sft cells say so.
+
+    ``libraries``: the stack elements' libraries (``Settings.stack_libraries``): each one the combination does not
+    name and packcheck's runtime does not bring (peft for the adapters) at this environment's version, so an axis over
+    accelerate or trl runs the adapters with the peft installed here (before, ``--packcheck-versions accelerate==X
+    --packcheck-stack lora`` skipped every lora cell: "needs peft (not installed here)")."""
     from ..checks.registry import SPECS
 
-    if "trl" in set(combo.names()):
-        return ()
-    if any("trl" in SPECS[c].requires for c in checks or () if c in SPECS):
+    names = set(combo.names())
+    out: list[str] = []
+    if "trl" not in names and any("trl" in SPECS[c].requires for c in checks or () if c in SPECS):
         try:
             metadata.version("trl")
+            out.append(TRL_FLOOR)
         except metadata.PackageNotFoundError:
-            return ()
-        return (TRL_FLOOR,)
-    return ()
+            pass
+    runtime = {canonical(p) for p in PACKCHECK_RUNTIME}
+    for lib in libraries or ():
+        if canonical(lib) in names or canonical(lib) in runtime:
+            continue
+        try:
+            out.append(f"{lib}=={metadata.version(lib)}")
+        except metadata.PackageNotFoundError:
+            continue  # not installed here: the element's cells say which package they need
+    return tuple(dict.fromkeys(out))
+
+
+def stack_version_mismatch(combo: VersionCombo, cell: dict[str, Any]) -> str | None:
+    """Why a version environment's ``cell`` did not run the combination's own stack library, or None: a cell's
+    ``metrics["stack"]`` records the version of its element's library (``peft`` for the adapters, ``accelerate`` for
+    ``cp``, model/stack.py), and where ``combo`` pins that library (``peft==0.17.1``) the two must agree. They do not
+    when the child imports another copy than its environment's (a ``PYTHONPATH`` or ``.pth`` that reaches this
+    environment's site-packages): the cell would be filed under a release it never ran."""
+    from packaging.requirements import Requirement
+    from packaging.version import InvalidVersion, Version
+
+    stack = (cell.get("metrics") or {}).get("stack") or {}
+    for text in combo.requirements:
+        req = Requirement(text)
+        got = stack.get(canonical(req.name)) or stack.get(canonical(req.name).replace("-", "_"))
+        if got is None:
+            continue
+        try:
+            ok = Version(str(got)) in req.specifier
+        except InvalidVersion:
+            ok = False
+        if not ok:
+            return (f"the cell ran {req.name} {got}, not {text} (its environment's): the child imported another "
+                    f"{req.name}; check PYTHONPATH and the environment's .pth files, then run again")
+    return None
