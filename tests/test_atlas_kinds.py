@@ -356,3 +356,37 @@ def test_the_docs_page_of_the_newest_release_is_generated_from_the_blocks(build)
     import hooks
 
     assert "reference/atlas-newest.md" in hooks.PAGES and hooks.newest_page().startswith("# The newest release")
+
+
+def test_the_multimodal_block_runs_every_vlm_of_a_release_at_its_own_tiny_spec(tmp_path, monkeypatch):
+    """The multimodal block over every architecture: a release's list (pixels.multimodal_specs in its environment:
+    specs, not model_types) adds arch:glm4v and SmolVLM at its tiny spec; the block keeps that spec ('specs'), the
+    reproduce command and a sweep build it the same way."""
+    saved = tmp_path / "mm" / K.ARCHITECTURES
+    saved.mkdir(parents=True)
+    smol = "vlm:smolvlm{vision_config.image_size=128}"
+    (saved / "5.25.0.json").write_text(json.dumps(["arch:qwen2_vl", "arch:glm4v", smol]))
+    _write(tmp_path / "mm", "5.25.0", [_cell(K.model_type_of(m), "sdpa", c, "skipped", prefix="arch:", metrics={})
+                                       for m in MM.models for c in MM.run_checks])  # the suite, every check run
+    calls: list = []
+
+    def run_release(version, build, log=print, runner=None, flags=None, reproduce=None, extras=()):
+        models = next(f for f in flags if f.startswith("--packcheck-models=")).split("=", 1)[1]
+        calls.append(models)
+        cells = [{**_cell("glm4v", "sdpa", "mm_isolation", "skipped", prefix="arch:", message="Glm4vConfig has no vision_start_token_id")},
+                 {**_cell("smolvlm", "sdpa", "mm_isolation", "pass", prefix="vlm:"),
+                  "model": {"label": "smolvlm-vlm", "model_type": "smolvlm", "spec": smol}}]
+        _write(Path(build), version, cells)
+        return {"transformers": version, "cells": 2}
+
+    monkeypatch.setattr(K, "run_release", run_release)
+    K.run_kind_release(MM, "5.25.0", tmp_path / "mm", log=lambda s: None)
+    assert calls == [f"arch:glm4v,{smol}"]
+    block = K.collect_kind(MM, tmp_path / "mm")
+    assert block["specs"] == {"smolvlm": smol} and block["all_architectures"] is True
+    assert block["cells"]["smolvlm"]["sdpa"]["5.25.0"]["verdict"] == "pass"
+    from pytest_packcheck.atlas.kinds_render import reproduce
+
+    assert f"--models '{smol}'" in reproduce(block, "5.25.0", "smolvlm", "sdpa")
+    assert "--models arch:glm4v " in reproduce(block, "5.25.0", "glm4v", "sdpa")
+    assert K.spec_of(MM, "smolvlm") == smol and K.spec_of(MM, "glm4v") == "arch:glm4v" and K.spec_of(MM, "qwen2_vl") == "arch:qwen2_vl"

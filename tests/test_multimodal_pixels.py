@@ -458,3 +458,36 @@ def test_llava_next_rows_with_several_tiles_hold_and_catch_the_planted_faults(to
     result = P.check_mm_parity(wb, collator=tiles_swapped)
     assert result.status == "fail" and result.metrics["max_abs_diff"] > 1e-3, result.message
     assert result.metrics["max_abs_diff_per_sample"][:2] == pytest.approx([0, 0], abs=1e-5)  # only the tiled sample
+
+
+def test_an_mrope_family_numbered_otherwise_is_a_skip_naming_what_its_config_lacks():
+    """--all-architectures reaches M-RoPE VLMs whose configs lack what packcheck's pixel row reads (transformers 5.25.0:
+    GLM-4V has no vision_start_token_id, PaddleOCR-VL's tower no temporal_patch_size): a skip naming the keys, not
+    packcheck's crash inside the row builder. Planted on a Qwen2-VL-shaped stub: each key removed in turn."""
+    from types import SimpleNamespace
+
+    def stub(**drop):
+        vision = {"patch_size": 14, "temporal_patch_size": 2, "spatial_merge_size": 2}
+        top = {"model_type": "glm4v", "image_token_id": 5, "vision_start_token_id": 6, "vision_end_token_id": 7}
+        config = SimpleNamespace(**{k: v for k, v in top.items() if k not in drop},
+                                 vision_config=SimpleNamespace(**{k: v for k, v in vision.items() if k not in drop}))
+        return SimpleNamespace(config=config, model=SimpleNamespace(get_rope_index=lambda *a: None))
+
+    assert P.is_pixel_model(stub()) is None
+    for key in (*P.MROPE_ROW_KEYS, *P.MROPE_VISION_KEYS):
+        why = P.is_pixel_model(stub(**{key: True}))
+        assert why is not None and "has no " in why and key in why, (key, why)
+
+
+def test_all_architectures_on_the_multimodal_audit_adds_every_vlm_packcheck_lays_out_not_the_causal_lms():
+    """`--audit multimodal --all-architectures`: the suite's models, then every M-RoPE architecture and each
+    FIXED_IMAGES family at its tiny spec (pixels.TINY_SPECS, the specs these tests build); before, the flag added every
+    causal LM (arch:llama ...) to a pixel suite. The tiny specs are the ones this file builds."""
+    from pytest_packcheck.config.settings import resolve
+
+    options = {"packcheck_audit": "multimodal", "packcheck_all_architectures": True}
+    models = resolve(lambda dest: options.get(dest), lambda key: None).models
+    assert "arch:llama" not in models and "arch:glm4v" in models and "arch:qwen3_vl_moe" in models
+    assert P.TINY_SPECS["smolvlm"] in models and P.TINY_SPECS["aya_vision"] in models
+    assert len([m for m in models if m.split(":", 1)[1].startswith("qwen2_vl")]) == 1  # the suite's, not twice
+    assert {k: v for k, v in P.TINY_SPECS.items() if k in FIXED} == FIXED and set(P.TINY_SPECS) == set(P.FIXED_IMAGES)

@@ -56,6 +56,9 @@ class Kind:
     prefix: str
     title: str
     all_architectures: bool = False
+    #: ``module:function`` that lists, in a release's environment, what ``--all-architectures`` adds to the suite
+    #: (:func:`release_architectures`): model_types (given ``prefix``) or specs
+    architectures: str = ""
     #: checks run per cell beside ``checks`` whose outcome an entry carries as a field of its own (:data:`SIDE_FIELDS`),
     #: never in its verdict: the multimodal block's video row and processor rows
     side: tuple[str, ...] = ()
@@ -92,9 +95,11 @@ class Kind:
 #: checks with its collator-layout finding.
 KINDS: dict[str, Kind] = {
     "encoders": Kind("encoders", ("encoder_isolation", "encoder_parity", "encoder_pooling", "encoder_mlm_loss",
-                                  "encoder_positions"), "encoder:", "Encoders and embedding models", all_architectures=True),
+                                  "encoder_positions"), "encoder:", "Encoders and embedding models", all_architectures=True,
+                     architectures="pytest_packcheck.model.architectures:encoder_architectures"),
     "multimodal": Kind("multimodal", ("mm_isolation", "mm_parity", "mm_positions", "mm_layouts"), "arch:",
-                       "Multimodal rows with pixels", side=("mm_videos", "mm_processor"), packages=("pillow",)),
+                       "Multimodal rows with pixels", side=("mm_videos", "mm_processor"), packages=("pillow",),
+                       all_architectures=True, architectures="pytest_packcheck.checks.pixels:multimodal_specs"),
 }
 #: A side check (:attr:`Kind.side`) -> the entry field it fills: ``videos`` = [verdict, number] of the video row
 #: (``mm_videos``: pass / fail, its max |Δ| of text logits, a fail's cause), ``processor`` = {layout: [holds / leaks / differs,
@@ -137,9 +142,10 @@ ARCHITECTURES = "architectures"
 
 
 def release_architectures(kind: Kind, version: str, build: Path) -> list[str]:
-    """The model_types ``transformers==version`` adds to ``kind``'s suite under ``--all-architectures`` (the encoders:
-    :func:`pytest_packcheck.model.architectures.encoder_architectures`, every masked-LM model_type), asked in that
-    release's version environment (2-4 s: an import of transformers' auto mappings) and kept in
+    """What ``transformers==version`` adds to ``kind``'s suite under ``--all-architectures`` (:attr:`Kind.architectures`:
+    the encoders' :func:`pytest_packcheck.model.architectures.encoder_architectures`, every masked-LM model_type; the
+    multimodal block's :func:`pytest_packcheck.checks.pixels.multimodal_specs`, every VLM packcheck lays out, as
+    specs), asked in that release's version environment (2-4 s: an import of transformers' auto mappings) and kept in
     ``<build>/architectures/<version>.json``; [] for a kind without ``all_architectures``.
 
     Raises:
@@ -159,8 +165,8 @@ def release_architectures(kind: Kind, version: str, build: Path) -> list[str]:
         env = ensure_env(VersionCombo((f"transformers=={version}",)))
     except EnvError as exc:
         raise RuntimeError(f"transformers {version}: no environment: {exc}") from None
-    code = ("import json; from pytest_packcheck.model.architectures import encoder_architectures as a; "
-            "print(json.dumps(a()))")
+    module, function = kind.architectures.split(":")
+    code = f"import json; from {module} import {function} as a; print(json.dumps(a()))"
     child_env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
     proc = subprocess.run([str(env.python), "-c", code], capture_output=True, text=True, check=False, env=child_env,
                           cwd=str(Path(build).resolve().parent))
@@ -173,11 +179,25 @@ def release_architectures(kind: Kind, version: str, build: Path) -> list[str]:
 
 
 def release_models(kind: Kind, version: str, build: Path) -> list[str]:
-    """The specs ``kind`` measures on ``version``: the suite's, then for a kind over every architecture each
-    :func:`release_architectures` model_type the suite lacks, as ``<prefix><model_type>`` (``encoder:albert``). A
-    model_type the release lacks is not run there: the block has no entry for it on that release."""
+    """The specs ``kind`` measures on ``version``: the suite's, then for a kind over every architecture each of
+    :func:`release_architectures` the suite lacks (a model_type as ``<prefix><model_type>``: ``encoder:albert``; a
+    spec as it is). A model_type the release lacks is not run there: the block has no entry for it on that release."""
     have = {model_type_of(s) for s in kind.models}
-    return [*kind.models, *(f"{kind.prefix}{a}" for a in release_architectures(kind, version, build) if a not in have)]
+    found = [a if ":" in a else f"{kind.prefix}{a}" for a in release_architectures(kind, version, build)]
+    return [*kind.models, *(s for s in found if model_type_of(s) not in have)]
+
+
+def spec_of(kind: Kind, model_type: str) -> str:
+    """The spec ``kind`` builds ``model_type`` with: the suite's; beyond it, the multimodal block's tiny spec of a
+    FIXED_IMAGES family (:data:`pytest_packcheck.checks.pixels.TINY_SPECS`), else ``<prefix><model_type>``."""
+    known = {model_type_of(s): s for s in kind.models}
+    if model_type in known:
+        return known[model_type]
+    if kind.name == "multimodal":
+        from ..checks.pixels import TINY_SPECS
+
+        return TINY_SPECS.get(model_type, f"{kind.prefix}{model_type}")
+    return f"{kind.prefix}{model_type}"
 
 
 def env_extras(kind: Kind) -> dict[str, tuple[str, ...]]:
@@ -392,7 +412,13 @@ def collect_kind(kind: Kind, build: Path, planned: list[str] | None = None, comm
                     cells.setdefault(name, {}).setdefault(backend, {})[r["transformers"]] = row[r["transformers"]]
     torch_version = (committed or {}).get("torch")
     configs: dict[str, str] = dict((committed or {}).get("configs") or {})
+    specs: dict[str, str] = dict((committed or {}).get("specs") or {})
+    suite = {model_type_of(s) for s in kind.models}
     for version, doc, record in runs:
+        for cell in doc.get("cells", []):  # a model beyond the suite built with a spec of its own (a tiny VLM's)
+            spec, name = (cell.get("model") or {}).get("spec"), _name(cell)
+            if isinstance(spec, str) and name not in suite and spec != f"{kind.prefix}{name}":
+                specs.setdefault(name, spec)
         torch_version = (doc.get("environment") or {}).get("torch") or torch_version
         entries = reduce_kind_release(kind, doc)
         releases.append({"transformers": version, "models": sum(1 for by in entries.values()
@@ -415,6 +441,7 @@ def collect_kind(kind: Kind, build: Path, planned: list[str] | None = None, comm
              "checks": list(kind.checks), **({"side_checks": list(kind.side)} if kind.side else {}), "releases": releases,
              "missing": [v for v in (planned or []) if v not in measured], "cells": cells,
              **({"configs": dict(sorted(configs.items()))} if configs else {}),
+             **({"specs": dict(sorted(specs.items()))} if specs else {}),
              # the collator's classification labels per release (tools/collator_labels.py): measured apart, kept
              **({"labels": committed["labels"]} if committed and committed.get("labels") else {})}
     block["transitions"] = transitions(block, bisects or {})
@@ -433,9 +460,9 @@ def measure_between(kind: Kind, version: str, model_types: list[str], root: Path
                     runner: Callable[..., Any] | None = None) -> tuple[dict[str, dict[str, dict[str, Any]]], dict[str, Any] | None]:
     """:func:`.sweep.measure_between` for a block: ``model_types``' entries on ``version`` (a release between two
     measured ones), measured once under ``root/<version>/<digest of the models>/`` and reused after."""
-    known = {model_type_of(s) for s in kind.models}  # an architecture beyond the suite's: <prefix><model_type>
+    known = {model_type_of(s) for s in kind.models}  # an architecture beyond the suite's: spec_of
     specs = [s for s in kind.models if model_type_of(s) in model_types] + \
-        [f"{kind.prefix}{m}" for m in sorted(model_types) if m not in known]
+        [spec_of(kind, m) for m in sorted(model_types) if m not in known]
     sub = Path(root) / version / hashlib.sha1(",".join(specs).encode()).hexdigest()[:10]
     sub.mkdir(parents=True, exist_ok=True)
     record = run_kind_release(kind, version, sub, specs, log=log, runner=runner)

@@ -26,9 +26,9 @@ BLOCKS: dict[str, tuple[str, str, str]] = {
                    "own get_rope_index. The number is the deciding check's max |Δ| of float32 text logits; "
                    "\"layouts\" says which collator layouts hold on that release")),
 }
-#: Block name -> the spec prefix its models are built with where the block holds a model beyond its suite's (an
-#: encoders block over every architecture: ``encoder:albert``).
-SPEC_PREFIXES = {"encoders": "encoder:"}
+#: Block name -> the spec prefix its models are built with where the block holds a model beyond its suite's (a block
+#: over every architecture: ``encoder:albert``, ``arch:glm4v``) and its ``specs`` names none of its own.
+SPEC_PREFIXES = {"encoders": "encoder:", "multimodal": "arch:"}
 #: Verdict of an entry whose model is not in that release's transformers (:data:`.collect.ABSENT`).
 ABSENT = "absent"
 
@@ -263,7 +263,8 @@ def reproduce(block: dict[str, Any], version: str, model_type: str, backend: str
     from ..config.options import OPT_BACKENDS, OPT_CHECKS
 
     spec = next((s for s in block.get("models", []) if s.split(":", 1)[-1].split("{", 1)[0] == model_type),
-                f"{SPEC_PREFIXES.get(block.get('kind'), '')}{model_type}")  # an architecture beyond the suite's
+                (block.get("specs") or {}).get(model_type)  # an architecture beyond the suite's, with a spec of its own
+                or f"{SPEC_PREFIXES.get(block.get('kind'), '')}{model_type}")
     return shlex.join(["packcheck", "audit", "--models", spec, "--versions", f"transformers=={version}",
                        f"{OPT_BACKENDS}={backend}", f"{OPT_CHECKS}={','.join(block.get('checks', []))}"])
 

@@ -156,6 +156,36 @@ FIXED_IMAGES: dict[str, FixedImages] = {
 }
 
 
+#: The tiny spec of each :data:`FIXED_IMAGES` family (its images a few tokens: the tower's image_size shrunk, the
+#: projector sized to the tiny text model) that the multimodal suite (audit/multimodal.toml) and its
+#: ``--all-architectures`` build; tests/test_multimodal_pixels.py builds each.
+TINY_SPECS: dict[str, str] = {
+    "gemma3": "arch:gemma3{vision_config.image_size=64,mm_tokens_per_image=4}",
+    "llava": "vlm:llava{vision_config.image_size=28}",
+    "paligemma": "vlm:paligemma{vision_config.image_size=28,projection_dim=128}",
+    "mistral3": "vlm:mistral3",
+    "idefics3": "vlm:idefics3{vision_config.image_size=128}",
+    "llava_next": "vlm:llava_next{vision_config.image_size=28,image_grid_pinpoints=[[28,28]]}",
+    "aya_vision": "vlm:aya_vision{vision_config.image_size=56}",
+    "llava_onevision": "vlm:llava_onevision{vision_config.image_size=28,image_grid_pinpoints=[[28,28]]}",
+    "smolvlm": "vlm:smolvlm{vision_config.image_size=128}",
+}
+
+
+def multimodal_specs() -> list[str]:
+    """Every VLM packcheck lays out pixel rows for in the installed transformers, as specs: each M-RoPE text-path
+    architecture (``arch:qwen2_vl``, :func:`pytest_packcheck.model.architectures.mrope_text_path_architectures`; one
+    whose config numbers its row otherwise is a skip naming why, :func:`is_pixel_model`), then each
+    :data:`FIXED_IMAGES` family transformers has, at its :data:`TINY_SPECS`: what ``--all-architectures`` adds to a
+    multimodal audit."""
+    from transformers import CONFIG_MAPPING
+
+    from ..model.architectures import mrope_text_path_architectures
+
+    return [*(f"arch:{a}" for a in mrope_text_path_architectures()),
+            *(TINY_SPECS[t] for t in FIXED_IMAGES if t in CONFIG_MAPPING)]
+
+
 def fixed_images(model: Any) -> FixedImages | None:
     """The :data:`FIXED_IMAGES` row of ``model`` (None for an M-RoPE model or a family packcheck does not lay out)."""
     return None if _rope_owner(model) is not None else FIXED_IMAGES.get(getattr(model.config, "model_type", None))
@@ -183,7 +213,22 @@ def is_pixel_model(model: Any) -> str | None:
                 f"FIXED_IMAGES ({', '.join(FIXED_IMAGES)}): packcheck lays out M-RoPE pixel rows and those families only")
     if getattr(config, "image_token_id", None) is None:
         return f"{type(model).__name__}'s config has no image_token_id"
+    if not is_plain(model):  # the M-RoPE row mm_samples lays out (the Qwen2-VL family's config attributes)
+        vision = config.vision_config
+        lacks = [n for n in MROPE_ROW_KEYS if getattr(config, n, None) is None] + \
+            [f"vision_config.{n}" for n in MROPE_VISION_KEYS if getattr(vision, n, None) is None]
+        if lacks:
+            return (f"{type(model).__name__}'s config has no {', '.join(lacks)}: packcheck lays out M-RoPE pixel rows "
+                    "as the Qwen2-VL family's (<vision_start> image tokens <vision_end>, temporal x spatial patches "
+                    "merged spatial_merge_size^2 to a token), which this family does not number so")
     return None
+
+
+#: The config attributes an M-RoPE pixel row needs (:func:`mm_samples`): the ids around the image tokens, and the
+#: vision tower's patching (in transformers 5.25.0 the GLM-4V, Ernie 4.5-VL, PaddleOCR-VL, Cosmos 3 Edge, HunYuan-VL
+#: and Qwen-Omni configs lack one of them: a skip naming it, not a crash).
+MROPE_ROW_KEYS = ("vision_start_token_id", "vision_end_token_id")
+MROPE_VISION_KEYS = ("patch_size", "temporal_patch_size", "spatial_merge_size")
 
 
 def _rope_owner(model: Any) -> Any:

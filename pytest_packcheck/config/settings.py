@@ -287,6 +287,14 @@ def _warn_unknown_env_vars() -> None:
               "`packcheck audit --help` names each option's variable.")
 
 
+def _suite_of(check: str) -> str | None:
+    """The registry's suite of ``check`` (None for a name it does not hold)."""
+    from ..checks.registry import SPECS
+
+    spec = SPECS.get(check)
+    return spec.suite if spec else None
+
+
 def _models(src: _Sources) -> tuple[list[str], str] | None:
     """The model specs (given, the audit's, every architecture with --packcheck-all-architectures), each with the
     --packcheck-config overrides folded in, and where they came from; loads the audit into ``src``. None when
@@ -309,6 +317,12 @@ def _models(src: _Sources) -> tuple[list[str], str] | None:
 
         # an encoder audit (audit/encoders.toml): every architecture with a masked-LM head, built as an encoder
         models += [f"encoder:{a}" for a in encoder_architectures() if f"encoder:{a}" not in models]
+    elif all_archs and audit and audit.checks and all(_suite_of(c) == "multimodal" for c in audit.checks):
+        from ..checks.pixels import multimodal_specs
+
+        # a multimodal audit (audit/multimodal.toml): every VLM packcheck lays out pixel rows for, at its tiny spec
+        have = {m.split(":", 1)[-1].split("{", 1)[0] for m in models}
+        models += [s for s in multimodal_specs() if s.split(":", 1)[-1].split("{", 1)[0] not in have]
     elif all_archs:
         from ..model.architectures import causal_lm_architectures, mrope_text_path_architectures
 
