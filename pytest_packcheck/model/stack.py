@@ -288,6 +288,11 @@ def apply_checkpointing(model: Any, element: StackElement, backend: str | None) 
         raise StackUnavailable(f"{type(model).__name__} does not support gradient checkpointing "
                                "(supports_gradient_checkpointing is False)", status="unsupported")
     enable()
+    layers = checkpointed_layers(model)
+    if not layers:  # enabled by name, applied nowhere: the cells would measure the bare model under its name
+        raise StackUnavailable(f"{element.name}: enabling checkpointing on {type(model).__name__} set "
+                               "gradient_checkpointing on no module: the element is not applied, nothing is measured "
+                               "under its name", status="unsupported")
 
     @contextlib.contextmanager
     def lift() -> Iterator[None]:
@@ -297,7 +302,14 @@ def apply_checkpointing(model: Any, element: StackElement, backend: str | None) 
         finally:
             enable()
 
-    return stacked(model, model, element, {**_versions(element), "use_reentrant": reentrant}, lift)
+    return stacked(model, model, element, {**_versions(element), "use_reentrant": reentrant,
+                                           "checkpointed_layers": layers}, lift)
+
+
+def checkpointed_layers(model: Any) -> int:
+    """How many modules of ``model`` checkpoint in training (``gradient_checkpointing`` True: transformers'
+    ``GradientCheckpointingLayer``, ``modeling_layers.py``; or the pre-5.x models' own flag)."""
+    return sum(1 for m in model.modules() if getattr(m, "gradient_checkpointing", False) is True)
 
 
 def apply_compile(model: Any, element: StackElement, backend: str | None) -> Any:
@@ -339,6 +351,10 @@ def apply_cp_hook(model: Any, element: StackElement, backend: str | None) -> Any
     added = {n: [(k, m._forward_pre_hooks[k], m._forward_pre_hooks_with_kwargs.get(k)) for k in m._forward_pre_hooks
                  if k not in before.get(n, set())] for n, m in model.named_modules()}
     added = {n: hooks for n, hooks in added.items() if hooks}
+    if not added:  # the hook is said to be attached, and is on no module: nothing would be measured under cp
+        raise StackUnavailable(f"accelerate {accelerate.__version__}'s _attach_context_parallel_hooks attached no hook to "
+                               f"{type(model).__name__} (it hooks modules named *self_attn): the element is not "
+                               "applied, nothing is measured under its name", status="unsupported")
     modules = dict(model.named_modules())
 
     @contextlib.contextmanager
