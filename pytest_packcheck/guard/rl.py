@@ -145,10 +145,19 @@ def _as_values(value: Any, what: str, n: int) -> Any:
 
     try:
         t = value.detach() if isinstance(value, torch.Tensor) else torch.as_tensor(value)
-        t = t.to("cpu", torch.float64).reshape(-1)
     except (TypeError, ValueError, RuntimeError, NotImplementedError) as exc:
         raise _refuse(f"{what} is a {type(value).__name__} that is not a tensor of numbers ({type(exc).__name__}): "
                       f"give one value per token, a tensor of shape (1, {n}).") from None
+    # log-probs and a per-token loss are real numbers: a bool / complex tensor, or an integer one (token ids handed over
+    # as log-probs, e.g. completion_ids) was compared as if it were (a hostile trial); a whole-number loss is a number
+    if t.dtype == torch.bool or t.dtype.is_complex or (what != "loss" and not t.dtype.is_floating_point):
+        raise _refuse(f"{what} has dtype {t.dtype}: it holds real numbers (floats, in nats); pass the trainer's own "
+                      f"{what}, not token ids or a mask.")
+    try:
+        t = t.to("cpu", torch.float64).reshape(-1)
+    except (RuntimeError, NotImplementedError) as exc:  # a meta tensor holds no values
+        raise _refuse(f"{what} cannot be read as numbers on the CPU ({type(exc).__name__}, on {t.device}): give one value "
+                      f"per token, a tensor of shape (1, {n}).") from None
     if t.numel() != n:
         raise _refuse(f"{what} has {t.numel()} values for a row of {n} tokens: give one per token, (1, {n}), aligned to "
                       "the token it scores.")

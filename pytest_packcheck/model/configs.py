@@ -323,6 +323,14 @@ def read_config_dict(spec: ModelSpec, source: str) -> tuple[dict[str, Any], str 
         raise PackcheckUsageError(
             f"Model '{spec.raw}' (from {source}) has no config.json: it is not a transformers model repo."
         ) from None
+    except hub_errors.HFValidationError:  # huggingface_hub's validate_repo_id (a hostile trial: an INTERNALERROR)
+        shown = (f"'{spec.raw}' (from {source})" if len(spec.raw) <= 120 else
+                 f"'{spec.raw[:60]}...{spec.raw[-20:]}' ({len(spec.raw)} characters, from {source})")
+        raise PackcheckUsageError(
+            f"Model {shown} is neither a local folder nor a Hub model ID: a Hub ID is org/name in "
+            "ASCII letters, digits, '-', '_' and '.' (not starting or ending with '-' or '.', '--' or '..' inside, at "
+            "most 96 characters); give one, a local directory, or arch:<model_type>."
+        ) from None
     resolved = Path(path).parent.name  # .../snapshots/<commit sha>/config.json
     revision = resolved if Path(path).parent.parent.name == "snapshots" else spec.revision
     return _parse_config_json(Path(path), spec, source), revision

@@ -127,6 +127,9 @@ def parse_model_spec(raw: str, source: str) -> ModelSpec:
             pass its folder) (names the value and ``source``, e.g. "--packcheck-models").
     """
     text = raw.strip()
+    if any(ord(c) < 32 or ord(c) == 127 for c in text):  # a hostile trial: a newline in a revision split the error line
+        raise PackcheckUsageError(f"Model spec {text!r} (from {source}) holds a control character (a newline, tab, ...): "
+                                  "write the spec on one line, org/name[@rev], a local directory or arch:<model_type>.")
     overrides: tuple[tuple[str, Any], ...] = ()
     if text.endswith("}") and "{" in text and _first_brace_pair_end(text) == len(text) - 1:
         text, _, body = text[:-1].partition("{")

@@ -1,0 +1,127 @@
+"""A fourth hostile trial, as a new user from README.md (helper G, ~600 tries: CLI flags and env vars, the guard's
+inputs, signals, damaged journals, full disks): each failure it found that had a small fix, reproduced here.
+
+- A model spec the Hub's own validator refuses (``org/név``, 5000 characters) was an INTERNALERROR traceback (exit 3)
+  from huggingface_hub's ``HFValidationError``; now one line, exit 2.
+- A control character in a spec (a newline in ``org/model@rev``) split the error over lines; now refused at parse.
+- An ``arch:`` typo imported every multimodal model's module to choose its suggestion; now only the near ones.
+- ``verify_packed_logprobs`` compared integer / bool / complex "log-probs" (token ids handed over) as numbers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from pytest_packcheck.errors import PackcheckUsageError
+
+
+def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          check=False, timeout=300, env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+
+
+@pytest.mark.parametrize("spec", ["org/név", "x" * 300, "a--b/c"], ids=["unicode", "long", "double-dash"])
+def test_a_hub_id_the_hub_refuses_is_one_usage_line(spec):
+    """Planted: IDs huggingface_hub's validate_repo_id refuses; read_config_dict let its HFValidationError out."""
+    from pytest_packcheck.model.configs import read_config_dict
+    from pytest_packcheck.model.specs import parse_model_spec
+
+    with pytest.raises(PackcheckUsageError, match="neither a local folder nor a Hub model ID") as info:
+        read_config_dict(parse_model_spec(spec, "--packcheck-models"), "--packcheck-models")
+    text = str(info.value)
+    assert "\n" not in text and "from --packcheck-models" in text and "arch:<model_type>" in text
+    assert len(text) < 600, text  # a 300-character ID is shortened, with its length
+
+
+def test_the_audit_says_it_in_one_line_and_exits_2(tmp_path):
+    proc = _cli(["audit", "--models", "org/név", "--packcheck-attn", "sdpa", "-n", "0", "-q",
+                 "--packcheck-report-dir", str(tmp_path / "r")], tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-2000:]
+    assert "INTERNALERROR" not in out and "Traceback" not in out, out[-2000:]
+    assert [line for line in proc.stderr.splitlines() if line.strip()][-1].startswith("ERROR: Model 'org/név'")
+    assert not (tmp_path / "r" / "packcheck-matrix.json").exists()
+
+
+@pytest.mark.parametrize("spec", ["org/model@rev\nwith newline", "arch:llama\t", "org/mo\x1bdel"])
+def test_a_control_character_in_a_spec_is_refused_on_one_line(spec):
+    from pytest_packcheck.model.specs import parse_model_spec
+
+    if spec.strip() != spec:  # surrounding whitespace is stripped, as before: a trailing tab is no error
+        assert parse_model_spec(spec, "--packcheck-models").name == "llama"
+        return
+    with pytest.raises(PackcheckUsageError, match="holds a control character") as info:
+        parse_model_spec(spec, "--packcheck-models")
+    assert "\n" not in str(info.value) and "\x1b" not in str(info.value)
+
+
+def test_an_arch_typo_asks_only_the_near_multimodal_names(monkeypatch):
+    """Planted: a counter on mrope_text_path (it imports a model's module). Before, the suggestion asked it of every
+    multimodal model_type of the installed transformers (mrope_text_path_architectures)."""
+    from pytest_packcheck.model import architectures, resolve
+    from pytest_packcheck.model.specs import parse_model_spec
+
+    asked: list[str] = []
+    real = architectures.mrope_text_path
+
+    def counted(model_type):
+        asked.append(model_type)
+        return real(model_type)
+
+    monkeypatch.setattr(architectures, "mrope_text_path", counted)
+    monkeypatch.setattr(resolve, "mrope_text_path", counted)
+    for typo, meant in (("lama", "llama"), ("qwen2vl", "qwen2_vl"), ("glm4v_x", "glm4v")):
+        asked.clear()
+        with pytest.raises(PackcheckUsageError, match=rf"Did you mean 'arch:{meant}'\?"):
+            resolve.resolve_model(parse_model_spec(f"arch:{typo}", "--packcheck-models"), "--packcheck-models")
+        assert len(asked) <= 4, asked
+
+
+@pytest.fixture(scope="module")
+def rl_model():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=64)
+    return LlamaForCausalLM._from_config(config, attn_implementation="sdpa").eval()
+
+
+def _rl_row():
+    ids = [3, 4, 5, 9, 10, 11, 6, 7, 12, 13, 14]
+    pos = [0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4]
+    mask = [0, 0, 0, 1, 1, 1, 0, 0, 1, 1, 1]
+    return {"input_ids": torch.tensor([ids]), "position_ids": torch.tensor([pos]), "completion_mask": torch.tensor([mask])}
+
+
+@pytest.mark.parametrize("dtype", [torch.long, torch.int32, torch.bool, torch.complex64])
+def test_logprobs_that_are_not_real_numbers_are_refused(rl_model, dtype):
+    """Planted: the row's token ids (or its mask) handed over as the trainer's log-probs; they were compared as numbers
+    and read as a packed_mismatch of ~5 nats."""
+    from pytest_packcheck.guard import verify_packed_logprobs
+
+    batch = _rl_row()
+    bad = batch["input_ids"].to(dtype) if dtype != torch.bool else batch["completion_mask"].bool()
+    with pytest.raises(PackcheckUsageError, match=rf"logprobs has dtype {dtype}: it holds real numbers"):
+        verify_packed_logprobs(rl_model, batch, bad)
+    with pytest.raises(PackcheckUsageError, match="per_token_loss has dtype"):
+        verify_packed_logprobs(rl_model, batch, None, per_token_loss=bad, loss=0.5, loss_type="token_mean")
+
+
+def test_float_logprobs_and_a_whole_number_loss_are_still_taken(rl_model):
+    from pytest_packcheck.guard import verify_packed_logprobs
+
+    batch = _rl_row()
+    with torch.no_grad():
+        logits = rl_model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False).logits[0]
+    lp = torch.full((11,), float("nan"))
+    lp[1:] = torch.log_softmax(logits.double(), -1)[:-1].gather(-1, batch["input_ids"][0, 1:, None])[:, 0].float()
+    assert verify_packed_logprobs(rl_model, batch, lp[None]).verdict == "pass"
+    assert verify_packed_logprobs(rl_model, batch, lp.tolist()).verdict == "pass"  # a list of floats, as before
+    result = verify_packed_logprobs(rl_model, batch, lp[None], per_token_loss=torch.zeros(1, 11), loss=0,
+                                    loss_type="token_mean")
+    assert result.verdict == "pass", result.line()
