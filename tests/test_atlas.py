@@ -1243,3 +1243,33 @@ def test_a_release_made_with_an_override_carries_it_to_the_coverage_table(tmp_pa
     assert "| 5.25.0 | 1 |" in md and " ³ |" in md
     assert "³ Measured in an environment with a uv override from `audit/env_overrides.toml`" in md
     assert "5.25.0: `kernels==0.17.2` (the index has kernels 0.17.2)" in md
+
+
+def test_release_runs_without_pytests_logging_plugin_and_the_checks_still_read_transformers_warnings(pytester, tmp_path):
+    """The atlas's runs leave pytest's logging plugin out (issue 47: its per-item handlers); what the backend check
+    reads of transformers' logger comes through packcheck's own handler, so a warning is still seen without it."""
+    from pytest_packcheck.atlas.release_run import run_plugin_in_env
+
+    seen = {}
+
+    def runner(args, **kw):
+        seen["args"] = args
+        return subprocess.CompletedProcess(args, 0)
+
+    run_plugin_in_env(sys.executable, "transformers==5.24.0", tmp_path, [], "r", runner=runner)
+    assert seen["args"][seen["args"].index("no:logging") - 1] == "-p"
+    pytester.makepyfile("""
+        import logging
+
+        from transformers.utils import logging as hf_logging
+
+        from pytest_packcheck.checks.workbench import capture_warnings
+
+
+        def test_warning_seen():
+            with capture_warnings() as logged:
+                hf_logging.get_logger("transformers.models.llama").warning("falling back to eager attention")
+                logging.getLogger("elsewhere").warning("not transformers")
+            assert logged == ["falling back to eager attention"]
+    """)
+    pytester.runpytest_subprocess("-p", "no:logging", "-p", "no:cacheprovider").assert_outcomes(passed=1)

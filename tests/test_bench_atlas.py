@@ -85,3 +85,73 @@ def test_reuse_takes_an_earlier_runs_figures_and_measures_nothing(monkeypatch, t
     # 5.15.1's whole run (400 s) is less than the old cost of the nearest sample: capped, never a negative estimate
     assert rows["5.15.1"]["after_cpu_s"] == 7.0 and "capped" in rows["5.15.1"]["how"]
     assert f"reused from {earlier}" in capsys.readouterr().out
+
+
+def _whole_support(tmp_path: Path) -> Path:
+    entry = {"verdict": "fail", "check": "isolation", "causes": ["leak"], "number": 0.6}
+    cells = {"llama": {"eager": {"4.44.2": dict(entry), "5.25.0": dict(entry)}},
+             "opt": {"sdpa": {"4.44.2": {"verdict": "pass", "check": "isolation", "causes": [], "number": 0.0}}}}
+    releases = [{"transformers": "4.44.2", "architectures": 80, "cpu_s": 900.0},
+                {"transformers": "4.57.6", "architectures": 120, "cpu_s": 2000.0},
+                {"transformers": "5.24.0", "architectures": 200, "cpu_s": None},  # seeded: extrapolated all the same
+                {"transformers": "5.25.0", "architectures": 220, "cpu_s": 300.0}]
+    path = tmp_path / "support.json"
+    path.write_text(json.dumps({"cells": cells, "releases": releases}))
+    return path
+
+
+def test_whole_measures_each_sample_before_and_after_and_extrapolates_by_architecture_count(monkeypatch, tmp_path, capsys):
+    bench = _load(monkeypatch)
+    before_tree = tmp_path / "before"
+    cpu = {("4.44.2", "before"): 48.0, ("4.44.2", "after"): 40.0, ("5.25.0", "before"): 220.0, ("5.25.0", "after"): 198.0}
+    runs = []
+
+    def job(version, models, tree):
+        side = "before" if tree == before_tree else "after"
+        runs.append((version, side, models))
+        return {"cpu_s": cpu[(version, side)], "wall_s": 1.0, "cells": 10, "folder": f"{version}-{side}"}
+
+    leak = {"verdict": "fail", "check": "isolation", "causes": ["leak"], "number": 0.6}
+    # opt's 4.44.2 entry planted as changed after
+    made = {"4.44.2-before": {"llama": {"eager": leak}, "opt": {"sdpa": {"verdict": "pass", "check": "isolation", "causes": [], "number": 0.0}}},
+            "4.44.2-after": {"llama": {"eager": leak}, "opt": {"sdpa": {"verdict": "fail", "check": "logits_parity", "causes": ["leak"]}}},
+            "5.25.0-before": {"llama": {"eager": leak}}, "5.25.0-after": {"llama": {"eager": {**leak, "number": 0.7}}}}
+    monkeypatch.setattr(bench, "job", job)
+    monkeypatch.setattr(bench, "floor", lambda version, models, tree: {"cpu_s": 20.0 if version == "4.44.2" else 99.0, "wall_s": 1.0})
+    monkeypatch.setattr(bench, "entries", lambda folder: made[folder])
+    out = tmp_path / "bench.json"
+    monkeypatch.setattr(sys, "argv", ["bench_atlas.py", "--whole", "--floor", "--before-tree", str(before_tree),
+                                      "--sample", "4.44.2,5.25.0", "--support", str(_whole_support(tmp_path)), "--out", str(out)])
+    assert bench.main() == 0
+    assert [(v, s, m) for v, s, m in runs] == [("4.44.2", "before", None), ("4.44.2", "after", None),
+                                               ("5.25.0", "before", None), ("5.25.0", "after", None)]  # whole releases
+    record = json.loads(out.read_text())
+    rows = {r["release"]: r for r in record["releases"]}
+    assert rows["4.44.2"]["after_cpu_s"] == 40.0 and rows["4.44.2"]["how"] == "measured"
+    # 4.57.6 is nearer 4.44.2 in the atlas's release order (ties: the older): its CPU per architecture x 120
+    assert rows["4.57.6"]["after_cpu_s"] == 40.0 / 80 * 120 and "4.44.2's" in rows["4.57.6"]["how"]
+    assert rows["5.24.0"]["before_cpu_s"] == 200.0 and rows["5.24.0"]["after_cpu_s"] == 180.0  # 5.25.0's per architecture
+    assert record["slowest"] == {**rows["5.25.0"], "after_cpu_s": 198.0}
+    assert record["before_h"] == round((48.0 + 60.0 + 200.0 + 220.0) / 3600, 2)
+    assert record["committed_h"] == round((900 + 2000 + 300) / 3600, 2)  # printed beside, not used
+    # the planted change is found, before -> after and committed -> after; a different number is only beside
+    changed = record["whole"]["4.44.2"]["before_vs_after"]["changed"]
+    assert changed == [{"model": "opt", "backend": "sdpa", "verdict": ["pass", "fail"], "check": ["isolation", "logits_parity"],
+                        "causes": [[], ["leak"]]}]
+    assert record["whole"]["4.44.2"]["committed_vs_after"]["changed"][0]["model"] == "opt"
+    assert record["whole"]["5.25.0"]["before_vs_after"]["changed"] == []
+    assert record["whole"]["5.25.0"]["before_vs_after"]["beside"] == [{"model": "llama", "backend": "eager", "number": [0.6, 0.7]}]
+    printed = capsys.readouterr().out
+    assert "load average at start: 2.0" in printed and "its floor 20.0 s" in printed and "extrapolated" in printed
+
+
+def test_whole_names_a_sample_that_is_not_an_atlas_release(monkeypatch, tmp_path):
+    bench = _load(monkeypatch)
+    monkeypatch.setattr(sys, "argv", ["bench_atlas.py", "--whole", "--before-tree", str(tmp_path), "--sample", "4.99.0",
+                                      "--support", str(_whole_support(tmp_path)), "--out", str(tmp_path / "o.json")])
+    try:
+        bench.main()
+    except SystemExit as exc:
+        assert "--sample 4.99.0: not a release" in str(exc) and "4.44.2" in str(exc)
+    else:
+        raise AssertionError("an unknown sample was measured")

@@ -254,12 +254,17 @@ def run_plugin_in_env(python: Any, label: str, folder: Path, flags: list[str], r
     gain nothing from more (4 architectures x 3 backends on 2 quiet cores: 9.0 s wall either way, 9.4 s CPU vs
     11.6 s with torch's default 2), and beside another job on the same cores 2 threads spin against each other
     (at load 5: 14-16 s wall / 9-10 s CPU vs 54-86 s / 35-56 s). Shared by the transformers and the TRL axes;
-    ``runner`` replaces ``subprocess.run`` (tests). Returns the finished process."""
+    ``runner`` replaces ``subprocess.run`` (tests). Without pytest's logging plugin (``-p no:logging``): it wraps
+    each item's setup, call and teardown in handlers on the root logger, a quarter of the harness's wall in a
+    release of 7,700 cells (cProfile of 5.25.0 resumed from a complete journal, nothing measured: 34.0 -> 29.6 s CPU
+    without it, load 17-20, issue 47), and no verdict reads it: the checks read transformers' warnings through their
+    own handler on its logger (:func:`~pytest_packcheck.checks.workbench.capture_warnings`). Returns the finished
+    process."""
     from ..versions.envs import CHILD_ENV_VAR
 
     root = folder / "root"
     root.mkdir(exist_ok=True)
-    args = [str(python), "-m", "pytest", "-p", "pytest_packcheck.plugin", "-p", "no:cacheprovider", str(root),
+    args = [str(python), "-m", "pytest", "-p", "pytest_packcheck.plugin", "-p", "no:cacheprovider", "-p", "no:logging", str(root),
             "--rootdir", str(root), "-c", os.devnull, "-o", "addopts=", "-q", "-rN", "--tb=no",
             "-W", "ignore::pytest.PytestAssertRewriteWarning", *flags]
     child_env = {k: v for k, v in os.environ.items() if not k.startswith("PACKCHECK_") or k == "PACKCHECK_CACHE_DIR"}
