@@ -83,22 +83,31 @@ def floor(version: str, models: list[str] | None, tree: Path) -> dict:
     return {"cpu_s": round(cpu, 1), "wall_s": round(wall, 1), "cells_wall_s": {k: round(v, 1) for k, v in per_model.items()}}
 
 
+#: One release's job as ``tree``'s packcheck runs it (argv: tree, release, results folder, models as JSON, [] = all).
+_JOB = """
+import json, subprocess, sys
+from pathlib import Path
+from pytest_packcheck.atlas.release_run import release_flags, reproduce_command, run_plugin_in_env
+from pytest_packcheck.versions.envs import VersionCombo, ensure_env
+tree, version, folder, models = sys.argv[1], sys.argv[2], Path(sys.argv[3]), json.loads(sys.argv[4])
+def runner(args, **kw):
+    kw["env"] = {**kw["env"], "PYTHONPATH": tree, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(args, **kw)
+python = ensure_env(VersionCombo((f"transformers=={version}",))).python
+flags = release_flags(str(folder), None, [f"arch:{m}" for m in models] if models else None)
+sys.exit(run_plugin_in_env(python, f"transformers=={version}", folder, flags, reproduce_command(version), runner).returncode)
+"""
+
+
 def job(version: str, models: list[str] | None, tree: Path) -> dict:
     """CPU / wall of the atlas's own run of ``models`` (None: the whole release, every architecture) on ``version``
-    (the plugin in the release's environment, as ``packcheck atlas`` runs it) with ``tree``'s packcheck; ``folder``:
-    its results."""
-    from pytest_packcheck.atlas.release_run import release_flags, reproduce_command, run_plugin_in_env
-
+    (the plugin in the release's environment, as ``packcheck atlas`` runs it) with ``tree``'s packcheck, the command
+    line included (:data:`_JOB` runs ``tree``'s ``run_plugin_in_env``: a change of the atlas's pytest flags is
+    measured on its side only); ``folder``: its results."""
     folder = Path(tempfile.mkdtemp(prefix="bench-atlas-job-"))
-
-    def runner(args, **kw):
-        kw["env"] = {**kw["env"], "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1"}
-        return subprocess.run(args, **kw)  # noqa: PLW1510 - run_plugin_in_env passes check=False
-
     c0, t0 = _children_cpu(), time.perf_counter()
-    proc = run_plugin_in_env(_env_python(version), f"transformers=={version}", folder,
-                             release_flags(str(folder), None, [f"arch:{m}" for m in models] if models else None),
-                             reproduce_command(version), runner)
+    proc = subprocess.run([sys.executable, "-c", _JOB, str(tree), version, str(folder), json.dumps(models or [])],
+                          env={**os.environ, "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1"}, cwd=str(tree), check=False)
     cpu, wall = _children_cpu() - c0, time.perf_counter() - t0
     if proc.returncode not in (0, 1) or not (folder / "packcheck-matrix.json").exists():
         raise SystemExit(f"the atlas job failed on {version} ({tree}): see {folder / 'atlas-run.log'}")

@@ -155,3 +155,35 @@ def test_whole_names_a_sample_that_is_not_an_atlas_release(monkeypatch, tmp_path
         assert "--sample 4.99.0: not a release" in str(exc) and "4.44.2" in str(exc)
     else:
         raise AssertionError("an unknown sample was measured")
+
+
+def test_the_job_runs_the_measured_trees_own_command_line(monkeypatch, tmp_path):
+    """``job`` runs the measured checkout's ``run_plugin_in_env`` (a change of the atlas's pytest flags is on its side
+    only): a stand-in tree whose run_plugin_in_env writes what it was given is the one that ran."""
+    bench = _load(monkeypatch)
+    tree = tmp_path / "tree"
+    files = {
+        "pytest_packcheck/__init__.py": "",
+        "pytest_packcheck/versions/__init__.py": "",
+        "pytest_packcheck/versions/envs.py": (
+            "import sys, types\n"
+            "class VersionCombo(tuple):\n    pass\n"
+            "def ensure_env(combo):\n    return types.SimpleNamespace(python=sys.executable)\n"),
+        "pytest_packcheck/atlas/__init__.py": "",
+        "pytest_packcheck/atlas/release_run.py": (
+            "import json, os, subprocess\n"
+            "def release_flags(folder, shard, models):\n    return ['--stand-in-flag', *(models or ['all'])]\n"
+            "def reproduce_command(version):\n    return 'r'\n"
+            "def run_plugin_in_env(python, label, folder, flags, reproduce, runner):\n"
+            "    (folder / 'packcheck-matrix.json').write_text(json.dumps({'cells': [{'flags': flags, 'label': label, 'tree': __file__}]}))\n"
+            "    return subprocess.CompletedProcess([], 0)\n"),
+    }
+    for name, text in files.items():
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        (tree / name).write_text(text)
+    record = bench.job("9.9.9", None, tree)
+    cell = json.loads((Path(record["folder"]) / "packcheck-matrix.json").read_text())["cells"][0]
+    assert record["cells"] == 1 and cell["flags"] == ["--stand-in-flag", "all"] and cell["label"] == "transformers==9.9.9"
+    assert cell["tree"].startswith(str(tree))
+    record = bench.job("9.9.9", ["llama"], tree)
+    assert json.loads((Path(record["folder"]) / "packcheck-matrix.json").read_text())["cells"][0]["flags"][1] == "arch:llama"
