@@ -6,6 +6,7 @@ measurement of that release."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -164,3 +165,28 @@ def test_a_cell_that_ran_another_peft_than_its_environment_is_an_error_not_a_mea
     assert result.status == "error" and "ran peft 0.21.2" in result.message
     cells.runs[combo.label]["cells"]["b"] = {**child, "metrics": {"stack": {"element": "lora", "peft": "0.17.1"}}}
     assert cells.result(Cell(), []).status == "pass"
+
+
+def test_the_committed_stack_md_is_what_the_committed_stack_json_renders():
+    atlas = Path(__file__).resolve().parents[1] / "reports" / "atlas"
+    doc = json.loads((atlas / A.STACK_FILE).read_text())
+    assert doc["schema_version"] == A.STACK_SCHEMA_VERSION and set(doc["axes"]) <= set(A.AXES)
+    assert (atlas / "stack.md").read_text() == A.markdown(doc), "run: python tools/stack_releases.py --axis trl --render-only"
+    for name, block in doc["axes"].items():
+        assert block["releases"] and set(block["lines"]) == set(block["releases"]), name
+        for modes in block["rows"].values():
+            for runs in modes.values():  # runs cover measured releases in order, none twice
+                spans = [(block["releases"].index(a), block["releases"].index(b)) for a, b, _ in runs]
+                assert all(a <= b for a, b in spans) and all(b1 < a2 for (_, b1), (a2, _) in itertools.pairwise(spans))
+
+
+def test_the_libraries_own_deciding_line_is_read_from_the_releases_installed_file(tmp_path):
+    axis = A.AXES["accelerate"]
+    hook = tmp_path / "accelerate" / "big_modeling.py"
+    hook.parent.mkdir()
+    hook.write_text('def _attach_context_parallel_hooks(model):\n    module_kwargs["attention_mask"] = None\n'
+                    '    module_kwargs["is_causal"] = True\n')
+    assert A.source_lines(axis, tmp_path) == {"hook_at": "accelerate/big_modeling.py:3"}
+    hook.write_text("def _attach_context_parallel_hooks(model):\n    pass\n")  # a release without that line: no key
+    assert A.source_lines(axis, tmp_path) == {}
+    assert A.source_lines(axis, tmp_path / "missing") == {}

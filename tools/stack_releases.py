@@ -55,7 +55,13 @@ def main(argv: list[str] | None = None) -> int:
         folder = Path(ns.build) / axis.library / version
         doc = json.loads((folder / "packcheck-matrix.json").read_text())
         A.check_stack_version(axis, version, doc, str(folder))
-        reduced[version], records[version] = A.reduce_release(doc), record
+        cells_s = round(sum(float(c.get("duration_s") or 0.0) for c in doc.get("cells", [])), 1)
+        rows, lines = A.reduce_release(doc)
+        if axis.needles:  # the library's own deciding line, read from the release's installed file
+            from pytest_packcheck.versions.envs import _site_packages, ensure_env
+
+            lines.update(A.source_lines(axis, _site_packages(ensure_env(A.combo_of(axis, version)).path)))
+        reduced[version], records[version] = (rows, lines), {**record, "cells_s": cells_s}
     block = A.stack_block(axis, reduced, records)
     for line in A.transitions(block):
         print("transition:", line)

@@ -42,13 +42,16 @@ MODEL, BACKEND, CHECK = "arch:llama", "sdpa", "stack_trainers"
 class StackAxis:
     """One library's releases through the trainers: ``library`` (its ``==X`` is the environment's pin), ``since`` (its
     oldest minor), ``elements`` (model/stack.py names run per release), ``pins`` (libraries pinned at this
-    environment's version in every release's environment, so only ``library`` changes), ``why``: why these releases."""
+    environment's version in every release's environment, so only ``library`` changes), ``why``: why these releases;
+    ``needles``: ``(key, file, text)`` read from each release's installed file (:func:`source_lines`) where the
+    deciding line is the library's own and not one the check records (accelerate's hook)."""
 
     library: str
     since: str
     elements: tuple[str, ...]
     pins: tuple[str, ...]
     why: str
+    needles: tuple[tuple[str, str, str], ...] = ()
 
 
 #: The axes, by library.
@@ -56,7 +59,8 @@ AXES: dict[str, StackAxis] = {
     "trl": StackAxis("trl", "0.19", ("lora", "prompt_tuning", "cp"), ("peft",),
                      "the TRL axis's minors (0.19 introduced packing_strategy; packcheck's TRL floor)"),
     "accelerate": StackAxis("accelerate", "1.10", ("cp",), ("trl", "peft"),
-                            "accelerate's minors since its context-parallel hook (_attach_context_parallel_hooks, 1.10.0)"),
+                            "accelerate's minors since its context-parallel hook (_attach_context_parallel_hooks, 1.10.0)",
+                            (("hook_at", "accelerate/big_modeling.py", 'module_kwargs["is_causal"] = True'),)),
     "peft": StackAxis("peft", "0.13", ("lora", "dora", "prompt_tuning", "prefix_tuning"), ("trl",),
                       "peft's minors since TRL's own peft floor (trl[peft]: peft>=0.13.0)"),
 }
@@ -66,7 +70,7 @@ DECISION_KEYS = ("status", "decision", "settled", "position_ids_in_batch", "posi
 NUMBER_KEYS = ("grad_rel_err", "logits_max_abs_diff", "loss_delta")
 #: The file:line keys of a mode's entry, and what each says in stack.md.
 LINE_KEYS = {"decided_at": "padding_free decided at", "position_ids_dropped_at": "position_ids dropped at",
-             "raised_at": "raised at"}
+             "raised_at": "raised at", "hook_at": "the CP hook sets is_causal=True (dropping attention_mask) at"}
 
 
 def axis_flags(axis: StackAxis, report_dir: str) -> list[str]:
@@ -190,6 +194,21 @@ def reduce_release(doc: dict[str, Any]) -> tuple[dict[str, dict[str, dict[str, A
     return rows, {k: ", ".join(sorted(v)) for k, v in lines.items()}
 
 
+def source_lines(axis: StackAxis, site: Path) -> dict[str, str]:
+    """``{key: "<file>:<line>"}`` of each of ``axis.needles`` in a release environment's ``site`` (its site-packages):
+    the first line of the file that contains the text; a key is absent when the file or the text is not there."""
+    out = {}
+    for key, rel, needle in axis.needles:
+        try:
+            text = (Path(site) / rel).read_text(encoding="utf-8").splitlines()
+        except OSError:
+            continue
+        line = next((i for i, t in enumerate(text, 1) if needle in t), None)
+        if line:
+            out[key] = f"{rel}:{line}"
+    return out
+
+
 def _decision(entry: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in entry.items() if k not in NUMBER_KEYS}
 
@@ -199,7 +218,8 @@ def stack_block(axis: StackAxis, reduced: dict[str, tuple[dict[str, Any], dict[s
     """Releases -> :func:`reduce_release` output (and their done records: cost and versions) -> the axis's block:
     ``library``, ``elements``, ``releases`` (ascending), ``rows[element][mode]`` = runs ``[first, last, record]`` of
     consecutive releases with the same decision (numbers: the run's largest), ``lines[version]`` (the release's
-    file:line per :data:`LINE_KEYS`), ``cost`` (per release: wall seconds of the run, environment seconds) and
+    file:line per :data:`LINE_KEYS`), ``cost`` (per release: ``wall_s`` of the run, ``env_seconds``, ``cells_s``: the
+    cells' own seconds, what the check costs without the interpreter's start and imports) and
     ``held`` (the other libraries' versions, from the newest release's environment)."""
     order = sorted(reduced, key=version_key)
     rows: dict[str, dict[str, list[list[Any]]]] = {}
@@ -218,7 +238,8 @@ def stack_block(axis: StackAxis, reduced: dict[str, tuple[dict[str, Any], dict[s
     newest = (records.get(order[-1]) or {}).get("versions") or {} if order else {}
     return {"library": axis.library, "why": axis.why, "elements": list(axis.elements), "model": MODEL, "backend": BACKEND,
             "releases": order, "rows": rows, "lines": {v: reduced[v][1] for v in order},
-            "cost": {v: {k: records[v][k] for k in ("wall_s", "env_seconds") if k in records[v]} for v in order if v in records},
+            "cost": {v: {k: records[v][k] for k in ("wall_s", "env_seconds", "cells_s") if k in records[v]}
+                     for v in order if v in records},
             "held": {k: v for k, v in sorted(newest.items()) if k != axis.library}}
 
 
@@ -280,12 +301,15 @@ def markdown(doc: dict[str, Any]) -> str:
            "loss nats: the run's largest).")]
     for name, block in doc.get("axes", {}).items():
         order = block.get("releases") or []
-        cost = [c.get("wall_s", 0.0) for c in (block.get("cost") or {}).values()]
+        cost = sorted(c.get("wall_s", 0.0) for c in (block.get("cost") or {}).values())
+        cells = sorted(c["cells_s"] for c in (block.get("cost") or {}).values() if "cells_s" in c)
         held = ", ".join(f"{k} {v}" for k, v in (block.get("held") or {}).items())
         out += ["", f"## {name} ({len(order)} releases: {order[0] if order else '—'} .. {order[-1] if order else '—'})", "",
                 f"{block.get('why', '')}; elements {', '.join(block.get('elements', []))}; held: {held or '—'}. "
-                + (f"Per release {min(cost):.0f}-{max(cost):.0f} s wall (median {sorted(cost)[len(cost) // 2]:.0f} s, "
-                   "environment cached)." if cost else ""), "",
+                + (f"Per release {cost[0]:.0f}-{cost[-1]:.0f} s wall (median {cost[len(cost) // 2]:.0f} s; the machine's "
+                   "load is not recorded)" if cost else "")
+                + (f", of which the cells {cells[0]:.0f}-{cells[-1]:.0f} s (median {cells[len(cells) // 2]:.0f} s)"
+                   if cells else "") + ".", "",
                 "| element | mode | releases | decision and verdict |", "|---|---|---|---|"]
         for element, modes in block.get("rows", {}).items():
             for mode, runs in modes.items():
@@ -293,7 +317,7 @@ def markdown(doc: dict[str, Any]) -> str:
                     span = first if first == last else f"{first} .. {last}"
                     out.append(f"| {element} | {mode} | {span} | {describe(record)} |")
         moves = transitions(block)
-        out += ["", "Transitions: " + ("none (every release decides alike)" if not moves else ""), ""]
+        out += ["", "Transitions: none (every release decides alike)." if not moves else "Transitions:", ""]
         out += [f"- {t}" for t in moves]
         out += ["", "The lines that decide, per release:", ""]
         previous: dict[str, str] | None = None
