@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from cli_inprocess import packcheck
 
 from pytest_packcheck.errors import PackcheckUsageError
 from pytest_packcheck.run.throughput import PROFILES, run_bench, sample_lengths
@@ -52,15 +53,13 @@ def test_bench_same_examples_same_first_loss(tolerances):
 
 def test_bench_cli_writes_markdown_and_json(tmp_path):
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "bench", "--steps", "1", "--warmup", "1",
-                           "--batch-size", "4", "--max-length", "64", "--profile", "flan", "-o", str(out)],
-                          capture_output=True, text=True, check=False, timeout=300)
+    proc = packcheck("bench", "--steps", "1", "--warmup", "1", "--batch-size", "4", "--max-length", "64", "--profile", "flan",
+                     "-o", out)  # in this process (tests/cli_inprocess.py): the files and the exit code
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads((out / "bench.json").read_text())
     assert data["results"][0]["profile"] == "flan" and data["environment"]["torch"]
     assert "smoke test" in (out / "bench.md").read_text()
-    bad = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "bench", "--attn", "sdpaa"],
-                         capture_output=True, text=True, check=False, timeout=120)
+    bad = packcheck("bench", "--attn", "sdpaa")
     assert bad.returncode == 2 and "Unknown backend 'sdpaa' (from --attn)" in bad.stderr
 
 
@@ -205,9 +204,8 @@ def test_bench_cli_refuses_bad_input_before_measuring(tmp_path):
         (["--attn", "flex_attention"], "Backend 'flex_attention' (from --attn) cannot train on cpu: flex_attention has no backward"),
         (["--profile", str(tmp_path / "missing.txt")], f"Length file '{tmp_path / 'missing.txt'}' (from --profile) does not exist"),
     ]
-    for args, message in cases:
-        proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "bench", *args], cwd=tmp_path,
-                              capture_output=True, text=True, check=False, timeout=120)
+    for args, message in cases:  # each in this process (tests/cli_inprocess.py): the line and the exit code
+        proc = packcheck("bench", *args, cwd=tmp_path)
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, (args, proc.stderr[-1500:])
         assert message in proc.stderr and "TrIaL" not in proc.stderr + proc.stdout, (args, proc.stderr)
     assert not (tmp_path / "reports").exists()

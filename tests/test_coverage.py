@@ -179,14 +179,9 @@ def test_a_config_key_given_twice_is_refused_naming_both_values(models, config, 
 
 
 def test_a_config_key_given_twice_exits_2_on_the_cli(tmp_path):
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+    from cli_inprocess import packcheck  # the words and the exit code, in this process
 
-    proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "audit", "--models", "arch:llama{a=1,a=2}", "-n", "0",
-                           "--packcheck-report-dir", str(tmp_path / "r")], capture_output=True, text=True, check=False,
-                          cwd=tmp_path, timeout=300, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    proc = packcheck("audit", "--models", "arch:llama{a=1,a=2}", "-n", "0", "--packcheck-report-dir", tmp_path / "r", cwd=tmp_path)
     said = proc.stdout + proc.stderr
     assert proc.returncode == 2 and "Config key 'a' given twice" in said and "a=1 and a=2" in said, said[-1500:]
 

@@ -1,4 +1,5 @@
-"""packcheck gate / merge on real result documents (a small audit run once per module)."""
+"""packcheck gate / merge on real result documents (a small audit run once per module). The CLI runs in this process
+(tests/cli_inprocess.py): the tests read its words, exit codes and files."""
 
 from __future__ import annotations
 
@@ -6,10 +7,9 @@ import contextlib
 import copy
 import io
 import json
-import subprocess
-import sys
 
 import pytest
+from cli_inprocess import packcheck
 
 from pytest_packcheck.analysis.gate import compare, merge, regressions
 from pytest_packcheck.results.schema import SCHEMA_VERSION
@@ -18,9 +18,8 @@ from pytest_packcheck.results.schema import SCHEMA_VERSION
 @pytest.fixture(scope="module")
 def baseline_path(tmp_path_factory):
     root = tmp_path_factory.mktemp("gate")
-    proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "audit", "--models", "arch:llama,arch:opt",
-                           "--packcheck-attn", "sdpa", "--packcheck-checks", "isolation,logits_parity", "-n", "0", "-q",
-                           "--save-baseline"], cwd=root, capture_output=True, text=True, check=False)
+    proc = packcheck("audit", "--models", "arch:llama,arch:opt", "--packcheck-attn", "sdpa", "--packcheck-checks",
+                     "isolation,logits_parity", "-n", "0", "-q", "--save-baseline", cwd=root)
     assert proc.returncode == 0, proc.stderr
     return root / "reports" / "baseline.json"
 
@@ -39,7 +38,8 @@ def _pretend_pass(cell):
 
 
 def _gate(*args):
-    return subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "gate", *args], capture_output=True, text=True, check=False)
+    """``packcheck gate ARGS`` in this process (tests/cli_inprocess.py): its words and exit code."""
+    return packcheck("gate", *args)
 
 
 def test_same_results_pass_the_gate(baseline_path):
@@ -113,8 +113,8 @@ def test_pytest_baseline_fails_session_after_writing_matrix(pytester, baseline_p
     _pretend_pass(cell)  # pretend opt was fine before: today's measured leak is then a regression
     base = pytester.path / "base.json"
     base.write_text(json.dumps(doc))
-    result = pytester.runpytest_subprocess("--packcheck-models=arch:llama,arch:opt", "--packcheck-attn=sdpa",
-                                           "--packcheck-checks=isolation", f"--packcheck-baseline={base}", "-p", "no:cacheprovider")
+    result = pytester.runpytest_inprocess("--packcheck-models=arch:llama,arch:opt", "--packcheck-attn=sdpa",
+                                          "--packcheck-checks=isolation", f"--packcheck-baseline={base}", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(["*packcheck gate against*", "*opt-sdpa-isolation-float32*pass*fail*REGRESSION*", "1 regression(s)*"])
     assert (pytester.path / "reports" / "packcheck-matrix.json").exists()
@@ -122,11 +122,11 @@ def test_pytest_baseline_fails_session_after_writing_matrix(pytester, baseline_p
 
 def test_pytest_missing_baseline_is_usage_error(pytester, monkeypatch):
     """The error names the option the path came from (issue 28: it named the file only)."""
-    result = pytester.runpytest_subprocess("--packcheck-models=arch:llama", "--packcheck-baseline=nope.json", "-p", "no:cacheprovider")
+    result = pytester.runpytest_inprocess("--packcheck-models=arch:llama", "--packcheck-baseline=nope.json", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: Results file nope.json (from --packcheck-baseline) does not exist*"])
     monkeypatch.setenv("PACKCHECK_BASELINE", "gone.json")
-    result = pytester.runpytest_subprocess("--packcheck-models=arch:llama", "-p", "no:cacheprovider")
+    result = pytester.runpytest_inprocess("--packcheck-models=arch:llama", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: Results file gone.json (from $PACKCHECK_BASELINE) does not exist*"])
 
@@ -134,9 +134,9 @@ def test_pytest_missing_baseline_is_usage_error(pytester, monkeypatch):
 def test_shards_partition_the_models(pytester):
     ids = []
     for shard in ("1/2", "2/2"):
-        result = pytester.runpytest_subprocess("--packcheck-models=arch:llama,arch:opt,arch:qwen2", "--packcheck-attn=sdpa",
-                                               "--packcheck-checks=isolation", f"--packcheck-shard={shard}", "-p", "no:cacheprovider",
-                                               f"--packcheck-report-dir=r{shard[0]}")
+        result = pytester.runpytest_inprocess("--packcheck-models=arch:llama,arch:opt,arch:qwen2", "--packcheck-attn=sdpa",
+                                              "--packcheck-checks=isolation", f"--packcheck-shard={shard}", "-p", "no:cacheprovider",
+                                              f"--packcheck-report-dir=r{shard[0]}")
         assert result.ret in (0, 1)
         ids.append({c["cell_id"] for c in json.loads((pytester.path / f"r{shard[0]}" / "packcheck-matrix.json").read_text())["cells"]})
     assert ids[0] == {"llama-sdpa-isolation-float32", "qwen2-sdpa-isolation-float32"}
@@ -188,8 +188,7 @@ def test_merge_of_unrelated_audits_warns_and_keeps_every_column(baseline_path, t
     assert merged["settings"]["checks"][-1] == "packing_content" and other["command"] in merged["command"]
     (tmp_path / "a.json").write_text(json.dumps(doc))
     (tmp_path / "b.json").write_text(json.dumps(other))
-    proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "merge", "-o", str(tmp_path / "out"),
-                           str(tmp_path / "a.json"), str(tmp_path / "b.json")], capture_output=True, text=True, check=False)
+    proc = packcheck("merge", "-o", tmp_path / "out", tmp_path / "a.json", tmp_path / "b.json")
     assert proc.returncode == 0, proc.stderr
     assert "not shards of one audit" in proc.stderr and "checks" in proc.stderr
 
@@ -199,24 +198,22 @@ def test_audit_with_a_baseline_exits_1_on_a_regression_as_the_gate_does(tmp_path
     cells was read as "matrix written"). A regression now exits 1, by the gate's one rule (analysis.gate.compare):
     a correctness cell that got worse and a hazard probe that newly shows its hazard both count, in the audit as
     in `packcheck gate`; failing cells that were failing before do not."""
-    run = [sys.executable, "-m", "pytest_packcheck.cli", "audit", "--models", "arch:llama,arch:opt", "--packcheck-attn", "sdpa",
-           "--packcheck-checks", "isolation,cache_trap", "-n", "0", "-q"]
-    first = subprocess.run([*run, "--packcheck-report-dir", str(tmp_path / "a")], capture_output=True, text=True, check=False)
+    run = ["audit", "--models", "arch:llama,arch:opt", "--packcheck-attn", "sdpa", "--packcheck-checks", "isolation,cache_trap",
+           "-n", "0", "-q"]
+    first = packcheck(*run, "--packcheck-report-dir", tmp_path / "a")
     assert first.returncode == 0, first.stderr
     doc = json.loads((tmp_path / "a" / "packcheck-matrix.json").read_text())
     cells = {c["cell_id"]: c for c in doc["cells"]}
     assert cells["opt-sdpa-isolation-float32"]["status"] == "fail" and cells["llama-sdpa-cache_trap-float32"]["status"] == "fail"
     same = tmp_path / "same.json"
     same.write_text(json.dumps(doc))
-    proc = subprocess.run([*run, "--packcheck-report-dir", str(tmp_path / "b"), "--packcheck-baseline", str(same)],
-                          capture_output=True, text=True, check=False)
+    proc = packcheck(*run, "--packcheck-report-dir", tmp_path / "b", "--packcheck-baseline", same)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr  # failing as before: no regression
     _pretend_pass(cells["opt-sdpa-isolation-float32"])  # a correctness cell that passed before
     _pretend_pass(cells["llama-sdpa-cache_trap-float32"])  # a hazard that did not show before
     base = tmp_path / "base.json"
     base.write_text(json.dumps(doc))
-    proc = subprocess.run([*run, "--packcheck-report-dir", str(tmp_path / "c"), "--packcheck-baseline", str(base)],
-                          capture_output=True, text=True, check=False)
+    proc = packcheck(*run, "--packcheck-report-dir", tmp_path / "c", "--packcheck-baseline", base)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr
     assert "2 regression(s), 2 changed cell(s)" in proc.stdout
     assert "packcheck audit: 2 regression(s) against the baseline" in proc.stderr and "--packcheck-baseline" in proc.stderr
@@ -272,7 +269,7 @@ def test_an_empty_baseline_is_refused_by_the_gate_and_the_plugin(baseline_path, 
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout
     assert f"Baseline {empty} (from --baseline) holds no cells: there is nothing to compare against" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
-    result = pytester.runpytest_subprocess("--packcheck-models=arch:llama", f"--packcheck-baseline={empty}", "-p", "no:cacheprovider")
+    result = pytester.runpytest_inprocess("--packcheck-models=arch:llama", f"--packcheck-baseline={empty}", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"ERROR: Baseline {empty} (from --packcheck-baseline) holds no cells*"])
 
@@ -282,19 +279,17 @@ def test_a_refused_baseline_comparison_is_the_gates_only_line_in_the_plugin_and_
     "packcheck gate against base.json" and "0 regression(s), 0 changed cell(s)", the llama logits cell that went
     pass -> fail under logits_atol=0 counted as unchanged. The refusal is now the gate's only line (a usage error),
     and the matrix is still written."""
-    result = pytester.runpytest_subprocess("--packcheck-models=arch:llama", "--packcheck-attn=sdpa",
-                                           "--packcheck-checks=isolation,logits_parity", f"--packcheck-baseline={baseline_path}",
-                                           "--packcheck-tolerance=float32.logits_atol=0", "-p", "no:cacheprovider")
+    result = pytester.runpytest_inprocess("--packcheck-models=arch:llama", "--packcheck-attn=sdpa",
+                                          "--packcheck-checks=isolation,logits_parity", f"--packcheck-baseline={baseline_path}",
+                                          "--packcheck-tolerance=float32.logits_atol=0", "-p", "no:cacheprovider")
     out = result.stdout.str() + result.stderr.str()
     assert result.ret == pytest.ExitCode.USAGE_ERROR, out[-2000:]
     assert "Cannot compare" in out and "regression(s)" not in out and "packcheck gate against" not in out, out[-2000:]
     # on its own line, not glued to pytest's progress ("[100%]packcheck: error: ...", trial 21, 161)
     assert any(line.startswith("packcheck: error: Cannot compare") for line in result.stdout.lines), result.stdout.lines[-20:]
     assert (pytester.path / "reports" / "packcheck-matrix.json").exists()
-    proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "audit", "--models", "arch:gpt2", "--packcheck-attn",
-                           "sdpa", "--packcheck-checks", "isolation", "-n", "0", "-q", "--packcheck-report-dir",
-                           str(tmp_path / "r"), "--packcheck-baseline", str(baseline_path)],
-                          capture_output=True, text=True, check=False)
+    proc = packcheck("audit", "--models", "arch:gpt2", "--packcheck-attn", "sdpa", "--packcheck-checks", "isolation", "-n", "0",
+                     "-q", "--packcheck-report-dir", tmp_path / "r", "--packcheck-baseline", baseline_path)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out[-2000:]
     assert "Nothing compared" in out and "regression(s)" not in out and "packcheck gate against" not in out, out[-2000:]

@@ -191,7 +191,7 @@ def test_a_token_typed_as_a_model_spec_is_not_echoed_to_the_terminal(monkeypatch
     ],
 )
 def test_usage_errors_of_versions_timeout_isolation(pytester, args, message):
-    result = pytester.runpytest_subprocess("--packcheck-models=arch:llama", *args, "-p", "no:cacheprovider")
+    result = pytester.runpytest_inprocess("--packcheck-models=arch:llama", *args, "-p", "no:cacheprovider")  # words only
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: " + message])
 

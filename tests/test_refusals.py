@@ -4,22 +4,21 @@ PackcheckUsageError (exit 2) naming the value, where it came from and the fix.""
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_inprocess import packcheck
 
 from pytest_packcheck.errors import PackcheckUsageError
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _cli(*args, cwd=None, timeout=300):
-    return subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", *args], capture_output=True, text=True, check=False,
-                          cwd=cwd, timeout=timeout, env={**os.environ, "PYTHONPATH": str(REPO)})
+def _cli(*args, cwd=None):
+    """``packcheck ARGS`` in this process (tests/cli_inprocess.py): every test here is about the words and the exit
+    code, none about the process boundary, and each fresh interpreter imported torch and transformers again."""
+    return packcheck(*args, cwd=cwd)
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -54,19 +54,19 @@ def test_progress_line_per_model_and_quiet_under_q(pytester, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
     args = ["-p", "no:cacheprovider", "--packcheck-models=arch:llama,arch:opt", "--packcheck-attn=sdpa",
             "--packcheck-checks=isolation", f"--packcheck-report-dir={pytester.path / 'out'}", "-rf"]
-    result = pytester.runpytest_subprocess(*args)
+    result = pytester.runpytest_inprocess(*args)  # the progress words, not the process: in this one
     out = result.stdout.str()
     assert "packcheck: building llama (model 1/2); 0/2 cells, 0:00 elapsed, ETA —" in out
     assert "packcheck: building opt (model 2/2); 1/2 cells," in out and "ETA 0:" in out
     # the short summary line leads with the cause and the remedy (pytest cuts it at the terminal width)
     assert "FAILED packcheck::opt::packcheck[opt-sdpa-isolation-float32] - fail (leak; remedy: do not pack on" in out
-    quiet = pytester.runpytest_subprocess(*args, "-q").stdout.str()
+    quiet = pytester.runpytest_inprocess(*args, "-q").stdout.str()
     assert "packcheck: building" not in quiet
     # a resume builds no model whose cells the journal holds, and counts them as done from the start (trial 19, 67:
     # "building llama (model 1/3); 0/75 cells" for models taken wholly from the journal)
     journal = pytester.path / "out" / "packcheck-journal.jsonl"
     journal.write_text("\n".join(line for line in journal.read_text().splitlines() if "opt-sdpa" not in line) + "\n")
-    resumed = pytester.runpytest_subprocess(*args, "--packcheck-resume").stdout.str()
+    resumed = pytester.runpytest_inprocess(*args, "--packcheck-resume").stdout.str()
     assert "packcheck: llama (model 1/2): its 1 cell from the journal (--packcheck-resume), nothing to build; 1/2 cells (1 from the journal)" in resumed, resumed
     assert "packcheck: building opt (model 2/2); 1/2 cells (1 from the journal)," in resumed and "building llama" not in resumed
 
