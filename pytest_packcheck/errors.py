@@ -78,17 +78,55 @@ def escape_md(text: Any) -> str:
     return s
 
 
+#: :func:`secret_forms`'s memo: (the environment's variable names, the secret-named ones' values, the forms), the
+#: names and values as ``os.environ`` keeps them (CPython's ``_Environ._data``).
+_SECRET_FORMS: tuple[frozenset[Any] | None, dict[Any, Any], tuple[str, ...]] = (None, {}, ())
+
+
+def secret_forms() -> tuple[str, ...]:
+    """The texts :func:`scrub_secrets` replaces by value, in the environment's order: the value (8+ characters, not
+    plain lower-case words: :data:`_PLAIN_WORDS`) of every environment variable whose name holds TOKEN, KEY, SECRET or
+    PASSWORD, as typed and as :func:`escape_md` writes it in a Markdown report.
+
+    Read once per change that matters (issue 47: rescanning the environment cost ~0.35 s over the ~4,000 scrubs of
+    one audit): the memo is reused while ``os.environ`` holds the same variable names and the same values under the
+    secret-named ones (C-level comparisons of ``os.environ``'s underlying mapping, CPython's ``_Environ._data``), so
+    a variable set, changed or removed since (``os.environ[...] = ...``, ``monkeypatch.setenv``) is seen at the next
+    call, while pytest's own PYTEST_CURRENT_TEST, rewritten for every test, costs no rescan. Where ``os.environ`` has
+    no such mapping the forms are computed on every call, as before."""
+    global _SECRET_FORMS
+    data = getattr(os.environ, "_data", None)
+    names, watched, forms = _SECRET_FORMS
+    if isinstance(data, dict):
+        if names is not None and data.keys() == names and all(data.get(k) == v for k, v in watched.items()):
+            return forms
+        decode_key = getattr(os.environ, "decodekey", None)
+        decode_value = getattr(os.environ, "decodevalue", None)
+        if not (callable(decode_key) and callable(decode_value)):
+            data = None
+    found: dict[str, None] = {}
+    watched = {}
+    for raw_name, raw_value in (data.items() if isinstance(data, dict) else os.environ.items()):
+        name, value = (decode_key(raw_name), decode_value(raw_value)) if isinstance(data, dict) else (raw_name, raw_value)
+        if _SECRET_NAME.search(name):
+            watched[raw_name] = raw_value
+            if len(value) >= 8 and not _PLAIN_WORDS.fullmatch(value):
+                found.update(dict.fromkeys((value, escape_md(value))))  # as typed, and as a Markdown report escapes it
+    forms = tuple(found)
+    _SECRET_FORMS = (frozenset(data.keys()), watched, forms) if isinstance(data, dict) else (None, {}, ())
+    return forms
+
+
 def scrub_secrets(text: str) -> str:
     """``text`` with every secret replaced by ``***``: by value, the value (8+ characters, not plain lower-case words:
     :data:`_PLAIN_WORDS`) of every environment variable whose name holds TOKEN, KEY, SECRET or PASSWORD; the
     ``user:password@`` of a URL; by shape, anything that looks like an access token
     (:data:`SECRET_SHAPES`: ``hf_...``, ``ghp_...``, ``github_pat_...``, ``sk-...``, ``AKIA...``, ...). For what
-    reaches a terminal (test ids, warnings, error lines) as well as files (reports, journal, the run's owner file)."""
-    for name, value in os.environ.items():
-        if len(value) >= 8 and _SECRET_NAME.search(name) and not _PLAIN_WORDS.fullmatch(value):
-            for form in dict.fromkeys((value, escape_md(value))):  # as typed, and as a Markdown report escapes it
-                if form in text:
-                    text = text.replace(form, "***")
+    reaches a terminal (test ids, warnings, error lines) as well as files (reports, journal, the run's owner file).
+    The values are read from the environment once per change of it (:func:`secret_forms`)."""
+    for form in secret_forms():
+        if form in text:
+            text = text.replace(form, "***")
     return mask_url_credentials(SECRET_SHAPES.sub("***", text)) if "@" in text else SECRET_SHAPES.sub("***", text)
 
 

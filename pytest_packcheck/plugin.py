@@ -367,12 +367,8 @@ class _ResultRecorder:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        # the result travels scrubbed (run.sandbox.result_json: every string but the cell id, which the controller
+        # matches with its plan), so what later hooks write from the report (--junitxml's <property>, other plugins'
+        # logs) carries no token, as no report file does
         self.state.record(report)
-        # the result travelled unscrubbed (the controller needs the cell as run); what later hooks write from the
-        # report (--junitxml's <property>, other plugins' logs) gets it scrubbed, as every report file does
-        from .errors import scrub_secrets
-        from .run.items import RESULT_PROPERTY
-
-        report.user_properties = [(k, scrub_secrets(v) if k == RESULT_PROPERTY and isinstance(v, str) else v)
-                                  for k, v in getattr(report, "user_properties", [])]
         self.state.progress.finished(report)

@@ -86,9 +86,19 @@ class Workbench:
             return self.model(**inputs)
 
     @property
-    def accepted(self) -> set[str] | None:
-        """Keyword arguments the model's forward takes by name; None when it takes ``**kwargs`` only."""
-        params = inspect.signature(self.model.forward).parameters
+    def accepted(self) -> frozenset[str] | None:
+        """Keyword arguments the model's forward takes by name; None when it takes ``**kwargs`` only. Read once per
+        model and forward function (issue 47: ``inspect.signature`` on every forward was 3% of an audit's cells): a
+        forward swapped on the model (a planted fault, the guard's wrappers) is read again."""
+        forward = self.model.forward
+        key = ("accepted", id(self.model), getattr(forward, "__func__", forward))
+        if key not in self._cache:
+            self._cache[key] = self._accepted(forward)
+        return self._cache[key]
+
+    @staticmethod
+    def _accepted(forward: Any) -> frozenset[str] | None:
+        params = inspect.signature(forward).parameters
         named = {n for n, p in params.items() if p.kind is not inspect.Parameter.VAR_KEYWORD}
         if "input_ids" not in named and any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
             return None
@@ -96,7 +106,7 @@ class Workbench:
             # what a **kwargs forward hands on to its decoder (transformers 5.x's LlamaForCausalLM takes use_cache there)
             named |= {"cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx", "num_items_in_batch",
                       "use_cache"}
-        return named
+        return frozenset(named)
 
     def solo(self, example: list[int], model: Any = None, first: int | None = None) -> Any:
         """Logits ``(len, vocab)`` float32 of one example run alone (:mod:`.reference`: positions from ``first``,

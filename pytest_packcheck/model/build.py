@@ -130,6 +130,55 @@ def decoder_flag_needed(model: Any) -> bool:
         return False
 
 
+#: The last :func:`_shrunk` answer: (key, the resolved config it was made from, a copy of it as it was, the shrunk
+#: config, its parameter count, the notes the shrink wrote). One entry: a model's cell groups (one per backend) are
+#: built one after another.
+_LAST_SHRUNK: list[tuple[Any, Any, Any, Any, int, list[str]]] = []
+
+
+def _shrunk(resolved: ResolvedModel, auto: Any, trust_remote_code: bool, sliding_window: int,
+            notes: list[str]) -> tuple[Any, int]:
+    """``resolved.config`` shrunk (:func:`~.shrink.shrink_config`) and counted on the meta device, with
+    ``is_decoder=True`` where :func:`decoder_flag_needed` says so; the notes of both are appended to ``notes``.
+    Returns (a config of its own for the build, its parameter count).
+
+    The same model on its next backend takes the answer of the one before (issue 47: the shrink and the meta
+    build were a quarter of the audit's model builds, the same work for eager and sdpa): the shrink and the count
+    read the config alone, never the backend. Reused only for the same resolved model, auto class, flags and shrink /
+    meta-build functions, while ``resolved.config`` still equals (``PretrainedConfig.__eq__``: every attribute) the
+    copy taken when it was made; the config handed out is a fresh deep copy each time (``_from_config`` keeps the
+    object it is given).
+
+    Raises:
+        Exception: whatever the shrink or the meta build raises (nothing is kept then).
+    """
+    key = (id(resolved), resolved.model_kind, auto, trust_remote_code, sliding_window, shrink_config, build_on_meta)
+    if _LAST_SHRUNK:
+        last_key, config_of, as_was, shrunk, n_params, made_notes = _LAST_SHRUNK[0]
+        try:
+            same = last_key == key and config_of is resolved.config and bool(as_was == resolved.config)
+        except Exception:  # noqa: BLE001 - a config whose values do not compare: made again
+            same = False
+        if same:
+            notes.extend(made_notes)
+            return copy.deepcopy(shrunk), n_params
+    _LAST_SHRUNK.clear()
+    before = len(notes)
+    config = shrink_config(copy.deepcopy(resolved.config), keep_auto_map=trust_remote_code, notes=notes,
+                           sliding_window=sliding_window)
+    # Count parameters on the meta device first: a config whose size keys the shrink does not know
+    # would otherwise allocate a full-size model (an OOM kill on a 24 GB machine, seen with llama4).
+    probe = build_on_meta(lambda: auto.from_config(copy.deepcopy(config), trust_remote_code=trust_remote_code))
+    n_params = sum(p.numel() for p in probe.parameters())
+    if resolved.model_kind != "encoder" and decoder_flag_needed(probe):
+        config.is_decoder = True
+        notes.append("is_decoder=True (the causal-LM head of an encoder family: without it the model attends "
+                     "both ways, as transformers warns)")
+    _LAST_SHRUNK.append((key, resolved.config, copy.deepcopy(resolved.config), copy.deepcopy(config), n_params,
+                         notes[before:]))
+    return config, n_params
+
+
 def build_model(
     resolved: ResolvedModel,
     attn_implementation: str,
@@ -202,16 +251,7 @@ def build_model(
                 f"transformers itself, at full size either ({mismatch[0]}); not packcheck's shrink: give the value its "
                 f"checkpoints have, {fixes}, or use a checkpoint's config")
         try:
-            config = shrink_config(copy.deepcopy(resolved.config), keep_auto_map=trust_remote_code, notes=notes,
-                                   sliding_window=sliding_window or TINY_SLIDING_WINDOW)
-            # Count parameters on the meta device first: a config whose size keys the shrink does not know
-            # would otherwise allocate a full-size model (an OOM kill on a 24 GB machine, seen with llama4).
-            probe = build_on_meta(lambda: auto.from_config(copy.deepcopy(config), trust_remote_code=trust_remote_code))
-            n_params = sum(p.numel() for p in probe.parameters())
-            if resolved.model_kind != "encoder" and decoder_flag_needed(probe):
-                config.is_decoder = True
-                notes.append("is_decoder=True (the causal-LM head of an encoder family: without it the model attends "
-                             "both ways, as transformers warns)")
+            config, n_params = _shrunk(resolved, auto, trust_remote_code, sliding_window or TINY_SLIDING_WINDOW, notes)
         except ImportError:
             raise  # a missing optional package (PIL for gemma3n's vision tower): skipped with its reason
         except Exception as exc:

@@ -6,19 +6,58 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
-from ..errors import PackcheckUsageError, scrub_secrets
+from ..errors import PackcheckUsageError, scrub_secrets, secret_forms
 
 
 def scrub(text: str) -> str:
     """Remove what must never reach a report, journal or log: the values of secret-looking environment
     variables (HF_TOKEN, HUGGING_FACE_HUB_TOKEN, ..., 8+ characters) become ``***``, and the home directory
     becomes ``~``."""
-    text = scrub_secrets(text)
+    return without_home(scrub_secrets(text))
+
+
+def without_home(text: str) -> str:
+    """``text`` with the home directory written ``~`` (:func:`scrub`'s second half)."""
     home = os.path.expanduser("~")
     if len(home) > 1:
         text = text.replace(home, "~")
     return text
+
+
+def scrub_json(text: str, keep: tuple[str, ...] = ("cell_id",)) -> str:
+    """A JSON document's text with :func:`scrub_secrets` applied to every string in it (keys and values) but the
+    top-level ``keep`` fields, still valid JSON: what a cell child sends its parent (:mod:`..run.sandbox`), scrubbed
+    once there, so the parent's journal line, pytest report property and terminal message need no scrub of their own
+    (issue 47: each result was scrubbed three times in the parent). The cell id is kept as the cell ran: it is made
+    of the scrubbed model label and fixed names, and the parent matches it with the cell it planned.
+
+    When nothing is scrubbed (every cell of a run without secrets) the text is returned as it is; otherwise (a
+    secret in the text, as typed or JSON-escaped: a quote, a backslash, a non-ASCII letter in it) the document is
+    read, scrubbed string by string and written again with sorted keys (as ``CellResult.to_json`` writes it):
+    replacing a secret inside the text could eat a JSON escape around it."""
+    import json
+
+    escaped = (json.dumps(form)[1:-1] for form in secret_forms())
+    if scrub_secrets(text) == text and not any(e in text for e in escaped):
+        return text
+    data = json.loads(text)
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, str):
+            return scrub_secrets(value)
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        if isinstance(value, dict):
+            return {scrub_secrets(k): clean(v) for k, v in value.items()}
+        return value
+
+    if isinstance(data, dict):
+        data = {k if k in keep else scrub_secrets(k): v if k in keep else clean(v) for k, v in data.items()}
+    else:
+        data = clean(data)
+    return json.dumps(data, sort_keys=True)
 
 
 def write_failure(path: Path, exc: OSError, flag: str = "--packcheck-report-dir") -> str:

@@ -25,12 +25,16 @@ class PackcheckItem(pytest.Item):
         result = self.state.result_for(self)
         # On the item's user_properties the result reaches every report of this item (so the xdist controller
         # and --junitxml get it as a property).
-        from .sandbox import result_json
+        from .sandbox import from_child, result_json
 
+        # scrubbed (a cell child's result was, where it left the child): what the controller, --junitxml's <property>
+        # and other plugins' logs read carries no token
         self.user_properties.append((RESULT_PROPERTY, result_json(result)))
-        from ..errors import scrub_secrets
+        message = result.message
+        if not from_child(result):
+            from ..errors import scrub_secrets
 
-        message = scrub_secrets(result.message)  # the terminal gets what the files get: no token
+            message = scrub_secrets(message)  # the terminal gets what the files get: no token
         if result.status in ("skipped", "unsupported"):
             pytest.skip(f"{result.status}: {message}")
         if result.status in ("fail", "fallback") and result.role != "correctness":

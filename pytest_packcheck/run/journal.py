@@ -81,7 +81,7 @@ class Journal:
         self.fp = fp
         self.shared = shared
         #: (fp, settings, model_files) -> the JSON text after the cell of every line, made once (:meth:`_line`)
-        self._tail: tuple[tuple[str, int, int], str] | None = None
+        self._tail: tuple[tuple[str, int, int], str, str] | None = None  # (key, tail, tail scrubbed): _line
         #: the run's settings, stamped on every line: a later --packcheck-resume names what differed
         self.settings = settings
         #: the digests of the run's local model folders (:func:`local_model_files`), stamped on every line likewise
@@ -114,14 +114,21 @@ class Journal:
         except OSError as exc:
             raise PackcheckUsageError(write_failure(self.path, exc)) from None
 
-    def append(self, cell_json: str) -> None:
+    def append(self, cell_json: str, scrubbed: bool = False) -> None:
         """Add one finished cell. A write that fails (a disk that filled up during the run) is named once in a
         :class:`PackcheckWarning` and the run goes on without a journal: the cell's verdict stands, only
-        --packcheck-resume cannot reuse the cells from then on."""
+        --packcheck-resume cannot reuse the cells from then on. ``scrubbed``: ``cell_json`` is
+        :func:`~pytest_packcheck.run.sandbox.result_json`'s (secrets scrubbed but in the cell id, sorted keys, as
+        ``CellResult.to_json`` writes it): written as it is, not scrubbed nor encoded again; the home directory still
+        becomes ``~`` (:func:`~pytest_packcheck.results.io.scrub`), and a cell id that holds a secret still has the
+        whole line scrubbed."""
         if self.failed is not None:
             return
         try:
-            self._append(cell_json)
+            if scrubbed:
+                self._append(cell_json, scrubbed=True)
+            else:
+                self._append(cell_json)
         except OSError as exc:
             from ..results.io import write_failure
 
@@ -130,15 +137,20 @@ class Journal:
                                            "cells keep their verdicts; from this cell on none is journaled, so "
                                            "--packcheck-resume would run them again."), stacklevel=2)
 
-    def _append(self, cell_json: str) -> None:
+    def _append(self, cell_json: str, scrubbed: bool = False) -> None:
         from filelock import FileLock
 
-        from ..results.io import scrub
+        from ..errors import scrub_secrets
+        from ..results.io import scrub, without_home
 
         cell = json.loads(cell_json)
         if (cell.get("metrics") or {}).get("not_journaled"):  # killed from outside, judged nothing: a resume runs it again
             return
-        line = scrub(self._line(cell)) + "\n"
+        cell_id = cell.get("cell_id")
+        if scrubbed and isinstance(cell_id, str) and scrub_secrets(cell_id) == cell_id:
+            line = without_home(self._line(cell, cell_json)) + "\n"  # the tail is scrubbed once, in _line
+        else:
+            line = scrub(self._line(cell)) + "\n"
         with FileLock(str(self.path) + ".lock") if self.shared else contextlib.nullcontext(), open(self.path, "a+b") as fh:
             # a line cut off by a kill has no newline: end it first, so this line stays whole
             fh.seek(0, os.SEEK_END)
@@ -150,14 +162,21 @@ class Journal:
             fh.flush()
             os.fsync(fh.fileno())
 
-    def _line(self, cell: dict[str, Any]) -> str:
+    def _line(self, cell: dict[str, Any], cell_text: str | None = None) -> str:
         """``json.dumps({"fingerprint": ..., "cell": cell, "settings": ..., "model_files": ...}, sort_keys=True)``,
-        the same text, with everything after the cell (the same on every line) serialised once."""
+        the same text, with everything after the cell (the same on every line) serialised once. ``cell_text``: the
+        cell already written so (``json.dumps(cell, sort_keys=True)``, scrubbed): then the tail is given scrubbed
+        (:func:`~pytest_packcheck.results.io.scrub`, once per tail)."""
         key = (self.fp, id(self.settings), id(self.model_files))
         if self._tail is None or self._tail[0] != key:
+            from ..results.io import scrub
+
             rest = {"fingerprint": self.fp, **({"settings": self.settings} if self.settings is not None else {}),
                     **({"model_files": self.model_files} if self.model_files else {})}
-            self._tail = (key, "".join(f", {json.dumps(k)}: {json.dumps(v, sort_keys=True)}" for k, v in sorted(rest.items())))
+            tail = "".join(f", {json.dumps(k)}: {json.dumps(v, sort_keys=True)}" for k, v in sorted(rest.items()))
+            self._tail = (key, tail, scrub(tail))
+        if cell_text is not None:
+            return '{"cell": ' + cell_text + self._tail[2] + "}"
         return '{"cell": ' + json.dumps(cell, sort_keys=True) + self._tail[1] + "}"
 
     def load(self, warn: bool = True) -> dict[str, dict[str, Any]]:

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from ..analysis.fidelity import stand_in_differs
 from ..analysis.verdict_rules import unbacked_pass
 from ..backends import (
     FLASH_FAMILY,
@@ -208,8 +209,6 @@ def _fidelity(result: CheckResult, bench: Workbench, cell: Cell) -> CheckResult:
     """A stand-in cell whose model (or TRL, for the SFT checks) branches on the flash_attention_2 name is not a
     verdict on FlashAttention-2 (:mod:`fidelity`): "not checked: differs from real FA2 because ...", with the
     stand-in's own measurement kept in the evidence."""
-    from ..analysis.fidelity import stand_in_differs
-
     if result.status not in ("pass", "fail", "fallback", "error") or result.cause in ("packcheck_error", "library_config"):
         return result
     branches = stand_in_differs(bench.model, cell.backend, with_trl="trl" in SPECS[cell.check].requires)

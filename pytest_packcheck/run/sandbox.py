@@ -14,6 +14,7 @@ running and the rest of its cells are "not run (interrupted)", named by the sign
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -114,11 +115,12 @@ def interrupt_signal(exitcode: int | None) -> signal.Signals | None:
 
 
 def _child_main(cells: list[Any], run_cell: Callable[[Any], Any], conn: Any, log_path: str,
-                held: _HeldStopSignals | None = None, threads: int | None = None) -> None:
+                held: _HeldStopSignals | None = None, threads: int | None = None, reuse: bool = False) -> None:
     """In the forked child: route stdout/stderr to the log, run the cells (on ``threads`` torch intra-op threads
     when given), send each result, exit hard: 0 when every cell was sent, ``INTERRUPT_EXIT_BASE + N`` when signal N
     of :data:`INTERRUPT_SIGNALS` (or a KeyboardInterrupt: SIGINT) stopped it, 70 when anything else escaped the
-    runner."""
+    runner. ``reuse`` (:class:`SideBySide`): then wait on ``conn`` for the next group's cells and run them the same
+    way (the log emptied first, so a crash names this group's output), until None comes (or the pipe closes)."""
     _die_with_parent()
     if threads and "torch" in sys.modules:  # before any torch op here (SideBySide: the parent's OpenMP team)
         sys.modules["torch"].set_num_threads(threads)
@@ -135,8 +137,20 @@ def _child_main(cells: list[Any], run_cell: Callable[[Any], Any], conn: Any, log
             handler = signal.getsignal(signum)
             if callable(handler):
                 handler(signum, None)
+        from ..results.io import scrub_json
+
         for cell in cells:
-            conn.send(run_cell(cell).to_json())
+            conn.send(scrub_json(run_cell(cell).to_json()))  # scrubbed once, here: result_json
+        while reuse:
+            try:
+                more = conn.recv()
+            except EOFError:
+                break
+            if more is None:
+                break
+            os.ftruncate(1, 0)  # the log holds this group's output alone (O_APPEND: writes go on from 0)
+            for cell in more:
+                conn.send(scrub_json(run_cell(cell).to_json()))
     except KeyboardInterrupt:  # an interrupt, not a crash: the parent reads the signal from the exit code
         signum = _CHILD_STOPPED_BY[0] if _CHILD_STOPPED_BY else signal.SIGINT
         print(f"packcheck: cell child stopped by {signal.Signals(signum).name}", file=sys.stderr)
@@ -215,6 +229,11 @@ def warm_up(tolerances: dict[str, float], device: str, backends: Iterable[str] =
         from .runner import _no_compile_on_cpu
     except Exception:  # noqa: BLE001 - warming up is an optimisation; the cells report real problems
         return
+    for name in check_names:  # every check module of the run imported here, once, not in each forked child
+        spec = checks.registry.SPECS.get(name)
+        if spec is not None:
+            with contextlib.suppress(Exception):
+                spec.load()
     # One intra-op thread: torch then starts no OpenMP thread team in this process; a child forked after a
     # team exists can deadlock in its first parallel region (libgomp is not fork-safe).
     threads = torch.get_num_threads()
@@ -246,10 +265,22 @@ def warm_up(tolerances: dict[str, float], device: str, backends: Iterable[str] =
 
 
 def result_json(result: Any) -> str:
-    """``result.to_json()``; for a result a cell child sent, the JSON it sent (the same text: the child's to_json of the
-    same fields), not encoded again (issue 47: a CellResult's to_json took 0.4 ms, twice per cell in the parent)."""
+    """``result.to_json()`` with its secrets scrubbed (:func:`~pytest_packcheck.results.io.scrub_json`: every string
+    but the cell id): for a result a cell child sent, the JSON it sent, scrubbed there, neither encoded nor scrubbed
+    again (issue 47: a CellResult's to_json took 0.4 ms, twice per cell in the parent, and its scrub three times);
+    for any other (a crash or a timeout the parent wrote, a cell run in this process) made here. What the journal, the
+    pytest report's property and the controller read."""
     wire = getattr(result, "_wire_json", None)
-    return wire if isinstance(wire, str) else result.to_json()
+    if isinstance(wire, str):
+        return wire
+    from ..results.io import scrub_json
+
+    return scrub_json(result.to_json())
+
+
+def from_child(result: Any) -> bool:
+    """Whether ``result`` is one a cell child sent (its text, and so its message, already scrubbed: :func:`result_json`)."""
+    return isinstance(getattr(result, "_wire_json", None), str)
 
 
 def run_isolated(
@@ -283,15 +314,18 @@ class _GroupChildren:
 
     def __init__(self, cells: list[Any], run_cell: Callable[[Any], Any],
                  make_failure: Callable[[Any, str, str, dict[str, Any]], Any], on_result: Callable[[Any], None],
-                 timeout_s: float | None, child_threads: int | None) -> None:
+                 timeout_s: float | None, child_threads: int | None, pool: SideBySide | None = None) -> None:
         self.pending = list(cells)
         self.results: dict[str, Any] = {}
         self.run_cell, self.make_failure, self.on_result = run_cell, make_failure, on_result
         self.timeout_s, self.child_threads = timeout_s, child_threads
+        #: where an idle child comes from and goes back to (None: one child per group, reaped when it is done)
+        self.pool = pool
         self.proc: Any = None
         self.reader: Any = None
         self.log_path = ""
         self.t_start = 0.0
+        self.groups_run = 0  # groups the running child has taken, this one included (SideBySide.MAX_GROUPS_PER_CHILD)
 
     @property
     def done(self) -> bool:
@@ -302,24 +336,39 @@ class _GroupChildren:
         return self.t_start + self.timeout_s if self.timeout_s else None
 
     def start(self) -> None:
-        """Fork the child for the pending cells (stop signals held during the fork, :class:`_HeldStopSignals`)."""
+        """Hand the pending cells to an idle child of the pool (:class:`SideBySide`), or fork a child for them
+        (stop signals held during the fork, :class:`_HeldStopSignals`)."""
         import multiprocessing
 
+        idle = self.pool.idle_child() if self.pool is not None else None
+        while idle is not None:
+            proc, conn, log_path, groups_run = idle
+            try:
+                conn.send(list(self.pending))
+            except (OSError, EOFError, ValueError):  # it died while idle: reaped, and the next one (or a fork) takes them
+                SideBySide.retire(idle, kill=True)
+                idle = self.pool.idle_child() if self.pool is not None else None
+                continue
+            self.proc, self.reader, self.log_path, self.groups_run = proc, conn, log_path, groups_run + 1
+            self.t_start = time.perf_counter()
+            return
         ctx = multiprocessing.get_context("fork")
         fd, self.log_path = tempfile.mkstemp(prefix="packcheck-child-", suffix=".log")
         os.close(fd)
-        reader, writer = ctx.Pipe(duplex=False)
+        reuse = self.pool is not None
+        # one pipe each way for a child the pool may reuse (the parent sends it the next group's cells)
+        reader, writer = ctx.Pipe(duplex=reuse)
         self.t_start = time.perf_counter()
         gc.freeze()  # the child's collector then skips the parent's objects: no copy-on-write of their pages
         held = _HeldStopSignals()
         try:
             proc = ctx.Process(target=_child_main, args=(self.pending, self.run_cell, writer, self.log_path, held,
-                                                         self.child_threads), daemon=True)
+                                                         self.child_threads, reuse), daemon=True)
             proc.start()
         finally:
             held.restore()
             writer.close()
-        self.proc, self.reader = proc, reader
+        self.proc, self.reader, self.groups_run = proc, reader, 1
         held.deliver()  # a Ctrl-C that came during the fork is raised here; SideBySide's close() reaps the child
 
     def step(self) -> None:
@@ -373,18 +422,27 @@ class _GroupChildren:
             self._finish(cell, result)
             return self._next_child()
         result = CellResult.from_dict(json.loads(message))
-        result._wire_json = message  # type: ignore[attr-defined]  # its to_json(), as the child made it: result_json
+        result._wire_json = message  # type: ignore[attr-defined]  # its to_json(), scrubbed by the child: result_json
         cell = self.pending.pop(0)
         if result.cell_id != cell.cell_id:  # a programming error, not a model problem: say so loudly
             raise RuntimeError(f"isolated child answered {result.cell_id} for {cell.cell_id}")
         self._finish(cell, result)
         self.t_start = time.perf_counter()
         if not self.pending:
-            self._next_child()
+            self._release()
 
     def _finish(self, cell: Any, result: Any) -> None:
         self.results[cell.cell_id] = result
         self.on_result(result)
+
+    def _release(self) -> None:
+        """Every cell answered: the child goes back to the pool for the next group (:meth:`SideBySide.take_idle`), or
+        is reaped (no pool)."""
+        if self.pool is None or self.proc is None:
+            return self._next_child()
+        child = (self.proc, self.reader, self.log_path, self.groups_run)
+        self.proc, self.reader, self.log_path = None, None, ""
+        self.pool.take_idle(child)
 
     def _next_child(self) -> None:
         """The child is done (its cells answered) or gone: reap it; fork the next one for the cells left."""
@@ -426,15 +484,55 @@ class SideBySide:
     :meth:`wait_for` runs the children until a group is done and returns its results (cell_id -> result); the
     children of the next groups go on meanwhile. :meth:`close` reaps every child (an interrupt, a pytest -x)."""
 
+    #: Groups one child runs before it is retired and the next group gets a fresh fork: a bound on what a long run's
+    #: child accumulates (the modules and caches of the models it built).
+    MAX_GROUPS_PER_CHILD = 16
+
     def __init__(self, groups: list[tuple[str, list[Any]]], run_cell: Callable[[Any], Any],
                  make_failure: Callable[[Any, str, str, dict[str, Any]], Any], on_result: Callable[[Any], None],
-                 timeout_s: float | None = DEFAULT_TIMEOUT_S, jobs: int = 1, child_threads: int | None = None) -> None:
-        self.queue = [(name, _GroupChildren(cells, run_cell, make_failure, on_result, timeout_s, child_threads))
+                 timeout_s: float | None = DEFAULT_TIMEOUT_S, jobs: int = 1, child_threads: int | None = None,
+                 reuse: bool = True) -> None:
+        pool = self if reuse and len(groups) > 1 else None
+        self.queue = [(name, _GroupChildren(cells, run_cell, make_failure, on_result, timeout_s, child_threads, pool))
                       for name, cells in groups]
         self.names = {name for name, _ in groups}
         self.jobs = max(1, int(jobs))
         self.running: dict[str, _GroupChildren] = {}
         self.finished: dict[str, dict[str, Any]] = {}
+        #: children whose group is done, waiting for the next group's cells: (process, pipe, log path, groups run)
+        self.idle: list[tuple[Any, Any, str, int]] = []
+
+    def idle_child(self) -> tuple[Any, Any, str, int] | None:
+        """An idle child for the next group (the one that went idle last), or None."""
+        return self.idle.pop() if self.idle else None
+
+    def take_idle(self, child: tuple[Any, Any, str, int]) -> None:
+        """A child whose group is done: kept for a group still to start, else retired (also once it ran
+        :data:`MAX_GROUPS_PER_CHILD` groups)."""
+        waiting = any(group.pending for _, group in self.queue)
+        if waiting and child[3] < self.MAX_GROUPS_PER_CHILD and child[0].is_alive():
+            self.idle.append(child)
+        else:
+            self.retire(child)
+
+    @staticmethod
+    def retire(child: tuple[Any, Any, str, int], kill: bool = False) -> None:
+        """End an idle child: told to exit (None), reaped within 5 s (else killed; ``kill``: at once), its log removed."""
+        proc, conn, log_path, _ = child
+        if not kill:
+            with contextlib.suppress(OSError, ValueError):
+                conn.send(None)
+        with contextlib.suppress(OSError):
+            conn.close()
+        if proc.is_alive():
+            if kill:
+                proc.kill()
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        if log_path:
+            Path(log_path).unlink(missing_ok=True)
 
     def __contains__(self, name: object) -> bool:
         return name in self.names
@@ -487,3 +585,5 @@ class SideBySide:
         for group in self.running.values():
             group.close(kill)
         self.running.clear()
+        while self.idle:
+            self.retire(self.idle.pop(), kill)

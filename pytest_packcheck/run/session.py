@@ -193,7 +193,7 @@ class PackcheckSession:
                 todo.insert(0, cell)
             group = self._group_results.setdefault(cell.group, {})
             group.update(run_isolated(todo, self.runner().run, self._failure,
-                                      lambda r: self.journal.append(result_json(r)), self.settings.timeout_s))
+                                      lambda r: self.journal.append(result_json(r), scrubbed=True), self.settings.timeout_s))
         return group[cell.cell_id]
 
     def _side_by_side(self, item: PackcheckItem) -> Any:
@@ -218,7 +218,7 @@ class PackcheckSession:
             # audit keeps xdist workers for pretrained weights (cli.audit._side_by_side)
             threads = 1
             self._pool = SideBySide(list(groups.items()), self.runner().run, self._failure,
-                                    lambda r: self.journal.append(result_json(r)), self.settings.timeout_s, jobs=jobs,
+                                    lambda r: self.journal.append(result_json(r), scrubbed=True), self.settings.timeout_s, jobs=jobs,
                                     child_threads=None if os.environ.get("OMP_NUM_THREADS") else threads)
         return self._pool or None
 
