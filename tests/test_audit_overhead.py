@@ -253,3 +253,25 @@ def test_without_reuse_or_past_the_cap_every_group_gets_its_own_fork(monkeypatch
         pids = {pool.wait_for(name)[f"c{name[1:]}"].metrics["pid"] for name, _ in groups}
         pool.close()
         assert len(pids) == 3
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# one counted forward of the packed row for the backend check and the isolation probe
+
+
+def test_the_backend_check_reads_the_isolation_probes_counted_forward(llama_sdpa):
+    from pytest_packcheck.checks.attention import check_backend
+    from pytest_packcheck.checks.parity import check_isolation
+    from pytest_packcheck.model import batches as B
+
+    wb = llama_sdpa
+    calls = []
+    wb.model.register_forward_pre_hook(lambda module, args: calls.append(1))
+    isolation = check_isolation(wb)
+    assert isolation.status == "pass" and isolation.metrics["attention_boundaries"] == "reached"
+    calls.clear()
+    backend = check_backend(wb)
+    assert calls == [] and backend.status == "pass" and backend.metrics["boundaries_reached"] == 2
+    # planted: another collator is another row: counted again, never the first row's calls
+    wb.collator_factory = lambda **kw: B.default_collator_factory(**kw)
+    assert check_backend(wb).status == "pass" and calls == [1]

@@ -28,6 +28,20 @@ def _v(text: str | None) -> Any:
         return None
 
 
+@functools.lru_cache(maxsize=256)
+def _parsed_version(text: str | None) -> Any:
+    """:func:`_v`, once per version text (a document's cells share a handful)."""
+    return _v(text)
+
+
+@functools.lru_cache(maxsize=256)
+def _specifiers(versions: str) -> Any:
+    """``packaging``'s SpecifierSet of a known fault's ``versions``, made once per text."""
+    from packaging.specifiers import SpecifierSet
+
+    return SpecifierSet(versions)
+
+
 def library_version(cell: dict[str, Any], doc_env: dict[str, Any], library: str) -> str | None:
     """The version of ``library`` the cell ran with: its version environment's, else the document's."""
     env = cell.get("env") or {}
@@ -110,16 +124,15 @@ class KnownFault:
     bisect: Any = field(default=None, compare=False, hash=False)
 
     def applies(self, cell: dict[str, Any], doc_env: dict[str, Any]) -> bool:
-        """The cell is inside this fault's window: library version, architecture, backend and check."""
-        from packaging.specifiers import SpecifierSet
-
-        version = _v(library_version(cell, doc_env, self.library))
-        if version is None or not SpecifierSet(self.versions).contains(version.public, prereleases=True):
-            return False
+        """The cell is inside this fault's window: library version, architecture, backend and check (the version last:
+        issue 47, diagnosing the default audit parsed a specifier set for each of its 7,600 (cell, fault) pairs)."""
         arch_ok = "*" in self.architectures or (cell.get("model") or {}).get("model_type") in self.architectures
         backend = cell.get("backend")
         backend_ok = "*" in self.backends or backend in self.backends or backend is None
-        return arch_ok and backend_ok and cell.get("check") in self.checks
+        if not (arch_ok and backend_ok and cell.get("check") in self.checks):
+            return False
+        version = _parsed_version(library_version(cell, doc_env, self.library))
+        return version is not None and _specifiers(self.versions).contains(version.public, prereleases=True)
 
 
 def load_known_faults(path: str | Path | None = None) -> list[KnownFault]:

@@ -76,6 +76,31 @@ _ATTENTION_WORDS = ("sdpa", "eager", "flash_attention", "flex_attention", "scale
 _FALLBACK_WORDS = ("fall back", "falling back", "fallback", "not support", "instead of", "will be used")
 
 
+def counted_packed_forward(wb: Workbench) -> tuple[list[str], Any, list[int]]:
+    """One real forward of the default packed row (never the cached logits) with its attention calls counted
+    (:func:`~pytest_packcheck.backends.count_attention_calls`, the boundaries each call received), its
+    attention-module runs (:func:`count_attention_module_runs`) and the warnings logged during it
+    (:func:`~.workbench.capture_warnings`): ``(warnings, probe, runs)``. Cached per model and collator, so
+    :func:`check_backend`'s evidence and :func:`~.probes.leak_probe`'s ``attention_boundaries`` come from one forward
+    (issue 47: they ran the same row twice, with the same counter). The counters only observe the calls.
+
+    Raises:
+        Exception: what the forward or a counter raised (kept, raised again to the next caller)."""
+    key = ("counted_packed", id(wb.model), id(wb.collator_factory))
+    if key not in wb._cache:
+        try:
+            with capture_warnings() as logged, count_attention_calls(wb.model, wb.lengths) as probe, \
+                    count_attention_module_runs(wb.model, probe.calls) as runs:
+                wb.forward(wb.packed())
+            wb._cache[key] = (logged, probe, runs)
+        except Exception as exc:  # noqa: BLE001 - each caller reports it its own way
+            wb._cache[key] = exc
+    got = wb._cache[key]
+    if isinstance(got, BaseException):
+        raise got
+    return got
+
+
 def check_backend(wb: Workbench) -> CheckResult:
     """Requested vs effective attn_implementation; attention calls per backend in one packed forward (expected:
     one per attention layer, all on the requested backend); whether the packed boundaries reached every call
@@ -85,9 +110,7 @@ def check_backend(wb: Workbench) -> CheckResult:
     if requested and requested.startswith("paged|") and effective == requested.removeprefix("paged|"):
         requested = effective  # transformers drops the prefix it deprecated (5.x: "only needed for paged|eager")
     found = expected_attention_calls(wb.model)
-    with capture_warnings() as logged, count_attention_calls(wb.model, wb.lengths) as probe, \
-            count_attention_module_runs(wb.model, probe.calls) as runs:
-        wb.forward(wb.packed())  # a real forward, never the cached logits
+    logged, probe, runs = counted_packed_forward(wb)  # a real forward, never the cached logits
     # each attention-module forward that ran must dispatch at least once (diffllama dispatches twice); where no
     # module ran through a module call, one per module found
     expected = sum(max(1, n) for n in runs) if runs else found

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..backends import MASKED_BACKENDS, count_attention_calls
+from ..backends import MASKED_BACKENDS
 from ..model import batches as B
 from .registry import numerics_evidence, within_numerics
 from .stack import stack_cause
@@ -52,7 +52,7 @@ def leak_probe(wb: Workbench) -> dict[str, Any]:
     perturbed = [list(e) for e in wb.examples]
     perturbed[0] = [(t + 1 + vocab // 2) % vocab for t in perturbed[0]]
     rest = slice(wb.lengths[0], sum(wb.lengths))
-    base_batch, pert_batch = wb.packed(), wb.packed(perturbed)
+    pert_batch = wb.packed(perturbed)
     moved = float((wb.packed_logits()[rest] - wb.packed_logits(pert_batch)[rest]).abs().max())
     total = sum(wb.lengths)
     plain = torch.arange(wb.start, wb.start + total, device=wb.device)[None]
@@ -64,8 +64,9 @@ def leak_probe(wb: Workbench) -> dict[str, Any]:
 
     control = float((wb.plain_row_logits()[rest] - wb.packed_logits(unbounded(pert_batch))[rest]).abs().max())
     try:
-        with count_attention_calls(wb.model, wb.lengths) as probe:
-            wb.forward(base_batch)
+        from .attention import counted_packed_forward
+
+        _, probe, _ = counted_packed_forward(wb)  # the backend check's forward of the packed row: one for both
         isolated = [c.isolated for c in probe.calls]
         boundaries = "none" if not isolated else ("missing" if any(i is False for i in isolated) else "reached")
     except Exception:  # noqa: BLE001 - a model the counter cannot wrap: decided by the backend kind below
