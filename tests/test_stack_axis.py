@@ -70,6 +70,10 @@ def test_a_release_without_the_cell_breaks_a_run_and_a_skipped_cell_keeps_its_re
                           "message": "stack element dora needs peft >= 0.9.0 (installed: 0.8.2)", "metrics": {}}]}
     rows, _ = A.reduce_release(skipped)
     assert rows == {"dora": {"*": {"status": "skipped", "why": "stack element dora needs peft >= 0.9.0 (installed: 0.8.2)"}}}
+    # the release's environment path is cut from the reason: two releases failing alike are one run, not a transition
+    cut = {"cells": [{**skipped["cells"][0], "message": "model build: ImportError: cannot import name 'HybridCache' from "
+                      "'transformers' (~/.cache/packcheck/envs/peft-0.16.0-trl-1.16.0-f7d5dc8d78a1/lib/python3.11/site-"}]}
+    assert A.reduce_release(cut)[0]["dora"]["*"]["why"] == "model build: ImportError: cannot import name 'HybridCache' from 'transformers'"
     same = A.reduce_release(_doc({"lora": {"trainer": _mode()}}))
     block = A.stack_block(axis, {"0.13.2": same, "0.14.0": same})
     assert block["rows"]["lora"]["trainer"][0][:2] == ["0.13.2", "0.14.0"]
@@ -190,3 +194,11 @@ def test_the_libraries_own_deciding_line_is_read_from_the_releases_installed_fil
     hook.write_text("def _attach_context_parallel_hooks(model):\n    pass\n")  # a release without that line: no key
     assert A.source_lines(axis, tmp_path) == {}
     assert A.source_lines(axis, tmp_path / "missing") == {}
+
+
+def test_releases_not_measured_are_named_and_no_run_claims_them():
+    same = A.reduce_release(_doc({"lora": {"trainer": _mode()}}))
+    block = A.stack_block(A.AXES["trl"], {"1.4.0": same, "1.16.0": same}, missing=["1.15.0", "1.10.0"])
+    assert block["missing"] == ["1.10.0", "1.15.0"]
+    text = A.markdown({"axes": {"trl": block}})
+    assert "Not measured yet: 1.10.0, 1.15.0" in text and "| lora | trainer | 1.4.0 .. 1.16.0 |" in text

@@ -33,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--atlas-dir", default=str(REPO / "reports" / "atlas"))
     parser.add_argument("--no-write", action="store_true", help="print the block, write nothing")
     parser.add_argument("--render-only", action="store_true", help="write stack.md from stack.json, measure nothing")
+    parser.add_argument("--cached-only", action="store_true",
+                        help="reduce the releases already measured under --build, run none; the others are listed as missing")
     ns = parser.parse_args(argv)
     sys.path.insert(0, str(REPO))
     from pytest_packcheck.atlas import stack_axis as A
@@ -46,11 +48,15 @@ def main(argv: list[str] | None = None) -> int:
     axis = A.AXES[ns.axis]
     releases = (ns.releases.split(",") if ns.releases else
                 index_latest_patches(axis.library, "tools/stack_releases.py", "X,Y", axis.since, None))
-    reduced, records = {}, {}
+    reduced, records, missing = {}, {}, []
     for version in releases:
+        if ns.cached_only and not (Path(ns.build) / axis.library / version / "atlas-done.json").exists():
+            missing.append(version)
+            continue
         record = A.run_release(axis, version, Path(ns.build), print)
         if "error" in record:
             print(f"{version}: left out: {record['error']}", file=sys.stderr)
+            missing.append(version)
             continue
         folder = Path(ns.build) / axis.library / version
         doc = json.loads((folder / "packcheck-matrix.json").read_text())
@@ -62,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
 
             lines.update(A.source_lines(axis, _site_packages(ensure_env(A.combo_of(axis, version)).path)))
         reduced[version], records[version] = (rows, lines), {**record, "cells_s": cells_s}
-    block = A.stack_block(axis, reduced, records)
+    block = A.stack_block(axis, reduced, records, missing)
     for line in A.transitions(block):
         print("transition:", line)
     if ns.no_write:

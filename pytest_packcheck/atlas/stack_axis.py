@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -180,7 +181,8 @@ def reduce_release(doc: dict[str, Any]) -> tuple[dict[str, dict[str, dict[str, A
         if not element:
             continue
         if not modes:
-            rows[element] = {"*": {"status": cell.get("status"), "why": " ".join(str(cell.get("message") or "").split())[:160]}}
+            why = re.sub(r"\s*\((?:~|/)\S*(?:\)|$)", "", " ".join(str(cell.get("message") or "").split()))
+            rows[element] = {"*": {"status": cell.get("status"), "why": why[:160]}}  # paths (the release's env) cut
             continue
         for mode, m in modes.items():
             entry: dict[str, Any] = {k: m[k] for k in DECISION_KEYS if k in m}
@@ -214,13 +216,15 @@ def _decision(entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def stack_block(axis: StackAxis, reduced: dict[str, tuple[dict[str, Any], dict[str, str]]],
-                records: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+                records: dict[str, dict[str, Any]] | None = None, missing: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
     """Releases -> :func:`reduce_release` output (and their done records: cost and versions) -> the axis's block:
     ``library``, ``elements``, ``releases`` (ascending), ``rows[element][mode]`` = runs ``[first, last, record]`` of
     consecutive releases with the same decision (numbers: the run's largest), ``lines[version]`` (the release's
     file:line per :data:`LINE_KEYS`), ``cost`` (per release: ``wall_s`` of the run, ``env_seconds``, ``cells_s``: the
     cells' own seconds, what the check costs without the interpreter's start and imports) and
-    ``held`` (the other libraries' versions, from the newest release's environment)."""
+    ``held`` (the other libraries' versions, from the newest release's environment); ``missing``: releases of the plan
+    not measured (a run spans measured releases only: a release between two of its releases that is missing here was
+    not measured, so the run says nothing about it)."""
     order = sorted(reduced, key=version_key)
     rows: dict[str, dict[str, list[list[Any]]]] = {}
     for version in order:
@@ -240,7 +244,8 @@ def stack_block(axis: StackAxis, reduced: dict[str, tuple[dict[str, Any], dict[s
             "releases": order, "rows": rows, "lines": {v: reduced[v][1] for v in order},
             "cost": {v: {k: records[v][k] for k in ("wall_s", "env_seconds", "cells_s") if k in records[v]}
                      for v in order if v in records},
-            "held": {k: v for k, v in sorted(newest.items()) if k != axis.library}}
+            "held": {k: v for k, v in sorted(newest.items()) if k != axis.library},
+            "missing": sorted(missing, key=version_key)}
 
 
 def _previous(order: list[str], version: str) -> str | None:
@@ -316,6 +321,9 @@ def markdown(doc: dict[str, Any]) -> str:
                 for first, last, record in runs:
                     span = first if first == last else f"{first} .. {last}"
                     out.append(f"| {element} | {mode} | {span} | {describe(record)} |")
+        if block.get("missing"):
+            out += ["", (f"Not measured yet: {', '.join(block['missing'])} (`python tools/stack_releases.py --axis {name}` "
+                         "measures them; a run of releases above spans only the releases measured, none of these).")]
         moves = transitions(block)
         out += ["", "Transitions: none (every release decides alike)." if not moves else "Transitions:", ""]
         out += [f"- {t}" for t in moves]
