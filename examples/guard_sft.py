@@ -18,8 +18,16 @@ optional (without it a mismatch ends the run with the exception).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 import tempfile
+
+# a fresh `pip install -e .` has no accelerate / TRL (an extra): one line naming what to install, not an
+# ImportError traceback from inside the Trainer (a hostile trial, helper G)
+_MISSING = [m for m in ("trl", "datasets", "accelerate") if importlib.util.find_spec(m) is None]
+if _MISSING:
+    sys.exit(f"examples/guard_sft.py: TRL's SFTTrainer needs trl, datasets and accelerate; not installed: "
+             f"{', '.join(_MISSING)}. Install them with pip install -c constraints/cpu.txt -e '.[trl]' (a GPU machine: -e '.[trl]').")
 
 import torch
 from datasets import Dataset

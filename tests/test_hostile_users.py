@@ -125,3 +125,29 @@ def test_float_logprobs_and_a_whole_number_loss_are_still_taken(rl_model):
     result = verify_packed_logprobs(rl_model, batch, lp[None], per_token_loss=torch.zeros(1, 11), loss=0,
                                     loss_type="token_mean")
     assert result.verdict == "pass", result.line()
+
+
+BLOCK_FIND_SPEC = '''
+import importlib.util, os
+_real = importlib.util.find_spec
+_gone = set(os.environ["PACKCHECK_TRIAL_MISSING"].split(","))
+importlib.util.find_spec = lambda name, *a, **k: None if name in _gone else _real(name, *a, **k)
+'''
+
+
+@pytest.mark.parametrize(("example", "missing"), [("guard_trainer.py", "accelerate"), ("guard_sft.py", "trl,datasets")])
+def test_an_example_without_its_extra_says_what_to_install(tmp_path, example, missing):
+    """Planted: the packages a fresh ``pip install -e .`` lacks hidden from the example (its find_spec says not
+    installed). README said the examples run on CPU in seconds; guard_trainer.py ended in transformers' ImportError
+    traceback (accelerate), guard_sft.py in ModuleNotFoundError: datasets."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(BLOCK_FIND_SPEC)
+    repo = Path(__file__).resolve().parent.parent
+    env = {**__import__("os").environ, "PYTHONPATH": f"{site}:{repo}", "PACKCHECK_TRIAL_MISSING": missing}
+    proc = subprocess.run([sys.executable, str(repo / "examples" / example), "--output-dir", str(tmp_path / "out")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, check=False, timeout=300)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 1 and len(lines) == 1, proc.stderr[-2000:]
+    assert lines[0].startswith(f"examples/{example}: ") and f"not installed: {missing.replace(',', ', ')}." in lines[0]
+    assert "-e '.[trl]'" in lines[0] and not (tmp_path / "out").exists()
