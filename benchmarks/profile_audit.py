@@ -3,7 +3,8 @@
     python benchmarks/profile_audit.py [--backends eager,sdpa] [--keep DIR] [-- extra audit arguments]
 
 Runs ``packcheck audit -q --packcheck-attn <backends>`` as the audit runs (``-n 2``: one process, two models' cell
-children side by side, a forked child per model; ``-- -n 2`` with ``--packcheck-isolation`` none or a CUDA device:
+children side by side, each child taking model after model (up to ``SideBySide.MAX_GROUPS_PER_CHILD``; a fresh fork
+after a crash or a timeout); ``-- -n 2`` with ``--packcheck-isolation`` none or a CUDA device:
 the controller and two xdist workers), with a ``sitecustomize`` on ``PYTHONPATH`` that profiles every one of those
 processes under cProfile on ``time.process_time`` (CPU seconds: waiting on a pipe or a lock costs nothing): each
 process from its start, each forked cell child from its fork (its own profiler; the parent's is dropped), written
@@ -19,7 +20,8 @@ workers end with). Then prints per role (controller, worker, cell child) the pro
   and journaled;
 - ``resolve``: the model specs resolved (their configs made, shrunk and counted), once per process;
 - ``collection``: pytest's collection (cells planned, items made);
-- ``journal``, ``report``: the journal appends, the report files written.
+- ``journal``, ``report``: the journal appends, the report files written;
+- ``scrub``: :func:`pytest_packcheck.errors.scrub_secrets` (terminal lines, results where they leave a child, labels).
 
 Profiling adds its own overhead (Python calls cost several times more under cProfile): the phases' shares are
 what to read, not the seconds; ``benchmarks/bench_audit.py`` gives the unprofiled figure.
@@ -105,6 +107,7 @@ PHASES = {
     "collection": [("_pytest/main.py", "perform_collect")],
     "journal": [("run/journal.py", "append")],
     "report": [("run/session.py", "finish"), ("report/formats.py", "write_reports")],
+    "scrub": [("pytest_packcheck/errors.py", "scrub_secrets")],
 }
 
 
