@@ -298,8 +298,10 @@ def test_the_video_row_and_the_processor_rows_ride_beside_the_verdict_and_a_rele
     and never its verdict; a skipped one fills nothing; a release measured before the block ran them runs those checks
     alone on the models it holds (extra/), then nothing. Planted: a video row that leaks on 5.25.0 under an isolation
     that passes stays a pass with ``videos`` = fail / leak; a processor layout that leaks reads ``leaks``."""
-    processor = {"layouts": {"as_is": {"holds": False, "max_abs_diff": 0.31}, "pixels": {"holds": True, "max_abs_diff": 2e-07}},
-                 "leaked": ["as_is"], "held": ["pixels"]}
+    processor = {"layouts": {"as_is": {"holds": False, "max_abs_diff": 0.31, "isolation": 0.12},
+                             "pixels": {"holds": True, "max_abs_diff": 2e-07, "isolation": 0.0},
+                             "dropped": {"holds": False, "max_abs_diff": 0.2, "isolation": 0.0}},
+                 "leaked": ["as_is", "dropped"], "held": ["pixels"]}  # dropped: not as alone, nothing moved: differs
     base = [_cell("qwen2_vl", "sdpa", c, "pass", prefix="arch:") for c in ("mm_isolation", "mm_parity")]
     _write(tmp_path / "mm", "5.24.0", base)
     calls: list = []
@@ -324,11 +326,11 @@ def test_the_video_row_and_the_processor_rows_ride_beside_the_verdict_and_a_rele
     block = K.collect_kind(MM, tmp_path / "mm")
     entry = block["cells"]["qwen2_vl"]["sdpa"]["5.24.0"]
     assert entry["verdict"] == "pass" and entry["videos"] == ["fail", 0.204, "leak"]
-    assert entry["processor"] == {"as_is": ["leaks", 0.31], "pixels": ["holds", 2e-07]}
+    assert entry["processor"] == {"as_is": ["leaks", 0.31], "dropped": ["differs", 0.2], "pixels": ["holds", 2e-07]}
     assert "eager" not in block["cells"]["qwen2_vl"] and block["side_checks"] == list(MM.side)  # a side check makes no entry
     text = "\n".join(render_kind_markdown(K.packed(block)))
     assert "- **qwen2\\_vl**: 5.24.0: ❌ leak (max |Δ| 2.0e-01)" in text
-    assert "- **qwen2\\_vl**: 5.24.0: as_is leaks, pixels holds (max |Δ| 3.1e-01)" in text
+    assert "- **qwen2\\_vl**: 5.24.0: as_is leaks, dropped differs, pixels holds (max |Δ| 3.1e-01)" in text
     main = {"schema": "packcheck-atlas-support", "schema_version": A.SUPPORT_SCHEMA_VERSION, "packcheck_version": "0.1.0",
             "generated": "2026-12-06", "device": "cpu", "dtype": "float32", "torch": "2.13.0+cpu", "backends": list(A.ATLAS_BACKENDS),
             "checks": ["isolation"], "releases": [], "missing": [], "cells": {}, "transitions": [], "multimodal": K.packed(block)}
