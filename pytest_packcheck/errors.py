@@ -339,6 +339,21 @@ def _last_frame(exc: BaseException) -> str:
     return f"{os.path.basename(code.co_filename)}:{last.tb_lineno} in {code.co_name}"
 
 
+def path_failure_message(exc: BaseException) -> str | None:
+    """One line for an OSError a path itself raises before anything is read or written, or None: a name longer than
+    the file system takes (ENAMETOOLONG, a component over 255 bytes). Python's ``Path.exists()`` / ``is_dir()`` raise
+    it rather than answer False (3.11 pathlib ignores only ENOENT, ENOTDIR, EBADF, ELOOP), so every reader of a flag's
+    path met it as a traceback (a hostile trial, helper G: ``--packcheck-report-dir``, ``--audit``, ``gate``, ``lookup``)."""
+    import errno
+
+    if not isinstance(exc, OSError) or exc.errno != errno.ENAMETOOLONG:
+        return None
+    name = str(exc.filename) if exc.filename is not None else ""
+    shown = f"'{name}'" if len(name) <= 120 else f"'{name[:60]}...{name[-30:]}' ({len(name)} characters)"
+    return (f"the path {shown} is longer than the file system takes ({exc.strerror or 'File name too long'}: a name "
+            "over 255 bytes, or a path over 4096): give a shorter path.")
+
+
 def load_failure_message(exc: BaseException) -> str | None:
     """One line for an ImportError / MemoryError raised while packcheck loads torch or transformers, or None
     when ``exc`` is not one. Under a process memory limit (``ulimit -v``) the dynamic loader cannot map

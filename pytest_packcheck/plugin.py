@@ -96,12 +96,14 @@ def _configure(config: pytest.Config) -> None:
         state.resolved_models()
         config.stash[_SESSION_KEY] = state
         config.pluginmanager.register(_ResultRecorder(state), "packcheck-results")
-    except (PackcheckUsageError, ImportError, MemoryError) as exc:
+    except (PackcheckUsageError, ImportError, MemoryError, OSError) as exc:
+        from .errors import load_failure_message, path_failure_message
+
+        if isinstance(exc, OSError) and not path_failure_message(exc):
+            raise
         if state is not None:
             state.release()
-        from .errors import load_failure_message
-
-        raise pytest.UsageError(load_failure_message(exc) or str(exc)) from None
+        raise pytest.UsageError(load_failure_message(exc) or path_failure_message(exc) or str(exc)) from None
 
 
 def _state(config: pytest.Config) -> Any:

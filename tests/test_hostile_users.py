@@ -151,3 +151,39 @@ def test_an_example_without_its_extra_says_what_to_install(tmp_path, example, mi
     assert proc.returncode == 1 and len(lines) == 1, proc.stderr[-2000:]
     assert lines[0].startswith(f"examples/{example}: ") and f"not installed: {missing.replace(',', ', ')}." in lines[0]
     assert "-e '.[trl]'" in lines[0] and not (tmp_path / "out").exists()
+
+
+LONG = "d" * 300  # one path component over the 255 bytes a Linux file system takes: ENAMETOOLONG
+
+
+@pytest.mark.parametrize("args", [
+    ["gate", "--baseline", "/tmp/{long}/x.json", "--candidate", "{r1}"],
+    ["lookup", "llama", "sdpa", "4.53.1", "--support-file", "/tmp/{long}/support.json"],
+    ["audit", "--audit", "/tmp/{long}.toml"],
+    ["audit", "--models", "arch:llama", "--packcheck-tolerances", "/tmp/{long}.toml"],
+    ["audit", "--models", "arch:llama", "--packcheck-attn", "sdpa", "-n", "0", "--packcheck-report-dir", "{tmp}/{long}"],
+], ids=["gate", "lookup", "audit-file", "tolerances", "report-dir"])
+def test_a_path_too_long_for_the_file_system_is_one_line_exit_2(tmp_path, args):
+    """Planted: a path with a 300-byte name. Path.exists() / is_dir() raise ENAMETOOLONG rather than answer, and each
+    reader let it out as an OSError traceback (an INTERNALERROR, exit 3, from the audit)."""
+    r1 = tmp_path / "r1.json"
+    r1.write_text("{}")
+    args = [a.format(long=LONG, r1=r1, tmp=tmp_path) for a in args]
+    proc = _cli(args, tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-2000:]
+    assert "Traceback" not in out and "INTERNALERROR" not in out, out[-2000:]
+    said = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(said) == 1 and ("longer than the file system takes" in said[0] or "File name too long" in said[0]), said
+
+
+def test_the_path_line_names_the_path_shortened():
+    import errno
+
+    from pytest_packcheck.errors import path_failure_message
+
+    exc = OSError(errno.ENAMETOOLONG, "File name too long", f"/tmp/{LONG}/x.json")
+    line = path_failure_message(exc)
+    assert line.startswith("the path '/tmp/ddd") and "(312 characters)" in line and "give a shorter path" in line
+    assert path_failure_message(OSError(errno.EACCES, "Permission denied", "/x")) is None
+    assert path_failure_message(ValueError("x")) is None

@@ -361,6 +361,13 @@ def _run(name: str, run: Any) -> int:
     except PackcheckUsageError as exc:
         print(f"packcheck {name}: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a path the file system refuses (a name over 255 bytes): one line, exit 2
+        from ..errors import path_failure_message
+
+        if not path_failure_message(exc):
+            raise
+        print(f"packcheck {name}: error: {path_failure_message(exc)}", file=sys.stderr)
+        return 2
     except (ImportError, MemoryError) as exc:  # torch cannot load (ulimit -v): one line, not a traceback
         from ..errors import load_failure_message
 

@@ -118,7 +118,11 @@ def _check_run_inputs(path: Path, settings: Any) -> None:
     from ..report.formats import REPORT_FILES
 
     for name in (*REPORT_FILES, "packcheck-journal.jsonl"):
-        if (path / name).is_dir():
+        try:
+            is_dir = (path / name).is_dir()
+        except OSError:  # a path the OS refuses (a name over 255 bytes: an INTERNALERROR, trial 4): probe_folder names it
+            is_dir = False
+        if is_dir:
             raise PackcheckUsageError(
                 f"'{path / name}' (in --packcheck-report-dir) is a directory: packcheck writes a file there; "
                 "move it or pass another --packcheck-report-dir."
