@@ -187,3 +187,21 @@ def test_the_path_line_names_the_path_shortened():
     assert line.startswith("the path '/tmp/ddd") and "(312 characters)" in line and "give a shorter path" in line
     assert path_failure_message(OSError(errno.EACCES, "Permission denied", "/x")) is None
     assert path_failure_message(ValueError("x")) is None
+
+
+@pytest.mark.parametrize(("content", "says"), [("{not json", "is not valid JSON"), (None, "has no config.json")])
+def test_bisect_refuses_a_local_model_without_a_readable_config_before_any_environment(tmp_path, content, says):
+    """Planted: --model a folder whose config.json is broken or missing. bisect built both endpoints' environments and
+    ran the cell in each before the model's config was read (a hostile trial: minutes, and an endpoint crash)."""
+    from pytest_packcheck.analysis.bisect import parse_cell_id
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    if content is not None:
+        (folder / "config.json").write_text(content)
+    with pytest.raises(PackcheckUsageError, match=rf"\(from --model\).*{says}"):
+        parse_cell_id("llama-sdpa-isolation-float32", "CELL", str(folder))
+    good = tmp_path / "good"
+    good.mkdir()
+    (good / "config.json").write_text('{"model_type": "llama"}')
+    assert parse_cell_id("llama-sdpa-isolation-float32", "CELL", str(good)).model == str(good)

@@ -268,6 +268,10 @@ def parse_cell_id(cell_id: str, source: str, model: str | None = None) -> CellRe
         from .support_file import refuse_unknown_model_type
 
         refuse_unknown_model_type(parsed.name, "--model" if model else f"the model label of {source}")
+    if parsed.kind == "local":  # a folder without a readable config.json: refused now, not after the environments are
+        from ..model.configs import read_config_dict  # built and each endpoint crashed on it (hostile trial 4)
+
+        read_config_dict(parsed, "--model" if model else f"the model label of {source}")
     return CellRef(cell_id.strip(), spec, label, backend, check, dtype)
 
 
