@@ -6,9 +6,13 @@ import json
 import subprocess
 import sys
 
+from cli_inprocess import packcheck
+
 
 def _run(args, cwd):
-    return subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", *args], cwd=cwd, capture_output=True, text=True, check=False)
+    """``packcheck ARGS`` in this process (tests/cli_inprocess.py): these tests read the words, the exit code and the
+    files written, not the process boundary (the GPU script's rehearsal below runs as CI runs it)."""
+    return packcheck(*args, cwd=cwd)
 
 
 def test_audit_writes_matrix_and_survives_a_broken_model(tmp_path):

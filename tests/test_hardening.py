@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_inprocess import packcheck
 
 from pytest_packcheck.errors import PackcheckUsageError, PackcheckWarning
 
@@ -25,6 +26,11 @@ QUICK = ["--packcheck-attn", "sdpa", "--packcheck-checks", "isolation", "-n", "0
 
 
 def _cli(args, cwd, env=None, timeout=300, preexec_fn=None):
+    """``packcheck ARGS``: in this process (tests/cli_inprocess.py) for the words, the exit code and the files written;
+    in a fresh interpreter where the process is the point: a memory limit on it (``preexec_fn``), or secrets in its
+    environment (``env``: nothing of them may leak into any output of a real run)."""
+    if env is None and preexec_fn is None:
+        return packcheck(*args, cwd=cwd)
     env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     return subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", *args], cwd=cwd, capture_output=True, text=True,
                           check=False, env=env, timeout=timeout, preexec_fn=preexec_fn)
@@ -627,11 +633,13 @@ def test_arch_cells_are_recorded_random_under_the_cuda_default(tmp_path, toleran
 
 
 def test_resume_after_a_settings_change_says_what_changed(pytester):
+    # pytester's runs in this process here and in the resume / maxfail / -k tests below: their words and files are the
+    # subject; the Ctrl-C tests and a conftest that patches the runner keep a process of their own
     base = ("--packcheck-models=arch:llama", "--packcheck-checks=isolation", "-p", "no:cacheprovider")
-    assert pytester.runpytest_subprocess(*base, "--packcheck-attn=sdpa").ret == 0
-    same = pytester.runpytest_subprocess(*base, "--packcheck-attn=sdpa", "--packcheck-resume")
+    assert pytester.runpytest_inprocess(*base, "--packcheck-attn=sdpa").ret == 0
+    same = pytester.runpytest_inprocess(*base, "--packcheck-attn=sdpa", "--packcheck-resume")
     assert same.ret == 0 and "of a run with other settings" not in str(same.stdout) + str(same.stderr)
-    changed = pytester.runpytest_subprocess(*base, "--packcheck-attn=eager", "--packcheck-resume")
+    changed = pytester.runpytest_inprocess(*base, "--packcheck-attn=eager", "--packcheck-resume")
     assert changed.ret == 0
     text = " ".join((str(changed.stdout) + str(changed.stderr)).split())
     # the settings the journaled cells were made with (the journal records them), not the previous matrix's
@@ -649,8 +657,8 @@ def test_resume_after_a_local_model_folder_was_edited_runs_its_cells_again(pytes
     (folder / "config.json").write_text(json.dumps(config))
     base = ("--packcheck-models=./m", "--packcheck-checks=isolation", "--packcheck-attn=sdpa",
             "--packcheck-report-dir=r", "-p", "no:cacheprovider")
-    assert pytester.runpytest_subprocess(*base).ret == 0
-    same = pytester.runpytest_subprocess(*base, "--packcheck-resume")
+    assert pytester.runpytest_inprocess(*base).ret == 0
+    same = pytester.runpytest_inprocess(*base, "--packcheck-resume")
     assert same.ret == 0
     said = "Resumed: 1 of 1 cells were taken from the journal of an earlier run (--packcheck-resume)"
     assert said in " ".join(str(same.stdout).split())
@@ -659,7 +667,7 @@ def test_resume_after_a_local_model_folder_was_edited_runs_its_cells_again(pytes
     assert "came from the journal, not from pytest" not in str(same.stdout)
     assert json.loads((pytester.path / "r" / "packcheck-matrix.json").read_text())["resumed"] == {"cells": 1, "of": 1}
     (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 3, "hidden_act": "gelu"}))
-    edited = pytester.runpytest_subprocess(*base, "--packcheck-resume")
+    edited = pytester.runpytest_inprocess(*base, "--packcheck-resume")
     assert edited.ret == 0
     text = " ".join((str(edited.stdout) + str(edited.stderr)).split())
     assert ("local model folder(s) edited since (config.json, remote code *.py or weights files): ./m: none of them "
@@ -883,9 +891,9 @@ def test_a_run_stopped_by_maxfail_is_incomplete_with_the_unrun_cells_named(pytes
     """`packcheck audit ... -n 0 -- -x` stopped after opt's first failure: the matrix read "fail 1 (of 1)", with no
     Incomplete banner and llama (asked for, never run) nowhere (trial 4, 298). pytest sets ``shouldfail`` for
     -x / --maxfail (xdist's controller ``shouldstop``): both mark the matrix incomplete, as a Ctrl-C does."""
-    result = pytester.runpytest_subprocess("--packcheck-models=arch:opt,arch:llama", "--packcheck-attn=sdpa",
-                                           "--packcheck-checks=isolation", "-p", "no:cacheprovider", "-x",
-                                           "--packcheck-isolation=none")
+    result = pytester.runpytest_inprocess("--packcheck-models=arch:opt,arch:llama", "--packcheck-attn=sdpa",
+                                          "--packcheck-checks=isolation", "-p", "no:cacheprovider", "-x",
+                                          "--packcheck-isolation=none")
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     doc = json.loads((pytester.path / "reports" / "packcheck-matrix.json").read_text())
     assert doc["incomplete"]["reason"] == "the run stopped early (stopping after 1 failures)" and doc["incomplete"]["cells"] == 1
@@ -933,8 +941,8 @@ def test_a_run_that_selects_no_cell_removes_the_earlier_matrix_and_says_so(pytes
     reports.mkdir()
     for f in FORMATS:
         (reports / f.file).write_text("earlier")
-    result = pytester.runpytest_subprocess("--packcheck-models=arch:llama", "--packcheck-attn=sdpa", "-p", "no:cacheprovider",
-                                           "--packcheck-checks=isolation", "-k", "nomatch")
+    result = pytester.runpytest_inprocess("--packcheck-models=arch:llama", "--packcheck-attn=sdpa", "-p", "no:cacheprovider",
+                                          "--packcheck-checks=isolation", "-k", "nomatch")
     assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
     assert not any((reports / f.file).exists() for f in FORMATS)
     result.stdout.fnmatch_lines([("packcheck: no packcheck cell ran (deselected by -k 'nomatch'), so no matrix was written; "

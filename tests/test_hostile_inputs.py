@@ -12,6 +12,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from cli_inprocess import packcheck, pytest_run
 
 from pytest_packcheck.errors import PackcheckUsageError, nesting_depth, parse_document, read_document
 
@@ -19,8 +20,10 @@ DEEP = 100_000
 
 
 def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          check=False, timeout=300)
+    """``packcheck ARGS`` in this process (tests/cli_inprocess.py): the tests that call it are about the words, the
+    exit code and the files written; those about a process boundary (a closed or full terminal, a signal, a read
+    that could hang, cache variables) start their own subprocess below."""
+    return packcheck(*args, cwd=cwd)
 
 
 @pytest.fixture
@@ -165,9 +168,8 @@ def test_a_cache_setting_that_is_not_a_folder_is_refused_before_any_cell(tmp_pat
 
 def test_packcheck_report_dir_is_honoured_by_the_audit(tmp_path):
     env = {**__import__("os").environ, "PACKCHECK_REPORT_DIR": str(tmp_path / "elsewhere")}
-    proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "audit", "--models", "arch:llama",
-                           "--packcheck-attn", "sdpa", "--packcheck-checks", "isolation", "-n", "0", "-q"],
-                          cwd=tmp_path, capture_output=True, text=True, check=False, env=env, timeout=300)
+    proc = packcheck("audit", "--models", "arch:llama", "--packcheck-attn", "sdpa", "--packcheck-checks", "isolation",
+                     "-n", "0", "-q", cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-1500:]
     assert (tmp_path / "elsewhere" / "packcheck-matrix.json").exists() and not (tmp_path / "reports").exists()
     assert proc.stdout.strip().splitlines()[-1].startswith("packcheck audit: no matrix cell fails")  # read from there
@@ -240,12 +242,11 @@ def test_secrets_are_scrubbed_where_they_stand_and_plain_words_are_not():
 def test_a_token_in_k_never_reaches_the_terminal(tmp_path, how):
     token = "ghp_" + "Ab1" * 12
     if how == "audit":
-        args = [sys.executable, "-m", "pytest_packcheck.cli", "audit", "--models", "arch:llama", "--packcheck-attn", "sdpa",
-                "--packcheck-checks", "isolation", "-n", "0", "-q", "--", "-k", token]
+        proc = packcheck("audit", "--models", "arch:llama", "--packcheck-attn", "sdpa", "--packcheck-checks", "isolation",
+                         "-n", "0", "-q", "--", "-k", token, cwd=tmp_path)
     else:
-        args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--packcheck-models", "arch:llama",
-                "--packcheck-attn", "sdpa", "--packcheck-checks", "isolation", "-q", "-k", token]
-    proc = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, check=False, timeout=300)
+        proc = pytest_run("-p", "no:cacheprovider", "--packcheck-models", "arch:llama", "--packcheck-attn", "sdpa",
+                          "--packcheck-checks", "isolation", "-q", "-k", token, cwd=tmp_path)
     out = proc.stdout + proc.stderr
     assert "deselected" in out or "deselect" in out, out[-1500:]  # the line that used to echo it is there
     assert token not in out, out[-1500:]
@@ -301,8 +302,8 @@ def test_nothing_finished_is_lost_by_collect_only_or_a_new_model_order(tmp_path)
     journal = tmp_path / "reports" / "packcheck-journal.jsonl"
     lines = journal.read_text().splitlines()
     assert len(lines) == 2
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--packcheck-models", "arch:llama,arch:gpt2",
-                           *base, "--collect-only", "-q"], cwd=tmp_path, capture_output=True, text=True, check=False, timeout=300)
+    proc = pytest_run("-p", "no:cacheprovider", "--packcheck-models", "arch:llama,arch:gpt2", *base, "--collect-only", "-q",
+                      cwd=tmp_path)
     assert proc.returncode == 0 and "left as they were" in proc.stdout, proc.stdout[-1500:]
     assert journal.read_text().splitlines() == lines and (tmp_path / "reports" / "packcheck-matrix.json").exists()
     again = _cli(["audit", "--models", "arch:gpt2,arch:llama", *base, "-n", "0", "-q", "--resume"], tmp_path)
@@ -641,9 +642,8 @@ def test_the_second_trials_unclear_lines_name_the_real_source(tmp_path):
     with pytest.raises(PackcheckUsageError, match=r"lookup\(\): path is int 123, not a file path"):
         lookup("llama", "sdpa", "5.24.0", None, 123)
     env = {**os.environ, "PACKCHECK_REPORT_DIR": "/dev/null"}
-    proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", "audit", "--models", "arch:llama",
-                           "--packcheck-attn", "sdpa", "--packcheck-checks", "isolation", "-n", "0", "-q"],
-                          cwd=tmp_path, capture_output=True, text=True, check=False, env=env, timeout=300)
+    proc = packcheck("audit", "--models", "arch:llama", "--packcheck-attn", "sdpa", "--packcheck-checks", "isolation",
+                     "-n", "0", "-q", cwd=tmp_path, env=env)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2 and "(from $PACKCHECK_REPORT_DIR)" in out and "--packcheck-report-dir" not in out, out[-800:]
     (tmp_path / "d.whl").mkdir()

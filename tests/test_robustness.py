@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_inprocess import packcheck
 
 from pytest_packcheck.errors import PackcheckUsageError
 
@@ -21,9 +22,10 @@ BAD_CONFIGS = {
 }
 
 
-def _cli(args, cwd, env=None, timeout=300):
-    return subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          check=False, env=env, timeout=timeout)
+def _cli(args, cwd):
+    """``packcheck ARGS`` in this process (tests/cli_inprocess.py): the words, the exit code and the reports; the
+    tests about a second process (a concurrent run, a signal, a workflow's shell) start theirs below."""
+    return packcheck(*args, cwd=cwd)
 
 
 def _bad_model(tmp_path: Path, kind: str) -> Path:
@@ -180,14 +182,14 @@ def test_a_journal_of_random_bytes_is_named_as_not_a_packcheck_journal_and_empti
 
 def test_resume_from_a_journal_of_the_wrong_shape_writes_a_current_matrix(pytester):
     args = ("--packcheck-models=arch:llama", "--packcheck-attn=sdpa", "--packcheck-checks=isolation", "-p", "no:cacheprovider")
-    assert pytester.runpytest_subprocess(*args).ret == 0
+    assert pytester.runpytest_inprocess(*args).ret == 0  # the journal's words and the matrix: in this process
     out = pytester.path / "reports"
     journal = out / "packcheck-journal.jsonl"
     fp = json.loads(journal.read_text().splitlines()[0])["fingerprint"]
     journal.write_text(json.dumps({"fingerprint": fp, "cell": _cell(status="bogus", metrics=None)}) + "\n")
     stale = json.loads((out / "packcheck-matrix.json").read_text())
     (out / "packcheck-matrix.json").write_text(json.dumps({**stale, "command": "STALE"}))
-    result = pytester.runpytest_subprocess(*args, "--packcheck-resume")
+    result = pytester.runpytest_inprocess(*args, "--packcheck-resume")
     assert result.ret == 0, str(result.stdout)
     assert "Traceback" not in str(result.stdout) + str(result.stderr)
     result.stdout.fnmatch_lines(["*skipped 1 line(s) that are not journal entries*unknown status 'bogus'*"])
