@@ -80,6 +80,7 @@ def test_a_release_without_the_cell_breaks_a_run_and_a_skipped_cell_keeps_its_re
     # a release in between where the element's cell is missing breaks the run: no run claims a release it lacks
     block = A.stack_block(axis, {"0.13.2": same, "0.14.0": A.reduce_release(skipped), "0.15.2": same})
     assert [r[:2] for r in block["rows"]["lora"]["trainer"]] == [["0.13.2", "0.13.2"], ["0.15.2", "0.15.2"]]
+    assert not any(t.startswith("lora / trainer") for t in A.transitions(block))  # the same decision: no transition
 
 
 def test_a_run_that_recorded_another_peft_than_its_release_is_refused():

@@ -263,6 +263,8 @@ def transitions(block: dict[str, Any]) -> list[str]:
                 da, db = _decision(a), _decision(b)
                 changed = [f"{k} {_show(da.get(k))} -> {_show(db.get(k))}" for k in dict.fromkeys([*da, *db])
                            if da.get(k) != db.get(k)]
+                if not changed:  # the same decision on both sides of releases where the cell did not run ("*" rows)
+                    continue
                 out.append(f"{element} / {mode}: {last} -> {first}: {'; '.join(changed)}")
     return out
 
