@@ -382,6 +382,7 @@ def test_the_multimodal_block_runs_every_vlm_of_a_release_at_its_own_tiny_spec(t
         return {"transformers": version, "cells": 2}
 
     monkeypatch.setattr(K, "run_release", run_release)
+    assert "all_architectures" not in K.collect_kind(MM, tmp_path / "mm")  # the suite alone so far: not every VLM
     K.run_kind_release(MM, "5.25.0", tmp_path / "mm", log=lambda s: None)
     assert calls == [f"arch:glm4v,{smol}"]
     block = K.collect_kind(MM, tmp_path / "mm")

@@ -442,7 +442,7 @@ def collect_kind(kind: Kind, build: Path, planned: list[str] | None = None, comm
     block = {"schema_version": KIND_SCHEMA_VERSION, "kind": kind.name, "packcheck_version": __version__,
              "generated": time.strftime("%Y-%m-%d", time.gmtime()), "device": "cpu", "dtype": "float32",
              "torch": torch_version, "models": list(kind.models), "backends": list(kind.backends),
-             **({"all_architectures": True} if kind.all_architectures else {}),
+             **({"all_architectures": True} if _every_architecture(kind, build, runs, committed, built) else {}),
              "checks": list(kind.checks), **({"side_checks": list(kind.side)} if kind.side else {}), "releases": releases,
              "missing": [v for v in (planned or []) if v not in measured], "cells": cells,
              **({"configs": dict(sorted(configs.items()))} if configs else {}),
@@ -451,6 +451,26 @@ def collect_kind(kind: Kind, build: Path, planned: list[str] | None = None, comm
              **({"labels": committed["labels"]} if committed and committed.get("labels") else {})}
     block["transitions"] = transitions(block, bisects or {})
     return block
+
+
+def _every_architecture(kind: Kind, build: Path, runs: list[tuple[str, dict[str, Any], dict[str, Any]]],
+                        committed: dict[str, Any] | None, built: set[str]) -> bool:
+    """Whether the block holds every architecture of each of its releases (what its ``all_architectures`` says): a
+    kind over every architecture, each release run here with its list kept (:func:`release_architectures`) and
+    every model of that list in its cells, and each release seeded from ``committed`` from a block that said so."""
+    if not kind.all_architectures:
+        return False
+    seeded = [r for r in (committed or {}).get("releases", []) if r["transformers"] not in built]
+    if seeded and not (committed or {}).get("all_architectures"):
+        return False
+    for version, doc, _ in runs:
+        saved = Path(build) / ARCHITECTURES / f"{version}.json"
+        if not saved.exists():
+            return False
+        have = {_name(c) for c in doc.get("cells", [])}
+        if any(model_type_of(a) not in have for a in json.loads(saved.read_text())):
+            return False
+    return True
 
 
 def block_bisects(block: dict[str, Any] | None) -> dict[str, Any]:
