@@ -205,3 +205,18 @@ def test_bisect_refuses_a_local_model_without_a_readable_config_before_any_envir
     good.mkdir()
     (good / "config.json").write_text('{"model_type": "llama"}')
     assert parse_cell_id("llama-sdpa-isolation-float32", "CELL", str(good)).model == str(good)
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["gate", "--baseline", "x", "--token=hf_TrialSecretToken0123456789abcdef"], "unrecognized arguments: --token=***"),
+    (["hf_TrialSecretToken0123456789abcdef"], "invalid choice: '***'"),
+    (["lookup", "llama", "sdpa", "4.53", "--jsn"], "unrecognized arguments: --jsn. Did you mean '--json'?"),
+    (["gate", "--baseline", "x", "--candiate", "y"], "Did you mean '--candidate'?"),
+], ids=["token-in-flag", "token-as-command", "typo-lookup", "typo-gate"])
+def test_argparse_errors_are_scrubbed_and_name_the_flag_meant(tmp_path, args, says):
+    """Planted: a token pasted into an unknown flag or as the command; argparse printed it in clear (its errors ran
+    before the CLI's scrubbing stderr), and an unknown flag got no suggestion."""
+    proc = _cli(args, tmp_path)
+    assert proc.returncode == 2, proc.stderr[-1500:]
+    assert "hf_TrialSecretToken" not in proc.stdout + proc.stderr
+    assert says in proc.stderr.splitlines()[-1], proc.stderr[-1500:]

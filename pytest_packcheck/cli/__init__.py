@@ -119,6 +119,19 @@ class _Parser(argparse.ArgumentParser):
             self.epilog = help_epilog()
         return super().format_help()
 
+    def error(self, message: str) -> Any:
+        """argparse's error, with the closest flag of the command for an unknown one (``--packcheck-atn``: a hostile
+        trial, helper G)."""
+        if message.startswith("unrecognized arguments: "):
+            from ..errors import closest
+
+            first = message.removeprefix("unrecognized arguments: ").split(" ")[0].split("=", 1)[0]
+            subs = [a for a in self._actions if isinstance(a, argparse._SubParsersAction)]
+            command = subs[0].choices.get(getattr(self, "only", None) or "") if subs else None
+            flags = sorted({o for a in (command or self)._actions for o in a.option_strings})
+            message += "." + closest(first, flags) if first.startswith("-") else ""
+        super().error(message)
+
 
 class _VersionAction(argparse.Action):
     """``--version``: the version read from the distribution's metadata only when asked for."""
@@ -140,6 +153,7 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = _Parser(prog="packcheck", description="Checks that padding-free packing trains the same model.",
                      formatter_class=argparse.RawDescriptionHelpFormatter,
                      allow_abbrev=False)  # a prefix never stands for a flag (trial 13, 130: --packcheck-trust)
+    parser.only = only  # the command parsed: its flags are the ones an unknown flag is matched with
     parser.add_argument("--version", action=_VersionAction, help="Print packcheck's version and exit.")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
@@ -282,6 +296,18 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point. Exit codes: :data:`EXIT_CODES` (0 matrix written whatever the verdicts, 2 usage error, 3 internal
     error)."""
     argv = sys.argv[1:] if argv is None else argv
+    from ..errors import ScrubbingStream
+
+    real_stderr = sys.stderr
+    if real_stderr is not None:  # argparse's errors echo the arguments: a token in one (--token=hf_...) never in clear
+        sys.stderr = ScrubbingStream(real_stderr)
+    try:
+        return _main(argv)
+    finally:
+        sys.stderr = real_stderr
+
+
+def _main(argv: list[str]) -> int:
     by_name = {c.name: c for c in COMMANDS}
     if argv and argv[0] in by_name and not hasattr(_module(by_name[argv[0]]), "configure"):
         name, run = argv[0], lambda: _module(by_name[argv[0]]).main(argv[1:])
@@ -302,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr = _devnull_stream()
     from ..errors import ScrubbingStream
 
-    sys.stderr = ScrubbingStream(sys.stderr)  # error lines and notes: a token in -k or a URL password never in clear
+    if not isinstance(sys.stderr, ScrubbingStream):  # main() wrapped it already
+        sys.stderr = ScrubbingStream(sys.stderr)  # error lines and notes: a token in -k or a URL password never in clear
     # audit's output is pytest's terminal, scrubbed line by line by the plugin; a reader that goes away
     # (`packcheck audit ... | head -2`) must not abandon the run: the matrix is still written
     sys.stdout = _PipeSafe(stdout) if name == "audit" else _Scrubbed(stdout)
