@@ -28,6 +28,7 @@ import contextlib
 import importlib
 import importlib.util
 import math
+import re
 import sys
 import types
 from collections.abc import Iterator
@@ -419,24 +420,25 @@ def verl_rmpad_logprobs(wb: Workbench, batch: dict[str, Any], response_length: i
 
 
 def check_rl_verl_rmpad(wb: Workbench) -> CheckResult:
-    """verl's remove-padding log-prob path on its rollout batch (:func:`verl_rmpad_logprobs`), with verl's own
-    ``verl.utils.attention_utils`` (``unpad_input`` / ``index_first_axis`` / ``pad_input``, the pure-torch fallbacks
-    without flash-attn) and ``verl.utils.torch_functional.logprobs_from_logits``, at the RL temperature, against each
-    sample alone. A skip names the package verl's modules need where they do not import (tensordict, cloudpickle)."""
+    """verl's remove-padding log-prob path on its rollout batch (:func:`verl_rmpad_logprobs`), with the release's own
+    helpers (:func:`import_verl_rmpad`: ``verl.utils.attention_utils``'s pure-torch fallbacks in 0.9, flash-attn's
+    ``bert_padding`` source where the release takes it from flash-attn, named) and
+    ``verl.utils.torch_functional.logprobs_from_logits``, at the RL temperature, against each sample alone. A skip
+    names the package verl's modules need where they do not import (tensordict, cloudpickle). Entropy is not compared
+    (``max_abs_entropy_diff`` 0: this path gathers log-probs only)."""
     from .rl import RL_TEMPERATURE, _base_metrics, _too_short, _verdict, compare
 
     short = _too_short(wb)
     if short:
         return short
     try:
-        verl = (import_without_package_init("verl", "verl.utils.attention_utils"),
-                import_without_package_init("verl", "verl.utils.torch_functional"))
+        au, tf, stand_ins = import_verl_rmpad()
     except ImportError as exc:
         return _not_importable("verl", "verl", exc, "remove-padding path (verl.utils.attention_utils, torch_functional)")
     samples = rl_samples(wb.examples)
     batch, width = verl_batch(samples, wb.pad_id, wb.device)
     try:
-        got = verl_rmpad_logprobs(wb, batch, width, RL_TEMPERATURE, verl)
+        got = verl_rmpad_logprobs(wb, batch, width, RL_TEMPERATURE, (au, tf))
     except ImportError as exc:  # verl imports einops (its rearrange without flash-attn) on first use
         return _not_importable("verl", "verl", exc, "remove-padding path (verl.utils.attention_utils.rearrange)")
     except Exception as exc:  # noqa: BLE001 - verl's code raised on this model: the cell says where
@@ -445,15 +447,57 @@ def check_rl_verl_rmpad(wb: Workbench) -> CheckResult:
     rows = [(got[i, :len(s.completion)], r[1]) for i, (s, r) in enumerate(zip(samples, ref, strict=True))]
     numbers = compare(rows, ref)
     numbers["max_abs_entropy_diff"] = 0.0  # verl's path here gathers log-probs only
-    metrics = {**numbers, **_base_metrics(wb, samples), "verl": _dist_version("verl"), "response_length": width}
-    return _verdict(wb, f"verl {_dist_version('verl')} remove-padding path", numbers, metrics)
+    metrics = {**numbers, **_base_metrics(wb, samples), "verl": _dist_version("verl"), "response_length": width,
+               "stand_ins": stand_ins}
+    what = f"verl {_dist_version('verl')} remove-padding path" + (f" ({'; '.join(stand_ins)})" if stand_ins else "")
+    return _verdict(wb, what, numbers, metrics)
+
+
+def _unpads_on_cpu(au: Any) -> bool:
+    """Whether ``au.unpad_input`` runs here (verl 0.6-0.8's ``attention_utils`` picks flash-attn's or the NPU's by
+    device and has no CPU branch: it raises on first use)."""
+    import torch
+
+    try:
+        au.unpad_input(torch.ones(1, 2, 1), torch.ones(1, 2, dtype=torch.long))
+    except Exception:  # noqa: BLE001 - any failure: not runnable on CPU as the release ships it
+        return False
+    return True
+
+
+def import_verl_rmpad() -> tuple[Any, Any, list[str]]:
+    """verl's remove-padding helpers as the installed release runs them: (the module holding ``unpad_input`` /
+    ``index_first_axis`` / ``pad_input`` / ``rearrange``, ``verl.utils.torch_functional``, the stand-ins named).
+
+    verl 0.9 ships pure-torch fallbacks in ``verl/utils/attention_utils.py``; verl 0.6-0.8's ``attention_utils`` take
+    ``flash_attn.bert_padding`` on CUDA and have no CPU branch; verl 0.2-0.5's actor imports ``flash_attn.bert_padding``
+    directly (``verl/workers/actor/dp_actor.py``). Where the release's own module does not unpad on CPU, the functions
+    are flash-attn's ``bert_padding`` (what the release runs on CUDA), from flash-attn's source
+    (:func:`.stand_ins.flash_attn_stand_in`, named). Raises ImportError naming what is missing."""
+    from .stand_ins import flash_attn_stand_in
+
+    tf = import_without_package_init("verl", "verl.utils.torch_functional")
+    try:
+        au = import_without_package_init("verl", "verl.utils.attention_utils")
+    except ModuleNotFoundError as exc:
+        if exc.name != "verl.utils.attention_utils":
+            raise
+        au = None
+    if au is not None and _unpads_on_cpu(au):
+        return au, tf, []
+    with flash_attn_stand_in() as fa:
+        padding = importlib.import_module("flash_attn.bert_padding")
+    where = "verl.utils.attention_utils has no CPU branch" if au is not None else "the release's actor imports it"
+    return padding, tf, [f"{fa} ({where})"] if fa else []
 
 
 def _library_crash(dist: str, where: str, exc: BaseException) -> CheckResult:
     import traceback
 
     frames = traceback.extract_tb(exc.__traceback__)
-    last = f"{frames[-1].filename.rsplit('site-packages/', 1)[-1]}:{frames[-1].lineno}" if frames else "?"
+    # the file as the package has it: after site-packages/ or an unpacked wheel's folder (rl_wheels)
+    where = re.sub(r"^.*/unpacked/[^/]+/", "", frames[-1].filename.rsplit("site-packages/", 1)[-1]) if frames else ""
+    last = f"{where}:{frames[-1].lineno}" if frames else "?"
     version = _dist_version(dist)
     return CheckResult("error", {dist: version, "raised_at": last},
                        f"{dist} {version} {where} raised {type(exc).__name__}: {' '.join(str(exc).split())[:160]} (at {last})",
@@ -535,26 +579,88 @@ def check_rl_openrlhf_packed(wb: Workbench) -> CheckResult:
         return _not_importable("openrlhf", "openrlhf", exc, PACKED_PATHS["openrlhf"][2])
     except Exception as exc:  # noqa: BLE001 - the release's module raised at import: the cell says where
         return _library_crash("openrlhf", f"{PACKED_PATHS['openrlhf'][2]} import", exc)
+    import inspect
+
     import torch
 
     samples = rl_samples(wb.examples)
-    batch, width = verl_batch(samples, wb.pad_id, wb.device)
-    action_mask = torch.tensor([[1] * len(s.completion) + [0] * (width - len(s.completion)) for s in samples],
-                               device=wb.device)
+    version = _dist_version("openrlhf")
+    params = inspect.signature(actor.Actor.forward).parameters
+    # the release's own temperature: a forward that never reads self.temperature scores the logits as they are
+    source = inspect.getsource(actor.Actor.forward)
+    own_t = RL_TEMPERATURE if "temperature" in source else 1.0
+    entropy_t = openrlhf_entropy_temperature(source, own_t)
+    n = [len(s.completion) for s in samples]
+    width = max(n)
     try:
         with _model_copy(wb) as model:
-            got, entropy = openrlhf_logprobs(actor, model, batch, action_mask, RL_TEMPERATURE)
+            if "action_mask" in params:  # 0.7 on: unpad_and_slice_tensor / gather_and_pad_tensor
+                batch, width = verl_batch(samples, wb.pad_id, wb.device)
+                action_mask = torch.tensor([[1] * k + [0] * (width - k) for k in n], device=wb.device)
+                got, entropy = openrlhf_logprobs(actor, model, batch, action_mask, own_t)
+                rows_got = [(got[i, :k], entropy[i, :k]) for i, k in enumerate(n)]
+            elif "packed_seq_lens" in params:  # 0.4-0.6: the experience maker packs, forward slices per sample
+                rows_got = [(lp, None) for lp in openrlhf_packed_seq_lens_logprobs(actor, model, samples, own_t, wb.device)]
+            else:
+                return CheckResult("skipped", {"openrlhf": version, "stand_ins": stand_ins},
+                                   f"openrlhf {version}'s Actor.forward has no per-sample packed path (num_actions is one "
+                                   "int for the row, no packed_seq_lens): its packing_samples packs SFT / DPO / RM "
+                                   "batches through packing_utils.patch_for_block_diag_attn (flash_attention_2 only)")
     except Exception as exc:  # noqa: BLE001 - OpenRLHF's code raised on this model: the cell says where
         return _library_crash("openrlhf", "Actor.forward (packing_samples)", exc)
-    ref = alone(wb, samples, RL_TEMPERATURE)
-    n = [len(s.completion) for s in samples]
-    rows = [(got[i, :k], entropy[i, :k]) for i, k in enumerate(n)]
+    ref = alone(wb, samples, own_t)
+    if rows_got[0][1] is None:  # no entropy in this release's forward: log-probs only
+        rows = [(lp, r[1]) for (lp, _), r in zip(rows_got, ref, strict=True)]
+    else:
+        rows = rows_got
+        if entropy_t != own_t:  # the release's entropy is of the untempered logits: the reference's is too
+            ref = [(r[0], r1[1]) for r, r1 in zip(ref, alone(wb, samples, entropy_t), strict=True)]
     numbers = compare(rows, ref)
-    version = _dist_version("openrlhf")
     metrics = {**numbers, **_base_metrics(wb, samples), "openrlhf": version, "response_length": width,
-               "stand_ins": stand_ins, "entropy_compared": True, "compute_entropy": "torch._dynamo disabled (eager)"}
-    what = f"openrlhf {version} Actor.forward packing_samples" + (f" ({'; '.join(stand_ins)})" if stand_ins else "")
+               "stand_ins": stand_ins, "entropy_compared": rows_got[0][1] is not None, "logprob_temperature": own_t,
+               "entropy_temperature": entropy_t if rows_got[0][1] is not None else None,
+               "compute_entropy": "torch._dynamo disabled (eager)"}
+    notes = [x for x in (
+        "log-probs at temperature 1: this release's Actor.forward applies no temperature" if own_t == 1.0 else "",
+        "entropy of the untempered logits (compute_entropy before the temperature)" if entropy_t != own_t else "",
+        "log-probs only: this release's Actor.forward computes no entropy" if rows_got[0][1] is None else "") if x]
+    what = (f"openrlhf {version} Actor.forward packing_samples" + (f" ({'; '.join(stand_ins)})" if stand_ins else "")
+            + (f" [{'; '.join(notes)}]" if notes else ""))
     return _verdict(wb, what, numbers, metrics)
+
+
+def openrlhf_entropy_temperature(source: str, temperature: float) -> float:
+    """The temperature of the distribution whose entropy a release's ``Actor.forward`` (its ``source``) reports:
+    ``temperature`` where the logits are divided in place before ``compute_entropy`` (openrlhf 0.11:
+    ``output["logits"].div_(self.temperature)``), else 1 (0.7-0.10 pass ``temperature=`` to
+    ``log_probs_from_logits`` only, so ``compute_entropy`` reads the untempered logits)."""
+    import re
+
+    at = source.find("compute_entropy(")
+    divided = re.search(r"""output\[["']logits["']\]\.div_?\(self\.temperature\)""", source)
+    return temperature if at < 0 or (divided is not None and divided.start() < at) else 1.0
+
+
+def openrlhf_packed_seq_lens_logprobs(actor_module: Any, model: Any, samples: list[RLSample], temperature: float,
+                                      device: str = "cpu") -> list[Any]:
+    """OpenRLHF 0.4-0.6's packed samples, its own ``Actor.forward`` on the layout its experience maker builds: every
+    sample in one row, ``attention_mask`` = the sample's index (1, 2, ...) on its tokens (``reset_position_ids`` reads
+    the positions from it), ``num_actions`` and ``packed_seq_lens`` per sample; forward slices each sample's actions
+    off the row. Returns each sample's completion log-probs (float64, nats)."""
+    import torch
+
+    ids = torch.tensor([[t for s in samples for t in s.tokens]], device=device)
+    mask = torch.tensor([[i + 1 for i, s in enumerate(samples) for _ in s.tokens]], device=device)
+    model.config.use_cache = OPENRLHF_USE_CACHE
+    stand_in = type("ActorStandIn", (), {"packing_samples": True, "model": model, "temperature": temperature})()
+    with torch.no_grad():
+        out = actor_module.Actor.forward(stand_in, ids, num_actions=[len(s.completion) for s in samples],
+                                         attention_mask=mask, packed_seq_lens=[len(s.tokens) for s in samples])
+    flat, rows, offset = out[0].double().cpu(), [], 0
+    for s in samples:
+        rows.append(flat[offset:offset + len(s.completion)])
+        offset += len(s.completion)
+    return rows
 
 
 #: What ms-swift 4.6.0 reads from modelscope while ``swift.rlhf_trainers.dpo_trainer`` imports (swift/utils/logger.py
@@ -589,17 +695,39 @@ def import_swift_dpo() -> tuple[Any, list[str]]:
     import deletes from a class of a loaded ``trl`` module is put back (:func:`_keep_trl_classes`)."""
     from .stand_ins import never_called, stub_tree
 
-    if "swift" in sys.modules and "swift.rlhf_trainers.dpo_trainer" in sys.modules and "ms-swift" in _STAND_INS:
-        return sys.modules["swift.rlhf_trainers.dpo_trainer"], _STAND_INS["ms-swift"]
-    for package in ("swift", "swift.rlhf_trainers"):
+    name = swift_dpo_module()
+    if "swift" in sys.modules and name in sys.modules and "ms-swift" in _STAND_INS:
+        return sys.modules[name], _STAND_INS["ms-swift"]
+    # swift/__init__.py (its lazy importer of every trainer) and the trainer package's __init__ are not run; a package
+    # between them (ms-swift 3.x: swift.trainers, whose names dpo_trainer imports) is imported as the release has it
+    for package in ("swift", name.rsplit(".", 1)[0]):
         _bare_package(package)
     attrs = {module: {n: (_modelscope_logger if n == "get_logger" else never_called(f"{module}.{n}", "modelscope"))
                       for n in names} for module, names in MODELSCOPE_NAMES.items()}
     with (_keep_trl_classes(),
           stub_tree("modelscope", "only its logger and hub functions are bound at import, none called here", attrs) as ms):
-        module = importlib.import_module("swift.rlhf_trainers.dpo_trainer")
+        module = importlib.import_module(name)
     _STAND_INS["ms-swift"] = [ms] if ms else []
     return module, _STAND_INS["ms-swift"]
+
+
+#: ms-swift's DPO trainer module: 4.0 on, then 3.x (``swift/trainers/rlhf_trainer/dpo_trainer.py``).
+SWIFT_DPO_MODULES = ("swift.rlhf_trainers.dpo_trainer", "swift.trainers.rlhf_trainer.dpo_trainer")
+
+
+def swift_dpo_module() -> str:
+    """The installed ms-swift's DPO trainer module (:data:`SWIFT_DPO_MODULES`, read from its files without importing
+    it). Raises ModuleNotFoundError naming ``swift`` when ms-swift is not installed."""
+    from pathlib import Path
+
+    spec = sys.modules["swift"].__spec__ if "swift" in sys.modules else importlib.util.find_spec("swift")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("No module named 'swift'", name="swift")
+    for name in SWIFT_DPO_MODULES:
+        rel = Path(*name.split(".")[1:]).with_suffix(".py")
+        if any((Path(root) / rel).is_file() for root in spec.submodule_search_locations):
+            return name
+    return SWIFT_DPO_MODULES[0]
 
 
 @contextlib.contextmanager
@@ -640,7 +768,8 @@ def swift_padding_free_row(pairs: list[tuple[RLSample, RLSample]], device: str =
 def swift_sequence_logps(module: Any, model: Any, batch: dict[str, Any]) -> tuple[list[float], list[float]]:
     """ms-swift's ``DPOTrainer.concatenated_forward`` on the padding-free row, its own code on an instance built
     without ``__init__`` (the trainer is never started): ``template.padding_free=True``, no sequence parallelism,
-    ``logits_to_keep`` off, ``ld_alpha`` None. Returns (chosen sums, rejected sums) in nats, as it hands them to
+    ``logits_to_keep`` off, ``ld_alpha`` None, ``loss_type`` "sigmoid" (TRL's default; ms-swift 4.0-4.4's
+    ``concatenated_forward`` reads it to length-normalise for IPO). Returns (chosen sums, rejected sums) in nats, as it hands them to
     ``dpo_loss``."""
     import types as _types
 
@@ -649,7 +778,7 @@ def swift_sequence_logps(module: Any, model: Any, batch: dict[str, Any]) -> tupl
     trainer = object.__new__(module.DPOTrainer)
     trainer.__dict__.update({"template": _types.SimpleNamespace(padding_free=True, sequence_parallel_size=1),
                              "aux_loss_enabled": False, "is_encoder_decoder": False, "label_pad_token_id": -100,
-                             "args": _types.SimpleNamespace(ld_alpha=None),
+                             "args": _types.SimpleNamespace(ld_alpha=None), "loss_type": "sigmoid",
                              "get_use_logits_to_keep": lambda *_a, **_k: False})
     with torch.no_grad():
         out = module.DPOTrainer.concatenated_forward(trainer, model, dict(batch))
@@ -668,7 +797,10 @@ def check_rl_swift_padding_free(wb: Workbench) -> CheckResult:
     try:
         module, stand_ins = import_swift_dpo()
     except ImportError as exc:
-        result = _not_importable("ms-swift", "ms-swift", exc, PACKED_PATHS["ms-swift"][2])
+        path = PACKED_PATHS["ms-swift"][2]
+        with contextlib.suppress(ImportError):  # the release's own module (ms-swift 3.x: swift.trainers.rlhf_trainer)
+            path = path.replace(SWIFT_DPO_MODULES[0], swift_dpo_module())
+        result = _not_importable("ms-swift", "ms-swift", exc, path)
         declared = _declared("ms-swift", ("trl", "transformers"))
         if declared:
             result.metrics["declared"] = declared
