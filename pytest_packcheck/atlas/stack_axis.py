@@ -257,8 +257,8 @@ def transitions(block: dict[str, Any]) -> list[str]:
     """Every change of decision along the axis, named: ``prompt_tuning / sft_packing: 0.22.2 -> 0.23.1:
     position_ids_in_batch False -> True``."""
     out = []
-    for element, modes in block.get("rows", {}).items():
-        for mode, runs in modes.items():
+    for element, modes in sorted(block.get("rows", {}).items()):
+        for mode, runs in sorted(modes.items()):
             for (_, last, a), (first, _, b) in itertools.pairwise(runs):
                 da, db = _decision(a), _decision(b)
                 changed = [f"{k} {_show(da.get(k))} -> {_show(db.get(k))}" for k in dict.fromkeys([*da, *db])
@@ -318,8 +318,8 @@ def markdown(doc: dict[str, Any]) -> str:
                 + (f", of which the cells {cells[0]:.0f}-{cells[-1]:.0f} s (median {cells[len(cells) // 2]:.0f} s)"
                    if cells else "") + ".", "",
                 "| element | mode | releases | decision and verdict |", "|---|---|---|---|"]
-        for element, modes in block.get("rows", {}).items():
-            for mode, runs in modes.items():
+        for element, modes in sorted(block.get("rows", {}).items()):  # sorted: stack.json is written with sorted keys
+            for mode, runs in sorted(modes.items()):
                 for first, last, record in runs:
                     span = first if first == last else f"{first} .. {last}"
                     out.append(f"| {element} | {mode} | {span} | {describe(record)} |")
