@@ -346,5 +346,5 @@ def write(atlas_dir: Path, name: str, block: dict[str, Any]) -> None:
     path = Path(atlas_dir) / STACK_FILE
     doc = json.loads(path.read_text()) if path.exists() else {}
     doc = {"schema_version": STACK_SCHEMA_VERSION, "axes": {**doc.get("axes", {}), name: block}}
-    path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    path.write_text(json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n")  # compact: reports/ has a byte budget
     (Path(atlas_dir) / "stack.md").write_text(markdown(doc))
