@@ -220,3 +220,18 @@ def test_argparse_errors_are_scrubbed_and_name_the_flag_meant(tmp_path, args, sa
     assert proc.returncode == 2, proc.stderr[-1500:]
     assert "hf_TrialSecretToken" not in proc.stdout + proc.stderr
     assert says in proc.stderr.splitlines()[-1], proc.stderr[-1500:]
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["audit", "--packcheck-lengths", "-3,5"], "give it as --packcheck-lengths=VALUE"),
+    (["bench", "-o"], "give it as --output-dir=VALUE"),
+    (["bench", "--steps", "abc"], "invalid int value: 'abc'"),
+    (["gate"], "the following arguments are required: --baseline"),
+])
+def test_an_argparse_error_is_one_line(tmp_path, args, says):
+    """Planted: values argparse itself refuses. It printed the command's usage block first (30 lines for audit), and a
+    value starting with '-' read as 'expected one argument' with no way out named."""
+    proc = _cli(args, tmp_path)
+    said = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(said) == 1, proc.stderr[-2500:]
+    assert says in said[0] and said[0].endswith("--help)"), said

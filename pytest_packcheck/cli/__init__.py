@@ -130,7 +130,11 @@ class _Parser(argparse.ArgumentParser):
             command = subs[0].choices.get(getattr(self, "only", None) or "") if subs else None
             flags = sorted({o for a in (command or self)._actions for o in a.option_strings})
             message += "." + closest(first, flags) if first.startswith("-") else ""
-        super().error(message)
+        elif message.endswith("expected one argument"):  # --packcheck-lengths -3,5: argparse read the value as a flag
+            flag = max(message.removeprefix("argument ").split(":")[0].split("/"), key=len)  # the long form takes '='
+            message += f": give it as {flag}=VALUE (a value starting with '-' only that way)"
+        # one line, not the command's usage block first (30 lines for audit): --help shows it
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 class _VersionAction(argparse.Action):
