@@ -206,8 +206,9 @@ def _max_file_bytes() -> int:
     except ValueError:
         raise PackcheckUsageError(f"PACKCHECK_MAX_FILE_MB={raw!r} (from the environment) is not a number of megabytes: "
                                   "unset it or give e.g. 1024.") from None
-    if not value > 0:
-        raise PackcheckUsageError(f"PACKCHECK_MAX_FILE_MB={raw!r} (from the environment) must be above 0: unset it or give e.g. 1024.")
+    if not 0 < value < float("inf"):  # 'inf' / '1e400' (a hostile trial: OverflowError from int())
+        raise PackcheckUsageError(f"PACKCHECK_MAX_FILE_MB={raw!r} (from the environment) must be a finite number above 0: "
+                                  "unset it or give e.g. 1024.")
     return int(value * 1024 * 1024)
 
 

@@ -235,3 +235,14 @@ def test_an_argparse_error_is_one_line(tmp_path, args, says):
     said = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(said) == 1, proc.stderr[-2500:]
     assert says in said[0] and said[0].endswith("--help)"), said
+
+
+@pytest.mark.parametrize("value", ["inf", "1e400", "-inf"])
+def test_an_infinite_file_size_bound_is_refused(tmp_path, monkeypatch, value):
+    """Planted: $PACKCHECK_MAX_FILE_MB=1e400 / inf; int(inf) raised OverflowError, an INTERNALERROR from the audit."""
+    from pytest_packcheck.errors import read_document
+
+    (tmp_path / "a.json").write_text("{}")
+    monkeypatch.setenv("PACKCHECK_MAX_FILE_MB", value)
+    with pytest.raises(PackcheckUsageError, match=r"must be a finite number above 0"):
+        read_document(tmp_path / "a.json", "json", "Results file", "fix")
