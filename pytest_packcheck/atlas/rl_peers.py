@@ -260,7 +260,45 @@ def run_release(dist: str, version: str, build: Path, python: str, families: tup
         record["cells"], record["skip"] = [], f"the child exited {proc.returncode} before any cell: {tail}"
     else:
         record["cells"] = json.loads(line[len("RLPEERS"):])
-    return home_as_tilde(record)
+    return pack(home_as_tilde(record))
+
+
+#: The metrics a cell keeps in the block (the check's numbers and the release's semantics it was compared under).
+KEPT_METRICS = ("max_abs_logprob_diff", "max_abs_seq_logprob_diff", "max_abs_entropy_diff", "max_abs_margin_diff",
+                "initial_loss", "non_finite_logprobs", "entropy_compared", "logprob_temperature", "entropy_temperature",
+                "missing_module", "raised_at")
+
+
+def pack(record: dict[str, Any]) -> dict[str, Any]:
+    """A release's record as the block keeps it (small: reports/ has a size cap): the stand-ins once per release
+    (``stand_ins``, taken out of each cell's message and metrics), :data:`KEPT_METRICS` only, and a message equal to
+    the release's first cell's stored once (``message_from: 0``). :func:`render` reads it as it is."""
+    cells = record.get("cells", [])
+    stand_ins = next((c["metrics"].get("stand_ins") for c in cells if c.get("metrics", {}).get("stand_ins")),
+                     record.get("stand_ins") or [])
+    if stand_ins:
+        record["stand_ins"] = stand_ins
+    first = None
+    for cell in cells:
+        message = cell.get("message")
+        if message is not None:
+            for text in (f" ({'; '.join(stand_ins)})", f"; {'; '.join(stand_ins)}", *stand_ins):
+                message = message.replace(text, "") if text.strip("(); ") else message
+        cell["metrics"] = {k: v for k, v in cell.get("metrics", {}).items() if k in KEPT_METRICS}
+        if first is not None and message == first:
+            cell.pop("message", None)
+            cell["message_from"] = 0
+        else:
+            cell["message"] = message
+        first = first if first is not None else message
+    return record
+
+
+def message_of(record: dict[str, Any], cell: dict[str, Any]) -> str:
+    """A cell's message, read back through ``message_from`` (:func:`pack`)."""
+    if "message_from" in cell:
+        return record["cells"][cell["message_from"]]["message"]
+    return cell.get("message") or ""
 
 
 def home_as_tilde(record: dict[str, Any]) -> dict[str, Any]:
@@ -332,10 +370,13 @@ def _short(message: str, n: int = 150) -> str:
 
 
 def _gist(message: str) -> str:
-    """The part of a cell's message that says what happened: from "does not import here" on for an import skip (the
-    path's description before it is the check's, the same for every release)."""
+    """The part of a cell's message that says what happened: from "does not import here" on for an import skip, the
+    numbers for a verdict (the path's description before them is the check's, the same for every release)."""
     at = message.find("does not import here")
-    return message[at:] if at >= 0 else message
+    if at >= 0:
+        return message[at:]
+    numbers = re.search(r"(?:completion log-probs|sequence log-probs) .*$", message)
+    return numbers.group(0) if numbers else message
 
 
 def _stand_in_short(text: str) -> str:
@@ -365,15 +406,14 @@ def render(block: dict[str, Any]) -> str:
             notes = r.get("skip") or ""
             if not notes and cells:
                 odd = [c for c in cells if c["status"] != "pass"]
-                gists = {_gist(c["message"]) for c in odd}
+                gists = {_gist(message_of(r, c)) for c in odd}
                 if odd and len(gists) == 1 and len(odd) == len(cells):
                     notes = f"every cell: {_short(gists.pop(), 300)}"
                 else:
-                    notes = "; ".join(f"{c['model']}/{c['backend']}: {_short(_gist(c['message']), 160)}" for c in odd[:2])
-                if not odd:
-                    tags = re.findall(r"\[([^\]]+)\]", cells[0]["message"])
-                    shorts = [_stand_in_short(x) for x in cells[0].get("metrics", {}).get("stand_ins") or []]
-                    notes = "; ".join([*tags[:1], *shorts])
+                    notes = "; ".join(f"{c['model']}/{c['backend']}: {_short(_gist(message_of(r, c)), 160)}" for c in odd[:2])
+                tags = re.findall(r"\[([^\]]+)\]", message_of(r, cells[0]))
+                shorts = [] if odd else [_stand_in_short(x) for x in r.get("stand_ins") or []]
+                notes = "; ".join(x for x in [notes, *tags[:1], *shorts] if x)
             if dist == "verl" and r["path"].get("engine"):
                 notes = (notes + "; " if notes else "") + "engine forward_step: needs ray (" + " -> ".join(r["path"]["engine"]) + ")"
             if r["path"].get("declared") and r["path"]["declared"] not in notes:
@@ -383,6 +423,20 @@ def render(block: dict[str, Any]) -> str:
         moves = transitions(records)
         lines += ["", "Transitions: " + ("; ".join(f"{t['from']} -> {t['to']}: {t['what']}" for t in moves) if moves else "none"), ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def dump(block: dict[str, Any]) -> str:
+    """The block's file text: sorted keys, one release record per line (small, and a re-measure diffs by release)."""
+    head = {k: v for k, v in block.items() if k != "trainers"}
+    lines = ["{", *(f" {json.dumps(k)}: {json.dumps(v, sort_keys=True)}," for k, v in sorted(head.items())), ' "trainers": {']
+    dists = sorted(block["trainers"])
+    for i, dist in enumerate(dists):
+        lines.append(f"  {json.dumps(dist)}: [")
+        records = block["trainers"][dist]
+        lines += [f"   {json.dumps(r, sort_keys=True, separators=(',', ':'))}{',' if j < len(records) - 1 else ''}"
+                  for j, r in enumerate(records)]
+        lines.append(f"  ]{',' if i < len(dists) - 1 else ''}")
+    return "\n".join([*lines, " }", "}"]) + "\n"
 
 
 def _version_key(version: str) -> list[Any]:
@@ -421,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
                 block["stack"] = "; ".join(sorted({", ".join(f"{k} {v}" for k, v in r["stack"].items())
                                                    for rs in block["trainers"].values() for r in rs}))
                 out.parent.mkdir(parents=True, exist_ok=True)
-                out.write_text(json.dumps(block, indent=1, sort_keys=True) + "\n")  # after each release: resumable
+                out.write_text(dump(block))  # after each release: resumable
     if block is None:
         print(f"{out} does not exist: run without --render-only first", file=sys.stderr)
         return 2
