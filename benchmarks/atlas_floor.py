@@ -55,7 +55,8 @@ def floor(out: Path, limit: int | None, only: list[str] | None = None) -> None:
 def compare(release_dir: Path, floor_file: Path) -> None:
     done = json.loads((release_dir / "atlas-done.json").read_text())
     fl = json.loads(floor_file.read_text())
-    doc = json.loads((release_dir / "packcheck-matrix.json").read_text())
+    from pytest_packcheck.results.schema import read_results
+    doc = read_results(release_dir / "packcheck-matrix.json")
     harness: dict[str, float] = {}
     print(f"CPU: harness {done.get('child_cpu_s')} s / floor {fl['cpu_s']} s = {done.get('child_cpu_s', 0) / fl['cpu_s']:.2f}")
     for c in doc["cells"]:

@@ -111,7 +111,8 @@ def job(version: str, models: list[str] | None, tree: Path) -> dict:
     cpu, wall = _children_cpu() - c0, time.perf_counter() - t0
     if proc.returncode not in (0, 1) or not (folder / "packcheck-matrix.json").exists():
         raise SystemExit(f"the atlas job failed on {version} ({tree}): see {folder / 'atlas-run.log'}")
-    cells = len(json.loads((folder / "packcheck-matrix.json").read_text())["cells"])
+    from pytest_packcheck.results.schema import read_results
+    cells = len(read_results(folder / "packcheck-matrix.json")["cells"])
     return {"cpu_s": round(cpu, 1), "wall_s": round(wall, 1), "cells": cells, "folder": str(folder)}
 
 
@@ -133,8 +134,8 @@ BESIDE = ("hazards", "findings", "number", "config")
 def entries(folder: str | Path) -> dict[str, dict[str, dict]]:
     """A job's results reduced as the atlas reduces a release (:func:`pytest_packcheck.atlas.collect.reduce_release`)."""
     from pytest_packcheck.atlas.collect import reduce_release
-
-    return reduce_release(json.loads((Path(folder) / "packcheck-matrix.json").read_text()))
+    from pytest_packcheck.results.schema import read_results
+    return reduce_release(read_results(Path(folder) / "packcheck-matrix.json"))
 
 
 def committed_entries(support: dict, version: str) -> dict[str, dict[str, dict]]:

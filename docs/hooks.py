@@ -187,9 +187,16 @@ def results_schema_page() -> str:
     return ("# The results file\n\n" + _source("pytest_packcheck/results/schema.py: CellResult, STATUSES")
             + f"\n`packcheck-matrix.json` (schema_version {schema.SCHEMA_VERSION}): an object with `schema_version`, "
               "`packcheck_version`, `environment` (the exact library versions the cells were measured on), `settings`, "
-              "`command` (the command that reproduces it) and `cells`, one record per model x backend x check x dtype. "
-              "`packcheck gate`, `packcheck merge`, `--packcheck-resume` and the atlas read it back; files of older "
-              "schema versions are upgraded on load.\n\n## A cell\n\n"
+              "`command` (the command that reproduces it), the tables `models` (key, the model's label -> its model "
+              "record) and `tolerances` (key `t0`, `t1`, ... -> a tolerance set), and `cells`, one record per model x "
+              "backend x check x dtype, whose `model` and `tolerances` name their table entry (`\"model\": \"llama\"`, "
+              "`\"tolerances\": \"t0\"`): each record is kept once (schema 3; the committed default matrix 2.42 -> 1.59 MB). "
+              "`packcheck gate`, `packcheck merge`, `--packcheck-resume` and the atlas read it back through one loader "
+              "(`results.schema.load_document`), which expands the tables: every reader sees each cell with its own "
+              "`model` and `tolerances` objects, the fields below. A reference to a key its table lacks is a one-line "
+              "error naming the file, the cell and the key. Files of older schema versions (schema 2: each cell "
+              "self-contained, as gate baselines saved before schema 3 are) load as they are, and are upgraded on "
+              "load. The journal (`packcheck-journal.jsonl`) keeps self-contained cells, one a line.\n\n## A cell\n\n"
             + _table(["field", "type", "meaning"], rows)
             + "\n## Verdicts (worst first)\n\n" + _table(["status", "symbol"], statuses))
 

@@ -15,7 +15,7 @@ import pytest
 
 from pytest_packcheck import atlas as A
 from pytest_packcheck.errors import PackcheckUsageError
-from pytest_packcheck.results.schema import SCHEMA_VERSION
+from pytest_packcheck.results.schema import SCHEMA_VERSION, read_results
 from pytest_packcheck.support import load_support, lookup
 
 REPO = Path(__file__).resolve().parents[1]
@@ -1075,7 +1075,7 @@ def test_a_release_folder_whose_run_records_another_version_is_refused_in_both_a
         done = {"transformers": real if liar == "run record" else folder_version, "shard": [1, 1], "cells": 1}
     folder = build / folder_version
     folder.mkdir(parents=True)
-    doc = json.loads((tmp_path / "src" / real / "packcheck-matrix.json").read_text())
+    doc = read_results(tmp_path / "src" / real / "packcheck-matrix.json")
     if liar == "run record":  # the file is right, the marker names another release
         doc = json.loads(json.dumps(doc).replace(f'"{real}"', f'"{folder_version}"'))
     (folder / "packcheck-matrix.json").write_text(json.dumps(doc))

@@ -11,6 +11,7 @@ import pytest
 from cli_inprocess import packcheck
 
 from pytest_packcheck.errors import PackcheckUsageError
+from pytest_packcheck.results.schema import read_results
 from pytest_packcheck.run.throughput import PROFILES, run_bench, sample_lengths
 
 
@@ -288,7 +289,7 @@ def test_verdict_changes_lists_a_planted_change_with_its_evidence(tmp_path, caps
     spec = importlib.util.spec_from_file_location("verdict_changes", root / "tools" / "verdict_changes.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    doc = json.loads((root / "reports" / "packcheck-matrix.json").read_text())
+    doc = read_results(root / "reports" / "packcheck-matrix.json")
     (tmp_path / "old.json").write_text(json.dumps(doc))
     cell = next(c for c in doc["cells"] if c["cell_id"] == "llama-sdpa-isolation-float32")
     assert cell["status"] == "pass"

@@ -9,6 +9,8 @@ import json
 import sys
 from pathlib import Path
 
+from pytest_packcheck.results.schema import read_results
+
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_atlas.py"
 
 
@@ -182,8 +184,8 @@ def test_the_job_runs_the_measured_trees_own_command_line(monkeypatch, tmp_path)
         (tree / name).parent.mkdir(parents=True, exist_ok=True)
         (tree / name).write_text(text)
     record = bench.job("9.9.9", None, tree)
-    cell = json.loads((Path(record["folder"]) / "packcheck-matrix.json").read_text())["cells"][0]
+    cell = read_results(Path(record["folder"]) / "packcheck-matrix.json")["cells"][0]
     assert record["cells"] == 1 and cell["flags"] == ["--stand-in-flag", "all"] and cell["label"] == "transformers==9.9.9"
     assert cell["tree"].startswith(str(tree))
     record = bench.job("9.9.9", ["llama"], tree)
-    assert json.loads((Path(record["folder"]) / "packcheck-matrix.json").read_text())["cells"][0]["flags"][1] == "arch:llama"
+    assert read_results(Path(record["folder"]) / "packcheck-matrix.json")["cells"][0]["flags"][1] == "arch:llama"

@@ -8,6 +8,8 @@ import sys
 
 from cli_inprocess import packcheck
 
+from pytest_packcheck.results.schema import read_results
+
 
 def _run(args, cwd):
     """``packcheck ARGS`` in this process (tests/cli_inprocess.py): these tests read the words, the exit code and the
@@ -22,7 +24,7 @@ def test_audit_writes_matrix_and_survives_a_broken_model(tmp_path):
     audit.write_text('[audit]\nname = "small"\nmodels = ["arch:llama", "arch:llama{hidden_act=nope_act}"]\nbackends = ["sdpa"]\nchecks = ["isolation", "logits_parity"]\n')
     proc = _run(["audit", "--audit", str(audit), "-n", "0", "-q"], tmp_path)
     assert proc.returncode == 0, proc.stderr
-    doc = json.loads((tmp_path / "reports" / "packcheck-matrix.json").read_text())
+    doc = read_results(tmp_path / "reports" / "packcheck-matrix.json")
     status = {c["cell_id"]: c["status"] for c in doc["cells"]}
     assert status["llama-sdpa-isolation-float32"] == "pass"
     assert status["llama{hidden_act=nope_act}-sdpa-isolation-float32"] == "error"
@@ -57,7 +59,7 @@ def test_audit_with_bench_adds_speedup_memory_column(tmp_path):
     proc = _run(["audit", "--audit", str(audit), "-n", "0", "-q", "--bench", str(lengths), "--bench-steps", "2",
                  "--bench-batch-size", "4"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    doc = json.loads((tmp_path / "reports" / "packcheck-matrix.json").read_text())
+    doc = read_results(tmp_path / "reports" / "packcheck-matrix.json")
     assert {c["cell_id"]: c["status"] for c in doc["cells"]}["llama-sdpa-isolation-float32"] == "pass"
     llama, dbrx = (next(r for r in doc["bench"]["results"] if r["model"]["label"] == m) for m in ("llama", "llama{hidden_act=nope_act}"))
     assert llama["attn_implementation"] == "sdpa" and llama["steps"] == 2 and llama["batch_size"] == 4 and llama["ideal_speedup"] > 1
@@ -116,7 +118,7 @@ def test_gpu_check_script_rehearsed_on_cpu(tmp_path):
                           capture_output=True, text=True, check=False, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "audit exited" not in proc.stdout and "bench exited" not in proc.stdout, proc.stdout[-2000:]
-    doc = json.loads((tmp_path / "gpu-audit" / "packcheck-matrix.json").read_text())
+    doc = read_results(tmp_path / "gpu-audit" / "packcheck-matrix.json")
     assert doc["environment"]["torch_varlen_kernel"] == "stand-in" and doc["settings"]["dtypes"] == ["bfloat16"]
     varlen = {c["model"]["label"]: c for c in doc["cells"]
               if c["backend"] == "packcheck_flash_torch_varlen" and c["check"] == "backend"}

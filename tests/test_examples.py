@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from pytest_packcheck.results.schema import read_results
+
 REPO = Path(__file__).resolve().parents[1]
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -166,7 +168,7 @@ def baseline(tmp_path_factory):
 
 def _regressed(baseline: Path, tmp_path: Path) -> Path:
     """The baseline with a planted regression: llama's sdpa isolation now leaks."""
-    doc = copy.deepcopy(json.loads(baseline.read_text()))
+    doc = copy.deepcopy(read_results(baseline))
     cell = next(c for c in doc["cells"] if c["cell_id"] == "llama-sdpa-isolation-float32")
     cell["status"], cell["message"] = "fail", "leak across boundaries: 3.1e-01"
     cell["metrics"]["max_change"] = 0.31  # a fail's number (an isolation fail within tolerance is a corrupt file)

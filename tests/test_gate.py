@@ -12,7 +12,7 @@ import pytest
 from cli_inprocess import packcheck
 
 from pytest_packcheck.analysis.gate import compare, merge, regressions
-from pytest_packcheck.results.schema import SCHEMA_VERSION
+from pytest_packcheck.results.schema import SCHEMA_VERSION, read_results
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,7 @@ def test_same_results_pass_the_gate(baseline_path):
 
 
 def test_pass_to_fail_is_a_regression_unless_allowed(baseline_path, tmp_path):
-    doc = json.loads(baseline_path.read_text())
+    doc = read_results(baseline_path)
     worse = copy.deepcopy(doc)
     cell = next(c for c in worse["cells"] if c["cell_id"] == "llama-sdpa-isolation-float32")
     cell["status"], cell["message"] = "fail", "leak across boundaries: 3.1e-01"
@@ -72,7 +72,7 @@ def test_parity_number_growing_beyond_tolerance_is_refused_as_a_pass_and_counted
     fail it is, it is a regression."""
     from pytest_packcheck.results.schema import cell_problem
 
-    doc = json.loads(baseline_path.read_text())
+    doc = read_results(baseline_path)
     worse = copy.deepcopy(doc)
     cell = next(c for c in worse["cells"] if c["cell_id"] == "llama-sdpa-logits_parity-float32")
     cell["metrics"]["max_abs_diff_solo"] += 2 * cell["tolerances"]["logits_atol"]
@@ -95,7 +95,7 @@ def test_gate_bad_inputs(baseline_path, tmp_path):
 
 
 def test_merge_shards(baseline_path):
-    doc = json.loads(baseline_path.read_text())
+    doc = read_results(baseline_path)
     a, b = copy.deepcopy(doc), copy.deepcopy(doc)
     a["cells"], b["cells"] = doc["cells"][:2], doc["cells"][2:]
     merged = merge([a, b])
@@ -108,7 +108,7 @@ def test_merge_shards(baseline_path):
 
 
 def test_pytest_baseline_fails_session_after_writing_matrix(pytester, baseline_path):
-    doc = json.loads(baseline_path.read_text())
+    doc = read_results(baseline_path)
     cell = next(c for c in doc["cells"] if c["cell_id"] == "opt-sdpa-isolation-float32")
     _pretend_pass(cell)  # pretend opt was fine before: today's measured leak is then a regression
     base = pytester.path / "base.json"
@@ -138,10 +138,10 @@ def test_shards_partition_the_models(pytester):
                                               "--packcheck-checks=isolation", f"--packcheck-shard={shard}", "-p", "no:cacheprovider",
                                               f"--packcheck-report-dir=r{shard[0]}")
         assert result.ret in (0, 1)
-        ids.append({c["cell_id"] for c in json.loads((pytester.path / f"r{shard[0]}" / "packcheck-matrix.json").read_text())["cells"]})
+        ids.append({c["cell_id"] for c in read_results(pytester.path / f"r{shard[0]}" / "packcheck-matrix.json")["cells"]})
     assert ids[0] == {"llama-sdpa-isolation-float32", "qwen2-sdpa-isolation-float32"}
     assert ids[1] == {"opt-sdpa-isolation-float32"}
-    docs = [json.loads((pytester.path / f"r{i}" / "packcheck-matrix.json").read_text()) for i in (1, 2)]
+    docs = [read_results(pytester.path / f"r{i}" / "packcheck-matrix.json") for i in (1, 2)]
     assert [d["settings"]["shard"] for d in docs] == [[1, 2], [2, 2]]  # recorded, so merge can tell a missing shard
     assert merge(docs[:1])["incomplete"]["reason"].startswith("shard 2 of 2 not merged") and "incomplete" not in merge(docs)
 
@@ -173,7 +173,7 @@ def test_missing_candidate_cell_is_a_regression_and_bad_files_are_usage_errors(b
 def test_merge_of_unrelated_audits_warns_and_keeps_every_column(baseline_path, tmp_path):
     """Two audits with other checks: the merged matrix keeps both documents' checks and commands, and
     ``packcheck merge`` warns on stderr that they are not shards of one audit."""
-    doc = json.loads(baseline_path.read_text())
+    doc = read_results(baseline_path)
     other = copy.deepcopy(doc)
     other["settings"]["checks"] = ["packing_content"]
     other["command"] = "packcheck audit --packcheck-checks packing_content"
@@ -202,7 +202,7 @@ def test_audit_with_a_baseline_exits_1_on_a_regression_as_the_gate_does(tmp_path
            "-n", "0", "-q"]
     first = packcheck(*run, "--packcheck-report-dir", tmp_path / "a")
     assert first.returncode == 0, first.stderr
-    doc = json.loads((tmp_path / "a" / "packcheck-matrix.json").read_text())
+    doc = read_results(tmp_path / "a" / "packcheck-matrix.json")
     cells = {c["cell_id"]: c for c in doc["cells"]}
     assert cells["opt-sdpa-isolation-float32"]["status"] == "fail" and cells["llama-sdpa-cache_trap-float32"]["status"] == "fail"
     same = tmp_path / "same.json"
@@ -224,7 +224,7 @@ def test_audit_with_a_baseline_exits_1_on_a_regression_as_the_gate_does(tmp_path
 def test_baseline_cells_the_candidate_did_not_select_are_named_as_not_compared(baseline_path, tmp_path):
     """`gpt2-sdpa-isolation-float32 pass -> — better/neutral (not in the candidate's selection)` and exit 0 said nothing
     else: the gate now warns that those baseline cells were not compared (the exit code is unchanged)."""
-    doc = json.loads(baseline_path.read_text())
+    doc = read_results(baseline_path)
     cand = copy.deepcopy(doc)
     cand["cells"] = [c for c in cand["cells"] if c["model"]["label"] != "opt"]
     cand["settings"]["models"] = ["arch:llama"]
@@ -240,7 +240,7 @@ def test_a_gate_that_compares_no_cell_is_refused_naming_what_each_side_holds(bas
     """Baseline llama+opt against a candidate of gpt2 only: a warning that the baseline cells were not compared, then
     "0 regression(s)" and exit 0 (trial 6, 30). Nothing compared is now a usage error, one line; a candidate that
     planned the baseline's cells but lacks them still fails as regressions (missing), exit 1."""
-    doc = json.loads(baseline_path.read_text())
+    doc = read_results(baseline_path)
     cand = copy.deepcopy(doc)
     cand["cells"] = [c for c in cand["cells"] if c["model"]["label"] == "llama"]  # passes: new cells, no regression
     for cell in cand["cells"]:
@@ -262,7 +262,7 @@ def test_a_gate_that_compares_no_cell_is_refused_naming_what_each_side_holds(bas
 
 def test_an_empty_baseline_is_refused_by_the_gate_and_the_plugin(baseline_path, tmp_path, pytester):
     """A baseline with "cells": [] passed with 0 regressions, exit 0 (pc gate and --packcheck-baseline)."""
-    doc = json.loads(baseline_path.read_text())
+    doc = read_results(baseline_path)
     empty = tmp_path / "empty.json"
     empty.write_text(json.dumps({**doc, "cells": []}))
     proc = _gate("--baseline", str(empty), "--candidate", str(baseline_path))
@@ -298,7 +298,7 @@ def test_a_refused_baseline_comparison_is_the_gates_only_line_in_the_plugin_and_
 
 def test_an_unwritable_summary_is_refused_before_the_comparison(baseline_path, tmp_path):
     """`--summary /proc/nope/x.md` printed the table, then exit 2 hid the regression's exit 1: refused up front."""
-    doc = json.loads(baseline_path.read_text())
+    doc = read_results(baseline_path)
     passed = next(c for c in doc["cells"] if c["status"] == "pass" and c["check"] != "isolation")
     passed["status"] = "fail"  # (an isolation fail needs its own number over the tolerance: trial 14, 53)
     cand = tmp_path / "cand.json"
@@ -316,7 +316,7 @@ def test_an_unwritable_summary_is_refused_before_the_comparison(baseline_path, t
 def test_merged_shards_reproduce_as_the_whole_audit(baseline_path, flag):
     """Trial 7, 86: the merged matrix's Reproduce line was shard 1/2's command, which reruns shard 1's models
     alone. It is the audit without its shard flag (either spelling)."""
-    doc = json.loads(baseline_path.read_text())
+    doc = read_results(baseline_path)
     shards = []
     for i, cells in enumerate((doc["cells"][:2], doc["cells"][2:]), start=1):
         shard = copy.deepcopy(doc)
@@ -353,7 +353,7 @@ def test_a_cell_without_a_message_renders_and_a_role_off_the_registry_is_refused
     that check is a corrupt file, one line naming the cell and the role."""
     from pytest_packcheck.cli import main
 
-    doc = json.loads(baseline_path.read_text())
+    doc = read_results(baseline_path)
     for cell in doc["cells"]:
         cell.pop("message", None)
     bare = tmp_path / "bare.json"
@@ -377,7 +377,7 @@ def test_a_pass_its_own_number_contradicts_is_a_corrupt_file(baseline_path, tmp_
     gate alike (one line naming the cell, the number and the tolerance); the unedited file merges."""
     from pytest_packcheck.cli import main
 
-    doc = json.loads(baseline_path.read_text())
+    doc = read_results(baseline_path)
     cell = next(c for c in doc["cells"] if c["check"] == "isolation" and c["status"] == "pass")
     assert main(["merge", str(baseline_path), "-o", str(tmp_path / "ok")]) == 0  # planted below, not here
     cell["metrics"]["max_change"] = 0.5
@@ -430,7 +430,7 @@ def test_shards_are_never_merged_short_silently_nor_gated_against_each_other(bas
     from pytest_packcheck.errors import PackcheckUsageError
     from pytest_packcheck.results.schema import load_document
 
-    doc = json.loads(baseline_path.read_text())
+    doc = read_results(baseline_path)
 
     def shard(i, model):
         out = copy.deepcopy(doc)

@@ -20,6 +20,7 @@ import pytest
 from cli_inprocess import packcheck
 
 from pytest_packcheck.errors import PackcheckUsageError, PackcheckWarning
+from pytest_packcheck.results.schema import read_results
 
 REPO = Path(__file__).resolve().parents[1]
 QUICK = ["--packcheck-attn", "sdpa", "--packcheck-checks", "isolation", "-n", "0", "-q"]
@@ -308,7 +309,7 @@ def test_a_disk_that_fills_at_the_report_write_says_so_and_resume_leaves_no_temp
     orphan.write_text("{")
     again = _cli([*args, "--resume"], tmp_path)
     assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
-    assert not list(disk.glob(".*.tmp")) and json.loads((disk / "packcheck-matrix.json").read_text())["cells"]
+    assert not list(disk.glob(".*.tmp")) and read_results(disk / "packcheck-matrix.json")["cells"]
 
 
 def test_write_set_on_a_full_disk_keeps_the_old_set_and_no_temp_file(tmp_path, monkeypatch):
@@ -665,7 +666,7 @@ def test_resume_after_a_local_model_folder_was_edited_runs_its_cells_again(pytes
     assert said in (pytester.path / "r" / "packcheck-matrix.md").read_text()
     # trial 12, 61: a resumed cell is a pytest item passing from the journal, counted by pytest: no line says otherwise
     assert "came from the journal, not from pytest" not in str(same.stdout)
-    assert json.loads((pytester.path / "r" / "packcheck-matrix.json").read_text())["resumed"] == {"cells": 1, "of": 1}
+    assert read_results(pytester.path / "r" / "packcheck-matrix.json")["resumed"] == {"cells": 1, "of": 1}
     (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 3, "hidden_act": "gelu"}))
     edited = pytester.runpytest_inprocess(*base, "--packcheck-resume")
     assert edited.ret == 0
@@ -673,7 +674,7 @@ def test_resume_after_a_local_model_folder_was_edited_runs_its_cells_again(pytes
     assert ("local model folder(s) edited since (config.json, remote code *.py or weights files): ./m: none of them "
             "is reused; 0 cell(s)") in text, text
     assert "Resumed:" not in text
-    assert "resumed" not in json.loads((pytester.path / "r" / "packcheck-matrix.json").read_text())
+    assert "resumed" not in read_results(pytester.path / "r" / "packcheck-matrix.json")
 
 
 def test_merge_into_a_folder_an_audit_holds_is_refused(tmp_path):
@@ -747,7 +748,7 @@ def test_verify_remedies_rewrites_markdown_and_json_as_one_set(tmp_path, monkeyp
     audit._verify_remedies_into_report(tmp_path)
     assert seen == [["packcheck-matrix.md", "packcheck-matrix.json"]]  # one set, the JSON last
     assert (tmp_path / "packcheck-matrix.md").read_text().endswith("No failing cell made a remedy claim.\n")
-    assert json.loads((tmp_path / "packcheck-matrix.json").read_text())["remedy_checks"] == []
+    assert read_results(tmp_path / "packcheck-matrix.json")["remedy_checks"] == []
 
 
 def test_bench_and_bisect_on_a_full_disk_are_refused_before_any_work(tmp_path, small_disk):
@@ -804,7 +805,7 @@ def test_an_interrupted_matrix_cell_is_not_a_pass_on_the_checks_that_finished(py
                                            "--packcheck-checks=position_ids,isolation,logits_parity,loss_parity,grad_parity",
                                            "--packcheck-isolation=none")  # cells one by one in this process
     assert result.ret == pytest.ExitCode.INTERRUPTED
-    doc = json.loads((pytester.path / "reports" / "packcheck-matrix.json").read_text())
+    doc = read_results(pytester.path / "reports" / "packcheck-matrix.json")
     by_check = {c["check"]: c for c in doc["cells"]}
     assert doc["incomplete"]["reason"] == "the run was interrupted" and doc["incomplete"]["cells"] == 2
     ran = [c for c in doc["cells"] if not c["metrics"].get("not_run")]
@@ -827,7 +828,7 @@ def test_an_interrupted_run_counts_the_matrix_cells_that_never_started(pytester)
     result = pytester.runpytest_subprocess("--packcheck-models=arch:llama", "--packcheck-attn=eager,sdpa", "-p", "no:cacheprovider",
                                            "--packcheck-checks=position_ids,isolation", "--packcheck-isolation=none")
     assert result.ret == pytest.ExitCode.INTERRUPTED
-    doc = json.loads((pytester.path / "reports" / "packcheck-matrix.json").read_text())
+    doc = read_results(pytester.path / "reports" / "packcheck-matrix.json")
     sdpa = [c for c in doc["cells"] if c["backend"] == "sdpa"]
     assert sorted(c["check"] for c in sdpa) == ["isolation", "position_ids"]
     assert all(c["status"] == "skipped" and c["metrics"].get("not_run") == "interrupted" for c in sdpa)
@@ -874,7 +875,7 @@ def test_an_interrupted_run_names_every_unrun_check_and_the_reason_of_a_check_th
     result = pytester.runpytest_subprocess("--packcheck-models=arch:llama", "--packcheck-attn=eager,sdpa", "-p", "no:cacheprovider",
                                            "--packcheck-checks=position_ids,isolation,cache_trap", "--packcheck-isolation=none")
     assert result.ret == pytest.ExitCode.INTERRUPTED
-    doc = json.loads((pytester.path / "reports" / "packcheck-matrix.json").read_text())
+    doc = read_results(pytester.path / "reports" / "packcheck-matrix.json")
     assert len(doc["cells"]) == 6, sorted(c["cell_id"] for c in doc["cells"])  # the hazard cache_trap on both too
     hazards = [c for c in doc["cells"] if c["check"] == "cache_trap"]
     assert all(c["status"] == "skipped" and c["metrics"].get("not_run") == "interrupted" for c in hazards)
@@ -895,7 +896,7 @@ def test_a_run_stopped_by_maxfail_is_incomplete_with_the_unrun_cells_named(pytes
                                           "--packcheck-checks=isolation", "-p", "no:cacheprovider", "-x",
                                           "--packcheck-isolation=none")
     assert result.ret == pytest.ExitCode.TESTS_FAILED
-    doc = json.loads((pytester.path / "reports" / "packcheck-matrix.json").read_text())
+    doc = read_results(pytester.path / "reports" / "packcheck-matrix.json")
     assert doc["incomplete"]["reason"] == "the run stopped early (stopping after 1 failures)" and doc["incomplete"]["cells"] == 1
     llama = next(c for c in doc["cells"] if c["model"]["label"] == "llama")
     assert llama["status"] == "skipped" and llama["metrics"]["not_run"] == "interrupted"
@@ -910,7 +911,7 @@ def test_cells_taken_from_the_journal_after_an_interrupt_are_named_as_such(pytes
     result = pytester.runpytest_subprocess("--packcheck-models=arch:llama", "--packcheck-attn=sdpa", "-p", "no:cacheprovider",
                                            "--packcheck-checks=position_ids,isolation", "--packcheck-isolation=fork")
     assert result.ret == pytest.ExitCode.INTERRUPTED
-    doc = json.loads((pytester.path / "reports" / "packcheck-matrix.json").read_text())
+    doc = read_results(pytester.path / "reports" / "packcheck-matrix.json")
     assert doc["incomplete"]["cells"] == 2 and doc["incomplete"]["journal"] == {"earlier": 0, "this": 1}
     result.stdout.fnmatch_lines([("Incomplete: the run was interrupted after 2 cells (1 finished in this run but never "
                                  "reached pytest: taken from the journal, so pytest's own counts leave them out); *")])
@@ -1014,7 +1015,7 @@ def test_a_second_stop_signal_while_the_first_is_handled_is_noted_not_a_tracebac
     assert result.ret == pytest.ExitCode.INTERRUPTED, result.stdout.str()[-2000:]
     assert "Traceback" not in result.stdout.str() + result.stderr.str()
     assert "packcheck: already stopping" in result.stderr.str()
-    doc = json.loads((pytester.path / "reports" / "packcheck-matrix.json").read_text())
+    doc = read_results(pytester.path / "reports" / "packcheck-matrix.json")
     assert doc["incomplete"]["reason"] == "the run was interrupted" and doc["incomplete"]["cells"] == 1
 
 

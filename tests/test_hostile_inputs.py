@@ -15,6 +15,7 @@ import pytest
 from cli_inprocess import packcheck, pytest_run
 
 from pytest_packcheck.errors import PackcheckUsageError, nesting_depth, parse_document, read_document
+from pytest_packcheck.results.schema import read_results
 
 DEEP = 100_000
 
@@ -180,7 +181,6 @@ def test_cells_deselected_with_k_are_not_missing_regressions(tmp_path, workers):
     """Issue 42: `-k` with a full baseline counted every deselected cell as "REGRESSION (missing)". The run records
     them (settings.deselected; under xdist the controller infers them) and the gate leaves them out. Planted: the
     same candidate without the record counts the missing cell."""
-    import json
 
     from pytest_packcheck.analysis.gate import compare, regressions
 
@@ -190,9 +190,9 @@ def test_cells_deselected_with_k_are_not_missing_regressions(tmp_path, workers):
     baseline = tmp_path / "reports" / "baseline.json"
     proc = _cli([*base, "--packcheck-baseline", str(baseline), "--", "-k", "isolation"], tmp_path)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-1500:]
-    doc = json.loads((tmp_path / "reports" / "packcheck-matrix.json").read_text())
+    doc = read_results(tmp_path / "reports" / "packcheck-matrix.json")
     assert doc["settings"]["deselected"] == ["llama-sdpa-logits_parity-float32"]
-    before = json.loads(baseline.read_text())
+    before = read_results(baseline)
     assert regressions(compare(before, doc)) == []
     doc["settings"].pop("deselected")
     assert [c.detail for c in regressions(compare(before, doc))] == ["cell missing in candidate"]
@@ -203,14 +203,13 @@ def test_non_finite_logits_are_non_finite_on_every_check_that_measures_numbers(t
     and sent the traps to wrong_positions. Decided once per model from the cached packed forward: every check with a
     key number is an error with cause non_finite and the count of bad logits; the call-count check still passes;
     a healthy llama is untouched (the planted fault is the config)."""
-    import json
 
     from pytest_packcheck.checks.registry import SPECS
 
     proc = _cli(["audit", "--models", "arch:llama{rms_norm_eps=-1e9},arch:llama", "--packcheck-attn", "sdpa", "-n", "0", "-q"],
                 tmp_path)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-1500:]
-    cells = json.loads((tmp_path / "reports" / "packcheck-matrix.json").read_text())["cells"]
+    cells = read_results(tmp_path / "reports" / "packcheck-matrix.json")["cells"]
     nan = [c for c in cells if "rms_norm_eps" in c["model"]["label"] and c["backend"] is not None]
     numeric = [c for c in nan if SPECS[c["check"]].key_metric]
     assert numeric and all(c["status"] == "error" and c["cause"] == "non_finite" for c in numeric), [
@@ -295,7 +294,6 @@ def test_an_index_url_with_credentials_is_opened_with_basic_auth_and_never_print
 def test_nothing_finished_is_lost_by_collect_only_or_a_new_model_order(tmp_path):
     """Issue 42: `pytest --collect-only` emptied an interrupted run's journal (and removed its matrix); --resume with the
     same models in another order reused nothing. Planted: a finished run, then both."""
-    import json
 
     base = ["--packcheck-attn", "sdpa", "--packcheck-checks", "isolation"]
     assert _cli(["audit", "--models", "arch:llama,arch:gpt2", *base, "-n", "0", "-q"], tmp_path).returncode == 0
@@ -308,7 +306,7 @@ def test_nothing_finished_is_lost_by_collect_only_or_a_new_model_order(tmp_path)
     assert journal.read_text().splitlines() == lines and (tmp_path / "reports" / "packcheck-matrix.json").exists()
     again = _cli(["audit", "--models", "arch:gpt2,arch:llama", *base, "-n", "0", "-q", "--resume"], tmp_path)
     assert "Resumed: 2 of 2 cells were taken from the journal" in again.stdout, again.stdout[-1500:]
-    doc = json.loads((tmp_path / "reports" / "packcheck-matrix.json").read_text())
+    doc = read_results(tmp_path / "reports" / "packcheck-matrix.json")
     assert doc["resumed"] == {"cells": 2, "of": 2}
 
 
@@ -373,7 +371,6 @@ def test_a_child_killed_from_outside_is_killed_not_an_upstream_crash_and_resume_
     """Issue 42, causes that blame the wrong party: a cell child SIGKILLed from outside (the OOM killer, `kill -9`) was
     `crash` "report it upstream", and --packcheck-resume kept it. Now cause killed, not journaled, rerun on resume.
     Planted: the child kills itself with SIGKILL inside the first check."""
-    import json
 
     (tmp_path / "conftest.py").write_text(
         "import os, signal\nimport pytest_packcheck.checks.registry as R\n"
@@ -385,26 +382,25 @@ def test_a_child_killed_from_outside_is_killed_not_an_upstream_crash_and_resume_
             "--packcheck-attn", "sdpa", "--packcheck-checks", "isolation", "-q"]
     env = {**__import__("os").environ, "PLANT_KILL": "1"}
     killed = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, check=False, timeout=300, env=env)
-    cell = json.loads((tmp_path / "reports" / "packcheck-matrix.json").read_text())["cells"][0]
+    cell = read_results(tmp_path / "reports" / "packcheck-matrix.json")["cells"][0]
     assert cell["status"] == "error" and cell["cause"] == "killed", (cell, killed.stdout[-1000:])
     assert "killed from outside" in cell["message"] and "upstream" not in cell["diagnosis"]["remedy"]
     assert (tmp_path / "reports" / "packcheck-journal.jsonl").read_text() == ""
     env.pop("PLANT_KILL")
     again = subprocess.run([*args, "--packcheck-resume"], cwd=tmp_path, capture_output=True, text=True, check=False,
                            timeout=300, env=env)
-    cell = json.loads((tmp_path / "reports" / "packcheck-matrix.json").read_text())["cells"][0]
+    cell = read_results(tmp_path / "reports" / "packcheck-matrix.json")["cells"][0]
     assert cell["status"] == "pass" and "Resumed" not in again.stdout, again.stdout[-1000:]
 
 
 def test_a_crash_under_the_users_override_blames_the_override(tmp_path):
     """Issue 42: arch:gpt2{n_positions=4} (a 4-position table for a 13-token row) crashed and was shrunk_crash,
     "packcheck's to fix". With the user's overrides it is override_config, naming them; without, the model passes."""
-    import json
 
     proc = _cli(["audit", "--models", "arch:gpt2{n_positions=4},arch:gpt2", "--packcheck-attn", "sdpa",
                  "--packcheck-checks", "isolation", "-n", "0", "-q"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-1000:]
-    cells = {c["model"]["label"]: c for c in json.loads((tmp_path / "reports" / "packcheck-matrix.json").read_text())["cells"]}
+    cells = {c["model"]["label"]: c for c in read_results(tmp_path / "reports" / "packcheck-matrix.json")["cells"]}
     bad = cells["gpt2{n_positions=4}"]
     assert bad["cause"] == "override_config" and "your overrides (n_positions=4)" in bad["message"], bad["message"]
     assert "packcheck's to fix" not in bad["diagnosis"]["remedy"]
@@ -438,7 +434,6 @@ def test_unreadable_weights_are_the_checkpoints_not_upstreams(tmp_path):
     "report it upstream". Now weights_unreadable, naming the read error; the same folder with its real weights runs.
     One audit of three copies of one saved model (each model's cells are their own; one subprocess, not four):
     ``real`` keeps its weights, ``truncated`` and ``garbage`` get a planted weights file."""
-    import json
     import shutil
 
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -453,7 +448,7 @@ def test_unreadable_weights_are_the_checkpoints_not_upstreams(tmp_path):
     folders = ",".join(str(tmp_path / name) for name in ("real", *planted))
     proc = _cli(["audit", "--models", folders, "--packcheck-weights", "pretrained", "--packcheck-attn", "sdpa",
                  "--packcheck-checks", "isolation", "-n", "0", "-q"], tmp_path)
-    cells = {c["model"]["label"]: c for c in json.loads((tmp_path / "reports" / "packcheck-matrix.json").read_text())["cells"]}
+    cells = {c["model"]["label"]: c for c in read_results(tmp_path / "reports" / "packcheck-matrix.json")["cells"]}
     assert set(cells) == {"real", *planted}, (sorted(cells), (proc.stdout + proc.stderr)[-1500:])
     assert cells["real"]["status"] == "pass", cells["real"]["message"]
     for name in planted:
@@ -509,7 +504,6 @@ def test_a_fresh_run_over_an_interrupted_runs_journal_says_so_and_keeps_a_copy(t
     """Trial of issue 42 (LOST): after a SIGKILLed audit, the same command without --resume emptied the journal of
     finished cells without a word. It now says how many it held, keeps a copy in previous/, and says how to reuse
     them; after a run that finished (its matrix newer than its journal) it says nothing."""
-    import json
     import time
 
     base = ["audit", "--models", "arch:llama,arch:gpt2", "--packcheck-attn", "sdpa", "--packcheck-checks", "isolation",
@@ -527,7 +521,7 @@ def test_a_fresh_run_over_an_interrupted_runs_journal_says_so_and_keeps_a_copy(t
     assert "held 2 finished cell(s) of an earlier run" in out and "--packcheck-resume" in out, out[-1500:]
     kept = reports / "previous" / "packcheck-journal.jsonl"
     assert kept.exists() and len(kept.read_text().splitlines()) == 2
-    assert json.loads((reports / "packcheck-matrix.json").read_text())["cells"]
+    assert read_results(reports / "packcheck-matrix.json")["cells"]
 
 
 def test_claims_refuses_a_device_and_an_oversized_member_without_reading_them(tmp_path):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_packcheck.results.schema import read_results
 from pytest_packcheck.run.journal import Journal
 
 pytest_plugins = ["pytester"]
@@ -55,7 +56,7 @@ MODELS = "arch:llama,arch:opt,arch:gpt2,arch:gpt_neox,arch:qwen2"
 
 
 def _cells(path: Path) -> dict[str, dict]:
-    return {c["cell_id"]: c for c in json.loads((path / "packcheck-matrix.json").read_text())["cells"]}
+    return {c["cell_id"]: c for c in read_results(path / "packcheck-matrix.json")["cells"]}
 
 
 def test_crash_hang_oom_each_cost_one_cell(pytester, tmp_path, monkeypatch):
@@ -436,7 +437,7 @@ def test_a_killed_cell_child_is_not_run_and_resume_runs_its_cells(pytester, tmp_
     first = subprocess.run(args, cwd=pytester.path, env={**env, "PACKCHECK_TEST_STOP": "1"}, capture_output=True,
                            text=True, timeout=300, check=False)
     assert first.returncode == 0, first.stdout[-2000:]
-    doc = json.loads((out / "packcheck-matrix.json").read_text())
+    doc = read_results(out / "packcheck-matrix.json")
     cells = {c["cell_id"]: c for c in doc["cells"]}
     stopped = ("gpt2-sdpa-isolation-float32", "gpt2-sdpa-logits_parity-float32")
     for cell_id in stopped:
@@ -457,6 +458,6 @@ def test_a_killed_cell_child_is_not_run_and_resume_runs_its_cells(pytester, tmp_
     assert resumed.returncode == 0, resumed.stdout[-2000:]
     ran = {f"{m}-{b}-{c}-float32" for m, b, c in map(json.loads, runlog.read_text().splitlines())}
     assert ran == set(stopped)
-    doc = json.loads((out / "packcheck-matrix.json").read_text())
+    doc = read_results(out / "packcheck-matrix.json")
     assert "incomplete" not in doc
     assert {c["cell_id"]: c["status"] for c in doc["cells"]}["gpt2-sdpa-isolation-float32"] != "skipped"

@@ -7,6 +7,8 @@ from collections import Counter
 
 import pytest
 
+from pytest_packcheck.results.schema import read_results
+
 pytest_plugins = ["pytester"]
 
 FAST_BACKENDS = ("sdpa", "packcheck_flash_ref", "flash_attention_2")
@@ -18,7 +20,7 @@ SDPA_HAZARDS = {"cache_trap", "mask_trap"}
 
 
 def _doc(pytester):
-    return json.loads((pytester.path / "reports" / "packcheck-matrix.json").read_text())
+    return read_results(pytester.path / "reports" / "packcheck-matrix.json")
 
 
 def default_cells(models: tuple[str, ...], backends: tuple[str, ...] = FAST_BACKENDS) -> list[tuple[str, str | None, str]]:

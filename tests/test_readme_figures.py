@@ -4,9 +4,10 @@ the README without the report) fails here."""
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
+
+from pytest_packcheck.results.schema import read_results
 
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text(encoding="utf-8")
@@ -33,6 +34,6 @@ def test_the_committed_matrix_was_made_on_the_pinned_transformers():
     reproduces it."""
     pins = dict(line.split("==", 1) for line in (REPO / "constraints" / "test.txt").read_text().splitlines()
                 if "==" in line and not line.startswith("#"))
-    doc = json.loads((REPO / "reports" / "packcheck-matrix.json").read_text(encoding="utf-8"))
+    doc = read_results(REPO / "reports" / "packcheck-matrix.json")
     assert doc["environment"]["transformers"] == pins["transformers"]
     assert doc["environment"]["torch"].split("+")[0] == pins["torch"]

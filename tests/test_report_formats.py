@@ -14,6 +14,8 @@ from collections import defaultdict
 import pytest
 from conftest import planted_cell, planted_doc
 
+from pytest_packcheck.results.schema import read_results
+
 
 def _cells() -> list[dict]:
     cells = []
@@ -53,7 +55,7 @@ def test_every_format_is_written_and_the_csv_reads_back_as_the_json_matrix(tmp_p
     paths = write_reports(tmp_path, planted_doc(_cells()))
     assert [p.rsplit("/", 1)[-1] for p in paths] == [f.file for f in FORMATS]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f.file for f in FORMATS)
-    doc = json.loads((tmp_path / "packcheck-matrix.json").read_text())
+    doc = read_results(tmp_path / "packcheck-matrix.json")
     with open(tmp_path / "packcheck-matrix.csv", newline="", encoding="utf-8") as fh:
         text = fh.read()
     assert text.startswith("model,backend,dtype,versions,verdict,cause,check,key number,note\r\n")

@@ -8,6 +8,7 @@ from conftest import make_bench
 from faults import collator_no_reset
 
 from pytest_packcheck.checks import rl
+from pytest_packcheck.results.schema import read_results
 
 pytest.importorskip("trl")
 
@@ -140,11 +141,10 @@ def test_the_committed_rl_matrix_holds_the_findings_the_docs_quote():
     """docs/rl.md embeds reports/rl/packcheck-matrix.md: made on the pinned stack, with the findings this suite
     measures above (gpt2's padded path, GPT-OSS's dropped sinks, the gpt2 tree crash) and every other model within
     its tolerance."""
-    import json
     from pathlib import Path
 
     repo = Path(__file__).resolve().parent.parent
-    doc = json.loads((repo / "reports" / "rl" / "packcheck-matrix.json").read_text())
+    doc = read_results(repo / "reports" / "rl" / "packcheck-matrix.json")
     pins = dict(line.split("==", 1) for line in (repo / "constraints" / "test.txt").read_text().splitlines() if "==" in line)
     assert doc["environment"]["transformers"] == pins["transformers"] and doc["environment"]["trl"] == pins["trl"]
     cells = {(c["model"]["model_type"], c["backend"], c["check"]): c for c in doc["cells"]}

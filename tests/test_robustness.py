@@ -13,6 +13,7 @@ import pytest
 from cli_inprocess import packcheck
 
 from pytest_packcheck.errors import PackcheckUsageError
+from pytest_packcheck.results.schema import read_results
 
 BAD_CONFIGS = {
     "invalid_json": ('{"model_type": "llama",\n', "is not valid JSON"),
@@ -187,13 +188,13 @@ def test_resume_from_a_journal_of_the_wrong_shape_writes_a_current_matrix(pytest
     journal = out / "packcheck-journal.jsonl"
     fp = json.loads(journal.read_text().splitlines()[0])["fingerprint"]
     journal.write_text(json.dumps({"fingerprint": fp, "cell": _cell(status="bogus", metrics=None)}) + "\n")
-    stale = json.loads((out / "packcheck-matrix.json").read_text())
+    stale = read_results(out / "packcheck-matrix.json")
     (out / "packcheck-matrix.json").write_text(json.dumps({**stale, "command": "STALE"}))
     result = pytester.runpytest_inprocess(*args, "--packcheck-resume")
     assert result.ret == 0, str(result.stdout)
     assert "Traceback" not in str(result.stdout) + str(result.stderr)
     result.stdout.fnmatch_lines(["*skipped 1 line(s) that are not journal entries*unknown status 'bogus'*"])
-    doc = json.loads((out / "packcheck-matrix.json").read_text())
+    doc = read_results(out / "packcheck-matrix.json")
     assert doc["command"] != "STALE" and [c["status"] for c in doc["cells"]] == ["pass"]
 
 
@@ -349,7 +350,7 @@ def test_example_workflow_gates_two_versions_in_one_command(tmp_path, bad_versio
             assert "better/neutral" in proc.stdout and "0 regression(s)" in proc.stdout
     summary = (tmp_path / "summary.md").read_text()
     assert summary.count("### packcheck gate: no regression, 1 changed cell(s)") == 2  # one per step, appended
-    written = json.loads((tmp_path / "out" / "packcheck-matrix.json").read_text())["gate"]  # the HTML shows it
+    written = read_results(tmp_path / "out" / "packcheck-matrix.json")["gate"]  # the HTML shows it
     assert written["changed"] == 1 and written["regressions"] == 0 and written["candidate"] == "transformers==5.24.0"
     assert 'id="gate"' in (tmp_path / "out" / "packcheck-matrix.html").read_text()
     assert "| opt " in summary and "| isolation " in summary and "transformers 4.57.1 → 5.24.0" in summary
@@ -478,7 +479,7 @@ def test_two_audits_on_one_report_folder_the_second_is_refused_naming_the_first(
     assert second.returncode == 2
     line = _one_error_line(second.stderr, "ERROR:")
     assert "Report directory" in line and "is in use by another packcheck run (pid" in line and "--models arch:llama,arch:opt" in line
-    doc = json.loads((tmp_path / "reports" / "packcheck-matrix.json").read_text())
+    doc = read_results(tmp_path / "reports" / "packcheck-matrix.json")
     assert {c["model"]["label"] for c in doc["cells"]} == {"llama", "opt", "qwen2"}  # the first run's matrix, whole
     third = _cli(["audit", "--models", "arch:gpt2", "--packcheck-attn", "sdpa", "--packcheck-checks", "isolation", "-n", "0", "-q"], tmp_path)
     assert third.returncode == 0, third.stderr[-2000:]  # released at the end of the first run
@@ -598,7 +599,7 @@ def test_an_audit_whose_reader_goes_away_still_writes_its_matrix(tmp_path):
     proc.stdout.close()
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0 and b"Traceback" not in err, err.decode()[-2000:]
-    doc = json.loads((tmp_path / "r" / "packcheck-matrix.json").read_text())
+    doc = read_results(tmp_path / "r" / "packcheck-matrix.json")
     assert [c["status"] for c in doc["cells"] if c["check"] == "isolation"] == ["pass"] and "incomplete" not in doc
 
 

@@ -5,13 +5,13 @@ the real version cases (tests marked ``slow``) run with PACKCHECK_RUN_SLOW=1."""
 from __future__ import annotations
 
 import contextlib
-import json
 from importlib import metadata
 
 import pytest
 
 from pytest_packcheck.checks import sft as S
 from pytest_packcheck.checks import training as T
+from pytest_packcheck.results.schema import read_results
 
 pytest.importorskip("trl")
 
@@ -209,7 +209,7 @@ def _audit(pytester, monkeypatch, cache, versions: list[str], models: str, check
                                   f"--packcheck-checks={checks}", *[f"--packcheck-versions={v}" for v in versions],
                                   f"--packcheck-report-dir={pytester.path / 'out'}")
     assert metadata.distribution("torch").version == torch_before
-    doc = json.loads((pytester.path / "out" / "packcheck-matrix.json").read_text())
+    doc = read_results(pytester.path / "out" / "packcheck-matrix.json")
     return {c["cell_id"]: c for c in doc["cells"]}
 
 

@@ -15,6 +15,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from pytest_packcheck.results.schema import read_results
+
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 
 
@@ -205,7 +207,7 @@ def test_audit_n2_runs_in_one_process_with_the_verdicts_of_n0(tmp_path):
                               check=False, timeout=600)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
         assert "workers" not in proc.stdout, proc.stdout  # xdist's "2 workers [6 items]": none started
-        doc = json.loads((out / "packcheck-matrix.json").read_text())
+        doc = read_results(out / "packcheck-matrix.json")
         verdicts[workers] = {c["cell_id"]: (c["status"], c.get("cause")) for c in doc["cells"]}
         journal = [json.loads(line)["cell"]["cell_id"] for line in (out / "packcheck-journal.jsonl").read_text().splitlines()]
         assert sorted(journal) == sorted(verdicts[workers])
@@ -265,7 +267,7 @@ def test_an_audit_stopped_by_x_with_children_side_by_side_is_incomplete(tmp_path
                            "--packcheck-report-dir", str(tmp_path / "out"), "--", "-x"], cwd=tmp_path, capture_output=True,
                           text=True, check=False, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    doc = json.loads((tmp_path / "out" / "packcheck-matrix.json").read_text())
+    doc = read_results(tmp_path / "out" / "packcheck-matrix.json")
     assert doc["incomplete"]["reason"] == "the run stopped early (stopping after 1 failures)", doc["incomplete"]
     cells = {c["model"]["label"]: c for c in doc["cells"]}
     assert cells["opt"]["status"] == "fail"

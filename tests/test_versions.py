@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from pytest_packcheck.errors import PackcheckUsageError
+from pytest_packcheck.results.schema import read_results
 from pytest_packcheck.versions import envs
 
 
@@ -207,7 +208,7 @@ envs.ensure_env = refuse
                                            "--packcheck-checks=isolation", "--packcheck-versions=transformers==4.51.3 & trl==1.16.0",
                                            f"--packcheck-report-dir={pytester.path / 'out'}")
     result.assert_outcomes(failed=1)
-    doc = json.loads((pytester.path / "out" / "packcheck-matrix.json").read_text())
+    doc = read_results(pytester.path / "out" / "packcheck-matrix.json")
     (cell,) = doc["cells"]
     assert cell["cell_id"] == "llama-sdpa-isolation-float32@transformers==4.51.3+trl==1.16.0"
     assert cell["status"] == "error" and "not installable: Because trl>=1.16.0" in cell["message"]
@@ -229,7 +230,7 @@ def _audit(pytester, monkeypatch, cache, versions: str, models: str, attn: str, 
                        f"--packcheck-checks={checks}", f"--packcheck-versions={versions}",
                        f"--packcheck-report-dir={pytester.path / 'out'}")
     assert metadata.distribution("torch").version == torch_before
-    doc = json.loads((pytester.path / "out" / "packcheck-matrix.json").read_text())
+    doc = read_results(pytester.path / "out" / "packcheck-matrix.json")
     return {c["cell_id"]: c for c in doc["cells"]}
 
 

@@ -8,10 +8,10 @@ rows out wrong and must fail with the right cause.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from faults import DropPositionIds, FrozenSection, SectionNoRestart, TextRowNoRestart
+
+from pytest_packcheck.results.schema import read_results
 
 
 def _bench(spec: str, backend: str, tolerances: dict, **kwargs):
@@ -285,7 +285,7 @@ def test_plugin_records_the_text_path(pytester):
                                            "--packcheck-attn=sdpa", "--packcheck-checks=isolation,logits_parity",
                                            "--packcheck-report-dir=out", "-q")
     result.assert_outcomes(passed=1, failed=1)  # logits_parity: the collator's (1, N) ids leak (position_layout)
-    cells = json.loads((pytester.path / "out" / "packcheck-matrix.json").read_text())["cells"]
+    cells = read_results(pytester.path / "out" / "packcheck-matrix.json")["cells"]
     assert {c["check"] for c in cells} == {"isolation", "logits_parity"}
     for cell in cells:
         assert cell["model"]["model_class"] == "Qwen2VLForConditionalGeneration" and "text path" in cell["model"]["text_path"]

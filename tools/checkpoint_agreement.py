@@ -10,7 +10,6 @@ finding with its numbers. Writes ``reports/atlas/checkpoint-configs.md``.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -20,9 +19,9 @@ sys.path.insert(0, str(REPO))
 
 def main(path: str) -> int:
     from pytest_packcheck.report.numbers import key_metric
-
-    ckpt = json.loads(Path(path).read_text())
-    base = json.loads((REPO / "reports" / "packcheck-matrix.json").read_text())
+    from pytest_packcheck.results.schema import read_results
+    ckpt = read_results(path)
+    base = read_results(REPO / "reports" / "packcheck-matrix.json")
     default = {(c["model"]["label"], c["backend"], c["check"]): c for c in base["cells"] if c["dtype"] == "float32"}
 
     def num(c: dict) -> float | None:

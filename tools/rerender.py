@@ -40,7 +40,8 @@ def matrix_texts(reports: Path = REPORTS) -> dict[Path, str]:
         folder = reports / sub if sub else reports
         if not (folder / "packcheck-matrix.json").exists():
             continue
-        rep = build_report(json.loads((folder / "packcheck-matrix.json").read_text(encoding="utf-8")))
+        from pytest_packcheck.results.schema import load_document
+        rep = build_report(load_document(folder / "packcheck-matrix.json"))
         out.update({folder / f.file: f.render(rep) for f in FORMATS if f.file in MATRIX_FILES})
     return out
 

@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
             missing.append(version)
             continue
         folder = Path(ns.build) / axis.library / version
-        doc = json.loads((folder / "packcheck-matrix.json").read_text())
+        from pytest_packcheck.results.schema import read_results
+        doc = read_results(folder / "packcheck-matrix.json")
         A.check_stack_version(axis, version, doc, str(folder))
         cells_s = round(sum(float(c.get("duration_s") or 0.0) for c in doc.get("cells", [])), 1)
         rows, lines = A.reduce_release(doc)

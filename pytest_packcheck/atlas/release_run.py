@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PackcheckUsageError
+from ..results.schema import read_results
 from .plan import ATLAS_BACKENDS, DONE_MARKER, atlas_checks
 
 
@@ -163,7 +164,7 @@ def run_release(version: str, build: Path, shard: tuple[int, int] | None = None,
         (folder / "atlas-error.json").write_text(json.dumps(record, indent=1) + "\n")
         log(f"atlas {version}: no complete results (exit {proc.returncode}); run again to resume")
         return record
-    doc = json.loads(result.read_text())
+    doc = read_results(result)
     record = {"transformers": env.versions.get("transformers", version), "requested": version, "shard": list(shard or (1, 1)),
               "cells": len(doc.get("cells", [])), "wall_s": wall, "child_cpu_s": round(_child_cpu() - cpu0, 1),
               "env_seconds": env.seconds, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..results.schema import read_results
 from .plan import DONE_MARKER, version_key
 from .release_run import done_record, is_done, run_failure, run_plugin_in_env
 
@@ -131,7 +132,7 @@ def run_release(axis: StackAxis, version: str, build: Path, log: Callable[[str],
         (folder / "atlas-error.json").write_text(json.dumps(record, indent=1) + "\n")
         log(f"stack {axis.library} {version}: no complete results (exit {proc.returncode})")
         return record
-    doc = json.loads((folder / "packcheck-matrix.json").read_text())
+    doc = read_results(folder / "packcheck-matrix.json")
     record = {axis.library: env.versions.get(axis.library, version), "requested": version, "versions": dict(env.versions),
               "cells": len(doc.get("cells", [])), "wall_s": wall, "env_seconds": env.seconds, "env_created": env.created}
     (folder / DONE_MARKER).write_text(json.dumps(record, indent=1) + "\n")

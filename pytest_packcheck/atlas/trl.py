@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ..backends.table import REFERENCE_BACKEND
+from ..results.schema import read_results
 from .plan import DONE_MARKER, entry_message, index_latest_patches, version_key
 from .release_run import check_recorded_version, done_record, is_done, run_failure, run_plugin_in_env
 
@@ -152,7 +153,7 @@ def run_trl_release(version: str, build: Path, log: Callable[[str], None] = prin
         (folder / "atlas-error.json").write_text(json.dumps(record, indent=1) + "\n")
         log(f"atlas trl {version}: no complete results (exit {proc.returncode}); run again to resume")
         return record
-    doc = json.loads(result.read_text())
+    doc = read_results(result)
     record = {"trl": env.versions.get("trl", version), "requested": version, "versions": dict(env.versions),
               "cells": len(doc.get("cells", [])), "wall_s": wall, "child_cpu_s": round(_child_cpu() - cpu0, 1),
               "env_seconds": env.seconds, "env_created": env.created,

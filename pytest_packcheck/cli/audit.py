@@ -86,18 +86,18 @@ def _closing_line(out: Path, started: float, fail_on_failure: bool) -> int:
     the models they fall on, in one sentence with why the exit status is what it is (issue 41: "41 failed" above
     an exit 0 read as a contradiction). Returns the number of correctness checks that did not pass, which
     ``--fail-on-failure`` exits 1 on (0 when the matrix cannot be read: the plugin has said why)."""
-    import json
 
-    from ..errors import scrub_secrets
+    from ..errors import PackcheckUsageError, scrub_secrets
     from ..report.verdicts import closing_sentence
+    from ..results.schema import read_results
 
     matrix = out / "packcheck-matrix.json"
     try:
         if matrix.stat().st_mtime < started - 1:  # not this run's matrix: nothing to sum up
             return 0
-        cells = json.loads(matrix.read_text(encoding="utf-8"))["cells"]
+        cells = read_results(matrix)["cells"]
         text, not_passed = closing_sentence(cells, fail_on_failure)
-    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError, PackcheckUsageError):  # a dangling table key
         return 0
     print(scrub_secrets(text))
     return not_passed
@@ -365,13 +365,13 @@ def _versions_source(ns: argparse.Namespace) -> str | None:
 
 def _bench_into_report(ns: argparse.Namespace, out: Path) -> None:
     """Bench every model of the audit just written (``--bench``) and render the matrix again with the figures."""
-    import json
 
     from ..report.formats import write_reports
     from ..run.throughput import bench_audit
 
     path = out / "packcheck-matrix.json"
-    doc = json.loads(path.read_text())
+    from ..results.schema import read_results
+    doc = read_results(path)
     if doc.get("settings", {}).get("versions"):  # asked for through an ini file: caught here, after the audit
         print("packcheck audit: error: --bench measures in this environment only, and this audit ran in version "
               "environments: its matrix is written without bench figures.", file=sys.stderr)
@@ -388,13 +388,13 @@ def _bench_into_report(ns: argparse.Namespace, out: Path) -> None:
 def _verify_remedies_into_report(out: Path) -> None:
     """``--verify-remedies``: verify the remedies of the audit just written; the records go into the JSON
     (``remedy_checks``) and a "Remedies verified" section is appended to the Markdown."""
-    import json
 
     from ..analysis.remedies import render_remedy_checks, verify_remedies
     from ..results import dumps_results, write_set
 
     path = out / "packcheck-matrix.json"
-    doc = json.loads(path.read_text())
+    from ..results.schema import read_results
+    doc = read_results(path)
     records = verify_remedies(doc, out, log=lambda line: print(line, flush=True))
     md = out / "packcheck-matrix.md"
     # one set (results.write_set), the JSON last: a kill between the two never leaves one updated, one not

@@ -3,12 +3,19 @@ files replaced together), a full disk or an unwritable folder named in one line.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from ..errors import PackcheckUsageError, scrub_secrets, secret_forms
+
+#: :data:`.schema.SCHEMA_VERSION`, the version a file with the tables says it is (schema.py holds it to this)
+RESULTS_SCHEMA_VERSION = 3
+#: the cell fields a schema-3 file keeps in a top-level table of the same name, each with its key's prefix
+#: ("" for models: the key is the model's label, ``label~1`` ... for a second record under one label)
+TABLES = {"models": ("model", ""), "tolerances": ("tolerances", "t")}
 
 
 def scrub(text: str) -> str:
@@ -172,9 +179,13 @@ def write_set(files: list[tuple[Path, str]], flag: str = "--packcheck-report-dir
 def dumps_results(doc: dict) -> str:
     """A results document (``packcheck-matrix.json``) as text: the top-level keys one-space indented, and each
     cell of ``cells`` compact on a line of its own. Half the bytes of ``indent=1`` (the committed default matrix:
-    2.4 MB, not 3.0 MB), and a re-measured cell is one changed line in a diff. ``json.loads`` reads it as before."""
+    2.4 MB, not 3.0 MB), and a re-measured cell is one changed line in a diff. Written as schema 3
+    (:func:`compact_document`: each model record and tolerance set once, in top-level tables the cells
+    name: 1.5 MB); ``doc`` is not changed. Read it back with :func:`.schema.load_document` (or
+    :func:`read_results`), which expands the tables: a bare ``json.loads`` sees the references."""
     import json
 
+    doc = compact_document(doc)
     parts = []
     for key, value in doc.items():
         if key == "cells" and isinstance(value, list) and value:
@@ -183,6 +194,106 @@ def dumps_results(doc: dict) -> str:
         else:
             parts.append(f" {json.dumps(key)}: " + json.dumps(value, indent=1).replace("\n", "\n "))
     return "{\n" + ",\n".join(parts) + "\n}\n"
+
+
+def compact_document(doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` (a results document as readers see it: every cell with its own ``model`` and ``tolerances`` objects)
+    as a schema-3 file holds it: each distinct model record and tolerance set once in the top-level tables ``models``
+    and ``tolerances`` (placed before ``cells``), a cell naming its entry. A new dict; ``doc`` is not changed. A cell
+    whose field is not an object keeps it as it is (:func:`.schema.cell_problem` names it on load). The inverse of
+    :func:`expand_tables`: ``expand_tables(compact_document(doc))["cells"] == doc["cells"]``."""
+    cells = doc.get("cells")
+    if not isinstance(cells, list):
+        return dict(doc)
+    tables: dict[str, dict[str, Any]] = {name: {} for name in TABLES}
+    keys: dict[str, dict[str, str]] = {name: {} for name in TABLES}  # canonical JSON of a record -> its key
+    out_cells = []
+    for cell in cells:
+        if not isinstance(cell, dict):
+            out_cells.append(cell)
+            continue
+        cell = dict(cell)
+        for name, (field_name, prefix) in TABLES.items():
+            value = cell.get(field_name)
+            if not isinstance(value, dict):
+                continue
+            text = json.dumps(value, sort_keys=True, default=str)
+            key = keys[name].get(text)
+            if key is None:
+                if prefix:
+                    key = f"{prefix}{len(tables[name])}"
+                else:  # the label, unless another record already has it (two records under one label: label~1)
+                    base = str(value.get("label"))
+                    key, n = base, 0
+                    while key in tables[name]:
+                        n += 1
+                        key = f"{base}~{n}"
+                keys[name][text], tables[name][key] = key, value
+            cell[field_name] = key
+        out_cells.append(cell)
+    out: dict[str, Any] = {}
+    for key, value in doc.items():
+        if key in TABLES:
+            continue
+        if key == "cells":
+            out.update(tables)
+            value = out_cells
+        out[key] = value
+    out["schema_version"] = RESULTS_SCHEMA_VERSION
+    return out
+
+
+def expand_tables(data: dict[str, Any], name: str) -> dict[str, Any]:
+    """Give each cell of a schema-3 results document (``data``, as parsed) its entries of the top-level tables
+    (:data:`TABLES`) back, in place, and drop the tables: the cells readers see are those of schema 2. A cell's
+    entry is a shared object (readers do not change model records or tolerances in place). A document without
+    tables (schema 1 / 2) is returned as it is. ``name``: the file, named in every error.
+
+    Raises:
+        PackcheckUsageError: a table that is not an object of objects, or a cell naming a key its table lacks (one
+            line naming the file, the cell and the key).
+    """
+    if not isinstance(data, dict):
+        return data
+    tables = {}
+    for table, (field_name, _prefix) in TABLES.items():
+        if table not in data:
+            continue
+        value = data.pop(table)
+        if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+            raise PackcheckUsageError(f"Results file {name} is corrupt: \"{table}\" is {json.dumps(value)[:40]} (expected a JSON "
+                                      f"object of {field_name} records by key). Regenerate it with `packcheck audit`.")
+        tables[field_name] = (table, value)
+    cells = data.get("cells")
+    if not isinstance(cells, list):
+        return data
+    for cell in cells:
+        if not isinstance(cell, dict):
+            continue
+        for field_name in ("model", "tolerances"):
+            key = cell.get(field_name)
+            if not isinstance(key, str):
+                continue
+            table, entries = tables.get(field_name, (next(t for t, (f, _) in TABLES.items() if f == field_name), {}))
+            if key not in entries:
+                raise PackcheckUsageError(
+                    f"Results file {name} is corrupt: cell {str(cell.get('cell_id', '?'))!r} names {field_name} {key!r}, "
+                    f"which its \"{table}\" table lacks ({len(entries)} entries). Regenerate it with `packcheck audit`.")
+            cell[field_name] = entries[key]
+    return data
+
+
+def read_results(path: str | Path) -> dict[str, Any]:
+    """A results JSON packcheck itself just wrote (a child audit's, a version environment's, an atlas release's),
+    parsed and with its tables expanded (:func:`expand_tables`), without :func:`.schema.load_document`'s checks of a file
+    from elsewhere: the cells every reader sees, schema 2's shape.
+
+    Raises:
+        OSError, ValueError: the file cannot be read or is not JSON (as ``json.loads``).
+        PackcheckUsageError: a dangling table reference (:func:`expand_tables`).
+    """
+    p = Path(path)
+    return expand_tables(json.loads(p.read_text(encoding="utf-8")), str(p))
 
 
 def atomic_write(path: Path, text: str, flag: str = "--packcheck-report-dir") -> None:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PackcheckUsageError
+from ..results.io import read_results
 from .cache import cache_root
 from .libraries import LIBRARIES, axis_libraries, hardware_patterns
 
@@ -629,7 +630,7 @@ def run_in_env(combo: VersionCombo, settings: Any, models: list[str], report_dir
             tail = " | ".join(ln.strip() for ln in (proc.stderr or proc.stdout).strip().splitlines()[-3:])
             return EnvRun(combo, {}, env, f"the run in {combo.label} wrote no results (exit {proc.returncode}; "
                           f"{tail[:400]}; full output in {log_rel})", log=log_rel, seconds=round(time.perf_counter() - t0, 3))
-        doc = json.loads(result.read_text())
+        doc = read_results(result)
     cells = {c["cell_id"]: c for c in doc["cells"]}
     return EnvRun(combo, cells, env, None, doc.get("environment", {}), log_rel, round(time.perf_counter() - t0, 3))
 
