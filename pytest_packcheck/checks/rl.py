@@ -131,16 +131,21 @@ def padded(wb: Workbench, samples: list[RLSample], temperature: float, position_
 
 def compare(got: list[tuple[Any, Any]], ref: list[tuple[Any, Any]]) -> dict[str, Any]:
     """Per-token and per-sequence differences (nats) of log-probs and entropies, worst over the samples; a
-    non-finite value on either side is counted, never compared."""
+    non-finite value on either side is counted, never compared. Where ``got`` carries no entropies (a path that
+    gathers log-probs only: each ``got`` entropy None), ``max_abs_entropy_diff`` is None: not compared, never 0."""
     import torch
 
-    token, seq, ent, bad = 0.0, 0.0, 0.0, 0
+    token, seq, bad = 0.0, 0.0, 0
+    ent: float | None = None if all(h is None for _, h in got) else 0.0
     for (lp, h), (rlp, rh) in zip(got, ref, strict=True):
-        finite = torch.isfinite(lp) & torch.isfinite(rlp) & torch.isfinite(h) & torch.isfinite(rh)
+        finite = torch.isfinite(lp) & torch.isfinite(rlp)
+        if ent is not None:
+            finite &= torch.isfinite(h) & torch.isfinite(rh)
         bad += int((~finite).sum())
         if finite.any():
             token = max(token, float((lp[finite] - rlp[finite]).abs().max()))
-            ent = max(ent, float((h[finite] - rh[finite]).abs().max()))
+            if ent is not None:
+                ent = max(ent, float((h[finite] - rh[finite]).abs().max()))
             seq = max(seq, float((lp[finite].sum() - rlp[finite].sum()).abs()))
     return {"max_abs_logprob_diff": token, "max_abs_seq_logprob_diff": seq, "max_abs_entropy_diff": ent,
             "non_finite_logprobs": bad}
@@ -162,13 +167,15 @@ def _verdict(wb: Workbench, what: str, numbers: dict[str, Any], metrics: dict[st
     """Pass within ``logits_atol`` on log-probs and entropies; a non-finite log-prob fails as such; otherwise the
     cause from the workbench's probes (:func:`probes.mismatch_cause`: leak, stateful layers, numerics, ...)."""
     atol = wb.tol["logits_atol"]
-    worst = max(numbers["max_abs_logprob_diff"], numbers["max_abs_entropy_diff"])
+    entropy = numbers["max_abs_entropy_diff"]  # None: the path gathers log-probs only
+    worst = max(numbers["max_abs_logprob_diff"], entropy or 0.0)
     if numbers["non_finite_logprobs"]:
         return CheckResult("fail", metrics, f"{what}: {numbers['non_finite_logprobs']} non-finite completion log-probs",
                            cause="non_finite", evidence={"non_finite_logprobs": numbers["non_finite_logprobs"]})
     message = (f"{what}: completion log-probs {_fmt(numbers['max_abs_logprob_diff'])} nats per token, "
-               f"{_fmt(numbers['max_abs_seq_logprob_diff'])} per sequence, entropy {_fmt(numbers['max_abs_entropy_diff'])} "
-               f"(tol {_fmt(atol)})")
+               f"{_fmt(numbers['max_abs_seq_logprob_diff'])} per sequence, "
+               + (f"entropy {_fmt(entropy)} " if entropy is not None else "entropy not compared ")
+               + f"(tol {_fmt(atol)})")
     if worst <= atol:
         return CheckResult("pass", metrics, message)
     cause, evidence = mismatch_cause(wb, worst, atol)
@@ -275,9 +282,9 @@ def check_rl_trl_grpo(wb: Workbench) -> CheckResult:
     except Exception as exc:  # noqa: BLE001 - TRL's code raised on this model: the cell says where
         return _trl_crash(f"GRPOTrainer.{_GRPO_METHOD[path]}", exc)
     ref = alone(wb, samples, RL_TEMPERATURE)
-    # trl 0.19's _get_per_token_logps computes no entropy: it is not compared (the reference's stands in, stated)
+    # trl 0.19's _get_per_token_logps computes no entropy: it is not compared (max_abs_entropy_diff None)
     got = [(logps[i, :len(s.completion)].double().cpu(),
-            entropies[i, :len(s.completion)].double().cpu() if entropies is not None else ref[i][1])
+            entropies[i, :len(s.completion)].double().cpu() if entropies is not None else None)
            for i, s in enumerate(samples)]
     numbers = compare(got, ref)
     metrics = {**numbers, **_base_metrics(wb, samples), "trl": _trl_version(), "logits_to_keep": width_c,
@@ -587,8 +594,8 @@ def check_rl_trl_tree(wb: Workbench) -> CheckResult:
     finite = torch.isfinite(got) & torch.isfinite(want)
     diff = float((got[finite] - want[finite]).abs().max()) if finite.any() else 0.0
     unique, raw = int(row["input_ids"].numel()), sum(len(s.tokens) for s in samples)
-    numbers = {"max_abs_logprob_diff": diff, "max_abs_seq_logprob_diff": 0.0, "max_abs_entropy_diff": 0.0,
-               "non_finite_logprobs": int((~finite).sum())}
+    numbers = {"max_abs_logprob_diff": diff, "max_abs_seq_logprob_diff": 0.0, "max_abs_entropy_diff": None,
+               "non_finite_logprobs": int((~finite).sum())}  # the tree row gathers log-probs only
     for i in range(len(samples)):  # the per-sequence sum, as the policy loss adds it up
         sel = (row["segment_id"] == i) & finite
         numbers["max_abs_seq_logprob_diff"] = max(numbers["max_abs_seq_logprob_diff"], float((got[sel] - want[sel]).sum().abs()))

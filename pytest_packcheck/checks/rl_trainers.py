@@ -425,7 +425,7 @@ def check_rl_verl_rmpad(wb: Workbench) -> CheckResult:
     ``bert_padding`` source where the release takes it from flash-attn, named) and
     ``verl.utils.torch_functional.logprobs_from_logits``, at the RL temperature, against each sample alone. A skip
     names the package verl's modules need where they do not import (tensordict, cloudpickle). Entropy is not compared
-    (``max_abs_entropy_diff`` 0: this path gathers log-probs only)."""
+    (``max_abs_entropy_diff`` None: this path gathers log-probs only)."""
     from .rl import RL_TEMPERATURE, _base_metrics, _too_short, _verdict, compare
 
     short = _too_short(wb)
@@ -444,9 +444,8 @@ def check_rl_verl_rmpad(wb: Workbench) -> CheckResult:
     except Exception as exc:  # noqa: BLE001 - verl's code raised on this model: the cell says where
         return _library_crash("verl", "remove-padding path", exc)
     ref = alone(wb, samples, RL_TEMPERATURE)
-    rows = [(got[i, :len(s.completion)], r[1]) for i, (s, r) in enumerate(zip(samples, ref, strict=True))]
+    rows = [(got[i, :len(s.completion)], None) for i, s in enumerate(samples)]  # log-probs only: entropy not compared
     numbers = compare(rows, ref)
-    numbers["max_abs_entropy_diff"] = 0.0  # verl's path here gathers log-probs only
     metrics = {**numbers, **_base_metrics(wb, samples), "verl": _dist_version("verl"), "response_length": width,
                "stand_ins": stand_ins}
     what = f"verl {_dist_version('verl')} remove-padding path" + (f" ({'; '.join(stand_ins)})" if stand_ins else "")
@@ -609,12 +608,9 @@ def check_rl_openrlhf_packed(wb: Workbench) -> CheckResult:
     except Exception as exc:  # noqa: BLE001 - OpenRLHF's code raised on this model: the cell says where
         return _library_crash("openrlhf", "Actor.forward (packing_samples)", exc)
     ref = alone(wb, samples, own_t)
-    if rows_got[0][1] is None:  # no entropy in this release's forward: log-probs only
-        rows = [(lp, r[1]) for (lp, _), r in zip(rows_got, ref, strict=True)]
-    else:
-        rows = rows_got
-        if entropy_t != own_t:  # the release's entropy is of the untempered logits: the reference's is too
-            ref = [(r[0], r1[1]) for r, r1 in zip(ref, alone(wb, samples, entropy_t), strict=True)]
+    rows = rows_got  # a release whose forward computes no entropy: (log-probs, None), entropy not compared
+    if rows_got[0][1] is not None and entropy_t != own_t:  # entropy of the untempered logits: the reference's is too
+        ref = [(r[0], r1[1]) for r, r1 in zip(ref, alone(wb, samples, entropy_t), strict=True)]
     numbers = compare(rows, ref)
     metrics = {**numbers, **_base_metrics(wb, samples), "openrlhf": version, "response_length": width,
                "stand_ins": stand_ins, "entropy_compared": rows_got[0][1] is not None, "logprob_temperature": own_t,
