@@ -193,11 +193,13 @@ def lookup(model_type: str, attn_implementation: str, transformers_version: str,
     # each library's own example and prefix: a bad --trl was told "such as 4.56.2 (no 'transformers==')"
     for what, value, example in (("transformers", transformers_version, "4.56.2"), ("trl", trl_version, "0.19.1")):
         try:
-            if value is not None:
-                Version(str(value))
+            parsed = Version(str(value)) if value is not None else None
         except InvalidVersion:
             raise PackcheckUsageError(f"{what} version '{value}' is not a version (the {what} version asked about): write "
                                       f"a release number such as {example} (no '{what}==', no wildcard).") from None
+        if parsed is not None and len(parsed.release) > 3:  # 4.53.1.1.1 was answered from 4.53.1's bisect, exit 0
+            raise PackcheckUsageError(f"{what} version '{value}' has {len(parsed.release)} parts: no {what} release "
+                                      f"does (they are MAJOR.MINOR.PATCH); write one such as {example}.")
     doc = load_support_view(path)
     resolved_from = ""
     asked = None

@@ -133,3 +133,14 @@ def test_unknown_names_get_the_nearest_type_by_name():
     assert guess_model_type("nothing-like-it", known) is None
     answer = lookup("Qwen2.5", "sdpa", "5.24.0")
     assert not answer.answered and any("Did you mean 'qwen2'?" in n for n in answer.notes)
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (("llama", "sdpa", "4.53.1.1.1"), "transformers version '4.53.1.1.1' has 5 parts"),
+    (("llama", "sdpa", "4.53.1", "1.2.3.4"), "trl version '1.2.3.4' has 4 parts"),
+])
+def test_a_version_no_release_has_is_refused_not_answered_from_a_neighbour(args, words):
+    # hostile trial 4: 4.53.1.1.1 sorts between 4.53.1 and 4.53.3 and was answered from 4.53.1's bisect, exit 0
+    with pytest.raises(PackcheckUsageError, match=words):
+        lookup(*args)
+    assert lookup("llama", "sdpa", "4.53.1").transformers_version == "4.53.1"  # the release itself is still answered
