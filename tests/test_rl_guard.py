@@ -285,3 +285,19 @@ def test_guard_grpo_names_padded_positions_on_gpt2(tmp_path):
     trainer.train()
     assert guard.result.cause == "padded_positions", guard.result.line()
     assert "position_ids" in guard.result.remedy
+
+
+def test_a_model_whose_forward_raises_is_a_crash_verdict_with_the_secret_scrubbed(model, monkeypatch):
+    # hostile trial 4: the model's exception came through verify_packed_logprobs raw, a token in its message unscrubbed
+    monkeypatch.setenv("HF_TOKEN", "hf_PlantedSecretValue123456")
+
+    def raising(*args, **kwargs):
+        raise RuntimeError("backend rejected token hf_PlantedSecretValue123456 on this row")
+
+    monkeypatch.setattr(model, "forward", raising)
+    result = verify_packed_logprobs(model, _row(), temperature=T)
+    assert (result.verdict, result.cause, result.max_packed_diff) == ("fail", "crash", None)
+    assert "a sample run alone raised RuntimeError: backend rejected token" in result.line()
+    assert "hf_PlantedSecretValue123456" not in result.line() and "hf_Planted" not in str(result.evidence)
+    with pytest.raises(PackedBatchMismatch):
+        verify_packed_logprobs(model, _row(), temperature=T, on_mismatch="raise")

@@ -46,7 +46,8 @@ class RLGuardResult:
     per-token |log-prob| difference (nats) of the model's packed row vs each sample alone; ``max_trainer_diff``: the
     same for the trainer's log-probs (None when none were given); ``loss_*``: the trainer's loss and the reduction
     recomputed (None when not given). ``segments``: the samples' lengths; ``completion_tokens``: tokens compared;
-    ``forwards``: model forwards run; ``duration_s``: wall seconds; ``versions``: the stack measured."""
+    ``forwards``: model forwards run; ``duration_s``: wall seconds; ``versions``: the stack measured. A model that
+    raises on the row: "fail", cause ``crash`` (or the missing package's), ``max_packed_diff`` None."""
 
     verdict: str
     cause: str | None
@@ -57,7 +58,7 @@ class RLGuardResult:
     temperature: float
     segments: list[int]
     completion_tokens: int
-    max_packed_diff: float
+    max_packed_diff: float | None
     max_trainer_diff: float | None = None
     loss: float | None = None
     loss_expected: float | None = None
@@ -77,7 +78,8 @@ class RLGuardResult:
         tol = self.tolerance["logits_atol"]
         parts = [(f"packcheck RL guard: {self.verdict.upper()} on {len(self.segments)} packed samples "
                   f"({self.completion_tokens} completion tokens, {self.dtype}, temperature {self.temperature:g}): "
-                  f"model's packed row {self.max_packed_diff:.2e} nats per token (tol {tol:.0e})")]
+                  + (f"model's packed row {self.max_packed_diff:.2e} nats per token (tol {tol:.0e})"
+                     if self.max_packed_diff is not None else "nothing compared"))]
         if self.max_trainer_diff is not None:
             parts.append(f"trainer's log-probs {self.max_trainer_diff:.2e}")
         if self.loss is not None:
@@ -313,12 +315,14 @@ def verify_packed_logprobs(model: Any, batch: Mapping[str, Any], logprobs: Any =
     was_training = model.training
     model.eval()
     forwards = 0
+    stage = "a sample run alone"
     try:
         # the reference: each sample alone, positions from 0
         alone_logits = []
         for a, b in segs:
             alone_logits.append(_forward(model, {"input_ids": ids[a:b][None], "position_ids": torch.arange(b - a, device=device)[None]}))
             forwards += 1
+        stage = "the packed row as given"
         # the model's packed row, as the trainer feeds it (no attention_mask, no cache)
         inputs = {"input_ids": ids[None]}
         if "position_ids" in batch:
@@ -330,6 +334,10 @@ def verify_packed_logprobs(model: Any, batch: Mapping[str, Any], logprobs: Any =
             inputs["position_ids"] = torch.cat([torch.arange(b - a, device=device) for a, b in segs])[None]
         packed_logits = _forward(model, inputs)
         forwards += 1
+    except PackcheckUsageError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the model cannot run the row: a crash verdict, as verify_packed_batch gives
+        return _crashed(model, exc, stage, dtype, tol, temperature, segs, forwards, t0, on_mismatch)
     finally:
         model.train(was_training)
 
@@ -393,6 +401,29 @@ def verify_packed_logprobs(model: Any, batch: Mapping[str, Any], logprobs: Any =
     if not result.ok and on_mismatch == "raise":
         raise PackedBatchMismatch(result)  # type: ignore[arg-type] - the exception carries any result with line()
     if not result.ok and on_mismatch == "warn":
+        say(result.line())
+    return result
+
+
+def _crashed(model: Any, exc: Exception, stage: str, dtype: str, tol: dict[str, Any], temperature: float,
+             segs: list[tuple[int, int]], forwards: int, t0: float, on_mismatch: str) -> RLGuardResult:
+    """The verdict of a row the model raised on: "fail", cause ``crash`` (or the missing package's cause, as
+    :func:`~.verify.verify_packed_batch` names it), the exception's first line with secrets scrubbed."""
+    from ..errors import scrub_secrets
+    from .diagnosis import _refusal_cause
+    from .verify import _versions
+
+    said = str(exc).splitlines()[0][:200] if str(exc) else ""
+    cause = _refusal_cause(model, exc) or "crash"
+    result = RLGuardResult(
+        verdict="fail", cause=cause, remedy="see the exception: the model cannot run this row as the loop feeds it",
+        evidence={"why": scrub_secrets(f"{stage} raised {type(exc).__name__}: {said}")}, dtype=dtype, tolerance=tol,
+        temperature=float(temperature), segments=[b - a for a, b in segs], completion_tokens=0, max_packed_diff=None,
+        max_trainer_diff=None, loss=None, loss_expected=None, loss_type=None, forwards=forwards + 1,
+        duration_s=round(time.perf_counter() - t0, 3), versions=_versions())
+    if on_mismatch == "raise":
+        raise PackedBatchMismatch(result)  # type: ignore[arg-type] - the exception carries any result with line()
+    if on_mismatch == "warn":
         say(result.line())
     return result
 
