@@ -246,3 +246,15 @@ def test_an_infinite_file_size_bound_is_refused(tmp_path, monkeypatch, value):
     monkeypatch.setenv("PACKCHECK_MAX_FILE_MB", value)
     with pytest.raises(PackcheckUsageError, match=r"must be a finite number above 0"):
         read_document(tmp_path / "a.json", "json", "Results file", "fix")
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux) to fill the disk under stdout")
+@pytest.mark.parametrize("args", [["--help"], ["lookup", "--help"], ["--version"]])
+def test_help_or_version_to_a_full_disk_exits_74_in_one_line(args):
+    # hostile trial 4: argparse drops the write's OSError, so `packcheck --help > /dev/full` exited 0 with the help lost
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "pytest_packcheck.cli", *args], stdout=full, stderr=subprocess.PIPE,
+                              text=True, timeout=120, check=False)
+    assert proc.returncode == 74, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "packcheck: standard output could not be written (No space left on device): the text was dropped."]

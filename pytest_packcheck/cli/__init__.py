@@ -110,6 +110,10 @@ def _module(command: Command) -> ModuleType:
     return importlib.import_module(command.module)
 
 
+#: why argparse's own output (--help, --version's sibling texts) could not be written, if it could not
+_HELP_LOST: list[str] = []
+
+
 class _Parser(argparse.ArgumentParser):
     """``packcheck``'s top-level parser: its epilog (:func:`help_epilog`: the registry, the shipped audits, the exit
     codes) is built when help is printed, not on every start (``packcheck lookup`` answers in a fraction of it)."""
@@ -118,6 +122,18 @@ class _Parser(argparse.ArgumentParser):
         if self.epilog is None:
             self.epilog = help_epilog()
         return super().format_help()
+
+    def _print_message(self, message: str, file: Any = None) -> None:
+        """argparse's, flushed, with a failed write kept in :data:`_HELP_LOST` (argparse drops the OSError: the help
+        sent to a full disk was lost with exit 0); :func:`main` exits 74 on it."""
+        if not message:
+            return
+        file = sys.stderr if file is None else file
+        try:
+            file.write(message)
+            file.flush()
+        except (OSError, AttributeError, ValueError) as exc:  # a full disk, a closed or missing stream
+            _HELP_LOST.append(getattr(exc, "strerror", None) or str(exc) or type(exc).__name__)
 
     def error(self, message: str) -> Any:
         """argparse's error, with the closest flag of the command for an unknown one (``--packcheck-atn``: a hostile
@@ -146,7 +162,7 @@ class _VersionAction(argparse.Action):
     def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option_string: str | None = None) -> None:
         from .. import __version__
 
-        sys.stdout.write(f"packcheck {__version__}\n")  # on stdout, as argparse's own version action prints it
+        parser._print_message(f"packcheck {__version__}\n", sys.stdout)  # on stdout, as argparse's own version action
         parser.exit()
 
 
@@ -302,11 +318,19 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     from ..errors import ScrubbingStream
 
+    _HELP_LOST.clear()
     real_stderr = sys.stderr
     if real_stderr is not None:  # argparse's errors echo the arguments: a token in one (--token=hf_...) never in clear
         sys.stderr = ScrubbingStream(real_stderr)
     try:
         return _main(argv)
+    except SystemExit as exc:  # argparse's --help / --version: the text went to stdout; a full disk loses it
+        if exc.code not in (0, None) or not _HELP_LOST:
+            raise
+        # `packcheck --help > /dev/full` exited 0 with the help lost: argparse swallows the write's OSError (trial 4)
+        _fd_to_devnull(sys.stdout)  # the flush at interpreter exit would fail again, as "Exception ignored"
+        print(f"packcheck: standard output could not be written ({_HELP_LOST[0]}): the text was dropped.", file=sys.stderr)
+        return 74
     finally:
         sys.stderr = real_stderr
 
