@@ -258,3 +258,17 @@ def test_help_or_version_to_a_full_disk_exits_74_in_one_line(args):
     assert proc.returncode == 74, proc.stderr
     assert proc.stderr.strip().splitlines() == [
         "packcheck: standard output could not be written (No space left on device): the text was dropped."]
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_a_report_folder_with_a_control_character_is_refused_before_anything_is_made(tmp_path, how):
+    # hostile trial 4: --packcheck-report-dir "$(printf 'a\nb')" was accepted and the folder made
+    from cli_inprocess import packcheck
+
+    bad = "rep\nort"
+    args = ["audit", "--packcheck-models", "llama", "-q"] + (["--packcheck-report-dir", bad] if how == "flag" else [])
+    proc = packcheck(*args, cwd=tmp_path, env={"PACKCHECK_REPORT_DIR": bad} if how == "env" else None)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "holds a control character" in proc.stdout + proc.stderr
+    assert ("--packcheck-report-dir" if how == "flag" else "$PACKCHECK_REPORT_DIR") in proc.stdout + proc.stderr
+    assert list(tmp_path.iterdir()) == []
