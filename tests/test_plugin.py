@@ -93,7 +93,8 @@ def test_items_outcomes_and_matrix(pytester):
     result.stdout.fnmatch_lines(["*FAILED packcheck::opt::packcheck?opt-sdpa-isolation-float32?*"])
     result.stdout.fnmatch_lines(["fail (leak; remedy: do not pack *): leak across boundaries: perturbing example 0 moved*"])
     doc = _doc(pytester)
-    assert doc["schema_version"] == 2 and doc["environment"]["transformers"]
+    assert doc["schema_version"] == 3 and doc["environment"]["transformers"]  # schema 3: the file has the tables
+    assert "models" in json.loads((pytester.path / "reports" / "packcheck-matrix.json").read_text()) and "models" not in doc
     cells = {c["cell_id"]: c for c in doc["cells"]}
     assert len(cells) == len(planned)
     assert sorted((c["model"]["label"], c["backend"] or "", c["check"]) for c in doc["cells"]) == sorted(
