@@ -247,7 +247,7 @@ def _reproduce(doc: Any, version: str, model_type: str, backend: str) -> str:
         return reproduce_command(version, model_type, backend)
     import shlex
 
-    from .config.options import OPT_BACKENDS, OPT_CHECKS
+    from .config.flags import OPT_BACKENDS, OPT_CHECKS  # not .options: its help texts import the registry
 
     return shlex.join(["packcheck", "audit", "--models", f"arch:{model_type}", "--versions", f"transformers=={version}",
                        f"{OPT_BACKENDS}={backend}", f"{OPT_CHECKS}={','.join(checks)}"])

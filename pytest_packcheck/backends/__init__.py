@@ -21,44 +21,14 @@ labels it so. On transformers 4.44 .. 4.55.0, which have no kernel loader, the m
 ``flash_attention_2`` and flash-attn's module globals are packcheck's kernels for the duration of each forward
 (:func:`legacy_flash_globals`, :func:`prepare_backend_model`).
 
-Heavy imports (torch, transformers) happen inside functions: importing this package is cheap.
+Heavy imports (torch, transformers) happen inside functions, and every module but :mod:`.table` is imported on first
+use of one of its names (:data:`_LAZY`): importing this package costs the table only.
 """
 
 from __future__ import annotations
 
-from .availability import BackendAvailability, attn_implementation_refusal, backend_availability, cuda_capability
-from .contract import (
-    VARLEN_CONTRACT,
-    FlashBoundariesError,
-    KernelArgumentError,
-    enforce_varlen_contract,
-    varlen_argument_contract,
-)
-from .counting import AttentionCall, AttentionProbe, count_attention_calls
-from .kernels import _dense_as_varlen, dense_reference_kernel, sink_softmax, varlen_reference_kernel
-from .legacy import (
-    EMULATED_FLASH_ATTN,
-    FLASH_ATTN_STAND_INS,
-    REFERENCE_FLOOR,
-    _flash_conditional_imports,
-    _ModuleGlobals,
-    emulated_flash_attn_installed,
-    legacy_flash_globals,
-    reference_index_first_axis,
-    reference_pad_input,
-    reference_unpad_input,
-)
-from .registration import (
-    PACKCHECK_BACKEND_ATTR,
-    backend_build,
-    build_attn_implementation,
-    effective_attn_implementation,
-    ensure_registered,
-    prepare_backend_model,
-    reference_backend_supported,
-    reference_mode,
-    register_reference_backend,
-)
+from typing import Any
+
 from .table import (
     BACKEND_LABELS,
     BACKENDS,
@@ -82,7 +52,6 @@ from .table import (
     needs_registration,
     stand_in_active,
 )
-from .torch_varlen import build_torch_varlen_args, dense_torch_varlen_kernel, torch_varlen_kernel, varlen_attn_stand_in
 
 __all__ = [
     "BACKENDS", "BACKEND_LABELS", "BENCH_BACKEND_PREFERENCE", "BY_NAME", "CPU_BACKENDS", "DEFAULT_BACKENDS",
@@ -99,3 +68,63 @@ __all__ = [
     "register_reference_backend", "sink_softmax", "stand_in_active", "torch_varlen_kernel", "varlen_argument_contract",
     "varlen_attn_stand_in", "varlen_reference_kernel",
 ]
+
+#: every other name, by module: imported on first use (``lookup`` reads the table only; the kernels, counting and
+#: registration modules stay unimported until a cell needs them)
+_LAZY = {
+    "BackendAvailability": "availability",
+    "attn_implementation_refusal": "availability",
+    "backend_availability": "availability",
+    "cuda_capability": "availability",
+    "VARLEN_CONTRACT": "contract",
+    "FlashBoundariesError": "contract",
+    "KernelArgumentError": "contract",
+    "enforce_varlen_contract": "contract",
+    "varlen_argument_contract": "contract",
+    "AttentionCall": "counting",
+    "AttentionProbe": "counting",
+    "count_attention_calls": "counting",
+    "_dense_as_varlen": "kernels",
+    "dense_reference_kernel": "kernels",
+    "sink_softmax": "kernels",
+    "varlen_reference_kernel": "kernels",
+    "EMULATED_FLASH_ATTN": "legacy",
+    "FLASH_ATTN_STAND_INS": "legacy",
+    "REFERENCE_FLOOR": "legacy",
+    "_flash_conditional_imports": "legacy",
+    "_ModuleGlobals": "legacy",
+    "emulated_flash_attn_installed": "legacy",
+    "legacy_flash_globals": "legacy",
+    "reference_index_first_axis": "legacy",
+    "reference_pad_input": "legacy",
+    "reference_unpad_input": "legacy",
+    "PACKCHECK_BACKEND_ATTR": "registration",
+    "backend_build": "registration",
+    "build_attn_implementation": "registration",
+    "effective_attn_implementation": "registration",
+    "ensure_registered": "registration",
+    "prepare_backend_model": "registration",
+    "reference_backend_supported": "registration",
+    "reference_mode": "registration",
+    "register_reference_backend": "registration",
+    "build_torch_varlen_args": "torch_varlen",
+    "dense_torch_varlen_kernel": "torch_varlen",
+    "torch_varlen_kernel": "torch_varlen",
+    "varlen_attn_stand_in": "torch_varlen",
+}
+_SUBMODULES = frozenset({"availability", "contract", "counting", "kernels", "legacy", "registration", "table", "torch_varlen"})
+
+
+def __getattr__(name: str) -> Any:
+    """``backends.count_attention_calls``, ``backends.availability`` (a submodule), ...: imported on first use, so
+    importing the package costs the table only."""
+    import importlib
+
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # once: later reads are plain attribute reads
+    return value

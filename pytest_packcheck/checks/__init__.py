@@ -11,22 +11,21 @@ requirements), then :mod:`.causes` (every cause code's meaning and remedy), then
 - :mod:`.training`, :mod:`.sft`, :mod:`.sft_probes`, :mod:`.packing`: transformers' Trainer and TRL's SFTTrainer;
 - :mod:`.listing`: ``packcheck checks``.
 
-Importing this package imports neither torch nor transformers (the plugin reads the registry while pytest
-loads): the names below are resolved on first use.
+Importing this package imports neither torch nor transformers nor the registry (the plugin reads the registry while
+pytest loads; ``lookup`` needs only :mod:`.causes`): the names below are resolved on first use.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .registry import CHECKS, DEFAULT_CHECKS, MODEL_LEVEL_CHECKS, SPECS
-
 __all__ = ["CHECKS", "DEFAULT_CHECKS", "MODEL_LEVEL_CHECKS", "SPECS", "Workbench", "expected_attention_calls",
            "mismatch_cause", "stateful_layers"]
 
 # what callers outside the package use, by module (the check functions are found through the registry)
 _LAZY = {"Workbench": "workbench", "mismatch_cause": "probes", "stateful_layers": "probes",
-         "expected_attention_calls": "attention"}
+         "expected_attention_calls": "attention", "CHECKS": "registry", "DEFAULT_CHECKS": "registry",
+         "MODEL_LEVEL_CHECKS": "registry", "SPECS": "registry"}
 
 
 def __getattr__(name: str) -> Any:
@@ -34,8 +33,10 @@ def __getattr__(name: str) -> Any:
     use, so importing the package stays light."""
     import importlib
 
-    if name in _LAZY:
+    if name in _LAZY:  # the registry too: ``checks.causes`` (lookup's cause words) needs none of it
         return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    from .registry import SPECS
+
     spec = next((s for s in SPECS.values() if s.function.partition(":")[2] == name), None)
     if spec is not None:  # the function itself, as its module defines it (not CheckSpec.load, which tests wrap)
         module, _, attr = spec.function.partition(":")

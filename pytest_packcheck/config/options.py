@@ -19,31 +19,30 @@ from ..backends.table import backends_help
 from ..checks.registry import check_help
 from ..errors import PackcheckUsageError, refuse_empty  # noqa: F401 - refuse_empty: re-exported (its callers read it here)
 from ..model.stack import stack_help
-
-OPT_MODELS = "--packcheck-models"
-OPT_AUDIT = "--packcheck-audit"
-OPT_ALL_ARCHS = "--packcheck-all-architectures"
-OPT_BACKENDS = "--packcheck-attn"
-OPT_CHECKS = "--packcheck-checks"
-OPT_DTYPES = "--packcheck-dtypes"
-OPT_WEIGHTS = "--packcheck-weights"
-OPT_DEVICE = "--packcheck-device"
-OPT_TRUST = "--packcheck-trust-remote-code"
-OPT_REPORT_DIR = "--packcheck-report-dir"
-OPT_TOLERANCES = "--packcheck-tolerances"
-OPT_TOLERANCE = "--packcheck-tolerance"
-OPT_BASELINE = "--packcheck-baseline"
-OPT_SHARD = "--packcheck-shard"
-OPT_VERSIONS = "--packcheck-versions"
-OPT_TIMEOUT = "--packcheck-timeout"
-#: The flag keeps its name; the value (fork / none) is how each model's cells are sandboxed, so its Settings field
-#: is ``sandbox`` (the run/sandbox module), not "isolation", which is also a check.
-OPT_ISOLATION = "--packcheck-isolation"
-OPT_RESUME = "--packcheck-resume"
-OPT_LENGTHS = "--packcheck-lengths"
-OPT_SLIDING_WINDOW = "--packcheck-sliding-window"
-OPT_CONFIG = "--packcheck-config"
-OPT_STACK = "--packcheck-stack"
+from .flags import (  # the flags' names, re-exported: callers read them here
+    OPT_ALL_ARCHS,
+    OPT_AUDIT,
+    OPT_BACKENDS,
+    OPT_BASELINE,
+    OPT_CHECKS,
+    OPT_CONFIG,
+    OPT_DEVICE,
+    OPT_DTYPES,
+    OPT_ISOLATION,
+    OPT_LENGTHS,
+    OPT_MODELS,
+    OPT_REPORT_DIR,
+    OPT_RESUME,
+    OPT_SHARD,
+    OPT_SLIDING_WINDOW,
+    OPT_STACK,
+    OPT_TIMEOUT,
+    OPT_TOLERANCE,
+    OPT_TOLERANCES,
+    OPT_TRUST,
+    OPT_VERSIONS,
+    OPT_WEIGHTS,
+)
 
 #: How a model's cells run: in a forked child (a crash or hang costs one cell) or in this process.
 SANDBOX_MODES = ("fork", "none")
