@@ -86,6 +86,26 @@ def test_trl_grpo_logits_to_keep_off_by_one_is_caught(llama, monkeypatch):
     assert result.status == "fail" and result.metrics["max_abs_logprob_diff"] > 1e-2, result.message
 
 
+def test_trl_rloo_runs_its_own_logprob_method_and_catches_a_fault_planted_there(llama, monkeypatch):
+    from trl.trainer.grpo_trainer import GRPOTrainer
+    from trl.trainer.rloo_trainer import RLOOTrainer
+
+    result = rl.check_rl_trl_rloo(llama)
+    assert result.status == "pass" and "RLOO log-prob path" in result.message, result.message
+    assert result.metrics["max_abs_logprob_diff"] < 1e-5 and result.metrics["max_abs_entropy_diff"] < 1e-5
+    original = RLOOTrainer._get_per_token_logps_and_entropies
+
+    def off_by_one(self, model, input_ids, attention_mask, logits_to_keep, **kw):
+        logps, entropies, aux = original(self, model, input_ids, attention_mask, logits_to_keep + 1, **kw)
+        return logps[:, :-1], entropies[:, :-1], aux  # planted in RLOO's copy only: logits_to_keep off by one
+
+    monkeypatch.setattr(RLOOTrainer, "_get_per_token_logps_and_entropies", off_by_one)
+    result = rl.check_rl_trl_rloo(llama)
+    assert result.status == "fail" and result.metrics["max_abs_logprob_diff"] > 1e-2, result.message
+    assert rl.check_rl_trl_grpo(llama).status == "pass"  # GRPO's own method is another function: untouched
+    assert RLOOTrainer._get_per_token_logps_and_entropies is not GRPOTrainer._get_per_token_logps_and_entropies
+
+
 def test_trl_grpo_on_gpt2_is_off_by_its_left_padding(tolerances):
     result = rl.check_rl_trl_grpo(make_bench("gpt2", "sdpa", tolerances))
     assert result.status == "fail" and result.cause == "padded_positions", result.message
@@ -148,12 +168,21 @@ def test_the_committed_rl_matrix_holds_the_findings_the_docs_quote():
     pins = dict(line.split("==", 1) for line in (repo / "constraints" / "test.txt").read_text().splitlines() if "==" in line)
     assert doc["environment"]["transformers"] == pins["transformers"] and doc["environment"]["trl"] == pins["trl"]
     cells = {(c["model"]["model_type"], c["backend"], c["check"]): c for c in doc["cells"]}
-    assert cells[("gpt2", "sdpa", "rl_trl_grpo")]["cause"] == "padded_positions"
+    assert cells[("gpt2", "sdpa", "rl_trl_grpo")]["cause"] == cells[("gpt2", "sdpa", "rl_trl_rloo")]["cause"] == "padded_positions"
     assert cells[("gpt_oss", None, "rl_trl_tree")]["evidence"].get("attention_sinks_dropped") is True
     assert cells[("gpt2", None, "rl_trl_tree")]["status"] == "error"
     for model in ("llama", "qwen2", "qwen3", "gemma3_text", "qwen3_moe"):
-        for check in ("rl_logprobs", "rl_trl_grpo", "rl_trl_dpo", "rl_trl_kto", "rl_preference_packed", "rl_verl_rmpad"):
+        for check in ("rl_logprobs", "rl_trl_grpo", "rl_trl_rloo", "rl_trl_dpo", "rl_trl_kto", "rl_preference_packed",
+                      "rl_verl_rmpad"):
             assert cells[(model, "sdpa", check)]["status"] == "pass", (model, check)
+    # docs/rl.md's "measured" column quotes llama / sdpa's cells: each per-token number is in its cell's message
+    import re
+
+    quoted = re.findall(r"^\| [^|]+ \| `(rl_\w+)` \| [^|]*?([0-9.]+e-\d+) nats per token", (repo / "docs" / "rl.md").read_text(), re.M)
+    assert {"rl_trl_grpo", "rl_trl_rloo", "rl_verl_rmpad"} <= {check for check, _ in quoted}
+    for check, number in quoted:
+        cell = cells.get(("llama", "sdpa", check)) or cells[("llama", None, check)]  # rl_trl_tree: model level
+        assert f"{number} nats per token" in cell["message"], (check, number, cell["message"])
     # the trainers' own code (docs/rl.md's second table): TRL's DPO / KTO on every model's packed-capable backends,
     # GPT-OSS's eager path leaking into the padding-free preference row and verl's remove-padding row, verl measured
     # from its wheel, OpenRLHF's packed samples run with the stand-ins named, ms-swift on trl 1.x named with the module

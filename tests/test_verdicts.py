@@ -49,7 +49,7 @@ def test_suites_requirements_and_the_gate_set_are_read_from_the_rows(monkeypatch
     assert {s.name for s in REGISTRY if s.opt_in} == {n for suite in SUITES if suite != "default" for n in suite_checks(suite)}
     assert not {s.name for s in REGISTRY if s.opt_in} & set(DEFAULT_CHECKS)
     assert {s.name for s in REGISTRY if "trl" in s.requires} == {
-        "sft", "sft_padded", "sft_padding_free", "sft_strategies", "packing_content", "rl_trl_grpo", "rl_trl_tree",
+        "sft", "sft_padded", "sft_padding_free", "sft_strategies", "packing_content", "rl_trl_grpo", "rl_trl_rloo", "rl_trl_tree",
         "rl_trainer_config", "rl_trl_dpo", "rl_trl_kto", "rl_trl_async", "stack_trainers",
         "backend_names"}
     assert not SPECS["trainer"].requires and SPECS["trainer"].training and not SPECS["offset_positions"].training

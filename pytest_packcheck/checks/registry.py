@@ -402,6 +402,11 @@ REGISTRY: tuple[CheckSpec, ...] = (
                       "each sample alone",
               key_metric=KeyMetric("max_abs_logprob_diff", "Δlogp"), tolerance="logits_atol",
               causes=("padded_positions", *_PARITY_CAUSES, "non_finite", "crash"), suite="rl", requires=("trl",)),
+    CheckSpec(name="rl_trl_rloo", function="rl:check_rl_trl_rloo", level="backend", role="correctness",
+              summary="TRL's own RLOO log-prob path (RLOOTrainer's _get_per_token_logps_and_entropies, fused LM head, "
+                      "logits_to_keep) = each sample alone",
+              key_metric=KeyMetric("max_abs_logprob_diff", "Δlogp"), tolerance="logits_atol",
+              causes=("padded_positions", *_PARITY_CAUSES, "non_finite", "crash"), suite="rl", requires=("trl",)),
     CheckSpec(name="rl_trl_tree", function="rl:check_rl_trl_tree", level="model", role="finding",
               summary="TRL AsyncGRPO's tree packing (TreeRow, tree_attention on an exact CPU kernel, log_probs[token_index]) "
                       "= each sample alone",

@@ -12,7 +12,8 @@ sampling temperature) and compare every completion token's log-prob and entropy 
 - ``rl_padded``: the left-padded prompt / right-padded completion batch GRPO builds, without ``position_ids`` (as
   ``GRPOTrainer._get_per_token_logps_and_entropies`` calls the model) and with them (a hazard: a padded path can be
   the wrong one);
-- ``rl_trl_grpo``: TRL's own ``GRPOTrainer._get_per_token_logps_and_entropies`` with TRL's fused LM head;
+- ``rl_trl_grpo`` / ``rl_trl_rloo``: TRL's own ``GRPOTrainer._get_per_token_logps_and_entropies`` (and
+  ``RLOOTrainer``'s copy of it) with TRL's fused LM head;
 - ``rl_trl_tree``: TRL AsyncGRPO's ``TreeRow`` (shared-prefix packing) and its ``tree_attention``, with the FA3
   kernel replaced by packcheck's exact CPU varlen reference (:func:`backends.kernels.varlen_reference_kernel`).
 
@@ -244,8 +245,27 @@ def _model_copy(wb: Workbench):
         del model
 
 
+#: TRL's policy-gradient trainers whose own per-token log-prob method rl_trl_grpo / rl_trl_rloo run: check suffix ->
+#: (module, class, name in messages). RLOOTrainer has its own copy of the method (trl 1.16.0 rloo_trainer.py), with the
+#: same signature and the same fused LM head (add_fused_lm_head at rloo_trainer.py:716).
+_TRL_POLICY = {"grpo": ("trl.trainer.grpo_trainer", "GRPOTrainer", "GRPO"),
+               "rloo": ("trl.trainer.rloo_trainer", "RLOOTrainer", "RLOO")}
+
+
 def check_rl_trl_grpo(wb: Workbench) -> CheckResult:
-    """TRL's GRPO log-prob path, its own code, on the left-padded batch GRPO builds (``logits_to_keep`` = the
+    """TRL's GRPO log-prob path: :func:`trl_policy_logprobs` with ``GRPOTrainer``."""
+    return trl_policy_logprobs(wb, "grpo")
+
+
+def check_rl_trl_rloo(wb: Workbench) -> CheckResult:
+    """TRL's RLOO log-prob path: :func:`trl_policy_logprobs` with ``RLOOTrainer`` (its own
+    ``_get_per_token_logps_and_entropies``, not GRPO's; a release whose RLOOTrainer has none, the online trainer of
+    trl <= 0.21, is a skip naming it)."""
+    return trl_policy_logprobs(wb, "rloo")
+
+
+def trl_policy_logprobs(wb: Workbench, trainer: str) -> CheckResult:
+    """TRL's GRPO / RLOO log-prob path (``trainer``: a key of :data:`_TRL_POLICY`), its own code, on the left-padded batch GRPO builds (``logits_to_keep`` = the
     completion width), against each sample alone. The path is the release's (:func:`grpo_logprob_path`): through TRL's
     fused LM head (``add_fused_lm_head(model, temperature)``) where the release has it, else
     ``_get_per_token_logps_and_entropies`` dividing the logits by ``self.temperature``, else (trl 0.19's)
@@ -259,28 +279,29 @@ def check_rl_trl_grpo(wb: Workbench) -> CheckResult:
     import torch
 
     try:
-        grpo_module, stand_ins = import_trl_module("trl.trainer.grpo_trainer")
+        module_name, class_name, label = _TRL_POLICY[trainer]
+        module, stand_ins = import_trl_module(module_name)
     except ImportError as exc:
         return CheckResult("skipped", {"trl": _trl_version(), "missing_module": getattr(exc, "name", None) or str(exc)},
-                           f"trl {_trl_version()}'s GRPOTrainer does not import here ({exc.__class__.__name__}: "
+                           f"trl {_trl_version()}'s {class_name} does not import here ({exc.__class__.__name__}: "
                            f"{' '.join(str(exc).split())[:160]})")
     except Exception as exc:  # noqa: BLE001 - the release's module raised at import: the cell says where
-        return _trl_crash("trl.trainer.grpo_trainer import", exc)
-    GRPOTrainer = grpo_module.GRPOTrainer
-    path = grpo_logprob_path(GRPOTrainer)
+        return _trl_crash(f"{module_name} import", exc)
+    trainer_cls = getattr(module, class_name, None)
+    path = grpo_logprob_path(trainer_cls) if trainer_cls is not None else None
     if path is None:
-        return CheckResult("skipped", {"trl": _trl_version()}, f"trl {_trl_version()}'s GRPOTrainer has no per-token "
+        return CheckResult("skipped", {"trl": _trl_version()}, f"trl {_trl_version()}'s {class_name} has no per-token "
                            "log-prob method (_get_per_token_logps_and_entropies / _get_per_token_logps)")
-    blocked = fused_head_blocker("GRPO log-prob path") if path == "fused_lm_head" else None
+    blocked = fused_head_blocker(f"{label} log-prob path") if path == "fused_lm_head" else None
     if blocked:
         return blocked
     samples = rl_samples(wb.examples)
     batch, _, width_c = left_padded_batch(samples, wb.pad_id, wb.device)
     try:
         with _model_copy(wb) as model, torch.no_grad():
-            logps, entropies = _grpo_forward(GRPOTrainer, path, model, batch, width_c)
+            logps, entropies = _grpo_forward(trainer_cls, path, model, batch, width_c)
     except Exception as exc:  # noqa: BLE001 - TRL's code raised on this model: the cell says where
-        return _trl_crash(f"GRPOTrainer.{_GRPO_METHOD[path]}", exc)
+        return _trl_crash(f"{class_name}.{_GRPO_METHOD[path]}", exc)
     ref = alone(wb, samples, RL_TEMPERATURE)
     # trl 0.19's _get_per_token_logps computes no entropy: it is not compared (max_abs_entropy_diff None)
     got = [(logps[i, :len(s.completion)].double().cpu(),
@@ -291,12 +312,12 @@ def check_rl_trl_grpo(wb: Workbench) -> CheckResult:
                "grpo_path": path, "entropy_compared": entropies is not None}
     if stand_ins:
         metrics["stand_ins"] = stand_ins
-    what = (f"trl {_trl_version()} GRPO log-prob path ({_GRPO_METHOD[path]}"
+    what = (f"trl {_trl_version()} {label} log-prob path ({_GRPO_METHOD[path]}"
             f"{', no entropy in this release' if entropies is None else ''}{''.join('; ' + x for x in stand_ins)})")
     atol = wb.tol["logits_atol"]
     diff = numbers["max_abs_logprob_diff"]
     if diff > atol and not numbers["non_finite_logprobs"]:
-        # GRPO calls the model with input_ids and attention_mask only: is it the positions of the left padding?
+        # GRPO / RLOO call the model with input_ids and attention_mask only: is it the positions of the left padding?
         fixed = compare(padded(wb, samples, RL_TEMPERATURE, position_ids=True), ref)["max_abs_logprob_diff"]
         metrics["max_abs_logprob_diff_position_ids"] = fixed
         if fixed_by(fixed, diff, atol, wb.dtype):
@@ -333,7 +354,7 @@ def _grpo_forward(trainer_cls: Any, path: str, model: Any, batch: dict[str, Any]
 
     accelerator = type("Accelerator", (), {"autocast": staticmethod(contextlib.nullcontext), "is_main_process": True,
                                            "num_processes": 1, "unwrap_model": staticmethod(lambda m, **_k: m)})()
-    # an instance of the release's GRPOTrainer built without __init__ (its methods resolve, e.g. trl 1.14's
+    # an instance of the release's GRPOTrainer / RLOOTrainer built without __init__ (its methods resolve, e.g. trl 1.14's
     # _full_logits_logps), holding what the log-prob method reads: no Liger kernel, no FSDP, not a VLM
     stand_in = object.__new__(trainer_cls)
     stand_in.__dict__.update({"accelerator": accelerator, "temperature": RL_TEMPERATURE,
