@@ -260,13 +260,15 @@ def test_without_reuse_or_past_the_cap_every_group_gets_its_own_fork(monkeypatch
 
 
 def test_the_backend_check_reads_the_isolation_probes_counted_forward(llama_sdpa):
+    import dataclasses
+
     from pytest_packcheck.checks.attention import check_backend
     from pytest_packcheck.checks.parity import check_isolation
     from pytest_packcheck.model import batches as B
 
-    wb = llama_sdpa
+    wb = dataclasses.replace(llama_sdpa, share_counted_forward=True, _cache={})  # as the runner builds it
     calls = []
-    wb.model.register_forward_pre_hook(lambda module, args: calls.append(1))
+    handle = wb.model.register_forward_pre_hook(lambda module, args: calls.append(1))
     isolation = check_isolation(wb)
     assert isolation.status == "pass" and isolation.metrics["attention_boundaries"] == "reached"
     calls.clear()
@@ -275,3 +277,39 @@ def test_the_backend_check_reads_the_isolation_probes_counted_forward(llama_sdpa
     # planted: another collator is another row: counted again, never the first row's calls
     wb.collator_factory = lambda **kw: B.default_collator_factory(**kw)
     assert check_backend(wb).status == "pass" and calls == [1]
+    # a workbench built by hand (a test planting a fault between two checks) never shares: a fresh forward each time
+    hand = dataclasses.replace(llama_sdpa, _cache={})
+    calls.clear()
+    check_backend(hand)
+    check_backend(hand)
+    handle.remove()
+    assert calls == [1, 1]
+
+
+def test_the_runners_workbench_shares_the_counted_forward(tolerances):
+    """The runner's workbench of a cell group opts in (run/runner.py): its isolation and backend cells run one counted
+    forward between them; the Workbench default stays off (a planted runner that does not opt in runs two)."""
+    from pytest_packcheck.checks.workbench import Workbench
+    from pytest_packcheck.model.resolve import resolve_model
+    from pytest_packcheck.model.specs import parse_model_spec
+    from pytest_packcheck.run.runner import Cell, CellRunner
+
+    assert Workbench.__dataclass_fields__["share_counted_forward"].default is False
+    runner = CellRunner([resolve_model(parse_model_spec("arch:llama", "test"), "test")], tolerances)
+    bench = runner.workbench(Cell(0, "llama", "sdpa", "isolation", "float32"))
+    assert bench.share_counted_forward is True
+    calls = []
+    handle = bench.model.register_forward_pre_hook(lambda module, args: calls.append(1))
+    try:
+        assert runner.run(Cell(0, "llama", "sdpa", "isolation", "float32")).status == "pass"
+        before = len(calls)
+        assert runner.run(Cell(0, "llama", "sdpa", "backend", "float32")).status == "pass"
+        assert len(calls) == before  # the backend cell read the isolation probe's forward
+        bench.share_counted_forward = False  # planted: the runner does not opt in
+        bench._cache.clear()
+        runner.run(Cell(0, "llama", "sdpa", "isolation", "float32"))
+        before = len(calls)
+        runner.run(Cell(0, "llama", "sdpa", "backend", "float32"))
+        assert len(calls) == before + 1
+    finally:
+        handle.remove()

@@ -335,12 +335,41 @@ def _swift(monkeypatch, released):
     return T.import_swift_dpo()
 
 
+def _trainer_globals() -> tuple:
+    from transformers import trainer
+
+    return trainer.DEFAULT_CALLBACKS, trainer.DEFAULT_CALLBACKS[0], trainer.DEFAULT_PROGRESS_CALLBACK, trainer.PrinterCallback
+
+
 def test_swift_on_trl_1_is_a_skip_naming_the_module_and_its_declared_requirements(llama, monkeypatch, released):
     released("ms-swift")
     monkeypatch.delitem(T._STAND_INS, "ms-swift", raising=False)
+    before = _trainer_globals()
     result = T.check_rl_swift_padding_free(llama)
     assert result.status == "skipped" and "trl.experimental.bco" in result.message, result.message
     assert "ms-swift declares" in result.message and "trl<1.0" in result.message
+    # ms-swift 4.6.0's swift/trainers/patcher.py:106-108 swaps transformers.trainer's default callbacks at import (its
+    # flow callback reads args.max_epochs): every later Trainer in the process raised at its first epoch's end (CI)
+    assert _trainer_globals() == before
+
+
+def test_what_a_trainer_module_patches_at_import_is_put_back(monkeypatch):
+    """Planted: a module that, at import, swaps a transformers module global, deletes a TRL class's method and adds
+    a name; _keep_trl_classes puts the first two back and keeps the addition."""
+    from transformers import trainer
+    from trl import DPOTrainer
+
+    before, init = _trainer_globals(), DPOTrainer.__dict__["__init__"]
+    with T._keep_trl_classes():
+        trainer.DEFAULT_CALLBACKS = ["planted"]
+        trainer.PrinterCallback = object
+        del DPOTrainer.__init__
+        trainer._packcheck_planted_addition = 1
+    try:
+        assert _trainer_globals() == before and DPOTrainer.__dict__["__init__"] is init
+        assert trainer._packcheck_planted_addition == 1
+    finally:
+        del trainer._packcheck_planted_addition
 
 
 def test_swift_padding_free_dpo_passes_and_catches_a_boundary_inside_a_completion(llama, monkeypatch, released):
@@ -353,6 +382,10 @@ def test_swift_padding_free_dpo_passes_and_catches_a_boundary_inside_a_completio
     _, stand_ins = _swift(monkeypatch, released)
     # ms-swift 4.6.0's dpo_trainer.py:28 deletes trl's DPOTrainer.__init__ at import: packcheck puts it back
     assert DPOTrainer.__dict__.get("__init__") is trl_init
+    from transformers import trainer
+    from transformers.trainer_callback import DefaultFlowCallback
+
+    assert trainer.DEFAULT_CALLBACKS == [DefaultFlowCallback]  # ms-swift's patcher.py:107 swap is put back
     result = T.check_rl_swift_padding_free(llama)
     assert result.status == "pass", result.message
     assert abs(result.metrics["initial_loss"] - T.LN2) < 1e-4 and result.metrics["max_abs_margin_diff"] < 1e-4

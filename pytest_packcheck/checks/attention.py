@@ -80,14 +80,15 @@ def counted_packed_forward(wb: Workbench) -> tuple[list[str], Any, list[int]]:
     """One real forward of the default packed row (never the cached logits) with its attention calls counted
     (:func:`~pytest_packcheck.backends.count_attention_calls`, the boundaries each call received), its
     attention-module runs (:func:`count_attention_module_runs`) and the warnings logged during it
-    (:func:`~.workbench.capture_warnings`): ``(warnings, probe, runs)``. Cached per model and collator, so
-    :func:`check_backend`'s evidence and :func:`~.probes.leak_probe`'s ``attention_boundaries`` come from one forward
-    (issue 47: they ran the same row twice, with the same counter). The counters only observe the calls.
+    (:func:`~.workbench.capture_warnings`): ``(warnings, probe, runs)``. On the runner's workbench
+    (``wb.share_counted_forward``) cached per model and collator, so :func:`check_backend`'s evidence and
+    :func:`~.probes.leak_probe`'s ``attention_boundaries`` come from one forward (issue 47: they ran the same row
+    twice, with the same counter); elsewhere a fresh forward on each call. The counters only observe the calls.
 
     Raises:
         Exception: what the forward or a counter raised (kept, raised again to the next caller)."""
     key = ("counted_packed", id(wb.model), id(wb.collator_factory))
-    if key not in wb._cache:
+    if key not in wb._cache or not wb.share_counted_forward:
         try:
             with capture_warnings() as logged, count_attention_calls(wb.model, wb.lengths) as probe, \
                     count_attention_module_runs(wb.model, probe.calls) as runs:

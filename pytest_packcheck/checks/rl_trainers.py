@@ -728,23 +728,30 @@ def swift_dpo_module() -> str:
 
 @contextlib.contextmanager
 def _keep_trl_classes() -> Iterator[None]:
-    """TRL's ``DPOTrainer`` imported first, then on exit every attribute a class of a loaded ``trl`` module lost or had
-    replaced in the block is put back (a trainer module that patches TRL at import: ms-swift's ``del
-    HFDPOTrainer.__init__``)."""
+    """TRL's ``DPOTrainer`` imported first, then on exit every attribute that a loaded ``trl`` or ``transformers``
+    module, or a class defined in one, lost or had replaced in the block is put back (a trainer module that patches
+    them at import: ms-swift 4.6.0's ``del HFDPOTrainer.__init__`` in ``rlhf_trainers/dpo_trainer.py:28``, and its
+    ``swift/trainers/patcher.py:106-108``, which sets ``transformers.trainer.DEFAULT_CALLBACKS`` to a callback reading
+    ``args.max_epochs``: every later Trainer in the process raised AttributeError at its first epoch's end). Names the
+    block adds (a submodule imported) stay."""
     with contextlib.suppress(ImportError):
         importlib.import_module("trl.trainer.dpo_trainer")
-    classes = {id(c): (c, dict(vars(c))) for name, m in list(sys.modules.items())
-               if (name == "trl" or name.startswith("trl.")) and m is not None
-               for c in list(vars(m).values()) if isinstance(c, type) and c.__module__.startswith("trl")}
+
+    def ours(name: str) -> bool:
+        return name in ("trl", "transformers") or name.startswith(("trl.", "transformers."))
+
+    modules = {name: (m, dict(vars(m))) for name, m in list(sys.modules.items()) if ours(name) and m is not None}
+    classes = {id(c): (c, dict(vars(c))) for m, saved in modules.values() for c in saved.values()
+               if isinstance(c, type) and ours(getattr(c, "__module__", "") or "")}
     try:
         yield
     finally:
-        for cls, saved in classes.values():
-            now = vars(cls)
+        for owner, saved in [*modules.values(), *classes.values()]:
+            now = vars(owner)
             for key, value in saved.items():
                 if key not in now or now[key] is not value:
                     with contextlib.suppress(AttributeError, TypeError):
-                        setattr(cls, key, value)
+                        setattr(owner, key, value)
 
 
 def swift_padding_free_row(pairs: list[tuple[RLSample, RLSample]], device: str = "cpu") -> dict[str, Any]:

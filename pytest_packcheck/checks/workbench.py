@@ -45,6 +45,11 @@ class Workbench:
     trl_collator_factory: Callable[..., Any] = B.trl_collator_factory
     examples: list[list[int]] = field(default_factory=list)
     layout: B.PositionLayout = B.PLAIN_POSITIONS
+    #: the runner's workbench of one cell group (run/runner.py), whose model nothing changes between its checks: the
+    #: backend check and the isolation probe share one counted forward (:func:`.attention.counted_packed_forward`).
+    #: Off for a workbench built by hand, where a caller may change the model or a kernel between two checks (a
+    #: planted fault) and must see a fresh forward.
+    share_counted_forward: bool = False
     _cache: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

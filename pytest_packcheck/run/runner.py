@@ -411,7 +411,7 @@ class CellRunner:
                 self._bench = Workbench(model=model, config=config, backend=cell.backend, dtype=cell.dtype,
                                         tol=self.tolerances[cell.dtype], device=self.device,
                                         examples=B.make_examples(config, self.lengths) if self.lengths else [],
-                                        layout=position_layout(model, resolved))
+                                        layout=position_layout(model, resolved), share_counted_forward=True)
             except Exception as exc:  # noqa: BLE001 - remembered: every cell of the group reports the build failure
                 self._bench = exc
         if isinstance(self._bench, BaseException):
