@@ -178,7 +178,8 @@ def test_the_committed_rl_matrix_holds_the_findings_the_docs_quote():
     # docs/rl.md's "measured" column quotes llama / sdpa's cells: each per-token number is in its cell's message
     import re
 
-    quoted = re.findall(r"^\| [^|]+ \| `(rl_\w+)` \| [^|]*?([0-9.]+e-\d+) nats per token", (repo / "docs" / "rl.md").read_text(), re.M)
+    rows = (repo / "docs" / "rl.md").read_text()
+    quoted = re.findall(r"^\| [^|]+ \| `(rl_\w+)` \| [^|]*?([0-9.]+e-\d+) nats per token", rows, re.MULTILINE)
     assert {"rl_trl_grpo", "rl_trl_rloo", "rl_verl_rmpad"} <= {check for check, _ in quoted}
     for check, number in quoted:
         cell = cells.get(("llama", "sdpa", check)) or cells[("llama", None, check)]  # rl_trl_tree: model level
