@@ -173,6 +173,12 @@ def nearest_precision(dtype: str, choices: list[str] | tuple[str, ...]) -> str |
     return min(known, key=lambda c: (abs(math.log2(DTYPE_EPS[c]) - bits), DTYPE_EPS[c]))
 
 
+def has_control_character(text: str) -> bool:
+    """Whether ``text`` holds an ASCII control character (a newline, a tab, DEL, ...): a value that would split the
+    one-line error naming it, or make a file name no one can type (hostile trials: a model spec, a report folder)."""
+    return any(ord(c) < 32 or ord(c) == 127 for c in text)
+
+
 def closest(value: str, choices: list[str] | tuple[str, ...]) -> str:
     """`` Did you mean 'x'?`` for the closest of ``choices`` (difflib), or an empty string. A dtype name packcheck
     lacks gets the choice of the nearest precision (:func:`nearest_precision`: "float64" ->

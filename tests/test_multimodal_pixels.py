@@ -199,16 +199,7 @@ def test_gemma3_token_type_ids_make_later_samples_see_their_own_future(gemma3):
 #: The LLaVA-style families (issue 46 part 3, 1-D positions: the image features scattered into the image tokens), the
 #: first five as audit/multimodal.toml builds them (vlm: specs; tiny images, 4 .. 10 tokens each), then the other
 #: families of FIXED_IMAGES.
-FIXED = {
-    "llava": "vlm:llava{vision_config.image_size=28}",
-    "paligemma": "vlm:paligemma{vision_config.image_size=28,projection_dim=128}",
-    "mistral3": "vlm:mistral3",
-    "idefics3": "vlm:idefics3{vision_config.image_size=128}",
-    "llava_next": "vlm:llava_next{vision_config.image_size=28,image_grid_pinpoints=[[28,28]]}",
-    "aya_vision": "vlm:aya_vision{vision_config.image_size=56}",
-    "llava_onevision": "vlm:llava_onevision{vision_config.image_size=28,image_grid_pinpoints=[[28,28]]}",
-    "smolvlm": "vlm:smolvlm{vision_config.image_size=128}",
-}
+FIXED = {name: spec for name, spec in P.TINY_SPECS.items() if name != "gemma3"}  # gemma3: its own fixture above
 
 
 def fixed_bench(name: str, backend: str, tolerances: dict):

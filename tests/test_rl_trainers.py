@@ -355,12 +355,12 @@ def test_swift_on_trl_1_is_a_skip_naming_the_module_and_its_declared_requirement
 
 def test_what_a_trainer_module_patches_at_import_is_put_back(monkeypatch):
     """Planted: a module that, at import, swaps a transformers module global, deletes a TRL class's method and adds
-    a name; _keep_trl_classes puts the first two back and keeps the addition."""
+    a name; _undo_import_patches puts the first two back and keeps the addition."""
     from transformers import trainer
     from trl import DPOTrainer
 
     before, init = _trainer_globals(), DPOTrainer.__dict__["__init__"]
-    with T._keep_trl_classes():
+    with T._undo_import_patches():
         trainer.DEFAULT_CALLBACKS = ["planted"]
         trainer.PrinterCallback = object
         del DPOTrainer.__init__

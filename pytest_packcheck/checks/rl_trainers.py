@@ -688,7 +688,8 @@ def import_swift_dpo() -> tuple[Any, list[str]]:
     ms-swift 4.6.0's ``swift/rlhf_trainers/dpo_trainer.py:28`` runs ``del HFDPOTrainer.__init__`` at import (its
     trainer takes its mixins' ``__init__``): TRL's own ``DPOTrainer`` then has no ``__init__`` of its own in the
     process, so a later ``DPOTrainer(...)`` (``rl_trl_dpo``) would run ``Trainer.__init__``. Every attribute the
-    import deletes from a class of a loaded ``trl`` module is put back (:func:`_keep_trl_classes`)."""
+    import replaces or deletes in a loaded ``trl`` or ``transformers`` module or one of their classes is put back
+    (:func:`_undo_import_patches`)."""
     from .stand_ins import never_called, stub_tree
 
     name = swift_dpo_module()
@@ -700,7 +701,7 @@ def import_swift_dpo() -> tuple[Any, list[str]]:
         _bare_package(package)
     attrs = {module: {n: (_modelscope_logger if n == "get_logger" else never_called(f"{module}.{n}", "modelscope"))
                       for n in names} for module, names in MODELSCOPE_NAMES.items()}
-    with (_keep_trl_classes(),
+    with (_undo_import_patches(),
           stub_tree("modelscope", "only its logger and hub functions are bound at import, none called here", attrs) as ms):
         module = importlib.import_module(name)
     _STAND_INS["ms-swift"] = [ms] if ms else []
@@ -727,7 +728,7 @@ def swift_dpo_module() -> str:
 
 
 @contextlib.contextmanager
-def _keep_trl_classes() -> Iterator[None]:
+def _undo_import_patches() -> Iterator[None]:
     """TRL's ``DPOTrainer`` imported first, then on exit every attribute that a loaded ``trl`` or ``transformers``
     module, or a class defined in one, lost or had replaced in the block is put back (a trainer module that patches
     them at import: ms-swift 4.6.0's ``del HFDPOTrainer.__init__`` in ``rlhf_trainers/dpo_trainer.py:28``, and its

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import PackcheckUsageError, closest
+from ..errors import PackcheckUsageError, closest, has_control_character
 from .options import (
     BY_FLAG,
     DTYPES,
@@ -481,7 +481,7 @@ def resolve(get_option: Any, get_ini: Any) -> Settings | None:
     weights = _weights(src, models, source, device)
     trust, _ = src.pick(BY_FLAG[OPT_TRUST])
     report_dir, report_dir_src = src.pick(BY_FLAG[OPT_REPORT_DIR])
-    if any(ord(c) < 32 or ord(c) == 127 for c in str(report_dir)):  # a newline made a folder (hostile trial 4)
+    if has_control_character(str(report_dir)):  # a newline made a folder (hostile trial 4)
         raise PackcheckUsageError(f"Report folder {str(report_dir)!r} (from {report_dir_src or OPT_REPORT_DIR}) holds a "
                                   "control character (a newline, tab, ...): give a folder name without one.")
     tolerances, tol_label = _tolerances(src, dtypes)

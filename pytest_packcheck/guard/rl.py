@@ -398,6 +398,11 @@ def verify_packed_logprobs(model: Any, batch: Mapping[str, Any], logprobs: Any =
         temperature=float(temperature), segments=[b - a for a, b in segs], completion_tokens=judged,
         max_packed_diff=packed_diff, max_trainer_diff=trainer_diff, loss=loss_value, loss_expected=loss_expected,
         loss_type=loss_type, forwards=forwards, duration_s=round(time.perf_counter() - t0, 3), versions=_versions())
+    return _deliver(result, on_mismatch)
+
+
+def _deliver(result: RLGuardResult, on_mismatch: str) -> RLGuardResult:
+    """``result``, and on a failure what ``on_mismatch`` asks: raise :class:`PackedBatchMismatch` or say its line."""
     if not result.ok and on_mismatch == "raise":
         raise PackedBatchMismatch(result)  # type: ignore[arg-type] - the exception carries any result with line()
     if not result.ok and on_mismatch == "warn":
@@ -421,11 +426,7 @@ def _crashed(model: Any, exc: Exception, stage: str, dtype: str, tol: dict[str, 
         temperature=float(temperature), segments=[b - a for a, b in segs], completion_tokens=0, max_packed_diff=None,
         max_trainer_diff=None, loss=None, loss_expected=None, loss_type=None, forwards=forwards + 1,
         duration_s=round(time.perf_counter() - t0, 3), versions=_versions())
-    if on_mismatch == "raise":
-        raise PackedBatchMismatch(result)  # type: ignore[arg-type] - the exception carries any result with line()
-    if on_mismatch == "warn":
-        say(result.line())
-    return result
+    return _deliver(result, on_mismatch)
 
 
 def _worst(got: Any, ref: Any, where: Any) -> tuple[float, int]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import PackcheckUsageError, scrub_secrets
+from ..errors import PackcheckUsageError, has_control_character, scrub_secrets
 
 #: What ``arch:`` takes: a transformers model_type (CONFIG_MAPPING also holds a key that is none, "EvollaModel").
 ARCH_NAME = re.compile(r"[a-z0-9_\-]+")
@@ -127,7 +127,7 @@ def parse_model_spec(raw: str, source: str) -> ModelSpec:
             pass its folder) (names the value and ``source``, e.g. "--packcheck-models").
     """
     text = raw.strip()
-    if any(ord(c) < 32 or ord(c) == 127 for c in text):  # a hostile trial: a newline in a revision split the error line
+    if has_control_character(text):  # a hostile trial: a newline in a revision split the error line
         raise PackcheckUsageError(f"Model spec {text!r} (from {source}) holds a control character (a newline, tab, ...): "
                                   "write the spec on one line, org/name[@rev], a local directory or arch:<model_type>.")
     overrides: tuple[tuple[str, Any], ...] = ()

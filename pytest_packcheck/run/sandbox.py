@@ -179,6 +179,17 @@ def _die_with_parent() -> None:
         pass
 
 
+def _reap(proc: Any, kill: bool = False) -> None:
+    """Join a cell child: within 5 s, else killed (``kill``: killed at once), then joined."""
+    if proc.is_alive():
+        if kill:
+            proc.kill()
+        proc.join(timeout=5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+
+
 def _tail(path: str, lines: int = 5) -> str:
     try:
         text = Path(path).read_text(errors="replace")
@@ -456,13 +467,8 @@ class _GroupChildren:
             self.reader.close()
             self.reader = None
         proc, self.proc = self.proc, None
-        if proc is not None and proc.is_alive():
-            if kill:
-                proc.kill()
-            proc.join(timeout=5)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
+        if proc is not None:
+            _reap(proc, kill)
         if self.log_path:
             Path(self.log_path).unlink(missing_ok=True)
             self.log_path = ""
@@ -524,13 +530,7 @@ class SideBySide:
                 conn.send(None)
         with contextlib.suppress(OSError):
             conn.close()
-        if proc.is_alive():
-            if kill:
-                proc.kill()
-            proc.join(timeout=5)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
+        _reap(proc, kill)
         if log_path:
             Path(log_path).unlink(missing_ok=True)
 
