@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ..checks.rl_wheels import NEEDS, find_wheels, pins, unpack_wheel, wheel_dist
+from .plan import version_key
 
 #: The releases measured: the latest patch of every minor since the packed path exists (``pip index versions``).
 #: verl 0.1 has no remove-padding forward (named: read from its wheel); OpenRLHF's ``packing_samples`` reaches
@@ -439,10 +440,6 @@ def dump(block: dict[str, Any]) -> str:
     return "\n".join([*lines, " }", "}"]) + "\n"
 
 
-def _version_key(version: str) -> list[Any]:
-    return [int(x) if x.isdigit() else x for x in re.split(r"[.]", version.split(".post")[0])]
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pytest_packcheck.atlas.rl_peers", description=__doc__.split("\n\n")[0])
     parser.add_argument("--trainers", default=",".join(RELEASES), help="comma-separated: verl,openrlhf,ms-swift")
@@ -470,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
                 record["stack"] = stacks[python]  # the stack it ran on, not the machine's path to it
                 kept[version] = record
                 print(f"  {verdict(record)} ({record.get('wall_s', 0)} s)", flush=True)
-                block["trainers"][dist] = sorted(kept.values(), key=lambda r: _version_key(r["version"]))
+                block["trainers"][dist] = sorted(kept.values(), key=lambda r: version_key(r["version"]))
                 block["measured"] = time.strftime("%Y-%m-%d")
                 block["stack"] = "; ".join(sorted({", ".join(f"{k} {v}" for k, v in r["stack"].items())
                                                    for rs in block["trainers"].values() for r in rs}))
