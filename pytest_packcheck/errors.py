@@ -179,17 +179,19 @@ def has_control_character(text: str) -> bool:
     return any(ord(c) < 32 or ord(c) == 127 for c in text)
 
 
-def closest(value: str, choices: list[str] | tuple[str, ...]) -> str:
+def closest(value: str, choices: list[str] | tuple[str, ...], prefix: str = "") -> str:
     """`` Did you mean 'x'?`` for the closest of ``choices`` (difflib), or an empty string. A dtype name packcheck
     lacks gets the choice of the nearest precision (:func:`nearest_precision`: "float64" ->
-    "float32"), never the look-alike of lower precision difflib picks ("float16")."""
+    "float32"), never the look-alike of lower precision difflib picks ("float16"). ``prefix`` is shown before the
+    match but kept out of the comparison: a shared ``arch:`` counted toward difflib's ratio, and ``arch:nosuch`` was
+    offered ``arch:moshi`` (hostile trial 4)."""
     import difflib
 
     best = nearest_precision(value, choices)
     # a choice that differs only in case first ('LLaMA' -> 'llama': difflib's ratio is case-sensitive; trial 14, 67)
     same = [c for c in choices if c.lower() == value.lower() and c != value]
     match = [best] if best else same[:1] or difflib.get_close_matches(value, list(choices), n=1)
-    return f" Did you mean '{match[0]}'?" if match else ""
+    return f" Did you mean '{prefix}{match[0]}'?" if match else ""
 
 
 #: The largest file packcheck reads (bytes): the committed atlas's support.json is ~10 MB and an all-architectures

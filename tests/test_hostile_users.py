@@ -81,6 +81,18 @@ def test_an_arch_typo_asks_only_the_near_multimodal_names(monkeypatch):
         assert len(asked) <= 4, asked
 
 
+def test_an_arch_typo_is_matched_without_the_arch_prefix():
+    """Planted: the shared ``arch:`` counted toward difflib's ratio, so ``arch:nosuch`` was offered ``arch:moshi``
+    (hostile trial 4): 'nosuch' and 'moshi' alone are not close (ratio 0.55), and no name is offered."""
+    from pytest_packcheck.model import resolve
+    from pytest_packcheck.model.specs import parse_model_spec
+
+    with pytest.raises(PackcheckUsageError) as caught:
+        resolve.resolve_model(parse_model_spec("arch:nosuch", "--packcheck-models"), "--packcheck-models")
+    assert "Unknown architecture 'arch:nosuch'" in str(caught.value)
+    assert "Did you mean" not in str(caught.value), str(caught.value)
+
+
 @pytest.fixture(scope="module")
 def rl_model():
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -140,10 +140,10 @@ def resolve_model(spec: ModelSpec, source: str, trust_remote_code: bool = False)
             others = sorted({t for _, m in TEXT_PATH_AUTO_CLASSES for t in getattr(modeling_auto, m, {})} - set(causal))
             near = [t for t in others if t.lower() == spec.name.lower()] + difflib.get_close_matches(spec.name, others, n=3)
             runs = [*causal, *[t for t in dict.fromkeys(near) if mrope_text_path(t)]]
-            arches = [f"arch:{k}" for k in runs if ARCH_NAME.fullmatch(k)]
+            arches = [k for k in runs if ARCH_NAME.fullmatch(k)]
             raise PackcheckUsageError(
                 f"Unknown architecture 'arch:{spec.name}' (from {source}): not a model_type of the installed "
-                f"transformers.{closest(f'arch:{spec.name}', arches)} "
+                f"transformers.{closest(spec.name, arches, prefix='arch:')} "
                 "The model types are the keys of transformers' CONFIG_MAPPING (python -c \"from transformers import "
                 "CONFIG_MAPPING; print(sorted(CONFIG_MAPPING))\"); reports/all-architectures/packcheck-matrix.md lists "
                 "the causal-LM ones packcheck runs."
