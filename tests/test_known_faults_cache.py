@@ -55,3 +55,19 @@ def test_an_unwritable_cache_only_parses_each_time(tmp_path, monkeypatch):
     blocked.write_text("")
     monkeypatch.setenv("PACKCHECK_CACHE_DIR", str(blocked))
     assert D._parsed_toml(SHIPPED) == tomllib.loads(SHIPPED.read_text())
+
+
+def test_edits_leave_only_the_newest_copies(cache, tmp_path):
+    """Planted: ten edits of the file. Before, each left its 20 KB copy behind for good; now the newest
+    KNOWN_FAULTS_KEEP stay, the current one among them, and it is still the one read."""
+    import os
+
+    mine = tmp_path / "faults.toml"
+    for i in range(10):
+        mine.write_text(f'[[fault]]\nid = "f{i}"\n')
+        assert D._parsed_toml(mine)["fault"][0]["id"] == f"f{i}"
+        for n, copy in enumerate(sorted(cache.glob("*.json"))):  # older copies in the past, whatever the clock
+            if f'"f{i}"' not in copy.read_text():
+                os.utime(copy, (1_000_000 + i * 100 + n,) * 2)
+    assert len(list(cache.glob("*.json"))) == D.KNOWN_FAULTS_KEEP
+    assert D._parsed_toml(mine)["fault"][0]["id"] == "f9"

@@ -166,6 +166,10 @@ def _read_known_faults(file: Path) -> tuple[KnownFault, ...]:
     return tuple(faults)
 
 
+#: JSON copies of known_faults.toml kept in the cache (the newest by write; a hit never writes).
+KNOWN_FAULTS_KEEP = 4
+
+
 def _parsed_toml(file: Path) -> dict[str, Any]:
     """``file`` parsed as TOML, through a JSON copy in ``<cache>/known-faults/<digest>.json`` keyed by the BLAKE2
     digest of its bytes (an edit is a new key): ``packcheck lookup`` reads the known faults on every answer, and
@@ -193,6 +197,12 @@ def _parsed_toml(file: Path) -> dict[str, Any]:
         tmp = cached.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(data))
         tmp.replace(cached)
+        # a miss is an edit (or a first start): keep the newest copies only, so that a known_faults.toml edited
+        # again and again leaves no trail of 20 KB files (as support_file.INDEX_KEEP does for the support index)
+        copies = sorted((f for f in cached.parent.glob("*.json") if f != cached), key=lambda f: f.stat().st_mtime,
+                        reverse=True)
+        for old in copies[KNOWN_FAULTS_KEEP - 1:]:
+            old.unlink(missing_ok=True)
     except (OSError, TypeError, ValueError):  # a read-only cache, or a TOML value JSON cannot hold: parse each time
         pass
     return data
