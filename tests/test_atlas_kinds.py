@@ -384,7 +384,7 @@ def test_the_multimodal_block_runs_every_vlm_of_a_release_at_its_own_tiny_spec(t
     monkeypatch.setattr(K, "run_release", run_release)
     assert "all_architectures" not in K.collect_kind(MM, tmp_path / "mm")  # the suite alone so far: not every VLM
     K.run_kind_release(MM, "5.25.0", tmp_path / "mm", log=lambda s: None)
-    assert calls == [f"arch:glm4v,{smol}"]
+    assert calls == [f"arch:glm4v,{smol},{MM.rows[0][2]}"]  # and the LLaVA-NeXT tiled row: llava_next is in the suite
     block = K.collect_kind(MM, tmp_path / "mm")
     assert block["specs"] == {"smolvlm": smol} and block["all_architectures"] is True
     assert block["cells"]["smolvlm"]["sdpa"]["5.25.0"]["verdict"] == "pass"
@@ -393,3 +393,46 @@ def test_the_multimodal_block_runs_every_vlm_of_a_release_at_its_own_tiny_spec(t
     assert f"--models '{smol}'" in reproduce(block, "5.25.0", "smolvlm", "sdpa")
     assert "--models arch:glm4v " in reproduce(block, "5.25.0", "glm4v", "sdpa")
     assert K.spec_of(MM, "smolvlm") == smol and K.spec_of(MM, "glm4v") == "arch:glm4v" and K.spec_of(MM, "qwen2_vl") == "arch:qwen2_vl"
+
+
+def test_a_named_row_is_measured_alone_on_each_release_its_family_has_and_kept_apart_from_the_family(tmp_path, monkeypatch):
+    """The multimodal block's LLaVA-NeXT row with two grid pinpoints (Kind.rows: llava_next_tiles) is measured alone
+    on each committed release whose llava_next is present (the release's other entries kept, its models count + 1),
+    ``absent`` with no run where the family is absent; its cells (model_type llava_next, the row's spec) are the
+    row's, never the family's; the block names its spec and finds its transition. Planted: the tiled row leaks on
+    5.24.0 while the family's one-tile row passes there."""
+    name, family, spec = MM.rows[0]
+    assert (name, family) == ("llava_next_tiles", "llava_next") and K.model_type_of(spec) == name
+    tiny = K.spec_of(MM, family)
+    assert K.spec_of(MM, name) == spec and K.model_type_of(tiny) == family and tiny != spec
+    for version, present in (("4.30.0", False), ("5.24.0", True), ("5.25.0", True)):
+        cells = [_cell(family, "sdpa", "mm_isolation", "pass", prefix="vlm:")] if present else \
+            [{**c, "model": {**c["model"], "spec": tiny}} for c in _absent(family, "sdpa", version)]
+        _write(tmp_path / "mm", version, cells)
+    committed = K.collect_kind(MM, tmp_path / "mm")
+    calls: list = []
+
+    def run_release(version, build, log=print, runner=None, flags=None, reproduce=None, extras=()):
+        models = next(f for f in flags if f.startswith("--packcheck-models=")).split("=", 1)[1]
+        calls.append((version, models))
+        status = "fail" if version == "5.24.0" else "pass"
+        cell = _cell(family, "sdpa", "mm_isolation", status, "leak" if status == "fail" else None,
+                     0.031 if status == "fail" else 0.0, prefix="vlm:")
+        _write(Path(build), version, [{**cell, "model": {**cell["model"], "spec": spec}}])
+        return {"transformers": version, "cells": 1}
+
+    monkeypatch.setattr(K, "run_release", run_release)
+    block = K.add_rows(MM, unpack(K.packed(committed)), tmp_path / "build", log=lambda s: None)
+    assert calls == [("5.24.0", spec), ("5.25.0", spec)]  # none on 4.30.0, where llava_next is absent
+    row = block["cells"][name]["sdpa"]
+    assert row["4.30.0"]["verdict"] == "absent" and row["5.25.0"]["verdict"] == "pass"
+    assert (row["5.24.0"]["verdict"], row["5.24.0"]["causes"], row["5.24.0"]["number"]) == ("fail", ["leak"], 0.031)
+    assert {v: e["verdict"] for v, e in block["cells"][family]["sdpa"].items()} == \
+        {"4.30.0": "absent", "5.24.0": "pass", "5.25.0": "pass"}  # the family's row untouched
+    assert [r["models"] for r in block["releases"]] == [r["models"] + (r["transformers"] != "4.30.0")
+                                                        for r in committed["releases"]]
+    assert K.add_rows(MM, block, tmp_path / "build", log=lambda s: None) == block and len(calls) == 2  # measured once
+    again = K.collect_kind(MM, tmp_path / "empty", committed=K.packed(block))
+    assert again["specs"][name] == spec
+    moved = [(t["model_type"], t["last_before"], t["first_after"]) for t in again["transitions"]]
+    assert moved == [(name, "5.24.0", "5.25.0")]

@@ -11,7 +11,9 @@ transition), then the releases in :func:`pytest_packcheck.atlas.plan.gap_order`.
 A release measured before the suite gained a model runs that model alone (``<release>/extra/``) and keeps the rest.
 Options: ``--kinds encoders,multimodal``, ``--releases A,B``, ``--models SPEC,SPEC`` (measure only these of the
 suite: e.g. the committed suite's while a newer model is still being added), ``--no-measure`` (collect and render only),
-``--bisect`` (sweep the transitions' gaps: every release on the index between two measured ones), ``--no-render``.
+``--bisect`` (sweep the transitions' gaps: every release on the index between two measured ones), ``--rows`` (measure
+the block's named rows, :attr:`~pytest_packcheck.atlas.kinds.Kind.rows`, on each release that lacks them, alone, the
+release's other entries kept: :func:`~pytest_packcheck.atlas.kinds.add_rows`), ``--no-render``.
 """
 
 from __future__ import annotations
@@ -34,9 +36,25 @@ def log(text: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} {text}", flush=True)
 
 
+def save_bisects(path: Path, done: dict) -> None:
+    """Write the sweep's placements so far to ``path`` (its folder made: a fresh checkout with ``--no-measure`` has
+    no build folder yet)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(done, sort_keys=True) + "\n")
+
+
 def main() -> int:
     from pytest_packcheck.atlas.collect import load_committed
-    from pytest_packcheck.atlas.kinds import KINDS, block_bisects, collect_kind, measure_between, packed, run_kind_release
+    from pytest_packcheck.atlas.kinds import (
+        KINDS,
+        add_rows,
+        block_bisects,
+        collect_kind,
+        measure_between,
+        packed,
+        run_kind_release,
+    )
+    from pytest_packcheck.atlas.kinds_render import unpack
     from pytest_packcheck.atlas.plan import gap_order, parse_release_list
     from pytest_packcheck.atlas.render import write_outputs
     from pytest_packcheck.atlas.sweep import sweep_transitions
@@ -48,6 +66,7 @@ def main() -> int:
     parser.add_argument("--models", default=None)
     parser.add_argument("--no-measure", action="store_true")
     parser.add_argument("--bisect", action="store_true")
+    parser.add_argument("--rows", action="store_true")
     parser.add_argument("--no-render", action="store_true")
     ns = parser.parse_args()
     kinds = [KINDS[k] for k in ns.kinds.split(",")]
@@ -68,12 +87,14 @@ def main() -> int:
     for kind in kinds:
         support = load_committed(OUT)  # read again: a concurrent render of the transformers axis is kept
         previous = support.get(kind.name)
+        if ns.rows and previous and kind.rows:
+            previous = add_rows(kind, unpack(previous), BUILD / kind.name, log=log)
         saved = BUILD / kind.name / "bisects.json"  # the sweep's placements so far (a killed sweep keeps its gaps)
         bisects = {**block_bisects(previous), **(json.loads(saved.read_text()) if saved.exists() else {})}
         block = collect_kind(kind, BUILD / kind.name, planned, previous, bisects)
         if ns.bisect:
             bisects = sweep_transitions(block, BUILD / kind.name, done=bisects, log=log, measure=partial(measure_between, kind),
-                                        save=lambda done, path=saved: path.write_text(json.dumps(done, sort_keys=True) + "\n"))
+                                        save=partial(save_bisects, saved))
             block = collect_kind(kind, BUILD / kind.name, planned, previous, bisects)
         support = load_committed(OUT)
         support[kind.name] = packed(block)  # runs of equal entries per row (SCHEMA.md)

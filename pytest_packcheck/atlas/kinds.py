@@ -66,6 +66,10 @@ class Kind:
     #: pillow for the multimodal block (transformers' image_utils defines PILImageResampling, which the processors of
     #: ``mm_processor`` import, only with it)
     packages: tuple[str, ...] = ()
+    #: rows measured under a name of their own beside their family's: (row name, family model_type, spec), run on
+    #: each release whose transformers has the family (:func:`release_models`, :func:`add_rows`); a cell of that spec
+    #: is the row's, never the family's (:func:`row_name`)
+    rows: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def run_checks(self) -> tuple[str, ...]:
@@ -99,7 +103,12 @@ KINDS: dict[str, Kind] = {
                      architectures="pytest_packcheck.model.architectures:encoder_architectures"),
     "multimodal": Kind("multimodal", ("mm_isolation", "mm_parity", "mm_positions", "mm_layouts"), "arch:",
                        "Multimodal rows with pixels", side=("mm_videos", "mm_processor"), packages=("pillow",),
-                       all_architectures=True, architectures="pytest_packcheck.checks.pixels:multimodal_specs"),
+                       all_architectures=True, architectures="pytest_packcheck.checks.pixels:multimodal_specs",
+                       # LLaVA-NeXT with two grid pinpoints (28x28, 28x56 at image_size 28): the row's second image is
+                       # split into two tiles beside its base image (14 tokens), the first is one tile (10 tokens);
+                       # the family's row (one pinpoint) tiles each image once (checks/pixels.py FIXED_IMAGES)
+                       rows=(("llava_next_tiles", "llava_next",
+                              "vlm:llava_next{vision_config.image_size=28,image_grid_pinpoints=[[28,28],[28,56]]}"),)),
 }
 #: A side check (:attr:`Kind.side`) -> the entry field it fills: ``videos`` = [verdict, number] of the video row
 #: (``mm_videos``: pass / fail, its max |Δ| of text logits, a fail's cause), ``processor`` = {layout: [holds / leaks / differs,
@@ -108,8 +117,22 @@ KINDS: dict[str, Kind] = {
 SIDE_FIELDS = {"mm_videos": "videos", "mm_processor": "processor"}
 
 
+def _rows_by_spec() -> dict[str, str]:
+    """A :attr:`Kind.rows` spec (whitespace dropped) -> its row name, over every block."""
+    return {"".join(spec.split()): name for kind in KINDS.values() for name, _, spec in kind.rows}
+
+
+def row_name(spec: str | None) -> str | None:
+    """The row name of a :attr:`Kind.rows` spec (``llava_next_tiles`` for LLaVA-NeXT with two grid pinpoints),
+    None for any other spec."""
+    return _rows_by_spec().get("".join(spec.split())) if isinstance(spec, str) else None
+
+
 def model_type_of(spec: str) -> str:
-    """``encoder:bert`` -> ``bert``; ``arch:gemma3{vision_config.image_size=64}`` -> ``gemma3``."""
+    """``encoder:bert`` -> ``bert``; ``arch:gemma3{vision_config.image_size=64}`` -> ``gemma3``; a
+    :attr:`Kind.rows` spec -> its row name (:func:`row_name`)."""
+    if (row := row_name(spec)) is not None:
+        return row
     return spec.split(":", 1)[-1].split("{", 1)[0].strip()
 
 
@@ -181,16 +204,19 @@ def release_architectures(kind: Kind, version: str, build: Path) -> list[str]:
 def release_models(kind: Kind, version: str, build: Path) -> list[str]:
     """The specs ``kind`` measures on ``version``: the suite's, then for a kind over every architecture each of
     :func:`release_architectures` the suite lacks (a model_type as ``<prefix><model_type>``: ``encoder:albert``; a
-    spec as it is). A model_type the release lacks is not run there: the block has no entry for it on that release."""
+    spec as it is), then each of :attr:`Kind.rows` whose family is among them. A model_type the release lacks is not
+    run there: the block has no entry for it on that release."""
     have = {model_type_of(s) for s in kind.models}
     found = [a if ":" in a else f"{kind.prefix}{a}" for a in release_architectures(kind, version, build)]
-    return [*kind.models, *(s for s in found if model_type_of(s) not in have)]
+    models = [*kind.models, *(s for s in found if model_type_of(s) not in have)]
+    types = {model_type_of(s) for s in models}
+    return [*models, *(spec for name, family, spec in kind.rows if family in types and name not in types)]
 
 
 def spec_of(kind: Kind, model_type: str) -> str:
     """The spec ``kind`` builds ``model_type`` with: the suite's; beyond it, the multimodal block's tiny spec of a
     FIXED_IMAGES family (:data:`pytest_packcheck.checks.pixels.TINY_SPECS`), else ``<prefix><model_type>``."""
-    known = {model_type_of(s): s for s in kind.models}
+    known = {model_type_of(s): s for s in kind.models} | {name: spec for name, _, spec in kind.rows}
     if model_type in known:
         return known[model_type]
     if kind.name == "multimodal":
@@ -271,6 +297,7 @@ def reduce_kind_release(kind: Kind, doc: dict[str, Any]) -> dict[str, dict[str, 
     (the block's first check, the isolation probe), a no-verdict entry its reason cut to :data:`MESSAGE_CHARS`. The
     multimodal collator-layout finding (``mm_layouts``) adds ``layouts``: layout -> [``holds`` / ``leaks`` /
     ``differs``, number] (:func:`_layouts`; on eager only where they are not sdpa's)."""
+    doc = _rows_named(doc)
     absent = {_name(c) for c in doc.get("cells", []) if ABSENT_MARK in str(c.get("message") or "")}
     present = {_name(c) for c in doc.get("cells", []) if ABSENT_MARK not in str(c.get("message") or "")}
     side = _side_fields(doc, kind)
@@ -330,8 +357,18 @@ def _cut(message: str) -> str:
 
 
 def _name(cell: dict[str, Any]) -> str:
+    """The block's row of a cell: its model_type (its label where it has none), or the :attr:`Kind.rows` name of its
+    spec."""
     model = cell.get("model") or {}
-    return model.get("model_type") or model.get("label")
+    return row_name(model.get("spec")) or model.get("model_type") or model.get("label")
+
+
+def _rows_named(doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` with the model_type of each cell of a :attr:`Kind.rows` spec replaced by the row's name (so
+    :func:`.collect.reduce_release`, which groups by model_type, keeps the row apart from its family's)."""
+    cells = [{**c, "model": {**(c.get("model") or {}), "model_type": row}} if (row := row_name((c.get("model") or {}).get("spec")))
+             else c for c in doc.get("cells", [])]
+    return {**doc, "cells": cells}
 
 
 def _layouts(doc: dict[str, Any], backends: tuple[str, ...]) -> dict[tuple[str, str], dict[str, Any]]:
@@ -496,6 +533,47 @@ def measure_between(kind: Kind, version: str, model_types: list[str], root: Path
     from ..results import load_document
 
     return reduce_kind_release(kind, load_document(sub / version / "packcheck-matrix.json")), record
+
+
+def add_rows(kind: Kind, block: dict[str, Any], build: Path, log: Callable[[str], None] = print,
+             measure: Callable[..., Any] | None = None) -> dict[str, Any]:
+    """``block`` (unpacked, :func:`.kinds_render.unpack`) with each of ``kind``'s :attr:`Kind.rows` it lacks measured
+    on every release it holds, the rest of the release kept: ``absent`` where the row's family is (no run), no entry
+    where the family has none, else the row alone (:func:`measure_between`, under ``build/rows/<release>/``, reused after); the release's ``models`` count
+    grows by the rows present, ``specs`` names each row's spec. A release whose run failed keeps no entry of the row
+    (its transition, if any, is found between the releases measured). ``measure``: replaces :func:`measure_between`
+    (tests)."""
+    measure = measure or measure_between
+    out = {**block, "cells": {k: {b: dict(r) for b, r in v.items()} for k, v in block["cells"].items()},
+           "releases": [dict(r) for r in block["releases"]], "specs": dict(block.get("specs") or {})}
+    for name, family, spec in kind.rows:
+        rows = out["cells"].setdefault(name, {})
+        for release in out["releases"]:
+            version = release["transformers"]
+            if any(version in rows.get(b, {}) for b in kind.backends):  # measured before
+                continue
+            fam = [e for b in kind.backends if (e := out["cells"].get(family, {}).get(b, {}).get(version)) is not None]
+            if not fam:  # the family not measured there (not in that release's list): no entry
+                continue
+            if all(e.get("verdict") == ABSENT for e in fam):
+                for backend in kind.backends:
+                    rows.setdefault(backend, {})[version] = {"verdict": ABSENT, "causes": []}
+                continue
+            entries, record = measure(kind, version, [name], Path(build) / "rows", log=log)
+            if record and record.get("error"):
+                log(f"{kind.name} row {name} {version}: not measured ({str(record['error'])[:160]})")
+                continue
+            got = entries.get(name, {})
+            for backend in kind.backends:
+                if backend in got:
+                    source = got[backend].pop("config", None)  # the config-fix table's source, once per model
+                    if source:
+                        out.setdefault("configs", {}).setdefault(name, source)
+                    rows.setdefault(backend, {})[version] = got[backend]
+            if any(e.get("verdict") != ABSENT for e in got.values()):
+                release["models"] = int(release.get("models") or 0) + 1
+        out["specs"][name] = spec
+    return out
 
 
 def packed(block: dict[str, Any]) -> dict[str, Any]:
