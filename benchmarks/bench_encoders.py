@@ -5,14 +5,14 @@ on 2 quiet cores for the default set; the default audit's time does not grow, si
 
 The floor: the same models built (every model x backend of audit/encoders.toml, as the audit builds them) and, on
 each, one forward of the packed row and one forward of each example alone: the least any packed-vs-alone
-comparison costs. Prints each run's wall seconds, their medians and the ratio.
+comparison costs. Prints each run's wall seconds, their medians and the ratio, and the load average.
 """
 
 from __future__ import annotations
 
 import time
 
-from suite_timing import audit_seconds, repeat_parser, repeated, suite_definition
+from suite_timing import audit_seconds, load_average, repeat_parser, repeated, suite_definition
 
 
 def floor_seconds() -> float:
@@ -47,7 +47,8 @@ def floor_seconds() -> float:
 def main() -> int:
     ns = repeat_parser(__doc__).parse_args()
     median = repeated(ns.repeat, {"audit": lambda: audit_seconds("encoders"), "floor": floor_seconds},
-                      lambda run: f"audit --audit encoders {run['audit']:.1f} s wall; floor {run['floor']:.1f} s")
+                      lambda run: "audit --audit encoders {:.1f} s wall; floor {:.1f} s; load average {:.1f} on {} "
+                                  "cores".format(run["audit"], run["floor"], *load_average()))
     a, f = median["audit"], median["floor"]
     print(f"median: audit {a:.1f} s, floor {f:.1f} s, ratio {a / f:.2f}x (target: audit <= 180 s on 2 quiet cores)")
     return 0

@@ -63,8 +63,9 @@ EXPECTED = {
         "audit --audit stack 12.3 s wall; checks floor 5.0 s; compute floor 113.5 s; load 3.1 on 2 cores",
         ("median: audit 12.3 s, checks floor 5.0 s (ratio 2.46x), compute floor 113.5 s (ratio 0.11x; target: audit "
          "<= 300 s on 2 quiet cores)")],
-    "bench_encoders": ["audit --audit encoders 12.3 s wall; floor 5.0 s", "audit --audit encoders 13.5 s wall; floor 4.9 s",
-                       "audit --audit encoders 11.0 s wall; floor 6.2 s",
+    "bench_encoders": ["audit --audit encoders 12.3 s wall; floor 5.0 s; load average 3.1 on 2 cores",
+                       "audit --audit encoders 13.5 s wall; floor 4.9 s; load average 3.1 on 2 cores",
+                       "audit --audit encoders 11.0 s wall; floor 6.2 s; load average 3.1 on 2 cores",
                        "median: audit 12.3 s, floor 5.0 s, ratio 2.46x (target: audit <= 180 s on 2 quiet cores)"],
     "bench_multimodal": [
         "audit --audit multimodal 12.3 s wall; floor 5.0 s; load average 3.1 on 2 cores",
