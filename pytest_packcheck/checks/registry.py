@@ -456,6 +456,33 @@ REGISTRY: tuple[CheckSpec, ...] = (
                       "stubbed, named; a skip names what still does not import",
               key_metric=KeyMetric("max_abs_margin_diff", "Δmargin"), tolerance="logits_atol",
               causes=("packed_mismatch", "collator_contract", "non_finite", "crash"), suite="rl"),
+    CheckSpec(name="rl_unsloth_grpo_packed", function="rl_packers:check_rl_unsloth_grpo_packed", level="backend",
+              role="correctness",
+              summary="unsloth's GRPO sequence packing, its own block from the release (flatten, position_ids per row, "
+                      "unsloth_zoo's chunked_selective_log_softmax, scatter back) = each sample alone; its runtime "
+                      "verifier's number and thresholds beside it; a skip names the package where unsloth is missing",
+              key_metric=KeyMetric("max_abs_logprob_diff", "Δlogp"), tolerance="logits_atol",
+              causes=(*_PARITY_CAUSES, "non_finite", "crash"), suite="rl"),
+    CheckSpec(name="rl_prime_rl_packed", function="rl_packers:check_rl_prime_rl_packed", level="backend",
+              role="correctness",
+              summary="prime-rl's packed micro-batch (its packed_samples_into_micro_bs / pad_micro_batch) and its "
+                      "trainer's log-prob path (shift_tensor_left, selective_log_softmax, shift_tensor_right, split by "
+                      "sequence_lengths), vendored verbatim = each sample alone",
+              key_metric=KeyMetric("max_abs_logprob_diff", "Δlogp"), tolerance="logits_atol",
+              causes=(*_PARITY_CAUSES, "collator_contract", "non_finite", "crash"), suite="rl"),
+    CheckSpec(name="rl_open_instruct_grpo", function="rl_packers:check_rl_open_instruct_grpo", level="backend",
+              role="correctness",
+              summary="open-instruct's packed GRPO (pack_sequences, compute_logprobs / forward_for_logprobs), vendored "
+                      "verbatim = each sample alone",
+              key_metric=KeyMetric("max_abs_logprob_diff", "Δlogp"), tolerance="logits_atol",
+              causes=(*_PARITY_CAUSES, "collator_contract", "non_finite", "crash"), suite="rl"),
+    CheckSpec(name="rl_open_instruct_dpo", function="rl_packers:check_rl_open_instruct_dpo", level="backend",
+              role="correctness",
+              summary="open-instruct's packed DPO (TensorDataCollatorWithFlatteningDPO with max_seq_length, "
+                      "concatenated_forward, get_batch_logps), vendored verbatim: sums and the margin = each sequence "
+                      "alone, the loss at ln 2; the segments cu_seq_lens_k gives the model",
+              key_metric=KeyMetric("max_abs_margin_diff", "Δmargin"), tolerance="logits_atol",
+              causes=("collator_contract", "leak", "non_finite", "crash"), suite="rl"),
     CheckSpec(name="encoder_isolation", function="encoders:check_encoder_isolation", level="backend", role="correctness",
               summary="an encoder's packed row: perturb one example at a time, the others' last hidden states and pooled "
                       "embeddings (mean / CLS / last token) must not move",

@@ -39,6 +39,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "openrlhf": ("openrlhf", "einops"),
     "ms-swift": ("ms-swift", "json-repair", "einops"),
     "einops": ("einops",),
+    "unsloth": ("unsloth", "unsloth-zoo"),
 }
 #: The marker an unpacked folder holds: the wheel's sha256 (a changed wheel is unpacked again).
 MARKER = ".packcheck-unpacked"
