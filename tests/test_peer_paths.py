@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import make_bench
 
+import pytest_packcheck.atlas.peer_paths as pp
 from pytest_packcheck.atlas.peer_paths import PEER_PATHS, measure, render_own_paths, results_document, wheel_version
 
 # LLaMA-Factory 0.9.5's prepare_4d_attention_mask, as data/collator.py has it (block-diagonal, causal)
@@ -67,7 +68,7 @@ def _wheel(tmp_path: Path, dist: str, version: str, modules: dict[str, str]) -> 
             for i in range(1, len(parts)):
                 packages.add("/".join(parts[:i]))
             z.writestr("/".join(parts) + ".py", textwrap.dedent(source))
-        for p in packages:
+        for p in packages - {n.replace(".", "/").removesuffix("/__init__") for n in modules if n.endswith(".__init__")}:
             z.writestr(p + "/__init__.py", "")
         z.writestr(f"{dist}-{version}.dist-info/METADATA", f"Name: {dist}\nVersion: {version}\n")
     return path
@@ -123,11 +124,123 @@ def test_a_peer_module_that_does_not_import_is_a_not_run_cell_naming_the_package
     assert "axolotl" not in sys.modules and not any(str(wheel) == p for p in sys.path)  # nothing left behind
 
 
-def test_a_path_packcheck_does_not_drive_is_not_run_even_where_it_imports(tmp_path, bench):
-    wheel = _wheel(tmp_path, "ms_swift", "4.6.0", {"swift.model.patcher": "def revert_padding_free(o, i): return o\n"})
-    results = measure(wheel, bench, models=("llama",), backends=("sdpa",))
-    assert [(r.peer, r.verdict) for r in results] == [("ms_swift", "not_run")]
-    assert "does not drive this path yet" in results[0].reason
+# verl 0.9.1's monkey_patch.py, its remove-padding part: _ulysses_flash_attention_forward hands the call on to the
+# _flash_attention_forward it imported (ulysses_sp_size 1); apply_monkey_patch swaps it into transformers' flash module.
+# verl/utils/attention_utils.py's pure-torch unpad helpers, as 0.9.1 has them
+VERL_UTILS = {
+    "verl.utils.attention_utils": """
+import torch
+from einops import rearrange
+def index_first_axis(x, indices):
+    return x.reshape(-1, *x.shape[1:])[indices]
+def unpad_input(hidden_states, attention_mask):
+    seqlens = attention_mask.sum(dim=-1, dtype=torch.int32)
+    indices = torch.nonzero(attention_mask.flatten(), as_tuple=False).flatten()
+    return index_first_axis(rearrange(hidden_states, "b s ... -> (b s) ..."), indices), indices, seqlens
+""",
+}
+VERL_PATCH = """
+import sys
+from transformers.modeling_flash_attention_utils import _flash_attention_forward
+from verl.utils.import_utils import is_trl_available
+def _ulysses_flash_attention_forward(query_states, key_states, value_states, attention_mask, query_length, *args,
+                                     position_ids=None, **kwargs):
+    query_length = query_states.size(1)
+    return _flash_attention_forward(query_states, key_states, value_states, attention_mask, query_length, *args,
+                                    position_ids=position_ids, **kwargs)
+def apply_monkey_patch(model, ulysses_sp_size=1, use_remove_padding=True):
+    if is_trl_available():
+        from trl import AutoModelForCausalLMWithValueHead
+    if use_remove_padding:
+        from transformers.integrations import flash_attention
+        flash_attention._flash_attention_forward = _ulysses_flash_attention_forward
+        print(f"Monkey patch _flash_attention_forward in {flash_attention.__name__}")
+"""
+# planted: logged as applied, but the flash module is never patched (the forward runs transformers' own)
+VERL_LOGGED_NOT_APPLIED = VERL_PATCH.replace("        flash_attention._flash_attention_forward = _ulysses_flash_attention_forward\n", "")
+# planted: verl's forward drops position_ids on the way (the flash path then sees one sequence: a leak)
+VERL_DROPS_POSITIONS = VERL_PATCH.replace("position_ids=position_ids, **kwargs)", "position_ids=None, **kwargs)")
+
+
+def _verl_wheel(tmp_path: Path, patch: str) -> Path:
+    modules = {**VERL_UTILS, "verl.utils.import_utils": "def is_trl_available():\n    return True\n",
+               "verl.models.transformers.monkey_patch": patch}
+    wheel = _wheel(tmp_path, "verl", "0.9.1", {**modules, "verl.models.__init__": "import ray_not_here\n",
+                                               "verl.utils.__init__": "import omegaconf_not_here\n"})
+    _einops_beside(tmp_path)
+    return wheel
+
+
+def _einops_beside(folder: Path) -> None:
+    """An einops wheel beside the peer's holding the one pattern verl's unpad helpers use."""
+    _wheel(folder, "einops", "0.8.2", {"einops.__init__": (
+        "def rearrange(x, pattern):\n"
+        "    assert pattern == 'b s ... -> (b s) ...', pattern\n"
+        "    return x.reshape(-1, *x.shape[2:])\n")})
+
+
+def test_verl_remove_padding_runs_its_patch_over_the_flash_reference_and_catches_a_patch_logged_but_not_applied(tmp_path, bench):
+    """verl's patch is applied to the cell's model and taken off after; the package __init__ files that import ray /
+    omegaconf are not run (named); trl 1.x's missing value-head class is named, not a crash."""
+    from transformers.integrations import flash_attention
+
+    original = flash_attention._flash_attention_forward
+    (tmp_path / "ok").mkdir()
+    r = measure(_verl_wheel(tmp_path / "ok", VERL_PATCH), bench, models=("llama",))[0]
+    assert (r.path, r.backend, r.verdict) == ("remove_padding", "packcheck_flash_ref", "pass"), r
+    assert "handed on 2 calls" in r.note and "verl/__init__.py not run" in r.stubs
+    assert any("is_trl_available() answered False" in s for s in r.stubs)
+    assert flash_attention._flash_attention_forward is original and "verl" not in sys.modules
+    (tmp_path / "logged").mkdir()
+    r = measure(_verl_wheel(tmp_path / "logged", VERL_LOGGED_NOT_APPLIED), bench, models=("llama",))[0]
+    assert r.verdict == "error" and "never called it" in r.reason, r
+    (tmp_path / "drops").mkdir()
+    r = measure(_verl_wheel(tmp_path / "drops", VERL_DROPS_POSITIONS), bench, models=("llama",))[0]
+    assert r.verdict == "fail" and r.cause == "leak" and r.max_abs_diff > 1e-2, r
+
+
+# ms-swift 4.6.0's Template._data_collator / packing_row, their padding_free branch as swift/template/base.py has it
+SWIFT_TEMPLATE = """
+import torch
+from modelscope.hub.utils.utils import get_cache_dir
+class Template:
+    def packing_row(self, row):
+        packed = {k: sum((x.get(k) or [] for x in row), start=[]) for k in ("input_ids", "labels")}
+        packed["position_ids"] = sum((list(range(x["length"])) for x in row), start=[])
+        return packed
+    def _data_collator(self, batch, *, padding_to=None):
+        assert self.tokenizer.pad_token_id is not None
+        if self.padding_free:
+            batch[:] = [self.packing_row(batch)]
+        return {k: torch.tensor([v]) for k, v in batch[0].items()}
+    @property
+    def tokenizer(self):
+        return self.processor
+"""
+# planted: position_ids counted over the whole row (0..n-1): the examples see each other
+SWIFT_ONE_SEQUENCE = SWIFT_TEMPLATE.replace('sum((list(range(x["length"])) for x in row), start=[])',
+                                            'list(range(sum(x["length"] for x in row)))')
+
+
+def test_ms_swift_padding_free_collator_runs_with_modelscope_stubbed_and_its_planted_fault_is_caught(tmp_path, bench):
+    for name, source, verdict in (("ok", SWIFT_TEMPLATE, "pass"), ("bad", SWIFT_ONE_SEQUENCE, "fail")):
+        (tmp_path / name).mkdir()
+        wheel = _wheel(tmp_path / name, "ms_swift", "4.6.0", {"swift.template.base": source,
+                                                               "swift.__init__": "import modelscope_trainers_not_here\n"})
+        _wheel(tmp_path / name, "json_repair", "0.64.6", {"json_repair.__init__": ""})
+        _einops_beside(tmp_path / name)
+        r = measure(wheel, bench, models=("llama",))[0]
+        assert (r.path, r.backend, r.verdict) == ("padding_free", "packcheck_flash_ref", verdict), r
+        assert any(s.startswith("modelscope stubbed") for s in r.stubs) and "swift/__init__.py not run" in r.stubs
+    assert r.cause == "leak" and r.max_abs_diff > 1e-2
+    assert "modelscope" not in sys.modules and "swift" not in sys.modules
+
+
+def test_a_missing_wheel_beside_the_peer_is_a_not_run_naming_it(tmp_path, bench):
+    wheel = _wheel(tmp_path, "ms_swift", "4.6.0", {"swift.template.base": SWIFT_TEMPLATE})
+    results = measure(wheel, bench, models=("llama",))
+    assert [r.verdict for r in results] == ["not_run"]
+    assert "needs the package 'json_repair'" in results[0].reason
 
 
 def test_a_model_that_does_not_build_and_a_batch_that_raises_are_cells_not_crashes(tmp_path, bench):
@@ -173,16 +286,22 @@ def test_cli_claims_refuses_an_own_paths_file_that_is_not_one(tmp_path):
 def test_the_table_names_real_modules_and_wheel_names_parse():
     assert {p.peer for p in PEER_PATHS} == {"llamafactory", "axolotl", "nemo_automodel", "ms_swift", "unsloth", "verl"}
     assert all(p.modules and p.backends and p.code.split(":")[0].startswith(p.modules[0].split(".")[0] + "/") for p in PEER_PATHS)
+    assert all(globals_ok for globals_ok in [callable(getattr(pp, n)) for p in PEER_PATHS for n in (p.build, p.around, p.stand_in) if n])
     assert wheel_version(Path("ms_swift-4.6.0-py3-none-any.whl")) == ("ms-swift", "4.6.0")
     with pytest.raises(ValueError, match="not a wheel"):
         wheel_version(Path("axolotl-0.19.0.tar.gz"))
 
 
 def _real(name: str) -> Path:
-    folder = os.environ.get("PEER_WHEELS") or str(Path(__file__).resolve().parents[1] / "build" / "peers")
-    hits = sorted(Path(folder).glob(f"{name}-*.whl")) if folder else []
+    """The released wheel of ``name``: in $PEER_WHEELS or build/peers, else (ms-swift, verl: pinned for the RL suite,
+    with what their modules import) in $RL_PEER_WHEELS or build/rl-peers."""
+    root = Path(__file__).resolve().parents[1]
+    folders = [os.environ.get("PEER_WHEELS") or str(root / "build" / "peers"),
+               os.environ.get("RL_PEER_WHEELS") or str(root / "build" / "rl-peers")]
+    hits = [h for f in folders for h in sorted(Path(f).glob(f"{name}-*.whl"))]
     if not hits:
-        pytest.skip(f"no {name} wheel in $PEER_WHEELS or build/peers (.ci/run downloads it: pip download --no-deps -r constraints/peers.txt -d build/peers)")
+        pytest.skip(f"no {name} wheel in $PEER_WHEELS / build/peers or $RL_PEER_WHEELS / build/rl-peers (.ci/run downloads "
+                    "it: pip download --no-deps -r constraints/peers.txt -d build/peers, and constraints/rl-peers.txt)")
     return hits[-1]
 
 
@@ -216,3 +335,117 @@ def test_the_released_nemo_automodel_block_causal_bool_mask_is_not_applied_on_ea
     assert eager.verdict == "fail" and eager.cause == "segment_mask" and eager.max_abs_diff > 1e-2
     assert sdpa.verdict == "pass"
     assert results[("neat_packing_flash_varlen", "llama", "packcheck_flash_ref")].verdict == "pass"
+
+
+def test_the_released_ms_swift_verl_and_unsloth_own_paths_run_on_cpu_or_name_what_they_need(bench):
+    """ms-swift 4.6.0's padding_free collator and verl 0.9.1's remove-padding patch run on the flash reference;
+    unsloth's collator runs, its varlen attention names the GPU its device_type.py asks for."""
+    swift = measure(_real("ms_swift"), bench, models=("llama",))
+    assert [(r.path, r.verdict) for r in swift] == [("padding_free", "pass")], swift
+    verl = measure(_real("verl"), bench, models=("llama",))
+    assert [(r.path, r.verdict) for r in verl] == [("remove_padding", "pass")], verl
+    assert "_ulysses_flash_attention_forward handed on" in verl[0].note
+    unsloth = _by(measure(_real("unsloth"), bench, models=("llama",)))
+    assert unsloth[("packing", "llama", "sdpa")].verdict == "pass"
+    attention = unsloth[("hf_packed_attention", "llama", "sdpa")]
+    assert attention.verdict == "not_run" and "unsloth/device_type.py" in attention.reason, attention
+
+
+# --- claims.md per claim: the own paths' verdict beside stock transformers' and the statement (issue 45 part 2) ---
+
+def _row(peer, path, model, backend, verdict, diff=None, cause="", reason=""):
+    return {"peer": peer, "version": "1", "path": path, "code": "x", "model": model, "backend": backend, "verdict": verdict,
+            "max_abs_diff": diff, "per_example": [], "cause": cause, "reason": reason, "note": "", "stubs": [], "not_on_cpu": ""}
+
+
+def _doc(rows):
+    return {"schema": "packcheck-peer-paths", "torch": "2.13.0+cpu", "transformers": "5.25.0", "results": rows}
+
+
+def test_a_claim_shows_its_own_path_verdict_and_a_planted_own_path_failure_flips_it():
+    from pytest_packcheck.atlas.claims import Claim, PeerClaims, own_verdict, render_claims
+
+    claim = Claim("axolotl", "llama", True, ("packcheck_flash_ref",), "axolotl/monkeypatch/multipack.py", 12,
+                  statement="SUPPORTED_MULTIPACK_MODEL_TYPES = [")
+    good = _doc([_row("axolotl", "multipack", "llama", b, "pass", 1e-7) for b in ("eager", "sdpa")])
+    own = own_verdict(claim, good)
+    assert own["holds"] is True and "`axolotl:multipack` on llama: ✅ eager 1.0e-07, sdpa 1.0e-07" in own["text"]
+    bad = _doc([_row("axolotl", "multipack", "llama", "eager", "pass", 1e-7),
+                _row("axolotl", "multipack", "llama", "sdpa", "fail", 3e-1, "leak")])
+    own = own_verdict(claim, bad)
+    assert own["holds"] is False and "❌ eager 1.0e-07, sdpa 3.0e-01 (leak)" in own["text"]
+    assert own_verdict(Claim("axolotl", "qwen2", True, (), "f", 1), good)["text"].endswith("not run on qwen2 (not among the models it runs)")
+    support = {"releases": [{"transformers": "5.24.0"}], "cells": {}, "missing": []}
+    md = [render_claims([PeerClaims("axolotl", "1", "", "a.whl", [claim])], support, d) for d in (good, bad)]
+    assert "  - statement: `SUPPORTED_MULTIPACK_MODEL_TYPES = [`; own code, run (holds): `axolotl:multipack` on llama" in md[0]
+    assert "own code, run (does not hold): `axolotl:multipack` on llama" in md[1]
+    assert "Own code behind the claims (each claim's line below gives its verdict): a model it packs: `axolotl:multipack`" in md[0]
+    assert "✅ eager 1.0e-07, sdpa 1.0e-07" in md[0] and "❌ eager 1.0e-07, sdpa 3.0e-01 (leak)" in md[1]
+
+
+def test_a_claim_on_the_peers_own_code_is_judged_by_it_only_where_every_linked_path_ran():
+    """unsloth's "packs *" rests on its collator and its varlen attention: with the attention not run (CPU) it stays
+    not judged, the reason said; where both ran it is judged, and a planted own-path failure makes it not hold."""
+    from pytest_packcheck.atlas.claims import Claim, claim_groups, judge_with_own_path
+
+    claim = Claim("unsloth", "*", True, ("packcheck_flash_ref",), "unsloth/trainer.py", 1912, own_code="unsloth's varlen attention")
+    stock = {"claim": claim, "release": "5.17.0", "holds": None, "why": "rests on the peer's own code: unsloth's varlen attention"}
+    collator = [_row("unsloth", "packing", m, "sdpa", "pass", 1e-7) for m in ("llama", "qwen2")]
+    cpu = judge_with_own_path(stock, _doc(collator + [_row("unsloth", "hf_packed_attention", "llama", "sdpa", "not_run",
+                                                            reason="needs a GPU (unsloth/device_type.py:124)")]))
+    assert cpu["holds"] is None and "a linked path did not run here" in cpu["why"]
+    assert "⏭️ not run (1 cell): needs a GPU (unsloth/device_type.py:124)" in cpu["own"]["text"]
+    assert claim_groups([cpu])["Rest on the peer's own patch or kernel"] == [cpu]
+    ran = judge_with_own_path(stock, _doc(collator + [_row("unsloth", "hf_packed_attention", "llama", "sdpa", "pass", 2e-7)]))
+    assert ran["holds"] is True and ran["why"].startswith("judged by its own code, run on CPU")
+    planted = judge_with_own_path(stock, _doc(collator + [_row("unsloth", "hf_packed_attention", "llama", "sdpa", "fail", 4e-1, "leak")]))
+    assert planted["holds"] is False and claim_groups([planted])["Claims that do not hold"] == [planted]
+    assert "❌ 1 of 1 cells fail: llama/sdpa 4.0e-01 (leak)" in planted["own"]["text"]
+
+
+def test_a_refusal_reads_its_models_own_path_cells_its_text_model_included():
+    from pytest_packcheck.atlas.claims import Claim, own_verdict
+
+    refusal = Claim("llamafactory", "gemma4", False, ("eager",), "llamafactory/data/collator.py", 493)
+    needed = own_verdict(refusal, _doc([_row("llamafactory", "neat_packing", "gemma4_text", "eager", "fail", 5e-1, "sliding_window"),
+                                        _row("llamafactory", "neat_packing_flash", "gemma4_text", "packcheck_flash_ref", "pass", 0.0)]))
+    assert needed["holds"] is True and "`llamafactory:neat_packing` on gemma4_text: ❌ eager 5.0e-01 (sliding_window)" in needed["text"]
+    safe = own_verdict(refusal, _doc([_row("llamafactory", "neat_packing", "gemma4_text", "eager", "pass", 1e-7),
+                                      _row("llamafactory", "neat_packing_flash", "gemma4_text", "packcheck_flash_ref", "pass", 0.0)]))
+    assert safe["holds"] is False and safe["word"] == "its own path passes on it"
+    refused_sdpa = own_verdict(Claim("unsloth", "gpt_oss", False, ("eager",), "unsloth/trainer.py", 197), _doc([
+        _row("unsloth", "packing", "gpt_oss", "eager", "fail", 5.8e-1, "leak"),
+        _row("unsloth", "packing", "gpt_oss", "sdpa", "not_run", reason="the tiny model does not build: ValueError: "
+             "GptOssForCausalLM does not support an attention implementation through sdpa yet.")]))
+    assert refused_sdpa["holds"] is True and "❌ eager 5.8e-01 (leak); the library refuses sdpa" in refused_sdpa["text"]
+
+
+def test_claims_reads_a_wheels_statement_line_and_skips_a_dependency_wheel(tmp_path):
+    from pytest_packcheck.atlas.claims import read_wheel
+    from pytest_packcheck.cli.claims import dependency_only
+
+    wheel = _wheel(tmp_path, "axolotl", "0.19.0", {"axolotl.monkeypatch.multipack": "X = 1\nSUPPORTED_MULTIPACK_MODEL_TYPES = ['llama']\n",
+                                                   "axolotl.utils.schemas.enums": "ATTN_IMPLS_SUPPORTING_PACKING = ['flash_attention_2']\n"})
+    claims = read_wheel(wheel).claims
+    assert [(c.line, c.statement) for c in claims] == [(2, "SUPPORTED_MULTIPACK_MODEL_TYPES = ['llama']")]
+    assert dependency_only(Path("unsloth_zoo-2026.10.9-py3-none-any.whl")) and not dependency_only(Path("unsloth-2026.10.9-py3-none-any.whl"))
+
+
+def test_docs_quote_the_committed_own_path_numbers():
+    """docs/atlas.md's own-path figures against reports/atlas/peer_paths.json (a re-measure that moves one fails)."""
+    root = Path(__file__).resolve().parents[1]
+    doc = json.loads((root / "reports" / "atlas" / "peer_paths.json").read_text())
+    cells = {(r["peer"], r["path"], r["model"], r["backend"]): r for r in doc["results"]}
+    text = " ".join((root / "docs" / "atlas.md").read_text().split())
+    quoted = {("llamafactory", "neat_packing", "gemma4_text", "eager"): "gemma4's text model 8.1e-01",
+              ("llamafactory", "neat_packing", "gpt_oss", "eager"): "gpt_oss 2.3e-01 on eager",
+              ("unsloth", "packing", "gpt_oss", "eager"): "leaks on eager (5.8e-01)",
+              ("nemo_automodel", "neat_packing", "llama", "eager"): "(llama 2.8e-01, cause `segment_mask`)"}
+    for key, phrase in quoted.items():
+        assert phrase in text and f"{cells[key]['max_abs_diff']:.1e}" in phrase and cells[key]["verdict"] == "fail", key
+    passing = [r for r in doc["results"] if r["peer"] in ("ms_swift", "verl") or (r["peer"] == "unsloth" and r["path"] == "packing"
+               and r["model"] in ("llama", "qwen2", "mistral", "gemma3_text"))]
+    assert passing and all(r["verdict"] == "pass" for r in passing)
+    assert f"(at most {max(r['max_abs_diff'] for r in passing):.1e})" in text
+    attention = [r for r in doc["results"] if r["path"] == "hf_packed_attention"]
+    assert attention and all(r["verdict"] == "not_run" and "unsloth/device_type.py:124" in r["reason"] for r in attention)

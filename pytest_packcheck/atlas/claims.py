@@ -56,6 +56,8 @@ class Claim:
     line: int
     own_code: str = ""
     note: str = ""
+    #: the source line at ``file``:``line`` as the wheel has it (stripped, at most 120 characters): the statement
+    statement: str = ""
 
 
 @dataclass
@@ -364,12 +366,160 @@ def read_wheel(path: str | Path) -> PeerClaims:
             raise PackcheckUsageError(f"Peer package '{path}' is {name}: there is no claims reader for it (readers: "
                                       f"{', '.join(sorted(set(READERS) - {'ms_swift'}))}).")
         try:
-            return PeerClaims(name, version, pin, Path(path).name, reader(z))
+            return PeerClaims(name, version, pin, Path(path).name, _with_statements(z, reader(z)))
         except (RecursionError, MemoryError):  # what the reader walks is too deep even after parsing
             return PeerClaims(name, version, pin, Path(path).name,
                               reason=f"its source nests too deeply to read ({name} {version}); the reader needs updating")
         except UnreadablePeer as exc:
             return PeerClaims(name, version, pin, Path(path).name, reason=f"{exc} ({name} {version})")
+
+
+def _with_statements(z: PeerArchive, claims: list[Claim]) -> list[Claim]:
+    """``claims`` with each :attr:`Claim.statement` read: the line ``file``:``line`` of the package (stripped, cut
+    at 120 characters; "" where the file or line is not there)."""
+    lines: dict[str, list[str]] = {}
+    for c in claims:
+        if c.file not in lines:
+            try:
+                lines[c.file] = z.read(c.file).decode("utf-8", "replace").splitlines()
+            except UnreadablePeer:
+                lines[c.file] = []
+        text = lines[c.file][c.line - 1].strip() if 0 < c.line <= len(lines[c.file]) else ""
+        c.statement = text if len(text) <= 120 else text[:119] + "…"
+    return claims
+
+
+@dataclass(frozen=True)
+class OwnPathLink:
+    """Which of a peer's own packing paths (:data:`.peer_paths.PEER_PATHS` keys) a kind of its claims rests on.
+
+    ``peer``: the claims' peer (:attr:`Claim.peer`); ``kind``: the claims it covers: ``packs`` (a model it packs, by
+    name), ``refuses`` (a model it refuses), ``every`` (its ``"*"`` claim), ``templates`` (ms-swift's template
+    classes); ``paths``: the own paths run for them; ``judges``: the paths are the own code such a claim rests on
+    (:attr:`Claim.own_code`), so their verdict judges it where every path ran; ``scope``: what of the claim the paths
+    run (shown beside the verdict)."""
+
+    peer: str
+    kind: str
+    paths: tuple[str, ...]
+    scope: str
+    judges: bool = False
+
+
+#: The claims each own path measures (issue 45 part 2): per claim, claims.md shows the own paths' verdict beside
+#: stock transformers' and the peer's statement.
+OWN_PATH_LINKS: tuple[OwnPathLink, ...] = (
+    OwnPathLink("axolotl", "packs", ("axolotl:multipack",), "its multipack collator, attention_mask dropped as its "
+                "trainer drops it (its sdpa_varlen patch and per-model patches not run)"),
+    OwnPathLink("llamafactory", "refuses", ("llamafactory:neat_packing", "llamafactory:neat_packing_flash"),
+                "neat_packing, the path the refusal guards"),
+    OwnPathLink("ms-swift", "every", ("ms_swift:padding_free",), "its padding_free collator on text models"),
+    OwnPathLink("ms-swift", "templates", ("ms_swift:padding_free",), "its padding_free collator on text models (the "
+                "template's own encode and multimodal collation not run)"),
+    OwnPathLink("verl", "every", ("verl:remove_padding",), "its unpad helpers and apply_monkey_patch's flash forward "
+                "at ulysses_sp_size 1"),
+    OwnPathLink("verl", "packs", ("verl:remove_padding",), "its flash forward patch on text models (the forward it "
+                "replaces for this model not run)"),
+    OwnPathLink("unsloth", "every", ("unsloth:packing", "unsloth:hf_packed_attention"), "its packing collator and the "
+                "varlen attention it installs", judges=True),
+    OwnPathLink("unsloth", "refuses", ("unsloth:packing",), "its packing collator on the refused model"),
+)
+
+
+def _kind(claim: Claim) -> str:
+    if claim.model_type == "*":
+        return "every"
+    if claim.model_type.startswith("template:"):
+        return "templates"
+    return "packs" if claim.supported else "refuses"
+
+
+def own_links(claim: Claim, links: tuple[OwnPathLink, ...] = OWN_PATH_LINKS) -> list[OwnPathLink]:
+    """The :data:`OWN_PATH_LINKS` entries for ``claim`` (its peer and kind)."""
+    peer = claim.peer.lower().replace("_", "-")
+    return [k for k in links if k.peer == peer and k.kind == _kind(claim)]
+
+
+def own_verdict(claim: Claim, doc: dict[str, Any] | None, links: tuple[OwnPathLink, ...] = OWN_PATH_LINKS,
+                exclude: frozenset[str] = frozenset()) -> dict[str, Any] | None:
+    """The verdict of the peer's own paths ``claim`` rests on (:func:`own_links`), from ``doc`` (peer_paths.json,
+    :func:`.peer_paths.results_document`): None where no own path is linked or ``doc`` has none of them.
+
+    A claim about one model reads that model's cells (or its text model's, ``<model>_text``); ``"*"`` and template
+    claims read every cell but those of ``exclude`` (the models the peer names in other claims, as :func:`judge`
+    leaves them out of ``"*"``). A cell whose tiny model does not build on a backend (the library refuses it) is
+    shown, never counted against the claim. Returns ``{"text", "holds", "judges", "scope"}``: ``text`` per path (the verdict and the
+    max abs diff of logits per backend, failures with their cause, what did not run and why); ``holds``: for a
+    packing claim True where every cell ran and passes, False where one fails; for a refusal True (the refusal is
+    needed) where one fails, False where every cell passes; None where a linked path did not run on it."""
+    links = own_links(claim, links)
+    if not links or not doc:
+        return None
+    keys = list(dict.fromkeys(k for link in links for k in link.paths))
+    rows = {k: [r for r in doc.get("results", []) if f"{r['peer'].lower().replace('-', '_')}:{r['path']}" == k] for k in keys}
+    if not any(rows.values()):
+        return None
+    single = _kind(claim) in ("packs", "refuses")
+    if single:
+        rows = {k: [r for r in v if r["model"] in (claim.model_type, f"{claim.model_type}_text")] for k, v in rows.items()}
+    else:
+        rows = {k: [r for r in v if r["model"] not in exclude and r["model"].removesuffix("_text") not in exclude]
+                for k, v in rows.items()}
+    texts, verdicts = [], []
+    for key, these in rows.items():
+        if not these:
+            texts.append(f"`{key}` not run on {claim.model_type} (not among the models it runs)")
+            verdicts.append("not_run")
+            continue
+        texts.append(f"`{key}`" + (f" on {these[0]['model']}" if single else "") + ": " + _path_summary(these, single))
+        verdicts += [r["verdict"] for r in these if not _refused_backend(r)]
+    failed, ran = "fail" in verdicts, all(v in ("pass", "fail") for v in verdicts)
+    # judged only where every linked cell ran: a failure of one path beside another not run is shown, not a verdict
+    holds: bool | None = None if not ran else (not failed if claim.supported else failed)
+    if _kind(claim) == "templates":  # a template's own encode (its model's inputs) is not what the text rows run
+        return {"text": "; ".join(texts), "holds": None, "word": "not judged: the template's own encode not run",
+                "judges": False, "scope": "; ".join(k.scope for k in links)}
+    word = {(True, True): "holds", (True, False): "does not hold", (False, True): "the refusal is needed: its own path fails on it",
+            (False, False): "its own path passes on it"}.get((claim.supported, holds), "not judged") if holds is not None else ""
+    return {"text": "; ".join(texts), "holds": holds, "word": word, "judges": any(k.judges for k in links),
+            "scope": "; ".join(k.scope for k in links)}
+
+
+def _path_summary(rows: list[dict[str, Any]], single: bool) -> str:
+    """One path's cells in a line: per backend on one model, else counts; failures with cause; not-run reasons once."""
+    def num(r: dict[str, Any]) -> str:
+        return f"{r['max_abs_diff']:.1e}" + (f" ({r['cause']})" if r.get("cause") else "")
+
+    ran = [r for r in rows if r["verdict"] in ("pass", "fail")]
+    bad = [r for r in ran if r["verdict"] == "fail"]
+    parts = []
+    if single and ran:
+        parts.append(("❌ " if bad else "✅ ") + ", ".join(f"{r['backend']} {num(r)}" for r in ran))
+    elif ran:
+        worst = max(r["max_abs_diff"] for r in ran)
+        parts.append(f"❌ {len(bad)} of {len(ran)} cells fail: " + ", ".join(f"{r['model']}/{r['backend']} {num(r)}" for r in bad)
+                     if bad else f"✅ {len(ran)} of {len(ran)} cells pass (max {worst:.1e})")
+    refused = [r for r in rows if _refused_backend(r)]
+    if refused:
+        parts.append("the library refuses " + ", ".join(f"{r['model']}/{r['backend']}" if not single else r["backend"] for r in refused))
+    other = [r for r in rows if r["verdict"] not in ("pass", "fail") and not _refused_backend(r)]
+    for reason in dict.fromkeys(_cut(r.get("reason", "")) for r in other):
+        these = [r for r in other if _cut(r.get("reason", "")) == reason]
+        word = "⏭️ not run" if these[0]["verdict"] == "not_run" else "💥 error"
+        parts.append(f"{word} ({len(these)} cell{'s' if len(these) > 1 else ''}): {reason}")
+    return "; ".join(parts)
+
+
+def _refused_backend(row: dict[str, Any]) -> bool:
+    """A cell whose tiny model does not build on its backend because transformers refuses the attention
+    implementation for that model (gpt_oss / gemma2 on sdpa): no packing verdict, never held against a claim."""
+    reason = row.get("reason", "")
+    return row["verdict"] == "not_run" and reason.startswith("the tiny model does not build") and "does not support" in reason
+
+
+def _cut(text: str, limit: int = 260) -> str:
+    """``text`` cut at ``limit`` characters (a not-run reason on a claim's line)."""
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def pinned_release(pin: str, releases: list[str]) -> str | None:
@@ -441,6 +591,24 @@ def judge(claim: Claim, support: dict[str, Any], release: str | None, exclude: f
     # a claim of support holds where every measured backend passes; a refusal where packing fails on one of them
     holds = not bad if claim.supported else bool(bad)
     return {**out, "holds": holds, "answers": answers, "bad": bad, "why": "; ".join(text(b, x) for _, b, x in asked)}
+
+
+def judge_with_own_path(j: dict[str, Any], own_paths: dict[str, Any] | None, exclude: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """:func:`judge`'s result with the own paths' verdict (:func:`own_verdict`) under ``"own"``; a claim that rests
+    on the peer's own code and that stock transformers does not judge is judged by it where its links ``judges``
+    and every linked path ran (``holds`` from the own paths, ``why`` saying so); otherwise it stays not judged, the
+    own paths' verdict (or why they did not run) beside the reason."""
+    claim = j["claim"]
+    own = own_verdict(claim, own_paths, exclude=exclude)
+    if own is None:
+        return j
+    j = {**j, "own": own}
+    if j["holds"] is None and claim.own_code and claim.supported and own["judges"]:
+        if own["holds"] is not None:
+            return {**j, "holds": own["holds"], "own_judged": True,
+                    "why": f"judged by its own code, run on CPU: {own['text']}"}
+        j["why"] += "; its own code, run, does not judge it: a linked path did not run here"
+    return j
 
 
 #: Verdicts a claim is judged on: a pass, or a measured failure (the requested backend ran and the numbers are out
@@ -525,7 +693,14 @@ def render_claims(peers: list[PeerClaims], support: dict[str, Any], own_paths: d
             lines += [f"No claims read: {p.reason}.", ""]
             continue
         named = frozenset(c.model_type for c in p.claims if c.model_type != "*")
-        groups = claim_groups([judge(c, support, pin_release, named) for c in p.claims])
+        judged = [judge_with_own_path(judge(c, support, pin_release, named), own_paths, named) for c in p.claims]
+        groups = claim_groups(judged)
+        linked = list(dict.fromkeys((k.kind, k.paths, k.scope) for j in judged if j.get("own") for k in own_links(j["claim"])))
+        if linked:
+            kinds = {"packs": "a model it packs", "refuses": "a model it refuses", "every": "its claim on every model",
+                     "templates": "its templates"}
+            lines += ["Own code behind the claims (each claim's line below gives its verdict): " + "; ".join(
+                f"{kinds[kind]}: {', '.join(f'`{x}`' for x in paths)} ({scope})" for kind, paths, scope in linked) + ".", ""]
         lines += ["Counts: " + ", ".join(f"{len(items)} {COUNT_NAMES[title]}" for title, items in groups.items()) + ".", ""]
         for title, items in groups.items():
             lines.append(f"**{title}** ({len(items)}):")
@@ -544,5 +719,11 @@ def render_claims(peers: list[PeerClaims], support: dict[str, Any], own_paths: d
                 if not c.supported and c.own_code:
                     detail += f" (the refusal is of the peer's own path: {c.own_code})"
                 lines.append(f"- {what}, {where}: {detail}")
+                own = j.get("own")
+                sub = [f"statement: `{c.statement.replace('`', chr(39))}`"] if c.statement else []
+                if own:
+                    sub.append(f"own code, run{' (' + own['word'] + ')' if own['word'] else ''}: {own['text']}")
+                if sub:
+                    lines.append("  - " + "; ".join(sub))
             lines.append("")
     return "\n".join(lines).rstrip("\n") + "\n"

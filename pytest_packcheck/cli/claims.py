@@ -84,6 +84,17 @@ def _own_paths(ns: argparse.Namespace, files: list[Path], out: Path) -> dict | N
     return doc
 
 
+def dependency_only(package: Path) -> bool:
+    """A wheel a peer's own path imports beside the peer's (:attr:`..atlas.peer_paths.PeerPath.beside`: unsloth_zoo,
+    json_repair, einops) and that is no peer itself: ``build/peers/*.whl`` holds unsloth_zoo beside unsloth."""
+    from ..atlas.claims import READERS
+    from ..atlas.peer_paths import PEER_PATHS
+
+    name = package.name.split("-")[0].lower().replace("-", "_")
+    beside = {d.lower().replace("-", "_") for p in PEER_PATHS for d in p.beside}
+    return name in beside and name not in {r.replace("-", "_") for r in READERS} and name not in {p.peer for p in PEER_PATHS}
+
+
 def _existing(dest: Path, peer: str) -> Path | None:
     """A package of ``peer`` pip found already in ``dest`` (pip says "File was already downloaded")."""
     stem = peer.replace("-", "_").lower()
@@ -122,7 +133,11 @@ def run(ns: argparse.Namespace) -> int:
         print(f"packcheck claims: note: {len(given) - len(files)} package(s) given twice; each is read once", file=sys.stderr)
     if ns.download:
         files += download([p.strip() for p in ns.download.split(",") if p.strip()], Path(ns.download_dir))
-    peers = [read_wheel(w) for w in files]
+    deps = [w for w in files if dependency_only(w)]
+    if deps:
+        print(f"packcheck claims: note: {', '.join(w.name for w in deps)}: imported by a peer's own path, not a peer; "
+              "not read", file=sys.stderr)
+    peers = [read_wheel(w) for w in files if w not in deps]
     own = _own_paths(ns, files, out)
     atomic_write(out, render_claims(peers, support, own))
     print(f"claims written: {out} ({', '.join(f'{p.peer} {p.version}: ' + (f'{len(p.claims)} claims' if not p.reason else p.reason) for p in peers)})")
