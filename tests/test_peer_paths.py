@@ -449,3 +449,53 @@ def test_docs_quote_the_committed_own_path_numbers():
     assert f"(at most {max(r['max_abs_diff'] for r in passing):.1e})" in text
     attention = [r for r in doc["results"] if r["path"] == "hf_packed_attention"]
     assert attention and all(r["verdict"] == "not_run" and "unsloth/device_type.py:124" in r["reason"] for r in attention)
+
+
+# unsloth 2026.10.9's enable_sample_packing, the part the packing path runs (utils/packing.py:233): the collator's
+# torch_call wrapped to add packed_seq_lengths and drop attention_mask; the 'sdpa' wrapper install is left out here
+UNSLOTH_PACKING = """
+import torch
+def enable_sample_packing(model, trainer, *, sequence_lengths_key="seq_lengths"):
+    collator = trainer.data_collator
+    collator.padding_free = True
+    collator.return_position_ids = True
+    original = collator.torch_call
+    def torch_call_with_lengths(examples):
+        batch = original(examples)
+        lengths = [int(n) for e in examples for n in e.get(sequence_lengths_key, [])]
+        batch["packed_seq_lengths"] = torch.tensor(lengths, dtype=torch.int32)
+        batch.pop("attention_mask", None)
+        return batch
+    collator.torch_call = torch_call_with_lengths
+"""
+# planted: the wrapper renumbers position_ids over the whole row (one sequence): every later example sees the others
+UNSLOTH_RENUMBERS = UNSLOTH_PACKING.replace('        batch.pop("attention_mask", None)\n',
+                                            '        batch.pop("attention_mask", None)\n'
+                                            '        batch["position_ids"] = torch.arange(batch["input_ids"].shape[1])[None]\n'
+                                            '        for k in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx"):\n'
+                                            '            batch.pop(k, None)\n')
+
+
+def test_unsloth_packing_collator_runs_without_its_package_init_and_a_renumbering_wrapper_is_caught(tmp_path, bench):
+    results = {}
+    for name, source in (("ok", UNSLOTH_PACKING), ("bad", UNSLOTH_RENUMBERS)):
+        (tmp_path / name).mkdir()
+        wheel = _wheel(tmp_path / name, "unsloth", "2026.10.9", {"unsloth.utils.packing": source,
+                                                                "unsloth.__init__": "raise ImportError('needs unsloth_zoo')\n"})
+        results[name] = _by(measure(wheel, bench, models=("llama",), backends=("sdpa",)))
+    ok = results["ok"][("packing", "llama", "sdpa")]
+    assert ok.verdict == "pass" and "packed_seq_lengths [" in ok.note and "unsloth/__init__.py not run" in ok.stubs, ok
+    bad = results["bad"][("packing", "llama", "sdpa")]
+    assert bad.verdict == "fail" and bad.cause == "leak" and bad.max_abs_diff > 1e-2, bad
+    # the attention path's module is not in the stand-in wheel: named, never a pass
+    assert results["ok"][("hf_packed_attention", "llama", "sdpa")].verdict == "not_run"
+
+
+def test_cli_claims_reads_the_peers_and_names_a_dependency_wheel_it_does_not_read(tmp_path, capsys):
+    from pytest_packcheck.cli import main
+
+    peer = _wheel(tmp_path, "axolotl", "0.19.0", {"axolotl.monkeypatch.multipack": "SUPPORTED_MULTIPACK_MODEL_TYPES = ['llama']\n"})
+    dep = _wheel(tmp_path, "unsloth_zoo", "2026.10.9", {"unsloth_zoo.utils": ""})
+    assert main(["claims", str(peer), str(dep), "-o", str(tmp_path / "claims.md")]) == 0
+    assert "unsloth_zoo-2026.10.9-py3-none-any.whl: imported by a peer's own path, not a peer; not read" in capsys.readouterr().err
+    assert "## axolotl 0.19.0" in (tmp_path / "claims.md").read_text()
