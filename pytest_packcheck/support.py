@@ -74,6 +74,9 @@ class Answer:
     config_source: str = ""
     #: how ``model_type`` was read when a Hub ID, a model folder or a config.json was asked ("" for a plain type)
     resolved_from: str = ""
+    #: with ``libraries`` (and ``stack``): one answer per library axis asked (``--verl``, ``--peft ... --stack E``:
+    #: :func:`pytest_packcheck.analysis.library_axes.axis_answer`)
+    axes: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def overall(self) -> str | None:
@@ -144,19 +147,27 @@ class Answer:
             from .atlas.trl_render import trl_answer_lines
 
             lines += trl_answer_lines(self.trl, self.model_type, self.attn_implementation)
-        label = "reproduce (the transformers answer)" if self.trl else "reproduce"  # the TRL answers carry their own
+        if self.axes:
+            from .analysis.library_axes import axis_answer_lines
+
+            for axis in self.axes:
+                lines += axis_answer_lines(axis, self.model_type, self.attn_implementation)
+        label = "reproduce (the transformers answer)" if self.trl or self.axes else "reproduce"  # the others carry their own
         extra = [f"source: {self.where}"] + ([f"{label}: {self.reproduce}"] if self.reproduce else [])
         return "\n".join([*lines, *("  " + e for e in extra)])
 
 
 def lookup(model_type: str, attn_implementation: str, transformers_version: str, trl_version: str | None = None,
-           path: str | Path | None = None) -> Answer:
+           path: str | Path | None = None, libraries: dict[str, str] | None = None, stack: str | None = None) -> Answer:
     """The atlas's answer for ``model_type`` (``config.model_type``) on ``attn_implementation`` at
     ``transformers_version``: measured (verdict, causes, number, release), or not measured with the nearest
     measured releases. Offline (reads the support file; no torch / transformers import), about a millisecond
     once loaded. ``trl_version``: ``Answer.trl`` also holds the TRL axis's answer (SFTTrainer with
     ``packing=True`` and with ``padding_free=True``, per mode; :func:`pytest_packcheck.atlas.trl_render.trl_answer`),
-    from the support file's ``trl`` block.
+    from the support file's ``trl`` block. ``libraries``: library -> release of the atlas's library axes
+    (:data:`pytest_packcheck.analysis.axis_table.LIBRARY_AXES`: ``{"verl": "0.9.1"}``, ``{"peft": "0.18.1"}``);
+    ``stack``: the stack element asked of the stack axes (``prompt_tuning``; with ``trl_version`` it also asks TRL's
+    stack axis): ``Answer.axes`` holds one answer per axis (:func:`pytest_packcheck.analysis.library_axes.axis_answer`).
 
     Raises:
         PackcheckUsageError: an argument is empty (or blank); ``transformers_version`` or ``trl_version`` is not a
@@ -165,9 +176,6 @@ def lookup(model_type: str, attn_implementation: str, transformers_version: str,
             the atlas knows (``sdpaa``: a typo answered "not measured" before); the support file is unusable.
     """
     from packaging.version import InvalidVersion, Version
-
-    from .backends.table import KNOWN_BACKENDS
-    from .errors import closest
 
     # the public API's arguments are strings (issue 42: None, a float 5.24, a list or a 5,000-digit version crashed
     # lookup() with InvalidVersion / ValueError / TypeError tracebacks)
@@ -200,7 +208,57 @@ def lookup(model_type: str, attn_implementation: str, transformers_version: str,
         if parsed is not None and len(parsed.release) > 3:  # 4.53.1.1.1 was answered from 4.53.1's bisect, exit 0
             raise PackcheckUsageError(f"{what} version '{value}' has {len(parsed.release)} parts: no {what} release "
                                       f"does (they are MAJOR.MINOR.PATCH); write one such as {example}.")
+    asked = _asked_axes(libraries, stack, trl_version)
     doc = load_support_view(path)
+    if asked:  # the library axes: answered beside whatever the model's answer is
+        import dataclasses
+
+        answer = _lookup(doc, model_type, attn_implementation, transformers_version, trl_version, path)
+        backend = ANSWERED_FROM.get(attn_implementation, attn_implementation)
+        from .analysis.library_axes import axis_answer
+
+        return dataclasses.replace(answer, axes=[axis_answer(doc, library, release, answer.model_type, backend, element)
+                                                 for library, release, element in asked])
+    return _lookup(doc, model_type, attn_implementation, transformers_version, trl_version, path)
+
+
+def _asked_axes(libraries: dict[str, str] | None, stack: str | None, trl_version: str | None) -> list[tuple[str, str, str | None]]:
+    """(library, release, stack element or None) per library axis asked: each of ``libraries``, and TRL's stack axis
+    when ``stack`` is given with ``trl_version``; ``stack`` applies to the stack axes only.
+
+    Raises:
+        PackcheckUsageError: a library no axis measures; a release that is not a string; ``stack`` with no stack axis
+            asked.
+    """
+    from .analysis.axis_table import LIBRARY_AXES
+
+    asked = []
+    for library, release in (libraries or {}).items():
+        if library not in LIBRARY_AXES or library == "trl":
+            raise PackcheckUsageError(f"lookup(): no library axis {library!r}: the atlas has "
+                                      f"{', '.join(k for k in LIBRARY_AXES if k != 'trl')} (and --trl X --stack E).")
+        if not isinstance(release, str) or not release.strip() or len(release) > 200:
+            raise PackcheckUsageError(f"The {library} release {release!r:.40} is not a release number: give one, e.g. "
+                                      f"--{library} {'0.9.1' if LIBRARY_AXES[library].kind == 'rl_trainer' else '0.18.1'}.")
+        asked.append((library, release, stack if LIBRARY_AXES[library].kind == "stack" else None))
+    if stack is not None:
+        if not isinstance(stack, str) or not stack.strip():
+            raise PackcheckUsageError(f"Empty value {stack!r} for --stack: give a stack element, e.g. --stack lora.")
+        if trl_version:
+            asked.append(("trl", trl_version, stack))
+        if not any(LIBRARY_AXES[library].kind == "stack" for library, _, _ in asked):
+            stacks = [k for k, a in LIBRARY_AXES.items() if a.kind == "stack"]
+            raise PackcheckUsageError(f"--stack {stack} asks a stack axis: add the release of one of "
+                                      f"{', '.join('--' + k for k in stacks)} (e.g. --peft 0.18.1 --stack {stack}).")
+    return asked
+
+
+def _lookup(doc: Any, model_type: str, attn_implementation: str, transformers_version: str, trl_version: str | None,
+            path: str | Path | None) -> Answer:
+    """:func:`lookup` on the loaded document, its arguments checked (the library axes aside)."""
+    from .backends.table import KNOWN_BACKENDS
+    from .errors import closest
+
     resolved_from = ""
     asked = None
     if ":" in model_type:  # encoder:bert, multimodal:qwen2_vl: a block of the atlas (atlas/kinds.py), imported only then
@@ -326,7 +384,8 @@ def is_bare_minor(transformers_version: str) -> bool:
 
 
 def lookup_releases(model_type: str, attn_implementation: str, transformers_version: str, trl_version: str | None = None,
-                    path: str | Path | None = None) -> list[Answer]:
+                    path: str | Path | None = None, libraries: dict[str, str] | None = None,
+                    stack: str | None = None) -> list[Answer]:
     """:func:`lookup` for one release, or, for a bare minor (``4.53``), one answer per patch of that minor the atlas
     knows (measured, swept, or placed by a bisect's first / last release), oldest first: a minor is not its ``.0``.
     A minor the atlas knows no patch of is answered as ``X.Y.0`` (not measured, with the nearest releases).
@@ -335,10 +394,10 @@ def lookup_releases(model_type: str, attn_implementation: str, transformers_vers
         PackcheckUsageError: as :func:`lookup`.
     """
     if not is_bare_minor(transformers_version):
-        return [lookup(model_type, attn_implementation, transformers_version, trl_version, path)]
+        return [lookup(model_type, attn_implementation, transformers_version, trl_version, path, libraries, stack)]
     from packaging.version import Version
 
-    first = lookup(model_type, attn_implementation, transformers_version + ".0", trl_version, path)
+    first = lookup(model_type, attn_implementation, transformers_version + ".0", trl_version, path, libraries, stack)
     doc = load_support_view(path)
     minor = Version(transformers_version).release[:2]
     known = {r["transformers"] for r in doc.get("releases", [])}
@@ -355,7 +414,8 @@ def lookup_releases(model_type: str, attn_implementation: str, transformers_vers
     out = []
     for patch in range(top + 1):  # every patch up to the newest known: one between two known ones is placed or named
         version = f"{minor[0]}.{minor[1]}.{patch}"
-        out.append(first if patch == 0 else lookup(first.model_type, attn_implementation, version, trl_version, path))
+        out.append(first if patch == 0 else lookup(first.model_type, attn_implementation, version, trl_version, path,
+                                                   libraries, stack))
     if first.resolved_from:
         import dataclasses
 

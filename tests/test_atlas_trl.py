@@ -558,3 +558,46 @@ def test_a_skip_reason_shared_by_families_is_kept_once_and_read_back(tmp_path):
 
     answer = trl_answer({"trl": block}, "qwen2", "packcheck_flash_ref", "1.16.0", "5.25.0")
     assert answer["modes"]["rl_trl_async"]["message"] == why
+
+
+def test_rloo_is_measured_in_a_run_of_its_own_and_merged_into_the_rl_part(tmp_path):
+    """RLOO per TRL minor (``packcheck atlas --trl --rloo``, ``<build>/rl-rloo``): its entries join the RL part's
+    without dropping them (the committed RL part seeds the rest), its runs' records go to ``rloo_releases``, it is
+    rendered and answered per release. Planted: a leak in qwen2's RLOO at 1.7.1 is a transition, and a stale verdict
+    in a copy of the block changes lookup's answer."""
+    assert T.trl_flags(str(tmp_path), "rloo")[2] == "--packcheck-checks=rl_trl_rloo"
+    assert T.trl_reproduce("1.7.1", part="rloo") == "packcheck atlas --trl --rloo --releases 1.7.1"
+    build = tmp_path / "build"
+    _planted(build)
+    _planted_rl(build)
+    committed = T.collect_trl(build, PLANNED + ["1.7.1"])
+    assert "rloo_releases" not in committed
+    rloo = tmp_path / "rloo-build"
+    _write(rloo / "rl-rloo", "1.7.1", [_rl_cell("llama", "sdpa", "rl_trl_rloo", "pass", 3.2e-7),
+                                      _rl_cell("qwen2", "sdpa", "rl_trl_rloo", "fail", 0.29, "leak")])
+    _write(rloo / "rl-rloo", "1.16.0", [_rl_cell("llama", "sdpa", "rl_trl_rloo", "pass", 3.19e-7),
+                                       _rl_cell("qwen2", "sdpa", "rl_trl_rloo", "pass", 4.78e-7)])
+    block = T.collect_trl(rloo, PLANNED + ["1.7.1"], committed)
+    assert [r["trl"] for r in block["rloo_releases"]] == ["1.7.1", "1.16.0"]
+    assert [r["trl"] for r in block["rl_releases"]] == ["1.7.1", "1.16.0"]  # the RL part kept as committed
+    assert block["cells"]["llama"]["rl_trl_grpo"] == committed["cells"]["llama"]["rl_trl_grpo"]
+    assert "rl_trl_rloo" in block["rl_modes"] and block["rloo_missing"] == ["0.19.1", "0.22.2", "0.24.0"]
+    moved = {(t["model_type"], t["mode"]) for t in block["transitions"]}
+    assert ("qwen2", "rl_trl_rloo") in moved and ("llama", "rl_trl_rloo") not in moved
+    text = "\n".join(render_trl_markdown(block))
+    assert "- **qwen2** / RLOO log-probs: sdpa: ❌ leak up to 1.7.1 (Δlogp ≤ 2.9e-01), ✅ from 1.16.0 (Δlogp ≤ 4.8e-07)" in text
+    assert "RLOO (`rl_trl_rloo`) measured in runs of its own (`packcheck atlas --trl --rloo`): 2 TRL releases" in text
+    from pytest_packcheck.atlas.trl_render import trl_answer, trl_answer_lines
+
+    answer = trl_answer({"trl": block}, "qwen2", "sdpa", "1.16.0", "5.25.0")
+    assert answer["modes"]["rl_trl_rloo"] == {"verdict": "pass", "causes": [], "number": 4.78e-7}
+    lines = trl_answer_lines(answer, "qwen2", "sdpa")
+    assert any(line.startswith("qwen2 / sdpa @ trl 1.16.0 / RLOO log-probs: pass (Δlogp 4.8e-07), measured with "
+                               "transformers ") for line in lines), lines
+    assert "  reproduce (the trl 1.16.0 RLOO answer): packcheck atlas --trl --rloo --releases 1.16.0" in lines
+    stale = json.loads(json.dumps(block))
+    stale["cells"]["qwen2"]["rl_trl_rloo"]["sdpa"]["1.16.0"] = {"verdict": "fail", "causes": ["leak"], "number": 0.29}
+    assert trl_answer({"trl": stale}, "qwen2", "sdpa", "1.16.0", "5.25.0")["modes"]["rl_trl_rloo"]["verdict"] == "fail"
+    # a fresh build keeps RLOO's releases (seeded from the block it replaces)
+    again = T.collect_trl(tmp_path / "empty", PLANNED + ["1.7.1"], block)
+    assert again["rloo_releases"] == block["rloo_releases"] and again["cells"] == block["cells"]

@@ -56,6 +56,9 @@ def atlas_texts(reports: Path = REPORTS) -> dict[Path, str]:
         out = Path(tmp) / "atlas"
         out.mkdir()
         (out / "support.json").write_text((atlas / "support.json").read_text(encoding="utf-8"), encoding="utf-8")
+        for source in ("rl_peers.json", "stack.json"):  # the library axes' sources: support.json["axes"] is built from them
+            if (atlas / source).exists():
+                (out / source).write_text((atlas / source).read_text(encoding="utf-8"), encoding="utf-8")
         args = AtlasArgs(releases=[r["transformers"] for r in committed["releases"]], build=Path(tmp) / "build", out=out,
                          shard=None, workers=1, render_only=True, bisect=False, bisect_limit=None)
         if main(args, log=lambda _line: None) != 0:

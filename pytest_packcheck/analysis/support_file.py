@@ -138,6 +138,12 @@ def validate_support(doc: Any, source: str | Path) -> None:
             raise bad(f"'{key}' is {_kind(doc.get(key))}, not a list")
     if not isinstance(doc.get("trl") or {}, dict):
         raise bad(f"'trl' is {_kind(doc.get('trl'))}, not an object")
+    if doc.get("axes") is not None:  # the library axes (verl, OpenRLHF, ms-swift, peft, accelerate, TRL's stack)
+        from .library_axes import validate_axes
+
+        why = validate_axes(doc["axes"])
+        if why:
+            raise bad(why)
 
 
 def _entry_contradicted(entry: dict[str, Any], tolerances: dict[str, Any]) -> str:
@@ -218,7 +224,8 @@ def load_support(path: str | Path | None = None, version: Any = None) -> dict[st
 #: Format of the split index :func:`load_support_view` keeps beside packcheck's cache (bump on any layout change).
 INDEX_FORMAT = 1
 #: The keys of a support document the index keeps in files of their own, read only when asked for.
-_LAZY_KEYS = ("transitions", "trl", "encoders", "multimodal")  # the last two: atlas/kinds.py's blocks
+_LAZY_KEYS = ("transitions", "trl", "encoders", "multimodal", "axes")  # encoders, multimodal: atlas/kinds.py's blocks;
+# axes: the library axes (analysis/library_axes.py)
 
 
 def _index_dir(p: Path) -> Path | None:

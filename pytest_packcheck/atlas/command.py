@@ -85,6 +85,8 @@ def main(args: AtlasArgs, log: Callable[[str], None] = print) -> int:
     from .kinds import carry_kinds
 
     support = carry_kinds(support, committed)  # the encoder and multimodal blocks (issue 46) are kept as measured
+    if "axes" not in support and committed and isinstance(committed.get("axes"), dict):
+        support["axes"] = committed["axes"]  # the library axes: rebuilt by write_outputs where their sources are beside it
     paths = write_outputs(support, args.out)
     log(f"atlas written: {', '.join(str(p) for p in paths)} ({len(support['releases'])} releases measured, "
         f"{len(support['missing'])} missing)")

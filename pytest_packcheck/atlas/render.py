@@ -358,10 +358,13 @@ def write_outputs(support: dict[str, Any], out: Path) -> list[Path]:
     """Write support.json, atlas.md and atlas.html into ``out`` as one set (:func:`results.io.write_set`: every text
     rendered first, then renamed into place, support.json last; a kill never leaves a new support.json beside an old
     atlas.md, issue 42)."""
+    from ..analysis.library_axes import attach_axes
     from ..results.io import write_set
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    # the library axes (rl_peers.json, stack.json beside it) ride along on every render, whichever writer renders
+    support = attach_axes(support, out)
     paths = [out / "support.json", out / "atlas.md", out / "atlas.html"]
     write_set([(paths[1], render_markdown(support)), (paths[2], render_html(support)),
                (paths[0], json.dumps(support, indent=None, separators=(",", ":"), sort_keys=True) + "\n")], flag="-o/--output-dir")

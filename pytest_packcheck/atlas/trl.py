@@ -58,6 +58,13 @@ TRL_RL_MODES: dict[str, str] = {
     "rl_trl_async": "AsyncGRPO's padding-free row (DataCollatorForRollout, compute_loss's forward; 1.7 to 1.15)",
     "rl_trl_tree": "AsyncGRPO's tree (shared-prefix) row (TreeRow, tree_attention on an exact CPU kernel; 1.16 on)",
 }
+#: RLOO on the axis: ``RLOOTrainer``'s own copy of GRPO's per-token log-prob method (``checks/rl.py``
+#: ``check_rl_trl_rloo``), measured per TRL minor in a run of its own (``<build>/rl-rloo/<version>``, ``packcheck atlas
+#: --trl --rloo``), added to the RL part after it: its entries sit beside the RL part's, its runs in ``rloo_releases``.
+TRL_RLOO_MODES: dict[str, str] = {
+    "rl_trl_rloo": ("RLOOTrainer's per-token log-probs and entropies (its own _get_per_token_logps_and_entropies on the "
+                    "left-padded batch; the online RLOOTrainer of trl <= 0.21 has none)"),
+}
 #: The families and backends of the RL part (small: the per-minor run stays a few minutes).
 TRL_RL_FAMILIES: tuple[str, ...] = ("llama", "qwen2")
 TRL_RL_BACKENDS: tuple[str, ...] = TRL_BACKENDS
@@ -68,7 +75,10 @@ MODEL_LEVEL_BACKEND = "tree_attention"
 PARTS: dict[str, tuple[str, str, tuple[str, ...], tuple[str, ...], dict[str, str]]] = {
     "sft": ("", "releases", TRL_FAMILIES, TRL_BACKENDS, TRL_MODES),
     "rl": ("rl", "rl_releases", TRL_RL_FAMILIES, TRL_RL_BACKENDS, TRL_RL_MODES),
+    "rloo": ("rl-rloo", "rloo_releases", TRL_RL_FAMILIES, TRL_RL_BACKENDS, TRL_RLOO_MODES),
 }
+#: The flag of each part on ``packcheck atlas --trl`` (none for the SFT part).
+PART_FLAGS = {"sft": "", "rl": " --rl", "rloo": " --rloo"}
 #: ``trl.json`` / ``support.json["trl"]`` schema version (reports/atlas/SCHEMA.md); bump on an incompatible change.
 TRL_SCHEMA_VERSION = 1
 #: The committed TRL axis, beside support.json.
@@ -103,7 +113,7 @@ def trl_reproduce(trl_version: str, model_type: str | None = None, backend: str 
 
     _, _, _, backends, modes = PARTS[part]
     if model_type is None:
-        return f"packcheck atlas --trl{' --rl' if part == 'rl' else ''} --releases {trl_version}"
+        return f"packcheck atlas --trl{PART_FLAGS[part]} --releases {trl_version}"
     return shlex.join(["packcheck", "audit", "--models", f"arch:{model_type}", "--versions", f"trl=={trl_version}",
                        f"{OPT_BACKENDS}={backend or ','.join(backends)}", f"{OPT_CHECKS}={','.join(modes)}"])
 
@@ -352,6 +362,12 @@ def collect_trl(build: Path, planned: list[str] | None = None, committed: dict[s
         block.update({"rl_families": list(TRL_RL_FAMILIES), "rl_backends": [*TRL_RL_BACKENDS, MODEL_LEVEL_BACKEND],
                       "rl_modes": dict(TRL_RL_MODES), "rl_releases": found["rl"],
                       "rl_missing": [v for v in (planned or []) if v not in {r["trl"] for r in found["rl"]}]})
+    if found["rloo"] or (committed or {}).get("rloo_releases") is not None:  # RLOO, measured after the RL part
+        block.setdefault("rl_modes", {}).update(TRL_RLOO_MODES)
+        block.setdefault("rl_families", list(TRL_RL_FAMILIES))
+        block.setdefault("rl_backends", [*TRL_RL_BACKENDS, MODEL_LEVEL_BACKEND])
+        block.update({"rloo_releases": found["rloo"],
+                      "rloo_missing": [v for v in (planned or []) if v not in {r["trl"] for r in found["rloo"]}]})
     _share_skip_messages(cells)
     block["transitions"] = trl_transitions(block)
     return block
@@ -363,7 +379,7 @@ def _share_skip_messages(cells: dict[str, Any]) -> None:
     ``"message_from": "<family>/<backend>"`` (:func:`entry_text` reads it back). Keeps ``trl.json`` small."""
     first: dict[tuple[str, str, str], tuple[str, str]] = {}
     for name in sorted(cells):
-        for mode in TRL_RL_MODES:
+        for mode in (*TRL_RL_MODES, *TRL_RLOO_MODES):
             for backend in sorted(cells[name].get(mode, {})):
                 for version, entry in cells[name][mode][backend].items():
                     if entry["verdict"] != "skipped" or "message" not in entry:
@@ -393,10 +409,11 @@ def trl_transitions(block: dict[str, Any]) -> list[dict[str, Any]]:
     releases where both have it: ``model_type``, ``mode``, ``backend``, ``last_before``, ``first_after``,
     ``before`` / ``after`` (``verdict``, ``causes``, ``number``). A release missing for that row is skipped over
     (its neighbours are adjacent), so the gap is as wide as what was measured."""
-    order = sorted({r["trl"] for r in [*block["releases"], *block.get("rl_releases", [])]}, key=version_key)
+    order = sorted({r["trl"] for r in [*block["releases"], *block.get("rl_releases", []), *block.get("rloo_releases", [])]},
+                   key=version_key)
     out = []
     for name in sorted(block["cells"]):
-        for mode in (*TRL_MODES, *TRL_RL_MODES):
+        for mode in (*TRL_MODES, *TRL_RL_MODES, *TRL_RLOO_MODES):
             for backend in (*TRL_BACKENDS, MODEL_LEVEL_BACKEND):
                 row = block["cells"][name].get(mode, {}).get(backend, {})
                 present = [v for v in order if v in row]

@@ -9,10 +9,12 @@ from .plan import version_key
 
 #: Short names of the modes in the Markdown (``TRL_MODES`` of :mod:`.trl` holds what each asks SFTTrainer for).
 MODE_NAMES = {"sft": "packing=True", "sft_padding_free": "padding_free", "rl_trl_grpo": "GRPO log-probs",
+              "rl_trl_rloo": "RLOO log-probs",
               "rl_trl_dpo": "DPO", "rl_trl_kto": "KTO", "rl_trl_async": "AsyncGRPO padding-free",
               "rl_trl_tree": "AsyncGRPO tree"}
 #: The key number of each mode as the Markdown and the lookup print it (the RL modes' are nats: checks/registry.py).
-MODE_NUMBERS = {"sft": "loss Δ", "sft_padding_free": "loss Δ", "rl_trl_grpo": "Δlogp", "rl_trl_dpo": "Δmargin",
+MODE_NUMBERS = {"sft": "loss Δ", "sft_padding_free": "loss Δ", "rl_trl_grpo": "Δlogp", "rl_trl_rloo": "Δlogp",
+                "rl_trl_dpo": "Δmargin",
                 "rl_trl_kto": "Δmargin", "rl_trl_async": "Δlogp", "rl_trl_tree": "Δlogp"}
 
 
@@ -139,8 +141,9 @@ def _rl_lines(block: dict[str, Any]) -> list[str]:
 
     if not block.get("rl_modes"):
         return []
-    order = [r["trl"] for r in block["rl_releases"]]
-    tf = sorted({str(r.get("transformers")) for r in block["rl_releases"]})
+    rloo = block.get("rloo_releases", [])  # RLOO, measured in runs of its own after the RL part (packcheck atlas --trl --rloo)
+    order = sorted({r["trl"] for r in [*block.get("rl_releases", []), *rloo]}, key=version_key)
+    tf = sorted({str(r.get("transformers")) for r in [*block.get("rl_releases", []), *rloo]})
     lines = ["", "### TRL's RL trainers per TRL release", "",
              (f"TRL's own RL code on {', '.join(block['rl_families'])} (float32, CPU, tiny random models, a sampling "
               f"temperature 0.7), each TRL minor's latest patch in its own environment with transformers "
@@ -152,7 +155,12 @@ def _rl_lines(block: dict[str, Any]) -> list[str]:
               "(`packcheck lookup MODEL_TYPE ATTN TRANSFORMERS --trl X` prints it)."), "",
              f"Measured TRL releases (RL part): {', '.join(order) or 'none'}.",
              f"Not measured yet: {', '.join(block.get('rl_missing', [])) or 'none'}"
-             + (" (resume: `packcheck atlas --trl --rl`)." if block.get("rl_missing") else "."), ""]
+             + (" (resume: `packcheck atlas --trl --rl`)." if block.get("rl_missing") else ".")]
+    if "rloo_releases" in block:
+        lines.append(f"RLOO (`rl_trl_rloo`) measured in runs of its own (`packcheck atlas --trl --rloo`): {len(rloo)} TRL "
+                     f"releases, {sum(r.get('wall_s') or 0 for r in rloo):.0f} s wall, {sum(r.get('cpu_s') or 0 for r in rloo):.0f} s "
+                     f"CPU in all; not measured yet: {', '.join(block.get('rloo_missing', [])) or 'none'}.")
+    lines.append("")
     for name in sorted(block["cells"]):
         for mode in sorted(block["rl_modes"]):  # sorted: trl.json and support.json are written with sorted keys
             parts = [f"{backend}: {runs_text(trl_runs(row, order), MODE_NUMBERS.get(mode, 'Δ'))}"
@@ -245,10 +253,12 @@ def trl_answer(doc: dict[str, Any], model_type: str, backend: str, trl_version: 
         return out
     release = next((r for r in block["releases"] if Version(r["trl"]) == wanted), None)
     rl_release = next((r for r in block.get("rl_releases", []) if Version(r["trl"]) == wanted), None)
+    rloo_release = next((r for r in block.get("rloo_releases", []) if Version(r["trl"]) == wanted), None)
     # the RL part (issue 44) where the family is on it: its model-level mode (the tree) has its own attention
     asked = [(mode, release, backend) for mode in block["modes"]]
     if model_type in block.get("rl_families", []):
-        asked += [(mode, rl_release, backend if backend in by_mode.get(mode, {}) else next(iter(by_mode.get(mode, {})), backend))
+        asked += [(mode, rloo_release if mode == "rl_trl_rloo" else rl_release,
+                   backend if backend in by_mode.get(mode, {}) else next(iter(by_mode.get(mode, {})), backend))
                   for mode in sorted(block.get("rl_modes", {}))]
     for mode, measured_in, column in asked:
         row = by_mode.get(mode, {}).get(column, {})
@@ -268,6 +278,9 @@ def trl_answer(doc: dict[str, Any], model_type: str, backend: str, trl_version: 
     if rl_release and any(m in out["modes"] for m in block.get("rl_modes", {})):
         out["rl_transformers"] = rl_release.get("transformers")
         out["rl_reproduce"] = rl_release.get("command")
+    if rloo_release and "rl_trl_rloo" in out["modes"]:
+        out["rloo_reproduce"] = rloo_release.get("command")
+        out.setdefault("rl_transformers", rloo_release.get("transformers"))
     if release and out["modes"]:
         from .trl import trl_reproduce
 
@@ -279,9 +292,9 @@ def trl_answer(doc: dict[str, Any], model_type: str, backend: str, trl_version: 
         if release.get("transformers") and Version(str(release["transformers"])) != Version(transformers_version):
             out["notes"].append(f"trl {release['trl']} was measured with transformers {release['transformers']}, not "
                                 f"{transformers_version}: its answer is about TRL's configuration there")
-    elif rl_release and out["modes"]:
+    elif (rl_release or rloo_release) and out["modes"]:
         out["measured"] = True
-        out["transformers"] = rl_release.get("transformers")
+        out["transformers"] = (rl_release or rloo_release).get("transformers")
     if not release:
         out["notes"].append(f"trl {trl_version} is not measured on the TRL axis's SFT part (measured: "
                             f"{', '.join(r['trl'] for r in block['releases']) or 'none'})")
@@ -303,6 +316,8 @@ def trl_answer_lines(answer: dict[str, Any], model_type: str, attn_implementatio
             lines.append(f"  reproduce (the trl {answer['trl']} answers): {answer['reproduce']}")
         if answer.get("rl_reproduce"):
             lines.append(f"  reproduce (the trl {answer['trl']} RL answers): {answer['rl_reproduce']}")
+        if answer.get("rloo_reproduce"):
+            lines.append(f"  reproduce (the trl {answer['trl']} RLOO answer): {answer['rloo_reproduce']}")
     for mode, near in answer["nearest"].items():
         text = "; ".join(f"{n['trl']}: {n['verdict']}" + (f" [{', '.join(n['causes'])}]" if n["causes"] else "") for n in near)
         lines.append(f"{head} / {MODE_NAMES.get(mode, mode)}: not measured" + (f" (nearest measured: {text})" if text else ""))

@@ -24,6 +24,8 @@ def configure(atlas: argparse.ArgumentParser) -> None:
     atlas.add_argument("--rl", action="store_true", help="With --trl: the axis's RL part (TRL's GRPO, DPO, KTO and "
                        "AsyncGRPO log-prob code, pytest_packcheck/atlas/trl.py TRL_RL_MODES), measured per TRL release "
                        "into BUILD_DIR/rl and rendered beside the SFT part.")
+    atlas.add_argument("--rloo", action="store_true", help="With --trl: TRL's RLOOTrainer log-prob path per TRL release "
+                       "(TRL_RLOO_MODES), measured into BUILD_DIR/rl-rloo and merged into the RL part.")
     atlas.add_argument("-o", "--output-dir", default="reports/atlas", help="Where atlas.md / .html and support.json go.")
     atlas.add_argument("--shard", default=None, metavar="I/N", help="Run shard I of N of each release (whole models, "
                                                                     "round-robin; as --packcheck-shard).")
@@ -71,8 +73,10 @@ def run(ns: argparse.Namespace) -> int:
     if ns.bisect_limit is not None and ns.bisect_limit < 1:
         raise PackcheckUsageError(f"--bisect-limit {ns.bisect_limit} must be >= 1 (the most gaps to sweep); leave it "
                                   "out to sweep every gap.")
-    if ns.rl and not ns.trl:
-        raise PackcheckUsageError("--rl is the TRL axis's RL part: add --trl.")
+    if (ns.rl or ns.rloo) and not ns.trl:
+        raise PackcheckUsageError(f"{'--rl' if ns.rl else '--rloo'} is a part of the TRL axis: add --trl.")
+    if ns.rl and ns.rloo:
+        raise PackcheckUsageError("--rl and --rloo are two runs of the TRL axis: give one.")
     if ns.trl:
         from ..atlas.command import main_trl
         from ..atlas.trl import TRL_SINCE, trl_index_releases
@@ -92,7 +96,7 @@ def run(ns: argparse.Namespace) -> int:
             return 0
         _probe_output(ns)
         return main_trl(planned, Path(build_dir), Path(ns.output_dir), ns.render_only, ns.no_render,
-                        ns.remeasure, log=lambda line: print(line, flush=True), part="rl" if ns.rl else "sft")
+                        ns.remeasure, log=lambda line: print(line, flush=True), part="rl" if ns.rl else "rloo" if ns.rloo else "sft")
     for flag, given in (("--bisect-limit", ns.bisect_limit is not None), ("--bisect-models", bool(ns.bisect_models))):
         if given and not ns.bisect:
             print(f"packcheck atlas: warning: {flag} has no effect without --bisect", file=sys.stderr)
