@@ -528,7 +528,9 @@ def test_an_unknown_architecture_is_offered_only_a_spec_that_parses_and_runs(nam
     with pytest.raises(PackcheckUsageError) as info:
         resolve_model(parse_model_spec(f"arch:{name}", "-m"), "-m")
     said = _re.search(r"Did you mean '([^']+)'\?", str(info.value))
-    assert said or name in ("nonexistent_xyz", "convnex", "notamodel"), str(info.value)
+    # evolla_model was offered 'arch:olmoe' while the shared 'arch:' prefix counted toward difflib's ratio: no name
+    # of the runnable ones is close to it, so none is offered (errors.closest's prefix)
+    assert said or name in ("nonexistent_xyz", "convnex", "notamodel", "evolla_model"), str(info.value)
     if said:
         spec = parse_model_spec(said.group(1), "the suggestion")
         assert spec.kind == "arch" and spec.name in {*causal_lm_architectures(), *mrope_text_path_architectures()}, said.group(1)
