@@ -164,10 +164,8 @@ def lookup(model_type: str, attn_implementation: str, transformers_version: str,
     measured releases. Offline (reads the support file; no torch / transformers import), about a millisecond
     once loaded. ``trl_version``: ``Answer.trl`` also holds the TRL axis's answer (SFTTrainer with
     ``packing=True`` and with ``padding_free=True``, per mode; :func:`pytest_packcheck.atlas.trl_render.trl_answer`),
-    from the support file's ``trl`` block. ``libraries``: library -> release of the atlas's library axes
-    (:data:`pytest_packcheck.analysis.axis_table.LIBRARY_AXES`: ``{"verl": "0.9.1"}``, ``{"peft": "0.18.1"}``);
-    ``stack``: the stack element asked of the stack axes (``prompt_tuning``; with ``trl_version`` it also asks TRL's
-    stack axis): ``Answer.axes`` holds one answer per axis (:func:`pytest_packcheck.analysis.library_axes.axis_answer`).
+    from the support file's ``trl`` block. ``libraries`` (``{"verl": "0.9.1"}``) / ``stack`` (``"lora"``): ``Answer.axes``
+    (:func:`pytest_packcheck.analysis.library_axes.answer_axes`).
 
     Raises:
         PackcheckUsageError: an argument is empty (or blank); ``transformers_version`` or ``trl_version`` is not a
@@ -208,49 +206,13 @@ def lookup(model_type: str, attn_implementation: str, transformers_version: str,
         if parsed is not None and len(parsed.release) > 3:  # 4.53.1.1.1 was answered from 4.53.1's bisect, exit 0
             raise PackcheckUsageError(f"{what} version '{value}' has {len(parsed.release)} parts: no {what} release "
                                       f"does (they are MAJOR.MINOR.PATCH); write one such as {example}.")
-    asked = _asked_axes(libraries, stack, trl_version)
-    doc = load_support_view(path)
-    if asked:  # the library axes: answered beside whatever the model's answer is
-        import dataclasses
+    if libraries or stack is not None:  # the library axes (analysis/library_axes.py), beside the model's answer
+        from .analysis.library_axes import answer_axes
 
-        answer = _lookup(doc, model_type, attn_implementation, transformers_version, trl_version, path)
-        backend = ANSWERED_FROM.get(attn_implementation, attn_implementation)
-        from .analysis.library_axes import axis_answer
-
-        return dataclasses.replace(answer, axes=[axis_answer(doc, library, release, answer.model_type, backend, element)
-                                                 for library, release, element in asked])
-    return _lookup(doc, model_type, attn_implementation, transformers_version, trl_version, path)
-
-
-def _asked_axes(libraries: dict[str, str] | None, stack: str | None, trl_version: str | None) -> list[tuple[str, str, str | None]]:
-    """(library, release, stack element or None) per library axis asked: each of ``libraries``, and TRL's stack axis
-    when ``stack`` is given with ``trl_version``; ``stack`` applies to the stack axes only.
-
-    Raises:
-        PackcheckUsageError: a library no axis measures; a release that is not a string; ``stack`` with no stack axis
-            asked.
-    """
-    from .analysis.axis_table import LIBRARY_AXES
-
-    asked = []
-    for library, release in (libraries or {}).items():
-        if library not in LIBRARY_AXES or library == "trl":
-            raise PackcheckUsageError(f"lookup(): no library axis {library!r}: the atlas has "
-                                      f"{', '.join(k for k in LIBRARY_AXES if k != 'trl')} (and --trl X --stack E).")
-        if not isinstance(release, str) or not release.strip() or len(release) > 200:
-            raise PackcheckUsageError(f"The {library} release {release!r:.40} is not a release number: give one, e.g. "
-                                      f"--{library} {'0.9.1' if LIBRARY_AXES[library].kind == 'rl_trainer' else '0.18.1'}.")
-        asked.append((library, release, stack if LIBRARY_AXES[library].kind == "stack" else None))
-    if stack is not None:
-        if not isinstance(stack, str) or not stack.strip():
-            raise PackcheckUsageError(f"Empty value {stack!r} for --stack: give a stack element, e.g. --stack lora.")
-        if trl_version:
-            asked.append(("trl", trl_version, stack))
-        if not any(LIBRARY_AXES[library].kind == "stack" for library, _, _ in asked):
-            stacks = [k for k, a in LIBRARY_AXES.items() if a.kind == "stack"]
-            raise PackcheckUsageError(f"--stack {stack} asks a stack axis: add the release of one of "
-                                      f"{', '.join('--' + k for k in stacks)} (e.g. --peft 0.18.1 --stack {stack}).")
-    return asked
+        return answer_axes(load_support_view(path), lambda doc: _lookup(doc, model_type, attn_implementation,
+                                                                         transformers_version, trl_version, path),
+                           ANSWERED_FROM.get(attn_implementation, attn_implementation), libraries, stack, trl_version)
+    return _lookup(load_support_view(path), model_type, attn_implementation, transformers_version, trl_version, path)
 
 
 def _lookup(doc: Any, model_type: str, attn_implementation: str, transformers_version: str, trl_version: str | None,

@@ -5,10 +5,8 @@ a fresh process compiles every module it imports)."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
 
-
-class LibraryAxis(NamedTuple):
+class LibraryAxis:
     """One library axis. ``library``: the pip name, also the lookup flag (``--verl``, ``--ms-swift``) and the key of
     ``support.json["axes"]["axes"]``; ``kind``: ``rl_trainer`` (the trainer's own packed log-prob path on
     ``families`` x ``backends``; one element, the path) or ``stack`` (stack elements through Trainer / SFTTrainer on
@@ -16,13 +14,15 @@ class LibraryAxis(NamedTuple):
     the key of the axis in it (``trainers[key]`` / ``axes[key]``); ``check``: the check that measured it; ``number``:
     its key number's name and unit; ``reproduce``: the command that measures one release again (``{release}``)."""
 
-    library: str
-    kind: str
-    source: str
-    key: str
-    check: str
-    number: str
-    reproduce: str
+    __slots__ = ("check", "key", "kind", "library", "number", "reproduce", "source")  # a plain class: no NamedTuple /
+    # dataclass machinery at lookup's start-up
+
+    def __init__(self, library: str, kind: str, source: str, key: str, check: str, number: str, reproduce: str) -> None:
+        self.library, self.kind, self.source, self.key = library, kind, source, key
+        self.check, self.number, self.reproduce = check, number, reproduce
+
+    def __repr__(self) -> str:
+        return f"LibraryAxis({self.library!r}, {self.kind!r}, {self.source!r})"
 
 
 #: Every library axis lookup answers, by library (the flag ``--<library>``). TRL's stack axis is asked as

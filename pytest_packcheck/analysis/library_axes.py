@@ -336,3 +336,50 @@ def axis_answer_lines(answer: dict[str, Any], model_type: str, attn_implementati
     if answer["reproduce"]:
         lines.append(f"  reproduce (the {library} {release} answer): {answer['reproduce']}")
     return lines
+
+
+def answer_axes(doc: Any, model_answer: Any, backend: str, libraries: dict[str, str] | None, stack: str | None,
+                trl_version: str | None) -> Any:
+    """:func:`pytest_packcheck.support.lookup` with library axes asked: ``model_answer(doc)`` (the model's answer) with
+    ``axes`` set to one :func:`axis_answer` per axis :func:`_asked_axes` finds, on ``backend`` (the measured column).
+
+    Raises:
+        PackcheckUsageError: as :func:`_asked_axes` and :func:`axis_answer`.
+    """
+    import dataclasses
+
+    asked = _asked_axes(libraries, stack, trl_version)
+    answer = model_answer(doc)
+    return dataclasses.replace(answer, axes=[axis_answer(doc, library, release, answer.model_type, backend, element)
+                                             for library, release, element in asked])
+
+
+def _asked_axes(libraries: dict[str, str] | None, stack: str | None, trl_version: str | None) -> list[tuple[str, str, str | None]]:
+    """(library, release, stack element or None) per library axis asked: each of ``libraries``, and TRL's stack axis
+    when ``stack`` is given with ``trl_version``; ``stack`` applies to the stack axes only.
+
+    Raises:
+        PackcheckUsageError: a library no axis measures; a release that is not a string; ``stack`` with no stack axis
+            asked.
+    """
+    from ..errors import PackcheckUsageError
+
+    asked = []
+    for library, release in (libraries or {}).items():
+        if library not in LIBRARY_AXES or library == "trl":
+            raise PackcheckUsageError(f"lookup(): no library axis {library!r}: the atlas has "
+                                      f"{', '.join(k for k in LIBRARY_AXES if k != 'trl')} (and --trl X --stack E).")
+        if not isinstance(release, str) or not release.strip() or len(release) > 200:
+            raise PackcheckUsageError(f"The {library} release {release!r:.40} is not a release number: give one, e.g. "
+                                      f"--{library} {'0.9.1' if LIBRARY_AXES[library].kind == 'rl_trainer' else '0.18.1'}.")
+        asked.append((library, release, stack if LIBRARY_AXES[library].kind == "stack" else None))
+    if stack is not None:
+        if not isinstance(stack, str) or not stack.strip():
+            raise PackcheckUsageError(f"Empty value {stack!r} for --stack: give a stack element, e.g. --stack lora.")
+        if trl_version:
+            asked.append(("trl", trl_version, stack))
+        if not any(LIBRARY_AXES[library].kind == "stack" for library, _, _ in asked):
+            stacks = [k for k, a in LIBRARY_AXES.items() if a.kind == "stack"]
+            raise PackcheckUsageError(f"--stack {stack} asks a stack axis: add the release of one of "
+                                      f"{', '.join('--' + k for k in stacks)} (e.g. --peft 0.18.1 --stack {stack}).")
+    return asked

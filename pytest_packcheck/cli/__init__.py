@@ -55,7 +55,8 @@ EXIT_CODES = {
     0: "the matrix was written (whatever the verdicts, unless audit --fail-on-failure); gate: no regression; bisect: an answer; lookup: a measured "
        "answer (or one a bisect places)",
     1: "audit --fail-on-failure: a correctness check failed (the matrix is written); gate: a regression (after the table is printed); bisect: the endpoints do not hold or skips hide the boundary; "
-       "lookup: not measured (the nearest measured releases are named; with --trl, also that TRL release not measured)",
+       "lookup: not measured (the nearest measured releases are named; with --trl, also that TRL release not measured; with a "
+       "library axis, --verl / --peft ..., also that release not measured, or outside the axis's measured range: one line naming it)",
     2: "usage error (one line naming the value, where it came from and the fix)",
     3: "internal error (pytest's)",
     130: "interrupted (Ctrl-C / SIGTERM): the finished cells are written, marked incomplete; rerun with --resume",

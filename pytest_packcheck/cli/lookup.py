@@ -40,7 +40,7 @@ def run(ns: argparse.Namespace) -> int:
     answers = lookup_releases(ns.model_type, ns.attn_implementation, ns.transformers_version, ns.trl, path=ns.support_file,
                               libraries=libraries or None, stack=ns.stack)
     outside = list(dict.fromkeys(a["line"] for answer in answers for a in answer.axes if a["outside"]))
-    if outside:  # a library release outside what its axis measured: one line naming the range, nothing else
+    if outside and not ns.json:  # a library release outside what its axis measured: one line naming the range, nothing else
         print(scrub_secrets("\n".join(outside)))
         return 1
     if ns.json:
