@@ -136,6 +136,8 @@ def test_open_instruct_dpo_names_the_padding_inside_a_segment(llama, tolerances)
     flash = R.check_rl_open_instruct_dpo(make_bench("llama", "packcheck_flash_ref", tolerances))
     assert flash.status == "fail" and flash.cause == "collator_contract", flash.message
     assert flash.metrics["max_abs_seq_logprob_diff_unpadded"] < 1e-5  # without max_seq_length the row is right
+    # the arguments made valid, the padding inside the first rejected segment moves that sequence's sum
+    assert flash.metrics["max_abs_seq_logprob_diff"] > 1e-3 and "FlashBoundariesError" in flash.metrics["kernel_refused"]
 
 
 def test_open_instruct_dpo_catches_a_spurious_padding_segment(llama, monkeypatch):
@@ -228,3 +230,41 @@ def test_without_unsloth_the_check_is_a_skip_naming_it(llama, monkeypatch):
     monkeypatch.delitem(__import__("sys").modules, "unsloth", raising=False)
     result = R.check_rl_unsloth_grpo_packed(llama)
     assert result.status == "skipped" and "'unsloth'" in result.message, result.message
+
+
+def test_unsloth_declines_to_pack_a_sliding_window_model_past_its_window(tolerances, unsloth):
+    """unsloth's own gate (_pk_sw_ok): a model whose sliding_window is shorter than a sample is scored padded; the
+    skip says so and carries what the gate read."""
+    result = R.check_rl_unsloth_grpo_packed(make_bench("gemma3_text", "sdpa", tolerances))
+    assert result.status == "skipped" and "sliding_window" in result.message, result.message
+    gate = result.metrics["unsloth_gate"]
+    assert gate["longest_segment"] > gate["sliding_window"]
+
+
+def test_the_committed_rl_matrix_holds_what_docs_rl_md_quotes_for_these_trainers():
+    """docs/rl.md's section and rows on unsloth, prime-rl and open-instruct quote reports/rl's cells: llama sdpa's
+    numbers, every varlen cell's collator_contract on open-instruct's padded DPO row with the quoted range, unsloth's
+    bound and its sliding-window skips."""
+    import re
+
+    from pytest_packcheck.results.schema import read_results
+
+    repo = Path(__file__).resolve().parent.parent
+    doc = (repo / "docs" / "rl.md").read_text()
+    cells = {(c["model"]["model_type"], c["backend"], c["check"]): c
+             for c in read_results(repo / "reports" / "rl" / "packcheck-matrix.json")["cells"]}
+    dpo = cells[("llama", "sdpa", "rl_open_instruct_dpo")]
+    assert dpo["status"] == "pass" and "sequence log-probs 3.28e-06 nats, preference margin 5.85e-06" in dpo["message"]
+    assert "sequence log-probs 3.28e-06 nats, margin 5.85e-06" in doc
+    flash = {m: c for (m, b, k), c in cells.items() if b == "packcheck_flash_ref" and k == "rl_open_instruct_dpo"}
+    assert flash and all(c["cause"] == "collator_contract" for c in flash.values())
+    diffs = sorted(c["metrics"]["max_abs_seq_logprob_diff"] for c in flash.values())
+    assert f"({diffs[0]:.1e} to {diffs[-1]:.1e} across the models)" in doc
+    assert f"off by {flash['llama']['metrics']['max_abs_seq_logprob_diff']:.2e} nats" in doc
+    unsloth = [c for (m, b, k), c in cells.items() if k == "rl_unsloth_grpo_packed" and c["status"] == "pass"]
+    worst = max(c["metrics"]["max_abs_logprob_diff"] for c in unsloth)
+    bound = float(re.search(r"Every model passes within ([0-9.e-]+) nats per token", doc).group(1))
+    assert len(unsloth) >= 12 and worst <= bound
+    assert all("sliding_window" in cells[(m, b, "rl_unsloth_grpo_packed")]["message"]
+               for m in ("gemma3_text", "gpt_oss") for b in ("eager", "packcheck_flash_ref"))
+    assert cells[("llama", "sdpa", "rl_unsloth_grpo_packed")]["metrics"]["unsloth_accept_below"] == 0.7

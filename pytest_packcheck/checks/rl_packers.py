@@ -148,24 +148,38 @@ def _eager() -> Any:
 class _Forward:
     """The cell's model as a trainer calls it (``model(input_ids=..., position_ids=..., ...)``), through the
     workbench's forward (no grad, ``use_cache=False``); keys the model does not take are dropped there. Records the
-    keys it was given (``calls``)."""
+    keys it was given (``calls``). With ``repair``, :func:`_repaired` varlen arguments."""
 
-    def __init__(self, wb: Workbench, model: Any, close_row: bool = False) -> None:
-        self.wb, self.model, self.calls, self.close_row = wb, model, [], close_row
+    def __init__(self, wb: Workbench, model: Any, repair: bool = False) -> None:
+        self.wb, self.model, self.calls, self.repair = wb, model, [], repair
         self.config = model.config
 
     def __call__(self, **kwargs: Any) -> Any:
-        import torch
-
         self.calls.append(sorted(kwargs))
         batch = {k: v for k, v in kwargs.items() if v is not None and k not in ("labels", "temperature", "use_cache")}
-        if self.close_row:  # the row's trailing tokens past cu_seq_lens[-1] as one more segment (see check_rl_open_instruct_dpo)
-            n = int(batch["input_ids"].shape[-1])
-            for key in ("cu_seq_lens_q", "cu_seq_lens_k"):
-                cu = batch.get(key)
-                if cu is not None and int(cu[-1]) < n:
-                    batch[key] = torch.cat([cu, cu.new_tensor([n])])
+        if self.repair:
+            batch = _repaired(batch)
         return self.wb.forward(batch)
+
+
+def _repaired(batch: dict[str, Any]) -> dict[str, Any]:
+    """The two varlen arguments a checking kernel refuses, made valid and nothing else: the row's tokens past
+    ``cu_seq_lens[-1]`` as one more segment (causal: no earlier token reads them) and ``max_length_q/k`` = the longest
+    segment. A padding run inside a segment stays, so what the segment's tokens read is what flash-attn computes for
+    them where it computes them."""
+    import torch
+
+    out = dict(batch)
+    n = int(out["input_ids"].shape[-1])
+    for q in ("q", "k"):
+        cu = out.get(f"cu_seq_lens_{q}")
+        if cu is None:
+            continue
+        if int(cu[-1]) < n:
+            cu = torch.cat([cu, cu.new_tensor([n])])
+        out[f"cu_seq_lens_{q}"] = cu
+        out[f"max_length_{q}"] = int((cu[1:] - cu[:-1]).max())
+    return out
 
 
 def _versions(trainer: str) -> dict[str, Any]:
@@ -399,12 +413,7 @@ def check_rl_open_instruct_dpo(wb: Workbench) -> CheckResult:
                 if not type(exc).__name__.endswith(("BoundariesError", "KernelArgumentError")):
                     raise
                 refused = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
-                batch = ns["TensorDataCollatorWithFlatteningDPO"](return_position_ids=True, return_flash_attn_kwargs=True,
-                                                                   max_seq_length=max_len)(open_instruct_dpo_features(pairs))
-                cat, _ = ns["concatenated_inputs"](batch)
-                got_c = got_r = []
-                layout = {"cu_seq_lens_k": [int(x) for x in cat["concatenated_cu_seq_lens_k"].tolist()],
-                          "row_length": int(cat["concatenated_input_ids"].shape[-1])}
+                got_c, got_r, layout = open_instruct_dpo_logps(ns, _Forward(wb, model, repair=True), pairs, max_len)
     except Exception as exc:  # noqa: BLE001 - open-instruct's code raised on this model: the cell says where
         return _crash("open-instruct", "TensorDataCollatorWithFlatteningDPO / concatenated_forward", exc)
     cu = layout["cu_seq_lens_k"]
@@ -419,11 +428,16 @@ def check_rl_open_instruct_dpo(wb: Workbench) -> CheckResult:
              "initial_loss_unpadded": unpadded["initial_loss"]}
     where = (f"cu_seq_lens_k {cu} puts {gaps} padding tokens of the chosen branch inside the first rejected segment "
              f"(longest segment {shape['longest_segment']}, max_length_k {max(lengths)})")
-    if refused:
-        metrics = {**shape, "kernel_refused": refused, "max_abs_seq_logprob_diff": math.inf}
-        return CheckResult("fail", metrics, f"{vendored_version('open-instruct')} packed DPO (max_seq_length={max_len}): the "
-                           f"varlen kernel refuses the row: {where} ({refused[:110]}); without max_seq_length the sums are "
-                           f"off by {unpadded['max_abs_seq_logprob_diff']:.2e} nats", cause="collator_contract",
+    if refused and len(got_c) == len(got_r) == len(pairs):
+        metrics = {**_pair_metrics(got_c, got_r, ref_c, ref_r, dpo_loss(got_c, got_r, ref_c, ref_r), wb), **shape,
+                   "kernel_refused": refused, "repaired_for_the_kernel": "cu_seq_lens closed at the row's end, max_length = "
+                   "the longest segment"}
+        return CheckResult("fail", metrics, f"{vendored_version('open-instruct')} packed DPO (max_seq_length={max_len}): "
+                           f"{where}; the varlen kernel refuses the row ({refused[:90]}); with the row's end and "
+                           f"max_length made valid, the padding inside the segment moves the sequence log-probs by "
+                           f"{_fmt_nats(metrics['max_abs_seq_logprob_diff'])}, the margin by "
+                           f"{_fmt_nats(metrics['max_abs_margin_diff'])}; without max_seq_length "
+                           f"{_fmt_nats(unpadded['max_abs_seq_logprob_diff'])}", cause="collator_contract",
                            evidence={k: shape[k] for k in ("cu_seq_lens_k", "padding_tokens_in_segments", "longest_segment")})
     if len(got_c) != len(pairs) or len(got_r) != len(pairs):  # get_batch_logps read another number of segments
         return CheckResult("fail", {**shape, "chosen_sums": len(got_c), "rejected_sums": len(got_r), "pairs": len(pairs),
@@ -565,8 +579,11 @@ def unsloth_packed_logprobs(src: dict[str, Any], model: Any, input_ids: Any, log
     })
     with _eager():  # unsloth_zoo's log-softmax gathers are torch.compile'd: their Python bodies run
         exec(compile(src["pack"], f"{src['file']}:{src['lines']['pack']}", "exec"), scope)  # noqa: S102 - unsloth's block
-        if scope.get("_pk_result") is None:
-            return {"packed": None, "mask": None, "verifier_diff": None, "used": False, "max_left_pad": max_left_pad}
+        if scope.get("_pk_result") is None:  # its gate declined (_pk_fits): what it read
+            gate = {k: scope.get(v) for k, v in (("sliding_window", "_pk_sw"), ("longest_segment", "_pk_maxseg"),
+                                                  ("tokens", "_pk_T"), ("token_cap", "_pk_cap"), ("fits", "_pk_fits"))}
+            return {"packed": None, "mask": None, "verifier_diff": None, "used": False, "max_left_pad": max_left_pad,
+                    "gate": gate}
         diff = None
         if verify:
             exec(compile(src["verify"], f"{src['file']}:{src['lines']['verify']}", "exec"), scope)  # noqa: S102
@@ -629,8 +646,13 @@ def check_rl_unsloth_grpo_packed(wb: Workbench) -> CheckResult:
     versions = {"unsloth": _dist_version("unsloth"), "unsloth_zoo": _dist_version("unsloth_zoo"),
                 "code": f"{src['file']}:{src['lines']['pack']} (packing), {src['lines']['verify']} (verifier)"}
     if not out["used"]:
-        return CheckResult("skipped", versions, f"unsloth {versions['unsloth']}'s sequence packing declined this batch "
-                           "(_pk_fits false): nothing packed to compare")
+        gate = out["gate"]
+        sw, seg = gate["sliding_window"], gate["longest_segment"]
+        why = (f"the model's sliding_window {sw} is shorter than the longest sample ({seg} tokens): its _pk_sw_ok "
+               "('Sliding-window models lose the per-sequence local window in a packed stream')"
+               if isinstance(sw, int) and sw > 0 and isinstance(seg, int) and seg > sw else f"its gate read {gate}")
+        return CheckResult("skipped", {**versions, "unsloth_gate": gate}, f"unsloth {versions['unsloth']}'s GRPO sequence "
+                           f"packing declines this batch and scores it padded ({src['file']}:{src['lines']['pack']}): {why}")
     packed, mask = out["packed"], out["mask"]
     rows = [(packed[i][mask[i]].double().cpu(), None) for i in range(len(samples))]
     counts = [len(r[0]) for r in rows]
