@@ -165,3 +165,23 @@ def test_the_rloo_rows_per_trl_minor_are_committed_and_docs_quote_them():
     wall, cpu = sum(r["wall_s"] for r in block["rloo_releases"]), sum(r["cpu_s"] for r in block["rloo_releases"])
     assert f"{len(releases)} minors, {wall:.0f} s wall, {cpu:.0f} s CPU" in docs
     assert f"(Δlogp ≤ {worst:.1e} nats per token)" in docs
+
+
+def test_a_plain_lookup_neither_imports_the_axes_nor_reads_their_block(tmp_path):
+    """The library axes cost a plain `packcheck lookup` nothing but the flag table (issue 47: <= 0.1 s fresh): no
+    analysis.library_axes import, and the index's axes.json not read. Planted: asking --verl imports and reads both."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys, json, io, contextlib; from pytest_packcheck.cli import main; from pytest_packcheck.analysis import "
+            "support_file as S\nwith contextlib.redirect_stdout(io.StringIO()): main(['lookup', *sys.argv[1:]])\n"
+            "v = next(iter(S._VIEWS.values()), None)\n"
+            "print(json.dumps(['pytest_packcheck.analysis.library_axes' in sys.modules, sorted(v._lazy) if v else None]))")
+    env = {**os.environ, "PACKCHECK_CACHE_DIR": str(tmp_path)}
+    seen = []
+    for args in (["llama", "sdpa", "5.25.0"], ["llama", "sdpa", "5.25.0"], ["llama", "sdpa", "5.25.0", "--verl", "0.9.1"]):
+        proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, check=True)
+        seen.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    assert seen[1][0] is False and "axes" not in seen[1][1]  # the second start reads the index the first one built
+    assert seen[2][0] is True and "axes" in seen[2][1]
