@@ -201,28 +201,34 @@ def test_the_absent_mark_is_what_the_release_says_for_a_model_type_it_lacks():
 
 
 def test_a_model_the_suite_gained_is_run_alone_on_a_measured_release_and_joined(tmp_path, monkeypatch):
-    """5.25.0 was measured when the suite had bert only: the next run measures the suite's other models alone (under
-    extra/), keeps bert's run, and the block holds both; a third run has nothing to do."""
+    """5.25.0 was measured when the suite had bert only and the block no side checks: the next run measures the side
+    checks (the classification heads) alone on bert, then the suite's other models alone (under extra/), keeps bert's
+    run, and the block holds both; a third run has nothing to do."""
     _write(tmp_path / "enc", "5.25.0", _pair("bert", "sdpa", "pass", 0))
     calls: list = []
 
     def run_release(version, build, log=print, runner=None, flags=None, reproduce=None):
         models = next(f for f in flags if f.startswith("--packcheck-models=")).split("=", 1)[1].split(",")
-        calls.append((Path(build).relative_to(tmp_path / "enc").parts[:2], models))
-        _write(Path(build), version, [c for m in models for c in _pair(K.model_type_of(m), "sdpa", "fail", 0.0036)])
-        return {"transformers": version, "cells": 2 * len(models)}
+        checks = next(f for f in flags if f.startswith("--packcheck-checks=")).split("=", 1)[1].split(",")
+        calls.append((Path(build).relative_to(tmp_path / "enc").parts[:2], models, checks))
+        cells = [c for m in models for c in _pair(K.model_type_of(m), "sdpa", "fail", 0.0036)]
+        if checks == list(ENC.side):
+            cells = [_cell(K.model_type_of(m), "sdpa", c, "pass", metrics={"max_abs_diff": 1e-07, "head_rows": 3})
+                     for m in models for c in checks]
+        _write(Path(build), version, cells)
+        return {"transformers": version, "cells": len(cells)}
 
     monkeypatch.setattr(K, "run_release", run_release)
     monkeypatch.setattr(K, "release_architectures", lambda kind, version, build: ["bert"])  # nothing beyond the suite
     K.run_kind_release(ENC, "5.25.0", tmp_path / "enc", log=lambda s: None)
-    assert len(calls) == 1 and calls[0][0][:2] == ("5.25.0", "extra") and "encoder:bert" not in calls[0][1]
-    assert set(calls[0][1]) == set(ENC.models) - {"encoder:bert"}
+    assert [(c[0][:2], c[2]) for c in calls] == [(("5.25.0", "extra"), list(ENC.side)), (("5.25.0", "extra"), list(ENC.run_checks))]
+    assert calls[0][1] == ["encoder:bert"] and set(calls[1][1]) == set(ENC.models) - {"encoder:bert"}
     block = K.collect_kind(ENC, tmp_path / "enc")
     assert block["cells"]["bert"]["sdpa"]["5.25.0"]["verdict"] == "pass"
     assert block["cells"]["modernbert"]["sdpa"]["5.25.0"]["verdict"] == "fail"
-    assert block["releases"][0]["cells"] == 2 * len(ENC.models) and block["releases"][0]["wall_s"] == 40.0
+    assert block["releases"][0]["cells"] == 2 * len(ENC.models) + 2 and block["releases"][0]["wall_s"] == 60.0
     K.run_kind_release(ENC, "5.25.0", tmp_path / "enc", log=lambda s: None)
-    assert len(calls) == 1  # every model of the suite measured: nothing runs
+    assert len(calls) == 2  # every model of the suite measured, with the side checks: nothing runs
 
 
 def test_a_malformed_block_is_a_one_line_error_naming_the_file_and_a_plain_model_type_points_to_its_block(tmp_path):
@@ -267,6 +273,11 @@ def test_every_architecture_of_a_release_is_run_beyond_the_suite_and_one_a_relea
 
     def run_release(version, build, log=print, runner=None, flags=None, reproduce=None):
         models = next(f for f in flags if f.startswith("--packcheck-models=")).split("=", 1)[1].split(",")
+        checks = next(f for f in flags if f.startswith("--packcheck-checks=")).split("=", 1)[1].split(",")
+        if checks == list(ENC.side):  # the suite's models measured before the block had its side checks: those alone
+            _write(Path(build), version, [_cell(K.model_type_of(m), "sdpa", c, "pass", metrics={"max_abs_diff": 1e-07})
+                                          for m in models for c in checks])
+            return {"transformers": version, "cells": 2 * len(models)}
         calls.append((version, models, reproduce))
         _write(Path(build), version, [c for m in models for c in _pair(K.model_type_of(m), "sdpa", "fail", 0.0056)])
         return {"transformers": version, "cells": 2 * len(models)}
@@ -436,3 +447,57 @@ def test_a_named_row_is_measured_alone_on_each_release_its_family_has_and_kept_a
     assert again["specs"][name] == spec
     moved = [(t["model_type"], t["last_before"], t["first_after"]) for t in again["transitions"]]
     assert moved == [(name, "5.24.0", "5.25.0")]
+
+
+def test_the_classification_heads_ride_beside_each_encoder_entry_per_release_and_never_its_verdict(build, monkeypatch):
+    """The encoders block's side checks (encoder_token_cls, encoder_seq_cls) measured on each committed release for
+    the suite's models present there (add_side: one run per release, those checks alone): ``token_cls`` = [verdict,
+    worse of logits / loss |Δ|, cause], ``seq_cls`` = [verdict, logits rows, cause]; the entries' verdicts unchanged,
+    each release its own fields though one packed run shares its entry; atlas.md and the newest page print them.
+    Planted: modernbert's token-classification head leaks on 5.24.0 alone (1.2e-02), every sequence-classification
+    head pools once per packed row (pooled_head, 1 row for 3 examples; a finding run once per model, on the sdpa
+    entry); roberta's crashes on 5.25.0 (error, shrunk_crash)."""
+    committed = K.collect_kind(ENC, build)
+    calls: list = []
+
+    def run_release(version, build, log=print, runner=None, flags=None, reproduce=None, extras=()):
+        models = next(f for f in flags if f.startswith("--packcheck-models=")).split("=", 1)[1].split(",")
+        checks = next(f for f in flags if f.startswith("--packcheck-checks=")).split("=", 1)[1]
+        calls.append((version, models, checks))
+        cells = []
+        for spec in models:
+            m = K.model_type_of(spec)
+            leak = m == "modernbert" and version == "5.24.0"
+            cells.append(_cell(m, "sdpa", "encoder_token_cls", "fail" if leak else "pass", "leak" if leak else None,
+                               metrics={"max_abs_diff": 0.012 if leak else 2.1e-07, "loss_delta": 0.004 if leak else 1e-07}))
+            crash = m == "roberta" and version == "5.25.0"  # a crash is said, never a missing field
+            cells.append({**_cell(m, "sdpa", "encoder_seq_cls", "error" if crash else "fail", "shrunk_crash" if crash else "pooled_head",
+                                  metrics={} if crash else {"head_rows": 1, "examples": 3}),
+                          "role": "finding", "backend": None})  # a stack finding: once per model, no backend
+        _write(Path(build), version, cells)
+        return {"transformers": version, "cells": len(cells)}
+
+    monkeypatch.setattr(K, "run_release", run_release)
+    block = K.add_side(ENC, unpack(K.packed(committed)), build.parent / "side-build", log=lambda s: None)
+    assert [(v, [K.model_type_of(m) for m in ms], c) for v, ms, c in calls] == [
+        ("5.23.0", ["bert", "roberta", "deberta-v2"], "encoder_token_cls,encoder_seq_cls"),  # modernbert absent there
+        ("5.24.0", ["bert", "roberta", "modernbert"], "encoder_token_cls,encoder_seq_cls"),
+        ("5.25.0", ["bert", "roberta", "modernbert"], "encoder_token_cls,encoder_seq_cls")]
+    modern = block["cells"]["modernbert"]["sdpa"]
+    assert modern["5.24.0"]["token_cls"] == ["fail", 0.012, "leak"] and modern["5.25.0"]["token_cls"] == ["pass", 2.1e-07]
+    assert modern["5.25.0"]["seq_cls"] == ["fail", 1, "pooled_head"]
+    assert block["cells"]["roberta"]["sdpa"]["5.25.0"]["seq_cls"] == ["error", None, "shrunk_crash"]
+    assert {v: (e["verdict"], e.get("number")) for v, e in modern.items()} == \
+        {v: (e["verdict"], e.get("number")) for v, e in committed["cells"]["modernbert"]["sdpa"].items()}
+    assert "token_cls" not in committed["cells"]["modernbert"]["sdpa"]["5.25.0"]  # the committed block untouched
+    again = K.collect_kind(ENC, build.parent / "empty", committed=K.packed(block))
+    assert again["side_checks"] == ["encoder_token_cls", "encoder_seq_cls"]
+    assert again["cells"]["modernbert"]["sdpa"]["5.24.0"]["token_cls"] == ["fail", 0.012, "leak"]
+    text = "\n".join(render_kind_markdown(K.packed(again)))
+    assert "- **modernbert**: 5.24.0: ❌ leak (max |Δ| 1.2e-02); 5.25.0: ✅ (max |Δ| 2.1e-07)" in text
+    assert "- **bert**: 5.23.0 .. 5.25.0: ❌ pooled head (1 logits row)" in text
+    from pytest_packcheck.atlas.kinds_render import newest_markdown
+
+    page = newest_markdown({"encoders": K.packed(again)})
+    assert "- **modernbert**: token classification: ✅ 2.1e-07; sequence classification: ❌ pooled head (1 logits row)" in page
+    assert "Classification heads on a packed row on 5.25.0" in page

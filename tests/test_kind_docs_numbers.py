@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from pytest_packcheck.atlas.kinds_render import unpack
 
@@ -162,3 +163,47 @@ def test_a_page_with_one_number_or_verdict_changed_is_caught(pages):
     enc["cells"]["bert"]["sdpa"][RELEASE] = {"verdict": "fail", "causes": ["leak"], "number": 0.0042}  # a block that moved
     assert encoder_problems(pages["encoders"], enc) == [("bert: the page says exact, the block "
                                                         "{'eager': 'pass', 'sdpa': 'fail', 'packcheck_flash_ref': 'pass'}")]
+
+
+def tiles_problems(text: str, block: dict) -> list[str]:
+    """What docs/multimodal.md says of the LLaVA-NeXT row with several tiles per release that the block does not:
+    the row's verdict and causes equal the one-tile row's on every release and backend ("does what the one-tile row
+    does"), its eager / sdpa transitions placed at the first releases the page names, its ``mm_isolation`` number on
+    4.52.4, and its collator layouts' largest number from 4.53.1 on."""
+    out = []
+    para = text.split("`multimodal:llava_next_tiles`", 1)[1].split("## ", 1)[0]
+    said = re.search(r"leaks from (\S+)\s+\(`mm_isolation` (\S+) on (\S+)\) and holds from (\S+) \(the collator layouts "
+                     r"`flat` and `flat\+cu_seq_lens` within\s+(\S+) through", para)
+    if said is None:
+        return ["the paragraph's sentence on eager and sdpa is not found"]
+    bad, number, at, good, layouts = said.groups()
+    order = [r["transformers"] for r in block["releases"]]
+    tiles, family = block["cells"]["llava_next_tiles"], block["cells"]["llava_next"]
+    for backend in block["backends"]:
+        for version in order:
+            a, b = tiles[backend].get(version), family[backend].get(version)
+            if (a and (a["verdict"], a["causes"])) != (b and (b["verdict"], b["causes"])):
+                out.append(f"{backend} {version}: the tiled row {a and a['verdict']}, the one-tile row {b and b['verdict']}")
+        if backend == "packcheck_flash_ref":
+            continue
+        entry = tiles[backend].get(at) or {}
+        if (entry.get("verdict"), entry.get("causes")) != ("fail", ["leak"]) or not _same(number, entry.get("number")):
+            out.append(f"{backend} {at}: page leak {number}, block {entry}")
+        firsts = sorted((t["bisected"]["first"], t["after"]["verdict"]) for t in block["transitions"]
+                        if t["model_type"] == "llava_next_tiles" and t["backend"] == backend and t.get("bisected")
+                        and t["after"]["verdict"] in ("fail", "pass") and t["before"]["verdict"] != "error")
+        if (bad, "fail") not in firsts or (good, "pass") not in firsts:
+            out.append(f"{backend}: page leaks from {bad}, holds from {good}; block placed {firsts}")
+        later = [n for v in order if Version(v) >= Version(good) for _, n in (tiles[backend][v].get("layouts") or {}).values()]
+        if not later or max(later) > float(layouts) * 1.05:
+            out.append(f"{backend}: page layouts within {layouts}, block up to {max(later, default=None)}")
+    return out
+
+
+def test_the_several_tiles_row_per_release_is_the_committed_atlas(pages):
+    assert tiles_problems(pages["multimodal"], _block("multimodal")) == []
+    mm = _block("multimodal")
+    planted = pages["multimodal"].replace("holds from 4.53.1 (the collator", "holds from 4.53.2 (the collator")
+    assert planted != pages["multimodal"] and len(tiles_problems(planted, mm)) == 2  # eager and sdpa
+    mm["cells"]["llava_next_tiles"]["sdpa"]["5.0.0"] = {"verdict": "fail", "causes": ["leak"], "number": 0.2}
+    assert tiles_problems(pages["multimodal"], mm) == ["sdpa 5.0.0: the tiled row fail, the one-tile row pass"]

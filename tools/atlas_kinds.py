@@ -13,7 +13,9 @@ Options: ``--kinds encoders,multimodal``, ``--releases A,B``, ``--models SPEC,SP
 suite: e.g. the committed suite's while a newer model is still being added), ``--no-measure`` (collect and render only),
 ``--bisect`` (sweep the transitions' gaps: every release on the index between two measured ones), ``--rows`` (measure
 the block's named rows, :attr:`~pytest_packcheck.atlas.kinds.Kind.rows`, on each release that lacks them, alone, the
-release's other entries kept: :func:`~pytest_packcheck.atlas.kinds.add_rows`), ``--no-render``.
+release's other entries kept: :func:`~pytest_packcheck.atlas.kinds.add_rows`), ``--side`` (measure the block's side
+checks, :attr:`~pytest_packcheck.atlas.kinds.Kind.side`, for the suite's models on each release, the verdicts kept:
+:func:`~pytest_packcheck.atlas.kinds.add_side`), ``--no-render``.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ def main() -> int:
     from pytest_packcheck.atlas.kinds import (
         KINDS,
         add_rows,
+        add_side,
         block_bisects,
         collect_kind,
         measure_between,
@@ -67,6 +70,7 @@ def main() -> int:
     parser.add_argument("--no-measure", action="store_true")
     parser.add_argument("--bisect", action="store_true")
     parser.add_argument("--rows", action="store_true")
+    parser.add_argument("--side", action="store_true")
     parser.add_argument("--no-render", action="store_true")
     ns = parser.parse_args()
     kinds = [KINDS[k] for k in ns.kinds.split(",")]
@@ -89,6 +93,8 @@ def main() -> int:
         previous = support.get(kind.name)
         if ns.rows and previous and kind.rows:
             previous = add_rows(kind, unpack(previous), BUILD / kind.name, log=log)
+        if ns.side and previous and kind.side:
+            previous = add_side(kind, unpack(previous), BUILD / kind.name, log=log)
         saved = BUILD / kind.name / "bisects.json"  # the sweep's placements so far (a killed sweep keeps its gaps)
         bisects = {**block_bisects(previous), **(json.loads(saved.read_text()) if saved.exists() else {})}
         block = collect_kind(kind, BUILD / kind.name, planned, previous, bisects)

@@ -94,13 +94,14 @@ class Kind:
         return tuple(b for b in ATLAS_BACKENDS if b in wanted)
 
 
-#: The blocks: the encoder suite's isolation / hidden-state parity / pooled embeddings / MLM loss / positions (the
-#: two classification probes build a second model per cell and are left to the audit), and the multimodal suite's
-#: checks with its collator-layout finding.
+#: The blocks: the encoder suite's isolation / hidden-state parity / pooled embeddings / MLM loss / positions, with
+#: the two classification probes beside them (side checks: each builds a second model, the head, per cell), and the
+#: multimodal suite's checks with its collator-layout finding.
 KINDS: dict[str, Kind] = {
     "encoders": Kind("encoders", ("encoder_isolation", "encoder_parity", "encoder_pooling", "encoder_mlm_loss",
                                   "encoder_positions"), "encoder:", "Encoders and embedding models", all_architectures=True,
-                     architectures="pytest_packcheck.model.architectures:encoder_architectures"),
+                     architectures="pytest_packcheck.model.architectures:encoder_architectures",
+                     side=("encoder_token_cls", "encoder_seq_cls")),
     "multimodal": Kind("multimodal", ("mm_isolation", "mm_parity", "mm_positions", "mm_layouts"), "arch:",
                        "Multimodal rows with pixels", side=("mm_videos", "mm_processor"), packages=("pillow",),
                        all_architectures=True, architectures="pytest_packcheck.checks.pixels:multimodal_specs",
@@ -112,9 +113,24 @@ KINDS: dict[str, Kind] = {
 }
 #: A side check (:attr:`Kind.side`) -> the entry field it fills: ``videos`` = [verdict, number] of the video row
 #: (``mm_videos``: pass / fail, its max |Δ| of text logits, a fail's cause), ``processor`` = {layout: [holds / leaks / differs,
-#: number]} of the processor's rows through DataCollatorWithFlattening (``mm_processor``, as ``layouts``). A skipped
-#: side check (no video inputs, no processor recipe, a package the processor needs) fills nothing.
-SIDE_FIELDS = {"mm_videos": "videos", "mm_processor": "processor"}
+#: number]} of the processor's rows through DataCollatorWithFlattening (``mm_processor``, as ``layouts``);
+#: ``token_cls`` = [verdict, number] of a token-classification head on the packed row (``encoder_token_cls``: its
+#: logits' and loss's worst |Δ| against each example alone, a fail's cause), ``seq_cls`` = [verdict, logits rows the
+#: model's own sequence-classification head returns for a packed row of :data:`SEQ_CLS_EXAMPLES` examples, a fail's
+#: cause] (``encoder_seq_cls``: ``pooled_head`` where that is not one row per example). A skipped side check (no video
+#: inputs, no processor recipe, a package the processor needs, no such head in that transformers) fills nothing.
+SIDE_FIELDS = {"mm_videos": "videos", "mm_processor": "processor", "encoder_token_cls": "token_cls",
+               "encoder_seq_cls": "seq_cls"}
+#: The side fields that are one [verdict, number, cause?] (the others are layouts, as ``layouts``), and the metric
+#: each number is: ``worst`` is the larger of ``max_abs_diff`` and ``loss_delta``.
+VERDICT_FIELDS = {"videos": "max_abs_diff", "token_cls": "worst", "seq_cls": "head_rows"}
+#: The side fields whose check builds a model of its own (a classification head): its crash is not the entry's, so
+#: it is said (``error`` and its cause), never left out.
+OWN_MODEL_FIELDS = ("token_cls", "seq_cls")
+#: The entry a side check run once per model (its cells have no backend: ``encoder_seq_cls``) fills.
+MODEL_LEVEL_BACKEND = "sdpa"
+#: The examples of the encoder checks' packed row (checks/encoders.py, the workbench's three examples).
+SEQ_CLS_EXAMPLES = 3
 
 
 def _rows_by_spec() -> dict[str, str]:
@@ -327,20 +343,27 @@ def reduce_kind_release(kind: Kind, doc: dict[str, Any]) -> dict[str, dict[str, 
 
 def _side_fields(doc: dict[str, Any], kind: Kind) -> dict[tuple[str, str], dict[str, Any]]:
     """(model_type, backend) -> the entry fields of the side checks (:data:`SIDE_FIELDS`) that ran with a verdict:
-    ``videos`` [``pass`` / ``fail``, max |Δ| of text logits (3 significant digits), and a fail's cause], ``processor`` as ``layouts``
-    (:func:`_layouts` of the ``mm_processor`` finding)."""
+    ``videos`` / ``token_cls`` / ``seq_cls`` [``pass`` / ``fail`` (/ ``error`` for :data:`OWN_MODEL_FIELDS`), the
+    number :data:`VERDICT_FIELDS` names (3 significant digits), and a fail's or a crash's cause], ``processor`` as ``layouts`` (:func:`_layouts` of
+    the ``mm_processor`` finding). A cell with no backend (a check run once per model) is :data:`MODEL_LEVEL_BACKEND`'s."""
     out: dict[tuple[str, str], dict[str, Any]] = {}
     for cell in doc.get("cells", []):
         field = SIDE_FIELDS.get(cell.get("check"))
-        if field is None or cell.get("check") not in kind.side or cell.get("backend") not in kind.backends \
-                or cell.get("dtype") != "float32" or cell.get("status") not in ("pass", "fail"):
+        # a check run once per model (no backend: encoder_seq_cls, a stack finding) fills the sdpa entry
+        backend = cell.get("backend") or (MODEL_LEVEL_BACKEND if MODEL_LEVEL_BACKEND in kind.backends else None)
+        statuses = ("pass", "fail", "error") if field in OWN_MODEL_FIELDS else ("pass", "fail")
+        if field is None or cell.get("check") not in kind.side or backend not in kind.backends \
+                or cell.get("dtype") != "float32" or cell.get("status") not in statuses:
             continue
-        key = (_name(cell), cell["backend"])
-        if field == "videos":
-            num = (cell.get("metrics") or {}).get("max_abs_diff")
+        key = (_name(cell), backend)
+        if field in VERDICT_FIELDS:
+            metrics = cell.get("metrics") or {}
+            num = max((v for v in (metrics.get("max_abs_diff"), metrics.get("loss_delta")) if isinstance(v, (int, float))),
+                      default=None) if VERDICT_FIELDS[field] == "worst" else metrics.get(VERDICT_FIELDS[field])
             cause = (cell.get("diagnosis") or {}).get("cause") or cell.get("cause")
-            out.setdefault(key, {})[field] = [cell["status"], float(f"{num:.3g}") if isinstance(num, (int, float)) else None,
-                                              *([cause] if cell["status"] == "fail" and cause else [])]
+            number = (num if isinstance(num, int) else float(f"{num:.3g}")) if isinstance(num, (int, float)) else None
+            out.setdefault(key, {})[field] = [cell["status"], number,
+                                              *([cause] if cell["status"] != "pass" and cause else [])]
         elif rows := _layouts({"cells": [{**cell, "check": "mm_layouts"}]}, kind.backends).get(key):
             out.setdefault(key, {})[field] = rows
     return out
@@ -573,6 +596,42 @@ def add_rows(kind: Kind, block: dict[str, Any], build: Path, log: Callable[[str]
             if any(e.get("verdict") != ABSENT for e in got.values()):
                 release["models"] = int(release.get("models") or 0) + 1
         out["specs"][name] = spec
+    return out
+
+
+def add_side(kind: Kind, block: dict[str, Any], build: Path, log: Callable[[str], None] = print,
+             runner: Callable[..., Any] | None = None) -> dict[str, Any]:
+    """``block`` (unpacked) with ``kind``'s side checks (:attr:`Kind.side`) measured on every release it holds, for
+    the suite's models (:attr:`Kind.models`) present there (an entry that is not ``absent``): one run per release of
+    those models with the side checks alone (:func:`.release_run.run_release`, under ``build/side/<release>/``,
+    reused after), its fields (:func:`_side_fields`) put on the release's entries, the verdicts untouched (eager's
+    only where not sdpa's, as :func:`reduce_kind_release`). A release whose run failed keeps its entries as they were
+    (logged). ``runner``: replaces ``subprocess.run`` (tests)."""
+    from ..results import load_document
+
+    out = {**block, "cells": {k: {b: dict(r) for b, r in v.items()} for k, v in block["cells"].items()}}
+    for release in block["releases"]:
+        version = release["transformers"]
+        models = [s for s in kind.models if any(e.get("verdict") != ABSENT for e in
+                                                (r.get(version) for r in out["cells"].get(model_type_of(s), {}).values()) if e)]
+        if not models or not kind.side:
+            continue
+        sub = Path(build) / "side" / version / hashlib.sha1(",".join([*models, "|", *kind.side]).encode()).hexdigest()[:10]
+        if not is_done(sub / version):
+            sub.mkdir(parents=True, exist_ok=True)
+            record = run_release(version, sub, log=log, runner=runner, reproduce=kind_reproduce(kind, version),
+                                 flags=kind_flags(kind, str(sub / version), models, list(kind.side)), **env_extras(kind))
+            if record.get("error"):
+                log(f"{kind.name} side checks {version}: not measured ({str(record['error'])[:160]})")
+                continue
+        side = _side_fields(_rows_named(load_document(sub / version / "packcheck-matrix.json")), kind)
+        for (name, backend), fields in side.items():
+            entry = out["cells"].get(name, {}).get(backend, {}).get(version)
+            if entry is None:
+                continue
+            mine = {f: got for f, got in fields.items()
+                    if not (backend == "eager" and got == side.get((name, "sdpa"), {}).get(f))}
+            out["cells"][name][backend][version] = {**entry, **mine}  # a copy: unpack shares one entry along a run
     return out
 
 

@@ -162,20 +162,34 @@ SIDE_SECTIONS = (
                   "processor's rows packed by the collator as it is, plus the pixels, plus flash kwargs; as the layouts "
                   "above; families with a processor recipe that builds on CPU: LLaVA, Gemma 3, Idefics3), each run "
                   "with its releases:")),
+    ("token_cls", ("A token-classification head on the packed row per release (sdpa; `encoder_token_cls`: the head's "
+                  "logits and loss, labels per token, against each example alone; the number is the worse of the two), "
+                  "each run with its releases:")),
+    ("seq_cls", ("The model's own sequence-classification head on a packed row of 3 examples per release (sdpa; "
+                "`encoder_seq_cls`: ✅ one logits row per example, ❌ pooled head: the rows it returns, pooled once per "
+                "packed row; pool per segment instead), each run with its releases:")),
 )
+#: The side fields that are one [verdict, number, cause?] (kinds.VERDICT_FIELDS), and ``seq_cls``, whose number is a
+#: count of logits rows, not a difference.
+_VERDICT_FIELDS = ("videos", "token_cls", "seq_cls")
 
 
 def _field_text(field: str, value: Any) -> str:
-    """One entry's ``layouts`` / ``processor`` (``layout verdict, ...``) or ``videos`` (``✅``, ``❌ leak``)."""
-    if field == "videos":
-        verdict, _number, *cause = value
-        return " ".join([_symbol(verdict), *(c.replace("_", " ") for c in cause)])
+    """One entry's ``layouts`` / ``processor`` (``layout verdict, ...``), ``videos`` / ``token_cls`` (``✅``, ``❌ leak``)
+    or ``seq_cls`` (``❌ pooled head (1 logits row)``)."""
+    if field in _VERDICT_FIELDS:
+        verdict, number, *cause = value
+        rows = [f"({number:g} logits row{'s' if number != 1 else ''})"] if field == "seq_cls" and number is not None else []
+        return " ".join([_symbol(verdict), *(c.replace("_", " ") for c in cause), *rows])
     return ", ".join(f"{k} {verdict}" for k, (verdict, _) in value.items())
 
 
 def _field_number(field: str, value: Any) -> float | None:
-    """The largest number of an entry's field: ``videos``' max |Δ|, a layout's (``layouts`` / ``processor``)."""
-    nums = [value[1]] if field == "videos" else [n for _, n in value.values()]
+    """The largest number of an entry's field: ``videos``' / ``token_cls``' max |Δ|, a layout's (``layouts`` /
+    ``processor``); None for ``seq_cls`` (its count is in its text)."""
+    if field == "seq_cls":
+        return None
+    nums = [value[1]] if field in _VERDICT_FIELDS else [n for _, n in value.values()]
     nums = [n for n in nums if isinstance(n, (int, float))]
     return max(nums) if nums else None
 
@@ -330,10 +344,16 @@ def newest_markdown(support: dict[str, Any]) -> str:
         for m, by in rows.items():
             e = by.get("sdpa") or {}
             parts = [f"{label} {_numbered(field, e[field])}" for field, label in
-                     (("layouts", "collator layouts:"), ("processor", "processor rows:"), ("videos", "video row:")) if e.get(field)]
+                     (("layouts", "collator layouts:"), ("processor", "processor rows:"), ("videos", "video row:"),
+                      ("token_cls", "token classification:"), ("seq_cls", "sequence classification:")) if e.get(field)]
             if parts:
                 lines.append(f"- **{name_md(m)}**: " + "; ".join(parts))
-        if lines:
+        if lines and name == "encoders":
+            out += ["", (f"Classification heads on a packed row on {newest} (sdpa): a token-classification head's logits "
+                         "and loss against each example alone (the worse |Δ|), and the rows the model's own "
+                         "sequence-classification head returns for a row of 3 examples (one per example, or pooled once "
+                         "per row: `pooled_head`):"), "", *lines]
+        elif lines:
             out += ["", (f"Collator layouts, the family's processor through DataCollatorWithFlattening, and a row with "
                          f"a video on {newest} (sdpa; holds = as each sample alone, leaks = one sample moves another, "
                          "differs = no leak but not as alone):"), "", *lines]
@@ -342,8 +362,10 @@ def newest_markdown(support: dict[str, Any]) -> str:
 
 def _numbered(field: str, value: Any) -> str:
     """An entry's ``layouts`` / ``processor`` with each layout's number (``flat leaks 3.9e-01, text+mrope holds
-    4.2e-07``), or its ``videos`` (``✅ 3.0e-07``)."""
-    if field == "videos":
+    4.2e-07``), its ``videos`` / ``token_cls`` (``✅ 3.0e-07``) or ``seq_cls`` (``❌ pooled head (1 logits row)``)."""
+    if field == "seq_cls":
+        return _field_text(field, value)
+    if field in _VERDICT_FIELDS:
         return _field_text(field, value) + (f" {value[1]:.1e}" if value[1] is not None else "")
     return ", ".join(f"{k} {verdict}" + (f" {number:.1e}" if number is not None else "") for k, (verdict, number) in value.items())
 
