@@ -328,6 +328,14 @@ def block_answer(doc: Any, name: str, model_type: str, asked: str, attn_implemen
             verdict, number, *cause = videos
             notes.append(f"a row with a video at {answer.measured_at}: {verdict}{' (' + cause[0] + ')' if cause else ''}"
                          + (f", text logits max |Δ| {number:.1e}" if number is not None else ""))
+        for field, words in (("token_cls", "a token-classification head on the packed row"),  # the encoders' side checks
+                             ("seq_cls", "the model's own sequence-classification head on a row of 3 examples")):
+            got = entry.get(field) or (sdpa.get(field) if answer.backend == "eager" or field == "seq_cls" else None)
+            if got:  # [verdict, number, a fail's or a crash's cause]; seq_cls is once per model, on the sdpa entry
+                verdict, number, *cause = got
+                detail = "" if number is None else (f", {number:g} logits row{'s' if number != 1 else ''}" if field == "seq_cls"
+                                                    else f", logits / loss max |Δ| {number:.1e}")
+                notes.append(f"{words} at {answer.measured_at}: {verdict}{' (' + cause[0] + ')' if cause else ''}{detail}")
     if block.get("labels"):  # the encoders block: the flattening collator on scalar labels at the asked release
         from .atlas.labels import labels_note
 

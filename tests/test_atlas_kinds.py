@@ -501,3 +501,16 @@ def test_the_classification_heads_ride_beside_each_encoder_entry_per_release_and
     page = newest_markdown({"encoders": K.packed(again)})
     assert "- **modernbert**: token classification: ✅ 2.1e-07; sequence classification: ❌ pooled head (1 logits row)" in page
     assert "Classification heads on a packed row on 5.25.0" in page
+    main = {"schema": "packcheck-atlas-support", "schema_version": A.SUPPORT_SCHEMA_VERSION, "packcheck_version": "0.1.0",
+            "generated": "2026-12-06", "device": "cpu", "dtype": "float32", "torch": "2.13.0+cpu", "backends": list(A.ATLAS_BACKENDS),
+            "checks": ["isolation"], "releases": [{"transformers": "5.25.0", "architectures": 1, "cells": 1}], "missing": [],
+            "cells": {"llama": {"sdpa": {"5.25.0": {"verdict": "pass", "causes": [], "check": "isolation", "number": 0.0}}}},
+            "transitions": []}
+    A.write_outputs({**main, "encoders": K.packed(again)}, build.parent / "out")
+    notes = lookup("encoder:modernbert", "sdpa", "5.24.0", path=build.parent / "out" / "support.json").notes
+    assert "a token-classification head on the packed row at 5.24.0: fail (leak), logits / loss max |Δ| 1.2e-02" in notes
+    assert "the model's own sequence-classification head on a row of 3 examples at 5.24.0: fail (pooled_head), 1 logits row" in notes
+    notes = lookup("encoder:roberta", "sdpa", "5.25.0", path=build.parent / "out" / "support.json").notes
+    assert [n for n in notes if "classification" in n] == [
+        "a token-classification head on the packed row at 5.25.0: pass, logits / loss max |Δ| 2.1e-07",
+        "the model's own sequence-classification head on a row of 3 examples at 5.25.0: error (shrunk_crash)"]  # said
