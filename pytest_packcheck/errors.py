@@ -142,7 +142,16 @@ class PackcheckUsageError(PackcheckError):
     """
 
     def __init__(self, message: str = "", *args: object) -> None:
-        super().__init__(scrub_secrets(str(message)), *args)
+        super().__init__(one_line(scrub_secrets(str(message))), *args)
+
+
+def one_line(text: str) -> str:
+    """``text`` with each ASCII control character written as its escape (a newline as ``\\n``, ESC as ``\\x1b``): a
+    value with a newline in it (``--packcheck-checks $'isolation\\nx'``) no longer splits the one-line error that
+    quotes it, and no escape sequence reaches the terminal (hostile trial 5: 16 flags' errors spanned two lines)."""
+    if not has_control_character(text):
+        return text
+    return "".join(repr(c)[1:-1] if ord(c) < 32 or ord(c) == 127 else c for c in text)
 
 
 class PackcheckWarning(UserWarning):

@@ -111,6 +111,9 @@ class _BaselineGate:
     def __init__(self) -> None:
         self.regressions = 0
         self.baseline: str | None = None
+        #: why the baseline comparison was refused (nothing compared): said again as the audit's last line
+        self.refused: str | None = None
+        self.source = OPT_BASELINE
 
     def pytest_unconfigure(self, config: object) -> None:
         from ..plugin import _state
@@ -118,6 +121,7 @@ class _BaselineGate:
         state = _state(config)
         if state is not None and state.settings.baseline:
             self.regressions, self.baseline = len(state.regressions), state.settings.baseline
+            self.refused, self.source = state.gate_refused, state.settings.baseline_source
 
 
 def gate_checks() -> tuple[str, ...]:
@@ -205,6 +209,7 @@ def run(ns: argparse.Namespace) -> int:
                 print(f"packcheck audit: error: {flag} {value} must be >= {least}.", file=sys.stderr)
                 return 2
     try:
+        _refuse_own_flags_after_dashes(ns.pytest_args)
         allow = parse_allow(ns.allow)
         if ns.allow and not ns.gate:
             raise PackcheckUsageError("--allow works with --gate (or `packcheck gate`): add --gate.")
@@ -286,6 +291,11 @@ def run(ns: argparse.Namespace) -> int:
             print(scrub_secrets(f"baseline written: {out / 'baseline.json'}"))
         return 1 if ns.fail_on_failure and not_passed else 0
     if code == pytest.ExitCode.USAGE_ERROR:
+        if gate.refused:  # its line came before the summary; the last line says why the exit is 2 (hostile trial 5)
+            from ..errors import scrub_secrets
+
+            print(scrub_secrets(f"packcheck audit: error: the matrix is written, but the comparison with the baseline "
+                                f"{gate.baseline} (from {gate.source}) was refused: {gate.refused}"), file=sys.stderr)
         return 2
     if code == pytest.ExitCode.NO_TESTS_COLLECTED:  # every cell deselected (`-- -k nothing`): nothing was checked
         print(f"packcheck audit: error: the pytest arguments {' '.join(ns.pytest_args) or '(none)'} deselected every cell of "
@@ -293,6 +303,30 @@ def run(ns: argparse.Namespace) -> int:
               "llama-sdpa-isolation-float32.", file=sys.stderr)
         return 2
     return 3 if code != pytest.ExitCode.INTERRUPTED else 130
+
+
+def _refuse_own_flags_after_dashes(pytest_args: list[str]) -> None:
+    """Refuse an audit option given after ``--`` (``-- --packcheck-report-dir out``): pytest took it past the audit,
+    so the audit's closing line, ``--save-baseline``, ``--bench`` and ``--gate`` read the folder and models the audit
+    was given (or its defaults) while pytest wrote another (hostile trial 5: ``--save-baseline`` copied the previous
+    run's reports/packcheck-matrix.json as the new baseline, and ``-- --packcheck-models arch:gpt2`` dropped
+    ``--models arch:llama`` without a word).
+
+    Raises:
+        PackcheckUsageError: naming the option and where it belongs.
+    """
+    from ..errors import PackcheckUsageError, closest
+
+    taken = {opt.flag for opt in OPTIONS} | set(_ALIASES.values())
+    for arg in pytest_args:
+        name = arg.split("=", 1)[0]
+        if name not in taken and name.startswith("--packcheck-"):
+            raise PackcheckUsageError(f"{name} (after `--`) is not an option of packcheck audit: see packcheck audit "
+                                      f"--help.{closest(name, sorted(taken))}")
+        if name in taken:
+            raise PackcheckUsageError(
+                f"{name} is given after `--`, where the arguments go to pytest past packcheck audit: put it before "
+                f"`--` (packcheck audit {name}=...); after `--` only pytest's own arguments, e.g. -- -k sdpa.")
 
 
 def _side_by_side(ns: argparse.Namespace) -> bool:

@@ -32,7 +32,7 @@ def load_tolerances(path: str | None, overrides: list[str] | None, source: str) 
 
     Raises:
         PackcheckUsageError: missing file, bad TOML, a file that sets no tolerance, unknown dtype or key, or a value out of its key's range
-            (:data:`BOUNDS`; else a non-negative finite number).
+            (:data:`BOUNDS`; else a non-negative finite number), or one ``[dtype.]key`` overridden twice.
     """
     default = PACKAGE_AUDIT_DIR / "tolerances.toml"
     file = Path(path) if path else default
@@ -68,10 +68,15 @@ def load_tolerances(path: str | None, overrides: list[str] | None, source: str) 
     if file != default and any(key not in (data.get(dtype) or {}) for dtype in DTYPES for key in base[dtype]):
         # the file's values merge over the packaged ones: the label says so (it read as if the file set them all)
         label += f" over the defaults (audit/{default.name})"
+    said: dict[str, str] = {}
     for item in overrides or []:
         lhs, sep, rhs = item.partition("=")
         dtype, _, key = lhs.rpartition(".")
         targets = [dtype] if dtype else list(DTYPES)
+        if sep and lhs in said:  # no silent last-wins, as for --packcheck-config (hostile trial 5)
+            raise PackcheckUsageError(f"Tolerance override '{lhs}' given twice (from {OPT_TOLERANCE}): {said[lhs]} and "
+                                      f"{item}; give each [dtype.]key once, with the value you mean.")
+        said[lhs] = item
         if not sep:
             raise PackcheckUsageError(f"Bad tolerance override '{item}' (from {OPT_TOLERANCE}): write [dtype.]key=value, e.g. float32.logits_atol=1e-3.")
         if dtype and dtype not in DTYPES:

@@ -67,9 +67,19 @@ def resume_mismatch(settings: Any, journal: Journal, reused: int, other: int) ->
             f"none of them is reused; {reused} cell(s) journaled under these settings are.")
 
 
+def _incomplete(matrix: Path) -> bool:
+    """Whether the results file ``matrix`` is an interrupted run's (its ``incomplete`` record: written on Ctrl-C /
+    SIGTERM, "rerun with --resume"); a file that cannot be read is not."""
+    try:
+        return bool(json.loads(matrix.read_text(encoding="utf-8")).get("incomplete"))
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return False
+
+
 def _keep_a_copy(journal: Journal, settings: Any) -> None:
-    """Before a fresh run empties a journal that holds finished cells (a run killed before its matrix, whose cells
-    --packcheck-resume would have reused: issue 42, they were emptied without a word), copy it to
+    """Before a fresh run empties a journal that holds finished cells (a run killed before its matrix, or an
+    interrupted one whose matrix is marked incomplete (hostile trial 5), whose cells --packcheck-resume would have
+    reused: issue 42, they were emptied without a word), copy it to
     ``<report dir>/previous/packcheck-journal.jsonl`` and say so once, with how many cells it held and how to reuse
     them."""
     import shutil
@@ -79,7 +89,7 @@ def _keep_a_copy(journal: Journal, settings: Any) -> None:
     try:
         if not path.is_file() or path.is_symlink() or path.stat().st_size == 0:
             return
-        if matrix.is_file() and matrix.stat().st_mtime >= path.stat().st_mtime - 1:
+        if matrix.is_file() and matrix.stat().st_mtime >= path.stat().st_mtime - 1 and not _incomplete(matrix):
             return  # that run finished and wrote its matrix after its last cell: nothing of it is lost
         held = journal.load(warn=False)
     except OSError:
@@ -94,5 +104,5 @@ def _keep_a_copy(journal: Journal, settings: Any) -> None:
         return
     warnings.warn(PackcheckWarning(
         f"packcheck journal: {path} held {len(held)} finished cell(s) of an earlier run with these settings that wrote "
-        f"no matrix (interrupted or killed); this fresh run starts the journal afresh, and a copy is kept in "
+        f"no matrix or an incomplete one (interrupted or killed); this fresh run starts the journal afresh, and a copy is kept in "
         f"{aside / path.name}: to reuse them, stop this run, copy it back and rerun with --packcheck-resume."), stacklevel=2)

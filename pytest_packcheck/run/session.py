@@ -407,7 +407,7 @@ class PackcheckSession:
         why = " or ".join(f"{flag} {value!r}" for flag, value in (("-k", opt.keyword), ("-m", opt.markexpr)) if value)
         journal = ("; the journal keeps its cells (--packcheck-resume)" if self.settings.resume
                    else f"; this run emptied the journal {self.journal.path} when it started")
-        moved = (f"; the previous {' and '.join(self.set_aside)} were set aside in {Path(self.settings.report_dir) / PREVIOUS_DIR} "
+        moved = (f"; the previous {' and '.join(self.set_aside)} {'was' if len(self.set_aside) == 1 else 'were'} set aside in {Path(self.settings.report_dir) / PREVIOUS_DIR} "
                  "so they are not taken for this run's" if self.set_aside else "")
         return (f"no packcheck cell ran ({'deselected by ' + why if why else 'none was collected'}), so no matrix was "
                 f"written{remove_report_files(self.settings.report_dir) or moved}{journal}.")

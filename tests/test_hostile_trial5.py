@@ -1,0 +1,121 @@
+"""A fifth hostile trial, as a new user from README.md (helper h5: every ``packcheck audit`` flag, the env variables,
+the subcommands and the guard's public API with hostile values): each failure it found that had a small fix,
+reproduced here.
+
+- A control character in any flag's value (``--packcheck-checks $'isolation\\nx'``) split the one-line error that
+  quotes it over two lines (16 flags); :class:`PackcheckUsageError` now writes control characters as escapes.
+- ``--packcheck-tolerance logits_atol=1e-3 --packcheck-tolerance logits_atol=2e-3`` was a silent last-wins, where
+  ``--packcheck-config`` refuses the same key twice.
+- ``--packcheck-baseline`` with no cell in common: exit 2, with the refusal printed above the summary and pytest's
+  "1 passed" as the last line; the audit's last line now says why.
+- A run stopped by Ctrl-C writes its matrix marked incomplete ("rerun with --resume"); a fresh run after it (a stray
+  positional argument was enough) emptied the journal without the copy a killed run's journal gets.
+- ``packcheck audit ... -- --packcheck-report-dir out --save-baseline``: pytest wrote ``out`` while the audit copied
+  the previous run's ``reports/packcheck-matrix.json`` as the new baseline ("baseline written"); and ``--models
+  arch:llama -- --packcheck-models arch:gpt2`` dropped llama without a word."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+from cli_inprocess import packcheck
+
+from pytest_packcheck.errors import PackcheckUsageError
+
+SMALL = ["--models", "arch:llama", "--packcheck-attn", "sdpa", "-n", "0", "-q"]
+
+
+@pytest.mark.parametrize(("flag", "value"), [
+    ("--packcheck-checks", "isolation\nx"), ("--packcheck-shard", "1/2\nx"), ("--packcheck-tolerance", "logits_atol=1\nx"),
+    ("--packcheck-versions", "transformers==4.51.3\ntrl==1"), ("--audit", "def\nault"), ("--packcheck-timeout", "30\x1b[2J"),
+    ("--bench", "uni\nform"),
+])
+def test_a_control_character_in_any_flag_is_refused_on_one_line(tmp_path, flag, value):
+    """Planted: a newline (or an escape sequence) in the value of a flag whose refusal quotes it."""
+    args = [*SMALL, "--packcheck-checks", "isolation", "--packcheck-report-dir", str(tmp_path / "r")]
+    if flag == "--packcheck-checks":
+        args = args[:-4] + args[-2:]
+    proc = packcheck("audit", *args, flag, value, cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-1500:]
+    said = [line for line in out.splitlines() if line.strip()]
+    assert len(said) == 1 and "\x1b" not in out, said
+    assert repr(value)[1:-1] in said[0], said
+
+
+def test_the_usage_error_escapes_control_characters_and_keeps_plain_text():
+    assert str(PackcheckUsageError("a\nb\tc\x1b[31m ü")) == "a\\nb\\tc\\x1b[31m ü"
+    assert str(PackcheckUsageError("plain 'text' ü")) == "plain 'text' ü"
+
+
+def test_a_tolerance_overridden_twice_is_refused():
+    from pytest_packcheck.config.tolerances import load_tolerances
+
+    with pytest.raises(PackcheckUsageError, match="Tolerance override 'logits_atol' given twice .*logits_atol=1e-3 and "
+                                                  "logits_atol=2e-3"):
+        load_tolerances(None, ["logits_atol=1e-3", "logits_atol=2e-3"], "t")
+    # one key for every dtype, then one dtype's own: two targets, both taken (the later, narrower one wins for float32)
+    tol, label = load_tolerances(None, ["logits_atol=1e-3", "float32.logits_atol=2e-3"], "t")
+    assert tol["float32"]["logits_atol"] == 2e-3 and tol["bfloat16"]["logits_atol"] == 1e-3
+    assert label.endswith("+ logits_atol=1e-3 + float32.logits_atol=2e-3")
+
+
+def test_a_refused_baseline_comparison_is_the_audits_last_line(tmp_path):
+    """Planted: a baseline of the collate check only, a candidate of isolation only: nothing compared."""
+    base = packcheck("audit", *SMALL, "--packcheck-checks", "collate", "--packcheck-report-dir", str(tmp_path / "b"),
+                     cwd=tmp_path)
+    assert base.returncode == 0, base.stderr[-800:]
+    proc = packcheck("audit", *SMALL, "--packcheck-checks", "isolation", "--packcheck-report-dir", str(tmp_path / "c"),
+                     "--packcheck-baseline", str(tmp_path / "b" / "packcheck-matrix.json"), cwd=tmp_path)
+    assert proc.returncode == 2, (proc.stdout + proc.stderr)[-1500:]
+    last = [line for line in proc.stderr.splitlines() if line.strip()][-1]
+    assert last.startswith("packcheck audit: error: the matrix is written, but the comparison with the baseline"), last
+    assert "(from --packcheck-baseline)" in last and "Nothing compared" in last, last
+    assert (tmp_path / "c" / "packcheck-matrix.json").exists()
+
+
+def test_a_fresh_run_over_an_interrupted_runs_incomplete_matrix_keeps_its_journal(tmp_path):
+    """Planted: the matrix of the earlier run carries the ``incomplete`` record a Ctrl-C writes (newer than its
+    journal, as a stopped run writes it last); a fresh run then empties the journal: a copy is kept and said."""
+    reports = tmp_path / "reports"
+    args = ["audit", "--models", "arch:llama,arch:gpt2", "--packcheck-attn", "sdpa", "--packcheck-checks", "isolation",
+            "-n", "0", "-q"]
+    assert packcheck(*args, cwd=tmp_path).returncode == 0
+    matrix = reports / "packcheck-matrix.json"
+    doc = json.loads(matrix.read_text())
+    doc["incomplete"] = {"reason": "interrupted (Ctrl-C / SIGTERM)"}
+    time.sleep(0.01)
+    matrix.write_text(json.dumps(doc))
+    proc = packcheck(*args, cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert "held 2 finished cell(s) of an earlier run" in out and "an incomplete one" in out, out[-1500:]
+    kept = reports / "previous" / "packcheck-journal.jsonl"
+    assert kept.exists() and len(kept.read_text().splitlines()) == 2
+    quiet = packcheck(*args, cwd=tmp_path)  # that run finished: its matrix is whole, nothing said
+    assert "held" not in quiet.stdout + quiet.stderr
+
+
+@pytest.mark.parametrize("after", [["--packcheck-report-dir", "out"], ["--packcheck-report-dir=out"],
+                                   ["--packcheck-models", "arch:gpt2"], ["--packcheck-model", "arch:gpt2"]])
+def test_an_audit_option_after_the_dashes_is_refused_before_anything_runs(tmp_path, after):
+    """Planted: a previous run's reports/ (a baseline-to-be that this run must not copy) and the option after ``--``."""
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    (reports / "packcheck-matrix.json").write_text("{}")
+    os.utime(reports / "packcheck-matrix.json", (time.time() + 5,) * 2)
+    proc = packcheck("audit", *SMALL, "--packcheck-checks", "isolation", "--save-baseline", "--", *after, cwd=tmp_path)
+    assert proc.returncode == 2, (proc.stdout + proc.stderr)[-1500:]
+    said = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(said) == 1 and "after `--`" in said[0], said
+    assert not (reports / "baseline.json").exists() and not (tmp_path / "out").exists()
+
+
+def test_pytests_own_arguments_after_the_dashes_still_go_to_pytest(tmp_path):
+    proc = packcheck("audit", *SMALL, "--packcheck-checks", "isolation", "--packcheck-report-dir", str(tmp_path / "r"),
+                     "--", "-k", "isolation", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-800:]
+    assert json.loads(Path(tmp_path / "r" / "packcheck-matrix.json").read_text())["cells"]
