@@ -197,7 +197,7 @@ def test_unsloth_packing_passes_and_its_own_verifier_passes_a_partial_leak(llama
     assert m["unsloth_accept_below"] == 0.7 and m["unsloth_disable_at"] == 1.5
     import sys
 
-    assert sys.modules["unsloth_zoo.rl_replacements"].__file__.startswith(str(folders[1]))
+    assert R.unsloth_source()["zoo"].__file__.startswith(str(folders[1]))  # from the unpacked wheel
     assert "unsloth" not in sys.modules  # its package __init__ (GPU check) never ran
     with one_leaky_layer():
         leaky = R.check_rl_unsloth_grpo_packed(llama)

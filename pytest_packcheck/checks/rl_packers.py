@@ -518,6 +518,9 @@ def unsloth_source() -> dict[str, Any]:
     from .rl_trainers import _bare_package
 
     path = _package_file(*UNSLOTH_FILE)
+    key = (str(path), path.stat().st_mtime_ns)
+    if key in _UNSLOTH_READ:  # read and parsed once per file (8,000 lines of ast per cell otherwise)
+        return _UNSLOTH_READ[key]
     source = path.read_text()
     pack, p0, p1 = _block(source, *UNSLOTH_PACK)
     verify, v0, v1 = _block(source, *UNSLOTH_VERIFY, start=p1)
@@ -531,9 +534,13 @@ def unsloth_source() -> dict[str, Any]:
         raise LookupError("the verifier's thresholds or the hidden-states helpers are not where 2026.10 has them")
     _bare_package("unsloth_zoo")
     zoo = importlib.import_module("unsloth_zoo.rl_replacements")
-    return {"pack": pack, "verify": verify, "helpers": "\n\n".join(helpers), "accept": float(accept.group(1)),
-            "kill": float(kill.group(1)), "zoo": zoo, "file": "unsloth/models/rl_replacements.py",
-            "lines": {"pack": f"{p0}-{p1}", "verify": f"{v0}-{v1}"}}
+    _UNSLOTH_READ[key] = {"pack": pack, "verify": verify, "helpers": "\n\n".join(helpers), "accept": float(accept.group(1)),
+                          "kill": float(kill.group(1)), "zoo": zoo, "file": "unsloth/models/rl_replacements.py",
+                          "lines": {"pack": f"{p0}-{p1}", "verify": f"{v0}-{v1}"}}
+    return _UNSLOTH_READ[key]
+
+
+_UNSLOTH_READ: dict[tuple[str, int], dict[str, Any]] = {}
 
 
 def unsloth_grpo_batch(samples: list[RLSample], pad_id: int) -> tuple[Any, int]:
