@@ -1157,15 +1157,23 @@ def test_malformed_batch_is_one_clear_line(llama_sdpa, make, message):
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
-def test_batch_on_another_device_than_the_model_is_one_clear_line(tolerances):
-    """A model whose embeddings are on another device than the batch (meta here: no second device on a CPU
-    machine): refused before any value is read, naming both devices."""
+def test_batch_on_another_device_than_the_model_is_one_clear_line(tolerances, monkeypatch):
+    """A model whose embeddings are on another device than the batch (a second device stood in by the model's device
+    reading cuda:1: none on a CPU machine): refused before any value is read, naming both devices. A model on the meta
+    device (no weights) is refused as such: moving the batch to meta, as the line said before, cannot run either
+    (hostile trial 5)."""
+    import pytest_packcheck.guard.verify as verify_module
+
     bench = make_bench("llama", "sdpa", tolerances)
     batch = bench.packed()
+    with monkeypatch.context() as patch:
+        patch.setattr(verify_module, "model_device", lambda model: torch.device("cuda", 1))
+        with pytest.raises(PackcheckUsageError) as info:
+            verify_packed_batch(bench.model, batch)
+    assert "batch['input_ids'] is on cpu, the model's embeddings on cuda:1" in str(info.value) and "\n" not in str(info.value)
     bench.model.to("meta")
-    with pytest.raises(PackcheckUsageError) as info:
+    with pytest.raises(PackcheckUsageError, match="the model's weights are on the meta device .*load them first"):
         verify_packed_batch(bench.model, batch)
-    assert "batch['input_ids'] is on cpu, the model's embeddings on meta" in str(info.value) and "\n" not in str(info.value)
 
 
 def test_good_scalars_still_pass(llama_sdpa):

@@ -119,3 +119,85 @@ def test_pytests_own_arguments_after_the_dashes_still_go_to_pytest(tmp_path):
                      "--", "-k", "isolation", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-800:]
     assert json.loads(Path(tmp_path / "r" / "packcheck-matrix.json").read_text())["cells"]
+
+
+@pytest.mark.parametrize("args", [
+    ["merge", "RESULTS", "-o", "m7/\nx"], ["gate", "--baseline", "RESULTS", "--candidate", "RESULTS", "--summary", "s\x1b.md"],
+    ["claims", "--output", "c\nd.md"], ["atlas", "--render-only", "--build-dir", "b\nx", "-o", "at"],
+    ["bench", "--model", "arch:llama", "--name", "a\tb"], ["audit", "--models", "arch:llama", "--summary", "s\n.md"],
+], ids=["merge-o", "gate-summary", "claims-output", "atlas-build-dir", "bench-name", "audit-summary"])
+def test_a_written_path_with_a_control_character_is_refused_before_anything_is_made(tmp_path, args):
+    """Planted: a newline / ESC / tab in the name of a file or folder a command writes; `merge -o $'m7/\\nx'` made
+    that folder and split its 'merged into' line. Refused as the arguments are read, before any file is (the results
+    file here is never opened)."""
+    (tmp_path / "r.json").write_text("{}")
+    args = [str(tmp_path / "r.json") if a == "RESULTS" else a for a in args]
+    proc = packcheck(*args, cwd=tmp_path)
+    said = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(said) == 1 and "holds a control character" in said[0], said
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
+
+
+def test_bisect_refuses_a_model_of_another_architecture_than_its_cell():
+    """Planted: ``llama-sdpa-isolation-float32 --model arch:gpt2`` probed gpt2 and wrote its verdicts as llama's."""
+    from pytest_packcheck.analysis.bisect import parse_cell_id
+
+    with pytest.raises(PackcheckUsageError, match="--model 'arch:gpt2' builds gpt2, and the cell id .* names llama"):
+        parse_cell_id("llama-sdpa-isolation-float32", "CELL", "arch:gpt2")
+    with pytest.raises(PackcheckUsageError, match="builds roberta-encoder"):
+        parse_cell_id("bert-encoder-sdpa-encoder_parity-float32", "CELL", "encoder:roberta")
+    for cell, model in (("llama-sdpa-isolation-float32", "arch:llama{rope_theta=10.0}"),
+                        ("llama+lora-sdpa-isolation-float32", "arch:llama"),
+                        ("bert-encoder-sdpa-encoder_parity-float32", "encoder:bert")):
+        assert parse_cell_id(cell, "CELL", model).model == model
+
+
+@pytest.fixture(scope="module")
+def tiny_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, attn_implementation="sdpa")
+    ids = torch.randint(1, 64, (1, 12))
+    mask = torch.ones_like(ids)
+    mask[0, [0, 5, 9]] = 0
+    return config, LlamaForCausalLM(config).eval(), {"input_ids": ids, "position_ids": torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3, 0, 1, 2]]),
+                                                     "completion_mask": mask}
+
+
+def test_a_model_on_the_meta_device_is_refused_by_both_guards(tiny_llama):
+    """Planted: a model built under torch.device('meta'). verify_packed_logprobs gave a 'fail' verdict (cause crash:
+    "Tensor on device meta is not on the expected device cpu"), verify_packed_batch the advice to move the batch to
+    meta, which it then refuses."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from pytest_packcheck.guard import verify_packed_batch
+    from pytest_packcheck.guard.rl import verify_packed_logprobs
+
+    config, _, batch = tiny_llama
+    with torch.device("meta"):
+        meta = LlamaForCausalLM(config)
+    for check, row in ((verify_packed_logprobs, batch), (verify_packed_batch, {k: v for k, v in batch.items() if k != "completion_mask"})):
+        with pytest.raises(PackcheckUsageError, match="the model's weights are on the meta device .*load them first") as info:
+            check(meta, row)
+        assert "\n" not in str(info.value) and "v.to('meta')" not in str(info.value)
+
+
+def test_the_rl_guards_line_never_shows_a_number_it_did_not_measure(tiny_llama):
+    """Planted: all-NaN trainer log-probs read "trainer's log-probs 0.00e+00"; a completion mask that scores nothing
+    read "SKIPPED ...: model's packed row 0.00e+00 nats per token"."""
+    import torch
+
+    from pytest_packcheck.guard.rl import verify_packed_logprobs
+
+    _, model, batch = tiny_llama
+    nan = verify_packed_logprobs(model, batch, torch.full((1, 12), float("nan")))
+    assert nan.verdict == "fail" and nan.cause == "non_finite" and "trainer's log-probs nan" in nan.line(), nan.line()
+    skipped = verify_packed_logprobs(model, {**batch, "completion_mask": torch.zeros_like(batch["completion_mask"])},
+                                     torch.zeros(1, 12))
+    assert skipped.verdict == "skipped" and "e+00" not in skipped.line() and "scores no token" in skipped.line(), skipped.line()
+    good = verify_packed_logprobs(model, batch)
+    assert good.verdict == "pass" and "nats per token" in good.line()

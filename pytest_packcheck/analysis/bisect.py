@@ -268,6 +268,13 @@ def parse_cell_id(cell_id: str, source: str, model: str | None = None) -> CellRe
         from .support_file import refuse_unknown_model_type
 
         refuse_unknown_model_type(parsed.name, "--model" if model else f"the model label of {source}")
+    labelled, builds = label.split("{", 1)[0].split("+", 1)[0], parsed.label.split("{", 1)[0]
+    if model and parsed.kind == "arch" and "/" not in label and labelled != builds:
+        # the cell id names one architecture and --model builds another: the record would carry the cell's name
+        # over the other model's verdicts (hostile trial 5: llama-sdpa-isolation-float32 --model arch:gpt2)
+        raise PackcheckUsageError(f"--model '{model}' builds {builds}, and the cell id '{cell_id}' (from {source}) "
+                                  f"names {labelled}: give the cell id of {builds} (e.g. {builds}-"
+                                  f"{backend + '-' if backend else ''}{check}-{dtype}), or a --model of {labelled}.")
     if parsed.kind == "local":  # a folder without a readable config.json: refused now, not after the environments are
         from ..model.configs import read_config_dict  # built and each endpoint crashed on it (hostile trial 4)
 

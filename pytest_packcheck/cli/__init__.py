@@ -388,7 +388,7 @@ def _refuse_empty_values(ns: argparse.Namespace) -> argparse.Namespace:
     Raises:
         PackcheckUsageError: naming the flag (its long form) or the argument and the empty value.
     """
-    from ..errors import refuse_empty
+    from ..errors import PackcheckUsageError, has_control_character, refuse_empty
 
     parser = vars(ns).pop("_empty_check", None)
     for action in getattr(parser, "_actions", []):
@@ -397,7 +397,18 @@ def _refuse_empty_values(ns: argparse.Namespace) -> argparse.Namespace:
         for item in value if isinstance(value, list) else [value]:
             if isinstance(item, str) and item != action.default:
                 refuse_empty(item, str(name), positional=not action.option_strings or action.required)
+                if action.dest in _WRITTEN_PATHS and has_control_character(item):
+                    raise PackcheckUsageError(
+                        f"{name} {item!r} holds a control character (a newline, tab, ...): it would make a file or "
+                        "folder no one can type; give its name on one line.")
     return ns
+
+
+#: the destinations of the flags that name a file or folder a command writes (merge / bisect / atlas / bench -o,
+#: claims --output and --download-dir, atlas --build-dir, gate --bisect-output-dir, --summary, bench --name): a
+#: control character there made ``m7/\nx`` and split the "merged into" line (hostile trial 5), as
+#: --packcheck-report-dir refuses (config.settings)
+_WRITTEN_PATHS = frozenset({"output_dir", "output", "build_dir", "bisect_output_dir", "download_dir", "summary", "name"})
 
 
 def _run(name: str, run: Any) -> int:

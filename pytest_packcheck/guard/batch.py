@@ -125,6 +125,18 @@ def model_device(model: Any) -> Any:
     return None if first is None else first.device
 
 
+def refuse_meta_model(device: Any, refuse: Any) -> None:
+    """Raise ``refuse(message)`` when ``device`` (:func:`model_device`) is the meta device: a model built under
+    ``torch.device("meta")`` or ``init_empty_weights()`` holds no weights, so no forward can run. Hostile trial 5:
+    the guard told the user to move the batch to 'meta' (then refused the meta batch), and
+    ``verify_packed_logprobs`` called the run a "fail" with cause crash."""
+    if device is not None and getattr(device, "type", None) == "meta":
+        raise refuse("the model's weights are on the meta device (built under torch.device('meta') or "
+                     "init_empty_weights(): no values, nothing can run): load them first, e.g. "
+                     "AutoModelForCausalLM.from_pretrained(...), or model.to_empty(device='cpu') then "
+                     "model.load_state_dict(...).")
+
+
 def check_fields(batch: Any, device: Any = None) -> Any:
     """The batch's fields as a collator can hand them over, before any value is read (one packed row or a batch of
     packed rows): a mapping with string keys; ``input_ids`` a 2-D dense tensor of token-id dtype (int64 / int32), and
@@ -139,10 +151,12 @@ def check_fields(batch: Any, device: Any = None) -> Any:
     True or False. Returns ``input_ids``.
 
     Raises:
-        PackcheckUsageError: the first field that breaks the above, one line naming the key, what it holds and the fix.
+        PackcheckUsageError: the first field that breaks the above, one line naming the key, what it holds and the fix;
+            first of all a model on the meta device (:func:`refuse_meta_model`).
     """
     import torch
 
+    refuse_meta_model(device, _usage)
     if not isinstance(batch, Mapping):
         raise _usage(f"batch is a {type(batch).__name__}, expected a dict of tensors (the collator's output, e.g. "
                      "DataCollatorWithFlattening(return_position_ids=True)(features)).")

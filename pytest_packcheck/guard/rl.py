@@ -76,11 +76,13 @@ class RLGuardResult:
         from ..errors import scrub_secrets
 
         tol = self.tolerance["logits_atol"]
+        skipped = self.verdict == "skipped"  # no token compared: no number (it read "0.00e+00 nats", hostile trial 5)
         parts = [(f"packcheck RL guard: {self.verdict.upper()} on {len(self.segments)} packed samples "
                   f"({self.completion_tokens} completion tokens, {self.dtype}, temperature {self.temperature:g}): "
                   + (f"model's packed row {self.max_packed_diff:.2e} nats per token (tol {tol:.0e})"
-                     if self.max_packed_diff is not None else "nothing compared"))]
-        if self.max_trainer_diff is not None:
+                     if self.max_packed_diff is not None and not skipped else
+                     (self.evidence.get("why") if skipped else None) or "nothing compared"))]
+        if self.max_trainer_diff is not None and not skipped:
             parts.append(f"trainer's log-probs {self.max_trainer_diff:.2e}")
         if self.loss is not None:
             parts.append(f"loss {self.loss:.6g} vs {self.loss_type} {self.loss_expected:.6g}")
@@ -280,6 +282,14 @@ def verify_packed_logprobs(model: Any, batch: Mapping[str, Any], logprobs: Any =
     if "input_ids" not in batch:
         raise _refuse("the batch has no 'input_ids'.")
     ids = _row(batch, "input_ids")
+    from .batch import model_device, refuse_meta_model
+
+    device_of_model = model_device(model)
+    refuse_meta_model(device_of_model, _refuse)  # before a forward: a meta model is the caller's, not a crash verdict
+    if device_of_model is not None and ids.device != device_of_model:
+        raise _refuse(f"batch['input_ids'] is on {ids.device}, the model's embeddings on {device_of_model}: move the "
+                      f"batch to the model's device (batch = {{k: v.to({str(device_of_model)!r}) for k, v in "
+                      "batch.items()}).")
     n = int(ids.numel())
     if n == 0:
         raise _refuse("batch['input_ids'] is an empty row: nothing to check.")
@@ -430,11 +440,13 @@ def _crashed(model: Any, exc: Exception, stage: str, dtype: str, tol: dict[str, 
 
 
 def _worst(got: Any, ref: Any, where: Any) -> tuple[float, int]:
-    """Worst |got - ref| over ``where`` (nats) where both are finite, and how many of ``where`` are not finite."""
+    """Worst |got - ref| over ``where`` (nats) where both are finite (NaN when none of ``where`` is; 0.0 when ``where``
+    is empty), and how many of ``where`` are not finite."""
     import torch
 
     finite = where & torch.isfinite(got) & torch.isfinite(ref)
-    worst = float((got[finite] - ref[finite]).abs().max()) if finite.any() else 0.0
+    # none of ``where`` finite: NaN, never 0.0 (hostile trial 5: all-NaN log-probs read "trainer's log-probs 0.00e+00")
+    worst = float((got[finite] - ref[finite]).abs().max()) if finite.any() else float("nan") if where.any() else 0.0
     return worst, int(where.sum() - finite.sum())
 
 
