@@ -456,7 +456,8 @@ def test_the_classification_heads_ride_beside_each_encoder_entry_per_release_and
     each release its own fields though one packed run shares its entry; atlas.md and the newest page print them.
     Planted: modernbert's token-classification head leaks on 5.24.0 alone (1.2e-02), every sequence-classification
     head pools once per packed row (pooled_head, 1 row for 3 examples; a finding run once per model, on the sdpa
-    entry); roberta's crashes on 5.25.0 (error, shrunk_crash)."""
+    entry); roberta's crashes on 5.25.0 (error, shrunk_crash) and refuses the row on 5.23.0 (unsupported,
+    no_position_ids); deberta-v2's token head refuses sdpa as its entry does (left out)."""
     committed = K.collect_kind(ENC, build)
     calls: list = []
 
@@ -468,11 +469,16 @@ def test_the_classification_heads_ride_beside_each_encoder_entry_per_release_and
         for spec in models:
             m = K.model_type_of(spec)
             leak = m == "modernbert" and version == "5.24.0"
-            cells.append(_cell(m, "sdpa", "encoder_token_cls", "fail" if leak else "pass", "leak" if leak else None,
-                               metrics={"max_abs_diff": 0.012 if leak else 2.1e-07, "loss_delta": 0.004 if leak else 1e-07}))
+            if m == "deberta-v2":  # refuses sdpa, as its entry says: nothing to add
+                cells.append(_cell(m, "sdpa", "encoder_token_cls", "unsupported", metrics={}, message="refuses sdpa"))
+            else:
+                cells.append(_cell(m, "sdpa", "encoder_token_cls", "fail" if leak else "pass", "leak" if leak else None,
+                                   metrics={"max_abs_diff": 0.012 if leak else 2.1e-07, "loss_delta": 0.004 if leak else 1e-07}))
             crash = m == "roberta" and version == "5.25.0"  # a crash is said, never a missing field
-            cells.append({**_cell(m, "sdpa", "encoder_seq_cls", "error" if crash else "fail", "shrunk_crash" if crash else "pooled_head",
-                                  metrics={} if crash else {"head_rows": 1, "examples": 3}),
+            refused = m in ("roberta", "deberta-v2") and version == "5.23.0"  # so is a head that refuses the row
+            status, cause = ("error", "shrunk_crash") if crash else ("unsupported", "no_position_ids") if refused else ("fail", "pooled_head")
+            cells.append({**_cell(m, "sdpa", "encoder_seq_cls", status, cause,
+                                  metrics={"head_rows": 1, "examples": 3} if status == "fail" else {}),
                           "role": "finding", "backend": None})  # a stack finding: once per model, no backend
         _write(Path(build), version, cells)
         return {"transformers": version, "cells": len(cells)}
@@ -487,6 +493,9 @@ def test_the_classification_heads_ride_beside_each_encoder_entry_per_release_and
     assert modern["5.24.0"]["token_cls"] == ["fail", 0.012, "leak"] and modern["5.25.0"]["token_cls"] == ["pass", 2.1e-07]
     assert modern["5.25.0"]["seq_cls"] == ["fail", 1, "pooled_head"]
     assert block["cells"]["roberta"]["sdpa"]["5.25.0"]["seq_cls"] == ["error", None, "shrunk_crash"]
+    assert block["cells"]["roberta"]["sdpa"]["5.23.0"]["seq_cls"] == ["unsupported", None, "no_position_ids"]
+    assert "token_cls" not in block["cells"]["deberta-v2"]["sdpa"]["5.23.0"]  # its entry says unsupported already
+    assert block["cells"]["deberta-v2"]["sdpa"]["5.23.0"]["seq_cls"] == ["unsupported", None, "no_position_ids"]  # its own
     assert {v: (e["verdict"], e.get("number")) for v, e in modern.items()} == \
         {v: (e["verdict"], e.get("number")) for v, e in committed["cells"]["modernbert"]["sdpa"].items()}
     assert "token_cls" not in committed["cells"]["modernbert"]["sdpa"]["5.25.0"]  # the committed block untouched

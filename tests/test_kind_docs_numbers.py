@@ -207,3 +207,48 @@ def test_the_several_tiles_row_per_release_is_the_committed_atlas(pages):
     assert planted != pages["multimodal"] and len(tiles_problems(planted, mm)) == 2  # eager and sdpa
     mm["cells"]["llava_next_tiles"]["sdpa"]["5.0.0"] = {"verdict": "fail", "causes": ["leak"], "number": 0.2}
     assert tiles_problems(pages["multimodal"], mm) == ["sdpa 5.0.0: the tiled row fail, the one-tile row pass"]
+
+
+def heads_problems(text: str, block: dict) -> list[str]:
+    """What docs/encoders.md says of the classification heads per release that the encoders block does not: the four
+    exact encoders' token-classification head leaks on sdpa on 5.24.0 and passes on 5.25.0 (BERT's number), the
+    quoted 5.25.0 leaks (model, backend, number), and the sequence-classification head's rows on every release."""
+    out = []
+    para = text.split("The classification heads per release", 1)[1].split("\n\n", 1)[0]
+    bert = re.search(r"exact on 5\.25\.0 \(BERT (\S+)\)", para)
+    for name in EXACT_ENCODERS:
+        before, after = (block["cells"][name]["sdpa"][v].get("token_cls") for v in ("5.24.0", RELEASE))
+        if not before or before[::2] != ["fail", "leak"] or not after or after[0] != "pass":
+            out.append(f"{name} token_cls on sdpa: 5.24.0 {before}, 5.25.0 {after}")
+    got = block["cells"]["bert"]["sdpa"][RELEASE].get("token_cls") or [None, None]
+    if bert is None or not _same(bert.group(1), got[1]):
+        out.append(f"bert token_cls 5.25.0: page {bert and bert.group(1)}, block {got}")
+    names = {v: k for k, v in ENCODER_NAMES.items()}
+    for name, backend in (("modernbert", "sdpa"), ("eurobert", "sdpa"), ("nomic_bert", "sdpa"), ("distilbert", "sdpa"),
+                          ("deberta-v2", "eager")):
+        said = re.search(rf"{re.escape(names[name])}(?: on {backend})? \((\S+)\)", para)
+        entry = block["cells"][name][backend][RELEASE]
+        field = entry.get("token_cls") or (block["cells"][name]["sdpa"][RELEASE].get("token_cls") if backend == "eager" else None)
+        if said is None or not field or field[::2] != ["fail", "leak"] or not _same(said.group(1), field[1]):
+            out.append(f"{name} token_cls on {backend} 5.25.0: page {said and said.group(1)}, block {field}")
+    for spec in block["models"]:
+        name = spec.split(":", 1)[1]
+        for version, entry in block["cells"][name]["sdpa"].items():
+            if entry["verdict"] == "absent":
+                continue
+            want = (["error", None, "shrunk_crash"] if name == "deberta-v2" else
+                    ["unsupported", None, "no_position_ids"] if name == "distilbert" and Version(version) < Version("5.0.0")
+                    else ["fail", 1, "pooled_head"])
+            if entry.get("seq_cls") != want:
+                out.append(f"{name} seq_cls {version}: page {want}, block {entry.get('seq_cls')}")
+    return out
+
+
+def test_the_classification_heads_per_release_are_the_committed_atlas(pages):
+    enc = _block("encoders")
+    assert heads_problems(pages["encoders"], enc) == []
+    planted = pages["encoders"].replace("NomicBERT (1.8e-03)", "NomicBERT (2.8e-03)")
+    assert planted != pages["encoders"] and heads_problems(planted, enc) == [
+        "nomic_bert token_cls on sdpa 5.25.0: page 2.8e-03, block ['fail', 0.0018, 'leak']"]
+    enc["cells"]["bert"]["sdpa"]["5.3.0"] = {**enc["cells"]["bert"]["sdpa"]["5.3.0"], "seq_cls": ["pass", 3]}  # per segment
+    assert heads_problems(pages["encoders"], enc) == ["bert seq_cls 5.3.0: page ['fail', 1, 'pooled_head'], block ['pass', 3]"]

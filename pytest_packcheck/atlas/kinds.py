@@ -124,8 +124,10 @@ SIDE_FIELDS = {"mm_videos": "videos", "mm_processor": "processor", "encoder_toke
 #: The side fields that are one [verdict, number, cause?] (the others are layouts, as ``layouts``), and the metric
 #: each number is: ``worst`` is the larger of ``max_abs_diff`` and ``loss_delta``.
 VERDICT_FIELDS = {"videos": "max_abs_diff", "token_cls": "worst", "seq_cls": "head_rows"}
-#: The side fields whose check builds a model of its own (a classification head): its crash is not the entry's, so
-#: it is said (``error`` and its cause), never left out.
+#: The side fields whose check builds a model of its own (a classification head): its crash or refusal is not the
+#: entry's, so it is said (``error`` / ``unsupported`` / ``skipped`` and its cause: DistilBERT's sequence-classification
+#: head takes no ``position_ids`` before 5.0), never left out; only a no-verdict status with no cause that the entry
+#: says itself (the model refuses that backend) is left out (:func:`_adds`).
 OWN_MODEL_FIELDS = ("token_cls", "seq_cls")
 #: The entry a side check run once per model (its cells have no backend: ``encoder_seq_cls``) fills.
 MODEL_LEVEL_BACKEND = "sdpa"
@@ -336,14 +338,14 @@ def reduce_kind_release(kind: Kind, doc: dict[str, Any]) -> dict[str, dict[str, 
             if mine and not (backend == "eager" and mine == layouts.get((name, "sdpa"))):
                 entry["layouts"] = mine
             for field, got in side.get((name, backend), {}).items():  # eager's, as layouts: only where not sdpa's
-                if not (backend == "eager" and got == side.get((name, "sdpa"), {}).get(field)):
+                if not (backend == "eager" and got == side.get((name, "sdpa"), {}).get(field)) and _adds(entry, got):
                     entry[field] = got
     return out
 
 
 def _side_fields(doc: dict[str, Any], kind: Kind) -> dict[tuple[str, str], dict[str, Any]]:
     """(model_type, backend) -> the entry fields of the side checks (:data:`SIDE_FIELDS`) that ran with a verdict:
-    ``videos`` / ``token_cls`` / ``seq_cls`` [``pass`` / ``fail`` (/ ``error`` for :data:`OWN_MODEL_FIELDS`), the
+    ``videos`` / ``token_cls`` / ``seq_cls`` [``pass`` / ``fail`` (and no verdicts for :data:`OWN_MODEL_FIELDS`), the
     number :data:`VERDICT_FIELDS` names (3 significant digits), and a fail's or a crash's cause], ``processor`` as ``layouts`` (:func:`_layouts` of
     the ``mm_processor`` finding). A cell with no backend (a check run once per model) is :data:`MODEL_LEVEL_BACKEND`'s."""
     out: dict[tuple[str, str], dict[str, Any]] = {}
@@ -351,7 +353,7 @@ def _side_fields(doc: dict[str, Any], kind: Kind) -> dict[tuple[str, str], dict[
         field = SIDE_FIELDS.get(cell.get("check"))
         # a check run once per model (no backend: encoder_seq_cls, a stack finding) fills the sdpa entry
         backend = cell.get("backend") or (MODEL_LEVEL_BACKEND if MODEL_LEVEL_BACKEND in kind.backends else None)
-        statuses = ("pass", "fail", "error") if field in OWN_MODEL_FIELDS else ("pass", "fail")
+        statuses = ("pass", "fail", "error", "unsupported", "skipped") if field in OWN_MODEL_FIELDS else ("pass", "fail")
         if field is None or cell.get("check") not in kind.side or backend not in kind.backends \
                 or cell.get("dtype") != "float32" or cell.get("status") not in statuses:
             continue
@@ -371,6 +373,13 @@ def _side_fields(doc: dict[str, Any], kind: Kind) -> dict[tuple[str, str], dict[
 
 #: The longest message a block entry keeps (no-verdict entries only), ellipsis included.
 MESSAGE_CHARS = 100
+
+
+def _adds(entry: dict[str, Any], field: Any) -> bool:
+    """Whether a side field says something its entry does not: any verdict or layouts, except a no-verdict status
+    (``unsupported`` / ``skipped``) with no cause of its own that the entry has itself (the model refuses the backend)."""
+    return not (isinstance(field, list) and field[0] in ("unsupported", "skipped") and len(field) < 3
+                and entry.get("verdict") == field[0])
 
 
 def _cut(message: str) -> str:
@@ -630,7 +639,7 @@ def add_side(kind: Kind, block: dict[str, Any], build: Path, log: Callable[[str]
             if entry is None:
                 continue
             mine = {f: got for f, got in fields.items()
-                    if not (backend == "eager" and got == side.get((name, "sdpa"), {}).get(f))}
+                    if not (backend == "eager" and got == side.get((name, "sdpa"), {}).get(f)) and _adds(entry, got)}
             out["cells"][name][backend][version] = {**entry, **mine}  # a copy: unpack shares one entry along a run
     return out
 
