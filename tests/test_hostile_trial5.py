@@ -201,3 +201,43 @@ def test_the_rl_guards_line_never_shows_a_number_it_did_not_measure(tiny_llama):
     assert skipped.verdict == "skipped" and "e+00" not in skipped.line() and "scores no token" in skipped.line(), skipped.line()
     good = verify_packed_logprobs(model, batch)
     assert good.verdict == "pass" and "nats per token" in good.line()
+
+
+@pytest.fixture(scope="module")
+def qwen2_vl_row(tolerances):
+    from test_multimodal_pixels import pixel_bench
+
+    from pytest_packcheck.checks import pixels as P
+
+    bench = pixel_bench("qwen2_vl", "sdpa", tolerances)
+    return bench.model, P.pack(bench.model, P.mm_samples(bench))
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_non_finite_pixels_fail_non_finite_never_pass(qwen2_vl_row, value):
+    """Planted: NaN / inf pixel_values. NaN compares as within any tolerance: the pixel guard said PASS with
+    "worst log-prob diff nan"."""
+    from pytest_packcheck.guard import verify_packed_batch
+
+    model, batch = qwen2_vl_row
+    result = verify_packed_batch(model, {**batch, "pixel_values": batch["pixel_values"].clone().fill_(float(value))})
+    assert (result.verdict, result.cause) == ("fail", "non_finite"), result.line()
+    assert verify_packed_batch(model, batch).verdict == "pass"
+
+
+@pytest.mark.parametrize(("edit", "says"), [
+    (lambda b: {"pixel_values": b["pixel_values"][:0]}, "it holds no values"),
+    (lambda b: {"pixel_values": b["pixel_values"].reshape(-1)}, "asks 40 patch rows"),
+    (lambda b: {"pixel_values": b["pixel_values"].repeat(2, 1)}, "asks 40 patch rows"),
+    (lambda b: {"pixel_values": b["pixel_values"].tolist()}, "is a list: expected a tensor"),
+    (lambda b: {"image_grid_thw": b["image_grid_thw"].float()}, "expected integer rows of (t, h, w)"),
+    (lambda b: {"pixel_values": b["pixel_values"].to("meta")}, "meta device"),
+], ids=["empty", "1-D", "surplus-rows", "list", "float-grid", "meta"])
+def test_malformed_pixel_inputs_are_one_usage_line_not_a_traceback(qwen2_vl_row, edit, says):
+    """Planted: each was a RuntimeError / TypeError from inside the vision tower or packcheck's split."""
+    from pytest_packcheck.guard import verify_packed_batch
+
+    model, batch = qwen2_vl_row
+    with pytest.raises(PackcheckUsageError) as info:
+        verify_packed_batch(model, {**batch, **edit(batch)})
+    assert says in str(info.value) and "\n" not in str(info.value), str(info.value)

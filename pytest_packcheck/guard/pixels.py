@@ -105,6 +105,61 @@ def _image_inputs(model: Any, batch: Any, images: list[int], modality: tuple[str
     return out
 
 
+def check_pixel_fields(batch: Any, device: Any) -> None:
+    """Each pixel key of ``batch`` as a VLM processor hands it over, before a forward (hostile trial 5: an empty,
+    1-D, list, meta or surplus ``pixel_values`` and a float ``image_grid_thw`` were tracebacks from inside the model):
+    a dense tensor of numbers on ``device`` (:func:`.batch.model_device`) holding values; ``image_grid_thw`` /
+    ``video_grid_thw`` integer ``(images, 3)`` rows of (t, h, w) >= 1 (their patch rows: :func:`check_patch_rows`).
+
+    Raises:
+        PackcheckUsageError: the first key that breaks it, naming the key, what it holds and the fix.
+    """
+    import torch
+
+    from .result import _usage
+
+    for key in PIXEL_KEYS:
+        value = batch.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, torch.Tensor):
+            raise _usage(f"a pixel row: batch[{key!r}] is a {type(value).__name__}: expected a tensor, as the model's processor "
+                             "returns it (return_tensors='pt')")
+        if value.is_meta or value.numel() == 0:
+            raise _usage(f"a pixel row: batch[{key!r}] has shape {tuple(value.shape)}{' on the meta device' if value.is_meta else ''}: "
+                             "it holds no values; pass the processor's output for the row's images")
+        if (value.dtype == torch.bool and key != "pixel_attention_mask") or value.is_complex():
+            raise _usage(f"a pixel row: batch[{key!r}] has dtype {value.dtype}: expected numbers (pixels as floats, grids as integers)")
+        if device is not None and value.device != device:
+            raise _usage(f"a pixel row: batch[{key!r}] is on {value.device}, the model on {device}: move the batch to the model's "
+                             "device")
+    for _, grid_key, _ in MODALITIES:
+        grid = batch.get(grid_key)
+        if grid is None:
+            continue
+        if grid.is_floating_point() or grid.ndim != 2 or grid.shape[-1] != 3 or bool((grid < 1).any()):
+            raise _usage(f"a pixel row: batch[{grid_key!r}] is {tuple(grid.shape)} {grid.dtype}: expected integer rows of (t, h, w), "
+                             f"each >= 1, one per {'video' if 'video' in grid_key else 'image'} (the processor's {grid_key})")
+
+
+def check_patch_rows(batch: Any) -> None:
+    """``pixel_values`` (videos: ``pixel_values_videos``) hold the patch rows their grid asks (t * h * w per image),
+    checked once the images are known to fill the row's image tokens (:func:`split_pixel_row` says where not).
+
+    Raises:
+        ValueError: naming both shapes and the fix.
+    """
+    for pixels_key, grid_key, _ in MODALITIES:
+        grid, pixels = batch.get(grid_key), batch.get(pixels_key)
+        if grid is None:
+            continue
+        patches = int(grid.prod(-1).sum())
+        if pixels is not None and (pixels.ndim != 2 or int(pixels.shape[0]) != patches):
+            raise ValueError(f"batch[{pixels_key!r}] is {tuple(pixels.shape)}, and {grid_key} {grid.tolist()} asks "
+                             f"{patches} patch rows (t * h * w per image): pass the processor's {pixels_key} and "
+                             f"{grid_key} of the same images, in the row's sample order")
+
+
 def split_pixel_row(model: Any, batch: Any) -> list[dict[str, Any]]:
     """Each sample of the pixel row as the model takes it alone: ``input_ids`` ``(1, n)``, its type ids, its images'
     pixel inputs, no position_ids. Raises ValueError where the images do not fill the image tokens."""
@@ -160,6 +215,7 @@ def measure_pixel_row(model: Any, batch: Any, tols: dict[str, dict[str, float]])
     ids = batch["input_ids"]
     n = int(ids.shape[-1])
     samples = split_pixel_row(model, batch)
+    check_patch_rows(batch)  # a surplus or a 1-D pixel_values was a traceback from inside the vision tower
     lengths = [int(s["input_ids"].shape[-1]) for s in samples]
     if len(samples) < 2:  # nothing marks a second sample: nothing to compare (as the text guard's one-example row)
         return GuardResult(
@@ -210,7 +266,13 @@ def measure_pixel_row(model: Any, batch: Any, tols: dict[str, dict[str, float]])
         probes["tokens_misplaced"] = misplaced
     numbers = f"text log-probs packed vs alone {worst:.2e}, loss {loss_packed:.6f} vs {loss_alone:.6f} nats"
     cause, evidence = None, numbers
-    if misplaced:
+    # NaN compares as within any tolerance: NaN / inf pixels passed with "worst log-prob diff nan" (hostile trial 5)
+    not_finite = (int((~torch.isfinite(packed_lp)).sum()), int((~torch.isfinite(alone_all)).sum()))
+    if any(not_finite):
+        cause, evidence = "non_finite", (f"{numbers}; {not_finite[0]} text log-probs of the packed row and {not_finite[1]} "
+                                         "of the samples alone are NaN or infinite (the pixels, or the model, overflow): "
+                                         "nothing could be compared")
+    elif misplaced:
         cause, evidence = "wrong_positions", (f"{numbers}; {misplaced} tokens sit at other M-RoPE positions than "
                                               "get_rope_index gives their sample alone")
     elif worst > tol["logits_atol"] or delta > tol["loss_atol"]:

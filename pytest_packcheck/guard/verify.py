@@ -202,6 +202,10 @@ def _verify_pixels(model: Any, batch: Mapping[str, Any], tols: dict[str, dict[st
     """:func:`.pixels.measure_pixel_row` in eval mode under ``torch.no_grad``, the modes and RNG state put back."""
     import torch
 
+    from .pixels import check_pixel_fields
+
+    check_fields(batch, model_device(model))  # the text row's keys, as for a text row (input_ids dtype, devices, ...)
+    check_pixel_fields(batch, model_device(model))
     modes = {m: m.training for m in model.modules()}
     rng = torch.get_rng_state()
     try:
