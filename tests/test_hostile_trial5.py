@@ -241,3 +241,20 @@ def test_malformed_pixel_inputs_are_one_usage_line_not_a_traceback(qwen2_vl_row,
     with pytest.raises(PackcheckUsageError) as info:
         verify_packed_batch(model, {**batch, **edit(batch)})
     assert says in str(info.value) and "\n" not in str(info.value), str(info.value)
+
+
+def test_an_audit_bench_that_cannot_fit_is_a_named_entry_not_a_run_without_end(tmp_path):
+    """Planted: --bench-max-length 10**11 (and --bench-batch-size 10**8) ran the bench past any time limit after the
+    audit; --bench-steps 10**9 the same. packcheck bench's own refusals, applied per model and up front."""
+    import time
+
+    started = time.perf_counter()
+    proc = packcheck("audit", *SMALL, "--packcheck-checks", "isolation", "--packcheck-report-dir", str(tmp_path / "r"),
+                     "--bench", "uniform", "--bench-steps", "1", "--bench-max-length", str(10 ** 11), cwd=tmp_path)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-1500:]
+    assert time.perf_counter() - started < 120
+    bench = json.loads((tmp_path / "r" / "packcheck-matrix.json").read_text())["bench"]["results"]
+    assert len(bench) == 1 and "needs about" in bench[0]["error"] and "--bench-max-length" in bench[0]["error"], bench
+    steps = packcheck("audit", *SMALL, "--packcheck-checks", "isolation", "--bench", "uniform", "--bench-steps",
+                      str(10 ** 9), cwd=tmp_path)
+    assert steps.returncode == 2 and "--bench-steps 1000000000 is over 10,000" in steps.stderr, steps.stderr

@@ -198,6 +198,10 @@ def run(ns: argparse.Namespace) -> int:
         if ns.bench_steps < 1:
             print(f"packcheck audit: error: --bench-steps {ns.bench_steps} must be >= 1.", file=sys.stderr)
             return 2
+        if ns.bench_steps > 10_000:  # packcheck bench's bound: a run without end (hostile trial 5: 10**9 steps)
+            print(f"packcheck audit: error: --bench-steps {ns.bench_steps} is over 10,000: a bench's figures settle within "
+                  "tens of steps; give e.g. --bench-steps 20.", file=sys.stderr)
+            return 2
         versions_from = _versions_source(ns)
         if versions_from:
             print(f"packcheck audit: error: --bench measures in this environment only, and {versions_from} asks for "

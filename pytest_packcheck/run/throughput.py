@@ -322,6 +322,17 @@ def bench_audit(doc: dict[str, Any], profiles: list[str], steps: int, device: st
             out += [{**base, "profile": p, "error": f"build: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"} for p in profiles]
             log(f"bench {label} / {backend}: not measured: {out[-1]['error']}")
             continue
+        n_params = sum(p.numel() for p in model.parameters())
+        try:  # packcheck bench's refusal, per model: --bench-max-length 99999999999 ran on past any time limit (trial 5)
+            refuse_unfit_bench(bench_memory_estimate(model.config, n_params, dtype, batch_size, max_length),
+                               available_memory(device), f"{label} ({n_params / 1e6:.1f}M parameters, {dtype}, "
+                               f"{batch_size} x {max_length} tokens)")
+        except PackcheckUsageError as exc:
+            out += [{**base, "profile": p, "error": str(exc).replace("--batch-size", "--bench-batch-size")
+                     .replace("--max-length", "--bench-max-length")} for p in profiles]
+            log(f"bench {label} / {backend}: not measured: {out[-1]['error']}")
+            del model
+            continue
         for profile in profiles:
             try:
                 r = run_bench(model, profile=profile, steps=steps, device=device, batch_size=batch_size, max_length=max_length,
