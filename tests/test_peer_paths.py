@@ -258,6 +258,22 @@ def test_a_model_that_does_not_build_and_a_batch_that_raises_are_cells_not_crash
     assert "peer bug" in results[("neat_packing", "llama", "eager")].reason
 
 
+def test_the_written_document_is_compact_and_expands_to_every_result_whole():
+    """peer_paths.json holds a path's shared fields once (schema_version 2); expanded, every result is whole again,
+    a cell whose stubs differ from its path's keeps its own."""
+    rows = [{**_row("verl", "vlm_forward", m, "packcheck_flash_ref", "pass", 1e-7), "per_example": [1.23456789e-7],
+             "stubs": ["verl/__init__.py not run"], "transformers": "5.10.4"} for m in ("qwen2_vl_text", "qwen3_vl_text")]
+    rows.append({**rows[0], "model": "glm4v_text", "stubs": ["verl/__init__.py not run", "glm4v stand-in"]})
+    doc = {**_doc(rows), "schema_version": 1}
+    text = pp.dumps_document(doc)
+    compact = json.loads(text)
+    assert compact["schema_version"] == 2 and compact["paths"]["verl:vlm_forward"]["transformers"] == "5.10.4"
+    assert text.count("verl/__init__.py not run") == 2 and "reason" not in compact["results"][0]
+    back = pp.expand_document(compact)["results"]
+    assert [r["stubs"] for r in back] == [r["stubs"] for r in rows] and back[0]["per_example"] == [1.235e-7]
+    assert {k: v for k, v in back[1].items() if k != "per_example"} == {k: v for k, v in rows[1].items() if k != "per_example"}
+
+
 def test_own_paths_render_a_table_per_path_with_the_numbers_and_the_not_run_reasons():
     doc = {"torch": "2.13.0+cpu", "transformers": "5.25.0", "results": [
         {"peer": "llamafactory", "path": "neat_packing", "code": "llamafactory/data/collator.py:prepare_4d_attention_mask",
@@ -434,7 +450,7 @@ def test_claims_reads_a_wheels_statement_line_and_skips_a_dependency_wheel(tmp_p
 def test_docs_quote_the_committed_own_path_numbers():
     """docs/atlas.md's own-path figures against reports/atlas/peer_paths.json (a re-measure that moves one fails)."""
     root = Path(__file__).resolve().parents[1]
-    doc = json.loads((root / "reports" / "atlas" / "peer_paths.json").read_text())
+    doc = pp.expand_document(json.loads((root / "reports" / "atlas" / "peer_paths.json").read_text()))
     cells = {(r["peer"], r["path"], r["model"], r["backend"]): r for r in doc["results"]}
     text = " ".join((root / "docs" / "atlas.md").read_text().split())
     quoted = {("llamafactory", "neat_packing", "gemma4_text", "eager"): "gemma4's text model 8.1e-01",
@@ -443,7 +459,8 @@ def test_docs_quote_the_committed_own_path_numbers():
               ("nemo_automodel", "neat_packing", "llama", "eager"): "(llama 2.8e-01, cause `segment_mask`)"}
     for key, phrase in quoted.items():
         assert phrase in text and f"{cells[key]['max_abs_diff']:.1e}" in phrase and cells[key]["verdict"] == "fail", key
-    passing = [r for r in doc["results"] if r["peer"] in ("ms_swift", "verl") or (r["peer"] == "unsloth" and r["path"] == "packing"
+    passing = [r for r in doc["results"] if r["peer"] == "ms_swift" or (r["peer"], r["path"]) == ("verl", "remove_padding")
+               or (r["peer"] == "unsloth" and r["path"] == "packing"
                and r["model"] in ("llama", "qwen2", "mistral", "gemma3_text"))]
     assert passing and all(r["verdict"] == "pass" for r in passing)
     assert f"(at most {max(r['max_abs_diff'] for r in passing):.1e})" in text
@@ -499,3 +516,228 @@ def test_cli_claims_reads_the_peers_and_names_a_dependency_wheel_it_does_not_rea
     assert main(["claims", str(peer), str(dep), "-o", str(tmp_path / "claims.md")]) == 0
     assert "unsloth_zoo-2026.10.9-py3-none-any.whl: imported by a peer's own path, not a peer; not read" in capsys.readouterr().err
     assert "## axolotl 0.19.0" in (tmp_path / "claims.md").read_text()
+
+
+# --- the peers' per-model patches (issue 45 part 2): verl's VLM forwards, axolotl's hybrid-model patches -------------
+
+def _run_path(key: str, wheel: Path, models: tuple[str, ...], backends: tuple[str, ...]):
+    """``key``'s path on ``models`` in this process (its transformers pin taken off: the stand-in wheels run on the
+    installed transformers, no pinned environment is made)."""
+    import dataclasses
+
+    path = dataclasses.replace(next(p for p in PEER_PATHS if p.key == key), transformers="")
+    return pp._measure_path(wheel, path, wheel_version(wheel)[1], models, backends, pp.build_bench)
+
+
+# verl 0.9.1's qwen2_vl forward patch, reduced to what the path judges: Qwen2VLForConditionalGeneration.forward
+# replaced by verl's forward_with_normal_backend, which hands the batch on to the model's own forward
+VERL_QWEN2_VL = """
+from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLForConditionalGeneration
+_ORIGINAL = Qwen2VLForConditionalGeneration.forward
+def forward_with_normal_backend(self, input_ids=None, labels=None, temperature=1.0, **kwargs):
+    return _ORIGINAL(self, input_ids=input_ids, **kwargs)
+"""
+VERL_VLM_PATCH = VERL_PATCH + """
+def _patch_vlm(model):
+    if model.config.model_type == "qwen2_vl":
+        from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLForConditionalGeneration
+        from verl.models.transformers.qwen2_vl import forward_with_normal_backend
+        Qwen2VLForConditionalGeneration.forward = forward_with_normal_backend
+        print(f"Monkey patch {model.__class__.__name__} model forward")
+_apply = apply_monkey_patch
+def apply_monkey_patch(model, ulysses_sp_size=1, use_remove_padding=True):
+    _patch_vlm(model)
+    return _apply(model, ulysses_sp_size, use_remove_padding)
+"""
+# planted: verl's forward renumbers position_ids over the whole row (one sample to the model: a leak)
+VERL_QWEN2_VL_DROPS = VERL_QWEN2_VL.replace("    return _ORIGINAL(", (
+    "    import torch\n    n = input_ids.shape[1]\n"
+    "    kwargs['position_ids'] = torch.arange(n)[None, None].expand(4, 1, n).contiguous()\n    return _ORIGINAL("))
+# planted: "Monkey patch ... model forward" printed, nothing installed (the batch would run on stock code)
+VERL_VLM_LOGGED_ONLY = VERL_VLM_PATCH.replace("        Qwen2VLForConditionalGeneration.forward = forward_with_normal_backend\n", "")
+
+
+def test_verl_vlm_forward_runs_its_patch_on_a_pixel_row_and_catches_renumbered_positions_and_a_patch_never_installed(tmp_path):
+    """verl's VLM forward patch on the tiny Qwen2-VL: a pixel row (image, text, image) with M-RoPE position_ids
+    (4, 1, total), each sample's text logits against the sample alone with its image; the class is put back after."""
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLForConditionalGeneration
+
+    original = Qwen2VLForConditionalGeneration.forward
+
+    def run(folder: str, patch: str, forward: str):
+        (tmp_path / folder).mkdir()
+        wheel = _verl_wheel(tmp_path / folder, patch)
+        with zipfile.ZipFile(wheel, "a") as z:
+            z.writestr("verl/models/transformers/qwen2_vl.py", textwrap.dedent(forward))
+        return _run_path("verl:vlm_forward", wheel, ("arch:qwen2_vl",), ("packcheck_flash_ref",))[0]
+
+    r = run("ok", VERL_VLM_PATCH, VERL_QWEN2_VL)
+    assert (r.model, r.verdict) == ("qwen2_vl_text", "pass") and len(r.per_example) == 3, r
+    assert "position_ids (4, 1, " in r.note and "Qwen2VLForConditionalGeneration.forward x1" in r.note
+    assert Qwen2VLForConditionalGeneration.forward is original
+    r = run("renumbers", VERL_VLM_PATCH, VERL_QWEN2_VL_DROPS)  # the first image's M-RoPE rows move too
+    assert r.verdict == "fail" and r.cause == "leak" and min(r.per_example) > 1e-2, (r.reason, r.note)
+    r = run("logged", VERL_VLM_LOGGED_ONLY, VERL_QWEN2_VL)
+    assert r.verdict == "error" and "never called it" in r.reason and "none installed" in r.note, r
+    assert Qwen2VLForConditionalGeneration.forward is original
+
+
+def test_verl_vlm_cells_name_a_model_transformers_lacks_and_a_model_without_a_pixel_row(tmp_path):
+    (tmp_path / "w").mkdir()
+    wheel = _verl_wheel(tmp_path / "w", VERL_VLM_PATCH)
+    kimi = _run_path("verl:vlm_forward", wheel, ("arch:kimi_vl",), ("packcheck_flash_ref",))[0]
+    assert kimi.verdict == "not_run" and kimi.model == "kimi_vl" and "remote code" in kimi.reason and "monkey_patch.py:485" in kimi.reason
+    llama = _run_path("verl:vlm_forward", wheel, ("llama",), ("packcheck_flash_ref",))[0]
+    assert llama.verdict == "not_run" and "packcheck lays out no pixel row for it" in llama.reason, llama
+
+
+# axolotl 0.19.0's qwen3_next packing patch, reduced: the decoder layer hands position_ids to the linear attention
+# (monkeypatch/models/qwen3_next/modeling.py:patched_decoder_forward), whose forward then runs each packed example
+# alone (what fla's varlen kernels do with the cu_seqlens it derives from position_ids)
+AXOLOTL_QWEN3_NEXT = """
+import torch
+from transformers.models.qwen3_next import modeling_qwen3_next as modeling
+fla_causal_conv1d = None
+fla_chunk_gated_delta_rule = None
+def patch_qwen3_next_modeling_packing():
+    layer, net = modeling.Qwen3NextDecoderLayer.forward, modeling.Qwen3NextGatedDeltaNet.forward
+    def patched_decoder_forward(self, hidden_states, *args, position_ids=None, **kwargs):
+        if hasattr(self, "linear_attn"):
+            self.linear_attn._position_ids = position_ids
+        return layer(self, hidden_states, *args, position_ids=position_ids, **kwargs)
+    def patched_gated_delta_net_forward(self, hidden_states, *args, **kwargs):
+        pos = getattr(self, "_position_ids", None)
+        if pos is None:
+            return net(self, hidden_states, *args, **kwargs)
+        if fla_chunk_gated_delta_rule is None:
+            raise RuntimeError("Packed sequences require flash-linear-attention (cu_seqlens support in causal_conv1d "
+                               "and chunk_gated_delta_rule).")
+        starts = (pos[0] == 0).nonzero().flatten().tolist() + [pos.shape[1]]
+        return torch.cat([net(self, hidden_states[:, a:b]) for a, b in zip(starts, starts[1:])], dim=1)
+    modeling.Qwen3NextDecoderLayer.forward = patched_decoder_forward
+    modeling.Qwen3NextGatedDeltaNet.forward = patched_gated_delta_net_forward
+"""
+# planted: the decoder layer drops position_ids on the way to the linear attention (its state then crosses examples)
+AXOLOTL_QWEN3_NEXT_DROPS = AXOLOTL_QWEN3_NEXT.replace("self.linear_attn._position_ids = position_ids", "self.linear_attn._position_ids = None")
+# planted: the patch logs that it applied, installs nothing
+AXOLOTL_QWEN3_NEXT_LOGGED = AXOLOTL_QWEN3_NEXT.replace(
+    "    modeling.Qwen3NextDecoderLayer.forward = patched_decoder_forward\n    modeling.Qwen3NextGatedDeltaNet.forward = "
+    "patched_gated_delta_net_forward\n", "    print('Applied Qwen3Next patch for packing')\n")
+# planted: the patch crashes on the transformers it meets (an attribute that release renamed)
+AXOLOTL_QWEN3_NEXT_CRASHES = AXOLOTL_QWEN3_NEXT.replace("    layer, net =", "    modeling.Qwen3NextGatedDeltaNet.cuda_kernels_forward\n    layer, net =")
+
+
+def test_axolotl_model_patch_threads_boundaries_and_catches_dropped_positions_a_patch_never_installed_and_its_refusal(tmp_path):
+    """axolotl's per-model patch under its multipack batch (position_ids, no attention_mask) on the tiny Qwen3-Next,
+    fla's kernels bound to packcheck's CPU reference (named): the patch that threads the boundaries passes, each
+    planted fault is caught, a refusal to pack without fla is a not-run naming it, and the classes are put back."""
+    from transformers.models.qwen3_next import modeling_qwen3_next as modeling
+
+    originals = (modeling.Qwen3NextDecoderLayer.forward, modeling.Qwen3NextGatedDeltaNet.forward)
+
+    def run(folder: str, patch: str):
+        (tmp_path / folder).mkdir()
+        wheel = _wheel(tmp_path / folder, "axolotl", "0.19.0", {"axolotl.utils.collators.batching": AXOLOTL_RIGHT,
+                                                                "axolotl.monkeypatch.models.qwen3_next.modeling": patch})
+        out = _run_path("axolotl:model_patches", wheel, ("qwen3_next",), ("sdpa",))[0]
+        assert (modeling.Qwen3NextDecoderLayer.forward, modeling.Qwen3NextGatedDeltaNet.forward) == originals
+        return out
+
+    r = run("ok", AXOLOTL_QWEN3_NEXT)
+    assert r.verdict == "pass" and "Qwen3NextGatedDeltaNet.forward x" in r.note, (r.reason, r.note)
+    assert any("per-segment CPU reference of fla's" in s for s in r.stubs)
+    r = run("drops", AXOLOTL_QWEN3_NEXT_DROPS)
+    assert r.verdict == "fail" and r.cause == "leak" and r.max_abs_diff > 1e-3 and r.per_example[0] <= r.tolerance, r
+    r = run("logged", AXOLOTL_QWEN3_NEXT_LOGGED)
+    assert r.verdict == "error" and "never called it" in r.reason and "none installed" in r.note, r
+    r = run("crashes", AXOLOTL_QWEN3_NEXT_CRASHES)
+    assert r.verdict == "error" and "AttributeError" in r.reason and "qwen3_next/modeling.py" in r.reason, r
+    refuses = AXOLOTL_QWEN3_NEXT.replace("fla_chunk_gated_delta_rule = None\n", "fla_chunk_gated_delta_rule = None\n"
+                                         "_FLA_NOT_BOUND = True\n").replace("if fla_chunk_gated_delta_rule is None:", "if _FLA_NOT_BOUND:")
+    r = run("refuses", refuses)
+    assert r.verdict == "not_run" and r.reason.startswith("the peer's own refusal: RuntimeError: Packed sequences require "
+                                                          "flash-linear-attention"), r
+
+
+def test_the_fla_references_run_each_segment_alone():
+    """packcheck's stand-ins for fla's varlen kernels: with cu_seqlens each segment equals that segment run alone
+    (and differs from the whole row run as one, the leak they stand between)."""
+    import torch
+
+    torch.manual_seed(0)
+    x, w = torch.randn(1, 9, 4), torch.randn(4, 4)
+    cu = torch.tensor([0, 5, 9], dtype=torch.int32)
+    y, _ = pp.fla_causal_conv1d_reference(x, w, activation="silu", cu_seqlens=cu)
+    alone, _ = pp.fla_causal_conv1d_reference(x[:, 5:], w, activation="silu")
+    whole, _ = pp.fla_causal_conv1d_reference(x, w, activation="silu")
+    assert torch.allclose(y[:, 5:], alone) and not torch.allclose(whole[:, 5:], alone)
+    q, k, v = torch.randn(1, 9, 2, 4), torch.randn(1, 9, 2, 4), torch.randn(1, 9, 2, 4)
+    g, beta = -torch.rand(1, 9, 2), torch.rand(1, 9, 2)
+    o, _ = pp.fla_chunk_gated_delta_rule_reference(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+    o2, _ = pp.fla_chunk_gated_delta_rule_reference(q[:, 5:], k[:, 5:], v[:, 5:], g[:, 5:], beta[:, 5:], use_qk_l2norm_in_kernel=True)
+    o3, _ = pp.fla_chunk_gated_delta_rule_reference(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)
+    assert torch.allclose(o[:, 5:], o2, atol=1e-6) and not torch.allclose(o3[:, 5:], o2, atol=1e-3)
+
+
+def test_an_own_code_claim_reads_its_model_patch_path_and_a_shown_path_does_not_count():
+    """axolotl's own-code claims read model_patches (its other claims multipack); verl's VLM claims are judged by the
+    pixel row, the text-only micro-batch shown beside it: a planted failure there does not flip the claim, one in the
+    pixel row does."""
+    from pytest_packcheck.atlas.claims import Claim, judge_with_own_path, own_links
+
+    own = Claim("axolotl", "qwen3_next", True, ("packcheck_flash_ref",), "axolotl/monkeypatch/multipack.py", 12,
+                own_code="axolotl/monkeypatch/models/qwen3_next/")
+    plain = Claim("axolotl", "llama", True, ("packcheck_flash_ref",), "axolotl/monkeypatch/multipack.py", 12)
+    assert [k.paths for k in own_links(own)] == [("axolotl:model_patches",)]
+    assert [k.paths for k in own_links(plain)] == [("axolotl:multipack",)]
+    stock = {"claim": own, "release": "5.16.1", "holds": None, "why": "rests on the peer's own code"}
+    ran = judge_with_own_path(stock, _doc([_row("axolotl", "model_patches", "qwen3_next", "sdpa", "pass", 2e-7)]))
+    assert ran["holds"] is True and "`axolotl:model_patches` on qwen3_next: ✅ sdpa 2.0e-07" in ran["why"]
+    vlm = Claim("verl", "qwen2_vl", True, ("packcheck_flash_ref",), "verl/models/transformers/monkey_patch.py", 365,
+                own_code="verl/models/transformers/monkey_patch.py:365: verl replaces its forward / attention")
+    stock = {"claim": vlm, "release": "5.10.4", "holds": None, "why": "rests on the peer's own code"}
+    pixel = _row("verl", "vlm_forward", "qwen2_vl_text", "packcheck_flash_ref", "pass", 3.6e-7)
+    text_error = _row("verl", "vlm_forward_text", "qwen2_vl_text", "packcheck_flash_ref", "error",
+                      reason="AttributeError: 'BaseModelOutputWithPooling' object has no attribute 'mean'")
+    j = judge_with_own_path(stock, _doc([pixel, text_error]))
+    assert j["holds"] is True and "(shown, not counted)" in j["why"] and "💥 error" in j["why"]
+    planted = judge_with_own_path(stock, _doc([{**pixel, "verdict": "fail", "max_abs_diff": 0.2, "cause": "leak"}, text_error]))
+    assert planted["holds"] is False
+
+
+def test_docs_quote_the_committed_per_model_patch_numbers():
+    """docs/atlas.md's figures for axolotl's and verl's per-model patches against reports/atlas/peer_paths.json (the
+    largest max abs diff over a model's backends), and the file:line of each crash or refusal it names."""
+    root = Path(__file__).resolve().parents[1]
+    doc = pp.expand_document(json.loads((root / "reports" / "atlas" / "peer_paths.json").read_text()))
+    text = " ".join((root / "docs" / "atlas.md").read_text().split())
+
+    def cells(peer, path, model):
+        found = [r for r in doc["results"] if (r["peer"], r["path"], r["model"]) == (peer, path, model)]
+        assert found, (peer, path, model)
+        return found
+
+    quoted = {("axolotl", "model_patches", "qwen3_next"): ("qwen3_next (2.4e-07)", "pass"),
+              ("axolotl", "model_patches", "qwen3_5_text"): ("qwen3_5 (4.8e-07)", "pass"),
+              ("axolotl", "model_patches", "qwen4_exp_text"): ("qwen4_exp (8.9e-08)", "pass"),
+              ("verl", "vlm_forward", "qwen2_5_vl_text"): ("qwen2_5_vl (3.6e-07)", "pass"),
+              ("verl", "vlm_forward", "qwen3_vl_text"): ("qwen3_vl (8.9e-08)", "pass"),
+              ("verl", "vlm_forward", "qwen3_vl_moe_text"): ("qwen3_vl_moe (1.0e-07)", "pass"),
+              ("verl", "vlm_forward", "qwen3_5_text"): ("qwen3_5 (1.6e-03)", "fail"),
+              ("verl", "vlm_forward", "qwen3_5_moe_text"): ("qwen3_5_moe (2.7e-03)", "fail")}
+    for key, (phrase, verdict) in quoted.items():
+        ran = [r for r in cells(*key) if r["verdict"] in ("pass", "fail")]
+        assert phrase in text and f"{max(r['max_abs_diff'] for r in ran):.1e}" in phrase, key
+        assert {r["verdict"] for r in ran} == {verdict}, key
+    assert cells("verl", "vlm_forward", "qwen2_vl_text")[0]["max_abs_diff"] <= cells("verl", "vlm_forward", "qwen2_5_vl_text")[0]["max_abs_diff"]
+    named = {("axolotl", "model_patches", "granitemoehybrid"): ("error", "granitemoehybrid/modeling.py:73"),
+             ("axolotl", "model_patches", "nemotron_h"): ("not_run", "nemotron_h/modeling.py:88"),
+             ("axolotl", "model_patches", "falcon_h1"): ("not_run", "falcon_h1/modeling.py:283"),
+             ("verl", "vlm_forward_text", "qwen2_vl_text"): ("error", "qwen2_vl.py:394"),
+             ("verl", "vlm_forward_text", "glm4v_text"): ("error", "glm4v.py:385"),
+             ("verl", "vlm_forward", "kimi_vl"): ("not_run", "monkey_patch.py:485")}
+    for key, (verdict, where) in named.items():
+        assert all(r["verdict"] == verdict and where in r["reason"] for r in cells(*key)), key
+        assert where.rsplit("/", 1)[-1].split(":")[0] in text or where in text, key
+    assert all(r.get("transformers") == "5.10.4" for r in doc["results"] if r["path"].startswith("vlm_forward"))
+    assert all(r.get("transformers") == "5.16.1" for r in doc["results"] if r["path"] == "model_patches")

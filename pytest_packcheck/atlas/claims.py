@@ -404,13 +404,20 @@ class OwnPathLink:
     paths: tuple[str, ...]
     scope: str
     judges: bool = False
+    #: None: every claim of the kind; True / False: only the claims that rest (do not rest) on the peer's own code
+    own_code: bool | None = None
+    #: own paths whose cells are shown beside the verdict but do not count toward it (verl's text-only micro-batch)
+    shown: tuple[str, ...] = ()
 
 
 #: The claims each own path measures (issue 45 part 2): per claim, claims.md shows the own paths' verdict beside
 #: stock transformers' and the peer's statement.
 OWN_PATH_LINKS: tuple[OwnPathLink, ...] = (
     OwnPathLink("axolotl", "packs", ("axolotl:multipack",), "its multipack collator, attention_mask dropped as its "
-                "trainer drops it (its sdpa_varlen patch and per-model patches not run)"),
+                "trainer drops it (its sdpa_varlen patch not run)", own_code=False),
+    OwnPathLink("axolotl", "packs", ("axolotl:model_patches",), "its per-model packing patch under its multipack batch, "
+                "at the transformers it pins (fla's kernels on packcheck's per-segment CPU reference; Mamba2's CUDA kernels "
+                "not run)", judges=True, own_code=True),
     OwnPathLink("llamafactory", "refuses", ("llamafactory:neat_packing", "llamafactory:neat_packing_flash"),
                 "neat_packing, the path the refusal guards"),
     OwnPathLink("ms-swift", "every", ("ms_swift:padding_free",), "its padding_free collator on text models"),
@@ -418,8 +425,10 @@ OWN_PATH_LINKS: tuple[OwnPathLink, ...] = (
                 "template's own encode and multimodal collation not run)"),
     OwnPathLink("verl", "every", ("verl:remove_padding",), "its unpad helpers and apply_monkey_patch's flash forward "
                 "at ulysses_sp_size 1"),
-    OwnPathLink("verl", "packs", ("verl:remove_padding",), "its flash forward patch on text models (the forward it "
-                "replaces for this model not run)"),
+    OwnPathLink("verl", "packs", ("verl:remove_padding",), "its flash forward patch on text models", own_code=False),
+    OwnPathLink("verl", "packs", ("verl:vlm_forward",), "apply_monkey_patch's forward / attention for this model on a "
+                "pixel row, at the transformers it pins (flash-attn and fla on packcheck's CPU references)", judges=True,
+                own_code=True, shown=("verl:vlm_forward_text",)),
     OwnPathLink("unsloth", "every", ("unsloth:packing", "unsloth:hf_packed_attention"), "its packing collator and the "
                 "varlen attention it installs", judges=True),
     OwnPathLink("unsloth", "refuses", ("unsloth:packing",), "its packing collator on the refused model"),
@@ -437,7 +446,8 @@ def _kind(claim: Claim) -> str:
 def own_links(claim: Claim, links: tuple[OwnPathLink, ...] = OWN_PATH_LINKS) -> list[OwnPathLink]:
     """The :data:`OWN_PATH_LINKS` entries for ``claim`` (its peer and kind)."""
     peer = claim.peer.lower().replace("_", "-")
-    return [k for k in links if k.peer == peer and k.kind == _kind(claim)]
+    return [k for k in links if k.peer == peer and k.kind == _kind(claim)
+            and (k.own_code is None or k.own_code == bool(claim.own_code))]
 
 
 def own_verdict(claim: Claim, doc: dict[str, Any] | None, links: tuple[OwnPathLink, ...] = OWN_PATH_LINKS,
@@ -455,7 +465,8 @@ def own_verdict(claim: Claim, doc: dict[str, Any] | None, links: tuple[OwnPathLi
     links = own_links(claim, links)
     if not links or not doc:
         return None
-    keys = list(dict.fromkeys(k for link in links for k in link.paths))
+    keys = list(dict.fromkeys(k for link in links for k in (*link.paths, *link.shown)))
+    only_shown = {k for link in links for k in link.shown} - {k for link in links for k in link.paths}
     rows = {k: [r for r in doc.get("results", []) if f"{r['peer'].lower().replace('-', '_')}:{r['path']}" == k] for k in keys}
     if not any(rows.values()):
         return None
@@ -469,10 +480,12 @@ def own_verdict(claim: Claim, doc: dict[str, Any] | None, links: tuple[OwnPathLi
     for key, these in rows.items():
         if not these:
             texts.append(f"`{key}` not run on {claim.model_type} (not among the models it runs)")
-            verdicts.append("not_run")
+            verdicts += [] if key in only_shown else ["not_run"]
             continue
-        texts.append(f"`{key}`" + (f" on {these[0]['model']}" if single else "") + ": " + _path_summary(these, single))
-        verdicts += [r["verdict"] for r in these if not _refused_backend(r)]
+        texts.append(f"`{key}`" + (f" on {these[0]['model']}" if single else "") + ": " + _path_summary(these, single)
+                     + (" (shown, not counted)" if key in only_shown else ""))
+        if key not in only_shown:
+            verdicts += [r["verdict"] for r in these if not _refused_backend(r)]
     failed, ran = "fail" in verdicts, all(v in ("pass", "fail") for v in verdicts)
     # judged only where every linked cell ran: a failure of one path beside another not run is shown, not a verdict
     holds: bool | None = None if not ran else (not failed if claim.supported else failed)

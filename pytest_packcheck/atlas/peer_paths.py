@@ -45,14 +45,29 @@ Paths (the peers' newest releases read for this: axolotl 0.19.0, llamafactory 0.
   (``packed_seq_lengths``, boundary labels masked, attention_mask dropped), on stock attention;
   ``unsloth:hf_packed_attention``: the "sdpa" wrapper it installs, whose packed branch imports
   ``utils/attention_dispatch.py`` -> ``device_type.py:124`` "You need a GPU": not run on CPU, named.
+- ``verl:vlm_forward`` / ``vlm_forward_text`` (0.9.1, at transformers 5.10.4, its pin): ``apply_monkey_patch`` on the
+  model types it replaces the forward / attention of (:data:`VERL_PATCHED_MODELS`), on checks/pixels.py's pixel row
+  (each sample's text logits against the sample alone with its image) and on a text-only micro-batch; flash-attn's
+  functions in verl's model modules bound to packcheck's reference kernels (:func:`_verl_model_patch`), every
+  function verl installs counted.
+- ``axolotl:model_patches`` (0.19.0, at transformers 5.16.1, its pin): its per-model packing patch
+  (:data:`AXOLOTL_MODEL_PATCHES`) under the multipack batch, fla's varlen kernels bound to packcheck's per-segment
+  CPU references (:func:`fla_causal_conv1d_reference`, :func:`fla_chunk_gated_delta_rule_reference`); the Mamba2
+  patches' refusals without mamba-ssm / causal-conv1d are ``not_run`` cells with axolotl's message.
+
+A path pinned to another transformers than the one running (:attr:`PeerPath.transformers`) runs in packcheck's
+environment of that release (``python -m pytest_packcheck.atlas.peer_paths WHEEL PEER:PATH MODELS BACKENDS``, its
+results as JSON); each result records the transformers it ran on.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.machinery
 import importlib.util
+import itertools
 import sys
 import types
 import warnings
@@ -99,6 +114,23 @@ class PeerPath:
     #: models run beside :data:`DEFAULT_MODELS` by default: those the peer's claims name for this path (its
     #: refusals; a multimodal model's text model, ``gemma4_text`` for LLaMA-Factory's ``gemma4``)
     models: tuple[str, ...] = ()
+    #: run on ``models`` only (not :data:`DEFAULT_MODELS` too): a path whose patch exists for those model types alone
+    only_models: bool = False
+    #: ``name`` of a function here, ``(bench) -> reference``, run on stock code before the patch (default: each
+    #: example alone, ``bench.solo_logits()``), and of one ``(bench, batch, reference) -> (max_abs_diff, per_example,
+    #: note)`` that runs the patched forward and compares (default: ``bench.forward`` against ``diff_to_solo``)
+    reference: str = ""
+    compare: str = ""
+    #: the transformers release the path is measured at when the one running is another (the peer's pin excludes it):
+    #: :func:`measure` runs it in packcheck's environment of that release (:func:`..versions.envs.ensure_env`)
+    transformers: str = ""
+    #: requirements installed beside that transformers (what the path's modules import: axolotl's qwen3_5 patch imports peft)
+    env: tuple[str, ...] = ()
+    #: substrings of the peer's own refusals to run without a GPU package (its ``RuntimeError`` naming the package):
+    #: a forward or patch that raises one is ``not_run`` with the message and where the wheel raised it, not an error
+    refusals: tuple[str, ...] = ()
+    #: ``(model, sentence)``: put before the reason of that model's cells when its tiny model does not build
+    model_notes: tuple[tuple[str, str], ...] = ()
 
     @property
     def key(self) -> str:
@@ -108,6 +140,42 @@ class PeerPath:
         """The stubs and the package ``__init__`` files not run, as every result names them."""
         return self.stubs + tuple(f"{b.replace('.', '/')}/__init__.py not run" for b in self.bare)
 
+
+#: The model types verl 0.9.1's apply_monkey_patch replaces the forward / attention of (monkey_patch.py:365-500), as
+#: packcheck builds them: the M-RoPE VLMs on their text path (``arch:``), Qwen3.5 as its vision-language model
+#: (``vlm:``: ``arch:qwen3_5`` is the causal LM, model_type qwen3_5_text, which verl does not patch); kimi_vl is not a
+#: transformers model type (its modeling is the checkpoint's remote code).
+VERL_PATCHED_MODELS = ("arch:qwen2_vl", "arch:qwen2_5_vl", "arch:qwen3_vl", "arch:qwen3_vl_moe", "arch:glm4v", "arch:kimi_vl",
+                       "vlm:qwen3_5", "vlm:qwen3_5_moe")
+#: verl 0.9.1 requires transformers >=5.5.3,<5.11,!=5.6.0: its model patches are measured at the newest release in
+#: its pin packcheck's atlas measures (5.25.0's qwen2_vl module lacks Qwen2VLCausalLMOutputWithPast, which
+#: verl/models/transformers/qwen2_vl.py:24 imports)
+VERL_TRANSFORMERS = "5.10.4"
+VERL_MODEL_NOTES = (("arch:kimi_vl", ("kimi_vl is not a transformers model type: its modeling is the checkpoint's remote code "
+                     "(modeling_kimi_vl.py's DeepseekV3FlashAttention2, whose forward apply_monkey_patch replaces, "
+                     "verl/models/transformers/monkey_patch.py:485-490; its _ulysses_flash_attn_forward is "
+                     "verl/models/transformers/kimi_vl.py:91), not run here")),)
+VERL_NOT_ON_CPU = ("flash_attn's flash_attn_varlen_func (verl/models/transformers/qwen2_vl.py:46, glm4v.py:46: imported "
+                   "only with flash-attn installed) stood in by packcheck's varlen reference; fla's chunk_gated_delta_rule "
+                   "and causal-conv1d (qwen3_5.py: its per-segment torch fallback runs); ulysses_sp_size > 1")
+
+#: axolotl 0.19.0's per-model packing patches (loaders/patch_manager.py:543-599, model_support/qwen4_exp/__init__.py:21-31),
+#: by model type: (module, the functions axolotl calls in order, their keyword arguments)
+AXOLOTL_MODEL_PATCHES: dict[str, tuple[str, tuple[str, ...], dict[str, Any]]] = {
+    "qwen3_next": ("axolotl.monkeypatch.models.qwen3_next.modeling", ("patch_qwen3_next_modeling_packing",), {}),
+    "qwen3_5": ("axolotl.monkeypatch.models.qwen3_5.modeling", ("patch_qwen3_5_modeling_packing",), {}),
+    "qwen4_exp": ("axolotl.monkeypatch.models.qwen4_exp.modeling", ("patch_qwen4_exp_qsa_indexer",
+                                                                    "patch_qwen4_exp_modeling_packing"), {}),
+    "granitemoehybrid": ("axolotl.monkeypatch.models.granitemoehybrid.modeling", ("patch_granitemoehybrid_modeling_packing",), {}),
+    "nemotron_h": ("axolotl.monkeypatch.models.nemotron_h.modeling", ("guard_nemotron_h_fused_scan",
+                                                                      "patch_nemotron_h_modeling_packing"), {"kernels_enabled": False}),
+    "falcon_h1": ("axolotl.monkeypatch.models.falcon_h1.modeling", ("patch_falcon_h1_modeling_packing",), {}),
+}
+
+#: axolotl 0.19.0's own refusals to pack without a GPU package (qwen3_next/modeling.py, qwen3_5/modeling.py:147,
+#: qwen4_exp/modeling.py:202: fla; nemotron_h/modeling.py:88: Mamba2 kernels; falcon_h1/modeling.py:270, 283)
+AXOLOTL_REFUSALS = ("require flash-linear-attention", "requires causal_conv1d_fn", "requires the CUDA fast path",
+                    "requires Mamba2 kernels")
 
 PEER_PATHS: tuple[PeerPath, ...] = (
     PeerPath("llamafactory", "neat_packing", "neat_packing's segment-id row through prepare_4d_attention_mask (block_diag_attn)",
@@ -130,6 +198,18 @@ PEER_PATHS: tuple[PeerPath, ...] = (
              "nemo_automodel/components/datasets/utils.py:neat_packed_collater",
              ("nemo_automodel.components.datasets.llm.neat_packing", "nemo_automodel.components.datasets.utils"),
              (REFERENCE_BACKEND,), "_build_nemo_neat"),
+    PeerPath("axolotl", "model_patches", "its per-model packing patch (monkeypatch/models/<model>/modeling.py: cu_seqlens or "
+             "seq_idx derived from position_ids and threaded into the linear-attention / Mamba2 layers) under the multipack "
+             "batch (position_ids, no attention_mask)", "axolotl/monkeypatch/models/<model>/modeling.py",
+             ("axolotl.utils.collators.batching",), ("sdpa", REFERENCE_BACKEND), "_build_axolotl_multipack",
+             around="_axolotl_model_patch", only_models=True, transformers="5.16.1",
+             bare=("axolotl.utils.collators",),
+             models=("qwen3_next", "qwen3_5", "qwen4_exp", "granitemoehybrid", "nemotron_h", "falcon_h1"),
+             refusals=AXOLOTL_REFUSALS,
+             not_on_cpu="fla's Triton kernels (fla.modules.convolution.causal_conv1d, fla.ops.gated_delta_rule."
+             "chunk_gated_delta_rule with cu_seqlens: stood in by packcheck's per-segment reference over transformers' "
+             "torch fallbacks); mamba-ssm's mamba_chunk_scan_combined and causal-conv1d's causal_conv1d_fn with seq_idx "
+             "(CUDA)"),
     # ms-swift's SFT padding_free: its template's own collator. ms-swift refuses padding_free / packing unless the
     # attn_impl is a flash one (swift/arguments/sft_args.py _check_padding_free), so it runs on the flash path only.
     PeerPath("ms_swift", "padding_free", "Template._data_collator with padding_free=True (packing_row: one row, position_ids "
@@ -161,6 +241,24 @@ PEER_PATHS: tuple[PeerPath, ...] = (
              "_build_verl_rmpad", bare=("verl", "verl.utils", "verl.models", "verl.models.transformers"),
              beside=("einops",), around="_verl_monkey_patch",
              not_on_cpu="ulysses_sp_size > 1 (its all-to-all needs a process group per rank)"),
+    # verl's per-model patches: the model types apply_monkey_patch names get verl's own forward (and attention)
+    PeerPath("verl", "vlm_forward", "apply_monkey_patch(use_remove_padding=True) on the model types it names (the model's "
+             "forward, its text attention or its gated-delta-net layer replaced by verl's): one unpadded row of an image "
+             "sample, a text sample and an image sample (pixel_values, image_grid_thw), M-RoPE position_ids (4, 1, total), "
+             "cu_seqlens where the patched forward takes them; text-token logits against each sample alone with its image",
+             "verl/models/transformers/monkey_patch.py:apply_monkey_patch",
+             ("verl.utils.attention_utils", "verl.models.transformers.monkey_patch"), (REFERENCE_BACKEND,),
+             "_build_verl_pixel_row", bare=("verl", "verl.utils", "verl.models", "verl.models.transformers"),
+             beside=("einops",), around="_verl_model_patch", only_models=True, models=VERL_PATCHED_MODELS,
+             reference="_pixel_row_alone", compare="_pixel_row_compare", transformers=VERL_TRANSFORMERS,
+             not_on_cpu=VERL_NOT_ON_CPU, model_notes=VERL_MODEL_NOTES),
+    PeerPath("verl", "vlm_forward_text", "the same patch on a text-only micro-batch (no pixel_values: verl's _get_input_embeds "
+             "runs the vision tower on a dummy image and adds 0 x its mean, 'mixed text-image data')",
+             "verl/models/transformers/monkey_patch.py:apply_monkey_patch",
+             ("verl.utils.attention_utils", "verl.models.transformers.monkey_patch"), (REFERENCE_BACKEND,),
+             "_build_verl_vlm", bare=("verl", "verl.utils", "verl.models", "verl.models.transformers"),
+             beside=("einops",), around="_verl_model_patch", only_models=True, models=VERL_PATCHED_MODELS,
+             transformers=VERL_TRANSFORMERS, not_on_cpu=VERL_NOT_ON_CPU, model_notes=VERL_MODEL_NOTES),
 )
 
 
@@ -565,6 +663,8 @@ class PathResult:
     cause: str = ""
     stubs: tuple[str, ...] = ()
     not_on_cpu: str = ""
+    #: the transformers release the cell ran on (the document's, unless the path pins another: :attr:`PeerPath.transformers`)
+    transformers: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
@@ -582,17 +682,19 @@ def run_path(path: PeerPath, mods: dict[str, Any], bench: Any, version: str) -> 
     been judged on stock code)."""
     base = {"peer": path.peer, "version": version, "path": path.name, "code": path.code, "model": bench.config.model_type,
             "backend": bench.backend, "stubs": path.named_stand_ins() + tuple(mods.get("__stand_ins__", ())),
-            "not_on_cpu": path.not_on_cpu}
+            "not_on_cpu": path.not_on_cpu, "transformers": _version("transformers")}
 
     def crashed(exc: BaseException) -> PathResult:
         text = str(exc).splitlines()[0] if str(exc) else ""
         return PathResult(**base, verdict="error", reason=f"{type(exc).__name__}: {text}{_raised_at(exc)}")
 
-    try:
-        bench.solo_logits()  # each example alone on stock code, before the peer patches anything
+    try:  # each example alone on stock code, before the peer patches anything
+        reference = globals()[path.reference](bench) if path.reference else bench.solo_logits()
+    except PeerUnavailable as exc:
+        return PathResult(**base, verdict="not_run", reason=str(exc))
     except Exception as exc:  # noqa: BLE001 - the model's fault is a cell, never the run's end
         return crashed(exc)
-    _PATCHED_MODEL[0] = bench.model
+    _PATCHED_MODEL[0], _PIXEL_BENCH[0] = bench.model, bench
     with contextlib.ExitStack() as stack:
         try:
             state = stack.enter_context(globals()[path.around](mods, bench)) if path.around else {}
@@ -604,10 +706,17 @@ def run_path(path: PeerPath, mods: dict[str, Any], bench: Any, version: str) -> 
         except Exception as exc:  # noqa: BLE001 - a peer's fault is a cell, never the run's end
             return crashed(exc)
         finally:
-            _PATCHED_MODEL[0] = None
+            _PATCHED_MODEL[0] = _PIXEL_BENCH[0] = None
         try:
-            worst, per = bench.diff_to_solo(bench.forward(batch).logits[0].float())
+            if path.compare:
+                worst, per, more = globals()[path.compare](bench, batch, reference)
+                note += more
+            else:
+                worst, per = bench.diff_to_solo(bench.forward(batch).logits[0].float())
         except Exception as exc:  # noqa: BLE001 - a peer's fault is a cell, never the run's end
+            if any(r in str(exc) for r in path.refusals):
+                return PathResult(**base, verdict="not_run", note=note, reason="the peer's own refusal: "
+                                  f"{type(exc).__name__}: {' '.join(str(exc).split())}{_raised_at(exc)}")
             return crashed(exc)
         calls = state["calls_of"]() if "calls_of" in state else None
     if state.get("note"):
@@ -620,9 +729,11 @@ def run_path(path: PeerPath, mods: dict[str, Any], bench: Any, version: str) -> 
     window = getattr(bench.config, "sliding_window", None)
     if isinstance(window, int) and window > 0:
         note += f"; sliding_window {window}"
-    note += "; examples of " + ", ".join(str(len(e)) for e in bench.examples) + " tokens"
+    if not path.compare:
+        note += "; examples of " + ", ".join(str(len(e)) for e in bench.examples) + " tokens"
     return PathResult(**base, verdict=verdict, max_abs_diff=worst, per_example=per, tolerance=tol, note=note,
-                      cause=_cause(per, [len(e) for e in bench.examples], tol, bench.config, batch) if verdict == "fail" else "")
+                      cause=(_cause(per, [len(e) for e in bench.examples], tol, bench.config, batch) if not path.compare else "leak")
+                      if verdict == "fail" else "")
 
 
 def _cause(per: list[float], lengths: list[int], tol: float, config: Any, batch: dict[str, Any]) -> str:
@@ -652,7 +763,9 @@ def wheel_version(wheel: Path) -> tuple[str, str]:
 def measure(wheel: Path, make_bench: Callable[[str, str], Any], models: tuple[str, ...] | None = None,
             backends: tuple[str, ...] | None = None) -> list[PathResult]:
     """Every :data:`PEER_PATHS` entry of ``wheel``'s peer on each of ``models`` (default :data:`DEFAULT_MODELS` and
-    the path's own ``models``) x the path's backends (those in ``backends`` when given). ``make_bench(model_type, backend)`` builds the workbench (a built tiny model), or
+    the path's own ``models``; a path with ``only_models`` on its own models, those of ``models`` when given, and not
+    at all where none is asked for) x the path's backends (those in ``backends`` when given); a path pinned to
+    another transformers (:attr:`PeerPath.transformers`) runs in that release's environment (:func:`_measure_in_env`). ``make_bench(model_type, backend)`` builds the workbench (a built tiny model), or
     raises: that cell is then ``not_run`` with the reason. A path whose modules do not import gives one ``not_run``
     result per model x backend naming the module. Returns the results in table order.
 
@@ -665,7 +778,15 @@ def measure(wheel: Path, make_bench: Callable[[str, str], Any], models: tuple[st
     out: list[PathResult] = []
     for path in (p for p in PEER_PATHS if p.peer == peer):
         on = tuple(b for b in path.backends if backends is None or b in backends)
-        out += _measure_path(wheel, path, version, models or DEFAULT_MODELS + path.models, on, make_bench)
+        chosen = models or (path.models if path.only_models else DEFAULT_MODELS + path.models)
+        if path.only_models:  # a patch that exists for its models alone runs on those of them asked for
+            chosen = tuple(m for m in path.models if models is None or m in models or m.split(":")[-1] in models)
+        if not chosen:
+            continue
+        if path.transformers and _version("transformers") != path.transformers:
+            out += _measure_in_env(wheel, path, version, chosen, on)
+        else:
+            out += _measure_path(wheel, path, version, chosen, on, make_bench)
     return out
 
 
@@ -679,31 +800,77 @@ def _measure_path(wheel: Path, path: PeerPath, version: str, models: tuple[str, 
                     try:
                         bench = make_bench(model, backend)
                     except Exception as exc:  # noqa: BLE001 - a model that does not build here is a cell
-                        out.append(PathResult(path.peer, version, path.name, path.code, model, backend, "not_run",
-                                              reason=f"the tiny model does not build: {type(exc).__name__}: {exc}"))
+                        why = "".join(f"{n}; " for m, n in path.model_notes if m == model)
+                        error = str(exc).split(": not a model_type")[0] if why else str(exc)  # the note says the rest
+                        out.append(PathResult(path.peer, version, path.name, path.code, model.split(":")[-1], backend, "not_run",
+                                              reason=f"{why}the tiny model does not build: {type(exc).__name__}: {error}",
+                                              stubs=path.named_stand_ins(), not_on_cpu=path.not_on_cpu,
+                                              transformers=_version("transformers")))
                         continue
                     out.append(run_path(path, mods, bench, version))
     except PeerUnavailable as exc:
-        out += [PathResult(path.peer, version, path.name, path.code, m, b, "not_run", reason=str(exc), stubs=path.named_stand_ins(),
+        out += [PathResult(path.peer, version, path.name, path.code, m.split(":")[-1], b, "not_run", reason=str(exc), stubs=path.named_stand_ins(),
                               not_on_cpu=path.not_on_cpu)
                 for m in models for b in on]
     return out
 
 
+def _measure_in_env(wheel: Path, path: PeerPath, version: str, models: tuple[str, ...], on: tuple[str, ...]) -> list[PathResult]:
+    """``path`` measured in packcheck's environment of transformers ``path.transformers`` (made or found by
+    :func:`..versions.envs.ensure_env`; the same torch), by ``python -m pytest_packcheck.atlas.peer_paths WHEEL KEY
+    MODELS BACKENDS`` there (its results as JSON on stdout, :func:`build_bench` building each model). An environment
+    that cannot be made, or a run that fails, gives one ``not_run`` per cell naming why."""
+    import json
+    import subprocess
+
+    from ..versions.envs import EnvError, VersionCombo, ensure_env
+
+    def not_run(reason: str) -> list[PathResult]:
+        return [PathResult(path.peer, version, path.name, path.code, m.split(":")[-1], b, "not_run", reason=reason,
+                           stubs=path.named_stand_ins(), not_on_cpu=path.not_on_cpu, transformers=path.transformers)
+                for m in models for b in on]
+
+    try:
+        env = ensure_env(VersionCombo((f"transformers=={path.transformers}", *path.env)))
+    except EnvError as exc:
+        return not_run(f"no environment of transformers {path.transformers} ({exc})")
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([str(env.python), "-m", "pytest_packcheck.atlas.peer_paths", str(wheel.resolve()), path.key,
+                           ",".join(models), ",".join(on)], capture_output=True, text=True, cwd=root, check=False, timeout=1800)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("[")]
+    if proc.returncode or not lines:
+        tail = " ".join((proc.stderr or proc.stdout).strip().splitlines()[-1:])[:300]
+        return not_run(f"its run in transformers {path.transformers}'s environment failed (exit {proc.returncode}: {tail})")
+    return [PathResult(**{**r, "stubs": tuple(r["stubs"])}) for r in json.loads(lines[-1])]
+
+
 def build_bench(model_type: str, backend: str) -> Any:
-    """The workbench a peer path runs on: ``arch:<model_type>`` resolved, shrunk and built as every audit cell
-    builds it (float32, CPU, ``backend`` registered first where packcheck registers it), with the float32
-    tolerances of audit/tolerances.toml. Raises what the build raises (:func:`measure` makes it a ``not_run``)."""
+    """The workbench a peer path runs on: ``arch:<model_type>`` (or ``model_type`` itself where it is a spec:
+    ``vlm:qwen3_5``) resolved, shrunk and built as every audit cell builds it (float32, CPU, ``backend`` registered
+    first where packcheck registers it), with the float32 tolerances of audit/tolerances.toml. A multimodal model runs
+    on its text path as the runner runs it: its text config (``vocab_size``) and the position_ids layout its text model
+    reads (M-RoPE rows: :func:`..model.multimodal.position_layout`, read from the model). Raises what the build raises
+    (:func:`measure` makes it a ``not_run``)."""
+    from types import SimpleNamespace
+
     from ..backends import ensure_registered
     from ..checks.workbench import Workbench
     from ..config.tolerances import default_tolerances
     from ..model.build import build_model
+    from ..model.multimodal import position_layout
     from ..model.resolve import resolve_model
     from ..model.specs import parse_model_spec
+    from ..run.runner import text_config
 
     ensure_registered(backend)
-    model = build_model(resolve_model(parse_model_spec(f"arch:{model_type}", "peer path"), "peer path"), backend, "float32")
-    return Workbench(model=model, config=model.config, backend=backend, dtype="float32", tol=default_tolerances()["float32"])
+    spec = model_type if ":" in model_type else f"arch:{model_type}"
+    resolved = resolve_model(parse_model_spec(spec, "peer path"), "peer path")
+    model = build_model(resolved, backend, "float32")
+    config = text_config(model.config)
+    layout = position_layout(model, resolved if resolved.text_path or config is model.config else
+                             SimpleNamespace(text_path="peer path", model_type=model.config.model_type))
+    return Workbench(model=model, config=config, backend=backend, dtype="float32", tol=default_tolerances()["float32"],
+                     layout=layout)
 
 
 def results_document(results: list[PathResult]) -> dict[str, Any]:
@@ -718,6 +885,53 @@ def results_document(results: list[PathResult]) -> dict[str, Any]:
             "transformers": transformers.__version__, "python": platform.python_version(), "device": "cpu",
             "dtype": "float32", "peers": {r.peer: r.version for r in results},
             "results": [r.as_dict() for r in results]}
+
+
+#: result fields a path's cells mostly share: written once per path in the document's ``paths`` table, and in a
+#: result only where it differs (:func:`dumps_document`, :func:`expand_document`)
+SHARED_FIELDS = ("code", "stubs", "not_on_cpu", "transformers")
+
+
+def dumps_document(doc: dict[str, Any]) -> str:
+    """``doc`` (:func:`results_document`) as the JSON text peer_paths.json holds, compacted (schema_version 2): the
+    fields of :data:`SHARED_FIELDS` most of a path's cells share go once into ``paths["peer:path"]``, a result keeps
+    them only where its own differ, empty ``reason`` / ``note`` / ``cause`` are left out, ``per_example`` kept to 4
+    significant digits (``max_abs_diff`` whole), one result per line.
+    :func:`expand_document` gives back ``doc``."""
+    import json
+    from collections import Counter
+
+    paths: dict[str, dict[str, Any]] = {}
+    rows = []
+    for r in doc.get("results", []):
+        key = f"{r['peer']}:{r['path']}"
+        if key not in paths:
+            these = [x for x in doc["results"] if f"{x['peer']}:{x['path']}" == key]
+            paths[key] = {f: json.loads(Counter(json.dumps(x.get(f)) for x in these).most_common(1)[0][0]) for f in SHARED_FIELDS}
+        row = {k: v for k, v in r.items() if not (k in SHARED_FIELDS and v == paths[key][k])
+               and not (k in ("reason", "note", "cause") and not v)}
+        if row.get("per_example"):  # 4 significant digits: claims.md and the docs quote 2
+            row["per_example"] = [float(f"{x:.4g}") for x in row["per_example"]]
+        rows.append(json.dumps(row, ensure_ascii=False))
+    head = {k: v for k, v in doc.items() if k != "results"}
+    head.update(schema_version=2, paths=paths)
+    text = json.dumps(head, indent=1, ensure_ascii=False)
+    return text[:-2] + ',\n "results": [\n' + ",\n".join(rows) + "\n ]\n}\n"
+
+
+def expand_document(doc: dict[str, Any]) -> dict[str, Any]:
+    """A peer-paths document with every result whole (each :class:`PathResult` field): a schema_version 2 file's
+    shared fields put back from its ``paths`` table; a version 1 document (or one made in memory) as it is."""
+    if doc.get("schema_version", 1) < 2:
+        return doc
+    blank = {"reason": "", "note": "", "cause": ""}
+    results = [{**blank, **doc.get("paths", {}).get(f"{r['peer']}:{r['path']}", {}), **r} for r in doc.get("results", [])]
+    return {**{k: v for k, v in doc.items() if k != "paths"}, "schema_version": 1, "results": results}
+
+
+def _short(text: str, limit: int = 240) -> str:
+    """``text`` cut at ``limit`` characters (a failing cell's note in claims.md; peer_paths.json keeps it whole)."""
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def _cell(r: dict[str, Any]) -> str:
@@ -750,13 +964,19 @@ def render_own_paths(doc: dict[str, Any], peer: str, pin: str = "") -> list[str]
                "pinned transformers installed to measure it there.") if _outside_pin(doc["transformers"], pin) else ""
     lines = [(f"**Own code, run** (on CPU, float32, torch {doc['torch']}, transformers {doc['transformers']}; each "
              f"example's logits in the peer's packed batch against the example alone, max abs diff).{outside}"), ""]
+    previous: dict[str, Any] = {}
     for name in dict.fromkeys(r["path"] for r in rows):
         these = [r for r in rows if r["path"] == name]
         backends = list(dict.fromkeys(r["backend"] for r in these))
         first = these[0]
+        other = first.get("transformers") and first["transformers"] != doc["transformers"]
+        same = previous.get("stubs") == first.get("stubs") and previous.get("not_on_cpu") == first.get("not_on_cpu")
         lines.append(f"- `{peer}:{name}`: `{first['code']}`"
-                     + (f"; stubbed (never called on this path): {', '.join(first['stubs'])}" if first.get("stubs") else "")
-                     + (f"; not run on CPU: {first['not_on_cpu']}" if first.get("not_on_cpu") else ""))
+                     + (f"; measured at transformers {first['transformers']} (inside the peer's pin)" if other else "")
+                     + (f"; stubbed and not run on CPU as `{peer}:{previous['path']}`" if same and first.get("stubs") else
+                        (f"; stubbed (never called on this path): {', '.join(first['stubs'])}" if first.get("stubs") else "")
+                        + (f"; not run on CPU: {first['not_on_cpu']}" if first.get("not_on_cpu") else "")))
+        previous = first
         lines += ["", "| model | " + " | ".join(backends) + " |", "|---|" + "---|" * len(backends)]
         for model in dict.fromkeys(r["model"] for r in these):
             cells = {r["backend"]: r for r in these if r["model"] == model}
@@ -764,6 +984,381 @@ def render_own_paths(doc: dict[str, Any], peer: str, pin: str = "") -> list[str]
         lines.append("")
         notes = [f"Not run / error: {reason}" for reason in dict.fromkeys(r["reason"] for r in these if r.get("reason"))]
         notes += [f"Fails {r['model']}/{r['backend']}: {r['max_abs_diff']:.2e} ({r['cause']}; per example "
-                  + ", ".join(f"{d:.1e}" for d in r["per_example"]) + f"; {r['note']})" for r in these if r["verdict"] == "fail"]
+                  + ", ".join(f"{d:.1e}" for d in r["per_example"]) + f"; {_short(r['note'])})" for r in these if r["verdict"] == "fail"]
         lines += [f"  {n}" for n in notes] + ([""] if notes else [])
     return lines
+
+
+def _build_verl_vlm(mods: dict[str, Any], examples: list[list[int]], backend: str, config: Any) -> tuple[dict, str]:
+    """verl's remove-padding batch for a model whose forward :func:`_verl_model_patch` replaced (verl/workers/engine/
+    fsdp/transformer_impl.py:1188-1271, ``use_remove_padding``): the examples concatenated into ``input_ids`` ``(1,
+    total)``, ``attention_mask=None``, ``position_ids`` as verl lays them out for an M-RoPE model (experimental/
+    agent_loop/agent_loop.py:961-964: a text row counting 0.. per example, then the model's ``get_rope_index`` rows:
+    for text alone ``arange`` in each; ``(4, 1, total)`` after ``.values().unsqueeze(1)``), and ``cu_seqlens`` /
+    ``cu_seqlens_cpu`` (int64 ``(examples + 1,)``) where the patched forward's signature names ``cu_seqlens``
+    (transformer_impl.py:594 ``pass_packed_cu_seqlens``: qwen3_5's ``forward_with_normal_backend``)."""
+    import inspect
+
+    import torch
+
+    model = _PATCHED_MODEL[0]
+    rows = [torch.arange(len(e)) for e in examples]
+    text = torch.cat(rows)
+    rope = getattr(_verl_layout(model), "rows", None) or 4
+    position_ids = text[None, None].expand(rope, 1, -1).contiguous()
+    batch: dict[str, Any] = {"input_ids": torch.tensor([[x for e in examples for x in e]]), "position_ids": position_ids}
+    takes_cu = "cu_seqlens" in inspect.signature(model.forward).parameters
+    if takes_cu:
+        cu = torch.tensor([0, *torch.tensor([len(e) for e in examples]).cumsum(0).tolist()], dtype=torch.long)
+        batch.update(cu_seqlens=cu, cu_seqlens_cpu=cu.clone())
+    return batch, (f"one row of {int(text.numel())} tokens, position_ids {tuple(position_ids.shape)}"
+                   + (", cu_seqlens " + str(batch["cu_seqlens"].tolist()) if takes_cu else
+                      ", no cu_seqlens (the patched forward does not name it)"))
+
+
+def _verl_layout(model: Any) -> Any:
+    from types import SimpleNamespace
+
+    from ..model.multimodal import position_layout
+
+    return position_layout(model, SimpleNamespace(text_path="peer path", model_type=model.config.model_type))
+
+
+#: verl's model modules that import flash-attn's functions only when flash-attn is installed (``if
+#: is_flash_attn_2_available(): from flash_attn import flash_attn_func, flash_attn_varlen_func`` and the flags set in
+#: that block, verl/models/transformers/qwen2_vl.py:45-50, glm4v.py:45-50): bound to packcheck's CPU reference
+#: kernels, the flags as that block computes them from the kernels' signatures (flash-attn >= 2.1: bottom-right
+#: causal, no top-left mask).
+VERL_FLASH_MODULES = ("verl.models.transformers.qwen2_vl", "verl.models.transformers.glm4v")
+#: the transformers model families verl 0.9.1's apply_monkey_patch imports for the model types it names
+VERL_PATCHED_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "qwen3_5", "qwen3_5_moe")
+
+
+def _calls(counts: dict[str, int]) -> str:
+    """``called: A x2, B x1; N more installed, not reached`` (or ``none installed``) for a note."""
+    if not counts:
+        return "none installed"
+    called = [f"{k} x{v}" for k, v in counts.items() if v]
+    idle = len(counts) - len(called)
+    return "called: " + (", ".join(called) or "none") + (f"; {idle} more installed, not reached" if idle else "")
+
+
+def _no_cast(query: Any, key: Any, value: Any, target_dtype: Any = None) -> tuple[Any, Any, Any]:
+    """transformers' ``fa_peft_integration_check`` without its cast (float32 q/k/v stay float32)."""
+    return query, key, value
+
+
+@contextlib.contextmanager
+def _verl_model_patch(mods: dict[str, Any], bench: Any) -> Iterator[dict[str, Any]]:
+    """verl's ``apply_monkey_patch(model, ulysses_sp_size=1, use_remove_padding=True)`` on the cell's model, as
+    :func:`_verl_monkey_patch` applies it, with every attribute it replaces on a class of transformers' model modules
+    (the model's forward, its inner ``*Model.forward``, the text attention, the decoder layer, the gated delta net) put
+    back on exit. Each function verl installed on a class is wrapped to count its calls (``calls_of``: their sum, so
+    a patch that prints "Monkey patch ..." but installs nothing, or whose functions the forward never reaches, is
+    an error, not a pass on stock code). flash-attn's names in :data:`VERL_FLASH_MODULES` are bound to packcheck's
+    reference kernels for the cell (a stand-in, named)."""
+    import inspect
+
+    from ..backends.kernels import dense_reference_kernel, varlen_reference_kernel
+
+    for family in VERL_PATCHED_FAMILIES:  # apply_monkey_patch imports them all: snapshot each before it does
+        with contextlib.suppress(Exception):
+            importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    families = [m for n, m in list(sys.modules.items()) if n.startswith("transformers.models.") and ".modeling_" in n and m]
+    before = {(cls, name): value for module in families for cls in vars(module).values()
+              if isinstance(cls, type) and cls.__module__ == module.__name__ for name, value in list(vars(cls).items())}
+    flash_saved: list[tuple[Any, str, Any]] = []
+    bound_in = []
+    for name in VERL_FLASH_MODULES:
+        with contextlib.suppress(ImportError):
+            module = importlib.import_module(name)
+            if "flash_attn_varlen_func" in vars(module):
+                continue
+            values = {"flash_attn_func": dense_reference_kernel, "flash_attn_varlen_func": varlen_reference_kernel,
+                      # transformers' fa_peft_integration_check casts float32 q/k/v to verl's target_dtype bfloat16
+                      # (meant for a PEFT model's float32 layers; a bf16 model is not cast): left out on a float32 cell
+                      "fa_peft_integration_check": _no_cast,
+                      "_flash_supports_window_size": "window_size" in inspect.signature(dense_reference_kernel).parameters,
+                      "_flash_supports_deterministic": "deterministic" in inspect.signature(dense_reference_kernel).parameters,
+                      "_flash_use_top_left_mask": False}
+            for key, value in values.items():
+                flash_saved.append((module, key, vars(module).get(key, _ABSENT)))
+                setattr(module, key, value)
+            bound_in.append(name.rsplit(".", 1)[-1])
+    stand_ins = [(f"verl/models/transformers/{{{','.join(bound_in)}}}.py's flash_attn_func / flash_attn_varlen_func: "
+                  "packcheck's reference kernels; their fa_peft_integration_check's bfloat16 cast left out (float32)")] if bound_in else []
+    counts: dict[str, int] = {}
+    with _verl_monkey_patch(mods, bench) as state:
+        state["stand_ins"] = state.get("stand_ins", []) + stand_ins
+        after = {(cls, name): value for module in families for cls in vars(module).values()
+                 if isinstance(cls, type) and cls.__module__ == module.__name__ for name, value in list(vars(cls).items())}
+        replaced = [(cls, name) for (cls, name), value in after.items() if before.get((cls, name), _ABSENT) is not value]
+        for cls, name in replaced:
+            fn = getattr(cls, name)
+            if not callable(fn) or not getattr(fn, "__module__", "").startswith("verl."):
+                continue
+            label = f"{cls.__name__}.{name}"
+            counts[label] = 0
+
+            def counted(*args: Any, _fn: Any = fn, _label: str = label, **kwargs: Any) -> Any:
+                counts[_label] += 1
+                return _fn(*args, **kwargs)
+
+            # the signature stays verl's (inspect follows __wrapped__): its trainer reads it (cu_seqlens)
+            setattr(cls, name, functools.wraps(fn)(counted))
+        state["calls_of"] = lambda: sum(counts.values())
+        try:
+            yield state
+        finally:
+            for (cls, name), value in before.items():
+                if vars(cls).get(name, _ABSENT) is not value:
+                    setattr(cls, name, value)
+            classes = {cls for cls, _ in before}
+            for cls, name in [k for k in after if k not in before and k[0] in classes]:
+                with contextlib.suppress(AttributeError):
+                    delattr(cls, name)
+            for module, key, value in reversed(flash_saved):
+                if value is _ABSENT:
+                    with contextlib.suppress(AttributeError):
+                        delattr(module, key)
+                else:
+                    setattr(module, key, value)
+            state["note"] = "verl's own functions " + _calls(counts)
+
+
+def _pixel_row_alone(bench: Any) -> list[Any]:
+    """Each sample of checks/pixels.py's pixel row (image A, text only, image B: :func:`..checks.pixels.mm_samples`)
+    alone on stock code, with its own pixels (the model's own ``get_rope_index``): ``[(logits, loss, labels)]``."""
+    from ..checks import pixels
+
+    why = pixels.is_pixel_model(bench.model)
+    if why:
+        raise PeerUnavailable(f"packcheck lays out no pixel row for it: {why}")
+    samples = pixels.mm_samples(bench)
+    return [pixels.alone(bench, s) for s in samples]
+
+
+def _build_verl_pixel_row(mods: dict[str, Any], examples: list[list[int]], backend: str, config: Any) -> tuple[dict, str]:
+    """verl's remove-padding batch of the pixel row (:func:`..checks.pixels.pack` in the ``text+mrope`` layout:
+    ``input_ids`` ``(1, total)``, ``pixel_values`` and ``image_grid_thw`` of both images in sample order,
+    ``position_ids`` ``(4, 1, total)``: the text row restarting per sample and each sample's own ``get_rope_index``
+    rows, as verl's agent loop lays them out, experimental/agent_loop/agent_loop.py:953-964), no attention_mask, no
+    labels (verl's forward_with_normal_backend returns logits only), ``cu_seqlens`` / ``cu_seqlens_cpu`` where the
+    patched forward's signature names it (verl/workers/engine/fsdp/transformer_impl.py:594, 1261-1272)."""
+    import inspect
+
+    import torch
+
+    from ..checks import pixels
+
+    model = _PATCHED_MODEL[0]
+    samples = pixels.mm_samples(_PIXEL_BENCH[0])
+    batch = pixels.pack(model, samples, "text+mrope")
+    batch.pop("labels", None)
+    batch.pop("mm_token_type_ids", None)
+    lengths = [len(s.ids) for s in samples]
+    takes_cu = "cu_seqlens" in inspect.signature(model.forward).parameters
+    if takes_cu:
+        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.long)
+        batch.update(cu_seqlens=cu, cu_seqlens_cpu=cu.clone())
+    return batch, (f"pixel row of {', '.join(('image ' + 'x'.join(map(str, s.grid))) if s.pixels is not None else 'text' for s in samples)}"
+                   f" ({sum(lengths)} tokens), position_ids {tuple(batch['position_ids'].shape)}"
+                   + (", cu_seqlens " + str(batch["cu_seqlens"].tolist()) if takes_cu else ", no cu_seqlens")
+                   + "; text tokens compared")
+
+
+#: the workbench of the cell :func:`run_path` runs (the pixel-row builder reads its samples)
+_PIXEL_BENCH: list[Any] = [None]
+
+
+def _pixel_row_compare(bench: Any, batch: dict[str, Any], reference: list[Any]) -> tuple[float, list[float], str]:
+    """The patched model's forward on the pixel row; per sample the max abs diff of its text tokens' logits against
+    the sample alone (image placeholder tokens left out, as :func:`..checks.pixels.parity_numbers`)."""
+    import torch
+
+    from ..checks import pixels
+
+    samples = pixels.mm_samples(bench)
+    with torch.no_grad():
+        logits = bench.model(**batch, use_cache=False).logits[0].float()
+    per, start = [], 0
+    for s, (ref, _, _) in zip(samples, reference, strict=True):
+        keep = pixels._text_mask(bench.model, s.ids)
+        per.append(float((logits[start:start + len(s.ids)][keep] - ref[keep]).abs().max()))
+        start += len(s.ids)
+    return max(per), per, ""
+
+
+def _main(argv: list[str]) -> int:
+    """``python -m pytest_packcheck.atlas.peer_paths WHEEL PEER:PATH MODELS BACKENDS``: that path's results as one
+    JSON line on stdout (what :func:`_measure_in_env` reads)."""
+    import json
+
+    module = importlib.import_module("pytest_packcheck.atlas.peer_paths")  # the module itself, not __main__
+
+    wheel, key, models, backends = Path(argv[0]), argv[1], tuple(argv[2].split(",")), tuple(argv[3].split(","))
+    path = next(p for p in module.PEER_PATHS if p.key == key)
+    results = module._measure_path(wheel, path, wheel_version(wheel)[1], models, backends, module.build_bench)
+    print(json.dumps([r.as_dict() for r in results]))
+    return 0
+
+
+
+def fla_causal_conv1d_reference(x: Any, weight: Any, bias: Any = None, residual: Any = None, initial_state: Any = None,
+                                output_final_state: bool = False, activation: str | None = None, cu_seqlens: Any = None,
+                                **kwargs: Any) -> tuple[Any, None]:
+    """fla's ``causal_conv1d`` (fla/modules/convolution.py) on CPU: ``x`` ``(B, T, D)``, ``weight`` ``(D, W)``, a
+    depthwise causal convolution run on each segment of ``cu_seqlens`` (int ``(N + 1,)``, B == 1) alone (the whole
+    row without it), then ``activation`` (``silu`` / ``swish``). Returns ``(y (B, T, D), None)``.
+
+    Raises:
+        NotImplementedError: ``residual``, ``initial_state`` or ``output_final_state`` (no packing path here uses them)."""
+    import torch
+    import torch.nn.functional as F
+
+    if residual is not None or initial_state is not None or output_final_state:
+        raise NotImplementedError("packcheck's fla causal_conv1d reference takes no residual / initial_state / final state")
+    bounds = cu_seqlens.tolist() if cu_seqlens is not None else [0, x.shape[1]]
+    width = weight.shape[-1]
+    out = []
+    for start, end in itertools.pairwise(bounds):
+        seg = x[:, start:end].transpose(1, 2)
+        y = F.conv1d(seg, weight.unsqueeze(1), bias, padding=width - 1, groups=seg.shape[1])[..., : end - start]
+        out.append(F.silu(y) if activation in ("silu", "swish") else y)
+    return torch.cat(out, dim=-1).transpose(1, 2), None
+
+
+def fla_chunk_gated_delta_rule_reference(q: Any, k: Any, v: Any, g: Any, beta: Any, scale: Any = None, initial_state: Any = None,
+                                         output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
+                                         cu_seqlens: Any = None, **kwargs: Any) -> tuple[Any, Any]:
+    """fla's ``chunk_gated_delta_rule`` (fla/ops/gated_delta_rule/chunk.py) on CPU: ``q``, ``k`` ``(B, T, H, K)``,
+    ``v`` ``(B, T, H, V)``, ``g``, ``beta`` ``(B, T, H)``; transformers' own ``torch_chunk_gated_delta_rule``
+    (models/qwen3_next/modeling_qwen3_next.py) run on each segment of ``cu_seqlens`` alone (state starting at
+    ``initial_state`` or zero in each, as fla's varlen kernel). Returns ``(o (B, T, H, V), final states or None)``."""
+    import torch
+    from transformers.models.qwen3_next.modeling_qwen3_next import torch_chunk_gated_delta_rule
+
+    if scale is not None and abs(float(scale) - q.shape[-1] ** -0.5) > 1e-12:
+        raise NotImplementedError("packcheck's fla chunk_gated_delta_rule reference takes the default scale only")
+    bounds = cu_seqlens.tolist() if cu_seqlens is not None else [0, q.shape[1]]
+    outs, states = [], []
+    for i, (start, end) in enumerate(itertools.pairwise(bounds)):
+        init = initial_state[i:i + 1] if initial_state is not None and cu_seqlens is not None else initial_state
+        o, state = torch_chunk_gated_delta_rule(q[:, start:end], k[:, start:end], v[:, start:end], g[:, start:end],
+                                                beta[:, start:end], initial_state=init, output_final_state=output_final_state,
+                                                use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+        outs.append(o)
+        states.append(state)
+    return torch.cat(outs, dim=1), (torch.cat(states) if output_final_state else None)
+
+
+#: the axolotl module names fla's kernels are bound under (imported at its top with fla installed, else None) and
+#: qwen4_exp's loader, set to :func:`fla_causal_conv1d_reference` / :func:`fla_chunk_gated_delta_rule_reference`
+_FLA_NAMES = {"fla_causal_conv1d": fla_causal_conv1d_reference, "fla_chunk_gated_delta_rule": fla_chunk_gated_delta_rule_reference,
+              "_load_fla": lambda: (fla_causal_conv1d_reference, fla_chunk_gated_delta_rule_reference)}
+
+
+def _axolotl_lora_constants() -> list[str]:
+    """``axolotl.monkeypatch.lora_kernels`` as a module holding only its ``LINEAR_ATTN_*`` tuples, read from the
+    wheel's source (the qwen3_5 patch imports ``LINEAR_ATTN_IN_PROJS`` from it, qwen3_5/modeling.py:10; the module
+    imports peft, bitsandbytes and triton at its top: axolotl/monkeypatch/lora_kernels.py:10, kernels/lora.py:16,
+    kernels/geglu.py:9). Returns the stand-in sentence ([] where the real module is already loaded)."""
+    import ast
+
+    name = "axolotl.monkeypatch.lora_kernels"
+    sentence = ("axolotl/monkeypatch/lora_kernels.py not run: its literal LINEAR_ATTN_* name tuples read from the wheel (the "
+                "module imports peft, bitsandbytes and triton at its top; the qwen3_5 patch imports LINEAR_ATTN_IN_PROJS only)")
+    if name in sys.modules:
+        return [sentence] if getattr(sys.modules[name], "__packcheck_stand_in__", False) else []
+    spec = importlib.util.find_spec(name)
+    source = spec.loader.get_source(name) if spec and spec.loader else None
+    if not source:
+        return []
+    module = _stub(name)
+    module.__packcheck_stand_in__ = True
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                and node.targets[0].id.startswith("LINEAR_ATTN_"):
+            with contextlib.suppress(ValueError, TypeError, SyntaxError, RecursionError):  # literal tuples only
+                setattr(module, node.targets[0].id, ast.literal_eval(node.value))
+    sys.modules[name] = module
+    return [sentence]
+
+
+@contextlib.contextmanager
+def _axolotl_model_patch(mods: dict[str, Any], bench: Any) -> Iterator[dict[str, Any]]:
+    """axolotl's packing patch of the cell's model type (:data:`AXOLOTL_MODEL_PATCHES`, the functions its patch
+    manager calls with ``sample_packing``), with fla's kernels bound to packcheck's CPU references where the patch
+    module reads them (a stand-in, named); every attribute it replaces on a class of the model's transformers module
+    put back on exit (and its own ``unpatch`` run where it returns one). Each function axolotl installed is wrapped to
+    count its calls (``calls_of``: a patch that installs nothing, or whose functions the forward never reaches, is an
+    error). A patch function that raises (nemotron_h without mamba-ssm's seq_idx kernels) makes the cell ``not_run``
+    with its message.
+
+    Raises:
+        PeerUnavailable: no axolotl patch for the model type, or the patch refuses to apply here."""
+    model_type = bench.config.model_type.removesuffix("_text")
+    if model_type not in AXOLOTL_MODEL_PATCHES:
+        raise PeerUnavailable(f"axolotl 0.19.0 has no packing patch for {model_type} (AXOLOTL_MODEL_PATCHES)")
+    module_name, functions, kwargs = AXOLOTL_MODEL_PATCHES[model_type]
+    family = sys.modules[type(bench.model).__module__]
+    classes = [c for c in vars(family).values() if isinstance(c, type) and c.__module__ == family.__name__]
+    before = {(c, n): v for c in classes for n, v in list(vars(c).items())}
+    state: dict[str, Any] = {"note": "", "stand_ins": []}
+    state["stand_ins"] += _axolotl_lora_constants()
+    try:
+        patch = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - the module's import failure is the cell's reason
+        raise PeerUnavailable(f"{module_name} does not import: {type(exc).__name__}: {exc}{_raised_at(exc)}") from None
+    bound = [(n, vars(patch).get(n, _ABSENT)) for n in _FLA_NAMES if n in vars(patch)]
+    for name, _ in bound:
+        setattr(patch, name, _FLA_NAMES[name])
+    if bound:
+        state["stand_ins"].append(f"{module_name.replace('.', '/')}.py's {', '.join(n for n, _ in bound)}: packcheck's "
+                                  "per-segment CPU reference of fla's causal_conv1d / chunk_gated_delta_rule (fla's Triton "
+                                  "kernels need a GPU)")
+    counts: dict[str, int] = {}
+    undo = []
+    try:
+        for fn in functions:
+            try:
+                out = getattr(patch, fn)(**(kwargs if fn.startswith("patch_") else {}))
+            except Exception as exc:
+                if not any(r in str(exc) for r in AXOLOTL_REFUSALS):
+                    raise  # the patch crashed: an error cell, where the wheel raised it
+                raise PeerUnavailable(f"the peer's own refusal: {module_name.rsplit('.', 1)[0].replace('.', '/')}/"
+                                      f"modeling.py {fn}() raised {type(exc).__name__}: {' '.join(str(exc).split())}"
+                                      f"{_raised_at(exc)}") from None
+            if callable(out):
+                undo.append(out)
+        for (cls, name), value in [((c, n), v) for c in classes for n, v in list(vars(c).items())]:
+            if before.get((cls, name), _ABSENT) is value or not getattr(value, "__module__", "").startswith("axolotl."):
+                continue
+            label = f"{cls.__name__}.{name}"
+            counts[label] = 0
+
+            def counted(*args: Any, _fn: Any = value, _label: str = label, **kw: Any) -> Any:
+                counts[_label] += 1
+                return _fn(*args, **kw)
+
+            setattr(cls, name, functools.wraps(value)(counted))
+        state["calls_of"] = lambda: sum(counts.values())
+        yield state
+    finally:
+        for fn in reversed(undo):
+            with contextlib.suppress(Exception):
+                fn()
+        for c in classes:
+            for n in [n for n in vars(c) if (c, n) not in before]:
+                with contextlib.suppress(AttributeError):
+                    delattr(c, n)
+        for (c, n), v in before.items():
+            if vars(c).get(n, _ABSENT) is not v:
+                setattr(c, n, v)
+        for name, value in bound:
+            setattr(patch, name, value)
+        state["note"] = "axolotl's functions " + _calls(counts)
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main(sys.argv[1:]))

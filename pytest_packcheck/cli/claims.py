@@ -60,9 +60,8 @@ def _own_paths(ns: argparse.Namespace, files: list[Path], out: Path) -> dict | N
 
     Raises:
         PackcheckUsageError: an --own-paths file that is not a peer-paths document."""
-    import json
 
-    from ..atlas.peer_paths import build_bench, measure, results_document
+    from ..atlas.peer_paths import build_bench, dumps_document, expand_document, measure, results_document
     from ..errors import PackcheckUsageError, read_document
     from ..results import atomic_write
 
@@ -70,7 +69,7 @@ def _own_paths(ns: argparse.Namespace, files: list[Path], out: Path) -> dict | N
     if ns.run_own_paths:
         results = [r for w in files if w.name.endswith(".whl") for r in measure(w, build_bench)]
         doc = results_document(results)
-        atomic_write(beside, json.dumps(doc, indent=1) + "\n")
+        atomic_write(beside, dumps_document(doc))
         print(f"own paths written: {beside} ({sum(r.verdict == 'fail' for r in results)} fail of {len(results)} cells)")
         return doc
     path = Path(ns.own_paths) if ns.own_paths else beside if beside.is_file() else None
@@ -81,7 +80,7 @@ def _own_paths(ns: argparse.Namespace, files: list[Path], out: Path) -> dict | N
     if not isinstance(doc, dict) or doc.get("schema") != "packcheck-peer-paths":
         raise PackcheckUsageError(f"--own-paths '{path}' is not a peer-paths document (schema packcheck-peer-paths): "
                                   "pass the peer_paths.json `packcheck claims --run-own-paths` writes.")
-    return doc
+    return expand_document(doc)
 
 
 def dependency_only(package: Path) -> bool:
