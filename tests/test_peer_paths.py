@@ -741,3 +741,44 @@ def test_docs_quote_the_committed_per_model_patch_numbers():
         assert where.rsplit("/", 1)[-1].split(":")[0] in text or where in text, key
     assert all(r.get("transformers") == "5.10.4" for r in doc["results"] if r["path"].startswith("vlm_forward"))
     assert all(r.get("transformers") == "5.16.1" for r in doc["results"] if r["path"] == "model_patches")
+
+
+def test_a_path_pinned_to_another_transformers_runs_in_its_environment_or_names_why_not(tmp_path, monkeypatch):
+    """measure() hands a pinned path to packcheck's environment of that transformers (its results read back as JSON);
+    an environment that cannot be made, or a run that fails there, is a not-run cell per model naming why."""
+    import subprocess
+
+    from pytest_packcheck.versions import envs
+
+    (tmp_path / "w").mkdir()
+    wheel = _verl_wheel(tmp_path / "w", VERL_VLM_PATCH)
+    path = next(p for p in PEER_PATHS if p.key == "verl:vlm_forward")
+
+    def no_env(combo, log=None):
+        raise envs.EnvError("uv is not installed")
+
+    monkeypatch.setattr(envs, "ensure_env", no_env)
+    out = pp._measure_in_env(wheel, path, "0.9.1", ("arch:qwen2_vl", "arch:kimi_vl"), ("packcheck_flash_ref",))
+    assert [(r.model, r.verdict) for r in out] == [("qwen2_vl", "not_run"), ("kimi_vl", "not_run")]
+    assert all("no environment of transformers 5.10.4 (uv is not installed)" in r.reason and r.transformers == "5.10.4" for r in out)
+    seen = {}
+
+    def fake_env(combo, log=None):
+        seen["combo"] = combo.requirements
+        return envs.VersionEnv(combo, tmp_path, Path(sys.executable), {}, False, 0.0)
+
+    row = pp.PathResult("verl", "0.9.1", "vlm_forward", "c", "qwen2_vl_text", "packcheck_flash_ref", "pass", 1e-7, [1e-7],
+                        1e-4, transformers="5.10.4")
+
+    def fake_run(cmd, **kw):
+        seen["cmd"] = cmd
+        return subprocess.CompletedProcess(cmd, 0, "log line\n" + json.dumps([row.as_dict()]) + "\n", "")
+
+    monkeypatch.setattr(envs, "ensure_env", fake_env)
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    out = pp._measure_in_env(wheel, path, "0.9.1", ("arch:qwen2_vl",), ("packcheck_flash_ref",))
+    assert seen["combo"] == ("transformers==5.10.4",) and seen["cmd"][1:4] == ["-m", "pytest_packcheck.atlas.peer_paths", str(wheel.resolve())]
+    assert [(r.model, r.verdict, r.transformers) for r in out] == [("qwen2_vl_text", "pass", "5.10.4")]
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1, "", "Traceback\nImportError: boom"))
+    out = pp._measure_in_env(wheel, path, "0.9.1", ("arch:qwen2_vl",), ("packcheck_flash_ref",))
+    assert out[0].verdict == "not_run" and "failed (exit 1: ImportError: boom)" in out[0].reason
