@@ -258,3 +258,24 @@ def test_an_audit_bench_that_cannot_fit_is_a_named_entry_not_a_run_without_end(t
     steps = packcheck("audit", *SMALL, "--packcheck-checks", "isolation", "--bench", "uniform", "--bench-steps",
                       str(10 ** 9), cwd=tmp_path)
     assert steps.returncode == 2 and "--bench-steps 1000000000 is over 10,000" in steps.stderr, steps.stderr
+
+
+def test_embedding_ids_out_of_the_models_tables_are_one_usage_line():
+    """Planted: BertModel with token_type_ids 7 (type_vocab_size 2) and position_ids up to 104 (64 learned
+    positions): IndexError / RuntimeError tracebacks from the embedding lookup inside the forward."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    from pytest_packcheck.guard import verify_packed_batch
+
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                 intermediate_size=64, max_position_embeddings=64, attn_implementation="sdpa")).eval()
+    ids = torch.randint(1, 64, (1, 12))
+    pos = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3, 0, 1, 2]])
+    for extra, says in (({"token_type_ids": torch.full_like(ids, 7)}, "holds 7, outside the model's type_vocab_size 2"),
+                        ({"position_ids": pos + 100}, "reaches 104, past the model's learned position table of 64")):
+        with pytest.raises(PackcheckUsageError, match=says):
+            verify_packed_batch(model, {"input_ids": ids, "position_ids": pos, **extra})
+    assert verify_packed_batch(model, {"input_ids": ids, "position_ids": pos,
+                                       "token_type_ids": torch.zeros_like(ids)}).verdict == "pass"

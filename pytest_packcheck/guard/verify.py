@@ -167,6 +167,7 @@ def verify_packed_batch(
     if is_pixel_batch(batch):  # a VLM row with pixel_values: its text logits vs each sample with its own pixels
         return _verify_pixels(model, batch, tols, on_mismatch)
     check_fields(batch, model_device(model))  # devices, dtypes and types before any value is read
+    _check_embedding_ranges(model, batch)
     rows = packed_rows(batch)
     if rows:
         return _verify_rows(model, batch, rows, use_cache=use_cache, training=training, tolerances=tolerances,
@@ -196,6 +197,36 @@ def verify_packed_batch(
     if (not result.ok or result.verdict == "fallback") and on_mismatch == "warn":
         say(result.line(), stacklevel=2)
     return result
+
+
+def _check_embedding_ranges(model: Any, batch: Mapping[str, Any]) -> None:
+    """``token_type_ids`` within the config's ``type_vocab_size`` and ``position_ids`` within a learned absolute
+    position table (``position_embeddings`` as BERT's, ``wpe`` as GPT-2's): out of range, the model's embedding lookup
+    raised IndexError / RuntimeError from inside the forward (hostile trial 5, BertModel: token type 7 of 2, position
+    104 of 64).
+
+    Raises:
+        PackcheckUsageError: naming the key, its largest value, the table's size and the fix.
+    """
+    import torch
+
+    config = getattr(model, "config", None)
+    types, kinds = batch.get("token_type_ids"), getattr(config, "type_vocab_size", None)
+    if isinstance(types, torch.Tensor) and types.numel() and isinstance(kinds, int) and not types.is_floating_point():
+        low, high = int(types.min()), int(types.max())
+        if low < 0 or high >= kinds:
+            raise _usage(f"batch['token_type_ids'] holds {high if high >= kinds else low}, outside the model's "
+                         f"type_vocab_size {kinds} (0..{kinds - 1}): build them with this model's tokenizer, or all 0 "
+                         "for single-segment examples.")
+    positions = batch.get("position_ids")
+    if not (isinstance(positions, torch.Tensor) and positions.numel()) or positions.is_floating_point():
+        return
+    table = next((m for name, m in model.named_modules() if name.rsplit(".", 1)[-1] in ("position_embeddings", "wpe")
+                  and isinstance(m, torch.nn.Embedding)), None)
+    if table is not None and int(positions.max()) >= table.num_embeddings:
+        raise _usage(f"batch['position_ids'] reaches {int(positions.max())}, past the model's learned position table of "
+                     f"{table.num_embeddings} (max_position_embeddings): each example's positions restart at 0 in a "
+                     "packed row; split longer examples, or give the positions the collator builds.")
 
 
 def _verify_pixels(model: Any, batch: Mapping[str, Any], tols: dict[str, dict[str, float]], on_mismatch: str) -> GuardResult:
