@@ -1,5 +1,5 @@
 """The library axes in the support index (``support.json["axes"]``, analysis/library_axes.py): `packcheck lookup`
-answers verl / OpenRLHF / ms-swift per release (rl_peers.json) and the stack elements per peft / accelerate / TRL
+answers verl / OpenRLHF / ms-swift / unsloth per release (rl_peers.json) and the stack elements per peft / accelerate / TRL
 release (stack.json) from the committed atlas, with the number, the release, the deciding file:line and the versions;
 a release outside the measured range is one line naming it, exit 1; the block is what the sources give (a planted
 stale row changes the answer and is caught), and its docs examples are the real answers."""
@@ -46,6 +46,7 @@ def test_the_committed_block_is_what_its_sources_give(committed):
     ("verl", "0.9.1", None, "pass", 3.19e-07, "verl/workers/engine/fsdp/transformer_impl.py:1201"),
     ("openrlhf", "0.4.6", None, "fail", 6.18e-02, "openrlhf/models/actor.py:195"),
     ("ms-swift", "4.6.0", None, "pass", 5.85e-06, "swift/rlhf_trainers/dpo_trainer.py:153"),
+    ("unsloth", "2026.7.1", None, "pass", 3.64e-07, "unsloth/models/rl_replacements.py:1578"),
     ("peft", "0.18.1", "prompt_tuning", "fail", 1.82e-01, "peft/peft_model.py:1739"),
     ("accelerate", "1.16.0", "cp", "fail", 3.13e-01, "accelerate/big_modeling.py:800"),
     ("trl", "0.22.2", "lora", "fail", 7.13e-01, "trl/trainer/sft_trainer.py:702"),
@@ -125,9 +126,12 @@ def test_a_corrupt_axes_block_is_refused_in_one_line(tmp_path, capsys, committed
 
 
 def _doc_examples() -> list[tuple[str, list[str]]]:
-    """docs/atlas.md's library-axes examples: each ``$ packcheck lookup ...`` line and the answer lines quoted under it."""
-    text = (REPO / "docs" / "atlas.md").read_text(encoding="utf-8")
-    block = text.split("<!-- library-axes-examples -->")[1].split("<!-- /library-axes-examples -->")[0]
+    """The library-axes examples of docs/atlas.md and docs/rl.md (unsloth's): each ``$ packcheck lookup ...`` line and
+    the answer lines quoted under it."""
+    block = ""
+    for page in ("atlas.md", "rl.md"):
+        text = (REPO / "docs" / page).read_text(encoding="utf-8")
+        block += text.split("<!-- library-axes-examples -->")[1].split("<!-- /library-axes-examples -->")[0]
     out: list[tuple[str, list[str]]] = []
     for line in block.splitlines():
         if line.startswith("$ packcheck lookup "):
@@ -139,7 +143,7 @@ def _doc_examples() -> list[tuple[str, list[str]]]:
 
 def test_the_docs_examples_are_the_real_answers(capsys):
     examples = _doc_examples()
-    asked = {re.search(r"--(verl|openrlhf|ms-swift|peft|accelerate|trl) ", cmd).group(1) for cmd, _ in examples}
+    asked = {re.search(r"--(verl|openrlhf|ms-swift|unsloth|peft|accelerate|trl) ", cmd).group(1) for cmd, _ in examples}
     assert asked == set(LIBRARY_AXES)  # one example per axis
     for command, quoted in examples:
         rc, out = _cli(capsys, *command.split()[2:])
@@ -185,3 +189,65 @@ def test_a_plain_lookup_neither_imports_the_axes_nor_reads_their_block(tmp_path)
         seen.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     assert seen[1][0] is False and "axes" not in seen[1][1]  # the second start reads the index the first one built
     assert seen[2][0] is True and "axes" in seen[2][1]
+
+
+def test_unsloth_per_release_a_release_without_the_block_is_named_never_a_pass(committed, capsys):
+    """unsloth's axis (the newest patch of each month since the GRPO sequence-packing block, 2026.7.1): 2026.6.9 has
+    no block and answers a skip naming it (never a pass); each release with it answers its own file:line of the block
+    and its verifier's thresholds; the zoo it ran with is in the versions."""
+    no_block = axis_answer(committed, "unsloth", "2026.6.9", "qwen2", "packcheck_flash_ref")
+    assert {a["verdict"] for a in no_block["answers"]} == {"skipped"}
+    assert all("has no GRPO sequence-packing block" in a["entry"]["message"] for a in no_block["answers"])
+    lines = {}
+    for release in ("2026.7.1", "2026.7.6", "2026.8.22", "2026.9.14", "2026.10.9"):
+        answer = axis_answer(committed, "unsloth", release, "qwen2", "sdpa")
+        assert answer["measured"] and answer["answers"][0]["verdict"] == "pass" and answer["answers"][0]["number"] < 1e-5
+        assert "accepts below 0.7" in answer["lines"]["verifier"] and "at 1.5" in answer["lines"]["verifier"]
+        assert answer["versions"]["unsloth_zoo"].startswith(release[:6])  # 2026.7.6 declares unsloth_zoo>=2026.7.7
+        lines[release] = answer["lines"]["anchor"]
+    assert len(set(lines.values())) == 5  # the block moves with every release: read from each wheel, not a constant
+    rc, out = _cli(capsys, "llama", "sdpa", "5.25.0", "--unsloth", "2026.6.9")
+    assert rc == 0 and "@ unsloth 2026.6.9 / packed path: skipped: unsloth 2026.6.9 has no GRPO sequence-packing" in out
+    assert "pass" not in out.split("@ unsloth")[1].split("\n")[0]
+
+
+def test_a_planted_stale_unsloth_verdict_changes_the_answer(tmp_path, capsys, committed):
+    """Planted in a copy of rl_peers.json: unsloth 2026.8.22's llama / sdpa cell relabelled fail (wrong_positions,
+    0.31 nats), and 2026.7.1 given 2026.6.9's no-block record. The block built from the copy answers both (fail with
+    the planted number; the release named as having no block), differs from the committed one, and the CLI on a
+    support.json carrying it exits 0 with the planted fail."""
+    shutil.copy(ATLAS / "stack.json", tmp_path / "stack.json")
+    peers = json.loads((ATLAS / "rl_peers.json").read_text())
+    records = {r["version"]: r for r in peers["trainers"]["unsloth"]}
+    cell = next(c for c in records["2026.8.22"]["cells"] if (c["model"], c["backend"]) == ("llama", "sdpa"))
+    cell.update(status="fail", cause="wrong_positions", message="planted", metrics={"max_abs_logprob_diff": 0.31})
+    records["2026.7.1"].update(cells=[], skip=records["2026.6.9"]["skip"].replace("2026.6.9", "2026.7.1"))
+    (tmp_path / "rl_peers.json").write_text(json.dumps(peers))
+    planted = axes_block(tmp_path)
+    assert planted["axes"]["unsloth"] != committed["axes"]["axes"]["unsloth"]
+    got = axis_answer({"axes": planted}, "unsloth", "2026.8.22", "llama", "sdpa")["answers"][0]
+    assert (got["verdict"], got["causes"], got["number"]) == ("fail", ["wrong_positions"], 0.31)
+    gone = axis_answer({"axes": planted}, "unsloth", "2026.7.1", "llama", "sdpa")["answers"][0]
+    assert gone["verdict"] == "skipped" and "2026.7.1 has no GRPO sequence-packing block" in gone["entry"]["message"]
+    path = tmp_path / "support.json"
+    path.write_text(json.dumps(attach_axes(dict(committed), tmp_path), separators=(",", ":"), sort_keys=True))
+    rc, out = _cli(capsys, "llama", "sdpa", "5.25.0", "--unsloth", "2026.8.22", "--support-file", str(path))
+    assert rc == 0 and "@ unsloth 2026.8.22 / packed path: fail [wrong_positions] (Δlogp 3.1e-01)" in out
+
+
+def test_docs_rl_quotes_the_unsloth_rows_from_the_committed_block():
+    """docs/rl.md's unsloth paragraph: the worst Δlogp over the releases' cells, the worst of unsloth's own verifier,
+    the first release with the block and the cost, all from rl_peers.json (planted: a moved number fails here)."""
+    peers = json.loads((ATLAS / "rl_peers.json").read_text())
+    records = peers["trainers"]["unsloth"]
+    cells = [c for r in records for c in r["cells"]]
+    worst = max(c["metrics"]["max_abs_logprob_diff"] for c in cells)
+    verifier = max(c["metrics"]["unsloth_verifier_diff"] for c in cells)
+    first = next(r["version"] for r in records if r["path"].get("anchor"))
+    ran = [r for r in records if r["cells"]]
+    docs = " ".join((REPO / "docs" / "rl.md").read_text(encoding="utf-8").split())
+    assert f"within {worst:.1e} nats per token" in docs and f"reads at most {verifier:.1e} nats" in docs
+    assert f"{first} is the first release whose" in docs and first == "2026.7.1"
+    cpu, wall = sum(r["cpu_s"] for r in ran), sum(r["wall_s"] for r in ran)
+    assert f"The {['no', 'one', 'two', 'three', 'four', 'five', 'six'][len(ran)]} releases with the block cost {cpu:.0f} s CPU ({wall:.0f} s wall" in docs
+    assert cpu < 15 * 60  # the brief's budget: the whole axis under 15 minutes of CPU

@@ -268,3 +268,43 @@ def test_the_committed_rl_matrix_holds_what_docs_rl_md_quotes_for_these_trainers
     assert all("sliding_window" in cells[(m, b, "rl_unsloth_grpo_packed")]["message"]
                for m in ("gemma3_text", "gpt_oss") for b in ("eager", "packcheck_flash_ref"))
     assert cells[("llama", "sdpa", "rl_unsloth_grpo_packed")]["metrics"]["unsloth_accept_below"] == 0.7
+
+
+def test_unsloth_2026_7s_hidden_states_forward_is_run_and_a_wrong_hand_off_fails(llama, monkeypatch, unsloth):
+    """unsloth 2026.7's block takes the forward's .logits as the final hidden states (its patched forwards under
+    UNSLOTH_RETURN_HIDDEN_STATES=1) and applies lm_head itself: the check hands it lm_head's input, and that passes
+    (run on 2026.10.9's block with the mode forced: its _unsloth_grpo_returns_hidden_states sees a hidden-wide tensor
+    and takes the same branch). Planted: the hand-off scaled by 2 (a forward that returned another layer's states):
+    the check fails it, and its stand-in is named."""
+    original = R.unsloth_source
+
+    def forced():
+        return {**original(), "hidden_states": True}
+
+    monkeypatch.setattr(R, "unsloth_source", forced)
+    result = R.check_rl_unsloth_grpo_packed(llama)
+    assert result.status == "pass" and result.metrics["max_abs_logprob_diff"] < 1e-5, result.message
+    assert R.HIDDEN_STATES_STAND_IN in result.metrics["stand_ins"]
+    call = R._UnslothModel.__call__
+
+    def doubled(self, **kwargs):
+        out = call(self, **kwargs)
+        if self.hidden_states and kwargs.get("packed_seq_lengths") is not None:
+            out.logits = out.logits * 2
+        return out
+
+    monkeypatch.setattr(R._UnslothModel, "__call__", doubled)
+    wrong = R.check_rl_unsloth_grpo_packed(llama)
+    assert wrong.status == "fail" and wrong.metrics["max_abs_logprob_diff"] > 1e-2, wrong.message
+
+
+def test_python_body_unwraps_a_fullgraph_compiled_function():
+    """unsloth_zoo before 2026.10 compiles its gathers with fullgraph=True, which refuses to run with dynamo disabled:
+    _python_body hands back the function's own body (planted: a compiled function, its body returned)."""
+    import torch
+
+    def body(x):
+        return x + 1
+
+    compiled = torch.compile(body, fullgraph=True)
+    assert R._python_body(compiled) is body and R._python_body(body) is body

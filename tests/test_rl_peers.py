@@ -5,6 +5,7 @@ fails with its number), and the block's transitions and rendering."""
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -188,3 +189,75 @@ def test_openrlhf_packed_seq_lens_releases_run_their_own_forward_and_a_mask_hand
     monkeypatch.setattr(T, "import_openrlhf_actor", lambda: (leaky, []))
     result = T.check_rl_openrlhf_packed(wb)
     assert result.status == "fail" and result.metrics["max_abs_logprob_diff"] > 1e-2, result.message
+
+
+def _unsloth_release(root: Path, source: str, zoo_min: str = "2026.10.9") -> Path:
+    """A planted unsloth release: its ``unsloth/models/rl_replacements.py`` (``source``) and a METADATA declaring
+    ``unsloth_zoo>=zoo_min``, nothing else (the check reads the block from the file; unsloth is never imported)."""
+    (root / "unsloth" / "models").mkdir(parents=True)
+    (root / "unsloth" / "models" / "rl_replacements.py").write_text(source)
+    (root / "unsloth-2026.10.9.dist-info").mkdir()
+    (root / "unsloth-2026.10.9.dist-info" / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: unsloth\nVersion: 2026.10.9\nRequires-Dist: unsloth_zoo>={zoo_min}\n"
+        f"Requires-Dist: unsloth_zoo>={zoo_min}; extra == \"huggingface\"\n")
+    return root
+
+
+def test_an_unsloth_release_is_measured_with_its_own_block_and_a_packed_position_run_fails(tmp_path):
+    """unsloth per release (rl_peers' unsloth axis): the release's block read from its file and run in the child
+    with the zoo beside it. The real 2026.10.9 file passes; planted in a copy: the block numbers position_ids over
+    the whole packed row instead of per row (the samples attend each other), and it fails with its number. The path
+    record reads the block's line, the verifier's thresholds with their lines, and the zoo the release declares."""
+    from tests.test_rl_trainers import released_folders
+
+    real, zoo = released_folders("unsloth")
+    source = (real / "unsloth" / "models" / "rl_replacements.py").read_text()
+    per_row = "_pk_pos = (_pk_keep.cumsum(dim = 1) - 1)[_pk_keep].unsqueeze(0)"
+    assert source.count(per_row) == 1
+    right = _unsloth_release(tmp_path / "right", source, zoo_min="2026.10.7")
+    path = R.read_path("unsloth", right)
+    anchor_line = next(i for i, x in enumerate(source.splitlines(), 1) if "_pk_pad = self.processing_class.pad_token_id" in x)
+    assert path["anchor"] == f"unsloth/models/rl_replacements.py:{anchor_line}" and path["zoo"] == "2026.10.7"
+    assert re.fullmatch(r"unsloth/models/rl_replacements\.py:\d+ accepts below 0\.7; :\d+ disables packing at 1\.5 \(nats\)",
+                        path["verifier"]), path["verifier"]
+    spec = {"dist": "unsloth", "families": ["llama"], "backends": ["sdpa"]}
+    cells = R._child({**spec, "folders": [str(right), str(zoo)]})
+    assert [c["status"] for c in cells] == ["pass"] and cells[0]["metrics"]["unsloth_verifier_diff"] < 1e-5, cells
+    wrong = _unsloth_release(tmp_path / "wrong", source.replace(
+        per_row, "_pk_pos = torch.arange(int(_pk_keep.sum()), device = input_ids.device).unsqueeze(0)"))
+    cells = R._child({**spec, "folders": [str(wrong), str(zoo)]})
+    assert cells[0]["status"] == "fail" and cells[0]["metrics"]["max_abs_logprob_diff"] > 1e-2, cells
+    # unsloth's own verifier sees the same leak (its number is beside packcheck's in the cell)
+    assert cells[0]["metrics"]["unsloth_verifier_diff"] > 1e-2
+
+
+def test_a_release_without_the_block_is_a_named_skip_never_run(tmp_path):
+    """A release whose rl_replacements.py has no sequence-packing block (2026.6.9's case) is a record that says so,
+    with no cells and no child started."""
+    folder = _unsloth_release(tmp_path / "old", "def _get_per_token_logps_and_entropies(self):\n    pass\n")
+    path = R.read_path("unsloth", folder)
+    assert path["anchor"] is None and "verifier" not in path and path["zoo"] == "2026.10.9"
+    record = {"version": "2026.6.9", "path": path, "cells": [], "skip": "unsloth 2026.6.9 has no GRPO sequence-packing block"}
+    assert R.verdict(record) == "skipped"
+    text = R.render({"families": ["llama"], "backends": ["sdpa"], "stack": "torch", "measured": "x",
+                     "trainers": {"unsloth": [record]}})
+    assert "| 2026.6.9 | skipped |  | none | unsloth 2026.6.9 has no GRPO sequence-packing block |" in text
+
+
+def test_lean_records_keep_what_render_and_the_axes_read():
+    """:func:`R.lean` (unsloth's records) drops a passing cell's message and rounds its numbers to 3 digits, keeps a
+    failing cell's message (through message_from), and the render is the same before and after."""
+    cells = [{"model": "llama", "backend": "sdpa", "status": "pass", "message": "first msg", "cause": None,
+              "metrics": {"max_abs_logprob_diff": 3.6418029836227106e-07, "max_abs_entropy_diff": None,
+                          "non_finite_logprobs": 0, "unsloth_verifier_diff": 4.76837158203125e-07, "stand_ins": "x"}},
+             {"model": "qwen2", "backend": "sdpa", "status": "fail", "message_from": 0, "cause": "leak",
+              "metrics": {"max_abs_logprob_diff": 0.3123456}}]
+    record = {"version": "2026.7.1", "path": {"anchor": "a:1", "verifier": "v", "zoo": "z"}, "cells": cells}
+    block = {"families": ["llama", "qwen2"], "backends": ["sdpa"], "stack": "t", "measured": "x", "trainers": {"unsloth": [record]}}
+    before = R.render(json.loads(json.dumps(block)))
+    lean = R.lean(record)
+    assert "message" not in lean["cells"][0] and "cause" not in lean["cells"][0]
+    assert lean["cells"][0]["metrics"] == {"max_abs_logprob_diff": 3.64e-07, "unsloth_verifier_diff": 4.77e-07}
+    assert lean["cells"][1]["message"] == "first msg" and lean["cells"][1]["cause"] == "leak"
+    assert R.render(block) == before  # the same page
+    assert R.lean(json.loads(json.dumps(lean))) == lean  # idempotent

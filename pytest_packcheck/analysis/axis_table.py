@@ -1,5 +1,5 @@
 """The one table of the atlas's library axes (:data:`LIBRARY_AXES`): what ``packcheck lookup``'s ``--verl`` /
-``--openrlhf`` / ``--ms-swift`` / ``--peft`` / ``--accelerate`` (and ``--trl X --stack E``) answer from, kept apart from
+``--openrlhf`` / ``--ms-swift`` / ``--unsloth`` / ``--peft`` / ``--accelerate`` (and ``--trl X --stack E``) answer from, kept apart from
 :mod:`.library_axes` (the block and the answer) so that building lookup's parser compiles a few lines only (issue 47:
 a fresh process compiles every module it imports)."""
 
@@ -34,6 +34,8 @@ LIBRARY_AXES: dict[str, LibraryAxis] = {a.library: a for a in (
                 "python -m pytest_packcheck.atlas.rl_peers --trainers openrlhf --releases {release}"),
     LibraryAxis("ms-swift", "rl_trainer", "rl_peers.json", "ms-swift", "rl_swift_padding_free",
                 "Δmargin (nats per pair)", "python -m pytest_packcheck.atlas.rl_peers --trainers ms-swift --releases {release}"),
+    LibraryAxis("unsloth", "rl_trainer", "rl_peers.json", "unsloth", "rl_unsloth_grpo_packed", "Δlogp (nats per token)",
+                "python -m pytest_packcheck.atlas.rl_peers --trainers unsloth --releases {release}"),
     LibraryAxis("peft", "stack", "stack.json", "peft", "stack_trainers", "logits max |Δ| (float32), loss Δ (nats)",
                 "python tools/stack_releases.py --axis peft --releases {release}"),
     LibraryAxis("accelerate", "stack", "stack.json", "accelerate", "stack_trainers", "logits max |Δ| (float32), loss Δ (nats)",

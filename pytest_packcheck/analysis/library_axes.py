@@ -1,5 +1,5 @@
 """The library axes of the atlas beside transformers and TRL's SFTTrainer: the RL trainers' own packing code per release
-(verl, OpenRLHF, ms-swift: ``reports/atlas/rl_peers.json``) and the stack elements through the trainers per release of
+(verl, OpenRLHF, ms-swift, unsloth: ``reports/atlas/rl_peers.json``) and the stack elements through the trainers per release of
 peft, accelerate and TRL (``reports/atlas/stack.json``), carried into ``support.json["axes"]`` (SCHEMA.md, "Library
 axes block") so that ``packcheck lookup ... --verl 0.9.1`` / ``--peft 0.18.1 --stack prompt_tuning`` answers them.
 
@@ -24,11 +24,11 @@ from .axis_table import LIBRARY_AXES, LibraryAxis  # the one table of the axes (
 RL_ELEMENT = "packed_path"
 #: The key number of each RL trainer cell (the check's ``key_metric``, checks/registry.py).
 RL_NUMBERS = {"rl_verl_rmpad": "max_abs_logprob_diff", "rl_openrlhf_packed": "max_abs_logprob_diff",
-              "rl_swift_padding_free": "max_abs_margin_diff"}
+              "rl_swift_padding_free": "max_abs_margin_diff", "rl_unsloth_grpo_packed": "max_abs_logprob_diff"}
 #: What each file:line of ``lines`` says, as lookup prints it (stack_axis.LINE_KEYS's words; the RL trainers' anchor).
 LINE_NAMES = {"anchor": "packed path at", "declared": "declares", "decided_at": "padding_free decided at",
               "position_ids_dropped_at": "position_ids dropped at", "raised_at": "raised at",
-              "hook_at": "the CP hook sets is_causal=True at"}
+              "hook_at": "the CP hook sets is_causal=True at", "verifier": "its verifier at"}
 #: A stack run record's fields kept in an entry (numbers: the run's largest; stack_axis.NUMBER_KEYS).
 STACK_KEYS = ("decision", "settled", "position_ids_in_batch", "position_ids_to_model", "raised", "grad_rel_err",
               "logits_max_abs_diff", "loss_delta")
@@ -71,7 +71,8 @@ def _rl_axis(axis: LibraryAxis, doc: dict[str, Any]) -> dict[str, Any] | None:
         release = r["version"]
         releases.append(release)
         path = r.get("path") or {}
-        lines[release] = {k: v for k, v in (("anchor", path.get("anchor")), ("declared", path.get("declared"))) if v}
+        lines[release] = {k: v for k, v in (("anchor", path.get("anchor")), ("declared", path.get("declared")),
+                                            ("verifier", path.get("verifier"))) if v}  # verifier: unsloth's thresholds
         if (r.get("stack") or {}) != held:
             versions[release] = r.get("stack") or {}
         cells = r.get("cells") or []

@@ -1,17 +1,21 @@
-"""The RL trainers' own packing code per release: verl, OpenRLHF, ms-swift (issue 44, part 2).
+"""The RL trainers' own packing code per release: verl, OpenRLHF, ms-swift, unsloth (issue 44, part 2).
 
 For each minor of each trainer since its packed path exists (:data:`RELEASES`, the latest patch of each), the
 release's wheel (``pip download --no-deps``, saved under ``build/rl-peers/releases``) is unpacked and imported from
 the files (:mod:`..checks.rl_wheels`) in a child process of its own, with the few pure-Python packages its modules
 import (:data:`..checks.rl_wheels.NEEDS`, from ``build/rl-peers``), and the trainer's check
-(:data:`CHECKS`: ``rl_verl_rmpad``, ``rl_openrlhf_packed``, ``rl_swift_padding_free``) runs on :data:`FAMILIES` x
+(:data:`CHECKS`: ``rl_verl_rmpad``, ``rl_openrlhf_packed``, ``rl_swift_padding_free``, ``rl_unsloth_grpo_packed``)
+runs on :data:`FAMILIES` x
 :data:`BACKENDS` against each sample alone. The library is the axis; the stack is this environment's (torch,
 transformers), but for ms-swift, whose every release declares ``trl<1.0``: its releases run in the cached ``trl==0.29.1``
-version environment (``--swift-python``) where one exists.
+version environment (``--swift-python``) where one exists. unsloth's releases run with the unsloth_zoo release each
+declares as its minimum (``Requires-Dist: unsloth_zoo>=X``, read from the wheel: :func:`zoo_of`), downloaded beside them.
 
 Each release also records what its wheel does, read from its files (:func:`read_path`): the file and line of the
 path's anchor (verl: the label roll of the remove-padding forward, ``torch.roll(input_ids_rmpad``; OpenRLHF: where
-``Actor.forward`` packs; ms-swift: ``get_cu_seqlens`` in its padding-free DPO ``concatenated_forward``), and for verl
+``Actor.forward`` packs; ms-swift: ``get_cu_seqlens`` in its padding-free DPO ``concatenated_forward``; unsloth: the first line of its GRPO
+sequence-packing block, ``_pk_pad = self.processing_class.pad_token_id``, with its verifier's thresholds and their lines
+(:func:`unsloth_verifier`)), and for verl
 the import chain from its engine's ``forward_step`` module to ``ray`` (:func:`import_chain`): the engine path is a
 named skip, never run. A transition is a release whose anchor file or verdict differs from the release before it.
 
@@ -44,9 +48,13 @@ RELEASES: dict[str, tuple[str, ...]] = {
     "openrlhf": ("0.3.8", "0.4.6", "0.5.9.post1", "0.6.4", "0.7.5", "0.8.11", "0.9.10", "0.10.4", "0.11.2"),
     "ms-swift": ("3.5.3", "3.6.4", "3.7.3", "3.8.3", "3.9.3", "3.10.3", "3.11.3", "3.12.6", "4.0.4", "4.1.3", "4.2.3",
                  "4.3.2", "4.4.2", "4.5.3", "4.6.0"),
+    # unsloth: the newest patch of each month since 2026.7.1, the first release whose rl_replacements.py holds the GRPO
+    # sequence-packing block (2026.6.9, the last without it, is its row that says so), and 2026.7.1 itself
+    "unsloth": ("2026.6.9", "2026.7.1", "2026.7.6", "2026.8.22", "2026.9.14", "2026.10.9"),
 }
 #: The check each trainer's releases run (checks/registry.py, the rl suite).
-CHECKS = {"verl": "rl_verl_rmpad", "openrlhf": "rl_openrlhf_packed", "ms-swift": "rl_swift_padding_free"}
+CHECKS = {"verl": "rl_verl_rmpad", "openrlhf": "rl_openrlhf_packed", "ms-swift": "rl_swift_padding_free",
+          "unsloth": "rl_unsloth_grpo_packed"}
 #: Cheap: two families, sdpa and the CPU varlen reference.
 FAMILIES: tuple[str, ...] = ("llama", "qwen2")
 BACKENDS: tuple[str, ...] = ("sdpa", "packcheck_flash_ref")
@@ -63,6 +71,7 @@ ANCHORS: dict[str, tuple[tuple[str, ...], str]] = {
              r"torch\.roll\(input_ids_rmpad"),
     "openrlhf": (("openrlhf/models/actor.py",), r"unpad_and_slice_tensor\(|reset_position_ids\(attention_mask\)"),
     "ms-swift": (("swift",), r"self\.get_cu_seqlens\("),
+    "unsloth": (("unsloth/models/rl_replacements.py",), r"_pk_pad = self\.processing_class\.pad_token_id"),
 }
 #: The packages whose ``__init__`` rl_trainers never runs (bare namespaces): an import chain does not pass them.
 BARE = {"verl": ("verl", "verl.utils", "verl.workers", "verl.workers.engine", "verl.workers.engine.fsdp")}
@@ -93,8 +102,41 @@ def read_path(dist: str, folder: Path) -> dict[str, Any]:
             break
     if dist == "verl":
         out["engine"] = import_chain(folder, VERL_ENGINE, "ray", bare=BARE["verl"])
+    if dist == "unsloth":
+        out["zoo"] = zoo_of(folder)
+        if out["anchor"]:
+            out["verifier"] = unsloth_verifier(folder / ANCHORS["unsloth"][0][0], int(out["anchor"].rsplit(":", 1)[1]))
     out["declared"] = declared(folder)
     return out
+
+
+def zoo_of(folder: Path) -> str | None:
+    """The unsloth_zoo release an unpacked unsloth wheel requires at least (its METADATA's ``Requires-Dist:
+    unsloth_zoo>=X`` without extras), e.g. "2026.7.7"; None when it declares none."""
+    meta = next(iter(sorted(folder.glob("*.dist-info/METADATA"))), None)
+    for line in meta.read_text(errors="replace").splitlines() if meta else []:
+        hit = re.match(r"Requires-Dist:\s*unsloth[_-]zoo\s*>=\s*([0-9][0-9.]*)\s*$", line)
+        if hit:
+            return hit.group(1)
+    return None
+
+
+def unsloth_verifier(path: Path, start: int) -> str | None:
+    """unsloth's runtime verifier's thresholds in a release, read after line ``start`` (the packing block's first):
+    "<file>:<line> accepts below 0.7; :<line> disables packing at 1.5" (``if _pk_diff < X`` / ``if _pk_diff >= Y``);
+    None when either is missing."""
+    lines = path.read_text(errors="replace").splitlines()
+    found = {}
+    for number in range(start, len(lines)):
+        for key, pattern in (("accept", r"if _pk_diff < ([0-9.e+-]+):"), ("disable", r"if _pk_diff >= ([0-9.e+-]+):")):
+            hit = re.search(pattern, lines[number - 1])
+            if hit and key not in found:
+                found[key] = (number, float(hit.group(1)))
+        if len(found) == 2:
+            rel = "unsloth/models/rl_replacements.py"
+            return (f"{rel}:{found['accept'][0]} accepts below {found['accept'][1]:g}; "
+                    f":{found['disable'][0]} disables packing at {found['disable'][1]:g} (nats)")
+    return None
 
 
 def declared(folder: Path, names: tuple[str, ...] = ("transformers", "trl")) -> str:
@@ -191,11 +233,12 @@ def import_chain(folder: Path, start: str, target: str, bare: tuple[str, ...] = 
 
 def _child(spec: dict[str, Any]) -> list[dict[str, Any]]:
     """Run in the child: the folders on sys.path, the trainer's check on every family x backend. Returns the cells."""
-    from ..checks import rl_trainers
+    from ..checks import rl_packers, rl_trainers
     from ..checks.rl_wheels import wheels_on_path
     from .peer_paths import build_bench
 
-    check = getattr(rl_trainers, f"check_{CHECKS[spec['dist']]}")
+    name = f"check_{CHECKS[spec['dist']]}"
+    check = getattr(rl_trainers, name, None) or getattr(rl_packers, name)
     cells = []
     with wheels_on_path([Path(f) for f in spec["folders"]]):
         for family in spec["families"]:
@@ -234,7 +277,7 @@ def run_release(dist: str, version: str, build: Path, python: str, families: tup
     releases.mkdir(parents=True, exist_ok=True)
     folder = unpack_wheel(_wheel(releases, dist, version))
     pinned = pins((Path(__file__).resolve().parents[2] / "constraints" / "rl-peers.txt").read_text())
-    extras = {d: pinned[d] for d in NEEDS[dist][1:]}
+    extras = {d: pinned[d] for d in NEEDS[dist][1:] if not (dist == "unsloth" and d == "unsloth-zoo")}
     found, missing = find_wheels(build, extras)
     if missing:
         raise FileNotFoundError(f"no {', '.join(missing)} wheel in {build}: pip download --no-deps -r "
@@ -242,38 +285,57 @@ def run_release(dist: str, version: str, build: Path, python: str, families: tup
     folders = [folder, *(unpack_wheel(found[d]) for d in extras)]
     folders += [unpack_wheel(_wheel(releases, d, v)) for d, v in RELEASE_EXTRAS.get(dist, {}).items()]
     record: dict[str, Any] = {"version": version, "path": read_path(dist, folder)}
+    if dist == "unsloth" and record["path"]["anchor"] and record["path"].get("zoo"):  # the zoo it declares, per release
+        folders.append(unpack_wheel(_wheel(releases, "unsloth-zoo", record["path"]["zoo"])))
     if record["path"]["anchor"] is None:
         record["cells"] = []
         record["skip"] = (f"{dist} {version} has no such path: no line of {', '.join(ANCHORS[dist][0])} matches "
                           f"{ANCHORS[dist][1]!r} (read from its wheel)")
+        if dist == "unsloth":  # the anchor is a plain line: quote it as it reads
+            record["skip"] = (f"unsloth {version} has no GRPO sequence-packing block: no line of {ANCHORS[dist][0][0]} "
+                              f"holds '{ANCHORS[dist][1].replace(chr(92), '')}' (read from its wheel)")
         return record
     spec = {"dist": dist, "folders": [str(f) for f in folders], "families": list(families), "backends": list(backends)}
     code = ("import json, sys; from pytest_packcheck.atlas.rl_peers import _child; "
             "print('RLPEERS' + json.dumps(_child(json.loads(sys.argv[1]))))")
-    started = time.monotonic()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    started, cpu = time.monotonic(), _children_cpu()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+           # unsloth_zoo 2026.9's temporary_patches/moe_utils.py copies itself there at import (default: the cwd's
+           # unsloth_compiled_cache/, the repository root here)
+           "UNSLOTH_COMPILE_LOCATION": str((releases / "unsloth_compiled_cache").resolve())}
     proc = subprocess.run([python, "-c", code, json.dumps(spec)], check=False, capture_output=True, text=True, env=env,
                           cwd=Path(__file__).resolve().parents[2], timeout=900)
     record["wall_s"] = round(time.monotonic() - started, 1)
+    record["cpu_s"] = round(_children_cpu() - cpu, 1)  # the child's user + system seconds, imports included
     line = next((x for x in proc.stdout.splitlines() if x.startswith("RLPEERS")), None)
     if line is None:
         tail = " ".join((proc.stderr or proc.stdout).split())[-300:]
         record["cells"], record["skip"] = [], f"the child exited {proc.returncode} before any cell: {tail}"
     else:
         record["cells"] = json.loads(line[len("RLPEERS"):])
-    return pack(home_as_tilde(record))
+    return lean(pack(home_as_tilde(record))) if dist in LEAN else pack(home_as_tilde(record))
+
+
+def _children_cpu() -> float:
+    """User + system CPU seconds of this process's finished children (``resource.RUSAGE_CHILDREN``)."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 #: The metrics a cell keeps in the block (the check's numbers and the release's semantics it was compared under).
 KEPT_METRICS = ("max_abs_logprob_diff", "max_abs_seq_logprob_diff", "max_abs_entropy_diff", "max_abs_margin_diff",
                 "initial_loss", "non_finite_logprobs", "entropy_compared", "logprob_temperature", "entropy_temperature",
-                "missing_module", "raised_at")
+                "missing_module", "raised_at", "unsloth_verifier_diff")
 
 
 def pack(record: dict[str, Any]) -> dict[str, Any]:
     """A release's record as the block keeps it (small: reports/ has a size cap): the stand-ins once per release
     (``stand_ins``, taken out of each cell's message and metrics), :data:`KEPT_METRICS` only, and a message equal to
-    the release's first cell's stored once (``message_from: 0``). :func:`render` reads it as it is."""
+    the release's first cell's stored once (``message_from: 0``); a passing cell after the first keeps no message (its
+    numbers are its metrics; :func:`render` reads the first cell's tags and the messages of the others that do not
+    pass). :func:`render` reads it as it is."""
     cells = record.get("cells", [])
     stand_ins = next((c["metrics"].get("stand_ins") for c in cells if c.get("metrics", {}).get("stand_ins")),
                      record.get("stand_ins") or [])
@@ -286,12 +348,43 @@ def pack(record: dict[str, Any]) -> dict[str, Any]:
             for text in (f" ({'; '.join(stand_ins)})", f"; {'; '.join(stand_ins)}", *stand_ins):
                 message = message.replace(text, "") if text.strip("(); ") else message
         cell["metrics"] = {k: v for k, v in cell.get("metrics", {}).items() if k in KEPT_METRICS}
-        if first is not None and message == first:
+        if first is not None and cell.get("status") == "pass":  # its numbers are its metrics; render reads cell 0's
+            cell.pop("message", None)
+        elif first is not None and message == first:
             cell.pop("message", None)
             cell["message_from"] = 0
         else:
             cell["message"] = message
         first = first if first is not None else message
+    return record
+
+
+#: The trainers whose records :func:`lean` trims further (added when reports/ was within 15 KB of its size cap).
+LEAN = ("unsloth",)
+#: The metrics a lean cell keeps.
+LEAN_METRICS = ("max_abs_logprob_diff", "max_abs_seq_logprob_diff", "unsloth_verifier_diff", "non_finite_logprobs",
+                "missing_module", "raised_at")
+
+
+def lean(record: dict[str, Any]) -> dict[str, Any]:
+    """A packed record (:func:`pack`) smaller still: a passing cell keeps no message (its numbers are its metrics);
+    metrics are :data:`LEAN_METRICS`, floats to 3 significant digits, None and a zero ``non_finite_logprobs`` left
+    out; a ``cause`` of None left out. A non-passing cell keeps its message. Idempotent."""
+    cells = record.get("cells", [])
+    texts = [message_of(record, c) for c in cells]  # before any message goes (message_from points at cell 0)
+    for cell, text in zip(cells, texts, strict=True):
+        cell.pop("message", None)
+        cell.pop("message_from", None)
+        if cell.get("status") != "pass":
+            cell["message"] = text
+        if cell.get("cause", 0) is None:
+            cell.pop("cause")
+        metrics = {}
+        for key, value in cell.get("metrics", {}).items():
+            if key not in LEAN_METRICS or value is None or (key == "non_finite_logprobs" and value == 0):
+                continue
+            metrics[key] = float(f"{value:.3g}") if isinstance(value, float) else value
+        cell["metrics"] = metrics
     return record
 
 
@@ -385,6 +478,8 @@ def _stand_in_short(text: str) -> str:
     (the release's actor imports it)"."""
     if "stubbed" in text:
         return text.split(":")[0]
+    if "flash_attn" not in text:  # unsloth's: "self (pad_token_id; ...)", "UNSLOTH_ALLOW_CPU=1 (...)"
+        return text.split(" (")[0]
     why = re.findall(r"\(([^()]*(?:release|CPU branch)[^()]*)\)", text)
     version = re.search(r"flash_attn (\S+)'s source", text)
     return (f"flash_attn.bert_padding from flash-attn {version.group(1) if version else ''}'s source"
@@ -417,7 +512,16 @@ def render(block: dict[str, Any]) -> str:
                 notes = "; ".join(x for x in [notes, *tags[:1], *shorts] if x)
             if dist == "verl" and r["path"].get("engine"):
                 notes = (notes + "; " if notes else "") + "engine forward_step: needs ray (" + " -> ".join(r["path"]["engine"]) + ")"
-            if r["path"].get("declared") and r["path"]["declared"] not in notes:
+            if dist == "unsloth":  # the zoo it ran with, its own verifier, the stand-ins (what it declares: lookup)
+                seen = [c["metrics"]["unsloth_verifier_diff"] for c in cells
+                        if isinstance(c.get("metrics", {}).get("unsloth_verifier_diff"), (int, float))]
+                notes = notes if not r["path"].get("anchor") else "; ".join(x for x in [
+                    f"unsloth_zoo {r['path'].get('zoo')}",
+                    "its verifier " + (f"{max(seen):.1e} nats, " if seen else "") + (r["path"].get("verifier") or "not found"),
+                    ("stand-ins: " + ", ".join(_stand_in_short(x) for x in r.get("stand_ins") or [])) if r.get("stand_ins") else "",
+                    "; ".join(f"{c['model']}/{c['backend']}: {_short(_gist(message_of(r, c)), 160)}"
+                              for c in cells if c["status"] != "pass")] if x)
+            elif r["path"].get("declared") and r["path"]["declared"] not in notes:
                 notes = (notes + "; " if notes else "") + f"declares {r['path']['declared']}"
             anchor = f"`{r['path']['anchor']}`" if r["path"].get("anchor") else "none"
             lines.append(f"| {r['version']} | {verdict(r)} | {'' if worst is None else f'{worst:.1e}'} | {anchor} | {_short(notes, 400)} |")
@@ -465,11 +569,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{dist} {version} ...", flush=True)
                 record = run_release(dist, version, build, python)
                 record["stack"] = stacks[python]  # the stack it ran on, not the machine's path to it
+                if dist == "unsloth" and record["cells"] and record["path"].get("zoo"):
+                    record["stack"] = {**stacks[python], "unsloth_zoo": record["path"]["zoo"]}
                 kept[version] = record
-                print(f"  {verdict(record)} ({record.get('wall_s', 0)} s)", flush=True)
+                print(f"  {verdict(record)} ({record.get('wall_s', 0)} s wall, {record.get('cpu_s', 0)} s CPU)", flush=True)
                 block["trainers"][dist] = sorted(kept.values(), key=lambda r: version_key(r["version"]))
                 block["measured"] = time.strftime("%Y-%m-%d")
-                block["stack"] = "; ".join(sorted({", ".join(f"{k} {v}" for k, v in r["stack"].items())
+                block["stack"] = "; ".join(sorted({", ".join(f"{k} {v}" for k, v in r["stack"].items() if k != "unsloth_zoo")
                                                    for rs in block["trainers"].values() for r in rs}))
                 out.parent.mkdir(parents=True, exist_ok=True)
                 out.write_text(dump(block))  # after each release: resumable

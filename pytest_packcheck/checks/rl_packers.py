@@ -32,11 +32,13 @@ checked against their sha256 on load.
 from __future__ import annotations
 
 import ast
+import contextlib
 import hashlib
 import importlib
 import importlib.util
 import itertools
 import math
+import os
 import re
 import sys
 import textwrap
@@ -473,6 +475,9 @@ def open_instruct_padding_in_segments(cu: list[int], lengths: list[int]) -> int:
 #: The file holding unsloth's GRPO log-prob replacement, and the anchors of its sequence-packing block there.
 UNSLOTH_FILE = ("unsloth", "models/rl_replacements.py")
 UNSLOTH_PACK = ("_pk_pad = self.processing_class.pad_token_id", "_pk_in_packed = False")
+#: The block's last line where a release has no ``_pk_in_packed`` flag (2026.7 .. 2026.9): the scatter back to
+#: ``[rows, logits_to_keep + max_left_pad]``.
+UNSLOTH_PACK_END = ".view(total_rows, _pk_L)[:, -_pk_W:]"
 UNSLOTH_VERIFY = ("_pk_ref = torch.zeros_like(_pk_result)", "_pk_diff = float(")
 UNSLOTH_HELPERS = ("_unsloth_grpo_returns_hidden_states", "_unsloth_grpo_hidden_states_signal")
 
@@ -519,28 +524,72 @@ def unsloth_source() -> dict[str, Any]:
 
     path = _package_file(*UNSLOTH_FILE)
     key = (str(path), path.stat().st_mtime_ns)
-    if key in _UNSLOTH_READ:  # read and parsed once per file (8,000 lines of ast per cell otherwise)
-        return _UNSLOTH_READ[key]
+    cached = _UNSLOTH_READ.get(key)  # read and parsed once per file (8,000 lines of ast per cell otherwise), while its
+    if cached and sys.modules.get("unsloth_zoo.rl_replacements") is cached["zoo"]:  # zoo is still the one imported
+        return cached
     source = path.read_text()
-    pack, p0, p1 = _block(source, *UNSLOTH_PACK)
+    try:
+        pack, p0, p1 = _block(source, *UNSLOTH_PACK)
+    except LookupError:  # 2026.7 .. 2026.9: no _pk_in_packed flag; the block ends with its scatter back
+        pack, p0, p1 = _block(source, UNSLOTH_PACK[0], UNSLOTH_PACK_END)
     verify, v0, v1 = _block(source, *UNSLOTH_VERIFY, start=p1)
     tree = ast.parse(source)
+    wanted = [name for name in UNSLOTH_HELPERS if name in pack or name in verify]  # 2026.7: none (hidden states)
     helpers = [ast.get_source_segment(source, node) for node in tree.body
-               if isinstance(node, ast.FunctionDef) and node.name in UNSLOTH_HELPERS]
+               if isinstance(node, ast.FunctionDef) and node.name in wanted]
     after = "\n".join(source.splitlines()[v1:v1 + 12])
     accept = re.search(r"if _pk_diff < ([0-9.e+-]+):", after)
     kill = re.search(r"if _pk_diff >= ([0-9.e+-]+):", "\n".join(source.splitlines()[v1:v1 + 40]))
-    if accept is None or kill is None or len(helpers) != len(UNSLOTH_HELPERS):
-        raise LookupError("the verifier's thresholds or the hidden-states helpers are not where 2026.10 has them")
+    if accept is None or kill is None or len(helpers) != len(wanted):
+        raise LookupError("the verifier's thresholds or the hidden-states helpers are not where 2026.7 .. 2026.10 have them")
     _bare_package("unsloth_zoo")
-    zoo = importlib.import_module("unsloth_zoo.rl_replacements")
+    cpu_switch = None
+    try:
+        with _compile_location():
+            zoo = importlib.import_module("unsloth_zoo.rl_replacements")
+    except NotImplementedError as exc:  # zoo < 2026.10's device_type.py: "You need a GPU" unless its test switch is on
+        if "accelerator" not in str(exc):
+            raise
+        for name in [n for n in sys.modules if n.startswith("unsloth_zoo.")]:
+            del sys.modules[name]
+        cpu_switch = "UNSLOTH_ALLOW_CPU=1 (unsloth_zoo's own test-only CPU switch, device_type.py: DEVICE_TYPE reads 'cuda')"
+        saved = os.environ.get("UNSLOTH_ALLOW_CPU")
+        os.environ["UNSLOTH_ALLOW_CPU"] = "1"
+        try:
+            with _compile_location():
+                zoo = importlib.import_module("unsloth_zoo.rl_replacements")
+        finally:
+            if saved is None:
+                os.environ.pop("UNSLOTH_ALLOW_CPU", None)
+            else:
+                os.environ["UNSLOTH_ALLOW_CPU"] = saved
     _UNSLOTH_READ[key] = {"pack": pack, "verify": verify, "helpers": "\n\n".join(helpers), "accept": float(accept.group(1)),
                           "kill": float(kill.group(1)), "zoo": zoo, "file": "unsloth/models/rl_replacements.py",
-                          "lines": {"pack": f"{p0}-{p1}", "verify": f"{v0}-{v1}"}}
+                          "lines": {"pack": f"{p0}-{p1}", "verify": f"{v0}-{v1}"},
+                          "hidden_states": UNSLOTH_HELPERS[0] not in pack, "cpu_switch": cpu_switch}
+    # hidden_states: the release's block takes the forward's .logits as the final hidden states (unsloth's patched
+    # forwards under UNSLOTH_RETURN_HIDDEN_STATES=1) and applies lm_head itself, with no check of the width
     return _UNSLOTH_READ[key]
 
 
 _UNSLOTH_READ: dict[tuple[str, int], dict[str, Any]] = {}
+
+
+@contextlib.contextmanager
+def _compile_location() -> Any:
+    """``UNSLOTH_COMPILE_LOCATION`` under the temporary folder while unsloth_zoo imports, unless set: its
+    ``temporary_patches/moe_utils.py`` (2026.9 on) copies itself into ``unsloth_compiled_cache/`` of the current
+    folder at import (the repository root under pytest)."""
+    import tempfile
+
+    if os.environ.get("UNSLOTH_COMPILE_LOCATION"):
+        yield
+        return
+    os.environ["UNSLOTH_COMPILE_LOCATION"] = str(Path(tempfile.gettempdir()) / "packcheck-unsloth-compiled-cache")
+    try:
+        yield
+    finally:
+        os.environ.pop("UNSLOTH_COMPILE_LOCATION", None)
 
 
 def unsloth_grpo_batch(samples: list[RLSample], pad_id: int) -> tuple[Any, int]:
@@ -564,7 +613,9 @@ def unsloth_packed_logprobs(src: dict[str, Any], model: Any, input_ids: Any, log
     ``_get_inference_mode_context_manager`` as ``torch.inference_mode``."""
     import torch
 
-    zoo = src["zoo"]
+    zoo = types.SimpleNamespace(**{name: _python_body(getattr(src["zoo"], name)) for name in (
+        "calculate_pad_tokens_in_prompt", "left_pack_padding", "create_completion_attention_mask",
+        "chunked_selective_log_softmax", "chunked_hidden_states_selective_log_softmax")})
     lm_head = model.get_output_embeddings().weight
     left = zoo.calculate_pad_tokens_in_prompt(input_ids, logits_to_keep, pad_id)
     max_left_pad = int(torch.max(left).item())
@@ -599,13 +650,20 @@ def unsloth_packed_logprobs(src: dict[str, Any], model: Any, input_ids: Any, log
             "max_left_pad": max_left_pad}
 
 
+def _python_body(function: Any) -> Any:
+    """A ``torch.compile``d function's Python body (``_torchdynamo_orig_callable``): unsloth_zoo before 2026.10
+    compiles its log-softmax gathers with ``fullgraph=True``, which torch 2.13 refuses to run with dynamo disabled
+    ("found no compiled frames"); any other function as it is."""
+    return getattr(function, "_torchdynamo_orig_callable", function)
+
+
 class _UnslothModel:
     """The cell's model as unsloth's block calls ``unwrapped_model(...)``: through the workbench's forward;
     ``packed_seq_lengths`` (read by unsloth's own patched attention, ``unsloth/models/llama.py``) is dropped: a
     transformers model takes the row's segments from ``position_ids``."""
 
-    def __init__(self, wb: Workbench, model: Any) -> None:
-        self.wb, self.model, self.config = wb, model, model.config
+    def __init__(self, wb: Workbench, model: Any, hidden_states: bool = False) -> None:
+        self.wb, self.model, self.config, self.hidden_states = wb, model, model.config, hidden_states
         self.packed_seq_lengths: list[list[int]] = []
 
     def get_output_embeddings(self) -> Any:
@@ -614,9 +672,22 @@ class _UnslothModel:
     def __call__(self, **kwargs: Any) -> Any:
         if kwargs.get("packed_seq_lengths") is not None:
             self.packed_seq_lengths.append([int(x) for x in kwargs["packed_seq_lengths"].tolist()])
-        return self.wb.forward({k: kwargs[k] for k in ("input_ids", "position_ids") if kwargs.get(k) is not None})
+        batch = {k: kwargs[k] for k in ("input_ids", "position_ids") if kwargs.get(k) is not None}
+        if not self.hidden_states:
+            return self.wb.forward(batch)
+        # what unsloth's patched forwards return as .logits under UNSLOTH_RETURN_HIDDEN_STATES=1: lm_head's input
+        seen: list[Any] = []
+        hook = self.wb.model.get_output_embeddings().register_forward_hook(lambda _m, args, _o: seen.append(args[0]))
+        try:
+            self.wb.forward(batch)
+        finally:
+            hook.remove()
+        return types.SimpleNamespace(logits=seen[-1])
 
 
+#: The stand-in a release whose block reads the forward's ``.logits`` as hidden states (2026.7) needs, as cells name it.
+HIDDEN_STATES_STAND_IN = ("the forward's .logits = lm_head's input (unsloth's patched forwards under "
+                          "UNSLOTH_RETURN_HIDDEN_STATES=1)")
 #: unsloth's shared-prefix grouping, as the cell names it.
 PREFIX_GROUPER = ("its shared-prefix grouping (PrefixGrouper, UNSLOTH_GRPO_PREFIX_GROUPER) is not run: it needs unsloth's "
                   "patched model forwards (FastLanguageModel) to carry prefix_seg_info into a torch.compile'd "
@@ -646,7 +717,7 @@ def check_rl_unsloth_grpo_packed(wb: Workbench) -> CheckResult:
     input_ids, keep = unsloth_grpo_batch(samples, wb.pad_id)
     try:
         with _model_copy(wb) as model:
-            wrapped = _UnslothModel(wb, model)
+            wrapped = _UnslothModel(wb, model, hidden_states=src["hidden_states"])
             out = unsloth_packed_logprobs(src, wrapped, input_ids.to(wb.device), keep, wb.pad_id, RL_TEMPERATURE)
     except Exception as exc:  # noqa: BLE001 - unsloth's code raised on this model: the cell says where
         return _crash("unsloth", "GRPO sequence packing", exc)
@@ -673,7 +744,9 @@ def check_rl_unsloth_grpo_packed(wb: Workbench) -> CheckResult:
     metrics = {**numbers, **_base_metrics(wb, samples), **versions, "unsloth_verifier_diff": out["verifier_diff"],
                "unsloth_accept_below": src["accept"], "unsloth_disable_at": src["kill"],
                "packed_seq_lengths": wrapped.packed_seq_lengths[0] if wrapped.packed_seq_lengths else None,
-               "stand_ins": ["self (pad_token_id; autocast off, fp32)", "inference mode as torch.inference_mode"],
+               "stand_ins": ["self (pad_token_id; autocast off, fp32)", "inference mode as torch.inference_mode",
+                             *([HIDDEN_STATES_STAND_IN] if src["hidden_states"] else []),
+                             *([src["cpu_switch"]] if src["cpu_switch"] else [])],
                "compiled_functions": "torch._dynamo disabled (eager)",
                "not_run": PREFIX_GROUPER}
     what = (f"unsloth {versions['unsloth']} GRPO sequence packing ({src['file']}:{src['lines']['pack']}; its verifier "
