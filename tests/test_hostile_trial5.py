@@ -279,3 +279,13 @@ def test_embedding_ids_out_of_the_models_tables_are_one_usage_line():
             verify_packed_batch(model, {"input_ids": ids, "position_ids": pos, **extra})
     assert verify_packed_batch(model, {"input_ids": ids, "position_ids": pos,
                                        "token_type_ids": torch.zeros_like(ids)}).verdict == "pass"
+
+
+def test_a_k_expression_pytest_cannot_parse_is_not_called_a_deselection(tmp_path):
+    """Planted: ``-- -k 'llama and ('``: packcheck's line said "deselected by -k 'llama and ('" above pytest's
+    "Wrong expression passed to '-k'"; nothing was deselected."""
+    proc = packcheck("audit", *SMALL, "--packcheck-checks", "isolation", "--", "-k", "llama and (", cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "-k 'llama and (' does not parse" in out and "deselected by" not in out, out[-1500:]
+    plain = packcheck("audit", *SMALL, "--packcheck-checks", "isolation", "--", "-k", "zzznothing", cwd=tmp_path)
+    assert "deselected by -k 'zzznothing'" in plain.stdout + plain.stderr

@@ -404,13 +404,31 @@ class PackcheckSession:
         if getattr(opt, "collectonly", False):  # --collect-only ran nothing and touched nothing (issue 42)
             return ("--collect-only: no cell ran; the report folder and its journal are left as they were "
                     "(an interrupted run still resumes with --packcheck-resume).")
-        why = " or ".join(f"{flag} {value!r}" for flag, value in (("-k", opt.keyword), ("-m", opt.markexpr)) if value)
+        given = [(flag, value) for flag, value in (("-k", opt.keyword), ("-m", opt.markexpr)) if value]
+        why = " or ".join(f"{flag} {value!r}" for flag, value in given)
+        broken = [f"{flag} {value!r}" for flag, value in given if not _parses(value)]
+        if broken:  # pytest refused the expression (its line follows): nothing was deselected (hostile trial 5)
+            why = f"{' and '.join(broken)} does not parse (pytest's error below)"
         journal = ("; the journal keeps its cells (--packcheck-resume)" if self.settings.resume
                    else f"; this run emptied the journal {self.journal.path} when it started")
         moved = (f"; the previous {' and '.join(self.set_aside)} {'was' if len(self.set_aside) == 1 else 'were'} set aside in {Path(self.settings.report_dir) / PREVIOUS_DIR} "
                  "so they are not taken for this run's" if self.set_aside else "")
-        return (f"no packcheck cell ran ({'deselected by ' + why if why else 'none was collected'}), so no matrix was "
+        return (f"no packcheck cell ran ({('' if broken else 'deselected by ') + why if why else 'none was collected'}), so no matrix was "
                 f"written{remove_report_files(self.settings.report_dir) or moved}{journal}.")
+
+
+def _parses(expression: str) -> bool:
+    """Whether pytest's ``-k`` / ``-m`` matcher compiles ``expression`` (its own parser; True where that private module
+    is not there to ask)."""
+    try:
+        from _pytest.mark.expression import Expression
+    except ImportError:
+        return True
+    try:
+        Expression.compile(expression)
+    except SyntaxError:
+        return False
+    return True
 
 
 class ChildrenSideBySide:
