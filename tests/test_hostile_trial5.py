@@ -289,3 +289,22 @@ def test_a_k_expression_pytest_cannot_parse_is_not_called_a_deselection(tmp_path
     assert proc.returncode != 0 and "-k 'llama and (' does not parse" in out and "deselected by" not in out, out[-1500:]
     plain = packcheck("audit", *SMALL, "--packcheck-checks", "isolation", "--", "-k", "zzznothing", cwd=tmp_path)
     assert "deselected by -k 'zzznothing'" in plain.stdout + plain.stderr
+
+
+def test_labels_a_token_classification_head_cannot_score_are_refused_not_left_out():
+    """Planted: labels 9 on a 3-label BertForTokenClassification: the guard left the loss out ("loss diff n/a") and
+    passed; the model's own loss would raise on them."""
+    import torch
+    from transformers import BertConfig, BertForTokenClassification
+
+    from pytest_packcheck.guard import verify_packed_batch
+
+    torch.manual_seed(0)
+    model = BertForTokenClassification(BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                  intermediate_size=64, max_position_embeddings=64, num_labels=3,
+                                                  attn_implementation="sdpa")).eval()
+    row = {"input_ids": torch.randint(1, 64, (1, 12)), "position_ids": torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3, 0, 1, 2]])}
+    with pytest.raises(PackcheckUsageError, match="holds 9, outside the 3 outputs of BertForTokenClassification's head"):
+        verify_packed_batch(model, {**row, "labels": torch.full((1, 12), 9)})
+    good = verify_packed_batch(model, {**row, "labels": torch.randint(0, 3, (1, 12))})
+    assert good.verdict == "pass" and good.loss_delta is not None

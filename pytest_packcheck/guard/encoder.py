@@ -141,6 +141,16 @@ def measure_encoder(model: Any, row: _Row, run: dict[str, Any], tols: dict[str, 
         forwards += 1
     finally:
         probe_dtype.remove()
+    if kind == "logit" and labels is not None:  # labels the head cannot score: the loss was left out, a silent pass
+        scored = labels[labels != IGNORE_INDEX]  # (hostile trial 5: token-classification labels 9 on a 3-label head)
+        outputs = int(packed[0].shape[-1])
+        if scored.numel() and (int(scored.min()) < 0 or int(scored.max()) >= outputs):
+            from .result import _usage
+
+            bad = int(scored.max()) if int(scored.max()) >= outputs else int(scored.min())
+            raise _usage(f"batch['labels'] holds {bad}, outside the {outputs} outputs of {type(model).__name__}'s head "
+                         f"(num_labels, or the vocabulary of a masked-LM head): labels are 0..{outputs - 1}, or "
+                         f"{IGNORE_INDEX} where not scored.")
     dtype, source = probe_dtype.decide(False)
     run["autocast"] = probe_dtype.autocast
     tol = _pick(tols, dtype)
