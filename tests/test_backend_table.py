@@ -45,8 +45,10 @@ def test_a_record_is_selectable_without_asking_transformers(backend, monkeypatch
     def no_probe(name):
         raise AssertionError(f"{name} is in the table: transformers need not be asked")
 
-    monkeypatch.setattr(availability, "attn_implementation_refusal", no_probe)
+    # the package's lazy attribute first: read after the module's patch, its first read would cache no_probe in the
+    # package as the value monkeypatch puts back, and a later test in this process would call it (CI, xdist order)
     monkeypatch.setattr(BK, "attn_implementation_refusal", no_probe)
+    monkeypatch.setattr(availability, "attn_implementation_refusal", no_probe)
     assert settings._validate_backends([backend.name], "--packcheck-attn") == (backend.name,)
 
 
