@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_inprocess import packcheck
+from cli_inprocess import packcheck, pytest_run
 
 from pytest_packcheck.errors import PackcheckUsageError
 
@@ -308,3 +308,15 @@ def test_labels_a_token_classification_head_cannot_score_are_refused_not_left_ou
         verify_packed_batch(model, {**row, "labels": torch.full((1, 12), 9)})
     good = verify_packed_batch(model, {**row, "labels": torch.randint(0, 3, (1, 12))})
     assert good.verdict == "pass" and good.loss_delta is not None
+
+
+def test_an_ini_list_over_lines_is_one_item_per_line(tmp_path):
+    """Planted: pytest's own ini list style, ``packcheck_models =`` then one spec per line: refused as "a control
+    character" (the spec 'arch:llama\\narch:gpt2'); each line is now one item, as the flag's commas make them."""
+    (tmp_path / "pytest.ini").write_text("[pytest]\npackcheck_models =\n    arch:llama\n    arch:gpt2\npackcheck_attn =\n"
+                                         "    sdpa\n")
+    proc = pytest_run("-p", "no:cacheprovider", "-q", "--packcheck-checks=isolation",
+                      f"--packcheck-report-dir={tmp_path / 'r'}", cwd=tmp_path)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-1500:]
+    cells = json.loads((tmp_path / "r" / "packcheck-matrix.json").read_text())["cells"]
+    assert sorted(c["model"] for c in cells) == ["gpt2", "llama"]

@@ -224,7 +224,13 @@ class _Sources:
         if opt.env and os.environ.get(opt.env):
             return os.environ[opt.env], f"${opt.env}"
         if opt.ini and self.get_ini(opt.ini):
-            return self.get_ini(opt.ini), f"ini {opt.ini}"
+            value = self.get_ini(opt.ini)
+            if isinstance(value, str) and "\n" in value.strip():
+                # a list over lines, pytest's own ini style (packcheck_models =\n    arch:llama\n    arch:gpt2): one
+                # item per line, as the flag takes them (hostile trial 5: refused as "a control character")
+                lines = [line.strip() for line in value.splitlines() if line.strip()]
+                value = lines if opt.multiple else ",".join(lines)
+            return value, f"ini {opt.ini}"
         return opt.default, "default"
 
     def audit_source(self) -> str:
