@@ -138,6 +138,20 @@ def test_a_written_path_with_a_control_character_is_refused_before_anything_is_m
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
 
 
+@pytest.mark.parametrize("args", [
+    ["lookup", "lla\nma", "sdpa", "4.53.1"], ["lookup", "llama", "sd\x1bpa", "4.53.1"], ["lookup", "llama", "sdpa", "4.53\t.1"],
+    ["bisect", "llama-sdpa-\nisolation-float32", "--good", "4.52.4", "--bad", "4.53.1"],
+], ids=["lookup-model", "lookup-backend", "lookup-version", "bisect-cell"])
+def test_a_positional_argument_with_a_control_character_is_one_line(tmp_path, args):
+    """Planted: `packcheck lookup $'lla\\nma' sdpa 4.53.1` printed the model name over two lines ("architecture 'lla" /
+    "ma' is not in the atlas") and an ESC reached the terminal. No positional argument of any command (a model type,
+    backend, version, cell id or path) holds a control character: refused on one line, exit 2."""
+    proc = packcheck(*args, cwd=tmp_path)
+    said = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(said) == 1 and "holds a control character" in said[0], said
+    assert "\x1b" not in proc.stdout + proc.stderr
+
+
 def test_bisect_refuses_a_model_of_another_architecture_than_its_cell():
     """Planted: ``llama-sdpa-isolation-float32 --model arch:gpt2`` probed gpt2 and wrote its verdicts as llama's."""
     from pytest_packcheck.analysis.bisect import parse_cell_id

@@ -401,6 +401,10 @@ def _refuse_empty_values(ns: argparse.Namespace) -> argparse.Namespace:
                     raise PackcheckUsageError(
                         f"{name} {item!r} holds a control character (a newline, tab, ...): it would make a file or "
                         "folder no one can type; give its name on one line.")
+                if not action.option_strings and has_control_character(item):  # lookup $'lla\nma' printed 2 lines
+                    raise PackcheckUsageError(
+                        f"{name} {item!r} holds a control character (a newline, tab, ...): no model type, backend, "
+                        "version, cell or path has one; give it on one line.")
     return ns
 
 
