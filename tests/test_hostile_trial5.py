@@ -334,3 +334,27 @@ def test_an_ini_list_over_lines_is_one_item_per_line(tmp_path):
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-1500:]
     cells = json.loads((tmp_path / "r" / "packcheck-matrix.json").read_text())["cells"]
     assert sorted(c["model"] for c in cells) == ["gpt2", "llama"]
+
+
+def test_nan_encoder_outputs_are_never_a_small_number():
+    """Planted: NaN in the encoder's weights printed "pooled embeddings 0.00e+00" beside the NaN (Python's max drops
+    a NaN that is not first: max(0.0, nan) is 0.0); and a NaN after a finite example would have read as that
+    example's small difference. Every number the line prints is nan, and the verdict is non_finite."""
+    import math
+
+    import torch
+    from transformers import BertConfig, BertModel
+
+    from pytest_packcheck.guard import verify_packed_batch
+    from pytest_packcheck.guard.encoder import _worst
+
+    assert math.isnan(_worst(1e-7, math.nan)) and math.isnan(_worst(math.nan, 1e-7)) and _worst(1e-7, 2e-7) == 2e-7
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                 intermediate_size=64, max_position_embeddings=64, attn_implementation="sdpa")).eval()
+    with torch.no_grad():
+        model.encoder.layer[1].output.dense.weight.fill_(float("nan"))
+    row = {"input_ids": torch.randint(1, 64, (1, 12)), "position_ids": torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3, 0, 1, 2]])}
+    result = verify_packed_batch(model, row)
+    assert (result.verdict, result.cause) == ("fail", "non_finite"), result.line()
+    assert "0.00e+00" not in result.line() and math.isnan(result.max_logprob_diff), result.line()
