@@ -346,7 +346,7 @@ def test_nan_encoder_outputs_are_never_a_small_number():
     from transformers import BertConfig, BertModel
 
     from pytest_packcheck.guard import verify_packed_batch
-    from pytest_packcheck.guard.encoder import _worst
+    from pytest_packcheck.results.metrics import worst as _worst
 
     assert math.isnan(_worst(1e-7, math.nan)) and math.isnan(_worst(math.nan, 1e-7)) and _worst(1e-7, 2e-7) == 2e-7
     torch.manual_seed(0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..results.metrics import worst as worst_diff
 from .batch import IGNORE_INDEX, _Row, _text_config, takes_mrope, unpack_row
 from .forward import _accepts, _log_probs, _solo
 from .precision import _REDUCED, _ComputeProbe, _default_tolerances
@@ -42,7 +43,7 @@ def _diff(row: _Row, targets: Any, lp: Any, reference: dict[int, Any]) -> float:
     for i, ref in reference.items():
         s = row.slices[i]
         keep = targets[0, s.start:s.stop - 1] != IGNORE_INDEX
-        worst = max(worst, float((lp[s.start:s.stop - 1][keep] - ref[keep]).abs().max()))
+        worst = worst_diff(worst, float((lp[s.start:s.stop - 1][keep] - ref[keep]).abs().max()))
     return worst
 
 
@@ -256,5 +257,5 @@ def _padded_diff(model: Any, row: _Row, targets: Any, inputs: dict[str, Any], fu
     for r, i in enumerate(order):
         s = row.slices[i]
         keep = tgt[r, : s.stop - s.start - 1] != IGNORE_INDEX
-        worst = max(worst, float((lp[r, : s.stop - s.start - 1][keep] - reference[i][keep]).abs().max()))
+        worst = worst_diff(worst, float((lp[r, : s.stop - s.start - 1][keep] - reference[i][keep]).abs().max()))
     return worst

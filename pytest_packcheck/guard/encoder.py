@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..results.metrics import worst as worst_diff
 from .batch import _ROW_KEYS, IGNORE_INDEX, _Row, _text_config
 from .forward import _accepts
 from .result import GuardResult, _fmt
@@ -88,13 +89,6 @@ def _alone(model: Any, row: _Row, s: slice) -> dict[str, Any]:
             if k not in _ROW_KEYS and k != "position_ids" and isinstance(v, torch.Tensor) and tuple(v.shape) == (1, row.total)}
 
 
-def _worst(*diffs: float) -> float:
-    """The largest of ``diffs``, NaN if any is NaN: Python's ``max`` drops a NaN that is not first (``max(0.0, nan)``
-    is 0.0), so NaN outputs printed "pooled embeddings 0.00e+00" (hostile trial 5) and a NaN after a finite example
-    could have read as a small difference."""
-    return math.nan if any(math.isnan(d) for d in diffs) else max(diffs)
-
-
 def _compare(row: _Row, kind: str, packed: tuple[Any, Any], alone: list[tuple[Any, Any]], labels: Any) -> dict[str, Any]:
     """Per example: the worst per-token output diff and the worst pooled-embedding diff; the losses (nats per
     labelled token) where ``labels`` ``(length,)`` are given and fit the head's outputs."""
@@ -105,10 +99,10 @@ def _compare(row: _Row, kind: str, packed: tuple[Any, Any], alone: list[tuple[An
         if hidden is not None and a_hidden is not None:
             p, a = hidden[s], a_hidden
             for how, (x, y) in {"mean": (p.mean(0), a.mean(0)), "cls": (p[0], a[0]), "last": (p[-1], a[-1])}.items():
-                pooled[how] = _worst(pooled[how], float((x - y).abs().max()))
+                pooled[how] = worst_diff(pooled[how], float((x - y).abs().max()))
         per.append(worst)
     out = {"per_example": per, "pooled": pooled if hidden is not None else {},
-           "max": _worst(*per, *pooled.values()) if hidden is not None else _worst(*per),
+           "max": worst_diff(*per, *pooled.values()) if hidden is not None else worst_diff(*per),
            "loss_packed": None, "loss_reference": None, "loss_delta": None, "label_tokens": 0}
     if kind == "logit" and labels is not None and int(labels.max()) < token.shape[-1]:
         nll_p, n = _loss(token, labels)
@@ -188,7 +182,7 @@ def measure_encoder(model: Any, row: _Row, run: dict[str, Any], tols: dict[str, 
                          attention=attention, probes=probes, forwards=forwards, compared=kind)
     result._packed_outputs = packed[0]  # not a field: a batch of rows reuses it as the row alone (rows_diff)
     numbers = (f"packed vs each example alone: {kind}s {_fmt(max(cmp['per_example']))}"
-               + (f", pooled embeddings {_fmt(_worst(*cmp['pooled'].values()))}" if cmp["pooled"] else "")
+               + (f", pooled embeddings {_fmt(worst_diff(*cmp['pooled'].values()))}" if cmp["pooled"] else "")
                + (f", loss {_fmt(cmp['loss_packed'])} vs {_fmt(cmp['loss_reference'])} nats" if cmp["loss_delta"] is not None else ""))
     bad = not cmp["max"] <= tol["logits_atol"] or (cmp["loss_delta"] is not None and not cmp["loss_delta"] <= tol["loss_atol"])
     if not cmp["finite"]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ..results.metrics import worst as worst_diff
 from .result import GuardResult
 
 #: The keys a pixel row may carry beside the text row's.
@@ -247,7 +248,7 @@ def measure_pixel_row(model: Any, batch: Any, tols: dict[str, dict[str, float]])
         ref = packed_lp[int(keep[:start].sum()):int(keep[:start].sum()) + int(k.sum())]
         per.append(float((ref - lp).abs().max()) if lp.numel() else 0.0)
     alone_all = torch.cat(alone_lp)
-    worst = max(per)
+    worst = worst_diff(*per)
     loss_packed, loss_alone = float(-packed_lp.mean()), float(-alone_all.mean())
     delta = abs(loss_packed - loss_alone)
     probes: dict[str, Any] = {}

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import PackcheckUsageError
+from ..results.metrics import worst as worst_diff
 from .batch import (
     IGNORE_INDEX,
     LOGPROB_NEUTRAL,
@@ -429,7 +430,7 @@ def _batched_vs_rows(model: Any, batch: Mapping[str, Any], singles: list[dict[st
     finally:
         for module, mode in modes.items():
             module.training = mode
-    return max(diffs) if diffs else None
+    return worst_diff(*diffs) if diffs else None
 
 
 def _rows_together(model: Any, batch: Mapping[str, Any], singles: list[dict[str, Any]], spans: list[slice], *,

@@ -8,6 +8,19 @@ from __future__ import annotations
 
 from typing import Any
 
+
+def worst(*diffs: float) -> float:
+    """The largest of ``diffs`` (absolute differences), NaN if any is NaN. Python's ``max`` drops a NaN that is not
+    first (``max(0.0, nan)`` is 0.0): a guard that folded NaN outputs that way printed "0.00e+00" beside them
+    (hostile trial 5), and a NaN after a finite example would read as that example's small difference. Raises
+    ValueError on no values, as ``max`` does."""
+    import math
+
+    if not diffs:
+        raise ValueError("worst() of no differences")
+    return math.nan if any(math.isnan(d) for d in diffs) else max(diffs)
+
+
 #: The metrics key a check sets when its verdict rests on another number than its key metric (the report, the
 #: atlas, bisect and the gate then show that one).
 VERDICT_METRIC = "verdict_metric"
