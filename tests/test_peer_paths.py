@@ -371,7 +371,8 @@ def test_the_released_ms_swift_verl_and_unsloth_own_paths_run_on_cpu_or_name_wha
 
 def _row(peer, path, model, backend, verdict, diff=None, cause="", reason=""):
     return {"peer": peer, "version": "1", "path": path, "code": "x", "model": model, "backend": backend, "verdict": verdict,
-            "max_abs_diff": diff, "per_example": [], "cause": cause, "reason": reason, "note": "", "stubs": [], "not_on_cpu": ""}
+            "max_abs_diff": diff, "per_example": [], "cause": cause, "reason": reason, "note": "", "stubs": [], "not_on_cpu": "",
+            "condition": ""}
 
 
 def _doc(rows):
@@ -582,6 +583,128 @@ def test_verl_vlm_forward_runs_its_patch_on_a_pixel_row_and_catches_renumbered_p
     assert Qwen2VLForConditionalGeneration.forward is original
 
 
+# verl 0.9.1's Qwen3.5 patch (verl/models/transformers/qwen3_5.py), reduced to the installed transformers' layer: the
+# model's forward takes cu_seqlens (transformer_impl.py:594 passes them), the gated-delta-net layer convolves each
+# sample alone (its _packed_causal_conv1d_fallback, :146) and hands cu_seqlens to the layer's chunk_gated_delta_rule
+# wherever it takes **kwargs (_packed_chunk_gated_delta_rule, :175-179), else runs each sample alone (:181-190)
+VERL_QWEN3_5 = """
+import torch
+import torch.nn.functional as F
+from inspect import signature
+from transformers.models.qwen3_5 import modeling_qwen3_5 as modeling
+_ORIGINAL_LM, _ORIGINAL_NET = modeling.Qwen3_5ForConditionalGeneration.forward, modeling.Qwen3_5GatedDeltaNet.forward
+_PACKED = [None]
+def _call_accepts_kwarg(fn, name):
+    params = signature(fn).parameters
+    return name in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
+def forward_with_normal_backend(self, input_ids=None, cu_seqlens=None, cu_seqlens_cpu=None, temperature=1.0, **kwargs):
+    _PACKED[0] = cu_seqlens
+    try:
+        return _ORIGINAL_LM(self, input_ids=input_ids, **kwargs)
+    finally:
+        _PACKED[0] = None
+def _packed_chunk_gated_delta_rule(self, q, k, v, g, beta, cu):
+    kwargs = {"g": g, "beta": beta, "initial_state": None, "output_final_state": False, "use_qk_l2norm_in_kernel": True}
+    if _call_accepts_kwarg(self.chunk_gated_delta_rule, "cu_seqlens"):
+        return self.chunk_gated_delta_rule(q, k, v, cu_seqlens=cu, cu_seqlens_cpu=cu, **kwargs)
+    bounds, outs = cu.tolist(), []
+    for a, b in zip(bounds, bounds[1:]):
+        outs.append(self.chunk_gated_delta_rule(q[:, a:b], k[:, a:b], v[:, a:b], **{**kwargs, "g": g[:, a:b], "beta": beta[:, a:b]})[0])
+    return torch.cat(outs, dim=1), None
+def qwen3_5_gated_delta_net_forward(self, hidden_states, cache=None, attention_mask=None, **kwargs):
+    cu = _PACKED[0]
+    if cu is None:
+        return _ORIGINAL_NET(self, hidden_states, cache=cache, attention_mask=attention_mask, **kwargs)
+    n, bounds = hidden_states.shape[1], cu.tolist()
+    qkv = self.in_proj_qkv(hidden_states).transpose(1, 2)
+    qkv = torch.cat([F.silu(self.conv1d(qkv[..., a:b])[..., :b - a]) for a, b in zip(bounds, bounds[1:])], dim=-1)
+    q, k, v = torch.split(qkv.transpose(1, 2), [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+    q, k, v = q.reshape(1, n, -1, self.head_k_dim), k.reshape(1, n, -1, self.head_k_dim), v.reshape(1, n, -1, self.head_v_dim)
+    z = self.in_proj_z(hidden_states).reshape(1, n, -1, self.head_v_dim)
+    beta = self.in_proj_b(hidden_states).sigmoid()
+    g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(hidden_states).float() + self.dt_bias)
+    if self.num_v_heads // self.num_k_heads > 1:
+        q = q.repeat_interleave(self.num_v_heads // self.num_k_heads, dim=2)
+        k = k.repeat_interleave(self.num_v_heads // self.num_k_heads, dim=2)
+    out, _ = _packed_chunk_gated_delta_rule(self, q, k, v, g, beta, cu)
+    out = self.norm(out.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim)).reshape(1, n, -1)
+    return self.out_proj(out)
+"""
+VERL_QWEN3_5_PATCH = VERL_PATCH + """
+_apply = apply_monkey_patch
+def apply_monkey_patch(model, ulysses_sp_size=1, use_remove_padding=True):
+    if model.config.model_type in ("qwen3_5", "qwen3_5_moe"):
+        from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5ForConditionalGeneration, Qwen3_5GatedDeltaNet
+        from verl.models.transformers.qwen3_5 import forward_with_normal_backend, qwen3_5_gated_delta_net_forward
+        Qwen3_5ForConditionalGeneration.forward = forward_with_normal_backend
+        Qwen3_5GatedDeltaNet.forward = qwen3_5_gated_delta_net_forward
+        print(f"Monkey patch {model.__class__.__name__} model forward")
+    return _apply(model, ulysses_sp_size, use_remove_padding)
+"""
+
+_REFERENCE = pp.fla_chunk_gated_delta_rule_reference
+
+
+def _torch_chunk_gated_delta_rule_5_10_4(query, key, value, g, beta, chunk_size=64, initial_state=None,
+                                         output_final_state=False, use_qk_l2norm_in_kernel=False, **kwargs):
+    """transformers 5.10.4's torch_chunk_gated_delta_rule as verl meets it (modeling_qwen3_5.py:246): ``**kwargs``
+    takes cu_seqlens and nothing reads it, the row runs as one sequence (5.25.0's raises on cu_seqlens instead)."""
+    return _REFERENCE(query, key, value, g, beta, initial_state=initial_state, output_final_state=output_final_state,
+                      use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+
+
+def test_verl_qwen3_5_is_judged_with_fla_on_its_cpu_stand_in_and_shown_without_it(tmp_path, monkeypatch):
+    """verl's Qwen3.5 patch on the tiny Qwen3.5 VLM's pixel row, each gated-delta-net layer's chunk_gated_delta_rule as
+    transformers 5.10.4's __init__ binds it without fla (modeling_qwen3_5.py:422; the installed release binds none): the judged
+    path binds packcheck's per-segment stand-in of fla's kernel and passes, its condition saying so; a planted stand-in
+    that drops cu_seqlens leaks; the no-fla path (transformers' torch_chunk_gated_delta_rule, which takes cu_seqlens in
+    **kwargs and ignores it) leaks, its condition naming both files; the layers are put back after each cell."""
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as modeling
+
+    (tmp_path / "w").mkdir()
+    wheel = _verl_wheel(tmp_path / "w", VERL_QWEN3_5_PATCH)
+    with zipfile.ZipFile(wheel, "a") as z:
+        z.writestr("verl/models/transformers/qwen3_5.py", textwrap.dedent(VERL_QWEN3_5))
+    layers = []
+
+    def build(model, backend):  # the layers as transformers 5.10.4 builds them without fla
+        bench = pp.build_bench(model, backend)
+        for m in bench.model.modules():
+            if isinstance(m, modeling.Qwen3_5GatedDeltaNet):
+                object.__setattr__(m, "chunk_gated_delta_rule", _torch_chunk_gated_delta_rule_5_10_4)
+                layers.append(m)
+        return bench
+
+    def run(key):
+        import dataclasses
+
+        path = dataclasses.replace(next(p for p in PEER_PATHS if p.key == key), transformers="")
+        out = pp._measure_path(wheel, path, "0.9.1", ("vlm:qwen3_5",), ("packcheck_flash_ref",), build)[0]
+        assert layers and all(m.chunk_gated_delta_rule is _torch_chunk_gated_delta_rule_5_10_4 for m in layers)
+        return out
+
+    r = run("verl:vlm_forward")
+    assert (r.model, r.verdict) == ("qwen3_5_text", "pass") and len(r.per_example) == 3, (r.reason, r.note)
+    assert r.condition.startswith("with fla (flash-linear-attention) installed") and "qwen3_5.py:" in r.condition, r.condition
+    assert any("fla_chunk_gated_delta_rule_reference" in s for s in r.stubs), r.stubs
+    assert "Qwen3_5GatedDeltaNet.forward x" in r.note
+    real = pp.fla_chunk_gated_delta_rule_reference
+
+    def drops(q, k, v, g, beta, cu_seqlens=None, **kwargs):  # planted: the stand-in runs the whole row as one sample
+        return real(q, k, v, g, beta, **{k2: v2 for k2, v2 in kwargs.items() if k2 != "cu_seqlens_cpu"})
+
+    monkeypatch.setattr(pp, "fla_chunk_gated_delta_rule_reference", drops)
+    r = run("verl:vlm_forward")
+    assert r.verdict == "fail" and r.cause == "leak" and r.max_abs_diff > 1e-4 and r.per_example[0] <= r.tolerance, r
+    monkeypatch.undo()
+    r = run("verl:vlm_forward_no_fla")
+    assert r.verdict == "fail" and r.cause == "leak" and r.max_abs_diff > 1e-4, (r.reason, r.note)
+    assert r.condition.startswith("without fla (flash-linear-attention), verl hands cu_seqlens (verl/models/transformers/"
+                                  "qwen3_5.py:") and "to transformers' torch_chunk_gated_delta_rule (" in r.condition \
+        and f"which ignores it: leak {r.max_abs_diff:.1e}" in r.condition, r.condition
+    assert "engine.py:404-410" in r.condition and not any("fla_chunk" in s for s in r.stubs)
+
+
 def test_verl_vlm_cells_name_a_model_transformers_lacks_and_a_model_without_a_pixel_row(tmp_path):
     (tmp_path / "w").mkdir()
     wheel = _verl_wheel(tmp_path / "w", VERL_VLM_PATCH)
@@ -705,6 +828,33 @@ def test_an_own_code_claim_reads_its_model_patch_path_and_a_shown_path_does_not_
     assert planted["holds"] is False
 
 
+def test_a_qwen3_5_claim_line_says_its_verdict_is_for_verl_with_fla_and_the_no_fla_leak_does_not_count():
+    """verl's "packs qwen3_5" is judged by vlm_forward (fla's kernel on its stand-in): its line names the condition;
+    the no-fla path's leak is shown with its own condition, never counted; a leak in the judged path flips it."""
+    from pytest_packcheck.atlas.claims import Claim, judge_with_own_path
+
+    claim = Claim("verl", "qwen3_5", True, ("packcheck_flash_ref",), "verl/models/transformers/monkey_patch.py", 500,
+                  own_code="verl/models/transformers/monkey_patch.py:500: verl replaces its forward / attention")
+    stock = {"claim": claim, "release": "5.10.4", "holds": None, "why": "rests on the peer's own code"}
+    with_fla = {**_row("verl", "vlm_forward", "qwen3_5_text", "packcheck_flash_ref", "pass", 3.6e-7),
+                "condition": "with fla (flash-linear-attention) installed: verl hands cu_seqlens to fla's kernel (x/y.py:1)"}
+    no_fla = {**_row("verl", "vlm_forward_no_fla", "qwen3_5_text", "packcheck_flash_ref", "fail", 1.6e-3, cause="leak"),
+              "condition": "without fla (flash-linear-attention), verl hands cu_seqlens (verl/a.py:158) to transformers' "
+                           "torch_chunk_gated_delta_rule, which ignores it: leak 1.6e-03; engine.py:404-410 says it raises"}
+    j = judge_with_own_path(stock, _doc([with_fla, no_fla]))
+    assert j["holds"] is True, j["why"]
+    assert "✅ packcheck_flash_ref 3.6e-07 (with fla (flash-linear-attention) installed: verl hands cu_seqlens to fla's kernel)" in j["why"]
+    assert ("❌ packcheck_flash_ref 1.6e-03 (leak) (without fla (flash-linear-attention), verl hands cu_seqlens to transformers' "
+            "torch_chunk_gated_delta_rule, which ignores it: leak 1.6e-03) (shown, not counted)") in j["why"], j["why"]
+    planted = judge_with_own_path(stock, _doc([{**with_fla, "verdict": "fail", "max_abs_diff": 1.6e-3, "cause": "leak"}, no_fla]))
+    assert planted["holds"] is False
+    qwen2 = Claim("verl", "qwen2_vl", True, ("packcheck_flash_ref",), "verl/models/transformers/monkey_patch.py", 365,
+                  own_code="verl/models/transformers/monkey_patch.py:365: verl replaces its forward / attention")
+    other = judge_with_own_path({**stock, "claim": qwen2}, _doc([_row("verl", "vlm_forward", "qwen2_vl_text", "packcheck_flash_ref",
+                                                                       "pass", 3.6e-7), no_fla]))
+    assert other["holds"] is True and "no_fla" not in other["why"], other["why"]  # a shown path not run on it is left out
+
+
 def test_docs_quote_the_committed_per_model_patch_numbers():
     """docs/atlas.md's figures for axolotl's and verl's per-model patches against reports/atlas/peer_paths.json (the
     largest max abs diff over a model's backends), and the file:line of each crash or refusal it names."""
@@ -723,8 +873,10 @@ def test_docs_quote_the_committed_per_model_patch_numbers():
               ("verl", "vlm_forward", "qwen2_5_vl_text"): ("qwen2_5_vl (3.6e-07)", "pass"),
               ("verl", "vlm_forward", "qwen3_vl_text"): ("qwen3_vl (8.9e-08)", "pass"),
               ("verl", "vlm_forward", "qwen3_vl_moe_text"): ("qwen3_vl_moe (1.0e-07)", "pass"),
-              ("verl", "vlm_forward", "qwen3_5_text"): ("qwen3_5 (1.6e-03)", "fail"),
-              ("verl", "vlm_forward", "qwen3_5_moe_text"): ("qwen3_5_moe (2.7e-03)", "fail")}
+              ("verl", "vlm_forward", "qwen3_5_text"): ("qwen3_5 (3.6e-07)", "pass"),
+              ("verl", "vlm_forward", "qwen3_5_moe_text"): ("qwen3_5_moe (1.8e-07)", "pass"),
+              ("verl", "vlm_forward_no_fla", "qwen3_5_text"): ("qwen3_5 (1.6e-03)", "fail"),
+              ("verl", "vlm_forward_no_fla", "qwen3_5_moe_text"): ("qwen3_5_moe (2.7e-03)", "fail")}
     for key, (phrase, verdict) in quoted.items():
         ran = [r for r in cells(*key) if r["verdict"] in ("pass", "fail")]
         assert phrase in text and f"{max(r['max_abs_diff'] for r in ran):.1e}" in phrase, key
@@ -740,6 +892,13 @@ def test_docs_quote_the_committed_per_model_patch_numbers():
         assert all(r["verdict"] == verdict and where in r["reason"] for r in cells(*key)), key
         assert where.rsplit("/", 1)[-1].split(":")[0] in text or where in text, key
     assert all(r.get("transformers") == "5.10.4" for r in doc["results"] if r["path"].startswith("vlm_forward"))
+    # the judged Qwen3.5 cells are verl with fla (its stand-in named), the no-fla ones say what they are
+    for model in ("qwen3_5_text", "qwen3_5_moe_text"):
+        fla, = cells("verl", "vlm_forward", model)
+        assert fla["condition"].startswith("with fla") and any("fla_chunk_gated_delta_rule_reference" in x for x in fla["stubs"])
+        bare, = cells("verl", "vlm_forward_no_fla", model)
+        assert bare["condition"].startswith("without fla (flash-linear-attention), verl hands cu_seqlens") \
+            and f"which ignores it: leak {bare['max_abs_diff']:.1e}" in bare["condition"] and "engine.py:404-410" in bare["condition"]
     assert all(r.get("transformers") == "5.16.1" for r in doc["results"] if r["path"] == "model_patches")
 
 

@@ -427,8 +427,9 @@ OWN_PATH_LINKS: tuple[OwnPathLink, ...] = (
                 "at ulysses_sp_size 1"),
     OwnPathLink("verl", "packs", ("verl:remove_padding",), "its flash forward patch on text models", own_code=False),
     OwnPathLink("verl", "packs", ("verl:vlm_forward",), "apply_monkey_patch's forward / attention for this model on a "
-                "pixel row, at the transformers it pins (flash-attn and fla on packcheck's CPU references)", judges=True,
-                own_code=True, shown=("verl:vlm_forward_text",)),
+                "pixel row, at the transformers it pins (flash-attn and fla on packcheck's CPU references: the verdict is "
+                "for verl with fla installed; without fla shown beside it)", judges=True,
+                own_code=True, shown=("verl:vlm_forward_text", "verl:vlm_forward_no_fla")),
     OwnPathLink("unsloth", "every", ("unsloth:packing", "unsloth:hf_packed_attention"), "its packing collator and the "
                 "varlen attention it installs", judges=True),
     OwnPathLink("unsloth", "refuses", ("unsloth:packing",), "its packing collator on the refused model"),
@@ -459,7 +460,8 @@ def own_verdict(claim: Claim, doc: dict[str, Any] | None, links: tuple[OwnPathLi
     claims read every cell but those of ``exclude`` (the models the peer names in other claims, as :func:`judge`
     leaves them out of ``"*"``). A cell whose tiny model does not build on a backend (the library refuses it) is
     shown, never counted against the claim. Returns ``{"text", "holds", "judges", "scope"}``: ``text`` per path (the verdict and the
-    max abs diff of logits per backend, failures with their cause, what did not run and why); ``holds``: for a
+    max abs diff of logits per backend, failures with their cause, what did not run and why, on one model the
+    condition the cells' verdict is for where they carry one: verl's Qwen3.5 with / without fla); ``holds``: for a
     packing claim True where every cell ran and passes, False where one fails; for a refusal True (the refusal is
     needed) where one fails, False where every cell passes; None where a linked path did not run on it."""
     links = own_links(claim, links)
@@ -476,14 +478,18 @@ def own_verdict(claim: Claim, doc: dict[str, Any] | None, links: tuple[OwnPathLi
     else:
         rows = {k: [r for r in v if r["model"] not in exclude and r["model"].removesuffix("_text") not in exclude]
                 for k, v in rows.items()}
-    texts, verdicts = [], []
+    texts, verdicts, said = [], [], set()
     for key, these in rows.items():
-        if not these:
-            texts.append(f"`{key}` not run on {claim.model_type} (not among the models it runs)")
-            verdicts += [] if key in only_shown else ["not_run"]
+        if not these:  # a shown path that does not run on this model (verl's no-fla run on a model without fla) is left out
+            if key not in only_shown:
+                texts.append(f"`{key}` not run on {claim.model_type} (not among the models it runs)")
+                verdicts.append("not_run")
             continue
+        conditions = list(dict.fromkeys(_condition_short(r["condition"]) for r in these if r.get("condition"))) if single else []
         texts.append(f"`{key}`" + (f" on {these[0]['model']}" if single else "") + ": " + _path_summary(these, single)
+                     + "".join(" (the same condition)" if c in said else f" ({c})" for c in conditions)
                      + (" (shown, not counted)" if key in only_shown else ""))
+        said.update(conditions)
         if key not in only_shown:
             verdicts += [r["verdict"] for r in these if not _refused_backend(r)]
     failed, ran = "fail" in verdicts, all(v in ("pass", "fail") for v in verdicts)
@@ -496,6 +502,14 @@ def own_verdict(claim: Claim, doc: dict[str, Any] | None, links: tuple[OwnPathLi
             (False, False): "its own path passes on it"}.get((claim.supported, holds), "not judged") if holds is not None else ""
     return {"text": "; ".join(texts), "holds": holds, "word": word, "judges": any(k.judges for k in links),
             "scope": "; ".join(k.scope for k in links)}
+
+
+def _condition_short(text: str) -> str:
+    """A cell's condition (:attr:`.peer_paths.PathResult.condition`) as a claim's line gives it: its first clause,
+    the file:line parentheses left out (the peer's table in claims.md gives them whole)."""
+    import re
+
+    return re.sub(r" \([^()]*\.py:[^()]*\)", "", text.split("; ")[0])
 
 
 def _path_summary(rows: list[dict[str, Any]], single: bool) -> str:

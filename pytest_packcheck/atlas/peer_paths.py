@@ -49,7 +49,11 @@ Paths (the peers' newest releases read for this: axolotl 0.19.0, llamafactory 0.
   model types it replaces the forward / attention of (:data:`VERL_PATCHED_MODELS`), on checks/pixels.py's pixel row
   (each sample's text logits against the sample alone with its image) and on a text-only micro-batch; flash-attn's
   functions in verl's model modules bound to packcheck's reference kernels (:func:`_verl_model_patch`), every
-  function verl installs counted.
+  function verl installs counted; on Qwen3.5 (MoE) each gated-delta-net layer's ``chunk_gated_delta_rule`` bound to
+  :func:`fla_chunk_gated_delta_rule_reference` (what verl runs with fla installed: :func:`_verl_fla`).
+  ``verl:vlm_forward_no_fla``: the same pixel row on Qwen3.5 (MoE) without fla (transformers'
+  ``torch_chunk_gated_delta_rule``, which takes the ``cu_seqlens`` verl hands it in ``**kwargs``); each cell's
+  ``condition`` says which.
 - ``axolotl:model_patches`` (0.19.0, at transformers 5.16.1, its pin): its per-model packing patch
   (:data:`AXOLOTL_MODEL_PATCHES`) under the multipack batch, fla's varlen kernels bound to packcheck's per-segment
   CPU references (:func:`fla_causal_conv1d_reference`, :func:`fla_chunk_gated_delta_rule_reference`); the Mamba2
@@ -157,7 +161,11 @@ VERL_MODEL_NOTES = (("arch:kimi_vl", ("kimi_vl is not a transformers model type:
                      "verl/models/transformers/kimi_vl.py:91), not run here")),)
 VERL_NOT_ON_CPU = ("flash_attn's flash_attn_varlen_func (verl/models/transformers/qwen2_vl.py:46, glm4v.py:46: imported "
                    "only with flash-attn installed) stood in by packcheck's varlen reference; fla's chunk_gated_delta_rule "
-                   "and causal-conv1d (qwen3_5.py: its per-segment torch fallback runs); ulysses_sp_size > 1")
+                   "with cu_seqlens (Qwen3.5: stood in by packcheck's per-segment reference; verl:vlm_forward_no_fla runs "
+                   "without it); causal-conv1d's causal_conv1d_fn (not installed: verl's per-segment torch fallback, "
+                   "qwen3_5.py:146, runs); ulysses_sp_size > 1")
+#: the models verl's Qwen3.5 patch (qwen3_5.py) runs on: the gated-delta-net layers whose kernel fla provides
+VERL_FLA_MODELS = ("vlm:qwen3_5", "vlm:qwen3_5_moe")
 
 #: axolotl 0.19.0's per-model packing patches (loaders/patch_manager.py:543-599, model_support/qwen4_exp/__init__.py:21-31),
 #: by model type: (module, the functions axolotl calls in order, their keyword arguments)
@@ -259,6 +267,16 @@ PEER_PATHS: tuple[PeerPath, ...] = (
              "_build_verl_vlm", bare=("verl", "verl.utils", "verl.models", "verl.models.transformers"),
              beside=("einops",), around="_verl_model_patch", only_models=True, models=VERL_PATCHED_MODELS,
              transformers=VERL_TRANSFORMERS, not_on_cpu=VERL_NOT_ON_CPU, model_notes=VERL_MODEL_NOTES),
+    PeerPath("verl", "vlm_forward_no_fla", "the pixel row of verl:vlm_forward on Qwen3.5 (MoE) without fla "
+             "(flash-linear-attention) installed: each gated-delta-net layer's chunk_gated_delta_rule is transformers' "
+             "torch_chunk_gated_delta_rule, as its __init__ binds it then",
+             "verl/models/transformers/qwen3_5.py:_packed_chunk_gated_delta_rule",
+             ("verl.utils.attention_utils", "verl.models.transformers.monkey_patch"), (REFERENCE_BACKEND,),
+             "_build_verl_pixel_row", bare=("verl", "verl.utils", "verl.models", "verl.models.transformers"),
+             beside=("einops",), around="_verl_model_patch_no_fla", only_models=True, models=VERL_FLA_MODELS,
+             reference="_pixel_row_alone", compare="_pixel_row_compare", transformers=VERL_TRANSFORMERS,
+             not_on_cpu="causal-conv1d's causal_conv1d_fn (not installed: verl's per-segment torch fallback, "
+             "qwen3_5.py:146, runs); ulysses_sp_size > 1"),
 )
 
 
@@ -665,6 +683,9 @@ class PathResult:
     not_on_cpu: str = ""
     #: the transformers release the cell ran on (the document's, unless the path pins another: :attr:`PeerPath.transformers`)
     transformers: str = ""
+    #: the condition the verdict is for where the peer's code branches on an optional package (verl's Qwen3.5 patch
+    #: with or without fla), a sentence with the file:line of each side (:func:`_verl_fla`); empty elsewhere
+    condition: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
@@ -714,6 +735,8 @@ def run_path(path: PeerPath, mods: dict[str, Any], bench: Any, version: str) -> 
             else:
                 worst, per = bench.diff_to_solo(bench.forward(batch).logits[0].float())
         except Exception as exc:  # noqa: BLE001 - a peer's fault is a cell, never the run's end
+            if state.get("condition"):
+                base["condition"] = state["condition"]("error", None)
             if any(r in str(exc) for r in path.refusals):
                 return PathResult(**base, verdict="not_run", note=note, reason="the peer's own refusal: "
                                   f"{type(exc).__name__}: {' '.join(str(exc).split())}{_raised_at(exc)}")
@@ -726,6 +749,8 @@ def run_path(path: PeerPath, mods: dict[str, Any], bench: Any, version: str) -> 
                           "but the forward never called it (the batch ran on stock code)")
     tol = float(bench.tol["logits_atol"])
     verdict = "pass" if worst <= tol else "fail"
+    if state.get("condition"):
+        base["condition"] = state["condition"](verdict, worst)
     window = getattr(bench.config, "sliding_window", None)
     if isinstance(window, int) and window > 0:
         note += f"; sliding_window {window}"
@@ -909,7 +934,7 @@ def dumps_document(doc: dict[str, Any]) -> str:
             these = [x for x in doc["results"] if f"{x['peer']}:{x['path']}" == key]
             paths[key] = {f: json.loads(Counter(json.dumps(x.get(f)) for x in these).most_common(1)[0][0]) for f in SHARED_FIELDS}
         row = {k: v for k, v in r.items() if not (k in SHARED_FIELDS and v == paths[key][k])
-               and not (k in ("reason", "note", "cause") and not v)}
+               and not (k in ("reason", "note", "cause", "condition") and not v)}
         if row.get("per_example"):  # 4 significant digits: claims.md and the docs quote 2
             row["per_example"] = [float(f"{x:.4g}") for x in row["per_example"]]
         rows.append(json.dumps(row, ensure_ascii=False))
@@ -924,7 +949,7 @@ def expand_document(doc: dict[str, Any]) -> dict[str, Any]:
     shared fields put back from its ``paths`` table; a version 1 document (or one made in memory) as it is."""
     if doc.get("schema_version", 1) < 2:
         return doc
-    blank = {"reason": "", "note": "", "cause": ""}
+    blank = {"reason": "", "note": "", "cause": "", "condition": ""}
     results = [{**blank, **doc.get("paths", {}).get(f"{r['peer']}:{r['path']}", {}), **r} for r in doc.get("results", [])]
     return {**{k: v for k, v in doc.items() if k != "paths"}, "schema_version": 1, "results": results}
 
@@ -954,7 +979,8 @@ def _outside_pin(transformers: str, pin: str) -> bool:
 def render_own_paths(doc: dict[str, Any], peer: str, pin: str = "") -> list[str]:
     """claims.md's lines for ``peer``'s own paths in ``doc`` (:func:`results_document`): a table per path (model x
     backend: the verdict and the max abs diff of logits against each example alone), its code, the stubs and the
-    GPU-only part named, and each not-run or error reason once; where the transformers measured on is outside the
+    GPU-only part named, the condition a cell's verdict is for (:attr:`PathResult.condition`), and each not-run or
+    error reason once; where the transformers measured on is outside the
     peer's ``pin`` (its wheel's requirement), that is said. No lines where ``doc`` has none for the peer."""
     norm = peer.lower().replace("-", "_")
     rows = [r for r in doc.get("results", []) if r["peer"].lower().replace("-", "_") == norm]
@@ -982,7 +1008,8 @@ def render_own_paths(doc: dict[str, Any], peer: str, pin: str = "") -> list[str]
             cells = {r["backend"]: r for r in these if r["model"] == model}
             lines.append(f"| {model} | " + " | ".join(_cell(cells[b]) if b in cells else "" for b in backends) + " |")
         lines.append("")
-        notes = [f"Not run / error: {reason}" for reason in dict.fromkeys(r["reason"] for r in these if r.get("reason"))]
+        notes = [f"Condition, {r['model']}: {r['condition']}" for r in these if r.get("condition")]
+        notes += [f"Not run / error: {reason}" for reason in dict.fromkeys(r["reason"] for r in these if r.get("reason"))]
         notes += [f"Fails {r['model']}/{r['backend']}: {r['max_abs_diff']:.2e} ({r['cause']}; per example "
                   + ", ".join(f"{d:.1e}" for d in r["per_example"]) + f"; {_short(r['note'])})" for r in these if r["verdict"] == "fail"]
         lines += [f"  {n}" for n in notes] + ([""] if notes else [])
@@ -1048,15 +1075,89 @@ def _no_cast(query: Any, key: Any, value: Any, target_dtype: Any = None) -> tupl
     return query, key, value
 
 
+#: verl 0.9.1's own docs of the no-fla case (the VeOmni engine's eager chunk_gated_delta_rule_implementation), which
+#: say it raises; the FSDP engine's patch hands cu_seqlens on and nothing raises
+VERL_FLA_DOCS = ("verl/workers/config/engine.py:404-410 says this case (its \"eager\" default) \"raises at runtime\"; "
+                 "it does not")
+
+
+def _where(fn: Any) -> str:
+    """``verl/models/transformers/qwen3_5.py:158`` (the file from the package's top folder, the ``def`` line) of a
+    function, or its name where its source cannot be found."""
+    import inspect
+
+    fn = inspect.unwrap(fn)
+    try:
+        file, line = inspect.getsourcefile(fn) or "", inspect.getsourcelines(fn)[1]
+    except (OSError, TypeError):
+        return getattr(fn, "__qualname__", repr(fn))
+    parts = Path(file).parts
+    top = next((i for i, part in enumerate(parts) if part in ("verl", "transformers")), len(parts) - 1)
+    return f"{'/'.join(parts[top:])}:{line}"
+
+
+def _verl_fla(bench: Any, fla: bool) -> tuple[list[tuple[Any, Any]], list[str], Any]:
+    """The fla condition of a cell whose model has gated-delta-net layers (Qwen3.5 (MoE): each instance's
+    ``chunk_gated_delta_rule``, which transformers 5.10.4 binds in ``__init__`` to fla's ``chunk_gated_delta_rule``
+    where flash-linear-attention is installed, else to its own ``torch_chunk_gated_delta_rule``, modeling_qwen3_5.py:71-75,
+    422; verl's ``_packed_chunk_gated_delta_rule``, qwen3_5.py:158-190, hands it ``cu_seqlens`` wherever it takes
+    ``**kwargs``). ``fla``: bound to :func:`fla_chunk_gated_delta_rule_reference` (looked up when the cell runs), the
+    judged condition, what verl runs with fla; else left as transformers binds it without fla. Returns ``(saved
+    (layer, its function), stand-in sentences, condition(verdict, max_abs_diff) -> sentence)``; no layers: ``([],
+    [], None)``."""
+    layers = [m for m in bench.model.modules() if "chunk_gated_delta_rule" in vars(m)]
+    if not layers:
+        return [], [], None
+    saved = [(m, vars(m)["chunk_gated_delta_rule"]) for m in layers]
+    stock = _where(saved[0][1])
+    kind = type(layers[0]).__name__
+    if fla:
+        reference = globals()["fla_chunk_gated_delta_rule_reference"]
+        for layer in layers:
+            layer.chunk_gated_delta_rule = reference
+        sentence = (f"each {kind}'s chunk_gated_delta_rule: packcheck's per-segment CPU reference of fla's "
+                    f"chunk_gated_delta_rule ({reference.__name__}; fla's Triton kernels need a GPU), as transformers "
+                    f"binds fla's where flash-linear-attention is installed")
+
+        def condition(verdict: str, diff: float | None) -> str:
+            return (f"with fla (flash-linear-attention) installed: verl's _packed_chunk_gated_delta_rule ({_verl_packed()}) "
+                    f"hands cu_seqlens to fla's chunk_gated_delta_rule, whose varlen kernel runs each sample from a zero "
+                    f"state (on CPU: packcheck's per-segment reference, {reference.__name__}), not to transformers' "
+                    f"torch_chunk_gated_delta_rule ({stock})")
+        return saved, [sentence], condition
+
+    def condition(verdict: str, diff: float | None) -> str:
+        outcome = {"fail": f", which ignores it: leak {diff:.1e}", "pass": f", and the samples match ({diff:.1e})"}.get(verdict, "")
+        return (f"without fla (flash-linear-attention), verl hands cu_seqlens ({_verl_packed()}) to transformers' "
+                f"torch_chunk_gated_delta_rule ({stock}, **kwargs){outcome}; {VERL_FLA_DOCS}")
+    return saved, [], condition
+
+
+def _verl_packed() -> str:
+    """Where verl's ``_packed_chunk_gated_delta_rule`` is (its module is imported by ``apply_monkey_patch``)."""
+    fn = getattr(sys.modules.get("verl.models.transformers.qwen3_5"), "_packed_chunk_gated_delta_rule", None)
+    return _where(fn) if fn else "verl/models/transformers/qwen3_5.py"
+
+
 @contextlib.contextmanager
-def _verl_model_patch(mods: dict[str, Any], bench: Any) -> Iterator[dict[str, Any]]:
+def _verl_model_patch_no_fla(mods: dict[str, Any], bench: Any) -> Iterator[dict[str, Any]]:
+    """:func:`_verl_model_patch` with fla's kernel left unbound: what verl runs where flash-linear-attention is not
+    installed (transformers' ``torch_chunk_gated_delta_rule``)."""
+    with _verl_model_patch(mods, bench, fla=False) as state:
+        yield state
+
+
+@contextlib.contextmanager
+def _verl_model_patch(mods: dict[str, Any], bench: Any, fla: bool = True) -> Iterator[dict[str, Any]]:
     """verl's ``apply_monkey_patch(model, ulysses_sp_size=1, use_remove_padding=True)`` on the cell's model, as
     :func:`_verl_monkey_patch` applies it, with every attribute it replaces on a class of transformers' model modules
     (the model's forward, its inner ``*Model.forward``, the text attention, the decoder layer, the gated delta net) put
     back on exit. Each function verl installed on a class is wrapped to count its calls (``calls_of``: their sum, so
     a patch that prints "Monkey patch ..." but installs nothing, or whose functions the forward never reaches, is
     an error, not a pass on stock code). flash-attn's names in :data:`VERL_FLASH_MODULES` are bound to packcheck's
-    reference kernels for the cell (a stand-in, named)."""
+    reference kernels for the cell (a stand-in, named); with ``fla`` each gated-delta-net layer's
+    ``chunk_gated_delta_rule`` is bound to packcheck's per-segment reference of fla's (:func:`_verl_fla`: named, and
+    the cell's ``condition`` says which side of verl's fla branch its verdict is for)."""
     import inspect
 
     from ..backends.kernels import dense_reference_kernel, varlen_reference_kernel
@@ -1088,8 +1189,11 @@ def _verl_model_patch(mods: dict[str, Any], bench: Any) -> Iterator[dict[str, An
     stand_ins = [(f"verl/models/transformers/{{{','.join(bound_in)}}}.py's flash_attn_func / flash_attn_varlen_func: "
                   "packcheck's reference kernels; their fa_peft_integration_check's bfloat16 cast left out (float32)")] if bound_in else []
     counts: dict[str, int] = {}
+    fla_saved, fla_stand_ins, condition = _verl_fla(bench, fla)
     with _verl_monkey_patch(mods, bench) as state:
-        state["stand_ins"] = state.get("stand_ins", []) + stand_ins
+        state["stand_ins"] = state.get("stand_ins", []) + stand_ins + fla_stand_ins
+        if condition:
+            state["condition"] = condition
         after = {(cls, name): value for module in families for cls in vars(module).values()
                  if isinstance(cls, type) and cls.__module__ == module.__name__ for name, value in list(vars(cls).items())}
         replaced = [(cls, name) for (cls, name), value in after.items() if before.get((cls, name), _ABSENT) is not value]
@@ -1123,6 +1227,8 @@ def _verl_model_patch(mods: dict[str, Any], bench: Any) -> Iterator[dict[str, An
                         delattr(module, key)
                 else:
                     setattr(module, key, value)
+            for layer, value in fla_saved:
+                layer.chunk_gated_delta_rule = value
             state["note"] = "verl's own functions " + _calls(counts)
 
 
