@@ -92,6 +92,9 @@ def test_release_list_is_exact_releases_with_one_line_errors():
         A.parse_release_list("4.44", "--releases")
     with pytest.raises(PackcheckUsageError, match="Release 'latest' .* is not a version"):
         A.parse_release_list("latest", "--releases")
+    for text in ("4.44.2,", ",4.44.2", "4.44.2,,5.24.0", " , "):  # planted: an empty item was dropped in silence
+        with pytest.raises(PackcheckUsageError, match="has an empty item"):
+            A.parse_release_list(text, "--releases")
     with pytest.raises(PackcheckUsageError, match="Bad shard '3/2'"):
         A.parse_shard("3/2", "--shard")
 

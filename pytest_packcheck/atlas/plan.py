@@ -105,14 +105,16 @@ def parse_release_list(text: str, source: str) -> list[str]:
     """``"4.44.2,5.24.0"`` -> exact releases, ascending.
 
     Raises:
-        PackcheckUsageError: an item is not an exact release (e.g. ``4.44`` or ``>=4.44``).
+        PackcheckUsageError: an item is not an exact release (e.g. ``4.44`` or ``>=4.44``), or is empty (``4.44.2,``
+            was dropped in silence, where ``--packcheck-checks`` refuses an empty item: hostile trial 5).
     """
     from packaging.version import InvalidVersion, Version
 
     out = []
     for item in (t.strip() for t in text.split(",")):
         if not item:
-            continue
+            raise PackcheckUsageError(f"{source} '{text}' has an empty item: write releases separated by single commas, "
+                                      "e.g. 4.44.2,5.24.0.")
         try:
             v = Version(item)
         except InvalidVersion:
