@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -308,3 +309,26 @@ def test_python_body_unwraps_a_fullgraph_compiled_function():
 
     compiled = torch.compile(body, fullgraph=True)
     assert R._python_body(compiled) is body and R._python_body(body) is body
+
+
+def test_unsloths_process_wide_hooks_do_not_outlive_the_check(llama, monkeypatch, unsloth):
+    """Planted by unsloth_zoo itself: its tiled_mlp.py registers a process-wide nn.Module registration hook
+    (register_module_module_registration_hook) when the 2026.7-style hidden-states path loads it. The hook outlived the
+    check, and test_stack's torch.compile test, later in the same xdist worker, traced it and failed importing
+    'unsloth_zoo.tiled_mlp' once the wheel had left the path. After the check, torch's global hooks and the torch /
+    transformers attributes are what they were."""
+    from torch.nn.modules import module as nn_module
+
+    def hooks():
+        return {n: list(v) for n, v in vars(nn_module).items() if n.startswith("_global_") and isinstance(v, dict)}
+
+    before = hooks()
+    original = R.unsloth_source
+    monkeypatch.setattr(R, "unsloth_source", lambda: {**original(), "hidden_states": True})
+    result = R.check_rl_unsloth_grpo_packed(llama)
+    assert result.status == "pass", result.message
+    assert hooks() == before
+    leaked = [(name, attr) for name, mod in list(sys.modules.items()) if name.startswith(("torch", "transformers"))
+              and mod is not None for attr, value in list(vars(mod).items())
+              if str(getattr(value, "__module__", "") or "").startswith("unsloth")]
+    assert not leaked, leaked

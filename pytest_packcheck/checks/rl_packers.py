@@ -579,17 +579,46 @@ _UNSLOTH_READ: dict[tuple[str, int], dict[str, Any]] = {}
 def _compile_location() -> Any:
     """``UNSLOTH_COMPILE_LOCATION`` under the temporary folder while unsloth_zoo imports, unless set: its
     ``temporary_patches/moe_utils.py`` (2026.9 on) copies itself into ``unsloth_compiled_cache/`` of the current
-    folder at import (the repository root under pytest)."""
+    folder at import (the repository root under pytest). And every torch / transformers / trl attribute its import
+    replaces is put back after it (:func:`.rl_trainers._undo_import_patches`: its ``temporary_patches/common.py`` sets
+    ``torch._inductor.async_compile.tqdm``, and a later ``torch.compile`` in the process failed on it)."""
     import tempfile
 
-    if os.environ.get("UNSLOTH_COMPILE_LOCATION"):
-        yield
-        return
-    os.environ["UNSLOTH_COMPILE_LOCATION"] = str(Path(tempfile.gettempdir()) / "packcheck-unsloth-compiled-cache")
+    from .rl_trainers import _undo_import_patches
+
+    # the modules it patches, loaded first so that their attributes are saved (a module its import loads is not)
+    for name in ("torch._inductor.async_compile",):
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+    with _undo_import_patches(("torch", "transformers", "trl"), first=None), _global_module_hooks_kept():
+        if os.environ.get("UNSLOTH_COMPILE_LOCATION"):
+            yield
+            return
+        os.environ["UNSLOTH_COMPILE_LOCATION"] = str(Path(tempfile.gettempdir()) / "packcheck-unsloth-compiled-cache")
+        try:
+            yield
+        finally:
+            os.environ.pop("UNSLOTH_COMPILE_LOCATION", None)
+
+
+@contextlib.contextmanager
+def _global_module_hooks_kept() -> Any:
+    """torch's process-wide ``nn.Module`` hooks (``torch.nn.modules.module._global_*``: registration, forward,
+    backward) as they were before the block: unsloth_zoo's ``tiled_mlp.py`` registers a module-registration hook at
+    import (``register_module_module_registration_hook(_bump_module_tree_version)``), and a later ``torch.compile``
+    in the process traced it and failed importing ``unsloth_zoo.tiled_mlp`` (test_stack's compile test, in CI's
+    order). The dicts are filled in place, so :func:`.rl_trainers._undo_import_patches` does not see them."""
+    from torch.nn.modules import module as nn_module
+
+    saved = {name: dict(value) for name, value in vars(nn_module).items()
+             if name.startswith("_global_") and isinstance(value, dict)}
     try:
         yield
     finally:
-        os.environ.pop("UNSLOTH_COMPILE_LOCATION", None)
+        for name, before in saved.items():
+            hooks = getattr(nn_module, name)
+            for key in [k for k in hooks if k not in before]:
+                del hooks[key]
 
 
 def unsloth_grpo_batch(samples: list[RLSample], pad_id: int) -> tuple[Any, int]:
@@ -699,7 +728,16 @@ def check_rl_unsloth_grpo_packed(wb: Workbench) -> CheckResult:
     temperature against each sample alone (log-probs; the no-grad scoring path computes no entropy). The metrics also
     carry unsloth's own verifier's number on this batch and its thresholds (``unsloth_verifier_diff``,
     ``unsloth_accept_below``, ``unsloth_disable_at``). A skip names the package where unsloth / unsloth_zoo are not
-    on the path."""
+    on the path. Whatever unsloth's code installs process-wide while it runs (torch's global ``nn.Module`` hooks,
+    replaced torch / transformers / trl attributes) is taken off after it: a later ``torch.compile`` in the process
+    traced unsloth_zoo's registration hook and failed once the wheel left the path."""
+    from .rl_trainers import _undo_import_patches
+
+    with _undo_import_patches(("torch", "transformers", "trl"), first=None), _global_module_hooks_kept():
+        return _check_unsloth(wb)
+
+
+def _check_unsloth(wb: Workbench) -> CheckResult:
     from .rl import RL_TEMPERATURE, _base_metrics, _too_short, _verdict, compare
     from .rl_trainers import _dist_version, _not_importable
 

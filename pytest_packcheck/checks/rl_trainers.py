@@ -728,18 +728,23 @@ def swift_dpo_module() -> str:
 
 
 @contextlib.contextmanager
-def _undo_import_patches() -> Iterator[None]:
-    """TRL's ``DPOTrainer`` imported first, then on exit every attribute that a loaded ``trl`` or ``transformers``
-    module, or a class defined in one, lost or had replaced in the block is put back (a trainer module that patches
-    them at import: ms-swift 4.6.0's ``del HFDPOTrainer.__init__`` in ``rlhf_trainers/dpo_trainer.py:28``, and its
-    ``swift/trainers/patcher.py:106-108``, which sets ``transformers.trainer.DEFAULT_CALLBACKS`` to a callback reading
-    ``args.max_epochs``: every later Trainer in the process raised AttributeError at its first epoch's end). Names the
+def _undo_import_patches(packages: tuple[str, ...] = ("trl", "transformers"),
+                         first: str | None = "trl.trainer.dpo_trainer") -> Iterator[None]:
+    """``first`` imported (TRL's ``DPOTrainer`` by default), then on exit every attribute that a loaded module of
+    ``packages``, or a class defined in one, lost or had replaced in the block is put back (a trainer module that
+    patches them at import: ms-swift 4.6.0's ``del HFDPOTrainer.__init__`` in ``rlhf_trainers/dpo_trainer.py:28``, and
+    its ``swift/trainers/patcher.py:106-108``, which sets ``transformers.trainer.DEFAULT_CALLBACKS`` to a callback
+    reading ``args.max_epochs``: every later Trainer in the process raised AttributeError at its first epoch's end;
+    unsloth_zoo's ``temporary_patches/common.py``, which sets ``torch._inductor.async_compile.tqdm``: a later
+    ``torch.compile`` in the process raised ModuleNotFoundError 'unsloth_zoo' once the wheel left the path). Names the
     block adds (a submodule imported) stay."""
-    with contextlib.suppress(ImportError):
-        importlib.import_module("trl.trainer.dpo_trainer")
+    if first:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(first)
+    dotted = tuple(f"{p}." for p in packages)
 
     def ours(name: str) -> bool:
-        return name in ("trl", "transformers") or name.startswith(("trl.", "transformers."))
+        return name in packages or name.startswith(dotted)
 
     modules = {name: (m, dict(vars(m))) for name, m in list(sys.modules.items()) if ours(name) and m is not None}
     classes = {id(c): (c, dict(vars(c))) for m, saved in modules.values() for c in saved.values()
