@@ -746,18 +746,24 @@ def _undo_import_patches(packages: tuple[str, ...] = ("trl", "transformers"),
     def ours(name: str) -> bool:
         return name in packages or name.startswith(dotted)
 
-    modules = {name: (m, dict(vars(m))) for name, m in list(sys.modules.items()) if ours(name) and m is not None}
-    classes = {id(c): (c, dict(vars(c))) for m, saved in modules.values() for c in saved.values()
-               if isinstance(c, type) and ours(getattr(c, "__module__", "") or "")}
+    import warnings
+
+    with warnings.catch_warnings():  # a deprecated module attribute warns when looked at (torch.distributed.reduce_op)
+        warnings.simplefilter("ignore")
+        modules = {name: (m, dict(vars(m))) for name, m in list(sys.modules.items()) if ours(name) and m is not None}
+        classes = {id(c): (c, dict(vars(c))) for m, saved in modules.values() for c in saved.values()
+                   if isinstance(c, type) and ours(getattr(c, "__module__", "") or "")}
     try:
         yield
     finally:
-        for owner, saved in [*modules.values(), *classes.values()]:
-            now = vars(owner)
-            for key, value in saved.items():
-                if key not in now or now[key] is not value:
-                    with contextlib.suppress(AttributeError, TypeError):
-                        setattr(owner, key, value)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for owner, saved in [*modules.values(), *classes.values()]:
+                now = vars(owner)
+                for key, value in saved.items():
+                    if key not in now or now[key] is not value:
+                        with contextlib.suppress(AttributeError, TypeError):
+                            setattr(owner, key, value)
 
 
 def swift_padding_free_row(pairs: list[tuple[RLSample, RLSample]], device: str = "cpu") -> dict[str, Any]:
