@@ -239,6 +239,25 @@ def test_non_finite_pixels_fail_non_finite_never_pass(qwen2_vl_row, value):
     assert verify_packed_batch(model, batch).verdict == "pass"
 
 
+def test_a_model_that_raises_on_a_pixel_row_is_a_crash_verdict(qwen2_vl_row, monkeypatch):
+    """Planted: the vision tower raises (a broken model, hostile trial 5). The text row gives a `crash` verdict
+    naming the exception; the pixel row let it out raw. Now the same verdict, with raise / warn as the caller asked."""
+    from pytest_packcheck.guard import PackedBatchMismatch, verify_packed_batch
+
+    model, batch = qwen2_vl_row
+    visual = model.model.visual if hasattr(model.model, "visual") else model.visual
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("planted: the vision tower is broken")
+
+    monkeypatch.setattr(visual, "forward", broken)
+    result = verify_packed_batch(model, batch, on_mismatch="return")
+    assert (result.verdict, result.cause) == ("fail", "crash"), result.line()
+    assert "RuntimeError: planted: the vision tower is broken" in result.evidence
+    with pytest.raises(PackedBatchMismatch):
+        verify_packed_batch(model, batch, on_mismatch="raise")
+
+
 @pytest.mark.parametrize(("edit", "says"), [
     (lambda b: {"pixel_values": b["pixel_values"][:0]}, "it holds no values"),
     (lambda b: {"pixel_values": b["pixel_values"].reshape(-1)}, "asks 40 patch rows"),

@@ -246,6 +246,10 @@ def _verify_pixels(model: Any, batch: Mapping[str, Any], tols: dict[str, dict[st
             result = measure_pixel_row(model, batch, tols)
     except ValueError as exc:  # the images do not fill the row's image tokens, or no boundaries
         raise _usage(f"a pixel row: {exc}") from None
+    except PackcheckUsageError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the model raised on the pixel row: a verdict, as the text row's crash
+        result = _pixel_crash(model, batch, tols, exc)  # (it came out raw: hostile trial 5)
     finally:
         for module, mode in modes.items():
             module.training = mode
@@ -257,6 +261,21 @@ def _verify_pixels(model: Any, batch: Mapping[str, Any], tols: dict[str, dict[st
     if not result.ok and on_mismatch == "warn":
         say(result.line(), stacklevel=3)
     return result
+
+
+def _pixel_crash(model: Any, batch: Mapping[str, Any], tols: dict[str, dict[str, float]], exc: Exception) -> GuardResult:
+    """The ``crash`` verdict of a model that raised on a pixel row (its exception's type and first line, scrubbed by
+    GuardResult's line as every evidence is), shaped as the text row's: no number, nothing compared."""
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    tol = dict(tols.get(dtype, tols["float32"]))
+    said = str(exc).splitlines()[0][:200] if str(exc) else ""
+    return GuardResult(verdict="fail", cause="crash", remedy="", evidence=f"the pixel row as given raised "
+                       f"{type(exc).__name__}: {said}", dtype=dtype,
+                       tolerance={"logits_atol": tol["logits_atol"], "loss_atol": tol["loss_atol"]}, max_logprob_diff=None,
+                       per_example_logprob_diff=[], loss_packed=None, loss_reference=None, loss_delta=None, lengths=[],
+                       label_tokens=0, contract=[], run={"packed": True, "tokens": int(batch["input_ids"].shape[-1]),
+                                                         "attn_implementation": getattr(model.config, "_attn_implementation", None)},
+                       attention={}, dtype_source=f"{dtype} weights")
 
 
 def _run_record(model: Any, batch: Mapping[str, Any], use_cache: bool | None,
