@@ -1147,6 +1147,41 @@ def _verl_model_patch_no_fla(mods: dict[str, Any], bench: Any) -> Iterator[dict[
         yield state
 
 
+def _class_attributes(classes: Any) -> dict[tuple[type, str], Any]:
+    """Every attribute of each of ``classes``, keyed by (class, name): the state a peer's patch is undone to."""
+    return {(c, n): v for c in classes for n, v in list(vars(c).items())}
+
+
+def _count_installed(before: dict[tuple[type, str], Any], classes: Any, prefix: str, counts: dict[str, int]) -> None:
+    """Wrap each function a peer's patch installed on ``classes`` (an attribute not in ``before``, from a module under
+    ``prefix``, e.g. "verl.") so that ``counts["Class.name"]`` counts its calls; the wrapper keeps the function's
+    signature (``functools.wraps``: a trainer may read it)."""
+    for (cls, name), value in _class_attributes(classes).items():
+        if (before.get((cls, name), _ABSENT) is value or not callable(value)
+                or not str(getattr(value, "__module__", "") or "").startswith(prefix)):
+            continue
+        label = f"{cls.__name__}.{name}"
+        counts[label] = 0
+
+        def counted(*args: Any, _fn: Any = value, _label: str = label, **kwargs: Any) -> Any:
+            counts[_label] += 1
+            return _fn(*args, **kwargs)
+
+        setattr(cls, name, functools.wraps(value)(counted))
+
+
+def _restore_classes(before: dict[tuple[type, str], Any]) -> None:
+    """Each class of ``before`` (:func:`_class_attributes`) as it was: replaced attributes put back, added ones
+    deleted."""
+    for cls in {c for c, _ in before}:
+        for name in [n for n in vars(cls) if (cls, n) not in before]:
+            with contextlib.suppress(AttributeError):
+                delattr(cls, name)
+    for (cls, name), value in before.items():
+        if vars(cls).get(name, _ABSENT) is not value:
+            setattr(cls, name, value)
+
+
 @contextlib.contextmanager
 def _verl_model_patch(mods: dict[str, Any], bench: Any, fla: bool = True) -> Iterator[dict[str, Any]]:
     """verl's ``apply_monkey_patch(model, ulysses_sp_size=1, use_remove_padding=True)`` on the cell's model, as
@@ -1166,8 +1201,9 @@ def _verl_model_patch(mods: dict[str, Any], bench: Any, fla: bool = True) -> Ite
         with contextlib.suppress(Exception):
             importlib.import_module(f"transformers.models.{family}.modeling_{family}")
     families = [m for n, m in list(sys.modules.items()) if n.startswith("transformers.models.") and ".modeling_" in n and m]
-    before = {(cls, name): value for module in families for cls in vars(module).values()
-              if isinstance(cls, type) and cls.__module__ == module.__name__ for name, value in list(vars(cls).items())}
+    classes = [cls for module in families for cls in vars(module).values()
+               if isinstance(cls, type) and cls.__module__ == module.__name__]
+    before = _class_attributes(classes)
     flash_saved: list[tuple[Any, str, Any]] = []
     bound_in = []
     for name in VERL_FLASH_MODULES:
@@ -1194,33 +1230,13 @@ def _verl_model_patch(mods: dict[str, Any], bench: Any, fla: bool = True) -> Ite
         state["stand_ins"] = state.get("stand_ins", []) + stand_ins + fla_stand_ins
         if condition:
             state["condition"] = condition
-        after = {(cls, name): value for module in families for cls in vars(module).values()
-                 if isinstance(cls, type) and cls.__module__ == module.__name__ for name, value in list(vars(cls).items())}
-        replaced = [(cls, name) for (cls, name), value in after.items() if before.get((cls, name), _ABSENT) is not value]
-        for cls, name in replaced:
-            fn = getattr(cls, name)
-            if not callable(fn) or not getattr(fn, "__module__", "").startswith("verl."):
-                continue
-            label = f"{cls.__name__}.{name}"
-            counts[label] = 0
-
-            def counted(*args: Any, _fn: Any = fn, _label: str = label, **kwargs: Any) -> Any:
-                counts[_label] += 1
-                return _fn(*args, **kwargs)
-
-            # the signature stays verl's (inspect follows __wrapped__): its trainer reads it (cu_seqlens)
-            setattr(cls, name, functools.wraps(fn)(counted))
+        # the signature stays verl's (inspect follows __wrapped__): its trainer reads it (cu_seqlens)
+        _count_installed(before, classes, "verl.", counts)
         state["calls_of"] = lambda: sum(counts.values())
         try:
             yield state
         finally:
-            for (cls, name), value in before.items():
-                if vars(cls).get(name, _ABSENT) is not value:
-                    setattr(cls, name, value)
-            classes = {cls for cls, _ in before}
-            for cls, name in [k for k in after if k not in before and k[0] in classes]:
-                with contextlib.suppress(AttributeError):
-                    delattr(cls, name)
+            _restore_classes(before)
             for module, key, value in reversed(flash_saved):
                 if value is _ABSENT:
                     with contextlib.suppress(AttributeError):
@@ -1409,7 +1425,7 @@ def _axolotl_model_patch(mods: dict[str, Any], bench: Any) -> Iterator[dict[str,
     module_name, functions, kwargs = AXOLOTL_MODEL_PATCHES[model_type]
     family = sys.modules[type(bench.model).__module__]
     classes = [c for c in vars(family).values() if isinstance(c, type) and c.__module__ == family.__name__]
-    before = {(c, n): v for c in classes for n, v in list(vars(c).items())}
+    before = _class_attributes(classes)
     state: dict[str, Any] = {"note": "", "stand_ins": []}
     state["stand_ins"] += _axolotl_lora_constants()
     try:
@@ -1437,30 +1453,14 @@ def _axolotl_model_patch(mods: dict[str, Any], bench: Any) -> Iterator[dict[str,
                                       f"{_raised_at(exc)}") from None
             if callable(out):
                 undo.append(out)
-        for (cls, name), value in [((c, n), v) for c in classes for n, v in list(vars(c).items())]:
-            if before.get((cls, name), _ABSENT) is value or not getattr(value, "__module__", "").startswith("axolotl."):
-                continue
-            label = f"{cls.__name__}.{name}"
-            counts[label] = 0
-
-            def counted(*args: Any, _fn: Any = value, _label: str = label, **kw: Any) -> Any:
-                counts[_label] += 1
-                return _fn(*args, **kw)
-
-            setattr(cls, name, functools.wraps(value)(counted))
+        _count_installed(before, classes, "axolotl.", counts)
         state["calls_of"] = lambda: sum(counts.values())
         yield state
     finally:
         for fn in reversed(undo):
             with contextlib.suppress(Exception):
                 fn()
-        for c in classes:
-            for n in [n for n in vars(c) if (c, n) not in before]:
-                with contextlib.suppress(AttributeError):
-                    delattr(c, n)
-        for (c, n), v in before.items():
-            if vars(c).get(n, _ABSENT) is not v:
-                setattr(c, n, v)
+        _restore_classes(before)
         for name, value in bound:
             setattr(patch, name, value)
         state["note"] = "axolotl's functions " + _calls(counts)
