@@ -579,26 +579,18 @@ _UNSLOTH_READ: dict[tuple[str, int], dict[str, Any]] = {}
 def _compile_location() -> Any:
     """``UNSLOTH_COMPILE_LOCATION`` under the temporary folder while unsloth_zoo imports, unless set: its
     ``temporary_patches/moe_utils.py`` (2026.9 on) copies itself into ``unsloth_compiled_cache/`` of the current
-    folder at import (the repository root under pytest). And every torch / transformers / trl attribute its import
-    replaces is put back after it (:func:`.rl_trainers._undo_import_patches`: its ``temporary_patches/common.py`` sets
-    ``torch._inductor.async_compile.tqdm``, and a later ``torch.compile`` in the process failed on it)."""
+    folder at import (the repository root under pytest). What the import patches is taken off by
+    :func:`check_rl_unsloth_grpo_packed`, around everything unsloth's code does."""
     import tempfile
 
-    from .rl_trainers import _undo_import_patches
-
-    # the modules it patches, loaded first so that their attributes are saved (a module its import loads is not)
-    for name in ("torch._inductor.async_compile",):
-        with contextlib.suppress(ImportError):
-            importlib.import_module(name)
-    with _undo_import_patches(("torch", "transformers", "trl"), first=None), _global_module_hooks_kept():
-        if os.environ.get("UNSLOTH_COMPILE_LOCATION"):
-            yield
-            return
-        os.environ["UNSLOTH_COMPILE_LOCATION"] = str(Path(tempfile.gettempdir()) / "packcheck-unsloth-compiled-cache")
-        try:
-            yield
-        finally:
-            os.environ.pop("UNSLOTH_COMPILE_LOCATION", None)
+    if os.environ.get("UNSLOTH_COMPILE_LOCATION"):
+        yield
+        return
+    os.environ["UNSLOTH_COMPILE_LOCATION"] = str(Path(tempfile.gettempdir()) / "packcheck-unsloth-compiled-cache")
+    try:
+        yield
+    finally:
+        os.environ.pop("UNSLOTH_COMPILE_LOCATION", None)
 
 
 @contextlib.contextmanager
@@ -733,6 +725,10 @@ def check_rl_unsloth_grpo_packed(wb: Workbench) -> CheckResult:
     traced unsloth_zoo's registration hook and failed once the wheel left the path."""
     from .rl_trainers import _undo_import_patches
 
+    # a module unsloth_zoo's import patches, loaded first so that its attributes are saved (one the block loads is
+    # not): temporary_patches/common.py sets torch._inductor.async_compile.tqdm
+    with contextlib.suppress(ImportError):
+        importlib.import_module("torch._inductor.async_compile")
     with _undo_import_patches(("torch", "transformers", "trl"), first=None), _global_module_hooks_kept():
         return _check_unsloth(wb)
 
