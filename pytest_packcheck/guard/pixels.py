@@ -202,6 +202,20 @@ def _forward(model: Any, inputs: dict[str, Any]) -> Any:
     return model(**inputs, use_cache=False).logits[0]
 
 
+def nothing_compared(model: Any, batch: Any, tols: dict[str, dict[str, float]], verdict: str, cause: str | None,
+                     evidence: str, lengths: list[int]) -> GuardResult:
+    """A pixel row's result with no number: ``verdict`` ("skipped": one sample; "fail" with ``cause`` "crash": the
+    model raised), ``evidence`` saying why, the dtype's tolerances and the row's size."""
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    tol = tols.get(dtype, tols["float32"])
+    return GuardResult(
+        verdict=verdict, cause=cause, remedy="", evidence=evidence, dtype=dtype,
+        tolerance={"logits_atol": tol["logits_atol"], "loss_atol": tol["loss_atol"]}, max_logprob_diff=None,
+        per_example_logprob_diff=[], loss_packed=None, loss_reference=None, loss_delta=None, lengths=lengths,
+        label_tokens=0, contract=[], run={"packed": True, "attn_implementation": getattr(model.config, "_attn_implementation", None),
+                                          "tokens": int(batch["input_ids"].shape[-1])}, attention={}, dtype_source=f"{dtype} weights")
+
+
 def measure_pixel_row(model: Any, batch: Any, tols: dict[str, dict[str, float]]) -> GuardResult:
     """Judge one packed pixel row (see the module's text); the caller holds eval mode, ``torch.no_grad`` and the RNG
     state. ``tols``: the dtype rows of the tolerances."""
@@ -219,13 +233,8 @@ def measure_pixel_row(model: Any, batch: Any, tols: dict[str, dict[str, float]])
     check_patch_rows(batch)  # a surplus or a 1-D pixel_values was a traceback from inside the vision tower
     lengths = [int(s["input_ids"].shape[-1]) for s in samples]
     if len(samples) < 2:  # nothing marks a second sample: nothing to compare (as the text guard's one-example row)
-        return GuardResult(
-            verdict="skipped", cause=None, remedy="", evidence=f"one sample in the pixel row ({n} tokens): its positions "
-            "never restart and no cu_seq_lens_q splits it, so nothing is compared", dtype=dtype,
-            tolerance={"logits_atol": tol["logits_atol"], "loss_atol": tol["loss_atol"]}, max_logprob_diff=None,
-            per_example_logprob_diff=[], loss_packed=None, loss_reference=None, loss_delta=None, lengths=lengths,
-            label_tokens=0, contract=[], run={"packed": True, "attn_implementation": getattr(model.config, "_attn_implementation", None),
-                                              "tokens": n}, attention={}, dtype_source=f"{dtype} weights")
+        return nothing_compared(model, batch, tols, "skipped", None, f"one sample in the pixel row ({n} tokens): its "
+                                "positions never restart and no cu_seq_lens_q splits it, so nothing is compared", lengths)
     starts = [sum(lengths[:i]) for i in range(len(lengths))]
     labels = batch.get("labels")
     special = {getattr(model.config, k, None) for k in P.SPECIAL_IDS[:2]}

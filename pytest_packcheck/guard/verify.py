@@ -266,16 +266,11 @@ def _verify_pixels(model: Any, batch: Mapping[str, Any], tols: dict[str, dict[st
 def _pixel_crash(model: Any, batch: Mapping[str, Any], tols: dict[str, dict[str, float]], exc: Exception) -> GuardResult:
     """The ``crash`` verdict of a model that raised on a pixel row (its exception's type and first line, scrubbed by
     GuardResult's line as every evidence is), shaped as the text row's: no number, nothing compared."""
-    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    tol = dict(tols.get(dtype, tols["float32"]))
+    from .pixels import nothing_compared
+
     said = str(exc).splitlines()[0][:200] if str(exc) else ""
-    return GuardResult(verdict="fail", cause="crash", remedy="", evidence=f"the pixel row as given raised "
-                       f"{type(exc).__name__}: {said}", dtype=dtype,
-                       tolerance={"logits_atol": tol["logits_atol"], "loss_atol": tol["loss_atol"]}, max_logprob_diff=None,
-                       per_example_logprob_diff=[], loss_packed=None, loss_reference=None, loss_delta=None, lengths=[],
-                       label_tokens=0, contract=[], run={"packed": True, "tokens": int(batch["input_ids"].shape[-1]),
-                                                         "attn_implementation": getattr(model.config, "_attn_implementation", None)},
-                       attention={}, dtype_source=f"{dtype} weights")
+    return nothing_compared(model, batch, tols, "fail", "crash", f"the pixel row as given raised {type(exc).__name__}: "
+                            f"{said}", [])
 
 
 def _run_record(model: Any, batch: Mapping[str, Any], use_cache: bool | None,
